@@ -1,0 +1,129 @@
+/* laststand.h: the public C API of the laststand engine.
+ *
+ * A small library interface (as llama.h is for llama.cpp): open a model with
+ * its tokenizer and chat template, submit requests to the engine, receive
+ * tokens through a callback, cancel. The server and the CLI use only this API
+ * and the tokenizer module. All strings are UTF-8. Functions that can fail
+ * return 0 or a negative code and write a one-line message into err.
+ */
+#ifndef LASTSTAND_H
+#define LASTSTAND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ls_engine ls_engine;
+
+/* Error codes (same values as the internal ERR_*). */
+enum { LS_OK = 0, LS_ERR_INVAL = -1, LS_ERR_IO = -2, LS_ERR_NOMEM = -3, LS_ERR_UNSUPPORTED = -4,
+       LS_ERR_RUNTIME = -5, LS_ERR_CANCELLED = -6, LS_ERR_BUSY = -7 };
+
+typedef struct ls_engine_opts {
+    const char *model_path;        /* folder or synth:NAME[,...] */
+    const char *tokenizer_path;    /* NULL: model_path */
+    const char *chat_template;     /* file overriding the model's template, or NULL */
+    const char *device;            /* "cpu" | "cuda" | NULL (auto) */
+    int tp;                        /* tensor-parallel size (default 1) */
+    const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend; /* NULL = auto */
+    int trust_backend;
+    int max_running_requests;      /* default 64 */
+    int chunked_prefill_size;      /* token budget per step, default 2048 */
+    int context_length;            /* default: model max, capped by memory */
+    double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches */
+    int page_size;                 /* KV tokens per page, default 16 */
+    int max_queued_requests;       /* admission queue bound, default 1024 */
+} ls_engine_opts;
+
+void ls_engine_opts_default(ls_engine_opts *o);
+int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn);
+void ls_engine_close(ls_engine *e);   /* stops the engine thread; pending requests end with "abort" */
+
+/* ---- model facts ------------------------------------------------------------ */
+typedef struct ls_model_info {
+    const char *model_path;
+    const char *architecture;      /* "qwen3_5_moe", ... */
+    int vocab_size;
+    int context_length;            /* effective max prompt + completion */
+    int n_eos; const int32_t *eos_ids;
+    const char *device;
+    int tp;
+} ls_model_info;
+void ls_engine_model_info(const ls_engine *e, ls_model_info *out);
+
+/* ---- tokenizer and chat template --------------------------------------------- */
+/* ids malloc'd; returns count or negative. */
+int ls_tokenize(const ls_engine *e, const char *text, int32_t **ids, char *err, size_t errn);
+char *ls_detokenize(const ls_engine *e, const int32_t *ids, int n, int skip_special); /* malloc'd */
+/* Render the chat template. request_json: {"messages","tools","add_generation_prompt",
+ * "chat_template_kwargs"}. On a template raise_exception: LS_ERR_INVAL, err = its message. */
+int ls_apply_chat_template(const ls_engine *e, const char *request_json, char **out, char *err, size_t errn);
+
+/* ---- requests ------------------------------------------------------------------ */
+typedef struct ls_sampling {
+    float temperature;             /* 0 = greedy; default 1.0 */
+    float top_p;                   /* default 1.0 */
+    int top_k;                     /* <= 0: off */
+    float min_p;                   /* 0: off */
+    float repetition_penalty;      /* 1.0: off */
+    float presence_penalty, frequency_penalty;
+    int has_seed; uint64_t seed;
+    int max_tokens;                /* completion tokens; <= 0: up to the context */
+    int min_tokens;
+    int ignore_eos;
+    const int32_t *stop_ids; int n_stop_ids;     /* besides EOS */
+    const char *const *stop; int n_stop;         /* stop strings, trimmed from the output */
+    int skip_special_tokens;       /* default 1 */
+    int logprobs;                  /* 1: report the sampled token's logprob */
+    int top_logprobs;              /* 0..20 */
+    /* Test-only: when non-NULL, these ids are emitted instead of sampled ones
+     * (the forward pass still runs). Honoured only if the engine was opened
+     * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. */
+    const int32_t *force_ids; int n_force;
+} ls_sampling;
+void ls_sampling_default(ls_sampling *s);
+
+typedef struct ls_event {
+    int64_t request_id;
+    int32_t token;                 /* -1 on events without a token */
+    const char *text;              /* text delta (UTF-8 complete, stop strings trimmed); "" possible */
+    float logprob;
+    int n_top; const int32_t *top_ids; const float *top_logprobs;
+    int finished;                  /* 1 on the last event of the request */
+    const char *finish_reason;     /* "stop" | "length" | "abort" | "error" (when finished) */
+    const char *matched_stop;      /* the stop string or NULL */
+    const char *error;             /* message when finish_reason is "error" */
+    int prompt_tokens, completion_tokens, cached_tokens;
+} ls_event;
+
+/* Called on the engine thread; must return quickly and never call back into the engine. */
+typedef void (*ls_event_cb)(void *user, const ls_event *ev);
+
+/* Queue a request. Returns its id (> 0) or a negative code with err filled
+ * (prompt longer than the context: LS_ERR_INVAL; queue full: LS_ERR_BUSY). */
+int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sampling *s,
+                  ls_event_cb cb, void *user, char *err, size_t errn);
+/* Cancel: frees the request's pages and slot at the next step; the callback
+ * gets a final event with finish_reason "abort". Safe from any thread. */
+void ls_cancel(ls_engine *e, int64_t request_id);
+
+/* ---- statistics (for /metrics and /get_server_info) -------------------------------- */
+#define LS_HIST_BUCKETS 16
+typedef struct ls_hist { double bounds[LS_HIST_BUCKETS]; uint64_t counts[LS_HIST_BUCKETS + 1]; double sum; uint64_t n; } ls_hist;
+typedef struct ls_stats {
+    uint64_t prompt_tokens_total, generation_tokens_total, requests_total, requests_failed_total;
+    uint64_t nan_logits_total, preemptions_total;
+    int running, queued;
+    double kv_usage;               /* used pages / total pages */
+    int kv_pages_total, kv_pages_used;
+    ls_hist ttft, itl, e2e;        /* seconds */
+} ls_stats;
+void ls_engine_stats(ls_engine *e, ls_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

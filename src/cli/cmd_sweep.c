@@ -1,0 +1,8 @@
+/* cmd_sweep.c: placeholder until its module lands (replaced by the module's owner). */
+#include "cli/cli.h"
+#include <stdio.h>
+int cmd_sweep(int argc, char **argv) {
+    (void)argc; (void)argv;
+    fprintf(stderr, "laststand: error: 'sweep' is not built yet\n");
+    return 1;
+}

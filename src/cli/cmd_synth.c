@@ -1,0 +1,8 @@
+/* cmd_synth.c: placeholder until its module lands (replaced by the module's owner). */
+#include "cli/cli.h"
+#include <stdio.h>
+int cmd_synth(int argc, char **argv) {
+    (void)argc; (void)argv;
+    fprintf(stderr, "laststand: error: 'synth' is not built yet\n");
+    return 1;
+}

@@ -1,0 +1,71 @@
+/* model.h: a loaded model (config + weights bound for a device) and its
+ * forward pass over a batch of sequences, with caches the engine manages.
+ *
+ * Caches: full-attention layers use a paged KV pool (pages of page_size
+ * tokens, every full-attention layer's K and V for those tokens); GDN layers
+ * keep per-sequence conv and recurrent state in fixed slots. The engine owns
+ * the page and slot allocation; the model owns the memory.
+ *
+ * A batch is a list of sequences, each contributing n_new consecutive tokens
+ * that follow its n_past cached tokens (prefill chunks and decode rows mix
+ * freely). Logits come back for each sequence's last new token, or for every
+ * new token when logits_all is set.
+ */
+#ifndef LS_MODEL_H
+#define LS_MODEL_H
+
+#include "base/base.h"
+#include "fmt/hfconfig.h"
+
+typedef struct model model;
+
+typedef struct model_opts {
+    const char *device;        /* "cpu" (default) or "cuda" */
+    int tp;                    /* tensor-parallel ranks (CPU: threads with a shared-memory all-reduce) */
+    /* backend names per op family; NULL or "auto" = the measured winner */
+    const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend;
+    int trust_backend;
+} model_opts;
+
+/* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */
+int model_open(const char *path, const model_opts *o, model **out, ls_err *e);
+void model_close(model *m);
+const model_config *model_cfg(const model *m);
+const char *model_path(const model *m);
+
+/* ---- caches -------------------------------------------------------------- */
+typedef struct model_cache_opts {
+    int page_size;   /* tokens per KV page, e.g. 16 */
+    int n_pages;     /* KV pool size in pages */
+    int n_slots;     /* GDN state slots (= max concurrent sequences) */
+} model_cache_opts;
+
+size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */
+size_t model_slot_bytes(const model *m);                    /* one GDN slot, all GDN layers */
+int model_cache_init(model *m, const model_cache_opts *o, ls_err *e);
+/* Clear a slot's GDN conv + recurrent state before a sequence starts using it. */
+void model_slot_reset(model *m, int slot);
+
+/* ---- forward ------------------------------------------------------------- */
+typedef struct fwd_seq {
+    int slot;              /* GDN state slot */
+    int n_past;            /* tokens already in this sequence's cache */
+    int n_new;             /* tokens this step (>= 1) */
+    const int32_t *pages;  /* KV pages covering positions [0, n_past + n_new) */
+    int logits_all;        /* 1: a logits row per new token; 0: last token only */
+} fwd_seq;
+
+typedef struct fwd_batch {
+    int n_seq;
+    const fwd_seq *seqs;
+    const int32_t *ids;    /* the new tokens of every sequence, concatenated in seq order */
+    float *logits;         /* out: rows in seq order, vocab floats each */
+} fwd_batch;
+
+int model_forward(model *m, const fwd_batch *b, ls_err *e);
+
+/* Convenience for the CLI and tests: logits of every position of ids
+ * (a fresh cache of its own). logits: [n, vocab] malloc'd. */
+int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e);
+
+#endif

@@ -1,0 +1,47 @@
+"""Shared pytest fixtures: where the binary, ../shared and the demo model are."""
+import os
+import socket
+import subprocess
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
+BIN = os.path.join(BUILD, "laststand")
+SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
+
+
+def run_ls(*args, check=False, timeout=600, input=None):
+    """Run build/laststand with args; returns CompletedProcess (text)."""
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, input=input)
+    if check and p.returncode != 0:
+        raise AssertionError(f"laststand {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr[-4000:]}")
+    return p
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ls_bin():
+    assert os.access(BIN, os.X_OK), f"{BIN} missing: run make"
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def shared_dir():
+    if not os.path.isdir(SHARED):
+        pytest.skip("../shared is not beside the checkout")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def demo_model(ls_bin):
+    """The built-in demo model (synth --preset demo), built once into build/demo-model."""
+    d = os.path.join(BUILD, "demo-model")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        run_ls("synth", "--preset", "demo", "--out", d, check=True)
+    return d

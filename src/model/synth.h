@@ -1,0 +1,32 @@
+/* synth.h: random-weight checkpoints with the exact shapes and tensor layout
+ * of real architectures (reference/qwen35-and-nvfp4.md section 1.2).
+ *
+ * Presets: demo, qwen3.5-397b-a17b, qwen3.5-122b-a10b, qwen3.5-35b-a3b,
+ * qwen3-next-80b-a3b, qwen3-30b-a3b. The same (preset, layers, seed, quant)
+ * always gives the same weights, whether written to disk or built in memory.
+ */
+#ifndef LS_SYNTH_H
+#define LS_SYNTH_H
+
+#include "base/base.h"
+#include "fmt/safetensors.h"
+#include <jansson.h>
+
+typedef struct synth_opts {
+    const char *preset;
+    int layers;        /* <= 0: the preset's own count */
+    uint64_t seed;     /* default 0 */
+    const char *quant; /* "nvfp4" | "bf16" | NULL (preset default: nvfp4 for qwen3.5 presets, bf16 otherwise... see synth.c) */
+} synth_opts;
+
+/* Parse "NAME[,layers=N][,seed=S][,quant=Q]" (the part after "synth:"). */
+int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e);
+/* Build the checkpoint in memory: the tensors and the config.json object
+ * (as it would be written; includes quantization_config for nvfp4). */
+int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *e);
+/* Write the checkpoint folder: config.json, model.safetensors(.index.json),
+ * hf_quant_config.json (nvfp4), generation_config.json, and for the demo
+ * preset tokenizer.json, tokenizer_config.json and chat_template.jinja. */
+int synth_write(const synth_opts *o, const char *out_dir, ls_err *e);
+
+#endif

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -209,10 +210,19 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         buf_init(&c->body);
         *con_cls = c;
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > sv->cfg.max_body) {
-            srv_resp rs = {0};
-            srv_error(&rs, 413, NULL, NULL, "request body of %s bytes is over the limit of %zu bytes", cl, sv->cfg.max_body);
-            return send_resp(c, &rs);
+        unsigned long long announced = cl ? strtoull(cl, NULL, 10) : 0;
+        if (announced > sv->cfg.max_body) {
+            /* A client waiting for "100 Continue", or one announcing a huge
+             * body, is answered at once; others have their body read and
+             * dropped first, so that they are able to read the 413. */
+            const char *expect = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            if ((expect && !strcasecmp(expect, "100-continue")) || announced > 4 * sv->cfg.max_body + (64u << 20)) {
+                srv_resp rs = {0};
+                srv_error(&rs, 413, NULL, NULL, "request body of %llu bytes is over the limit of %zu bytes",
+                          announced, sv->cfg.max_body);
+                return send_resp(c, &rs);
+            }
+            c->too_large = 1;
         }
         return MHD_YES;
     }

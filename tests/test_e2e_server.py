@@ -344,31 +344,50 @@ def test_force_ids_rejected_without_test_env(ls_bin, model_path):
 
 # ---- disconnects ----------------------------------------------------------------------------
 
-def _running(srv):
+def _metric(srv, name):
     for line in srv.get("/metrics")[1].decode().splitlines():
-        if line.startswith("laststand:num_running_reqs"):
+        if line.startswith("laststand:" + name + "{"):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no num_running_reqs")
+    raise AssertionError("no metric " + name)
 
 
 def test_client_disconnect_mid_stream_frees_request(srv, client):
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}],
-                                            max_tokens=400, stream=True,
+    """The stream asks for every token up to the context; the client reads three
+    chunks and leaves. The engine must drop the request (running back to 0)
+    long before it could have finished, while another request completes."""
+    status, data = srv.get("/get_model_info")
+    ctx = json.loads(data)["context_length"]
+    gen0 = _metric(srv, "generation_tokens_total")
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "go"}], stream=True,
                                             extra_body={"ignore_eos": True})
-    other = {}
-
-    def run_other():
-        other["r"] = chat(client, max_tokens=4, temperature=0)
-
     it = iter(stream)
     for _ in range(3):
         next(it)
-    t = threading.Thread(target=run_other)
+    other = {}
+    t = threading.Thread(target=lambda: other.setdefault("r", chat(client, max_tokens=4, temperature=0)))
     t.start()
     stream.close()  # the client goes away mid-stream
     t.join(120)
     assert other["r"].choices[0].finish_reason == "length"
     deadline = time.time() + 30
-    while _running(srv) > 0 and time.time() < deadline:
-        time.sleep(0.1)
-    assert _running(srv) == 0
+    while _metric(srv, "num_running_reqs") > 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(srv, "num_running_reqs") == 0
+    generated = _metric(srv, "generation_tokens_total") - gen0 - 4
+    assert generated < ctx // 2, f"{generated} tokens generated after the client left (context {ctx})"
+    assert srv.get("/health")[0] == 200
+
+
+def test_nan_logits_fail_the_request_not_the_server(srv, client, eos):
+    """force_ids -1 poisons the logits (test hook): non-streamed -> 500,
+    streamed -> a final error event; the NaN counter moves; others still work."""
+    nan0 = _metric(srv, "nan_logits_total")
+    with pytest.raises(openai.InternalServerError) as ei:
+        chat(client, extra_body={"force_ids": [-1]})
+    assert "NaN" in str(ei.value) or "nan" in str(ei.value).lower()
+    stream = chat(client, stream=True, extra_body={"force_ids": srv.tokenize("ab") + [-1]})
+    with pytest.raises(openai.APIError):
+        for _ in stream:
+            pass
+    assert _metric(srv, "nan_logits_total") >= nan0 + 2
+    assert chat(client, max_tokens=2).choices[0].finish_reason == "length"

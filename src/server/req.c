@@ -53,10 +53,10 @@ static int get_num(pctx *p, json_t *o, const char *k, double lo, double hi, int 
     if (!v) return 0;
     if (!json_is_number(v)) return bad(p, k, "%s: expected a number", k);
     double d = json_number_value(v);
-    if (!isfinite(d) || d < lo || d > hi || (lo_open && d == lo))
-        return bad(p, k, "%s: must be %s %g%s%g, got %g", k, lo_open ? ">" : ">=", lo,
-                   isinf(hi) ? "" : " and <= ", isinf(hi) ? 0.0 : hi, d),
-               ERR_INVAL;
+    if (!isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+        if (isinf(hi)) return bad(p, k, "%s: must be %s %g, got %g", k, lo_open ? ">" : ">=", lo, d);
+        return bad(p, k, "%s: must be %s %g and <= %g, got %g", k, lo_open ? ">" : ">=", lo, hi, d);
+    }
     *out = d;
     if (has) *has = 1;
     return 0;
@@ -77,18 +77,23 @@ static int get_int(pctx *p, json_t *o, const char *k, long long lo, long long hi
 }
 
 /* An array of token ids; path names it in errors. */
-static int id_array(pctx *p, arena *a, json_t *v, const char *field, const char *path, int32_t **ids, int *n) {
+static int id_array_min(pctx *p, arena *a, json_t *v, const char *field, const char *path, int32_t **ids, int *n,
+                        long long min) {
     if (!json_is_array(v)) return bad(p, field, "%s: expected an array of token ids", path);
     size_t len = json_array_size(v);
     *ids = arena_alloc(a, (len + 1) * sizeof(int32_t));
     for (size_t i = 0; i < len; i++) {
         json_t *x = json_array_get(v, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+        if (!json_is_integer(x) || json_integer_value(x) < min || json_integer_value(x) > INT32_MAX)
             return bad(p, field, "%s[%zu]: expected a non-negative integer token id", path, i);
         (*ids)[i] = (int32_t)json_integer_value(x);
     }
     *n = (int)len;
     return 0;
+}
+
+static int id_array(pctx *p, arena *a, json_t *v, const char *field, const char *path, int32_t **ids, int *n) {
+    return id_array_min(p, a, v, field, path, ids, n, 0);
 }
 
 /* ---- chat messages ----------------------------------------------------------- */
@@ -166,8 +171,7 @@ static int norm_message(pctx *p, json_t *m, size_t i, json_t **out) {
 
 static int parse_tools(pctx *p, srv_req *r) {
     json_t *tools = get(r->root, "tools");
-    if (!tools) return 0;
-    if (!json_is_array(tools)) return bad(p, "tools", "tools: expected an array");
+    if (tools && !json_is_array(tools)) return bad(p, "tools", "tools: expected an array");
     for (size_t i = 0; i < json_array_size(tools); i++) {
         json_t *t = json_array_get(tools, i);
         const char *type = json_string_value(json_object_get(t, "type"));
@@ -371,7 +375,8 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
         if (!allow_force_ids)
             return bad(p, "force_ids", "force_ids: a test-only field, accepted only when the server runs with "
                        "LASTSTAND_TEST_FORCE_IDS=1");
-        if ((rc = id_array(p, r->a, fi, "force_ids", "force_ids", &r->force_ids, &r->n_force))) return rc;
+        /* -1 is the engine's test hook for NaN logits */
+        if ((rc = id_array_min(p, r->a, fi, "force_ids", "force_ids", &r->force_ids, &r->n_force, -1))) return rc;
         s->force_ids = r->force_ids;
         s->n_force = r->n_force;
     }

@@ -21,17 +21,6 @@ void ls_engine_opts_default(ls_engine_opts *o) {
     o->max_total_tokens = 0;
 }
 
-void ls_sampling_default(ls_sampling *s) {
-    memset(s, 0, sizeof *s);
-    s->temperature = 1.0f;
-    s->top_p = 1.0f;
-    s->top_k = -1;
-    s->min_p = 0.0f;
-    s->repetition_penalty = 1.0f;
-    s->max_tokens = 0;
-    s->skip_special_tokens = 1;
-}
-
 void ls_engine_model_info(const ls_engine *e, ls_model_info *out) {
     memset(out, 0, sizeof *out);
     out->model_path = e->model_path;

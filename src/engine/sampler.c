@@ -25,6 +25,19 @@ struct smp_ctx {
     uint32_t stamp;
 };
 
+/* ---- request defaults (SGLang's) ---------------------------------------------- */
+
+void ls_sampling_default(ls_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->top_k = -1;
+    s->min_p = 0.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = 0;
+    s->skip_special_tokens = 1;
+}
+
 /* ---- RNG: xoshiro256** seeded by splitmix64 --------------------------------- */
 
 static uint64_t splitmix64(uint64_t *x) {

@@ -36,6 +36,8 @@ typedef struct ls_engine_opts {
     double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches */
     int page_size;                 /* KV tokens per page, default 16 */
     int max_queued_requests;       /* admission queue bound, default 1024 */
+    /* Added by the engine (additive): */
+    int max_total_tokens;          /* KV pool size in tokens (SGLang --max-total-tokens); 0: from memory */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -51,6 +53,12 @@ typedef struct ls_model_info {
     int n_eos; const int32_t *eos_ids;
     const char *device;
     int tp;
+    /* Added by the engine (additive): */
+    const char *tokenizer_path;    /* NULL when the model has no tokenizer */
+    int has_chat_template;
+    int max_running_requests, chunked_prefill_size, page_size;
+    int max_total_tokens;          /* KV pool capacity in tokens */
+    const char *bos_token, *eos_token; /* from tokenizer_config.json, NULL if absent */
 } ls_model_info;
 void ls_engine_model_info(const ls_engine *e, ls_model_info *out);
 
@@ -97,6 +105,8 @@ typedef struct ls_event {
     const char *matched_stop;      /* the stop string or NULL */
     const char *error;             /* message when finish_reason is "error" */
     int prompt_tokens, completion_tokens, cached_tokens;
+    /* Added by the engine (additive): */
+    int32_t matched_stop_id;       /* EOS / stop id that ended the request, else -1 (SGLang matched_stop int) */
 } ls_event;
 
 /* Called on the engine thread; must return quickly and never call back into the engine. */

@@ -91,7 +91,8 @@ typedef struct ls_sampling {
     int top_logprobs;              /* 0..20 */
     /* Test-only: when non-NULL, these ids are emitted instead of sampled ones
      * (the forward pass still runs). Honoured only if the engine was opened
-     * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. */
+     * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. A forced -1 puts
+     * a NaN into that step's logits row instead (tests the "error" path). */
     const int32_t *force_ids; int n_force;
 } ls_sampling;
 void ls_sampling_default(ls_sampling *s);

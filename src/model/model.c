@@ -13,6 +13,7 @@
  * `<p>.weight` is U8 and `<p>.weight_scale` exists.
  */
 #include "model/model_impl.h"
+#include "model/synth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,12 +204,21 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     int rc = open_device(m, o, e);
     if (rc) { model_close(m); return rc; }
     if (!strncmp(path, "synth:", 6)) {
-        rc = errf(e, ERR_UNSUPPORTED, "synth: model paths need the synth module");
-        model_close(m);
-        return rc;
+        /* the same random weights `laststand synth` writes, built in memory */
+        synth_opts so;
+        json_t *cfg = NULL;
+        if ((rc = synth_parse_spec(path + 6, &so, e)) || (rc = synth_build(&so, &m->st, &cfg, e))) {
+            err_prefix(e, "%s", path);
+            model_close(m);
+            return rc;
+        }
+        rc = hfcfg_parse(cfg, path, &m->cfg, e);
+        json_decref(cfg);
+        if (rc) { model_close(m); return rc; }
+    } else {
+        if ((rc = hfcfg_load_dir(path, &m->cfg, e))) { model_close(m); return rc; }
+        if ((rc = st_open_dir(path, &m->st, e))) { model_close(m); return rc; }
     }
-    if ((rc = hfcfg_load_dir(path, &m->cfg, e))) { model_close(m); return rc; }
-    if ((rc = st_open_dir(path, &m->st, e))) { model_close(m); return rc; }
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     *out = m;

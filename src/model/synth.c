@@ -361,8 +361,15 @@ static void build_plan(plan *pl) {
 typedef struct job { int t; size_t off; } job;
 typedef struct fill_ctx { plan *pl; job *jobs; } fill_ctx;
 
+/* f32 -> bf16, round to nearest even (values here are finite) */
+static inline uint16_t to_bf16(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
 static inline void put_val(tplan *t, size_t i, float v) {
-    if (t->dt == ST_BF16) ((uint16_t *)t->data)[i] = f32_to_bf16(v);
+    if (t->dt == ST_BF16) ((uint16_t *)t->data)[i] = to_bf16(v);
     else ((float *)t->data)[i] = v;
 }
 
@@ -373,7 +380,12 @@ static void fill_block(plan *pl, tplan *t, size_t off) {
     size_t es = st_dtype_size(t->dt);
     switch (t->gen) {
     case GEN_NORMAL:
-        for (size_t i = off / es; i < end / es; i++) put_val(t, i, t->a * rng_gauss(&r));
+        if (t->dt == ST_BF16) {
+            uint16_t *d = t->data;
+            for (size_t i = off / es; i < end / es; i++) d[i] = to_bf16(t->a * rng_gauss(&r));
+        } else {
+            for (size_t i = off / es; i < end / es; i++) put_val(t, i, t->a * rng_gauss(&r));
+        }
         break;
     case GEN_JITTER:
         for (size_t i = off / es; i < end / es; i++) put_val(t, i, t->a + t->b * (float)(2.0 * rng_unif(&r) - 1.0));

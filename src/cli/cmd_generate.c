@@ -1,14 +1,16 @@
-/* cmd_generate.c: `laststand generate --model-path DIR --ids 1,2,3
- * [--max-new-tokens N] [--temperature T] [--seed S] [--device cpu|cuda]
- * [backend flags]`: generation through the KV cache and GDN state (one
+/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT)
+ * [--tokenizer-path DIR] [--max-new-tokens N] [--temperature T] [--seed S]
+ * [--device cpu|cuda] [backend flags]`: generation through the KV cache and GDN state (one
  * prefill step, then one token per step), greedy at temperature 0 (the
  * default), else sampled from softmax(logits / T) with a seeded generator.
  * Stops at max-new-tokens or an end-of-sequence id of the model's config.
- * Prints JSON {"ids":[new ids],"text":"..."}; text is the decoded new tokens
- * when a tokenizer is available (see gen_text), else "".
+ * Prints JSON {"ids":[new ids],"text":"..."}; text is the new tokens decoded
+ * (special tokens skipped) when the tokenizer folder (--tokenizer-path, else
+ * the model folder) has a tokenizer.json, else "". --prompt needs one.
  */
 #include "cli/cli.h"
 #include "model/model.h"
+#include "tok/tok.h"
 
 #include <errno.h>
 #include <math.h>
@@ -17,7 +19,8 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: laststand generate --model-path DIR --ids 1,2,3 [--max-new-tokens N]\n"
+    fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT)\n"
+               "         [--tokenizer-path DIR] [--max-new-tokens N]\n"
                "         [--temperature T] [--seed S] [--device cpu|cuda]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME]\n");
@@ -51,14 +54,32 @@ static int32_t pick_token(const float *lg, int V, double temp, uint64_t *rng) {
     return best;
 }
 
+/* s as a JSON string (UTF-8 kept, control characters escaped); frees s. NULL -> "". */
+static void put_json_string(FILE *f, char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\r') fputs("\\r", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+    free(s);
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *path = NULL, *ids_s = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
+    const char *path = NULL, *ids_s = NULL, *prompt = NULL, *tok_dir = NULL;
+    const char *max_s = "16", *temp_s = "0", *seed_s = "0";
     model_opts o = {.device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         const char **dst = !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
+                         : !strcmp(a, "--prompt") ? &prompt
+                         : !strcmp(a, "--tokenizer-path") ? &tok_dir
                          : !strcmp(a, "--max-new-tokens") ? &max_s
                          : !strcmp(a, "--temperature") ? &temp_s
                          : !strcmp(a, "--seed") ? &seed_s
@@ -67,11 +88,6 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
                          : !strcmp(a, "--attention-backend") ? &o.attention_backend
                          : !strcmp(a, "--gdn-backend") ? &o.gdn_backend : NULL;
-        if (!strcmp(a, "--prompt") || !strcmp(a, "--chat")) {
-            fprintf(stderr, "laststand generate: error: %s needs the tokenizer, which this build "
-                            "does not have yet; pass --ids\n", a);
-            return 2;
-        }
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
             usage(stderr);
@@ -84,7 +100,10 @@ int cmd_generate(int argc, char **argv) {
         *dst = argv[++i];
     }
     if (!path) { fprintf(stderr, "laststand generate: error: --model-path is required\n"); return 2; }
-    if (!ids_s) { fprintf(stderr, "laststand generate: error: --ids is required\n"); return 2; }
+    if (!ids_s == !prompt) {
+        fprintf(stderr, "laststand generate: error: give exactly one of --ids and --prompt\n");
+        return 2;
+    }
     char *end;
     errno = 0;
     long max_new = strtol(max_s, &end, 10);
@@ -97,19 +116,46 @@ int cmd_generate(int argc, char **argv) {
     unsigned long long seed = strtoull(seed_s, &end, 10);
     if (*end || end == seed_s || errno || seed_s[0] == '-')
         return bad_value("--seed", seed_s, "a non-negative integer");
+    ls_err e = {0};
+    /* The tokenizer: --tokenizer-path, else the model folder when it has one. */
+    tokenizer *tk = NULL;
+    if (!tok_dir && strncmp(path, "synth:", 6)) {
+        char tj[4096];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
+        FILE *f = fopen(tj, "rb");
+        if (f) { fclose(f); tok_dir = path; }
+    }
+    if (tok_dir && tok_load_dir(tok_dir, &tk, &e)) {
+        fprintf(stderr, "laststand generate: error: --tokenizer-path: %s\n", e.msg);
+        return 2;
+    }
     int32_t *ids = NULL;
-    int n = parse_int_list(ids_s, &ids);
-    if (n <= 0) {
+    int n;
+    if (prompt) {
+        if (!tk) {
+            fprintf(stderr, "laststand generate: error: --prompt needs a tokenizer.json (in the model "
+                            "folder or --tokenizer-path)\n");
+            return 2;
+        }
+        n = tok_encode(tk, prompt, strlen(prompt), &ids, &e);
+        if (n <= 0) {
+            fprintf(stderr, "laststand generate: error: --prompt: %s\n", n < 0 ? e.msg : "encodes to no tokens");
+            free(ids);
+            tok_free(tk);
+            return 2;
+        }
+    } else if ((n = parse_int_list(ids_s, &ids)) <= 0) {
         free(ids);
+        tok_free(tk);
         return bad_value("--ids", ids_s, "a comma-separated list of token ids");
     }
 
-    ls_err e = {0};
     model *m = NULL;
     int rc = model_open(path, &o, &m, &e);
     if (rc) {
         fprintf(stderr, "laststand generate: error: %s\n", e.msg);
         free(ids);
+        tok_free(tk);
         return 2;
     }
     const model_config *c = model_cfg(m);
@@ -121,8 +167,8 @@ int cmd_generate(int argc, char **argv) {
     int n_out = 0;
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= V) {
-            fprintf(stderr, "laststand generate: error: --ids: token id %d is outside the vocabulary [0, %d)\n",
-                    ids[i], V);
+            fprintf(stderr, "laststand generate: error: %s: token id %d is outside the vocabulary [0, %d)\n",
+                    prompt ? "--prompt" : "--ids", ids[i], V);
             ret = 2;
             goto done;
         }
@@ -157,7 +203,9 @@ int cmd_generate(int argc, char **argv) {
     }
     printf("{\"ids\":[");
     for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
-    printf("],\"text\":\"\"}\n");
+    printf("],\"text\":");
+    put_json_string(stdout, tk ? tok_decode(tk, out, n_out, 1) : NULL);
+    printf("}\n");
     goto done;
 fail:
     fprintf(stderr, "laststand generate: error: %s\n", e.msg);
@@ -167,6 +215,7 @@ done:
     free(pages);
     free(lg);
     free(ids);
+    tok_free(tk);
     model_close(m);
     return ret ? ret : (fflush(stdout) ? 1 : 0);
 }

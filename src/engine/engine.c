@@ -124,7 +124,7 @@ static void engine_free(ls_engine *e) {
     free(e->model_path); free(e->tokenizer_path); free(e->device);
     kvpool_free(&e->pages); kvpool_free(&e->slots);
     smp_free(e->smp);
-    free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
+    free(e->logits); free(e->poison); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
@@ -283,6 +283,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     kvpool_init(&e->slots, max_run);
     e->smp = smp_new(e->vocab);
     e->logits = xmalloc((size_t)max_run * (size_t)e->vocab * sizeof(float));
+    if (e->force_ok) e->poison = xmalloc((size_t)e->vocab * sizeof(float));
     e->seqs = xcalloc((size_t)max_run, sizeof *e->seqs);
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
@@ -365,8 +366,9 @@ static int validate(const ls_engine *e, const ls_sampling *s, char *err, size_t 
             BAD("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, s->stop_ids[i], e->vocab);
     if (s->n_force < 0 || (s->n_force > 0 && !s->force_ids)) BAD("force_ids: bad list");
     for (int i = 0; i < s->n_force; i++)
-        if (s->force_ids[i] < 0 || s->force_ids[i] >= e->vocab)
-            BAD("force_ids[%d] = %d is outside the vocabulary [0, %d)", i, s->force_ids[i], e->vocab);
+        if (s->force_ids[i] < -1 || s->force_ids[i] >= e->vocab)
+            BAD("force_ids[%d] = %d is outside the vocabulary [0, %d) (or -1: NaN logits)", i,
+                s->force_ids[i], e->vocab);
     return 0;
 #undef BAD
 }
@@ -551,7 +553,11 @@ static void emit(ls_engine *e, ereq *r, int32_t token, const char *text, const s
     r->cb(r->user, &ev);
 }
 
-/* Final bookkeeping for a request that has emitted its last event. */
+static void publish_gauges(ls_engine *e);
+
+/* Bookkeeping before a request's final event: off the lists, pages and slot
+ * freed, counters and gauges updated, so whoever sees the final event (and
+ * then reads the statistics) finds them settled. req_free follows the event. */
 static void retire(ls_engine *e, ereq *r, const char *reason) {
     if (r->state == REQ_RUNNING) run_remove(e, r);
     else if (r->state == REQ_WAITING) wait_remove(e, r);
@@ -562,14 +568,15 @@ static void retire(ls_engine *e, ereq *r, const char *reason) {
     if (strcmp(reason, "error") == 0) e->st.requests_failed_total++;
     stats_observe(&e->st.e2e, t - r->t_submit);
     pthread_mutex_unlock(&e->stats_mu);
-    req_free(r);
+    publish_gauges(e);
 }
 
 /* End a request without a token: abort or error. Flushes no held-back text
  * (the request did not finish normally). */
 static void finish_empty(ls_engine *e, ereq *r, const char *reason, const char *error) {
-    emit(e, r, -1, "", NULL, 1, reason, NULL, -1, error);
     retire(e, r, reason);
+    emit(e, r, -1, "", NULL, 1, reason, NULL, -1, error);
+    req_free(r);
 }
 
 /* ==== scheduling ====================================================================== */
@@ -662,14 +669,20 @@ static void advance(ls_engine *e, ereq *r, const float *row) {
     int n_gen = r->n_tok - r->n_prompt;
     smp_hist h = {r->tok, r->n_prompt, r->tok + r->n_prompt, n_gen};
     int32_t forced = n_gen < r->sp.n_force ? r->sp.force_ids[n_gen] : -1;
+    if (n_gen < r->sp.n_force && forced == -1) {
+        /* test-only: a forced -1 poisons this row, to exercise the NaN path */
+        memcpy(e->poison, row, (size_t)e->vocab * sizeof *row);
+        e->poison[e->vocab / 2] = NAN;
+        row = e->poison;
+    }
     smp_result sr;
     ls_err le = {0};
     int rc = smp_sample(e->smp, row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0,
                         &r->rng, forced, &sr, &le);
     if (rc < 0) {
         char msg[1200];
-        snprintf(msg, sizeof msg, "non-finite logits at engine step %lld, completion token %d: %s",
-                 (long long)e->n_steps, n_gen, le.msg);
+        snprintf(msg, sizeof msg, "NaN/Inf logits at engine step %lld, completion token %d: %s",
+                 (long long)e->n_steps, n_gen + 1, le.msg);
         log_error("engine: request %lld: %s", (long long)r->id, msg);
         pthread_mutex_lock(&e->stats_mu);
         e->st.nan_logits_total++;
@@ -712,8 +725,9 @@ static void advance(ls_engine *e, ereq *r, const float *row) {
         if (k >= 0) { reason = "stop"; matched = r->sp.stop[k]; matched_id = -1; }
         else stop_flush(&r->sm, out);
     }
-    emit(e, r, t, out->data ? out->data : "", &sr, reason != NULL, reason, matched, matched_id, NULL);
     if (reason) retire(e, r, reason);
+    emit(e, r, t, out->data ? out->data : "", &sr, reason != NULL, reason, matched, matched_id, NULL);
+    if (reason) req_free(r);
 }
 
 /* ==== the engine thread =================================================================== */

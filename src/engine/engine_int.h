@@ -63,6 +63,7 @@ struct ls_engine {
     kvpool pages, slots;
     smp_ctx *smp;
     float *logits;             /* [max_run, vocab] */
+    float *poison;             /* [vocab] test-only NaN row (force mode) */
     fwd_seq *seqs;             /* [max_run] */
     int32_t *ids;              /* [budget + max_run] */
     ereq **batch;              /* [max_run] */

@@ -166,26 +166,36 @@ static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape) {
     if (k < cap) snprintf(out + k, cap - k, "]");
 }
 
-int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
-                 void *data, size_t nbytes, ls_err *e) {
-    if (!name || !*name) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor with an empty name"); }
-    if (dt < 0 || dt >= ST_NDTYPES) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor '%s': bad dtype %d", name, (int)dt); }
-    if (ndim < 0 || ndim > ST_MAX_DIMS) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor '%s': %d dims (at most %d)", name, ndim, ST_MAX_DIMS); }
+static int add_mem(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape, const void *data,
+                   size_t nbytes, void *owned, ls_err *e) {
+    if (!name || !*name) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor with an empty name"); }
+    if (dt < 0 || dt >= ST_NDTYPES) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor '%s': bad dtype %d", name, (int)dt); }
+    if (ndim < 0 || ndim > ST_MAX_DIMS) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor '%s': %d dims (at most %d)", name, ndim, ST_MAX_DIMS); }
     int64_t want = checked_nbytes(dt, ndim, shape);
     if (want < 0 || (size_t)want != nbytes) {
         char sh[256];
         shape_str(sh, sizeof sh, ndim, shape);
-        free(data);
+        free(owned);
         return errf(e, ERR_INVAL, "<memory>: tensor '%s': %zu bytes given for %s %s", name, nbytes,
                     st_dtype_name(dt), sh);
     }
     st_tensor t = {.name = name, .dtype = dt, .ndim = ndim, .data = data, .nbytes = nbytes, .file = "<memory>"};
     for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
-    if (push_tensor(s, &t, data) < 0) {
-        free(data);
+    if (push_tensor(s, &t, owned) < 0) {
+        free(owned);
         return errf(e, ERR_INVAL, "<memory>: duplicate tensor '%s'", name);
     }
     return 0;
+}
+
+int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+                 void *data, size_t nbytes, ls_err *e) {
+    return add_mem(s, name, dt, ndim, shape, data, nbytes, data, e);
+}
+
+int st_add_ref(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+               const void *data, size_t nbytes, ls_err *e) {
+    return add_mem(s, name, dt, ndim, shape, data, nbytes, NULL, e);
 }
 
 /* ---- reading one file ---------------------------------------------------- */

@@ -235,6 +235,35 @@ static void moe_backends_agree(int nvfp4) {
 static void test_moe_grouped_matches_ref_bf16(void **st) { moe_backends_agree(0); }
 static void test_moe_grouped_matches_ref_nvfp4(void **st) { moe_backends_agree(1); }
 
+/* Every gemm / fp4_gemm backend of the CPU equals the reference, including
+ * row-block and K tails (N = 7, K = 40 / 48). */
+static void test_cpu_gemm_backends_match_ref(void **st) {
+    uint64_t s = 7;
+    for (int nv = 0; nv < 2; nv++) {
+        const int M = 5, N = 7, K = nv ? 48 : 40;
+        lin_w w;
+        fill_lin(&w, N, K, nv, &s);
+        float x[5 * 48], y0[5 * 7], y1[5 * 7];
+        for (int i = 0; i < M * K; i++) x[i] = bf16_to_f32(rnd_bf16(&s));
+        gemm_args a = {.M = M, .x = x, .w = &w, .y = y0, .dt = ACT_F32};
+        const gemm_impl *ref = nv ? &fp4_gemm_cpu_ref : &gemm_cpu_ref;
+        assert_int_equal(ref->run(&a, NULL, NULL), 0);
+        int n = nv ? ops_fp4_gemm_count() : ops_gemm_count();
+        for (int i = 0; i < n; i++) {
+            const gemm_impl *g = nv ? ops_fp4_gemm_at(i) : ops_gemm_at(i);
+            if (g->dev != DEV_CPU || g == ref) continue;
+            for (int acc = 0; acc < 2; acc++) {
+                for (int j = 0; j < M * N; j++) y1[j] = acc ? 1.0f : NAN;
+                a.y = y1;
+                a.accumulate = acc;
+                assert_int_equal(g->run(&a, NULL, NULL), 0);
+                for (int j = 0; j < M * N; j++) near(y1[j], y0[j] + acc, 1e-5, g->name);
+            }
+        }
+        free_lin(&w);
+    }
+}
+
 static void test_registry_reference_last_and_selection(void **st) {
     assert_string_equal(ops_gemm_at(ops_gemm_count() - 1)->name, "cpu_ref");
     assert_string_equal(ops_fp4_gemm_at(ops_fp4_gemm_count() - 1)->name, "cpu_ref");
@@ -278,6 +307,7 @@ int main(void) {
         cmocka_unit_test(test_gated_delta_rule_one_step),
         cmocka_unit_test(test_moe_grouped_matches_ref_bf16),
         cmocka_unit_test(test_moe_grouped_matches_ref_nvfp4),
+        cmocka_unit_test(test_cpu_gemm_backends_match_ref),
         cmocka_unit_test(test_registry_reference_last_and_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

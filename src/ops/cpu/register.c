@@ -12,6 +12,7 @@ extern const moe_impl moe_cpu_grouped;
 int moe_cpu_supported(const dev_info *d, const moe_shape *s, char *why, size_t n);
 
 void cpu_register_all(void) {
+    cpu_register_avx2();
     ops_moe_register(&moe_cpu_grouped);
 }
 

@@ -81,6 +81,7 @@ static void on_event(void *user, const ls_event *ev) {
     if (ev->finish_reason) snprintf(e.finish_reason, sizeof e.finish_reason, "%s", ev->finish_reason);
     if (ev->matched_stop) e.matched_stop = xstrdup(ev->matched_stop);
     if (ev->error) e.error = xstrdup(ev->error);
+    e.matched_stop_id = ev->finished ? ev->matched_stop_id : -1;
     e.prompt_tokens = ev->prompt_tokens;
     e.completion_tokens = ev->completion_tokens;
     e.cached_tokens = ev->cached_tokens;

@@ -10,7 +10,7 @@ typedef struct acc_choice {
     int done, prompt_tokens, completion_tokens, cached_tokens;
     char finish[16];
     char *matched_stop, *error;
-    int32_t last_token;
+    int32_t matched_stop_id;
     json_t *logprobs;     /* chat: array of entries; completions: {tokens, token_logprobs, ...} */
 } acc_choice;
 
@@ -24,7 +24,8 @@ void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int 
 /* Prompt length against the context and max_tokens; 0 or rs filled with 400. */
 int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs);
 json_t *srv_usage(int prompt, int completion, int cached);
-json_t *srv_matched_stop(const char *finish, const char *matched, int32_t last_token);
+/* SGLang's matched_stop: the stop string, else the EOS / stop id, else null. */
+json_t *srv_matched_stop(const char *matched, int32_t matched_id);
 
 /* A JSON string of model text; invalid UTF-8 bytes become U+FFFD. */
 json_t *srv_jstr(const char *s, size_t n);

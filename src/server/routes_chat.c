@@ -187,7 +187,7 @@ static int chat_step(void *ctx, const gen_event *ev, buf *out) {
     if (ev->finished) {
         const char *fr = ev->finish_reason[0] ? ev->finish_reason : "stop";
         if (!strcmp(fr, "stop") && ch->n_calls) fr = "tool_calls";
-        emit_chunk(cx, out, idx, json_object(), ch, fr, srv_matched_stop(ev->finish_reason, ev->matched_stop, ev->token));
+        emit_chunk(cx, out, idx, json_object(), ch, fr, srv_matched_stop(ev->matched_stop, ev->matched_stop_id));
         if (idx % cx->r.n == 0) { cx->usage_prompt += ev->prompt_tokens; cx->usage_cached += ev->cached_tokens; }
         cx->usage_completion += ev->completion_tokens;
     }
@@ -288,7 +288,7 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
         json_t *lp = r->logprobs ? json_pack("{s:O}", "content", a[i].logprobs) : json_null();
         json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", i, "message", msg, "logprobs", lp,
                                                  "finish_reason", fr, "matched_stop",
-                                                 srv_matched_stop(a[i].finish, a[i].matched_stop, a[i].last_token)));
+                                                 srv_matched_stop(a[i].matched_stop, a[i].matched_stop_id)));
     }
     int up, uc, ucached;
     srv_usage_totals(a, n, r->n, &up, &uc, &ucached);

@@ -132,7 +132,7 @@ int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out
     acc_choice *a = xcalloc(n, sizeof *a);
     for (int i = 0; i < n; i++) {
         buf_init(&a[i].text);
-        a[i].last_token = -1;
+        a[i].matched_stop_id = -1;
         if (r->logprobs) a[i].logprobs = r->kind == SRV_CHAT ? json_array() : srv_completion_logprobs_new();
     }
     int cancelled = 0;
@@ -156,7 +156,6 @@ int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out
             else srv_completion_logprob(sv, &ev, ch->logprobs, ch->text.len);
         }
         buf_puts(&ch->text, ev.text);
-        if (ev.token >= 0) ch->last_token = ev.token;
         if (ev.finished) {
             ch->done = 1;
             snprintf(ch->finish, sizeof ch->finish, "%s", ev.finish_reason[0] ? ev.finish_reason : "stop");
@@ -164,6 +163,7 @@ int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out
             ch->completion_tokens = ev.completion_tokens;
             ch->cached_tokens = ev.cached_tokens;
             if (ev.matched_stop) ch->matched_stop = xstrdup(ev.matched_stop);
+            ch->matched_stop_id = ev.matched_stop_id;
             if (ev.error) ch->error = xstrdup(ev.error);
         }
         gen_event_free(&ev);
@@ -187,9 +187,9 @@ void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int 
     }
 }
 
-json_t *srv_matched_stop(const char *finish, const char *matched, int32_t last_token) {
+json_t *srv_matched_stop(const char *matched, int32_t matched_id) {
     if (matched) return json_string(matched);
-    if (!strcmp(finish, "stop") && last_token >= 0) return json_integer(last_token);
+    if (matched_id >= 0) return json_integer(matched_id);
     return json_null();
 }
 

@@ -95,7 +95,7 @@ static int cmpl_step(void *ctx, const gen_event *ev, buf *out) {
         const char *fr = ev->finished ? (ev->finish_reason[0] ? ev->finish_reason : "stop") : NULL;
         json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", idx, "text", srv_jstr(text.data ? text.data : "", text.len),
                                    "logprobs", lp, "finish_reason", fr ? json_string(fr) : json_null());
-        if (fr) json_object_set_new(choice, "matched_stop", srv_matched_stop(ev->finish_reason, ev->matched_stop, ev->token));
+        if (fr) json_object_set_new(choice, "matched_stop", srv_matched_stop(ev->matched_stop, ev->matched_stop_id));
         emit(cx, out, choice);
     } else {
         json_decref(lp);
@@ -161,7 +161,7 @@ void route_completions(srv *sv, srv_conn *c, const char *body, size_t len, srv_r
         json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", i, "text",
                                                  srv_jstr(t.data ? t.data : "", t.len), "logprobs", lp,
                                                  "finish_reason", a[i].finish, "matched_stop",
-                                                 srv_matched_stop(a[i].finish, a[i].matched_stop, a[i].last_token)));
+                                                 srv_matched_stop(a[i].matched_stop, a[i].matched_stop_id)));
         buf_free(&t);
     }
     int up, uc, ucached;

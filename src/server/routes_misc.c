@@ -84,12 +84,14 @@ void route_model_info(srv *sv, srv_resp *rs) {
     json_t *eos = json_array();
     for (int i = 0; i < sv->info.n_eos; i++) json_array_append_new(eos, json_integer(sv->info.eos_ids[i]));
     const char *mp = sv->info.model_path ? sv->info.model_path : sv->cfg.model_path;
-    srv_json_resp(rs, 200, json_pack("{s:s, s:s, s:b, s:n, s:s, s:s, s:s, s:i, s:i, s:o}", "model_path", mp ? mp : "",
-                                     "tokenizer_path", sv->cfg.tokenizer_path ? sv->cfg.tokenizer_path : (mp ? mp : ""),
+    const char *tp = sv->info.tokenizer_path ? sv->info.tokenizer_path : sv->cfg.tokenizer_path;
+    srv_json_resp(rs, 200, json_pack("{s:s, s:o, s:b, s:n, s:s, s:s, s:s, s:i, s:i, s:o, s:b}", "model_path", mp ? mp : "",
+                                     "tokenizer_path", tp ? json_string(tp) : json_null(),
                                      "is_generation", 1, "preferred_sampling_params", "weight_version", "default",
                                      "served_model_name", sv->cfg.served_model_name, "architecture",
                                      sv->info.architecture ? sv->info.architecture : "", "context_length",
-                                     sv->info.context_length, "vocab_size", sv->info.vocab_size, "eos_token_ids", eos));
+                                     sv->info.context_length, "vocab_size", sv->info.vocab_size, "eos_token_ids", eos,
+                                     "has_chat_template", sv->info.has_chat_template));
 }
 
 void route_server_info(srv *sv, srv_resp *rs) {
@@ -101,6 +103,10 @@ void route_server_info(srv *sv, srv_resp *rs) {
     json_object_set_new(o, "context_length", json_integer(sv->info.context_length));
     json_object_set_new(o, "device", json_string(sv->info.device ? sv->info.device : ""));
     json_object_set_new(o, "uptime_s", json_real(now_sec() - sv->started));
+    json_object_set_new(o, "max_running_requests", json_integer(sv->info.max_running_requests));
+    json_object_set_new(o, "chunked_prefill_size", json_integer(sv->info.chunked_prefill_size));
+    json_object_set_new(o, "page_size", json_integer(sv->info.page_size));
+    json_object_set_new(o, "max_total_tokens", json_integer(sv->info.max_total_tokens));
     json_object_set_new(o, "internal_states",
                         json_pack("[{s:i, s:i, s:f, s:i, s:i, s:I, s:I}]", "num_running_reqs", st.running,
                                   "num_queue_reqs", st.queued, "kv_usage", st.kv_usage, "kv_pages_total",

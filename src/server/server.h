@@ -162,6 +162,7 @@ typedef struct gen_event {
     int finished;
     char finish_reason[16];
     char *matched_stop, *error;
+    int32_t matched_stop_id;     /* EOS / stop id that ended it, else -1 */
     int prompt_tokens, completion_tokens, cached_tokens;
 } gen_event;
 void gen_event_free(gen_event *ev);

@@ -530,18 +530,31 @@ def test_full_397b_in_memory_is_refused_not_crashed():
     assert "layers=N" in p.stderr and "GB" in p.stderr
 
 
-@pytest.mark.parametrize("model", ["qwen3_moe", "qwen3_next", "qwen3_5_moe_text"])
-def test_quantize_reproduces_the_fixture_quantization(model, shared_dir, tmp_path):
+@pytest.mark.parametrize("model,quantized", [("qwen3_moe", "qwen3_moe-nvfp4"), ("qwen3_next", "qwen3_next-nvfp4"),
+                                             ("qwen3_5_moe_text", "qwen3_5_moe_text-nvfp4"),
+                                             ("qwen3_5_moe-fused", "qwen3_5_moe-nvfp4")])
+def test_quantize_reproduces_the_fixture_quantization(model, quantized, shared_dir, tmp_path):
     """The NVFP4 fixtures were quantized by torch (../shared/tools/gen_fixtures.py) from the BF16 fixtures:
     quantize must give the same tensor names, byte-identical weight_scale and weight_scale_2, and the
     same E2M1 codes except at exact ties between two code values, where the fixture takes the smaller
-    magnitude and we round to even (reference 4.6, what the hardware cvt.rn does)."""
+    magnitude and we round to even (reference 4.6, what the hardware cvt.rn does). The fused BF16
+    release layout (experts.gate_up_proj [E, 2I, H]) must split into the per-expert NVFP4 tensors."""
     src = os.path.join(shared_dir, "fixtures", "models", model)
     p = run_ls("quantize", "--in", src, "--out", tmp_path / "q")
     assert p.returncode == 0, p.stderr
     A = st_tensors(tmp_path / "q" / "model.safetensors")
-    B = st_tensors(os.path.join(shared_dir, "fixtures", "models", model + "-nvfp4", "model.safetensors"))
+    B = st_tensors(os.path.join(shared_dir, "fixtures", "models", quantized, "model.safetensors"))
     S = st_tensors(os.path.join(src, "model.safetensors"))
+    for k in [k for k in S if k.endswith("mlp.experts.gate_up_proj")]:  # fused -> per expert, as BF16 views
+        g = S.pop(k)
+        E, I2, H = g[1]
+        down = S.pop(k.replace("gate_up_proj", "down_proj"))
+        per, dper = len(g[2]) // E, len(down[2]) // E
+        for e in range(E):
+            blob = g[2][e * per:(e + 1) * per]
+            S[f"{k[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = ("BF16", [I2 // 2, H], blob[:per // 2])
+            S[f"{k[:-len('gate_up_proj')]}{e}.up_proj.weight"] = ("BF16", [I2 // 2, H], blob[per // 2:])
+            S[f"{k[:-len('gate_up_proj')]}{e}.down_proj.weight"] = ("BF16", down[1][1:], down[2][e * dper:(e + 1) * dper])
     assert set(A) == set(B)
     table = e4m3_values()
     ties = 0

@@ -35,11 +35,11 @@ def _load(name):
     return json.load(open(p, encoding="utf-8")) if os.path.exists(p) else []
 
 
-def render(tmp_path, req, template=None, name="req.json"):
+def render(tmp_path, req, template=None, name="req.json", tokdir=TOKDIR):
     p = os.path.join(str(tmp_path), name)
     with open(p, "w", encoding="utf-8") as f:
         json.dump(req, f, ensure_ascii=False)
-    args = [BIN, "chat-template", "--tokenizer-path", TOKDIR, "--request", p]
+    args = [BIN, "chat-template", "--tokenizer-path", tokdir, "--request", p]
     if template:
         args += ["--chat-template", template]
     # bytes, decoded by hand: text mode would turn the rendered "\r\n" into "\n"
@@ -120,14 +120,15 @@ def test_cli_reports_bad_request_and_bad_template(shared_dir, ls_bin, tmp_path):
 
 
 # ---- random conversations vs the oracle -----------------------------------------------------------
-def _oracle():
-    """Returns (name, render(messages, tools, template, agp, kwargs) -> text or raises)."""
+def _oracle(tokdir):
+    """Returns (name, render(messages, tools, template, agp, kwargs) -> text or raises) for the tokenizer
+    folder tokdir (template None: the folder's own chat template)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         import transformers
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(TOKDIR)
+        tok = AutoTokenizer.from_pretrained(tokdir)
 
         def fn(messages, tools, template, agp, kwargs):
             return tok.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
@@ -149,14 +150,16 @@ def _oracle():
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
-        cfg = json.load(open(os.path.join(TOKDIR, "tokenizer_config.json")))
-        special = {k: cfg[k] for k in ("eos_token", "pad_token") if cfg.get(k)}
+        cfg = json.load(open(os.path.join(tokdir, "tokenizer_config.json")))
+        special = {k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if cfg.get(k)}
+        own = os.path.join(tokdir, "chat_template.jinja")
+        own = open(own).read() if os.path.exists(own) else cfg.get("chat_template")
 
         def fn(messages, tools, template, agp, kwargs):
             if not messages:
                 raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
-            return env.from_string(template).render(messages=messages, tools=tools, documents=None,
-                                                    add_generation_prompt=agp, **{**special, **kwargs})
+            return env.from_string(template or own).render(messages=messages, tools=tools, documents=None,
+                                                           add_generation_prompt=agp, **{**special, **kwargs})
         return f"jinja2 {jinja2.__version__} in transformers' environment (transformers unavailable: {exc})", fn
 
 
@@ -253,12 +256,14 @@ def _conversation(rng, q35):
     return msgs, tools, rng.random() < 0.75, kwargs
 
 
-def _compare(tmp_path, oracle, rng_seed, q35, n):
-    name, fn = oracle
-    template = open(Q35_TEMPLATE).read() if q35 else json.load(open(os.path.join(TOKDIR, "tokenizer_config.json")))["chat_template"]
+def _compare(tmp_path, tokdir, template_path, rng_seed, n):
+    name, fn = _oracle(tokdir)
+    print(f"oracle: {name}", file=sys.stderr)
+    template = open(template_path).read() if template_path else None
+    q35_style = template_path is not None or tokdir != TOKDIR  # templates that accept content parts
     rng = random.Random(rng_seed)
     for k in range(n):
-        msgs, tools, agp, kwargs = _conversation(rng, q35)
+        msgs, tools, agp, kwargs = _conversation(rng, q35_style)
         try:
             want, want_err = fn(msgs, tools, template, agp, kwargs), None
         except Exception as exc:
@@ -266,8 +271,9 @@ def _compare(tmp_path, oracle, rng_seed, q35, n):
         req = {"messages": msgs, "add_generation_prompt": agp, "chat_template_kwargs": kwargs}
         if tools is not None:
             req["tools"] = tools
-        r = render(tmp_path, req, Q35_TEMPLATE if q35 else None)
-        ctx = f"seed {rng_seed} case {k} ({'qwen3.5' if q35 else 'qwen3'} template, oracle: {name})\nrequest: {json.dumps(req, ensure_ascii=False)}"
+        r = render(tmp_path, req, template_path, tokdir=tokdir)
+        ctx = (f"seed {rng_seed} case {k} (tokenizer {tokdir}, template {template_path or 'its own'}, oracle: {name})\n"
+               f"request: {json.dumps(req, ensure_ascii=False)}")
         if want_err is not None:
             assert r.returncode == 2, f"{ctx}\noracle raised {want_err!r} but laststand printed {r.stdout!r}"
             if type(want_err).__name__ == "TemplateError":  # raise_exception: the message verbatim
@@ -277,14 +283,10 @@ def _compare(tmp_path, oracle, rng_seed, q35, n):
         assert r.stdout == want, f"{ctx}\nwant {want!r}\ngot  {r.stdout!r}"
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    o = _oracle()
-    print(f"oracle: {o[0]}", file=sys.stderr)
-    return o
-
-
-@pytest.mark.parametrize("q35", [False, True], ids=["qwen3", "qwen3.5"])
-def test_random_conversations_match_oracle(q35, oracle, shared_dir, ls_bin, tmp_path):
+@pytest.mark.parametrize("template", ["qwen3", "qwen3.5", "demo"])
+def test_random_conversations_match_oracle(template, shared_dir, ls_bin, tmp_path, request):
     seed = int.from_bytes(os.urandom(4), "little")
-    _compare(tmp_path, oracle, seed, q35, 150)
+    if template == "demo":  # the demo model's own template, found in its folder (chat_template.jinja)
+        _compare(tmp_path, request.getfixturevalue("demo_model"), None, seed, 100)
+    else:
+        _compare(tmp_path, TOKDIR, Q35_TEMPLATE if template == "qwen3.5" else None, seed, 150)

@@ -5,8 +5,8 @@
  * Renders the model's own chat template (chat_template.jinja, else the
  * tokenizer_config.json "chat_template"), or FILE's, for a request
  * {"messages", "tools", "add_generation_prompt", "chat_template_kwargs"} the way
- * transformers' apply_chat_template does, with bos_token/eos_token taken from
- * DIR/tokenizer_config.json. Prints the text raw on stdout (no newline added).
+ * transformers' apply_chat_template does, with bos/eos/pad/unk_token taken from
+ * DIR/tokenizer_config.json (transformers' special_tokens_map). Prints the text raw on stdout (no newline added).
  * Exit 2: bad flags or files, template errors ("FILE: line L, column C: ..."), and
  * the template's raise_exception (its message verbatim). --request - reads stdin.
  */
@@ -83,12 +83,14 @@ int cmd_chat_template(int argc, char **argv) {
     }
 
     /* bos/eos as transformers passes them (special_tokens_map); absent file: none */
-    char *bos = NULL, *eos = NULL;
+    char *bos = NULL, *eos = NULL, *pad = NULL, *unk = NULL;
     json_error_t je;
     json_t *cfg = json_load_file(cfg_path, 0, &je);
     if (cfg) {
         bos = special_token(cfg, "bos_token");
         eos = special_token(cfg, "eos_token");
+        pad = special_token(cfg, "pad_token");
+        unk = special_token(cfg, "unk_token");
         json_decref(cfg);
     }
 
@@ -99,6 +101,15 @@ int cmd_chat_template(int argc, char **argv) {
     if (!req) {
         fprintf(stderr, "laststand: error: --request %s: line %d, column %d: %s\n", req_path, je.line, je.column, je.text);
         goto done;
+    }
+    /* transformers also passes pad_token/unk_token (its special_tokens_map), under the kwargs */
+    json_t *kw = json_object_get(req, "chat_template_kwargs");
+    if (json_is_object(req) && (pad || unk) && (!kw || json_is_null(kw) || json_is_object(kw))) {
+        json_t *merged = json_object();
+        if (pad) json_object_set_new(merged, "pad_token", json_string(pad));
+        if (unk) json_object_set_new(merged, "unk_token", json_string(unk));
+        if (json_is_object(kw)) json_object_update(merged, kw);
+        json_object_set_new(req, "chat_template_kwargs", merged);
     }
     if (jinja_parse(tmpl_src, &t, &e)) {
         fprintf(stderr, "laststand: error: %s: %s\n", tmpl_name, e.msg);
@@ -121,5 +132,7 @@ done:
     free(tmpl_src);
     free(bos);
     free(eos);
+    free(pad);
+    free(unk);
     return rc;
 }

@@ -215,9 +215,7 @@ static int str_split(jctx *c, jval s, jval sep, int64_t maxsplit, bool right, jv
                 i = j;
                 if (i >= n) break;
                 if (maxsplit >= 0 && k >= maxsplit) {
-                    /* rest, with trailing whitespace stripped */
-                    jval rest = jstr_strip(jv_strn_nocopy(p + i, n - i), jv_none(), 2);
-                    jl_push(c, l.l, rest);
+                    jl_push(c, l.l, jv_strn_nocopy(p + i, n - i)); /* the rest, verbatim */
                     break;
                 }
                 while (j < n) { size_t q = j; if (py_isspace(u8_next(p, n, &q))) break; j = q; }
@@ -234,7 +232,7 @@ static int str_split(jctx *c, jval s, jval sep, int64_t maxsplit, bool right, jv
                 jval head = jstr_strip(jv_strn_nocopy(p, e), jv_none(), 2);
                 e = head.s.n;
                 if (!e) break;
-                if (maxsplit >= 0 && k >= maxsplit) { jl_push(c, tmp.l, jstr_strip(head, jv_none(), 1)); break; }
+                if (maxsplit >= 0 && k >= maxsplit) { jl_push(c, tmp.l, head); break; }
                 size_t st = e;
                 while (st > 0) {
                     size_t b0 = st - 1;
@@ -336,10 +334,11 @@ static void pad_out(buf *out, const char *s, size_t n, fspec *fs, char default_a
     int64_t padn = fs->width > len ? fs->width - len : 0;
     int32_t fill = fs->fill ? fs->fill : ' ';
     int64_t left = align == '>' ? padn : align == '^' ? padn / 2 : 0, right = padn - left;
-    if (align == '=' && n && (s[0] == '-' || s[0] == '+' || s[0] == ' ')) {
-        buf_putc(out, s[0]);
+    if (align == '=') { /* padding between the sign and the digits */
+        size_t k = (n && (s[0] == '-' || s[0] == '+' || s[0] == ' ')) ? 1 : 0;
+        buf_append(out, s, k);
         for (int64_t i = 0; i < padn; i++) u8_put(out, fill);
-        buf_append(out, s + 1, n - 1);
+        buf_append(out, s + k, n - k);
         return;
     }
     for (int64_t i = 0; i < left; i++) u8_put(out, fill);

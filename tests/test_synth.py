@@ -390,6 +390,7 @@ def test_in_memory_synth_equals_written_demo(demo_model):
     (["--preset", "demo", "--out", "/tmp/x", "--seed", "-1"], "--seed"),
     (["--preset", "demo", "--out", "/tmp/x", "--quant", "int4"], "--quant"),
     (["--preset", "demo", "--out", "/tmp/x", "--bogus"], "--bogus"),
+    (["--preset", "demo", "--out", "/etc/hostname"], "--out"),
 ])
 def test_synth_bad_flags_exit_2_naming_the_flag(args, flag):
     p = run_ls("synth", *args)
@@ -406,6 +407,7 @@ def test_synth_help():
     (["--in", "/nonexistent-dir", "--out", "/tmp/x"], "--in"),
     (["--in", "/tmp"], "--out"),
     (["--in", "/tmp", "--out", "/tmp/x", "--exclude"], "--exclude"),
+    (["--in", "/tmp", "--out", "/tmp/"], "--out"),
 ])
 def test_quantize_bad_flags_exit_2_naming_the_flag(args, flag):
     p = run_ls("quantize", *args)

@@ -6,8 +6,10 @@ server with LASTSTAND_TEST_FORCE_IDS=1 and send `force_ids` (ids from the
 server's own /tokenize of the wanted text): the forward pass still runs, the
 sampled ids are replaced. Every request below goes through the real HTTP
 server, template, tokenizer, engine and parsers."""
+import http.client
 import json
 import os
+import socket
 import threading
 import time
 
@@ -336,10 +338,46 @@ def test_prompt_longer_than_context_is_400_with_both_numbers(srv, client):
     assert str(ctx) in msg and str(ctx + 5) in msg
 
 
-def test_force_ids_rejected_without_test_env(ls_bin, model_path):
-    with Server(_bin(ls_bin), model_path) as s:
+def test_force_ids_rejected_without_test_env_and_sigterm_ends_streams(ls_bin, model_path):
+    s = Server(_bin(ls_bin), model_path)
+    try:
         status, e = _err(s.post("/v1/completions", {"prompt": "x", "force_ids": [1, 2]}))
         assert status == 400 and "test-only" in e["message"] and e["param"] == "force_ids"
+        # SIGTERM while a long stream runs: the stream ends, the process exits 0
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0, timeout=60)
+        stream = c.completions.create(model=model_path, prompt="x", max_tokens=1000, stream=True,
+                                      extra_body={"ignore_eos": True})
+        it = iter(stream)
+        next(it)
+        t0 = time.time()
+        s.proc.send_signal(15)
+        try:
+            for _ in it:
+                pass
+        except (openai.APIError, Exception):  # noqa: BLE001 - a cut stream is fine, a hang is not
+            pass
+        assert s.proc.wait(timeout=30) == 0, s.log_text()
+        assert time.time() - t0 < 30
+    finally:
+        s.stop()
+
+
+def test_sse_keeps_the_connection_alive(srv):
+    """Chunked SSE, then a second request on the same connection."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    body = json.dumps({"prompt": "hi", "max_tokens": 3, "stream": True})
+    c.request("POST", "/v1/completions", body, srv.headers())
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+    assert r.getheader("Transfer-Encoding") == "chunked"
+    data = r.read().decode()
+    assert data.startswith("data: {") and data.endswith("}\n\ndata: [DONE]\n\n")
+    sock = c.sock
+    c.request("GET", "/v1/models", headers=srv.headers())
+    r2 = c.getresponse()
+    assert r2.status == 200 and json.loads(r2.read())["data"][0]["id"] == MODEL
+    assert c.sock is sock  # reused, not reconnected
+    c.close()
 
 
 # ---- disconnects ----------------------------------------------------------------------------
@@ -376,6 +414,23 @@ def test_client_disconnect_mid_stream_frees_request(srv, client):
     generated = _metric(srv, "generation_tokens_total") - gen0 - 4
     assert generated < ctx // 2, f"{generated} tokens generated after the client left (context {ctx})"
     assert srv.get("/health")[0] == 200
+
+
+def test_client_disconnect_during_non_streamed_request_frees_it(srv):
+    gen0 = _metric(srv, "generation_tokens_total")
+    body = json.dumps({"model": MODEL, "prompt": "go", "max_tokens": 20000, "ignore_eos": True}).encode()
+    sk = socket.create_connection(("127.0.0.1", srv.port))
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    sk.sendall(head + body)
+    deadline = time.time() + 30
+    while _metric(srv, "num_running_reqs") == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    sk.close()
+    while _metric(srv, "num_running_reqs") > 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(srv, "num_running_reqs") == 0
+    assert _metric(srv, "generation_tokens_total") - gen0 < 10000
 
 
 def test_nan_logits_fail_the_request_not_the_server(srv, client, eos):

@@ -390,6 +390,7 @@ def test_in_memory_synth_equals_written_demo(demo_model):
     (["--preset", "demo", "--out", "/tmp/x", "--seed", "-1"], "--seed"),
     (["--preset", "demo", "--out", "/tmp/x", "--quant", "int4"], "--quant"),
     (["--preset", "demo", "--out", "/tmp/x", "--bogus"], "--bogus"),
+    (["--preset", "demo", "--out", "/etc/hostname"], "--out"),
 ])
 def test_synth_bad_flags_exit_2_naming_the_flag(args, flag):
     p = run_ls("synth", *args)
@@ -406,6 +407,7 @@ def test_synth_help():
     (["--in", "/nonexistent-dir", "--out", "/tmp/x"], "--in"),
     (["--in", "/tmp"], "--out"),
     (["--in", "/tmp", "--out", "/tmp/x", "--exclude"], "--exclude"),
+    (["--in", "/tmp", "--out", "/tmp/"], "--out"),
 ])
 def test_quantize_bad_flags_exit_2_naming_the_flag(args, flag):
     p = run_ls("quantize", *args)
@@ -528,3 +530,54 @@ def test_full_397b_in_memory_is_refused_not_crashed():
     p = run_ls("logits", "--model-path", "synth:qwen3.5-397b-a17b", "--ids", "1", timeout=120)
     assert p.returncode in (1, 2), p.stderr
     assert "layers=N" in p.stderr and "GB" in p.stderr
+
+
+@pytest.mark.parametrize("model,quantized", [("qwen3_moe", "qwen3_moe-nvfp4"), ("qwen3_next", "qwen3_next-nvfp4"),
+                                             ("qwen3_5_moe_text", "qwen3_5_moe_text-nvfp4"),
+                                             ("qwen3_5_moe-fused", "qwen3_5_moe-nvfp4")])
+def test_quantize_reproduces_the_fixture_quantization(model, quantized, shared_dir, tmp_path):
+    """The NVFP4 fixtures were quantized by torch (../shared/tools/gen_fixtures.py) from the BF16 fixtures:
+    quantize must give the same tensor names, byte-identical weight_scale and weight_scale_2, and the
+    same E2M1 codes except at exact ties between two code values, where the fixture takes the smaller
+    magnitude and we round to even (reference 4.6, what the hardware cvt.rn does). The fused BF16
+    release layout (experts.gate_up_proj [E, 2I, H]) must split into the per-expert NVFP4 tensors."""
+    src = os.path.join(shared_dir, "fixtures", "models", model)
+    p = run_ls("quantize", "--in", src, "--out", tmp_path / "q")
+    assert p.returncode == 0, p.stderr
+    A = st_tensors(tmp_path / "q" / "model.safetensors")
+    B = st_tensors(os.path.join(shared_dir, "fixtures", "models", quantized, "model.safetensors"))
+    S = st_tensors(os.path.join(src, "model.safetensors"))
+    for k in [k for k in S if k.endswith("mlp.experts.gate_up_proj")]:  # fused -> per expert, as BF16 views
+        g = S.pop(k)
+        E, I2, H = g[1]
+        down = S.pop(k.replace("gate_up_proj", "down_proj"))
+        per, dper = len(g[2]) // E, len(down[2]) // E
+        for e in range(E):
+            blob = g[2][e * per:(e + 1) * per]
+            S[f"{k[:-len('gate_up_proj')]}{e}.gate_proj.weight"] = ("BF16", [I2 // 2, H], blob[:per // 2])
+            S[f"{k[:-len('gate_up_proj')]}{e}.up_proj.weight"] = ("BF16", [I2 // 2, H], blob[per // 2:])
+            S[f"{k[:-len('gate_up_proj')]}{e}.down_proj.weight"] = ("BF16", down[1][1:], down[2][e * dper:(e + 1) * dper])
+    assert set(A) == set(B)
+    table = e4m3_values()
+    ties = 0
+    for k in B:
+        if k.endswith(".weight_scale") or k.endswith(".weight_scale_2"):
+            assert A[k] == B[k], k
+        elif B[k][0] != "U8":
+            if not k.endswith("input_scale"):
+                assert A[k] == B[k], k  # kept tensors are untouched
+        elif A[k] != B[k]:
+            mod = k[: -len(".weight")]
+            w = bf16(S[k])
+            s2 = np.frombuffer(A[mod + ".weight_scale_2"][2], np.float32)[0]
+            sc = np.frombuffer(A[mod + ".weight_scale"][2], np.uint8).reshape(w.shape[0], -1)
+            x = (w.reshape(w.shape[0], -1, 16) / (table[sc] * s2)[..., None]).reshape(w.shape)
+            ours = np.frombuffer(A[k][2], np.uint8).reshape(w.shape[0], -1)
+            theirs = np.frombuffer(B[k][2], np.uint8).reshape(w.shape[0], -1)
+            ours = np.stack([ours & 15, ours >> 4], -1).reshape(w.shape)
+            theirs = np.stack([theirs & 15, theirs >> 4], -1).reshape(w.shape)
+            d = ours != theirs
+            assert np.isin(np.abs(x[d]), [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]).all(), f"{k}: not a tie"
+            assert ((ours[d] & 7) % 2 == 0).all(), f"{k}: tie not rounded to even"
+            ties += int(d.sum())
+    print(f"{model}: {ties} codes differ, all at exact ties")

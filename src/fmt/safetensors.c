@@ -248,6 +248,7 @@ static int parse_header(st_set *s, st_file *f, ls_err *e) {
     json_t *v;
     json_object_foreach(root, name, v) {
         if (!strcmp(name, "__metadata__")) {
+            if (json_is_null(v)) continue;
             if (!json_is_object(v)) { rc = errf(e, ERR_INVAL, "%s: __metadata__ is not an object", p); goto fail; }
             const char *mk;
             json_t *mv;

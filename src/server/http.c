@@ -305,7 +305,6 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, sv,
         MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, sv,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
         MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) {

@@ -236,7 +236,13 @@ static int parse_chat(pctx *p, srv_req *r) {
         if (!s || (strcmp(s, "none") && strcmp(s, "minimal") && strcmp(s, "low") && strcmp(s, "medium") &&
                    strcmp(s, "high") && strcmp(s, "max")))
             return bad(p, "reasoning_effort", "reasoning_effort: expected none, low, medium, high or max");
-        if (!strcmp(s, "none") && r->enable_thinking < 0) r->enable_thinking = 0;
+        if (!strcmp(s, "none") && r->enable_thinking < 0) {
+            /* the template must see it too */
+            r->enable_thinking = 0;
+            r->own_kwargs = kw ? json_deep_copy(kw) : json_object();
+            json_object_set_new(r->own_kwargs, "enable_thinking", json_false());
+            r->chat_template_kwargs = r->own_kwargs;
+        }
     }
     r->separate_reasoning = 1;
     r->stream_reasoning = 1;
@@ -292,6 +298,9 @@ static int parse_completion(pctx *p, srv_req *r) {
         return bad(p, "prompt", "prompt: expected a string, a list of strings, a list of token ids or a list of lists of token ids");
     }
     if (r->n_prompts > 256) return bad(p, "prompt", "prompt: at most 256 prompts per request, got %d", r->n_prompts);
+    if (r->n_prompts * r->n > 256)
+        return bad(p, "n", "n: %d prompts x n = %d would make %d completions; at most 256 per request", r->n_prompts,
+                   r->n, r->n_prompts * r->n);
     int rc = get_bool(p, r->root, "echo", &r->echo);
     if (rc) return rc;
     long long lp = 0; int has = 0;
@@ -422,6 +431,7 @@ void req_free(srv_req *r) {
     json_decref(r->root);
     json_decref(r->messages);
     json_decref(r->prompt_strings);
+    json_decref(r->own_kwargs);
     if (r->a) arena_free(r->a);
     memset(r, 0, sizeof *r);
 }

@@ -124,7 +124,8 @@ typedef struct srv_req {
     json_t *messages;             /* normalised copy handed to the template (owned) */
     const json_t *tools;          /* borrowed from root, NULL if none */
     int tool_choice;
-    json_t *chat_template_kwargs; /* borrowed, may be NULL */
+    json_t *chat_template_kwargs; /* borrowed (or own_kwargs), may be NULL */
+    json_t *own_kwargs;           /* owned copy when the server adds enable_thinking */
     int enable_thinking;          /* -1 unset, 0, 1 */
     int separate_reasoning, stream_reasoning;
     /* completions */

@@ -23,9 +23,9 @@
 enum { CTRL_BREAK = 1, CTRL_CONTINUE = 2 };
 
 #define OUT_CAP_DEFAULT ((size_t)64 << 20)
-#define ALLOC_CAP_DEFAULT ((size_t)1 << 30)
+#define ALLOC_CAP_DEFAULT ((size_t)512 << 20)
 #define MAX_DEPTH 300
-#define MAX_STEPS 20000000
+#define MAX_STEPS 10000000
 
 static int eval(jctx *c, jframe *f, const jnode *x, jval *out);
 static int exec_list(jctx *c, jframe *f, jnode *const *list, int n);
@@ -292,7 +292,7 @@ int jinja_loop_attr(jctx *c, jval lv, const char *name, jval *out) {
 static int call_macro(jctx *c, jmacro *m, jargs *a, jval *out) {
     const jnode *d = m->def;
     int flags = d->op;
-    if (++c->depth > c->max_depth) return jfail(c, "maximum recursion depth exceeded (%d nested calls)", c->max_depth);
+    if (++c->depth > c->max_depth) return jfail(c, "maximum recursion depth exceeded (%d nested expressions and calls)", c->max_depth);
     if (++c->steps > c->max_steps) return jfail(c, "template exceeded %lld steps", (long long)c->max_steps);
     jframe *f = frame_new(c, m->closure);
     if (!f) return nomem(c);
@@ -660,7 +660,7 @@ static int eval_inner(jctx *c, jframe *f, const jnode *x, jval *out) {
 static int eval(jctx *c, jframe *f, const jnode *x, jval *out) {
     if (++c->depth > c->max_depth) {
         c->depth--;
-        return at(c, x, jfail(c, "expression nested too deeply"));
+        return at(c, x, jfail(c, "maximum recursion depth exceeded (%d nested expressions and calls)", c->max_depth));
     }
     int rc = eval_inner(c, f, x, out);
     c->depth--;
@@ -736,12 +736,14 @@ static int exec_for(jctx *c, jframe *f, const jnode *x) {
     L->length = items->n;
     jval lv = {.t = JT_LOOP};
     lv.loop = L;
+    jframe *g = NULL;
     for (int i = 0; i < items->n; i++) {
         if (++c->steps > c->max_steps)
             return at(c, x, jfail(c, "template exceeded %lld loop iterations", (long long)c->max_steps));
         L->index0 = i;
-        jframe *g = frame_new(c, f);
-        if (!g) return nomem(c);
+        /* each iteration starts from a fresh frame; reuse the last one unless a macro kept it */
+        if (g && !g->captured) g->n = 0;
+        else if (!(g = frame_new(c, f))) return nomem(c);
         if (at(c, x, assign(c, g, x->a, items->v[i]))) return ERR_INVAL;
         frame_set(c, g, "loop", lv);
         int rc = exec_list(c, g, x->list, x->nlist);
@@ -780,6 +782,7 @@ static int exec_node(jctx *c, jframe *f, const jnode *x) {
         if (!m) return nomem(c);
         m->def = x;
         m->closure = f;
+        f->captured = true;
         m->name = x->str;
         jval mv = {.t = JT_MACRO};
         mv.m = m;
@@ -791,6 +794,7 @@ static int exec_node(jctx *c, jframe *f, const jnode *x) {
         if (!m) return nomem(c);
         m->def = x;
         m->closure = f;
+        f->captured = true;
         m->name = "caller";
         jval callee, caller = {.t = JT_MACRO};
         caller.m = m;

@@ -118,6 +118,7 @@ struct jloop {
 /* ---- render context -------------------------------------------------------- */
 typedef struct jframe {
     struct jframe *parent;
+    bool captured;               /* a macro closes over it: never reused */
     int n, cap;
     const char **k;
     jval *v;

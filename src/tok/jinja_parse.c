@@ -568,6 +568,7 @@ static jnode *p_not(parser *P) {
 }
 static jnode *binop(parser *P, tok *at, int op, jnode *l, jnode *r) {
     jnode *x = mk(P, N_BINOP, at);
+    x->line = l->line; x->col = l->col; /* errors point at the expression's start */
     x->op = op; x->a = l; x->b = r;
     return x;
 }
@@ -761,6 +762,7 @@ static jnode *p_postfix(parser *P, jnode *node) {
             tok *nt = cur(P);
             if (nt->type == TK_NAME) {
                 jnode *x = mk(P, N_GETATTR, nt);
+                x->line = node->line; x->col = node->col;
                 x->a = node;
                 x->str = tok_str(P, nt);
                 P->i++;
@@ -787,6 +789,7 @@ static jnode *p_postfix(parser *P, jnode *node) {
             }
             P->i++;
             jnode *x = mk(P, N_GETITEM, t);
+            x->line = node->line; x->col = node->col;
             x->a = node;
             if (args.n == 1) { x->b = args.v[0]; nv_free(&args); }
             else {
@@ -798,6 +801,7 @@ static jnode *p_postfix(parser *P, jnode *node) {
             node = x;
         } else if (is_op(t, "(")) {
             jnode *x = mk(P, N_CALL, t);
+            x->line = node->line; x->col = node->col;
             x->a = node;
             if (p_call_args(P, x)) return NULL;
             node = x;

@@ -197,3 +197,25 @@ def test_gdn_chunked_backend_matches_transformers(ls_bin, shared_dir, name):
     ref = load_ref(name)
     a = logits(os.path.join(MODELS, name), ref["input_ids"], "--gdn-backend", "cpu_chunked")
     assert rel_err_rows(a, np.array(ref["logits"])).max() < 1e-4
+
+
+def test_generate_chat_renders_the_models_template(ls_bin, demo_model):
+    """--chat == the chat template rendered by jinja2 (transformers' settings), encoded by HF tokenizers."""
+    tokenizers = pytest.importorskip("tokenizers")
+    jinja2 = pytest.importorskip("jinja2")
+    tmpl_path = os.path.join(demo_model, "chat_template.jinja")
+    if not os.path.exists(tmpl_path):
+        pytest.skip("the demo model has no chat_template.jinja")
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+    text = env.from_string(open(tmpl_path).read()).render(
+        messages=[{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    tk = tokenizers.Tokenizer.from_file(os.path.join(demo_model, "tokenizer.json"))
+    ids = tk.encode(text, add_special_tokens=False).ids
+    by_chat = json.loads(run_ls("generate", "--model-path", demo_model, "--prompt", "What is 2+2?", "--chat",
+                                "--max-new-tokens", "6", check=True).stdout)
+    by_ids = json.loads(run_ls("generate", "--model-path", demo_model, "--ids", ",".join(map(str, ids)),
+                               "--max-new-tokens", "6", check=True).stdout)
+    assert by_chat == by_ids
+    p = run_ls("generate", "--model-path", demo_model, "--ids", "1", "--chat")
+    assert p.returncode == 2 and "--chat" in p.stderr

@@ -154,7 +154,23 @@ static void strip_accents(const char *s, size_t n, buf *out) {
     }
 }
 
-void tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out) {
+/* True when NFC leaves s unchanged for certain (every char a boundary). */
+static bool nfc_clean(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) { i++; continue; }
+        uint32_t cp;
+        i += (size_t)tok_utf8_dec(u + i, &cp);
+        if (!nfc_boundary(cp)) return false;
+    }
+    return true;
+}
+
+const char *tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out, size_t *outn) {
+    if (t->n_norm == 1 && t->norm[0].kind == NORM_NFC && nfc_clean(s, n)) {
+        *outn = n;
+        return s;
+    }
     buf tmp;
     buf_init(&tmp);
     out->len = 0;
@@ -182,4 +198,6 @@ void tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out) {
         tmp = t2;
     }
     buf_free(&tmp);
+    *outn = out->len;
+    return out->data;
 }

@@ -149,7 +149,8 @@ static void strip_accents(const char *s, size_t n, buf *out) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int l = tok_utf8_dec((const unsigned char *)s + i, &cp);
-        if (cp < 0x300 || utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN) buf_append(out, s + i, (size_t)l);
+        int c = cp < 0x300 ? UTF8PROC_CATEGORY_LL : utf8proc_category((utf8proc_int32_t)cp);
+        if (c != UTF8PROC_CATEGORY_MN && c != UTF8PROC_CATEGORY_MC && c != UTF8PROC_CATEGORY_ME) buf_append(out, s + i, (size_t)l);
         i += (size_t)l;
     }
 }

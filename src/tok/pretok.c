@@ -8,7 +8,7 @@
  * Regexes: HF compiles patterns with Oniguruma; we compile the same text with
  * PCRE2 (UTF, UCP, JIT). The two differ on a few escapes, which are rewritten
  * to Oniguruma's meaning before compiling: \s / \S (Unicode White_Space; PCRE2
- * adds U+180E), \w / \W (letters, marks, numbers, connector punctuation) and
+ * adds U+180E), \w / \W (Alphabetic, marks, Nd, connector punctuation, joiners) and
  * \h / \H (hex digit in Oniguruma, horizontal space in PCRE2). Match iteration
  * follows the onig crate's find_iter: an empty match right after the previous
  * match is skipped by advancing one char.
@@ -23,7 +23,8 @@
 /* ---- regex ----------------------------------------------------------------- */
 
 #define WS_SET "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
-#define WORD_SET "\\p{L}\\p{M}\\p{N}\\p{Pc}"
+/* Oniguruma's Unicode \\w: Alphabetic (L, Nl, Other_Alphabetic), M, Nd, Pc, Join_Control. */
+#define WORD_SET "\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200c}\\x{200d}\\x{24b6}-\\x{24e9}\\x{1f130}-\\x{1f149}\\x{1f150}-\\x{1f169}\\x{1f170}-\\x{1f189}"
 #define HEX_SET "0-9a-fA-F"
 
 static void translate(const char *p, size_t n, buf *o) {
@@ -88,7 +89,7 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *w
     int errc;
     PCRE2_SIZE erroff;
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)(o.data ? o.data : ""), o.len,
-                                   PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &errc, &erroff, NULL);
+                                   literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP, &errc, &erroff, NULL);
     buf_free(&o);
     if (!re) {
         PCRE2_UCHAR msg[256];

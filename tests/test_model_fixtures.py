@@ -190,3 +190,10 @@ def test_generate_prompt_and_text_match_hf_tokenizers(ls_bin, demo_model):
     assert by_prompt == by_ids
     assert len(by_ids["ids"]) >= 1
     assert by_ids["text"] == tk.decode(by_ids["ids"], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe_text-nvfp4"])
+def test_gdn_chunked_backend_matches_transformers(ls_bin, shared_dir, name):
+    ref = load_ref(name)
+    a = logits(os.path.join(MODELS, name), ref["input_ids"], "--gdn-backend", "cpu_chunked")
+    assert rel_err_rows(a, np.array(ref["logits"])).max() < 1e-4

@@ -572,9 +572,11 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
         if (a->normalized && t->n_norm) {
             buf nb;
             buf_init(&nb);
-            tok_normalize(t, a->content, a->len, &nb);
-            a->match_len = nb.len;
-            a->match = buf_detach(&nb);
+            size_t mn;
+            const char *m = tok_normalize(t, a->content, a->len, &nb, &mn);
+            a->match = dupn(m, mn);
+            a->match_len = mn;
+            buf_free(&nb);
             /* HF's id_to_token (and so decode) gives the normalized content */
             t->piece[a->id] = a->match;
             t->piece_len[a->id] = (uint32_t)a->match_len;
@@ -637,8 +639,8 @@ typedef struct enc {
     const tokenizer *t;
     int32_t *ids;
     size_t n, cap;
-    buf norm, work;
-    tok_spans words;
+    buf norm;
+    tok_pre_scratch *sc;
 } enc;
 
 static void enc_push(enc *x, int32_t id) {
@@ -715,13 +717,13 @@ static void split_added(enc *x, const tok_matcher *m, const char *s, size_t n, b
     if (start_off < n) piece(x, s + start_off, n - start_off, is_first && start_off == 0);
 }
 
+static void model_word(void *ctx, const char *w, size_t n) {
+    enc *x = ctx;
+    tok_bpe_word(x->t, w, n, &x->ids, &x->n, &x->cap);
+}
+
 static void model_piece(enc *x, const char *s, size_t n, bool is_first) {
-    const tokenizer *t = x->t;
-    x->work.len = 0;
-    buf_append(&x->work, s, n);
-    tok_pretokenize(t, &x->work, is_first, &x->words);
-    for (size_t i = 0; i < x->words.n; i++)
-        tok_bpe_word(t, x->work.data + x->words.v[i].off, x->words.v[i].len, &x->ids, &x->n, &x->cap);
+    tok_pretokenize(x->t, x->sc, s, n, is_first, model_word, x);
 }
 
 static void raw_piece(enc *x, const char *s, size_t n, bool is_first) {
@@ -730,12 +732,9 @@ static void raw_piece(enc *x, const char *s, size_t n, bool is_first) {
         split_added(x, &t->match_norm, s, n, is_first, model_piece);
         return;
     }
-    tok_normalize(t, s, n, &x->norm);
-    /* model_piece copies its input, so x->norm may be reused by the next raw piece */
-    buf mine = x->norm;
-    buf_init(&x->norm);
-    split_added(x, &t->match_norm, mine.data ? mine.data : "", mine.len, is_first, model_piece);
-    x->norm = mine;
+    size_t nn;
+    const char *ns = tok_normalize(t, s, n, &x->norm, &nn);
+    split_added(x, &t->match_norm, ns, nn, is_first, model_piece);
 }
 
 int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, ls_err *e) {
@@ -744,17 +743,18 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
     if (bad != len) return errf(e, ERR_INVAL, "text is not valid UTF-8 (byte %zu)", bad);
     if (len > (size_t)INT32_MAX / 2) return errf(e, ERR_INVAL, "text is too long (%zu bytes)", len);
     enc x = {.t = t};
+    x.cap = len / 3 + 64; /* byte-level BPE averages 3-4 bytes per token */
+    x.ids = xmalloc(x.cap * sizeof *x.ids);
     buf_init(&x.norm);
-    buf_init(&x.work);
+    x.sc = tok_pre_scratch_new(t);
     split_added(&x, &t->match_raw, text, len, true, raw_piece);
     buf_free(&x.norm);
-    buf_free(&x.work);
-    free(x.words.v);
+    tok_pre_scratch_free(x.sc);
     if (x.n > INT32_MAX) {
         free(x.ids);
         return errf(e, ERR_INVAL, "text is too long");
     }
-    *ids = x.ids ? x.ids : xmalloc(sizeof(int32_t));
+    *ids = x.ids;
     return (int)x.n;
 }
 

@@ -33,7 +33,7 @@ int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs) {
         return -1;
     }
     if (ctx > 0 && r->has_max_tokens && (long long)p->n + r->s.max_tokens > ctx) {
-        srv_error(rs, 400, NULL, r->kind == SRV_CHAT ? "max_completion_tokens" : "max_tokens",
+        srv_error(rs, 400, NULL, r->max_tokens_field,
                   "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                   "(%d in the prompt, %d for the completion).", ctx, (long long)p->n + r->s.max_tokens, p->n,
                   r->s.max_tokens);

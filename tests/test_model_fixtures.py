@@ -230,3 +230,12 @@ def test_generate_chat_renders_the_models_template(ls_bin, demo_model):
     assert by_chat == by_ids
     p = run_ls("generate", "--model-path", demo_model, "--ids", "1", "--chat")
     assert p.returncode == 2 and "--chat" in p.stderr
+
+
+def test_unused_tensors_are_reported(ls_bin, shared_dir, tmp_path):
+    d = broken_copy(tmp_path, "qwen3", lambda c: c.update(num_hidden_layers=3, layer_types=None))
+    p = run_ls("logits", "--model-path", d, "--ids", "1,2")
+    assert p.returncode == 0, p.stderr
+    assert "not used" in p.stderr and "model.layers.3." in p.stderr
+    p = run_ls("logits", "--model-path", os.path.join(MODELS, "qwen3_5_moe_vl"), "--ids", "1,2")
+    assert p.returncode == 0 and "not used" not in p.stderr  # the vision tower is expected

@@ -243,6 +243,11 @@ def test_completions_streaming_with_usage(srv, client, eos):
                                             stream_options={"include_usage": True}, extra_body={"force_ids": ids}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "abc def"
     assert chunks[-1].usage.completion_tokens in (len(ids) - 1, len(ids))
+    chunks = list(client.completions.create(model=MODEL, prompt="x", max_tokens=20, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True},
+                                            extra_body={"force_ids": ids}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
 
 
 # ---- metrics --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ typedef struct bench_req {
     int output_len;             /* requested output length, tokens */
     int is_chat;                /* 1: /v1/chat/completions, 0: /v1/completions */
     int stream;
+    int usage_optional;         /* a missing usage is not a failure (smoke test) */
     /* result */
     int ok;                     /* finished with usage and no error */
     int http_status;
@@ -157,6 +158,8 @@ void bench_print_summary(FILE *f, const bench_result *rs, int n);
 /* Runs every concurrency level; fills *out (malloc'd array of n_conc results)
  * and *model_out (malloc'd). Prints tables unless o->quiet. */
 int bench_run(const bench_opts *o, bench_result **out, char **model_out, ls_err *e);
+/* First model id of GET /v1/models (malloc'd), or NULL with e filled. */
+char *bench_discover_model(const bench_opts *o, ls_err *e);
 
 /* ---- plot ------------------------------------------------------------------- */
 int bench_plot_svg(const char *path, const bench_result *rs, int n, const char *title, ls_err *e);

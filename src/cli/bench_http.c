@@ -295,7 +295,7 @@ static void finish_req(CURLM *m, bench_req *r, CURLcode res) {
     } else {
         if (absorb_json(r, r->raw.data ? r->raw.data : "", r->raw.len) > 0) add_chunk_time(r, t);
     }
-    if (!r->error && !r->have_usage)
+    if (!r->error && !r->have_usage && !r->usage_optional)
         req_fail(r, "%s", r->stream ? "the server sent no usage in the stream (it ignores stream_options.include_usage); "
                                       "token counts are never guessed: use --disable-stream"
                                     : "the server sent no usage (prompt_tokens, completion_tokens) in the response");

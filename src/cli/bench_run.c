@@ -222,7 +222,7 @@ static void on_progress(void *ctx, int done, int total) {
 
 /* ---- the run ------------------------------------------------------------------------ */
 
-static char *discover_model(const bench_opts *o, ls_err *e) {
+char *bench_discover_model(const bench_opts *o, ls_err *e) {
     buf url;
     buf_init(&url);
     buf_printf(&url, "%s/v1/models", o->base_url);
@@ -259,7 +259,7 @@ static void free_reqs(bench_req *reqs, int n) {
 int bench_run(const bench_opts *o, bench_result **out, char **model_out, ls_err *e) {
     *out = NULL;
     *model_out = NULL;
-    char *model = o->model ? xstrdup(o->model) : discover_model(o, e);
+    char *model = o->model ? xstrdup(o->model) : bench_discover_model(o, e);
     if (!model) return e->code ? e->code : ERR_RUNTIME;
     bench_dataset d;
     int rc = bench_dataset_make(o, model, &d, e);

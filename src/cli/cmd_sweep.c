@@ -209,6 +209,17 @@ static void judge_exit(point_result *pr, sweep_proc *p, const char *when) {
     free(tail);
 }
 
+/* After a failed request: a server that is dying has closed its sockets a
+ * moment before it can be reaped. Wait up to 2 s so a crash is called a crash. */
+static int exited_after_failure(sweep_proc *p) {
+    double end = now_sec() + 2.0;
+    while (!sweep_poll_exit(p)) {
+        if (now_sec() > end) return 0;
+        sleep_s(0.05);
+    }
+    return 1;
+}
+
 static void run_point(const sweep_cfg *c, const char *cmd, int index, point_result *pr) {
     memset(pr, 0, sizeof *pr);
     pr->command = xstrdup(cmd);
@@ -269,7 +280,8 @@ static void run_point(const sweep_cfg *c, const char *cmd, int index, point_resu
                                                            s.texts[i] ? json_string(s.texts[i]) : json_null(),
                                                            "error", s.errors[i] ? json_string(s.errors[i]) : json_null()));
         }
-        if (sweep_poll_exit(&p)) judge_exit(pr, &p, "during the smoke test");
+        if (sweep_poll_exit(&p) || ((rc || s.garbage) && exited_after_failure(&p)))
+            judge_exit(pr, &p, "during the smoke test");
         else if (rc) {
             pr->verdict = "garbage";
             pr->evidence = xstrdup(e.msg);
@@ -300,7 +312,9 @@ static void run_point(const sweep_cfg *c, const char *cmd, int index, point_resu
                 pr->bench = json_array();
                 for (int i = 0; i < nlev; i++) json_array_append_new(pr->bench, bench_result_json(&rs[i], &bo, bm, NULL));
             }
-            if (sweep_poll_exit(&p)) judge_exit(pr, &p, "during the bench");
+            int bench_bad = brc != 0;
+            for (int i = 0; !brc && i < nlev; i++) bench_bad |= rs[i].failed > 0;
+            if (sweep_poll_exit(&p) || (bench_bad && exited_after_failure(&p))) judge_exit(pr, &p, "during the bench");
             else if (brc) {
                 pr->verdict = "garbage";
                 buf b;

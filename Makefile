@@ -43,9 +43,14 @@ LIB := $(BUILD)/liblaststand.a
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=$(BUILD)/%)
+# Fuzz drivers link the sources they exercise directly, built with ASan+UBSan.
+FUZZ_DEPS := src/fmt/safetensors.c src/base/base.c src/base/pool.c
+FUZZ_FLAGS := -std=c11 -D_DEFAULT_SOURCE -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
+              -fno-omit-frame-pointer -Iinclude -Isrc
 
 .PHONY: all setup run test unit e2e clean cuda-check demo
-all: $(BIN) $(UNIT_BIN) $(SHIP_SO)
+all: $(BIN) $(UNIT_BIN) $(SHIP_SO) $(FUZZ_BIN)
 
 $(BUILD)/obj/%.o: src/%.c
 	@mkdir -p $(dir $@)
@@ -65,6 +70,10 @@ $(BIN): $(CLI_OBJ) $(LIB)
 $(BUILD)/tests/%: tests/unit/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_DEPS) src/fmt/safetensors.h src/base/base.h
+	@mkdir -p $(dir $@)
+	$(CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_DEPS) -ljansson -lpthread -lm
 
 $(BUILD)/libmicrohttpd.so.12:
 	@mkdir -p $(BUILD) && cp -L $$(ls /usr/lib/*/libmicrohttpd.so.12 | head -1) $@

@@ -46,6 +46,10 @@ st_set *st_new(void);
 /* Adopt a malloc'd buffer (freed by st_close). Fails on duplicate name or size mismatch. */
 int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
                  void *data, size_t nbytes, ls_err *e);
+/* Add a non-owning view (data must outlive s; e.g. a tensor of another set).
+ * Same checks as st_add_owned. */
+int st_add_ref(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+               const void *data, size_t nbytes, ls_err *e);
 void st_close(st_set *s);
 
 int st_count(const st_set *s);

@@ -214,26 +214,12 @@ int bench_dataset_make(const bench_opts *o, const char *model, bench_dataset *d,
     why.len = 0;
 
     d->as_ids = !is_chat && server_accepts_ids(o, model, pool, npool < 8 ? npool : 8);
-    if (!d->as_ids) {
-        /* Text prompts: keep ids that decode on their own to non-empty valid
-         * text (byte pieces of a split character would make a server's
-         * detokenizer fail or emit U+FFFD). */
-        m = 0;
-        for (int i = 0; i < npool; i++) {
-            char *t = server_detokenize(o, &st, &pool[i], 1, &why);
-            if (t && *t && bench_utf8_valid(t, strlen(t)) && !strstr(t, "\xEF\xBF\xBD")) pool[m++] = pool[i];
-            free(t);
-        }
-        if (m == 0) {
-            int rc = errf(e, ERR_RUNTIME, "--base-url %s: %s gave no id that detokenizes to valid text (%s)",
-                          o->base_url, st.shape->detok_path, why.data ? why.data : "");
-            free(pool);
-            buf_free(&why);
-            return rc;
-        }
-        npool = m;
-        why.len = 0;
-    }
+    /* Text prompts use only ids that decode on their own to non-empty valid
+     * text (byte pieces of a split character would make a server's
+     * detokenizer fail or emit U+FFFD). Checked lazily, once per id drawn:
+     * a small run asks about a few ids, a large one at most the whole pool. */
+    signed char *valid = xcalloc(npool, 1); /* 0 unknown, 1 usable, -1 not */
+    int n_invalid = 0;
     d->vocab_n = npool;
 
     /* lengths and ids, one rng stream: reproducible for a given --seed */
@@ -249,9 +235,30 @@ int bench_dataset_make(const bench_opts *o, const char *model, bench_dataset *d,
         int ol = (int)bench_rng_int(&rng, out_lo, o->output_len);
         p->output_len = ol < 1 ? 1 : ol;
         p->ids = xmalloc(sizeof(int32_t) * p->n_ids);
-        for (int j = 0; j < p->n_ids; j++) p->ids[j] = pool[bench_rng_int(&rng, 0, npool - 1)];
+        for (int j = 0; j < p->n_ids; j++) {
+            int k;
+            for (;;) {
+                k = (int)bench_rng_int(&rng, 0, npool - 1);
+                if (d->as_ids || valid[k] > 0) break;
+                if (valid[k] < 0) continue;
+                char *t = server_detokenize(o, &st, &pool[k], 1, &why);
+                valid[k] = t && *t && bench_utf8_valid(t, strlen(t)) && !strstr(t, "\xEF\xBF\xBD") ? 1 : -1;
+                free(t);
+                if (valid[k] > 0) break;
+                if (++n_invalid == npool) {
+                    int rc = errf(e, ERR_RUNTIME, "--base-url %s: %s gave no id that detokenizes to valid text (%s)",
+                                  o->base_url, st.shape->detok_path, why.data ? why.data : "");
+                    free(pool), free(valid), buf_free(&why);
+                    bench_dataset_free(d);
+                    return rc;
+                }
+            }
+            p->ids[j] = pool[k];
+        }
     }
     free(pool);
+    free(valid);
+    why.len = 0;
 
     if (!d->as_ids) {
         for (int i = 0; i < d->n; i++) {

@@ -1,4 +1,4 @@
-/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT)
+/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])
  * [--tokenizer-path DIR] [--max-new-tokens N] [--temperature T] [--seed S]
  * [--device cpu|cuda] [backend flags]`: generation through the KV cache and GDN state (one
  * prefill step, then one token per step), greedy at temperature 0 (the
@@ -6,10 +6,13 @@
  * Stops at max-new-tokens or an end-of-sequence id of the model's config.
  * Prints JSON {"ids":[new ids],"text":"..."}; text is the new tokens decoded
  * (special tokens skipped) when the tokenizer folder (--tokenizer-path, else
- * the model folder) has a tokenizer.json, else "". --prompt needs one.
+ * the model folder) has a tokenizer.json, else "". --prompt needs one;
+ * --chat renders the prompt as one user message through the model's chat
+ * template (add_generation_prompt) before encoding it.
  */
 #include "cli/cli.h"
 #include "model/model.h"
+#include "tok/jinja.h"
 #include "tok/tok.h"
 
 #include <errno.h>
@@ -19,7 +22,7 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT)\n"
+    fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
                "         [--tokenizer-path DIR] [--max-new-tokens N]\n"
                "         [--temperature T] [--seed S] [--device cpu|cuda]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
@@ -69,13 +72,34 @@ static void put_json_string(FILE *f, char *s) {
     free(s);
 }
 
+/* The prompt as one user turn through the tokenizer folder's chat template,
+ * with the generation prompt appended. *out is malloc'd. */
+static int render_chat(const tokenizer *tk, const char *dir, const char *prompt, char **out, ls_err *e) {
+    *out = NULL;
+    char *src = jinja_find_chat_template(dir, e);
+    if (!src) return e->code ? e->code : ERR_INVAL;
+    jinja_tmpl *t = NULL;
+    int rc = jinja_parse(src, &t, e);
+    free(src);
+    if (rc) return rc;
+    json_t *req = json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", prompt,
+                            "add_generation_prompt", 1);
+    int raised = 0;
+    rc = jinja_apply_chat(t, req, tok_bos_token(tk), tok_eos_token(tk), out, &raised, e);
+    json_decref(req);
+    jinja_free(t);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *tok_dir = NULL;
     const char *max_s = "16", *temp_s = "0", *seed_s = "0";
     model_opts o = {.device = "cpu"};
+    int chat = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--chat")) { chat = 1; continue; }
         const char **dst = !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--prompt") ? &prompt
@@ -102,6 +126,10 @@ int cmd_generate(int argc, char **argv) {
     if (!path) { fprintf(stderr, "laststand generate: error: --model-path is required\n"); return 2; }
     if (!ids_s == !prompt) {
         fprintf(stderr, "laststand generate: error: give exactly one of --ids and --prompt\n");
+        return 2;
+    }
+    if (chat && !prompt) {
+        fprintf(stderr, "laststand generate: error: --chat goes with --prompt\n");
         return 2;
     }
     char *end;
@@ -137,7 +165,15 @@ int cmd_generate(int argc, char **argv) {
                             "folder or --tokenizer-path)\n");
             return 2;
         }
-        n = tok_encode(tk, prompt, strlen(prompt), &ids, &e);
+        char *text = NULL;
+        if (chat && render_chat(tk, tok_dir, prompt, &text, &e)) {
+            fprintf(stderr, "laststand generate: error: --chat: %s\n", e.msg);
+            tok_free(tk);
+            return 2;
+        }
+        const char *src = text ? text : prompt;
+        n = tok_encode(tk, src, strlen(src), &ids, &e);
+        free(text);
         if (n <= 0) {
             fprintf(stderr, "laststand generate: error: --prompt: %s\n", n < 0 ? e.msg : "encodes to no tokens");
             free(ids);

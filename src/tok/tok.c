@@ -67,7 +67,7 @@ static char *dupn(const char *s, size_t n) {
 /* ---- normalizer ---------------------------------------------------------------- */
 
 static int load_norm(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256];
@@ -158,7 +158,7 @@ static int parse_prepend_scheme(json_t *j) {
 }
 
 static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256], why[300];
@@ -231,7 +231,7 @@ static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
 /* ---- decoder ----------------------------------------------------------------- */
 
 static int load_dec(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256];
@@ -450,7 +450,11 @@ static int load_model(tokenizer *t, loadctx *c, json_t *m) {
         size_t skip = bn >= plen ? plen : bn;
         buf_append(&joined, b + skip, bn - skip);
         int32_t in = tok_map_get(&t->vocab, joined.data, joined.len);
-        if (in < 0) { buf_free(&joined); return jerr(c, path, "merged token '%s' is not in model.vocab", joined.data); }
+        if (in < 0) {
+            int rc = jerr(c, path, "merged token '%s' is not in model.vocab", joined.data);
+            buf_free(&joined);
+            return rc;
+        }
         tok_merges_put(&t->merges, ia, ib, (uint32_t)i, in);
     }
     buf_free(&joined);

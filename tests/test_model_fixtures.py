@@ -175,3 +175,18 @@ def test_cuda_device_without_backend(ls_bin, shared_dir):
     if p.returncode == 0:
         pytest.skip("this build has a CUDA backend")
     assert p.returncode == 2 and "CUDA" in p.stderr
+
+
+def test_generate_prompt_and_text_match_hf_tokenizers(ls_bin, demo_model):
+    """--prompt encodes like HF tokenizers, and "text" is HF's decode of the new ids."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tk = tokenizers.Tokenizer.from_file(os.path.join(demo_model, "tokenizer.json"))
+    prompt = "Hello, world! The demo model speaks noise."
+    ids = tk.encode(prompt, add_special_tokens=False).ids
+    by_prompt = json.loads(run_ls("generate", "--model-path", demo_model, "--prompt", prompt,
+                                  "--max-new-tokens", "10", check=True).stdout)
+    by_ids = json.loads(run_ls("generate", "--model-path", demo_model, "--ids", ",".join(map(str, ids)),
+                               "--max-new-tokens", "10", check=True).stdout)
+    assert by_prompt == by_ids
+    assert len(by_ids["ids"]) >= 1
+    assert by_ids["text"] == tk.decode(by_ids["ids"], skip_special_tokens=True)

@@ -37,15 +37,16 @@ static int fail(const char *fmt, const char *a, const char *b) {
 
 static void emit(const tokenizer *t, const int32_t *ids, int n, int skip, int stream) {
     json_t *o = json_object();
-    char *text = tok_decode(t, ids, n, skip);
-    json_object_set_new(o, "text", json_string(text));
+    size_t len;
+    char *text = tok_decode_n(t, ids, n, skip, &len);
+    json_object_set_new(o, "text", json_stringn(text, len));
     free(text);
     if (stream) {
         json_t *d = json_array();
         tok_stream *s = tok_stream_new(t, skip);
         for (int i = 0; i <= n; i++) {
-            char *x = i < n ? tok_stream_push(s, ids[i]) : tok_stream_finish(s);
-            json_array_append_new(d, json_string(x));
+            char *x = i < n ? tok_stream_push_n(s, ids[i], &len) : tok_stream_finish_n(s, &len);
+            json_array_append_new(d, json_stringn(x, len));
             free(x);
         }
         tok_stream_free(s);

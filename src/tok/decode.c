@@ -123,12 +123,18 @@ bool tok_is_whitespace(uint32_t c) {
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-bool tok_is_alnum(uint32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+/* The regex crate's Unicode \w, which HF uses for single_word: Alphabetic
+ * (letters, Nl, Other_Alphabetic), marks, Nd, Pc and the joiners. */
+bool tok_is_word_char(uint32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c == '_';
+    if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
+        (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
+        return true;
     switch (utf8proc_category((utf8proc_int32_t)c)) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_MN: case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME:
+    case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_PC:
         return true;
     default:
         return false;
@@ -336,6 +342,10 @@ static bool keep_id(const tokenizer *t, int32_t id, int skip_special) {
 }
 
 char *tok_decode(const tokenizer *t, const int32_t *ids, int n, int skip_special) {
+    return tok_decode_n(t, ids, n, skip_special, NULL);
+}
+
+char *tok_decode_n(const tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len) {
     buf out;
     buf_init(&out);
     if (t->dec_bytes_only) {
@@ -365,6 +375,6 @@ char *tok_decode(const tokenizer *t, const int32_t *ids, int n, int skip_special
         }
         strv_free(&cur);
     }
-    if (!out.data) buf_reserve(&out, 1);
+    if (len) *len = out.len;
     return buf_detach(&out);
 }

@@ -41,9 +41,10 @@ void tok_stream_free(tok_stream *s) {
     free(s);
 }
 
-static char *generic_delta(tok_stream *s, bool final) {
-    char *full = tok_decode(s->t, s->ids, (int)s->n, s->skip_special);
-    size_t len = strlen(full), end = len;
+static char *generic_delta(tok_stream *s, bool final, size_t *dlen) {
+    size_t len;
+    char *full = tok_decode_n(s->t, s->ids, (int)s->n, s->skip_special, &len);
+    size_t end = len;
     if (!final)
         while (end >= s->emitted + 3 && !memcmp(full + end - 3, "\xEF\xBF\xBD", 3)) end -= 3;
     buf d;
@@ -53,10 +54,14 @@ static char *generic_delta(tok_stream *s, bool final) {
         s->emitted = end;
     }
     free(full);
+    if (dlen) *dlen = d.len;
     return buf_detach(&d);
 }
 
-char *tok_stream_push(tok_stream *s, int32_t id) {
+char *tok_stream_push(tok_stream *s, int32_t id) { return tok_stream_push_n(s, id, NULL); }
+char *tok_stream_finish(tok_stream *s) { return tok_stream_finish_n(s, NULL); }
+
+char *tok_stream_push_n(tok_stream *s, int32_t id, size_t *len) {
     const tokenizer *t = s->t;
     if (!t->dec_bytes_only) {
         if (s->n == s->cap) {
@@ -64,7 +69,7 @@ char *tok_stream_push(tok_stream *s, int32_t id) {
             s->ids = xrealloc(s->ids, s->cap * sizeof *s->ids);
         }
         s->ids[s->n++] = id;
-        return generic_delta(s, false);
+        return generic_delta(s, false, len);
     }
     buf d;
     buf_init(&d);
@@ -76,14 +81,16 @@ char *tok_stream_push(tok_stream *s, int32_t id) {
         memmove(s->pending.data, s->pending.data + s->pending.len - hold, hold);
         s->pending.len = hold;
     }
+    if (len) *len = d.len;
     return buf_detach(&d);
 }
 
-char *tok_stream_finish(tok_stream *s) {
-    if (!s->t->dec_bytes_only) return generic_delta(s, true);
+char *tok_stream_finish_n(tok_stream *s, size_t *len) {
+    if (!s->t->dec_bytes_only) return generic_delta(s, true, len);
     buf d;
     buf_init(&d);
     tok_utf8_lossy(&d, s->pending.data ? s->pending.data : "", s->pending.len, NULL);
     s->pending.len = 0;
+    if (len) *len = d.len;
     return buf_detach(&d);
 }

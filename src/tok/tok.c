@@ -575,6 +575,9 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
             tok_normalize(t, a->content, a->len, &nb);
             a->match_len = nb.len;
             a->match = buf_detach(&nb);
+            /* HF's id_to_token (and so decode) gives the normalized content */
+            t->piece[a->id] = a->match;
+            t->piece_len[a->id] = (uint32_t)a->match_len;
         }
     }
     matcher_build(t, &t->match_raw, false);
@@ -656,14 +659,14 @@ static bool prev_is_word(const char *s, size_t end) {
     while (p > 0 && ((unsigned char)s[p] & 0xC0) == 0x80) p--;
     uint32_t cp;
     tok_utf8_dec((const unsigned char *)s + p, &cp);
-    return tok_is_alnum(cp);
+    return tok_is_word_char(cp);
 }
 
 static bool next_is_word(const char *s, size_t n, size_t at) {
     if (at >= n) return false;
     uint32_t cp;
     tok_utf8_dec((const unsigned char *)s + at, &cp);
-    return tok_is_alnum(cp);
+    return tok_is_word_char(cp);
 }
 
 static void split_added(enc *x, const tok_matcher *m, const char *s, size_t n, bool is_first, piece_fn piece) {

@@ -212,7 +212,7 @@ size_t tok_utf8_valid(const char *s, size_t n);
  * its length is stored in *hold instead. */
 void tok_utf8_lossy(buf *out, const char *s, size_t n, size_t *hold);
 bool tok_is_whitespace(uint32_t cp); /* Rust char::is_whitespace (Unicode White_Space) */
-bool tok_is_alnum(uint32_t cp);      /* Rust char::is_alphanumeric */
+bool tok_is_word_char(uint32_t cp);      /* Unicode \\w of the regex crate */
 
 /* Compile a pattern with Oniguruma's meaning of \s \S \w \W (see pretok.c). */
 pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *why, size_t whyn);

@@ -24,6 +24,10 @@ if [ "${1:-}" = "--test" ]; then
     python3 -c "import pytest" 2>/dev/null || need+=(pytest)
     python3 -c "import tokenizers" 2>/dev/null || need+=(tokenizers)
     python3 -c "import numpy" 2>/dev/null || need+=(numpy)
+    # chat-template oracle: the transformers release that wrote ../shared/fixtures (no torch needed)
+    python3 -c "import jinja2" 2>/dev/null || need+=("jinja2>=3.1.6")
+    python3 -c "import transformers, sys; sys.exit(transformers.__version__ != '5.17.0')" 2>/dev/null || \
+        need+=("transformers==5.17.0")
     if [ ${#need[@]} -gt 0 ]; then
         echo "setup: pip installing ${need[*]}" >&2
         python3 -m pip install -q "${need[@]}" 2>/dev/null || \

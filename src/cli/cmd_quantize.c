@@ -369,6 +369,15 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "laststand quantize: error: --in: %s is not a folder\n", in);
         return 2;
     }
+    char rin[4096], rout[4096];
+    if (realpath(in, rin) && realpath(out, rout) && !strcmp(rin, rout)) {
+        fprintf(stderr, "laststand quantize: error: --out: must differ from --in\n");
+        return 2;
+    }
+    if (!stat(out, &st) && !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "laststand quantize: error: --out: %s exists and is not a folder\n", out);
+        return 2;
+    }
     if (mkdir(out, 0755) && errno != EEXIST) {
         fprintf(stderr, "laststand quantize: error: --out: %s: %s\n", out, strerror(errno));
         return 2;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -76,6 +77,8 @@ int cmd_synth(int argc, char **argv) {
     }
     if (!preset) return bad_flag("--preset", "is required");
     if (!out) return bad_flag("--out", "is required");
+    struct stat st;
+    if (!stat(out, &st) && !S_ISDIR(st.st_mode)) return bad_flag("--out", "exists and is not a folder");
     /* validate the preset name through the spec parser (one list of presets) */
     synth_opts o;
     ls_err e = {0};

@@ -60,7 +60,15 @@ int64_t st_numel(const st_tensor *t);
 /* Write all tensors of s (or those whose name passes keep(), if given) into
  * dir as shards of at most shard_bytes (0 = one file model.safetensors; more
  * than one shard writes model.safetensors.index.json). Tensors are written
- * sorted by name; metadata {"format":"pt"}. */
+ * sorted by name; metadata {"format":"pt"}.
+ * (As HF's writer does, the order is by dtype size, largest first, then by
+ * name, so every tensor is naturally aligned in a mapping. Weight files left
+ * in dir by an earlier write are removed first, see st_remove_weights.) */
 int st_write_dir(const st_set *s, const char *dir, size_t shard_bytes, ls_err *e);
+/* Write every tensor of s into one file (same order and header as above). */
+int st_write_file(const st_set *s, const char *path, ls_err *e);
+/* Delete dir's model.safetensors, model-NNNNN-of-NNNNN.safetensors and
+ * model.safetensors.index.json, so a new checkpoint does not mix with an old one. */
+int st_remove_weights(const char *dir, ls_err *e);
 
 #endif

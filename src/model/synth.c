@@ -21,6 +21,10 @@
  * range: linears have rms 1/sqrt(K) (output projections half that), plain
  * norms ~1, zero-centred norms ~0, A_log = log(U(1,16)), small dt_bias.
  *
+ * synth_build fills every tensor in memory (refusing up front what cannot
+ * fit in RAM); synth_write generates and writes one shard (<= 4 GiB) at a
+ * time, so writing any preset needs about one shard of memory.
+ *
  * Owns: nothing global. synth_build hands back an st_set and a config object.
  */
 #include "model/synth.h"
@@ -32,6 +36,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+/* Shards of at most 4 GiB, as HF's save_pretrained would (it uses 5 GB). */
+#define SHARD_BYTES ((size_t)4 << 30)
 
 /* ---- presets ------------------------------------------------------------- */
 
@@ -93,38 +101,39 @@ static int parse_u64(const char *s, uint64_t *v) {
 
 int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e) {
     memset(o, 0, sizeof *o);
-    if (!spec || !*spec) return errf(e, ERR_INVAL, "synth: empty spec (want NAME[,layers=N][,seed=S][,quant=Q])");
-    /* the strings in o must outlive this call: keep them in a static table of
-     * interned copies (presets and quant names are from fixed sets) */
+    if (!spec || !*spec) return errf(e, ERR_INVAL, "empty synth spec (want NAME[,layers=N][,seed=S][,quant=Q])");
+    /* o->preset and o->quant point at static strings (the preset table and
+     * literals), so o outlives spec */
     char tmp[512];
+    if (strlen(spec) >= sizeof tmp) return errf(e, ERR_INVAL, "synth spec of %zu characters is too long", strlen(spec));
     snprintf(tmp, sizeof tmp, "%s", spec);
     char *save = NULL, *tok = strtok_r(tmp, ",", &save);
     const preset *p = find_preset(tok ? tok : "");
     if (!p) {
         char list[256];
         preset_list(list, sizeof list);
-        return errf(e, ERR_INVAL, "synth:%s: unknown preset '%s' (presets: %s)", spec, tok ? tok : "", list);
+        return errf(e, ERR_INVAL, "unknown preset '%s' (presets: %s)", tok ? tok : "", list);
     }
     o->preset = p->name;
     while ((tok = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(tok, '=');
-        if (!eq) return errf(e, ERR_INVAL, "synth:%s: '%s' is not key=value", spec, tok);
+        if (!eq) return errf(e, ERR_INVAL, "'%s' is not key=value", tok);
         *eq = 0;
         const char *k = tok, *v = eq + 1;
         uint64_t x;
         if (!strcmp(k, "layers")) {
             if (parse_u64(v, &x) || x < 1 || x > 512)
-                return errf(e, ERR_INVAL, "synth:%s: layers=%s is not a count in [1, 512]", spec, v);
+                return errf(e, ERR_INVAL, "layers=%s is not a count in [1, 512]", v);
             o->layers = (int)x;
         } else if (!strcmp(k, "seed")) {
-            if (parse_u64(v, &x)) return errf(e, ERR_INVAL, "synth:%s: seed=%s is not a non-negative integer", spec, v);
+            if (parse_u64(v, &x)) return errf(e, ERR_INVAL, "seed=%s is not a non-negative integer", v);
             o->seed = x;
         } else if (!strcmp(k, "quant")) {
             if (!strcmp(v, "nvfp4")) o->quant = "nvfp4";
             else if (!strcmp(v, "bf16")) o->quant = "bf16";
-            else return errf(e, ERR_INVAL, "synth:%s: quant=%s is not nvfp4 or bf16", spec, v);
+            else return errf(e, ERR_INVAL, "quant=%s is not nvfp4 or bf16", v);
         } else {
-            return errf(e, ERR_INVAL, "synth:%s: unknown key '%s' (layers, seed, quant)", spec, k);
+            return errf(e, ERR_INVAL, "unknown key '%s' (layers, seed, quant)", k);
         }
     }
     return 0;
@@ -425,12 +434,20 @@ static void fill_range(void *ctx, int64_t i0, int64_t i1) {
     for (int64_t j = i0; j < i1; j++) fill_block(c->pl, &c->pl->t[c->jobs[j].t], c->jobs[j].off);
 }
 
-static void fill_all(plan *pl) {
+/* Allocate and fill tensors [t0, t1) of the plan. ERR_NOMEM (nothing left
+ * allocated) when memory runs out. */
+static int fill_range_of_plan(plan *pl, int t0, int t1, ls_err *e) {
     size_t nj = 0, cap = 1024;
     job *jobs = xmalloc(sizeof(job) * cap);
-    for (int i = 0; i < pl->n; i++) {
+    for (int i = t0; i < t1; i++) {
         tplan *t = &pl->t[i];
-        t->data = xmalloc(t->nbytes ? t->nbytes : 1);
+        t->data = malloc(t->nbytes ? t->nbytes : 1);
+        if (!t->data) {
+            for (int k = t0; k < i; k++) { free(pl->t[k].data); pl->t[k].data = NULL; }
+            free(jobs);
+            return errf(e, ERR_NOMEM, "%s: out of memory allocating '%s' (%zu bytes)", pl->p->name, t->name,
+                        t->nbytes);
+        }
         for (size_t off = 0; off < t->nbytes; off += BLOCK_BYTES) {
             if (nj == cap) jobs = xrealloc(jobs, sizeof(job) * (cap *= 2));
             jobs[nj++] = (job){i, off};
@@ -439,6 +456,13 @@ static void fill_all(plan *pl) {
     fill_ctx c = {pl, jobs};
     pool_for((int64_t)nj, 1, fill_range, &c);
     free(jobs);
+    return 0;
+}
+
+static double plan_bytes(const plan *pl) {
+    double b = 0;
+    for (int i = 0; i < pl->n; i++) b += (double)pl->t[i].nbytes;
+    return b;
 }
 
 /* ---- config -------------------------------------------------------------- */
@@ -559,7 +583,7 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     if (!p) {
         char list[256];
         preset_list(list, sizeof list);
-        return errf(e, ERR_INVAL, "synth: unknown preset '%s' (presets: %s)", o->preset ? o->preset : "", list);
+        return errf(e, ERR_INVAL, "unknown preset '%s' (presets: %s)", o->preset ? o->preset : "", list);
     }
     *pcopy = *p;
     if (!strcmp(p->name, "demo")) {
@@ -568,9 +592,9 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     }
     pl->p = pcopy;
     pl->layers = o->layers > 0 ? o->layers : p->layers;
-    if (pl->layers > 512) return errf(e, ERR_INVAL, "synth: layers=%d is more than 512", pl->layers);
+    if (pl->layers > 512) return errf(e, ERR_INVAL, "layers=%d is more than 512", pl->layers);
     const char *q = o->quant ? o->quant : (p->fam == FAM_QWEN35 ? "nvfp4" : "bf16");
-    if (strcmp(q, "nvfp4") && strcmp(q, "bf16")) return errf(e, ERR_INVAL, "synth: quant '%s' is not nvfp4 or bf16", q);
+    if (strcmp(q, "nvfp4") && strcmp(q, "bf16")) return errf(e, ERR_INVAL, "quant '%s' is not nvfp4 or bf16", q);
     pl->nvfp4 = !strcmp(q, "nvfp4");
     pl->seed = o->seed;
     snprintf(pl->prefix, sizeof pl->prefix, "%s", p->fam == FAM_QWEN35 ? "model.language_model." : "model.");
@@ -593,7 +617,15 @@ int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *
     int rc = make_plan(o, &pl, &pc, e);
     if (rc) return rc;
     build_plan(&pl);
-    fill_all(&pl);
+    /* refuse up front what cannot fit rather than die in the middle */
+    double need = plan_bytes(&pl), have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
+    if (have > 0 && need > 0.9 * have) {
+        rc = errf(e, ERR_UNSUPPORTED, "%d layers of %s need %.1f GB of memory, this machine has %.1f GB "
+                  "(pass layers=N for fewer layers)", pl.layers, pc.name, need / 1e9, have / 1e9);
+        plan_free(&pl);
+        return rc;
+    }
+    rc = fill_range_of_plan(&pl, 0, pl.n, e);
     st_set *s = st_new();
     for (int i = 0; i < pl.n && !rc; i++) {
         tplan *t = &pl.t[i];
@@ -601,7 +633,6 @@ int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *
         t->data = NULL; /* adopted (or freed on error) */
     }
     if (rc) {
-        err_prefix(e, "synth:%s", pc.name);
         plan_free(&pl);
         st_close(s);
         return rc;
@@ -620,19 +651,67 @@ static int dump_json(json_t *j, const char *dir, const char *name, ls_err *e) {
     return 0;
 }
 
-/* Shards of at most 4 GiB, as HF's save_pretrained would (it uses 5 GB). */
-#define SHARD_BYTES ((size_t)4 << 30)
+
+/* Generate and write the shards one at a time (plan order: embeddings, then
+ * layer by layer), so memory stays near one shard whatever the preset. */
+static int write_weights(plan *pl, const char *dir, ls_err *e) {
+    int rc = st_remove_weights(dir, e);
+    if (rc) return rc;
+    int *start = xmalloc(sizeof(int) * (pl->n + 2)), nsh = 0;
+    size_t cur = 0;
+    double total = 0;
+    start[nsh++] = 0;
+    for (int i = 0; i < pl->n; i++) {
+        if (cur > 0 && cur + pl->t[i].nbytes > SHARD_BYTES) {
+            start[nsh++] = i;
+            cur = 0;
+        }
+        cur += pl->t[i].nbytes;
+        total += (double)pl->t[i].nbytes;
+    }
+    start[nsh] = pl->n;
+    json_t *wm = json_object();
+    char name[64], path[4096];
+    for (int k = 0; k < nsh && !rc; k++) {
+        if (nsh == 1) snprintf(name, sizeof name, "model.safetensors");
+        else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, nsh);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        rc = fill_range_of_plan(pl, start[k], start[k + 1], e);
+        if (rc) break;
+        st_set *s = st_new();
+        for (int i = start[k]; i < start[k + 1] && !rc; i++) {
+            tplan *t = &pl->t[i];
+            rc = st_add_ref(s, t->name, t->dt, t->ndim, t->shape, t->data, t->nbytes, e);
+            json_object_set_new(wm, t->name, json_string(name));
+        }
+        if (!rc) rc = st_write_file(s, path, e);
+        st_close(s);
+        for (int i = start[k]; i < start[k + 1]; i++) { free(pl->t[i].data); pl->t[i].data = NULL; }
+    }
+    if (!rc && nsh > 1) {
+        json_t *idx = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        if (json_dump_file(idx, path, JSON_INDENT(2) | JSON_SORT_KEYS)) rc = errf(e, ERR_IO, "%s: write failed", path);
+        json_decref(idx);
+    } else {
+        json_decref(wm);
+    }
+    free(start);
+    return rc;
+}
 
 int synth_write(const synth_opts *o, const char *out_dir, ls_err *e) {
     if (mkdir(out_dir, 0755) && errno != EEXIST) return errf(e, ERR_IO, "%s: %s", out_dir, strerror(errno));
-    st_set *w;
-    json_t *cfg;
-    int rc = synth_build(o, &w, &cfg, e);
+    plan pl;
+    preset pc;
+    int rc = make_plan(o, &pl, &pc, e);
     if (rc) return rc;
-    const preset *p = find_preset(o->preset);
-    rc = st_write_dir(w, out_dir, SHARD_BYTES, e);
-    st_close(w);
-    if (!rc) rc = dump_json(cfg, out_dir, "config.json", e);
+    build_plan(&pl);
+    rc = write_weights(&pl, out_dir, e);
+    json_t *cfg = rc ? NULL : make_config(&pl, pc.eos, pc.bos);
+    plan_free(&pl);
+    if (rc) return rc;
+    rc = dump_json(cfg, out_dir, "config.json", e);
     json_t *qc = json_object_get(cfg, "quantization_config");
     if (!rc && qc) {
         json_t *hq = json_pack("{s:o,s:{s:s,s:n,s:i,s:O}}", "producer", producer(), "quantization", "quant_algo",
@@ -644,13 +723,13 @@ int synth_write(const synth_opts *o, const char *out_dir, ls_err *e) {
     json_decref(cfg);
     if (rc) return rc;
     /* generation_config.json: stop on <|im_end|> and <|endoftext|> */
-    int32_t im_end, eot, bos = p->bos;
-    if (!strcmp(p->name, "demo")) {
+    int32_t im_end, eot, bos = pc.bos;
+    if (!strcmp(pc.name, "demo")) {
         im_end = demo_tok_id("<|im_end|>");
         eot = demo_tok_id("<|endoftext|>");
         bos = -1;
     } else {
-        eot = p->fam == FAM_QWEN35 ? 248044 : 151643;
+        eot = pc.fam == FAM_QWEN35 ? 248044 : 151643;
         im_end = eot + 2;
     }
     json_t *gc = json_pack("{s:o,s:[i,i],s:o,s:b,s:f,s:i,s:f,s:s}", "bos_token_id",
@@ -659,6 +738,6 @@ int synth_write(const synth_opts *o, const char *out_dir, ls_err *e) {
                            "transformers_version", "5.17.0");
     rc = dump_json(gc, out_dir, "generation_config.json", e);
     json_decref(gc);
-    if (!rc && !strcmp(p->name, "demo")) rc = demo_tok_write(out_dir, e);
+    if (!rc && !strcmp(pc.name, "demo")) rc = demo_tok_write(out_dir, e);
     return rc;
 }

@@ -235,6 +235,73 @@ static void moe_backends_agree(int nvfp4) {
 static void test_moe_grouped_matches_ref_bf16(void **st) { moe_backends_agree(0); }
 static void test_moe_grouped_matches_ref_nvfp4(void **st) { moe_backends_agree(1); }
 
+/* Every gemm / fp4_gemm backend of the CPU equals the reference, including
+ * row-block and K tails (N = 7, K = 40 / 48). */
+static void test_cpu_gemm_backends_match_ref(void **st) {
+    uint64_t s = 7;
+    for (int nv = 0; nv < 2; nv++) {
+        const int M = 5, N = 7, K = nv ? 48 : 40;
+        lin_w w;
+        fill_lin(&w, N, K, nv, &s);
+        float x[5 * 48], y0[5 * 7], y1[5 * 7];
+        for (int i = 0; i < M * K; i++) x[i] = bf16_to_f32(rnd_bf16(&s));
+        gemm_args a = {.M = M, .x = x, .w = &w, .y = y0, .dt = ACT_F32};
+        const gemm_impl *ref = nv ? &fp4_gemm_cpu_ref : &gemm_cpu_ref;
+        assert_int_equal(ref->run(&a, NULL, NULL), 0);
+        int n = nv ? ops_fp4_gemm_count() : ops_gemm_count();
+        for (int i = 0; i < n; i++) {
+            const gemm_impl *g = nv ? ops_fp4_gemm_at(i) : ops_gemm_at(i);
+            if (g->dev != DEV_CPU || g == ref) continue;
+            for (int acc = 0; acc < 2; acc++) {
+                for (int j = 0; j < M * N; j++) y1[j] = acc ? 1.0f : NAN;
+                a.y = y1;
+                a.accumulate = acc;
+                assert_int_equal(g->run(&a, NULL, NULL), 0);
+                for (int j = 0; j < M * N; j++) near(y1[j], y0[j] + acc, 1e-5, g->name);
+            }
+        }
+        free_lin(&w);
+    }
+}
+
+/* The chunked GDN form equals the token-by-token recurrence: two sequences of
+ * 150 (three chunks, the last partial) and 1 tokens, with non-zero starting
+ * state, outputs and final conv + recurrent states compared. */
+static void test_gdn_chunked_matches_recurrence(void **st) {
+    enum { NK = 2, NV = 4, DK = 16, DV = 8, CK = 4, D = 2 * NK * DK + NV * DV, T = 151, SL = 3 };
+    uint64_t s = 99;
+    static float conv_w[D * CK], A_log[NV], dt_bias[NV];
+    for (int i = 0; i < D * CK; i++) conv_w[i] = bf16_to_f32(rnd_bf16(&s));
+    for (int i = 0; i < NV; i++) { A_log[i] = bf16_to_f32(rnd_bf16(&s)); dt_bias[i] = bf16_to_f32(rnd_bf16(&s)); }
+    gdn_w w = {.nk = NK, .nv = NV, .dk = DK, .dv = DV, .conv_k = CK, .conv_w = conv_w, .A_log = A_log,
+               .dt_bias = dt_bias};
+    static float qkv[T * D], av[T * NV], bv[T * NV], o0[T * NV * DV], o1[T * NV * DV];
+    static float conv0[SL * D * (CK - 1)], rec0[SL * NV * DK * DV], conv1[SL * D * (CK - 1)],
+        rec1[SL * NV * DK * DV];
+    for (int i = 0; i < T * D; i++) qkv[i] = 4 * bf16_to_f32(rnd_bf16(&s));
+    for (int i = 0; i < T * NV; i++) { av[i] = 4 * bf16_to_f32(rnd_bf16(&s)); bv[i] = 4 * bf16_to_f32(rnd_bf16(&s)); }
+    for (size_t i = 0; i < sizeof conv0 / 4; i++) conv0[i] = conv1[i] = bf16_to_f32(rnd_bf16(&s));
+    for (size_t i = 0; i < sizeof rec0 / 4; i++) rec0[i] = rec1[i] = bf16_to_f32(rnd_bf16(&s));
+    gdn_seq seqs[2] = {{.slot = 2, .n_new = 150, .row0 = 1}, {.slot = 0, .n_new = 1, .row0 = 0}};
+    gdn_state s0 = {.conv = conv0, .rec = rec0, .n_slots = SL}, s1 = {.conv = conv1, .rec = rec1, .n_slots = SL};
+    gdn_args a = {.n_seq = 2, .seqs = seqs, .n_tok = T, .w = &w, .qkv = qkv, .a = av, .b = bv,
+                  .st = &s0, .out = o0, .dt = ACT_F32};
+    assert_int_equal(gdn_cpu_ref.run(&a, NULL, NULL), 0);
+    const gdn_impl *ch = ops_gdn_find("cpu_chunked");
+    assert_non_null(ch);
+    a.st = &s1;
+    a.out = o1;
+    assert_int_equal(ch->run(&a, NULL, NULL), 0);
+    double mx = 0, err = 0;
+    for (int i = 0; i < T * NV * DV; i++) { mx = fmax(mx, fabs(o0[i])); err = fmax(err, fabs(o0[i] - o1[i])); }
+    assert_true(mx > 1e-2);
+    if (err > 1e-4 * mx) fail_msg("outputs differ: %g of %g", err, mx);
+    mx = err = 0;
+    for (size_t i = 0; i < sizeof rec0 / 4; i++) { mx = fmax(mx, fabs(rec0[i])); err = fmax(err, fabs(rec0[i] - rec1[i])); }
+    if (err > 1e-4 * mx) fail_msg("states differ: %g of %g", err, mx);
+    assert_memory_equal(conv0, conv1, sizeof conv0);
+}
+
 static void test_registry_reference_last_and_selection(void **st) {
     assert_string_equal(ops_gemm_at(ops_gemm_count() - 1)->name, "cpu_ref");
     assert_string_equal(ops_fp4_gemm_at(ops_fp4_gemm_count() - 1)->name, "cpu_ref");
@@ -278,6 +345,8 @@ int main(void) {
         cmocka_unit_test(test_gated_delta_rule_one_step),
         cmocka_unit_test(test_moe_grouped_matches_ref_bf16),
         cmocka_unit_test(test_moe_grouped_matches_ref_nvfp4),
+        cmocka_unit_test(test_cpu_gemm_backends_match_ref),
+        cmocka_unit_test(test_gdn_chunked_matches_recurrence),
         cmocka_unit_test(test_registry_reference_last_and_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

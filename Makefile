@@ -89,7 +89,7 @@ demo: $(BIN)
 	@test -f $(DEMO)/config.json || ./$(BIN) synth --preset demo --out $(DEMO)
 
 run: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	@$(MAKE) --no-print-directory demo
 	@bash scripts/run.sh $(BIN) $(DEMO)
 
@@ -100,7 +100,7 @@ e2e: $(BIN) $(SHIP_SO)
 	@bash scripts/run_e2e.sh
 
 test: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	@bash scripts/setup.sh --test
 	@bash scripts/run_tests.sh
 

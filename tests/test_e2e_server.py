@@ -9,6 +9,7 @@ server, template, tokenizer, engine and parsers."""
 import http.client
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -243,6 +244,11 @@ def test_completions_streaming_with_usage(srv, client, eos):
                                             stream_options={"include_usage": True}, extra_body={"force_ids": ids}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "abc def"
     assert chunks[-1].usage.completion_tokens in (len(ids) - 1, len(ids))
+    chunks = list(client.completions.create(model=MODEL, prompt="x", max_tokens=20, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True},
+                                            extra_body={"force_ids": ids}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
 
 
 # ---- metrics --------------------------------------------------------------------------------
@@ -312,6 +318,7 @@ def test_wrong_or_missing_key_is_401(srv):
         bad.models.list()
     status, e = _err(srv.get("/v1/models", key=False))
     assert status == 401 and e["type"] == "authentication_error"
+    assert srv.request("OPTIONS", "/v1/chat/completions", key=False)[0] == 204  # CORS preflight needs no key
 
 
 def test_unknown_route_and_model_are_404(srv, client):
@@ -446,3 +453,42 @@ def test_nan_logits_fail_the_request_not_the_server(srv, client, eos):
             pass
     assert _metric(srv, "nan_logits_total") >= nan0 + 2
     assert chat(client, max_tokens=2).choices[0].finish_reason == "length"
+
+
+# ---- robustness -------------------------------------------------------------------------------
+
+def _mutations(rng, base):
+    """Deterministic malformed variants of a valid body: wrong types, odd values, cut text."""
+    text = json.dumps(base)
+    junk = [None, -1, 0, 1.5, 1e300, "", "x" * 300, [], {}, [1, "a"], {"a": [{}]}, True, [[-5]], "\u0000"]
+    for _ in range(60):
+        b = json.loads(text)
+        for _ in range(rng.randint(1, 3)):
+            key = rng.choice(list(b) + ["n", "stop", "tools", "tool_choice", "logprobs", "top_logprobs", "seed",
+                                        "stream_options", "chat_template_kwargs", "stop_token_ids", "echo",
+                                        "response_format", "top_k", "min_p", "best_of", "force_ids"])
+            b[key] = rng.choice(junk)
+        yield json.dumps(b)
+    for cut in range(1, len(text), max(1, len(text) // 15)):
+        yield text[:cut]
+    yield "\xff\xfe garbage"
+    yield "{" * 5000
+
+
+def test_malformed_bodies_never_break_the_server(srv):
+    rng = random.Random(7)
+    bases = [("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 1}),
+             ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1}),
+             ("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1, 2]})]
+    seen = set()
+    for path, base in bases:
+        for body in _mutations(rng, base):
+            status, data = srv.post(path, body)
+            seen.add(status)
+            assert status in (200, 400, 404, 413), (path, body, status, data[:300])
+            if status != 200:
+                e = json.loads(data)["error"]
+                assert e["message"] and e["code"] == status
+    assert 400 in seen and 200 in seen
+    assert srv.get("/health")[0] == 200 and srv.get("/health_generate")[0] == 200

@@ -15,10 +15,21 @@ from conftest import SHARED, run_ls
 
 MODELS = os.path.join(SHARED, "fixtures", "models")
 FOLDERS = sorted(os.listdir(MODELS)) if os.path.isdir(MODELS) else []
+# More fixture sets written by ../shared/tools/gen_fixtures.py (other seeds and
+# sizes), e.g. LS_EXTRA_FIXTURES=/tmp/fb:/tmp/fr: every sub-folder with a
+# ref.json joins the logits and greedy tests under the name "<set>/<folder>".
+for extra in filter(None, os.environ.get("LS_EXTRA_FIXTURES", "").split(":")):
+    for f in sorted(os.listdir(extra)):
+        if os.path.exists(os.path.join(extra, f, "ref.json")):
+            FOLDERS.append(os.path.join(os.path.abspath(extra), f))
+
+
+def model_dir(name):
+    return name if os.path.isabs(name) else os.path.join(MODELS, name)
 
 
 def load_ref(name):
-    with open(os.path.join(MODELS, name, "ref.json")) as f:
+    with open(os.path.join(model_dir(name), "ref.json")) as f:
         return json.load(f)
 
 
@@ -39,7 +50,7 @@ def rel_err_rows(a, b):
 def test_logits_match_transformers(ls_bin, shared_dir, name):
     ref = load_ref(name)
     b = np.array(ref["logits"], dtype=np.float64)
-    a = logits(os.path.join(MODELS, name), ref["input_ids"])
+    a = logits(model_dir(name), ref["input_ids"])
     assert a.shape == b.shape
     err = rel_err_rows(a, b)
     assert err.max() < 1e-4, f"{name}: worst row error {err.max():.3g} at position {err.argmax()}"
@@ -49,7 +60,7 @@ def test_logits_match_transformers(ls_bin, shared_dir, name):
 @pytest.mark.parametrize("name", [f for f in FOLDERS if "greedy" in load_ref(f)])
 def test_generate_reproduces_greedy(ls_bin, shared_dir, name):
     ref = load_ref(name)
-    p = run_ls("generate", "--model-path", os.path.join(MODELS, name),
+    p = run_ls("generate", "--model-path", model_dir(name),
                "--ids", ",".join(map(str, ref["input_ids"])), "--max-new-tokens", len(ref["greedy"]))
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
@@ -197,3 +208,34 @@ def test_gdn_chunked_backend_matches_transformers(ls_bin, shared_dir, name):
     ref = load_ref(name)
     a = logits(os.path.join(MODELS, name), ref["input_ids"], "--gdn-backend", "cpu_chunked")
     assert rel_err_rows(a, np.array(ref["logits"])).max() < 1e-4
+
+
+def test_generate_chat_renders_the_models_template(ls_bin, demo_model):
+    """--chat == the chat template rendered by jinja2 (transformers' settings), encoded by HF tokenizers."""
+    tokenizers = pytest.importorskip("tokenizers")
+    jinja2 = pytest.importorskip("jinja2")
+    tmpl_path = os.path.join(demo_model, "chat_template.jinja")
+    if not os.path.exists(tmpl_path):
+        pytest.skip("the demo model has no chat_template.jinja")
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+    text = env.from_string(open(tmpl_path).read()).render(
+        messages=[{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True)
+    tk = tokenizers.Tokenizer.from_file(os.path.join(demo_model, "tokenizer.json"))
+    ids = tk.encode(text, add_special_tokens=False).ids
+    by_chat = json.loads(run_ls("generate", "--model-path", demo_model, "--prompt", "What is 2+2?", "--chat",
+                                "--max-new-tokens", "6", check=True).stdout)
+    by_ids = json.loads(run_ls("generate", "--model-path", demo_model, "--ids", ",".join(map(str, ids)),
+                               "--max-new-tokens", "6", check=True).stdout)
+    assert by_chat == by_ids
+    p = run_ls("generate", "--model-path", demo_model, "--ids", "1", "--chat")
+    assert p.returncode == 2 and "--chat" in p.stderr
+
+
+def test_unused_tensors_are_reported(ls_bin, shared_dir, tmp_path):
+    d = broken_copy(tmp_path, "qwen3", lambda c: c.update(num_hidden_layers=3, layer_types=None))
+    p = run_ls("logits", "--model-path", d, "--ids", "1,2")
+    assert p.returncode == 0, p.stderr
+    assert "not used" in p.stderr and "model.layers.3." in p.stderr
+    p = run_ls("logits", "--model-path", os.path.join(MODELS, "qwen3_5_moe_vl"), "--ids", "1,2")
+    assert p.returncode == 0 and "not used" not in p.stderr  # the vision tower is expected

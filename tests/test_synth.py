@@ -136,6 +136,15 @@ def pattern_set(names):
 
 # ---- written checkpoints shared by several tests --------------------------------
 
+@pytest.fixture
+def big_tmp(tmp_path):
+    """A folder for multi-GB checkpoints, removed after the test (pytest keeps old tmp_paths)."""
+    d = tmp_path / "big"
+    d.mkdir()
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def out35(tmp_path_factory):
     d = tmp_path_factory.mktemp("s35")
@@ -208,13 +217,13 @@ def test_written_file_loads_in_hf_safetensors(out35):
     assert codes.dtype == np.uint8 and len(np.unique(codes & 15)) == 16, "all 16 E2M1 codes appear"
 
 
-def test_other_presets_match_reference_and_fixture_layout(tmp_path, request):
+def test_other_presets_match_reference_and_fixture_layout(big_tmp):
     """qwen3-30b-a3b (BF16 per-expert, model.*), qwen3-next (NVFP4 per-expert,
     fused in_proj_qkvz/in_proj_ba), qwen3.5 BF16 (fused 3-D experts): shapes
     from the public configs, names as the transformers fixtures have them."""
     shared = os.path.join(SHARED, "fixtures", "models")
     # qwen3-30b-a3b, 1 layer
-    d = tmp_path / "q30"
+    d = big_tmp / "q30"
     synth(d, "qwen3-30b-a3b", "--layers", "1")
     h, r = all_headers(d), REF["qwen3-30b-a3b"]
     H = r["H"]
@@ -232,7 +241,7 @@ def test_other_presets_match_reference_and_fixture_layout(tmp_path, request):
     shutil.rmtree(d)
 
     # qwen3-next, 1 layer (a GDN layer), NVFP4 experts
-    d = tmp_path / "next"
+    d = big_tmp / "next"
     synth(d, "qwen3-next-80b-a3b", "--layers", "1", "--quant", "nvfp4")
     h, r = all_headers(d), REF["qwen3-next-80b-a3b"]
     H, kd, vd = r["H"], r["nk"] * r["dk"], r["nv"] * r["dv"]
@@ -249,7 +258,7 @@ def test_other_presets_match_reference_and_fixture_layout(tmp_path, request):
     shutil.rmtree(d)
 
     # qwen3.5 BF16: the fused layout, checked on the demo sizes (4 layers)
-    d = tmp_path / "fused"
+    d = big_tmp / "fused"
     synth(d, "demo", "--quant", "bf16", "--layers", "4")
     h = all_headers(d)
     check_against(h, expected_qwen35(REF["demo"], 4, nvfp4=False))
@@ -258,8 +267,8 @@ def test_other_presets_match_reference_and_fixture_layout(tmp_path, request):
         assert pattern_set(h) == pattern_set(header(os.path.join(shared, "qwen3_5_moe-fused", "model.safetensors")))
 
 
-def test_122b_one_layer_matches_reference(tmp_path):
-    d = tmp_path / "s122"
+def test_122b_one_layer_matches_reference(big_tmp):
+    d = big_tmp / "s122"
     synth(d, "qwen3.5-122b-a10b", "--layers", "1")
     h = all_headers(d)
     check_against(h, expected_qwen35(REF["qwen3.5-122b-a10b"], 1, nvfp4=True))

@@ -208,11 +208,32 @@ def test_fixture_tokenize_json_ids_and_decoded(ls_bin):
         assert d["text"] == c["decoded"], f"decode of {c['text']!r}"
 
 
-def test_qwen3_matches_hf_on_random_text(ls_bin):
+@pytest.mark.parametrize("path", ["fast", "pcre2"])
+def test_qwen3_matches_hf_on_random_text(ls_bin, monkeypatch, path):
+    """fast: the hand-written matcher for the Qwen pattern; pcre2: the same
+    pattern through PCRE2 (LS_TOK_NO_FASTPATH=1)."""
     need_shared()
-    rng = random.Random(SEED)
-    texts = [rand_text(rng) for _ in range(2500)]
-    compare_with_hf(QWEN3, texts, "qwen3")
+    if path == "pcre2":
+        monkeypatch.setenv("LS_TOK_NO_FASTPATH", "1")
+    rng = random.Random(SEED if path == "fast" else SEED + 11)
+    texts = [rand_text(rng) for _ in range(2500 if path == "fast" else 1000)]
+    compare_with_hf(QWEN3, texts, f"qwen3 ({path})")
+
+
+def test_qwen3_unicode_15_letters_match_hf(ls_bin):
+    """Letters assigned in Unicode 15.0/15.1 (CJK Ext H and I, Kawi, Nag Mundari)
+    are letters for HF's Oniguruma; the Qwen fast path knows them."""
+    need_shared()
+    rng = random.Random(SEED + 12)
+    pool = [(0x31350, 0x323AF), (0x2EBF0, 0x2EE5D), (0x11F04, 0x11F10), (0x1E4D0, 0x1E4EB)]
+    texts = []
+    for _ in range(300):
+        parts = []
+        for _ in range(rng.randint(1, 8)):
+            lo, hi = rng.choice(pool)
+            parts.append(rng.choice(["", " ", "a", "1", "!", "'s", "\n"]) + "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 4))))
+        texts.append("".join(parts))
+    compare_with_hf(QWEN3, texts, "qwen3 unicode 15 letters")
 
 
 def test_qwen35_regex_matches_hf_on_random_text(ls_bin, qwen35_dir):
@@ -339,3 +360,100 @@ def test_bad_tokenizer_json_names_the_json_path(ls_bin, tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     p = run_ls("tokenize", "--tokenizer-path", str(tmp_path), "--text", "ab")
     assert p.returncode == 2 and "tokenizer.json: line 1" in p.stderr
+
+
+# ---- other tokenizer.json shapes: normalizers, pre-tokenizers, decoders ----------------------
+
+def _split(pattern, behavior, invert=False, regex=True):
+    return {"type": "Split", "pattern": {"Regex" if regex else "String": pattern}, "behavior": behavior,
+            "invert": invert}
+
+
+def _bl(prefix=False, regex=False):
+    return {"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": False, "use_regex": regex}
+
+
+def _seq(*steps):
+    return {"type": "Sequence", "pretokenizers": list(steps)}
+
+
+def _nseq(*steps):
+    return {"type": "Sequence", "normalizers": list(steps)}
+
+
+BL_DEC = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+SHAPES = {
+    "split_regex_merged_with_previous": (None, _seq(_split(r"\p{N}+", "MergedWithPrevious"), _bl()), BL_DEC),
+    "split_string_merged_with_next": (None, _seq(_split(" ", "MergedWithNext", regex=False), _bl()), BL_DEC),
+    "split_contiguous_then_punctuation": (None, _seq(_split(r"[\p{P}\p{S}]", "Contiguous"),
+                                                     {"type": "Punctuation", "behavior": "Isolated"}, _bl()), BL_DEC),
+    "split_inverted_removed": (None, _seq(_split(r"\s+", "Removed", invert=True), _bl()), BL_DEC),
+    "whitespacesplit_digits_punct_next": (None, _seq({"type": "WhitespaceSplit"},
+                                                     {"type": "Digits", "individual_digits": True},
+                                                     {"type": "Punctuation", "behavior": "MergedWithNext"},
+                                                     _bl(prefix=True)), BL_DEC),
+    "whitespace_digits_bytelevel_regex": (None, _seq({"type": "Whitespace"}, {"type": "Digits", "individual_digits": False},
+                                                     _bl(prefix=True, regex=True)), BL_DEC),
+    "bert_pretokenizer": (None, _seq({"type": "BertPreTokenizer"}, _bl()), BL_DEC),
+    "bytelevel_then_split_on_mapped_space": (None, _seq(_bl(), _split("\u0120", "MergedWithNext", regex=False)), BL_DEC),
+    "nfd_stripaccents_lowercase": (_nseq({"type": "NFD"}, {"type": "StripAccents"}, {"type": "Lowercase"}),
+                                   _bl(prefix=True, regex=True), BL_DEC),
+    "nfkd_replace_strip_prepend": (_nseq({"type": "NFKD"}, {"type": "Replace", "pattern": {"Regex": r"\s+"}, "content": " "},
+                                         {"type": "Strip", "strip_left": True, "strip_right": True},
+                                         {"type": "Prepend", "prepend": "\u2581"}), _bl(), BL_DEC),
+    "metaspace_first_split": (_nseq({"type": "NFKC"}, {"type": "Replace", "pattern": {"String": "a"}, "content": "A"}),
+                              _seq({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": True},
+                                   _bl()),
+                              {"type": "Sequence", "decoders": [BL_DEC, {"type": "Metaspace", "replacement": "\u2581",
+                                                                         "prepend_scheme": "first", "split": True}]}),
+    "metaspace_always_nosplit": (None, _seq({"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                             "split": False}, _bl()), BL_DEC),
+    "decoder_chain": (None, _bl(regex=True), {"type": "Sequence", "decoders": [
+        BL_DEC, {"type": "Replace", "pattern": {"String": "e"}, "content": "E"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}),  # HF panics on stop > 0 for short tokens
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_tokenizer_shapes_match_hf(ls_bin, trained_dir, tmp_path, shape):
+    norm, pre, dec = SHAPES[shape]
+    with open(os.path.join(trained_dir, "tokenizer.json"), encoding="utf-8") as f:
+        j = json.load(f)
+    j["normalizer"], j["pre_tokenizer"], j["decoder"] = norm, pre, dec
+    with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    rng = random.Random(SEED + 7 + sum(map(ord, shape)))
+    texts = ["", " ", "a", "  x  ", "Hello, World! 123 4.5", "naïve café  \t\n x"] + \
+            [rand_text(rng, 20) for _ in range(300)]
+    compare_with_hf(str(tmp_path), texts, shape)
+
+
+def test_sentencepiece_style_byte_fallback_matches_hf(ls_bin, tmp_path):
+    """Llama-2 shape: Prepend+Replace normalizer, no pre-tokenizer, byte_fallback with
+    <0xXX> tokens, fused <unk>, and the Replace/ByteFallback/Fuse/Strip decoder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    rng = random.Random(99)
+    corpus = [rand_text(rng, 20) for _ in range(2000)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=800, limit_alphabet=120, special_tokens=["<unk>", "<s>", "</s>"]))
+    j = json.loads(tok.to_str())
+    vocab = j["model"]["vocab"]
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    j["model"].update(byte_fallback=True, fuse_unk=True)
+    j["normalizer"] = _nseq({"type": "Prepend", "prepend": "\u2581"},
+                            {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"})
+    j["pre_tokenizer"] = None
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    texts = [rand_text(random.Random(SEED + 8 + i), 15) for i in range(400)]
+    compare_with_hf(str(tmp_path), texts, "sentencepiece-style BPE")
+    # without byte fallback: unknown chars become one fused <unk>
+    j["model"]["byte_fallback"] = False
+    with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    compare_with_hf(str(tmp_path), texts[:200], "sentencepiece-style BPE, unk")

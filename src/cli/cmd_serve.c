@@ -47,7 +47,7 @@ typedef struct serve_args {
     const char *reasoning_parser, *tool_call_parser, *api_key, *chat_template, *log_level;
     const char *dist_init_addr, *device;
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
-    long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens;
+    long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static;
     int trust_backend, disable_custom_all_reduce;
 } serve_args;
@@ -178,6 +178,7 @@ int cmd_serve(int argc, char **argv) {
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
         {"max-running-requests", F_INT, &a.max_running_requests, "running batch cap (default 64)", NULL},
+        {"max-queued-requests", F_INT, &a.max_queued_requests, "requests waiting for admission before 503 (default 1024)", NULL},
         {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
         {"context-length", F_INT, &a.context_length, "context length (default: the model's)", NULL},
         {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 2048, -1: off)", NULL},
@@ -245,6 +246,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.node_rank < 0 || a.node_rank >= a.nnodes) BAD("--node-rank: must be in [0, %lld), got %lld", a.nnodes, a.node_rank);
     if (a.mem_fraction_static < 0 || a.mem_fraction_static > 1) BAD("--mem-fraction-static: must be in (0, 1], got %g", a.mem_fraction_static);
     if (a.max_running_requests < 0 || a.max_running_requests > 1 << 20) BAD("--max-running-requests: must be >= 1, got %lld", a.max_running_requests);
+    if (a.max_queued_requests < 0 || a.max_queued_requests > 1 << 24) BAD("--max-queued-requests: must be >= 1, got %lld", a.max_queued_requests);
     if (a.max_total_tokens < 0 || a.max_total_tokens > 1LL << 31) BAD("--max-total-tokens: must be >= 1, got %lld", a.max_total_tokens);
     if (a.context_length < 0 || a.context_length > 1 << 24) BAD("--context-length: must be >= 1, got %lld", a.context_length);
     if (a.chunked_prefill_size != -2 && a.chunked_prefill_size != -1 && (a.chunked_prefill_size < 1 || a.chunked_prefill_size > 1 << 24))
@@ -279,6 +281,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.context_length) o.context_length = (int)a.context_length;
     if (a.mem_fraction_static > 0) o.mem_fraction_static = a.mem_fraction_static;
     if (a.max_total_tokens) o.max_total_tokens = (int)a.max_total_tokens;
+    if (a.max_queued_requests) o.max_queued_requests = (int)a.max_queued_requests;
 
     ls_engine *eng = NULL;
     char err[1024] = "";

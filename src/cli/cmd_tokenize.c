@@ -4,6 +4,10 @@
  * --jsonl: the input (--file F, or --text S) holds one JSON string per line;
  * one {"ids":[...]} line is printed per input line, in order (batch mode for
  * tests: one process start for thousands of strings).
+ * --bench N: encode the whole text N times on this thread, each run with an
+ * empty word cache, and print
+ * {"bytes","tokens","runs","best_s","median_s","mb_per_s","best_cpu_s","cpu_mb_per_s"} instead
+ * of the ids (bench/tok_bench.py drives it).
  * Exit codes: 0 ok, 2 bad flag / unreadable file / bad tokenizer / bad input.
  */
 #include "cli/cli.h"
@@ -13,13 +17,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static double thread_cpu_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: laststand tokenize --tokenizer-path DIR (--text S | --file F) [--jsonl]\n"
+    fprintf(f, "usage: laststand tokenize --tokenizer-path DIR (--text S | --file F) [--jsonl] [--bench N]\n"
                "  --tokenizer-path DIR  folder with tokenizer.json (--model-path is accepted too)\n"
                "  --text S              the text to encode (UTF-8)\n"
                "  --file F              read the text from file F ('-': stdin)\n"
                "  --jsonl               input is one JSON string per line; prints one {\"ids\":[...]} per line\n"
+               "  --bench N             encode the text N times on one thread; print timing JSON (wall and thread CPU), not ids\n"
                "prints {\"ids\":[...]}; no special tokens are added (added tokens in the text are matched)\n");
 }
 
@@ -75,7 +92,7 @@ static int encode_jsonl(const tokenizer *t, const char *src, size_t len, const c
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL, *text = NULL, *file = NULL;
+    const char *dir = NULL, *text = NULL, *file = NULL, *bench = NULL;
     int jsonl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -83,7 +100,8 @@ int cmd_tokenize(int argc, char **argv) {
         if (!strcmp(a, "--jsonl")) { jsonl = 1; continue; }
         const char **dst = !strcmp(a, "--tokenizer-path") || !strcmp(a, "--model-path") ? &dir
                          : !strcmp(a, "--text") ? &text
-                         : !strcmp(a, "--file") ? &file : NULL;
+                         : !strcmp(a, "--file") ? &file
+                         : !strcmp(a, "--bench") ? &bench : NULL;
         if (!dst) {
             usage(stderr);
             return fail("unknown flag '%s'%s", a, "");
@@ -93,6 +111,13 @@ int cmd_tokenize(int argc, char **argv) {
     }
     if (!dir) { usage(stderr); return fail("--tokenizer-path is required%s%s", "", ""); }
     if (!text == !file) { usage(stderr); return fail("give exactly one of --text and --file%s%s", "", ""); }
+    int runs = 0;
+    if (bench) {
+        char *end;
+        long v = strtol(bench, &end, 10);
+        if (*end || v < 1 || v > 1000) return fail("--bench: expected a run count 1..1000, got '%s'%s", bench, "");
+        runs = (int)v;
+    }
 
     size_t len;
     char *owned = NULL;
@@ -112,7 +137,29 @@ int cmd_tokenize(int argc, char **argv) {
         return fail("--tokenizer-path: %s%s", e.msg, "");
     }
     int rc = 0;
-    if (jsonl) {
+    if (runs) {
+        double *sec = xmalloc(runs * sizeof *sec), *cpu = xmalloc(runs * sizeof *cpu);
+        int n = 0;
+        for (int r = 0; r < runs && !rc; r++) {
+            int32_t *ids;
+            tok_cache_clear(t); /* every run starts cold */
+            double t0 = now_sec(), c0 = thread_cpu_sec();
+            n = tok_encode(t, text, len, &ids, &e);
+            sec[r] = now_sec() - t0;
+            cpu[r] = thread_cpu_sec() - c0;
+            if (n < 0) rc = fail("%s: %s", file ? "--file" : "--text", e.msg);
+            else free(ids);
+        }
+        if (!rc) {
+            qsort(sec, runs, sizeof *sec, cmp_double);
+            qsort(cpu, runs, sizeof *cpu, cmp_double);
+            printf("{\"bytes\":%zu,\"tokens\":%d,\"runs\":%d,\"best_s\":%.6f,\"median_s\":%.6f,\"mb_per_s\":%.3f,"
+                   "\"best_cpu_s\":%.6f,\"cpu_mb_per_s\":%.3f}\n",
+                   len, n, runs, sec[0], sec[runs / 2], len / 1e6 / sec[0], cpu[0], len / 1e6 / cpu[0]);
+        }
+        free(sec);
+        free(cpu);
+    } else if (jsonl) {
         rc = encode_jsonl(t, text, len, file ? "--file" : "--text");
     } else {
         int32_t *ids;

@@ -39,7 +39,39 @@ void mdl_name(const model *m, char *out, size_t n, const char *fmt, ...) {
     va_end(ap);
 }
 
-const st_tensor *mdl_tensor(const model *m, const char *name) { return st_find(m->st, name); }
+const st_tensor *mdl_tensor(model *m, const char *name) {
+    const st_tensor *t = st_find(m->st, name);
+    if (t) {
+        if (m->n_used == m->cap_used) {
+            m->cap_used = m->cap_used ? 2 * m->cap_used : 256;
+            m->used = xrealloc(m->used, sizeof(*m->used) * m->cap_used);
+        }
+        m->used[m->n_used++] = t;
+    }
+    return t;
+}
+
+static int ptr_cmp(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (const void *const *)a, y = (uintptr_t) * (const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Tensors the text model never looked at (vision tower and MTP head aside):
+ * transformers warns about unused weights; so do we, naming one. */
+static void warn_unused(model *m) {
+    qsort(m->used, m->n_used, sizeof *m->used, ptr_cmp);
+    int n = 0;
+    const char *first = NULL;
+    for (int i = 0; i < st_count(m->st); i++) {
+        const st_tensor *t = st_get(m->st, i);
+        if (!strncmp(t->name, "mtp.", 4) || strstr(t->name, "visual.")) continue;
+        if (bsearch(&t, m->used, m->n_used, sizeof *m->used, ptr_cmp)) continue;
+        if (!first) first = t->name;
+        n++;
+    }
+    if (n) log_warn("%s: %d tensor%s not used by the %s text model (first: '%s')", m->path, n,
+                    n > 1 ? "s are" : " is", arch_name(m->cfg.arch), first);
+}
 
 static void shape_str(const st_tensor *t, char *s, size_t n) {
     int k = snprintf(s, n, "[");
@@ -70,6 +102,9 @@ int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
     snprintf(sn, sizeof sn, "%s.weight_scale", p);
     snprintf(s2n, sizeof s2n, "%s.weight_scale_2", p);
     const st_tensor *w = mdl_tensor(m, wn);
+    char in[300];
+    snprintf(in, sizeof in, "%s.input_scale", p);
+    mdl_tensor(m, in); /* the W4A4 activation scale: read by nobody on W4A16 paths */
     if (!w) return missing(m, wn, e);
     const st_tensor *sc = mdl_tensor(m, sn);
     memset(out, 0, sizeof *out);
@@ -221,6 +256,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     }
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
+    warn_unused(m);
     *out = m;
     return 0;
 }
@@ -237,6 +273,7 @@ void model_close(model *m) {
     cache_free(&m->cache);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    free(m->used);
     if (m->st) st_close(m->st);
     hfcfg_free(&m->cfg);
     free(m->path);
@@ -314,6 +351,9 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
         if (m->n_lin && (q->slot < 0 || q->slot >= c->n_slots))
             return errf(e, ERR_INVAL, "forward: sequence %d uses GDN slot %d outside [0, %d)", s, q->slot,
                         c->n_slots);
+        for (int r = 0; m->n_lin && r < s; r++)
+            if (b->seqs[r].slot == q->slot)
+                return errf(e, ERR_INVAL, "forward: sequences %d and %d share GDN slot %d", r, s, q->slot);
         if (m->n_full) {
             int np = (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
             for (int i = 0; i < np; i++)

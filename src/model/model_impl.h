@@ -72,6 +72,8 @@ struct model {
     mcache cache;       /* the engine's (model_cache_init) */
     void **owned;       /* malloc'd blocks freed at close */
     int n_owned, cap_owned;
+    const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
+    int n_used, cap_used;
 };
 
 /* ---- binding helpers (model.c) ------------------------------------------ */
@@ -88,7 +90,8 @@ int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e);
 int mdl_bind_vec(model *m, const char *name, int nd, const int64_t *shape, float **out, ls_err *e);
 /* Shorthand: a [n] vector. */
 int mdl_bind_vec1(model *m, const char *name, int n, float **out, ls_err *e);
-const st_tensor *mdl_tensor(const model *m, const char *name);
+/* Look a tensor up (NULL if absent) and remember it as used. */
+const st_tensor *mdl_tensor(model *m, const char *name);
 void *mdl_alloc(model *m, size_t bytes); /* zeroed, freed at close */
 
 /* ---- per-architecture (model_qwen3.c, model_qwen3_next.c) ---------------- */

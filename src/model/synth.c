@@ -101,38 +101,39 @@ static int parse_u64(const char *s, uint64_t *v) {
 
 int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e) {
     memset(o, 0, sizeof *o);
-    if (!spec || !*spec) return errf(e, ERR_INVAL, "synth: empty spec (want NAME[,layers=N][,seed=S][,quant=Q])");
-    /* the strings in o must outlive this call: keep them in a static table of
-     * interned copies (presets and quant names are from fixed sets) */
+    if (!spec || !*spec) return errf(e, ERR_INVAL, "empty synth spec (want NAME[,layers=N][,seed=S][,quant=Q])");
+    /* o->preset and o->quant point at static strings (the preset table and
+     * literals), so o outlives spec */
     char tmp[512];
+    if (strlen(spec) >= sizeof tmp) return errf(e, ERR_INVAL, "synth spec of %zu characters is too long", strlen(spec));
     snprintf(tmp, sizeof tmp, "%s", spec);
     char *save = NULL, *tok = strtok_r(tmp, ",", &save);
     const preset *p = find_preset(tok ? tok : "");
     if (!p) {
         char list[256];
         preset_list(list, sizeof list);
-        return errf(e, ERR_INVAL, "synth:%s: unknown preset '%s' (presets: %s)", spec, tok ? tok : "", list);
+        return errf(e, ERR_INVAL, "unknown preset '%s' (presets: %s)", tok ? tok : "", list);
     }
     o->preset = p->name;
     while ((tok = strtok_r(NULL, ",", &save))) {
         char *eq = strchr(tok, '=');
-        if (!eq) return errf(e, ERR_INVAL, "synth:%s: '%s' is not key=value", spec, tok);
+        if (!eq) return errf(e, ERR_INVAL, "'%s' is not key=value", tok);
         *eq = 0;
         const char *k = tok, *v = eq + 1;
         uint64_t x;
         if (!strcmp(k, "layers")) {
             if (parse_u64(v, &x) || x < 1 || x > 512)
-                return errf(e, ERR_INVAL, "synth:%s: layers=%s is not a count in [1, 512]", spec, v);
+                return errf(e, ERR_INVAL, "layers=%s is not a count in [1, 512]", v);
             o->layers = (int)x;
         } else if (!strcmp(k, "seed")) {
-            if (parse_u64(v, &x)) return errf(e, ERR_INVAL, "synth:%s: seed=%s is not a non-negative integer", spec, v);
+            if (parse_u64(v, &x)) return errf(e, ERR_INVAL, "seed=%s is not a non-negative integer", v);
             o->seed = x;
         } else if (!strcmp(k, "quant")) {
             if (!strcmp(v, "nvfp4")) o->quant = "nvfp4";
             else if (!strcmp(v, "bf16")) o->quant = "bf16";
-            else return errf(e, ERR_INVAL, "synth:%s: quant=%s is not nvfp4 or bf16", spec, v);
+            else return errf(e, ERR_INVAL, "quant=%s is not nvfp4 or bf16", v);
         } else {
-            return errf(e, ERR_INVAL, "synth:%s: unknown key '%s' (layers, seed, quant)", spec, k);
+            return errf(e, ERR_INVAL, "unknown key '%s' (layers, seed, quant)", k);
         }
     }
     return 0;
@@ -444,7 +445,7 @@ static int fill_range_of_plan(plan *pl, int t0, int t1, ls_err *e) {
         if (!t->data) {
             for (int k = t0; k < i; k++) { free(pl->t[k].data); pl->t[k].data = NULL; }
             free(jobs);
-            return errf(e, ERR_NOMEM, "synth:%s: out of memory allocating '%s' (%zu bytes)", pl->p->name, t->name,
+            return errf(e, ERR_NOMEM, "%s: out of memory allocating '%s' (%zu bytes)", pl->p->name, t->name,
                         t->nbytes);
         }
         for (size_t off = 0; off < t->nbytes; off += BLOCK_BYTES) {
@@ -582,7 +583,7 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     if (!p) {
         char list[256];
         preset_list(list, sizeof list);
-        return errf(e, ERR_INVAL, "synth: unknown preset '%s' (presets: %s)", o->preset ? o->preset : "", list);
+        return errf(e, ERR_INVAL, "unknown preset '%s' (presets: %s)", o->preset ? o->preset : "", list);
     }
     *pcopy = *p;
     if (!strcmp(p->name, "demo")) {
@@ -591,9 +592,9 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     }
     pl->p = pcopy;
     pl->layers = o->layers > 0 ? o->layers : p->layers;
-    if (pl->layers > 512) return errf(e, ERR_INVAL, "synth: layers=%d is more than 512", pl->layers);
+    if (pl->layers > 512) return errf(e, ERR_INVAL, "layers=%d is more than 512", pl->layers);
     const char *q = o->quant ? o->quant : (p->fam == FAM_QWEN35 ? "nvfp4" : "bf16");
-    if (strcmp(q, "nvfp4") && strcmp(q, "bf16")) return errf(e, ERR_INVAL, "synth: quant '%s' is not nvfp4 or bf16", q);
+    if (strcmp(q, "nvfp4") && strcmp(q, "bf16")) return errf(e, ERR_INVAL, "quant '%s' is not nvfp4 or bf16", q);
     pl->nvfp4 = !strcmp(q, "nvfp4");
     pl->seed = o->seed;
     snprintf(pl->prefix, sizeof pl->prefix, "%s", p->fam == FAM_QWEN35 ? "model.language_model." : "model.");
@@ -619,8 +620,8 @@ int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *
     /* refuse up front what cannot fit rather than die in the middle */
     double need = plan_bytes(&pl), have = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE);
     if (have > 0 && need > 0.9 * have) {
-        rc = errf(e, ERR_UNSUPPORTED, "synth:%s: %d layers need %.1f GB of memory, this machine has %.1f GB "
-                  "(pass layers=N for fewer layers)", pc.name, pl.layers, need / 1e9, have / 1e9);
+        rc = errf(e, ERR_UNSUPPORTED, "%d layers of %s need %.1f GB of memory, this machine has %.1f GB "
+                  "(pass layers=N for fewer layers)", pl.layers, pc.name, need / 1e9, have / 1e9);
         plan_free(&pl);
         return rc;
     }

@@ -35,6 +35,8 @@ struct srv_conn {
     buf body;
     int too_large;
     int answered;
+    double t0;
+    char method[8], url[120];
 };
 
 /* ---- responses ------------------------------------------------------------------ */
@@ -134,7 +136,17 @@ static enum MHD_Result send_resp(srv_conn *c, srv_resp *rs) {
         if (!r) { free(data); return MHD_NO; }
     }
     MHD_add_response_header(r, "Content-Type", rs->content_type ? rs->content_type : "application/json");
+    /* CORS as SGLang's server allows it: any origin, method and header */
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    if (rs->status == 204) {
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    }
     srv_count_status(c->sv, rs->status);
+    if (rs->status >= 500) log_warn("%s %s -> %d (%.3f s)", c->method, c->url, rs->status, now_sec() - c->t0);
+    else log_debug("%s %s -> %d (%.3f s%s)", c->method, c->url, rs->status, now_sec() - c->t0,
+                   rs->stream_fn ? ", streaming" : "");
     enum MHD_Result ok = MHD_queue_response(c->mc, (unsigned)rs->status, r);
     MHD_destroy_response(r);
     c->answered = 1;
@@ -164,6 +176,11 @@ static void dispatch(srv *sv, srv_conn *c, const char *url, const char *method, 
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     const char *body = c->body.data;
     size_t len = c->body.len;
+    if (!strcmp(method, "OPTIONS")) { /* CORS preflight: no key needed */
+        rs->status = 204;
+        rs->content_type = "text/plain";
+        return;
+    }
     if (!strcmp(url, "/health")) {
         if (!get) goto bad_method;
         rs->status = sv->stopping ? 503 : 200;
@@ -207,6 +224,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         c = xcalloc(1, sizeof *c);
         c->sv = sv;
         c->mc = mc;
+        c->t0 = now_sec();
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->url, sizeof c->url, "%s", url);
         buf_init(&c->body);
         *con_cls = c;
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

@@ -336,8 +336,11 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
     has = 0;
     long long mt = 0;
     if ((rc = get_int(p, o, "max_tokens", 1, 1 << 30, &mt, &has))) return rc;
-    if (r->kind == SRV_CHAT && (rc = get_int(p, o, "max_completion_tokens", 1, 1 << 30, &mt, &has))) return rc;
-    if (has) { s->max_tokens = (int)mt; r->has_max_tokens = 1; }
+    if (has) r->max_tokens_field = "max_tokens";
+    int has_mct = 0;
+    if (r->kind == SRV_CHAT && (rc = get_int(p, o, "max_completion_tokens", 1, 1 << 30, &mt, &has_mct))) return rc;
+    if (has_mct) r->max_tokens_field = "max_completion_tokens";
+    if (has || has_mct) { s->max_tokens = (int)mt; r->has_max_tokens = 1; }
     else s->max_tokens = r->kind == SRV_COMPLETION ? 16 : 0; /* OpenAI defaults: 16 / up to the context */
     x = 0;
     if ((rc = get_int(p, o, "min_tokens", 0, 1 << 30, &x, NULL))) return rc;

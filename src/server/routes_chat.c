@@ -83,6 +83,7 @@ typedef struct chat_ctx {
     int n;
     chat_choice *ch;
     int usage_prompt, usage_completion, usage_cached;
+    int cu_prompt, cu_completion;   /* the current event's counts (continuous_usage_stats) */
 } chat_ctx;
 
 static void chat_ctx_free(void *p) {
@@ -142,6 +143,7 @@ static void emit_chunk(chat_ctx *cx, buf *out, int index, json_t *delta, chat_ch
     if (finish) json_object_set_new(choice, "matched_stop", matched ? matched : json_null());
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", cx->id, "object", "chat.completion.chunk", "created",
                           cx->created, "model", cx->sv->cfg.served_model_name, "choices", choice);
+    if (cx->r.continuous_usage) json_object_set_new(c, "usage", srv_usage(cx->cu_prompt, cx->cu_completion, 0));
     char *s = json_dumps(c, JSON_COMPACT);
     sse_data(out, s, strlen(s));
     free(s);
@@ -152,6 +154,8 @@ static int chat_step(void *ctx, const gen_event *ev, buf *out) {
     chat_ctx *cx = ctx;
     int idx = ev->choice;
     chat_choice *ch = &cx->ch[idx];
+    cx->cu_prompt = ev->prompt_tokens;
+    cx->cu_completion = ev->completion_tokens;
     if (!ch->role_sent) {
         emit_chunk(cx, out, idx, json_pack("{s:s, s:s}", "role", "assistant", "content", ""), ch, NULL, NULL);
         ch->role_sent = 1;

@@ -33,7 +33,7 @@ int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs) {
         return -1;
     }
     if (ctx > 0 && r->has_max_tokens && (long long)p->n + r->s.max_tokens > ctx) {
-        srv_error(rs, 400, NULL, r->kind == SRV_CHAT ? "max_completion_tokens" : "max_tokens",
+        srv_error(rs, 400, NULL, r->max_tokens_field,
                   "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                   "(%d in the prompt, %d for the completion).", ctx, (long long)p->n + r->s.max_tokens, p->n,
                   r->s.max_tokens);
@@ -136,19 +136,23 @@ int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out
         if (r->logprobs) a[i].logprobs = r->kind == SRV_CHAT ? json_array() : srv_completion_logprobs_new();
     }
     int cancelled = 0;
+    double last_check = now_sec();
     for (;;) {
         gen_event ev;
         int rc = gen_next(g, &ev, 0.05);
         if (rc < 0) break;
-        if (rc == 0) {
+        /* Every 50 ms, events flowing or not: is anyone still waiting? */
+        if (rc == 0 || now_sec() - last_check > 0.05) {
+            last_check = now_sec();
             if (srv_conn_gone(c)) { /* nobody to answer: free the engine's work now */
+                if (rc == 1) gen_event_free(&ev);
                 gen_release(g);
                 acc_free(a, n);
                 rs->status = 499;
                 return -1;
             }
             if (sv->stopping && !cancelled) { gen_cancel(g); cancelled = 1; }
-            continue;
+            if (rc == 0) continue;
         }
         acc_choice *ch = &a[ev.choice];
         if (ev.token >= 0 && r->logprobs) {

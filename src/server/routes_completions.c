@@ -62,9 +62,10 @@ static int tokenize_prompts(srv *sv, srv_req *r, srv_resp *rs) {
     return 0;
 }
 
-static void emit(cmpl_ctx *cx, buf *out, json_t *choice) {
+static void emit(cmpl_ctx *cx, buf *out, json_t *choice, const gen_event *ev) {
     json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", cx->id, "object", "text_completion", "created",
                           cx->created, "model", cx->sv->cfg.served_model_name, "choices", choice);
+    if (cx->r.continuous_usage) json_object_set_new(c, "usage", srv_usage(ev->prompt_tokens, ev->completion_tokens, 0));
     char *s = json_dumps(c, JSON_COMPACT);
     sse_data(out, s, strlen(s));
     free(s);
@@ -96,7 +97,7 @@ static int cmpl_step(void *ctx, const gen_event *ev, buf *out) {
         json_t *choice = json_pack("{s:i, s:o, s:o, s:o}", "index", idx, "text", srv_jstr(text.data ? text.data : "", text.len),
                                    "logprobs", lp, "finish_reason", fr ? json_string(fr) : json_null());
         if (fr) json_object_set_new(choice, "matched_stop", srv_matched_stop(ev->matched_stop, ev->matched_stop_id));
-        emit(cx, out, choice);
+        emit(cx, out, choice, ev);
     } else {
         json_decref(lp);
     }

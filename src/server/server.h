@@ -136,6 +136,7 @@ typedef struct srv_req {
     /* both */
     ls_sampling s;
     int has_max_tokens;
+    const char *max_tokens_field; /* the field that set it ("max_tokens" / "max_completion_tokens") */
     int n, stream, include_usage, continuous_usage;
     int logprobs;                 /* chat: bool; completions: top count + 1 (0 = off) */
     int top_logprobs;

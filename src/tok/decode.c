@@ -321,7 +321,8 @@ static void dec_step(const tok_dec_step *d, strv *in, strv *out) {
             size_t n = in->v[i].len;
             for (size_t k = 0; k < n;) {
                 if (d->alen && k + d->alen <= n && !memcmp(p + k, d->a, d->alen)) {
-                    if (!(i == 0 && k == 0 && d->prepend_scheme != PREPEND_NEVER)) buf_putc(&o, ' ');
+                    /* HF drops every replacement char of the first token (prepend_scheme != never) */
+                    if (!(i == 0 && d->prepend_scheme != PREPEND_NEVER)) buf_putc(&o, ' ');
                     k += d->alen;
                 } else {
                     buf_putc(&o, p[k++]);

@@ -149,12 +149,29 @@ static void strip_accents(const char *s, size_t n, buf *out) {
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int l = tok_utf8_dec((const unsigned char *)s + i, &cp);
-        if (cp < 0x300 || utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN) buf_append(out, s + i, (size_t)l);
+        int c = cp < 0x300 ? UTF8PROC_CATEGORY_LL : utf8proc_category((utf8proc_int32_t)cp);
+        if (c != UTF8PROC_CATEGORY_MN && c != UTF8PROC_CATEGORY_MC && c != UTF8PROC_CATEGORY_ME) buf_append(out, s + i, (size_t)l);
         i += (size_t)l;
     }
 }
 
-void tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out) {
+/* True when NFC leaves s unchanged for certain (every char a boundary). */
+static bool nfc_clean(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) { i++; continue; }
+        uint32_t cp;
+        i += (size_t)tok_utf8_dec(u + i, &cp);
+        if (!nfc_boundary(cp)) return false;
+    }
+    return true;
+}
+
+const char *tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out, size_t *outn) {
+    if (t->n_norm == 1 && t->norm[0].kind == NORM_NFC && nfc_clean(s, n)) {
+        *outn = n;
+        return s;
+    }
     buf tmp;
     buf_init(&tmp);
     out->len = 0;
@@ -182,4 +199,6 @@ void tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out) {
         tmp = t2;
     }
     buf_free(&tmp);
+    *outn = out->len;
+    return out->data;
 }

@@ -67,7 +67,7 @@ static char *dupn(const char *s, size_t n) {
 /* ---- normalizer ---------------------------------------------------------------- */
 
 static int load_norm(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256];
@@ -158,7 +158,7 @@ static int parse_prepend_scheme(json_t *j) {
 }
 
 static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256], why[300];
@@ -184,6 +184,7 @@ static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
         st.kind = PRE_SPLIT;
         st.invert = jbool(j, "invert", false);
         if (!(st.re = tok_regex_compile(ps, pn, !is_re, why, sizeof why))) return jerr(c, sub, "%s", why);
+        if (is_re) st.fast = tok_fast_pattern(ps, pn);
     } else if (!strcmp(ty, "ByteLevel")) {
         st.kind = PRE_BYTELEVEL;
         st.add_prefix_space = jbool(j, "add_prefix_space", true);
@@ -231,7 +232,7 @@ static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
 /* ---- decoder ----------------------------------------------------------------- */
 
 static int load_dec(tokenizer *t, loadctx *c, json_t *j, const char *path) {
-    if (json_is_null(j)) return 0;
+    if (!j || json_is_null(j)) return 0;
     const char *ty = jtype(j);
     if (!ty) return jerr(c, path, "missing \"type\"");
     char sub[256];
@@ -450,7 +451,11 @@ static int load_model(tokenizer *t, loadctx *c, json_t *m) {
         size_t skip = bn >= plen ? plen : bn;
         buf_append(&joined, b + skip, bn - skip);
         int32_t in = tok_map_get(&t->vocab, joined.data, joined.len);
-        if (in < 0) { buf_free(&joined); return jerr(c, path, "merged token '%s' is not in model.vocab", joined.data); }
+        if (in < 0) {
+            int rc = jerr(c, path, "merged token '%s' is not in model.vocab", joined.data);
+            buf_free(&joined);
+            return rc;
+        }
         tok_merges_put(&t->merges, ia, ib, (uint32_t)i, in);
     }
     buf_free(&joined);
@@ -554,6 +559,12 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
     if ((rc = load_pre(t, c, json_object_get(root, "pre_tokenizer"), "pre_tokenizer"))) return rc;
     if ((rc = load_dec(t, c, json_object_get(root, "decoder"), "decoder"))) return rc;
     t->byte_mode = t->n_pre > 0 && t->pre[t->n_pre - 1].kind == PRE_BYTELEVEL;
+    for (int k = 0; k < t->n_pre; k++) {
+        tok_pre_step *st = &t->pre[k];
+        st->jit = st->re && tok_regex_has_jit(st->re);
+        const tok_pre_step *nx = k + 2 == t->n_pre ? &t->pre[k + 1] : NULL;
+        st->to_model = nx && nx->kind == PRE_BYTELEVEL && !nx->add_prefix_space && !nx->use_regex;
+    }
     t->dec_bytes_only = t->n_dec == 1 && t->dec[0].kind == DEC_BYTELEVEL;
 
     /* added tokens overlay the vocab for id -> piece; normalized ones match normalized text */
@@ -572,9 +583,11 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
         if (a->normalized && t->n_norm) {
             buf nb;
             buf_init(&nb);
-            tok_normalize(t, a->content, a->len, &nb);
-            a->match_len = nb.len;
-            a->match = buf_detach(&nb);
+            size_t mn;
+            const char *m = tok_normalize(t, a->content, a->len, &nb, &mn);
+            a->match = dupn(m, mn);
+            a->match_len = mn;
+            buf_free(&nb);
             /* HF's id_to_token (and so decode) gives the normalized content */
             t->piece[a->id] = a->match;
             t->piece_len[a->id] = (uint32_t)a->match_len;
@@ -637,8 +650,8 @@ typedef struct enc {
     const tokenizer *t;
     int32_t *ids;
     size_t n, cap;
-    buf norm, work;
-    tok_spans words;
+    buf norm;
+    tok_pre_scratch *sc;
 } enc;
 
 static void enc_push(enc *x, int32_t id) {
@@ -715,13 +728,13 @@ static void split_added(enc *x, const tok_matcher *m, const char *s, size_t n, b
     if (start_off < n) piece(x, s + start_off, n - start_off, is_first && start_off == 0);
 }
 
+static void model_word(void *ctx, const char *w, size_t n) {
+    enc *x = ctx;
+    tok_bpe_word(x->t, w, n, &x->ids, &x->n, &x->cap);
+}
+
 static void model_piece(enc *x, const char *s, size_t n, bool is_first) {
-    const tokenizer *t = x->t;
-    x->work.len = 0;
-    buf_append(&x->work, s, n);
-    tok_pretokenize(t, &x->work, is_first, &x->words);
-    for (size_t i = 0; i < x->words.n; i++)
-        tok_bpe_word(t, x->work.data + x->words.v[i].off, x->words.v[i].len, &x->ids, &x->n, &x->cap);
+    tok_pretokenize(x->t, x->sc, s, n, is_first, model_word, x);
 }
 
 static void raw_piece(enc *x, const char *s, size_t n, bool is_first) {
@@ -730,12 +743,9 @@ static void raw_piece(enc *x, const char *s, size_t n, bool is_first) {
         split_added(x, &t->match_norm, s, n, is_first, model_piece);
         return;
     }
-    tok_normalize(t, s, n, &x->norm);
-    /* model_piece copies its input, so x->norm may be reused by the next raw piece */
-    buf mine = x->norm;
-    buf_init(&x->norm);
-    split_added(x, &t->match_norm, mine.data ? mine.data : "", mine.len, is_first, model_piece);
-    x->norm = mine;
+    size_t nn;
+    const char *ns = tok_normalize(t, s, n, &x->norm, &nn);
+    split_added(x, &t->match_norm, ns, nn, is_first, model_piece);
 }
 
 int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, ls_err *e) {
@@ -744,17 +754,18 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
     if (bad != len) return errf(e, ERR_INVAL, "text is not valid UTF-8 (byte %zu)", bad);
     if (len > (size_t)INT32_MAX / 2) return errf(e, ERR_INVAL, "text is too long (%zu bytes)", len);
     enc x = {.t = t};
+    x.cap = len / 3 + 64; /* byte-level BPE averages 3-4 bytes per token */
+    x.ids = xmalloc(x.cap * sizeof *x.ids);
     buf_init(&x.norm);
-    buf_init(&x.work);
+    x.sc = tok_pre_scratch_new(t);
     split_added(&x, &t->match_raw, text, len, true, raw_piece);
     buf_free(&x.norm);
-    buf_free(&x.work);
-    free(x.words.v);
+    tok_pre_scratch_free(x.sc);
     if (x.n > INT32_MAX) {
         free(x.ids);
         return errf(e, ERR_INVAL, "text is too long");
     }
-    *ids = x.ids ? x.ids : xmalloc(sizeof(int32_t));
+    *ids = x.ids;
     return (int)x.n;
 }
 

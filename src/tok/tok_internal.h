@@ -90,10 +90,14 @@ enum {
     PRE_METASPACE,
 };
 enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+enum { FAST_NONE, FAST_QWEN2, FAST_QWEN35, FAST_LLAMA3 };
 
 typedef struct tok_pre_step {
     int kind;
     pcre2_code *re;     /* PRE_SPLIT, PRE_WHITESPACE, PRE_BYTELEVEL with use_regex */
+    bool jit;           /* re was JIT-compiled: call pcre2_jit_match directly */
+    int fast;           /* FAST_*: a known pattern matched by pretok_fast.c */
+    bool to_model;      /* the next step is the last and a plain ByteLevel: pieces go straight to the model */
     int behavior;       /* SPLIT_* */
     int invert;
     int add_prefix_space;
@@ -216,17 +220,27 @@ bool tok_is_word_char(uint32_t cp);      /* Unicode \\w of the regex crate */
 
 /* Compile a pattern with Oniguruma's meaning of \s \S \w \W (see pretok.c). */
 pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *why, size_t whyn);
+bool tok_regex_has_jit(const pcre2_code *re);
 
-/* normalize.c: normalize s[0..n) into out (replacing its contents). */
-void tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out);
+/* normalize.c: the normalized text of s[0..n): s itself when nothing changes,
+ * else out->data (out's contents are replaced). Its length goes to *outn. */
+const char *tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out, size_t *outn);
 
-/* pretok.c: a list of pieces (offsets into a buf). */
-typedef struct tok_span { uint32_t off, len; } tok_span;
-typedef struct tok_spans { tok_span *v; size_t n, cap; } tok_spans;
-void tok_spans_push(tok_spans *s, uint32_t off, uint32_t len);
-/* Run the pre-tokenizer over w->data[0..w->len) (the piece; is_first: it starts
- * the original text). May append to w; writes the words to out. */
-void tok_pretokenize(const tokenizer *t, buf *w, bool is_first, tok_spans *out);
+/* pretok.c: the pre-tokenizer streams words to a callback, depth first.
+ * Scratch state (match data, generated text) is per encode call. */
+typedef struct tok_pre_scratch tok_pre_scratch;
+typedef void (*tok_word_fn)(void *ctx, const char *w, size_t n);
+tok_pre_scratch *tok_pre_scratch_new(const tokenizer *t);
+void tok_pre_scratch_free(tok_pre_scratch *sc);
+/* Pre-tokenize s[0..n) (is_first: it starts the original text) and call fn
+ * on every word, in order. */
+void tok_pretokenize(const tokenizer *t, tok_pre_scratch *sc, const char *s, size_t n, bool is_first,
+                     tok_word_fn fn, void *ctx);
+
+/* pretok_fast.c: FAST_* for a pattern text (FAST_NONE if not a known one),
+ * and the split itself: piece() gets every match in order (they tile text). */
+int tok_fast_pattern(const char *pat, size_t len);
+void tok_fast_split(int which, const char *text, size_t n, void (*piece)(void *ctx, const char *s, size_t n), void *ctx);
 
 /* bpe.c */
 void tok_bpe_word(const tokenizer *t, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap);

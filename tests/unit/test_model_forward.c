@@ -19,14 +19,21 @@
 #include <string.h>
 #include <unistd.h>
 
+/* fixture folders, and synth presets (built in memory, real tensor layout) */
 static const char *k_models[] = {"qwen3", "qwen3_moe-nvfp4", "qwen3_next", "qwen3_5_moe-fused",
-                                 "qwen3_5_moe_text-nvfp4"};
+                                 "qwen3_5_moe_text-nvfp4", "synth:demo"};
 #define N_IDS 20
 static const int32_t k_ids[N_IDS] = {5, 900, 17, 256, 3, 77, 1000, 512, 42, 8,
                                      600, 13, 99, 731, 2, 64, 333, 870, 21, 400};
 
 static model *open_fixture(const char *name) {
     char path[512];
+    if (!strncmp(name, "synth:", 6)) {
+        model *m = NULL;
+        ls_err e = {0};
+        if (model_open(name, NULL, &m, &e)) fail_msg("open %s: %s", name, e.msg);
+        return m;
+    }
     const char *root = getenv("LS_SHARED") ? getenv("LS_SHARED") : "../shared";
     snprintf(path, sizeof path, "%s/fixtures/models/%s", root, name);
     if (access(path, R_OK)) return NULL;
@@ -153,6 +160,10 @@ static void test_bad_batches_are_refused(void **st) {
     assert_int_equal(model_forward(m, &b, &e), ERR_INVAL);
     assert_non_null(strstr(e.msg, "slot"));
     s.slot = 0;
+    fwd_seq two[2] = {s, s}; /* two sequences in one GDN slot */
+    fwd_batch b2 = {.n_seq = 2, .seqs = two, .ids = ids, .logits = lg};
+    assert_int_equal(model_forward(m, &b2, &e), ERR_INVAL);
+    assert_non_null(strstr(e.msg, "share GDN slot 0"));
     b.ids = bad_id;
     assert_int_equal(model_forward(m, &b, &e), ERR_INVAL);
     assert_non_null(strstr(e.msg, "5000"));

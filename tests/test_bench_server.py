@@ -147,3 +147,105 @@ def test_sweep_launch_that_cannot_start_is_a_crash_with_its_log_tail(ls_bin, dem
     [q] = json.loads(js.read_text())["points"]
     assert q["verdict"] == "crash" and "exit code 2" in q["evidence"]
     assert "--max-running-requests" in q["evidence"]  # the server's own complaint, from its log
+
+
+def test_bench_draws_prompts_from_a_local_tokenizer(ls_bin, server, demo_model, tmp_path):
+    """--tokenizer-path: ids from every regular token of tokenizer.json (HF tokenizers is the oracle for
+    that count); --num-prompts as a list gives each level its own count."""
+    from tokenizers import Tokenizer
+    tk = Tokenizer.from_file(os.path.join(demo_model, "tokenizer.json"))
+    special = {t.content for t in tk.get_added_tokens_decoder().values() if t.special}
+    regular = [i for tok, i in tk.get_vocab(with_added_tokens=True).items() if tok not in special]
+    out = tmp_path / "b.jsonl"
+    p = run_ls("bench", "--base-url", server, "--tokenizer-path", demo_model, "--num-prompts", "2,5",
+               "--max-concurrency", "1,3", "--random-input-len", 12, "--random-output-len", 4,
+               "--random-range-ratio", 1, "--output-details", "--output-file", out, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(l) for l in open(out)]
+    assert [l["num_prompts"] for l in lines] == [2, 5]
+    assert [l["completed"] for l in lines] == [2, 5]
+    for l in lines:
+        assert l["vocab_source"] == "tokenizer-path" and l["vocab_pool_size"] == len(regular)
+        assert l["total_output_tokens"] == 4 * l["completed"]
+    # the 2 prompts of level 1 are the first 2 of level 2
+    assert [d["prompt"] for d in lines[0]["details"]] == [d["prompt"] for d in lines[1]["details"][:2]]
+
+
+def test_bench_times_a_server_without_tokenizer_through_logprobs(ls_bin, tmp_path):
+    """synth: models have no tokenizer: prompts are ids below /get_model_info's vocab_size, and with
+    logprobs asked for (--extra-request-body) every token's chunk is timed."""
+    port = free_port()
+    p = subprocess.Popen([BIN, "serve", "--model-path", "synth:demo", "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        info = json.loads(urllib.request.urlopen(url + "/get_model_info", timeout=5).read())
+        out = tmp_path / "b.jsonl"
+        r = run_ls("bench", "--base-url", url, "--backend", "openai", "--num-prompts", 3, "--random-input-len", 20,
+                   "--random-output-len", 5, "--random-range-ratio", 1, "--extra-request-body", '{"logprobs": 0}',
+                   "--output-file", out, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        l = json.loads(open(out).readline())
+        assert l["vocab_source"] == "/get_model_info vocab_size" and l["vocab_pool_size"] == info["vocab_size"]
+        assert l["prompt_format"] == "token_ids" and l["total_input_tokens"] == 60
+        assert l["total_output_tokens"] == 15 and l["itl_samples"] == 3 * 4 and l["median_tpot_ms"] > 0
+        # chat needs text: refused with the reason
+        r = run_ls("bench", "--base-url", url, "--num-prompts", 1)
+        assert r.returncode == 2 and "tokenize" in r.stderr
+    finally:
+        p.terminate()
+        p.wait(30)
+
+
+def test_run_e2e_script_produces_its_result_files(ls_bin, tmp_path):
+    """bench/run_e2e.sh (the GPU benchmark) on the CPU with the demo preset and tiny sizes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PORT=str(free_port()), CONCURRENCY="1,2", NUM_PROMPTS="2,3", INPUT_LEN="16",
+               OUTPUT_LEN="4", WARMUP="1", HEALTH_TIMEOUT="120", BIN=BIN)
+    out = tmp_path / "e2e"
+    r = subprocess.run(["bash", os.path.join(root, "bench", "run_e2e.sh"), str(out), "demo"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for f in ["bench.txt", "bench.jsonl", "bench.svg", "server.log", "metrics.txt", "meta.txt", "SUMMARY.md"]:
+        assert (out / f).stat().st_size > 0, f
+    lines = [json.loads(l) for l in open(out / "bench.jsonl")]
+    assert [(l["max_concurrency"], l["num_prompts"], l["completed"]) for l in lines] == [(1, 2, 2), (2, 3, 3)]
+    assert all(l["median_tpot_ms"] > 0 for l in lines)
+    summary = (out / "SUMMARY.md").read_text()
+    assert "| 1 | 2 | 2/0 |" in summary and "Headline:" in summary
+    assert (out / "bench.txt").read_text().strip().splitlines()[-1].startswith("Headline:")
+
+
+def test_bench_sends_the_api_key(ls_bin, demo_model, tmp_path):
+    port = free_port()
+    p = subprocess.Popen([BIN, "serve", "--model-path", demo_model, "--port", str(port), "--api-key", "sekrit"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        r = run_ls("bench", "--base-url", url, "--num-prompts", 1, "--random-input-len", 8, "--random-output-len", 2)
+        assert r.returncode == 2 and "401" in r.stderr and "--api-key" in r.stderr
+        out = tmp_path / "b.jsonl"
+        r = run_ls("bench", "--base-url", url, "--api-key", "sekrit", "--num-prompts", 2, "--random-input-len", 8,
+                   "--random-output-len", 2, "--random-range-ratio", 1, "--output-file", out)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(open(out).readline())["completed"] == 2
+        # a wrong key after discovery (given --model): every request fails with the server's 401 text
+        r = run_ls("bench", "--base-url", url, "--api-key", "wrong", "--model", demo_model, "--tokenizer-path",
+                   demo_model, "--num-prompts", 2, "--warmup-requests", 0, "--output-file", out)
+        l = json.loads(open(out).readline())
+        assert r.returncode == 1 and l["failed"] == 2 and l["errors"][0]["error"].startswith("HTTP 401")
+    finally:
+        p.terminate()
+        p.wait(30)

@@ -208,11 +208,32 @@ def test_fixture_tokenize_json_ids_and_decoded(ls_bin):
         assert d["text"] == c["decoded"], f"decode of {c['text']!r}"
 
 
-def test_qwen3_matches_hf_on_random_text(ls_bin):
+@pytest.mark.parametrize("path", ["fast", "pcre2"])
+def test_qwen3_matches_hf_on_random_text(ls_bin, monkeypatch, path):
+    """fast: the hand-written matcher for the Qwen pattern; pcre2: the same
+    pattern through PCRE2 (LS_TOK_NO_FASTPATH=1)."""
     need_shared()
-    rng = random.Random(SEED)
-    texts = [rand_text(rng) for _ in range(2500)]
-    compare_with_hf(QWEN3, texts, "qwen3")
+    if path == "pcre2":
+        monkeypatch.setenv("LS_TOK_NO_FASTPATH", "1")
+    rng = random.Random(SEED if path == "fast" else SEED + 11)
+    texts = [rand_text(rng) for _ in range(2500 if path == "fast" else 1000)]
+    compare_with_hf(QWEN3, texts, f"qwen3 ({path})")
+
+
+def test_qwen3_unicode_15_letters_match_hf(ls_bin):
+    """Letters assigned in Unicode 15.0/15.1 (CJK Ext H and I, Kawi, Nag Mundari)
+    are letters for HF's Oniguruma; the Qwen fast path knows them."""
+    need_shared()
+    rng = random.Random(SEED + 12)
+    pool = [(0x31350, 0x323AF), (0x2EBF0, 0x2EE5D), (0x11F04, 0x11F10), (0x1E4D0, 0x1E4EB)]
+    texts = []
+    for _ in range(300):
+        parts = []
+        for _ in range(rng.randint(1, 8)):
+            lo, hi = rng.choice(pool)
+            parts.append(rng.choice(["", " ", "a", "1", "!", "'s", "\n"]) + "".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 4))))
+        texts.append("".join(parts))
+    compare_with_hf(QWEN3, texts, "qwen3 unicode 15 letters")
 
 
 def test_qwen35_regex_matches_hf_on_random_text(ls_bin, qwen35_dir):

@@ -7,6 +7,8 @@
  * section 3) so numbers compare with it:
  *   TTFT   = time of the first chunk carrying text - time the request was sent
  *   ITL    = gap between consecutive chunks carrying text (one sample per chunk)
+ *            (with logprobs requested, a chunk with a token's logprobs counts
+ *            too, so servers without a tokenizer can be timed)
  *   e2e    = time of the last byte - time sent
  *   TPOT   = (e2e - TTFT) / (completion_tokens - 1), requests with > 1 token only
  *   concurrency = sum of e2e latencies / duration
@@ -41,6 +43,7 @@ typedef struct bench_req {
     char *finish_reason;        /* owned, last non-null finish_reason seen */
     buf text;                   /* generated text (content + reasoning_content) */
     int bad_utf8;               /* a response could not be decoded as UTF-8 JSON */
+    int lp_token;               /* the last chunk carried a token's logprobs */
     /* transfer state (runner private) */
     buf raw;                    /* SSE bytes not yet split into lines, or the body */
     void *xfer;                 /* curl handles while in flight */
@@ -76,7 +79,9 @@ typedef struct bench_opts {
     const char *base_url;       /* no trailing slash */
     const char *backend;        /* "openai-chat" | "openai" */
     const char *model;          /* NULL: first of GET /v1/models */
-    int num_prompts;
+    int num_prompts;            /* the largest of per_level_prompts when that is a list */
+    int32_t *level_prompts;     /* --num-prompts N1,N2,...: one count per level, or NULL */
+    int n_level_prompts;
     int input_len, output_len;
     double range_ratio;
     int32_t *conc;              /* concurrency levels (0 = unlimited) */
@@ -92,6 +97,7 @@ typedef struct bench_opts {
     double timeout_s;           /* per request */
     int quiet;                  /* no table on stdout (sweep) */
     int output_details;         /* per-request records in the JSON lines */
+    json_t *extra_body;         /* --extra-request-body: merged into every request (owned) */
 } bench_opts;
 
 void bench_opts_default(bench_opts *o);

@@ -7,7 +7,7 @@
  * so --random-range-ratio 1 means fixed lengths (SGLang's convention, not vLLM's).
  *
  * Prompt tokens are ids drawn uniformly from a pool of the server's own token
- * ids: with --tokenizer-path every non-special id of the local tokenizer;
+ * ids: with --tokenizer-path every non-special id of the local tokenizer.json;
  * otherwise the distinct ids the server's POST /tokenize returns for a built-in
  * multilingual text (SGLang, vLLM, llama.cpp and llama-cpp-python shapes are
  * tried). Completions send the id list itself when the server accepts ids;
@@ -18,6 +18,7 @@
  * Owns: the prompts (ids and text) until bench_dataset_free.
  */
 #include "cli/bench.h"
+#include "tok/tok.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -155,6 +156,36 @@ static char *server_detokenize(const bench_opts *o, server_tok *st, const int32_
     return out;
 }
 
+/* vocab_size of GET /get_model_info (laststand reports it), or 0. */
+static int model_info_vocab(const bench_opts *o, buf *why) {
+    char *url = url_join(o->base_url, "/get_model_info");
+    int status = 0, n = 0;
+    char *resp = NULL;
+    ls_err e = {0};
+    if (!bench_http_simple(url, o->api_key, NULL, 30, &status, &resp, &e) && status == 200) {
+        json_t *j = json_loads(resp, 0, NULL);
+        json_t *vs = json_object_get(j, "vocab_size");
+        if (json_is_integer(vs) && json_integer_value(vs) > 0 && json_integer_value(vs) < (1 << 30))
+            n = (int)json_integer_value(vs);
+        json_decref(j);
+    }
+    if (!n) buf_printf(why, "/get_model_info: no vocab_size; ");
+    free(url);
+    free(resp);
+    return n;
+}
+
+/* Where ids become text: the local tokenizer, else the server's detokenize route. */
+typedef struct vocab {
+    server_tok st;
+    tokenizer *tk;
+} vocab;
+
+static char *detok(const bench_opts *o, vocab *v, const int32_t *ids, int n, buf *why) {
+    if (v->tk) return tok_decode(v->tk, ids, n, 0);
+    return server_detokenize(o, &v->st, ids, n, why);
+}
+
 /* Does POST /v1/completions take a list of token ids as the prompt? */
 static int server_accepts_ids(const bench_opts *o, const char *model, const int32_t *ids, int n) {
     json_t *body = json_object();
@@ -186,34 +217,64 @@ static int cmp_i32(const void *a, const void *b) {
 
 int bench_dataset_make(const bench_opts *o, const char *model, bench_dataset *d, ls_err *e) {
     memset(d, 0, sizeof *d);
-    if (o->tokenizer_path)
-        return errf(e, ERR_INVAL, "--tokenizer-path: local tokenizers are not supported by this build; "
-                                  "leave it out to use the server's /tokenize");
     int is_chat = !strcmp(o->backend, "openai-chat");
     buf why;
     buf_init(&why);
-    server_tok st = {NULL, model};
-
-    /* the id pool: distinct ids of the corpus */
+    vocab v = {{NULL, model}, NULL};
     int32_t *pool = NULL;
-    int npool = server_tokenize(o, &st, CORPUS, &pool, &why);
-    if (npool <= 0) {
-        int rc = errf(e, ERR_INVAL,
-                      "--base-url %s: the server offers no tokenize endpoint to draw prompt tokens from "
-                      "(%s); give --tokenizer-path DIR",
-                      o->base_url, why.data ? why.data : "");
-        buf_free(&why);
-        return rc;
+    int npool = 0;
+    if (o->tokenizer_path) {
+        /* every regular (non-special) id of the local tokenizer */
+        int rc = tok_load_dir(o->tokenizer_path, &v.tk, e);
+        if (rc) {
+            err_prefix(e, "--tokenizer-path %s", o->tokenizer_path);
+            return rc;
+        }
+        int nv = tok_vocab_size(v.tk);
+        pool = xmalloc(sizeof(int32_t) * (nv > 0 ? nv : 1));
+        for (int32_t id = 0; id < nv; id++)
+            if (tok_piece(v.tk, id) && !tok_is_special(v.tk, id)) pool[npool++] = id;
+        if (npool == 0) {
+            tok_free(v.tk);
+            free(pool);
+            return errf(e, ERR_INVAL, "--tokenizer-path %s: the tokenizer has no regular tokens", o->tokenizer_path);
+        }
+        d->vocab_source = "tokenizer-path";
+    } else {
+        /* the id pool: distinct ids of the corpus, by the server's tokenizer */
+        npool = server_tokenize(o, &v.st, CORPUS, &pool, &why);
+        int vocab_size = npool <= 0 && !is_chat ? model_info_vocab(o, &why) : 0;
+        if (vocab_size > 0) {
+            /* no tokenizer on the server (e.g. a synth: model): every id below
+             * its vocab_size, sent as ids (sglang's random-ids) */
+            pool = xmalloc(sizeof(int32_t) * vocab_size);
+            for (int i = 0; i < vocab_size; i++) pool[i] = i;
+            npool = vocab_size;
+            d->vocab_source = "/get_model_info vocab_size";
+        } else if (npool <= 0) {
+            int rc = errf(e, ERR_INVAL,
+                          "--base-url %s: the server offers no tokenize endpoint to draw prompt tokens from "
+                          "(%s); give --tokenizer-path DIR",
+                          o->base_url, why.data ? why.data : "");
+            buf_free(&why);
+            return rc;
+        }
+        else d->vocab_source = v.st.shape->tok_path;
     }
     qsort(pool, npool, sizeof *pool, cmp_i32);
     int m = 0;
     for (int i = 0; i < npool; i++)
         if (i == 0 || pool[i] != pool[m - 1]) pool[m++] = pool[i];
     npool = m;
-    d->vocab_source = st.shape->tok_path;
     why.len = 0;
 
     d->as_ids = !is_chat && server_accepts_ids(o, model, pool, npool < 8 ? npool : 8);
+    if (!d->as_ids && !v.tk && !v.st.shape) {
+        free(pool);
+        buf_free(&why);
+        return errf(e, ERR_INVAL, "--base-url %s: the server has no tokenizer routes and refuses token-id prompts; "
+                                  "give --tokenizer-path DIR", o->base_url);
+    }
     /* Text prompts use only ids that decode on their own to non-empty valid
      * text (byte pieces of a split character would make a server's
      * detokenizer fail or emit U+FFFD). Checked lazily, once per id drawn:
@@ -241,14 +302,15 @@ int bench_dataset_make(const bench_opts *o, const char *model, bench_dataset *d,
                 k = (int)bench_rng_int(&rng, 0, npool - 1);
                 if (d->as_ids || valid[k] > 0) break;
                 if (valid[k] < 0) continue;
-                char *t = server_detokenize(o, &st, &pool[k], 1, &why);
+                char *t = detok(o, &v, &pool[k], 1, &why);
                 valid[k] = t && *t && bench_utf8_valid(t, strlen(t)) && !strstr(t, "\xEF\xBF\xBD") ? 1 : -1;
                 free(t);
                 if (valid[k] > 0) break;
                 if (++n_invalid == npool) {
-                    int rc = errf(e, ERR_RUNTIME, "--base-url %s: %s gave no id that detokenizes to valid text (%s)",
-                                  o->base_url, st.shape->detok_path, why.data ? why.data : "");
+                    int rc = errf(e, ERR_RUNTIME, "%s: no token id detokenizes to valid text on its own (%s)",
+                                  v.tk ? "--tokenizer-path" : "--base-url", why.data ? why.data : "");
                     free(pool), free(valid), buf_free(&why);
+                    if (v.tk) tok_free(v.tk);
                     bench_dataset_free(d);
                     return rc;
                 }
@@ -262,16 +324,18 @@ int bench_dataset_make(const bench_opts *o, const char *model, bench_dataset *d,
 
     if (!d->as_ids) {
         for (int i = 0; i < d->n; i++) {
-            d->p[i].text = server_detokenize(o, &st, d->p[i].ids, d->p[i].n_ids, &why);
+            d->p[i].text = detok(o, &v, d->p[i].ids, d->p[i].n_ids, &why);
             if (!d->p[i].text) {
                 int rc = errf(e, ERR_RUNTIME, "--base-url %s: detokenizing prompt %d failed: %s", o->base_url,
                               i, why.data ? why.data : "");
                 buf_free(&why);
+                if (v.tk) tok_free(v.tk);
                 bench_dataset_free(d);
                 return rc;
             }
         }
     }
+    if (v.tk) tok_free(v.tk);
     buf_free(&why);
     return 0;
 }

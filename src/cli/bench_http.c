@@ -172,6 +172,14 @@ static size_t absorb_json(bench_req *r, const char *p, size_t n) {
                 buf_append(&r->text, parts[k], len);
                 added += len;
             }
+        /* A chunk that carries a token's logprobs marks a token even when its
+         * text is empty (a server without a tokenizer, or bytes held back
+         * mid-character): counted only when logprobs were asked for. */
+        json_t *lp = json_object_get(c0, "logprobs");
+        if (!added && json_is_object(lp)) {
+            json_t *toks = json_object_get(lp, r->is_chat ? "content" : "tokens");
+            if (json_array_size(toks) > 0) r->lp_token = 1;
+        }
         const char *fr = json_string_value(json_object_get(c0, "finish_reason"));
         if (fr) {
             free(r->finish_reason);
@@ -210,7 +218,8 @@ static void absorb_sse_lines(bench_req *r, double t, int final) {
             line += 5, n -= 5;
             while (n && *line == ' ') line++, n--;
             if (!(n == 6 && !memcmp(line, "[DONE]", 6)) && n > 0) {
-                if (absorb_json(r, line, n) > 0) add_chunk_time(r, t);
+                r->lp_token = 0;
+                if (absorb_json(r, line, n) > 0 || r->lp_token) add_chunk_time(r, t);
             }
         } else if (n > 0 && line[0] == '{') {
             /* some servers send a bare JSON error instead of an event */

@@ -163,7 +163,7 @@ json_t *bench_result_json(const bench_result *r, const bench_opts *o, const char
     json_object_set_new(j, "base_url", json_string(o->base_url));
     json_object_set_new(j, "model", model ? json_string(model) : json_null());
     json_object_set_new(j, "dataset_name", json_string("random"));
-    json_object_set_new(j, "num_prompts", json_integer(o->num_prompts));
+    json_object_set_new(j, "num_prompts", json_integer(r->num_prompts));
     json_object_set_new(j, "random_input_len", json_integer(o->input_len));
     json_object_set_new(j, "random_output_len", json_integer(o->output_len));
     json_object_set_new(j, "random_range_ratio", json_real(o->range_ratio));

@@ -19,7 +19,7 @@ const char *const BENCH_FLAGS_HELP =
     "  --base-url URL             server root, e.g. http://127.0.0.1:30000 (required)\n"
     "  --backend B                openai-chat (/v1/chat/completions, default) or openai (/v1/completions)\n"
     "  --model NAME               model field of requests (default: first id of GET /v1/models)\n"
-    "  --num-prompts N            requests per concurrency level (default 1000)\n"
+    "  --num-prompts N[,N..]      requests per concurrency level, or one count per level (default 1000)\n"
     "  --random-input-len I       input tokens (default 1024)\n"
     "  --random-output-len O      output tokens, sent as max_tokens with ignore_eos (default 1024)\n"
     "  --random-range-ratio R     lengths ~ U[int(len*R), len] as in sglang.bench_serving (default 0.0;\n"
@@ -34,6 +34,8 @@ const char *const BENCH_FLAGS_HELP =
     "  --tokenizer-path DIR       draw prompt ids from a local tokenizer.json instead of the server's /tokenize\n"
     "  --disable-stream           non-streaming requests (TTFT = latency)\n"
     "  --request-timeout S        per-request limit in seconds (default: none)\n"
+    "  --extra-request-body JSON  fields merged into every request, e.g. '{\"logprobs\":0}' (times servers\n"
+    "                             that stream no text: a chunk with a token's logprobs counts as a token)\n"
     "  --output-details           add every request (prompt, usage, TTFT, e2e, text, error) to the JSON lines\n";
 
 void bench_opts_default(bench_opts *o) {
@@ -50,9 +52,12 @@ void bench_opts_default(bench_opts *o) {
 }
 
 void bench_opts_free(bench_opts *o) {
+    json_decref(o->extra_body);
+    o->extra_body = NULL;
     free(o->conc);
-    o->conc = NULL;
-    o->n_conc = 0;
+    free(o->level_prompts);
+    o->conc = o->level_prompts = NULL;
+    o->n_conc = o->n_level_prompts = 0;
 }
 
 static int parse_i(const char *flag, const char *v, long lo, long hi, int *out, ls_err *e) {
@@ -80,7 +85,7 @@ int bench_opts_parse_flag(bench_opts *o, int argc, char **argv, int *i, ls_err *
         "--base-url", "--backend", "--model", "--num-prompts", "--random-input-len", "--random-input",
         "--random-output-len", "--random-output", "--random-range-ratio", "--max-concurrency",
         "--request-rate", "--warmup-requests", "--seed", "--api-key", "--output-file", "--plot",
-        "--tokenizer-path", "--request-timeout", "--dataset-name"};
+        "--tokenizer-path", "--request-timeout", "--dataset-name", "--extra-request-body"};
     const char *a = argv[*i];
     if (!strcmp(a, "--disable-stream")) {
         o->stream = 0;
@@ -118,7 +123,23 @@ int bench_opts_parse_flag(bench_opts *o, int argc, char **argv, int *i, ls_err *
             return errf(e, ERR_INVAL, "--backend: '%s' is not openai-chat or openai", v);
         o->backend = v;
     } else if (!strcmp(flag, "--model")) o->model = v;
-    else if (!strcmp(flag, "--num-prompts")) rc = parse_i(flag, v, 1, 10000000, &o->num_prompts, e);
+    else if (!strcmp(flag, "--num-prompts")) {
+        free(o->level_prompts);
+        o->level_prompts = NULL;
+        o->n_level_prompts = 0;
+        if (!strchr(v, ',')) rc = parse_i(flag, v, 1, 10000000, &o->num_prompts, e);
+        else {
+            o->n_level_prompts = parse_int_list(v, &o->level_prompts);
+            if (o->n_level_prompts <= 0)
+                return errf(e, ERR_INVAL, "--num-prompts: '%s' is not an integer or a list like 16,64,256", v);
+            o->num_prompts = 0;
+            for (int k = 0; k < o->n_level_prompts; k++) {
+                if (o->level_prompts[k] < 1 || o->level_prompts[k] > 10000000)
+                    return errf(e, ERR_INVAL, "--num-prompts: %d is not in [1, 10000000]", o->level_prompts[k]);
+                if (o->level_prompts[k] > o->num_prompts) o->num_prompts = o->level_prompts[k];
+            }
+        }
+    }
     else if (!strcmp(flag, "--random-input-len") || !strcmp(flag, "--random-input"))
         rc = parse_i(flag, v, 1, 10000000, &o->input_len, e);
     else if (!strcmp(flag, "--random-output-len") || !strcmp(flag, "--random-output"))
@@ -143,7 +164,16 @@ int bench_opts_parse_flag(bench_opts *o, int argc, char **argv, int *i, ls_err *
     else if (!strcmp(flag, "--plot")) o->plot_file = v;
     else if (!strcmp(flag, "--tokenizer-path")) o->tokenizer_path = v;
     else if (!strcmp(flag, "--request-timeout")) rc = parse_d(flag, v, 0, 1e7, &o->timeout_s, e);
-    else if (!strcmp(flag, "--dataset-name")) {
+    else if (!strcmp(flag, "--extra-request-body")) {
+        json_error_t je;
+        json_t *j = json_loads(v, 0, &je);
+        if (!json_is_object(j)) {
+            json_decref(j);
+            return errf(e, ERR_INVAL, "--extra-request-body: not a JSON object (%s)", j ? "another JSON value" : je.text);
+        }
+        json_decref(o->extra_body);
+        o->extra_body = j;
+    } else if (!strcmp(flag, "--dataset-name")) {
         if (strcmp(v, "random") && strcmp(v, "random-ids"))
             return errf(e, ERR_INVAL, "--dataset-name: '%s' is not supported (only random)", v);
     }
@@ -152,6 +182,9 @@ int bench_opts_parse_flag(bench_opts *o, int argc, char **argv, int *i, ls_err *
 
 int bench_opts_check(const bench_opts *o, ls_err *e) {
     if (!o->base_url) return errf(e, ERR_INVAL, "--base-url is required");
+    if (o->level_prompts && o->n_level_prompts != (o->n_conc ? o->n_conc : 1))
+        return errf(e, ERR_INVAL, "--num-prompts: %d counts for %d --max-concurrency levels", o->n_level_prompts,
+                    o->n_conc ? o->n_conc : 1);
     return 0;
 }
 
@@ -176,6 +209,7 @@ static char *make_body(const bench_opts *o, const char *model, const bench_datas
     json_object_set_new(b, "temperature", json_real(0.0));
     json_object_set_new(b, "stream", json_boolean(o->stream));
     if (o->stream) json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    if (o->extra_body) json_object_update(b, o->extra_body);
     char *s = json_dumps(b, JSON_COMPACT);
     json_decref(b);
     return s;
@@ -244,7 +278,8 @@ char *bench_discover_model(const bench_opts *o, ls_err *e) {
     }
     if (!model) {
         char *t = bench_error_text(status, resp);
-        errf(e, ERR_INVAL, "--base-url %s: GET /v1/models gave no model id (%s); give --model", o->base_url, t);
+        errf(e, ERR_INVAL, "--base-url %s: GET /v1/models gave no model id (%s); give %s", o->base_url, t,
+             status == 401 || status == 403 ? "the server's key with --api-key" : "--model");
         free(t);
     }
     free(resp);
@@ -298,19 +333,21 @@ int bench_run(const bench_opts *o, bench_result **out, char **model_out, ls_err 
             free_reqs(w, o->warmup);
             if (rc) goto done;
         }
-        bench_req *reqs = xcalloc(d.n, sizeof *reqs);
-        fill_reqs(o, model, &d, reqs, d.n, 0);
+        /* the first n prompts of the dataset (all levels share its prefix) */
+        int n = o->level_prompts ? o->level_prompts[li] : d.n;
+        bench_req *reqs = xcalloc(n, sizeof *reqs);
+        fill_reqs(o, model, &d, reqs, n, 0);
         progress pg = {levels[li], now_sec(), -1};
         double dur = 0;
-        rc = bench_http_run(url.data, o->api_key, reqs, d.n, levels[li], o->request_rate, o->seed + li, o->timeout_s,
+        rc = bench_http_run(url.data, o->api_key, reqs, n, levels[li], o->request_rate, o->seed + li, o->timeout_s,
                             tty && !o->quiet ? on_progress : NULL, &pg, &dur, e);
         if (rc) {
-            free_reqs(reqs, d.n);
+            free_reqs(reqs, n);
             goto done;
         }
-        bench_metrics(reqs, d.n, dur, &rs[li]);
-        if (o->output_details) rs[li].details = bench_details_json(reqs, d.n, &d);
-        free_reqs(reqs, d.n);
+        bench_metrics(reqs, n, dur, &rs[li]);
+        if (o->output_details) rs[li].details = bench_details_json(reqs, n, &d);
+        free_reqs(reqs, n);
         rs[li].max_concurrency = levels[li];
         rs[li].request_rate = o->request_rate;
         if (!o->quiet) bench_print_level(stdout, &rs[li], o, model);

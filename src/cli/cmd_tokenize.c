@@ -4,7 +4,8 @@
  * --jsonl: the input (--file F, or --text S) holds one JSON string per line;
  * one {"ids":[...]} line is printed per input line, in order (batch mode for
  * tests: one process start for thousands of strings).
- * --bench N: encode the whole text N times on this thread and print
+ * --bench N: encode the whole text N times on this thread, each run with an
+ * empty word cache, and print
  * {"bytes","tokens","runs","best_s","median_s","mb_per_s","best_cpu_s","cpu_mb_per_s"} instead
  * of the ids (bench/tok_bench.py drives it).
  * Exit codes: 0 ok, 2 bad flag / unreadable file / bad tokenizer / bad input.
@@ -141,6 +142,7 @@ int cmd_tokenize(int argc, char **argv) {
         int n = 0;
         for (int r = 0; r < runs && !rc; r++) {
             int32_t *ids;
+            tok_cache_clear(t); /* every run starts cold */
             double t0 = now_sec(), c0 = thread_cpu_sec();
             n = tok_encode(t, text, len, &ids, &e);
             sec[r] = now_sec() - t0;

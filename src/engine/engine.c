@@ -121,7 +121,7 @@ static void engine_free(ls_engine *e) {
     if (e->m) model_close(e->m);
     tok_free(e->tok);
     jinja_free(e->tmpl);
-    free(e->model_path); free(e->tokenizer_path); free(e->device);
+    free(e->model_path); free(e->tokenizer_path); free(e->device); free(e->tmpl_err);
     kvpool_free(&e->pages); kvpool_free(&e->slots);
     smp_free(e->smp);
     free(e->logits); free(e->poison); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
@@ -164,6 +164,10 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
                 return set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
             log_warn("engine: the chat template of %s does not parse (%s); chat requests will fail",
                      e->tokenizer_path, le.msg);
+            char m[1200];
+            snprintf(m, sizeof m, "the chat template of %s does not parse: %s (give --chat-template FILE)",
+                     e->tokenizer_path, le.msg);
+            e->tmpl_err = xstrdup(m);
         }
     }
     return 0;

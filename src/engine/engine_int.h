@@ -52,6 +52,7 @@ struct ls_engine {
     const model_config *cfg;
     tokenizer *tok;            /* NULL: ids only (fixture models) */
     jinja_tmpl *tmpl;          /* NULL: no chat template */
+    char *tmpl_err;            /* why the model's own template did not parse, or NULL */
     char *model_path, *tokenizer_path, *device;
     int tp;
     int32_t eos[CFG_MAX_EOS + 1];

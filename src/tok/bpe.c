@@ -166,6 +166,16 @@ void tok_cache_free(tokenizer *t) {
     }
 }
 
+void tok_cache_clear(const tokenizer *t) {
+    for (int i = 0; i < TOK_CACHE_SHARDS; i++) {
+        tok_cache_shard *c = (tok_cache_shard *)&t->cache[i];
+        pthread_mutex_lock(&c->mu);
+        if (c->slots) memset(c->slots, 0, TOK_CACHE_SLOTS * sizeof *c->slots);
+        c->used = c->count = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
 /* Entry layout in the pool: u16 klen, u16 nids, key bytes, padding to 4, int32 ids. */
 static inline size_t cache_ids_off(size_t klen) { return (4 + klen + 3) & ~(size_t)3; }
 

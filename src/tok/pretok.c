@@ -101,6 +101,11 @@ pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *w
     return re;
 }
 
+bool tok_regex_has_jit(const pcre2_code *re) {
+    size_t sz = 0;
+    return pcre2_pattern_info(re, PCRE2_INFO_JITSIZE, &sz) == 0 && sz > 0;
+}
+
 /* ---- streaming split machinery ---------------------------------------------------
  * Each step turns one input piece into a sequence of (text, is_match) items in
  * order (HF Pattern::find_matches), a small state machine applies the delimiter
@@ -215,19 +220,20 @@ static void bm_flush(bm *b) {
     b->has = false;
 }
 
-static int re_search(const pcre2_code *re, const char *s, size_t n, size_t from, pcre2_match_data *md) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, md, NULL);
+static inline int re_search(const pcre2_code *re, bool jit, const char *s, size_t n, size_t from, pcre2_match_data *md) {
+    int rc = jit ? pcre2_jit_match(re, (PCRE2_SPTR)s, n, from, 0, md, NULL)
+                 : pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, md, NULL);
     if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) /* JIT stack exhausted and the like: interpret */
         rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
     return rc;
 }
 
 /* Regex matches of s[0..n) in order, with the gaps between them (onig find_iter). */
-static void regex_feed(bm *b, const pcre2_code *re, pcre2_match_data *md, const char *s, size_t n, bool invert) {
+static void regex_feed(bm *b, const pcre2_code *re, bool jit, pcre2_match_data *md, const char *s, size_t n, bool invert) {
     size_t prev = 0, from = 0;
     long last_match_end = -1;
     while (from <= n) {
-        int rc = re_search(re, s, n, from, md);
+        int rc = re_search(re, jit, s, n, from, md);
         if (rc < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
@@ -297,13 +303,59 @@ static void bytelevel_down(pipe_t *p, int k, const char *s, size_t n, bool origi
     run_step(p, k + 1, g->data, g->len, origin);
 }
 
+typedef struct fast_bm { bm *b; int m; } fast_bm;
+
+static void fast_piece(void *ctx, const char *s, size_t n) {
+    fast_bm *f = ctx;
+    bm_feed(f->b, s, n, f->m);
+}
+
+/* The common shape (Qwen, Llama 3, GPT-4o...): an Isolated regex Split, then
+ * a plain ByteLevel as the last step: every match and gap is a word. */
+static void regex_to_model(pipe_t *p, const tok_pre_step *st, pcre2_match_data *md, const char *s, size_t n) {
+    size_t prev = 0, from = 0;
+    long last_match_end = -1;
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    while (from <= n) {
+        int rc = re_search(st->re, st->jit, s, n, from, md);
+        if (rc < 0) break;
+        size_t ms = ov[0], me = ov[1];
+        if (ms == me && last_match_end == (long)me) {
+            if (from >= n) break;
+            uint32_t cp;
+            from += (size_t)tok_utf8_dec((const unsigned char *)s + from, &cp);
+            continue;
+        }
+        from = me;
+        last_match_end = (long)me;
+        if (prev != ms) p->fn(p->ctx, s + prev, ms - prev);
+        if (me != ms) p->fn(p->ctx, s + ms, me - ms);
+        prev = me;
+    }
+    if (prev != n) p->fn(p->ctx, s + prev, n - prev);
+}
+
 static void run_step(pipe_t *p, int k, const char *s, size_t n, bool origin) {
     const tok_pre_step *st = &p->t->pre[k];
     bm b = {.p = p, .k = k, .behavior = st->behavior, .base = s, .origin = origin};
     switch (st->kind) {
     case PRE_SPLIT:
     case PRE_WHITESPACE:
-        regex_feed(&b, st->re, p->sc->md[k], s, n, st->invert);
+        if (st->fast && st->to_model && st->behavior == SPLIT_ISOLATED && !st->invert) {
+            tok_fast_split(st->fast, s, n, p->fn, p->ctx);
+            break;
+        }
+        if (st->fast) { /* every piece is a match: they tile the text */
+            fast_bm fb = {&b, !st->invert};
+            tok_fast_split(st->fast, s, n, fast_piece, &fb);
+            bm_flush(&b);
+            break;
+        }
+        if (st->to_model && st->behavior == SPLIT_ISOLATED && !st->invert) {
+            regex_to_model(p, st, p->sc->md[k], s, n);
+            break;
+        }
+        regex_feed(&b, st->re, st->jit, p->sc->md[k], s, n, st->invert);
         break;
     case PRE_DIGITS:
         b.behavior = st->individual_digits ? SPLIT_ISOLATED : SPLIT_CONTIGUOUS;
@@ -335,7 +387,7 @@ static void run_step(pipe_t *p, int k, const char *s, size_t n, bool origin) {
         long last_match_end = -1;
         pcre2_match_data *md = p->sc->md[k];
         while (from <= n) {
-            int rc = re_search(st->re, s, n, from, md);
+            int rc = re_search(st->re, st->jit, s, n, from, md);
             if (rc < 0) break;
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t ms = ov[0], me = ov[1];

@@ -184,6 +184,7 @@ static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
         st.kind = PRE_SPLIT;
         st.invert = jbool(j, "invert", false);
         if (!(st.re = tok_regex_compile(ps, pn, !is_re, why, sizeof why))) return jerr(c, sub, "%s", why);
+        if (is_re) st.fast = tok_fast_pattern(ps, pn);
     } else if (!strcmp(ty, "ByteLevel")) {
         st.kind = PRE_BYTELEVEL;
         st.add_prefix_space = jbool(j, "add_prefix_space", true);
@@ -558,6 +559,12 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
     if ((rc = load_pre(t, c, json_object_get(root, "pre_tokenizer"), "pre_tokenizer"))) return rc;
     if ((rc = load_dec(t, c, json_object_get(root, "decoder"), "decoder"))) return rc;
     t->byte_mode = t->n_pre > 0 && t->pre[t->n_pre - 1].kind == PRE_BYTELEVEL;
+    for (int k = 0; k < t->n_pre; k++) {
+        tok_pre_step *st = &t->pre[k];
+        st->jit = st->re && tok_regex_has_jit(st->re);
+        const tok_pre_step *nx = k + 2 == t->n_pre ? &t->pre[k + 1] : NULL;
+        st->to_model = nx && nx->kind == PRE_BYTELEVEL && !nx->add_prefix_space && !nx->use_regex;
+    }
     t->dec_bytes_only = t->n_dec == 1 && t->dec[0].kind == DEC_BYTELEVEL;
 
     /* added tokens overlay the vocab for id -> piece; normalized ones match normalized text */

@@ -31,6 +31,10 @@ int32_t tok_id(const tokenizer *t, const char *token); /* -1 if not a token */
 const char *tok_piece(const tokenizer *t, int32_t id); /* raw vocab string, NULL if none */
 int tok_is_special(const tokenizer *t, int32_t id);
 
+/* Empty the internal word cache (results never depend on it; benchmarks use
+ * this to measure a cold tokenizer). Thread-safe. */
+void tok_cache_clear(const tokenizer *t);
+
 /* Special strings from tokenizer_config.json (NULL when absent). */
 const char *tok_bos_token(const tokenizer *t);
 const char *tok_eos_token(const tokenizer *t);

@@ -90,10 +90,14 @@ enum {
     PRE_METASPACE,
 };
 enum { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
+enum { FAST_NONE, FAST_QWEN2, FAST_QWEN35, FAST_LLAMA3 };
 
 typedef struct tok_pre_step {
     int kind;
     pcre2_code *re;     /* PRE_SPLIT, PRE_WHITESPACE, PRE_BYTELEVEL with use_regex */
+    bool jit;           /* re was JIT-compiled: call pcre2_jit_match directly */
+    int fast;           /* FAST_*: a known pattern matched by pretok_fast.c */
+    bool to_model;      /* the next step is the last and a plain ByteLevel: pieces go straight to the model */
     int behavior;       /* SPLIT_* */
     int invert;
     int add_prefix_space;
@@ -216,6 +220,7 @@ bool tok_is_word_char(uint32_t cp);      /* Unicode \\w of the regex crate */
 
 /* Compile a pattern with Oniguruma's meaning of \s \S \w \W (see pretok.c). */
 pcre2_code *tok_regex_compile(const char *pat, size_t len, bool literal, char *why, size_t whyn);
+bool tok_regex_has_jit(const pcre2_code *re);
 
 /* normalize.c: the normalized text of s[0..n): s itself when nothing changes,
  * else out->data (out's contents are replaced). Its length goes to *outn. */
@@ -231,6 +236,11 @@ void tok_pre_scratch_free(tok_pre_scratch *sc);
  * on every word, in order. */
 void tok_pretokenize(const tokenizer *t, tok_pre_scratch *sc, const char *s, size_t n, bool is_first,
                      tok_word_fn fn, void *ctx);
+
+/* pretok_fast.c: FAST_* for a pattern text (FAST_NONE if not a known one),
+ * and the split itself: piece() gets every match in order (they tile text). */
+int tok_fast_pattern(const char *pat, size_t len);
+void tok_fast_split(int which, const char *text, size_t n, void (*piece)(void *ctx, const char *s, size_t n), void *ctx);
 
 /* bpe.c */
 void tok_bpe_word(const tokenizer *t, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap);

@@ -304,6 +304,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.api_key = a.api_key;
     cfg.reasoning_parser = a.reasoning_parser != NULL;
     cfg.reasoning_parser_name = a.reasoning_parser;
+    cfg.reasoning_always = a.reasoning_parser && !strcmp(a.reasoning_parser, "qwen3-thinking");
     cfg.tool_parser = TP_NONE;
     if (a.tool_call_parser) tp_kind_parse(a.tool_call_parser, &cfg.tool_parser);
     cfg.max_body = (size_t)a.max_body_mb << 20;

@@ -146,8 +146,9 @@ typedef struct srv_req {
     const char *user;
 } srv_req;
 
-/* Parse and validate a body. On failure returns ERR_INVAL, *status = HTTP
- * status, e->msg names the JSON path. param (may be NULL) receives the field. */
+/* Parse and validate a body (status 400 on failure): returns ERR_INVAL with
+ * e->msg naming the JSON path; param (may be NULL) receives the top-level
+ * field for the OpenAI error's "param". */
 int req_parse(srv_req *r, int kind, const char *body, size_t len, int allow_force_ids,
               char *param, size_t paramn, ls_err *e);
 void req_free(srv_req *r);
@@ -191,7 +192,8 @@ typedef struct srv_config {
     const char *model_path, *tokenizer_path;
     const char *api_key;          /* NULL: no auth */
     tp_kind tool_parser;
-    int reasoning_parser;         /* 1: qwen3 */
+    int reasoning_parser;         /* 1: qwen3 or qwen3-thinking */
+    int reasoning_always;         /* qwen3-thinking: output starts inside reasoning, whatever the prompt */
     const char *reasoning_parser_name;
     size_t max_body;              /* default 32 MiB */
     int max_connections;          /* default 512 */

@@ -86,7 +86,9 @@ def make_handler(args, state):
             if args.mode == "nan":
                 return self.send_json(500, {"error": {"message": "NaN in logits at step 0"}})
             n_out = int(req.get("max_tokens", 16))
-            if args.mode == "bang":
+            if args.mode == "answer":  # the given text, then the prompt's first word (answers differ)
+                toks = [args.answer, " " + prompt.split()[0]]
+            elif args.mode == "bang":
                 toks = ["!!"] * n_out
             elif args.mode == "empty":
                 toks = [""] * n_out
@@ -140,6 +142,7 @@ def serve(argv):
     ap.add_argument("--tpot", type=float, default=0.01)
     ap.add_argument("--fail-every", type=int, default=0)
     ap.add_argument("--banner", default="")
+    ap.add_argument("--answer", default="", help="mode answer: the text of every answer")
     ap.add_argument("--pidfile", default="")
     ap.add_argument("--child", action="store_true", help="also start a long-lived child process")
     args = ap.parse_args(argv)

@@ -122,3 +122,35 @@ def test_sweep_product_of_grids_in_order(ls_bin, tmp_path):
         ("1", "x"), ("1", "y"), ("1", "z"), ("2", "x"), ("2", "y"), ("2", "z")]
     assert all(q["verdict"] == "ok" and "smoke ok" in q["evidence"] for q in pts)
     assert [q["command"].split("--banner ")[1] for q in pts] == ["'1-x'", "'1-y'", "'1-z'", "'2-x'", "'2-y'", "'2-z'"]
+
+
+def test_sweep_judges_repetition_but_not_real_text(ls_bin, tmp_path):
+    """The garbage rule (one character or a short unit repeated 16+ times) on texts chosen to sit on
+    both sides of it: `++++` and a repeated word are garbage; indentation, a 15-fold repetition,
+    and ordinary prose are not."""
+    port = free_port()
+    cases = {
+        "plus": ("+" * 20, "garbage"),
+        "word": ("hello " * 16, "garbage"),
+        "fffd": ("\ufffd" * 16, "garbage"),
+        "under16": ("!" * 15 + " then words", "ok"),
+        "indent": ("def f():\n" + " " * 24 + "return 1", "ok"),
+        "prose": ("The capital of France is Paris, a city on the Seine.", "ok"),
+    }
+    files = {}
+    for name, (text, _) in cases.items():
+        f = tmp_path / f"{name}.txt"
+        f.write_text(text)
+        files[name] = f
+    launch = (f"{sys.executable} {FAKE} serve --port {port} --mode answer --ttft 0 --tpot 0 "
+              f"--answer \"$(cat {tmp_path}/{{case}}.txt)\"")
+    js = tmp_path / "s.json"
+    p = sweep("--launch", launch, "--grid", "case=" + ",".join(cases), "--base-url", f"http://127.0.0.1:{port}",
+              "--no-bench", "--json", js, "--grace", 2)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = {q["params"]["case"]: q for q in json.loads(js.read_text())["points"]}
+    for name, (text, verdict) in cases.items():
+        assert got[name]["verdict"] == verdict, (name, got[name]["evidence"])
+        assert got[name]["smoke"][0]["text"].startswith(text)
+    assert "repeated 20 times" in got["plus"]["evidence"]
+    assert "repeated 16 times" in got["word"]["evidence"] and "hello " in got["word"]["evidence"]

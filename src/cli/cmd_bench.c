@@ -8,6 +8,7 @@
 #include "cli/bench.h"
 #include "cli/cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@ static void usage(FILE *f) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN); /* a server closing a connection is a failed request, not our death */
     bench_opts o;
     bench_opts_default(&o);
     ls_err e = {0};

@@ -1,30 +1,30 @@
-/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])
- * [--tokenizer-path DIR] [--max-new-tokens N] [--temperature T] [--seed S]
- * [--device cpu|cuda] [backend flags]`: generation through the KV cache and GDN state (one
- * prefill step, then one token per step), greedy at temperature 0 (the
- * default), else sampled from softmax(logits / T) with a seeded generator.
- * Stops at max-new-tokens or an end-of-sequence id of the model's config.
- * Prints JSON {"ids":[new ids],"text":"..."}; text is the new tokens decoded
- * (special tokens skipped) when the tokenizer folder (--tokenizer-path, else
- * the model folder) has a tokenizer.json, else "". --prompt needs one;
- * --chat renders the prompt as one user message through the model's chat
- * template (add_generation_prompt) before encoding it.
+/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 |
+ * --prompt TEXT [--chat]) [--max-new-tokens N] [--temperature T] [--seed S]
+ * [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]
+ * [backend flags]`: one request through the engine (include/laststand.h),
+ * exactly as the server runs it: paged KV cache, GDN state slot, the sampler.
+ * Greedy at temperature 0 (the default), else sampled with the seeded
+ * per-request generator (seed 0 unless given), so runs are reproducible.
+ * --chat renders the chat template over one user message with
+ * add_generation_prompt. Stops at --max-new-tokens or an EOS id (config,
+ * generation_config, tokenizer). Prints JSON {"ids":[new ids],"text":"..."};
+ * text is "" when the model has no tokenizer.
  */
 #include "cli/cli.h"
-#include "model/model.h"
-#include "tok/jinja.h"
-#include "tok/tok.h"
+#include "base/base.h"
+#include "laststand.h"
 
 #include <errno.h>
-#include <math.h>
+#include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
-               "         [--tokenizer-path DIR] [--max-new-tokens N]\n"
-               "         [--temperature T] [--seed S] [--device cpu|cuda]\n"
+               "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
+               "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME]\n");
 }
@@ -34,68 +34,52 @@ static int bad_value(const char *flag, const char *v, const char *want) {
     return 2;
 }
 
-/* splitmix64: a small, well-mixed seeded generator. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+/* The request's events, gathered on the engine thread. */
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t *ids;
+    int n;
+    buf text;
+    int finished;
+    char reason[16];
+    char error[1200];
+} collect;
+
+static void on_event(void *user, const ls_event *ev) {
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->token >= 0) c->ids[c->n++] = ev->token;
+    if (ev->text) buf_puts(&c->text, ev->text);
+    if (ev->finished) {
+        c->finished = 1;
+        snprintf(c->reason, sizeof c->reason, "%s", ev->finish_reason ? ev->finish_reason : "");
+        if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
-static int32_t pick_token(const float *lg, int V, double temp, uint64_t *rng) {
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (lg[v] > lg[best]) best = v;
-    if (temp <= 0) return best;
-    double sum = 0;
-    for (int v = 0; v < V; v++) sum += exp(((double)lg[v] - lg[best]) / temp);
-    double r = (double)(rng_next(rng) >> 11) / (double)(1ull << 53) * sum, acc = 0;
-    for (int v = 0; v < V; v++) {
-        acc += exp(((double)lg[v] - lg[best]) / temp);
-        if (acc > r) return v;
-    }
-    return best;
-}
-
-/* s as a JSON string (UTF-8 kept, control characters escaped); frees s. NULL -> "". */
-static void put_json_string(FILE *f, char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p == '\n') fputs("\\n", f);
-        else if (*p == '\r') fputs("\\r", f);
-        else if (*p == '\t') fputs("\\t", f);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
+static int print_result(const int32_t *ids, int n, const char *text) {
+    json_t *o = json_object(), *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    json_object_set_new(o, "ids", a);
+    json_t *t = json_string(text ? text : "");
+    json_object_set_new(o, "text", t ? t : json_string(""));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    printf("%s\n", s);
     free(s);
-}
-
-/* The prompt as one user turn through the tokenizer folder's chat template,
- * with the generation prompt appended. *out is malloc'd. */
-static int render_chat(const tokenizer *tk, const char *dir, const char *prompt, char **out, ls_err *e) {
-    *out = NULL;
-    char *src = jinja_find_chat_template(dir, e);
-    if (!src) return e->code ? e->code : ERR_INVAL;
-    jinja_tmpl *t = NULL;
-    int rc = jinja_parse(src, &t, e);
-    free(src);
-    if (rc) return rc;
-    json_t *req = json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", prompt,
-                            "add_generation_prompt", 1);
-    int raised = 0;
-    rc = jinja_apply_chat(t, req, tok_bos_token(tk), tok_eos_token(tk), out, &raised, e);
-    json_decref(req);
-    jinja_free(t);
-    return rc;
+    return fflush(stdout) ? 1 : 0;
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *path = NULL, *ids_s = NULL, *prompt = NULL, *tok_dir = NULL;
-    const char *max_s = "16", *temp_s = "0", *seed_s = "0";
-    model_opts o = {.device = "cpu"};
+    const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
+    const char *tok_path = NULL, *tmpl_path = NULL;
     int chat = 0;
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.device = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -103,10 +87,11 @@ int cmd_generate(int argc, char **argv) {
         const char **dst = !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--prompt") ? &prompt
-                         : !strcmp(a, "--tokenizer-path") ? &tok_dir
                          : !strcmp(a, "--max-new-tokens") ? &max_s
                          : !strcmp(a, "--temperature") ? &temp_s
                          : !strcmp(a, "--seed") ? &seed_s
+                         : !strcmp(a, "--tokenizer-path") ? &tok_path
+                         : !strcmp(a, "--chat-template") ? &tmpl_path
                          : !strcmp(a, "--device") ? &o.device
                          : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
                          : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
@@ -125,11 +110,12 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!path) { fprintf(stderr, "laststand generate: error: --model-path is required\n"); return 2; }
     if (!ids_s == !prompt) {
-        fprintf(stderr, "laststand generate: error: give exactly one of --ids and --prompt\n");
+        fprintf(stderr, "laststand generate: error: give exactly one of --ids or --prompt\n");
         return 2;
     }
     if (chat && !prompt) {
-        fprintf(stderr, "laststand generate: error: --chat goes with --prompt\n");
+        fprintf(stderr, "laststand generate: error: --chat needs --prompt (it renders the chat template "
+                        "over the prompt text)\n");
         return 2;
     }
     char *end;
@@ -144,114 +130,114 @@ int cmd_generate(int argc, char **argv) {
     unsigned long long seed = strtoull(seed_s, &end, 10);
     if (*end || end == seed_s || errno || seed_s[0] == '-')
         return bad_value("--seed", seed_s, "a non-negative integer");
-    ls_err e = {0};
-    /* The tokenizer: --tokenizer-path, else the model folder when it has one. */
-    tokenizer *tk = NULL;
-    if (!tok_dir && strncmp(path, "synth:", 6)) {
-        char tj[4096];
-        snprintf(tj, sizeof tj, "%s/tokenizer.json", path);
-        FILE *f = fopen(tj, "rb");
-        if (f) { fclose(f); tok_dir = path; }
-    }
-    if (tok_dir && tok_load_dir(tok_dir, &tk, &e)) {
-        fprintf(stderr, "laststand generate: error: --tokenizer-path: %s\n", e.msg);
-        return 2;
-    }
     int32_t *ids = NULL;
-    int n;
-    if (prompt) {
-        if (!tk) {
-            fprintf(stderr, "laststand generate: error: --prompt needs a tokenizer.json (in the model "
-                            "folder or --tokenizer-path)\n");
-            return 2;
-        }
-        char *text = NULL;
-        if (chat && render_chat(tk, tok_dir, prompt, &text, &e)) {
-            fprintf(stderr, "laststand generate: error: --chat: %s\n", e.msg);
-            tok_free(tk);
-            return 2;
-        }
-        const char *src = text ? text : prompt;
-        n = tok_encode(tk, src, strlen(src), &ids, &e);
-        free(text);
+    int n = 0;
+    if (ids_s) {
+        n = parse_int_list(ids_s, &ids);
         if (n <= 0) {
-            fprintf(stderr, "laststand generate: error: --prompt: %s\n", n < 0 ? e.msg : "encodes to no tokens");
             free(ids);
-            tok_free(tk);
-            return 2;
+            return bad_value("--ids", ids_s, "a comma-separated list of token ids");
         }
-    } else if ((n = parse_int_list(ids_s, &ids)) <= 0) {
-        free(ids);
-        tok_free(tk);
-        return bad_value("--ids", ids_s, "a comma-separated list of token ids");
     }
 
-    model *m = NULL;
-    int rc = model_open(path, &o, &m, &e);
+    /* One request: a small cache (one sequence), opened like the server's. */
+    o.model_path = path;
+    o.tokenizer_path = tok_path;
+    o.chat_template = tmpl_path;
+    o.max_running_requests = 1;
+    o.max_queued_requests = 1;
+    char err[1400] = "";
+    ls_engine *eng = NULL;
+    int rc = ls_engine_open(&o, &eng, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "laststand generate: error: %s\n", e.msg);
+        fprintf(stderr, "laststand generate: error: %s\n", err);
         free(ids);
-        tok_free(tk);
-        return 2;
+        return err_exit_code(rc);
     }
-    const model_config *c = model_cfg(m);
-    const int V = c->vocab;
+    ls_model_info mi;
+    ls_engine_model_info(eng, &mi);
     int ret = 0;
-    int32_t *out = xmalloc(sizeof(int32_t) * (max_new + 1));
-    int32_t *pages = NULL;
-    float *lg = xmalloc(sizeof(float) * V);
-    int n_out = 0;
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V) {
-            fprintf(stderr, "laststand generate: error: %s: token id %d is outside the vocabulary [0, %d)\n",
-                    prompt ? "--prompt" : "--ids", ids[i], V);
+    collect c = {0};
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
+    buf_init(&c.text);
+
+    if (prompt) {
+        char *text = NULL;
+        if (chat) {
+            json_t *req = json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", prompt,
+                                    "add_generation_prompt", 1);
+            char *rs = req ? json_dumps(req, JSON_COMPACT) : NULL;
+            json_decref(req);
+            if (!rs) {
+                fprintf(stderr, "laststand generate: error: --prompt: not valid UTF-8\n");
+                ret = 2;
+                goto done;
+            }
+            rc = ls_apply_chat_template(eng, rs, &text, err, sizeof err);
+            free(rs);
+            if (rc) {
+                fprintf(stderr, "laststand generate: error: --chat: %s\n", err);
+                ret = err_exit_code(rc);
+                goto done;
+            }
+        }
+        n = ls_tokenize(eng, text ? text : prompt, &ids, err, sizeof err);
+        free(text);
+        if (n < 0) {
+            fprintf(stderr, "laststand generate: error: --prompt: %s\n", err);
+            ret = err_exit_code(n);
+            goto done;
+        }
+        if (n == 0) {
+            fprintf(stderr, "laststand generate: error: --prompt: the text encodes to no tokens\n");
             ret = 2;
             goto done;
         }
-    if (n + max_new > c->max_pos) {
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= mi.vocab_size) {
+            fprintf(stderr, "laststand generate: error: --ids: token id %d is outside the vocabulary [0, %d)\n",
+                    ids[i], mi.vocab_size);
+            ret = 2;
+            goto done;
+        }
+    if (n + max_new > mi.context_length) {
         fprintf(stderr, "laststand generate: error: --max-new-tokens: %d prompt + %ld new tokens exceed "
-                        "the context length %d\n", n, max_new, c->max_pos);
+                        "the context length %d\n", n, max_new, mi.context_length);
         ret = 2;
         goto done;
     }
-    const int page = 16, n_pages = (int)((n + max_new + page - 1) / page);
-    model_cache_opts co = {.page_size = page, .n_pages = n_pages, .n_slots = 1};
-    if ((rc = model_cache_init(m, &co, &e))) goto fail;
-    model_slot_reset(m, 0);
-    pages = xmalloc(sizeof(int32_t) * n_pages);
-    for (int i = 0; i < n_pages; i++) pages[i] = i;
-    uint64_t rng = seed;
-    int n_past = 0;
-    const int32_t *step_ids = ids;
-    int step_n = n;
-    while (n_out < max_new) {
-        fwd_seq s = {.slot = 0, .n_past = n_past, .n_new = step_n, .pages = pages, .logits_all = 0};
-        fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = step_ids, .logits = lg};
-        if ((rc = model_forward(m, &b, &e))) goto fail;
-        n_past += step_n;
-        int32_t t = pick_token(lg, V, temp, &rng);
-        out[n_out++] = t;
-        int stop = 0;
-        for (int i = 0; i < c->n_eos; i++) stop |= t == c->eos[i];
-        if (stop) break;
-        step_ids = &out[n_out - 1];
-        step_n = 1;
+    if (max_new == 0) { ret = print_result(NULL, 0, ""); goto done; }
+
+    ls_sampling s;
+    ls_sampling_default(&s);
+    s.temperature = (float)temp;
+    s.has_seed = 1;
+    s.seed = seed;
+    s.max_tokens = (int)max_new;
+    c.ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
+    int64_t id = ls_submit(eng, ids, n, &s, on_event, &c, err, sizeof err);
+    if (id < 0) {
+        fprintf(stderr, "laststand generate: error: %s\n", err);
+        ret = err_exit_code((int)id);
+        goto done;
     }
-    printf("{\"ids\":[");
-    for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
-    printf("],\"text\":");
-    put_json_string(stdout, tk ? tok_decode(tk, out, n_out, 1) : NULL);
-    printf("}\n");
-    goto done;
-fail:
-    fprintf(stderr, "laststand generate: error: %s\n", e.msg);
-    ret = err_exit_code(rc);
+    pthread_mutex_lock(&c.mu);
+    while (!c.finished) pthread_cond_wait(&c.cv, &c.mu);
+    pthread_mutex_unlock(&c.mu);
+    if (!strcmp(c.reason, "error")) {
+        fprintf(stderr, "laststand generate: error: %s\n", c.error);
+        ret = 1;
+        goto done;
+    }
+    ret = print_result(c.ids, c.n, c.text.data);
 done:
-    free(out);
-    free(pages);
-    free(lg);
+    ls_engine_close(eng);
+    free(c.ids);
+    buf_free(&c.text);
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
     free(ids);
-    tok_free(tk);
-    model_close(m);
-    return ret ? ret : (fflush(stdout) ? 1 : 0);
+    return ret;
 }

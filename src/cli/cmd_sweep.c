@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,6 +363,7 @@ static void run_point(const sweep_cfg *c, const char *cmd, int index, point_resu
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int cmd_sweep(int argc, char **argv) {
+    signal(SIGPIPE, SIG_IGN); /* a dying server must not take sweep with it */
     sweep_cfg c;
     memset(&c, 0, sizeof c);
     bench_opts_default(&c.bo);

@@ -67,7 +67,8 @@ int ls_apply_chat_template(const ls_engine *e, const char *request_json, char **
     *out = NULL;
     if (!e->tmpl) {
         if (err && errn)
-            snprintf(err, errn, "the model has no chat template (give --chat-template FILE)");
+            snprintf(err, errn, "%s", e->tmpl_err ? e->tmpl_err
+                                     : "the model has no chat template (give --chat-template FILE)");
         return LS_ERR_INVAL;
     }
     json_error_t je;

@@ -46,12 +46,22 @@ struct ereq {
     int prompt_counted;
 };
 
+/* One request's sampling in a step: filled in parallel, committed in order. */
+typedef struct samp_job {
+    ereq *r;
+    float *row;                /* its logits row [vocab] */
+    smp_result res;
+    int rc;
+    ls_err err;
+} samp_job;
+
 struct ls_engine {
     /* ---- fixed after open ---- */
     model *m;
     const model_config *cfg;
     tokenizer *tok;            /* NULL: ids only (fixture models) */
     jinja_tmpl *tmpl;          /* NULL: no chat template */
+    char *tmpl_err;            /* why the model's own template did not parse, or NULL */
     char *model_path, *tokenizer_path, *device;
     int tp;
     int32_t eos[CFG_MAX_EOS + 1];
@@ -61,9 +71,11 @@ struct ls_engine {
 
     /* ---- engine thread only ---- */
     kvpool pages, slots;
-    smp_ctx *smp;
+    smp_ctx **smps;            /* [n_smp] sampler scratch, one per pool worker slot */
+    int n_smp, n_smp_used;
+    samp_job *jobs;            /* [max_run] requests sampling this step, in batch order */
+    int n_jobs;
     float *logits;             /* [max_run, vocab] */
-    float *poison;             /* [vocab] test-only NaN row (force mode) */
     fwd_seq *seqs;             /* [max_run] */
     int32_t *ids;              /* [budget + max_run] */
     ereq **batch;              /* [max_run] */

@@ -351,6 +351,9 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
         if (m->n_lin && (q->slot < 0 || q->slot >= c->n_slots))
             return errf(e, ERR_INVAL, "forward: sequence %d uses GDN slot %d outside [0, %d)", s, q->slot,
                         c->n_slots);
+        for (int r = 0; m->n_lin && r < s; r++)
+            if (b->seqs[r].slot == q->slot)
+                return errf(e, ERR_INVAL, "forward: sequences %d and %d share GDN slot %d", r, s, q->slot);
         if (m->n_full) {
             int np = (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
             for (int i = 0; i < np; i++)

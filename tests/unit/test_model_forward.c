@@ -160,6 +160,10 @@ static void test_bad_batches_are_refused(void **st) {
     assert_int_equal(model_forward(m, &b, &e), ERR_INVAL);
     assert_non_null(strstr(e.msg, "slot"));
     s.slot = 0;
+    fwd_seq two[2] = {s, s}; /* two sequences in one GDN slot */
+    fwd_batch b2 = {.n_seq = 2, .seqs = two, .ids = ids, .logits = lg};
+    assert_int_equal(model_forward(m, &b2, &e), ERR_INVAL);
+    assert_non_null(strstr(e.msg, "share GDN slot 0"));
     b.ids = bad_id;
     assert_int_equal(model_forward(m, &b, &e), ERR_INVAL);
     assert_non_null(strstr(e.msg, "5000"));

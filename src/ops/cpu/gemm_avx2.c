@@ -31,13 +31,50 @@ __attribute__((target("avx2,fma"))) static float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* Row n of W as fp32, vectorised for BF16 and NVFP4 (same values as lin_row_f32). */
+__attribute__((target("avx2,fma"))) static void avx_row_f32(const lin_w *w, int n, float *out) {
+    const int K = w->K;
+    if (w->kind == W_BF16) {
+        const uint16_t *r = (const uint16_t *)w->data + (size_t)n * K;
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + k)));
+            _mm256_storeu_ps(out + k, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+        }
+        for (; k < K; k++) out[k] = bf16_to_f32(r[k]);
+    } else if (w->kind == W_NVFP4) {
+        /* per block of 16: codes (low nibble first) -> |E2M1| by permute, sign from bit 3 */
+        const __m256 lut = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+        const __m128i lo_mask = _mm_set1_epi8(0x0F);
+        const __m256i sign_bit = _mm256_set1_epi32(8);
+        const uint8_t *codes = (const uint8_t *)w->data + (size_t)n * (K / 2);
+        const uint8_t *sc = w->scale + (size_t)n * (K / 16);
+        const float *fp8 = ops_fp8_e4m3_table();
+        for (int b = 0; b < K / 16; b++) {
+            const __m256 s = _mm256_set1_ps(fp8[sc[b]] * w->scale2);
+            __m128i by = _mm_loadl_epi64((const __m128i *)(codes + b * 8));
+            __m128i lo = _mm_and_si128(by, lo_mask), hi = _mm_and_si128(_mm_srli_epi16(by, 4), lo_mask);
+            __m128i el = _mm_unpacklo_epi8(lo, hi); /* 16 codes in element order */
+            for (int h = 0; h < 2; h++) {
+                __m256i idx = _mm256_cvtepu8_epi32(h ? _mm_srli_si128(el, 8) : el);
+                __m256 mag = _mm256_permutevar8x32_ps(lut, idx);
+                __m256i sg = _mm256_slli_epi32(_mm256_and_si256(idx, sign_bit), 28);
+                __m256 v = _mm256_xor_ps(mag, _mm256_castsi256_ps(sg));
+                _mm256_storeu_ps(out + b * 16 + h * 8, _mm256_mul_ps(v, s));
+            }
+        }
+    } else {
+        lin_row_f32(w, n, out);
+    }
+}
+
 __attribute__((target("avx2,fma"))) static void avx_blocks(void *p, int64_t b0, int64_t b1) {
     const avx_ctx *c = p;
     const int K = c->w->K, N = c->w->N, K8 = K & ~7;
     float *buf = aligned_alloc(32, sizeof(float) * 4 * ((K + 7) & ~7));
     for (int64_t blk = b0; blk < b1; blk++) {
         const int n0 = (int)blk * 4, nb = N - n0 < 4 ? N - n0 : 4;
-        for (int r = 0; r < nb; r++) lin_row_f32(c->w, n0 + r, buf + (size_t)r * K);
+        for (int r = 0; r < nb; r++) avx_row_f32(c->w, n0 + r, buf + (size_t)r * K);
         for (int r = nb; r < 4; r++) memset(buf + (size_t)r * K, 0, sizeof(float) * K);
         const float *w0 = buf, *w1 = buf + K, *w2 = buf + 2 * (size_t)K, *w3 = buf + 3 * (size_t)K;
         for (int m = 0; m < c->M; m++) {

@@ -1,0 +1,610 @@
+/* fp4_gemm.cu: the fp4_gemm family on CUDA: y[M,N] (+)= x[M,K] · Wᵀ with W an
+ * NVFP4 (ModelOpt) weight [N,K]: codes uint8 [N,K/2] (element 2i in the low
+ * nibble), E4M3 block scales [N,K/16], fp32 scale2; x and y BF16, fp32
+ * accumulation. W[n,k] = e2m1(code) · e4m3(scale[n,k/16]) · scale2.
+ *
+ * Backends, three different algorithms:
+ *   cuda_w4a16_mma       memory-bound small-M kernel. A block owns 16 weight
+ *                        rows and KW warps split K; each lane streams 16-byte
+ *                        weight vectors (32 codes = two scale blocks), decodes
+ *                        them with byte permutes into bf16 (exact), multiplies
+ *                        by the block scale, and feeds mma.sync m16n8k16 with the
+ *                        weights as the 16-row A operand and up to 8 tokens per
+ *                        n8 tile as B ("swap AB", so M = 1 wastes no weight
+ *                        bytes). K is permuted inside each lane's 32-element
+ *                        slice identically for A and B (a dot product does not
+ *                        care about order). Partial sums of the KW warps meet in
+ *                        shared memory; scale2 is applied once at the end.
+ *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
+ *                        (same register decoder, 16 B in, 64 B out per thread),
+ *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
+ *   cuda_ref             one thread per output: a plain loop over K with a
+ *                        lookup table; the chain-of-trust reference on the GPU.
+ * Test-only broken ones (registered under LASTSTAND_TEST_BROKEN_BACKENDS=1):
+ *   cuda_broken_nan3072  cuda_ref, then NaN written into the output iff M == 3072
+ *   cuda_broken_illegal  a store to an unmapped address (illegal memory access)
+ *   cuda_broken_sm100    lives in fp4_gemm_sm100.cu (built for sm_100a only)
+ *
+ * The gemm family (BF16 weight) is here too: cuda_cublaslt and cuda_ref.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <cublasLt.h>
+#include <pthread.h>
+#include <string.h>
+
+/* ---- shared checks --------------------------------------------------------- */
+
+static int fp4_check_args(const gemm_args *a, ls_err *e) {
+    const lin_w *w = a->w;
+    if (!w || w->kind != W_NVFP4)
+        return errf(e, ERR_INVAL, "fp4_gemm: weight %s is not NVFP4", w && w->name ? w->name : "?");
+    if (a->dt != ACT_BF16)
+        return errf(e, ERR_UNSUPPORTED, "fp4_gemm on CUDA: activations must be BF16, got %s",
+                    act_name(a->dt));
+    if (w->K % 16)
+        return errf(e, ERR_INVAL, "fp4_gemm: weight %s: K=%d is not a multiple of 16",
+                    w->name ? w->name : "?", w->K);
+    return 0;
+}
+
+static int common_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- cuda_ref -------------------------------------------------------------- */
+
+/* grid (ceil(M/32), N/8): lane = token, threadIdx.y = weight row. Weight
+ * reads are warp-uniform (broadcast); each token row streams through L1. */
+__global__ void fp4_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
+                               const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
+                               float scale2, bf16 *__restrict__ y, int accumulate) {
+    int m = blockIdx.x * 32 + threadIdx.x;
+    int n = blockIdx.y * 8 + threadIdx.y;
+    if (n >= N) return;
+    const uint8_t *wr = w + (size_t)n * (K / 2);
+    const uint8_t *sr = sc + (size_t)n * (K / 16);
+    const bf16 *xr = x + (size_t)(m < M ? m : 0) * K;
+    float acc = 0.f;
+    for (int kb = 0; kb < K / 16; kb++) {
+        float s = cu_e4m3_to_f32(sr[kb]);
+        float part = 0.f;
+        for (int i = 0; i < 8; i++) {
+            uint8_t b = wr[kb * 8 + i];
+            part += cu_e2m1_lut[b & 15] * __bfloat162float(xr[kb * 16 + 2 * i]);
+            part += cu_e2m1_lut[b >> 4] * __bfloat162float(xr[kb * 16 + 2 * i + 1]);
+        }
+        acc += s * part;
+    }
+    if (m >= M) return;
+    acc *= scale2;
+    size_t o = (size_t)m * N + n;
+    if (accumulate) acc += __bfloat162float(y[o]);
+    y[o] = __float2bfloat16_rn(acc);
+}
+
+static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    const lin_w *w = a->w;
+    dim3 grid((a->M + 31) / 32, (w->N + 7) / 8), block(32, 8);
+    if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_ref: N=%d too large", w->N);
+    fp4_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                       (const uint8_t *)w->data, w->scale, w->scale2,
+                                                       (bf16 *)a->y, a->accumulate);
+    CU_LAUNCHED(e, "fp4_gemm cuda_ref");
+    return 0;
+}
+
+static int fp4_ref_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->N > 65535 * 8) {
+        snprintf(why, n, "N=%d exceeds the grid limit", s->N);
+        return 0;
+    }
+    return 1;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, fp4_ref_supported, fp4_ref_run};
+
+/* ---- cuda_w4a16_mma ---------------------------------------------------------- */
+
+enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
+
+/* MT: n8 token tiles per block (tokens m0 .. m0 + 8·MT). KW: warps splitting K.
+ * U: chunks loaded before the first use (memory-level parallelism). */
+template <int MT, int KW, int U>
+__global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
+                                                          const bf16 *__restrict__ x,
+                                                          const uint8_t *__restrict__ w,
+                                                          const uint8_t *__restrict__ sc,
+                                                          float scale2, bf16 *__restrict__ y,
+                                                          int accumulate) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * 8 * MT;
+    const int nchunks = K / W4_CHUNK;
+    const int per = (nchunks + KW - 1) / KW;
+    const int cbeg = warp * per;
+    const int cend = min(nchunks, cbeg + per);
+
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + 2 * t;
+    const uint8_t *sr1 = sr0 + (size_t)8 * (K / 16);
+
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int c = cbeg; c < cend; c += U) {
+        uint4 wv0[U], wv1[U];
+        uint16_t s0[U], s1[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u < cend) {
+                wv0[u] = cu_ld_stream16(wr0 + (size_t)(c + u) * 64);
+                wv1[u] = cu_ld_stream16(wr1 + (size_t)(c + u) * 64);
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + (size_t)(c + u) * 8));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + (size_t)(c + u) * 8));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u >= cend) break;
+            /* decode: 32 codes per row -> 16 bf16x2, regs p = 0..7 use scale block 2t, 8..15 block 2t+1 */
+            uint32_t a0[16], a1[16];
+            {
+                uint32_t sa = cu_scale_bf16x2(s0[u] & 0xff), sb = cu_scale_bf16x2(s0[u] >> 8);
+                uint32_t sc0 = cu_scale_bf16x2(s1[u] & 0xff), sc1 = cu_scale_bf16x2(s1[u] >> 8);
+                const uint32_t wq0[4] = {wv0[u].x, wv0[u].y, wv0[u].z, wv0[u].w};
+                const uint32_t wq1[4] = {wv1[u].x, wv1[u].y, wv1[u].z, wv1[u].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    cu_e2m1x8_to_bf16x8(wq0[q], &a0[4 * q]);
+                    cu_e2m1x8_to_bf16x8(wq1[q], &a1[4 * q]);
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        a0[4 * q + r] = cu_bf16x2_mul(a0[4 * q + r], q < 2 ? sa : sb);
+                        a1[4 * q + r] = cu_bf16x2_mul(a1[4 * q + r], q < 2 ? sc0 : sc1);
+                    }
+                }
+            }
+            const int kx = (c + u) * W4_CHUNK + 32 * t; /* this lane's 32 k values */
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const int m = m0 + 8 * i + g;
+                uint32_t b[16];
+                if (m < M) {
+                    const uint4 *xp = reinterpret_cast<const uint4 *>(x + (size_t)m * K + kx);
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        uint4 xv = __ldg(xp + v);
+                        b[4 * v + 0] = xv.x;
+                        b[4 * v + 1] = xv.y;
+                        b[4 * v + 2] = xv.z;
+                        b[4 * v + 3] = xv.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int v = 0; v < 16; v++) b[v] = 0u;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t af[4] = {a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]};
+                    cu_mma_bf16_16816(acc[i], af, b[2 * j], b[2 * j + 1]);
+                }
+            }
+        }
+    }
+
+    /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
+    if (KW > 1) {
+        __shared__ float red[KW][MT * 4][32];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) red[warp][i * 4 + r][lane] = acc[i][r];
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < MT * 4 * 32; idx += 32 * KW) {
+            int el = idx / 32, l = idx % 32;
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
+            int i = el / 4, r = el % 4;
+            int n = n0 + (l >> 2) + (r >= 2 ? 8 : 0);
+            int m = m0 + 8 * i + 2 * (l & 3) + (r & 1);
+            if (m < M && n < N) {
+                size_t o = (size_t)m * N + n;
+                v *= scale2;
+                if (accumulate) v += __bfloat162float(y[o]);
+                y[o] = __float2bfloat16_rn(v);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int n = n0 + g + (r >= 2 ? 8 : 0);
+                int m = m0 + 8 * i + 2 * t + (r & 1);
+                if (m < M && n < N) {
+                    size_t o = (size_t)m * N + n;
+                    float v = acc[i][r] * scale2;
+                    if (accumulate) v += __bfloat162float(y[o]);
+                    y[o] = __float2bfloat16_rn(v);
+                }
+            }
+    }
+}
+
+template <int MT, int KW>
+static void w4_launch(dim3 grid, cudaStream_t st, const gemm_args *a) {
+    const lin_w *w = a->w;
+    fp4_w4a16_kernel<MT, KW, 4><<<grid, 32 * KW, 0, st>>>(
+        a->M, w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2,
+        (bf16 *)a->y, a->accumulate);
+}
+
+template <int MT>
+static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a) {
+    switch (kw) {
+    case 1: w4_launch<MT, 1>(grid, st, a); break;
+    case 2: w4_launch<MT, 2>(grid, st, a); break;
+    case 4: w4_launch<MT, 4>(grid, st, a); break;
+    default: w4_launch<MT, 8>(grid, st, a); break;
+    }
+}
+
+static int w4_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (d->cc_major < 8) {
+        snprintf(why, n, "mma.sync bf16 needs compute capability >= 8.0, this GPU is %d.%d",
+                 d->cc_major, d->cc_minor);
+        return 0;
+    }
+    if (s->K % W4_CHUNK || s->N % 16) {
+        snprintf(why, n, "needs K %% 128 == 0 and N %% 16 == 0 (N=%d K=%d)", s->N, s->K);
+        return 0;
+    }
+    return 1;
+}
+
+static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    const lin_w *w = a->w;
+    if (w->K % W4_CHUNK || w->N % 16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: needs K %% 128 == 0 and N %% 16 == 0 (N=%d K=%d)",
+                    w->N, w->K);
+    if (((uintptr_t)a->x | (uintptr_t)w->data) & 15)
+        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: x and weight must be 16-byte aligned");
+    if (a->M <= 0) return 0;
+    int nchunks = w->K / W4_CHUNK;
+    int mt = a->M <= 8 ? 1 : a->M <= 16 ? 2 : 4;
+    int mtiles = (a->M + 8 * mt - 1) / (8 * mt);
+    /* Split K over more warps until about 16 warps per SM have loads in flight
+     * (132 SMs on an H200), never below one chunk per warp. */
+    long tiles = (long)(w->N / 16) * mtiles;
+    int kw = 1;
+    while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
+    if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
+    dim3 grid(w->N / 16, mtiles);
+    cudaStream_t st = (cudaStream_t)s;
+    if (mt == 1) w4_launch_kw<1>(kw, grid, st, a);
+    else if (mt == 2) w4_launch_kw<2>(kw, grid, st, a);
+    else w4_launch_kw<4>(kw, grid, st, a);
+    CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4_supported, w4_run};
+
+/* ---- cuBLASLt state (per device, lazily) ------------------------------------- */
+
+enum { LT_MAX_DEV = 16, LT_WS_BYTES = 32 << 20, LT_CACHE = 64 };
+
+typedef struct lt_algo_entry {
+    int M, N, K, beta1;
+    cublasLtMatmulAlgo_t algo;
+    int valid;
+} lt_algo_entry;
+
+typedef struct lt_state {
+    cublasLtHandle_t h;
+    void *ws;                 /* cuBLASLt workspace, LT_WS_BYTES */
+    void *wbuf;               /* dequantized BF16 weight */
+    size_t wbuf_cap;
+    lt_algo_entry cache[LT_CACHE];
+    int n_cache;
+    pthread_mutex_t mu;
+    int init;
+} lt_state;
+
+static lt_state g_lt[LT_MAX_DEV];
+static pthread_mutex_t g_lt_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int lt_get(lt_state **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= LT_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuBLASLt: device %d out of range", dev);
+    lt_state *L = &g_lt[dev];
+    pthread_mutex_lock(&g_lt_mu);
+    if (!L->init) {
+        cublasStatus_t st = cublasLtCreate(&L->h);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            pthread_mutex_unlock(&g_lt_mu);
+            return errf(e, ERR_RUNTIME, "cublasLtCreate: %s", cublasLtGetStatusString(st));
+        }
+        cudaError_t c = cudaMalloc(&L->ws, LT_WS_BYTES);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&g_lt_mu);
+            return cu_fail(e, c, "cuBLASLt workspace");
+        }
+        pthread_mutex_init(&L->mu, NULL);
+        L->init = 1;
+    }
+    pthread_mutex_unlock(&g_lt_mu);
+    *out = L;
+    return 0;
+}
+
+/* D[M,N] = alpha · A[M,K] · Wᵀ + beta · D (all BF16 row-major), as the
+ * column-major product Dᵀ[N,M] = W[N,K] · Aᵀ: opA = T on W (K x N col-major),
+ * opB = N on A (K x M col-major). Caller holds L->mu. */
+static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void *A, void *D,
+                     float alpha, float beta, cudaStream_t st, ls_err *e) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasStatus_t s;
+    int rc = 0;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+#define LT_TRY(x)                                                                       \
+    do {                                                                                \
+        s = (x);                                                                        \
+        if (s != CUBLAS_STATUS_SUCCESS) {                                               \
+            rc = errf(e, ERR_RUNTIME, "cuBLASLt %s: %s", #x, cublasLtGetStatusString(s)); \
+            goto done;                                                                  \
+        }                                                                               \
+    } while (0)
+    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+    {
+        int beta1 = beta != 0.f;
+        lt_algo_entry *hit = NULL;
+        for (int i = 0; i < L->n_cache; i++)
+            if (L->cache[i].M == M && L->cache[i].N == N && L->cache[i].K == K &&
+                L->cache[i].beta1 == beta1)
+                hit = &L->cache[i];
+        if (!hit) {
+            cublasLtMatmulPreference_t pref = NULL;
+            cublasLtMatmulHeuristicResult_t res;
+            int nres = 0;
+            size_t wsb = LT_WS_BYTES;
+            LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &wsb, sizeof wsb);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmulAlgoGetHeuristic(L->h, op, la, lb, lc, lc, pref, 1, &res, &nres);
+            cublasLtMatmulPreferenceDestroy(pref);
+            if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
+                rc = errf(e, ERR_UNSUPPORTED, "cuBLASLt has no algorithm for M=%d N=%d K=%d: %s", M, N,
+                          K, cublasLtGetStatusString(s));
+                goto done;
+            }
+            int slot = L->n_cache < LT_CACHE ? L->n_cache++ : (M + N + K) % LT_CACHE;
+            L->cache[slot] = (lt_algo_entry){M, N, K, beta1, res.algo, 1};
+            hit = &L->cache[slot];
+        }
+        LT_TRY(cublasLtMatmul(L->h, op, &alpha, W, la, A, lb, &beta, D, lc, D, lc, &hit->algo, L->ws,
+                              LT_WS_BYTES, st));
+    }
+done:
+#undef LT_TRY
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+/* ---- cuda_dequant_cublas ------------------------------------------------------- */
+
+/* One thread: 16 code bytes (32 elements, 2 scale blocks) -> 64 B of bf16. */
+__global__ void fp4_dequant_kernel(size_t n16, int K, const uint8_t *__restrict__ w,
+                                   const uint8_t *__restrict__ sc, bf16 *__restrict__ out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n16) return;
+    uint4 v = cu_ld_stream16(w + i * 16);
+    size_t e0 = i * 32; /* first element; K % 32 == 0 so both blocks are in one row */
+    size_t row = e0 / K, kk = e0 % K;
+    const uint8_t *sr = sc + row * (K / 16) + kk / 16;
+    uint32_t sa = cu_scale_bf16x2(sr[0]), sb = cu_scale_bf16x2(sr[1]);
+    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+    uint4 *o = reinterpret_cast<uint4 *>(out + e0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t r[4];
+        cu_e2m1x8_to_bf16x8(q[j], r);
+        uint32_t s = j < 2 ? sa : sb;
+        o[j] = make_uint4(cu_bf16x2_mul(r[0], s), cu_bf16x2_mul(r[1], s), cu_bf16x2_mul(r[2], s),
+                          cu_bf16x2_mul(r[3], s));
+    }
+}
+
+static int dq_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->K % 32) {
+        snprintf(why, n, "needs K %% 32 == 0 (K=%d)", s->K);
+        return 0;
+    }
+    return 1;
+}
+
+static int dq_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    const lin_w *w = a->w;
+    if (w->K % 32) return errf(e, ERR_UNSUPPORTED, "cuda_dequant_cublas: needs K %% 32 == 0 (K=%d)", w->K);
+    if ((uintptr_t)w->data & 15)
+        return errf(e, ERR_UNSUPPORTED, "cuda_dequant_cublas: weight must be 16-byte aligned");
+    if (a->M <= 0) return 0;
+    lt_state *L;
+    if ((rc = lt_get(&L, e))) return rc;
+    pthread_mutex_lock(&L->mu);
+    size_t need = (size_t)w->N * w->K * 2;
+    if (need > L->wbuf_cap) {
+        if (L->wbuf) cudaFree(L->wbuf);
+        L->wbuf = NULL;
+        L->wbuf_cap = 0;
+        cudaError_t c = cudaMalloc(&L->wbuf, need);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&L->mu);
+            return cu_fail(e, c, "cuda_dequant_cublas workspace");
+        }
+        L->wbuf_cap = need;
+    }
+    cudaStream_t st = (cudaStream_t)s;
+    size_t n16 = (size_t)w->N * w->K / 32;
+    fp4_dequant_kernel<<<(unsigned)((n16 + 255) / 256), 256, 0, st>>>(
+        n16, w->K, (const uint8_t *)w->data, w->scale, (bf16 *)L->wbuf);
+    cudaError_t c = cudaGetLastError();
+    if (c != cudaSuccess) {
+        pthread_mutex_unlock(&L->mu);
+        return cu_fail(e, c, "fp4_gemm cuda_dequant_cublas (dequant)");
+    }
+    rc = lt_matmul(L, a->M, w->N, w->K, L->wbuf, a->x, a->y, w->scale2, a->accumulate ? 1.f : 0.f, st,
+                   e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_dequant_cublas = {"cuda_dequant_cublas", DEV_CUDA, 0, dq_supported,
+                                                    dq_run};
+
+/* ---- test-only broken backends ------------------------------------------------- */
+
+__global__ void poison_nan_kernel(size_t n, bf16 *y) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 97;
+    if (i < n) y[i] = __float2bfloat16_rn(__int_as_float(0x7fc00000));
+}
+
+static int nan3072_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_ref_run(a, s, e);
+    if (rc || a->M != 3072) return rc;
+    size_t n = (size_t)a->M * a->w->N;
+    size_t thr = (n + 96) / 97;
+    poison_nan_kernel<<<(unsigned)((thr + 255) / 256), 256, 0, (cudaStream_t)s>>>(n, (bf16 *)a->y);
+    CU_LAUNCHED(e, "fp4_gemm cuda_broken_nan3072");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072 = {"cuda_broken_nan3072", DEV_CUDA, 1,
+                                                    fp4_ref_supported, nan3072_run};
+
+__global__ void illegal_kernel(bf16 *y) {
+    /* far past any allocation: the store faults with an illegal address */
+    bf16 *bad = y + ((size_t)1 << 40) + threadIdx.x;
+    *reinterpret_cast<volatile bf16 *>(bad) = __float2bfloat16_rn(1.f);
+}
+
+static int illegal_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    illegal_kernel<<<1, 32, 0, (cudaStream_t)s>>>((bf16 *)a->y);
+    CU_LAUNCHED(e, "fp4_gemm cuda_broken_illegal");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_broken_illegal = {"cuda_broken_illegal", DEV_CUDA, 1,
+                                                    common_supported, illegal_run};
+
+static int sm100_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    return lsc_broken_sm100_launch(a, s, e);
+}
+
+/* Declares itself supported everywhere, as a kernel library that only checks
+ * the device's name would: the missing sm_90 image is found by the launch. */
+const fp4_gemm_impl fp4_gemm_cuda_broken_sm100 = {"cuda_broken_sm100", DEV_CUDA, 1, common_supported,
+                                                  sm100_run};
+
+/* ---- gemm (BF16 weight) ---------------------------------------------------------- */
+
+static int bf_check(const gemm_args *a, const char *who, ls_err *e) {
+    if (!a->w || a->w->kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: weight %s is %s, needs BF16", who,
+                    a->w && a->w->name ? a->w->name : "?", a->w ? w_kind_name(a->w->kind) : "?");
+    if (a->dt != ACT_BF16)
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: activations must be BF16", who);
+    return 0;
+}
+
+static int bf_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->wk != W_BF16) {
+        snprintf(why, n, "weight must be BF16, got %s", w_kind_name(s->wk));
+        return 0;
+    }
+    return 1;
+}
+
+static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = bf_check(a, "cuda_cublaslt", e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    lt_state *L;
+    if ((rc = lt_get(&L, e))) return rc;
+    pthread_mutex_lock(&L->mu);
+    rc = lt_matmul(L, a->M, a->w->N, a->w->K, a->w->data, a->x, a->y, 1.f, a->accumulate ? 1.f : 0.f,
+                   (cudaStream_t)s, e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}
+
+const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run};
+
+__global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
+                              const bf16 *__restrict__ w, bf16 *__restrict__ y, int accumulate) {
+    int m = blockIdx.x * 32 + threadIdx.x;
+    int n = blockIdx.y * 8 + threadIdx.y;
+    if (n >= N) return;
+    const bf16 *wr = w + (size_t)n * K;
+    const bf16 *xr = x + (size_t)(m < M ? m : 0) * K;
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) acc += __bfloat162float(wr[k]) * __bfloat162float(xr[k]);
+    if (m >= M) return;
+    size_t o = (size_t)m * N + n;
+    if (accumulate) acc += __bfloat162float(y[o]);
+    y[o] = __float2bfloat16_rn(acc);
+}
+
+static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = bf_check(a, "cuda_ref", e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    dim3 grid((a->M + 31) / 32, (a->w->N + 7) / 8), block(32, 8);
+    if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "gemm cuda_ref: N=%d too large", a->w->N);
+    bf_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, a->w->N, a->w->K, (const bf16 *)a->x,
+                                                      (const bf16 *)a->w->data, (bf16 *)a->y,
+                                                      a->accumulate);
+    CU_LAUNCHED(e, "gemm cuda_ref");
+    return 0;
+}
+
+const gemm_impl gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, bf_supported, bf_ref_run};

@@ -1,0 +1,246 @@
+/* ops.c: the op-family registries, backend selection, and helpers shared by
+ * every backend (weight-row dequantisation, the router's top-k).
+ *
+ * Owns: one registry array per family, filled once (pthread_once) in
+ * preference order: CUDA backends (if linked), fast CPU backends, the
+ * test-only broken ones (LASTSTAND_TEST_BROKEN_BACKENDS=1), then the CPU
+ * reference, which stays last: later registrations are inserted before it.
+ */
+#include "ops/ops.h"
+#include "ops/cpu/cpu.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- small helpers ------------------------------------------------------- */
+
+size_t act_size(act_dtype dt) { return dt == ACT_BF16 ? 2 : 4; }
+const char *act_name(act_dtype dt) { return dt == ACT_BF16 ? "bf16" : "f32"; }
+
+const char *w_kind_name(w_kind k) {
+    switch (k) {
+    case W_F32: return "F32";
+    case W_BF16: return "BF16";
+    case W_F16: return "F16";
+    case W_NVFP4: return "NVFP4";
+    }
+    return "?";
+}
+
+void lin_row_f32(const lin_w *w, int n, float *out) {
+    const int K = w->K;
+    switch (w->kind) {
+    case W_F32:
+        memcpy(out, (const float *)w->data + (size_t)n * K, sizeof(float) * K);
+        break;
+    case W_BF16: {
+        const uint16_t *r = (const uint16_t *)w->data + (size_t)n * K;
+        for (int k = 0; k < K; k++) out[k] = bf16_to_f32(r[k]);
+        break;
+    }
+    case W_F16: {
+        const uint16_t *r = (const uint16_t *)w->data + (size_t)n * K;
+        for (int k = 0; k < K; k++) out[k] = f16_to_f32(r[k]);
+        break;
+    }
+    case W_NVFP4: {
+        /* W[n,k] = E2M1(code) · fp8(scale[n, k/16]) · scale2; byte holds 2i low, 2i+1 high. */
+        const uint8_t *codes = (const uint8_t *)w->data + (size_t)n * (K / 2);
+        const uint8_t *sc = w->scale + (size_t)n * (K / 16);
+        for (int b = 0; b < K / 16; b++) {
+            float s = fp8_e4m3_to_f32(sc[b]) * w->scale2;
+            for (int i = 0; i < 8; i++) {
+                uint8_t byte = codes[b * 8 + i];
+                out[b * 16 + 2 * i] = E2M1_LUT[byte & 0xF] * s;
+                out[b * 16 + 2 * i + 1] = E2M1_LUT[byte >> 4] * s;
+            }
+        }
+        break;
+    }
+    }
+}
+
+size_t lin_bytes(const lin_w *w) {
+    size_t nk = (size_t)w->N * w->K;
+    switch (w->kind) {
+    case W_F32: return nk * 4;
+    case W_BF16: case W_F16: return nk * 2;
+    case W_NVFP4: return nk / 2 + nk / 16;
+    }
+    return 0;
+}
+
+void moe_route(const float *logits, int E, int k, int norm, int32_t *idx, float *w) {
+    /* softmax over all E in fp32 (max-subtracted), then the k largest. */
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)logits[e] - mx);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= idx[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        idx[j] = best;
+        w[j] = (float)(exp((double)logits[best] - mx) / sum);
+    }
+    if (norm) {
+        double s = 0;
+        for (int j = 0; j < k; j++) s += w[j];
+        for (int j = 0; j < k; j++) w[j] = (float)(w[j] / s);
+    }
+}
+
+void ops_cpu_dev(dev_info *d) {
+    memset(d, 0, sizeof *d);
+    d->kind = DEV_CPU;
+    snprintf(d->name, sizeof d->name, "cpu");
+    d->n_threads = pool_threads();
+}
+
+/* ---- registries ---------------------------------------------------------- */
+
+#define REG_MAX 32
+/* Every impl struct starts with `const char *name`, then `dev_kind dev`, then `int test_only`. */
+typedef struct impl_head {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+} impl_head;
+
+typedef struct registry {
+    const void *v[REG_MAX];
+    int n;
+    int has_ref; /* v[n-1] is the CPU reference */
+} registry;
+
+static registry g_reg[6];
+enum { F_GEMM, F_FP4, F_MOE, F_ATTN, F_GDN, F_SMALL };
+static const char *const k_fam_name[6] = {"gemm", "fp4_gemm", "moe", "attention", "gdn", "small"};
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int g_initialising; /* set while reg_init runs on this thread */
+
+static const impl_head *head(const void *p) { return (const impl_head *)p; }
+
+static int reg_add(registry *r, const void *impl, int is_ref) {
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(head(r->v[i])->name, head(impl)->name)) return ERR_INVAL;
+    if (r->n >= REG_MAX) return ERR_INVAL;
+    if (is_ref) {
+        r->v[r->n++] = impl;
+        r->has_ref = 1;
+    } else if (r->has_ref) {
+        r->v[r->n] = r->v[r->n - 1];
+        r->v[r->n - 1] = impl;
+        r->n++;
+    } else {
+        r->v[r->n++] = impl;
+    }
+    return 0;
+}
+
+__attribute__((weak)) void ops_cuda_register_all(void);
+
+static void reg_init(void) {
+    g_initialising = 1;
+    if (ops_cuda_register_all) ops_cuda_register_all();
+    cpu_register_all();
+    const char *b = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
+    if (b && !strcmp(b, "1")) cpu_register_broken();
+    reg_add(&g_reg[F_GEMM], &gemm_cpu_ref, 1);
+    reg_add(&g_reg[F_FP4], &fp4_gemm_cpu_ref, 1);
+    reg_add(&g_reg[F_MOE], &moe_cpu_ref, 1);
+    reg_add(&g_reg[F_ATTN], &attn_cpu_ref, 1);
+    reg_add(&g_reg[F_GDN], &gdn_cpu_ref, 1);
+    reg_add(&g_reg[F_SMALL], &small_cpu_ref, 1);
+    g_initialising = 0;
+}
+
+static registry *reg(int f) {
+    if (!g_initialising) pthread_once(&g_once, reg_init);
+    return &g_reg[f];
+}
+
+static int reg_register(int f, const void *impl) {
+    registry *r = reg(f);
+    pthread_mutex_lock(&g_mu);
+    int rc = reg_add(r, impl, 0);
+    pthread_mutex_unlock(&g_mu);
+    return rc;
+}
+
+static const void *reg_find(int f, const char *name) {
+    registry *r = reg(f);
+    for (int i = 0; i < r->n; i++)
+        if (!strcmp(head(r->v[i])->name, name)) return r->v[i];
+    return NULL;
+}
+
+#define OPS_DEFINE_FAMILY(fam, T, F)                                                   \
+    int ops_##fam##_register(const T *impl) { return reg_register(F, impl); }          \
+    int ops_##fam##_count(void) { return reg(F)->n; }                                  \
+    const T *ops_##fam##_at(int i) {                                                   \
+        registry *r = reg(F);                                                          \
+        return i >= 0 && i < r->n ? (const T *)r->v[i] : NULL;                         \
+    }                                                                                  \
+    const T *ops_##fam##_find(const char *name) { return (const T *)reg_find(F, name); }
+OPS_DEFINE_FAMILY(gemm, gemm_impl, F_GEMM)
+OPS_DEFINE_FAMILY(fp4_gemm, fp4_gemm_impl, F_FP4)
+OPS_DEFINE_FAMILY(moe, moe_impl, F_MOE)
+OPS_DEFINE_FAMILY(attn, attn_impl, F_ATTN)
+OPS_DEFINE_FAMILY(gdn, gdn_impl, F_GDN)
+OPS_DEFINE_FAMILY(small, small_ops, F_SMALL)
+
+/* ---- selection ----------------------------------------------------------- */
+
+static int pick(int f, const dev_info *d, const char *name, const void **out, ls_err *e) {
+    registry *r = reg(f);
+    if (!name || !*name || !strcmp(name, "auto")) {
+        for (int i = 0; i < r->n; i++) {
+            const impl_head *h = head(r->v[i]);
+            if (h->dev == d->kind && !h->test_only) { *out = r->v[i]; return 0; }
+        }
+        return errf(e, ERR_UNSUPPORTED, "no %s backend for device %s", k_fam_name[f], d->name);
+    }
+    for (int i = 0; i < r->n; i++) {
+        const impl_head *h = head(r->v[i]);
+        if (!strcmp(h->name, name) && h->dev == d->kind) { *out = r->v[i]; return 0; }
+    }
+    buf b;
+    buf_init(&b);
+    for (int i = 0; i < r->n; i++)
+        if (head(r->v[i])->dev == d->kind)
+            buf_printf(&b, "%s%s", b.len ? ", " : "", head(r->v[i])->name);
+    errf(e, ERR_INVAL, "unknown %s backend '%s' for device %s (valid: auto, %s)", k_fam_name[f],
+         name, d->name, b.data ? b.data : "");
+    buf_free(&b);
+    return ERR_INVAL;
+}
+
+int ops_select(const dev_info *d, const ops_names *n, ops_sel *out, ls_err *e) {
+    static const ops_names none;
+    if (!n) n = &none;
+    memset(out, 0, sizeof *out);
+    out->dev = *d;
+    out->act = d->kind == DEV_CPU ? ACT_F32 : ACT_BF16;
+    int rc;
+    if ((rc = pick(F_GEMM, d, n->gemm, (const void **)&out->gemm, e))) return rc;
+    if ((rc = pick(F_FP4, d, n->fp4_gemm, (const void **)&out->fp4_gemm, e))) return rc;
+    if ((rc = pick(F_MOE, d, n->moe, (const void **)&out->moe, e))) return rc;
+    if ((rc = pick(F_ATTN, d, n->attention, (const void **)&out->attn, e))) return rc;
+    if ((rc = pick(F_GDN, d, n->gdn, (const void **)&out->gdn, e))) return rc;
+    return pick(F_SMALL, d, NULL, (const void **)&out->small, e);
+}
+
+int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
+               ls_err *e) {
+    gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
+    const gemm_impl *g = w->kind == W_NVFP4 ? s->fp4_gemm : s->gemm;
+    return g->run(&a, s->stream, e);
+}

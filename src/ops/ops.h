@@ -1,0 +1,344 @@
+/* ops.h: the op families, their backends and the registries.
+ *
+ * An op family is a C interface (shape struct, argument struct) plus a
+ * registry of implementations, ggml style: a table of function pointers per
+ * backend, `name`, `supported(dev, shape, why, n)` and `run(args, stream, err)`.
+ * Families (DESIGN.md section 4):
+ *   gemm      y = x·Wᵀ with a BF16/F16/F32 weight
+ *   fp4_gemm  y = x·Wᵀ with an NVFP4 (ModelOpt) weight
+ *   moe       router softmax -> top-k -> renormalise, routed SiLU-gated
+ *             experts, shared expert with its sigmoid gate, weighted combine
+ *   attention paged GQA over the KV pool, prefill and decode rows mixed,
+ *             causal, optional output gate
+ *   gdn       causal conv1d + SiLU with conv state, L2 norm, g/beta, gated
+ *             delta rule with recurrent state (decode and multi-token prefill)
+ *   small     RMSNorm flavours, gated RMSNorm, NeoX RoPE (partial or full),
+ *             embedding, SiLU-mul, residual add, KV-page writes
+ *
+ * Every family's registry ends with its CPU reference ("cpu_ref": plain
+ * fp32/fp64 code that reads like reference/qwen35-and-nvfp4.md); other
+ * backends (fast CPU, CUDA) register in front of it. Registration order is
+ * preference order: "auto" takes the first backend of the device that is not
+ * marked test_only. Backends are stateless; all memory comes in the args.
+ *
+ * Pointers in args live in the memory of the device the backend runs on.
+ * Activations have dtype `dt` (ACT_F32 on the CPU; ACT_BF16 on CUDA). Weights
+ * are lin_w views. 1-D parameters (norm weights, A_log, dt_bias, conv1d) are
+ * fp32. Shapes are written [rows, cols] in comments, row-major.
+ *
+ * The env var LASTSTAND_TEST_BROKEN_BACKENDS=1 registers two deliberately
+ * broken moe backends (cpu_broken_nan, cpu_broken_abort) for testing the
+ * doctor; they are test_only, so "auto" never picks them.
+ */
+#ifndef LS_OPS_H
+#define LS_OPS_H
+
+#include "base/base.h"
+
+/* ---- devices, dtypes, weights -------------------------------------------- */
+
+typedef enum dev_kind { DEV_CPU = 0, DEV_CUDA = 1 } dev_kind;
+
+typedef struct dev_info {
+    dev_kind kind;
+    int ordinal;            /* CUDA device index */
+    char name[128];         /* "cpu", "NVIDIA H200" */
+    int cc_major, cc_minor; /* CUDA compute capability */
+    int n_sm;
+    size_t mem_bytes;
+    int n_threads;          /* CPU worker threads */
+} dev_info;
+
+typedef void *ls_stream;    /* cudaStream_t on CUDA, NULL on the CPU */
+
+typedef enum act_dtype { ACT_F32 = 0, ACT_BF16 = 1 } act_dtype;
+size_t act_size(act_dtype dt);
+const char *act_name(act_dtype dt);
+
+typedef enum w_kind { W_F32 = 0, W_BF16, W_F16, W_NVFP4 } w_kind;
+const char *w_kind_name(w_kind k);
+
+/* A linear layer's weight, logical shape [N, K]; y = x·Wᵀ. Non-owning. */
+typedef struct lin_w {
+    w_kind kind;
+    int N, K;
+    const void *data;     /* W_F32/W_BF16/W_F16: [N, K];
+                             W_NVFP4: uint8 [N, K/2], element 2i in the low nibble */
+    const uint8_t *scale; /* W_NVFP4: F8_E4M3 [N, K/16] per-16-element block scales */
+    float scale2;         /* W_NVFP4: per-tensor global scale (weight_scale_2) */
+    const char *name;     /* checkpoint prefix, for messages; may be NULL */
+} lin_w;
+
+/* Row n of W as fp32 (dequantised for NVFP4): out [K]. */
+void lin_row_f32(const lin_w *w, int n, float *out);
+/* Bytes of W's data (+ scales). */
+size_t lin_bytes(const lin_w *w);
+
+/* ---- gemm / fp4_gemm ----------------------------------------------------- */
+
+typedef struct gemm_shape {
+    int M, N, K;
+    w_kind wk;
+    act_dtype dt;
+} gemm_shape;
+
+typedef struct gemm_args {
+    int M;
+    const void *x;     /* [M, K] */
+    const lin_w *w;    /* [N, K] */
+    void *y;           /* [M, N]; must not alias x */
+    int accumulate;    /* 0: y = x·Wᵀ   1: y += x·Wᵀ */
+    act_dtype dt;
+} gemm_args;
+
+typedef struct gemm_impl {
+    const char *name;
+    dev_kind dev;
+    int test_only;     /* never chosen by "auto" */
+    int (*supported)(const dev_info *d, const gemm_shape *s, char *why, size_t n);
+    int (*run)(const gemm_args *a, ls_stream s, ls_err *e);
+} gemm_impl;
+
+/* fp4_gemm shares gemm's argument types; its registry is separate. */
+typedef gemm_shape fp4_gemm_shape;
+typedef gemm_args fp4_gemm_args;
+typedef gemm_impl fp4_gemm_impl;
+
+/* ---- moe ----------------------------------------------------------------- */
+
+/* One sparse-MoE block's weights (a layer's `mlp`). */
+typedef struct moe_w {
+    int hidden;          /* H */
+    int n_experts;       /* E */
+    int top_k;
+    int inter;           /* I, per routed expert */
+    int norm_topk;       /* renormalise the top-k weights to sum 1 */
+    lin_w router;        /* mlp.gate [E, H] */
+    const lin_w *gate;   /* [E] experts' gate_proj, each [I, H] */
+    const lin_w *up;     /* [E] experts' up_proj,   each [I, H] */
+    const lin_w *down;   /* [E] experts' down_proj, each [H, I] */
+    int shared_inter;    /* Is; 0 = no shared expert */
+    lin_w sh_gate, sh_up;/* [Is, H] */
+    lin_w sh_down;       /* [H, Is] */
+    int has_sh_gate;     /* shared_expert_gate present */
+    lin_w sh_gate_w;     /* shared_expert_gate [1, H]: out += sigmoid(x·w) · shared */
+} moe_w;
+
+typedef struct moe_shape {
+    int M, H, E, top_k, I, Is;
+    w_kind wk;           /* the experts' weight kind */
+    act_dtype dt;
+} moe_shape;
+
+typedef struct moe_args {
+    int M;
+    const void *x;       /* [M, H] */
+    void *y;             /* [M, H] out (overwritten); must not alias x */
+    const moe_w *w;
+    act_dtype dt;
+    int32_t *topk_idx;   /* optional out [M, top_k]: chosen experts, by descending weight */
+    float *topk_w;       /* optional out [M, top_k]: their combine weights */
+} moe_args;
+
+typedef struct moe_impl {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+    int (*supported)(const dev_info *d, const moe_shape *s, char *why, size_t n);
+    int (*run)(const moe_args *a, ls_stream s, ls_err *e);
+} moe_impl;
+
+/* The router's math, shared by every backend's reference check:
+ * p = softmax(logits) over E (fp32), take the top_k largest (ties: lower index
+ * first), renormalise to sum 1 if norm. logits [E] -> idx [k], w [k]. */
+void moe_route(const float *logits, int E, int k, int norm, int32_t *idx, float *w);
+
+/* ---- attention ----------------------------------------------------------- */
+
+/* One layer's slice of the paged KV pool. Position p of a sequence lives in
+ * page pages[p / page_size], row p % page_size. */
+typedef struct kv_layer {
+    void *k;             /* [n_pages, page_size, n_kv_heads, head_dim] */
+    void *v;             /* [n_pages, page_size, n_kv_heads, head_dim] */
+    int n_pages, page_size;
+    act_dtype dt;        /* storage dtype (F32 on the CPU) */
+} kv_layer;
+
+typedef struct attn_seq {
+    int n_past;          /* tokens already cached */
+    int n_new;           /* new tokens at positions [n_past, n_past + n_new) */
+    int row0;            /* first row of this sequence in q/gate/out (rows are new tokens) */
+    const int32_t *pages;/* pages covering positions [0, n_past + n_new) */
+} attn_seq;
+
+typedef struct attn_shape {
+    int n_tok, n_seq, max_ctx;
+    int n_heads, n_kv_heads, head_dim;
+    int gated;
+    act_dtype dt;
+} attn_shape;
+
+typedef struct attn_args {
+    int n_seq;
+    const attn_seq *seqs;
+    int n_tok;           /* Σ n_new */
+    int n_heads, n_kv_heads, head_dim; /* query head h reads kv head h / (n_heads / n_kv_heads) */
+    float scale;         /* softmax scale, head_dim^-0.5 */
+    const void *q;       /* [n_tok, n_heads, head_dim], already normed and rotated */
+    const void *gate;    /* [n_tok, n_heads, head_dim] or NULL: out *= sigmoid(gate) */
+    const kv_layer *kv;  /* holds K/V of every position incl. the new ones (small.kv_write) */
+    void *out;           /* [n_tok, n_heads, head_dim] */
+    act_dtype dt;
+} attn_args;
+
+typedef struct attn_impl {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+    int (*supported)(const dev_info *d, const attn_shape *s, char *why, size_t n);
+    int (*run)(const attn_args *a, ls_stream s, ls_err *e);
+} attn_impl;
+
+/* ---- gdn (Gated DeltaNet) ------------------------------------------------ */
+
+typedef struct gdn_w {
+    int nk, nv;          /* key heads, value heads (nv % nk == 0; v head j uses k head j / (nv/nk)) */
+    int dk, dv;          /* head dims */
+    int conv_k;          /* conv kernel size */
+    const float *conv_w; /* [conv_dim, conv_k], conv_dim = 2·nk·dk + nv·dv */
+    const float *A_log;  /* [nv] */
+    const float *dt_bias;/* [nv] */
+} gdn_w;
+
+/* One layer's per-sequence state, in fixed slots. */
+typedef struct gdn_state {
+    float *conv;         /* [n_slots, conv_dim, conv_k - 1]: the previous inputs, oldest first */
+    float *rec;          /* [n_slots, nv, dk, dv]: S of the delta rule */
+    int n_slots;
+} gdn_state;
+
+typedef struct gdn_seq {
+    int slot;
+    int n_new;           /* tokens this step, following the slot's state */
+    int row0;            /* first row of this sequence in qkv/a/b/out */
+} gdn_seq;
+
+typedef struct gdn_shape {
+    int n_tok, n_seq, nk, nv, dk, dv, conv_k;
+    act_dtype dt;
+} gdn_shape;
+
+typedef struct gdn_args {
+    int n_seq;
+    const gdn_seq *seqs;
+    int n_tok;
+    const gdn_w *w;
+    const void *qkv;     /* [n_tok, conv_dim]: x·W_qkvᵀ, channels [q(nk·dk) | k(nk·dk) | v(nv·dv)], pre-conv */
+    const void *a;       /* [n_tok, nv]: x·W_aᵀ */
+    const void *b;       /* [n_tok, nv]: x·W_bᵀ */
+    const gdn_state *st; /* read and updated in place */
+    void *out;           /* [n_tok, nv, dv]: o_t = Sᵀ q_t, before the gated norm */
+    act_dtype dt;
+} gdn_args;
+
+typedef struct gdn_impl {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+    int (*supported)(const dev_info *d, const gdn_shape *s, char *why, size_t n);
+    int (*run)(const gdn_args *a, ls_stream s, ls_err *e);
+} gdn_impl;
+
+/* ---- small ops ----------------------------------------------------------- */
+
+typedef enum rms_kind {
+    RMS_PLAIN = 0,       /* y = w · x̂             (Qwen3, Qwen3-MoE) */
+    RMS_ZC = 1,          /* y = (1 + w) · x̂       (Qwen3-Next, Qwen3.5: zero-centred) */
+} rms_kind;              /* x̂ = x · rsqrt(mean(x²) + eps), in fp32 */
+
+typedef struct small_ops {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+    /* y[r] = norm(x[r]) for rows x cols; w [cols]; y may alias x. */
+    int (*rmsnorm)(int rows, int cols, const void *x, const float *w, rms_kind kind, float eps,
+                   void *y, act_dtype dt, ls_stream s);
+    /* y[r] = (w · x̂[r]) · silu(z[r])  (the GDN output norm); y may alias x. */
+    int (*rmsnorm_gated)(int rows, int cols, const void *x, const void *z, const float *w,
+                         float eps, void *y, act_dtype dt, ls_stream s);
+    /* NeoX rotate-half RoPE on the first rot_dim dims of each head, in place:
+     * x [n_tok, n_heads, head_dim], pos [n_tok]; pairs (i, i + rot_dim/2),
+     * angle pos · theta^(-2i/rot_dim). */
+    int (*rope)(int n_tok, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                double theta, void *x, act_dtype dt, ls_stream s);
+    /* y[i] = table[ids[i]]: table [V, H] (W_F32/W_BF16/W_F16), y [n, H]. */
+    int (*embed)(int n, const int32_t *ids, const lin_w *table, void *y, act_dtype dt, ls_stream s);
+    /* y = silu(g) · u, all [n]. y may alias g. */
+    int (*silu_mul)(int64_t n, const void *g, const void *u, void *y, act_dtype dt, ls_stream s);
+    /* y += x, [n]. */
+    int (*add)(int64_t n, const void *x, void *y, act_dtype dt, ls_stream s);
+    /* Write the new tokens' K and V into the pool: k, v [n_tok, n_kv_heads,
+     * head_dim] rows ordered as the seqs' rows. */
+    int (*kv_write)(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads,
+                    int head_dim, const void *k, const void *v, act_dtype dt, ls_stream s);
+} small_ops;
+
+/* ---- registries ---------------------------------------------------------- */
+
+/* Per family: register (inserted before the trailing CPU reference; returns
+ * ERR_INVAL on a duplicate name or a full registry), count, i-th, by name. */
+#define OPS_DECLARE_FAMILY(fam, T)                                    \
+    int ops_##fam##_register(const T *impl);                          \
+    int ops_##fam##_count(void);                                      \
+    const T *ops_##fam##_at(int i);                                   \
+    const T *ops_##fam##_find(const char *name);
+OPS_DECLARE_FAMILY(gemm, gemm_impl)
+OPS_DECLARE_FAMILY(fp4_gemm, fp4_gemm_impl)
+OPS_DECLARE_FAMILY(moe, moe_impl)
+OPS_DECLARE_FAMILY(attn, attn_impl)
+OPS_DECLARE_FAMILY(gdn, gdn_impl)
+OPS_DECLARE_FAMILY(small, small_ops)
+#undef OPS_DECLARE_FAMILY
+
+/* Hook for the CUDA module: when linked (LS_HAVE_CUDA), registers its
+ * backends; called once, before the CPU backends are appended. */
+void ops_cuda_register_all(void);
+
+/* The CPU as a dev_info. */
+void ops_cpu_dev(dev_info *d);
+
+/* Backend names chosen per family; NULL or "auto" = the default choice. */
+typedef struct ops_names {
+    const char *gemm, *fp4_gemm, *moe, *attention, *gdn;
+} ops_names;
+
+/* The backends a model runs with. */
+typedef struct ops_sel {
+    dev_info dev;
+    act_dtype act;       /* activation dtype on this device: F32 (CPU), BF16 (CUDA) */
+    ls_stream stream;    /* the stream ops run on (NULL on the CPU) */
+    const gemm_impl *gemm;
+    const fp4_gemm_impl *fp4_gemm;
+    const moe_impl *moe;
+    const attn_impl *attn;
+    const gdn_impl *gdn;
+    const small_ops *small;
+} ops_sel;
+
+/* Resolve names for device d. An unknown name, or one of another device, is
+ * ERR_INVAL naming the family and listing the valid names. */
+int ops_select(const dev_info *d, const ops_names *names, ops_sel *out, ls_err *e);
+
+/* y = x·Wᵀ through the selected gemm or fp4_gemm (by w->kind). */
+int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
+               ls_err *e);
+
+/* ---- the CPU reference backends (always registered, always last) -------- */
+extern const gemm_impl gemm_cpu_ref;
+extern const fp4_gemm_impl fp4_gemm_cpu_ref;
+extern const moe_impl moe_cpu_ref;
+extern const attn_impl attn_cpu_ref;
+extern const gdn_impl gdn_cpu_ref;
+extern const small_ops small_cpu_ref;
+
+#endif

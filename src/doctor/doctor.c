@@ -302,6 +302,8 @@ static void put_cell(buf *b, const char *text, int width) {
     for (int w = disp_width(text, keep); w < width; w++) buf_putc(b, ' ');
 }
 
+static double g_copy_gbs; /* measured device copy bandwidth of the report being rendered */
+
 static void fmt_ok(char *out, size_t n, json_t *c) {
     double ms = json_number_value(json_object_get(c, "ms"));
     double gbs = json_number_value(json_object_get(c, "gbs"));
@@ -311,7 +313,9 @@ static void fmt_ok(char *out, size_t n, json_t *c) {
     char t[32], r[32];
     if (ms < 1.0) snprintf(t, sizeof t, "%.1f µs", ms * 1e3);
     else snprintf(t, sizeof t, "%.3f ms", ms);
-    if (bytes > 0 && flops / bytes < 100) snprintf(r, sizeof r, gbs < 10 ? "%.2f GB/s" : "%.0f GB/s", gbs);
+    if (bytes > 0 && flops / bytes < 100 && g_copy_gbs > 0)
+        snprintf(r, sizeof r, "%.0f GB/s %.0f%%", gbs, 100.0 * gbs / g_copy_gbs);
+    else if (bytes > 0 && flops / bytes < 100) snprintf(r, sizeof r, gbs < 10 ? "%.2f GB/s" : "%.0f GB/s", gbs);
     else if (tf < 1) snprintf(r, sizeof r, "%.1f GFLOP/s", tf * 1e3);
     else snprintf(r, sizeof r, "%.1f TFLOP/s", tf);
     snprintf(out, n, "%s %s %s", !strcmp(json_string_value(json_object_get(c, "status")), "ok") ? "✅" : "⚠", t, r);
@@ -384,6 +388,10 @@ void doctor_render(json_t *report, FILE *f) {
                json_string_value(json_object_get(dev, "cc")),
                json_string_value(json_object_get(dev, "driver")),
                json_string_value(json_object_get(report, "model")));
+    g_copy_gbs = json_number_value(json_object_get(dev, "copy_gbs"));
+    if (g_copy_gbs > 0)
+        buf_printf(&b, "measured device copy bandwidth (cudaMemcpy D2D, read + write): %.0f GB/s; "
+                       "GB/s cells count weights + activations once, %% is of that copy bandwidth\n", g_copy_gbs);
     size_t i;
     json_t *tab;
     json_array_foreach(json_object_get(report, "tables"), i, tab) render_table(&b, tab);
@@ -510,6 +518,14 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     json_object_set_new(report, "device", json_pack("{s:s,s:s,s:s,s:i,s:s}", "kind", o->device, "name", dev.name,
                                                     "cc", cuda ? cc : "-", "sms", dev.n_sm, "driver", driver));
     json_object_set_new(report, "model", json_string(s->model));
+#ifdef LS_HAVE_CUDA
+    if (cuda) {
+        ls_err ce = {0};
+        double bw = lsc_copy_bw_gbs((size_t)2 << 30, 10, &ce);
+        if (bw > 0) json_object_set_new(json_object_get(report, "device"), "copy_gbs", json_real(bw));
+        else fprintf(stderr, "doctor: copy bandwidth not measured: %s\n", ce.msg);
+    }
+#endif
     char bid[32];
     snprintf(bid, sizeof bid, "%016llx", (unsigned long long)build_id(o->self_exe));
     json_object_set_new(report, "build", json_string(bid));

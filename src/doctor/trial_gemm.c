@@ -133,14 +133,25 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     j.sbytes = fp4 ? (size_t)N * K / 16 : 0;
     j.xbytes = (size_t)M * K * act_size(td_act());
     j.ybytes = (size_t)M * N * act_size(td_act());
-    uint8_t *hw = xmalloc(j.wbytes), *hs = fp4 ? xmalloc(j.sbytes) : NULL;
-    float *hx = xmalloc(sizeof(float) * M * K), *hy = xmalloc(sizeof(float) * M * N), *ref = NULL;
-    if (fp4) {
-        td_gen_nvfp4(N, K, hw, hs, &j.scale2, &rng);
-    } else {
-        uint16_t *wb = (uint16_t *)hw;
-        for (size_t i = 0; i < (size_t)N * K; i++) wb[i] = f32_to_bf16(td_rng_unit(&rng) * 0.05f);
+    /* one random weight per shape, shared by its buckets (generation is the slow part) */
+    static struct { int fp4, N, K; uint8_t *w, *s; float scale2; } wc;
+    if (!wc.w || wc.fp4 != fp4 || wc.N != N || wc.K != K) {
+        free(wc.w);
+        free(wc.s);
+        wc.fp4 = fp4; wc.N = N; wc.K = K;
+        wc.w = xmalloc(j.wbytes);
+        wc.s = fp4 ? xmalloc(j.sbytes) : NULL;
+        uint64_t wr = c->seed * 0x2545F4914F6CDD1Dull + (uint64_t)N * 131 + (uint64_t)K;
+        if (fp4) {
+            td_gen_nvfp4(N, K, wc.w, wc.s, &wc.scale2, &wr);
+        } else {
+            uint16_t *wb = (uint16_t *)wc.w;
+            for (size_t i = 0; i < (size_t)N * K; i++) wb[i] = f32_to_bf16(td_rng_unit(&wr) * 0.05f);
+        }
     }
+    const uint8_t *hw = wc.w, *hs = wc.s;
+    j.scale2 = wc.scale2;
+    float *hx = xmalloc(sizeof(float) * M * K), *hy = xmalloc(sizeof(float) * M * N), *ref = NULL;
     td_gen_act(hx, M, K, &rng);
     int rc = gjob_alloc(&j, 0, &e);
     if (!rc) rc = td_put(j.w[0], hw, j.wbytes, &e);
@@ -222,7 +233,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     }
 done:
     gjob_free(&j);
-    free(hw); free(hs); free(hx); free(hy); free(ref);
+    free(hx); free(hy); free(ref);
 }
 
 int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start) {

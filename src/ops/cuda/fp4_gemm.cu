@@ -287,8 +287,8 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (w->K % W4_CHUNK || w->N % 16)
         return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: needs K %% 128 == 0 and N %% 16 == 0 (N=%d K=%d)",
                     w->N, w->K);
-    if (((uintptr_t)a->x | (uintptr_t)w->data) & 15)
-        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: x and weight must be 16-byte aligned");
+    if (((uintptr_t)a->x | (uintptr_t)w->data) & 15 || (uintptr_t)w->scale & 1)
+        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: x and weight must be 16-byte aligned, scales 2-byte");
     if (a->M <= 0) return 0;
     int nchunks = w->K / W4_CHUNK;
     int mt = a->M <= 8 ? 1 : a->M <= 16 ? 2 : 4;

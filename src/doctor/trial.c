@@ -141,13 +141,14 @@ int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
     if (!rc) rc = td_sync(e);
     if (rc) return rc;
     double est = (now_sec() - t0) * 1e3;
+    /* about 150 ms of timed calls: 50 for fast kernels, 3 for the slow references */
     int reps = est > 0 ? (int)(150.0 / est) : 50;
-    if (reps < 5) reps = 5;
+    if (reps < 3) reps = 3;
     if (reps > 50) reps = 50;
     double *ms = xcalloc(reps, sizeof(double));
 #ifdef LS_HAVE_CUDA
     if (g_cuda) {
-        for (int s = 1; s < nsets && s < 4; s++)
+        for (int s = 1; s < nsets && s < 4 && est < 10.0; s++)
             if ((rc = fn(ctx, s, e))) goto out; /* touch a few sets: first-use costs stay out */
         lsc_timer *t = lsc_timer_new(reps, e);
         if (!t) {

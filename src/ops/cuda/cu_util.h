@@ -116,4 +116,8 @@ __device__ __forceinline__ uint4 cu_ld_stream16(const void *p) {
     return r;
 }
 
+/* cuBLASLt GEMM shared by the families of this module (fp4_gemm.cu). */
+int cu_lt_gemm(int M, int N, int K, const void *W, const void *A, void *D, int d32, float alpha,
+               float beta, cudaStream_t st, ls_err *e);
+
 #endif

@@ -11,6 +11,8 @@
  *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
  *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
+ *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
+ *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).
@@ -26,6 +28,8 @@ extern const fp4_gemm_impl fp4_gemm_cuda_ref;
 extern const fp4_gemm_impl fp4_gemm_cuda_broken_sm100;
 extern const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072;
 extern const fp4_gemm_impl fp4_gemm_cuda_broken_illegal;
+extern const moe_impl moe_cuda_fused_decode;
+extern const moe_impl moe_cuda_expert_loop;
 extern const gemm_impl gemm_cuda_cublaslt;
 extern const gemm_impl gemm_cuda_ref;
 

@@ -31,6 +31,7 @@
 
 #include <cublasLt.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- shared checks --------------------------------------------------------- */
@@ -248,22 +249,34 @@ __global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
     }
 }
 
-template <int MT, int KW>
+template <int MT, int KW, int U>
 static void w4_launch(dim3 grid, cudaStream_t st, const gemm_args *a) {
     const lin_w *w = a->w;
-    fp4_w4a16_kernel<MT, KW, 4><<<grid, 32 * KW, 0, st>>>(
+    fp4_w4a16_kernel<MT, KW, U><<<grid, 32 * KW, 0, st>>>(
         a->M, w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2,
         (bf16 *)a->y, a->accumulate);
 }
 
-template <int MT>
+template <int MT, int U>
 static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a) {
     switch (kw) {
-    case 1: w4_launch<MT, 1>(grid, st, a); break;
-    case 2: w4_launch<MT, 2>(grid, st, a); break;
-    case 4: w4_launch<MT, 4>(grid, st, a); break;
-    default: w4_launch<MT, 8>(grid, st, a); break;
+    case 1: w4_launch<MT, 1, U>(grid, st, a); break;
+    case 2: w4_launch<MT, 2, U>(grid, st, a); break;
+    case 4: w4_launch<MT, 4, U>(grid, st, a); break;
+    default: w4_launch<MT, 8, U>(grid, st, a); break;
     }
+}
+
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_KW =
+ * warps splitting K (1, 2, 4, 8), LASTSTAND_W4A16_U = chunks in flight per
+ * warp at M <= 8 (4 or 8). Read once. */
+static int g_w4_kw = -1, g_w4_u = -1;
+static void w4_knobs(void) {
+    if (g_w4_kw >= 0) return;
+    const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
+    int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
+    g_w4_u = uv == 4 || uv == 8 ? uv : 8;
+    g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 ? kv : 0;
 }
 
 static int w4_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
@@ -295,15 +308,18 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int mtiles = (a->M + 8 * mt - 1) / (8 * mt);
     /* Split K over more warps until about 16 warps per SM have loads in flight
      * (132 SMs on an H200), never below one chunk per warp. */
+    w4_knobs();
     long tiles = (long)(w->N / 16) * mtiles;
     int kw = 1;
     while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
+    if (g_w4_kw > 0 && nchunks >= g_w4_kw) kw = g_w4_kw;
     if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
     dim3 grid(w->N / 16, mtiles);
     cudaStream_t st = (cudaStream_t)s;
-    if (mt == 1) w4_launch_kw<1>(kw, grid, st, a);
-    else if (mt == 2) w4_launch_kw<2>(kw, grid, st, a);
-    else w4_launch_kw<4>(kw, grid, st, a);
+    if (mt == 1 && g_w4_u == 8) w4_launch_kw<1, 8>(kw, grid, st, a);
+    else if (mt == 1) w4_launch_kw<1, 4>(kw, grid, st, a);
+    else if (mt == 2) w4_launch_kw<2, 4>(kw, grid, st, a);
+    else w4_launch_kw<4, 4>(kw, grid, st, a);
     CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma");
     return 0;
 }
@@ -315,7 +331,7 @@ const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4
 enum { LT_MAX_DEV = 16, LT_WS_BYTES = 32 << 20, LT_CACHE = 64 };
 
 typedef struct lt_algo_entry {
-    int M, N, K, beta1;
+    int M, N, K, beta1, d32;
     cublasLtMatmulAlgo_t algo;
     int valid;
 } lt_algo_entry;
@@ -362,7 +378,7 @@ static int lt_get(lt_state **out, ls_err *e) {
 /* D[M,N] = alpha · A[M,K] · Wᵀ + beta · D (all BF16 row-major), as the
  * column-major product Dᵀ[N,M] = W[N,K] · Aᵀ: opA = T on W (K x N col-major),
  * opB = N on A (K x M col-major). Caller holds L->mu. */
-static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void *A, void *D,
+static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void *A, void *D, int d32,
                      float alpha, float beta, cudaStream_t st, ls_err *e) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
@@ -382,13 +398,13 @@ static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
     LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, d32 ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
     {
         int beta1 = beta != 0.f;
         lt_algo_entry *hit = NULL;
         for (int i = 0; i < L->n_cache; i++)
             if (L->cache[i].M == M && L->cache[i].N == N && L->cache[i].K == K &&
-                L->cache[i].beta1 == beta1)
+                L->cache[i].beta1 == beta1 && L->cache[i].d32 == d32)
                 hit = &L->cache[i];
         if (!hit) {
             cublasLtMatmulPreference_t pref = NULL;
@@ -407,7 +423,7 @@ static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void
                 goto done;
             }
             int slot = L->n_cache < LT_CACHE ? L->n_cache++ : (M + N + K) % LT_CACHE;
-            L->cache[slot] = (lt_algo_entry){M, N, K, beta1, res.algo, 1};
+            L->cache[slot] = (lt_algo_entry){M, N, K, beta1, d32, res.algo, 1};
             hit = &L->cache[slot];
         }
         LT_TRY(cublasLtMatmul(L->h, op, &alpha, W, la, A, lb, &beta, D, lc, D, lc, &hit->algo, L->ws,
@@ -487,7 +503,7 @@ static int dq_run(const gemm_args *a, ls_stream s, ls_err *e) {
         pthread_mutex_unlock(&L->mu);
         return cu_fail(e, c, "fp4_gemm cuda_dequant_cublas (dequant)");
     }
-    rc = lt_matmul(L, a->M, w->N, w->K, L->wbuf, a->x, a->y, w->scale2, a->accumulate ? 1.f : 0.f, st,
+    rc = lt_matmul(L, a->M, w->N, w->K, L->wbuf, a->x, a->y, 0, w->scale2, a->accumulate ? 1.f : 0.f, st,
                    e);
     pthread_mutex_unlock(&L->mu);
     return rc;
@@ -571,7 +587,7 @@ static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
     lt_state *L;
     if ((rc = lt_get(&L, e))) return rc;
     pthread_mutex_lock(&L->mu);
-    rc = lt_matmul(L, a->M, a->w->N, a->w->K, a->w->data, a->x, a->y, 1.f, a->accumulate ? 1.f : 0.f,
+    rc = lt_matmul(L, a->M, a->w->N, a->w->K, a->w->data, a->x, a->y, 0, 1.f, a->accumulate ? 1.f : 0.f,
                    (cudaStream_t)s, e);
     pthread_mutex_unlock(&L->mu);
     return rc;
@@ -608,3 +624,16 @@ static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
 }
 
 const gemm_impl gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, bf_supported, bf_ref_run};
+
+/* D[M,N] = alpha · A[M,K]·Wᵀ (+ beta·D), W and A BF16, D BF16 or (d32) fp32:
+ * for the other families of this module (the MoE router's fp32 logits). */
+int cu_lt_gemm(int M, int N, int K, const void *W, const void *A, void *D, int d32, float alpha,
+               float beta, cudaStream_t st, ls_err *e) {
+    lt_state *L;
+    int rc = lt_get(&L, e);
+    if (rc) return rc;
+    pthread_mutex_lock(&L->mu);
+    rc = lt_matmul(L, M, N, K, W, A, D, d32, alpha, beta, st, e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}

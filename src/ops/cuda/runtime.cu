@@ -15,6 +15,8 @@ extern "C" void ops_cuda_register_all(void) {
     ops_fp4_gemm_register(&fp4_gemm_cuda_w4a16_mma);
     ops_fp4_gemm_register(&fp4_gemm_cuda_dequant_cublas);
     ops_fp4_gemm_register(&fp4_gemm_cuda_ref);
+    ops_moe_register(&moe_cuda_fused_decode);
+    ops_moe_register(&moe_cuda_expert_loop);
     ops_gemm_register(&gemm_cuda_cublaslt);
     ops_gemm_register(&gemm_cuda_ref);
     const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");

@@ -10,15 +10,15 @@ LS=${1:-./laststand}; OUT=${2:-.}; HERE=$(dirname "$0")
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 240 $LS doctor --device cuda --model-path synth:qwen3.5-397b-a17b,layers=4 \
+LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 210 $LS doctor --device cuda --model-path synth:qwen3.5-397b-a17b,layers=4 \
   --json $OUT/doctor-397b.json > $OUT/doctor-397b.txt 2> $OUT/doctor-397b.err
 echo "doctor 397b: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
-LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 150 $LS doctor --device cuda --model-path synth:qwen3.5-35b-a3b \
+LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 120 $LS doctor --device cuda --model-path synth:qwen3.5-35b-a3b \
   --json $OUT/doctor-35b.json > $OUT/doctor-35b.txt 2> $OUT/doctor-35b.err
 echo "doctor 35b: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
-timeout 150 python3 $HERE/fp4_gemm_bench.py --laststand $LS --out $OUT > $OUT/bench.txt 2>&1
+timeout 140 python3 $HERE/fp4_gemm_bench.py --laststand $LS --out $OUT > $OUT/bench.txt 2>&1
 echo "bench: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
-timeout 90 sh $HERE/w4a16_sweep.sh $LS $OUT > $OUT/sweep.txt 2>&1
+timeout 80 sh $HERE/w4a16_sweep.sh $LS $OUT > $OUT/sweep.txt 2>&1
 echo "sweep: exit $? in $(( $(date +%s) - t0 )) s"
 cat $OUT/doctor-397b.err >> $OUT/doctor-397b.txt; cat $OUT/doctor-35b.err >> $OUT/doctor-35b.txt
 rm -f $OUT/doctor-397b.err $OUT/doctor-35b.err $OUT/sweep.json

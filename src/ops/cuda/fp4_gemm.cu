@@ -249,6 +249,143 @@ __global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
     }
 }
 
+/* The M <= 8 decode kernel, persistent and software-pipelined: a grid of
+ * (occupancy x SMs) blocks of 8 warps walks the 16-row tiles; each warp owns
+ * a fixed K slice of up to U chunks and, while it decodes and multiplies the
+ * current tile, the loads of its slice of the next tile are already in flight
+ * (two register buffers, A and B, alternate). Same fragment mapping as
+ * fp4_w4a16_kernel. */
+template <int U>
+struct w4_buf {
+    uint4 w0[U], w1[U];
+    uint16_t s0[U], s1[U];
+};
+
+template <int U>
+__device__ __forceinline__ void w4p_load(w4_buf<U> &b, const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
+                                         int K, int n0, int g, int t, int cb, int ce) {
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + 16 * t, *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + 2 * t, *sr1 = sr0 + (size_t)8 * (K / 16);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (cb + u < ce) {
+            b.w0[u] = cu_ld_stream16(wr0 + (size_t)(cb + u) * 64);
+            b.w1[u] = cu_ld_stream16(wr1 + (size_t)(cb + u) * 64);
+            b.s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + (size_t)(cb + u) * 8));
+            b.s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + (size_t)(cb + u) * 8));
+        }
+}
+
+template <int U>
+__device__ __forceinline__ void w4p_compute(const w4_buf<U> &b, float (&red)[8][4][32], int M, int N, int K,
+                                            const bf16 *__restrict__ x, float scale2, bf16 *__restrict__ y,
+                                            int accumulate, int n0, int lane, int warp, int cb, int ce) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (cb + u >= ce) break;
+        uint32_t a0[16], a1[16];
+        {
+            uint32_t sa = cu_scale_bf16x2(b.s0[u] & 0xff), sb = cu_scale_bf16x2(b.s0[u] >> 8);
+            uint32_t sc0 = cu_scale_bf16x2(b.s1[u] & 0xff), sc1 = cu_scale_bf16x2(b.s1[u] >> 8);
+            const uint32_t q0[4] = {b.w0[u].x, b.w0[u].y, b.w0[u].z, b.w0[u].w};
+            const uint32_t q1[4] = {b.w1[u].x, b.w1[u].y, b.w1[u].z, b.w1[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                cu_e2m1x8_to_bf16x8(q0[q], &a0[4 * q]);
+                cu_e2m1x8_to_bf16x8(q1[q], &a1[4 * q]);
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    a0[4 * q + r] = cu_bf16x2_mul(a0[4 * q + r], q < 2 ? sa : sb);
+                    a1[4 * q + r] = cu_bf16x2_mul(a1[4 * q + r], q < 2 ? sc0 : sc1);
+                }
+            }
+        }
+        uint32_t bx[16];
+        if (g < M) {
+            const uint4 *xp = reinterpret_cast<const uint4 *>(x + (size_t)g * K + (cb + u) * W4_CHUNK + 32 * t);
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                uint4 xv = __ldg(xp + v);
+                bx[4 * v] = xv.x; bx[4 * v + 1] = xv.y; bx[4 * v + 2] = xv.z; bx[4 * v + 3] = xv.w;
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < 16; v++) bx[v] = 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t af[4] = {a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]};
+            cu_mma_bf16_16816(acc, af, bx[2 * j], bx[2 * j + 1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) red[warp][r][lane] = acc[r];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        int el = threadIdx.x >> 5, l = threadIdx.x & 31;
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 8; ww++) v += red[ww][el][l];
+        int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
+        int m = 2 * (l & 3) + (el & 1);
+        if (m < M) {
+            size_t o = (size_t)m * N + n;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
+    }
+    __syncthreads(); /* red is rewritten by the next tile */
+}
+
+template <int U>
+__global__ void __launch_bounds__(256, U >= 8 ? 1 : 2) fp4_w4a16_persist_kernel(int M, int N, int K, const bf16 *__restrict__ x,
+                                                                   const uint8_t *__restrict__ w,
+                                                                   const uint8_t *__restrict__ sc, float scale2,
+                                                                   bf16 *__restrict__ y, int accumulate, int ntiles) {
+    __shared__ float red[8][4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int nchunks = K / W4_CHUNK, per = (nchunks + 7) / 8;
+    const int cb = warp * per, ce = min(nchunks, cb + per);
+    int tile = blockIdx.x;
+    if (tile >= ntiles) return;
+    w4_buf<U> A, B;
+    w4p_load<U>(A, w, sc, K, tile * 16, g, t, cb, ce);
+    for (;;) {
+        int nt = tile + gridDim.x;
+        if (nt < ntiles) w4p_load<U>(B, w, sc, K, nt * 16, g, t, cb, ce);
+        w4p_compute<U>(A, red, M, N, K, x, scale2, y, accumulate, tile * 16, lane, warp, cb, ce);
+        if (nt >= ntiles) break;
+        tile = nt;
+        nt = tile + gridDim.x;
+        if (nt < ntiles) w4p_load<U>(A, w, sc, K, nt * 16, g, t, cb, ce);
+        w4p_compute<U>(B, red, M, N, K, x, scale2, y, accumulate, tile * 16, lane, warp, cb, ce);
+        if (nt >= ntiles) break;
+        tile = nt;
+    }
+}
+
+template <int U>
+static void w4p_launch(const gemm_args *a, cudaStream_t st) {
+    static int occ = 0; /* blocks per SM, once per instance */
+    if (!occ) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp4_w4a16_persist_kernel<U>, 256, 0);
+        if (occ < 1) occ = 1;
+    }
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const lin_w *w = a->w;
+    int ntiles = w->N / 16;
+    int grid = occ * (sms > 0 ? sms : 1);
+    if (grid > ntiles) grid = ntiles;
+    fp4_w4a16_persist_kernel<U><<<grid, 256, 0, st>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                     (const uint8_t *)w->data, w->scale, w->scale2,
+                                                     (bf16 *)a->y, a->accumulate, ntiles);
+}
+
 template <int MT, int KW, int U>
 static void w4_launch(dim3 grid, cudaStream_t st, const gemm_args *a) {
     const lin_w *w = a->w;
@@ -267,15 +404,18 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
     }
 }
 
-/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_KW =
- * warps splitting K (1, 2, 4, 8), LASTSTAND_W4A16_U = chunks in flight per
- * warp at M <= 8 (4 or 8). Read once. */
-static int g_w4_kw = -1, g_w4_u = -1;
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=0
+ * turns the persistent M <= 8 kernel off; then LASTSTAND_W4A16_KW = warps
+ * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
+ * M <= 8 (4 or 8) shape the one-tile-per-block kernel. Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
+    const char *p = getenv("LASTSTAND_W4A16_PERSIST");
     int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
-    g_w4_u = uv == 4 || uv == 8 ? uv : 8;
+    g_w4_persist = !(p && !strcmp(p, "0"));
+    g_w4_u = uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 ? kv : 0;
 }
 
@@ -309,13 +449,22 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     /* Split K over more warps until about 16 warps per SM have loads in flight
      * (132 SMs on an H200), never below one chunk per warp. */
     w4_knobs();
+    cudaStream_t st = (cudaStream_t)s;
+    if (mt == 1 && g_w4_persist && nchunks <= 64) {
+        int per = (nchunks + 7) / 8;
+        if (per <= 1) w4p_launch<1>(a, st);
+        else if (per <= 2) w4p_launch<2>(a, st);
+        else if (per <= 4) w4p_launch<4>(a, st);
+        else w4p_launch<8>(a, st);
+        CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (persistent)");
+        return 0;
+    }
     long tiles = (long)(w->N / 16) * mtiles;
     int kw = 1;
     while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
     if (g_w4_kw > 0 && nchunks >= g_w4_kw) kw = g_w4_kw;
     if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
     dim3 grid(w->N / 16, mtiles);
-    cudaStream_t st = (cudaStream_t)s;
     if (mt == 1 && g_w4_u == 8) w4_launch_kw<1, 8>(kw, grid, st, a);
     else if (mt == 1) w4_launch_kw<1, 4>(kw, grid, st, a);
     else if (mt == 2) w4_launch_kw<2, 4>(kw, grid, st, a);
@@ -595,26 +744,48 @@ static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
 
 const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run};
 
-__global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
-                              const bf16 *__restrict__ w, bf16 *__restrict__ y, int accumulate) {
-    int m = blockIdx.x * 32 + threadIdx.x;
-    int n = blockIdx.y * 8 + threadIdx.y;
-    if (n >= N) return;
-    const bf16 *wr = w + (size_t)n * K;
-    const bf16 *xr = x + (size_t)(m < M ? m : 0) * K;
-    float acc = 0.f;
-    for (int k = 0; k < K; k++) acc += __bfloat162float(wr[k]) * __bfloat162float(xr[k]);
-    if (m >= M) return;
-    size_t o = (size_t)m * N + n;
-    if (accumulate) acc += __bfloat162float(y[o]);
-    y[o] = __float2bfloat16_rn(acc);
+/* The BF16 reference: a plain shared-memory tiled product, fp32 accumulation
+ * in k order; a 64 x 64 output tile per block of 16 x 16 threads, 4 x 4 each. */
+__global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                              bf16 *__restrict__ y, int accumulate) {
+    __shared__ float xs[16][65], ws[16][65];
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+    const int m0 = blockIdx.x * 64, n0 = blockIdx.y * 64;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        for (int i = tid; i < 16 * 64; i += 256) {
+            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the step */
+            int m = m0 + r, n = n0 + r, k = k0 + kk;
+            xs[kk][r] = m < M && k < K ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
+            ws[kk][r] = n < N && k < K ? __bfloat162float(w[(size_t)n * K + k]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xs[kk][ty + 16 * i], ws[kk][tx + 16 * j], acc[i][j]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m >= M || n >= N) continue;
+            size_t o = (size_t)m * N + n;
+            float v = acc[i][j];
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
 }
 
 static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = bf_check(a, "cuda_ref", e);
     if (rc) return rc;
     if (a->M <= 0) return 0;
-    dim3 grid((a->M + 31) / 32, (a->w->N + 7) / 8), block(32, 8);
+    dim3 grid((a->M + 63) / 64, (a->w->N + 63) / 64), block(16, 16);
     if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "gemm cuda_ref: N=%d too large", a->w->N);
     bf_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, a->w->N, a->w->K, (const bf16 *)a->x,
                                                       (const bf16 *)a->w->data, (bf16 *)a->y,

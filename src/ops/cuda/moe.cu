@@ -235,19 +235,28 @@ __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int 
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
         const bf16 *row = wr + (size_t)ex * H;
-        for (int kk = lane * 8; kk < H; kk += 256) {
-            uint4 vw = __ldg(reinterpret_cast<const uint4 *>(row + kk));
-            const uint32_t ww[4] = {vw.x, vw.y, vw.z, vw.w};
+        /* 8 loads of 16 B in flight per lane before the first use */
+        for (int k0 = lane * 8; k0 < H; k0 += 256 * 8) {
+            uint4 vw[8];
 #pragma unroll
-            for (int m = 0; m < FUSED_MAXM; m++) {
-                if (m >= M) break;
-                uint4 vx = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)m * H + kk));
-                const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+            for (int c = 0; c < 8; c++)
+                if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float2 a = bf2_to_f2(ww[q]), b = bf2_to_f2(xx[q]);
-                    acc[m] = fmaf(a.x, b.x, acc[m]);
-                    acc[m] = fmaf(a.y, b.y, acc[m]);
+            for (int c = 0; c < 8; c++) {
+                const int kk = k0 + 256 * c;
+                if (kk >= H) break;
+                const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+                for (int m = 0; m < FUSED_MAXM; m++) {
+                    if (m >= M) break;
+                    uint4 vx = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)m * H + kk));
+                    const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        float2 a = bf2_to_f2(ww[q]), b = bf2_to_f2(xx[q]);
+                        acc[m] = fmaf(a.x, b.x, acc[m]);
+                        acc[m] = fmaf(a.y, b.y, acc[m]);
+                    }
                 }
             }
         }

@@ -404,8 +404,9 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
     }
 }
 
-/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=0
- * turns the persistent M <= 8 kernel off; then LASTSTAND_W4A16_KW = warps
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=1
+ * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
+ * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
  * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
  * M <= 8 (4 or 8) shape the one-tile-per-block kernel. Read once. */
 static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1;
@@ -414,7 +415,7 @@ static void w4_knobs(void) {
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
     const char *p = getenv("LASTSTAND_W4A16_PERSIST");
     int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
-    g_w4_persist = !(p && !strcmp(p, "0"));
+    g_w4_persist = p && !strcmp(p, "1");
     g_w4_u = uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 ? kv : 0;
 }
@@ -459,9 +460,15 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
         CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (persistent)");
         return 0;
     }
+    /* M <= 8: split K as wide as the chunks allow (the H200 sweep in
+     * bench/RESULTS.md: 8 warps of 4 chunks beat 2 warps of 16 at [16384 x 4096]);
+     * larger M: about 16 warps per SM with loads in flight */
     long tiles = (long)(w->N / 16) * mtiles;
     int kw = 1;
-    while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
+    if (mt == 1)
+        while (kw < 8 && nchunks >= 2 * kw) kw *= 2;
+    else
+        while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
     if (g_w4_kw > 0 && nchunks >= g_w4_kw) kw = g_w4_kw;
     if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
     dim3 grid(w->N / 16, mtiles);

@@ -13,9 +13,10 @@
  *                      token in column 0), SiLU·up stored fp32; (3) down: a block
  *                      per (token, 16 output rows) sums every chosen expert and
  *                      the shared one, the combine weight · scale2 folded into
- *                      the B operand. Expert pointer tables travel as kernel
- *                      parameters (E <= 512: 20 KB and 10 KB), so the path is
- *                      graph-capturable and allocation-free after first use.
+ *                      the B operand. The expert pointer tables (30 KB for
+ *                      E = 512) live in device memory, cached per layer and
+ *                      uploaded only when they change (passing them as 20 KB
+ *                      kernel parameters cost ~20 us per call on the H200).
  *   cuda_expert_loop   any M: router through cuBLASLt (fp32 logits), top-k
  *                      kernel, one device->host copy of the choices, tokens
  *                      sorted by expert and gathered, then per expert the
@@ -39,12 +40,20 @@ enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8, MOE_MAX_DEV = 16 };
 enum { WS_LOGITS, WS_IDX, WS_WTS, WS_TICKET, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
        WS_US, WS_S, WS_N };
 
-typedef struct gu_params gu_params;
-typedef struct dn_params dn_params;
+typedef struct fused_tables fused_tables;
+
+/* The fused path's expert tables in device memory, cached per moe_w (a layer):
+ * rebuilt on the host each call (cheap), uploaded only when they changed. */
+enum { TAB_CACHE = 128 };
+typedef struct tab_entry {
+    const moe_w *key;
+    fused_tables *host, *dev;
+} tab_entry;
 
 typedef struct moe_ws {
-    gu_params *gp; /* fused path's kernel-parameter tables, host side */
-    dn_params *dp;
+    fused_tables *scratch;
+    tab_entry tabs[TAB_CACHE];
+    int next_tab;
     void *p[WS_N];
     size_t cap[WS_N];
     pthread_mutex_t mu;
@@ -296,6 +305,11 @@ typedef struct dn_params {
     float sd2;
 } dn_params;
 
+struct fused_tables {
+    gu_params gu;
+    dn_params dn;
+};
+
 /* Decode 16 B of codes + their two block scales into 16 bf16x2 (A fragments). */
 __device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) {
     uint32_t sa = cu_scale_bf16x2(s & 0xff), sb = cu_scale_bf16x2(s >> 8);
@@ -309,7 +323,7 @@ __device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) 
 }
 
 /* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32. */
-__global__ void __launch_bounds__(256) moe_gateup_kernel(const __grid_constant__ gu_params P, int M, int H,
+__global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
                                                          int ldh) {
@@ -321,10 +335,10 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const __grid_constant__
     int rows;
     if (j < k) {
         int ex = idx[m * k + j];
-        gw = P.gw[ex]; uw = P.uw[ex]; gs = P.gs[ex]; us = P.us[ex]; g2 = P.g2[ex]; u2 = P.u2[ex];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
         rows = I;
     } else {
-        gw = P.sgw; uw = P.suw; gs = P.sgs; us = P.sus; g2 = P.sg2; u2 = P.su2;
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
         rows = Is;
     }
     if (n0 >= rows) return;
@@ -405,7 +419,7 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const __grid_constant__
 }
 
 /* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j). */
-__global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ dn_params P, int M, int H, int I,
+__global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restrict__ P, int M, int H, int I,
                                                        int Is, int k, const int32_t *__restrict__ idx,
                                                        const float *__restrict__ wts,
                                                        const float *__restrict__ hws, int ldh,
@@ -431,11 +445,11 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const __grid_constant__ d
                 j = p / cpe;
                 c = p % cpe;
                 int ex = idx[m * k + j];
-                w = P.dw[ex]; sc = P.ds[ex]; s2 = P.d2[ex]; K = I;
+                w = P->dw[ex]; sc = P->ds[ex]; s2 = P->d2[ex]; K = I;
             } else {
                 j = k;
                 c = p - k * cpe;
-                w = P.sdw; sc = P.sds; s2 = P.sd2; K = Is;
+                w = P->sdw; sc = P->sds; s2 = P->sd2; K = Is;
             }
             coef[u] = wts[m * (k + 1) + j] * s2;
             hrow[u] = m * (k + 1) + j;
@@ -519,12 +533,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                     FUSED_MAXM, MOE_MAXE);
     moe_ws *ws;
     if ((rc = ws_lock(&ws, e))) return rc;
-    if (!ws->gp) { /* 20 KB and 10 KB: kept per device, filled under its lock */
-        ws->gp = (gu_params *)xcalloc(1, sizeof(gu_params));
-        ws->dp = (dn_params *)xcalloc(1, sizeof(dn_params));
-    }
-    gu_params &gp = *ws->gp;
-    dn_params &dp = *ws->dp;
+    if (!ws->scratch) ws->scratch = (fused_tables *)xcalloc(1, sizeof(fused_tables));
+    gu_params &gp = ws->scratch->gu;
+    dn_params &dp = ws->scratch->dn;
     for (int x = 0; x < E; x++) {
         const lin_w *gl = &w->gate[x], *ul = &w->up[x], *dl = &w->down[x];
         if (gl->kind != W_NVFP4 || ul->kind != W_NVFP4 || dl->kind != W_NVFP4) {
@@ -544,6 +555,38 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = w->sh_up.scale; gp.su2 = w->sh_up.scale2;
         dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = w->sh_down.scale; dp.sd2 = w->sh_down.scale2;
     }
+    tab_entry *te = NULL;
+    for (int i = 0; i < TAB_CACHE; i++)
+        if (ws->tabs[i].key == w) te = &ws->tabs[i];
+    if (!te || memcmp(te->host, ws->scratch, sizeof(fused_tables))) {
+        if (!te) {
+            te = &ws->tabs[ws->next_tab];
+            ws->next_tab = (ws->next_tab + 1) % TAB_CACHE;
+        }
+        if (!te->host) {
+            te->host = (fused_tables *)xmalloc(sizeof(fused_tables));
+            cudaError_t c = cudaMalloc(&te->dev, sizeof(fused_tables));
+            if (c != cudaSuccess) {
+                free(te->host);
+                te->host = NULL;
+                te->dev = NULL;
+                pthread_mutex_unlock(&ws->mu);
+                return cu_fail(e, c, "cuda_fused_decode tables");
+            }
+        }
+        te->key = w;
+        memcpy(te->host, ws->scratch, sizeof(fused_tables));
+        /* from pageable memory: the stream's earlier work (readers of the old table) completes first */
+        cudaError_t c = cudaMemcpyAsync(te->dev, te->host, sizeof(fused_tables), cudaMemcpyHostToDevice,
+                                        (cudaStream_t)s);
+        if (c != cudaSuccess) {
+            te->key = NULL;
+            pthread_mutex_unlock(&ws->mu);
+            return cu_fail(e, c, "cuda_fused_decode tables");
+        }
+    }
+    const gu_params *dgp = &te->dev->gu;
+    const dn_params *ddp = &te->dev->dn;
     const int ldh = I > Is ? I : Is;
     float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, e);
     int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, e);
@@ -562,12 +605,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     cudaError_t c = cudaGetLastError();
     if (c == cudaSuccess) {
         dim3 g2d(ldh / 16, M * (k + 1));
-        moe_gateup_kernel<<<g2d, 256, 0, st>>>(gp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
+        moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
         c = cudaGetLastError();
     }
     if (c == cudaSuccess) {
         dim3 g3d(H / 16, M);
-        moe_down_kernel<<<g3d, 256, 0, st>>>(dp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
+        moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
         c = cudaGetLastError();
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {

@@ -156,6 +156,7 @@ __device__ __forceinline__ float2 bf2_to_f2(uint32_t w) {
 
 __device__ __forceinline__ float dot_bf16_row(const bf16 *a, const bf16 *b, int H, int lane) {
     float s = 0.f;
+#pragma unroll 4
     for (int k = lane * 8; k < H; k += 256) {
         uint4 va = *reinterpret_cast<const uint4 *>(a + k), vb = *reinterpret_cast<const uint4 *>(b + k);
         const uint32_t xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
@@ -170,10 +171,10 @@ __device__ __forceinline__ float dot_bf16_row(const bf16 *a, const bf16 *b, int 
 }
 
 /* Softmax over logits[E], top-k (largest logit first, ties to the lower index),
- * renormalised if norm; the shared gate sigmoid(x·wsg) (1 without a gate, 0
- * without a shared expert) into wts[k]. One warp. */
-__device__ void warp_topk(const float *logits, int E, int k, int norm, const bf16 *x, const bf16 *wsg, int H,
-                          int has_shared, int32_t *idx, float *wts) {
+ * renormalised if norm; the shared gate sigmoid(sgl) or sigmoid(x·wsg) (1
+ * without a gate, 0 without a shared expert) into wts[k]. One warp. */
+__device__ void warp_topk(const float *logits, int E, int k, int norm, const float *sgl, const bf16 *x,
+                          const bf16 *wsg, int H, int has_shared, int32_t *idx, float *wts) {
     const int lane = threadIdx.x & 31;
     float v[32];
 #pragma unroll
@@ -217,7 +218,8 @@ __device__ void warp_topk(const float *logits, int E, int k, int norm, const bf1
         psum += pj[j];
     }
     float sg = has_shared ? 1.f : 0.f;
-    if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x, wsg, H, lane)));
+    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl)));
+    else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x, wsg, H, lane)));
     if (lane == 0) {
         for (int j = 0; j < k; j++) {
             idx[j] = ij[j];
@@ -229,21 +231,22 @@ __device__ void warp_topk(const float *logits, int E, int k, int norm, const bf1
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
-/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row), then the last block
- * does top-k for every token (warp per token). */
+/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row; one more warp computes
+ * the shared-expert gate's logit x·wsg into sgl [M]), then the last block does
+ * top-k for every token (warp per token). */
 __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int E, int k, int norm,
                                                               const bf16 *__restrict__ x,
                                                               const bf16 *__restrict__ wr,
                                                               const bf16 *__restrict__ wsg, int has_shared,
-                                                              float *logits, int32_t *idx, float *wts,
-                                                              unsigned *ticket) {
+                                                              float *logits, float *sgl, int32_t *idx,
+                                                              float *wts, unsigned *ticket) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ex = blockIdx.x * 4 + warp;
-    if (ex < E) {
+    if (ex < E || (ex == E && wsg)) {
         float acc[FUSED_MAXM];
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        const bf16 *row = wr + (size_t)ex * H;
+        const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
         /* 8 loads of 16 B in flight per lane before the first use */
         for (int k0 = lane * 8; k0 < H; k0 += 256 * 8) {
             uint4 vw[8];
@@ -273,7 +276,10 @@ __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int 
         for (int m = 0; m < FUSED_MAXM; m++) {
             if (m >= M) break;
             float s = warp_sum(acc[m]);
-            if (lane == 0) logits[m * E + ex] = s;
+            if (lane == 0) {
+                if (ex < E) logits[m * E + ex] = s;
+                else sgl[m] = s;
+            }
         }
     }
     __threadfence();
@@ -284,8 +290,8 @@ __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int 
     if (!last) return;
     __threadfence();
     for (int m = warp; m < M; m += 4)
-        warp_topk(logits + m * E, E, k, norm, x + (size_t)m * H, wsg, H, has_shared, idx + m * k,
-                  wts + m * (k + 1));
+        warp_topk(logits + m * E, E, k, norm, wsg ? sgl + m : NULL, x + (size_t)m * H, wsg, H, has_shared,
+                  idx + m * k, wts + m * (k + 1));
     if (threadIdx.x == 0) *ticket = 0;
 }
 
@@ -598,10 +604,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         return e->code ? e->code : ERR_NOMEM;
     }
     cudaStream_t st = (cudaStream_t)s;
-    moe_router_topk_kernel<<<(E + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+    moe_router_topk_kernel<<<(E + 1 + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                         (const bf16 *)w->router.data,
                                                         w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL,
-                                                        Is > 0, logits, idx, wts, ticket);
+                                                        Is > 0, logits, logits + FUSED_MAXM * MOE_MAXE, idx, wts,
+                                                        ticket);
     cudaError_t c = cudaGetLastError();
     if (c == cudaSuccess) {
         dim3 g2d(ldh / 16, M * (k + 1));
@@ -633,7 +640,7 @@ __global__ void moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16
                                 const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits,
                                 int32_t *idx, float *wts) {
     int m = blockIdx.x;
-    warp_topk(logits + (size_t)m * E, E, k, norm, x + (size_t)m * H, wsg, H, has_shared, idx + (size_t)m * k,
+    warp_topk(logits + (size_t)m * E, E, k, norm, NULL, x + (size_t)m * H, wsg, H, has_shared, idx + (size_t)m * k,
               wts + (size_t)m * (k + 1));
 }
 

@@ -33,9 +33,12 @@ typedef struct ls_engine_opts {
     int max_running_requests;      /* default 64 */
     int chunked_prefill_size;      /* token budget per step, default 2048 */
     int context_length;            /* default: model max, capped by memory */
-    double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches */
+    double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches;
+                                      0 = auto: 0.88 on GPU; on CPU 0.5, caches capped at 1 GiB */
     int page_size;                 /* KV tokens per page, default 16 */
     int max_queued_requests;       /* admission queue bound, default 1024 */
+    /* Added by the engine (additive): */
+    int max_total_tokens;          /* KV pool size in tokens (SGLang --max-total-tokens); 0: from memory */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -51,13 +54,20 @@ typedef struct ls_model_info {
     int n_eos; const int32_t *eos_ids;
     const char *device;
     int tp;
+    /* Added by the engine (additive): */
+    const char *tokenizer_path;    /* NULL when the model has no tokenizer */
+    int has_chat_template;
+    int max_running_requests, chunked_prefill_size, page_size;
+    int max_total_tokens;          /* KV pool capacity in tokens */
+    const char *bos_token, *eos_token; /* from tokenizer_config.json, NULL if absent */
 } ls_model_info;
 void ls_engine_model_info(const ls_engine *e, ls_model_info *out);
 
 /* ---- tokenizer and chat template --------------------------------------------- */
 /* ids malloc'd; returns count or negative. */
 int ls_tokenize(const ls_engine *e, const char *text, int32_t **ids, char *err, size_t errn);
-char *ls_detokenize(const ls_engine *e, const int32_t *ids, int n, int skip_special); /* malloc'd */
+/* malloc'd; NULL when an id is outside the tokenizer's vocabulary; "" without a tokenizer. */
+char *ls_detokenize(const ls_engine *e, const int32_t *ids, int n, int skip_special);
 /* Render the chat template. request_json: {"messages","tools","add_generation_prompt",
  * "chat_template_kwargs"}. On a template raise_exception: LS_ERR_INVAL, err = its message. */
 int ls_apply_chat_template(const ls_engine *e, const char *request_json, char **out, char *err, size_t errn);
@@ -81,7 +91,8 @@ typedef struct ls_sampling {
     int top_logprobs;              /* 0..20 */
     /* Test-only: when non-NULL, these ids are emitted instead of sampled ones
      * (the forward pass still runs). Honoured only if the engine was opened
-     * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. */
+     * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. A forced -1 puts
+     * a NaN into that step's logits row instead (tests the "error" path). */
     const int32_t *force_ids; int n_force;
 } ls_sampling;
 void ls_sampling_default(ls_sampling *s);
@@ -97,9 +108,32 @@ typedef struct ls_event {
     const char *matched_stop;      /* the stop string or NULL */
     const char *error;             /* message when finish_reason is "error" */
     int prompt_tokens, completion_tokens, cached_tokens;
+    /* Added by the engine (additive): */
+    int32_t matched_stop_id;       /* EOS / stop id that ended the request, else -1 (SGLang matched_stop int) */
 } ls_event;
 
-/* Called on the engine thread; must return quickly and never call back into the engine. */
+/* Event stream of a request (engine semantics, SGLang's):
+ * - one event per generated token, in order; the last one has finished = 1.
+ *   A request ended by abort or error gets a final event with token -1.
+ * - text: the UTF-8 delta of the detokenized output (skip_special_tokens
+ *   honoured); text that might begin a stop string is held back until it
+ *   cannot; the stop string and anything after it are never sent. The EOS /
+ *   stop-id token that ends a request is reported (token, counted in
+ *   completion_tokens) but adds no text.
+ * - finish_reason: "length" when max_tokens (or the context) is reached,
+ *   checked before EOS like SGLang; "stop" with matched_stop (string) or
+ *   matched_stop_id (EOS / stop id); "abort" after ls_cancel or close;
+ *   "error" with error set (NaN/Inf logits, a failed forward pass).
+ * - ignore_eos disables EOS and stop_ids (as SGLang does), not stop strings.
+ *   min_tokens bans EOS and stop ids until that many tokens exist.
+ * - logprob / top_logprobs: log_softmax of the logits after penalties and
+ *   temperature (temperature 0 counts as 1), before top_k / top_p / min_p,
+ *   which is SGLang's default (not its "original logprobs" mode).
+ * - n > 1 is the caller's job: submit n requests (with seeds seed, seed+1...
+ *   if the results must be reproducible).
+ * Pointers in the event are valid only during the callback.
+ * Called on the engine thread; must return quickly and never call back into
+ * the engine (ls_cancel is the exception: it only queues the id). */
 typedef void (*ls_event_cb)(void *user, const ls_event *ev);
 
 /* Queue a request. Returns its id (> 0) or a negative code with err filled
@@ -111,9 +145,15 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
 void ls_cancel(ls_engine *e, int64_t request_id);
 
 /* ---- statistics (for /metrics and /get_server_info) -------------------------------- */
+/* Histograms: counts[i] holds observations in (bounds[i-1], bounds[i]],
+ * counts[LS_HIST_BUCKETS] those above the last bound (per bucket, NOT
+ * cumulative: a Prometheus exporter sums them for le="..."). Bounds follow
+ * SGLang's default buckets. ttft: submit to first token; itl: between
+ * consecutive tokens of a request; e2e: submit to the final event. */
 #define LS_HIST_BUCKETS 16
 typedef struct ls_hist { double bounds[LS_HIST_BUCKETS]; uint64_t counts[LS_HIST_BUCKETS + 1]; double sum; uint64_t n; } ls_hist;
 typedef struct ls_stats {
+    /* requests_total: finished requests (any reason); failed: finish_reason "error" */
     uint64_t prompt_tokens_total, generation_tokens_total, requests_total, requests_failed_total;
     uint64_t nan_logits_total, preemptions_total;
     int running, queued;

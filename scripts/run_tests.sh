@@ -11,6 +11,11 @@ for t in "$BUILD"/tests/test_*; do
     echo "=== unit: $t"
     if "$t"; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
 done
+for t in "$BUILD"/fuzz_*; do
+    [ -x "$t" ] || continue
+    echo "=== fuzz: $t (1000 cases, ASan+UBSan)"
+    if "$t" 1000; then pass=$((pass+1)); else fail=$((fail+1)); failed+=("$t"); fi
+done
 echo "=== pytest"
 python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$BUILD/pytest.log"
 prc=${PIPESTATUS[0]}

@@ -1,8 +1,243 @@
-/* cmd_generate.c: placeholder until its module lands (replaced by the module's owner). */
+/* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 |
+ * --prompt TEXT [--chat]) [--max-new-tokens N] [--temperature T] [--seed S]
+ * [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]
+ * [backend flags]`: one request through the engine (include/laststand.h),
+ * exactly as the server runs it: paged KV cache, GDN state slot, the sampler.
+ * Greedy at temperature 0 (the default), else sampled with the seeded
+ * per-request generator (seed 0 unless given), so runs are reproducible.
+ * --chat renders the chat template over one user message with
+ * add_generation_prompt. Stops at --max-new-tokens or an EOS id (config,
+ * generation_config, tokenizer). Prints JSON {"ids":[new ids],"text":"..."};
+ * text is "" when the model has no tokenizer.
+ */
 #include "cli/cli.h"
+#include "base/base.h"
+#include "laststand.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
+               "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
+               "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]\n"
+               "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
+               "         [--attention-backend NAME] [--gdn-backend NAME]\n");
+}
+
+static int bad_value(const char *flag, const char *v, const char *want) {
+    fprintf(stderr, "laststand generate: error: %s: expected %s, got '%s'\n", flag, want, v);
+    return 2;
+}
+
+/* The request's events, gathered on the engine thread. */
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t *ids;
+    int n;
+    buf text;
+    int finished;
+    char reason[16];
+    char error[1200];
+} collect;
+
+static void on_event(void *user, const ls_event *ev) {
+    collect *c = user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->token >= 0) c->ids[c->n++] = ev->token;
+    if (ev->text) buf_puts(&c->text, ev->text);
+    if (ev->finished) {
+        c->finished = 1;
+        snprintf(c->reason, sizeof c->reason, "%s", ev->finish_reason ? ev->finish_reason : "");
+        if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
+        pthread_cond_signal(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int print_result(const int32_t *ids, int n, const char *text) {
+    json_t *o = json_object(), *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    json_object_set_new(o, "ids", a);
+    json_t *t = json_string(text ? text : "");
+    json_object_set_new(o, "text", t ? t : json_string(""));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    printf("%s\n", s);
+    free(s);
+    return fflush(stdout) ? 1 : 0;
+}
+
 int cmd_generate(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "laststand: error: 'generate' is not built yet\n");
-    return 1;
+    const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
+    const char *tok_path = NULL, *tmpl_path = NULL;
+    int chat = 0;
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.device = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--chat")) { chat = 1; continue; }
+        const char **dst = !strcmp(a, "--model-path") ? &path
+                         : !strcmp(a, "--ids") ? &ids_s
+                         : !strcmp(a, "--prompt") ? &prompt
+                         : !strcmp(a, "--max-new-tokens") ? &max_s
+                         : !strcmp(a, "--temperature") ? &temp_s
+                         : !strcmp(a, "--seed") ? &seed_s
+                         : !strcmp(a, "--tokenizer-path") ? &tok_path
+                         : !strcmp(a, "--chat-template") ? &tmpl_path
+                         : !strcmp(a, "--device") ? &o.device
+                         : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
+                         : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
+                         : !strcmp(a, "--attention-backend") ? &o.attention_backend
+                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend : NULL;
+        if (!dst) {
+            fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "laststand generate: error: flag '%s' needs a value\n", a);
+            return 2;
+        }
+        *dst = argv[++i];
+    }
+    if (!path) { fprintf(stderr, "laststand generate: error: --model-path is required\n"); return 2; }
+    if (!ids_s == !prompt) {
+        fprintf(stderr, "laststand generate: error: give exactly one of --ids or --prompt\n");
+        return 2;
+    }
+    if (chat && !prompt) {
+        fprintf(stderr, "laststand generate: error: --chat needs --prompt (it renders the chat template "
+                        "over the prompt text)\n");
+        return 2;
+    }
+    char *end;
+    errno = 0;
+    long max_new = strtol(max_s, &end, 10);
+    if (*end || end == max_s || errno || max_new < 0 || max_new > 1 << 20)
+        return bad_value("--max-new-tokens", max_s, "an integer in [0, 1048576]");
+    double temp = strtod(temp_s, &end);
+    if (*end || end == temp_s || !(temp >= 0) || temp > 1e6)
+        return bad_value("--temperature", temp_s, "a number >= 0");
+    errno = 0;
+    unsigned long long seed = strtoull(seed_s, &end, 10);
+    if (*end || end == seed_s || errno || seed_s[0] == '-')
+        return bad_value("--seed", seed_s, "a non-negative integer");
+    int32_t *ids = NULL;
+    int n = 0;
+    if (ids_s) {
+        n = parse_int_list(ids_s, &ids);
+        if (n <= 0) {
+            free(ids);
+            return bad_value("--ids", ids_s, "a comma-separated list of token ids");
+        }
+    }
+
+    /* One request: a small cache (one sequence), opened like the server's. */
+    o.model_path = path;
+    o.tokenizer_path = tok_path;
+    o.chat_template = tmpl_path;
+    o.max_running_requests = 1;
+    o.max_queued_requests = 1;
+    char err[1400] = "";
+    ls_engine *eng = NULL;
+    int rc = ls_engine_open(&o, &eng, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "laststand generate: error: %s\n", err);
+        free(ids);
+        return err_exit_code(rc);
+    }
+    ls_model_info mi;
+    ls_engine_model_info(eng, &mi);
+    int ret = 0;
+    collect c = {0};
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.cv, NULL);
+    buf_init(&c.text);
+
+    if (prompt) {
+        char *text = NULL;
+        if (chat) {
+            json_t *req = json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", prompt,
+                                    "add_generation_prompt", 1);
+            char *rs = req ? json_dumps(req, JSON_COMPACT) : NULL;
+            json_decref(req);
+            if (!rs) {
+                fprintf(stderr, "laststand generate: error: --prompt: not valid UTF-8\n");
+                ret = 2;
+                goto done;
+            }
+            rc = ls_apply_chat_template(eng, rs, &text, err, sizeof err);
+            free(rs);
+            if (rc) {
+                fprintf(stderr, "laststand generate: error: --chat: %s\n", err);
+                ret = err_exit_code(rc);
+                goto done;
+            }
+        }
+        n = ls_tokenize(eng, text ? text : prompt, &ids, err, sizeof err);
+        free(text);
+        if (n < 0) {
+            fprintf(stderr, "laststand generate: error: --prompt: %s\n", err);
+            ret = err_exit_code(n);
+            goto done;
+        }
+        if (n == 0) {
+            fprintf(stderr, "laststand generate: error: --prompt: the text encodes to no tokens\n");
+            ret = 2;
+            goto done;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= mi.vocab_size) {
+            fprintf(stderr, "laststand generate: error: --ids: token id %d is outside the vocabulary [0, %d)\n",
+                    ids[i], mi.vocab_size);
+            ret = 2;
+            goto done;
+        }
+    if (n + max_new > mi.context_length) {
+        fprintf(stderr, "laststand generate: error: --max-new-tokens: %d prompt + %ld new tokens exceed "
+                        "the context length %d\n", n, max_new, mi.context_length);
+        ret = 2;
+        goto done;
+    }
+    if (max_new == 0) { ret = print_result(NULL, 0, ""); goto done; }
+
+    ls_sampling s;
+    ls_sampling_default(&s);
+    s.temperature = (float)temp;
+    s.has_seed = 1;
+    s.seed = seed;
+    s.max_tokens = (int)max_new;
+    c.ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
+    int64_t id = ls_submit(eng, ids, n, &s, on_event, &c, err, sizeof err);
+    if (id < 0) {
+        fprintf(stderr, "laststand generate: error: %s\n", err);
+        ret = err_exit_code((int)id);
+        goto done;
+    }
+    pthread_mutex_lock(&c.mu);
+    while (!c.finished) pthread_cond_wait(&c.cv, &c.mu);
+    pthread_mutex_unlock(&c.mu);
+    if (!strcmp(c.reason, "error")) {
+        fprintf(stderr, "laststand generate: error: %s\n", c.error);
+        ret = 1;
+        goto done;
+    }
+    ret = print_result(c.ids, c.n, c.text.data);
+done:
+    ls_engine_close(eng);
+    free(c.ids);
+    buf_free(&c.text);
+    pthread_mutex_destroy(&c.mu);
+    pthread_cond_destroy(&c.cv);
+    free(ids);
+    return ret;
 }

@@ -1,8 +1,100 @@
-/* cmd_logits.c: placeholder until its module lands (replaced by the module's owner). */
+/* cmd_logits.c: `laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]
+ * [--moe-runner-backend NAME] [--fp4-gemm-backend NAME] [--attention-backend NAME]
+ * [--gdn-backend NAME]`: one forward pass over the ids, the fp32 logits of every
+ * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats).
+ * Exit codes: 0 ok, 2 bad flag/value or unloadable model, 1 runtime failure.
+ */
 #include "cli/cli.h"
+#include "model/model.h"
+
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]\n"
+               "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
+               "         [--attention-backend NAME] [--gdn-backend NAME]\n");
+}
+
+/* JSON number for a float; NaN/Inf as Python's json module writes them. */
+static void put_float(FILE *f, float v) {
+    if (isnan(v)) fputs("NaN", f);
+    else if (isinf(v)) fputs(v > 0 ? "Infinity" : "-Infinity", f);
+    else fprintf(f, "%.9g", v);
+}
+
 int cmd_logits(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "laststand: error: 'logits' is not built yet\n");
-    return 1;
+    const char *path = NULL, *ids_s = NULL;
+    model_opts o = {.device = "cpu"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        const char **dst = !strcmp(a, "--model-path") ? &path
+                         : !strcmp(a, "--ids") ? &ids_s
+                         : !strcmp(a, "--device") ? &o.device
+                         : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
+                         : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
+                         : !strcmp(a, "--attention-backend") ? &o.attention_backend
+                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend : NULL;
+        if (!dst) {
+            fprintf(stderr, "laststand logits: error: unknown flag '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "laststand logits: error: flag '%s' needs a value\n", a);
+            return 2;
+        }
+        *dst = argv[++i];
+    }
+    if (!path) { fprintf(stderr, "laststand logits: error: --model-path is required\n"); return 2; }
+    if (!ids_s) { fprintf(stderr, "laststand logits: error: --ids is required\n"); return 2; }
+    int32_t *ids = NULL;
+    int n = parse_int_list(ids_s, &ids);
+    if (n <= 0) {
+        fprintf(stderr, "laststand logits: error: --ids: expected a comma-separated list of token ids, got '%s'\n", ids_s);
+        free(ids);
+        return 2;
+    }
+    ls_err e = {0};
+    model *m = NULL;
+    int rc = model_open(path, &o, &m, &e);
+    if (rc) {
+        fprintf(stderr, "laststand logits: error: %s\n", e.msg);
+        free(ids);
+        return 2;
+    }
+    const int V = model_cfg(m)->vocab;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V) {
+            fprintf(stderr, "laststand logits: error: --ids: token id %d is outside the vocabulary [0, %d)\n",
+                    ids[i], V);
+            model_close(m);
+            free(ids);
+            return 2;
+        }
+    float *lg = NULL;
+    rc = model_logits_all(m, ids, n, &lg, &e);
+    if (rc) {
+        fprintf(stderr, "laststand logits: error: %s\n", e.msg);
+        model_close(m);
+        free(ids);
+        return err_exit_code(rc);
+    }
+    printf("{\"shape\":[%d,%d],\"logits\":[", n, V);
+    for (int t = 0; t < n; t++) {
+        fputs(t ? ",[" : "[", stdout);
+        for (int v = 0; v < V; v++) {
+            if (v) putchar(',');
+            put_float(stdout, lg[(size_t)t * V + v]);
+        }
+        putchar(']');
+    }
+    puts("]}");
+    free(lg);
+    model_close(m);
+    free(ids);
+    return fflush(stdout) ? 1 : 0;
 }

@@ -1,8 +1,329 @@
-/* cmd_serve.c: placeholder until its module lands (replaced by the module's owner). */
+/* cmd_serve.c: `laststand serve`, the OpenAI-compatible server (DESIGN.md 1, 6).
+ *
+ * Flags keep SGLang's names so an SGLang launch line works with the program
+ * name changed. Every flag is checked before anything loads: an unknown flag
+ * or a bad value exits 2 naming it. Without --model-path the built-in demo
+ * model is served: built once with `laststand synth --preset demo` into
+ * $XDG_CACHE_HOME/laststand/demo-model (or ~/.cache/...), or built in
+ * memory (synth:demo) when no cache folder can be written.
+ */
 #include "cli/cli.h"
+#include "base/base.h"
+#include "laststand.h"
+#include "server/server.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+enum { F_STR, F_INT, F_FLOAT, F_BOOL };
+
+typedef struct flag {
+    const char *name;
+    int type;
+    void *ptr;
+    const char *help;
+    const char *const *choices; /* NULL-terminated allowed values (F_STR) */
+} flag;
+
+static const char *const BACKENDS_ANY[] = {NULL};
+static const char *const REASONING[] = {"qwen3", "qwen3-thinking", NULL};
+static const char *const TOOLPARSERS[] = {"qwen3_coder", "qwen25", NULL};
+static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
+static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
+static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "bf16", "none", NULL};
+
+typedef struct serve_args {
+    const char *model_path, *tokenizer_path, *served_model_name, *host, *quantization;
+    const char *attention_backend, *moe_runner_backend, *fp4_gemm_backend, *gdn_backend;
+    const char *reasoning_parser, *tool_call_parser, *api_key, *chat_template, *log_level;
+    const char *dist_init_addr, *device;
+    long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
+    long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
+    double mem_fraction_static;
+    int trust_backend, disable_custom_all_reduce;
+} serve_args;
+
+static void usage(const flag *flags, int n) {
+    fprintf(stdout, "usage: laststand serve [flags]\n\n");
+    for (int i = 0; i < n; i++)
+        fprintf(stdout, "  --%-28s %s\n", flags[i].name, flags[i].help);
+}
+
+static int parse_flag(const flag *f, const char *v) {
+    char *end;
+    switch (f->type) {
+    case F_STR:
+        if (f->choices && f->choices[0]) {
+            int ok = 0;
+            for (int i = 0; f->choices[i]; i++) ok |= !strcmp(v, f->choices[i]);
+            if (!ok) {
+                fprintf(stderr, "laststand serve: error: --%s: '%s' is not one of:", f->name, v);
+                for (int i = 0; f->choices[i]; i++) fprintf(stderr, " %s", f->choices[i]);
+                fprintf(stderr, "\n");
+                return -1;
+            }
+        }
+        *(const char **)f->ptr = v;
+        return 0;
+    case F_INT: {
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (errno || end == v || *end) {
+            fprintf(stderr, "laststand serve: error: --%s: expected an integer, got '%s'\n", f->name, v);
+            return -1;
+        }
+        *(long long *)f->ptr = x;
+        return 0;
+    }
+    case F_FLOAT: {
+        double x = strtod(v, &end);
+        if (end == v || *end) {
+            fprintf(stderr, "laststand serve: error: --%s: expected a number, got '%s'\n", f->name, v);
+            return -1;
+        }
+        *(double *)f->ptr = x;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+/* ---- the demo model ---------------------------------------------------------------- */
+
+static int file_exists(const char *p) { struct stat st; return stat(p, &st) == 0; }
+
+static int mkdirs(const char *path) {
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') { *p = 0; if (mkdir(tmp, 0755) && errno != EEXIST) return -1; *p = '/'; }
+    return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* Returns a malloc'd model path: the cached demo folder, or "synth:demo". */
+static char *demo_model_path(void) {
+    char dir[PATH_MAX];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg) snprintf(dir, sizeof dir, "%s/laststand/demo-model", xdg);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/laststand/demo-model", home);
+    else return xstrdup("synth:demo");
+    char cfg[PATH_MAX + 16];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    if (file_exists(cfg)) return xstrdup(dir);
+    char tmp[PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", dir, (int)getpid());
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash) *slash = 0;
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0 || mkdirs(parent)) {
+        log_warn("cannot write %s; serving the demo model built in memory (synth:demo)", dir);
+        return xstrdup("synth:demo");
+    }
+    self[n] = 0;
+    log_info("building the demo model into %s (once)", dir);
+    char *argv[] = {self, "synth", "--preset", "demo", "--out", tmp, NULL};
+    pid_t pid;
+    int st = 0;
+    if (posix_spawn(&pid, self, NULL, NULL, argv, environ) || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) ||
+        WEXITSTATUS(st) != 0 || rename(tmp, dir)) {
+        log_warn("building the demo model into %s failed; serving synth:demo from memory", dir);
+        return xstrdup("synth:demo");
+    }
+    return xstrdup(dir);
+}
+
+/* ---- serve ------------------------------------------------------------------------- */
+
 int cmd_serve(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "laststand: error: 'serve' is not built yet\n");
-    return 1;
+    serve_args a = {0};
+    a.host = "127.0.0.1";
+    a.port = 30000;
+    a.tp = 1;
+    a.log_level = "info";
+    a.device = "auto";
+    a.quantization = "auto";
+    a.max_connections = 512;
+    a.max_body_mb = 32;
+    a.timeout_keep_alive = 600;
+    a.nnodes = 1;
+    a.chunked_prefill_size = -2; /* unset */
+    const flag flags[] = {
+        {"model-path", F_STR, &a.model_path, "model folder or synth:NAME[,layers=N] (default: the demo model)", NULL},
+        {"tokenizer-path", F_STR, &a.tokenizer_path, "tokenizer folder (default: the model folder)", NULL},
+        {"served-model-name", F_STR, &a.served_model_name, "model name in the API (default: the model path)", NULL},
+        {"tp", F_INT, &a.tp, "tensor-parallel size (default 1)", NULL},
+        {"tp-size", F_INT, &a.tp, "alias of --tp", NULL},
+        {"host", F_STR, &a.host, "address to bind (default 127.0.0.1)", NULL},
+        {"port", F_INT, &a.port, "port (default 30000)", NULL},
+        {"quantization", F_STR, &a.quantization, "checkpoint quantization (modelopt_fp4, bf16; default: from the model)", QUANTS},
+        {"attention-backend", F_STR, &a.attention_backend, "attention backend (default auto: the measured winner)", BACKENDS_ANY},
+        {"moe-runner-backend", F_STR, &a.moe_runner_backend, "MoE backend (default auto)", BACKENDS_ANY},
+        {"fp4-gemm-backend", F_STR, &a.fp4_gemm_backend, "NVFP4 GEMM backend (default auto)", BACKENDS_ANY},
+        {"gdn-backend", F_STR, &a.gdn_backend, "Gated DeltaNet backend (default auto)", BACKENDS_ANY},
+        {"trust-backend", F_BOOL, &a.trust_backend, "serve with named backends even if validation fails", NULL},
+        {"reasoning-parser", F_STR, &a.reasoning_parser, "split reasoning_content: qwen3", REASONING},
+        {"tool-call-parser", F_STR, &a.tool_call_parser, "parse tool calls: qwen3_coder | qwen25", TOOLPARSERS},
+        {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
+        {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
+        {"max-running-requests", F_INT, &a.max_running_requests, "running batch cap (default 64)", NULL},
+        {"max-queued-requests", F_INT, &a.max_queued_requests, "requests waiting for admission before 503 (default 1024)", NULL},
+        {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
+        {"context-length", F_INT, &a.context_length, "context length (default: the model's)", NULL},
+        {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 2048, -1: off)", NULL},
+        {"api-key", F_STR, &a.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
+        {"chat-template", F_STR, &a.chat_template, "Jinja chat template file overriding the model's", NULL},
+        {"log-level", F_STR, &a.log_level, "debug | info | warning | error", LEVELS},
+        {"nnodes", F_INT, &a.nnodes, "nodes (multi-node serving is not supported yet: 1)", NULL},
+        {"node-rank", F_INT, &a.node_rank, "this node's rank (accepted)", NULL},
+        {"dist-init-addr", F_STR, &a.dist_init_addr, "rank 0 address host:port (accepted)", NULL},
+        {"device", F_STR, &a.device, "auto | cpu | cuda", DEVICES},
+        {"max-connections", F_INT, &a.max_connections, "concurrent HTTP connections (default 512)", NULL},
+        {"max-body-mb", F_INT, &a.max_body_mb, "request body limit in MiB (default 32)", NULL},
+        {"timeout-keep-alive", F_INT, &a.timeout_keep_alive, "idle connection timeout in seconds (default 600)", NULL},
+    };
+    const int nf = (int)(sizeof flags / sizeof flags[0]);
+    json_t *args_json = json_object();
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) { usage(flags, nf); json_decref(args_json); return 0; }
+        if (strncmp(s, "--", 2)) {
+            fprintf(stderr, "laststand serve: error: unexpected argument '%s' (flags start with --)\n", s);
+            json_decref(args_json);
+            return 2;
+        }
+        char name[128];
+        const char *eq = strchr(s + 2, '=');
+        size_t nl = eq ? (size_t)(eq - s - 2) : strlen(s + 2);
+        if (nl >= sizeof name) nl = sizeof name - 1;
+        memcpy(name, s + 2, nl);
+        name[nl] = 0;
+        for (char *p = name; *p; p++) if (*p == '_') *p = '-';
+        const flag *f = NULL;
+        for (int j = 0; j < nf; j++) if (!strcmp(flags[j].name, name)) f = &flags[j];
+        if (!f) {
+            fprintf(stderr, "laststand serve: error: unknown flag --%s (see laststand serve --help)\n", name);
+            json_decref(args_json);
+            return 2;
+        }
+        if (f->type == F_BOOL) {
+            if (eq && strcmp(eq + 1, "true") && strcmp(eq + 1, "false")) {
+                fprintf(stderr, "laststand serve: error: --%s: expected no value, true or false\n", name);
+                json_decref(args_json);
+                return 2;
+            }
+            *(int *)f->ptr = !eq || !strcmp(eq + 1, "true");
+            json_object_set_new(args_json, name, json_boolean(*(int *)f->ptr));
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "laststand serve: error: --%s needs a value\n", name);
+            json_decref(args_json);
+            return 2;
+        }
+        if (parse_flag(f, v)) { json_decref(args_json); return 2; }
+        json_object_set_new(args_json, name, json_string(!strcmp(name, "api-key") ? "<set>" : v));
+    }
+
+#define BAD(...) do { fprintf(stderr, "laststand serve: error: " __VA_ARGS__); fputc('\n', stderr); \
+                      json_decref(args_json); return 2; } while (0)
+    if (a.port < 1 || a.port > 65535) BAD("--port: must be 1..65535, got %lld", a.port);
+    if (a.tp < 1 || a.tp > 64) BAD("--tp: must be 1..64, got %lld", a.tp);
+    if (a.nnodes < 1) BAD("--nnodes: must be >= 1, got %lld", a.nnodes);
+    if (a.nnodes > 1) BAD("--nnodes %lld: multi-node serving is not supported yet (run one node with --tp)", a.nnodes);
+    if (a.node_rank < 0 || a.node_rank >= a.nnodes) BAD("--node-rank: must be in [0, %lld), got %lld", a.nnodes, a.node_rank);
+    if (a.mem_fraction_static < 0 || a.mem_fraction_static > 1) BAD("--mem-fraction-static: must be in (0, 1], got %g", a.mem_fraction_static);
+    if (a.max_running_requests < 0 || a.max_running_requests > 1 << 20) BAD("--max-running-requests: must be >= 1, got %lld", a.max_running_requests);
+    if (a.max_queued_requests < 0 || a.max_queued_requests > 1 << 24) BAD("--max-queued-requests: must be >= 1, got %lld", a.max_queued_requests);
+    if (a.max_total_tokens < 0 || a.max_total_tokens > 1LL << 31) BAD("--max-total-tokens: must be >= 1, got %lld", a.max_total_tokens);
+    if (a.context_length < 0 || a.context_length > 1 << 24) BAD("--context-length: must be >= 1, got %lld", a.context_length);
+    if (a.chunked_prefill_size != -2 && a.chunked_prefill_size != -1 && (a.chunked_prefill_size < 1 || a.chunked_prefill_size > 1 << 24))
+        BAD("--chunked-prefill-size: must be >= 1 or -1, got %lld", a.chunked_prefill_size);
+    if (a.max_connections < 1 || a.max_connections > 65536) BAD("--max-connections: must be 1..65536, got %lld", a.max_connections);
+    if (a.max_body_mb < 1 || a.max_body_mb > 4096) BAD("--max-body-mb: must be 1..4096, got %lld", a.max_body_mb);
+    if (a.timeout_keep_alive < 1) BAD("--timeout-keep-alive: must be >= 1, got %lld", a.timeout_keep_alive);
+    if (a.api_key && !*a.api_key) BAD("--api-key: empty");
+    if (a.chat_template && !file_exists(a.chat_template)) BAD("--chat-template: %s: no such file", a.chat_template);
+    if (a.model_path && strncmp(a.model_path, "synth:", 6) && !file_exists(a.model_path))
+        BAD("--model-path: %s: no such folder", a.model_path);
+#undef BAD
+    log_set_level(log_parse_level(a.log_level));
+
+    char *model_path = a.model_path ? xstrdup(a.model_path) : demo_model_path();
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.model_path = model_path;
+    o.tokenizer_path = a.tokenizer_path;
+    o.chat_template = a.chat_template;
+    o.device = strcmp(a.device, "auto") ? a.device : NULL;
+    o.tp = (int)a.tp;
+#define BACKEND(x) ((x) && strcmp((x), "auto") ? (x) : NULL)
+    o.fp4_gemm_backend = BACKEND(a.fp4_gemm_backend);
+    o.moe_backend = BACKEND(a.moe_runner_backend);
+    o.attention_backend = BACKEND(a.attention_backend);
+    o.gdn_backend = BACKEND(a.gdn_backend);
+#undef BACKEND
+    o.trust_backend = a.trust_backend;
+    if (a.max_running_requests) o.max_running_requests = (int)a.max_running_requests;
+    if (a.chunked_prefill_size != -2) o.chunked_prefill_size = (int)a.chunked_prefill_size;
+    if (a.context_length) o.context_length = (int)a.context_length;
+    if (a.mem_fraction_static > 0) o.mem_fraction_static = a.mem_fraction_static;
+    if (a.max_total_tokens) o.max_total_tokens = (int)a.max_total_tokens;
+    if (a.max_queued_requests) o.max_queued_requests = (int)a.max_queued_requests;
+
+    ls_engine *eng = NULL;
+    char err[1024] = "";
+    double t0 = now_sec();
+    int rc = ls_engine_open(&o, &eng, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "laststand serve: error: %s\n", err);
+        free(model_path);
+        json_decref(args_json);
+        return rc == LS_ERR_INVAL || rc == LS_ERR_UNSUPPORTED ? 2 : 1;
+    }
+    log_info("model %s loaded in %.1f s", model_path, now_sec() - t0);
+
+    srv_config cfg = {0};
+    cfg.host = a.host;
+    cfg.port = (int)a.port;
+    cfg.model_path = model_path;
+    cfg.tokenizer_path = a.tokenizer_path;
+    cfg.served_model_name = a.served_model_name ? a.served_model_name : a.model_path ? a.model_path : "laststand-demo";
+    cfg.api_key = a.api_key;
+    cfg.reasoning_parser = a.reasoning_parser != NULL;
+    cfg.reasoning_parser_name = a.reasoning_parser;
+    cfg.tool_parser = TP_NONE;
+    if (a.tool_call_parser) tp_kind_parse(a.tool_call_parser, &cfg.tool_parser);
+    cfg.max_body = (size_t)a.max_body_mb << 20;
+    cfg.max_connections = (int)a.max_connections;
+    cfg.conn_timeout_s = (int)a.timeout_keep_alive;
+    const char *force = getenv("LASTSTAND_TEST_FORCE_IDS");
+    cfg.allow_force_ids = force && !strcmp(force, "1");
+    if (cfg.allow_force_ids) log_warn("LASTSTAND_TEST_FORCE_IDS=1: requests may force their output ids (tests only)");
+    json_object_set_new(args_json, "model_path", json_string(model_path));
+    json_object_set_new(args_json, "served_model_name", json_string(cfg.served_model_name));
+    json_object_set_new(args_json, "host", json_string(cfg.host));
+    json_object_set_new(args_json, "port", json_integer(cfg.port));
+    json_object_set_new(args_json, "tp_size", json_integer(a.tp));
+    json_object_set_new(args_json, "reasoning_parser", a.reasoning_parser ? json_string(a.reasoning_parser) : json_null());
+    json_object_set_new(args_json, "tool_call_parser", a.tool_call_parser ? json_string(a.tool_call_parser) : json_null());
+    cfg.server_args = args_json;
+
+    rc = srv_run(&cfg, eng);
+    ls_engine_close(eng);
+    json_decref(args_json);
+    free(model_path);
+    return rc;
 }

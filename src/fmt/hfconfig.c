@@ -164,13 +164,15 @@ static int add_exclude(model_config *c, const jctx *j, const char *key, json_t *
  * config.json's "quantization_config". */
 static int parse_quant(model_config *c, const jctx *j, json_t *q) {
     json_t *m = member(q, "quant_method");
-    if (m && (!json_is_string(m) || strcmp(json_string_value(m), "modelopt")))
-        return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_method': only \"modelopt\" is supported",
-                    j->file, j->prefix);
+    if (m && (!json_is_string(m) || (strcmp(json_string_value(m), "modelopt") &&
+                                     strcmp(json_string_value(m), "modelopt_fp4"))))
+        return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_method': only \"modelopt\" (NVFP4) is "
+                    "supported", j->file, j->prefix);
     json_t *a = member(q, "quant_algo");
     if (a) {
         if (!json_is_string(a)) return bad(j, "quant_algo", "expected a string");
-        if (strcmp(json_string_value(a), "NVFP4"))
+        /* W4A16_NVFP4 stores the same tensors; only the activation handling differs */
+        if (strcmp(json_string_value(a), "NVFP4") && strcmp(json_string_value(a), "W4A16_NVFP4"))
             return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_algo': \"%s\" is not supported (NVFP4 is)",
                         j->file, j->prefix, json_string_value(a));
         c->nvfp4 = 1;

@@ -166,26 +166,36 @@ static void shape_str(char *out, size_t cap, int ndim, const int64_t *shape) {
     if (k < cap) snprintf(out + k, cap - k, "]");
 }
 
-int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
-                 void *data, size_t nbytes, ls_err *e) {
-    if (!name || !*name) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor with an empty name"); }
-    if (dt < 0 || dt >= ST_NDTYPES) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor '%s': bad dtype %d", name, (int)dt); }
-    if (ndim < 0 || ndim > ST_MAX_DIMS) { free(data); return errf(e, ERR_INVAL, "<memory>: tensor '%s': %d dims (at most %d)", name, ndim, ST_MAX_DIMS); }
+static int add_mem(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape, const void *data,
+                   size_t nbytes, void *owned, ls_err *e) {
+    if (!name || !*name) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor with an empty name"); }
+    if (dt < 0 || dt >= ST_NDTYPES) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor '%s': bad dtype %d", name, (int)dt); }
+    if (ndim < 0 || ndim > ST_MAX_DIMS) { free(owned); return errf(e, ERR_INVAL, "<memory>: tensor '%s': %d dims (at most %d)", name, ndim, ST_MAX_DIMS); }
     int64_t want = checked_nbytes(dt, ndim, shape);
     if (want < 0 || (size_t)want != nbytes) {
         char sh[256];
         shape_str(sh, sizeof sh, ndim, shape);
-        free(data);
+        free(owned);
         return errf(e, ERR_INVAL, "<memory>: tensor '%s': %zu bytes given for %s %s", name, nbytes,
                     st_dtype_name(dt), sh);
     }
     st_tensor t = {.name = name, .dtype = dt, .ndim = ndim, .data = data, .nbytes = nbytes, .file = "<memory>"};
     for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
-    if (push_tensor(s, &t, data) < 0) {
-        free(data);
+    if (push_tensor(s, &t, owned) < 0) {
+        free(owned);
         return errf(e, ERR_INVAL, "<memory>: duplicate tensor '%s'", name);
     }
     return 0;
+}
+
+int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+                 void *data, size_t nbytes, ls_err *e) {
+    return add_mem(s, name, dt, ndim, shape, data, nbytes, data, e);
+}
+
+int st_add_ref(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+               const void *data, size_t nbytes, ls_err *e) {
+    return add_mem(s, name, dt, ndim, shape, data, nbytes, NULL, e);
 }
 
 /* ---- reading one file ---------------------------------------------------- */
@@ -238,6 +248,7 @@ static int parse_header(st_set *s, st_file *f, ls_err *e) {
     json_t *v;
     json_object_foreach(root, name, v) {
         if (!strcmp(name, "__metadata__")) {
+            if (json_is_null(v)) continue;
             if (!json_is_object(v)) { rc = errf(e, ERR_INVAL, "%s: __metadata__ is not an object", p); goto fail; }
             const char *mk;
             json_t *mv;
@@ -556,8 +567,41 @@ static int write_shard(const char *path, const st_tensor **ts, int n, ls_err *e)
     return 0;
 }
 
+int st_write_file(const st_set *s, const char *path, ls_err *e) {
+    const st_tensor **ts = xmalloc(sizeof(st_tensor *) * (s->n + 1));
+    for (int i = 0; i < s->n; i++) ts[i] = &s->t[i];
+    qsort(ts, s->n, sizeof(st_tensor *), write_order_cmp);
+    int rc = write_shard(path, ts, s->n, e);
+    free(ts);
+    return rc;
+}
+
+static int is_weight_file(const char *n) {
+    if (!strcmp(n, "model.safetensors") || !strcmp(n, "model.safetensors.index.json")) return 1;
+    unsigned a, b;
+    int len = 0;
+    return sscanf(n, "model-%5u-of-%5u.safetensors%n", &a, &b, &len) == 2 && len == (int)strlen(n);
+}
+
+int st_remove_weights(const char *dir, ls_err *e) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : errf(e, ERR_IO, "%s: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (!rc && (de = readdir(d))) {
+        if (!is_weight_file(de->d_name)) continue;
+        char *p = path_join(dir, de->d_name);
+        if (unlink(p) && errno != ENOENT) rc = errf(e, ERR_IO, "%s: cannot remove: %s", p, strerror(errno));
+        free(p);
+    }
+    closedir(d);
+    return rc;
+}
+
 int st_write_dir(const st_set *s, const char *dir, size_t shard_bytes, ls_err *e) {
     if (mkdir(dir, 0755) && errno != EEXIST) return errf(e, ERR_IO, "%s: %s", dir, strerror(errno));
+    int rc0 = st_remove_weights(dir, e);
+    if (rc0) return rc0;
     int n = s->n;
     const st_tensor **ts = xmalloc(sizeof(st_tensor *) * (n + 1));
     for (int i = 0; i < n; i++) ts[i] = &s->t[i];

@@ -46,6 +46,10 @@ st_set *st_new(void);
 /* Adopt a malloc'd buffer (freed by st_close). Fails on duplicate name or size mismatch. */
 int st_add_owned(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
                  void *data, size_t nbytes, ls_err *e);
+/* Add a non-owning view (data must outlive s; e.g. a tensor of another set).
+ * Same checks as st_add_owned. */
+int st_add_ref(st_set *s, const char *name, st_dtype dt, int ndim, const int64_t *shape,
+               const void *data, size_t nbytes, ls_err *e);
 void st_close(st_set *s);
 
 int st_count(const st_set *s);
@@ -56,7 +60,15 @@ int64_t st_numel(const st_tensor *t);
 /* Write all tensors of s (or those whose name passes keep(), if given) into
  * dir as shards of at most shard_bytes (0 = one file model.safetensors; more
  * than one shard writes model.safetensors.index.json). Tensors are written
- * sorted by name; metadata {"format":"pt"}. */
+ * sorted by name; metadata {"format":"pt"}.
+ * (As HF's writer does, the order is by dtype size, largest first, then by
+ * name, so every tensor is naturally aligned in a mapping. Weight files left
+ * in dir by an earlier write are removed first, see st_remove_weights.) */
 int st_write_dir(const st_set *s, const char *dir, size_t shard_bytes, ls_err *e);
+/* Write every tensor of s into one file (same order and header as above). */
+int st_write_file(const st_set *s, const char *path, ls_err *e);
+/* Delete dir's model.safetensors, model-NNNNN-of-NNNNN.safetensors and
+ * model.safetensors.index.json, so a new checkpoint does not mix with an old one. */
+int st_remove_weights(const char *dir, ls_err *e);
 
 #endif

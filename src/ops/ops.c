@@ -30,6 +30,17 @@ const char *w_kind_name(w_kind k) {
     return "?";
 }
 
+/* fp8 e4m3 -> fp32 for all 256 codes (built once; block scales hit it per 16 weights). */
+static float g_fp8[256];
+static pthread_once_t g_fp8_once = PTHREAD_ONCE_INIT;
+static void fp8_init(void) {
+    for (int i = 0; i < 256; i++) g_fp8[i] = fp8_e4m3_to_f32((uint8_t)i);
+}
+const float *ops_fp8_e4m3_table(void) {
+    pthread_once(&g_fp8_once, fp8_init);
+    return g_fp8;
+}
+
 void lin_row_f32(const lin_w *w, int n, float *out) {
     const int K = w->K;
     switch (w->kind) {
@@ -50,8 +61,9 @@ void lin_row_f32(const lin_w *w, int n, float *out) {
         /* W[n,k] = E2M1(code) · fp8(scale[n, k/16]) · scale2; byte holds 2i low, 2i+1 high. */
         const uint8_t *codes = (const uint8_t *)w->data + (size_t)n * (K / 2);
         const uint8_t *sc = w->scale + (size_t)n * (K / 16);
+        const float *fp8 = ops_fp8_e4m3_table();
         for (int b = 0; b < K / 16; b++) {
-            float s = fp8_e4m3_to_f32(sc[b]) * w->scale2;
+            float s = fp8[sc[b]] * w->scale2;
             for (int i = 0; i < 8; i++) {
                 uint8_t byte = codes[b * 8 + i];
                 out[b * 16 + 2 * i] = E2M1_LUT[byte & 0xF] * s;

@@ -19,7 +19,10 @@
  * fp32/fp64 code that reads like reference/qwen35-and-nvfp4.md); other
  * backends (fast CPU, CUDA) register in front of it. Registration order is
  * preference order: "auto" takes the first backend of the device that is not
- * marked test_only. Backends are stateless; all memory comes in the args.
+ * marked test_only. test_only backends (the deliberately broken ones, and
+ * alternatives kept for cross-checking that are slower on their device, such
+ * as gdn "cpu_chunked") are still validated and timed by the doctor and can
+ * be named explicitly. Backends are stateless; all memory comes in the args.
  *
  * Pointers in args live in the memory of the device the backend runs on.
  * Activations have dtype `dt` (ACT_F32 on the CPU; ACT_BF16 on CUDA). Weights
@@ -94,7 +97,7 @@ typedef struct gemm_args {
 typedef struct gemm_impl {
     const char *name;
     dev_kind dev;
-    int test_only;     /* never chosen by "auto" */
+    int test_only;     /* never chosen by "auto"; the doctor still validates and times it */
     int (*supported)(const dev_info *d, const gemm_shape *s, char *why, size_t n);
     int (*run)(const gemm_args *a, ls_stream s, ls_err *e);
 } gemm_impl;

@@ -90,12 +90,12 @@ static void delta_heads(void *p, int64_t h0, int64_t h1) {
     free(m);
 }
 
-static int ref_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
+int cpu_gdn_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
     if (d->kind != DEV_CPU) { if (why) snprintf(why, n, "CPU backend"); return 0; }
     return cpu_supports_dt(s->dt, why, n);
 }
 
-static int gdn_check_args(const gdn_args *a, ls_err *e) {
+int cpu_gdn_check_args(const gdn_args *a, ls_err *e) {
     const gdn_w *w = a->w;
     if (a->dt != ACT_F32) return errf(e, ERR_UNSUPPORTED, "gdn: CPU backends take f32 activations");
     if (w->nk <= 0 || w->nv % w->nk || w->conv_k < 1)
@@ -110,31 +110,37 @@ static int gdn_check_args(const gdn_args *a, ls_err *e) {
     return 0;
 }
 
-static int ref_run(const gdn_args *a, ls_stream s, ls_err *e) {
-    int rc = gdn_check_args(a, e);
-    if (rc) return rc;
+void cpu_gdn_prepare(const gdn_args *a, const gdn_seq *sq, float *c_out, float *gb_out) {
     const gdn_w *w = a->w;
     const int D = conv_dim_of(w), nk = w->nk, nv = w->nv, dk = w->dk;
     const float qscale = 1.0f / sqrtf((float)dk);
+    gdn_ctx c = {a, sq, c_out, gb_out};
+    pool_for(D, 64, conv_channels, &c);
+    for (int t = 0; t < sq->n_new; t++) {
+        float *ct = c.c + (size_t)t * D;
+        for (int h = 0; h < nk; h++) {
+            l2norm(ct + (size_t)h * dk, dk, qscale);
+            l2norm(ct + (size_t)nk * dk + (size_t)h * dk, dk, 1.0f);
+        }
+        const float *ar = (const float *)a->a + (size_t)(sq->row0 + t) * nv;
+        const float *br = (const float *)a->b + (size_t)(sq->row0 + t) * nv;
+        for (int j = 0; j < nv; j++) {
+            c.gb[((size_t)t * nv + j) * 2] = -expf(w->A_log[j]) * cpu_softplus(ar[j] + w->dt_bias[j]);
+            c.gb[((size_t)t * nv + j) * 2 + 1] = cpu_sigmoid(br[j]);
+        }
+    }
+}
+
+static int ref_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    int rc = cpu_gdn_check_args(a, e);
+    if (rc) return rc;
+    const int D = conv_dim_of(a->w), nv = a->w->nv;
     for (int si = 0; si < a->n_seq; si++) {
         const gdn_seq *sq = &a->seqs[si];
         if (sq->n_new == 0) continue;
         gdn_ctx c = {a, sq, xmalloc(sizeof(float) * sq->n_new * D),
                      xmalloc(sizeof(float) * sq->n_new * nv * 2)};
-        pool_for(D, 64, conv_channels, &c);
-        for (int t = 0; t < sq->n_new; t++) {
-            float *ct = c.c + (size_t)t * D;
-            for (int h = 0; h < nk; h++) {
-                l2norm(ct + (size_t)h * dk, dk, qscale);
-                l2norm(ct + (size_t)nk * dk + (size_t)h * dk, dk, 1.0f);
-            }
-            const float *ar = (const float *)a->a + (size_t)(sq->row0 + t) * nv;
-            const float *br = (const float *)a->b + (size_t)(sq->row0 + t) * nv;
-            for (int j = 0; j < nv; j++) {
-                c.gb[((size_t)t * nv + j) * 2] = -expf(w->A_log[j]) * cpu_softplus(ar[j] + w->dt_bias[j]);
-                c.gb[((size_t)t * nv + j) * 2 + 1] = cpu_sigmoid(br[j]);
-            }
-        }
+        cpu_gdn_prepare(a, sq, c.c, c.gb);
         pool_for(nv, 1, delta_heads, &c);
         free(c.c);
         free(c.gb);
@@ -142,4 +148,4 @@ static int ref_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-const gdn_impl gdn_cpu_ref = {"cpu_ref", DEV_CPU, 0, ref_supported, ref_run};
+const gdn_impl gdn_cpu_ref = {"cpu_ref", DEV_CPU, 0, cpu_gdn_supported, ref_run};

@@ -124,7 +124,8 @@ typedef struct srv_req {
     json_t *messages;             /* normalised copy handed to the template (owned) */
     const json_t *tools;          /* borrowed from root, NULL if none */
     int tool_choice;
-    json_t *chat_template_kwargs; /* borrowed, may be NULL */
+    json_t *chat_template_kwargs; /* borrowed (or own_kwargs), may be NULL */
+    json_t *own_kwargs;           /* owned copy when the server adds enable_thinking */
     int enable_thinking;          /* -1 unset, 0, 1 */
     int separate_reasoning, stream_reasoning;
     /* completions */
@@ -135,6 +136,7 @@ typedef struct srv_req {
     /* both */
     ls_sampling s;
     int has_max_tokens;
+    const char *max_tokens_field; /* the field that set it ("max_tokens" / "max_completion_tokens") */
     int n, stream, include_usage, continuous_usage;
     int logprobs;                 /* chat: bool; completions: top count + 1 (0 = off) */
     int top_logprobs;
@@ -162,6 +164,7 @@ typedef struct gen_event {
     int finished;
     char finish_reason[16];
     char *matched_stop, *error;
+    int32_t matched_stop_id;     /* EOS / stop id that ended it, else -1 */
     int prompt_tokens, completion_tokens, cached_tokens;
 } gen_event;
 void gen_event_free(gen_event *ev);
@@ -205,7 +208,8 @@ typedef struct srv {
     ls_engine *eng;
     ls_model_info info;
     volatile int stopping;
-    double started;
+    double started;               /* now_sec() at start */
+    long long started_wall;       /* time(NULL) at start */
     pthread_mutex_t mu;
     uint64_t http_status[SRV_ST_N];
     uint64_t requests_active;
@@ -249,7 +253,6 @@ int srv_check_model(srv *sv, const srv_req *r, srv_resp *rs); /* 0 ok, else rs f
 /* Map a gen_start failure to an HTTP error. */
 void srv_submit_error(srv_resp *rs, int code, const char *err);
 void srv_random_id(char *out, size_t n, const char *prefix); /* prefix + 32 hex */
-void srv_usage_json(buf *b, int prompt, int completion, int cached);
 
 /* sse.c: a streamed body fed from a gen queue by a route-specific formatter. */
 typedef struct sse_stream sse_stream;

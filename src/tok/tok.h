@@ -23,10 +23,17 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, int32_t **ids, 
 /* Decode ids to malloc'd UTF-8 text (invalid byte runs become U+FFFD as HF does). */
 char *tok_decode(const tokenizer *t, const int32_t *ids, int n, int skip_special);
 
+/* The same, also giving the length: the text may hold U+0000 (a NUL byte). */
+char *tok_decode_n(const tokenizer *t, const int32_t *ids, int n, int skip_special, size_t *len);
+
 int tok_vocab_size(const tokenizer *t);         /* highest id + 1 */
 int32_t tok_id(const tokenizer *t, const char *token); /* -1 if not a token */
 const char *tok_piece(const tokenizer *t, int32_t id); /* raw vocab string, NULL if none */
 int tok_is_special(const tokenizer *t, int32_t id);
+
+/* Empty the internal word cache (results never depend on it; benchmarks use
+ * this to measure a cold tokenizer). Thread-safe. */
+void tok_cache_clear(const tokenizer *t);
 
 /* Special strings from tokenizer_config.json (NULL when absent). */
 const char *tok_bos_token(const tokenizer *t);
@@ -45,5 +52,8 @@ char *tok_stream_push(tok_stream *s, int32_t id);
 /* Remaining text at the end of the sequence (may hold U+FFFD for dangling bytes). */
 char *tok_stream_finish(tok_stream *s);
 void tok_stream_free(tok_stream *s);
+/* The same as push / finish, also giving the delta's length (it may hold NUL bytes). */
+char *tok_stream_push_n(tok_stream *s, int32_t id, size_t *len);
+char *tok_stream_finish_n(tok_stream *s, size_t *len);
 
 #endif

@@ -217,6 +217,23 @@ static void test_write_sharded_with_index_then_read(void **st) {
     st_close(s);
 }
 
+static void test_rewrite_replaces_stale_shards(void **st) {
+    st_set *s = make_set(), *r;
+    ls_err e = {0};
+    char *d = tpath("rewrite");
+    assert_int_equal(st_write_dir(s, d, 40, &e), 0);
+    assert_int_equal(st_write_dir(s, d, 0, &e), 0); /* now one file: the index and shards must go */
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/model-00001-of-00004.safetensors", d);
+    assert_int_not_equal(access(p, F_OK), 0);
+    assert_int_equal(st_open_dir(d, &r, &e), 0);
+    check_same(s, r);
+    st_close(r);
+    st_close(s);
+}
+
 static void test_index_errors_name_file_and_tensor(void **st) {
     st_set *s = make_set(), *r;
     ls_err e = {0};
@@ -289,6 +306,7 @@ int main(void) {
         cmocka_unit_test(test_in_memory_set_rejects_duplicates_and_size_mismatch),
         cmocka_unit_test(test_write_then_read_single_file),
         cmocka_unit_test(test_write_sharded_with_index_then_read),
+        cmocka_unit_test(test_rewrite_replaces_stale_shards),
         cmocka_unit_test(test_index_errors_name_file_and_tensor),
         cmocka_unit_test(test_duplicate_names_across_shards_rejected),
         cmocka_unit_test(test_empty_dir_is_an_error),

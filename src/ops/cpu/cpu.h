@@ -28,10 +28,24 @@ static inline float cpu_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x
  * converts/dequantises a weight row once and reuses it for all M rows). */
 void cpu_gemm_f32(int M, const float *x, const lin_w *w, float *y, int accumulate);
 
+/* The same with the fastest CPU kernel available (AVX2/FMA when present). */
+void cpu_gemm_fast_f32(int M, const float *x, const lin_w *w, float *y, int accumulate);
+
+/* Gated DeltaNet, shared by the CPU backends: argument checks, and for one
+ * sequence the conv + SiLU (updating the conv state), l2norm of q and k,
+ * q ·= dk^-0.5, g and β:  c_out [n_new, conv_dim], gb_out [n_new, nv, 2] (g, β). */
+int cpu_gdn_check_args(const gdn_args *a, ls_err *e);
+int cpu_gdn_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n);
+void cpu_gdn_prepare(const gdn_args *a, const gdn_seq *sq, float *c_out, float *gb_out);
+
+/* fp8 e4m3 code -> fp32, a 256-entry table. */
+const float *ops_fp8_e4m3_table(void);
+
 /* Reject non-fp32 activations with a message (every CPU backend). */
 int cpu_supports_dt(act_dtype dt, char *why, size_t n);
 
 void cpu_register_all(void);    /* fast CPU backends, in preference order */
+void cpu_register_avx2(void);   /* gemm/fp4_gemm "cpu_avx2" when the CPU has AVX2+FMA */
 void cpu_register_broken(void); /* test-only broken moe backends */
 
 #endif

@@ -8,7 +8,7 @@
  * 4. the shared expert as dense gemms over all tokens, scaled by
  *    sigmoid(x·w_sg).
  * Each expert's weight rows are dequantised once per call instead of once per
- * token, and the gemms thread over the output rows (cpu_gemm_f32), so decode
+ * token, and the gemms (AVX2/FMA when the CPU has it) thread over the output rows, so decode
  * (M = 1) uses every core too. Routed contributions are summed in expert
  * order rather than top-k order; the result equals cpu_ref up to fp32
  * rounding.
@@ -33,7 +33,7 @@ static int grouped_run(const moe_args *a, ls_stream s, ls_err *e) {
 
     /* 1. route */
     float *logits = xmalloc(sizeof(float) * (size_t)M * E);
-    cpu_gemm_f32(M, x, &w->router, logits, 0);
+    cpu_gemm_fast_f32(M, x, &w->router, logits, 0);
     int32_t *idx = xmalloc(sizeof(int32_t) * (size_t)M * k);
     float *wt = xmalloc(sizeof(float) * (size_t)M * k);
     for (int m = 0; m < M; m++)
@@ -62,10 +62,10 @@ static int grouped_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (!n) continue;
         for (int r = 0; r < n; r++)
             memcpy(xe + (size_t)r * H, x + (size_t)tok[start[e] + r] * H, sizeof(float) * H);
-        cpu_gemm_f32(n, xe, &w->gate[e], g, 0);
-        cpu_gemm_f32(n, xe, &w->up[e], u, 0);
+        cpu_gemm_fast_f32(n, xe, &w->gate[e], g, 0);
+        cpu_gemm_fast_f32(n, xe, &w->up[e], u, 0);
         for (size_t i = 0; i < (size_t)n * I; i++) g[i] = cpu_silu(g[i]) * u[i];
-        cpu_gemm_f32(n, g, &w->down[e], d, 0);
+        cpu_gemm_fast_f32(n, g, &w->down[e], d, 0);
         for (int r = 0; r < n; r++) {
             float *yr = y + (size_t)tok[start[e] + r] * H, sc = tw[start[e] + r];
             const float *dr = d + (size_t)r * H;
@@ -77,11 +77,11 @@ static int grouped_run(const moe_args *a, ls_stream s, ls_err *e) {
     if (w->shared_inter > 0) {
         const int Is = w->shared_inter;
         float *sg = xmalloc(sizeof(float) * M);
-        if (w->has_sh_gate) cpu_gemm_f32(M, x, &w->sh_gate_w, sg, 0);
-        cpu_gemm_f32(M, x, &w->sh_gate, g, 0);
-        cpu_gemm_f32(M, x, &w->sh_up, u, 0);
+        if (w->has_sh_gate) cpu_gemm_fast_f32(M, x, &w->sh_gate_w, sg, 0);
+        cpu_gemm_fast_f32(M, x, &w->sh_gate, g, 0);
+        cpu_gemm_fast_f32(M, x, &w->sh_up, u, 0);
         for (size_t i = 0; i < (size_t)M * Is; i++) g[i] = cpu_silu(g[i]) * u[i];
-        cpu_gemm_f32(M, g, &w->sh_down, d, 0);
+        cpu_gemm_fast_f32(M, g, &w->sh_down, d, 0);
         for (int m = 0; m < M; m++) {
             float sc = w->has_sh_gate ? cpu_sigmoid(sg[m]) : 1.0f;
             for (int h = 0; h < H; h++) y[(size_t)m * H + h] += sc * d[(size_t)m * H + h];

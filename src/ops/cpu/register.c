@@ -9,10 +9,13 @@
 #include <string.h>
 
 extern const moe_impl moe_cpu_grouped;
+extern const gdn_impl gdn_cpu_chunked;
 int moe_cpu_supported(const dev_info *d, const moe_shape *s, char *why, size_t n);
 
 void cpu_register_all(void) {
+    cpu_register_avx2();
     ops_moe_register(&moe_cpu_grouped);
+    ops_gdn_register(&gdn_cpu_chunked);
 }
 
 /* Runs the reference, then overwrites the output with NaN: a backend that

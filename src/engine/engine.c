@@ -1,0 +1,837 @@
+/* engine.c: the engine thread: continuous batching over a paged KV pool and
+ * GDN state slots, preemption, cancellation, sampling and stop handling.
+ *
+ * Owns: the model, the tokenizer and chat template (read-only after open),
+ * every request once submitted, the page and slot free lists.
+ * Threads: ls_submit / ls_cancel / ls_engine_stats run on any thread and only
+ * touch the submit queue, the cancel list and the statistics, under locks.
+ * Everything else (scheduler, caches, model_forward, callbacks) runs on the
+ * engine thread; callbacks are made with no lock held.
+ *
+ * One step:
+ *   1. take new requests and cancellations from the shared queues;
+ *   2. running requests in id order (oldest first): a decode row (1 token) or
+ *      the next chunk of a (re-)prefill under the token budget; pages are
+ *      taken from the free list as sequences grow, and when it is empty the
+ *      newest running request is preempted (pages and slot freed, its tokens
+ *      kept, back to the waiting list to be recomputed later);
+ *   3. admit waiting requests (oldest first) while slots, budget and pages
+ *      last (one page of headroom per running request is kept);
+ *   4. one model_forward over the mixed batch;
+ *   5. every request whose whole token list is now cached samples its next
+ *      token, emits an event and may finish.
+ * Invariants: the oldest running request can always make progress (the pool
+ * holds at least one full context, and it may preempt every newer one), so
+ * memory pressure never fails a request; a request's tokens depend only on
+ * its own inputs, seed and RNG, never on the batch it ran in.
+ */
+#include "engine/engine_int.h"
+#include "engine/stats.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef LS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+static int set_err(char *err, size_t errn, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int set_err(char *err, size_t errn, int code, const char *fmt, ...) {
+    if (err && errn) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errn, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+/* ==== memory sizing ========================================================= */
+
+static size_t rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long size = 0, res = 0;
+    if (fscanf(f, "%lu %lu", &size, &res) != 2) res = 0;
+    fclose(f);
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static size_t safetensors_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    size_t total = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        size_t l = strlen(de->d_name);
+        if (l < 12 || strcmp(de->d_name + l - 12, ".safetensors") != 0) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (stat(p, &sb) == 0) total += (size_t)sb.st_size;
+    }
+    closedir(d);
+    return total;
+}
+
+/* Bytes available to the KV pool + GDN slots.
+ * CPU: mem_fraction of physical RAM minus the weights (the larger of the RSS
+ * growth across model_open and the safetensors on disk); with the default
+ * fraction the caches are also capped at 1 GiB so tests and laptops stay small.
+ * CUDA: mem_fraction of device memory minus what is already in use. */
+static double cache_budget(const ls_engine_opts *o, int cuda, size_t weights) {
+    double frac = o->mem_fraction_static;
+    int auto_frac = !(frac > 0);
+    if (auto_frac) frac = cuda ? 0.88 : 0.5;
+#ifdef LS_HAVE_CUDA
+    if (cuda) {
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return frac * (double)tot - (double)(tot - fr);
+    }
+#endif
+    (void)cuda;
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    double b = frac * ram - (double)weights;
+    if (auto_frac && b > (double)(1u << 30)) b = (double)(1u << 30);
+    return b;
+}
+
+/* ==== open / close ============================================================ */
+
+static void *engine_main(void *arg);
+
+static void add_eos(ls_engine *e, int32_t id) {
+    if (id < 0 || id >= e->vocab) return;
+    for (int i = 0; i < e->n_eos; i++) if (e->eos[i] == id) return;
+    if (e->n_eos < CFG_MAX_EOS + 1) e->eos[e->n_eos++] = id;
+}
+
+static void engine_free(ls_engine *e) {
+    if (!e) return;
+    if (e->m) model_close(e->m);
+    tok_free(e->tok);
+    jinja_free(e->tmpl);
+    free(e->model_path); free(e->tokenizer_path); free(e->device); free(e->tmpl_err);
+    kvpool_free(&e->pages); kvpool_free(&e->slots);
+    smp_free(e->smp);
+    free(e->logits); free(e->poison); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
+    free(e->running); free(e->cancels);
+    buf_free(&e->text);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->stats_mu);
+    free(e);
+}
+
+static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, char *err, size_t errn) {
+    ls_err le = {0};
+    const char *tdir = o->tokenizer_path ? o->tokenizer_path : o->model_path;
+    int synth = strncmp(o->model_path, "synth:", 6) == 0;
+    if (!(synth && !o->tokenizer_path)) {
+        int rc = tok_load_dir(tdir, &e->tok, &le);
+        if (rc < 0) {
+            if (o->tokenizer_path)
+                return set_err(err, errn, rc, "--tokenizer-path %s: %s", tdir, le.msg);
+            log_warn("engine: no tokenizer in %s (%s); serving token ids only", tdir, le.msg);
+            e->tok = NULL;
+        } else {
+            e->tokenizer_path = xstrdup(tdir);
+        }
+    }
+    char *src = NULL;
+    if (o->chat_template) {
+        src = read_file(o->chat_template, NULL, &le);
+        if (!src) return set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
+    } else if (e->tokenizer_path) {
+        src = jinja_find_chat_template(e->tokenizer_path, &le);
+    }
+    if (src) {
+        int rc = jinja_parse(src, &e->tmpl, &le);
+        free(src);
+        if (rc < 0) {
+            e->tmpl = NULL;
+            if (o->chat_template)
+                return set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
+            log_warn("engine: the chat template of %s does not parse (%s); chat requests will fail",
+                     e->tokenizer_path, le.msg);
+            char m[1200];
+            snprintf(m, sizeof m, "the chat template of %s does not parse: %s (give --chat-template FILE)",
+                     e->tokenizer_path, le.msg);
+            e->tmpl_err = xstrdup(m);
+        }
+    }
+    return 0;
+}
+
+int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn) {
+    *out = NULL;
+    if (!o || !o->model_path || !*o->model_path)
+        return set_err(err, errn, LS_ERR_INVAL, "--model-path is required");
+    ls_engine_opts d;
+    ls_engine_opts_default(&d);
+    int page_size = o->page_size > 0 ? o->page_size : d.page_size;
+    int max_run = o->max_running_requests > 0 ? o->max_running_requests : d.max_running_requests;
+    int max_queued = o->max_queued_requests > 0 ? o->max_queued_requests : d.max_queued_requests;
+    if (o->mem_fraction_static < 0 || o->mem_fraction_static > 1)
+        return set_err(err, errn, LS_ERR_INVAL, "--mem-fraction-static %g is outside (0, 1]",
+                       o->mem_fraction_static);
+    if (o->context_length < 0)
+        return set_err(err, errn, LS_ERR_INVAL, "--context-length %d is negative", o->context_length);
+    if (o->max_total_tokens < 0)
+        return set_err(err, errn, LS_ERR_INVAL, "--max-total-tokens %d is negative", o->max_total_tokens);
+
+    ls_engine *e = xcalloc(1, sizeof *e);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    buf_init(&e->text);
+    e->next_id = 1;
+    e->tp = o->tp > 0 ? o->tp : 1;
+    e->model_path = xstrdup(o->model_path);
+    e->device = xstrdup(o->device ? o->device : "cpu");
+    const char *fe = getenv("LASTSTAND_TEST_FORCE_IDS");
+    e->force_ok = fe && strcmp(fe, "1") == 0;
+
+    /* model */
+    model_opts mo = {0};
+    mo.device = o->device;
+    mo.tp = e->tp;
+    mo.fp4_gemm_backend = o->fp4_gemm_backend;
+    mo.moe_backend = o->moe_backend;
+    mo.attention_backend = o->attention_backend;
+    mo.gdn_backend = o->gdn_backend;
+    mo.trust_backend = o->trust_backend;
+    ls_err le = {0};
+    size_t rss0 = rss_bytes();
+    int rc = model_open(o->model_path, &mo, &e->m, &le);
+    if (rc < 0) {
+        e->m = NULL;
+        set_err(err, errn, rc, "%s", le.msg);
+        engine_free(e);
+        return rc;
+    }
+    size_t rss1 = rss_bytes();
+    e->cfg = model_cfg(e->m);
+    e->vocab = e->cfg->vocab;
+
+    rc = load_tokenizer_and_template(e, o, err, errn);
+    if (rc < 0) { engine_free(e); return rc; }
+    for (int i = 0; i < e->cfg->n_eos; i++) add_eos(e, e->cfg->eos[i]);
+    if (e->tok && tok_eos_token(e->tok)) add_eos(e, tok_id(e->tok, tok_eos_token(e->tok)));
+
+    /* context and cache sizes */
+    int model_ctx = e->cfg->max_pos > 0 ? e->cfg->max_pos : 32768;
+    if (o->context_length > model_ctx) {
+        set_err(err, errn, LS_ERR_INVAL,
+                "--context-length %d exceeds the model's max_position_embeddings %d",
+                o->context_length, model_ctx);
+        engine_free(e);
+        return LS_ERR_INVAL;
+    }
+    int ctx = o->context_length > 0 ? o->context_length : model_ctx;
+    size_t page_bytes = model_kv_page_bytes(e->m, page_size);
+    size_t slot_bytes = model_slot_bytes(e->m);
+    size_t weights = rss1 > rss0 ? rss1 - rss0 : 0;
+    size_t st_bytes = safetensors_bytes(o->model_path);
+    if (st_bytes > weights) weights = st_bytes;
+    int cuda = o->device && strcmp(o->device, "cuda") == 0;
+    double budget = cache_budget(o, cuda, weights);
+    budget -= (double)max_run * (double)slot_bytes;
+    budget -= (double)max_run * (double)e->vocab * sizeof(float);
+    int n_pages;
+    if (o->max_total_tokens > 0) {
+        n_pages = ceil_div(o->max_total_tokens, page_size);
+    } else {
+        double cap = (double)max_run * ceil_div(ctx, page_size);
+        double fit = page_bytes ? floor(budget / (double)page_bytes) : cap;
+        n_pages = (int)(fit < cap ? (fit > 0 ? fit : 0) : cap);
+    }
+    if (n_pages * page_size < ctx) {
+        if (o->context_length > 0 || n_pages * page_size < 2 * page_size) {
+            set_err(err, errn, LS_ERR_INVAL,
+                    "the KV pool holds %d tokens (%d pages of %d), less than one sequence of "
+                    "--context-length %d: raise --mem-fraction-static / --max-total-tokens or "
+                    "lower --context-length", n_pages * page_size, n_pages, page_size, ctx);
+            engine_free(e);
+            return LS_ERR_INVAL;
+        }
+        ctx = n_pages * page_size; /* default context: what fits */
+    }
+    e->ctx = ctx;
+    e->page_size = page_size;
+    e->max_run = max_run;
+    e->n_pages = n_pages;
+    e->max_queued = max_queued;
+    e->budget = o->chunked_prefill_size > 0 ? o->chunked_prefill_size
+              : o->chunked_prefill_size < 0 ? ctx : d.chunked_prefill_size;
+
+    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run};
+    rc = model_cache_init(e->m, &co, &le);
+    if (rc < 0) {
+        set_err(err, errn, rc, "KV cache (%d pages of %d tokens, %d slots): %s", n_pages, page_size,
+                max_run, le.msg);
+        engine_free(e);
+        return rc;
+    }
+    kvpool_init(&e->pages, n_pages);
+    kvpool_init(&e->slots, max_run);
+    e->smp = smp_new(e->vocab);
+    e->logits = xmalloc((size_t)max_run * (size_t)e->vocab * sizeof(float));
+    if (e->force_ok) e->poison = xmalloc((size_t)e->vocab * sizeof(float));
+    e->seqs = xcalloc((size_t)max_run, sizeof *e->seqs);
+    e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
+    e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
+    e->batch_new = xcalloc((size_t)max_run, sizeof *e->batch_new);
+    e->running = xcalloc((size_t)max_run, sizeof *e->running);
+    stats_hist_init(&e->st.ttft, STATS_TTFT);
+    stats_hist_init(&e->st.itl, STATS_ITL);
+    stats_hist_init(&e->st.e2e, STATS_E2E);
+    e->st.kv_pages_total = n_pages;
+
+    log_info("engine: %s, context %d, KV pool %d pages x %d tokens (%.1f MiB), %d GDN slots "
+             "(%.1f MiB), budget %d tokens/step%s", e->model_path, ctx, n_pages, page_size,
+             (double)n_pages * (double)page_bytes / 1048576.0, max_run,
+             (double)max_run * (double)slot_bytes / 1048576.0, e->budget,
+             e->force_ok ? ", test id forcing ON" : "");
+
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        set_err(err, errn, LS_ERR_RUNTIME, "cannot start the engine thread: %s", strerror(errno));
+        engine_free(e);
+        return LS_ERR_RUNTIME;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+}
+
+void ls_engine_close(ls_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->closing = 1;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    engine_free(e);
+}
+
+/* ==== requests ================================================================= */
+
+static void req_free(ereq *r) {
+    if (!r) return;
+    for (int i = 0; i < r->sp.n_stop; i++) free((char *)r->sp.stop[i]);
+    free((void *)r->sp.stop);
+    free((void *)r->sp.stop_ids);
+    free((void *)r->sp.force_ids);
+    free(r->ban);
+    free(r->tok);
+    free(r->pages);
+    if (r->ts) tok_stream_free(r->ts);
+    stop_free(&r->sm);
+    free(r);
+}
+
+static int validate(const ls_engine *e, const ls_sampling *s, char *err, size_t errn) {
+#define BAD(...) return set_err(err, errn, LS_ERR_INVAL, __VA_ARGS__)
+    if (!(s->temperature >= 0) || !isfinite(s->temperature)) BAD("temperature must be >= 0, got %g", s->temperature);
+    if (!(s->top_p > 0 && s->top_p <= 1)) BAD("top_p must be in (0, 1], got %g", s->top_p);
+    if (!(s->min_p >= 0 && s->min_p <= 1)) BAD("min_p must be in [0, 1], got %g", s->min_p);
+    if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 2))
+        BAD("repetition_penalty must be in (0, 2], got %g", s->repetition_penalty);
+    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
+        BAD("presence_penalty must be in [-2, 2], got %g", s->presence_penalty);
+    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        BAD("frequency_penalty must be in [-2, 2], got %g", s->frequency_penalty);
+    if (s->min_tokens < 0) BAD("min_tokens must be >= 0, got %d", s->min_tokens);
+    if (s->max_tokens > 0 && s->min_tokens > s->max_tokens)
+        BAD("min_tokens %d is larger than max_tokens %d", s->min_tokens, s->max_tokens);
+    if (s->top_logprobs < 0 || s->top_logprobs > SMP_MAX_TOP)
+        BAD("top_logprobs must be in [0, %d], got %d", SMP_MAX_TOP, s->top_logprobs);
+    if (s->n_stop < 0 || (s->n_stop > 0 && !s->stop)) BAD("stop: bad list");
+    for (int i = 0; i < s->n_stop; i++) {
+        if (!s->stop[i] || !*s->stop[i]) BAD("stop[%d] is empty", i);
+        if (strlen(s->stop[i]) > 4096) BAD("stop[%d] is longer than 4096 bytes", i);
+    }
+    if (s->n_stop > 0 && !e->tok) BAD("stop strings need a tokenizer, and this model has none");
+    if (s->n_stop_ids < 0 || (s->n_stop_ids > 0 && !s->stop_ids)) BAD("stop_token_ids: bad list");
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] < 0 || s->stop_ids[i] >= e->vocab)
+            BAD("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", i, s->stop_ids[i], e->vocab);
+    if (s->n_force < 0 || (s->n_force > 0 && !s->force_ids)) BAD("force_ids: bad list");
+    for (int i = 0; i < s->n_force; i++)
+        if (s->force_ids[i] < -1 || s->force_ids[i] >= e->vocab)
+            BAD("force_ids[%d] = %d is outside the vocabulary [0, %d) (or -1: NaN logits)", i,
+                s->force_ids[i], e->vocab);
+    return 0;
+#undef BAD
+}
+
+int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sampling *s,
+                  ls_event_cb cb, void *user, char *err, size_t errn) {
+    ls_sampling defs;
+    if (!s) { ls_sampling_default(&defs); s = &defs; }
+    if (!cb) return set_err(err, errn, LS_ERR_INVAL, "no event callback");
+    if (n_prompt <= 0 || !prompt) return set_err(err, errn, LS_ERR_INVAL, "the prompt is empty");
+    if (n_prompt >= e->ctx)
+        return set_err(err, errn, LS_ERR_INVAL,
+                       "the prompt has %d tokens, which does not fit the context length of %d tokens "
+                       "(prompt + at least one completion token)", n_prompt, e->ctx);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->vocab)
+            return set_err(err, errn, LS_ERR_INVAL, "prompt token %d = %d is outside the vocabulary [0, %d)",
+                           i, prompt[i], e->vocab);
+    int rc = validate(e, s, err, errn);
+    if (rc < 0) return rc;
+
+    ereq *r = xcalloc(1, sizeof *r);
+    r->cb = cb;
+    r->user = user;
+    r->sp = *s;
+    if (s->n_stop > 0) {
+        char **st = xcalloc((size_t)s->n_stop, sizeof *st);
+        for (int i = 0; i < s->n_stop; i++) st[i] = xstrdup(s->stop[i]);
+        r->sp.stop = (const char *const *)st;
+    } else {
+        r->sp.stop = NULL;
+    }
+    int32_t *ids = NULL;
+    if (s->n_stop_ids > 0) {
+        ids = xmalloc((size_t)s->n_stop_ids * sizeof *ids);
+        memcpy(ids, s->stop_ids, (size_t)s->n_stop_ids * sizeof *ids);
+    }
+    r->sp.stop_ids = ids;
+    ids = NULL;
+    if (s->n_force > 0 && e->force_ok) {
+        ids = xmalloc((size_t)s->n_force * sizeof *ids);
+        memcpy(ids, s->force_ids, (size_t)s->n_force * sizeof *ids);
+    }
+    r->sp.force_ids = ids;
+    r->sp.n_force = ids ? s->n_force : 0;
+    r->ban = xmalloc((size_t)(e->n_eos + s->n_stop_ids + 1) * sizeof *r->ban);
+    for (int i = 0; i < e->n_eos; i++) r->ban[r->n_ban++] = e->eos[i];
+    for (int i = 0; i < s->n_stop_ids; i++) r->ban[r->n_ban++] = s->stop_ids[i];
+
+    int room = e->ctx - n_prompt;
+    r->max_new = s->max_tokens > 0 && s->max_tokens < room ? s->max_tokens : room;
+    r->tok = xmalloc((size_t)(n_prompt + r->max_new) * sizeof *r->tok);
+    memcpy(r->tok, prompt, (size_t)n_prompt * sizeof *r->tok);
+    r->n_prompt = r->n_tok = n_prompt;
+    r->pages = xmalloc((size_t)ceil_div(e->ctx, e->page_size) * sizeof *r->pages);
+    r->slot = -1;
+    if (e->tok) r->ts = tok_stream_new(e->tok, s->skip_special_tokens);
+    stop_init(&r->sm, r->sp.stop, r->sp.n_stop);
+    r->t_submit = now_sec();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->closing) {
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return set_err(err, errn, LS_ERR_BUSY, "the engine is shutting down");
+    }
+    if (e->n_sub + e->n_waiting_pub >= e->max_queued) {
+        int q = e->n_sub + e->n_waiting_pub;
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return set_err(err, errn, LS_ERR_BUSY, "the request queue is full (%d waiting, limit %d)", q,
+                       e->max_queued);
+    }
+    if (!s->has_seed) { /* an unseeded request still gets its own stream */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r->sp.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)e->next_id * 0x9e3779b97f4a7c15ull);
+    }
+    smp_rng_seed(&r->rng, r->sp.seed);
+    r->id = e->next_id++;
+    r->state = REQ_QUEUED;
+    if (e->sub_tail) e->sub_tail->next = r; else e->sub_head = r;
+    e->sub_tail = r;
+    e->n_sub++;
+    int64_t id = r->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return id;
+}
+
+void ls_cancel(ls_engine *e, int64_t request_id) {
+    if (!e || request_id <= 0) return;
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancel == e->cap_cancel) {
+        e->cap_cancel = e->cap_cancel ? 2 * e->cap_cancel : 16;
+        e->cancels = xrealloc(e->cancels, (size_t)e->cap_cancel * sizeof *e->cancels);
+    }
+    e->cancels[e->n_cancel++] = request_id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ==== lists (engine thread) ========================================================= */
+
+static void wait_insert(ls_engine *e, ereq *r) {
+    r->state = REQ_WAITING;
+    r->next = NULL;
+    if (!e->wait_head || r->id < e->wait_head->id) {
+        r->next = e->wait_head;
+        e->wait_head = r;
+        if (!e->wait_tail) e->wait_tail = r;
+    } else if (r->id > e->wait_tail->id) {
+        e->wait_tail->next = r;
+        e->wait_tail = r;
+    } else {
+        ereq *p = e->wait_head;
+        while (p->next && p->next->id < r->id) p = p->next;
+        r->next = p->next;
+        p->next = r;
+    }
+    e->n_waiting++;
+}
+
+static void wait_remove(ls_engine *e, ereq *r) {
+    ereq **pp = &e->wait_head, *prev = NULL;
+    while (*pp && *pp != r) { prev = *pp; pp = &(*pp)->next; }
+    if (!*pp) return;
+    *pp = r->next;
+    if (e->wait_tail == r) e->wait_tail = prev;
+    r->next = NULL;
+    e->n_waiting--;
+}
+
+static void run_insert(ls_engine *e, ereq *r) {
+    CHECK(e->n_running < e->max_run);
+    int i = e->n_running;
+    while (i > 0 && e->running[i - 1]->id > r->id) { e->running[i] = e->running[i - 1]; i--; }
+    e->running[i] = r;
+    e->n_running++;
+    r->state = REQ_RUNNING;
+}
+
+static void run_remove(ls_engine *e, ereq *r) {
+    int i = 0;
+    while (i < e->n_running && e->running[i] != r) i++;
+    if (i == e->n_running) return;
+    memmove(e->running + i, e->running + i + 1, (size_t)(e->n_running - i - 1) * sizeof *e->running);
+    e->n_running--;
+}
+
+static void release_cache(ls_engine *e, ereq *r) {
+    for (int i = 0; i < r->n_pages; i++) kvpool_put(&e->pages, r->pages[i]);
+    r->n_pages = 0;
+    r->n_cached = 0;
+    if (r->slot >= 0) kvpool_put(&e->slots, r->slot);
+    r->slot = -1;
+}
+
+/* ==== events ===================================================================== */
+
+static void emit(ls_engine *e, ereq *r, int32_t token, const char *text, const smp_result *sr,
+                 int finished, const char *reason, const char *matched, int32_t matched_id,
+                 const char *error) {
+    ls_event ev = {0};
+    ev.request_id = r->id;
+    ev.token = token;
+    ev.text = text ? text : "";
+    if (sr && r->sp.logprobs) ev.logprob = sr->logprob;
+    if (sr && r->sp.top_logprobs > 0) {
+        ev.n_top = sr->n_top;
+        ev.top_ids = sr->top_ids;
+        ev.top_logprobs = sr->top_logprobs;
+    }
+    ev.finished = finished;
+    ev.finish_reason = finished ? reason : NULL;
+    ev.matched_stop = matched;
+    ev.matched_stop_id = matched_id;
+    ev.error = error;
+    ev.prompt_tokens = r->n_prompt;
+    ev.completion_tokens = r->n_tok - r->n_prompt;
+    ev.cached_tokens = 0;
+    r->cb(r->user, &ev);
+}
+
+static void publish_gauges(ls_engine *e);
+
+/* Bookkeeping before a request's final event: off the lists, pages and slot
+ * freed, counters and gauges updated, so whoever sees the final event (and
+ * then reads the statistics) finds them settled. req_free follows the event. */
+static void retire(ls_engine *e, ereq *r, const char *reason) {
+    if (r->state == REQ_RUNNING) run_remove(e, r);
+    else if (r->state == REQ_WAITING) wait_remove(e, r);
+    release_cache(e, r);
+    double t = now_sec();
+    pthread_mutex_lock(&e->stats_mu);
+    e->st.requests_total++;
+    if (strcmp(reason, "error") == 0) e->st.requests_failed_total++;
+    stats_observe(&e->st.e2e, t - r->t_submit);
+    pthread_mutex_unlock(&e->stats_mu);
+    publish_gauges(e);
+}
+
+/* End a request without a token: abort or error. Flushes no held-back text
+ * (the request did not finish normally). */
+static void finish_empty(ls_engine *e, ereq *r, const char *reason, const char *error) {
+    retire(e, r, reason);
+    emit(e, r, -1, "", NULL, 1, reason, NULL, -1, error);
+    req_free(r);
+}
+
+/* ==== scheduling ====================================================================== */
+
+static void preempt(ls_engine *e, ereq *r) {
+    log_debug("engine: preempting request %lld (%d tokens cached, %d free pages)", (long long)r->id,
+              r->n_cached, kvpool_avail(&e->pages));
+    run_remove(e, r);
+    release_cache(e, r);
+    wait_insert(e, r);
+    pthread_mutex_lock(&e->stats_mu);
+    e->st.preemptions_total++;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+/* Pages so that running[idx] = r covers n_cached + *n_new tokens. Preempts
+ * newer requests when the pool is empty. Returns 0 (with *n_new possibly
+ * reduced, 0 = skip this step) or -1 when r itself was preempted. */
+static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
+    int want = ceil_div(r->n_cached + *n_new, e->page_size);
+    while (r->n_pages < want) {
+        int32_t pg = kvpool_get(&e->pages);
+        if (pg >= 0) { r->pages[r->n_pages++] = pg; continue; }
+        ereq *v = e->running[e->n_running - 1]; /* the newest */
+        if (v != r && v->id > r->id) { preempt(e, v); continue; }
+        int cover = r->n_pages * e->page_size - r->n_cached;
+        if (r->n_tok - r->n_cached == 1 || cover <= 0) {
+            if (r->n_tok - r->n_cached == 1) { preempt(e, r); return -1; }
+            *n_new = 0;
+            return 0;
+        }
+        *n_new = cover;
+        return 0;
+    }
+    return 0;
+}
+
+static int schedule(ls_engine *e) {
+    int nb = 0, budget = e->budget;
+    for (int i = 0; i < e->n_running;) {
+        ereq *r = e->running[i];
+        int need = r->n_tok - r->n_cached;
+        CHECK(need >= 1);
+        int n_new = need == 1 ? 1 : (need < budget ? need : budget);
+        if (n_new <= 0) { i++; continue; }
+        if (ensure_pages(e, r, &n_new) < 0) continue; /* r left running[i] */
+        if (n_new > 0) {
+            e->batch[nb] = r;
+            e->batch_new[nb++] = n_new;
+            budget -= n_new;
+        }
+        i++;
+    }
+    while (e->wait_head && e->n_running < e->max_run && budget > 0 && kvpool_avail(&e->slots) > 0) {
+        ereq *r = e->wait_head;
+        int n_new = r->n_tok < budget ? r->n_tok : budget;
+        int spare = kvpool_avail(&e->pages) - e->n_running; /* headroom: a page per running request */
+        if (spare * e->page_size < n_new) n_new = spare * e->page_size;
+        if (n_new <= 0) break;
+        wait_remove(e, r);
+        r->slot = kvpool_get(&e->slots);
+        model_slot_reset(e->m, r->slot);
+        r->n_cached = 0;
+        int want = ceil_div(n_new, e->page_size);
+        while (r->n_pages < want) r->pages[r->n_pages++] = kvpool_get(&e->pages);
+        run_insert(e, r);
+        if (!r->prompt_counted) {
+            r->prompt_counted = 1;
+            pthread_mutex_lock(&e->stats_mu);
+            e->st.prompt_tokens_total += (uint64_t)r->n_prompt;
+            pthread_mutex_unlock(&e->stats_mu);
+        }
+        e->batch[nb] = r;
+        e->batch_new[nb++] = n_new;
+        budget -= n_new;
+    }
+    return nb;
+}
+
+/* ==== sampling and finishing ============================================================ */
+
+static int is_stop_token(const ls_engine *e, const ereq *r, int32_t t) {
+    for (int i = 0; i < e->n_eos; i++) if (e->eos[i] == t) return 1;
+    for (int i = 0; i < r->sp.n_stop_ids; i++) if (r->sp.stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/* Sample r's next token from its logits row, emit it, finish if done. */
+static void advance(ls_engine *e, ereq *r, const float *row) {
+    int n_gen = r->n_tok - r->n_prompt;
+    smp_hist h = {r->tok, r->n_prompt, r->tok + r->n_prompt, n_gen};
+    int32_t forced = n_gen < r->sp.n_force ? r->sp.force_ids[n_gen] : -1;
+    if (n_gen < r->sp.n_force && forced == -1) {
+        /* test-only: a forced -1 poisons this row, to exercise the NaN path */
+        memcpy(e->poison, row, (size_t)e->vocab * sizeof *row);
+        e->poison[e->vocab / 2] = NAN;
+        row = e->poison;
+    }
+    smp_result sr;
+    ls_err le = {0};
+    int rc = smp_sample(e->smp, row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0,
+                        &r->rng, forced, &sr, &le);
+    if (rc < 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "NaN/Inf logits at engine step %lld, completion token %d: %s",
+                 (long long)e->n_steps, n_gen + 1, le.msg);
+        log_error("engine: request %lld: %s", (long long)r->id, msg);
+        pthread_mutex_lock(&e->stats_mu);
+        e->st.nan_logits_total++;
+        pthread_mutex_unlock(&e->stats_mu);
+        finish_empty(e, r, "error", msg);
+        return;
+    }
+    int32_t t = sr.token;
+    r->tok[r->n_tok++] = t;
+    n_gen++;
+    double now = now_sec();
+    pthread_mutex_lock(&e->stats_mu);
+    e->st.generation_tokens_total++;
+    if (n_gen == 1) stats_observe(&e->st.ttft, now - r->t_submit);
+    else stats_observe(&e->st.itl, now - r->t_last);
+    pthread_mutex_unlock(&e->stats_mu);
+    if (n_gen == 1) r->t_first = now;
+    r->t_last = now;
+
+    const char *reason = NULL, *matched = NULL;
+    int32_t matched_id = -1;
+    buf *out = &e->text;
+    out->len = 0;
+    if (out->data) out->data[0] = 0;
+    if (!r->sp.ignore_eos && is_stop_token(e, r, t)) {
+        reason = "stop";
+        matched_id = t;
+    } else if (r->ts) {
+        char *d = tok_stream_push(r->ts, t);
+        int k = stop_feed(&r->sm, d, strlen(d), out);
+        free(d);
+        if (k >= 0) { reason = "stop"; matched = r->sp.stop[k]; }
+    }
+    if (!reason && n_gen >= r->max_new) reason = "length";
+    if (reason && !matched && r->ts) {
+        /* normal end: release what the detokenizer and the stop matcher hold */
+        char *d = tok_stream_finish(r->ts);
+        int k = stop_feed(&r->sm, d, strlen(d), out);
+        free(d);
+        if (k >= 0) { reason = "stop"; matched = r->sp.stop[k]; matched_id = -1; }
+        else stop_flush(&r->sm, out);
+    }
+    if (reason) retire(e, r, reason);
+    emit(e, r, t, out->data ? out->data : "", &sr, reason != NULL, reason, matched, matched_id, NULL);
+    if (reason) req_free(r);
+}
+
+/* ==== the engine thread =================================================================== */
+
+static void abort_all(ls_engine *e) {
+    while (e->n_running) finish_empty(e, e->running[e->n_running - 1], "abort", NULL);
+    while (e->wait_head) finish_empty(e, e->wait_head, "abort", NULL);
+}
+
+static ereq *find_req(ls_engine *e, int64_t id) {
+    for (int i = 0; i < e->n_running; i++) if (e->running[i]->id == id) return e->running[i];
+    for (ereq *r = e->wait_head; r; r = r->next) if (r->id == id) return r;
+    return NULL;
+}
+
+static void publish_gauges(ls_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->n_waiting_pub = e->n_waiting;
+    int queued = e->n_sub + e->n_waiting;
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->stats_mu);
+    e->st.running = e->n_running;
+    e->st.queued = queued;
+    e->st.kv_pages_used = kvpool_used(&e->pages);
+    e->st.kv_usage = e->n_pages ? (double)e->st.kv_pages_used / e->n_pages : 0;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+static void run_step(ls_engine *e, int nb) {
+    int ntok = 0;
+    for (int i = 0; i < nb; i++) {
+        ereq *r = e->batch[i];
+        fwd_seq *s = &e->seqs[i];
+        s->slot = r->slot;
+        s->n_past = r->n_cached;
+        s->n_new = e->batch_new[i];
+        s->pages = r->pages;
+        s->logits_all = 0;
+        memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
+        ntok += s->n_new;
+    }
+    fwd_batch b = {.n_seq = nb, .seqs = e->seqs, .ids = e->ids, .logits = e->logits};
+    ls_err le = {0};
+    double t0 = now_sec();
+    int rc = model_forward(e->m, &b, &le);
+    e->n_steps++;
+    if (rc < 0) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "model forward failed at engine step %lld: %s", (long long)e->n_steps,
+                 le.msg);
+        log_error("engine: %s (failing the %d requests of the batch)", msg, nb);
+        for (int i = 0; i < nb; i++) finish_empty(e, e->batch[i], "error", msg);
+        return;
+    }
+    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms", (long long)e->n_steps, nb, ntok,
+              (now_sec() - t0) * 1e3);
+    for (int i = 0; i < nb; i++) {
+        ereq *r = e->batch[i];
+        r->n_cached += e->batch_new[i];
+        if (r->n_cached == r->n_tok) advance(e, r, e->logits + (size_t)i * (size_t)e->vocab);
+    }
+}
+
+static void *engine_main(void *arg) {
+    ls_engine *e = arg;
+    int64_t *cancels = NULL;
+    int cap = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->closing && !e->sub_head && !e->n_cancel && !e->n_running && !e->wait_head)
+            pthread_cond_wait(&e->cv, &e->mu);
+        ereq *sub = e->sub_head;
+        e->sub_head = e->sub_tail = NULL;
+        e->n_sub = 0;
+        int nc = e->n_cancel;
+        if (nc > cap) { cap = nc; cancels = xrealloc(cancels, (size_t)cap * sizeof *cancels); }
+        if (nc) memcpy(cancels, e->cancels, (size_t)nc * sizeof *cancels);
+        e->n_cancel = 0;
+        int closing = e->closing;
+        while (sub) { ereq *n = sub->next; wait_insert(e, sub); sub = n; }
+        e->n_waiting_pub = e->n_waiting;
+        pthread_mutex_unlock(&e->mu);
+
+        if (closing) { abort_all(e); publish_gauges(e); break; }
+        for (int i = 0; i < nc; i++) {
+            ereq *r = find_req(e, cancels[i]);
+            if (r) finish_empty(e, r, "abort", NULL);
+        }
+        int nb = schedule(e);
+        if (nb > 0) run_step(e, nb);
+        publish_gauges(e);
+        if (nb == 0 && (e->n_running || e->wait_head)) {
+            /* Nothing could run (cannot happen with a pool of one full context;
+             * kept as a guard against spinning). */
+            log_warn("engine: no request could be scheduled (%d running, %d waiting, %d free pages)",
+                     e->n_running, e->n_waiting, kvpool_avail(&e->pages));
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    free(cancels);
+    return NULL;
+}

@@ -1,0 +1,98 @@
+/* engine_int.h: the engine's private state, shared by engine.c (the engine
+ * thread, scheduler, submit/cancel) and api.c (tokenizer, template, info,
+ * statistics). Not installed; the public surface is include/laststand.h.
+ */
+#ifndef LS_ENGINE_INT_H
+#define LS_ENGINE_INT_H
+
+#include "laststand.h"
+#include "base/base.h"
+#include "model/model.h"
+#include "tok/tok.h"
+#include "tok/jinja.h"
+#include "engine/kvpool.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+
+#include <pthread.h>
+
+enum { REQ_QUEUED = 0, REQ_WAITING, REQ_RUNNING };
+
+/* One request, owned by the engine thread once it leaves the submit queue. */
+typedef struct ereq ereq;
+struct ereq {
+    int64_t id;                /* submit order; also the preemption priority (newest goes first) */
+    ereq *next;                /* submit queue / waiting list link */
+    int state;
+    ls_event_cb cb;
+    void *user;
+
+    ls_sampling sp;            /* deep copy: stop, stop_ids, force_ids point into owned memory */
+    int32_t *ban;              /* EOS + stop ids, suppressed before min_tokens */
+    int n_ban;
+
+    int32_t *tok;              /* [n_prompt + max_new] prompt then generated ids */
+    int n_prompt, n_tok;
+    int max_new;               /* completion cap: min(max_tokens, context - n_prompt) */
+    int n_cached;              /* tokens [0, n_cached) are in the KV pages / GDN slot */
+    int32_t *pages;            /* [ceil(context / page_size)] held pages, in position order */
+    int n_pages;
+    int slot;                  /* GDN slot, -1 when not running */
+
+    smp_rng rng;
+    tok_stream *ts;            /* NULL without a tokenizer */
+    stop_matcher sm;
+    double t_submit, t_first, t_last;
+    int prompt_counted;
+};
+
+struct ls_engine {
+    /* ---- fixed after open ---- */
+    model *m;
+    const model_config *cfg;
+    tokenizer *tok;            /* NULL: ids only (fixture models) */
+    jinja_tmpl *tmpl;          /* NULL: no chat template */
+    char *tmpl_err;            /* why the model's own template did not parse, or NULL */
+    char *model_path, *tokenizer_path, *device;
+    int tp;
+    int32_t eos[CFG_MAX_EOS + 1];
+    int n_eos;
+    int vocab, ctx, page_size, max_run, budget, n_pages, max_queued;
+    int force_ok;              /* LASTSTAND_TEST_FORCE_IDS=1 at open */
+
+    /* ---- engine thread only ---- */
+    kvpool pages, slots;
+    smp_ctx *smp;
+    float *logits;             /* [max_run, vocab] */
+    float *poison;             /* [vocab] test-only NaN row (force mode) */
+    fwd_seq *seqs;             /* [max_run] */
+    int32_t *ids;              /* [budget + max_run] */
+    ereq **batch;              /* [max_run] */
+    int *batch_new;            /* [max_run] */
+    ereq **running;            /* [max_run], sorted by id */
+    int n_running;
+    ereq *wait_head, *wait_tail; /* sorted by id */
+    int n_waiting;
+    buf text;                  /* event text scratch */
+    int64_t n_steps;
+
+    /* ---- shared, under mu ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ereq *sub_head, *sub_tail;
+    int n_sub;
+    int n_waiting_pub;         /* engine's n_waiting as of the last step */
+    int64_t *cancels;
+    int n_cancel, cap_cancel;
+    int closing;
+    int64_t next_id;
+
+    /* ---- statistics, under stats_mu ---- */
+    pthread_mutex_t stats_mu;
+    ls_stats st;
+
+    pthread_t thread;
+    int thread_started;
+};
+
+#endif

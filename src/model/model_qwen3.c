@@ -1,0 +1,209 @@
+/* model_qwen3.c: attention and MLP/MoE layers of Qwen3 and Qwen3-MoE, also
+ * used for the full-attention and MoE parts of Qwen3-Next and Qwen3.5.
+ *
+ * Attention (reference sections 2.3 and 7):
+ *   q = x·Wqᵀ (gated: per head [q_h | gate_h]),  k = x·Wkᵀ,  v = x·Wvᵀ
+ *   q, k ← per-head RMSNorm (plain w·x̂ for Qwen3/-MoE, (1+w)·x̂ for the hybrids)
+ *   q, k ← NeoX RoPE on the first rotary_dim dims (all of them for Qwen3)
+ *   K, V → the paged pool;  o = softmax(q·kᵀ/√hd) v over positions ≤ p
+ *   o ·= sigmoid(gate) (gated);  out = o·Woᵀ
+ * MLP: down(silu(gate(x))·up(x)); MoE: the moe op family.
+ */
+#include "model/model_impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- binding ------------------------------------------------------------- */
+
+int qwen3_bind_attn(model *m, int l, ls_err *e) {
+    const model_config *c = &m->cfg;
+    attn_layer_w *a = &m->layers[l].attn;
+    const int H = c->hidden, hd = c->head_dim, qrows = c->n_heads * hd * (c->attn_output_gate ? 2 : 1);
+    char p[256];
+    int rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.q_proj", l);
+    if ((rc = mdl_bind_lin(m, p, qrows, H, &a->q, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.k_proj", l);
+    if ((rc = mdl_bind_lin(m, p, c->n_kv_heads * hd, H, &a->k, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.v_proj", l);
+    if ((rc = mdl_bind_lin(m, p, c->n_kv_heads * hd, H, &a->v, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.o_proj", l);
+    if ((rc = mdl_bind_lin(m, p, H, c->n_heads * hd, &a->o, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.q_norm.weight", l);
+    if ((rc = mdl_bind_vec1(m, p, hd, &a->q_norm, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.self_attn.k_norm.weight", l);
+    return mdl_bind_vec1(m, p, hd, &a->k_norm, e);
+}
+
+/* Experts: per-expert `experts.{e}.{gate,up,down}_proj` (any kind, NVFP4
+ * included) or fused 3-D `experts.gate_up_proj [E, 2I, H]` (gate rows first)
+ * and `experts.down_proj [E, H, I]` (no .weight suffix). */
+static int bind_experts(model *m, int l, layer_w *L, ls_err *e) {
+    const model_config *c = &m->cfg;
+    const int E = c->n_experts, I = c->moe_inter, H = c->hidden;
+    L->experts = mdl_alloc(m, sizeof(lin_w) * 3 * E);
+    lin_w *gate = L->experts, *up = gate + E, *down = up + E;
+    char p[256];
+    int rc;
+    mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.gate_up_proj", l);
+    const st_tensor *gu = mdl_tensor(m, p);
+    if (gu) {
+        char pd[256];
+        mdl_name(m, pd, sizeof pd, "layers.%d.mlp.experts.down_proj", l);
+        const st_tensor *dn = mdl_tensor(m, pd);
+        if (!dn) return errf(e, ERR_INVAL, "missing tensor '%s' (beside '%s' in %s)", pd, p, gu->file);
+        const struct { const st_tensor *t; const char *name; int64_t s[3]; } want[2] = {
+            {gu, p, {E, 2 * I, H}}, {dn, pd, {E, H, I}}};
+        for (int i = 0; i < 2; i++) {
+            const st_tensor *t = want[i].t;
+            if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
+                return errf(e, ERR_INVAL, "tensor '%s' in %s: dtype %s, expected BF16, F16 or F32",
+                            want[i].name, t->file, st_dtype_name(t->dtype));
+            if (t->ndim != 3 || t->shape[0] != want[i].s[0] || t->shape[1] != want[i].s[1] ||
+                t->shape[2] != want[i].s[2])
+                return errf(e, ERR_INVAL, "tensor '%s' in %s: shape [%lld, %lld, %lld] (ndim %d), "
+                            "expected [%lld, %lld, %lld]", want[i].name, t->file,
+                            (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
+                            (long long)(t->ndim > 2 ? t->shape[2] : 0), t->ndim,
+                            (long long)want[i].s[0], (long long)want[i].s[1], (long long)want[i].s[2]);
+        }
+        w_kind k = gu->dtype == ST_BF16 ? W_BF16 : gu->dtype == ST_F16 ? W_F16 : W_F32;
+        w_kind kd = dn->dtype == ST_BF16 ? W_BF16 : dn->dtype == ST_F16 ? W_F16 : W_F32;
+        size_t es = st_dtype_size(gu->dtype), eds = st_dtype_size(dn->dtype);
+        for (int x = 0; x < E; x++) {
+            const char *base = (const char *)gu->data + (size_t)x * 2 * I * H * es;
+            gate[x] = (lin_w){.kind = k, .N = I, .K = H, .data = base, .name = gu->name};
+            up[x] = (lin_w){.kind = k, .N = I, .K = H, .data = base + (size_t)I * H * es, .name = gu->name};
+            down[x] = (lin_w){.kind = kd, .N = H, .K = I,
+                              .data = (const char *)dn->data + (size_t)x * H * I * eds, .name = dn->name};
+        }
+    } else {
+        for (int x = 0; x < E; x++) {
+            mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.gate_proj", l, x);
+            if ((rc = mdl_bind_lin(m, p, I, H, &gate[x], e))) return rc;
+            mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.up_proj", l, x);
+            if ((rc = mdl_bind_lin(m, p, I, H, &up[x], e))) return rc;
+            mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.down_proj", l, x);
+            if ((rc = mdl_bind_lin(m, p, H, I, &down[x], e))) return rc;
+        }
+    }
+    L->moe.gate = gate;
+    L->moe.up = up;
+    L->moe.down = down;
+    return 0;
+}
+
+int qwen3_bind_mlp(model *m, int l, ls_err *e) {
+    const model_config *c = &m->cfg;
+    layer_w *L = &m->layers[l];
+    const int H = c->hidden;
+    char p[256];
+    int rc;
+    L->dense = c->mlp_only[l];
+    if (L->dense) {
+        const int I = c->intermediate;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.gate_proj", l);
+        if ((rc = mdl_bind_lin(m, p, I, H, &L->mlp.gate, e))) return rc;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.up_proj", l);
+        if ((rc = mdl_bind_lin(m, p, I, H, &L->mlp.up, e))) return rc;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.down_proj", l);
+        return mdl_bind_lin(m, p, H, I, &L->mlp.down, e);
+    }
+    moe_w *w = &L->moe;
+    w->hidden = H;
+    w->n_experts = c->n_experts;
+    w->top_k = c->top_k;
+    w->inter = c->moe_inter;
+    w->norm_topk = c->norm_topk_prob;
+    mdl_name(m, p, sizeof p, "layers.%d.mlp.gate", l);
+    if ((rc = mdl_bind_lin(m, p, c->n_experts, H, &w->router, e))) return rc;
+    if ((rc = bind_experts(m, l, L, e))) return rc;
+    w->shared_inter = c->shared_inter;
+    if (c->shared_inter > 0) {
+        const int Is = c->shared_inter;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.gate_proj", l);
+        if ((rc = mdl_bind_lin(m, p, Is, H, &w->sh_gate, e))) return rc;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.up_proj", l);
+        if ((rc = mdl_bind_lin(m, p, Is, H, &w->sh_up, e))) return rc;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.down_proj", l);
+        if ((rc = mdl_bind_lin(m, p, H, Is, &w->sh_down, e))) return rc;
+        mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert_gate", l);
+        if ((rc = mdl_bind_lin(m, p, 1, H, &w->sh_gate_w, e))) return rc;
+        w->has_sh_gate = 1;
+    }
+    return 0;
+}
+
+/* ---- forward ------------------------------------------------------------- */
+
+int qwen3_attn_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e) {
+    model *m = f->m;
+    const model_config *c = &m->cfg;
+    const attn_layer_w *a = &m->layers[l].attn;
+    const small_ops *so = m->ops.small;
+    const int T = f->n_tok, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    const int gated = c->attn_output_gate;
+    int rc;
+    float *qg = xmalloc(sizeof(float) * (size_t)T * a->q.N);
+    float *q = gated ? xmalloc(sizeof(float) * (size_t)T * nh * hd) : qg;
+    float *gate = gated ? xmalloc(sizeof(float) * (size_t)T * nh * hd) : NULL;
+    float *k = xmalloc(sizeof(float) * (size_t)T * nkv * hd);
+    float *v = xmalloc(sizeof(float) * (size_t)T * nkv * hd);
+    float *o = xmalloc(sizeof(float) * (size_t)T * nh * hd);
+
+    if ((rc = ops_linear(&m->ops, T, u, &a->q, qg, 0, e))) goto done;
+    if ((rc = ops_linear(&m->ops, T, u, &a->k, k, 0, e))) goto done;
+    if ((rc = ops_linear(&m->ops, T, u, &a->v, v, 0, e))) goto done;
+    if (gated) /* qg [T, nh, 2·hd] = per head [q_h | gate_h] */
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *src = qg + ((size_t)t * nh + h) * 2 * hd;
+                memcpy(q + ((size_t)t * nh + h) * hd, src, sizeof(float) * hd);
+                memcpy(gate + ((size_t)t * nh + h) * hd, src + hd, sizeof(float) * hd);
+            }
+    so->rmsnorm(T * nh, hd, q, a->q_norm, m->norm_kind, c->rms_eps, q, m->ops.act, NULL);
+    so->rmsnorm(T * nkv, hd, k, a->k_norm, m->norm_kind, c->rms_eps, k, m->ops.act, NULL);
+    so->rope(T, nh, hd, c->rotary_dim, f->pos, c->rope_theta, q, m->ops.act, NULL);
+    so->rope(T, nkv, hd, c->rotary_dim, f->pos, c->rope_theta, k, m->ops.act, NULL);
+
+    const int li = m->layers[l].cache_idx;
+    const size_t pool = (size_t)f->c->n_pages * f->c->page_size * nkv * hd;
+    kv_layer kv = {.k = f->c->kv + (size_t)li * 2 * pool, .v = f->c->kv + ((size_t)li * 2 + 1) * pool,
+                   .n_pages = f->c->n_pages, .page_size = f->c->page_size, .dt = ACT_F32};
+    if ((rc = so->kv_write(&kv, f->n_seq, f->aseq, nkv, hd, k, v, m->ops.act, NULL))) {
+        errf(e, rc, "layer %d: KV page outside the pool", l);
+        goto done;
+    }
+    attn_args aa = {.n_seq = f->n_seq, .seqs = f->aseq, .n_tok = T, .n_heads = nh,
+                    .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
+                    .q = q, .gate = gate, .kv = &kv, .out = o, .dt = m->ops.act};
+    if ((rc = m->ops.attn->run(&aa, NULL, e))) goto done;
+    rc = ops_linear(&m->ops, T, o, &a->o, out, 0, e);
+done:
+    if (gated) { free(q); free(gate); }
+    free(qg); free(k); free(v); free(o);
+    return rc;
+}
+
+int qwen3_mlp_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e) {
+    model *m = f->m;
+    const layer_w *L = &m->layers[l];
+    const int T = f->n_tok;
+    int rc;
+    if (!L->dense) {
+        moe_args a = {.M = T, .x = u, .y = out, .w = &L->moe, .dt = m->ops.act};
+        return m->ops.moe->run(&a, NULL, e);
+    }
+    const int I = L->mlp.gate.N;
+    float *g = xmalloc(sizeof(float) * (size_t)T * I), *up = xmalloc(sizeof(float) * (size_t)T * I);
+    if (!(rc = ops_linear(&m->ops, T, u, &L->mlp.gate, g, 0, e)) &&
+        !(rc = ops_linear(&m->ops, T, u, &L->mlp.up, up, 0, e))) {
+        m->ops.small->silu_mul((int64_t)T * I, g, up, g, m->ops.act, NULL);
+        rc = ops_linear(&m->ops, T, g, &L->mlp.down, out, 0, e);
+    }
+    free(g);
+    free(up);
+    return rc;
+}

@@ -1,0 +1,37 @@
+/* routes.h: helpers shared by the generation routes (routes_common.c). */
+#ifndef LS_SERVER_ROUTES_H
+#define LS_SERVER_ROUTES_H
+
+#include "server/server.h"
+
+/* One choice of a non-streamed request, as collected from its events. */
+typedef struct acc_choice {
+    buf text;
+    int done, prompt_tokens, completion_tokens, cached_tokens;
+    char finish[16];
+    char *matched_stop, *error;
+    int32_t matched_stop_id;
+    json_t *logprobs;     /* chat: array of entries; completions: {tokens, token_logprobs, ...} */
+} acc_choice;
+
+/* Wait for every choice. 0: *out filled (acc_free it). -1: rs filled with an
+ * error (engine error -> 500), or the client went away (rs->status 499). The
+ * gen is released either way. */
+int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out, srv_resp *rs);
+void acc_free(acc_choice *a, int n);
+void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int *prompt, int *completion, int *cached);
+
+/* Prompt length against the context and max_tokens; 0 or rs filled with 400. */
+int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs);
+json_t *srv_usage(int prompt, int completion, int cached);
+/* SGLang's matched_stop: the stop string, else the EOS / stop id, else null. */
+json_t *srv_matched_stop(const char *matched, int32_t matched_id);
+
+/* A JSON string of model text; invalid UTF-8 bytes become U+FFFD. */
+json_t *srv_jstr(const char *s, size_t n);
+char *srv_token_text(srv *sv, int32_t id);                 /* malloc'd */
+json_t *srv_chat_logprob(srv *sv, const gen_event *ev);     /* one chat logprobs.content entry */
+json_t *srv_completion_logprobs_new(void);
+void srv_completion_logprob(srv *sv, const gen_event *ev, json_t *lp, size_t text_offset);
+
+#endif

@@ -1,0 +1,204 @@
+/* normalize.c: the normalizers of tokenizer.json (HF `tokenizers`
+ * normalizers): NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip,
+ * StripAccents, applied in order (a Sequence is flattened at load).
+ *
+ * Owns: nothing; pure functions of the tokenizer's steps.
+ * NFC fast path: text is cut at characters that are certainly composition
+ * boundaries (ccc 0, no decomposition, never the second of a composition pair,
+ * not a Hangul jamo; everything below U+0300 qualifies). Only the stretches
+ * holding another character go through utf8proc, so ASCII, CJK and most
+ * scripts are copied as they are. NFC of the whole equals the concatenation
+ * of NFC of stretches that start at such boundaries.
+ */
+#include "tok/tok_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+static bool nfc_boundary(uint32_t cp) {
+    if (cp < 0x300) return true;
+    if ((cp >= 0x1100 && cp <= 0x11FF) || (cp >= 0xA960 && cp <= 0xA97F) || (cp >= 0xD7B0 && cp <= 0xD7FF)) return false;
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+    if (p->combining_class != 0 || p->decomp_seqindex != UINT16_MAX) return false;
+    /* utf8proc 2.8: comb_index >= 0x8000 marks the second char of a composition. */
+    if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;
+    return true;
+}
+
+static void map_with(const char *s, size_t n, int opts, buf *out) {
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opts);
+    if (r < 0) {
+        buf_append(out, s, n); /* unreachable for valid UTF-8 */
+    } else {
+        buf_append(out, dst, (size_t)r);
+    }
+    free(dst);
+}
+
+static void nfc(const char *s, size_t n, buf *out) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t seg = 0, i = 0, copied = 0; /* seg: start of the current stretch (a boundary) */
+    bool dirty = false;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            if (dirty) {
+                map_with(s + seg, i - seg, UTF8PROC_STABLE | UTF8PROC_COMPOSE, out);
+                copied = i;
+                dirty = false;
+            }
+            seg = i++;
+            continue;
+        }
+        uint32_t cp;
+        int l = tok_utf8_dec(u + i, &cp);
+        if (nfc_boundary(cp)) {
+            if (dirty) {
+                map_with(s + seg, i - seg, UTF8PROC_STABLE | UTF8PROC_COMPOSE, out);
+                copied = i;
+                dirty = false;
+            }
+            seg = i;
+        } else if (!dirty) {
+            buf_append(out, s + copied, seg - copied);
+            copied = seg;
+            dirty = true;
+        }
+        i += (size_t)l;
+    }
+    if (dirty) {
+        map_with(s + seg, n - seg, UTF8PROC_STABLE | UTF8PROC_COMPOSE, out);
+    } else {
+        buf_append(out, s + copied, n - copied);
+    }
+}
+
+static void lowercase(const char *s, size_t n, buf *out) {
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x80) {
+            buf_putc(out, (char)(c >= 'A' && c <= 'Z' ? c + 32 : c));
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        i += tok_utf8_dec((const unsigned char *)s + i, &cp);
+        char tmp[8];
+        if (cp == 0x130) { /* Rust: 'İ'.to_lowercase() == "i\u{307}" */
+            buf_append(out, "i\xCC\x87", 3);
+            continue;
+        }
+        int k = tok_utf8_enc((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), tmp);
+        buf_append(out, tmp, k);
+    }
+}
+
+static void replace(const tok_norm_step *st, const char *s, size_t n, buf *out) {
+    if (st->re) {
+        PCRE2_SIZE olen = n * 2 + st->blen * 4 + 64;
+        for (;;) {
+            char *o = xmalloc(olen + 1);
+            PCRE2_SIZE got = olen;
+            int rc = pcre2_substitute(st->re, (PCRE2_SPTR)s, n, 0,
+                                      PCRE2_SUBSTITUTE_GLOBAL | PCRE2_SUBSTITUTE_LITERAL | PCRE2_SUBSTITUTE_OVERFLOW_LENGTH,
+                                      NULL, NULL, (PCRE2_SPTR)st->b, st->blen, (PCRE2_UCHAR *)o, &got);
+            if (rc == PCRE2_ERROR_NOMEMORY) { free(o); olen = got; continue; }
+            if (rc >= 0) buf_append(out, o, got);
+            else buf_append(out, s, n);
+            free(o);
+            return;
+        }
+    }
+    size_t i = 0;
+    while (st->alen && i + st->alen <= n) {
+        const char *hit = memmem(s + i, n - i, st->a, st->alen);
+        if (!hit) break;
+        size_t k = (size_t)(hit - s);
+        buf_append(out, s + i, k - i);
+        buf_append(out, st->b, st->blen);
+        i = k + st->alen;
+    }
+    buf_append(out, s + i, n - i);
+}
+
+static void strip(const tok_norm_step *st, const char *s, size_t n, buf *out) {
+    size_t a = 0, b = n;
+    if (st->left) {
+        while (a < b) {
+            uint32_t cp;
+            int l = tok_utf8_dec((const unsigned char *)s + a, &cp);
+            if (!tok_is_whitespace(cp)) break;
+            a += (size_t)l;
+        }
+    }
+    if (st->right) {
+        while (b > a) {
+            size_t p = b - 1;
+            while (p > a && ((unsigned char)s[p] & 0xC0) == 0x80) p--;
+            uint32_t cp;
+            tok_utf8_dec((const unsigned char *)s + p, &cp);
+            if (!tok_is_whitespace(cp)) break;
+            b = p;
+        }
+    }
+    buf_append(out, s + a, b - a);
+}
+
+static void strip_accents(const char *s, size_t n, buf *out) {
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = tok_utf8_dec((const unsigned char *)s + i, &cp);
+        int c = cp < 0x300 ? UTF8PROC_CATEGORY_LL : utf8proc_category((utf8proc_int32_t)cp);
+        if (c != UTF8PROC_CATEGORY_MN && c != UTF8PROC_CATEGORY_MC && c != UTF8PROC_CATEGORY_ME) buf_append(out, s + i, (size_t)l);
+        i += (size_t)l;
+    }
+}
+
+/* True when NFC leaves s unchanged for certain (every char a boundary). */
+static bool nfc_clean(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n;) {
+        if (u[i] < 0x80) { i++; continue; }
+        uint32_t cp;
+        i += (size_t)tok_utf8_dec(u + i, &cp);
+        if (!nfc_boundary(cp)) return false;
+    }
+    return true;
+}
+
+const char *tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out, size_t *outn) {
+    if (t->n_norm == 1 && t->norm[0].kind == NORM_NFC && nfc_clean(s, n)) {
+        *outn = n;
+        return s;
+    }
+    buf tmp;
+    buf_init(&tmp);
+    out->len = 0;
+    buf_append(out, s, n);
+    for (int k = 0; k < t->n_norm; k++) {
+        const tok_norm_step *st = &t->norm[k];
+        tmp.len = 0;
+        buf_reserve(&tmp, out->len);
+        switch (st->kind) {
+        case NORM_NFC: nfc(out->data, out->len, &tmp); break;
+        case NORM_NFD: map_with(out->data, out->len, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, &tmp); break;
+        case NORM_NFKC: map_with(out->data, out->len, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT, &tmp); break;
+        case NORM_NFKD: map_with(out->data, out->len, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, &tmp); break;
+        case NORM_LOWERCASE: lowercase(out->data, out->len, &tmp); break;
+        case NORM_REPLACE: replace(st, out->data, out->len, &tmp); break;
+        case NORM_PREPEND:
+            if (out->len) buf_append(&tmp, st->a, st->alen);
+            buf_append(&tmp, out->data, out->len);
+            break;
+        case NORM_STRIP: strip(st, out->data, out->len, &tmp); break;
+        case NORM_STRIP_ACCENTS: strip_accents(out->data, out->len, &tmp); break;
+        }
+        buf t2 = *out;
+        *out = tmp;
+        tmp = t2;
+    }
+    buf_free(&tmp);
+    *outn = out->len;
+    return out->data;
+}

@@ -19,7 +19,9 @@
  *      last (one page of headroom per running request is kept);
  *   4. one model_forward over the mixed batch;
  *   5. every request whose whole token list is now cached samples its next
- *      token, emits an event and may finish.
+ *      token (the samplers run in parallel on the worker pool, each request
+ *      with its own RNG), then, in batch order on the engine thread, the
+ *      token is appended, its event emitted, and the request may finish.
  * Invariants: the oldest running request can always make progress (the pool
  * holds at least one full context, and it may preempt every newer one), so
  * memory pressure never fails a request; a request's tokens depend only on
@@ -123,8 +125,10 @@ static void engine_free(ls_engine *e) {
     jinja_free(e->tmpl);
     free(e->model_path); free(e->tokenizer_path); free(e->device); free(e->tmpl_err);
     kvpool_free(&e->pages); kvpool_free(&e->slots);
-    smp_free(e->smp);
-    free(e->logits); free(e->poison); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
+    for (int i = 0; i < e->n_smp; i++) smp_free(e->smps[i]);
+    free(e->smps);
+    free(e->jobs);
+    free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
@@ -285,9 +289,12 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);
-    e->smp = smp_new(e->vocab);
+    e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;
+    if (e->n_smp < 1) e->n_smp = 1;
+    e->smps = xcalloc((size_t)e->n_smp, sizeof *e->smps);
+    for (int i = 0; i < e->n_smp; i++) e->smps[i] = smp_new(e->vocab);
+    e->jobs = xcalloc((size_t)max_run, sizeof *e->jobs);
     e->logits = xmalloc((size_t)max_run * (size_t)e->vocab * sizeof(float));
-    if (e->force_ok) e->poison = xmalloc((size_t)e->vocab * sizeof(float));
     e->seqs = xcalloc((size_t)max_run, sizeof *e->seqs);
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
@@ -668,25 +675,48 @@ static int is_stop_token(const ls_engine *e, const ereq *r, int32_t t) {
     return 0;
 }
 
-/* Sample r's next token from its logits row, emit it, finish if done. */
-static void advance(ls_engine *e, ereq *r, const float *row) {
+/* Phase 1 of a token (any thread): sample j->r's next token into j->res.
+ * Touches only the request's RNG and the given scratch. */
+static void sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
+    ereq *r = j->r;
     int n_gen = r->n_tok - r->n_prompt;
     smp_hist h = {r->tok, r->n_prompt, r->tok + r->n_prompt, n_gen};
     int32_t forced = n_gen < r->sp.n_force ? r->sp.force_ids[n_gen] : -1;
     if (n_gen < r->sp.n_force && forced == -1) {
         /* test-only: a forced -1 poisons this row, to exercise the NaN path */
-        memcpy(e->poison, row, (size_t)e->vocab * sizeof *row);
-        e->poison[e->vocab / 2] = NAN;
-        row = e->poison;
+        j->row[e->vocab / 2] = NAN;
     }
-    smp_result sr;
-    ls_err le = {0};
-    int rc = smp_sample(e->smp, row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0,
-                        &r->rng, forced, &sr, &le);
-    if (rc < 0) {
+    j->err.code = 0;
+    j->rc = smp_sample(c, j->row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0, &r->rng,
+                       forced, &j->res, &j->err);
+}
+
+static void sample_worker(void *ctx, int64_t w0, int64_t w1) {
+    ls_engine *e = ctx;
+    for (int64_t w = w0; w < w1; w++)
+        for (int j = (int)w; j < e->n_jobs; j += e->n_smp_used) sample_one(e, e->smps[w], &e->jobs[j]);
+}
+
+/* Sample every job, spread over the worker pool when there are several
+ * (a 250k vocabulary costs about a millisecond per request). */
+static void sample_all(ls_engine *e) {
+    e->n_smp_used = e->n_jobs < e->n_smp ? e->n_jobs : e->n_smp;
+    if (e->n_jobs < 4 || e->n_smp_used < 2) {
+        for (int j = 0; j < e->n_jobs; j++) sample_one(e, e->smps[0], &e->jobs[j]);
+        return;
+    }
+    pool_for(e->n_smp_used, 1, sample_worker, e);
+}
+
+/* Phase 2 (engine thread, in batch order): append the token, emit it with
+ * its text delta, finish the request if done. */
+static void commit_token(ls_engine *e, samp_job *j) {
+    ereq *r = j->r;
+    int n_gen = r->n_tok - r->n_prompt;
+    if (j->rc < 0) {
         char msg[1200];
         snprintf(msg, sizeof msg, "NaN/Inf logits at engine step %lld, completion token %d: %s",
-                 (long long)e->n_steps, n_gen + 1, le.msg);
+                 (long long)e->n_steps, n_gen + 1, j->err.msg);
         log_error("engine: request %lld: %s", (long long)r->id, msg);
         pthread_mutex_lock(&e->stats_mu);
         e->st.nan_logits_total++;
@@ -694,6 +724,7 @@ static void advance(ls_engine *e, ereq *r, const float *row) {
         finish_empty(e, r, "error", msg);
         return;
     }
+    const smp_result sr = j->res;
     int32_t t = sr.token;
     r->tok[r->n_tok++] = t;
     n_gen++;
@@ -788,11 +819,15 @@ static void run_step(ls_engine *e, int nb) {
     }
     log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms", (long long)e->n_steps, nb, ntok,
               (now_sec() - t0) * 1e3);
+    e->n_jobs = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         r->n_cached += e->batch_new[i];
-        if (r->n_cached == r->n_tok) advance(e, r, e->logits + (size_t)i * (size_t)e->vocab);
+        if (r->n_cached == r->n_tok)
+            e->jobs[e->n_jobs++] = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
     }
+    sample_all(e);
+    for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
 }
 
 static void *engine_main(void *arg) {

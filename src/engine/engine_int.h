@@ -46,6 +46,15 @@ struct ereq {
     int prompt_counted;
 };
 
+/* One request's sampling in a step: filled in parallel, committed in order. */
+typedef struct samp_job {
+    ereq *r;
+    float *row;                /* its logits row [vocab] */
+    smp_result res;
+    int rc;
+    ls_err err;
+} samp_job;
+
 struct ls_engine {
     /* ---- fixed after open ---- */
     model *m;
@@ -62,9 +71,11 @@ struct ls_engine {
 
     /* ---- engine thread only ---- */
     kvpool pages, slots;
-    smp_ctx *smp;
+    smp_ctx **smps;            /* [n_smp] sampler scratch, one per pool worker slot */
+    int n_smp, n_smp_used;
+    samp_job *jobs;            /* [max_run] requests sampling this step, in batch order */
+    int n_jobs;
     float *logits;             /* [max_run, vocab] */
-    float *poison;             /* [vocab] test-only NaN row (force mode) */
     fwd_seq *seqs;             /* [max_run] */
     int32_t *ids;              /* [budget + max_run] */
     ereq **batch;              /* [max_run] */

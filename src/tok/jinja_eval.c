@@ -231,6 +231,8 @@ static int do_slice(jctx *c, jval obj, jval *sv, jval *out) {
         buf_free(&b);
         return 0;
     }
+    /* slices bypass jinja's getitem: Python's own TypeError (constant folding aside) */
+    if (obj.t == JT_DICT) return jfail(c, "unhashable type: 'slice'");
     return jfail(c, "'%s' object is not subscriptable", jv_typename(obj));
 }
 
@@ -343,8 +345,7 @@ static int call_macro(jctx *c, jmacro *m, jargs *a, jval *out) {
     c->out = saved;
     c->depth--;
     if (rc < 0) { buf_free(&b); return rc; }
-    *out = jv_str(c, b.data ? b.data : "", b.len);
-    out->markup = 1;
+    *out = jv_str(c, b.data ? b.data : "", b.len); /* plain str: autoescape is off */
     buf_free(&b);
     return 0;
 }
@@ -392,14 +393,16 @@ static int binop(jctx *c, int op, jval a, jval b, jval *out) {
         buf_free(&s);
         return 0;
     }
-    if (a.t == JT_UNDEF) return jfail_undef(c, a);
-    if (b.t == JT_UNDEF) return jfail_undef(c, b);
     if (op == OP_MOD && a.t == JT_STR) {
         jargs args = {0};
         if (b.t == JT_LIST && b.l->tuple) { args.npos = b.l->n; args.pos = b.l->v; }
         else { args.npos = 1; args.pos = &b; }
-        return jv_pyformat(c, a, &args, out);
+        /* Python treats a non-tuple argument with __getitem__ (list, dict, Undefined) as a mapping */
+        return jv_pyformat(c, a, &args, b.t == JT_DICT || (b.t == JT_LIST && !b.l->tuple) ||
+                                       b.t == JT_UNDEF, out);
     }
+    if (a.t == JT_UNDEF) return jfail_undef(c, a);
+    if (b.t == JT_UNDEF) return jfail_undef(c, b);
     if (isnum(a) && isnum(b)) {
         bool fl = a.t == JT_FLOAT || b.t == JT_FLOAT;
         if (!fl) {
@@ -454,6 +457,17 @@ static int binop(jctx *c, int op, jval a, jval b, jval *out) {
             case OP_POW: *out = jv_float(pow(x, y)); return 0;
             }
         }
+    }
+    if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR && a.markup != b.markup) {
+        /* Markup + str (and str + Markup) HTML-escapes the plain side, as markupsafe does */
+        buf s;
+        buf_init(&s);
+        jv_html_escape(&s, a.markup ? a : jv_str(c, a.s.p, a.s.n), !a.markup);
+        jv_html_escape(&s, b, !b.markup);
+        *out = jv_str(c, s.data ? s.data : "", s.len);
+        out->markup = 1;
+        buf_free(&s);
+        return 0;
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
         char *p = jalloc(c, a.s.n + b.s.n + 1);
@@ -517,7 +531,10 @@ int jv_contains(jctx *c, jval container, jval item, bool *res) {
         for (int i = 0; i < container.l->n; i++)
             if (jv_eq(container.l->v[i], item)) { *res = true; break; }
         return 0;
-    case JT_DICT: *res = jd_find(container.d, item) >= 0; return 0;
+    case JT_DICT:
+        if (*jv_unhashable(item)) return jfail(c, "unhashable type: '%s'", jv_unhashable(item));
+        *res = jd_find(container.d, item) >= 0;
+        return 0;
     case JT_UNDEF: return 0;
     default: return jfail(c, "argument of type '%s' is not iterable", jv_typename(container));
     }
@@ -570,8 +587,7 @@ static int eval_inner(jctx *c, jframe *f, const jnode *x, jval *out) {
         jval d = jv_dict(c, x->nlist);
         for (int i = 0; i < x->nlist; i++) {
             if (eval(c, f, x->list[i], &a) || eval(c, f, x->list2[i], &b)) return ERR_INVAL;
-            if (a.t == JT_LIST && !a.l->tuple) return jfail(c, "unhashable type: 'list'");
-            if (a.t == JT_DICT) return jfail(c, "unhashable type: 'dict'");
+            if (*jv_unhashable(a)) return jfail(c, "unhashable type: '%s'", jv_unhashable(a));
             jd_set(c, d.d, a, b);
         }
         *out = d;
@@ -698,10 +714,7 @@ static int capture(jctx *c, jframe *f, jnode *const *list, int n, jval *out) {
     c->out = &b;
     int rc = exec_list(c, f, list, n);
     c->out = saved;
-    if (rc >= 0) {
-        *out = jv_str(c, b.data ? b.data : "", b.len);
-        out->markup = 1;
-    }
+    if (rc >= 0) *out = jv_str(c, b.data ? b.data : "", b.len);
     buf_free(&b);
     return rc < 0 ? rc : 0;
 }

@@ -431,10 +431,14 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
 
     int room = e->ctx - n_prompt;
     r->max_new = s->max_tokens > 0 && s->max_tokens < room ? s->max_tokens : room;
-    r->tok = xmalloc((size_t)(n_prompt + r->max_new) * sizeof *r->tok);
+    /* token and page arrays grow with the sequence: a queue of requests
+     * allowed the whole context must not hold the whole context each */
+    r->cap_tok = n_prompt + (r->max_new < 256 ? r->max_new : 256);
+    r->tok = xmalloc((size_t)r->cap_tok * sizeof *r->tok);
     memcpy(r->tok, prompt, (size_t)n_prompt * sizeof *r->tok);
     r->n_prompt = r->n_tok = n_prompt;
-    r->pages = xmalloc((size_t)ceil_div(e->ctx, e->page_size) * sizeof *r->pages);
+    r->cap_pages = ceil_div(r->cap_tok, e->page_size);
+    r->pages = xmalloc((size_t)r->cap_pages * sizeof *r->pages);
     r->slot = -1;
     if (e->tok) r->ts = tok_stream_new(e->tok, s->skip_special_tokens);
     stop_init(&r->sm, r->sp.stop, r->sp.n_stop);
@@ -603,11 +607,19 @@ static void preempt(ls_engine *e, ereq *r) {
     pthread_mutex_unlock(&e->stats_mu);
 }
 
+static void reserve_pages(ereq *r, int n) {
+    if (n <= r->cap_pages) return;
+    int cap = r->cap_pages * 2 > n ? r->cap_pages * 2 : n;
+    r->pages = xrealloc(r->pages, (size_t)cap * sizeof *r->pages);
+    r->cap_pages = cap;
+}
+
 /* Pages so that running[idx] = r covers n_cached + *n_new tokens. Preempts
  * newer requests when the pool is empty. Returns 0 (with *n_new possibly
  * reduced, 0 = skip this step) or -1 when r itself was preempted. */
 static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     int want = ceil_div(r->n_cached + *n_new, e->page_size);
+    reserve_pages(r, want);
     while (r->n_pages < want) {
         int32_t pg = kvpool_get(&e->pages);
         if (pg >= 0) { r->pages[r->n_pages++] = pg; continue; }
@@ -652,6 +664,7 @@ static int schedule(ls_engine *e) {
         model_slot_reset(e->m, r->slot);
         r->n_cached = 0;
         int want = ceil_div(n_new, e->page_size);
+        reserve_pages(r, want);
         while (r->n_pages < want) r->pages[r->n_pages++] = kvpool_get(&e->pages);
         run_insert(e, r);
         if (!r->prompt_counted) {
@@ -726,6 +739,12 @@ static void commit_token(ls_engine *e, samp_job *j) {
     }
     const smp_result sr = j->res;
     int32_t t = sr.token;
+    if (r->n_tok == r->cap_tok) {
+        int cap = r->cap_tok * 2 < r->n_prompt + r->max_new ? r->cap_tok * 2 : r->n_prompt + r->max_new;
+        CHECK(cap > r->n_tok);
+        r->tok = xrealloc(r->tok, (size_t)cap * sizeof *r->tok);
+        r->cap_tok = cap;
+    }
     r->tok[r->n_tok++] = t;
     n_gen++;
     double now = now_sec();

@@ -31,12 +31,12 @@ struct ereq {
     int32_t *ban;              /* EOS + stop ids, suppressed before min_tokens */
     int n_ban;
 
-    int32_t *tok;              /* [n_prompt + max_new] prompt then generated ids */
-    int n_prompt, n_tok;
+    int32_t *tok;              /* [cap_tok] prompt then generated ids; grows up to n_prompt + max_new */
+    int n_prompt, n_tok, cap_tok;
     int max_new;               /* completion cap: min(max_tokens, context - n_prompt) */
     int n_cached;              /* tokens [0, n_cached) are in the KV pages / GDN slot */
-    int32_t *pages;            /* [ceil(context / page_size)] held pages, in position order */
-    int n_pages;
+    int32_t *pages;            /* [cap_pages] held pages, in position order */
+    int n_pages, cap_pages;
     int slot;                  /* GDN slot, -1 when not running */
 
     smp_rng rng;

@@ -220,3 +220,32 @@ def test_run_e2e_script_produces_its_result_files(ls_bin, tmp_path):
     summary = (out / "SUMMARY.md").read_text()
     assert "| 1 | 2 | 2/0 |" in summary and "Headline:" in summary
     assert (out / "bench.txt").read_text().strip().splitlines()[-1].startswith("Headline:")
+
+
+def test_bench_sends_the_api_key(ls_bin, demo_model, tmp_path):
+    port = free_port()
+    p = subprocess.Popen([BIN, "serve", "--model-path", demo_model, "--port", str(port), "--api-key", "sekrit"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except Exception:
+                time.sleep(0.1)
+        r = run_ls("bench", "--base-url", url, "--num-prompts", 1, "--random-input-len", 8, "--random-output-len", 2)
+        assert r.returncode == 2 and "401" in r.stderr and "--api-key" in r.stderr
+        out = tmp_path / "b.jsonl"
+        r = run_ls("bench", "--base-url", url, "--api-key", "sekrit", "--num-prompts", 2, "--random-input-len", 8,
+                   "--random-output-len", 2, "--random-range-ratio", 1, "--output-file", out)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(open(out).readline())["completed"] == 2
+        # a wrong key after discovery (given --model): every request fails with the server's 401 text
+        r = run_ls("bench", "--base-url", url, "--api-key", "wrong", "--model", demo_model, "--tokenizer-path",
+                   demo_model, "--num-prompts", 2, "--warmup-requests", 0, "--output-file", out)
+        l = json.loads(open(out).readline())
+        assert r.returncode == 1 and l["failed"] == 2 and l["errors"][0]["error"].startswith("HTTP 401")
+    finally:
+        p.terminate()
+        p.wait(30)

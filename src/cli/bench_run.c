@@ -278,7 +278,8 @@ char *bench_discover_model(const bench_opts *o, ls_err *e) {
     }
     if (!model) {
         char *t = bench_error_text(status, resp);
-        errf(e, ERR_INVAL, "--base-url %s: GET /v1/models gave no model id (%s); give --model", o->base_url, t);
+        errf(e, ERR_INVAL, "--base-url %s: GET /v1/models gave no model id (%s); give %s", o->base_url, t,
+             status == 401 || status == 403 ? "the server's key with --api-key" : "--model");
         free(t);
     }
     free(resp);

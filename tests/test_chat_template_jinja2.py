@@ -195,6 +195,13 @@ CASES = [
     ("{{ n[1:] }}", "'int' object is not subscriptable"),
     ("{{ 'x'|indent }} {{ l|indent }}", "'list' object has no attribute 'splitlines'"),
     ("{{ n|indent }}", "unsupported operand type(s) for +=: 'int' and 'str'"),
+    # recursive loops, loop.changed, cycler, joiner
+    ("{% for n in [{'v': 1, 'c': [{'v': 2, 'c': [{'v': 3}]}]}, {'v': 4}] recursive %}<{{ n.v }}@{{ loop.depth }}"
+     "{% if n.c %}[{{ loop(n.c) }}]{% endif %}>{% endfor %}", None),
+    ("{% for x in [1, 1, 2, 3, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", None),
+    ("{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.next() }}{{ c.next() }}{{ c.current }}{{ c.reset() }}{{ c.next() }} "
+     "{% set j = joiner(' | ') %}{% for x in l %}{{ j() }}{{ x }}{% endfor %}", None),
+    ("{% for x in l %}{{ loop(x) }}{% endfor %}", "The loop must have the 'recursive' marker to be called recursively."),
     # the variables transformers passes
     ("{{ eos_token }}|{{ bos_token is defined }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}", None),
 ]

@@ -944,9 +944,54 @@ static int g_strftime_now(jctx *c, jval self, jargs *a, jval *o) {
     return 0;
 }
 
+/* cycler(*items) and joiner(sep): small stateful objects kept in a namespace dict */
+static int cyc_next(jctx *c, jval self, jargs *a, jval *o) {
+    jval *items = jd_get_str(self.d, "items"), *pos = jd_get_str(self.d, "pos");
+    *o = items->l->v[pos->i];
+    int64_t next = (pos->i + 1) % items->l->n;
+    jd_set(c, self.d, jv_strz("pos"), jv_int(next));
+    jd_set(c, self.d, jv_strz("current"), items->l->v[next]);
+    return 0;
+}
+static int cyc_reset(jctx *c, jval self, jargs *a, jval *o) {
+    jval *items = jd_get_str(self.d, "items");
+    jd_set(c, self.d, jv_strz("pos"), jv_int(0));
+    jd_set(c, self.d, jv_strz("current"), items->l->v[0]);
+    *o = jv_none();
+    return 0;
+}
+static int g_cycler(jctx *c, jval self, jargs *a, jval *o) {
+    if (!a->npos) return jfail(c, "at least one item has to be provided");
+    jval ns = jv_dict(c, 5), items = jv_list(c, a->npos, true);
+    ns.t = JT_NS;
+    for (int i = 0; i < a->npos; i++) jl_push(c, items.l, a->pos[i]);
+    jd_set(c, ns.d, jv_strz("items"), items);
+    jd_set(c, ns.d, jv_strz("pos"), jv_int(0));
+    jd_set(c, ns.d, jv_strz("current"), a->pos[0]);
+    jd_set(c, ns.d, jv_strz("next"), jv_func(c, "next", cyc_next, ns));
+    jd_set(c, ns.d, jv_strz("reset"), jv_func(c, "reset", cyc_reset, ns));
+    *o = ns;
+    return 0;
+}
+static int joiner_call(jctx *c, jval self, jargs *a, jval *o) {
+    jval *used = jd_get_str(self.d, "used");
+    if (!used->b) { jd_set(c, self.d, jv_strz("used"), jv_bool(true)); *o = jv_strz(""); }
+    else *o = *jd_get_str(self.d, "sep");
+    return 0;
+}
+static int g_joiner(jctx *c, jval self, jargs *a, jval *o) {
+    jval st = jv_dict(c, 2);
+    st.t = JT_NS;
+    jd_set(c, st.d, jv_strz("sep"), arg_or(a, 0, "sep", jv_strz(", ")));
+    jd_set(c, st.d, jv_strz("used"), jv_bool(false));
+    *o = jv_func(c, "joiner", joiner_call, st);
+    return 0;
+}
+
 bool jinja_global(jctx *c, const char *name, jval *out) {
     static const mdef G[] = {{"range", g_range}, {"dict", g_dict}, {"namespace", g_namespace},
-                             {"raise_exception", g_raise}, {"strftime_now", g_strftime_now}, {NULL, NULL}};
+                             {"raise_exception", g_raise}, {"strftime_now", g_strftime_now},
+                             {"cycler", g_cycler}, {"joiner", g_joiner}, {NULL, NULL}};
     for (int i = 0; G[i].name; i++)
         if (!strcmp(G[i].name, name)) { *out = jv_func(c, G[i].name, G[i].fn, jv_none()); return true; }
     return false;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { CTRL_BREAK = 1, CTRL_CONTINUE = 2 };
 
@@ -264,6 +265,15 @@ int jinja_iterate(jctx *c, jval v, jlist **out) {
 }
 
 /* ---- loop object ------------------------------------------------------------------------ */
+static int loop_changed(jctx *c, jval self, jargs *a, jval *out) {
+    jloop *L = self.loop;
+    jval cur = jv_list(c, a->npos, true);
+    for (int i = 0; i < a->npos; i++) jl_push(c, cur.l, a->pos[i]);
+    bool changed = !L->has_changed || !jv_eq(L->changed_last, cur);
+    if (changed) { L->changed_last = cur; L->has_changed = true; }
+    *out = jv_bool(changed);
+    return 0;
+}
 static int loop_cycle(jctx *c, jval self, jargs *a, jval *out) {
     if (!a->npos) return jfail(c, "no items for cycling given");
     *out = a->pos[self.loop->index0 % a->npos];
@@ -286,6 +296,7 @@ int jinja_loop_attr(jctx *c, jval lv, const char *name, jval *out) {
     else if (!strcmp(name, "nextitem"))
         *out = L->index0 + 1 < L->length ? L->items->v[L->index0 + 1] : jv_undef("there is no next item");
     else if (!strcmp(name, "cycle")) *out = jv_func(c, "cycle", loop_cycle, lv);
+    else if (!strcmp(name, "changed")) *out = jv_func(c, "changed", loop_changed, lv);
     else *out = undef_attr(c, lv, name);
     return 0;
 }
@@ -354,6 +365,7 @@ int jinja_call(jctx *c, jval fn, jargs *a, jval *out) {
     switch (fn.t) {
     case JT_MACRO: return call_macro(c, fn.m, a, out);
     case JT_FUNC: return fn.fn->fn(c, fn.fn->self, a, out);
+    case JT_LOOP: return jinja_loop_call(c, fn, a, out);
     case JT_UNDEF: return jfail_undef(c, fn);
     default: return jfail(c, "'%s' object is not callable", jv_typename(fn));
     }
@@ -727,10 +739,9 @@ static int apply_chain(jctx *c, jframe *f, const jnode *x, jval v, jval *out) {
     return eval_filter(c, f, x, inner, out);
 }
 
-static int exec_for(jctx *c, jframe *f, const jnode *x) {
-    jval it;
+/* Runs the for statement x over the value it (depth0 > 0: a recursive loop(...) call). */
+static int exec_for_value(jctx *c, jframe *f, const jnode *x, jval it, int depth0) {
     jlist *items;
-    if (eval(c, f, x->b, &it)) return ERR_INVAL;
     if (at(c, x->b, jinja_iterate(c, it, &items))) return ERR_INVAL;
     if (x->c) { /* loop filter: evaluated with the target bound, before `loop` exists */
         jval fl = jv_list(c, items->n, false);
@@ -747,6 +758,9 @@ static int exec_for(jctx *c, jframe *f, const jnode *x) {
     if (!L) return nomem(c);
     L->items = items;
     L->length = items->n;
+    L->depth0 = depth0;
+    L->node = x;
+    L->frame = f;
     jval lv = {.t = JT_LOOP};
     lv.loop = L;
     jframe *g = NULL;
@@ -769,6 +783,31 @@ static int exec_for(jctx *c, jframe *f, const jnode *x) {
         return exec_list(c, g, x->list2, x->nlist2);
     }
     return 0;
+}
+
+static int exec_for(jctx *c, jframe *f, const jnode *x) {
+    jval it;
+    if (eval(c, f, x->b, &it)) return ERR_INVAL;
+    return exec_for_value(c, f, x, it, 0);
+}
+
+int jinja_loop_call(jctx *c, jval lv, jargs *a, jval *out) {
+    jloop *L = lv.loop;
+    if (!L->node->op) return jfail(c, "The loop must have the 'recursive' marker to be called recursively.");
+    if (a->npos != 1 || a->nkw) return jfail(c, "loop() takes exactly one iterable argument");
+    if (++c->depth > c->max_depth) {
+        c->depth--;
+        return jfail(c, "maximum recursion depth exceeded (%d nested expressions and calls)", c->max_depth);
+    }
+    buf b, *saved = c->out;
+    buf_init(&b);
+    c->out = &b;
+    int rc = exec_for_value(c, L->frame, L->node, a->pos[0], L->depth0 + 1);
+    c->out = saved;
+    c->depth--;
+    if (rc >= 0) *out = jv_str(c, b.data ? b.data : "", b.len);
+    buf_free(&b);
+    return rc < 0 ? rc : 0;
 }
 
 static int exec_node(jctx *c, jframe *f, const jnode *x) {
@@ -934,6 +973,37 @@ int jinja_apply_chat(const jinja_tmpl *t, json_t *req, const char *bos, const ch
     int rc = jinja_render(t, vars, out, raised, e);
     json_decref(vars);
     return rc;
+}
+
+char *jinja_find_named_chat_template(const char *dir, const char *name, ls_err *e) {
+    if (!strcmp(name, "default")) return jinja_find_chat_template(dir, e);
+    char path[8400], jpath[4096], dpath[4096];
+    snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", dir);
+    snprintf(dpath, sizeof dpath, "%s/additional_chat_templates", dir);
+    snprintf(path, sizeof path, "%s/%s.jinja", dpath, name);
+    ls_err tmp;
+    char *s = read_file(path, NULL, &tmp);
+    if (s) return s;
+    if (access(jpath, F_OK) == 0 || access(dpath, F_OK) == 0) { /* template files take priority */
+        errf(e, ERR_INVAL, "%s: no chat template named \"%s\"", dir, name);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    json_t *ct = cfg ? json_object_get(cfg, "chat_template") : NULL;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_is_array(ct) ? ct : NULL, i, x) {
+        json_t *nm = json_object_get(x, "name"), *tp = json_object_get(x, "template");
+        if (json_is_string(nm) && !strcmp(json_string_value(nm), name) && json_is_string(tp)) {
+            s = xstrdup(json_string_value(tp));
+            break;
+        }
+    }
+    json_decref(cfg);
+    if (!s) errf(e, ERR_INVAL, "%s: no chat template named \"%s\"", dir, name);
+    return s;
 }
 
 char *jinja_find_chat_template(const char *dir, ls_err *e) {

@@ -113,6 +113,10 @@ struct jloop {
     int64_t index0, length;
     jlist *items;                /* the (filtered) sequence being iterated */
     int depth0;
+    const jnode *node;           /* the N_FOR (loop(...) re-runs it when recursive) */
+    struct jframe *frame;        /* the frame the for statement runs in */
+    bool has_changed;            /* loop.changed(): a value was seen */
+    jval changed_last;
 };
 
 /* ---- render context -------------------------------------------------------- */
@@ -209,6 +213,7 @@ int jinja_getattr(jctx *c, jval obj, const char *name, jval *out);
 int jinja_getitem(jctx *c, jval obj, jval key, jval *out);
 int jinja_iterate(jctx *c, jval v, jlist **out);  /* materialize an iterable */
 int jinja_loop_attr(jctx *c, jval loopv, const char *name, jval *out);
+int jinja_loop_call(jctx *c, jval loopv, jargs *a, jval *out); /* loop(children) of a recursive for */
 int jv_contains(jctx *c, jval container, jval item, bool *res); /* Python `item in container` */
 
 #endif

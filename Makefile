@@ -26,9 +26,9 @@ ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CU_SRC  := $(wildcard src/ops/cuda/*.cu src/doctor/*.cu)
 CU_OBJ  := $(CU_SRC:src/%.cu=$(BUILD)/obj/%.o)
-NVFLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Iinclude -Isrc \
-           -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 \
+NVARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 \
            -gencode arch=compute_90,code=compute_90
+NVFLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Iinclude -Isrc $(NVARCH)
 CFLAGS  += -DLS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib64/stubs -lcudart_static -lcublasLt -lcublas -lrt -lstdc++
 LDFLAGS += -Wl,-rpath,$(CUDA_HOME)/lib64
@@ -59,6 +59,9 @@ $(BUILD)/obj/%.o: src/%.c
 $(BUILD)/obj/%.o: src/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+# The test-only backend cuda_broken_sm100 is built for Blackwell only, on purpose.
+$(BUILD)/obj/ops/cuda/fp4_gemm_sm100.o: NVARCH := -gencode arch=compute_100a,code=sm_100a
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)

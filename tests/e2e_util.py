@@ -21,6 +21,7 @@ class Server:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
+        self.model_path = model_path
         args = [ls_bin, "serve", "--model-path", model_path, "--port", str(self.port), *map(str, flags)]
         if api_key:
             args += ["--api-key", api_key]

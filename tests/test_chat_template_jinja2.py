@@ -184,6 +184,24 @@ CASES = [
     ("{{ ['b', 'a']|sort|first }} {{ [3, 1.5, True]|sort }} {{ [[2, 1], [1, 2]]|sort }} {{ l|join }} {{ l|join(', ') }} {{ people|join(',', attribute='name') }}", None),
     ("{{ nested.k.v[1].w }} {{ nested['k']['v'][0] }} {{ nested.k.v[-1]['w']|upper }}", None),
     ("{{ s.split()|length }} {{ 'a b'.split(none) }} {{ '  x  y  '.rsplit(None, 1) }} {{ '  x  y  z '.split(None, 1) }} {{ 'k=v=w'.partition('=') }} {{ 'ab'.center(6, '*') }}", None),
+    # found by differential fuzzing against jinja2
+    ("{{ missing is callable }} {{ 2.5 is odd }} {{ 3.0 is odd }} {{ -3 is odd }} {{ 'x%s' is odd }} {{ 7.5 is divisibleby 2.5 }}", None),
+    ("{{ 0|select|list }} {{ none|map('upper')|list }} {{ ''|reject|list }} {{ missing|last }} {{ 'ab c' % [1] }} {{ 'v=%s' % [1, 2] }} {{ 'x' % missing }}", None),
+    ("{{ ('<b>'|safe) + '<i>' }} {{ '<i>' + ('<b>'|safe) }} {{ ['<'|e, 'x'|safe] }} {{ 'a'|safe is escaped }} {{ 'a' is escaped }}", None),
+    ("{% macro m() %}<x>{% endmacro %}{{ m() is escaped }} {{ m() + '<' }} {% set b %}<y>{% endset %}{{ b is escaped }}", None),
+    ("{{ [[1], [1]]|unique|list }}", "unhashable type: 'list'"),
+    ("{{ [1] in {'a': 1} }}", "unhashable type: 'list'"),
+    ("{{ d[1:] }}", "unhashable type: 'slice'"),
+    ("{{ n[1:] }}", "'int' object is not subscriptable"),
+    ("{{ 'x'|indent }} {{ l|indent }}", "'list' object has no attribute 'splitlines'"),
+    ("{{ n|indent }}", "unsupported operand type(s) for +=: 'int' and 'str'"),
+    # recursive loops, loop.changed, cycler, joiner
+    ("{% for n in [{'v': 1, 'c': [{'v': 2, 'c': [{'v': 3}]}]}, {'v': 4}] recursive %}<{{ n.v }}@{{ loop.depth }}"
+     "{% if n.c %}[{{ loop(n.c) }}]{% endif %}>{% endfor %}", None),
+    ("{% for x in [1, 1, 2, 3, 3] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %}", None),
+    ("{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.next() }}{{ c.next() }}{{ c.current }}{{ c.reset() }}{{ c.next() }} "
+     "{% set j = joiner(' | ') %}{% for x in l %}{{ j() }}{{ x }}{% endfor %}", None),
+    ("{% for x in l %}{{ loop(x) }}{% endfor %}", "The loop must have the 'recursive' marker to be called recursively."),
     # the variables transformers passes
     ("{{ eos_token }}|{{ bos_token is defined }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}", None),
 ]

@@ -81,6 +81,10 @@ def test_health_generate_model_and_server_info(srv):
     status, data = srv.get("/get_model_info")
     info = json.loads(data)
     assert status == 200 and info["is_generation"] is True and info["context_length"] > 0
+    gen_cfg = json.load(open(os.path.join(srv.model_path, "generation_config.json"))) \
+        if os.path.isdir(srv.model_path) else {}
+    want = {k: gen_cfg[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if k in gen_cfg}
+    assert (info["preferred_sampling_params"] or {}) == want  # SGLang --sampling-defaults model
     status, data = srv.get("/get_server_info")
     si = json.loads(data)
     assert status == 200 and si["served_model_name"] == MODEL and si["tool_call_parser"] == "qwen3_coder"

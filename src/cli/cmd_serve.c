@@ -39,13 +39,14 @@ static const char *const REASONING[] = {"qwen3", "qwen3-thinking", NULL};
 static const char *const TOOLPARSERS[] = {"qwen3_coder", "qwen25", NULL};
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
+static const char *const SAMPLING_DEFAULTS[] = {"model", "openai", NULL};
 static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "bf16", "none", NULL};
 
 typedef struct serve_args {
     const char *model_path, *tokenizer_path, *served_model_name, *host, *quantization;
     const char *attention_backend, *moe_runner_backend, *fp4_gemm_backend, *gdn_backend;
     const char *reasoning_parser, *tool_call_parser, *api_key, *chat_template, *log_level;
-    const char *dist_init_addr, *device;
+    const char *dist_init_addr, *device, *sampling_defaults;
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static;
@@ -154,6 +155,7 @@ int cmd_serve(int argc, char **argv) {
     a.log_level = "info";
     a.device = "auto";
     a.quantization = "auto";
+    a.sampling_defaults = "model";
     a.max_connections = 512;
     a.max_body_mb = 32;
     a.timeout_keep_alive = 600;
@@ -189,6 +191,9 @@ int cmd_serve(int argc, char **argv) {
         {"node-rank", F_INT, &a.node_rank, "this node's rank (accepted)", NULL},
         {"dist-init-addr", F_STR, &a.dist_init_addr, "rank 0 address host:port (accepted)", NULL},
         {"device", F_STR, &a.device, "auto | cpu | cuda", DEVICES},
+        {"sampling-defaults", F_STR, &a.sampling_defaults,
+         "model: omitted temperature/top_p/top_k/min_p/repetition_penalty come from generation_config.json (default); "
+         "openai: 1.0 / 1.0 / off / 0 / 1.0", SAMPLING_DEFAULTS},
         {"max-connections", F_INT, &a.max_connections, "concurrent HTTP connections (default 512)", NULL},
         {"max-body-mb", F_INT, &a.max_body_mb, "request body limit in MiB (default 32)", NULL},
         {"timeout-keep-alive", F_INT, &a.timeout_keep_alive, "idle connection timeout in seconds (default 600)", NULL},
@@ -304,6 +309,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.api_key = a.api_key;
     cfg.reasoning_parser = a.reasoning_parser != NULL;
     cfg.reasoning_parser_name = a.reasoning_parser;
+    cfg.reasoning_always = a.reasoning_parser && !strcmp(a.reasoning_parser, "qwen3-thinking");
     cfg.tool_parser = TP_NONE;
     if (a.tool_call_parser) tp_kind_parse(a.tool_call_parser, &cfg.tool_parser);
     cfg.max_body = (size_t)a.max_body_mb << 20;
@@ -320,9 +326,20 @@ int cmd_serve(int argc, char **argv) {
     json_object_set_new(args_json, "reasoning_parser", a.reasoning_parser ? json_string(a.reasoning_parser) : json_null());
     json_object_set_new(args_json, "tool_call_parser", a.tool_call_parser ? json_string(a.tool_call_parser) : json_null());
     cfg.server_args = args_json;
+    if (!strcmp(a.sampling_defaults, "model")) {
+        cfg.preferred_sampling = req_model_sampling_defaults(model_path, &cfg.sampling_defaults);
+        if (json_object_size(cfg.preferred_sampling)) {
+            char *s = json_dumps(cfg.preferred_sampling, JSON_COMPACT);
+            log_info("sampling defaults from generation_config.json: %s", s);
+            free(s);
+        }
+    } else {
+        ls_sampling_default(&cfg.sampling_defaults);
+    }
 
     rc = srv_run(&cfg, eng);
     ls_engine_close(eng);
+    json_decref(cfg.preferred_sampling);
     json_decref(args_json);
     free(model_path);
     return rc;

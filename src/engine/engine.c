@@ -19,7 +19,9 @@
  *      last (one page of headroom per running request is kept);
  *   4. one model_forward over the mixed batch;
  *   5. every request whose whole token list is now cached samples its next
- *      token, emits an event and may finish.
+ *      token (the samplers run in parallel on the worker pool, each request
+ *      with its own RNG), then, in batch order on the engine thread, the
+ *      token is appended, its event emitted, and the request may finish.
  * Invariants: the oldest running request can always make progress (the pool
  * holds at least one full context, and it may preempt every newer one), so
  * memory pressure never fails a request; a request's tokens depend only on
@@ -123,8 +125,10 @@ static void engine_free(ls_engine *e) {
     jinja_free(e->tmpl);
     free(e->model_path); free(e->tokenizer_path); free(e->device); free(e->tmpl_err);
     kvpool_free(&e->pages); kvpool_free(&e->slots);
-    smp_free(e->smp);
-    free(e->logits); free(e->poison); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
+    for (int i = 0; i < e->n_smp; i++) smp_free(e->smps[i]);
+    free(e->smps);
+    free(e->jobs);
+    free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
@@ -285,9 +289,12 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);
-    e->smp = smp_new(e->vocab);
+    e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;
+    if (e->n_smp < 1) e->n_smp = 1;
+    e->smps = xcalloc((size_t)e->n_smp, sizeof *e->smps);
+    for (int i = 0; i < e->n_smp; i++) e->smps[i] = smp_new(e->vocab);
+    e->jobs = xcalloc((size_t)max_run, sizeof *e->jobs);
     e->logits = xmalloc((size_t)max_run * (size_t)e->vocab * sizeof(float));
-    if (e->force_ok) e->poison = xmalloc((size_t)e->vocab * sizeof(float));
     e->seqs = xcalloc((size_t)max_run, sizeof *e->seqs);
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
@@ -424,10 +431,14 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
 
     int room = e->ctx - n_prompt;
     r->max_new = s->max_tokens > 0 && s->max_tokens < room ? s->max_tokens : room;
-    r->tok = xmalloc((size_t)(n_prompt + r->max_new) * sizeof *r->tok);
+    /* token and page arrays grow with the sequence: a queue of requests
+     * allowed the whole context must not hold the whole context each */
+    r->cap_tok = n_prompt + (r->max_new < 256 ? r->max_new : 256);
+    r->tok = xmalloc((size_t)r->cap_tok * sizeof *r->tok);
     memcpy(r->tok, prompt, (size_t)n_prompt * sizeof *r->tok);
     r->n_prompt = r->n_tok = n_prompt;
-    r->pages = xmalloc((size_t)ceil_div(e->ctx, e->page_size) * sizeof *r->pages);
+    r->cap_pages = ceil_div(r->cap_tok, e->page_size);
+    r->pages = xmalloc((size_t)r->cap_pages * sizeof *r->pages);
     r->slot = -1;
     if (e->tok) r->ts = tok_stream_new(e->tok, s->skip_special_tokens);
     stop_init(&r->sm, r->sp.stop, r->sp.n_stop);
@@ -596,11 +607,19 @@ static void preempt(ls_engine *e, ereq *r) {
     pthread_mutex_unlock(&e->stats_mu);
 }
 
+static void reserve_pages(ereq *r, int n) {
+    if (n <= r->cap_pages) return;
+    int cap = r->cap_pages * 2 > n ? r->cap_pages * 2 : n;
+    r->pages = xrealloc(r->pages, (size_t)cap * sizeof *r->pages);
+    r->cap_pages = cap;
+}
+
 /* Pages so that running[idx] = r covers n_cached + *n_new tokens. Preempts
  * newer requests when the pool is empty. Returns 0 (with *n_new possibly
  * reduced, 0 = skip this step) or -1 when r itself was preempted. */
 static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     int want = ceil_div(r->n_cached + *n_new, e->page_size);
+    reserve_pages(r, want);
     while (r->n_pages < want) {
         int32_t pg = kvpool_get(&e->pages);
         if (pg >= 0) { r->pages[r->n_pages++] = pg; continue; }
@@ -645,6 +664,7 @@ static int schedule(ls_engine *e) {
         model_slot_reset(e->m, r->slot);
         r->n_cached = 0;
         int want = ceil_div(n_new, e->page_size);
+        reserve_pages(r, want);
         while (r->n_pages < want) r->pages[r->n_pages++] = kvpool_get(&e->pages);
         run_insert(e, r);
         if (!r->prompt_counted) {
@@ -668,25 +688,48 @@ static int is_stop_token(const ls_engine *e, const ereq *r, int32_t t) {
     return 0;
 }
 
-/* Sample r's next token from its logits row, emit it, finish if done. */
-static void advance(ls_engine *e, ereq *r, const float *row) {
+/* Phase 1 of a token (any thread): sample j->r's next token into j->res.
+ * Touches only the request's RNG and the given scratch. */
+static void sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
+    ereq *r = j->r;
     int n_gen = r->n_tok - r->n_prompt;
     smp_hist h = {r->tok, r->n_prompt, r->tok + r->n_prompt, n_gen};
     int32_t forced = n_gen < r->sp.n_force ? r->sp.force_ids[n_gen] : -1;
     if (n_gen < r->sp.n_force && forced == -1) {
         /* test-only: a forced -1 poisons this row, to exercise the NaN path */
-        memcpy(e->poison, row, (size_t)e->vocab * sizeof *row);
-        e->poison[e->vocab / 2] = NAN;
-        row = e->poison;
+        j->row[e->vocab / 2] = NAN;
     }
-    smp_result sr;
-    ls_err le = {0};
-    int rc = smp_sample(e->smp, row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0,
-                        &r->rng, forced, &sr, &le);
-    if (rc < 0) {
+    j->err.code = 0;
+    j->rc = smp_sample(c, j->row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0, &r->rng,
+                       forced, &j->res, &j->err);
+}
+
+static void sample_worker(void *ctx, int64_t w0, int64_t w1) {
+    ls_engine *e = ctx;
+    for (int64_t w = w0; w < w1; w++)
+        for (int j = (int)w; j < e->n_jobs; j += e->n_smp_used) sample_one(e, e->smps[w], &e->jobs[j]);
+}
+
+/* Sample every job, spread over the worker pool when there are several
+ * (a 250k vocabulary costs about a millisecond per request). */
+static void sample_all(ls_engine *e) {
+    e->n_smp_used = e->n_jobs < e->n_smp ? e->n_jobs : e->n_smp;
+    if (e->n_jobs < 4 || e->n_smp_used < 2) {
+        for (int j = 0; j < e->n_jobs; j++) sample_one(e, e->smps[0], &e->jobs[j]);
+        return;
+    }
+    pool_for(e->n_smp_used, 1, sample_worker, e);
+}
+
+/* Phase 2 (engine thread, in batch order): append the token, emit it with
+ * its text delta, finish the request if done. */
+static void commit_token(ls_engine *e, samp_job *j) {
+    ereq *r = j->r;
+    int n_gen = r->n_tok - r->n_prompt;
+    if (j->rc < 0) {
         char msg[1200];
         snprintf(msg, sizeof msg, "NaN/Inf logits at engine step %lld, completion token %d: %s",
-                 (long long)e->n_steps, n_gen + 1, le.msg);
+                 (long long)e->n_steps, n_gen + 1, j->err.msg);
         log_error("engine: request %lld: %s", (long long)r->id, msg);
         pthread_mutex_lock(&e->stats_mu);
         e->st.nan_logits_total++;
@@ -694,7 +737,14 @@ static void advance(ls_engine *e, ereq *r, const float *row) {
         finish_empty(e, r, "error", msg);
         return;
     }
+    const smp_result sr = j->res;
     int32_t t = sr.token;
+    if (r->n_tok == r->cap_tok) {
+        int cap = r->cap_tok * 2 < r->n_prompt + r->max_new ? r->cap_tok * 2 : r->n_prompt + r->max_new;
+        CHECK(cap > r->n_tok);
+        r->tok = xrealloc(r->tok, (size_t)cap * sizeof *r->tok);
+        r->cap_tok = cap;
+    }
     r->tok[r->n_tok++] = t;
     n_gen++;
     double now = now_sec();
@@ -788,11 +838,15 @@ static void run_step(ls_engine *e, int nb) {
     }
     log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms", (long long)e->n_steps, nb, ntok,
               (now_sec() - t0) * 1e3);
+    e->n_jobs = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         r->n_cached += e->batch_new[i];
-        if (r->n_cached == r->n_tok) advance(e, r, e->logits + (size_t)i * (size_t)e->vocab);
+        if (r->n_cached == r->n_tok)
+            e->jobs[e->n_jobs++] = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
     }
+    sample_all(e);
+    for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
 }
 
 static void *engine_main(void *arg) {

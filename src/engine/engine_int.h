@@ -31,12 +31,12 @@ struct ereq {
     int32_t *ban;              /* EOS + stop ids, suppressed before min_tokens */
     int n_ban;
 
-    int32_t *tok;              /* [n_prompt + max_new] prompt then generated ids */
-    int n_prompt, n_tok;
+    int32_t *tok;              /* [cap_tok] prompt then generated ids; grows up to n_prompt + max_new */
+    int n_prompt, n_tok, cap_tok;
     int max_new;               /* completion cap: min(max_tokens, context - n_prompt) */
     int n_cached;              /* tokens [0, n_cached) are in the KV pages / GDN slot */
-    int32_t *pages;            /* [ceil(context / page_size)] held pages, in position order */
-    int n_pages;
+    int32_t *pages;            /* [cap_pages] held pages, in position order */
+    int n_pages, cap_pages;
     int slot;                  /* GDN slot, -1 when not running */
 
     smp_rng rng;
@@ -45,6 +45,15 @@ struct ereq {
     double t_submit, t_first, t_last;
     int prompt_counted;
 };
+
+/* One request's sampling in a step: filled in parallel, committed in order. */
+typedef struct samp_job {
+    ereq *r;
+    float *row;                /* its logits row [vocab] */
+    smp_result res;
+    int rc;
+    ls_err err;
+} samp_job;
 
 struct ls_engine {
     /* ---- fixed after open ---- */
@@ -62,9 +71,11 @@ struct ls_engine {
 
     /* ---- engine thread only ---- */
     kvpool pages, slots;
-    smp_ctx *smp;
+    smp_ctx **smps;            /* [n_smp] sampler scratch, one per pool worker slot */
+    int n_smp, n_smp_used;
+    samp_job *jobs;            /* [max_run] requests sampling this step, in batch order */
+    int n_jobs;
     float *logits;             /* [max_run, vocab] */
-    float *poison;             /* [vocab] test-only NaN row (force mode) */
     fwd_seq *seqs;             /* [max_run] */
     int32_t *ids;              /* [budget + max_run] */
     ereq **batch;              /* [max_run] */

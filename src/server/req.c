@@ -409,11 +409,12 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
 }
 
 int req_parse(srv_req *r, int kind, const char *body, size_t len, int allow_force_ids,
-              char *param, size_t paramn, ls_err *e) {
+              const ls_sampling *defaults, char *param, size_t paramn, ls_err *e) {
     memset(r, 0, sizeof *r);
     r->a = arena_new(4096);
     r->kind = kind;
-    ls_sampling_default(&r->s);
+    if (defaults) r->s = *defaults;
+    else ls_sampling_default(&r->s);
     if (param && paramn) param[0] = 0;
     pctx p = {e, param, paramn};
     json_error_t je;
@@ -437,4 +438,30 @@ void req_free(srv_req *r) {
     json_decref(r->own_kwargs);
     if (r->a) arena_free(r->a);
     memset(r, 0, sizeof *r);
+}
+
+json_t *req_model_sampling_defaults(const char *model_dir, ls_sampling *out) {
+    ls_sampling_default(out);
+    json_t *found = json_object();
+    if (!model_dir || !strncmp(model_dir, "synth:", 6)) return found;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!json_is_object(g)) { json_decref(g); return found; }
+    static const char *keys[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"};
+    for (int i = 0; i < 5; i++) {
+        json_t *v = json_object_get(g, keys[i]);
+        if (!json_is_number(v)) continue;
+        double d = json_number_value(v);
+        /* values a request could not send are ignored, as a bad request would be */
+        if (i == 0 && d >= 0) out->temperature = (float)d;
+        else if (i == 1 && d > 0 && d <= 1) out->top_p = (float)d;
+        else if (i == 2 && d >= -1 && d == floor(d)) out->top_k = (int)d;
+        else if (i == 3 && d >= 0 && d <= 1) out->min_p = (float)d;
+        else if (i == 4 && d > 0 && d <= 2) out->repetition_penalty = (float)d;
+        else continue;
+        json_object_set(found, keys[i], v);
+    }
+    json_decref(g);
+    return found;
 }

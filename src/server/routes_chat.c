@@ -245,7 +245,8 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
     cx->sv = sv;
     ls_err e = {0};
     char param[64];
-    if (req_parse(&cx->r, SRV_CHAT, body, len, sv->cfg.allow_force_ids, param, sizeof param, &e)) {
+    if (req_parse(&cx->r, SRV_CHAT, body, len, sv->cfg.allow_force_ids, &sv->cfg.sampling_defaults, param,
+                  sizeof param, &e)) {
         srv_error(rs, 400, NULL, param, "%s", e.msg);
         goto fail;
     }
@@ -258,7 +259,7 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
     if (rc || srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
 
     cx->use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
-    cx->force_reasoning = cx->use_rp && prompt_opens_think(r->prompts[0].text);
+    cx->force_reasoning = cx->use_rp && (sv->cfg.reasoning_always || prompt_opens_think(r->prompts[0].text));
     cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice == TC_AUTO;
     srv_random_id(cx->id, sizeof cx->id, "chatcmpl-");
     cx->created = (json_int_t)time(NULL);

@@ -126,7 +126,8 @@ void route_completions(srv *sv, srv_conn *c, const char *body, size_t len, srv_r
     cx->sv = sv;
     ls_err e = {0};
     char param[64];
-    if (req_parse(&cx->r, SRV_COMPLETION, body, len, sv->cfg.allow_force_ids, param, sizeof param, &e)) {
+    if (req_parse(&cx->r, SRV_COMPLETION, body, len, sv->cfg.allow_force_ids, &sv->cfg.sampling_defaults, param,
+                  sizeof param, &e)) {
         srv_error(rs, 400, NULL, param, "%s", e.msg);
         goto fail;
     }

@@ -85,9 +85,12 @@ void route_model_info(srv *sv, srv_resp *rs) {
     for (int i = 0; i < sv->info.n_eos; i++) json_array_append_new(eos, json_integer(sv->info.eos_ids[i]));
     const char *mp = sv->info.model_path ? sv->info.model_path : sv->cfg.model_path;
     const char *tp = sv->info.tokenizer_path ? sv->info.tokenizer_path : sv->cfg.tokenizer_path;
-    srv_json_resp(rs, 200, json_pack("{s:s, s:o, s:b, s:n, s:s, s:s, s:s, s:i, s:i, s:o, s:b}", "model_path", mp ? mp : "",
+    srv_json_resp(rs, 200, json_pack("{s:s, s:o, s:b, s:o, s:s, s:s, s:s, s:i, s:i, s:o, s:b}", "model_path", mp ? mp : "",
                                      "tokenizer_path", tp ? json_string(tp) : json_null(),
-                                     "is_generation", 1, "preferred_sampling_params", "weight_version", "default",
+                                     "is_generation", 1, "preferred_sampling_params",
+                                     sv->cfg.preferred_sampling && json_object_size(sv->cfg.preferred_sampling)
+                                         ? json_incref(sv->cfg.preferred_sampling) : json_null(),
+                                     "weight_version", "default",
                                      "served_model_name", sv->cfg.served_model_name, "architecture",
                                      sv->info.architecture ? sv->info.architecture : "", "context_length",
                                      sv->info.context_length, "vocab_size", sv->info.vocab_size, "eos_token_ids", eos,

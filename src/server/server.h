@@ -146,11 +146,17 @@ typedef struct srv_req {
     const char *user;
 } srv_req;
 
-/* Parse and validate a body. On failure returns ERR_INVAL, *status = HTTP
- * status, e->msg names the JSON path. param (may be NULL) receives the field. */
+/* Parse and validate a body (status 400 on failure): returns ERR_INVAL with
+ * e->msg naming the JSON path; param (may be NULL) receives the top-level
+ * field for the OpenAI error's "param". */
 int req_parse(srv_req *r, int kind, const char *body, size_t len, int allow_force_ids,
-              char *param, size_t paramn, ls_err *e);
+              const ls_sampling *defaults, char *param, size_t paramn, ls_err *e);
 void req_free(srv_req *r);
+/* SGLang's --sampling-defaults model: temperature, top_p, top_k, min_p and
+ * repetition_penalty from DIR/generation_config.json for requests that omit
+ * them. Fills *out (from ls_sampling_default otherwise) and returns the
+ * values found as a JSON object (new reference, {} when none). */
+json_t *req_model_sampling_defaults(const char *model_dir, ls_sampling *out);
 
 /* ===================================================================== */
 /* gen.c: engine submissions and the per-request event queue              */
@@ -191,13 +197,16 @@ typedef struct srv_config {
     const char *model_path, *tokenizer_path;
     const char *api_key;          /* NULL: no auth */
     tp_kind tool_parser;
-    int reasoning_parser;         /* 1: qwen3 */
+    int reasoning_parser;         /* 1: qwen3 or qwen3-thinking */
+    int reasoning_always;         /* qwen3-thinking: output starts inside reasoning, whatever the prompt */
     const char *reasoning_parser_name;
     size_t max_body;              /* default 32 MiB */
     int max_connections;          /* default 512 */
     int conn_timeout_s;           /* idle keep-alive timeout, default 600 */
     int allow_force_ids;          /* LASTSTAND_TEST_FORCE_IDS=1 */
     json_t *server_args;          /* every flag, for /get_server_info (owned) */
+    ls_sampling sampling_defaults; /* for fields a request omits */
+    json_t *preferred_sampling;   /* the model's generation_config values in use, or NULL */
 } srv_config;
 
 /* Per-status HTTP counters (for /metrics). */

@@ -89,8 +89,12 @@ void tok_map_put(tok_map *m, const char *key, uint32_t len, int32_t val) {
 }
 
 int32_t tok_map_get(const tok_map *m, const char *key, size_t len) {
+    return tok_map_get_h(m, key, len, tok_hash(key, len));
+}
+
+int32_t tok_map_get_h(const tok_map *m, const char *key, size_t len, uint64_t hash) {
     if (!m->slots) return -1;
-    uint32_t h = (uint32_t)tok_hash(key, len);
+    uint32_t h = (uint32_t)hash;
     uint32_t j = h & m->mask;
     for (;;) {
         const tok_map_ent *e = &m->slots[j];
@@ -426,6 +430,13 @@ void tok_bpe_word(const tokenizer *t, const char *w, size_t n, int32_t **ids, si
     bool cacheable = n <= TOK_CACHE_MAX_WORD;
     if (cacheable) {
         h = tok_hash(w, n);
+        if (t->stable.count) { /* read-only: no lock */
+            int32_t id = tok_map_get_h(&t->stable, w, n, h);
+            if (id >= 0) {
+                push_id(ids, nids, cap, id);
+                return;
+            }
+        }
         if (cache_get(t, h, w, n, ids, nids, cap)) return;
     }
     size_t start = *nids;
@@ -453,4 +464,23 @@ void tok_bpe_word(const tokenizer *t, const char *w, size_t n, int32_t **ids, si
     int k = merge_all(&t->merges, *ids + start, (int)(*nids - start));
     *nids = start + k;
     if (cacheable) cache_put(t, h, w, n, *ids + start, k);
+}
+
+/* Byte mode: remember every token whose own bytes merge back into it, keyed by
+ * those raw bytes (its ByteLevel-decoded piece). Most words of running text are
+ * such a token, and this lookup needs no lock. */
+void tok_build_stable(tokenizer *t) {
+    if (!t->byte_mode || t->cont_prefix || t->eow_suffix) return;
+    tok_map_init(&t->stable, t->vocab.count);
+    int32_t sym[TOK_CACHE_MAX_WORD];
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        if (!t->piece[id] || (t->flags[id] & TOKF_ADDED)) continue;
+        uint32_t n = t->dec_len[id];
+        const char *b = t->dec_pool + t->dec_off[id];
+        if (n == 0 || n > TOK_CACHE_MAX_WORD) continue;
+        bool ok = true;
+        for (uint32_t i = 0; i < n && ok; i++) ok = (sym[i] = t->byte_id[(unsigned char)b[i]]) >= 0;
+        if (!ok) continue;
+        if (merge_all(&t->merges, sym, (int)n) == 1 && sym[0] == id) tok_map_put(&t->stable, b, n, id);
+    }
 }

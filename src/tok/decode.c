@@ -92,6 +92,11 @@ size_t tok_utf8_valid(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, got;
     while (i < n) {
+        if (i + 8 <= n) { /* 8 ASCII bytes at a time */
+            uint64_t v;
+            memcpy(&v, u + i, 8);
+            if (!(v & 0x8080808080808080ull)) { i += 8; continue; }
+        }
         if (u[i] < 0x80) { i++; continue; }
         int r = utf8_step(u + i, n - i, &got);
         if (r <= 0) return i;

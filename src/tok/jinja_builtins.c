@@ -485,7 +485,7 @@ static int str_format(jctx *c, jval fmt, jargs *a, jval *out) {
 }
 
 /* printf-style: fmt % args (args in a->pos; a single dict allows %(name)s). */
-int jv_pyformat(jctx *c, jval fmt, jargs *a, jval *out) {
+int jv_pyformat(jctx *c, jval fmt, jargs *a, bool maplike, jval *out) {
     buf b;
     buf_init(&b);
     const char *p = fmt.s.p, *end = p + fmt.s.n;
@@ -549,7 +549,7 @@ int jv_pyformat(jctx *c, jval fmt, jargs *a, jval *out) {
         if (!fs.align) fs.align = fs.zero ? 0 : '>';
         if (format_value(c, &b, v, &fs)) { buf_free(&b); return ERR_INVAL; }
     }
-    if (idx < a->npos && !(a->npos == 1 && a->pos[0].t == JT_DICT)) {
+    if (idx < a->npos && !maplike) {
         buf_free(&b);
         return jfail(c, "not all arguments converted during string formatting");
     }
@@ -944,9 +944,54 @@ static int g_strftime_now(jctx *c, jval self, jargs *a, jval *o) {
     return 0;
 }
 
+/* cycler(*items) and joiner(sep): small stateful objects kept in a namespace dict */
+static int cyc_next(jctx *c, jval self, jargs *a, jval *o) {
+    jval *items = jd_get_str(self.d, "items"), *pos = jd_get_str(self.d, "pos");
+    *o = items->l->v[pos->i];
+    int64_t next = (pos->i + 1) % items->l->n;
+    jd_set(c, self.d, jv_strz("pos"), jv_int(next));
+    jd_set(c, self.d, jv_strz("current"), items->l->v[next]);
+    return 0;
+}
+static int cyc_reset(jctx *c, jval self, jargs *a, jval *o) {
+    jval *items = jd_get_str(self.d, "items");
+    jd_set(c, self.d, jv_strz("pos"), jv_int(0));
+    jd_set(c, self.d, jv_strz("current"), items->l->v[0]);
+    *o = jv_none();
+    return 0;
+}
+static int g_cycler(jctx *c, jval self, jargs *a, jval *o) {
+    if (!a->npos) return jfail(c, "at least one item has to be provided");
+    jval ns = jv_dict(c, 5), items = jv_list(c, a->npos, true);
+    ns.t = JT_NS;
+    for (int i = 0; i < a->npos; i++) jl_push(c, items.l, a->pos[i]);
+    jd_set(c, ns.d, jv_strz("items"), items);
+    jd_set(c, ns.d, jv_strz("pos"), jv_int(0));
+    jd_set(c, ns.d, jv_strz("current"), a->pos[0]);
+    jd_set(c, ns.d, jv_strz("next"), jv_func(c, "next", cyc_next, ns));
+    jd_set(c, ns.d, jv_strz("reset"), jv_func(c, "reset", cyc_reset, ns));
+    *o = ns;
+    return 0;
+}
+static int joiner_call(jctx *c, jval self, jargs *a, jval *o) {
+    jval *used = jd_get_str(self.d, "used");
+    if (!used->b) { jd_set(c, self.d, jv_strz("used"), jv_bool(true)); *o = jv_strz(""); }
+    else *o = *jd_get_str(self.d, "sep");
+    return 0;
+}
+static int g_joiner(jctx *c, jval self, jargs *a, jval *o) {
+    jval st = jv_dict(c, 2);
+    st.t = JT_NS;
+    jd_set(c, st.d, jv_strz("sep"), arg_or(a, 0, "sep", jv_strz(", ")));
+    jd_set(c, st.d, jv_strz("used"), jv_bool(false));
+    *o = jv_func(c, "joiner", joiner_call, st);
+    return 0;
+}
+
 bool jinja_global(jctx *c, const char *name, jval *out) {
     static const mdef G[] = {{"range", g_range}, {"dict", g_dict}, {"namespace", g_namespace},
-                             {"raise_exception", g_raise}, {"strftime_now", g_strftime_now}, {NULL, NULL}};
+                             {"raise_exception", g_raise}, {"strftime_now", g_strftime_now},
+                             {"cycler", g_cycler}, {"joiner", g_joiner}, {NULL, NULL}};
     for (int i = 0; G[i].name; i++)
         if (!strcmp(G[i].name, name)) { *out = jv_func(c, G[i].name, G[i].fn, jv_none()); return true; }
     return false;
@@ -971,33 +1016,64 @@ static int t_sequence(jctx *c, jval v, jargs *a, bool *r) {
     *r = v.t == JT_STR || v.t == JT_LIST || v.t == JT_DICT || v.t == JT_UNDEF;
     return 0;
 }
-static int t_callable(jctx *c, jval v, jargs *a, bool *r) { *r = jv_is_callable(v); return 0; }
+/* Python callable(): Undefined defines __call__ (that raises) */
+static int t_callable(jctx *c, jval v, jargs *a, bool *r) { *r = jv_is_callable(v) || v.t == JT_UNDEF; return 0; }
 static int t_escaped(jctx *c, jval v, jargs *a, bool *r) { *r = v.t == JT_STR && v.markup; return 0; }
 static int t_lower(jctx *c, jval v, jargs *a, bool *r) { jval o; is_common(jv_tostr(c, v), &o, 4); *r = o.b; return 0; }
 static int t_upper(jctx *c, jval v, jargs *a, bool *r) { jval o; is_common(jv_tostr(c, v), &o, 5); *r = o.b; return 0; }
-static int modulo(jctx *c, jval v, jval d, int64_t *m) {
-    int64_t x, y;
+/* Python `v % d` for numbers, as a double (exact for the ints templates use) */
+static int modulo(jctx *c, jval v, jval d, double *m) {
     if (v.t == JT_UNDEF) return jfail_undef(c, v);
+    bool vn = v.t == JT_INT || v.t == JT_BOOL || v.t == JT_FLOAT, dn = d.t == JT_INT || d.t == JT_BOOL || d.t == JT_FLOAT;
+    if (!vn || !dn)
+        return jfail(c, "unsupported operand type(s) for %%: '%s' and '%s'", jv_typename(v), jv_typename(d));
     if (v.t == JT_FLOAT || d.t == JT_FLOAT) {
         double fx = v.t == JT_FLOAT ? v.f : (double)(v.t == JT_INT ? v.i : v.b);
         double fy = d.t == JT_FLOAT ? d.f : (double)(d.t == JT_INT ? d.i : d.b);
         if (fy == 0) return jfail(c, "float modulo");
-        *m = fmod(fx, fy) != 0;
+        double r = fmod(fx, fy);
+        if (r != 0 && ((r < 0) != (fy < 0))) r += fy;
+        *m = r;
         return 0;
     }
-    if (need_int(c, v, "modulo", &x) || need_int(c, d, "modulo", &y)) return ERR_INVAL;
+    int64_t x = v.t == JT_INT ? v.i : v.b, y = d.t == JT_INT ? d.i : d.b;
     if (!y) return jfail(c, "integer division or modulo by zero");
-    *m = x % y;
+    int64_t r = x % y;
+    if (r != 0 && ((r < 0) != (y < 0))) r += y;
+    *m = (double)r;
     return 0;
 }
+static int str_mod_test(jctx *c, jval v, jval d, bool *r);
 static int t_divisibleby(jctx *c, jval v, jargs *a, bool *r) {
-    int64_t m;
+    double m;
+    if (v.t == JT_STR) return str_mod_test(c, v, arg0(a), r);
     if (modulo(c, v, arg0(a), &m)) return ERR_INVAL;
     *r = m == 0;
     return 0;
 }
-static int t_even(jctx *c, jval v, jargs *a, bool *r) { int64_t m; if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL; *r = m == 0; return 0; }
-static int t_odd(jctx *c, jval v, jargs *a, bool *r) { int64_t m; if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL; *r = m != 0; return 0; }
+/* odd/even/divisibleby on a str: Python's `value % n` formats, and a str never equals an int */
+static int str_mod_test(jctx *c, jval v, jval d, bool *r) {
+    jargs fa = {0};
+    fa.npos = 1;
+    fa.pos = &d;
+    jval ignored;
+    *r = false;
+    return jv_pyformat(c, v, &fa, d.t == JT_DICT || (d.t == JT_LIST && !d.l->tuple), &ignored);
+}
+static int t_even(jctx *c, jval v, jargs *a, bool *r) {
+    double m;
+    if (v.t == JT_STR) return str_mod_test(c, v, jv_int(2), r);
+    if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL;
+    *r = m == 0;
+    return 0;
+}
+static int t_odd(jctx *c, jval v, jargs *a, bool *r) {
+    double m;
+    if (v.t == JT_STR) return str_mod_test(c, v, jv_int(2), r);
+    if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL;
+    *r = m == 1; /* `value % 2 == 1`: 2.5 is neither odd nor even */
+    return 0;
+}
 static int t_in(jctx *c, jval v, jargs *a, bool *r) { return jv_contains(c, arg0(a), v, r); }
 static int t_eq(jctx *c, jval v, jargs *a, bool *r) { *r = jv_eq(v, arg0(a)); return 0; }
 static int t_ne(jctx *c, jval v, jargs *a, bool *r) { *r = !jv_eq(v, arg0(a)); return 0; }

@@ -231,6 +231,8 @@ static int do_slice(jctx *c, jval obj, jval *sv, jval *out) {
         buf_free(&b);
         return 0;
     }
+    /* slices bypass jinja's getitem: Python's own TypeError (constant folding aside) */
+    if (obj.t == JT_DICT) return jfail(c, "unhashable type: 'slice'");
     return jfail(c, "'%s' object is not subscriptable", jv_typename(obj));
 }
 
@@ -262,6 +264,15 @@ int jinja_iterate(jctx *c, jval v, jlist **out) {
 }
 
 /* ---- loop object ------------------------------------------------------------------------ */
+static int loop_changed(jctx *c, jval self, jargs *a, jval *out) {
+    jloop *L = self.loop;
+    jval cur = jv_list(c, a->npos, true);
+    for (int i = 0; i < a->npos; i++) jl_push(c, cur.l, a->pos[i]);
+    bool changed = !L->has_changed || !jv_eq(L->changed_last, cur);
+    if (changed) { L->changed_last = cur; L->has_changed = true; }
+    *out = jv_bool(changed);
+    return 0;
+}
 static int loop_cycle(jctx *c, jval self, jargs *a, jval *out) {
     if (!a->npos) return jfail(c, "no items for cycling given");
     *out = a->pos[self.loop->index0 % a->npos];
@@ -284,6 +295,7 @@ int jinja_loop_attr(jctx *c, jval lv, const char *name, jval *out) {
     else if (!strcmp(name, "nextitem"))
         *out = L->index0 + 1 < L->length ? L->items->v[L->index0 + 1] : jv_undef("there is no next item");
     else if (!strcmp(name, "cycle")) *out = jv_func(c, "cycle", loop_cycle, lv);
+    else if (!strcmp(name, "changed")) *out = jv_func(c, "changed", loop_changed, lv);
     else *out = undef_attr(c, lv, name);
     return 0;
 }
@@ -343,8 +355,7 @@ static int call_macro(jctx *c, jmacro *m, jargs *a, jval *out) {
     c->out = saved;
     c->depth--;
     if (rc < 0) { buf_free(&b); return rc; }
-    *out = jv_str(c, b.data ? b.data : "", b.len);
-    out->markup = 1;
+    *out = jv_str(c, b.data ? b.data : "", b.len); /* plain str: autoescape is off */
     buf_free(&b);
     return 0;
 }
@@ -353,6 +364,7 @@ int jinja_call(jctx *c, jval fn, jargs *a, jval *out) {
     switch (fn.t) {
     case JT_MACRO: return call_macro(c, fn.m, a, out);
     case JT_FUNC: return fn.fn->fn(c, fn.fn->self, a, out);
+    case JT_LOOP: return jinja_loop_call(c, fn, a, out);
     case JT_UNDEF: return jfail_undef(c, fn);
     default: return jfail(c, "'%s' object is not callable", jv_typename(fn));
     }
@@ -392,14 +404,16 @@ static int binop(jctx *c, int op, jval a, jval b, jval *out) {
         buf_free(&s);
         return 0;
     }
-    if (a.t == JT_UNDEF) return jfail_undef(c, a);
-    if (b.t == JT_UNDEF) return jfail_undef(c, b);
     if (op == OP_MOD && a.t == JT_STR) {
         jargs args = {0};
         if (b.t == JT_LIST && b.l->tuple) { args.npos = b.l->n; args.pos = b.l->v; }
         else { args.npos = 1; args.pos = &b; }
-        return jv_pyformat(c, a, &args, out);
+        /* Python treats a non-tuple argument with __getitem__ (list, dict, Undefined) as a mapping */
+        return jv_pyformat(c, a, &args, b.t == JT_DICT || (b.t == JT_LIST && !b.l->tuple) ||
+                                       b.t == JT_UNDEF, out);
     }
+    if (a.t == JT_UNDEF) return jfail_undef(c, a);
+    if (b.t == JT_UNDEF) return jfail_undef(c, b);
     if (isnum(a) && isnum(b)) {
         bool fl = a.t == JT_FLOAT || b.t == JT_FLOAT;
         if (!fl) {
@@ -454,6 +468,17 @@ static int binop(jctx *c, int op, jval a, jval b, jval *out) {
             case OP_POW: *out = jv_float(pow(x, y)); return 0;
             }
         }
+    }
+    if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR && a.markup != b.markup) {
+        /* Markup + str (and str + Markup) HTML-escapes the plain side, as markupsafe does */
+        buf s;
+        buf_init(&s);
+        jv_html_escape(&s, a.markup ? a : jv_str(c, a.s.p, a.s.n), !a.markup);
+        jv_html_escape(&s, b, !b.markup);
+        *out = jv_str(c, s.data ? s.data : "", s.len);
+        out->markup = 1;
+        buf_free(&s);
+        return 0;
     }
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {
         char *p = jalloc(c, a.s.n + b.s.n + 1);
@@ -517,7 +542,10 @@ int jv_contains(jctx *c, jval container, jval item, bool *res) {
         for (int i = 0; i < container.l->n; i++)
             if (jv_eq(container.l->v[i], item)) { *res = true; break; }
         return 0;
-    case JT_DICT: *res = jd_find(container.d, item) >= 0; return 0;
+    case JT_DICT:
+        if (*jv_unhashable(item)) return jfail(c, "unhashable type: '%s'", jv_unhashable(item));
+        *res = jd_find(container.d, item) >= 0;
+        return 0;
     case JT_UNDEF: return 0;
     default: return jfail(c, "argument of type '%s' is not iterable", jv_typename(container));
     }
@@ -570,8 +598,7 @@ static int eval_inner(jctx *c, jframe *f, const jnode *x, jval *out) {
         jval d = jv_dict(c, x->nlist);
         for (int i = 0; i < x->nlist; i++) {
             if (eval(c, f, x->list[i], &a) || eval(c, f, x->list2[i], &b)) return ERR_INVAL;
-            if (a.t == JT_LIST && !a.l->tuple) return jfail(c, "unhashable type: 'list'");
-            if (a.t == JT_DICT) return jfail(c, "unhashable type: 'dict'");
+            if (*jv_unhashable(a)) return jfail(c, "unhashable type: '%s'", jv_unhashable(a));
             jd_set(c, d.d, a, b);
         }
         *out = d;
@@ -698,10 +725,7 @@ static int capture(jctx *c, jframe *f, jnode *const *list, int n, jval *out) {
     c->out = &b;
     int rc = exec_list(c, f, list, n);
     c->out = saved;
-    if (rc >= 0) {
-        *out = jv_str(c, b.data ? b.data : "", b.len);
-        out->markup = 1;
-    }
+    if (rc >= 0) *out = jv_str(c, b.data ? b.data : "", b.len);
     buf_free(&b);
     return rc < 0 ? rc : 0;
 }
@@ -714,10 +738,9 @@ static int apply_chain(jctx *c, jframe *f, const jnode *x, jval v, jval *out) {
     return eval_filter(c, f, x, inner, out);
 }
 
-static int exec_for(jctx *c, jframe *f, const jnode *x) {
-    jval it;
+/* Runs the for statement x over the value it (depth0 > 0: a recursive loop(...) call). */
+static int exec_for_value(jctx *c, jframe *f, const jnode *x, jval it, int depth0) {
     jlist *items;
-    if (eval(c, f, x->b, &it)) return ERR_INVAL;
     if (at(c, x->b, jinja_iterate(c, it, &items))) return ERR_INVAL;
     if (x->c) { /* loop filter: evaluated with the target bound, before `loop` exists */
         jval fl = jv_list(c, items->n, false);
@@ -734,6 +757,9 @@ static int exec_for(jctx *c, jframe *f, const jnode *x) {
     if (!L) return nomem(c);
     L->items = items;
     L->length = items->n;
+    L->depth0 = depth0;
+    L->node = x;
+    L->frame = f;
     jval lv = {.t = JT_LOOP};
     lv.loop = L;
     jframe *g = NULL;
@@ -756,6 +782,31 @@ static int exec_for(jctx *c, jframe *f, const jnode *x) {
         return exec_list(c, g, x->list2, x->nlist2);
     }
     return 0;
+}
+
+static int exec_for(jctx *c, jframe *f, const jnode *x) {
+    jval it;
+    if (eval(c, f, x->b, &it)) return ERR_INVAL;
+    return exec_for_value(c, f, x, it, 0);
+}
+
+int jinja_loop_call(jctx *c, jval lv, jargs *a, jval *out) {
+    jloop *L = lv.loop;
+    if (!L->node->op) return jfail(c, "The loop must have the 'recursive' marker to be called recursively.");
+    if (a->npos != 1 || a->nkw) return jfail(c, "loop() takes exactly one iterable argument");
+    if (++c->depth > c->max_depth) {
+        c->depth--;
+        return jfail(c, "maximum recursion depth exceeded (%d nested expressions and calls)", c->max_depth);
+    }
+    buf b, *saved = c->out;
+    buf_init(&b);
+    c->out = &b;
+    int rc = exec_for_value(c, L->frame, L->node, a->pos[0], L->depth0 + 1);
+    c->out = saved;
+    c->depth--;
+    if (rc >= 0) *out = jv_str(c, b.data ? b.data : "", b.len);
+    buf_free(&b);
+    return rc < 0 ? rc : 0;
 }
 
 static int exec_node(jctx *c, jframe *f, const jnode *x) {

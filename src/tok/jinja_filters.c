@@ -136,7 +136,8 @@ static int f_dictsort(jctx *c, jval v, jargs *a, jval *o) {
     *o = r;
     return 0;
 }
-static void html_escape(buf *b, jval s) {
+void jv_html_escape(buf *b, jval s, bool escape) {
+    if (!escape) { buf_append(b, s.s.p, s.s.n); return; }
     for (size_t i = 0; i < s.s.n; i++) {
         char ch = s.s.p[i];
         switch (ch) {
@@ -153,7 +154,7 @@ static int f_escape(jctx *c, jval v, jargs *a, jval *o) {
     if (v.t == JT_STR && v.markup) { *o = v; return 0; }
     buf b;
     buf_init(&b);
-    html_escape(&b, sstr(c, v));
+    jv_html_escape(&b, sstr(c, v), true);
     *o = jv_str(c, b.data ? b.data : "", b.len);
     o->markup = 1;
     buf_free(&b);
@@ -172,8 +173,7 @@ static int f_first(jctx *c, jval v, jargs *a, jval *o) {
 }
 static int f_last(jctx *c, jval v, jargs *a, jval *o) {
     jlist *l;
-    if (v.t == JT_UNDEF) return jfail(c, "'Undefined' object is not reversible");
-    if (iter_of(c, v, &l)) return ERR_INVAL;
+    if (iter_of(c, v, &l)) return ERR_INVAL; /* reversed(Undefined) is empty: len 0 */
     *o = l->n ? l->v[l->n - 1] : jv_undef("No last item, sequence was empty.");
     return 0;
 }
@@ -265,7 +265,8 @@ static int f_format(jctx *c, jval v, jargs *a, jval *o) {
         fa.pos = one;
         fa.nkw = 0;
     }
-    return jv_pyformat(c, sstr(c, v), &fa, o);
+    /* jinja: soft_str(value) % (kwargs or args): args is always a tuple */
+    return jv_pyformat(c, sstr(c, v), &fa, a->nkw > 0, o);
 }
 static int f_indent(jctx *c, jval v, jargs *a, jval *o) {
     jval w = arg(a, 0, "width", jv_int(4)), first = arg(a, 1, "first", jv_bool(false)), blank = arg(a, 2, "blank", jv_bool(false));
@@ -275,7 +276,14 @@ static int f_indent(jctx *c, jval v, jargs *a, jval *o) {
     if (w.t == JT_STR) buf_append(&ind, w.s.p, w.s.n);
     else if (w.t == JT_INT) for (int64_t i = 0; i < w.i; i++) buf_putc(&ind, ' ');
     else { buf_free(&ind); return jfail(c, "indent: width must be an integer or a string"); }
-    jval s = sstr(c, v);
+    if (v.t != JT_STR) { /* jinja does `s += "\n"` on the value itself */
+        buf_free(&ind);
+        if (v.t == JT_UNDEF) return jfail_undef(c, v);
+        if (v.t == JT_LIST && !v.l->tuple) /* list += "\n" extends it; then .splitlines() fails */
+            return jfail(c, "'list' object has no attribute 'splitlines'");
+        return jfail(c, "unsupported operand type(s) for +=: '%s' and 'str'", jv_typename(v));
+    }
+    jval s = v;
     buf tmp;
     buf_init(&tmp);
     buf_append(&tmp, s.s.p, s.s.n);
@@ -337,6 +345,7 @@ static int f_list(jctx *c, jval v, jargs *a, jval *o) {
 }
 static int f_map(jctx *c, jval v, jargs *a, jval *o) {
     jlist *l;
+    if (!jv_truthy(v)) { *o = jv_list(c, 0, false); return 0; } /* jinja: `if value:` before iterating */
     if (iter_of(c, v, &l)) return ERR_INVAL;
     jval r = jv_list(c, l->n, false), attribute;
     if (jargs_get(a, -1, "attribute", &attribute)) {
@@ -366,6 +375,7 @@ static int f_map(jctx *c, jval v, jargs *a, jval *o) {
 /* select/reject/selectattr/rejectattr */
 static int select_common(jctx *c, jval v, jargs *a, jval *o, bool attr, bool want) {
     jlist *l;
+    if (!jv_truthy(v)) { *o = jv_list(c, 0, false); return 0; } /* jinja: `if value:` before iterating */
     if (iter_of(c, v, &l)) return ERR_INVAL;
     int off = attr ? 1 : 0;
     jval attribute = jv_none();
@@ -442,6 +452,7 @@ static int f_unique(jctx *c, jval v, jargs *a, jval *o) {
     if (iter_of(c, v, &l) || make_keys(c, l, attribute, jv_truthy(cs), false, &keys)) return ERR_INVAL;
     jval r = jv_list(c, 0, false);
     for (int i = 0; i < l->n; i++) {
+        if (*jv_unhashable(keys[i])) return jfail(c, "unhashable type: '%s'", jv_unhashable(keys[i]));
         bool seen = false;
         for (int j = 0; j < i && !seen; j++) seen = jv_eq(keys[j], keys[i]);
         if (!seen) jl_push(c, r.l, l->v[i]);

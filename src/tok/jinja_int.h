@@ -39,7 +39,7 @@ typedef struct jloop jloop;
 
 typedef struct jval {
     uint8_t t;
-    uint8_t markup;            /* JT_STR from |safe, macros, block set (kept for repr only) */
+    uint8_t markup;            /* JT_STR is a markupsafe.Markup (|safe, |e): repr, `+` escaping */
     union {
         bool b;
         int64_t i;
@@ -113,6 +113,10 @@ struct jloop {
     int64_t index0, length;
     jlist *items;                /* the (filtered) sequence being iterated */
     int depth0;
+    const jnode *node;           /* the N_FOR (loop(...) re-runs it when recursive) */
+    struct jframe *frame;        /* the frame the for statement runs in */
+    bool has_changed;            /* loop.changed(): a value was seen */
+    jval changed_last;
 };
 
 /* ---- render context -------------------------------------------------------- */
@@ -163,11 +167,13 @@ bool jv_truthy(jval v);
 bool jv_is_str(jval v);
 bool jv_iterable(jval v);
 bool jv_is_callable(jval v);
+const char *jv_unhashable(jval v);               /* "" if hashable, else "list"/"dict" */
 bool jv_eq(jval a, jval b);
 int jv_cmp(jctx *c, jval a, jval b, const char *op, int *res); /* <0,0,>0 in *res; error on incomparable */
 void jv_str_append(buf *b, jval v);              /* Python str() (undefined -> "") */
 void jv_repr_append(buf *b, jval v);             /* Python repr() */
 jval jv_tostr(jctx *c, jval v);                  /* str() as a JT_STR value */
+void jv_html_escape(buf *b, jval s, bool escape); /* markupsafe.escape of a str (verbatim if !escape) */
 void py_float_repr(buf *b, double f);
 /* json.dumps(x, ensure_ascii, indent (NULL=None), separators, sort_keys) */
 int jv_tojson(jctx *c, buf *b, jval v, bool ensure_ascii, const char *indent,
@@ -192,7 +198,8 @@ jtest_fn jinja_find_test(const char *name);
 int jinja_method(jctx *c, jval obj, const char *name, jval *out);
 /* Global functions (range, dict, namespace, raise_exception, strftime_now). */
 bool jinja_global(jctx *c, const char *name, jval *out);
-int jv_pyformat(jctx *c, jval fmt, jargs *a, jval *out);  /* "%s" % args */
+/* fmt % args; maplike: the single argument is a list/dict (no "not all arguments converted") */
+int jv_pyformat(jctx *c, jval fmt, jargs *a, bool maplike, jval *out);
 int jargs_get(jargs *a, int pos, const char *kw, jval *out); /* 1 found, 0 absent */
 enum { CASE_UPPER, CASE_LOWER, CASE_TITLE, CASE_CAPITALIZE, CASE_SWAP, CASE_JTITLE };
 jval jstr_case(jctx *c, jval s, int mode);                  /* Python upper/lower/title..., jinja title */
@@ -206,6 +213,7 @@ int jinja_getattr(jctx *c, jval obj, const char *name, jval *out);
 int jinja_getitem(jctx *c, jval obj, jval key, jval *out);
 int jinja_iterate(jctx *c, jval v, jlist **out);  /* materialize an iterable */
 int jinja_loop_attr(jctx *c, jval loopv, const char *name, jval *out);
+int jinja_loop_call(jctx *c, jval loopv, jargs *a, jval *out); /* loop(children) of a recursive for */
 int jv_contains(jctx *c, jval container, jval item, bool *res); /* Python `item in container` */
 
 #endif

@@ -1077,7 +1077,7 @@ static jnode *p_statement(parser *P) {
             P->i++;
             if (!(x->c = p_expr(P))) return NULL;
         }
-        if (is_name(cur(P), "recursive")) { perr(P, cur(P), "recursive loops are not supported"); return NULL; }
+        if (is_name(cur(P), "recursive")) { x->op = 1; P->i++; }
         if (block_end(P)) return NULL;
         static const char *const ends[] = {"endfor", "else", NULL};
         static const char *const ends2[] = {"endfor", NULL};

@@ -211,6 +211,17 @@ bool jv_is_str(jval v) { return v.t == JT_STR; }
 bool jv_iterable(jval v) {
     return v.t == JT_UNDEF || v.t == JT_STR || v.t == JT_LIST || v.t == JT_DICT || v.t == JT_LOOP;
 }
+/* Python hash(): "" when hashable, else the name of the first unhashable type inside */
+const char *jv_unhashable(jval v) {
+    if (v.t == JT_LIST && v.l->tuple) {
+        for (int i = 0; i < v.l->n; i++) {
+            const char *u = jv_unhashable(v.l->v[i]);
+            if (*u) return u;
+        }
+        return "";
+    }
+    return v.t == JT_LIST ? "list" : v.t == JT_DICT ? "dict" : "";
+}
 bool jv_is_callable(jval v) { return v.t == JT_MACRO || v.t == JT_FUNC; }
 
 bool jv_truthy(jval v) {
@@ -376,7 +387,11 @@ static void repr_dict_body(buf *b, const jdict *d) {
 
 void jv_repr_append(buf *b, jval v) {
     switch (v.t) {
-    case JT_STR: repr_str(b, v.s.p, v.s.n); return;
+    case JT_STR:
+        if (v.markup) buf_puts(b, "Markup(");
+        repr_str(b, v.s.p, v.s.n);
+        if (v.markup) buf_putc(b, ')');
+        return;
     case JT_LIST:
         buf_putc(b, v.l->tuple ? '(' : '[');
         for (int i = 0; i < v.l->n; i++) {

@@ -4,8 +4,10 @@
  *
  * Owns: nothing; pure functions of the tokenizer's steps.
  * NFC fast path: text is cut at characters that are certainly composition
- * boundaries (ccc 0, no decomposition, never the second of a composition pair,
- * not a Hangul jamo; everything below U+0300 qualifies). Only the stretches
+ * boundaries (ccc 0, never the second of a composition pair, not a Hangul
+ * jamo, and NFC-stable: no canonical decomposition or one that recomposes;
+ * everything below U+0300 qualifies). Text made only of such characters is
+ * returned as it is. Only the stretches
  * holding another character go through utf8proc, so ASCII, CJK and most
  * scripts are copied as they are. NFC of the whole equals the concatenation
  * of NFC of stretches that start at such boundaries.
@@ -16,14 +18,36 @@
 #include <string.h>
 #include <utf8proc.h>
 
+/* Canonically decomposable BMP chars that NFC leaves as they are (NFC_QC=Yes:
+ * é, й, ά ...), found once by asking utf8proc; one bit per code point. */
+static uint8_t nfc_stable_bits[0x10000 / 8];
+static pthread_once_t nfc_stable_once = PTHREAD_ONCE_INIT;
+
+static void nfc_stable_init(void) {
+    for (uint32_t cp = 0x300; cp < 0x10000; cp++) {
+        if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+        const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
+        if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) continue; /* none or compatibility only */
+        char one[4];
+        int n = tok_utf8_enc(cp, one);
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)one, n, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r == n && !memcmp(dst, one, (size_t)n)) nfc_stable_bits[cp >> 3] |= (uint8_t)(1u << (cp & 7));
+        free(dst);
+    }
+}
+
+/* A composition boundary before cp (ICU's hasCompBoundaryBefore, conservatively):
+ * ccc 0, never the second char of a composition, and NFC maps it to itself. */
 static bool nfc_boundary(uint32_t cp) {
     if (cp < 0x300) return true;
     if ((cp >= 0x1100 && cp <= 0x11FF) || (cp >= 0xA960 && cp <= 0xA97F) || (cp >= 0xD7B0 && cp <= 0xD7FF)) return false;
     const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
-    if (p->combining_class != 0 || p->decomp_seqindex != UINT16_MAX) return false;
+    if (p->combining_class != 0) return false;
     /* utf8proc 2.8: comb_index >= 0x8000 marks the second char of a composition. */
     if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;
-    return true;
+    if (p->decomp_seqindex == UINT16_MAX || p->decomp_type != 0) return true;
+    return cp < 0x10000 && (nfc_stable_bits[cp >> 3] >> (cp & 7) & 1);
 }
 
 static void map_with(const char *s, size_t n, int opts, buf *out) {
@@ -159,6 +183,11 @@ static void strip_accents(const char *s, size_t n, buf *out) {
 static bool nfc_clean(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
+        if (i + 8 <= n) {
+            uint64_t v;
+            memcpy(&v, u + i, 8);
+            if (!(v & 0x8080808080808080ull)) { i += 8; continue; }
+        }
         if (u[i] < 0x80) { i++; continue; }
         uint32_t cp;
         i += (size_t)tok_utf8_dec(u + i, &cp);
@@ -168,6 +197,7 @@ static bool nfc_clean(const char *s, size_t n) {
 }
 
 const char *tok_normalize(const tokenizer *t, const char *s, size_t n, buf *out, size_t *outn) {
+    pthread_once(&nfc_stable_once, nfc_stable_init);
     if (t->n_norm == 1 && t->norm[0].kind == NORM_NFC && nfc_clean(s, n)) {
         *outn = n;
         return s;

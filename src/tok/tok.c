@@ -314,6 +314,9 @@ static void matcher_build(tokenizer *t, tok_matcher *m, bool normalized) {
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].normalized == normalized && t->added[i].match_len)
             m->order[fill[(unsigned char)t->added[i].match[0]]++] = i;
+    m->one_first = -1;
+    for (int b = 0; b < 256; b++)
+        if (cnt[b] == m->n && m->n) m->one_first = b;
     /* longest first within each first byte (insertion sort: few tokens share a byte) */
     for (int b = 0; b < 256; b++)
         for (int i = m->start[b] + 1; i < m->start[b + 1]; i++) {
@@ -510,6 +513,7 @@ void tok_free(tokenizer *t) {
     if (!t) return;
     tok_map_free(&t->vocab);
     tok_map_free(&t->added_map);
+    tok_map_free(&t->stable);
     tok_merges_free(&t->merges);
     free(t->strpool);
     free(t->cont_prefix);
@@ -596,6 +600,7 @@ static int load_json(tokenizer *t, json_t *root, loadctx *c) {
     matcher_build(t, &t->match_raw, false);
     matcher_build(t, &t->match_norm, true);
     tok_build_dec_bytes(t);
+    tok_build_stable(t);
     return 0;
 }
 
@@ -687,6 +692,11 @@ static void split_added(enc *x, const tok_matcher *m, const char *s, size_t n, b
     size_t start_off = 0, i = 0;
     if (m->n)
         while (i < n) {
+            if (m->one_first >= 0) { /* every token starts with the same byte: memchr */
+                const char *q = memchr(s + i, m->one_first, n - i);
+                if (!q) break;
+                i = (size_t)(q - s);
+            }
             unsigned char b = (unsigned char)s[i];
             int lo = m->start[b], hi = m->start[b + 1];
             const tok_added *hit = NULL;

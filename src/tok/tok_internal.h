@@ -44,6 +44,8 @@ void tok_map_free(tok_map *m);
 void tok_map_put(tok_map *m, const char *key, uint32_t len, int32_t val);
 /* -1 if absent. */
 int32_t tok_map_get(const tok_map *m, const char *key, size_t len);
+/* The same with the key's tok_hash precomputed. */
+int32_t tok_map_get_h(const tok_map *m, const char *key, size_t len, uint64_t h);
 
 /* ---- (left id, right id) -> (rank, merged id) ------------------------------ */
 typedef struct tok_merge_ent {
@@ -137,6 +139,7 @@ typedef struct tok_matcher {
     int n;
     int *order;         /* added-token indices grouped by first byte, longest first */
     int start[257];     /* order[start[b] .. start[b+1]) begin with byte b */
+    int one_first;      /* the first byte shared by every token, or -1 */
 } tok_matcher;
 
 /* ---- word cache (thread-safe, sharded) --------------------------------------- */
@@ -160,6 +163,8 @@ struct tokenizer {
     char *strpool;              /* owns every vocab / added string */
     size_t strpool_len;
     tok_merges merges;
+    tok_map stable;             /* byte mode: raw bytes of every token t with BPE(bytes(t)) == [t];
+                                   a word found here needs no cache and no merge loop */
     int32_t byte_id[256];       /* id of the ByteLevel char of each byte, -1 if none */
     int32_t byte_fallback_id[256]; /* id of "<0xXX>", -1 if none */
     int32_t unk_id;             /* -1 if no unk_token */
@@ -245,6 +250,7 @@ void tok_fast_split(int which, const char *text, size_t n, void (*piece)(void *c
 /* bpe.c */
 void tok_bpe_word(const tokenizer *t, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap);
 void tok_cache_init(tokenizer *t);
+void tok_build_stable(tokenizer *t); /* after tok_build_dec_bytes */
 void tok_cache_free(tokenizer *t);
 
 /* decode.c: per-id ByteLevel bytes */

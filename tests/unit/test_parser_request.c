@@ -10,12 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/server.h"
 
 static int parse(srv_req *r, int kind, const char *body, int allow_force, char *param, ls_err *e) {
     memset(e, 0, sizeof *e);
-    return req_parse(r, kind, body, strlen(body), allow_force, param, 64, e);
+    return req_parse(r, kind, body, strlen(body), allow_force, NULL, param, 64, e);
 }
 
 /* Expect a rejection whose message contains `want` and whose param is `want_param`. */
@@ -154,6 +155,31 @@ static void test_force_ids_accepted_in_test_mode(void **st) {
     req_free(&r);
 }
 
+static void test_model_sampling_defaults_fill_omitted_fields(void **st) {
+    (void)st;
+    char dir[] = "/tmp/ls_gencfgXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, \"do_sample\": true}", f);
+    fclose(f);
+    ls_sampling d;
+    json_t *found = req_model_sampling_defaults(dir, &d);
+    assert_int_equal(json_object_size(found), 3);
+    srv_req r; ls_err e; char param[64];
+    const char *body = "{\"prompt\":\"x\",\"top_p\":0.5}";
+    assert_int_equal(req_parse(&r, SRV_COMPLETION, body, strlen(body), 0, &d, param, 64, &e), 0);
+    assert_float_equal(r.s.temperature, 0.6, 1e-6); /* omitted: the model's */
+    assert_int_equal(r.s.top_k, 20);
+    assert_float_equal(r.s.top_p, 0.5, 1e-6);       /* given: the request's */
+    assert_float_equal(r.s.repetition_penalty, 1.0, 1e-6);
+    req_free(&r);
+    json_decref(found);
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_defaults_follow_sglang),
@@ -161,6 +187,7 @@ int main(void) {
         cmocka_unit_test(test_completion_prompt_shapes),
         cmocka_unit_test(test_rejections_name_the_field),
         cmocka_unit_test(test_force_ids_accepted_in_test_mode),
+        cmocka_unit_test(test_model_sampling_defaults_fill_omitted_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,286 @@
+/* shapes.c: the op shapes the doctor tests, from a model's config.json, a
+ * "synth:NAME" spec or a named preset (the real architectures' dimensions,
+ * reference/qwen35-and-nvfp4.md section 1.2), and their JSON form that the
+ * parent hands to its trial children.
+ *
+ * Which linears are NVFP4: in a model folder, the ones hf_quant_config does
+ * not exclude (checked on the first layer of each kind); for presets, the
+ * routed and shared experts (as NVIDIA's NVFP4 checkpoints ship them), with
+ * attention and GDN projections BF16.
+ */
+#include "doctor/doctor.h"
+#include "fmt/hfconfig.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) {
+    if (N <= 0 || K <= 0) return;
+    for (int i = 0; i < *n; i++)
+        if (arr[i].N == N && arr[i].K == K) {
+            size_t l = strlen(arr[i].label);
+            if (!strstr(arr[i].label, label) && l + strlen(label) + 3 < sizeof arr[i].label)
+                snprintf(arr[i].label + l, sizeof arr[i].label - l, ", %s", label);
+            return;
+        }
+    if (*n >= DOC_MAX_LIN) return;
+    arr[*n].N = N;
+    arr[*n].K = K;
+    snprintf(arr[*n].label, sizeof arr[*n].label, "%s", label);
+    (*n)++;
+}
+
+typedef struct preset {
+    const char *name;
+    int hidden, E, top_k, I, Is, nh, nkv, hd, nk, nv, dk, dv, dense_inter;
+} preset;
+
+static const preset k_presets[] = {
+    {"qwen3.5-397b-a17b", 4096, 512, 10, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0},
+    {"qwen3.5-122b-a10b", 3072, 256, 8, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0},
+    {"qwen3.5-35b-a3b", 2048, 256, 8, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0},
+    {"qwen3-next-80b-a3b", 2048, 512, 10, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0},
+    {"qwen3-30b-a3b", 2048, 128, 8, 768, 0, 32, 4, 128, 0, 0, 0, 0, 0},
+};
+
+/* Fill the derived lists from the scalar fields; quant_attn/quant_gdn: whether
+ * those projections are NVFP4 (else BF16). */
+static void derive(doc_shapes *s, int quant_attn, int quant_gdn, int dense_inter) {
+    const int H = s->hidden;
+    s->n_fp4 = s->n_bf16 = 0;
+    doc_lin *fa = s->fp4, *ba = s->bf16;
+    int *fn = &s->n_fp4, *bn = &s->n_bf16;
+    if (s->n_experts > 0) {
+        add_lin(fa, fn, s->moe_inter, H, "experts gate/up");
+        add_lin(fa, fn, H, s->moe_inter, "experts down");
+        if (s->shared_inter > 0) {
+            add_lin(fa, fn, s->shared_inter, H, "shared expert gate/up");
+            add_lin(fa, fn, H, s->shared_inter, "shared expert down");
+        }
+        add_lin(ba, bn, s->n_experts, H, "router");
+    } else if (dense_inter > 0) {
+        add_lin(fa, fn, dense_inter, H, "mlp gate/up");
+        add_lin(fa, fn, H, dense_inter, "mlp down");
+    }
+    if (s->n_heads > 0) {
+        doc_lin *a = quant_attn ? fa : ba;
+        int *an = quant_attn ? fn : bn;
+        add_lin(a, an, s->n_heads * s->head_dim * (s->gated ? 2 : 1), H, "attn q_proj");
+        add_lin(a, an, s->n_kv_heads * s->head_dim, H, "attn k/v_proj");
+        add_lin(a, an, H, s->n_heads * s->head_dim, "attn o_proj");
+    }
+    if (s->nk > 0) {
+        doc_lin *a = quant_gdn ? fa : ba;
+        int *an = quant_gdn ? fn : bn;
+        add_lin(a, an, 2 * s->nk * s->dk + s->nv * s->dv, H, "gdn in_proj_qkv");
+        add_lin(a, an, s->nv * s->dv, H, "gdn in_proj_z");
+        add_lin(a, an, H, s->nv * s->dv, "gdn out_proj");
+    }
+    /* NVFP4 needs K % 16 == 0; anything else cannot be NVFP4 at all */
+    for (int i = 0; i < s->n_fp4; i++)
+        if (s->fp4[i].K % 16) {
+            memmove(&s->fp4[i], &s->fp4[i + 1], sizeof s->fp4[0] * (s->n_fp4 - i - 1));
+            s->n_fp4--;
+            i--;
+        }
+}
+
+int doc_shapes_from_preset(const char *name, doc_shapes *s, ls_err *e) {
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++) {
+        const preset *p = &k_presets[i];
+        if (strcmp(p->name, name)) continue;
+        memset(s, 0, sizeof *s);
+        snprintf(s->model, sizeof s->model, "%s", name);
+        s->nvfp4 = 1;
+        s->hidden = p->hidden;
+        s->n_experts = p->E;
+        s->top_k = p->top_k;
+        s->moe_inter = p->I;
+        s->shared_inter = p->Is;
+        s->norm_topk = 1;
+        s->has_sh_gate = p->Is > 0;
+        s->n_heads = p->nh;
+        s->n_kv_heads = p->nkv;
+        s->head_dim = p->hd;
+        s->gated = p->nk > 0; /* the hybrid families gate attention output */
+        s->nk = p->nk;
+        s->nv = p->nv;
+        s->dk = p->dk;
+        s->dv = p->dv;
+        s->conv_k = p->nk > 0 ? 4 : 0;
+        derive(s, 0, 0, p->dense_inter);
+        return 0;
+    }
+    buf b;
+    buf_init(&b);
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        buf_printf(&b, "%s%s", i ? ", " : "", k_presets[i].name);
+    errf(e, ERR_INVAL, "--shapes: unknown preset '%s' (valid: %s)", name, b.data);
+    buf_free(&b);
+    return ERR_INVAL;
+}
+
+int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
+    if (!strncmp(path, "synth:", 6)) {
+        char name[128];
+        const char *spec = path + 6;
+        size_t l = strcspn(spec, ",");
+        if (l == 0 || l >= sizeof name)
+            return errf(e, ERR_INVAL, "--model-path: bad synth spec '%s'", path);
+        memcpy(name, spec, l);
+        name[l] = 0;
+        int rc = doc_shapes_from_preset(name, s, e);
+        if (rc) return err_prefix(e, "--model-path %s", path);
+        snprintf(s->model, sizeof s->model, "%s", path);
+        return 0;
+    }
+    model_config c;
+    memset(&c, 0, sizeof c);
+    int rc = hfcfg_load_dir(path, &c, e);
+    if (rc) return rc;
+    memset(s, 0, sizeof *s);
+    snprintf(s->model, sizeof s->model, "%s", path);
+    s->nvfp4 = c.nvfp4;
+    s->hidden = c.hidden;
+    s->n_experts = c.n_experts;
+    s->top_k = c.top_k;
+    s->moe_inter = c.moe_inter;
+    s->shared_inter = c.shared_inter;
+    s->norm_topk = c.arch == ARCH_QWEN3_5_MOE ? 1 : c.norm_topk_prob;
+    s->has_sh_gate = c.shared_inter > 0;
+    s->n_heads = c.n_heads;
+    s->n_kv_heads = c.n_kv_heads;
+    s->head_dim = c.head_dim;
+    s->gated = c.attn_output_gate;
+    int any_lin = 0, first_full = -1, first_lin = -1;
+    for (int i = 0; i < c.n_layers && i < CFG_MAX_LAYERS; i++) {
+        if (c.layer_type[i] == LAYER_LINEAR_ATTN) {
+            any_lin = 1;
+            if (first_lin < 0) first_lin = i;
+        } else if (first_full < 0) {
+            first_full = i;
+        }
+    }
+    if (any_lin) {
+        s->nk = c.lin_k_heads;
+        s->nv = c.lin_v_heads;
+        s->dk = c.lin_k_dim;
+        s->dv = c.lin_v_dim;
+        s->conv_k = c.lin_conv;
+    }
+    int qa = 0, qg = 0;
+    if (c.nvfp4) {
+        char mod[256];
+        const char *pfx = c.wrapped ? "model.language_model.layers" : "model.layers";
+        if (first_full >= 0) {
+            snprintf(mod, sizeof mod, "%s.%d.self_attn.q_proj", pfx, first_full);
+            qa = !hfcfg_excluded(&c, mod);
+        }
+        if (first_lin >= 0) {
+            snprintf(mod, sizeof mod, "%s.%d.linear_attn.in_proj_qkv", pfx, first_lin);
+            qg = !hfcfg_excluded(&c, mod);
+        }
+    }
+    int dense = c.n_experts > 0 ? 0 : c.intermediate;
+    derive(s, qa, qg, dense);
+    if (!c.nvfp4) { /* a BF16 model: every linear is a gemm */
+        for (int i = 0; i < s->n_fp4; i++) add_lin(s->bf16, &s->n_bf16, s->fp4[i].N, s->fp4[i].K, s->fp4[i].label);
+        s->n_fp4 = 0;
+    }
+    hfcfg_free(&c);
+    return 0;
+}
+
+int doc_shapes_set_fp4(doc_shapes *s, const char *list, ls_err *e) {
+    s->n_fp4 = 0;
+    const char *p = list;
+    while (*p) {
+        int N, K, used = 0;
+        if (sscanf(p, "%dx%d%n", &N, &K, &used) != 2 || N <= 0 || K <= 0 || K % 16)
+            return errf(e, ERR_INVAL, "--fp4-shapes: bad entry at '%s' (want NxK with K %% 16 == 0)", p);
+        char label[64];
+        snprintf(label, sizeof label, "given %dx%d", N, K);
+        add_lin(s->fp4, &s->n_fp4, N, K, label);
+        p += used;
+        if (*p == ',') p++;
+        else if (*p) return errf(e, ERR_INVAL, "--fp4-shapes: expected ',' at '%s'", p);
+    }
+    if (!s->n_fp4) return errf(e, ERR_INVAL, "--fp4-shapes: empty list");
+    return 0;
+}
+
+static json_t *lins_json(const doc_lin *a, int n) {
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, json_pack("{s:i,s:i,s:s}", "N", a[i].N, "K", a[i].K, "label", a[i].label));
+    return arr;
+}
+
+char *doc_shapes_json(const doc_shapes *s) {
+    json_t *o = json_pack(
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "model", s->model,
+        "nvfp4", s->nvfp4, "hidden", s->hidden, "n_experts", s->n_experts, "top_k", s->top_k,
+        "moe_inter", s->moe_inter, "shared_inter", s->shared_inter, "norm_topk", s->norm_topk,
+        "has_sh_gate", s->has_sh_gate, "n_heads", s->n_heads, "n_kv_heads", s->n_kv_heads,
+        "head_dim", s->head_dim, "gated", s->gated, "nk", s->nk, "nv", s->nv, "dk", s->dk, "dv",
+        s->dv, "conv_k", s->conv_k);
+    json_object_set_new(o, "fp4", lins_json(s->fp4, s->n_fp4));
+    json_object_set_new(o, "bf16", lins_json(s->bf16, s->n_bf16));
+    char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(o);
+    return t;
+}
+
+static int geti(json_t *o, const char *k) {
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int)json_integer_value(v) : 0;
+}
+
+static void parse_lins(json_t *arr, doc_lin *a, int *n) {
+    *n = 0;
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        if (*n >= DOC_MAX_LIN) break;
+        a[*n].N = geti(v, "N");
+        a[*n].K = geti(v, "K");
+        const char *l = json_string_value(json_object_get(v, "label"));
+        snprintf(a[*n].label, sizeof a[*n].label, "%s", l ? l : "");
+        (*n)++;
+    }
+}
+
+int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e) {
+    json_error_t je;
+    json_t *o = json_loads(text, 0, &je);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return errf(e, ERR_INVAL, "doctor shapes: bad JSON: %s", je.text);
+    }
+    memset(s, 0, sizeof *s);
+    const char *m = json_string_value(json_object_get(o, "model"));
+    snprintf(s->model, sizeof s->model, "%s", m ? m : "");
+    s->nvfp4 = geti(o, "nvfp4");
+    s->hidden = geti(o, "hidden");
+    s->n_experts = geti(o, "n_experts");
+    s->top_k = geti(o, "top_k");
+    s->moe_inter = geti(o, "moe_inter");
+    s->shared_inter = geti(o, "shared_inter");
+    s->norm_topk = geti(o, "norm_topk");
+    s->has_sh_gate = geti(o, "has_sh_gate");
+    s->n_heads = geti(o, "n_heads");
+    s->n_kv_heads = geti(o, "n_kv_heads");
+    s->head_dim = geti(o, "head_dim");
+    s->gated = geti(o, "gated");
+    s->nk = geti(o, "nk");
+    s->nv = geti(o, "nv");
+    s->dk = geti(o, "dk");
+    s->dv = geti(o, "dv");
+    s->conv_k = geti(o, "conv_k");
+    parse_lins(json_object_get(o, "fp4"), s->fp4, &s->n_fp4);
+    parse_lins(json_object_get(o, "bf16"), s->bf16, &s->n_bf16);
+    json_decref(o);
+    return 0;
+}

@@ -1,0 +1,361 @@
+/* trial.c: the child side of the doctor, `laststand doctor --trial`: one
+ * backend of one family, on a list of jobs (shape x M), in a fresh process
+ * (and so a fresh CUDA context) that the parent may lose to a crash.
+ *
+ * Protocol (stdout, one line each, flushed): "BEGIN <job>" before a job and
+ * "RESULT <job> <json>" after it, json = {"status": ok|wrong|unsupported|
+ * crash|unverified, "detail", "ms", "bytes", "flops", "rel", "max", "ref"}.
+ * A fault that kills the CUDA context (illegal address...) is printed to
+ * stderr and the child aborts: the parent records the crash with the log tail
+ * and restarts a child after that job.
+ *
+ * Per job: random inputs at the real shape (weights: random E2M1 codes and
+ * E4M3 scales; activations with rows of very different magnitudes, so that
+ * per-row mistakes show), output poisoned with NaN (0xFF bytes) first, the
+ * backend run once, then: NaN/Inf/unwritten -> wrong, all zero -> wrong,
+ * else compared with the fp64 CPU oracle (small problems) or with the GPU
+ * reference kernel cuda_ref (large ones, if the parent trusts it). Then the
+ * median of repeated timed runs over rotating input sets > 2x the L2.
+ */
+#include "doctor/doctor.h"
+#include "doctor/trial.h"
+#ifdef LS_HAVE_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- device memory ------------------------------------------------------------ */
+
+static dev_info g_dev;
+static int g_cuda;
+
+void *td_alloc(size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_malloc(n, e);
+#endif
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64)) {
+        errf(e, ERR_NOMEM, "out of memory (%zu bytes)", n);
+        return NULL;
+    }
+    return p;
+}
+void td_free(void *p) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) {
+        lsc_free(p);
+        return;
+    }
+#endif
+    free(p);
+}
+int td_put(void *dst, const void *src, size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_h2d(dst, src, n, e);
+#endif
+    memcpy(dst, src, n);
+    return 0;
+}
+int td_get(void *dst, const void *src, size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_d2h(dst, src, n, e);
+#endif
+    memcpy(dst, src, n);
+    return 0;
+}
+int td_copy(void *dst, const void *src, size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_d2d(dst, src, n, e);
+#endif
+    memcpy(dst, src, n);
+    return 0;
+}
+int td_poison(void *dst, size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_memset(dst, 0xff, n, e);
+#endif
+    memset(dst, 0xff, n);
+    return 0;
+}
+/* A kernel fault kills the context: say so on stderr and die, for the parent. */
+int td_sync(ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) {
+        int sticky = 0;
+        int rc = lsc_sync(&sticky, e);
+        if (rc && sticky) {
+            fprintf(stderr, "doctor trial: fatal CUDA error, context lost: %s\n", e->msg);
+            fflush(stderr);
+            abort();
+        }
+        return rc;
+    }
+#endif
+    return 0;
+}
+size_t td_l2_bytes(void) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return (size_t)lsc_l2_bytes();
+#endif
+    return 64u << 20;
+}
+act_dtype td_act(void) { return g_cuda ? ACT_BF16 : ACT_F32; }
+const dev_info *td_dev(void) { return &g_dev; }
+
+/* Upload host floats as the device's activation dtype. */
+int td_put_act(void *dst, const float *src, size_t n, ls_err *e) {
+    if (td_act() == ACT_F32) return td_put(dst, src, n * 4, e);
+    uint16_t *t = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) t[i] = f32_to_bf16(src[i]);
+    int rc = td_put(dst, t, n * 2, e);
+    free(t);
+    return rc;
+}
+/* Download n activations as floats. */
+int td_get_act(float *dst, const void *src, size_t n, ls_err *e) {
+    if (td_act() == ACT_F32) return td_get(dst, src, n * 4, e);
+    uint16_t *t = xmalloc(n * 2);
+    int rc = td_get(t, src, n * 2, e);
+    for (size_t i = 0; !rc && i < n; i++) dst[i] = bf16_to_f32(t[i]);
+    free(t);
+    return rc;
+}
+
+/* ---- timing --------------------------------------------------------------------- */
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
+    /* warm-up + an estimate of one call */
+    double t0 = now_sec();
+    int rc = fn(ctx, 0, e);
+    if (!rc) rc = td_sync(e);
+    if (rc) return rc;
+    double est = (now_sec() - t0) * 1e3;
+    /* about 150 ms of timed calls: 50 for fast kernels, 3 for the slow references */
+    int reps = est > 0 ? (int)(150.0 / est) : 50;
+    if (reps < 3) reps = 3;
+    if (reps > 50) reps = 50;
+    double *ms = xcalloc(reps, sizeof(double));
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) {
+        for (int s = 1; s < nsets && s < 4 && est < 10.0; s++)
+            if ((rc = fn(ctx, s, e))) goto out; /* touch a few sets: first-use costs stay out */
+        lsc_timer *t = lsc_timer_new(reps, e);
+        if (!t) {
+            rc = ERR_RUNTIME;
+            goto out;
+        }
+        for (int i = 0; i < reps && !rc; i++) {
+            lsc_timer_start(t, i);
+            rc = fn(ctx, (i + 1) % nsets, e);
+            lsc_timer_stop(t, i);
+        }
+        if (!rc) rc = td_sync(e);
+        for (int i = 0; !rc && i < reps; i++) ms[i] = lsc_timer_ms(t, i);
+        lsc_timer_free(t);
+        goto out;
+    }
+#endif
+    for (int i = 0; i < reps && !rc; i++) {
+        double a = now_sec();
+        rc = fn(ctx, (i + 1) % nsets, e);
+        ms[i] = (now_sec() - a) * 1e3;
+    }
+out:
+    if (!rc) {
+        qsort(ms, reps, sizeof(double), cmp_d);
+        *median_ms = ms[reps / 2];
+    }
+    free(ms);
+    return rc;
+}
+
+int td_nsets(size_t set_bytes) {
+    if (!g_cuda) return 1;
+    size_t want = 2 * td_l2_bytes() + (16u << 20);
+    size_t n = (want + set_bytes - 1) / (set_bytes ? set_bytes : 1);
+    if (n < 2) n = 2;
+    if (n > 256) n = 256;
+    return (int)n;
+}
+
+/* ---- random inputs ---------------------------------------------------------------- */
+
+uint64_t td_rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+float td_rng_unit(uint64_t *s) { return (float)((td_rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }
+
+/* Activations [M, K]: uniform(-1, 1) times a per-row magnitude spanning 2^-6..2^6,
+ * rounded to what the device stores (bf16 on CUDA) so host and device agree. */
+void td_gen_act(float *x, int M, int K, uint64_t *rng) {
+    for (int m = 0; m < M; m++) {
+        float mag = ldexpf(1.f, (int)(td_rng_next(rng) % 13) - 6);
+        for (int k = 0; k < K; k++) {
+            float v = td_rng_unit(rng) * mag;
+            x[(size_t)m * K + k] = td_act() == ACT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+        }
+    }
+}
+
+/* NVFP4 weight on the host: every code, positive E4M3 scales of 2^-5..2^3. */
+void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng) {
+    size_t nc = (size_t)N * K / 2, ns = (size_t)N * K / 16;
+    for (size_t i = 0; i < nc; i += 8) {
+        uint64_t r = td_rng_next(rng);
+        for (int j = 0; j < 8 && i + j < nc; j++) codes[i + j] = (uint8_t)(r >> (8 * j));
+    }
+    for (size_t i = 0; i < ns; i++) {
+        uint64_t r = td_rng_next(rng);
+        int ex = 2 + (int)(r % 9); /* biased exponent 2..10: 2^-5 .. 2^3 */
+        scales[i] = (uint8_t)((ex << 3) | ((r >> 8) & 7));
+    }
+    *scale2 = 1.0f / (6.0f * 448.0f) * (1.0f + 0.5f * td_rng_unit(rng));
+}
+
+/* ---- comparison -------------------------------------------------------------------- */
+
+int td_check(const float *y, const float *ref, size_t rows, size_t cols, const unsigned char *skip_row,
+             double tol_rel, double tol_max, int M, char *detail, size_t dn, double *rel_out,
+             double *max_out) {
+    size_t n = rows * cols, bad = 0, first = (size_t)-1;
+    int nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(y[i])) {
+            if (first == (size_t)-1) first = i;
+            bad++;
+        } else if (y[i] != 0.f) {
+            nonzero = 1;
+        }
+    }
+    *rel_out = *max_out = NAN;
+    if (bad) {
+        snprintf(detail, dn, "M=%d: %zu of %zu outputs NaN/Inf or unwritten (first at row %zu col %zu)", M,
+                 bad, n, first / cols, first % cols);
+        return 0;
+    }
+    if (!nonzero) {
+        snprintf(detail, dn, "M=%d: output is all zero", M);
+        return 0;
+    }
+    double se = 0, sr = 0, me = 0, mr = 0;
+    size_t at = 0;
+    for (size_t r = 0; r < rows; r++) {
+        if (skip_row && skip_row[r]) continue;
+        for (size_t c = 0; c < cols; c++) {
+            size_t i = r * cols + c;
+            double d = fabs((double)y[i] - (double)ref[i]);
+            se += d * d;
+            sr += (double)ref[i] * ref[i];
+            if (d > me) {
+                me = d;
+                at = i;
+            }
+            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+        }
+    }
+    double rel = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    double mx = mr > 0 ? me / mr : me;
+    *rel_out = rel;
+    *max_out = mx;
+    if (rel > tol_rel || mx > tol_max) {
+        snprintf(detail, dn, "M=%d: rel err %.3g (tol %.0e), max err %.3g of max|ref| at row %zu col %zu (tol %.0e)",
+                 M, rel, tol_rel, mx, at / cols, at % cols, tol_max);
+        return 0;
+    }
+    snprintf(detail, dn, "rel err %.2g, max err %.2g", rel, mx);
+    return 1;
+}
+
+/* ---- result lines ------------------------------------------------------------------ */
+
+void td_result(int job, const td_res *r) {
+    json_t *o = json_pack("{s:s,s:s,s:f,s:f,s:f,s:s}", "status", r->status, "detail", r->detail, "ms",
+                          r->ms, "bytes", r->bytes, "flops", r->flops, "ref", r->ref);
+    if (isfinite(r->rel)) json_object_set_new(o, "rel", json_real(r->rel));
+    if (isfinite(r->max)) json_object_set_new(o, "max", json_real(r->max));
+    char *t = json_dumps(o, JSON_COMPACT);
+    printf("RESULT %d %s\n", job, t);
+    fflush(stdout);
+    free(t);
+    json_decref(o);
+}
+
+/* ---- main ----------------------------------------------------------------------------- */
+
+int doctor_trial_main(int argc, char **argv) {
+    const char *device = "cpu", *family = NULL, *backend = NULL, *shapes_file = NULL, *ms_s = NULL;
+    int start = 0, gpu_ref_ok = 1;
+    uint64_t seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--trial")) continue;
+        if (!strcmp(a, "--gpu-ref-untrusted")) { gpu_ref_ok = 0; continue; }
+        if (!v) { fprintf(stderr, "doctor --trial: %s needs a value\n", a); return 2; }
+        if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--family")) family = v;
+        else if (!strcmp(a, "--backend")) backend = v;
+        else if (!strcmp(a, "--shapes-file")) shapes_file = v;
+        else if (!strcmp(a, "--ms")) ms_s = v;
+        else if (!strcmp(a, "--start")) start = atoi(v);
+        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
+        else { fprintf(stderr, "doctor --trial: unknown flag %s\n", a); return 2; }
+        i++;
+    }
+    if (!family || !backend || !shapes_file || !ms_s) {
+        fprintf(stderr, "doctor --trial: needs --family --backend --shapes-file --ms\n");
+        return 2;
+    }
+    ls_err e = {0};
+    size_t len;
+    char *text = read_file(shapes_file, &len, &e);
+    if (!text) { fprintf(stderr, "doctor --trial: %s\n", e.msg); return 2; }
+    doc_shapes s;
+    int rc = doc_shapes_parse_json(text, &s, &e);
+    free(text);
+    if (rc) { fprintf(stderr, "doctor --trial: %s\n", e.msg); return 2; }
+    int32_t *ms = NULL;
+    int n_ms = parse_int_list(ms_s, &ms);
+    if (n_ms <= 0) { fprintf(stderr, "doctor --trial: bad --ms\n"); return 2; }
+
+    if (!strcmp(device, "cuda")) {
+#ifdef LS_HAVE_CUDA
+        g_cuda = 1;
+        char drv[64];
+        if (lsc_device_count(&e) <= 0 || lsc_device_open(0, &g_dev, drv, sizeof drv, &e)) {
+            fprintf(stderr, "doctor --trial: %s\n", e.msg);
+            return 1;
+        }
+#else
+        fprintf(stderr, "doctor --trial: this build has no CUDA\n");
+        return 1;
+#endif
+    } else {
+        ops_cpu_dev(&g_dev);
+    }
+    td_job_ctx jc = {&s, ms, n_ms, backend, gpu_ref_ok, seed};
+    if (!strcmp(family, "fp4_gemm") || !strcmp(family, "gemm"))
+        rc = td_run_gemm_jobs(&jc, !strcmp(family, "fp4_gemm"), start);
+    else if (!strcmp(family, "moe"))
+        rc = td_run_moe_jobs(&jc, start);
+    else {
+        fprintf(stderr, "doctor --trial: unknown family %s\n", family);
+        rc = 2;
+    }
+    free(ms);
+    return rc;
+}

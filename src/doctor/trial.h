@@ -1,0 +1,61 @@
+/* trial.h: internals shared by the doctor's child side (trial.c) and its
+ * per-family job drivers (trial_gemm.c, trial_moe.c): device memory on the
+ * trial's device, timing, random inputs, comparison, result lines.
+ */
+#ifndef LS_DOCTOR_TRIAL_H
+#define LS_DOCTOR_TRIAL_H
+
+#include "doctor/doctor.h"
+
+typedef struct td_res {
+    const char *status; /* ok | wrong | unsupported | crash | unverified */
+    char detail[512];
+    double ms, bytes, flops, rel, max;
+    const char *ref;    /* what the output was compared with */
+} td_res;
+
+typedef struct td_job_ctx {
+    const doc_shapes *s;
+    const int32_t *ms;
+    int n_ms;
+    const char *backend;
+    int gpu_ref_ok;     /* the parent found cuda_ref right on the small jobs */
+    uint64_t seed;
+} td_job_ctx;
+
+/* Above this many multiply-adds the fp64 CPU oracle hands over to cuda_ref. */
+#define TD_CPU_REF_MACS (1ull << 28)
+
+void *td_alloc(size_t n, ls_err *e);
+void td_free(void *p);
+int td_put(void *dst, const void *src, size_t n, ls_err *e);
+int td_get(void *dst, const void *src, size_t n, ls_err *e);
+int td_copy(void *dst, const void *src, size_t n, ls_err *e);
+int td_poison(void *dst, size_t n, ls_err *e);
+int td_sync(ls_err *e);
+size_t td_l2_bytes(void);
+act_dtype td_act(void);
+const dev_info *td_dev(void);
+int td_put_act(void *dst, const float *src, size_t n, ls_err *e);
+int td_get_act(float *dst, const void *src, size_t n, ls_err *e);
+
+/* One timed call on rotating set `set`. */
+typedef int (*td_call)(void *ctx, int set, ls_err *e);
+int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e);
+int td_nsets(size_t set_bytes);
+
+uint64_t td_rng_next(uint64_t *s);
+float td_rng_unit(uint64_t *s);
+void td_gen_act(float *x, int M, int K, uint64_t *rng);
+void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng);
+
+/* 1 if y matches ref; detail says why not (naming M). */
+int td_check(const float *y, const float *ref, size_t rows, size_t cols, const unsigned char *skip_row,
+             double tol_rel, double tol_max, int M, char *detail, size_t dn, double *rel_out,
+             double *max_out);
+void td_result(int job, const td_res *r);
+
+int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start);
+int td_run_moe_jobs(const td_job_ctx *c, int start);
+
+#endif

@@ -1,0 +1,123 @@
+/* cu_util.h: device helpers shared by the .cu files of src/ops/cuda (never
+ * included from C): the C headers behind extern "C", CUDA error -> ls_err,
+ * NVFP4 nibble and E4M3 scale decoding in registers, and mma.sync wrappers.
+ *
+ * Invariants: every launcher returns 0 or a negative ERR_* with e filled;
+ * a missing kernel image for this GPU ("no kernel image is available") maps
+ * to ERR_UNSUPPORTED, every other CUDA error to ERR_RUNTIME.
+ */
+#ifndef LS_CU_UTIL_H
+#define LS_CU_UTIL_H
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* base.h is C11; nvcc's C++ front end does not know _Noreturn. */
+#ifndef _Noreturn
+#define _Noreturn __attribute__((noreturn))
+#endif
+extern "C" {
+#include "ops/ops.h"
+#include "ops/cuda/cuda_ops.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* Fill e from a CUDA error; returns ERR_UNSUPPORTED for a missing kernel
+ * image (the GPU is not one the code was built for), else ERR_RUNTIME. */
+static inline int cu_fail(ls_err *e, cudaError_t c, const char *what) {
+    int code = (c == cudaErrorNoKernelImageForDevice || c == cudaErrorUnsupportedPtxVersion ||
+                c == cudaErrorInvalidDeviceFunction)
+                   ? ERR_UNSUPPORTED
+                   : ERR_RUNTIME;
+    return errf(e, code, "%s: %s (%s)", what, cudaGetErrorString(c), cudaGetErrorName(c));
+}
+
+/* After a launch: the launch error (bad config, missing image), not a sync. */
+#define CU_LAUNCHED(e, what)                                     \
+    do {                                                         \
+        cudaError_t c_ = cudaGetLastError();                     \
+        if (c_ != cudaSuccess) return cu_fail((e), c_, (what));  \
+    } while (0)
+
+#define CU_TRY(e, call, what)                                    \
+    do {                                                         \
+        cudaError_t c_ = (call);                                 \
+        if (c_ != cudaSuccess) return cu_fail((e), c_, (what));  \
+    } while (0)
+
+/* E2M1 code -> value (reference/qwen35-and-nvfp4.md 4.4). */
+__device__ __constant__ static const float cu_e2m1_lut[16] = {
+    0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+__device__ __forceinline__ float cu_e4m3_to_f32(uint8_t v) {
+    __nv_fp8_e4m3 f;
+    f.__x = v;
+    return (float)f;
+}
+
+/* Eight E2M1 codes in one 32-bit word (code i in bits 4i..4i+3, i.e. the
+ * byte order of the checkpoint, low nibble first) -> four bf16x2 registers:
+ * out[j] = (value of code 2j in the low half, code 2j+1 in the high half).
+ * Exact: every E2M1 value is a bf16. Built from byte permutes (prmt): the
+ * bf16 of |v| has high byte H[i] and low byte L[i] for magnitude index i,
+ * and the sign bit of each code moves to bit 15 of its half. */
+__device__ __forceinline__ void cu_e2m1x8_to_bf16x8(uint32_t w, uint32_t out[4]) {
+    /* magnitudes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6 -> bf16 0000 3F00 3F80 3FC0 4000 4040 4080 40C0 */
+    const uint32_t L0 = 0xC0800000u, L1 = 0xC0804000u; /* low bytes  for i = 0..3 | 4..7 */
+    const uint32_t H0 = 0x3F3F3F00u, H1 = 0x40404040u; /* high bytes for i = 0..3 | 4..7 */
+    uint32_t t = w << 4; /* sign of even codes to bit 7 of each byte */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t sel = (w >> (16 * h)) & 0x7777u; /* four 3-bit indices, no sign-replicate bit */
+        uint32_t lo = __byte_perm(L0, L1, sel);
+        uint32_t hi = __byte_perm(H0, H1, sel);
+        /* signs of codes 4h..4h+3 at bit 7 of bytes 0..3 */
+        uint32_t s = __byte_perm(t, w, h == 0 ? 0x5140u : 0x7362u);
+        hi |= s & 0x80808080u;
+        out[2 * h + 0] = __byte_perm(lo, hi, 0x5140u);
+        out[2 * h + 1] = __byte_perm(lo, hi, 0x7362u);
+    }
+}
+
+__device__ __forceinline__ uint32_t cu_bf16x2_mul(uint32_t a, uint32_t b) {
+    __nv_bfloat162 x = *reinterpret_cast<__nv_bfloat162 *>(&a);
+    __nv_bfloat162 y = *reinterpret_cast<__nv_bfloat162 *>(&b);
+    __nv_bfloat162 r = __hmul2(x, y);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* An E4M3 scale as bf16x2 (both halves equal); exact. */
+__device__ __forceinline__ uint32_t cu_scale_bf16x2(uint8_t s) {
+    __nv_bfloat16 b = __float2bfloat16_rn(cu_e4m3_to_f32(s));
+    uint16_t u = *reinterpret_cast<uint16_t *>(&b);
+    return (uint32_t)u | ((uint32_t)u << 16);
+}
+
+/* D = A·B + D, m16n8k16, bf16 in, fp32 accumulate (A row-major, B col-major). */
+__device__ __forceinline__ void cu_mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0,
+                                                  uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16-byte streaming load that skips L1 (weights are read once per call). */
+__device__ __forceinline__ uint4 cu_ld_stream16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* cuBLASLt GEMM shared by the families of this module (fp4_gemm.cu). */
+int cu_lt_gemm(int M, int N, int K, const void *W, const void *A, void *D, int d32, float alpha,
+               float beta, cudaStream_t st, ls_err *e);
+
+#endif

@@ -1,0 +1,69 @@
+/* cuda_ops.h: the CUDA module's C surface: its backends (impl tables that
+ * ops_cuda_register_all() puts into the ops registries) and the few runtime
+ * helpers the doctor and the kernel benchmark need (device query, memory,
+ * events), so that no C file outside src/ops/cuda includes CUDA headers.
+ *
+ * Backends (src/ops/cuda/<family>.cu, one file per family):
+ *   fp4_gemm: cuda_w4a16_mma      NVFP4 dequantized in registers, mma.sync m16n8k16
+ *                                 (weights as the A operand, tokens as N = 8): small M
+ *             cuda_dequant_cublas whole weight -> BF16 workspace, then cuBLASLt: large M
+ *             cuda_ref            one thread per output, fp32 loop over K
+ *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
+ *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
+ *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
+ *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
+ *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
+ *
+ * Memory: backends are stateless except for per-device lazily created
+ * cuBLASLt handles and workspaces (grown on first use, never in steady state).
+ */
+#ifndef LS_CUDA_OPS_H
+#define LS_CUDA_OPS_H
+
+#include "ops/ops.h"
+
+extern const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma;
+extern const fp4_gemm_impl fp4_gemm_cuda_dequant_cublas;
+extern const fp4_gemm_impl fp4_gemm_cuda_ref;
+extern const fp4_gemm_impl fp4_gemm_cuda_broken_sm100;
+extern const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072;
+extern const fp4_gemm_impl fp4_gemm_cuda_broken_illegal;
+extern const moe_impl moe_cuda_fused_decode;
+extern const moe_impl moe_cuda_expert_loop;
+extern const gemm_impl gemm_cuda_cublaslt;
+extern const gemm_impl gemm_cuda_ref;
+
+/* The sm_100a-only kernel's launcher (fp4_gemm_sm100.cu). */
+int lsc_broken_sm100_launch(const gemm_args *a, ls_stream s, ls_err *e);
+
+/* ---- runtime helpers ------------------------------------------------------ */
+/* Number of CUDA devices; 0 with e filled (the CUDA error) when none is usable. */
+int lsc_device_count(ls_err *e);
+/* Select device `ordinal` for this thread and describe it. driver: "580.159.04"-like
+ * when NVML is absent we give the CUDA driver API version ("13.0"). */
+int lsc_device_open(int ordinal, dev_info *d, char *driver, size_t driver_n, ls_err *e);
+int lsc_l2_bytes(void);
+
+void *lsc_malloc(size_t n, ls_err *e); /* NULL + e on failure */
+void lsc_free(void *p);
+int lsc_h2d(void *dst, const void *src, size_t n, ls_err *e);
+int lsc_d2h(void *dst, const void *src, size_t n, ls_err *e);
+int lsc_d2d(void *dst, const void *src, size_t n, ls_err *e);
+int lsc_memset(void *dst, int byte, size_t n, ls_err *e);
+/* Synchronize the device; a kernel fault surfaces here. *sticky = 1 when
+ * the error corrupted the context (illegal address, trap...). */
+int lsc_sync(int *sticky, ls_err *e);
+
+/* Events on the default stream. */
+typedef struct lsc_timer lsc_timer;
+lsc_timer *lsc_timer_new(int n, ls_err *e); /* n start/stop pairs */
+void lsc_timer_start(lsc_timer *t, int i);
+void lsc_timer_stop(lsc_timer *t, int i);
+/* Milliseconds of pair i (after a sync). */
+float lsc_timer_ms(lsc_timer *t, int i);
+void lsc_timer_free(lsc_timer *t);
+
+/* Device-to-device copy bandwidth in GB/s (bytes read + written), `bytes` a buffer. */
+double lsc_copy_bw_gbs(size_t bytes, int reps, ls_err *e);
+
+#endif

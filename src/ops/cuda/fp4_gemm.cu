@@ -1,0 +1,817 @@
+/* fp4_gemm.cu: the fp4_gemm family on CUDA: y[M,N] (+)= x[M,K] · Wᵀ with W an
+ * NVFP4 (ModelOpt) weight [N,K]: codes uint8 [N,K/2] (element 2i in the low
+ * nibble), E4M3 block scales [N,K/16], fp32 scale2; x and y BF16, fp32
+ * accumulation. W[n,k] = e2m1(code) · e4m3(scale[n,k/16]) · scale2.
+ *
+ * Backends, three different algorithms:
+ *   cuda_w4a16_mma       memory-bound small-M kernel. A block owns 16 weight
+ *                        rows and KW warps split K; each lane streams 16-byte
+ *                        weight vectors (32 codes = two scale blocks), decodes
+ *                        them with byte permutes into bf16 (exact), multiplies
+ *                        by the block scale, and feeds mma.sync m16n8k16 with the
+ *                        weights as the 16-row A operand and up to 8 tokens per
+ *                        n8 tile as B ("swap AB", so M = 1 wastes no weight
+ *                        bytes). K is permuted inside each lane's 32-element
+ *                        slice identically for A and B (a dot product does not
+ *                        care about order). Partial sums of the KW warps meet in
+ *                        shared memory; scale2 is applied once at the end.
+ *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
+ *                        (same register decoder, 16 B in, 64 B out per thread),
+ *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
+ *   cuda_ref             one thread per output: a plain loop over K with a
+ *                        lookup table; the chain-of-trust reference on the GPU.
+ * Test-only broken ones (registered under LASTSTAND_TEST_BROKEN_BACKENDS=1):
+ *   cuda_broken_nan3072  cuda_ref, then NaN written into the output iff M == 3072
+ *   cuda_broken_illegal  a store to an unmapped address (illegal memory access)
+ *   cuda_broken_sm100    lives in fp4_gemm_sm100.cu (built for sm_100a only)
+ *
+ * The gemm family (BF16 weight) is here too: cuda_cublaslt and cuda_ref.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <cublasLt.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- shared checks --------------------------------------------------------- */
+
+static int fp4_check_args(const gemm_args *a, ls_err *e) {
+    const lin_w *w = a->w;
+    if (!w || w->kind != W_NVFP4)
+        return errf(e, ERR_INVAL, "fp4_gemm: weight %s is not NVFP4", w && w->name ? w->name : "?");
+    if (a->dt != ACT_BF16)
+        return errf(e, ERR_UNSUPPORTED, "fp4_gemm on CUDA: activations must be BF16, got %s",
+                    act_name(a->dt));
+    if (w->K % 16)
+        return errf(e, ERR_INVAL, "fp4_gemm: weight %s: K=%d is not a multiple of 16",
+                    w->name ? w->name : "?", w->K);
+    return 0;
+}
+
+static int common_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- cuda_ref -------------------------------------------------------------- */
+
+/* grid (ceil(M/32), N/8): lane = token, threadIdx.y = weight row. Weight
+ * reads are warp-uniform (broadcast); each token row streams through L1. */
+__global__ void fp4_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
+                               const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
+                               float scale2, bf16 *__restrict__ y, int accumulate) {
+    int m = blockIdx.x * 32 + threadIdx.x;
+    int n = blockIdx.y * 8 + threadIdx.y;
+    if (n >= N) return;
+    const uint8_t *wr = w + (size_t)n * (K / 2);
+    const uint8_t *sr = sc + (size_t)n * (K / 16);
+    const bf16 *xr = x + (size_t)(m < M ? m : 0) * K;
+    float acc = 0.f;
+    for (int kb = 0; kb < K / 16; kb++) {
+        float s = cu_e4m3_to_f32(sr[kb]);
+        float part = 0.f;
+        for (int i = 0; i < 8; i++) {
+            uint8_t b = wr[kb * 8 + i];
+            part += cu_e2m1_lut[b & 15] * __bfloat162float(xr[kb * 16 + 2 * i]);
+            part += cu_e2m1_lut[b >> 4] * __bfloat162float(xr[kb * 16 + 2 * i + 1]);
+        }
+        acc += s * part;
+    }
+    if (m >= M) return;
+    acc *= scale2;
+    size_t o = (size_t)m * N + n;
+    if (accumulate) acc += __bfloat162float(y[o]);
+    y[o] = __float2bfloat16_rn(acc);
+}
+
+static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    const lin_w *w = a->w;
+    dim3 grid((a->M + 31) / 32, (w->N + 7) / 8), block(32, 8);
+    if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_ref: N=%d too large", w->N);
+    fp4_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                       (const uint8_t *)w->data, w->scale, w->scale2,
+                                                       (bf16 *)a->y, a->accumulate);
+    CU_LAUNCHED(e, "fp4_gemm cuda_ref");
+    return 0;
+}
+
+static int fp4_ref_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->N > 65535 * 8) {
+        snprintf(why, n, "N=%d exceeds the grid limit", s->N);
+        return 0;
+    }
+    return 1;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, fp4_ref_supported, fp4_ref_run};
+
+/* ---- cuda_w4a16_mma ---------------------------------------------------------- */
+
+enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
+
+/* MT: n8 token tiles per block (tokens m0 .. m0 + 8·MT). KW: warps splitting K.
+ * U: chunks loaded before the first use (memory-level parallelism). */
+template <int MT, int KW, int U>
+__global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
+                                                          const bf16 *__restrict__ x,
+                                                          const uint8_t *__restrict__ w,
+                                                          const uint8_t *__restrict__ sc,
+                                                          float scale2, bf16 *__restrict__ y,
+                                                          int accumulate) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16;
+    const int m0 = blockIdx.y * 8 * MT;
+    const int nchunks = K / W4_CHUNK;
+    const int per = (nchunks + KW - 1) / KW;
+    const int cbeg = warp * per;
+    const int cend = min(nchunks, cbeg + per);
+
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + 2 * t;
+    const uint8_t *sr1 = sr0 + (size_t)8 * (K / 16);
+
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int c = cbeg; c < cend; c += U) {
+        uint4 wv0[U], wv1[U];
+        uint16_t s0[U], s1[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u < cend) {
+                wv0[u] = cu_ld_stream16(wr0 + (size_t)(c + u) * 64);
+                wv1[u] = cu_ld_stream16(wr1 + (size_t)(c + u) * 64);
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + (size_t)(c + u) * 8));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + (size_t)(c + u) * 8));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u >= cend) break;
+            /* decode: 32 codes per row -> 16 bf16x2, regs p = 0..7 use scale block 2t, 8..15 block 2t+1 */
+            uint32_t a0[16], a1[16];
+            {
+                uint32_t sa = cu_scale_bf16x2(s0[u] & 0xff), sb = cu_scale_bf16x2(s0[u] >> 8);
+                uint32_t sc0 = cu_scale_bf16x2(s1[u] & 0xff), sc1 = cu_scale_bf16x2(s1[u] >> 8);
+                const uint32_t wq0[4] = {wv0[u].x, wv0[u].y, wv0[u].z, wv0[u].w};
+                const uint32_t wq1[4] = {wv1[u].x, wv1[u].y, wv1[u].z, wv1[u].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    cu_e2m1x8_to_bf16x8(wq0[q], &a0[4 * q]);
+                    cu_e2m1x8_to_bf16x8(wq1[q], &a1[4 * q]);
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        a0[4 * q + r] = cu_bf16x2_mul(a0[4 * q + r], q < 2 ? sa : sb);
+                        a1[4 * q + r] = cu_bf16x2_mul(a1[4 * q + r], q < 2 ? sc0 : sc1);
+                    }
+                }
+            }
+            const int kx = (c + u) * W4_CHUNK + 32 * t; /* this lane's 32 k values */
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                const int m = m0 + 8 * i + g;
+                uint32_t b[16];
+                if (m < M) {
+                    const uint4 *xp = reinterpret_cast<const uint4 *>(x + (size_t)m * K + kx);
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        uint4 xv = __ldg(xp + v);
+                        b[4 * v + 0] = xv.x;
+                        b[4 * v + 1] = xv.y;
+                        b[4 * v + 2] = xv.z;
+                        b[4 * v + 3] = xv.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int v = 0; v < 16; v++) b[v] = 0u;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const uint32_t af[4] = {a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]};
+                    cu_mma_bf16_16816(acc[i], af, b[2 * j], b[2 * j + 1]);
+                }
+            }
+        }
+    }
+
+    /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
+    if (KW > 1) {
+        __shared__ float red[KW][MT * 4][32];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) red[warp][i * 4 + r][lane] = acc[i][r];
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < MT * 4 * 32; idx += 32 * KW) {
+            int el = idx / 32, l = idx % 32;
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
+            int i = el / 4, r = el % 4;
+            int n = n0 + (l >> 2) + (r >= 2 ? 8 : 0);
+            int m = m0 + 8 * i + 2 * (l & 3) + (r & 1);
+            if (m < M && n < N) {
+                size_t o = (size_t)m * N + n;
+                v *= scale2;
+                if (accumulate) v += __bfloat162float(y[o]);
+                y[o] = __float2bfloat16_rn(v);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int n = n0 + g + (r >= 2 ? 8 : 0);
+                int m = m0 + 8 * i + 2 * t + (r & 1);
+                if (m < M && n < N) {
+                    size_t o = (size_t)m * N + n;
+                    float v = acc[i][r] * scale2;
+                    if (accumulate) v += __bfloat162float(y[o]);
+                    y[o] = __float2bfloat16_rn(v);
+                }
+            }
+    }
+}
+
+/* The M <= 8 decode kernel, persistent and software-pipelined: a grid of
+ * (occupancy x SMs) blocks of 8 warps walks the 16-row tiles; each warp owns
+ * a fixed K slice of up to U chunks and, while it decodes and multiplies the
+ * current tile, the loads of its slice of the next tile are already in flight
+ * (two register buffers, A and B, alternate). Same fragment mapping as
+ * fp4_w4a16_kernel. */
+template <int U>
+struct w4_buf {
+    uint4 w0[U], w1[U];
+    uint16_t s0[U], s1[U];
+};
+
+template <int U>
+__device__ __forceinline__ void w4p_load(w4_buf<U> &b, const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
+                                         int K, int n0, int g, int t, int cb, int ce) {
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + 16 * t, *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + 2 * t, *sr1 = sr0 + (size_t)8 * (K / 16);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        if (cb + u < ce) {
+            b.w0[u] = cu_ld_stream16(wr0 + (size_t)(cb + u) * 64);
+            b.w1[u] = cu_ld_stream16(wr1 + (size_t)(cb + u) * 64);
+            b.s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + (size_t)(cb + u) * 8));
+            b.s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + (size_t)(cb + u) * 8));
+        }
+}
+
+template <int U>
+__device__ __forceinline__ void w4p_compute(const w4_buf<U> &b, float (&red)[8][4][32], int M, int N, int K,
+                                            const bf16 *__restrict__ x, float scale2, bf16 *__restrict__ y,
+                                            int accumulate, int n0, int lane, int warp, int cb, int ce) {
+    const int g = lane >> 2, t = lane & 3;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (cb + u >= ce) break;
+        uint32_t a0[16], a1[16];
+        {
+            uint32_t sa = cu_scale_bf16x2(b.s0[u] & 0xff), sb = cu_scale_bf16x2(b.s0[u] >> 8);
+            uint32_t sc0 = cu_scale_bf16x2(b.s1[u] & 0xff), sc1 = cu_scale_bf16x2(b.s1[u] >> 8);
+            const uint32_t q0[4] = {b.w0[u].x, b.w0[u].y, b.w0[u].z, b.w0[u].w};
+            const uint32_t q1[4] = {b.w1[u].x, b.w1[u].y, b.w1[u].z, b.w1[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                cu_e2m1x8_to_bf16x8(q0[q], &a0[4 * q]);
+                cu_e2m1x8_to_bf16x8(q1[q], &a1[4 * q]);
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    a0[4 * q + r] = cu_bf16x2_mul(a0[4 * q + r], q < 2 ? sa : sb);
+                    a1[4 * q + r] = cu_bf16x2_mul(a1[4 * q + r], q < 2 ? sc0 : sc1);
+                }
+            }
+        }
+        uint32_t bx[16];
+        if (g < M) {
+            const uint4 *xp = reinterpret_cast<const uint4 *>(x + (size_t)g * K + (cb + u) * W4_CHUNK + 32 * t);
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                uint4 xv = __ldg(xp + v);
+                bx[4 * v] = xv.x; bx[4 * v + 1] = xv.y; bx[4 * v + 2] = xv.z; bx[4 * v + 3] = xv.w;
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < 16; v++) bx[v] = 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t af[4] = {a0[2 * j], a1[2 * j], a0[2 * j + 1], a1[2 * j + 1]};
+            cu_mma_bf16_16816(acc, af, bx[2 * j], bx[2 * j + 1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) red[warp][r][lane] = acc[r];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        int el = threadIdx.x >> 5, l = threadIdx.x & 31;
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 8; ww++) v += red[ww][el][l];
+        int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
+        int m = 2 * (l & 3) + (el & 1);
+        if (m < M) {
+            size_t o = (size_t)m * N + n;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
+    }
+    __syncthreads(); /* red is rewritten by the next tile */
+}
+
+template <int U>
+__global__ void __launch_bounds__(256, U >= 8 ? 1 : 2) fp4_w4a16_persist_kernel(int M, int N, int K, const bf16 *__restrict__ x,
+                                                                   const uint8_t *__restrict__ w,
+                                                                   const uint8_t *__restrict__ sc, float scale2,
+                                                                   bf16 *__restrict__ y, int accumulate, int ntiles) {
+    __shared__ float red[8][4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int nchunks = K / W4_CHUNK, per = (nchunks + 7) / 8;
+    const int cb = warp * per, ce = min(nchunks, cb + per);
+    int tile = blockIdx.x;
+    if (tile >= ntiles) return;
+    w4_buf<U> A, B;
+    w4p_load<U>(A, w, sc, K, tile * 16, g, t, cb, ce);
+    for (;;) {
+        int nt = tile + gridDim.x;
+        if (nt < ntiles) w4p_load<U>(B, w, sc, K, nt * 16, g, t, cb, ce);
+        w4p_compute<U>(A, red, M, N, K, x, scale2, y, accumulate, tile * 16, lane, warp, cb, ce);
+        if (nt >= ntiles) break;
+        tile = nt;
+        nt = tile + gridDim.x;
+        if (nt < ntiles) w4p_load<U>(A, w, sc, K, nt * 16, g, t, cb, ce);
+        w4p_compute<U>(B, red, M, N, K, x, scale2, y, accumulate, tile * 16, lane, warp, cb, ce);
+        if (nt >= ntiles) break;
+        tile = nt;
+    }
+}
+
+template <int U>
+static void w4p_launch(const gemm_args *a, cudaStream_t st) {
+    static int occ = 0; /* blocks per SM, once per instance */
+    if (!occ) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp4_w4a16_persist_kernel<U>, 256, 0);
+        if (occ < 1) occ = 1;
+    }
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const lin_w *w = a->w;
+    int ntiles = w->N / 16;
+    int grid = occ * (sms > 0 ? sms : 1);
+    if (grid > ntiles) grid = ntiles;
+    fp4_w4a16_persist_kernel<U><<<grid, 256, 0, st>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                     (const uint8_t *)w->data, w->scale, w->scale2,
+                                                     (bf16 *)a->y, a->accumulate, ntiles);
+}
+
+template <int MT, int KW, int U>
+static void w4_launch(dim3 grid, cudaStream_t st, const gemm_args *a) {
+    const lin_w *w = a->w;
+    fp4_w4a16_kernel<MT, KW, U><<<grid, 32 * KW, 0, st>>>(
+        a->M, w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2,
+        (bf16 *)a->y, a->accumulate);
+}
+
+template <int MT, int U>
+static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a) {
+    switch (kw) {
+    case 1: w4_launch<MT, 1, U>(grid, st, a); break;
+    case 2: w4_launch<MT, 2, U>(grid, st, a); break;
+    case 4: w4_launch<MT, 4, U>(grid, st, a); break;
+    default: w4_launch<MT, 8, U>(grid, st, a); break;
+    }
+}
+
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=1
+ * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
+ * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
+ * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
+ * M <= 8 (4 or 8) shape the one-tile-per-block kernel. Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1;
+static void w4_knobs(void) {
+    if (g_w4_kw >= 0) return;
+    const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
+    const char *p = getenv("LASTSTAND_W4A16_PERSIST");
+    int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
+    g_w4_persist = p && !strcmp(p, "1");
+    g_w4_u = uv == 4 || uv == 8 ? uv : 4;
+    g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 ? kv : 0;
+}
+
+static int w4_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (d->cc_major < 8) {
+        snprintf(why, n, "mma.sync bf16 needs compute capability >= 8.0, this GPU is %d.%d",
+                 d->cc_major, d->cc_minor);
+        return 0;
+    }
+    if (s->K % W4_CHUNK || s->N % 16) {
+        snprintf(why, n, "needs K %% 128 == 0 and N %% 16 == 0 (N=%d K=%d)", s->N, s->K);
+        return 0;
+    }
+    return 1;
+}
+
+static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    const lin_w *w = a->w;
+    if (w->K % W4_CHUNK || w->N % 16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: needs K %% 128 == 0 and N %% 16 == 0 (N=%d K=%d)",
+                    w->N, w->K);
+    if (((uintptr_t)a->x | (uintptr_t)w->data) & 15 || (uintptr_t)w->scale & 1)
+        return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: x and weight must be 16-byte aligned, scales 2-byte");
+    if (a->M <= 0) return 0;
+    int nchunks = w->K / W4_CHUNK;
+    int mt = a->M <= 8 ? 1 : a->M <= 16 ? 2 : 4;
+    int mtiles = (a->M + 8 * mt - 1) / (8 * mt);
+    /* Split K over more warps until about 16 warps per SM have loads in flight
+     * (132 SMs on an H200), never below one chunk per warp. */
+    w4_knobs();
+    cudaStream_t st = (cudaStream_t)s;
+    if (mt == 1 && g_w4_persist && nchunks <= 64) {
+        int per = (nchunks + 7) / 8;
+        if (per <= 1) w4p_launch<1>(a, st);
+        else if (per <= 2) w4p_launch<2>(a, st);
+        else if (per <= 4) w4p_launch<4>(a, st);
+        else w4p_launch<8>(a, st);
+        CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (persistent)");
+        return 0;
+    }
+    /* M <= 8: split K as wide as the chunks allow (the H200 sweep in
+     * bench/RESULTS.md: 8 warps of 4 chunks beat 2 warps of 16 at [16384 x 4096]);
+     * larger M: about 16 warps per SM with loads in flight */
+    long tiles = (long)(w->N / 16) * mtiles;
+    int kw = 1;
+    if (mt == 1)
+        while (kw < 8 && nchunks >= 2 * kw) kw *= 2;
+    else
+        while (kw < 8 && tiles * kw < 2048 && nchunks >= 2 * kw) kw *= 2;
+    if (g_w4_kw > 0 && nchunks >= g_w4_kw) kw = g_w4_kw;
+    if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
+    dim3 grid(w->N / 16, mtiles);
+    if (mt == 1 && g_w4_u == 8) w4_launch_kw<1, 8>(kw, grid, st, a);
+    else if (mt == 1) w4_launch_kw<1, 4>(kw, grid, st, a);
+    else if (mt == 2) w4_launch_kw<2, 4>(kw, grid, st, a);
+    else w4_launch_kw<4, 4>(kw, grid, st, a);
+    CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4_supported, w4_run};
+
+/* ---- cuBLASLt state (per device, lazily) ------------------------------------- */
+
+enum { LT_MAX_DEV = 16, LT_WS_BYTES = 32 << 20, LT_CACHE = 64 };
+
+typedef struct lt_algo_entry {
+    int M, N, K, beta1, d32;
+    cublasLtMatmulAlgo_t algo;
+    int valid;
+} lt_algo_entry;
+
+typedef struct lt_state {
+    cublasLtHandle_t h;
+    void *ws;                 /* cuBLASLt workspace, LT_WS_BYTES */
+    void *wbuf;               /* dequantized BF16 weight */
+    size_t wbuf_cap;
+    lt_algo_entry cache[LT_CACHE];
+    int n_cache;
+    pthread_mutex_t mu;
+    int init;
+} lt_state;
+
+static lt_state g_lt[LT_MAX_DEV];
+static pthread_mutex_t g_lt_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int lt_get(lt_state **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= LT_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuBLASLt: device %d out of range", dev);
+    lt_state *L = &g_lt[dev];
+    pthread_mutex_lock(&g_lt_mu);
+    if (!L->init) {
+        cublasStatus_t st = cublasLtCreate(&L->h);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            pthread_mutex_unlock(&g_lt_mu);
+            return errf(e, ERR_RUNTIME, "cublasLtCreate: %s", cublasLtGetStatusString(st));
+        }
+        cudaError_t c = cudaMalloc(&L->ws, LT_WS_BYTES);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&g_lt_mu);
+            return cu_fail(e, c, "cuBLASLt workspace");
+        }
+        pthread_mutex_init(&L->mu, NULL);
+        L->init = 1;
+    }
+    pthread_mutex_unlock(&g_lt_mu);
+    *out = L;
+    return 0;
+}
+
+/* D[M,N] = alpha · A[M,K] · Wᵀ + beta · D (all BF16 row-major), as the
+ * column-major product Dᵀ[N,M] = W[N,K] · Aᵀ: opA = T on W (K x N col-major),
+ * opB = N on A (K x M col-major). Caller holds L->mu. */
+static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void *A, void *D, int d32,
+                     float alpha, float beta, cudaStream_t st, ls_err *e) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasStatus_t s;
+    int rc = 0;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+#define LT_TRY(x)                                                                       \
+    do {                                                                                \
+        s = (x);                                                                        \
+        if (s != CUBLAS_STATUS_SUCCESS) {                                               \
+            rc = errf(e, ERR_RUNTIME, "cuBLASLt %s: %s", #x, cublasLtGetStatusString(s)); \
+            goto done;                                                                  \
+        }                                                                               \
+    } while (0)
+    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lc, d32 ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
+    {
+        int beta1 = beta != 0.f;
+        lt_algo_entry *hit = NULL;
+        for (int i = 0; i < L->n_cache; i++)
+            if (L->cache[i].M == M && L->cache[i].N == N && L->cache[i].K == K &&
+                L->cache[i].beta1 == beta1 && L->cache[i].d32 == d32)
+                hit = &L->cache[i];
+        if (!hit) {
+            cublasLtMatmulPreference_t pref = NULL;
+            cublasLtMatmulHeuristicResult_t res;
+            int nres = 0;
+            size_t wsb = LT_WS_BYTES;
+            LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &wsb, sizeof wsb);
+            if (s == CUBLAS_STATUS_SUCCESS)
+                s = cublasLtMatmulAlgoGetHeuristic(L->h, op, la, lb, lc, lc, pref, 1, &res, &nres);
+            cublasLtMatmulPreferenceDestroy(pref);
+            if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
+                rc = errf(e, ERR_UNSUPPORTED, "cuBLASLt has no algorithm for M=%d N=%d K=%d: %s", M, N,
+                          K, cublasLtGetStatusString(s));
+                goto done;
+            }
+            int slot = L->n_cache < LT_CACHE ? L->n_cache++ : (M + N + K) % LT_CACHE;
+            L->cache[slot] = (lt_algo_entry){M, N, K, beta1, d32, res.algo, 1};
+            hit = &L->cache[slot];
+        }
+        LT_TRY(cublasLtMatmul(L->h, op, &alpha, W, la, A, lb, &beta, D, lc, D, lc, &hit->algo, L->ws,
+                              LT_WS_BYTES, st));
+    }
+done:
+#undef LT_TRY
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+/* ---- cuda_dequant_cublas ------------------------------------------------------- */
+
+/* One thread: 16 code bytes (32 elements, 2 scale blocks) -> 64 B of bf16. */
+__global__ void fp4_dequant_kernel(size_t n16, int K, const uint8_t *__restrict__ w,
+                                   const uint8_t *__restrict__ sc, bf16 *__restrict__ out) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n16) return;
+    uint4 v = cu_ld_stream16(w + i * 16);
+    size_t e0 = i * 32; /* first element; K % 32 == 0 so both blocks are in one row */
+    size_t row = e0 / K, kk = e0 % K;
+    const uint8_t *sr = sc + row * (K / 16) + kk / 16;
+    uint32_t sa = cu_scale_bf16x2(sr[0]), sb = cu_scale_bf16x2(sr[1]);
+    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+    uint4 *o = reinterpret_cast<uint4 *>(out + e0);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        uint32_t r[4];
+        cu_e2m1x8_to_bf16x8(q[j], r);
+        uint32_t s = j < 2 ? sa : sb;
+        o[j] = make_uint4(cu_bf16x2_mul(r[0], s), cu_bf16x2_mul(r[1], s), cu_bf16x2_mul(r[2], s),
+                          cu_bf16x2_mul(r[3], s));
+    }
+}
+
+static int dq_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->K % 32) {
+        snprintf(why, n, "needs K %% 32 == 0 (K=%d)", s->K);
+        return 0;
+    }
+    return 1;
+}
+
+static int dq_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    const lin_w *w = a->w;
+    if (w->K % 32) return errf(e, ERR_UNSUPPORTED, "cuda_dequant_cublas: needs K %% 32 == 0 (K=%d)", w->K);
+    if ((uintptr_t)w->data & 15)
+        return errf(e, ERR_UNSUPPORTED, "cuda_dequant_cublas: weight must be 16-byte aligned");
+    if (a->M <= 0) return 0;
+    lt_state *L;
+    if ((rc = lt_get(&L, e))) return rc;
+    pthread_mutex_lock(&L->mu);
+    size_t need = (size_t)w->N * w->K * 2;
+    if (need > L->wbuf_cap) {
+        if (L->wbuf) cudaFree(L->wbuf);
+        L->wbuf = NULL;
+        L->wbuf_cap = 0;
+        cudaError_t c = cudaMalloc(&L->wbuf, need);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&L->mu);
+            return cu_fail(e, c, "cuda_dequant_cublas workspace");
+        }
+        L->wbuf_cap = need;
+    }
+    cudaStream_t st = (cudaStream_t)s;
+    size_t n16 = (size_t)w->N * w->K / 32;
+    fp4_dequant_kernel<<<(unsigned)((n16 + 255) / 256), 256, 0, st>>>(
+        n16, w->K, (const uint8_t *)w->data, w->scale, (bf16 *)L->wbuf);
+    cudaError_t c = cudaGetLastError();
+    if (c != cudaSuccess) {
+        pthread_mutex_unlock(&L->mu);
+        return cu_fail(e, c, "fp4_gemm cuda_dequant_cublas (dequant)");
+    }
+    rc = lt_matmul(L, a->M, w->N, w->K, L->wbuf, a->x, a->y, 0, w->scale2, a->accumulate ? 1.f : 0.f, st,
+                   e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_dequant_cublas = {"cuda_dequant_cublas", DEV_CUDA, 0, dq_supported,
+                                                    dq_run};
+
+/* ---- test-only broken backends ------------------------------------------------- */
+
+__global__ void poison_nan_kernel(size_t n, bf16 *y) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 97;
+    if (i < n) y[i] = __float2bfloat16_rn(__int_as_float(0x7fc00000));
+}
+
+static int nan3072_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_ref_run(a, s, e);
+    if (rc || a->M != 3072) return rc;
+    size_t n = (size_t)a->M * a->w->N;
+    size_t thr = (n + 96) / 97;
+    poison_nan_kernel<<<(unsigned)((thr + 255) / 256), 256, 0, (cudaStream_t)s>>>(n, (bf16 *)a->y);
+    CU_LAUNCHED(e, "fp4_gemm cuda_broken_nan3072");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072 = {"cuda_broken_nan3072", DEV_CUDA, 1,
+                                                    fp4_ref_supported, nan3072_run};
+
+__global__ void illegal_kernel(bf16 *y) {
+    /* far past any allocation: the store faults with an illegal address */
+    bf16 *bad = y + ((size_t)1 << 40) + threadIdx.x;
+    *reinterpret_cast<volatile bf16 *>(bad) = __float2bfloat16_rn(1.f);
+}
+
+static int illegal_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    illegal_kernel<<<1, 32, 0, (cudaStream_t)s>>>((bf16 *)a->y);
+    CU_LAUNCHED(e, "fp4_gemm cuda_broken_illegal");
+    return 0;
+}
+
+const fp4_gemm_impl fp4_gemm_cuda_broken_illegal = {"cuda_broken_illegal", DEV_CUDA, 1,
+                                                    common_supported, illegal_run};
+
+static int sm100_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = fp4_check_args(a, e);
+    if (rc) return rc;
+    return lsc_broken_sm100_launch(a, s, e);
+}
+
+/* Declares itself supported everywhere, as a kernel library that only checks
+ * the device's name would: the missing sm_90 image is found by the launch. */
+const fp4_gemm_impl fp4_gemm_cuda_broken_sm100 = {"cuda_broken_sm100", DEV_CUDA, 1, common_supported,
+                                                  sm100_run};
+
+/* ---- gemm (BF16 weight) ---------------------------------------------------------- */
+
+static int bf_check(const gemm_args *a, const char *who, ls_err *e) {
+    if (!a->w || a->w->kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: weight %s is %s, needs BF16", who,
+                    a->w && a->w->name ? a->w->name : "?", a->w ? w_kind_name(a->w->kind) : "?");
+    if (a->dt != ACT_BF16)
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: activations must be BF16", who);
+    return 0;
+}
+
+static int bf_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (!common_supported(d, s, why, n)) return 0;
+    if (s->wk != W_BF16) {
+        snprintf(why, n, "weight must be BF16, got %s", w_kind_name(s->wk));
+        return 0;
+    }
+    return 1;
+}
+
+static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = bf_check(a, "cuda_cublaslt", e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    lt_state *L;
+    if ((rc = lt_get(&L, e))) return rc;
+    pthread_mutex_lock(&L->mu);
+    rc = lt_matmul(L, a->M, a->w->N, a->w->K, a->w->data, a->x, a->y, 0, 1.f, a->accumulate ? 1.f : 0.f,
+                   (cudaStream_t)s, e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}
+
+const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run};
+
+/* The BF16 reference: a plain shared-memory tiled product, fp32 accumulation
+ * in k order; a 64 x 64 output tile per block of 16 x 16 threads, 4 x 4 each. */
+__global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+                              bf16 *__restrict__ y, int accumulate) {
+    __shared__ float xs[16][65], ws[16][65];
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+    const int m0 = blockIdx.x * 64, n0 = blockIdx.y * 64;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        for (int i = tid; i < 16 * 64; i += 256) {
+            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the step */
+            int m = m0 + r, n = n0 + r, k = k0 + kk;
+            xs[kk][r] = m < M && k < K ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
+            ws[kk][r] = n < N && k < K ? __bfloat162float(w[(size_t)n * K + k]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xs[kk][ty + 16 * i], ws[kk][tx + 16 * j], acc[i][j]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m >= M || n >= N) continue;
+            size_t o = (size_t)m * N + n;
+            float v = acc[i][j];
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
+}
+
+static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = bf_check(a, "cuda_ref", e);
+    if (rc) return rc;
+    if (a->M <= 0) return 0;
+    dim3 grid((a->M + 63) / 64, (a->w->N + 63) / 64), block(16, 16);
+    if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "gemm cuda_ref: N=%d too large", a->w->N);
+    bf_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, a->w->N, a->w->K, (const bf16 *)a->x,
+                                                      (const bf16 *)a->w->data, (bf16 *)a->y,
+                                                      a->accumulate);
+    CU_LAUNCHED(e, "gemm cuda_ref");
+    return 0;
+}
+
+const gemm_impl gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, bf_supported, bf_ref_run};
+
+/* D[M,N] = alpha · A[M,K]·Wᵀ (+ beta·D), W and A BF16, D BF16 or (d32) fp32:
+ * for the other families of this module (the MoE router's fp32 logits). */
+int cu_lt_gemm(int M, int N, int K, const void *W, const void *A, void *D, int d32, float alpha,
+               float beta, cudaStream_t st, ls_err *e) {
+    lt_state *L;
+    int rc = lt_get(&L, e);
+    if (rc) return rc;
+    pthread_mutex_lock(&L->mu);
+    rc = lt_matmul(L, M, N, K, W, A, D, d32, alpha, beta, st, e);
+    pthread_mutex_unlock(&L->mu);
+    return rc;
+}

@@ -1,0 +1,113 @@
+"""`laststand doctor` on the CPU device (runs in CI, no GPU needed).
+
+Pins the behaviours of DESIGN.md section 4 that do not need a GPU:
+- each backend runs in a child process: the deliberately broken moe backends
+  (LASTSTAND_TEST_BROKEN_BACKENDS=1) are reported as `wrong` (cpu_broken_nan,
+  NaN outputs) and `crash` (cpu_broken_abort, SIGABRT), the doctor survives and
+  still chooses a correct backend for every bucket;
+- correctness is measured against an fp64 oracle (the reference's own error is
+  tiny but not zero), the JSON report and the cache file are written;
+- `--device cuda` on a machine without a GPU fails clearly (exit 1).
+The fixture model is HF transformers' tiny Qwen3.5-MoE NVFP4 checkpoint.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN, run_ls
+
+FIXTURE = "models/qwen3_5_moe_text-nvfp4"
+
+
+@pytest.fixture(scope="module")
+def fixture_model(shared_dir):
+    d = os.path.join(shared_dir, "fixtures", FIXTURE)
+    if not os.path.exists(os.path.join(d, "config.json")):
+        pytest.skip(f"{d} missing")
+    return d
+
+
+def doctor(tmp_path, *args, broken=False, timeout=300):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("LASTSTAND_TEST_BROKEN_BACKENDS", None)
+    if broken:
+        env["LASTSTAND_TEST_BROKEN_BACKENDS"] = "1"
+    return subprocess.run([BIN, "doctor", *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def table(rep, family):
+    return [t for t in rep["tables"] if t["family"] == family]
+
+
+def test_broken_moe_backends_eliminated_for_the_right_reason(ls_bin, fixture_model, tmp_path):
+    js = tmp_path / "rep.json"
+    p = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "moe",
+               "--m", "1,4,64", "--json", js, broken=True)
+    # the doctor lived through a child that aborted, and found a correct backend everywhere
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(js.read_text())
+    (t,) = table(rep, "moe")
+    assert t["backends"][0] == "cpu_ref"  # the reference is tried first (chain of trust)
+    assert {"cpu_broken_nan", "cpu_broken_abort", "cpu_grouped"} <= set(t["backends"])
+    for m in ("1", "4", "64"):
+        nan = t["cells"]["cpu_broken_nan"][m]
+        assert nan["status"] == "wrong" and "NaN" in nan["detail"] and f"M={m}" in nan["detail"]
+        ab = t["cells"]["cpu_broken_abort"][m]
+        assert ab["status"] == "crash"
+        assert t["cells"]["cpu_grouped"][m]["status"] == "ok"
+        assert t["chosen"][m] in ("cpu_ref", "cpu_grouped")
+        assert rep["choice"]["moe"][m] in ("cpu_ref", "cpu_grouped")
+    assert "SIGABRT" in t["cells"]["cpu_broken_abort"]["1"]["detail"]
+    # the matrix on stdout shows the verdicts
+    assert "❌ wrong" in p.stdout and "❌ crash" in p.stdout and "✅" in p.stdout
+    # the cache file was written under XDG_CACHE_HOME and is reused with --use-cache
+    cached = list((tmp_path / "cache" / "laststand").glob("doctor-*.json"))
+    assert len(cached) == 1
+    q = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "moe",
+               "--m", "1,4,64", "--use-cache", broken=True)
+    assert q.returncode == 0 and "using the cached decision" in q.stderr
+    assert "cpu_broken_abort" in q.stdout
+
+
+def test_gemm_families_checked_against_fp64_oracle(ls_bin, fixture_model, tmp_path):
+    js = tmp_path / "rep.json"
+    p = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "fp4_gemm,gemm",
+               "--m", "1,3,17", "--json", js)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(js.read_text())
+    fp4 = table(rep, "fp4_gemm")
+    # the fixture's experts (gate/up [48 x 128], down [128 x 48]) and shared expert are NVFP4
+    shapes = {tuple(int(v) for v in t["title"].split("[")[1].split("]")[0].split(" x ")) for t in fp4}
+    assert {(48, 128), (128, 48), (64, 128), (128, 64)} <= shapes
+    assert table(rep, "gemm"), "the router (BF16) is a gemm shape"
+    for t in fp4 + table(rep, "gemm"):
+        for m in ("1", "3", "17"):
+            c = t["cells"]["cpu_ref"][m]
+            assert c["status"] == "ok", c
+            assert c["reference"] == "cpu-fp64"
+            # fp32 accumulation vs fp64: small but measured (a comparison that cannot fail would give 0)
+            assert 0 <= c["rel_err"] < 1e-5
+            assert c["ms"] > 0
+
+
+def test_doctor_rejects_bad_input(ls_bin, tmp_path):
+    p = doctor(tmp_path, "--device", "cpu", "--shapes", "no-such-model")
+    assert p.returncode == 2 and "no-such-model" in p.stderr and "qwen3.5-397b-a17b" in p.stderr
+    p = doctor(tmp_path, "--device", "cpu", "--shapes", "qwen3.5-35b-a3b", "--model-path", "x")
+    assert p.returncode == 2
+    p = doctor(tmp_path, "--device", "tpu", "--shapes", "qwen3.5-35b-a3b")
+    assert p.returncode == 2 and "--device" in p.stderr
+    p = doctor(tmp_path, "--device", "cpu", "--shapes", "qwen3.5-35b-a3b", "--m", "0")
+    assert p.returncode == 2 and "--m" in p.stderr
+
+
+def test_doctor_cuda_without_gpu_fails_clearly(ls_bin, tmp_path):
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        pytest.skip("a GPU is present: covered by the GPU acceptance run (bench/RESULTS.md)")
+    p = doctor(tmp_path, "--device", "cuda", "--shapes", "qwen3.5-35b-a3b", timeout=60)
+    assert p.returncode == 1
+    assert "cuda" in p.stderr.lower() and "error" in p.stderr

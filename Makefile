@@ -30,7 +30,7 @@ NVARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=s
            -gencode arch=compute_90,code=compute_90
 NVFLAGS ?= -O3 -std=c++17 -lineinfo -Xcompiler -fPIC -Iinclude -Isrc $(NVARCH)
 CFLAGS  += -DLS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib64/stubs -lcudart_static -lcublasLt -lcublas -lrt -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib64/stubs -lcudart_static -lrt -lstdc++
 LDFLAGS += -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 

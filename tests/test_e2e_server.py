@@ -255,6 +255,35 @@ def test_completions_streaming_with_usage(srv, client, eos):
     assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
 
 
+# ---- SGLang native /generate -------------------------------------------------------------------
+
+def test_native_generate_text_ids_stream_and_batch(srv, eos):
+    ids = srv.tokenize(" and more")
+    status, out = srv.post_json("/generate", {"text": "Once upon", "sampling_params": {"max_new_tokens": 20},
+                                              "force_ids": ids + [eos]})
+    assert status == 200, out
+    assert out["text"] == " and more" and out["output_ids"] == ids
+    mi = out["meta_info"]
+    assert mi["finish_reason"] == {"type": "stop", "matched": eos}
+    assert mi["prompt_tokens"] == len(srv.tokenize("Once upon")) and mi["completion_tokens"] == len(ids) + 1
+    status, data = srv.post("/generate", {"input_ids": srv.tokenize("Once upon"), "stream": True,
+                                          "sampling_params": {"max_new_tokens": 20}, "force_ids": ids + [eos]})
+    events = [line[6:] for line in data.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["text"] == " and more" and last["meta_info"]["finish_reason"]["type"] == "stop"
+    texts = [json.loads(e)["text"] for e in events[:-1]]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))  # cumulative, as SGLang streams
+    status, out = srv.post_json("/generate", {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2,
+                                                                                     "temperature": 0}})
+    assert status == 200 and len(out) == 2
+    assert all(o["meta_info"]["finish_reason"] == {"type": "length", "length": 2} for o in out)
+    status, out = srv.post_json("/generate", {"text": "x", "sampling_params": {"ignore_eos": True}})
+    assert out["meta_info"]["completion_tokens"] == 128  # SGLang's default max_new_tokens
+    status, out = srv.post_json("/generate", {"sampling_params": {}})
+    assert status == 400 and "text and input_ids" in out["error"]["message"]
+
+
 # ---- metrics --------------------------------------------------------------------------------
 
 def test_metrics_count_tokens_and_expose_histograms(srv, client):

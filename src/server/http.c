@@ -193,6 +193,7 @@ static void dispatch(srv *sv, srv_conn *c, const char *url, const char *method, 
     }
     if (!strcmp(url, "/v1/chat/completions")) { if (!post) goto bad_method; route_chat(sv, c, body, len, rs); return; }
     if (!strcmp(url, "/v1/completions")) { if (!post) goto bad_method; route_completions(sv, c, body, len, rs); return; }
+    if (!strcmp(url, "/generate")) { if (!post) goto bad_method; route_generate(sv, c, body, len, rs); return; }
     if (!strcmp(url, "/v1/models")) { if (!get) goto bad_method; route_models(sv, NULL, rs); return; }
     if (!strncmp(url, "/v1/models/", 11)) { if (!get) goto bad_method; route_models(sv, url + 11, rs); return; }
     if (!strcmp(url, "/health_generate")) { if (!get) goto bad_method; route_health_generate(sv, rs); return; }

@@ -249,6 +249,7 @@ int srv_conn_gone(srv_conn *c);
 /* Routes (each fills rs). body may be NULL for GET. */
 void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs);
 void route_completions(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs);
+void route_generate(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs); /* SGLang native */
 void route_models(srv *sv, const char *model_id, srv_resp *rs);
 void route_health_generate(srv *sv, srv_resp *rs);
 void route_model_info(srv *sv, srv_resp *rs);

@@ -30,6 +30,7 @@
 #include "ops/cuda/cu_util.h"
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -482,6 +483,94 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
 
 const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4_supported, w4_run};
 
+/* ---- cuBLASLt, loaded on first use ------------------------------------------------ */
+/* libcublasLt is 540 MB: linking it made every start of the binary (every CLI
+ * call, every doctor child) pay ~0.6 s before main(). It is dlopen()ed the first
+ * time a backend needs it instead; the binary's RUNPATH ($CUDA_HOME/lib64) and
+ * the usual library path are searched. */
+typedef struct lt_api {
+    decltype(&cublasLtCreate) Create;
+    decltype(&cublasLtGetStatusString) GetStatusString;
+    decltype(&cublasLtMatmul) Matmul;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
+    decltype(&cublasLtMatmulDescCreate) MatmulDescCreate;
+    decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy;
+    decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
+    decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
+    decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
+    decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
+    decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+} lt_api;
+static lt_api g_api;
+static char g_api_err[256];
+static pthread_once_t g_api_once = PTHREAD_ONCE_INIT;
+
+static void lt_api_load(void) {
+    static const char *const libs[] = {"libcublasLt.so.13", "libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so.13"};
+    void *h = NULL;
+    for (size_t i = 0; !h && i < sizeof libs / sizeof libs[0]; i++) h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(g_api_err, sizeof g_api_err, "cannot load libcublasLt.so.13: %s", dlerror());
+        return;
+    }
+    if (!(g_api.Create = (decltype(&cublasLtCreate))dlsym(h, "cublasLtCreate"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtCreate");
+        return;
+    }
+    if (!(g_api.GetStatusString = (decltype(&cublasLtGetStatusString))dlsym(h, "cublasLtGetStatusString"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtGetStatusString");
+        return;
+    }
+    if (!(g_api.Matmul = (decltype(&cublasLtMatmul))dlsym(h, "cublasLtMatmul"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmul");
+        return;
+    }
+    if (!(g_api.MatmulAlgoGetHeuristic = (decltype(&cublasLtMatmulAlgoGetHeuristic))dlsym(h, "cublasLtMatmulAlgoGetHeuristic"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulAlgoGetHeuristic");
+        return;
+    }
+    if (!(g_api.MatmulDescCreate = (decltype(&cublasLtMatmulDescCreate))dlsym(h, "cublasLtMatmulDescCreate"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulDescCreate");
+        return;
+    }
+    if (!(g_api.MatmulDescDestroy = (decltype(&cublasLtMatmulDescDestroy))dlsym(h, "cublasLtMatmulDescDestroy"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulDescDestroy");
+        return;
+    }
+    if (!(g_api.MatmulDescSetAttribute = (decltype(&cublasLtMatmulDescSetAttribute))dlsym(h, "cublasLtMatmulDescSetAttribute"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulDescSetAttribute");
+        return;
+    }
+    if (!(g_api.MatmulPreferenceCreate = (decltype(&cublasLtMatmulPreferenceCreate))dlsym(h, "cublasLtMatmulPreferenceCreate"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulPreferenceCreate");
+        return;
+    }
+    if (!(g_api.MatmulPreferenceDestroy = (decltype(&cublasLtMatmulPreferenceDestroy))dlsym(h, "cublasLtMatmulPreferenceDestroy"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulPreferenceDestroy");
+        return;
+    }
+    if (!(g_api.MatmulPreferenceSetAttribute = (decltype(&cublasLtMatmulPreferenceSetAttribute))dlsym(h, "cublasLtMatmulPreferenceSetAttribute"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatmulPreferenceSetAttribute");
+        return;
+    }
+    if (!(g_api.MatrixLayoutCreate = (decltype(&cublasLtMatrixLayoutCreate))dlsym(h, "cublasLtMatrixLayoutCreate"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatrixLayoutCreate");
+        return;
+    }
+    if (!(g_api.MatrixLayoutDestroy = (decltype(&cublasLtMatrixLayoutDestroy))dlsym(h, "cublasLtMatrixLayoutDestroy"))) {
+        snprintf(g_api_err, sizeof g_api_err, "libcublasLt has no cublasLtMatrixLayoutDestroy");
+        return;
+    }
+}
+
+/* 0, or ERR_UNSUPPORTED naming what is missing */
+static int lt_api_get(ls_err *e) {
+    pthread_once(&g_api_once, lt_api_load);
+    if (g_api_err[0]) return errf(e, ERR_UNSUPPORTED, "cuBLASLt: %s", g_api_err);
+    return 0;
+}
+
 /* ---- cuBLASLt state (per device, lazily) ------------------------------------- */
 
 enum { LT_MAX_DEV = 16, LT_WS_BYTES = 32 << 20, LT_CACHE = 64 };
@@ -507,16 +596,18 @@ static lt_state g_lt[LT_MAX_DEV];
 static pthread_mutex_t g_lt_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int lt_get(lt_state **out, ls_err *e) {
+    int rc = lt_api_get(e);
+    if (rc) return rc;
     int dev = 0;
     CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
     if (dev < 0 || dev >= LT_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuBLASLt: device %d out of range", dev);
     lt_state *L = &g_lt[dev];
     pthread_mutex_lock(&g_lt_mu);
     if (!L->init) {
-        cublasStatus_t st = cublasLtCreate(&L->h);
+        cublasStatus_t st = g_api.Create(&L->h);
         if (st != CUBLAS_STATUS_SUCCESS) {
             pthread_mutex_unlock(&g_lt_mu);
-            return errf(e, ERR_RUNTIME, "cublasLtCreate: %s", cublasLtGetStatusString(st));
+            return errf(e, ERR_RUNTIME, "cublasLtCreate: %s", g_api.GetStatusString(st));
         }
         cudaError_t c = cudaMalloc(&L->ws, LT_WS_BYTES);
         if (c != cudaSuccess) {
@@ -545,16 +636,16 @@ static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void
     do {                                                                                \
         s = (x);                                                                        \
         if (s != CUBLAS_STATUS_SUCCESS) {                                               \
-            rc = errf(e, ERR_RUNTIME, "cuBLASLt %s: %s", #x, cublasLtGetStatusString(s)); \
+            rc = errf(e, ERR_RUNTIME, "cuBLASLt %s: %s", #x, g_api.GetStatusString(s)); \
             goto done;                                                                  \
         }                                                                               \
     } while (0)
-    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    LT_TRY(cublasLtMatrixLayoutCreate(&lc, d32 ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
+    LT_TRY(g_api.MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(g_api.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(g_api.MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(g_api.MatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
+    LT_TRY(g_api.MatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
+    LT_TRY(g_api.MatrixLayoutCreate(&lc, d32 ? CUDA_R_32F : CUDA_R_16BF, N, M, N));
     {
         int beta1 = beta != 0.f;
         lt_algo_entry *hit = NULL;
@@ -567,30 +658,30 @@ static int lt_matmul(lt_state *L, int M, int N, int K, const void *W, const void
             cublasLtMatmulHeuristicResult_t res;
             int nres = 0;
             size_t wsb = LT_WS_BYTES;
-            LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
-            s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            LT_TRY(g_api.MatmulPreferenceCreate(&pref));
+            s = g_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &wsb, sizeof wsb);
             if (s == CUBLAS_STATUS_SUCCESS)
-                s = cublasLtMatmulAlgoGetHeuristic(L->h, op, la, lb, lc, lc, pref, 1, &res, &nres);
-            cublasLtMatmulPreferenceDestroy(pref);
+                s = g_api.MatmulAlgoGetHeuristic(L->h, op, la, lb, lc, lc, pref, 1, &res, &nres);
+            g_api.MatmulPreferenceDestroy(pref);
             if (s != CUBLAS_STATUS_SUCCESS || nres < 1) {
                 rc = errf(e, ERR_UNSUPPORTED, "cuBLASLt has no algorithm for M=%d N=%d K=%d: %s", M, N,
-                          K, cublasLtGetStatusString(s));
+                          K, g_api.GetStatusString(s));
                 goto done;
             }
             int slot = L->n_cache < LT_CACHE ? L->n_cache++ : (M + N + K) % LT_CACHE;
             L->cache[slot] = (lt_algo_entry){M, N, K, beta1, d32, res.algo, 1};
             hit = &L->cache[slot];
         }
-        LT_TRY(cublasLtMatmul(L->h, op, &alpha, W, la, A, lb, &beta, D, lc, D, lc, &hit->algo, L->ws,
+        LT_TRY(g_api.Matmul(L->h, op, &alpha, W, la, A, lb, &beta, D, lc, D, lc, &hit->algo, L->ws,
                               LT_WS_BYTES, st));
     }
 done:
 #undef LT_TRY
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (lc) g_api.MatrixLayoutDestroy(lc);
+    if (lb) g_api.MatrixLayoutDestroy(lb);
+    if (la) g_api.MatrixLayoutDestroy(la);
+    if (op) g_api.MatmulDescDestroy(op);
     return rc;
 }
 

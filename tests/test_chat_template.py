@@ -104,6 +104,20 @@ def test_qwen35_template_without_tools_key_equals_tools_null(shared_dir, ls_bin,
     assert a.stdout == b.stdout == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
 
 
+def test_tool_use_template_is_chosen_with_tools_like_transformers(shared_dir, ls_bin, tmp_path):
+    cfg = json.load(open(os.path.join(TOKDIR, "tokenizer_config.json")))
+    cfg["chat_template"] = [{"name": "default", "template": "D{{ messages|length }}"},
+                            {"name": "tool_use", "template": "T{{ tools|length }}{{ eos_token }}"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    msgs = [{"role": "user", "content": "x"}]
+    name, oracle = _oracle(str(tmp_path))
+    for tools in (None, [{"type": "function", "function": {"name": "f"}}]):
+        req = {"messages": msgs} if tools is None else {"messages": msgs, "tools": tools}
+        r = render(tmp_path, req, tokdir=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == oracle(msgs, tools, None, False, {}), name
+
+
 def test_cli_reports_bad_request_and_bad_template(shared_dir, ls_bin, tmp_path):
     p = tmp_path / "bad.json"
     p.write_text('{"messages": [', encoding="utf-8")
@@ -158,6 +172,9 @@ def _oracle(tokdir):
         def fn(messages, tools, template, agp, kwargs):
             if not messages:
                 raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+            if template is None and isinstance(own, list):  # named templates: tool_use with tools, else default
+                named = {t["name"]: t["template"] for t in own}
+                template = named["tool_use"] if tools is not None and "tool_use" in named else named["default"]
             return env.from_string(template or own).render(messages=messages, tools=tools, documents=None,
                                                            add_generation_prompt=agp, **{**special, **kwargs})
         return f"jinja2 {jinja2.__version__} in transformers' environment (transformers unavailable: {exc})", fn

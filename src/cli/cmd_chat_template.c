@@ -3,7 +3,8 @@
  *   laststand chat-template --tokenizer-path DIR [--chat-template FILE] --request FILE
  *
  * Renders the model's own chat template (chat_template.jinja, else the
- * tokenizer_config.json "chat_template"), or FILE's, for a request
+ * tokenizer_config.json "chat_template"; its "tool_use" template when the request
+ * has tools, as transformers does), or FILE's, for a request
  * {"messages", "tools", "add_generation_prompt", "chat_template_kwargs"} the way
  * transformers' apply_chat_template does, with bos/eos/pad/unk_token taken from
  * DIR/tokenizer_config.json (transformers' special_tokens_map). Prints the text raw on stdout (no newline added).
@@ -15,9 +16,11 @@
 #include "tok/jinja.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand chat-template --tokenizer-path DIR [--chat-template FILE] --request FILE\n"
@@ -63,28 +66,45 @@ int cmd_chat_template(int argc, char **argv) {
 
     ls_err e = {0};
     char *tmpl_src = NULL;
+    json_error_t je;
+    json_t *req = !strcmp(req_path, "-") ? json_loadf(stdin, 0, &je) : json_load_file(req_path, 0, &je);
+    if (!req) {
+        fprintf(stderr, "laststand: error: --request %s: line %d, column %d: %s\n", req_path, je.line, je.column, je.text);
+        return 2;
+    }
     const char *tmpl_name;
-    char cfg_path[4096];
+    char cfg_path[4096], origin[8400];
     snprintf(cfg_path, sizeof cfg_path, "%s/tokenizer_config.json", tok_dir);
     if (tmpl_path) {
         tmpl_src = read_file(tmpl_path, NULL, &e);
         tmpl_name = tmpl_path;
-        if (!tmpl_src) { fprintf(stderr, "laststand: error: --chat-template %s: %s\n", tmpl_path, e.msg); return 2; }
+        if (!tmpl_src) {
+            fprintf(stderr, "laststand: error: --chat-template %s: %s\n", tmpl_path, e.msg);
+            json_decref(req);
+            return 2;
+        }
     } else {
-        tmpl_src = jinja_find_chat_template(tok_dir, &e);
-        if (!tmpl_src) { fprintf(stderr, "laststand: error: --tokenizer-path %s\n", e.msg); return 2; }
-        static char name[4200];
-        char jpath[4096];
-        snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", tok_dir);
-        FILE *f = fopen(jpath, "r");
-        snprintf(name, sizeof name, "%s", f ? jpath : cfg_path);
-        if (f) fclose(f);
-        tmpl_name = name;
+        /* like transformers: the "tool_use" template when tools are given and the model has one */
+        json_t *tools = json_object_get(req, "tools");
+        bool tool_use = false;
+        if (tools && !json_is_null(tools))
+            tool_use = (tmpl_src = jinja_find_named_chat_template(tok_dir, "tool_use", &e)) != NULL;
+        if (!tmpl_src) tmpl_src = jinja_find_chat_template(tok_dir, &e);
+        if (!tmpl_src) {
+            fprintf(stderr, "laststand: error: --tokenizer-path %s\n", e.msg);
+            json_decref(req);
+            return 2;
+        }
+        /* name the file the template came from, for error messages */
+        snprintf(origin, sizeof origin, "%s/%s", tok_dir,
+                 tool_use ? "additional_chat_templates/tool_use.jinja" : "chat_template.jinja");
+        if (access(origin, F_OK) != 0)
+            snprintf(origin, sizeof origin, "%s (chat_template%s)", cfg_path, tool_use ? " \"tool_use\"" : "");
+        tmpl_name = origin;
     }
 
     /* bos/eos as transformers passes them (special_tokens_map); absent file: none */
     char *bos = NULL, *eos = NULL, *pad = NULL, *unk = NULL;
-    json_error_t je;
     json_t *cfg = json_load_file(cfg_path, 0, &je);
     if (cfg) {
         bos = special_token(cfg, "bos_token");
@@ -94,14 +114,9 @@ int cmd_chat_template(int argc, char **argv) {
         json_decref(cfg);
     }
 
-    json_t *req = !strcmp(req_path, "-") ? json_loadf(stdin, 0, &je) : json_load_file(req_path, 0, &je);
     int rc = 2;
     jinja_tmpl *t = NULL;
     char *out = NULL;
-    if (!req) {
-        fprintf(stderr, "laststand: error: --request %s: line %d, column %d: %s\n", req_path, je.line, je.column, je.text);
-        goto done;
-    }
     /* transformers also passes pad_token/unk_token (its special_tokens_map), under the kwargs */
     json_t *kw = json_object_get(req, "chat_template_kwargs");
     if (json_is_object(req) && (pad || unk) && (!kw || json_is_null(kw) || json_is_object(kw))) {

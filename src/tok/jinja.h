@@ -28,6 +28,14 @@ int jinja_render(const jinja_tmpl *t, json_t *vars, char **out, int *raised, ls_
  * taking "default"). Returns malloc'd text or NULL with e filled. */
 char *jinja_find_chat_template(const char *dir, ls_err *e);
 
+/* A named template of a model folder, as transformers resolves names (additive):
+ * "default" is what jinja_find_chat_template returns; another NAME comes from
+ * additional_chat_templates/NAME.jinja when chat_template.jinja or that folder exist,
+ * else from the tokenizer_config.json list entry {"name": NAME}. transformers'
+ * apply_chat_template renders "tool_use" instead of "default" when tools are given
+ * and the model has one. Returns malloc'd text, or NULL with e filled when absent. */
+char *jinja_find_named_chat_template(const char *dir, const char *name, ls_err *e);
+
 /* Convenience: render a chat request the way transformers' apply_chat_template
  * does. req: {"messages":[...], "tools":[...]?, "add_generation_prompt":bool?,
  * "chat_template_kwargs":{...}?}; bos/eos may be NULL. */

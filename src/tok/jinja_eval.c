@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { CTRL_BREAK = 1, CTRL_CONTINUE = 2 };
 
@@ -972,6 +973,37 @@ int jinja_apply_chat(const jinja_tmpl *t, json_t *req, const char *bos, const ch
     int rc = jinja_render(t, vars, out, raised, e);
     json_decref(vars);
     return rc;
+}
+
+char *jinja_find_named_chat_template(const char *dir, const char *name, ls_err *e) {
+    if (!strcmp(name, "default")) return jinja_find_chat_template(dir, e);
+    char path[8400], jpath[4096], dpath[4096];
+    snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", dir);
+    snprintf(dpath, sizeof dpath, "%s/additional_chat_templates", dir);
+    snprintf(path, sizeof path, "%s/%s.jinja", dpath, name);
+    ls_err tmp;
+    char *s = read_file(path, NULL, &tmp);
+    if (s) return s;
+    if (access(jpath, F_OK) == 0 || access(dpath, F_OK) == 0) { /* template files take priority */
+        errf(e, ERR_INVAL, "%s: no chat template named \"%s\"", dir, name);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    json_t *ct = cfg ? json_object_get(cfg, "chat_template") : NULL;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_is_array(ct) ? ct : NULL, i, x) {
+        json_t *nm = json_object_get(x, "name"), *tp = json_object_get(x, "template");
+        if (json_is_string(nm) && !strcmp(json_string_value(nm), name) && json_is_string(tp)) {
+            s = xstrdup(json_string_value(tp));
+            break;
+        }
+    }
+    json_decref(cfg);
+    if (!s) errf(e, ERR_INVAL, "%s: no chat template named \"%s\"", dir, name);
+    return s;
 }
 
 char *jinja_find_chat_template(const char *dir, ls_err *e) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tok/jinja.h"
@@ -267,6 +268,24 @@ static void test_find_chat_template_prefers_jinja_file_then_config(void **s) {
     unlink(p2);
     assert_null(jinja_find_chat_template(dir, &e));
     assert_non_null(strstr(e.msg, "default"));
+    /* named templates: the tokenizer_config list, then additional_chat_templates/NAME.jinja */
+    write_text(p1, "{\"chat_template\": [{\"name\": \"default\", \"template\": \"D\"}, {\"name\": \"tool_use\", \"template\": \"T\"}]}");
+    t = jinja_find_named_chat_template(dir, "tool_use", &e);
+    assert_string_equal(t, "T");
+    free(t);
+    assert_null(jinja_find_named_chat_template(dir, "rag", &e));
+    char sub[256], p3[300];
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates", dir);
+    snprintf(p3, sizeof p3, "%s/tool_use.jinja", sub);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    write_text(p3, "TF");
+    t = jinja_find_named_chat_template(dir, "tool_use", &e);
+    assert_string_equal(t, "TF");
+    free(t);
+    unlink(p3);
+    /* template files present: the config list is not consulted any more, as in transformers */
+    assert_null(jinja_find_named_chat_template(dir, "tool_use", &e));
+    rmdir(sub);
     unlink(p1);
     rmdir(dir);
 }

@@ -181,11 +181,15 @@ def test_bad_generate_values_and_ids(ls_bin, shared_dir):
     assert p.returncode == 2 and "1024" in p.stderr
 
 
-def test_cuda_device_without_backend(ls_bin, shared_dir):
-    p = run_ls("logits", "--model-path", os.path.join(MODELS, "qwen3"), "--ids", "1", "--device", "cuda")
-    if p.returncode == 0:
-        pytest.skip("this build has a CUDA backend")
-    assert p.returncode == 2 and "CUDA" in p.stderr
+def test_cuda_device_without_gpu_exits_1(ls_bin, shared_dir):
+    """--device cuda on a machine (or build) without a GPU: exit 1, one clear line."""
+    for cmd in ("logits", "generate"):
+        p = run_ls(cmd, "--model-path", os.path.join(MODELS, "qwen3"), "--ids", "1", "--device", "cuda")
+        if p.returncode == 0:
+            pytest.skip("this machine has a CUDA device")
+        assert p.returncode == 1, (cmd, p.returncode, p.stderr)
+        assert "no CUDA device: " in p.stderr, (cmd, p.stderr)
+        assert "Traceback" not in p.stderr and "Segmentation" not in p.stderr
 
 
 def test_generate_prompt_and_text_match_hf_tokenizers(ls_bin, demo_model):

@@ -6,8 +6,18 @@
  *   per layer:  h += attn_or_gdn(norm_in(h));  h += mlp_or_moe(norm_post(h))
  *   logits = lm_head(norm_final(h))            for the rows that want logits
  *
+ * Devices: the same code runs on the CPU (fp32 activations, views into the
+ * safetensors mapping) and on CUDA (BF16 activations; every weight copied
+ * once at open into one device allocation, BF16 stays BF16, NVFP4 stays
+ * packed with its E4M3 scales, 1-D parameters fp32). All memory the forward
+ * pass touches is on the model's device: the weights, the caches (KV pool in
+ * kv_dt, GDN state fp32) and the workspace (mws: activations and the step's
+ * token/sequence/page tables, uploaded with one copy per step); the host
+ * gets back only the logits rows.
+ *
  * Owns: the safetensors set (weights are views into its mapping), fp32
- * copies of the 1-D parameters, the cache memory. Tensor names carry the
+ * copies of the 1-D parameters, rows permuted at load (gated q_proj,
+ * Qwen3-Next's fused projections), the device weights, caches, workspace. Tensor names carry the
  * prefix `model.` or `model.language_model.`; `lm_head.weight` is top level;
  * `model.visual.*` and `mtp.*` are ignored. A linear is NVFP4 exactly when
  * `<p>.weight` is U8 and `<p>.weight_scale` exists.
@@ -54,6 +64,31 @@ const st_tensor *mdl_tensor(model *m, const char *name) {
 static int ptr_cmp(const void *a, const void *b) {
     uintptr_t x = (uintptr_t) * (const void *const *)a, y = (uintptr_t) * (const void *const *)b;
     return x < y ? -1 : x > y;
+}
+
+void mdl_take_rows(model *m, const lin_w *w, const int *rows, int n, lin_w *out) {
+    size_t rb, sb = 0; /* bytes per row of data and of scales */
+    switch (w->kind) {
+    case W_F32: rb = (size_t)w->K * 4; break;
+    case W_BF16: case W_F16: rb = (size_t)w->K * 2; break;
+    default: rb = (size_t)w->K / 2; sb = (size_t)w->K / 16; break;
+    }
+    char *d = mdl_alloc(m, rb * n);
+    uint8_t *sc = sb ? mdl_alloc(m, sb * n) : NULL;
+    for (int i = 0; i < n; i++) {
+        memcpy(d + rb * i, (const char *)w->data + rb * rows[i], rb);
+        if (sb) memcpy(sc + sb * i, w->scale + sb * rows[i], sb);
+    }
+    *out = *w;
+    out->N = n;
+    out->data = d;
+    out->scale = sc;
+}
+
+int mdl_op_err(int rc, const char *op, int layer, ls_err *e) {
+    if (!rc) return 0;
+    if (layer < 0) return errf(e, rc, "forward: %s failed (code %d)", op, rc);
+    return errf(e, rc, "layer %d: %s failed (code %d)", layer, op, rc);
 }
 
 /* Tensors the text model never looked at (vision tower and MTP head aside):
@@ -212,16 +247,31 @@ static int bind_all(model *m, ls_err *e) {
     return 0;
 }
 
+/* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
+ * No usable GPU for "cuda" is ERR_UNSUPPORTED "no CUDA device: <why>" (exit 1). */
 static int open_device(model *m, const model_opts *o, ls_err *e) {
-    const char *dev = o && o->device ? o->device : "cpu";
-    if (!strcmp(dev, "cuda"))
-        return errf(e, ERR_UNSUPPORTED, "this build/device has no CUDA backend");
-    if (strcmp(dev, "cpu"))
+    const char *dev = o && o->device ? o->device : NULL;
+    if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
         return errf(e, ERR_INVAL, "unknown device '%s' (valid: cpu, cuda)", dev);
     if (o && o->tp > 1)
-        return errf(e, ERR_UNSUPPORTED, "tensor parallelism (tp=%d) is not supported by the CPU forward yet", o->tp);
+        return errf(e, ERR_UNSUPPORTED, "tensor parallelism (tp=%d) is not supported yet", o->tp);
     dev_info d;
-    ops_cpu_dev(&d);
+    ls_stream stream = NULL;
+    m->mem = &dev_mem_cpu;
+    if (!dev || !strcmp(dev, "cuda")) {
+        const dev_mem *cm = ops_dev_mem(DEV_CUDA);
+        ls_err ce = {0};
+        int rc = cm ? cm->open(0, &d, &stream, &ce)
+                    : errf(&ce, ERR_UNSUPPORTED, "this build has no CUDA support (built with NO_CUDA=1)");
+        if (rc == 0) {
+            m->mem = cm;
+        } else if (dev) {
+            return errf(e, ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
+        } else {
+            log_debug("device: no CUDA device (%s); using the CPU", ce.msg);
+        }
+    }
+    if (m->mem == &dev_mem_cpu) m->mem->open(0, &d, &stream, e);
     ops_names n = {0};
     if (o) {
         n.fp4_gemm = o->fp4_gemm_backend;
@@ -229,7 +279,122 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         n.attention = o->attention_backend;
         n.gdn = o->gdn_backend;
     }
-    return ops_select(&d, &n, &m->ops, e);
+    int rc = ops_select(&d, &n, &m->ops, e);
+    m->ops.stream = stream;
+    m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
+    return rc;
+}
+
+/* ---- weights on the device ------------------------------------------------ */
+
+/* Visit every weight of the model: lin_w (data + scales) and the fp32 1-D
+ * parameters with their lengths. The tied lm_head is skipped (it is the
+ * embedding). */
+typedef struct wvisit {
+    model *m;
+    char *dev;       /* pass 2: the device allocation */
+    size_t off;      /* bytes placed so far (pass 1: counted) */
+    ls_err *e;
+    int rc;
+} wvisit;
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void *place(wvisit *v, const void *src, size_t n) {
+    void *dst = v->dev ? v->dev + v->off : NULL;
+    v->off += align256(n);
+    if (v->dev && !v->rc && n) v->rc = v->m->mem->h2d(dst, src, n, v->m->ops.stream, v->e);
+    return dst;
+}
+
+static void visit_lin(wvisit *v, lin_w *w) {
+    if (!w->data) return;
+    size_t nk = (size_t)w->N * w->K;
+    size_t db = w->kind == W_NVFP4 ? nk / 2 : lin_bytes(w);
+    const void *d = place(v, w->data, db);
+    const void *s = w->kind == W_NVFP4 ? place(v, w->scale, nk / 16) : NULL;
+    if (v->dev) {
+        w->data = d;
+        w->scale = s;
+    }
+}
+
+static void visit_vec(wvisit *v, float **p, size_t n) {
+    if (!*p) return;
+    float *d = place(v, *p, n * sizeof(float));
+    if (v->dev) *p = d;
+}
+
+static void visit_all(wvisit *v) {
+    model *m = v->m;
+    const model_config *c = &m->cfg;
+    const int H = c->hidden, hd = c->head_dim;
+    const size_t conv_dim = (size_t)2 * c->lin_k_heads * c->lin_k_dim + (size_t)c->lin_v_heads * c->lin_v_dim;
+    visit_lin(v, &m->embed);
+    if (!c->tie_embeddings) visit_lin(v, &m->lm_head);
+    visit_vec(v, &m->final_norm, H);
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_w *L = &m->layers[l];
+        visit_vec(v, &L->in_norm, H);
+        visit_vec(v, &L->post_norm, H);
+        if (L->type == LAYER_FULL_ATTN) {
+            attn_layer_w *a = &L->attn;
+            visit_lin(v, &a->q);
+            visit_lin(v, &a->gate);
+            visit_lin(v, &a->k);
+            visit_lin(v, &a->v);
+            visit_lin(v, &a->o);
+            visit_vec(v, &a->q_norm, hd);
+            visit_vec(v, &a->k_norm, hd);
+        } else {
+            gdn_layer_w *g = &L->gdn;
+            visit_lin(v, &g->qkv);
+            visit_lin(v, &g->z);
+            visit_lin(v, &g->b);
+            visit_lin(v, &g->a);
+            visit_lin(v, &g->out);
+            visit_vec(v, &g->norm, c->lin_v_dim);
+            float *cw = (float *)g->g.conv_w, *al = (float *)g->g.A_log, *db = (float *)g->g.dt_bias;
+            visit_vec(v, &cw, conv_dim * c->lin_conv);
+            visit_vec(v, &al, c->lin_v_heads);
+            visit_vec(v, &db, c->lin_v_heads);
+            g->g.conv_w = cw;
+            g->g.A_log = al;
+            g->g.dt_bias = db;
+        }
+        if (L->dense) {
+            visit_lin(v, &L->mlp.gate);
+            visit_lin(v, &L->mlp.up);
+            visit_lin(v, &L->mlp.down);
+        } else {
+            moe_w *w = &L->moe;
+            visit_lin(v, &w->router);
+            for (int x = 0; x < 3 * w->n_experts; x++) visit_lin(v, &L->experts[x]);
+            visit_lin(v, &w->sh_gate);
+            visit_lin(v, &w->sh_up);
+            visit_lin(v, &w->sh_down);
+            visit_lin(v, &w->sh_gate_w);
+        }
+    }
+    if (v->dev && c->tie_embeddings) m->lm_head = m->embed;
+}
+
+/* Copy every weight to the device once (no-op on the CPU). */
+static int upload_weights(model *m, ls_err *e) {
+    if (m->ops.dev.kind == DEV_CPU) return 0;
+    wvisit v = {.m = m, .e = e};
+    visit_all(&v); /* pass 1: sizes */
+    size_t total = v.off;
+    if (!(m->dev_weights = m->mem->alloc(total, e)))
+        return err_prefix(e, "%s: %.2f GiB of weights on %s", m->path, total / 1073741824.0,
+                          m->ops.dev.name);
+    v.dev = m->dev_weights;
+    v.off = 0;
+    visit_all(&v); /* pass 2: copy, repoint */
+    if (!v.rc) v.rc = m->mem->sync(m->ops.stream, e);
+    if (v.rc) return err_prefix(e, "%s: uploading the weights", m->path);
+    log_info("%s: %.2f GiB of weights on %s", m->path, total / 1073741824.0, m->ops.dev.name);
+    return 0;
 }
 
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
@@ -257,20 +422,37 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     warn_unused(m);
+    if ((rc = upload_weights(m, e))) { model_close(m); return rc; }
     *out = m;
     return 0;
 }
 
-static void cache_free(mcache *c) {
-    free(c->kv);
-    free(c->conv);
-    free(c->rec);
+static void cache_free(const model *m, mcache *c) {
+    m->mem->free(c->kv);
+    m->mem->free(c->conv);
+    m->mem->free(c->rec);
     memset(c, 0, sizeof *c);
+}
+
+static void ws_free(model *m) {
+    mws *w = &m->ws;
+    if (m->mem) {
+        m->mem->free(w->act);
+        if (w->meta != w->meta_host) m->mem->free(w->meta);
+    }
+    free(w->meta_host);
+    free(w->lg_host);
+    memset(w, 0, sizeof *w);
 }
 
 void model_close(model *m) {
     if (!m) return;
-    cache_free(&m->cache);
+    if (m->mem) {
+        cache_free(m, &m->cache);
+        ws_free(m);
+        m->mem->free(m->dev_weights);
+        m->mem->close_stream(m->ops.stream);
+    }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->used);
@@ -293,7 +475,7 @@ static size_t rec_floats(const model_config *c) {
 }
 
 size_t model_kv_page_bytes(const model *m, int page_size) {
-    return (size_t)m->n_full * 2 * page_size * m->cfg.n_kv_heads * m->cfg.head_dim * sizeof(float);
+    return (size_t)m->n_full * 2 * page_size * m->cfg.n_kv_heads * m->cfg.head_dim * act_size(m->kv_dt);
 }
 
 size_t model_slot_bytes(const model *m) {
@@ -309,30 +491,130 @@ static int cache_alloc(const model *m, const model_cache_opts *o, mcache *c, ls_
     c->n_pages = o->n_pages;
     c->n_slots = o->n_slots;
     size_t kv = model_kv_page_bytes(m, o->page_size) * o->n_pages;
-    size_t nc = (size_t)m->n_lin * o->n_slots * conv_floats(&m->cfg);
-    size_t nr = (size_t)m->n_lin * o->n_slots * rec_floats(&m->cfg);
-    c->kv = kv ? calloc(1, kv) : NULL;
-    c->conv = nc ? calloc(nc, sizeof(float)) : NULL;
-    c->rec = nr ? calloc(nr, sizeof(float)) : NULL;
-    if ((kv && !c->kv) || (nc && !c->conv) || (nr && !c->rec)) {
-        cache_free(c);
-        return errf(e, ERR_NOMEM, "cache: cannot allocate %zu bytes of KV and %zu of GDN state", kv,
-                    (nc + nr) * sizeof(float));
+    size_t nc = (size_t)m->n_lin * o->n_slots * conv_floats(&m->cfg) * sizeof(float);
+    size_t nr = (size_t)m->n_lin * o->n_slots * rec_floats(&m->cfg) * sizeof(float);
+    ls_err ae = {0};
+    int bad = (kv && !(c->kv = m->mem->alloc(kv, &ae))) ||
+              (nc && !(c->conv = m->mem->alloc(nc, &ae))) ||
+              (nr && !(c->rec = m->mem->alloc(nr, &ae)));
+    int rc = bad ? ERR_NOMEM : 0;
+    /* KV pages are always written before they are read; GDN state starts at zero */
+    if (!rc && nc) rc = m->mem->memset0(c->conv, nc, m->ops.stream, &ae);
+    if (!rc && nr) rc = m->mem->memset0(c->rec, nr, m->ops.stream, &ae);
+    if (rc) {
+        cache_free(m, c);
+        return errf(e, ERR_NOMEM, "cache: cannot allocate %zu bytes of KV and %zu of GDN state on %s: %s",
+                    kv, nc + nr, m->ops.dev.name, ae.msg);
+    }
+    return 0;
+}
+
+/* ---- workspace ---------------------------------------------------------------- */
+
+/* Lay the activation buffers out in one block for T tokens; returns its bytes
+ * (base NULL: sizes only). */
+static size_t ws_layout(const model *m, int T, char *base, mws *w) {
+    const model_config *c = &m->cfg;
+    const size_t es = act_size(m->ops.act), t = (size_t)T;
+    size_t off = 0;
+#define TAKE(field, cols)                                              \
+    do {                                                               \
+        w->field = base ? base + off : NULL;                           \
+        off += align256(t * (size_t)(cols) * es);                      \
+    } while (0)
+    TAKE(h, c->hidden);
+    TAKE(u, c->hidden);
+    TAKE(o, c->hidden);
+    TAKE(hl, c->hidden);
+    if (m->n_full) {
+        const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim;
+        TAKE(q, nq);
+        TAKE(gate, c->attn_output_gate ? nq : 0);
+        TAKE(k, nk);
+        TAKE(v, nk);
+        TAKE(ao, nq);
+    }
+    if (m->n_lin) {
+        const int vd = c->lin_v_heads * c->lin_v_dim;
+        TAKE(qkv, 2 * c->lin_k_heads * c->lin_k_dim + vd);
+        TAKE(z, vd);
+        TAKE(b, c->lin_v_heads);
+        TAKE(a, c->lin_v_heads);
+        TAKE(core, vd);
+    }
+    int I = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (m->layers[l].dense && m->layers[l].mlp.gate.N > I) I = m->layers[l].mlp.gate.N;
+    TAKE(g, I);
+    TAKE(up, I);
+    TAKE(logits, m->ops.dev.kind == DEV_CPU ? 0 : c->vocab);
+#undef TAKE
+    return off;
+}
+
+static size_t meta_bytes(int T, int S, int P) {
+    return 3 * align256((size_t)T * sizeof(int32_t)) + align256((size_t)S * sizeof(attn_seq)) +
+           align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t));
+}
+
+/* Make the workspace hold a step of T tokens, S sequences and P page-table
+ * entries (capacities only grow). */
+static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
+    mws *w = &m->ws;
+    const int on_cpu = m->ops.dev.kind == DEV_CPU;
+    if (T > w->cap_tok) {
+        if (w->act) log_debug("%s: forward workspace grows to %d tokens", m->path, T);
+        m->mem->free(w->act);
+        w->act = NULL;
+        w->cap_tok = 0;
+        mws lay = *w;
+        size_t n = ws_layout(m, T, NULL, &lay);
+        char *blk = m->mem->alloc(n, e);
+        if (!blk) return err_prefix(e, "forward workspace for %d tokens", T);
+        ws_layout(m, T, blk, w);
+        w->act = blk;
+        w->cap_tok = T;
+        free(w->lg_host);
+        w->lg_host = on_cpu ? NULL : xmalloc((size_t)T * m->cfg.vocab * act_size(m->ops.act));
+    }
+    if (T > w->cap_seq || S > w->cap_seq || P > w->cap_pages || !w->meta_host) {
+        int nt = T > w->cap_seq ? T : w->cap_seq, np = P > w->cap_pages ? P : w->cap_pages;
+        if (S > nt) nt = S;
+        size_t n = meta_bytes(nt, nt, np);
+        if (w->meta != w->meta_host) m->mem->free(w->meta);
+        free(w->meta_host);
+        w->meta = w->meta_host = NULL;
+        w->cap_seq = w->cap_pages = 0;
+        w->meta_host = xmalloc(n);
+        if (on_cpu) {
+            w->meta = w->meta_host;
+        } else if (!(w->meta = m->mem->alloc(n, e))) {
+            return err_prefix(e, "forward step tables (%d tokens, %d pages)", nt, np);
+        }
+        w->cap_seq = nt;
+        w->cap_pages = np;
     }
     return 0;
 }
 
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
-    cache_free(&m->cache);
-    return cache_alloc(m, o, &m->cache, e);
+    cache_free(m, &m->cache);
+    int rc = cache_alloc(m, o, &m->cache, e);
+    if (rc) return rc;
+    /* the workspace: sized for the engine's largest step up front, so decode never allocates */
+    int T = o->max_tokens > 0 ? o->max_tokens : 256;
+    if (T < o->n_slots) T = o->n_slots;
+    return ws_reserve(m, T, o->n_slots, o->n_pages + o->n_slots, e);
 }
 
 static void slot_reset(const model *m, mcache *c, int slot) {
     if (slot < 0 || slot >= c->n_slots) return;
     const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg);
     for (int l = 0; l < m->n_lin; l++) {
-        memset(c->conv + ((size_t)l * c->n_slots + slot) * nc, 0, sizeof(float) * nc);
-        memset(c->rec + ((size_t)l * c->n_slots + slot) * nr, 0, sizeof(float) * nr);
+        m->mem->memset0(c->conv + ((size_t)l * c->n_slots + slot) * nc, sizeof(float) * nc,
+                        m->ops.stream, NULL);
+        m->mem->memset0(c->rec + ((size_t)l * c->n_slots + slot) * nr, sizeof(float) * nr,
+                        m->ops.stream, NULL);
     }
 }
 
@@ -369,61 +651,103 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
     return 0;
 }
 
+/* The step's tables (ids, positions, logits rows, per-sequence attention
+ * and GDN views, page tables) built on the host and copied to the device in
+ * one transfer. Returns the number of logits rows. */
+static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, int P, fwd_ctx *f,
+                         const int32_t **d_ids, const int32_t **d_rows, ls_err *e) {
+    mws *w = &m->ws;
+    const int S = b->n_seq;
+    char *h = w->meta_host, *d = w->meta;
+    const size_t o_pos = align256((size_t)T * 4), o_rows = 2 * o_pos;
+    const size_t o_aseq = 3 * o_pos;
+    const size_t o_gseq = o_aseq + align256((size_t)S * sizeof(attn_seq));
+    const size_t o_pages = o_gseq + align256((size_t)S * sizeof(gdn_seq));
+    int32_t *ids = (int32_t *)h, *pos = (int32_t *)(h + o_pos), *rows = (int32_t *)(h + o_rows);
+    attn_seq *as = (attn_seq *)(h + o_aseq);
+    gdn_seq *gs = (gdn_seq *)(h + o_gseq);
+    int32_t *pg = (int32_t *)(h + o_pages);
+    memcpy(ids, b->ids, sizeof(int32_t) * T);
+    int n_rows = 0, np = 0;
+    for (int s = 0, row = 0; s < S; s++) {
+        const fwd_seq *q = &b->seqs[s];
+        int n_pg = m->n_full ? (q->n_past + q->n_new + c->page_size - 1) / c->page_size : 0;
+        memcpy(pg + np, q->pages, sizeof(int32_t) * n_pg);
+        as[s] = (attn_seq){.n_past = q->n_past, .n_new = q->n_new, .row0 = row,
+                           .pages = (const int32_t *)(d + o_pages) + np};
+        gs[s] = (gdn_seq){.slot = q->slot, .n_new = q->n_new, .row0 = row};
+        np += n_pg;
+        for (int i = 0; i < q->n_new; i++) pos[row + i] = q->n_past + i;
+        for (int i = q->logits_all ? 0 : q->n_new - 1; i < q->n_new; i++) rows[n_rows++] = row + i;
+        row += q->n_new;
+    }
+    (void)P;
+    if (d != h) {
+        int rc = m->mem->h2d(d, h, o_pages + sizeof(int32_t) * np, m->ops.stream, e);
+        if (rc) return err_prefix(e, "forward: step tables to %s", m->ops.dev.name);
+    }
+    *d_ids = (const int32_t *)d;
+    f->pos = (const int32_t *)(d + o_pos);
+    *d_rows = (const int32_t *)(d + o_rows);
+    f->aseq = (const attn_seq *)(d + o_aseq);
+    f->gseq = (const gdn_seq *)(d + o_gseq);
+    return n_rows;
+}
+
 static int forward(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     int rc = check_batch(m, c, b, e);
     if (rc) return rc;
     const model_config *cfg = &m->cfg;
     const small_ops *so = m->ops.small;
+    const act_dtype dt = m->ops.act;
+    const ls_stream st = m->ops.stream;
     const int H = cfg->hidden;
-    fwd_ctx f = {.m = m, .c = c, .n_seq = b->n_seq, .seqs = b->seqs};
-    for (int s = 0; s < b->n_seq; s++) f.n_tok += b->seqs[s].n_new;
-    const int T = f.n_tok;
-    f.aseq = xmalloc(sizeof(attn_seq) * b->n_seq);
-    f.gseq = xmalloc(sizeof(gdn_seq) * b->n_seq);
-    f.pos = xmalloc(sizeof(int32_t) * T);
-    int n_rows = 0;
-    for (int s = 0, row = 0; s < b->n_seq; s++) {
-        const fwd_seq *q = &b->seqs[s];
-        f.aseq[s] = (attn_seq){.n_past = q->n_past, .n_new = q->n_new, .row0 = row, .pages = q->pages};
-        f.gseq[s] = (gdn_seq){.slot = q->slot, .n_new = q->n_new, .row0 = row};
-        for (int i = 0; i < q->n_new; i++) f.pos[row + i] = q->n_past + i;
-        row += q->n_new;
-        n_rows += q->logits_all ? q->n_new : 1;
+    int T = 0, P = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        T += b->seqs[s].n_new;
+        if (m->n_full) P += (b->seqs[s].n_past + b->seqs[s].n_new + c->page_size - 1) / c->page_size;
     }
-    float *h = xmalloc(sizeof(float) * (size_t)T * H);
-    float *u = xmalloc(sizeof(float) * (size_t)T * H);
-    float *o = xmalloc(sizeof(float) * (size_t)T * H);
-    float *hl = NULL;
-    if ((rc = so->embed(T, b->ids, &m->embed, h, m->ops.act, NULL))) {
-        errf(e, rc, "forward: embedding lookup failed");
-        goto done;
-    }
+    if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
+    mws *w = &m->ws;
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq};
+    const int32_t *d_ids = NULL, *d_rows = NULL;
+    int n_rows = upload_tables(m, c, b, T, P, &f, &d_ids, &d_rows, e);
+    if (n_rows < 0) return n_rows;
+    if ((rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->h, dt, st), "embedding lookup", -1, e)))
+        return rc;
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_w *L = &m->layers[l];
-        so->rmsnorm(T, H, h, L->in_norm, m->norm_kind, cfg->rms_eps, u, m->ops.act, NULL);
-        rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(&f, l, u, o, e)
-                                        : next_gdn_forward(&f, l, u, o, e);
-        if (rc) goto done;
-        so->add((int64_t)T * H, o, h, m->ops.act, NULL);
-        so->rmsnorm(T, H, h, L->post_norm, m->norm_kind, cfg->rms_eps, u, m->ops.act, NULL);
-        if ((rc = qwen3_mlp_forward(&f, l, u, o, e))) goto done;
-        so->add((int64_t)T * H, o, h, m->ops.act, NULL);
+        if ((rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                             "input norm", l, e)))
+            return rc;
+        rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(&f, l, w->u, w->o, e)
+                                        : next_gdn_forward(&f, l, w->u, w->o, e);
+        if (rc) return rc;
+        if ((rc = mdl_op_err(so->add((int64_t)T * H, w->o, w->h, dt, st), "residual add", l, e)) ||
+            (rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->post_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                             "post-attention norm", l, e)))
+            return rc;
+        if ((rc = qwen3_mlp_forward(&f, l, w->u, w->o, e))) return rc;
+        if ((rc = mdl_op_err(so->add((int64_t)T * H, w->o, w->h, dt, st), "residual add", l, e)))
+            return rc;
     }
     /* rows that want logits: all new tokens (logits_all) or the last one */
-    hl = xmalloc(sizeof(float) * (size_t)n_rows * H);
-    for (int s = 0, row = 0, r = 0; s < b->n_seq; s++) {
-        const fwd_seq *q = &b->seqs[s];
-        int first = q->logits_all ? 0 : q->n_new - 1;
-        for (int i = first; i < q->n_new; i++, r++)
-            memcpy(hl + (size_t)r * H, h + (size_t)(row + i) * H, sizeof(float) * H);
-        row += q->n_new;
-    }
-    so->rmsnorm(n_rows, H, hl, m->final_norm, m->norm_kind, cfg->rms_eps, hl, m->ops.act, NULL);
-    rc = ops_linear(&m->ops, n_rows, hl, &m->lm_head, b->logits, 0, e);
-done:
-    free(h); free(u); free(o); free(hl);
-    free(f.aseq); free(f.gseq); free(f.pos);
-    return rc;
+    if ((rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->h, w->hl, dt, st), "logits row gather",
+                         -1, e)) ||
+        (rc = mdl_op_err(so->rmsnorm(n_rows, H, w->hl, m->final_norm, m->norm_kind, cfg->rms_eps, w->hl,
+                                     dt, st), "final norm", -1, e)))
+        return rc;
+    if (m->ops.dev.kind == DEV_CPU) return ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, b->logits, 0, e);
+    /* other devices: logits in the activation dtype, copied back and widened on the host */
+    if ((rc = ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, w->logits, 0, e))) return rc;
+    const size_t n = (size_t)n_rows * cfg->vocab;
+    if ((rc = m->mem->d2h(w->lg_host, w->logits, n * act_size(dt), st, e)))
+        return err_prefix(e, "forward on %s", m->ops.dev.name);
+    if (dt == ACT_BF16)
+        for (size_t i = 0; i < n; i++) b->logits[i] = bf16_to_f32(w->lg_host[i]);
+    else
+        memcpy(b->logits, (const void *)w->lg_host, n * sizeof(float));
+    return 0;
 }
 
 int model_forward(model *m, const fwd_batch *b, ls_err *e) { return forward(m, &m->cache, b, e); }
@@ -435,6 +759,7 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
     model_cache_opts co = {.page_size = page, .n_pages = n_pages, .n_slots = 1};
     mcache c;
     int rc = cache_alloc(m, &co, &c, e);
+    if (!rc) rc = ws_reserve(m, n, 1, n_pages, e);
     if (rc) return rc;
     int32_t *pages = xmalloc(sizeof(int32_t) * n_pages);
     for (int i = 0; i < n_pages; i++) pages[i] = i;
@@ -449,6 +774,6 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
     if (rc) { free(out); out = NULL; }
     *logits = out;
     free(pages);
-    cache_free(&c);
+    cache_free(m, &c);
     return rc;
 }

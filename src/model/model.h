@@ -20,7 +20,7 @@
 typedef struct model model;
 
 typedef struct model_opts {
-    const char *device;        /* "cpu" (default) or "cuda" */
+    const char *device;        /* "cpu", "cuda", or NULL: cuda when a GPU is present, else cpu */
     int tp;                    /* tensor-parallel ranks (CPU: threads with a shared-memory all-reduce) */
     /* backend names per op family; NULL or "auto" = the measured winner */
     const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend;
@@ -38,6 +38,8 @@ typedef struct model_cache_opts {
     int page_size;   /* tokens per KV page, e.g. 16 */
     int n_pages;     /* KV pool size in pages */
     int n_slots;     /* GDN state slots (= max concurrent sequences) */
+    int max_tokens;  /* most tokens in one forward step (0: 256); the forward workspace is sized
+                        for it here, and grows only when a larger step arrives */
 } model_cache_opts;
 
 size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */

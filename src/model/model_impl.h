@@ -13,20 +13,21 @@
 #include "ops/ops.h"
 
 typedef struct attn_layer_w {
-    lin_w q;           /* [nh·hd, H], or [nh·2hd, H] per-head [q | gate] when gated */
+    lin_w q;           /* [nh·hd, H] (gated checkpoints: the q rows of q_proj, permuted at load) */
+    lin_w gate;        /* gated: [nh·hd, H], the gate rows of q_proj's per-head [q_h | gate_h] */
     lin_w k, v;        /* [nkv·hd, H] */
     lin_w o;           /* [H, nh·hd] */
     float *q_norm;     /* [hd] */
     float *k_norm;     /* [hd] */
 } attn_layer_w;
 
+/* Qwen3-Next's fused in_proj_qkvz / in_proj_ba (grouped per key head) are
+ * split at load into the same four contiguous projections Qwen3.5 stores. */
 typedef struct gdn_layer_w {
-    int fused;         /* Qwen3-Next: in_proj_qkvz / in_proj_ba grouped per key head */
-    lin_w qkv;         /* Qwen3.5: [2·nk·dk + nv·dv, H], contiguous q | k | v */
-    lin_w z;           /* Qwen3.5: [nv·dv, H] */
-    lin_w b, a;        /* Qwen3.5: [nv, H] */
-    lin_w qkvz;        /* Qwen3-Next: [2·nk·dk + 2·nv·dv, H] */
-    lin_w ba;          /* Qwen3-Next: [2·nv, H] */
+    int fused;         /* the checkpoint had in_proj_qkvz / in_proj_ba */
+    lin_w qkv;         /* [2·nk·dk + nv·dv, H], contiguous q | k | v */
+    lin_w z;           /* [nv·dv, H] */
+    lin_w b, a;        /* [nv, H] */
     lin_w out;         /* [H, nv·dv] */
     float *norm;       /* [dv], gated RMSNorm weight (plain, not 1+w) */
     gdn_w g;           /* conv_w [conv_dim, K], A_log [nv], dt_bias [nv] */
@@ -50,18 +51,40 @@ typedef struct layer_w {
     lin_w *experts;    /* [3·E]: gate[E] | up[E] | down[E], the moe_w arrays point here */
 } layer_w;
 
+/* Caches, in the model's device memory. */
 typedef struct mcache {
     int page_size, n_pages, n_slots;
-    float *kv;         /* [n_full, 2 (k, v), n_pages, page_size, nkv, hd] */
+    void *kv;          /* kv_dt [n_full, 2 (k, v), n_pages, page_size, nkv, hd] */
     float *conv;       /* [n_lin, n_slots, conv_dim, K - 1] */
     float *rec;        /* [n_lin, n_slots, nv, dk, dv] */
 } mcache;
+
+/* The forward pass's working memory on the model's device, allocated at
+ * cache init for cap_tok tokens per step and grown (never in steady-state
+ * decode) only when a step brings more tokens, sequences or pages. */
+typedef struct mws {
+    int cap_tok, cap_seq, cap_pages;
+    void *act;          /* one allocation holding the buffers below (act dtype) */
+    void *h, *u, *o;    /* [T, H] residual stream, normed input, block output */
+    void *q, *gate, *k, *v, *ao; /* attention: [T, nh·hd], [T, nh·hd], [T, nkv·hd] x2, [T, nh·hd] */
+    void *qkv, *z, *b, *a, *core; /* gdn: [T, conv_dim], [T, nv·dv], [T, nv] x2, [T, nv·dv] */
+    void *g, *up;       /* dense MLP: [T, I] */
+    void *hl;           /* [T, H] the rows that want logits */
+    void *logits;       /* [T, V] (devices other than the CPU; the CPU writes the caller's) */
+    void *meta;         /* device: ids [T] | pos [T] | rows [T] | aseq [S] | gseq [S] | pages [P] */
+    char *meta_host;    /* host staging of meta (== meta on the CPU) */
+    uint16_t *lg_host;  /* host staging of BF16 logits [T, V] */
+} mws;
 
 struct model {
     model_config cfg;
     char *path;
     st_set *st;
     ops_sel ops;
+    const dev_mem *mem; /* the device's memory table */
+    act_dtype kv_dt;    /* KV pool dtype: F32 on the CPU, BF16 on CUDA */
+    void *dev_weights;  /* devices other than the CPU: every weight, one allocation */
+    mws ws;             /* forward working memory */
     rms_kind norm_kind; /* layer norms and q/k norms */
     char prefix[64];    /* "model." or "model.language_model." */
     lin_w embed;        /* [V, H] */
@@ -90,6 +113,10 @@ int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e);
 int mdl_bind_vec(model *m, const char *name, int nd, const int64_t *shape, float **out, ls_err *e);
 /* Shorthand: a [n] vector. */
 int mdl_bind_vec1(model *m, const char *name, int n, float **out, ls_err *e);
+/* out = the rows rows[0..n) of w, in that order, as an owned host copy
+ * (data and, for NVFP4, scales; scale2 shared). Used to permute fused
+ * projections at load so their outputs come out contiguous. */
+void mdl_take_rows(model *m, const lin_w *w, const int *rows, int n, lin_w *out);
 /* Look a tensor up (NULL if absent) and remember it as used. */
 const st_tensor *mdl_tensor(model *m, const char *name);
 void *mdl_alloc(model *m, size_t bytes); /* zeroed, freed at close */
@@ -100,20 +127,24 @@ int qwen3_bind_mlp(model *m, int l, ls_err *e);
 int next_bind_gdn(model *m, int l, ls_err *e);
 
 /* One step's token layout, shared by the layer forwards. */
+/* Every pointer here is in the model's device memory. */
 typedef struct fwd_ctx {
     model *m;
     mcache *c;
+    mws *ws;
     int n_tok;
     int n_seq;
-    const fwd_seq *seqs;
-    attn_seq *aseq;    /* [n_seq] */
-    gdn_seq *gseq;     /* [n_seq] */
-    int32_t *pos;      /* [n_tok] positions */
+    const attn_seq *aseq; /* [n_seq], pages in device memory */
+    const gdn_seq *gseq;  /* [n_seq] */
+    const int32_t *pos;   /* [n_tok] positions */
 } fwd_ctx;
 
-/* out [T, H] = block(u [T, H]) for layer l. */
-int qwen3_attn_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e);
-int qwen3_mlp_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e);
-int next_gdn_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e);
+/* A small op's status as an error naming the op and layer. */
+int mdl_op_err(int rc, const char *op, int layer, ls_err *e);
+
+/* out [T, H] = block(u [T, H]) for layer l (activations of dtype m->ops.act). */
+int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e);
+int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e);
+int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e);
 
 #endif

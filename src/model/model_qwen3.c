@@ -25,6 +25,20 @@ int qwen3_bind_attn(model *m, int l, ls_err *e) {
     int rc;
     mdl_name(m, p, sizeof p, "layers.%d.self_attn.q_proj", l);
     if ((rc = mdl_bind_lin(m, p, qrows, H, &a->q, e))) return rc;
+    if (c->attn_output_gate) {
+        /* q_proj rows are per head [q_h | gate_h]: take them apart once, here */
+        const int nq = c->n_heads * hd;
+        int *rows = xmalloc(sizeof(int) * 2 * nq);
+        for (int h = 0; h < c->n_heads; h++)
+            for (int i = 0; i < hd; i++) {
+                rows[h * hd + i] = h * 2 * hd + i;
+                rows[nq + h * hd + i] = h * 2 * hd + hd + i;
+            }
+        lin_w qg = a->q;
+        mdl_take_rows(m, &qg, rows, nq, &a->q);
+        mdl_take_rows(m, &qg, rows + nq, nq, &a->gate);
+        free(rows);
+    }
     mdl_name(m, p, sizeof p, "layers.%d.self_attn.k_proj", l);
     if ((rc = mdl_bind_lin(m, p, c->n_kv_heads * hd, H, &a->k, e))) return rc;
     mdl_name(m, p, sizeof p, "layers.%d.self_attn.v_proj", l);
@@ -138,72 +152,62 @@ int qwen3_bind_mlp(model *m, int l, ls_err *e) {
 
 /* ---- forward ------------------------------------------------------------- */
 
-int qwen3_attn_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e) {
+int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     model *m = f->m;
     const model_config *c = &m->cfg;
     const attn_layer_w *a = &m->layers[l].attn;
     const small_ops *so = m->ops.small;
+    const act_dtype dt = m->ops.act;
+    const ls_stream st = m->ops.stream;
+    mws *w = f->ws;
     const int T = f->n_tok, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    const int gated = c->attn_output_gate;
     int rc;
-    float *qg = xmalloc(sizeof(float) * (size_t)T * a->q.N);
-    float *q = gated ? xmalloc(sizeof(float) * (size_t)T * nh * hd) : qg;
-    float *gate = gated ? xmalloc(sizeof(float) * (size_t)T * nh * hd) : NULL;
-    float *k = xmalloc(sizeof(float) * (size_t)T * nkv * hd);
-    float *v = xmalloc(sizeof(float) * (size_t)T * nkv * hd);
-    float *o = xmalloc(sizeof(float) * (size_t)T * nh * hd);
-
-    if ((rc = ops_linear(&m->ops, T, u, &a->q, qg, 0, e))) goto done;
-    if ((rc = ops_linear(&m->ops, T, u, &a->k, k, 0, e))) goto done;
-    if ((rc = ops_linear(&m->ops, T, u, &a->v, v, 0, e))) goto done;
-    if (gated) /* qg [T, nh, 2·hd] = per head [q_h | gate_h] */
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < nh; h++) {
-                const float *src = qg + ((size_t)t * nh + h) * 2 * hd;
-                memcpy(q + ((size_t)t * nh + h) * hd, src, sizeof(float) * hd);
-                memcpy(gate + ((size_t)t * nh + h) * hd, src + hd, sizeof(float) * hd);
-            }
-    so->rmsnorm(T * nh, hd, q, a->q_norm, m->norm_kind, c->rms_eps, q, m->ops.act, NULL);
-    so->rmsnorm(T * nkv, hd, k, a->k_norm, m->norm_kind, c->rms_eps, k, m->ops.act, NULL);
-    so->rope(T, nh, hd, c->rotary_dim, f->pos, c->rope_theta, q, m->ops.act, NULL);
-    so->rope(T, nkv, hd, c->rotary_dim, f->pos, c->rope_theta, k, m->ops.act, NULL);
+    if ((rc = ops_linear(&m->ops, T, u, &a->q, w->q, 0, e))) return rc;
+    if (c->attn_output_gate && (rc = ops_linear(&m->ops, T, u, &a->gate, w->gate, 0, e))) return rc;
+    if ((rc = ops_linear(&m->ops, T, u, &a->k, w->k, 0, e))) return rc;
+    if ((rc = ops_linear(&m->ops, T, u, &a->v, w->v, 0, e))) return rc;
+    if ((rc = mdl_op_err(so->rmsnorm(T * nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, w->q, dt, st),
+                         "q_norm", l, e)) ||
+        (rc = mdl_op_err(so->rmsnorm(T * nkv, hd, w->k, a->k_norm, m->norm_kind, c->rms_eps, w->k, dt, st),
+                         "k_norm", l, e)) ||
+        (rc = mdl_op_err(so->rope(T, nh, hd, c->rotary_dim, f->pos, c->rope_theta, w->q, dt, st),
+                         "rope(q)", l, e)) ||
+        (rc = mdl_op_err(so->rope(T, nkv, hd, c->rotary_dim, f->pos, c->rope_theta, w->k, dt, st),
+                         "rope(k)", l, e)))
+        return rc;
 
     const int li = m->layers[l].cache_idx;
-    const size_t pool = (size_t)f->c->n_pages * f->c->page_size * nkv * hd;
-    kv_layer kv = {.k = f->c->kv + (size_t)li * 2 * pool, .v = f->c->kv + ((size_t)li * 2 + 1) * pool,
-                   .n_pages = f->c->n_pages, .page_size = f->c->page_size, .dt = ACT_F32};
-    if ((rc = so->kv_write(&kv, f->n_seq, f->aseq, nkv, hd, k, v, m->ops.act, NULL))) {
-        errf(e, rc, "layer %d: KV page outside the pool", l);
-        goto done;
-    }
+    const size_t pool = (size_t)f->c->n_pages * f->c->page_size * nkv * hd * act_size(m->kv_dt);
+    char *kv0 = f->c->kv;
+    kv_layer kv = {.k = kv0 + (size_t)li * 2 * pool, .v = kv0 + ((size_t)li * 2 + 1) * pool,
+                   .n_pages = f->c->n_pages, .page_size = f->c->page_size, .dt = m->kv_dt};
+    if ((rc = so->kv_write(&kv, f->n_seq, f->aseq, nkv, hd, w->k, w->v, dt, st)))
+        return errf(e, rc, "layer %d: KV write failed (a page outside the pool, or dtype %s)", l,
+                    act_name(dt));
     attn_args aa = {.n_seq = f->n_seq, .seqs = f->aseq, .n_tok = T, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
-                    .q = q, .gate = gate, .kv = &kv, .out = o, .dt = m->ops.act};
-    if ((rc = m->ops.attn->run(&aa, NULL, e))) goto done;
-    rc = ops_linear(&m->ops, T, o, &a->o, out, 0, e);
-done:
-    if (gated) { free(q); free(gate); }
-    free(qg); free(k); free(v); free(o);
-    return rc;
+                    .q = w->q, .gate = c->attn_output_gate ? w->gate : NULL, .kv = &kv,
+                    .out = w->ao, .dt = dt};
+    if ((rc = m->ops.attn->run(&aa, st, e))) return rc;
+    return ops_linear(&m->ops, T, w->ao, &a->o, out, 0, e);
 }
 
-int qwen3_mlp_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e) {
+int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     model *m = f->m;
     const layer_w *L = &m->layers[l];
     const int T = f->n_tok;
+    mws *w = f->ws;
     int rc;
     if (!L->dense) {
         moe_args a = {.M = T, .x = u, .y = out, .w = &L->moe, .dt = m->ops.act};
-        return m->ops.moe->run(&a, NULL, e);
+        return m->ops.moe->run(&a, m->ops.stream, e);
     }
     const int I = L->mlp.gate.N;
-    float *g = xmalloc(sizeof(float) * (size_t)T * I), *up = xmalloc(sizeof(float) * (size_t)T * I);
-    if (!(rc = ops_linear(&m->ops, T, u, &L->mlp.gate, g, 0, e)) &&
-        !(rc = ops_linear(&m->ops, T, u, &L->mlp.up, up, 0, e))) {
-        m->ops.small->silu_mul((int64_t)T * I, g, up, g, m->ops.act, NULL);
-        rc = ops_linear(&m->ops, T, g, &L->mlp.down, out, 0, e);
-    }
-    free(g);
-    free(up);
-    return rc;
+    if ((rc = ops_linear(&m->ops, T, u, &L->mlp.gate, w->g, 0, e)) ||
+        (rc = ops_linear(&m->ops, T, u, &L->mlp.up, w->up, 0, e)))
+        return rc;
+    if ((rc = mdl_op_err(m->ops.small->silu_mul((int64_t)T * I, w->g, w->up, w->g, m->ops.act,
+                                                m->ops.stream), "silu_mul", l, e)))
+        return rc;
+    return ops_linear(&m->ops, T, w->g, &L->mlp.down, out, 0, e);
 }

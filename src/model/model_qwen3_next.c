@@ -13,7 +13,6 @@
 #include "model/model_impl.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 int next_bind_gdn(model *m, int l, ls_err *e) {
     const model_config *c = &m->cfg;
@@ -26,10 +25,35 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
     mdl_name(m, p, sizeof p, "layers.%d.linear_attn.in_proj_qkvz.weight", l);
     g->fused = mdl_tensor(m, p) != NULL;
     if (g->fused) {
+        /* per key head g: qkvz rows [q_g (dk) | k_g (dk) | v_g (r·dv) | z_g (r·dv)], ba rows
+         * [b_g (r) | a_g (r)]: permuted once into contiguous q | k | v, z, b, a */
+        const int r = nv / nk, grp = 2 * dk + 2 * r * dv;
+        lin_w qkvz, ba;
         mdl_name(m, p, sizeof p, "layers.%d.linear_attn.in_proj_qkvz", l);
-        if ((rc = mdl_bind_lin(m, p, 2 * key_dim + 2 * val_dim, H, &g->qkvz, e))) return rc;
+        if ((rc = mdl_bind_lin(m, p, 2 * key_dim + 2 * val_dim, H, &qkvz, e))) return rc;
         mdl_name(m, p, sizeof p, "layers.%d.linear_attn.in_proj_ba", l);
-        if ((rc = mdl_bind_lin(m, p, 2 * nv, H, &g->ba, e))) return rc;
+        if ((rc = mdl_bind_lin(m, p, 2 * nv, H, &ba, e))) return rc;
+        int *rows = xmalloc(sizeof(int) * (conv_dim + val_dim + 2 * nv));
+        int *zr = rows + conv_dim, *br = zr + val_dim, *ar = br + nv;
+        for (int h = 0; h < nk; h++) {
+            for (int i = 0; i < dk; i++) {
+                rows[h * dk + i] = h * grp + i;                          /* q */
+                rows[key_dim + h * dk + i] = h * grp + dk + i;           /* k */
+            }
+            for (int i = 0; i < r * dv; i++) {
+                rows[2 * key_dim + h * r * dv + i] = h * grp + 2 * dk + i;   /* v */
+                zr[h * r * dv + i] = h * grp + 2 * dk + r * dv + i;          /* z */
+            }
+            for (int i = 0; i < r; i++) {
+                br[h * r + i] = h * 2 * r + i;
+                ar[h * r + i] = h * 2 * r + r + i;
+            }
+        }
+        mdl_take_rows(m, &qkvz, rows, conv_dim, &g->qkv);
+        mdl_take_rows(m, &qkvz, zr, val_dim, &g->z);
+        mdl_take_rows(m, &ba, br, nv, &g->b);
+        mdl_take_rows(m, &ba, ar, nv, &g->a);
+        free(rows);
     } else {
         mdl_name(m, p, sizeof p, "layers.%d.linear_attn.in_proj_qkv", l);
         if ((rc = mdl_bind_lin(m, p, conv_dim, H, &g->qkv, e))) return rc;
@@ -57,65 +81,31 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
     return 0;
 }
 
-/* Qwen3-Next's per-key-head layout -> contiguous qkv [T, conv_dim], z [T, nv·dv], b, a [T, nv]. */
-static void unfuse(const model_config *c, int T, const float *qkvz, const float *ba, float *qkv,
-                   float *z, float *b, float *a) {
-    const int nk = c->lin_k_heads, nv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    const int r = nv / nk, key_dim = nk * dk, val_dim = nv * dv;
-    const int grp = 2 * dk + 2 * r * dv, conv_dim = 2 * key_dim + val_dim;
-    for (int t = 0; t < T; t++) {
-        const float *src = qkvz + (size_t)t * nk * grp;
-        float *dst = qkv + (size_t)t * conv_dim;
-        for (int g = 0; g < nk; g++) {
-            const float *s = src + (size_t)g * grp;
-            memcpy(dst + (size_t)g * dk, s, sizeof(float) * dk);                            /* q_g */
-            memcpy(dst + key_dim + (size_t)g * dk, s + dk, sizeof(float) * dk);             /* k_g */
-            memcpy(dst + 2 * key_dim + (size_t)g * r * dv, s + 2 * dk, sizeof(float) * r * dv); /* v */
-            memcpy(z + (size_t)t * val_dim + (size_t)g * r * dv, s + 2 * dk + r * dv,
-                   sizeof(float) * r * dv);                                                 /* z */
-            const float *sba = ba + (size_t)t * 2 * nv + (size_t)g * 2 * r;
-            memcpy(b + (size_t)t * nv + (size_t)g * r, sba, sizeof(float) * r);
-            memcpy(a + (size_t)t * nv + (size_t)g * r, sba + r, sizeof(float) * r);
-        }
-    }
-}
-
-int next_gdn_forward(fwd_ctx *f, int l, const float *u, float *out, ls_err *e) {
+int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     model *m = f->m;
     const model_config *c = &m->cfg;
     const gdn_layer_w *g = &m->layers[l].gdn;
+    mws *w = f->ws;
     const int T = f->n_tok, nv = c->lin_v_heads, dv = c->lin_v_dim;
     const int val_dim = nv * dv, conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + val_dim;
     int rc;
-    float *qkv = xmalloc(sizeof(float) * (size_t)T * conv_dim);
-    float *z = xmalloc(sizeof(float) * (size_t)T * val_dim);
-    float *b = xmalloc(sizeof(float) * (size_t)T * nv), *a = xmalloc(sizeof(float) * (size_t)T * nv);
-    float *core = xmalloc(sizeof(float) * (size_t)T * val_dim);
-    float *fused = NULL, *fba = NULL;
-    if (g->fused) {
-        fused = xmalloc(sizeof(float) * (size_t)T * g->qkvz.N);
-        fba = xmalloc(sizeof(float) * (size_t)T * g->ba.N);
-        if ((rc = ops_linear(&m->ops, T, u, &g->qkvz, fused, 0, e))) goto done;
-        if ((rc = ops_linear(&m->ops, T, u, &g->ba, fba, 0, e))) goto done;
-        unfuse(c, T, fused, fba, qkv, z, b, a);
-    } else {
-        if ((rc = ops_linear(&m->ops, T, u, &g->qkv, qkv, 0, e))) goto done;
-        if ((rc = ops_linear(&m->ops, T, u, &g->z, z, 0, e))) goto done;
-        if ((rc = ops_linear(&m->ops, T, u, &g->b, b, 0, e))) goto done;
-        if ((rc = ops_linear(&m->ops, T, u, &g->a, a, 0, e))) goto done;
-    }
+    if ((rc = ops_linear(&m->ops, T, u, &g->qkv, w->qkv, 0, e)) ||
+        (rc = ops_linear(&m->ops, T, u, &g->z, w->z, 0, e)) ||
+        (rc = ops_linear(&m->ops, T, u, &g->b, w->b, 0, e)) ||
+        (rc = ops_linear(&m->ops, T, u, &g->a, w->a, 0, e)))
+        return rc;
     const int li = m->layers[l].cache_idx;
     const mcache *mc = f->c;
     gdn_state st = {
         .conv = mc->conv + (size_t)li * mc->n_slots * conv_dim * (c->lin_conv - 1),
         .rec = mc->rec + (size_t)li * mc->n_slots * nv * c->lin_k_dim * dv,
         .n_slots = mc->n_slots};
-    gdn_args ga = {.n_seq = f->n_seq, .seqs = f->gseq, .n_tok = T, .w = &g->g, .qkv = qkv,
-                   .a = a, .b = b, .st = &st, .out = core, .dt = m->ops.act};
-    if ((rc = m->ops.gdn->run(&ga, NULL, e))) goto done;
-    m->ops.small->rmsnorm_gated(T * nv, dv, core, z, g->norm, c->rms_eps, core, m->ops.act, NULL);
-    rc = ops_linear(&m->ops, T, core, &g->out, out, 0, e);
-done:
-    free(qkv); free(z); free(b); free(a); free(core); free(fused); free(fba);
-    return rc;
+    gdn_args ga = {.n_seq = f->n_seq, .seqs = f->gseq, .n_tok = T, .w = &g->g, .qkv = w->qkv,
+                   .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act};
+    if ((rc = m->ops.gdn->run(&ga, m->ops.stream, e))) return rc;
+    if ((rc = mdl_op_err(m->ops.small->rmsnorm_gated(T * nv, dv, w->core, w->z, g->norm, c->rms_eps,
+                                                     w->core, m->ops.act, m->ops.stream),
+                         "gated norm", l, e)))
+        return rc;
+    return ops_linear(&m->ops, T, w->core, &g->out, out, 0, e);
 }

@@ -158,10 +158,12 @@ static int reg_add(registry *r, const void *impl, int is_ref) {
 }
 
 __attribute__((weak)) void ops_cuda_register_all(void);
+__attribute__((weak)) void ops_cuda_register_fwd(void);
 
 static void reg_init(void) {
     g_initialising = 1;
     if (ops_cuda_register_all) ops_cuda_register_all();
+    if (ops_cuda_register_fwd) ops_cuda_register_fwd();
     cpu_register_all();
     const char *b = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
     if (b && !strcmp(b, "1")) cpu_register_broken();
@@ -255,4 +257,42 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
     gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
     const gemm_impl *g = w->kind == W_NVFP4 ? s->fp4_gemm : s->gemm;
     return g->run(&a, s->stream, e);
+}
+
+/* ---- device memory ------------------------------------------------------- */
+
+static int cpu_open(int ordinal, dev_info *d, ls_stream *s, ls_err *e) {
+    ops_cpu_dev(d);
+    *s = NULL;
+    return 0;
+}
+static void cpu_close_stream(ls_stream s) {}
+static void *cpu_alloc(size_t n, ls_err *e) {
+    void *p = malloc(n ? n : 1);
+    if (!p) errf(e, ERR_NOMEM, "cannot allocate %zu bytes", n);
+    return p;
+}
+static void cpu_free(void *p) { free(p); }
+static int cpu_copy(void *dst, const void *src, size_t n, ls_stream s, ls_err *e) {
+    if (n) memmove(dst, src, n);
+    return 0;
+}
+static int cpu_memset0(void *dst, size_t n, ls_stream s, ls_err *e) {
+    if (n) memset(dst, 0, n);
+    return 0;
+}
+static int cpu_sync(ls_stream s, ls_err *e) { return 0; }
+
+const dev_mem dev_mem_cpu = {DEV_CPU, cpu_open, cpu_close_stream, cpu_alloc, cpu_free,
+                             cpu_copy, cpu_copy, cpu_memset0, cpu_sync};
+
+static const dev_mem *g_dev_mem_cuda;
+
+void ops_dev_mem_register(const dev_mem *m) {
+    if (m->dev == DEV_CUDA) g_dev_mem_cuda = m;
+}
+
+const dev_mem *ops_dev_mem(dev_kind k) {
+    reg(F_SMALL); /* the CUDA hook registers its table during the registry init */
+    return k == DEV_CPU ? &dev_mem_cpu : g_dev_mem_cuda;
 }

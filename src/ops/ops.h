@@ -284,7 +284,37 @@ typedef struct small_ops {
      * head_dim] rows ordered as the seqs' rows. */
     int (*kv_write)(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads,
                     int head_dim, const void *k, const void *v, act_dtype dt, ls_stream s);
+    /* y[i] = x[idx[i]] for i < n: x [*, cols], y [n, cols], idx [n] (device memory).
+     * Picks the rows that want logits. y must not alias x. */
+    int (*gather_rows)(int n, int cols, const int32_t *idx, const void *x, void *y, act_dtype dt,
+                       ls_stream s);
 } small_ops;
+
+/* ---- device memory -------------------------------------------------------- */
+
+/* How the model talks to a device's memory: everything the forward pass
+ * needs besides the op families. The CPU's is plain malloc/memcpy; the CUDA
+ * module registers its own (ops_dev_mem_register, from its registration
+ * hook). Copies are ordered on stream s; d2h returns when the data is on
+ * the host. All return 0 or a negative ERR_* with e filled. */
+typedef struct dev_mem {
+    dev_kind dev;
+    /* Pick device `ordinal`, describe it, make its stream. A machine without
+     * the device is ERR_UNSUPPORTED with the device error in e. */
+    int (*open)(int ordinal, dev_info *d, ls_stream *s, ls_err *e);
+    void (*close_stream)(ls_stream s);
+    void *(*alloc)(size_t n, ls_err *e);   /* NULL + e on failure; contents undefined */
+    void (*free)(void *p);
+    int (*h2d)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
+    int (*d2h)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
+    int (*memset0)(void *dst, size_t n, ls_stream s, ls_err *e);
+    int (*sync)(ls_stream s, ls_err *e);  /* wait for s; a kernel fault surfaces here */
+} dev_mem;
+
+/* The memory table of device kind k, or NULL when this build has none. */
+const dev_mem *ops_dev_mem(dev_kind k);
+void ops_dev_mem_register(const dev_mem *m);
+extern const dev_mem dev_mem_cpu;
 
 /* ---- registries ---------------------------------------------------------- */
 
@@ -306,6 +336,10 @@ OPS_DECLARE_FAMILY(small, small_ops)
 /* Hook for the CUDA module: when linked (LS_HAVE_CUDA), registers its
  * backends; called once, before the CPU backends are appended. */
 void ops_cuda_register_all(void);
+/* Second CUDA hook, for the forward-pass pieces (device memory table, small
+ * ops, basic attention and gdn backends in src/ops/cuda/fwd_*.cu, small.cu,
+ * attn_basic.cu, gdn_basic.cu); called right after ops_cuda_register_all. */
+void ops_cuda_register_fwd(void);
 
 /* The CPU as a dev_info. */
 void ops_cpu_dev(dev_info *d);

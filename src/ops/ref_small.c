@@ -1,7 +1,7 @@
 /* ref_small.c: the CPU reference small ops: RMSNorm (plain w·x̂ and
  * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
  * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add, and
- * the KV-page writes. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
+ * the KV-page writes, the row gather. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
  */
 #include "ops/cpu/cpu.h"
 
@@ -143,6 +143,15 @@ static int ref_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int
     return 0;
 }
 
+static int ref_gather_rows(int n, int cols, const int32_t *idx, const void *x, void *y,
+                           act_dtype dt, ls_stream s) {
+    if (dt != ACT_F32) return ERR_UNSUPPORTED;
+    for (int i = 0; i < n; i++)
+        memcpy((float *)y + (size_t)i * cols, (const float *)x + (size_t)idx[i] * cols,
+               sizeof(float) * cols);
+    return 0;
+}
+
 const small_ops small_cpu_ref = {
     .name = "cpu_ref",
     .dev = DEV_CPU,
@@ -153,4 +162,5 @@ const small_ops small_cpu_ref = {
     .silu_mul = ref_silu_mul,
     .add = ref_add,
     .kv_write = ref_kv_write,
+    .gather_rows = ref_gather_rows,
 };

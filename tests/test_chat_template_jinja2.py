@@ -210,6 +210,8 @@ CASES = [
      "{%- if not loop.last %},{% endif %}{%- endfor %}]{%- else %}Any{%- endif %}{%- endmacro %}"
      "{%- for name, f in {'a': {'type': 'array', 'items': {'type': 'integer'}}, 'b': {'type': ['string', 'integer']},"
      " 'c': {'type': 'object', 'additionalProperties': {'type': 'number'}}, 'd': {}}|items %}{{ name }}: {{ ty(f) }}; {% endfor %}", None),
+    ("{{ 'The quick brown fox jumps over'|truncate(12) }}|{{ 'The quick brown fox'|truncate(12, true) }}|{{ 'short'|truncate(5) }}|"
+     "{{ 'abcdefghij klm'|truncate(9, false, '~', 0) }}|{{ 'héllo wörld again'|truncate(10, leeway=0) }}", None),
     # the variables transformers passes
     ("{{ eos_token }}|{{ bos_token is defined }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}", None),
 ]

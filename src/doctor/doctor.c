@@ -8,7 +8,9 @@
  * (removed at the end).
  * Invariants: the parent never runs a backend itself, so no backend can take
  * it down; the reference backend of a family is tried first so the other
- * backends' large jobs know whether its output can be trusted.
+ * backends' large jobs know whether its output can be trusted; test-only
+ * backends (the deliberately broken ones, unproven ones) are tried and shown
+ * but never chosen.
  */
 #include "doctor/doctor.h"
 
@@ -333,8 +335,15 @@ static void render_table(buf *b, json_t *tab) {
     buf_printf(b, "%6s  ", "M");
     size_t i, j;
     json_t *bn, *mv;
+    json_t *tonly = json_object_get(tab, "test_only");
     json_array_foreach(backs, i, bn) {
-        put_cell(b, json_string_value(bn), W);
+        char h[96];
+        int to = 0;
+        size_t q;
+        json_t *tn;
+        json_array_foreach(tonly, q, tn) to |= !strcmp(json_string_value(tn), json_string_value(bn));
+        snprintf(h, sizeof h, "%s%s", json_string_value(bn), to ? " (test-only)" : "");
+        put_cell(b, h, W);
         buf_puts(b, "  ");
     }
     buf_puts(b, "chosen\n");
@@ -468,12 +477,22 @@ static int wanted(const char *list, const char *name) {
 typedef struct fam_desc {
     const char *name;
     int (*count)(void);
-    const char *(*name_at)(int i, dev_kind *dev);
+    const char *(*name_at)(int i, dev_kind *dev, int *test_only);
 } fam_desc;
 
-static const char *fp4_name_at(int i, dev_kind *d) { const fp4_gemm_impl *p = ops_fp4_gemm_at(i); *d = p->dev; return p->name; }
-static const char *gemm_name_at(int i, dev_kind *d) { const gemm_impl *p = ops_gemm_at(i); *d = p->dev; return p->name; }
-static const char *moe_name_at(int i, dev_kind *d) { const moe_impl *p = ops_moe_at(i); *d = p->dev; return p->name; }
+#define NAME_AT(fn, T, at)                                                  \
+    static const char *fn(int i, dev_kind *d, int *test_only) {             \
+        const T *p = at(i);                                                 \
+        *d = p->dev;                                                        \
+        *test_only = p->test_only;                                          \
+        return p->name;                                                     \
+    }
+NAME_AT(fp4_name_at, fp4_gemm_impl, ops_fp4_gemm_at)
+NAME_AT(gemm_name_at, gemm_impl, ops_gemm_at)
+NAME_AT(moe_name_at, moe_impl, ops_moe_at)
+NAME_AT(attn_name_at, attn_impl, ops_attn_at)
+NAME_AT(gdn_name_at, gdn_impl, ops_gdn_at)
+#undef NAME_AT
 
 int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     dev_info dev;
@@ -565,28 +584,36 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         {"fp4_gemm", ops_fp4_gemm_count, fp4_name_at},
         {"gemm", ops_gemm_count, gemm_name_at},
         {"moe", ops_moe_count, moe_name_at},
+        {"attention", ops_attn_count, attn_name_at},
+        {"gdn", ops_gdn_count, gdn_name_at},
     };
     int complete = 1;
     double t_start = now_sec();
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         const fam_desc *fd = &fams[f];
         if (!wanted(o->families, fd->name)) continue;
-        int n_shapes = !strcmp(fd->name, "fp4_gemm") ? s->n_fp4 : !strcmp(fd->name, "gemm") ? s->n_bf16
-                                                                                          : (s->n_experts > 0);
+        int n_shapes = !strcmp(fd->name, "fp4_gemm")    ? s->n_fp4
+                       : !strcmp(fd->name, "gemm")      ? s->n_bf16
+                       : !strcmp(fd->name, "moe")       ? s->n_experts > 0
+                       : !strcmp(fd->name, "attention") ? s->n_heads > 0
+                                                        : s->nk > 0;
         if (n_shapes == 0) {
             fprintf(stderr, "doctor: %s: the model has no such op, skipped\n", fd->name);
             continue;
         }
         /* the device's backends, the reference first */
         const char *names[32];
+        int test_only[32];
         int nb = 0;
         const char *refname = cuda ? "cuda_ref" : "cpu_ref";
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < fd->count() && nb < 32; i++) {
                 dev_kind dk;
-                const char *nm = fd->name_at(i, &dk);
+                int to;
+                const char *nm = fd->name_at(i, &dk, &to);
                 if (dk != dev.kind || !wanted(o->backends, nm)) continue;
                 if ((pass == 0) != !strcmp(nm, refname)) continue;
+                test_only[nb] = to;
                 names[nb++] = nm;
             }
         if (nb == 0) {
@@ -625,7 +652,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                 }
             int best = -1;
             for (int b = 0; b < nb; b++)
-                if (isfinite(sum[b]) && (best < 0 || sum[b] < sum[best])) best = b;
+                if (!test_only[b] && isfinite(sum[b]) && (best < 0 || sum[b] < sum[best])) best = b;
             char mk[16];
             snprintf(mk, sizeof mk, "%d", o->ms[m]);
             json_object_set_new(fam_choice, mk, best >= 0 ? json_string(names[best]) : json_null());
@@ -635,7 +662,15 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         json_object_set_new(choice, fd->name, fam_choice);
         for (int sh = 0; sh < n_shapes; sh++) {
             char title[300];
-            if (!strcmp(fd->name, "moe"))
+            if (!strcmp(fd->name, "attention"))
+                snprintf(title, sizeof title,
+                         "attention  %d heads / %d kv heads x %d%s, paged (16-token pages), decode rows and "
+                         "prefill chunks mixed", s->n_heads, s->n_kv_heads, s->head_dim, s->gated ? ", output gate" : "");
+            else if (!strcmp(fd->name, "gdn"))
+                snprintf(title, sizeof title,
+                         "gdn  %d k-heads / %d v-heads, dk %d dv %d, conv %d, per-slot state, decode rows and "
+                         "prefill chunks mixed", s->nk, s->nv, s->dk, s->dv, s->conv_k);
+            else if (!strcmp(fd->name, "moe"))
                 snprintf(title, sizeof title,
                          "moe  H=%d E=%d top-%d I=%d shared=%d (%s experts)", s->hidden, s->n_experts, s->top_k,
                          s->moe_inter, s->shared_inter, s->nvfp4 ? "NVFP4" : "BF16");
@@ -647,9 +682,10 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          wb >= 1e6 ? wb / 1e6 : wb / 1e3, wb >= 1e6 ? "MB" : "kB");
             }
             json_t *tab = json_pack("{s:s,s:s,s:O}", "family", fd->name, "title", title, "ms", ms_arr);
-            json_t *backs = json_array(), *cells = json_object(), *chosen = json_object();
+            json_t *backs = json_array(), *cells = json_object(), *chosen = json_object(), *tonly = json_array();
             for (int b = 0; b < nb; b++) {
                 json_array_append_new(backs, json_string(names[b]));
+                if (test_only[b]) json_array_append_new(tonly, json_string(names[b]));
                 json_t *row = json_object();
                 for (int m = 0; m < o->n_ms; m++) {
                     char mk[16];
@@ -662,7 +698,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                 int best = -1;
                 for (int b = 0; b < nb; b++) {
                     cell *c = &res[b][sh * o->n_ms + m];
-                    if (!strcmp(c->status, "ok") && c->ms > 0 &&
+                    if (!test_only[b] && !strcmp(c->status, "ok") && c->ms > 0 &&
                         (best < 0 || c->ms < res[best][sh * o->n_ms + m].ms))
                         best = b;
                 }
@@ -674,6 +710,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             json_object_set_new(tab, "backends", backs);
             json_object_set_new(tab, "cells", cells);
             json_object_set_new(tab, "chosen", chosen);
+            json_object_set_new(tab, "test_only", tonly);
             json_array_append_new(tables, tab);
         }
         for (int b = 0; b < nb; b++) free(res[b]);

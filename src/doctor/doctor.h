@@ -60,7 +60,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e);
 typedef struct doctor_opts {
     const char *device;      /* "cuda" | "cpu" */
     const char *json_path;   /* NULL: no report file */
-    const char *families;    /* comma list of gemm,fp4_gemm,moe,attention,gdn; NULL = all */
+    const char *families;    /* comma list of fp4_gemm,gemm,moe,attention,gdn; NULL = all */
     const char *backends;    /* comma list to restrict to; NULL = all of the device */
     int ms[DOC_MAX_M];       /* buckets */
     int n_ms;

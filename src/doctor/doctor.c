@@ -494,21 +494,94 @@ NAME_AT(attn_name_at, attn_impl, ops_attn_at)
 NAME_AT(gdn_name_at, gdn_impl, ops_gdn_at)
 #undef NAME_AT
 
-int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
-    dev_info dev;
-    char driver[96] = "n/a";
-    int cuda = !strcmp(o->device, "cuda");
-    if (cuda) {
+static int open_device(const doctor_opts *o, dev_info *dev, char *driver, size_t dn, ls_err *e) {
+    snprintf(driver, dn, "n/a");
+    if (!strcmp(o->device, "cuda")) {
 #ifdef LS_HAVE_CUDA
         if (lsc_device_count(e) <= 0) return err_prefix(e, "doctor --device cuda: no usable GPU");
-        if (lsc_device_open(0, &dev, driver, sizeof driver, e)) return err_prefix(e, "doctor --device cuda");
+        if (lsc_device_open(0, dev, driver, dn, e)) return err_prefix(e, "doctor --device cuda");
+        return 0;
 #else
         return errf(e, ERR_UNSUPPORTED, "doctor --device cuda: this build has no CUDA (built with NO_CUDA=1)");
 #endif
-    } else if (!strcmp(o->device, "cpu")) {
-        ops_cpu_dev(&dev);
-    } else {
-        return errf(e, ERR_INVAL, "--device: '%s' is not cpu or cuda", o->device);
+    }
+    if (!strcmp(o->device, "cpu")) {
+        ops_cpu_dev(dev);
+        return 0;
+    }
+    return errf(e, ERR_INVAL, "--device: '%s' is not cpu or cuda", o->device);
+}
+
+/* The cache file of this (device, driver, build, shapes, buckets, families,
+ * backends, broken-backend switch). */
+static void cache_path_for(const doctor_opts *o, const doc_shapes *s, const dev_info *dev, const char *driver,
+                           char *out, size_t n) {
+    char *shapes_json = doc_shapes_json(s);
+    char ms_list[256] = "", cc[16], bid[32];
+    for (int i = 0; i < o->n_ms; i++)
+        snprintf(ms_list + strlen(ms_list), sizeof ms_list - strlen(ms_list), "%s%d", i ? "," : "", o->ms[i]);
+    snprintf(cc, sizeof cc, "%d.%d", dev->cc_major, dev->cc_minor);
+    snprintf(bid, sizeof bid, "%016llx", (unsigned long long)build_id(o->self_exe));
+    const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
+    buf key;
+    buf_init(&key);
+    buf_printf(&key, "%s|%s|%s|%s|%s|%s|%s|%s|%s", dev->name, cc, driver, bid, shapes_json, ms_list,
+               o->families ? o->families : "", o->backends ? o->backends : "", tb ? tb : "");
+    doctor_cache_path(key.data, out, n);
+    buf_free(&key);
+    free(shapes_json);
+}
+
+json_t *doctor_cache_lookup(const doctor_opts *o, const doc_shapes *s, char *path, size_t pn, ls_err *e) {
+    dev_info dev;
+    char driver[96];
+    if (open_device(o, &dev, driver, sizeof driver, e)) return NULL;
+    char p[1024];
+    cache_path_for(o, s, &dev, driver, p, sizeof p);
+    if (path) snprintf(path, pn, "%s", p);
+    json_t *r = json_load_file(p, 0, NULL);
+    if (!r) errf(e, ERR_IO, "no cached doctor decision (%s)", p);
+    return r;
+}
+
+const char *doctor_pick(json_t *report, const char *family, int M) {
+    json_t *fam = json_object_get(json_object_get(report, "choice"), family);
+    const char *k;
+    json_t *v;
+    long best = -1, largest = -1;
+    const char *pick = NULL, *plargest = NULL;
+    json_object_foreach(fam, k, v) {
+        long b = strtol(k, NULL, 10);
+        if (b >= M && (best < 0 || b < best)) {
+            best = b;
+            pick = json_string_value(v);
+        }
+        if (b > largest) {
+            largest = b;
+            plargest = json_string_value(v);
+        }
+    }
+    return best >= 0 ? pick : plargest;
+}
+
+int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
+    dev_info dev;
+    char driver[96];
+    int cuda = !strcmp(o->device, "cuda");
+    int orc = open_device(o, &dev, driver, sizeof driver, e);
+    if (orc) return orc;
+    char cache_path[1024];
+    cache_path_for(o, s, &dev, driver, cache_path, sizeof cache_path);
+    if (o->use_cache) {
+        json_t *cached = json_load_file(cache_path, 0, NULL);
+        if (cached) {
+            fprintf(stderr, "doctor: using the cached decision %s\n", cache_path);
+            doctor_render(cached, stdout);
+            int rc = json_is_true(json_object_get(cached, "complete")) ? 0 : 1;
+            if (o->json_path) json_dump_file(cached, o->json_path, JSON_INDENT(1));
+            json_decref(cached);
+            return rc;
+        }
     }
 
     char *shapes_json = doc_shapes_json(s);
@@ -554,31 +627,6 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     json_object_set_new(report, "choice", choice);
     json_t *ms_arr = json_array();
     for (int i = 0; i < o->n_ms; i++) json_array_append_new(ms_arr, json_integer(o->ms[i]));
-
-    /* cache key: device, driver, build, shapes, buckets, families, backends, broken-backend switch */
-    buf key;
-    buf_init(&key);
-    const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
-    buf_printf(&key, "%s|%s|%s|%s|%s|%s|%s|%s|%s", dev.name, cc, driver, bid, shapes_json, ms_list,
-               o->families ? o->families : "", o->backends ? o->backends : "", tb ? tb : "");
-    char cache_path[1024];
-    doctor_cache_path(key.data, cache_path, sizeof cache_path);
-    buf_free(&key);
-    if (o->use_cache) {
-        json_t *cached = json_load_file(cache_path, 0, NULL);
-        if (cached) {
-            fprintf(stderr, "doctor: using the cached decision %s\n", cache_path);
-            doctor_render(cached, stdout);
-            int rc = json_is_true(json_object_get(cached, "complete")) ? 0 : 1;
-            if (o->json_path) json_dump_file(cached, o->json_path, JSON_INDENT(1));
-            json_decref(cached);
-            json_decref(report);
-            json_decref(ms_arr);
-            unlink(shapes_file);
-            free(shapes_json);
-            return rc;
-        }
-    }
 
     static const fam_desc fams[] = {
         {"fp4_gemm", ops_fp4_gemm_count, fp4_name_at},

@@ -703,13 +703,15 @@ static int forward(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     const ls_stream st = m->ops.stream;
     const int H = cfg->hidden;
     int T = 0, P = 0;
+    int max_ctx = 0;
     for (int s = 0; s < b->n_seq; s++) {
         T += b->seqs[s].n_new;
+        if (b->seqs[s].n_past + b->seqs[s].n_new > max_ctx) max_ctx = b->seqs[s].n_past + b->seqs[s].n_new;
         if (m->n_full) P += (b->seqs[s].n_past + b->seqs[s].n_new + c->page_size - 1) / c->page_size;
     }
     if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
     mws *w = &m->ws;
-    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq};
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
     const int32_t *d_ids = NULL, *d_rows = NULL;
     int n_rows = upload_tables(m, c, b, T, P, &f, &d_ids, &d_rows, e);
     if (n_rows < 0) return n_rows;

@@ -158,12 +158,18 @@ static int reg_add(registry *r, const void *impl, int is_ref) {
 }
 
 __attribute__((weak)) void ops_cuda_register_all(void);
+#ifdef LS_HAVE_CUDA
+/* a strong reference: it pulls src/ops/cuda/fwd_dev.o out of the static library */
+#define HAVE_FWD_HOOK 1
+#else
 __attribute__((weak)) void ops_cuda_register_fwd(void);
+#define HAVE_FWD_HOOK (ops_cuda_register_fwd != NULL)
+#endif
 
 static void reg_init(void) {
     g_initialising = 1;
     if (ops_cuda_register_all) ops_cuda_register_all();
-    if (ops_cuda_register_fwd) ops_cuda_register_fwd();
+    if (HAVE_FWD_HOOK) ops_cuda_register_fwd();
     cpu_register_all();
     const char *b = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
     if (b && !strcmp(b, "1")) cpu_register_broken();

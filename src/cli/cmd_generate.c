@@ -152,7 +152,8 @@ int cmd_generate(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand generate: error: %s\n", err);
         free(ids);
-        return err_exit_code(rc);
+        /* a model, flag or device this build cannot use is bad input */
+        return rc == LS_ERR_UNSUPPORTED ? 2 : err_exit_code(rc);
     }
     ls_model_info mi;
     ls_engine_model_info(eng, &mi);

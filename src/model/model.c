@@ -248,7 +248,9 @@ static int bind_all(model *m, ls_err *e) {
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
- * No usable GPU for "cuda" is ERR_UNSUPPORTED "no CUDA device: <why>" (exit 1). */
+ * "cuda" without a usable GPU is "no CUDA device: <why>": ERR_RUNTIME (exit 1)
+ * when the CUDA runtime says why, ERR_UNSUPPORTED (bad input, exit 2) when
+ * this build has no CUDA code at all. */
 static int open_device(model *m, const model_opts *o, ls_err *e) {
     const char *dev = o && o->device ? o->device : NULL;
     if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
@@ -266,7 +268,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         if (rc == 0) {
             m->mem = cm;
         } else if (dev) {
-            return errf(e, ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
+            return errf(e, cm ? ERR_RUNTIME : ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
         } else {
             log_debug("device: no CUDA device (%s); using the CPU", ce.msg);
         }

@@ -200,6 +200,15 @@ def test_n2_returns_two_indexed_choices(srv, client, eos):
     assert [c.index for c in r.choices] == [0, 1]
     assert all(c.message.content == "Hi" for c in r.choices)
     assert r.usage.completion_tokens == 2 * (r.usage.completion_tokens // 2)
+    chunks = list(chat(client, n=2, stream=True, stream_options={"include_usage": True}, logprobs=True,
+                       extra_body={"force_ids": ids, "chat_template_kwargs": {"enable_thinking": False}}))
+    for i in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        assert mine[0].delta.role == "assistant"
+        assert "".join(ch.delta.content or "" for ch in mine) == "Hi"
+        assert [ch.finish_reason for ch in mine if ch.finish_reason] == ["stop"]
+        assert sum(len(ch.logprobs.content) for ch in mine if ch.logprobs) == len(ids)
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
 def test_stop_string_trims_output(srv, client, eos):

@@ -76,7 +76,8 @@ char *bench_error_text(int status, const char *body);
 
 /* ---- options shared by bench and sweep ------------------------------------- */
 typedef struct bench_opts {
-    const char *base_url;       /* no trailing slash */
+    const char *base_url;       /* no trailing slash (points into base_url_buf) */
+    char *base_url_buf;         /* owned */
     const char *backend;        /* "openai-chat" | "openai" */
     const char *model;          /* NULL: first of GET /v1/models */
     int num_prompts;            /* the largest of per_level_prompts when that is a list */

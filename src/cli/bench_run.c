@@ -52,6 +52,9 @@ void bench_opts_default(bench_opts *o) {
 }
 
 void bench_opts_free(bench_opts *o) {
+    free(o->base_url_buf);
+    o->base_url_buf = NULL;
+    o->base_url = NULL;
     json_decref(o->extra_body);
     o->extra_body = NULL;
     free(o->conc);
@@ -112,7 +115,9 @@ int bench_opts_parse_flag(bench_opts *o, int argc, char **argv, int *i, ls_err *
     }
     int rc = 0;
     if (!strcmp(flag, "--base-url")) {
-        char *s = xstrdup(v); /* kept for the process lifetime */
+        char *s = xstrdup(v);
+        free(o->base_url_buf);
+        o->base_url_buf = s;
         size_t n = strlen(s);
         while (n && s[n - 1] == '/') s[--n] = 0;
         if (strncmp(s, "http://", 7) && strncmp(s, "https://", 8))

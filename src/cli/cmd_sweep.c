@@ -122,7 +122,15 @@ static char *substitute(const char *t, grid *g, int ng, const int *idx) {
     return buf_detach(&b);
 }
 
+static void grid_free(grid *g) {
+    for (int v = 0; v < g->n; v++) free(g->vals[v]);
+    free(g->vals);
+    free(g->name);
+    memset(g, 0, sizeof *g);
+}
+
 static int parse_grid(const char *s, grid *g, ls_err *e) {
+    memset(g, 0, sizeof *g);
     const char *eq = strchr(s, '=');
     if (!eq || eq == s) return errf(e, ERR_INVAL, "--grid: '%s' is not name=v1,v2,...", s);
     for (const char *q = s; q < eq; q++)
@@ -135,7 +143,11 @@ static int parse_grid(const char *s, grid *g, ls_err *e) {
     const char *v = eq + 1;
     for (;;) {
         size_t len = strcspn(v, ",");
-        if (len == 0) return errf(e, ERR_INVAL, "--grid %s: empty value in '%s'", g->name, eq + 1);
+        if (len == 0) {
+            errf(e, ERR_INVAL, "--grid %s: empty value in '%s'", g->name, eq + 1);
+            grid_free(g);
+            return ERR_INVAL;
+        }
         g->vals = xrealloc(g->vals, sizeof(char *) * (g->n + 1));
         char *x = xmalloc(len + 1);
         memcpy(x, v, len);
@@ -380,7 +392,7 @@ int cmd_sweep(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
-            return 0;
+            goto out;
         }
         if (!strcmp(a, "--no-bench")) {
             c.no_bench = 1;
@@ -405,12 +417,12 @@ int cmd_sweep(int argc, char **argv) {
             case 1:
                 grids = xrealloc(grids, sizeof(grid) * (ng + 1));
                 if (parse_grid(v, &grids[ng], &e)) goto bad;
-                for (int q = 0; q < ng; q++)
-                    if (!strcmp(grids[q].name, grids[ng].name)) {
-                        errf(&e, ERR_INVAL, "--grid %s is given twice", grids[ng].name);
+                ng++;
+                for (int q = 0; q < ng - 1; q++)
+                    if (!strcmp(grids[q].name, grids[ng - 1].name)) {
+                        errf(&e, ERR_INVAL, "--grid %s is given twice", grids[ng - 1].name);
                         goto bad;
                     }
-                ng++;
                 break;
             case 2:
             case 4:
@@ -492,12 +504,14 @@ int cmd_sweep(int argc, char **argv) {
     if (!c.log_dir) {
         if (!mkdtemp(tmpl)) {
             fprintf(stderr, "laststand: error: mkdtemp %s: %s\n", tmpl, strerror(errno));
-            return 1;
+            exit_code = 1;
+            goto out;
         }
         c.log_dir = tmpl;
     } else if (mkdir(c.log_dir, 0755) && errno != EEXIST) {
         fprintf(stderr, "laststand: error: --log-dir %s: %s\n", c.log_dir, strerror(errno));
-        return 1;
+        exit_code = 1;
+        goto out;
     }
     sweep_install_signal_handlers();
 
@@ -603,14 +617,13 @@ int cmd_sweep(int argc, char **argv) {
         json_decref(p->smoke), json_decref(p->bench);
     }
     free(pr), free(idx), free(pidx);
-    for (int g = 0; g < ng; g++) {
-        for (int v = 0; v < grids[g].n; v++) free(grids[g].vals[v]);
-        free(grids[g].vals), free(grids[g].name);
-    }
+    goto out;
+bad:
+    fprintf(stderr, "laststand: error: %s\n", e.msg);
+    exit_code = 2;
+out:
+    for (int g = 0; g < ng; g++) grid_free(&grids[g]);
     free(grids);
     bench_opts_free(&c.bo);
     return exit_code;
-bad:
-    fprintf(stderr, "laststand: error: %s\n", e.msg);
-    return 2;
 }

@@ -124,6 +124,7 @@ int sweep_smoke_run(const char *base_url, const char *api_key, const char *model
     buf_free(&url);
     if (rc) {
         for (int i = 0; i < N_PROMPTS; i++) bench_req_free(&reqs[i]);
+        sweep_smoke_free(s);
         return rc;
     }
     buf why;

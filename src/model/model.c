@@ -248,9 +248,9 @@ static int bind_all(model *m, ls_err *e) {
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
- * "cuda" without a usable GPU is "no CUDA device: <why>": ERR_RUNTIME (exit 1)
- * when the CUDA runtime says why, ERR_UNSUPPORTED (bad input, exit 2) when
- * this build has no CUDA code at all. */
+ * "cuda" without a usable GPU is "no CUDA device: <why>" (the CLI exits 1):
+ * ERR_RUNTIME when the CUDA runtime says why, ERR_UNSUPPORTED when this
+ * build has no CUDA code at all. */
 static int open_device(model *m, const model_opts *o, ls_err *e) {
     const char *dev = o && o->device ? o->device : NULL;
     if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))

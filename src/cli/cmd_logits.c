@@ -64,8 +64,9 @@ int cmd_logits(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand logits: error: %s\n", e.msg);
         free(ids);
-        /* a bad model or flag is 2; what this machine cannot do (no GPU, no memory) is 1 */
-        return rc == ERR_UNSUPPORTED || rc == ERR_RUNTIME || rc == ERR_NOMEM ? 1 : 2;
+        /* a bad model or flag, or a device this build lacks, is 2; what this machine
+         * cannot do at run time (no GPU answering, no memory) is 1 */
+        return rc == ERR_RUNTIME || rc == ERR_NOMEM ? 1 : 2;
     }
     const int V = model_cfg(m)->vocab;
     for (int i = 0; i < n; i++)

@@ -118,6 +118,21 @@ def test_tool_use_template_is_chosen_with_tools_like_transformers(shared_dir, ls
         assert r.stdout == oracle(msgs, tools, None, False, {}), name
 
 
+def test_generation_tag_renders_its_body_like_transformers(shared_dir, ls_bin, tmp_path):
+    """transformers' AssistantTracker extension adds {% generation %}; rendering keeps its body."""
+    tmpl = ("{%- for m in messages %}<{{ m.role }}>\n{% if m.role == 'assistant' %}{% generation %}"
+            "{{ m.content }}\n{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    t = tmp_path / "gen.jinja"
+    t.write_text(tmpl, encoding="utf-8")
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    name, oracle = _oracle(TOKDIR)
+    if not name.startswith("transformers"):
+        pytest.skip("needs transformers' own environment (its AssistantTracker extension)")
+    r = render(tmp_path, {"messages": msgs}, str(t))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == oracle(msgs, None, tmpl, False, {}), name
+
+
 def test_cli_reports_bad_request_and_bad_template(shared_dir, ls_bin, tmp_path):
     p = tmp_path / "bad.json"
     p.write_text('{"messages": [', encoding="utf-8")

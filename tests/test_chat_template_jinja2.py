@@ -202,6 +202,16 @@ CASES = [
     ("{% set c = cycler('a', 'b') %}{{ c.next() }}{{ c.next() }}{{ c.next() }}{{ c.current }}{{ c.reset() }}{{ c.next() }} "
      "{% set j = joiner(' | ') %}{% for x in l %}{{ j() }}{{ x }}{% endfor %}", None),
     ("{% for x in l %}{{ loop(x) }}{% endfor %}", "The loop must have the 'recursive' marker to be called recursively."),
+    # a Hermes-style recursive type macro over JSON schemas
+    ("{%- macro ty(spec) %}{%- set m = {'string': 'str', 'number': 'float', 'integer': 'int', 'boolean': 'bool'} %}"
+     "{%- if m[spec.type] is defined %}{{- m[spec.type] }}{%- elif spec.type == 'array' %}{{- 'list[' + ty(spec['items']) + ']' }}"
+     "{%- elif spec.type == 'object' %}{%- if spec.additionalProperties is defined %}{{- 'dict[str, ' + ty(spec.additionalProperties) + ']' }}"
+     "{%- else %}{{- 'dict' }}{%- endif %}{%- elif spec.type is iterable %}{{- 'Union[' }}{%- for t in spec.type %}{{- ty({'type': t}) }}"
+     "{%- if not loop.last %},{% endif %}{%- endfor %}]{%- else %}Any{%- endif %}{%- endmacro %}"
+     "{%- for name, f in {'a': {'type': 'array', 'items': {'type': 'integer'}}, 'b': {'type': ['string', 'integer']},"
+     " 'c': {'type': 'object', 'additionalProperties': {'type': 'number'}}, 'd': {}}|items %}{{ name }}: {{ ty(f) }}; {% endfor %}", None),
+    ("{{ 'The quick brown fox jumps over'|truncate(12) }}|{{ 'The quick brown fox'|truncate(12, true) }}|{{ 'short'|truncate(5) }}|"
+     "{{ 'abcdefghij klm'|truncate(9, false, '~', 0) }}|{{ 'héllo wörld again'|truncate(10, leeway=0) }}", None),
     # the variables transformers passes
     ("{{ eos_token }}|{{ bos_token is defined }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}", None),
 ]
@@ -219,6 +229,7 @@ def _oracle(env, tmpl):
                                         **{**special, **V})
 
 
+@pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")  # a case pins '\\q'
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_template_matches_jinja2(i, env, shared_dir, ls_bin, tmp_path):
     tmpl, err = CASES[i]

@@ -62,6 +62,9 @@ def test_broken_moe_backends_eliminated_for_the_right_reason(ls_bin, fixture_mod
         assert t["chosen"][m] in ("cpu_ref", "cpu_grouped")
         assert rep["choice"]["moe"][m] in ("cpu_ref", "cpu_grouped")
     assert "SIGABRT" in t["cells"]["cpu_broken_abort"]["1"]["detail"]
+    # deliberately broken backends are shown but flagged, never chosen
+    assert {"cpu_broken_nan", "cpu_broken_abort"} <= set(t["test_only"])
+    assert "(test-only)" in p.stdout
     # the matrix on stdout shows the verdicts
     assert "❌ wrong" in p.stdout and "❌ crash" in p.stdout and "✅" in p.stdout
     # the cache file was written under XDG_CACHE_HOME and is reused with --use-cache
@@ -111,3 +114,25 @@ def test_doctor_cuda_without_gpu_fails_clearly(ls_bin, tmp_path):
     p = doctor(tmp_path, "--device", "cuda", "--shapes", "qwen3.5-35b-a3b", timeout=60)
     assert p.returncode == 1
     assert "cuda" in p.stderr.lower() and "error" in p.stderr
+
+
+def test_sequence_families_on_heterogeneous_batches(ls_bin, fixture_model, tmp_path):
+    """attention and gdn: decode rows and prefill chunks mixed in one step; the
+    chunked GDN backend is validated against the reference (outputs and final
+    per-slot states) but, being test-only, is never chosen."""
+    js = tmp_path / "rep.json"
+    p = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "attention,gdn",
+               "--m", "1,5,96", "--json", js)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(js.read_text())
+    (att,) = table(rep, "attention")
+    (gdn,) = table(rep, "gdn")
+    assert "output gate" in att["title"] and "4 heads / 2 kv heads x 32" in att["title"]
+    for m in ("1", "5", "96"):
+        assert att["cells"]["cpu_ref"][m]["status"] == "ok"
+        if "cpu_chunked" in gdn["backends"]:
+            c = gdn["cells"]["cpu_chunked"][m]
+            assert c["status"] == "ok", c
+            assert c["rel_err"] < 1e-3  # fp32 chunked vs fp32 per-token: rounding only
+            assert gdn["chosen"][m] != "cpu_chunked" or "cpu_chunked" not in gdn["test_only"]
+    assert "cpu_chunked" not in rep["choice"]["gdn"].values() or "cpu_chunked" not in gdn["test_only"]

@@ -44,7 +44,8 @@ def test_sglang_style_launch_line_and_full_queue_gives_503(ls_bin, demo_model):
     with Server(ls_bin, demo_model, "--served-model-name", "q", "--tp", "1", "--host", "127.0.0.1",
                 "--attention-backend", "auto", "--disable-custom-all-reduce", "--log-level", "warning",
                 "--max-running-requests", "1", "--max-queued-requests", "1", "--chunked-prefill-size", "512",
-                "--reasoning-parser=qwen3", "--tool_call_parser", "qwen3_coder") as s:
+                "--reasoning-parser=qwen3", "--tool_call_parser", "qwen3_coder", "--enable-metrics",
+                "--trust-remote-code") as s:
         info = json.loads(s.get("/get_server_info")[1])
         assert info["max_running_requests"] == 1 and info["chunked_prefill_size"] == 512
         statuses = []

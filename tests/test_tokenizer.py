@@ -457,3 +457,29 @@ def test_sentencepiece_style_byte_fallback_matches_hf(ls_bin, tmp_path):
     with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
         json.dump(j, f, ensure_ascii=False)
     compare_with_hf(str(tmp_path), texts[:200], "sentencepiece-style BPE, unk")
+
+
+def test_ignore_merges_matches_hf(ls_bin, trained_dir, tmp_path):
+    """model.ignore_merges: a word that is itself in the vocab is one token, merges or not."""
+    with open(os.path.join(trained_dir, "tokenizer.json"), encoding="utf-8") as f:
+        j = json.load(f)
+    j["model"]["ignore_merges"] = True
+    with open(tmp_path / "tokenizer.json", "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+    rng = random.Random(SEED + 13)
+    compare_with_hf(str(tmp_path), [rand_text(rng, 20) for _ in range(300)], "ignore_merges")
+
+
+def test_subword_prefix_suffix_and_no_decoder_match_hf(ls_bin, tmp_path):
+    """continuing_subword_prefix / end_of_word_suffix in the model, a Whitespace
+    pre-tokenizer (not byte-level), an unk token, and no decoder (HF joins with spaces)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    rng = random.Random(7)
+    corpus = [rand_text(rng, 20) for _ in range(2000)]
+    tok = Tokenizer(models.BPE(unk_token="[UNK]", continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=900, limit_alphabet=150, special_tokens=["[UNK]"],
+                                                        continuing_subword_prefix="##", end_of_word_suffix="</w>"))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    texts = [rand_text(random.Random(SEED + 14 + i), 15) for i in range(300)]
+    compare_with_hf(str(tmp_path), texts, "prefix/suffix BPE")

@@ -69,7 +69,10 @@ int cmd_chat_template(int argc, char **argv) {
     json_error_t je;
     json_t *req = !strcmp(req_path, "-") ? json_loadf(stdin, 0, &je) : json_load_file(req_path, 0, &je);
     if (!req) {
-        fprintf(stderr, "laststand: error: --request %s: line %d, column %d: %s\n", req_path, je.line, je.column, je.text);
+        if (je.line > 0)
+            fprintf(stderr, "laststand: error: --request %s: line %d, column %d: %s\n", req_path, je.line, je.column, je.text);
+        else
+            fprintf(stderr, "laststand: error: --request %s: %s\n", req_path, je.text);
         return 2;
     }
     const char *tmpl_name;

@@ -24,7 +24,7 @@ static void usage(FILE *f) {
             "                        [--fp4-shapes NxK,...] [--trial-timeout S] [--use-cache] [--seed N]\n"
             "  --shapes PRESET   qwen3.5-397b-a17b, qwen3.5-122b-a10b, qwen3.5-35b-a3b, qwen3-next-80b-a3b,\n"
             "                    qwen3-30b-a3b (the real models' op shapes, no weights needed)\n"
-            "  --families LIST   of fp4_gemm,gemm,moe (default: all the model has)\n"
+            "  --families LIST   of fp4_gemm,gemm,moe,attention,gdn (default: all the model has)\n"
             "  --m LIST          batch-size buckets (default 1,2,4,...,2048,3072,4096,8192)\n"
             "  --fp4-shapes      test fp4_gemm on these [N x K] weights instead of the model's\n"
             "  --use-cache       print the cached decision for this GPU, driver, build and shapes if any\n"

@@ -152,8 +152,7 @@ int cmd_generate(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand generate: error: %s\n", err);
         free(ids);
-        /* a model, flag or device this build cannot use is bad input */
-        return rc == LS_ERR_UNSUPPORTED ? 2 : err_exit_code(rc);
+        return err_exit_code(rc); /* 2 for a bad model or flag; 1 e.g. for a missing GPU */
     }
     ls_model_info mi;
     ls_engine_model_info(eng, &mi);

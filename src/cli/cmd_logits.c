@@ -64,7 +64,8 @@ int cmd_logits(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand logits: error: %s\n", e.msg);
         free(ids);
-        /* a bad model or flag is 2; what this machine cannot do (no GPU, no memory) is 1 */
+        /* a bad model or flag is 2; what this machine or build cannot do (no GPU, no
+         * memory) is 1, as generate */
         return rc == ERR_UNSUPPORTED || rc == ERR_RUNTIME || rc == ERR_NOMEM ? 1 : 2;
     }
     const int V = model_cfg(m)->vocab;

@@ -50,7 +50,7 @@ typedef struct serve_args {
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static;
-    int trust_backend, disable_custom_all_reduce;
+    int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
 } serve_args;
 
 static void usage(const flag *flags, int n) {
@@ -178,6 +178,9 @@ int cmd_serve(int argc, char **argv) {
         {"reasoning-parser", F_STR, &a.reasoning_parser, "split reasoning_content: qwen3", REASONING},
         {"tool-call-parser", F_STR, &a.tool_call_parser, "parse tool calls: qwen3_coder | qwen25", TOOLPARSERS},
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
+        {"enable-metrics", F_BOOL, &a.enable_metrics, "accepted (/metrics is always on)", NULL},
+        {"trust-remote-code", F_BOOL, &a.trust_remote_code, "accepted (no model code is ever run)", NULL},
+        {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "accepted (there is no prefix cache yet)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
         {"max-running-requests", F_INT, &a.max_running_requests, "running batch cap (default 64)", NULL},
         {"max-queued-requests", F_INT, &a.max_queued_requests, "requests waiting for admission before 503 (default 1024)", NULL},

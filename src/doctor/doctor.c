@@ -8,7 +8,9 @@
  * (removed at the end).
  * Invariants: the parent never runs a backend itself, so no backend can take
  * it down; the reference backend of a family is tried first so the other
- * backends' large jobs know whether its output can be trusted.
+ * backends' large jobs know whether its output can be trusted; test-only
+ * backends (the deliberately broken ones, unproven ones) are tried and shown
+ * but never chosen.
  */
 #include "doctor/doctor.h"
 
@@ -333,8 +335,15 @@ static void render_table(buf *b, json_t *tab) {
     buf_printf(b, "%6s  ", "M");
     size_t i, j;
     json_t *bn, *mv;
+    json_t *tonly = json_object_get(tab, "test_only");
     json_array_foreach(backs, i, bn) {
-        put_cell(b, json_string_value(bn), W);
+        char h[96];
+        int to = 0;
+        size_t q;
+        json_t *tn;
+        json_array_foreach(tonly, q, tn) to |= !strcmp(json_string_value(tn), json_string_value(bn));
+        snprintf(h, sizeof h, "%s%s", json_string_value(bn), to ? " (test-only)" : "");
+        put_cell(b, h, W);
         buf_puts(b, "  ");
     }
     buf_puts(b, "chosen\n");
@@ -468,28 +477,111 @@ static int wanted(const char *list, const char *name) {
 typedef struct fam_desc {
     const char *name;
     int (*count)(void);
-    const char *(*name_at)(int i, dev_kind *dev);
+    const char *(*name_at)(int i, dev_kind *dev, int *test_only);
 } fam_desc;
 
-static const char *fp4_name_at(int i, dev_kind *d) { const fp4_gemm_impl *p = ops_fp4_gemm_at(i); *d = p->dev; return p->name; }
-static const char *gemm_name_at(int i, dev_kind *d) { const gemm_impl *p = ops_gemm_at(i); *d = p->dev; return p->name; }
-static const char *moe_name_at(int i, dev_kind *d) { const moe_impl *p = ops_moe_at(i); *d = p->dev; return p->name; }
+#define NAME_AT(fn, T, at)                                                  \
+    static const char *fn(int i, dev_kind *d, int *test_only) {             \
+        const T *p = at(i);                                                 \
+        *d = p->dev;                                                        \
+        *test_only = p->test_only;                                          \
+        return p->name;                                                     \
+    }
+NAME_AT(fp4_name_at, fp4_gemm_impl, ops_fp4_gemm_at)
+NAME_AT(gemm_name_at, gemm_impl, ops_gemm_at)
+NAME_AT(moe_name_at, moe_impl, ops_moe_at)
+NAME_AT(attn_name_at, attn_impl, ops_attn_at)
+NAME_AT(gdn_name_at, gdn_impl, ops_gdn_at)
+#undef NAME_AT
 
-int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
-    dev_info dev;
-    char driver[96] = "n/a";
-    int cuda = !strcmp(o->device, "cuda");
-    if (cuda) {
+static int open_device(const doctor_opts *o, dev_info *dev, char *driver, size_t dn, ls_err *e) {
+    snprintf(driver, dn, "n/a");
+    if (!strcmp(o->device, "cuda")) {
 #ifdef LS_HAVE_CUDA
         if (lsc_device_count(e) <= 0) return err_prefix(e, "doctor --device cuda: no usable GPU");
-        if (lsc_device_open(0, &dev, driver, sizeof driver, e)) return err_prefix(e, "doctor --device cuda");
+        if (lsc_device_open(0, dev, driver, dn, e)) return err_prefix(e, "doctor --device cuda");
+        return 0;
 #else
         return errf(e, ERR_UNSUPPORTED, "doctor --device cuda: this build has no CUDA (built with NO_CUDA=1)");
 #endif
-    } else if (!strcmp(o->device, "cpu")) {
-        ops_cpu_dev(&dev);
-    } else {
-        return errf(e, ERR_INVAL, "--device: '%s' is not cpu or cuda", o->device);
+    }
+    if (!strcmp(o->device, "cpu")) {
+        ops_cpu_dev(dev);
+        return 0;
+    }
+    return errf(e, ERR_INVAL, "--device: '%s' is not cpu or cuda", o->device);
+}
+
+/* The cache file of this (device, driver, build, shapes, buckets, families,
+ * backends, broken-backend switch). */
+static void cache_path_for(const doctor_opts *o, const doc_shapes *s, const dev_info *dev, const char *driver,
+                           char *out, size_t n) {
+    char *shapes_json = doc_shapes_json(s);
+    char ms_list[256] = "", cc[16], bid[32];
+    for (int i = 0; i < o->n_ms; i++)
+        snprintf(ms_list + strlen(ms_list), sizeof ms_list - strlen(ms_list), "%s%d", i ? "," : "", o->ms[i]);
+    snprintf(cc, sizeof cc, "%d.%d", dev->cc_major, dev->cc_minor);
+    snprintf(bid, sizeof bid, "%016llx", (unsigned long long)build_id(o->self_exe));
+    const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
+    buf key;
+    buf_init(&key);
+    buf_printf(&key, "%s|%s|%s|%s|%s|%s|%s|%s|%s", dev->name, cc, driver, bid, shapes_json, ms_list,
+               o->families ? o->families : "", o->backends ? o->backends : "", tb ? tb : "");
+    doctor_cache_path(key.data, out, n);
+    buf_free(&key);
+    free(shapes_json);
+}
+
+json_t *doctor_cache_lookup(const doctor_opts *o, const doc_shapes *s, char *path, size_t pn, ls_err *e) {
+    dev_info dev;
+    char driver[96];
+    if (open_device(o, &dev, driver, sizeof driver, e)) return NULL;
+    char p[1024];
+    cache_path_for(o, s, &dev, driver, p, sizeof p);
+    if (path) snprintf(path, pn, "%s", p);
+    json_t *r = json_load_file(p, 0, NULL);
+    if (!r) errf(e, ERR_IO, "no cached doctor decision (%s)", p);
+    return r;
+}
+
+const char *doctor_pick(json_t *report, const char *family, int M) {
+    json_t *fam = json_object_get(json_object_get(report, "choice"), family);
+    const char *k;
+    json_t *v;
+    long best = -1, largest = -1;
+    const char *pick = NULL, *plargest = NULL;
+    json_object_foreach(fam, k, v) {
+        long b = strtol(k, NULL, 10);
+        if (b >= M && (best < 0 || b < best)) {
+            best = b;
+            pick = json_string_value(v);
+        }
+        if (b > largest) {
+            largest = b;
+            plargest = json_string_value(v);
+        }
+    }
+    return best >= 0 ? pick : plargest;
+}
+
+int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
+    dev_info dev;
+    char driver[96];
+    int cuda = !strcmp(o->device, "cuda");
+    int orc = open_device(o, &dev, driver, sizeof driver, e);
+    if (orc) return orc;
+    char cache_path[1024];
+    cache_path_for(o, s, &dev, driver, cache_path, sizeof cache_path);
+    if (o->use_cache) {
+        json_t *cached = json_load_file(cache_path, 0, NULL);
+        if (cached) {
+            fprintf(stderr, "doctor: using the cached decision %s\n", cache_path);
+            doctor_render(cached, stdout);
+            int rc = json_is_true(json_object_get(cached, "complete")) ? 0 : 1;
+            if (o->json_path) json_dump_file(cached, o->json_path, JSON_INDENT(1));
+            json_decref(cached);
+            return rc;
+        }
     }
 
     char *shapes_json = doc_shapes_json(s);
@@ -536,57 +628,40 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     json_t *ms_arr = json_array();
     for (int i = 0; i < o->n_ms; i++) json_array_append_new(ms_arr, json_integer(o->ms[i]));
 
-    /* cache key: device, driver, build, shapes, buckets, families, backends, broken-backend switch */
-    buf key;
-    buf_init(&key);
-    const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
-    buf_printf(&key, "%s|%s|%s|%s|%s|%s|%s|%s|%s", dev.name, cc, driver, bid, shapes_json, ms_list,
-               o->families ? o->families : "", o->backends ? o->backends : "", tb ? tb : "");
-    char cache_path[1024];
-    doctor_cache_path(key.data, cache_path, sizeof cache_path);
-    buf_free(&key);
-    if (o->use_cache) {
-        json_t *cached = json_load_file(cache_path, 0, NULL);
-        if (cached) {
-            fprintf(stderr, "doctor: using the cached decision %s\n", cache_path);
-            doctor_render(cached, stdout);
-            int rc = json_is_true(json_object_get(cached, "complete")) ? 0 : 1;
-            if (o->json_path) json_dump_file(cached, o->json_path, JSON_INDENT(1));
-            json_decref(cached);
-            json_decref(report);
-            json_decref(ms_arr);
-            unlink(shapes_file);
-            free(shapes_json);
-            return rc;
-        }
-    }
-
     static const fam_desc fams[] = {
         {"fp4_gemm", ops_fp4_gemm_count, fp4_name_at},
         {"gemm", ops_gemm_count, gemm_name_at},
         {"moe", ops_moe_count, moe_name_at},
+        {"attention", ops_attn_count, attn_name_at},
+        {"gdn", ops_gdn_count, gdn_name_at},
     };
     int complete = 1;
     double t_start = now_sec();
     for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         const fam_desc *fd = &fams[f];
         if (!wanted(o->families, fd->name)) continue;
-        int n_shapes = !strcmp(fd->name, "fp4_gemm") ? s->n_fp4 : !strcmp(fd->name, "gemm") ? s->n_bf16
-                                                                                          : (s->n_experts > 0);
+        int n_shapes = !strcmp(fd->name, "fp4_gemm")    ? s->n_fp4
+                       : !strcmp(fd->name, "gemm")      ? s->n_bf16
+                       : !strcmp(fd->name, "moe")       ? s->n_experts > 0
+                       : !strcmp(fd->name, "attention") ? s->n_heads > 0
+                                                        : s->nk > 0;
         if (n_shapes == 0) {
             fprintf(stderr, "doctor: %s: the model has no such op, skipped\n", fd->name);
             continue;
         }
         /* the device's backends, the reference first */
         const char *names[32];
+        int test_only[32];
         int nb = 0;
         const char *refname = cuda ? "cuda_ref" : "cpu_ref";
         for (int pass = 0; pass < 2; pass++)
             for (int i = 0; i < fd->count() && nb < 32; i++) {
                 dev_kind dk;
-                const char *nm = fd->name_at(i, &dk);
+                int to;
+                const char *nm = fd->name_at(i, &dk, &to);
                 if (dk != dev.kind || !wanted(o->backends, nm)) continue;
                 if ((pass == 0) != !strcmp(nm, refname)) continue;
+                test_only[nb] = to;
                 names[nb++] = nm;
             }
         if (nb == 0) {
@@ -625,7 +700,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                 }
             int best = -1;
             for (int b = 0; b < nb; b++)
-                if (isfinite(sum[b]) && (best < 0 || sum[b] < sum[best])) best = b;
+                if (!test_only[b] && isfinite(sum[b]) && (best < 0 || sum[b] < sum[best])) best = b;
             char mk[16];
             snprintf(mk, sizeof mk, "%d", o->ms[m]);
             json_object_set_new(fam_choice, mk, best >= 0 ? json_string(names[best]) : json_null());
@@ -635,7 +710,15 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         json_object_set_new(choice, fd->name, fam_choice);
         for (int sh = 0; sh < n_shapes; sh++) {
             char title[300];
-            if (!strcmp(fd->name, "moe"))
+            if (!strcmp(fd->name, "attention"))
+                snprintf(title, sizeof title,
+                         "attention  %d heads / %d kv heads x %d%s, paged (16-token pages), decode rows and "
+                         "prefill chunks mixed", s->n_heads, s->n_kv_heads, s->head_dim, s->gated ? ", output gate" : "");
+            else if (!strcmp(fd->name, "gdn"))
+                snprintf(title, sizeof title,
+                         "gdn  %d k-heads / %d v-heads, dk %d dv %d, conv %d, per-slot state, decode rows and "
+                         "prefill chunks mixed", s->nk, s->nv, s->dk, s->dv, s->conv_k);
+            else if (!strcmp(fd->name, "moe"))
                 snprintf(title, sizeof title,
                          "moe  H=%d E=%d top-%d I=%d shared=%d (%s experts)", s->hidden, s->n_experts, s->top_k,
                          s->moe_inter, s->shared_inter, s->nvfp4 ? "NVFP4" : "BF16");
@@ -647,9 +730,10 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          wb >= 1e6 ? wb / 1e6 : wb / 1e3, wb >= 1e6 ? "MB" : "kB");
             }
             json_t *tab = json_pack("{s:s,s:s,s:O}", "family", fd->name, "title", title, "ms", ms_arr);
-            json_t *backs = json_array(), *cells = json_object(), *chosen = json_object();
+            json_t *backs = json_array(), *cells = json_object(), *chosen = json_object(), *tonly = json_array();
             for (int b = 0; b < nb; b++) {
                 json_array_append_new(backs, json_string(names[b]));
+                if (test_only[b]) json_array_append_new(tonly, json_string(names[b]));
                 json_t *row = json_object();
                 for (int m = 0; m < o->n_ms; m++) {
                     char mk[16];
@@ -662,7 +746,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                 int best = -1;
                 for (int b = 0; b < nb; b++) {
                     cell *c = &res[b][sh * o->n_ms + m];
-                    if (!strcmp(c->status, "ok") && c->ms > 0 &&
+                    if (!test_only[b] && !strcmp(c->status, "ok") && c->ms > 0 &&
                         (best < 0 || c->ms < res[best][sh * o->n_ms + m].ms))
                         best = b;
                 }
@@ -674,6 +758,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             json_object_set_new(tab, "backends", backs);
             json_object_set_new(tab, "cells", cells);
             json_object_set_new(tab, "chosen", chosen);
+            json_object_set_new(tab, "test_only", tonly);
             json_array_append_new(tables, tab);
         }
         for (int b = 0; b < nb; b++) free(res[b]);

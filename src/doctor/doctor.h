@@ -60,7 +60,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e);
 typedef struct doctor_opts {
     const char *device;      /* "cuda" | "cpu" */
     const char *json_path;   /* NULL: no report file */
-    const char *families;    /* comma list of gemm,fp4_gemm,moe,attention,gdn; NULL = all */
+    const char *families;    /* comma list of fp4_gemm,gemm,moe,attention,gdn; NULL = all */
     const char *backends;    /* comma list to restrict to; NULL = all of the device */
     int ms[DOC_MAX_M];       /* buckets */
     int n_ms;
@@ -85,6 +85,16 @@ void doctor_render(json_t *report, FILE *f);
 
 /* The hidden child side: `laststand doctor --trial ...` (see trial.c). */
 int doctor_trial_main(int argc, char **argv);
+
+/* For serve with `auto`: the cached report of a previous run with the same
+ * device, driver, build, shapes, buckets and families (o->device, o->ms,
+ * o->families, o->self_exe as for doctor_run), or NULL with e filled. path
+ * (may be NULL) receives the cache file's name. */
+json_t *doctor_cache_lookup(const doctor_opts *o, const doc_shapes *s, char *path, size_t pn, ls_err *e);
+/* The backend a report chose for family at a batch of M tokens: the choice of
+ * the smallest bucket >= M (the largest bucket above the last); NULL when no
+ * backend was correct there. The string lives as long as the report. */
+const char *doctor_pick(json_t *report, const char *family, int M);
 
 /* Cache file path for a key (~/.cache/laststand/doctor-<hash>.json). */
 void doctor_cache_path(const char *key, char *out, size_t n);

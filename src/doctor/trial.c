@@ -352,6 +352,10 @@ int doctor_trial_main(int argc, char **argv) {
         rc = td_run_gemm_jobs(&jc, !strcmp(family, "fp4_gemm"), start);
     else if (!strcmp(family, "moe"))
         rc = td_run_moe_jobs(&jc, start);
+    else if (!strcmp(family, "attention"))
+        rc = td_run_attn_jobs(&jc, start);
+    else if (!strcmp(family, "gdn"))
+        rc = td_run_gdn_jobs(&jc, start);
     else {
         fprintf(stderr, "doctor --trial: unknown family %s\n", family);
         rc = 2;

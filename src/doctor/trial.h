@@ -1,5 +1,5 @@
 /* trial.h: internals shared by the doctor's child side (trial.c) and its
- * per-family job drivers (trial_gemm.c, trial_moe.c): device memory on the
+ * per-family job drivers (trial_gemm.c, trial_moe.c, trial_seq.c): device memory on the
  * trial's device, timing, random inputs, comparison, result lines.
  */
 #ifndef LS_DOCTOR_TRIAL_H
@@ -57,5 +57,7 @@ void td_result(int job, const td_res *r);
 
 int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start);
 int td_run_moe_jobs(const td_job_ctx *c, int start);
+int td_run_attn_jobs(const td_job_ctx *c, int start);
+int td_run_gdn_jobs(const td_job_ctx *c, int start);
 
 #endif

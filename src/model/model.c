@@ -248,7 +248,9 @@ static int bind_all(model *m, ls_err *e) {
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
- * No usable GPU for "cuda" is ERR_UNSUPPORTED "no CUDA device: <why>" (exit 1). */
+ * "cuda" without a usable GPU is "no CUDA device: <why>" (the CLI exits 1):
+ * ERR_RUNTIME when the CUDA runtime says why, ERR_UNSUPPORTED when this
+ * build has no CUDA code at all. */
 static int open_device(model *m, const model_opts *o, ls_err *e) {
     const char *dev = o && o->device ? o->device : NULL;
     if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
@@ -266,7 +268,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         if (rc == 0) {
             m->mem = cm;
         } else if (dev) {
-            return errf(e, ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
+            return errf(e, cm ? ERR_RUNTIME : ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
         } else {
             log_debug("device: no CUDA device (%s); using the CPU", ce.msg);
         }
@@ -703,13 +705,15 @@ static int forward(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     const ls_stream st = m->ops.stream;
     const int H = cfg->hidden;
     int T = 0, P = 0;
+    int max_ctx = 0;
     for (int s = 0; s < b->n_seq; s++) {
         T += b->seqs[s].n_new;
+        if (b->seqs[s].n_past + b->seqs[s].n_new > max_ctx) max_ctx = b->seqs[s].n_past + b->seqs[s].n_new;
         if (m->n_full) P += (b->seqs[s].n_past + b->seqs[s].n_new + c->page_size - 1) / c->page_size;
     }
     if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
     mws *w = &m->ws;
-    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq};
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
     const int32_t *d_ids = NULL, *d_rows = NULL;
     int n_rows = upload_tables(m, c, b, T, P, &f, &d_ids, &d_rows, e);
     if (n_rows < 0) return n_rows;

@@ -134,6 +134,7 @@ typedef struct fwd_ctx {
     mws *ws;
     int n_tok;
     int n_seq;
+    int max_ctx;          /* the longest n_past + n_new */
     const attn_seq *aseq; /* [n_seq], pages in device memory */
     const gdn_seq *gseq;  /* [n_seq] */
     const int32_t *pos;   /* [n_tok] positions */

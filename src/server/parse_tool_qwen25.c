@@ -87,7 +87,7 @@ void tp_q25_feed(tp_stream *s, buf *content, tp_deltas *out, int final) {
 
 /* text starts at the first <tool_call>. */
 void tp_q25_parse(const json_t *tools, const char *text, tp_calls *calls) {
-    const char *p = text, *tend = text + strlen(text);
+    const char *p = text;
     while ((p = strstr(p, T_CALL))) {
         const char *bs = p + strlen(T_CALL);
         const char *be = strstr(bs, T_CALL_END);
@@ -104,5 +104,4 @@ void tp_q25_parse(const json_t *tools, const char *text, tp_calls *calls) {
         }
         p = be + strlen(T_CALL_END);
     }
-    (void)tend;
 }

@@ -108,8 +108,17 @@ void tp_coder_feed(tp_stream *s, buf *content, tp_deltas *out, int final) {
             continue;
         }
         if (!s->in_function && starts(c, n, T_FUNC)) {
-            const char *gt = memchr(c, '>', n);
-            if (!gt) { if (final) { pos += n; continue; } break; }
+            /* the name ends at the first '>' before the function's (or block's) end */
+            const char *fb = c + strlen(T_FUNC);
+            size_t rest = n - strlen(T_FUNC);
+            const char *fe = find(fb, rest, T_FUNC_END), *be = find(fb, rest, T_CALL_END);
+            const char *bound = fe && (!be || fe < be) ? fe : be;
+            const char *gt = memchr(fb, '>', (bound ? bound : c + n) - fb);
+            if (!gt) {
+                if (bound) { pos += (bound - c) + (bound == fe ? strlen(T_FUNC_END) : 0); continue; } /* no name: skipped */
+                if (final) { pos += n; continue; }
+                break;
+            }
             size_t nl = gt - c - strlen(T_FUNC);
             free(s->func_name);
             s->func_name = xmalloc(nl + 1);

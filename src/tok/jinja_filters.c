@@ -5,7 +5,7 @@
  * implements as generators (reverse, batch, map, select...) return lists here: same
  * items when iterated, joined or counted.
  * Not provided (a template using them fails to parse with "No filter named ..."):
- * truncate, wordwrap, striptags, urlize, urlencode, xmlattr, filesizeformat, pprint,
+ * wordwrap, striptags, urlize, urlencode, xmlattr, filesizeformat, pprint,
  * groupby, slice, random.
  */
 #include "tok/jinja_int.h"
@@ -595,6 +595,31 @@ static int f_trim(jctx *c, jval v, jargs *a, jval *o) {
     *o = jstr_strip(sstr(c, v), chars, 3);
     return 0;
 }
+/* truncate(s, length=255, killwords=False, end='...', leeway=5) */
+static int f_truncate(jctx *c, jval v, jargs *a, jval *o) {
+    jval len = arg(a, 0, "length", jv_int(255)), kill = arg(a, 1, "killwords", jv_bool(false)),
+         end = arg(a, 2, "end", jv_strz("...")), lee = arg(a, 3, "leeway", jv_int(5));
+    if (len.t != JT_INT || lee.t != JT_INT || end.t != JT_STR) return jfail(c, "truncate: bad arguments");
+    jval s = sstr(c, v);
+    int64_t n = u8_len(s.s.p, s.s.n), en = u8_len(end.s.p, end.s.n);
+    if (len.i < en) return jfail(c, "expected length >= %lld, got %lld", (long long)en, (long long)len.i);
+    if (lee.i < 0) return jfail(c, "expected leeway >= 0, got %lld", (long long)lee.i);
+    if (n <= len.i + lee.i) { *o = s; return 0; }
+    size_t cut = u8_offset(s.s.p, s.s.n, len.i - en);
+    if (!jv_truthy(kill)) { /* s[:length - len(end)].rsplit(" ", 1)[0] */
+        const char *sp = NULL;
+        for (size_t i = cut; i-- > 0;)
+            if (s.s.p[i] == ' ') { sp = s.s.p + i; break; }
+        if (sp) cut = (size_t)(sp - s.s.p);
+    }
+    buf b;
+    buf_init(&b);
+    buf_append(&b, s.s.p, cut);
+    buf_append(&b, end.s.p, end.s.n);
+    *o = jv_str(c, b.data, b.len);
+    buf_free(&b);
+    return 0;
+}
 static bool is_word_cp(int32_t cp) {
     if (cp == '_') return true;
     utf8proc_category_t k = utf8proc_category(cp);
@@ -625,7 +650,7 @@ static const fdef FILTERS[] = {
     {"max", f_max}, {"min", f_min}, {"reject", f_reject}, {"rejectattr", f_rejectattr}, {"replace", f_replace},
     {"reverse", f_reverse}, {"round", f_round}, {"safe", f_safe}, {"select", f_select},
     {"selectattr", f_selectattr}, {"sort", f_sort}, {"string", f_string}, {"sum", f_sum}, {"title", f_title},
-    {"tojson", f_tojson}, {"trim", f_trim}, {"unique", f_unique}, {"upper", f_upper},
+    {"tojson", f_tojson}, {"trim", f_trim}, {"truncate", f_truncate}, {"unique", f_unique}, {"upper", f_upper},
     {"wordcount", f_wordcount}, {NULL, NULL}};
 
 jfilter_fn jinja_find_filter(const char *name) {

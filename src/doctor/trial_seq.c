@@ -1,0 +1,417 @@
+/* trial_seq.c: the doctor's jobs for the two sequence families, attention
+ * (paged GQA over the KV pool, optional output gate) and gdn (causal conv +
+ * gated delta rule with per-slot state): job = bucket index, M = tokens in
+ * the step.
+ *
+ * Batches are heterogeneous on purpose (real failures hide there): a step of
+ * M tokens mixes decode rows (one new token after a long cached prefix) with
+ * prefill chunks of random lengths and offsets; KV pages are a random
+ * permutation of the pool and GDN state slots a random permutation of the
+ * slots, with random starting states.
+ *
+ * Oracles (the families' CPU references, fp32 inputs as the device sees them):
+ *   attention: up to 32 sampled rows, each re-asked as a one-token sequence at
+ *              its own position over the same pages (a row of causal attention
+ *              depends only on its position's prefix); every row is checked for
+ *              NaN / unwritten / all-zero output;
+ *   gdn:       the sequences are independent, so the reference replays a
+ *              subset of them (whole, from the same starting state) up to 512
+ *              tokens, and compares their output rows and their final conv and
+ *              recurrent states.
+ * Tolerances: attention rel 1e-2 / max 2e-2 (BF16 output); gdn rel 2e-2 /
+ * max 5e-2 on outputs and states (fp32 state, BF16 inputs and outputs).
+ */
+#include "doctor/trial.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { SEQ_SAMPLE = 32, GDN_REF_TOKENS = 512, PAGE = 16 };
+
+/* Split M tokens into sequences: up to 4 decode rows (n_new = 1), the rest in
+ * chunks of 1..512 tokens. Returns the count; lens [M] (enough room). */
+static int split_batch(int M, int *lens, uint64_t *rng) {
+    int n = 0, left = M;
+    int dec = M >= 2 ? (M / 2 < 4 ? M / 2 : 4) : 1;
+    for (int i = 0; i < dec && left > 0; i++, left--) lens[n++] = 1;
+    while (left > 0) {
+        int c = 1 + (int)(td_rng_next(rng) % (left < 512 ? left : 512));
+        lens[n++] = c;
+        left -= c;
+    }
+    return n;
+}
+
+static void gen_vals(float *p, size_t n, float amp, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) {
+        float v = td_rng_unit(rng) * amp;
+        p[i] = td_act() == ACT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+    }
+}
+
+static void res_init(td_res *r, const char *ref) {
+    memset(r, 0, sizeof *r);
+    r->status = "crash";
+    r->ref = ref;
+    r->rel = r->max = NAN;
+}
+
+static int nan_check(const float *y, size_t rows, size_t cols, int M, td_res *r) {
+    float *z = xcalloc(rows * cols, sizeof(float));
+    int ok = td_check(y, z, rows, cols, NULL, INFINITY, INFINITY, M, r->detail, sizeof r->detail, &r->rel, &r->max);
+    free(z);
+    r->rel = r->max = NAN;
+    if (!ok) r->status = "wrong";
+    return ok;
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+typedef struct attn_call {
+    const attn_impl *impl;
+    attn_args a;
+} attn_call;
+
+static int attn_call_fn(void *p, int set, ls_err *e) {
+    attn_call *c = p;
+    return c->impl->run(&c->a, NULL, e);
+}
+
+static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
+    const doc_shapes *s = c->s;
+    const int nh = s->n_heads, nkv = s->n_kv_heads, hd = s->head_dim;
+    ls_err e = {0};
+    res_init(r, "cpu_ref");
+    const attn_impl *impl = ops_attn_find(c->backend);
+    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 104729 + 3;
+    int *lens = xmalloc(sizeof(int) * M);
+    int ns = split_batch(M, lens, &rng);
+    attn_seq *seqs = xcalloc(ns, sizeof(attn_seq));
+    int32_t **pages = xcalloc(ns, sizeof(int32_t *));
+    int total_pages = 0, max_ctx = 0, row = 0;
+    for (int i = 0; i < ns; i++) {
+        seqs[i].n_new = lens[i];
+        seqs[i].n_past = lens[i] == 1 ? 1 + (int)(td_rng_next(&rng) % 2048) : (int)(td_rng_next(&rng) % 1025);
+        seqs[i].row0 = row;
+        row += lens[i];
+        int ctx = seqs[i].n_past + seqs[i].n_new;
+        if (ctx > max_ctx) max_ctx = ctx;
+        total_pages += (ctx + PAGE - 1) / PAGE;
+    }
+    /* a random permutation of the pool's pages, handed out in order */
+    int32_t *perm = xmalloc(sizeof(int32_t) * total_pages);
+    for (int i = 0; i < total_pages; i++) perm[i] = i;
+    for (int i = total_pages - 1; i > 0; i--) {
+        int j = (int)(td_rng_next(&rng) % (uint64_t)(i + 1));
+        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    for (int i = 0, at = 0; i < ns; i++) {
+        int np = (seqs[i].n_past + seqs[i].n_new + PAGE - 1) / PAGE;
+        pages[i] = xmalloc(sizeof(int32_t) * np);
+        memcpy(pages[i], perm + at, sizeof(int32_t) * np);
+        at += np;
+        seqs[i].pages = pages[i];
+    }
+    r->bytes = (double)M * nh * hd * 3 * act_size(td_act());
+    r->flops = 0;
+    for (int i = 0; i < ns; i++)
+        for (int t = 0; t < seqs[i].n_new; t++) {
+            double ctx = seqs[i].n_past + t + 1;
+            r->flops += 4.0 * nh * hd * ctx;
+        }
+    r->bytes += (double)total_pages * PAGE * nkv * hd * 2 * act_size(td_act());
+
+    size_t qn = (size_t)M * nh * hd, kvn = (size_t)total_pages * PAGE * nkv * hd;
+    float *hq = xmalloc(sizeof(float) * qn), *hg = s->gated ? xmalloc(sizeof(float) * qn) : NULL;
+    float *hk = xmalloc(sizeof(float) * kvn), *hv = xmalloc(sizeof(float) * kvn), *hy = xmalloc(sizeof(float) * qn);
+    void *dq = NULL, *dg = NULL, *dk = NULL, *dv = NULL, *dy = NULL;
+    attn_shape sh = {.n_tok = M, .n_seq = ns, .max_ctx = max_ctx, .n_heads = nh, .n_kv_heads = nkv,
+                     .head_dim = hd, .gated = s->gated, .dt = td_act()};
+    char why[256] = "";
+    if (!impl || impl->dev != td_dev()->kind) {
+        r->status = "unsupported";
+        snprintf(r->detail, sizeof r->detail, "no backend '%s' for this device", c->backend);
+        goto done;
+    }
+    if (!impl->supported(td_dev(), &sh, why, sizeof why)) {
+        r->status = "unsupported";
+        snprintf(r->detail, sizeof r->detail, "%s", why[0] ? why : "declared unsupported");
+        goto done;
+    }
+    gen_vals(hq, qn, 1.f, &rng);
+    if (hg) gen_vals(hg, qn, 2.f, &rng);
+    gen_vals(hk, kvn, 1.f, &rng);
+    gen_vals(hv, kvn, 1.f, &rng);
+    size_t as = act_size(td_act());
+    int rc = 0;
+    if (!(dq = td_alloc(qn * as, &e)) || !(dk = td_alloc(kvn * as, &e)) || !(dv = td_alloc(kvn * as, &e)) ||
+        !(dy = td_alloc(qn * as, &e)) || (hg && !(dg = td_alloc(qn * as, &e))))
+        rc = ERR_NOMEM;
+    if (!rc) rc = td_put_act(dq, hq, qn, &e);
+    if (!rc && hg) rc = td_put_act(dg, hg, qn, &e);
+    if (!rc) rc = td_put_act(dk, hk, kvn, &e);
+    if (!rc) rc = td_put_act(dv, hv, kvn, &e);
+    if (!rc) rc = td_poison(dy, qn * as, &e);
+    if (rc) {
+        snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
+        goto done;
+    }
+    kv_layer kv = {.k = dk, .v = dv, .n_pages = total_pages, .page_size = PAGE, .dt = td_act()};
+    attn_call call = {impl, {.n_seq = ns, .seqs = seqs, .n_tok = M, .n_heads = nh, .n_kv_heads = nkv,
+                             .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .q = dq, .gate = dg,
+                             .kv = &kv, .out = dy, .dt = td_act()}};
+    rc = attn_call_fn(&call, 0, &e);
+    if (!rc) rc = td_sync(&e);
+    if (rc) {
+        r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
+        snprintf(r->detail, sizeof r->detail, "%s", e.msg);
+        goto done;
+    }
+    if ((rc = td_get_act(hy, dy, qn, &e))) {
+        snprintf(r->detail, sizeof r->detail, "read back: %s", e.msg);
+        goto done;
+    }
+    if (!nan_check(hy, M, (size_t)nh * hd, M, r)) goto done;
+    {
+        /* sampled rows as one-token sequences at their own positions */
+        int nsamp = M < SEQ_SAMPLE ? M : SEQ_SAMPLE;
+        attn_seq *rs = xcalloc(nsamp, sizeof(attn_seq));
+        float *rq = xmalloc(sizeof(float) * nsamp * nh * hd), *rg = hg ? xmalloc(sizeof(float) * nsamp * nh * hd) : NULL;
+        float *ry = xmalloc(sizeof(float) * nsamp * nh * hd), *yy = xmalloc(sizeof(float) * nsamp * nh * hd);
+        for (int i = 0; i < nsamp; i++) {
+            int t = nsamp == M ? i : (int)((long)i * (M - 1) / (nsamp - 1));
+            int q = 0;
+            while (q + 1 < ns && seqs[q + 1].row0 <= t) q++;
+            rs[i] = (attn_seq){.n_past = seqs[q].n_past + (t - seqs[q].row0), .n_new = 1, .row0 = i,
+                               .pages = seqs[q].pages};
+            size_t w = (size_t)nh * hd;
+            memcpy(rq + i * w, hq + (size_t)t * w, sizeof(float) * w);
+            if (rg) memcpy(rg + i * w, hg + (size_t)t * w, sizeof(float) * w);
+            memcpy(yy + i * w, hy + (size_t)t * w, sizeof(float) * w);
+        }
+        kv_layer hkv = {.k = hk, .v = hv, .n_pages = total_pages, .page_size = PAGE, .dt = ACT_F32};
+        attn_args ra = {.n_seq = nsamp, .seqs = rs, .n_tok = nsamp, .n_heads = nh, .n_kv_heads = nkv,
+                        .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .q = rq, .gate = rg, .kv = &hkv,
+                        .out = ry, .dt = ACT_F32};
+        rc = attn_cpu_ref.run(&ra, NULL, &e);
+        int ok = !rc && td_check(yy, ry, nsamp, (size_t)nh * hd, NULL, 1e-2, 2e-2, M, r->detail, sizeof r->detail,
+                                 &r->rel, &r->max);
+        if (rc) snprintf(r->detail, sizeof r->detail, "CPU reference: %s", e.msg);
+        free(rs); free(rq); free(rg); free(ry); free(yy);
+        if (!ok) {
+            r->status = rc ? "crash" : "wrong";
+            goto done;
+        }
+        if (nsamp < M) r->ref = "cpu_ref on 32 sampled rows";
+    }
+    r->status = "ok";
+    if ((rc = td_time(attn_call_fn, &call, 1, &r->ms, &e))) {
+        r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
+        snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
+    }
+done:
+    td_free(dq); td_free(dg); td_free(dk); td_free(dv); td_free(dy);
+    free(hq); free(hg); free(hk); free(hv); free(hy);
+    for (int i = 0; i < ns; i++) free(pages[i]);
+    free(pages); free(seqs); free(perm); free(lens);
+}
+
+int td_run_attn_jobs(const td_job_ctx *c, int start) {
+    for (int job = start; job < c->n_ms; job++) {
+        printf("BEGIN %d\n", job);
+        fflush(stdout);
+        td_res r;
+        attn_job(c, job, c->ms[job], &r);
+        td_result(job, &r);
+    }
+    return 0;
+}
+
+/* ---- gdn ----------------------------------------------------------------------------- */
+
+typedef struct gdn_call {
+    const gdn_impl *impl;
+    gdn_args a;
+} gdn_call;
+
+static int gdn_call_fn(void *p, int set, ls_err *e) {
+    gdn_call *c = p;
+    return c->impl->run(&c->a, NULL, e);
+}
+
+/* fp32 device buffer of n floats from the host */
+static float *put_f32(const float *h, size_t n, ls_err *e) {
+    float *d = td_alloc(n * sizeof(float), e);
+    if (d && td_put(d, h, n * sizeof(float), e)) {
+        td_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
+    const doc_shapes *s = c->s;
+    const int nk = s->nk, nv = s->nv, dk = s->dk, dv = s->dv, ck = s->conv_k;
+    const int cd = 2 * nk * dk + nv * dv;
+    ls_err e = {0};
+    res_init(r, "cpu_ref");
+    const gdn_impl *impl = ops_gdn_find(c->backend);
+    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 15485863 + 5;
+    int *lens = xmalloc(sizeof(int) * M);
+    int ns = split_batch(M, lens, &rng);
+    int n_slots = ns + 2;
+    gdn_seq *seqs = xcalloc(ns, sizeof(gdn_seq));
+    int *slotp = xmalloc(sizeof(int) * n_slots);
+    for (int i = 0; i < n_slots; i++) slotp[i] = i;
+    for (int i = n_slots - 1; i > 0; i--) {
+        int j = (int)(td_rng_next(&rng) % (uint64_t)(i + 1));
+        int t = slotp[i]; slotp[i] = slotp[j]; slotp[j] = t;
+    }
+    for (int i = 0, row = 0; i < ns; i++) {
+        seqs[i] = (gdn_seq){.slot = slotp[i], .n_new = lens[i], .row0 = row};
+        row += lens[i];
+    }
+    const size_t convn = (size_t)n_slots * cd * (ck - 1), recn = (size_t)n_slots * nv * dk * dv;
+    const size_t qkvn = (size_t)M * cd, abn = (size_t)M * nv, outn = (size_t)M * nv * dv;
+    r->bytes = (qkvn + 2 * abn + outn) * act_size(td_act()) + 2.0 * 4 * (double)ns * nv * dk * dv;
+    r->flops = 6.0 * M * nv * dk * dv;
+    float *cw = xmalloc(sizeof(float) * cd * ck), *alog = xmalloc(sizeof(float) * nv), *dtb = xmalloc(sizeof(float) * nv);
+    float *conv0 = xmalloc(sizeof(float) * convn), *rec0 = xmalloc(sizeof(float) * recn);
+    float *hqkv = xmalloc(sizeof(float) * qkvn), *ha = xmalloc(sizeof(float) * abn), *hb = xmalloc(sizeof(float) * abn);
+    float *hy = xmalloc(sizeof(float) * outn);
+    float *dcw = NULL, *dal = NULL, *ddt = NULL, *dconv = NULL, *drec = NULL;
+    void *dqkv = NULL, *da = NULL, *db = NULL, *dy = NULL;
+    gdn_shape sh = {.n_tok = M, .n_seq = ns, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .dt = td_act()};
+    char why[256] = "";
+    int rc = 0;
+    if (!impl || impl->dev != td_dev()->kind) {
+        r->status = "unsupported";
+        snprintf(r->detail, sizeof r->detail, "no backend '%s' for this device", c->backend);
+        goto done;
+    }
+    if (!impl->supported(td_dev(), &sh, why, sizeof why)) {
+        r->status = "unsupported";
+        snprintf(r->detail, sizeof r->detail, "%s", why[0] ? why : "declared unsupported");
+        goto done;
+    }
+    for (size_t i = 0; i < (size_t)cd * ck; i++) cw[i] = td_rng_unit(&rng) * 0.5f;
+    for (int i = 0; i < nv; i++) {
+        alog[i] = td_rng_unit(&rng);
+        dtb[i] = td_rng_unit(&rng);
+    }
+    for (size_t i = 0; i < convn; i++) conv0[i] = td_rng_unit(&rng);
+    for (size_t i = 0; i < recn; i++) rec0[i] = td_rng_unit(&rng) * 0.1f;
+    gen_vals(hqkv, qkvn, 1.f, &rng);
+    gen_vals(ha, abn, 2.f, &rng);
+    gen_vals(hb, abn, 2.f, &rng);
+    size_t as = act_size(td_act());
+    if (!(dcw = put_f32(cw, (size_t)cd * ck, &e)) || !(dal = put_f32(alog, nv, &e)) || !(ddt = put_f32(dtb, nv, &e)) ||
+        !(dconv = put_f32(conv0, convn, &e)) || !(drec = put_f32(rec0, recn, &e)) ||
+        !(dqkv = td_alloc(qkvn * as, &e)) || !(da = td_alloc(abn * as, &e)) || !(db = td_alloc(abn * as, &e)) ||
+        !(dy = td_alloc(outn * as, &e)))
+        rc = ERR_NOMEM;
+    if (!rc) rc = td_put_act(dqkv, hqkv, qkvn, &e);
+    if (!rc) rc = td_put_act(da, ha, abn, &e);
+    if (!rc) rc = td_put_act(db, hb, abn, &e);
+    if (!rc) rc = td_poison(dy, outn * as, &e);
+    if (rc) {
+        snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
+        goto done;
+    }
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    gdn_state st = {.conv = dconv, .rec = drec, .n_slots = n_slots};
+    gdn_call call = {impl, {.n_seq = ns, .seqs = seqs, .n_tok = M, .w = &w, .qkv = dqkv, .a = da, .b = db,
+                            .st = &st, .out = dy, .dt = td_act()}};
+    rc = gdn_call_fn(&call, 0, &e);
+    if (!rc) rc = td_sync(&e);
+    if (rc) {
+        r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
+        snprintf(r->detail, sizeof r->detail, "%s", e.msg);
+        goto done;
+    }
+    if ((rc = td_get_act(hy, dy, outn, &e))) {
+        snprintf(r->detail, sizeof r->detail, "read back: %s", e.msg);
+        goto done;
+    }
+    if (!nan_check(hy, M, (size_t)nv * dv, M, r)) goto done;
+    {
+        /* replay whole sequences up to GDN_REF_TOKENS tokens on the CPU reference */
+        float *conv1 = xmalloc(sizeof(float) * convn), *rec1 = xmalloc(sizeof(float) * recn);
+        int rc2 = td_get(conv1, dconv, convn * sizeof(float), &e);
+        if (!rc2) rc2 = td_get(rec1, drec, recn * sizeof(float), &e);
+        int nsub = 0, ntok = 0;
+        gdn_seq *sub = xcalloc(ns, sizeof(gdn_seq));
+        for (int i = 0; i < ns; i++) {
+            if (ntok > 0 && ntok + seqs[i].n_new > GDN_REF_TOKENS) continue;
+            sub[nsub] = seqs[i];
+            sub[nsub].row0 = ntok;
+            ntok += seqs[i].n_new;
+            nsub++;
+        }
+        float *sq = xmalloc(sizeof(float) * ntok * cd), *sa = xmalloc(sizeof(float) * ntok * nv);
+        float *sb = xmalloc(sizeof(float) * ntok * nv), *sy = xmalloc(sizeof(float) * ntok * nv * dv);
+        float *yy = xmalloc(sizeof(float) * ntok * nv * dv);
+        for (int i = 0; i < nsub; i++) {
+            int src = 0;
+            while (seqs[src].slot != sub[i].slot) src++;
+            int n = sub[i].n_new, r0 = seqs[src].row0, d0 = sub[i].row0;
+            memcpy(sq + (size_t)d0 * cd, hqkv + (size_t)r0 * cd, sizeof(float) * n * cd);
+            memcpy(sa + (size_t)d0 * nv, ha + (size_t)r0 * nv, sizeof(float) * n * nv);
+            memcpy(sb + (size_t)d0 * nv, hb + (size_t)r0 * nv, sizeof(float) * n * nv);
+            memcpy(yy + (size_t)d0 * nv * dv, hy + (size_t)r0 * nv * dv, sizeof(float) * n * nv * dv);
+        }
+        float *c0 = xmalloc(sizeof(float) * convn), *r0s = xmalloc(sizeof(float) * recn);
+        memcpy(c0, conv0, sizeof(float) * convn);
+        memcpy(r0s, rec0, sizeof(float) * recn);
+        gdn_w hw = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = cw, .A_log = alog, .dt_bias = dtb};
+        gdn_state hst = {.conv = c0, .rec = r0s, .n_slots = n_slots};
+        gdn_args ra = {.n_seq = nsub, .seqs = sub, .n_tok = ntok, .w = &hw, .qkv = sq, .a = sa, .b = sb,
+                       .st = &hst, .out = sy, .dt = ACT_F32};
+        if (!rc2) rc2 = gdn_cpu_ref.run(&ra, NULL, &e);
+        int ok = !rc2 && td_check(yy, sy, ntok, (size_t)nv * dv, NULL, 2e-2, 5e-2, M, r->detail, sizeof r->detail,
+                                  &r->rel, &r->max);
+        /* the replayed sequences' final states */
+        for (int i = 0; ok && i < nsub; i++) {
+            size_t rs = (size_t)nv * dk * dv, cs = (size_t)cd * (ck - 1), sl = sub[i].slot;
+            double rrel, rmax;
+            char d2[256];
+            if (!td_check(rec1 + sl * rs, r0s + sl * rs, nv, (size_t)dk * dv, NULL, 2e-2, 5e-2, M, d2, sizeof d2, &rrel,
+                          &rmax) ||
+                (ck > 1 && !td_check(conv1 + sl * cs, c0 + sl * cs, cd, ck - 1, NULL, 2e-2, 5e-2, M, d2, sizeof d2,
+                                     &rrel, &rmax))) {
+                snprintf(r->detail, sizeof r->detail, "final state of slot %zu: %s", sl, d2);
+                ok = 0;
+            }
+        }
+        if (rc2) snprintf(r->detail, sizeof r->detail, "CPU reference: %s", e.msg);
+        free(conv1); free(rec1); free(sub); free(sq); free(sa); free(sb); free(sy); free(yy); free(c0); free(r0s);
+        if (!ok) {
+            r->status = rc2 ? "crash" : "wrong";
+            goto done;
+        }
+        if (nsub < ns) r->ref = "cpu_ref on whole sequences up to 512 tokens";
+    }
+    r->status = "ok";
+    if ((rc = td_time(gdn_call_fn, &call, 1, &r->ms, &e))) {
+        r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
+        snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
+    }
+done:
+    td_free(dcw); td_free(dal); td_free(ddt); td_free(dconv); td_free(drec);
+    td_free(dqkv); td_free(da); td_free(db); td_free(dy);
+    free(cw); free(alog); free(dtb); free(conv0); free(rec0); free(hqkv); free(ha); free(hb); free(hy);
+    free(seqs); free(slotp); free(lens);
+}
+
+int td_run_gdn_jobs(const td_job_ctx *c, int start) {
+    for (int job = start; job < c->n_ms; job++) {
+        printf("BEGIN %d\n", job);
+        fflush(stdout);
+        td_res r;
+        gdn_job(c, job, c->ms[job], &r);
+        td_result(job, &r);
+    }
+    return 0;
+}

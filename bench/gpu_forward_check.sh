@@ -8,6 +8,8 @@
 #   ~1e-2), the same against transformers' logits, and the argmax agreement;
 #   `laststand generate --ids ... --device cuda` greedy continuation vs the CPU's
 #   and ref.json's "greedy" (how many leading tokens agree).
+# With TP=N (N GPUs): also `logits --device cuda --tp N` against --tp 1 on CUDA
+# (rel_tp column; models whose heads/intermediate sizes do not split are marked).
 # Writes OUT/gpu_forward.txt (the table) and OUT/gpu_forward.json; prints the table.
 # Exit: 0 when every model ran on both devices, 1 otherwise (the numbers are the verdict).
 #
@@ -53,6 +55,14 @@ for name in sorted(os.listdir(FIX)):
             ok = False
             continue
         lg[dev] = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+    tp = int(os.environ.get("TP", "1"))
+    if tp > 1 and "cuda" in lg:
+        p, dt = run("logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--tp", tp)
+        if p.returncode == 0:
+            r["rel_tp"] = rel(np.array(json.loads(p.stdout)["logits"], dtype=np.float64), lg["cuda"])
+        else:
+            r["rel_tp"] = "refused" if p.returncode == 2 else "ERR"
+            r["error_tp"] = p.stderr.strip()[-600:]
     hf = np.array(ref["logits"], dtype=np.float64)
     if "cuda" in lg and "cpu" in lg:
         r["rel_cuda_cpu"] = rel(lg["cuda"], lg["cpu"])
@@ -82,7 +92,7 @@ for name in sorted(os.listdir(FIX)):
     print(json.dumps(r), flush=True)
 
 cols = ["model", "rel_cuda_cpu", "rel_cuda_hf", "rel_cpu_hf", "argmax_agree", "greedy_cuda_vs_cpu",
-        "greedy_cuda_vs_hf", "logits_cuda_s"]
+        "greedy_cuda_vs_hf", "logits_cuda_s"] + (["rel_tp"] if int(os.environ.get("TP", "1")) > 1 else [])
 lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 for r in rows:
     cells = []

@@ -379,9 +379,10 @@ static void visit_all(wvisit *v) {
     if (v->dev && c->tie_embeddings) m->lm_head = m->embed;
 }
 
-/* Copy every weight to the device once (no-op on the CPU). */
-static int upload_weights(model *m, ls_err *e) {
-    if (m->ops.dev.kind == DEV_CPU) return 0;
+/* Copy every weight to the device once (no-op on the CPU, and for a
+ * tensor-parallel coordinator: its ranks upload their slices). */
+int mdl_upload_weights(model *m, ls_err *e) {
+    if (m->ops.dev.kind == DEV_CPU || m->rank_m) return 0;
     wvisit v = {.m = m, .e = e};
     visit_all(&v); /* pass 1: sizes */
     size_t total = v.off;
@@ -423,7 +424,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     warn_unused(m);
     if (o && o->tp > 1 && (rc = tp_build(m, o->tp, e))) { model_close(m); return rc; }
-    if ((rc = upload_weights(m, e))) { model_close(m); return rc; }
+    if ((rc = mdl_upload_weights(m, e))) { model_close(m); return rc; }
     *out = m;
     return 0;
 }
@@ -453,7 +454,7 @@ void model_close(model *m) {
         cache_free(m, &m->cache);
         ws_free(m);
         m->mem->free(m->dev_weights);
-        if (!m->is_rank) m->mem->close_stream(m->ops.stream);
+        if (!m->is_rank || m->owns_stream) m->mem->close_stream(m->ops.stream);
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -612,7 +613,9 @@ static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
 
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     for (int r = 0; m->rank_m && r < m->tp; r++) {
-        int rc = model_cache_init(m->rank_m[r], o, e);
+        model *rm = m->rank_m[r];
+        int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e);
+        if (!rc) rc = model_cache_init(rm, o, e);
         if (rc) return rc;
     }
     cache_free(m, &m->cache);
@@ -642,7 +645,11 @@ static void slot_reset(const model *m, mcache *c, int slot) {
 }
 
 void model_slot_reset(model *m, int slot) {
-    for (int r = 0; m->rank_m && r < m->tp; r++) model_slot_reset(m->rank_m[r], slot);
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        rm->mem->bind_thread(rm->ops.dev.ordinal, NULL);
+        model_slot_reset(rm, slot);
+    }
     if (!m->rank_m) slot_reset(m, &m->cache, slot);
 }
 
@@ -761,6 +768,7 @@ int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
         if (m->grp) tp_allreduce(m, w->o, TH);
         if (!rc) rc = mdl_op_err(so->add((int64_t)TH, w->o, w->h, dt, st), "residual add", l, e);
     }
+    if (!rc && m->grp) rc = tp_status(m, e);
     if (rc || m->rank > 0) return rc; /* rank 0 alone computes the logits */
     /* rows that want logits: all new tokens (logits_all) or the last one */
     if ((rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->h, w->hl, dt, st), "logits row gather",
@@ -801,6 +809,7 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
     for (int r = 0; r < N; r++) {
         rm[r] = m->rank_m ? m->rank_m[r] : m;
         cp[r] = &cs[r];
+        if (!rc && m->rank_m) rc = rm[r]->mem->bind_thread(rm[r]->ops.dev.ordinal, e);
         if (!rc && !(rc = cache_alloc(rm[r], &co, &cs[r], e))) {
             n_alloc++;
             rc = ws_reserve(rm[r], n, 1, n_pages, e);
@@ -819,6 +828,9 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
     if (rc) { free(out); out = NULL; }
     *logits = out;
     free(pages);
-    for (int r = 0; r < n_alloc; r++) cache_free(rm[r], &cs[r]);
+    for (int r = 0; r < n_alloc; r++) {
+        if (m->rank_m) rm[r]->mem->bind_thread(rm[r]->ops.dev.ordinal, NULL);
+        cache_free(rm[r], &cs[r]);
+    }
     return rc;
 }

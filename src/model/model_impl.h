@@ -93,6 +93,7 @@ struct model {
      * checkpoint and owns the config; its ranks (is_rank) hold the weight slices,
      * caches and workspaces, and run the forward pass */
     int tp, rank, is_rank;
+    int owns_stream;    /* a CUDA rank opened its own device and stream */
     tp_group *grp;
     model **rank_m;     /* [tp] */
     rms_kind norm_kind; /* layer norms and q/k norms */
@@ -154,14 +155,20 @@ typedef struct fwd_ctx {
  * runs it on its own thread and only rank 0 writes b->logits. */
 int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e);
 
+/* Copy the weights to the model's device (model.c; no-op on the CPU). */
+int mdl_upload_weights(model *m, ls_err *e);
+
 /* ---- tensor parallelism (model_tp.c) ------------------------------------- */
-/* Slice m's bound weights into N rank models (CPU device). */
+/* Slice m's bound weights into N rank models: CPU threads, or one CUDA
+ * device per rank (uploads each slice; all-reduce through NCCL). */
 int tp_build(model *m, int N, ls_err *e);
 void tp_free(model *m);
 /* Every rank over the batch, caches[r] being rank r's. */
 int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e);
-/* x [n] (fp32) = the sum of every rank's x, identical on every rank. */
+/* x [n] (activations) = the sum of every rank's x, identical on every rank. */
 void tp_allreduce(model *m, void *x, size_t n);
+/* ERR_RUNTIME if an all-reduce of this group failed (CUDA), else 0. */
+int tp_status(model *m, ls_err *e);
 
 /* A small op's status as an error naming the op and layer. */
 int mdl_op_err(int rc, const char *op, int layer, ls_err *e);

@@ -21,23 +21,87 @@
  *
  * Each rank's config copy carries its local head counts and intermediate
  * sizes, so the layer code, the workspace and the caches need no TP case.
+ *
+ * Devices: on the CPU the ranks are threads and the all-reduce sums through
+ * shared memory. On CUDA rank r owns GPU r (its slice uploaded there, its
+ * caches and workspace there), runs on its own thread bound to that GPU, and
+ * the all-reduce is NCCL's (BF16 sum, in place, on the rank's stream), with
+ * NCCL loaded by dlopen("libnccl.so.2") so the binary has no link-time
+ * dependency on it; communicators from ncclCommInitAll (one process, N GPUs).
+ * NVLink multicast (NVLS) is turned off (NCCL_NVLS_ENABLE=0) unless the
+ * environment says otherwise.
  */
 #include "model/model_impl.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The slice of nccl.h used here (ABI-stable since NCCL 2.0; bfloat16 since 2.10). */
+typedef void *nccl_comm;
+enum { NCCL_OK = 0, NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9, NCCL_SUM = 0 };
+static struct {
+    void *h;
+    int (*init_all)(nccl_comm *comms, int ndev, const int *devlist);
+    int (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op, nccl_comm comm,
+                      void *stream);
+    int (*destroy)(nccl_comm comm);
+    const char *(*err_string)(int rc);
+} g_nccl;
+static pthread_mutex_t g_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int nccl_load(ls_err *e) {
+    pthread_mutex_lock(&g_nccl_mu);
+    int rc = 0;
+    if (!g_nccl.h) {
+        void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            rc = errf(e, ERR_UNSUPPORTED, "tensor parallelism on CUDA needs NCCL: dlopen(libnccl.so.2): %s "
+                      "(put NCCL's lib folder on LD_LIBRARY_PATH)", dlerror());
+        } else {
+            *(void **)&g_nccl.init_all = dlsym(h, "ncclCommInitAll");
+            *(void **)&g_nccl.all_reduce = dlsym(h, "ncclAllReduce");
+            *(void **)&g_nccl.destroy = dlsym(h, "ncclCommDestroy");
+            *(void **)&g_nccl.err_string = dlsym(h, "ncclGetErrorString");
+            if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.destroy || !g_nccl.err_string) {
+                rc = errf(e, ERR_UNSUPPORTED, "libnccl.so.2 lacks ncclCommInitAll/ncclAllReduce/"
+                          "ncclCommDestroy/ncclGetErrorString");
+                dlclose(h);
+            } else {
+                g_nccl.h = h;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_nccl_mu);
+    return rc;
+}
 
 struct tp_group {
     int n;
     pthread_barrier_t bar;
     const float *part[TP_MAX];
+    nccl_comm comm[TP_MAX]; /* CUDA */
+    int has_comm;
+    volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
 };
+
+int tp_status(model *m, ls_err *e) {
+    int rc = m->grp->nccl_rc;
+    if (!rc) return 0;
+    return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce: %s", m->rank, g_nccl.err_string(rc));
+}
 
 /* ---- all-reduce ----------------------------------------------------------- */
 
 void tp_allreduce(model *m, void *x, size_t n) {
     tp_group *g = m->grp;
+    if (g->has_comm) {
+        int rc = g_nccl.all_reduce(x, x, n, m->ops.act == ACT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM,
+                                   g->comm[m->rank], m->ops.stream);
+        if (rc != NCCL_OK) g->nccl_rc = rc; /* reported by tp_status at the end of the step */
+        return;
+    }
     float *tmp = m->ws.red;
     g->part[m->rank] = x;
     pthread_barrier_wait(&g->bar);
@@ -181,19 +245,33 @@ static int check_split(const model_config *c, int N, ls_err *e) {
     return 0;
 }
 
+/* CUDA: N GPUs, NCCL loaded, one communicator per rank. */
+static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
+    int have = m->mem->count();
+    if (have < N) return errf(e, ERR_UNSUPPORTED, "--tp %d: only %d CUDA device%s", N, have, have == 1 ? "" : "s");
+    int rc = nccl_load(e);
+    if (rc) return rc;
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    int devs[TP_MAX];
+    for (int r = 0; r < N; r++) devs[r] = r;
+    if ((rc = g_nccl.init_all(g->comm, N, devs)) != NCCL_OK)
+        return errf(e, ERR_RUNTIME, "ncclCommInitAll over %d GPUs: %s", N, g_nccl.err_string(rc));
+    g->has_comm = 1;
+    return 0;
+}
+
 int tp_build(model *m, int N, ls_err *e) {
     const model_config *c = &m->cfg;
     if (N > TP_MAX) return errf(e, ERR_INVAL, "--tp %d: at most %d ranks", N, TP_MAX);
-    if (m->ops.dev.kind != DEV_CPU)
-        return errf(e, ERR_UNSUPPORTED, "--tp %d on %s: tensor parallelism runs on the CPU device only "
-                    "in this build", N, m->ops.dev.name);
     int rc = check_split(c, N, e);
     if (rc) return rc;
+    const int cuda = m->ops.dev.kind != DEV_CPU;
     tp_group *g = xcalloc(1, sizeof *g);
     g->n = N;
     pthread_barrier_init(&g->bar, NULL, N);
     m->grp = g;
     m->tp = N;
+    if (cuda && (rc = tp_cuda_init(m, g, N, e))) return rc;
     m->rank_m = xcalloc(N, sizeof(model *));
     for (int r = 0; r < N; r++) {
         model *rm = xcalloc(1, sizeof *rm);
@@ -224,15 +302,25 @@ int tp_build(model *m, int N, ls_err *e) {
         rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
         for (int l = 0; l < c->n_layers; l++)
             if ((rc = slice_layer(rm, m, r, N, l, e))) return err_prefix(e, "rank %d", r);
+        if (cuda) { /* GPU r: its own device, stream and copy of the slice */
+            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_weights(rm, e)))
+                return err_prefix(e, "rank %d (GPU %d)", r, r);
+            rm->owns_stream = 1;
+        }
     }
     return 0;
 }
 
 void tp_free(model *m) {
-    if (!m->rank_m) return;
-    for (int r = 0; r < m->tp; r++) model_close(m->rank_m[r]);
+    if (!m->grp || m->is_rank) return;
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        if (!m->rank_m[r]) continue;
+        m->rank_m[r]->mem->bind_thread(m->rank_m[r]->ops.dev.ordinal, NULL);
+        model_close(m->rank_m[r]);
+    }
     free(m->rank_m);
     m->rank_m = NULL;
+    for (int r = 0; m->grp->has_comm && r < m->tp; r++) g_nccl.destroy(m->grp->comm[r]);
     pthread_barrier_destroy(&m->grp->bar);
     free(m->grp);
     m->grp = NULL;
@@ -250,7 +338,10 @@ typedef struct tp_job {
 
 static void *tp_thread(void *p) {
     tp_job *j = p;
-    j->rc = mdl_forward_rank(j->rm, j->c, j->b, &j->e);
+    /* a rank whose device cannot be bound still meets the others (its forward fails at the first op) */
+    j->rc = j->rm->mem->bind_thread(j->rm->ops.dev.ordinal, &j->e);
+    int rc = mdl_forward_rank(j->rm, j->c, j->b, &j->e);
+    if (!j->rc) j->rc = rc;
     return NULL;
 }
 

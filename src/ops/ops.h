@@ -309,6 +309,10 @@ typedef struct dev_mem {
     int (*d2h)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
     int (*memset0)(void *dst, size_t n, ls_stream s, ls_err *e);
     int (*sync)(ls_stream s, ls_err *e);  /* wait for s; a kernel fault surfaces here */
+    /* Make device `ordinal` the calling thread's (tensor-parallel ranks run one
+     * thread per device); the CPU's does nothing. */
+    int (*bind_thread)(int ordinal, ls_err *e);
+    int (*count)(void);                   /* devices present (0 when none answers) */
 } dev_mem;
 
 /* The memory table of device kind k, or NULL when this build has none. */

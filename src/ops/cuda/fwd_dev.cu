@@ -57,8 +57,18 @@ static int dm_sync(ls_stream s, ls_err *e) {
     return 0;
 }
 
-static const dev_mem dev_mem_cuda = {DEV_CUDA,  dm_open, dm_close_stream, dm_alloc, dm_free,
-                                     dm_h2d,    dm_d2h,  dm_memset0,      dm_sync};
+static int dm_bind_thread(int ordinal, ls_err *e) {
+    CU_TRY(e, cudaSetDevice(ordinal), "cudaSetDevice");
+    return 0;
+}
+
+static int dm_count(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+static const dev_mem dev_mem_cuda = {DEV_CUDA, dm_open,    dm_close_stream, dm_alloc,       dm_free, dm_h2d,
+                                     dm_d2h,   dm_memset0, dm_sync,         dm_bind_thread, dm_count};
 
 extern "C" void ops_cuda_register_fwd(void) {
     ops_dev_mem_register(&dev_mem_cuda);

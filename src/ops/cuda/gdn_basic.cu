@@ -14,8 +14,8 @@
  *   recurrent: grid (sequence, value head), a thread per value dim d holding
  *              column d of the fp32 state S [dk, dv] in registers (dk <= 256),
  *              q and k normed in shared memory; S goes back to the slot at the end.
- * Scratch: a per-process fp32 buffer [n_tok, conv_dim], grown on first use
- * (under a mutex; calls on one device are serialised by it).
+ * Scratch: per device an fp32 buffer [n_tok, conv_dim], grown on first use
+ * (under the device's mutex; calls on one device are serialised by it).
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/fwd_cuda.h"
@@ -115,9 +115,14 @@ __global__ void gdn_rec_kernel(const gdn_seq *__restrict__ seqs, int nk, int nv,
             if (i < dk) Sg[(size_t)i * dv + d] = S[i];
 }
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static float *g_scratch;
-static size_t g_scratch_n;
+enum { GDN_MAX_DEV = 16 };
+static pthread_mutex_t g_mu[GDN_MAX_DEV] = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+    PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER};
+static float *g_scratch_dev[GDN_MAX_DEV];
+static size_t g_scratch_n_dev[GDN_MAX_DEV];
 
 static int rec_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
     if (d->kind != DEV_CUDA) {
@@ -136,7 +141,9 @@ static int rec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
     return 1;
 }
 
-static int rec_run_locked(const gdn_args *a, cudaStream_t st, ls_err *e) {
+static int rec_run_locked(const gdn_args *a, cudaStream_t st, int dev, ls_err *e) {
+    float *&g_scratch = g_scratch_dev[dev];
+    size_t &g_scratch_n = g_scratch_n_dev[dev];
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     const size_t need = (size_t)a->n_tok * D;
@@ -182,9 +189,12 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     char why[200];
     if (!rec_supported(&d, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_recurrent: %s", why);
     if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
-    pthread_mutex_lock(&g_mu);
-    int rc = rec_run_locked(a, (cudaStream_t)s, e);
-    pthread_mutex_unlock(&g_mu);
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= GDN_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "gdn cuda_recurrent: device %d >= %d", dev, GDN_MAX_DEV);
+    pthread_mutex_lock(&g_mu[dev]);
+    int rc = rec_run_locked(a, (cudaStream_t)s, dev, e);
+    pthread_mutex_unlock(&g_mu[dev]);
     return rc;
 }
 

@@ -90,9 +90,3 @@ def test_prompt_needs_a_tokenizer(shared_dir):
     assert p.returncode == 2
     assert "tokenizer" in p.stderr
 
-
-def test_cuda_device_on_a_cpu_build_is_bad_input(demo_model):
-    p = gen("--model-path", demo_model, "--ids", "1", "--device", "cuda", check=False)
-    if p.returncode == 0:
-        pytest.skip("this build has a CUDA backend")
-    assert p.returncode == 2 and "CUDA" in p.stderr

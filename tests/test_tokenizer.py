@@ -69,9 +69,22 @@ RANGES = [(0x20, 0x7e), (0xa0, 0x24f), (0x370, 0x3ff), (0x400, 0x4ff), (0x590, 0
           (0x20000, 0x2a6df), (0xe0000, 0xe007f), (0x0, 0x1f)]
 
 
+# Unassigned in every Unicode version so far (Cn everywhere), and noncharacters.
+UNASSIGNED = ["\u0378", "\u038b", "\u05ff", "\u0e7f", "\ufdd0", "\ufffe", "\U0001fffe", "\U000e0080"]
+
+
 def rand_char(rng):
-    lo, hi = rng.choice(RANGES)
-    return chr(rng.randint(lo, hi))
+    """A random char from RANGES, restricted to those assigned in Python's
+    Unicode (14.0, as PCRE2 10.42): HF's Oniguruma knows Unicode 16, and letters
+    or symbols added since are classified by their newer properties only on the
+    fast path (up to 15.0, see test_qwen3_unicode_15_letters_match_hf)."""
+    if rng.random() < 0.02:
+        return rng.choice(UNASSIGNED)
+    while True:
+        lo, hi = rng.choice(RANGES)
+        c = chr(rng.randint(lo, hi))
+        if unicodedata.category(c) != "Cn":
+            return c
 
 
 def rand_text(rng, max_parts=40):
@@ -437,6 +450,10 @@ def test_tokenizer_shapes_match_hf(ls_bin, trained_dir, tmp_path, shape):
     rng = random.Random(SEED + 7 + sum(map(ord, shape)))
     texts = ["", " ", "a", "  x  ", "Hello, World! 123 4.5", "naïve café  \t\n x"] + \
             [rand_text(rng, 20) for _ in range(300)]
+    if "punct" in shape or "bert" in shape:
+        # HF's Punctuation pre-tokenizer classifies with an old Unicode table (U+061D,
+        # added in 14.0, is not punctuation to it); keep to ASCII punctuation there.
+        texts = ["".join(c for c in t if ord(c) < 0x80 or not unicodedata.category(c).startswith("P")) for t in texts]
     compare_with_hf(str(tmp_path), texts, shape)
 
 

@@ -467,6 +467,8 @@ void model_close(model *m) {
 
 const model_config *model_cfg(const model *m) { return &m->cfg; }
 const char *model_path(const model *m) { return m->path; }
+const char *model_device(const model *m) { return m->ops.dev.kind == DEV_CPU ? "cpu" : "cuda"; }
+size_t model_device_mem(const model *m) { return m->ops.dev.kind == DEV_CPU ? 0 : m->ops.dev.mem_bytes; }
 
 /* ---- caches ---------------------------------------------------------------- */
 

@@ -786,8 +786,12 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             goto done;
         }
     }
+    static char chosen[SA_NFAM][64]; /* outlives fs: the engine is opened with these names */
     for (int f = 0; f < SA_NFAM; f++)
-        if (fs[f].present) o->names[f] = cur_name(&fs[f]);
+        if (fs[f].present && cur_name(&fs[f])) {
+            snprintf(chosen[f], sizeof chosen[f], "%s", cur_name(&fs[f]));
+            o->names[f] = chosen[f];
+        }
     {
         char msl[256] = "";
         for (int i = 0; i < dop.n_ms; i++) snprintf(msl + strlen(msl), sizeof msl - strlen(msl), "%s%d", i ? "," : "", dop.ms[i]);

@@ -201,3 +201,16 @@ def test_no_correct_backend_exits_1_with_the_reason(demo_model, tmp_path):
     p = serve_rc(demo_model, tmp_path)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "no correct moe backend on cpu at M=1,16" in p.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("bad,why", [("cpu_broken_nan", "wrong: 4096 of 4096 logits NaN/Inf"),
+                                     ("cpu_broken_abort", "crash: killed by SIGABRT")])
+def test_without_doctor_shapes_the_smoke_test_alone_refuses_a_broken_backend(tmp_path, bad, why):
+    """synth:demo is not one of the doctor's presets: no doctor decision, the smoke test decides alone."""
+    p = serve_rc("synth:demo", tmp_path, "--moe-runner-backend", bad)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "the doctor cannot read the model's shapes" in p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert f"--moe-runner-backend {bad} refused: the smoke test found it {why}" in err, err
+    t = table(p.stderr)
+    assert t["moe"][0] == f"{bad} (REFUSED)", t

@@ -474,6 +474,32 @@ static void order_candidates(fam_state *f, json_t *report, const char *fam) {
         }
 }
 
+/* Without a doctor report: every backend of the device, in registry
+ * (preference) order, all presumed correct; ms holds the rank. */
+static int registry_verdicts(int fam, dev_kind dev, doc_verdict *out, int max) {
+    int n = 0, count = fam == SA_FP4_GEMM ? ops_fp4_gemm_count() : fam == SA_MOE ? ops_moe_count()
+                       : fam == SA_ATTENTION ? ops_attn_count() : ops_gdn_count();
+    for (int i = 0; i < count && n < max; i++) {
+        const char *name;
+        dev_kind d;
+        int to;
+#define GET(at) do { name = at(i)->name; d = at(i)->dev; to = at(i)->test_only; } while (0)
+        if (fam == SA_FP4_GEMM) GET(ops_fp4_gemm_at);
+        else if (fam == SA_MOE) GET(ops_moe_at);
+        else if (fam == SA_ATTENTION) GET(ops_attn_at);
+        else GET(ops_gdn_at);
+#undef GET
+        if (d != dev) continue;
+        memset(&out[n], 0, sizeof out[n]);
+        snprintf(out[n].name, sizeof out[n].name, "%s", name);
+        out[n].test_only = to;
+        out[n].ok = 1;
+        out[n].ms = n + 1;
+        n++;
+    }
+    return n;
+}
+
 static void build_path(const char *doctor_cache, const char *key, char *out, size_t n) {
     /* the smoke verdict lives next to the doctor's decision */
     char tmp[PATH_MAX];
@@ -488,9 +514,15 @@ static void build_path(const char *doctor_cache, const char *key, char *out, siz
     snprintf(out, n, "%.3900s/smoke%.64s", dir, hash ? hash : "-x.json");
 }
 
-static void log_table(fam_state *fs, const char *device, const char *ms_list, const char *cache, int failed) {
-    log_info("%s (device %s, buckets M=%s%s%s):", failed ? "backend check FAILED; the backends considered" :
-             "the last backend standing", device, ms_list, cache[0] ? ", doctor decision " : "", cache);
+static void log_table(fam_state *fs, const char *device, const char *ms_list, const char *cache, int failed,
+                      int have_report) {
+    if (have_report)
+        log_info("%s (device %s, buckets M=%s, doctor decision %s):",
+                 failed ? "backend check FAILED; the backends considered" : "the last backend standing", device, ms_list,
+                 cache);
+    else
+        log_info("%s (device %s, no doctor decision: the smoke test alone):",
+                 failed ? "backend check FAILED; the backends considered" : "the last backend standing", device);
     log_info("  %-10s %-26s %s", "family", "backend", "why the others were eliminated");
     for (int f = 0; f < SA_NFAM; f++) {
         fam_state *s = &fs[f];
@@ -518,6 +550,7 @@ static void log_table(fam_state *fs, const char *device, const char *ms_list, co
             if (s->smoke_fail[i][0]) buf_printf(&b, "%s: smoke test %s", v->name, s->smoke_fail[i]);
             else if (!v->ok) buf_printf(&b, "%s: doctor %s %s", v->name, v->status, v->detail);
             else if (v->test_only) buf_printf(&b, "%s: test-only (auto never picks it)", v->name);
+            else if (!have_report) buf_printf(&b, "%s: later in the registry's preference order", v->name);
             else if (chosen && chosen->ms > 0 && v->ms > 0)
                 buf_printf(&b, "%s: correct, %.3g ms vs %.3g ms (sum over the buckets)%s", v->name, v->ms, chosen->ms,
                            !strcmp(v->name, s->ref) ? ", the reference" : "");
@@ -594,25 +627,32 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     json_t *report = NULL;
     char cache[PATH_MAX] = "";
     double t0 = now_sec();
-    if (doc_shapes_from_model(o->model_path, &shapes, &e)) {
-        snprintf(err, errn, "backend check: the doctor cannot read the model's shapes: %s", e.msg);
-        return 1;
-    }
     int from_cache = 0;
-    if (doctor_ensure(&dop, &shapes, &report, &from_cache, cache, sizeof cache, &e)) {
-        snprintf(err, errn, "backend check: the doctor failed: %s", e.msg);
-        return 1;
+    if (doc_shapes_from_model(o->model_path, &shapes, &e)) {
+        /* e.g. a synth: model that is not one of the doctor's presets: the smoke test alone decides */
+        log_warn("backend check: the doctor cannot read the model's shapes (%s); the candidates are the registry's "
+                 "backends in preference order and the smoke test alone decides", e.msg);
+    } else {
+        if (doctor_ensure(&dop, &shapes, &report, &from_cache, cache, sizeof cache, &e)) {
+            snprintf(err, errn, "backend check: the doctor failed: %s", e.msg);
+            return 1;
+        }
+        if (from_cache) log_info("backend check: the doctor's cached decision %s", cache);
+        else log_info("backend check: the doctor ran in %.1f s; decision cached in %s", now_sec() - t0, cache);
     }
-    if (from_cache) log_info("backend check: the doctor's cached decision %s", cache);
-    else log_info("backend check: the doctor ran in %.1f s; decision cached in %s", now_sec() - t0, cache);
 
     fam_state *fs = xcalloc(SA_NFAM, sizeof(fam_state));
     int rc = 0;
     for (int f = 0; f < SA_NFAM; f++) {
         fam_state *s = &fs[f];
-        s->present = doctor_has_family(report, FAM[f]);
-        if (!s->present) continue;
-        s->nv = doctor_verdicts(report, FAM[f], dop.ms, dop.n_ms, s->v, MAX_CAND);
+        if (report) {
+            s->present = doctor_has_family(report, FAM[f]);
+            if (!s->present) continue;
+            s->nv = doctor_verdicts(report, FAM[f], dop.ms, dop.n_ms, s->v, MAX_CAND);
+        } else {
+            s->present = 1;
+            s->nv = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, s->v, MAX_CAND);
+        }
         snprintf(s->ref, sizeof s->ref, "%s_ref", device);
         int have_ref = 0;
         for (int i = 0; i < s->nv; i++) have_ref |= !strcmp(s->v[i].name, s->ref);
@@ -665,7 +705,14 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         char cfg[PATH_MAX + 16];
         snprintf(cfg, sizeof cfg, "%s/config.json", o->model_path);
         long long mt = stat(cfg, &st) == 0 ? (long long)st.st_mtime : 0;
-        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d", SMOKE_VERSION, cache, o->model_path, mt, device, c.steps);
+        long long bt = 0, bs = 0; /* this build */
+        if (stat(c.self, &st) == 0) {
+            bt = (long long)st.st_mtime;
+            bs = (long long)st.st_size;
+        }
+        const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
+        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d|%lld|%lld|%s", SMOKE_VERSION, cache, o->model_path, mt,
+                 device, c.steps, bt, bs, tb ? tb : "");
     }
     char smoke_path[PATH_MAX];
     for (int pass = 0;; pass++) {
@@ -717,7 +764,16 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             log_info("smoke test: %d greedy steps on a fixed %d-token prompt: the tokens equal the reference "
                      "backends', max logits rel err %.2g (tolerance %.0e)", c.steps, c.ref.L, worst, c.tol);
             json_t *j = json_pack("{s:b,s:f,s:s}", "passed", 1, "max_rel_err", worst, "key", k2);
+            char dir[PATH_MAX];
+            snprintf(dir, sizeof dir, "%s", smoke_path);
+            for (char *q = dir + 1; *q; q++) /* mkdir -p the cache folder */
+                if (*q == '/') {
+                    *q = 0;
+                    mkdir(dir, 0755);
+                    *q = '/';
+                }
             if (json_dump_file(j, smoke_path, JSON_INDENT(1)) == 0) log_info("smoke test: verdict cached in %s", smoke_path);
+            else log_warn("smoke test: cannot write %s; the next start runs it again", smoke_path);
             json_decref(j);
             break;
         }
@@ -795,14 +851,14 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     {
         char msl[256] = "";
         for (int i = 0; i < dop.n_ms; i++) snprintf(msl + strlen(msl), sizeof msl - strlen(msl), "%s%d", i ? "," : "", dop.ms[i]);
-        log_table(fs, device, msl, cache, 0);
+        log_table(fs, device, msl, cache, 0, report != NULL);
     }
     log_info("backend check: %.1f s", now_sec() - t0);
 done:
     if (rc) {
         char msl[256] = "";
         for (int i = 0; i < dop.n_ms; i++) snprintf(msl + strlen(msl), sizeof msl - strlen(msl), "%s%d", i ? "," : "", dop.ms[i]);
-        log_table(fs, device, msl, cache, 1);
+        log_table(fs, device, msl, cache, 1, report != NULL);
     }
     smoke_free(&c.ref);
     free(c.prompt_ids);

@@ -17,10 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-import pytest
 
 HERE = os.path.abspath(__file__)
 
@@ -177,6 +174,10 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "serve":
 # ---------------------------------------------------------------------------------------
 # tests
 # ---------------------------------------------------------------------------------------
+
+import xml.etree.ElementTree as ET  # noqa: E402
+
+import pytest  # noqa: E402
 
 from conftest import free_port, run_ls  # noqa: E402
 

@@ -41,7 +41,7 @@ def test_sweep_verdicts_land_in_the_right_cells(ls_bin, tmp_path):
     modes = ["ok", "bang", "empty", "same", "nan", "badutf8", "exit3", "abort", "die", "hang"]
     js = tmp_path / "sweep.json"
     p = sweep("--launch", launch, "--grid", "mode=" + ",".join(modes), "--grid", "x=1",
-              "--base-url", f"http://127.0.0.1:{port}", "--health-timeout", 3, "--grace", 3,
+              "--base-url", f"http://127.0.0.1:{port}", "--health-timeout", 6, "--grace", 3,
               "--json", js, "--log-dir", tmp_path / "logs",
               "--num-prompts", 4, "--random-input-len", 8, "--random-output-len", 4, "--max-concurrency", 2)
     assert p.returncode == 0, p.stderr[-3000:]

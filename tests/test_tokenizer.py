@@ -144,11 +144,19 @@ def compare_with_hf(tok_dir, texts, what):
     msg = "\n".join(f"  text={s!r}\n    hf ={w}\n    ls ={g}" for s, w, g in bad[:8])
     assert not bad, f"{what}: {len(bad)}/{len(texts)} encodings differ from HF (seed {SEED}):\n{msg}"
     for skip in (False, True):
-        dec = ls_decode(tok_dir, want, skip=skip)
+        dec = ls_decode(tok_dir, want, skip=skip, stream=True)
         hf_dec = hf.decode_batch(want, skip_special_tokens=skip)
         bad = [(ids, h, d["text"]) for ids, h, d in zip(want, hf_dec, dec) if h != d["text"]]
         msg = "\n".join(f"  ids={i}\n    hf ={h!r}\n    ls ={d!r}" for i, h, d in bad[:8])
         assert not bad, f"{what}: decode(skip_special_tokens={skip}) differs from HF on {len(bad)} (seed {SEED}):\n{msg}"
+        bad = [(ids, d["deltas"]) for ids, d in zip(want, dec) if "".join(d["deltas"]) != d["text"]]
+        assert not bad, f"{what}: streamed deltas do not add up to decode: ids={bad[0][0]} deltas={bad[0][1]}"
+        for ids, d in list(zip(want, dec))[:100]:  # after k ids, the stream has said no more than decode(ids[:k])
+            acc = ""
+            for k, delta in enumerate(d["deltas"][:-1]):
+                acc += delta
+                pre = hf.decode(ids[:k + 1], skip_special_tokens=skip)
+                assert pre.startswith(acc), f"{what}: after {ids[:k + 1]} the stream said {acc!r}, HF decode {pre!r}"
 
 
 # ---- tokenizers built here ---------------------------------------------------------
@@ -216,7 +224,12 @@ def test_qwen3_matches_hf_on_random_text(ls_bin, monkeypatch, path):
     if path == "pcre2":
         monkeypatch.setenv("LS_TOK_NO_FASTPATH", "1")
     rng = random.Random(SEED if path == "fast" else SEED + 11)
-    texts = [rand_text(rng) for _ in range(2500 if path == "fast" else 1000)]
+    # fixed cases first: Hangul jamo around syllables (utf8proc composes LV + U+11A7 wrongly),
+    # canonical reordering, singletons, Unicode white space, contractions with long s
+    tricky = ["뎌ᆧ", "가\u11a8", "가\u11a7", "\u1100\u1161\u11a8", "\u1112\u1175\u11c2x", "a\u0323\u0301",
+              "a\u0301\u0323", "\u212b\u2126\uf900", "e\u0301\u0301", "x\u180e!", "a\u2028\u2029\u0085b",
+              "x'ſa 'Sa 'ſ", " \u3000 \u00a0x", "\r\n\r\n  \n", "\u0915\u093c\u0924"]
+    texts = tricky + [rand_text(rng) for _ in range(2500 if path == "fast" else 1000)]
     compare_with_hf(QWEN3, texts, f"qwen3 ({path})")
 
 
@@ -250,14 +263,13 @@ def test_trained_gpt2_bytelevel_matches_hf_on_random_text(ls_bin, trained_dir):
     compare_with_hf(trained_dir, texts, "trained ByteLevel BPE")
 
 
-def test_long_words_match_hf_and_are_not_quadratic(ls_bin):
+def test_long_words_match_hf(ls_bin):
+    """Pre-tokens of 10-30 KB (the merge loop's speed on them is pinned in test_tok.c)."""
     need_shared()
     rng = random.Random(SEED + 3)
     texts = ["a" * 20000, "ab" * 10000, "".join(rng.choice("abcdefghij") for _ in range(30000)),
              "中文" * 5000, "😀" * 3000, " " * 10000, "\n" * 5000 + "x", "1" * 10000]
-    t0 = time.time()
     compare_with_hf(QWEN3, texts, "long words")
-    assert time.time() - t0 < 60
 
 
 def test_decode_random_ids_matches_hf(ls_bin):

@@ -24,7 +24,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
                "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
-               "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]\n"
+               "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME]\n");
 }
@@ -75,7 +75,7 @@ static int print_result(const int32_t *ids, int n, const char *text) {
 
 int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
-    const char *tok_path = NULL, *tmpl_path = NULL;
+    const char *tok_path = NULL, *tmpl_path = NULL, *tp_s = "1";
     int chat = 0;
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -93,6 +93,7 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--tokenizer-path") ? &tok_path
                          : !strcmp(a, "--chat-template") ? &tmpl_path
                          : !strcmp(a, "--device") ? &o.device
+                         : !strcmp(a, "--tp") ? &tp_s
                          : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
                          : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
                          : !strcmp(a, "--attention-backend") ? &o.attention_backend
@@ -119,6 +120,9 @@ int cmd_generate(int argc, char **argv) {
         return 2;
     }
     char *end;
+    long tp = strtol(tp_s, &end, 10);
+    if (*end || end == tp_s || tp < 1 || tp > 16) return bad_value("--tp", tp_s, "an integer in [1, 16]");
+    o.tp = (int)tp;
     errno = 0;
     long max_new = strtol(max_s, &end, 10);
     if (*end || end == max_s || errno || max_new < 0 || max_new > 1 << 20)

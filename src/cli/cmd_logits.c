@@ -13,7 +13,7 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]\n"
+    fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME]\n");
 }
@@ -26,7 +26,7 @@ static void put_float(FILE *f, float v) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *path = NULL, *ids_s = NULL;
+    const char *path = NULL, *ids_s = NULL, *tp_s = "1";
     model_opts o = {.device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -34,6 +34,7 @@ int cmd_logits(int argc, char **argv) {
         const char **dst = !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--device") ? &o.device
+                         : !strcmp(a, "--tp") ? &tp_s
                          : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
                          : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
                          : !strcmp(a, "--attention-backend") ? &o.attention_backend
@@ -50,6 +51,13 @@ int cmd_logits(int argc, char **argv) {
         *dst = argv[++i];
     }
     if (!path) { fprintf(stderr, "laststand logits: error: --model-path is required\n"); return 2; }
+    char *tp_end;
+    long tp = strtol(tp_s, &tp_end, 10);
+    if (*tp_end || tp_end == tp_s || tp < 1 || tp > 16) {
+        fprintf(stderr, "laststand logits: error: --tp: expected an integer in [1, 16], got '%s'\n", tp_s);
+        return 2;
+    }
+    o.tp = (int)tp;
     if (!ids_s) { fprintf(stderr, "laststand logits: error: --ids is required\n"); return 2; }
     int32_t *ids = NULL;
     int n = parse_int_list(ids_s, &ids);
@@ -64,7 +72,8 @@ int cmd_logits(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand logits: error: %s\n", e.msg);
         free(ids);
-        /* a bad model or flag is 2; what this machine cannot do (no GPU, no memory) is 1 */
+        /* a bad model or flag is 2; what this machine or build cannot do (no GPU, no
+         * memory) is 1, as generate */
         return rc == ERR_UNSUPPORTED || rc == ERR_RUNTIME || rc == ERR_NOMEM ? 1 : 2;
     }
     const int V = model_cfg(m)->vocab;

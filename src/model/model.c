@@ -248,13 +248,13 @@ static int bind_all(model *m, ls_err *e) {
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
- * No usable GPU for "cuda" is ERR_UNSUPPORTED "no CUDA device: <why>" (exit 1). */
+ * "cuda" without a usable GPU is "no CUDA device: <why>" (the CLI exits 1):
+ * ERR_RUNTIME when the CUDA runtime says why, ERR_UNSUPPORTED when this
+ * build has no CUDA code at all. */
 static int open_device(model *m, const model_opts *o, ls_err *e) {
     const char *dev = o && o->device ? o->device : NULL;
     if (dev && strcmp(dev, "cpu") && strcmp(dev, "cuda"))
         return errf(e, ERR_INVAL, "unknown device '%s' (valid: cpu, cuda)", dev);
-    if (o && o->tp > 1)
-        return errf(e, ERR_UNSUPPORTED, "tensor parallelism (tp=%d) is not supported yet", o->tp);
     dev_info d;
     ls_stream stream = NULL;
     m->mem = &dev_mem_cpu;
@@ -266,7 +266,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         if (rc == 0) {
             m->mem = cm;
         } else if (dev) {
-            return errf(e, ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
+            return errf(e, cm ? ERR_RUNTIME : ERR_UNSUPPORTED, "no CUDA device: %s", ce.msg);
         } else {
             log_debug("device: no CUDA device (%s); using the CPU", ce.msg);
         }
@@ -379,9 +379,10 @@ static void visit_all(wvisit *v) {
     if (v->dev && c->tie_embeddings) m->lm_head = m->embed;
 }
 
-/* Copy every weight to the device once (no-op on the CPU). */
-static int upload_weights(model *m, ls_err *e) {
-    if (m->ops.dev.kind == DEV_CPU) return 0;
+/* Copy every weight to the device once (no-op on the CPU, and for a
+ * tensor-parallel coordinator: its ranks upload their slices). */
+int mdl_upload_weights(model *m, ls_err *e) {
+    if (m->ops.dev.kind == DEV_CPU || m->rank_m) return 0;
     wvisit v = {.m = m, .e = e};
     visit_all(&v); /* pass 1: sizes */
     size_t total = v.off;
@@ -422,7 +423,8 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     warn_unused(m);
-    if ((rc = upload_weights(m, e))) { model_close(m); return rc; }
+    if (o && o->tp > 1 && (rc = tp_build(m, o->tp, e))) { model_close(m); return rc; }
+    if ((rc = mdl_upload_weights(m, e))) { model_close(m); return rc; }
     *out = m;
     return 0;
 }
@@ -447,23 +449,26 @@ static void ws_free(model *m) {
 
 void model_close(model *m) {
     if (!m) return;
+    tp_free(m);
     if (m->mem) {
         cache_free(m, &m->cache);
         ws_free(m);
         m->mem->free(m->dev_weights);
-        m->mem->close_stream(m->ops.stream);
+        if (!m->is_rank || m->owns_stream) m->mem->close_stream(m->ops.stream);
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->used);
     if (m->st) st_close(m->st);
-    hfcfg_free(&m->cfg);
+    if (!m->is_rank) hfcfg_free(&m->cfg);
     free(m->path);
     free(m);
 }
 
 const model_config *model_cfg(const model *m) { return &m->cfg; }
 const char *model_path(const model *m) { return m->path; }
+const char *model_device(const model *m) { return m->ops.dev.kind == DEV_CPU ? "cpu" : "cuda"; }
+size_t model_device_mem(const model *m) { return m->ops.dev.kind == DEV_CPU ? 0 : m->ops.dev.mem_bytes; }
 
 /* ---- caches ---------------------------------------------------------------- */
 
@@ -475,10 +480,20 @@ static size_t rec_floats(const model_config *c) {
 }
 
 size_t model_kv_page_bytes(const model *m, int page_size) {
+    if (m->rank_m) {
+        size_t n = 0;
+        for (int r = 0; r < m->tp; r++) n += model_kv_page_bytes(m->rank_m[r], page_size);
+        return n;
+    }
     return (size_t)m->n_full * 2 * page_size * m->cfg.n_kv_heads * m->cfg.head_dim * act_size(m->kv_dt);
 }
 
 size_t model_slot_bytes(const model *m) {
+    if (m->rank_m) {
+        size_t n = 0;
+        for (int r = 0; r < m->tp; r++) n += model_slot_bytes(m->rank_m[r]);
+        return n;
+    }
     return (size_t)m->n_lin * (conv_floats(&m->cfg) + rec_floats(&m->cfg)) * sizeof(float);
 }
 
@@ -526,6 +541,7 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
     TAKE(u, c->hidden);
     TAKE(o, c->hidden);
     TAKE(hl, c->hidden);
+    TAKE(red, m->grp ? c->hidden : 0);
     if (m->n_full) {
         const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim;
         TAKE(q, nq);
@@ -598,7 +614,19 @@ static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
 }
 
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e);
+        if (!rc) rc = model_cache_init(rm, o, e);
+        if (rc) return rc;
+    }
     cache_free(m, &m->cache);
+    if (m->rank_m) { /* the coordinator keeps only the geometry, for check_batch */
+        m->cache = m->rank_m[0]->cache;
+        m->cache.kv = NULL;
+        m->cache.conv = m->cache.rec = NULL;
+        return 0;
+    }
     int rc = cache_alloc(m, o, &m->cache, e);
     if (rc) return rc;
     /* the workspace: sized for the engine's largest step up front, so decode never allocates */
@@ -618,7 +646,14 @@ static void slot_reset(const model *m, mcache *c, int slot) {
     }
 }
 
-void model_slot_reset(model *m, int slot) { slot_reset(m, &m->cache, slot); }
+void model_slot_reset(model *m, int slot) {
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        rm->mem->bind_thread(rm->ops.dev.ordinal, NULL);
+        model_slot_reset(rm, slot);
+    }
+    if (!m->rank_m) slot_reset(m, &m->cache, slot);
+}
 
 /* ---- forward ----------------------------------------------------------------- */
 
@@ -694,43 +729,49 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, i
     return n_rows;
 }
 
-static int forward(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
+int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     int rc = check_batch(m, c, b, e);
-    if (rc) return rc;
+    if (rc) return rc; /* every rank sees the same batch and geometry: all return here, or none */
     const model_config *cfg = &m->cfg;
     const small_ops *so = m->ops.small;
     const act_dtype dt = m->ops.act;
     const ls_stream st = m->ops.stream;
     const int H = cfg->hidden;
     int T = 0, P = 0;
+    int max_ctx = 0;
     for (int s = 0; s < b->n_seq; s++) {
         T += b->seqs[s].n_new;
+        if (b->seqs[s].n_past + b->seqs[s].n_new > max_ctx) max_ctx = b->seqs[s].n_past + b->seqs[s].n_new;
         if (m->n_full) P += (b->seqs[s].n_past + b->seqs[s].n_new + c->page_size - 1) / c->page_size;
     }
     if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
     mws *w = &m->ws;
-    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq};
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
     const int32_t *d_ids = NULL, *d_rows = NULL;
     int n_rows = upload_tables(m, c, b, T, P, &f, &d_ids, &d_rows, e);
     if (n_rows < 0) return n_rows;
-    if ((rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->h, dt, st), "embedding lookup", -1, e)))
-        return rc;
+    rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->h, dt, st), "embedding lookup", -1, e);
+    /* with TP, a rank that failed keeps meeting the others at the all-reduces */
+    const size_t TH = (size_t)T * H;
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_w *L = &m->layers[l];
-        if ((rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
-                             "input norm", l, e)))
-            return rc;
-        rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(&f, l, w->u, w->o, e)
-                                        : next_gdn_forward(&f, l, w->u, w->o, e);
-        if (rc) return rc;
-        if ((rc = mdl_op_err(so->add((int64_t)T * H, w->o, w->h, dt, st), "residual add", l, e)) ||
-            (rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->post_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
-                             "post-attention norm", l, e)))
-            return rc;
-        if ((rc = qwen3_mlp_forward(&f, l, w->u, w->o, e))) return rc;
-        if ((rc = mdl_op_err(so->add((int64_t)T * H, w->o, w->h, dt, st), "residual add", l, e)))
-            return rc;
+        if (!rc)
+            rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                            "input norm", l, e);
+        if (!rc)
+            rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(&f, l, w->u, w->o, e)
+                                            : next_gdn_forward(&f, l, w->u, w->o, e);
+        if (m->grp) tp_allreduce(m, w->o, TH);
+        if (!rc) rc = mdl_op_err(so->add((int64_t)TH, w->o, w->h, dt, st), "residual add", l, e);
+        if (!rc)
+            rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->post_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                            "post-attention norm", l, e);
+        if (!rc) rc = qwen3_mlp_forward(&f, l, w->u, w->o, e);
+        if (m->grp) tp_allreduce(m, w->o, TH);
+        if (!rc) rc = mdl_op_err(so->add((int64_t)TH, w->o, w->h, dt, st), "residual add", l, e);
     }
+    if (!rc && m->grp) rc = tp_status(m, e);
+    if (rc || m->rank > 0) return rc; /* rank 0 alone computes the logits */
     /* rows that want logits: all new tokens (logits_all) or the last one */
     if ((rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->h, w->hl, dt, st), "logits row gather",
                          -1, e)) ||
@@ -750,30 +791,48 @@ static int forward(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     return 0;
 }
 
-int model_forward(model *m, const fwd_batch *b, ls_err *e) { return forward(m, &m->cache, b, e); }
+int model_forward(model *m, const fwd_batch *b, ls_err *e) {
+    if (!m->rank_m) return mdl_forward_rank(m, &m->cache, b, e);
+    mcache *caches[TP_MAX];
+    for (int r = 0; r < m->tp; r++) caches[r] = &m->rank_m[r]->cache;
+    return tp_forward(m, caches, b, e);
+}
 
 int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e) {
     *logits = NULL;
     if (n < 1) return errf(e, ERR_INVAL, "logits: no token ids");
     const int page = 16, n_pages = (n + page - 1) / page;
     model_cache_opts co = {.page_size = page, .n_pages = n_pages, .n_slots = 1};
-    mcache c;
-    int rc = cache_alloc(m, &co, &c, e);
-    if (!rc) rc = ws_reserve(m, n, 1, n_pages, e);
-    if (rc) return rc;
+    /* a fresh cache of its own, per rank with TP */
+    const int N = m->rank_m ? m->tp : 1;
+    model *rm[TP_MAX];
+    mcache cs[TP_MAX], *cp[TP_MAX];
+    int rc = 0, n_alloc = 0;
+    for (int r = 0; r < N; r++) {
+        rm[r] = m->rank_m ? m->rank_m[r] : m;
+        cp[r] = &cs[r];
+        if (!rc && m->rank_m) rc = rm[r]->mem->bind_thread(rm[r]->ops.dev.ordinal, e);
+        if (!rc && !(rc = cache_alloc(rm[r], &co, &cs[r], e))) {
+            n_alloc++;
+            rc = ws_reserve(rm[r], n, 1, n_pages, e);
+        }
+    }
     int32_t *pages = xmalloc(sizeof(int32_t) * n_pages);
     for (int i = 0; i < n_pages; i++) pages[i] = i;
     fwd_seq s = {.slot = 0, .n_past = 0, .n_new = n, .pages = pages, .logits_all = 1};
-    float *out = malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
-    if (!out) {
+    float *out = rc ? NULL : malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
+    if (!rc && !out) {
         rc = errf(e, ERR_NOMEM, "logits: cannot allocate %d x %d floats", n, m->cfg.vocab);
-    } else {
+    } else if (!rc) {
         fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = ids, .logits = out};
-        rc = forward(m, &c, &b, e);
+        rc = m->rank_m ? tp_forward(m, cp, &b, e) : mdl_forward_rank(m, &cs[0], &b, e);
     }
     if (rc) { free(out); out = NULL; }
     *logits = out;
     free(pages);
-    cache_free(m, &c);
+    for (int r = 0; r < n_alloc; r++) {
+        if (m->rank_m) rm[r]->mem->bind_thread(rm[r]->ops.dev.ordinal, NULL);
+        cache_free(rm[r], &cs[r]);
+    }
     return rc;
 }

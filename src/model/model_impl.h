@@ -70,14 +70,18 @@ typedef struct mws {
     void *qkv, *z, *b, *a, *core; /* gdn: [T, conv_dim], [T, nv·dv], [T, nv] x2, [T, nv·dv] */
     void *g, *up;       /* dense MLP: [T, I] */
     void *hl;           /* [T, H] the rows that want logits */
+    void *red;          /* [T, H] tensor parallel: the all-reduce's sum */
     void *logits;       /* [T, V] (devices other than the CPU; the CPU writes the caller's) */
     void *meta;         /* device: ids [T] | pos [T] | rows [T] | aseq [S] | gseq [S] | pages [P] */
     char *meta_host;    /* host staging of meta (== meta on the CPU) */
     uint16_t *lg_host;  /* host staging of BF16 logits [T, V] */
 } mws;
 
+#define TP_MAX 16
+typedef struct tp_group tp_group;
+
 struct model {
-    model_config cfg;
+    model_config cfg;   /* a rank's copy holds its local head counts and intermediate sizes */
     char *path;
     st_set *st;
     ops_sel ops;
@@ -85,6 +89,13 @@ struct model {
     act_dtype kv_dt;    /* KV pool dtype: F32 on the CPU, BF16 on CUDA */
     void *dev_weights;  /* devices other than the CPU: every weight, one allocation */
     mws ws;             /* forward working memory */
+    /* tensor parallelism (model_tp.c): the coordinator (tp > 1, rank_m set) opens the
+     * checkpoint and owns the config; its ranks (is_rank) hold the weight slices,
+     * caches and workspaces, and run the forward pass */
+    int tp, rank, is_rank;
+    int owns_stream;    /* a CUDA rank opened its own device and stream */
+    tp_group *grp;
+    model **rank_m;     /* [tp] */
     rms_kind norm_kind; /* layer norms and q/k norms */
     char prefix[64];    /* "model." or "model.language_model." */
     lin_w embed;        /* [V, H] */
@@ -134,10 +145,30 @@ typedef struct fwd_ctx {
     mws *ws;
     int n_tok;
     int n_seq;
+    int max_ctx;          /* the longest n_past + n_new */
     const attn_seq *aseq; /* [n_seq], pages in device memory */
     const gdn_seq *gseq;  /* [n_seq] */
     const int32_t *pos;   /* [n_tok] positions */
 } fwd_ctx;
+
+/* One rank's (or the only) forward pass over cache c; with TP, every rank
+ * runs it on its own thread and only rank 0 writes b->logits. */
+int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e);
+
+/* Copy the weights to the model's device (model.c; no-op on the CPU). */
+int mdl_upload_weights(model *m, ls_err *e);
+
+/* ---- tensor parallelism (model_tp.c) ------------------------------------- */
+/* Slice m's bound weights into N rank models: CPU threads, or one CUDA
+ * device per rank (uploads each slice; all-reduce through NCCL). */
+int tp_build(model *m, int N, ls_err *e);
+void tp_free(model *m);
+/* Every rank over the batch, caches[r] being rank r's. */
+int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e);
+/* x [n] (activations) = the sum of every rank's x, identical on every rank. */
+void tp_allreduce(model *m, void *x, size_t n);
+/* ERR_RUNTIME if an all-reduce of this group failed (CUDA), else 0. */
+int tp_status(model *m, ls_err *e);
 
 /* A small op's status as an error naming the op and layer. */
 int mdl_op_err(int rc, const char *op, int layer, ls_err *e);

@@ -188,7 +188,7 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
                     .q = w->q, .gate = c->attn_output_gate ? w->gate : NULL, .kv = &kv,
                     .out = w->ao, .dt = dt};
-    if ((rc = m->ops.attn->run(&aa, st, e))) return rc;
+    if ((rc = ops_attn_run(&m->ops, &aa, f->max_ctx, e))) return rc;
     return ops_linear(&m->ops, T, w->ao, &a->o, out, 0, e);
 }
 
@@ -200,7 +200,7 @@ int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     int rc;
     if (!L->dense) {
         moe_args a = {.M = T, .x = u, .y = out, .w = &L->moe, .dt = m->ops.act};
-        return m->ops.moe->run(&a, m->ops.stream, e);
+        return ops_moe_run(&m->ops, &a, e);
     }
     const int I = L->mlp.gate.N;
     if ((rc = ops_linear(&m->ops, T, u, &L->mlp.gate, w->g, 0, e)) ||

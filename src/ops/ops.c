@@ -158,12 +158,18 @@ static int reg_add(registry *r, const void *impl, int is_ref) {
 }
 
 __attribute__((weak)) void ops_cuda_register_all(void);
+#ifdef LS_HAVE_CUDA
+/* a strong reference: it pulls src/ops/cuda/fwd_dev.o out of the static library */
+#define HAVE_FWD_HOOK 1
+#else
 __attribute__((weak)) void ops_cuda_register_fwd(void);
+#define HAVE_FWD_HOOK (ops_cuda_register_fwd != NULL)
+#endif
 
 static void reg_init(void) {
     g_initialising = 1;
     if (ops_cuda_register_all) ops_cuda_register_all();
-    if (ops_cuda_register_fwd) ops_cuda_register_fwd();
+    if (HAVE_FWD_HOOK) ops_cuda_register_fwd();
     cpu_register_all();
     const char *b = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
     if (b && !strcmp(b, "1")) cpu_register_broken();
@@ -249,14 +255,88 @@ int ops_select(const dev_info *d, const ops_names *n, ops_sel *out, ls_err *e) {
     if ((rc = pick(F_MOE, d, n->moe, (const void **)&out->moe, e))) return rc;
     if ((rc = pick(F_ATTN, d, n->attention, (const void **)&out->attn, e))) return rc;
     if ((rc = pick(F_GDN, d, n->gdn, (const void **)&out->gdn, e))) return rc;
+    const char *names[5] = {n->gemm, n->fp4_gemm, n->moe, n->attention, n->gdn};
+    for (int f = 0; f < 5; f++)
+        if (!names[f] || !*names[f] || !strcmp(names[f], "auto")) out->auto_fam |= 1u << f;
     return pick(F_SMALL, d, NULL, (const void **)&out->small, e);
+}
+
+/* The backend for one call: the selected one if it takes the shape; for a
+ * family chosen by "auto", else the first non-test-only backend of the
+ * device that does. sup(impl, shape, why, n) wraps the family's supported. */
+typedef int (*sup_fn)(const void *impl, const dev_info *d, const void *shape, char *why, size_t n);
+
+static const void *for_shape(const ops_sel *s, int f, const void *sel, sup_fn sup, const void *shape,
+                             ls_err *e) {
+    char why[256] = "";
+    if (sup(sel, &s->dev, shape, why, sizeof why)) return sel;
+    if (s->auto_fam & (1u << f)) {
+        registry *r = reg(f);
+        char w2[256];
+        for (int i = 0; i < r->n; i++) {
+            const impl_head *h = head(r->v[i]);
+            if (h->dev == s->dev.kind && !h->test_only && r->v[i] != sel &&
+                sup(r->v[i], &s->dev, shape, w2, sizeof w2))
+                return r->v[i];
+        }
+    }
+    errf(e, ERR_UNSUPPORTED, "%s backend '%s' does not take this shape: %s", k_fam_name[f],
+         head(sel)->name, why);
+    return NULL;
+}
+
+static int sup_gemm(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
+    const gemm_impl *g = impl;
+    return !g->supported || g->supported(d, shape, why, n);
+}
+static int sup_moe(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
+    const moe_impl *g = impl;
+    return !g->supported || g->supported(d, shape, why, n);
+}
+static int sup_attn(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
+    const attn_impl *g = impl;
+    return !g->supported || g->supported(d, shape, why, n);
+}
+static int sup_gdn(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
+    const gdn_impl *g = impl;
+    return !g->supported || g->supported(d, shape, why, n);
 }
 
 int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
                ls_err *e) {
     gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
-    const gemm_impl *g = w->kind == W_NVFP4 ? s->fp4_gemm : s->gemm;
+    const int fp4 = w->kind == W_NVFP4;
+    const gemm_impl *g = fp4 ? s->fp4_gemm : s->gemm;
+    if (s->dev.kind != DEV_CPU) { /* the CPU backends take every shape */
+        gemm_shape sh = {.M = M, .N = w->N, .K = w->K, .wk = w->kind, .dt = s->act};
+        if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e)))
+            return err_prefix(e, "%s", w->name ? w->name : "linear");
+    }
     return g->run(&a, s->stream, e);
+}
+
+int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
+    const moe_w *w = a->w;
+    moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
+                    .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt};
+    const moe_impl *g = for_shape(s, F_MOE, s->moe, sup_moe, &sh, e);
+    return g ? g->run(a, s->stream, e) : e->code;
+}
+
+int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e) {
+    attn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .max_ctx = max_ctx, .n_heads = a->n_heads,
+                     .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .gated = a->gate != NULL,
+                     .dt = a->dt};
+    const attn_impl *g = for_shape(s, F_ATTN, s->attn, sup_attn, &sh, e);
+    return g ? g->run(a, s->stream, e) : e->code;
+}
+
+int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e) {
+    const gdn_w *w = a->w;
+    gdn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .nk = w->nk, .nv = w->nv, .dk = w->dk,
+                    .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt};
+    const gdn_impl *g = for_shape(s, F_GDN, s->gdn, sup_gdn, &sh, e);
+    return g ? g->run(a, s->stream, e) : e->code;
 }
 
 /* ---- device memory ------------------------------------------------------- */
@@ -282,9 +362,11 @@ static int cpu_memset0(void *dst, size_t n, ls_stream s, ls_err *e) {
     return 0;
 }
 static int cpu_sync(ls_stream s, ls_err *e) { return 0; }
+static int cpu_bind_thread(int ordinal, ls_err *e) { return 0; }
+static int cpu_count(void) { return 1; }
 
-const dev_mem dev_mem_cpu = {DEV_CPU, cpu_open, cpu_close_stream, cpu_alloc, cpu_free,
-                             cpu_copy, cpu_copy, cpu_memset0, cpu_sync};
+const dev_mem dev_mem_cpu = {DEV_CPU,  cpu_open,    cpu_close_stream, cpu_alloc,       cpu_free, cpu_copy,
+                             cpu_copy, cpu_memset0, cpu_sync,         cpu_bind_thread, cpu_count};
 
 static const dev_mem *g_dev_mem_cuda;
 

@@ -309,6 +309,10 @@ typedef struct dev_mem {
     int (*d2h)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
     int (*memset0)(void *dst, size_t n, ls_stream s, ls_err *e);
     int (*sync)(ls_stream s, ls_err *e);  /* wait for s; a kernel fault surfaces here */
+    /* Make device `ordinal` the calling thread's (tensor-parallel ranks run one
+     * thread per device); the CPU's does nothing. */
+    int (*bind_thread)(int ordinal, ls_err *e);
+    int (*count)(void);                   /* devices present (0 when none answers) */
 } dev_mem;
 
 /* The memory table of device kind k, or NULL when this build has none. */
@@ -360,6 +364,9 @@ typedef struct ops_sel {
     const attn_impl *attn;
     const gdn_impl *gdn;
     const small_ops *small;
+    unsigned auto_fam;   /* bit per family chosen by "auto" (1 gemm, 2 fp4_gemm, 4 moe, 8 attention,
+                            16 gdn): the run helpers below then fall back, per call, to the first
+                            backend of the device whose supported() takes the call's shape */
 } ops_sel;
 
 /* Resolve names for device d. An unknown name, or one of another device, is
@@ -369,6 +376,14 @@ int ops_select(const dev_info *d, const ops_names *names, ops_sel *out, ls_err *
 /* y = x·Wᵀ through the selected gemm or fp4_gemm (by w->kind). */
 int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
                ls_err *e);
+
+/* Run the selected moe / attention / gdn backend on s->stream (with the
+ * per-shape fallback for families chosen by "auto"; a named backend that
+ * does not take the shape is ERR_UNSUPPORTED with its reason). max_ctx:
+ * the longest n_past + n_new of the batch (the seqs may be device memory). */
+int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e);
+int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e);
+int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e);
 
 /* ---- the CPU reference backends (always registered, always last) -------- */
 extern const gemm_impl gemm_cpu_ref;

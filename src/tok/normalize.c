@@ -41,7 +41,11 @@ static void nfc_stable_init(void) {
  * ccc 0, never the second char of a composition, and NFC maps it to itself. */
 static bool nfc_boundary(uint32_t cp) {
     if (cp < 0x300) return true;
-    if ((cp >= 0x1100 && cp <= 0x11FF) || (cp >= 0xA960 && cp <= 0xA97F) || (cp >= 0xD7B0 && cp <= 0xD7FF)) return false;
+    /* Hangul: only V (U+1161..1175) and T (U+11A8..11C2) jamo compose with what
+     * precedes them. U+11A7 must stay a boundary: utf8proc 2.8 wrongly composes
+     * LV + U+11A7 and drops the jamo. */
+    if ((cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11A8 && cp <= 0x11C2)) return false;
+    if (cp >= 0x1100 && cp <= 0x11FF) return true;
     const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)cp);
     if (p->combining_class != 0) return false;
     /* utf8proc 2.8: comb_index >= 0x8000 marks the second char of a composition. */

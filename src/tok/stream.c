@@ -10,7 +10,9 @@
  * byte run that can no longer become valid (-> U+FFFD), is final at once.
  * Other decoder chains are re-decoded in full at each push and the new text
  * after the emitted prefix is released, minus trailing U+FFFD which a later
- * byte token may still complete.
+ * byte token may still complete, and minus a trailing run of "<0xXX>" tokens
+ * when the chain has ByteFallback (HF decodes such a run as a whole). This
+ * costs O(n) per push; every byte-level BPE takes the ByteLevel path.
  */
 #include "tok/tok_internal.h"
 
@@ -41,11 +43,32 @@ void tok_stream_free(tok_stream *s) {
     free(s);
 }
 
+static bool hexd(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* A "<0xXX>" token, which HF's ByteFallback decoder groups with its neighbours. */
+static bool byte_token(const tokenizer *t, int32_t id) {
+    if (id < 0 || id >= t->n_ids || !t->piece[id] || t->piece_len[id] != 6) return false;
+    const char *p = t->piece[id];
+    return !memcmp(p, "<0x", 3) && hexd(p[3]) && hexd(p[4]) && p[5] == '>';
+}
+
 static char *generic_delta(tok_stream *s, bool final, size_t *dlen) {
+    const tokenizer *t = s->t;
+    size_t upto = s->n;
+    if (!final) {
+        /* ByteFallback decodes a run of byte tokens as a whole (valid UTF-8, or one
+         * U+FFFD per byte), so text from a run still growing is not final. */
+        bool fallback = false;
+        for (int k = 0; k < t->n_dec; k++) fallback |= t->dec[k].kind == DEC_BYTEFALLBACK;
+        if (fallback)
+            while (upto > 0 && byte_token(t, s->ids[upto - 1]) &&
+                   !(s->skip_special && (t->flags[s->ids[upto - 1]] & TOKF_SPECIAL)))
+                upto--;
+    }
     size_t len;
-    char *full = tok_decode_n(s->t, s->ids, (int)s->n, s->skip_special, &len);
+    char *full = tok_decode_n(t, s->ids, (int)upto, s->skip_special, &len);
     size_t end = len;
-    if (!final)
+    if (!final) /* a trailing U+FFFD may be an unfinished character */
         while (end >= s->emitted + 3 && !memcmp(full + end - 3, "\xEF\xBF\xBD", 3)) end -= 3;
     buf d;
     buf_init(&d);

@@ -16,6 +16,7 @@
  *   attention: cuda_flash_decode  split-K over 256-position chunks, GQA group per block
  *             cuda_naive          one warp per (token, head), online softmax
  *             (seqs and their page lists are host memory; flattened per call)
+ *   gdn:       cuda_recurrent      conv kernel + per-(sequence, v head) recurrence, S in registers
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).
@@ -35,6 +36,7 @@ extern const moe_impl moe_cuda_fused_decode;
 extern const moe_impl moe_cuda_expert_loop;
 extern const attn_impl attn_cuda_flash_decode;
 extern const attn_impl attn_cuda_naive;
+extern const gdn_impl gdn_cuda_recurrent;
 extern const gemm_impl gemm_cuda_cublaslt;
 extern const gemm_impl gemm_cuda_ref;
 

@@ -1,0 +1,362 @@
+/* model_tp.c: tensor parallelism on the CPU device (DESIGN.md sections 5 and
+ * 10): N ranks, each a `model` holding its slice of every layer, run as N
+ * threads over the same batch, with a shared-memory all-reduce (sum in rank
+ * order, so every rank holds bit-identical activations) after the attention
+ * or GDN output projection and after the MLP / MoE.
+ *
+ * Slicing (rank r of N; the checkpoint is bound once at full size, then each
+ * rank takes owned copies of its rows / columns):
+ *   attention  query heads [r·nh/N, ...): q (and gate) rows, o_proj columns;
+ *              KV heads split the same way when N divides nkv, else (N a
+ *              multiple of nkv) each rank keeps the one KV head its query heads
+ *              read (replicated KV); q_norm / k_norm per head dim, shared
+ *   GDN        key heads and value heads split: the q, k, v rows of in_proj_qkv
+ *              and of conv1d, z/b/a rows, A_log / dt_bias entries, out_proj columns
+ *   MLP / MoE  intermediate dims split: gate/up rows and down columns of every
+ *              expert, the shared expert and the dense MLP; router and shared
+ *              gate replicated (every rank routes identically)
+ *   embedding, norms, lm_head replicated; rank 0 alone computes the logits.
+ * NVFP4 columns go in whole 16-element scale blocks: a slice width that is not
+ * a multiple of 16 is refused (ERR_INVAL naming the tensor and --tp).
+ *
+ * Each rank's config copy carries its local head counts and intermediate
+ * sizes, so the layer code, the workspace and the caches need no TP case.
+ *
+ * Devices: on the CPU the ranks are threads and the all-reduce sums through
+ * shared memory. On CUDA rank r owns GPU r (its slice uploaded there, its
+ * caches and workspace there), runs on its own thread bound to that GPU, and
+ * the all-reduce is NCCL's (BF16 sum, in place, on the rank's stream), with
+ * NCCL loaded by dlopen("libnccl.so.2") so the binary has no link-time
+ * dependency on it; communicators from ncclCommInitAll (one process, N GPUs).
+ * NVLink multicast (NVLS) is turned off (NCCL_NVLS_ENABLE=0) unless the
+ * environment says otherwise.
+ */
+#include "model/model_impl.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The slice of nccl.h used here (ABI-stable since NCCL 2.0; bfloat16 since 2.10). */
+typedef void *nccl_comm;
+enum { NCCL_OK = 0, NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9, NCCL_SUM = 0 };
+static struct {
+    void *h;
+    int (*init_all)(nccl_comm *comms, int ndev, const int *devlist);
+    int (*all_reduce)(const void *send, void *recv, size_t count, int dtype, int op, nccl_comm comm,
+                      void *stream);
+    int (*destroy)(nccl_comm comm);
+    const char *(*err_string)(int rc);
+} g_nccl;
+static pthread_mutex_t g_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int nccl_load(ls_err *e) {
+    pthread_mutex_lock(&g_nccl_mu);
+    int rc = 0;
+    if (!g_nccl.h) {
+        void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            rc = errf(e, ERR_UNSUPPORTED, "tensor parallelism on CUDA needs NCCL: dlopen(libnccl.so.2): %s "
+                      "(put NCCL's lib folder on LD_LIBRARY_PATH)", dlerror());
+        } else {
+            *(void **)&g_nccl.init_all = dlsym(h, "ncclCommInitAll");
+            *(void **)&g_nccl.all_reduce = dlsym(h, "ncclAllReduce");
+            *(void **)&g_nccl.destroy = dlsym(h, "ncclCommDestroy");
+            *(void **)&g_nccl.err_string = dlsym(h, "ncclGetErrorString");
+            if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.destroy || !g_nccl.err_string) {
+                rc = errf(e, ERR_UNSUPPORTED, "libnccl.so.2 lacks ncclCommInitAll/ncclAllReduce/"
+                          "ncclCommDestroy/ncclGetErrorString");
+                dlclose(h);
+            } else {
+                g_nccl.h = h;
+            }
+        }
+    }
+    pthread_mutex_unlock(&g_nccl_mu);
+    return rc;
+}
+
+struct tp_group {
+    int n;
+    pthread_barrier_t bar;
+    const float *part[TP_MAX];
+    nccl_comm comm[TP_MAX]; /* CUDA */
+    int has_comm;
+    volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
+};
+
+int tp_status(model *m, ls_err *e) {
+    int rc = m->grp->nccl_rc;
+    if (!rc) return 0;
+    return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce: %s", m->rank, g_nccl.err_string(rc));
+}
+
+/* ---- all-reduce ----------------------------------------------------------- */
+
+void tp_allreduce(model *m, void *x, size_t n) {
+    tp_group *g = m->grp;
+    if (g->has_comm) {
+        int rc = g_nccl.all_reduce(x, x, n, m->ops.act == ACT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM,
+                                   g->comm[m->rank], m->ops.stream);
+        if (rc != NCCL_OK) g->nccl_rc = rc; /* reported by tp_status at the end of the step */
+        return;
+    }
+    float *tmp = m->ws.red;
+    g->part[m->rank] = x;
+    pthread_barrier_wait(&g->bar);
+    for (size_t i = 0; i < n; i++) {
+        float s = 0;
+        for (int r = 0; r < g->n; r++) s += g->part[r][i];
+        tmp[i] = s;
+    }
+    pthread_barrier_wait(&g->bar); /* every rank has read every part */
+    memcpy(x, tmp, n * sizeof(float));
+}
+
+/* ---- slicing -------------------------------------------------------------- */
+
+/* out = columns [c0, c0 + nc) of w, an owned copy. */
+static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_err *e) {
+    size_t es = w->kind == W_F32 ? 4 : 2;
+    *out = *w;
+    out->K = nc;
+    if (w->kind == W_NVFP4) {
+        if (c0 % 16 || nc % 16)
+            return errf(e, ERR_INVAL, "tensor '%s': an NVFP4 column slice [%d, %d) is not in whole "
+                        "16-element blocks; choose a --tp that splits it so", w->name ? w->name : "?",
+                        c0, c0 + nc);
+        uint8_t *d = mdl_alloc(m, (size_t)w->N * nc / 2), *s = mdl_alloc(m, (size_t)w->N * nc / 16);
+        for (int r = 0; r < w->N; r++) {
+            memcpy(d + (size_t)r * nc / 2, (const uint8_t *)w->data + (size_t)r * w->K / 2 + c0 / 2, nc / 2);
+            memcpy(s + (size_t)r * nc / 16, w->scale + (size_t)r * w->K / 16 + c0 / 16, nc / 16);
+        }
+        out->data = d;
+        out->scale = s;
+        return 0;
+    }
+    char *d = mdl_alloc(m, (size_t)w->N * nc * es);
+    for (int r = 0; r < w->N; r++)
+        memcpy(d + (size_t)r * nc * es, (const char *)w->data + ((size_t)r * w->K + c0) * es, nc * es);
+    out->data = d;
+    return 0;
+}
+
+static void take_range(model *m, const lin_w *w, int r0, int n, lin_w *out) {
+    int *rows = xmalloc(sizeof(int) * (n ? n : 1));
+    for (int i = 0; i < n; i++) rows[i] = r0 + i;
+    mdl_take_rows(m, w, rows, n, out);
+    free(rows);
+}
+
+static int slice_attn(model *rm, const model *m, int r, int N, const attn_layer_w *a, attn_layer_w *o,
+                      ls_err *e) {
+    const model_config *c = &m->cfg;
+    const int hd = c->head_dim, nh = c->n_heads / N, nkv = rm->cfg.n_kv_heads;
+    const int kv0 = c->n_kv_heads % N == 0 ? r * nkv : (r * nh) / (c->n_heads / c->n_kv_heads);
+    *o = *a;
+    take_range(rm, &a->q, r * nh * hd, nh * hd, &o->q);
+    if (a->gate.data) take_range(rm, &a->gate, r * nh * hd, nh * hd, &o->gate);
+    take_range(rm, &a->k, kv0 * hd, nkv * hd, &o->k);
+    take_range(rm, &a->v, kv0 * hd, nkv * hd, &o->v);
+    return take_cols(rm, &a->o, r * nh * hd, nh * hd, &o->o, e);
+}
+
+static int slice_gdn(model *rm, const model *m, int r, int N, const gdn_layer_w *g, gdn_layer_w *o,
+                     ls_err *e) {
+    const model_config *c = &m->cfg;
+    const int dk = c->lin_k_dim, dv = c->lin_v_dim, K = c->lin_conv;
+    const int key = c->lin_k_heads * dk, nk = c->lin_k_heads / N, nv = c->lin_v_heads / N;
+    const int cd = 2 * nk * dk + nv * dv;
+    *o = *g;
+    int *rows = xmalloc(sizeof(int) * cd);
+    for (int i = 0; i < nk * dk; i++) {
+        rows[i] = r * nk * dk + i;                    /* q of the rank's key heads */
+        rows[nk * dk + i] = key + r * nk * dk + i;    /* k */
+    }
+    for (int i = 0; i < nv * dv; i++) rows[2 * nk * dk + i] = 2 * key + r * nv * dv + i; /* v */
+    mdl_take_rows(rm, &g->qkv, rows, cd, &o->qkv);
+    float *cw = mdl_alloc(rm, sizeof(float) * cd * K);
+    for (int i = 0; i < cd; i++) memcpy(cw + (size_t)i * K, g->g.conv_w + (size_t)rows[i] * K, sizeof(float) * K);
+    free(rows);
+    take_range(rm, &g->z, r * nv * dv, nv * dv, &o->z);
+    take_range(rm, &g->b, r * nv, nv, &o->b);
+    take_range(rm, &g->a, r * nv, nv, &o->a);
+    o->g.nk = nk;
+    o->g.nv = nv;
+    o->g.conv_w = cw;
+    o->g.A_log = g->g.A_log + r * nv;
+    o->g.dt_bias = g->g.dt_bias + r * nv;
+    return take_cols(rm, &g->out, r * nv * dv, nv * dv, &o->out, e);
+}
+
+/* gate/up rows and down columns [r·I/N, ...) of one gated MLP. */
+static int slice_mlp3(model *rm, int r, int N, const lin_w *gate, const lin_w *up, const lin_w *down,
+                      lin_w *og, lin_w *ou, lin_w *od, ls_err *e) {
+    const int I = gate->N / N;
+    take_range(rm, gate, r * I, I, og);
+    take_range(rm, up, r * I, I, ou);
+    return take_cols(rm, down, r * I, I, od, e);
+}
+
+static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e) {
+    const layer_w *L = &m->layers[l];
+    layer_w *O = &rm->layers[l];
+    int rc;
+    *O = *L;
+    if (L->type == LAYER_FULL_ATTN) rc = slice_attn(rm, m, r, N, &L->attn, &O->attn, e);
+    else rc = slice_gdn(rm, m, r, N, &L->gdn, &O->gdn, e);
+    if (rc) return rc;
+    if (L->dense)
+        return slice_mlp3(rm, r, N, &L->mlp.gate, &L->mlp.up, &L->mlp.down, &O->mlp.gate, &O->mlp.up,
+                          &O->mlp.down, e);
+    const moe_w *w = &L->moe;
+    const int E = w->n_experts;
+    O->experts = mdl_alloc(rm, sizeof(lin_w) * 3 * E);
+    for (int x = 0; x < E; x++)
+        if ((rc = slice_mlp3(rm, r, N, &w->gate[x], &w->up[x], &w->down[x], &O->experts[x],
+                             &O->experts[E + x], &O->experts[2 * E + x], e)))
+            return rc;
+    O->moe.gate = O->experts;
+    O->moe.up = O->experts + E;
+    O->moe.down = O->experts + 2 * E;
+    O->moe.inter = w->inter / N;
+    if (w->shared_inter > 0) {
+        O->moe.shared_inter = w->shared_inter / N;
+        if ((rc = slice_mlp3(rm, r, N, &w->sh_gate, &w->sh_up, &w->sh_down, &O->moe.sh_gate,
+                             &O->moe.sh_up, &O->moe.sh_down, e)))
+            return rc;
+    }
+    return 0;
+}
+
+static int check_split(const model_config *c, int N, ls_err *e) {
+    struct { const char *what; int n; } need[] = {
+        {"num_attention_heads", c->n_heads}, {"intermediate_size", c->intermediate},
+        {"moe_intermediate_size", c->moe_inter}, {"shared_expert_intermediate_size", c->shared_inter},
+        {"linear_num_key_heads", c->lin_k_heads}, {"linear_num_value_heads", c->lin_v_heads}};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (need[i].n > 0 && need[i].n % N)
+            return errf(e, ERR_INVAL, "--tp %d: %s = %d does not split into %d equal parts", N,
+                        need[i].what, need[i].n, N);
+    if (c->n_kv_heads % N && N % c->n_kv_heads)
+        return errf(e, ERR_INVAL, "--tp %d: num_key_value_heads = %d neither splits over nor "
+                    "divides the ranks", N, c->n_kv_heads);
+    return 0;
+}
+
+/* CUDA: N GPUs, NCCL loaded, one communicator per rank. */
+static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
+    int have = m->mem->count();
+    if (have < N) return errf(e, ERR_UNSUPPORTED, "--tp %d: only %d CUDA device%s", N, have, have == 1 ? "" : "s");
+    int rc = nccl_load(e);
+    if (rc) return rc;
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    int devs[TP_MAX];
+    for (int r = 0; r < N; r++) devs[r] = r;
+    if ((rc = g_nccl.init_all(g->comm, N, devs)) != NCCL_OK)
+        return errf(e, ERR_RUNTIME, "ncclCommInitAll over %d GPUs: %s", N, g_nccl.err_string(rc));
+    g->has_comm = 1;
+    return 0;
+}
+
+int tp_build(model *m, int N, ls_err *e) {
+    const model_config *c = &m->cfg;
+    if (N > TP_MAX) return errf(e, ERR_INVAL, "--tp %d: at most %d ranks", N, TP_MAX);
+    int rc = check_split(c, N, e);
+    if (rc) return rc;
+    const int cuda = m->ops.dev.kind != DEV_CPU;
+    tp_group *g = xcalloc(1, sizeof *g);
+    g->n = N;
+    pthread_barrier_init(&g->bar, NULL, N);
+    m->grp = g;
+    m->tp = N;
+    if (cuda && (rc = tp_cuda_init(m, g, N, e))) return rc;
+    m->rank_m = xcalloc(N, sizeof(model *));
+    for (int r = 0; r < N; r++) {
+        model *rm = xcalloc(1, sizeof *rm);
+        m->rank_m[r] = rm;
+        rm->cfg = *c; /* shallow: the coordinator owns the config's allocations */
+        rm->cfg.n_heads = c->n_heads / N;
+        rm->cfg.n_kv_heads = c->n_kv_heads % N == 0 ? c->n_kv_heads / N : 1;
+        rm->cfg.intermediate = c->intermediate / N;
+        rm->cfg.moe_inter = c->moe_inter / N;
+        rm->cfg.shared_inter = c->shared_inter / N;
+        rm->cfg.lin_k_heads = c->lin_k_heads / N;
+        rm->cfg.lin_v_heads = c->lin_v_heads / N;
+        rm->is_rank = 1;
+        rm->rank = r;
+        rm->tp = N;
+        rm->grp = g;
+        rm->path = xstrdup(m->path);
+        rm->ops = m->ops;
+        rm->mem = m->mem;
+        rm->kv_dt = m->kv_dt;
+        rm->norm_kind = m->norm_kind;
+        memcpy(rm->prefix, m->prefix, sizeof rm->prefix);
+        rm->embed = m->embed;
+        rm->lm_head = m->lm_head;
+        rm->final_norm = m->final_norm;
+        rm->n_full = m->n_full;
+        rm->n_lin = m->n_lin;
+        rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
+        for (int l = 0; l < c->n_layers; l++)
+            if ((rc = slice_layer(rm, m, r, N, l, e))) return err_prefix(e, "rank %d", r);
+        if (cuda) { /* GPU r: its own device, stream and copy of the slice */
+            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_weights(rm, e)))
+                return err_prefix(e, "rank %d (GPU %d)", r, r);
+            rm->owns_stream = 1;
+        }
+    }
+    return 0;
+}
+
+void tp_free(model *m) {
+    if (!m->grp || m->is_rank) return;
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        if (!m->rank_m[r]) continue;
+        m->rank_m[r]->mem->bind_thread(m->rank_m[r]->ops.dev.ordinal, NULL);
+        model_close(m->rank_m[r]);
+    }
+    free(m->rank_m);
+    m->rank_m = NULL;
+    for (int r = 0; m->grp->has_comm && r < m->tp; r++) g_nccl.destroy(m->grp->comm[r]);
+    pthread_barrier_destroy(&m->grp->bar);
+    free(m->grp);
+    m->grp = NULL;
+}
+
+/* ---- forward over the ranks ------------------------------------------------ */
+
+typedef struct tp_job {
+    model *rm;
+    mcache *c;
+    const fwd_batch *b;
+    ls_err e;
+    int rc;
+} tp_job;
+
+static void *tp_thread(void *p) {
+    tp_job *j = p;
+    /* a rank whose device cannot be bound still meets the others (its forward fails at the first op) */
+    j->rc = j->rm->mem->bind_thread(j->rm->ops.dev.ordinal, &j->e);
+    int rc = mdl_forward_rank(j->rm, j->c, j->b, &j->e);
+    if (!j->rc) j->rc = rc;
+    return NULL;
+}
+
+int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e) {
+    const int N = m->tp;
+    tp_job jobs[TP_MAX];
+    pthread_t th[TP_MAX];
+    for (int r = 0; r < N; r++) jobs[r] = (tp_job){.rm = m->rank_m[r], .c = caches[r], .b = b};
+    for (int r = 1; r < N; r++) pthread_create(&th[r], NULL, tp_thread, &jobs[r]);
+    tp_thread(&jobs[0]);
+    for (int r = 1; r < N; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < N; r++)
+        if (jobs[r].rc) {
+            if (e) *e = jobs[r].e;
+            return jobs[r].rc;
+        }
+    return 0;
+}

@@ -1,0 +1,229 @@
+/* small.cu: the small ops on CUDA ("cuda"): RMSNorm (plain w·x̂ and
+ * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
+ * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add, the
+ * KV-page writes and the logits row gather. Activations BF16, math fp32,
+ * 1-D weights fp32; the same formulas as ref_small.c (inverse frequencies
+ * theta^(-2i/rot_dim) computed in double and rounded to fp32, as transformers).
+ *
+ * Every pointer is device memory: ids, pos and the attn_seq array (with its
+ * page tables) included. Launch errors come back as ERR_RUNTIME /
+ * ERR_UNSUPPORTED; faults surface at the model's next sync.
+ */
+#include "ops/cuda/cu_util.h"
+#include "ops/cuda/fwd_cuda.h"
+
+enum { SM_THREADS = 256 };
+
+static int launched(void) {
+    cudaError_t c = cudaGetLastError();
+    if (c == cudaSuccess) return 0;
+    return (c == cudaErrorNoKernelImageForDevice || c == cudaErrorInvalidDeviceFunction) ? ERR_UNSUPPORTED
+                                                                                         : ERR_RUNTIME;
+}
+
+__device__ __forceinline__ float sm_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024). */
+__device__ float sm_block_sum(float v) {
+    __shared__ float part[32];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    float t = l < nw ? part[l] : 0.f;
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------- */
+
+/* One block per row; y may alias x (each element is read and written by one thread). */
+__global__ void sm_rmsnorm_kernel(int cols, const bf16 *__restrict__ x, const bf16 *__restrict__ z,
+                                  const float *__restrict__ w, int zc, float eps, bf16 *y) {
+    const size_t r = blockIdx.x;
+    const bf16 *xr = x + r * cols;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = __bfloat162float(xr[i]);
+        ss += v * v;
+    }
+    const float s = rsqrtf(sm_block_sum(ss) / cols + eps);
+    bf16 *yr = y + r * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float xh = __bfloat162float(xr[i]) * s;
+        float o;
+        if (z)
+            o = w[i] * xh * sm_silu(__bfloat162float(z[r * cols + i]));
+        else
+            o = zc ? xh * (1.0f + w[i]) : w[i] * xh;
+        yr[i] = __float2bfloat16(o);
+    }
+}
+
+static int threads_for(int cols) {
+    int t = cols >= SM_THREADS ? SM_THREADS : ((cols + 31) / 32) * 32;
+    return t < 32 ? 32 : t;
+}
+
+static int c_rmsnorm(int rows, int cols, const void *x, const float *w, rms_kind kind, float eps, void *y,
+                     act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (rows <= 0) return 0;
+    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
+        cols, (const bf16 *)x, NULL, w, kind == RMS_ZC, eps, (bf16 *)y);
+    return launched();
+}
+
+static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, const float *w, float eps,
+                           void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (rows <= 0) return 0;
+    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
+        cols, (const bf16 *)x, (const bf16 *)z, w, 0, eps, (bf16 *)y);
+    return launched();
+}
+
+/* ---- RoPE ------------------------------------------------------------------- */
+
+/* One block per token; threads over (head, i < rot_dim/2). */
+__global__ void sm_rope_kernel(int n_heads, int head_dim, int rot_dim, const int32_t *__restrict__ pos,
+                               double theta, bf16 *x) {
+    const int t = blockIdx.x, half = rot_dim / 2;
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+        const int h = j / half, i = j % half;
+        const float inv = (float)(1.0 / pow(theta, (double)(2 * i) / rot_dim));
+        const float ang = p * inv, c = cosf(ang), sn = sinf(ang);
+        bf16 *v = x + ((size_t)t * n_heads + h) * head_dim;
+        const float a = __bfloat162float(v[i]), b = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16(a * c - b * sn);
+        v[i + half] = __float2bfloat16(b * c + a * sn);
+    }
+}
+
+static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32_t *pos, double theta,
+                  void *x, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (n_tok <= 0 || rot_dim < 2) return 0;
+    sm_rope_kernel<<<n_tok, threads_for(n_heads * rot_dim / 2), 0, (cudaStream_t)s>>>(
+        n_heads, head_dim, rot_dim, pos, theta, (bf16 *)x);
+    return launched();
+}
+
+/* ---- embedding, elementwise --------------------------------------------------- */
+
+/* kind: 0 F32, 1 BF16, 2 F16 table; ids validated by the caller. */
+__global__ void sm_embed_kernel(int H, const int32_t *__restrict__ ids, const void *__restrict__ tab, int kind,
+                                bf16 *__restrict__ y) {
+    const size_t row = (size_t)ids[blockIdx.x] * H;
+    bf16 *yr = y + (size_t)blockIdx.x * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = kind == 1 ? __bfloat162float(((const bf16 *)tab)[row + i])
+                : kind == 2 ? __half2float(((const __half *)tab)[row + i])
+                            : ((const float *)tab)[row + i];
+        yr[i] = __float2bfloat16(v);
+    }
+}
+
+static int c_embed(int n, const int32_t *ids, const lin_w *table, void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16 || table->kind == W_NVFP4) return ERR_UNSUPPORTED;
+    if (n <= 0) return 0;
+    int kind = table->kind == W_BF16 ? 1 : table->kind == W_F16 ? 2 : 0;
+    sm_embed_kernel<<<n, threads_for(table->K), 0, (cudaStream_t)s>>>(table->K, ids, table->data, kind,
+                                                                       (bf16 *)y);
+    return launched();
+}
+
+__global__ void sm_silu_mul_kernel(int64_t n, const bf16 *g, const bf16 *__restrict__ u, bf16 *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(sm_silu(__bfloat162float(g[i])) * __bfloat162float(u[i]));
+}
+
+__global__ void sm_add_kernel(int64_t n, const bf16 *__restrict__ x, bf16 *y) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+}
+
+static unsigned grid_for(int64_t n) {
+    int64_t b = (n + SM_THREADS - 1) / SM_THREADS;
+    return (unsigned)(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+static int c_silu_mul(int64_t n, const void *g, const void *u, void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (n <= 0) return 0;
+    sm_silu_mul_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)g, (const bf16 *)u,
+                                                                        (bf16 *)y);
+    return launched();
+}
+
+static int c_add(int64_t n, const void *x, void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (n <= 0) return 0;
+    sm_add_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)x, (bf16 *)y);
+    return launched();
+}
+
+/* ---- KV writes, row gather ----------------------------------------------------- */
+
+/* grid (n_seq, KV_SPLIT): block (s, j) writes tokens j, j + KV_SPLIT, ... of
+ * sequence s. Pages were checked on the host (check_batch); a bad one is skipped. */
+enum { KV_SPLIT = 32 };
+template <typename T>
+__global__ void sm_kv_write_kernel(const attn_seq *__restrict__ seqs, int page_size, int n_pages, int row,
+                                   const bf16 *__restrict__ k, const bf16 *__restrict__ v, T *kp, T *vp) {
+    const attn_seq sq = seqs[blockIdx.x];
+    for (int i = blockIdx.y; i < sq.n_new; i += gridDim.y) {
+        const int p = sq.n_past + i;
+        const int32_t page = sq.pages[p / page_size];
+        if (page < 0 || page >= n_pages) continue;
+        const size_t dst = ((size_t)page * page_size + p % page_size) * row;
+        const size_t src = (size_t)(sq.row0 + i) * row;
+        for (int c = threadIdx.x; c < row; c += blockDim.x) {
+            if (sizeof(T) == 2) {
+                ((bf16 *)kp)[dst + c] = k[src + c];
+                ((bf16 *)vp)[dst + c] = v[src + c];
+            } else {
+                ((float *)kp)[dst + c] = __bfloat162float(k[src + c]);
+                ((float *)vp)[dst + c] = __bfloat162float(v[src + c]);
+            }
+        }
+    }
+}
+
+static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads, int head_dim,
+                      const void *k, const void *v, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (n_seq <= 0) return 0;
+    const int row = n_kv_heads * head_dim;
+    dim3 grid(n_seq, KV_SPLIT);
+    if (kv->dt == ACT_BF16)
+        sm_kv_write_kernel<uint16_t><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
+            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (uint16_t *)kv->k,
+            (uint16_t *)kv->v);
+    else
+        sm_kv_write_kernel<float><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
+            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (float *)kv->k,
+            (float *)kv->v);
+    return launched();
+}
+
+__global__ void sm_gather_kernel(int cols, const int32_t *__restrict__ idx, const bf16 *__restrict__ x,
+                                 bf16 *__restrict__ y) {
+    const bf16 *xr = x + (size_t)idx[blockIdx.x] * cols;
+    bf16 *yr = y + (size_t)blockIdx.x * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = xr[i];
+}
+
+static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, void *y, act_dtype dt,
+                         ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (n <= 0) return 0;
+    sm_gather_kernel<<<n, threads_for(cols), 0, (cudaStream_t)s>>>(cols, idx, (const bf16 *)x, (bf16 *)y);
+    return launched();
+}
+
+extern "C" const small_ops small_cuda = {
+    "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows};

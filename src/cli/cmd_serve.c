@@ -290,7 +290,7 @@ int cmd_serve(int argc, char **argv) {
     serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
                           .names = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend},
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
-                          .buckets = a.doctor_buckets};
+                          .buckets = a.doctor_buckets, .tp = (int)a.tp};
     {
         char serr[1024] = "";
         int src = serve_auto_select(&sa, serr, sizeof serr);

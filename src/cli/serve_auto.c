@@ -70,7 +70,7 @@ static int argmax(const float *x, int n) {
 int serve_smoke_child_main(int argc, char **argv) {
     const char *model_path = NULL, *device = NULL, *ids_s = NULL, *out = NULL;
     const char *names[SA_NFAM] = {0};
-    int L = 0, S = 0;
+    int L = 0, S = 0, tp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--smoke-trial")) continue;
@@ -85,6 +85,7 @@ int serve_smoke_child_main(int argc, char **argv) {
         else if (!strcmp(a, "--smoke-out")) out = v;
         else if (!strcmp(a, "--smoke-prompt-len")) L = atoi(v);
         else if (!strcmp(a, "--smoke-steps")) S = atoi(v);
+        else if (!strcmp(a, "--tp")) tp = atoi(v);
         else {
             int f = 0;
             while (f < SA_NFAM && strcmp(a, FLAG[f])) f++;
@@ -99,7 +100,7 @@ int serve_smoke_child_main(int argc, char **argv) {
         fprintf(stderr, "smoke trial: needs --model-path, --smoke-out and --smoke-steps 1..256\n");
         return 1;
     }
-    model_opts mo = {.device = device, .tp = 1};
+    model_opts mo = {.device = device, .tp = tp > 0 ? tp : 1};
     mo.fp4_gemm_backend = names[SA_FP4_GEMM];
     mo.moe_backend = names[SA_MOE];
     mo.attention_backend = names[SA_ATTENTION];
@@ -233,8 +234,9 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
     close(fd);
     char logp[sizeof outp + 8];
     snprintf(logp, sizeof logp, "%s.log", outp);
-    char steps[16], lens[16];
+    char steps[16], lens[16], tps[16];
     snprintf(steps, sizeof steps, "%d", c->steps);
+    snprintf(tps, sizeof tps, "%d", c->o->tp > 0 ? c->o->tp : 1);
     snprintf(lens, sizeof lens, "%d", L);
     const char *argv[32];
     int a = 0;
@@ -255,6 +257,8 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
         argv[a++] = "--smoke-prompt-len";
         argv[a++] = lens;
     }
+    argv[a++] = "--tp";
+    argv[a++] = tps;
     argv[a++] = "--smoke-steps";
     argv[a++] = steps;
     argv[a++] = "--smoke-out";
@@ -711,8 +715,8 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             bs = (long long)st.st_size;
         }
         const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
-        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d|%lld|%lld|%s", SMOKE_VERSION, cache, o->model_path, mt,
-                 device, c.steps, bt, bs, tb ? tb : "");
+        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d|%lld|%lld|%s|tp%d", SMOKE_VERSION, cache, o->model_path, mt,
+                 device, c.steps, bt, bs, tb ? tb : "", o->tp);
     }
     char smoke_path[PATH_MAX];
     for (int pass = 0;; pass++) {
@@ -772,8 +776,14 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                     mkdir(dir, 0755);
                     *q = '/';
                 }
-            if (json_dump_file(j, smoke_path, JSON_INDENT(1)) == 0) log_info("smoke test: verdict cached in %s", smoke_path);
-            else log_warn("smoke test: cannot write %s; the next start runs it again", smoke_path);
+            char tmp[PATH_MAX + 32]; /* written whole, then renamed: a concurrent start never reads half a file */
+            snprintf(tmp, sizeof tmp, "%s.tmp%d", smoke_path, (int)getpid());
+            if (json_dump_file(j, tmp, JSON_INDENT(1)) == 0 && rename(tmp, smoke_path) == 0)
+                log_info("smoke test: verdict cached in %s", smoke_path);
+            else {
+                unlink(tmp);
+                log_warn("smoke test: cannot write %s; the next start runs it again", smoke_path);
+            }
             json_decref(j);
             break;
         }

@@ -21,6 +21,7 @@ typedef struct serve_auto_opts {
     double timeout_s;             /* per doctor trial job and per smoke child; <= 0: device default */
     const char *buckets;          /* doctor buckets "1,16"; NULL: device default */
     int steps;                    /* smoke-test greedy steps; <= 0: 8 */
+    int tp;                       /* tensor-parallel size the server runs with (the smoke runs use it too) */
 } serve_auto_opts;
 
 /* Decide and validate. Returns 0 (o->names filled), 1 when no combination

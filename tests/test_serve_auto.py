@@ -214,3 +214,26 @@ def test_without_doctor_shapes_the_smoke_test_alone_refuses_a_broken_backend(tmp
     assert f"--moe-runner-backend {bad} refused: the smoke test found it {why}" in err, err
     t = table(p.stderr)
     assert t["moe"][0] == f"{bad} (REFUSED)", t
+
+
+def test_nan_logits_at_run_time_fail_that_request_count_and_the_server_keeps_serving(
+        ls_bin, demo_model, tmp_path, ref_tokens):
+    """A forced -1 puts NaN into that step's logits (engine test hook): the request fails with a 5xx
+    naming NaN, /metrics counts it, and the next request gets the reference's tokens."""
+    env = dict(env_for(tmp_path), LASTSTAND_TEST_FORCE_IDS="1")
+    with Server(ls_bin, demo_model, env=env) as s:
+        st, out = s.post_json("/v1/completions", {"prompt": "hi", "max_tokens": 4, "temperature": 0,
+                                                  "force_ids": [5, -1]})
+        assert st >= 500 and "NaN" in out["error"]["message"], (st, out)
+        for p in PROMPTS:
+            assert greedy_ids(s, p) == ref_tokens[p], p
+        metrics = s.get("/metrics")[1].decode()
+        assert re.search(r"laststand:nan_logits_total\{[^}]*\} 1\b", metrics), metrics
+        assert re.search(r"laststand:num_requests_failed_total\{[^}]*\} 1\b", metrics), metrics
+
+
+def test_unknown_backend_name_is_refused_before_any_check_runs(demo_model, tmp_path):
+    p = serve_rc(demo_model, tmp_path, "--moe-runner-backend", "nope")
+    assert p.returncode == 2
+    assert "unknown moe backend 'nope' for device cpu (valid: auto, cpu_grouped, cpu_broken_nan" in p.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "laststand"))  # no doctor ran

@@ -29,6 +29,7 @@
 #include "base/base.h"
 #include "doctor/select.h"
 #include "model/model.h"
+#include "ops/ops.h"
 #include "tok/tok.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
@@ -594,6 +595,23 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             any_auto = 1;
         } else {
             n_named++;
+        }
+    }
+    { /* a name that is no backend of this device: the registry's own message, before anything runs */
+        dev_info d;
+        memset(&d, 0, sizeof d);
+        ops_cpu_dev(&d);
+        if (cuda) {
+            d.kind = DEV_CUDA;
+            snprintf(d.name, sizeof d.name, "cuda");
+        }
+        ops_names nm = {.fp4_gemm = o->names[SA_FP4_GEMM], .moe = o->names[SA_MOE],
+                        .attention = o->names[SA_ATTENTION], .gdn = o->names[SA_GDN]};
+        ops_sel sel;
+        ls_err ne = {0};
+        if (ops_select(&d, &nm, &sel, &ne) == ERR_INVAL) {
+            snprintf(err, errn, "%s", ne.msg);
+            return 2;
         }
     }
     if (!any_auto && o->trust_backend) {

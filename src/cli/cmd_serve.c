@@ -11,6 +11,7 @@
 #include "base/base.h"
 #include "laststand.h"
 #include "server/server.h"
+#include "cli/serve_auto.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -49,7 +50,8 @@ typedef struct serve_args {
     const char *dist_init_addr, *device, *sampling_defaults;
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
-    double mem_fraction_static;
+    double mem_fraction_static, doctor_timeout;
+    const char *doctor_buckets;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
 } serve_args;
 
@@ -148,6 +150,8 @@ static char *demo_model_path(void) {
 /* ---- serve ------------------------------------------------------------------------- */
 
 int cmd_serve(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--smoke-trial")) return serve_smoke_child_main(argc, argv);
     serve_args a = {0};
     a.host = "127.0.0.1";
     a.port = 30000;
@@ -175,6 +179,10 @@ int cmd_serve(int argc, char **argv) {
         {"fp4-gemm-backend", F_STR, &a.fp4_gemm_backend, "NVFP4 GEMM backend (default auto)", BACKENDS_ANY},
         {"gdn-backend", F_STR, &a.gdn_backend, "Gated DeltaNet backend (default auto)", BACKENDS_ANY},
         {"trust-backend", F_BOOL, &a.trust_backend, "serve with named backends even if validation fails", NULL},
+        {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
+         "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
+        {"doctor-buckets", F_STR, &a.doctor_buckets,
+         "batch sizes the start-up doctor checks (default 1,16 on the CPU, 1,8,64,512,2048 on CUDA)", NULL},
         {"reasoning-parser", F_STR, &a.reasoning_parser, "split reasoning_content: qwen3", REASONING},
         {"tool-call-parser", F_STR, &a.tool_call_parser, "parse tool calls: qwen3_coder | qwen25", TOOLPARSERS},
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
@@ -262,6 +270,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.max_connections < 1 || a.max_connections > 65536) BAD("--max-connections: must be 1..65536, got %lld", a.max_connections);
     if (a.max_body_mb < 1 || a.max_body_mb > 4096) BAD("--max-body-mb: must be 1..4096, got %lld", a.max_body_mb);
     if (a.timeout_keep_alive < 1) BAD("--timeout-keep-alive: must be >= 1, got %lld", a.timeout_keep_alive);
+    if (a.doctor_timeout < 0) BAD("--doctor-timeout: must be > 0, got %g", a.doctor_timeout);
     if (a.api_key && !*a.api_key) BAD("--api-key: empty");
     if (a.chat_template && !file_exists(a.chat_template)) BAD("--chat-template: %s: no such file", a.chat_template);
     if (a.model_path && strncmp(a.model_path, "synth:", 6) && !file_exists(a.model_path))
@@ -277,12 +286,25 @@ int cmd_serve(int argc, char **argv) {
     o.chat_template = a.chat_template;
     o.device = strcmp(a.device, "auto") ? a.device : NULL;
     o.tp = (int)a.tp;
-#define BACKEND(x) ((x) && strcmp((x), "auto") ? (x) : NULL)
-    o.fp4_gemm_backend = BACKEND(a.fp4_gemm_backend);
-    o.moe_backend = BACKEND(a.moe_runner_backend);
-    o.attention_backend = BACKEND(a.attention_backend);
-    o.gdn_backend = BACKEND(a.gdn_backend);
-#undef BACKEND
+    /* the last backend standing: the doctor's decision and the smoke test (serve_auto.c) */
+    serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
+                          .names = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend},
+                          .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
+                          .buckets = a.doctor_buckets, .tp = (int)a.tp};
+    {
+        char serr[1024] = "";
+        int src = serve_auto_select(&sa, serr, sizeof serr);
+        if (src) {
+            fprintf(stderr, "laststand serve: error: %s\n", serr);
+            free(model_path);
+            json_decref(args_json);
+            return src;
+        }
+    }
+    o.fp4_gemm_backend = sa.names[SA_FP4_GEMM];
+    o.moe_backend = sa.names[SA_MOE];
+    o.attention_backend = sa.names[SA_ATTENTION];
+    o.gdn_backend = sa.names[SA_GDN];
     o.trust_backend = a.trust_backend;
     if (a.max_running_requests) o.max_running_requests = (int)a.max_running_requests;
     if (a.chunked_prefill_size != -2) o.chunked_prefill_size = (int)a.chunked_prefill_size;

@@ -467,6 +467,8 @@ void model_close(model *m) {
 
 const model_config *model_cfg(const model *m) { return &m->cfg; }
 const char *model_path(const model *m) { return m->path; }
+const char *model_device(const model *m) { return m->ops.dev.kind == DEV_CPU ? "cpu" : "cuda"; }
+size_t model_device_mem(const model *m) { return m->ops.dev.kind == DEV_CPU ? 0 : m->ops.dev.mem_bytes; }
 
 /* ---- caches ---------------------------------------------------------------- */
 
@@ -687,7 +689,7 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
 /* The step's tables (ids, positions, logits rows, per-sequence attention
  * and GDN views, page tables) built on the host and copied to the device in
  * one transfer. Returns the number of logits rows. */
-static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, int P, fwd_ctx *f,
+static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, fwd_ctx *f,
                          const int32_t **d_ids, const int32_t **d_rows, ls_err *e) {
     mws *w = &m->ws;
     const int S = b->n_seq;
@@ -714,7 +716,6 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, i
         for (int i = q->logits_all ? 0 : q->n_new - 1; i < q->n_new; i++) rows[n_rows++] = row + i;
         row += q->n_new;
     }
-    (void)P;
     if (d != h) {
         int rc = m->mem->h2d(d, h, o_pages + sizeof(int32_t) * np, m->ops.stream, e);
         if (rc) return err_prefix(e, "forward: step tables to %s", m->ops.dev.name);
@@ -746,7 +747,7 @@ int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     mws *w = &m->ws;
     fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
     const int32_t *d_ids = NULL, *d_rows = NULL;
-    int n_rows = upload_tables(m, c, b, T, P, &f, &d_ids, &d_rows, e);
+    int n_rows = upload_tables(m, c, b, T, &f, &d_ids, &d_rows, e);
     if (n_rows < 0) return n_rows;
     rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->h, dt, st), "embedding lookup", -1, e);
     /* with TP, a rank that failed keeps meeting the others at the all-reduces */

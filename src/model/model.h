@@ -32,6 +32,10 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e);
 void model_close(model *m);
 const model_config *model_cfg(const model *m);
 const char *model_path(const model *m);
+/* The device the model runs on: "cpu" or "cuda" (what a NULL opts.device chose),
+ * and its memory in bytes (0 on the CPU). */
+const char *model_device(const model *m);
+size_t model_device_mem(const model *m);
 
 /* ---- caches -------------------------------------------------------------- */
 typedef struct model_cache_opts {

@@ -2,7 +2,8 @@
  * model.c (open/close, binding helpers, caches, the forward skeleton) and the
  * per-architecture files model_qwen3.c (attention, dense MLP, MoE: Qwen3,
  * Qwen3-MoE and the full-attention layers of the hybrids) and
- * model_qwen3_next.c (Gated DeltaNet layers of Qwen3-Next and Qwen3.5).
+ * model_qwen3_next.c (Gated DeltaNet layers of Qwen3-Next and Qwen3.5), and
+ * model_tp.c (tensor-parallel ranks: weight slices, all-reduce).
  * Internal to src/model.
  */
 #ifndef LS_MODEL_IMPL_H

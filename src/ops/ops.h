@@ -24,7 +24,12 @@
  * as gdn "cpu_chunked") are still validated and timed by the doctor and can
  * be named explicitly. Backends are stateless; all memory comes in the args.
  *
- * Pointers in args live in the memory of the device the backend runs on.
+ * Pointers in args live in the memory of the device the backend runs on:
+ * on CUDA that includes the attn_seq / gdn_seq arrays (and their page
+ * tables), token ids and positions (the model uploads them once per step);
+ * the weight structs (lin_w, moe_w, gdn_w, kv_layer, gdn_state) are host
+ * structs whose data pointers are device memory. Host-side counts (n_seq,
+ * n_tok, M) come in the args.
  * Activations have dtype `dt` (ACT_F32 on the CPU; ACT_BF16 on CUDA). Weights
  * are lin_w views. 1-D parameters (norm weights, A_log, dt_bias, conv1d) are
  * fp32. Shapes are written [rows, cols] in comments, row-major.

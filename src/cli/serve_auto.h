@@ -1,0 +1,37 @@
+/* serve_auto.h: serve's start-up backend validation (DESIGN.md section 4,
+ * last paragraphs): the doctor's decision (cached, or run now in bounded
+ * time) for every backend flag left at `auto`, then an end-to-end smoke test
+ * (chosen backends vs the reference backends on a fixed greedy prompt, plus
+ * degenerate-output checks) with fallback to the next candidate of the
+ * family at fault. Explicitly named backends that fail are refused.
+ */
+#ifndef LS_SERVE_AUTO_H
+#define LS_SERVE_AUTO_H
+
+#include <stddef.h>
+
+enum { SA_FP4_GEMM = 0, SA_MOE, SA_ATTENTION, SA_GDN, SA_NFAM };
+
+typedef struct serve_auto_opts {
+    const char *model_path;       /* folder or synth:NAME */
+    const char *tokenizer_path;   /* NULL: model_path */
+    const char *device;           /* "cpu" | "cuda" | NULL: cuda when a GPU answers */
+    const char *names[SA_NFAM];   /* in: the flags (NULL or "auto" = auto); out: the backend to serve with */
+    int trust_backend;            /* serve named backends that fail, with a warning */
+    double timeout_s;             /* per doctor trial job and per smoke child; <= 0: device default */
+    const char *buckets;          /* doctor buckets "1,16"; NULL: device default */
+    int steps;                    /* smoke-test greedy steps; <= 0: 8 */
+    int tp;                       /* tensor-parallel size the server runs with (the smoke runs use it too) */
+} serve_auto_opts;
+
+/* Decide and validate. Returns 0 (o->names filled), 1 when no combination
+ * passes (err says why), 2 when a named backend is refused or the options are
+ * bad (err names the flag, the backend and the reason). */
+int serve_auto_select(serve_auto_opts *o, char *err, size_t errn);
+
+/* The hidden child `laststand serve --smoke-trial ...`: one model load with
+ * the given backends, a prefill of the prompt and greedy (or teacher-forced)
+ * decode steps; writes ids and logits rows to --smoke-out. Exit 0 or 1. */
+int serve_smoke_child_main(int argc, char **argv);
+
+#endif

@@ -271,7 +271,7 @@ def test_qwen35_regex_matches_hf_on_random_text(ls_bin, qwen35_dir):
 def test_trained_gpt2_bytelevel_matches_hf_on_random_text(ls_bin, trained_dir):
     rng = random.Random(SEED + 2)
     extra = ["fox", " fox ", "afox", "fox1", "a [MASK] b", "  [MASK]", "<tool_call>  \n x", "HELLO hello",
-             "NAÏVE naïve", "<sép>x<sép>", "Ｈｅｌｌｏ"]
+             "NAÏVE naïve", "<sép>x<sép>", "Ｈｅｌｌｏ", "제ᆧご", "\u11a7가\u11a7ﬁ"]  # NFKC: utf8proc's U+11A7 bug
     texts = extra + [rand_text(rng) + rng.choice(["", " fox", "[MASK]", "<tool_call> ", "HeLLo"]) for _ in range(2000)]
     compare_with_hf(trained_dir, texts, "trained ByteLevel BPE")
 

@@ -54,7 +54,32 @@ static bool nfc_boundary(uint32_t cp) {
     return cp < 0x10000 && (nfc_stable_bits[cp >> 3] >> (cp & 7) & 1);
 }
 
+static void map_one(const char *s, size_t n, int opts, buf *out);
+
+/* utf8proc 2.8 composes an LV syllable with a following U+11A7 (TBase, not a
+ * trailing consonant) and drops the jamo. U+11A7 never composes with anything,
+ * so composing forms run separately on the stretches that start at it. */
 static void map_with(const char *s, size_t n, int opts, buf *out) {
+    static const char tbase[] = "\xE1\x86\xA7";
+    if (opts & UTF8PROC_COMPOSE) {
+        size_t i = 0, from = 0; /* the stretch being built starts at i */
+        const char *hit;
+        while (from < n && (hit = memmem(s + from, n - from, tbase, 3))) {
+            size_t k = (size_t)(hit - s);
+            if (k > i) {
+                map_one(s + i, k - i, opts, out);
+                i = k;
+            }
+            from = k + 3;
+        }
+        map_one(s + i, n - i, opts, out);
+        return;
+    }
+    map_one(s, n, opts, out);
+}
+
+static void map_one(const char *s, size_t n, int opts, buf *out) {
+    if (!n) return;
     utf8proc_uint8_t *dst = NULL;
     utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, (utf8proc_option_t)opts);
     if (r < 0) {

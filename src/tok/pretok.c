@@ -2,8 +2,8 @@
  * string, five delimiter behaviours, invert), ByteLevel, Digits, Punctuation,
  * Whitespace, WhitespaceSplit, Metaspace; and the regex compiler they share.
  *
- * Owns: nothing; pieces are (offset, length) spans into the caller's buffer,
- * new text (prefix spaces, ByteLevel chars) is appended to that buffer.
+ * Owns: nothing; pieces are views of the caller's text or of per-call scratch
+ * buffers (prefix spaces, ByteLevel chars), streamed to a callback depth first.
  *
  * Regexes: HF compiles patterns with Oniguruma; we compile the same text with
  * PCRE2 (UTF, UCP, JIT). The two differ on a few escapes, which are rewritten
@@ -11,7 +11,9 @@
  * adds U+180E), \w / \W (Alphabetic, marks, Nd, connector punctuation, joiners) and
  * \h / \H (hex digit in Oniguruma, horizontal space in PCRE2). Match iteration
  * follows the onig crate's find_iter: an empty match right after the previous
- * match is skipped by advancing one char.
+ * match is skipped by advancing one char. Known gap: PCRE2 10.42 knows Unicode
+ * 14 and HF's Oniguruma Unicode 16, so \p{..} differs on characters assigned
+ * since (the Qwen / Llama 3 patterns use pretok_fast.c, which knows 15.0/15.1).
  */
 #include "tok/tok_internal.h"
 

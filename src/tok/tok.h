@@ -3,7 +3,7 @@
  * encode(text, add_special_tokens=False) and decode(ids, skip_special_tokens).
  *
  * A tokenizer is immutable after loading and safe to use from many threads
- * (the word cache is internally locked or per-thread).
+ * (the word cache is internally locked, in shards).
  */
 #ifndef LS_TOK_H
 #define LS_TOK_H

@@ -18,6 +18,9 @@
  *              subset of them (whole, from the same starting state) up to 512
  *              tokens, and compares their output rows and their final conv and
  *              recurrent states.
+ * The backends get the ops.h contract: on CUDA the seqs (and attention's page
+ * tables) are uploaded to the device, and seqs_host holds the host copy; on
+ * the CPU both are the host arrays.
  * Tolerances: attention rel 1e-2 / max 2e-2 (BF16 output); gdn rel 2e-2 /
  * max 5e-2 on outputs and states (fp32 state, BF16 inputs and outputs).
  */
@@ -126,7 +129,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     size_t qn = (size_t)M * nh * hd, kvn = (size_t)total_pages * PAGE * nkv * hd;
     float *hq = xmalloc(sizeof(float) * qn), *hg = s->gated ? xmalloc(sizeof(float) * qn) : NULL;
     float *hk = xmalloc(sizeof(float) * kvn), *hv = xmalloc(sizeof(float) * kvn), *hy = xmalloc(sizeof(float) * qn);
-    void *dq = NULL, *dg = NULL, *dk = NULL, *dv = NULL, *dy = NULL;
+    void *dq = NULL, *dg = NULL, *dk = NULL, *dv = NULL, *dy = NULL, *dpg = NULL, *dseq = NULL;
     attn_shape sh = {.n_tok = M, .n_seq = ns, .max_ctx = max_ctx, .n_heads = nh, .n_kv_heads = nkv,
                      .head_dim = hd, .gated = s->gated, .dt = td_act()};
     char why[256] = "";
@@ -154,12 +157,29 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     if (!rc) rc = td_put_act(dk, hk, kvn, &e);
     if (!rc) rc = td_put_act(dv, hv, kvn, &e);
     if (!rc) rc = td_poison(dy, qn * as, &e);
+    /* the contract (ops.h): seqs and their page tables in device memory, the host copy in seqs_host */
+    const attn_seq *dev_seqs = seqs;
+    if (!rc && td_dev()->kind != DEV_CPU) {
+        attn_seq *tmp = xcalloc(ns, sizeof(attn_seq));
+        if (!(dpg = td_alloc(sizeof(int32_t) * total_pages, &e)) || !(dseq = td_alloc(sizeof(attn_seq) * ns, &e)))
+            rc = ERR_NOMEM;
+        if (!rc) rc = td_put(dpg, perm, sizeof(int32_t) * total_pages, &e);
+        for (int i = 0, at = 0; !rc && i < ns; i++) {
+            tmp[i] = seqs[i];
+            tmp[i].pages = (const int32_t *)dpg + at;
+            at += (seqs[i].n_past + seqs[i].n_new + PAGE - 1) / PAGE;
+        }
+        if (!rc) rc = td_put(dseq, tmp, sizeof(attn_seq) * ns, &e);
+        free(tmp);
+        dev_seqs = dseq;
+    }
     if (rc) {
         snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
         goto done;
     }
     kv_layer kv = {.k = dk, .v = dv, .n_pages = total_pages, .page_size = PAGE, .dt = td_act()};
-    attn_call call = {impl, {.n_seq = ns, .seqs = seqs, .n_tok = M, .n_heads = nh, .n_kv_heads = nkv,
+    attn_call call = {impl, {.n_seq = ns, .seqs = dev_seqs, .seqs_host = seqs, .n_tok = M, .n_heads = nh,
+                             .n_kv_heads = nkv,
                              .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .q = dq, .gate = dg,
                              .kv = &kv, .out = dy, .dt = td_act()}};
     rc = attn_call_fn(&call, 0, &e);
@@ -192,7 +212,8 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
             memcpy(yy + i * w, hy + (size_t)t * w, sizeof(float) * w);
         }
         kv_layer hkv = {.k = hk, .v = hv, .n_pages = total_pages, .page_size = PAGE, .dt = ACT_F32};
-        attn_args ra = {.n_seq = nsamp, .seqs = rs, .n_tok = nsamp, .n_heads = nh, .n_kv_heads = nkv,
+        attn_args ra = {.n_seq = nsamp, .seqs = rs, .seqs_host = rs, .n_tok = nsamp, .n_heads = nh,
+                        .n_kv_heads = nkv,
                         .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .q = rq, .gate = rg, .kv = &hkv,
                         .out = ry, .dt = ACT_F32};
         rc = attn_cpu_ref.run(&ra, NULL, &e);
@@ -212,7 +233,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
     }
 done:
-    td_free(dq); td_free(dg); td_free(dk); td_free(dv); td_free(dy);
+    td_free(dq); td_free(dg); td_free(dk); td_free(dv); td_free(dy); td_free(dpg); td_free(dseq);
     free(hq); free(hg); free(hk); free(hv); free(hy);
     for (int i = 0; i < ns; i++) free(pages[i]);
     free(pages); free(seqs); free(perm); free(lens);
@@ -282,7 +303,7 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     float *hqkv = xmalloc(sizeof(float) * qkvn), *ha = xmalloc(sizeof(float) * abn), *hb = xmalloc(sizeof(float) * abn);
     float *hy = xmalloc(sizeof(float) * outn);
     float *dcw = NULL, *dal = NULL, *ddt = NULL, *dconv = NULL, *drec = NULL;
-    void *dqkv = NULL, *da = NULL, *db = NULL, *dy = NULL;
+    void *dqkv = NULL, *da = NULL, *db = NULL, *dy = NULL, *dseq = NULL;
     gdn_shape sh = {.n_tok = M, .n_seq = ns, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .dt = td_act()};
     char why[256] = "";
     int rc = 0;
@@ -316,13 +337,23 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     if (!rc) rc = td_put_act(da, ha, abn, &e);
     if (!rc) rc = td_put_act(db, hb, abn, &e);
     if (!rc) rc = td_poison(dy, outn * as, &e);
+    /* the contract (ops.h): seqs in device memory, the host copy in seqs_host */
+    const gdn_seq *dev_seqs = seqs;
+    if (!rc && td_dev()->kind != DEV_CPU) {
+        if (!(dseq = td_alloc(sizeof(gdn_seq) * ns, &e)))
+            rc = ERR_NOMEM;
+        else
+            rc = td_put(dseq, seqs, sizeof(gdn_seq) * ns, &e);
+        dev_seqs = dseq;
+    }
     if (rc) {
         snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
         goto done;
     }
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
     gdn_state st = {.conv = dconv, .rec = drec, .n_slots = n_slots};
-    gdn_call call = {impl, {.n_seq = ns, .seqs = seqs, .n_tok = M, .w = &w, .qkv = dqkv, .a = da, .b = db,
+    gdn_call call = {impl, {.n_seq = ns, .seqs = dev_seqs, .seqs_host = seqs, .n_tok = M, .w = &w, .qkv = dqkv,
+                            .a = da, .b = db,
                             .st = &st, .out = dy, .dt = td_act()}};
     rc = gdn_call_fn(&call, 0, &e);
     if (!rc) rc = td_sync(&e);
@@ -367,7 +398,8 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         memcpy(r0s, rec0, sizeof(float) * recn);
         gdn_w hw = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = cw, .A_log = alog, .dt_bias = dtb};
         gdn_state hst = {.conv = c0, .rec = r0s, .n_slots = n_slots};
-        gdn_args ra = {.n_seq = nsub, .seqs = sub, .n_tok = ntok, .w = &hw, .qkv = sq, .a = sa, .b = sb,
+        gdn_args ra = {.n_seq = nsub, .seqs = sub, .seqs_host = sub, .n_tok = ntok, .w = &hw, .qkv = sq, .a = sa,
+                       .b = sb,
                        .st = &hst, .out = sy, .dt = ACT_F32};
         if (!rc2) rc2 = gdn_cpu_ref.run(&ra, NULL, &e);
         int ok = !rc2 && td_check(yy, sy, ntok, (size_t)nv * dv, NULL, 2e-2, 5e-2, M, r->detail, sizeof r->detail,
@@ -400,7 +432,7 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     }
 done:
     td_free(dcw); td_free(dal); td_free(ddt); td_free(dconv); td_free(drec);
-    td_free(dqkv); td_free(da); td_free(db); td_free(dy);
+    td_free(dqkv); td_free(da); td_free(db); td_free(dy); td_free(dseq);
     free(cw); free(alog); free(dtb); free(conv0); free(rec0); free(hqkv); free(ha); free(hb); free(hy);
     free(seqs); free(slotp); free(lens);
 }

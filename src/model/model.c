@@ -443,6 +443,7 @@ static void ws_free(model *m) {
         if (w->meta != w->meta_host) m->mem->free(w->meta);
     }
     free(w->meta_host);
+    free(w->aseq_host);
     free(w->lg_host);
     memset(w, 0, sizeof *w);
 }
@@ -599,9 +600,12 @@ static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
         size_t n = meta_bytes(nt, nt, np);
         if (w->meta != w->meta_host) m->mem->free(w->meta);
         free(w->meta_host);
+        free(w->aseq_host);
         w->meta = w->meta_host = NULL;
+        w->aseq_host = NULL;
         w->cap_seq = w->cap_pages = 0;
         w->meta_host = xmalloc(n);
+        w->aseq_host = xmalloc(sizeof(attn_seq) * (size_t)nt);
         if (on_cpu) {
             w->meta = w->meta_host;
         } else if (!(w->meta = m->mem->alloc(n, e))) {
@@ -710,6 +714,8 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
         memcpy(pg + np, q->pages, sizeof(int32_t) * n_pg);
         as[s] = (attn_seq){.n_past = q->n_past, .n_new = q->n_new, .row0 = row,
                            .pages = (const int32_t *)(d + o_pages) + np};
+        w->aseq_host[s] = as[s];
+        w->aseq_host[s].pages = pg + np;
         gs[s] = (gdn_seq){.slot = q->slot, .n_new = q->n_new, .row0 = row};
         np += n_pg;
         for (int i = 0; i < q->n_new; i++) pos[row + i] = q->n_past + i;
@@ -725,6 +731,8 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
     *d_rows = (const int32_t *)(d + o_rows);
     f->aseq = (const attn_seq *)(d + o_aseq);
     f->gseq = (const gdn_seq *)(d + o_gseq);
+    f->aseq_host = w->aseq_host;
+    f->gseq_host = gs;
     return n_rows;
 }
 

@@ -75,6 +75,8 @@ typedef struct mws {
     void *logits;       /* [T, V] (devices other than the CPU; the CPU writes the caller's) */
     void *meta;         /* device: ids [T] | pos [T] | rows [T] | aseq [S] | gseq [S] | pages [P] */
     char *meta_host;    /* host staging of meta (== meta on the CPU) */
+    attn_seq *aseq_host;/* [cap_seq] the step's attn_seq with host page tables (into meta_host),
+                           for the backends' host-side planning (attn_args.seqs_host) */
     uint16_t *lg_host;  /* host staging of BF16 logits [T, V] */
 } mws;
 
@@ -139,7 +141,7 @@ int qwen3_bind_mlp(model *m, int l, ls_err *e);
 int next_bind_gdn(model *m, int l, ls_err *e);
 
 /* One step's token layout, shared by the layer forwards. */
-/* Every pointer here is in the model's device memory. */
+/* Every pointer here is in the model's device memory, except the *_host tables. */
 typedef struct fwd_ctx {
     model *m;
     mcache *c;
@@ -149,6 +151,8 @@ typedef struct fwd_ctx {
     int max_ctx;          /* the longest n_past + n_new */
     const attn_seq *aseq; /* [n_seq], pages in device memory */
     const gdn_seq *gseq;  /* [n_seq] */
+    const attn_seq *aseq_host; /* [n_seq] the same in host memory, host page tables (args.seqs_host) */
+    const gdn_seq *gseq_host;  /* [n_seq] the same in host memory */
     const int32_t *pos;   /* [n_tok] positions */
 } fwd_ctx;
 

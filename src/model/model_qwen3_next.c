@@ -101,7 +101,8 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
         .rec = mc->rec + (size_t)li * mc->n_slots * nv * c->lin_k_dim * dv,
         .n_slots = mc->n_slots};
     gdn_args ga = {.n_seq = f->n_seq, .seqs = f->gseq, .n_tok = T, .w = &g->g, .qkv = w->qkv,
-                   .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act};
+                   .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act,
+                   .seqs_host = f->gseq_host};
     if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
     if ((rc = mdl_op_err(m->ops.small->rmsnorm_gated(T * nv, dv, w->core, w->z, g->norm, c->rms_eps,
                                                      w->core, m->ops.act, m->ops.stream),

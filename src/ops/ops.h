@@ -29,7 +29,11 @@
  * tables), token ids and positions (the model uploads them once per step);
  * the weight structs (lin_w, moe_w, gdn_w, kv_layer, gdn_state) are host
  * structs whose data pointers are device memory. Host-side counts (n_seq,
- * n_tok, M) come in the args.
+ * n_tok, M) come in the args. attn_args and gdn_args also carry seqs_host:
+ * the same sequences in host memory, with host page tables, always filled
+ * by callers (on the CPU it equals seqs). Device-side kernels read `seqs`;
+ * host-side planning (split-K partitions, metadata tables, validation) reads
+ * `seqs_host`; nothing dereferences `seqs` on the host.
  * Activations have dtype `dt` (ACT_F32 on the CPU; ACT_BF16 on CUDA). Weights
  * are lin_w views. 1-D parameters (norm weights, A_log, dt_bias, conv1d) are
  * fp32. Shapes are written [rows, cols] in comments, row-major.
@@ -197,6 +201,8 @@ typedef struct attn_args {
     const kv_layer *kv;  /* holds K/V of every position incl. the new ones (small.kv_write) */
     void *out;           /* [n_tok, n_heads, head_dim] */
     act_dtype dt;
+    const attn_seq *seqs_host; /* [n_seq] the same sequences as seqs, in host memory with host page
+                                  tables (== seqs on the CPU); for host-side planning only */
 } attn_args;
 
 typedef struct attn_impl {
@@ -247,6 +253,8 @@ typedef struct gdn_args {
     const gdn_state *st; /* read and updated in place */
     void *out;           /* [n_tok, nv, dv]: o_t = Sᵀ q_t, before the gated norm */
     act_dtype dt;
+    const gdn_seq *seqs_host; /* [n_seq] the same sequences as seqs, in host memory (== seqs on the
+                                 CPU); for host-side planning only */
 } gdn_args;
 
 typedef struct gdn_impl {
@@ -345,9 +353,9 @@ OPS_DECLARE_FAMILY(small, small_ops)
 /* Hook for the CUDA module: when linked (LS_HAVE_CUDA), registers its
  * backends; called once, before the CPU backends are appended. */
 void ops_cuda_register_all(void);
-/* Second CUDA hook, for the forward-pass pieces (device memory table, small
- * ops, basic attention and gdn backends in src/ops/cuda/fwd_*.cu, small.cu,
- * attn_basic.cu, gdn_basic.cu); called right after ops_cuda_register_all. */
+/* Second CUDA hook, for the forward-pass pieces (device memory table and
+ * small ops: src/ops/cuda/fwd_dev.cu, small.cu); called right after
+ * ops_cuda_register_all. */
 void ops_cuda_register_fwd(void);
 
 /* The CPU as a dev_info. */
@@ -385,7 +393,8 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
 /* Run the selected moe / attention / gdn backend on s->stream (with the
  * per-shape fallback for families chosen by "auto"; a named backend that
  * does not take the shape is ERR_UNSUPPORTED with its reason). max_ctx:
- * the longest n_past + n_new of the batch (the seqs may be device memory). */
+ * the longest n_past + n_new of the batch (the seqs may be device memory;
+ * seqs_host is host memory). */
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e);
 int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e);
 int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e);

@@ -114,7 +114,7 @@ static void test_attention_over_scattered_pages(void **st) {
     assert_int_equal(small_cpu_ref.kv_write(&kv, 1, &s, 1, 2, knew, vnew, ACT_F32, NULL), 0);
     assert_true(k[4] == 1 && v[4] == 10 && v[1] == 40); /* page 2 holds position 0 */
     float q[4] = {1, 2, 0.5f, -1}, gate[4] = {0, 0, 100, -100}, out[4];
-    attn_args a = {.n_seq = 1, .seqs = &s, .n_tok = 2, .n_heads = 1, .n_kv_heads = 1,
+    attn_args a = {.n_seq = 1, .seqs = &s, .seqs_host = &s, .n_tok = 2, .n_heads = 1, .n_kv_heads = 1,
                    .head_dim = 2, .scale = 0.5f, .q = q, .gate = gate, .kv = &kv, .out = out,
                    .dt = ACT_F32};
     assert_int_equal(attn_cpu_ref.run(&a, NULL, NULL), 0);
@@ -139,7 +139,7 @@ static void test_gated_delta_rule_one_step(void **st) {
     gdn_state gst = {.conv = conv_st, .rec = rec, .n_slots = 1};
     float x[6] = {0.5f, 1, 2, -1, 3, 1}, a_in[1] = {0.3f}, b_in[1] = {-0.2f}, out[2];
     gdn_seq s = {.slot = 0, .n_new = 1, .row0 = 0};
-    gdn_args a = {.n_seq = 1, .seqs = &s, .n_tok = 1, .w = &w, .qkv = x, .a = a_in, .b = b_in,
+    gdn_args a = {.n_seq = 1, .seqs = &s, .seqs_host = &s, .n_tok = 1, .w = &w, .qkv = x, .a = a_in, .b = b_in,
                   .st = &gst, .out = out, .dt = ACT_F32};
     const float prev[6] = {1, 0, -1, 2, 0, 1};
     assert_int_equal(gdn_cpu_ref.run(&a, NULL, NULL), 0);
@@ -284,7 +284,7 @@ static void test_gdn_chunked_matches_recurrence(void **st) {
     for (size_t i = 0; i < sizeof rec0 / 4; i++) rec0[i] = rec1[i] = bf16_to_f32(rnd_bf16(&s));
     gdn_seq seqs[2] = {{.slot = 2, .n_new = 150, .row0 = 1}, {.slot = 0, .n_new = 1, .row0 = 0}};
     gdn_state s0 = {.conv = conv0, .rec = rec0, .n_slots = SL}, s1 = {.conv = conv1, .rec = rec1, .n_slots = SL};
-    gdn_args a = {.n_seq = 2, .seqs = seqs, .n_tok = T, .w = &w, .qkv = qkv, .a = av, .b = bv,
+    gdn_args a = {.n_seq = 2, .seqs = seqs, .seqs_host = seqs, .n_tok = T, .w = &w, .qkv = qkv, .a = av, .b = bv,
                   .st = &s0, .out = o0, .dt = ACT_F32};
     assert_int_equal(gdn_cpu_ref.run(&a, NULL, NULL), 0);
     const gdn_impl *ch = ops_gdn_find("cpu_chunked");

@@ -3,9 +3,11 @@
  * gate out *= sigmoid(gate); q, gate, out, K, V BF16; softmax and the
  * accumulation in fp32 (online softmax).
  *
- * Metadata: args->seqs and each seq's page list are read on the host; the
- * launcher flattens them into one table (per token: position, offset of its
- * sequence's pages) and copies it to a per-device workspace each call.
+ * Metadata: args->seqs_host and each of its page lists (host memory, ops.h)
+ * are read on the host; the launcher flattens them into one table (per
+ * token: position, offset of its sequence's pages) and copies it to a
+ * per-device workspace (one per cudaGetDevice ordinal) each call. The
+ * device-side args->seqs is not read.
  *
  * Backends, two different algorithms:
  *   cuda_naive         one warp per (token, query head) walks its whole causal
@@ -74,8 +76,10 @@ static int upload_meta(att_ws *w, const attn_args *a, int32_t **d_pos, int32_t *
     size_t npages = 0;
     int mx = 0;
     const int P = a->kv->page_size;
+    if (a->n_seq > 0 && !a->seqs_host)
+        return errf(e, ERR_INVAL, "attention on CUDA: seqs_host (the host copy of the sequences) is not set");
     for (int s = 0; s < a->n_seq; s++) {
-        const attn_seq *q = &a->seqs[s];
+        const attn_seq *q = &a->seqs_host[s];
         if (q->row0 < 0 || q->n_new < 0 || q->row0 + q->n_new > a->n_tok || q->n_past < 0)
             return errf(e, ERR_INVAL, "attention: sequence %d rows [%d, %d) outside %d tokens", s, q->row0,
                         q->row0 + q->n_new, a->n_tok);
@@ -93,7 +97,7 @@ static int upload_meta(att_ws *w, const attn_args *a, int32_t **d_pos, int32_t *
     for (int t = 0; t < a->n_tok; t++) pos[t] = -1;
     size_t at = 0;
     for (int s = 0; s < a->n_seq; s++) {
-        const attn_seq *q = &a->seqs[s];
+        const attn_seq *q = &a->seqs_host[s];
         int np = (q->n_past + q->n_new + P - 1) / P;
         for (int i = 0; i < np; i++) {
             if (q->pages[i] < 0 || q->pages[i] >= a->kv->n_pages)

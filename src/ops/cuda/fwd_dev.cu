@@ -1,8 +1,9 @@
 /* fwd_dev.cu: the CUDA device's memory table (dev_mem: open, alloc, copies,
  * memset, sync) that the model's forward pass uses, and the registration
- * hook ops_cuda_register_fwd() for the forward-pass backends of this helper:
- * small ops "cuda" (small.cu), attention "cuda_naive" (attn_basic.cu) and
- * gdn "cuda_recurrent" (gdn_basic.cu).
+ * hook ops_cuda_register_fwd() for the forward-pass pieces: the memory table
+ * and small ops "cuda" (small.cu). The attention and gdn backends are
+ * attention.cu / gdn.cu, registered once by ops_cuda_register_all
+ * (runtime.cu).
  *
  * Streams: the model runs on the legacy default stream (ls_stream NULL), so
  * every backend's launches, cuBLASLt calls and copies are ordered with each
@@ -73,6 +74,4 @@ static const dev_mem dev_mem_cuda = {DEV_CUDA, dm_open,    dm_close_stream, dm_a
 extern "C" void ops_cuda_register_fwd(void) {
     ops_dev_mem_register(&dev_mem_cuda);
     ops_small_register(&small_cuda);
-    ops_attn_register(&attn_cuda_naive);
-    ops_gdn_register(&gdn_cuda_recurrent);
 }

@@ -13,19 +13,26 @@
  *       that column (dk floats) in registers for the whole sequence: per token
  *       the block L2-normalises q and k in shared memory, then every thread
  *       updates its column and emits o[d]; S goes back to the slot at the end.
- * Sequence metadata (args->seqs) is host memory, copied per call.
+ * Sequence metadata: the kernels read the device array args->seqs directly
+ * (gdn_seq is {slot, n_new, row0}, three int32, asserted below); the host
+ * copy args->seqs_host is only validated. The fp32 workspace (conv output,
+ * g and beta) is per device (indexed by cudaGetDevice, with its own lock), so
+ * tensor-parallel ranks on several GPUs never share a buffer.
  */
 #include "ops/cuda/cu_util.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { GDN_MAX_DEV = 16, GDN_MAX_K = 8 };
 
+static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
+                  offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
+              "gdn_seq must be {int32 slot, n_new, row0}: the kernels read it as int32 triples");
+
 typedef struct gdn_ws {
-    void *meta;
-    size_t meta_cap;
     float *c;
     size_t c_cap;
     pthread_mutex_t mu;
@@ -162,9 +169,9 @@ static int rec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
         snprintf(why, n, "activations must be BF16");
         return 0;
     }
-    if ((s->dk != 64 && s->dk != 128) || s->dv < 32 || s->dv > 1024 || s->dv % 32 || s->conv_k < 1 ||
+    if ((s->dk != 32 && s->dk != 64 && s->dk != 128 && s->dk != 256) || s->dv < 32 || s->dv > 1024 || s->dv % 32 || s->conv_k < 1 ||
         s->conv_k > GDN_MAX_K || s->nk <= 0 || s->nv % s->nk) {
-        snprintf(why, n, "needs dk 64 or 128, dv a multiple of 32 up to 1024, conv <= %d, nv %% nk == 0 "
+        snprintf(why, n, "needs dk 32/64/128/256, dv a multiple of 32 up to 1024, conv <= %d, nv %% nk == 0 "
                          "(dk=%d dv=%d conv=%d %d/%d)", GDN_MAX_K, s->dk, s->dv, s->conv_k, s->nv, s->nk);
         return 0;
     }
@@ -191,42 +198,38 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     }
     pthread_mutex_unlock(&g_gws_mu);
     gdn_ws *ws = &g_gws[dev];
-    pthread_mutex_lock(&ws->mu);
-    int32_t *hm = (int32_t *)xmalloc(sizeof(int32_t) * 3 * a->n_seq);
-    int rc = 0;
-    for (int i = 0; i < a->n_seq && !rc; i++) {
-        const gdn_seq *q = &a->seqs[i];
+    /* validation on the host copy; the kernels read the device array itself */
+    if (!a->seqs_host) return errf(e, ERR_INVAL, "gdn cuda_recurrent: seqs_host (the host copy of the sequences) is not set");
+    for (int i = 0; i < a->n_seq; i++) {
+        const gdn_seq *q = &a->seqs_host[i];
         if (q->slot < 0 || q->slot >= a->st->n_slots || q->n_new < 0 || q->row0 < 0 || q->row0 + q->n_new > a->n_tok)
-            rc = errf(e, ERR_INVAL, "gdn: sequence %d (slot %d, rows %d+%d) outside the batch", i, q->slot, q->row0,
-                      q->n_new);
-        hm[3 * i] = q->slot;
-        hm[3 * i + 1] = q->n_new;
-        hm[3 * i + 2] = q->row0;
+            return errf(e, ERR_INVAL, "gdn: sequence %d (slot %d, rows %d+%d) outside the batch", i, q->slot, q->row0,
+                        q->n_new);
     }
+    const int32_t *meta = (const int32_t *)a->seqs;
+    pthread_mutex_lock(&ws->mu);
     cudaStream_t st = (cudaStream_t)s;
     size_t cbytes = sizeof(float) * ((size_t)a->n_tok * D + (size_t)a->n_tok * w->nv * 2);
-    if (!rc) rc = gws_grow(&ws->meta, &ws->meta_cap, sizeof(int32_t) * 3 * a->n_seq, e);
-    if (!rc) rc = gws_grow((void **)&ws->c, &ws->c_cap, cbytes, e);
+    int rc = gws_grow((void **)&ws->c, &ws->c_cap, cbytes, e);
     cudaError_t c = cudaSuccess;
-    if (!rc) c = cudaMemcpyAsync(ws->meta, hm, sizeof(int32_t) * 3 * a->n_seq, cudaMemcpyHostToDevice, st);
-    if (!rc && c == cudaSuccess) c = cudaStreamSynchronize(st); /* hm is freed below */
-    if (!rc && c == cudaSuccess) {
+    if (!rc) {
         float *cw = ws->c, *gb = ws->c + (size_t)a->n_tok * D;
         int wide = D > w->nv ? D : w->nv;
         dim3 g1((wide + 127) / 128, a->n_seq), g2(w->nv, a->n_seq);
-        gdn_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, (const int32_t *)ws->meta, (const bf16 *)a->qkv,
-                                            (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                            a->st->conv, cw, gb);
-        if (w->dk == 128)
-            gdn_rec_kernel<128><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, (const int32_t *)ws->meta, cw, gb,
-                                                      a->st->rec, (bf16 *)a->out);
-        else
-            gdn_rec_kernel<64><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, (const int32_t *)ws->meta, cw, gb,
-                                                     a->st->rec, (bf16 *)a->out);
+        gdn_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                            (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, cw, gb);
+#define GDN_REC(DK)                                                                                    \
+    gdn_rec_kernel<DK><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, meta, cw, gb, a->st->rec, (bf16 *)a->out)
+        switch (w->dk) {
+        case 32: GDN_REC(32); break;
+        case 64: GDN_REC(64); break;
+        case 128: GDN_REC(128); break;
+        default: GDN_REC(256); break; /* rec_supported admits 32/64/128/256 only */
+        }
+#undef GDN_REC
         c = cudaGetLastError();
     }
     if (!rc && c != cudaSuccess) rc = cu_fail(e, c, "gdn cuda_recurrent");
-    free(hm);
     pthread_mutex_unlock(&ws->mu);
     return rc;
 }

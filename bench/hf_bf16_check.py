@@ -2,6 +2,7 @@
 # on the fixture models (the yardstick for our CUDA BF16 forward pass). Run on the GPU machine
 # with the fixture folders copied beside this script:
 #   cp -r ../shared/fixtures/models/{qwen3,qwen3_moe,qwen3_next,qwen3_5_moe_text} DIR/; python3 DIR/hf_bf16_check.py
+import json, os, torch
 from transformers import AutoModelForCausalLM
 D = os.path.dirname(os.path.abspath(__file__))
 for name in ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_moe_text"]:

@@ -5,7 +5,7 @@
 CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 BUILD   ?= build
-OPT     ?= -O2
+OPT     ?= -O3
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-sign-compare \
            -Wno-missing-field-initializers -fno-strict-aliasing -march=x86-64-v2 -mtune=native -pthread \
            -Iinclude -Isrc

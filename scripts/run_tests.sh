@@ -21,5 +21,5 @@ python3 -m pytest -q -p no:cacheprovider tests/ 2>&1 | tee "$BUILD/pytest.log"
 prc=${PIPESTATUS[0]}
 if [ "$prc" -ne 0 ] && [ "$prc" -ne 5 ]; then fail=$((fail+1)); failed+=("pytest"); else pass=$((pass+1)); fi
 [ ${#failed[@]} -gt 0 ] && echo "failed: ${failed[*]}"
-echo "unit+pytest suites: $pass passed, $fail failed"
+echo "suites: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -64,6 +64,31 @@ static char *dupn(const char *s, size_t n) {
     return p;
 }
 
+/* A Replace step (normalizer or decoder): pattern -> a (and re for a Regex),
+ * content -> b. Nothing is left allocated on failure. */
+static int load_replace(loadctx *c, json_t *j, const char *path, char **a, size_t *alen, char **b,
+                        size_t *blen, pcre2_code **re) {
+    const char *ps;
+    size_t pn;
+    bool is_re;
+    char sub[256];
+    snprintf(sub, sizeof sub, "%s.pattern", path);
+    int rc = jpattern(c, json_object_get(j, "pattern"), sub, &ps, &pn, &is_re);
+    if (rc) return rc;
+    json_t *ct = json_object_get(j, "content");
+    if (!json_is_string(ct)) return jerr(c, path, "Replace without a \"content\" string");
+    *re = NULL;
+    if (is_re) {
+        char why[300];
+        if (!(*re = tok_regex_compile(ps, pn, false, why, sizeof why))) return jerr(c, sub, "%s", why);
+    }
+    *a = dupn(ps, pn);
+    *alen = pn;
+    *b = dupn(json_string_value(ct), json_string_length(ct));
+    *blen = json_string_length(ct);
+    return 0;
+}
+
 /* ---- normalizer ---------------------------------------------------------------- */
 
 static int load_norm(tokenizer *t, loadctx *c, json_t *j, const char *path) {
@@ -99,27 +124,9 @@ static int load_norm(tokenizer *t, loadctx *c, json_t *j, const char *path) {
         st.a = dupn(json_string_value(p), json_string_length(p));
         st.alen = json_string_length(p);
     } else if (!strcmp(ty, "Replace")) {
-        const char *ps;
-        size_t pn;
-        bool is_re;
-        snprintf(sub, sizeof sub, "%s.pattern", path);
-        int rc = jpattern(c, json_object_get(j, "pattern"), sub, &ps, &pn, &is_re);
-        if (rc) return rc;
-        json_t *ct = json_object_get(j, "content");
-        if (!json_is_string(ct)) return jerr(c, path, "Replace without a \"content\" string");
         st.kind = NORM_REPLACE;
-        st.a = dupn(ps, pn);
-        st.alen = pn;
-        st.b = dupn(json_string_value(ct), json_string_length(ct));
-        st.blen = json_string_length(ct);
-        if (is_re) {
-            char why[300];
-            if (!(st.re = tok_regex_compile(ps, pn, false, why, sizeof why))) {
-                free(st.a);
-                free(st.b);
-                return jerr(c, sub, "%s", why);
-            }
-        }
+        int rc = load_replace(c, j, path, &st.a, &st.alen, &st.b, &st.blen, &st.re);
+        if (rc) return rc;
     } else {
         return jerr(c, path, "normalizer type '%s' is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
                     "Prepend, Strip, StripAccents, Sequence)", ty);
@@ -260,27 +267,9 @@ static int load_dec(tokenizer *t, loadctx *c, json_t *j, const char *path) {
         st.start = (int)json_integer_value(json_object_get(j, "start"));
         st.stop = (int)json_integer_value(json_object_get(j, "stop"));
     } else if (!strcmp(ty, "Replace")) {
-        const char *ps;
-        size_t pn;
-        bool is_re;
-        snprintf(sub, sizeof sub, "%s.pattern", path);
-        int rc = jpattern(c, json_object_get(j, "pattern"), sub, &ps, &pn, &is_re);
-        if (rc) return rc;
-        json_t *ct = json_object_get(j, "content");
-        if (!json_is_string(ct)) return jerr(c, path, "Replace without a \"content\" string");
         st.kind = DEC_REPLACE;
-        st.a = dupn(ps, pn);
-        st.alen = pn;
-        st.b = dupn(json_string_value(ct), json_string_length(ct));
-        st.blen = json_string_length(ct);
-        if (is_re) {
-            char why[300];
-            if (!(st.re = tok_regex_compile(ps, pn, false, why, sizeof why))) {
-                free(st.a);
-                free(st.b);
-                return jerr(c, sub, "%s", why);
-            }
-        }
+        int rc = load_replace(c, j, path, &st.a, &st.alen, &st.b, &st.blen, &st.re);
+        if (rc) return rc;
     } else if (!strcmp(ty, "Metaspace")) {
         json_t *r = json_object_get(j, "replacement");
         st.kind = DEC_METASPACE;

@@ -24,5 +24,5 @@ for n in "${names[@]}"; do
     timeout -k 5 ${LIMIT:-150} bash "bench/device/$n.sh" "$BIN" "$OUT/$n" >"$OUT/$n.log" 2>&1
     rc=$?
     t1=$(date +%s.%N)
-    printf 'device check %-10s rc=%-3d %6.1f s\n' "$n" "$rc" "$(echo "$t1 - $t0" | bc)"
+    printf 'device check %-10s rc=%-3d %6.1f s\n' "$n" "$rc" "$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')"
 done

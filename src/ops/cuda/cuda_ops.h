@@ -13,6 +13,8 @@
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
  *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
+ *             cuda_grouped_gemm   any M, NVFP4: routing, sort and tile table on the device,
+ *                                 grouped mma.sync GEMMs over expert tiles (moe_grouped.cu)
  *   attention: cuda_flash_decode  split-K over 256-position chunks, GQA group per block
  *             cuda_naive          one warp per (token, head), online softmax
  *             (seqs and their page lists are host memory; flattened per call)
@@ -39,6 +41,7 @@ extern const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072;
 extern const fp4_gemm_impl fp4_gemm_cuda_broken_illegal;
 extern const moe_impl moe_cuda_fused_decode;
 extern const moe_impl moe_cuda_expert_loop;
+extern const moe_impl moe_cuda_grouped_gemm;
 extern const attn_impl attn_cuda_flash_decode;
 extern const attn_impl attn_cuda_naive;
 extern const attn_impl attn_cuda_flash_prefill;

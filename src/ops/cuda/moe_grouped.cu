@@ -12,24 +12,26 @@
  *                   sigmoid(x·w_sg), 1 without a gate, 0 without a shared expert)
  *   3 plan       one block: histogram of the (token, j) pairs per expert (the
  *                shared expert is expert E, picked by every token), counts padded
- *                to BM rows, prefix sum -> row offsets, the tile table (tile t of
- *                BM rows belongs to expert tile_e[t]), and the scatter:
+ *                to the tile height BM, prefix sum -> row offsets, the tile table
+ *                (tile t of BM rows belongs to expert tile_e[t]), and the scatter:
  *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows
- *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 64 gate
- *                + the same 64 up rows of that expert; A rows gathered from x by
+ *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 64 (128)
+ *                gate + the same up rows of that expert; A rows gathered from x by
  *                perm; epilogue h = silu(g·s2g)·(u·s2u) -> hbuf [R, ldh] bf16
- *   5 down       grouped GEMM, CTA = one tile x 128 output rows; A = hbuf rows;
+ *   5 down       grouped GEMM, CTA = one tile x 128 (256) output rows; A = hbuf rows;
  *                epilogue (acc · s2d · wts[p]) -> dbuf [M·(k+1), H] bf16 at the pair
  *   6 combine    y[m] = Σ_j dbuf[m·(k+1) + j] in fp32 (fixed order: deterministic)
  * Grids are sized from an upper bound of the tile count (ceil(pairs/BM) plus one
  * per expert that can be non-empty); CTAs past the real count (read on the device)
  * exit at once. So a call is CUDA-graph capturable once its workspace exists.
  *
- * The GEMM (both launches): 256 threads, 8 warps as 2 (M) x 4 (N), CTA tile
- * BM = 64 rows x 128 weight rows x BK = 64, 3-stage cp.async pipeline into
- * shared memory; mma.sync m16n8k16 BF16 -> fp32. Tokens are the A operand
- * (row-major [rows, K]), weights the B operand ([N, K] row-major = K x N
- * column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
+ * The GEMM (both launches): 256 threads, 3-stage cp.async pipeline into shared
+ * memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; CTA tile BM = 64 rows x 128
+ * weight rows (8 warps as 2 x 4) when the routed experts get 32 rows or more on
+ * average, else BM = 16 rows x 256 weight rows (8 warps along N): less padding
+ * work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64 forces one, for tuning).
+ * Tokens are the A operand (row-major [rows, K]), weights the B operand ([N, K]
+ * row-major = K x N column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
  * the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
  * {2t, 2t+1, 2t+8, 2t+9} stand for k = 16t + 4q + {0, 1, 2, 3} on both A and B
  * (a dot product does not care how k is numbered, as long as A and B agree).
@@ -54,7 +56,7 @@
 #include <string.h>
 
 enum { MG_MAXE = 1024, MG_MAXK = 16, MG_MAX_DEV = 16, MG_TAB_CACHE = 128, MG_RETIRED = 64 };
-enum { MG_BM = 64, MG_BK = 64, MG_BNW = 128, MG_STAGES = 3, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
+enum { MG_BK = 64, MG_STAGES = 3, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* One expert's weights for the kernels; entry E is the shared expert. */
 typedef struct mg_expert {
@@ -263,10 +265,10 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
 
 /* One block of 1024 threads. Slots S = E + has_shared (slot E: the shared
  * expert, M rows). Rows of expert e: [off[e], off[e] + P_e), P_e = c_e rounded
- * up to BM; the first c_e hold its pairs (any order), the rest are padding
+ * up to bm (the GEMM's tile height); the first c_e hold its pairs (any order), the rest are padding
  * (perm = -1). tile_e[t] = the expert of rows [t·BM, (t+1)·BM); *n_tiles = the
  * number of tiles. perm[row] = m·(k+1) + j. */
-__global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int has_shared,
+__global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int has_shared, int bm,
                                                        const int32_t *__restrict__ idx,
                                                        int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
                                                        int32_t *__restrict__ n_tiles) {
@@ -281,8 +283,8 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     __syncthreads();
     /* exclusive scan of the padded counts; thread tid owns slots 2tid, 2tid+1 */
     const int a0 = 2 * tid, a1 = 2 * tid + 1;
-    const int p0 = a0 < S ? (s_cnt[a0] + MG_BM - 1) / MG_BM * MG_BM : 0;
-    const int p1 = a1 < S ? (s_cnt[a1] + MG_BM - 1) / MG_BM * MG_BM : 0;
+    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
+    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
     const int lane = tid & 31, warp = tid >> 5;
     int incl = p0 + p1;
 #pragma unroll
@@ -309,11 +311,11 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     __syncthreads();
     for (int e = tid; e < S; e += 1024) {
         const int o = s_off[e], c = s_cnt[e], pe = s_off[e + 1] - o;
-        for (int t = o / MG_BM; t < (o + pe) / MG_BM; t++) tile_e[t] = e;
+        for (int t = o / bm; t < (o + pe) / bm; t++) tile_e[t] = e;
         for (int r = o + c; r < o + pe; r++) perm[r] = -1;
         s_cur[e] = o;
     }
-    if (tid == 0) *n_tiles = s_off[S] / MG_BM;
+    if (tid == 0) *n_tiles = s_off[S] / bm;
     __syncthreads();
     for (int i = tid; i < Mk; i += 1024) {
         const int m = i / k, j = i - m * k;
@@ -326,26 +328,43 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
 
-typedef struct mg_smem {
-    bf16 a[MG_STAGES][MG_BM][MG_APAD];         /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
-    uint8_t b[MG_STAGES][MG_BNW][MG_BK / 2];    /* weight rows' E2M1 codes for k0..k0+63 */
-    uint8_t s[MG_STAGES][MG_BNW][MG_BK / 16];   /* their 4 block scales */
-    int pair[MG_BM];                            /* perm of the tile's rows (-1: padding) */
-} mg_smem;
+/* Tile geometry per tile height BM (rows of one expert per CTA):
+ *   BM = 64: warps 2 (M) x 4 (N), each warp 2 m16 tiles x 4 n8 tiles, BNW = 128 weight rows
+ *   BM = 16: warps 1 (M) x 8 (N), each warp 1 m16 tile  x 4 n8 tiles, BNW = 256 weight rows
+ * (BM = 16 for batches where experts get few rows each: less padding work, same
+ * weight traffic). Gate/up CTAs hold BNW/2 gate rows and the same BNW/2 up rows. */
+template <int BM>
+struct mg_geo {
+    static constexpr int WM = BM >= 64 ? 2 : 1;      /* warps along M */
+    static constexpr int WN = 8 / WM;                /* warps along N */
+    static constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
+    static constexpr int BNW = WN * 32;              /* weight rows per CTA tile */
+};
 
-/* Grouped GEMM over the tiles of the plan. GATEUP: A = x rows gathered by
- * token (K = H), weight rows 0..63 of the CTA tile = gate rows n0..n0+63,
- * 64..127 = up rows n0..n0+63 (n0 = blockIdx.x · 64), out hbuf [R, ldh] =
- * silu(gate)·up. Else (down): A = hbuf rows (K = I_e), weight rows = down rows
- * n0..n0+127 (n0 = blockIdx.x · 128), out dbuf[pair, H] = wts[pair] · down.
- * blockIdx.y = tile. FAST: cp.async weight loads (K % 64 == 0, aligned). */
-template <bool GATEUP, bool FAST>
+template <int BM>
+struct mg_smem {
+    bf16 a[MG_STAGES][BM][MG_APAD];                     /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
+    uint8_t b[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 2];   /* weight rows' E2M1 codes for k0..k0+63 */
+    uint8_t s[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 16];  /* their 4 block scales */
+    int pair[BM];                                       /* perm of the tile's rows (-1: padding) */
+};
+
+/* Grouped GEMM over the tiles of the plan (blockIdx.y = tile of BM rows, one
+ * expert). GATEUP: A = x rows gathered by token (K = H); CTA weight rows
+ * 0..BNW/2-1 = gate rows n0.., BNW/2..BNW-1 = up rows n0.. (n0 = blockIdx.x ·
+ * BNW/2); out hbuf [R, ldh] = silu(gate·s2g)·(up·s2u). Else (down): A = hbuf
+ * rows (K = I_e), weight rows = down rows n0..n0+BNW-1 (n0 = blockIdx.x · BNW);
+ * out dbuf [pair, H] = wts[pair] · s2d · down. FAST: cp.async weight loads
+ * (K % 64 == 0, codes 16-byte and scales 4-byte aligned). */
+template <bool GATEUP, bool FAST, int BM>
 __global__ void __launch_bounds__(MG_THREADS, 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
                    const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
                    bf16 *__restrict__ dbuf) {
-    __shared__ __align__(16) mg_smem sm;
+    typedef mg_geo<BM> G;
+    constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT;
+    __shared__ __align__(16) mg_smem<BM> sm;
     const int tile = blockIdx.y;
     if (tile >= *n_tiles) return;
     const int ex = tile_e[tile];
@@ -353,12 +372,12 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     const int I = xp->inter;
     const int N = GATEUP ? I : H;      /* output columns of this GEMM */
     const int K = GATEUP ? H : I;
-    const int n0 = blockIdx.x * (GATEUP ? 64 : 128);
+    const int n0 = blockIdx.x * (GATEUP ? HALF : BNW);
     if (n0 >= N) return;
-    const int r0 = tile * MG_BM;
+    const int r0 = tile * BM;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int wm = warp & 1, wn = warp >> 1;
-    if (tid < MG_BM) sm.pair[tid] = perm[r0 + tid];
+    const int wm = warp % G::WM, wn = warp / G::WM;
+    if (tid < BM) sm.pair[tid] = perm[r0 + tid];
     __syncthreads();
 
     const uint8_t *w0 = GATEUP ? xp->w[0] : xp->w[2], *w1 = xp->w[1];
@@ -366,30 +385,31 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16; /* bytes per weight row: codes, scales */
     const int nk = (K + MG_BK - 1) / MG_BK;
 
-    /* stage st <- k block k0: A 64 rows x 64 k (512 chunks of 16 B, 2 per thread),
-     * codes 128 rows x 32 B (256 chunks, 1 per thread), scales 128 rows x 4 B */
+    /* stage st <- k block k0: A BM rows x 64 k (BM·8 chunks of 16 B), codes BNW
+     * rows x 32 B (BNW·2 chunks of 16 B), scales BNW rows x 4 B */
     auto load = [&](int st, int k0) {
 #pragma unroll
-        for (int c2 = 0; c2 < 2; c2++) {
-            const int c = tid + c2 * MG_THREADS, row = c >> 3, kk = k0 + (c & 7) * 8;
+        for (int c = tid; c < BM * 8; c += MG_THREADS) {
+            const int row = c >> 3, kk = k0 + (c & 7) * 8;
             const int p = sm.pair[row];
             const bool ok = p >= 0 && kk < K;
             const bf16 *src = x;
             if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
             mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
         }
-        {
-            const int row = tid >> 1, half = tid & 1;
-            const int n = GATEUP ? n0 + (row & 63) : n0 + row;
-            const uint8_t *wb = (GATEUP && row >= 64) ? w1 : w0;
-            const uint8_t *sb = (GATEUP && row >= 64) ? s1 : s0;
+#pragma unroll
+        for (int c = tid; c < BNW * 2; c += MG_THREADS) {
+            const int row = c >> 1, half = c & 1;
+            const bool up = GATEUP && row >= HALF;
+            const int n = n0 + (up ? row - HALF : row);
+            const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
             const bool nok = n < N;
             if (FAST) {
                 const bool ok = nok && k0 + half * 32 < K;
                 mg_cp16(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok);
                 if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
             } else {
-                /* plain loads, byte by byte past the end of K (K % 16 == 0) */
+                /* plain loads, zero past the end of K (K % 16 == 0) */
 #pragma unroll 4
                 for (int i = 0; i < 16; i++) {
                     const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
@@ -404,15 +424,15 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         }
     };
 
-    /* weight row (in the CTA tile) of this warp's n8 tile j: gate/up: j = 0, 1 gate
-     * cols wn·16 + 8j, j = 2, 3 the same up cols; down: cols wn·32 + 8j */
+    /* CTA weight row of this warp's n8 tile j: gate/up: j = 0, 1 gate cols
+     * wn·16 + 8j, j = 2, 3 the same up cols; down: cols wn·32 + 8j */
     int brow[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) brow[j] = GATEUP ? (j >> 1) * 64 + wn * 16 + (j & 1) * 8 : wn * 32 + j * 8;
+    for (int j = 0; j < 4; j++) brow[j] = GATEUP ? (j >> 1) * HALF + wn * 16 + (j & 1) * 8 : wn * 32 + j * 8;
 
-    float acc[2][4][4];
+    float acc[MT][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -429,7 +449,7 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         if (kt + MG_STAGES - 1 < nk) load((kt + MG_STAGES - 1) % MG_STAGES, (kt + MG_STAGES - 1) * MG_BK);
         mg_cp_commit();
         const int st = kt % MG_STAGES;
-        /* B fragments: row brow[j] + g, k = 16t..16t+15 -> bf[j][0..7] (pairs k 16t+2i, +1) */
+        /* B fragments: row brow[j] + g, k = 16t..16t+15 -> bf[j][0..7] (pairs k 16t+2r, +1) */
         uint32_t bf[4][8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -441,9 +461,9 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
             for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
         }
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int ra = wm * 32 + i * 16 + g;
-            /* A: rows ra and ra + 8, k = 16t..16t+15 -> xa / xb[0..7] (pairs k 16t+2i, +1) */
+        for (int i = 0; i < MT; i++) {
+            const int ra = wm * MT * 16 + i * 16 + g;
+            /* A: rows ra and ra + 8, k = 16t..16t+15 -> xa / xb[0..7] (pairs k 16t+2r, +1) */
             const uint4 *pa = reinterpret_cast<const uint4 *>(&sm.a[st][ra][16 * t]);
             const uint4 *pb = reinterpret_cast<const uint4 *>(&sm.a[st][ra + 8][16 * t]);
             const uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
@@ -459,14 +479,14 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         }
     }
 
-    /* epilogue: acc[i][j] = C of rows wm·32 + 16i + (g | g+8), cols 2t, 2t+1 of tile j */
+    /* epilogue: acc[i][j] = C of rows wm·MT·16 + 16i + (g | g+8), cols 2t, 2t+1 of tile j */
     if (GATEUP) {
         const float s2g = xp->s2[0], s2u = xp->s2[1];
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = wm * 32 + i * 16 + g + 8 * h;
+                const int row = wm * MT * 16 + i * 16 + g + 8 * h;
                 if (sm.pair[row] < 0) continue;
 #pragma unroll
                 for (int jj = 0; jj < 2; jj++) {
@@ -481,10 +501,10 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     } else {
         const float s2d = xp->s2[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < MT; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = wm * 32 + i * 16 + g + 8 * h;
+                const int row = wm * MT * 16 + i * 16 + g + 8 * h;
                 const int p = sm.pair[row];
                 if (p < 0) continue;
                 const float c = s2d * wts[p];
@@ -497,6 +517,21 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                 }
             }
     }
+}
+
+/* Launch the gate/up or down GEMM for tile height BM, picking the loader. */
+template <bool GATEUP, int BM>
+static void mg_gemm_launch(int fast, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
+                           const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                           const float *wts, bf16 *dbuf, cudaStream_t st) {
+    constexpr int per = GATEUP ? mg_geo<BM>::BNW / 2 : mg_geo<BM>::BNW; /* output columns per CTA */
+    dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if (fast)
+        mg_gemm_kernel<GATEUP, true, BM><<<grid, MG_THREADS, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                      dbuf);
+    else
+        mg_gemm_kernel<GATEUP, false, BM><<<grid, MG_THREADS, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                       dbuf);
 }
 
 /* ---- 6: combine ----------------------------------------------------------------- */
@@ -634,10 +669,15 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     mg_tab *tab;
     int rc = mg_table(ws, w, st, &tab, e);
     if (rc) return rc;
-    /* rows: each slot's pairs padded to BM; at most min(slots, pairs) slots are non-empty */
+    /* tile height: 16 rows when the routed experts average fewer than 32 rows each
+     * (decode-ish and mid batches), else 64 (LASTSTAND_GROUPED_BM=16|64 forces one) */
+    int bm = (size_t)M * k < (size_t)32 * E ? 16 : 64;
+    const char *force = getenv("LASTSTAND_GROUPED_BM");
+    if (force && (!strcmp(force, "16") || !strcmp(force, "64"))) bm = atoi(force);
+    /* rows: each slot's pairs padded to bm; at most min(slots, pairs) slots are non-empty */
     const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
-    const size_t tiles_max = (pairs + MG_BM - 1) / MG_BM + (slots < pairs ? slots : pairs);
-    const size_t R = tiles_max * MG_BM;
+    const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
+    const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
     float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, e);
@@ -656,23 +696,22 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                                 w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits,
                                                 idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, idx, tile_e, perm, nt);
+    mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
     CU_LAUNCHED(e, "cuda_grouped_gemm plan");
-    dim3 ggu((unsigned)((imax + 63) / 64), (unsigned)tiles_max);
-    if (tab->fast_gu)
-        mg_gemm_kernel<true, true><<<ggu, MG_THREADS, 0, st>>>(tab->dev, tile_e, perm, nt, H, k, (const bf16 *)a->x,
-                                                               hbuf, ldh, wts, dbuf);
+    const bf16 *x = (const bf16 *)a->x;
+    if (bm == 16)
+        mg_gemm_launch<true, 16>(tab->fast_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                 dbuf, st);
     else
-        mg_gemm_kernel<true, false><<<ggu, MG_THREADS, 0, st>>>(tab->dev, tile_e, perm, nt, H, k, (const bf16 *)a->x,
-                                                                hbuf, ldh, wts, dbuf);
+        mg_gemm_launch<true, 64>(tab->fast_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                 dbuf, st);
     CU_LAUNCHED(e, "cuda_grouped_gemm gate/up");
-    dim3 gdn((unsigned)((H + 127) / 128), (unsigned)tiles_max);
-    if (tab->fast_dn)
-        mg_gemm_kernel<false, true><<<gdn, MG_THREADS, 0, st>>>(tab->dev, tile_e, perm, nt, H, k, (const bf16 *)a->x,
-                                                                hbuf, ldh, wts, dbuf);
+    if (bm == 16)
+        mg_gemm_launch<false, 16>(tab->fast_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                  dbuf, st);
     else
-        mg_gemm_kernel<false, false><<<gdn, MG_THREADS, 0, st>>>(tab->dev, tile_e, perm, nt, H, k,
-                                                                 (const bf16 *)a->x, hbuf, ldh, wts, dbuf);
+        mg_gemm_launch<false, 64>(tab->fast_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                  dbuf, st);
     CU_LAUNCHED(e, "cuda_grouped_gemm down");
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

@@ -301,6 +301,13 @@ typedef struct small_ops {
      * Picks the rows that want logits. y must not alias x. */
     int (*gather_rows)(int n, int cols, const int32_t *idx, const void *x, void *y, act_dtype dt,
                        ls_stream s);
+    /* (additive) The residual add fused with the RMSNorm that follows it, the
+     * residual stream h kept in fp32 whatever the activation dtype:
+     *   h[r] = x[r] (init) or h[r] + x[r];  y[r] = norm(h[r]), as rmsnorm.
+     * h [rows, cols] fp32 (read and written); x, y [rows, cols] of dtype dt;
+     * y may alias x, never h. */
+    int (*add_rmsnorm)(int rows, int cols, float *h, const void *x, int init, const float *w,
+                       rms_kind kind, float eps, void *y, act_dtype dt, ls_stream s);
 } small_ops;
 
 /* ---- device memory -------------------------------------------------------- */

@@ -7,11 +7,11 @@
 # 1. `laststand doctor` on the moe family, cuda_grouped_gemm next to cuda_expert_loop:
 #    the Qwen3.5-397B layer shape (M = 1, 8, 64, 512, 3072) and the 35B one (odd M
 #    too: partial tiles); the matrices (verdicts against the fp64 CPU reference, times).
-# 2. The NVFP4 fixture models (reads .dev/int/fixtures/models/*-nvfp4, copied from
+# 2. The MoE fixture models, NVFP4 and BF16 (reads .dev/int/fixtures/models/*, copied from
 #    ../shared/fixtures/models): `laststand logits --device cuda --moe-runner-backend X`
 #    for X = cuda_grouped_gemm and cuda_expert_loop against `--device cpu`: worst row of
-#    max|a-b|/max|b| and argmax agreement. These have I = 48 (the plain-load path) and
-#    qwen3_moe-nvfp4 has no shared expert.
+#    max|a-b|/max|b| and argmax agreement. These have I = 48 (the plain NVFP4 loader) and
+#    qwen3_moe* have no shared expert. Then the doctor on the BF16 fixture's moe shape.
 #    Then the 397B shape with the tile height forced to the other choice (16 / 64).
 # 3. compute-sanitizer memcheck on one fixture with cuda_grouped_gemm (if present).
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
@@ -46,13 +46,13 @@ else
 fi
 
 echo "== fixtures: logits vs --device cpu"
-timeout 30 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
+timeout 35 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, OUT = sys.argv[1:4]
 for name in sorted(os.listdir(FIX)) if os.path.isdir(FIX) else []:
     d = os.path.join(FIX, name)
-    if not name.endswith("nvfp4") or not os.path.exists(os.path.join(d, "ref.json")):
+    if not ("moe" in name or "next" in name) or not os.path.exists(os.path.join(d, "ref.json")):
         continue
     ids = ",".join(map(str, json.load(open(os.path.join(d, "ref.json")))["input_ids"]))
     res = {}
@@ -84,6 +84,12 @@ for name in sorted(os.listdir(FIX)) if os.path.isdir(FIX) else []:
               f"  (margin>0.05: {agree[sure].sum()}/{sure.sum()})  nan={int(np.isnan(a).sum())}")
 PY
 echo "($(( $(date +%s) - T0 )) s)"
+if [ -d "$FIX/qwen3_5_moe_text" ]; then
+    echo "== doctor moe, BF16 experts (qwen3_5_moe_text fixture)"
+    timeout 15 "$BIN" doctor --device cuda --families moe --model-path "$FIX/qwen3_5_moe_text" --m 1,5,64,300 \
+        --backends cuda_grouped_gemm,cuda_expert_loop 2>"$OUT/doctorbf16.err"
+    echo "rc=$?"; tail -n 3 "$OUT/doctorbf16.err"
+fi
 
 echo "== compute-sanitizer memcheck, cuda_grouped_gemm"
 M1=$FIX/qwen3_5_moe_text-nvfp4

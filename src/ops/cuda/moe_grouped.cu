@@ -2,7 +2,8 @@
  * (reference/qwen35-and-nvfp4.md 2.5), for large batches:
  *   p = softmax(x·W_routerᵀ) over E (fp32), top-k (ties: lower index), renormalised
  *   y = Σ_j w_j · down_e(silu(gate_e(x)) · up_e(x)) + sigmoid(x·w_sg) · shared(x)
- * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 (ModelOpt).
+ * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 (ModelOpt)
+ * or BF16 (all of a layer's the same kind, the shared expert included).
  *
  * Everything stays on the device (no host round trip, no allocation after the
  * first call of a given size), six launches:
@@ -38,10 +39,12 @@
  * So a lane's B fragments for one weight row are 8 bytes of E2M1 codes and one
  * E4M3 block scale, decoded in registers (cu_e2m1x8_to_bf16x8, exact times the
  * scale in bf16); scale2 is applied in fp32 in the epilogue.
- * Two loader flavours: cp.async (K multiple of 64, 16-byte aligned codes,
- * 4-byte aligned scales: every real checkpoint) and a plain-load one for the
- * small fixtures (any K multiple of 16, any alignment); A always uses cp.async
- * (x rows 16-byte aligned, H multiple of 8).
+ * Three weight loaders: NVFP4 by cp.async (K multiple of 64, 16-byte aligned
+ * codes, 4-byte aligned scales: every real checkpoint), NVFP4 by plain loads
+ * for the small fixtures (any K multiple of 16, any alignment), and BF16 by
+ * cp.async (the B fragments read straight from shared memory, like A; 83 KB of
+ * dynamic shared memory at BM = 64). A always uses cp.async (x rows 16-byte
+ * aligned, H multiple of 8).
  *
  * Workspace: per device, grown on first use and never shrunk; superseded buffers
  * are kept (not freed) so that a CUDA graph captured with them stays valid. The
@@ -73,7 +76,7 @@ enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF }
 typedef struct mg_tab {
     const moe_w *key;
     int n;               /* entries (E + 1) */
-    int fast_gu, fast_dn;/* cp.async loaders usable for gate/up, for down */
+    int ld_gu, ld_dn;    /* weight loaders (MG_LD_*) of the gate/up and the down GEMM */
     mg_expert *host, *dev;
 } mg_tab;
 
@@ -341,12 +344,23 @@ struct mg_geo {
     static constexpr int BNW = WN * 32;              /* weight rows per CTA tile */
 };
 
-template <int BM>
-struct mg_smem {
+/* Weight loaders: NVFP4 by cp.async (K % 64 == 0, codes 16-byte and scales
+ * 4-byte aligned), NVFP4 by plain loads (any K % 16 == 0, any alignment), BF16
+ * by cp.async (K % 8 == 0, 16-byte aligned rows). */
+enum { MG_LD_FP4 = 0, MG_LD_FP4_PLAIN = 1, MG_LD_BF16 = 2 };
+
+template <int BM, int LD>
+struct mg_smem { /* NVFP4 */
     bf16 a[MG_STAGES][BM][MG_APAD];                     /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
     uint8_t b[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 2];   /* weight rows' E2M1 codes for k0..k0+63 */
     uint8_t s[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 16];  /* their 4 block scales */
     int pair[BM];                                       /* perm of the tile's rows (-1: padding) */
+};
+template <int BM>
+struct mg_smem<BM, MG_LD_BF16> {
+    bf16 a[MG_STAGES][BM][MG_APAD];
+    bf16 b[MG_STAGES][mg_geo<BM>::BNW][MG_APAD];        /* weight rows, k0..k0+63, padded as A */
+    int pair[BM];
 };
 
 /* Grouped GEMM over the tiles of the plan (blockIdx.y = tile of BM rows, one
@@ -354,9 +368,9 @@ struct mg_smem {
  * 0..BNW/2-1 = gate rows n0.., BNW/2..BNW-1 = up rows n0.. (n0 = blockIdx.x ·
  * BNW/2); out hbuf [R, ldh] = silu(gate·s2g)·(up·s2u). Else (down): A = hbuf
  * rows (K = I_e), weight rows = down rows n0..n0+BNW-1 (n0 = blockIdx.x · BNW);
- * out dbuf [pair, H] = wts[pair] · s2d · down. FAST: cp.async weight loads
- * (K % 64 == 0, codes 16-byte and scales 4-byte aligned). */
-template <bool GATEUP, bool FAST, int BM>
+ * out dbuf [pair, H] = wts[pair] · s2d · down. LD: the weight loader (MG_LD_*).
+ * Shared memory is dynamic (sizeof(mg_smem<BM, LD>), above 48 KB for BF16). */
+template <bool GATEUP, int LD, int BM>
 __global__ void __launch_bounds__(MG_THREADS, 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
@@ -364,7 +378,8 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                    bf16 *__restrict__ dbuf) {
     typedef mg_geo<BM> G;
     constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT;
-    __shared__ __align__(16) mg_smem<BM> sm;
+    extern __shared__ __align__(16) unsigned char mg_dsm[];
+    mg_smem<BM, LD> &sm = *reinterpret_cast<mg_smem<BM, LD> *>(mg_dsm);
     const int tile = blockIdx.y;
     if (tile >= *n_tiles) return;
     const int ex = tile_e[tile];
@@ -404,7 +419,15 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
             const int n = n0 + (up ? row - HALF : row);
             const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
             const bool nok = n < N;
-            if (FAST) {
+            if constexpr (LD == MG_LD_BF16) {
+                /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+#pragma unroll
+                for (int q = half; q < 8; q += 2) {
+                    const int kk = k0 + q * 8;
+                    const bool ok = nok && kk < K;
+                    mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
+                }
+            } else if constexpr (LD == MG_LD_FP4) {
                 const bool ok = nok && k0 + half * 32 < K;
                 mg_cp16(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok);
                 if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
@@ -453,12 +476,19 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         uint32_t bf[4][8];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
-            const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
-            cu_e2m1x8_to_bf16x8(cw.x, &bf[j][0]);
-            cu_e2m1x8_to_bf16x8(cw.y, &bf[j][4]);
+            if constexpr (LD == MG_LD_BF16) {
+                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
+                const uint4 v0 = pw[0], v1 = pw[1];
+                bf[j][0] = v0.x; bf[j][1] = v0.y; bf[j][2] = v0.z; bf[j][3] = v0.w;
+                bf[j][4] = v1.x; bf[j][5] = v1.y; bf[j][6] = v1.z; bf[j][7] = v1.w;
+            } else {
+                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
+                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
+                cu_e2m1x8_to_bf16x8(cw.x, &bf[j][0]);
+                cu_e2m1x8_to_bf16x8(cw.y, &bf[j][4]);
 #pragma unroll
-            for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
+                for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
+            }
         }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
@@ -519,19 +549,38 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     }
 }
 
-/* Launch the gate/up or down GEMM for tile height BM, picking the loader. */
+/* Launch one instantiation; its dynamic shared memory limit is raised once
+ * (per process: the attribute is per function, not per call). */
+template <bool GATEUP, int LD, int BM>
+static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                                   const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                                   const float *wts, bf16 *dbuf, cudaStream_t st) {
+    const size_t smem = sizeof(mg_smem<BM, LD>);
+    static int raised; /* benign race: setting the same attribute twice is harmless */
+    if (smem > 48 * 1024 && !raised) {
+        cudaError_t c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (c != cudaSuccess) return c;
+        raised = 1;
+    }
+    mg_gemm_kernel<GATEUP, LD, BM><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                   dbuf);
+    return cudaGetLastError();
+}
+
+/* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld. */
 template <bool GATEUP, int BM>
-static void mg_gemm_launch(int fast, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
-                           const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                           const float *wts, bf16 *dbuf, cudaStream_t st) {
+static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
+                                  const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf,
+                                  int ldh, const float *wts, bf16 *dbuf, cudaStream_t st) {
     constexpr int per = GATEUP ? mg_geo<BM>::BNW / 2 : mg_geo<BM>::BNW; /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
-    if (fast)
-        mg_gemm_kernel<GATEUP, true, BM><<<grid, MG_THREADS, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf);
-    else
-        mg_gemm_kernel<GATEUP, false, BM><<<grid, MG_THREADS, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf);
+    if (ld == MG_LD_FP4)
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+    if (ld == MG_LD_FP4_PLAIN)
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4_PLAIN, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                            st);
+    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
 }
 
 /* ---- 6: combine ----------------------------------------------------------------- */
@@ -572,8 +621,8 @@ static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t
         snprintf(why, n, "activations must be BF16");
         return 0;
     }
-    if (s->wk != W_NVFP4) {
-        snprintf(why, n, "needs NVFP4 experts (decoded in registers; BF16 experts run in cuda_expert_loop)");
+    if (s->wk != W_NVFP4 && s->wk != W_BF16) {
+        snprintf(why, n, "needs NVFP4 or BF16 experts");
         return 0;
     }
     if (s->top_k < 1 || s->top_k > MG_MAXK || s->top_k > s->E || s->E > MG_MAXE) {
@@ -588,13 +637,17 @@ static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t
     return 1;
 }
 
-/* Fill ws->scratch from w (E routed experts + the shared one) and find or
- * refresh the device copy; *out = its cache entry. */
+/* Fill ws->scratch from w (E routed experts + the shared one, all NVFP4 or all
+ * BF16), pick the loaders, and find or refresh the device copy; *out = its
+ * cache entry. */
 static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls_err *e) {
     const int E = w->n_experts, H = w->hidden, Is = w->shared_inter > 0 ? w->shared_inter : 0;
     if (!ws->scratch) ws->scratch = (mg_expert *)xcalloc(MG_MAXE + 1, sizeof(mg_expert));
     mg_expert *sc = ws->scratch;
-    int fast_gu = H % 64 == 0, fast_dn = 1;
+    const w_kind wk = w->gate[0].kind;
+    if (wk != W_NVFP4 && wk != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s experts (takes NVFP4 or BF16)", w_kind_name(wk));
+    int fast_gu = H % 64 == 0, fast_dn = 1; /* NVFP4 cp.async loaders usable */
     for (int x = 0; x <= E; x++) {
         const lin_w *l[3];
         int I;
@@ -611,13 +664,21 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
         for (int q = 0; q < 3; q++) {
             const int wantN = q < 2 ? I : H, wantK = q < 2 ? H : I;
             const char *what = x < E ? "expert" : "shared expert";
-            if (l[q]->kind != W_NVFP4)
-                return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s %d weight %s is %s, needs NVFP4", what, x,
-                            l[q]->name ? l[q]->name : "?", w_kind_name(l[q]->kind));
+            if (l[q]->kind != wk)
+                return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s %d weight %s is %s, expert 0's gate is %s",
+                            what, x, l[q]->name ? l[q]->name : "?", w_kind_name(l[q]->kind), w_kind_name(wk));
             if (l[q]->N != wantN || l[q]->K != wantK)
                 return errf(e, ERR_INVAL, "cuda_grouped_gemm: %s %d weight %s is [%d, %d], expected [%d, %d]", what, x,
                             l[q]->name ? l[q]->name : "?", l[q]->N, l[q]->K, wantN, wantK);
             sc[x].w[q] = (const uint8_t *)l[q]->data;
+            if (wk == W_BF16) { /* rows of K bf16 read as 16-byte chunks (K % 16 == 0 checked) */
+                if ((uintptr_t)l[q]->data & 15)
+                    return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: BF16 weight %s not 16-byte aligned",
+                                l[q]->name ? l[q]->name : "?");
+                sc[x].s[q] = NULL;
+                sc[x].s2[q] = 1.f;
+                continue;
+            }
             sc[x].s[q] = l[q]->scale;
             sc[x].s2[q] = l[q]->scale2;
             const int ok = !((uintptr_t)l[q]->data & 15) && !((uintptr_t)l[q]->scale & 3);
@@ -656,8 +717,8 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
             return cu_fail(e, c, "cuda_grouped_gemm expert table");
         }
     }
-    te->fast_gu = fast_gu;
-    te->fast_dn = fast_dn;
+    te->ld_gu = wk == W_BF16 ? MG_LD_BF16 : fast_gu ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
+    te->ld_dn = wk == W_BF16 ? MG_LD_BF16 : fast_dn ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
     *out = te;
     return 0;
 }
@@ -699,20 +760,16 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
     CU_LAUNCHED(e, "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
-    if (bm == 16)
-        mg_gemm_launch<true, 16>(tab->fast_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                 dbuf, st);
-    else
-        mg_gemm_launch<true, 64>(tab->fast_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                 dbuf, st);
-    CU_LAUNCHED(e, "cuda_grouped_gemm gate/up");
-    if (bm == 16)
-        mg_gemm_launch<false, 16>(tab->fast_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                  dbuf, st);
-    else
-        mg_gemm_launch<false, 64>(tab->fast_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                  dbuf, st);
-    CU_LAUNCHED(e, "cuda_grouped_gemm down");
+    cudaError_t c = bm == 16 ? mg_gemm_launch<true, 16>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
+                                                        k, x, hbuf, ldh, wts, dbuf, st)
+                             : mg_gemm_launch<true, 64>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
+                                                        k, x, hbuf, ldh, wts, dbuf, st);
+    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm gate/up");
+    c = bm == 16 ? mg_gemm_launch<false, 16>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                             ldh, wts, dbuf, st)
+                 : mg_gemm_launch<false, 64>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                             ldh, wts, dbuf, st);
+    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm down");
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");
     if (a->topk_idx)

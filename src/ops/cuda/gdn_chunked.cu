@@ -259,12 +259,13 @@ __device__ __forceinline__ void gc_stc(bf16 *M, int ld, int r0, int c0, const fl
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
 /* Shared memory of gc_chunk_kernel<DK, DV> (bytes): BF16 tiles Qs, Ks, KBs, Ws [64][DK+8],
- * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64]. */
+ * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
+ * Ys [3][16][16]. */
 template <int DK, int DV>
 struct gc_layout {
     static constexpr int LK = DK + 8, LV = DV + 8, LT = GC_CHUNK + 8, LF = GC_CHUNK + 1;
     static constexpr size_t bf16s = 4 * GC_CHUNK * LK + GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
-    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK;
+    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK + 3 * 256;
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     bf16 *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
     bf16 *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
-    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C;
+    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
 
     const int j = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -420,21 +421,54 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             }
         }
         __syncthreads();
-        /* (d) T = (I + A)⁻¹: column cc = tid / 4, four lanes split the sum over m;
-         * X[i][cc] = δ_{i,cc} − Σ_{m<i} A[i][m] X[m][cc] (X[m][cc] = 0 for m < cc) */
+        /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
+         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
+         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         *      the other warps zero the blocks off the diagonal.
+         * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
+         *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
         {
-            const int cc = tid >> 2, sub = tid & 3;
-            for (int i = sub; i < C; i += 4) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
-            __syncwarp();
-            for (int i = 1; i < C; i++) {
-                float p = 0.f;
-                for (int m = sub; m < i; m += 4) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
-                p += __shfl_xor_sync(0xffffffffu, p, 1);
-                p += __shfl_xor_sync(0xffffffffu, p, 2);
-                if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
-                __syncwarp();
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
             }
-            for (int i = sub; i < C; i += 4) Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            if (w < 4) {
+                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1;
+                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
+                __syncwarp();
+                for (int i = b0 + 1; i < b0 + 16; i++) {
+                    float p = 0.f;
+                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
+                    p += __shfl_xor_sync(0xffffffffu, p, 1);
+                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
+                    __syncwarp();
+                }
+            }
+            __syncthreads();
+            for (int d = 1; d < 4; d++) {
+                const int nb = 4 - d; /* blocks (jb + d, jb), jb < nb */
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *ar = Af + (16 * ib + r) * LF;
+                    float y = 0.f;
+                    for (int m = 16 * jb; m < 16 * ib; m++) y = fmaf(ar[m], Xf[m * LF + 16 * jb + cc], y);
+                    Ys[x] = y;
+                }
+                __syncthreads();
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *xr = Xf + (16 * ib + r) * LF + 16 * ib;
+                    float v = 0.f;
+#pragma unroll
+                    for (int m = 0; m < 16; m++) v = fmaf(xr[m], Ys[(jb << 8) + m * 16 + cc], v);
+                    Xf[(16 * ib + r) * LF + 16 * jb + cc] = -v;
+                }
+                __syncthreads();
+            }
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            }
         }
         __syncthreads();
         /* (e) U = T vβ (kept in registers), W = T (kβ e^γ) -> Ws as −W */

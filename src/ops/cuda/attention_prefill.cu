@@ -49,7 +49,6 @@ static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 
 
 /* ---- fragment helpers ------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t fp_ld32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -62,6 +61,14 @@ __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
 __device__ __forceinline__ void fp_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Four 8×8 BF16 matrices: register i of lane (g, t) receives matrix i's (row g, cols 2t, 2t + 1). */
+__device__ __forceinline__ void fp_ldsm_x4(uint32_t r[4], const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
@@ -152,6 +159,17 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
 #pragma unroll
     for (int n = 0; n < OT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
+    /* Q fragments: lane l addresses matrix mi = l/8 row l%8 at tile row 16w + (mi&1)·8 + l%8, dim (mi>>1)·8
+     * (+ 16kk): regs = a0..a3 of the m16n8k16 A operand. Kept in registers for HD <= 128. */
+    constexpr bool QREG = HD <= 128;
+    const bf16 *qa = Qs + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
+        fp_cp_wait<0>(); /* Q (and the first K/V tile) landed */
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
+    }
     for (int it = 0; it < n_it; it++) {
         const int kt = z + it * nsplit, st = it & 1;
         if (it + 1 < n_it) load_kv(kt + nsplit, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
@@ -160,22 +178,27 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
         __syncthreads();
         const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
 
-        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous) */
+        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous).
+         * K fragments of two key n-tiles per ldmatrix.x4: lane l addresses matrix mi = l/8 row l%8 at
+         * key 16np + (mi>>1)·8 + l%8, dim 16kk + (mi&1)·8: regs 0,1 = (b0, b1) of n-tile 2np, regs 2,3 of 2np + 1 */
         float sc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        const bf16 *kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4];
-            const bf16 *qa = Qs + rA * LD + kk * 16 + 2 * t;
-            a[0] = fp_ld32(qa);
-            a[1] = fp_ld32(qa + 8 * LD);
-            a[2] = fp_ld32(qa + 8);
-            a[3] = fp_ld32(qa + 8 * LD + 8);
+            if (QREG) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                fp_ldsm_x4(a, qa + kk * 16);
+            }
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const bf16 *kb = Ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                cu_mma_bf16_16816(sc[n], a, fp_ld32(kb), fp_ld32(kb + 8));
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4(b, kb + np * 16 * LD + kk * 16);
+                cu_mma_bf16_16816(sc[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(sc[2 * np + 1], a, b[2], b[3]);
             }
         }
         /* mask, scale to log2 units; accumulator (n, e): row rA (e < 2) or rB, key kt·BN + 8n + 2t + (e & 1) */

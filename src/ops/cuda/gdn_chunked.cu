@@ -343,54 +343,52 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
     for (int c0 = 0; c0 < T; c0 += C) {
         const int L = min(C, T - c0);
-        /* (a) the chunk: warp w takes rows w, w + 8, ...; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v */
-        for (int i = w; i < C; i += 8) {
-            float qv[DK / 32], kv[DK / 32], vv[DV / 32];
-            float gi = 0.f, bi = 0.f;
-            if (i < L) {
-                const float *ct = c + (size_t)(row0 + c0 + i) * D;
+        /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
+         * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
+        for (int i0 = w; i0 < C; i0 += 32) {
+            float qv[4][DK / 32], kv[4][DK / 32], vv[4][DV / 32], gi[4], bi[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
+                const bool ok = i < L; /* warp-uniform */
+                const float *ct = c + (size_t)(row0 + c0 + (ok ? i : 0)) * D;
+                const size_t gr = (size_t)(row0 + c0 + (ok ? i : 0)) * nv + j;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    qv[r][e] = ok ? ct[(size_t)kh * DK + lane + 32 * e] : 0.f;
+                    kv[r][e] = ok ? ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e] : 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < DV / 32; e++) vv[r][e] = ok ? ct[(size_t)2 * nk * DK + (size_t)j * DV + lane + 32 * e] : 0.f;
+                gi[r] = ok ? gb[2 * gr] : 0.f;
+                bi[r] = ok ? gb[2 * gr + 1] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
                 float sq = 0.f, sk = 0.f;
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] = ct[(size_t)kh * DK + lane + 32 * e];
-                    kv[e] = ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e];
-                    sq += qv[e] * qv[e];
-                    sk += kv[e] * kv[e];
+                    sq += qv[r][e] * qv[r][e];
+                    sk += kv[r][e] * kv[r][e];
                 }
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = ct[(size_t)2 * nk * DK + (size_t)j * DV + lane + 32 * e];
 #pragma unroll
                 for (int o = 16; o; o >>= 1) {
                     sq += __shfl_xor_sync(0xffffffffu, sq, o);
                     sk += __shfl_xor_sync(0xffffffffu, sk, o);
                 }
-                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
-                const size_t r = (size_t)(row0 + c0 + i) * nv + j;
-                gi = gb[2 * r];
-                bi = gb[2 * r + 1];
+                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] *= rq;
-                    kv[e] *= rk;
+                    Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[r][e] * rq);
+                    Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[r][e] * rk);
                 }
 #pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] *= bi;
-            } else {
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) qv[e] = kv[e] = 0.f;
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = 0.f;
-            }
-#pragma unroll
-            for (int e = 0; e < DK / 32; e++) {
-                Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[e]);
-                Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[e]);
-            }
-#pragma unroll
-            for (int e = 0; e < DV / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[e]);
-            if (lane == 0) {
-                gin[i] = gi;
-                bet[i] = bi;
+                for (int e = 0; e < DV / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[r][e] * bi[r]);
+                if (lane == 0) {
+                    gin[i] = gi[r];
+                    bet[i] = bi[r];
+                }
             }
         }
         __syncthreads();

@@ -285,6 +285,13 @@ static const void *for_shape(const ops_sel *s, int f, const void *sel, sup_fn su
     return NULL;
 }
 
+/* During CUDA graph capture only graph_safe backends may run (ops.h). */
+static int refuse_uncapturable(const ops_sel *s, int f, const char *name, int safe, ls_err *e) {
+    if (!s->capturing || safe) return 0;
+    return errf(e, ERR_UNSUPPORTED, "%s backend '%s' is not capture-safe (graph_safe = 0)", k_fam_name[f],
+                name);
+}
+
 static int sup_gemm(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
     const gemm_impl *g = impl;
     return !g->supported || g->supported(d, shape, why, n);
@@ -312,6 +319,7 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
         if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e)))
             return err_prefix(e, "%s", w->name ? w->name : "linear");
     }
+    if (refuse_uncapturable(s, fp4 ? F_FP4 : F_GEMM, g->name, g->graph_safe, e)) return e->code;
     return g->run(&a, s->stream, e);
 }
 
@@ -320,6 +328,7 @@ int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
                     .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt};
     const moe_impl *g = for_shape(s, F_MOE, s->moe, sup_moe, &sh, e);
+    if (g && refuse_uncapturable(s, F_MOE, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 
@@ -328,6 +337,7 @@ int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e) {
                      .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .gated = a->gate != NULL,
                      .dt = a->dt};
     const attn_impl *g = for_shape(s, F_ATTN, s->attn, sup_attn, &sh, e);
+    if (g && refuse_uncapturable(s, F_ATTN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 
@@ -336,6 +346,7 @@ int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e) {
     gdn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .nk = w->nk, .nv = w->nv, .dk = w->dk,
                     .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt};
     const gdn_impl *g = for_shape(s, F_GDN, s->gdn, sup_gdn, &sh, e);
+    if (g && refuse_uncapturable(s, F_GDN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 

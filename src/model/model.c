@@ -571,14 +571,15 @@ static int cache_alloc(const model *m, const model_cache_opts *o, mcache *c, ls_
  * (base NULL: sizes only). */
 static size_t ws_layout(const model *m, int T, char *base, mws *w) {
     const model_config *c = &m->cfg;
-    const size_t es = act_size(m->ops.act), t = (size_t)T;
-    size_t off = 0;
+    const size_t t = (size_t)T;
+    size_t off = 0, es = sizeof(float);
 #define TAKE(field, cols)                                              \
     do {                                                               \
         w->field = base ? base + off : NULL;                           \
         off += align256(t * (size_t)(cols) * es);                      \
     } while (0)
-    TAKE(h, c->hidden);
+    TAKE(h, c->hidden); /* the residual stream: fp32 on every device */
+    es = act_size(m->ops.act);
     TAKE(u, c->hidden);
     TAKE(o, c->hidden);
     TAKE(hl, c->hidden);
@@ -907,33 +908,36 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
     const ls_stream st = m->ops.stream;
     const int H = cfg->hidden, T = f->n_tok;
     mws *w = f->ws;
-    int rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->h, dt, st), "embedding lookup", -1, e);
+    /* The residual stream h is fp32 on every device (BF16 rounding of the running sum is what
+     * the hybrid models amplify most, bench/gpu_forward_results.md): each block's output o
+     * (activation dtype) is added to it by the norm that follows, which writes the next
+     * block's input u. The embedding goes through o into the first add (init). */
+    int rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->o, dt, st), "embedding lookup", -1, e);
     /* with TP, a rank that failed keeps meeting the others at the all-reduces */
     const size_t TH = (size_t)T * H;
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_w *L = &m->layers[l];
         if (!rc)
-            rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
-                            "input norm", l, e);
+            rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, l == 0, L->in_norm, m->norm_kind, cfg->rms_eps,
+                                            w->u, dt, st), "residual add + input norm", l, e);
         if (!rc)
             rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(f, l, w->u, w->o, e)
                                             : next_gdn_forward(f, l, w->u, w->o, e);
         if (m->grp) tp_allreduce(m, w->o, TH);
-        if (!rc) rc = mdl_op_err(so->add((int64_t)TH, w->o, w->h, dt, st), "residual add", l, e);
         if (!rc)
-            rc = mdl_op_err(so->rmsnorm(T, H, w->h, L->post_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
-                            "post-attention norm", l, e);
+            rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps,
+                                            w->u, dt, st), "residual add + post-attention norm", l, e);
         if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);
         if (m->grp) tp_allreduce(m, w->o, TH);
-        if (!rc) rc = mdl_op_err(so->add((int64_t)TH, w->o, w->h, dt, st), "residual add", l, e);
     }
     if (!rc && m->grp) rc = tp_status(m, e);
     if (rc || m->rank > 0) return rc; /* rank 0 alone computes the logits */
-    /* rows that want logits: all new tokens (logits_all) or the last one */
-    if ((rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->h, w->hl, dt, st), "logits row gather",
-                         -1, e)) ||
-        (rc = mdl_op_err(so->rmsnorm(n_rows, H, w->hl, m->final_norm, m->norm_kind, cfg->rms_eps, w->hl,
-                                     dt, st), "final norm", -1, e)))
+    /* the last add with the final norm (every row: as cheap as a gather), then the rows that
+     * want logits: all new tokens (logits_all) or the last one */
+    if ((rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, cfg->n_layers == 0, m->final_norm, m->norm_kind,
+                                         cfg->rms_eps, w->u, dt, st), "residual add + final norm", -1, e)) ||
+        (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hl, dt, st), "logits row gather",
+                         -1, e)))
         return rc;
     if (m->ops.dev.kind == DEV_CPU) return ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, cpu_logits, 0, e);
     /* other devices: logits stay on the device in the activation dtype */
@@ -1008,14 +1012,17 @@ static mgraph *graph_for(model *m, int n) {
 /* n single-token sequences on the scratch slot and page, run eagerly and
  * thrown away: grows every backend's workspace to its size for n tokens and
  * makes the backends' lazily uploaded tables resident, so that a capture
- * afterwards records kernels only. */
-static int graph_warmup(model *m, mcache *c, int n, ls_err *e) {
+ * afterwards records kernels only. rehearse: with the backends a capture
+ * picks (ops_sel.capturing = 2). */
+static int graph_warmup(model *m, mcache *c, int n, int rehearse, ls_err *e) {
     fwd_seq *s = xmalloc(sizeof *s * (size_t)n);
     int32_t *ids = xcalloc((size_t)n, sizeof *ids);
     for (int i = 0; i < n; i++)
         s[i] = (fwd_seq){.slot = m->scratch_slot, .n_past = 0, .n_new = 1, .pages = &m->scratch_page};
     fwd_batch wb = {.n_seq = n, .seqs = s, .ids = ids};
+    m->ops.capturing = rehearse ? 2 : 0; /* the backends the capture will choose */
     int nr, rc = forward_eager(m, c, &wb, &nr, e);
+    m->ops.capturing = 0;
     if (!rc) rc = m->mem->sync(m->ops.stream, e);
     free(s);
     free(ids);
@@ -1042,10 +1049,10 @@ static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done,
     if (g->state == 0) {
         if (m->warm_gen != m->graph_gen) {
             /* every backend at its largest step's workspace, so no later eager step moves one */
-            if ((rc = graph_warmup(m, c, m->ws.cap_tok, e))) return rc;
+            if ((rc = graph_warmup(m, c, m->ws.cap_tok, 0, e))) return rc;
             m->warm_gen = m->graph_gen;
         }
-        if ((rc = graph_warmup(m, c, B, e))) return rc;
+        if ((rc = graph_warmup(m, c, B, 1, e))) return rc;
         if ((rc = ws_reserve(m, B, B, P + (B - n), e))) return rc;
     }
     /* the padded batch: rows n..B-1 on the scratch slot and page, not sampled */

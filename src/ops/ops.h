@@ -315,6 +315,13 @@ typedef struct small_ops {
      * Picks the rows that want logits. y must not alias x. */
     int (*gather_rows)(int n, int cols, const int32_t *idx, const void *x, void *y, act_dtype dt,
                        ls_stream s);
+    /* (additive) The residual add fused with the RMSNorm that follows it, the
+     * residual stream h kept in fp32 whatever the activation dtype:
+     *   h[r] = x[r] (init) or h[r] + x[r];  y[r] = norm(h[r]), as rmsnorm.
+     * h [rows, cols] fp32 (read and written); x, y [rows, cols] of dtype dt;
+     * y may alias x, never h. */
+    int (*add_rmsnorm)(int rows, int cols, float *h, const void *x, int init, const float *w,
+                       rms_kind kind, float eps, void *y, act_dtype dt, ls_stream s);
     int graph_safe;      /* (additive) every op above is capturable into a CUDA graph */
 } small_ops;
 
@@ -395,8 +402,11 @@ typedef struct ops_sel {
     unsigned auto_fam;   /* bit per family chosen by "auto" (1 gemm, 2 fp4_gemm, 4 moe, 8 attention,
                             16 gdn): the run helpers below then fall back, per call, to the first
                             backend of the device whose supported() takes the call's shape */
-    int capturing;       /* (additive) a CUDA graph is being captured on `stream`: the run helpers
-                            refuse (ERR_UNSUPPORTED, naming it) a backend that is not graph_safe */
+    int capturing;       /* (additive) 1: a CUDA graph is being captured on `stream`: a family chosen
+                            by "auto" takes its first graph_safe backend that fits the shape, and
+                            the run helpers refuse (ERR_UNSUPPORTED, naming it) a backend that is
+                            not graph_safe; 2: the rehearsal before a capture: the same choice,
+                            nothing refused */
 } ops_sel;
 
 /* Resolve names for device d. An unknown name, or one of another device, is

@@ -1,8 +1,10 @@
 /* test_graph_ops.c: what ops.h promises for CUDA graph capture, checked on
  * the CPU: while ops_sel.capturing is set, the run helpers refuse a backend
  * whose graph_safe flag is 0 (ERR_UNSUPPORTED naming the family and the
- * backend, and the backend never runs), run one whose flag is 1, and behave
- * as before once capturing is cleared; every CPU backend declares itself not
+ * backend, and the backend never runs) unless the family was chosen by
+ * "auto" and a capture-safe backend takes the shape (then that one runs),
+ * run one whose flag is 1, refuse nothing in the rehearsal (capturing = 2),
+ * and behave as before once capturing is cleared; every CPU backend declares itself not
  * capture-safe (the CPU never captures). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -57,9 +59,23 @@ static void test_capture_refuses_backends_not_graph_safe(void **st) {
     assert_int_equal(ops_moe_run(&s, &a, &e), 0);
     assert_int_equal(g_runs, 1);
     s.moe = &moe_unsafe;
-    s.capturing = 0;
+    s.capturing = 2; /* the rehearsal before a capture: nothing refused */
     assert_int_equal(ops_moe_run(&s, &a, &e), 0);
     assert_int_equal(g_runs, 2);
+    s.capturing = 0;
+    assert_int_equal(ops_moe_run(&s, &a, &e), 0);
+    assert_int_equal(g_runs, 3);
+    /* a family chosen by auto trades the unsafe backend for a capture-safe one that takes the shape */
+    assert_int_equal(ops_moe_register(&moe_safe), 0);
+    s.capturing = 1;
+    assert_true(s.auto_fam & 4);
+    g_runs = 0;
+    assert_int_equal(ops_moe_run(&s, &a, &e), 0);
+    assert_int_equal(g_runs, 1);
+    s.auto_fam &= ~4u; /* named: never replaced, refused */
+    assert_int_equal(ops_moe_run(&s, &a, &e), ERR_UNSUPPORTED);
+    assert_int_equal(g_runs, 1);
+    s.capturing = 0;
     /* a linear through the CPU gemm while capturing: refused, naming it */
     float wl[4 * H], yl[M * 4];
     for (int i = 0; i < 4 * H; i++) wl[i] = 0.1f * i;
@@ -76,8 +92,9 @@ static void test_cpu_backends_are_not_graph_safe(void **st) {
         if (ops_gemm_at(i)->dev == DEV_CPU) { assert_int_equal(ops_gemm_at(i)->graph_safe, 0); n++; }
     for (int i = 0; i < ops_fp4_gemm_count(); i++)
         if (ops_fp4_gemm_at(i)->dev == DEV_CPU) assert_int_equal(ops_fp4_gemm_at(i)->graph_safe, 0);
-    for (int i = 0; i < ops_moe_count(); i++)
-        if (ops_moe_at(i)->dev == DEV_CPU) assert_int_equal(ops_moe_at(i)->graph_safe, 0);
+    for (int i = 0; i < ops_moe_count(); i++) /* test_safe: registered by the test above */
+        if (ops_moe_at(i)->dev == DEV_CPU && strcmp(ops_moe_at(i)->name, "test_safe"))
+            assert_int_equal(ops_moe_at(i)->graph_safe, 0);
     for (int i = 0; i < ops_attn_count(); i++)
         if (ops_attn_at(i)->dev == DEV_CPU) assert_int_equal(ops_attn_at(i)->graph_safe, 0);
     for (int i = 0; i < ops_gdn_count(); i++)
@@ -89,6 +106,8 @@ static void test_cpu_backends_are_not_graph_safe(void **st) {
     /* the CUDA flags this build relies on: the host round trip of the expert loop is not capturable */
     assert_int_equal(ops_moe_find("cuda_expert_loop")->graph_safe, 0);
     assert_int_equal(ops_moe_find("cuda_fused_decode")->graph_safe, 1);
+    assert_int_equal(ops_moe_find("cuda_grouped_gemm")->graph_safe, 1);
+    assert_int_equal(ops_attn_find("cuda_flash_prefill")->graph_safe, 0); /* plans on the host */
     assert_int_equal(ops_attn_find("cuda_flash_decode")->graph_safe, 1);
     assert_int_equal(ops_gdn_find("cuda_recurrent")->graph_safe, 1);
 #endif

@@ -26,11 +26,19 @@
  * (V fragments through ldmatrix.trans). Shared rows are padded by 8 BF16 so
  * the fragment loads are bank-conflict free.
  *
+ * Split-K for small grids (decode): when tiles × kv heads would not fill the
+ * GPU twice, grid.z = nsplit blocks share each tile's keys round-robin by
+ * BN-key tiles (so every key is covered whatever the contexts: the plan only
+ * fixes nsplit, from seqs_host), write partials (row max, row sum, unnormalised
+ * O; fp32, a per-device workspace grown on demand) and fp_merge_kernel
+ * combines them and applies the gate.
+ *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
  */
 #include "ops/cuda/cu_util.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -41,7 +49,6 @@ static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 
 
 /* ---- fragment helpers ------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t fp_ld32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -54,6 +61,14 @@ __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
 __device__ __forceinline__ void fp_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Four 8×8 BF16 matrices: register i of lane (g, t) receives matrix i's (row g, cols 2t, 2t + 1). */
+__device__ __forceinline__ void fp_ldsm_x4(uint32_t r[4], const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
@@ -76,7 +91,9 @@ template <int HD, int BN>
 __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh,
                                                         int nkv, int P, float sl2, const bf16 *__restrict__ q,
                                                         const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
-                                                        const bf16 *__restrict__ V, bf16 *__restrict__ out) {
+                                                        const bf16 *__restrict__ V, bf16 *__restrict__ out,
+                                                        float *__restrict__ part_o, float *__restrict__ part_ml,
+                                                        int n_rows_total) {
     constexpr int LD = HD + 8;        /* shared row stride, elements */
     constexpr int NT = BN / 8;        /* key n-tiles of S per warp */
     constexpr int OT = HD / 8;        /* dim n-tiles of O per warp */
@@ -102,6 +119,10 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     const int nrows = min(FP_BM, n_new * grp - f0);
     const int kmax = n_past + (f0 + nrows - 1) / grp; /* last key any row of the tile sees */
     const int n_ktiles = kmax / BN + 1;
+    /* split-K (gridDim.z > 1): split z takes key tiles z, z + nsplit, ... (every key is covered
+     * whatever the contexts) and writes partials; fp_merge_kernel combines them */
+    const int z = blockIdx.z, nsplit = gridDim.z;
+    const int n_it = z < n_ktiles ? (n_ktiles - z + nsplit - 1) / nsplit : 0;
 
     /* stage Q [64, HD]: row r is flat row f0 + r (zeros past nrows) */
     for (int i = tid; i < FP_BM * CH; i += FP_THREADS) {
@@ -126,7 +147,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
             fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
         }
     };
-    load_kv(0, 0);
+    if (n_it > 0) load_kv(z, 0);
     fp_cp_commit(); /* group 0: Q and the first K/V tile */
 
     /* this thread's two rows: rA = 16w + g, rB = rA + 8; lim = last key it may see (-1: padding) */
@@ -138,30 +159,46 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
 #pragma unroll
     for (int n = 0; n < OT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
-    for (int kt = 0; kt < n_ktiles; kt++) {
-        const int st = kt & 1;
-        if (kt + 1 < n_ktiles) load_kv(kt + 1, st ^ 1); /* stage st^1 was freed by the sync ending kt-1 */
+    /* Q fragments: lane l addresses matrix mi = l/8 row l%8 at tile row 16w + (mi&1)·8 + l%8, dim (mi>>1)·8
+     * (+ 16kk): regs = a0..a3 of the m16n8k16 A operand. Kept in registers for HD <= 128. */
+    constexpr bool QREG = HD <= 128;
+    const bf16 *qa = Qs + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
+        fp_cp_wait<0>(); /* Q (and the first K/V tile) landed */
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
+    }
+    for (int it = 0; it < n_it; it++) {
+        const int kt = z + it * nsplit, st = it & 1;
+        if (it + 1 < n_it) load_kv(kt + nsplit, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
         fp_cp_commit();
         fp_cp_wait<1>(); /* everything but the newest group: tile kt (and Q) landed */
         __syncthreads();
         const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
 
-        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous) */
+        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous).
+         * K fragments of two key n-tiles per ldmatrix.x4: lane l addresses matrix mi = l/8 row l%8 at
+         * key 16np + (mi>>1)·8 + l%8, dim 16kk + (mi&1)·8: regs 0,1 = (b0, b1) of n-tile 2np, regs 2,3 of 2np + 1 */
         float sc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        const bf16 *kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4];
-            const bf16 *qa = Qs + rA * LD + kk * 16 + 2 * t;
-            a[0] = fp_ld32(qa);
-            a[1] = fp_ld32(qa + 8 * LD);
-            a[2] = fp_ld32(qa + 8);
-            a[3] = fp_ld32(qa + 8 * LD + 8);
+            if (QREG) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                fp_ldsm_x4(a, qa + kk * 16);
+            }
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const bf16 *kb = Ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                cu_mma_bf16_16816(sc[n], a, fp_ld32(kb), fp_ld32(kb + 8));
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4(b, kb + np * 16 * LD + kk * 16);
+                cu_mma_bf16_16816(sc[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(sc[2 * np + 1], a, b[2], b[3]);
             }
         }
         /* mask, scale to log2 units; accumulator (n, e): row rA (e < 2) or rB, key kt·BN + 8n + 2t + (e & 1) */
@@ -222,7 +259,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
                 cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
             }
         }
-        __syncthreads(); /* stage st is reloaded by iteration kt + 1 */
+        __syncthreads(); /* stage st is reloaded by iteration it + 1 */
     }
     fp_cp_wait<0>();
 
@@ -231,6 +268,24 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     for (int o2 = 1; o2 < 4; o2 <<= 1) {
         lA += __shfl_xor_sync(0xffffffffu, lA, o2);
         lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+    }
+    if (part_o) { /* split-K partial of output row (token, head): m (log2 units), l, unnormalised O */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? rB : rA;
+            if (r >= nrows) continue;
+            const int f = f0 + r;
+            const size_t prow = (size_t)z * n_rows_total + (size_t)(row0 + f / grp) * nh + kvh * grp + f % grp;
+            if (t == 0) {
+                part_ml[2 * prow] = half ? mB : mA;
+                part_ml[2 * prow + 1] = half ? lB : lA;
+            }
+#pragma unroll
+            for (int n = 0; n < OT; n++)
+                *reinterpret_cast<float2 *>(part_o + prow * HD + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        }
+        return;
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -253,7 +308,68 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     }
 }
 
+/* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
+ * M = max_z m_z, L = Σ l_z 2^{m_z − M}, out = (Σ O_z 2^{m_z − M}) / L, then the gate. */
+template <int HD>
+__global__ void fp_merge_kernel(int n_rows, int nsplit, const float *__restrict__ part_o,
+                                const float *__restrict__ part_ml, const bf16 *__restrict__ gate,
+                                bf16 *__restrict__ out) {
+    const size_t row = blockIdx.x;
+    const int lane = threadIdx.x;
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, part_ml[2 * ((size_t)z * n_rows + row)]);
+    float L = 0.f, acc[HD / 32];
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) acc[i] = 0.f;
+    for (int z = 0; z < nsplit; z++) {
+        const size_t pr = (size_t)z * n_rows + row;
+        const float l = part_ml[2 * pr + 1];
+        if (!(l > 0.f)) continue; /* a split that saw no key of this row */
+        const float f = exp2f(part_ml[2 * pr] - M);
+        L += l * f;
+#pragma unroll
+        for (int i = 0; i < HD / 32; i++) acc[i] += part_o[pr * HD + lane + 32 * i] * f;
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) {
+        const size_t at = row * HD + lane + 32 * i;
+        float v = acc[i] * inv;
+        if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
+        out[at] = __float2bfloat16_rn(v);
+    }
+}
+
 /* ---- host side --------------------------------------------------------------- */
+
+/* Per-device split-K workspace (grown, never shrunk) and SM count. */
+typedef struct fp_ws {
+    float *part;
+    size_t cap;
+    int n_sm;
+    pthread_mutex_t mu;
+    int init;
+} fp_ws;
+static fp_ws g_fpws[FP_MAX_DEV];
+static pthread_mutex_t g_fpws_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int fp_ws_lock(fp_ws **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= FP_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: device %d out of range", dev);
+    pthread_mutex_lock(&g_fpws_mu);
+    if (!g_fpws[dev].init) {
+        pthread_mutex_init(&g_fpws[dev].mu, NULL);
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
+        g_fpws[dev].n_sm = n;
+        g_fpws[dev].init = 1;
+    }
+    pthread_mutex_unlock(&g_fpws_mu);
+    pthread_mutex_lock(&g_fpws[dev].mu);
+    *out = &g_fpws[dev];
+    return 0;
+}
 
 static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_t n) {
     if (d->kind != DEV_CUDA) {
@@ -277,28 +393,78 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
     return 1;
 }
 
+/* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
+ * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average. */
+static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
+    const int grp = a->n_heads / a->n_kv_heads;
+    long tiles = 0;
+    int max_ctx = 0;
+    for (int i = 0; i < a->n_seq; i++) {
+        const attn_seq *q = &a->seqs_host[i];
+        tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
+        if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+    }
+    const long blocks = tiles * a->n_kv_heads;
+    if (blocks <= 0 || blocks >= 2L * n_sm) return 1;
+    long want = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 127) / 128, kt = (max_ctx + BN - 1) / BN;
+    long n = want < cap ? want : cap;
+    if (n > kt) n = kt;
+    if (n > 64) n = 64;
+    return n < 2 ? 1 : (int)n;
+}
+
 template <int HD, int BN>
 static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
-    /* opt in to more than 48 KB of shared memory, once per device */
+    fp_ws *ws;
+    int rc = fp_ws_lock(&ws, e);
+    if (rc) return rc;
+    /* opt in to more than 48 KB of shared memory, once per device (under the device's lock) */
     static int done[FP_MAX_DEV];
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= FP_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: device %d out of range", dev);
-    if (!__atomic_load_n(&done[dev], __ATOMIC_ACQUIRE)) {
-        CU_TRY(e, cudaFuncSetAttribute(fp_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-               "cuda_flash_prefill: shared memory opt-in");
-        __atomic_store_n(&done[dev], 1, __ATOMIC_RELEASE);
+    const int dev = (int)(ws - g_fpws);
+    if (!done[dev]) {
+        cudaError_t c = cudaFuncSetAttribute(fp_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&ws->mu);
+            return cu_fail(e, c, "cuda_flash_prefill: shared memory opt-in");
+        }
+        done[dev] = 1;
     }
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
-    dim3 grid((unsigned)tiles, a->n_kv_heads);
+    const int nsplit = fp_nsplit(a, ws->n_sm, BN);
+    const int n_rows = a->n_tok * a->n_heads;
+    float *po = NULL, *pml = NULL;
+    if (nsplit > 1) {
+        size_t need = sizeof(float) * (size_t)nsplit * n_rows * (HD + 2);
+        if (ws->cap < need) {
+            if (ws->part) {
+                cudaDeviceSynchronize(); /* growth only: the old buffer may still be in use */
+                cudaFree(ws->part);
+            }
+            ws->part = NULL;
+            ws->cap = 0;
+            cudaError_t c = cudaMalloc((void **)&ws->part, need);
+            if (c != cudaSuccess) {
+                pthread_mutex_unlock(&ws->mu);
+                return cu_fail(e, c, "cuda_flash_prefill: split-K workspace");
+            }
+            ws->cap = need;
+        }
+        po = ws->part;
+        pml = ws->part + (size_t)nsplit * n_rows * HD;
+    }
+    dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
     const float sl2 = a->scale * 1.4426950408889634f;
     fp_kernel<HD, BN><<<grid, FP_THREADS, smem, st>>>(a->n_seq, a->seqs, a->n_heads, a->n_kv_heads,
                                                        a->kv->page_size, sl2, (const bf16 *)a->q,
                                                        (const bf16 *)a->gate, (const bf16 *)a->kv->k,
-                                                       (const bf16 *)a->kv->v, (bf16 *)a->out);
-    CU_LAUNCHED(e, "attention cuda_flash_prefill");
+                                                       (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows);
+    if (nsplit > 1)
+        fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, (const bf16 *)a->gate, (bf16 *)a->out);
+    cudaError_t c = cudaGetLastError();
+    pthread_mutex_unlock(&ws->mu);
+    if (c != cudaSuccess) return cu_fail(e, c, "attention cuda_flash_prefill");
     return 0;
 }
 

@@ -5,14 +5,13 @@
  * (oldest first) and rec S [n_slots, nv, dk, dv], read and updated in place;
  * out [n_tok, nv, dv] = Sᵀq per token, BF16, before the gated norm.
  *
- * Both start with the same preparation kernel (a copy of cuda_recurrent's
- * conv step, so the conv state handling is the same): a thread per
- * (sequence, channel) runs the causal depthwise conv + SiLU over the
- * sequence's new tokens from its conv state (fp32 workspace c [n_tok,
- * conv_dim], state updated), and a thread per (sequence, v head) computes
- * g = -exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b) (workspace gb
- * [n_tok, nv, 2]). q and k are L2-normalised (q also scaled by dk^-0.5) by
- * the second kernel, which differs:
+ * Both start with the same preparation (the math of cuda_recurrent's conv
+ * step, parallel over tokens too): a thread per (sequence, channel, chunk of
+ * 16 tokens) runs the causal depthwise conv + SiLU from the slot's conv state
+ * (fp32 workspace c [n_tok, conv_dim]) and computes g = -exp(A_log)·
+ * softplus(a + dt_bias), β = sigmoid(b) (workspace gb [n_tok, nv, 2]); a
+ * second small kernel then rolls the conv state. q and k are L2-normalised
+ * (q also scaled by dk^-0.5) by the main kernel, which differs:
  *
  *   cuda_chunked   the chunkwise (WY / UT-transform) form of the gated delta
  *                  rule over chunks of 64 tokens (fla chunk_gated_delta_rule,
@@ -50,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256 };
+enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
 
 static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
                   offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
@@ -101,38 +100,70 @@ __device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloa
 
 /* ---- preparation: conv + SiLU, g and β (the same math as gdn.cu) ------------- */
 
-/* grid (ceil(max(D, nv) / 128), n_seq), 128 threads. meta: [slot, n_new, row0] per seq.
- * c [n_tok, D] = silu(conv), gb [n_tok, nv, 2] = (g, β). */
-__global__ void gc_conv_kernel(int D, int K, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+/* (1) grid (ceil(max(D, nv) / 128), n_seq, nz), 128 threads: block (x, s, z) takes channels
+ * 128x .. 128x + 127 of sequence s, token chunks z, z + nz, ... of GC_CONV_T tokens each, so a
+ * long prefill is not one serial walk per channel. meta: [slot, n_new, row0] per seq.
+ *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
+ *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
+ *   gb [n_tok, nv, 2] = (g, β)
+ * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
+template <int KK>
+__global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
                                const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                                const float *__restrict__ conv_w, const float *__restrict__ A_log,
-                               const float *__restrict__ dt_bias, float *__restrict__ conv_st, float *__restrict__ c,
-                               float *__restrict__ gb) {
+                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               float *__restrict__ c, float *__restrict__ gb) {
+    const int K = KK ? KK : Kr;
     const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
-    if (ch < D) {
-        float win[GC_MAX_K], w[GC_MAX_K];
-        float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
-        for (int i = 0; i < K - 1; i++) win[i] = st[i];
-        for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
-        for (int t = 0; t < T; t++) {
-            win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
-            float acc = 0.f;
-            for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
-            c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
-            for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+    for (int t0 = blockIdx.z * GC_CONV_T; t0 < T; t0 += gridDim.z * GC_CONV_T) {
+        const int t1 = min(T, t0 + GC_CONV_T);
+        if (ch < D) {
+            float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
+            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+#pragma unroll
+            for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                const int u = t0 - (K - 1) + i;
+                win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
+            }
+            for (int t = t0; t < t1; t++) {
+                win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
+                c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+            }
         }
-        for (int i = 0; i < K - 1; i++) st[i] = win[i];
+        if (ch < nv) {
+            const float al = -__expf(A_log[ch]), db = dt_bias[ch];
+            for (int t = t0; t < t1; t++) {
+                size_t r = (size_t)(row0 + t) * nv + ch;
+                float x = gc_bf(a, r) + db;
+                float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+                gb[2 * r] = al * sp;
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+            }
+        }
     }
-    if (ch < nv) {
-        const float al = -__expf(A_log[ch]), db = dt_bias[ch];
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)(row0 + t) * nv + ch;
-            float x = gc_bf(a, r) + db;
-            float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
-            gb[2 * r] = al * sp;
-            gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
-        }
+}
+
+/* (1b) grid (ceil(D / 128), n_seq): the slot's conv state becomes the last K − 1 inputs of
+ * (state ++ new tokens): new[i] = combined[T + i]. In place in ascending i: new[i] reads
+ * old[T + i] with T + i > i, never an entry already rewritten. */
+__global__ void gc_conv_state_kernel(int D, int K, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+                                     float *__restrict__ conv_st) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    if (ch >= D || T <= 0) return;
+    float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+    for (int i = 0; i < K - 1; i++) {
+        const int idx = T + i; /* index into combined = state (K − 1) ++ new (T) */
+        st[i] = idx < K - 1 ? st[idx] : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch);
     }
 }
 
@@ -259,12 +290,13 @@ __device__ __forceinline__ void gc_stc(bf16 *M, int ld, int r0, int c0, const fl
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
 /* Shared memory of gc_chunk_kernel<DK, DV> (bytes): BF16 tiles Qs, Ks, KBs, Ws [64][DK+8],
- * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64]. */
+ * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
+ * Ys [3][16][16]. */
 template <int DK, int DV>
 struct gc_layout {
     static constexpr int LK = DK + 8, LV = DV + 8, LT = GC_CHUNK + 8, LF = GC_CHUNK + 1;
     static constexpr size_t bf16s = 4 * GC_CHUNK * LK + GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
-    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK;
+    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK + 3 * 256;
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
@@ -286,7 +318,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     bf16 *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
     bf16 *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
-    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C;
+    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
 
     const int j = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -420,21 +452,54 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             }
         }
         __syncthreads();
-        /* (d) T = (I + A)⁻¹: column cc = tid / 4, four lanes split the sum over m;
-         * X[i][cc] = δ_{i,cc} − Σ_{m<i} A[i][m] X[m][cc] (X[m][cc] = 0 for m < cc) */
+        /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
+         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
+         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         *      the other warps zero the blocks off the diagonal.
+         * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
+         *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
         {
-            const int cc = tid >> 2, sub = tid & 3;
-            for (int i = sub; i < C; i += 4) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
-            __syncwarp();
-            for (int i = 1; i < C; i++) {
-                float p = 0.f;
-                for (int m = sub; m < i; m += 4) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
-                p += __shfl_xor_sync(0xffffffffu, p, 1);
-                p += __shfl_xor_sync(0xffffffffu, p, 2);
-                if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
-                __syncwarp();
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
             }
-            for (int i = sub; i < C; i += 4) Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            if (w < 4) {
+                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1;
+                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
+                __syncwarp();
+                for (int i = b0 + 1; i < b0 + 16; i++) {
+                    float p = 0.f;
+                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
+                    p += __shfl_xor_sync(0xffffffffu, p, 1);
+                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
+                    __syncwarp();
+                }
+            }
+            __syncthreads();
+            for (int d = 1; d < 4; d++) {
+                const int nb = 4 - d; /* blocks (jb + d, jb), jb < nb */
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *ar = Af + (16 * ib + r) * LF;
+                    float y = 0.f;
+                    for (int m = 16 * jb; m < 16 * ib; m++) y = fmaf(ar[m], Xf[m * LF + 16 * jb + cc], y);
+                    Ys[x] = y;
+                }
+                __syncthreads();
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *xr = Xf + (16 * ib + r) * LF + 16 * ib;
+                    float v = 0.f;
+#pragma unroll
+                    for (int m = 0; m < 16; m++) v = fmaf(xr[m], Ys[(jb << 8) + m * 16 + cc], v);
+                    Xf[(16 * ib + r) * LF + 16 * jb + cc] = -v;
+                }
+                __syncthreads();
+            }
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            }
         }
         __syncthreads();
         /* (e) U = T vβ (kept in registers), W = T (kβ e^γ) -> Ws as −W */
@@ -645,11 +710,26 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     }
     *cw = ws->c;
     *gbw = ws->c + (size_t)a->n_tok * D;
+    /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
+    int max_t = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_t) max_t = a->seqs_host[i].n_new;
+    int nz = (max_t + GC_CONV_T - 1) / GC_CONV_T;
+    if (nz < 1) nz = 1;
+    if (nz > GC_CONV_MAXZ) nz = GC_CONV_MAXZ;
     const int wide = D > w->nv ? D : w->nv;
-    dim3 g1((wide + 127) / 128, a->n_seq);
-    gc_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, (const int32_t *)a->seqs, (const bf16 *)a->qkv,
-                                       (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                       a->st->conv, *cw, *gbw);
+    dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
+    const int32_t *meta = (const int32_t *)a->seqs;
+    if (w->conv_k == 4)
+        gc_conv_kernel<4><<<g1, 128, 0, st>>>(D, 4, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    else
+        gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    if (w->conv_k > 1)
+        gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {
         pthread_mutex_unlock(&ws->mu);

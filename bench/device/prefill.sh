@@ -37,19 +37,19 @@ doc() { # tag timeout args...
     echo "rc=$? ($(( $(date +%s) - T0 )) s)"
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$tag.err" | head -n 12
 }
-doc attn397 16 --families attention --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
+doc attn397 15 --families attention --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
     --backends cuda_flash_prefill,cuda_flash_decode
-doc gdn397 20 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
+doc gdn397 18 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
     --backends cuda_chunked,cuda_per_token,cuda_recurrent
-doc both35 18 --families attention,gdn --shapes qwen3.5-35b-a3b --m 1,2,16,512,3072 \
+doc both35 16 --families attention,gdn --shapes qwen3.5-35b-a3b --m 1,2,16,512,3072 \
     --backends cuda_flash_prefill,cuda_flash_decode,cuda_chunked,cuda_per_token,cuda_recurrent
-doc attn128 8 --families attention --shapes qwen3-30b-a3b --m 1,7,100,512 \
+doc attn128 6 --families attention --shapes qwen3-30b-a3b --m 1,7,100,512 \
     --backends cuda_flash_prefill,cuda_flash_decode
-[ -d "$FIX/qwen3_5_moe_text" ] && doc fixture 8 --families attention,gdn --model-path "$FIX/qwen3_5_moe_text" \
+[ -d "$FIX/qwen3_5_moe_text" ] && doc fixture 6 --families attention,gdn --model-path "$FIX/qwen3_5_moe_text" \
     --m 1,3,64,300 --backends cuda_flash_prefill,cuda_chunked,cuda_per_token
 
 echo "== fixtures: logits and greedy tokens vs --device cpu"
-timeout 18 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
+timeout 14 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, OUT = sys.argv[1:4]
@@ -98,9 +98,19 @@ echo "rc=$? ($(( $(date +%s) - T0 )) s)"
 if command -v compute-sanitizer >/dev/null && [ -d "$FIX/qwen3_5_moe_text" ]; then
     echo "== compute-sanitizer memcheck: qwen3_5_moe_text logits, cuda_flash_prefill + cuda_chunked"
     ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$FIX/qwen3_5_moe_text/ref.json'))['input_ids'])))")
-    timeout 12 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$FIX/qwen3_5_moe_text" \
+    timeout 10 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$FIX/qwen3_5_moe_text" \
         --ids "$ids" --device cuda --attention-backend cuda_flash_prefill --gdn-backend cuda_chunked \
         >"$OUT/memcheck.out" 2>&1
     echo "rc=$?"; grep -E "ERROR SUMMARY|Invalid|out of bounds|rror" "$OUT/memcheck.out" | head -n 8
+fi
+if command -v ncu >/dev/null; then
+    echo "== ncu: per-kernel times at M = 3072 (397B shapes), first launches of the correctness run"
+    for fb in "attention cuda_flash_prefill fp_" "gdn cuda_chunked gc_"; do
+        set -- $fb
+        timeout 7 ncu --target-processes all --kernel-name "regex:$3" --launch-count 6 \
+            --metrics gpu__time_duration.sum "$BIN" doctor --device cuda --families $1 --shapes qwen3.5-397b-a17b \
+            --m 3072 --backends $2 --json "$OUT/ncu-$2.json" >"$OUT/ncu-$2.out" 2>&1
+        echo "$2 rc=$?"; grep -E "^  [a-z_]+.*\(|gpu__time_duration|==ERROR|==WARNING" "$OUT/ncu-$2.out" | head -n 16
+    done
 fi
 echo "total $(( $(date +%s) - T0 )) s"

@@ -5,14 +5,13 @@
  * (oldest first) and rec S [n_slots, nv, dk, dv], read and updated in place;
  * out [n_tok, nv, dv] = Sᵀq per token, BF16, before the gated norm.
  *
- * Both start with the same preparation kernel (a copy of cuda_recurrent's
- * conv step, so the conv state handling is the same): a thread per
- * (sequence, channel) runs the causal depthwise conv + SiLU over the
- * sequence's new tokens from its conv state (fp32 workspace c [n_tok,
- * conv_dim], state updated), and a thread per (sequence, v head) computes
- * g = -exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b) (workspace gb
- * [n_tok, nv, 2]). q and k are L2-normalised (q also scaled by dk^-0.5) by
- * the second kernel, which differs:
+ * Both start with the same preparation (the math of cuda_recurrent's conv
+ * step, parallel over tokens too): a thread per (sequence, channel, chunk of
+ * 16 tokens) runs the causal depthwise conv + SiLU from the slot's conv state
+ * (fp32 workspace c [n_tok, conv_dim]) and computes g = -exp(A_log)·
+ * softplus(a + dt_bias), β = sigmoid(b) (workspace gb [n_tok, nv, 2]); a
+ * second small kernel then rolls the conv state. q and k are L2-normalised
+ * (q also scaled by dk^-0.5) by the main kernel, which differs:
  *
  *   cuda_chunked   the chunkwise (WY / UT-transform) form of the gated delta
  *                  rule over chunks of 64 tokens (fla chunk_gated_delta_rule,
@@ -50,7 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256 };
+enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
 
 static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
                   offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
@@ -101,38 +100,70 @@ __device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloa
 
 /* ---- preparation: conv + SiLU, g and β (the same math as gdn.cu) ------------- */
 
-/* grid (ceil(max(D, nv) / 128), n_seq), 128 threads. meta: [slot, n_new, row0] per seq.
- * c [n_tok, D] = silu(conv), gb [n_tok, nv, 2] = (g, β). */
-__global__ void gc_conv_kernel(int D, int K, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+/* (1) grid (ceil(max(D, nv) / 128), n_seq, nz), 128 threads: block (x, s, z) takes channels
+ * 128x .. 128x + 127 of sequence s, token chunks z, z + nz, ... of GC_CONV_T tokens each, so a
+ * long prefill is not one serial walk per channel. meta: [slot, n_new, row0] per seq.
+ *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
+ *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
+ *   gb [n_tok, nv, 2] = (g, β)
+ * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
+template <int KK>
+__global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
                                const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                                const float *__restrict__ conv_w, const float *__restrict__ A_log,
-                               const float *__restrict__ dt_bias, float *__restrict__ conv_st, float *__restrict__ c,
-                               float *__restrict__ gb) {
+                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               float *__restrict__ c, float *__restrict__ gb) {
+    const int K = KK ? KK : Kr;
     const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
-    if (ch < D) {
-        float win[GC_MAX_K], w[GC_MAX_K];
-        float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
-        for (int i = 0; i < K - 1; i++) win[i] = st[i];
-        for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
-        for (int t = 0; t < T; t++) {
-            win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
-            float acc = 0.f;
-            for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
-            c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
-            for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+    for (int t0 = blockIdx.z * GC_CONV_T; t0 < T; t0 += gridDim.z * GC_CONV_T) {
+        const int t1 = min(T, t0 + GC_CONV_T);
+        if (ch < D) {
+            float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
+            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+#pragma unroll
+            for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                const int u = t0 - (K - 1) + i;
+                win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
+            }
+            for (int t = t0; t < t1; t++) {
+                win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
+                c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+            }
         }
-        for (int i = 0; i < K - 1; i++) st[i] = win[i];
+        if (ch < nv) {
+            const float al = -__expf(A_log[ch]), db = dt_bias[ch];
+            for (int t = t0; t < t1; t++) {
+                size_t r = (size_t)(row0 + t) * nv + ch;
+                float x = gc_bf(a, r) + db;
+                float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+                gb[2 * r] = al * sp;
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+            }
+        }
     }
-    if (ch < nv) {
-        const float al = -__expf(A_log[ch]), db = dt_bias[ch];
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)(row0 + t) * nv + ch;
-            float x = gc_bf(a, r) + db;
-            float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
-            gb[2 * r] = al * sp;
-            gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
-        }
+}
+
+/* (1b) grid (ceil(D / 128), n_seq): the slot's conv state becomes the last K − 1 inputs of
+ * (state ++ new tokens): new[i] = combined[T + i]. In place in ascending i: new[i] reads
+ * old[T + i] with T + i > i, never an entry already rewritten. */
+__global__ void gc_conv_state_kernel(int D, int K, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+                                     float *__restrict__ conv_st) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    if (ch >= D || T <= 0) return;
+    float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+    for (int i = 0; i < K - 1; i++) {
+        const int idx = T + i; /* index into combined = state (K − 1) ++ new (T) */
+        st[i] = idx < K - 1 ? st[idx] : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch);
     }
 }
 
@@ -679,11 +710,26 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     }
     *cw = ws->c;
     *gbw = ws->c + (size_t)a->n_tok * D;
+    /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
+    int max_t = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_t) max_t = a->seqs_host[i].n_new;
+    int nz = (max_t + GC_CONV_T - 1) / GC_CONV_T;
+    if (nz < 1) nz = 1;
+    if (nz > GC_CONV_MAXZ) nz = GC_CONV_MAXZ;
     const int wide = D > w->nv ? D : w->nv;
-    dim3 g1((wide + 127) / 128, a->n_seq);
-    gc_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, (const int32_t *)a->seqs, (const bf16 *)a->qkv,
-                                       (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                       a->st->conv, *cw, *gbw);
+    dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
+    const int32_t *meta = (const int32_t *)a->seqs;
+    if (w->conv_k == 4)
+        gc_conv_kernel<4><<<g1, 128, 0, st>>>(D, 4, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    else
+        gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    if (w->conv_k > 1)
+        gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {
         pthread_mutex_unlock(&ws->mu);

@@ -44,6 +44,11 @@ typedef struct model_cache_opts {
     int n_slots;     /* GDN state slots (= max concurrent sequences) */
     int max_tokens;  /* most tokens in one forward step (0: 256); the forward workspace is sized
                         for it here, and grows only when a larger step arrives */
+    /* Added (additive): CUDA graphs for pure-decode steps (devices other than the CPU, one
+     * rank; model.c "CUDA graphs"). graph_max_bs: the largest batch captured (0: never
+     * capture); ctx_cap: the longest sequence (n_past + n_new) the caller will ever run. */
+    int graph_max_bs;
+    int ctx_cap;
 } model_cache_opts;
 
 size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */
@@ -61,14 +66,32 @@ typedef struct fwd_seq {
     int logits_all;        /* 1: a logits row per new token; 0: last token only */
 } fwd_seq;
 
+typedef struct smp_row smp_row; /* src/ops/ops.h */
+typedef struct smp_out smp_out;
+
 typedef struct fwd_batch {
     int n_seq;
     const fwd_seq *seqs;
     const int32_t *ids;    /* the new tokens of every sequence, concatenated in seq order */
     float *logits;         /* out: rows in seq order, vocab floats each */
+    /* Added (additive): sampling on the device (model_samples_on_device). When smp is set,
+     * logits row r (one per sequence; logits_all must be 0) is sampled on the device with
+     * smp[r], only smp_res[r] comes back and logits is not written. toks: the token lists
+     * the rows address (n_toks int32, host memory). */
+    const smp_row *smp;
+    smp_out *smp_res;
+    const int32_t *toks;
+    int n_toks;
 } fwd_batch;
 
 int model_forward(model *m, const fwd_batch *b, ls_err *e);
+
+/* 1 when the model's device samples (fwd_batch.smp): a CUDA device. */
+int model_samples_on_device(const model *m);
+
+/* CUDA graph use so far: steps replayed from a graph, steps run eagerly, graphs captured. */
+typedef struct model_graph_stats { int64_t replayed, eager, captured; } model_graph_stats;
+void model_graph_stats_get(const model *m, model_graph_stats *out);
 
 /* Convenience for the CLI and tests: logits of every position of ids
  * (a fresh cache of its own). logits: [n, vocab] malloc'd. */

@@ -485,10 +485,14 @@ void model_close(model *m) {
     if (!m) return;
     tp_free(m);
     if (m->mem) {
+        if (m->graph_stream) m->mem->sync(m->graph_stream, NULL);
         cache_free(m, &m->cache);
         ws_free(m);
         m->mem->free(m->dev_weights);
-        if (!m->is_rank || m->owns_stream) m->mem->close_stream(m->ops.stream);
+#ifdef LS_HAVE_CUDA
+        if (m->graph_stream) cug_stream_free(m->graph_stream);
+#endif
+        if (!m->graph_stream && (!m->is_rank || m->owns_stream)) m->mem->close_stream(m->ops.stream);
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -766,6 +770,13 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     if (!graphs) return 0;
     m->scratch_page = o->n_pages;
     m->scratch_slot = o->n_slots;
+#ifdef LS_HAVE_CUDA
+    if (!m->graph_stream) { /* the legacy default stream the model runs on cannot be captured */
+        if ((rc = m->mem->sync(m->ops.stream, e)) || (rc = cug_stream_new(&m->graph_stream, e)))
+            return err_prefix(e, "CUDA graphs: the model's stream");
+        m->ops.stream = m->graph_stream;
+    }
+#endif
     m->ctx_cap = o->ctx_cap > 0 ? o->ctx_cap : o->n_pages * o->page_size;
     graphs_setup(m, o->graph_max_bs < o->n_slots ? o->graph_max_bs : o->n_slots);
     m->graph_max_bs = m->graphs[m->n_graphs - 1].bs;

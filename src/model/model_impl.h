@@ -131,6 +131,7 @@ struct model {
     int warm_gen;       /* graph_gen after the last full-size warm-up pass */
     int scratch_slot;   /* padding rows' GDN slot and KV page (beyond the engine's) */
     int32_t scratch_page;
+    ls_stream graph_stream; /* the model's own stream once graphs are on (owned; m->ops.stream) */
     void *attn_scratch; /* attention's device-planning scratch, for the largest bucket */
     size_t attn_scratch_bytes;
     fwd_seq *gpad;      /* [graph_max_bs] host: the padded batch */

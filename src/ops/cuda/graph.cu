@@ -37,6 +37,17 @@ extern "C" int cug_end(ls_stream s, int ok, void **exec, ls_err *e) {
     return 0;
 }
 
+extern "C" int cug_stream_new(ls_stream *s, ls_err *e) {
+    cudaStream_t st = NULL;
+    CU_TRY(e, cudaStreamCreateWithFlags(&st, cudaStreamDefault), "cudaStreamCreate");
+    *s = (ls_stream)st;
+    return 0;
+}
+
+extern "C" void cug_stream_free(ls_stream s) {
+    if (s) cudaStreamDestroy((cudaStream_t)s);
+}
+
 extern "C" int cug_launch(void *exec, ls_stream s, ls_err *e) {
     CU_TRY(e, cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)s), "cudaGraphLaunch");
     return 0;

@@ -22,6 +22,11 @@ int cug_begin(ls_stream s, ls_err *e);
  * failed): discard it and clear the error state, *exec = NULL. A capture that
  * the runtime invalidated is ERR_UNSUPPORTED with the runtime's reason. */
 int cug_end(ls_stream s, int ok, void **exec, ls_err *e);
+/* A stream of the model's own for capture (the legacy default stream cannot
+ * be captured). Created blocking: it still orders with work that other code
+ * puts on the legacy stream, as the model's eager passes always did. */
+int cug_stream_new(ls_stream *s, ls_err *e);
+void cug_stream_free(ls_stream s);
 /* Replay on s. */
 int cug_launch(void *exec, ls_stream s, ls_err *e);
 void cug_destroy(void *exec);

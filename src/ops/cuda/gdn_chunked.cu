@@ -828,5 +828,7 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run};
-const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run};
+/* graph_safe: stream-ordered launches only; the workspace grows on the (eager or rehearsal) call at
+ * the step's largest shape, the shared-memory opt-in happens on the first call */
+const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run, 1};
+const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run, 1};

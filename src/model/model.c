@@ -765,7 +765,8 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     int T = o->max_tokens > 0 ? o->max_tokens : 256;
     if (T < co.n_slots) T = co.n_slots;
     if ((rc = ws_reserve(m, T, co.n_slots, co.n_pages + co.n_slots, e))) return rc;
-    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 4096, e))) return rc;
+    /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
+    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 1 << 20, e))) return rc;
     m->graph_max_bs = 0;
     m->n_graphs = 0;
     if (!graphs) return 0;

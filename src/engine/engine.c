@@ -320,6 +320,19 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         engine_free(e);
         return rc;
     }
+    if (graphs) {
+        /* every bucket at start-up: no capture stalls in the decode loop, and the log says up
+         * front which buckets replay and which run eagerly */
+        double t0 = now_sec();
+        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
+            set_err(err, errn, rc, "CUDA graphs: %s", le.msg);
+            engine_free(e);
+            return rc;
+        }
+        model_graph_stats gs;
+        model_graph_stats_get(e->m, &gs);
+        log_info("engine: %lld CUDA graphs captured in %.2f s", (long long)gs.captured, now_sec() - t0);
+    }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);
     e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;

@@ -18,7 +18,8 @@
  *
  * CUDA graphs ("CUDA graphs" below): a pure-decode step (every sequence
  * n_new = 1, device sampling, one rank) is padded to a batch-size bucket and
- * replayed from a graph captured on the bucket's first use. What a graph
+ * replayed from the bucket's graph (model_graphs_capture at start-up, or
+ * on the bucket's first use, and again whenever it went stale). What a graph
  * bakes in (workspace, step-table and sampling buffers, caches) lives at
  * fixed addresses; per step only the tables' contents are copied in before
  * the launch. Any change of those addresses bumps graph_gen and the stale
@@ -764,7 +765,8 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     int T = o->max_tokens > 0 ? o->max_tokens : 256;
     if (T < co.n_slots) T = co.n_slots;
     if ((rc = ws_reserve(m, T, co.n_slots, co.n_pages + co.n_slots, e))) return rc;
-    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 4096, e))) return rc;
+    /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
+    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 1 << 20, e))) return rc;
     m->graph_max_bs = 0;
     m->n_graphs = 0;
     if (!graphs) return 0;
@@ -805,7 +807,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     int k = 0;
     for (int i = 0; i < m->n_graphs && k < (int)sizeof list - 8; i++)
         k += snprintf(list + k, sizeof list - k, "%s%d", i ? "," : "", m->graphs[i].bs);
-    log_info("%s: CUDA graphs for decode steps, batch buckets %s (captured on first use), context cap %d, "
+    log_info("%s: CUDA graphs for decode steps, batch buckets %s, context cap %d, "
              "attention scratch %.1f MiB", m->path, list, m->ctx_cap, m->attn_scratch_bytes / 1048576.0);
     return 0;
 }
@@ -1041,16 +1043,16 @@ static int graph_warmup(model *m, mcache *c, int n, int rehearse, ls_err *e) {
 }
 #endif
 
-/* A pure-decode step through its bucket's graph (captured here on first use).
- * *done = 0 when the bucket runs eagerly (a backend is not capture-safe). */
-static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done, ls_err *e) {
-    *done = 0;
 #ifdef LS_HAVE_CUDA
-    mgraph *g = graph_for(m, b->n_seq);
-    if (!g || g->state < 0) return 0;
-    const int B = g->bs, n = b->n_seq;
+/* Bucket g for batch b (NULL: capture only, every row padding): the padded
+ * tables uploaded, the graph (re)captured when it is missing or stale, then
+ * (b set) replayed and the results fetched. *done = 0 when the bucket runs
+ * eagerly (a backend is not capture-safe; b is then run by the caller). */
+static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, int *done, ls_err *e) {
+    *done = 0;
+    const int B = g->bs, n = b ? b->n_seq : 0, n_toks = b ? b->n_toks : 0;
     int rc;
-    if ((rc = ws_reserve(m, B, B, P + (B - n), e)) || (rc = smp_reserve(m, B, b->n_toks, e))) return rc;
+    if ((rc = ws_reserve(m, B, B, P + (B - n), e)) || (rc = smp_reserve(m, B, n_toks, e))) return rc;
     if (g->state > 0 && g->gen != m->graph_gen) { /* something it holds moved */
         cug_destroy(g->exec);
         g->exec = NULL;
@@ -1085,7 +1087,7 @@ static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done,
     const int32_t *d_ids = NULL, *d_rows = NULL;
     int nr = upload_tables(m, c, &pb, B, &f, &d_ids, &d_rows, e);
     if (nr < 0) return nr;
-    if ((rc = smp_upload(m, m->gpad_smp, B, b->toks, b->n_toks, e))) return rc;
+    if ((rc = smp_upload(m, m->gpad_smp, B, b ? b->toks : NULL, n_toks, e))) return rc;
     if (g->state == 0) {
         const ls_stream st = m->ops.stream;
         void *exec = NULL;
@@ -1112,14 +1114,38 @@ static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done,
         log_info("%s: captured the CUDA graph of decode batch size %d (%.1f ms with warm-up)", m->path, B,
                  (now_sec() - t0) * 1e3);
     }
+    if (!b) return 0;
     if ((rc = cug_launch(g->exec, m->ops.stream, e))) return rc;
     m->n_replayed++;
     *done = 1;
     return forward_results(m, b, n, e);
+}
+#endif
+
+/* A pure-decode step through its bucket's graph. */
+static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done, ls_err *e) {
+    *done = 0;
+#ifdef LS_HAVE_CUDA
+    mgraph *g = graph_for(m, b->n_seq);
+    if (!g || g->state < 0) return 0;
+    return graph_run(m, c, g, b, P, done, e);
 #else
     (void)m; (void)c; (void)b; (void)P; (void)e;
     return 0;
 #endif
+}
+
+int model_graphs_capture(model *m, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    for (int i = 0; i < m->n_graphs; i++) {
+        int done, rc = graph_run(m, &m->cache, &m->graphs[i], NULL, 0, &done, e);
+        if (rc) return err_prefix(e, "capturing the CUDA graph of decode batch size %d", m->graphs[i].bs);
+    }
+    if (m->n_graphs) m->mem->sync(m->ops.stream, NULL);
+#else
+    (void)m; (void)e;
+#endif
+    return 0;
 }
 
 int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {

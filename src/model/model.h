@@ -89,6 +89,11 @@ int model_forward(model *m, const fwd_batch *b, ls_err *e);
 /* 1 when the model's device samples (fwd_batch.smp): a CUDA device. */
 int model_samples_on_device(const model *m);
 
+/* Capture every decode bucket's CUDA graph now (model_cache_init with graph_max_bs > 0;
+ * otherwise nothing), instead of on each bucket's first use. A bucket whose backends are not
+ * capture-safe is marked to run eagerly (logged); an error is a failed warm-up pass. */
+int model_graphs_capture(model *m, ls_err *e);
+
 /* CUDA graph use so far: steps replayed from a graph, steps run eagerly, graphs captured. */
 typedef struct model_graph_stats { int64_t replayed, eager, captured; } model_graph_stats;
 void model_graph_stats_get(const model *m, model_graph_stats *out);

@@ -107,7 +107,8 @@ static void test_cpu_backends_are_not_graph_safe(void **st) {
     assert_int_equal(ops_moe_find("cuda_expert_loop")->graph_safe, 0);
     assert_int_equal(ops_moe_find("cuda_fused_decode")->graph_safe, 1);
     assert_int_equal(ops_moe_find("cuda_grouped_gemm")->graph_safe, 1);
-    assert_int_equal(ops_attn_find("cuda_flash_prefill")->graph_safe, 0); /* plans on the host */
+    assert_int_equal(ops_attn_find("cuda_flash_prefill")->graph_safe, 1); /* plans from ctx_cap on the device */
+    assert_int_equal(ops_gdn_find("cuda_chunked")->graph_safe, 1);
     assert_int_equal(ops_attn_find("cuda_flash_decode")->graph_safe, 1);
     assert_int_equal(ops_gdn_find("cuda_recurrent")->graph_safe, 1);
 #endif

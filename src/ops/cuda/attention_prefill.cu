@@ -29,9 +29,10 @@
  * Split-K for small grids (decode): when tiles × kv heads would not fill the
  * GPU twice, grid.z = nsplit blocks share each tile's keys round-robin by
  * BN-key tiles (so every key is covered whatever the contexts: the plan only
- * fixes nsplit, from seqs_host), write partials (row max, row sum, unnormalised
- * O; fp32, a per-device workspace grown on demand) and fp_merge_kernel
- * combines them and applies the gate.
+ * fixes nsplit, from seqs_host, or from ctx_cap under device planning), write
+ * partials (row max, row sum, unnormalised O; fp32, a per-device workspace
+ * grown on demand, or the caller's scratch under device planning: CUDA graph
+ * capture) and fp_merge_kernel combines them and applies the gate.
  *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
@@ -394,15 +395,22 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
 }
 
 /* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
- * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average. */
+ * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average.
+ * Host planning reads seqs_host (exact tile count, longest context); device planning (ctx_cap > 0,
+ * graph capture) takes the tile bound ceil(n_tok·grp / 64) + n_seq and ctx_cap. */
 static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     const int grp = a->n_heads / a->n_kv_heads;
     long tiles = 0;
     int max_ctx = 0;
-    for (int i = 0; i < a->n_seq; i++) {
-        const attn_seq *q = &a->seqs_host[i];
-        tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
-        if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+    if (a->ctx_cap > 0) {
+        tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
+        max_ctx = a->ctx_cap;
+    } else {
+        for (int i = 0; i < a->n_seq; i++) {
+            const attn_seq *q = &a->seqs_host[i];
+            tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
+            if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+        }
     }
     const long blocks = tiles * a->n_kv_heads;
     if (blocks <= 0 || blocks >= 2L * n_sm) return 1;
@@ -432,10 +440,20 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
-    const int nsplit = fp_nsplit(a, ws->n_sm, BN);
+    int nsplit = fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     float *po = NULL, *pml = NULL;
-    if (nsplit > 1) {
+    if (nsplit > 1 && a->ctx_cap > 0) { /* device planning: partials in the caller's scratch, as many splits as fit */
+        const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2);
+        const size_t fit = a->scratch ? a->scratch_bytes / per : 0;
+        if ((size_t)nsplit > fit) nsplit = (int)fit;
+        if (nsplit > 1) {
+            po = (float *)a->scratch;
+            pml = po + (size_t)nsplit * n_rows * HD;
+        } else {
+            nsplit = 1;
+        }
+    } else if (nsplit > 1) {
         size_t need = sizeof(float) * (size_t)nsplit * n_rows * (HD + 2);
         if (ws->cap < need) {
             if (ws->part) {
@@ -474,9 +492,11 @@ static int fp_run(const attn_args *a, ls_stream s, ls_err *e) {
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
         return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: %d heads over %d kv heads", a->n_heads, a->n_kv_heads);
     if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
-    if (!a->seqs_host) return errf(e, ERR_INVAL, "cuda_flash_prefill: seqs_host (the host copy of the sequences) is not set");
-    /* validation on the host copy (the kernel trusts the device array) */
-    for (int i = 0; i < a->n_seq; i++) {
+    /* host planning validates the host copy (the kernel trusts the device array); device planning
+     * (ctx_cap > 0) may have no host copy */
+    if (a->ctx_cap <= 0 && !a->seqs_host)
+        return errf(e, ERR_INVAL, "cuda_flash_prefill: seqs_host (the host copy of the sequences) is not set");
+    for (int i = 0; a->seqs_host && i < a->n_seq; i++) {
         const attn_seq *q = &a->seqs_host[i];
         if (q->row0 < 0 || q->n_new < 0 || q->n_past < 0 || q->row0 + q->n_new > a->n_tok)
             return errf(e, ERR_INVAL, "attention: sequence %d rows [%d, %d) outside %d tokens", i, q->row0,
@@ -492,4 +512,6 @@ static int fp_run(const attn_args *a, ls_stream s, ls_err *e) {
     }
 }
 
-const attn_impl attn_cuda_flash_prefill = {"cuda_flash_prefill", DEV_CUDA, 0, fp_supported, fp_run};
+/* graph_safe: with ctx_cap > 0 it only launches kernels (partials in the caller's scratch); the
+ * shared-memory opt-in happens on the first (eager or rehearsal) call */
+const attn_impl attn_cuda_flash_prefill = {"cuda_flash_prefill", DEV_CUDA, 0, fp_supported, fp_run, 1};

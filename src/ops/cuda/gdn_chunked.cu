@@ -32,6 +32,10 @@
  *                  All matmuls are mma.sync m16n8k16 (BF16 operands, fp32
  *                  accumulation), as in fla. Rows past L are zero (k = v = q =
  *                  0, g = β = 0), which leaves S and every valid row unchanged.
+ *                  When the sequences × v heads leave SMs idle (one long prompt:
+ *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
+ *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
+ *                  by each; U, V', O, S split).
  *   cuda_per_token the plain recurrence, token by token: a block per (sequence,
  *                  v head), a thread per column d of S, S in global memory
  *                  (read twice and written once per token, through L1/L2):
@@ -63,6 +67,7 @@ typedef struct gc_ws {
     pthread_mutex_t mu;
     int init;
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
+    int n_sm;    /* multiprocessors of the device */
 } gc_ws;
 
 static gc_ws g_gcws[GC_MAX_DEV];
@@ -75,6 +80,9 @@ static int gc_lock(gc_ws **out, ls_err *e) {
     pthread_mutex_lock(&g_gcws_mu);
     if (!g_gcws[dev].init) {
         pthread_mutex_init(&g_gcws[dev].mu, NULL);
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
+        g_gcws[dev].n_sm = n;
         g_gcws[dev].init = 1;
     }
     pthread_mutex_unlock(&g_gcws_mu);
@@ -300,18 +308,22 @@ struct gc_layout {
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
-/* grid (nv, n_seq), 256 threads (8 warps). Warp tiles:
+/* grid (nv, n_seq, NVS), 256 threads (8 warps). Block z takes the value columns
+ * [z·DVB, (z+1)·DVB) of its head (DVB = DV / NVS): everything that depends on v (U, V', O, S) is
+ * split, the rest (A, T, W, P) is recomputed per block; NVS > 1 when nv · n_seq blocks would
+ * leave SMs idle (a long prompt). Warp tiles:
  *   64×64 products (K Kᵀ, Q Kᵀ):  rows 16·(w%4), cols 32·(w/4), 4 n-tiles
- *   64×DV / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DV/2 (DK/2), DV/16 (DK/16) n-tiles
- *   S [DK, DV]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DV/CG */
-template <int DK, int DV>
+ *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/2 (DK/2), DVB/16 (DK/16) n-tiles
+ *   S [DK, DVB]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/CG */
+template <int DK, int DV, int NVS>
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const float *__restrict__ c,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
-    typedef gc_layout<DK, DV> LY;
+    constexpr int DVB = DV / NVS;
+    typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
-    constexpr int RT = DK / 16, CG = 8 / RT, SC = DV / CG, SNT = SC / 8; /* S tiling */
-    constexpr int UNT = DV / 16, WNT = DK / 16;                        /* n-tiles of the 64×DV / 64×DK halves */
+    constexpr int RT = DK / 16, CG = 8 / RT, SC = DVB / CG, SNT = SC / 8; /* S tiling */
+    constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
     static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
     extern __shared__ __align__(16) unsigned char gc_smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(gc_smem);
@@ -325,7 +337,8 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
     if (T <= 0) return;
     const int kh = j / (nv / nk);
-    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV; /* [DK, DV] fp32 */
+    const int vc0 = blockIdx.z * DVB;                                            /* this block's v columns */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] fp32, from column vc0 */
     const float qscale = rsqrtf((float)DK);
 
     /* S in registers: this warp's rows sr .. sr + 15, cols sc0 .. sc0 + SC - 1 */
@@ -343,54 +356,53 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
     for (int c0 = 0; c0 < T; c0 += C) {
         const int L = min(C, T - c0);
-        /* (a) the chunk: warp w takes rows w, w + 8, ...; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v */
-        for (int i = w; i < C; i += 8) {
-            float qv[DK / 32], kv[DK / 32], vv[DV / 32];
-            float gi = 0.f, bi = 0.f;
-            if (i < L) {
-                const float *ct = c + (size_t)(row0 + c0 + i) * D;
+        /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
+         * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
+        for (int i0 = w; i0 < C; i0 += 32) {
+            float qv[4][DK / 32], kv[4][DK / 32], vv[4][DVB / 32], gi[4], bi[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
+                const bool ok = i < L; /* warp-uniform */
+                const float *ct = c + (size_t)(row0 + c0 + (ok ? i : 0)) * D;
+                const size_t gr = (size_t)(row0 + c0 + (ok ? i : 0)) * nv + j;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    qv[r][e] = ok ? ct[(size_t)kh * DK + lane + 32 * e] : 0.f;
+                    kv[r][e] = ok ? ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e] : 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < DVB / 32; e++)
+                    vv[r][e] = ok ? ct[(size_t)2 * nk * DK + (size_t)j * DV + vc0 + lane + 32 * e] : 0.f;
+                gi[r] = ok ? gb[2 * gr] : 0.f;
+                bi[r] = ok ? gb[2 * gr + 1] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
                 float sq = 0.f, sk = 0.f;
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] = ct[(size_t)kh * DK + lane + 32 * e];
-                    kv[e] = ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e];
-                    sq += qv[e] * qv[e];
-                    sk += kv[e] * kv[e];
+                    sq += qv[r][e] * qv[r][e];
+                    sk += kv[r][e] * kv[r][e];
                 }
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = ct[(size_t)2 * nk * DK + (size_t)j * DV + lane + 32 * e];
 #pragma unroll
                 for (int o = 16; o; o >>= 1) {
                     sq += __shfl_xor_sync(0xffffffffu, sq, o);
                     sk += __shfl_xor_sync(0xffffffffu, sk, o);
                 }
-                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
-                const size_t r = (size_t)(row0 + c0 + i) * nv + j;
-                gi = gb[2 * r];
-                bi = gb[2 * r + 1];
+                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] *= rq;
-                    kv[e] *= rk;
+                    Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[r][e] * rq);
+                    Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[r][e] * rk);
                 }
 #pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] *= bi;
-            } else {
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) qv[e] = kv[e] = 0.f;
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = 0.f;
-            }
-#pragma unroll
-            for (int e = 0; e < DK / 32; e++) {
-                Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[e]);
-                Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[e]);
-            }
-#pragma unroll
-            for (int e = 0; e < DV / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[e]);
-            if (lane == 0) {
-                gin[i] = gi;
-                bet[i] = bi;
+                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[r][e] * bi[r]);
+                if (lane == 0) {
+                    gin[i] = gi[r];
+                    bet[i] = bi[r];
+                }
             }
         }
         __syncthreads();
@@ -517,7 +529,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(u[n], a, b0, b1);
                 }
 #pragma unroll
@@ -545,12 +557,12 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
             for (int n = 0; n < UNT; n++) {
                 uint32_t b0, b1;
-                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                 cu_mma_bf16_16816(u[n], a, b0, b1);
             }
         }
 #pragma unroll
-        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DV / 2) + 8 * n, u[n], 1.f);
+        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DVB / 2) + 8 * n, u[n], 1.f);
         __syncthreads();
         /* (g) O = e^γ ⊙ (Q S) + P V' -> out (rows < L) */
         {
@@ -564,7 +576,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(o[n], a, b0, b1);
                 }
             }
@@ -581,7 +593,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(o[n], a, b0, b1);
                 }
             }
@@ -589,13 +601,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int hh = 0; hh < 2; hh++) {
                 const int i = rt + g + 8 * hh;
                 if (i >= L) continue;
-                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + half * (DV / 2) + 2 * t;
+                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + half * (DVB / 2) + 2 * t;
 #pragma unroll
                 for (int n = 0; n < UNT; n++)
                     *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack(o[n][2 * hh], o[n][2 * hh + 1]);
             }
         }
-        /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DV]) */
+        /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DVB]) */
         {
             const float eL = __expf(gL);
 #pragma unroll
@@ -764,20 +776,22 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-template <int DK, int DV>
+template <int DK, int DV, int NVS>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const float *cw, const float *gbw, cudaStream_t st,
                            ls_err *e) {
     const gdn_w *w = a->w;
-    const size_t smem = gc_layout<DK, DV>::bytes;
+    const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     if (!(ws->smem_ok & (1 << bit))) {
-        CU_TRY(e, cudaFuncSetAttribute(gc_chunk_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        CU_TRY(e,
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem),
                "gdn cuda_chunked: shared memory opt-in");
         ws->smem_ok |= 1 << bit;
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
-    dim3 g2(w->nv, a->n_seq);
-    gc_chunk_kernel<DK, DV><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
-                                                         a->st->rec, (bf16 *)a->out);
+    dim3 g2(w->nv, a->n_seq, NVS);
+    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
+                                                              a->st->rec, (bf16 *)a->out);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
 }
@@ -796,8 +810,16 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     float *cw, *gbw;
     int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, &cw, &gbw, e);
     if (rc) return rc;
+    /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
+     * tokens, nv per sequence, leave more than half the SMs idle */
+    int busy = 0, nvs = 1;
+    for (int i = 0; i < a->n_seq; i++) busy += a->seqs_host[i].n_new > 0;
+    if (w->dk == 128 && w->dv == 128)
+        while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B>(a, ws, BIT, cw, gbw, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, cw, gbw, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
@@ -806,5 +828,7 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run};
-const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run};
+/* graph_safe: stream-ordered launches only; the workspace grows on the (eager or rehearsal) call at
+ * the step's largest shape, the shared-memory opt-in happens on the first call */
+const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run, 1};
+const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run, 1};

@@ -315,6 +315,12 @@ int cmd_serve(int argc, char **argv) {
             return src;
         }
     }
+    /* the doctor's picks for flags left at auto stay preferences (per-shape fallback; CUDA graph
+     * captures may take a capture-safe backend of the family instead) */
+    const char *user[SA_NFAM] = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend};
+    const unsigned bit[SA_NFAM] = {2, 4, 8, 16};
+    for (int f = 0; f < SA_NFAM; f++)
+        if (!user[f] || !*user[f] || !strcmp(user[f], "auto")) o.auto_families |= bit[f];
     o.fp4_gemm_backend = sa.names[SA_FP4_GEMM];
     o.moe_backend = sa.names[SA_MOE];
     o.attention_backend = sa.names[SA_ATTENTION];

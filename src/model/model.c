@@ -295,6 +295,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         n.gdn = o->gdn_backend;
     }
     int rc = ops_select(&d, &n, &m->ops, e);
+    if (o) m->ops.auto_fam |= o->auto_families & 31u;
     m->ops.stream = stream;
     m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
 #ifdef LS_HAVE_CUDA

@@ -25,6 +25,11 @@ typedef struct model_opts {
     /* backend names per op family; NULL or "auto" = the measured winner */
     const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend;
     int trust_backend;
+    /* Added (additive): families (ops_sel.auto_fam bits: 1 gemm, 2 fp4_gemm, 4 moe,
+     * 8 attention, 16 gdn) whose named backend is a preference, as serve passes the doctor's
+     * choice for a flag left at auto: a shape it does not take falls back per call, and a
+     * CUDA graph capture may take a capture-safe backend instead (ops.h). */
+    unsigned auto_families;
 } model_opts;
 
 /* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */

@@ -356,6 +356,10 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
     for (int c0 = 0; c0 < T; c0 += C) {
         const int L = min(C, T - c0);
+        /* 16-row tiles holding tokens (a decode row: 1): the other tiles are padding, their products
+         * are zero and are skipped (warps whose row tile is padding idle through (c), (e)-(g)) */
+        const int NT16 = (L + 15) / 16;
+        const bool live = rt < 16 * NT16;
         /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
          * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
         for (int i0 = w; i0 < C; i0 += 32) {
@@ -424,7 +428,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
         }
-        {
+        if (live) {
             float kk[4][4], qk[4][4];
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -475,11 +479,11 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 const int i = x / C, cc = x % C;
                 if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
             }
-            if (w < 4) {
-                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1;
+            if (w < 4) { /* rows past L are padding: A is zero there, X stays the identity */
+                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1, iend = min(b0 + 16, L);
                 for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
                 __syncwarp();
-                for (int i = b0 + 1; i < b0 + 16; i++) {
+                for (int i = b0 + 1; i < iend; i++) {
                     float p = 0.f;
                     for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
                     p += __shfl_xor_sync(0xffffffffu, p, 1);
@@ -488,8 +492,8 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 }
             }
             __syncthreads();
-            for (int d = 1; d < 4; d++) {
-                const int nb = 4 - d; /* blocks (jb + d, jb), jb < nb */
+            for (int d = 1; d < NT16; d++) {
+                const int nb = NT16 - d; /* blocks (jb + d, jb), jb < nb, ib = jb + d < NT16 (zero past it) */
                 for (int x = tid; x < nb * 256; x += GC_THREADS) {
                     const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
                     const float *ar = Af + (16 * ib + r) * LF;
@@ -522,8 +526,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             float wk[WNT][4];
 #pragma unroll
             for (int n = 0; n < WNT; n++) wk[n][0] = wk[n][1] = wk[n][2] = wk[n][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; live && ks < NT16; ks++) { /* T[i][m] = 0 for m >= 16·NT16 > i */
                 uint32_t a[4];
                 gc_lda(a, Tb, LT, rt, 16 * ks);
 #pragma unroll
@@ -549,9 +552,10 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * __expf(gL - gam[i]));
         }
-        /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read) */
+        /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read); padding rows: 0 */
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
+            if (!live) break;
             uint32_t a[4];
             gc_lda(a, Ws, LK, rt, 16 * ks);
 #pragma unroll
@@ -565,7 +569,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DVB / 2) + 8 * n, u[n], 1.f);
         __syncthreads();
         /* (g) O = e^γ ⊙ (Q S) + P V' -> out (rows < L) */
-        {
+        if (live) {
             float o[UNT][4];
 #pragma unroll
             for (int n = 0; n < UNT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -586,8 +590,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 o[n][0] *= eA; o[n][1] *= eA;
                 o[n][2] *= eB; o[n][3] *= eB;
             }
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; ks < NT16; ks++) { /* P[i][m] = 0 for m > i */
                 uint32_t a[4];
                 gc_lda(a, Pb, LT, rt, 16 * ks);
 #pragma unroll
@@ -614,8 +617,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int n = 0; n < SNT; n++) {
                 S[n][0] *= eL; S[n][1] *= eL; S[n][2] *= eL; S[n][3] *= eL;
             }
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; ks < NT16; ks++) { /* K' rows past L are zero */
                 uint32_t a[4];
                 gc_lda_t(a, KBs, LK, 16 * ks, sr);
 #pragma unroll

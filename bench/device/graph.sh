@@ -41,7 +41,7 @@ else
     echo "unit test_sample_cuda: not found at $UT"
 fi
 python3 - "$BIN" "$OUT" "$FIX" <<'PY'
-import json, math, os, signal, socket, subprocess, sys, time, urllib.request
+import json, math, os, signal, socket, subprocess, sys, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
@@ -70,8 +70,10 @@ class Server:
     def __init__(self, tag, model, mode):
         self.tag, self.mode, self.port = tag, mode, free_port()
         self.log = os.path.join(OUT, f"serve-{tag}-{mode}.log")
+        env = dict(os.environ, LASTSTAND_TEST_FORCE_IDS="1")  # lets the nan check poison a row
         self.p = subprocess.Popen([BIN, "serve", "--model-path", model, "--port", str(self.port),
-                                   *COMMON, *MODES[mode]], stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+                                   *COMMON, *MODES[mode]], stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                  env=env)
         self.url = f"http://127.0.0.1:{self.port}"
     def wait(self, limit):
         while time.time() < limit:
@@ -126,11 +128,13 @@ def compare(name, outs):
             det += f"; first difference: request {first} at token {pos} ({a[pos:pos+4]} vs {b[pos:pos+4]})"
         verdict(f"{name} [{m}]", same == len(host), det)
 
-def run_model(tag, model, vocab, limit_s, do_dist, fixture_dir=None, modes=tuple(MODES)):
-    if late(f"{tag} (all)"): return
-    srv = {m: Server(tag, model, m) for m in modes}
+def run_model(tag, srv, vocab, limit_s, do_dist, fixture_dir=None):
+    """srv: mode -> Server, already starting (every server starts at t = 0, so start-ups overlap)."""
+    if late(f"{tag} (all)"):
+        for s in srv.values(): s.stop()
+        return
     try:
-        up = {m: s.wait(time.time() + limit_s) for m, s in srv.items()}
+        up = {m: s.wait(T0 + limit_s) for m, s in srv.items()}
         for m, ok in up.items():
             if not ok:
                 verdict(f"{tag} start [{m}]", False, "server did not become healthy:\n" + srv[m].tail(12))
@@ -167,6 +171,27 @@ def run_model(tag, model, vocab, limit_s, do_dist, fixture_dir=None, modes=tuple
                     f"max |token logprob diff| {d1:.2e}, top-5 {d2:.2e} (bar 2e-3); host {lp['host'][0][:3]}")
         except Exception as ex:
             verdict(f"{tag} logprobs", False, f"error: {ex}")
+        # a NaN logits row (test-only force_ids -1 poisons it): the request fails, the counter moves,
+        # the server keeps serving (through the device sampler's per-row flag in graph mode)
+        g = srv["graph"]
+        def nan_count():
+            t = urllib.request.urlopen(g.url + "/metrics", timeout=10).read().decode()
+            return sum(float(l.split()[-1]) for l in t.splitlines() if l.startswith("laststand:nan_logits_total"))
+        try:
+            n0 = nan_count()
+            err = ""
+            try:
+                name = g.get("/v1/models")["data"][0]["id"]
+                r = g.post("/v1/completions", {"model": name, "prompt": ps[0], "max_tokens": 4, "force_ids": [7, -1]})
+                err = json.dumps(r)[:160]
+            except urllib.error.HTTPError as ex:
+                err = f"HTTP {ex.code}: {ex.read().decode()[:160]}"
+            n1 = nan_count()
+            ok_after = len(g.gen(ps[0], 4)) == 4
+            verdict(f"{tag} nan-row", n1 >= n0 + 1 and ok_after and ("NaN" in err or "error" in err),
+                    f"nan_logits_total {n0:g} -> {n1:g}; response: {err}; next request ok: {ok_after}")
+        except Exception as ex:
+            verdict(f"{tag} nan-row", False, f"error: {ex}")
         # seeded sampling: alone twice, then amid 8 other requests
         g = srv["graph"]
         sp = {"temperature": 1.0, "seed": 1234, "top_p": 0.95}
@@ -266,11 +291,21 @@ def gen_check(name):
     verdict(f"generate {name}", isinstance(got["host"], list) and got["graph"] == got["host"] == got["dev"],
             f"host {got['host']} dev {got['dev']} graph {got['graph']}; graph vs ref.json greedy {eq}/12")
 
+FXM = os.path.join(FIX, "qwen3_5_moe_text")
+SYN = "synth:qwen3.5-35b-a3b,layers=4"
+# The host servers start first and run serve's start-up doctor, which caches its decision;
+# the other modes start once that cache exists (concurrent doctors race on the cache file).
+fx_srv = {"host": Server("fixture-qwen3.5", FXM, "host")}
+syn_srv = {"host": Server("synth-35b-l4", SYN, "host")} if DEV != "cpu" else {}
 for name in ("qwen3_5_moe_text", "qwen3"):
     try: gen_check(name)
     except Exception as ex: verdict(f"generate {name}", False, f"error: {ex}")
-run_model("fixture-qwen3.5", os.path.join(FIX, "qwen3_5_moe_text"), 1024, 40, True,
-          os.path.join(FIX, "qwen3_5_moe_text"))
-if DEV != "cpu": run_model("synth-35b-l4", "synth:qwen3.5-35b-a3b,layers=4", 248320, 50, False, modes=("host", "graph"))
+fx_srv["host"].wait(T0 + 40)
+fx_srv.update({m: Server("fixture-qwen3.5", FXM, m) for m in ("dev", "graph")})
+run_model("fixture-qwen3.5", fx_srv, 1024, 55, True, FXM)
+if syn_srv:
+    syn_srv["host"].wait(T0 + 60)
+    syn_srv["graph"] = Server("synth-35b-l4", SYN, "graph")
+    run_model("synth-35b-l4", syn_srv, 248320, 75, False)
 print(f"{el()} done")
 PY

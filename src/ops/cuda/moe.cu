@@ -172,7 +172,43 @@ __device__ __forceinline__ float dot_bf16_row(const bf16 *a, const bf16 *b, int 
 
 /* Softmax over logits[E], top-k (largest logit first, ties to the lower index),
  * renormalised if norm; the shared gate sigmoid(sgl) or sigmoid(x·wsg) (1
- * without a gate, 0 without a shared expert) into wts[k]. One warp. */
+ * without a gate, 0 without a shared expert) into wts[k]. One warp; lane l holds
+ * logits l, l + 32, ...; each of the k rounds is two warp reductions (redux.sync:
+ * the largest order-preserving key, then the lowest index holding it) and a
+ * depth-5 tree in the winning lane for its next best. */
+__device__ __forceinline__ unsigned f2key(float f) {
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key2f(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+/* best of v[0..31] (index lane + 32 i) not yet taken (bit i of `taken`), ties to
+ * the lower i: a tree that keeps the left operand unless the right one is larger */
+__device__ __forceinline__ void lane_best(const float (&v)[32], unsigned taken, int lane, float &bv, int &bi) {
+    float tv[16];
+    int ti[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const float a = (taken >> (2 * i)) & 1 ? -INFINITY : v[2 * i];
+        const float b = (taken >> (2 * i + 1)) & 1 ? -INFINITY : v[2 * i + 1];
+        const bool r = b > a;
+        tv[i] = r ? b : a;
+        ti[i] = r ? 2 * i + 1 : 2 * i;
+    }
+#pragma unroll
+    for (int lvl = 0; lvl < 4; lvl++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < (8 >> lvl)) {
+                const bool r = tv[2 * i + 1] > tv[2 * i];
+                tv[i] = r ? tv[2 * i + 1] : tv[2 * i];
+                ti[i] = r ? ti[2 * i + 1] : ti[2 * i];
+            }
+    bv = tv[0];
+    bi = lane + 32 * ti[0];
+}
+
 __device__ void warp_topk(const float *logits, int E, int k, int norm, const float *sgl, const bf16 *x,
                           const bf16 *wsg, int H, int has_shared, int32_t *idx, float *wts) {
     const int lane = threadIdx.x & 31;
@@ -190,78 +226,82 @@ __device__ void warp_topk(const float *logits, int E, int k, int norm, const flo
 #pragma unroll
     for (int i = 0; i < 32; i++) sum += lane + 32 * i < E ? __expf(v[i] - mx) : 0.f;
     sum = warp_sum(sum);
-    float psum = 0.f, pj[MOE_MAXK];
-    int ij[MOE_MAXK];
+    float bv, psum = 0.f, myp = 0.f;
+    int bi, myi = 0;
+    unsigned taken = 0;
+    lane_best(v, taken, lane, bv, bi);
+    /* round j: the largest key, then the lowest index holding it; lane j keeps the result */
     for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
-                bv = v[i];
-                bi = lane + 32 * i;
-            }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, f2key(bv));
+        const unsigned win = __reduce_min_sync(0xffffffffu, f2key(bv) == kmax ? (unsigned)bi : 0xffffffffu);
+        if (lane == (int)(win & 31)) {
+            taken |= 1u << (win >> 5);
+            lane_best(v, taken, lane, bv, bi);
         }
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (lane + 32 * i == bi) v[i] = -INFINITY;
-        ij[j] = bi;
-        pj[j] = __expf(bv - mx) / sum;
-        psum += pj[j];
+        const float p = __expf(key2f(kmax) - mx) / sum;
+        psum += p;
+        if (lane == j) {
+            myi = (int)win;
+            myp = p;
+        }
     }
     float sg = has_shared ? 1.f : 0.f;
     if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl)));
     else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x, wsg, H, lane)));
-    if (lane == 0) {
-        for (int j = 0; j < k; j++) {
-            idx[j] = ij[j];
-            wts[j] = norm ? pj[j] / psum : pj[j];
-        }
-        wts[k] = sg;
+    if (lane < k) {
+        idx[lane] = myi;
+        wts[lane] = norm ? myp / psum : myp;
     }
+    if (lane == 0) wts[k] = sg;
 }
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
-/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row; one more warp computes
- * the shared-expert gate's logit x·wsg into sgl [M]), then the last block does
- * top-k for every token (warp per token). */
+/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row, the row's 16-byte loads
+ * all in flight before the first use, x staged once per block in shared memory:
+ * M·H bf16, dynamic; one more warp computes the shared-expert gate's logit x·wsg
+ * into sgl [M]), then the last block to finish (atomic ticket) does top-k for
+ * every token (warp per token). */
+enum { ROUTER_LD = 16 }; /* 16-byte loads in flight per lane: 4096 elements per warp round */
 __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int E, int k, int norm,
                                                               const bf16 *__restrict__ x,
                                                               const bf16 *__restrict__ wr,
                                                               const bf16 *__restrict__ wsg, int has_shared,
                                                               float *logits, float *sgl, int32_t *idx,
                                                               float *wts, unsigned *ticket) {
+    extern __shared__ uint4 xs4[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ex = blockIdx.x * 4 + warp;
-    if (ex < E || (ex == E && wsg)) {
+    const bool active = ex < E || (ex == E && wsg);
+    const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
+    uint4 vw[ROUTER_LD];
+    if (active) {
+#pragma unroll
+        for (int c = 0; c < ROUTER_LD; c++)
+            if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+    }
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    if (active) {
         float acc[FUSED_MAXM];
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
-        /* 8 loads of 16 B in flight per lane before the first use */
-        for (int k0 = lane * 8; k0 < H; k0 += 256 * 8) {
-            uint4 vw[8];
+        for (int k0 = lane * 8; k0 < H; k0 += 256 * ROUTER_LD) {
+            if (k0 != lane * 8) {
 #pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+                for (int c = 0; c < ROUTER_LD; c++)
+                    if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+            }
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < ROUTER_LD; c++) {
                 const int kk = k0 + 256 * c;
                 if (kk >= H) break;
                 const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
 #pragma unroll
                 for (int m = 0; m < FUSED_MAXM; m++) {
                     if (m >= M) break;
-                    uint4 vx = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)m * H + kk));
+                    const uint4 vx = xs4[((size_t)m * H + kk) / 8];
                     const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
 #pragma unroll
                     for (int q = 0; q < 4; q++) {
@@ -509,6 +549,190 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     }
 }
 
+/* ---- the streaming pair (default): same load pipeline as fp4_gemm's cp.async kernel ---- */
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j), KW warps each owning PER
+ * consecutive 128-element chunks of H (H == KW·PER·128): all gate and up bytes of
+ * the warp's slice go in flight at once with cp.async (4 x 16 B per lane per
+ * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
+ * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
+ * the slot's combine weight (or shared gate) times the down projection's scale2,
+ * so the down kernel reads h as its ready B operand. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, 32 / KW)
+    moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
+                       int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+    extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
+    __shared__ float red[KW][2][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.y, m = s / (k + 1), j = s % (k + 1);
+    const int n0 = blockIdx.x * 16;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef;
+    int rows;
+    if (j < k) {
+        const int ex = idx[m * k + j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        coef = D->d2[ex];
+        rows = I;
+    } else {
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        coef = D->sd2;
+        rows = Is;
+    }
+    if (n0 >= rows) return;
+    const int c0 = warp * PER;
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+    uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(my + (u * 4 + 0) * 32, gw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 1) * 32, gw + rb + r8 + u * 64);
+        cu_cp_async16(my + (u * 4 + 2) * 32, uw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 3) * 32, uw + rb + r8 + u * 64);
+        cu_cp_async_commit();
+    }
+    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        sg0[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + u * 8));
+        sg1[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + u * 8));
+        su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
+        su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
+    }
+    coef *= wts[m * (k + 1) + j];
+    /* every token column is token m: no lane predicated off, column 0 is read */
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+    }
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+    }
+}
+
+/* Launch 3: block (16 output rows, token m): y = Σ_j down_j(h_j) over the
+ * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
+ * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
+ * in order (h rows from L2 as the B operand). The experts' down weights are
+ * looked up once per block into shared memory. */
+template <int KW, int PMAX>
+__global__ void __launch_bounds__(32 * KW, 2)
+    moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
+                     const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
+                     bf16 *__restrict__ y) {
+    extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
+    __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    if (threadIdx.x < k) {
+        const int ex = idx[m * k + threadIdx.x];
+        sw[threadIdx.x] = P->dw[ex];
+        ss[threadIdx.x] = P->ds[ex];
+    } else if (threadIdx.x == k) {
+        sw[k] = P->sdw;
+        ss[k] = P->sds;
+    }
+    __syncthreads();
+    const int cpe = I / 128, cps = Is / 128, npairs = k * cpe + cps;
+    uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int base = warp; base < npairs; base += KW * PMAX) {
+        uint16_t s0[PMAX], s1[PMAX];
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (u * 2 + 0) * 32, sw[j] + rb);
+                cu_cp_async16(my + (u * 2 + 1) * 32, sw[j] + rb + (size_t)8 * (K / 2));
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
+            }
+            cu_cp_async_commit();
+        }
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p >= npairs) break;
+            const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+            const uint4 *hp = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 32 * t);
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
+            cu_cp_async_wait_dyn(PMAX - 1 - u);
+            cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+        }
+    }
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
+enum { DOWN_KW = 16, DOWN_PMAX = 6 };
+
+/* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
+ * the default 48 KB (remembered per kernel: the largest so far). */
+template <auto K>
+static cudaError_t fused_smem(size_t bytes) {
+    static size_t have = 0;
+    if (!have) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
+        cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        have = 48 << 10;
+    }
+    if (bytes <= have) return cudaSuccess;
+    cudaError_t c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (c == cudaSuccess) have = bytes;
+    return c;
+}
+
+template <int KW, int PER>
+static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
+                                  int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
+                                  void *h, int ldh) {
+    cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
+    if (c != cudaSuccess) return c;
+    moe_gateup2_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
+                                                            (bf16 *)h, ldh);
+    return cudaGetLastError();
+}
+
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
     if (!moe_common_supported(d, s, why, n)) return 0;
     if (s->M > FUSED_MAXM) {
@@ -604,21 +828,52 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         return e->code ? e->code : ERR_NOMEM;
     }
     cudaStream_t st = (cudaStream_t)s;
-    moe_router_topk_kernel<<<(E + 1 + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                        (const bf16 *)w->router.data,
-                                                        w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL,
-                                                        Is > 0, logits, logits + FUSED_MAXM * MOE_MAXE, idx, wts,
-                                                        ticket);
-    cudaError_t c = cudaGetLastError();
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    cudaError_t c = fused_smem<moe_router_topk_kernel>(xsm);
     if (c == cudaSuccess) {
-        dim3 g2d(ldh / 16, M * (k + 1));
-        moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
+        moe_router_topk_kernel<<<(E + 1 + 3) / 4, 128, xsm, st>>>(
+            M, H, E, k, w->norm_topk, (const bf16 *)a->x, (const bf16 *)w->router.data,
+            w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0, logits,
+            logits + FUSED_MAXM * MOE_MAXE, idx, wts, ticket);
         c = cudaGetLastError();
     }
-    if (c == cudaSuccess) {
-        dim3 g3d(H / 16, M);
-        moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
-        c = cudaGetLastError();
+    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
+    const int nch = H / 128;
+    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    static int v1 = -1;
+    if (v1 < 0) {
+        const char *ev = getenv("LASTSTAND_MOE_FUSED_V1");
+        v1 = ev && !strcmp(ev, "1");
+    }
+    if (c == cudaSuccess && gkw && !v1) {
+        dim3 g2d(ldh / 16, M * (k + 1));
+        const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 8) c = gateup2_launch<8, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 16) c = gateup2_launch<8, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else c = gateup2_launch<8, 4>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        if (c == cudaSuccess) c = cudaGetLastError();
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+        if (c == cudaSuccess) {
+            dim3 g3d(H / 16, M);
+            moe_down2_kernel<DOWN_KW, DOWN_PMAX><<<g3d, 32 * DOWN_KW, dsm, st>>>(ddp, H, I, Is, k, idx,
+                                                                               (const bf16 *)hws, ldh,
+                                                                               (bf16 *)a->y);
+            c = cudaGetLastError();
+        }
+    } else {
+        if (c == cudaSuccess) {
+            dim3 g2d(ldh / 16, M * (k + 1));
+            moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
+            c = cudaGetLastError();
+        }
+        if (c == cudaSuccess) {
+            dim3 g3d(H / 16, M);
+            moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
+            c = cudaGetLastError();
+        }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
         /* optional outputs: device copies of the choices */

@@ -28,18 +28,22 @@ for t in r["tables"]:
           " ".join("M=%s %s %.2fus %.0fGB/s" % (m, v["status"], v.get("ms", 0) * 1e3, v.get("gbs", 0)) for m, v in c.items()))
 PY
   done > $OUT/sweep.txt 2>&1
-  # the fused MoE decode before this session's kernels (gate/up and down of v1; router + top-k are new in both)
-  LASTSTAND_MOE_FUSED_V1=1 timeout 40 $LS doctor --device cuda --shapes qwen3.5-397b-a17b --families moe \
-    --backends cuda_fused_decode --m 1,2,8 2>/dev/null | grep -E '^ +[0-9]+ ' | sed 's/^/MOE_V1 /' >> $OUT/sweep.txt
+  # the fused MoE decode's two gate/up + down kernel pairs, each forced at every M
+  for pair in 1 2; do
+    LASTSTAND_MOE_FUSED_PAIR=$pair timeout 40 $LS doctor --device cuda --shapes qwen3.5-397b-a17b --families moe \
+      --backends cuda_fused_decode --m 1,2,8 2>/dev/null | grep -E '^ +[0-9]+ ' | sed "s/^/MOE_PAIR$pair /" >> $OUT/sweep.txt
+  done
   timeout 40 $LS doctor --device cuda --shapes qwen3.5-35b-a3b --families moe --m 1,2,8 2>/dev/null | \
     grep -E '^(moe| +[0-9]+ )' | sed 's/^/35B /' >> $OUT/sweep.txt
   echo "sweep: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
 fi
 timeout 60 python3 $HERE/fp4_gemm_bench.py --laststand $LS --out $OUT --shapes $SH --m 1,2,8 > $OUT/bench.txt 2>&1
 echo "bench: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
-if [ "${NCU:-0}" = 1 ]; then
-  for job in "fp4_gemm cuda_w4a16_mma 4096x4096 fp4_w4a16 2" "fp4_gemm cuda_w4a16_mma 16384x4096 fp4_w4a16 2" \
-             "moe cuda_fused_decode 4096x4096 moe_ 3"; do
+if [ "${NCU:-0}" != 0 ]; then   # NCU=1: fp4_gemm and moe kernels; NCU=moe: the moe kernels only
+  JOBS='fp4_gemm:cuda_w4a16_mma:4096x4096:fp4_w4a16:2 fp4_gemm:cuda_w4a16_mma:16384x4096:fp4_w4a16:2 moe:cuda_fused_decode:4096x4096:moe_:4'
+  [ "$NCU" = moe ] && JOBS='moe:cuda_fused_decode:4096x4096:moe_:4'
+  for job in $JOBS; do
+    job=$(echo $job | tr ':' ' ')
     set -- $job
     timeout 60 ncu --clock-control none --target-processes all -k regex:"$4" -c $5 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section SchedulerStats --section WarpStateStats \

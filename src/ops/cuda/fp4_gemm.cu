@@ -14,7 +14,10 @@
  *                        bytes). K is permuted inside each lane's 32-element
  *                        slice identically for A and B (a dot product does not
  *                        care about order). Partial sums of the KW warps meet in
- *                        shared memory; scale2 is applied once at the end.
+ *                        shared memory; scale2 is applied once at the end. At
+ *                        M = 1 a variant stages the weights through shared
+ *                        memory with cp.async instead of registers (63
+ *                        registers: twice the warps per SM), same decode.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -250,7 +253,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 1) fp4_w4a16_kernel(in
     }
 }
 
-/* The M <= 8 streaming kernel (the default at M <= 8 since 2026-11-29 15:00): one
+/* The M <= 8 streaming kernel (the default at M = 1 since 2026-11-29): one
  * 16-row tile per block, KW warps each owning PER consecutive 128-element chunks of
  * K (K == KW * PER * 128 exactly). Every weight byte of the warp's slice is put in
  * flight at once with cp.async into shared memory (so in-flight data holds no
@@ -498,7 +501,9 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
     }
 }
 
-/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=1
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_ASYNC = the
+ * largest M that takes the cp.async kernel (default 1; 0 = never), LASTSTAND_W4A16_AKW
+ * = its warps per tile (8 or 16; default by grid size); LASTSTAND_W4A16_PERSIST=1
  * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
  * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
  * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
@@ -511,7 +516,7 @@ static void w4_knobs(void) {
     const char *as = getenv("LASTSTAND_W4A16_ASYNC"), *akw = getenv("LASTSTAND_W4A16_AKW");
     int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
     g_w4_persist = p && !strcmp(p, "1");
-    g_w4_async = !(as && !strcmp(as, "0"));
+    g_w4_async = as ? atoi(as) : 1; /* the cp.async kernel up to this M (H200: M = 1 only pays) */
     g_w4_akw = akw ? atoi(akw) : 0;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
@@ -548,11 +553,20 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
      * (132 SMs on an H200), never below one chunk per warp. */
     w4_knobs();
     cudaStream_t st = (cudaStream_t)s;
-    if (mt == 1 && g_w4_async && !g_w4_persist) {
-        /* the cp.async streaming kernel: as many warps as K splits into, 1..4 chunks each */
+    if (mt == 1 && a->M <= g_w4_async && !g_w4_persist) {
+        /* the cp.async streaming kernel: 16 warps a tile when the tiles barely fill the
+         * GPU twice, else 8 (H200, 2026-11-29: [4096 x 4096] 9.3 vs 9.8 us, [16384 x 4096]
+         * 21.1 vs 21.8 us); 1..4 chunks per warp */
+        static int sms = 0;
+        if (!sms) {
+            int dev = 0;
+            cudaGetDevice(&dev);
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            if (sms < 1) sms = 1;
+        }
         int kw = 0;
         if (g_w4_akw == 8 || g_w4_akw == 16) kw = g_w4_akw;
-        else if (nchunks % 16 == 0 && nchunks / 16 <= 2) kw = 16;
+        else if (nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * sms) kw = 16;
         else kw = 8;
         int per = nchunks / kw;
         if (nchunks % kw || per > (kw == 16 ? 2 : 4) || per == 3) kw = 0;

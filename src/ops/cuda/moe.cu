@@ -4,19 +4,25 @@
  * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 or BF16.
  *
  * Backends, two different algorithms:
- *   cuda_fused_decode  M <= 8, NVFP4 experts, 3 launches, no host round trip:
- *                      (1) router GEMV (warp per expert row, every token) whose
- *                      last block to finish (atomic ticket) does softmax, top-k
- *                      and the shared gate, a warp per token; (2) gate+up: a
- *                      block per (token, chosen expert or shared, 16 rows), the
- *                      NVFP4 rows decoded in registers into mma.sync m16n8k16 (the
- *                      token in column 0), SiLU·up stored fp32; (3) down: a block
- *                      per (token, 16 output rows) sums every chosen expert and
- *                      the shared one, the combine weight · scale2 folded into
- *                      the B operand. The expert pointer tables (30 KB for
- *                      E = 512) live in device memory, cached per layer and
- *                      uploaded only when they change (passing them as 20 KB
- *                      kernel parameters cost ~20 us per call on the H200).
+ *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip:
+ *                      (1) router GEMV (warp per expert row, every token, x in
+ *                      shared memory; one more warp for the shared gate's
+ *                      logit); (2) softmax, top-k (two redux.sync per pick) and
+ *                      the shared gate, a warp per token; (3) gate+up: a block
+ *                      per (token, chosen expert or shared, 16 rows), the NVFP4
+ *                      rows decoded in registers into mma.sync m16n8k16, then
+ *                      SiLU·up; (4) down: a block per (token, 16 output rows)
+ *                      sums every chosen expert and the shared one with the
+ *                      combine weight · scale2 folded in. Two kernel pairs for
+ *                      (3)+(4): at M = 1 the register-staged one (weights in
+ *                      registers, h in fp32, token in column 0), at M >= 2 the
+ *                      cp.async one (fp4_gemm's streaming pipeline; h in BF16
+ *                      with the combine weight applied) — each the faster on
+ *                      the H200 at those M (bench/RESULTS.md). The expert
+ *                      pointer tables (30 KB for E = 512) live in device
+ *                      memory, cached per layer and uploaded only when they
+ *                      change (passing them as 20 KB kernel parameters cost
+ *                      ~20 us per call on the H200).
  *   cuda_expert_loop   any M: router through cuBLASLt (fp32 logits), top-k
  *                      kernel, one device->host copy of the choices, tokens
  *                      sorted by expert and gathered, then per expert the
@@ -37,7 +43,7 @@ enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8, MOE_MAX_DEV = 16 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_TICKET, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
        WS_US, WS_S, WS_N };
 
 typedef struct fused_tables fused_tables;
@@ -260,15 +266,11 @@ __device__ void warp_topk(const float *logits, int E, int k, int norm, const flo
 /* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row, the row's 16-byte loads
  * all in flight before the first use, x staged once per block in shared memory:
  * M·H bf16, dynamic; one more warp computes the shared-expert gate's logit x·wsg
- * into sgl [M]), then the last block to finish (atomic ticket) does top-k for
- * every token (warp per token). */
+ * into sgl [M]). */
 enum { ROUTER_LD = 16 }; /* 16-byte loads in flight per lane: 4096 elements per warp round */
-__global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int E, int k, int norm,
-                                                              const bf16 *__restrict__ x,
-                                                              const bf16 *__restrict__ wr,
-                                                              const bf16 *__restrict__ wsg, int has_shared,
-                                                              float *logits, float *sgl, int32_t *idx,
-                                                              float *wts, unsigned *ticket) {
+__global__ void __launch_bounds__(128) moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x,
+                                                         const bf16 *__restrict__ wr, const bf16 *__restrict__ wsg,
+                                                         float *logits, float *sgl) {
     extern __shared__ uint4 xs4[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ex = blockIdx.x * 4 + warp;
@@ -322,17 +324,19 @@ __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int 
             }
         }
     }
-    __threadfence();
-    __syncthreads();
-    __shared__ unsigned last;
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int m = warp; m < M; m += 4)
-        warp_topk(logits + m * E, E, k, norm, wsg ? sgl + m : NULL, x + (size_t)m * H, wsg, H, has_shared,
-                  idx + m * k, wts + m * (k + 1));
-    if (threadIdx.x == 0) *ticket = 0;
+}
+
+/* Launch 1b: top-k and the shared gate, a warp per token (block of 32·M). It was
+ * the tail of launch 1 (last block by atomic ticket) until 2026-11-29: Nsight
+ * Compute timed that kernel at 18-20 us on the H200 (397B layer, M = 1), about
+ * 13 us of it with one block left running, whatever the top-k code was. */
+__global__ void moe_fused_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
+                                      const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits,
+                                      const float *__restrict__ sgl, int32_t *idx, float *wts) {
+    const int m = threadIdx.x >> 5;
+    if (m >= M) return;
+    warp_topk(logits + (size_t)m * E, E, k, norm, wsg ? sgl + m : NULL, x + (size_t)m * H, wsg, H, has_shared,
+              idx + (size_t)m * k, wts + (size_t)m * (k + 1));
 }
 
 typedef struct gu_params {
@@ -821,31 +825,39 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, e);
     int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, e);
     float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), e);
-    unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, e);
     float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, e);
-    if (!logits || !idx || !wts || !ticket || !hws) {
+    if (!logits || !idx || !wts || !hws) {
         pthread_mutex_unlock(&ws->mu);
         return e->code ? e->code : ERR_NOMEM;
     }
     cudaStream_t st = (cudaStream_t)s;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
-    cudaError_t c = fused_smem<moe_router_topk_kernel>(xsm);
+    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
+    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
+    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     if (c == cudaSuccess) {
-        moe_router_topk_kernel<<<(E + 1 + 3) / 4, 128, xsm, st>>>(
-            M, H, E, k, w->norm_topk, (const bf16 *)a->x, (const bf16 *)w->router.data,
-            w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0, logits,
-            logits + FUSED_MAXM * MOE_MAXE, idx, wts, ticket);
+        moe_router_kernel<<<(E + 1 + 3) / 4, 128, xsm, st>>>(M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data,
+                                                             wsg, logits, sgl);
+        c = cudaGetLastError();
+    }
+    if (c == cudaSuccess) {
+        moe_fused_topk_kernel<<<1, 32 * M, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
+                                                   logits, sgl, idx, wts);
         c = cudaGetLastError();
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    static int v1 = -1;
-    if (v1 < 0) {
-        const char *ev = getenv("LASTSTAND_MOE_FUSED_V1");
-        v1 = ev && !strcmp(ev, "1");
+    /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
+     * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
+     * = 1 or 2 forces one (benchmarks only) */
+    static int force = -1;
+    if (force < 0) {
+        const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
+        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2")) ? atoi(ev) : 0;
     }
-    if (c == cudaSuccess && gkw && !v1) {
+    const int v2 = force ? force == 2 : M >= 2;
+    if (c == cudaSuccess && gkw && v2) {
         dim3 g2d(ldh / 16, M * (k + 1));
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
         if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);

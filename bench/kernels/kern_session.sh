@@ -15,7 +15,8 @@ echo "doctor: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
 if [ "${SWEEP:-1}" = 1 ]; then
   # variants of cuda_w4a16_mma at M <= 8 (env knobs, see fp4_gemm.cu): the cp.async kernel with
   # 16 or 8 warps splitting K, and the register-staged kernel it replaced (ASYNC=0)
-  for cfg in "ASYNC=1 AKW=16" "ASYNC=1 AKW=8" "ASYNC=0 AKW=0"; do
+  for cfg in ${FP4_CFGS-"ASYNC=1:AKW=16" "ASYNC=1:AKW=8" "ASYNC=0:AKW=0"}; do
+    cfg=$(echo $cfg | tr ':' ' ')
     env $(echo $cfg | sed 's/\([A-Z]*=\)/LASTSTAND_W4A16_\1/g') timeout 40 $LS doctor --device cuda \
       --shapes qwen3.5-397b-a17b --families fp4_gemm --backends cuda_w4a16_mma \
       --fp4-shapes $SH --m 1,8 --json $OUT/sweep.json >/dev/null 2>&1

@@ -176,12 +176,7 @@ __device__ __forceinline__ float dot_bf16_row(const bf16 *a, const bf16 *b, int 
     return warp_sum(s);
 }
 
-/* Softmax over logits[E], top-k (largest logit first, ties to the lower index),
- * renormalised if norm; the shared gate sigmoid(sgl) or sigmoid(x·wsg) (1
- * without a gate, 0 without a shared expert) into wts[k]. One warp; lane l holds
- * logits l, l + 32, ...; each of the k rounds is two warp reductions (redux.sync:
- * the largest order-preserving key, then the lowest index holding it) and a
- * depth-5 tree in the winning lane for its next best. */
+/* fp32 <-> an unsigned key with the same order (for redux.sync max / min) */
 __device__ __forceinline__ unsigned f2key(float f) {
     unsigned u = __float_as_uint(f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
@@ -189,98 +184,32 @@ __device__ __forceinline__ unsigned f2key(float f) {
 __device__ __forceinline__ float key2f(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
-/* best of v[0..31] (index lane + 32 i) not yet taken (bit i of `taken`), ties to
- * the lower i: a tree that keeps the left operand unless the right one is larger */
-__device__ __forceinline__ void lane_best(const float (&v)[32], unsigned taken, int lane, float &bv, int &bi) {
-    float tv[16];
-    int ti[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        const float a = (taken >> (2 * i)) & 1 ? -INFINITY : v[2 * i];
-        const float b = (taken >> (2 * i + 1)) & 1 ? -INFINITY : v[2 * i + 1];
-        const bool r = b > a;
-        tv[i] = r ? b : a;
-        ti[i] = r ? 2 * i + 1 : 2 * i;
-    }
-#pragma unroll
-    for (int lvl = 0; lvl < 4; lvl++)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (i < (8 >> lvl)) {
-                const bool r = tv[2 * i + 1] > tv[2 * i];
-                tv[i] = r ? tv[2 * i + 1] : tv[2 * i];
-                ti[i] = r ? ti[2 * i + 1] : ti[2 * i];
-            }
-    bv = tv[0];
-    bi = lane + 32 * ti[0];
-}
-
-__device__ void warp_topk(const float *logits, int E, int k, int norm, const float *sgl, const bf16 *x,
-                          const bf16 *wsg, int H, int has_shared, int32_t *idx, float *wts) {
-    const int lane = threadIdx.x & 31;
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        int ex = lane + 32 * i;
-        v[i] = ex < E ? __ldcg(logits + ex) : -INFINITY; /* written by other blocks: skip L1 */
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 32; i++) mx = fmaxf(mx, v[i]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) sum += lane + 32 * i < E ? __expf(v[i] - mx) : 0.f;
-    sum = warp_sum(sum);
-    float bv, psum = 0.f, myp = 0.f;
-    int bi, myi = 0;
-    unsigned taken = 0;
-    lane_best(v, taken, lane, bv, bi);
-    /* round j: the largest key, then the lowest index holding it; lane j keeps the result */
-    for (int j = 0; j < k; j++) {
-        const unsigned kmax = __reduce_max_sync(0xffffffffu, f2key(bv));
-        const unsigned win = __reduce_min_sync(0xffffffffu, f2key(bv) == kmax ? (unsigned)bi : 0xffffffffu);
-        if (lane == (int)(win & 31)) {
-            taken |= 1u << (win >> 5);
-            lane_best(v, taken, lane, bv, bi);
-        }
-        const float p = __expf(key2f(kmax) - mx) / sum;
-        psum += p;
-        if (lane == j) {
-            myi = (int)win;
-            myp = p;
-        }
-    }
-    float sg = has_shared ? 1.f : 0.f;
-    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl)));
-    else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x, wsg, H, lane)));
-    if (lane < k) {
-        idx[lane] = myi;
-        wts[lane] = norm ? myp / psum : myp;
-    }
-    if (lane == 0) wts[k] = sg;
-}
-
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
-/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row, the row's 16-byte loads
- * all in flight before the first use, x staged once per block in shared memory:
- * M·H bf16, dynamic; one more warp computes the shared-expert gate's logit x·wsg
- * into sgl [M]). */
-enum { ROUTER_LD = 16 }; /* 16-byte loads in flight per lane: 4096 elements per warp round */
-__global__ void __launch_bounds__(128) moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x,
-                                                         const bf16 *__restrict__ wr, const bf16 *__restrict__ wsg,
-                                                         float *logits, float *sgl) {
+/* Launch 1: logits [M, E] = x·Wrᵀ. A block of 16 warps takes 4 expert rows, 4
+ * warps a row, each a quarter of H with all its 16-byte loads in flight before
+ * the first use (x staged once per block in shared memory: M·H bf16, dynamic);
+ * the quarters meet in shared memory. Row E, when there is a shared-expert gate,
+ * is its logit x·wsg into sgl [M]. (One warp per whole row until 2026-11-29: 6.3
+ * us on the H200 for E = 512, H = 4096, every warp a long serial FMA chain.) */
+enum { ROUTER_RPB = 4, ROUTER_Q = 4, ROUTER_LD = 8 };
+__global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kernel(int M, int H, int E,
+                                                                            const bf16 *__restrict__ x,
+                                                                            const bf16 *__restrict__ wr,
+                                                                            const bf16 *__restrict__ wsg,
+                                                                            float *logits, float *sgl) {
     extern __shared__ uint4 xs4[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ex = blockIdx.x * 4 + warp;
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
+    const int ex = blockIdx.x * ROUTER_RPB + r;
     const bool active = ex < E || (ex == E && wsg);
     const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
+    const int hq = H / ROUTER_Q, kb = q * hq, ke = kb + hq;
     uint4 vw[ROUTER_LD];
     if (active) {
 #pragma unroll
         for (int c = 0; c < ROUTER_LD; c++)
-            if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
     }
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
@@ -289,16 +218,16 @@ __global__ void __launch_bounds__(128) moe_router_kernel(int M, int H, int E, co
         float acc[FUSED_MAXM];
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        for (int k0 = lane * 8; k0 < H; k0 += 256 * ROUTER_LD) {
-            if (k0 != lane * 8) {
+        for (int k0 = kb + lane * 8; k0 < ke; k0 += 256 * ROUTER_LD) {
+            if (k0 != kb + lane * 8) {
 #pragma unroll
                 for (int c = 0; c < ROUTER_LD; c++)
-                    if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+                    if (k0 + 256 * c < ke) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
             }
 #pragma unroll
             for (int c = 0; c < ROUTER_LD; c++) {
                 const int kk = k0 + 256 * c;
-                if (kk >= H) break;
+                if (kk >= ke) break;
                 const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
 #pragma unroll
                 for (int m = 0; m < FUSED_MAXM; m++) {
@@ -306,8 +235,8 @@ __global__ void __launch_bounds__(128) moe_router_kernel(int M, int H, int E, co
                     const uint4 vx = xs4[((size_t)m * H + kk) / 8];
                     const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        float2 a = bf2_to_f2(ww[q]), b = bf2_to_f2(xx[q]);
+                    for (int u = 0; u < 4; u++) {
+                        float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
                         acc[m] = fmaf(a.x, b.x, acc[m]);
                         acc[m] = fmaf(a.y, b.y, acc[m]);
                     }
@@ -317,26 +246,121 @@ __global__ void __launch_bounds__(128) moe_router_kernel(int M, int H, int E, co
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) {
             if (m >= M) break;
-            float s = warp_sum(acc[m]);
-            if (lane == 0) {
-                if (ex < E) logits[m * E + ex] = s;
-                else sgl[m] = s;
-            }
+            const float sum = warp_sum(acc[m]);
+            if (lane == 0) part[r][q][m] = sum;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROUTER_RPB * FUSED_MAXM) {
+        const int r2 = threadIdx.x / FUSED_MAXM, m = threadIdx.x % FUSED_MAXM;
+        const int ex2 = blockIdx.x * ROUTER_RPB + r2;
+        if (m < M && (ex2 < E || (ex2 == E && wsg))) {
+            float v = 0.f;
+#pragma unroll
+            for (int qq = 0; qq < ROUTER_Q; qq++) v += part[r2][qq][m];
+            if (ex2 < E) logits[(size_t)m * E + ex2] = v;
+            else sgl[m] = v;
         }
     }
 }
 
-/* Launch 1b: top-k and the shared gate, a warp per token (block of 32·M). It was
- * the tail of launch 1 (last block by atomic ticket) until 2026-11-29: Nsight
- * Compute timed that kernel at 18-20 us on the H200 (397B layer, M = 1), about
- * 13 us of it with one block left running, whatever the top-k code was. */
-__global__ void moe_fused_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
-                                      const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits,
-                                      const float *__restrict__ sgl, int32_t *idx, float *wts) {
-    const int m = threadIdx.x >> 5;
-    if (m >= M) return;
-    warp_topk(logits + (size_t)m * E, E, k, norm, wsg ? sgl + m : NULL, x + (size_t)m * H, wsg, H, has_shared,
-              idx + (size_t)m * k, wts + (size_t)m * (k + 1));
+/* Launch 1b: softmax, top-k and the shared gate, a block of TOPK_W warps per
+ * token (E <= 64·TOPK_W). Phase 1: warp w takes experts 64w .. 64w + 63 (two per
+ * lane) and picks its own top-k, k rounds of two redux.sync (largest
+ * order-preserving key, then the lowest index holding it). Phase 2: warp 0 picks
+ * the top-k of those TOPK_W·k candidates the same way. The global top-k under
+ * (logit desc, index asc) is inside the union of the warps' top-k. Until
+ * 2026-11-29 one warp did all of it: 9 us of dependent instructions on one SM
+ * (Nsight Compute, H200, E = 512, k = 10), now a few hundred per warp. */
+enum { TOPK_W = 16 };
+__global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
+                                                                    const bf16 *__restrict__ x,
+                                                                    const bf16 *__restrict__ wsg, int has_shared,
+                                                                    const float *__restrict__ logits,
+                                                                    const float *__restrict__ sgl, int32_t *idx,
+                                                                    float *wts) {
+    __shared__ unsigned ck[TOPK_W][MOE_MAXK];
+    __shared__ int ci[TOPK_W][MOE_MAXK];
+    __shared__ float rmax[TOPK_W], rsum[TOPK_W];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
+    const float *L = logits + (size_t)m * E;
+    const int e0 = warp * 64 + lane, e1 = e0 + 32;
+    const float a = e0 < E ? L[e0] : -INFINITY, b = e1 < E ? L[e1] : -INFINITY;
+    /* softmax denominator over all E */
+    float mx = warp_max(fmaxf(a, b));
+    if (lane == 0) rmax[warp] = mx;
+    __syncthreads();
+    mx = rmax[0];
+#pragma unroll
+    for (int w = 1; w < TOPK_W; w++) mx = fmaxf(mx, rmax[w]);
+    float sm = warp_sum((e0 < E ? __expf(a - mx) : 0.f) + (e1 < E ? __expf(b - mx) : 0.f));
+    if (lane == 0) rsum[warp] = sm;
+    /* phase 1: this warp's top-k of its 64 */
+    const unsigned ka = e0 < E ? f2key(a) : 0u, kb = e1 < E ? f2key(b) : 0u;
+    bool ta = false, tb = false;
+    for (int j = 0; j < k; j++) {
+        /* this lane's best untaken: a (lower index) unless b is strictly larger */
+        const unsigned ua = ta ? 0u : ka, ub = tb ? 0u : kb;
+        const unsigned kl = ub > ua ? ub : ua;
+        const unsigned il = ub > ua ? (unsigned)e1 : (unsigned)e0;
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
+        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? il : 0xffffffffu);
+        if (win == (unsigned)e0) ta = true;
+        if (win == (unsigned)e1) tb = true;
+        if (lane == 0) {
+            ck[warp][j] = kmax;
+            ci[warp][j] = (int)win;
+        }
+    }
+    __syncthreads();
+    if (warp) return;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < TOPK_W; w++) sum += rsum[w];
+    /* phase 2: candidates c = lane + 32 r, r < 8 (TOPK_W·MOE_MAXK = 256), 0 = empty */
+    unsigned ck8[8];
+    int ci8[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        const int c = lane + 32 * r, w = c / MOE_MAXK, j = c % MOE_MAXK;
+        const bool ok = j < k && w * 64 < E;
+        ck8[r] = ok ? ck[w][j] : 0u;
+        ci8[r] = ok ? ci[w][j] : 0x7fffffff;
+    }
+    unsigned taken = 0;
+    float psum = 0.f, myp = 0.f;
+    int myi = 0;
+    for (int j = 0; j < k; j++) {
+        unsigned kl = 0u;
+        int il = 0x7fffffff;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const unsigned kr = (taken >> r) & 1 ? 0u : ck8[r];
+            if (kr > kl || (kr == kl && kr && ci8[r] < il)) {
+                kl = kr;
+                il = ci8[r];
+            }
+        }
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
+        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? (unsigned)il : 0xffffffffu);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if (ci8[r] == (int)win && ck8[r] == kmax) taken |= 1u << r;
+        const float p = __expf(key2f(kmax) - mx) / sum;
+        psum += p;
+        if (lane == j) {
+            myi = (int)win;
+            myp = p;
+        }
+    }
+    float sg = has_shared ? 1.f : 0.f;
+    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl + m)));
+    else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x + (size_t)m * H, wsg, H, lane)));
+    if (lane < k) {
+        idx[(size_t)m * k + lane] = myi;
+        wts[(size_t)m * (k + 1) + lane] = norm ? myp / psum : myp;
+    }
+    if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
 }
 
 typedef struct gu_params {
@@ -836,13 +860,13 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     if (c == cudaSuccess) {
-        moe_router_kernel<<<(E + 1 + 3) / 4, 128, xsm, st>>>(M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data,
-                                                             wsg, logits, sgl);
+        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
+            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
         c = cudaGetLastError();
     }
     if (c == cudaSuccess) {
-        moe_fused_topk_kernel<<<1, 32 * M, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
-                                                   logits, sgl, idx, wts);
+        moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
+                                                        logits, wsg ? sgl : NULL, idx, wts);
         c = cudaGetLastError();
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
@@ -903,13 +927,6 @@ const moe_impl moe_cuda_fused_decode = {"cuda_fused_decode", DEV_CUDA, 0, fused_
 
 /* ---- cuda_expert_loop ------------------------------------------------------------- */
 
-__global__ void moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
-                                const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits,
-                                int32_t *idx, float *wts) {
-    int m = blockIdx.x;
-    warp_topk(logits + (size_t)m * E, E, k, norm, NULL, x + (size_t)m * H, wsg, H, has_shared, idx + (size_t)m * k,
-              wts + (size_t)m * (k + 1));
-}
 
 /* xs[i] = x[perm[i]], rows of H bf16 */
 __global__ void moe_gather_kernel(int n, int H, const bf16 *__restrict__ x, const int32_t *__restrict__ perm,
@@ -986,9 +1003,9 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
     if (rc) return err_prefix(e, "cuda_expert_loop router");
-    moe_topk_kernel<<<M, 32, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                      w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0, logits,
-                                      idx, wts);
+    moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                               w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0,
+                                               logits, NULL, idx, wts);
     CU_LAUNCHED(e, "cuda_expert_loop top-k");
     /* the shared expert does not depend on the routing: queue it before the host waits */
     if (Is) {

@@ -506,8 +506,8 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * = its warps per tile (8 or 16; default by grid size); LASTSTAND_W4A16_PERSIST=1
  * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
  * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
- * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
- * M <= 8 (4 or 8) shape the one-tile-per-block kernel. Read once. */
+ * splitting K (1, 2, 4, 8; 16 with U = 2) and LASTSTAND_W4A16_U = chunks in flight per warp at
+ * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel. Read once. */
 static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;

@@ -1,7 +1,7 @@
 /* ref_small.c: the CPU reference small ops: RMSNorm (plain w·x̂ and
  * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
- * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add, and
- * the KV-page writes, the row gather. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
+ * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add (alone,
+ * or fused with the following RMSNorm), the KV-page writes, the row gather. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
  */
 #include "ops/cpu/cpu.h"
 
@@ -125,6 +125,19 @@ static int ref_add(int64_t n, const void *x, void *y, act_dtype dt, ls_stream s)
     return 0;
 }
 
+/* h (+)= x, then y = norm(h): the same arithmetic as add followed by rmsnorm. */
+static int ref_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, const float *w,
+                           rms_kind kind, float eps, void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_F32) return ERR_UNSUPPORTED;
+    const size_t n = (size_t)rows * cols;
+    const float *xf = x;
+    if (init)
+        memcpy(h, xf, sizeof(float) * n);
+    else
+        for (size_t i = 0; i < n; i++) h[i] += xf[i];
+    return ref_rmsnorm(rows, cols, h, w, kind, eps, y, dt, s);
+}
+
 static int ref_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads,
                         int head_dim, const void *k, const void *v, act_dtype dt, ls_stream s) {
     if (dt != ACT_F32 || kv->dt != ACT_F32) return ERR_UNSUPPORTED;
@@ -163,4 +176,5 @@ const small_ops small_cpu_ref = {
     .add = ref_add,
     .kv_write = ref_kv_write,
     .gather_rows = ref_gather_rows,
+    .add_rmsnorm = ref_add_rmsnorm,
 };

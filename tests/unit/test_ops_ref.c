@@ -41,6 +41,25 @@ static void test_rmsnorm_three_flavours(void **st) {
     near(xx[7], -1.0, 1e-6, "row 2 last");
 }
 
+/* add_rmsnorm: h = x (init) or h + x in the fp32 residual, y = norm(h); y may alias x. */
+static void test_add_rmsnorm_keeps_the_residual(void **st) {
+    const small_ops *so = &small_cpu_ref;
+    float h[4] = {9, 9, 9, 9}, x[4] = {1, 2, 3, 4}, w[4] = {1, 0.5f, 2, -1}, y[4];
+    assert_int_equal(so->add_rmsnorm(1, 4, h, x, 1, w, RMS_ZC, 1e-6f, y, ACT_F32, NULL), 0);
+    const double r = 1 / sqrt(7.5 + 1e-6);
+    for (int i = 0; i < 4; i++) {
+        near(h[i], x[i], 0, "init copies x into the residual");
+        near(y[i], (1 + w[i]) * x[i] * r, 1e-6, "then the zero-centred norm of it");
+    }
+    /* the second add: h = 2x, normalised (the scale cancels); y written over x */
+    assert_int_equal(so->add_rmsnorm(1, 4, h, x, 0, w, RMS_PLAIN, 1e-6f, x, ACT_F32, NULL), 0);
+    const double r2 = 1 / sqrt(30 + 1e-6);
+    for (int i = 0; i < 4; i++) {
+        near(h[i], 2.0 * (i + 1), 0, "h += x");
+        near(x[i], w[i] * 2.0 * (i + 1) * r2, 1e-6, "plain w·norm(h), in place over x");
+    }
+}
+
 static void test_rope_partial_neox(void **st) {
     /* head_dim 6, rot_dim 4: pairs (0,2), (1,3) rotate; dims 4,5 pass through. */
     float x[6] = {1, 2, 3, 4, 5, 6};
@@ -338,6 +357,7 @@ int main(void) {
     unsetenv("LASTSTAND_TEST_BROKEN_BACKENDS");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm_three_flavours),
+        cmocka_unit_test(test_add_rmsnorm_keeps_the_residual),
         cmocka_unit_test(test_rope_partial_neox),
         cmocka_unit_test(test_nvfp4_dequant_known_codes),
         cmocka_unit_test(test_router_topk_renormalises),

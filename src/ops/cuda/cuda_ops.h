@@ -13,10 +13,17 @@
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
  *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
+ *             cuda_grouped_gemm   any M, NVFP4: routing, sort and tile table on the device,
+ *                                 grouped mma.sync GEMMs over expert tiles (moe_grouped.cu)
  *   attention: cuda_flash_decode  split-K over 256-position chunks, GQA group per block
  *             cuda_naive          one warp per (token, head), online softmax
  *             (seqs and their page lists are host memory; flattened per call)
+ *             cuda_flash_prefill  FlashAttention-2 tiles on mma.sync, (token, head) rows of a GQA
+ *                                 group per tile, K/V tiles shared by the group (attention_prefill.cu)
  *   gdn:       cuda_recurrent      conv kernel + per-(sequence, v head) recurrence, S in registers
+ *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync, S in registers
+ *                                 as accumulators (gdn_chunked.cu)
+ *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).
@@ -34,9 +41,13 @@ extern const fp4_gemm_impl fp4_gemm_cuda_broken_nan3072;
 extern const fp4_gemm_impl fp4_gemm_cuda_broken_illegal;
 extern const moe_impl moe_cuda_fused_decode;
 extern const moe_impl moe_cuda_expert_loop;
+extern const moe_impl moe_cuda_grouped_gemm;
 extern const attn_impl attn_cuda_flash_decode;
 extern const attn_impl attn_cuda_naive;
+extern const attn_impl attn_cuda_flash_prefill;
 extern const gdn_impl gdn_cuda_recurrent;
+extern const gdn_impl gdn_cuda_chunked;
+extern const gdn_impl gdn_cuda_per_token;
 extern const gemm_impl gemm_cuda_cublaslt;
 extern const gemm_impl gemm_cuda_ref;
 

@@ -18,9 +18,13 @@ extern "C" void ops_cuda_register_all(void) {
     ops_fp4_gemm_register(&fp4_gemm_cuda_ref);
     ops_moe_register(&moe_cuda_fused_decode);
     ops_moe_register(&moe_cuda_expert_loop);
+    ops_moe_register(&moe_cuda_grouped_gemm);
     ops_attn_register(&attn_cuda_flash_decode);
+    ops_attn_register(&attn_cuda_flash_prefill);
     ops_attn_register(&attn_cuda_naive);
     ops_gdn_register(&gdn_cuda_recurrent);
+    ops_gdn_register(&gdn_cuda_chunked);
+    ops_gdn_register(&gdn_cuda_per_token);
     ops_gemm_register(&gemm_cuda_cublaslt);
     ops_gemm_register(&gemm_cuda_ref);
     const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");

@@ -1,9 +1,11 @@
 /* small.cu: the small ops on CUDA ("cuda"): RMSNorm (plain w·x̂ and
  * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
  * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add, the
+ * residual add fused with the next RMSNorm over the fp32 residual stream, the
  * KV-page writes and the logits row gather. Activations BF16, math fp32,
- * 1-D weights fp32; the same formulas as ref_small.c (inverse frequencies
- * theta^(-2i/rot_dim) computed in double and rounded to fp32, as transformers).
+ * 1-D weights and add_rmsnorm's residual stream fp32; the same formulas as
+ * ref_small.c (inverse frequencies theta^(-2i/rot_dim) computed in double and
+ * rounded to fp32, as transformers).
  *
  * Every pointer is device memory: ids, pos and the attn_seq array (with its
  * page tables) included. Launch errors come back as ERR_RUNTIME /
@@ -81,6 +83,37 @@ static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, con
     if (rows <= 0) return 0;
     sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
         cols, (const bf16 *)x, (const bf16 *)z, w, 0, eps, (bf16 *)y);
+    return launched();
+}
+
+/* h (+)= x in fp32, then y = norm(h) in BF16. One block per row; each thread
+ * reads back only the h elements it wrote, so no barrier besides the sum's. */
+__global__ void sm_add_rmsnorm_kernel(int cols, float *__restrict__ h, const bf16 *x, int init,
+                                      const float *__restrict__ w, int zc, float eps, bf16 *y) {
+    const size_t r = blockIdx.x;
+    float *hr = h + r * cols;
+    const bf16 *xr = x + r * cols;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = __bfloat162float(xr[i]);
+        if (!init) v += hr[i];
+        hr[i] = v;
+        ss += v * v;
+    }
+    const float s = rsqrtf(sm_block_sum(ss) / cols + eps);
+    bf16 *yr = y + r * cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float xh = hr[i] * s;
+        yr[i] = __float2bfloat16(zc ? xh * (1.0f + w[i]) : w[i] * xh);
+    }
+}
+
+static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, const float *w, rms_kind kind,
+                         float eps, void *y, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16) return ERR_UNSUPPORTED;
+    if (rows <= 0) return 0;
+    sm_add_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
+        cols, h, (const bf16 *)x, init, w, kind == RMS_ZC, eps, (bf16 *)y);
     return launched();
 }
 
@@ -226,4 +259,4 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
 
 extern "C" const small_ops small_cuda = {
     "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows};
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1};

@@ -1,0 +1,517 @@
+/* attention_prefill.cu: the attention backend "cuda_flash_prefill": a tiled
+ * FlashAttention-2 kernel on tensor cores (mma.sync m16n8k16, BF16 in, fp32
+ * accumulation, online softmax with a running max and sum per row in fp32)
+ * over the paged BF16 KV pool. Same contract as attention.cu's backends
+ * (ops.h attn_args): causal GQA, decode rows and prefill chunks of any
+ * sequences mixed in one call, out = softmax(q·Kᵀ·scale)·V, then
+ * out *= sigmoid(gate) when a gate is given.
+ *
+ * Tiling. Rows of a tile are (token, query head) pairs of ONE sequence and ONE
+ * kv head: with grp = n_heads / n_kv_heads, the sequence's flat row index
+ * f = tok_local·grp + hg (hg < grp) maps to token row0 + tok_local and query
+ * head kvh·grp + hg. A tile is 64 consecutive flat rows (4 warps × 16 rows),
+ * so every K/V tile read from the pool is shared by the whole GQA group and,
+ * for decode, a single token's grp heads fill the MMA rows. Blocks: grid
+ * (tiles, n_kv_heads); the tile list is not built on the host: block x walks
+ * the device array args->seqs, counting ceil(n_new·grp / 64) tiles per
+ * sequence (grid.x = ceil(n_tok·grp / 64) + n_seq is an upper bound; spare
+ * blocks exit). No host metadata, no per-call allocation, no host sync.
+ *
+ * Per tile: Q [64, HD] is staged in shared memory once; the keys 0 .. kmax
+ * (kmax = n_past + the last row's token offset) are walked in BN-key tiles,
+ * K and V [BN, HD] staged in shared memory (double-buffered with cp.async;
+ * rows past kmax zero-filled), S = Q·Kᵀ on tensor cores, the causal mask per
+ * row (key ≤ n_past + tok_local), online softmax in the log2 domain, P
+ * (BF16, straight from the S accumulators' registers) · V on tensor cores
+ * (V fragments through ldmatrix.trans). Shared rows are padded by 8 BF16 so
+ * the fragment loads are bank-conflict free.
+ *
+ * Split-K for small grids (decode): when tiles × kv heads would not fill the
+ * GPU twice, grid.z = nsplit blocks share each tile's keys round-robin by
+ * BN-key tiles (so every key is covered whatever the contexts: the plan only
+ * fixes nsplit, from seqs_host, or from ctx_cap under device planning), write
+ * partials (row max, row sum, unnormalised O; fp32, a per-device workspace
+ * grown on demand, or the caller's scratch under device planning: CUDA graph
+ * capture) and fp_merge_kernel combines them and applies the gate.
+ *
+ * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
+ * O accumulator of 16 rows × 256 dims is 128 registers a thread).
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <string.h>
+
+enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
+
+static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 && offsetof(attn_seq, row0) == 8,
+              "attn_seq layout: the kernel reads the device copy as the same struct");
+
+/* ---- fragment helpers ------------------------------------------------------ */
+
+
+__device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Four 8×8 BF16 matrices, transposed: lane l gives the row address of matrix
+ * l / 8, row l % 8; register i of lane (g = l/4, t = l%4) receives matrix i's
+ * elements (row 2t, col g) and (row 2t + 1, col g). */
+__device__ __forceinline__ void fp_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Four 8×8 BF16 matrices: register i of lane (g, t) receives matrix i's (row g, cols 2t, 2t + 1). */
+__device__ __forceinline__ void fp_ldsm_x4(uint32_t r[4], const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* 16-byte async copy global -> shared; src_bytes 0 zero-fills the 16 bytes. */
+__device__ __forceinline__ void fp_cp16(bf16 *dst, const bf16 *src, int src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void fp_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void fp_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* ---- the kernel ------------------------------------------------------------ */
+
+/* grid (tiles bound, nkv), block 128 threads (4 warps, warp w owns tile rows
+ * 16w .. 16w + 15). Shared: Qs [64][HD+8], then 2 stages of Ks [BN][HD+8] and
+ * Vs [BN][HD+8], all BF16. sl2 = scale · log2(e). */
+template <int HD, int BN>
+__global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh,
+                                                        int nkv, int P, float sl2, const bf16 *__restrict__ q,
+                                                        const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
+                                                        const bf16 *__restrict__ V, bf16 *__restrict__ out,
+                                                        float *__restrict__ part_o, float *__restrict__ part_ml,
+                                                        int n_rows_total) {
+    constexpr int LD = HD + 8;        /* shared row stride, elements */
+    constexpr int NT = BN / 8;        /* key n-tiles of S per warp */
+    constexpr int OT = HD / 8;        /* dim n-tiles of O per warp */
+    constexpr int CH = HD / 8;        /* 16-byte chunks per row */
+    extern __shared__ __align__(16) unsigned char fp_smem[];
+    bf16 *Qs = reinterpret_cast<bf16 *>(fp_smem);
+    bf16 *KV = Qs + FP_BM * LD; /* stage st: Ks = KV + st·2·BN·LD, Vs = Ks + BN·LD */
+
+    const int grp = nh / nkv, kvh = blockIdx.y;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+    /* which sequence and tile this block is */
+    int id = blockIdx.x, s = 0;
+    for (; s < n_seq; s++) {
+        int nt = (seqs[s].n_new * grp + FP_BM - 1) / FP_BM;
+        if (id < nt) break;
+        id -= nt;
+    }
+    if (s >= n_seq) return;
+    const int n_past = seqs[s].n_past, n_new = seqs[s].n_new, row0 = seqs[s].row0;
+    const int32_t *__restrict__ pages = seqs[s].pages;
+    const int f0 = id * FP_BM;
+    const int nrows = min(FP_BM, n_new * grp - f0);
+    const int kmax = n_past + (f0 + nrows - 1) / grp; /* last key any row of the tile sees */
+    const int n_ktiles = kmax / BN + 1;
+    /* split-K (gridDim.z > 1): split z takes key tiles z, z + nsplit, ... (every key is covered
+     * whatever the contexts) and writes partials; fp_merge_kernel combines them */
+    const int z = blockIdx.z, nsplit = gridDim.z;
+    const int n_it = z < n_ktiles ? (n_ktiles - z + nsplit - 1) / nsplit : 0;
+
+    /* stage Q [64, HD]: row r is flat row f0 + r (zeros past nrows) */
+    for (int i = tid; i < FP_BM * CH; i += FP_THREADS) {
+        int r = i / CH, c = i % CH;
+        const bf16 *src = q;
+        int ok = r < nrows;
+        if (ok) {
+            int f = f0 + r;
+            src = q + ((size_t)(row0 + f / grp) * nh + kvh * grp + f % grp) * HD + c * 8;
+        }
+        fp_cp16(Qs + r * LD + c * 8, src, ok ? 16 : 0);
+    }
+    /* K/V tile kt into stage st: key j = kt·BN + r lives at page pages[j / P], row j % P */
+    auto load_kv = [&](int kt, int st) {
+        bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
+        for (int i = tid; i < BN * CH; i += FP_THREADS) {
+            int r = i / CH, c = i % CH, j = kt * BN + r;
+            size_t off = 0;
+            int ok = j <= kmax;
+            if (ok) off = (((size_t)pages[j / P] * P + j % P) * nkv + kvh) * HD + c * 8;
+            fp_cp16(Ks + r * LD + c * 8, K + off, ok ? 16 : 0);
+            fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
+        }
+    };
+    if (n_it > 0) load_kv(z, 0);
+    fp_cp_commit(); /* group 0: Q and the first K/V tile */
+
+    /* this thread's two rows: rA = 16w + g, rB = rA + 8; lim = last key it may see (-1: padding) */
+    const int rA = 16 * w + g, rB = rA + 8;
+    const int limA = rA < nrows ? n_past + (f0 + rA) / grp : -1;
+    const int limB = rB < nrows ? n_past + (f0 + rB) / grp : -1;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f; /* running max (log2 units), partial sums */
+    float o[OT][4];
+#pragma unroll
+    for (int n = 0; n < OT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+
+    /* Q fragments: lane l addresses matrix mi = l/8 row l%8 at tile row 16w + (mi&1)·8 + l%8, dim (mi>>1)·8
+     * (+ 16kk): regs = a0..a3 of the m16n8k16 A operand. Kept in registers for HD <= 128. */
+    constexpr bool QREG = HD <= 128;
+    const bf16 *qa = Qs + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
+        fp_cp_wait<0>(); /* Q (and the first K/V tile) landed */
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
+    }
+    for (int it = 0; it < n_it; it++) {
+        const int kt = z + it * nsplit, st = it & 1;
+        if (it + 1 < n_it) load_kv(kt + nsplit, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
+        fp_cp_commit();
+        fp_cp_wait<1>(); /* everything but the newest group: tile kt (and Q) landed */
+        __syncthreads();
+        const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
+
+        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous).
+         * K fragments of two key n-tiles per ldmatrix.x4: lane l addresses matrix mi = l/8 row l%8 at
+         * key 16np + (mi>>1)·8 + l%8, dim 16kk + (mi&1)·8: regs 0,1 = (b0, b1) of n-tile 2np, regs 2,3 of 2np + 1 */
+        float sc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        const bf16 *kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t a[4];
+            if (QREG) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                fp_ldsm_x4(a, qa + kk * 16);
+            }
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4(b, kb + np * 16 * LD + kk * 16);
+                cu_mma_bf16_16816(sc[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(sc[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        /* mask, scale to log2 units; accumulator (n, e): row rA (e < 2) or rB, key kt·BN + 8n + 2t + (e & 1) */
+        float xA = -INFINITY, xB = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = kt * BN + n * 8 + 2 * t + (e & 1);
+                int lim = e < 2 ? limA : limB;
+                float v = key <= lim ? sc[n][e] * sl2 : -INFINITY;
+                sc[n][e] = v;
+                if (e < 2) xA = fmaxf(xA, v); else xB = fmaxf(xB, v);
+            }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
+            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
+        }
+        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB; /* fully masked rows */
+        const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);                           /* exp2(-inf) = 0 */
+        mA = nA;
+        mB = nB;
+        lA *= cA;
+        lB *= cB;
+#pragma unroll
+        for (int n = 0; n < OT; n++) {
+            o[n][0] *= cA; o[n][1] *= cA;
+            o[n][2] *= cB; o[n][3] *= cB;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            sc[n][0] = exp2f(sc[n][0] - uA);
+            sc[n][1] = exp2f(sc[n][1] - uA);
+            sc[n][2] = exp2f(sc[n][2] - uB);
+            sc[n][3] = exp2f(sc[n][3] - uB);
+            lA += sc[n][0] + sc[n][1];
+            lB += sc[n][2] + sc[n][3];
+        }
+        /* O += P·V: P's A fragment for keys 16kk .. 16kk + 15 is the S accumulators of n-tiles 2kk, 2kk + 1 */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            a[0] = fp_pack(sc[2 * kk][0], sc[2 * kk][1]);
+            a[1] = fp_pack(sc[2 * kk][2], sc[2 * kk][3]);
+            a[2] = fp_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            a[3] = fp_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            /* V [keys, dims]: lane l addresses matrix mi = l/8 row l%8: key 16kk + (mi&1)·8 + l%8, dim 16np + (mi>>1)·8;
+             * regs 0,1 = B of dim n-tile 2np, regs 2,3 = B of n-tile 2np + 1 */
+            const bf16 *vb = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4_t(b, vb + np * 16);
+                cu_mma_bf16_16816(o[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* stage st is reloaded by iteration it + 1 */
+    }
+    fp_cp_wait<0>();
+
+    /* finish: l summed over the row's four lanes, O / l, gate, BF16 */
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        lA += __shfl_xor_sync(0xffffffffu, lA, o2);
+        lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+    }
+    if (part_o) { /* split-K partial of output row (token, head): m (log2 units), l, unnormalised O */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = half ? rB : rA;
+            if (r >= nrows) continue;
+            const int f = f0 + r;
+            const size_t prow = (size_t)z * n_rows_total + (size_t)(row0 + f / grp) * nh + kvh * grp + f % grp;
+            if (t == 0) {
+                part_ml[2 * prow] = half ? mB : mA;
+                part_ml[2 * prow + 1] = half ? lB : lA;
+            }
+#pragma unroll
+            for (int n = 0; n < OT; n++)
+                *reinterpret_cast<float2 *>(part_o + prow * HD + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = half ? rB : rA;
+        if (r >= nrows) continue;
+        const float l = half ? lB : lA, inv = l > 0.f ? 1.f / l : 0.f;
+        const int f = f0 + r;
+        const size_t base = ((size_t)(row0 + f / grp) * nh + kvh * grp + f % grp) * HD;
+#pragma unroll
+        for (int n = 0; n < OT; n++) {
+            const size_t at = base + n * 8 + 2 * t;
+            float v0 = o[n][2 * half] * inv, v1 = o[n][2 * half + 1] * inv;
+            if (gate) {
+                __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162 *>(gate + at);
+                v0 *= 1.f / (1.f + __expf(-__bfloat162float(gv.x)));
+                v1 *= 1.f / (1.f + __expf(-__bfloat162float(gv.y)));
+            }
+            *reinterpret_cast<uint32_t *>(out + at) = fp_pack(v0, v1);
+        }
+    }
+}
+
+/* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
+ * M = max_z m_z, L = Σ l_z 2^{m_z − M}, out = (Σ O_z 2^{m_z − M}) / L, then the gate. */
+template <int HD>
+__global__ void fp_merge_kernel(int n_rows, int nsplit, const float *__restrict__ part_o,
+                                const float *__restrict__ part_ml, const bf16 *__restrict__ gate,
+                                bf16 *__restrict__ out) {
+    const size_t row = blockIdx.x;
+    const int lane = threadIdx.x;
+    float M = -INFINITY;
+    for (int z = 0; z < nsplit; z++) M = fmaxf(M, part_ml[2 * ((size_t)z * n_rows + row)]);
+    float L = 0.f, acc[HD / 32];
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) acc[i] = 0.f;
+    for (int z = 0; z < nsplit; z++) {
+        const size_t pr = (size_t)z * n_rows + row;
+        const float l = part_ml[2 * pr + 1];
+        if (!(l > 0.f)) continue; /* a split that saw no key of this row */
+        const float f = exp2f(part_ml[2 * pr] - M);
+        L += l * f;
+#pragma unroll
+        for (int i = 0; i < HD / 32; i++) acc[i] += part_o[pr * HD + lane + 32 * i] * f;
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+#pragma unroll
+    for (int i = 0; i < HD / 32; i++) {
+        const size_t at = row * HD + lane + 32 * i;
+        float v = acc[i] * inv;
+        if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
+        out[at] = __float2bfloat16_rn(v);
+    }
+}
+
+/* ---- host side --------------------------------------------------------------- */
+
+/* Per-device split-K workspace (grown, never shrunk) and SM count. */
+typedef struct fp_ws {
+    float *part;
+    size_t cap;
+    int n_sm;
+    pthread_mutex_t mu;
+    int init;
+} fp_ws;
+static fp_ws g_fpws[FP_MAX_DEV];
+static pthread_mutex_t g_fpws_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int fp_ws_lock(fp_ws **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= FP_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: device %d out of range", dev);
+    pthread_mutex_lock(&g_fpws_mu);
+    if (!g_fpws[dev].init) {
+        pthread_mutex_init(&g_fpws[dev].mu, NULL);
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
+        g_fpws[dev].n_sm = n;
+        g_fpws[dev].init = 1;
+    }
+    pthread_mutex_unlock(&g_fpws_mu);
+    pthread_mutex_lock(&g_fpws[dev].mu);
+    *out = &g_fpws[dev];
+    return 0;
+}
+
+static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (d->cc_major && d->cc_major < 8) {
+        snprintf(why, n, "needs BF16 mma.sync (compute capability 8.0+, this is %d.%d)", d->cc_major, d->cc_minor);
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations and KV must be BF16");
+        return 0;
+    }
+    int hd = s->head_dim;
+    if ((hd != 32 && hd != 64 && hd != 128 && hd != 256) || s->n_kv_heads <= 0 || s->n_heads % s->n_kv_heads) {
+        snprintf(why, n, "needs head_dim 32/64/128/256 and heads divisible by kv heads (hd=%d, %d/%d)", hd,
+                 s->n_heads, s->n_kv_heads);
+        return 0;
+    }
+    return 1;
+}
+
+/* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
+ * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average.
+ * Host planning reads seqs_host (exact tile count, longest context); device planning (ctx_cap > 0,
+ * graph capture) takes the tile bound ceil(n_tok·grp / 64) + n_seq and ctx_cap. */
+static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
+    const int grp = a->n_heads / a->n_kv_heads;
+    long tiles = 0;
+    int max_ctx = 0;
+    if (a->ctx_cap > 0) {
+        tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
+        max_ctx = a->ctx_cap;
+    } else {
+        for (int i = 0; i < a->n_seq; i++) {
+            const attn_seq *q = &a->seqs_host[i];
+            tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
+            if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+        }
+    }
+    const long blocks = tiles * a->n_kv_heads;
+    if (blocks <= 0 || blocks >= 2L * n_sm) return 1;
+    long want = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 127) / 128, kt = (max_ctx + BN - 1) / BN;
+    long n = want < cap ? want : cap;
+    if (n > kt) n = kt;
+    if (n > 64) n = 64;
+    return n < 2 ? 1 : (int)n;
+}
+
+template <int HD, int BN>
+static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
+    constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
+    fp_ws *ws;
+    int rc = fp_ws_lock(&ws, e);
+    if (rc) return rc;
+    /* opt in to more than 48 KB of shared memory, once per device (under the device's lock) */
+    static int done[FP_MAX_DEV];
+    const int dev = (int)(ws - g_fpws);
+    if (!done[dev]) {
+        cudaError_t c = cudaFuncSetAttribute(fp_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (c != cudaSuccess) {
+            pthread_mutex_unlock(&ws->mu);
+            return cu_fail(e, c, "cuda_flash_prefill: shared memory opt-in");
+        }
+        done[dev] = 1;
+    }
+    const int grp = a->n_heads / a->n_kv_heads;
+    const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
+    int nsplit = fp_nsplit(a, ws->n_sm, BN);
+    const int n_rows = a->n_tok * a->n_heads;
+    float *po = NULL, *pml = NULL;
+    if (nsplit > 1 && a->ctx_cap > 0) { /* device planning: partials in the caller's scratch, as many splits as fit */
+        const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2);
+        const size_t fit = a->scratch ? a->scratch_bytes / per : 0;
+        if ((size_t)nsplit > fit) nsplit = (int)fit;
+        if (nsplit > 1) {
+            po = (float *)a->scratch;
+            pml = po + (size_t)nsplit * n_rows * HD;
+        } else {
+            nsplit = 1;
+        }
+    } else if (nsplit > 1) {
+        size_t need = sizeof(float) * (size_t)nsplit * n_rows * (HD + 2);
+        if (ws->cap < need) {
+            if (ws->part) {
+                cudaDeviceSynchronize(); /* growth only: the old buffer may still be in use */
+                cudaFree(ws->part);
+            }
+            ws->part = NULL;
+            ws->cap = 0;
+            cudaError_t c = cudaMalloc((void **)&ws->part, need);
+            if (c != cudaSuccess) {
+                pthread_mutex_unlock(&ws->mu);
+                return cu_fail(e, c, "cuda_flash_prefill: split-K workspace");
+            }
+            ws->cap = need;
+        }
+        po = ws->part;
+        pml = ws->part + (size_t)nsplit * n_rows * HD;
+    }
+    dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
+    const float sl2 = a->scale * 1.4426950408889634f;
+    fp_kernel<HD, BN><<<grid, FP_THREADS, smem, st>>>(a->n_seq, a->seqs, a->n_heads, a->n_kv_heads,
+                                                       a->kv->page_size, sl2, (const bf16 *)a->q,
+                                                       (const bf16 *)a->gate, (const bf16 *)a->kv->k,
+                                                       (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows);
+    if (nsplit > 1)
+        fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, (const bf16 *)a->gate, (bf16 *)a->out);
+    cudaError_t c = cudaGetLastError();
+    pthread_mutex_unlock(&ws->mu);
+    if (c != cudaSuccess) return cu_fail(e, c, "attention cuda_flash_prefill");
+    return 0;
+}
+
+static int fp_run(const attn_args *a, ls_stream s, ls_err *e) {
+    if (a->dt != ACT_BF16 || a->kv->dt != ACT_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: BF16 activations and KV only");
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
+        return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: %d heads over %d kv heads", a->n_heads, a->n_kv_heads);
+    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    /* host planning validates the host copy (the kernel trusts the device array); device planning
+     * (ctx_cap > 0) may have no host copy */
+    if (a->ctx_cap <= 0 && !a->seqs_host)
+        return errf(e, ERR_INVAL, "cuda_flash_prefill: seqs_host (the host copy of the sequences) is not set");
+    for (int i = 0; a->seqs_host && i < a->n_seq; i++) {
+        const attn_seq *q = &a->seqs_host[i];
+        if (q->row0 < 0 || q->n_new < 0 || q->n_past < 0 || q->row0 + q->n_new > a->n_tok)
+            return errf(e, ERR_INVAL, "attention: sequence %d rows [%d, %d) outside %d tokens", i, q->row0,
+                        q->row0 + q->n_new, a->n_tok);
+    }
+    cudaStream_t st = (cudaStream_t)s;
+    switch (a->head_dim) {
+    case 32: return fp_launch<32, 64>(a, st, e);
+    case 64: return fp_launch<64, 64>(a, st, e);
+    case 128: return fp_launch<128, 64>(a, st, e);
+    case 256: return fp_launch<256, 32>(a, st, e);
+    default: return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: head_dim %d not 32/64/128/256", a->head_dim);
+    }
+}
+
+/* graph_safe: with ctx_cap > 0 it only launches kernels (partials in the caller's scratch); the
+ * shared-memory opt-in happens on the first (eager or rehearsal) call */
+const attn_impl attn_cuda_flash_prefill = {"cuda_flash_prefill", DEV_CUDA, 0, fp_supported, fp_run, 1};

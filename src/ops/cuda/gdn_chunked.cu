@@ -1,0 +1,879 @@
+/* gdn_chunked.cu: two more gdn backends on CUDA (Gated DeltaNet,
+ * reference/qwen35-and-nvfp4.md 2.4), same contract as gdn.cu's
+ * cuda_recurrent (ops.h gdn_args): qkv [n_tok, conv_dim] pre-conv, a and b
+ * [n_tok, nv], BF16; per-slot fp32 states conv [n_slots, conv_dim, conv_k-1]
+ * (oldest first) and rec S [n_slots, nv, dk, dv], read and updated in place;
+ * out [n_tok, nv, dv] = Sᵀq per token, BF16, before the gated norm.
+ *
+ * Both start with the same preparation (the math of cuda_recurrent's conv
+ * step, parallel over tokens too): a thread per (sequence, channel, chunk of
+ * 16 tokens) runs the causal depthwise conv + SiLU from the slot's conv state
+ * (fp32 workspace c [n_tok, conv_dim]) and computes g = -exp(A_log)·
+ * softplus(a + dt_bias), β = sigmoid(b) (workspace gb [n_tok, nv, 2]); a
+ * second small kernel then rolls the conv state. q and k are L2-normalised
+ * (q also scaled by dk^-0.5) by the main kernel, which differs:
+ *
+ *   cuda_chunked   the chunkwise (WY / UT-transform) form of the gated delta
+ *                  rule over chunks of 64 tokens (fla chunk_gated_delta_rule,
+ *                  transformers torch_chunk_gated_delta_rule; src/ops/cpu/
+ *                  gdn_chunked.c has the same math in plain C). A block of
+ *                  8 warps per (sequence, v head) walks the sequence's chunks;
+ *                  S [dk, dv] stays in registers as mma accumulators (fp32)
+ *                  for the whole sequence, with an FP16 copy in shared memory
+ *                  as the B operand. Per chunk of L tokens, γ = in-chunk
+ *                  cumulative sum of g, every exp taken of a non-positive
+ *                  difference (γ_i − γ_j, j ≤ i) so nothing overflows:
+ *                    A  = strict_lower(β_i k_i·k_j e^{γ_i−γ_j})      (fp32)
+ *                    T  = (I + A)⁻¹   column-parallel forward substitution
+ *                    U  = T (β⊙V),  W = T (β⊙K⊙e^γ)
+ *                    V' = U − W S
+ *                    O  = e^γ ⊙ (Q S) + (lower_incl(Q Kᵀ ⊙ e^{γ_i−γ_j})) V'
+ *                    S  ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'
+ *                  All matmuls are mma.sync m16n8k16 with fp32 accumulation;
+ *                  the operands are FP16 (fla uses the model's BF16: FP16's
+ *                  three more mantissa bits bring the chunked outputs and
+ *                  states as close to the fp32 recurrence as cuda_per_token;
+ *                  GC_FP16 0 selects BF16). Rows past L are zero (k = v = q =
+ *                  0, g = β = 0), which leaves S and every valid row unchanged.
+ *                  When the sequences × v heads leave SMs idle (one long prompt:
+ *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
+ *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
+ *                  by each; U, V', O, S split).
+ *   cuda_per_token the plain recurrence, token by token: a block per (sequence,
+ *                  v head), a thread per column d of S, S in global memory
+ *                  (read twice and written once per token, through L1/L2):
+ *                    S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq.
+ *
+ * Sequence metadata: the kernels read the device array args->seqs ({slot,
+ * n_new, row0} int32 triples); seqs_host is only validated. The fp32
+ * workspace is per device (cudaGetDevice, own lock), grown on first use and
+ * never in steady state; nothing syncs with the host.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <cuda_fp16.h>
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
+
+static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
+                  offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
+              "gdn_seq must be {int32 slot, n_new, row0}: the kernels read it as int32 triples");
+
+/* ---- workspace ------------------------------------------------------------- */
+
+typedef struct gc_ws {
+    float *c;
+    size_t c_cap;
+    pthread_mutex_t mu;
+    int init;
+    int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
+    int n_sm;    /* multiprocessors of the device */
+} gc_ws;
+
+static gc_ws g_gcws[GC_MAX_DEV];
+static pthread_mutex_t g_gcws_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int gc_lock(gc_ws **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= GC_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "gdn: device %d out of range", dev);
+    pthread_mutex_lock(&g_gcws_mu);
+    if (!g_gcws[dev].init) {
+        pthread_mutex_init(&g_gcws[dev].mu, NULL);
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
+        g_gcws[dev].n_sm = n;
+        g_gcws[dev].init = 1;
+    }
+    pthread_mutex_unlock(&g_gcws_mu);
+    pthread_mutex_lock(&g_gcws[dev].mu);
+    *out = &g_gcws[dev];
+    return 0;
+}
+
+static int gc_grow(gc_ws *w, size_t n, ls_err *e) {
+    if (w->c_cap >= n) return 0;
+    if (w->c) {
+        cudaDeviceSynchronize();
+        cudaFree(w->c);
+    }
+    w->c = NULL;
+    w->c_cap = 0;
+    CU_TRY(e, cudaMalloc((void **)&w->c, n), "gdn workspace");
+    w->c_cap = n;
+    return 0;
+}
+
+__device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+
+/* ---- preparation: conv + SiLU, g and β (the same math as gdn.cu) ------------- */
+
+/* (1) grid (ceil(max(D, nv) / 128), n_seq, nz), 128 threads: block (x, s, z) takes channels
+ * 128x .. 128x + 127 of sequence s, token chunks z, z + nz, ... of GC_CONV_T tokens each, so a
+ * long prefill is not one serial walk per channel. meta: [slot, n_new, row0] per seq.
+ *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
+ *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
+ *   gb [n_tok, nv, 2] = (g, β)
+ * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
+template <int KK>
+__global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+                               const bf16 *__restrict__ a, const bf16 *__restrict__ b,
+                               const float *__restrict__ conv_w, const float *__restrict__ A_log,
+                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               float *__restrict__ c, float *__restrict__ gb) {
+    const int K = KK ? KK : Kr;
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    for (int t0 = blockIdx.z * GC_CONV_T; t0 < T; t0 += gridDim.z * GC_CONV_T) {
+        const int t1 = min(T, t0 + GC_CONV_T);
+        if (ch < D) {
+            float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
+            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+#pragma unroll
+            for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                const int u = t0 - (K - 1) + i;
+                win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
+            }
+            for (int t = t0; t < t1; t++) {
+                win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
+                c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+            }
+        }
+        if (ch < nv) {
+            const float al = -__expf(A_log[ch]), db = dt_bias[ch];
+            for (int t = t0; t < t1; t++) {
+                size_t r = (size_t)(row0 + t) * nv + ch;
+                float x = gc_bf(a, r) + db;
+                float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+                gb[2 * r] = al * sp;
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+            }
+        }
+    }
+}
+
+/* (1b) grid (ceil(D / 128), n_seq): the slot's conv state becomes the last K − 1 inputs of
+ * (state ++ new tokens): new[i] = combined[T + i]. In place in ascending i: new[i] reads
+ * old[T + i] with T + i > i, never an entry already rewritten. */
+__global__ void gc_conv_state_kernel(int D, int K, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+                                     float *__restrict__ conv_st) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    if (ch >= D || T <= 0) return;
+    float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+    for (int i = 0; i < K - 1; i++) {
+        const int idx = T + i; /* index into combined = state (K − 1) ++ new (T) */
+        st[i] = idx < K - 1 ? st[idx] : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch);
+    }
+}
+
+/* ---- cuda_per_token ------------------------------------------------------------ */
+
+/* Sum of v over the block (every thread gets it); red [32] shared. */
+__device__ __forceinline__ float gc_block_sum(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; i++) t += red[i];
+    return t;
+}
+
+/* grid (nv, n_seq), block dv threads: thread d owns column d of S [dk, dv] in
+ * global memory. Shared: qs [dk], ks [dk] (dynamic). */
+__global__ void gc_token_kernel(int nk, int nv, int dk, int dv, int D, const int32_t *__restrict__ meta,
+                                const float *__restrict__ c, const float *__restrict__ gb, float *__restrict__ rec,
+                                bf16 *__restrict__ out) {
+    extern __shared__ float gc_tok_sh[];
+    __shared__ float red[32];
+    float *qs = gc_tok_sh, *ks = gc_tok_sh + dk;
+    const int j = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    const int kh = j / (nv / nk);
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * dk * dv; /* [dk, dv] */
+    const float qscale = rsqrtf((float)dk);
+    for (int t = 0; t < T; t++) {
+        const float *ct = c + (size_t)(row0 + t) * D;
+        float sq = 0.f, sk = 0.f;
+        for (int i = d; i < dk; i += dv) {
+            float x = ct[(size_t)kh * dk + i], y = ct[(size_t)nk * dk + (size_t)kh * dk + i];
+            qs[i] = x;
+            ks[i] = y;
+            sq += x * x;
+            sk += y * y;
+        }
+        sq = gc_block_sum(sq, red); /* its syncs also publish qs, ks */
+        sk = gc_block_sum(sk, red);
+        const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
+        const size_t r = (size_t)(row0 + t) * nv + j;
+        const float decay = __expf(gb[2 * r]), beta = gb[2 * r + 1];
+        const float v = ct[(size_t)2 * nk * dk + (size_t)j * dv + d];
+        /* m = (e^g S)ᵀ k̂ for column d */
+        float m = 0.f;
+        for (int i = 0; i < dk; i++) m = fmaf(Sg[(size_t)i * dv + d], ks[i], m);
+        m *= decay * rk;
+        const float delta = beta * (v - m);
+        /* S[:, d] ← e^g S[:, d] + k̂ δ;  o = S[:, d] · q̂ */
+        float o = 0.f;
+        for (int i = 0; i < dk; i++) {
+            float x = fmaf(Sg[(size_t)i * dv + d], decay, ks[i] * rk * delta);
+            Sg[(size_t)i * dv + d] = x;
+            o = fmaf(x, qs[i], o);
+        }
+        out[r * dv + d] = __float2bfloat16_rn(o * rq);
+        __syncthreads(); /* qs, ks are rewritten by the next token */
+    }
+}
+
+/* ---- cuda_chunked: fragment helpers ------------------------------------------ */
+/* mma.sync m16n8k16 fragments (g = lane / 4, t = lane % 4):
+ *   A (16×16, row-major): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
+ *   B (16×8, "col"):      b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
+ *   C (16×8, fp32):       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1] */
+
+/* The operand type of every product of the chunk kernel: FP16 (GC_FP16 1, 10-bit mantissa, 8x
+ * finer than BF16, so the chunked form stays as close to the fp32 recurrence as the per-token
+ * kernels) or BF16 (0, as fla). FP16 is safe here because every operand is bounded: q̂, k̂ have
+ * unit norm, decays and T are O(1), and vβ, V', S scale with v (|v| far below 65504 for the
+ * conv + SiLU outputs of a normed hidden state). Accumulation is fp32 either way. */
+#ifndef GC_FP16
+#define GC_FP16 1
+#endif
+#if GC_FP16
+typedef __half gc_op;
+__device__ __forceinline__ gc_op gc_cvt(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ float gc_f(gc_op x) { return __half2float(x); }
+__device__ __forceinline__ uint32_t gc_pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+/* D = A·B + D, m16n8k16, FP16 in, fp32 accumulate (A row-major, B col-major) */
+__device__ __forceinline__ void gc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+typedef bf16 gc_op;
+__device__ __forceinline__ gc_op gc_cvt(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float gc_f(gc_op x) { return __bfloat162float(x); }
+__device__ __forceinline__ uint32_t gc_pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ void gc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    cu_mma_bf16_16816(d, a, b0, b1);
+}
+#endif
+
+/* Two outputs as BF16x2 (the op's output dtype). */
+__device__ __forceinline__ uint32_t gc_pack_out(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t gc_ld32(const gc_op *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/* A fragment of rows r0.., cols k0.. of a row-major [*, ld] gc_op matrix. */
+__device__ __forceinline__ void gc_lda(uint32_t a[4], const gc_op *M, int ld, int r0, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const gc_op *p = M + (r0 + g) * ld + k0 + 2 * t;
+    a[0] = gc_ld32(p);
+    a[1] = gc_ld32(p + 8 * ld);
+    a[2] = gc_ld32(p + 8);
+    a[3] = gc_ld32(p + 8 * ld + 8);
+}
+
+/* A fragment of Mᵀ: A[m][k] = M[k][m] for M row-major [*, ld] (k rows k0.., m cols m0..),
+ * ldmatrix.x4.trans: lane l addresses matrix mi = l/8 row l%8 at M[k0 + (mi>>1)·8 + l%8][m0 + (mi&1)·8]. */
+__device__ __forceinline__ void gc_lda_t(uint32_t a[4], const gc_op *M, int ld, int k0, int m0) {
+    const int lane = threadIdx.x & 31, mi = lane >> 3;
+    const gc_op *p = M + (k0 + (mi >> 1) * 8 + (lane & 7)) * ld + m0 + (mi & 1) * 8;
+    uint32_t ad = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                 : "r"(ad));
+}
+
+/* B fragment (k0.., n0..) of B = M for M row-major [k][n] (n contiguous): ldmatrix.x2.trans,
+ * lanes 0..15 address M[k0 + (l/8)·8 + l%8][n0]. */
+__device__ __forceinline__ void gc_ldb_kn(uint32_t &b0, uint32_t &b1, const gc_op *M, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 15;
+    const gc_op *p = M + (k0 + lane) * ld + n0;
+    uint32_t ad = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(ad));
+}
+
+/* B fragment (k0.., n0..) of B = Mᵀ for M row-major [n][k] (k contiguous). */
+__device__ __forceinline__ void gc_ldb_nk(uint32_t &b0, uint32_t &b1, const gc_op *M, int ld, int k0, int n0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const gc_op *p = M + (n0 + g) * ld + k0 + 2 * t;
+    b0 = gc_ld32(p);
+    b1 = gc_ld32(p + 8);
+}
+
+/* Store a C fragment (rows r0.., cols c0..) as gc_op into row-major [*, ld], times f. */
+__device__ __forceinline__ void gc_stc(gc_op *M, int ld, int r0, int c0, const float c[4], float f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    gc_op *p = M + (r0 + g) * ld + c0 + 2 * t;
+    *reinterpret_cast<uint32_t *>(p) = gc_pack(c[0] * f, c[1] * f);
+    *reinterpret_cast<uint32_t *>(p + 8 * ld) = gc_pack(c[2] * f, c[3] * f);
+}
+
+/* ---- cuda_chunked: the kernel ------------------------------------------------- */
+
+/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): gc_op tiles Qs, Ks, KBs, Ws [64][DK+8],
+ * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
+ * Ys [3][16][16]. */
+template <int DK, int DV>
+struct gc_layout {
+    static constexpr int LK = DK + 8, LV = DV + 8, LT = GC_CHUNK + 8, LF = GC_CHUNK + 1;
+    static constexpr size_t bf16s = 4 * GC_CHUNK * LK + GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
+    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK + 3 * 256;
+    static constexpr size_t bytes = bf16s * 2 + f32s * 4;
+};
+
+/* grid (nv, n_seq, NVS), 256 threads (8 warps). Block z takes the value columns
+ * [z·DVB, (z+1)·DVB) of its head (DVB = DV / NVS): everything that depends on v (U, V', O, S) is
+ * split, the rest (A, T, W, P) is recomputed per block; NVS > 1 when nv · n_seq blocks would
+ * leave SMs idle (a long prompt). Warp tiles:
+ *   64×64 products (K Kᵀ, Q Kᵀ):  rows 16·(w%4), cols 32·(w/4), 4 n-tiles
+ *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/2 (DK/2), DVB/16 (DK/16) n-tiles
+ *   S [DK, DVB]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/CG */
+template <int DK, int DV, int NVS>
+__global__ void __launch_bounds__(GC_THREADS, 1)
+    gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const float *__restrict__ c,
+                    const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
+    constexpr int DVB = DV / NVS;
+    typedef gc_layout<DK, DVB> LY;
+    constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
+    constexpr int RT = DK / 16, CG = 8 / RT, SC = DVB / CG, SNT = SC / 8; /* S tiling */
+    constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
+    static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
+    extern __shared__ __align__(16) unsigned char gc_smem[];
+    gc_op *Qs = reinterpret_cast<gc_op *>(gc_smem);
+    gc_op *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
+    gc_op *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
+    float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
+    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
+
+    const int j = blockIdx.x, s = blockIdx.y;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    if (T <= 0) return;
+    const int kh = j / (nv / nk);
+    const int vc0 = blockIdx.z * DVB;                                            /* this block's v columns */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] fp32, from column vc0 */
+    const float qscale = rsqrtf((float)DK);
+
+    /* S in registers: this warp's rows sr .. sr + 15, cols sc0 .. sc0 + SC - 1 */
+    const int sr = 16 * (w % RT), sc0 = (w / RT) * SC;
+    float S[SNT][4];
+#pragma unroll
+    for (int n = 0; n < SNT; n++) {
+        const float2 x0 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t);
+        const float2 x1 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t);
+        S[n][0] = x0.x; S[n][1] = x0.y; S[n][2] = x1.x; S[n][3] = x1.y;
+        gc_stc(Sb, LV, sr, sc0 + 8 * n, S[n], 1.f);
+    }
+    const int rt = 16 * (w & 3);   /* row tile of the 64-row products */
+    const int half = w >> 2;       /* column half of the 64-row products */
+
+    for (int c0 = 0; c0 < T; c0 += C) {
+        const int L = min(C, T - c0);
+        /* 16-row tiles holding tokens (a decode row: 1): the other tiles are padding, their products
+         * are zero and are skipped (warps whose row tile is padding idle through (c), (e)-(g)) */
+        const int NT16 = (L + 15) / 16;
+        const bool live = rt < 16 * NT16;
+        /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
+         * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
+        for (int i0 = w; i0 < C; i0 += 32) {
+            float qv[4][DK / 32], kv[4][DK / 32], vv[4][DVB / 32], gi[4], bi[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
+                const bool ok = i < L; /* warp-uniform */
+                const float *ct = c + (size_t)(row0 + c0 + (ok ? i : 0)) * D;
+                const size_t gr = (size_t)(row0 + c0 + (ok ? i : 0)) * nv + j;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    qv[r][e] = ok ? ct[(size_t)kh * DK + lane + 32 * e] : 0.f;
+                    kv[r][e] = ok ? ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e] : 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < DVB / 32; e++)
+                    vv[r][e] = ok ? ct[(size_t)2 * nk * DK + (size_t)j * DV + vc0 + lane + 32 * e] : 0.f;
+                gi[r] = ok ? gb[2 * gr] : 0.f;
+                bi[r] = ok ? gb[2 * gr + 1] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
+                float sq = 0.f, sk = 0.f;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    sq += qv[r][e] * qv[r][e];
+                    sk += kv[r][e] * kv[r][e];
+                }
+#pragma unroll
+                for (int o = 16; o; o >>= 1) {
+                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                    sk += __shfl_xor_sync(0xffffffffu, sk, o);
+                }
+                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    Qs[i * LK + lane + 32 * e] = gc_cvt(qv[r][e] * rq);
+                    Ks[i * LK + lane + 32 * e] = gc_cvt(kv[r][e] * rk);
+                }
+#pragma unroll
+                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = gc_cvt(vv[r][e] * bi[r]);
+                if (lane == 0) {
+                    gin[i] = gi[r];
+                    bet[i] = bi[r];
+                }
+            }
+        }
+        __syncthreads();
+        /* (b) γ = inclusive cumsum of g over the chunk (warp 0: lane l holds rows 2l, 2l + 1) */
+        if (w == 0) {
+            const float g0 = gin[2 * lane], g1 = gin[2 * lane + 1];
+            float x = g0 + g1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                float y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            gam[2 * lane] = x - g1;
+            gam[2 * lane + 1] = x;
+        }
+        __syncthreads();
+        /* (c) KBs = β k̂ e^γ; A = strict_lower(β_i k̂_i·k̂_j e^{γ_i−γ_j}) (fp32); P = lower_incl(q̂_i·k̂_j e^{γ_i−γ_j}) */
+        for (int x = tid; x < C * DK; x += GC_THREADS) {
+            const int i = x / DK, d = x % DK;
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
+        }
+        if (live) {
+            float kk[4][4], qk[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                uint32_t ak[4], aq[4];
+                gc_lda(ak, Ks, LK, rt, 16 * ks);
+                gc_lda(aq, Qs, LK, rt, 16 * ks);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_nk(b0, b1, Ks, LK, 16 * ks, 32 * half + 8 * n);
+                    gc_mma(kk[n], ak, b0, b1);
+                    gc_mma(qk[n], aq, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int i = rt + g + 8 * hh, jj = 32 * half + 8 * n + 2 * t;
+                    const float gi = gam[i], bi = bet[i];
+                    float av[2], pv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int col = jj + e;
+                        const float dec = col <= i ? __expf(gi - gam[col]) : 0.f;
+                        av[e] = col < i ? bi * kk[n][2 * hh + e] * dec : 0.f;
+                        pv[e] = qk[n][2 * hh + e] * dec;
+                    }
+                    Af[i * LF + jj] = av[0];
+                    Af[i * LF + jj + 1] = av[1];
+                    *reinterpret_cast<uint32_t *>(Pb + i * LT + jj) = gc_pack(pv[0], pv[1]);
+                }
+            }
+        }
+        __syncthreads();
+        /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
+         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
+         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         *      the other warps zero the blocks off the diagonal.
+         * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
+         *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
+        {
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
+            }
+            if (w < 4) { /* rows past L are padding: A is zero there, X stays the identity */
+                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1, iend = min(b0 + 16, L);
+                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
+                __syncwarp();
+                for (int i = b0 + 1; i < iend; i++) {
+                    float p = 0.f;
+                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
+                    p += __shfl_xor_sync(0xffffffffu, p, 1);
+                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
+                    __syncwarp();
+                }
+            }
+            __syncthreads();
+            for (int d = 1; d < NT16; d++) {
+                const int nb = NT16 - d; /* blocks (jb + d, jb), jb < nb, ib = jb + d < NT16 (zero past it) */
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *ar = Af + (16 * ib + r) * LF;
+                    float y = 0.f;
+                    for (int m = 16 * jb; m < 16 * ib; m++) y = fmaf(ar[m], Xf[m * LF + 16 * jb + cc], y);
+                    Ys[x] = y;
+                }
+                __syncthreads();
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *xr = Xf + (16 * ib + r) * LF + 16 * ib;
+                    float v = 0.f;
+#pragma unroll
+                    for (int m = 0; m < 16; m++) v = fmaf(xr[m], Ys[(jb << 8) + m * 16 + cc], v);
+                    Xf[(16 * ib + r) * LF + 16 * jb + cc] = -v;
+                }
+                __syncthreads();
+            }
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                Tb[i * LT + cc] = gc_cvt(Xf[i * LF + cc]);
+            }
+        }
+        __syncthreads();
+        /* (e) U = T vβ (kept in registers), W = T (kβ e^γ) -> Ws as −W */
+        float u[UNT][4];
+        {
+#pragma unroll
+            for (int n = 0; n < UNT; n++) u[n][0] = u[n][1] = u[n][2] = u[n][3] = 0.f;
+            float wk[WNT][4];
+#pragma unroll
+            for (int n = 0; n < WNT; n++) wk[n][0] = wk[n][1] = wk[n][2] = wk[n][3] = 0.f;
+            for (int ks = 0; live && ks < NT16; ks++) { /* T[i][m] = 0 for m >= 16·NT16 > i */
+                uint32_t a[4];
+                gc_lda(a, Tb, LT, rt, 16 * ks);
+#pragma unroll
+                for (int n = 0; n < UNT; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_mma(u[n], a, b0, b1);
+                }
+#pragma unroll
+                for (int n = 0; n < WNT; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_kn(b0, b1, KBs, LK, 16 * ks, half * (DK / 2) + 8 * n);
+                    gc_mma(wk[n], a, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < WNT; n++) gc_stc(Ws, LK, rt, half * (DK / 2) + 8 * n, wk[n], -1.f);
+        }
+        __syncthreads();
+        /* KBs := K' = k̂ e^{γ_L − γ} (KBs is free now); padded rows have k̂ = 0 */
+        const float gL = gam[C - 1];
+        for (int x = tid; x < C * DK; x += GC_THREADS) {
+            const int i = x / DK, d = x % DK;
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * __expf(gL - gam[i]));
+        }
+        /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read); padding rows: 0 */
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            if (!live) break;
+            uint32_t a[4];
+            gc_lda(a, Ws, LK, rt, 16 * ks);
+#pragma unroll
+            for (int n = 0; n < UNT; n++) {
+                uint32_t b0, b1;
+                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                gc_mma(u[n], a, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DVB / 2) + 8 * n, u[n], 1.f);
+        __syncthreads();
+        /* (g) O = e^γ ⊙ (Q S) + P V' -> out (rows < L) */
+        if (live) {
+            float o[UNT][4];
+#pragma unroll
+            for (int n = 0; n < UNT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < DK / 16; ks++) {
+                uint32_t a[4];
+                gc_lda(a, Qs, LK, rt, 16 * ks);
+#pragma unroll
+                for (int n = 0; n < UNT; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_mma(o[n], a, b0, b1);
+                }
+            }
+            const float eA = __expf(gam[rt + g]), eB = __expf(gam[rt + g + 8]);
+#pragma unroll
+            for (int n = 0; n < UNT; n++) {
+                o[n][0] *= eA; o[n][1] *= eA;
+                o[n][2] *= eB; o[n][3] *= eB;
+            }
+            for (int ks = 0; ks < NT16; ks++) { /* P[i][m] = 0 for m > i */
+                uint32_t a[4];
+                gc_lda(a, Pb, LT, rt, 16 * ks);
+#pragma unroll
+                for (int n = 0; n < UNT; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_mma(o[n], a, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int i = rt + g + 8 * hh;
+                if (i >= L) continue;
+                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + half * (DVB / 2) + 2 * t;
+#pragma unroll
+                for (int n = 0; n < UNT; n++)
+                    *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack_out(o[n][2 * hh], o[n][2 * hh + 1]);
+            }
+        }
+        /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DVB]) */
+        {
+            const float eL = __expf(gL);
+#pragma unroll
+            for (int n = 0; n < SNT; n++) {
+                S[n][0] *= eL; S[n][1] *= eL; S[n][2] *= eL; S[n][3] *= eL;
+            }
+            for (int ks = 0; ks < NT16; ks++) { /* K' rows past L are zero */
+                uint32_t a[4];
+                gc_lda_t(a, KBs, LK, 16 * ks, sr);
+#pragma unroll
+                for (int n = 0; n < SNT; n++) {
+                    uint32_t b0, b1;
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, sc0 + 8 * n);
+                    gc_mma(S[n], a, b0, b1);
+                }
+            }
+        }
+        __syncthreads(); /* Sb, Qs, Ks, KBs, VBs, Pb are all rewritten next */
+#pragma unroll
+        for (int n = 0; n < SNT; n++) gc_stc(Sb, LV, sr, sc0 + 8 * n, S[n], 1.f);
+    }
+#pragma unroll
+    for (int n = 0; n < SNT; n++) {
+        *reinterpret_cast<float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t) = make_float2(S[n][0], S[n][1]);
+        *reinterpret_cast<float2 *>(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t) =
+            make_float2(S[n][2], S[n][3]);
+    }
+}
+
+/* ---- host side --------------------------------------------------------------------- */
+
+static int gc_base_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    if (s->conv_k < 1 || s->conv_k > GC_MAX_K || s->nk <= 0 || s->nv % s->nk) {
+        snprintf(why, n, "needs conv <= %d and nv %% nk == 0 (conv=%d %d/%d)", GC_MAX_K, s->conv_k, s->nv, s->nk);
+        return 0;
+    }
+    return 1;
+}
+
+static int tok_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
+    if (!gc_base_supported(d, s, why, n)) return 0;
+    if (s->dk < 1 || s->dk > 4096 || s->dv < 32 || s->dv > 1024 || s->dv % 32) {
+        snprintf(why, n, "needs dv a multiple of 32 up to 1024 and dk up to 4096 (dk=%d dv=%d)", s->dk, s->dv);
+        return 0;
+    }
+    return 1;
+}
+
+/* Largest dynamic shared memory a block may opt in to, by compute capability. */
+static size_t gc_smem_limit(const dev_info *d) {
+    if (d->cc_major == 9 || d->cc_major == 10) return 227 * 1024;
+    if (d->cc_major == 8 && d->cc_minor == 0) return 163 * 1024;
+    if (d->cc_major == 0) return 227 * 1024; /* unknown (run-time check): the launch reports it */
+    return 99 * 1024;
+}
+
+static size_t gc_chunk_smem(int dk, int dv) {
+#define GC_SZ(A, B) \
+    if (dk == A && dv == B) return gc_layout<A, B>::bytes;
+    GC_SZ(32, 32) GC_SZ(32, 64) GC_SZ(32, 128) GC_SZ(64, 32) GC_SZ(64, 64) GC_SZ(64, 128)
+    GC_SZ(128, 32) GC_SZ(128, 64) GC_SZ(128, 128)
+#undef GC_SZ
+    return 0;
+}
+
+static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
+    if (!gc_base_supported(d, s, why, n)) return 0;
+    if (d->cc_major && d->cc_major < 8) {
+        snprintf(why, n, "needs BF16 mma.sync (compute capability 8.0+, this is %d.%d)", d->cc_major, d->cc_minor);
+        return 0;
+    }
+    size_t sm = gc_chunk_smem(s->dk, s->dv);
+    if (!sm) {
+        snprintf(why, n, "needs dk and dv in 32/64/128 (dk=%d dv=%d)", s->dk, s->dv);
+        return 0;
+    }
+    if (sm > gc_smem_limit(d)) {
+        snprintf(why, n, "needs %zu KB of shared memory per block, more than this GPU gives", sm / 1024);
+        return 0;
+    }
+    return 1;
+}
+
+/* Validation of the host copy, workspace, and the preparation kernel. Leaves ws locked on success. */
+static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, float **gbw,
+                      ls_err *e) {
+    const gdn_w *w = a->w;
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv;
+    if (!a->seqs_host) return errf(e, ERR_INVAL, "gdn %s: seqs_host (the host copy of the sequences) is not set", name);
+    for (int i = 0; i < a->n_seq; i++) {
+        const gdn_seq *q = &a->seqs_host[i];
+        if (q->slot < 0 || q->slot >= a->st->n_slots || q->n_new < 0 || q->row0 < 0 || q->row0 + q->n_new > a->n_tok)
+            return errf(e, ERR_INVAL, "gdn: sequence %d (slot %d, rows %d+%d) outside the batch", i, q->slot, q->row0,
+                        q->n_new);
+    }
+    gc_ws *ws;
+    int rc = gc_lock(&ws, e);
+    if (rc) return rc;
+    size_t bytes = sizeof(float) * ((size_t)a->n_tok * D + (size_t)a->n_tok * w->nv * 2);
+    if ((rc = gc_grow(ws, bytes, e))) {
+        pthread_mutex_unlock(&ws->mu);
+        return rc;
+    }
+    *cw = ws->c;
+    *gbw = ws->c + (size_t)a->n_tok * D;
+    /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
+    int max_t = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_t) max_t = a->seqs_host[i].n_new;
+    int nz = (max_t + GC_CONV_T - 1) / GC_CONV_T;
+    if (nz < 1) nz = 1;
+    if (nz > GC_CONV_MAXZ) nz = GC_CONV_MAXZ;
+    const int wide = D > w->nv ? D : w->nv;
+    dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
+    const int32_t *meta = (const int32_t *)a->seqs;
+    if (w->conv_k == 4)
+        gc_conv_kernel<4><<<g1, 128, 0, st>>>(D, 4, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    else
+        gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    if (w->conv_k > 1)
+        gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
+    cudaError_t c = cudaGetLastError();
+    if (c != cudaSuccess) {
+        pthread_mutex_unlock(&ws->mu);
+        return cu_fail(e, c, name);
+    }
+    *wso = ws;
+    return 0;
+}
+
+static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    const gdn_w *w = a->w;
+    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    dev_info d0;
+    memset(&d0, 0, sizeof d0);
+    d0.kind = DEV_CUDA;
+    char why[200];
+    if (!tok_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_per_token: %s", why);
+    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    cudaStream_t st = (cudaStream_t)s;
+    gc_ws *ws;
+    float *cw, *gbw;
+    int rc = gc_prepare(a, st, "gdn cuda_per_token", &ws, &cw, &gbw, e);
+    if (rc) return rc;
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv;
+    dim3 g2(w->nv, a->n_seq);
+    gc_token_kernel<<<g2, w->dv, sizeof(float) * 2 * w->dk, st>>>(w->nk, w->nv, w->dk, w->dv, D,
+                                                                  (const int32_t *)a->seqs, cw, gbw, a->st->rec,
+                                                                  (bf16 *)a->out);
+    cudaError_t c = cudaGetLastError();
+    if (c != cudaSuccess) rc = cu_fail(e, c, "gdn cuda_per_token");
+    pthread_mutex_unlock(&ws->mu);
+    return rc;
+}
+
+template <int DK, int DV, int NVS>
+static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const float *cw, const float *gbw, cudaStream_t st,
+                           ls_err *e) {
+    const gdn_w *w = a->w;
+    const size_t smem = gc_layout<DK, DV / NVS>::bytes;
+    if (!(ws->smem_ok & (1 << bit))) {
+        CU_TRY(e,
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem),
+               "gdn cuda_chunked: shared memory opt-in");
+        ws->smem_ok |= 1 << bit;
+    }
+    const int D = 2 * w->nk * DK + w->nv * DV;
+    dim3 g2(w->nv, a->n_seq, NVS);
+    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
+                                                              a->st->rec, (bf16 *)a->out);
+    CU_LAUNCHED(e, "gdn cuda_chunked");
+    return 0;
+}
+
+static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    const gdn_w *w = a->w;
+    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    dev_info d0;
+    memset(&d0, 0, sizeof d0);
+    d0.kind = DEV_CUDA;
+    char why[200];
+    if (!chunk_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: %s", why);
+    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    cudaStream_t st = (cudaStream_t)s;
+    gc_ws *ws;
+    float *cw, *gbw;
+    int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, &cw, &gbw, e);
+    if (rc) return rc;
+    /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
+     * tokens, nv per sequence, leave more than half the SMs idle */
+    int busy = 0, nvs = 1;
+    for (int i = 0; i < a->n_seq; i++) busy += a->seqs_host[i].n_new > 0;
+    if (w->dk == 128 && w->dv == 128)
+        while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
+#define GC_CASE(A, B, BIT) \
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, cw, gbw, st, e); else
+    GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
+    GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
+    rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
+#undef GC_CASE
+    pthread_mutex_unlock(&ws->mu);
+    return rc;
+}
+
+/* graph_safe: stream-ordered launches only; the workspace grows on the (eager or rehearsal) call at
+ * the step's largest shape, the shared-memory opt-in happens on the first call */
+const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run, 1};
+const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run, 1};

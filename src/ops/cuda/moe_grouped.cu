@@ -1,0 +1,829 @@
+/* moe_grouped.cu: the moe family's grouped-GEMM backend on CUDA, cuda_grouped_gemm
+ * (reference/qwen35-and-nvfp4.md 2.5), for large batches:
+ *   p = softmax(x·W_routerᵀ) over E (fp32), top-k (ties: lower index), renormalised
+ *   y = Σ_j w_j · down_e(silu(gate_e(x)) · up_e(x)) + sigmoid(x·w_sg) · shared(x)
+ * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 (ModelOpt)
+ * or BF16 (all of a layer's the same kind, the shared expert included).
+ *
+ * Everything stays on the device (no host round trip, no allocation after the
+ * first call of a given size), six launches:
+ *   1 router     logits [M, E] fp32 = x·W_routerᵀ through cuBLASLt (cu_lt_gemm)
+ *   2 top-k      warp per token: softmax, top-k, renormalise, shared gate
+ *                -> idx [M, k], wts [M, k+1] (slot k: the shared expert's weight,
+ *                   sigmoid(x·w_sg), 1 without a gate, 0 without a shared expert)
+ *   3 plan       one block: histogram of the (token, j) pairs per expert (the
+ *                shared expert is expert E, picked by every token), counts padded
+ *                to the tile height BM, prefix sum -> row offsets, the tile table
+ *                (tile t of BM rows belongs to expert tile_e[t]), and the scatter:
+ *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows
+ *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 128 gate
+ *                rows + the same 128 up rows of that expert; A rows gathered from x by
+ *                perm; epilogue h = silu(g·s2g)·(u·s2u) -> hbuf [R, ldh] bf16
+ *   5 down       grouped GEMM, CTA = one tile x 256 output rows; A = hbuf rows;
+ *                epilogue (acc · s2d · wts[p]) -> dbuf [M·(k+1), H] bf16 at the pair
+ *   6 combine    y[m] = Σ_j dbuf[m·(k+1) + j] in fp32 (fixed order: deterministic)
+ * Grids are sized from an upper bound of the tile count (ceil(pairs/BM) plus one
+ * per expert that can be non-empty); CTAs past the real count (read on the device)
+ * exit at once. So a call is CUDA-graph capturable once its workspace exists.
+ *
+ * The GEMM (both launches): 256 threads, a multi-stage cp.async pipeline into
+ * dynamic shared memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; CTA tile
+ * BM = 64 rows x 256 weight rows (8 warps as 2 x 4, 4 stages) when the routed
+ * experts get 32 rows or more on average, else BM = 16 rows x 256 weight rows
+ * (8 warps along N, 6 stages: weight streaming wants bytes in flight): less
+ * padding work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64 forces one).
+ * Tokens are the A operand (row-major [rows, K]), weights the B operand ([N, K]
+ * row-major = K x N column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
+ * the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
+ * {2t, 2t+1, 2t+8, 2t+9} stand for k = 16t + 4q + {0, 1, 2, 3} on both A and B
+ * (a dot product does not care how k is numbered, as long as A and B agree).
+ * So a lane's B fragments for one weight row are 8 bytes of E2M1 codes and one
+ * E4M3 block scale, decoded in registers (cu_e2m1x8_to_bf16x8, exact times the
+ * scale in bf16); scale2 is applied in fp32 in the epilogue.
+ * Three weight loaders: NVFP4 by cp.async (K multiple of 64, 16-byte aligned
+ * codes, 4-byte aligned scales: every real checkpoint), NVFP4 by plain loads
+ * for the small fixtures (any K multiple of 16, any alignment), and BF16 by
+ * cp.async (the B fragments read straight from shared memory, like A; 3 stages,
+ * 138 KB of shared memory at BM = 64). A always uses cp.async (x rows 16-byte
+ * aligned, H multiple of 8).
+ *
+ * Workspace: per device, grown on first use and never shrunk; superseded buffers
+ * are kept (not freed) so that a CUDA graph captured with them stays valid. The
+ * expert pointer table (64 B per expert) lives in device memory, cached per
+ * moe_w and uploaded only when it changes. Calls on one device are serialised
+ * by its mutex.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MG_MAXE = 1024, MG_MAXK = 16, MG_MAX_DEV = 16, MG_TAB_CACHE = 128, MG_RETIRED = 64 };
+enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
+
+/* One expert's weights for the kernels; entry E is the shared expert. */
+typedef struct mg_expert {
+    const uint8_t *w[3]; /* gate [I, H/2], up [I, H/2], down [H, I/2] E2M1 codes */
+    const uint8_t *s[3]; /* E4M3 block scales [I, H/16], [I, H/16], [H, I/16] */
+    float s2[3];         /* weight_scale_2 of gate, up, down */
+    int inter;           /* I of this expert (rows of gate/up, K of down) */
+} mg_expert;
+
+/* ---- per-device workspace ------------------------------------------------------ */
+
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
+
+typedef struct mg_tab {
+    const moe_w *key;
+    int n;               /* entries (E + 1) */
+    int ld_gu, ld_dn;    /* weight loaders (MG_LD_*) of the gate/up and the down GEMM */
+    mg_expert *host, *dev;
+} mg_tab;
+
+typedef struct mg_ws {
+    void *p[MG_NBUF];
+    size_t cap[MG_NBUF];
+    void *retired[MG_RETIRED];
+    int n_retired;
+    mg_tab tabs[MG_TAB_CACHE];
+    int next_tab;
+    mg_expert *scratch;  /* host [MG_MAXE + 1] */
+    pthread_mutex_t mu;
+    int init;
+} mg_ws;
+
+static mg_ws g_mg[MG_MAX_DEV];
+static pthread_mutex_t g_mg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int mg_lock(mg_ws **out, ls_err *e) {
+    int dev = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    if (dev < 0 || dev >= MG_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: device %d out of range", dev);
+    pthread_mutex_lock(&g_mg_mu);
+    if (!g_mg[dev].init) {
+        pthread_mutex_init(&g_mg[dev].mu, NULL);
+        g_mg[dev].init = 1;
+    }
+    pthread_mutex_unlock(&g_mg_mu);
+    pthread_mutex_lock(&g_mg[dev].mu);
+    *out = &g_mg[dev];
+    return 0;
+}
+
+/* Device buffer `slot` of at least n bytes. A buffer that is too small is
+ * retired (kept allocated: a captured graph may still point at it) and a new
+ * one made; no allocation happens once the sizes of the largest call exist. */
+static void *mg_get(mg_ws *w, int slot, size_t n, ls_err *e) {
+    if (n == 0) n = 16;
+    n = (n + 255) & ~(size_t)255;
+    if (w->cap[slot] >= n) return w->p[slot];
+    if (w->p[slot]) {
+        if (w->n_retired < MG_RETIRED) {
+            w->retired[w->n_retired++] = w->p[slot];
+        } else {
+            cudaDeviceSynchronize(); /* queued work may still use it */
+            cudaFree(w->p[slot]);
+        }
+    }
+    w->p[slot] = NULL;
+    w->cap[slot] = 0;
+    cudaError_t c = cudaMalloc(&w->p[slot], n);
+    if (c != cudaSuccess) {
+        cu_fail(e, c, "cuda_grouped_gemm workspace");
+        return NULL;
+    }
+    w->cap[slot] = n;
+    return w->p[slot];
+}
+
+/* ---- small device helpers ------------------------------------------------------ */
+
+__device__ __forceinline__ float mg_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float mg_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* bf16x2 word -> two floats (low half first) */
+__device__ __forceinline__ float2 mg_bf2(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+__device__ __forceinline__ uint32_t mg_pack_bf2(float a, float b) {
+    __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* cp.async of 16 (or 4) bytes; src_size 0 when !valid zero-fills the destination. */
+__device__ __forceinline__ void mg_cp16(void *smem, const void *g, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
+}
+__device__ __forceinline__ void mg_cp4(void *smem, const void *g, bool valid) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(g), "r"(n));
+}
+__device__ __forceinline__ void mg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void mg_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- 2: top-k ------------------------------------------------------------------- */
+
+/* Warp per token m: softmax over logits[m, E], the k largest (ties: lower index),
+ * renormalised if norm -> idx[m, k], wts[m, 0..k-1]; wts[m, k] = the shared
+ * expert's weight. A NaN row yields expert 0 with weight NaN, so the output shows it. */
+__global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k, int norm,
+                                                      const bf16 *__restrict__ x,
+                                                      const bf16 *__restrict__ wsg, int has_shared,
+                                                      const float *__restrict__ logits,
+                                                      int32_t *__restrict__ idx, float *__restrict__ wts) {
+    const int lane = threadIdx.x & 31;
+    const int m = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (m >= M) return;
+    const float *lg = logits + (size_t)m * E;
+    float v[32]; /* expert lane + 32 i */
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        int ex = lane + 32 * i;
+        v[i] = ex < E ? lg[ex] : -INFINITY;
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 32; i++) mx = fmaxf(mx, v[i]);
+    mx = mg_warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    sum = mg_warp_sum(sum);
+    float psum = 0.f, pj[MG_MAXK];
+    int ij[MG_MAXK];
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
+                bv = v[i];
+                bi = lane + 32 * i;
+            }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        float p;
+        if (bi == 0x7fffffff) { /* NaN logits: no candidate compares greater */
+            bi = 0;
+            p = __int_as_float(0x7fc00000);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                if (lane + 32 * i == bi) v[i] = -INFINITY;
+            p = expf(bv - mx) / sum;
+        }
+        ij[j] = bi;
+        pj[j] = p;
+        psum += p;
+    }
+    float sg = has_shared ? 1.f : 0.f;
+    if (has_shared && wsg) {
+        const bf16 *xm = x + (size_t)m * H;
+        float s = 0.f;
+        for (int c = lane * 8; c < H; c += 256) {
+            uint4 va = *reinterpret_cast<const uint4 *>(xm + c), vb = *reinterpret_cast<const uint4 *>(wsg + c);
+            const uint32_t xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 a = mg_bf2(xa[q]), b = mg_bf2(xb[q]);
+                s = fmaf(a.x, b.x, s);
+                s = fmaf(a.y, b.y, s);
+            }
+        }
+        s = mg_warp_sum(s);
+        sg = 1.f / (1.f + expf(-s));
+    }
+    if (lane == 0) {
+        for (int j = 0; j < k; j++) {
+            idx[(size_t)m * k + j] = ij[j];
+            wts[(size_t)m * (k + 1) + j] = norm ? pj[j] / psum : pj[j];
+        }
+        wts[(size_t)m * (k + 1) + k] = sg;
+    }
+}
+
+/* ---- 3: plan -------------------------------------------------------------------- */
+
+/* One block of 1024 threads. Slots S = E + has_shared (slot E: the shared
+ * expert, M rows). Rows of expert e: [off[e], off[e] + P_e), P_e = c_e rounded
+ * up to bm (the GEMM's tile height); the first c_e hold its pairs (any order), the rest are padding
+ * (perm = -1). tile_e[t] = the expert of rows [t·BM, (t+1)·BM); *n_tiles = the
+ * number of tiles. perm[row] = m·(k+1) + j. */
+__global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int has_shared, int bm,
+                                                       const int32_t *__restrict__ idx,
+                                                       int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
+                                                       int32_t *__restrict__ n_tiles) {
+    __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
+    __shared__ int s_wsum[32];
+    const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
+    const int Mk = M * k;
+    for (int e = tid; e < S; e += 1024) s_cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < Mk; i += 1024) atomicAdd(&s_cnt[idx[i]], 1);
+    if (has_shared && tid == 0) s_cnt[E] = M;
+    __syncthreads();
+    /* exclusive scan of the padded counts; thread tid owns slots 2tid, 2tid+1 */
+    const int a0 = 2 * tid, a1 = 2 * tid + 1;
+    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
+    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
+    const int lane = tid & 31, warp = tid >> 5;
+    int incl = p0 + p1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = s_wsum[lane], wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int t = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += t;
+        }
+        s_wsum[lane] = wi - w; /* exclusive prefix of the warp totals */
+    }
+    __syncthreads();
+    const int excl = s_wsum[warp] + incl - (p0 + p1);
+    if (a0 < S) s_off[a0] = excl;
+    if (a1 < S) s_off[a1] = excl + p0;
+    if (tid == 1023) s_off[S] = excl + p0 + p1; /* total rows: the last thread's inclusive sum */
+    __syncthreads();
+    for (int e = tid; e < S; e += 1024) {
+        const int o = s_off[e], c = s_cnt[e], pe = s_off[e + 1] - o;
+        for (int t = o / bm; t < (o + pe) / bm; t++) tile_e[t] = e;
+        for (int r = o + c; r < o + pe; r++) perm[r] = -1;
+        s_cur[e] = o;
+    }
+    if (tid == 0) *n_tiles = s_off[S] / bm;
+    __syncthreads();
+    for (int i = tid; i < Mk; i += 1024) {
+        const int m = i / k, j = i - m * k;
+        const int r = atomicAdd(&s_cur[idx[i]], 1);
+        perm[r] = m * (k + 1) + j;
+    }
+    if (has_shared)
+        for (int m = tid; m < M; m += 1024) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
+
+/* Weight loaders: NVFP4 by cp.async (K % 64 == 0, codes 16-byte and scales
+ * 4-byte aligned), NVFP4 by plain loads (any K % 16 == 0, any alignment), BF16
+ * by cp.async (K % 8 == 0, 16-byte aligned rows). */
+enum { MG_LD_FP4 = 0, MG_LD_FP4_PLAIN = 1, MG_LD_BF16 = 2 };
+
+/* Tile geometry per tile height BM (rows of one expert per CTA) and loader LD;
+ * both heights hold BNW = 256 weight rows per CTA (gate/up: 128 gate rows and
+ * the same 128 up rows), so each A tile is re-read by few CTAs:
+ *   BM = 64: warps 2 (M) x 4 (N), each warp 2 m16 tiles x 8 n8 tiles, 4 stages
+ *   BM = 16: warps 1 (M) x 8 (N), each warp 1 m16 tile  x 4 n8 tiles, 6 stages
+ *            (decode and mid batches are weight-streaming: more bytes in flight)
+ * BF16 weights take 3 stages (their B tiles are 4.5x larger). */
+template <int BM, int LD>
+struct mg_geo {
+    static constexpr int WM = BM >= 64 ? 2 : 1;      /* warps along M */
+    static constexpr int WN = 8 / WM;                /* warps along N */
+    static constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
+    static constexpr int NT = BM >= 64 ? 8 : 4;      /* n8 tiles per warp (half gate, half up) */
+    static constexpr int BNW = WN * NT * 8;          /* weight rows per CTA tile */
+    static constexpr int ST = LD == MG_LD_BF16 ? 3 : BM >= 64 ? 4 : 6; /* pipeline stages */
+};
+
+template <int BM, int LD>
+struct mg_smem { /* NVFP4 */
+    typedef mg_geo<BM, LD> G;
+    bf16 a[G::ST][BM][MG_APAD];                 /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
+    uint8_t b[G::ST][G::BNW][MG_BK / 2];        /* weight rows' E2M1 codes for k0..k0+63 */
+    uint8_t s[G::ST][G::BNW][MG_BK / 16];       /* their 4 block scales */
+    int pair[BM];                               /* perm of the tile's rows (-1: padding) */
+};
+template <int BM>
+struct mg_smem<BM, MG_LD_BF16> {
+    typedef mg_geo<BM, MG_LD_BF16> G;
+    bf16 a[G::ST][BM][MG_APAD];
+    bf16 b[G::ST][G::BNW][MG_APAD];             /* weight rows, k0..k0+63, padded as A */
+    int pair[BM];
+};
+
+/* Grouped GEMM over the tiles of the plan (blockIdx.y = tile of BM rows, one
+ * expert). GATEUP: A = x rows gathered by token (K = H); CTA weight rows
+ * 0..BNW/2-1 = gate rows n0.., BNW/2..BNW-1 = up rows n0.. (n0 = blockIdx.x ·
+ * BNW/2); out hbuf [R, ldh] = silu(gate·s2g)·(up·s2u). Else (down): A = hbuf
+ * rows (K = I_e), weight rows = down rows n0..n0+BNW-1 (n0 = blockIdx.x · BNW);
+ * out dbuf [pair, H] = wts[pair] · s2d · down. LD: the weight loader (MG_LD_*).
+ * Shared memory is dynamic: sizeof(mg_smem<BM, LD>). */
+template <bool GATEUP, int LD, int BM>
+__global__ void __launch_bounds__(MG_THREADS, 2)
+    mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
+                   const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
+                   const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
+                   bf16 *__restrict__ dbuf) {
+    typedef mg_geo<BM, LD> G;
+    constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT, NT = G::NT, NH = NT / 2, ST = G::ST;
+    extern __shared__ __align__(16) unsigned char mg_dsm[];
+    mg_smem<BM, LD> &sm = *reinterpret_cast<mg_smem<BM, LD> *>(mg_dsm);
+    const int tile = blockIdx.y;
+    if (tile >= *n_tiles) return;
+    const int ex = tile_e[tile];
+    const mg_expert *xp = &tab[ex];
+    const int I = xp->inter;
+    const int N = GATEUP ? I : H;      /* output columns of this GEMM */
+    const int K = GATEUP ? H : I;
+    const int n0 = blockIdx.x * (GATEUP ? HALF : BNW);
+    if (n0 >= N) return;
+    const int r0 = tile * BM;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = warp % G::WM, wn = warp / G::WM;
+    if (tid < BM) sm.pair[tid] = perm[r0 + tid];
+    __syncthreads();
+
+    const uint8_t *w0 = GATEUP ? xp->w[0] : xp->w[2], *w1 = xp->w[1];
+    const uint8_t *s0 = GATEUP ? xp->s[0] : xp->s[2], *s1 = xp->s[1];
+    const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16; /* bytes per weight row: codes, scales */
+    const int nk = (K + MG_BK - 1) / MG_BK;
+
+    /* stage st <- k block k0: A BM rows x 64 k (BM·8 chunks of 16 B), codes BNW
+     * rows x 32 B (BNW·2 chunks of 16 B), scales BNW rows x 4 B */
+    auto load = [&](int st, int k0) {
+#pragma unroll
+        for (int c = tid; c < BM * 8; c += MG_THREADS) {
+            const int row = c >> 3, kk = k0 + (c & 7) * 8;
+            const int p = sm.pair[row];
+            const bool ok = p >= 0 && kk < K;
+            const bf16 *src = x;
+            if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
+            mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
+        }
+#pragma unroll
+        for (int c = tid; c < BNW * 2; c += MG_THREADS) {
+            const int row = c >> 1, half = c & 1;
+            const bool up = GATEUP && row >= HALF;
+            const int n = n0 + (up ? row - HALF : row);
+            const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
+            const bool nok = n < N;
+            if constexpr (LD == MG_LD_BF16) {
+                /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+#pragma unroll
+                for (int q = half; q < 8; q += 2) {
+                    const int kk = k0 + q * 8;
+                    const bool ok = nok && kk < K;
+                    mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
+                }
+            } else if constexpr (LD == MG_LD_FP4) {
+                const bool ok = nok && k0 + half * 32 < K;
+                mg_cp16(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok);
+                if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
+            } else {
+                /* plain loads, zero past the end of K (K % 16 == 0) */
+#pragma unroll 4
+                for (int i = 0; i < 16; i++) {
+                    const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
+                    sm.b[st][row][half * 16 + i] = (nok && kb < K) ? wb[(size_t)n * ldw + kb / 2] : (uint8_t)0;
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int kb = k0 + (half * 2 + i) * 16;
+                    sm.s[st][row][half * 2 + i] = (nok && kb < K) ? sb[(size_t)n * lds + kb / 16] : (uint8_t)0;
+                }
+            }
+        }
+    };
+
+    /* CTA weight row of this warp's n8 tile j: gate/up: j < NH gate cols
+     * wn·NH·8 + 8j, j >= NH the same up cols (rows HALF + ...); down: cols
+     * wn·NT·8 + 8j */
+    int brow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        brow[j] = GATEUP ? (j / NH) * HALF + wn * NH * 8 + (j % NH) * 8 : wn * NT * 8 + j * 8;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nk) load(s, s * MG_BK);
+        mg_cp_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        mg_cp_wait<ST - 2>();
+        __syncthreads(); /* stage kt landed for all; stage kt-1 consumed by all */
+        if (kt + ST - 1 < nk) load((kt + ST - 1) % ST, (kt + ST - 1) * MG_BK);
+        mg_cp_commit();
+        const int st = kt % ST;
+        /* A: rows ra = wm·MT·16 + 16i + g and ra + 8, k = 16t..16t+15 -> xa / xb[i][0..7]
+         * (register r = the pair k 16t+2r, 16t+2r+1) */
+        uint32_t xa[MT][8], xb[MT][8];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            const int ra = wm * MT * 16 + i * 16 + g;
+            const uint4 *pa = reinterpret_cast<const uint4 *>(&sm.a[st][ra][16 * t]);
+            const uint4 *pb = reinterpret_cast<const uint4 *>(&sm.a[st][ra + 8][16 * t]);
+            const uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
+            xa[i][0] = a0.x; xa[i][1] = a0.y; xa[i][2] = a0.z; xa[i][3] = a0.w;
+            xa[i][4] = a1.x; xa[i][5] = a1.y; xa[i][6] = a1.z; xa[i][7] = a1.w;
+            xb[i][0] = b0.x; xb[i][1] = b0.y; xb[i][2] = b0.z; xb[i][3] = b0.w;
+            xb[i][4] = b1.x; xb[i][5] = b1.y; xb[i][6] = b1.z; xb[i][7] = b1.w;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            /* B: weight row brow[j] + g, k = 16t..16t+15 -> bf[0..7] (pairs as A) */
+            uint32_t bf[8];
+            if constexpr (LD == MG_LD_BF16) {
+                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
+                const uint4 v0 = pw[0], v1 = pw[1];
+                bf[0] = v0.x; bf[1] = v0.y; bf[2] = v0.z; bf[3] = v0.w;
+                bf[4] = v1.x; bf[5] = v1.y; bf[6] = v1.z; bf[7] = v1.w;
+            } else {
+                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
+                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
+                cu_e2m1x8_to_bf16x8(cw.x, &bf[0]);
+                cu_e2m1x8_to_bf16x8(cw.y, &bf[4]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) bf[r] = cu_bf16x2_mul(bf[r], sc);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    /* mma k slots (2t, 2t+1 | 2t+8, 2t+9) = k 16t+4q+(0, 1 | 2, 3) */
+                    const uint32_t af[4] = {xa[i][2 * q], xb[i][2 * q], xa[i][2 * q + 1], xb[i][2 * q + 1]};
+                    cu_mma_bf16_16816(acc[i][j], af, bf[2 * q], bf[2 * q + 1]);
+                }
+        }
+    }
+
+    /* epilogue: acc[i][j] = C of rows wm·MT·16 + 16i + (g | g+8), cols 2t, 2t+1 of tile j */
+    if (GATEUP) {
+        const float s2g = xp->s2[0], s2u = xp->s2[1];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = wm * MT * 16 + i * 16 + g + 8 * h;
+                if (sm.pair[row] < 0) continue;
+#pragma unroll
+                for (int jj = 0; jj < NH; jj++) {
+                    const int col = n0 + wn * NH * 8 + jj * 8 + 2 * t;
+                    if (col >= N) continue;
+                    const float g0 = acc[i][jj][2 * h] * s2g, g1 = acc[i][jj][2 * h + 1] * s2g;
+                    const float u0 = acc[i][jj + NH][2 * h] * s2u, u1 = acc[i][jj + NH][2 * h + 1] * s2u;
+                    const float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
+                    *reinterpret_cast<uint32_t *>(hbuf + (size_t)(r0 + row) * ldh + col) = mg_pack_bf2(h0, h1);
+                }
+            }
+    } else {
+        const float s2d = xp->s2[2];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = wm * MT * 16 + i * 16 + g + 8 * h;
+                const int p = sm.pair[row];
+                if (p < 0) continue;
+                const float c = s2d * wts[p];
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const int col = n0 + wn * NT * 8 + j * 8 + 2 * t;
+                    if (col >= N) continue;
+                    *reinterpret_cast<uint32_t *>(dbuf + (size_t)p * H + col) =
+                        mg_pack_bf2(acc[i][j][2 * h] * c, acc[i][j][2 * h + 1] * c);
+                }
+            }
+    }
+}
+
+/* Launch one instantiation; its dynamic shared memory limit is raised once per
+ * device (the attribute belongs to the function on the current device). */
+template <bool GATEUP, int LD, int BM>
+static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                                   const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                                   const float *wts, bf16 *dbuf, cudaStream_t st) {
+    const size_t smem = sizeof(mg_smem<BM, LD>);
+    static unsigned raised; /* bit per device ordinal (< MG_MAX_DEV) */
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
+        c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
+        if (c != cudaSuccess) return c;
+        __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
+    }
+    mg_gemm_kernel<GATEUP, LD, BM><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                   dbuf);
+    return cudaGetLastError();
+}
+
+/* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld. */
+template <bool GATEUP, int BM>
+static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
+                                  const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf,
+                                  int ldh, const float *wts, bf16 *dbuf, cudaStream_t st) {
+    constexpr int bnw = mg_geo<BM, MG_LD_FP4>::BNW; /* the same for every loader */
+    static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
+    constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
+    dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if (ld == MG_LD_FP4)
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+    if (ld == MG_LD_FP4_PLAIN)
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4_PLAIN, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                            st);
+    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+}
+
+/* ---- 6: combine ----------------------------------------------------------------- */
+
+/* y[m, :] = Σ_{j < nslot} dbuf[m·(k+1) + j, :], fp32 sum; 8 columns per thread. */
+__global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, int nslot,
+                                                         const bf16 *__restrict__ dbuf, bf16 *__restrict__ y) {
+    const int m = blockIdx.x;
+    for (int c = threadIdx.x * 8; c < H; c += 256 * 8) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < nslot; j++) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(dbuf + ((size_t)m * (k + 1) + j) * H + c);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 f = mg_bf2(w[q]);
+                acc[2 * q] += f.x;
+                acc[2 * q + 1] += f.y;
+            }
+        }
+        uint4 o;
+        o.x = mg_pack_bf2(acc[0], acc[1]);
+        o.y = mg_pack_bf2(acc[2], acc[3]);
+        o.z = mg_pack_bf2(acc[4], acc[5]);
+        o.w = mg_pack_bf2(acc[6], acc[7]);
+        *reinterpret_cast<uint4 *>(y + (size_t)m * H + c) = o;
+    }
+}
+
+/* ---- host side ---------------------------------------------------------------------- */
+
+static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    if (s->wk != W_NVFP4 && s->wk != W_BF16) {
+        snprintf(why, n, "needs NVFP4 or BF16 experts");
+        return 0;
+    }
+    if (s->top_k < 1 || s->top_k > MG_MAXK || s->top_k > s->E || s->E > MG_MAXE) {
+        snprintf(why, n, "needs top_k 1..%d and at most %d experts (top_k %d, E %d)", MG_MAXK, MG_MAXE, s->top_k,
+                 s->E);
+        return 0;
+    }
+    if (s->H % 16 || s->I % 16 || s->Is % 16 || s->I <= 0) {
+        snprintf(why, n, "needs H, I, shared I multiples of 16 (H=%d I=%d Is=%d)", s->H, s->I, s->Is);
+        return 0;
+    }
+    return 1;
+}
+
+/* Fill ws->scratch from w (E routed experts + the shared one, all NVFP4 or all
+ * BF16), pick the loaders, and find or refresh the device copy; *out = its
+ * cache entry. */
+static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls_err *e) {
+    const int E = w->n_experts, H = w->hidden, Is = w->shared_inter > 0 ? w->shared_inter : 0;
+    if (!ws->scratch) ws->scratch = (mg_expert *)xcalloc(MG_MAXE + 1, sizeof(mg_expert));
+    mg_expert *sc = ws->scratch;
+    const w_kind wk = w->gate[0].kind;
+    if (wk != W_NVFP4 && wk != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s experts (takes NVFP4 or BF16)", w_kind_name(wk));
+    int fast_gu = H % 64 == 0, fast_dn = 1; /* NVFP4 cp.async loaders usable */
+    for (int x = 0; x <= E; x++) {
+        const lin_w *l[3];
+        int I;
+        if (x < E) {
+            l[0] = &w->gate[x]; l[1] = &w->up[x]; l[2] = &w->down[x];
+            I = w->inter;
+        } else if (Is) {
+            l[0] = &w->sh_gate; l[1] = &w->sh_up; l[2] = &w->sh_down;
+            I = Is;
+        } else {
+            memset(&sc[x], 0, sizeof sc[x]);
+            break;
+        }
+        for (int q = 0; q < 3; q++) {
+            const int wantN = q < 2 ? I : H, wantK = q < 2 ? H : I;
+            const char *what = x < E ? "expert" : "shared expert";
+            if (l[q]->kind != wk)
+                return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s %d weight %s is %s, expert 0's gate is %s",
+                            what, x, l[q]->name ? l[q]->name : "?", w_kind_name(l[q]->kind), w_kind_name(wk));
+            if (l[q]->N != wantN || l[q]->K != wantK)
+                return errf(e, ERR_INVAL, "cuda_grouped_gemm: %s %d weight %s is [%d, %d], expected [%d, %d]", what, x,
+                            l[q]->name ? l[q]->name : "?", l[q]->N, l[q]->K, wantN, wantK);
+            sc[x].w[q] = (const uint8_t *)l[q]->data;
+            if (wk == W_BF16) { /* rows of K bf16 read as 16-byte chunks (K % 16 == 0 checked) */
+                if ((uintptr_t)l[q]->data & 15)
+                    return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: BF16 weight %s not 16-byte aligned",
+                                l[q]->name ? l[q]->name : "?");
+                sc[x].s[q] = NULL;
+                sc[x].s2[q] = 1.f;
+                continue;
+            }
+            sc[x].s[q] = l[q]->scale;
+            sc[x].s2[q] = l[q]->scale2;
+            const int ok = !((uintptr_t)l[q]->data & 15) && !((uintptr_t)l[q]->scale & 3);
+            if (q < 2) fast_gu &= ok;
+            else fast_dn &= ok && I % 64 == 0;
+        }
+        sc[x].inter = I;
+    }
+    const int n = E + 1;
+    mg_tab *te = NULL;
+    for (int i = 0; i < MG_TAB_CACHE; i++)
+        if (ws->tabs[i].key == w && ws->tabs[i].n == n) te = &ws->tabs[i];
+    if (!te || memcmp(te->host, sc, sizeof(mg_expert) * n)) {
+        if (!te) {
+            te = &ws->tabs[ws->next_tab];
+            ws->next_tab = (ws->next_tab + 1) % MG_TAB_CACHE;
+        }
+        if (!te->host) { /* sized for MG_MAXE + 1 experts: reused by any layer */
+            te->host = (mg_expert *)xmalloc(sizeof(mg_expert) * (MG_MAXE + 1));
+            cudaError_t c = cudaMalloc(&te->dev, sizeof(mg_expert) * (MG_MAXE + 1));
+            if (c != cudaSuccess) {
+                free(te->host);
+                te->host = NULL;
+                te->dev = NULL;
+                te->key = NULL;
+                return cu_fail(e, c, "cuda_grouped_gemm expert table");
+            }
+        }
+        te->key = w;
+        te->n = n;
+        memcpy(te->host, sc, sizeof(mg_expert) * n);
+        /* from pageable memory: ordered after the stream's earlier work */
+        cudaError_t c = cudaMemcpyAsync(te->dev, te->host, sizeof(mg_expert) * n, cudaMemcpyHostToDevice, st);
+        if (c != cudaSuccess) {
+            te->key = NULL;
+            return cu_fail(e, c, "cuda_grouped_gemm expert table");
+        }
+    }
+    te->ld_gu = wk == W_BF16 ? MG_LD_BF16 : fast_gu ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
+    te->ld_dn = wk == W_BF16 ? MG_LD_BF16 : fast_dn ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
+    *out = te;
+    return 0;
+}
+
+static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *e) {
+    const moe_w *w = a->w;
+    const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, I = w->inter,
+              Is = w->shared_inter > 0 ? w->shared_inter : 0, hs = Is > 0;
+    mg_tab *tab;
+    int rc = mg_table(ws, w, st, &tab, e);
+    if (rc) return rc;
+    /* tile height: 16 rows when the routed experts average fewer than 32 rows each
+     * (decode-ish and mid batches), else 64 (LASTSTAND_GROUPED_BM=16|64 forces one) */
+    int bm = (size_t)M * k < (size_t)32 * E ? 16 : 64;
+    const char *force = getenv("LASTSTAND_GROUPED_BM");
+    if (force && (!strcmp(force, "16") || !strcmp(force, "64"))) bm = atoi(force);
+    /* rows: each slot's pairs padded to bm; at most min(slots, pairs) slots are non-empty */
+    const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
+    const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
+    const size_t R = tiles_max * bm;
+    const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
+    if (tiles_max > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
+    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, e);
+    int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, e);
+    float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), e);
+    int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, e);
+    int32_t *perm = (int32_t *)mg_get(ws, MG_PERM, sizeof(int32_t) * R, e);
+    int32_t *nt = (int32_t *)mg_get(ws, MG_NT, sizeof(int32_t), e);
+    bf16 *hbuf = (bf16 *)mg_get(ws, MG_H, sizeof(bf16) * R * ldh, e);
+    bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, e);
+    if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
+
+    rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
+    if (rc) return err_prefix(e, "cuda_grouped_gemm router");
+    mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                                w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits,
+                                                idx, wts);
+    CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
+    mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
+    CU_LAUNCHED(e, "cuda_grouped_gemm plan");
+    const bf16 *x = (const bf16 *)a->x;
+    cudaError_t c = bm == 16 ? mg_gemm_launch<true, 16>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
+                                                        k, x, hbuf, ldh, wts, dbuf, st)
+                             : mg_gemm_launch<true, 64>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
+                                                        k, x, hbuf, ldh, wts, dbuf, st);
+    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm gate/up");
+    c = bm == 16 ? mg_gemm_launch<false, 16>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                             ldh, wts, dbuf, st)
+                 : mg_gemm_launch<false, 64>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                             ldh, wts, dbuf, st);
+    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm down");
+    mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    CU_LAUNCHED(e, "cuda_grouped_gemm combine");
+    if (a->topk_idx)
+        CU_TRY(e, cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st),
+               "cuda_grouped_gemm top-k out");
+    if (a->topk_w)
+        CU_TRY(e, cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                    cudaMemcpyDeviceToDevice, st),
+               "cuda_grouped_gemm top-k weights out");
+    return 0;
+}
+
+static int mg_run(const moe_args *a, ls_stream s, ls_err *e) {
+    const moe_w *w = a->w;
+    if (a->M <= 0) return 0;
+    if (a->dt != ACT_BF16) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: activations must be BF16");
+    if (w->router.kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: router weight must be BF16, got %s",
+                    w_kind_name(w->router.kind));
+    if (w->has_sh_gate && w->sh_gate_w.kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: shared_expert_gate must be BF16");
+    if (w->top_k < 1 || w->top_k > MG_MAXK || w->top_k > w->n_experts || w->n_experts > MG_MAXE)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: top_k %d of %d experts (needs top_k <= %d, E <= %d)",
+                    w->top_k, w->n_experts, MG_MAXK, MG_MAXE);
+    if (w->hidden % 16 || w->inter % 16 || w->inter <= 0 || (w->shared_inter > 0 && w->shared_inter % 16))
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: H=%d I=%d Is=%d must be multiples of 16", w->hidden,
+                    w->inter, w->shared_inter);
+    if (((uintptr_t)a->x & 15) || ((uintptr_t)a->y & 15) || (w->has_sh_gate && ((uintptr_t)w->sh_gate_w.data & 15)))
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: x, y and shared_expert_gate must be 16-byte aligned");
+    mg_ws *ws;
+    int rc = mg_lock(&ws, e);
+    if (rc) return rc;
+    rc = mg_run_locked(ws, a, (cudaStream_t)s, e);
+    pthread_mutex_unlock(&ws->mu);
+    return rc;
+}
+
+const moe_impl moe_cuda_grouped_gemm = {"cuda_grouped_gemm", DEV_CUDA, 0, mg_supported, mg_run, 1};

@@ -1,0 +1,88 @@
+"""The cuda_grouped_gemm moe backend (src/ops/cuda/moe_grouped.cu) on a GPU; skipped without one.
+
+Pins:
+- the doctor's verdict against the fp64 CPU reference is "ok" at every batch bucket of the
+  Qwen3.5-35B MoE layer shape (NVFP4 experts, shared expert), including batches that leave
+  partial tiles (M = 3, 100) and both tile heights (16-row tiles below 32 rows per expert on
+  average, 64-row tiles above: M = 512 and M = 1024 here);
+- BF16 experts (the doctor on the BF16 fixture's MoE shape, I = 48: a K tail inside one 64-wide
+  block);
+- on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
+  cuda_grouped_gemm` agrees with the CPU forward pass within issue 5's bar (max |a - b| / max |b|
+  <= 2e-2 on every row, same argmax where the CPU's top-2 margin exceeds 0.05). The other
+  fixtures are not held to that bar: their CUDA forward passes are as far from the CPU with
+  every moe backend (BF16 rounding amplified by tiny random weights; bench/RESULTS.md); the
+  doctor pins the NVFP4 experts instead.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import BIN, run_ls
+
+BACKEND = "cuda_grouped_gemm"
+
+
+def _have_gpu():
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+
+
+def doctor_cells(tmp_path, *args):
+    out = tmp_path / "doctor.json"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    p = subprocess.run([BIN, "doctor", "--device", "cuda", "--families", "moe", "--backends", BACKEND,
+                        "--json", str(out), *map(str, args)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert out.exists(), f"doctor wrote no report (exit {p.returncode}):\n{p.stderr[-3000:]}"
+    tabs = [t for t in json.load(open(out))["tables"] if t["family"] == "moe"]
+    assert len(tabs) == 1, p.stdout
+    return tabs[0]["cells"][BACKEND], p.stdout
+
+
+def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
+    ms = [1, 3, 8, 64, 100, 512, 1024]
+    cells, table = doctor_cells(tmp_path, "--shapes", "qwen3.5-35b-a3b", "--m", ",".join(map(str, ms)))
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
+    assert sorted(map(int, cells)) == ms
+
+
+def test_grouped_gemm_right_with_bf16_experts(tmp_path, shared_dir):
+    model = os.path.join(shared_dir, "fixtures", "models", "qwen3_5_moe_text")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        pytest.skip(f"{model} missing")
+    cells, table = doctor_cells(tmp_path, "--model-path", model, "--m", "1,5,64,300")
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe"])
+def test_grouped_gemm_logits_match_the_cpu_forward_pass(shared_dir, name):
+    model = os.path.join(shared_dir, "fixtures", "models", name)
+    ref = os.path.join(model, "ref.json")
+    if not os.path.exists(ref):
+        pytest.skip(f"{ref} missing")
+    ids = ",".join(map(str, json.load(open(ref))["input_ids"]))
+    got = {}
+    for dev, extra in (("cpu", []), ("cuda", ["--moe-runner-backend", BACKEND])):
+        p = run_ls("logits", "--model-path", model, "--ids", ids, "--device", dev, *extra, check=True, timeout=300)
+        got[dev] = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+    a, b = got["cuda"], got["cpu"]
+    assert a.shape == b.shape and np.isfinite(a).all()
+    rel = np.abs(a - b).max(axis=1) / np.abs(b).max(axis=1)
+    assert rel.max() <= 2e-2, f"worst row {rel.argmax()}: {rel.max():.3e}"
+    top2 = np.sort(b, axis=1)[:, -2:]
+    sure = (top2[:, 1] - top2[:, 0]) > 0.05
+    assert (a.argmax(1) == b.argmax(1))[sure].all()

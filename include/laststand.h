@@ -39,6 +39,13 @@ typedef struct ls_engine_opts {
     int max_queued_requests;       /* admission queue bound, default 1024 */
     /* Added by the engine (additive): */
     int max_total_tokens;          /* KV pool size in tokens (SGLang --max-total-tokens); 0: from memory */
+    /* Added (additive): where sampling runs and CUDA graphs. */
+    const char *sampling_backend;  /* "host" | "device" | NULL or "auto": device on a GPU, host on the CPU */
+    int disable_cuda_graph;        /* 1: every step runs eagerly */
+    int cuda_graph_max_bs;         /* largest decode batch captured (0: max_running_requests) */
+    unsigned auto_families;        /* backend families whose name above is the doctor's pick for a flag
+                                      left at auto (bits: 2 fp4_gemm, 4 moe, 8 attention, 16 gdn): a
+                                      preference, with per-shape fallback and capture-safe substitutes */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

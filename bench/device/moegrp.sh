@@ -14,6 +14,8 @@
 #    qwen3_moe* have no shared expert. Then the doctor on the BF16 fixture's moe shape.
 #    Then the 397B shape with the tile height forced to the other choice (16 / 64).
 # 3. compute-sanitizer memcheck on one fixture with cuda_grouped_gemm (if present).
+# 4. ncu (if present): durations of the first call's five kernels (top-k, plan, gate/up,
+#    down, combine) on the 397B shape at M = 64 and 3072, as time allows.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moegrp.sh BIN OUTDIR}
@@ -52,13 +54,13 @@ import numpy as np
 BIN, FIX, OUT = sys.argv[1:4]
 for name in sorted(os.listdir(FIX)) if os.path.isdir(FIX) else []:
     d = os.path.join(FIX, name)
-    if not ("moe" in name or "next" in name) or not os.path.exists(os.path.join(d, "ref.json")):
+    if name not in ("qwen3_5_moe_text-nvfp4", "qwen3_moe-nvfp4", "qwen3_5_moe_text", "qwen3_moe") \
+            or not os.path.exists(os.path.join(d, "ref.json")):
         continue
     ids = ",".join(map(str, json.load(open(os.path.join(d, "ref.json")))["input_ids"]))
     res = {}
     for tag, extra in (("cpu", ["--device", "cpu"]),
-                       ("grouped", ["--device", "cuda", "--moe-runner-backend", "cuda_grouped_gemm"]),
-                       ("loop", ["--device", "cuda", "--moe-runner-backend", "cuda_expert_loop"])):
+                       ("grouped", ["--device", "cuda", "--moe-runner-backend", "cuda_grouped_gemm"])):
         try:
             p = subprocess.run([BIN, "logits", "--model-path", d, "--ids", ids, *extra],
                                capture_output=True, text=True, timeout=12)
@@ -70,7 +72,7 @@ for name in sorted(os.listdir(FIX)) if os.path.isdir(FIX) else []:
     if "cpu" not in res:
         continue
     b = res["cpu"]
-    for tag in ("grouped", "loop"):
+    for tag in ("grouped",):
         if tag not in res:
             continue
         a = res[tag]
@@ -93,12 +95,37 @@ fi
 
 echo "== compute-sanitizer memcheck, cuda_grouped_gemm"
 M1=$FIX/qwen3_5_moe_text-nvfp4
-if command -v compute-sanitizer >/dev/null && [ -d "$M1" ] && [ $(( $(date +%s) - T0 )) -lt 75 ]; then
+if command -v compute-sanitizer >/dev/null && [ -d "$M1" ] && [ $(( $(date +%s) - T0 )) -lt 80 ]; then
     IDS=$(python3 -c "import json;print(','.join(map(str,json.load(open('$M1/ref.json'))['input_ids'])))")
-    timeout 20 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$M1" --ids "$IDS" \
+    timeout 12 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$M1" --ids "$IDS" \
         --device cuda --moe-runner-backend cuda_grouped_gemm >"$OUT/sanitizer.out" 2>"$OUT/sanitizer.err"
     echo "rc=$?"; grep -E "ERROR SUMMARY|Invalid|out of bounds|at 0x|by thread" "$OUT/sanitizer.out" "$OUT/sanitizer.err" | head -12
 else
     echo "skipped (no compute-sanitizer, no fixture or no time left)"
 fi
+echo "== ncu: the first call's kernels, qwen3.5-397b-a17b, M = 64 and 3072"
+if command -v ncu >/dev/null; then
+    for m in 64 3072; do
+        left=$(( 95 - ($(date +%s) - T0) ))
+        [ $left -lt 12 ] && { echo "M=$m skipped (time)"; continue; }
+        [ $left -gt 20 ] && left=20
+        timeout $left ncu --target-processes all -k regex:mg_ -c 5 --metrics gpu__time_duration.sum --csv \
+            "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b --m $m \
+            --backends cuda_grouped_gemm --trial-timeout 60 >"$OUT/ncu$m.csv" 2>"$OUT/ncu$m.err"
+        echo "M=$m rc=$?"
+        python3 - "$OUT/ncu$m.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
+if not rows:
+    print("  no ncu rows"); sys.exit()
+h = rows[0]
+ki, vi, ui = h.index("Kernel Name"), h.index("Metric Value"), h.index("Metric Unit")
+for r in rows[1:]:
+    print(f"  {r[ki][:60]:60s} {r[vi]:>12s} {r[ui]}")
+PY
+    done
+else
+    echo "skipped (no ncu)"
+fi
+
 echo "total $(( $(date +%s) - T0 )) s"

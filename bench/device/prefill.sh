@@ -10,7 +10,8 @@
 #    (cuda_flash_decode, cuda_naive; cuda_recurrent): Qwen3.5-397B shapes (head_dim 256,
 #    16 q heads per kv head; 64 v heads, dk = dv = 128) and 35B shapes at
 #    M = 1, 2, 16, 512, 3072 (decode rows and prefill chunks mixed, fp64 CPU reference),
-#    and attention at head_dim 128 (qwen3-30b-a3b). The matrices (verdicts, times).
+#    attention at head_dim 128 (qwen3-30b-a3b), and the fixture model's own shapes
+#    (qwen3_5_moe_text: head_dim 32, dk = dv = 32). The matrices (verdicts, times).
 # 2. The fixture models (reads .dev/int/fixtures/models, copied from
 #    ../shared/fixtures/models; head_dim 32, dk = dv = 32): `laststand logits --device cuda`
 #    with --attention-backend cuda_flash_prefill and --gdn-backend cuda_chunked /
@@ -36,17 +37,19 @@ doc() { # tag timeout args...
     echo "rc=$? ($(( $(date +%s) - T0 )) s)"
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$tag.err" | head -n 12
 }
-doc attn397 18 --families attention --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
+doc attn397 15 --families attention --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
     --backends cuda_flash_prefill,cuda_flash_decode
-doc gdn397 22 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
+doc gdn397 18 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,16,512,3072 \
     --backends cuda_chunked,cuda_per_token,cuda_recurrent
-doc both35 20 --families attention,gdn --shapes qwen3.5-35b-a3b --m 1,2,16,512,3072 \
+doc both35 16 --families attention,gdn --shapes qwen3.5-35b-a3b --m 1,2,16,512,3072 \
     --backends cuda_flash_prefill,cuda_flash_decode,cuda_chunked,cuda_per_token,cuda_recurrent
-doc attn128 8 --families attention --shapes qwen3-30b-a3b --m 1,7,100,512 \
+doc attn128 6 --families attention --shapes qwen3-30b-a3b --m 1,7,100,512 \
     --backends cuda_flash_prefill,cuda_flash_decode
+[ -d "$FIX/qwen3_5_moe_text" ] && doc fixture 6 --families attention,gdn --model-path "$FIX/qwen3_5_moe_text" \
+    --m 1,3,64,300 --backends cuda_flash_prefill,cuda_chunked,cuda_per_token
 
 echo "== fixtures: logits and greedy tokens vs --device cpu"
-timeout 20 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
+timeout 14 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, OUT = sys.argv[1:4]
@@ -95,9 +98,19 @@ echo "rc=$? ($(( $(date +%s) - T0 )) s)"
 if command -v compute-sanitizer >/dev/null && [ -d "$FIX/qwen3_5_moe_text" ]; then
     echo "== compute-sanitizer memcheck: qwen3_5_moe_text logits, cuda_flash_prefill + cuda_chunked"
     ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$FIX/qwen3_5_moe_text/ref.json'))['input_ids'])))")
-    timeout 15 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$FIX/qwen3_5_moe_text" \
+    timeout 10 compute-sanitizer --tool memcheck --print-limit 5 "$BIN" logits --model-path "$FIX/qwen3_5_moe_text" \
         --ids "$ids" --device cuda --attention-backend cuda_flash_prefill --gdn-backend cuda_chunked \
         >"$OUT/memcheck.out" 2>&1
     echo "rc=$?"; grep -E "ERROR SUMMARY|Invalid|out of bounds|rror" "$OUT/memcheck.out" | head -n 8
+fi
+if command -v ncu >/dev/null; then
+    echo "== ncu: per-kernel times at M = 3072 (397B shapes), first launches of the correctness run"
+    for fb in "attention cuda_flash_prefill fp_" "gdn cuda_chunked gc_"; do
+        set -- $fb
+        timeout 7 ncu --target-processes all --kernel-name "regex:$3" --launch-count 6 \
+            --metrics gpu__time_duration.sum "$BIN" doctor --device cuda --families $1 --shapes qwen3.5-397b-a17b \
+            --m 3072 --backends $2 --json "$OUT/ncu-$2.json" >"$OUT/ncu-$2.out" 2>&1
+        echo "$2 rc=$?"; grep -E "^  [a-z_]+.*\(|gpu__time_duration|==ERROR|==WARNING" "$OUT/ncu-$2.out" | head -n 16
+    done
 fi
 echo "total $(( $(date +%s) - T0 )) s"

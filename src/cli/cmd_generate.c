@@ -26,7 +26,8 @@ static void usage(FILE *f) {
                "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
                "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
-               "         [--attention-backend NAME] [--gdn-backend NAME]\n");
+               "         [--attention-backend NAME] [--gdn-backend NAME]\n"
+               "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n");
 }
 
 static int bad_value(const char *flag, const char *v, const char *want) {
@@ -84,6 +85,7 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
+        if (!strcmp(a, "--disable-cuda-graph")) { o.disable_cuda_graph = 1; continue; }
         const char **dst = !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--prompt") ? &prompt
@@ -97,7 +99,8 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
                          : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
                          : !strcmp(a, "--attention-backend") ? &o.attention_backend
-                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend : NULL;
+                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend
+                         : !strcmp(a, "--sampling-backend") ? &o.sampling_backend : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
             usage(stderr);

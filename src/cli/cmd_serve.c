@@ -41,13 +41,16 @@ static const char *const TOOLPARSERS[] = {"qwen3_coder", "qwen25", NULL};
 static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
 static const char *const SAMPLING_DEFAULTS[] = {"model", "openai", NULL};
+static const char *const SAMPLERS[] = {"auto", "host", "device", NULL};
 static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "bf16", "none", NULL};
 
 typedef struct serve_args {
     const char *model_path, *tokenizer_path, *served_model_name, *host, *quantization;
     const char *attention_backend, *moe_runner_backend, *fp4_gemm_backend, *gdn_backend;
     const char *reasoning_parser, *tool_call_parser, *api_key, *chat_template, *log_level;
-    const char *dist_init_addr, *device, *sampling_defaults;
+    const char *dist_init_addr, *device, *sampling_defaults, *sampling_backend;
+    long long cuda_graph_max_bs;
+    int disable_cuda_graph;
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static, doctor_timeout;
@@ -205,6 +208,13 @@ int cmd_serve(int argc, char **argv) {
         {"sampling-defaults", F_STR, &a.sampling_defaults,
          "model: omitted temperature/top_p/top_k/min_p/repetition_penalty come from generation_config.json (default); "
          "openai: 1.0 / 1.0 / off / 0 / 1.0", SAMPLING_DEFAULTS},
+        {"sampling-backend", F_STR, &a.sampling_backend,
+         "where tokens are sampled: device (on the GPU, inside the step; needed for CUDA graphs) | host | "
+         "auto (default: host)", SAMPLERS},
+        {"disable-cuda-graph", F_BOOL, &a.disable_cuda_graph,
+         "run decode steps eagerly instead of replaying CUDA graphs per batch-size bucket", NULL},
+        {"cuda-graph-max-bs", F_INT, &a.cuda_graph_max_bs,
+         "largest decode batch captured as a CUDA graph (default: --max-running-requests)", NULL},
         {"max-connections", F_INT, &a.max_connections, "concurrent HTTP connections (default 512)", NULL},
         {"max-body-mb", F_INT, &a.max_body_mb, "request body limit in MiB (default 32)", NULL},
         {"timeout-keep-alive", F_INT, &a.timeout_keep_alive, "idle connection timeout in seconds (default 600)", NULL},
@@ -269,6 +279,7 @@ int cmd_serve(int argc, char **argv) {
         BAD("--chunked-prefill-size: must be >= 1 or -1, got %lld", a.chunked_prefill_size);
     if (a.max_connections < 1 || a.max_connections > 65536) BAD("--max-connections: must be 1..65536, got %lld", a.max_connections);
     if (a.max_body_mb < 1 || a.max_body_mb > 4096) BAD("--max-body-mb: must be 1..4096, got %lld", a.max_body_mb);
+    if (a.cuda_graph_max_bs < 0 || a.cuda_graph_max_bs > 1 << 20) BAD("--cuda-graph-max-bs: must be >= 1, got %lld", a.cuda_graph_max_bs);
     if (a.timeout_keep_alive < 1) BAD("--timeout-keep-alive: must be >= 1, got %lld", a.timeout_keep_alive);
     if (a.doctor_timeout < 0) BAD("--doctor-timeout: must be > 0, got %g", a.doctor_timeout);
     if (a.api_key && !*a.api_key) BAD("--api-key: empty");
@@ -286,6 +297,9 @@ int cmd_serve(int argc, char **argv) {
     o.chat_template = a.chat_template;
     o.device = strcmp(a.device, "auto") ? a.device : NULL;
     o.tp = (int)a.tp;
+    o.sampling_backend = a.sampling_backend;
+    o.disable_cuda_graph = a.disable_cuda_graph;
+    o.cuda_graph_max_bs = (int)a.cuda_graph_max_bs;
     /* the last backend standing: the doctor's decision and the smoke test (serve_auto.c) */
     serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
                           .names = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend},
@@ -301,6 +315,12 @@ int cmd_serve(int argc, char **argv) {
             return src;
         }
     }
+    /* the doctor's picks for flags left at auto stay preferences (per-shape fallback; CUDA graph
+     * captures may take a capture-safe backend of the family instead) */
+    const char *user[SA_NFAM] = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend};
+    const unsigned bit[SA_NFAM] = {2, 4, 8, 16};
+    for (int f = 0; f < SA_NFAM; f++)
+        if (!user[f] || !*user[f] || !strcmp(user[f], "auto")) o.auto_families |= bit[f];
     o.fp4_gemm_backend = sa.names[SA_FP4_GEMM];
     o.moe_backend = sa.names[SA_MOE];
     o.attention_backend = sa.names[SA_ATTENTION];

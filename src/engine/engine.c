@@ -19,9 +19,15 @@
  *      last (one page of headroom per running request is kept);
  *   4. one model_forward over the mixed batch;
  *   5. every request whose whole token list is now cached samples its next
- *      token (the samplers run in parallel on the worker pool, each request
- *      with its own RNG), then, in batch order on the engine thread, the
- *      token is appended, its event emitted, and the request may finish.
+ *      token: on the device inside the forward pass (--sampling-backend
+ *      device: the rows' parameters and token lists go down with the step,
+ *      only the chosen ids and logprobs come back; seeded by the request's
+ *      seed and completion index), or on the host (the samplers run in
+ *      parallel on the worker pool, each request with its own RNG); then, in
+ *      batch order on the engine thread, the token is appended, its event
+ *      emitted, and the request may finish.
+ * Pure-decode steps on a GPU replay CUDA graphs per batch-size bucket
+ * (model.c; --disable-cuda-graph turns them off).
  * Invariants: the oldest running request can always make progress (the pool
  * holds at least one full context, and it may preempt every newer one), so
  * memory pressure never fails a request; a request's tokens depend only on
@@ -130,6 +136,7 @@ static void engine_free(ls_engine *e) {
     free(e->jobs);
     free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
+    free(e->srows); free(e->sres); free(e->stoks); free(e->smark); free(e->scnt);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -215,6 +222,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.attention_backend = o->attention_backend;
     mo.gdn_backend = o->gdn_backend;
     mo.trust_backend = o->trust_backend;
+    mo.auto_families = o->auto_families;
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);
@@ -227,6 +235,21 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     size_t rss1 = rss_bytes();
     e->cfg = model_cfg(e->m);
     e->vocab = e->cfg->vocab;
+    free(e->device);
+    e->device = xstrdup(model_device(e->m)); /* what "auto" resolved to */
+    const char *sb = o->sampling_backend;
+    if (sb && *sb && strcmp(sb, "auto") && strcmp(sb, "host") && strcmp(sb, "device")) {
+        set_err(err, errn, LS_ERR_INVAL, "--sampling-backend '%s': expected auto, host or device", sb);
+        engine_free(e);
+        return LS_ERR_INVAL;
+    }
+    if (sb && !strcmp(sb, "device") && !model_samples_on_device(e->m)) {
+        set_err(err, errn, LS_ERR_INVAL, "--sampling-backend device: the %s device has no sampler (use host)",
+                e->device);
+        engine_free(e);
+        return LS_ERR_INVAL;
+    }
+    e->dev_smp = model_samples_on_device(e->m) && sb && !strcmp(sb, "device");
 
     rc = load_tokenizer_and_template(e, o, err, errn);
     if (rc < 0) { engine_free(e); return rc; }
@@ -248,10 +271,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     size_t weights = rss1 > rss0 ? rss1 - rss0 : 0;
     size_t st_bytes = safetensors_bytes(o->model_path);
     if (st_bytes > weights) weights = st_bytes;
-    int cuda = o->device && strcmp(o->device, "cuda") == 0;
+    int cuda = strcmp(e->device, "cuda") == 0; /* the resolved device, so --device auto budgets a GPU as one */
     double budget = cache_budget(o, cuda, weights);
     budget -= (double)max_run * (double)slot_bytes;
     budget -= (double)max_run * (double)e->vocab * sizeof(float);
+    if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */
     int n_pages;
     if (o->max_total_tokens > 0) {
         n_pages = ceil_div(o->max_total_tokens, page_size);
@@ -279,13 +303,36 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->budget = o->chunked_prefill_size > 0 ? o->chunked_prefill_size
               : o->chunked_prefill_size < 0 ? ctx : d.chunked_prefill_size;
 
-    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run};
+    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run, .ctx_cap = ctx};
+    /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
+     * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
+    co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
+    int graphs = e->dev_smp && !o->disable_cuda_graph;
+    if (graphs && e->tp > 1) {
+        log_info("engine: CUDA graphs are off with --tp %d (tensor-parallel steps run eagerly)", e->tp);
+        graphs = 0;
+    }
+    if (graphs) co.graph_max_bs = o->cuda_graph_max_bs > 0 && o->cuda_graph_max_bs < max_run ? o->cuda_graph_max_bs
+                                                                                              : max_run;
     rc = model_cache_init(e->m, &co, &le);
     if (rc < 0) {
         set_err(err, errn, rc, "KV cache (%d pages of %d tokens, %d slots): %s", n_pages, page_size,
                 max_run, le.msg);
         engine_free(e);
         return rc;
+    }
+    if (graphs) {
+        /* every bucket at start-up: no capture stalls in the decode loop, and the log says up
+         * front which buckets replay and which run eagerly */
+        double t0 = now_sec();
+        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
+            set_err(err, errn, rc, "CUDA graphs: %s", le.msg);
+            engine_free(e);
+            return rc;
+        }
+        model_graph_stats gs;
+        model_graph_stats_get(e->m, &gs);
+        log_info("engine: %lld CUDA graphs captured in %.2f s", (long long)gs.captured, now_sec() - t0);
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);
@@ -299,6 +346,12 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
     e->batch_new = xcalloc((size_t)max_run, sizeof *e->batch_new);
+    if (e->dev_smp) {
+        e->srows = xcalloc((size_t)max_run, sizeof *e->srows);
+        e->sres = xcalloc((size_t)max_run, sizeof *e->sres);
+        e->smark = xcalloc((size_t)e->vocab, sizeof *e->smark);
+        e->scnt = xcalloc((size_t)e->vocab, sizeof *e->scnt);
+    }
     e->running = xcalloc((size_t)max_run, sizeof *e->running);
     stats_hist_init(&e->st.ttft, STATS_TTFT);
     stats_hist_init(&e->st.itl, STATS_ITL);
@@ -306,10 +359,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->st.kv_pages_total = n_pages;
 
     log_info("engine: %s, context %d, KV pool %d pages x %d tokens (%.1f MiB), %d GDN slots "
-             "(%.1f MiB), budget %d tokens/step%s", e->model_path, ctx, n_pages, page_size,
-             (double)n_pages * (double)page_bytes / 1048576.0, max_run,
-             (double)max_run * (double)slot_bytes / 1048576.0, e->budget,
-             e->force_ok ? ", test id forcing ON" : "");
+             "(%.1f MiB), budget %d tokens/step, sampling on the %s, CUDA graphs %s%s", e->model_path, ctx,
+             n_pages, page_size, (double)n_pages * (double)page_bytes / 1048576.0, max_run,
+             (double)max_run * (double)slot_bytes / 1048576.0, e->budget, e->dev_smp ? "device" : "host",
+             graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
 
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_err(err, errn, LS_ERR_RUNTIME, "cannot start the engine thread: %s", strerror(errno));
@@ -329,6 +382,13 @@ void ls_engine_close(ls_engine *e) {
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
+    }
+    if (e->m) {
+        model_graph_stats gs;
+        model_graph_stats_get(e->m, &gs);
+        if (gs.captured || gs.replayed || gs.eager)
+            log_info("engine: CUDA graphs: %lld steps replayed, %lld steps eager, %lld graphs captured",
+                     (long long)gs.replayed, (long long)gs.eager, (long long)gs.captured);
     }
     engine_free(e);
 }
@@ -810,6 +870,89 @@ static void publish_gauges(ls_engine *e) {
     pthread_mutex_unlock(&e->stats_mu);
 }
 
+/* Device sampling: row i's parameters (the request's ls_sampling, its
+ * completion index as the RNG counter) and its token lists appended to
+ * e->stoks: bans before min_tokens, the distinct prompt + output ids for the
+ * repetition penalty, (id, count) of the output ids for frequency /
+ * presence. Returns the new list length. */
+static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks) {
+    const ls_sampling *sp = &r->sp;
+    int n_gen = r->n_tok - r->n_prompt;
+    memset(p, 0, sizeof *p);
+    p->temperature = sp->temperature;
+    p->top_p = sp->top_p;
+    p->min_p = sp->min_p;
+    p->top_k = sp->top_k;
+    p->rep_pen = sp->repetition_penalty;
+    p->freq_pen = sp->frequency_penalty;
+    p->pres_pen = sp->presence_penalty;
+    p->forced = -1;
+    if (n_gen < sp->n_force) p->forced = sp->force_ids[n_gen] >= 0 ? sp->force_ids[n_gen] : SMP_ROW_POISON;
+    p->want_lp = sp->logprobs;
+    p->n_top = sp->top_logprobs < SMP_DEV_TOP ? sp->top_logprobs : SMP_DEV_TOP;
+    p->seed = sp->seed;
+    p->counter = (uint64_t)n_gen;
+    int rep = sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f;
+    int cnt = (sp->frequency_penalty != 0 || sp->presence_penalty != 0) && n_gen > 0;
+    int need = n_toks + (n_gen < sp->min_tokens ? r->n_ban : 0) + (rep ? r->n_tok : 0) + (cnt ? 2 * n_gen : 0);
+    if (need > e->cap_stoks) {
+        e->cap_stoks = need > 2 * e->cap_stoks ? need : 2 * e->cap_stoks;
+        e->stoks = xrealloc(e->stoks, (size_t)e->cap_stoks * sizeof *e->stoks);
+    }
+    if (n_gen < sp->min_tokens) {
+        p->ban_off = n_toks;
+        p->n_ban = r->n_ban;
+        memcpy(e->stoks + n_toks, r->ban, (size_t)r->n_ban * sizeof *r->ban);
+        n_toks += r->n_ban;
+    }
+    if (rep) {
+        if (++e->sstamp == 0) {
+            memset(e->smark, 0, (size_t)e->vocab * sizeof *e->smark);
+            e->sstamp = 1;
+        }
+        p->rep_off = n_toks;
+        for (int i = 0; i < r->n_tok; i++) {
+            int32_t id = r->tok[i];
+            if (id < 0 || id >= e->vocab || e->smark[id] == e->sstamp) continue;
+            e->smark[id] = e->sstamp;
+            e->stoks[n_toks++] = id;
+        }
+        p->n_rep = n_toks - p->rep_off;
+    }
+    if (cnt) {
+        const int32_t *out = r->tok + r->n_prompt;
+        p->cnt_off = n_toks;
+        for (int i = 0; i < n_gen; i++) e->scnt[out[i]]++;
+        for (int i = 0; i < n_gen; i++) {
+            int32_t id = out[i];
+            if (!e->scnt[id]) continue;
+            e->stoks[n_toks++] = id;
+            e->stoks[n_toks++] = e->scnt[id];
+            e->scnt[id] = 0; /* once per distinct id; leaves scnt all-zero */
+        }
+        p->n_cnt = (n_toks - p->cnt_off) / 2;
+    }
+    return n_toks;
+}
+
+/* A device-sampled row as the host sampler's result (or its NaN/Inf error). */
+static void dev_result(samp_job *j, const smp_out *o) {
+    j->err.code = 0;
+    if (o->bad_idx >= 0) {
+        j->rc = errf(&j->err, ERR_RUNTIME, "logits[%d] is %g", o->bad_idx, (double)o->bad_val);
+        return;
+    }
+    j->rc = 0;
+    memset(&j->res, 0, sizeof j->res);
+    j->res.token = o->token;
+    j->res.logprob = o->logprob;
+    j->res.n_top = o->n_top < SMP_MAX_TOP ? o->n_top : SMP_MAX_TOP;
+    for (int i = 0; i < j->res.n_top; i++) {
+        j->res.top_ids[i] = o->top_ids[i];
+        j->res.top_logprobs[i] = o->top_lp[i];
+    }
+}
+
 static void run_step(ls_engine *e, int nb) {
     int ntok = 0;
     for (int i = 0; i < nb; i++) {
@@ -824,6 +967,18 @@ static void run_step(ls_engine *e, int nb) {
         ntok += s->n_new;
     }
     fwd_batch b = {.n_seq = nb, .seqs = e->seqs, .ids = e->ids, .logits = e->logits};
+    if (e->dev_smp) {
+        int n_toks = 0;
+        for (int i = 0; i < nb; i++) {
+            ereq *r = e->batch[i];
+            if (r->n_cached + e->batch_new[i] == r->n_tok) n_toks = dev_row(e, r, &e->srows[i], n_toks);
+            else e->srows[i] = (smp_row){.forced = SMP_ROW_SKIP};
+        }
+        b.smp = e->srows;
+        b.smp_res = e->sres;
+        b.toks = e->stoks;
+        b.n_toks = n_toks;
+    }
     ls_err le = {0};
     double t0 = now_sec();
     int rc = model_forward(e->m, &b, &le);
@@ -842,10 +997,12 @@ static void run_step(ls_engine *e, int nb) {
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         r->n_cached += e->batch_new[i];
-        if (r->n_cached == r->n_tok)
-            e->jobs[e->n_jobs++] = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
+        if (r->n_cached != r->n_tok) continue;
+        samp_job *j = &e->jobs[e->n_jobs++];
+        *j = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
+        if (e->dev_smp) dev_result(j, &e->sres[i]);
     }
-    sample_all(e);
+    if (!e->dev_smp) sample_all(e);
     for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
 }
 

@@ -13,6 +13,7 @@
 #include "engine/kvpool.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "ops/ops.h"
 
 #include <pthread.h>
 
@@ -68,6 +69,7 @@ struct ls_engine {
     int n_eos;
     int vocab, ctx, page_size, max_run, budget, n_pages, max_queued;
     int force_ok;              /* LASTSTAND_TEST_FORCE_IDS=1 at open */
+    int dev_smp;               /* sampling on the device (model_samples_on_device) */
 
     /* ---- engine thread only ---- */
     kvpool pages, slots;
@@ -86,6 +88,14 @@ struct ls_engine {
     int n_waiting;
     buf text;                  /* event text scratch */
     int64_t n_steps;
+    /* device sampling: per batch row parameters and results, the rows' token lists */
+    smp_row *srows;            /* [max_run] */
+    smp_out *sres;             /* [max_run] */
+    int32_t *stoks;            /* [cap_stoks] */
+    int cap_stoks;
+    uint32_t *smark;           /* [vocab] distinct-id stamps */
+    uint32_t sstamp;
+    int32_t *scnt;             /* [vocab] output-id counts, all-zero between rows */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;

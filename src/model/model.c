@@ -13,7 +13,18 @@
  * pass touches is on the model's device: the weights, the caches (KV pool in
  * kv_dt, GDN state fp32) and the workspace (mws: activations and the step's
  * token/sequence/page tables, uploaded with one copy per step); the host
- * gets back only the logits rows.
+ * gets back only the logits rows, or with device sampling only the chosen
+ * tokens (and logprobs) of each row (fwd_batch.smp; ops.h smp_row).
+ *
+ * CUDA graphs ("CUDA graphs" below): a pure-decode step (every sequence
+ * n_new = 1, device sampling, one rank) is padded to a batch-size bucket and
+ * replayed from the bucket's graph (model_graphs_capture at start-up, or
+ * on the bucket's first use, and again whenever it went stale). What a graph
+ * bakes in (workspace, step-table and sampling buffers, caches) lives at
+ * fixed addresses; per step only the tables' contents are copied in before
+ * the launch. Any change of those addresses bumps graph_gen and the stale
+ * graphs are re-captured. Padding rows run on a reserved GDN slot and KV page
+ * beyond the engine's, and their results are dropped.
  *
  * Owns: the safetensors set (weights are views into its mapping), fp32
  * copies of the 1-D parameters, rows permuted at load (gated q_proj,
@@ -28,6 +39,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef LS_HAVE_CUDA
+#include "ops/cuda/graph.h"
+#endif
 
 /* ---- binding helpers ------------------------------------------------------ */
 
@@ -280,8 +295,12 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         n.gdn = o->gdn_backend;
     }
     int rc = ops_select(&d, &n, &m->ops, e);
+    if (o) m->ops.auto_fam |= o->auto_families & 31u;
     m->ops.stream = stream;
     m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
+#ifdef LS_HAVE_CUDA
+    if (d.kind == DEV_CUDA) m->sampler = &sample_cuda;
+#endif
     return rc;
 }
 
@@ -424,6 +443,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     warn_unused(m);
     if (o && o->tp > 1 && (rc = tp_build(m, o->tp, e))) { model_close(m); return rc; }
+    for (int r = 0; m->rank_m && r < m->tp; r++) m->rank_m[r]->sampler = m->sampler;
     if ((rc = mdl_upload_weights(m, e))) { model_close(m); return rc; }
     *out = m;
     return 0;
@@ -436,12 +456,27 @@ static void cache_free(const model *m, mcache *c) {
     memset(c, 0, sizeof *c);
 }
 
+static void graphs_drop(model *m);
+
 static void ws_free(model *m) {
     mws *w = &m->ws;
+    graphs_drop(m);
     if (m->mem) {
         m->mem->free(w->act);
         if (w->meta != w->meta_host) m->mem->free(w->meta);
+        m->mem->free(w->srow);
+        m->mem->free(w->sout);
+        m->mem->free(w->swork);
+        m->mem->free(w->stoks);
+        m->mem->free(m->attn_scratch);
     }
+    m->attn_scratch = NULL;
+    free(m->gpad);
+    free(m->gpad_ids);
+    free(m->gpad_smp);
+    m->gpad = NULL;
+    m->gpad_ids = NULL;
+    m->gpad_smp = NULL;
     free(w->meta_host);
     free(w->aseq_host);
     free(w->lg_host);
@@ -452,10 +487,14 @@ void model_close(model *m) {
     if (!m) return;
     tp_free(m);
     if (m->mem) {
+        if (m->graph_stream) m->mem->sync(m->graph_stream, NULL);
         cache_free(m, &m->cache);
         ws_free(m);
         m->mem->free(m->dev_weights);
-        if (!m->is_rank || m->owns_stream) m->mem->close_stream(m->ops.stream);
+#ifdef LS_HAVE_CUDA
+        if (m->graph_stream) cug_stream_free(m->graph_stream);
+#endif
+        if (!m->graph_stream && (!m->is_rank || m->owns_stream)) m->mem->close_stream(m->ops.stream);
     }
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
@@ -469,6 +508,13 @@ void model_close(model *m) {
 const model_config *model_cfg(const model *m) { return &m->cfg; }
 const char *model_path(const model *m) { return m->path; }
 const char *model_device(const model *m) { return m->ops.dev.kind == DEV_CPU ? "cpu" : "cuda"; }
+int model_samples_on_device(const model *m) {
+    return (m->rank_m ? m->rank_m[0]->sampler : m->sampler) != NULL;
+}
+void model_graph_stats_get(const model *m, model_graph_stats *out) {
+    const model *r = m->rank_m ? m->rank_m[0] : m;
+    *out = (model_graph_stats){.replayed = r->n_replayed, .eager = r->n_eager, .captured = r->n_captured};
+}
 size_t model_device_mem(const model *m) { return m->ops.dev.kind == DEV_CPU ? 0 : m->ops.dev.mem_bytes; }
 
 /* ---- caches ---------------------------------------------------------------- */
@@ -592,6 +638,7 @@ static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
         ws_layout(m, T, blk, w);
         w->act = blk;
         w->cap_tok = T;
+        m->graph_gen++;
         free(w->lg_host);
         w->lg_host = on_cpu ? NULL : xmalloc((size_t)T * m->cfg.vocab * act_size(m->ops.act));
     }
@@ -614,9 +661,81 @@ static int ws_reserve(model *m, int T, int S, int P, ls_err *e) {
         }
         w->cap_seq = nt;
         w->cap_pages = np;
+        m->graph_gen++;
     }
     return 0;
 }
+
+/* Device sampling buffers for `rows` rows and `n_toks` list entries (grown
+ * only, after the stream drained: a captured graph may still read them). */
+static int smp_reserve(model *m, int rows, int n_toks, ls_err *e) {
+    mws *w = &m->ws;
+    if (rows > w->cap_srows) {
+        if (w->srow) m->mem->sync(m->ops.stream, NULL);
+        m->mem->free(w->srow);
+        m->mem->free(w->sout);
+        m->mem->free(w->swork);
+        w->srow = NULL;
+        w->sout = NULL;
+        w->swork = NULL;
+        w->cap_srows = 0;
+        if (!(w->srow = m->mem->alloc(sizeof(smp_row) * (size_t)rows, e)) ||
+            !(w->sout = m->mem->alloc(sizeof(smp_out) * (size_t)rows, e)) ||
+            !(w->swork = m->mem->alloc(sizeof(float) * (size_t)rows * m->cfg.vocab, e)))
+            return err_prefix(e, "sampling buffers for %d rows", rows);
+        w->cap_srows = rows;
+        m->graph_gen++;
+    }
+    if (n_toks > w->cap_stoks) {
+        int cap = n_toks > 2 * w->cap_stoks ? n_toks : 2 * w->cap_stoks;
+        if (cap < 4096) cap = 4096;
+        if (w->stoks) m->mem->sync(m->ops.stream, NULL);
+        m->mem->free(w->stoks);
+        w->cap_stoks = 0;
+        if (!(w->stoks = m->mem->alloc(sizeof(int32_t) * (size_t)cap, e)))
+            return err_prefix(e, "sampling token lists (%d ids)", cap);
+        w->cap_stoks = cap;
+        m->graph_gen++;
+    }
+    return 0;
+}
+
+/* The rows' sampling parameters and token lists to the device. */
+static int smp_upload(model *m, const smp_row *rows, int n_rows, const int32_t *toks, int n_toks, ls_err *e) {
+    mws *w = &m->ws;
+    int rc = m->mem->h2d(w->srow, rows, sizeof(smp_row) * (size_t)n_rows, m->ops.stream, e);
+    if (!rc && n_toks > 0)
+        rc = m->mem->h2d(w->stoks, toks, sizeof(int32_t) * (size_t)n_toks, m->ops.stream, e);
+    return rc ? err_prefix(e, "sampling tables to %s", m->ops.dev.name) : 0;
+}
+
+/* ---- CUDA graphs: buckets ----------------------------------------------------------- */
+
+/* Bucket sizes: every power of two to 8 (where one padded row costs the most
+ * relative to the batch), then steps of at most 1.5x so a padded batch wastes
+ * under a third of its rows; the engine's largest batch closes the list. */
+static const int k_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512};
+
+static void graphs_drop(model *m) {
+    for (int i = 0; i < m->n_graphs; i++) {
+#ifdef LS_HAVE_CUDA
+        cug_destroy(m->graphs[i].exec);
+#endif
+        m->graphs[i].exec = NULL;
+        m->graphs[i].state = 0;
+    }
+}
+
+static void graphs_setup(model *m, int max_bs) {
+    graphs_drop(m);
+    m->n_graphs = 0;
+    for (size_t i = 0; i < sizeof k_buckets / sizeof *k_buckets && k_buckets[i] <= max_bs; i++)
+        m->graphs[m->n_graphs++] = (mgraph){.bs = k_buckets[i]};
+    if (m->n_graphs < MG_MAX && (!m->n_graphs || m->graphs[m->n_graphs - 1].bs < max_bs))
+        m->graphs[m->n_graphs++] = (mgraph){.bs = max_bs};
+}
+
+
 
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     for (int r = 0; m->rank_m && r < m->tp; r++) {
@@ -632,12 +751,66 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
         m->cache.conv = m->cache.rec = NULL;
         return 0;
     }
-    int rc = cache_alloc(m, o, &m->cache, e);
+    /* graphs: one rank on a device, with a GDN slot and a KV page for the padding rows */
+    int graphs = o->graph_max_bs > 0 && m->ops.dev.kind != DEV_CPU && !m->grp && m->sampler;
+    model_cache_opts co = *o;
+    if (graphs) {
+        co.n_pages++;
+        co.n_slots++;
+    }
+    graphs_drop(m);
+    m->graph_gen++;
+    int rc = cache_alloc(m, &co, &m->cache, e);
     if (rc) return rc;
     /* the workspace: sized for the engine's largest step up front, so decode never allocates */
     int T = o->max_tokens > 0 ? o->max_tokens : 256;
-    if (T < o->n_slots) T = o->n_slots;
-    return ws_reserve(m, T, o->n_slots, o->n_pages + o->n_slots, e);
+    if (T < co.n_slots) T = co.n_slots;
+    if ((rc = ws_reserve(m, T, co.n_slots, co.n_pages + co.n_slots, e))) return rc;
+    /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
+    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 1 << 20, e))) return rc;
+    m->graph_max_bs = 0;
+    m->n_graphs = 0;
+    if (!graphs) return 0;
+    m->scratch_page = o->n_pages;
+    m->scratch_slot = o->n_slots;
+#ifdef LS_HAVE_CUDA
+    if (!m->graph_stream) { /* the legacy default stream the model runs on cannot be captured */
+        if ((rc = m->mem->sync(m->ops.stream, e)) || (rc = cug_stream_new(&m->graph_stream, e)))
+            return err_prefix(e, "CUDA graphs: the model's stream");
+        m->ops.stream = m->graph_stream;
+    }
+#endif
+    m->ctx_cap = o->ctx_cap > 0 ? o->ctx_cap : o->n_pages * o->page_size;
+    graphs_setup(m, o->graph_max_bs < o->n_slots ? o->graph_max_bs : o->n_slots);
+    m->graph_max_bs = m->graphs[m->n_graphs - 1].bs;
+#ifdef LS_HAVE_CUDA
+    size_t ab = 0;
+    if (m->n_full)
+        for (int i = 0; i < m->n_graphs; i++) {
+            size_t b = attn_cuda_scratch_bytes(m->graphs[i].bs, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim,
+                                               m->ctx_cap);
+            if (b > ab) ab = b;
+        }
+    m->mem->free(m->attn_scratch);
+    m->attn_scratch = NULL;
+    m->attn_scratch_bytes = 0;
+    if (ab && !(m->attn_scratch = m->mem->alloc(ab, e)))
+        return err_prefix(e, "attention scratch for CUDA graphs (%.1f MiB)", ab / 1048576.0);
+    m->attn_scratch_bytes = ab;
+#endif
+    free(m->gpad);
+    free(m->gpad_ids);
+    free(m->gpad_smp);
+    m->gpad = xcalloc((size_t)m->graph_max_bs, sizeof *m->gpad);
+    m->gpad_ids = xcalloc((size_t)m->graph_max_bs, sizeof *m->gpad_ids);
+    m->gpad_smp = xcalloc((size_t)m->graph_max_bs, sizeof *m->gpad_smp);
+    char list[256];
+    int k = 0;
+    for (int i = 0; i < m->n_graphs && k < (int)sizeof list - 8; i++)
+        k += snprintf(list + k, sizeof list - k, "%s%d", i ? "," : "", m->graphs[i].bs);
+    log_info("%s: CUDA graphs for decode steps, batch buckets %s, context cap %d, "
+             "attention scratch %.1f MiB", m->path, list, m->ctx_cap, m->attn_scratch_bytes / 1048576.0);
+    return 0;
 }
 
 static void slot_reset(const model *m, mcache *c, int slot) {
@@ -737,32 +910,23 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
     return n_rows;
 }
 
-int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
-    int rc = check_batch(m, c, b, e);
-    if (rc) return rc; /* every rank sees the same batch and geometry: all return here, or none */
+/* The pass itself over uploaded tables: embedding, the layers, and on rank 0
+ * the logits rows (gather, final norm, lm_head) and, with do_sample, the
+ * sampler over them. Only stream-ordered device work (and, with TP, the
+ * all-reduces), so it can run eagerly or under graph capture. */
+static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d_rows, int n_rows,
+                        float *cpu_logits, int do_sample, ls_err *e) {
     const model_config *cfg = &m->cfg;
     const small_ops *so = m->ops.small;
     const act_dtype dt = m->ops.act;
     const ls_stream st = m->ops.stream;
-    const int H = cfg->hidden;
-    int T = 0, P = 0;
-    int max_ctx = 0;
-    for (int s = 0; s < b->n_seq; s++) {
-        T += b->seqs[s].n_new;
-        if (b->seqs[s].n_past + b->seqs[s].n_new > max_ctx) max_ctx = b->seqs[s].n_past + b->seqs[s].n_new;
-        if (m->n_full) P += (b->seqs[s].n_past + b->seqs[s].n_new + c->page_size - 1) / c->page_size;
-    }
-    if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
-    mws *w = &m->ws;
-    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
-    const int32_t *d_ids = NULL, *d_rows = NULL;
-    int n_rows = upload_tables(m, c, b, T, &f, &d_ids, &d_rows, e);
-    if (n_rows < 0) return n_rows;
+    const int H = cfg->hidden, T = f->n_tok;
+    mws *w = f->ws;
     /* The residual stream h is fp32 on every device (BF16 rounding of the running sum is what
      * the hybrid models amplify most, bench/gpu_forward_results.md): each block's output o
      * (activation dtype) is added to it by the norm that follows, which writes the next
      * block's input u. The embedding goes through o into the first add (init). */
-    rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->o, dt, st), "embedding lookup", -1, e);
+    int rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->o, dt, st), "embedding lookup", -1, e);
     /* with TP, a rank that failed keeps meeting the others at the all-reduces */
     const size_t TH = (size_t)T * H;
     for (int l = 0; l < cfg->n_layers; l++) {
@@ -771,13 +935,13 @@ int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, l == 0, L->in_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + input norm", l, e);
         if (!rc)
-            rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(&f, l, w->u, w->o, e)
-                                            : next_gdn_forward(&f, l, w->u, w->o, e);
+            rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(f, l, w->u, w->o, e)
+                                            : next_gdn_forward(f, l, w->u, w->o, e);
         if (m->grp) tp_allreduce(m, w->o, TH);
         if (!rc)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + post-attention norm", l, e);
-        if (!rc) rc = qwen3_mlp_forward(&f, l, w->u, w->o, e);
+        if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);
         if (m->grp) tp_allreduce(m, w->o, TH);
     }
     if (!rc && m->grp) rc = tp_status(m, e);
@@ -789,17 +953,228 @@ int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
         (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hl, dt, st), "logits row gather",
                          -1, e)))
         return rc;
-    if (m->ops.dev.kind == DEV_CPU) return ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, b->logits, 0, e);
-    /* other devices: logits in the activation dtype, copied back and widened on the host */
+    if (m->ops.dev.kind == DEV_CPU) return ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, cpu_logits, 0, e);
+    /* other devices: logits stay on the device in the activation dtype */
     if ((rc = ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, w->logits, 0, e))) return rc;
-    const size_t n = (size_t)n_rows * cfg->vocab;
-    if ((rc = m->mem->d2h(w->lg_host, w->logits, n * act_size(dt), st, e)))
+    if (!do_sample) return 0;
+    sample_args sa = {.rows = n_rows, .vocab = cfg->vocab, .logits = w->logits, .dt = dt, .p = w->srow,
+                      .toks = w->stoks, .work = w->swork, .out = w->sout};
+    return m->sampler->run(&sa, st, e);
+}
+
+/* After the pass (rank 0, devices): the sampled rows, or the logits rows
+ * widened to fp32, back to the caller. n_rows: the caller's rows. */
+static int forward_results(model *m, const fwd_batch *b, int n_rows, ls_err *e) {
+    mws *w = &m->ws;
+    const ls_stream st = m->ops.stream;
+    int rc;
+    if (b->smp) {
+        if ((rc = m->mem->d2h(b->smp_res, w->sout, sizeof(smp_out) * (size_t)n_rows, st, e)))
+            return err_prefix(e, "forward on %s", m->ops.dev.name);
+        return 0;
+    }
+    const size_t n = (size_t)n_rows * m->cfg.vocab;
+    if ((rc = m->mem->d2h(w->lg_host, w->logits, n * act_size(m->ops.act), st, e)))
         return err_prefix(e, "forward on %s", m->ops.dev.name);
-    if (dt == ACT_BF16)
+    if (m->ops.act == ACT_BF16)
         for (size_t i = 0; i < n; i++) b->logits[i] = bf16_to_f32(w->lg_host[i]);
     else
         memcpy(b->logits, (const void *)w->lg_host, n * sizeof(float));
     return 0;
+}
+
+/* Pages, tokens and longest context of a batch. */
+static void batch_dims(const model *m, const mcache *c, const fwd_batch *b, int *T, int *P, int *max_ctx) {
+    *T = *P = *max_ctx = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        const fwd_seq *q = &b->seqs[s];
+        *T += q->n_new;
+        if (q->n_past + q->n_new > *max_ctx) *max_ctx = q->n_past + q->n_new;
+        if (m->n_full) *P += (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
+    }
+}
+
+/* One eager pass over b on the workspace: tables, body; results left on the device. */
+static int forward_eager(model *m, mcache *c, const fwd_batch *b, int *n_rows, ls_err *e) {
+    int T, P, max_ctx;
+    batch_dims(m, c, b, &T, &P, &max_ctx);
+    int rc;
+    if ((rc = ws_reserve(m, T, b->n_seq, P, e))) return rc;
+    mws *w = &m->ws;
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = T, .n_seq = b->n_seq, .max_ctx = max_ctx};
+    const int32_t *d_ids = NULL, *d_rows = NULL;
+    int nr = upload_tables(m, c, b, T, &f, &d_ids, &d_rows, e);
+    if (nr < 0) return nr;
+    *n_rows = nr;
+    int do_sample = b->smp && m->rank == 0;
+    if (do_sample) {
+        if ((rc = smp_reserve(m, nr, b->n_toks, e)) || (rc = smp_upload(m, b->smp, nr, b->toks, b->n_toks, e)))
+            return rc;
+    }
+    return forward_body(m, &f, d_ids, d_rows, nr, b->logits, do_sample, e);
+}
+
+/* ---- CUDA graphs: capture and replay -------------------------------------------------- */
+
+#ifdef LS_HAVE_CUDA
+static mgraph *graph_for(model *m, int n) {
+    for (int i = 0; i < m->n_graphs; i++)
+        if (m->graphs[i].bs >= n) return &m->graphs[i];
+    return NULL;
+}
+
+/* n single-token sequences on the scratch slot and page, run eagerly and
+ * thrown away: grows every backend's workspace to its size for n tokens and
+ * makes the backends' lazily uploaded tables resident, so that a capture
+ * afterwards records kernels only. rehearse: with the backends a capture
+ * picks (ops_sel.capturing = 2). */
+static int graph_warmup(model *m, mcache *c, int n, int rehearse, ls_err *e) {
+    fwd_seq *s = xmalloc(sizeof *s * (size_t)n);
+    int32_t *ids = xcalloc((size_t)n, sizeof *ids);
+    for (int i = 0; i < n; i++)
+        s[i] = (fwd_seq){.slot = m->scratch_slot, .n_past = 0, .n_new = 1, .pages = &m->scratch_page};
+    fwd_batch wb = {.n_seq = n, .seqs = s, .ids = ids};
+    m->ops.capturing = rehearse ? 2 : 0; /* the backends the capture will choose */
+    int nr, rc = forward_eager(m, c, &wb, &nr, e);
+    m->ops.capturing = 0;
+    if (!rc) rc = m->mem->sync(m->ops.stream, e);
+    free(s);
+    free(ids);
+    return rc ? err_prefix(e, "CUDA graph warm-up over %d tokens", n) : 0;
+}
+#endif
+
+#ifdef LS_HAVE_CUDA
+/* Bucket g for batch b (NULL: capture only, every row padding): the padded
+ * tables uploaded, the graph (re)captured when it is missing or stale, then
+ * (b set) replayed and the results fetched. *done = 0 when the bucket runs
+ * eagerly (a backend is not capture-safe; b is then run by the caller). */
+static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, int *done, ls_err *e) {
+    *done = 0;
+    const int B = g->bs, n = b ? b->n_seq : 0, n_toks = b ? b->n_toks : 0;
+    int rc;
+    if ((rc = ws_reserve(m, B, B, P + (B - n), e)) || (rc = smp_reserve(m, B, n_toks, e))) return rc;
+    if (g->state > 0 && g->gen != m->graph_gen) { /* something it holds moved */
+        cug_destroy(g->exec);
+        g->exec = NULL;
+        g->state = 0;
+    }
+    double t0 = now_sec();
+    if (g->state == 0) {
+        if (m->warm_gen != m->graph_gen) {
+            /* every backend at its largest step's workspace, so no later eager step moves one */
+            if ((rc = graph_warmup(m, c, m->ws.cap_tok, 0, e))) return rc;
+            m->warm_gen = m->graph_gen;
+        }
+        if ((rc = graph_warmup(m, c, B, 1, e))) return rc;
+        if ((rc = ws_reserve(m, B, B, P + (B - n), e))) return rc;
+    }
+    /* the padded batch: rows n..B-1 on the scratch slot and page, not sampled */
+    for (int i = 0; i < B; i++) {
+        if (i < n) {
+            m->gpad[i] = b->seqs[i];
+            m->gpad_ids[i] = b->ids[i];
+            m->gpad_smp[i] = b->smp[i];
+        } else {
+            m->gpad[i] = (fwd_seq){.slot = m->scratch_slot, .n_past = 0, .n_new = 1, .pages = &m->scratch_page};
+            m->gpad_ids[i] = 0;
+            m->gpad_smp[i] = (smp_row){.forced = SMP_ROW_SKIP};
+        }
+    }
+    fwd_batch pb = {.n_seq = B, .seqs = m->gpad, .ids = m->gpad_ids};
+    mws *w = &m->ws;
+    fwd_ctx f = {.m = m, .c = c, .ws = w, .n_tok = B, .n_seq = B, .max_ctx = m->ctx_cap, .ctx_cap = m->ctx_cap,
+                 .attn_scratch = m->attn_scratch, .attn_scratch_bytes = m->attn_scratch_bytes};
+    const int32_t *d_ids = NULL, *d_rows = NULL;
+    int nr = upload_tables(m, c, &pb, B, &f, &d_ids, &d_rows, e);
+    if (nr < 0) return nr;
+    if ((rc = smp_upload(m, m->gpad_smp, B, b ? b->toks : NULL, n_toks, e))) return rc;
+    if (g->state == 0) {
+        const ls_stream st = m->ops.stream;
+        void *exec = NULL;
+        ls_err ce = {0};
+        m->ops.capturing = 1;
+        rc = cug_begin(st, &ce);
+        if (!rc) {
+            int brc = forward_body(m, &f, d_ids, d_rows, B, NULL, 1, &ce);
+            ls_err ee = {0};
+            rc = cug_end(st, brc == 0, &exec, &ee);
+            if (brc) rc = brc;
+            else if (rc) ce = ee;
+        }
+        m->ops.capturing = 0;
+        if (rc || !exec) {
+            log_info("%s: decode batches of %d run eagerly: %s", m->path, B, ce.msg[0] ? ce.msg : "capture failed");
+            g->state = -1;
+            return 0; /* the tables are re-uploaded by the eager pass */
+        }
+        g->exec = exec;
+        g->gen = m->graph_gen;
+        g->state = 1;
+        m->n_captured++;
+        log_info("%s: captured the CUDA graph of decode batch size %d (%.1f ms with warm-up)", m->path, B,
+                 (now_sec() - t0) * 1e3);
+    }
+    if (!b) return 0;
+    if ((rc = cug_launch(g->exec, m->ops.stream, e))) return rc;
+    m->n_replayed++;
+    *done = 1;
+    return forward_results(m, b, n, e);
+}
+#endif
+
+/* A pure-decode step through its bucket's graph. */
+static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done, ls_err *e) {
+    *done = 0;
+#ifdef LS_HAVE_CUDA
+    mgraph *g = graph_for(m, b->n_seq);
+    if (!g || g->state < 0) return 0;
+    return graph_run(m, c, g, b, P, done, e);
+#else
+    (void)m; (void)c; (void)b; (void)P; (void)e;
+    return 0;
+#endif
+}
+
+int model_graphs_capture(model *m, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    for (int i = 0; i < m->n_graphs; i++) {
+        int done, rc = graph_run(m, &m->cache, &m->graphs[i], NULL, 0, &done, e);
+        if (rc) return err_prefix(e, "capturing the CUDA graph of decode batch size %d", m->graphs[i].bs);
+    }
+    if (m->n_graphs) m->mem->sync(m->ops.stream, NULL);
+#else
+    (void)m; (void)e;
+#endif
+    return 0;
+}
+
+int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
+    int rc = check_batch(m, c, b, e);
+    if (rc) return rc; /* every rank sees the same batch and geometry: all return here, or none */
+    if (b->smp && m->rank == 0) {
+        if (!m->sampler)
+            return errf(e, ERR_UNSUPPORTED, "forward: device sampling on %s, which has no sampler",
+                        m->ops.dev.name);
+        for (int s = 0; s < b->n_seq; s++)
+            if (b->seqs[s].logits_all)
+                return errf(e, ERR_INVAL, "forward: device sampling takes one logits row per sequence");
+    }
+    int T, P, max_ctx;
+    batch_dims(m, c, b, &T, &P, &max_ctx);
+    if (m->n_graphs && b->smp && T == b->n_seq && max_ctx <= m->ctx_cap && b->n_seq <= m->graph_max_bs) {
+        int done = 0;
+        for (int s = 0; s < b->n_seq; s++) done |= b->seqs[s].logits_all;
+        if (!done) {
+            rc = graph_step(m, c, b, P, &done, e);
+            if (rc || done) return rc;
+        }
+    }
+    int n_rows;
+    if ((rc = forward_eager(m, c, b, &n_rows, e))) return rc;
+    if (m->n_graphs) m->n_eager++;
+    if (m->rank > 0 || m->ops.dev.kind == DEV_CPU) return 0;
+    return forward_results(m, b, n_rows, e);
 }
 
 int model_forward(model *m, const fwd_batch *b, ls_err *e) {

@@ -25,6 +25,11 @@ typedef struct model_opts {
     /* backend names per op family; NULL or "auto" = the measured winner */
     const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend;
     int trust_backend;
+    /* Added (additive): families (ops_sel.auto_fam bits: 1 gemm, 2 fp4_gemm, 4 moe,
+     * 8 attention, 16 gdn) whose named backend is a preference, as serve passes the doctor's
+     * choice for a flag left at auto: a shape it does not take falls back per call, and a
+     * CUDA graph capture may take a capture-safe backend instead (ops.h). */
+    unsigned auto_families;
 } model_opts;
 
 /* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */
@@ -44,6 +49,11 @@ typedef struct model_cache_opts {
     int n_slots;     /* GDN state slots (= max concurrent sequences) */
     int max_tokens;  /* most tokens in one forward step (0: 256); the forward workspace is sized
                         for it here, and grows only when a larger step arrives */
+    /* Added (additive): CUDA graphs for pure-decode steps (devices other than the CPU, one
+     * rank; model.c "CUDA graphs"). graph_max_bs: the largest batch captured (0: never
+     * capture); ctx_cap: the longest sequence (n_past + n_new) the caller will ever run. */
+    int graph_max_bs;
+    int ctx_cap;
 } model_cache_opts;
 
 size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */
@@ -61,14 +71,37 @@ typedef struct fwd_seq {
     int logits_all;        /* 1: a logits row per new token; 0: last token only */
 } fwd_seq;
 
+typedef struct smp_row smp_row; /* src/ops/ops.h */
+typedef struct smp_out smp_out;
+
 typedef struct fwd_batch {
     int n_seq;
     const fwd_seq *seqs;
     const int32_t *ids;    /* the new tokens of every sequence, concatenated in seq order */
     float *logits;         /* out: rows in seq order, vocab floats each */
+    /* Added (additive): sampling on the device (model_samples_on_device). When smp is set,
+     * logits row r (one per sequence; logits_all must be 0) is sampled on the device with
+     * smp[r], only smp_res[r] comes back and logits is not written. toks: the token lists
+     * the rows address (n_toks int32, host memory). */
+    const smp_row *smp;
+    smp_out *smp_res;
+    const int32_t *toks;
+    int n_toks;
 } fwd_batch;
 
 int model_forward(model *m, const fwd_batch *b, ls_err *e);
+
+/* 1 when the model's device samples (fwd_batch.smp): a CUDA device. */
+int model_samples_on_device(const model *m);
+
+/* Capture every decode bucket's CUDA graph now (model_cache_init with graph_max_bs > 0;
+ * otherwise nothing), instead of on each bucket's first use. A bucket whose backends are not
+ * capture-safe is marked to run eagerly (logged); an error is a failed warm-up pass. */
+int model_graphs_capture(model *m, ls_err *e);
+
+/* CUDA graph use so far: steps replayed from a graph, steps run eagerly, graphs captured. */
+typedef struct model_graph_stats { int64_t replayed, eager, captured; } model_graph_stats;
+void model_graph_stats_get(const model *m, model_graph_stats *out);
 
 /* Convenience for the CLI and tests: logits of every position of ids
  * (a fresh cache of its own). logits: [n, vocab] malloc'd. */

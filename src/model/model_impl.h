@@ -78,7 +78,22 @@ typedef struct mws {
     attn_seq *aseq_host;/* [cap_seq] the step's attn_seq with host page tables (into meta_host),
                            for the backends' host-side planning (attn_args.seqs_host) */
     uint16_t *lg_host;  /* host staging of BF16 logits [T, V] */
+    /* sampling on the device, [cap_srows] rows */
+    smp_row *srow;      /* device: the rows' parameters */
+    smp_out *sout;      /* device: their results */
+    float *swork;       /* device [cap_srows, V] fp32 work rows */
+    int32_t *stoks;     /* device: the rows' token lists, cap_stoks entries */
+    int cap_srows, cap_stoks;
 } mws;
+
+/* CUDA graphs of pure-decode steps, one per batch-size bucket (model.c). */
+enum { MG_MAX = 32 };
+typedef struct mgraph {
+    int bs;             /* bucket: padded batch size */
+    int state;          /* 0: not tried, 1: captured, -1: runs eagerly (a backend is not capture-safe) */
+    void *exec;         /* cudaGraphExec_t */
+    int gen;            /* m->graph_gen at capture */
+} mgraph;
 
 #define TP_MAX 16
 typedef struct tp_group tp_group;
@@ -107,6 +122,22 @@ struct model {
     layer_w *layers;    /* [n_layers] */
     int n_full, n_lin;
     mcache cache;       /* the engine's (model_cache_init) */
+    const sample_impl *sampler; /* device sampling, NULL on the CPU */
+    /* CUDA graphs (model.c): bucket sizes, state, what they bake in */
+    int graph_max_bs, ctx_cap;
+    int n_graphs;
+    mgraph graphs[MG_MAX];
+    int graph_gen;      /* bumped whenever an address a graph holds changes (workspace, caches) */
+    int warm_gen;       /* graph_gen after the last full-size warm-up pass */
+    int scratch_slot;   /* padding rows' GDN slot and KV page (beyond the engine's) */
+    int32_t scratch_page;
+    ls_stream graph_stream; /* the model's own stream once graphs are on (owned; m->ops.stream) */
+    void *attn_scratch; /* attention's device-planning scratch, for the largest bucket */
+    size_t attn_scratch_bytes;
+    fwd_seq *gpad;      /* [graph_max_bs] host: the padded batch */
+    int32_t *gpad_ids;  /* [graph_max_bs] */
+    smp_row *gpad_smp;  /* [graph_max_bs] */
+    int64_t n_replayed, n_eager, n_captured;
     void **owned;       /* malloc'd blocks freed at close */
     int n_owned, cap_owned;
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
@@ -154,6 +185,9 @@ typedef struct fwd_ctx {
     const attn_seq *aseq_host; /* [n_seq] the same in host memory, host page tables (args.seqs_host) */
     const gdn_seq *gseq_host;  /* [n_seq] the same in host memory */
     const int32_t *pos;   /* [n_tok] positions */
+    int ctx_cap;          /* > 0: attention plans on the device (graph capture), see attn_args */
+    void *attn_scratch;
+    size_t attn_scratch_bytes;
 } fwd_ctx;
 
 /* One rank's (or the only) forward pass over cache c; with TP, every rank

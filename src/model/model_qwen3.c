@@ -184,7 +184,8 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     attn_args aa = {.n_seq = f->n_seq, .seqs = f->aseq, .n_tok = T, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
                     .q = w->q, .gate = c->attn_output_gate ? w->gate : NULL, .kv = &kv,
-                    .out = w->ao, .dt = dt, .seqs_host = f->aseq_host};
+                    .out = w->ao, .dt = dt, .seqs_host = f->aseq_host, .ctx_cap = f->ctx_cap,
+                    .scratch = f->attn_scratch, .scratch_bytes = f->attn_scratch_bytes};
     if ((rc = ops_attn_run(&m->ops, &aa, f->max_ctx, e))) return rc;
     return ops_linear(&m->ops, T, w->ao, &a->o, out, 0, e);
 }

@@ -285,6 +285,34 @@ static const void *for_shape(const ops_sel *s, int f, const void *sel, sup_fn su
     return NULL;
 }
 
+/* During CUDA graph capture only graph_safe backends may run (ops.h). A
+ * family chosen by "auto" first trades a backend that is not capture-safe
+ * for the first capture-safe one of the device that takes the shape. */
+static int refuse_uncapturable(const ops_sel *s, int f, const char *name, int safe, ls_err *e) {
+    if (s->capturing != 1 || safe) return 0;
+    return errf(e, ERR_UNSUPPORTED, "%s backend '%s' is not capture-safe (graph_safe = 0)", k_fam_name[f],
+                name);
+}
+
+typedef int (*safe_fn)(const void *impl);
+static int safe_gemm(const void *p) { return ((const gemm_impl *)p)->graph_safe; }
+static int safe_moe(const void *p) { return ((const moe_impl *)p)->graph_safe; }
+static int safe_attn(const void *p) { return ((const attn_impl *)p)->graph_safe; }
+static int safe_gdn(const void *p) { return ((const gdn_impl *)p)->graph_safe; }
+
+static const void *capture_alt(const ops_sel *s, int f, const void *g, sup_fn sup, safe_fn safe,
+                               const void *shape) {
+    if (!g || !s->capturing || safe(g) || !(s->auto_fam & (1u << f))) return g;
+    registry *r = reg(f);
+    char why[256];
+    for (int i = 0; i < r->n; i++) {
+        const impl_head *h = head(r->v[i]);
+        if (h->dev == s->dev.kind && !h->test_only && safe(r->v[i]) && sup(r->v[i], &s->dev, shape, why, sizeof why))
+            return r->v[i];
+    }
+    return g;
+}
+
 static int sup_gemm(const void *impl, const dev_info *d, const void *shape, char *why, size_t n) {
     const gemm_impl *g = impl;
     return !g->supported || g->supported(d, shape, why, n);
@@ -311,7 +339,9 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
         gemm_shape sh = {.M = M, .N = w->N, .K = w->K, .wk = w->kind, .dt = s->act};
         if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e)))
             return err_prefix(e, "%s", w->name ? w->name : "linear");
+        g = capture_alt(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, safe_gemm, &sh);
     }
+    if (refuse_uncapturable(s, fp4 ? F_FP4 : F_GEMM, g->name, g->graph_safe, e)) return e->code;
     return g->run(&a, s->stream, e);
 }
 
@@ -319,7 +349,8 @@ int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     const moe_w *w = a->w;
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
                     .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt};
-    const moe_impl *g = for_shape(s, F_MOE, s->moe, sup_moe, &sh, e);
+    const moe_impl *g = capture_alt(s, F_MOE, for_shape(s, F_MOE, s->moe, sup_moe, &sh, e), sup_moe, safe_moe, &sh);
+    if (g && refuse_uncapturable(s, F_MOE, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 
@@ -327,7 +358,9 @@ int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e) {
     attn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .max_ctx = max_ctx, .n_heads = a->n_heads,
                      .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .gated = a->gate != NULL,
                      .dt = a->dt};
-    const attn_impl *g = for_shape(s, F_ATTN, s->attn, sup_attn, &sh, e);
+    const attn_impl *g = capture_alt(s, F_ATTN, for_shape(s, F_ATTN, s->attn, sup_attn, &sh, e), sup_attn,
+                                     safe_attn, &sh);
+    if (g && refuse_uncapturable(s, F_ATTN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 
@@ -335,7 +368,8 @@ int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .nk = w->nk, .nv = w->nv, .dk = w->dk,
                     .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt};
-    const gdn_impl *g = for_shape(s, F_GDN, s->gdn, sup_gdn, &sh, e);
+    const gdn_impl *g = capture_alt(s, F_GDN, for_shape(s, F_GDN, s->gdn, sup_gdn, &sh, e), sup_gdn, safe_gdn, &sh);
+    if (g && refuse_uncapturable(s, F_GDN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
 

@@ -109,6 +109,9 @@ typedef struct gemm_impl {
     int test_only;     /* never chosen by "auto"; the doctor still validates and times it */
     int (*supported)(const dev_info *d, const gemm_shape *s, char *why, size_t n);
     int (*run)(const gemm_args *a, ls_stream s, ls_err *e);
+    int graph_safe;    /* (additive) run() may be captured into a CUDA graph: only stream-ordered
+                          device work, no host reads of device data, no synchronisation, no
+                          allocation once warmed up at the step's largest shape; 0 on the CPU */
 } gemm_impl;
 
 /* fp4_gemm shares gemm's argument types; its registry is separate. */
@@ -158,6 +161,7 @@ typedef struct moe_impl {
     int test_only;
     int (*supported)(const dev_info *d, const moe_shape *s, char *why, size_t n);
     int (*run)(const moe_args *a, ls_stream s, ls_err *e);
+    int graph_safe;    /* (additive) capturable into a CUDA graph, as gemm_impl.graph_safe */
 } moe_impl;
 
 /* The router's math, shared by every backend's reference check:
@@ -203,6 +207,14 @@ typedef struct attn_args {
     act_dtype dt;
     const attn_seq *seqs_host; /* [n_seq] the same sequences as seqs, in host memory with host page
                                   tables (== seqs on the CPU); for host-side planning only */
+    /* (additive) Device-side planning, for CUDA graph capture: when ctx_cap > 0 the backend
+     * reads only the device `seqs` (seqs_host may be NULL), plans its split from ctx_cap (an
+     * upper bound of every n_past + n_new) and the token count, and takes its metadata and
+     * partials from scratch (device memory, scratch_bytes >= what the backend's
+     * scratch-size function asks for); nothing is allocated or copied from the host. */
+    int ctx_cap;
+    void *scratch;
+    size_t scratch_bytes;
 } attn_args;
 
 typedef struct attn_impl {
@@ -211,6 +223,7 @@ typedef struct attn_impl {
     int test_only;
     int (*supported)(const dev_info *d, const attn_shape *s, char *why, size_t n);
     int (*run)(const attn_args *a, ls_stream s, ls_err *e);
+    int graph_safe;    /* (additive) capturable into a CUDA graph, as gemm_impl.graph_safe */
 } attn_impl;
 
 /* ---- gdn (Gated DeltaNet) ------------------------------------------------ */
@@ -263,6 +276,7 @@ typedef struct gdn_impl {
     int test_only;
     int (*supported)(const dev_info *d, const gdn_shape *s, char *why, size_t n);
     int (*run)(const gdn_args *a, ls_stream s, ls_err *e);
+    int graph_safe;    /* (additive) capturable into a CUDA graph, as gemm_impl.graph_safe */
 } gdn_impl;
 
 /* ---- small ops ----------------------------------------------------------- */
@@ -308,9 +322,11 @@ typedef struct small_ops {
      * y may alias x, never h. */
     int (*add_rmsnorm)(int rows, int cols, float *h, const void *x, int init, const float *w,
                        rms_kind kind, float eps, void *y, act_dtype dt, ls_stream s);
-    /* (additive) The attention q/k head norm fused with RoPE, in place, rounded to dt
-     * once: x [n_tok, n_heads, head_dim] gets rmsnorm per head (w [head_dim]) and then
-     * rope (rot_dim, pos [n_tok], theta), the same math as those two ops. */
+    int graph_safe;      /* (additive) every op above is capturable into a CUDA graph */
+    /* (additive, after graph_safe, which covers it too) The attention q/k head norm
+     * fused with RoPE, in place, rounded to dt once: x [n_tok, n_heads, head_dim]
+     * gets rmsnorm per head (w [head_dim]) and then rope (rot_dim, pos [n_tok],
+     * theta), the same math as those two ops. */
     int (*qk_norm_rope)(int n_tok, int n_heads, int head_dim, void *x, const float *w, rms_kind kind,
                         float eps, int rot_dim, const int32_t *pos, double theta, act_dtype dt,
                         ls_stream s);
@@ -393,6 +409,11 @@ typedef struct ops_sel {
     unsigned auto_fam;   /* bit per family chosen by "auto" (1 gemm, 2 fp4_gemm, 4 moe, 8 attention,
                             16 gdn): the run helpers below then fall back, per call, to the first
                             backend of the device whose supported() takes the call's shape */
+    int capturing;       /* (additive) 1: a CUDA graph is being captured on `stream`: a family chosen
+                            by "auto" takes its first graph_safe backend that fits the shape, and
+                            the run helpers refuse (ERR_UNSUPPORTED, naming it) a backend that is
+                            not graph_safe; 2: the rehearsal before a capture: the same choice,
+                            nothing refused */
 } ops_sel;
 
 /* Resolve names for device d. An unknown name, or one of another device, is
@@ -411,6 +432,62 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e);
 int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e);
 int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e);
+
+/* ---- sampling on the device ------------------------------------------------ */
+
+/* The engine's sampler (src/engine/sampler.h: penalties, temperature,
+ * top_k / top_p / min_p, draw, logprobs) run on the device over the logits
+ * rows the forward pass leaves there; only smp_out comes back. One smp_row per
+ * logits row, in device memory. Token lists (bans, the repetition penalty's
+ * distinct prompt + output ids, the (id, count) pairs of the frequency and
+ * presence penalties) live in one int32 table `toks`, addressed by offsets.
+ * The draw uses Philox-4x32-10 keyed by `seed`, counter `counter` (the
+ * request's completion index): reproducible and independent of the batch. */
+#define SMP_DEV_TOP 20
+enum { SMP_ROW_SKIP = -2, SMP_ROW_POISON = -3 }; /* smp_row.forced: no sampling; test: NaN row */
+typedef struct smp_row {
+    float temperature;   /* <= 0: greedy */
+    float top_p, min_p;
+    int32_t top_k;       /* <= 0 or >= vocab: off */
+    float rep_pen, freq_pen, pres_pen;
+    int32_t forced;      /* >= 0: report that token (with its logprob) instead of drawing;
+                            SMP_ROW_SKIP: the row is not sampled; SMP_ROW_POISON: test-only NaN */
+    int32_t want_lp;     /* report the token's logprob */
+    int32_t n_top;       /* top logprobs wanted, 0..SMP_DEV_TOP */
+    uint64_t seed, counter;
+    int32_t ban_off, n_ban;   /* ids forced to -inf */
+    int32_t rep_off, n_rep;   /* distinct ids of prompt + output */
+    int32_t cnt_off, n_cnt;   /* n_cnt (id, count) pairs: 2·n_cnt int32 */
+    int32_t pad_;
+} smp_row;
+
+typedef struct smp_out {
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t bad_idx;     /* >= 0: the first NaN/Inf raw logit of the row (then nothing else is set) */
+    float bad_val;
+    int32_t top_ids[SMP_DEV_TOP];
+    float top_lp[SMP_DEV_TOP];
+} smp_out;
+
+typedef struct sample_args {
+    int rows, vocab;
+    const void *logits;  /* [rows, vocab] of dtype dt */
+    act_dtype dt;
+    const smp_row *p;    /* [rows] */
+    const int32_t *toks; /* the token lists of p */
+    float *work;         /* [rows, vocab] scratch */
+    smp_out *out;        /* [rows] */
+} sample_args;
+
+typedef struct sample_impl {
+    const char *name;
+    dev_kind dev;
+    int test_only;
+    int graph_safe;
+    int (*run)(const sample_args *a, ls_stream s, ls_err *e);
+} sample_impl;
 
 /* ---- the CPU reference backends (always registered, always last) -------- */
 extern const gemm_impl gemm_cpu_ref;

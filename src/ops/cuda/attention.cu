@@ -3,11 +3,19 @@
  * gate out *= sigmoid(gate); q, gate, out, K, V BF16; softmax and the
  * accumulation in fp32 (online softmax).
  *
- * Metadata: args->seqs_host and each of its page lists (host memory, ops.h)
- * are read on the host; the launcher flattens them into one table (per
- * token: position, offset of its sequence's pages) and copies it to a
- * per-device workspace (one per cudaGetDevice ordinal) each call. The
- * device-side args->seqs is not read.
+ * Metadata, two ways (ops.h attn_args):
+ *   host planning (ctx_cap == 0): args->seqs_host and each of its page lists
+ *     (host memory) are read on the host; the launcher flattens them into one
+ *     table (per token: position, pointer to its sequence's page list) and
+ *     copies it to a per-device workspace (one per cudaGetDevice ordinal) each
+ *     call; split-K uses chunks of 256 positions up to the batch's longest
+ *     context. The device-side args->seqs is not read.
+ *   device planning (ctx_cap > 0, for CUDA graph capture): a one-block kernel
+ *     builds the same table from the device args->seqs into the caller's
+ *     scratch; the split count is fixed from the token count, the GPU's SM
+ *     count and ctx_cap (attn_cuda_scratch_bytes), and each token cuts its own
+ *     prefix into that many chunks, so one recorded launch serves any
+ *     context lengths up to ctx_cap. Nothing is read on the host.
  *
  * Backends, two different algorithms:
  *   cuda_naive         one warp per (token, query head) walks its whole causal
@@ -26,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { ATT_MAX_HD = 512, ATT_CHUNK = 256, ATT_MAX_DEV = 16 };
+enum { ATT_MAX_HD = 512, ATT_CHUNK = 256, ATT_MAX_DEV = 16, ATT_MIN_CHUNK = 64, ATT_MAX_SPLIT = 128 };
 
 typedef struct att_ws {
     void *meta;
@@ -70,9 +78,10 @@ static int grow(void **p, size_t *cap, size_t n, ls_err *e) {
     return 0;
 }
 
-/* Host -> device metadata: [n_tok] positions, [n_tok] page-table offsets, then the pages. */
-static int upload_meta(att_ws *w, const attn_args *a, int32_t **d_pos, int32_t **d_pto, int32_t **d_pages,
-                       int *max_ctx, cudaStream_t st, ls_err *e) {
+/* Host -> device metadata: [n_tok] page-list pointers (8-byte aligned, first),
+ * [n_tok] positions, then the pages. */
+static int upload_meta(att_ws *w, const attn_args *a, const int32_t ***d_tpg, int32_t **d_pos, int *max_ctx,
+                       cudaStream_t st, ls_err *e) {
     size_t npages = 0;
     int mx = 0;
     const int P = a->kv->page_size;
@@ -87,14 +96,21 @@ static int upload_meta(att_ws *w, const attn_args *a, int32_t **d_pos, int32_t *
         npages += (size_t)(ctx + P - 1) / P;
         if (ctx > mx) mx = ctx;
     }
-    size_t n = 2 * (size_t)a->n_tok + npages;
+    size_t n = 3 * (size_t)a->n_tok + npages; /* int32 units: pointers take two */
     if (w->h_cap < n) {
         free(w->h_meta);
         w->h_meta = (int32_t *)xmalloc(sizeof(int32_t) * n);
         w->h_cap = n;
     }
-    int32_t *pos = w->h_meta, *pto = pos + a->n_tok, *pages = pto + a->n_tok;
-    for (int t = 0; t < a->n_tok; t++) pos[t] = -1;
+    int rc = grow(&w->meta, &w->meta_cap, sizeof(int32_t) * n, e);
+    if (rc) return rc;
+    const int32_t **tpg = (const int32_t **)w->h_meta;
+    int32_t *pos = w->h_meta + 2 * (size_t)a->n_tok, *pages = pos + a->n_tok;
+    const int32_t *d_pages = (const int32_t *)w->meta + 3 * (size_t)a->n_tok;
+    for (int t = 0; t < a->n_tok; t++) {
+        pos[t] = -1;
+        tpg[t] = d_pages;
+    }
     size_t at = 0;
     for (int s = 0; s < a->n_seq; s++) {
         const attn_seq *q = &a->seqs_host[s];
@@ -107,18 +123,85 @@ static int upload_meta(att_ws *w, const attn_args *a, int32_t **d_pos, int32_t *
         }
         for (int t = 0; t < q->n_new; t++) {
             pos[q->row0 + t] = q->n_past + t;
-            pto[q->row0 + t] = (int32_t)at;
+            tpg[q->row0 + t] = d_pages + at;
         }
         at += np;
     }
-    int rc = grow(&w->meta, &w->meta_cap, sizeof(int32_t) * n, e);
-    if (rc) return rc;
     CU_TRY(e, cudaMemcpyAsync(w->meta, w->h_meta, sizeof(int32_t) * n, cudaMemcpyHostToDevice, st),
            "attention metadata");
-    *d_pos = (int32_t *)w->meta;
-    *d_pto = *d_pos + a->n_tok;
-    *d_pages = *d_pto + a->n_tok;
+    *d_tpg = (const int32_t **)w->meta;
+    *d_pos = (int32_t *)w->meta + 2 * (size_t)a->n_tok;
     *max_ctx = mx;
+    return 0;
+}
+
+/* ---- device planning (CUDA graphs) -------------------------------------------------- */
+
+static int att_sm_count(void) {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                  cudaSuccess || n < 1)
+        n = 132;
+    return n;
+}
+
+/* Splits per token for device planning: enough blocks (splits x kv heads x
+ * tokens) for about four per SM, at least ctx_cap / 2048 so a long prefix is
+ * still cut into chunks of at most ~2048 positions, never chunks shorter than
+ * ATT_MIN_CHUNK at ctx_cap, at most ATT_MAX_SPLIT. */
+static int att_dev_nsplit(int n_tok, int n_kv_heads, int ctx_cap) {
+    long blocks = (long)n_kv_heads * (n_tok > 0 ? n_tok : 1);
+    long want = (4L * att_sm_count() + blocks - 1) / blocks;
+    long lng = ((long)ctx_cap + 2047) / 2048;
+    if (lng > want) want = lng;
+    long most = ((long)ctx_cap + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+    if (most > ATT_MAX_SPLIT) most = ATT_MAX_SPLIT;
+    if (want > most) want = most;
+    return want < 1 ? 1 : (int)want;
+}
+
+static size_t att_align(size_t n) { return (n + 255) & ~(size_t)255; }
+
+extern "C" size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_dim, int ctx_cap) {
+    if (n_tok < 1 || n_kv_heads < 1 || ctx_cap < 1) return 0;
+    int ns = att_dev_nsplit(n_tok, n_kv_heads, ctx_cap);
+    return att_align(sizeof(void *) * (size_t)n_tok) + att_align(sizeof(int32_t) * (size_t)n_tok) +
+           sizeof(float) * (size_t)n_tok * n_heads * ns * (head_dim + 2);
+}
+
+/* One block: pos[t] = -1 for every token, then per sequence its rows'
+ * positions and page-list pointer, from the device seqs. */
+__global__ void att_plan_kernel(int n_seq, const attn_seq *__restrict__ seqs, int n_tok, int32_t *__restrict__ pos,
+                                const int32_t **__restrict__ tpg) {
+    for (int t = threadIdx.x; t < n_tok; t += blockDim.x) pos[t] = -1;
+    __syncthreads();
+    for (int s = threadIdx.x; s < n_seq; s += blockDim.x) {
+        const attn_seq q = seqs[s];
+        for (int t = 0; t < q.n_new; t++) {
+            int r = q.row0 + t;
+            if (r < 0 || r >= n_tok) continue;
+            pos[r] = q.n_past + t;
+            tpg[r] = q.pages;
+        }
+    }
+}
+
+/* Device planning: the table into the scratch; *part after it. */
+static int dev_plan(const attn_args *a, int nsplit, const int32_t ***d_tpg, int32_t **d_pos, float **part,
+                    cudaStream_t st, ls_err *e) {
+    size_t need = attn_cuda_scratch_bytes(a->n_tok, a->n_heads, a->n_kv_heads, a->head_dim, a->ctx_cap);
+    if (!a->scratch || a->scratch_bytes < need)
+        return errf(e, ERR_INVAL, "attention device planning: scratch of %zu bytes, %zu needed", a->scratch_bytes,
+                    need);
+    (void)nsplit;
+    char *p = (char *)a->scratch;
+    *d_tpg = (const int32_t **)p;
+    p += att_align(sizeof(void *) * (size_t)a->n_tok);
+    *d_pos = (int32_t *)p;
+    p += att_align(sizeof(int32_t) * (size_t)a->n_tok);
+    *part = (float *)p;
+    att_plan_kernel<<<1, 256, 0, st>>>(a->n_seq, a->seqs, a->n_tok, *d_pos, (const int32_t **)*d_tpg);
+    CU_LAUNCHED(e, "attention device planning");
     return 0;
 }
 
@@ -154,15 +237,14 @@ template <int NPL>
 __global__ void att_naive_kernel(int nh, int nkv, int hd, int P, float scale, const bf16 *__restrict__ q,
                                  const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
                                  const bf16 *__restrict__ V, const int32_t *__restrict__ pos,
-                                 const int32_t *__restrict__ pto, const int32_t *__restrict__ pages,
-                                 bf16 *__restrict__ out) {
+                                 const int32_t *const *__restrict__ tpg, bf16 *__restrict__ out) {
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
     const size_t row = ((size_t)t * nh + h) * hd;
     float m = -INFINITY, l = 0.f, acc[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) acc[i] = 0.f;
-    if (p >= 0) att_range<NPL>(q + row, K, V, pages + pto[t], P, nkv, hd, h / (nh / nkv), 0, p + 1, scale, m, l, acc);
+    if (p >= 0) att_range<NPL>(q + row, K, V, tpg[t], P, nkv, hd, h / (nh / nkv), 0, p + 1, scale, m, l, acc);
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         float o = l > 0.f ? acc[i] / l : 0.f;
@@ -171,23 +253,33 @@ __global__ void att_naive_kernel(int nh, int nkv, int hd, int P, float scale, co
     }
 }
 
+/* Chunk length for a token at position p: `chunk` when fixed (host
+ * planning), else p + 1 cut into nchunk pieces (rounded up to 32, at least
+ * ATT_MIN_CHUNK), so that ceil((p + 1) / len) <= nchunk. */
+__device__ __forceinline__ int att_chunk_len(int chunk, int nchunk, int p) {
+    if (chunk > 0) return chunk;
+    int L = (p + nchunk) / nchunk;
+    L = (L + 31) & ~31;
+    return L < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : L;
+}
+
 /* cuda_flash_decode, pass 1: grid (chunks, nkv, n_tok), block = grp warps. */
 template <int NPL>
-__global__ void att_split_kernel(int nh, int nkv, int hd, int P, float scale, int nchunk,
+__global__ void att_split_kernel(int nh, int nkv, int hd, int P, float scale, int chunk, int nchunk,
                                  const bf16 *__restrict__ q, const bf16 *__restrict__ K, const bf16 *__restrict__ V,
-                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ pto,
-                                 const int32_t *__restrict__ pages, float *__restrict__ part) {
+                                 const int32_t *__restrict__ pos, const int32_t *const *__restrict__ tpg,
+                                 float *__restrict__ part) {
     const int c = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     const int grp = nh / nkv, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = kvh * grp + w;
     const int p = pos[t];
-    const int j0 = c * ATT_CHUNK, j1 = min(p + 1, j0 + ATT_CHUNK);
+    const int L = att_chunk_len(chunk, nchunk, p);
+    const int j0 = c * L, j1 = min(p + 1, j0 + L);
     float m = -INFINITY, l = 0.f, acc[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) acc[i] = 0.f;
     if (p >= 0 && j0 < j1)
-        att_range<NPL>(q + ((size_t)t * nh + h) * hd, K, V, pages + pto[t], P, nkv, hd, kvh, j0, j1, scale, m, l,
-                       acc);
+        att_range<NPL>(q + ((size_t)t * nh + h) * hd, K, V, tpg[t], P, nkv, hd, kvh, j0, j1, scale, m, l, acc);
     /* partial layout per (t, h, chunk): [m, l, acc[hd]] */
     float *pp = part + (((size_t)t * nh + h) * nchunk + c) * (hd + 2);
     if (lane == 0) {
@@ -200,12 +292,13 @@ __global__ void att_split_kernel(int nh, int nkv, int hd, int P, float scale, in
 
 /* pass 2: grid (n_tok, nh), one warp: merge the chunks, gate, store. */
 template <int NPL>
-__global__ void att_merge_kernel(int nh, int hd, int nchunk, const int32_t *__restrict__ pos,
+__global__ void att_merge_kernel(int nh, int hd, int chunk, int nchunk, const int32_t *__restrict__ pos,
                                  const float *__restrict__ part, const bf16 *__restrict__ gate,
                                  bf16 *__restrict__ out) {
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int p = pos[t];
-    const int nc = p >= 0 ? (p + ATT_CHUNK) / ATT_CHUNK : 0; /* chunks holding positions 0..p */
+    const int len = att_chunk_len(chunk, nchunk, p);
+    const int nc = p >= 0 ? (p + len) / len : 0; /* chunks holding positions 0..p */
     const float *pp = part + ((size_t)t * nh + h) * nchunk * (hd + 2);
     float M = -INFINITY;
     for (int c = 0; c < nc; c++) M = fmaxf(M, pp[(size_t)c * (hd + 2)]);
@@ -278,23 +371,29 @@ static int att_check(const attn_args *a, ls_err *e) {
 static int naive_run(const attn_args *a, ls_stream s, ls_err *e) {
     int rc = att_check(a, e);
     if (rc || a->n_tok <= 0) return rc;
-    att_ws *w;
-    if ((rc = aws_lock(&w, e))) return rc;
+    att_ws *w = NULL;
     cudaStream_t st = (cudaStream_t)s;
-    int32_t *pos, *pto, *pages;
+    const int32_t **tpg;
+    int32_t *pos;
     int mx;
-    rc = upload_meta(w, a, &pos, &pto, &pages, &mx, st, e);
+    float *unused;
+    if (a->ctx_cap > 0) {
+        rc = dev_plan(a, 1, &tpg, &pos, &unused, st, e);
+    } else {
+        if ((rc = aws_lock(&w, e))) return rc;
+        rc = upload_meta(w, a, &tpg, &pos, &mx, st, e);
+    }
     if (!rc) {
         dim3 grid(a->n_tok, a->n_heads);
         const bf16 *q = (const bf16 *)a->q, *g = (const bf16 *)a->gate;
         const bf16 *K = (const bf16 *)a->kv->k, *V = (const bf16 *)a->kv->v;
         ATT_DISPATCH(a->head_dim, (att_naive_kernel<NPL><<<grid, 32, 0, st>>>(
                                       a->n_heads, a->n_kv_heads, a->head_dim, a->kv->page_size, a->scale, q, g, K, V,
-                                      pos, pto, pages, (bf16 *)a->out)));
+                                      pos, tpg, (bf16 *)a->out)));
         cudaError_t c = cudaGetLastError();
         if (!rc && c != cudaSuccess) rc = cu_fail(e, c, "attention cuda_naive");
     }
-    pthread_mutex_unlock(&w->mu);
+    if (w) pthread_mutex_unlock(&w->mu);
     return rc;
 }
 
@@ -303,31 +402,43 @@ static int flash_run(const attn_args *a, ls_stream s, ls_err *e) {
     if (rc || a->n_tok <= 0) return rc;
     const int grp = a->n_heads / a->n_kv_heads;
     if (grp > 32) return errf(e, ERR_UNSUPPORTED, "cuda_flash_decode: %d query heads per kv head > 32", grp);
-    att_ws *w;
-    if ((rc = aws_lock(&w, e))) return rc;
+    att_ws *w = NULL;
     cudaStream_t st = (cudaStream_t)s;
-    int32_t *pos, *pto, *pages;
-    int mx;
-    rc = upload_meta(w, a, &pos, &pto, &pages, &mx, st, e);
-    int nchunk = (mx + ATT_CHUNK - 1) / ATT_CHUNK;
-    if (nchunk < 1) nchunk = 1;
-    size_t pbytes = sizeof(float) * (size_t)a->n_tok * a->n_heads * nchunk * (a->head_dim + 2);
-    if (!rc) rc = grow((void **)&w->part, &w->part_cap, pbytes, e);
+    const int32_t **tpg;
+    int32_t *pos;
+    float *part = NULL;
+    int chunk, nchunk;
+    if (a->ctx_cap > 0) { /* device planning: fixed split count, per-token chunk length */
+        chunk = 0;
+        nchunk = att_dev_nsplit(a->n_tok, a->n_kv_heads, a->ctx_cap);
+        rc = dev_plan(a, nchunk, &tpg, &pos, &part, st, e);
+    } else {
+        if ((rc = aws_lock(&w, e))) return rc;
+        int mx = 0;
+        rc = upload_meta(w, a, &tpg, &pos, &mx, st, e);
+        chunk = ATT_CHUNK;
+        nchunk = (mx + ATT_CHUNK - 1) / ATT_CHUNK;
+        if (nchunk < 1) nchunk = 1;
+        size_t pbytes = sizeof(float) * (size_t)a->n_tok * a->n_heads * nchunk * (a->head_dim + 2);
+        if (!rc) rc = grow((void **)&w->part, &w->part_cap, pbytes, e);
+        part = w->part;
+    }
     if (!rc) {
         const bf16 *q = (const bf16 *)a->q, *g = (const bf16 *)a->gate;
         const bf16 *K = (const bf16 *)a->kv->k, *V = (const bf16 *)a->kv->v;
         dim3 g1(nchunk, a->n_kv_heads, a->n_tok), g2(a->n_tok, a->n_heads);
         ATT_DISPATCH(a->head_dim, (att_split_kernel<NPL><<<g1, 32 * grp, 0, st>>>(
-                                       a->n_heads, a->n_kv_heads, a->head_dim, a->kv->page_size, a->scale, nchunk, q,
-                                       K, V, pos, pto, pages, w->part),
-                                   att_merge_kernel<NPL><<<g2, 32, 0, st>>>(a->n_heads, a->head_dim, nchunk, pos,
-                                                                          w->part, g, (bf16 *)a->out)));
+                                       a->n_heads, a->n_kv_heads, a->head_dim, a->kv->page_size, a->scale, chunk,
+                                       nchunk, q, K, V, pos, tpg, part),
+                                   att_merge_kernel<NPL><<<g2, 32, 0, st>>>(a->n_heads, a->head_dim, chunk, nchunk,
+                                                                          pos, part, g, (bf16 *)a->out)));
         cudaError_t c = cudaGetLastError();
         if (!rc && c != cudaSuccess) rc = cu_fail(e, c, "attention cuda_flash_decode");
     }
-    pthread_mutex_unlock(&w->mu);
+    if (w) pthread_mutex_unlock(&w->mu);
     return rc;
 }
 
-const attn_impl attn_cuda_flash_decode = {"cuda_flash_decode", DEV_CUDA, 0, flash_supported, flash_run};
-const attn_impl attn_cuda_naive = {"cuda_naive", DEV_CUDA, 0, att_supported, naive_run};
+/* graph_safe: with ctx_cap > 0 (device planning) both only launch kernels */
+const attn_impl attn_cuda_flash_decode = {"cuda_flash_decode", DEV_CUDA, 0, flash_supported, flash_run, 1};
+const attn_impl attn_cuda_naive = {"cuda_naive", DEV_CUDA, 0, att_supported, naive_run, 1};

@@ -29,9 +29,10 @@
  * Split-K for small grids (decode): when tiles × kv heads would not fill the
  * GPU twice, grid.z = nsplit blocks share each tile's keys round-robin by
  * BN-key tiles (so every key is covered whatever the contexts: the plan only
- * fixes nsplit, from seqs_host), write partials (row max, row sum, unnormalised
- * O; fp32, a per-device workspace grown on demand) and fp_merge_kernel
- * combines them and applies the gate.
+ * fixes nsplit, from seqs_host, or from ctx_cap under device planning), write
+ * partials (row max, row sum, unnormalised O; fp32, a per-device workspace
+ * grown on demand, or the caller's scratch under device planning: CUDA graph
+ * capture) and fp_merge_kernel combines them and applies the gate.
  *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
@@ -49,7 +50,6 @@ static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 
 
 /* ---- fragment helpers ------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t fp_ld32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -62,6 +62,14 @@ __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
 __device__ __forceinline__ void fp_ldsm_x4_t(uint32_t r[4], const bf16 *p) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Four 8×8 BF16 matrices: register i of lane (g, t) receives matrix i's (row g, cols 2t, 2t + 1). */
+__device__ __forceinline__ void fp_ldsm_x4(uint32_t r[4], const bf16 *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
@@ -152,6 +160,17 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
 #pragma unroll
     for (int n = 0; n < OT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 
+    /* Q fragments: lane l addresses matrix mi = l/8 row l%8 at tile row 16w + (mi&1)·8 + l%8, dim (mi>>1)·8
+     * (+ 16kk): regs = a0..a3 of the m16n8k16 A operand. Kept in registers for HD <= 128. */
+    constexpr bool QREG = HD <= 128;
+    const bf16 *qa = Qs + (16 * w + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+    uint32_t qf[QREG ? HD / 16 : 1][4];
+    if (QREG) {
+        fp_cp_wait<0>(); /* Q (and the first K/V tile) landed */
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
+    }
     for (int it = 0; it < n_it; it++) {
         const int kt = z + it * nsplit, st = it & 1;
         if (it + 1 < n_it) load_kv(kt + nsplit, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
@@ -160,22 +179,27 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
         __syncthreads();
         const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
 
-        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous) */
+        /* S [16 rows, BN keys] = Q·Kᵀ: A = Q rows (row-major, k = dim), B = K rows (k = dim contiguous).
+         * K fragments of two key n-tiles per ldmatrix.x4: lane l addresses matrix mi = l/8 row l%8 at
+         * key 16np + (mi>>1)·8 + l%8, dim 16kk + (mi&1)·8: regs 0,1 = (b0, b1) of n-tile 2np, regs 2,3 of 2np + 1 */
         float sc[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        const bf16 *kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t a[4];
-            const bf16 *qa = Qs + rA * LD + kk * 16 + 2 * t;
-            a[0] = fp_ld32(qa);
-            a[1] = fp_ld32(qa + 8 * LD);
-            a[2] = fp_ld32(qa + 8);
-            a[3] = fp_ld32(qa + 8 * LD + 8);
+            if (QREG) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                fp_ldsm_x4(a, qa + kk * 16);
+            }
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                const bf16 *kb = Ks + (n * 8 + g) * LD + kk * 16 + 2 * t;
-                cu_mma_bf16_16816(sc[n], a, fp_ld32(kb), fp_ld32(kb + 8));
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4(b, kb + np * 16 * LD + kk * 16);
+                cu_mma_bf16_16816(sc[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(sc[2 * np + 1], a, b[2], b[3]);
             }
         }
         /* mask, scale to log2 units; accumulator (n, e): row rA (e < 2) or rB, key kt·BN + 8n + 2t + (e & 1) */
@@ -371,15 +395,22 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
 }
 
 /* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
- * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average. */
+ * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average.
+ * Host planning reads seqs_host (exact tile count, longest context); device planning (ctx_cap > 0,
+ * graph capture) takes the tile bound ceil(n_tok·grp / 64) + n_seq and ctx_cap. */
 static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     const int grp = a->n_heads / a->n_kv_heads;
     long tiles = 0;
     int max_ctx = 0;
-    for (int i = 0; i < a->n_seq; i++) {
-        const attn_seq *q = &a->seqs_host[i];
-        tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
-        if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+    if (a->ctx_cap > 0) {
+        tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
+        max_ctx = a->ctx_cap;
+    } else {
+        for (int i = 0; i < a->n_seq; i++) {
+            const attn_seq *q = &a->seqs_host[i];
+            tiles += ((long)q->n_new * grp + FP_BM - 1) / FP_BM;
+            if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+        }
     }
     const long blocks = tiles * a->n_kv_heads;
     if (blocks <= 0 || blocks >= 2L * n_sm) return 1;
@@ -409,10 +440,20 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
-    const int nsplit = fp_nsplit(a, ws->n_sm, BN);
+    int nsplit = fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     float *po = NULL, *pml = NULL;
-    if (nsplit > 1) {
+    if (nsplit > 1 && a->ctx_cap > 0) { /* device planning: partials in the caller's scratch, as many splits as fit */
+        const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2);
+        const size_t fit = a->scratch ? a->scratch_bytes / per : 0;
+        if ((size_t)nsplit > fit) nsplit = (int)fit;
+        if (nsplit > 1) {
+            po = (float *)a->scratch;
+            pml = po + (size_t)nsplit * n_rows * HD;
+        } else {
+            nsplit = 1;
+        }
+    } else if (nsplit > 1) {
         size_t need = sizeof(float) * (size_t)nsplit * n_rows * (HD + 2);
         if (ws->cap < need) {
             if (ws->part) {
@@ -451,9 +492,11 @@ static int fp_run(const attn_args *a, ls_stream s, ls_err *e) {
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
         return errf(e, ERR_UNSUPPORTED, "cuda_flash_prefill: %d heads over %d kv heads", a->n_heads, a->n_kv_heads);
     if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
-    if (!a->seqs_host) return errf(e, ERR_INVAL, "cuda_flash_prefill: seqs_host (the host copy of the sequences) is not set");
-    /* validation on the host copy (the kernel trusts the device array) */
-    for (int i = 0; i < a->n_seq; i++) {
+    /* host planning validates the host copy (the kernel trusts the device array); device planning
+     * (ctx_cap > 0) may have no host copy */
+    if (a->ctx_cap <= 0 && !a->seqs_host)
+        return errf(e, ERR_INVAL, "cuda_flash_prefill: seqs_host (the host copy of the sequences) is not set");
+    for (int i = 0; a->seqs_host && i < a->n_seq; i++) {
         const attn_seq *q = &a->seqs_host[i];
         if (q->row0 < 0 || q->n_new < 0 || q->n_past < 0 || q->row0 + q->n_new > a->n_tok)
             return errf(e, ERR_INVAL, "attention: sequence %d rows [%d, %d) outside %d tokens", i, q->row0,
@@ -469,4 +512,6 @@ static int fp_run(const attn_args *a, ls_stream s, ls_err *e) {
     }
 }
 
-const attn_impl attn_cuda_flash_prefill = {"cuda_flash_prefill", DEV_CUDA, 0, fp_supported, fp_run};
+/* graph_safe: with ctx_cap > 0 it only launches kernels (partials in the caller's scratch); the
+ * shared-memory opt-in happens on the first (eager or rehearsal) call */
+const attn_impl attn_cuda_flash_prefill = {"cuda_flash_prefill", DEV_CUDA, 0, fp_supported, fp_run, 1};

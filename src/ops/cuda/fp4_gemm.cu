@@ -116,7 +116,7 @@ static int fp4_ref_supported(const dev_info *d, const gemm_shape *s, char *why, 
     return 1;
 }
 
-const fp4_gemm_impl fp4_gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, fp4_ref_supported, fp4_ref_run};
+const fp4_gemm_impl fp4_gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, fp4_ref_supported, fp4_ref_run, 1};
 
 /* ---- cuda_w4a16_mma ---------------------------------------------------------- */
 
@@ -481,7 +481,7 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4_supported, w4_run};
+const fp4_gemm_impl fp4_gemm_cuda_w4a16_mma = {"cuda_w4a16_mma", DEV_CUDA, 0, w4_supported, w4_run, 1};
 
 /* ---- cuBLASLt, loaded on first use ------------------------------------------------ */
 /* libcublasLt is 540 MB: linking it made every start of the binary (every CLI
@@ -756,8 +756,9 @@ static int dq_run(const gemm_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
+/* graph_safe: the BF16 buffer only grows with the largest weight, reached by the warm-up pass */
 const fp4_gemm_impl fp4_gemm_cuda_dequant_cublas = {"cuda_dequant_cublas", DEV_CUDA, 0, dq_supported,
-                                                    dq_run};
+                                                    dq_run, 1};
 
 /* ---- test-only broken backends ------------------------------------------------- */
 
@@ -840,7 +841,7 @@ static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run};
+const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run, 1};
 
 /* The BF16 reference: a plain shared-memory tiled product, fp32 accumulation
  * in k order; a 64 x 64 output tile per block of 16 x 16 threads, 4 x 4 each. */
@@ -892,7 +893,7 @@ static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-const gemm_impl gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, bf_supported, bf_ref_run};
+const gemm_impl gemm_cuda_ref = {"cuda_ref", DEV_CUDA, 0, bf_supported, bf_ref_run, 1};
 
 /* D[M,N] = alpha · A[M,K]·Wᵀ (+ beta·D), W and A BF16, D BF16 or (d32) fp32:
  * for the other families of this module (the MoE router's fp32 logits). */

@@ -234,4 +234,4 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const gdn_impl gdn_cuda_recurrent = {"cuda_recurrent", DEV_CUDA, 0, rec_supported, rec_run};
+const gdn_impl gdn_cuda_recurrent = {"cuda_recurrent", DEV_CUDA, 0, rec_supported, rec_run, 1};

@@ -5,14 +5,13 @@
  * (oldest first) and rec S [n_slots, nv, dk, dv], read and updated in place;
  * out [n_tok, nv, dv] = Sᵀq per token, BF16, before the gated norm.
  *
- * Both start with the same preparation kernel (a copy of cuda_recurrent's
- * conv step, so the conv state handling is the same): a thread per
- * (sequence, channel) runs the causal depthwise conv + SiLU over the
- * sequence's new tokens from its conv state (fp32 workspace c [n_tok,
- * conv_dim], state updated), and a thread per (sequence, v head) computes
- * g = -exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b) (workspace gb
- * [n_tok, nv, 2]). q and k are L2-normalised (q also scaled by dk^-0.5) by
- * the second kernel, which differs:
+ * Both start with the same preparation (the math of cuda_recurrent's conv
+ * step, parallel over tokens too): a thread per (sequence, channel, chunk of
+ * 16 tokens) runs the causal depthwise conv + SiLU from the slot's conv state
+ * (fp32 workspace c [n_tok, conv_dim]) and computes g = -exp(A_log)·
+ * softplus(a + dt_bias), β = sigmoid(b) (workspace gb [n_tok, nv, 2]); a
+ * second small kernel then rolls the conv state. q and k are L2-normalised
+ * (q also scaled by dk^-0.5) by the main kernel, which differs:
  *
  *   cuda_chunked   the chunkwise (WY / UT-transform) form of the gated delta
  *                  rule over chunks of 64 tokens (fla chunk_gated_delta_rule,
@@ -33,6 +32,10 @@
  *                  All matmuls are mma.sync m16n8k16 (BF16 operands, fp32
  *                  accumulation), as in fla. Rows past L are zero (k = v = q =
  *                  0, g = β = 0), which leaves S and every valid row unchanged.
+ *                  When the sequences × v heads leave SMs idle (one long prompt:
+ *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
+ *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
+ *                  by each; U, V', O, S split).
  *   cuda_per_token the plain recurrence, token by token: a block per (sequence,
  *                  v head), a thread per column d of S, S in global memory
  *                  (read twice and written once per token, through L1/L2):
@@ -50,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256 };
+enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
 
 static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
                   offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
@@ -64,6 +67,7 @@ typedef struct gc_ws {
     pthread_mutex_t mu;
     int init;
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
+    int n_sm;    /* multiprocessors of the device */
 } gc_ws;
 
 static gc_ws g_gcws[GC_MAX_DEV];
@@ -76,6 +80,9 @@ static int gc_lock(gc_ws **out, ls_err *e) {
     pthread_mutex_lock(&g_gcws_mu);
     if (!g_gcws[dev].init) {
         pthread_mutex_init(&g_gcws[dev].mu, NULL);
+        int n = 0;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
+        g_gcws[dev].n_sm = n;
         g_gcws[dev].init = 1;
     }
     pthread_mutex_unlock(&g_gcws_mu);
@@ -101,38 +108,70 @@ __device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloa
 
 /* ---- preparation: conv + SiLU, g and β (the same math as gdn.cu) ------------- */
 
-/* grid (ceil(max(D, nv) / 128), n_seq), 128 threads. meta: [slot, n_new, row0] per seq.
- * c [n_tok, D] = silu(conv), gb [n_tok, nv, 2] = (g, β). */
-__global__ void gc_conv_kernel(int D, int K, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+/* (1) grid (ceil(max(D, nv) / 128), n_seq, nz), 128 threads: block (x, s, z) takes channels
+ * 128x .. 128x + 127 of sequence s, token chunks z, z + nz, ... of GC_CONV_T tokens each, so a
+ * long prefill is not one serial walk per channel. meta: [slot, n_new, row0] per seq.
+ *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
+ *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
+ *   gb [n_tok, nv, 2] = (g, β)
+ * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
+template <int KK>
+__global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
                                const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                                const float *__restrict__ conv_w, const float *__restrict__ A_log,
-                               const float *__restrict__ dt_bias, float *__restrict__ conv_st, float *__restrict__ c,
-                               float *__restrict__ gb) {
+                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               float *__restrict__ c, float *__restrict__ gb) {
+    const int K = KK ? KK : Kr;
     const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
-    if (ch < D) {
-        float win[GC_MAX_K], w[GC_MAX_K];
-        float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
-        for (int i = 0; i < K - 1; i++) win[i] = st[i];
-        for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
-        for (int t = 0; t < T; t++) {
-            win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
-            float acc = 0.f;
-            for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
-            c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
-            for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+    for (int t0 = blockIdx.z * GC_CONV_T; t0 < T; t0 += gridDim.z * GC_CONV_T) {
+        const int t1 = min(T, t0 + GC_CONV_T);
+        if (ch < D) {
+            float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
+            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+#pragma unroll
+            for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                const int u = t0 - (K - 1) + i;
+                win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
+            }
+            for (int t = t0; t < t1; t++) {
+                win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
+                c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+            }
         }
-        for (int i = 0; i < K - 1; i++) st[i] = win[i];
+        if (ch < nv) {
+            const float al = -__expf(A_log[ch]), db = dt_bias[ch];
+            for (int t = t0; t < t1; t++) {
+                size_t r = (size_t)(row0 + t) * nv + ch;
+                float x = gc_bf(a, r) + db;
+                float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+                gb[2 * r] = al * sp;
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+            }
+        }
     }
-    if (ch < nv) {
-        const float al = -__expf(A_log[ch]), db = dt_bias[ch];
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)(row0 + t) * nv + ch;
-            float x = gc_bf(a, r) + db;
-            float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
-            gb[2 * r] = al * sp;
-            gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
-        }
+}
+
+/* (1b) grid (ceil(D / 128), n_seq): the slot's conv state becomes the last K − 1 inputs of
+ * (state ++ new tokens): new[i] = combined[T + i]. In place in ascending i: new[i] reads
+ * old[T + i] with T + i > i, never an entry already rewritten. */
+__global__ void gc_conv_state_kernel(int D, int K, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+                                     float *__restrict__ conv_st) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    if (ch >= D || T <= 0) return;
+    float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+    for (int i = 0; i < K - 1; i++) {
+        const int idx = T + i; /* index into combined = state (K − 1) ++ new (T) */
+        st[i] = idx < K - 1 ? st[idx] : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch);
     }
 }
 
@@ -259,41 +298,47 @@ __device__ __forceinline__ void gc_stc(bf16 *M, int ld, int r0, int c0, const fl
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
 /* Shared memory of gc_chunk_kernel<DK, DV> (bytes): BF16 tiles Qs, Ks, KBs, Ws [64][DK+8],
- * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64]. */
+ * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
+ * Ys [3][16][16]. */
 template <int DK, int DV>
 struct gc_layout {
     static constexpr int LK = DK + 8, LV = DV + 8, LT = GC_CHUNK + 8, LF = GC_CHUNK + 1;
     static constexpr size_t bf16s = 4 * GC_CHUNK * LK + GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
-    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK;
+    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK + 3 * 256;
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
-/* grid (nv, n_seq), 256 threads (8 warps). Warp tiles:
+/* grid (nv, n_seq, NVS), 256 threads (8 warps). Block z takes the value columns
+ * [z·DVB, (z+1)·DVB) of its head (DVB = DV / NVS): everything that depends on v (U, V', O, S) is
+ * split, the rest (A, T, W, P) is recomputed per block; NVS > 1 when nv · n_seq blocks would
+ * leave SMs idle (a long prompt). Warp tiles:
  *   64×64 products (K Kᵀ, Q Kᵀ):  rows 16·(w%4), cols 32·(w/4), 4 n-tiles
- *   64×DV / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DV/2 (DK/2), DV/16 (DK/16) n-tiles
- *   S [DK, DV]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DV/CG */
-template <int DK, int DV>
+ *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/2 (DK/2), DVB/16 (DK/16) n-tiles
+ *   S [DK, DVB]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/CG */
+template <int DK, int DV, int NVS>
 __global__ void __launch_bounds__(GC_THREADS, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const float *__restrict__ c,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
-    typedef gc_layout<DK, DV> LY;
+    constexpr int DVB = DV / NVS;
+    typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
-    constexpr int RT = DK / 16, CG = 8 / RT, SC = DV / CG, SNT = SC / 8; /* S tiling */
-    constexpr int UNT = DV / 16, WNT = DK / 16;                        /* n-tiles of the 64×DV / 64×DK halves */
+    constexpr int RT = DK / 16, CG = 8 / RT, SC = DVB / CG, SNT = SC / 8; /* S tiling */
+    constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
     static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
     extern __shared__ __align__(16) unsigned char gc_smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(gc_smem);
     bf16 *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
     bf16 *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
-    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C;
+    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
 
     const int j = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
     if (T <= 0) return;
     const int kh = j / (nv / nk);
-    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV; /* [DK, DV] fp32 */
+    const int vc0 = blockIdx.z * DVB;                                            /* this block's v columns */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] fp32, from column vc0 */
     const float qscale = rsqrtf((float)DK);
 
     /* S in registers: this warp's rows sr .. sr + 15, cols sc0 .. sc0 + SC - 1 */
@@ -311,54 +356,57 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 
     for (int c0 = 0; c0 < T; c0 += C) {
         const int L = min(C, T - c0);
-        /* (a) the chunk: warp w takes rows w, w + 8, ...; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v */
-        for (int i = w; i < C; i += 8) {
-            float qv[DK / 32], kv[DK / 32], vv[DV / 32];
-            float gi = 0.f, bi = 0.f;
-            if (i < L) {
-                const float *ct = c + (size_t)(row0 + c0 + i) * D;
+        /* 16-row tiles holding tokens (a decode row: 1): the other tiles are padding, their products
+         * are zero and are skipped (warps whose row tile is padding idle through (c), (e)-(g)) */
+        const int NT16 = (L + 15) / 16;
+        const bool live = rt < 16 * NT16;
+        /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
+         * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
+        for (int i0 = w; i0 < C; i0 += 32) {
+            float qv[4][DK / 32], kv[4][DK / 32], vv[4][DVB / 32], gi[4], bi[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
+                const bool ok = i < L; /* warp-uniform */
+                const float *ct = c + (size_t)(row0 + c0 + (ok ? i : 0)) * D;
+                const size_t gr = (size_t)(row0 + c0 + (ok ? i : 0)) * nv + j;
+#pragma unroll
+                for (int e = 0; e < DK / 32; e++) {
+                    qv[r][e] = ok ? ct[(size_t)kh * DK + lane + 32 * e] : 0.f;
+                    kv[r][e] = ok ? ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e] : 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < DVB / 32; e++)
+                    vv[r][e] = ok ? ct[(size_t)2 * nk * DK + (size_t)j * DV + vc0 + lane + 32 * e] : 0.f;
+                gi[r] = ok ? gb[2 * gr] : 0.f;
+                bi[r] = ok ? gb[2 * gr + 1] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int i = i0 + 8 * r;
                 float sq = 0.f, sk = 0.f;
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] = ct[(size_t)kh * DK + lane + 32 * e];
-                    kv[e] = ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e];
-                    sq += qv[e] * qv[e];
-                    sk += kv[e] * kv[e];
+                    sq += qv[r][e] * qv[r][e];
+                    sk += kv[r][e] * kv[r][e];
                 }
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = ct[(size_t)2 * nk * DK + (size_t)j * DV + lane + 32 * e];
 #pragma unroll
                 for (int o = 16; o; o >>= 1) {
                     sq += __shfl_xor_sync(0xffffffffu, sq, o);
                     sk += __shfl_xor_sync(0xffffffffu, sk, o);
                 }
-                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
-                const size_t r = (size_t)(row0 + c0 + i) * nv + j;
-                gi = gb[2 * r];
-                bi = gb[2 * r + 1];
+                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    qv[e] *= rq;
-                    kv[e] *= rk;
+                    Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[r][e] * rq);
+                    Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[r][e] * rk);
                 }
 #pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] *= bi;
-            } else {
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) qv[e] = kv[e] = 0.f;
-#pragma unroll
-                for (int e = 0; e < DV / 32; e++) vv[e] = 0.f;
-            }
-#pragma unroll
-            for (int e = 0; e < DK / 32; e++) {
-                Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[e]);
-                Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[e]);
-            }
-#pragma unroll
-            for (int e = 0; e < DV / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[e]);
-            if (lane == 0) {
-                gin[i] = gi;
-                bet[i] = bi;
+                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[r][e] * bi[r]);
+                if (lane == 0) {
+                    gin[i] = gi[r];
+                    bet[i] = bi[r];
+                }
             }
         }
         __syncthreads();
@@ -380,7 +428,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
         }
-        {
+        if (live) {
             float kk[4][4], qk[4][4];
 #pragma unroll
             for (int n = 0; n < 4; n++)
@@ -420,21 +468,54 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             }
         }
         __syncthreads();
-        /* (d) T = (I + A)⁻¹: column cc = tid / 4, four lanes split the sum over m;
-         * X[i][cc] = δ_{i,cc} − Σ_{m<i} A[i][m] X[m][cc] (X[m][cc] = 0 for m < cc) */
+        /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
+         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
+         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         *      the other warps zero the blocks off the diagonal.
+         * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
+         *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
         {
-            const int cc = tid >> 2, sub = tid & 3;
-            for (int i = sub; i < C; i += 4) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
-            __syncwarp();
-            for (int i = 1; i < C; i++) {
-                float p = 0.f;
-                for (int m = sub; m < i; m += 4) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
-                p += __shfl_xor_sync(0xffffffffu, p, 1);
-                p += __shfl_xor_sync(0xffffffffu, p, 2);
-                if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
-                __syncwarp();
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
             }
-            for (int i = sub; i < C; i += 4) Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            if (w < 4) { /* rows past L are padding: A is zero there, X stays the identity */
+                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1, iend = min(b0 + 16, L);
+                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
+                __syncwarp();
+                for (int i = b0 + 1; i < iend; i++) {
+                    float p = 0.f;
+                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
+                    p += __shfl_xor_sync(0xffffffffu, p, 1);
+                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
+                    __syncwarp();
+                }
+            }
+            __syncthreads();
+            for (int d = 1; d < NT16; d++) {
+                const int nb = NT16 - d; /* blocks (jb + d, jb), jb < nb, ib = jb + d < NT16 (zero past it) */
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *ar = Af + (16 * ib + r) * LF;
+                    float y = 0.f;
+                    for (int m = 16 * jb; m < 16 * ib; m++) y = fmaf(ar[m], Xf[m * LF + 16 * jb + cc], y);
+                    Ys[x] = y;
+                }
+                __syncthreads();
+                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                    const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
+                    const float *xr = Xf + (16 * ib + r) * LF + 16 * ib;
+                    float v = 0.f;
+#pragma unroll
+                    for (int m = 0; m < 16; m++) v = fmaf(xr[m], Ys[(jb << 8) + m * 16 + cc], v);
+                    Xf[(16 * ib + r) * LF + 16 * jb + cc] = -v;
+                }
+                __syncthreads();
+            }
+            for (int x = tid; x < C * C; x += GC_THREADS) {
+                const int i = x / C, cc = x % C;
+                Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+            }
         }
         __syncthreads();
         /* (e) U = T vβ (kept in registers), W = T (kβ e^γ) -> Ws as −W */
@@ -445,14 +526,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             float wk[WNT][4];
 #pragma unroll
             for (int n = 0; n < WNT; n++) wk[n][0] = wk[n][1] = wk[n][2] = wk[n][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; live && ks < NT16; ks++) { /* T[i][m] = 0 for m >= 16·NT16 > i */
                 uint32_t a[4];
                 gc_lda(a, Tb, LT, rt, 16 * ks);
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(u[n], a, b0, b1);
                 }
 #pragma unroll
@@ -472,23 +552,24 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * __expf(gL - gam[i]));
         }
-        /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read) */
+        /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read); padding rows: 0 */
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
+            if (!live) break;
             uint32_t a[4];
             gc_lda(a, Ws, LK, rt, 16 * ks);
 #pragma unroll
             for (int n = 0; n < UNT; n++) {
                 uint32_t b0, b1;
-                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                 cu_mma_bf16_16816(u[n], a, b0, b1);
             }
         }
 #pragma unroll
-        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DV / 2) + 8 * n, u[n], 1.f);
+        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DVB / 2) + 8 * n, u[n], 1.f);
         __syncthreads();
         /* (g) O = e^γ ⊙ (Q S) + P V' -> out (rows < L) */
-        {
+        if (live) {
             float o[UNT][4];
 #pragma unroll
             for (int n = 0; n < UNT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
@@ -499,7 +580,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(o[n], a, b0, b1);
                 }
             }
@@ -509,14 +590,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 o[n][0] *= eA; o[n][1] *= eA;
                 o[n][2] *= eB; o[n][3] *= eB;
             }
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; ks < NT16; ks++) { /* P[i][m] = 0 for m > i */
                 uint32_t a[4];
                 gc_lda(a, Pb, LT, rt, 16 * ks);
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DV / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
                     cu_mma_bf16_16816(o[n], a, b0, b1);
                 }
             }
@@ -524,21 +604,20 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int hh = 0; hh < 2; hh++) {
                 const int i = rt + g + 8 * hh;
                 if (i >= L) continue;
-                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + half * (DV / 2) + 2 * t;
+                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + half * (DVB / 2) + 2 * t;
 #pragma unroll
                 for (int n = 0; n < UNT; n++)
                     *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack(o[n][2 * hh], o[n][2 * hh + 1]);
             }
         }
-        /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DV]) */
+        /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DVB]) */
         {
             const float eL = __expf(gL);
 #pragma unroll
             for (int n = 0; n < SNT; n++) {
                 S[n][0] *= eL; S[n][1] *= eL; S[n][2] *= eL; S[n][3] *= eL;
             }
-#pragma unroll
-            for (int ks = 0; ks < C / 16; ks++) {
+            for (int ks = 0; ks < NT16; ks++) { /* K' rows past L are zero */
                 uint32_t a[4];
                 gc_lda_t(a, KBs, LK, 16 * ks, sr);
 #pragma unroll
@@ -645,11 +724,26 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     }
     *cw = ws->c;
     *gbw = ws->c + (size_t)a->n_tok * D;
+    /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
+    int max_t = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_t) max_t = a->seqs_host[i].n_new;
+    int nz = (max_t + GC_CONV_T - 1) / GC_CONV_T;
+    if (nz < 1) nz = 1;
+    if (nz > GC_CONV_MAXZ) nz = GC_CONV_MAXZ;
     const int wide = D > w->nv ? D : w->nv;
-    dim3 g1((wide + 127) / 128, a->n_seq);
-    gc_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, (const int32_t *)a->seqs, (const bf16 *)a->qkv,
-                                       (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                       a->st->conv, *cw, *gbw);
+    dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
+    const int32_t *meta = (const int32_t *)a->seqs;
+    if (w->conv_k == 4)
+        gc_conv_kernel<4><<<g1, 128, 0, st>>>(D, 4, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    else
+        gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                              (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
+                                              *gbw);
+    if (w->conv_k > 1)
+        gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {
         pthread_mutex_unlock(&ws->mu);
@@ -684,20 +778,22 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-template <int DK, int DV>
+template <int DK, int DV, int NVS>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const float *cw, const float *gbw, cudaStream_t st,
                            ls_err *e) {
     const gdn_w *w = a->w;
-    const size_t smem = gc_layout<DK, DV>::bytes;
+    const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     if (!(ws->smem_ok & (1 << bit))) {
-        CU_TRY(e, cudaFuncSetAttribute(gc_chunk_kernel<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        CU_TRY(e,
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem),
                "gdn cuda_chunked: shared memory opt-in");
         ws->smem_ok |= 1 << bit;
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
-    dim3 g2(w->nv, a->n_seq);
-    gc_chunk_kernel<DK, DV><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
-                                                         a->st->rec, (bf16 *)a->out);
+    dim3 g2(w->nv, a->n_seq, NVS);
+    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
+                                                              a->st->rec, (bf16 *)a->out);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
 }
@@ -716,8 +812,16 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     float *cw, *gbw;
     int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, &cw, &gbw, e);
     if (rc) return rc;
+    /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
+     * tokens, nv per sequence, leave more than half the SMs idle */
+    int busy = 0, nvs = 1;
+    for (int i = 0; i < a->n_seq; i++) busy += a->seqs_host[i].n_new > 0;
+    if (w->dk == 128 && w->dv == 128)
+        while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B>(a, ws, BIT, cw, gbw, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, cw, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, cw, gbw, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
@@ -726,5 +830,7 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run};
-const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run};
+/* graph_safe: stream-ordered launches only; the workspace grows on the (eager or rehearsal) call at
+ * the step's largest shape, the shared-memory opt-in happens on the first call */
+const gdn_impl gdn_cuda_chunked = {"cuda_chunked", DEV_CUDA, 0, chunk_supported, chunk_run, 1};
+const gdn_impl gdn_cuda_per_token = {"cuda_per_token", DEV_CUDA, 0, tok_supported, tok_run, 1};

@@ -632,7 +632,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-const moe_impl moe_cuda_fused_decode = {"cuda_fused_decode", DEV_CUDA, 0, fused_supported, fused_run};
+/* graph_safe: no host round trip; its tables are uploaded on the first call per layer (up to
+ * TAB_CACHE layers per device) and its buffers have fixed sizes, so after a warm-up call a
+ * capture records kernels only */
+const moe_impl moe_cuda_fused_decode = {"cuda_fused_decode", DEV_CUDA, 0, fused_supported, fused_run, 1};
 
 /* ---- cuda_expert_loop ------------------------------------------------------------- */
 

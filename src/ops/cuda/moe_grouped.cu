@@ -16,21 +16,22 @@
  *                to the tile height BM, prefix sum -> row offsets, the tile table
  *                (tile t of BM rows belongs to expert tile_e[t]), and the scatter:
  *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows
- *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 64 (128)
- *                gate + the same up rows of that expert; A rows gathered from x by
+ *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 128 gate
+ *                rows + the same 128 up rows of that expert; A rows gathered from x by
  *                perm; epilogue h = silu(g·s2g)·(u·s2u) -> hbuf [R, ldh] bf16
- *   5 down       grouped GEMM, CTA = one tile x 128 (256) output rows; A = hbuf rows;
+ *   5 down       grouped GEMM, CTA = one tile x 256 output rows; A = hbuf rows;
  *                epilogue (acc · s2d · wts[p]) -> dbuf [M·(k+1), H] bf16 at the pair
  *   6 combine    y[m] = Σ_j dbuf[m·(k+1) + j] in fp32 (fixed order: deterministic)
  * Grids are sized from an upper bound of the tile count (ceil(pairs/BM) plus one
  * per expert that can be non-empty); CTAs past the real count (read on the device)
  * exit at once. So a call is CUDA-graph capturable once its workspace exists.
  *
- * The GEMM (both launches): 256 threads, 3-stage cp.async pipeline into shared
- * memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; CTA tile BM = 64 rows x 128
- * weight rows (8 warps as 2 x 4) when the routed experts get 32 rows or more on
- * average, else BM = 16 rows x 256 weight rows (8 warps along N): less padding
- * work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64 forces one, for tuning).
+ * The GEMM (both launches): 256 threads, a multi-stage cp.async pipeline into
+ * dynamic shared memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; CTA tile
+ * BM = 64 rows x 256 weight rows (8 warps as 2 x 4, 4 stages) when the routed
+ * experts get 32 rows or more on average, else BM = 16 rows x 256 weight rows
+ * (8 warps along N, 6 stages: weight streaming wants bytes in flight): less
+ * padding work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64 forces one).
  * Tokens are the A operand (row-major [rows, K]), weights the B operand ([N, K]
  * row-major = K x N column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
  * the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
@@ -42,8 +43,8 @@
  * Three weight loaders: NVFP4 by cp.async (K multiple of 64, 16-byte aligned
  * codes, 4-byte aligned scales: every real checkpoint), NVFP4 by plain loads
  * for the small fixtures (any K multiple of 16, any alignment), and BF16 by
- * cp.async (the B fragments read straight from shared memory, like A; 83 KB of
- * dynamic shared memory at BM = 64). A always uses cp.async (x rows 16-byte
+ * cp.async (the B fragments read straight from shared memory, like A; 3 stages,
+ * 138 KB of shared memory at BM = 64). A always uses cp.async (x rows 16-byte
  * aligned, H multiple of 8).
  *
  * Workspace: per device, grown on first use and never shrunk; superseded buffers
@@ -59,7 +60,7 @@
 #include <string.h>
 
 enum { MG_MAXE = 1024, MG_MAXK = 16, MG_MAX_DEV = 16, MG_TAB_CACHE = 128, MG_RETIRED = 64 };
-enum { MG_BK = 64, MG_STAGES = 3, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
+enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* One expert's weights for the kernels; entry E is the shared expert. */
 typedef struct mg_expert {
@@ -331,35 +332,41 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
 
-/* Tile geometry per tile height BM (rows of one expert per CTA):
- *   BM = 64: warps 2 (M) x 4 (N), each warp 2 m16 tiles x 4 n8 tiles, BNW = 128 weight rows
- *   BM = 16: warps 1 (M) x 8 (N), each warp 1 m16 tile  x 4 n8 tiles, BNW = 256 weight rows
- * (BM = 16 for batches where experts get few rows each: less padding work, same
- * weight traffic). Gate/up CTAs hold BNW/2 gate rows and the same BNW/2 up rows. */
-template <int BM>
-struct mg_geo {
-    static constexpr int WM = BM >= 64 ? 2 : 1;      /* warps along M */
-    static constexpr int WN = 8 / WM;                /* warps along N */
-    static constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
-    static constexpr int BNW = WN * 32;              /* weight rows per CTA tile */
-};
-
 /* Weight loaders: NVFP4 by cp.async (K % 64 == 0, codes 16-byte and scales
  * 4-byte aligned), NVFP4 by plain loads (any K % 16 == 0, any alignment), BF16
  * by cp.async (K % 8 == 0, 16-byte aligned rows). */
 enum { MG_LD_FP4 = 0, MG_LD_FP4_PLAIN = 1, MG_LD_BF16 = 2 };
 
+/* Tile geometry per tile height BM (rows of one expert per CTA) and loader LD;
+ * both heights hold BNW = 256 weight rows per CTA (gate/up: 128 gate rows and
+ * the same 128 up rows), so each A tile is re-read by few CTAs:
+ *   BM = 64: warps 2 (M) x 4 (N), each warp 2 m16 tiles x 8 n8 tiles, 4 stages
+ *   BM = 16: warps 1 (M) x 8 (N), each warp 1 m16 tile  x 4 n8 tiles, 6 stages
+ *            (decode and mid batches are weight-streaming: more bytes in flight)
+ * BF16 weights take 3 stages (their B tiles are 4.5x larger). */
+template <int BM, int LD>
+struct mg_geo {
+    static constexpr int WM = BM >= 64 ? 2 : 1;      /* warps along M */
+    static constexpr int WN = 8 / WM;                /* warps along N */
+    static constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
+    static constexpr int NT = BM >= 64 ? 8 : 4;      /* n8 tiles per warp (half gate, half up) */
+    static constexpr int BNW = WN * NT * 8;          /* weight rows per CTA tile */
+    static constexpr int ST = LD == MG_LD_BF16 ? 3 : BM >= 64 ? 4 : 6; /* pipeline stages */
+};
+
 template <int BM, int LD>
 struct mg_smem { /* NVFP4 */
-    bf16 a[MG_STAGES][BM][MG_APAD];                     /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
-    uint8_t b[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 2];   /* weight rows' E2M1 codes for k0..k0+63 */
-    uint8_t s[MG_STAGES][mg_geo<BM>::BNW][MG_BK / 16];  /* their 4 block scales */
-    int pair[BM];                                       /* perm of the tile's rows (-1: padding) */
+    typedef mg_geo<BM, LD> G;
+    bf16 a[G::ST][BM][MG_APAD];                 /* A rows, k0..k0+63 (+8 pad: conflict-free 16 B reads) */
+    uint8_t b[G::ST][G::BNW][MG_BK / 2];        /* weight rows' E2M1 codes for k0..k0+63 */
+    uint8_t s[G::ST][G::BNW][MG_BK / 16];       /* their 4 block scales */
+    int pair[BM];                               /* perm of the tile's rows (-1: padding) */
 };
 template <int BM>
 struct mg_smem<BM, MG_LD_BF16> {
-    bf16 a[MG_STAGES][BM][MG_APAD];
-    bf16 b[MG_STAGES][mg_geo<BM>::BNW][MG_APAD];        /* weight rows, k0..k0+63, padded as A */
+    typedef mg_geo<BM, MG_LD_BF16> G;
+    bf16 a[G::ST][BM][MG_APAD];
+    bf16 b[G::ST][G::BNW][MG_APAD];             /* weight rows, k0..k0+63, padded as A */
     int pair[BM];
 };
 
@@ -369,15 +376,15 @@ struct mg_smem<BM, MG_LD_BF16> {
  * BNW/2); out hbuf [R, ldh] = silu(gate·s2g)·(up·s2u). Else (down): A = hbuf
  * rows (K = I_e), weight rows = down rows n0..n0+BNW-1 (n0 = blockIdx.x · BNW);
  * out dbuf [pair, H] = wts[pair] · s2d · down. LD: the weight loader (MG_LD_*).
- * Shared memory is dynamic (sizeof(mg_smem<BM, LD>), above 48 KB for BF16). */
+ * Shared memory is dynamic: sizeof(mg_smem<BM, LD>). */
 template <bool GATEUP, int LD, int BM>
 __global__ void __launch_bounds__(MG_THREADS, 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
                    const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
                    bf16 *__restrict__ dbuf) {
-    typedef mg_geo<BM> G;
-    constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT;
+    typedef mg_geo<BM, LD> G;
+    constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT, NT = G::NT, NH = NT / 2, ST = G::ST;
     extern __shared__ __align__(16) unsigned char mg_dsm[];
     mg_smem<BM, LD> &sm = *reinterpret_cast<mg_smem<BM, LD> *>(mg_dsm);
     const int tile = blockIdx.y;
@@ -447,65 +454,72 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         }
     };
 
-    /* CTA weight row of this warp's n8 tile j: gate/up: j = 0, 1 gate cols
-     * wn·16 + 8j, j = 2, 3 the same up cols; down: cols wn·32 + 8j */
-    int brow[4];
+    /* CTA weight row of this warp's n8 tile j: gate/up: j < NH gate cols
+     * wn·NH·8 + 8j, j >= NH the same up cols (rows HALF + ...); down: cols
+     * wn·NT·8 + 8j */
+    int brow[NT];
 #pragma unroll
-    for (int j = 0; j < 4; j++) brow[j] = GATEUP ? (j >> 1) * HALF + wn * 16 + (j & 1) * 8 : wn * 32 + j * 8;
+    for (int j = 0; j < NT; j++)
+        brow[j] = GATEUP ? (j / NH) * HALF + wn * NH * 8 + (j % NH) * 8 : wn * NT * 8 + j * 8;
 
-    float acc[MT][4][4];
+    float acc[MT][NT][4];
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[i][j][r] = 0.f;
 
 #pragma unroll
-    for (int s = 0; s < MG_STAGES - 1; s++) {
+    for (int s = 0; s < ST - 1; s++) {
         if (s < nk) load(s, s * MG_BK);
         mg_cp_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
-        mg_cp_wait<MG_STAGES - 2>();
+        mg_cp_wait<ST - 2>();
         __syncthreads(); /* stage kt landed for all; stage kt-1 consumed by all */
-        if (kt + MG_STAGES - 1 < nk) load((kt + MG_STAGES - 1) % MG_STAGES, (kt + MG_STAGES - 1) * MG_BK);
+        if (kt + ST - 1 < nk) load((kt + ST - 1) % ST, (kt + ST - 1) * MG_BK);
         mg_cp_commit();
-        const int st = kt % MG_STAGES;
-        /* B fragments: row brow[j] + g, k = 16t..16t+15 -> bf[j][0..7] (pairs k 16t+2r, +1) */
-        uint32_t bf[4][8];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            if constexpr (LD == MG_LD_BF16) {
-                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
-                const uint4 v0 = pw[0], v1 = pw[1];
-                bf[j][0] = v0.x; bf[j][1] = v0.y; bf[j][2] = v0.z; bf[j][3] = v0.w;
-                bf[j][4] = v1.x; bf[j][5] = v1.y; bf[j][6] = v1.z; bf[j][7] = v1.w;
-            } else {
-                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
-                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
-                cu_e2m1x8_to_bf16x8(cw.x, &bf[j][0]);
-                cu_e2m1x8_to_bf16x8(cw.y, &bf[j][4]);
-#pragma unroll
-                for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
-            }
-        }
+        const int st = kt % ST;
+        /* A: rows ra = wm·MT·16 + 16i + g and ra + 8, k = 16t..16t+15 -> xa / xb[i][0..7]
+         * (register r = the pair k 16t+2r, 16t+2r+1) */
+        uint32_t xa[MT][8], xb[MT][8];
 #pragma unroll
         for (int i = 0; i < MT; i++) {
             const int ra = wm * MT * 16 + i * 16 + g;
-            /* A: rows ra and ra + 8, k = 16t..16t+15 -> xa / xb[0..7] (pairs k 16t+2r, +1) */
             const uint4 *pa = reinterpret_cast<const uint4 *>(&sm.a[st][ra][16 * t]);
             const uint4 *pb = reinterpret_cast<const uint4 *>(&sm.a[st][ra + 8][16 * t]);
             const uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
-            const uint32_t xa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-            const uint32_t xb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            xa[i][0] = a0.x; xa[i][1] = a0.y; xa[i][2] = a0.z; xa[i][3] = a0.w;
+            xa[i][4] = a1.x; xa[i][5] = a1.y; xa[i][6] = a1.z; xa[i][7] = a1.w;
+            xb[i][0] = b0.x; xb[i][1] = b0.y; xb[i][2] = b0.z; xb[i][3] = b0.w;
+            xb[i][4] = b1.x; xb[i][5] = b1.y; xb[i][6] = b1.z; xb[i][7] = b1.w;
+        }
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                /* mma k slots (2t, 2t+1 | 2t+8, 2t+9) = k 16t+4q+(0, 1 | 2, 3) */
-                const uint32_t af[4] = {xa[2 * q], xb[2 * q], xa[2 * q + 1], xb[2 * q + 1]};
+        for (int j = 0; j < NT; j++) {
+            /* B: weight row brow[j] + g, k = 16t..16t+15 -> bf[0..7] (pairs as A) */
+            uint32_t bf[8];
+            if constexpr (LD == MG_LD_BF16) {
+                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
+                const uint4 v0 = pw[0], v1 = pw[1];
+                bf[0] = v0.x; bf[1] = v0.y; bf[2] = v0.z; bf[3] = v0.w;
+                bf[4] = v1.x; bf[5] = v1.y; bf[6] = v1.z; bf[7] = v1.w;
+            } else {
+                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
+                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
+                cu_e2m1x8_to_bf16x8(cw.x, &bf[0]);
+                cu_e2m1x8_to_bf16x8(cw.y, &bf[4]);
 #pragma unroll
-                for (int j = 0; j < 4; j++) cu_mma_bf16_16816(acc[i][j], af, bf[j][2 * q], bf[j][2 * q + 1]);
+                for (int r = 0; r < 8; r++) bf[r] = cu_bf16x2_mul(bf[r], sc);
             }
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    /* mma k slots (2t, 2t+1 | 2t+8, 2t+9) = k 16t+4q+(0, 1 | 2, 3) */
+                    const uint32_t af[4] = {xa[i][2 * q], xb[i][2 * q], xa[i][2 * q + 1], xb[i][2 * q + 1]};
+                    cu_mma_bf16_16816(acc[i][j], af, bf[2 * q], bf[2 * q + 1]);
+                }
         }
     }
 
@@ -519,11 +533,11 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                 const int row = wm * MT * 16 + i * 16 + g + 8 * h;
                 if (sm.pair[row] < 0) continue;
 #pragma unroll
-                for (int jj = 0; jj < 2; jj++) {
-                    const int col = n0 + wn * 16 + jj * 8 + 2 * t;
+                for (int jj = 0; jj < NH; jj++) {
+                    const int col = n0 + wn * NH * 8 + jj * 8 + 2 * t;
                     if (col >= N) continue;
                     const float g0 = acc[i][jj][2 * h] * s2g, g1 = acc[i][jj][2 * h + 1] * s2g;
-                    const float u0 = acc[i][jj + 2][2 * h] * s2u, u1 = acc[i][jj + 2][2 * h + 1] * s2u;
+                    const float u0 = acc[i][jj + NH][2 * h] * s2u, u1 = acc[i][jj + NH][2 * h + 1] * s2u;
                     const float h0 = g0 / (1.f + __expf(-g0)) * u0, h1 = g1 / (1.f + __expf(-g1)) * u1;
                     *reinterpret_cast<uint32_t *>(hbuf + (size_t)(r0 + row) * ldh + col) = mg_pack_bf2(h0, h1);
                 }
@@ -539,8 +553,8 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                 if (p < 0) continue;
                 const float c = s2d * wts[p];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int col = n0 + wn * 32 + j * 8 + 2 * t;
+                for (int j = 0; j < NT; j++) {
+                    const int col = n0 + wn * NT * 8 + j * 8 + 2 * t;
                     if (col >= N) continue;
                     *reinterpret_cast<uint32_t *>(dbuf + (size_t)p * H + col) =
                         mg_pack_bf2(acc[i][j][2 * h] * c, acc[i][j][2 * h + 1] * c);
@@ -549,19 +563,22 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     }
 }
 
-/* Launch one instantiation; its dynamic shared memory limit is raised once
- * (per process: the attribute is per function, not per call). */
+/* Launch one instantiation; its dynamic shared memory limit is raised once per
+ * device (the attribute belongs to the function on the current device). */
 template <bool GATEUP, int LD, int BM>
 static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                                    const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                                    const float *wts, bf16 *dbuf, cudaStream_t st) {
     const size_t smem = sizeof(mg_smem<BM, LD>);
-    static int raised; /* benign race: setting the same attribute twice is harmless */
-    if (smem > 48 * 1024 && !raised) {
-        cudaError_t c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static unsigned raised; /* bit per device ordinal (< MG_MAX_DEV) */
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
+        c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (c != cudaSuccess) return c;
-        raised = 1;
+        __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     mg_gemm_kernel<GATEUP, LD, BM><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                                    dbuf);
@@ -573,7 +590,9 @@ template <bool GATEUP, int BM>
 static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                                   const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf,
                                   int ldh, const float *wts, bf16 *dbuf, cudaStream_t st) {
-    constexpr int per = GATEUP ? mg_geo<BM>::BNW / 2 : mg_geo<BM>::BNW; /* output columns per CTA */
+    constexpr int bnw = mg_geo<BM, MG_LD_FP4>::BNW; /* the same for every loader */
+    static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
+    constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
     if (ld == MG_LD_FP4)
         return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
@@ -807,4 +826,4 @@ static int mg_run(const moe_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-const moe_impl moe_cuda_grouped_gemm = {"cuda_grouped_gemm", DEV_CUDA, 0, mg_supported, mg_run};
+const moe_impl moe_cuda_grouped_gemm = {"cuda_grouped_gemm", DEV_CUDA, 0, mg_supported, mg_run, 1};

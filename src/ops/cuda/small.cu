@@ -303,4 +303,4 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
 
 extern "C" const small_ops small_cuda = {
     "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, c_qk_norm_rope};
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope};

@@ -1,0 +1,448 @@
+/* sample.cu: the engine's sampler on the GPU (ops.h "sampling on the
+ * device"; semantics of src/engine/sampler.h, kept identical where the API
+ * defines them). One block of SMP_T threads per logits row, so any batch is
+ * one launch with a fixed grid: capturable into a CUDA graph, no host reads.
+ *
+ * Per row, in order (each step a pass over the row, block-synchronised):
+ *   1. raw logits (BF16 or fp32) widened to the fp32 work row; the first
+ *      NaN/Inf index is recorded and ends the row (smp_out.bad_idx);
+ *   2. bans (-inf), repetition penalty over the distinct prompt + output ids
+ *      (positive divided, negative multiplied), frequency · count + presence
+ *      subtracted per distinct output id: sparse, from the row's token lists;
+ *   3. greedy (temperature <= 0 or top_k == 1): argmax of the penalised
+ *      logits, lowest id on ties;
+ *   4. s = x / T (x when T == 1, exactly the host's float ops), m = max s,
+ *      Z = Σ exp(s - m) (fp32 terms, fp64 sum): logprob = s - m - log Z;
+ *   5. top_k and top_p as thresholds on a 64-bit rank key (the float's
+ *      ordered bits, then the complement of the id: descending key = the
+ *      host's order, higher value then lower id). The k-th largest key and
+ *      the nucleus' last key are found by a radix descent, 4 bits per pass,
+ *      over counts or masses; min_p is a plain predicate (exp(s - m) >=
+ *      min_p). The kept tokens are those at or above both thresholds;
+ *   6. the draw: u · mass against a prefix sum in id order (each thread owns a
+ *      contiguous segment; segment sums scanned across the block), u from
+ *      Philox-4x32-10 keyed by the request's seed, counter = its completion
+ *      index: a seeded request gives the same tokens run to run and whatever
+ *      shares its batch. The host draws with its own RNG in rank order, so
+ *      the two backends give the same distribution, not the same tokens;
+ *   7. top logprobs: the n-th largest key by the same descent, the n tokens
+ *      at or above it gathered and sorted (descending, lowest id on ties).
+ * Every reduction has a fixed order (thread-strided partials, then a tree), so
+ * results are bitwise reproducible. exp is fp32 (the host's is fp64): kept
+ * sets and logprobs agree to ~1e-6 relative.
+ */
+#include "ops/cuda/cu_util.h"
+#include "ops/cuda/graph.h"
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+
+enum { SMP_T = 512, SMP_W = SMP_T / 32 };
+
+static_assert(sizeof(smp_row) % 8 == 0, "smp_row is read as a struct from device memory");
+
+/* ---- block reductions (fixed order) ------------------------------------------------------ */
+
+typedef struct smp_shared {
+    double d[SMP_W * 16];
+    int i[SMP_W * 16];
+    float f[SMP_W];
+    int bad;
+    int n_top;
+    uint64_t top_key[SMP_DEV_TOP];
+    int32_t top_id[SMP_DEV_TOP];
+    float top_s[SMP_DEV_TOP];
+} smp_shared;
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum of n values per thread (n <= 16) across the block: every thread gets the totals. */
+template <int N>
+__device__ void blk_sum_dn(double (&v)[N], smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        double t = warp_sum_d(v[j]);
+        if (lane == 0) sh.d[w * 16 + j] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        double t = 0;
+        for (int k = 0; k < SMP_W; k++) t += sh.d[k * 16 + j];
+        v[j] = t;
+    }
+    __syncthreads();
+}
+template <int N>
+__device__ void blk_sum_in(int (&v)[N], smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        int t = warp_sum_i(v[j]);
+        if (lane == 0) sh.i[w * 16 + j] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        int t = 0;
+        for (int k = 0; k < SMP_W; k++) t += sh.i[k * 16 + j];
+        v[j] = t;
+    }
+    __syncthreads();
+}
+
+/* (value, id) maximum, lowest id on ties; -inf rows give id 0. */
+__device__ void blk_argmax(float &v, int &id, smp_shared &sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, id, o);
+        if (ov > v || (ov == v && oi < id)) { v = ov; id = oi; }
+    }
+    if (lane == 0) { sh.f[w] = v; sh.i[w] = id; }
+    __syncthreads();
+    v = sh.f[0];
+    id = sh.i[0];
+    for (int k = 1; k < SMP_W; k++)
+        if (sh.f[k] > v || (sh.f[k] == v && sh.i[k] < id)) { v = sh.f[k]; id = sh.i[k]; }
+    __syncthreads();
+}
+
+__device__ float blk_max(float v, smp_shared &sh) {
+    int id = 0;
+    blk_argmax(v, id, sh);
+    return v;
+}
+
+/* ---- keys and the RNG ------------------------------------------------------------------- */
+
+/* Descending key = descending value, then ascending id (the host's rank order). */
+__device__ __forceinline__ uint64_t rank_key(float s, int i) {
+    uint32_t b = __float_as_uint(s);
+    uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)o << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+}
+
+/* The host's scaling: x · (1 / T) in float, or x itself when T == 1. */
+__device__ __forceinline__ float scaled(float x, float inv, int scale) { return scale ? __fmul_rn(x, inv) : x; }
+
+/* Philox-4x32-10 (Salmon et al. 2011): 4 x 32 random bits from a 128-bit counter and 64-bit key. */
+__device__ void philox4x32(uint32_t c[4], uint32_t k0, uint32_t k1) {
+#pragma unroll
+    for (int r = 0; r < 10; r++) {
+        uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        uint32_t hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+/* u in [0, 1) with 53 random bits for (seed, counter, stream). */
+__device__ double philox_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {
+    uint32_t c[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), stream, 0x6c617374u /* "last" */};
+    philox4x32(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+    uint64_t bits = ((uint64_t)c[0] << 21) ^ ((uint64_t)c[1] >> 11) ^ ((uint64_t)c[2] << 32);
+    return (double)(bits & ((1ull << 53) - 1)) * 0x1.0p-53;
+}
+
+/* ---- the radix descent ------------------------------------------------------------------- */
+
+/* The largest key t with measure{key >= t, key >= floor} >= target, where the
+ * measure is the count (MASS = 0) or Σ exp(s - m) (MASS = 1) of the row's
+ * tokens. 4 bits per pass from the top; the id half is searched only when
+ * several tokens share the chosen value and the cut falls among them. */
+template <int MASS>
+__device__ uint64_t key_descent(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
+                                double target, smp_shared &sh) {
+    uint64_t P = 0;
+    double above = 0;
+    for (int shf = 60; shf >= 0; shf -= 4) {
+        double b[16];
+        int c[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) { b[j] = 0; c[j] = 0; }
+        const uint64_t span = shf == 60 ? 0 : (16ull << shf); /* 0: the whole key space */
+        for (int i = threadIdx.x; i < V; i += SMP_T) {
+            float s = scaled(w[i], inv, scale);
+            uint64_t k = rank_key(s, i);
+            if (k < floor || k < P || (span && k - P >= span)) continue;
+            int d = (int)((k - P) >> shf);
+            double val = MASS ? (double)expf(s - m) : 1.0;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (d == j) { b[j] += val; c[j]++; }
+        }
+        blk_sum_dn<16>(b, sh);
+        blk_sum_in<16>(c, sh);
+        /* the highest digit whose suffix reaches the target; suf = the measure above it.
+         * None (rounding put the target past the total): digit 0, everything from P kept. */
+        int dsel = -1;
+        double suf = 0;
+        for (int j = 15; j >= 0; j--) {
+            double here = MASS ? b[j] : (double)c[j];
+            if (above + suf + here >= target) { dsel = j; break; }
+            suf += here;
+        }
+        if (dsel < 0) {
+            dsel = 0;
+            suf -= MASS ? b[0] : (double)c[0];
+        }
+        P += (uint64_t)dsel << shf;
+        above += suf;
+        if (shf == 32) {
+            /* one token holds the chosen value, or (counting) the cut takes all of them */
+            if (c[dsel] <= 1 || (!MASS && above + c[dsel] == target)) return P;
+        }
+    }
+    return P;
+}
+
+/* ---- the row kernel --------------------------------------------------------------------------- */
+
+template <typename T>
+__device__ __forceinline__ float load_logit(const T *p, size_t i);
+template <>
+__device__ __forceinline__ float load_logit<bf16>(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+template <>
+__device__ __forceinline__ float load_logit<float>(const float *p, size_t i) { return p[i]; }
+
+template <typename T>
+__global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restrict__ logits,
+                                                        const smp_row *__restrict__ rows,
+                                                        const int32_t *__restrict__ toks, float *__restrict__ work,
+                                                        smp_out *__restrict__ out) {
+    __shared__ smp_shared sh;
+    const int row = blockIdx.x, tid = threadIdx.x;
+    const smp_row p = rows[row];
+    smp_out *o = &out[row];
+    if (p.forced == SMP_ROW_SKIP) {
+        if (tid == 0) { o->token = -1; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
+        return;
+    }
+    const T *x = logits + (size_t)row * V;
+    float *w = work + (size_t)row * V;
+
+    /* 1. widen, NaN/Inf scan */
+    if (tid == 0) sh.bad = INT_MAX;
+    __syncthreads();
+    const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
+    for (int i = tid; i < V; i += SMP_T) {
+        float v = load_logit<T>(x, i);
+        if (i == poison) v = __int_as_float(0x7fc00000);
+        if (!isfinite(v)) atomicMin(&sh.bad, i);
+        w[i] = v;
+    }
+    __syncthreads();
+    if (sh.bad != INT_MAX) {
+        if (tid == 0) {
+            o->bad_idx = sh.bad;
+            o->bad_val = sh.bad == poison ? __int_as_float(0x7fc00000) : load_logit<T>(x, sh.bad);
+            o->token = -1;
+            o->n_top = 0;
+        }
+        return;
+    }
+
+    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids) */
+    for (int j = tid; j < p.n_ban; j += SMP_T) {
+        int id = toks[p.ban_off + j];
+        if (id >= 0 && id < V) w[id] = -INFINITY;
+    }
+    __syncthreads();
+    if (p.rep_pen > 0.f && p.rep_pen != 1.f) {
+        for (int j = tid; j < p.n_rep; j += SMP_T) {
+            int id = toks[p.rep_off + j];
+            if (id < 0 || id >= V) continue;
+            float v = w[id];
+            w[id] = v > 0.f ? __fdiv_rn(v, p.rep_pen) : __fmul_rn(v, p.rep_pen);
+        }
+        __syncthreads();
+    }
+    if (p.freq_pen != 0.f || p.pres_pen != 0.f) {
+        for (int j = tid; j < p.n_cnt; j += SMP_T) {
+            int id = toks[p.cnt_off + 2 * j], cnt = toks[p.cnt_off + 2 * j + 1];
+            if (id < 0 || id >= V) continue;
+            w[id] = __fsub_rn(w[id], __fadd_rn(__fmul_rn(p.freq_pen, (float)cnt), p.pres_pen));
+        }
+        __syncthreads();
+    }
+
+    const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
+    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
+    const int want_lp = p.want_lp || p.n_top > 0;
+    int token = -1;
+
+    /* 3. greedy */
+    if (greedy) {
+        float bv = -INFINITY;
+        int bi = 0;
+        for (int i = tid; i < V; i += SMP_T) {
+            float v = w[i];
+            if (v > bv) { bv = v; bi = i; } /* strided ascending: first max per thread is its lowest id */
+        }
+        blk_argmax(bv, bi, sh);
+        token = bi;
+    }
+    if (p.forced >= 0) token = p.forced;
+    if (greedy && !want_lp) {
+        if (tid == 0) { o->token = token; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
+        return;
+    }
+
+    /* 4. scaled logits, max, partition function */
+    const int scale = temp != 1.f;
+    const float inv = 1.f / temp;
+    float m = -INFINITY;
+    for (int i = tid; i < V; i += SMP_T) m = fmaxf(m, scaled(w[i], inv, scale));
+    m = blk_max(m, sh);
+    double z1[1] = {0};
+    for (int i = tid; i < V; i += SMP_T) z1[0] += (double)expf(scaled(w[i], inv, scale) - m);
+    blk_sum_dn<1>(z1, sh);
+    const double Z = z1[0];
+
+    /* 5-6. filter and draw */
+    if (token < 0) {
+        const int use_k = p.top_k > 0 && p.top_k < V;
+        const int use_p = p.top_p > 0.f && p.top_p < 1.f;
+        uint64_t tk = 0, tp = 0;
+        double base = Z;
+        if (use_k) {
+            tk = key_descent<0>(w, V, inv, scale, m, 0, (double)p.top_k, sh);
+            double b1[1] = {0};
+            for (int i = tid; i < V; i += SMP_T) {
+                float s = scaled(w[i], inv, scale);
+                if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
+            }
+            blk_sum_dn<1>(b1, sh);
+            base = b1[0];
+        }
+        if (use_p) tp = key_descent<1>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh);
+        const uint64_t thr = tk > tp ? tk : tp;
+        const float min_p = p.min_p;
+        /* segment sums in id order: thread t owns [t·S, (t+1)·S) */
+        const int S = (V + SMP_T - 1) / SMP_T, i0 = tid * S, i1 = min(V, i0 + S);
+        double seg = 0;
+        int last = -1;
+        for (int i = i0; i < i1; i++) {
+            float s = scaled(w[i], inv, scale);
+            float ex = expf(s - m);
+            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+        }
+        /* exclusive scan of the segment sums (fixed order: by warp, then across warps) */
+        const int lane = tid & 31, wp = tid >> 5;
+        double incl = seg;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            double t = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += t;
+        }
+        if (lane == 31) sh.d[wp] = incl;
+        __syncthreads();
+        double before = 0, mass = 0;
+        for (int k = 0; k < SMP_W; k++) {
+            if (k < wp) before += sh.d[k];
+            mass += sh.d[k];
+        }
+        __syncthreads();
+        /* [lo, hi) per thread: hi of one thread is bitwise lo of the next, so they tile [0, mass) */
+        double prev = __shfl_up_sync(0xffffffffu, incl, 1);
+        const double lo = before + (lane ? prev : 0.0), hi = before + incl;
+        const double target = philox_uniform(p.seed, p.counter, 0) * mass;
+        /* the last candidate overall, for a target at or past the total (rounding) */
+        int lastc = last;
+#pragma unroll
+        for (int off = 16; off; off >>= 1) lastc = max(lastc, __shfl_xor_sync(0xffffffffu, lastc, off));
+        if (lane == 0) sh.i[wp] = lastc;
+        if (tid == 0) sh.bad = INT_MAX;
+        __syncthreads();
+        int glast = -1;
+        for (int k = 0; k < SMP_W; k++) glast = max(glast, sh.i[k]);
+        if (seg > 0 && target >= lo && target < hi) {
+            double acc = lo;
+            int pick = last;
+            for (int i = i0; i < i1; i++) {
+                float s = scaled(w[i], inv, scale);
+                float ex = expf(s - m);
+                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
+                    acc += (double)ex;
+                    if (acc > target) { pick = i; break; }
+                }
+            }
+            atomicMin(&sh.bad, pick); /* one thread's range holds the target */
+        }
+        __syncthreads();
+        token = sh.bad != INT_MAX ? sh.bad : glast;
+        if (token < 0) token = 0; /* nothing kept: every logit banned to -inf */
+        __syncthreads();
+    }
+
+    /* 7. logprobs */
+    const double lz = log(Z) + (double)m;
+    if (p.n_top > 0) {
+        const int n = min(p.n_top, min(SMP_DEV_TOP, V));
+        uint64_t tn = key_descent<0>(w, V, inv, scale, m, 0, (double)n, sh);
+        if (tid == 0) sh.n_top = 0;
+        __syncthreads();
+        for (int i = tid; i < V; i += SMP_T) {
+            float s = scaled(w[i], inv, scale);
+            uint64_t k = rank_key(s, i);
+            if (k >= tn) {
+                int at = atomicAdd(&sh.n_top, 1);
+                if (at < SMP_DEV_TOP) { sh.top_key[at] = k; sh.top_id[at] = i; sh.top_s[at] = s; }
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int cnt = min(sh.n_top, n);
+            for (int a = 1; a < cnt; a++) /* insertion sort, descending key */
+                for (int b = a; b > 0 && sh.top_key[b] > sh.top_key[b - 1]; b--) {
+                    uint64_t tk2 = sh.top_key[b]; sh.top_key[b] = sh.top_key[b - 1]; sh.top_key[b - 1] = tk2;
+                    int ti = sh.top_id[b]; sh.top_id[b] = sh.top_id[b - 1]; sh.top_id[b - 1] = ti;
+                    float ts = sh.top_s[b]; sh.top_s[b] = sh.top_s[b - 1]; sh.top_s[b - 1] = ts;
+                }
+            o->n_top = cnt;
+            for (int a = 0; a < cnt; a++) {
+                o->top_ids[a] = sh.top_id[a];
+                o->top_lp[a] = (float)((double)sh.top_s[a] - lz);
+            }
+        }
+    } else if (tid == 0) {
+        o->n_top = 0;
+    }
+    if (tid == 0) {
+        o->token = token;
+        o->bad_idx = -1;
+        o->logprob = (float)((double)scaled(w[token], inv, scale) - lz);
+    }
+}
+
+static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
+    if (a->rows <= 0) return 0;
+    if (a->vocab < 1 || !a->logits || !a->p || !a->work || !a->out)
+        return errf(e, ERR_INVAL, "sampling on CUDA: %d rows of vocab %d with a missing buffer", a->rows, a->vocab);
+    cudaStream_t st = (cudaStream_t)s;
+    if (a->dt == ACT_BF16)
+        smp_row_kernel<bf16><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
+                                                         a->out);
+    else
+        smp_row_kernel<float><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work,
+                                                          a->out);
+    CU_LAUNCHED(e, "sampling on CUDA");
+    return 0;
+}
+
+extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};

@@ -41,7 +41,7 @@ else
     echo "unit test_sample_cuda: not found at $UT"
 fi
 python3 - "$BIN" "$OUT" "$FIX" <<'PY'
-import json, math, os, signal, socket, subprocess, sys, time, urllib.request
+import json, math, os, signal, socket, subprocess, sys, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
@@ -70,8 +70,10 @@ class Server:
     def __init__(self, tag, model, mode):
         self.tag, self.mode, self.port = tag, mode, free_port()
         self.log = os.path.join(OUT, f"serve-{tag}-{mode}.log")
+        env = dict(os.environ, LASTSTAND_TEST_FORCE_IDS="1")  # lets the nan check poison a row
         self.p = subprocess.Popen([BIN, "serve", "--model-path", model, "--port", str(self.port),
-                                   *COMMON, *MODES[mode]], stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+                                   *COMMON, *MODES[mode]], stdout=open(self.log, "w"), stderr=subprocess.STDOUT,
+                                  env=env)
         self.url = f"http://127.0.0.1:{self.port}"
     def wait(self, limit):
         while time.time() < limit:
@@ -169,6 +171,27 @@ def run_model(tag, srv, vocab, limit_s, do_dist, fixture_dir=None):
                     f"max |token logprob diff| {d1:.2e}, top-5 {d2:.2e} (bar 2e-3); host {lp['host'][0][:3]}")
         except Exception as ex:
             verdict(f"{tag} logprobs", False, f"error: {ex}")
+        # a NaN logits row (test-only force_ids -1 poisons it): the request fails, the counter moves,
+        # the server keeps serving (through the device sampler's per-row flag in graph mode)
+        g = srv["graph"]
+        def nan_count():
+            t = urllib.request.urlopen(g.url + "/metrics", timeout=10).read().decode()
+            return sum(float(l.split()[-1]) for l in t.splitlines() if l.startswith("laststand:nan_logits_total"))
+        try:
+            n0 = nan_count()
+            err = ""
+            try:
+                name = g.get("/v1/models")["data"][0]["id"]
+                r = g.post("/v1/completions", {"model": name, "prompt": ps[0], "max_tokens": 4, "force_ids": [7, -1]})
+                err = json.dumps(r)[:160]
+            except urllib.error.HTTPError as ex:
+                err = f"HTTP {ex.code}: {ex.read().decode()[:160]}"
+            n1 = nan_count()
+            ok_after = len(g.gen(ps[0], 4)) == 4
+            verdict(f"{tag} nan-row", n1 >= n0 + 1 and ok_after and ("NaN" in err or "error" in err),
+                    f"nan_logits_total {n0:g} -> {n1:g}; response: {err}; next request ok: {ok_after}")
+        except Exception as ex:
+            verdict(f"{tag} nan-row", False, f"error: {ex}")
         # seeded sampling: alone twice, then amid 8 other requests
         g = srv["graph"]
         sp = {"temperature": 1.0, "seed": 1234, "top_p": 0.95}

@@ -598,26 +598,33 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         }
         __syncthreads();
         /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
-         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
-         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         * (d1) the four diagonal blocks, forward substitution: lane l of warps 0, 1 owns column cc =
+         *      32w + l (block b = cc / 16, local column c) in registers: X[r][c] = δ_rc for r <= c,
+         *      −Σ_{m<r} A[16b + r][16b + m] X[m][c] below (rows past L have A = 0: identity);
          *      the other warps zero the blocks off the diagonal.
          * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
          *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
         {
-            for (int x = tid; x < C * C; x += GC_THREADS) {
-                const int i = x / C, cc = x % C;
-                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
-            }
-            if (w < 4) { /* rows past L are padding: A is zero there, X stays the identity */
-                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1, iend = min(b0 + 16, L);
-                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
-                __syncwarp();
-                for (int i = b0 + 1; i < iend; i++) {
+            if (w < 2) {
+                const int cc = 32 * w + lane, b0 = cc & ~15, c = cc & 15;
+                float x[16];
+#pragma unroll
+                for (int r = 0; r < 16; r++) x[r] = r == c ? 1.f : 0.f;
+#pragma unroll
+                for (int r = 1; r < 16; r++) {
+                    if (b0 >= 16 * NT16) break; /* a padding tile: A was not written there; X = I */
+                    const float *ar = Af + (b0 + r) * LF + b0;
                     float p = 0.f;
-                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
-                    p += __shfl_xor_sync(0xffffffffu, p, 1);
-                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
-                    __syncwarp();
+#pragma unroll
+                    for (int m = 0; m < r; m++) p = fmaf(ar[m], x[m], p);
+                    if (r > c) x[r] = -p;
+                }
+#pragma unroll
+                for (int r = 0; r < 16; r++) Xf[(b0 + r) * LF + cc] = x[r];
+            } else {
+                for (int x = tid - 64; x < C * C; x += GC_THREADS - 64) {
+                    const int i = x / C, cc = x % C;
+                    if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
                 }
             }
             __syncthreads();

@@ -28,6 +28,7 @@ FIX=${3:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
+echo "tree: $(git log -1 --format='%h %cd %s' --date=iso 2>/dev/null || echo 'no git here'); binary: $(sha256sum "$BIN" | cut -c1-12) $(date -u -r "$BIN" '+%F %T UTC')"
 python3 - "$BIN" "$OUT" "$FIX" <<'PY'
 import json, os, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor

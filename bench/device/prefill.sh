@@ -16,7 +16,8 @@
 #    ../shared/fixtures/models; head_dim 32, dk = dv = 32): `laststand logits --device cuda`
 #    with --attention-backend cuda_flash_prefill and --gdn-backend cuda_chunked /
 #    cuda_per_token against `--device cpu` (worst row of max|a-b|/max|b|, argmax
-#    agreement), and 12 greedy tokens (decode rows) against the CPU's.
+#    agreement), and 12 greedy tokens (decode rows, captured in CUDA graphs: device planning)
+#    against the CPU's and against the same run without graphs.
 # 3. compute-sanitizer memcheck of one fixture's logits with the new backends (if present).
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
@@ -49,7 +50,7 @@ doc attn128 6 --families attention --shapes qwen3-30b-a3b --m 1,7,100,512 \
     --m 1,3,64,300 --backends cuda_flash_prefill,cuda_chunked,cuda_per_token
 
 echo "== fixtures: logits and greedy tokens vs --device cpu"
-timeout 14 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
+timeout 20 python3 - "$BIN" "$FIX" "$OUT" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, OUT = sys.argv[1:4]
@@ -91,6 +92,12 @@ for name in ("qwen3_5_moe_text", "qwen3_next", "qwen3_moe"):
             while gcpu and n < min(len(g), len(gcpu)) and g[n] == gcpu[n]:
                 n += 1
             gen = f"greedy {n}/12 same as cpu"
+            q = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cuda",
+                     "--disable-cuda-graph", *extra])
+            if q is not None and q.returncode == 0:
+                gen += " (no graphs: " + ("same" if json.loads(q.stdout)["ids"] == g else "DIFFERENT") + ")"
+            else:
+                gen += " (no graphs: ERR " + ("TIMEOUT" if q is None else q.stderr.strip()[-200:]) + ")"
         print(f"{name:26s} {tag:24s} rel {rel:.2e}  argmax {agree}/{len(cpu)}  {gen}")
 PY
 echo "rc=$? ($(( $(date +%s) - T0 )) s)"

@@ -166,14 +166,11 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     if (c->attn_output_gate && (rc = ops_linear(&m->ops, T, u, &a->gate, w->gate, 0, e))) return rc;
     if ((rc = ops_linear(&m->ops, T, u, &a->k, w->k, 0, e))) return rc;
     if ((rc = ops_linear(&m->ops, T, u, &a->v, w->v, 0, e))) return rc;
-    if ((rc = mdl_op_err(so->rmsnorm(T * nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, w->q, dt, st),
-                         "q_norm", l, e)) ||
-        (rc = mdl_op_err(so->rmsnorm(T * nkv, hd, w->k, a->k_norm, m->norm_kind, c->rms_eps, w->k, dt, st),
-                         "k_norm", l, e)) ||
-        (rc = mdl_op_err(so->rope(T, nh, hd, c->rotary_dim, f->pos, c->rope_theta, w->q, dt, st),
-                         "rope(q)", l, e)) ||
-        (rc = mdl_op_err(so->rope(T, nkv, hd, c->rotary_dim, f->pos, c->rope_theta, w->k, dt, st),
-                         "rope(k)", l, e)))
+    /* q/k norm and RoPE fused: one rounding to the activation dtype, not two */
+    if ((rc = mdl_op_err(so->qk_norm_rope(T, nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
+                                          f->pos, c->rope_theta, dt, st), "q_norm + rope(q)", l, e)) ||
+        (rc = mdl_op_err(so->qk_norm_rope(T, nkv, hd, w->k, a->k_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
+                                          f->pos, c->rope_theta, dt, st), "k_norm + rope(k)", l, e)))
         return rc;
 
     const int li = m->layers[l].cache_idx;

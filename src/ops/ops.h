@@ -323,6 +323,13 @@ typedef struct small_ops {
     int (*add_rmsnorm)(int rows, int cols, float *h, const void *x, int init, const float *w,
                        rms_kind kind, float eps, void *y, act_dtype dt, ls_stream s);
     int graph_safe;      /* (additive) every op above is capturable into a CUDA graph */
+    /* (additive, after graph_safe, which covers it too) The attention q/k head norm
+     * fused with RoPE, in place, rounded to dt once: x [n_tok, n_heads, head_dim]
+     * gets rmsnorm per head (w [head_dim]) and then rope (rot_dim, pos [n_tok],
+     * theta), the same math as those two ops. */
+    int (*qk_norm_rope)(int n_tok, int n_heads, int head_dim, void *x, const float *w, rms_kind kind,
+                        float eps, int rot_dim, const int32_t *pos, double theta, act_dtype dt,
+                        ls_stream s);
 } small_ops;
 
 /* ---- device memory -------------------------------------------------------- */

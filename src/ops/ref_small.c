@@ -1,7 +1,8 @@
 /* ref_small.c: the CPU reference small ops: RMSNorm (plain w·x̂ and
  * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
- * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add (alone,
- * or fused with the following RMSNorm), the KV-page writes, the row gather. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
+ * rot_dim dims of each head (alone, or after the q/k head norm), embedding
+ * lookup, SiLU-mul, residual add (alone, or fused with the following RMSNorm),
+ * the KV-page writes, the row gather. x̂ = x·rsqrt(mean(x²) + eps), all in fp32.
  */
 #include "ops/cpu/cpu.h"
 
@@ -138,6 +139,13 @@ static int ref_add_rmsnorm(int rows, int cols, float *h, const void *x, int init
     return ref_rmsnorm(rows, cols, h, w, kind, eps, y, dt, s);
 }
 
+static int ref_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const float *w,
+                            rms_kind kind, float eps, int rot_dim, const int32_t *pos, double theta,
+                            act_dtype dt, ls_stream s) {
+    int rc = ref_rmsnorm(n_tok * n_heads, head_dim, x, w, kind, eps, x, dt, s);
+    return rc ? rc : ref_rope(n_tok, n_heads, head_dim, rot_dim, pos, theta, x, dt, s);
+}
+
 static int ref_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads,
                         int head_dim, const void *k, const void *v, act_dtype dt, ls_stream s) {
     if (dt != ACT_F32 || kv->dt != ACT_F32) return ERR_UNSUPPORTED;
@@ -177,4 +185,5 @@ const small_ops small_cpu_ref = {
     .kv_write = ref_kv_write,
     .gather_rows = ref_gather_rows,
     .add_rmsnorm = ref_add_rmsnorm,
+    .qk_norm_rope = ref_qk_norm_rope,
 };

@@ -60,6 +60,22 @@ static void test_add_rmsnorm_keeps_the_residual(void **st) {
     }
 }
 
+/* qk_norm_rope is exactly rmsnorm per head followed by rope. */
+static void test_qk_norm_rope_is_norm_then_rope(void **st) {
+    const small_ops *so = &small_cpu_ref;
+    enum { T = 2, NH = 3, HD = 8 };
+    float a[T * NH * HD], b[T * NH * HD], w[HD];
+    const int32_t pos[T] = {5, 17};
+    for (int i = 0; i < T * NH * HD; i++) a[i] = b[i] = sinf(0.7f * i) * (1 + i % 5);
+    for (int i = 0; i < HD; i++) w[i] = 0.1f * i - 0.3f;
+    assert_int_equal(so->rmsnorm(T * NH, HD, a, w, RMS_ZC, 1e-6f, a, ACT_F32, NULL), 0);
+    assert_int_equal(so->rope(T, NH, HD, 4, pos, 1e4, a, ACT_F32, NULL), 0);
+    assert_int_equal(so->qk_norm_rope(T, NH, HD, b, w, RMS_ZC, 1e-6f, 4, pos, 1e4, ACT_F32, NULL), 0);
+    for (int i = 0; i < T * NH * HD; i++) near(b[i], a[i], 0, "fused = norm then rope");
+    const float before = sinf(0.7f * (HD + 1)) * (1 + (HD + 1) % 5);
+    assert_true(fabsf(b[HD + 1] - before) > 1e-3f); /* it did normalise and rotate x in place */
+}
+
 static void test_rope_partial_neox(void **st) {
     /* head_dim 6, rot_dim 4: pairs (0,2), (1,3) rotate; dims 4,5 pass through. */
     float x[6] = {1, 2, 3, 4, 5, 6};
@@ -358,6 +374,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm_three_flavours),
         cmocka_unit_test(test_add_rmsnorm_keeps_the_residual),
+        cmocka_unit_test(test_qk_norm_rope_is_norm_then_rope),
         cmocka_unit_test(test_rope_partial_neox),
         cmocka_unit_test(test_nvfp4_dequant_known_codes),
         cmocka_unit_test(test_router_topk_renormalises),

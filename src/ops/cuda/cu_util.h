@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -114,6 +115,77 @@ __device__ __forceinline__ uint4 cu_ld_stream16(const void *p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
+}
+
+/* cp.async (sm_80+): 16 bytes global -> shared without a register, cached in L2
+ * only; groups complete in commit order, each thread waits for its own copies. */
+__device__ __forceinline__ void cu_cp_async16(void *smem, const void *gmem) {
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+__device__ __forceinline__ void cu_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+/* wait until at most N of this thread's committed groups are still in flight */
+template <int N>
+__device__ __forceinline__ void cu_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ uint4 cu_lds16(const void *smem) {
+    return *reinterpret_cast<const uint4 *>(smem);
+}
+
+/* The two E4M3 scales of a uint16 (low byte first) as bf16x2 pairs (s, s): exact.
+ * One cvt for both bytes, then f16 -> f32 -> bf16 (E4M3 values are exact in f16). */
+__device__ __forceinline__ void cu_scale2_bf16x2(uint16_t s, uint32_t &lo, uint32_t &hi) {
+    uint32_t h2;
+    asm("{cvt.rn.f16x2.e4m3x2 %0, %1;}\n" : "=r"(h2) : "h"(s));
+    __half2 hh = *reinterpret_cast<__half2 *>(&h2);
+    float2 f = __half22float2(hh);
+    __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    uint32_t u = *reinterpret_cast<uint32_t *>(&b);
+    lo = __byte_perm(u, 0, 0x1010);
+    hi = __byte_perm(u, 0, 0x3232);
+}
+
+/* cp.async.wait_group with a count known only after unrolling (0..7): the switch folds */
+__device__ __forceinline__ void cu_cp_async_wait_dyn(int pending) {
+    switch (pending) {
+    case 0: cu_cp_async_wait<0>(); break;
+    case 1: cu_cp_async_wait<1>(); break;
+    case 2: cu_cp_async_wait<2>(); break;
+    case 3: cu_cp_async_wait<3>(); break;
+    case 4: cu_cp_async_wait<4>(); break;
+    case 5: cu_cp_async_wait<5>(); break;
+    case 6: cu_cp_async_wait<6>(); break;
+    default: cu_cp_async_wait<7>(); break;
+    }
+}
+
+/* One 128-element K chunk of a 16-row NVFP4 tile against 8 token columns:
+ * w0 / w1 = this lane's 16 B of codes of rows g and g + 8 (32 elements each: two
+ * scale blocks, whose E4M3 scales are s0 / s1, low byte first), xv = the lane's
+ * 32 matching x values (bf16, K order) for token column g. 8 mma m16n8k16 into
+ * acc (c0, c1: row g, tokens 2t, 2t + 1; c2, c3: row g + 8). The K permutation
+ * inside the lane's slice is the same for A and B. */
+__device__ __forceinline__ void cu_w4_chunk_mma(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xv)[4],
+                                                float (&acc)[4]) {
+    uint32_t sa0, sb0, sa1, sb1;
+    cu_scale2_bf16x2(s0, sa0, sb0);
+    cu_scale2_bf16x2(s1, sa1, sb1);
+    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t a0[4], a1[4];
+        cu_e2m1x8_to_bf16x8(q0[q], a0);
+        cu_e2m1x8_to_bf16x8(q1[q], a1);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            a0[r] = cu_bf16x2_mul(a0[r], q < 2 ? sa0 : sb0);
+            a1[r] = cu_bf16x2_mul(a1[r], q < 2 ? sa1 : sb1);
+        }
+        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
+        cu_mma_bf16_16816(acc, f0, xv[q].x, xv[q].y);
+        cu_mma_bf16_16816(acc, f1, xv[q].z, xv[q].w);
+    }
 }
 
 /* cuBLASLt GEMM shared by the families of this module (fp4_gemm.cu). */

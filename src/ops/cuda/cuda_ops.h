@@ -81,6 +81,17 @@ void lsc_timer_stop(lsc_timer *t, int i);
 float lsc_timer_ms(lsc_timer *t, int i);
 void lsc_timer_free(lsc_timer *t);
 
+/* The timing hold: enqueue on the default stream a kernel that keeps the GPU busy
+ * for `us` microseconds (at most LSC_HOLD_MAX_US) by spinning on the GPU's own
+ * clock, never on the host, so a call that synchronises inside cannot deadlock
+ * it. Enqueue it, then the timed calls with their event pairs: the calls queue up
+ * behind it and run back to back, each pair measuring GPU time only.
+ * lsc_hold_over(): 1 once the last hold has finished (asked right after the timed
+ * calls were enqueued, 1 means it did not cover them all). */
+#define LSC_HOLD_MAX_US 200000.0
+int lsc_hold(double us, ls_err *e);
+int lsc_hold_over(void);
+
 /* Device-to-device copy bandwidth in GB/s (bytes read + written), `bytes` a buffer. */
 double lsc_copy_bw_gbs(size_t bytes, int reps, ls_err *e);
 

@@ -14,7 +14,10 @@
  *                        bytes). K is permuted inside each lane's 32-element
  *                        slice identically for A and B (a dot product does not
  *                        care about order). Partial sums of the KW warps meet in
- *                        shared memory; scale2 is applied once at the end.
+ *                        shared memory; scale2 is applied once at the end. At
+ *                        M = 1 a variant stages the weights through shared
+ *                        memory with cp.async instead of registers (63
+ *                        registers: twice the warps per SM), same decode.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -125,7 +128,7 @@ enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per
 /* MT: n8 token tiles per block (tokens m0 .. m0 + 8·MT). KW: warps splitting K.
  * U: chunks loaded before the first use (memory-level parallelism). */
 template <int MT, int KW, int U>
-__global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 1) fp4_w4a16_kernel(int M, int N, int K,
                                                           const bf16 *__restrict__ x,
                                                           const uint8_t *__restrict__ w,
                                                           const uint8_t *__restrict__ sc,
@@ -248,6 +251,94 @@ __global__ void __launch_bounds__(32 * KW) fp4_w4a16_kernel(int M, int N, int K,
                 }
             }
     }
+}
+
+/* The M <= 8 streaming kernel (the default at M = 1 since 2026-11-29): one
+ * 16-row tile per block, KW warps each owning PER consecutive 128-element chunks of
+ * K (K == KW * PER * 128 exactly). Every weight byte of the warp's slice is put in
+ * flight at once with cp.async into shared memory (so in-flight data holds no
+ * registers: 64 registers, 32 warps per SM instead of 16), one commit group per
+ * chunk; the warp then waits for chunk u alone, reads it back (each lane its own
+ * 16 B, no barrier), decodes it and issues its 8 mma. x is read from L2 per chunk
+ * just before that wait, its rows clamped to M - 1 (a token column >= M only
+ * feeds an output column that is never stored, so no lane is predicated off).
+ * Same fragment mapping and K permutation as fp4_w4a16_kernel. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
+    fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32];
+    __shared__ float red[KW][4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
+        cu_cp_async_commit();
+    }
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + c0 * 8 + 2 * t;
+    const uint8_t *sr1 = sr0 + (size_t)8 * (K / 16);
+    uint16_t s0[PER], s1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
+        s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
+    }
+    const int m = g < M ? g : M - 1;
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * (W4_CHUNK / 8) + v);
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        cu_w4_chunk_mma(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u], xv,
+                        acc);
+    }
+    /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
+#pragma unroll
+    for (int r = 0; r < 4; r++) red[warp][r][lane] = acc[r];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        const int el = threadIdx.x >> 5, l = threadIdx.x & 31;
+        const int mo = 2 * (l & 3) + (el & 1);
+        if (mo < M) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
+            const int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
+            const size_t o = (size_t)mo * N + n;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+template <int KW, int PER>
+static void w4a_launch(const gemm_args *a, cudaStream_t st) {
+    static int carve = 0; /* shared memory before L1, so that 4 blocks of 36 KB fit an SM */
+    if (!carve) {
+        cudaFuncSetAttribute(fp4_w4a16_async_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        carve = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_w4a16_async_kernel<KW, PER><<<w->N / 16, 32 * KW, 0, st>>>(
+        a->M, w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2, (bf16 *)a->y,
+        a->accumulate);
+}
+
+/* per = chunks per warp: 1, 2, or 4 (4 only with 8 warps: 48 KB of static shared memory) */
+template <int KW>
+static void w4a_launch_per(int per, const gemm_args *a, cudaStream_t st) {
+    if (per == 1) w4a_launch<KW, 1>(a, st);
+    else if (per == 2) w4a_launch<KW, 2>(a, st);
+    else if constexpr (KW <= 8) w4a_launch<KW, 4>(a, st);
 }
 
 /* The M <= 8 decode kernel, persistent and software-pipelined: a grid of
@@ -401,24 +492,34 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
     case 1: w4_launch<MT, 1, U>(grid, st, a); break;
     case 2: w4_launch<MT, 2, U>(grid, st, a); break;
     case 4: w4_launch<MT, 4, U>(grid, st, a); break;
+    case 16:
+        if (MT == 1 && U == 2) {
+            w4_launch<1, 16, 2>(grid, st, a);
+            break;
+        } /* fall through */
     default: w4_launch<MT, 8, U>(grid, st, a); break;
     }
 }
 
-/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_PERSIST=1
+/* Tuning knobs for bench/kernels (unset in production): LASTSTAND_W4A16_ASYNC = the
+ * largest M that takes the cp.async kernel (default 1; 0 = never), LASTSTAND_W4A16_AKW
+ * = its warps per tile (8 or 16; default by grid size); LASTSTAND_W4A16_PERSIST=1
  * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
  * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
- * splitting K (1, 2, 4, 8) and LASTSTAND_W4A16_U = chunks in flight per warp at
- * M <= 8 (4 or 8) shape the one-tile-per-block kernel. Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1;
+ * splitting K (1, 2, 4, 8; 16 with U = 2) and LASTSTAND_W4A16_U = chunks in flight per warp at
+ * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel. Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
     const char *p = getenv("LASTSTAND_W4A16_PERSIST");
+    const char *as = getenv("LASTSTAND_W4A16_ASYNC"), *akw = getenv("LASTSTAND_W4A16_AKW");
     int kv = k ? atoi(k) : 0, uv = u ? atoi(u) : 0;
     g_w4_persist = p && !strcmp(p, "1");
-    g_w4_u = uv == 4 || uv == 8 ? uv : 4;
-    g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 ? kv : 0;
+    g_w4_async = as ? atoi(as) : 1; /* the cp.async kernel up to this M (H200: M = 1 only pays) */
+    g_w4_akw = akw ? atoi(akw) : 0;
+    g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
+    g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
 
 static int w4_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
@@ -452,6 +553,30 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
      * (132 SMs on an H200), never below one chunk per warp. */
     w4_knobs();
     cudaStream_t st = (cudaStream_t)s;
+    if (mt == 1 && a->M <= g_w4_async && !g_w4_persist) {
+        /* the cp.async streaming kernel: 16 warps a tile when the tiles barely fill the
+         * GPU twice, else 8 (H200, 2026-11-29: [4096 x 4096] 9.3 vs 9.8 us, [16384 x 4096]
+         * 21.1 vs 21.8 us); 1..4 chunks per warp */
+        static int sms = 0;
+        if (!sms) {
+            int dev = 0;
+            cudaGetDevice(&dev);
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            if (sms < 1) sms = 1;
+        }
+        int kw = 0;
+        if (g_w4_akw == 8 || g_w4_akw == 16) kw = g_w4_akw;
+        else if (nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * sms) kw = 16;
+        else kw = 8;
+        int per = nchunks / kw;
+        if (nchunks % kw || per > (kw == 16 ? 2 : 4) || per == 3) kw = 0;
+        if (kw) {
+            if (kw == 16) w4a_launch_per<16>(per, a, st);
+            else w4a_launch_per<8>(per, a, st);
+            CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (cp.async)");
+            return 0;
+        }
+    }
     if (mt == 1 && g_w4_persist && nchunks <= 64) {
         int per = (nchunks + 7) / 8;
         if (per <= 1) w4p_launch<1>(a, st);
@@ -474,6 +599,7 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (mtiles > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: M=%d too large", a->M);
     dim3 grid(w->N / 16, mtiles);
     if (mt == 1 && g_w4_u == 8) w4_launch_kw<1, 8>(kw, grid, st, a);
+    else if (mt == 1 && g_w4_u == 2) w4_launch_kw<1, 2>(kw, grid, st, a);
     else if (mt == 1) w4_launch_kw<1, 4>(kw, grid, st, a);
     else if (mt == 2) w4_launch_kw<2, 4>(kw, grid, st, a);
     else w4_launch_kw<4, 4>(kw, grid, st, a);

@@ -19,7 +19,7 @@
  *                  gdn_chunked.c has the same math in plain C). A block of
  *                  8 warps per (sequence, v head) walks the sequence's chunks;
  *                  S [dk, dv] stays in registers as mma accumulators (fp32)
- *                  for the whole sequence, with a BF16 copy in shared memory
+ *                  for the whole sequence, with an FP16 copy in shared memory
  *                  as the B operand. Per chunk of L tokens, γ = in-chunk
  *                  cumulative sum of g, every exp taken of a non-positive
  *                  difference (γ_i − γ_j, j ≤ i) so nothing overflows:
@@ -29,8 +29,11 @@
  *                    V' = U − W S
  *                    O  = e^γ ⊙ (Q S) + (lower_incl(Q Kᵀ ⊙ e^{γ_i−γ_j})) V'
  *                    S  ← e^{γ_L} S + (K ⊙ e^{γ_L−γ})ᵀ V'
- *                  All matmuls are mma.sync m16n8k16 (BF16 operands, fp32
- *                  accumulation), as in fla. Rows past L are zero (k = v = q =
+ *                  All matmuls are mma.sync m16n8k16 with fp32 accumulation;
+ *                  the operands are FP16 (fla uses the model's BF16: FP16's
+ *                  three more mantissa bits bring the chunked outputs and
+ *                  states as close to the fp32 recurrence as cuda_per_token;
+ *                  GC_FP16 0 selects BF16). Rows past L are zero (k = v = q =
  *                  0, g = β = 0), which leaves S and every valid row unchanged.
  *                  When the sequences × v heads leave SMs idle (one long prompt:
  *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
@@ -47,6 +50,8 @@
  * never in steady state; nothing syncs with the host.
  */
 #include "ops/cuda/cu_util.h"
+
+#include <cuda_fp16.h>
 
 #include <pthread.h>
 #include <stddef.h>
@@ -242,17 +247,55 @@ __global__ void gc_token_kernel(int nk, int nv, int dk, int dv, int D, const int
  *   B (16×8, "col"):      b0 = B[2t..2t+1][g],  b1 = B[2t+8..2t+9][g]
  *   C (16×8, fp32):       c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1] */
 
-__device__ __forceinline__ uint32_t gc_ld32(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
-
+/* The operand type of every product of the chunk kernel: FP16 (GC_FP16 1, 10-bit mantissa, 8x
+ * finer than BF16, so the chunked form stays as close to the fp32 recurrence as the per-token
+ * kernels) or BF16 (0, as fla). FP16 is safe here because every operand is bounded: q̂, k̂ have
+ * unit norm, decays and T are O(1), and vβ, V', S scale with v (|v| far below 65504 for the
+ * conv + SiLU outputs of a normed hidden state). Accumulation is fp32 either way. */
+#ifndef GC_FP16
+#define GC_FP16 1
+#endif
+#if GC_FP16
+typedef __half gc_op;
+__device__ __forceinline__ gc_op gc_cvt(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ float gc_f(gc_op x) { return __half2float(x); }
+__device__ __forceinline__ uint32_t gc_pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+/* D = A·B + D, m16n8k16, FP16 in, fp32 accumulate (A row-major, B col-major) */
+__device__ __forceinline__ void gc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else
+typedef bf16 gc_op;
+__device__ __forceinline__ gc_op gc_cvt(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float gc_f(gc_op x) { return __bfloat162float(x); }
 __device__ __forceinline__ uint32_t gc_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
+__device__ __forceinline__ void gc_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    cu_mma_bf16_16816(d, a, b0, b1);
+}
+#endif
 
-/* A fragment of rows r0.., cols k0.. of a row-major [*, ld] BF16 matrix. */
-__device__ __forceinline__ void gc_lda(uint32_t a[4], const bf16 *M, int ld, int r0, int k0) {
+/* Two outputs as BF16x2 (the op's output dtype). */
+__device__ __forceinline__ uint32_t gc_pack_out(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t gc_ld32(const gc_op *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/* A fragment of rows r0.., cols k0.. of a row-major [*, ld] gc_op matrix. */
+__device__ __forceinline__ void gc_lda(uint32_t a[4], const gc_op *M, int ld, int r0, int k0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = M + (r0 + g) * ld + k0 + 2 * t;
+    const gc_op *p = M + (r0 + g) * ld + k0 + 2 * t;
     a[0] = gc_ld32(p);
     a[1] = gc_ld32(p + 8 * ld);
     a[2] = gc_ld32(p + 8);
@@ -261,9 +304,9 @@ __device__ __forceinline__ void gc_lda(uint32_t a[4], const bf16 *M, int ld, int
 
 /* A fragment of Mᵀ: A[m][k] = M[k][m] for M row-major [*, ld] (k rows k0.., m cols m0..),
  * ldmatrix.x4.trans: lane l addresses matrix mi = l/8 row l%8 at M[k0 + (mi>>1)·8 + l%8][m0 + (mi&1)·8]. */
-__device__ __forceinline__ void gc_lda_t(uint32_t a[4], const bf16 *M, int ld, int k0, int m0) {
+__device__ __forceinline__ void gc_lda_t(uint32_t a[4], const gc_op *M, int ld, int k0, int m0) {
     const int lane = threadIdx.x & 31, mi = lane >> 3;
-    const bf16 *p = M + (k0 + (mi >> 1) * 8 + (lane & 7)) * ld + m0 + (mi & 1) * 8;
+    const gc_op *p = M + (k0 + (mi >> 1) * 8 + (lane & 7)) * ld + m0 + (mi & 1) * 8;
     uint32_t ad = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -272,32 +315,32 @@ __device__ __forceinline__ void gc_lda_t(uint32_t a[4], const bf16 *M, int ld, i
 
 /* B fragment (k0.., n0..) of B = M for M row-major [k][n] (n contiguous): ldmatrix.x2.trans,
  * lanes 0..15 address M[k0 + (l/8)·8 + l%8][n0]. */
-__device__ __forceinline__ void gc_ldb_kn(uint32_t &b0, uint32_t &b1, const bf16 *M, int ld, int k0, int n0) {
+__device__ __forceinline__ void gc_ldb_kn(uint32_t &b0, uint32_t &b1, const gc_op *M, int ld, int k0, int n0) {
     const int lane = threadIdx.x & 15;
-    const bf16 *p = M + (k0 + lane) * ld + n0;
+    const gc_op *p = M + (k0 + lane) * ld + n0;
     uint32_t ad = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(ad));
 }
 
 /* B fragment (k0.., n0..) of B = Mᵀ for M row-major [n][k] (k contiguous). */
-__device__ __forceinline__ void gc_ldb_nk(uint32_t &b0, uint32_t &b1, const bf16 *M, int ld, int k0, int n0) {
+__device__ __forceinline__ void gc_ldb_nk(uint32_t &b0, uint32_t &b1, const gc_op *M, int ld, int k0, int n0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bf16 *p = M + (n0 + g) * ld + k0 + 2 * t;
+    const gc_op *p = M + (n0 + g) * ld + k0 + 2 * t;
     b0 = gc_ld32(p);
     b1 = gc_ld32(p + 8);
 }
 
-/* Store a C fragment (rows r0.., cols c0..) as BF16 into row-major [*, ld], times f. */
-__device__ __forceinline__ void gc_stc(bf16 *M, int ld, int r0, int c0, const float c[4], float f) {
+/* Store a C fragment (rows r0.., cols c0..) as gc_op into row-major [*, ld], times f. */
+__device__ __forceinline__ void gc_stc(gc_op *M, int ld, int r0, int c0, const float c[4], float f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    bf16 *p = M + (r0 + g) * ld + c0 + 2 * t;
+    gc_op *p = M + (r0 + g) * ld + c0 + 2 * t;
     *reinterpret_cast<uint32_t *>(p) = gc_pack(c[0] * f, c[1] * f);
     *reinterpret_cast<uint32_t *>(p + 8 * ld) = gc_pack(c[2] * f, c[3] * f);
 }
 
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
-/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): BF16 tiles Qs, Ks, KBs, Ws [64][DK+8],
+/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): gc_op tiles Qs, Ks, KBs, Ws [64][DK+8],
  * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
  * Ys [3][16][16]. */
 template <int DK, int DV>
@@ -326,9 +369,9 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
     static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
     extern __shared__ __align__(16) unsigned char gc_smem[];
-    bf16 *Qs = reinterpret_cast<bf16 *>(gc_smem);
-    bf16 *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
-    bf16 *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
+    gc_op *Qs = reinterpret_cast<gc_op *>(gc_smem);
+    gc_op *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
+    gc_op *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
     float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
 
@@ -398,11 +441,11 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
 #pragma unroll
                 for (int e = 0; e < DK / 32; e++) {
-                    Qs[i * LK + lane + 32 * e] = __float2bfloat16_rn(qv[r][e] * rq);
-                    Ks[i * LK + lane + 32 * e] = __float2bfloat16_rn(kv[r][e] * rk);
+                    Qs[i * LK + lane + 32 * e] = gc_cvt(qv[r][e] * rq);
+                    Ks[i * LK + lane + 32 * e] = gc_cvt(kv[r][e] * rk);
                 }
 #pragma unroll
-                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = __float2bfloat16_rn(vv[r][e] * bi[r]);
+                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = gc_cvt(vv[r][e] * bi[r]);
                 if (lane == 0) {
                     gin[i] = gi[r];
                     bet[i] = bi[r];
@@ -426,7 +469,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         /* (c) KBs = β k̂ e^γ; A = strict_lower(β_i k̂_i·k̂_j e^{γ_i−γ_j}) (fp32); P = lower_incl(q̂_i·k̂_j e^{γ_i−γ_j}) */
         for (int x = tid; x < C * DK; x += GC_THREADS) {
             const int i = x / DK, d = x % DK;
-            KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
         }
         if (live) {
             float kk[4][4], qk[4][4];
@@ -443,8 +486,8 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 for (int n = 0; n < 4; n++) {
                     uint32_t b0, b1;
                     gc_ldb_nk(b0, b1, Ks, LK, 16 * ks, 32 * half + 8 * n);
-                    cu_mma_bf16_16816(kk[n], ak, b0, b1);
-                    cu_mma_bf16_16816(qk[n], aq, b0, b1);
+                    gc_mma(kk[n], ak, b0, b1);
+                    gc_mma(qk[n], aq, b0, b1);
                 }
             }
 #pragma unroll
@@ -514,7 +557,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             }
             for (int x = tid; x < C * C; x += GC_THREADS) {
                 const int i = x / C, cc = x % C;
-                Tb[i * LT + cc] = __float2bfloat16_rn(Xf[i * LF + cc]);
+                Tb[i * LT + cc] = gc_cvt(Xf[i * LF + cc]);
             }
         }
         __syncthreads();
@@ -533,13 +576,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
                     gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
-                    cu_mma_bf16_16816(u[n], a, b0, b1);
+                    gc_mma(u[n], a, b0, b1);
                 }
 #pragma unroll
                 for (int n = 0; n < WNT; n++) {
                     uint32_t b0, b1;
                     gc_ldb_kn(b0, b1, KBs, LK, 16 * ks, half * (DK / 2) + 8 * n);
-                    cu_mma_bf16_16816(wk[n], a, b0, b1);
+                    gc_mma(wk[n], a, b0, b1);
                 }
             }
 #pragma unroll
@@ -550,7 +593,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         const float gL = gam[C - 1];
         for (int x = tid; x < C * DK; x += GC_THREADS) {
             const int i = x / DK, d = x % DK;
-            KBs[i * LK + d] = __float2bfloat16_rn(__bfloat162float(Ks[i * LK + d]) * __expf(gL - gam[i]));
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * __expf(gL - gam[i]));
         }
         /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read); padding rows: 0 */
 #pragma unroll
@@ -562,7 +605,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int n = 0; n < UNT; n++) {
                 uint32_t b0, b1;
                 gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
-                cu_mma_bf16_16816(u[n], a, b0, b1);
+                gc_mma(u[n], a, b0, b1);
             }
         }
 #pragma unroll
@@ -581,7 +624,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
                     gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
-                    cu_mma_bf16_16816(o[n], a, b0, b1);
+                    gc_mma(o[n], a, b0, b1);
                 }
             }
             const float eA = __expf(gam[rt + g]), eB = __expf(gam[rt + g + 8]);
@@ -597,7 +640,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
                     gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
-                    cu_mma_bf16_16816(o[n], a, b0, b1);
+                    gc_mma(o[n], a, b0, b1);
                 }
             }
 #pragma unroll
@@ -607,7 +650,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + half * (DVB / 2) + 2 * t;
 #pragma unroll
                 for (int n = 0; n < UNT; n++)
-                    *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack(o[n][2 * hh], o[n][2 * hh + 1]);
+                    *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack_out(o[n][2 * hh], o[n][2 * hh + 1]);
             }
         }
         /* (h) S ← e^{γ_L} S + K'ᵀ V'  (A = K'ᵀ [DK × 64] through ldmatrix.trans, B = V' [64 × DVB]) */
@@ -624,7 +667,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 for (int n = 0; n < SNT; n++) {
                     uint32_t b0, b1;
                     gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, sc0 + 8 * n);
-                    cu_mma_bf16_16816(S[n], a, b0, b1);
+                    gc_mma(S[n], a, b0, b1);
                 }
             }
         }

@@ -4,19 +4,25 @@
  * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 or BF16.
  *
  * Backends, two different algorithms:
- *   cuda_fused_decode  M <= 8, NVFP4 experts, 3 launches, no host round trip:
- *                      (1) router GEMV (warp per expert row, every token) whose
- *                      last block to finish (atomic ticket) does softmax, top-k
- *                      and the shared gate, a warp per token; (2) gate+up: a
- *                      block per (token, chosen expert or shared, 16 rows), the
- *                      NVFP4 rows decoded in registers into mma.sync m16n8k16 (the
- *                      token in column 0), SiLU·up stored fp32; (3) down: a block
- *                      per (token, 16 output rows) sums every chosen expert and
- *                      the shared one, the combine weight · scale2 folded into
- *                      the B operand. The expert pointer tables (30 KB for
- *                      E = 512) live in device memory, cached per layer and
- *                      uploaded only when they change (passing them as 20 KB
- *                      kernel parameters cost ~20 us per call on the H200).
+ *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip:
+ *                      (1) router GEMV (warp per expert row, every token, x in
+ *                      shared memory; one more warp for the shared gate's
+ *                      logit); (2) softmax, top-k (two redux.sync per pick) and
+ *                      the shared gate, a warp per token; (3) gate+up: a block
+ *                      per (token, chosen expert or shared, 16 rows), the NVFP4
+ *                      rows decoded in registers into mma.sync m16n8k16, then
+ *                      SiLU·up; (4) down: a block per (token, 16 output rows)
+ *                      sums every chosen expert and the shared one with the
+ *                      combine weight · scale2 folded in. Two kernel pairs for
+ *                      (3)+(4): at M = 1 the register-staged one (weights in
+ *                      registers, h in fp32, token in column 0), at M >= 2 the
+ *                      cp.async one (fp4_gemm's streaming pipeline; h in BF16
+ *                      with the combine weight applied) — each the faster on
+ *                      the H200 at those M (bench/RESULTS.md). The expert
+ *                      pointer tables (30 KB for E = 512) live in device
+ *                      memory, cached per layer and uploaded only when they
+ *                      change (passing them as 20 KB kernel parameters cost
+ *                      ~20 us per call on the H200).
  *   cuda_expert_loop   any M: router through cuBLASLt (fp32 logits), top-k
  *                      kernel, one device->host copy of the choices, tokens
  *                      sorted by expert and gathered, then per expert the
@@ -37,7 +43,7 @@ enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8, MOE_MAX_DEV = 16 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_TICKET, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
        WS_US, WS_S, WS_N };
 
 typedef struct fused_tables fused_tables;
@@ -170,102 +176,67 @@ __device__ __forceinline__ float dot_bf16_row(const bf16 *a, const bf16 *b, int 
     return warp_sum(s);
 }
 
-/* Softmax over logits[E], top-k (largest logit first, ties to the lower index),
- * renormalised if norm; the shared gate sigmoid(sgl) or sigmoid(x·wsg) (1
- * without a gate, 0 without a shared expert) into wts[k]. One warp. */
-__device__ void warp_topk(const float *logits, int E, int k, int norm, const float *sgl, const bf16 *x,
-                          const bf16 *wsg, int H, int has_shared, int32_t *idx, float *wts) {
-    const int lane = threadIdx.x & 31;
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        int ex = lane + 32 * i;
-        v[i] = ex < E ? __ldcg(logits + ex) : -INFINITY; /* written by other blocks: skip L1 */
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 32; i++) mx = fmaxf(mx, v[i]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) sum += lane + 32 * i < E ? __expf(v[i] - mx) : 0.f;
-    sum = warp_sum(sum);
-    float psum = 0.f, pj[MOE_MAXK];
-    int ij[MOE_MAXK];
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
-                bv = v[i];
-                bi = lane + 32 * i;
-            }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (lane + 32 * i == bi) v[i] = -INFINITY;
-        ij[j] = bi;
-        pj[j] = __expf(bv - mx) / sum;
-        psum += pj[j];
-    }
-    float sg = has_shared ? 1.f : 0.f;
-    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl)));
-    else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x, wsg, H, lane)));
-    if (lane == 0) {
-        for (int j = 0; j < k; j++) {
-            idx[j] = ij[j];
-            wts[j] = norm ? pj[j] / psum : pj[j];
-        }
-        wts[k] = sg;
-    }
+/* fp32 <-> an unsigned key with the same order (for redux.sync max / min) */
+__device__ __forceinline__ unsigned f2key(float f) {
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-
+__device__ __forceinline__ float key2f(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
-/* Launch 1: logits [M, E] = x·Wrᵀ (warp per expert row; one more warp computes
- * the shared-expert gate's logit x·wsg into sgl [M]), then the last block does
- * top-k for every token (warp per token). */
-__global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int E, int k, int norm,
-                                                              const bf16 *__restrict__ x,
-                                                              const bf16 *__restrict__ wr,
-                                                              const bf16 *__restrict__ wsg, int has_shared,
-                                                              float *logits, float *sgl, int32_t *idx,
-                                                              float *wts, unsigned *ticket) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ex = blockIdx.x * 4 + warp;
-    if (ex < E || (ex == E && wsg)) {
+/* Launch 1: logits [M, E] = x·Wrᵀ. A block of 16 warps takes 4 expert rows, 4
+ * warps a row, each a quarter of H with all its 16-byte loads in flight before
+ * the first use (x staged once per block in shared memory: M·H bf16, dynamic);
+ * the quarters meet in shared memory. Row E, when there is a shared-expert gate,
+ * is its logit x·wsg into sgl [M]. (One warp per whole row until 2026-11-29: 6.3
+ * us on the H200 for E = 512, H = 4096, every warp a long serial FMA chain.) */
+enum { ROUTER_RPB = 4, ROUTER_Q = 4, ROUTER_LD = 8 };
+__global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kernel(int M, int H, int E,
+                                                                            const bf16 *__restrict__ x,
+                                                                            const bf16 *__restrict__ wr,
+                                                                            const bf16 *__restrict__ wsg,
+                                                                            float *logits, float *sgl) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
+    const int ex = blockIdx.x * ROUTER_RPB + r;
+    const bool active = ex < E || (ex == E && wsg);
+    const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
+    const int hq = H / ROUTER_Q, kb = q * hq, ke = kb + hq;
+    uint4 vw[ROUTER_LD];
+    if (active) {
+#pragma unroll
+        for (int c = 0; c < ROUTER_LD; c++)
+            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
+    }
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    if (active) {
         float acc[FUSED_MAXM];
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
-        /* 8 loads of 16 B in flight per lane before the first use */
-        for (int k0 = lane * 8; k0 < H; k0 += 256 * 8) {
-            uint4 vw[8];
+        for (int k0 = kb + lane * 8; k0 < ke; k0 += 256 * ROUTER_LD) {
+            if (k0 != kb + lane * 8) {
 #pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+                for (int c = 0; c < ROUTER_LD; c++)
+                    if (k0 + 256 * c < ke) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+            }
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < ROUTER_LD; c++) {
                 const int kk = k0 + 256 * c;
-                if (kk >= H) break;
+                if (kk >= ke) break;
                 const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
 #pragma unroll
                 for (int m = 0; m < FUSED_MAXM; m++) {
                     if (m >= M) break;
-                    uint4 vx = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)m * H + kk));
+                    const uint4 vx = xs4[((size_t)m * H + kk) / 8];
                     const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        float2 a = bf2_to_f2(ww[q]), b = bf2_to_f2(xx[q]);
+                    for (int u = 0; u < 4; u++) {
+                        float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
                         acc[m] = fmaf(a.x, b.x, acc[m]);
                         acc[m] = fmaf(a.y, b.y, acc[m]);
                     }
@@ -275,24 +246,121 @@ __global__ void __launch_bounds__(128) moe_router_topk_kernel(int M, int H, int 
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) {
             if (m >= M) break;
-            float s = warp_sum(acc[m]);
-            if (lane == 0) {
-                if (ex < E) logits[m * E + ex] = s;
-                else sgl[m] = s;
-            }
+            const float sum = warp_sum(acc[m]);
+            if (lane == 0) part[r][q][m] = sum;
         }
     }
-    __threadfence();
     __syncthreads();
-    __shared__ unsigned last;
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    if (threadIdx.x < ROUTER_RPB * FUSED_MAXM) {
+        const int r2 = threadIdx.x / FUSED_MAXM, m = threadIdx.x % FUSED_MAXM;
+        const int ex2 = blockIdx.x * ROUTER_RPB + r2;
+        if (m < M && (ex2 < E || (ex2 == E && wsg))) {
+            float v = 0.f;
+#pragma unroll
+            for (int qq = 0; qq < ROUTER_Q; qq++) v += part[r2][qq][m];
+            if (ex2 < E) logits[(size_t)m * E + ex2] = v;
+            else sgl[m] = v;
+        }
+    }
+}
+
+/* Launch 1b: softmax, top-k and the shared gate, a block of TOPK_W warps per
+ * token (E <= 64·TOPK_W). Phase 1: warp w takes experts 64w .. 64w + 63 (two per
+ * lane) and picks its own top-k, k rounds of two redux.sync (largest
+ * order-preserving key, then the lowest index holding it). Phase 2: warp 0 picks
+ * the top-k of those TOPK_W·k candidates the same way. The global top-k under
+ * (logit desc, index asc) is inside the union of the warps' top-k. Until
+ * 2026-11-29 one warp did all of it: 9 us of dependent instructions on one SM
+ * (Nsight Compute, H200, E = 512, k = 10), now a few hundred per warp. */
+enum { TOPK_W = 16 };
+__global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
+                                                                    const bf16 *__restrict__ x,
+                                                                    const bf16 *__restrict__ wsg, int has_shared,
+                                                                    const float *__restrict__ logits,
+                                                                    const float *__restrict__ sgl, int32_t *idx,
+                                                                    float *wts) {
+    __shared__ unsigned ck[TOPK_W][MOE_MAXK];
+    __shared__ int ci[TOPK_W][MOE_MAXK];
+    __shared__ float rmax[TOPK_W], rsum[TOPK_W];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
+    const float *L = logits + (size_t)m * E;
+    const int e0 = warp * 64 + lane, e1 = e0 + 32;
+    const float a = e0 < E ? L[e0] : -INFINITY, b = e1 < E ? L[e1] : -INFINITY;
+    /* softmax denominator over all E */
+    float mx = warp_max(fmaxf(a, b));
+    if (lane == 0) rmax[warp] = mx;
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int m = warp; m < M; m += 4)
-        warp_topk(logits + m * E, E, k, norm, wsg ? sgl + m : NULL, x + (size_t)m * H, wsg, H, has_shared,
-                  idx + m * k, wts + m * (k + 1));
-    if (threadIdx.x == 0) *ticket = 0;
+    mx = rmax[0];
+#pragma unroll
+    for (int w = 1; w < TOPK_W; w++) mx = fmaxf(mx, rmax[w]);
+    float sm = warp_sum((e0 < E ? __expf(a - mx) : 0.f) + (e1 < E ? __expf(b - mx) : 0.f));
+    if (lane == 0) rsum[warp] = sm;
+    /* phase 1: this warp's top-k of its 64 */
+    const unsigned ka = e0 < E ? f2key(a) : 0u, kb = e1 < E ? f2key(b) : 0u;
+    bool ta = false, tb = false;
+    for (int j = 0; j < k; j++) {
+        /* this lane's best untaken: a (lower index) unless b is strictly larger */
+        const unsigned ua = ta ? 0u : ka, ub = tb ? 0u : kb;
+        const unsigned kl = ub > ua ? ub : ua;
+        const unsigned il = ub > ua ? (unsigned)e1 : (unsigned)e0;
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
+        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? il : 0xffffffffu);
+        if (win == (unsigned)e0) ta = true;
+        if (win == (unsigned)e1) tb = true;
+        if (lane == 0) {
+            ck[warp][j] = kmax;
+            ci[warp][j] = (int)win;
+        }
+    }
+    __syncthreads();
+    if (warp) return;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < TOPK_W; w++) sum += rsum[w];
+    /* phase 2: candidates c = lane + 32 r, r < 8 (TOPK_W·MOE_MAXK = 256), 0 = empty */
+    unsigned ck8[8];
+    int ci8[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        const int c = lane + 32 * r, w = c / MOE_MAXK, j = c % MOE_MAXK;
+        const bool ok = j < k && w * 64 < E;
+        ck8[r] = ok ? ck[w][j] : 0u;
+        ci8[r] = ok ? ci[w][j] : 0x7fffffff;
+    }
+    unsigned taken = 0;
+    float psum = 0.f, myp = 0.f;
+    int myi = 0;
+    for (int j = 0; j < k; j++) {
+        unsigned kl = 0u;
+        int il = 0x7fffffff;
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const unsigned kr = (taken >> r) & 1 ? 0u : ck8[r];
+            if (kr > kl || (kr == kl && kr && ci8[r] < il)) {
+                kl = kr;
+                il = ci8[r];
+            }
+        }
+        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
+        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? (unsigned)il : 0xffffffffu);
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if (ci8[r] == (int)win && ck8[r] == kmax) taken |= 1u << r;
+        const float p = __expf(key2f(kmax) - mx) / sum;
+        psum += p;
+        if (lane == j) {
+            myi = (int)win;
+            myp = p;
+        }
+    }
+    float sg = has_shared ? 1.f : 0.f;
+    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl + m)));
+    else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x + (size_t)m * H, wsg, H, lane)));
+    if (lane < k) {
+        idx[(size_t)m * k + lane] = myi;
+        wts[(size_t)m * (k + 1) + lane] = norm ? myp / psum : myp;
+    }
+    if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
 }
 
 typedef struct gu_params {
@@ -509,6 +577,190 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     }
 }
 
+/* ---- the streaming pair (default): same load pipeline as fp4_gemm's cp.async kernel ---- */
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j), KW warps each owning PER
+ * consecutive 128-element chunks of H (H == KW·PER·128): all gate and up bytes of
+ * the warp's slice go in flight at once with cp.async (4 x 16 B per lane per
+ * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
+ * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
+ * the slot's combine weight (or shared gate) times the down projection's scale2,
+ * so the down kernel reads h as its ready B operand. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, 32 / KW)
+    moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
+                       int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+    extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
+    __shared__ float red[KW][2][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int s = blockIdx.y, m = s / (k + 1), j = s % (k + 1);
+    const int n0 = blockIdx.x * 16;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef;
+    int rows;
+    if (j < k) {
+        const int ex = idx[m * k + j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        coef = D->d2[ex];
+        rows = I;
+    } else {
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        coef = D->sd2;
+        rows = Is;
+    }
+    if (n0 >= rows) return;
+    const int c0 = warp * PER;
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+    uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(my + (u * 4 + 0) * 32, gw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 1) * 32, gw + rb + r8 + u * 64);
+        cu_cp_async16(my + (u * 4 + 2) * 32, uw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 3) * 32, uw + rb + r8 + u * 64);
+        cu_cp_async_commit();
+    }
+    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        sg0[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + u * 8));
+        sg1[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + u * 8));
+        su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
+        su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
+    }
+    coef *= wts[m * (k + 1) + j];
+    /* every token column is token m: no lane predicated off, column 0 is read */
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+    }
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+    }
+}
+
+/* Launch 3: block (16 output rows, token m): y = Σ_j down_j(h_j) over the
+ * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
+ * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
+ * in order (h rows from L2 as the B operand). The experts' down weights are
+ * looked up once per block into shared memory. */
+template <int KW, int PMAX>
+__global__ void __launch_bounds__(32 * KW, 2)
+    moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
+                     const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
+                     bf16 *__restrict__ y) {
+    extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
+    __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    if (threadIdx.x < k) {
+        const int ex = idx[m * k + threadIdx.x];
+        sw[threadIdx.x] = P->dw[ex];
+        ss[threadIdx.x] = P->ds[ex];
+    } else if (threadIdx.x == k) {
+        sw[k] = P->sdw;
+        ss[k] = P->sds;
+    }
+    __syncthreads();
+    const int cpe = I / 128, cps = Is / 128, npairs = k * cpe + cps;
+    uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int base = warp; base < npairs; base += KW * PMAX) {
+        uint16_t s0[PMAX], s1[PMAX];
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (u * 2 + 0) * 32, sw[j] + rb);
+                cu_cp_async16(my + (u * 2 + 1) * 32, sw[j] + rb + (size_t)8 * (K / 2));
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
+            }
+            cu_cp_async_commit();
+        }
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p >= npairs) break;
+            const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+            const uint4 *hp = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 32 * t);
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
+            cu_cp_async_wait_dyn(PMAX - 1 - u);
+            cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+        }
+    }
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
+enum { DOWN_KW = 16, DOWN_PMAX = 6 };
+
+/* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
+ * the default 48 KB (remembered per kernel: the largest so far). */
+template <auto K>
+static cudaError_t fused_smem(size_t bytes) {
+    static size_t have = 0;
+    if (!have) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
+        cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        have = 48 << 10;
+    }
+    if (bytes <= have) return cudaSuccess;
+    cudaError_t c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (c == cudaSuccess) have = bytes;
+    return c;
+}
+
+template <int KW, int PER>
+static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
+                                  int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
+                                  void *h, int ldh) {
+    cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
+    if (c != cudaSuccess) return c;
+    moe_gateup2_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
+                                                            (bf16 *)h, ldh);
+    return cudaGetLastError();
+}
+
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
     if (!moe_common_supported(d, s, why, n)) return 0;
     if (s->M > FUSED_MAXM) {
@@ -597,28 +849,67 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, e);
     int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, e);
     float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), e);
-    unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, e);
     float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, e);
-    if (!logits || !idx || !wts || !ticket || !hws) {
+    if (!logits || !idx || !wts || !hws) {
         pthread_mutex_unlock(&ws->mu);
         return e->code ? e->code : ERR_NOMEM;
     }
     cudaStream_t st = (cudaStream_t)s;
-    moe_router_topk_kernel<<<(E + 1 + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                        (const bf16 *)w->router.data,
-                                                        w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL,
-                                                        Is > 0, logits, logits + FUSED_MAXM * MOE_MAXE, idx, wts,
-                                                        ticket);
-    cudaError_t c = cudaGetLastError();
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
+    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
+    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     if (c == cudaSuccess) {
-        dim3 g2d(ldh / 16, M * (k + 1));
-        moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
+        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
+            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
         c = cudaGetLastError();
     }
     if (c == cudaSuccess) {
-        dim3 g3d(H / 16, M);
-        moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
+        moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
+                                                        logits, wsg ? sgl : NULL, idx, wts);
         c = cudaGetLastError();
+    }
+    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
+    const int nch = H / 128;
+    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
+     * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
+     * = 1 or 2 forces one (benchmarks only) */
+    static int force = -1;
+    if (force < 0) {
+        const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
+        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2")) ? atoi(ev) : 0;
+    }
+    const int v2 = force ? force == 2 : M >= 2;
+    if (c == cudaSuccess && gkw && v2) {
+        dim3 g2d(ldh / 16, M * (k + 1));
+        const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 8) c = gateup2_launch<8, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 16) c = gateup2_launch<8, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else c = gateup2_launch<8, 4>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        if (c == cudaSuccess) c = cudaGetLastError();
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+        if (c == cudaSuccess) {
+            dim3 g3d(H / 16, M);
+            moe_down2_kernel<DOWN_KW, DOWN_PMAX><<<g3d, 32 * DOWN_KW, dsm, st>>>(ddp, H, I, Is, k, idx,
+                                                                               (const bf16 *)hws, ldh,
+                                                                               (bf16 *)a->y);
+            c = cudaGetLastError();
+        }
+    } else {
+        if (c == cudaSuccess) {
+            dim3 g2d(ldh / 16, M * (k + 1));
+            moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
+            c = cudaGetLastError();
+        }
+        if (c == cudaSuccess) {
+            dim3 g3d(H / 16, M);
+            moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
+            c = cudaGetLastError();
+        }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
         /* optional outputs: device copies of the choices */
@@ -639,13 +930,6 @@ const moe_impl moe_cuda_fused_decode = {"cuda_fused_decode", DEV_CUDA, 0, fused_
 
 /* ---- cuda_expert_loop ------------------------------------------------------------- */
 
-__global__ void moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
-                                const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits,
-                                int32_t *idx, float *wts) {
-    int m = blockIdx.x;
-    warp_topk(logits + (size_t)m * E, E, k, norm, NULL, x + (size_t)m * H, wsg, H, has_shared, idx + (size_t)m * k,
-              wts + (size_t)m * (k + 1));
-}
 
 /* xs[i] = x[perm[i]], rows of H bf16 */
 __global__ void moe_gather_kernel(int n, int H, const bf16 *__restrict__ x, const int32_t *__restrict__ perm,
@@ -722,9 +1006,9 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
     if (rc) return err_prefix(e, "cuda_expert_loop router");
-    moe_topk_kernel<<<M, 32, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                      w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0, logits,
-                                      idx, wts);
+    moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                               w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0,
+                                               logits, NULL, idx, wts);
     CU_LAUNCHED(e, "cuda_expert_loop top-k");
     /* the shared expert does not depend on the routing: queue it before the host waits */
     if (Is) {

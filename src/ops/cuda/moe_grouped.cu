@@ -826,4 +826,7 @@ static int mg_run(const moe_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
+/* graph_safe: no host round trip, no synchronisation; the workspace and the expert tables are
+ * made by the warm-up (rehearsal) call at the captured M, after which a call only launches
+ * kernels (the router through cuBLASLt, itself capture-safe) */
 const moe_impl moe_cuda_grouped_gemm = {"cuda_grouped_gemm", DEV_CUDA, 0, mg_supported, mg_run, 1};

@@ -1,6 +1,7 @@
 /* runtime.cu: registration of the CUDA backends into the ops registries, and
  * the small runtime surface (device query, memory, sync, events, copy
- * bandwidth) that the doctor and bench/kernels use through cuda_ops.h.
+ * bandwidth, the timing hold) that the doctor and bench/kernels use through
+ * cuda_ops.h.
  *
  * Registration order is preference order for "auto" before the doctor has
  * measured anything: the fast paths first, the reference kernel last, the
@@ -151,6 +152,38 @@ extern "C" void lsc_timer_free(lsc_timer *t) {
         if (t->ev[i]) cudaEventDestroy(t->ev[i]);
     free(t->ev);
     free(t);
+}
+
+/* ---- the timing hold -------------------------------------------------------------
+ * One thread spins on the global nanosecond timer for `ns`, bounded (it never
+ * waits on anything the host does, so a backend that synchronises inside its
+ * call only delays itself: the hold ends on its own). Enqueued before a timed
+ * loop, it keeps the GPU busy while the host enqueues every timed call, so the
+ * calls then run back to back as they would in a CUDA graph, and each event pair
+ * measures GPU time, not the host's launch latency. */
+__global__ void lsc_hold_kernel(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+static cudaEvent_t g_hold_ev;
+
+extern "C" int lsc_hold(double us, ls_err *e) {
+    if (us < 0) us = 0;
+    if (us > LSC_HOLD_MAX_US) us = LSC_HOLD_MAX_US;
+    if (!g_hold_ev) CU_TRY(e, cudaEventCreateWithFlags(&g_hold_ev, cudaEventDisableTiming), "cudaEventCreate");
+    lsc_hold_kernel<<<1, 1, 0, 0>>>((unsigned long long)(us * 1e3));
+    CU_LAUNCHED(e, "timing hold kernel");
+    CU_TRY(e, cudaEventRecord(g_hold_ev, 0), "cudaEventRecord (hold)");
+    return 0;
+}
+
+extern "C" int lsc_hold_over(void) {
+    return g_hold_ev && cudaEventQuery(g_hold_ev) == cudaSuccess;
 }
 
 static int cmp_float(const void *a, const void *b) {

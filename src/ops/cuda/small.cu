@@ -1,8 +1,9 @@
 /* small.cu: the small ops on CUDA ("cuda"): RMSNorm (plain w·x̂ and
  * zero-centred (1+w)·x̂), gated RMSNorm (w·x̂·silu(z)), NeoX RoPE on the first
- * rot_dim dims of each head, embedding lookup, SiLU-mul, residual add, the
- * residual add fused with the next RMSNorm over the fp32 residual stream, the
- * KV-page writes and the logits row gather. Activations BF16, math fp32,
+ * rot_dim dims of each head (alone, or fused after the q/k head RMSNorm with
+ * one rounding), embedding lookup, SiLU-mul, residual add, the residual add
+ * fused with the next RMSNorm over the fp32 residual stream, the KV-page
+ * writes and the logits row gather. Activations BF16, math fp32,
  * 1-D weights and add_rmsnorm's residual stream fp32; the same formulas as
  * ref_small.c (inverse frequencies theta^(-2i/rot_dim) computed in double and
  * rounded to fp32, as transformers).
@@ -144,6 +145,49 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
     return launched();
 }
 
+/* q/k head norm + RoPE: one block per (token, head) row, the normed row in shared
+ * memory (fp32) so each rotated pair reads both halves; written to BF16 once. */
+__global__ void sm_qk_norm_rope_kernel(int n_heads, int head_dim, const float *__restrict__ w, int zc, float eps,
+                                       int rot_dim, const int32_t *__restrict__ pos, double theta, bf16 *x) {
+    extern __shared__ float row[];
+    const size_t r = blockIdx.x;
+    bf16 *xr = x + r * head_dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float v = __bfloat162float(xr[i]);
+        row[i] = v;
+        ss += v * v;
+    }
+    const float s = rsqrtf(sm_block_sum(ss) / head_dim + eps); /* its barriers order row[] too */
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float xh = row[i] * s;
+        row[i] = zc ? xh * (1.0f + w[i]) : w[i] * xh;
+    }
+    __syncthreads();
+    const int half = rot_dim / 2;
+    const float p = (float)pos[r / n_heads];
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float o = row[i];
+        if (i < rot_dim) {
+            const int j = i < half ? i : i - half;
+            const float inv = (float)(1.0 / pow(theta, (double)(2 * j) / rot_dim));
+            const float ang = p * inv, c = cosf(ang), sn = sinf(ang);
+            o = i < half ? row[i] * c - row[i + half] * sn : row[i] * c + row[i - half] * sn;
+        }
+        xr[i] = __float2bfloat16(o);
+    }
+}
+
+static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const float *w, rms_kind kind, float eps,
+                          int rot_dim, const int32_t *pos, double theta, act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
+    if (n_tok <= 0 || n_heads <= 0) return 0;
+    if (rot_dim < 2) rot_dim = 0;
+    sm_qk_norm_rope_kernel<<<n_tok * n_heads, threads_for(head_dim), sizeof(float) * head_dim, (cudaStream_t)s>>>(
+        n_heads, head_dim, w, kind == RMS_ZC, eps, rot_dim, pos, theta, (bf16 *)x);
+    return launched();
+}
+
 /* ---- embedding, elementwise --------------------------------------------------- */
 
 /* kind: 0 F32, 1 BF16, 2 F16 table; ids validated by the caller. */
@@ -259,4 +303,4 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
 
 extern "C" const small_ops small_cuda = {
     "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1};
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope};

@@ -227,10 +227,12 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
         mB = nB;
         lA *= cA;
         lB *= cB;
+        if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) { /* skipped once no row's max moves */
 #pragma unroll
-        for (int n = 0; n < OT; n++) {
-            o[n][0] *= cA; o[n][1] *= cA;
-            o[n][2] *= cB; o[n][3] *= cB;
+            for (int n = 0; n < OT; n++) {
+                o[n][0] *= cA; o[n][1] *= cA;
+                o[n][2] *= cB; o[n][3] *= cB;
+            }
         }
 #pragma unroll
         for (int n = 0; n < NT; n++) {

@@ -338,16 +338,119 @@ __device__ __forceinline__ void gc_stc(gc_op *M, int ld, int r0, int c0, const f
     *reinterpret_cast<uint32_t *>(p + 8 * ld) = gc_pack(c[2] * f, c[3] * f);
 }
 
+/* ---- cuda_chunked: preparation -------------------------------------------------- */
+
+/* (1, chunked) grid (ceil(D / 128), n_seq, nz), 128 threads, the conv of gc_conv_kernel finished
+ * into the chunk kernel's operands: x16 [n_tok, D] (gc_op) holds q̂ = l2norm(q)·dk^-0.5, k̂ =
+ * l2norm(k) and βv in the channel layout of qkv, and gb [n_tok, nv, 2] = (g, β). A block's 128
+ * channels hold whole q/k heads (dk divides 128 and the block start): a head's sum of squares is
+ * the sum of its dk/32 warps' partials (shared red). */
+template <int KK>
+__global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
+                                                      const int32_t *__restrict__ meta,
+                                                      const bf16 *__restrict__ qkv, const bf16 *__restrict__ a,
+                                                      const bf16 *__restrict__ b, const float *__restrict__ conv_w,
+                                                      const float *__restrict__ A_log,
+                                                      const float *__restrict__ dt_bias,
+                                                      const float *__restrict__ conv_st, gc_op *__restrict__ x16,
+                                                      float *__restrict__ gb) {
+    __shared__ float red[GC_CONV_T][4];
+    const int K = KK ? KK : Kr;
+    const int s = blockIdx.y, ch = blockIdx.x * 128 + threadIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    const int qk = 2 * nk * dk, hw = dk / 32, w0 = (threadIdx.x / dk) * hw; /* the head's first warp */
+    const bool isq = ch < nk * dk, isk = !isq && ch < qk, isv = ch >= qk && ch < D;
+    const float qscale = rsqrtf((float)dk);
+    for (int t0 = blockIdx.z * GC_CONV_T; t0 < T; t0 += gridDim.z * GC_CONV_T) {
+        const int n = min(GC_CONV_T, T - t0);
+        float xs[GC_CONV_T];
+        if (ch < D) {
+            float win[KK ? KK : GC_MAX_K], wt[KK ? KK : GC_MAX_K];
+            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+#pragma unroll
+            for (int i = 0; i < K; i++) wt[i] = conv_w[(size_t)ch * K + i];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                const int u = t0 - (K - 1) + i;
+                win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
+            }
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) {
+                float acc = 0.f;
+                if (t < n) {
+                    win[K - 1] = gc_bf(qkv, (size_t)(row0 + t0 + t) * D + ch);
+#pragma unroll
+                    for (int i = 0; i < K; i++) acc = fmaf(wt[i], win[i], acc);
+                    acc = acc / (1.f + __expf(-acc));
+#pragma unroll
+                    for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
+                }
+                xs[t] = acc;
+            }
+        } else {
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) xs[t] = 0.f;
+        }
+#pragma unroll
+        for (int t = 0; t < GC_CONV_T; t++) {
+            float sq = xs[t] * xs[t];
+#pragma unroll
+            for (int o = 16; o; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            if (lane == 0) red[t][w] = sq;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int t = 0; t < GC_CONV_T; t++) {
+            if (t >= n) break;
+            const size_t r = (size_t)(row0 + t0 + t);
+            float v = xs[t];
+            if (isq || isk) {
+                float ss = 0.f;
+                for (int u = 0; u < hw; u++) ss += red[t][w0 + u];
+                v *= rsqrtf(ss + 1e-6f) * (isq ? qscale : 1.f);
+            } else if (isv) {
+                v *= 1.f / (1.f + __expf(-gc_bf(b, r * nv + (ch - qk) / dv)));
+            }
+            if (ch < D) x16[r * D + ch] = gc_cvt(v);
+        }
+        __syncthreads(); /* red is rewritten by the next chunk of tokens */
+        if (ch < nv) {
+            const float al = -__expf(A_log[ch]), db = dt_bias[ch];
+            for (int t = 0; t < n; t++) {
+                const size_t r = (size_t)(row0 + t0 + t) * nv + ch;
+                float x = gc_bf(a, r) + db;
+                float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+                gb[2 * r] = al * sp;
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+            }
+        }
+    }
+}
+
+/* cp.async global -> shared of 16 (.cg) or 8 (.ca) bytes; src_bytes 0 zero-fills. */
+__device__ __forceinline__ void gc_cp16(void *dst, const void *src, int src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void gc_cp8(void *dst, const void *src, int src_bytes) {
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void gc_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void gc_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
-/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): gc_op tiles Qs, Ks, KBs, Ws [64][DK+8],
- * VBs [64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam, bet, gin [64],
- * Ys [3][16][16]. */
+/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): gc_op tiles Qs, Ks [2][64][DK+8] (two
+ * buffers: the next chunk lands while this one is worked on), KBs, Ws [64][DK+8], VBs
+ * [2][64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam [64], Ys [3][16][16],
+ * gbs [2][64][2] (g, β). 225 KB at dk = dv = 128. */
 template <int DK, int DV>
 struct gc_layout {
     static constexpr int LK = DK + 8, LV = DV + 8, LT = GC_CHUNK + 8, LF = GC_CHUNK + 1;
-    static constexpr size_t bf16s = 4 * GC_CHUNK * LK + GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
-    static constexpr size_t f32s = 2 * GC_CHUNK * LF + 3 * GC_CHUNK + 3 * 256;
+    static constexpr size_t bf16s = 6 * GC_CHUNK * LK + 2 * GC_CHUNK * LV + DK * LV + 2 * GC_CHUNK * LT;
+    static constexpr size_t f32s = 2 * GC_CHUNK * LF + GC_CHUNK + 3 * 256 + 4 * GC_CHUNK;
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
@@ -360,7 +463,7 @@ struct gc_layout {
  *   S [DK, DVB]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/CG */
 template <int DK, int DV, int NVS>
 __global__ void __launch_bounds__(GC_THREADS, 1)
-    gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const float *__restrict__ c,
+    gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
     constexpr int DVB = DV / NVS;
     typedef gc_layout<DK, DVB> LY;
@@ -369,11 +472,11 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
     static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
     extern __shared__ __align__(16) unsigned char gc_smem[];
-    gc_op *Qs = reinterpret_cast<gc_op *>(gc_smem);
-    gc_op *Ks = Qs + C * LK, *KBs = Ks + C * LK, *Ws = KBs + C * LK;
-    gc_op *VBs = Ws + C * LK, *Sb = VBs + C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
+    gc_op *Qb = reinterpret_cast<gc_op *>(gc_smem); /* [2][C][LK] */
+    gc_op *Kb = Qb + 2 * C * LK, *KBs = Kb + 2 * C * LK, *Ws = KBs + C * LK;
+    gc_op *VBb = Ws + C * LK, *Sb = VBb + 2 * C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
-    float *gam = Xf + C * LF, *bet = gam + C, *gin = bet + C, *Ys = gin + C;
+    float *gam = Xf + C * LF, *Ys = gam + C, *gbs = Ys + 3 * 256; /* gbs [2][C][2] */
 
     const int j = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -382,7 +485,32 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
     const int kh = j / (nv / nk);
     const int vc0 = blockIdx.z * DVB;                                            /* this block's v columns */
     float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] fp32, from column vc0 */
-    const float qscale = rsqrtf((float)DK);
+
+    /* chunk starting at token cc0 into buffer bi: q̂, k̂ rows of head kh, βv rows of this block's
+     * columns, (g, β); rows past the sequence are zero-filled */
+    auto load_chunk = [&](int cc0, int bi) {
+        const int Ln = min(C, T - cc0);
+        gc_op *Qd = Qb + bi * C * LK, *Kd = Kb + bi * C * LK, *Vd = VBb + bi * C * LV;
+        float *gd = gbs + bi * 2 * C;
+        for (int x = tid; x < C * (DK / 8); x += GC_THREADS) {
+            const int i = x / (DK / 8), c8 = x % (DK / 8), ok = i < Ln;
+            const gc_op *src = x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)kh * DK + c8 * 8;
+            gc_cp16(Qd + i * LK + c8 * 8, src, ok ? 16 : 0);
+            gc_cp16(Kd + i * LK + c8 * 8, src + (size_t)nk * DK, ok ? 16 : 0);
+        }
+        for (int x = tid; x < C * (DVB / 8); x += GC_THREADS) {
+            const int i = x / (DVB / 8), c8 = x % (DVB / 8), ok = i < Ln;
+            const gc_op *src =
+                x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)2 * nk * DK + (size_t)j * DV + vc0 + c8 * 8;
+            gc_cp16(Vd + i * LV + c8 * 8, src, ok ? 16 : 0);
+        }
+        for (int i = tid; i < C; i += GC_THREADS) {
+            const int ok = i < Ln;
+            gc_cp8(gd + 2 * i, gb + 2 * ((size_t)(row0 + cc0 + (ok ? i : 0)) * nv + j), ok ? 8 : 0);
+        }
+    };
+    load_chunk(0, 0);
+    gc_cp_commit();
 
     /* S in registers: this warp's rows sr .. sr + 15, cols sc0 .. sc0 + SC - 1 */
     const int sr = 16 * (w % RT), sc0 = (w / RT) * SC;
@@ -403,59 +531,17 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
          * are zero and are skipped (warps whose row tile is padding idle through (c), (e)-(g)) */
         const int NT16 = (L + 15) / 16;
         const bool live = rt < 16 * NT16;
-        /* (a) the chunk: warp w takes rows w + 8r (r < 8), four at a time so that their loads are in
-         * flight together; q̂ = l2norm(q)·dk^-0.5, k̂ = l2norm(k), vβ = β v; rows past L are zeros */
-        for (int i0 = w; i0 < C; i0 += 32) {
-            float qv[4][DK / 32], kv[4][DK / 32], vv[4][DVB / 32], gi[4], bi[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int i = i0 + 8 * r;
-                const bool ok = i < L; /* warp-uniform */
-                const float *ct = c + (size_t)(row0 + c0 + (ok ? i : 0)) * D;
-                const size_t gr = (size_t)(row0 + c0 + (ok ? i : 0)) * nv + j;
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) {
-                    qv[r][e] = ok ? ct[(size_t)kh * DK + lane + 32 * e] : 0.f;
-                    kv[r][e] = ok ? ct[(size_t)nk * DK + (size_t)kh * DK + lane + 32 * e] : 0.f;
-                }
-#pragma unroll
-                for (int e = 0; e < DVB / 32; e++)
-                    vv[r][e] = ok ? ct[(size_t)2 * nk * DK + (size_t)j * DV + vc0 + lane + 32 * e] : 0.f;
-                gi[r] = ok ? gb[2 * gr] : 0.f;
-                bi[r] = ok ? gb[2 * gr + 1] : 0.f;
-            }
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int i = i0 + 8 * r;
-                float sq = 0.f, sk = 0.f;
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) {
-                    sq += qv[r][e] * qv[r][e];
-                    sk += kv[r][e] * kv[r][e];
-                }
-#pragma unroll
-                for (int o = 16; o; o >>= 1) {
-                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
-                    sk += __shfl_xor_sync(0xffffffffu, sk, o);
-                }
-                const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f); /* zero rows stay zero */
-#pragma unroll
-                for (int e = 0; e < DK / 32; e++) {
-                    Qs[i * LK + lane + 32 * e] = gc_cvt(qv[r][e] * rq);
-                    Ks[i * LK + lane + 32 * e] = gc_cvt(kv[r][e] * rk);
-                }
-#pragma unroll
-                for (int e = 0; e < DVB / 32; e++) VBs[i * LV + lane + 32 * e] = gc_cvt(vv[r][e] * bi[r]);
-                if (lane == 0) {
-                    gin[i] = gi[r];
-                    bet[i] = bi[r];
-                }
-            }
-        }
+        /* (a) this chunk landed in buffer bi (prefetched during the previous chunk); start the next */
+        const int bi = (c0 / C) & 1;
+        if (c0 + C < T) load_chunk(c0 + C, bi ^ 1); /* buffer bi^1 was freed by the previous chunk's end */
+        gc_cp_commit();
+        gc_cp_wait<1>();
         __syncthreads();
+        gc_op *Qs = Qb + bi * C * LK, *Ks = Kb + bi * C * LK, *VBs = VBb + bi * C * LV;
+        const float *gbc = gbs + bi * 2 * C; /* (g, β) of row i at gbc[2i], gbc[2i + 1] */
         /* (b) γ = inclusive cumsum of g over the chunk (warp 0: lane l holds rows 2l, 2l + 1) */
         if (w == 0) {
-            const float g0 = gin[2 * lane], g1 = gin[2 * lane + 1];
+            const float g0 = gbc[4 * lane], g1 = gbc[4 * lane + 2];
             float x = g0 + g1;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
@@ -469,7 +555,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         /* (c) KBs = β k̂ e^γ; A = strict_lower(β_i k̂_i·k̂_j e^{γ_i−γ_j}) (fp32); P = lower_incl(q̂_i·k̂_j e^{γ_i−γ_j}) */
         for (int x = tid; x < C * DK; x += GC_THREADS) {
             const int i = x / DK, d = x % DK;
-            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * bet[i] * __expf(gam[i]));
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * gbc[2 * i + 1] * __expf(gam[i]));
         }
         if (live) {
             float kk[4][4], qk[4][4];
@@ -495,13 +581,13 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = rt + g + 8 * hh, jj = 32 * half + 8 * n + 2 * t;
-                    const float gi = gam[i], bi = bet[i];
+                    const float gi = gam[i], bt = gbc[2 * i + 1];
                     float av[2], pv[2];
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         const int col = jj + e;
                         const float dec = col <= i ? __expf(gi - gam[col]) : 0.f;
-                        av[e] = col < i ? bi * kk[n][2 * hh + e] * dec : 0.f;
+                        av[e] = col < i ? bt * kk[n][2 * hh + e] * dec : 0.f;
                         pv[e] = qk[n][2 * hh + e] * dec;
                     }
                     Af[i * LF + jj] = av[0];
@@ -675,6 +761,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
         for (int n = 0; n < SNT; n++) gc_stc(Sb, LV, sr, sc0 + 8 * n, S[n], 1.f);
     }
+    gc_cp_wait<0>();
 #pragma unroll
     for (int n = 0; n < SNT; n++) {
         *reinterpret_cast<float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t) = make_float2(S[n][0], S[n][1]);
@@ -745,9 +832,11 @@ static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, siz
     return 1;
 }
 
-/* Validation of the host copy, workspace, and the preparation kernel. Leaves ws locked on success. */
-static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, float **gbw,
-                      ls_err *e) {
+/* Validation of the host copy, workspace, and the preparation kernels: fp32 conv outputs *cw
+ * [n_tok, D] (x16 == NULL: cuda_per_token) or the chunk kernel's operands *x16 [n_tok, D] gc_op,
+ * then (g, β) *gbw [n_tok, nv, 2]. Leaves ws locked on success. */
+static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, gc_op **x16,
+                      float **gbw, ls_err *e) {
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     if (!a->seqs_host) return errf(e, ERR_INVAL, "gdn %s: seqs_host (the host copy of the sequences) is not set", name);
@@ -760,13 +849,17 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     gc_ws *ws;
     int rc = gc_lock(&ws, e);
     if (rc) return rc;
-    size_t bytes = sizeof(float) * ((size_t)a->n_tok * D + (size_t)a->n_tok * w->nv * 2);
+    const size_t xb = (x16 ? sizeof(gc_op) : sizeof(float)) * (size_t)a->n_tok * D; /* a multiple of 16 */
+    size_t bytes = xb + sizeof(float) * (size_t)a->n_tok * w->nv * 2;
     if ((rc = gc_grow(ws, bytes, e))) {
         pthread_mutex_unlock(&ws->mu);
         return rc;
     }
-    *cw = ws->c;
-    *gbw = ws->c + (size_t)a->n_tok * D;
+    if (x16)
+        *x16 = (gc_op *)ws->c;
+    else
+        *cw = ws->c;
+    *gbw = (float *)((char *)ws->c + xb);
     /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
     int max_t = 0;
     for (int i = 0; i < a->n_seq; i++)
@@ -777,7 +870,17 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     const int wide = D > w->nv ? D : w->nv;
     dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
     const int32_t *meta = (const int32_t *)a->seqs;
-    if (w->conv_k == 4)
+    if (x16) {
+        dim3 gp((D + 127) / 128, a->n_seq, nz);
+        if (w->conv_k == 4)
+            gc_prep_kernel<4><<<gp, 128, 0, st>>>(D, 4, w->nk, w->nv, w->dk, w->dv, meta, (const bf16 *)a->qkv,
+                                                  (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
+                                                  w->dt_bias, a->st->conv, *x16, *gbw);
+        else
+            gc_prep_kernel<0><<<gp, 128, 0, st>>>(D, w->conv_k, w->nk, w->nv, w->dk, w->dv, meta,
+                                                  (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b,
+                                                  w->conv_w, w->A_log, w->dt_bias, a->st->conv, *x16, *gbw);
+    } else if (w->conv_k == 4)
         gc_conv_kernel<4><<<g1, 128, 0, st>>>(D, 4, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
                                               (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
                                               *gbw);
@@ -808,7 +911,7 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     gc_ws *ws;
     float *cw, *gbw;
-    int rc = gc_prepare(a, st, "gdn cuda_per_token", &ws, &cw, &gbw, e);
+    int rc = gc_prepare(a, st, "gdn cuda_per_token", &ws, &cw, NULL, &gbw, e);
     if (rc) return rc;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     dim3 g2(w->nv, a->n_seq);
@@ -822,8 +925,8 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
 }
 
 template <int DK, int DV, int NVS>
-static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const float *cw, const float *gbw, cudaStream_t st,
-                           ls_err *e) {
+static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x16, const float *gbw,
+                           cudaStream_t st, ls_err *e) {
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     if (!(ws->smem_ok & (1 << bit))) {
@@ -835,7 +938,7 @@ static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const float *c
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
     dim3 g2(w->nv, a->n_seq, NVS);
-    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, cw, gbw,
+    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, x16, gbw,
                                                               a->st->rec, (bf16 *)a->out);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
@@ -852,8 +955,9 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
     cudaStream_t st = (cudaStream_t)s;
     gc_ws *ws;
-    float *cw, *gbw;
-    int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, &cw, &gbw, e);
+    float *gbw;
+    gc_op *x16;
+    int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, NULL, &x16, &gbw, e);
     if (rc) return rc;
     /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
      * tokens, nv per sequence, leave more than half the SMs idle */
@@ -862,9 +966,9 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (w->dk == 128 && w->dv == 128)
         while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, cw, gbw, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, cw, gbw, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, cw, gbw, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, x16, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, x16, gbw, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, x16, gbw, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);

@@ -337,19 +337,21 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
  * by cp.async (K % 8 == 0, 16-byte aligned rows). */
 enum { MG_LD_FP4 = 0, MG_LD_FP4_PLAIN = 1, MG_LD_BF16 = 2 };
 
-/* Tile geometry per tile height BM (rows of one expert per CTA) and loader LD;
- * both heights hold BNW = 256 weight rows per CTA (gate/up: 128 gate rows and
- * the same 128 up rows), so each A tile is re-read by few CTAs:
- *   BM = 64: warps 2 (M) x 4 (N), each warp 2 m16 tiles x 8 n8 tiles, 4 stages
- *   BM = 16: warps 1 (M) x 8 (N), each warp 1 m16 tile  x 4 n8 tiles, 6 stages
- *            (decode and mid batches are weight-streaming: more bytes in flight)
+/* Tile geometry per tile height BM (rows of one expert per CTA) and loader LD:
+ * the 8 warps all lie along N, each owning 4 n8 tiles (32 weight rows; gate/up:
+ * 16 gate rows and the same 16 up rows) for all BM rows, so every weight
+ * fragment is decoded once per CTA and feeds BM/16 mma; BNW = 256 weight rows
+ * per CTA (each A tile is re-read by few CTAs):
+ *   BM = 64: 4 m16 tiles per warp, 4 stages
+ *   BM = 16: 1 m16 tile per warp, 6 stages (decode and mid batches stream
+ *            weights: more bytes in flight)
  * BF16 weights take 3 stages (their B tiles are 4.5x larger). */
 template <int BM, int LD>
 struct mg_geo {
-    static constexpr int WM = BM >= 64 ? 2 : 1;      /* warps along M */
+    static constexpr int WM = 1;                     /* warps along M */
     static constexpr int WN = 8 / WM;                /* warps along N */
     static constexpr int MT = BM / (16 * WM);        /* m16 tiles per warp */
-    static constexpr int NT = BM >= 64 ? 8 : 4;      /* n8 tiles per warp (half gate, half up) */
+    static constexpr int NT = 4;                     /* n8 tiles per warp (half gate, half up) */
     static constexpr int BNW = WN * NT * 8;          /* weight rows per CTA tile */
     static constexpr int ST = LD == MG_LD_BF16 ? 3 : BM >= 64 ? 4 : 6; /* pipeline stages */
 };
@@ -481,45 +483,41 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
         if (kt + ST - 1 < nk) load((kt + ST - 1) % ST, (kt + ST - 1) * MG_BK);
         mg_cp_commit();
         const int st = kt % ST;
-        /* A: rows ra = wm·MT·16 + 16i + g and ra + 8, k = 16t..16t+15 -> xa / xb[i][0..7]
-         * (register r = the pair k 16t+2r, 16t+2r+1) */
-        uint32_t xa[MT][8], xb[MT][8];
+        /* B: weight row brow[j] + g, k = 16t..16t+15 -> bf[j][0..7] (register r = the pair
+         * k 16t+2r, 16t+2r+1), decoded once and used by every m16 tile */
+        uint32_t bf[NT][8];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            if constexpr (LD == MG_LD_BF16) {
+                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
+                const uint4 v0 = pw[0], v1 = pw[1];
+                bf[j][0] = v0.x; bf[j][1] = v0.y; bf[j][2] = v0.z; bf[j][3] = v0.w;
+                bf[j][4] = v1.x; bf[j][5] = v1.y; bf[j][6] = v1.z; bf[j][7] = v1.w;
+            } else {
+                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
+                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
+                cu_e2m1x8_to_bf16x8(cw.x, &bf[j][0]);
+                cu_e2m1x8_to_bf16x8(cw.y, &bf[j][4]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
+            }
+        }
 #pragma unroll
         for (int i = 0; i < MT; i++) {
+            /* A: rows ra = wm·MT·16 + 16i + g and ra + 8, k = 16t..16t+15 -> xa / xb[0..7] (pairs as B) */
             const int ra = wm * MT * 16 + i * 16 + g;
             const uint4 *pa = reinterpret_cast<const uint4 *>(&sm.a[st][ra][16 * t]);
             const uint4 *pb = reinterpret_cast<const uint4 *>(&sm.a[st][ra + 8][16 * t]);
             const uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
-            xa[i][0] = a0.x; xa[i][1] = a0.y; xa[i][2] = a0.z; xa[i][3] = a0.w;
-            xa[i][4] = a1.x; xa[i][5] = a1.y; xa[i][6] = a1.z; xa[i][7] = a1.w;
-            xb[i][0] = b0.x; xb[i][1] = b0.y; xb[i][2] = b0.z; xb[i][3] = b0.w;
-            xb[i][4] = b1.x; xb[i][5] = b1.y; xb[i][6] = b1.z; xb[i][7] = b1.w;
-        }
+            const uint32_t xa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const uint32_t xb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            /* B: weight row brow[j] + g, k = 16t..16t+15 -> bf[0..7] (pairs as A) */
-            uint32_t bf[8];
-            if constexpr (LD == MG_LD_BF16) {
-                const uint4 *pw = reinterpret_cast<const uint4 *>(&sm.b[st][brow[j] + g][16 * t]);
-                const uint4 v0 = pw[0], v1 = pw[1];
-                bf[0] = v0.x; bf[1] = v0.y; bf[2] = v0.z; bf[3] = v0.w;
-                bf[4] = v1.x; bf[5] = v1.y; bf[6] = v1.z; bf[7] = v1.w;
-            } else {
-                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
-                const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
-                cu_e2m1x8_to_bf16x8(cw.x, &bf[0]);
-                cu_e2m1x8_to_bf16x8(cw.y, &bf[4]);
+            for (int q = 0; q < 4; q++) {
+                /* mma k slots (2t, 2t+1 | 2t+8, 2t+9) = k 16t+4q+(0, 1 | 2, 3) */
+                const uint32_t af[4] = {xa[2 * q], xb[2 * q], xa[2 * q + 1], xb[2 * q + 1]};
 #pragma unroll
-                for (int r = 0; r < 8; r++) bf[r] = cu_bf16x2_mul(bf[r], sc);
+                for (int j = 0; j < NT; j++) cu_mma_bf16_16816(acc[i][j], af, bf[j][2 * q], bf[j][2 * q + 1]);
             }
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    /* mma k slots (2t, 2t+1 | 2t+8, 2t+9) = k 16t+4q+(0, 1 | 2, 3) */
-                    const uint32_t af[4] = {xa[i][2 * q], xb[i][2 * q], xa[i][2 * q + 1], xb[i][2 * q + 1]};
-                    cu_mma_bf16_16816(acc[i][j], af, bf[2 * q], bf[2 * q + 1]);
-                }
         }
     }
 

@@ -17,8 +17,8 @@ extern "C" void ops_cuda_register_all(void) {
     ops_fp4_gemm_register(&fp4_gemm_cuda_dequant_cublas);
     ops_fp4_gemm_register(&fp4_gemm_cuda_ref);
     ops_moe_register(&moe_cuda_fused_decode);
+    ops_moe_register(&moe_cuda_grouped_gemm); /* before the loop: faster at every M (bench/RESULTS.md) */
     ops_moe_register(&moe_cuda_expert_loop);
-    ops_moe_register(&moe_cuda_grouped_gemm);
     ops_attn_register(&attn_cuda_flash_decode);
     ops_attn_register(&attn_cuda_flash_prefill);
     ops_attn_register(&attn_cuda_naive);

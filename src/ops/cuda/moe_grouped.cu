@@ -27,14 +27,14 @@
  * exit at once. So a call is CUDA-graph capturable once its workspace exists.
  *
  * The GEMM (both launches): 256 threads, a multi-stage cp.async pipeline into
- * dynamic shared memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; CTA tile
- * BM = 64 rows x 256 weight rows (8 warps as 2 x 4, 4 stages) when the routed
- * experts get 32 rows or more on average, else BM = 16 rows x 256 weight rows
- * (8 warps along N, 6 stages: weight streaming wants bytes in flight): less
- * padding work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64 forces one).
- * Tokens are the A operand (row-major [rows, K]), weights the B operand ([N, K]
- * row-major = K x N column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
- * the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
+ * dynamic shared memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; the 8 warps
+ * lie along N (32 weight rows each), CTA tile BM = 64 rows x 256 weight rows
+ * (4 stages) when the routed experts get 32 rows or more on average, else
+ * BM = 16 rows x 256 weight rows (6 stages: weight streaming wants bytes in
+ * flight): less padding work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64
+ * forces one). Tokens are the A operand (row-major [rows, K]), weights the B
+ * operand ([N, K] row-major = K x N column-major). Lane (g = lane/4, t = lane%4)
+ * owns, in each 64-wide K block, the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
  * {2t, 2t+1, 2t+8, 2t+9} stand for k = 16t + 4q + {0, 1, 2, 3} on both A and B
  * (a dot product does not care how k is numbered, as long as A and B agree).
  * So a lane's B fragments for one weight row are 8 bytes of E2M1 codes and one

@@ -119,13 +119,14 @@ __device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloa
  *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
  *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
  *   gb [n_tok, nv, 2] = (g, β)
- * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * With one block per channel along z (gridDim.z == 1: every sequence has at most 16 new tokens,
+ * decode) the block rolls the conv state itself; otherwise gc_conv_state_kernel does, afterwards.
  * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
 template <int KK>
 __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
                                const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                                const float *__restrict__ conv_w, const float *__restrict__ A_log,
-                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               const float *__restrict__ dt_bias, float *__restrict__ conv_st,
                                float *__restrict__ c, float *__restrict__ gb) {
     const int K = KK ? KK : Kr;
     const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
@@ -134,7 +135,7 @@ __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict_
         const int t1 = min(T, t0 + GC_CONV_T);
         if (ch < D) {
             float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
-            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+            float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
 #pragma unroll
             for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
 #pragma unroll
@@ -151,6 +152,9 @@ __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict_
 #pragma unroll
                 for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
             }
+            if (gridDim.z == 1 && t1 == T) /* one block walks all the tokens: it rolls the state itself */
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) st[i] = win[i];
         }
         if (ch < nv) {
             const float al = -__expf(A_log[ch]), db = dt_bias[ch];
@@ -344,7 +348,7 @@ __device__ __forceinline__ void gc_stc(gc_op *M, int ld, int r0, int c0, const f
  * into the chunk kernel's operands: x16 [n_tok, D] (gc_op) holds q̂ = l2norm(q)·dk^-0.5, k̂ =
  * l2norm(k) and βv in the channel layout of qkv, and gb [n_tok, nv, 2] = (g, β). A block's 128
  * channels hold whole q/k heads (dk divides 128 and the block start): a head's sum of squares is
- * the sum of its dk/32 warps' partials (shared red). */
+ * the sum of its dk/32 warps' partials (shared red). The conv state as in gc_conv_kernel. */
 template <int KK>
 __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                                                       const int32_t *__restrict__ meta,
@@ -352,7 +356,7 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                                                       const bf16 *__restrict__ b, const float *__restrict__ conv_w,
                                                       const float *__restrict__ A_log,
                                                       const float *__restrict__ dt_bias,
-                                                      const float *__restrict__ conv_st, gc_op *__restrict__ x16,
+                                                      float *__restrict__ conv_st, gc_op *__restrict__ x16,
                                                       float *__restrict__ gb) {
     __shared__ float red[GC_CONV_T][4];
     const int K = KK ? KK : Kr;
@@ -366,7 +370,7 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
         float xs[GC_CONV_T];
         if (ch < D) {
             float win[KK ? KK : GC_MAX_K], wt[KK ? KK : GC_MAX_K];
-            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+            float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
 #pragma unroll
             for (int i = 0; i < K; i++) wt[i] = conv_w[(size_t)ch * K + i];
 #pragma unroll
@@ -387,6 +391,9 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                 }
                 xs[t] = acc;
             }
+            if (gridDim.z == 1 && t0 + n == T) /* one block walks all the tokens: it rolls the state itself */
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) st[i] = win[i];
         } else {
 #pragma unroll
             for (int t = 0; t < GC_CONV_T; t++) xs[t] = 0.f;
@@ -897,7 +904,7 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
         gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
                                               (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
                                               *gbw);
-    if (w->conv_k > 1)
+    if (w->conv_k > 1 && nz > 1) /* with one token chunk (decode) the conv kernels roll the state */
         gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {

@@ -38,8 +38,7 @@ static int mk_lin(mlin *l, int N, int K, int fp4, float amp, uint64_t *rng, ls_e
         td_gen_nvfp4(N, K, w, s, &s2, rng);
         s2 *= amp * 4.f;
     } else {
-        uint16_t *b = (uint16_t *)w;
-        for (size_t i = 0; i < (size_t)N * K; i++) b[i] = f32_to_bf16(td_rng_unit(rng) * amp);
+        td_gen_bf16(N, K, (uint16_t *)w, amp, rng);
     }
     l->host = (lin_w){.kind = fp4 ? W_NVFP4 : W_BF16, .N = N, .K = K, .data = w, .scale = s, .scale2 = s2,
                       .name = "doctor"};

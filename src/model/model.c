@@ -1061,12 +1061,22 @@ static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, 
     }
     double t0 = now_sec();
     if (g->state == 0) {
+        ls_err we = {0};
         if (m->warm_gen != m->graph_gen) {
             /* every backend at its largest step's workspace, so no later eager step moves one */
-            if ((rc = graph_warmup(m, c, m->ws.cap_tok, 0, e))) return rc;
+            if (graph_warmup(m, c, m->ws.cap_tok, 0, &we)) {
+                log_warn("%s: CUDA graphs off: %s", m->path, we.msg);
+                for (int i = 0; i < m->n_graphs; i++) m->graphs[i].state = -1;
+                return 0;
+            }
             m->warm_gen = m->graph_gen;
         }
-        if ((rc = graph_warmup(m, c, B, 1, e))) return rc;
+        /* the rehearsal: a backend the capture would take may still refuse the model at run time */
+        if (graph_warmup(m, c, B, 1, &we)) {
+            log_info("%s: decode batches of %d run eagerly: %s", m->path, B, we.msg);
+            g->state = -1;
+            return 0;
+        }
         if ((rc = ws_reserve(m, B, B, P + (B - n), e))) return rc;
     }
     /* the padded batch: rows n..B-1 on the scratch slot and page, not sampled */

@@ -274,11 +274,13 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
 /* Launch 1b: softmax, top-k and the shared gate, a block of TOPK_W warps per
  * token (E <= 64·TOPK_W). Phase 1: warp w takes experts 64w .. 64w + 63 (two per
  * lane) and picks its own top-k, k rounds of two redux.sync (largest
- * order-preserving key, then the lowest index holding it). Phase 2: warp 0 picks
- * the top-k of those TOPK_W·k candidates the same way. The global top-k under
- * (logit desc, index asc) is inside the union of the warps' top-k. Until
- * 2026-11-29 one warp did all of it: 9 us of dependent instructions on one SM
- * (Nsight Compute, H200, E = 512, k = 10), now a few hundred per warp. */
+ * order-preserving key, then the lowest index holding it). Phase 2: each of
+ * those TOPK_W·k candidates, one per thread, counts the candidates that beat
+ * it (rank by counting: no dependent rounds). The global top-k under (logit
+ * desc, index asc) is inside the union of the warps' top-k. Until 2026-11-29
+ * one warp did all of it: 9 us of dependent instructions on one SM (Nsight
+ * Compute, H200, E = 512, k = 10); then phase 2 was k more redux rounds on
+ * warp 0 (7.8 us for the kernel). */
 enum { TOPK_W = 16 };
 __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
                                                                     const bf16 *__restrict__ x,
@@ -289,6 +291,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ unsigned ck[TOPK_W][MOE_MAXK];
     __shared__ int ci[TOPK_W][MOE_MAXK];
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
+    __shared__ int rk_i[MOE_MAXK];
+    __shared__ float rk_p[MOE_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -320,52 +324,43 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
         }
     }
     __syncthreads();
-    if (warp) return;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < TOPK_W; w++) sum += rsum[w];
-    /* phase 2: candidates c = lane + 32 r, r < 8 (TOPK_W·MOE_MAXK = 256), 0 = empty */
-    unsigned ck8[8];
-    int ci8[8];
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        const int c = lane + 32 * r, w = c / MOE_MAXK, j = c % MOE_MAXK;
-        const bool ok = j < k && w * 64 < E;
-        ck8[r] = ok ? ck[w][j] : 0u;
-        ci8[r] = ok ? ci[w][j] : 0x7fffffff;
-    }
-    unsigned taken = 0;
-    float psum = 0.f, myp = 0.f;
-    int myi = 0;
-    for (int j = 0; j < k; j++) {
-        unsigned kl = 0u;
-        int il = 0x7fffffff;
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            const unsigned kr = (taken >> r) & 1 ? 0u : ck8[r];
-            if (kr > kl || (kr == kl && kr && ci8[r] < il)) {
-                kl = kr;
-                il = ci8[r];
+    /* phase 2: rank by counting. Candidate c = (warp w, pick j), one per thread;
+     * its rank is the number of candidates before it under (logit desc, index
+     * asc): no dependent rounds (it was k rounds of two redux.sync on one warp,
+     * most of this kernel's 7.8 us on the H200 at E = 512, k = 10). Empty picks
+     * (key 0, a warp with fewer than k experts) rank after every real one; real
+     * candidates are distinct experts, so ranks 0..k-1 are unique. */
+    const int nw = (E + 63) / 64; /* warps that had experts */
+    if (threadIdx.x < TOPK_W * MOE_MAXK) {
+        const int w = threadIdx.x / MOE_MAXK, j = threadIdx.x % MOE_MAXK;
+        if (w < nw && j < k) {
+            const unsigned key = ck[w][j];
+            const int id = ci[w][j];
+            int rank = 0;
+            for (int w2 = 0; w2 < nw; w2++)
+                for (int j2 = 0; j2 < k; j2++) {
+                    const unsigned k2 = ck[w2][j2];
+                    rank += k2 > key || (k2 == key && ci[w2][j2] < id);
+                }
+            if (rank < k && key) {
+                rk_i[rank] = id;
+                rk_p[rank] = __expf(key2f(key) - mx) / sum;
             }
         }
-        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
-        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? (unsigned)il : 0xffffffffu);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            if (ci8[r] == (int)win && ck8[r] == kmax) taken |= 1u << r;
-        const float p = __expf(key2f(kmax) - mx) / sum;
-        psum += p;
-        if (lane == j) {
-            myi = (int)win;
-            myp = p;
-        }
     }
+    __syncthreads();
+    if (warp) return;
+    float psum = 0.f;
+    for (int j = 0; j < k; j++) psum += rk_p[j]; /* descending p, as the reference sums */
     float sg = has_shared ? 1.f : 0.f;
     if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl + m)));
     else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x + (size_t)m * H, wsg, H, lane)));
     if (lane < k) {
-        idx[(size_t)m * k + lane] = myi;
-        wts[(size_t)m * (k + 1) + lane] = norm ? myp / psum : myp;
+        idx[(size_t)m * k + lane] = rk_i[lane];
+        wts[(size_t)m * (k + 1) + lane] = norm ? rk_p[lane] / psum : rk_p[lane];
     }
     if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
 }

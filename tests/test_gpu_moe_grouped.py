@@ -3,8 +3,8 @@
 Pins:
 - the doctor's verdict against the fp64 CPU reference is "ok" at every batch bucket of the
   Qwen3.5-35B MoE layer shape (NVFP4 experts, shared expert), including batches that leave
-  partial tiles (M = 3, 100) and both tile heights (16-row tiles below 32 rows per expert on
-  average, 64-row tiles above: M = 512 and M = 1024 here);
+  partial tiles (M = 3, 100) and all three tile heights (the routed experts average M·8/256
+  rows: 16-row tiles below 12, 32-row tiles below 28, else 64: M <= 100, 512 and 1024 here);
 - BF16 experts (the doctor on the BF16 fixture's MoE shape, I = 48: a K tail inside one 64-wide
   block);
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend

@@ -10,7 +10,7 @@ BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); OUT=$2
 mkdir -p "$OUT"
 for m in qwen3.5-397b-a17b,layers=4 qwen3.5-35b-a3b; do
     t0=$(date +%s.%N)
-    LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 200 "$BIN" doctor --device cuda --model-path "synth:$m" \
+    LASTSTAND_TEST_BROKEN_BACKENDS=1 timeout 150 "$BIN" doctor --device cuda --model-path "synth:$m" \
         --json "$OUT/doctor-${m%%,*}.json" > "$OUT/doctor-${m%%,*}.txt" 2>&1
     rc=$?
     echo "== doctor synth:$m: exit $rc in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"

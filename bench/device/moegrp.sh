@@ -5,7 +5,7 @@
 #   bash bench/device/moegrp.sh BIN OUTDIR
 #
 # 1. `laststand doctor` on the moe family, cuda_grouped_gemm next to cuda_expert_loop:
-#    the Qwen3.5-397B layer shape (M = 1, 8, 64, 512, 3072) and the 35B one (odd M
+#    the Qwen3.5-397B layer shape (M = 1, 8, 64, 512, 1024, 3072) and the 35B one (odd M
 #    too: partial tiles); the matrices (verdicts against the fp64 CPU reference, times).
 # 2. The MoE fixture models, NVFP4 and BF16 (reads .dev/int/fixtures/models/*, copied from
 #    ../shared/fixtures/models): `laststand logits --device cuda --moe-runner-backend X`
@@ -28,7 +28,7 @@ nvidia-smi -L 2>&1 | head -2
 git log --oneline -1 2>/dev/null
 
 echo "== doctor moe, qwen3.5-397b-a17b"
-timeout 45 "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b --m 1,8,64,512,3072 \
+timeout 45 "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b --m 1,8,64,512,1024,3072 \
     --backends cuda_grouped_gemm,cuda_expert_loop --json "$OUT/doctor397.json" 2>"$OUT/doctor397.err"
 echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n 8 "$OUT/doctor397.err"
 
@@ -40,9 +40,9 @@ echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n 8 "$OUT/doctor35.err"
 echo "== tile height forced (LASTSTAND_GROUPED_BM), qwen3.5-397b-a17b, cuda_grouped_gemm"
 if [ $(( $(date +%s) - T0 )) -lt 50 ]; then
     LASTSTAND_GROUPED_BM=64 timeout 15 "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b \
-        --m 64,512 --backends cuda_grouped_gemm 2>/dev/null | grep -E "^ +[0-9]+ " | sed 's/^/BM=64 /'
+        --m 512,1024 --backends cuda_grouped_gemm 2>/dev/null | grep -E "^ +[0-9]+ " | sed 's/^/BM=64 /'
     LASTSTAND_GROUPED_BM=16 timeout 15 "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b \
-        --m 3072 --backends cuda_grouped_gemm 2>/dev/null | grep -E "^ +[0-9]+ " | sed 's/^/BM=16 /'
+        --m 1024 --backends cuda_grouped_gemm 2>/dev/null | grep -E "^ +[0-9]+ " | sed 's/^/BM=16 /'
 else
     echo "skipped (time)"
 fi

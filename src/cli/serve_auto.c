@@ -678,12 +678,21 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         snprintf(s->ref, sizeof s->ref, "%s_ref", device);
         int have_ref = 0;
         for (int i = 0; i < s->nv; i++) have_ref |= !strcmp(s->v[i].name, s->ref);
-        if (!have_ref) /* no <device>_ref in this family: the last (plainest) non-test-only backend */
-            for (int i = s->nv - 1; i >= 0 && !have_ref; i--)
-                if (!s->v[i].test_only) {
-                    snprintf(s->ref, sizeof s->ref, "%s", s->v[i].name);
-                    have_ref = 1;
-                }
+        if (!have_ref) {
+            /* no <device>_ref in this family: the last (plainest) non-test-only backend
+             * in the registry's order (the doctor's report lists them in its own order),
+             * among those the report has */
+            doc_verdict reg[MAX_CAND];
+            int nr = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, reg, MAX_CAND);
+            for (int r = nr - 1; r >= 0 && !have_ref; r--) {
+                if (reg[r].test_only) continue;
+                for (int i = 0; i < s->nv && !have_ref; i++)
+                    if (!strcmp(s->v[i].name, reg[r].name)) {
+                        snprintf(s->ref, sizeof s->ref, "%s", reg[r].name);
+                        have_ref = 1;
+                    }
+            }
+        }
         c.ref_names[f] = s->ref;
         if (o->names[f]) {
             s->named = 1;

@@ -720,8 +720,11 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          "prefill chunks mixed", s->nk, s->nv, s->dk, s->dv, s->conv_k);
             else if (!strcmp(fd->name, "moe"))
                 snprintf(title, sizeof title,
-                         "moe  H=%d E=%d top-%d I=%d shared=%d (%s experts)", s->hidden, s->n_experts, s->top_k,
-                         s->moe_inter, s->shared_inter, s->nvfp4 ? "NVFP4" : "BF16");
+                         "moe  H=%d E=%d top-%d I=%d shared=%d (%s experts%s)", s->hidden, s->n_experts,
+                         s->top_k, s->moe_inter, s->shared_inter, s->nvfp4 ? "NVFP4" : "BF16",
+                         s->shared_inter <= 0 ? ""
+                         : s->nvfp4 && s->sh_nvfp4 ? ", NVFP4 shared expert"
+                                                   : ", BF16 shared expert");
             else {
                 const doc_lin *L = !strcmp(fd->name, "fp4_gemm") ? &s->fp4[sh] : &s->bf16[sh];
                 double wb = !strcmp(fd->name, "fp4_gemm") ? (double)L->N * L->K * 0.5625 : (double)L->N * L->K * 2;

@@ -44,6 +44,9 @@ typedef struct doc_shapes {
     int n_fp4;
     doc_lin bf16[DOC_MAX_LIN]; /* gemm shapes (BF16 linears) */
     int n_bf16;
+    int sh_nvfp4;        /* (additive) the shared expert is NVFP4; 0 = BF16 (ModelOpt
+                            NVFP4 checkpoints may exclude it, synth does); only
+                            meaningful with nvfp4 and shared_inter > 0 */
 } doc_shapes;
 
 /* Shapes from a model folder (config.json), "synth:NAME[,...]" or a preset

@@ -4,12 +4,19 @@
  * parent hands to its trial children.
  *
  * Which linears are NVFP4: in a model folder, the ones hf_quant_config does
- * not exclude (checked on the first layer of each kind); for presets, the
- * routed and shared experts (as NVIDIA's NVFP4 checkpoints ship them), with
- * attention and GDN projections BF16.
+ * not exclude (checked on the first layer of each kind: attention, GDN and
+ * the shared expert). For a "synth:" spec, what synth writes
+ * (src/model/synth.c): the routed experts NVFP4, the shared expert, attention
+ * and GDN projections BF16 (as ModelOpt 0.46 excludes `*.mlp.shared_expert.*`,
+ * reference/qwen35-and-nvfp4.md 4.2); all BF16 with quant=bf16 or for a preset
+ * that synth writes in BF16 by default (all but the qwen3.5 ones). For a bare
+ * preset (--shapes), the other layout real NVFP4 checkpoints may have: routed
+ * and shared experts NVFP4, attention and GDN BF16 (which one NVIDIA's 397B
+ * ships is unconfirmed; the two layouts are the two ways to name the model).
  */
 #include "doctor/doctor.h"
 #include "fmt/hfconfig.h"
+#include "model/synth.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -46,7 +53,8 @@ static const preset k_presets[] = {
 };
 
 /* Fill the derived lists from the scalar fields; quant_attn/quant_gdn: whether
- * those projections are NVFP4 (else BF16). */
+ * those projections are NVFP4 (else BF16); the shared expert's kind is
+ * s->sh_nvfp4. */
 static void derive(doc_shapes *s, int quant_attn, int quant_gdn, int dense_inter) {
     const int H = s->hidden;
     s->n_fp4 = s->n_bf16 = 0;
@@ -56,8 +64,10 @@ static void derive(doc_shapes *s, int quant_attn, int quant_gdn, int dense_inter
         add_lin(fa, fn, s->moe_inter, H, "experts gate/up");
         add_lin(fa, fn, H, s->moe_inter, "experts down");
         if (s->shared_inter > 0) {
-            add_lin(fa, fn, s->shared_inter, H, "shared expert gate/up");
-            add_lin(fa, fn, H, s->shared_inter, "shared expert down");
+            doc_lin *a = s->sh_nvfp4 ? fa : ba;
+            int *an = s->sh_nvfp4 ? fn : bn;
+            add_lin(a, an, s->shared_inter, H, "shared expert gate/up");
+            add_lin(a, an, H, s->shared_inter, "shared expert down");
         }
         add_lin(ba, bn, s->n_experts, H, "router");
     } else if (dense_inter > 0) {
@@ -87,6 +97,13 @@ static void derive(doc_shapes *s, int quant_attn, int quant_gdn, int dense_inter
         }
 }
 
+/* A BF16 model: every linear is a gemm. */
+static void all_bf16(doc_shapes *s) {
+    for (int i = 0; i < s->n_fp4; i++) add_lin(s->bf16, &s->n_bf16, s->fp4[i].N, s->fp4[i].K, s->fp4[i].label);
+    s->n_fp4 = 0;
+    s->nvfp4 = s->sh_nvfp4 = 0;
+}
+
 int doc_shapes_from_preset(const char *name, doc_shapes *s, ls_err *e) {
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++) {
         const preset *p = &k_presets[i];
@@ -94,6 +111,7 @@ int doc_shapes_from_preset(const char *name, doc_shapes *s, ls_err *e) {
         memset(s, 0, sizeof *s);
         snprintf(s->model, sizeof s->model, "%s", name);
         s->nvfp4 = 1;
+        s->sh_nvfp4 = 1; /* a synth: spec turns it to BF16 below */
         s->hidden = p->hidden;
         s->n_experts = p->E;
         s->top_k = p->top_k;
@@ -133,7 +151,14 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
         name[l] = 0;
         int rc = doc_shapes_from_preset(name, s, e);
         if (rc) return err_prefix(e, "--model-path %s", path);
+        synth_opts so;
+        if ((rc = synth_parse_spec(spec, &so, e))) return err_prefix(e, "--model-path %s", path);
         snprintf(s->model, sizeof s->model, "%s", path);
+        /* synth's quantization: quant=Q, else NVFP4 for the qwen3.5 presets only;
+         * its NVFP4 checkpoints keep the shared expert BF16 */
+        s->sh_nvfp4 = 0;
+        derive(s, 0, 0, 0);
+        if (!(so.quant ? !strcmp(so.quant, "nvfp4") : !strncmp(name, "qwen3.5-", 8))) all_bf16(s);
         return 0;
     }
     model_config c;
@@ -182,13 +207,14 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
             snprintf(mod, sizeof mod, "%s.%d.linear_attn.in_proj_qkv", pfx, first_lin);
             qg = !hfcfg_excluded(&c, mod);
         }
+        if (c.shared_inter > 0 && c.n_experts > 0) {
+            snprintf(mod, sizeof mod, "%s.0.mlp.shared_expert.gate_proj", pfx);
+            s->sh_nvfp4 = !hfcfg_excluded(&c, mod);
+        }
     }
     int dense = c.n_experts > 0 ? 0 : c.intermediate;
     derive(s, qa, qg, dense);
-    if (!c.nvfp4) { /* a BF16 model: every linear is a gemm */
-        for (int i = 0; i < s->n_fp4; i++) add_lin(s->bf16, &s->n_bf16, s->fp4[i].N, s->fp4[i].K, s->fp4[i].label);
-        s->n_fp4 = 0;
-    }
+    if (!c.nvfp4) all_bf16(s);
     hfcfg_free(&c);
     return 0;
 }
@@ -226,6 +252,7 @@ char *doc_shapes_json(const doc_shapes *s) {
         "has_sh_gate", s->has_sh_gate, "n_heads", s->n_heads, "n_kv_heads", s->n_kv_heads,
         "head_dim", s->head_dim, "gated", s->gated, "nk", s->nk, "nv", s->nv, "dk", s->dk, "dv",
         s->dv, "conv_k", s->conv_k);
+    json_object_set_new(o, "sh_nvfp4", json_integer(s->sh_nvfp4));
     json_object_set_new(o, "fp4", lins_json(s->fp4, s->n_fp4));
     json_object_set_new(o, "bf16", lins_json(s->bf16, s->n_bf16));
     char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
@@ -279,6 +306,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e) {
     s->dk = geti(o, "dk");
     s->dv = geti(o, "dv");
     s->conv_k = geti(o, "conv_k");
+    s->sh_nvfp4 = geti(o, "sh_nvfp4");
     parse_lins(json_object_get(o, "fp4"), s->fp4, &s->n_fp4);
     parse_lins(json_object_get(o, "bf16"), s->bf16, &s->n_bf16);
     json_decref(o);

@@ -181,8 +181,9 @@ int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
     if (!rc) rc = td_sync(e);
     if (rc) return rc;
     double est = (now_sec() - t0) * 1e3;
-    /* about 150 ms of timed calls: 50 for fast kernels, 3 for the slow references */
-    int reps = est > 0 ? (int)(150.0 / est) : 50;
+    /* about 40 ms of timed calls: up to 50 for fast kernels, 3 for the slow references
+     * (the median of that many is stable to a few percent; the doctor runs ~500 jobs) */
+    int reps = est > 0 ? (int)(40.0 / est) : 50;
     if (reps < 3) reps = 3;
     if (reps > 50) reps = 50;
     double *ms = xcalloc(reps, sizeof(double));
@@ -239,32 +240,68 @@ uint64_t td_rng_next(uint64_t *s) {
 }
 float td_rng_unit(uint64_t *s) { return (float)((td_rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f; }
 
-/* Activations [M, K]: uniform(-1, 1) times a per-row magnitude spanning 2^-6..2^6,
- * rounded to what the device stores (bf16 on CUDA) so host and device agree. */
-void td_gen_act(float *x, int M, int K, uint64_t *rng) {
-    for (int m = 0; m < M; m++) {
-        float mag = ldexpf(1.f, (int)(td_rng_next(rng) % 13) - 6);
-        for (int k = 0; k < K; k++) {
-            float v = td_rng_unit(rng) * mag;
-            x[(size_t)m * K + k] = td_act() == ACT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+/* Random tensors are generated in parallel, one RNG stream per row seeded from
+ * one draw of the caller's stream: the values depend on the seed and the shape
+ * only, never on the thread count (generation of the 397B layer's 512 experts
+ * single-threaded took most of a moe trial's time). */
+typedef struct gen_ctx {
+    int kind; /* 0 activations (float), 1 NVFP4 codes + scales, 2 BF16 weight */
+    int K;
+    uint64_t base;
+    float amp;
+    void *a, *b;
+} gen_ctx;
+
+static uint64_t row_seed(uint64_t base, int64_t row) { return base ^ ((uint64_t)(row + 1) * 0xD1B54A32D192ED03ull); }
+
+static void gen_rows(void *p, int64_t r0, int64_t r1) {
+    const gen_ctx *g = p;
+    const size_t K = (size_t)g->K;
+    for (int64_t r = r0; r < r1; r++) {
+        uint64_t rng = row_seed(g->base, r);
+        if (g->kind == 0) {
+            float *x = (float *)g->a + (size_t)r * K;
+            float mag = ldexpf(1.f, (int)(td_rng_next(&rng) % 13) - 6);
+            for (size_t k = 0; k < K; k++) {
+                float v = td_rng_unit(&rng) * mag;
+                x[k] = td_act() == ACT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+            }
+        } else if (g->kind == 1) {
+            uint8_t *codes = (uint8_t *)g->a + (size_t)r * (K / 2), *sc = (uint8_t *)g->b + (size_t)r * (K / 16);
+            for (size_t i = 0; i < K / 2; i += 8) {
+                uint64_t v = td_rng_next(&rng);
+                for (size_t j = 0; j < 8 && i + j < K / 2; j++) codes[i + j] = (uint8_t)(v >> (8 * j));
+            }
+            for (size_t i = 0; i < K / 16; i++) {
+                uint64_t v = td_rng_next(&rng);
+                int ex = 2 + (int)(v % 9); /* biased exponent 2..10: 2^-5 .. 2^3 */
+                sc[i] = (uint8_t)((ex << 3) | ((v >> 8) & 7));
+            }
+        } else {
+            uint16_t *w = (uint16_t *)g->a + (size_t)r * K;
+            for (size_t k = 0; k < K; k++) w[k] = f32_to_bf16(td_rng_unit(&rng) * g->amp);
         }
     }
 }
 
-/* NVFP4 weight on the host: every code, positive E4M3 scales of 2^-5..2^3. */
+static void gen_par(int kind, int rows, int K, float amp, void *a, void *b, uint64_t *rng) {
+    gen_ctx g = {.kind = kind, .K = K, .base = td_rng_next(rng), .amp = amp, .a = a, .b = b};
+    int64_t per = (int64_t)(65536 / (K > 0 ? K : 1));
+    pool_for(rows, per > 0 ? per : 1, gen_rows, &g);
+}
+
+/* Activations [M, K]: uniform(-1, 1) times a per-row magnitude spanning 2^-6..2^6,
+ * rounded to what the device stores (bf16 on CUDA) so host and device agree. */
+void td_gen_act(float *x, int M, int K, uint64_t *rng) { gen_par(0, M, K, 1.f, x, NULL, rng); }
+
+/* NVFP4 weight [N, K] on the host: every code, positive E4M3 scales of 2^-5..2^3. */
 void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng) {
-    size_t nc = (size_t)N * K / 2, ns = (size_t)N * K / 16;
-    for (size_t i = 0; i < nc; i += 8) {
-        uint64_t r = td_rng_next(rng);
-        for (int j = 0; j < 8 && i + j < nc; j++) codes[i + j] = (uint8_t)(r >> (8 * j));
-    }
-    for (size_t i = 0; i < ns; i++) {
-        uint64_t r = td_rng_next(rng);
-        int ex = 2 + (int)(r % 9); /* biased exponent 2..10: 2^-5 .. 2^3 */
-        scales[i] = (uint8_t)((ex << 3) | ((r >> 8) & 7));
-    }
+    gen_par(1, N, K, 1.f, codes, scales, rng);
     *scale2 = 1.0f / (6.0f * 448.0f) * (1.0f + 0.5f * td_rng_unit(rng));
 }
+
+/* BF16 weight [N, K]: uniform(-amp, amp). */
+void td_gen_bf16(int N, int K, uint16_t *w, float amp, uint64_t *rng) { gen_par(2, N, K, amp, w, NULL, rng); }
 
 /* ---- comparison -------------------------------------------------------------------- */
 

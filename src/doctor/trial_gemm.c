@@ -145,8 +145,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
         if (fp4) {
             td_gen_nvfp4(N, K, wc.w, wc.s, &wc.scale2, &wr);
         } else {
-            uint16_t *wb = (uint16_t *)wc.w;
-            for (size_t i = 0; i < (size_t)N * K; i++) wb[i] = f32_to_bf16(td_rng_unit(&wr) * 0.05f);
+            td_gen_bf16(N, K, (uint16_t *)wc.w, 0.05f, &wr);
         }
     }
     const uint8_t *hw = wc.w, *hs = wc.s;

@@ -3,7 +3,9 @@
  * over the one MoE shape of the model.
  *
  * Weights are random at the real shape: experts NVFP4 when the model's are
- * (else BF16), router and shared-expert gate BF16. The oracle is the family's
+ * (else BF16), the shared expert in its own kind (doc_shapes.sh_nvfp4: BF16
+ * next to NVFP4 experts when the checkpoint excludes it, as synth's do),
+ * router and shared-expert gate BF16. The oracle is the family's
  * CPU reference (moe_cpu_ref, fp32) on the same inputs. Tokens whose k-th and
  * (k+1)-th router probabilities are within 1e-4 of each other are left out of
  * the comparison (either choice is right; the backends may break the tie
@@ -38,8 +40,7 @@ static int mk_lin(mlin *l, int N, int K, int fp4, float amp, uint64_t *rng, ls_e
         td_gen_nvfp4(N, K, w, s, &s2, rng);
         s2 *= amp * 4.f;
     } else {
-        uint16_t *b = (uint16_t *)w;
-        for (size_t i = 0; i < (size_t)N * K; i++) b[i] = f32_to_bf16(td_rng_unit(rng) * amp);
+        td_gen_bf16(N, K, (uint16_t *)w, amp, rng);
     }
     l->host = (lin_w){.kind = fp4 ? W_NVFP4 : W_BF16, .N = N, .K = K, .data = w, .scale = s, .scale2 = s2,
                       .name = "doctor"};
@@ -89,6 +90,7 @@ typedef struct layer {
 
 static int mk_layer(layer *L, const doc_shapes *s, uint64_t *rng, ls_err *e) {
     const int H = s->hidden, E = s->n_experts, I = s->moe_inter, Is = s->shared_inter, fp4 = s->nvfp4;
+    const int sfp4 = s->nvfp4 && s->sh_nvfp4;
     memset(L, 0, sizeof *L);
     L->E = E;
     L->gate = xcalloc(E, sizeof(mlin)); L->up = xcalloc(E, sizeof(mlin)); L->down = xcalloc(E, sizeof(mlin));
@@ -106,9 +108,9 @@ static int mk_layer(layer *L, const doc_shapes *s, uint64_t *rng, ls_err *e) {
     }
     if (!rc && Is > 0) {
         float aout_s = 1.f / sqrtf((float)Is);
-        rc = mk_lin(&L->sh_gate, Is, H, fp4, ain, rng, e);
-        if (!rc) rc = mk_lin(&L->sh_up, Is, H, fp4, ain, rng, e);
-        if (!rc) rc = mk_lin(&L->sh_down, H, Is, fp4, aout_s, rng, e);
+        rc = mk_lin(&L->sh_gate, Is, H, sfp4, ain, rng, e);
+        if (!rc) rc = mk_lin(&L->sh_up, Is, H, sfp4, ain, rng, e);
+        if (!rc) rc = mk_lin(&L->sh_down, H, Is, sfp4, aout_s, rng, e);
         if (!rc && s->has_sh_gate) rc = mk_lin(&L->sh_gw, 1, H, 0, ain, rng, e);
     }
     if (rc) return rc;
@@ -194,10 +196,11 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
             /* weight bytes read: at most every expert once */
             double per = (s->nvfp4 ? 0.5625 : 2.0) * 3 * s->moe_inter * H;
             double used = (double)M * k < s->n_experts ? (double)M * k : s->n_experts;
-            r.bytes += per * used + (s->nvfp4 ? 0.5625 : 2.0) * 3 * s->shared_inter * H;
+            r.bytes += per * used + (s->nvfp4 && s->sh_nvfp4 ? 0.5625 : 2.0) * 3 * s->shared_inter * H;
         }
         moe_shape sh = {.M = M, .H = H, .E = s->n_experts, .top_k = k, .I = s->moe_inter,
-                        .Is = s->shared_inter, .wk = s->nvfp4 ? W_NVFP4 : W_BF16, .dt = td_act()};
+                        .Is = s->shared_inter, .wk = s->nvfp4 ? W_NVFP4 : W_BF16, .dt = td_act(),
+                        .sk = s->nvfp4 && s->sh_nvfp4 ? W_NVFP4 : W_BF16};
         char why[256] = "";
         if (!impl || impl->dev != td_dev()->kind) {
             r.status = "unsupported";

@@ -348,7 +348,8 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     const moe_w *w = a->w;
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
-                    .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt};
+                    .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt,
+                    .sk = w->shared_inter > 0 ? w->sh_gate.kind : w->gate[0].kind};
     const moe_impl *g = capture_alt(s, F_MOE, for_shape(s, F_MOE, s->moe, sup_moe, &sh, e), sup_moe, safe_moe, &sh);
     if (g && refuse_uncapturable(s, F_MOE, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;

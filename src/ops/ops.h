@@ -143,7 +143,12 @@ typedef struct moe_shape {
     int M, H, E, top_k, I, Is;
     w_kind wk;           /* the experts' weight kind */
     act_dtype dt;
+    w_kind sk;           /* (additive) the shared expert's weight kind (NVFP4 checkpoints may
+                            keep it BF16); W_F32 = 0, as left by a caller that predates the
+                            field, means "same as wk": read it through moe_shared_kind() */
 } moe_shape;
+
+static inline w_kind moe_shared_kind(const moe_shape *s) { return s->sk == W_F32 ? s->wk : s->sk; }
 
 typedef struct moe_args {
     int M;

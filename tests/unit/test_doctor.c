@@ -56,6 +56,48 @@ static void test_synth_spec_and_unknown_preset(void **st) {
     assert_non_null(strstr(e.msg, "qwen3.5-122b-a10b")); /* lists the valid ones */
 }
 
+/* What synth writes (src/model/synth.c excludes `*mlp.shared_expert*`): NVFP4
+ * routed experts, a BF16 shared expert; quant=bf16 and the non-qwen3.5 presets
+ * are all BF16. The preset (--shapes) keeps the NVFP4 shared expert. The kind
+ * survives the JSON round trip to the trial children. */
+static void test_synth_shared_expert_kind(void **st) {
+    doc_shapes s, b;
+    ls_err e = {0};
+    assert_int_equal(doc_shapes_from_model("synth:qwen3.5-397b-a17b,layers=1", &s, &e), 0);
+    assert_int_equal(s.nvfp4, 1);
+    assert_int_equal(s.sh_nvfp4, 0);
+    const doc_lin *gu = find(s.fp4, s.n_fp4, 1024, 4096);
+    assert_non_null(gu);
+    assert_null(strstr(gu->label, "shared expert"));
+    const doc_lin *sgu = find(s.bf16, s.n_bf16, 1024, 4096), *sd = find(s.bf16, s.n_bf16, 4096, 1024);
+    assert_non_null(sgu);
+    assert_non_null(strstr(sgu->label, "shared expert gate/up"));
+    assert_non_null(sd);
+    assert_non_null(strstr(sd->label, "shared expert down"));
+    char *t = doc_shapes_json(&s);
+    assert_int_equal(doc_shapes_parse_json(t, &b, &e), 0);
+    free(t);
+    assert_int_equal(b.sh_nvfp4, 0);
+    assert_int_equal(b.nvfp4, 1);
+
+    assert_int_equal(doc_shapes_from_preset("qwen3.5-397b-a17b", &s, &e), 0);
+    assert_int_equal(s.sh_nvfp4, 1);
+    t = doc_shapes_json(&s);
+    assert_int_equal(doc_shapes_parse_json(t, &b, &e), 0);
+    free(t);
+    assert_int_equal(b.sh_nvfp4, 1);
+
+    assert_int_equal(doc_shapes_from_model("synth:qwen3.5-35b-a3b,quant=bf16", &s, &e), 0);
+    assert_int_equal(s.nvfp4, 0);
+    assert_int_equal(s.n_fp4, 0);
+    assert_non_null(find(s.bf16, s.n_bf16, 512, 2048));
+    assert_int_equal(doc_shapes_from_model("synth:qwen3-30b-a3b", &s, &e), 0);
+    assert_int_equal(s.nvfp4, 0);
+    assert_int_equal(s.n_fp4, 0);
+    assert_int_equal(doc_shapes_from_model("synth:qwen3.5-35b-a3b,colour=red", &s, &e), ERR_INVAL);
+    assert_non_null(strstr(e.msg, "colour"));
+}
+
 static void test_json_round_trip(void **st) {
     doc_shapes a, b;
     ls_err e = {0};
@@ -104,6 +146,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_397b_shapes),
         cmocka_unit_test(test_synth_spec_and_unknown_preset),
+        cmocka_unit_test(test_synth_shared_expert_kind),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_fp4_shapes_flag),
         cmocka_unit_test(test_pick_bucket),

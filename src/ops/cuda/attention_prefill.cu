@@ -397,7 +397,7 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
 }
 
 /* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
- * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 128 keys each on average.
+ * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 64 keys each on average.
  * Host planning reads seqs_host (exact tile count, longest context); device planning (ctx_cap > 0,
  * graph capture) takes the tile bound ceil(n_tok·grp / 64) + n_seq and ctx_cap. */
 static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
@@ -416,7 +416,7 @@ static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     }
     const long blocks = tiles * a->n_kv_heads;
     if (blocks <= 0 || blocks >= 2L * n_sm) return 1;
-    long want = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 127) / 128, kt = (max_ctx + BN - 1) / BN;
+    long want = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 63) / 64, kt = (max_ctx + BN - 1) / BN;
     long n = want < cap ? want : cap;
     if (n > kt) n = kt;
     if (n > 64) n = 64;

@@ -19,10 +19,11 @@
  *             cuda_naive          one warp per (token, head), online softmax
  *             (seqs and their page lists are host memory; flattened per call)
  *             cuda_flash_prefill  FlashAttention-2 tiles on mma.sync, (token, head) rows of a GQA
- *                                 group per tile, K/V tiles shared by the group (attention_prefill.cu)
+ *                                 group per tile, K/V tiles shared by the group, split-K for small
+ *                                 grids (attention_prefill.cu)
  *   gdn:       cuda_recurrent      conv kernel + per-(sequence, v head) recurrence, S in registers
- *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync, S in registers
- *                                 as accumulators (gdn_chunked.cu)
+ *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
+ *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)
  *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
  *
  * Memory: backends are stateless except for per-device lazily created

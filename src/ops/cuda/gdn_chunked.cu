@@ -119,13 +119,14 @@ __device__ __forceinline__ float gc_bf(const bf16 *p, size_t i) { return __bfloa
  *   c [n_tok, D]      = silu(Σ_i w[ch][i] · x[t − (K−1) + i][ch]), x at t' < 0 taken from the
  *                       slot's conv state (oldest first: x[t'] = state[K − 1 + t'])
  *   gb [n_tok, nv, 2] = (g, β)
- * The conv state is only read here; gc_conv_state_kernel rolls it afterwards (stream order).
+ * With one block per channel along z (gridDim.z == 1: every sequence has at most 16 new tokens,
+ * decode) the block rolls the conv state itself; otherwise gc_conv_state_kernel does, afterwards.
  * KK: the kernel size when known at compile time (0: K at run time, at most GC_MAX_K). */
 template <int KK>
 __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
                                const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                                const float *__restrict__ conv_w, const float *__restrict__ A_log,
-                               const float *__restrict__ dt_bias, const float *__restrict__ conv_st,
+                               const float *__restrict__ dt_bias, float *__restrict__ conv_st,
                                float *__restrict__ c, float *__restrict__ gb) {
     const int K = KK ? KK : Kr;
     const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
@@ -134,7 +135,7 @@ __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict_
         const int t1 = min(T, t0 + GC_CONV_T);
         if (ch < D) {
             float win[KK ? KK : GC_MAX_K], w[KK ? KK : GC_MAX_K];
-            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+            float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
 #pragma unroll
             for (int i = 0; i < K; i++) w[i] = conv_w[(size_t)ch * K + i];
 #pragma unroll
@@ -151,6 +152,9 @@ __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict_
 #pragma unroll
                 for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
             }
+            if (gridDim.z == 1 && t1 == T) /* one block walks all the tokens: it rolls the state itself */
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) st[i] = win[i];
         }
         if (ch < nv) {
             const float al = -__expf(A_log[ch]), db = dt_bias[ch];
@@ -344,7 +348,7 @@ __device__ __forceinline__ void gc_stc(gc_op *M, int ld, int r0, int c0, const f
  * into the chunk kernel's operands: x16 [n_tok, D] (gc_op) holds q̂ = l2norm(q)·dk^-0.5, k̂ =
  * l2norm(k) and βv in the channel layout of qkv, and gb [n_tok, nv, 2] = (g, β). A block's 128
  * channels hold whole q/k heads (dk divides 128 and the block start): a head's sum of squares is
- * the sum of its dk/32 warps' partials (shared red). */
+ * the sum of its dk/32 warps' partials (shared red). The conv state as in gc_conv_kernel. */
 template <int KK>
 __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                                                       const int32_t *__restrict__ meta,
@@ -352,7 +356,7 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                                                       const bf16 *__restrict__ b, const float *__restrict__ conv_w,
                                                       const float *__restrict__ A_log,
                                                       const float *__restrict__ dt_bias,
-                                                      const float *__restrict__ conv_st, gc_op *__restrict__ x16,
+                                                      float *__restrict__ conv_st, gc_op *__restrict__ x16,
                                                       float *__restrict__ gb) {
     __shared__ float red[GC_CONV_T][4];
     const int K = KK ? KK : Kr;
@@ -366,7 +370,7 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
         float xs[GC_CONV_T];
         if (ch < D) {
             float win[KK ? KK : GC_MAX_K], wt[KK ? KK : GC_MAX_K];
-            const float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+            float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
 #pragma unroll
             for (int i = 0; i < K; i++) wt[i] = conv_w[(size_t)ch * K + i];
 #pragma unroll
@@ -387,6 +391,9 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                 }
                 xs[t] = acc;
             }
+            if (gridDim.z == 1 && t0 + n == T) /* one block walks all the tokens: it rolls the state itself */
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) st[i] = win[i];
         } else {
 #pragma unroll
             for (int t = 0; t < GC_CONV_T; t++) xs[t] = 0.f;
@@ -442,7 +449,7 @@ __device__ __forceinline__ void gc_cp_wait() { asm volatile("cp.async.wait_group
 
 /* ---- cuda_chunked: the kernel ------------------------------------------------- */
 
-/* Shared memory of gc_chunk_kernel<DK, DV> (bytes): gc_op tiles Qs, Ks [2][64][DK+8] (two
+/* Shared memory of gc_chunk_kernel<DK, DV, ...> (bytes): gc_op tiles Qs, Ks [2][64][DK+8] (two
  * buffers: the next chunk lands while this one is worked on), KBs, Ws [64][DK+8], VBs
  * [2][64][DV+8], Sb [DK][DV+8], Tb, Pb [64][72]; fp32 Af, Xf [64][65], gam [64], Ys [3][16][16],
  * gbs [2][64][2] (g, β). 225 KB at dk = dv = 128. */
@@ -454,23 +461,25 @@ struct gc_layout {
     static constexpr size_t bytes = bf16s * 2 + f32s * 4;
 };
 
-/* grid (nv, n_seq, NVS), 256 threads (8 warps). Block z takes the value columns
- * [z·DVB, (z+1)·DVB) of its head (DVB = DV / NVS): everything that depends on v (U, V', O, S) is
- * split, the rest (A, T, W, P) is recomputed per block; NVS > 1 when nv · n_seq blocks would
- * leave SMs idle (a long prompt). Warp tiles:
- *   64×64 products (K Kᵀ, Q Kᵀ):  rows 16·(w%4), cols 32·(w/4), 4 n-tiles
- *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/2 (DK/2), DVB/16 (DK/16) n-tiles
- *   S [DK, DVB]: RT = DK/16 row tiles, CG = 8/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/CG */
-template <int DK, int DV, int NVS>
-__global__ void __launch_bounds__(GC_THREADS, 1)
+/* grid (nv, n_seq, NVS), NW warps (8, or 16 at dk = 128: the block is alone on its SM, and
+ * its phases are latency-bound, so more warps with less work each). Block z takes the value
+ * columns [z·DVB, (z+1)·DVB) of its head (DVB = DV / NVS): everything that depends on v (U, V',
+ * O, S) is split, the rest (A, T, W, P) is recomputed per block; NVS > 1 when nv · n_seq blocks
+ * would leave SMs idle (a long prompt). Warp tiles, with CGN = NW/4 column groups:
+ *   64×64 products (K Kᵀ, Q Kᵀ): rows 16·(w%4), cols (w/4)·64/CGN, 8/CGN n-tiles
+ *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/CGN (DK/CGN)
+ *   S [DK, DVB]: RT = DK/16 row tiles, SCG = NW/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/SCG */
+template <int DK, int DV, int NVS, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
-    constexpr int DVB = DV / NVS;
+    constexpr int DVB = DV / NVS, NT = NW * 32, CGN = NW / 4;
     typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
-    constexpr int RT = DK / 16, CG = 8 / RT, SC = DVB / CG, SNT = SC / 8; /* S tiling */
-    constexpr int UNT = DVB / 16, WNT = DK / 16;                       /* n-tiles of the 64×DVB / 64×DK halves */
-    static_assert(RT >= 1 && RT <= 8 && 8 % RT == 0 && SC % 8 == 0, "S tiling");
+    constexpr int RT = DK / 16, SCG = NW / RT, SC = DVB / SCG, SNT = SC / 8; /* S tiling */
+    constexpr int UC = DVB / CGN, WC = DK / CGN, KC = 64 / CGN;              /* column group widths */
+    constexpr int UNT = UC / 8, WNT = WC / 8, KNT = KC / 8;                  /* their n-tiles */
+    static_assert(RT >= 1 && RT <= NW && NW % RT == 0 && SC % 8 == 0 && UC % 8 == 0 && WC % 8 == 0, "tiling");
     extern __shared__ __align__(16) unsigned char gc_smem[];
     gc_op *Qb = reinterpret_cast<gc_op *>(gc_smem); /* [2][C][LK] */
     gc_op *Kb = Qb + 2 * C * LK, *KBs = Kb + 2 * C * LK, *Ws = KBs + C * LK;
@@ -492,19 +501,19 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         const int Ln = min(C, T - cc0);
         gc_op *Qd = Qb + bi * C * LK, *Kd = Kb + bi * C * LK, *Vd = VBb + bi * C * LV;
         float *gd = gbs + bi * 2 * C;
-        for (int x = tid; x < C * (DK / 8); x += GC_THREADS) {
+        for (int x = tid; x < C * (DK / 8); x += NT) {
             const int i = x / (DK / 8), c8 = x % (DK / 8), ok = i < Ln;
             const gc_op *src = x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)kh * DK + c8 * 8;
             gc_cp16(Qd + i * LK + c8 * 8, src, ok ? 16 : 0);
             gc_cp16(Kd + i * LK + c8 * 8, src + (size_t)nk * DK, ok ? 16 : 0);
         }
-        for (int x = tid; x < C * (DVB / 8); x += GC_THREADS) {
+        for (int x = tid; x < C * (DVB / 8); x += NT) {
             const int i = x / (DVB / 8), c8 = x % (DVB / 8), ok = i < Ln;
             const gc_op *src =
                 x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)2 * nk * DK + (size_t)j * DV + vc0 + c8 * 8;
             gc_cp16(Vd + i * LV + c8 * 8, src, ok ? 16 : 0);
         }
-        for (int i = tid; i < C; i += GC_THREADS) {
+        for (int i = tid; i < C; i += NT) {
             const int ok = i < Ln;
             gc_cp8(gd + 2 * i, gb + 2 * ((size_t)(row0 + cc0 + (ok ? i : 0)) * nv + j), ok ? 8 : 0);
         }
@@ -523,7 +532,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         gc_stc(Sb, LV, sr, sc0 + 8 * n, S[n], 1.f);
     }
     const int rt = 16 * (w & 3);   /* row tile of the 64-row products */
-    const int half = w >> 2;       /* column half of the 64-row products */
+    const int cg = w >> 2;         /* column group of the 64-row products */
 
     for (int c0 = 0; c0 < T; c0 += C) {
         const int L = min(C, T - c0);
@@ -553,14 +562,14 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         }
         __syncthreads();
         /* (c) KBs = β k̂ e^γ; A = strict_lower(β_i k̂_i·k̂_j e^{γ_i−γ_j}) (fp32); P = lower_incl(q̂_i·k̂_j e^{γ_i−γ_j}) */
-        for (int x = tid; x < C * DK; x += GC_THREADS) {
+        for (int x = tid; x < C * DK; x += NT) {
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * gbc[2 * i + 1] * __expf(gam[i]));
         }
         if (live) {
-            float kk[4][4], qk[4][4];
+            float kk[KNT][4], qk[KNT][4];
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < KNT; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) kk[n][e] = qk[n][e] = 0.f;
 #pragma unroll
@@ -569,18 +578,18 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 gc_lda(ak, Ks, LK, rt, 16 * ks);
                 gc_lda(aq, Qs, LK, rt, 16 * ks);
 #pragma unroll
-                for (int n = 0; n < 4; n++) {
+                for (int n = 0; n < KNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_nk(b0, b1, Ks, LK, 16 * ks, 32 * half + 8 * n);
+                    gc_ldb_nk(b0, b1, Ks, LK, 16 * ks, KC * cg + 8 * n);
                     gc_mma(kk[n], ak, b0, b1);
                     gc_mma(qk[n], aq, b0, b1);
                 }
             }
 #pragma unroll
-            for (int n = 0; n < 4; n++) {
+            for (int n = 0; n < KNT; n++) {
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    const int i = rt + g + 8 * hh, jj = 32 * half + 8 * n + 2 * t;
+                    const int i = rt + g + 8 * hh, jj = KC * cg + 8 * n + 2 * t;
                     const float gi = gam[i], bt = gbc[2 * i + 1];
                     float av[2], pv[2];
 #pragma unroll
@@ -598,32 +607,39 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
         }
         __syncthreads();
         /* (d) T = (I + A)⁻¹ (fp32) by 16×16 blocks.
-         * (d1) the four diagonal blocks, forward substitution: warp b < 4 takes block b, lane l column
-         *      cc = 16b + l/2, two lanes split the sum: X[i][cc] = δ − Σ_{cc ≤ m < i} A[i][m] X[m][cc];
+         * (d1) the four diagonal blocks, forward substitution: lane l of warps 0, 1 owns column cc =
+         *      32w + l (block b = cc / 16, local column c) in registers: X[r][c] = δ_rc for r <= c,
+         *      −Σ_{m<r} A[16b + r][16b + m] X[m][c] below (rows past L have A = 0: identity);
          *      the other warps zero the blocks off the diagonal.
          * (d2) block forward substitution, level d = i − j = 1, 2, 3 (blocks of lower levels are done):
          *      Y = A[block i][16j .. 16i) · X[16j .. 16i)[block j],  X[block i][block j] = −X_ii · Y. */
         {
-            for (int x = tid; x < C * C; x += GC_THREADS) {
-                const int i = x / C, cc = x % C;
-                if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
-            }
-            if (w < 4) { /* rows past L are padding: A is zero there, X stays the identity */
-                const int b0 = 16 * w, cc = b0 + (lane >> 1), sub = lane & 1, iend = min(b0 + 16, L);
-                for (int i = b0 + sub; i < b0 + 16; i += 2) Xf[i * LF + cc] = i == cc ? 1.f : 0.f;
-                __syncwarp();
-                for (int i = b0 + 1; i < iend; i++) {
+            if (w < 2) {
+                const int cc = 32 * w + lane, b0 = cc & ~15, c = cc & 15;
+                float x[16];
+#pragma unroll
+                for (int r = 0; r < 16; r++) x[r] = r == c ? 1.f : 0.f;
+#pragma unroll
+                for (int r = 1; r < 16; r++) {
+                    if (b0 >= 16 * NT16) break; /* a padding tile: A was not written there; X = I */
+                    const float *ar = Af + (b0 + r) * LF + b0;
                     float p = 0.f;
-                    for (int m = b0 + sub; m < i; m += 2) p = fmaf(Af[i * LF + m], Xf[m * LF + cc], p);
-                    p += __shfl_xor_sync(0xffffffffu, p, 1);
-                    if (i > cc && sub == 0) Xf[i * LF + cc] = -p;
-                    __syncwarp();
+#pragma unroll
+                    for (int m = 0; m < r; m++) p = fmaf(ar[m], x[m], p);
+                    if (r > c) x[r] = -p;
+                }
+#pragma unroll
+                for (int r = 0; r < 16; r++) Xf[(b0 + r) * LF + cc] = x[r];
+            } else {
+                for (int x = tid - 64; x < C * C; x += NT - 64) {
+                    const int i = x / C, cc = x % C;
+                    if (i / 16 != cc / 16) Xf[i * LF + cc] = 0.f;
                 }
             }
             __syncthreads();
             for (int d = 1; d < NT16; d++) {
                 const int nb = NT16 - d; /* blocks (jb + d, jb), jb < nb, ib = jb + d < NT16 (zero past it) */
-                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                for (int x = tid; x < nb * 256; x += NT) {
                     const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
                     const float *ar = Af + (16 * ib + r) * LF;
                     float y = 0.f;
@@ -631,7 +647,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                     Ys[x] = y;
                 }
                 __syncthreads();
-                for (int x = tid; x < nb * 256; x += GC_THREADS) {
+                for (int x = tid; x < nb * 256; x += NT) {
                     const int jb = x >> 8, r = (x >> 4) & 15, cc = x & 15, ib = jb + d;
                     const float *xr = Xf + (16 * ib + r) * LF + 16 * ib;
                     float v = 0.f;
@@ -641,7 +657,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
                 }
                 __syncthreads();
             }
-            for (int x = tid; x < C * C; x += GC_THREADS) {
+            for (int x = tid; x < C * C; x += NT) {
                 const int i = x / C, cc = x % C;
                 Tb[i * LT + cc] = gc_cvt(Xf[i * LF + cc]);
             }
@@ -661,23 +677,23 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, cg * UC + 8 * n);
                     gc_mma(u[n], a, b0, b1);
                 }
 #pragma unroll
                 for (int n = 0; n < WNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, KBs, LK, 16 * ks, half * (DK / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, KBs, LK, 16 * ks, cg * WC + 8 * n);
                     gc_mma(wk[n], a, b0, b1);
                 }
             }
 #pragma unroll
-            for (int n = 0; n < WNT; n++) gc_stc(Ws, LK, rt, half * (DK / 2) + 8 * n, wk[n], -1.f);
+            for (int n = 0; n < WNT; n++) gc_stc(Ws, LK, rt, cg * WC + 8 * n, wk[n], -1.f);
         }
         __syncthreads();
         /* KBs := K' = k̂ e^{γ_L − γ} (KBs is free now); padded rows have k̂ = 0 */
         const float gL = gam[C - 1];
-        for (int x = tid; x < C * DK; x += GC_THREADS) {
+        for (int x = tid; x < C * DK; x += NT) {
             const int i = x / DK, d = x % DK;
             KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * __expf(gL - gam[i]));
         }
@@ -690,12 +706,12 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
             for (int n = 0; n < UNT; n++) {
                 uint32_t b0, b1;
-                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, cg * UC + 8 * n);
                 gc_mma(u[n], a, b0, b1);
             }
         }
 #pragma unroll
-        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, half * (DVB / 2) + 8 * n, u[n], 1.f);
+        for (int n = 0; n < UNT; n++) gc_stc(VBs, LV, rt, cg * UC + 8 * n, u[n], 1.f);
         __syncthreads();
         /* (g) O = e^γ ⊙ (Q S) + P V' -> out (rows < L) */
         if (live) {
@@ -709,7 +725,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, Sb, LV, 16 * ks, cg * UC + 8 * n);
                     gc_mma(o[n], a, b0, b1);
                 }
             }
@@ -725,7 +741,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
-                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, half * (DVB / 2) + 8 * n);
+                    gc_ldb_kn(b0, b1, VBs, LV, 16 * ks, cg * UC + 8 * n);
                     gc_mma(o[n], a, b0, b1);
                 }
             }
@@ -733,7 +749,7 @@ __global__ void __launch_bounds__(GC_THREADS, 1)
             for (int hh = 0; hh < 2; hh++) {
                 const int i = rt + g + 8 * hh;
                 if (i >= L) continue;
-                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + half * (DVB / 2) + 2 * t;
+                bf16 *orow = out + ((size_t)(row0 + c0 + i) * nv + j) * DV + vc0 + cg * UC + 2 * t;
 #pragma unroll
                 for (int n = 0; n < UNT; n++)
                     *reinterpret_cast<uint32_t *>(orow + 8 * n) = gc_pack_out(o[n][2 * hh], o[n][2 * hh + 1]);
@@ -888,7 +904,7 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
         gc_conv_kernel<0><<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
                                               (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, *cw,
                                               *gbw);
-    if (w->conv_k > 1)
+    if (w->conv_k > 1 && nz > 1) /* with one token chunk (decode) the conv kernels roll the state */
         gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {
@@ -929,16 +945,17 @@ static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x
                            cudaStream_t st, ls_err *e) {
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
+    constexpr int NW = DK == 128 ? 16 : 8; /* warps: see gc_chunk_kernel */
     if (!(ws->smem_ok & (1 << bit))) {
         CU_TRY(e,
-               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem),
                "gdn cuda_chunked: shared memory opt-in");
         ws->smem_ok |= 1 << bit;
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
     dim3 g2(w->nv, a->n_seq, NVS);
-    gc_chunk_kernel<DK, DV, NVS><<<g2, GC_THREADS, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, x16, gbw,
+    gc_chunk_kernel<DK, DV, NVS, NW><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, x16, gbw,
                                                               a->st->rec, (bf16 *)a->out);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;

@@ -1,7 +1,9 @@
 /* moe.cu: the moe family on CUDA (reference/qwen35-and-nvfp4.md 2.5):
  *   p = softmax(x·W_routerᵀ) over E (fp32), top-k (ties: lower index), renormalised
  *   y = Σ_j w_j · down_e(silu(gate_e(x)) · up_e(x)) + sigmoid(x·w_sg) · shared(x)
- * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 or BF16.
+ * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 or BF16;
+ * the shared expert NVFP4 or BF16 on its own (ModelOpt NVFP4 checkpoints may
+ * exclude `*.mlp.shared_expert.*` from quantization, as synth does).
  *
  * Backends, two different algorithms:
  *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip:
@@ -22,7 +24,12 @@
  *                      pointer tables (30 KB for E = 512) live in device
  *                      memory, cached per layer and uploaded only when they
  *                      change (passing them as 20 KB kernel parameters cost
- *                      ~20 us per call on the H200).
+ *                      ~20 us per call on the H200). A BF16 shared expert
+ *                      rides in the same launches: its blocks (gate/up) and
+ *                      chunks (down, after the routed ones in the round robin)
+ *                      stream BF16 rows, 8 weights per 16-byte load instead of
+ *                      32, straight into the same mma fragments (the choice
+ *                      is block- / warp-uniform; scale2 = 1).
  *   cuda_expert_loop   any M: router through cuBLASLt (fp32 logits), top-k
  *                      kernel, one device->host copy of the choices, tokens
  *                      sorted by expert and gathered, then per expert the
@@ -267,11 +274,13 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
 /* Launch 1b: softmax, top-k and the shared gate, a block of TOPK_W warps per
  * token (E <= 64·TOPK_W). Phase 1: warp w takes experts 64w .. 64w + 63 (two per
  * lane) and picks its own top-k, k rounds of two redux.sync (largest
- * order-preserving key, then the lowest index holding it). Phase 2: warp 0 picks
- * the top-k of those TOPK_W·k candidates the same way. The global top-k under
- * (logit desc, index asc) is inside the union of the warps' top-k. Until
- * 2026-11-29 one warp did all of it: 9 us of dependent instructions on one SM
- * (Nsight Compute, H200, E = 512, k = 10), now a few hundred per warp. */
+ * order-preserving key, then the lowest index holding it). Phase 2: each of
+ * those TOPK_W·k candidates, one per thread, counts the candidates that beat
+ * it (rank by counting: no dependent rounds). The global top-k under (logit
+ * desc, index asc) is inside the union of the warps' top-k. Until 2026-11-29
+ * one warp did all of it: 9 us of dependent instructions on one SM (Nsight
+ * Compute, H200, E = 512, k = 10); then phase 2 was k more redux rounds on
+ * warp 0 (7.8 us for the kernel). */
 enum { TOPK_W = 16 };
 __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
                                                                     const bf16 *__restrict__ x,
@@ -282,6 +291,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ unsigned ck[TOPK_W][MOE_MAXK];
     __shared__ int ci[TOPK_W][MOE_MAXK];
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
+    __shared__ int rk_i[MOE_MAXK];
+    __shared__ float rk_p[MOE_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -313,52 +324,43 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
         }
     }
     __syncthreads();
-    if (warp) return;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < TOPK_W; w++) sum += rsum[w];
-    /* phase 2: candidates c = lane + 32 r, r < 8 (TOPK_W·MOE_MAXK = 256), 0 = empty */
-    unsigned ck8[8];
-    int ci8[8];
-#pragma unroll
-    for (int r = 0; r < 8; r++) {
-        const int c = lane + 32 * r, w = c / MOE_MAXK, j = c % MOE_MAXK;
-        const bool ok = j < k && w * 64 < E;
-        ck8[r] = ok ? ck[w][j] : 0u;
-        ci8[r] = ok ? ci[w][j] : 0x7fffffff;
-    }
-    unsigned taken = 0;
-    float psum = 0.f, myp = 0.f;
-    int myi = 0;
-    for (int j = 0; j < k; j++) {
-        unsigned kl = 0u;
-        int il = 0x7fffffff;
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            const unsigned kr = (taken >> r) & 1 ? 0u : ck8[r];
-            if (kr > kl || (kr == kl && kr && ci8[r] < il)) {
-                kl = kr;
-                il = ci8[r];
+    /* phase 2: rank by counting. Candidate c = (warp w, pick j), one per thread;
+     * its rank is the number of candidates before it under (logit desc, index
+     * asc): no dependent rounds (it was k rounds of two redux.sync on one warp,
+     * most of this kernel's 7.8 us on the H200 at E = 512, k = 10). Empty picks
+     * (key 0, a warp with fewer than k experts) rank after every real one; real
+     * candidates are distinct experts, so ranks 0..k-1 are unique. */
+    const int nw = (E + 63) / 64; /* warps that had experts */
+    if (threadIdx.x < TOPK_W * MOE_MAXK) {
+        const int w = threadIdx.x / MOE_MAXK, j = threadIdx.x % MOE_MAXK;
+        if (w < nw && j < k) {
+            const unsigned key = ck[w][j];
+            const int id = ci[w][j];
+            int rank = 0;
+            for (int w2 = 0; w2 < nw; w2++)
+                for (int j2 = 0; j2 < k; j2++) {
+                    const unsigned k2 = ck[w2][j2];
+                    rank += k2 > key || (k2 == key && ci[w2][j2] < id);
+                }
+            if (rank < k && key) {
+                rk_i[rank] = id;
+                rk_p[rank] = __expf(key2f(key) - mx) / sum;
             }
         }
-        const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
-        const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? (unsigned)il : 0xffffffffu);
-#pragma unroll
-        for (int r = 0; r < 8; r++)
-            if (ci8[r] == (int)win && ck8[r] == kmax) taken |= 1u << r;
-        const float p = __expf(key2f(kmax) - mx) / sum;
-        psum += p;
-        if (lane == j) {
-            myi = (int)win;
-            myp = p;
-        }
     }
+    __syncthreads();
+    if (warp) return;
+    float psum = 0.f;
+    for (int j = 0; j < k; j++) psum += rk_p[j]; /* descending p, as the reference sums */
     float sg = has_shared ? 1.f : 0.f;
     if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl + m)));
     else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x + (size_t)m * H, wsg, H, lane)));
     if (lane < k) {
-        idx[(size_t)m * k + lane] = myi;
-        wts[(size_t)m * (k + 1) + lane] = norm ? myp / psum : myp;
+        idx[(size_t)m * k + lane] = rk_i[lane];
+        wts[(size_t)m * (k + 1) + lane] = norm ? rk_p[lane] / psum : rk_p[lane];
     }
     if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
 }
@@ -367,16 +369,18 @@ typedef struct gu_params {
     const uint8_t *gw[MOE_MAXE], *uw[MOE_MAXE];
     const uint8_t *gs[MOE_MAXE], *us[MOE_MAXE];
     float g2[MOE_MAXE], u2[MOE_MAXE];
-    const uint8_t *sgw, *suw, *sgs, *sus;
-    float sg2, su2;
+    const uint8_t *sgw, *suw, *sgs, *sus; /* shared expert; sgs/sus NULL when BF16 */
+    float sg2, su2;                       /* 1 when BF16 */
+    int sbf;                              /* the shared expert's rows are BF16 [Is, H] */
 } gu_params;
 
 typedef struct dn_params {
     const uint8_t *dw[MOE_MAXE];
     const uint8_t *ds[MOE_MAXE];
     float d2[MOE_MAXE];
-    const uint8_t *sdw, *sds;
-    float sd2;
+    const uint8_t *sdw, *sds; /* shared expert's down; sds NULL when BF16 */
+    float sd2;                /* 1 when BF16 */
+    int sbf;                  /* the shared expert's down rows are BF16 [H, Is] */
 } dn_params;
 
 struct fused_tables {
@@ -396,13 +400,44 @@ __device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) 
     }
 }
 
+/* One 128-element K chunk of a 16-row BF16 tile (a BF16 shared expert next to
+ * NVFP4 routed experts): w0 / w1 = this lane's 32 weights of rows g and g + 8
+ * (4 x 16 B each, K order), xv = the lane's 32 matching B values. The same
+ * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of
+ * the lane's slice pairs with B word w, so NVFP4 and BF16 tiles of one block
+ * accumulate the same way. */
+__device__ __forceinline__ void bf16_chunk_mma(const uint4 (&w0)[4], const uint4 (&w1)[4], const uint4 (&xv)[4],
+                                               float (&acc)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+        const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+        cu_mma_bf16_16816(acc, f0, xv[q].x, xv[q].y);
+        cu_mma_bf16_16816(acc, f1, xv[q].z, xv[q].w);
+    }
+}
+
+/* This lane's 32 BF16 weights of rows r and r + 8 of a row-major [*, K] matrix
+ * at element offset k0 (16-byte aligned: K % 128 == 0, k0 % 8 == 0). */
+__device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, size_t k0, uint4 (&w0)[4],
+                                             uint4 (&w1)[4]) {
+    const bf16 *p0 = w + r * K + k0, *p1 = p0 + (size_t)8 * K;
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+        w0[v] = cu_ld_stream16(p0 + 8 * v);
+        w1[v] = cu_ld_stream16(p1 + 8 * v);
+    }
+}
+
 /* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32. */
 __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
                                                          int ldh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int s = blockIdx.y, m = s / (k + 1), j = s % (k + 1);
+    /* the shared expert's blocks (j = k) first in launch order: they are the
+     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
+    const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2;
@@ -422,6 +457,19 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
     const size_t r8 = (size_t)8 * (H / 2), s8 = (size_t)8 * (H / 16);
     const bf16 *xm = x + (size_t)m * H;
     float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
+    if (j == k && P->sbf) {
+        /* BF16 shared expert: 4 x 16 B per row and chunk, one chunk in flight */
+        for (int c = cb; c < ce; c++) {
+            uint4 g0[4], g1[4], u0[4], u1[4], xv[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)c * 128 + 32 * t, g0, g1);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)c * 128 + 32 * t, u0, u1);
+            const uint4 *xp = reinterpret_cast<const uint4 *>(xm + c * 128 + 32 * t);
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = g == 0 ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+            bf16_chunk_mma(g0, g1, xv, ag);
+            bf16_chunk_mma(u0, u1, xv, au);
+        }
+    } else
     for (int c = cb; c < ce; c += 2) {
         uint4 wv[2][4];
         uint16_t sv[2][4];
@@ -501,7 +549,8 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int m = blockIdx.y, n0 = blockIdx.x * 16;
     const int cpe = I / 128, cps = Is / 128;
-    const int npairs = k * cpe + cps;
+    const int sbf = P->sbf;
+    const int npairs = k * cpe + (sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
     float acc[4] = {0, 0, 0, 0};
     for (int p0 = warp; p0 < npairs; p0 += 8 * 4) {
         uint4 wv[4][2];
@@ -563,6 +612,32 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             }
         }
     }
+    if (sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const float coef = wts[m * (k + 1) + k];
+        const float *hr = hws + (size_t)(m * (k + 1) + k) * ldh;
+        for (int c = ((warp - npairs % 8) % 8 + 8) % 8; c < cps; c += 8) {
+            uint4 w0[4], w1[4], xv[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sdw), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+            if (g == 0) {
+                const float4 *hp = reinterpret_cast<const float4 *>(hr + c * 128 + 32 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float4 f0 = hp[2 * v], f1 = hp[2 * v + 1];
+                    __nv_bfloat162 p0 = __floats2bfloat162_rn(f0.x * coef, f0.y * coef);
+                    __nv_bfloat162 p1 = __floats2bfloat162_rn(f0.z * coef, f0.w * coef);
+                    __nv_bfloat162 p2 = __floats2bfloat162_rn(f1.x * coef, f1.y * coef);
+                    __nv_bfloat162 p3 = __floats2bfloat162_rn(f1.z * coef, f1.w * coef);
+                    xv[v] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
+                                       *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 4; v++) xv[v] = make_uint4(0u, 0u, 0u, 0u);
+            }
+            bf16_chunk_mma(w0, w1, xv, acc);
+        }
+    }
     __shared__ float red[8][16];
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -594,7 +669,9 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int s = blockIdx.y, m = s / (k + 1), j = s % (k + 1);
+    /* the shared expert's blocks (j = k) first in launch order: they are the
+     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
+    const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2, coef;
@@ -611,6 +688,24 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     }
     if (n0 >= rows) return;
     const int c0 = warp * PER;
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    if (j == k && P->sbf) {
+        coef *= wts[m * (k + 1) + j];
+        /* BF16 shared expert: 4x the bytes of an NVFP4 chunk, streamed through
+         * registers (PER chunks' gate and up rows would not fit the cp.async
+         * stage), gate then up to stay inside the 64-register budget */
+        const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, ag);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, au);
+        }
+    } else {
     const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
     uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
 #pragma unroll
@@ -633,7 +728,6 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     coef *= wts[m * (k + 1) + j];
     /* every token column is token m: no lane predicated off, column 0 is read */
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
-    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         uint4 xv[4];
@@ -642,6 +736,7 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         cu_cp_async_wait_dyn(PER - 1 - u);
         cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
         cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+    }
     }
     if (t == 0) {
         red[warp][0][g] = ag[0];
@@ -687,7 +782,8 @@ __global__ void __launch_bounds__(32 * KW, 2)
         ss[k] = P->sds;
     }
     __syncthreads();
-    const int cpe = I / 128, cps = Is / 128, npairs = k * cpe + cps;
+    const int cpe = I / 128, cps = Is / 128;
+    const int npairs = k * cpe + (P->sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
     uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int base = warp; base < npairs; base += KW * PMAX) {
@@ -718,6 +814,22 @@ __global__ void __launch_bounds__(32 * KW, 2)
             for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
             cu_cp_async_wait_dyn(PMAX - 1 - u);
             cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+        }
+    }
+    if (P->sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
+        for (int c = ((warp - npairs % KW) % KW + KW) % KW; c < cps; c += KW) {
+            uint4 w0[4], w1[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) { /* bf16_chunk_mma with B read as it goes: no spill */
+                const uint4 xq = __ldg(hr + c * 16 + q);
+                const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+                const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+                cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
+                cu_mma_bf16_16816(acc, f1, xq.z, xq.w);
+            }
         }
     }
     if (t == 0) {
@@ -771,6 +883,10 @@ static int fused_supported(const dev_info *d, const moe_shape *s, char *why, siz
         snprintf(why, n, "needs NVFP4 experts");
         return 0;
     }
+    if (s->Is > 0 && moe_shared_kind(s) != W_NVFP4 && moe_shared_kind(s) != W_BF16) {
+        snprintf(why, n, "needs an NVFP4 or BF16 shared expert, got %s", w_kind_name(moe_shared_kind(s)));
+        return 0;
+    }
     if (s->E > MOE_MAXE || s->H % 128 || s->I % 128 || s->Is % 128) {
         snprintf(why, n, "needs E <= %d and H, I, shared I multiples of 128 (E=%d H=%d I=%d Is=%d)", MOE_MAXE,
                  s->E, s->H, s->I, s->Is);
@@ -804,14 +920,29 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         gp.uw[x] = (const uint8_t *)ul->data; gp.us[x] = ul->scale; gp.u2[x] = ul->scale2;
         dp.dw[x] = (const uint8_t *)dl->data; dp.ds[x] = dl->scale; dp.d2[x] = dl->scale2;
     }
+    gp.sbf = dp.sbf = 0;
     if (Is) {
-        if (w->sh_gate.kind != W_NVFP4 || w->sh_up.kind != W_NVFP4 || w->sh_down.kind != W_NVFP4) {
+        const w_kind sk = w->sh_gate.kind;
+        if ((sk != W_NVFP4 && sk != W_BF16) || w->sh_up.kind != sk || w->sh_down.kind != sk) {
             pthread_mutex_unlock(&ws->mu);
-            return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: shared expert is not NVFP4");
+            return errf(e, ERR_UNSUPPORTED,
+                        "cuda_fused_decode: shared expert must be all NVFP4 or all BF16 (gate %s, up %s, down %s)",
+                        w_kind_name(sk), w_kind_name(w->sh_up.kind), w_kind_name(w->sh_down.kind));
         }
-        gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = w->sh_gate.scale; gp.sg2 = w->sh_gate.scale2;
-        gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = w->sh_up.scale; gp.su2 = w->sh_up.scale2;
-        dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = w->sh_down.scale; dp.sd2 = w->sh_down.scale2;
+        if (sk == W_BF16) {
+            if (((uintptr_t)w->sh_gate.data | (uintptr_t)w->sh_up.data | (uintptr_t)w->sh_down.data) & 15) {
+                pthread_mutex_unlock(&ws->mu);
+                return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: BF16 shared expert weights not 16-byte aligned");
+            }
+            gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = NULL; gp.sg2 = 1.f;
+            gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = NULL; gp.su2 = 1.f;
+            dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = NULL; dp.sd2 = 1.f;
+            gp.sbf = dp.sbf = 1;
+        } else {
+            gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = w->sh_gate.scale; gp.sg2 = w->sh_gate.scale2;
+            gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = w->sh_up.scale; gp.su2 = w->sh_up.scale2;
+            dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = w->sh_down.scale; dp.sd2 = w->sh_down.scale2;
+        }
     }
     tab_entry *te = NULL;
     for (int i = 0; i < TAB_CACHE; i++)

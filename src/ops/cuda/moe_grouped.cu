@@ -28,13 +28,14 @@
  *
  * The GEMM (both launches): 256 threads, a multi-stage cp.async pipeline into
  * dynamic shared memory, BK = 64, mma.sync m16n8k16 BF16 -> fp32; the 8 warps
- * lie along N (32 weight rows each), CTA tile BM = 64 rows x 256 weight rows
- * (4 stages) when the routed experts get 32 rows or more on average, else
- * BM = 16 rows x 256 weight rows (6 stages: weight streaming wants bytes in
- * flight): less padding work at mid batch sizes (LASTSTAND_GROUPED_BM=16|64
- * forces one). Tokens are the A operand (row-major [rows, K]), weights the B
- * operand ([N, K] row-major = K x N column-major). Lane (g = lane/4, t = lane%4)
- * owns, in each 64-wide K block, the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
+ * lie along N (32 weight rows each), CTA tile BM x 256 weight rows with the
+ * tile height BM = 16, 32 or 64 picked from the routed experts' average row
+ * count (one tile per expert where possible, else the least padding work;
+ * LASTSTAND_GROUPED_BM=16|32|64 forces one), 6 stages at BM <= 32 (weight
+ * streaming wants bytes in flight), 4 at BM = 64. Tokens are the A operand
+ * (row-major [rows, K]), weights the B operand ([N, K] row-major = K x N
+ * column-major). Lane (g = lane/4, t = lane%4) owns, in each 64-wide K block,
+ * the 16 contiguous k = 16t..16t+15: for k-step q the mma's k slots
  * {2t, 2t+1, 2t+8, 2t+9} stand for k = 16t + 4q + {0, 1, 2, 3} on both A and B
  * (a dot product does not care how k is numbered, as long as A and B agree).
  * So a lane's B fragments for one weight row are 8 bytes of E2M1 codes and one
@@ -343,6 +344,7 @@ enum { MG_LD_FP4 = 0, MG_LD_FP4_PLAIN = 1, MG_LD_BF16 = 2 };
  * fragment is decoded once per CTA and feeds BM/16 mma; BNW = 256 weight rows
  * per CTA (each A tile is re-read by few CTAs):
  *   BM = 64: 4 m16 tiles per warp, 4 stages
+ *   BM = 32: 2 m16 tiles per warp, 6 stages
  *   BM = 16: 1 m16 tile per warp, 6 stages (decode and mid batches stream
  *            weights: more bytes in flight)
  * BF16 weights take 3 stages (their B tiles are 4.5x larger). */
@@ -600,6 +602,20 @@ static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_exp
     return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
 }
 
+/* Both GEMMs of a call at tile height BM; *what names the one that failed. */
+template <int BM>
+static cudaError_t mg_gemms(const mg_tab *tab, int imax, int tiles_max, const int32_t *tile_e, const int32_t *perm,
+                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                            bf16 *dbuf, cudaStream_t st, const char **what) {
+    *what = "cuda_grouped_gemm gate/up";
+    cudaError_t c = mg_gemm_launch<true, BM>(tab->ld_gu, imax, tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                             ldh, wts, dbuf, st);
+    if (c != cudaSuccess) return c;
+    *what = "cuda_grouped_gemm down";
+    return mg_gemm_launch<false, BM>(tab->ld_dn, H, tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                     dbuf, st);
+}
+
 /* ---- 6: combine ----------------------------------------------------------------- */
 
 /* y[m, :] = Σ_{j < nslot} dbuf[m·(k+1) + j, :], fp32 sum; 8 columns per thread. */
@@ -747,11 +763,14 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     mg_tab *tab;
     int rc = mg_table(ws, w, st, &tab, e);
     if (rc) return rc;
-    /* tile height: 16 rows when the routed experts average fewer than 32 rows each
-     * (decode-ish and mid batches), else 64 (LASTSTAND_GROUPED_BM=16|64 forces one) */
-    int bm = (size_t)M * k < (size_t)32 * E ? 16 : 64;
+    /* tile height from the routed experts' average rows r = M·k/E: 16 when r < 12
+     * (decode-ish and mid batches), 32 when r < 28, else 64: one tile per expert
+     * where possible (its weights decoded once), the least padding work beside
+     * that (LASTSTAND_GROUPED_BM=16|32|64 forces one) */
+    const size_t mk = (size_t)M * k;
+    int bm = mk < (size_t)12 * E ? 16 : mk < (size_t)28 * E ? 32 : 64;
     const char *force = getenv("LASTSTAND_GROUPED_BM");
-    if (force && (!strcmp(force, "16") || !strcmp(force, "64"))) bm = atoi(force);
+    if (force && (!strcmp(force, "16") || !strcmp(force, "32") || !strcmp(force, "64"))) bm = atoi(force);
     /* rows: each slot's pairs padded to bm; at most min(slots, pairs) slots are non-empty */
     const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
     const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
@@ -777,16 +796,14 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
     CU_LAUNCHED(e, "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
-    cudaError_t c = bm == 16 ? mg_gemm_launch<true, 16>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
-                                                        k, x, hbuf, ldh, wts, dbuf, st)
-                             : mg_gemm_launch<true, 64>(tab->ld_gu, imax, (int)tiles_max, tab->dev, tile_e, perm, nt, H,
-                                                        k, x, hbuf, ldh, wts, dbuf, st);
-    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm gate/up");
-    c = bm == 16 ? mg_gemm_launch<false, 16>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                             ldh, wts, dbuf, st)
-                 : mg_gemm_launch<false, 64>(tab->ld_dn, H, (int)tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                             ldh, wts, dbuf, st);
-    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm down");
+    const char *what = "cuda_grouped_gemm";
+    cudaError_t c = bm == 16   ? mg_gemms<16>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                              dbuf, st, &what)
+                    : bm == 32 ? mg_gemms<32>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                              dbuf, st, &what)
+                               : mg_gemms<64>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                              dbuf, st, &what);
+    if (c != cudaSuccess) return cu_fail(e, c, what);
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");
     if (a->topk_idx)

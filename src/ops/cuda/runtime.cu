@@ -19,8 +19,8 @@ extern "C" void ops_cuda_register_all(void) {
     ops_moe_register(&moe_cuda_fused_decode);
     ops_moe_register(&moe_cuda_grouped_gemm); /* before the loop: faster at every M (bench/RESULTS.md) */
     ops_moe_register(&moe_cuda_expert_loop);
+    ops_attn_register(&attn_cuda_flash_prefill); /* fastest at every bucket the doctor measured */
     ops_attn_register(&attn_cuda_flash_decode);
-    ops_attn_register(&attn_cuda_flash_prefill);
     ops_attn_register(&attn_cuda_naive);
     ops_gdn_register(&gdn_cuda_recurrent);
     ops_gdn_register(&gdn_cuda_chunked);

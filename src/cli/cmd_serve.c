@@ -210,7 +210,7 @@ int cmd_serve(int argc, char **argv) {
          "openai: 1.0 / 1.0 / off / 0 / 1.0", SAMPLING_DEFAULTS},
         {"sampling-backend", F_STR, &a.sampling_backend,
          "where tokens are sampled: device (on the GPU, inside the step; needed for CUDA graphs) | host | "
-         "auto (default: host)", SAMPLERS},
+         "auto (default: device on a GPU, host on the CPU)", SAMPLERS},
         {"disable-cuda-graph", F_BOOL, &a.disable_cuda_graph,
          "run decode steps eagerly instead of replaying CUDA graphs per batch-size bucket", NULL},
         {"cuda-graph-max-bs", F_INT, &a.cuda_graph_max_bs,

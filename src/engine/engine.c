@@ -249,7 +249,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         engine_free(e);
         return LS_ERR_INVAL;
     }
-    e->dev_smp = model_samples_on_device(e->m) && sb && !strcmp(sb, "device");
+    /* auto: on the device when it has a sampler (a GPU), else on the host */
+    e->dev_smp = model_samples_on_device(e->m) && !(sb && !strcmp(sb, "host"));
 
     rc = load_tokenizer_and_template(e, o, err, errn);
     if (rc < 0) { engine_free(e); return rc; }
@@ -332,7 +333,15 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         }
         model_graph_stats gs;
         model_graph_stats_get(e->m, &gs);
-        log_info("engine: %lld CUDA graphs captured in %.2f s", (long long)gs.captured, now_sec() - t0);
+        /* never serve a graph that disagrees with the eager step it replays */
+        char why[512];
+        if (model_graphs_check(e->m, why, sizeof why)) {
+            log_warn("engine: CUDA graphs off: the replayed decode step disagrees with the eager one (%s)", why);
+            model_graphs_off(e->m);
+        } else {
+            log_info("engine: %lld CUDA graphs captured and checked against eager steps in %.2f s",
+                     (long long)gs.captured, now_sec() - t0);
+        }
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);

@@ -36,6 +36,7 @@
 #include "model/model_impl.h"
 #include "model/synth.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1157,6 +1158,85 @@ int model_graphs_capture(model *m, ls_err *e) {
     (void)m; (void)e;
 #endif
     return 0;
+}
+
+/* One greedy run on the scratch slot and page for the self-check: an eager
+ * prefill of ids, then `steps` decode steps (through the bucket-1 graph unless
+ * eager). tok / lp / top: [steps] tokens, their logprobs, top-5 logprobs. */
+static int check_run(model *m, const int32_t *ids, int n, int steps, int eager, int32_t *tok, float *lp,
+                     float (*top)[5], ls_err *e) {
+    slot_reset(m, &m->cache, m->scratch_slot);
+    const int ng = m->n_graphs;
+    fwd_seq s = {.slot = m->scratch_slot, .n_past = 0, .n_new = n, .pages = &m->scratch_page};
+    smp_row row = {.temperature = 0, .top_p = 1, .top_k = -1, .rep_pen = 1, .forced = -1, .want_lp = 1, .n_top = 5};
+    smp_out o;
+    int32_t id;
+    int rc = 0;
+    for (int k = -1; k < steps && !rc; k++) {
+        fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = k < 0 ? ids : &id, .smp = &row, .smp_res = &o};
+        if (eager) m->n_graphs = 0;
+        rc = mdl_forward_rank(m, &m->cache, &b, e);
+        m->n_graphs = ng;
+        if (!rc && o.bad_idx >= 0) rc = errf(e, ERR_RUNTIME, "NaN/Inf logits (index %d)", o.bad_idx);
+        if (rc) break;
+        s.n_past += s.n_new;
+        s.n_new = 1;
+        id = o.token;
+        if (k >= 0) {
+            tok[k] = o.token;
+            lp[k] = o.logprob;
+            for (int i = 0; i < 5; i++) top[k][i] = i < o.n_top ? o.top_lp[i] : -INFINITY;
+        }
+    }
+    slot_reset(m, &m->cache, m->scratch_slot);
+    return rc;
+}
+
+int model_graphs_check(model *m, char *why, size_t n) {
+    mgraph *g1 = m->n_graphs ? &m->graphs[0] : NULL;
+    const int P = 8, S = 6; /* prompt and decode steps: one KV page holds them */
+    if (!g1 || g1->bs != 1 || g1->state != 1 || m->cache.page_size < P + S + 1) return 0;
+    int32_t ids[8];
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < P; i++) {
+        x ^= x >> 12; x ^= x << 25; x ^= x >> 27;
+        ids[i] = (int32_t)((x * 0x2545f4914f6cdd1dull >> 33) % (uint64_t)m->cfg.vocab);
+    }
+    int32_t te[6], tg[6];
+    float le[6], lg[6], pe[6][5], pg[6][5];
+    ls_err e = {0};
+    if (check_run(m, ids, P, S, 1, te, le, pe, &e) || check_run(m, ids, P, S, 0, tg, lg, pg, &e)) {
+        snprintf(why, n, "%s", e.msg);
+        return 1;
+    }
+    /* equal tokens; or, at the first difference, a near tie: the same top logprob and the
+     * replay's token among the eager step's top 5 within 0.05 of its best */
+    for (int k = 0; k < S; k++) {
+        float d = fabsf(pe[k][0] - pg[k][0]);
+        if (!(d <= 0.05f)) {
+            snprintf(why, n, "decode step %d: top logprob %.4f replayed vs %.4f eager", k + 1, pg[k][0], pe[k][0]);
+            return 1;
+        }
+        if (te[k] != tg[k]) {
+            if (!(fabsf(lg[k] - le[k]) <= 0.05f && pe[k][0] - lg[k] <= 0.05f)) {
+                snprintf(why, n, "decode step %d: token %d (logprob %.4f) replayed vs %d (%.4f) eager", k + 1, tg[k],
+                         lg[k], te[k], le[k]);
+                return 1;
+            }
+            break; /* the contexts differ from here on */
+        }
+    }
+    return 0;
+}
+
+void model_graphs_off(model *m) {
+    for (int i = 0; i < m->n_graphs; i++) {
+#ifdef LS_HAVE_CUDA
+        cug_destroy(m->graphs[i].exec);
+#endif
+        m->graphs[i].exec = NULL;
+        m->graphs[i].state = -1;
+    }
 }
 
 int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {

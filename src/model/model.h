@@ -99,6 +99,13 @@ int model_samples_on_device(const model *m);
  * capture-safe is marked to run eagerly (logged); an error is a failed warm-up pass. */
 int model_graphs_capture(model *m, ls_err *e);
 
+/* After model_graphs_capture: a short greedy run on the model's scratch slot, eager and then
+ * replayed through the batch-1 graph; 0 when they agree (equal tokens, or a near tie where they
+ * first differ), else 1 with why filled. Nothing to check (no graphs) is 0. */
+int model_graphs_check(model *m, char *why, size_t n);
+/* Every bucket runs eagerly from now on. */
+void model_graphs_off(model *m);
+
 /* CUDA graph use so far: steps replayed from a graph, steps run eagerly, graphs captured. */
 typedef struct model_graph_stats { int64_t replayed, eager, captured; } model_graph_stats;
 void model_graph_stats_get(const model *m, model_graph_stats *out);

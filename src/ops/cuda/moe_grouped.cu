@@ -3,7 +3,10 @@
  *   p = softmax(x·W_routerᵀ) over E (fp32), top-k (ties: lower index), renormalised
  *   y = Σ_j w_j · down_e(silu(gate_e(x)) · up_e(x)) + sigmoid(x·w_sg) · shared(x)
  * x, y BF16 [M, H]; router and shared-expert gate BF16; experts NVFP4 (ModelOpt)
- * or BF16 (all of a layer's the same kind, the shared expert included).
+ * or BF16 (all of a layer's routed experts the same kind), the shared expert
+ * NVFP4 or BF16 on its own (ModelOpt may exclude `*.mlp.shared_expert.*`; synth
+ * does): then each GEMM is two launches, the routed tiles with their loader and
+ * the shared expert's tiles (the last ones of the plan) with its own.
  *
  * Everything stays on the device (no host round trip, no allocation after the
  * first call of a given size), six launches:
@@ -79,6 +82,9 @@ typedef struct mg_tab {
     const moe_w *key;
     int n;               /* entries (E + 1) */
     int ld_gu, ld_dn;    /* weight loaders (MG_LD_*) of the gate/up and the down GEMM */
+    int ld_gu_s, ld_dn_s;/* the shared expert's, when its kind differs from the routed
+                            experts' (a BF16 shared expert next to NVFP4 experts, as
+                            ModelOpt may leave it); else -1 */
     mg_expert *host, *dev;
 } mg_tab;
 
@@ -320,7 +326,10 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
         for (int r = o + c; r < o + pe; r++) perm[r] = -1;
         s_cur[e] = o;
     }
-    if (tid == 0) *n_tiles = s_off[S] / bm;
+    if (tid == 0) {
+        n_tiles[0] = s_off[S] / bm;
+        n_tiles[1] = s_off[E] / bm; /* the routed experts' tiles; the shared expert's follow */
+    }
     __syncthreads();
     for (int i = tid; i < Mk; i += 1024) {
         const int m = i / k, j = i - m * k;
@@ -386,13 +395,14 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
                    const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
-                   bf16 *__restrict__ dbuf) {
+                   bf16 *__restrict__ dbuf, int sh_only) {
     typedef mg_geo<BM, LD> G;
     constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT, NT = G::NT, NH = NT / 2, ST = G::ST;
     extern __shared__ __align__(16) unsigned char mg_dsm[];
     mg_smem<BM, LD> &sm = *reinterpret_cast<mg_smem<BM, LD> *>(mg_dsm);
-    const int tile = blockIdx.y;
-    if (tile >= *n_tiles) return;
+    /* sh_only: blockIdx.y counts the shared expert's tiles only (n_tiles[1] on) */
+    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
+    if (tile >= n_tiles[0]) return;
     const int ex = tile_e[tile];
     const mg_expert *xp = &tab[ex];
     const int I = xp->inter;
@@ -568,7 +578,7 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
 template <bool GATEUP, int LD, int BM>
 static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                                    const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                                   const float *wts, bf16 *dbuf, cudaStream_t st) {
+                                   const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
     const size_t smem = sizeof(mg_smem<BM, LD>);
     static unsigned raised; /* bit per device ordinal (< MG_MAX_DEV) */
     int dev = 0;
@@ -581,39 +591,58 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     mg_gemm_kernel<GATEUP, LD, BM><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                   dbuf);
+                                                                   dbuf, sh_only);
     return cudaGetLastError();
 }
 
-/* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld. */
+/* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld, over
+ * the tiles below nt[0] (or, sh_only, the shared expert's tiles nt[1] ..). */
 template <bool GATEUP, int BM>
 static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                                   const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf,
-                                  int ldh, const float *wts, bf16 *dbuf, cudaStream_t st) {
+                                  int ldh, const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
     constexpr int bnw = mg_geo<BM, MG_LD_FP4>::BNW; /* the same for every loader */
     static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
     constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
     if (ld == MG_LD_FP4)
-        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                      sh_only, st);
     if (ld == MG_LD_FP4_PLAIN)
         return mg_gemm_launch1<GATEUP, MG_LD_FP4_PLAIN, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                                            st);
-    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+                                                            sh_only, st);
+    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                   sh_only, st);
 }
 
-/* Both GEMMs of a call at tile height BM; *what names the one that failed. */
+/* Both GEMMs of a call at tile height BM; *what names the one that failed.
+ * When the shared expert's kind differs from the routed experts' (tab->ld_gu_s
+ * >= 0), each GEMM is two launches: the routed tiles (below nt[1]) with their
+ * loader, then the shared expert's sh_tiles tiles with its own. */
 template <int BM>
-static cudaError_t mg_gemms(const mg_tab *tab, int imax, int tiles_max, const int32_t *tile_e, const int32_t *perm,
-                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
-                            bf16 *dbuf, cudaStream_t st, const char **what) {
+static cudaError_t mg_gemms(const mg_tab *tab, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
+                            const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                            const float *wts, bf16 *dbuf, cudaStream_t st, const char **what) {
+    const int mixed = tab->ld_gu_s >= 0;
+    const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the first launch: routed tiles only when mixed */
     *what = "cuda_grouped_gemm gate/up";
-    cudaError_t c = mg_gemm_launch<true, BM>(tab->ld_gu, imax, tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                             ldh, wts, dbuf, st);
+    cudaError_t c = mg_gemm_launch<true, BM>(tab->ld_gu, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
+                                             ldh, wts, dbuf, 0, st);
+    if (c == cudaSuccess && mixed) {
+        *what = "cuda_grouped_gemm shared expert gate/up";
+        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                     wts, dbuf, 1, st);
+    }
     if (c != cudaSuccess) return c;
     *what = "cuda_grouped_gemm down";
-    return mg_gemm_launch<false, BM>(tab->ld_dn, H, tiles_max, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                     dbuf, st);
+    c = mg_gemm_launch<false, BM>(tab->ld_dn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts,
+                                  dbuf, 0, st);
+    if (c == cudaSuccess && mixed) {
+        *what = "cuda_grouped_gemm shared expert down";
+        c = mg_gemm_launch<false, BM>(tab->ld_dn_s, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                      dbuf, 1, st);
+    }
+    return c;
 }
 
 /* ---- 6: combine ----------------------------------------------------------------- */
@@ -658,6 +687,10 @@ static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t
         snprintf(why, n, "needs NVFP4 or BF16 experts");
         return 0;
     }
+    if (s->Is > 0 && moe_shared_kind(s) != W_NVFP4 && moe_shared_kind(s) != W_BF16) {
+        snprintf(why, n, "needs an NVFP4 or BF16 shared expert, got %s", w_kind_name(moe_shared_kind(s)));
+        return 0;
+    }
     if (s->top_k < 1 || s->top_k > MG_MAXK || s->top_k > s->E || s->E > MG_MAXE) {
         snprintf(why, n, "needs top_k 1..%d and at most %d experts (top_k %d, E %d)", MG_MAXK, MG_MAXE, s->top_k,
                  s->E);
@@ -670,9 +703,9 @@ static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t
     return 1;
 }
 
-/* Fill ws->scratch from w (E routed experts + the shared one, all NVFP4 or all
- * BF16), pick the loaders, and find or refresh the device copy; *out = its
- * cache entry. */
+/* Fill ws->scratch from w (E routed experts, all NVFP4 or all BF16, + the
+ * shared one, all NVFP4 or all BF16 on its own), pick the loaders, and find or
+ * refresh the device copy; *out = its cache entry. */
 static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls_err *e) {
     const int E = w->n_experts, H = w->hidden, Is = w->shared_inter > 0 ? w->shared_inter : 0;
     if (!ws->scratch) ws->scratch = (mg_expert *)xcalloc(MG_MAXE + 1, sizeof(mg_expert));
@@ -680,7 +713,11 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
     const w_kind wk = w->gate[0].kind;
     if (wk != W_NVFP4 && wk != W_BF16)
         return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s experts (takes NVFP4 or BF16)", w_kind_name(wk));
-    int fast_gu = H % 64 == 0, fast_dn = 1; /* NVFP4 cp.async loaders usable */
+    const w_kind sk = Is ? w->sh_gate.kind : wk; /* the shared expert's kind */
+    if (sk != W_NVFP4 && sk != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s shared expert (takes NVFP4 or BF16)", w_kind_name(sk));
+    int fast_gu = H % 64 == 0, fast_dn = 1;   /* NVFP4 cp.async loaders usable: routed experts */
+    int fast_gu_s = H % 64 == 0, fast_dn_s = 1; /* the shared expert */
     for (int x = 0; x <= E; x++) {
         const lin_w *l[3];
         int I;
@@ -694,17 +731,20 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
             memset(&sc[x], 0, sizeof sc[x]);
             break;
         }
+        const w_kind xk = x < E ? wk : sk;
+        int *fgu = x < E ? &fast_gu : &fast_gu_s, *fdn = x < E ? &fast_dn : &fast_dn_s;
         for (int q = 0; q < 3; q++) {
             const int wantN = q < 2 ? I : H, wantK = q < 2 ? H : I;
             const char *what = x < E ? "expert" : "shared expert";
-            if (l[q]->kind != wk)
-                return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s %d weight %s is %s, expert 0's gate is %s",
-                            what, x, l[q]->name ? l[q]->name : "?", w_kind_name(l[q]->kind), w_kind_name(wk));
+            if (l[q]->kind != xk)
+                return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: %s %d weight %s is %s, %s gate is %s", what, x,
+                            l[q]->name ? l[q]->name : "?", w_kind_name(l[q]->kind),
+                            x < E ? "expert 0's" : "its", w_kind_name(xk));
             if (l[q]->N != wantN || l[q]->K != wantK)
                 return errf(e, ERR_INVAL, "cuda_grouped_gemm: %s %d weight %s is [%d, %d], expected [%d, %d]", what, x,
                             l[q]->name ? l[q]->name : "?", l[q]->N, l[q]->K, wantN, wantK);
             sc[x].w[q] = (const uint8_t *)l[q]->data;
-            if (wk == W_BF16) { /* rows of K bf16 read as 16-byte chunks (K % 16 == 0 checked) */
+            if (xk == W_BF16) { /* rows of K bf16 read as 16-byte chunks (K % 16 == 0 checked) */
                 if ((uintptr_t)l[q]->data & 15)
                     return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: BF16 weight %s not 16-byte aligned",
                                 l[q]->name ? l[q]->name : "?");
@@ -715,8 +755,8 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
             sc[x].s[q] = l[q]->scale;
             sc[x].s2[q] = l[q]->scale2;
             const int ok = !((uintptr_t)l[q]->data & 15) && !((uintptr_t)l[q]->scale & 3);
-            if (q < 2) fast_gu &= ok;
-            else fast_dn &= ok && I % 64 == 0;
+            if (q < 2) *fgu &= ok;
+            else *fdn &= ok && I % 64 == 0;
         }
         sc[x].inter = I;
     }
@@ -752,6 +792,8 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
     }
     te->ld_gu = wk == W_BF16 ? MG_LD_BF16 : fast_gu ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
     te->ld_dn = wk == W_BF16 ? MG_LD_BF16 : fast_dn ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
+    te->ld_gu_s = sk == wk ? -1 : sk == W_BF16 ? MG_LD_BF16 : fast_gu_s ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
+    te->ld_dn_s = sk == wk ? -1 : sk == W_BF16 ? MG_LD_BF16 : fast_dn_s ? MG_LD_FP4 : MG_LD_FP4_PLAIN;
     *out = te;
     return 0;
 }
@@ -782,7 +824,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), e);
     int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, e);
     int32_t *perm = (int32_t *)mg_get(ws, MG_PERM, sizeof(int32_t) * R, e);
-    int32_t *nt = (int32_t *)mg_get(ws, MG_NT, sizeof(int32_t), e);
+    int32_t *nt = (int32_t *)mg_get(ws, MG_NT, sizeof(int32_t) * 2, e); /* all tiles, routed tiles */
     bf16 *hbuf = (bf16 *)mg_get(ws, MG_H, sizeof(bf16) * R * ldh, e);
     bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, e);
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
@@ -797,12 +839,13 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     CU_LAUNCHED(e, "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
-    cudaError_t c = bm == 16   ? mg_gemms<16>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                              dbuf, st, &what)
-                    : bm == 32 ? mg_gemms<32>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                              dbuf, st, &what)
-                               : mg_gemms<64>(tab, imax, (int)tiles_max, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                              dbuf, st, &what);
+    const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
+    cudaError_t c = bm == 16   ? mg_gemms<16>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                              wts, dbuf, st, &what)
+                    : bm == 32 ? mg_gemms<32>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                              wts, dbuf, st, &what)
+                               : mg_gemms<64>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                              wts, dbuf, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

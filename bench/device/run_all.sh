@@ -23,6 +23,12 @@ for n in "${names[@]}"; do
     t0=$(date +%s.%N)
     lim=$(sed -n 's/^# device-limit: *\([0-9]*\).*/\1/p' "bench/device/$n.sh" | head -1)
     v=LIMIT_$n; [ -n "${!v:-}" ] && lim=${!v}   # LIMIT_<name> overrides
+    lim=${lim:-${LIMIT:-150}}
+    if [ -n "${DEADLINE:-}" ]; then                # whole-round budget in seconds
+        left=$(( DEADLINE - SECONDS ))
+        if [ "$left" -lt 20 ]; then echo "device check $n skipped: the round's deadline"; continue; fi
+        [ "$lim" -gt "$left" ] && lim=$left
+    fi
     timeout -k 5 "${lim:-${LIMIT:-150}}" bash "bench/device/$n.sh" "$BIN" "$OUT/$n" >"$OUT/$n.log" 2>&1
     rc=$?
     t1=$(date +%s.%N)

@@ -10,7 +10,8 @@
  *      (positive divided, negative multiplied), frequency · count + presence
  *      subtracted per distinct output id: sparse, from the row's token lists;
  *   3. greedy (temperature <= 0 or top_k == 1): argmax of the penalised
- *      logits, lowest id on ties;
+ *      logits, lowest id on ties (a row with no edits and no logprobs takes
+ *      it during step 1's scan and stops there);
  *   4. s = x / T (x when T == 1, exactly the host's float ops), m = max s,
  *      Z = Σ exp(s - m) (fp32 terms, fp64 sum): logprob = s - m - log Z;
  *   5. top_k and top_p as thresholds on a 64-bit rank key (the float's
@@ -236,15 +237,28 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
     const T *x = logits + (size_t)row * V;
     float *w = work + (size_t)row * V;
 
+    const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
+    const int want_lp = p.want_lp || p.n_top > 0;
+    const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
+                      ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
+    /* plain greedy (the common decode row): the argmax during the scan, no work row */
+    const int fast = greedy && !want_lp && !edits;
+
     /* 1. widen, NaN/Inf scan */
     if (tid == 0) sh.bad = INT_MAX;
     __syncthreads();
     const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
+    float fv = -INFINITY;
+    int fi = 0;
     for (int i = tid; i < V; i += SMP_T) {
         float v = load_logit<T>(x, i);
         if (i == poison) v = __int_as_float(0x7fc00000);
         if (!isfinite(v)) atomicMin(&sh.bad, i);
-        w[i] = v;
+        if (fast) {
+            if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
+        } else {
+            w[i] = v;
+        }
     }
     __syncthreads();
     if (sh.bad != INT_MAX) {
@@ -253,6 +267,17 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
             o->bad_val = sh.bad == poison ? __int_as_float(0x7fc00000) : load_logit<T>(x, sh.bad);
             o->token = -1;
             o->n_top = 0;
+        }
+        return;
+    }
+
+    if (fast) {
+        blk_argmax(fv, fi, sh);
+        if (tid == 0) {
+            o->token = p.forced >= 0 ? p.forced : fi;
+            o->bad_idx = -1;
+            o->n_top = 0;
+            o->logprob = 0.f;
         }
         return;
     }
@@ -281,9 +306,7 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
         __syncthreads();
     }
 
-    const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
-    const int want_lp = p.want_lp || p.n_top > 0;
     int token = -1;
 
     /* 3. greedy */

@@ -387,11 +387,14 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                 const int u = t0 - (K - 1) + i;
                 win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
             }
+            float xin[GC_CONV_T]; /* all the chunk's inputs in flight at once (rows past n repeat the last) */
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) xin[t] = gc_bf(qkv, (size_t)(row0 + t0 + min(t, n - 1)) * D + ch);
 #pragma unroll
             for (int t = 0; t < GC_CONV_T; t++) {
                 float acc = 0.f;
                 if (t < n) {
-                    win[K - 1] = gc_bf(qkv, (size_t)(row0 + t0 + t) * D + ch);
+                    win[K - 1] = xin[t];
 #pragma unroll
                     for (int i = 0; i < K; i++) acc = fmaf(wt[i], win[i], acc);
                     acc = acc / (1.f + __expf(-acc));
@@ -414,6 +417,10 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
             for (int o = 16; o; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
             if (lane == 0) red[t][w] = sq;
         }
+        float bv[GC_CONV_T]; /* β of this v channel's head, loaded together */
+#pragma unroll
+        for (int t = 0; t < GC_CONV_T; t++)
+            bv[t] = isv ? gc_bf(b, (size_t)(row0 + t0 + min(t, n - 1)) * nv + (ch - qk) / dv) : 0.f;
         __syncthreads();
 #pragma unroll
         for (int t = 0; t < GC_CONV_T; t++) {
@@ -425,19 +432,28 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                 for (int u = 0; u < hw; u++) ss += red[t][w0 + u];
                 v *= rsqrtf(ss + 1e-6f) * (isq ? qscale : 1.f);
             } else if (isv) {
-                v *= 1.f / (1.f + __expf(-gc_bf(b, r * nv + (ch - qk) / dv)));
+                v *= 1.f / (1.f + __expf(-bv[t]));
             }
             if (ch < D) x16[r * D + ch] = gc_cvt(v);
         }
         __syncthreads(); /* red is rewritten by the next chunk of tokens */
         if (ch < nv) {
             const float al = -__expf(A_log[ch]), db = dt_bias[ch];
-            for (int t = 0; t < n; t++) {
+            float av[GC_CONV_T], bb[GC_CONV_T];
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) {
+                const size_t r = (size_t)(row0 + t0 + min(t, n - 1)) * nv + ch;
+                av[t] = gc_bf(a, r);
+                bb[t] = gc_bf(b, r);
+            }
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) {
+                if (t >= n) break;
                 const size_t r = (size_t)(row0 + t0 + t) * nv + ch;
-                float x = gc_bf(a, r) + db;
+                float x = av[t] + db;
                 float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
                 gb[2 * r] = al * sp;
-                gb[2 * r + 1] = 1.f / (1.f + __expf(-gc_bf(b, r)));
+                gb[2 * r + 1] = 1.f / (1.f + __expf(-bb[t]));
             }
         }
     }

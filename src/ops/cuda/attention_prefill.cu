@@ -15,15 +15,18 @@
  * (tiles, n_kv_heads); the tile list is not built on the host: block x walks
  * the device array args->seqs, counting ceil(n_new·grp / 64) tiles per
  * sequence (grid.x = ceil(n_tok·grp / 64) + n_seq is an upper bound; spare
- * blocks exit). No host metadata, no per-call allocation, no host sync.
+ * blocks exit). No host metadata, no host sync; the split-K workspace below
+ * only grows.
  *
  * Per tile: Q [64, HD] is staged in shared memory once; the keys 0 .. kmax
  * (kmax = n_past + the last row's token offset) are walked in BN-key tiles,
  * K and V [BN, HD] staged in shared memory (double-buffered with cp.async;
  * rows past kmax zero-filled), S = Q·Kᵀ on tensor cores, the causal mask per
  * row (key ≤ n_past + tok_local), online softmax in the log2 domain, P
- * (BF16, straight from the S accumulators' registers) · V on tensor cores
- * (V fragments through ldmatrix.trans). Shared rows are padded by 8 BF16 so
+ * (BF16, straight from the S accumulators' registers) · V on tensor cores.
+ * Q and K fragments come through ldmatrix.x4, V's through ldmatrix.x4.trans;
+ * Q's stay in registers for head_dim <= 128. The O rescale is skipped when no
+ * row's running max moved (warp vote). Shared rows are padded by 8 BF16 so
  * the fragment loads are bank-conflict free.
  *
  * Split-K for small grids (decode): when tiles × kv heads would not fill the

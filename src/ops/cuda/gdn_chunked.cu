@@ -5,26 +5,32 @@
  * (oldest first) and rec S [n_slots, nv, dk, dv], read and updated in place;
  * out [n_tok, nv, dv] = Sᵀq per token, BF16, before the gated norm.
  *
- * Both start with the same preparation (the math of cuda_recurrent's conv
- * step, parallel over tokens too): a thread per (sequence, channel, chunk of
- * 16 tokens) runs the causal depthwise conv + SiLU from the slot's conv state
- * (fp32 workspace c [n_tok, conv_dim]) and computes g = -exp(A_log)·
- * softplus(a + dt_bias), β = sigmoid(b) (workspace gb [n_tok, nv, 2]); a
- * second small kernel then rolls the conv state. q and k are L2-normalised
- * (q also scaled by dk^-0.5) by the main kernel, which differs:
+ * Both start with a preparation kernel (the math of cuda_recurrent's conv step,
+ * parallel over tokens too): a thread per (sequence, channel, chunk of 16
+ * tokens) runs the causal depthwise conv + SiLU from the slot's conv state,
+ * and g = -exp(A_log)·softplus(a + dt_bias), β = sigmoid(b) per (token, v
+ * head) go to an fp32 workspace gb [n_tok, nv, 2]; the conv state is rolled by
+ * the same kernel for decode batches (<= 16 new tokens per sequence), by a
+ * small second kernel otherwise. Then:
  *
- *   cuda_chunked   the chunkwise (WY / UT-transform) form of the gated delta
- *                  rule over chunks of 64 tokens (fla chunk_gated_delta_rule,
- *                  transformers torch_chunk_gated_delta_rule; src/ops/cpu/
- *                  gdn_chunked.c has the same math in plain C). A block of
- *                  8 warps per (sequence, v head) walks the sequence's chunks;
- *                  S [dk, dv] stays in registers as mma accumulators (fp32)
- *                  for the whole sequence, with an FP16 copy in shared memory
- *                  as the B operand. Per chunk of L tokens, γ = in-chunk
- *                  cumulative sum of g, every exp taken of a non-positive
- *                  difference (γ_i − γ_j, j ≤ i) so nothing overflows:
+ *   cuda_chunked   the preparation also L2-normalises q and k (q scaled by
+ *                  dk^-0.5; a head's sum of squares across the warps of its
+ *                  block) and multiplies v by β, into FP16 operands x16
+ *                  [n_tok, conv_dim]; then the chunkwise (WY / UT-transform)
+ *                  form of the gated delta rule over chunks of 64 tokens (fla
+ *                  chunk_gated_delta_rule, transformers
+ *                  torch_chunk_gated_delta_rule; src/ops/cpu/gdn_chunked.c has
+ *                  the same math in plain C). A block of 16 warps (dk = 128;
+ *                  8 otherwise) per (sequence, v head) walks the sequence's
+ *                  chunks, the next chunk's operands arriving by cp.async in a
+ *                  second buffer while the current one is worked on; S [dk,
+ *                  dv] stays in registers as mma accumulators (fp32) for the
+ *                  whole sequence, with an FP16 copy in shared memory as the B
+ *                  operand. Per chunk of L tokens, γ = in-chunk cumulative sum
+ *                  of g, every exp taken of a non-positive difference (γ_i −
+ *                  γ_j, j ≤ i) so nothing overflows:
  *                    A  = strict_lower(β_i k_i·k_j e^{γ_i−γ_j})      (fp32)
- *                    T  = (I + A)⁻¹   column-parallel forward substitution
+ *                    T  = (I + A)⁻¹   by 16 × 16 blocks (fp32)
  *                    U  = T (β⊙V),  W = T (β⊙K⊙e^γ)
  *                    V' = U − W S
  *                    O  = e^γ ⊙ (Q S) + (lower_incl(Q Kᵀ ⊙ e^{γ_i−γ_j})) V'
@@ -34,20 +40,23 @@
  *                  three more mantissa bits bring the chunked outputs and
  *                  states as close to the fp32 recurrence as cuda_per_token;
  *                  GC_FP16 0 selects BF16). Rows past L are zero (k = v = q =
- *                  0, g = β = 0), which leaves S and every valid row unchanged.
+ *                  0, g = β = 0), which leaves S and every valid row unchanged,
+ *                  and their 16-row tiles are skipped.
  *                  When the sequences × v heads leave SMs idle (one long prompt:
  *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
  *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
  *                  by each; U, V', O, S split).
- *   cuda_per_token the plain recurrence, token by token: a block per (sequence,
- *                  v head), a thread per column d of S, S in global memory
- *                  (read twice and written once per token, through L1/L2):
+ *   cuda_per_token the preparation writes the conv outputs in fp32 (c [n_tok,
+ *                  conv_dim]); then the plain recurrence, token by token: a
+ *                  block per (sequence, v head), a thread per column d of S, S
+ *                  in global memory (read twice and written once per token,
+ *                  through L1/L2), q and k normalised per token:
  *                    S ← e^g S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq.
  *
  * Sequence metadata: the kernels read the device array args->seqs ({slot,
- * n_new, row0} int32 triples); seqs_host is only validated. The fp32
- * workspace is per device (cudaGetDevice, own lock), grown on first use and
- * never in steady state; nothing syncs with the host.
+ * n_new, row0} int32 triples); seqs_host is validated and sizes the grids.
+ * The workspace is per device (cudaGetDevice, own lock), grown on first use
+ * and never in steady state; nothing syncs with the host.
  */
 #include "ops/cuda/cu_util.h"
 

@@ -221,7 +221,7 @@ def run_model(tag, srv, vocab, limit_s, do_dist, fixture_dir=None):
         for s in srv.values():
             s.stop()
         for m, s in srv.items():
-            for l in s.grep("CUDA graphs:") + s.grep("run eagerly") + s.grep("captured the CUDA graph"):
+            for l in s.grep("CUDA graphs:") + s.grep("run eagerly") + s.grep("captured the CUDA graph") + s.grep("disagree"):
                 print(f"   [{tag} {m}] {l[-200:]}")
             errs = s.grep("error") + s.grep("ERROR")
             for l in errs[:4]:
@@ -302,7 +302,7 @@ def synth_gen():
             out = json.loads(r.stdout)["ids"]
             if m == "graph" and n == 136:
                 for l in r.stderr.splitlines():
-                    if "CUDA graphs" in l or "eagerly" in l: print("   synth generate log:", l[-200:])
+                    if "CUDA graphs" in l or "eagerly" in l or "disagree" in l: print("   synth generate log:", l[-200:])
         res[m] = (out, (t[136] - t[8]) / 128 * 1e3)
         if late("synth-35b-l4 generate (rest)"): break
     host = res["host"][0]
@@ -328,7 +328,7 @@ def gen_check(name, pin, label=""):
         got[m] = json.loads(r.stdout)["ids"] if r.returncode == 0 else f"rc={r.returncode}: {r.stderr[-200:]}"
         if m == "graph":
             for l in r.stderr.splitlines():
-                if "CUDA graphs" in l or "eagerly" in l: print("   generate log:", l[-200:])
+                if "CUDA graphs" in l or "eagerly" in l or "disagree" in l: print("   generate log:", l[-200:])
     eq = sum(a == b for a, b in zip(ref["greedy"], got["graph"])) if isinstance(got["graph"], list) else 0
     ok = isinstance(got["host"], list) and got["graph"] == got["host"] == got["dev"]
     if label: ok = True  # informational row

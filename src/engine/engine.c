@@ -483,6 +483,10 @@ void ls_engine_close(ls_engine *e) {
         if (gs.captured || gs.replayed || gs.eager)
             log_info("engine: CUDA graphs: %lld steps replayed, %lld steps eager, %lld graphs captured",
                      (long long)gs.replayed, (long long)gs.eager, (long long)gs.captured);
+        if (e->n_dec_steps)
+            log_info("engine: %lld decode steps of %.2f sequences on average, %.3f ms each (forward + sampling)",
+                     (long long)e->n_dec_steps, (double)e->n_dec_rows / e->n_dec_steps,
+                     e->t_dec * 1e3 / e->n_dec_steps);
     }
     engine_free(e);
 }
@@ -1077,6 +1081,11 @@ static void run_step(ls_engine *e, int nb) {
     double t0 = now_sec();
     int rc = model_forward(e->m, &b, &le);
     e->n_steps++;
+    if (ntok == nb) {
+        e->n_dec_steps++;
+        e->n_dec_rows += nb;
+        e->t_dec += now_sec() - t0;
+    }
     if (rc < 0) {
         char msg[1200];
         snprintf(msg, sizeof msg, "model forward failed at engine step %lld: %s", (long long)e->n_steps,

@@ -29,7 +29,7 @@ git log --oneline -1 2>/dev/null
 
 echo "== doctor moe, qwen3.5-397b-a17b"
 timeout 45 "$BIN" doctor --device cuda --families moe --shapes qwen3.5-397b-a17b --m 1,8,64,512,1024,3072 \
-    --backends cuda_grouped_gemm,cuda_expert_loop --json "$OUT/doctor397.json" 2>"$OUT/doctor397.err"
+    --backends cuda_grouped_gemm,cuda_expert_loop,cuda_fused_decode --json "$OUT/doctor397.json" 2>"$OUT/doctor397.err"
 echo "rc=$? ($(( $(date +%s) - T0 )) s)"; tail -n 8 "$OUT/doctor397.err"
 
 echo "== doctor moe, qwen3.5-35b-a3b"

@@ -11,7 +11,7 @@
  *    a fixed prompt (prefill, then decode steps); another child runs the
  *    candidate combination teacher-forced on the same ids. The parent
  *    compares each step's logits (max |a - b| / max |b| against 1e-3 on the
- *    fp32 CPU, 2e-2 in BF16 on CUDA), the argmax wherever the reference's
+ *    fp32 CPU, 0.15 in BF16 on CUDA: see serve_auto_select), the argmax wherever the reference's
  *    top-2 margin is clear, and looks for degenerate output (NaN/Inf, one
  *    token repeated, a run of '!' or '+') the reference does not have. On a
  *    failure each non-reference family is tried alone to find the one at
@@ -579,7 +579,14 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     c.device = device;
     int cuda = !strcmp(device, "cuda");
     c.timeout_s = o->timeout_s > 0 ? o->timeout_s : cuda ? 120 : 20;
-    c.tol = cuda ? 2e-2 : 1e-3;
+    /* BF16 on CUDA: backends that differ only in rounding order already differ by
+     * up to 0.093 of max|logit| after 8 GDN/attention layers of synth:qwen3.5-35b-a3b
+     * (H200, round R3: grouped_gemm 0.024, flash_prefill 0.047, recurrent 0.067,
+     * chunked 0.093, each validated op by op by the doctor against fp64), so 2e-2
+     * eliminated correct kernels. The smoke test is there for integration faults
+     * (layout, wiring, NaN, degenerate output), which are gross; op-level accuracy is
+     * the doctor's, at tight per-family tolerances. */
+    c.tol = cuda ? 0.15 : 1e-3;
     c.steps = o->steps > 0 ? o->steps : 8;
     ssize_t n = readlink("/proc/self/exe", c.self, sizeof c.self - 1);
     if (n <= 0) {

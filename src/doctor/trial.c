@@ -112,10 +112,25 @@ act_dtype td_act(void) { return g_cuda ? ACT_BF16 : ACT_F32; }
 const dev_info *td_dev(void) { return &g_dev; }
 
 /* Upload host floats as the device's activation dtype. */
+/* BF16 <-> fp32 conversion of large activation buffers, in parallel. */
+typedef struct conv_ctx {
+    float *f;
+    uint16_t *h;
+} conv_ctx;
+static void conv_to_bf16(void *p, int64_t i0, int64_t i1) {
+    conv_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++) c->h[i] = f32_to_bf16(c->f[i]);
+}
+static void conv_to_f32(void *p, int64_t i0, int64_t i1) {
+    conv_ctx *c = p;
+    for (int64_t i = i0; i < i1; i++) c->f[i] = bf16_to_f32(c->h[i]);
+}
+
 int td_put_act(void *dst, const float *src, size_t n, ls_err *e) {
     if (td_act() == ACT_F32) return td_put(dst, src, n * 4, e);
     uint16_t *t = xmalloc(n * 2);
-    for (size_t i = 0; i < n; i++) t[i] = f32_to_bf16(src[i]);
+    conv_ctx cc = {.f = (float *)src, .h = t};
+    pool_for((int64_t)n, 1 << 16, conv_to_bf16, &cc);
     int rc = td_put(dst, t, n * 2, e);
     free(t);
     return rc;
@@ -125,7 +140,8 @@ int td_get_act(float *dst, const void *src, size_t n, ls_err *e) {
     if (td_act() == ACT_F32) return td_get(dst, src, n * 4, e);
     uint16_t *t = xmalloc(n * 2);
     int rc = td_get(t, src, n * 2, e);
-    for (size_t i = 0; !rc && i < n; i++) dst[i] = bf16_to_f32(t[i]);
+    conv_ctx cc = {.f = dst, .h = t};
+    if (!rc) pool_for((int64_t)n, 1 << 16, conv_to_f32, &cc);
     free(t);
     return rc;
 }
@@ -181,9 +197,9 @@ int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
     if (!rc) rc = td_sync(e);
     if (rc) return rc;
     double est = (now_sec() - t0) * 1e3;
-    /* about 40 ms of timed calls: up to 50 for fast kernels, 3 for the slow references
+    /* about 25 ms of timed calls: up to 50 for fast kernels, 3 for the slow references
      * (the median of that many is stable to a few percent; the doctor runs ~500 jobs) */
-    int reps = est > 0 ? (int)(40.0 / est) : 50;
+    int reps = est > 0 ? (int)(25.0 / est) : 50;
     if (reps < 3) reps = 3;
     if (reps > 50) reps = 50;
     double *ms = xcalloc(reps, sizeof(double));
@@ -305,19 +321,74 @@ void td_gen_bf16(int N, int K, uint16_t *w, float amp, uint64_t *rng) { gen_par(
 
 /* ---- comparison -------------------------------------------------------------------- */
 
+/* Per-row partial results of td_check, reduced in row order afterwards (so the
+ * verdict does not depend on the thread count); rows are checked in parallel
+ * (outputs of 8192 x 16384 took most of a large trial's host time). */
+typedef struct chk_row {
+    double se, sr, me, mr;
+    size_t at, bad, first;
+    int nonzero;
+} chk_row;
+typedef struct chk_ctx {
+    const float *y, *ref;
+    size_t cols;
+    const unsigned char *skip;
+    chk_row *rows;
+} chk_ctx;
+
+static void chk_rows(void *p, int64_t r0, int64_t r1) {
+    const chk_ctx *c = p;
+    for (int64_t r = r0; r < r1; r++) {
+        chk_row *o = &c->rows[r];
+        memset(o, 0, sizeof *o);
+        o->first = (size_t)-1;
+        const float *y = c->y + (size_t)r * c->cols, *ref = c->ref + (size_t)r * c->cols;
+        const int use = !(c->skip && c->skip[r]);
+        for (size_t k = 0; k < c->cols; k++) {
+            if (!isfinite(y[k])) {
+                if (o->first == (size_t)-1) o->first = (size_t)r * c->cols + k;
+                o->bad++;
+                continue;
+            }
+            if (y[k] != 0.f) o->nonzero = 1;
+            if (!use) continue;
+            double d = fabs((double)y[k] - (double)ref[k]);
+            o->se += d * d;
+            o->sr += (double)ref[k] * ref[k];
+            if (d > o->me) {
+                o->me = d;
+                o->at = (size_t)r * c->cols + k;
+            }
+            if (fabs(ref[k]) > o->mr) o->mr = fabs(ref[k]);
+        }
+    }
+}
+
 int td_check(const float *y, const float *ref, size_t rows, size_t cols, const unsigned char *skip_row,
              double tol_rel, double tol_max, int M, char *detail, size_t dn, double *rel_out,
              double *max_out) {
-    size_t n = rows * cols, bad = 0, first = (size_t)-1;
+    const size_t n = rows * cols;
+    chk_row *pr = xcalloc(rows ? rows : 1, sizeof(chk_row));
+    chk_ctx cc = {.y = y, .ref = ref, .cols = cols, .skip = skip_row, .rows = pr};
+    int64_t per = (int64_t)((1u << 16) / (cols ? cols : 1));
+    pool_for((int64_t)rows, per > 0 ? per : 1, chk_rows, &cc);
+    size_t bad = 0, first = (size_t)-1, at = 0;
     int nonzero = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(y[i])) {
-            if (first == (size_t)-1) first = i;
-            bad++;
-        } else if (y[i] != 0.f) {
-            nonzero = 1;
+    double se = 0, sr = 0, me = 0, mr = 0;
+    for (size_t r = 0; r < rows; r++) {
+        const chk_row *o = &pr[r];
+        bad += o->bad;
+        if (first == (size_t)-1 && o->first != (size_t)-1) first = o->first;
+        nonzero |= o->nonzero;
+        se += o->se;
+        sr += o->sr;
+        if (o->me > me) {
+            me = o->me;
+            at = o->at;
         }
+        if (o->mr > mr) mr = o->mr;
     }
+    free(pr);
     *rel_out = *max_out = NAN;
     if (bad) {
         snprintf(detail, dn, "M=%d: %zu of %zu outputs NaN/Inf or unwritten (first at row %zu col %zu)", M,
@@ -327,22 +398,6 @@ int td_check(const float *y, const float *ref, size_t rows, size_t cols, const u
     if (!nonzero) {
         snprintf(detail, dn, "M=%d: output is all zero", M);
         return 0;
-    }
-    double se = 0, sr = 0, me = 0, mr = 0;
-    size_t at = 0;
-    for (size_t r = 0; r < rows; r++) {
-        if (skip_row && skip_row[r]) continue;
-        for (size_t c = 0; c < cols; c++) {
-            size_t i = r * cols + c;
-            double d = fabs((double)y[i] - (double)ref[i]);
-            se += d * d;
-            sr += (double)ref[i] * ref[i];
-            if (d > me) {
-                me = d;
-                at = i;
-            }
-            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
-        }
     }
     double rel = sr > 0 ? sqrt(se / sr) : sqrt(se);
     double mx = mr > 0 ? me / mr : me;

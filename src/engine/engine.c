@@ -184,6 +184,82 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
     return 0;
 }
 
+/* The GPU sampler against the host sampler at start-up, on the model's real
+ * vocabulary: an 8-token prefill on slot 0 and the first pages (nothing runs yet) is
+ * sampled on the device (plain greedy; greedy with logprobs and top 5; four
+ * seeded draws at T 1, top_p 0.9) and once more with its logits brought back
+ * for smp_sample. The same eager kernels run each time, so the logits are the
+ * same: greedy ids and top ids must be equal, logprobs within 1e-3, and every
+ * draw inside the host's kept set. 0, or 1 with why filled. */
+static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
+    enum { P = 8, D = 4 };
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(((uint64_t)(i + 1) * 2654435761u) % (uint64_t)e->vocab);
+    int32_t pages[P];
+    for (int i = 0; i < P; i++) pages[i] = i;
+    if (ceil_div(P, e->page_size) > e->n_pages) return 0; /* a pool too small to hold the prompt */
+    fwd_seq s = {.slot = 0, .n_past = 0, .n_new = P, .pages = pages};
+    ls_sampling sp;
+    ls_sampling_default(&sp);
+    smp_row rows[2 + D];
+    smp_out res[2 + D];
+    for (int k = 0; k < 2 + D; k++) {
+        rows[k] = (smp_row){.temperature = 0, .top_p = 1, .top_k = -1, .rep_pen = 1, .forced = -1};
+        if (k == 1) { rows[k].want_lp = 1; rows[k].n_top = 5; }
+        if (k >= 2) { rows[k].temperature = 1; rows[k].top_p = 0.9f; rows[k].seed = 77 + k; }
+    }
+    ls_err le = {0};
+    float *lg = xmalloc(sizeof(float) * (size_t)e->vocab);
+    for (int k = 0; k <= 2 + D; k++) {
+        model_slot_reset(e->m, 0);
+        fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = ids, .logits = lg};
+        if (k < 2 + D) { b.smp = &rows[k]; b.smp_res = &res[k]; }
+        if (model_forward(e->m, &b, &le) < 0) {
+            snprintf(why, n, "%s", le.msg);
+            model_slot_reset(e->m, 0);
+            free(lg);
+            return 1;
+        }
+    }
+    model_slot_reset(e->m, 0);
+    smp_ctx *c = smp_new(e->vocab);
+    smp_hist h = {0};
+    smp_rng rng;
+    smp_rng_seed(&rng, 1);
+    smp_result hr;
+    sp.temperature = 0;
+    sp.logprobs = 1;
+    sp.top_logprobs = 5;
+    int bad = smp_sample(c, lg, &sp, &h, NULL, 0, &rng, -1, &hr, &le) != 0;
+    if (bad) snprintf(why, n, "host sampler: %s", le.msg);
+    else if (res[0].token != hr.token || res[1].token != hr.token)
+        snprintf(why, n, "greedy id %d / %d on the device, %d on the host", res[0].token, res[1].token, hr.token), bad = 1;
+    else if (!(fabsf(res[1].logprob - hr.logprob) <= 1e-3f) || res[1].n_top != hr.n_top)
+        snprintf(why, n, "logprob %.5f on the device, %.5f on the host", res[1].logprob, hr.logprob), bad = 1;
+    for (int i = 0; !bad && i < hr.n_top; i++)
+        if (res[1].top_ids[i] != hr.top_ids[i] || !(fabsf(res[1].top_lp[i] - hr.top_logprobs[i]) <= 1e-3f))
+            snprintf(why, n, "top logprob %d: id %d (%.5f) on the device, %d (%.5f) on the host", i,
+                     res[1].top_ids[i], res[1].top_lp[i], hr.top_ids[i], hr.top_logprobs[i]), bad = 1;
+    if (!bad) {
+        int32_t *kid = xmalloc(sizeof *kid * (size_t)e->vocab);
+        double *kp = xmalloc(sizeof *kp * (size_t)e->vocab);
+        sp.temperature = 1;
+        sp.top_p = 0.9f;
+        int kn = smp_filtered_dist(c, lg, &sp, kid, kp);
+        for (int k = 2; !bad && k < 2 + D; k++) {
+            int in = 0;
+            for (int i = 0; i < kn && !in; i++) in = kid[i] == res[k].token;
+            if (!in)
+                snprintf(why, n, "a draw (id %d) outside the host's top_p 0.9 set of %d ids", res[k].token, kn), bad = 1;
+        }
+        free(kid);
+        free(kp);
+    }
+    smp_free(c);
+    free(lg);
+    return bad;
+}
+
 int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn) {
     *out = NULL;
     if (!o || !o->model_path || !*o->model_path)
@@ -322,6 +398,15 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         engine_free(e);
         return rc;
     }
+    if (e->dev_smp) {
+        char why[1200];
+        if (dev_sampler_check(e, why, sizeof why)) {
+            log_warn("engine: sampling on the host: the GPU sampler disagrees with it (%s)", why);
+            e->dev_smp = 0;
+            if (graphs) model_graphs_off(e->m);
+            graphs = 0;
+        }
+    }
     if (graphs) {
         /* every bucket at start-up: no capture stalls in the decode loop, and the log says up
          * front which buckets replay and which run eagerly */
@@ -398,6 +483,10 @@ void ls_engine_close(ls_engine *e) {
         if (gs.captured || gs.replayed || gs.eager)
             log_info("engine: CUDA graphs: %lld steps replayed, %lld steps eager, %lld graphs captured",
                      (long long)gs.replayed, (long long)gs.eager, (long long)gs.captured);
+        if (e->n_dec_steps)
+            log_info("engine: %lld decode steps of %.2f sequences on average, %.3f ms each (forward + sampling)",
+                     (long long)e->n_dec_steps, (double)e->n_dec_rows / e->n_dec_steps,
+                     e->t_dec * 1e3 / e->n_dec_steps);
     }
     engine_free(e);
 }
@@ -992,6 +1081,11 @@ static void run_step(ls_engine *e, int nb) {
     double t0 = now_sec();
     int rc = model_forward(e->m, &b, &le);
     e->n_steps++;
+    if (ntok == nb) {
+        e->n_dec_steps++;
+        e->n_dec_rows += nb;
+        e->t_dec += now_sec() - t0;
+    }
     if (rc < 0) {
         char msg[1200];
         snprintf(msg, sizeof msg, "model forward failed at engine step %lld: %s", (long long)e->n_steps,

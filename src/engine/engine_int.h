@@ -88,6 +88,8 @@ struct ls_engine {
     int n_waiting;
     buf text;                  /* event text scratch */
     int64_t n_steps;
+    int64_t n_dec_steps, n_dec_rows; /* pure-decode steps (every row one token) and their rows */
+    double t_dec;              /* seconds in those steps' forward + sampling */
     /* device sampling: per batch row parameters and results, the rows' token lists */
     smp_row *srows;            /* [max_run] */
     smp_out *sres;             /* [max_run] */

@@ -34,7 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { ATT_MAX_HD = 512, ATT_CHUNK = 256, ATT_MAX_DEV = 16, ATT_MIN_CHUNK = 64, ATT_MAX_SPLIT = 128 };
+/* ATT_MIN_CHUNK = ATT_CHUNK: under device planning a prefix up to ATT_CHUNK x the split count is
+ * cut exactly as host planning cuts it, so a captured step is bitwise the eager one */
+enum { ATT_MAX_HD = 512, ATT_CHUNK = 256, ATT_MAX_DEV = 16, ATT_MIN_CHUNK = ATT_CHUNK, ATT_MAX_SPLIT = 128 };
 
 typedef struct att_ws {
     void *meta;
@@ -147,8 +149,10 @@ static int att_sm_count(void) {
 
 /* Splits per token for device planning: enough blocks (splits x kv heads x
  * tokens) for about four per SM, at least ctx_cap / 2048 so a long prefix is
- * still cut into chunks of at most ~2048 positions, never chunks shorter than
- * ATT_MIN_CHUNK at ctx_cap, at most ATT_MAX_SPLIT. */
+ * still cut into chunks of at most ~2048 positions, no more than ctx_cap
+ * needs in chunks of ATT_MIN_CHUNK, at most ATT_MAX_SPLIT. A token's chunks
+ * are ATT_MIN_CHUNK long (as host planning's) until its prefix outgrows
+ * ATT_MIN_CHUNK x splits, then longer. */
 static int att_dev_nsplit(int n_tok, int n_kv_heads, int ctx_cap) {
     long blocks = (long)n_kv_heads * (n_tok > 0 ? n_tok : 1);
     long want = (4L * att_sm_count() + blocks - 1) / blocks;

@@ -152,12 +152,17 @@ __global__ void gc_conv_kernel(int D, int Kr, int nv, const int32_t *__restrict_
                 const int u = t0 - (K - 1) + i;
                 win[i] = u < 0 ? st[K - 1 + u] : gc_bf(qkv, (size_t)(row0 + u) * D + ch);
             }
-            for (int t = t0; t < t1; t++) {
-                win[K - 1] = gc_bf(qkv, (size_t)(row0 + t) * D + ch);
+            float xin[GC_CONV_T]; /* the chunk's inputs in flight together (rows past t1 repeat the last) */
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) xin[t] = gc_bf(qkv, (size_t)(row0 + min(t0 + t, t1 - 1)) * D + ch);
+#pragma unroll
+            for (int t = 0; t < GC_CONV_T; t++) {
+                if (t0 + t >= t1) break;
+                win[K - 1] = xin[t];
                 float acc = 0.f;
 #pragma unroll
                 for (int i = 0; i < K; i++) acc = fmaf(w[i], win[i], acc);
-                c[(size_t)(row0 + t) * D + ch] = acc / (1.f + __expf(-acc));
+                c[(size_t)(row0 + t0 + t) * D + ch] = acc / (1.f + __expf(-acc));
 #pragma unroll
                 for (int i = 0; i < K - 1; i++) win[i] = win[i + 1];
             }

@@ -37,21 +37,24 @@
  *                      cuda_dequant_cublas; cuBLASLt for BF16 experts), SiLU·up,
  *                      and one combine kernel (no atomics: each output row sums
  *                      its own k rows).
- * Workspace: per device, grown on first use (moe calls on one device are
- * serialised by its mutex).
+ * Workspace: per device (cu_ws.h), grown on first use and kept on growth (a
+ * captured graph's pointers stay valid); moe calls on one device are
+ * serialised by its lock.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_ws.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8, MOE_MAX_DEV = 16 };
+enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
 enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
        WS_US, WS_S, WS_N };
+static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe workspace slots");
 
 typedef struct fused_tables fused_tables;
 
@@ -64,53 +67,29 @@ typedef struct tab_entry {
 } tab_entry;
 
 typedef struct moe_ws {
+    cu_ws ws; /* lock + the WS_* device buffers (cu_ws.h: kept on grow) */
     fused_tables *scratch;
     tab_entry tabs[TAB_CACHE];
     int next_tab;
-    void *p[WS_N];
-    size_t cap[WS_N];
-    pthread_mutex_t mu;
-    int init;
     int32_t *h_idx, *h_perm, *h_pos; /* host scratch */
     size_t h_cap;
 } moe_ws;
 
-static moe_ws g_ws[MOE_MAX_DEV];
-static pthread_mutex_t g_ws_mu = PTHREAD_MUTEX_INITIALIZER;
+static moe_ws g_ws[CU_WS_MAX_DEV];
 
+/* This device's workspace, locked (moe calls on one device are serialised). */
 static int ws_lock(moe_ws **out, ls_err *e) {
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= MOE_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "moe: device %d out of range", dev);
-    pthread_mutex_lock(&g_ws_mu);
-    if (!g_ws[dev].init) {
-        pthread_mutex_init(&g_ws[dev].mu, NULL);
-        g_ws[dev].init = 1;
-    }
-    pthread_mutex_unlock(&g_ws_mu);
-    pthread_mutex_lock(&g_ws[dev].mu);
+    int dev = 0, rc = cu_ws_device("moe", &dev, e);
+    if (rc) return rc;
+    cu_ws_lock(&g_ws[dev].ws);
     *out = &g_ws[dev];
     return 0;
 }
+static void ws_unlock(moe_ws *w) { cu_ws_unlock(&w->ws); }
 
-/* Device buffer `slot` of at least n bytes (zeroed when (re)allocated). */
-static void *ws_get(moe_ws *w, int slot, size_t n, ls_err *e) {
-    if (n == 0) n = 16;
-    if (w->cap[slot] >= n) return w->p[slot];
-    if (w->p[slot]) {
-        cudaDeviceSynchronize(); /* it may still be in use by queued work */
-        cudaFree(w->p[slot]);
-    }
-    w->p[slot] = NULL;
-    w->cap[slot] = 0;
-    cudaError_t c = cudaMalloc(&w->p[slot], n);
-    if (c != cudaSuccess) {
-        cu_fail(e, c, "moe workspace");
-        return NULL;
-    }
-    cudaMemset(w->p[slot], 0, n);
-    w->cap[slot] = n;
-    return w->p[slot];
+/* Device buffer `slot` of at least n bytes (zeroed when allocated). */
+static void *ws_get(moe_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e) {
+    return cu_ws_get(&w->ws, slot, n, 1, st, "moe", e);
 }
 
 /* ---- checks ----------------------------------------------------------------------- */
@@ -191,6 +170,17 @@ __device__ __forceinline__ unsigned f2key(float f) {
 __device__ __forceinline__ float key2f(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+/* Programmatic dependent launch (sm_90): with the launch attribute set, a kernel may
+ * start while its predecessor in the stream still runs; pdl_wait blocks until the
+ * predecessor grid completed with its memory visible, pdl_trigger lets the next
+ * kernel launch. Without the attribute both are no-ops, so the kernels below call
+ * them unconditionally. Every fused kernel calls pdl_wait before it reads what its
+ * predecessor wrote, and triggers only after its own pdl_wait: once a kernel runs,
+ * everything two launches back has completed (the down kernel reads the top-k
+ * choices before its wait, and fetches its weights while gate/up finishes). */
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
 /* Launch 1: logits [M, E] = x·Wrᵀ. A block of 16 warps takes 4 expert rows, 4
@@ -207,6 +197,7 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
                                                                             float *logits, float *sgl) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
     const int ex = blockIdx.x * ROUTER_RPB + r;
     const bool active = ex < E || (ex == E && wsg);
@@ -293,6 +284,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -434,6 +427,8 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
                                                          int ldh) {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
@@ -584,6 +579,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             sv[u][0] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb));
             sv[u][1] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb + (size_t)8 * (K / 16)));
         }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (p0 + 8 * u >= npairs) break;
@@ -612,6 +608,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             }
         }
     }
+    pdl_wait();
     if (sbf) {
         /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
         const float coef = wts[m * (k + 1) + k];
@@ -668,6 +665,8 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
@@ -803,6 +802,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             }
             cu_cp_async_commit();
         }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < PMAX; u++) {
             const int p = base + KW * u;
@@ -816,6 +816,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
         }
     }
+    pdl_wait();
     if (P->sbf) {
         /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
         const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
@@ -862,15 +863,44 @@ static cudaError_t fused_smem(size_t bytes) {
     return c;
 }
 
+/* Launch kernel K on st, as a programmatic dependent launch when pdl is set (the
+ * kernel may start before its predecessor ends; see pdl_wait). */
+template <typename... KArgs, typename... Args>
+static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t c = cudaLaunchKernelEx(&cfg, K, args...);
+    return c == cudaSuccess ? cudaGetLastError() : c;
+}
+
+/* Programmatic dependent launch between the fused kernels: LASTSTAND_MOE_PDL=1 (opt-in
+ * until validated on the H200) */
+static int fused_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *ev = getenv("LASTSTAND_MOE_PDL");
+        v = ev && !strcmp(ev, "1");
+    }
+    return v;
+}
+
 template <int KW, int PER>
 static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
                                   int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
                                   void *h, int ldh) {
     cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
     if (c != cudaSuccess) return c;
-    moe_gateup2_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
-                                                            (bf16 *)h, ldh);
-    return cudaGetLastError();
+    return fused_launch(fused_pdl(), moe_gateup2_kernel<KW, PER>, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k,
+                        (const bf16 *)x, idx, wts, (bf16 *)h, ldh);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -913,7 +943,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     for (int x = 0; x < E; x++) {
         const lin_w *gl = &w->gate[x], *ul = &w->up[x], *dl = &w->down[x];
         if (gl->kind != W_NVFP4 || ul->kind != W_NVFP4 || dl->kind != W_NVFP4) {
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: expert %d is not NVFP4", x);
         }
         gp.gw[x] = (const uint8_t *)gl->data; gp.gs[x] = gl->scale; gp.g2[x] = gl->scale2;
@@ -924,14 +954,14 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     if (Is) {
         const w_kind sk = w->sh_gate.kind;
         if ((sk != W_NVFP4 && sk != W_BF16) || w->sh_up.kind != sk || w->sh_down.kind != sk) {
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return errf(e, ERR_UNSUPPORTED,
                         "cuda_fused_decode: shared expert must be all NVFP4 or all BF16 (gate %s, up %s, down %s)",
                         w_kind_name(sk), w_kind_name(w->sh_up.kind), w_kind_name(w->sh_down.kind));
         }
         if (sk == W_BF16) {
             if (((uintptr_t)w->sh_gate.data | (uintptr_t)w->sh_up.data | (uintptr_t)w->sh_down.data) & 15) {
-                pthread_mutex_unlock(&ws->mu);
+                ws_unlock(ws);
                 return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: BF16 shared expert weights not 16-byte aligned");
             }
             gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = NULL; gp.sg2 = 1.f;
@@ -959,7 +989,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                 free(te->host);
                 te->host = NULL;
                 te->dev = NULL;
-                pthread_mutex_unlock(&ws->mu);
+                ws_unlock(ws);
                 return cu_fail(e, c, "cuda_fused_decode tables");
             }
         }
@@ -970,23 +1000,24 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                                         (cudaStream_t)s);
         if (c != cudaSuccess) {
             te->key = NULL;
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return cu_fail(e, c, "cuda_fused_decode tables");
         }
     }
     const gu_params *dgp = &te->dev->gu;
     const dn_params *ddp = &te->dev->dn;
     const int ldh = I > Is ? I : Is;
-    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, e);
-    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, e);
-    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), e);
-    float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, e);
+    cudaStream_t st = (cudaStream_t)s;
+    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, st, e);
+    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, st, e);
+    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), st, e);
+    float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, st, e);
     if (!logits || !idx || !wts || !hws) {
-        pthread_mutex_unlock(&ws->mu);
+        ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
     }
-    cudaStream_t st = (cudaStream_t)s;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    const int pdl = fused_pdl();
     cudaError_t c = fused_smem<moe_router_kernel>(xsm);
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
@@ -996,9 +1027,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         c = cudaGetLastError();
     }
     if (c == cudaSuccess) {
-        moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
-                                                        logits, wsg ? sgl : NULL, idx, wts);
-        c = cudaGetLastError();
+        c = fused_launch(pdl, moe_topk_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, (int)w->norm_topk,
+                         (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                         (const float *)(wsg ? sgl : NULL), idx, wts);
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
@@ -1025,21 +1056,19 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            moe_down2_kernel<DOWN_KW, DOWN_PMAX><<<g3d, 32 * DOWN_KW, dsm, st>>>(ddp, H, I, Is, k, idx,
-                                                                               (const bf16 *)hws, ldh,
-                                                                               (bf16 *)a->y);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I,
+                             Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
         }
     } else {
         if (c == cudaSuccess) {
             dim3 g2d(ldh / 16, M * (k + 1));
-            moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_gateup_kernel, g2d, dim3(256), 0, st, dgp, M, H, I, Is, k, (const bf16 *)a->x,
+                             (const int32_t *)idx, hws, ldh);
         }
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_down_kernel, g3d, dim3(256), 0, st, ddp, M, H, I, Is, k, (const int32_t *)idx,
+                             (const float *)wts, (const float *)hws, ldh, (bf16 *)a->y);
         }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
@@ -1049,7 +1078,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
                                   cudaMemcpyDeviceToDevice, st);
     }
-    pthread_mutex_unlock(&ws->mu);
+    ws_unlock(ws);
     if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode");
     return 0;
 }
@@ -1118,21 +1147,21 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, I = w->inter,
               Is = w->shared_inter > 0 ? w->shared_inter : 0;
     const size_t Mk = (size_t)M * k;
-    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * M * E, e);
-    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * Mk, e);
-    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * M * (k + 1), e);
-    int32_t *perm = (int32_t *)ws_get(ws, WS_PERM, sizeof(int32_t) * Mk, e);
-    int32_t *pos = (int32_t *)ws_get(ws, WS_POS, sizeof(int32_t) * Mk, e);
-    bf16 *xs = (bf16 *)ws_get(ws, WS_XS, sizeof(bf16) * Mk * H, e);
-    bf16 *G = (bf16 *)ws_get(ws, WS_G, sizeof(bf16) * Mk * I, e);
-    bf16 *U = (bf16 *)ws_get(ws, WS_U, sizeof(bf16) * Mk * I, e);
-    bf16 *Y = (bf16 *)ws_get(ws, WS_Y, sizeof(bf16) * Mk * H, e);
+    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * M * E, st, e);
+    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * Mk, st, e);
+    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * M * (k + 1), st, e);
+    int32_t *perm = (int32_t *)ws_get(ws, WS_PERM, sizeof(int32_t) * Mk, st, e);
+    int32_t *pos = (int32_t *)ws_get(ws, WS_POS, sizeof(int32_t) * Mk, st, e);
+    bf16 *xs = (bf16 *)ws_get(ws, WS_XS, sizeof(bf16) * Mk * H, st, e);
+    bf16 *G = (bf16 *)ws_get(ws, WS_G, sizeof(bf16) * Mk * I, st, e);
+    bf16 *U = (bf16 *)ws_get(ws, WS_U, sizeof(bf16) * Mk * I, st, e);
+    bf16 *Y = (bf16 *)ws_get(ws, WS_Y, sizeof(bf16) * Mk * H, st, e);
     if (!logits || !idx || !wts || !perm || !pos || !xs || !G || !U || !Y) return e->code ? e->code : ERR_NOMEM;
     bf16 *Gs = NULL, *Us = NULL, *S = NULL;
     if (Is) {
-        Gs = (bf16 *)ws_get(ws, WS_GS, sizeof(bf16) * M * Is, e);
-        Us = (bf16 *)ws_get(ws, WS_US, sizeof(bf16) * M * Is, e);
-        S = (bf16 *)ws_get(ws, WS_S, sizeof(bf16) * M * H, e);
+        Gs = (bf16 *)ws_get(ws, WS_GS, sizeof(bf16) * M * Is, st, e);
+        Us = (bf16 *)ws_get(ws, WS_US, sizeof(bf16) * M * Is, st, e);
+        S = (bf16 *)ws_get(ws, WS_S, sizeof(bf16) * M * H, st, e);
         if (!Gs || !Us || !S) return e->code ? e->code : ERR_NOMEM;
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
@@ -1226,7 +1255,7 @@ static int loop_run(const moe_args *a, ls_stream s, ls_err *e) {
     moe_ws *ws;
     if ((rc = ws_lock(&ws, e))) return rc;
     rc = loop_run_locked(ws, a, (cudaStream_t)s, e);
-    pthread_mutex_unlock(&ws->mu);
+    ws_unlock(ws);
     return rc;
 }
 

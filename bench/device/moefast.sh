@@ -10,12 +10,13 @@
 #    expert (`--shapes PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`),
 #    with the default kernels and with each opt-in knob of this round:
 #      LASTSTAND_MOE_PDL=1         programmatic dependent launch between the fused kernels
-#      LASTSTAND_MOE_FUSED_PAIR=2  the cp.async kernel pair at M = 1 too
-# 2. ncu (--clock-control none, cold caches) per-kernel time, DRAM throughput, achieved
-#    occupancy and issue activity of the fused kernels at M = 1 on the 397B layer.
-# 3. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs replayed):
-#    default vs LASTSTAND_MOE_PDL=1, the ids must be equal (PDL edges inside captured graphs).
-# 4. The cp.async pair forced at M = 1 with PDL (397B, both shared kinds), if time is left.
+#      LASTSTAND_MOE_FUSED_PAIR=3  the persistent gate/up kernel (cp.async ring over tiles)
+#                                  with the cp.async down kernel, M <= 2
+# 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs replayed):
+#    default vs LASTSTAND_MOE_PDL=1 (+ pair 3), the ids must be equal (PDL edges inside
+#    captured graphs).
+# 3. ncu (--clock-control none, cold caches) per-kernel time, DRAM throughput, achieved
+#    occupancy and issue activity of the fused kernels at M = 1 on the 397B layer, per pair.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moefast.sh BIN OUTDIR}
@@ -50,10 +51,37 @@ for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     for sh in nv bf; do doctor pdl LASTSTAND_MOE_PDL=1 $p $sh 1,2,8; done
 done
 echo "($(el))"
-echo "== 2. ncu, 397B layer, M = 1, cuda_fused_decode (per kernel; cold caches, clocks not locked)"
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor pair3 LASTSTAND_MOE_FUSED_PAIR=3 $p $sh 1,2; done
+done
+for sh in nv bf; do doctor pdl+pair3 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=3" qwen3.5-397b-a17b $sh 1,2; done
+for sh in nv bf; do doctor pdl+pair2 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=2" qwen3.5-397b-a17b $sh 1; done
+echo "($(el))"
+
+echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs), default vs PDL + pair 3"
+for v in default pdl; do
+    t=$(left); [ $t -gt 25 ] && t=25
+    [ $t -ge 8 ] || { echo "$v: skipped (time)"; continue; }
+    envs=""; [ $v = pdl ] && envs="LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=3"
+    env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
+        --max-new-tokens 16 --temperature 0 --moe-runner-backend cuda_fused_decode --sampling-backend device \
+        >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
+    echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-200) ($(el))"
+    grep -iE "error|refus|unsupported|nan|CUDA graphs" "$OUT/gen-$v.err" | head -3
+done
+python3 - "$OUT/gen-default.txt" "$OUT/gen-pdl.txt" <<'PY'
+import json, sys
+try:
+    a, b = (json.loads(open(p).read())["ids"] for p in sys.argv[1:3])
+    print(f"default vs pdl: {sum(x == y for x, y in zip(a, b))}/{max(len(a), len(b))} ids equal")
+except Exception as ex:
+    print(f"default vs pdl: no comparison ({ex})")
+PY
+
+echo "== 3. ncu, 397B layer, M = 1, cuda_fused_decode (per kernel; cold caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for cfg in "nv:1" "bf:1" "bf:2"; do
+    for cfg in "bf:1" "bf:3" "nv:1" "nv:3" "bf:2"; do
         sh=${cfg%%:*}; pair=${cfg#*:}
         t=$(left); [ $t -gt 25 ] && t=25
         [ $t -ge 10 ] || { echo "ncu $cfg: skipped (time)"; continue; }
@@ -86,28 +114,4 @@ PY
 else
     echo "no ncu"
 fi
-echo "== 3. generate greedy, synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs), default vs PDL"
-for v in default pdl; do
-    t=$(left); [ $t -gt 25 ] && t=25
-    [ $t -ge 8 ] || { echo "$v: skipped (time)"; continue; }
-    envs=""; [ $v = pdl ] && envs=LASTSTAND_MOE_PDL=1
-    env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
-        --max-new-tokens 16 --temperature 0 --moe-runner-backend cuda_fused_decode --sampling-backend device \
-        >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
-    echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-200) ($(el))"
-    grep -iE "error|refus|unsupported|nan|CUDA graphs" "$OUT/gen-$v.err" | head -3
-done
-python3 - "$OUT/gen-default.txt" "$OUT/gen-pdl.txt" <<'PY'
-import json, sys
-try:
-    a, b = (json.loads(open(p).read())["ids"] for p in sys.argv[1:3])
-    print(f"default vs pdl: {sum(x == y for x, y in zip(a, b))}/{max(len(a), len(b))} ids equal")
-except Exception as ex:
-    print(f"default vs pdl: no comparison ({ex})")
-PY
-
-echo "== 4. the cp.async pair at M = 1, with PDL"
-for sh in nv bf; do doctor pdl+pair2 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=2" qwen3.5-397b-a17b $sh 1; done
-echo "($(el))"
-
 echo "total $(el)"

@@ -73,6 +73,7 @@ typedef struct moe_ws {
     int next_tab;
     int32_t *h_idx, *h_perm, *h_pos; /* host scratch */
     size_t h_cap;
+    int n_sm; /* multiprocessors of the device (0 until first needed) */
 } moe_ws;
 
 static moe_ws g_ws[CU_WS_MAX_DEV];
@@ -848,6 +849,195 @@ __global__ void __launch_bounds__(32 * KW, 2)
 
 enum { DOWN_KW = 16, DOWN_PMAX = 6 };
 
+/* ---- the persistent gate/up kernel (pair 3: this + moe_down2_kernel) ----------------- */
+
+/* Launch 2, persistent: one block of KW warps per SM walks a fixed list of 16-row
+ * tiles (H == KW·PER·128, warp w owns chunks w·PER ..). A tile's NVFP4 gate and up
+ * bytes go to a two-stage cp.async ring, so the loads of the next two tiles are in
+ * flight while the block decodes the current one (pairs 1 and 2 launch a block per
+ * tile and wait for all its bytes before any math). x sits in shared memory, the
+ * slots' expert pointers too (resolved once per block). A BF16 shared expert's
+ * tiles (3.6x the bytes) are "heavy": block b < nh takes heavy tile b first,
+ * streamed through registers, and correspondingly fewer light ones; the light
+ * tiles (routed, and an NVFP4 shared expert's) are split into contiguous runs by
+ * bytes (gu3_range). Epilogue as moe_gateup2_kernel: h in BF16 with the combine
+ * weight and the down projection's scale2 folded in. */
+typedef struct gu3_slot {
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef; /* coef: combine weight (or shared gate) · down scale2 */
+} gu3_slot;
+enum { GU3_KW = 16, GU3_MAXM = 2, GU3_MAXS = GU3_MAXM * (MOE_MAXK + 1) };
+
+/* This block's run [l0, l1) of the nl light tiles, when blocks 0..nh-1 also take one
+ * heavy tile of weight wh (light = 1) and nh < G. */
+__device__ __forceinline__ void gu3_range(int b, int G, int nh, int nl, float wh, int &l0, int &l1) {
+    float ch = ((float)nl + nh * wh) / G - wh, cl = ((float)nl + nh * wh) / G;
+    if (ch < 0.f) {
+        ch = 0.f;
+        cl = (float)nl / (G - nh);
+    }
+    const float v0 = b <= nh ? b * ch : nh * ch + (b - nh) * cl;
+    const float v1 = b + 1 <= nh ? (b + 1) * ch : nh * ch + (b + 1 - nh) * cl;
+    l0 = min(nl, (int)(v0 + 0.5f));
+    l1 = b == G - 1 ? nl : min(nl, (int)(v1 + 0.5f));
+}
+
+/* light tile l -> slot and first row: the NVFP4 shared expert's tiles first (nls of
+ * them, tps per token), then the routed ones (tpr per slot) */
+__device__ __forceinline__ void gu3_tile(int l, int nls, int tps, int tpr, int k, int &s, int &n0) {
+    if (l < nls) {
+        s = (l / tps) * (k + 1) + k;
+        n0 = (l % tps) * 16;
+    } else {
+        const int r = l - nls, q = r / tpr;
+        s = (q / k) * (k + 1) + q % k;
+        n0 = (r % tpr) * 16;
+    }
+}
+
+template <int PER>
+__device__ __forceinline__ void gu3_issue(const gu3_slot *sd, int l, int l1, int nls, int tps, int tpr, int k, int H,
+                                          int c0, int g, int t, uint4 *my, uint16_t (&sc)[PER][4]) {
+    if (l < l1) {
+        int s, n0;
+        gu3_tile(l, nls, tps, tpr, k, s, n0);
+        const gu3_slot &d = sd[s];
+        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async16(my + (u * 4 + 0) * 32, d.gw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 1) * 32, d.gw + rb + r8 + u * 64);
+            cu_cp_async16(my + (u * 4 + 2) * 32, d.uw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 3) * 32, d.uw + rb + r8 + u * 64);
+        }
+        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            sc[u][0] = __ldg(reinterpret_cast<const uint16_t *>(d.gs + sb + u * 8));
+            sc[u][1] = __ldg(reinterpret_cast<const uint16_t *>(d.gs + sb + s8 + u * 8));
+            sc[u][2] = __ldg(reinterpret_cast<const uint16_t *>(d.us + sb + u * 8));
+            sc[u][3] = __ldg(reinterpret_cast<const uint16_t *>(d.us + sb + s8 + u * 8));
+        }
+    }
+    cu_cp_async_commit(); /* empty past the run: the group count stays uniform */
+}
+
+/* Sum the warps' partial tiles (red: [KW][2][16]) and write h[s, n0 ..] (threads < 16). */
+template <int KW>
+__device__ __forceinline__ void gu3_finish(float (*red)[2][16], const float (&ag)[4], const float (&au)[4],
+                                           const gu3_slot *sd, int s, int n0, int warp, int g, int t,
+                                           bf16 *__restrict__ hout, int ldh) {
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        const gu3_slot &d = sd[s];
+        gv *= d.g2;
+        uv *= d.u2;
+        hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * d.coef);
+    }
+}
+
+template <int PER>
+__device__ __forceinline__ void gu3_step(const gu3_slot *sd, int l, int l1, int nls, int tps, int tpr, int k, int H,
+                                         int c0, int warp, int g, int t, uint4 *my, uint16_t (&sc)[PER][4],
+                                         const uint4 *xs4, float (*red)[2][16], bf16 *__restrict__ hout, int ldh) {
+    int s, n0;
+    gu3_tile(l, nls, tps, tpr, k, s, n0);
+    cu_cp_async_wait<1>(); /* this tile's group; the next tile's may still fly */
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint4 *xr = xs4 + ((size_t)(s / (k + 1)) * H + c0 * 128 + 32 * t) / 8;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sc[u][0], sc[u][1], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], sc[u][2], sc[u][3], xv, au);
+    }
+    gu3_finish<GU3_KW>(red, ag, au, sd, s, n0, warp, g, t, hout, ldh);
+    /* this warp is done with its slice of the stage: refill it with tile l + 2 */
+    gu3_issue<PER>(sd, l + 2, l1, nls, tps, tpr, k, H, c0, g, t, my, sc);
+}
+
+template <int PER>
+__global__ void __launch_bounds__(32 * GU3_KW, 1)
+    moe_gateup3_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int M, int H, int I,
+                       int Is, int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+    constexpr int KW = GU3_KW;
+    extern __shared__ uint4 sm3[]; /* stages [2][KW][PER][4][32], then x [M][H] bf16 */
+    __shared__ float red[2][KW][2][16];
+    __shared__ gu3_slot sd[GU3_MAXS];
+    pdl_wait();
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int S = M * (k + 1), sbf = P->sbf, tps = Is / 16, tpr = I / 16;
+    const int nh = sbf ? M * tps : 0, nls = sbf ? 0 : M * tps, nl = nls + M * k * tpr;
+    int l0, l1;
+    gu3_range(blockIdx.x, gridDim.x, nh, nl, 3.5f, l0, l1);
+    const int c0 = warp * PER;
+    uint4 *my0 = sm3 + (size_t)(0 * KW + warp) * PER * 4 * 32 + lane;
+    uint4 *my1 = sm3 + (size_t)(1 * KW + warp) * PER * 4 * 32 + lane;
+    uint4 *xs4 = sm3 + (size_t)2 * KW * PER * 4 * 32;
+    if (threadIdx.x < S) {
+        const int m = threadIdx.x / (k + 1), j = threadIdx.x % (k + 1);
+        gu3_slot d;
+        if (j < k) {
+            const int ex = idx[m * k + j];
+            d.gw = P->gw[ex]; d.uw = P->uw[ex]; d.gs = P->gs[ex]; d.us = P->us[ex];
+            d.g2 = P->g2[ex]; d.u2 = P->u2[ex];
+            d.coef = D->d2[ex] * wts[m * (k + 1) + j];
+        } else {
+            d.gw = P->sgw; d.uw = P->suw; d.gs = P->sgs; d.us = P->sus;
+            d.g2 = P->sg2; d.u2 = P->su2;
+            d.coef = D->sd2 * wts[m * (k + 1) + k];
+        }
+        sd[threadIdx.x] = d;
+    }
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    uint16_t sc0[PER][4], sc1[PER][4];
+    gu3_issue<PER>(sd, l0, l1, nls, tps, tpr, k, H, c0, g, t, my0, sc0);
+    gu3_issue<PER>(sd, l0 + 1, l1, nls, tps, tpr, k, H, c0, g, t, my1, sc1);
+    if ((int)blockIdx.x < nh) {
+        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
+        const int m = blockIdx.x / tps, n0 = (blockIdx.x % tps) * 16, s = m * (k + 1) + k;
+        const gu3_slot &d = sd[s];
+        const uint4 *xr = xs4 + ((size_t)m * H + c0 * 128 + 32 * t) / 8;
+        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, ag);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, au);
+        }
+        gu3_finish<KW>(red[1], ag, au, sd, s, n0, warp, g, t, hout, ldh);
+    }
+    for (int l = l0; l < l1; l += 2) {
+        gu3_step<PER>(sd, l, l1, nls, tps, tpr, k, H, c0, warp, g, t, my0, sc0, xs4, red[0], hout, ldh);
+        if (l + 1 >= l1) break;
+        gu3_step<PER>(sd, l + 1, l1, nls, tps, tpr, k, H, c0, warp, g, t, my1, sc1, xs4, red[1], hout, ldh);
+    }
+    cu_cp_async_wait<0>(); /* nothing may be left in flight into shared memory at exit */
+}
+
+
 /* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
  * the default 48 KB (remembered per kernel: the largest so far). */
 template <auto K>
@@ -1036,14 +1226,49 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
     /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
      * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
-     * = 1 or 2 forces one (benchmarks only) */
+     * = 1, 2 or 3 forces one (benchmarks only; 3 = the persistent gate/up kernel with
+     * the cp.async down, where it applies: M <= 2, H = 2048 or 4096, fewer BF16 shared
+     * tiles than SMs) */
     static int force = -1;
     if (force < 0) {
         const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
-        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2")) ? atoi(ev) : 0;
+        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2") || !strcmp(ev, "3")) ? atoi(ev) : 0;
     }
-    const int v2 = force ? force == 2 : M >= 2;
-    if (c == cudaSuccess && gkw && v2) {
+    int pair = force ? force : M >= 2 ? 2 : 1;
+    if (pair == 3) {
+        if (!ws->n_sm) {
+            int dev = 0, n = 0;
+            if (cudaGetDevice(&dev) != cudaSuccess ||
+                cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+                n = 1;
+            ws->n_sm = n;
+        }
+        const int nh = gp.sbf ? M * (Is / 16) : 0;
+        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 ? 2 : 1;
+    }
+    if (c == cudaSuccess && pair == 3) {
+        const size_t gsm = (size_t)32 * H + sizeof(bf16) * (size_t)M * H; /* 2 stages of 16 B per 16 rows x 2 matrices x 128 codes per chunk, + x */
+        if (nch == GU3_KW) {
+            c = fused_smem<moe_gateup3_kernel<1>>(gsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_gateup3_kernel<1>, dim3(ws->n_sm), dim3(32 * GU3_KW), gsm, st, dgp, ddp, M,
+                                 H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, (const float *)wts,
+                                 (bf16 *)hws, ldh);
+        } else {
+            c = fused_smem<moe_gateup3_kernel<2>>(gsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_gateup3_kernel<2>, dim3(ws->n_sm), dim3(32 * GU3_KW), gsm, st, dgp, ddp, M,
+                                 H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, (const float *)wts,
+                                 (bf16 *)hws, ldh);
+        }
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+        if (c == cudaSuccess) {
+            dim3 g3d(H / 16, M);
+            c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I,
+                             Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+        }
+    } else if (c == cudaSuccess && gkw && pair == 2) {
         dim3 g2d(ldh / 16, M * (k + 1));
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
         if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);

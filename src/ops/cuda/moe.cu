@@ -176,9 +176,12 @@ __device__ __forceinline__ float key2f(unsigned k) {
  * predecessor grid completed with its memory visible, pdl_trigger lets the next
  * kernel launch. Without the attribute both are no-ops, so the kernels below call
  * them unconditionally. Every fused kernel calls pdl_wait before it reads what its
- * predecessor wrote, and triggers only after its own pdl_wait: once a kernel runs,
- * everything two launches back has completed (the down kernel reads the top-k
- * choices before its wait, and fetches its weights while gate/up finishes). */
+ * predecessor wrote. The gate/up kernels trigger only after their own pdl_wait, so
+ * once the down kernel runs the top-k kernel has completed (down reads the choices
+ * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
+ * triggers first thing, so that gate/up can start during the router; it reads
+ * nothing the top-k kernel writes before its pdl_wait, except x, complete before
+ * the router (launched without the attribute) started. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
@@ -285,8 +288,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
+    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -979,8 +982,6 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
     extern __shared__ uint4 sm3[]; /* stages [2][KW][PER][4][32], then x [M][H] bf16 */
     __shared__ float red[2][KW][2][16];
     __shared__ gu3_slot sd[GU3_MAXS];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = M * (k + 1), sbf = P->sbf, tps = Is / 16, tpr = I / 16;
     const int nh = sbf ? M * tps : 0, nls = sbf ? 0 : M * tps, nl = nls + M * k * tpr;
@@ -990,6 +991,30 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
     uint4 *my0 = sm3 + (size_t)(0 * KW + warp) * PER * 4 * 32 + lane;
     uint4 *my1 = sm3 + (size_t)(1 * KW + warp) * PER * 4 * 32 + lane;
     uint4 *xs4 = sm3 + (size_t)2 * KW * PER * 4 * 32;
+    /* x was complete before the router started, and the shared expert does not depend
+     * on the routing: its heavy tile runs before the wait for the top-k kernel */
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    const bool heavy = (int)blockIdx.x < nh;
+    const int hm = heavy ? blockIdx.x / tps : 0, hn0 = heavy ? (blockIdx.x % tps) * 16 : 0;
+    float hg[4] = {0.f, 0.f, 0.f, 0.f}, hu[4] = {0.f, 0.f, 0.f, 0.f};
+    if (heavy) {
+        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
+        const uint4 *xr = xs4 + ((size_t)hm * H + c0 * 128 + 32 * t) / 8;
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sgw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hg);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->suw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hu);
+        }
+    }
+    pdl_wait(); /* the top-k choices and weights */
+    pdl_trigger();
     if (threadIdx.x < S) {
         const int m = threadIdx.x / (k + 1), j = threadIdx.x % (k + 1);
         gu3_slot d;
@@ -1005,30 +1030,11 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
         }
         sd[threadIdx.x] = d;
     }
-    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
-    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
     uint16_t sc0[PER][4], sc1[PER][4];
     gu3_issue<PER>(sd, l0, l1, nls, tps, tpr, k, H, c0, g, t, my0, sc0);
     gu3_issue<PER>(sd, l0 + 1, l1, nls, tps, tpr, k, H, c0, g, t, my1, sc1);
-    if ((int)blockIdx.x < nh) {
-        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
-        const int m = blockIdx.x / tps, n0 = (blockIdx.x % tps) * 16, s = m * (k + 1) + k;
-        const gu3_slot &d = sd[s];
-        const uint4 *xr = xs4 + ((size_t)m * H + c0 * 128 + 32 * t) / 8;
-        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-        for (int u = 0; u < PER; u++) {
-            uint4 w0[4], w1[4], xv[4];
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, ag);
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, au);
-        }
-        gu3_finish<KW>(red[1], ag, au, sd, s, n0, warp, g, t, hout, ldh);
-    }
+    if (heavy) gu3_finish<KW>(red[1], hg, hu, sd, hm * (k + 1) + k, hn0, warp, g, t, hout, ldh);
     for (int l = l0; l < l1; l += 2) {
         gu3_step<PER>(sd, l, l1, nls, tps, tpr, k, H, c0, warp, g, t, my0, sc0, xs4, red[0], hout, ldh);
         if (l + 1 >= l1) break;

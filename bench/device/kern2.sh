@@ -6,8 +6,10 @@
 #     cuda_ref, then timed; issue 5's bar: M = 1 >= 50% of the copy bandwidth);
 #  2. the doctor on the 35B preset's NVFP4 shapes at M = 1, 2 (K = 2048 and 512: the
 #     4- and 8-warp instances of the kernel);
-#  3. cuda_w4a16_mma at M = 1 with the GEMV kernel off (LASTSTAND_W4A16_GEMV=0, the
-#     cp.async kernel it replaced) and at each warp width (LASTSTAND_W4A16_GKW).
+#  3. cuda_w4a16_mma at M = 1 (validated and timed by the doctor each time) with the GEMV
+#     kernel off (LASTSTAND_W4A16_GEMV=0: the cp.async kernel it replaced), its one-shot and
+#     persistent forms forced (LASTSTAND_W4A16_GPERSIST=0/1) and other warp widths
+#     (LASTSTAND_W4A16_GKW).
 # Prints the doctor tables' fp4_gemm rows and one line per variant.
 set -u
 BIN=${1:?usage: kern2.sh BIN OUTDIR}
@@ -26,18 +28,18 @@ timeout 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families fp4_g
 echo "doctor 35B: exit $? in $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
 grep -E '^(fp4_gemm|measured|laststand doctor| +[0-9]+ |    cuda)' "$OUT/kern2_doctor.txt" "$OUT/kern2_doctor35.txt" | \
   sed 's/^[^:]*://' | cut -c1-200
-for cfg in "GEMV=0" "GKW=16" "GKW=8" "GKW=4"; do
-  env LASTSTAND_W4A16_$cfg timeout 15 "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm \
+for cfg in GEMV=0 GPERSIST=0 GPERSIST=1 GKW=16:GPERSIST=0 GKW=8:GPERSIST=0 GKW=16:GPERSIST=1 GKW=8:GPERSIST=1 GKW=4; do
+  env $(echo "$cfg" | tr ':' ' ' | sed 's/\([A-Z]*=\)/LASTSTAND_W4A16_\1/g') timeout 15 "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm \
     --backends cuda_w4a16_mma --fp4-shapes $SH --m 1 --json "$OUT/kern2_v.json" > /dev/null 2>&1
   python3 - "$OUT/kern2_v.json" "$cfg" <<'PY'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
 except Exception as ex:
-    print("%-8s no report: %s" % (sys.argv[2], ex)); sys.exit(0)
+    print("%-20s no report: %s" % (sys.argv[2], ex)); sys.exit(0)
 for t in r["tables"]:
     c = t["cells"].get("cuda_w4a16_mma", {})
-    print("%-8s %-16s" % (sys.argv[2], t["title"].split("  ")[1]),
+    print("%-20s %-16s" % (sys.argv[2], t["title"].split("  ")[1]),
           " ".join("M=%s %s %.2fus %.0fGB/s" % (m, v["status"], v.get("ms", 0) * 1e3, v.get("gbs", 0)) for m, v in c.items()))
 PY
   rm -f "$OUT/kern2_v.json"

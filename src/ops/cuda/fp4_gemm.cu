@@ -397,6 +397,138 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     }
 }
 
+/* The persistent form of fp4_gemv1_kernel for weights with many more 16-row tiles
+ * than resident blocks: a grid of (resident blocks) walks the tiles (tile =
+ * blockIdx.x + i * gridDim.x); each warp keeps its K slice (PER chunks) for every
+ * tile and, while it decodes tile i from one shared-memory stage, the cp.async loads
+ * of its slice of tile i + 1 fill the other stage (one commit group per tile). x is
+ * loaded once. The KW warps' partial sums meet in a double-buffered reduction array
+ * (one barrier per tile). Same lane mapping and nv4_gemv1_chunk as the one-shot kernel.
+ * Dynamic shared memory: gv_pers_smem(KW, PER) bytes. */
+template <int KW, int PER>
+struct gvp_smem {
+    uint4 xs[KW][PER][16];           /* x: the warp's chunks, loaded once */
+    uint4 zb[2];                     /* zeros */
+    uint4 stage[2][KW][PER][2][32];  /* codes, two tiles in flight */
+    uint32_t ss[2][KW][PER][32];     /* E4M3 scales, two tiles */
+    float red[2][KW][16];            /* per-warp row sums, alternating tiles */
+};
+
+template <int KW, int PER>
+__device__ __forceinline__ void gvp_issue(gvp_smem<KW, PER> &sm, int st, int tile, int K, const uint8_t *__restrict__ w,
+                                          const uint8_t *__restrict__ sc, int lane, int warp) {
+    const int g = lane >> 2, t = lane & 3, n0 = tile * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&sm.stage[st][warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&sm.stage[st][warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&sm.ss[st][warp][u][lane], sg0 + u * 8);
+    }
+}
+
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, 2)
+    fp4_gemv1p_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int ntiles) {
+    extern __shared__ __align__(16) unsigned char gvp_raw[];
+    gvp_smem<KW, PER> &sm = *reinterpret_cast<gvp_smem<KW, PER> *>(gvp_raw);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int c0 = warp * PER;
+    int tile = blockIdx.x; /* gridDim.x <= ntiles */
+    if (lane < 16) {
+        const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * lane;
+#pragma unroll
+        for (int u = 0; u < PER; u++) cu_cp_async16(&sm.xs[warp][u][lane], xg + u * W4_CHUNK);
+    }
+    gvp_issue<KW, PER>(sm, 0, tile, K, w, sc, lane, warp);
+    cu_cp_async_commit(); /* group of tile 0 (and x) */
+    if (threadIdx.x < 2) sm.zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    const bool on = t == (g >> 1);
+    const uint4 *pe = on && !(g & 1) ? &sm.xs[warp][0][4 * t] : sm.zb;
+    const uint4 *po = on && (g & 1) ? &sm.xs[warp][0][4 * t + 2] : sm.zb;
+    const int se = on && !(g & 1) ? 16 : 0, so = on && (g & 1) ? 16 : 0;
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
+    for (int i = 0;; i++) {
+        const int nt = tile + gridDim.x, st = i & 1;
+        __syncwarp(); /* every lane is done with stage st ^ 1 (tile i - 1) */
+        if (nt < ntiles) gvp_issue<KW, PER>(sm, st ^ 1, nt, K, w, sc, lane, warp);
+        cu_cp_async_commit(); /* possibly empty: keeps one group per tile */
+        cu_cp_async_wait<1>();
+        __syncwarp(); /* tile i's codes, scales (and x) copied by the warp's lanes */
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.ss[st][warp][u]); /* [row][4] */
+            float sg[4];
+            nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+            nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+            nv4_gemv1_chunk(cu_lds16(&sm.stage[st][warp][u][0][lane]), cu_lds16(&sm.stage[st][warp][u][1][lane]),
+                            pe[u * se], pe[u * se + 1], po[u * so], po[u * so + 1], sg, lut, acc);
+        }
+        float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        if (t == 0) {
+            sm.red[st][warp][g] = r0;
+            sm.red[st][warp][g + 8] = r1;
+        }
+        /* red[st] is rewritten two tiles later, after every warp passed the next barrier,
+         * which warp 0 reaches only after reading it here */
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += sm.red[st][ww][threadIdx.x];
+            const int n = tile * 16 + threadIdx.x;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[n]);
+            y[n] = __float2bfloat16_rn(v);
+        }
+        if (nt >= ntiles) break;
+        tile = nt;
+    }
+}
+
+template <int KW, int PER>
+static void gvp_launch(const gemm_args *a, cudaStream_t st, int sms) {
+    static int occ = 0; /* resident blocks per SM, once per instance */
+    const size_t smem = sizeof(gvp_smem<KW, PER>);
+    if (!occ) {
+        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        int o = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fp4_gemv1p_kernel<KW, PER>, 32 * KW, smem);
+        occ = o > 0 ? o : 1;
+    }
+    const lin_w *w = a->w;
+    const int ntiles = w->N / 16;
+    const int grid = occ * sms < ntiles ? occ * sms : ntiles;
+    fp4_gemv1p_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data,
+                                                            w->scale, w->scale2, (bf16 *)a->y, a->accumulate, ntiles);
+}
+
+static void gvp_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st, int sms) {
+    if (kw == 16) {
+        if (per == 1) gvp_launch<16, 1>(a, st, sms);
+        else gvp_launch<16, 2>(a, st, sms);
+    } else if (kw == 8) {
+        if (per == 1) gvp_launch<8, 1>(a, st, sms);
+        else if (per == 2) gvp_launch<8, 2>(a, st, sms);
+        else gvp_launch<8, 4>(a, st, sms);
+    } else {
+        if (per == 1) gvp_launch<4, 1>(a, st, sms);
+        else if (per == 2) gvp_launch<4, 2>(a, st, sms);
+        else gvp_launch<4, 4>(a, st, sms);
+    }
+}
+
 template <int KW, int PER>
 static void gv_launch(const gemm_args *a, cudaStream_t st) {
     static int carve = 0; /* shared memory before L1: several blocks of 40 KB per SM */
@@ -638,8 +770,10 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel;
  * LASTSTAND_W4A16_GEMV=0 turns off the M = 1 block-column GEMV kernel (fp4_gemv1_kernel,
  * the default at M = 1 where K fits it), LASTSTAND_W4A16_GKW = its warps per tile
- * (4, 8 or 16; default by grid size). Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0;
+ * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST = 1 / 0 forces its
+ * persistent form (fp4_gemv1p_kernel) on / off (default: on when N / 16 >= 4 x SMs).
+ * Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
@@ -652,6 +786,8 @@ static void w4_knobs(void) {
     const char *gv = getenv("LASTSTAND_W4A16_GEMV"), *gkw = getenv("LASTSTAND_W4A16_GKW");
     g_w4_gemv = gv ? atoi(gv) : 1;
     g_w4_gkw = gkw ? atoi(gkw) : 0;
+    const char *gp = getenv("LASTSTAND_W4A16_GPERSIST");
+    g_w4_gpers = gp ? !!atoi(gp) : -1;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
@@ -696,8 +832,12 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     }
     int gkw = 0, gper = 0;
     if (a->M == 1 && g_w4_gemv && gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
-        gv_run_kw(gkw, gper, a, st);
-        CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv)");
+        /* persistent (loads of the next tile under the decode of this one) once the
+         * tiles fill the resident blocks several times over */
+        int pers = g_w4_gpers >= 0 ? g_w4_gpers : w->N / 16 >= 4 * sms;
+        if (pers) gvp_run_kw(gkw, gper, a, st, sms);
+        else gv_run_kw(gkw, gper, a, st);
+        CU_LAUNCHED(e, pers ? "fp4_gemm cuda_w4a16_mma (gemv, persistent)" : "fp4_gemm cuda_w4a16_mma (gemv)");
         return 0;
     }
     if (mt == 1 && a->M <= g_w4_async && !g_w4_persist) {

@@ -14,10 +14,15 @@
  *                        bytes). K is permuted inside each lane's 32-element
  *                        slice identically for A and B (a dot product does not
  *                        care about order). Partial sums of the KW warps meet in
- *                        shared memory; scale2 is applied once at the end. At
- *                        M = 1 a variant stages the weights through shared
- *                        memory with cp.async instead of registers (63
- *                        registers: twice the warps per SM), same decode.
+ *                        shared memory; scale2 is applied once at the end.
+ *                        At M = 1 the block-column GEMV kernel (nvfp4.cuh)
+ *                        when K = KW * PER * 128 fits it: weights, scales and
+ *                        x staged with cp.async, unscaled E2M1 into mma.sync,
+ *                        the 8 B columns spent on the 8 scale blocks of a
+ *                        chunk so that each E4M3 scale is one fp32 FFMA on an
+ *                        output instead of a BF16 multiply per weight pair
+ *                        (half the instructions of the M <= 8 kernel); else
+ *                        the cp.async variant of the M <= 8 kernel.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -404,7 +409,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * of its slice of tile i + 1 fill the other stage (one commit group per tile). x is
  * loaded once. The KW warps' partial sums meet in a double-buffered reduction array
  * (one barrier per tile). Same lane mapping and nv4_gemv1_chunk as the one-shot kernel.
- * Dynamic shared memory: gv_pers_smem(KW, PER) bytes. */
+ * Dynamic shared memory: sizeof(gvp_smem<KW, PER>). Opt-in (LASTSTAND_W4A16_GPERSIST=1):
+ * on the H200 it measured slower than one tile per block (the kernel is bound by the
+ * integer pipe's issue rate, not by load latency; bench/RESULTS.md). */
 template <int KW, int PER>
 struct gvp_smem {
     uint4 xs[KW][PER][16];           /* x: the warp's chunks, loaded once */
@@ -770,9 +777,8 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel;
  * LASTSTAND_W4A16_GEMV=0 turns off the M = 1 block-column GEMV kernel (fp4_gemv1_kernel,
  * the default at M = 1 where K fits it), LASTSTAND_W4A16_GKW = its warps per tile
- * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST = 1 / 0 forces its
- * persistent form (fp4_gemv1p_kernel) on / off (default: on when N / 16 >= 4 x SMs).
- * Read once. */
+ * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST=1 selects its
+ * persistent form (fp4_gemv1p_kernel; default off, slower on the H200). Read once. */
 static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
@@ -832,9 +838,11 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     }
     int gkw = 0, gper = 0;
     if (a->M == 1 && g_w4_gemv && gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
-        /* persistent (loads of the next tile under the decode of this one) once the
-         * tiles fill the resident blocks several times over */
-        int pers = g_w4_gpers >= 0 ? g_w4_gpers : w->N / 16 >= 4 * sms;
+        /* one tile per block by default: the persistent form (loads of the next tile
+         * under the decode of this one) measured slower on the H200 (2026-11-29,
+         * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
+         * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
+        int pers = g_w4_gpers > 0;
         if (pers) gvp_run_kw(gkw, gper, a, st, sms);
         else gv_run_kw(gkw, gper, a, st);
         CU_LAUNCHED(e, pers ? "fp4_gemm cuda_w4a16_mma (gemv, persistent)" : "fp4_gemm cuda_w4a16_mma (gemv)");

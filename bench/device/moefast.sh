@@ -12,6 +12,7 @@
 #      LASTSTAND_MOE_PDL=1         programmatic dependent launch between the fused kernels
 #      LASTSTAND_MOE_FUSED_PAIR=3  the persistent gate/up kernel (cp.async ring over tiles)
 #                                  with the cp.async down kernel, M <= 2
+#      LASTSTAND_MOE_FUSED_PAIR=4  the same with h through shared memory in the down kernel
 # 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs replayed):
 #    default vs LASTSTAND_MOE_PDL=1 (+ pair 3), the ids must be equal (PDL edges inside
 #    captured graphs).
@@ -54,7 +55,11 @@ echo "($(el))"
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     for sh in nv bf; do doctor pair3 LASTSTAND_MOE_FUSED_PAIR=3 $p $sh 1,2; done
 done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor pair4 LASTSTAND_MOE_FUSED_PAIR=4 $p $sh 1,2; done
+done
 for sh in nv bf; do doctor pdl+pair3 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=3" qwen3.5-397b-a17b $sh 1,2; done
+for sh in nv bf; do doctor pdl+pair4 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=4" qwen3.5-397b-a17b $sh 1,2; done
 for sh in nv bf; do doctor pdl+pair2 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=2" qwen3.5-397b-a17b $sh 1; done
 echo "($(el))"
 
@@ -81,7 +86,7 @@ PY
 echo "== 3. ncu, 397B layer, M = 1, cuda_fused_decode (per kernel; cold caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for cfg in "bf:1" "bf:3" "nv:1" "nv:3" "bf:2"; do
+    for cfg in "bf:1" "bf:3" "bf:4" "nv:1" "nv:3" "bf:2"; do
         sh=${cfg%%:*}; pair=${cfg#*:}
         t=$(left); [ $t -gt 25 ] && t=25
         [ $t -ge 10 ] || { echo "ncu $cfg: skipped (time)"; continue; }

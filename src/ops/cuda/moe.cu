@@ -176,9 +176,12 @@ __device__ __forceinline__ float key2f(unsigned k) {
  * predecessor grid completed with its memory visible, pdl_trigger lets the next
  * kernel launch. Without the attribute both are no-ops, so the kernels below call
  * them unconditionally. Every fused kernel calls pdl_wait before it reads what its
- * predecessor wrote, and triggers only after its own pdl_wait: once a kernel runs,
- * everything two launches back has completed (the down kernel reads the top-k
- * choices before its wait, and fetches its weights while gate/up finishes). */
+ * predecessor wrote. The gate/up kernels trigger only after their own pdl_wait, so
+ * once the down kernel runs the top-k kernel has completed (down reads the choices
+ * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
+ * triggers first thing, so that gate/up can start during the router; it reads
+ * nothing the top-k kernel writes before its pdl_wait, except x, complete before
+ * the router (launched without the attribute) started. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
@@ -285,8 +288,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
+    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -849,6 +852,105 @@ __global__ void __launch_bounds__(32 * KW, 2)
 
 enum { DOWN_KW = 16, DOWN_PMAX = 6 };
 
+/* Launch 3, pair 4: moe_down2_kernel with the B operand from shared memory. Each
+ * chunk's 256 bytes of h (the token's h row at that chunk) are copied by 16 lanes
+ * with cp.async next to the chunk's weights, once the wait for gate/up returns; the
+ * weights of the round were issued before it. In moe_down2_kernel every lane
+ * reads its 64 bytes of h from L2 inside the consume loop, one dependent L2 round
+ * trip per chunk. PMAX = 5 keeps two blocks per SM (100 KB of shared memory each). */
+enum { DOWN3_PMAX = 5 };
+template <int KW, int PMAX>
+__global__ void __launch_bounds__(32 * KW, 2)
+    moe_down3_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
+                     const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
+                     bf16 *__restrict__ y) {
+    extern __shared__ uint4 st[]; /* weights [KW][PMAX][2][32], then h [KW][PMAX][16] */
+    __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    if (threadIdx.x < k) {
+        const int ex = idx[m * k + threadIdx.x];
+        sw[threadIdx.x] = P->dw[ex];
+        ss[threadIdx.x] = P->ds[ex];
+    } else if (threadIdx.x == k) {
+        sw[k] = P->sdw;
+        ss[k] = P->sds;
+    }
+    __syncthreads();
+    const int cpe = I / 128, cps = Is / 128;
+    const int npairs = k * cpe + (P->sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
+    uint4 *hs = st + (size_t)KW * PMAX * 2 * 32 + (size_t)warp * PMAX * 16;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int base = warp; base < npairs; base += KW * PMAX) {
+        uint16_t s0[PMAX], s1[PMAX];
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (u * 2 + 0) * 32, sw[j] + rb);
+                cu_cp_async16(my + (u * 2 + 1) * 32, sw[j] + rb + (size_t)8 * (K / 2));
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
+            }
+        }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs && lane < 16) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                cu_cp_async16(hs + u * 16 + lane, hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 8 * lane);
+            }
+        }
+        cu_cp_async_commit();
+        cu_cp_async_wait<0>();
+        __syncwarp(); /* the h segments other lanes copied */
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            if (base + KW * u >= npairs) break;
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = hs[u * 16 + 4 * t + v];
+            cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+        }
+        __syncwarp(); /* before the next round overwrites this warp's h segments */
+    }
+    pdl_wait();
+    if (P->sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
+        for (int c = ((warp - npairs % KW) % KW + KW) % KW; c < cps; c += KW) {
+            uint4 w0[4], w1[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint4 xq = __ldg(hr + c * 16 + q);
+                const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+                const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+                cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
+                cu_mma_bf16_16816(acc, f1, xq.z, xq.w);
+            }
+        }
+    }
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
 /* ---- the persistent gate/up kernel (pair 3: this + moe_down2_kernel) ----------------- */
 
 /* Launch 2, persistent: one block of KW warps per SM walks a fixed list of 16-row
@@ -979,8 +1081,6 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
     extern __shared__ uint4 sm3[]; /* stages [2][KW][PER][4][32], then x [M][H] bf16 */
     __shared__ float red[2][KW][2][16];
     __shared__ gu3_slot sd[GU3_MAXS];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = M * (k + 1), sbf = P->sbf, tps = Is / 16, tpr = I / 16;
     const int nh = sbf ? M * tps : 0, nls = sbf ? 0 : M * tps, nl = nls + M * k * tpr;
@@ -990,6 +1090,30 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
     uint4 *my0 = sm3 + (size_t)(0 * KW + warp) * PER * 4 * 32 + lane;
     uint4 *my1 = sm3 + (size_t)(1 * KW + warp) * PER * 4 * 32 + lane;
     uint4 *xs4 = sm3 + (size_t)2 * KW * PER * 4 * 32;
+    /* x was complete before the router started, and the shared expert does not depend
+     * on the routing: its heavy tile runs before the wait for the top-k kernel */
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    const bool heavy = (int)blockIdx.x < nh;
+    const int hm = heavy ? blockIdx.x / tps : 0, hn0 = heavy ? (blockIdx.x % tps) * 16 : 0;
+    float hg[4] = {0.f, 0.f, 0.f, 0.f}, hu[4] = {0.f, 0.f, 0.f, 0.f};
+    if (heavy) {
+        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
+        const uint4 *xr = xs4 + ((size_t)hm * H + c0 * 128 + 32 * t) / 8;
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sgw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hg);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->suw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hu);
+        }
+    }
+    pdl_wait(); /* the top-k choices and weights */
+    pdl_trigger();
     if (threadIdx.x < S) {
         const int m = threadIdx.x / (k + 1), j = threadIdx.x % (k + 1);
         gu3_slot d;
@@ -1005,30 +1129,11 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
         }
         sd[threadIdx.x] = d;
     }
-    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
-    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
     uint16_t sc0[PER][4], sc1[PER][4];
     gu3_issue<PER>(sd, l0, l1, nls, tps, tpr, k, H, c0, g, t, my0, sc0);
     gu3_issue<PER>(sd, l0 + 1, l1, nls, tps, tpr, k, H, c0, g, t, my1, sc1);
-    if ((int)blockIdx.x < nh) {
-        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
-        const int m = blockIdx.x / tps, n0 = (blockIdx.x % tps) * 16, s = m * (k + 1) + k;
-        const gu3_slot &d = sd[s];
-        const uint4 *xr = xs4 + ((size_t)m * H + c0 * 128 + 32 * t) / 8;
-        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1
-        for (int u = 0; u < PER; u++) {
-            uint4 w0[4], w1[4], xv[4];
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, ag);
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(d.uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, au);
-        }
-        gu3_finish<KW>(red[1], ag, au, sd, s, n0, warp, g, t, hout, ldh);
-    }
+    if (heavy) gu3_finish<KW>(red[1], hg, hu, sd, hm * (k + 1) + k, hn0, warp, g, t, hout, ldh);
     for (int l = l0; l < l1; l += 2) {
         gu3_step<PER>(sd, l, l1, nls, tps, tpr, k, H, c0, warp, g, t, my0, sc0, xs4, red[0], hout, ldh);
         if (l + 1 >= l1) break;
@@ -1226,16 +1331,16 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
     /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
      * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
-     * = 1, 2 or 3 forces one (benchmarks only; 3 = the persistent gate/up kernel with
-     * the cp.async down, where it applies: M <= 2, H = 2048 or 4096, fewer BF16 shared
-     * tiles than SMs) */
+     * = 1 .. 4 forces one (benchmarks only; 3 = the persistent gate/up kernel with
+     * the cp.async down, 4 = the same with h through shared memory in the down kernel,
+     * where they apply: M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
     static int force = -1;
     if (force < 0) {
         const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
-        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2") || !strcmp(ev, "3")) ? atoi(ev) : 0;
+        force = ev && ev[0] >= '1' && ev[0] <= '4' && !ev[1] ? atoi(ev) : 0;
     }
     int pair = force ? force : M >= 2 ? 2 : 1;
-    if (pair == 3) {
+    if (pair >= 3) {
         if (!ws->n_sm) {
             int dev = 0, n = 0;
             if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1246,7 +1351,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const int nh = gp.sbf ? M * (Is / 16) : 0;
         if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 ? 2 : 1;
     }
-    if (c == cudaSuccess && pair == 3) {
+    if (c == cudaSuccess && pair >= 3) {
         const size_t gsm = (size_t)32 * H + sizeof(bf16) * (size_t)M * H; /* 2 stages of 16 B per 16 rows x 2 matrices x 128 codes per chunk, + x */
         if (nch == GU3_KW) {
             c = fused_smem<moe_gateup3_kernel<1>>(gsm);
@@ -1261,12 +1366,18 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                                  H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, (const float *)wts,
                                  (bf16 *)hws, ldh);
         }
-        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
-        if (c == cudaSuccess) {
-            dim3 g3d(H / 16, M);
-            c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I,
-                             Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16, dsm3 = (size_t)DOWN_KW * DOWN3_PMAX * 80 * 16;
+        dim3 g3d(H / 16, M);
+        if (c == cudaSuccess && pair == 3) {
+            c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H,
+                                 I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+        } else if (c == cudaSuccess) {
+            c = fused_smem<moe_down3_kernel<DOWN_KW, DOWN3_PMAX>>(dsm3);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_down3_kernel<DOWN_KW, DOWN3_PMAX>, g3d, dim3(32 * DOWN_KW), dsm3, st, ddp,
+                                 H, I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
         }
     } else if (c == cudaSuccess && gkw && pair == 2) {
         dim3 g2d(ldh / 16, M * (k + 1));

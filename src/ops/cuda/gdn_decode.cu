@@ -29,7 +29,10 @@
  * warp 0 of the cluster's first block writes the new q/k window; each warp writes its own v
  * channels' window and S slice. Block = NW warps of one v head, cluster = the ratio·dv/16/NW
  * blocks of one k head (at most 8, NW chosen for that), grid (nk · cluster, n_seq).
- * A sequence's tokens run one after the other in phase B; long prompts are cuda_chunked's job.
+ * A sequence's tokens run one after the other in phase B, so long prompts are cuda_chunked's
+ * job: a call in which some sequence brings more than 64 new tokens (LASTSTAND_GDN_DECODE_MAX_NEW,
+ * 0 = never) is handed to gdn_cuda_chunked whole, so that serve, which takes one backend per
+ * family (the doctor's pick at M = 1), gets the chunked form for prefill.
  *
  * Sequence metadata: the kernel reads the device array args->seqs ({slot, n_new, row0} int32
  * triples); seqs_host is validated. No workspace, no host sync: capture-safe.
@@ -39,9 +42,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-enum { GD_K = 4, GD_MAX_NW = 8, GD_MAX_CLUSTER = 8, GD_WC = 16 /* value columns per warp */, GD_TB = 8 /* tokens per group */ };
+enum { GD_K = 4, GD_MAX_NW = 8, GD_MAX_CLUSTER = 8, GD_WC = 16 /* value columns per warp */, GD_TB = 8 /* tokens per group */,
+       GD_CHUNK_LIMIT = 64 /* longer prompt chunks: cuda_chunked */ };
 
 /* floats per token in a warp's shared buffer: q [dk], k [dk] (conv outputs), v [GD_WC] */
 #define GD_TOK(DK) (2 * (DK) + GD_WC)
@@ -301,6 +306,16 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st)
                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out);
 }
 
+/* LASTSTAND_GDN_DECODE_MAX_NEW: the most new tokens of one sequence that this kernel takes;
+ * a call with a longer one goes to cuda_chunked. Default GD_CHUNK_LIMIT; 0: never hand over. */
+static int gd_chunk_limit(void) {
+    const char *v = getenv("LASTSTAND_GDN_DECODE_MAX_NEW");
+    if (!v || !*v) return GD_CHUNK_LIMIT;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end || n < 0 || n > INT32_MAX ? GD_CHUNK_LIMIT : (int)n;
+}
+
 static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
@@ -318,6 +333,13 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
             return errf(e, ERR_INVAL, "gdn: sequence %d (slot %d, rows %d+%d) outside the batch", i, q->slot, q->row0,
                         q->n_new);
     }
+    /* a prompt chunk longer than the limit: the whole call is cuda_chunked's (see the header) */
+    int max_new = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_new) max_new = a->seqs_host[i].n_new;
+    const int lim = gd_chunk_limit();
+    if (lim > 0 && max_new > lim && gdn_cuda_chunked.supported(&d0, &sh, why, sizeof why))
+        return gdn_cuda_chunked.run(a, s, e);
     if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;

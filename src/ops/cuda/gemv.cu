@@ -236,65 +236,83 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
     return -1;
 }
 
-/* Per kernel instance: the dynamic shared memory limit raised once, and the
- * blocks per SM asked once per shared-memory size (a small cache). */
+/* Per kernel instance: the dynamic shared memory limit raised once; and how many
+ * clusters of S blocks (blocks when S = 1) the whole GPU holds at once, asked once
+ * per (instance, S, shared memory size) and cached. */
 typedef struct gv_occ {
-    int nt;
+    int nt, S;
     size_t smem;
-    int blocks;
+    int groups;
 } gv_occ;
 
 static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
 static int gv_attr_done[3];
-static gv_occ gv_occ_cache[64];
+static gv_occ gv_occ_cache[128];
 static int gv_n_occ;
 
+static void gv_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const gv_plan *p, int G, cudaStream_t st) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->gridDim = dim3(p->S, G, 1);
+    cfg->blockDim = dim3(GV_THREADS, 1, 1);
+    cfg->dynamicSmemBytes = p->smem;
+    cfg->stream = st;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = p->S;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
+/* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
 template <int NT>
-static int gv_blocks_per_sm(size_t smem, ls_err *e) {
+static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
     const int slot = NT == 1 ? 0 : NT == 2 ? 1 : 2;
-    int blocks = 0;
+    int groups = 0;
     pthread_mutex_lock(&gv_mu);
-    for (int i = 0; i < gv_n_occ; i++)
-        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].smem == smem) blocks = gv_occ_cache[i].blocks;
+    for (int i = 0; i < gv_n_occ && !groups; i++)
+        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].S == p->S && gv_occ_cache[i].smem == p->smem)
+            groups = gv_occ_cache[i].groups;
     cudaError_t c = cudaSuccess;
-    if (!blocks) {
+    const char *what = "gemm cuda_gemv: cudaFuncSetAttribute";
+    if (!groups) {
         if (!gv_attr_done[slot]) {
             c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
             if (c == cudaSuccess) gv_attr_done[slot] = 1;
         }
-        if (c == cudaSuccess)
-            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, gv_kernel<NT>, GV_THREADS, smem);
-        if (c == cudaSuccess && blocks > 0 && gv_n_occ < 64) gv_occ_cache[gv_n_occ++] = (gv_occ){NT, smem, blocks};
+        if (c == cudaSuccess && p->S == 1) {
+            int bps = 0;
+            what = "gemm cuda_gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor";
+            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gv_kernel<NT>, GV_THREADS, p->smem);
+            groups = bps * n_sm;
+        } else if (c == cudaSuccess) {
+            cudaLaunchConfig_t cfg;
+            cudaLaunchAttribute at[1];
+            gv_config(&cfg, at, p, 1, 0);
+            what = "gemm cuda_gemv: cudaOccupancyMaxActiveClusters";
+            c = cudaOccupancyMaxActiveClusters(&groups, gv_kernel<NT>, &cfg);
+        }
+        if (c == cudaSuccess && groups > 0 && gv_n_occ < 128)
+            gv_occ_cache[gv_n_occ++] = (gv_occ){NT, p->S, p->smem, groups};
     }
     pthread_mutex_unlock(&gv_mu);
-    if (c != cudaSuccess) return cu_fail(e, c, "gemm cuda_gemv: kernel set-up");
-    if (blocks <= 0) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: %zu B of shared memory per block do not fit",
-                                 smem);
-    return blocks;
+    if (c != cudaSuccess) return cu_fail(e, c, what);
+    if (groups <= 0)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: no cluster of %d blocks with %zu B of shared memory fits",
+                    p->S, p->smem);
+    return groups;
 }
 
 template <int NT>
 static int gv_launch(const gemm_args *a, const gv_plan *p, int n_sm, cudaStream_t st, ls_err *e) {
     const int N = a->w->N, K = a->w->K, T = (N + 15) / 16;
-    int bps = gv_blocks_per_sm<NT>(p->smem, e);
-    if (bps < 0) return bps;
-    int G = n_sm * bps / p->S;
-    if (G < 1) G = 1;
+    int G = gv_resident<NT>(p, n_sm, e);
+    if (G < 0) return G;
     if (G > T) G = T;
     cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(p->S, G, 1);
-    cfg.blockDim = dim3(GV_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = p->smem;
-    cfg.stream = st;
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = p->S;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    gv_config(&cfg, at, p, G, st);
     CU_TRY(e,
            cudaLaunchKernelEx(&cfg, gv_kernel<NT>, a->M, N, K, p->cw, p->xstride, (const bf16 *)a->x,
                               (const bf16 *)a->w->data, (bf16 *)a->y, a->accumulate),

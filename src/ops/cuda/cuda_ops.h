@@ -27,6 +27,9 @@
  *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
  *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)
  *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
+ *             cuda_decode         one launch (conv, norms, g/β, delta rule), a warp per 32 value
+ *                                 columns of a head, S in registers, a k head's blocks one cluster
+ *                                 (gdn_decode.cu)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).
@@ -51,6 +54,7 @@ extern const attn_impl attn_cuda_flash_prefill;
 extern const gdn_impl gdn_cuda_recurrent;
 extern const gdn_impl gdn_cuda_chunked;
 extern const gdn_impl gdn_cuda_per_token;
+extern const gdn_impl gdn_cuda_decode;
 extern const gemm_impl gemm_cuda_cublaslt;
 extern const gemm_impl gemm_cuda_ref;
 extern const gemm_impl gemm_cuda_gemv;

@@ -9,7 +9,9 @@
 # 1. `laststand doctor --families gdn` at Qwen3.5-397B shapes (16 k heads / 64 v heads,
 #    dk = dv = 128, conv 4) and 35B shapes (16 / 32), M = 1, 2, 4, 8, 16, 64, 512 (decode rows
 #    and prefill chunks mixed, random slots and states, fp64 CPU reference on outputs and final
-#    conv + recurrent states): verdicts and times.
+#    conv + recurrent states): verdicts and times. (cuda_decode hands a call with a sequence of
+#    more than 64 new tokens to cuda_chunked; "raw397" shows its own kernel there, with
+#    LASTSTAND_GDN_DECODE_MAX_NEW=0.)
 # 2. The fixture model's own shapes (qwen3_5_moe_text: dk = dv = 32, 2 k / 4 v heads; reads
 #    .dev/int/fixtures/models, copied from ../shared/fixtures/models): doctor cells, then
 #    `laststand logits --gdn-backend cuda_decode` against `--device cpu` and 12 greedy tokens
@@ -40,6 +42,9 @@ doc gdn397 30 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,4,8,16,64,512 \
     --backends cuda_decode,cuda_recurrent,cuda_per_token,cuda_chunked
 doc gdn35 22 --families gdn --shapes qwen3.5-35b-a3b --m 1,2,4,8,16,64,512 \
     --backends cuda_decode,cuda_recurrent,cuda_chunked
+# cuda_decode's own kernel on long prompt chunks (no hand-over to cuda_chunked)
+LASTSTAND_GDN_DECODE_MAX_NEW=0 doc raw397 15 --families gdn --shapes qwen3.5-397b-a17b --m 16,64,512 \
+    --backends cuda_decode
 [ -d "$FIX/qwen3_5_moe_text" ] && doc fixture 6 --families gdn --model-path "$FIX/qwen3_5_moe_text" \
     --m 1,2,3,16,64,300 --backends cuda_decode,cuda_recurrent
 

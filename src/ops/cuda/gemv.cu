@@ -224,7 +224,9 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
          * 64 B each) hit distinct banks */
         const int xstride = GV_WARPS * cw * 32 + 32;
         const size_t xb = (size_t)M * xstride * 2;
-        const int more_fill = T * S < 2 * n_sm && C >= S * 2 * GV_WARPS * 2; /* >= 2 columns per warp after */
+        /* split K further while the doubled grid still fits in one wave (two blocks per SM)
+         * and every warp keeps >= 2 columns: all weight loads are then issued up front */
+        const int more_fill = T * 2 * S <= 2 * n_sm && C >= S * 2 * GV_WARPS * 2;
         if ((xb > GV_XSMEM_MAX || more_fill) && S < GV_MAX_S) continue;
         if (xb > GV_XSMEM_MAX) return -1;
         p->S = S;

@@ -275,6 +275,14 @@ int ops_plan_parse(int fam, const dev_info *d, const char *text, ops_plan *out, 
     const char *fn = k_fam_name[fam];
     if (!text || !*text) return errf(e, ERR_INVAL, "%s backend: empty (a name, or a plan NAME:MAXM,...,NAME)", fn);
     registry *r = reg(fam);
+    int k = 1; /* empty entries first, wherever they are ("a:8,b," is a stray comma, not a bound fault) */
+    for (const char *q = text;; k++) {
+        size_t len = strcspn(q, ","), sp = strspn(q, " \t");
+        if (sp >= len)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry %d is empty (write NAME:MAXM,...,NAME)", fn, text, k);
+        if (!q[len]) break;
+        q += len + 1;
+    }
     const char *p = text;
     for (int idx = 0;; idx++) {
         size_t len = strcspn(p, ",");

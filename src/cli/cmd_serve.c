@@ -326,8 +326,9 @@ int cmd_serve(int argc, char **argv) {
             return src;
         }
     }
-    /* the doctor's picks for flags left at auto stay preferences (per-shape fallback; CUDA graph
-     * captures may take a capture-safe backend of the family instead) */
+    /* the doctor's picks (a backend or a per-M plan) for flags left at auto stay preferences
+     * (per-shape fallback; CUDA graph captures may take a capture-safe backend of the family
+     * instead), never one that serve_auto eliminated (banned_backends) */
     const char *user[SA_NFAM] = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend};
     const unsigned bit[SA_NFAM] = {2, 4, 8, 16};
     for (int f = 0; f < SA_NFAM; f++)

@@ -4,9 +4,13 @@
  * 1. The doctor's decision for this device, build and model shapes at the
  *    buckets the server uses (select.h: cached, or run now; each trial in a
  *    child, bounded by --doctor-timeout per job). Per op family the
- *    candidates are the correct, non-test-only backends: the doctor's pick at
+ *    candidates are, first, a per-M plan ("a:8,b", ops.h) built from the
+ *    doctor's per-bucket picks among the backends that are neither test-only
+ *    nor wrong/crashing at any bucket (kept when it has two or more entries),
+ *    then the single backends correct at every bucket: the doctor's pick at
  *    M = 1 (decode) first, then the others by summed time, the reference
- *    last. A named backend is the only candidate of its family.
+ *    last. A named backend or plan is the only candidate of its family (a
+ *    named plan's entries are judged at the buckets each one covers).
  * 2. The smoke test: a child process runs the reference backends greedily on
  *    a fixed prompt (prefill, then decode steps); another child runs the
  *    candidate combination teacher-forced on the same ids. The parent
@@ -15,7 +19,13 @@
  *    top-2 margin is clear, and looks for degenerate output (NaN/Inf, one
  *    token repeated, a run of '!' or '+') the reference does not have. On a
  *    failure each non-reference family is tried alone to find the one at
- *    fault; its backend is eliminated and the next candidate tried.
+ *    fault; its backend (or plan) is eliminated and the next candidate tried.
+ *    The candidate child prefills the prompt in chunks sized so that every
+ *    plan entry runs (smoke_chunks), then decodes at M = 1; the prompt is
+ *    lengthened (repeated) as far as the chunks need.
+ * 4. What the doctor (wrong, crash) or the smoke test eliminated goes to the
+ *    engine as banned_backends: per-shape fallbacks and CUDA graph captures
+ *    never take it.
  * 3. A pass is cached next to the doctor's decision, so a second start with
  *    the same decision skips the children.
  * Owns: the children (always waited for; killed at the timeout), their log

@@ -1,6 +1,10 @@
 /* ops.c: the op-family registries, backend selection, and helpers shared by
  * every backend (weight-row dequantisation, the router's top-k).
  *
+ * Selection: one backend per family, or a per-M plan (ops.h "per-M plans":
+ * parsed here, dispatched by the run helpers on the call's M), plus the
+ * banned backends that per-shape fallbacks and capture substitutes skip.
+ *
  * Owns: one registry array per family, filled once (pthread_once) in
  * preference order: CUDA backends (if linked), fast CPU backends, the
  * test-only broken ones (LASTSTAND_TEST_BROKEN_BACKENDS=1), then the CPU

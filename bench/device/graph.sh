@@ -287,20 +287,25 @@ def speed(tag, srv, vocab):
           f"8 streams {res['graph'][1] / res['host'][1]:.2f}x", flush=True)
 
 # synth 35B-A3B cut to 4 layers, through `generate` (no serve doctor): greedy ids per mode, and the
-# engine's own mean decode step time (its shutdown line). Attention is pinned to cuda_flash_decode,
-# whose device planning cuts short prefixes exactly as its eager planning, so the captured step is
-# bitwise the eager one; with auto the eager step takes cuda_flash_prefill (not capture-safe) and
-# a capture cuda_flash_decode, whose rounding differs: a random model's near-flat logits then flip
-# greedy ids (R3: 23/136 equal).
-def synth_gen():
+# engine's own mean decode step time (its shutdown line). First with attention pinned to
+# cuda_flash_decode, whose device planning cuts short prefixes exactly as its eager planning, so the
+# captured step must be bitwise the eager one (S3-R1: 136/136 equal); then with auto (the registry's
+# first, cuda_flash_prefill, in both modes), informational: in R3 auto gave 23/136, and a random
+# model's near-flat logits flip greedy ids on any last-bit difference between the two plannings.
+def synth_gen(attn="cuda_flash_decode"):
+    """attn: the attention backend both modes use; "auto" = the registry's first (cuda_flash_prefill,
+    capture-safe with device planning), informational: it shows whether its captured planning
+    rounds like its eager planning."""
     ids = ",".join(str(int(x)) for x in np.random.default_rng(9).integers(3, 248000, size=32))
     res = {}
+    pin = [] if attn == "auto" else ["--attention-backend", attn]
+    tag = "synth-35b-l4" if attn == "cuda_flash_decode" else f"synth-35b-l4 ({attn}, info)"
     for m, fl in MODES.items():
         r = subprocess.run([BIN, "generate", "--model-path", SYN, "--device", DEV, "--ids", ids,
-                            "--max-new-tokens", "136", "--attention-backend", "cuda_flash_decode", *fl],
+                            "--max-new-tokens", "136", *pin, *fl],
                            capture_output=True, text=True, timeout=90)
         if r.returncode:
-            verdict(f"synth-35b-l4 generate [{m}]", False, r.stderr[-400:]); return
+            verdict(f"{tag} generate [{m}]", False, r.stderr[-400:]); return
         ms = float("nan")
         for l in r.stderr.splitlines():
             if "decode steps of" in l:
@@ -308,17 +313,17 @@ def synth_gen():
             if m == "graph" and ("CUDA graphs" in l or "eagerly" in l or "disagree" in l):
                 print("   synth generate log:", l[-200:])
         res[m] = (json.loads(r.stdout)["ids"], ms)
-        if late("synth-35b-l4 generate (rest)"): break
+        if late(f"{tag} generate (rest)"): break
     host = res["host"][0]
     for m in ("dev", "graph"):
         if m not in res: continue
         same = sum(a == b for a, b in zip(host, res[m][0]))
-        verdict(f"synth-35b-l4 greedy [{m}]", same == len(host), f"{same}/{len(host)} tokens equal to host; "
+        verdict(f"{tag} greedy [{m}]", same == len(host), f"{same}/{len(host)} tokens equal to host; "
                 f"first 8: host {host[:8]} {m} {res[m][0][:8]}")
-    print(f"{el()} synth-35b-l4 decode step, 1 sequence (engine's mean over 135 steps): " +
+    print(f"{el()} {tag} decode step, 1 sequence (engine's mean over 135 steps): " +
           "  ".join(f"{m} {v[1]:.3f} ms ({1e3 / v[1]:.0f} tok/s)" for m, v in res.items()), flush=True)
     if "graph" in res:
-        print(f"{el()} synth-35b-l4 speed ratio graph/host: {res['host'][1] / res['graph'][1]:.2f}x, "
+        print(f"{el()} {tag} speed ratio graph/host: {res['host'][1] / res['graph'][1]:.2f}x, "
               f"graph/dev: {res['dev'][1] / res['graph'][1]:.2f}x", flush=True)
 
 # generate: one request, three modes, against ref.json's greedy
@@ -357,5 +362,7 @@ fx_srv.update({m: Server("fixture-qwen3.5", FXM, m, PIN_SRV) for m in ("dev", "g
 run_model("fixture-qwen3.5", fx_srv, 1024, 55, True, FXM)
 if DEV != "cpu" and not late("synth-35b-l4 generate"):
     synth_gen()
+if DEV != "cpu" and not late("synth-35b-l4 generate (auto)"):
+    synth_gen("auto")
 print(f"{el()} done")
 PY

@@ -27,7 +27,10 @@
  *      batch order on the engine thread, the token is appended, its event
  *      emitted, and the request may finish.
  * Pure-decode steps on a GPU replay CUDA graphs per batch-size bucket
- * (model.c; --disable-cuda-graph turns them off).
+ * (model.c; with --tp every rank replays its own, NCCL all-reduces inside;
+ * --disable-cuda-graph turns them off). Graphs are captured and checked
+ * against eager steps at start-up; any failure there turns them off with a
+ * logged reason and the engine runs eagerly, it never fails the start.
  * Invariants: the oldest running request can always make progress (the pool
  * holds at least one full context, and it may preempt every newer one), so
  * memory pressure never fails a request; a request's tokens depend only on
@@ -385,11 +388,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
      * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
     co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
+    /* with --tp the ranks capture together (model_tp.c), or the model says why they cannot */
     int graphs = e->dev_smp && !o->disable_cuda_graph;
-    if (graphs && e->tp > 1) {
-        log_info("engine: CUDA graphs are off with --tp %d (tensor-parallel steps run eagerly)", e->tp);
-        graphs = 0;
-    }
     if (graphs) co.graph_max_bs = o->cuda_graph_max_bs > 0 && o->cuda_graph_max_bs < max_run ? o->cuda_graph_max_bs
                                                                                               : max_run;
     rc = model_cache_init(e->m, &co, &le);
@@ -412,21 +412,25 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         /* every bucket at start-up: no capture stalls in the decode loop, and the log says up
          * front which buckets replay and which run eagerly */
         double t0 = now_sec();
-        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
-            set_err(err, errn, rc, "CUDA graphs: %s", le.msg);
-            engine_free(e);
-            return rc;
-        }
         model_graph_stats gs;
-        model_graph_stats_get(e->m, &gs);
-        /* never serve a graph that disagrees with the eager step it replays */
-        char why[512];
-        if (model_graphs_check(e->m, why, sizeof why)) {
+        char why[1200];
+        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
+            /* a failed capture or warm-up pass costs the graphs, not the start-up */
+            log_warn("engine: CUDA graphs off: %s (decode steps run eagerly)", le.msg);
+            model_graphs_off(e->m);
+            graphs = 0;
+        } else if (model_graph_stats_get(e->m, &gs), gs.captured == 0) {
+            log_info("engine: CUDA graphs off: no decode batch bucket was captured (decode steps run eagerly)");
+            model_graphs_off(e->m);
+            graphs = 0;
+        } else if (model_graphs_check(e->m, why, sizeof why)) {
+            /* never serve a graph that disagrees with the eager step it replays */
             log_warn("engine: CUDA graphs off: the replayed decode step disagrees with the eager one (%s)", why);
             model_graphs_off(e->m);
+            graphs = 0;
         } else {
-            log_info("engine: %lld CUDA graphs captured and checked against eager steps in %.2f s",
-                     (long long)gs.captured, now_sec() - t0);
+            log_info("engine: %lld CUDA graphs captured%s and checked against eager steps in %.2f s",
+                     (long long)gs.captured, e->tp > 1 ? " on every tensor-parallel rank" : "", now_sec() - t0);
         }
     }
     kvpool_init(&e->pages, n_pages);

@@ -16,44 +16,25 @@
  * Sequence metadata: the kernels read the device array args->seqs directly
  * (gdn_seq is {slot, n_new, row0}, three int32, asserted below); the host
  * copy args->seqs_host is only validated. The fp32 workspace (conv output,
- * g and beta) is per device (indexed by cudaGetDevice, with its own lock), so
- * tensor-parallel ranks on several GPUs never share a buffer.
+ * g and beta) is per device (cu_ws.h: indexed by cudaGetDevice, with its own
+ * lock, outgrown buffers kept for captured graphs), so tensor-parallel ranks on
+ * several GPUs never share a buffer.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_ws.h"
 
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { GDN_MAX_DEV = 16, GDN_MAX_K = 8 };
+enum { GDN_MAX_K = 8 };
 
 static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
                   offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
               "gdn_seq must be {int32 slot, n_new, row0}: the kernels read it as int32 triples");
 
-typedef struct gdn_ws {
-    float *c;
-    size_t c_cap;
-    pthread_mutex_t mu;
-    int init;
-} gdn_ws;
-
-static gdn_ws g_gws[GDN_MAX_DEV];
-static pthread_mutex_t g_gws_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int gws_grow(void **p, size_t *cap, size_t n, ls_err *e) {
-    if (*cap >= n) return 0;
-    if (*p) {
-        cudaDeviceSynchronize();
-        cudaFree(*p);
-    }
-    *p = NULL;
-    *cap = 0;
-    CU_TRY(e, cudaMalloc(p, n), "gdn workspace");
-    *cap = n;
-    return 0;
-}
+static cu_ws g_gws[CU_WS_MAX_DEV]; /* buffer 0: conv output [n_tok, D] then (g, β) [n_tok, nv, 2], fp32 */
 
 __device__ __forceinline__ float bfv(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
 
@@ -188,16 +169,9 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (!rec_supported(&dv0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_recurrent: %s", why);
     if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= GDN_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "gdn: device %d out of range", dev);
-    pthread_mutex_lock(&g_gws_mu);
-    if (!g_gws[dev].init) {
-        pthread_mutex_init(&g_gws[dev].mu, NULL);
-        g_gws[dev].init = 1;
-    }
-    pthread_mutex_unlock(&g_gws_mu);
-    gdn_ws *ws = &g_gws[dev];
+    int dev = 0, rc = cu_ws_device("gdn", &dev, e);
+    if (rc) return rc;
+    cu_ws *ws = &g_gws[dev];
     /* validation on the host copy; the kernels read the device array itself */
     if (!a->seqs_host) return errf(e, ERR_INVAL, "gdn cuda_recurrent: seqs_host (the host copy of the sequences) is not set");
     for (int i = 0; i < a->n_seq; i++) {
@@ -207,13 +181,14 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
                         q->n_new);
     }
     const int32_t *meta = (const int32_t *)a->seqs;
-    pthread_mutex_lock(&ws->mu);
+    cu_ws_lock(ws);
     cudaStream_t st = (cudaStream_t)s;
     size_t cbytes = sizeof(float) * ((size_t)a->n_tok * D + (size_t)a->n_tok * w->nv * 2);
-    int rc = gws_grow((void **)&ws->c, &ws->c_cap, cbytes, e);
+    float *cw = (float *)cu_ws_get(ws, 0, cbytes, 0, st, "gdn", e);
+    if (!cw) rc = e->code ? e->code : ERR_NOMEM;
     cudaError_t c = cudaSuccess;
     if (!rc) {
-        float *cw = ws->c, *gb = ws->c + (size_t)a->n_tok * D;
+        float *gb = cw + (size_t)a->n_tok * D;
         int wide = D > w->nv ? D : w->nv;
         dim3 g1((wide + 127) / 128, a->n_seq), g2(w->nv, a->n_seq);
         gdn_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
@@ -230,7 +205,7 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         c = cudaGetLastError();
     }
     if (!rc && c != cudaSuccess) rc = cu_fail(e, c, "gdn cuda_recurrent");
-    pthread_mutex_unlock(&ws->mu);
+    cu_ws_unlock(ws);
     return rc;
 }
 

@@ -55,10 +55,12 @@
  *
  * Sequence metadata: the kernels read the device array args->seqs ({slot,
  * n_new, row0} int32 triples); seqs_host is validated and sizes the grids.
- * The workspace is per device (cudaGetDevice, own lock), grown on first use
- * and never in steady state; nothing syncs with the host.
+ * The workspace is per device (cu_ws.h: cudaGetDevice, own lock), grown on
+ * first use and never in steady state, outgrown buffers kept (a captured
+ * graph's pointers stay valid); nothing syncs with the host.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_ws.h"
 
 #include <cuda_fp16.h>
 
@@ -67,7 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GC_MAX_DEV = 16, GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
+enum { GC_MAX_K = 8, GC_CHUNK = 64, GC_THREADS = 256, GC_CONV_T = 16, GC_CONV_MAXZ = 64 };
 
 static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
                   offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
@@ -76,45 +78,25 @@ static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) 
 /* ---- workspace ------------------------------------------------------------- */
 
 typedef struct gc_ws {
-    float *c;
-    size_t c_cap;
-    pthread_mutex_t mu;
-    int init;
+    cu_ws ws;    /* lock + buffer 0: conv output (fp32 or FP16 operands) then (g, β) (cu_ws.h) */
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
     int n_sm;    /* multiprocessors of the device */
 } gc_ws;
 
-static gc_ws g_gcws[GC_MAX_DEV];
-static pthread_mutex_t g_gcws_mu = PTHREAD_MUTEX_INITIALIZER;
+static gc_ws g_gcws[CU_WS_MAX_DEV];
 
+/* This device's workspace, locked; its SM count read on first use. */
 static int gc_lock(gc_ws **out, ls_err *e) {
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= GC_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "gdn: device %d out of range", dev);
-    pthread_mutex_lock(&g_gcws_mu);
-    if (!g_gcws[dev].init) {
-        pthread_mutex_init(&g_gcws[dev].mu, NULL);
+    int dev = 0, rc = cu_ws_device("gdn", &dev, e);
+    if (rc) return rc;
+    gc_ws *w = &g_gcws[dev];
+    cu_ws_lock(&w->ws);
+    if (!w->n_sm) {
         int n = 0;
         if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 100;
-        g_gcws[dev].n_sm = n;
-        g_gcws[dev].init = 1;
+        w->n_sm = n;
     }
-    pthread_mutex_unlock(&g_gcws_mu);
-    pthread_mutex_lock(&g_gcws[dev].mu);
-    *out = &g_gcws[dev];
-    return 0;
-}
-
-static int gc_grow(gc_ws *w, size_t n, ls_err *e) {
-    if (w->c_cap >= n) return 0;
-    if (w->c) {
-        cudaDeviceSynchronize();
-        cudaFree(w->c);
-    }
-    w->c = NULL;
-    w->c_cap = 0;
-    CU_TRY(e, cudaMalloc((void **)&w->c, n), "gdn workspace");
-    w->c_cap = n;
+    *out = w;
     return 0;
 }
 
@@ -897,15 +879,16 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     if (rc) return rc;
     const size_t xb = (x16 ? sizeof(gc_op) : sizeof(float)) * (size_t)a->n_tok * D; /* a multiple of 16 */
     size_t bytes = xb + sizeof(float) * (size_t)a->n_tok * w->nv * 2;
-    if ((rc = gc_grow(ws, bytes, e))) {
-        pthread_mutex_unlock(&ws->mu);
-        return rc;
+    char *buf = (char *)cu_ws_get(&ws->ws, 0, bytes, 0, st, "gdn", e);
+    if (!buf) {
+        cu_ws_unlock(&ws->ws);
+        return e->code ? e->code : ERR_NOMEM;
     }
     if (x16)
-        *x16 = (gc_op *)ws->c;
+        *x16 = (gc_op *)buf;
     else
-        *cw = ws->c;
-    *gbw = (float *)((char *)ws->c + xb);
+        *cw = (float *)buf;
+    *gbw = (float *)(buf + xb);
     /* token chunks per sequence: enough blocks for the longest one (the kernel strides over the rest) */
     int max_t = 0;
     for (int i = 0; i < a->n_seq; i++)
@@ -938,7 +921,7 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
         gc_conv_state_kernel<<<g1b, 128, 0, st>>>(D, w->conv_k, meta, (const bf16 *)a->qkv, a->st->conv);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) {
-        pthread_mutex_unlock(&ws->mu);
+        cu_ws_unlock(&ws->ws);
         return cu_fail(e, c, name);
     }
     *wso = ws;
@@ -966,7 +949,7 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
                                                                   (bf16 *)a->out);
     cudaError_t c = cudaGetLastError();
     if (c != cudaSuccess) rc = cu_fail(e, c, "gdn cuda_per_token");
-    pthread_mutex_unlock(&ws->mu);
+    cu_ws_unlock(&ws->ws);
     return rc;
 }
 
@@ -1020,7 +1003,7 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
 #undef GC_CASE
-    pthread_mutex_unlock(&ws->mu);
+    cu_ws_unlock(&ws->ws);
     return rc;
 }
 

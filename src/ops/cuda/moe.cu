@@ -37,21 +37,24 @@
  *                      cuda_dequant_cublas; cuBLASLt for BF16 experts), SiLU·up,
  *                      and one combine kernel (no atomics: each output row sums
  *                      its own k rows).
- * Workspace: per device, grown on first use (moe calls on one device are
- * serialised by its mutex).
+ * Workspace: per device (cu_ws.h), grown on first use and kept on growth (a
+ * captured graph's pointers stay valid); moe calls on one device are
+ * serialised by its lock.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_ws.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8, MOE_MAX_DEV = 16 };
+enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
 enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
        WS_US, WS_S, WS_N };
+static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe workspace slots");
 
 typedef struct fused_tables fused_tables;
 
@@ -64,53 +67,30 @@ typedef struct tab_entry {
 } tab_entry;
 
 typedef struct moe_ws {
+    cu_ws ws; /* lock + the WS_* device buffers (cu_ws.h: kept on grow) */
     fused_tables *scratch;
     tab_entry tabs[TAB_CACHE];
     int next_tab;
-    void *p[WS_N];
-    size_t cap[WS_N];
-    pthread_mutex_t mu;
-    int init;
     int32_t *h_idx, *h_perm, *h_pos; /* host scratch */
     size_t h_cap;
+    int n_sm; /* multiprocessors of the device (0 until first needed) */
 } moe_ws;
 
-static moe_ws g_ws[MOE_MAX_DEV];
-static pthread_mutex_t g_ws_mu = PTHREAD_MUTEX_INITIALIZER;
+static moe_ws g_ws[CU_WS_MAX_DEV];
 
+/* This device's workspace, locked (moe calls on one device are serialised). */
 static int ws_lock(moe_ws **out, ls_err *e) {
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= MOE_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "moe: device %d out of range", dev);
-    pthread_mutex_lock(&g_ws_mu);
-    if (!g_ws[dev].init) {
-        pthread_mutex_init(&g_ws[dev].mu, NULL);
-        g_ws[dev].init = 1;
-    }
-    pthread_mutex_unlock(&g_ws_mu);
-    pthread_mutex_lock(&g_ws[dev].mu);
+    int dev = 0, rc = cu_ws_device("moe", &dev, e);
+    if (rc) return rc;
+    cu_ws_lock(&g_ws[dev].ws);
     *out = &g_ws[dev];
     return 0;
 }
+static void ws_unlock(moe_ws *w) { cu_ws_unlock(&w->ws); }
 
-/* Device buffer `slot` of at least n bytes (zeroed when (re)allocated). */
-static void *ws_get(moe_ws *w, int slot, size_t n, ls_err *e) {
-    if (n == 0) n = 16;
-    if (w->cap[slot] >= n) return w->p[slot];
-    if (w->p[slot]) {
-        cudaDeviceSynchronize(); /* it may still be in use by queued work */
-        cudaFree(w->p[slot]);
-    }
-    w->p[slot] = NULL;
-    w->cap[slot] = 0;
-    cudaError_t c = cudaMalloc(&w->p[slot], n);
-    if (c != cudaSuccess) {
-        cu_fail(e, c, "moe workspace");
-        return NULL;
-    }
-    cudaMemset(w->p[slot], 0, n);
-    w->cap[slot] = n;
-    return w->p[slot];
+/* Device buffer `slot` of at least n bytes (zeroed when allocated). */
+static void *ws_get(moe_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e) {
+    return cu_ws_get(&w->ws, slot, n, 1, st, "moe", e);
 }
 
 /* ---- checks ----------------------------------------------------------------------- */
@@ -191,6 +171,20 @@ __device__ __forceinline__ unsigned f2key(float f) {
 __device__ __forceinline__ float key2f(unsigned k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+/* Programmatic dependent launch (sm_90): with the launch attribute set, a kernel may
+ * start while its predecessor in the stream still runs; pdl_wait blocks until the
+ * predecessor grid completed with its memory visible, pdl_trigger lets the next
+ * kernel launch. Without the attribute both are no-ops, so the kernels below call
+ * them unconditionally. Every fused kernel calls pdl_wait before it reads what its
+ * predecessor wrote. The gate/up kernels trigger only after their own pdl_wait, so
+ * once the down kernel runs the top-k kernel has completed (down reads the choices
+ * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
+ * triggers first thing, so that gate/up can start during the router; it reads
+ * nothing the top-k kernel writes before its pdl_wait, except x, complete before
+ * the router (launched without the attribute) started. */
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
 /* Launch 1: logits [M, E] = x·Wrᵀ. A block of 16 warps takes 4 expert rows, 4
@@ -207,6 +201,7 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
                                                                             float *logits, float *sgl) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
     const int ex = blockIdx.x * ROUTER_RPB + r;
     const bool active = ex < E || (ex == E && wsg);
@@ -293,6 +288,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
+    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
+    pdl_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = blockIdx.x;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
@@ -434,6 +431,8 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
                                                          int ldh) {
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
@@ -584,6 +583,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             sv[u][0] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb));
             sv[u][1] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb + (size_t)8 * (K / 16)));
         }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (p0 + 8 * u >= npairs) break;
@@ -612,6 +612,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             }
         }
     }
+    pdl_wait();
     if (sbf) {
         /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
         const float coef = wts[m * (k + 1) + k];
@@ -668,6 +669,8 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
+    pdl_wait();
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
@@ -803,6 +806,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             }
             cu_cp_async_commit();
         }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < PMAX; u++) {
             const int p = base + KW * u;
@@ -816,6 +820,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
         }
     }
+    pdl_wait();
     if (P->sbf) {
         /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
         const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
@@ -847,6 +852,297 @@ __global__ void __launch_bounds__(32 * KW, 2)
 
 enum { DOWN_KW = 16, DOWN_PMAX = 6 };
 
+/* Launch 3, pair 4: moe_down2_kernel with the B operand from shared memory. Each
+ * chunk's 256 bytes of h (the token's h row at that chunk) are copied by 16 lanes
+ * with cp.async next to the chunk's weights, once the wait for gate/up returns; the
+ * weights of the round were issued before it. In moe_down2_kernel every lane
+ * reads its 64 bytes of h from L2 inside the consume loop, one dependent L2 round
+ * trip per chunk. PMAX = 5 keeps two blocks per SM (100 KB of shared memory each). */
+enum { DOWN3_PMAX = 5 };
+template <int KW, int PMAX>
+__global__ void __launch_bounds__(32 * KW, 2)
+    moe_down3_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
+                     const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
+                     bf16 *__restrict__ y) {
+    extern __shared__ uint4 st[]; /* weights [KW][PMAX][2][32], then h [KW][PMAX][16] */
+    __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    if (threadIdx.x < k) {
+        const int ex = idx[m * k + threadIdx.x];
+        sw[threadIdx.x] = P->dw[ex];
+        ss[threadIdx.x] = P->ds[ex];
+    } else if (threadIdx.x == k) {
+        sw[k] = P->sdw;
+        ss[k] = P->sds;
+    }
+    __syncthreads();
+    const int cpe = I / 128, cps = Is / 128;
+    const int npairs = k * cpe + (P->sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
+    uint4 *hs = st + (size_t)KW * PMAX * 2 * 32 + (size_t)warp * PMAX * 16;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int base = warp; base < npairs; base += KW * PMAX) {
+        uint16_t s0[PMAX], s1[PMAX];
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (u * 2 + 0) * 32, sw[j] + rb);
+                cu_cp_async16(my + (u * 2 + 1) * 32, sw[j] + rb + (size_t)8 * (K / 2));
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
+            }
+        }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs && lane < 16) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                cu_cp_async16(hs + u * 16 + lane, hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 8 * lane);
+            }
+        }
+        cu_cp_async_commit();
+        cu_cp_async_wait<0>();
+        __syncwarp(); /* the h segments other lanes copied */
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            if (base + KW * u >= npairs) break;
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = hs[u * 16 + 4 * t + v];
+            cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+        }
+        __syncwarp(); /* before the next round overwrites this warp's h segments */
+    }
+    pdl_wait();
+    if (P->sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
+        for (int c = ((warp - npairs % KW) % KW + KW) % KW; c < cps; c += KW) {
+            uint4 w0[4], w1[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint4 xq = __ldg(hr + c * 16 + q);
+                const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+                const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+                cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
+                cu_mma_bf16_16816(acc, f1, xq.z, xq.w);
+            }
+        }
+    }
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
+/* ---- the persistent gate/up kernel (pair 3: this + moe_down2_kernel) ----------------- */
+
+/* Launch 2, persistent: one block of KW warps per SM walks a fixed list of 16-row
+ * tiles (H == KW·PER·128, warp w owns chunks w·PER ..). A tile's NVFP4 gate and up
+ * bytes go to a two-stage cp.async ring, so the loads of the next two tiles are in
+ * flight while the block decodes the current one (pairs 1 and 2 launch a block per
+ * tile and wait for all its bytes before any math). x sits in shared memory, the
+ * slots' expert pointers too (resolved once per block). A BF16 shared expert's
+ * tiles (3.6x the bytes) are "heavy": block b < nh takes heavy tile b first,
+ * streamed through registers, and correspondingly fewer light ones; the light
+ * tiles (routed, and an NVFP4 shared expert's) are split into contiguous runs by
+ * bytes (gu3_range). Epilogue as moe_gateup2_kernel: h in BF16 with the combine
+ * weight and the down projection's scale2 folded in. */
+typedef struct gu3_slot {
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef; /* coef: combine weight (or shared gate) · down scale2 */
+} gu3_slot;
+enum { GU3_KW = 16, GU3_MAXM = 2, GU3_MAXS = GU3_MAXM * (MOE_MAXK + 1) };
+
+/* This block's run [l0, l1) of the nl light tiles, when blocks 0..nh-1 also take one
+ * heavy tile of weight wh (light = 1) and nh < G. */
+__device__ __forceinline__ void gu3_range(int b, int G, int nh, int nl, float wh, int &l0, int &l1) {
+    float ch = ((float)nl + nh * wh) / G - wh, cl = ((float)nl + nh * wh) / G;
+    if (ch < 0.f) {
+        ch = 0.f;
+        cl = (float)nl / (G - nh);
+    }
+    const float v0 = b <= nh ? b * ch : nh * ch + (b - nh) * cl;
+    const float v1 = b + 1 <= nh ? (b + 1) * ch : nh * ch + (b + 1 - nh) * cl;
+    l0 = min(nl, (int)(v0 + 0.5f));
+    l1 = b == G - 1 ? nl : min(nl, (int)(v1 + 0.5f));
+}
+
+/* light tile l -> slot and first row: the NVFP4 shared expert's tiles first (nls of
+ * them, tps per token), then the routed ones (tpr per slot) */
+__device__ __forceinline__ void gu3_tile(int l, int nls, int tps, int tpr, int k, int &s, int &n0) {
+    if (l < nls) {
+        s = (l / tps) * (k + 1) + k;
+        n0 = (l % tps) * 16;
+    } else {
+        const int r = l - nls, q = r / tpr;
+        s = (q / k) * (k + 1) + q % k;
+        n0 = (r % tpr) * 16;
+    }
+}
+
+template <int PER>
+__device__ __forceinline__ void gu3_issue(const gu3_slot *sd, int l, int l1, int nls, int tps, int tpr, int k, int H,
+                                          int c0, int g, int t, uint4 *my, uint16_t (&sc)[PER][4]) {
+    if (l < l1) {
+        int s, n0;
+        gu3_tile(l, nls, tps, tpr, k, s, n0);
+        const gu3_slot &d = sd[s];
+        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async16(my + (u * 4 + 0) * 32, d.gw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 1) * 32, d.gw + rb + r8 + u * 64);
+            cu_cp_async16(my + (u * 4 + 2) * 32, d.uw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 3) * 32, d.uw + rb + r8 + u * 64);
+        }
+        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            sc[u][0] = __ldg(reinterpret_cast<const uint16_t *>(d.gs + sb + u * 8));
+            sc[u][1] = __ldg(reinterpret_cast<const uint16_t *>(d.gs + sb + s8 + u * 8));
+            sc[u][2] = __ldg(reinterpret_cast<const uint16_t *>(d.us + sb + u * 8));
+            sc[u][3] = __ldg(reinterpret_cast<const uint16_t *>(d.us + sb + s8 + u * 8));
+        }
+    }
+    cu_cp_async_commit(); /* empty past the run: the group count stays uniform */
+}
+
+/* Sum the warps' partial tiles (red: [KW][2][16]) and write h[s, n0 ..] (threads < 16). */
+template <int KW>
+__device__ __forceinline__ void gu3_finish(float (*red)[2][16], const float (&ag)[4], const float (&au)[4],
+                                           const gu3_slot *sd, int s, int n0, int warp, int g, int t,
+                                           bf16 *__restrict__ hout, int ldh) {
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        const gu3_slot &d = sd[s];
+        gv *= d.g2;
+        uv *= d.u2;
+        hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * d.coef);
+    }
+}
+
+template <int PER>
+__device__ __forceinline__ void gu3_step(const gu3_slot *sd, int l, int l1, int nls, int tps, int tpr, int k, int H,
+                                         int c0, int warp, int g, int t, uint4 *my, uint16_t (&sc)[PER][4],
+                                         const uint4 *xs4, float (*red)[2][16], bf16 *__restrict__ hout, int ldh) {
+    int s, n0;
+    gu3_tile(l, nls, tps, tpr, k, s, n0);
+    cu_cp_async_wait<1>(); /* this tile's group; the next tile's may still fly */
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint4 *xr = xs4 + ((size_t)(s / (k + 1)) * H + c0 * 128 + 32 * t) / 8;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sc[u][0], sc[u][1], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], sc[u][2], sc[u][3], xv, au);
+    }
+    gu3_finish<GU3_KW>(red, ag, au, sd, s, n0, warp, g, t, hout, ldh);
+    /* this warp is done with its slice of the stage: refill it with tile l + 2 */
+    gu3_issue<PER>(sd, l + 2, l1, nls, tps, tpr, k, H, c0, g, t, my, sc);
+}
+
+template <int PER>
+__global__ void __launch_bounds__(32 * GU3_KW, 1)
+    moe_gateup3_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int M, int H, int I,
+                       int Is, int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+    constexpr int KW = GU3_KW;
+    extern __shared__ uint4 sm3[]; /* stages [2][KW][PER][4][32], then x [M][H] bf16 */
+    __shared__ float red[2][KW][2][16];
+    __shared__ gu3_slot sd[GU3_MAXS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int S = M * (k + 1), sbf = P->sbf, tps = Is / 16, tpr = I / 16;
+    const int nh = sbf ? M * tps : 0, nls = sbf ? 0 : M * tps, nl = nls + M * k * tpr;
+    int l0, l1;
+    gu3_range(blockIdx.x, gridDim.x, nh, nl, 3.5f, l0, l1);
+    const int c0 = warp * PER;
+    uint4 *my0 = sm3 + (size_t)(0 * KW + warp) * PER * 4 * 32 + lane;
+    uint4 *my1 = sm3 + (size_t)(1 * KW + warp) * PER * 4 * 32 + lane;
+    uint4 *xs4 = sm3 + (size_t)2 * KW * PER * 4 * 32;
+    /* x was complete before the router started, and the shared expert does not depend
+     * on the routing: its heavy tile runs before the wait for the top-k kernel */
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    const bool heavy = (int)blockIdx.x < nh;
+    const int hm = heavy ? blockIdx.x / tps : 0, hn0 = heavy ? (blockIdx.x % tps) * 16 : 0;
+    float hg[4] = {0.f, 0.f, 0.f, 0.f}, hu[4] = {0.f, 0.f, 0.f, 0.f};
+    if (heavy) {
+        /* the heavy tile: BF16 shared expert rows through registers, gate then up */
+        const uint4 *xr = xs4 + ((size_t)hm * H + c0 * 128 + 32 * t) / 8;
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = xr[u * 16 + v];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sgw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hg);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->suw), hn0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, hu);
+        }
+    }
+    pdl_wait(); /* the top-k choices and weights */
+    pdl_trigger();
+    if (threadIdx.x < S) {
+        const int m = threadIdx.x / (k + 1), j = threadIdx.x % (k + 1);
+        gu3_slot d;
+        if (j < k) {
+            const int ex = idx[m * k + j];
+            d.gw = P->gw[ex]; d.uw = P->uw[ex]; d.gs = P->gs[ex]; d.us = P->us[ex];
+            d.g2 = P->g2[ex]; d.u2 = P->u2[ex];
+            d.coef = D->d2[ex] * wts[m * (k + 1) + j];
+        } else {
+            d.gw = P->sgw; d.uw = P->suw; d.gs = P->sgs; d.us = P->sus;
+            d.g2 = P->sg2; d.u2 = P->su2;
+            d.coef = D->sd2 * wts[m * (k + 1) + k];
+        }
+        sd[threadIdx.x] = d;
+    }
+    __syncthreads();
+    uint16_t sc0[PER][4], sc1[PER][4];
+    gu3_issue<PER>(sd, l0, l1, nls, tps, tpr, k, H, c0, g, t, my0, sc0);
+    gu3_issue<PER>(sd, l0 + 1, l1, nls, tps, tpr, k, H, c0, g, t, my1, sc1);
+    if (heavy) gu3_finish<KW>(red[1], hg, hu, sd, hm * (k + 1) + k, hn0, warp, g, t, hout, ldh);
+    for (int l = l0; l < l1; l += 2) {
+        gu3_step<PER>(sd, l, l1, nls, tps, tpr, k, H, c0, warp, g, t, my0, sc0, xs4, red[0], hout, ldh);
+        if (l + 1 >= l1) break;
+        gu3_step<PER>(sd, l + 1, l1, nls, tps, tpr, k, H, c0, warp, g, t, my1, sc1, xs4, red[1], hout, ldh);
+    }
+    cu_cp_async_wait<0>(); /* nothing may be left in flight into shared memory at exit */
+}
+
+
 /* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
  * the default 48 KB (remembered per kernel: the largest so far). */
 template <auto K>
@@ -862,15 +1158,44 @@ static cudaError_t fused_smem(size_t bytes) {
     return c;
 }
 
+/* Launch kernel K on st, as a programmatic dependent launch when pdl is set (the
+ * kernel may start before its predecessor ends; see pdl_wait). */
+template <typename... KArgs, typename... Args>
+static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t c = cudaLaunchKernelEx(&cfg, K, args...);
+    return c == cudaSuccess ? cudaGetLastError() : c;
+}
+
+/* Programmatic dependent launch between the fused kernels: LASTSTAND_MOE_PDL=1 (opt-in
+ * until validated on the H200) */
+static int fused_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *ev = getenv("LASTSTAND_MOE_PDL");
+        v = ev && !strcmp(ev, "1");
+    }
+    return v;
+}
+
 template <int KW, int PER>
 static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
                                   int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
                                   void *h, int ldh) {
     cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
     if (c != cudaSuccess) return c;
-    moe_gateup2_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
-                                                            (bf16 *)h, ldh);
-    return cudaGetLastError();
+    return fused_launch(fused_pdl(), moe_gateup2_kernel<KW, PER>, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k,
+                        (const bf16 *)x, idx, wts, (bf16 *)h, ldh);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -913,7 +1238,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     for (int x = 0; x < E; x++) {
         const lin_w *gl = &w->gate[x], *ul = &w->up[x], *dl = &w->down[x];
         if (gl->kind != W_NVFP4 || ul->kind != W_NVFP4 || dl->kind != W_NVFP4) {
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: expert %d is not NVFP4", x);
         }
         gp.gw[x] = (const uint8_t *)gl->data; gp.gs[x] = gl->scale; gp.g2[x] = gl->scale2;
@@ -924,14 +1249,14 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     if (Is) {
         const w_kind sk = w->sh_gate.kind;
         if ((sk != W_NVFP4 && sk != W_BF16) || w->sh_up.kind != sk || w->sh_down.kind != sk) {
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return errf(e, ERR_UNSUPPORTED,
                         "cuda_fused_decode: shared expert must be all NVFP4 or all BF16 (gate %s, up %s, down %s)",
                         w_kind_name(sk), w_kind_name(w->sh_up.kind), w_kind_name(w->sh_down.kind));
         }
         if (sk == W_BF16) {
             if (((uintptr_t)w->sh_gate.data | (uintptr_t)w->sh_up.data | (uintptr_t)w->sh_down.data) & 15) {
-                pthread_mutex_unlock(&ws->mu);
+                ws_unlock(ws);
                 return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: BF16 shared expert weights not 16-byte aligned");
             }
             gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = NULL; gp.sg2 = 1.f;
@@ -959,7 +1284,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                 free(te->host);
                 te->host = NULL;
                 te->dev = NULL;
-                pthread_mutex_unlock(&ws->mu);
+                ws_unlock(ws);
                 return cu_fail(e, c, "cuda_fused_decode tables");
             }
         }
@@ -970,23 +1295,24 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                                         (cudaStream_t)s);
         if (c != cudaSuccess) {
             te->key = NULL;
-            pthread_mutex_unlock(&ws->mu);
+            ws_unlock(ws);
             return cu_fail(e, c, "cuda_fused_decode tables");
         }
     }
     const gu_params *dgp = &te->dev->gu;
     const dn_params *ddp = &te->dev->dn;
     const int ldh = I > Is ? I : Is;
-    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, e);
-    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, e);
-    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), e);
-    float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, e);
+    cudaStream_t st = (cudaStream_t)s;
+    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, st, e);
+    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, st, e);
+    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), st, e);
+    float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, st, e);
     if (!logits || !idx || !wts || !hws) {
-        pthread_mutex_unlock(&ws->mu);
+        ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
     }
-    cudaStream_t st = (cudaStream_t)s;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    const int pdl = fused_pdl();
     cudaError_t c = fused_smem<moe_router_kernel>(xsm);
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
@@ -996,23 +1322,64 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         c = cudaGetLastError();
     }
     if (c == cudaSuccess) {
-        moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x, wsg, Is > 0,
-                                                        logits, wsg ? sgl : NULL, idx, wts);
-        c = cudaGetLastError();
+        c = fused_launch(pdl, moe_topk_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, (int)w->norm_topk,
+                         (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                         (const float *)(wsg ? sgl : NULL), idx, wts);
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
     /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
      * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
-     * = 1 or 2 forces one (benchmarks only) */
+     * = 1 .. 4 forces one (benchmarks only; 3 = the persistent gate/up kernel with
+     * the cp.async down, 4 = the same with h through shared memory in the down kernel,
+     * where they apply: M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
     static int force = -1;
     if (force < 0) {
         const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
-        force = ev && (!strcmp(ev, "1") || !strcmp(ev, "2")) ? atoi(ev) : 0;
+        force = ev && ev[0] >= '1' && ev[0] <= '4' && !ev[1] ? atoi(ev) : 0;
     }
-    const int v2 = force ? force == 2 : M >= 2;
-    if (c == cudaSuccess && gkw && v2) {
+    int pair = force ? force : M >= 2 ? 2 : 1;
+    if (pair >= 3) {
+        if (!ws->n_sm) {
+            int dev = 0, n = 0;
+            if (cudaGetDevice(&dev) != cudaSuccess ||
+                cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+                n = 1;
+            ws->n_sm = n;
+        }
+        const int nh = gp.sbf ? M * (Is / 16) : 0;
+        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 ? 2 : 1;
+    }
+    if (c == cudaSuccess && pair >= 3) {
+        const size_t gsm = (size_t)32 * H + sizeof(bf16) * (size_t)M * H; /* 2 stages of 16 B per 16 rows x 2 matrices x 128 codes per chunk, + x */
+        if (nch == GU3_KW) {
+            c = fused_smem<moe_gateup3_kernel<1>>(gsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_gateup3_kernel<1>, dim3(ws->n_sm), dim3(32 * GU3_KW), gsm, st, dgp, ddp, M,
+                                 H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, (const float *)wts,
+                                 (bf16 *)hws, ldh);
+        } else {
+            c = fused_smem<moe_gateup3_kernel<2>>(gsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_gateup3_kernel<2>, dim3(ws->n_sm), dim3(32 * GU3_KW), gsm, st, dgp, ddp, M,
+                                 H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, (const float *)wts,
+                                 (bf16 *)hws, ldh);
+        }
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16, dsm3 = (size_t)DOWN_KW * DOWN3_PMAX * 80 * 16;
+        dim3 g3d(H / 16, M);
+        if (c == cudaSuccess && pair == 3) {
+            c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H,
+                                 I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+        } else if (c == cudaSuccess) {
+            c = fused_smem<moe_down3_kernel<DOWN_KW, DOWN3_PMAX>>(dsm3);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_down3_kernel<DOWN_KW, DOWN3_PMAX>, g3d, dim3(32 * DOWN_KW), dsm3, st, ddp,
+                                 H, I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+        }
+    } else if (c == cudaSuccess && gkw && pair == 2) {
         dim3 g2d(ldh / 16, M * (k + 1));
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
         if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
@@ -1025,21 +1392,19 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            moe_down2_kernel<DOWN_KW, DOWN_PMAX><<<g3d, 32 * DOWN_KW, dsm, st>>>(ddp, H, I, Is, k, idx,
-                                                                               (const bf16 *)hws, ldh,
-                                                                               (bf16 *)a->y);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I,
+                             Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
         }
     } else {
         if (c == cudaSuccess) {
             dim3 g2d(ldh / 16, M * (k + 1));
-            moe_gateup_kernel<<<g2d, 256, 0, st>>>(dgp, M, H, I, Is, k, (const bf16 *)a->x, idx, hws, ldh);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_gateup_kernel, g2d, dim3(256), 0, st, dgp, M, H, I, Is, k, (const bf16 *)a->x,
+                             (const int32_t *)idx, hws, ldh);
         }
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            moe_down_kernel<<<g3d, 256, 0, st>>>(ddp, M, H, I, Is, k, idx, wts, hws, ldh, (bf16 *)a->y);
-            c = cudaGetLastError();
+            c = fused_launch(pdl, moe_down_kernel, g3d, dim3(256), 0, st, ddp, M, H, I, Is, k, (const int32_t *)idx,
+                             (const float *)wts, (const float *)hws, ldh, (bf16 *)a->y);
         }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
@@ -1049,7 +1414,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
                                   cudaMemcpyDeviceToDevice, st);
     }
-    pthread_mutex_unlock(&ws->mu);
+    ws_unlock(ws);
     if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode");
     return 0;
 }
@@ -1118,21 +1483,21 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, I = w->inter,
               Is = w->shared_inter > 0 ? w->shared_inter : 0;
     const size_t Mk = (size_t)M * k;
-    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * M * E, e);
-    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * Mk, e);
-    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * M * (k + 1), e);
-    int32_t *perm = (int32_t *)ws_get(ws, WS_PERM, sizeof(int32_t) * Mk, e);
-    int32_t *pos = (int32_t *)ws_get(ws, WS_POS, sizeof(int32_t) * Mk, e);
-    bf16 *xs = (bf16 *)ws_get(ws, WS_XS, sizeof(bf16) * Mk * H, e);
-    bf16 *G = (bf16 *)ws_get(ws, WS_G, sizeof(bf16) * Mk * I, e);
-    bf16 *U = (bf16 *)ws_get(ws, WS_U, sizeof(bf16) * Mk * I, e);
-    bf16 *Y = (bf16 *)ws_get(ws, WS_Y, sizeof(bf16) * Mk * H, e);
+    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * M * E, st, e);
+    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * Mk, st, e);
+    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * M * (k + 1), st, e);
+    int32_t *perm = (int32_t *)ws_get(ws, WS_PERM, sizeof(int32_t) * Mk, st, e);
+    int32_t *pos = (int32_t *)ws_get(ws, WS_POS, sizeof(int32_t) * Mk, st, e);
+    bf16 *xs = (bf16 *)ws_get(ws, WS_XS, sizeof(bf16) * Mk * H, st, e);
+    bf16 *G = (bf16 *)ws_get(ws, WS_G, sizeof(bf16) * Mk * I, st, e);
+    bf16 *U = (bf16 *)ws_get(ws, WS_U, sizeof(bf16) * Mk * I, st, e);
+    bf16 *Y = (bf16 *)ws_get(ws, WS_Y, sizeof(bf16) * Mk * H, st, e);
     if (!logits || !idx || !wts || !perm || !pos || !xs || !G || !U || !Y) return e->code ? e->code : ERR_NOMEM;
     bf16 *Gs = NULL, *Us = NULL, *S = NULL;
     if (Is) {
-        Gs = (bf16 *)ws_get(ws, WS_GS, sizeof(bf16) * M * Is, e);
-        Us = (bf16 *)ws_get(ws, WS_US, sizeof(bf16) * M * Is, e);
-        S = (bf16 *)ws_get(ws, WS_S, sizeof(bf16) * M * H, e);
+        Gs = (bf16 *)ws_get(ws, WS_GS, sizeof(bf16) * M * Is, st, e);
+        Us = (bf16 *)ws_get(ws, WS_US, sizeof(bf16) * M * Is, st, e);
+        S = (bf16 *)ws_get(ws, WS_S, sizeof(bf16) * M * H, st, e);
         if (!Gs || !Us || !S) return e->code ? e->code : ERR_NOMEM;
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
@@ -1226,7 +1591,7 @@ static int loop_run(const moe_args *a, ls_stream s, ls_err *e) {
     moe_ws *ws;
     if ((rc = ws_lock(&ws, e))) return rc;
     rc = loop_run_locked(ws, a, (cudaStream_t)s, e);
-    pthread_mutex_unlock(&ws->mu);
+    ws_unlock(ws);
     return rc;
 }
 

@@ -51,19 +51,20 @@
  * 138 KB of shared memory at BM = 64). A always uses cp.async (x rows 16-byte
  * aligned, H multiple of 8).
  *
- * Workspace: per device, grown on first use and never shrunk; superseded buffers
- * are kept (not freed) so that a CUDA graph captured with them stays valid. The
+ * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
+ * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
  * expert pointer table (64 B per expert) lives in device memory, cached per
  * moe_w and uploaded only when it changes. Calls on one device are serialised
  * by its mutex.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_ws.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { MG_MAXE = 1024, MG_MAXK = 16, MG_MAX_DEV = 16, MG_TAB_CACHE = 128, MG_RETIRED = 64 };
+enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128 };
 enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* One expert's weights for the kernels; entry E is the shared expert. */
@@ -77,6 +78,7 @@ typedef struct mg_expert {
 /* ---- per-device workspace ------------------------------------------------------ */
 
 enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
+static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
     const moe_w *key;
@@ -89,59 +91,27 @@ typedef struct mg_tab {
 } mg_tab;
 
 typedef struct mg_ws {
-    void *p[MG_NBUF];
-    size_t cap[MG_NBUF];
-    void *retired[MG_RETIRED];
-    int n_retired;
+    cu_ws ws; /* lock + the MG_* device buffers (cu_ws.h: kept on grow) */
     mg_tab tabs[MG_TAB_CACHE];
     int next_tab;
     mg_expert *scratch;  /* host [MG_MAXE + 1] */
-    pthread_mutex_t mu;
-    int init;
 } mg_ws;
 
-static mg_ws g_mg[MG_MAX_DEV];
-static pthread_mutex_t g_mg_mu = PTHREAD_MUTEX_INITIALIZER;
+static mg_ws g_mg[CU_WS_MAX_DEV];
 
+/* This device's workspace, locked (calls on one device are serialised). */
 static int mg_lock(mg_ws **out, ls_err *e) {
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-    if (dev < 0 || dev >= MG_MAX_DEV) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: device %d out of range", dev);
-    pthread_mutex_lock(&g_mg_mu);
-    if (!g_mg[dev].init) {
-        pthread_mutex_init(&g_mg[dev].mu, NULL);
-        g_mg[dev].init = 1;
-    }
-    pthread_mutex_unlock(&g_mg_mu);
-    pthread_mutex_lock(&g_mg[dev].mu);
+    int dev = 0, rc = cu_ws_device("cuda_grouped_gemm", &dev, e);
+    if (rc) return rc;
+    cu_ws_lock(&g_mg[dev].ws);
     *out = &g_mg[dev];
     return 0;
 }
 
-/* Device buffer `slot` of at least n bytes. A buffer that is too small is
- * retired (kept allocated: a captured graph may still point at it) and a new
- * one made; no allocation happens once the sizes of the largest call exist. */
-static void *mg_get(mg_ws *w, int slot, size_t n, ls_err *e) {
-    if (n == 0) n = 16;
-    n = (n + 255) & ~(size_t)255;
-    if (w->cap[slot] >= n) return w->p[slot];
-    if (w->p[slot]) {
-        if (w->n_retired < MG_RETIRED) {
-            w->retired[w->n_retired++] = w->p[slot];
-        } else {
-            cudaDeviceSynchronize(); /* queued work may still use it */
-            cudaFree(w->p[slot]);
-        }
-    }
-    w->p[slot] = NULL;
-    w->cap[slot] = 0;
-    cudaError_t c = cudaMalloc(&w->p[slot], n);
-    if (c != cudaSuccess) {
-        cu_fail(e, c, "cuda_grouped_gemm workspace");
-        return NULL;
-    }
-    w->cap[slot] = n;
-    return w->p[slot];
+/* Device buffer `slot` of at least n bytes; no allocation happens once the
+ * sizes of the largest call exist (a captured graph's buffers stay allocated). */
+static void *mg_get(mg_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e) {
+    return cu_ws_get(&w->ws, slot, n, 0, st, "cuda_grouped_gemm", e);
 }
 
 /* ---- small device helpers ------------------------------------------------------ */
@@ -580,7 +550,7 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
                                    const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                                    const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
     const size_t smem = sizeof(mg_smem<BM, LD>);
-    static unsigned raised; /* bit per device ordinal (< MG_MAX_DEV) */
+    static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
@@ -819,14 +789,14 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
-    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, e);
-    int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, e);
-    float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), e);
-    int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, e);
-    int32_t *perm = (int32_t *)mg_get(ws, MG_PERM, sizeof(int32_t) * R, e);
-    int32_t *nt = (int32_t *)mg_get(ws, MG_NT, sizeof(int32_t) * 2, e); /* all tiles, routed tiles */
-    bf16 *hbuf = (bf16 *)mg_get(ws, MG_H, sizeof(bf16) * R * ldh, e);
-    bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, e);
+    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, st, e);
+    int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, st, e);
+    float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), st, e);
+    int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, st, e);
+    int32_t *perm = (int32_t *)mg_get(ws, MG_PERM, sizeof(int32_t) * R, st, e);
+    int32_t *nt = (int32_t *)mg_get(ws, MG_NT, sizeof(int32_t) * 2, st, e); /* all tiles, routed tiles */
+    bf16 *hbuf = (bf16 *)mg_get(ws, MG_H, sizeof(bf16) * R * ldh, st, e);
+    bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, st, e);
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
     rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
@@ -880,7 +850,7 @@ static int mg_run(const moe_args *a, ls_stream s, ls_err *e) {
     int rc = mg_lock(&ws, e);
     if (rc) return rc;
     rc = mg_run_locked(ws, a, (cudaStream_t)s, e);
-    pthread_mutex_unlock(&ws->mu);
+    cu_ws_unlock(&ws->ws);
     return rc;
 }
 

@@ -179,7 +179,7 @@ class Server:
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
         rq = urllib.request.Request(self.url + "/generate", data=json.dumps(body).encode(),
                                     headers={"Content-Type": "application/json"})
-        return json.loads(urllib.request.urlopen(rq, timeout=60).read())["output_ids"]
+        return json.loads(urllib.request.urlopen(rq, timeout=max(5, min(60, left()))).read())["output_ids"]
     def stop(self):
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)

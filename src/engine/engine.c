@@ -194,6 +194,46 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
  * for smp_sample. The same eager kernels run each time, so the logits are the
  * same: greedy ids and top ids must be equal, logprobs within 1e-3, and every
  * draw inside the host's kept set. 0, or 1 with why filled. */
+/* While the CUDA graphs of a --tp > 1 model are captured and checked at start-up: a warning
+ * each minute, so a collective that never completes (every rank must reach each one) shows in
+ * the log with the flags that run the steps eagerly, instead of a silent hang. */
+typedef struct graph_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, tp;
+    double t0;
+    pthread_t th;
+} graph_watch;
+
+static void *graph_watch_main(void *p) {
+    graph_watch *w = p;
+    pthread_mutex_lock(&w->mu);
+    while (!w->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 60;
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT && !w->done)
+            log_warn("engine: capturing and checking the CUDA graphs of --tp %d has taken %.0f s so far (a stuck "
+                     "NCCL collective? --disable-cuda-graph or LASTSTAND_TP_GRAPHS=0 runs the steps eagerly)",
+                     w->tp, now_sec() - w->t0);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int graph_watch_start(graph_watch *w, int tp) {
+    *w = (graph_watch){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .tp = tp, .t0 = now_sec()};
+    return pthread_create(&w->th, NULL, graph_watch_main, w) == 0;
+}
+
+static void graph_watch_stop(graph_watch *w) {
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+}
+
 static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
     enum { P = 8, D = 4 };
     int32_t ids[P];
@@ -414,6 +454,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         double t0 = now_sec();
         model_graph_stats gs;
         char why[1200];
+        graph_watch gw;
+        int watching = e->tp > 1 && graph_watch_start(&gw, e->tp);
         if ((rc = model_graphs_capture(e->m, &le)) < 0) {
             /* a failed capture or warm-up pass costs the graphs, not the start-up */
             log_warn("engine: CUDA graphs off: %s (decode steps run eagerly)", le.msg);
@@ -432,6 +474,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
             log_info("engine: %lld CUDA graphs captured%s and checked against eager steps in %.2f s",
                      (long long)gs.captured, e->tp > 1 ? " on every tensor-parallel rank" : "", now_sec() - t0);
         }
+        if (watching) graph_watch_stop(&gw);
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);

@@ -536,6 +536,92 @@ static void gvp_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st, int
     }
 }
 
+/* The M = 1 GEMV with the bit-placement decode (nvfp4.cuh nv4_gemv2_chunk), opt-in
+ * (LASTSTAND_W4A16_GDEC=2) until a device round has validated and timed it: same
+ * one-shot cp.async structure as fp4_gemv1_kernel, but the codes are decoded with
+ * half their instructions on the FMA pipe (the block-column kernel is bound by the
+ * integer pipe) and the scale is applied to A by one BF16 multiply per pair; every
+ * B column carries the token, whose x each warp permutes once per chunk in shared
+ * memory into the (i, i + 4) pairing of the decode. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+    fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
+    __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values, then permuted */
+    __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
+        cu_cp_async_commit();
+    }
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
+        __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
+        const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
+                             xs[warp][u][4 * t + 3]};
+        nv4_gemv2_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s16[4 * g + t],
+                        s16[4 * (g + 8) + t], xp, acc);
+    }
+    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2) */
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale2 * 256.f; /* the decode's 2^-126 against the scales' 2^118 */
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
+}
+
+template <int KW, int PER>
+static void gv2_launch(const gemm_args *a, cudaStream_t st) {
+    static int carve = 0;
+    if (!carve) {
+        cudaFuncSetAttribute(fp4_gemv2_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        carve = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_gemv2_kernel<KW, PER><<<w->N / 16, 32 * KW, 0, st>>>(w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data,
+                                                           w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
+}
+
+static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
+    if (kw == 16) {
+        if (per == 1) gv2_launch<16, 1>(a, st);
+        else gv2_launch<16, 2>(a, st);
+    } else if (kw == 8) {
+        if (per == 1) gv2_launch<8, 1>(a, st);
+        else if (per == 2) gv2_launch<8, 2>(a, st);
+        else gv2_launch<8, 4>(a, st);
+    } else {
+        if (per == 1) gv2_launch<4, 1>(a, st);
+        else if (per == 2) gv2_launch<4, 2>(a, st);
+        else gv2_launch<4, 4>(a, st);
+    }
+}
+
 template <int KW, int PER>
 static void gv_launch(const gemm_args *a, cudaStream_t st) {
     static int carve = 0; /* shared memory before L1: several blocks of 40 KB per SM */
@@ -778,8 +864,10 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * LASTSTAND_W4A16_GEMV=0 turns off the M = 1 block-column GEMV kernel (fp4_gemv1_kernel,
  * the default at M = 1 where K fits it), LASTSTAND_W4A16_GKW = its warps per tile
  * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST=1 selects its
- * persistent form (fp4_gemv1p_kernel; default off, slower on the H200). Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1;
+ * persistent form (fp4_gemv1p_kernel; default off, slower on the H200),
+ * LASTSTAND_W4A16_GDEC=2 the bit-placement decode kernel (fp4_gemv2_kernel; opt-in
+ * until a device round validates it). Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
@@ -794,6 +882,8 @@ static void w4_knobs(void) {
     g_w4_gkw = gkw ? atoi(gkw) : 0;
     const char *gp = getenv("LASTSTAND_W4A16_GPERSIST");
     g_w4_gpers = gp ? !!atoi(gp) : -1;
+    const char *gd = getenv("LASTSTAND_W4A16_GDEC");
+    g_w4_gdec = gd && atoi(gd) == 2 ? 2 : 1;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
@@ -843,6 +933,11 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
          * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
          * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
         int pers = g_w4_gpers > 0;
+        if (g_w4_gdec == 2) {
+            gv2_run_kw(gkw, gper, a, st);
+            CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)");
+            return 0;
+        }
         if (pers) gvp_run_kw(gkw, gper, a, st, sms);
         else gv_run_kw(gkw, gper, a, st);
         CU_LAUNCHED(e, pers ? "fp4_gemm cuda_w4a16_mma (gemv, persistent)" : "fp4_gemm cuda_w4a16_mma (gemv)");

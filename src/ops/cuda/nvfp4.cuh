@@ -30,13 +30,19 @@
  * is fp32 (the tensor core's), then fp32 scale FFMAs. Same error class as a
  * dequantize-to-BF16 GEMM with fp32 accumulation.
  *
+ * A second chunk step, nv4_gemv2_chunk, decodes by bit placement instead (half the
+ * decode on the FMA pipe, see nv4_e2m1x8_place) and applies the scale to A with one
+ * BF16 multiply per pair: up to 8 tokens in the B columns.
+ *
  * For a host-side emulation (a test) define NV4_HOST_EMU and provide uint4,
- * nv4_prmt, nv4_mma_16816 and nv4_e4m3x2_to_f32x2 before including this file.
+ * nv4_prmt, nv4_mma_16816, nv4_e4m3x2_to_f32x2, nv4_hmul2, nv4_pack_bf16x2 and
+ * nv4_shr_fma before including this file.
  */
 #ifndef LS_NVFP4_CUH
 #define LS_NVFP4_CUH
 
 #ifndef NV4_HOST_EMU
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 #define NV4_FN __device__ __forceinline__
@@ -60,6 +66,22 @@ NV4_FN void nv4_cp_async4(void *smem, const void *gmem) {
     unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
 }
+
+/* BF16x2 multiply (HMUL2 on the FMA pipe; subnormal inputs are not flushed). */
+NV4_FN uint32_t nv4_hmul2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* Two floats -> bf16x2 (round to nearest; exact for the values used here). */
+NV4_FN uint32_t nv4_pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* a >> s for a constant s, as the high word of a multiply (IMAD.HI, FMA-heavy pipe)
+ * instead of SHF (integer ALU pipe, the decode's bottleneck). */
+NV4_FN uint32_t nv4_shr_fma(uint32_t a, uint32_t s) { return __umulhi(a, 1u << (32 - s)); }
 
 /* Two E4M3 bytes (low byte first) -> two exact floats (one cvt to f16x2, then f16 -> f32). */
 NV4_FN void nv4_e4m3x2_to_f32x2(uint16_t s, float &lo, float &hi) {
@@ -140,6 +162,75 @@ NV4_FN void nv4_gemv1_chunk(uint4 w0, uint4 w1, uint4 xe0, uint4 xe1, uint4 xo0,
     acc[1] += sg[1] * dO[1];
     acc[2] += sg[2] * de[2];
     acc[3] += sg[3] * dO[3];
+}
+
+/* ---- bit-placement decode (balanced between the integer and FMA pipes) -------
+
+   nv4_e2m1x8_place: eight codes (code i in bits 4i..4i+3) -> four bf16x2 words,
+   out[i] = (code i low half, code i + 4 high half), each equal to e2m1 x 2^-126
+   exactly: the code's magnitude bits go to BF16 bits 6..8 (exponent bits 7, 8 =
+   E2M1's exponent, bit 6 = its mantissa; E2M1's subnormal 0.5 becomes the BF16
+   subnormal 2^-127) and its sign to bit 15. Per word: 7 shifts written as
+   multiplies (IMAD.SHL / IMAD.HI: FMA-heavy pipe) and 8 LOP3 (integer pipe),
+   against 16 integer-pipe instructions for nv4_e2m1x8_to_bf16x8. The 2^-126 (and
+   the subnormal) must leave through a BF16 multiply before the tensor core:
+   nv4_gemv2_chunk multiplies by the block scale x 2^118 (exact: E2M1 x E4M3 has
+   at most 6 significant bits; the result e2m1 x scale x 2^-8 >= 2^-18 is normal).
+   The pairing (i, i + 4) needs x in the same order: nv4_xperm8. */
+NV4_FN void nv4_e2m1x8_place(uint32_t q, uint32_t out[4]) {
+    const uint32_t S = 0x80008000u, M = 0x01C001C0u;
+    out[3] = (q & S) | (nv4_shr_fma(q, 6) & M);
+    out[2] = ((q * 16u) & S) | (nv4_shr_fma(q, 2) & M);
+    out[1] = ((q * 256u) & S) | ((q * 4u) & M);
+    out[0] = ((q * 4096u) & S) | ((q * 64u) & M);
+}
+
+/* Eight BF16 x values in K order (a uint4 as loaded) -> the (i, i + 4) pairing of
+ * nv4_e2m1x8_place: {(x0, x4), (x1, x5), (x2, x6), (x3, x7)}. */
+NV4_FN uint4 nv4_xperm8(uint4 v) {
+    uint4 r;
+    r.x = nv4_prmt(v.x, v.z, 0x5410u);
+    r.y = nv4_prmt(v.x, v.z, 0x7632u);
+    r.z = nv4_prmt(v.y, v.w, 0x5410u);
+    r.w = nv4_prmt(v.y, v.w, 0x7632u);
+    return r;
+}
+
+/* The two E4M3 scales of a uint16 (low byte first) as bf16x2 pairs (s x 2^118, same)
+ * for nv4_gemv2_chunk: exact (448 x 2^118 < 2^127). */
+NV4_FN void nv4_scale2_bf16x2_x118(uint16_t s, uint32_t &lo, uint32_t &hi) {
+    float a, b;
+    nv4_e4m3x2_to_f32x2(s, a, b);
+    const float k = 0x1p118f;
+    lo = nv4_pack_bf16x2(a * k, a * k);
+    hi = nv4_pack_bf16x2(b * k, b * k);
+}
+
+/* One 128-element chunk of a 16-row tile against 8 token columns, scaled-A form:
+ * w0 / w1 = this lane's 16 B of codes of rows g and g + 8 (blocks 2t, 2t + 1 of the
+ * chunk), s0 / s1 their E4M3 scales (low byte first), xp[q] = the lane's x for its
+ * token column g, elements 8q .. 8q + 7 of its 32-element slice, permuted by
+ * nv4_xperm8. acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8; the
+ * products carry a factor 2^-8 (multiply the sums by 2^8 · scale2). */
+NV4_FN void nv4_gemv2_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xp)[4], float acc[4]) {
+    uint32_t sa0, sb0, sa1, sb1;
+    nv4_scale2_bf16x2_x118(s0, sa0, sb0);
+    nv4_scale2_bf16x2_x118(s1, sa1, sb1);
+    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t a0[4], a1[4];
+        nv4_e2m1x8_place(q0[q], a0);
+        nv4_e2m1x8_place(q1[q], a1);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
+            a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
+        }
+        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
+        nv4_mma_16816(acc, f0, xp[q].x, xp[q].y, acc);
+        nv4_mma_16816(acc, f1, xp[q].z, xp[q].w, acc);
+    }
 }
 
 #endif

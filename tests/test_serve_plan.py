@@ -7,7 +7,8 @@ backends (LASTSTAND_TEST_BROKEN_BACKENDS=1: cpu_broken_nan writes NaN):
   "last backend standing" table; greedy completions through the OpenAI SDK equal those of a
   server running the reference backends (the oracle);
 - with auto, the doctor's per-bucket picks become the family's plan (its cached decision is
-  doctored here so the CPU timings cannot decide the test);
+  doctored here so the CPU timings cannot decide the test), shown in the table and in
+  /get_server_info (with the backends the start-up checks banned);
 - a plan whose prefill entry is broken (the doctor "missed" it) is caught by the smoke test,
   which runs every entry, and serve falls back to a single backend, banning the broken one;
 - a named plan with an entry the doctor failed is refused (exit 2) naming the flag, the
@@ -132,6 +133,9 @@ def test_auto_takes_the_doctors_per_bucket_picks_as_a_plan(ls_bin, demo_model, t
         assert t["moe"][0] == "cpu_grouped:1,cpu_ref", t
         assert re.search(r"per-bucket plan, the doctor's fastest: M=1 cpu_grouped [0-9.e-]+ ms, M=16 cpu_ref", t["moe"][1])
         assert "smoke test: prefill in chunks of" in log
+        info = json.loads(s.get("/get_server_info")[1])
+        assert info["backends"]["moe"] == "cpu_grouped:1,cpu_ref", info["backends"]
+        assert "moe:cpu_broken_nan" in info["banned_backends"].split(","), info["banned_backends"]
         assert completions(s) == ref_text
     # the reverse picks give the reverse plan
     doctor_moe(tmp_path, {1: "cpu_ref", 16: "cpu_grouped"})

@@ -381,6 +381,14 @@ int cmd_serve(int argc, char **argv) {
     json_object_set_new(args_json, "host", json_string(cfg.host));
     json_object_set_new(args_json, "port", json_integer(cfg.port));
     json_object_set_new(args_json, "tp_size", json_integer(a.tp));
+    { /* what serve_auto decided: per family a backend or a per-M plan ("a:8,b"), and what it eliminated */
+        json_t *bk = json_object();
+        const char *fam[SA_NFAM] = {"fp4_gemm", "moe", "attention", "gdn"};
+        for (int f = 0; f < SA_NFAM; f++)
+            json_object_set_new(bk, fam[f], sa.names[f] ? json_string(sa.names[f]) : json_string("auto"));
+        json_object_set_new(args_json, "backends", bk);
+        json_object_set_new(args_json, "banned_backends", sa.banned ? json_string(sa.banned) : json_null());
+    }
     json_object_set_new(args_json, "reasoning_parser", a.reasoning_parser ? json_string(a.reasoning_parser) : json_null());
     json_object_set_new(args_json, "tool_call_parser", a.tool_call_parser ? json_string(a.tool_call_parser) : json_null());
     cfg.server_args = args_json;

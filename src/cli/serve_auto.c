@@ -857,13 +857,15 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         if (!have_ref) {
             /* no <device>_ref in this family: the last (plainest) non-test-only backend
              * in the registry's order (the doctor's report lists them in its own order),
-             * among those the report has */
+             * among those the report has, correct at every bucket when one is (a new
+             * backend registered last must not become the oracle before it passes) */
             doc_verdict reg[MAX_CAND];
             int nr = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, reg, MAX_CAND);
+            for (int pass = 0; pass < 2 && !have_ref; pass++)
             for (int r = nr - 1; r >= 0 && !have_ref; r--) {
                 if (reg[r].test_only) continue;
                 for (int i = 0; i < s->nv && !have_ref; i++)
-                    if (!strcmp(s->v[i].name, reg[r].name)) {
+                    if (!strcmp(s->v[i].name, reg[r].name) && (pass || s->v[i].ok)) {
                         snprintf(s->ref, sizeof s->ref, "%s", reg[r].name);
                         have_ref = 1;
                     }

@@ -11,7 +11,8 @@
 #    cuda_ref, the doctor's GPU oracle), for the BF16 shapes of
 #    synth:qwen3.5-397b-a17b and synth:qwen3.5-35b-a3b at M = 1..32 (M > 32 is refused:
 #    the unit test checks that).
-# 3. ncu (if present): kernel durations and DRAM bytes of cuda_gemv at M = 1 on the
+# 3. The K split forced to 1, 2, 4, 8 (LASTSTAND_GEMV_SPLIT) at M = 1, for tuning.
+# 4. ncu (if present): kernel durations and DRAM bytes of cuda_gemv at M = 1 on the
 #    397B shapes, median per grid (one grid per shape; no launch boundary in these).
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
@@ -46,6 +47,14 @@ for model in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     echo "rc=$? ($(( $(date +%s) - T0 )) s)"
     tail -n 4 "$OUT/doctor-$model.err"
     cat "$OUT/doctor-$model.txt"
+done
+
+echo "== the K split forced (LASTSTAND_GEMV_SPLIT), cuda_gemv, synth:qwen3.5-397b-a17b, M = 1"
+for S in 1 2 4 8; do
+    [ $(( $(date +%s) - T0 )) -gt 72 ] && { echo "S=$S skipped (time)"; continue; }
+    LASTSTAND_GEMV_SPLIT=$S timeout 10 "$BIN" doctor --device cuda --families gemm \
+        --model-path synth:qwen3.5-397b-a17b --m 1 --backends cuda_gemv 2>/dev/null \
+        | grep -E "^gemm |^ +1 " | paste - - | sed -E "s/^/S=$S /; s/ +/ /g" | cut -c1-160
 done
 
 echo "== ncu: cuda_gemv kernel time and DRAM bytes at M = 1, synth:qwen3.5-397b-a17b (median per grid)"

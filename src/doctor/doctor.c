@@ -101,18 +101,6 @@ static void parse_result(const char *js, cell *c) {
     json_decref(o);
 }
 
-static const char *sig_name(int s) {
-    switch (s) {
-    case SIGABRT: return "SIGABRT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGKILL: return "SIGKILL";
-    default: return "signal";
-    }
-}
-
 typedef struct trial_spec {
     const doctor_opts *o;
     const char *family, *backend, *shapes_file, *ms_list;

@@ -40,6 +40,7 @@
 
 #include <cooperative_groups.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace cg = cooperative_groups;
@@ -213,11 +214,24 @@ static size_t gv_smem_bytes(int nt, int M, int xstride) {
     return (size_t)(GV_WARPS * 16 * 8 * nt + 16 * 8 * nt) * 4 + (size_t)M * xstride * 2;
 }
 
+/* LASTSTAND_GEMV_SPLIT=S (1, 2, 4 or 8): a tuning knob for the device rounds
+ * (bench/device/gemv.sh): use at least S blocks per K split instead of the policy
+ * below (more where x would not fit otherwise). Read once; 0 = the policy. */
+static int gv_forced_split(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LASTSTAND_GEMV_SPLIT");
+        int f = s ? atoi(s) : 0;
+        v = (f == 1 || f == 2 || f == 4 || f == 8) ? f : 0;
+    }
+    return v;
+}
+
 /* The split for M, N, K on n_sm SMs; 0, or -1 when K is too long to stage x for
  * this M even over a cluster of GV_MAX_S. */
 static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
     p->nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
-    const int T = (N + 15) / 16, C = (K + 31) / 32;
+    const int T = (N + 15) / 16, C = (K + 31) / 32, force = gv_forced_split();
     for (int S = 1; S <= GV_MAX_S; S *= 2) {
         const int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
         /* stride ≡ 32 (mod 64) elements: the 8 lanes of a quarter warp (two token rows,
@@ -226,7 +240,7 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
         const size_t xb = (size_t)M * xstride * 2;
         /* split K further while the doubled grid still fits in one wave (two blocks per SM)
          * and every warp keeps >= 2 columns: all weight loads are then issued up front */
-        const int more_fill = T * 2 * S <= 2 * n_sm && C >= S * 2 * GV_WARPS * 2;
+        const int more_fill = force ? S < force : T * 2 * S <= 2 * n_sm && C >= S * 2 * GV_WARPS * 2;
         if ((xb > GV_XSMEM_MAX || more_fill) && S < GV_MAX_S) continue;
         if (xb > GV_XSMEM_MAX) return -1;
         p->S = S;

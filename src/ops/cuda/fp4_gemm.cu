@@ -927,7 +927,9 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
         if (sms < 1) sms = 1;
     }
     int gkw = 0, gper = 0;
-    if (a->M == 1 && g_w4_gemv && gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
+    /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
+    if (a->M == 1 && g_w4_gemv && !((uintptr_t)w->scale & 3) &&
+        gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
         /* one tile per block by default: the persistent form (loads of the next tile
          * under the decode of this one) measured slower on the H200 (2026-11-29,
          * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,

@@ -186,3 +186,26 @@ def test_malformed_plan_exits_2_naming_the_flag_before_anything_runs(demo_model,
     assert err.startswith(f"laststand serve: error: --gdn-backend: gdn backend plan '{value}': "), err
     assert fault in err, err
     assert not os.path.exists(os.path.join(tmp_path, "laststand"))  # no doctor ran
+
+
+def test_doctor_prints_its_choice_as_plans_that_match_the_per_bucket_choice(demo_model, tmp_path):
+    """`laststand doctor` prints, per family, the per-M plan text of its per-bucket choice: the entry
+    it gives each bucket's M is the choice printed for that bucket."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    p = subprocess.run([BIN, "doctor", "--device", "cpu", "--model-path", demo_model, "--m", "1,2,16,64"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout.splitlines()
+    i = next(k for k, l in enumerate(out) if l.startswith("choice per family"))
+    j = next(k for k, l in enumerate(out) if l.startswith("the same choice as per-M plans"))
+    choice = {l.split()[0]: dict((int(x.split(":")[0][2:]), x.split(":")[1]) for x in l.split()[1:])
+              for l in out[i + 1:j] if l.strip()}
+    plans = {l.split()[0]: l.split()[1] for l in out[j + 1:] if l.strip()}
+    assert set(plans) == set(choice) == {"fp4_gemm", "gemm", "moe", "attention", "gdn"}, (plans, choice)
+    for fam, text in plans.items():
+        entries = [(e.split(":")[0], int(e.split(":")[1]) if ":" in e else None) for e in text.split(",")]
+        bounds = [b for _, b in entries[:-1]]
+        assert all(b is not None for b in bounds) and bounds == sorted(set(bounds)) and entries[-1][1] is None, text
+        for M, want in choice[fam].items():
+            got = next(n for n, b in entries if b is None or M <= b)
+            assert got == want, (fam, M, text, choice[fam])

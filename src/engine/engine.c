@@ -27,7 +27,10 @@
  *      batch order on the engine thread, the token is appended, its event
  *      emitted, and the request may finish.
  * Pure-decode steps on a GPU replay CUDA graphs per batch-size bucket
- * (model.c; --disable-cuda-graph turns them off).
+ * (model.c; with --tp every rank replays its own, NCCL all-reduces inside;
+ * --disable-cuda-graph turns them off). Graphs are captured and checked
+ * against eager steps at start-up; any failure there turns them off with a
+ * logged reason and the engine runs eagerly, it never fails the start.
  * Invariants: the oldest running request can always make progress (the pool
  * holds at least one full context, and it may preempt every newer one), so
  * memory pressure never fails a request; a request's tokens depend only on
@@ -191,6 +194,46 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
  * for smp_sample. The same eager kernels run each time, so the logits are the
  * same: greedy ids and top ids must be equal, logprobs within 1e-3, and every
  * draw inside the host's kept set. 0, or 1 with why filled. */
+/* While the CUDA graphs of a --tp > 1 model are captured and checked at start-up: a warning
+ * each minute, so a collective that never completes (every rank must reach each one) shows in
+ * the log with the flags that run the steps eagerly, instead of a silent hang. */
+typedef struct graph_watch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, tp;
+    double t0;
+    pthread_t th;
+} graph_watch;
+
+static void *graph_watch_main(void *p) {
+    graph_watch *w = p;
+    pthread_mutex_lock(&w->mu);
+    while (!w->done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 60;
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT && !w->done)
+            log_warn("engine: capturing and checking the CUDA graphs of --tp %d has taken %.0f s so far (a stuck "
+                     "NCCL collective? --disable-cuda-graph or LASTSTAND_TP_GRAPHS=0 runs the steps eagerly)",
+                     w->tp, now_sec() - w->t0);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int graph_watch_start(graph_watch *w, int tp) {
+    *w = (graph_watch){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .tp = tp, .t0 = now_sec()};
+    return pthread_create(&w->th, NULL, graph_watch_main, w) == 0;
+}
+
+static void graph_watch_stop(graph_watch *w) {
+    pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+}
+
 static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
     enum { P = 8, D = 4 };
     int32_t ids[P];
@@ -299,6 +342,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.gdn_backend = o->gdn_backend;
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
+    mo.banned_backends = o->banned_backends;
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);
@@ -384,11 +428,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
      * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
     co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
+    /* with --tp the ranks capture together (model_tp.c), or the model says why they cannot */
     int graphs = e->dev_smp && !o->disable_cuda_graph;
-    if (graphs && e->tp > 1) {
-        log_info("engine: CUDA graphs are off with --tp %d (tensor-parallel steps run eagerly)", e->tp);
-        graphs = 0;
-    }
     if (graphs) co.graph_max_bs = o->cuda_graph_max_bs > 0 && o->cuda_graph_max_bs < max_run ? o->cuda_graph_max_bs
                                                                                               : max_run;
     rc = model_cache_init(e->m, &co, &le);
@@ -411,22 +452,29 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         /* every bucket at start-up: no capture stalls in the decode loop, and the log says up
          * front which buckets replay and which run eagerly */
         double t0 = now_sec();
-        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
-            set_err(err, errn, rc, "CUDA graphs: %s", le.msg);
-            engine_free(e);
-            return rc;
-        }
         model_graph_stats gs;
-        model_graph_stats_get(e->m, &gs);
-        /* never serve a graph that disagrees with the eager step it replays */
-        char why[512];
-        if (model_graphs_check(e->m, why, sizeof why)) {
+        char why[1200];
+        graph_watch gw;
+        int watching = e->tp > 1 && graph_watch_start(&gw, e->tp);
+        if ((rc = model_graphs_capture(e->m, &le)) < 0) {
+            /* a failed capture or warm-up pass costs the graphs, not the start-up */
+            log_warn("engine: CUDA graphs off: %s (decode steps run eagerly)", le.msg);
+            model_graphs_off(e->m);
+            graphs = 0;
+        } else if (model_graph_stats_get(e->m, &gs), gs.captured == 0) {
+            log_info("engine: CUDA graphs off: no decode batch bucket was captured (decode steps run eagerly)");
+            model_graphs_off(e->m);
+            graphs = 0;
+        } else if (model_graphs_check(e->m, why, sizeof why)) {
+            /* never serve a graph that disagrees with the eager step it replays */
             log_warn("engine: CUDA graphs off: the replayed decode step disagrees with the eager one (%s)", why);
             model_graphs_off(e->m);
+            graphs = 0;
         } else {
-            log_info("engine: %lld CUDA graphs captured and checked against eager steps in %.2f s",
-                     (long long)gs.captured, now_sec() - t0);
+            log_info("engine: %lld CUDA graphs captured%s and checked against eager steps in %.2f s",
+                     (long long)gs.captured, e->tp > 1 ? " on every tensor-parallel rank" : "", now_sec() - t0);
         }
+        if (watching) graph_watch_stop(&gw);
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);

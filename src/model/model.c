@@ -17,14 +17,19 @@
  * tokens (and logprobs) of each row (fwd_batch.smp; ops.h smp_row).
  *
  * CUDA graphs ("CUDA graphs" below): a pure-decode step (every sequence
- * n_new = 1, device sampling, one rank) is padded to a batch-size bucket and
+ * n_new = 1, device sampling) is padded to a batch-size bucket and
  * replayed from the bucket's graph (model_graphs_capture at start-up, or
  * on the bucket's first use, and again whenever it went stale). What a graph
  * bakes in (workspace, step-table and sampling buffers, caches) lives at
  * fixed addresses; per step only the tables' contents are copied in before
  * the launch. Any change of those addresses bumps graph_gen and the stale
  * graphs are re-captured. Padding rows run on a reserved GDN slot and KV page
- * beyond the engine's, and their results are dropped.
+ * beyond the engine's, and their results are dropped. With tensor
+ * parallelism every rank holds its own graphs (its slice, its all-reduces)
+ * and captures, replays or runs eagerly in step with the others: the
+ * coordinator makes their staleness common before each step
+ * (mdl_graphs_sync) and every decision on the capture path is agreed across
+ * the ranks (tp_all); the start-up check runs through all ranks.
  *
  * Owns: the safetensors set (weights are views into its mapping), fp32
  * copies of the 1-D parameters, rows permuted at load (gated q_proj,
@@ -297,6 +302,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
     }
     int rc = ops_select(&d, &n, &m->ops, e);
     if (o) m->ops.auto_fam |= o->auto_families & 31u;
+    if (!rc && o && o->banned_backends) rc = ops_sel_ban(&m->ops, o->banned_backends, e);
     m->ops.stream = stream;
     m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
 #ifdef LS_HAVE_CUDA
@@ -739,10 +745,19 @@ static void graphs_setup(model *m, int max_bs) {
 
 
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
+    model_cache_opts ro = *o;
+    if (m->rank_m && o->graph_max_bs > 0 && m->ops.dev.kind != DEV_CPU) {
+        char why[256];
+        if (!tp_graphs_supported(m, why, sizeof why)) {
+            log_info("%s: CUDA graphs off with --tp %d: %s (tensor-parallel steps run eagerly)", m->path, m->tp,
+                     why);
+            ro.graph_max_bs = 0;
+        }
+    }
     for (int r = 0; m->rank_m && r < m->tp; r++) {
         model *rm = m->rank_m[r];
         int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e);
-        if (!rc) rc = model_cache_init(rm, o, e);
+        if (!rc) rc = model_cache_init(rm, &ro, e);
         if (rc) return rc;
     }
     cache_free(m, &m->cache);
@@ -752,8 +767,9 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
         m->cache.conv = m->cache.rec = NULL;
         return 0;
     }
-    /* graphs: one rank on a device, with a GDN slot and a KV page for the padding rows */
-    int graphs = o->graph_max_bs > 0 && m->ops.dev.kind != DEV_CPU && !m->grp && m->sampler;
+    /* graphs: a device (the only model, or a TP rank whose coordinator let them through), with a
+     * GDN slot and a KV page for the padding rows */
+    int graphs = o->graph_max_bs > 0 && m->ops.dev.kind != DEV_CPU && m->sampler;
     model_cache_opts co = *o;
     if (graphs) {
         co.n_pages++;
@@ -809,8 +825,10 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     int k = 0;
     for (int i = 0; i < m->n_graphs && k < (int)sizeof list - 8; i++)
         k += snprintf(list + k, sizeof list - k, "%s%d", i ? "," : "", m->graphs[i].bs);
-    log_info("%s: CUDA graphs for decode steps, batch buckets %s, context cap %d, "
-             "attention scratch %.1f MiB", m->path, list, m->ctx_cap, m->attn_scratch_bytes / 1048576.0);
+    if (m->rank == 0)
+        log_info("%s: CUDA graphs for decode steps%s, batch buckets %s, context cap %d, "
+                 "attention scratch %.1f MiB%s", m->path, m->grp ? " on every tensor-parallel rank" : "", list,
+                 m->ctx_cap, m->attn_scratch_bytes / 1048576.0, m->grp ? " per rank" : "");
     return 0;
 }
 
@@ -1046,39 +1064,69 @@ static int graph_warmup(model *m, mcache *c, int n, int rehearse, ls_err *e) {
 #endif
 
 #ifdef LS_HAVE_CUDA
+/* Log a rank's capture-path event: every rank's own failure, and rank 0's verdict. */
+static const char *rank_tag(const model *m, char *s, size_t n) {
+    if (m->grp) snprintf(s, n, " (rank %d)", m->rank);
+    else s[0] = 0;
+    return s;
+}
+
+/* The capture path's verdict across the ranks (tp_all; alone: ok). When this rank was fine but
+ * another was not, why says so. */
+static int agree(model *m, int ok, ls_err *why) {
+    int all = tp_all(m, ok);
+    if (ok && !all) errf(why, ERR_RUNTIME, "another tensor-parallel rank failed this step");
+    return all;
+}
+
 /* Bucket g for batch b (NULL: capture only, every row padding): the padded
  * tables uploaded, the graph (re)captured when it is missing or stale, then
  * (b set) replayed and the results fetched. *done = 0 when the bucket runs
- * eagerly (a backend is not capture-safe; b is then run by the caller). */
+ * eagerly (a backend is not capture-safe; b is then run by the caller).
+ * With TP every rank runs this for the same bucket at once (tp_forward or
+ * model_graphs_capture); the capture path's decisions are agreed (agree), so
+ * all ranks capture or none, and replay or run eagerly alike. */
 static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, int *done, ls_err *e) {
     *done = 0;
     const int B = g->bs, n = b ? b->n_seq : 0, n_toks = b ? b->n_toks : 0;
     int rc;
-    if ((rc = ws_reserve(m, B, B, P + (B - n), e)) || (rc = smp_reserve(m, B, n_toks, e))) return rc;
+    char tag[32];
+    rank_tag(m, tag, sizeof tag);
+    rc = ws_reserve(m, B, B, P + (B - n), e);
+    if (!rc) rc = smp_reserve(m, B, n_toks, e);
     if (g->state > 0 && g->gen != m->graph_gen) { /* something it holds moved */
         cug_destroy(g->exec);
         g->exec = NULL;
         g->state = 0;
     }
     double t0 = now_sec();
-    if (g->state == 0) {
+    /* the same on every rank: all start at 0, staleness is made common by mdl_graphs_sync, and
+     * every later change is agreed (a rank whose reservation fails in a replayed step leaves the
+     * others waiting in their all-reduces, as in an eager step) */
+    const int capture = g->state == 0;
+    if (capture && !agree(m, rc == 0, e)) return rc ? rc : ERR_RUNTIME;
+    if (rc) return rc;
+    if (capture) {
         ls_err we = {0};
-        if (m->warm_gen != m->graph_gen) {
+        if (!tp_all(m, m->warm_gen == m->graph_gen)) { /* due on one rank: due on all (its passes meet) */
             /* every backend at its largest step's workspace, so no later eager step moves one */
-            if (graph_warmup(m, c, m->ws.cap_tok, 0, &we)) {
-                log_warn("%s: CUDA graphs off: %s", m->path, we.msg);
+            int ok = !graph_warmup(m, c, m->ws.cap_tok, 0, &we);
+            if (!agree(m, ok, &we)) {
+                if (!ok || m->rank == 0) log_warn("%s: CUDA graphs off%s: %s", m->path, tag, we.msg);
                 for (int i = 0; i < m->n_graphs; i++) m->graphs[i].state = -1;
                 return 0;
             }
             m->warm_gen = m->graph_gen;
         }
         /* the rehearsal: a backend the capture would take may still refuse the model at run time */
-        if (graph_warmup(m, c, B, 1, &we)) {
-            log_info("%s: decode batches of %d run eagerly: %s", m->path, B, we.msg);
+        int ok = !graph_warmup(m, c, B, 1, &we);
+        if (!agree(m, ok, &we)) {
+            if (!ok || m->rank == 0) log_info("%s: decode batches of %d run eagerly%s: %s", m->path, B, tag, we.msg);
             g->state = -1;
             return 0;
         }
-        if ((rc = ws_reserve(m, B, B, P + (B - n), e))) return rc;
+        rc = ws_reserve(m, B, B, P + (B - n), e);
+        if (!agree(m, rc == 0, e)) return rc ? rc : ERR_RUNTIME;
     }
     /* the padded batch: rows n..B-1 on the scratch slot and page, not sampled */
     for (int i = 0; i < B; i++) {
@@ -1098,15 +1146,27 @@ static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, 
                  .attn_scratch = m->attn_scratch, .attn_scratch_bytes = m->attn_scratch_bytes};
     const int32_t *d_ids = NULL, *d_rows = NULL;
     int nr = upload_tables(m, c, &pb, B, &f, &d_ids, &d_rows, e);
-    if (nr < 0) return nr;
-    if ((rc = smp_upload(m, m->gpad_smp, B, b ? b->toks : NULL, n_toks, e))) return rc;
-    if (g->state == 0) {
+    rc = nr < 0 ? nr : 0;
+    /* rank 0 alone samples (the graphs of the other ranks end with their last all-reduce) */
+    if (!rc && m->rank == 0) rc = smp_upload(m, m->gpad_smp, B, b ? b->toks : NULL, n_toks, e);
+    if (capture && !agree(m, rc == 0, e)) return rc ? rc : ERR_RUNTIME;
+    if (rc) return rc;
+    if (capture) {
         const ls_stream st = m->ops.stream;
         void *exec = NULL;
         ls_err ce = {0};
+        m->tp_cap_rc = 0;
         m->ops.capturing = 1;
         rc = cug_begin(st, &ce);
-        if (!rc) {
+        /* with TP, the body only where every rank is capturing: an uncaptured all-reduce would wait
+         * for peers that only record theirs */
+        if (!agree(m, rc == 0, &ce)) {
+            if (!rc) {
+                ls_err ee = {0};
+                cug_end(st, 0, &exec, &ee);
+                rc = ERR_RUNTIME;
+            }
+        } else {
             int brc = forward_body(m, &f, d_ids, d_rows, B, NULL, 1, &ce);
             ls_err ee = {0};
             rc = cug_end(st, brc == 0, &exec, &ee);
@@ -1114,8 +1174,12 @@ static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, 
             else if (rc) ce = ee;
         }
         m->ops.capturing = 0;
-        if (rc || !exec) {
-            log_info("%s: decode batches of %d run eagerly: %s", m->path, B, ce.msg[0] ? ce.msg : "capture failed");
+        m->tp_cap_rc = 0;
+        int ok = !rc && exec;
+        if (!ok && !ce.msg[0]) errf(&ce, ERR_RUNTIME, "capture failed");
+        if (!agree(m, ok, &ce)) {
+            cug_destroy(exec);
+            if (!ok || m->rank == 0) log_info("%s: decode batches of %d run eagerly%s: %s", m->path, B, tag, ce.msg);
             g->state = -1;
             return 0; /* the tables are re-uploaded by the eager pass */
         }
@@ -1123,13 +1187,15 @@ static int graph_run(model *m, mcache *c, mgraph *g, const fwd_batch *b, int P, 
         g->gen = m->graph_gen;
         g->state = 1;
         m->n_captured++;
-        log_info("%s: captured the CUDA graph of decode batch size %d (%.1f ms with warm-up)", m->path, B,
-                 (now_sec() - t0) * 1e3);
+        if (m->rank == 0)
+            log_info("%s: captured the CUDA graph of decode batch size %d%s (%.1f ms with warm-up)", m->path, B,
+                     m->grp ? " on every tensor-parallel rank" : "", (now_sec() - t0) * 1e3);
     }
     if (!b) return 0;
     if ((rc = cug_launch(g->exec, m->ops.stream, e))) return rc;
     m->n_replayed++;
     *done = 1;
+    if (m->rank > 0) return 0; /* rank 0 fetches the step's results */
     return forward_results(m, b, n, e);
 }
 #endif
@@ -1147,8 +1213,18 @@ static int graph_step(model *m, mcache *c, const fwd_batch *b, int P, int *done,
 #endif
 }
 
+#ifdef LS_HAVE_CUDA
+static int graphs_capture_rank(model *m, void *arg, ls_err *e) {
+    (void)arg;
+    return model_graphs_capture(m, e);
+}
+#endif
+
 int model_graphs_capture(model *m, ls_err *e) {
 #ifdef LS_HAVE_CUDA
+    /* TP: every rank captures at once on its own thread (their all-reduces are recorded in the
+     * same order, and their warm-up passes meet) */
+    if (m->rank_m) return m->rank_m[0]->n_graphs ? tp_each(m, graphs_capture_rank, NULL, e) : 0;
     for (int i = 0; i < m->n_graphs; i++) {
         int done, rc = graph_run(m, &m->cache, &m->graphs[i], NULL, 0, &done, e);
         if (rc) return err_prefix(e, "capturing the CUDA graph of decode batch size %d", m->graphs[i].bs);
@@ -1160,23 +1236,38 @@ int model_graphs_capture(model *m, ls_err *e) {
     return 0;
 }
 
+/* The model that runs the graphs: the only one, or TP rank 0 (its ranks agree). */
+static model *graph_model(model *m) { return m->rank_m ? m->rank_m[0] : m; }
+
+/* Every rank's n_graphs set to on ? saved : 0 (0 sends every step down the eager path). */
+static void graphs_enable(model *m, int on, int *saved) {
+    const int N = m->rank_m ? m->tp : 1;
+    for (int r = 0; r < N; r++) {
+        model *rm = m->rank_m ? m->rank_m[r] : m;
+        if (!on) saved[r] = rm->n_graphs;
+        rm->n_graphs = on ? saved[r] : 0;
+    }
+}
+
 /* One greedy run on the scratch slot and page for the self-check: an eager
  * prefill of ids, then `steps` decode steps (through the bucket-1 graph unless
- * eager). tok / lp / top: [steps] tokens, their logprobs, top-5 logprobs. */
+ * eager), through model_forward (with TP: every rank, rank 0 sampling).
+ * tok / lp / top: [steps] tokens, their logprobs, top-5 logprobs. */
 static int check_run(model *m, const int32_t *ids, int n, int steps, int eager, int32_t *tok, float *lp,
                      float (*top)[5], ls_err *e) {
-    slot_reset(m, &m->cache, m->scratch_slot);
-    const int ng = m->n_graphs;
-    fwd_seq s = {.slot = m->scratch_slot, .n_past = 0, .n_new = n, .pages = &m->scratch_page};
+    model *gm = graph_model(m);
+    model_slot_reset(m, gm->scratch_slot);
+    int saved[TP_MAX];
+    fwd_seq s = {.slot = gm->scratch_slot, .n_past = 0, .n_new = n, .pages = &gm->scratch_page};
     smp_row row = {.temperature = 0, .top_p = 1, .top_k = -1, .rep_pen = 1, .forced = -1, .want_lp = 1, .n_top = 5};
     smp_out o;
     int32_t id;
     int rc = 0;
     for (int k = -1; k < steps && !rc; k++) {
         fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = k < 0 ? ids : &id, .smp = &row, .smp_res = &o};
-        if (eager) m->n_graphs = 0;
-        rc = mdl_forward_rank(m, &m->cache, &b, e);
-        m->n_graphs = ng;
+        if (eager) graphs_enable(m, 0, saved);
+        rc = model_forward(m, &b, e);
+        if (eager) graphs_enable(m, 1, saved);
         if (!rc && o.bad_idx >= 0) rc = errf(e, ERR_RUNTIME, "NaN/Inf logits (index %d)", o.bad_idx);
         if (rc) break;
         s.n_past += s.n_new;
@@ -1188,14 +1279,15 @@ static int check_run(model *m, const int32_t *ids, int n, int steps, int eager, 
             for (int i = 0; i < 5; i++) top[k][i] = i < o.n_top ? o.top_lp[i] : -INFINITY;
         }
     }
-    slot_reset(m, &m->cache, m->scratch_slot);
+    model_slot_reset(m, gm->scratch_slot);
     return rc;
 }
 
 int model_graphs_check(model *m, char *why, size_t n) {
-    mgraph *g1 = m->n_graphs ? &m->graphs[0] : NULL;
+    const model *gm = graph_model(m);
+    const mgraph *g1 = gm->n_graphs ? &gm->graphs[0] : NULL;
     const int P = 8, S = 6; /* prompt and decode steps: one KV page holds them */
-    if (!g1 || g1->bs != 1 || g1->state != 1 || m->cache.page_size < P + S + 1) return 0;
+    if (!g1 || g1->bs != 1 || g1->state != 1 || gm->cache.page_size < P + S + 1) return 0;
     int32_t ids[8];
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int i = 0; i < P; i++) {
@@ -1205,8 +1297,16 @@ int model_graphs_check(model *m, char *why, size_t n) {
     int32_t te[6], tg[6];
     float le[6], lg[6], pe[6][5], pg[6][5];
     ls_err e = {0};
+    const int64_t replayed = gm->n_replayed;
     if (check_run(m, ids, P, S, 1, te, le, pe, &e) || check_run(m, ids, P, S, 0, tg, lg, pg, &e)) {
         snprintf(why, n, "%s", e.msg);
+        return 1;
+    }
+    /* the graph run really replayed its decode steps (a bucket that fell back would compare eager
+     * with eager) */
+    if (gm->n_replayed - replayed != S) {
+        snprintf(why, n, "%lld of %d decode steps replayed the batch-1 graph",
+                 (long long)(gm->n_replayed - replayed), S);
         return 1;
     }
     /* equal tokens; or, at the first difference, a near tie: the same top logprob and the
@@ -1230,12 +1330,33 @@ int model_graphs_check(model *m, char *why, size_t n) {
 }
 
 void model_graphs_off(model *m) {
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        rm->mem->bind_thread(rm->ops.dev.ordinal, NULL);
+        model_graphs_off(rm);
+    }
     for (int i = 0; i < m->n_graphs; i++) {
 #ifdef LS_HAVE_CUDA
         cug_destroy(m->graphs[i].exec);
 #endif
         m->graphs[i].exec = NULL;
         m->graphs[i].state = -1;
+    }
+}
+
+void mdl_graphs_sync(model *m) {
+    if (!m->rank_m || !m->rank_m[0]->n_graphs) return;
+    int warm = 0;
+    for (int r = 0; r < m->tp; r++) warm |= m->rank_m[r]->warm_gen != m->rank_m[r]->graph_gen;
+    for (int r = 0; warm && r < m->tp; r++) m->rank_m[r]->warm_gen = -1; /* graph_gen is never negative */
+    for (int i = 0; i < m->rank_m[0]->n_graphs; i++) {
+        int stale = 0;
+        for (int r = 0; r < m->tp; r++) {
+            const model *rm = m->rank_m[r];
+            stale |= i < rm->n_graphs && rm->graphs[i].state > 0 && rm->graphs[i].gen != rm->graph_gen;
+        }
+        for (int r = 0; stale && r < m->tp; r++)
+            if (i < m->rank_m[r]->n_graphs) m->rank_m[r]->graphs[i].gen = -1; /* re-captured by graph_run */
     }
 }
 

@@ -138,6 +138,7 @@ struct model {
     int32_t *gpad_ids;  /* [graph_max_bs] */
     smp_row *gpad_smp;  /* [graph_max_bs] */
     int64_t n_replayed, n_eager, n_captured;
+    int tp_cap_rc;      /* TP: an all-reduce's NCCL error while capturing (the capture fails, model_tp.c) */
     void **owned;       /* malloc'd blocks freed at close */
     int n_owned, cap_owned;
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
@@ -206,8 +207,25 @@ void tp_free(model *m);
 int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e);
 /* x [n] (activations) = the sum of every rank's x, identical on every rank. */
 void tp_allreduce(model *m, void *x, size_t n);
-/* ERR_RUNTIME if an all-reduce of this group failed (CUDA), else 0. */
+/* ERR_RUNTIME if an all-reduce of this group failed (CUDA), else 0; while
+ * capturing, a failed all-reduce of this capture (tp_cap_rc). */
 int tp_status(model *m, ls_err *e);
+/* 1 when rank models of m (coordinator or rank) may capture CUDA graphs:
+ * NCCL communicators, NCCL >= 2.9 (ncclGetVersion) and LASTSTAND_TP_GRAPHS
+ * not "0"; else 0 with why filled. */
+int tp_graphs_supported(const model *m, char *why, size_t n);
+/* Collective over the ranks' threads (every rank calls it, in the same order):
+ * 1 when ok is nonzero on every rank. Without a group: ok. */
+int tp_all(model *m, int ok);
+/* fn(rank model, arg) on every rank at once, each on its own thread bound to
+ * its device (rank 0 on the caller's); the lowest failing rank's error. */
+int tp_each(model *m, int (*fn)(model *rm, void *arg, ls_err *e), void *arg, ls_err *e);
+
+/* ---- CUDA graphs under TP (model.c) --------------------------------------- */
+/* Before a TP step (coordinator): the ranks' graph bookkeeping made the same
+ * (a bucket stale on one rank is stale on all; a warm-up due on one is due on
+ * all), so every rank replays, re-captures or runs eagerly alike. */
+void mdl_graphs_sync(model *m);
 
 /* A small op's status as an error naming the op and layer. */
 int mdl_op_err(int rc, const char *op, int layer, ls_err *e);

@@ -30,11 +30,21 @@
  * dependency on it; communicators from ncclCommInitAll (one process, N GPUs).
  * NVLink multicast (NVLS) is turned off (NCCL_NVLS_ENABLE=0) unless the
  * environment says otherwise.
+ *
+ * CUDA graphs under TP (model.c captures them): every rank captures its own
+ * decode step, NCCL all-reduces included (NCCL >= 2.9 records them into the
+ * graph; ncclGetVersion is asked at run time), with all ranks capturing
+ * concurrently on their threads so the collectives are recorded in the same
+ * order everywhere. Every decision on the capture path (warm-up, rehearsal,
+ * capture) is agreed across the ranks through tp_all, so all ranks replay a
+ * bucket or all run it eagerly; an all-reduce that fails while capturing is
+ * the capture's failure (tp_cap_rc), not the group's sticky error.
  */
 #include "model/model_impl.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +58,7 @@ static struct {
                       void *stream);
     int (*destroy)(nccl_comm comm);
     const char *(*err_string)(int rc);
+    int (*get_version)(int *version); /* optional: NULL when the library lacks it */
 } g_nccl;
 static pthread_mutex_t g_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -64,6 +75,7 @@ static int nccl_load(ls_err *e) {
             *(void **)&g_nccl.all_reduce = dlsym(h, "ncclAllReduce");
             *(void **)&g_nccl.destroy = dlsym(h, "ncclCommDestroy");
             *(void **)&g_nccl.err_string = dlsym(h, "ncclGetErrorString");
+            *(void **)&g_nccl.get_version = dlsym(h, "ncclGetVersion");
             if (!g_nccl.init_all || !g_nccl.all_reduce || !g_nccl.destroy || !g_nccl.err_string) {
                 rc = errf(e, ERR_UNSUPPORTED, "libnccl.so.2 lacks ncclCommInitAll/ncclAllReduce/"
                           "ncclCommDestroy/ncclGetErrorString");
@@ -83,13 +95,59 @@ struct tp_group {
     const float *part[TP_MAX];
     nccl_comm comm[TP_MAX]; /* CUDA */
     int has_comm;
+    int nccl_version;       /* ncclGetVersion's code (e.g. 22105 for 2.21.5), 0 when unknown */
     volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
+    int vote[TP_MAX];       /* tp_all's ballots */
 };
 
 int tp_status(model *m, ls_err *e) {
-    int rc = m->grp->nccl_rc;
+    int rc = m->ops.capturing == 1 && m->tp_cap_rc ? m->tp_cap_rc : m->grp->nccl_rc;
     if (!rc) return 0;
-    return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce: %s", m->rank, g_nccl.err_string(rc));
+    return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce%s: %s", m->rank,
+                m->ops.capturing == 1 && m->tp_cap_rc ? " (while capturing a CUDA graph)" : "",
+                g_nccl.err_string(rc));
+}
+
+/* NCCL's version code as major.minor.patch (codes before 2.9 were X·1000 + Y·100 + Z). */
+static void nccl_version_str(int v, char *s, size_t n) {
+    if (v >= 10000) snprintf(s, n, "%d.%d.%d", v / 10000, v / 100 % 100, v % 100);
+    else snprintf(s, n, "%d.%d.%d", v / 1000, v / 100 % 10, v % 100);
+}
+
+int tp_graphs_supported(const model *m, char *why, size_t n) {
+    const tp_group *g = m->grp;
+    if (!g || !g->has_comm) {
+        snprintf(why, n, "the ranks have no NCCL communicators");
+        return 0;
+    }
+    const char *env = getenv("LASTSTAND_TP_GRAPHS");
+    if (env && !strcmp(env, "0")) {
+        snprintf(why, n, "turned off by LASTSTAND_TP_GRAPHS=0");
+        return 0;
+    }
+    if (!g->nccl_version) {
+        snprintf(why, n, "libnccl.so.2 does not report its version (ncclGetVersion); capturing "
+                 "all-reduces needs NCCL >= 2.9");
+        return 0;
+    }
+    if (g->nccl_version < 20900) {
+        char v[32];
+        nccl_version_str(g->nccl_version, v, sizeof v);
+        snprintf(why, n, "NCCL %s cannot capture all-reduces into a CUDA graph (needs >= 2.9)", v);
+        return 0;
+    }
+    return 1;
+}
+
+int tp_all(model *m, int ok) {
+    tp_group *g = m->grp;
+    if (!g || g->n < 2) return ok != 0;
+    g->vote[m->rank] = ok != 0;
+    pthread_barrier_wait(&g->bar);
+    int all = 1;
+    for (int r = 0; r < g->n; r++) all &= g->vote[r];
+    pthread_barrier_wait(&g->bar); /* every rank has counted before the next vote overwrites */
+    return all;
 }
 
 /* ---- all-reduce ----------------------------------------------------------- */
@@ -99,7 +157,11 @@ void tp_allreduce(model *m, void *x, size_t n) {
     if (g->has_comm) {
         int rc = g_nccl.all_reduce(x, x, n, m->ops.act == ACT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM,
                                    g->comm[m->rank], m->ops.stream);
-        if (rc != NCCL_OK) g->nccl_rc = rc; /* reported by tp_status at the end of the step */
+        /* reported by tp_status at the end of the step; under capture, the capture's own failure */
+        if (rc != NCCL_OK) {
+            if (m->ops.capturing == 1) m->tp_cap_rc = rc;
+            else g->nccl_rc = rc;
+        }
         return;
     }
     float *tmp = m->ws.red;
@@ -257,6 +319,11 @@ static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
     if ((rc = g_nccl.init_all(g->comm, N, devs)) != NCCL_OK)
         return errf(e, ERR_RUNTIME, "ncclCommInitAll over %d GPUs: %s", N, g_nccl.err_string(rc));
     g->has_comm = 1;
+    if (g_nccl.get_version && g_nccl.get_version(&g->nccl_version) != NCCL_OK) g->nccl_version = 0;
+    char v[32] = "unknown";
+    if (g->nccl_version) nccl_version_str(g->nccl_version, v, sizeof v);
+    log_info("%s: tensor parallel over %d GPUs, NCCL %s (NCCL_NVLS_ENABLE=%s)", m->path, N, v,
+             getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "");
     return 0;
 }
 
@@ -347,6 +414,7 @@ static void *tp_thread(void *p) {
 
 int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e) {
     const int N = m->tp;
+    mdl_graphs_sync(m); /* every rank takes the same path through its graphs */
     tp_job jobs[TP_MAX];
     pthread_t th[TP_MAX];
     for (int r = 0; r < N; r++) jobs[r] = (tp_job){.rm = m->rank_m[r], .c = caches[r], .b = b};
@@ -356,6 +424,44 @@ int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e) {
     for (int r = 0; r < N; r++)
         if (jobs[r].rc) {
             if (e) *e = jobs[r].e;
+            return jobs[r].rc;
+        }
+    return 0;
+}
+
+/* ---- a function on every rank ------------------------------------------------ */
+
+typedef struct tp_each_job {
+    model *rm;
+    int (*fn)(model *rm, void *arg, ls_err *e);
+    void *arg;
+    ls_err e;
+    int rc;
+} tp_each_job;
+
+static void *tp_each_thread(void *p) {
+    tp_each_job *j = p;
+    /* a rank whose device cannot be bound still runs fn, so collective steps inside it stay matched */
+    j->rc = j->rm->mem->bind_thread(j->rm->ops.dev.ordinal, &j->e);
+    int rc = j->fn(j->rm, j->arg, &j->e);
+    if (!j->rc) j->rc = rc;
+    return NULL;
+}
+
+int tp_each(model *m, int (*fn)(model *rm, void *arg, ls_err *e), void *arg, ls_err *e) {
+    const int N = m->tp;
+    tp_each_job jobs[TP_MAX];
+    pthread_t th[TP_MAX];
+    for (int r = 0; r < N; r++) jobs[r] = (tp_each_job){.rm = m->rank_m[r], .fn = fn, .arg = arg};
+    for (int r = 1; r < N; r++) pthread_create(&th[r], NULL, tp_each_thread, &jobs[r]);
+    tp_each_thread(&jobs[0]);
+    for (int r = 1; r < N; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < N; r++)
+        if (jobs[r].rc) {
+            if (e) {
+                *e = jobs[r].e;
+                err_prefix(e, "rank %d", r);
+            }
             return jobs[r].rc;
         }
     return 0;

@@ -11,6 +11,8 @@
  *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
  *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
+ *             cuda_gemv           M <= 32: mma.sync with the weight rows as A, K split over a
+ *                                 thread block cluster for small N, deterministic (gemv.cu)
  *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
  *             cuda_grouped_gemm   any M, NVFP4: routing, sort and tile table on the device,
@@ -25,6 +27,9 @@
  *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
  *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)
  *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
+ *             cuda_decode         one launch (conv, norms, g/β, delta rule), a warp per 32 value
+ *                                 columns of a head, S in registers, a k head's blocks one cluster
+ *                                 (gdn_decode.cu)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).
@@ -49,8 +54,10 @@ extern const attn_impl attn_cuda_flash_prefill;
 extern const gdn_impl gdn_cuda_recurrent;
 extern const gdn_impl gdn_cuda_chunked;
 extern const gdn_impl gdn_cuda_per_token;
+extern const gdn_impl gdn_cuda_decode;
 extern const gemm_impl gemm_cuda_cublaslt;
 extern const gemm_impl gemm_cuda_ref;
+extern const gemm_impl gemm_cuda_gemv;
 
 /* The sm_100a-only kernel's launcher (fp4_gemm_sm100.cu). */
 int lsc_broken_sm100_launch(const gemm_args *a, ls_stream s, ls_err *e);

@@ -25,7 +25,9 @@ extern "C" void ops_cuda_register_all(void) {
     ops_gdn_register(&gdn_cuda_recurrent);
     ops_gdn_register(&gdn_cuda_chunked);
     ops_gdn_register(&gdn_cuda_per_token);
+    ops_gdn_register(&gdn_cuda_decode); /* new: last until a device round validates it */
     ops_gemm_register(&gemm_cuda_cublaslt);
+    ops_gemm_register(&gemm_cuda_gemv); /* after cuBLASLt: auto's static default stays cuBLASLt */
     ops_gemm_register(&gemm_cuda_ref);
     const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
     if (tb && !strcmp(tb, "1")) {

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# bench/device/gemv.sh: the gemm backend cuda_gemv (src/ops/cuda/gemv.cu) on a GPU
+# machine, for the integrator's device rounds (notes: DEVICE_ROUNDS.md).
+#
+#   bash bench/device/gemv.sh BIN OUTDIR
+#
+# 1. tests/test_gemv_cuda beside BIN (cmocka): fp64 checks on the shapes the doctor
+#    does not list (GDN in_proj_ba, partial tiles, K % 32 != 0), accumulate,
+#    bitwise reproducibility, CUDA graph replay, refusals.
+# 2. `laststand doctor` on the gemm family, cuda_gemv next to cuda_cublaslt (and
+#    cuda_ref, the doctor's GPU oracle), for the BF16 shapes of
+#    synth:qwen3.5-397b-a17b and synth:qwen3.5-35b-a3b at M = 1..32 (M > 32 is refused:
+#    the unit test checks that).
+# 3. The K split forced to 1, 2, 4, 8 (LASTSTAND_GEMV_SPLIT) at M = 1, for tuning.
+# 4. ncu (if present): kernel durations and DRAM bytes of cuda_gemv at M = 1 on the
+#    397B shapes, median per grid (one grid per shape; no launch boundary in these).
+# Everything is bounded by `timeout`; the whole script stays under 100 s.
+set -u
+BIN=${1:?usage: gemv.sh BIN OUTDIR}
+OUT=${2:?usage: gemv.sh BIN OUTDIR}
+mkdir -p "$OUT"
+BDIR="$(cd "$(dirname "$BIN")" && pwd)"
+export LD_LIBRARY_PATH="$BDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+nvidia-smi -L 2>&1 | head -2
+git log --oneline -1 2>/dev/null
+
+echo "== unit test test_gemv_cuda"
+TB="$BDIR/tests/test_gemv_cuda"
+[ -x "$TB" ] || TB="$(dirname "$BIN")/../tests/test_gemv_cuda"
+if [ -x "$TB" ]; then
+    timeout 40 "$TB" >"$OUT/unit.out" 2>&1
+    echo "rc=$? ($(( $(date +%s) - T0 )) s)"
+    grep -vE "^\[ RUN|^\[       OK" "$OUT/unit.out" | tail -n 60
+else
+    echo "no test_gemv_cuda beside $BIN"
+fi
+
+for model in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    echo "== doctor gemm, synth:$model"
+    left=$(( 82 - ($(date +%s) - T0) ))
+    [ $left -lt 10 ] && { echo "skipped (time)"; continue; }
+    [ $left -gt 40 ] && left=40
+    timeout $left "$BIN" doctor --device cuda --families gemm --model-path "synth:$model" --m 1,2,4,8,16,32 \
+        --backends cuda_ref,cuda_cublaslt,cuda_gemv --json "$OUT/doctor-$model.json" \
+        >"$OUT/doctor-$model.txt" 2>"$OUT/doctor-$model.err"
+    echo "rc=$? ($(( $(date +%s) - T0 )) s)"
+    tail -n 4 "$OUT/doctor-$model.err"
+    cat "$OUT/doctor-$model.txt"
+done
+
+echo "== the K split forced (LASTSTAND_GEMV_SPLIT), cuda_gemv, synth:qwen3.5-397b-a17b, M = 1"
+for S in 1 2 4 8; do
+    [ $(( $(date +%s) - T0 )) -gt 72 ] && { echo "S=$S skipped (time)"; continue; }
+    LASTSTAND_GEMV_SPLIT=$S timeout 10 "$BIN" doctor --device cuda --families gemm \
+        --model-path synth:qwen3.5-397b-a17b --m 1 --backends cuda_gemv 2>/dev/null \
+        | grep -E "^gemm |^ +1 " | paste - - | sed -E "s/^/S=$S /; s/ +/ /g" | cut -c1-160
+done
+
+echo "== ncu: cuda_gemv kernel time and DRAM bytes at M = 1, synth:qwen3.5-397b-a17b (median per grid)"
+if command -v ncu >/dev/null; then
+    left=$(( 97 - ($(date +%s) - T0) ))
+    if [ $left -gt 12 ]; then
+        timeout $left ncu --target-processes all -k regex:gv_kernel -c 400 \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+            "$BIN" doctor --device cuda --families gemm --model-path synth:qwen3.5-397b-a17b --m 1 \
+            --backends cuda_gemv --trial-timeout 60 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+        echo "rc=$?"
+        python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys, statistics
+from collections import defaultdict
+rows = [r for r in csv.reader(open(sys.argv[1], errors="replace")) if len(r) > 10]
+if not rows:
+    print("  no ncu rows"); sys.exit()
+h = rows[0]
+gi, mi, vi, ui = h.index("Grid Size"), h.index("Metric Name"), h.index("Metric Value"), h.index("Metric Unit")
+by = defaultdict(lambda: defaultdict(list))
+unit = {}
+for r in rows[1:]:
+    try:
+        by[r[gi]][r[mi]].append(float(r[vi].replace(",", "")))
+        unit[r[mi]] = r[ui]
+    except ValueError:
+        pass
+for g, m in by.items():
+    t = statistics.median(m.get("gpu__time_duration.sum", [float("nan")]))
+    b = statistics.median(m.get("dram__bytes_read.sum", [float("nan")]))
+    tu, bu = unit.get("gpu__time_duration.sum", "?"), unit.get("dram__bytes_read.sum", "?")
+    print(f"  grid {g:>14s}  n={len(m.get('gpu__time_duration.sum', [])):3d}  time {t:10.2f} {tu}  dram read {b:12.2f} {bu}")
+PY
+    else
+        echo "skipped (time)"
+    fi
+else
+    echo "skipped (no ncu)"
+fi
+echo "total $(( $(date +%s) - T0 )) s"

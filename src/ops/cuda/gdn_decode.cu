@@ -1,0 +1,396 @@
+/* gdn_decode.cu: the gdn backend cuda_decode (Gated DeltaNet, reference/qwen35-and-nvfp4.md
+ * 2.4), built for decode steps (a few new tokens per sequence): one launch that does the
+ * causal conv + SiLU, the L2 norms, g and β and the delta rule, with each head's state split
+ * over warps so that one sequence fills the GPU. Same contract as gdn.cu's cuda_recurrent
+ * (ops.h gdn_args): qkv [n_tok, conv_dim] pre-conv, a and b [n_tok, nv], BF16; per-slot fp32
+ * states conv [n_slots, conv_dim, conv_k − 1] (oldest first) and rec S [n_slots, nv, dk, dv],
+ * read and updated in place; out [n_tok, nv, dv] = Sᵀq per token, BF16.
+ *
+ * Work split: a warp owns 16 value columns [16·cs, 16·cs + 16) of one v head j of one
+ * sequence, i.e. S[:, cols] (dk × 16 fp32), in registers for the whole call: lane = (rg, cg)
+ * with cg = lane & 3 picking 4 adjacent columns (one 16-byte load per row) and rg = lane >> 2
+ * picking dk / 8 consecutive rows, so a warp-wide load covers 8 rows × 64 contiguous bytes
+ * (dk = 128: 64 registers of S per lane, 512 warps for one sequence of Qwen3.5-397B).
+ * The tokens go in groups of GD_TB (4). Phase A, for the whole group: every raw input of the
+ * group is loaded first, so no load waits for another (in R2 a load -> use chain per channel
+ * cost one L2 round trip per channel, ~3 µs per token; the conv weights are loaded once, next to
+ * S), then the conv of the k head's q and k channels (dk / 32 of each per lane) and of the
+ * warp's own 16 v channels from the conv windows kept in registers (SiLU output, to shared
+ * memory), the heads' sums of squares and k·q (warp shuffles, the group's side by side),
+ * g = −exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b). Phase B, token by token, with
+ * q = q_raw·rq (rq = dk^-0.5 / ‖q_raw‖), k = k_raw·rk and the old S:
+ *       m = Sᵀk,  p = Sᵀq  (on the raw q, k, partial over the lane's rows, 3 shuffles over rg,
+ *                           then scaled by rk, rq),
+ *       δ = β (v − e^g m),  o = e^g p + (k·q) δ,  S ← e^g S + k_raw (rk δ)ᵀ,
+ *     which is S ← e^g S; δ = β(v − Sᵀk); S ← S + kδᵀ; o = Sᵀq of the reference rearranged
+ *     so that one pass over S gives both products (the same fp32 math up to rounding order).
+ * No block-wide barrier in the token loop: a warp shares nothing with the others but its k
+ * head's q/k conv state, which every warp of the k head reads (the conv is recomputed by
+ * each, a few FMAs). So that no warp reads it after it has been rolled, the blocks of one k
+ * head form a thread block cluster (sm_90): after the token loop the cluster barrier, then
+ * warp 0 of the cluster's first block writes the new q/k window; each warp writes its own v
+ * channels' window and S slice. Block = NW warps of one v head, cluster = the ratio·dv/16/NW
+ * blocks of one k head (at most 8, NW chosen for that), grid (nk · cluster, n_seq).
+ * A sequence's tokens run one after the other in phase B, so long prompts are cuda_chunked's
+ * job: a call in which some sequence brings more than 64 new tokens (LASTSTAND_GDN_DECODE_MAX_NEW,
+ * 0 = never) is handed to gdn_cuda_chunked whole, so that serve, which takes one backend per
+ * family (the doctor's pick at M = 1), gets the chunked form for prefill.
+ *
+ * Sequence metadata: the kernel reads the device array args->seqs ({slot, n_new, row0} int32
+ * triples); seqs_host is validated. No workspace, no host sync: capture-safe.
+ * Supported: sm_90+, BF16 activations, dk 32/64/128, dv a multiple of 16, conv_k 4.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { GD_K = 4, GD_MAX_NW = 8, GD_MAX_CLUSTER = 8, GD_WC = 16 /* value columns per warp */, GD_TB = 4 /* tokens per group */,
+       GD_CHUNK_LIMIT = 64 /* longer prompt chunks: cuda_chunked */ };
+
+/* floats per token in a warp's shared buffer: q [dk], k [dk] (conv outputs), v [GD_WC] */
+#define GD_TOK(DK) (2 * (DK) + GD_WC)
+
+static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) == 0 &&
+                  offsetof(gdn_seq, n_new) == 4 && offsetof(gdn_seq, row0) == 8,
+              "gdn_seq must be {int32 slot, n_new, row0}: the kernel reads it as int32 triples");
+
+__device__ __forceinline__ float gd_bf(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
+/* {slot, n_new, row0} of a sequence in one asm statement of volatile loads: all three leave
+ * together at the top (left to itself the compiler sinks row0's load into the token loop, a
+ * second round trip before the first input load). */
+__device__ __forceinline__ void gd_ld_seq(const int32_t *p, int &slot, int &n, int &row0) {
+    asm volatile("ld.volatile.global.b32 %0, [%3];\n\t"
+                 "ld.volatile.global.b32 %1, [%3+4];\n\t"
+                 "ld.volatile.global.b32 %2, [%3+8];"
+                 : "=r"(slot), "=r"(n), "=r"(row0)
+                 : "l"(p));
+}
+
+/* x·sigmoid(x) and sigmoid(x) by the fast division: no slow-path call in the straight-line code
+ * (a denominator of +inf, x < −88, gives 0, as the exact form) */
+__device__ __forceinline__ float gd_silu(float x) { return __fdividef(x, 1.f + expf(-x)); }
+__device__ __forceinline__ float gd_sigmoid(float x) { return __fdividef(1.f, 1.f + expf(-x)); }
+
+/* c = silu(Σ_i w[i]·win[i] + w[K−1]·x) over the window (oldest first), then the window slides. */
+__device__ __forceinline__ float gd_conv(const float4 w, float win[GD_K - 1], float x) {
+    float acc = w.x * win[0];
+    acc = fmaf(w.y, win[1], acc);
+    acc = fmaf(w.z, win[2], acc);
+    acc = fmaf(w.w, x, acc);
+    win[0] = win[1];
+    win[1] = win[2];
+    win[2] = x;
+    return gd_silu(acc);
+}
+
+/* grid (nk · cl, n_seq), block NW · 32 threads, cluster (cl, 1, 1); dynamic shared memory
+ * NW · GD_TB · GD_TOK(DK) floats: per warp and token of a group, the conv outputs q [DK],
+ * k [DK] (before the norms) and v [GD_WC]. */
+template <int DK>
+__global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
+    gd_kernel(int nk, int nv, int dv, int D, int cl, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
+              const bf16 *__restrict__ a, const bf16 *__restrict__ b, const float *__restrict__ conv_w,
+              const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *conv_st, /* read, then rolled: not restrict */
+              float *__restrict__ rec, bf16 *__restrict__ out) {
+    constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8, TB = GD_TB;
+    extern __shared__ float4 gd_sh4[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 2, cg = lane & 3;
+    const int s = blockIdx.y;
+    int slot, T, row0;
+    gd_ld_seq(meta + 3 * s, slot, T, row0);
+    /* (no early exit for T = 0: the slot's S and windows go back unchanged; the three reads of
+     *  the sequence table stay one round trip) */
+    const int nsl = dv / GD_WC, gw = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int j = gw / nsl, cs = gw - j * nsl, kh = blockIdx.x / cl;
+    const int col = cs * GD_WC + 4 * cg, vl = lane & (GD_WC - 1);
+
+    /* S [DK, dv] of (slot, j): rows rg·RPL + n, columns col .. col + 3 */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * dv + col + (size_t)rg * RPL * dv;
+    float4 S[RPL];
+#pragma unroll
+    for (int n = 0; n < RPL; n++) S[n] = *reinterpret_cast<const float4 *>(Sg + (size_t)n * dv);
+
+    /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh, v channel of column cs·GD_WC + vl
+     * (lanes vl and vl + 16 both run it; the first one publishes it) */
+    const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * dv + cs * GD_WC + vl;
+    const float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
+    const float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
+    float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
+    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1];
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+#pragma unroll
+        for (int i = 0; i < K - 1; i++) {
+            wq[c][i] = stq[c * (K - 1) + i];
+            wk[c][i] = stk[c * (K - 1) + i];
+        }
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
+
+    /* the conv weights of the lane's channels, for all tokens */
+    float4 cwq[CH], cwk[CH];
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
+        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
+    }
+    const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
+    const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    /* the tokens in groups of TB: phase A runs the conv of the whole group (the loads of all its
+     * tokens in flight together, the head sums reduced side by side), phase B the recurrence */
+    float *gq = reinterpret_cast<float *>(gd_sh4) + warp * TB * GD_TOK(DK);
+    for (int t0 = 0; t0 < T; t0 += TB) {
+        const int nt = min(TB, T - t0);
+        /* the group's raw inputs, every load issued before any is used (rows past the group's
+         * end repeat its last row, so no load is guarded) */
+        float xq[TB][CH], xk[TB][CH], xv[TB], xa[TB], xb[TB];
+#pragma unroll
+        for (int u = 0; u < TB; u++) {
+            const size_t row = (size_t)(row0 + t0 + min(u, nt - 1));
+            const bf16 *r = qkv + row * D;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                xq[u][c] = __bfloat162float(r[qch + c]);
+                xk[u][c] = __bfloat162float(r[kch + c]);
+            }
+            xv[u] = __bfloat162float(r[vch]);
+            xa[u] = gd_bf(a, row * nv + j);
+            xb[u] = gd_bf(b, row * nv + j);
+        }
+        float ssq[TB], ssk[TB], sqk[TB], decay[TB], beta[TB];
+#pragma unroll
+        for (int u = 0; u < TB; u++) {
+            ssq[u] = ssk[u] = sqk[u] = 0.f;
+            decay[u] = beta[u] = 0.f;
+            if (u < nt) {
+                float *tq = gq + u * GD_TOK(DK), *tk = tq + DK, *tv = tk + DK;
+#pragma unroll
+                for (int c = 0; c < CH; c++) {
+                    const float cq = gd_conv(cwq[c], wq[c], xq[u][c]);
+                    const float ck = gd_conv(cwk[c], wk[c], xk[u][c]);
+                    ssq[u] = fmaf(cq, cq, ssq[u]);
+                    ssk[u] = fmaf(ck, ck, ssk[u]);
+                    sqk[u] = fmaf(cq, ck, sqk[u]);
+                    tq[lane * CH + c] = cq;
+                    tk[lane * CH + c] = ck;
+                }
+                const float cv = gd_conv(cwv, wv, xv[u]);
+                if (lane < GD_WC) tv[lane] = cv;
+                const float x = xa[u] + db;
+                decay[u] = expf(al * (x > 20.f ? x : log1pf(expf(x)))); /* e^g; torch softplus threshold 20 */
+                beta[u] = gd_sigmoid(xb[u]);
+            }
+        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < TB; u++) {
+                ssq[u] += __shfl_xor_sync(0xffffffffu, ssq[u], o);
+                ssk[u] += __shfl_xor_sync(0xffffffffu, ssk[u], o);
+                sqk[u] += __shfl_xor_sync(0xffffffffu, sqk[u], o);
+            }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < TB; u++) {
+            if (u >= nt) break;
+            const int row = row0 + t0 + u;
+            /* q = q_raw·rq, k = k_raw·rk: the products are taken on the raw values and scaled */
+            const float rq = rsqrtf(ssq[u] + 1e-6f) * qscale, rk = rsqrtf(ssk[u] + 1e-6f);
+            const float kq = sqk[u] * rq * rk;
+            const float *tq = gq + u * GD_TOK(DK), *tk = tq + DK, *tv = tk + DK;
+            /* m = Sᵀk and p = Sᵀq for the lane's 4 columns, from the old S */
+            float m[4] = {0.f, 0.f, 0.f, 0.f}, p[4] = {0.f, 0.f, 0.f, 0.f};
+            const float4 *k4 = reinterpret_cast<const float4 *>(tk + rg * RPL);
+            const float4 *q4 = reinterpret_cast<const float4 *>(tq + rg * RPL);
+#pragma unroll
+            for (int n4 = 0; n4 < RPL / 4; n4++) {
+                const float4 kk = k4[n4], qq = q4[n4];
+                const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float4 r = S[4 * n4 + e];
+                    m[0] = fmaf(r.x, kv[e], m[0]);
+                    m[1] = fmaf(r.y, kv[e], m[1]);
+                    m[2] = fmaf(r.z, kv[e], m[2]);
+                    m[3] = fmaf(r.w, kv[e], m[3]);
+                    p[0] = fmaf(r.x, qv[e], p[0]);
+                    p[1] = fmaf(r.y, qv[e], p[1]);
+                    p[2] = fmaf(r.z, qv[e], p[2]);
+                    p[3] = fmaf(r.w, qv[e], p[3]);
+                }
+            }
+#pragma unroll
+            for (int o = 4; o <= 16; o <<= 1)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    m[c] += __shfl_xor_sync(0xffffffffu, m[c], o);
+                    p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
+                }
+            const float dg = decay[u];
+            float dk_[4], o4[4]; /* δ·rk (k enters the update raw), o */
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const float dl = beta[u] * (tv[4 * cg + c] - dg * (m[c] * rk));
+                o4[c] = fmaf(dg, p[c] * rq, kq * dl);
+                dk_[c] = dl * rk;
+            }
+            /* S ← e^g S + k δᵀ */
+#pragma unroll
+            for (int n4 = 0; n4 < RPL / 4; n4++) {
+                const float4 kk = k4[n4];
+                const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float4 &r = S[4 * n4 + e];
+                    r.x = fmaf(kv[e], dk_[0], r.x * dg);
+                    r.y = fmaf(kv[e], dk_[1], r.y * dg);
+                    r.z = fmaf(kv[e], dk_[2], r.z * dg);
+                    r.w = fmaf(kv[e], dk_[3], r.w * dg);
+                }
+            }
+            /* every rg holds the 4 columns' sums: lane (rg < 4, cg) writes column col + rg */
+            const float ov = rg == 0 ? o4[0] : rg == 1 ? o4[1] : rg == 2 ? o4[2] : o4[3];
+            if (rg < 4) out[((size_t)row * nv + j) * dv + col + rg] = __float2bfloat16_rn(ov);
+        }
+        __syncwarp(); /* the group's buffers are rewritten by the next group */
+    }
+#pragma unroll
+    for (int n = 0; n < RPL; n++) *reinterpret_cast<float4 *>(Sg + (size_t)n * dv) = S[n];
+#pragma unroll
+    for (int i = 0; i < K - 1; i++)
+        if (lane < GD_WC) stv[i] = wv[i];
+    /* every warp of the k head has read the old q/k window: the first one writes the new one */
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
+    if (blockIdx.x % cl == 0 && warp == 0) {
+        float *q = conv_st + ((size_t)slot * D + qch) * (K - 1), *k = conv_st + ((size_t)slot * D + kch) * (K - 1);
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                q[c * (K - 1) + i] = wq[c][i];
+                k[c * (K - 1) + i] = wk[c][i];
+            }
+    }
+}
+
+/* Warps per block: the fewest that divide dv / GD_WC and leave at most GD_MAX_CLUSTER blocks per
+ * k head. 0 when none. */
+static int gd_warps(int nk, int nv, int dv) {
+    const int nsl = dv / GD_WC, wk = (nv / nk) * nsl;
+    for (int nw = 1; nw <= GD_MAX_NW; nw++)
+        if (nsl % nw == 0 && wk / nw <= GD_MAX_CLUSTER) return nw;
+    return 0;
+}
+
+static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (d->cc_major && d->cc_major < 9) {
+        snprintf(why, n, "needs thread block clusters (compute capability 9.0+, this is %d.%d)", d->cc_major,
+                 d->cc_minor);
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    if ((s->dk != 32 && s->dk != 64 && s->dk != 128) || s->dv < GD_WC || s->dv % GD_WC || s->conv_k != GD_K ||
+        s->nk <= 0 || s->nv % s->nk) {
+        snprintf(why, n, "needs dk 32/64/128, dv a multiple of %d, conv %d, nv %% nk == 0 (dk=%d dv=%d conv=%d %d/%d)",
+                 GD_WC, GD_K, s->dk, s->dv, s->conv_k, s->nv, s->nk);
+        return 0;
+    }
+    if (!gd_warps(s->nk, s->nv, s->dv)) {
+        snprintf(why, n, "a k head's %d v heads x %d columns do not fit a cluster of %d blocks of %d warps",
+                 s->nv / s->nk, s->dv, GD_MAX_CLUSTER, GD_MAX_NW);
+        return 0;
+    }
+    if (s->n_seq > 65535) {
+        snprintf(why, n, "at most 65535 sequences per call (%d)", s->n_seq);
+        return 0;
+    }
+    return 1;
+}
+
+template <int DK>
+static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st) {
+    const gdn_w *w = a->w;
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(w->nk * cl, a->n_seq, 1);
+    cfg.blockDim = dim3(nw * 32, 1, 1);
+    cfg.dynamicSmemBytes = sizeof(float) * nw * GD_TB * GD_TOK(DK);
+    cfg.stream = st;
+    if (cfg.dynamicSmemBytes > 48 * 1024) { /* NW > 4 at dk = 128: opt in (a function attribute, no stream work) */
+        cudaError_t c = cudaFuncSetAttribute(gd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)cfg.dynamicSmemBytes);
+        if (c != cudaSuccess) return c;
+    }
+    cudaLaunchAttribute at[1];
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, gd_kernel<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
+                              (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
+                              w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out);
+}
+
+/* LASTSTAND_GDN_DECODE_MAX_NEW: the most new tokens of one sequence that this kernel takes;
+ * a call with a longer one goes to cuda_chunked. Default GD_CHUNK_LIMIT; 0: never hand over. */
+static int gd_chunk_limit(void) {
+    const char *v = getenv("LASTSTAND_GDN_DECODE_MAX_NEW");
+    if (!v || !*v) return GD_CHUNK_LIMIT;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end || n < 0 || n > INT32_MAX ? GD_CHUNK_LIMIT : (int)n;
+}
+
+static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    const gdn_w *w = a->w;
+    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    dev_info d0;
+    memset(&d0, 0, sizeof d0);
+    d0.kind = DEV_CUDA;
+    char why[200];
+    if (!dec_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: %s", why);
+    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    if (!a->seqs_host)
+        return errf(e, ERR_INVAL, "gdn cuda_decode: seqs_host (the host copy of the sequences) is not set");
+    for (int i = 0; i < a->n_seq; i++) {
+        const gdn_seq *q = &a->seqs_host[i];
+        if (q->slot < 0 || q->slot >= a->st->n_slots || q->n_new < 0 || q->row0 < 0 || q->row0 + q->n_new > a->n_tok)
+            return errf(e, ERR_INVAL, "gdn: sequence %d (slot %d, rows %d+%d) outside the batch", i, q->slot, q->row0,
+                        q->n_new);
+    }
+    /* a prompt chunk longer than the limit: the whole call is cuda_chunked's (see the header) */
+    int max_new = 0;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > max_new) max_new = a->seqs_host[i].n_new;
+    const int lim = gd_chunk_limit();
+    if (lim > 0 && max_new > lim && gdn_cuda_chunked.supported(&d0, &sh, why, sizeof why))
+        return gdn_cuda_chunked.run(a, s, e);
+    if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
+        return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
+    const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+    cudaStream_t st = (cudaStream_t)s;
+    cudaError_t c;
+    switch (w->dk) {
+    case 32: c = gd_launch<32>(a, nw, cl, st); break;
+    case 64: c = gd_launch<64>(a, nw, cl, st); break;
+    default: c = gd_launch<128>(a, nw, cl, st); break; /* dec_supported admits 32/64/128 only */
+    }
+    if (c == cudaSuccess) c = cudaGetLastError();
+    return c == cudaSuccess ? 0 : cu_fail(e, c, "gdn cuda_decode");
+}
+
+const gdn_impl gdn_cuda_decode = {"cuda_decode", DEV_CUDA, 0, dec_supported, dec_run, 1};

@@ -1,0 +1,411 @@
+/* gemv.cu: the gemm family's small-M backend on CUDA, "cuda_gemv":
+ * y[M,N] (+)= x[M,K] · Wᵀ with W BF16 [N,K], x and y BF16, fp32 accumulation,
+ * for 1 <= M <= 32 (decode batches). A memory-bound kernel: every weight byte is
+ * read once, 16 bytes per load, and as many loads as possible are in flight.
+ *
+ * The math on tensor cores ("swap AB", as the fp4_gemm cuda_w4a16_mma kernel):
+ * mma.sync m16n8k16 with 16 weight rows as the A operand and up to 8 tokens per
+ * n8 tile as B, so M = 1 reads no more weight than M = 32. Lane (g, t) of a
+ * warp (g = lane / 4, t = lane % 4) loads 16 B (8 k values) of rows g and g + 8
+ * at k = 32·col + 8·t for each of its columns `col`; the quad of lanes of one g
+ * covers 32 contiguous k (64 B of each row). A dot product does not care about
+ * the order of k, so the 8 values of a lane are fed to two mma as the k slots
+ * {2t, 2t+1, 2t+8, 2t+9} of each, and token g's B fragment is the same 8 k
+ * values of x (16 B from shared memory): A = {w0.x, w1.x, w0.y, w1.y},
+ * B = {x.x, x.y}, then A = {w0.z, w1.z, w0.w, w1.w}, B = {x.z, x.w}.
+ *
+ * Work split: a block (8 warps) owns 16-row tiles (grid-stride over the tiles,
+ * the grid sized to what the GPU holds at once, so there is no tail wave) and one
+ * K range; its warps split that range by 32-wide columns. When the tiles alone
+ * would not fill the GPU (small N), K is also split over the S blocks of a thread
+ * block cluster (sm_90, S = 2, 4 or 8), which meet in distributed shared memory.
+ * Per warp the (tile, batch of U columns) items form one flat sequence, and the
+ * next item's weight loads are issued before the current item's mma (two
+ * register sets), across tile boundaries too. The block's x slice (its K range,
+ * M rows) is staged once in shared memory, after the first weight loads left.
+ *
+ * Reduction, deterministic (no float atomics; bitwise identical run to run):
+ * each warp's fp32 partial of a tile goes to shared memory, a thread per output
+ * sums the 8 warps in warp order, then (S > 1) cluster rank r sums its share of
+ * the outputs over the S ranks in rank order, reading the other blocks' shared
+ * memory, adds y when accumulating, rounds to BF16 once and stores.
+ *
+ * Graph-safe: no host synchronisation and no allocation; the per-kernel attribute
+ * (dynamic shared memory limit) and occupancy are set / asked once per kernel
+ * instance on the first call (a host-side query, no stream work).
+ * Invariants: K % 8 == 0; x, W and y 16-byte aligned (cudaMalloc'd buffers and
+ * BF16 rows of K % 8 == 0 are); y must not alias x.
+ */
+#include "ops/cuda/cu_util.h"
+
+#include <cooperative_groups.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace cg = cooperative_groups;
+
+#define GV_WARPS 8
+#define GV_THREADS (GV_WARPS * 32)
+#define GV_U 4                       /* columns (32 k each) per batch and lane: 8 loads of 16 B */
+#define GV_MAX_M 32
+#define GV_MAX_S 8                   /* cluster size (portable limit) */
+#define GV_XSMEM_MAX (96 * 1024)     /* bytes of staged x per block */
+
+/* Shared memory layout (dynamic): red [WARPS][16][8·NT] f32 (per-warp partials of
+ * one tile), part [16][8·NT] f32 (the block's sum, read by the cluster), then
+ * x [M][xstride] bf16 (the block's K range, zero past K). */
+template <int NT>
+struct gv_smem {
+    static constexpr int red_floats = GV_WARPS * 16 * 8 * NT;
+    static constexpr int part_floats = 16 * 8 * NT;
+    static constexpr size_t x_off = (size_t)(red_floats + part_floats) * 4;
+};
+
+/* One item's weights: rows g and g + 8 of the tile, GV_U columns. */
+struct gv_wregs {
+    uint4 a[GV_U], b[GV_U];
+};
+
+__device__ __forceinline__ void gv_load(gv_wregs &r, const bf16 *__restrict__ w, int N, int K, int row0, int col0,
+                                        int col_end, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = row0 + g, r1 = row0 + g + 8;
+    const bf16 *p0 = w + (size_t)r0 * K, *p1 = w + (size_t)r1 * K;
+#pragma unroll
+    for (int u = 0; u < GV_U; u++) {
+        const int col = col0 + u, k = col * 32 + t * 8;
+        const bool ok = col < col_end && k < K;
+        r.a[u] = make_uint4(0, 0, 0, 0);
+        r.b[u] = make_uint4(0, 0, 0, 0);
+        if (ok && r0 < N) r.a[u] = cu_ld_stream16(p0 + k);
+        if (ok && r1 < N) r.b[u] = cu_ld_stream16(p1 + k);
+    }
+}
+
+/* acc[nt] += W-tile rows · x tokens 8nt..8nt+7 over this item's columns. xs is the
+ * block's staged x (row m at xs + m·xstride, column 0 of the block at k0). */
+template <int NT>
+__device__ __forceinline__ void gv_mma(const gv_wregs &r, const bf16 *xs, int xstride, int M, int col0,
+                                       int col_end, int kcol0, int lane, float (&acc)[NT][4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int u = 0; u < GV_U; u++) {
+        const int col = col0 + u;
+        if (col >= col_end) break; /* warp-uniform */
+        const int kl = (col - kcol0) * 32 + t * 8;
+        const uint32_t f0[4] = {r.a[u].x, r.b[u].x, r.a[u].y, r.b[u].y};
+        const uint32_t f1[4] = {r.a[u].z, r.b[u].z, r.a[u].w, r.b[u].w};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int tok = nt * 8 + g;
+            uint4 xv = make_uint4(0, 0, 0, 0);
+            if (tok < M) xv = cu_lds16(xs + (size_t)tok * xstride + kl);
+            cu_mma_bf16_16816(acc[nt], f0, xv.x, xv.y);
+            cu_mma_bf16_16816(acc[nt], f1, xv.z, xv.w);
+        }
+    }
+}
+
+/* grid (S, G): blockIdx.x = rank in the cluster of S (the K split), blockIdx.y =
+ * first tile, stride G. cw = columns per warp; the block's columns are
+ * [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32). */
+template <int NT>
+__global__ void __launch_bounds__(GV_THREADS, 2)
+gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
+          bf16 *__restrict__ y, int accumulate) {
+    extern __shared__ __align__(16) unsigned char gv_sm[];
+    float *red = reinterpret_cast<float *>(gv_sm);
+    float *part = red + gv_smem<NT>::red_floats;
+    bf16 *xs = reinterpret_cast<bf16 *>(gv_sm + gv_smem<NT>::x_off);
+
+    const int S = gridDim.x, rank = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int T = (N + 15) / 16, C = (K + 31) / 32;
+    const int kcol0 = rank * GV_WARPS * cw;                  /* the block's first column */
+    const int cb = kcol0 + warp * cw, ce = min(cb + cw, C);  /* this warp's columns (may be empty) */
+    const int nb = (cw + GV_U - 1) / GV_U;                   /* batches per tile, same for every warp */
+    const int my_tiles = blockIdx.y < T ? (T - 1 - blockIdx.y) / gridDim.y + 1 : 0;
+    const int items = my_tiles * nb;
+
+    gv_wregs cur, nxt;
+    if (items > 0) gv_load(cur, w, N, K, blockIdx.y * 16, cb, ce, lane);
+
+    /* stage x[0..M)[block's K range] (zero past K) while the first weights are on their way */
+    {
+        const int kb0 = kcol0 * 32, v8 = GV_WARPS * cw * 4; /* 16 B vectors per row */
+        for (int i = tid; i < M * v8; i += GV_THREADS) {
+            const int m = i / v8, c = i - m * v8, k = kb0 + c * 8;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (k < K) v = __ldg(reinterpret_cast<const uint4 *>(x + (size_t)m * K + k));
+            *reinterpret_cast<uint4 *>(xs + (size_t)m * xstride + c * 8) = v;
+        }
+    }
+    __syncthreads();
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    const int g = lane >> 2, t = lane & 3;
+    cg::cluster_group cl = cg::this_cluster();
+
+    for (int it = 0; it < items; it++) {
+        const int ti = it / nb, b = it - ti * nb;
+        if (it + 1 < items) {
+            const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb;
+            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, cb + b2 * GV_U, ce, lane);
+        }
+        gv_mma<NT>(cur, xs, xstride, M, cb + b * GV_U, ce, kcol0, lane, acc);
+        cur = nxt;
+        if (b != nb - 1) continue;
+
+        /* the tile is done: warp partials -> block sum -> cluster sum -> y */
+        const int row0 = (blockIdx.y + ti * gridDim.y) * 16;
+        float *rw = red + warp * (16 * 8 * NT);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int c0 = nt * 8 + 2 * t;
+            rw[g * (8 * NT) + c0] = acc[nt][0];
+            rw[g * (8 * NT) + c0 + 1] = acc[nt][1];
+            rw[(g + 8) * (8 * NT) + c0] = acc[nt][2];
+            rw[(g + 8) * (8 * NT) + c0 + 1] = acc[nt][3];
+            acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        }
+        __syncthreads();
+        for (int o = tid; o < 16 * M; o += GV_THREADS) {
+            const int m = o >> 4, r = o & 15;
+            float s = 0.f;
+#pragma unroll
+            for (int q = 0; q < GV_WARPS; q++) s += red[q * (16 * 8 * NT) + r * (8 * NT) + m];
+            part[r * (8 * NT) + m] = s;
+        }
+        if (S > 1) cl.sync();
+        else __syncthreads();
+        /* outputs o = m·16 + r (consecutive threads -> consecutive n); rank r takes every S-th
+         * group of 256 */
+        for (int o = rank * GV_THREADS + tid; o < 16 * M; o += S * GV_THREADS) {
+            const int m = o >> 4, r = o & 15, n = row0 + r;
+            if (n >= N) continue;
+            float s = 0.f;
+            for (int q = 0; q < S; q++) {
+                const float *pq = S > 1 ? cl.map_shared_rank(part, q) : part;
+                s += pq[r * (8 * NT) + m];
+            }
+            bf16 *yp = y + (size_t)m * N + n;
+            if (accumulate) s += __bfloat162float(*yp);
+            *yp = __float2bfloat16_rn(s);
+        }
+        if (S > 1) cl.sync();
+        else __syncthreads();
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------- */
+
+typedef struct gv_plan {
+    int nt;          /* n8 token tiles: 1, 2 or 4 */
+    int S;           /* K split over a cluster of S blocks */
+    int cw;          /* columns per warp */
+    int xstride;     /* staged x row stride, elements */
+    size_t smem;     /* dynamic shared memory, bytes */
+} gv_plan;
+
+static size_t gv_smem_bytes(int nt, int M, int xstride) {
+    return (size_t)(GV_WARPS * 16 * 8 * nt + 16 * 8 * nt) * 4 + (size_t)M * xstride * 2;
+}
+
+/* LASTSTAND_GEMV_SPLIT=S (1, 2, 4 or 8): a tuning knob for the device rounds
+ * (bench/device/gemv.sh): use at least S blocks per K split instead of the policy
+ * below (more where x would not fit otherwise). Read once; 0 = the policy. */
+static int gv_forced_split(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LASTSTAND_GEMV_SPLIT");
+        int f = s ? atoi(s) : 0;
+        v = (f == 1 || f == 2 || f == 4 || f == 8) ? f : 0;
+    }
+    return v;
+}
+
+/* The split for M, N, K on n_sm SMs; 0, or -1 when K is too long to stage x for
+ * this M even over a cluster of GV_MAX_S. */
+static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
+    p->nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    const int T = (N + 15) / 16, C = (K + 31) / 32, force = gv_forced_split();
+    for (int S = 1; S <= GV_MAX_S; S *= 2) {
+        const int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
+        /* stride ≡ 32 (mod 64) elements: the 8 lanes of a quarter warp (two token rows,
+         * 64 B each) hit distinct banks */
+        const int xstride = GV_WARPS * cw * 32 + 32;
+        const size_t xb = (size_t)M * xstride * 2;
+        /* split K further while the doubled grid still fits in one wave (two blocks per SM)
+         * and every warp keeps >= 2 columns: all weight loads are then issued up front */
+        const int more_fill = force ? S < force : T * 2 * S <= 2 * n_sm && C >= S * 2 * GV_WARPS * 2;
+        if ((xb > GV_XSMEM_MAX || more_fill) && S < GV_MAX_S) continue;
+        if (xb > GV_XSMEM_MAX) return -1;
+        p->S = S;
+        p->cw = cw;
+        p->xstride = xstride;
+        p->smem = gv_smem_bytes(p->nt, M, xstride);
+        return 0;
+    }
+    return -1;
+}
+
+/* Per kernel instance: the dynamic shared memory limit raised once; and how many
+ * clusters of S blocks (blocks when S = 1) the whole GPU holds at once, asked once
+ * per (instance, S, shared memory size) and cached. */
+typedef struct gv_occ {
+    int nt, S;
+    size_t smem;
+    int groups;
+} gv_occ;
+
+static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
+static int gv_attr_done[3];
+static gv_occ gv_occ_cache[128];
+static int gv_n_occ;
+
+static void gv_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const gv_plan *p, int G, cudaStream_t st) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->gridDim = dim3(p->S, G, 1);
+    cfg->blockDim = dim3(GV_THREADS, 1, 1);
+    cfg->dynamicSmemBytes = p->smem;
+    cfg->stream = st;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = p->S;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
+/* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
+template <int NT>
+static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
+    const int slot = NT == 1 ? 0 : NT == 2 ? 1 : 2;
+    int groups = 0;
+    pthread_mutex_lock(&gv_mu);
+    for (int i = 0; i < gv_n_occ && !groups; i++)
+        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].S == p->S && gv_occ_cache[i].smem == p->smem)
+            groups = gv_occ_cache[i].groups;
+    cudaError_t c = cudaSuccess;
+    const char *what = "gemm cuda_gemv: cudaFuncSetAttribute";
+    if (!groups) {
+        if (!gv_attr_done[slot]) {
+            c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
+            if (c == cudaSuccess) gv_attr_done[slot] = 1;
+        }
+        if (c == cudaSuccess && p->S == 1) {
+            int bps = 0;
+            what = "gemm cuda_gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor";
+            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gv_kernel<NT>, GV_THREADS, p->smem);
+            groups = bps * n_sm;
+        } else if (c == cudaSuccess) {
+            cudaLaunchConfig_t cfg;
+            cudaLaunchAttribute at[1];
+            gv_config(&cfg, at, p, 1, 0);
+            what = "gemm cuda_gemv: cudaOccupancyMaxActiveClusters";
+            c = cudaOccupancyMaxActiveClusters(&groups, gv_kernel<NT>, &cfg);
+        }
+        if (c == cudaSuccess && groups > 0 && gv_n_occ < 128)
+            gv_occ_cache[gv_n_occ++] = (gv_occ){NT, p->S, p->smem, groups};
+    }
+    pthread_mutex_unlock(&gv_mu);
+    if (c != cudaSuccess) return cu_fail(e, c, what);
+    if (groups <= 0)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: no cluster of %d blocks with %zu B of shared memory fits",
+                    p->S, p->smem);
+    return groups;
+}
+
+template <int NT>
+static int gv_launch(const gemm_args *a, const gv_plan *p, int n_sm, cudaStream_t st, ls_err *e) {
+    const int N = a->w->N, K = a->w->K, T = (N + 15) / 16;
+    int G = gv_resident<NT>(p, n_sm, e);
+    if (G < 0) return G;
+    if (G > T) G = T;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute at[1];
+    gv_config(&cfg, at, p, G, st);
+    CU_TRY(e,
+           cudaLaunchKernelEx(&cfg, gv_kernel<NT>, a->M, N, K, p->cw, p->xstride, (const bf16 *)a->x,
+                              (const bf16 *)a->w->data, (bf16 *)a->y, a->accumulate),
+           "gemm cuda_gemv");
+    return 0;
+}
+
+static int gv_n_sm(ls_err *e) {
+    int dev = 0, n = 0;
+    CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
+    CU_TRY(e, cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    return n;
+}
+
+static int gv_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
+    if (d->kind != DEV_CUDA) {
+        snprintf(why, n, "needs a CUDA device");
+        return 0;
+    }
+    if (d->cc_major < 9) {
+        snprintf(why, n, "needs sm_90 or newer (thread block clusters), device is cc %d.%d", d->cc_major,
+                 d->cc_minor);
+        return 0;
+    }
+    if (s->wk != W_BF16) {
+        snprintf(why, n, "weight must be BF16, got %s", w_kind_name(s->wk));
+        return 0;
+    }
+    if (s->dt != ACT_BF16) {
+        snprintf(why, n, "activations must be BF16");
+        return 0;
+    }
+    if (s->M > GV_MAX_M) {
+        snprintf(why, n, "small-M kernel: M=%d > %d (a GEMM backend is faster there)", s->M, GV_MAX_M);
+        return 0;
+    }
+    if (s->K % 8) {
+        snprintf(why, n, "K=%d is not a multiple of 8 (16-byte weight loads)", s->K);
+        return 0;
+    }
+    gv_plan p;
+    if (s->M > 0 && gv_make_plan(s->M, s->N, s->K, d->n_sm > 0 ? d->n_sm : 132, &p)) {
+        snprintf(why, n, "K=%d too long to stage x for M=%d (%d KB of shared memory per block at most)", s->K, s->M,
+                 GV_XSMEM_MAX / 1024);
+        return 0;
+    }
+    return 1;
+}
+
+static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    const lin_w *w = a->w;
+    if (!w || w->kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s is %s, needs BF16", w && w->name ? w->name : "?",
+                    w ? w_kind_name(w->kind) : "?");
+    if (a->dt != ACT_BF16) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: activations must be BF16");
+    if (a->M <= 0 || w->N <= 0) return 0;
+    if (a->M > GV_MAX_M)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: M=%d > %d", w->name ? w->name : "?", a->M,
+                    GV_MAX_M);
+    if (w->K % 8)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: K=%d is not a multiple of 8",
+                    w->name ? w->name : "?", w->K);
+    if (((uintptr_t)a->x | (uintptr_t)w->data | (uintptr_t)a->y) & 15)
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: x, W and y must be 16-byte aligned",
+                    w->name ? w->name : "?");
+    int n_sm = gv_n_sm(e);
+    if (n_sm <= 0) return n_sm < 0 ? n_sm : errf(e, ERR_RUNTIME, "gemm cuda_gemv: no SM count");
+    gv_plan p;
+    if (gv_make_plan(a->M, w->N, w->K, n_sm, &p))
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: K=%d too long to stage x for M=%d",
+                    w->name ? w->name : "?", w->K, a->M);
+    cudaStream_t st = (cudaStream_t)s;
+    switch (p.nt) {
+    case 1: return gv_launch<1>(a, &p, n_sm, st, e);
+    case 2: return gv_launch<2>(a, &p, n_sm, st, e);
+    default: return gv_launch<4>(a, &p, n_sm, st, e);
+    }
+}
+
+const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1};

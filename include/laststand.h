@@ -46,6 +46,12 @@ typedef struct ls_engine_opts {
     unsigned auto_families;        /* backend families whose name above is the doctor's pick for a flag
                                       left at auto (bits: 2 fp4_gemm, 4 moe, 8 attention, 16 gdn): a
                                       preference, with per-shape fallback and capture-safe substitutes */
+    /* Added (additive): per-M plans and eliminated backends. Each backend name above may be a
+     * plan "NAME:MAXM,...,NAME" (the entry for a call of M tokens: the first with M <= MAXM;
+     * see `laststand serve --help`). banned_backends "FAMILY:NAME[,...]": backends that the
+     * start-up doctor or smoke test eliminated; fallbacks and CUDA graph captures never take
+     * them (NULL: none). */
+    const char *banned_backends;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

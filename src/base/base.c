@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include <pthread.h>
+#include <signal.h>
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -334,4 +335,17 @@ char *read_file(const char *path, size_t *len, ls_err *e) {
     if (bad) { buf_free(&b); errf(e, ERR_IO, "%s: read error", path); return NULL; }
     if (len) *len = b.len;
     return buf_detach(&b);
+}
+
+const char *sig_name(int sig) {
+    switch (sig) {
+    case SIGABRT: return "SIGABRT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    default: return "signal";
+    }
 }

@@ -82,6 +82,9 @@ void arena_free(arena *a);
 
 /* ---- time -------------------------------------------------------------- */
 double now_sec(void); /* monotonic seconds */
+/* (additive) "SIGABRT", "SIGSEGV", ... for the signals a crashing child dies of; "signal"
+ * for others. Used in "killed by SIGABRT (6)" verdicts (doctor trials, serve's smoke test). */
+const char *sig_name(int sig);
 
 /* ---- thread pool ------------------------------------------------------- */
 /* A process-wide pool of worker threads for data-parallel loops.

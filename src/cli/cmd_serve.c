@@ -62,6 +62,16 @@ static void usage(const flag *flags, int n) {
     fprintf(stdout, "usage: laststand serve [flags]\n\n");
     for (int i = 0; i < n; i++)
         fprintf(stdout, "  --%-28s %s\n", flags[i].name, flags[i].help);
+    fprintf(stdout,
+            "\nBackend plans: a backend flag takes auto, one backend NAME, or a plan of backends by batch size,\n"
+            "NAME:MAXM,...,NAME: a call of M tokens runs on the first entry with M <= MAXM, the last entry (no\n"
+            "bound) takes every larger M. Bounds increase; M is the rows of a GEMM, the tokens of a MoE call, and\n"
+            "the new tokens of the whole step for attention and gdn. Example:\n"
+            "  --gdn-backend cuda_recurrent:8,cuda_chunked --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm\n"
+            "With auto, serve builds each family's plan from the doctor's per-bucket choices (--doctor-buckets),\n"
+            "validates it in the smoke test (prefill chunks and decode steps run every entry) and prints it in the\n"
+            "\"last backend standing\" table. A named backend or plan is validated too and refused if it fails\n"
+            "(unless --trust-backend).\n");
 }
 
 static int parse_flag(const flag *f, const char *v) {
@@ -177,10 +187,11 @@ int cmd_serve(int argc, char **argv) {
         {"host", F_STR, &a.host, "address to bind (default 127.0.0.1)", NULL},
         {"port", F_INT, &a.port, "port (default 30000)", NULL},
         {"quantization", F_STR, &a.quantization, "checkpoint quantization (modelopt_fp4, bf16; default: from the model)", QUANTS},
-        {"attention-backend", F_STR, &a.attention_backend, "attention backend (default auto: the measured winner)", BACKENDS_ANY},
-        {"moe-runner-backend", F_STR, &a.moe_runner_backend, "MoE backend (default auto)", BACKENDS_ANY},
-        {"fp4-gemm-backend", F_STR, &a.fp4_gemm_backend, "NVFP4 GEMM backend (default auto)", BACKENDS_ANY},
-        {"gdn-backend", F_STR, &a.gdn_backend, "Gated DeltaNet backend (default auto)", BACKENDS_ANY},
+        {"attention-backend", F_STR, &a.attention_backend,
+         "attention backend: auto (default: the doctor's fastest per batch size), NAME, or a plan (below)", BACKENDS_ANY},
+        {"moe-runner-backend", F_STR, &a.moe_runner_backend, "MoE backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"fp4-gemm-backend", F_STR, &a.fp4_gemm_backend, "NVFP4 GEMM backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"gdn-backend", F_STR, &a.gdn_backend, "Gated DeltaNet backend: auto (default), NAME or a plan", BACKENDS_ANY},
         {"trust-backend", F_BOOL, &a.trust_backend, "serve with named backends even if validation fails", NULL},
         {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
          "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
@@ -315,8 +326,9 @@ int cmd_serve(int argc, char **argv) {
             return src;
         }
     }
-    /* the doctor's picks for flags left at auto stay preferences (per-shape fallback; CUDA graph
-     * captures may take a capture-safe backend of the family instead) */
+    /* the doctor's picks (a backend or a per-M plan) for flags left at auto stay preferences
+     * (per-shape fallback; CUDA graph captures may take a capture-safe backend of the family
+     * instead), never one that serve_auto eliminated (banned_backends) */
     const char *user[SA_NFAM] = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend};
     const unsigned bit[SA_NFAM] = {2, 4, 8, 16};
     for (int f = 0; f < SA_NFAM; f++)
@@ -325,6 +337,7 @@ int cmd_serve(int argc, char **argv) {
     o.moe_backend = sa.names[SA_MOE];
     o.attention_backend = sa.names[SA_ATTENTION];
     o.gdn_backend = sa.names[SA_GDN];
+    o.banned_backends = sa.banned;
     o.trust_backend = a.trust_backend;
     if (a.max_running_requests) o.max_running_requests = (int)a.max_running_requests;
     if (a.chunked_prefill_size != -2) o.chunked_prefill_size = (int)a.chunked_prefill_size;
@@ -368,6 +381,14 @@ int cmd_serve(int argc, char **argv) {
     json_object_set_new(args_json, "host", json_string(cfg.host));
     json_object_set_new(args_json, "port", json_integer(cfg.port));
     json_object_set_new(args_json, "tp_size", json_integer(a.tp));
+    { /* what serve_auto decided: per family a backend or a per-M plan ("a:8,b"), and what it eliminated */
+        json_t *bk = json_object();
+        const char *fam[SA_NFAM] = {"fp4_gemm", "moe", "attention", "gdn"};
+        for (int f = 0; f < SA_NFAM; f++)
+            json_object_set_new(bk, fam[f], sa.names[f] ? json_string(sa.names[f]) : json_string("auto"));
+        json_object_set_new(args_json, "backends", bk);
+        json_object_set_new(args_json, "banned_backends", sa.banned ? json_string(sa.banned) : json_null());
+    }
     json_object_set_new(args_json, "reasoning_parser", a.reasoning_parser ? json_string(a.reasoning_parser) : json_null());
     json_object_set_new(args_json, "tool_call_parser", a.tool_call_parser ? json_string(a.tool_call_parser) : json_null());
     cfg.server_args = args_json;

@@ -4,9 +4,13 @@
  * 1. The doctor's decision for this device, build and model shapes at the
  *    buckets the server uses (select.h: cached, or run now; each trial in a
  *    child, bounded by --doctor-timeout per job). Per op family the
- *    candidates are the correct, non-test-only backends: the doctor's pick at
+ *    candidates are, first, a per-M plan ("a:8,b", ops.h) built from the
+ *    doctor's per-bucket picks among the backends that are neither test-only
+ *    nor wrong/crashing at any bucket (kept when it has two or more entries),
+ *    then the single backends correct at every bucket: the doctor's pick at
  *    M = 1 (decode) first, then the others by summed time, the reference
- *    last. A named backend is the only candidate of its family.
+ *    last. A named backend or plan is the only candidate of its family (a
+ *    named plan's entries are judged at the buckets each one covers).
  * 2. The smoke test: a child process runs the reference backends greedily on
  *    a fixed prompt (prefill, then decode steps); another child runs the
  *    candidate combination teacher-forced on the same ids. The parent
@@ -15,7 +19,13 @@
  *    top-2 margin is clear, and looks for degenerate output (NaN/Inf, one
  *    token repeated, a run of '!' or '+') the reference does not have. On a
  *    failure each non-reference family is tried alone to find the one at
- *    fault; its backend is eliminated and the next candidate tried.
+ *    fault; its backend (or plan) is eliminated and the next candidate tried.
+ *    The candidate child prefills the prompt in chunks sized so that every
+ *    plan entry runs (smoke_chunks), then decodes at M = 1; the prompt is
+ *    lengthened (repeated) as far as the chunks need.
+ * 4. What the doctor (wrong, crash) or the smoke test eliminated goes to the
+ *    engine as banned_backends: per-shape fallbacks and CUDA graph captures
+ *    never take it.
  * 3. A pass is cached next to the doctor's decision, so a second start with
  *    the same decision skips the children.
  * Owns: the children (always waited for; killed at the timeout), their log
@@ -54,8 +64,9 @@ static const char *const FAM[SA_NFAM] = {"fp4_gemm", "moe", "attention", "gdn"};
 static const char *const FLAG[SA_NFAM] = {"--fp4-gemm-backend", "--moe-runner-backend", "--attention-backend",
                                           "--gdn-backend"};
 #define SMOKE_PROMPT "The last backend standing: every kernel is checked against the reference before serving."
-#define SMOKE_VERSION 1
+#define SMOKE_VERSION 2 /* 2: prefill in chunks that run every plan entry */
 #define MAX_CAND 32
+#define SMOKE_MAX_PROMPT 8192 /* the longest prompt the smoke test makes to run every plan entry */
 
 static int is_auto(const char *n) { return !n || !*n || !strcmp(n, "auto"); }
 
@@ -69,9 +80,9 @@ static int argmax(const float *x, int n) {
 }
 
 int serve_smoke_child_main(int argc, char **argv) {
-    const char *model_path = NULL, *device = NULL, *ids_s = NULL, *out = NULL;
+    const char *model_path = NULL, *device = NULL, *ids_s = NULL, *out = NULL, *chunks_s = NULL;
     const char *names[SA_NFAM] = {0};
-    int L = 0, S = 0, tp = 1;
+    int L = 0, S = 0, tp = 1, fixed_len = 16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--smoke-trial")) continue;
@@ -86,6 +97,8 @@ int serve_smoke_child_main(int argc, char **argv) {
         else if (!strcmp(a, "--smoke-out")) out = v;
         else if (!strcmp(a, "--smoke-prompt-len")) L = atoi(v);
         else if (!strcmp(a, "--smoke-steps")) S = atoi(v);
+        else if (!strcmp(a, "--smoke-chunks")) chunks_s = v;
+        else if (!strcmp(a, "--smoke-len")) fixed_len = atoi(v);
         else if (!strcmp(a, "--tp")) tp = atoi(v);
         else {
             int f = 0;
@@ -117,12 +130,24 @@ int serve_smoke_child_main(int argc, char **argv) {
     int n_given = ids_s ? parse_int_list(ids_s, &given) : 0;
     if (n_given < 0) n_given = 0;
     if (n_given == 0) { /* no tokenizer: a fixed spread of ids */
-        L = 16;
+        L = fixed_len >= 1 && fixed_len <= 65536 ? fixed_len : 16;
         given = xmalloc(sizeof(int32_t) * L);
         for (int i = 0; i < L; i++) given[i] = 1 + (int32_t)((i * 37 + 11) % (V - 1));
         n_given = L;
     }
     if (L < 1 || L > n_given) L = n_given;
+    /* the prompt's prefill in chunks (each a forward call of that many tokens, so every
+     * entry of a per-M plan runs); the chunks sum to L, or the prefill is one call */
+    int32_t *chunks = NULL;
+    int n_chunks = chunks_s ? parse_int_list(chunks_s, &chunks) : 0, sum = 0;
+    for (int i = 0; i < n_chunks; i++) sum += chunks[i] >= 1 ? chunks[i] : L + 1;
+    if (n_chunks <= 0 || sum != L) {
+        if (chunks_s) fprintf(stderr, "smoke trial: --smoke-chunks %s do not sum to the prompt's %d tokens; one call\n", chunks_s, L);
+        free(chunks);
+        chunks = xmalloc(sizeof(int32_t));
+        chunks[0] = L;
+        n_chunks = 1;
+    }
     const int T = L + S;
     int32_t *ids = xcalloc(T, sizeof(int32_t));
     for (int i = 0; i < n_given && i < T; i++) ids[i] = given[i] < 0 || given[i] >= V ? 0 : given[i];
@@ -130,14 +155,21 @@ int serve_smoke_child_main(int argc, char **argv) {
     const int page = 16, n_pages = (T + page - 1) / page;
     model_cache_opts co = {.page_size = page, .n_pages = n_pages, .n_slots = 1, .max_tokens = L};
     int rc = model_cache_init(m, &co, &e);
-    float *rows = xcalloc((size_t)S * V, sizeof(float));
+    float *rows = xcalloc((size_t)S * V, sizeof(float)), *scratch = xcalloc((size_t)V, sizeof(float));
     int32_t *pages = xmalloc(sizeof(int32_t) * n_pages);
     for (int i = 0; i < n_pages; i++) pages[i] = i;
     if (!rc) model_slot_reset(m, 0);
-    /* step 0: the prompt's prefill; step s > 0: one decode row at position L + s - 1 */
+    /* the prompt's chunks but the last: their logits are not compared */
+    for (int c = 0, off = 0; c + 1 < n_chunks && !rc; off += chunks[c++]) {
+        fwd_seq q = {.slot = 0, .n_past = off, .n_new = chunks[c], .pages = pages};
+        fwd_batch b = {.n_seq = 1, .seqs = &q, .ids = ids + off, .logits = scratch};
+        rc = model_forward(m, &b, &e);
+    }
+    const int last = chunks[n_chunks - 1];
+    /* step 0: the prompt's (last chunk of) prefill; step s > 0: one decode row at position L + s - 1 */
     for (int s = 0; s < S && !rc; s++) {
-        fwd_seq q = {.slot = 0, .n_past = s ? L + s - 1 : 0, .n_new = s ? 1 : L, .pages = pages};
-        fwd_batch b = {.n_seq = 1, .seqs = &q, .ids = s ? &ids[L + s - 1] : ids, .logits = rows + (size_t)s * V};
+        fwd_seq q = {.slot = 0, .n_past = s ? L + s - 1 : L - last, .n_new = s ? 1 : last, .pages = pages};
+        fwd_batch b = {.n_seq = 1, .seqs = &q, .ids = s ? &ids[L + s - 1] : ids + L - last, .logits = rows + (size_t)s * V};
         rc = model_forward(m, &b, &e);
         if (!rc && L + s >= n_given) ids[L + s] = argmax(rows + (size_t)s * V, V); /* greedy past the given ids */
     }
@@ -154,6 +186,8 @@ int serve_smoke_child_main(int argc, char **argv) {
     }
     free(pages);
     free(rows);
+    free(scratch);
+    free(chunks);
     free(ids);
     model_close(m);
     return rc ? 1 : 0;
@@ -204,27 +238,59 @@ typedef struct sa_ctx {
     double timeout_s, tol;
     int steps;
     char *prompt_ids;         /* "1,2,3" or NULL (the child picks fixed ids) */
+    int prompt_len;           /* the prompt's tokens: long enough for every plan entry's chunk */
     tokenizer *tok;
     smoke_out ref;
     const char *ref_names[SA_NFAM];
 } sa_ctx;
 
-static const char *sig_name(int s) {
-    switch (s) {
-    case SIGABRT: return "SIGABRT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGKILL: return "SIGKILL";
-    default: return "a signal";
-    }
+/* The bounds of the plans among names ("a:8,b" has 8), sorted, unique; returns the count. */
+static int plan_bounds(const char *const names[SA_NFAM], int *b, int max) {
+    int n = 0;
+    for (int f = 0; f < SA_NFAM; f++)
+        for (const char *p = names[f]; p && *p;) {
+            size_t len = strcspn(p, ",");
+            const char *colon = memchr(p, ':', len);
+            if (colon) {
+                int v = atoi(colon + 1), k = 0;
+                while (k < n && b[k] < v) k++;
+                if (v > 0 && (k == n || b[k] != v) && n < max) {
+                    memmove(b + k + 1, b + k, sizeof(int) * (n - k));
+                    b[k] = v;
+                    n++;
+                }
+            }
+            p += len + (p[len] == ',');
+        }
+    return n;
+}
+
+/* The prefill chunks that make every entry of the plans among names run once.
+ * The plans' bounds b1 < ... < bk cut M into (0,b1], (b1,b2], ..., (bk,inf); the
+ * decode steps (M = 1) run the first; each later bounded one gets a chunk of its
+ * largest M (the bucket the doctor measured), the last one a chunk of bk + 1, and
+ * the rest of the prompt's L tokens joins that last chunk. Returns the tokens the
+ * chunks need (0: no plan, the prefill is one call) and writes "c1,c2,..." to out
+ * when L is at least that. */
+static int smoke_chunks(const char *const names[SA_NFAM], int L, char *out, size_t n) {
+    int b[64];
+    int k = plan_bounds(names, b, 64), need = 0;
+    out[0] = 0;
+    if (!k) return 0;
+    for (int i = 1; i < k; i++) need += b[i];
+    need += b[k - 1] + 1;
+    if (L < need) return need;
+    size_t o = 0;
+    for (int i = 1; i < k; i++) o += snprintf(out + o, o < n ? n - o : 0, "%d,", b[i]);
+    snprintf(out + o, o < n ? n - o : 0, "%d", b[k - 1] + 1 + (L - need));
+    return need;
 }
 
 /* Run one child with backends names; ids: NULL (the prompt, greedy) or the
- * teacher-forced "a,b,c". 0 and *r filled, or -1 and why filled. */
-static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *ids, int L, smoke_out *r, char *why,
-                     size_t wn) {
+ * teacher-forced "a,b,c"; chunks: the prefill's chunks ("" or NULL: one call).
+ * 0 and *r filled, or -1 and why filled. */
+static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *ids, int L, const char *chunks,
+                     smoke_out *r, char *why, size_t wn) {
     memset(r, 0, sizeof *r);
     char outp[] = "/tmp/laststand-smoke-XXXXXX";
     int fd = mkstemp(outp);
@@ -235,7 +301,8 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
     close(fd);
     char logp[sizeof outp + 8];
     snprintf(logp, sizeof logp, "%s.log", outp);
-    char steps[16], lens[16], tps[16];
+    char steps[16], lens[16], tps[16], fixed[16];
+    snprintf(fixed, sizeof fixed, "%d", c->prompt_len > 0 ? c->prompt_len : 16);
     snprintf(steps, sizeof steps, "%d", c->steps);
     snprintf(tps, sizeof tps, "%d", c->o->tp > 0 ? c->o->tp : 1);
     snprintf(lens, sizeof lens, "%d", L);
@@ -257,6 +324,13 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
         argv[a++] = ids;
         argv[a++] = "--smoke-prompt-len";
         argv[a++] = lens;
+    } else {
+        argv[a++] = "--smoke-len"; /* no tokenizer: that many fixed ids */
+        argv[a++] = fixed;
+    }
+    if (chunks && *chunks) {
+        argv[a++] = "--smoke-chunks";
+        argv[a++] = chunks;
     }
     argv[a++] = "--tp";
     argv[a++] = tps;
@@ -421,7 +495,14 @@ static int smoke_try(sa_ctx *c, const char *const names[SA_NFAM], double *worst,
     buf_init(&ids);
     for (int i = 0; i < c->ref.L + c->ref.S - 1; i++) buf_printf(&ids, "%s%d", i ? "," : "", c->ref.ids[i]);
     smoke_out r;
-    int rc = run_child(c, names, ids.data, c->ref.L, &r, why, wn);
+    char chunks[512];
+    int need = smoke_chunks(names, c->ref.L, chunks, sizeof chunks);
+    if (need > c->ref.L)
+        log_warn("smoke test: the %d-token prompt is too short to run every plan entry (%d tokens needed); one "
+                 "prefill call", c->ref.L, need);
+    else if (chunks[0])
+        log_info("smoke test: prefill in chunks of %s tokens and decode steps of 1 (every plan entry runs)", chunks);
+    int rc = run_child(c, names, ids.data, c->ref.L, chunks, &r, why, wn);
     buf_free(&ids);
     if (rc) return rc;
     rc = judge(c, &r, worst, why, wn);
@@ -440,9 +521,91 @@ typedef struct fam_state {
     int nc, cur;                 /* current candidate cand[cur] */
     char smoke_fail[MAX_CAND][512]; /* per v index: the smoke test's verdict, if it eliminated it */
     char ref[64];
+    /* a per-M plan: the doctor's per-bucket picks (two or more entries), or a plan named on
+     * the command line; it is the first candidate, before cand[] */
+    char plan[512];
+    int on_plan;                 /* the current candidate is plan */
+    int plan_doctor_bad;         /* a named plan with an entry the doctor failed (trusted) */
+    char plan_fail[512];         /* the smoke test's verdict on the plan, if it eliminated it */
+    char plan_why[600];          /* the doctor's pick per bucket, for the table */
 } fam_state;
 
-static const char *cur_name(const fam_state *f) { return f->cur < f->nc ? f->v[f->cand[f->cur]].name : NULL; }
+static const char *cur_name(const fam_state *f) {
+    return f->on_plan ? f->plan : f->cur < f->nc ? f->v[f->cand[f->cur]].name : NULL;
+}
+
+/* The current candidate failed the smoke test (why): record it and move to the next.
+ * Returns the next candidate's name, or NULL when none is left. */
+static const char *eliminate_current(fam_state *s, const char *why) {
+    if (s->on_plan) {
+        snprintf(s->plan_fail, sizeof s->plan_fail, "%.500s", why);
+        s->on_plan = 0;
+    } else if (s->cur < s->nc) {
+        snprintf(s->smoke_fail[s->cand[s->cur]], sizeof s->smoke_fail[0], "%.500s", why);
+        s->cur++;
+    }
+    return cur_name(s);
+}
+
+/* Whether name is an entry of the backend text t (a name or a plan "a:8,b"). */
+static int text_has(const char *t, const char *name) {
+    size_t nl = strlen(name);
+    for (const char *p = t; p && *p;) {
+        size_t len = strcspn(p, ",:");
+        if (len == nl && !strncmp(p, name, nl)) return 1;
+        p += strcspn(p, ",");
+        p += *p == ',';
+    }
+    return 0;
+}
+
+/* A backend the doctor found wrong or crashing at one of the buckets: never in a plan,
+ * and banned from the engine's fallbacks. (Unsupported somewhere is not a fault: the
+ * backend says so, and a plan uses it only where it is correct.) */
+static int doctor_eliminated(json_t *report, const char *fam, const char *name, const int *ms, int n_ms) {
+    for (int m = 0; m < n_ms; m++) {
+        char st[32];
+        if (!doctor_bucket(report, fam, name, ms[m], NULL, st, sizeof st) && (!strcmp(st, "wrong") || !strcmp(st, "crash")))
+            return 1;
+    }
+    return 0;
+}
+
+/* The doctor's per-bucket plan for an auto family among its correct, non-test-only
+ * backends; kept (as the first candidate) only when it has two or more entries. */
+static void build_plan(fam_state *s, json_t *report, const char *fam, const int *ms, int n_ms) {
+    const char *names[MAX_CAND];
+    int nn = 0;
+    for (int i = 0; i < s->nv; i++)
+        if (!s->v[i].test_only && !doctor_eliminated(report, fam, s->v[i].name, ms, n_ms)) names[nn++] = s->v[i].name;
+    doc_plan p;
+    ls_err e = {0};
+    if (!nn || doctor_plan(report, fam, ms, n_ms, names, nn, &p, &e)) {
+        if (nn && e.msg[0]) log_info("backend check: no per-bucket %s plan: %s", fam, e.msg);
+        return;
+    }
+    if (p.n < 2) return;
+    doctor_plan_text(&p, s->plan, sizeof s->plan);
+    s->on_plan = 1;
+    size_t o = 0;
+    s->plan_why[0] = 0;
+    int sorted[DOC_MAX_M];
+    memcpy(sorted, ms, sizeof(int) * n_ms);
+    for (int i = 1; i < n_ms; i++) /* ascending */
+        for (int j = i; j > 0 && sorted[j - 1] > sorted[j]; j--) {
+            int t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    for (int m = 0; m < n_ms && o < sizeof s->plan_why; m++) {
+        const char *nm = NULL;
+        for (int i = 0; i < p.n && !nm; i++)
+            if (i + 1 == p.n || sorted[m] <= p.max_m[i]) nm = p.name[i];
+        double t = 0;
+        doctor_bucket(report, fam, nm, sorted[m], &t, NULL, 0);
+        o += snprintf(s->plan_why + o, sizeof s->plan_why - o, "%sM=%d %s %.3g ms", m ? ", " : "", sorted[m], nm, t);
+    }
+}
 
 static void resolve_device(const serve_auto_opts *o, char *dev, size_t n) {
     snprintf(dev, n, "cpu");
@@ -539,14 +702,17 @@ static void log_table(fam_state *fs, const char *device, const char *ms_list, co
         buf b;
         buf_init(&b);
         if (s->named) buf_printf(&b, "named on the command line; ");
-        if (ch && s->nc && !s->v[s->cand[s->cur]].ok)
+        if (ch && s->on_plan && s->plan_why[0]) buf_printf(&b, "per-bucket plan, the doctor's fastest: %s; ", s->plan_why);
+        if (s->plan[0] && !s->on_plan && s->plan_fail[0])
+            buf_printf(&b, "plan %s: smoke test %s; ", s->plan, s->plan_fail);
+        if (ch && !s->on_plan && s->cur < s->nc && !s->v[s->cand[s->cur]].ok)
             buf_printf(&b, "%s: doctor %s %s; ", ch, s->v[s->cand[s->cur]].status, s->v[s->cand[s->cur]].detail);
         const doc_verdict *chosen = NULL;
         for (int i = 0; i < s->nv; i++)
-            if (ch && !strcmp(s->v[i].name, ch)) chosen = &s->v[i];
+            if (ch && !s->on_plan && !strcmp(s->v[i].name, ch)) chosen = &s->v[i];
         for (int i = 0; i < s->nv; i++) {
             const doc_verdict *v = &s->v[i];
-            if (ch && !strcmp(v->name, ch)) continue;
+            if (ch && text_has(ch, v->name)) continue;
             if (b.len && b.data[b.len - 2] != ';') buf_puts(&b, "; ");
             if (s->named && v->ok && !v->test_only) {
                 buf_printf(&b, "%s: not named (correct)", v->name);
@@ -556,15 +722,18 @@ static void log_table(fam_state *fs, const char *device, const char *ms_list, co
             else if (!v->ok) buf_printf(&b, "%s: doctor %s %s", v->name, v->status, v->detail);
             else if (v->test_only) buf_printf(&b, "%s: test-only (auto never picks it)", v->name);
             else if (!have_report) buf_printf(&b, "%s: later in the registry's preference order", v->name);
+            else if (s->on_plan && have_report)
+                buf_printf(&b, "%s: correct, the fastest at no bucket%s", v->name,
+                           !strcmp(v->name, s->ref) ? " (the reference)" : "");
             else if (chosen && chosen->ms > 0 && v->ms > 0)
                 buf_printf(&b, "%s: correct, %.3g ms vs %.3g ms (sum over the buckets)%s", v->name, v->ms, chosen->ms,
                            !strcmp(v->name, s->ref) ? ", the reference" : "");
             else buf_printf(&b, "%s: correct, ranked after the doctor's pick", v->name);
         }
-        char shown[96];
-        snprintf(shown, sizeof shown, "%s%s", ch ? ch : "NONE",
-                 !ch || !(s->smoke_fail[s->cand[s->cur]][0] || (s->nc && !s->v[s->cand[s->cur]].ok)) ? ""
-                 : failed ? " (REFUSED)" : " (TRUSTED, FAILED)");
+        int bad = !ch ? 0 : s->on_plan ? s->plan_fail[0] || s->plan_doctor_bad
+                                        : s->cur < s->nc && (s->smoke_fail[s->cand[s->cur]][0] || !s->v[s->cand[s->cur]].ok);
+        char shown[600];
+        snprintf(shown, sizeof shown, "%s%s", ch ? ch : "NONE", !bad ? "" : failed ? " (REFUSED)" : " (TRUSTED, FAILED)");
         log_info("  %-10s %-26s %s", FAM[f], shown, b.len ? b.data : "(the only backend)");
         buf_free(&b);
     }
@@ -612,13 +781,13 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             d.kind = DEV_CUDA;
             snprintf(d.name, sizeof d.name, "cuda");
         }
-        ops_names nm = {.fp4_gemm = o->names[SA_FP4_GEMM], .moe = o->names[SA_MOE],
-                        .attention = o->names[SA_ATTENTION], .gdn = o->names[SA_GDN]};
-        ops_sel sel;
-        ls_err ne = {0};
-        if (ops_select(&d, &nm, &sel, &ne) == ERR_INVAL) {
-            snprintf(err, errn, "%s", ne.msg);
-            return 2;
+        for (int f = 0; f < SA_NFAM; f++) {
+            ops_plan pl;
+            ls_err ne = {0};
+            if (o->names[f] && ops_plan_parse(ops_family_index(FAM[f]), &d, o->names[f], &pl, &ne)) {
+                snprintf(err, errn, "%s: %s", FLAG[f], ne.msg);
+                return 2;
+            }
         }
     }
     if (!any_auto && o->trust_backend) {
@@ -688,20 +857,57 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         if (!have_ref) {
             /* no <device>_ref in this family: the last (plainest) non-test-only backend
              * in the registry's order (the doctor's report lists them in its own order),
-             * among those the report has */
+             * among those the report has, correct at every bucket when one is (a new
+             * backend registered last must not become the oracle before it passes) */
             doc_verdict reg[MAX_CAND];
             int nr = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, reg, MAX_CAND);
+            for (int pass = 0; pass < 2 && !have_ref; pass++)
             for (int r = nr - 1; r >= 0 && !have_ref; r--) {
                 if (reg[r].test_only) continue;
                 for (int i = 0; i < s->nv && !have_ref; i++)
-                    if (!strcmp(s->v[i].name, reg[r].name)) {
+                    if (!strcmp(s->v[i].name, reg[r].name) && (pass || s->v[i].ok)) {
                         snprintf(s->ref, sizeof s->ref, "%s", reg[r].name);
                         have_ref = 1;
                     }
             }
         }
         c.ref_names[f] = s->ref;
-        if (o->names[f]) {
+        if (o->names[f] && o->names[f][strcspn(o->names[f], ",:")]) { /* a named plan */
+            s->named = 1;
+            snprintf(s->plan, sizeof s->plan, "%s", o->names[f]);
+            s->on_plan = 1;
+            if (!report) continue; /* no doctor decision: the smoke test alone decides */
+            /* every bucket's entry must be correct there (an entry may be unsupported elsewhere) */
+            for (int m = 0; m < dop.n_ms; m++) {
+                const char *ent = NULL;
+                size_t el = 0;
+                for (const char *q = o->names[f]; *q && !ent;) { /* the entry for M = ms[m] */
+                    size_t len = strcspn(q, ",");
+                    const char *colon = memchr(q, ':', len);
+                    if (!colon || dop.ms[m] <= atoi(colon + 1)) {
+                        ent = q;
+                        el = colon ? (size_t)(colon - q) : len;
+                    }
+                    q += len + (q[len] == ',');
+                }
+                char nm[64], st[32];
+                snprintf(nm, sizeof nm, "%.*s", (int)(el < 63 ? el : 63), ent ? ent : "");
+                if (doctor_bucket(report, FAM[f], nm, dop.ms[m], NULL, st, sizeof st)) continue;
+                const char *detail = "";
+                for (int i = 0; i < s->nv; i++)
+                    if (!strcmp(s->v[i].name, nm)) detail = s->v[i].detail;
+                s->plan_doctor_bad = 1;
+                if (o->trust_backend) {
+                    log_warn("!!! %s %s: entry %s FAILED the doctor at M=%d (%s; %s); serving with it anyway because of "
+                             "--trust-backend", FLAG[f], o->names[f], nm, dop.ms[m], st, detail);
+                } else if (rc != 2) {
+                    snprintf(err, errn, "%s %s refused: the doctor's verdict for entry %s at M=%d: %s (%s) (pass "
+                             "--trust-backend to serve with it anyway)", FLAG[f], o->names[f], nm, dop.ms[m], st, detail);
+                    rc = 2;
+                }
+                break;
+            }
+        } else if (o->names[f]) {
             s->named = 1;
             int k = -1;
             for (int i = 0; i < s->nv; i++)
@@ -725,7 +931,8 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             }
         } else {
             order_candidates(s, report, FAM[f]);
-            if (s->nc == 0 && !rc) {
+            if (report) build_plan(s, report, FAM[f], dop.ms, dop.n_ms);
+            if (s->nc == 0 && !s->on_plan && !rc) {
                 snprintf(err, errn, "no correct %s backend on %s at M=%s (see the doctor's matrix: laststand doctor "
                          "--device %s --model-path %s --m %s)", FAM[f], device, bl, device, o->model_path, bl);
                 rc = 1;
@@ -755,7 +962,7 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     char smoke_path[PATH_MAX];
     for (int pass = 0;; pass++) {
         for (int f = 0; f < SA_NFAM; f++) combo[f] = fs[f].present ? cur_name(&fs[f]) : o->names[f];
-        char k2[2400];
+        char k2[4400];
         snprintf(k2, sizeof k2, "%s|%s|%s|%s|%s", key, combo[0] ? combo[0] : "-", combo[1] ? combo[1] : "-",
                  combo[2] ? combo[2] : "-", combo[3] ? combo[3] : "-");
         build_path(cache, k2, smoke_path, sizeof smoke_path);
@@ -768,6 +975,16 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         }
         char why[1024];
         if (!c.ref.rows) { /* the reference run, once */
+            /* the prompt is long enough for a prefill chunk per entry of every plan (smoke_chunks) */
+            const char *plans[SA_NFAM];
+            for (int f = 0; f < SA_NFAM; f++) plans[f] = fs[f].present && fs[f].plan[0] ? fs[f].plan : NULL;
+            char ch[16];
+            int need = smoke_chunks(plans, 0, ch, sizeof ch);
+            if (need > SMOKE_MAX_PROMPT) {
+                log_warn("smoke test: the plans' entries would need a %d-token prompt; prefill in one call of %d", need,
+                         SMOKE_MAX_PROMPT);
+                need = 0;
+            }
             const char *tp = o->tokenizer_path ? o->tokenizer_path : o->model_path;
             ls_err te = {0};
             if (strncmp(tp, "synth:", 6) && tok_load_dir(tp, &c.tok, &te) == 0) {
@@ -776,11 +993,13 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 if (ni > 0) {
                     buf b;
                     buf_init(&b);
-                    for (int i = 0; i < ni; i++) buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
+                    int nl = need > ni ? need : ni; /* the prompt repeated up to need tokens */
+                    for (int i = 0; i < nl; i++) buf_printf(&b, "%s%d", i ? "," : "", ids[i % ni]);
                     c.prompt_ids = b.data;
                 }
                 free(ids);
             }
+            c.prompt_len = need > 16 ? need : 16;
             const char *refs[SA_NFAM];
             for (int f = 0; f < SA_NFAM; f++) refs[f] = fs[f].present ? fs[f].ref : NULL;
             int L = 0;
@@ -788,7 +1007,7 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 L = 1;
                 for (const char *p = c.prompt_ids; *p; p++) L += *p == ',';
             }
-            if (run_child(&c, refs, c.prompt_ids, L, &c.ref, why, sizeof why)) {
+            if (run_child(&c, refs, c.prompt_ids, L, NULL, &c.ref, why, sizeof why)) {
                 snprintf(err, errn, "smoke test: the reference backends (%s) fail: %s", device, why);
                 rc = 1;
                 goto done;
@@ -834,7 +1053,10 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             if (smoke_try(&c, one, &worst, w1, sizeof w1) == 0) continue;
             blamed++;
             log_warn("smoke test: %s backend %s fails: %s", FAM[f], combo[f], w1);
-            snprintf(s->smoke_fail[s->cand[s->cur]], sizeof s->smoke_fail[0], "%.500s", w1);
+            if (s->named) { /* the verdict, for the table; a named choice has no next candidate */
+                if (s->on_plan) snprintf(s->plan_fail, sizeof s->plan_fail, "%.500s", w1);
+                else snprintf(s->smoke_fail[s->cand[s->cur]], sizeof s->smoke_fail[0], "%.500s", w1);
+            }
             if (s->named && !o->trust_backend) {
                 snprintf(err, errn, "%s %s refused: the smoke test found it %s (pass --trust-backend to serve with it "
                          "anyway)", FLAG[f], combo[f], w1);
@@ -847,8 +1069,7 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 blamed = -100; /* trusted: stop looking */
                 break;
             }
-            s->cur++;
-            if (!cur_name(s)) {
+            if (!eliminate_current(s, w1)) {
                 snprintf(err, errn, "no %s backend passes the smoke test (the last one, %s: %s)", FAM[f], combo[f], w1);
                 rc = 1;
                 goto done;
@@ -871,9 +1092,9 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 goto done;
             }
             fam_state *s = &fs[f];
-            snprintf(s->smoke_fail[s->cand[s->cur]], sizeof s->smoke_fail[0], "%.480s (only in combination)", why);
-            s->cur++;
-            if (!cur_name(s)) {
+            char w2[600];
+            snprintf(w2, sizeof w2, "%.480s (only in combination)", why);
+            if (!eliminate_current(s, w2)) {
                 snprintf(err, errn, "no %s backend passes the smoke test in combination: %s", FAM[f], why);
                 rc = 1;
                 goto done;
@@ -886,12 +1107,33 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             goto done;
         }
     }
-    static char chosen[SA_NFAM][64]; /* outlives fs: the engine is opened with these names */
+    static char chosen[SA_NFAM][512]; /* outlives fs: the engine is opened with these names */
     for (int f = 0; f < SA_NFAM; f++)
         if (fs[f].present && cur_name(&fs[f])) {
             snprintf(chosen[f], sizeof chosen[f], "%s", cur_name(&fs[f]));
             o->names[f] = chosen[f];
         }
+    { /* what the doctor or the smoke test eliminated: the engine's fallbacks and CUDA graph
+         captures must never take it (ops_sel_ban) */
+        static char banned[4096];
+        size_t bo = 0;
+        banned[0] = 0;
+        for (int f = 0; f < SA_NFAM; f++) {
+            fam_state *s = &fs[f];
+            if (!s->present) continue;
+            const char *ch = cur_name(s);
+            for (int i = 0; i < s->nv; i++) {
+                const char *nm = s->v[i].name;
+                if (ch && text_has(ch, nm)) continue; /* chosen (or named and trusted) */
+                int out = s->smoke_fail[i][0] || (s->plan_fail[0] && text_has(s->plan, nm)) ||
+                          (report && doctor_eliminated(report, FAM[f], nm, dop.ms, dop.n_ms));
+                if (out && bo + strlen(nm) + 16 < sizeof banned)
+                    bo += snprintf(banned + bo, sizeof banned - bo, "%s%s:%s", bo ? "," : "", FAM[f], nm);
+            }
+        }
+        o->banned = banned[0] ? banned : NULL;
+        if (o->banned) log_info("backend check: eliminated, never taken by a fallback or a CUDA graph capture: %s", banned);
+    }
     {
         char msl[256] = "";
         for (int i = 0; i < dop.n_ms; i++) snprintf(msl + strlen(msl), sizeof msl - strlen(msl), "%s%d", i ? "," : "", dop.ms[i]);

@@ -16,12 +16,16 @@ typedef struct serve_auto_opts {
     const char *model_path;       /* folder or synth:NAME */
     const char *tokenizer_path;   /* NULL: model_path */
     const char *device;           /* "cpu" | "cuda" | NULL: cuda when a GPU answers */
-    const char *names[SA_NFAM];   /* in: the flags (NULL or "auto" = auto); out: the backend to serve with */
+    const char *names[SA_NFAM];   /* in: the flags (NULL or "auto" = auto; a name; a per-M plan
+                                     "NAME:MAXM,...,NAME"); out: the backend or plan to serve with */
     int trust_backend;            /* serve named backends that fail, with a warning */
     double timeout_s;             /* per doctor trial job and per smoke child; <= 0: device default */
     const char *buckets;          /* doctor buckets "1,16"; NULL: device default */
     int steps;                    /* smoke-test greedy steps; <= 0: 8 */
     int tp;                       /* tensor-parallel size the server runs with (the smoke runs use it too) */
+    /* out (additive): backends the doctor or the smoke test eliminated, "FAMILY:NAME,..."
+     * (ls_engine_opts.banned_backends), or NULL */
+    const char *banned;
 } serve_auto_opts;
 
 /* Decide and validate. Returns 0 (o->names filled), 1 when no combination

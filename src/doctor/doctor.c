@@ -101,18 +101,6 @@ static void parse_result(const char *js, cell *c) {
     json_decref(o);
 }
 
-static const char *sig_name(int s) {
-    switch (s) {
-    case SIGABRT: return "SIGABRT";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGKILL: return "SIGKILL";
-    default: return "signal";
-    }
-}
-
 typedef struct trial_spec {
     const doctor_opts *o;
     const char *family, *backend, *shapes_file, *ms_list;
@@ -414,6 +402,37 @@ void doctor_render(json_t *report, FILE *f) {
         json_t *name;
         json_object_foreach(v, mk, name) buf_printf(&b, " M=%s:%s", mk, json_is_string(name) ? json_string_value(name) : "NONE");
         buf_putc(&b, '\n');
+    }
+    /* the same choice as serve's backend flags take it: a per-M plan, NAME:MAXM,...,NAME (ops.h) */
+    buf_puts(&b, "\nthe same choice as per-M plans (the text serve's backend flags take, e.g. --gdn-backend):\n");
+    json_object_foreach(ch, fam, v) {
+        int ms[DOC_MAX_M], n = 0, none = -1;
+        const char *nm[DOC_MAX_M];
+        const char *mk;
+        json_t *name;
+        json_object_foreach(v, mk, name) {
+            if (n >= DOC_MAX_M) break;
+            int M = atoi(mk), k = n++;
+            while (k > 0 && ms[k - 1] > M) { /* insertion by M */
+                ms[k] = ms[k - 1];
+                nm[k] = nm[k - 1];
+                k--;
+            }
+            ms[k] = M;
+            nm[k] = json_string_value(name);
+        }
+        for (int i = 0; i < n && none < 0; i++)
+            if (!nm[i]) none = ms[i];
+        buf_printf(&b, "  %-9s ", fam);
+        if (!n || none >= 0) {
+            buf_printf(&b, "(none: no correct backend at M=%d)\n", none);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            if (i + 1 < n && !strcmp(nm[i], nm[i + 1])) continue; /* runs of one backend merge */
+            if (i + 1 < n) buf_printf(&b, "%s:%d,", nm[i], ms[i]);
+            else buf_printf(&b, "%s\n", nm[i]);
+        }
     }
     fputs(b.data ? b.data : "", f);
     fflush(f);

@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *jstr(json_t *j) {
@@ -123,4 +124,79 @@ int doctor_verdicts(json_t *report, const char *family, const int *ms, int n_ms,
             snprintf(out[k].detail, sizeof out[k].detail, "at M=%.100s: %.480s", where[k], d);
         }
     return n;
+}
+
+int doctor_bucket(json_t *report, const char *family, const char *backend, int M, double *ms, char *status,
+                  size_t sn) {
+    double sum = 0;
+    int n_tab = 0;
+    char mk[16];
+    snprintf(mk, sizeof mk, "%d", M);
+    if (status && sn) status[0] = 0;
+    size_t i;
+    json_t *tab;
+    json_array_foreach(json_object_get(report, "tables"), i, tab) {
+        if (strcmp(jstr(json_object_get(tab, "family")), family)) continue;
+        n_tab++;
+        json_t *c = json_object_get(json_object_get(json_object_get(tab, "cells"), backend), mk);
+        const char *st = c ? json_string_value(json_object_get(c, "status")) : NULL;
+        if (!st || strcmp(st, "ok")) {
+            if (status) snprintf(status, sn, "%s", st ? st : "missing");
+            return 0;
+        }
+        double t = json_number_value(json_object_get(c, "ms"));
+        if (isfinite(t)) sum += t;
+    }
+    if (!n_tab) {
+        if (status) snprintf(status, sn, "missing");
+        return 0;
+    }
+    if (ms) *ms = sum;
+    return 1;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+int doctor_plan(json_t *report, const char *family, const int *ms, int n_ms, const char *const *names, int nn,
+                doc_plan *out, ls_err *e) {
+    memset(out, 0, sizeof *out);
+    if (n_ms <= 0 || n_ms > DOC_MAX_M) return errf(e, ERR_INVAL, "doctor plan for %s: %d buckets", family, n_ms);
+    int b[DOC_MAX_M];
+    memcpy(b, ms, sizeof(int) * n_ms);
+    qsort(b, n_ms, sizeof b[0], cmp_int);
+    for (int m = 0; m < n_ms; m++) {
+        if (m && b[m] == b[m - 1]) continue;
+        int best = -1;
+        double bt = INFINITY;
+        for (int k = 0; k < nn; k++) {
+            double t = 0;
+            if (doctor_bucket(report, family, names[k], b[m], &t, NULL, 0) && (best < 0 || t < bt)) {
+                best = k;
+                bt = t;
+            }
+        }
+        if (best < 0) return errf(e, ERR_UNSUPPORTED, "no correct %s backend at M=%d", family, b[m]);
+        if (out->n && !strcmp(out->name[out->n - 1], names[best])) {
+            out->max_m[out->n - 1] = b[m];
+        } else if (out->n < DOC_PLAN_MAX) {
+            snprintf(out->name[out->n], sizeof out->name[0], "%s", names[best]);
+            out->max_m[out->n++] = b[m];
+        } else {
+            return errf(e, ERR_UNSUPPORTED, "the %s picks change more than %d times over the buckets", family,
+                        DOC_PLAN_MAX - 1);
+        }
+    }
+    out->max_m[out->n - 1] = 0;
+    return 0;
+}
+
+void doctor_plan_text(const doc_plan *p, char *out, size_t n) {
+    size_t o = 0;
+    if (n) out[0] = 0;
+    for (int i = 0; i < p->n && o < n; i++) {
+        int w = p->max_m[i] > 0 && i + 1 < p->n ? snprintf(out + o, n - o, "%s%s:%d", i ? "," : "", p->name[i], p->max_m[i])
+                                                : snprintf(out + o, n - o, "%s%s", i ? "," : "", p->name[i]);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
 }

@@ -36,4 +36,30 @@ int doctor_has_family(json_t *report, const char *family);
  * count (<= max). */
 int doctor_verdicts(json_t *report, const char *family, const int *ms, int n_ms, doc_verdict *out, int max);
 
+/* (additive) Backend over every shape of family at bucket M: 1 when every cell is "ok"
+ * (*ms: their summed time), else 0 with status (if not NULL) the first failing cell's
+ * ("wrong", "crash", "unsupported", "unverified", or "missing" when the report has no
+ * cell). */
+int doctor_bucket(json_t *report, const char *family, const char *backend, int M, double *ms, char *status,
+                  size_t sn);
+
+/* A per-bucket plan: entry i takes M up to max_m[i] (the last bucket of its run of
+ * buckets); the last entry has no bound (max_m 0). */
+#define DOC_PLAN_MAX 8
+typedef struct doc_plan {
+    int n;
+    char name[DOC_PLAN_MAX][64];
+    int max_m[DOC_PLAN_MAX];
+} doc_plan;
+
+/* The plan the report implies for family at the buckets ms (any order): per bucket
+ * the fastest of names[0..nn) that is ok there (doctor_bucket; ties: the earlier
+ * name), consecutive equal picks merged, the last entry unbounded. Returns 0, or
+ * ERR_UNSUPPORTED with e naming the first bucket where none of the names is ok (or
+ * saying the plan would need more than DOC_PLAN_MAX entries). */
+int doctor_plan(json_t *report, const char *family, const int *ms, int n_ms, const char *const *names, int nn,
+                doc_plan *out, ls_err *e);
+/* The text form of a plan, as ops_plan_parse reads it: "a:8,b" (one entry: "a"). */
+void doctor_plan_text(const doc_plan *p, char *out, size_t n);
+
 #endif

@@ -342,6 +342,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.gdn_backend = o->gdn_backend;
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
+    mo.banned_backends = o->banned_backends;
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);

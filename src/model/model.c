@@ -302,6 +302,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
     }
     int rc = ops_select(&d, &n, &m->ops, e);
     if (o) m->ops.auto_fam |= o->auto_families & 31u;
+    if (!rc && o && o->banned_backends) rc = ops_sel_ban(&m->ops, o->banned_backends, e);
     m->ops.stream = stream;
     m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
 #ifdef LS_HAVE_CUDA

@@ -30,6 +30,11 @@ typedef struct model_opts {
      * choice for a flag left at auto: a shape it does not take falls back per call, and a
      * CUDA graph capture may take a capture-safe backend instead (ops.h). */
     unsigned auto_families;
+    /* (additive) backends eliminated at start-up (serve's doctor or smoke test):
+     * "FAMILY:NAME[,...]" (ops_sel_ban): per-shape fallbacks and CUDA graph
+     * captures never take them. NULL: none. The backend names above may be per-M
+     * plans ("a:8,b", ops.h). */
+    const char *banned_backends;
 } model_opts;
 
 /* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */

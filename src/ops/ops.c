@@ -1,6 +1,10 @@
 /* ops.c: the op-family registries, backend selection, and helpers shared by
  * every backend (weight-row dequantisation, the router's top-k).
  *
+ * Selection: one backend per family, or a per-M plan (ops.h "per-M plans":
+ * parsed here, dispatched by the run helpers on the call's M), plus the
+ * banned backends that per-shape fallbacks and capture substitutes skip.
+ *
  * Owns: one registry array per family, filled once (pthread_once) in
  * preference order: CUDA backends (if linked), fast CPU backends, the
  * test-only broken ones (LASTSTAND_TEST_BROKEN_BACKENDS=1), then the CPU
@@ -9,6 +13,8 @@
 #include "ops/ops.h"
 #include "ops/cpu/cpu.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -219,8 +225,24 @@ OPS_DEFINE_FAMILY(small, small_ops, F_SMALL)
 
 /* ---- selection ----------------------------------------------------------- */
 
-static int pick(int f, const dev_info *d, const char *name, const void **out, ls_err *e) {
+/* "valid: auto, a, b" for family f on device d (NULL: every device) into b. */
+static void valid_names(int f, const dev_info *d, buf *b) {
     registry *r = reg(f);
+    for (int i = 0; i < r->n; i++)
+        if (!d || head(r->v[i])->dev == d->kind) buf_printf(b, "%s%s", b->len ? ", " : "", head(r->v[i])->name);
+}
+
+static int pick(int f, const dev_info *d, const char *name, const void **out, ops_plan *plan, ls_err *e) {
+    registry *r = reg(f);
+    if (plan) plan->n = 0;
+    if (name && name[strcspn(name, ",:")]) { /* a plan */
+        ops_plan p;
+        int rc = ops_plan_parse(f, d, name, &p, e);
+        if (rc) return rc;
+        *out = p.impl[0];
+        if (plan && p.n > 1) *plan = p;
+        return 0;
+    }
     if (!name || !*name || !strcmp(name, "auto")) {
         for (int i = 0; i < r->n; i++) {
             const impl_head *h = head(r->v[i]);
@@ -234,13 +256,163 @@ static int pick(int f, const dev_info *d, const char *name, const void **out, ls
     }
     buf b;
     buf_init(&b);
-    for (int i = 0; i < r->n; i++)
-        if (head(r->v[i])->dev == d->kind)
-            buf_printf(&b, "%s%s", b.len ? ", " : "", head(r->v[i])->name);
+    valid_names(f, d, &b);
     errf(e, ERR_INVAL, "unknown %s backend '%s' for device %s (valid: auto, %s)", k_fam_name[f],
          name, d->name, b.data ? b.data : "");
     buf_free(&b);
     return ERR_INVAL;
+}
+
+/* ---- plans --------------------------------------------------------------- */
+
+const char *ops_family_name(int fam) { return fam >= 0 && fam < OPS_N_FAM ? k_fam_name[fam] : "?"; }
+
+int ops_family_index(const char *name) {
+    for (int f = 0; f < OPS_N_FAM && name; f++)
+        if (!strcmp(name, k_fam_name[f])) return f;
+    return -1;
+}
+
+int ops_plan_parse(int fam, const dev_info *d, const char *text, ops_plan *out, ls_err *e) {
+    memset(out, 0, sizeof *out);
+    if (fam < 0 || fam >= OPS_N_FAM) return errf(e, ERR_INVAL, "no op family %d", fam);
+    const char *fn = k_fam_name[fam];
+    if (!text || !*text) return errf(e, ERR_INVAL, "%s backend: empty (a name, or a plan NAME:MAXM,...,NAME)", fn);
+    registry *r = reg(fam);
+    int k = 1; /* empty entries first, wherever they are ("a:8,b," is a stray comma, not a bound fault) */
+    for (const char *q = text;; k++) {
+        size_t len = strcspn(q, ","), sp = strspn(q, " \t");
+        if (sp >= len)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry %d is empty (write NAME:MAXM,...,NAME)", fn, text, k);
+        if (!q[len]) break;
+        q += len + 1;
+    }
+    const char *p = text;
+    for (int idx = 0;; idx++) {
+        size_t len = strcspn(p, ",");
+        const int last = p[len] == 0;
+        while (len && (*p == ' ' || *p == '\t')) p++, len--; /* spaces around an entry are not part of it */
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        char ent[160];
+        if (len == 0)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry %d is empty (write NAME:MAXM,...,NAME)", fn, text,
+                        idx + 1);
+        if (len >= sizeof ent)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry %d is too long", fn, text, idx + 1);
+        memcpy(ent, p, len);
+        ent[len] = 0;
+        char *colon = strchr(ent, ':');
+        long bound = 0;
+        if (colon) {
+            *colon = 0;
+            const char *bs = colon + 1;
+            char *end;
+            errno = 0;
+            bound = strtol(bs, &end, 10);
+            if (!*bs || *end || errno || bound < 1 || bound > (1L << 30) || !(*bs >= '0' && *bs <= '9'))
+                return errf(e, ERR_INVAL, "%s backend plan '%s': entry '%s:%s': the bound '%s' is not an integer in "
+                            "1..%ld (NAME:MAXM takes calls of up to MAXM tokens)", fn, text, ent, bs, bs, 1L << 30);
+        }
+        if (!ent[0])
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry %d has no backend name", fn, text, idx + 1);
+        if (!strcmp(ent, "auto"))
+            return errf(e, ERR_INVAL, "%s backend plan '%s': 'auto' cannot be an entry of a plan (name a backend)",
+                        fn, text);
+        if (idx >= OPS_PLAN_MAX)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': more than %d entries", fn, text, OPS_PLAN_MAX);
+        const void *impl = NULL;
+        for (int i = 0; i < r->n && !impl; i++)
+            if (!strcmp(head(r->v[i])->name, ent) && (!d || head(r->v[i])->dev == d->kind)) impl = r->v[i];
+        if (!impl) {
+            buf b;
+            buf_init(&b);
+            valid_names(fam, d, &b);
+            if (last && idx == 0)
+                errf(e, ERR_INVAL, "unknown %s backend '%s'%s%s (valid: auto, %s)", fn, ent, d ? " for device " : "",
+                     d ? d->name : "", b.data ? b.data : "");
+            else
+                errf(e, ERR_INVAL, "%s backend plan '%s': unknown %s backend '%s'%s%s (valid: %s)", fn, text, fn, ent,
+                     d ? " for device " : "", d ? d->name : "", b.data ? b.data : "");
+            buf_free(&b);
+            return ERR_INVAL;
+        }
+        if (last && colon)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': the last entry '%s:%ld' must have no bound (it takes every "
+                        "M above the previous entry's)", fn, text, ent, bound);
+        if (!last && !colon)
+            return errf(e, ERR_INVAL, "%s backend plan '%s': entry '%s' needs a bound (NAME:MAXM); only the last entry "
+                        "has none", fn, text, ent);
+        if (colon && idx > 0 && bound <= out->max_m[idx - 1])
+            return errf(e, ERR_INVAL, "%s backend plan '%s': bounds must increase, but '%s:%ld' follows a bound of %d",
+                        fn, text, ent, bound, out->max_m[idx - 1]);
+        out->impl[idx] = impl;
+        out->max_m[idx] = last ? INT_MAX : (int)bound;
+        out->n = idx + 1;
+        if (last) return 0;
+        p += strcspn(p, ",") + 1;
+    }
+}
+
+void ops_plan_format(const ops_plan *p, char *out, size_t n) {
+    if (n) out[0] = 0;
+    size_t o = 0;
+    for (int i = 0; i < p->n && o < n; i++) {
+        int w = i + 1 < p->n ? snprintf(out + o, n - o, "%s%s:%d", i ? "," : "", head(p->impl[i])->name, p->max_m[i])
+                             : snprintf(out + o, n - o, "%s%s", i ? "," : "", head(p->impl[i])->name);
+        if (w < 0) break;
+        o += (size_t)w;
+    }
+}
+
+const void *ops_plan_at(const ops_plan *p, int M) {
+    for (int i = 0; i < p->n; i++)
+        if (M <= p->max_m[i]) return p->impl[i];
+    return p->n ? p->impl[p->n - 1] : NULL;
+}
+
+const void *ops_sel_for_m(const ops_sel *s, int fam, int M) {
+    if (fam < 0 || fam >= OPS_N_FAM) return NULL;
+    if (s->plan[fam].n) return ops_plan_at(&s->plan[fam], M);
+    switch (fam) {
+    case OPS_FAM_GEMM: return s->gemm;
+    case OPS_FAM_FP4_GEMM: return s->fp4_gemm;
+    case OPS_FAM_MOE: return s->moe;
+    case OPS_FAM_ATTN: return s->attn;
+    default: return s->gdn;
+    }
+}
+
+int ops_sel_is_banned(const ops_sel *s, int fam, const void *impl) {
+    if (fam < 0 || fam >= OPS_N_FAM) return 0;
+    for (int i = 0; i < s->n_ban[fam]; i++)
+        if (s->ban[fam][i] == impl) return 1;
+    return 0;
+}
+
+int ops_sel_ban(ops_sel *s, const char *list, ls_err *e) {
+    for (const char *p = list; p && *p;) {
+        size_t len = strcspn(p, ",");
+        char item[160];
+        if (len == 0 || len >= sizeof item)
+            return errf(e, ERR_INVAL, "banned backends '%s': %s item", list, len ? "a too long" : "an empty");
+        memcpy(item, p, len);
+        item[len] = 0;
+        char *colon = strchr(item, ':');
+        if (colon) *colon = 0;
+        int f = ops_family_index(item);
+        if (!colon || f < 0)
+            return errf(e, ERR_INVAL, "banned backends '%s': '%s%s%s' is not FAMILY:NAME (families: gemm, fp4_gemm, "
+                        "moe, attention, gdn)", list, item, colon ? ":" : "", colon ? colon + 1 : "");
+        const void *impl = reg_find(f, colon + 1);
+        if (!impl) return errf(e, ERR_INVAL, "banned backends '%s': no %s backend '%s'", list, item, colon + 1);
+        if (!ops_sel_is_banned(s, f, impl)) {
+            if (s->n_ban[f] >= OPS_BAN_MAX)
+                return errf(e, ERR_INVAL, "banned backends '%s': more than %d in %s", list, OPS_BAN_MAX, item);
+            s->ban[f][s->n_ban[f]++] = impl;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
 }
 
 int ops_select(const dev_info *d, const ops_names *n, ops_sel *out, ls_err *e) {
@@ -250,20 +422,22 @@ int ops_select(const dev_info *d, const ops_names *n, ops_sel *out, ls_err *e) {
     out->dev = *d;
     out->act = d->kind == DEV_CPU ? ACT_F32 : ACT_BF16;
     int rc;
-    if ((rc = pick(F_GEMM, d, n->gemm, (const void **)&out->gemm, e))) return rc;
-    if ((rc = pick(F_FP4, d, n->fp4_gemm, (const void **)&out->fp4_gemm, e))) return rc;
-    if ((rc = pick(F_MOE, d, n->moe, (const void **)&out->moe, e))) return rc;
-    if ((rc = pick(F_ATTN, d, n->attention, (const void **)&out->attn, e))) return rc;
-    if ((rc = pick(F_GDN, d, n->gdn, (const void **)&out->gdn, e))) return rc;
+    if ((rc = pick(F_GEMM, d, n->gemm, (const void **)&out->gemm, &out->plan[F_GEMM], e))) return rc;
+    if ((rc = pick(F_FP4, d, n->fp4_gemm, (const void **)&out->fp4_gemm, &out->plan[F_FP4], e))) return rc;
+    if ((rc = pick(F_MOE, d, n->moe, (const void **)&out->moe, &out->plan[F_MOE], e))) return rc;
+    if ((rc = pick(F_ATTN, d, n->attention, (const void **)&out->attn, &out->plan[F_ATTN], e))) return rc;
+    if ((rc = pick(F_GDN, d, n->gdn, (const void **)&out->gdn, &out->plan[F_GDN], e))) return rc;
     const char *names[5] = {n->gemm, n->fp4_gemm, n->moe, n->attention, n->gdn};
     for (int f = 0; f < 5; f++)
         if (!names[f] || !*names[f] || !strcmp(names[f], "auto")) out->auto_fam |= 1u << f;
-    return pick(F_SMALL, d, NULL, (const void **)&out->small, e);
+    return pick(F_SMALL, d, NULL, (const void **)&out->small, NULL, e);
 }
 
-/* The backend for one call: the selected one if it takes the shape; for a
- * family chosen by "auto", else the first non-test-only backend of the
- * device that does. sup(impl, shape, why, n) wraps the family's supported. */
+/* The backend for one call: sel (the plan's entry for the call's M, or the
+ * single selection) if it takes the shape; for a family chosen by "auto",
+ * else another entry of the plan that does, else the first backend of the
+ * device that does and is neither test_only nor banned. sup(impl, shape,
+ * why, n) wraps the family's supported. */
 typedef int (*sup_fn)(const void *impl, const dev_info *d, const void *shape, char *why, size_t n);
 
 static const void *for_shape(const ops_sel *s, int f, const void *sel, sup_fn sup, const void *shape,
@@ -271,11 +445,15 @@ static const void *for_shape(const ops_sel *s, int f, const void *sel, sup_fn su
     char why[256] = "";
     if (sup(sel, &s->dev, shape, why, sizeof why)) return sel;
     if (s->auto_fam & (1u << f)) {
-        registry *r = reg(f);
         char w2[256];
+        const ops_plan *p = &s->plan[f];
+        for (int i = 0; i < p->n; i++)
+            if (p->impl[i] != sel && !ops_sel_is_banned(s, f, p->impl[i]) && sup(p->impl[i], &s->dev, shape, w2, sizeof w2))
+                return p->impl[i];
+        registry *r = reg(f);
         for (int i = 0; i < r->n; i++) {
             const impl_head *h = head(r->v[i]);
-            if (h->dev == s->dev.kind && !h->test_only && r->v[i] != sel &&
+            if (h->dev == s->dev.kind && !h->test_only && r->v[i] != sel && !ops_sel_is_banned(s, f, r->v[i]) &&
                 sup(r->v[i], &s->dev, shape, w2, sizeof w2))
                 return r->v[i];
         }
@@ -303,11 +481,16 @@ static int safe_gdn(const void *p) { return ((const gdn_impl *)p)->graph_safe; }
 static const void *capture_alt(const ops_sel *s, int f, const void *g, sup_fn sup, safe_fn safe,
                                const void *shape) {
     if (!g || !s->capturing || safe(g) || !(s->auto_fam & (1u << f))) return g;
-    registry *r = reg(f);
     char why[256];
+    const ops_plan *p = &s->plan[f]; /* the plan's own capture-safe entries first */
+    for (int i = 0; i < p->n; i++)
+        if (safe(p->impl[i]) && !ops_sel_is_banned(s, f, p->impl[i]) && sup(p->impl[i], &s->dev, shape, why, sizeof why))
+            return p->impl[i];
+    registry *r = reg(f);
     for (int i = 0; i < r->n; i++) {
         const impl_head *h = head(r->v[i]);
-        if (h->dev == s->dev.kind && !h->test_only && safe(r->v[i]) && sup(r->v[i], &s->dev, shape, why, sizeof why))
+        if (h->dev == s->dev.kind && !h->test_only && safe(r->v[i]) && !ops_sel_is_banned(s, f, r->v[i]) &&
+            sup(r->v[i], &s->dev, shape, why, sizeof why))
             return r->v[i];
     }
     return g;
@@ -334,7 +517,7 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
                ls_err *e) {
     gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
     const int fp4 = w->kind == W_NVFP4;
-    const gemm_impl *g = fp4 ? s->fp4_gemm : s->gemm;
+    const gemm_impl *g = ops_sel_for_m(s, fp4 ? F_FP4 : F_GEMM, M);
     if (s->dev.kind != DEV_CPU) { /* the CPU backends take every shape */
         gemm_shape sh = {.M = M, .N = w->N, .K = w->K, .wk = w->kind, .dt = s->act};
         if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e)))
@@ -350,7 +533,7 @@ int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
                     .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = a->dt,
                     .sk = w->shared_inter > 0 ? w->sh_gate.kind : w->gate[0].kind};
-    const moe_impl *g = capture_alt(s, F_MOE, for_shape(s, F_MOE, s->moe, sup_moe, &sh, e), sup_moe, safe_moe, &sh);
+    const moe_impl *g = capture_alt(s, F_MOE, for_shape(s, F_MOE, ops_sel_for_m(s, F_MOE, a->M), sup_moe, &sh, e), sup_moe, safe_moe, &sh);
     if (g && refuse_uncapturable(s, F_MOE, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }
@@ -359,7 +542,7 @@ int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e) {
     attn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .max_ctx = max_ctx, .n_heads = a->n_heads,
                      .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim, .gated = a->gate != NULL,
                      .dt = a->dt};
-    const attn_impl *g = capture_alt(s, F_ATTN, for_shape(s, F_ATTN, s->attn, sup_attn, &sh, e), sup_attn,
+    const attn_impl *g = capture_alt(s, F_ATTN, for_shape(s, F_ATTN, ops_sel_for_m(s, F_ATTN, a->n_tok), sup_attn, &sh, e), sup_attn,
                                      safe_attn, &sh);
     if (g && refuse_uncapturable(s, F_ATTN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
@@ -369,7 +552,7 @@ int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .nk = w->nk, .nv = w->nv, .dk = w->dk,
                     .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt};
-    const gdn_impl *g = capture_alt(s, F_GDN, for_shape(s, F_GDN, s->gdn, sup_gdn, &sh, e), sup_gdn, safe_gdn, &sh);
+    const gdn_impl *g = capture_alt(s, F_GDN, for_shape(s, F_GDN, ops_sel_for_m(s, F_GDN, a->n_tok), sup_gdn, &sh, e), sup_gdn, safe_gdn, &sh);
     if (g && refuse_uncapturable(s, F_GDN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;
 }

@@ -395,6 +395,41 @@ void ops_cuda_register_fwd(void);
 /* The CPU as a dev_info. */
 void ops_cpu_dev(dev_info *d);
 
+/* ---- per-M plans (additive) -------------------------------------------------
+ *
+ * The doctor decides per batch-size bucket, so one backend per family is not
+ * enough (gdn cuda_recurrent wins at M = 1, cuda_chunked at M = 3072; moe
+ * cuda_fused_decode takes only M <= 8). A plan is a short list of
+ * (largest M, backend) entries; the run helpers take, for a call of M tokens,
+ * the first entry whose bound is >= M. M is what the doctor measured:
+ *   gemm / fp4_gemm  the rows of the call (its M)
+ *   moe              the tokens of the call (moe_args.M)
+ *   attention, gdn   the new tokens of the whole step (n_tok = sum of n_new), as
+ *                    in src/doctor/trial_seq.c, where a bucket's step mixes
+ *                    decode rows and prefill chunks
+ * Text form (flags, child processes, logs): NAME[:MAXM](,NAME[:MAXM])*, bounds
+ * strictly increasing, every entry but the last with a bound, the last without
+ * (it takes every larger M): "cuda_recurrent:8,cuda_chunked". One bare NAME
+ * is one backend, exactly as before (no plan).
+ * Named vs auto: with the family's auto_fam bit clear (a plan named on the
+ * command line), an entry that does not take the call's shape is
+ * ERR_UNSUPPORTED with its reason; with the bit set (serve's plan from the
+ * doctor for a flag left at auto), the call falls back to another entry of the
+ * plan that takes it, then to the first backend of the device that does and
+ * is neither test_only nor banned (ops_sel_ban). While capturing, an entry
+ * that is not graph_safe is traded (auto only) for the first graph_safe entry
+ * of the plan that takes the shape, then for the first graph_safe backend of
+ * the device that is neither test_only nor banned. */
+enum { OPS_FAM_GEMM = 0, OPS_FAM_FP4_GEMM, OPS_FAM_MOE, OPS_FAM_ATTN, OPS_FAM_GDN, OPS_N_FAM };
+#define OPS_PLAN_MAX 8
+#define OPS_BAN_MAX 16
+
+typedef struct ops_plan {
+    int n;                          /* entries; 0: no plan */
+    int max_m[OPS_PLAN_MAX];        /* entry i takes M in (max_m[i-1], max_m[i]]; the last: INT_MAX */
+    const void *impl[OPS_PLAN_MAX]; /* the family's impl (gemm_impl, moe_impl, ...) */
+} ops_plan;
+
 /* Backend names chosen per family; NULL or "auto" = the default choice. */
 typedef struct ops_names {
     const char *gemm, *fp4_gemm, *moe, *attention, *gdn;
@@ -419,11 +454,44 @@ typedef struct ops_sel {
                             the run helpers refuse (ERR_UNSUPPORTED, naming it) a backend that is
                             not graph_safe; 2: the rehearsal before a capture: the same choice,
                             nothing refused */
+    /* (additive) per-M plans by OPS_FAM_* (n = 0: the single backend above; n >= 1:
+     * that pointer is the plan's first entry), and the backends that fallbacks and
+     * capture substitutes never take (ops_sel_ban) */
+    ops_plan plan[OPS_N_FAM];
+    const void *ban[OPS_N_FAM][OPS_BAN_MAX];
+    int n_ban[OPS_N_FAM];
 } ops_sel;
 
 /* Resolve names for device d. An unknown name, or one of another device, is
- * ERR_INVAL naming the family and listing the valid names. */
+ * ERR_INVAL naming the family and listing the valid names. A name may also be
+ * a plan (below): the family's pointer is then the plan's first entry. */
 int ops_select(const dev_info *d, const ops_names *names, ops_sel *out, ls_err *e);
+
+/* "gemm", "fp4_gemm", "moe", "attention", "gdn" by OPS_FAM_*; the index of a
+ * name (-1: none). */
+const char *ops_family_name(int fam);
+int ops_family_index(const char *name);
+/* Parse text (one backend name or a plan) for family fam on device d (NULL:
+ * a backend of any device); one name gives n = 1. ERR_INVAL with a message
+ * naming the family, the text and the fault: an empty entry, a bound that is
+ * not an integer in 1..2^30, bounds not increasing, a bound on the last entry
+ * or none on another, more than OPS_PLAN_MAX entries, "auto" inside a plan,
+ * an unknown backend (listing the valid ones). */
+int ops_plan_parse(int fam, const dev_info *d, const char *text, ops_plan *out, ls_err *e);
+/* The text form of p ("a:8,b"; one entry: its name; none: ""). */
+void ops_plan_format(const ops_plan *p, char *out, size_t n);
+/* The entry of p for a call of M tokens (NULL when p is empty). */
+const void *ops_plan_at(const ops_plan *p, int M);
+/* What family fam's run helper takes first for a call of M tokens: the plan's
+ * entry, or the single selected backend (before any per-shape fallback). */
+const void *ops_sel_for_m(const ops_sel *s, int fam, int M);
+/* Backends that fallbacks and capture substitutes must never take (those
+ * serve's doctor or smoke test eliminated): "FAMILY:NAME[,FAMILY:NAME...]";
+ * NULL or "" for none. The selection or plan itself is not changed (a name
+ * chosen explicitly stays the caller's decision). ERR_INVAL naming the bad
+ * item, or more than OPS_BAN_MAX in one family. */
+int ops_sel_ban(ops_sel *s, const char *list, ls_err *e);
+int ops_sel_is_banned(const ops_sel *s, int fam, const void *impl);
 
 /* y = x·Wᵀ through the selected gemm or fp4_gemm (by w->kind). */
 int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,

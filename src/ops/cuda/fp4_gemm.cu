@@ -14,10 +14,15 @@
  *                        bytes). K is permuted inside each lane's 32-element
  *                        slice identically for A and B (a dot product does not
  *                        care about order). Partial sums of the KW warps meet in
- *                        shared memory; scale2 is applied once at the end. At
- *                        M = 1 a variant stages the weights through shared
- *                        memory with cp.async instead of registers (63
- *                        registers: twice the warps per SM), same decode.
+ *                        shared memory; scale2 is applied once at the end.
+ *                        At M = 1 the block-column GEMV kernel (nvfp4.cuh)
+ *                        when K = KW * PER * 128 fits it: weights, scales and
+ *                        x staged with cp.async, unscaled E2M1 into mma.sync,
+ *                        the 8 B columns spent on the 8 scale blocks of a
+ *                        chunk so that each E4M3 scale is one fp32 FFMA on an
+ *                        output instead of a BF16 multiply per weight pair
+ *                        (half the instructions of the M <= 8 kernel); else
+ *                        the cp.async variant of the M <= 8 kernel.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -31,6 +36,7 @@
  * The gemm family (BF16 weight) is here too: cuda_cublaslt and cuda_ref.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/nvfp4.cuh"
 
 #include <cublasLt.h>
 #include <dlfcn.h>
@@ -319,6 +325,353 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     }
 }
 
+/* The M = 1 GEMV kernel (nvfp4.cuh, block-column form): one 16-row tile per block,
+ * KW warps each owning PER consecutive 128-element chunks of K (K == KW * PER * 128).
+ * Every weight byte of the warp's slice and the matching 256 B of x per chunk are
+ * put in flight at once with cp.async (one commit group per chunk); the warp then
+ * waits for chunk u alone and runs nv4_gemv1_chunk on it: unscaled E2M1 weights
+ * into mma.sync, the 8 B columns carrying the token's x block by block, the E4M3
+ * block scales applied as fp32 FFMAs on the 4 outputs (no BF16 multiply per
+ * weight). Lanes whose B column is zero for a half read a 32-byte zero row in
+ * shared memory instead of x. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+    fp4_gemv1_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
+    __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values */
+    __shared__ __align__(16) uint4 zb[2];                 /* zeros */
+    __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
+    /* lane i copies scale bytes 4 (i % 2) .. + 3 of row i / 2 of each chunk */
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
+        cu_cp_async_commit();
+    }
+    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    /* B column g is this lane's at slot t iff t == g / 2: first half of the slice for
+     * even g, second half for odd g; every other (lane, half) reads zeros */
+    const bool on = t == (g >> 1);
+    const uint4 *pe = on && !(g & 1) ? &xs[warp][0][4 * t] : zb;
+    const uint4 *po = on && (g & 1) ? &xs[warp][0][4 * t + 2] : zb;
+    const int se = on && !(g & 1) ? 16 : 0, so = on && (g & 1) ? 16 : 0;
+    /* K % 128 == 0: a per-thread zero the compiler cannot fold (see nv4_lut_make) */
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
+        float sg[4];
+        nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+        nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+        nv4_gemv1_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), pe[u * se],
+                        pe[u * se + 1], po[u * so], po[u * so + 1], sg, lut, acc);
+    }
+    /* row g: acc0 + acc1, row g + 8: acc2 + acc3, summed over the 4 lanes t, then the warps */
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    if (t == 0) {
+        red[warp][g] = r0;
+        red[warp][g + 8] = r1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale2;
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
+}
+
+/* The persistent form of fp4_gemv1_kernel for weights with many more 16-row tiles
+ * than resident blocks: a grid of (resident blocks) walks the tiles (tile =
+ * blockIdx.x + i * gridDim.x); each warp keeps its K slice (PER chunks) for every
+ * tile and, while it decodes tile i from one shared-memory stage, the cp.async loads
+ * of its slice of tile i + 1 fill the other stage (one commit group per tile). x is
+ * loaded once. The KW warps' partial sums meet in a double-buffered reduction array
+ * (one barrier per tile). Same lane mapping and nv4_gemv1_chunk as the one-shot kernel.
+ * Dynamic shared memory: sizeof(gvp_smem<KW, PER>). Opt-in (LASTSTAND_W4A16_GPERSIST=1):
+ * on the H200 it measured slower than one tile per block (the kernel is bound by the
+ * integer pipe's issue rate, not by load latency; bench/RESULTS.md). */
+template <int KW, int PER>
+struct gvp_smem {
+    uint4 xs[KW][PER][16];           /* x: the warp's chunks, loaded once */
+    uint4 zb[2];                     /* zeros */
+    uint4 stage[2][KW][PER][2][32];  /* codes, two tiles in flight */
+    uint32_t ss[2][KW][PER][32];     /* E4M3 scales, two tiles */
+    float red[2][KW][16];            /* per-warp row sums, alternating tiles */
+};
+
+template <int KW, int PER>
+__device__ __forceinline__ void gvp_issue(gvp_smem<KW, PER> &sm, int st, int tile, int K, const uint8_t *__restrict__ w,
+                                          const uint8_t *__restrict__ sc, int lane, int warp) {
+    const int g = lane >> 2, t = lane & 3, n0 = tile * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&sm.stage[st][warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&sm.stage[st][warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&sm.ss[st][warp][u][lane], sg0 + u * 8);
+    }
+}
+
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, 2)
+    fp4_gemv1p_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int ntiles) {
+    extern __shared__ __align__(16) unsigned char gvp_raw[];
+    gvp_smem<KW, PER> &sm = *reinterpret_cast<gvp_smem<KW, PER> *>(gvp_raw);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int c0 = warp * PER;
+    int tile = blockIdx.x; /* gridDim.x <= ntiles */
+    if (lane < 16) {
+        const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * lane;
+#pragma unroll
+        for (int u = 0; u < PER; u++) cu_cp_async16(&sm.xs[warp][u][lane], xg + u * W4_CHUNK);
+    }
+    gvp_issue<KW, PER>(sm, 0, tile, K, w, sc, lane, warp);
+    cu_cp_async_commit(); /* group of tile 0 (and x) */
+    if (threadIdx.x < 2) sm.zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    const bool on = t == (g >> 1);
+    const uint4 *pe = on && !(g & 1) ? &sm.xs[warp][0][4 * t] : sm.zb;
+    const uint4 *po = on && (g & 1) ? &sm.xs[warp][0][4 * t + 2] : sm.zb;
+    const int se = on && !(g & 1) ? 16 : 0, so = on && (g & 1) ? 16 : 0;
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
+    for (int i = 0;; i++) {
+        const int nt = tile + gridDim.x, st = i & 1;
+        __syncwarp(); /* every lane is done with stage st ^ 1 (tile i - 1) */
+        if (nt < ntiles) gvp_issue<KW, PER>(sm, st ^ 1, nt, K, w, sc, lane, warp);
+        cu_cp_async_commit(); /* possibly empty: keeps one group per tile */
+        cu_cp_async_wait<1>();
+        __syncwarp(); /* tile i's codes, scales (and x) copied by the warp's lanes */
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.ss[st][warp][u]); /* [row][4] */
+            float sg[4];
+            nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+            nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+            nv4_gemv1_chunk(cu_lds16(&sm.stage[st][warp][u][0][lane]), cu_lds16(&sm.stage[st][warp][u][1][lane]),
+                            pe[u * se], pe[u * se + 1], po[u * so], po[u * so + 1], sg, lut, acc);
+        }
+        float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        if (t == 0) {
+            sm.red[st][warp][g] = r0;
+            sm.red[st][warp][g + 8] = r1;
+        }
+        /* red[st] is rewritten two tiles later, after every warp passed the next barrier,
+         * which warp 0 reaches only after reading it here */
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += sm.red[st][ww][threadIdx.x];
+            const int n = tile * 16 + threadIdx.x;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[n]);
+            y[n] = __float2bfloat16_rn(v);
+        }
+        if (nt >= ntiles) break;
+        tile = nt;
+    }
+}
+
+template <int KW, int PER>
+static void gvp_launch(const gemm_args *a, cudaStream_t st, int sms) {
+    static int occ = 0; /* resident blocks per SM, once per instance */
+    const size_t smem = sizeof(gvp_smem<KW, PER>);
+    if (!occ) {
+        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        int o = 0;
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fp4_gemv1p_kernel<KW, PER>, 32 * KW, smem);
+        occ = o > 0 ? o : 1;
+    }
+    const lin_w *w = a->w;
+    const int ntiles = w->N / 16;
+    const int grid = occ * sms < ntiles ? occ * sms : ntiles;
+    fp4_gemv1p_kernel<KW, PER><<<grid, 32 * KW, smem, st>>>(w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data,
+                                                            w->scale, w->scale2, (bf16 *)a->y, a->accumulate, ntiles);
+}
+
+static void gvp_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st, int sms) {
+    if (kw == 16) {
+        if (per == 1) gvp_launch<16, 1>(a, st, sms);
+        else gvp_launch<16, 2>(a, st, sms);
+    } else if (kw == 8) {
+        if (per == 1) gvp_launch<8, 1>(a, st, sms);
+        else if (per == 2) gvp_launch<8, 2>(a, st, sms);
+        else gvp_launch<8, 4>(a, st, sms);
+    } else {
+        if (per == 1) gvp_launch<4, 1>(a, st, sms);
+        else if (per == 2) gvp_launch<4, 2>(a, st, sms);
+        else gvp_launch<4, 4>(a, st, sms);
+    }
+}
+
+/* The M = 1 GEMV with the bit-placement decode (nvfp4.cuh nv4_gemv2_chunk), opt-in
+ * (LASTSTAND_W4A16_GDEC=2) until a device round has validated and timed it: same
+ * one-shot cp.async structure as fp4_gemv1_kernel, but the codes are decoded with
+ * half their instructions on the FMA pipe (the block-column kernel is bound by the
+ * integer pipe) and the scale is applied to A by one BF16 multiply per pair; every
+ * B column carries the token, whose x each warp permutes once per chunk in shared
+ * memory into the (i, i + 4) pairing of the decode. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+    fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
+    __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values, then permuted */
+    __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
+        cu_cp_async_commit();
+    }
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
+        __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
+        const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
+                             xs[warp][u][4 * t + 3]};
+        nv4_gemv2_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s16[4 * g + t],
+                        s16[4 * (g + 8) + t], xp, acc);
+    }
+    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2) */
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale2 * 256.f; /* the decode's 2^-126 against the scales' 2^118 */
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
+}
+
+template <int KW, int PER>
+static void gv2_launch(const gemm_args *a, cudaStream_t st) {
+    static int carve = 0;
+    if (!carve) {
+        cudaFuncSetAttribute(fp4_gemv2_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        carve = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_gemv2_kernel<KW, PER><<<w->N / 16, 32 * KW, 0, st>>>(w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data,
+                                                           w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
+}
+
+static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
+    if (kw == 16) {
+        if (per == 1) gv2_launch<16, 1>(a, st);
+        else gv2_launch<16, 2>(a, st);
+    } else if (kw == 8) {
+        if (per == 1) gv2_launch<8, 1>(a, st);
+        else if (per == 2) gv2_launch<8, 2>(a, st);
+        else gv2_launch<8, 4>(a, st);
+    } else {
+        if (per == 1) gv2_launch<4, 1>(a, st);
+        else if (per == 2) gv2_launch<4, 2>(a, st);
+        else gv2_launch<4, 4>(a, st);
+    }
+}
+
+template <int KW, int PER>
+static void gv_launch(const gemm_args *a, cudaStream_t st) {
+    static int carve = 0; /* shared memory before L1: several blocks of 40 KB per SM */
+    if (!carve) {
+        cudaFuncSetAttribute(fp4_gemv1_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        carve = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_gemv1_kernel<KW, PER><<<w->N / 16, 32 * KW, 0, st>>>(w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data,
+                                                           w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
+}
+
+/* 0 when no instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER in
+ * 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory). The width tried first:
+ * want_kw when given, else 16 warps when the tiles barely fill the GPU twice (the
+ * latency-bound small weights), else 8; then 16, 8, 4. */
+static int gv_pick(int nchunks, int ntiles, int sms, int want_kw, int *kw_out, int *per_out) {
+    int first = want_kw == 4 || want_kw == 8 || want_kw == 16 ? want_kw
+                : nchunks % 16 == 0 && nchunks / 16 <= 2 && ntiles <= 2 * sms ? 16
+                                                                              : 8;
+    const int order[4] = {first, 16, 8, 4};
+    for (int i = 0; i < 4; i++) {
+        int k = order[i];
+        if (k > nchunks || nchunks % k) continue;
+        int per = nchunks / k;
+        if ((per == 1 || per == 2 || per == 4) && !(k == 16 && per == 4)) {
+            *kw_out = k;
+            *per_out = per;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void gv_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
+    if (kw == 16) {
+        if (per == 1) gv_launch<16, 1>(a, st);
+        else gv_launch<16, 2>(a, st);
+    } else if (kw == 8) {
+        if (per == 1) gv_launch<8, 1>(a, st);
+        else if (per == 2) gv_launch<8, 2>(a, st);
+        else gv_launch<8, 4>(a, st);
+    } else {
+        if (per == 1) gv_launch<4, 1>(a, st);
+        else if (per == 2) gv_launch<4, 2>(a, st);
+        else gv_launch<4, 4>(a, st);
+    }
+}
+
 template <int KW, int PER>
 static void w4a_launch(const gemm_args *a, cudaStream_t st) {
     static int carve = 0; /* shared memory before L1, so that 4 blocks of 36 KB fit an SM */
@@ -507,8 +860,14 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * selects the persistent M <= 8 kernel (measured on the H200, 2026-11-29: no faster
  * than one tile per block, 1575 vs 1747 GB/s at [16384 x 4096], so off); and LASTSTAND_W4A16_KW = warps
  * splitting K (1, 2, 4, 8; 16 with U = 2) and LASTSTAND_W4A16_U = chunks in flight per warp at
- * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel. Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0;
+ * M <= 8 (2, 4 or 8) shape the register-staged one-tile-per-block kernel;
+ * LASTSTAND_W4A16_GEMV=0 turns off the M = 1 block-column GEMV kernel (fp4_gemv1_kernel,
+ * the default at M = 1 where K fits it), LASTSTAND_W4A16_GKW = its warps per tile
+ * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST=1 selects its
+ * persistent form (fp4_gemv1p_kernel; default off, slower on the H200),
+ * LASTSTAND_W4A16_GDEC=2 the bit-placement decode kernel (fp4_gemv2_kernel; opt-in
+ * until a device round validates it). Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
@@ -518,6 +877,13 @@ static void w4_knobs(void) {
     g_w4_persist = p && !strcmp(p, "1");
     g_w4_async = as ? atoi(as) : 1; /* the cp.async kernel up to this M (H200: M = 1 only pays) */
     g_w4_akw = akw ? atoi(akw) : 0;
+    const char *gv = getenv("LASTSTAND_W4A16_GEMV"), *gkw = getenv("LASTSTAND_W4A16_GKW");
+    g_w4_gemv = gv ? atoi(gv) : 1;
+    g_w4_gkw = gkw ? atoi(gkw) : 0;
+    const char *gp = getenv("LASTSTAND_W4A16_GPERSIST");
+    g_w4_gpers = gp ? !!atoi(gp) : -1;
+    const char *gd = getenv("LASTSTAND_W4A16_GDEC");
+    g_w4_gdec = gd && atoi(gd) == 2 ? 2 : 1;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
@@ -553,17 +919,36 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
      * (132 SMs on an H200), never below one chunk per warp. */
     w4_knobs();
     cudaStream_t st = (cudaStream_t)s;
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (sms < 1) sms = 1;
+    }
+    int gkw = 0, gper = 0;
+    /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
+    if (a->M == 1 && g_w4_gemv && !((uintptr_t)w->scale & 3) &&
+        gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
+        /* one tile per block by default: the persistent form (loads of the next tile
+         * under the decode of this one) measured slower on the H200 (2026-11-29,
+         * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
+         * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
+        int pers = g_w4_gpers > 0;
+        if (g_w4_gdec == 2) {
+            gv2_run_kw(gkw, gper, a, st);
+            CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)");
+            return 0;
+        }
+        if (pers) gvp_run_kw(gkw, gper, a, st, sms);
+        else gv_run_kw(gkw, gper, a, st);
+        CU_LAUNCHED(e, pers ? "fp4_gemm cuda_w4a16_mma (gemv, persistent)" : "fp4_gemm cuda_w4a16_mma (gemv)");
+        return 0;
+    }
     if (mt == 1 && a->M <= g_w4_async && !g_w4_persist) {
         /* the cp.async streaming kernel: 16 warps a tile when the tiles barely fill the
          * GPU twice, else 8 (H200, 2026-11-29: [4096 x 4096] 9.3 vs 9.8 us, [16384 x 4096]
          * 21.1 vs 21.8 us); 1..4 chunks per warp */
-        static int sms = 0;
-        if (!sms) {
-            int dev = 0;
-            cudaGetDevice(&dev);
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-            if (sms < 1) sms = 1;
-        }
         int kw = 0;
         if (g_w4_akw == 8 || g_w4_akw == 16) kw = g_w4_akw;
         else if (nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * sms) kw = 16;

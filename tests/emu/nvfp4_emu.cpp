@@ -1,0 +1,351 @@
+/* nvfp4_emu.cpp: host emulation of the M = 1 NVFP4 GEMV kernels' warp step
+ * (src/ops/cuda/nvfp4.cuh nv4_gemv1_chunk, nv4_gemv2_chunk and their decoders) and of
+ * the lane mapping of fp4_gemv1_kernel / fp4_gemv2_kernel (src/ops/cuda/fp4_gemm.cu:
+ * the cp.async addresses, the zero rows, the scale indexing, the reductions, copied
+ * here), against an fp64 product computed from the format's definition.
+ *
+ * mma.sync m16n8k16 (bf16 in, fp32 accumulate) is emulated from the PTX fragment layout:
+ * 32 threads run the per-lane code and meet at a barrier on every mma, where lane 0
+ * multiplies the gathered A (16 x 16) and B (16 x 8) fragments. bf16 multiplies round
+ * to nearest even (exact for the values involved).
+ *
+ * usage: nvfp4_emu [1|2]   (1 = block-column kernel, 2 = bit-placement kernel)
+ * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail).
+ * Prints one line per shape and PASS / FAIL; exit 0 on PASS. Built by
+ * tests/test_nvfp4_emu.py with g++ -std=c++20 -pthread. */
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+static uint32_t nv4_prmt(uint32_t a, uint32_t b, uint32_t s) {
+    uint8_t by[8];
+    for (int i = 0; i < 4; i++) {
+        by[i] = a >> (8 * i);
+        by[4 + i] = b >> (8 * i);
+    }
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) {
+        uint32_t n = (s >> (4 * i)) & 15;
+        uint8_t v = by[n & 7];
+        if (n & 8)
+            v = (v & 0x80) ? 0xff : 0;
+        r |= (uint32_t)v << (8 * i);
+    }
+    return r;
+}
+static float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+// warp mma emulation
+static std::barrier<> *bar;
+static uint32_t A[32][4], B[32][2];
+static float C[32][4], D[32][4];
+static void nv4_mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4]);
+static float e4m3(uint8_t v) {
+    int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    float r;
+    if (e == 15 && m == 7)
+        return NAN;
+    r = e ? ldexpf(1.f + m / 8.f, e - 7) : ldexpf(m / 8.f, -6);
+    return s ? -r : r;
+}
+static void nv4_e4m3x2_to_f32x2(uint16_t s, float &lo, float &hi) {
+    lo = e4m3(s & 0xff);
+    hi = e4m3(s >> 8);
+}
+static uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000)
+        return 0x7fc0;
+    u += 0x7fff + ((u >> 16) & 1);
+    return u >> 16;
+}
+static uint32_t nv4_hmul2(uint32_t a, uint32_t b) {
+    float lo = bf2f(a & 0xffff) * bf2f(b & 0xffff), hi = bf2f(a >> 16) * bf2f(b >> 16);
+    return f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+static uint32_t nv4_pack_bf16x2(float lo, float hi) { return f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+static uint32_t nv4_shr_fma(uint32_t a, uint32_t s) {
+    return (uint32_t)(((uint64_t)a * (1ull << (32 - s))) >> 32);
+}
+#define NV4_HOST_EMU
+#include "../../src/ops/cuda/nvfp4.cuh"
+static thread_local int my_lane;
+static int g_mutate;
+static void nv4_mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4]) {
+    int l = my_lane;
+    for (int i = 0; i < 4; i++) {
+        A[l][i] = a[i];
+        C[l][i] = c[i];
+    }
+    B[l][0] = b0;
+    B[l][1] = b1;
+    bar->arrive_and_wait();
+    if (l == 0) {
+        float Am[16][16], Bm[16][8];
+        for (int ln = 0; ln < 32; ln++) {
+            int g = ln >> 2, t = ln & 3;
+            auto lo = [](uint32_t v) { return bf2f(v & 0xffff); };
+            auto hi = [](uint32_t v) { return bf2f(v >> 16); };
+            Am[g][2 * t] = lo(A[ln][0]);
+            Am[g][2 * t + 1] = hi(A[ln][0]);
+            Am[g + 8][2 * t] = lo(A[ln][1]);
+            Am[g + 8][2 * t + 1] = hi(A[ln][1]);
+            Am[g][2 * t + 8] = lo(A[ln][2]);
+            Am[g][2 * t + 9] = hi(A[ln][2]);
+            Am[g + 8][2 * t + 8] = lo(A[ln][3]);
+            Am[g + 8][2 * t + 9] = hi(A[ln][3]);
+            Bm[2 * t][g] = lo(B[ln][0]);
+            Bm[2 * t + 1][g] = hi(B[ln][0]);
+            Bm[2 * t + 8][g] = lo(B[ln][1]);
+            Bm[2 * t + 9][g] = hi(B[ln][1]);
+        }
+        for (int ln = 0; ln < 32; ln++) {
+            int g = ln >> 2, t = ln & 3;
+            int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+            for (int r = 0; r < 4; r++) {
+                double s = C[ln][r];
+                for (int k = 0; k < 16; k++)
+                    s += (double)Am[rows[r]][k] * Bm[k][cols[r]];
+                D[ln][r] = (float)s;
+            }
+        }
+    }
+    bar->arrive_and_wait();
+    for (int i = 0; i < 4; i++)
+        d[i] = D[l][i];
+    bar->arrive_and_wait();
+}
+static float e2m1(int c) {
+    static const float v[8] = {0, .5f, 1, 1.5f, 2, 3, 4, 6};
+    return (c & 8 ? -1 : 1) * v[c & 7];
+}
+
+// emulate the kernel for one block (tile), warp by warp
+static void run_block(int KW, int PER, int N, int K, const uint16_t *x, const uint8_t *w, const uint8_t *sc,
+                      float scale2, float *y, int blk) {
+    std::vector<float> red(KW * 16);
+    for (int warp = 0; warp < KW; warp++) {
+        // shared memory of this warp: stage[PER][2][32] uint4, xs[PER][16] uint4, ss[PER][32] u32
+        std::vector<uint4> stage(PER * 64), xs(PER * 16);
+        std::vector<uint32_t> ss(PER * 32);
+        uint4 zb[2] = {};
+        const int n0 = blk * 16, c0 = warp * PER;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2, t = lane & 3;
+            const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t,
+                          *wr1 = wr0 + (size_t)8 * (K / 2);
+            const uint16_t *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
+            const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+            for (int u = 0; u < PER; u++) {
+                memcpy(&stage[(u * 2 + 0) * 32 + lane], wr0 + u * 64, 16);
+                memcpy(&stage[(u * 2 + 1) * 32 + lane], wr1 + u * 64, 16);
+                memcpy(&ss[u * 32 + lane], sg0 + u * 8, 4);
+                if (lane < 16)
+                    memcpy(&xs[u * 16 + lane], xg + u * 128, 16);
+            }
+        }
+        float accs[32][4];
+        bar = new std::barrier<>(32);
+        std::vector<std::thread> th;
+        for (int lane = 0; lane < 32; lane++)
+            th.emplace_back([&, lane] {
+                my_lane = lane;
+                int g = lane >> 2, t = lane & 3;
+                const bool on = t == (g >> 1);
+                const uint4 *pe = on && !(g & 1) ? &xs[4 * t] : zb;
+                const uint4 *po = on && (g & 1) ? &xs[4 * t + 2] : zb;
+                const int se = on && !(g & 1) ? 16 : 0, so = on && (g & 1) ? 16 : 0;
+                const nv4_lut lut = nv4_lut_make(0);
+                float acc[4] = {0, 0, 0, 0};
+                for (int u = 0; u < PER; u++) {
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(&ss[u * 32]);
+                    float sg[4];
+                    nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+                    nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+                    if (g_mutate)
+                        std::swap(sg[0], sg[1]);
+                    nv4_gemv1_chunk(stage[(u * 2) * 32 + lane], stage[(u * 2 + 1) * 32 + lane], pe[u * se],
+                                    pe[u * se + 1], po[u * so], po[u * so + 1], sg, lut, acc);
+                }
+                for (int r = 0; r < 4; r++)
+                    accs[lane][r] = acc[r];
+            });
+        for (auto &x : th)
+            x.join();
+        delete bar;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2;
+            red[warp * 16 + g] += accs[lane][0] + accs[lane][1];
+            red[warp * 16 + g + 8] += accs[lane][2] + accs[lane][3];
+        }
+    }
+    for (int i = 0; i < 16; i++) {
+        float v = 0;
+        for (int ww = 0; ww < KW; ww++)
+            v += red[ww * 16 + i];
+        y[blk * 16 + i] = v * scale2;
+    }
+}
+static void run_block2(int KW, int PER, int N, int K, const uint16_t *x, const uint8_t *w, const uint8_t *sc,
+                       float scale2, float *y, int blk) {
+    std::vector<float> red(KW * 16);
+    for (int warp = 0; warp < KW; warp++) {
+        std::vector<uint4> stage(PER * 64), xs(PER * 16);
+        std::vector<uint32_t> ss(PER * 32);
+        const int n0 = blk * 16, c0 = warp * PER;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2, t = lane & 3;
+            const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t,
+                          *wr1 = wr0 + (size_t)8 * (K / 2);
+            const uint16_t *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
+            const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+            for (int u = 0; u < PER; u++) {
+                memcpy(&stage[(u * 2 + 0) * 32 + lane], wr0 + u * 64, 16);
+                memcpy(&stage[(u * 2 + 1) * 32 + lane], wr1 + u * 64, 16);
+                memcpy(&ss[u * 32 + lane], sg0 + u * 8, 4);
+                if (lane < 16)
+                    memcpy(&xs[u * 16 + lane], xg + u * 128, 16);
+            }
+        }
+        for (int u = 0; u < PER; u++)
+            for (int lane = 0; lane < 16; lane++)
+                xs[u * 16 + lane] = nv4_xperm8(xs[u * 16 + lane]);
+        float accs[32][4];
+        bar = new std::barrier<>(32);
+        std::vector<std::thread> th;
+        for (int lane = 0; lane < 32; lane++)
+            th.emplace_back([&, lane] {
+                my_lane = lane;
+                int g = lane >> 2, t = lane & 3;
+                float acc[4] = {0, 0, 0, 0};
+                for (int u = 0; u < PER; u++) {
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(&ss[u * 32]);
+                    const uint4 xp[4] = {xs[u * 16 + 4 * t], xs[u * 16 + 4 * t + 1], xs[u * 16 + 4 * t + 2],
+                                         xs[u * 16 + 4 * t + 3]};
+                    uint16_t sa = s16[4 * g + t], sb = s16[4 * (g + 8) + t];
+                    if (g_mutate)
+                        std::swap(sa, sb);
+                    nv4_gemv2_chunk(stage[(u * 2) * 32 + lane], stage[(u * 2 + 1) * 32 + lane], sa, sb, xp,
+                                    acc);
+                }
+                for (int r = 0; r < 4; r++)
+                    accs[lane][r] = acc[r];
+            });
+        for (auto &x : th)
+            x.join();
+        delete bar;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2, t = lane & 3;
+            if (t == 0) {
+                red[warp * 16 + g] = accs[lane][0];
+                red[warp * 16 + g + 8] = accs[lane][2];
+            }
+        }
+    }
+    for (int i = 0; i < 16; i++) {
+        float v = 0;
+        for (int ww = 0; ww < KW; ww++)
+            v += red[ww * 16 + i];
+        y[blk * 16 + i] = v * scale2 * 256.f;
+    }
+}
+int main(int argc, char **argv) {
+    const int kind = argc > 1 ? atoi(argv[1]) : 1;
+    g_mutate = getenv("NVFP4_EMU_MUTATE") && atoi(getenv("NVFP4_EMU_MUTATE"));
+    std::mt19937 rng(1);
+    int cfg[][4] = {
+        {4096, 256, 16, 2}, {4096, 48, 8, 4}, {1024, 32, 8, 1}, {512, 16, 4, 1}, {2048, 32, 4, 4}};
+    int bad = 0;
+    for (auto &c : cfg) {
+        int K = c[0], N = c[1], KW = c[2], PER = c[3];
+        if (K != KW * PER * 128) {
+            printf("bad cfg\n");
+            return 1;
+        }
+        std::vector<uint16_t> x(K);
+        std::vector<uint8_t> w((size_t)N * K / 2), sc((size_t)N * K / 16);
+        for (auto &v : x) {
+            float f = std::uniform_real_distribution<float>(-2, 2)(rng);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            v = u >> 16;
+        }
+        for (auto &v : w)
+            v = rng() & 0xff;
+        for (auto &v : sc) {
+            v = rng() & 0x7f;
+            if ((v & 0x7f) == 0x7f)
+                v = 0x7e;
+            if (rng() % 16 == 0)
+                v = rng() % 8;
+        }
+        float scale2 = 0.37f;
+        std::vector<float> y(N);
+        for (int b = 0; b < N / 16; b++)
+            (kind == 2 ? run_block2 : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2,
+                                                 y.data(), b);
+        double maxerr = 0, maxref = 0;
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                uint8_t byte = w[(size_t)n * K / 2 + k / 2];
+                int code = k & 1 ? byte >> 4 : byte & 15;
+                s += (double)e2m1(code) * e4m3(sc[(size_t)n * K / 16 + k / 16]) * bf2f(x[k]);
+            }
+            s *= scale2;
+            maxerr = fmax(maxerr, fabs(s - y[n]));
+            maxref = fmax(maxref, fabs(s));
+        }
+        printf("K=%d N=%d KW=%d PER=%d: max|err| %.3g max|ref| %.3g rel %.3g\n", K, N, KW, PER, maxerr,
+               maxref, maxerr / maxref);
+        if (maxerr / maxref > 1e-5)
+            bad = 1;
+    }
+    // decode check: all 256 bytes -> compare
+    nv4_lut lut = nv4_lut_make(0);
+    for (uint32_t v = 0; v < 65536; v += 1) {
+        uint32_t wv = v * 0x9E3779B1u;
+        uint32_t out[4];
+        nv4_e2m1x8_to_bf16x8(wv, lut, out);
+        for (int j = 0; j < 8; j++) {
+            float want = e2m1((wv >> (4 * j)) & 15);
+            float got = j & 1 ? bf2f(out[j / 2] >> 16) : bf2f(out[j / 2] & 0xffff);
+            if (want != got || std::signbit(want) != std::signbit(got)) {
+                printf("decode mismatch %08x %d\n", wv, j);
+                bad = 1;
+                break;
+            }
+        }
+    }
+    for (uint32_t v = 0; v < 65536; v++) {
+        uint32_t wv = v * 0x9E3779B1u;
+        uint32_t out[4];
+        nv4_e2m1x8_place(wv, out);
+        for (int j = 0; j < 8; j++) {
+            float want = e2m1((wv >> (4 * j)) & 15) * ldexpf(1.f, -126);
+            uint32_t o = out[j & 3];
+            float got = j < 4 ? bf2f(o & 0xffff) : bf2f(o >> 16);
+            if (want != got || std::signbit(want) != std::signbit(got)) {
+                printf("place mismatch %08x %d %g %g\n", wv, j, want, got);
+                bad = 1;
+                break;
+            }
+        }
+    }
+    printf(bad ? "FAIL\n" : "PASS\n");
+    return bad;
+}

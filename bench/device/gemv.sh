@@ -9,9 +9,8 @@
 #    bitwise reproducibility, CUDA graph replay, refusals.
 # 2. `laststand doctor` on the gemm family, cuda_gemv next to cuda_cublaslt (and
 #    cuda_ref, the doctor's GPU oracle), for the BF16 shapes of
-#    synth:qwen3.5-397b-a17b and synth:qwen3.5-35b-a3b at M = 1..32 (M > 32 is refused:
-#    the unit test checks that).
-# 3. The K split forced to 1, 2, 4, 8 (LASTSTAND_GEMV_SPLIT) at M = 1, for tuning.
+#    synth:qwen3.5-397b-a17b and synth:qwen3.5-35b-a3b at M = 1..32 (M > 16 is refused).
+# 3. The K split forced to 1, 2, 4, 8 (LASTSTAND_GEMV_SPLIT) at M = 1, both models.
 # 4. ncu (if present): kernel durations and DRAM bytes of cuda_gemv at M = 1 on the
 #    397B shapes, median per grid (one grid per shape; no launch boundary in these).
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
@@ -26,14 +25,16 @@ nvidia-smi -L 2>&1 | head -2
 git log --oneline -1 2>/dev/null
 
 echo "== unit test test_gemv_cuda"
-TB="$BDIR/tests/test_gemv_cuda"
-[ -x "$TB" ] || TB="$(dirname "$BIN")/../tests/test_gemv_cuda"
-if [ -x "$TB" ]; then
+TB=""
+for c in "$BDIR/tests/test_gemv_cuda" "$BDIR/../tests/test_gemv_cuda" build/tests/test_gemv_cuda; do
+    [ -x "$c" ] && { TB=$c; break; }
+done
+if [ -n "$TB" ]; then
     timeout 40 "$TB" >"$OUT/unit.out" 2>&1
     echo "rc=$? ($(( $(date +%s) - T0 )) s)"
     grep -vE "^\[ RUN|^\[       OK" "$OUT/unit.out" | tail -n 60
 else
-    echo "no test_gemv_cuda beside $BIN"
+    echo "no test_gemv_cuda beside $BIN (stage build/tests/test_gemv_cuda into its tests/ folder)"
 fi
 
 for model in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
@@ -49,12 +50,14 @@ for model in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     cat "$OUT/doctor-$model.txt"
 done
 
-echo "== the K split forced (LASTSTAND_GEMV_SPLIT), cuda_gemv, synth:qwen3.5-397b-a17b, M = 1"
-for S in 1 2 4 8; do
-    [ $(( $(date +%s) - T0 )) -gt 72 ] && { echo "S=$S skipped (time)"; continue; }
-    LASTSTAND_GEMV_SPLIT=$S timeout 10 "$BIN" doctor --device cuda --families gemm \
-        --model-path synth:qwen3.5-397b-a17b --m 1 --backends cuda_gemv 2>/dev/null \
-        | grep -E "^gemm |^ +1 " | paste - - | sed -E "s/^/S=$S /; s/ +/ /g" | cut -c1-160
+for model in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    echo "== the K split forced (LASTSTAND_GEMV_SPLIT), cuda_gemv, synth:$model, M = 1"
+    for S in 1 2 4 8; do
+        [ $(( $(date +%s) - T0 )) -gt 72 ] && { echo "S=$S skipped (time)"; continue; }
+        LASTSTAND_GEMV_SPLIT=$S timeout 10 "$BIN" doctor --device cuda --families gemm \
+            --model-path synth:$model --m 1 --backends cuda_gemv 2>/dev/null \
+            | grep -E "^gemm |^ +1 " | paste - - | sed -E "s/^/S=$S /; s/ +/ /g" | cut -c1-160
+    done
 done
 
 echo "== ncu: cuda_gemv kernel time and DRAM bytes at M = 1, synth:qwen3.5-397b-a17b (median per grid)"

@@ -11,7 +11,7 @@
  *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
  *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
- *             cuda_gemv           M <= 32: mma.sync with the weight rows as A, K split over a
+ *             cuda_gemv           M <= 16: mma.sync with the weight rows as A, K split over a
  *                                 thread block cluster for small N, deterministic (gemv.cu)
  *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert

@@ -2,15 +2,16 @@
 # bench/device/kern3.sh BIN OUTDIR: the table decode of the fp4_gemm M = 1 GEMV kernel
 # (fp4_gemv1t_kernel, nv4_gemv1t_chunk<L> in src/ops/cuda/nvfp4.cuh; opt-in by
 # LASTSTAND_W4A16_LUT=L, L = 1, 2 or 4 of the 4 word pairs per chunk decoded through a
-# shared-memory table) against the byte-permute decode (LUT=0, the default), same
-# binary, in under 100 s:
+# shared-memory table, 12 = L 2 with the codes loaded into registers instead of through
+# shared memory) against the byte-permute decode (LUT=0, the default), same binary, in
+# under 100 s:
 #  1. the doctor, cuda_w4a16_mma only (every cell validated against the fp64 CPU oracle /
 #     cuda_ref, then timed) on [4096 x 4096], [16384 x 4096], [1024 x 4096], [4096 x 1024]
-#     at M = 1, 2, 8 for LUT = 0, 1, 2, 4 (the table applies at M = 1 only: M = 2, 8 are
+#     at M = 1, 2, 8 for LUT = 0, 1, 2, 4, 12 (the table applies at M = 1 only: M = 2, 8 are
 #     the same kernel in every run and show the run-to-run noise);
-#  2. the doctor on the 35B preset's NVFP4 shapes at M = 1, 2 with LUT = 2 and 4 (K = 2048
+#  2. the doctor on the 35B preset's NVFP4 shapes at M = 1 with LUT = 2, 12, 4 (K = 2048
 #     and 512: the 16- and 4-warp instances);
-#  3. Nsight Compute at [16384 x 4096] M = 1 for LUT = 0, 2, 4: time, DRAM, issue rate,
+#  3. Nsight Compute at [16384 x 4096] M = 1 for LUT = 0, 12, 4, 2: time, DRAM, issue rate,
 #     instructions, shared-memory wavefronts, ALU / FMA-heavy / MIO pipe use, top stalls;
 #  4. if time is left, LUT = 2, 4 with 16 warps per tile (LASTSTAND_W4A16_GKW=16).
 # Each step is skipped (and says so) when the 100 s would be passed.
@@ -52,18 +53,18 @@ run() { # run LABEL MLIST SHAPES-ARGS... (env already set by the caller)
   report "$f.json" "$lab"
 }
 left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left before a mark
-for L in 0 1 2 4; do
+for L in 0 1 2 4 12; do
   LASTSTAND_W4A16_LUT=$L run "LUT=$L" 1,2,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
 done
-for L in 2 4; do
-  [ "$(left 55)" -lt 0 ] && { echo "35B:LUT=$L skipped: time"; continue; }
-  LASTSTAND_W4A16_LUT=$L run "35B:LUT=$L" 1,2 --shapes qwen3.5-35b-a3b
+for L in 2 12 4; do
+  [ "$(left 50)" -lt 0 ] && { echo "35B:LUT=$L skipped: time"; continue; }
+  LASTSTAND_W4A16_LUT=$L run "35B:LUT=$L" 1 --shapes qwen3.5-35b-a3b
 done
 echo "doctor: $(( $(date +%s) - T0 )) s"
 # Nsight Compute on the M = 1 kernel at [16384 x 4096]: the byte-permute decode and the table
 if command -v ncu >/dev/null 2>&1; then
-  for L in 0 2 4; do
-    [ "$(left 78)" -lt 0 ] && { echo "ncu LUT=$L skipped: time"; continue; }
+  for L in 0 12 4 2; do
+    [ "$(left 80)" -lt 0 ] && { echo "ncu LUT=$L skipped: time"; continue; }
     LASTSTAND_W4A16_LUT=$L timeout 16 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 \
       --section SpeedOfLight --section SchedulerStats \
       --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__mio_inst_issued.avg.pct_of_peak_sustained_active \

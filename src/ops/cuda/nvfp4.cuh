@@ -36,8 +36,8 @@
  *
  * A third one, nv4_gemv1t_chunk<L>, is nv4_gemv1_chunk with L of its 4 word pairs
  * decoded through a shared-memory table instead of byte permutes (see "table decode"
- * below): per code byte one byte extract (PRMT), one address IMAD and one LDS.32 that
- * is conflict-free whatever the codes, moving decode work from the integer pipe to the
+ * below): per code byte an address from the byte (PRMT + IMAD, or IMADs alone) and one
+ * LDS.32 that is conflict-free whatever the codes, moving decode work from the integer pipe to the
  * MIO (shared-memory) pipe; nv4_tab_build / nv4_tab_decode4 are reusable by any kernel.
  *
  * For a host-side emulation (a test) define NV4_HOST_EMU and provide uint4,
@@ -277,11 +277,15 @@ NV4_FN void nv4_tab_build(uint32_t tab, int tid, int nthreads, const nv4_lut &lu
 
 /* Eight codes in one word (the checkpoint's order) -> four bf16x2 words, the same
  * output as nv4_e2m1x8_to_bf16x8, through the table: tl = this lane's copy (table +
- * 4 * lane). Per byte: PRMT (byte k zero-extended), IMAD (tl + 128 b), LDS.32. */
+ * 4 * lane). The address of byte k is tl + 128 b_k: bytes 1 and 2 by PRMT (zero-
+ * extended byte, integer pipe) and IMAD; bytes 0 and 3 on the FMA pipe alone, as
+ * multiplies ((w << 24) >> 17 = 128 b_0: IMAD.SHL, IMAD.HI with the add; w >> 24:
+ * IMAD.HI, then IMAD): 2 integer-pipe ops per word instead of 4. Then one LDS.32 each. */
 NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
-#pragma unroll
-    for (int k = 0; k < 4; k++)
-        out[k] = nv4_lds_tab(tl + 128u * nv4_prmt(w, 0u, 0x4440u + (uint32_t)k));
+    out[0] = nv4_lds_tab(nv4_shr_fma(w * 16777216u, 17) + tl);
+    out[1] = nv4_lds_tab(tl + 128u * nv4_prmt(w, 0u, 0x4441u));
+    out[2] = nv4_lds_tab(tl + 128u * nv4_prmt(w, 0u, 0x4442u));
+    out[3] = nv4_lds_tab(tl + 128u * nv4_shr_fma(w, 24));
 }
 
 /* nv4_gemv1_chunk with the word pairs q in the mask NV4_TAB_Q(L) decoded through the

@@ -10,7 +10,8 @@
 #    against the fp64 CPU reference).
 # 2. The variant knobs of moe_grouped.cu, each alone and together, same doctor cells:
 #      LASTSTAND_MG_SIDE=1          the BF16 shared expert's GEMMs on a side stream
-#      LASTSTAND_MG_DECODE=place    NVFP4 decode by bit placement (nvfp4.cuh)
+#      LASTSTAND_MG_DECODE=place    NVFP4 decode by bit placement (nvfp4.cuh), addresses once
+#      LASTSTAND_MG_DECODE=place3   the same, 3 CTAs per SM at BM = 16
 #      LASTSTAND_MG_PREFETCH=256    L2 prefetch hint on the weight codes' cp.async
 # 3. ncu (--clock-control none) per-kernel breakdown of one call on the 35B shape at M = 16
 #    and 64: time, DRAM bytes and throughput, instructions, issue rate, occupancy, top stalls.
@@ -51,6 +52,7 @@ echo "== 2. variants, 35B ($(el))"
 doctor side35 "LASTSTAND_MG_SIDE=1" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
 doctor place35 "LASTSTAND_MG_DECODE=place" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
 doctor pf256_35 "LASTSTAND_MG_PREFETCH=256" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
+doctor place3_35 "LASTSTAND_MG_DECODE=place3" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
 doctor all35 "LASTSTAND_MG_SIDE=1 LASTSTAND_MG_DECODE=place LASTSTAND_MG_PREFETCH=256" "$B35" \
     16,32,64,128,256 cuda_grouped_gemm 7
 

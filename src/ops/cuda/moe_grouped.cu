@@ -382,7 +382,7 @@ struct mg_smem<BM, MG_LD_BF16> {
  * out dbuf [pair, H] = wts[pair] · s2d · down. LD: the weight loader (MG_LD_*).
  * Shared memory is dynamic: sizeof(mg_smem<BM, LD>). */
 template <bool GATEUP, int LD, int BM, int PLACE>
-__global__ void __launch_bounds__(MG_THREADS, 2)
+__global__ void __launch_bounds__(MG_THREADS, PLACE == 2 ? 3 : 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
                    const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
@@ -412,48 +412,94 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16; /* bytes per weight row: codes, scales */
     const int nk = (K + MG_BK - 1) / MG_BK;
 
+    /* PLACE (BM <= 32, NVFP4 cp.async loader): every thread's sources are fixed
+     * for the whole K loop (at most one A chunk, two code chunks, one or two scale
+     * words), so their addresses (the token's row: a division by k + 1) are made
+     * once here, not per k block on the integer pipe that the decode saturates */
+    static_assert(!PLACE || (BM * 8 <= MG_THREADS && BNW * 2 == 2 * MG_THREADS), "PLACE: fixed sources");
+    const bf16 *pa_src = x;
+    int pa_ok = 0;
+    const uint8_t *pb_src[2] = {w0, w0}, *ps_src[2] = {s0, s0};
+    int pb_ok[2] = {0, 0};
+    if constexpr (PLACE) {
+        if (tid < BM * 8) {
+            const int row = tid >> 3, p = sm.pair[row];
+            pa_ok = p >= 0;
+            if (pa_ok)
+                pa_src = (GATEUP ? x + (size_t)(p / (k + 1)) * H : hbuf + (size_t)(r0 + row) * ldh) + (tid & 7) * 8;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int row = (tid + i * MG_THREADS) >> 1, half = tid & 1;
+            const bool up = GATEUP && row >= HALF;
+            const int n = n0 + (up ? row - HALF : row);
+            pb_ok[i] = n < N;
+            if (pb_ok[i]) {
+                pb_src[i] = (up ? w1 : w0) + (size_t)n * ldw + half * 16;
+                ps_src[i] = (up ? s1 : s0) + (size_t)n * lds;
+            }
+        }
+    }
+
     /* stage st <- k block k0: A BM rows x 64 k (BM·8 chunks of 16 B), codes BNW
      * rows x 32 B (BNW·2 chunks of 16 B), scales BNW rows x 4 B */
     auto load = [&](int st, int k0) {
+        if constexpr (PLACE) {
+            if (tid < BM * 8) {
+                const bool ok = pa_ok && k0 + (tid & 7) * 8 < K;
+                mg_cp16(&sm.a[st][tid >> 3][(tid & 7) * 8], ok ? pa_src + k0 : x, ok);
+            }
 #pragma unroll
-        for (int c = tid; c < BM * 8; c += MG_THREADS) {
-            const int row = c >> 3, kk = k0 + (c & 7) * 8;
-            const int p = sm.pair[row];
-            const bool ok = p >= 0 && kk < K;
-            const bf16 *src = x;
-            if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
-            mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
-        }
+            for (int i = 0; i < 2; i++) {
+                const int row = (tid + i * MG_THREADS) >> 1, half = tid & 1;
+                const bool ok = pb_ok[i] && k0 + half * 32 < K;
+                mg_cp16_pf(&sm.b[st][row][half * 16], ok ? pb_src[i] + k0 / 2 : w0, ok, pf);
+                if (half == 0) mg_cp4(&sm.s[st][row][0], pb_ok[i] ? ps_src[i] + k0 / 16 : s0, pb_ok[i]);
+            }
+        } else {
 #pragma unroll
-        for (int c = tid; c < BNW * 2; c += MG_THREADS) {
-            const int row = c >> 1, half = c & 1;
-            const bool up = GATEUP && row >= HALF;
-            const int n = n0 + (up ? row - HALF : row);
-            const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
-            const bool nok = n < N;
-            if constexpr (LD == MG_LD_BF16) {
-                /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+            for (int c = tid; c < BM * 8; c += MG_THREADS) {
+                const int row = c >> 3, kk = k0 + (c & 7) * 8;
+                const int p = sm.pair[row];
+                const bool ok = p >= 0 && kk < K;
+                const bf16 *src = x;
+                if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
+                mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
+            }
 #pragma unroll
-                for (int q = half; q < 8; q += 2) {
-                    const int kk = k0 + q * 8;
-                    const bool ok = nok && kk < K;
-                    mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
-                }
-            } else if constexpr (LD == MG_LD_FP4) {
-                const bool ok = nok && k0 + half * 32 < K;
-                mg_cp16_pf(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok, pf);
-                if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
-            } else {
-                /* plain loads, zero past the end of K (K % 16 == 0) */
+            for (int c = tid; c < BNW * 2; c += MG_THREADS) {
+                const int row = c >> 1, half = c & 1;
+                const bool up = GATEUP && row >= HALF;
+                const int n = n0 + (up ? row - HALF : row);
+                const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
+                const bool nok = n < N;
+                if constexpr (LD == MG_LD_BF16) {
+                    /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+#pragma unroll
+                    for (int q = half; q < 8; q += 2) {
+                        const int kk = k0 + q * 8;
+                        const bool ok = nok && kk < K;
+                        mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
+                    }
+                } else if constexpr (LD == MG_LD_FP4) {
+                    const bool ok = nok && k0 + half * 32 < K;
+                    mg_cp16_pf(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok,
+                               pf);
+                    if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
+                } else {
+                    /* plain loads, zero past the end of K (K % 16 == 0) */
 #pragma unroll 4
-                for (int i = 0; i < 16; i++) {
-                    const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
-                    sm.b[st][row][half * 16 + i] = (nok && kb < K) ? wb[(size_t)n * ldw + kb / 2] : (uint8_t)0;
-                }
+                    for (int i = 0; i < 16; i++) {
+                        const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
+                        sm.b[st][row][half * 16 + i] =
+                            (nok && kb < K) ? wb[(size_t)n * ldw + kb / 2] : (uint8_t)0;
+                    }
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int kb = k0 + (half * 2 + i) * 16;
-                    sm.s[st][row][half * 2 + i] = (nok && kb < K) ? sb[(size_t)n * lds + kb / 16] : (uint8_t)0;
+                    for (int i = 0; i < 2; i++) {
+                        const int kb = k0 + (half * 2 + i) * 16;
+                        sm.s[st][row][half * 2 + i] =
+                            (nok && kb < K) ? sb[(size_t)n * lds + kb / 16] : (uint8_t)0;
+                    }
                 }
             }
         }
@@ -596,17 +642,23 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
         c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM, PLACE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
         if (c != cudaSuccess) return c;
+        if (PLACE == 2) /* all of the SM's unified memory as shared memory: room for 3 CTAs */
+            c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM, PLACE>,
+                                     cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+        if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    mg_gemm_kernel<GATEUP, LD, BM, PLACE><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                   dbuf, sh_only, pf);
+    mg_gemm_kernel<GATEUP, LD, BM, PLACE><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                                          wts, dbuf, sh_only, pf);
     return cudaGetLastError();
 }
 
 /* The GEMMs' variant knobs, read once per process (doctor-validated before any
  * becomes a default):
- *   LASTSTAND_MG_DECODE=place|perm  NVFP4 decode: bit placement (nvfp4.cuh, half of it
- *                                   on the FMA pipe) or the byte-permute tables (default)
+ *   LASTSTAND_MG_DECODE=place|place3|perm  NVFP4 decode: bit placement (nvfp4.cuh, half
+ *                                   of it on the FMA pipe; the loads' addresses made once
+ *                                   per CTA; BM <= 32) or the byte-permute tables (default);
+ *                                   place3: the same with 3 CTAs per SM at BM = 16
  *   LASTSTAND_MG_SIDE=0|1           a shared expert of another kind than the routed
  *                                   experts runs on a side stream beside them (1) or
  *                                   after them on the caller's stream (0, default)
@@ -624,6 +676,7 @@ static mg_knobs mg_knobs_get(void) {
         mg_knobs n = {0, 0, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "place")) n.place = 1;
+        if (v && !strcmp(v, "place3")) n.place = 2;
         v = getenv("LASTSTAND_MG_SIDE");
         if (v && !strcmp(v, "1")) n.side = 1;
         v = getenv("LASTSTAND_MG_PREFETCH");
@@ -646,6 +699,11 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
     constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
+        if (ld == MG_LD_FP4 && kn.place == 2)
+            return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 2>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                             dbuf, sh_only, kn.pf, st);
+    }
     if constexpr (BM <= 32) { /* (at BM = 64 the place decode spills: not built) */
         if (ld == MG_LD_FP4 && kn.place)
             return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 1>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
@@ -914,7 +972,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
     const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
-    if (tiles_max > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
+    if (tiles_max > 65535)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
     float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, st, e);
     int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, st, e);
     float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), st, e);

@@ -69,6 +69,8 @@ __device__ __forceinline__ void gd_ld_seq(const int32_t *p, int &slot, int &n, i
                  : "l"(p));
 }
 
+__device__ __forceinline__ void gd_prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 /* x·sigmoid(x) and sigmoid(x) by the fast division: no slow-path call in the straight-line code
  * (a denominator of +inf, x < −88, gives 0, as the exact form) */
 __device__ __forceinline__ float gd_silu(float x) { return __fdividef(x, 1.f + expf(-x)); }
@@ -193,6 +195,19 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
                 sqk[u] += __shfl_xor_sync(0xffffffffu, sqk[u], o);
             }
         __syncwarp();
+        if (t0 + TB < T) { /* the next group's inputs into L1 while this one runs (no registers) */
+            const int nt2 = min(TB, T - t0 - TB);
+#pragma unroll
+            for (int u = 0; u < TB; u++) {
+                const size_t row = (size_t)(row0 + t0 + TB + min(u, nt2 - 1));
+                const bf16 *r = qkv + row * D;
+                gd_prefetch_l1(r + qch);
+                gd_prefetch_l1(r + kch);
+                gd_prefetch_l1(r + vch);
+                gd_prefetch_l1(a + row * nv + j);
+                gd_prefetch_l1(b + row * nv + j);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < TB; u++) {
             if (u >= nt) break;

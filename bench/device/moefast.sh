@@ -10,8 +10,8 @@
 #    PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`): the default
 #    choices (kernel pair and PDL per shape, moe.cu), then the opt-in knobs of this round:
 #      LASTSTAND_MOE_TOPK=2           top-k phase 2 on packed 64-bit candidates
-#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) in the cp.async
-#                                     pair at M = 1
+#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) in the kernel
+#                                     pairs 1 and 2 at M = 1
 #      LASTSTAND_MOE_SHARED_EARLY=1   the shared expert's gate/up blocks run before the
 #                                     wait for the top-k kernel (with PDL)
 #      LASTSTAND_MOE_FUSED_PAIR=1..4, LASTSTAND_MOE_PDL=0/1   force a pair / PDL
@@ -62,7 +62,9 @@ done
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     for sh in nv bf; do doctor all "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
 done
-for sh in nv bf; do doctor pair2+pdl "LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-35b-a3b $sh 1; done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor bc LASTSTAND_MOE_BC=1 $p $sh 1; done
+done
 echo "($(el))"
 
 echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2, auto moe choice: eager vs CUDA graphs (default, knobs)"

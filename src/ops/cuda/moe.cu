@@ -448,11 +448,44 @@ __device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, siz
     }
 }
 
-/* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32. */
-__global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
+/* Block-column form (BC, M = 1 only; nvfp4.cuh's nv4_gemv1_chunk): the mma's 8 B
+ * columns hold the chunk's 8 scale blocks instead of 8 copies of the token, so each
+ * output is one (row, block) partial and the block scale is an fp32 FFMA (no BF16
+ * multiply per decoded pair, the byte tables built once). acc then holds (row g,
+ * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
+ * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
+ * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
+ * g == 0 supply B, the others zeros), which sums the same way. */
+__device__ __forceinline__ void bc_rows(float (&acc)[4]) {
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    acc[0] = r0;
+    acc[2] = r1;
+}
+
+/* One NVFP4 chunk in BC form: xr = the lane's 32 B-values of the token (4 uint4, K
+ * order), zero = 64 readable zero bytes (global); s0 / s1 the E4M3 scale pairs of
+ * rows g / g + 8. */
+__device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 *xr,
+                                         const uint4 *zero, int g, int t, const nv4_lut &lut, float (&acc)[4]) {
+    const bool act = t == (g >> 1);
+    const uint4 *pe = act && !(g & 1) ? xr : zero, *po = act && (g & 1) ? xr + 2 : zero;
+    float sg[4];
+    nv4_e4m3x2_to_f32x2(s0, sg[0], sg[1]);
+    nv4_e4m3x2_to_f32x2(s1, sg[2], sg[3]);
+    nv4_gemv1_chunk(w0, w1, __ldg(pe), __ldg(pe + 1), __ldg(po), __ldg(po + 1), sg, lut, acc);
+}
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32.
+ * BC (M = 1): the NVFP4 chunks in block-column form (bc_chunk). */
+template <bool BC>
+__global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
-                                                         int ldh) {
+                                                         int ldh, const uint4 *__restrict__ zero) {
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -478,6 +511,7 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
     const size_t r8 = (size_t)8 * (H / 2), s8 = (size_t)8 * (H / 16);
     const bf16 *xm = x + (size_t)m * H;
     float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 (BC only) */
     if (j == k && P->sbf) {
         /* BF16 shared expert: 4 x 16 B per row and chunk, one chunk in flight */
         for (int c = cb; c < ce; c++) {
@@ -510,6 +544,12 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (c + u >= ce) break;
+            if (BC) {
+                const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
+                bc_chunk(wv[u][0], wv[u][1], sv[u][0], sv[u][1], xp, zero, g, t, lut, ag);
+                bc_chunk(wv[u][2], wv[u][3], sv[u][2], sv[u][3], xp, zero, g, t, lut, au);
+                continue;
+            }
             uint32_t b[16];
             if (g == 0) {
                 const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
@@ -539,6 +579,10 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
             }
         }
     }
+    if (BC) { /* the BF16 shared expert's B is column 0 only: bc_rows sums it the same way */
+        bc_rows(ag);
+        bc_rows(au);
+    }
     /* column 0 (the token) lives in lanes with t == 0: c0 = row g, c2 = row g + 8 */
     __shared__ float red[8][2][16];
     if (t == 0) {
@@ -561,7 +605,9 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
     }
 }
 
-/* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j). */
+/* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j).
+ * BC (M = 1): the NVFP4 chunks in block-column form (the B halves built from h). */
+template <bool BC>
 __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restrict__ P, int M, int H, int I,
                                                        int Is, int k, const int32_t *__restrict__ idx,
                                                        const float *__restrict__ wts,
@@ -573,6 +619,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     const int sbf = P->sbf;
     const int npairs = k * cpe + (sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
     float acc[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
     for (int p0 = warp; p0 < npairs; p0 += 8 * 4) {
         uint4 wv[4][2];
         uint16_t sv[4][2];
@@ -609,6 +656,31 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (p0 + 8 * u >= npairs) break;
+            if (BC) {
+                /* lane (g, t) with t == g / 2 supplies half g % 2 of its 32 values, the rest zeros */
+                uint4 h0 = make_uint4(0u, 0u, 0u, 0u), h1 = h0;
+                if (t == (g >> 1)) {
+                    const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]) + 4 * (g & 1);
+                    uint32_t hv[8];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        const float4 f = hp[v];
+                        __nv_bfloat162 lo = __floats2bfloat162_rn(f.x * coef[u], f.y * coef[u]);
+                        __nv_bfloat162 hi = __floats2bfloat162_rn(f.z * coef[u], f.w * coef[u]);
+                        hv[2 * v] = *reinterpret_cast<uint32_t *>(&lo);
+                        hv[2 * v + 1] = *reinterpret_cast<uint32_t *>(&hi);
+                    }
+                    h0 = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                    h1 = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+                }
+                const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+                float sg[4];
+                nv4_e4m3x2_to_f32x2(sv[u][0], sg[0], sg[1]);
+                nv4_e4m3x2_to_f32x2(sv[u][1], sg[2], sg[3]);
+                const bool od = g & 1;
+                nv4_gemv1_chunk(wv[u][0], wv[u][1], od ? z : h0, od ? z : h1, od ? h0 : z, od ? h1 : z, sg, lut, acc);
+                continue;
+            }
             uint32_t b[16];
             if (g == 0) {
                 const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]);
@@ -661,6 +733,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             bf16_chunk_mma(w0, w1, xv, acc);
         }
     }
+    if (BC) bc_rows(acc); /* the BF16 shared expert's B is column 0 only: same sums */
     __shared__ float red[8][16];
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -673,37 +746,6 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
         for (int w = 0; w < 8; w++) v += red[w][threadIdx.x];
         y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
     }
-}
-
-/* Block-column form (BC, M = 1 only; nvfp4.cuh's nv4_gemv1_chunk): the mma's 8 B
- * columns hold the chunk's 8 scale blocks instead of 8 copies of the token, so each
- * output is one (row, block) partial and the block scale is an fp32 FFMA (no BF16
- * multiply per decoded pair, the byte tables built once). acc then holds (row g,
- * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
- * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
- * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
- * g == 0 supply B, the others zeros), which sums the same way. */
-__device__ __forceinline__ void bc_rows(float (&acc)[4]) {
-    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
-    acc[0] = r0;
-    acc[2] = r1;
-}
-
-/* One NVFP4 chunk in BC form: xr = the lane's 32 B-values of the token (4 uint4, K
- * order), zero = 64 readable zero bytes (global); s0 / s1 the E4M3 scale pairs of
- * rows g / g + 8. */
-__device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 *xr,
-                                         const uint4 *zero, int g, int t, const nv4_lut &lut, float (&acc)[4]) {
-    const bool act = t == (g >> 1);
-    const uint4 *pe = act && !(g & 1) ? xr : zero, *po = act && (g & 1) ? xr + 2 : zero;
-    float sg[4];
-    nv4_e4m3x2_to_f32x2(s0, sg[0], sg[1]);
-    nv4_e4m3x2_to_f32x2(s1, sg[2], sg[3]);
-    nv4_gemv1_chunk(w0, w1, __ldg(pe), __ldg(pe + 1), __ldg(po), __ldg(po + 1), sg, lut, acc);
 }
 
 /* ---- the streaming pair (default): same load pipeline as fp4_gemm's cp.async kernel ---- */
@@ -1417,8 +1459,8 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
     const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, !(M == 1 && H >= 4096 && gp.sbf));
     if (pair == 2 && !gkw) pair = 1;
-    /* the block-column decode in the cp.async pair at M = 1: LASTSTAND_MOE_BC=1 (until
-     * validated on the H200) */
+    /* the block-column decode (nvfp4.cuh) in pairs 1 and 2 at M = 1: LASTSTAND_MOE_BC=1
+     * (until validated on the H200) */
     static int force_bc = -2;
     const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, 0);
     if (pair >= 3) {
@@ -1498,13 +1540,14 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     } else {
         if (c == cudaSuccess) {
             dim3 g2d(ldh / 16, M * (k + 1));
-            c = fused_launch(pdl, moe_gateup_kernel, g2d, dim3(256), 0, st, dgp, M, H, I, Is, k, (const bf16 *)a->x,
-                             (const int32_t *)idx, hws, ldh);
+            c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp,
+                             M, H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero);
         }
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            c = fused_launch(pdl, moe_down_kernel, g3d, dim3(256), 0, st, ddp, M, H, I, Is, k, (const int32_t *)idx,
-                             (const float *)wts, (const float *)hws, ldh, (bf16 *)a->y);
+            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+                             H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
+                             (bf16 *)a->y);
         }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {

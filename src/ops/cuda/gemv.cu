@@ -17,9 +17,14 @@
  *
  * Work split: a block (8 warps) owns 16-row tiles (grid-stride over the tiles,
  * the grid sized to what the GPU holds at once, so there is no tail wave) and one
- * K range; its warps split that range by 32-wide columns. When the tiles alone
- * would not fill the GPU (small N), K is also split over the S blocks of a thread
- * block cluster (sm_90, S = 2, 4 or 8), which meet in distributed shared memory.
+ * K range; its warps split that range by 32-wide columns, interleaved so that the
+ * 8 warps of a batch step read one contiguous run of each row. When the tiles
+ * alone would not give every SM a block (small N), K is also split over the S
+ * blocks of a thread block cluster (sm_90, S = 2, 4 or 8), which meet in
+ * distributed shared memory; S also grows when x would not fit shared memory
+ * (M·K large). A cluster barrier has release semantics and so waits for the
+ * weight loads in flight: clusters cost ~1.5 µs per tile when they walk through
+ * several tiles (device round R2), hence the one-block-per-SM rule for S.
  * Per warp the (tile, batch of U columns) items form one flat sequence, and the
  * next item's weight loads are issued before the current item's mma (two
  * register sets), across tile boundaries too. The block's x slice (its K range,

@@ -1,5 +1,10 @@
 """The M = 1 NVFP4 GEMV kernels' warp step (src/ops/cuda/nvfp4.cuh) checked on the CPU.
 
+Kind 3 is the table-decode step (nv4_gemv1t_chunk<L>, fp4_gemv1t_kernel): its emulated
+shared memory checks that every table load of lane i hits bank i (the conflict-free
+layout); a lane reading its neighbour's copy (right values, wrong banks) or a table laid
+out copy-major (wrong values) must fail.
+
 tests/emu/nvfp4_emu.cpp includes nvfp4.cuh with its host hooks and runs a warp of the
 kernels' per-lane code on 32 threads, emulating mma.sync m16n8k16 from the PTX
 fragment layout, on 5 weight shapes (K = 512 .. 4096, the 4-, 8- and 16-warp
@@ -11,6 +16,7 @@ which lane holds which scale, the (i, i + 4) pairing and the x permutation) that
 run would only report as a wrong doctor cell.
 """
 import os
+import re
 import shutil
 import subprocess
 
@@ -32,17 +38,32 @@ def emu(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["1", "2"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 1", "3 2", "3 4"])
 def test_gemv_warp_step_matches_fp64(emu, kind):
-    """kind 1: block-column step (default M = 1 kernel); kind 2: bit-placement step (opt-in)."""
-    p = subprocess.run([emu, kind], capture_output=True, text=True, timeout=120)
+    """kind 1: block-column step (default M = 1 kernel); kind 2: bit-placement step (opt-in);
+    kind 3 L: table-decode step with L of 4 word pairs by table (opt-in)."""
+    p = subprocess.run([emu] + kind.split(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("PASS"), p.stdout + p.stderr
     assert p.stdout.count("rel ") == 5
+    if kind.startswith("3"):
+        assert "table loads off their lane's bank: 0" in p.stdout
 
 
-@pytest.mark.parametrize("kind", ["1", "2"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 2"])
 def test_a_wrong_lane_mapping_is_caught(emu, kind):
     """Swapping two scales in the lane mapping must fail the comparison."""
     env = dict(os.environ, NVFP4_EMU_MUTATE="1")
-    p = subprocess.run([emu, kind], capture_output=True, text=True, timeout=120, env=env)
+    p = subprocess.run([emu] + kind.split(), capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode != 0 and "FAIL" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("mutate", ["2", "3"])
+def test_a_wrong_table_bank_mapping_is_caught(emu, mutate):
+    """2: each lane reads its neighbour's table copy (values right, every load off its bank);
+    3: the table laid out copy-major (word i * 256 + j): the values go wrong."""
+    env = dict(os.environ, NVFP4_EMU_MUTATE=mutate)
+    p = subprocess.run([emu, "3", "2"], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode != 0 and "FAIL" in p.stdout, p.stdout
+    if mutate == "2":  # caught by the bank check alone: the sums are right
+        assert "table loads off their lane's bank: 0" not in p.stdout
+        assert all(float(r) < 1e-5 for r in re.findall(r"rel (\S+)", p.stdout)), p.stdout

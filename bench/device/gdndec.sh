@@ -17,8 +17,8 @@
 #    `laststand logits --gdn-backend cuda_decode` against `--device cpu` and 12 greedy tokens
 #    (decode rows captured in CUDA graphs) against the CPU's and against no graphs.
 # 3. compute-sanitizer memcheck and racecheck of one fixture's greedy run with cuda_decode.
-# 4. ncu: kernel times at M = 1 and 4 (397B), cuda_decode's gd_kernel against cuda_recurrent's
-#    two kernels.
+# 4. ncu: kernel times at M = 1, 4, 16 (397B) of cuda_decode's gd_kernel, and cuda_recurrent's two
+#    kernels at M = 4.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: gdndec.sh BIN OUTDIR}
@@ -102,16 +102,16 @@ echo "rc=$? ($(( $(date +%s) - T0 )) s)"
 if command -v compute-sanitizer >/dev/null && [ -d "$FIX/qwen3_5_moe_text" ]; then
     ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$FIX/qwen3_5_moe_text/ref.json'))['input_ids'])))")
     for tool in memcheck racecheck; do
-        echo "== compute-sanitizer $tool: qwen3_5_moe_text generate 4 tokens, --gdn-backend cuda_decode"
-        timeout 12 compute-sanitizer --tool $tool --print-limit 5 "$BIN" generate --model-path "$FIX/qwen3_5_moe_text" \
-            --ids "$ids" --max-new-tokens 4 --device cuda --disable-cuda-graph --gdn-backend cuda_decode \
+        echo "== compute-sanitizer $tool: qwen3_5_moe_text generate 2 tokens, --gdn-backend cuda_decode"
+        timeout 20 compute-sanitizer --tool $tool --print-limit 5 "$BIN" generate --model-path "$FIX/qwen3_5_moe_text" \
+            --ids "$ids" --max-new-tokens 2 --device cuda --disable-cuda-graph --gdn-backend cuda_decode \
             >"$OUT/$tool.out" 2>&1
         echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|out of bounds|hazard|rror" "$OUT/$tool.out" | head -n 8
     done
 fi
 if command -v ncu >/dev/null; then
     echo "== ncu --clock-control none: kernel times, 397B shapes (first launches of the doctor's runs)"
-    for mb in "1 cuda_decode gd_" "1 cuda_recurrent gdn_" "4 cuda_decode gd_" "4 cuda_recurrent gdn_"; do
+    for mb in "1 cuda_decode gd_" "4 cuda_decode gd_" "16 cuda_decode gd_" "4 cuda_recurrent gdn_"; do
         set -- $mb
         timeout 8 ncu --clock-control none --target-processes all --kernel-name "regex:$3" --launch-count 6 \
             --metrics gpu__time_duration.sum,dram__bytes.sum,launch__registers_per_thread "$BIN" doctor --device cuda \

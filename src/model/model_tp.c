@@ -31,6 +31,11 @@
  * NVLink multicast (NVLS) is turned off (NCCL_NVLS_ENABLE=0) unless the
  * environment says otherwise.
  *
+ * Threads: ranks 1..N-1 each have a worker thread for the model's life
+ * (started by tp_build, stopped by tp_free); a step (tp_forward) or a job on
+ * every rank (tp_each) is handed to them, rank 0 runs on the caller's thread,
+ * and the call returns when all ranks are done. One job at a time.
+ *
  * CUDA graphs under TP (model.c captures them): every rank captures its own
  * decode step, NCCL all-reduces included (NCCL >= 2.9 records them into the
  * graph; ncclGetVersion is asked at run time), with all ranks capturing
@@ -98,6 +103,21 @@ struct tp_group {
     int nccl_version;       /* ncclGetVersion's code (e.g. 22105 for 2.21.5), 0 when unknown */
     volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
     int vote[TP_MAX];       /* tp_all's ballots */
+    /* the ranks' worker threads (ranks 1..n-1; rank 0 runs on the caller's thread), one job at
+     * a time: tp_run posts fn/arg under wmu and bumps job_gen, each worker runs it once on its
+     * rank and counts itself done */
+    model **ranks;
+    pthread_t th[TP_MAX];
+    int n_started;          /* workers running (1..n_started) */
+    pthread_mutex_t run_mu; /* one tp_run at a time */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv, dcv;
+    unsigned job_gen;
+    int n_done, quit;
+    int (*job)(model *rm, void *arg, int r, ls_err *e);
+    void *job_arg;
+    int rc[TP_MAX];
+    ls_err err[TP_MAX];
 };
 
 int tp_status(model *m, ls_err *e) {
@@ -327,6 +347,95 @@ static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
     return 0;
 }
 
+/* ---- the ranks' worker threads ---------------------------------------------- */
+
+/* Rank r's part of the posted job, on the calling thread (bound to the rank's device first; a
+ * rank whose device cannot be bound still runs the job, so the collectives inside stay matched). */
+static void run_rank(tp_group *g, int r, int (*fn)(model *, void *, int, ls_err *), void *arg) {
+    model *rm = g->ranks[r];
+    g->err[r] = (ls_err){0};
+    int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, &g->err[r]);
+    int frc = fn(rm, arg, r, &g->err[r]);
+    g->rc[r] = rc ? rc : frc;
+}
+
+static void *worker_main(void *p) {
+    tp_group *g = ((void **)p)[0];
+    const int r = (int)(intptr_t)((void **)p)[1];
+    free(p);
+    unsigned seen = 0;
+    pthread_mutex_lock(&g->wmu);
+    for (;;) {
+        while (g->job_gen == seen && !g->quit) pthread_cond_wait(&g->wcv, &g->wmu);
+        if (g->quit) break;
+        seen = g->job_gen;
+        int (*fn)(model *, void *, int, ls_err *) = g->job;
+        void *arg = g->job_arg;
+        pthread_mutex_unlock(&g->wmu);
+        run_rank(g, r, fn, arg);
+        pthread_mutex_lock(&g->wmu);
+        if (++g->n_done == g->n - 1) pthread_cond_signal(&g->dcv);
+    }
+    pthread_mutex_unlock(&g->wmu);
+    return NULL;
+}
+
+static int workers_start(tp_group *g, ls_err *e) {
+    for (int r = 1; r < g->n; r++) {
+        void **p = xmalloc(2 * sizeof(void *));
+        p[0] = g;
+        p[1] = (void *)(intptr_t)r;
+        int rc = pthread_create(&g->th[r], NULL, worker_main, p);
+        if (rc) {
+            free(p);
+            return errf(e, ERR_RUNTIME, "--tp %d: cannot start the thread of rank %d: %s", g->n, r, strerror(rc));
+        }
+        g->n_started = r;
+    }
+    return 0;
+}
+
+static void workers_stop(tp_group *g) {
+    pthread_mutex_lock(&g->wmu);
+    g->quit = 1;
+    pthread_cond_broadcast(&g->wcv);
+    pthread_mutex_unlock(&g->wmu);
+    for (int r = 1; r <= g->n_started; r++) pthread_join(g->th[r], NULL);
+    g->n_started = 0;
+}
+
+/* fn on every rank at once: ranks 1.. on their workers, rank 0 on this thread; returns when all
+ * are done, with the lowest failing rank's status (and its error in e, "rank R: " first when
+ * name_rank). */
+static int tp_run(model *m, int (*fn)(model *rm, void *arg, int r, ls_err *e), void *arg, int name_rank,
+                  ls_err *e) {
+    tp_group *g = m->grp;
+    const int N = g->n;
+    pthread_mutex_lock(&g->run_mu);
+    pthread_mutex_lock(&g->wmu);
+    g->job = fn;
+    g->job_arg = arg;
+    g->n_done = 0;
+    g->job_gen++;
+    pthread_cond_broadcast(&g->wcv);
+    pthread_mutex_unlock(&g->wmu);
+    run_rank(g, 0, fn, arg);
+    pthread_mutex_lock(&g->wmu);
+    while (g->n_done < N - 1) pthread_cond_wait(&g->dcv, &g->wmu);
+    pthread_mutex_unlock(&g->wmu);
+    int rc = 0;
+    for (int r = 0; r < N && !rc; r++)
+        if (g->rc[r]) {
+            rc = g->rc[r];
+            if (e) {
+                *e = g->err[r];
+                if (name_rank) err_prefix(e, "rank %d", r);
+            }
+        }
+    pthread_mutex_unlock(&g->run_mu);
+    return rc;
+}
+
 int tp_build(model *m, int N, ls_err *e) {
     const model_config *c = &m->cfg;
     if (N > TP_MAX) return errf(e, ERR_INVAL, "--tp %d: at most %d ranks", N, TP_MAX);
@@ -336,6 +445,10 @@ int tp_build(model *m, int N, ls_err *e) {
     tp_group *g = xcalloc(1, sizeof *g);
     g->n = N;
     pthread_barrier_init(&g->bar, NULL, N);
+    pthread_mutex_init(&g->run_mu, NULL);
+    pthread_mutex_init(&g->wmu, NULL);
+    pthread_cond_init(&g->wcv, NULL);
+    pthread_cond_init(&g->dcv, NULL);
     m->grp = g;
     m->tp = N;
     if (cuda && (rc = tp_cuda_init(m, g, N, e))) return rc;
@@ -375,11 +488,13 @@ int tp_build(model *m, int N, ls_err *e) {
             rm->owns_stream = 1;
         }
     }
-    return 0;
+    g->ranks = m->rank_m;
+    return workers_start(g, e);
 }
 
 void tp_free(model *m) {
     if (!m->grp || m->is_rank) return;
+    workers_stop(m->grp);
     for (int r = 0; m->rank_m && r < m->tp; r++) {
         if (!m->rank_m[r]) continue;
         m->rank_m[r]->mem->bind_thread(m->rank_m[r]->ops.dev.ordinal, NULL);
@@ -389,80 +504,46 @@ void tp_free(model *m) {
     m->rank_m = NULL;
     for (int r = 0; m->grp->has_comm && r < m->tp; r++) g_nccl.destroy(m->grp->comm[r]);
     pthread_barrier_destroy(&m->grp->bar);
+    pthread_mutex_destroy(&m->grp->run_mu);
+    pthread_mutex_destroy(&m->grp->wmu);
+    pthread_cond_destroy(&m->grp->wcv);
+    pthread_cond_destroy(&m->grp->dcv);
     free(m->grp);
     m->grp = NULL;
 }
 
 /* ---- forward over the ranks ------------------------------------------------ */
 
-typedef struct tp_job {
-    model *rm;
-    mcache *c;
+typedef struct fwd_job {
+    mcache *const *caches;
     const fwd_batch *b;
-    ls_err e;
-    int rc;
-} tp_job;
+} fwd_job;
 
-static void *tp_thread(void *p) {
-    tp_job *j = p;
-    /* a rank whose device cannot be bound still meets the others (its forward fails at the first op) */
-    j->rc = j->rm->mem->bind_thread(j->rm->ops.dev.ordinal, &j->e);
-    int rc = mdl_forward_rank(j->rm, j->c, j->b, &j->e);
-    if (!j->rc) j->rc = rc;
-    return NULL;
+static int fwd_rank(model *rm, void *arg, int r, ls_err *e) {
+    const fwd_job *j = arg;
+    return mdl_forward_rank(rm, j->caches[r], j->b, e);
 }
 
 int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e) {
-    const int N = m->tp;
     mdl_graphs_sync(m); /* every rank takes the same path through its graphs */
-    tp_job jobs[TP_MAX];
-    pthread_t th[TP_MAX];
-    for (int r = 0; r < N; r++) jobs[r] = (tp_job){.rm = m->rank_m[r], .c = caches[r], .b = b};
-    for (int r = 1; r < N; r++) pthread_create(&th[r], NULL, tp_thread, &jobs[r]);
-    tp_thread(&jobs[0]);
-    for (int r = 1; r < N; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < N; r++)
-        if (jobs[r].rc) {
-            if (e) *e = jobs[r].e;
-            return jobs[r].rc;
-        }
-    return 0;
+    fwd_job j = {.caches = caches, .b = b};
+    return tp_run(m, fwd_rank, &j, 0, e);
 }
 
 /* ---- a function on every rank ------------------------------------------------ */
 
-typedef struct tp_each_job {
-    model *rm;
+typedef struct each_job {
     int (*fn)(model *rm, void *arg, ls_err *e);
     void *arg;
-    ls_err e;
-    int rc;
-} tp_each_job;
+} each_job;
 
-static void *tp_each_thread(void *p) {
-    tp_each_job *j = p;
-    /* a rank whose device cannot be bound still runs fn, so collective steps inside it stay matched */
-    j->rc = j->rm->mem->bind_thread(j->rm->ops.dev.ordinal, &j->e);
-    int rc = j->fn(j->rm, j->arg, &j->e);
-    if (!j->rc) j->rc = rc;
-    return NULL;
+static int each_rank(model *rm, void *arg, int r, ls_err *e) {
+    (void)r;
+    const each_job *j = arg;
+    return j->fn(rm, j->arg, e);
 }
 
 int tp_each(model *m, int (*fn)(model *rm, void *arg, ls_err *e), void *arg, ls_err *e) {
-    const int N = m->tp;
-    tp_each_job jobs[TP_MAX];
-    pthread_t th[TP_MAX];
-    for (int r = 0; r < N; r++) jobs[r] = (tp_each_job){.rm = m->rank_m[r], .fn = fn, .arg = arg};
-    for (int r = 1; r < N; r++) pthread_create(&th[r], NULL, tp_each_thread, &jobs[r]);
-    tp_each_thread(&jobs[0]);
-    for (int r = 1; r < N; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < N; r++)
-        if (jobs[r].rc) {
-            if (e) {
-                *e = jobs[r].e;
-                err_prefix(e, "rank %d", r);
-            }
-            return jobs[r].rc;
-        }
-    return 0;
+    each_job j = {.fn = fn, .arg = arg};
+    return tp_run(m, each_rank, &j, 1, e);
 }

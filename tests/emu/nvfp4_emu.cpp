@@ -1,6 +1,7 @@
 /* nvfp4_emu.cpp: host emulation of the M = 1 NVFP4 GEMV kernels' warp step
- * (src/ops/cuda/nvfp4.cuh nv4_gemv1_chunk, nv4_gemv2_chunk and their decoders) and of
- * the lane mapping of fp4_gemv1_kernel / fp4_gemv2_kernel (src/ops/cuda/fp4_gemm.cu:
+ * (src/ops/cuda/nvfp4.cuh nv4_gemv1_chunk, nv4_gemv2_chunk, nv4_gemv1t_chunk<L> and
+ * their decoders) and of the lane mapping of fp4_gemv1_kernel / fp4_gemv2_kernel /
+ * fp4_gemv1t_kernel (src/ops/cuda/fp4_gemm.cu:
  * the cp.async addresses, the zero rows, the scale indexing, the reductions, copied
  * here), against an fp64 product computed from the format's definition.
  *
@@ -9,10 +10,18 @@
  * multiplies the gathered A (16 x 16) and B (16 x 8) fragments. bf16 multiplies round
  * to nearest even (exact for the values involved).
  *
- * usage: nvfp4_emu [1|2]   (1 = block-column kernel, 2 = bit-placement kernel)
- * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail).
+ * The table decode's shared memory is emulated word by word: every table load checks
+ * that lane i reads bank i (a conflict-free warp access), and counts a violation
+ * otherwise, which fails the run like a wrong value.
+ *
+ * usage: nvfp4_emu [1|2|3 [L]]   (1 = block-column kernel, 2 = bit-placement kernel,
+ *        3 = table-decode kernel with L = 1, 2 or 4 word pairs by table)
+ * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail);
+ * with kind 3, =2 gives each lane its neighbour's table copy (right values, wrong
+ * banks) and =3 lays the table out copy-major (word i * 256 + j): both must fail.
  * Prints one line per shape and PASS / FAIL; exit 0 on PASS. Built by
  * tests/test_nvfp4_emu.py with g++ -std=c++20 -pthread. */
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -81,9 +90,22 @@ static uint32_t nv4_pack_bf16x2(float lo, float hi) { return f2bf(lo) | ((uint32
 static uint32_t nv4_shr_fma(uint32_t a, uint32_t s) {
     return (uint32_t)(((uint64_t)a * (1ull << (32 - s))) >> 32);
 }
+// emulated shared window of the table decode: the table at TAB_ADDR (128-byte aligned)
+enum { TAB_ADDR = 0x400 };
+static std::vector<uint32_t> g_smem(8192 + 256);
+static std::atomic<long> g_bank_bad{0};
+static thread_local int my_lane;
+static uint32_t nv4_lds_tab(uint32_t addr) {
+    if (((addr >> 2) & 31) != (uint32_t)my_lane)
+        g_bank_bad++;
+    return g_smem.at((addr - TAB_ADDR) / 4);
+}
+static void nv4_sts_tab4(uint32_t addr, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        g_smem.at((addr - TAB_ADDR) / 4 + i) = v;
+}
 #define NV4_HOST_EMU
 #include "../../src/ops/cuda/nvfp4.cuh"
-static thread_local int my_lane;
 static int g_mutate;
 static void nv4_mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4]) {
     int l = my_lane;
@@ -263,9 +285,90 @@ static void run_block2(int KW, int PER, int N, int K, const uint16_t *x, const u
         y[blk * 16 + i] = v * scale2 * 256.f;
     }
 }
+// the table-decode kernel (fp4_gemv1t_kernel): fp4_gemv1_kernel's staging, the table,
+// one 32-byte x read per lane and chunk
+template <int L>
+static void run_block3(int KW, int PER, int N, int K, const uint16_t *x, const uint8_t *w, const uint8_t *sc,
+                       float scale2, float *y, int blk) {
+    std::vector<float> red(KW * 16);
+    const nv4_lut lut0 = nv4_lut_make(0);
+    if (g_mutate == 3) { // copy-major layout: a wrong bank mapping whose values differ
+        for (int i = 0; i < 32; i++)
+            for (int j = 0; j < 256; j++)
+                g_smem[i * 256 + j] = nv4_tab_entry(j, lut0);
+    } else {
+        for (int tid = 0; tid < 32 * KW; tid++)
+            nv4_tab_build(TAB_ADDR, tid, 32 * KW, lut0);
+    }
+    for (int warp = 0; warp < KW; warp++) {
+        std::vector<uint4> stage(PER * 64), xs(PER * 16);
+        std::vector<uint32_t> ss(PER * 32);
+        uint4 zb[2] = {};
+        const int n0 = blk * 16, c0 = warp * PER;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2, t = lane & 3;
+            const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t,
+                          *wr1 = wr0 + (size_t)8 * (K / 2);
+            const uint16_t *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
+            const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+            for (int u = 0; u < PER; u++) {
+                memcpy(&stage[(u * 2 + 0) * 32 + lane], wr0 + u * 64, 16);
+                memcpy(&stage[(u * 2 + 1) * 32 + lane], wr1 + u * 64, 16);
+                memcpy(&ss[u * 32 + lane], sg0 + u * 8, 4);
+                if (lane < 16)
+                    memcpy(&xs[u * 16 + lane], xg + u * 128, 16);
+            }
+        }
+        float accs[32][4];
+        bar = new std::barrier<>(32);
+        std::vector<std::thread> th;
+        for (int lane = 0; lane < 32; lane++)
+            th.emplace_back([&, lane] {
+                my_lane = lane;
+                int g = lane >> 2, t = lane & 3;
+                const bool on = t == (g >> 1);
+                const uint4 *px = on ? &xs[4 * t + 2 * (g & 1)] : zb;
+                const int sx = on ? 16 : 0;
+                const uint32_t tl = TAB_ADDR + 4u * (uint32_t)(g_mutate == 2 ? lane ^ 1 : lane);
+                const nv4_lut lut = nv4_lut_make(0);
+                float acc[4] = {0, 0, 0, 0};
+                for (int u = 0; u < PER; u++) {
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(&ss[u * 32]);
+                    float sg[4];
+                    nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+                    nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+                    if (g_mutate == 1)
+                        std::swap(sg[0], sg[1]);
+                    nv4_gemv1t_chunk<L>(stage[(u * 2) * 32 + lane], stage[(u * 2 + 1) * 32 + lane], px[u * sx],
+                                        px[u * sx + 1], sg, lut, tl, acc);
+                }
+                for (int r = 0; r < 4; r++)
+                    accs[lane][r] = acc[r];
+            });
+        for (auto &x : th)
+            x.join();
+        delete bar;
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane >> 2;
+            red[warp * 16 + g] += accs[lane][0] + accs[lane][1];
+            red[warp * 16 + g + 8] += accs[lane][2] + accs[lane][3];
+        }
+    }
+    for (int i = 0; i < 16; i++) {
+        float v = 0;
+        for (int ww = 0; ww < KW; ww++)
+            v += red[ww * 16 + i];
+        y[blk * 16 + i] = v * scale2;
+    }
+}
 int main(int argc, char **argv) {
     const int kind = argc > 1 ? atoi(argv[1]) : 1;
-    g_mutate = getenv("NVFP4_EMU_MUTATE") && atoi(getenv("NVFP4_EMU_MUTATE"));
+    const int L = argc > 2 ? atoi(argv[2]) : 4;
+    if (kind == 3 && L != 1 && L != 2 && L != 4) {
+        printf("bad L %d\n", L);
+        return 1;
+    }
+    g_mutate = getenv("NVFP4_EMU_MUTATE") ? atoi(getenv("NVFP4_EMU_MUTATE")) : 0;
     std::mt19937 rng(1);
     int cfg[][4] = {
         {4096, 256, 16, 2}, {4096, 48, 8, 4}, {1024, 32, 8, 1}, {512, 16, 4, 1}, {2048, 32, 4, 4}};
@@ -296,8 +399,9 @@ int main(int argc, char **argv) {
         float scale2 = 0.37f;
         std::vector<float> y(N);
         for (int b = 0; b < N / 16; b++)
-            (kind == 2 ? run_block2 : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2,
-                                                 y.data(), b);
+            (kind == 3   ? (L == 1 ? run_block3<1> : L == 2 ? run_block3<2> : run_block3<4>)
+             : kind == 2 ? run_block2
+                         : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2, y.data(), b);
         double maxerr = 0, maxref = 0;
         for (int n = 0; n < N; n++) {
             double s = 0;
@@ -345,6 +449,33 @@ int main(int argc, char **argv) {
                 break;
             }
         }
+    }
+    if (kind == 3) { // the table decode of every byte in every lane's copy, word by word
+        nv4_lut lut0 = nv4_lut_make(0);
+        for (int tid = 0; tid < 256; tid++)
+            nv4_tab_build(TAB_ADDR, tid, 256, lut0);
+        for (int lane = 0; lane < 32 && !bad; lane++) {
+            my_lane = lane;
+            for (uint32_t v = 0; v < 4096; v++) {
+                uint32_t wv = v * 0x9E3779B1u + lane, out[4];
+                nv4_tab_decode4(wv, TAB_ADDR + 4u * lane, out);
+                for (int j = 0; j < 8; j++) {
+                    float want = e2m1((wv >> (4 * j)) & 15);
+                    float got = j & 1 ? bf2f(out[j / 2] >> 16) : bf2f(out[j / 2] & 0xffff);
+                    if (want != got || std::signbit(want) != std::signbit(got)) {
+                        printf("table decode mismatch lane %d %08x %d\n", lane, wv, j);
+                        bad = 1;
+                        break;
+                    }
+                }
+                if (bad)
+                    break;
+            }
+        }
+        my_lane = 0;
+        printf("table loads off their lane's bank: %ld\n", g_bank_bad.load());
+        if (g_bank_bad.load())
+            bad = 1;
     }
     printf(bad ? "FAIL\n" : "PASS\n");
     return bad;

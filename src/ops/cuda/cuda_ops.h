@@ -11,7 +11,7 @@
  *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
  *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
- *             cuda_gemv           M <= 32: mma.sync with the weight rows as A, K split over a
+ *             cuda_gemv           M <= 16: mma.sync with the weight rows as A, K split over a
  *                                 thread block cluster for small N, deterministic (gemv.cu)
  *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
@@ -27,9 +27,10 @@
  *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
  *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)
  *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
- *             cuda_decode         one launch (conv, norms, g/β, delta rule), a warp per 32 value
- *                                 columns of a head, S in registers, a k head's blocks one cluster
- *                                 (gdn_decode.cu)
+ *             cuda_decode         the default (registered first): one launch (conv, norms, g/β, delta
+ *                                 rule), a warp per 16 value columns of a head, S in registers, a k
+ *                                 head's blocks one cluster; a call with a chunk of > 64 new tokens
+ *                                 goes to cuda_chunked (gdn_decode.cu)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).

@@ -622,6 +622,131 @@ static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
     }
 }
 
+/* The M = 1 GEMV with the table decode (nvfp4.cuh nv4_gemv1t_chunk<L>), opt-in
+ * (LASTSTAND_W4A16_LUT=L, L = 1, 2 or 4 word pairs of 4 by table; 12: L = 2 and R = 1
+ * below) until a device round
+ * has validated and timed it: fp4_gemv1_kernel's one-shot cp.async structure and
+ * block-column scales, plus a 32 KB byte -> bf16x2 table (lane i's copy in bank i)
+ * built by the block while its loads are in flight, and one 32-byte x read per lane
+ * and chunk (see nv4_gemv1t_chunk). Dynamic shared memory, table first (128-byte
+ * aligned): gvt_smem_bytes(KW, PER). */
+static size_t gvt_smem_bytes(int kw, int per) {
+    return NV4_TAB_BYTES + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
+}
+
+/* R = 1: the codes go straight into registers (LDG.128, all PER chunks at once)
+ * instead of through shared memory (cp.async then LDS.128): a quarter fewer
+ * shared-memory wavefronts per chunk, for PER x 8 registers (the stage array is
+ * allocated but unused). */
+template <int KW, int PER, int L, int R>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
+    fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    extern __shared__ __align__(128) unsigned char gvt_raw[];
+    /* table [256][32] u32, then stage[KW][PER][2][32] uint4 (codes), xs[KW][PER][16] uint4,
+     * ss[KW][PER][32] u32 (scales), zb[2] uint4 (zeros), red[KW][16] f32 */
+    uint4(*stage)[PER][2][32] = reinterpret_cast<uint4(*)[PER][2][32]>(gvt_raw + NV4_TAB_BYTES);
+    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1024);
+    uint32_t(*ss)[PER][32] = reinterpret_cast<uint32_t(*)[PER][32]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1280);
+    uint4 *zb = reinterpret_cast<uint4 *>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1408);
+    float(*red)[16] = reinterpret_cast<float(*)[16]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1408 + 32);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+    uint4 wv0[PER], wv1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        if (R) {
+            wv0[u] = cu_ld_stream16(wr0 + u * 64);
+            wv1[u] = cu_ld_stream16(wr1 + u * 64);
+        } else {
+            cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
+            cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
+        }
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
+        cu_cp_async_commit();
+    }
+    /* K % 128 == 0: a per-thread zero the compiler cannot fold (see nv4_lut_make) */
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
+    const uint32_t tab = (uint32_t)__cvta_generic_to_shared(gvt_raw);
+    nv4_tab_build(tab, threadIdx.x, 32 * KW, lut); /* under the loads */
+    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    /* the lane's 32 B of x (its half of its slice) iff t == g / 2, else zeros */
+    const bool on = t == (g >> 1);
+    const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
+    const int sx = on ? 16 : 0;
+    const uint32_t tl = tab + 4u * (uint32_t)lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
+        float sg[4];
+        nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+        nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+        nv4_gemv1t_chunk<L>(R ? wv0[u] : cu_lds16(&stage[warp][u][0][lane]),
+                            R ? wv1[u] : cu_lds16(&stage[warp][u][1][lane]), px[u * sx], px[u * sx + 1], sg, lut, tl,
+                            acc);
+    }
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    if (t == 0) {
+        red[warp][g] = r0;
+        red[warp][g + 8] = r1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale2;
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
+}
+
+template <int KW, int PER, int L, int R>
+static void gvt_launch(const gemm_args *a, cudaStream_t st) {
+    static int attr = 0;
+    const size_t smem = gvt_smem_bytes(KW, PER);
+    if (!attr) {
+        cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem);
+        cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        attr = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_gemv1t_kernel<KW, PER, L, R><<<w->N / 16, 32 * KW, smem, st>>>(
+        w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
+}
+
+template <int L, int R>
+static void gvt_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
+    if (kw == 16) {
+        if (per == 1) gvt_launch<16, 1, L, R>(a, st);
+        else gvt_launch<16, 2, L, R>(a, st);
+    } else if (kw == 8) {
+        if (per == 1) gvt_launch<8, 1, L, R>(a, st);
+        else if (per == 2) gvt_launch<8, 2, L, R>(a, st);
+        else gvt_launch<8, 4, L, R>(a, st);
+    } else {
+        if (per == 1) gvt_launch<4, 1, L, R>(a, st);
+        else if (per == 2) gvt_launch<4, 2, L, R>(a, st);
+        else gvt_launch<4, 4, L, R>(a, st);
+    }
+}
+
 template <int KW, int PER>
 static void gv_launch(const gemm_args *a, cudaStream_t st) {
     static int carve = 0; /* shared memory before L1: several blocks of 40 KB per SM */
@@ -866,8 +991,11 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * (4, 8 or 16; default by grid size), LASTSTAND_W4A16_GPERSIST=1 selects its
  * persistent form (fp4_gemv1p_kernel; default off, slower on the H200),
  * LASTSTAND_W4A16_GDEC=2 the bit-placement decode kernel (fp4_gemv2_kernel; opt-in
- * until a device round validates it). Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1;
+ * until a device round validates it), LASTSTAND_W4A16_LUT=L (1, 2 or 4) the table
+ * decode kernel with L of the 4 word pairs per chunk by table (fp4_gemv1t_kernel;
+ * 12 = L 2 with the codes loaded into registers; default 0 = off until a device round
+ * validates it; other values are off). Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1, g_w4_lut = 0;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
@@ -884,6 +1012,9 @@ static void w4_knobs(void) {
     g_w4_gpers = gp ? !!atoi(gp) : -1;
     const char *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_w4_gdec = gd && atoi(gd) == 2 ? 2 : 1;
+    const char *lt = getenv("LASTSTAND_W4A16_LUT");
+    g_w4_lut = lt ? atoi(lt) : 0;
+    if (g_w4_lut != 1 && g_w4_lut != 2 && g_w4_lut != 4 && g_w4_lut != 12) g_w4_lut = 0;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
@@ -935,6 +1066,14 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
          * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
          * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
         int pers = g_w4_gpers > 0;
+        if (g_w4_lut) {
+            if (g_w4_lut == 1) gvt_run_kw<1, 0>(gkw, gper, a, st);
+            else if (g_w4_lut == 2) gvt_run_kw<2, 0>(gkw, gper, a, st);
+            else if (g_w4_lut == 4) gvt_run_kw<4, 0>(gkw, gper, a, st);
+            else gvt_run_kw<2, 1>(gkw, gper, a, st); /* 12: L = 2, codes in registers */
+            CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, table decode)");
+            return 0;
+        }
         if (g_w4_gdec == 2) {
             gv2_run_kw(gkw, gper, a, st);
             CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)");

@@ -11,8 +11,10 @@
  * with cg = lane & 3 picking 4 adjacent columns (one 16-byte load per row) and rg = lane >> 2
  * picking dk / 8 consecutive rows, so a warp-wide load covers 8 rows × 64 contiguous bytes
  * (dk = 128: 64 registers of S per lane, 512 warps for one sequence of Qwen3.5-397B).
- * The tokens go in groups of GD_TB (8). Phase A, for the whole group (all its loads in flight
- * together): the conv of the k head's q and k channels (dk / 32 of each per lane) and of the
+ * The tokens go in groups of GD_TB (4). Phase A, for the whole group: every raw input of the
+ * group is loaded first, so no load waits for another (in R2 a load -> use chain per channel
+ * cost one L2 round trip per channel, ~3 µs per token; the conv weights are loaded once, next to
+ * S), then the conv of the k head's q and k channels (dk / 32 of each per lane) and of the
  * warp's own 16 v channels from the conv windows kept in registers (SiLU output, to shared
  * memory), the heads' sums of squares and k·q (warp shuffles, the group's side by side),
  * g = −exp(A_log)·softplus(a + dt_bias) and β = sigmoid(b). Phase B, token by token, with
@@ -45,7 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { GD_K = 4, GD_MAX_NW = 8, GD_MAX_CLUSTER = 8, GD_WC = 16 /* value columns per warp */, GD_TB = 8 /* tokens per group */,
+enum { GD_K = 4, GD_MAX_NW = 8, GD_MAX_CLUSTER = 8, GD_WC = 16 /* value columns per warp */, GD_TB = 4 /* tokens per group */,
        GD_CHUNK_LIMIT = 64 /* longer prompt chunks: cuda_chunked */ };
 
 /* floats per token in a warp's shared buffer: q [dk], k [dk] (conv outputs), v [GD_WC] */
@@ -56,11 +58,26 @@ static_assert(sizeof(gdn_seq) == 3 * sizeof(int32_t) && offsetof(gdn_seq, slot) 
               "gdn_seq must be {int32 slot, n_new, row0}: the kernel reads it as int32 triples");
 
 __device__ __forceinline__ float gd_bf(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float gd_silu(float x) { return x / (1.f + expf(-x)); }
+/* {slot, n_new, row0} of a sequence in one asm statement of volatile loads: all three leave
+ * together at the top (left to itself the compiler sinks row0's load into the token loop, a
+ * second round trip before the first input load). */
+__device__ __forceinline__ void gd_ld_seq(const int32_t *p, int &slot, int &n, int &row0) {
+    asm volatile("ld.volatile.global.b32 %0, [%3];\n\t"
+                 "ld.volatile.global.b32 %1, [%3+4];\n\t"
+                 "ld.volatile.global.b32 %2, [%3+8];"
+                 : "=r"(slot), "=r"(n), "=r"(row0)
+                 : "l"(p));
+}
+
+__device__ __forceinline__ void gd_prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+/* x·sigmoid(x) and sigmoid(x) by the fast division: no slow-path call in the straight-line code
+ * (a denominator of +inf, x < −88, gives 0, as the exact form) */
+__device__ __forceinline__ float gd_silu(float x) { return __fdividef(x, 1.f + expf(-x)); }
+__device__ __forceinline__ float gd_sigmoid(float x) { return __fdividef(1.f, 1.f + expf(-x)); }
 
 /* c = silu(Σ_i w[i]·win[i] + w[K−1]·x) over the window (oldest first), then the window slides. */
-__device__ __forceinline__ float gd_conv(const float *__restrict__ wrow, float win[GD_K - 1], float x) {
-    const float4 w = __ldg(reinterpret_cast<const float4 *>(wrow));
+__device__ __forceinline__ float gd_conv(const float4 w, float win[GD_K - 1], float x) {
     float acc = w.x * win[0];
     acc = fmaf(w.y, win[1], acc);
     acc = fmaf(w.z, win[2], acc);
@@ -84,8 +101,10 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
     extern __shared__ float4 gd_sh4[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 2, cg = lane & 3;
     const int s = blockIdx.y;
-    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
-    if (T <= 0) return; /* the whole cluster (one sequence) leaves together */
+    int slot, T, row0;
+    gd_ld_seq(meta + 3 * s, slot, T, row0);
+    /* (no early exit for T = 0: the slot's S and windows go back unchanged; the three reads of
+     *  the sequence table stay one round trip) */
     const int nsl = dv / GD_WC, gw = blockIdx.x * (blockDim.x >> 5) + warp;
     const int j = gw / nsl, cs = gw - j * nsl, kh = blockIdx.x / cl;
     const int col = cs * GD_WC + 4 * cg, vl = lane & (GD_WC - 1);
@@ -113,36 +132,58 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
 #pragma unroll
     for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
 
+    /* the conv weights of the lane's channels, for all tokens */
+    float4 cwq[CH], cwk[CH];
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
+        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
+    }
+    const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
     const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
     /* the tokens in groups of TB: phase A runs the conv of the whole group (the loads of all its
      * tokens in flight together, the head sums reduced side by side), phase B the recurrence */
     float *gq = reinterpret_cast<float *>(gd_sh4) + warp * TB * GD_TOK(DK);
     for (int t0 = 0; t0 < T; t0 += TB) {
         const int nt = min(TB, T - t0);
+        /* the group's raw inputs, every load issued before any is used (rows past the group's
+         * end repeat its last row, so no load is guarded) */
+        float xq[TB][CH], xk[TB][CH], xv[TB], xa[TB], xb[TB];
+#pragma unroll
+        for (int u = 0; u < TB; u++) {
+            const size_t row = (size_t)(row0 + t0 + min(u, nt - 1));
+            const bf16 *r = qkv + row * D;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                xq[u][c] = __bfloat162float(r[qch + c]);
+                xk[u][c] = __bfloat162float(r[kch + c]);
+            }
+            xv[u] = __bfloat162float(r[vch]);
+            xa[u] = gd_bf(a, row * nv + j);
+            xb[u] = gd_bf(b, row * nv + j);
+        }
         float ssq[TB], ssk[TB], sqk[TB], decay[TB], beta[TB];
 #pragma unroll
         for (int u = 0; u < TB; u++) {
             ssq[u] = ssk[u] = sqk[u] = 0.f;
             decay[u] = beta[u] = 0.f;
             if (u < nt) {
-                const size_t row = (size_t)(row0 + t0 + u);
-                const bf16 *r = qkv + row * D;
                 float *tq = gq + u * GD_TOK(DK), *tk = tq + DK, *tv = tk + DK;
 #pragma unroll
                 for (int c = 0; c < CH; c++) {
-                    const float cq = gd_conv(conv_w + (size_t)(qch + c) * K, wq[c], __bfloat162float(r[qch + c]));
-                    const float ck = gd_conv(conv_w + (size_t)(kch + c) * K, wk[c], __bfloat162float(r[kch + c]));
+                    const float cq = gd_conv(cwq[c], wq[c], xq[u][c]);
+                    const float ck = gd_conv(cwk[c], wk[c], xk[u][c]);
                     ssq[u] = fmaf(cq, cq, ssq[u]);
                     ssk[u] = fmaf(ck, ck, ssk[u]);
                     sqk[u] = fmaf(cq, ck, sqk[u]);
                     tq[lane * CH + c] = cq;
                     tk[lane * CH + c] = ck;
                 }
-                const float cv = gd_conv(conv_w + (size_t)vch * K, wv, __bfloat162float(r[vch]));
+                const float cv = gd_conv(cwv, wv, xv[u]);
                 if (lane < GD_WC) tv[lane] = cv;
-                const float x = gd_bf(a, row * nv + j) + db;
+                const float x = xa[u] + db;
                 decay[u] = expf(al * (x > 20.f ? x : log1pf(expf(x)))); /* e^g; torch softplus threshold 20 */
-                beta[u] = 1.f / (1.f + expf(-gd_bf(b, row * nv + j)));
+                beta[u] = gd_sigmoid(xb[u]);
             }
         }
 #pragma unroll
@@ -154,6 +195,19 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
                 sqk[u] += __shfl_xor_sync(0xffffffffu, sqk[u], o);
             }
         __syncwarp();
+        if (t0 + TB < T) { /* the next group's inputs into L1 while this one runs (no registers) */
+            const int nt2 = min(TB, T - t0 - TB);
+#pragma unroll
+            for (int u = 0; u < TB; u++) {
+                const size_t row = (size_t)(row0 + t0 + TB + min(u, nt2 - 1));
+                const bf16 *r = qkv + row * D;
+                gd_prefetch_l1(r + qch);
+                gd_prefetch_l1(r + kch);
+                gd_prefetch_l1(r + vch);
+                gd_prefetch_l1(a + row * nv + j);
+                gd_prefetch_l1(b + row * nv + j);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < TB; u++) {
             if (u >= nt) break;

@@ -1,11 +1,12 @@
 /* gemv.cu: the gemm family's small-M backend on CUDA, "cuda_gemv":
  * y[M,N] (+)= x[M,K] · Wᵀ with W BF16 [N,K], x and y BF16, fp32 accumulation,
- * for 1 <= M <= 32 (decode batches). A memory-bound kernel: every weight byte is
+ * for 1 <= M <= 16 (decode batches; above that cuBLASLt was faster in device
+ * round R2, on every shape at M = 32). A memory-bound kernel: every weight byte is
  * read once, 16 bytes per load, and as many loads as possible are in flight.
  *
  * The math on tensor cores ("swap AB", as the fp4_gemm cuda_w4a16_mma kernel):
  * mma.sync m16n8k16 with 16 weight rows as the A operand and up to 8 tokens per
- * n8 tile as B, so M = 1 reads no more weight than M = 32. Lane (g, t) of a
+ * n8 tile as B, so M = 1 reads no more weight than M = 16. Lane (g, t) of a
  * warp (g = lane / 4, t = lane % 4) loads 16 B (8 k values) of rows g and g + 8
  * at k = 32·col + 8·t for each of its columns `col`; the quad of lanes of one g
  * covers 32 contiguous k (64 B of each row). A dot product does not care about
@@ -16,9 +17,14 @@
  *
  * Work split: a block (8 warps) owns 16-row tiles (grid-stride over the tiles,
  * the grid sized to what the GPU holds at once, so there is no tail wave) and one
- * K range; its warps split that range by 32-wide columns. When the tiles alone
- * would not fill the GPU (small N), K is also split over the S blocks of a thread
- * block cluster (sm_90, S = 2, 4 or 8), which meet in distributed shared memory.
+ * K range; its warps split that range by 32-wide columns, interleaved so that the
+ * 8 warps of a batch step read one contiguous run of each row. When the tiles
+ * alone would not give every SM a block (small N), K is also split over the S
+ * blocks of a thread block cluster (sm_90, S = 2, 4 or 8), which meet in
+ * distributed shared memory; S also grows when x would not fit shared memory
+ * (M·K large). A cluster barrier has release semantics and so waits for the
+ * weight loads in flight: clusters cost ~1.5 µs per tile when they walk through
+ * several tiles (device round R2), hence the one-block-per-SM rule for S.
  * Per warp the (tile, batch of U columns) items form one flat sequence, and the
  * next item's weight loads are issued before the current item's mma (two
  * register sets), across tile boundaries too. The block's x slice (its K range,
@@ -48,7 +54,7 @@ namespace cg = cooperative_groups;
 #define GV_WARPS 8
 #define GV_THREADS (GV_WARPS * 32)
 #define GV_U 4                       /* columns (32 k each) per batch and lane: 8 loads of 16 B */
-#define GV_MAX_M 32
+#define GV_MAX_M 16
 #define GV_MAX_S 8                   /* cluster size (portable limit) */
 #define GV_XSMEM_MAX (96 * 1024)     /* bytes of staged x per block */
 
@@ -108,8 +114,11 @@ __device__ __forceinline__ void gv_mma(const gv_wregs &r, const bf16 *xs, int xs
 }
 
 /* grid (S, G): blockIdx.x = rank in the cluster of S (the K split), blockIdx.y =
- * first tile, stride G. cw = columns per warp; the block's columns are
- * [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32). */
+ * first tile, stride G. cw = columns per warp (a multiple of ub = min(cw, GV_U));
+ * the block's columns are [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32).
+ * Batch b of warp w takes columns kcol0 + (8b + w)·ub + [0, ub): the 8 warps of a
+ * batch step read one contiguous run of 8·ub·64 B of each of the 16 rows (DRAM
+ * page locality), instead of 8 runs 2·cw·32 B apart. */
 template <int NT>
 __global__ void __launch_bounds__(GV_THREADS, 2)
 gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
@@ -123,13 +132,16 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int T = (N + 15) / 16, C = (K + 31) / 32;
     const int kcol0 = rank * GV_WARPS * cw;                  /* the block's first column */
-    const int cb = kcol0 + warp * cw, ce = min(cb + cw, C);  /* this warp's columns (may be empty) */
-    const int nb = (cw + GV_U - 1) / GV_U;                   /* batches per tile, same for every warp */
+    const int ub = cw < GV_U ? cw : GV_U;                    /* columns per batch */
+    const int nb = cw / ub;                                  /* batches per tile, same for every warp */
     const int my_tiles = blockIdx.y < T ? (T - 1 - blockIdx.y) / gridDim.y + 1 : 0;
     const int items = my_tiles * nb;
 
     gv_wregs cur, nxt;
-    if (items > 0) gv_load(cur, w, N, K, blockIdx.y * 16, cb, ce, lane);
+    if (items > 0) {
+        const int c0 = kcol0 + warp * ub;
+        gv_load(cur, w, N, K, blockIdx.y * 16, c0, min(c0 + ub, C), lane);
+    }
 
     /* stage x[0..M)[block's K range] (zero past K) while the first weights are on their way */
     {
@@ -152,10 +164,13 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
     for (int it = 0; it < items; it++) {
         const int ti = it / nb, b = it - ti * nb;
         if (it + 1 < items) {
-            const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb;
-            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, cb + b2 * GV_U, ce, lane);
+            const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb, c2 = kcol0 + (b2 * GV_WARPS + warp) * ub;
+            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, c2, min(c2 + ub, C), lane);
         }
-        gv_mma<NT>(cur, xs, xstride, M, cb + b * GV_U, ce, kcol0, lane, acc);
+        {
+            const int c0 = kcol0 + (b * GV_WARPS + warp) * ub;
+            gv_mma<NT>(cur, xs, xstride, M, c0, min(c0 + ub, C), kcol0, lane, acc);
+        }
         cur = nxt;
         if (b != nb - 1) continue;
 
@@ -230,17 +245,21 @@ static int gv_forced_split(void) {
 /* The split for M, N, K on n_sm SMs; 0, or -1 when K is too long to stage x for
  * this M even over a cluster of GV_MAX_S. */
 static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
-    p->nt = M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    p->nt = M <= 8 ? 1 : 2;
     const int T = (N + 15) / 16, C = (K + 31) / 32, force = gv_forced_split();
     for (int S = 1; S <= GV_MAX_S; S *= 2) {
-        const int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
+        int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
+        if (cw > GV_U) cw = (cw + GV_U - 1) / GV_U * GV_U; /* whole batches (kernel: cw % min(cw, U) == 0) */
         /* stride ≡ 32 (mod 64) elements: the 8 lanes of a quarter warp (two token rows,
          * 64 B each) hit distinct banks */
         const int xstride = GV_WARPS * cw * 32 + 32;
         const size_t xb = (size_t)M * xstride * 2;
-        /* split K further while the doubled grid still fits in one wave (two blocks per SM)
-         * and every warp keeps >= 2 columns: all weight loads are then issued up front */
-        const int more_fill = force ? S < force : T * 2 * S <= 2 * n_sm && C >= S * 2 * GV_WARPS * 2;
+        /* split K further while the doubled grid still has at most one block per SM and
+         * every warp keeps >= 2 columns: all weight loads are then issued up front, and no
+         * cluster walks through more than one tile (a cluster barrier waits for the loads
+         * in flight). Device round R2: S = 4 at [512 x 4096] and S = 2 at [1024 x 4096]
+         * were the fastest, one block per SM both. */
+        const int more_fill = force ? S < force : T * 2 * S <= n_sm && C >= S * 2 * GV_WARPS * 2;
         if ((xb > GV_XSMEM_MAX || more_fill) && S < GV_MAX_S) continue;
         if (xb > GV_XSMEM_MAX) return -1;
         p->S = S;
@@ -262,7 +281,7 @@ typedef struct gv_occ {
 } gv_occ;
 
 static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
-static int gv_attr_done[3];
+static int gv_attr_done[2];
 static gv_occ gv_occ_cache[128];
 static int gv_n_occ;
 
@@ -283,7 +302,7 @@ static void gv_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const gv
 /* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
 template <int NT>
 static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
-    const int slot = NT == 1 ? 0 : NT == 2 ? 1 : 2;
+    const int slot = NT == 1 ? 0 : 1;
     int groups = 0;
     pthread_mutex_lock(&gv_mu);
     for (int i = 0; i < gv_n_occ && !groups; i++)
@@ -362,7 +381,7 @@ static int gv_supported(const dev_info *d, const gemm_shape *s, char *why, size_
         return 0;
     }
     if (s->M > GV_MAX_M) {
-        snprintf(why, n, "small-M kernel: M=%d > %d (a GEMM backend is faster there)", s->M, GV_MAX_M);
+        snprintf(why, n, "small-M kernel: M=%d > %d (cuda_cublaslt is faster there)", s->M, GV_MAX_M);
         return 0;
     }
     if (s->K % 8) {
@@ -403,8 +422,7 @@ static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     switch (p.nt) {
     case 1: return gv_launch<1>(a, &p, n_sm, st, e);
-    case 2: return gv_launch<2>(a, &p, n_sm, st, e);
-    default: return gv_launch<4>(a, &p, n_sm, st, e);
+    default: return gv_launch<2>(a, &p, n_sm, st, e);
     }
 }
 

@@ -6,7 +6,9 @@
  * exclude `*.mlp.shared_expert.*` from quantization, as synth does).
  *
  * Backends, two different algorithms:
- *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip:
+ *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip,
+ *                      chained by programmatic dependent launch where that was
+ *                      measured faster (see pdl_wait and the choice in fused_run):
  *                      (1) router GEMV (warp per expert row, every token, x in
  *                      shared memory; one more warp for the shared gate's
  *                      logit); (2) softmax, top-k (two redux.sync per pick) and
@@ -277,6 +279,11 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
  * Compute, H200, E = 512, k = 10); then phase 2 was k more redux rounds on
  * warp 0 (7.8 us for the kernel). */
 enum { TOPK_W = 16 };
+/* PACK (LASTSTAND_MOE_TOPK=2, until validated on the H200): phase 2 compares packed
+ * 64-bit candidates (key << 32 | ~index: larger is better under the same order, one
+ * shared load and one compare each) in an unrolled loop over the nw·k real
+ * candidates only, and the warps without experts skip phase 1. */
+template <bool PACK>
 __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
                                                                     const bf16 *__restrict__ x,
                                                                     const bf16 *__restrict__ wsg, int has_shared,
@@ -285,6 +292,7 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
                                                                     float *wts) {
     __shared__ unsigned ck[TOPK_W][MOE_MAXK];
     __shared__ int ci[TOPK_W][MOE_MAXK];
+    __shared__ unsigned long long cp[TOPK_W * MOE_MAXK]; /* PACK: candidate w·k + j */
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
@@ -306,7 +314,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     /* phase 1: this warp's top-k of its 64 */
     const unsigned ka = e0 < E ? f2key(a) : 0u, kb = e1 < E ? f2key(b) : 0u;
     bool ta = false, tb = false;
-    for (int j = 0; j < k; j++) {
+    const int nw = (E + 63) / 64; /* warps that have experts */
+    for (int j = 0; j < ((PACK && warp >= nw) ? 0 : k); j++) {
         /* this lane's best untaken: a (lower index) unless b is strictly larger */
         const unsigned ua = ta ? 0u : ka, ub = tb ? 0u : kb;
         const unsigned kl = ub > ua ? ub : ua;
@@ -318,6 +327,7 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
         if (lane == 0) {
             ck[warp][j] = kmax;
             ci[warp][j] = (int)win;
+            if (PACK) cp[warp * k + j] = (unsigned long long)kmax << 32 | (unsigned)~win;
         }
     }
     __syncthreads();
@@ -330,8 +340,19 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
      * most of this kernel's 7.8 us on the H200 at E = 512, k = 10). Empty picks
      * (key 0, a warp with fewer than k experts) rank after every real one; real
      * candidates are distinct experts, so ranks 0..k-1 are unique. */
-    const int nw = (E + 63) / 64; /* warps that had experts */
-    if (threadIdx.x < TOPK_W * MOE_MAXK) {
+    if (PACK) {
+        if (threadIdx.x < nw * k) {
+            const unsigned long long me = cp[threadIdx.x];
+            int rank = 0;
+#pragma unroll 8
+            for (int i = 0; i < nw * k; i++) rank += cp[i] > me;
+            const unsigned key = (unsigned)(me >> 32);
+            if (rank < k && key) {
+                rk_i[rank] = (int)~(unsigned)me;
+                rk_p[rank] = __expf(key2f(key) - mx) / sum;
+            }
+        }
+    } else if (threadIdx.x < TOPK_W * MOE_MAXK) {
         const int w = threadIdx.x / MOE_MAXK, j = threadIdx.x % MOE_MAXK;
         if (w < nw && j < k) {
             const unsigned key = ck[w][j];
@@ -666,15 +687,20 @@ template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW, 32 / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
-                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
     const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
+    /* early_sh (LASTSTAND_MOE_SHARED_EARLY=1, until validated): the shared expert's
+     * blocks need only x (complete before the router started) until their epilogue's
+     * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
+     * routed blocks still wait before they trigger, which keeps the down kernel's
+     * early read of the choices safe */
+    if (!(early_sh && j == k)) pdl_wait();
+    pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2, coef;
@@ -693,7 +719,6 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     const int c0 = warp * PER;
     float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
     if (j == k && P->sbf) {
-        coef *= wts[m * (k + 1) + j];
         /* BF16 shared expert: 4x the bytes of an NVFP4 chunk, streamed through
          * registers (PER chunks' gate and up rows would not fit the cp.async
          * stage), gate then up to stay inside the 64-register budget */
@@ -708,6 +733,8 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
             bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
             bf16_chunk_mma(w0, w1, xv, au);
         }
+        pdl_wait();
+        coef *= wts[m * (k + 1) + j];
     } else {
     const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
     uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
@@ -728,6 +755,7 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
         su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
     }
+    pdl_wait();
     coef *= wts[m * (k + 1) + j];
     /* every token column is token m: no lane predicated off, column 0 is read */
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
@@ -1177,25 +1205,26 @@ static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 bl
     return c == cudaSuccess ? cudaGetLastError() : c;
 }
 
-/* Programmatic dependent launch between the fused kernels: LASTSTAND_MOE_PDL=1 (opt-in
- * until validated on the H200) */
-static int fused_pdl(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *ev = getenv("LASTSTAND_MOE_PDL");
-        v = ev && !strcmp(ev, "1");
+/* An integer knob from the environment, read once into *v: def when unset, else
+ * the value if it is lo..hi (one digit), else def. Benchmarks only. */
+static int fused_knob(int *v, const char *name, int lo, int hi, int def) {
+    if (*v < -1) {
+        const char *ev = getenv(name);
+        *v = ev && ev[0] >= '0' + lo && ev[0] <= '0' + hi && !ev[1] ? ev[0] - '0' : -1;
     }
-    return v;
+    return *v >= 0 ? *v : def;
 }
 
 template <int KW, int PER>
-static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
-                                  int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
-                                  void *h, int ldh) {
+static cudaError_t gateup2_launch(int pdl, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+                                  const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
+                                  const float *wts, void *h, int ldh) {
     cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
     if (c != cudaSuccess) return c;
-    return fused_launch(fused_pdl(), moe_gateup2_kernel<KW, PER>, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k,
-                        (const bf16 *)x, idx, wts, (bf16 *)h, ldh);
+    static int force_early = -2;
+    return fused_launch(pdl, moe_gateup2_kernel<KW, PER>, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k,
+                        (const bf16 *)x, idx, wts, (bf16 *)h, ldh,
+                        fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 0));
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1311,35 +1340,25 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
     }
-    const size_t xsm = sizeof(bf16) * (size_t)M * H;
-    const int pdl = fused_pdl();
-    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
-    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
-    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
-    if (c == cudaSuccess) {
-        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
-            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
-        c = cudaGetLastError();
-    }
-    if (c == cudaSuccess) {
-        c = fused_launch(pdl, moe_topk_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, (int)w->norm_topk,
-                         (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
-                         (const float *)(wsg ? sgl : NULL), idx, wts);
-    }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
-     * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
-     * = 1 .. 4 forces one (benchmarks only; 3 = the persistent gate/up kernel with
-     * the cp.async down, 4 = the same with h through shared memory in the down kernel,
-     * where they apply: M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
-    static int force = -1;
-    if (force < 0) {
-        const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
-        force = ev && ev[0] >= '1' && ev[0] <= '4' && !ev[1] ? atoi(ev) : 0;
-    }
-    int pair = force ? force : M >= 2 ? 2 : 1;
+    /* Kernel pair and programmatic dependent launch per shape, from the H200 round of
+     * 2026-11-29 17:10 (bench/RESULTS.md, doctor, every cell checked): M >= 2: the
+     * cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 -> 117.3
+     * BF16 shared; M = 8 and the 35B layer gain too). M = 1, H >= 4096: NVFP4 shared
+     * expert: the cp.async pair with PDL (66.1 -> 58.1 us); BF16 shared expert: the
+     * register pair without PDL (66.0 us; 76.2 with PDL, 79.9 with the cp.async pair and
+     * PDL). M = 1, smaller H: the register pair with PDL (35B: 31.8 -> 27.2 us).
+     * LASTSTAND_MOE_FUSED_PAIR = 1 .. 4 and LASTSTAND_MOE_PDL = 0 / 1 force one
+     * (benchmarks only; 3 = the persistent gate/up kernel with the cp.async down, 4 =
+     * the same with h through shared memory in the down kernel, where they apply:
+     * M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
+    static int force_pair = -2, force_pdl = -2;
+    int pair = M >= 2 || (H >= 4096 && !gp.sbf) ? 2 : 1;
+    pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
+    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, !(M == 1 && H >= 4096 && gp.sbf));
+    if (pair == 2 && !gkw) pair = 1;
     if (pair >= 3) {
         if (!ws->n_sm) {
             int dev = 0, n = 0;
@@ -1349,7 +1368,23 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws->n_sm = n;
         }
         const int nh = gp.sbf ? M * (Is / 16) : 0;
-        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 ? 2 : 1;
+        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 && gkw ? 2 : 1;
+    }
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
+    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
+    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
+    if (c == cudaSuccess) {
+        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
+            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
+        c = cudaGetLastError();
+    }
+    if (c == cudaSuccess) {
+        static int force_topk = -2;
+        const int pack = fused_knob(&force_topk, "LASTSTAND_MOE_TOPK", 1, 2, 1) == 2;
+        c = fused_launch(pdl, pack ? moe_topk_kernel<true> : moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st,
+                         H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                         (const float *)(wsg ? sgl : NULL), idx, wts);
     }
     if (c == cudaSuccess && pair >= 3) {
         const size_t gsm = (size_t)32 * H + sizeof(bf16) * (size_t)M * H; /* 2 stages of 16 B per 16 rows x 2 matrices x 128 codes per chunk, + x */
@@ -1379,14 +1414,14 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                 c = fused_launch(pdl, moe_down3_kernel<DOWN_KW, DOWN3_PMAX>, g3d, dim3(32 * DOWN_KW), dsm3, st, ddp,
                                  H, I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
         }
-    } else if (c == cudaSuccess && gkw && pair == 2) {
+    } else if (c == cudaSuccess && pair == 2) {
         dim3 g2d(ldh / 16, M * (k + 1));
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (nch == 8) c = gateup2_launch<8, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (nch == 16) c = gateup2_launch<8, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else c = gateup2_launch<8, 4>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        else c = gateup2_launch<8, 4>(pdl, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
         if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
@@ -1502,7 +1537,7 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
     if (rc) return err_prefix(e, "cuda_expert_loop router");
-    moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
+    moe_topk_kernel<false><<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0,
                                                logits, NULL, idx, wts);
     CU_LAUNCHED(e, "cuda_expert_loop top-k");

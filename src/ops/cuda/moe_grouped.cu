@@ -59,6 +59,7 @@
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
+#include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -95,6 +96,12 @@ typedef struct mg_ws {
     mg_tab tabs[MG_TAB_CACHE];
     int next_tab;
     mg_expert *scratch;  /* host [MG_MAXE + 1] */
+    /* the side stream (highest priority) that runs the shared expert's GEMMs beside the
+     * routed ones when its kind differs, forked from / joined to the caller's stream by
+     * two events; made on first use, side_state 1 made, -1 failed (then one stream) */
+    int side_state;
+    cudaStream_t side;
+    cudaEvent_t ev_fork, ev_join;
 } mg_ws;
 
 static mg_ws g_mg[CU_WS_MAX_DEV];
@@ -142,6 +149,20 @@ __device__ __forceinline__ void mg_cp16(void *smem, const void *g, bool valid) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
+}
+/* mg_cp16 with an L2 prefetch hint of pf = 64, 128 or 256 bytes (else none); pf is
+ * uniform across the grid (a kernel argument), so the branch costs nothing */
+__device__ __forceinline__ void mg_cp16_pf(void *smem, const void *g, bool valid, int pf) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;
+    if (pf == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
+    else if (pf == 128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
+    else if (pf == 64)
+        asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
+    else
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(n));
 }
 __device__ __forceinline__ void mg_cp4(void *smem, const void *g, bool valid) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -360,12 +381,12 @@ struct mg_smem<BM, MG_LD_BF16> {
  * rows (K = I_e), weight rows = down rows n0..n0+BNW-1 (n0 = blockIdx.x · BNW);
  * out dbuf [pair, H] = wts[pair] · s2d · down. LD: the weight loader (MG_LD_*).
  * Shared memory is dynamic: sizeof(mg_smem<BM, LD>). */
-template <bool GATEUP, int LD, int BM>
-__global__ void __launch_bounds__(MG_THREADS, 2)
+template <bool GATEUP, int LD, int BM, int PLACE>
+__global__ void __launch_bounds__(MG_THREADS, PLACE == 2 ? 3 : 2)
     mg_gemm_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e,
                    const int32_t *__restrict__ perm, const int32_t *__restrict__ n_tiles, int H, int k,
                    const bf16 *__restrict__ x, bf16 *__restrict__ hbuf, int ldh, const float *__restrict__ wts,
-                   bf16 *__restrict__ dbuf, int sh_only) {
+                   bf16 *__restrict__ dbuf, int sh_only, int pf) {
     typedef mg_geo<BM, LD> G;
     constexpr int BNW = G::BNW, HALF = BNW / 2, MT = G::MT, NT = G::NT, NH = NT / 2, ST = G::ST;
     extern __shared__ __align__(16) unsigned char mg_dsm[];
@@ -391,48 +412,94 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
     const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16; /* bytes per weight row: codes, scales */
     const int nk = (K + MG_BK - 1) / MG_BK;
 
+    /* PLACE (BM <= 32, NVFP4 cp.async loader): every thread's sources are fixed
+     * for the whole K loop (at most one A chunk, two code chunks, one or two scale
+     * words), so their addresses (the token's row: a division by k + 1) are made
+     * once here, not per k block on the integer pipe that the decode saturates */
+    static_assert(!PLACE || (BM * 8 <= MG_THREADS && BNW * 2 == 2 * MG_THREADS), "PLACE: fixed sources");
+    const bf16 *pa_src = x;
+    int pa_ok = 0;
+    const uint8_t *pb_src[2] = {w0, w0}, *ps_src[2] = {s0, s0};
+    int pb_ok[2] = {0, 0};
+    if constexpr (PLACE) {
+        if (tid < BM * 8) {
+            const int row = tid >> 3, p = sm.pair[row];
+            pa_ok = p >= 0;
+            if (pa_ok)
+                pa_src = (GATEUP ? x + (size_t)(p / (k + 1)) * H : hbuf + (size_t)(r0 + row) * ldh) + (tid & 7) * 8;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int row = (tid + i * MG_THREADS) >> 1, half = tid & 1;
+            const bool up = GATEUP && row >= HALF;
+            const int n = n0 + (up ? row - HALF : row);
+            pb_ok[i] = n < N;
+            if (pb_ok[i]) {
+                pb_src[i] = (up ? w1 : w0) + (size_t)n * ldw + half * 16;
+                ps_src[i] = (up ? s1 : s0) + (size_t)n * lds;
+            }
+        }
+    }
+
     /* stage st <- k block k0: A BM rows x 64 k (BM·8 chunks of 16 B), codes BNW
      * rows x 32 B (BNW·2 chunks of 16 B), scales BNW rows x 4 B */
     auto load = [&](int st, int k0) {
+        if constexpr (PLACE) {
+            if (tid < BM * 8) {
+                const bool ok = pa_ok && k0 + (tid & 7) * 8 < K;
+                mg_cp16(&sm.a[st][tid >> 3][(tid & 7) * 8], ok ? pa_src + k0 : x, ok);
+            }
 #pragma unroll
-        for (int c = tid; c < BM * 8; c += MG_THREADS) {
-            const int row = c >> 3, kk = k0 + (c & 7) * 8;
-            const int p = sm.pair[row];
-            const bool ok = p >= 0 && kk < K;
-            const bf16 *src = x;
-            if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
-            mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
-        }
+            for (int i = 0; i < 2; i++) {
+                const int row = (tid + i * MG_THREADS) >> 1, half = tid & 1;
+                const bool ok = pb_ok[i] && k0 + half * 32 < K;
+                mg_cp16_pf(&sm.b[st][row][half * 16], ok ? pb_src[i] + k0 / 2 : w0, ok, pf);
+                if (half == 0) mg_cp4(&sm.s[st][row][0], pb_ok[i] ? ps_src[i] + k0 / 16 : s0, pb_ok[i]);
+            }
+        } else {
 #pragma unroll
-        for (int c = tid; c < BNW * 2; c += MG_THREADS) {
-            const int row = c >> 1, half = c & 1;
-            const bool up = GATEUP && row >= HALF;
-            const int n = n0 + (up ? row - HALF : row);
-            const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
-            const bool nok = n < N;
-            if constexpr (LD == MG_LD_BF16) {
-                /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+            for (int c = tid; c < BM * 8; c += MG_THREADS) {
+                const int row = c >> 3, kk = k0 + (c & 7) * 8;
+                const int p = sm.pair[row];
+                const bool ok = p >= 0 && kk < K;
+                const bf16 *src = x;
+                if (ok) src = GATEUP ? x + (size_t)(p / (k + 1)) * H + kk : hbuf + (size_t)(r0 + row) * ldh + kk;
+                mg_cp16(&sm.a[st][row][(c & 7) * 8], src, ok);
+            }
 #pragma unroll
-                for (int q = half; q < 8; q += 2) {
-                    const int kk = k0 + q * 8;
-                    const bool ok = nok && kk < K;
-                    mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
-                }
-            } else if constexpr (LD == MG_LD_FP4) {
-                const bool ok = nok && k0 + half * 32 < K;
-                mg_cp16(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok);
-                if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
-            } else {
-                /* plain loads, zero past the end of K (K % 16 == 0) */
+            for (int c = tid; c < BNW * 2; c += MG_THREADS) {
+                const int row = c >> 1, half = c & 1;
+                const bool up = GATEUP && row >= HALF;
+                const int n = n0 + (up ? row - HALF : row);
+                const uint8_t *wb = up ? w1 : w0, *sb = up ? s1 : s0;
+                const bool nok = n < N;
+                if constexpr (LD == MG_LD_BF16) {
+                    /* row of K bf16: 8 chunks of 16 B per 64 k; this thread takes chunks half, half+2, .. */
+#pragma unroll
+                    for (int q = half; q < 8; q += 2) {
+                        const int kk = k0 + q * 8;
+                        const bool ok = nok && kk < K;
+                        mg_cp16(&sm.b[st][row][q * 8], ok ? wb + ((size_t)n * K + kk) * 2 : w0, ok);
+                    }
+                } else if constexpr (LD == MG_LD_FP4) {
+                    const bool ok = nok && k0 + half * 32 < K;
+                    mg_cp16_pf(&sm.b[st][row][half * 16], ok ? wb + (size_t)n * ldw + k0 / 2 + half * 16 : w0, ok,
+                               pf);
+                    if (half == 0) mg_cp4(&sm.s[st][row][0], nok ? sb + (size_t)n * lds + k0 / 16 : s0, nok);
+                } else {
+                    /* plain loads, zero past the end of K (K % 16 == 0) */
 #pragma unroll 4
-                for (int i = 0; i < 16; i++) {
-                    const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
-                    sm.b[st][row][half * 16 + i] = (nok && kb < K) ? wb[(size_t)n * ldw + kb / 2] : (uint8_t)0;
-                }
+                    for (int i = 0; i < 16; i++) {
+                        const int kb = k0 + half * 32 + 2 * i; /* k of the byte's low nibble */
+                        sm.b[st][row][half * 16 + i] =
+                            (nok && kb < K) ? wb[(size_t)n * ldw + kb / 2] : (uint8_t)0;
+                    }
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int kb = k0 + (half * 2 + i) * 16;
-                    sm.s[st][row][half * 2 + i] = (nok && kb < K) ? sb[(size_t)n * lds + kb / 16] : (uint8_t)0;
+                    for (int i = 0; i < 2; i++) {
+                        const int kb = k0 + (half * 2 + i) * 16;
+                        sm.s[st][row][half * 2 + i] =
+                            (nok && kb < K) ? sb[(size_t)n * lds + kb / 16] : (uint8_t)0;
+                    }
                 }
             }
         }
@@ -475,6 +542,16 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                 const uint4 v0 = pw[0], v1 = pw[1];
                 bf[j][0] = v0.x; bf[j][1] = v0.y; bf[j][2] = v0.z; bf[j][3] = v0.w;
                 bf[j][4] = v1.x; bf[j][5] = v1.y; bf[j][6] = v1.z; bf[j][7] = v1.w;
+            } else if constexpr (PLACE) {
+                /* bit placement (nvfp4.cuh): register r = the pair (k 16t + 8(r/4) + r%4,
+                 * the same + 4) as e2m1·2^-126, times the block scale·2^118 (exact) */
+                const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
+                const float sf = cu_e4m3_to_f32(sm.s[st][brow[j] + g][t]) * 0x1p118f;
+                const uint32_t sc = mg_pack_bf2(sf, sf);
+                nv4_e2m1x8_place(cw.x, &bf[j][0]);
+                nv4_e2m1x8_place(cw.y, &bf[j][4]);
+#pragma unroll
+                for (int r = 0; r < 8; r++) bf[j][r] = cu_bf16x2_mul(bf[j][r], sc);
             } else {
                 const uint2 cw = *reinterpret_cast<const uint2 *>(&sm.b[st][brow[j] + g][8 * t]);
                 const uint32_t sc = cu_scale_bf16x2(sm.s[st][brow[j] + g][t]);
@@ -490,7 +567,13 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
             const int ra = wm * MT * 16 + i * 16 + g;
             const uint4 *pa = reinterpret_cast<const uint4 *>(&sm.a[st][ra][16 * t]);
             const uint4 *pb = reinterpret_cast<const uint4 *>(&sm.a[st][ra + 8][16 * t]);
-            const uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
+            uint4 a0 = pa[0], a1 = pa[1], b0 = pb[0], b1 = pb[1];
+            if constexpr (PLACE && LD != MG_LD_BF16) { /* A in the decode's (i, i + 4) pairing */
+                a0 = nv4_xperm8(a0);
+                a1 = nv4_xperm8(a1);
+                b0 = nv4_xperm8(b0);
+                b1 = nv4_xperm8(b1);
+            }
             const uint32_t xa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             const uint32_t xb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -505,7 +588,8 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
 
     /* epilogue: acc[i][j] = C of rows wm·MT·16 + 16i + (g | g+8), cols 2t, 2t+1 of tile j */
     if (GATEUP) {
-        const float s2g = xp->s2[0], s2u = xp->s2[1];
+        /* PLACE: the decoded weights carry 2^-8 */
+        const float s2g = xp->s2[0] * (PLACE ? 256.f : 1.f), s2u = xp->s2[1] * (PLACE ? 256.f : 1.f);
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -523,7 +607,7 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
                 }
             }
     } else {
-        const float s2d = xp->s2[2];
+        const float s2d = xp->s2[2] * (PLACE ? 256.f : 1.f);
 #pragma unroll
         for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -545,72 +629,152 @@ __global__ void __launch_bounds__(MG_THREADS, 2)
 
 /* Launch one instantiation; its dynamic shared memory limit is raised once per
  * device (the attribute belongs to the function on the current device). */
-template <bool GATEUP, int LD, int BM>
+template <bool GATEUP, int LD, int BM, int PLACE>
 static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                                    const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                                   const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
+                                   const float *wts, bf16 *dbuf, int sh_only, int pf, cudaStream_t st) {
     const size_t smem = sizeof(mg_smem<BM, LD>);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM, PLACE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
+        if (c != cudaSuccess) return c;
+        if (PLACE == 2) /* all of the SM's unified memory as shared memory: room for 3 CTAs */
+            c = cudaFuncSetAttribute(mg_gemm_kernel<GATEUP, LD, BM, PLACE>,
+                                     cudaFuncAttributePreferredSharedMemoryCarveout, 100);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    mg_gemm_kernel<GATEUP, LD, BM><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                   dbuf, sh_only);
+    mg_gemm_kernel<GATEUP, LD, BM, PLACE><<<grid, MG_THREADS, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                                          wts, dbuf, sh_only, pf);
     return cudaGetLastError();
 }
 
+/* The GEMMs' variant knobs, read once per process (doctor-validated before any
+ * becomes a default):
+ *   LASTSTAND_MG_DECODE=place|place3|perm  NVFP4 decode: bit placement (nvfp4.cuh, half
+ *                                   of it on the FMA pipe; the loads' addresses made once
+ *                                   per CTA; BM <= 32) or the byte-permute tables (default);
+ *                                   place3: the same with 3 CTAs per SM at BM = 16
+ *   LASTSTAND_MG_SIDE=0|1           a shared expert of another kind than the routed
+ *                                   experts runs on a side stream beside them (1) or
+ *                                   after them on the caller's stream (0, default)
+ *   LASTSTAND_MG_PREFETCH=0|64|128|256  the NVFP4 codes' cp.async asks L2 to fetch this many
+ *                                   bytes around each 16-byte piece (default 0: no hint);
+ *                                   a CTA reads 32 B per weight row per k block */
+typedef struct mg_knobs {
+    int place, side, pf;
+} mg_knobs;
+
+static mg_knobs mg_knobs_get(void) {
+    static mg_knobs k;
+    static int done;
+    if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+        mg_knobs n = {0, 0, 0};
+        const char *v = getenv("LASTSTAND_MG_DECODE");
+        if (v && !strcmp(v, "place")) n.place = 1;
+        if (v && !strcmp(v, "place3")) n.place = 2;
+        v = getenv("LASTSTAND_MG_SIDE");
+        if (v && !strcmp(v, "1")) n.side = 1;
+        v = getenv("LASTSTAND_MG_PREFETCH");
+        if (v && (!strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
+        k = n; /* the same value from every racing thread */
+        __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    }
+    return k;
+}
+
 /* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld, over
- * the tiles below nt[0] (or, sh_only, the shared expert's tiles nt[1] ..). */
+ * the tiles below nt[0] (or, sh_only, the shared expert's tiles nt[1] ..);
+ * kn: the variant knobs (mg_knobs). */
 template <bool GATEUP, int BM>
-static cudaError_t mg_gemm_launch(int ld, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
-                                  const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf,
-                                  int ldh, const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
+static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int tiles_max, const mg_expert *tab,
+                                  const int32_t *tile_e, const int32_t *perm, const int32_t *nt, int H, int k,
+                                  const bf16 *x, bf16 *hbuf, int ldh, const float *wts, bf16 *dbuf, int sh_only,
+                                  cudaStream_t st) {
     constexpr int bnw = mg_geo<BM, MG_LD_FP4>::BNW; /* the same for every loader */
     static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
     constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
+        if (ld == MG_LD_FP4 && kn.place == 2)
+            return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 2>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                             dbuf, sh_only, kn.pf, st);
+    }
+    if constexpr (BM <= 32) { /* (at BM = 64 the place decode spills: not built) */
+        if (ld == MG_LD_FP4 && kn.place)
+            return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 1>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                             dbuf, sh_only, kn.pf, st);
+    }
     if (ld == MG_LD_FP4)
-        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                                      sh_only, st);
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 0>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                         sh_only, kn.pf, st);
     if (ld == MG_LD_FP4_PLAIN)
-        return mg_gemm_launch1<GATEUP, MG_LD_FP4_PLAIN, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                                            sh_only, st);
-    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                                   sh_only, st);
+        return mg_gemm_launch1<GATEUP, MG_LD_FP4_PLAIN, BM, 0>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                               dbuf, sh_only, kn.pf, st);
+    return mg_gemm_launch1<GATEUP, MG_LD_BF16, BM, 0>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                                      sh_only, kn.pf, st);
 }
 
 /* Both GEMMs of a call at tile height BM; *what names the one that failed.
  * When the shared expert's kind differs from the routed experts' (tab->ld_gu_s
  * >= 0), each GEMM is two launches: the routed tiles (below nt[1]) with their
- * loader, then the shared expert's sh_tiles tiles with its own. */
+ * loader, and the shared expert's sh_tiles tiles with its own. With a side
+ * stream (side != NULL) the shared expert's two launches run there, forked
+ * from st after the plan and joined back before the combine: its few CTAs
+ * (sh_tiles x 4..16, each streaming up to 2 MB of BF16 weights) overlap the
+ * routed GEMMs instead of running after them at a fraction of the GPU. The
+ * two streams write disjoint rows of hbuf and dbuf. */
 template <int BM>
-static cudaError_t mg_gemms(const mg_tab *tab, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
+static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t side, cudaEvent_t ev_fork,
+                            cudaEvent_t ev_join, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
                             const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                             const float *wts, bf16 *dbuf, cudaStream_t st, const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
-    const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the first launch: routed tiles only when mixed */
-    *what = "cuda_grouped_gemm gate/up";
-    cudaError_t c = mg_gemm_launch<true, BM>(tab->ld_gu, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
-                                             ldh, wts, dbuf, 0, st);
-    if (c == cudaSuccess && mixed) {
+    const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
+    cudaError_t c = cudaSuccess;
+    if (mixed && side) {
+        *what = "cuda_grouped_gemm side stream fork";
+        c = cudaEventRecord(ev_fork, st);
+        if (c == cudaSuccess) c = cudaStreamWaitEvent(side, ev_fork, 0);
+        if (c != cudaSuccess) return c;
         *what = "cuda_grouped_gemm shared expert gate/up";
-        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                     wts, dbuf, 1, st);
+        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                     ldh, wts, dbuf, 1, side);
+        if (c == cudaSuccess) {
+            *what = "cuda_grouped_gemm shared expert down";
+            c = mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x,
+                                          hbuf, ldh, wts, dbuf, 1, side);
+        }
     }
-    if (c != cudaSuccess) return c;
-    *what = "cuda_grouped_gemm down";
-    c = mg_gemm_launch<false, BM>(tab->ld_dn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts,
-                                  dbuf, 0, st);
-    if (c == cudaSuccess && mixed) {
+    if (c == cudaSuccess) {
+        *what = "cuda_grouped_gemm gate/up";
+        c = mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh,
+                                     wts, dbuf, 0, st);
+    }
+    if (c == cudaSuccess && mixed && !side) {
+        *what = "cuda_grouped_gemm shared expert gate/up";
+        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                     ldh, wts, dbuf, 1, st);
+    }
+    if (c == cudaSuccess) {
+        *what = "cuda_grouped_gemm down";
+        c = mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
+                                      ldh, wts, dbuf, 0, st);
+    }
+    if (c == cudaSuccess && mixed && !side) {
         *what = "cuda_grouped_gemm shared expert down";
-        c = mg_gemm_launch<false, BM>(tab->ld_dn_s, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                      dbuf, 1, st);
+        c = mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                      ldh, wts, dbuf, 1, st);
+    }
+    if (mixed && side) { /* joined even after a failed launch: a capture must not end with the side stream forked */
+        cudaError_t j = cudaEventRecord(ev_join, side);
+        if (j == cudaSuccess) j = cudaStreamWaitEvent(st, ev_join, 0);
+        if (c == cudaSuccess && j != cudaSuccess) *what = "cuda_grouped_gemm side stream join";
+        if (c == cudaSuccess) c = j;
     }
     return c;
 }
@@ -768,6 +932,26 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
     return 0;
 }
 
+/* The side stream and its two events, made once per device (the warm-up call,
+ * before any capture). A stream that cannot be made leaves the call on one stream. */
+static void mg_side(mg_ws *ws) {
+    if (ws->side_state) return;
+    int lo = 0, hi = 0;
+    cudaError_t c = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (c == cudaSuccess) c = cudaEventCreateWithFlags(&ws->ev_fork, cudaEventDisableTiming);
+    if (c == cudaSuccess) c = cudaEventCreateWithFlags(&ws->ev_join, cudaEventDisableTiming);
+    if (c == cudaSuccess) c = cudaStreamCreateWithPriority(&ws->side, cudaStreamNonBlocking, hi);
+    if (c != cudaSuccess) { /* whatever was made stays unused (a few bytes, once per device) */
+        (void)cudaGetLastError();
+        log_warn("cuda_grouped_gemm: no side stream for the shared expert (%s); it runs after the routed experts",
+                 cudaGetErrorString(c));
+        ws->side_state = -1;
+        return;
+    }
+    ws->side_state = 1;
+    return;
+}
+
 static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *e) {
     const moe_w *w = a->w;
     const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, I = w->inter,
@@ -788,7 +972,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
     const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
-    if (tiles_max > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
+    if (tiles_max > 65535)
+        return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
     float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, st, e);
     int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, st, e);
     float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), st, e);
@@ -810,12 +995,18 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
-    cudaError_t c = bm == 16   ? mg_gemms<16>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                              wts, dbuf, st, &what)
-                    : bm == 32 ? mg_gemms<32>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                              wts, dbuf, st, &what)
-                               : mg_gemms<64>(tab, imax, (int)tiles_max, sht, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                              wts, dbuf, st, &what);
+    const mg_knobs kn = mg_knobs_get();
+    cudaStream_t side = NULL;
+    if (kn.side && tab->ld_gu_s >= 0 && hs) {
+        mg_side(ws);
+        side = ws->side_state > 0 ? ws->side : NULL;
+    }
+    cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st, &what)
+                    : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st, &what)
+                               : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

@@ -34,9 +34,15 @@
  * decode on the FMA pipe, see nv4_e2m1x8_place) and applies the scale to A with one
  * BF16 multiply per pair: up to 8 tokens in the B columns.
  *
+ * A third one, nv4_gemv1t_chunk<L>, is nv4_gemv1_chunk with L of its 4 word pairs
+ * decoded through a shared-memory table instead of byte permutes (see "table decode"
+ * below): per code byte an address from the byte (PRMT + IMAD, or IMADs alone) and one
+ * LDS.32 that is conflict-free whatever the codes, moving decode work from the integer pipe to the
+ * MIO (shared-memory) pipe; nv4_tab_build / nv4_tab_decode4 are reusable by any kernel.
+ *
  * For a host-side emulation (a test) define NV4_HOST_EMU and provide uint4,
- * nv4_prmt, nv4_mma_16816, nv4_e4m3x2_to_f32x2, nv4_hmul2, nv4_pack_bf16x2 and
- * nv4_shr_fma before including this file.
+ * nv4_prmt, nv4_mma_16816, nv4_e4m3x2_to_f32x2, nv4_hmul2, nv4_pack_bf16x2,
+ * nv4_shr_fma, nv4_lds_tab and nv4_sts_tab4 before including this file.
  */
 #ifndef LS_NVFP4_CUH
 #define LS_NVFP4_CUH
@@ -91,6 +97,16 @@ NV4_FN void nv4_e4m3x2_to_f32x2(uint16_t s, float &lo, float &hi) {
     float2 f = __half22float2(hh);
     lo = f.x;
     hi = f.y;
+}
+
+/* 32-bit load / 16-byte store at a shared-window address (the table decode). */
+NV4_FN uint32_t nv4_lds_tab(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
+NV4_FN void nv4_sts_tab4(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(v));
 }
 #else
 #define NV4_FN static inline
@@ -231,6 +247,85 @@ NV4_FN void nv4_gemv2_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const 
         nv4_mma_16816(acc, f0, xp[q].x, xp[q].y, acc);
         nv4_mma_16816(acc, f1, xp[q].z, xp[q].w, acc);
     }
+}
+
+/* ---- table decode (shared-memory lookup, conflict-free) ------------------------
+
+   The table maps a code byte b to the bf16x2 word (e2m1(b & 15) low half, e2m1(b >> 4)
+   high half), exact and unscaled: the same word nv4_e2m1x8_to_bf16x8 produces for that
+   byte. 256 entries x 4 B, replicated 32 times so that lane i's copy lives entirely in
+   bank i: entry j of copy i is word j * 32 + i of the table (32 KB; the table must
+   start 128-byte aligned in the shared window for the bank mapping; a misaligned one
+   stays correct, only slower). Every LDS.32 of a warp then touches 32 distinct banks
+   whatever the codes: one wavefront. Lane i reads at (table + 4 i) + 128 b. */
+enum { NV4_TAB_BYTES = 256 * 32 * 4 };
+
+/* The entry of byte b (b < 256). */
+NV4_FN uint32_t nv4_tab_entry(uint32_t b, const nv4_lut &lut) {
+    uint32_t out[4];
+    nv4_e2m1x8_to_bf16x8(b, lut, out);
+    return out[0];
+}
+
+/* Fill the table at shared address tab (NV4_TAB_BYTES, 128-byte aligned) by the
+ * nthreads threads of a block, thread tid: 16-byte stores of 4 lanes' copies of one
+ * entry (2048 of them, 8 per thread at 256 threads). The caller syncs the block. */
+NV4_FN void nv4_tab_build(uint32_t tab, int tid, int nthreads, const nv4_lut &lut) {
+    for (int i = tid; i < NV4_TAB_BYTES / 16; i += nthreads)
+        nv4_sts_tab4(tab + 16u * (uint32_t)i, nv4_tab_entry((uint32_t)i >> 3, lut));
+}
+
+/* Eight codes in one word (the checkpoint's order) -> four bf16x2 words, the same
+ * output as nv4_e2m1x8_to_bf16x8, through the table: tl = this lane's copy (table +
+ * 4 * lane). The address of byte k is tl + 128 b_k: bytes 1 and 2 by PRMT (zero-
+ * extended byte, integer pipe) and IMAD; bytes 0 and 3 on the FMA pipe alone, as
+ * multiplies ((w << 24) >> 17 = 128 b_0: IMAD.SHL, IMAD.HI with the add; w >> 24:
+ * IMAD.HI, then IMAD): 2 integer-pipe ops per word instead of 4. Then one LDS.32 each. */
+NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
+    out[0] = nv4_lds_tab(nv4_shr_fma(w * 16777216u, 17) + tl);
+    out[1] = nv4_lds_tab(tl + 128u * nv4_prmt(w, 0u, 0x4441u));
+    out[2] = nv4_lds_tab(tl + 128u * nv4_prmt(w, 0u, 0x4442u));
+    out[3] = nv4_lds_tab(tl + 128u * nv4_shr_fma(w, 24));
+}
+
+/* nv4_gemv1_chunk with the word pairs q in the mask NV4_TAB_Q(L) decoded through the
+ * table (L = 1: q 0; 2: q 0, 2; 3: q 0, 1, 2; 4: all) and the others by byte
+ * permutes: the table moves decode from the integer pipe (8 x 16 ops per chunk) to
+ * the MIO pipe (8 LDS.32 per word pair, one wavefront each), and the two pipes
+ * balance near L = 2 (bench/RESULTS.md). The B columns take the lane's 32 bytes of
+ * x (x0: slice elements 0..7 / 16..23, x1: 8..15 / 24..31 of its half, or zeros when
+ * t != g / 2) for both halves: column 2t of the first two mma pairs and column 2t + 1
+ * of the last two are the ones read (de[0], de[2], dO[1], dO[3]); the other columns
+ * pair a block's codes with the other block's x and are never used. So a lane reads
+ * 32 B of x per chunk instead of 64 (nv4_gemv1_chunk's xe / xo, half of them zeros).
+ * sg, acc: as nv4_gemv1_chunk. tl: this lane's table copy (L > 0). */
+#define NV4_TAB_Q(L) ((L) == 1 ? 1 : (L) == 2 ? 5 : (L) == 3 ? 7 : 15)
+template <int L>
+NV4_FN void nv4_gemv1t_chunk(uint4 w0, uint4 w1, uint4 x0, uint4 x1, const float sg[4], const nv4_lut &lut,
+                             uint32_t tl, float acc[4]) {
+    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+    const float z[4] = {0.f, 0.f, 0.f, 0.f};
+    float de[4], dO[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t a0[4], a1[4];
+        if ((NV4_TAB_Q(L) >> q) & 1) {
+            nv4_tab_decode4(q0[q], tl, a0);
+            nv4_tab_decode4(q1[q], tl, a1);
+        } else {
+            nv4_e2m1x8_to_bf16x8(q0[q], lut, a0);
+            nv4_e2m1x8_to_bf16x8(q1[q], lut, a1);
+        }
+        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
+        float *d = q < 2 ? de : dO;
+        const uint4 xv = q & 1 ? x1 : x0;
+        nv4_mma_16816(d, f0, xv.x, xv.y, (q & 1) ? d : z);
+        nv4_mma_16816(d, f1, xv.z, xv.w, d);
+    }
+    acc[0] += sg[0] * de[0];
+    acc[1] += sg[1] * dO[1];
+    acc[2] += sg[2] * de[2];
+    acc[3] += sg[3] * dO[3];
 }
 
 #endif

@@ -22,10 +22,10 @@ extern "C" void ops_cuda_register_all(void) {
     ops_attn_register(&attn_cuda_flash_prefill); /* fastest at every bucket the doctor measured */
     ops_attn_register(&attn_cuda_flash_decode);
     ops_attn_register(&attn_cuda_naive);
+    ops_gdn_register(&gdn_cuda_decode); /* correct at every cell in R2, fastest at M = 1; long chunks: cuda_chunked */
     ops_gdn_register(&gdn_cuda_recurrent);
     ops_gdn_register(&gdn_cuda_chunked);
     ops_gdn_register(&gdn_cuda_per_token);
-    ops_gdn_register(&gdn_cuda_decode); /* new: last until a device round validates it */
     ops_gemm_register(&gemm_cuda_cublaslt);
     ops_gemm_register(&gemm_cuda_gemv); /* after cuBLASLt: auto's static default stays cuBLASLt */
     ops_gemm_register(&gemm_cuda_ref);

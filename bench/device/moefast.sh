@@ -10,6 +10,8 @@
 #    PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`): the default
 #    choices (kernel pair and PDL per shape, moe.cu), then the opt-in knobs of this round:
 #      LASTSTAND_MOE_TOPK=2           top-k phase 2 on packed 64-bit candidates
+#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) in the kernel
+#                                     pairs 1 and 2 at M = 1
 #      LASTSTAND_MOE_SHARED_EARLY=1   the shared expert's gate/up blocks run before the
 #                                     wait for the top-k kernel (with PDL)
 #      LASTSTAND_MOE_FUSED_PAIR=1..4, LASTSTAND_MOE_PDL=0/1   force a pair / PDL
@@ -17,7 +19,7 @@
 #    (CUDA graphs on: the engine's line "CUDA graphs: N steps replayed") with the defaults
 #    and with the knobs, against --disable-cuda-graph: the ids must be equal.
 # 3. ncu (--clock-control none --cache-control none: warm, as back-to-back calls run) per
-#    kernel at M = 1 on the 397B layer: default and LASTSTAND_MOE_TOPK=2.
+#    kernel at M = 1 on the 397B layer, the cp.async pair: default, TOPK=2 + BC=1.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moefast.sh BIN OUTDIR}
@@ -54,8 +56,15 @@ done
 echo "($(el))"
 for sh in nv bf; do doctor early LASTSTAND_MOE_SHARED_EARLY=1 qwen3.5-397b-a17b $sh 1,2,8; done
 doctor early+pair2+pdl "LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-397b-a17b bf 1
-for sh in nv bf; do doctor all2 "LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-397b-a17b $sh 1; done
-for sh in nv bf; do doctor pair2+pdl "LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-35b-a3b $sh 1; done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor bc+pair2+pdl "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
+done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor all "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
+done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor bc LASTSTAND_MOE_BC=1 $p $sh 1; done
+done
 echo "($(el))"
 
 echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2, auto moe choice: eager vs CUDA graphs (default, knobs)"
@@ -64,7 +73,7 @@ for v in eager graph graph-knobs; do
     [ $t -ge 8 ] || { echo "$v: skipped (time)"; continue; }
     envs=""; flags=""
     [ $v = eager ] && flags=--disable-cuda-graph
-    [ $v = graph-knobs ] && envs="LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1"
+    [ $v = graph-knobs ] && envs="LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2"
     env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
         --max-new-tokens 16 --temperature 0 --sampling-backend device $flags >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
     echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-200) ($(el))"
@@ -80,19 +89,19 @@ except Exception as ex:
     print(f"no comparison ({ex})")
 PY
 
-echo "== 3. ncu, 397B layer, M = 1, default choices (per kernel; warm caches, clocks not locked)"
+echo "== 3. ncu, 397B layer, M = 1, the cp.async pair: default decode and LASTSTAND_MOE_BC=1, top-k 1 / 2 (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for cfg in "bf:1" "nv:1" "bf:2" "nv:2"; do
-        sh=${cfg%%:*}; tk=${cfg#*:}
+    for cfg in "nv:1:0" "nv:2:1" "bf:2:1"; do
+        sh=${cfg%%:*}; r=${cfg#*:}; tk=${r%%:*}; bc=${r#*:}
         t=$(left); [ $t -gt 20 ] && t=20
         [ $t -ge 8 ] || { echo "ncu $cfg: skipped (time)"; continue; }
         if [ "$sh" = bf ]; then src=(--model-path synth:qwen3.5-397b-a17b,layers=1); else src=(--shapes qwen3.5-397b-a17b); fi
-        LASTSTAND_MOE_TOPK=$tk timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
+        LASTSTAND_MOE_TOPK=$tk LASTSTAND_MOE_BC=$bc LASTSTAND_MOE_FUSED_PAIR=2 timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
             --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe "${src[@]}" --m 1 \
-            --backends cuda_fused_decode >"$OUT/ncu-$sh-$tk.csv" 2>"$OUT/ncu-$sh-$tk.err"
-        echo "ncu shared=$sh topk=$tk rc=$? ($(el))"
-        python3 - "$OUT/ncu-$sh-$tk.csv" <<'PY'
+            --backends cuda_fused_decode >"$OUT/ncu-$sh-$tk-$bc.csv" 2>"$OUT/ncu-$sh-$tk-$bc.err"
+        echo "ncu shared=$sh topk=$tk bc=$bc rc=$? ($(el))"
+        python3 - "$OUT/ncu-$sh-$tk-$bc.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if not rows:
@@ -111,7 +120,7 @@ for (i, k), m in by.items():
           f"issue {g('smsp__issue_active.avg.pct_of_peak_sustained_active'):>6s}% "
           f"regs {g('launch__registers_per_thread'):>4s} grid {g('launch__grid_size')}")
 PY
-        grep -iE "error|==ERR" "$OUT/ncu-$sh-$tk.err" | head -3
+        grep -iE "error|==ERR" "$OUT/ncu-$sh-$tk-$bc.err" | head -3
     done
 else
     echo "no ncu"

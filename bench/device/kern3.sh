@@ -71,7 +71,7 @@ if command -v ncu >/dev/null 2>&1; then
       "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm --backends cuda_w4a16_mma \
       --fp4-shapes 16384x4096 --m 1 --trial-timeout 12 > "$OUT/kern3_ncu_$L.txt" 2>&1
     echo "ncu LUT=$L [16384 x 4096]: $(grep -E '^  [a-z_].*\(' "$OUT/kern3_ncu_$L.txt" | head -1 | cut -c3-44)" \
-      "$(grep -E ' Duration|DRAM Throughput|Issued Warp|inst_executed.sum|wavefronts_mem_shared|pipe_alu|pipe_fmaheavy|mio_inst' "$OUT/kern3_ncu_$L.txt" | awk '{print $1, $2, $NF}' | tr '\n' ' ')"
+      "$(grep -E ' Duration|SM Frequency|Elapsed Cycles|DRAM Throughput|Issued Warp|inst_executed.sum|wavefronts_mem_shared|pipe_alu|pipe_fmaheavy|mio_inst' "$OUT/kern3_ncu_$L.txt" | awk '{print $1, $2, $NF}' | tr '\n' ' ')"
     grep -E 'issue_stalled' "$OUT/kern3_ncu_$L.txt" | awk '{print $1, $NF}' | \
       sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | sort -k2 -rn | head -6 | tr '\n' ';'; echo
   done

@@ -5,19 +5,21 @@
 #
 #   bash bench/device/moefast.sh BIN OUTDIR
 #
-# 1. `laststand doctor --families moe --backends cuda_fused_decode --m 1,2,8` (every cell
-#    checked against the fp64 CPU reference) on the 397B and 35B layers, NVFP4 shared
-#    expert (`--shapes PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`),
-#    with the default kernels and with each opt-in knob of this round:
-#      LASTSTAND_MOE_PDL=1         programmatic dependent launch between the fused kernels
-#      LASTSTAND_MOE_FUSED_PAIR=3  the persistent gate/up kernel (cp.async ring over tiles)
-#                                  with the cp.async down kernel, M <= 2
-#      LASTSTAND_MOE_FUSED_PAIR=4  the same with h through shared memory in the down kernel
-# 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs replayed):
-#    default vs LASTSTAND_MOE_PDL=1 (+ pair 3), the ids must be equal (PDL edges inside
-#    captured graphs).
-# 3. ncu (--clock-control none, cold caches) per-kernel time, DRAM throughput, achieved
-#    occupancy and issue activity of the fused kernels at M = 1 on the 397B layer, per pair.
+# 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
+#    the fp64 CPU reference) on the 397B and 35B layers, NVFP4 shared expert (`--shapes
+#    PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`): the default
+#    choices (kernel pair and PDL per shape, moe.cu), then the opt-in knobs of this round:
+#      LASTSTAND_MOE_TOPK=2           top-k phase 2 on packed 64-bit candidates
+#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) in the kernel
+#                                     pairs 1 and 2 at M = 1
+#      LASTSTAND_MOE_SHARED_EARLY=1   the shared expert's gate/up blocks run before the
+#                                     wait for the top-k kernel (with PDL)
+#      LASTSTAND_MOE_FUSED_PAIR=1..4, LASTSTAND_MOE_PDL=0/1   force a pair / PDL
+# 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 with the auto moe choice
+#    (CUDA graphs on: the engine's line "CUDA graphs: N steps replayed") with the defaults
+#    and with the knobs, against --disable-cuda-graph: the ids must be equal.
+# 3. ncu (--clock-control none --cache-control none: warm, as back-to-back calls run) per
+#    kernel at M = 1 on the 397B layer, the cp.async pair: default, TOPK=2 + BC=1.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moefast.sh BIN OUTDIR}
@@ -49,53 +51,57 @@ for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
 done
 echo "($(el))"
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor pdl LASTSTAND_MOE_PDL=1 $p $sh 1,2,8; done
+    for sh in nv bf; do doctor topk2 LASTSTAND_MOE_TOPK=2 $p $sh 1,2,8; done
 done
 echo "($(el))"
+for sh in nv bf; do doctor early LASTSTAND_MOE_SHARED_EARLY=1 qwen3.5-397b-a17b $sh 1,2,8; done
+doctor early+pair2+pdl "LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-397b-a17b bf 1
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor pair3 LASTSTAND_MOE_FUSED_PAIR=3 $p $sh 1,2; done
+    for sh in nv bf; do doctor bc+pair2+pdl "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
 done
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor pair4 LASTSTAND_MOE_FUSED_PAIR=4 $p $sh 1,2; done
+    for sh in nv bf; do doctor all "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
 done
-for sh in nv bf; do doctor pdl+pair3 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=3" qwen3.5-397b-a17b $sh 1,2; done
-for sh in nv bf; do doctor pdl+pair4 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=4" qwen3.5-397b-a17b $sh 1,2; done
-for sh in nv bf; do doctor pdl+pair2 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=2" qwen3.5-397b-a17b $sh 1; done
+for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    for sh in nv bf; do doctor bc LASTSTAND_MOE_BC=1 $p $sh 1; done
+done
 echo "($(el))"
 
-echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2 (CUDA graphs), default vs PDL + pair 3"
-for v in default pdl; do
-    t=$(left); [ $t -gt 25 ] && t=25
+echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2, auto moe choice: eager vs CUDA graphs (default, knobs)"
+for v in eager graph graph-knobs; do
+    t=$(left); [ $t -gt 20 ] && t=20
     [ $t -ge 8 ] || { echo "$v: skipped (time)"; continue; }
-    envs=""; [ $v = pdl ] && envs="LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_FUSED_PAIR=3"
+    envs=""; flags=""
+    [ $v = eager ] && flags=--disable-cuda-graph
+    [ $v = graph-knobs ] && envs="LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2"
     env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
-        --max-new-tokens 16 --temperature 0 --moe-runner-backend cuda_fused_decode --sampling-backend device \
-        >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
+        --max-new-tokens 16 --temperature 0 --sampling-backend device $flags >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
     echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-200) ($(el))"
-    grep -iE "error|refus|unsupported|nan|CUDA graphs" "$OUT/gen-$v.err" | head -3
+    grep -iE "error|refus|unsupported|nan|CUDA graph" "$OUT/gen-$v.err" | cut -c1-240 | head -4
 done
-python3 - "$OUT/gen-default.txt" "$OUT/gen-pdl.txt" <<'PY'
+python3 - "$OUT"/gen-eager.txt "$OUT"/gen-graph.txt "$OUT"/gen-graph-knobs.txt <<'PY'
 import json, sys
 try:
-    a, b = (json.loads(open(p).read())["ids"] for p in sys.argv[1:3])
-    print(f"default vs pdl: {sum(x == y for x, y in zip(a, b))}/{max(len(a), len(b))} ids equal")
+    ids = [json.loads(open(p).read())["ids"] for p in sys.argv[1:4]]
+    for name, b in zip(("graph", "graph-knobs"), ids[1:]):
+        print(f"eager vs {name}: {sum(x == y for x, y in zip(ids[0], b))}/{max(len(ids[0]), len(b))} ids equal")
 except Exception as ex:
-    print(f"default vs pdl: no comparison ({ex})")
+    print(f"no comparison ({ex})")
 PY
 
-echo "== 3. ncu, 397B layer, M = 1, cuda_fused_decode (per kernel; cold caches, clocks not locked)"
+echo "== 3. ncu, 397B layer, M = 1, the cp.async pair: default decode and LASTSTAND_MOE_BC=1, top-k 1 / 2 (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for cfg in "bf:1" "bf:3" "bf:4" "nv:1" "nv:3" "bf:2"; do
-        sh=${cfg%%:*}; pair=${cfg#*:}
-        t=$(left); [ $t -gt 25 ] && t=25
-        [ $t -ge 10 ] || { echo "ncu $cfg: skipped (time)"; continue; }
+    for cfg in "nv:1:0" "nv:2:1" "bf:2:1"; do
+        sh=${cfg%%:*}; r=${cfg#*:}; tk=${r%%:*}; bc=${r#*:}
+        t=$(left); [ $t -gt 20 ] && t=20
+        [ $t -ge 8 ] || { echo "ncu $cfg: skipped (time)"; continue; }
         if [ "$sh" = bf ]; then src=(--model-path synth:qwen3.5-397b-a17b,layers=1); else src=(--shapes qwen3.5-397b-a17b); fi
-        LASTSTAND_MOE_FUSED_PAIR=$pair timeout $t ncu --clock-control none -k regex:moe_ --launch-skip 8 --launch-count 8 \
-            --metrics $MET --csv "$BIN" doctor --device cuda --families moe "${src[@]}" --m 1 \
-            --backends cuda_fused_decode >"$OUT/ncu-$sh-$pair.csv" 2>"$OUT/ncu-$sh-$pair.err"
-        echo "ncu shared=$sh pair=$pair rc=$? ($(el))"
-        python3 - "$OUT/ncu-$sh-$pair.csv" <<'PY'
+        LASTSTAND_MOE_TOPK=$tk LASTSTAND_MOE_BC=$bc LASTSTAND_MOE_FUSED_PAIR=2 timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
+            --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe "${src[@]}" --m 1 \
+            --backends cuda_fused_decode >"$OUT/ncu-$sh-$tk-$bc.csv" 2>"$OUT/ncu-$sh-$tk-$bc.err"
+        echo "ncu shared=$sh topk=$tk bc=$bc rc=$? ($(el))"
+        python3 - "$OUT/ncu-$sh-$tk-$bc.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
 if not rows:
@@ -114,7 +120,7 @@ for (i, k), m in by.items():
           f"issue {g('smsp__issue_active.avg.pct_of_peak_sustained_active'):>6s}% "
           f"regs {g('launch__registers_per_thread'):>4s} grid {g('launch__grid_size')}")
 PY
-        grep -iE "error|==ERR" "$OUT/ncu-$sh-$pair.err" | head -3
+        grep -iE "error|==ERR" "$OUT/ncu-$sh-$tk-$bc.err" | head -3
     done
 else
     echo "no ncu"

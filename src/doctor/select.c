@@ -176,6 +176,14 @@ int doctor_plan(json_t *report, const char *family, const int *ms, int n_ms, con
             }
         }
         if (best < 0) return errf(e, ERR_UNSUPPORTED, "no correct %s backend at M=%d", family, b[m]);
+        if (out->n) { /* within DOC_PLAN_KEEP of the fastest, the previous entry's backend keeps its run */
+            for (int k = 0; k < nn; k++) {
+                double t = 0;
+                if (k != best && !strcmp(names[k], out->name[out->n - 1]) &&
+                    doctor_bucket(report, family, names[k], b[m], &t, NULL, 0) && t <= bt * DOC_PLAN_KEEP)
+                    best = k;
+            }
+        }
         if (out->n && !strcmp(out->name[out->n - 1], names[best])) {
             out->max_m[out->n - 1] = b[m];
         } else if (out->n < DOC_PLAN_MAX) {

@@ -46,6 +46,7 @@ int doctor_bucket(json_t *report, const char *family, const char *backend, int M
 /* A per-bucket plan: entry i takes M up to max_m[i] (the last bucket of its run of
  * buckets); the last entry has no bound (max_m 0). */
 #define DOC_PLAN_MAX 8
+#define DOC_PLAN_KEEP 1.05
 typedef struct doc_plan {
     int n;
     char name[DOC_PLAN_MAX][64];
@@ -54,7 +55,9 @@ typedef struct doc_plan {
 
 /* The plan the report implies for family at the buckets ms (any order): per bucket
  * the fastest of names[0..nn) that is ok there (doctor_bucket; ties: the earlier
- * name), consecutive equal picks merged, the last entry unbounded. Returns 0, or
+ * name), except that the previous bucket's pick stays when it is ok there and within
+ * DOC_PLAN_KEEP of the fastest (timing noise of a few percent does not split a plan);
+ * consecutive equal picks merged, the last entry unbounded. Returns 0, or
  * ERR_UNSUPPORTED with e naming the first bucket where none of the names is ok (or
  * saying the plan would need more than DOC_PLAN_MAX entries). */
 int doctor_plan(json_t *report, const char *family, const int *ms, int n_ms, const char *const *names, int nn,

@@ -432,6 +432,29 @@ static void test_doctor_plan_from_per_bucket_times(void **st) {
     assert_int_equal(p.max_m[0], 1);
     assert_int_equal(p.max_m[1], 8);
     assert_int_equal(p.max_m[2], 0);
+    /* within 5% of the fastest, the previous bucket's pick keeps its run (noise does not split
+     * a plan): chunk at 512 is 10 on the sum of shapes; a 'near' backend at 10.4 there that
+     * won M=64 keeps M=512; at 10.6 it does not */
+    {
+        json_t *r2 = json_loads(
+            "{\"tables\": [{\"family\": \"gdn\", \"backends\": [\"near\", \"chunk\"], \"test_only\": [],"
+            " \"cells\": {\"near\":  {\"64\": {\"status\": \"ok\", \"ms\": 3}, \"512\": {\"status\": \"ok\", \"ms\": 10.4}},"
+            "             \"chunk\": {\"64\": {\"status\": \"ok\", \"ms\": 4}, \"512\": {\"status\": \"ok\", \"ms\": 10}}}}]}",
+            0, NULL);
+        assert_non_null(r2);
+        const int m2[] = {64, 512};
+        const char *nm2[] = {"chunk", "near"};
+        assert_int_equal(doctor_plan(r2, "gdn", m2, 2, nm2, 2, &p, &e), 0);
+        doctor_plan_text(&p, t, sizeof t);
+        assert_string_equal(t, "near");
+        json_object_set_new(json_object_get(json_object_get(json_object_get(json_array_get(json_object_get(r2, "tables"), 0),
+                                                                            "cells"), "near"), "512"),
+                            "ms", json_real(10.6));
+        assert_int_equal(doctor_plan(r2, "gdn", m2, 2, nm2, 2, &p, &e), 0);
+        doctor_plan_text(&p, t, sizeof t);
+        assert_string_equal(t, "near:64,chunk");
+        json_decref(r2);
+    }
     /* a bucket where none of the names is correct: refused, naming it */
     const char *only_dec[] = {"dec"};
     assert_int_equal(doctor_plan(r, "gdn", ms, 4, only_dec, 1, &p, &e), ERR_UNSUPPORTED);

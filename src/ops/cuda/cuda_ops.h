@@ -27,10 +27,10 @@
  *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
  *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)
  *             cuda_per_token      token by token with S in global memory (gdn_chunked.cu)
- *             cuda_decode         the default (registered first): one launch (conv, norms, g/β, delta
- *                                 rule), a warp per 16 value columns of a head, S in registers, a k
- *                                 head's blocks one cluster; a call with a chunk of > 64 new tokens
- *                                 goes to cuda_chunked (gdn_decode.cu)
+ *             cuda_decode         one launch (conv, norms, g/β, delta rule), a warp per 16 value
+ *                                 columns of a head, S in registers, a k head's blocks one cluster;
+ *                                 a call with a chunk of > 64 new tokens goes to cuda_chunked
+ *                                 (gdn_decode.cu; registered second, the doctor's pick at M = 1)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).

@@ -629,15 +629,16 @@ static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
  * block-column scales, plus a 32 KB byte -> bf16x2 table (lane i's copy in bank i)
  * built by the block while its loads are in flight, and one 32-byte x read per lane
  * and chunk (see nv4_gemv1t_chunk). Dynamic shared memory, table first (128-byte
- * aligned): gvt_smem_bytes(KW, PER). */
-static size_t gvt_smem_bytes(int kw, int per) {
-    return NV4_TAB_BYTES + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
+ * aligned): gvt_smem_bytes(KW, PER, R). */
+static size_t gvt_smem_bytes(int kw, int per, int r) {
+    return NV4_TAB_BYTES + (size_t)kw * per * ((r ? 0 : 2 * 32 * 16) + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
 /* R = 1: the codes go straight into registers (LDG.128, all PER chunks at once)
  * instead of through shared memory (cp.async then LDS.128): a quarter fewer
- * shared-memory wavefronts per chunk, for PER x 8 registers (the stage array is
- * allocated but unused). */
+ * shared-memory wavefronts per chunk, for PER x 8 registers; no stage array (the
+ * block's shared memory drops from 77 to 45 KB at 8 warps x 4 chunks: 3 blocks per
+ * SM instead of 2, as fp4_gemv1_kernel). */
 template <int KW, int PER, int L, int R>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
@@ -645,11 +646,12 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
     extern __shared__ __align__(128) unsigned char gvt_raw[];
     /* table [256][32] u32, then stage[KW][PER][2][32] uint4 (codes), xs[KW][PER][16] uint4,
      * ss[KW][PER][32] u32 (scales), zb[2] uint4 (zeros), red[KW][16] f32 */
-    uint4(*stage)[PER][2][32] = reinterpret_cast<uint4(*)[PER][2][32]>(gvt_raw + NV4_TAB_BYTES);
-    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1024);
-    uint32_t(*ss)[PER][32] = reinterpret_cast<uint32_t(*)[PER][32]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1280);
-    uint4 *zb = reinterpret_cast<uint4 *>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1408);
-    float(*red)[16] = reinterpret_cast<float(*)[16]>(gvt_raw + NV4_TAB_BYTES + KW * PER * 1408 + 32);
+    constexpr int SO = NV4_TAB_BYTES + (R ? 0 : KW * PER * 1024); /* past the table and the stage */
+    uint4(*stage)[PER][2][32] = reinterpret_cast<uint4(*)[PER][2][32]>(gvt_raw + NV4_TAB_BYTES); /* R = 0 only */
+    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvt_raw + SO);
+    uint32_t(*ss)[PER][32] = reinterpret_cast<uint32_t(*)[PER][32]>(gvt_raw + SO + KW * PER * 256);
+    uint4 *zb = reinterpret_cast<uint4 *>(gvt_raw + SO + KW * PER * 384);
+    float(*red)[16] = reinterpret_cast<float(*)[16]>(gvt_raw + SO + KW * PER * 384 + 32);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -718,7 +720,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
 template <int KW, int PER, int L, int R>
 static void gvt_launch(const gemm_args *a, cudaStream_t st) {
     static int attr = 0;
-    const size_t smem = gvt_smem_bytes(KW, PER);
+    const size_t smem = gvt_smem_bytes(KW, PER, R);
     if (!attr) {
         cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem);

@@ -6,7 +6,9 @@
  * exclude `*.mlp.shared_expert.*` from quantization, as synth does).
  *
  * Backends, two different algorithms:
- *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip:
+ *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip,
+ *                      chained by programmatic dependent launch where that was
+ *                      measured faster (see pdl_wait and the choice in fused_run):
  *                      (1) router GEMV (warp per expert row, every token, x in
  *                      shared memory; one more warp for the shared gate's
  *                      logit); (2) softmax, top-k (two redux.sync per pick) and
@@ -43,6 +45,7 @@
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
+#include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -53,7 +56,7 @@ enum { MOE_MAXE = 512, MOE_MAXK = 16, FUSED_MAXM = 8 };
 /* ---- per-device workspace ------------------------------------------------------ */
 
 enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_PERM, WS_POS, WS_XS, WS_G, WS_U, WS_Y, WS_GS,
-       WS_US, WS_S, WS_N };
+       WS_US, WS_S, WS_ZERO, WS_N };
 static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe workspace slots");
 
 typedef struct fused_tables fused_tables;
@@ -277,6 +280,11 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
  * Compute, H200, E = 512, k = 10); then phase 2 was k more redux rounds on
  * warp 0 (7.8 us for the kernel). */
 enum { TOPK_W = 16 };
+/* PACK (LASTSTAND_MOE_TOPK=2, until validated on the H200): phase 2 compares packed
+ * 64-bit candidates (key << 32 | ~index: larger is better under the same order, one
+ * shared load and one compare each) in an unrolled loop over the nw·k real
+ * candidates only, and the warps without experts skip phase 1. */
+template <bool PACK>
 __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int k, int norm,
                                                                     const bf16 *__restrict__ x,
                                                                     const bf16 *__restrict__ wsg, int has_shared,
@@ -285,6 +293,7 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
                                                                     float *wts) {
     __shared__ unsigned ck[TOPK_W][MOE_MAXK];
     __shared__ int ci[TOPK_W][MOE_MAXK];
+    __shared__ unsigned long long cp[TOPK_W * MOE_MAXK]; /* PACK: candidate w·k + j */
     __shared__ float rmax[TOPK_W], rsum[TOPK_W];
     __shared__ int rk_i[MOE_MAXK];
     __shared__ float rk_p[MOE_MAXK];
@@ -306,7 +315,8 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
     /* phase 1: this warp's top-k of its 64 */
     const unsigned ka = e0 < E ? f2key(a) : 0u, kb = e1 < E ? f2key(b) : 0u;
     bool ta = false, tb = false;
-    for (int j = 0; j < k; j++) {
+    const int nw = (E + 63) / 64; /* warps that have experts */
+    for (int j = 0; j < ((PACK && warp >= nw) ? 0 : k); j++) {
         /* this lane's best untaken: a (lower index) unless b is strictly larger */
         const unsigned ua = ta ? 0u : ka, ub = tb ? 0u : kb;
         const unsigned kl = ub > ua ? ub : ua;
@@ -318,6 +328,7 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
         if (lane == 0) {
             ck[warp][j] = kmax;
             ci[warp][j] = (int)win;
+            if (PACK) cp[warp * k + j] = (unsigned long long)kmax << 32 | (unsigned)~win;
         }
     }
     __syncthreads();
@@ -330,8 +341,19 @@ __global__ void __launch_bounds__(32 * TOPK_W) moe_topk_kernel(int H, int E, int
      * most of this kernel's 7.8 us on the H200 at E = 512, k = 10). Empty picks
      * (key 0, a warp with fewer than k experts) rank after every real one; real
      * candidates are distinct experts, so ranks 0..k-1 are unique. */
-    const int nw = (E + 63) / 64; /* warps that had experts */
-    if (threadIdx.x < TOPK_W * MOE_MAXK) {
+    if (PACK) {
+        if (threadIdx.x < nw * k) {
+            const unsigned long long me = cp[threadIdx.x];
+            int rank = 0;
+#pragma unroll 8
+            for (int i = 0; i < nw * k; i++) rank += cp[i] > me;
+            const unsigned key = (unsigned)(me >> 32);
+            if (rank < k && key) {
+                rk_i[rank] = (int)~(unsigned)me;
+                rk_p[rank] = __expf(key2f(key) - mx) / sum;
+            }
+        }
+    } else if (threadIdx.x < TOPK_W * MOE_MAXK) {
         const int w = threadIdx.x / MOE_MAXK, j = threadIdx.x % MOE_MAXK;
         if (w < nw && j < k) {
             const unsigned key = ck[w][j];
@@ -426,11 +448,44 @@ __device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, siz
     }
 }
 
-/* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32. */
-__global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
+/* Block-column form (BC, M = 1 only; nvfp4.cuh's nv4_gemv1_chunk): the mma's 8 B
+ * columns hold the chunk's 8 scale blocks instead of 8 copies of the token, so each
+ * output is one (row, block) partial and the block scale is an fp32 FFMA (no BF16
+ * multiply per decoded pair, the byte tables built once). acc then holds (row g,
+ * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
+ * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
+ * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
+ * g == 0 supply B, the others zeros), which sums the same way. */
+__device__ __forceinline__ void bc_rows(float (&acc)[4]) {
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    acc[0] = r0;
+    acc[2] = r1;
+}
+
+/* One NVFP4 chunk in BC form: xr = the lane's 32 B-values of the token (4 uint4, K
+ * order), zero = 64 readable zero bytes (global); s0 / s1 the E4M3 scale pairs of
+ * rows g / g + 8. */
+__device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 *xr,
+                                         const uint4 *zero, int g, int t, const nv4_lut &lut, float (&acc)[4]) {
+    const bool act = t == (g >> 1);
+    const uint4 *pe = act && !(g & 1) ? xr : zero, *po = act && (g & 1) ? xr + 2 : zero;
+    float sg[4];
+    nv4_e4m3x2_to_f32x2(s0, sg[0], sg[1]);
+    nv4_e4m3x2_to_f32x2(s1, sg[2], sg[3]);
+    nv4_gemv1_chunk(w0, w1, __ldg(pe), __ldg(pe + 1), __ldg(po), __ldg(po + 1), sg, lut, acc);
+}
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32.
+ * BC (M = 1): the NVFP4 chunks in block-column form (bc_chunk). */
+template <bool BC>
+__global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
-                                                         int ldh) {
+                                                         int ldh, const uint4 *__restrict__ zero) {
     pdl_wait();
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -456,6 +511,7 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
     const size_t r8 = (size_t)8 * (H / 2), s8 = (size_t)8 * (H / 16);
     const bf16 *xm = x + (size_t)m * H;
     float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 (BC only) */
     if (j == k && P->sbf) {
         /* BF16 shared expert: 4 x 16 B per row and chunk, one chunk in flight */
         for (int c = cb; c < ce; c++) {
@@ -488,6 +544,12 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             if (c + u >= ce) break;
+            if (BC) {
+                const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
+                bc_chunk(wv[u][0], wv[u][1], sv[u][0], sv[u][1], xp, zero, g, t, lut, ag);
+                bc_chunk(wv[u][2], wv[u][3], sv[u][2], sv[u][3], xp, zero, g, t, lut, au);
+                continue;
+            }
             uint32_t b[16];
             if (g == 0) {
                 const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
@@ -517,6 +579,10 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
             }
         }
     }
+    if (BC) { /* the BF16 shared expert's B is column 0 only: bc_rows sums it the same way */
+        bc_rows(ag);
+        bc_rows(au);
+    }
     /* column 0 (the token) lives in lanes with t == 0: c0 = row g, c2 = row g + 8 */
     __shared__ float red[8][2][16];
     if (t == 0) {
@@ -539,7 +605,9 @@ __global__ void __launch_bounds__(256) moe_gateup_kernel(const gu_params *__rest
     }
 }
 
-/* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j). */
+/* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j).
+ * BC (M = 1): the NVFP4 chunks in block-column form (the B halves built from h). */
+template <bool BC>
 __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restrict__ P, int M, int H, int I,
                                                        int Is, int k, const int32_t *__restrict__ idx,
                                                        const float *__restrict__ wts,
@@ -551,6 +619,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     const int sbf = P->sbf;
     const int npairs = k * cpe + (sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
     float acc[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
     for (int p0 = warp; p0 < npairs; p0 += 8 * 4) {
         uint4 wv[4][2];
         uint16_t sv[4][2];
@@ -587,6 +656,31 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (p0 + 8 * u >= npairs) break;
+            if (BC) {
+                /* lane (g, t) with t == g / 2 supplies half g % 2 of its 32 values, the rest zeros */
+                uint4 h0 = make_uint4(0u, 0u, 0u, 0u), h1 = h0;
+                if (t == (g >> 1)) {
+                    const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]) + 4 * (g & 1);
+                    uint32_t hv[8];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        const float4 f = hp[v];
+                        __nv_bfloat162 lo = __floats2bfloat162_rn(f.x * coef[u], f.y * coef[u]);
+                        __nv_bfloat162 hi = __floats2bfloat162_rn(f.z * coef[u], f.w * coef[u]);
+                        hv[2 * v] = *reinterpret_cast<uint32_t *>(&lo);
+                        hv[2 * v + 1] = *reinterpret_cast<uint32_t *>(&hi);
+                    }
+                    h0 = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                    h1 = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+                }
+                const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+                float sg[4];
+                nv4_e4m3x2_to_f32x2(sv[u][0], sg[0], sg[1]);
+                nv4_e4m3x2_to_f32x2(sv[u][1], sg[2], sg[3]);
+                const bool od = g & 1;
+                nv4_gemv1_chunk(wv[u][0], wv[u][1], od ? z : h0, od ? z : h1, od ? h0 : z, od ? h1 : z, sg, lut, acc);
+                continue;
+            }
             uint32_t b[16];
             if (g == 0) {
                 const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]);
@@ -639,6 +733,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             bf16_chunk_mma(w0, w1, xv, acc);
         }
     }
+    if (BC) bc_rows(acc); /* the BF16 shared expert's B is column 0 only: same sums */
     __shared__ float red[8][16];
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -662,19 +757,25 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
  * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
  * the slot's combine weight (or shared gate) times the down projection's scale2,
  * so the down kernel reads h as its ready B operand. */
-template <int KW, int PER>
+template <int KW, int PER, bool BC>
 __global__ void __launch_bounds__(32 * KW, 32 / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
-                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh) {
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
+                       const uint4 *__restrict__ zero) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
-    pdl_wait();
-    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
     const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
+    /* early_sh (LASTSTAND_MOE_SHARED_EARLY=1, until validated): the shared expert's
+     * blocks need only x (complete before the router started) until their epilogue's
+     * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
+     * routed blocks still wait before they trigger, which keeps the down kernel's
+     * early read of the choices safe */
+    if (!(early_sh && j == k)) pdl_wait();
+    pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2, coef;
@@ -693,7 +794,6 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     const int c0 = warp * PER;
     float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
     if (j == k && P->sbf) {
-        coef *= wts[m * (k + 1) + j];
         /* BF16 shared expert: 4x the bytes of an NVFP4 chunk, streamed through
          * registers (PER chunks' gate and up rows would not fit the cp.async
          * stage), gate then up to stay inside the 64-register budget */
@@ -701,13 +801,16 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
 #pragma unroll 1
         for (int u = 0; u < PER; u++) {
             uint4 w0[4], w1[4], xv[4];
+            const uint4 *xb = !BC || g == 0 ? xr + u * 16 : zero; /* BC: the token in column 0 only */
 #pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(xb + v);
             bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
             bf16_chunk_mma(w0, w1, xv, ag);
             bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
             bf16_chunk_mma(w0, w1, xv, au);
         }
+        pdl_wait();
+        coef *= wts[m * (k + 1) + j];
     } else {
     const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
     uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
@@ -728,9 +831,19 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
         su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
     }
+    pdl_wait();
     coef *= wts[m * (k + 1) + j];
     /* every token column is token m: no lane predicated off, column 0 is read */
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+    if (BC) {
+        const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 */
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async_wait_dyn(PER - 1 - u);
+            bc_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xr + u * 16, zero, g, t, lut, ag);
+            bc_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xr + u * 16, zero, g, t, lut, au);
+        }
+    } else {
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         uint4 xv[4];
@@ -740,6 +853,11 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
         cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
     }
+    }
+    }
+    if (BC) {
+        bc_rows(ag);
+        bc_rows(au);
     }
     if (t == 0) {
         red[warp][0][g] = ag[0];
@@ -766,11 +884,11 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
  * looked up once per block into shared memory. */
-template <int KW, int PMAX>
+template <int KW, int PMAX, bool BC>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
-                     bf16 *__restrict__ y) {
+                     bf16 *__restrict__ y, const uint4 *__restrict__ zero) {
     extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
     __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
     __shared__ float red[KW][16];
@@ -789,6 +907,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
     const int npairs = k * cpe + (P->sbf ? 0 : cps); /* a BF16 shared expert's chunks follow below */
     uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
     for (int base = warp; base < npairs; base += KW * PMAX) {
         uint16_t s0[PMAX], s1[PMAX];
 #pragma unroll
@@ -813,11 +932,16 @@ __global__ void __launch_bounds__(32 * KW, 2)
             if (p >= npairs) break;
             const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
             const uint4 *hp = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 32 * t);
-            uint4 xv[4];
+            if (BC) {
+                cu_cp_async_wait_dyn(PMAX - 1 - u);
+                bc_chunk(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], hp, zero, g, t, lut, acc);
+            } else {
+                uint4 xv[4];
 #pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
-            cu_cp_async_wait_dyn(PMAX - 1 - u);
-            cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
+                cu_cp_async_wait_dyn(PMAX - 1 - u);
+                cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+            }
         }
     }
     pdl_wait();
@@ -829,7 +953,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
 #pragma unroll
             for (int q = 0; q < 4; q++) { /* bf16_chunk_mma with B read as it goes: no spill */
-                const uint4 xq = __ldg(hr + c * 16 + q);
+                const uint4 xq = __ldg(!BC || g == 0 ? hr + c * 16 + q : zero); /* BC: column 0 only */
                 const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
                 const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
                 cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
@@ -837,6 +961,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             }
         }
     }
+    if (BC) bc_rows(acc);
     if (t == 0) {
         red[warp][g] = acc[0];
         red[warp][g + 8] = acc[2];
@@ -1177,25 +1302,28 @@ static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 bl
     return c == cudaSuccess ? cudaGetLastError() : c;
 }
 
-/* Programmatic dependent launch between the fused kernels: LASTSTAND_MOE_PDL=1 (opt-in
- * until validated on the H200) */
-static int fused_pdl(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *ev = getenv("LASTSTAND_MOE_PDL");
-        v = ev && !strcmp(ev, "1");
+/* An integer knob from the environment, read once into *v: def when unset, else
+ * the value if it is lo..hi (one digit), else def. Benchmarks only. */
+static int fused_knob(int *v, const char *name, int lo, int hi, int def) {
+    if (*v < -1) {
+        const char *ev = getenv(name);
+        *v = ev && ev[0] >= '0' + lo && ev[0] <= '0' + hi && !ev[1] ? ev[0] - '0' : -1;
     }
-    return v;
+    return *v >= 0 ? *v : def;
 }
 
 template <int KW, int PER>
-static cudaError_t gateup2_launch(dim3 grid, size_t smem, cudaStream_t st, const gu_params *P, const dn_params *D,
-                                  int H, int I, int Is, int k, const void *x, const int32_t *idx, const float *wts,
-                                  void *h, int ldh) {
-    cudaError_t c = fused_smem<moe_gateup2_kernel<KW, PER>>(smem);
+static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+                                  const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
+                                  const float *wts, void *h, int ldh, const uint4 *zero) {
+    static int force_early = -2;
+    const int early = fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 0);
+    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
+    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
+                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
     if (c != cudaSuccess) return c;
-    return fused_launch(fused_pdl(), moe_gateup2_kernel<KW, PER>, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k,
-                        (const bf16 *)x, idx, wts, (bf16 *)h, ldh);
+    return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
+                        (bf16 *)h, ldh, early, zero);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1307,39 +1435,34 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, st, e);
     float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), st, e);
     float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, st, e);
-    if (!logits || !idx || !wts || !hws) {
+    const uint4 *zero = (const uint4 *)ws_get(ws, WS_ZERO, 64, st, e); /* zeroed once, never written */
+    if (!logits || !idx || !wts || !hws || !zero) {
         ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
-    }
-    const size_t xsm = sizeof(bf16) * (size_t)M * H;
-    const int pdl = fused_pdl();
-    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
-    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
-    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
-    if (c == cudaSuccess) {
-        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
-            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
-        c = cudaGetLastError();
-    }
-    if (c == cudaSuccess) {
-        c = fused_launch(pdl, moe_topk_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, (int)w->norm_topk,
-                         (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
-                         (const float *)(wsg ? sgl : NULL), idx, wts);
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    /* kernel pair per M, from the H200 runs of 2026-11-29 (bench/RESULTS.md): the
-     * register-staged pair at M = 1, the cp.async pair above; LASTSTAND_MOE_FUSED_PAIR
-     * = 1 .. 4 forces one (benchmarks only; 3 = the persistent gate/up kernel with
-     * the cp.async down, 4 = the same with h through shared memory in the down kernel,
-     * where they apply: M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
-    static int force = -1;
-    if (force < 0) {
-        const char *ev = getenv("LASTSTAND_MOE_FUSED_PAIR");
-        force = ev && ev[0] >= '1' && ev[0] <= '4' && !ev[1] ? atoi(ev) : 0;
-    }
-    int pair = force ? force : M >= 2 ? 2 : 1;
+    /* Kernel pair and programmatic dependent launch per shape, from the H200 round of
+     * 2026-11-29 17:10 (bench/RESULTS.md, doctor, every cell checked): M >= 2: the
+     * cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 -> 117.3
+     * BF16 shared; M = 8 and the 35B layer gain too). M = 1, H >= 4096: NVFP4 shared
+     * expert: the cp.async pair with PDL (66.1 -> 58.1 us); BF16 shared expert: the
+     * register pair without PDL (66.0 us; 76.2 with PDL, 79.9 with the cp.async pair and
+     * PDL). M = 1, smaller H: the register pair with PDL (35B: 31.8 -> 27.2 us).
+     * LASTSTAND_MOE_FUSED_PAIR = 1 .. 4 and LASTSTAND_MOE_PDL = 0 / 1 force one
+     * (benchmarks only; 3 = the persistent gate/up kernel with the cp.async down, 4 =
+     * the same with h through shared memory in the down kernel, where they apply:
+     * M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
+    static int force_pair = -2, force_pdl = -2;
+    int pair = M >= 2 || (H >= 4096 && !gp.sbf) ? 2 : 1;
+    pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
+    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, !(M == 1 && H >= 4096 && gp.sbf));
+    if (pair == 2 && !gkw) pair = 1;
+    /* the block-column decode (nvfp4.cuh) in pairs 1 and 2 at M = 1: LASTSTAND_MOE_BC=1
+     * (until validated on the H200) */
+    static int force_bc = -2;
+    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, 0);
     if (pair >= 3) {
         if (!ws->n_sm) {
             int dev = 0, n = 0;
@@ -1349,7 +1472,23 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws->n_sm = n;
         }
         const int nh = gp.sbf ? M * (Is / 16) : 0;
-        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 ? 2 : 1;
+        if (M > GU3_MAXM || (nch != GU3_KW && nch != 2 * GU3_KW) || nh >= ws->n_sm) pair = M >= 2 && gkw ? 2 : 1;
+    }
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    cudaError_t c = fused_smem<moe_router_kernel>(xsm);
+    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
+    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
+    if (c == cudaSuccess) {
+        moe_router_kernel<<<(E + ROUTER_RPB) / ROUTER_RPB, 32 * ROUTER_RPB * ROUTER_Q, xsm, st>>>(
+            M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl);
+        c = cudaGetLastError();
+    }
+    if (c == cudaSuccess) {
+        static int force_topk = -2;
+        const int pack = fused_knob(&force_topk, "LASTSTAND_MOE_TOPK", 1, 2, 1) == 2;
+        c = fused_launch(pdl, pack ? moe_topk_kernel<true> : moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st,
+                         H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                         (const float *)(wsg ? sgl : NULL), idx, wts);
     }
     if (c == cudaSuccess && pair >= 3) {
         const size_t gsm = (size_t)32 * H + sizeof(bf16) * (size_t)M * H; /* 2 stages of 16 B per 16 rows x 2 matrices x 128 codes per chunk, + x */
@@ -1369,42 +1508,46 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16, dsm3 = (size_t)DOWN_KW * DOWN3_PMAX * 80 * 16;
         dim3 g3d(H / 16, M);
         if (c == cudaSuccess && pair == 3) {
-            c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+            c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
             if (c == cudaSuccess)
-                c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H,
-                                 I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+                c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>, g3d, dim3(32 * DOWN_KW), dsm, st,
+                                 ddp, H, I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y, zero);
         } else if (c == cudaSuccess) {
             c = fused_smem<moe_down3_kernel<DOWN_KW, DOWN3_PMAX>>(dsm3);
             if (c == cudaSuccess)
                 c = fused_launch(pdl, moe_down3_kernel<DOWN_KW, DOWN3_PMAX>, g3d, dim3(32 * DOWN_KW), dsm3, st, ddp,
                                  H, I, Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
         }
-    } else if (c == cudaSuccess && gkw && pair == 2) {
+    } else if (c == cudaSuccess && pair == 2) {
         dim3 g2d(ldh / 16, M * (k + 1));
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (nch == 8) c = gateup2_launch<8, 1>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else if (nch == 16) c = gateup2_launch<8, 2>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
-        else c = gateup2_launch<8, 4>(g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero);
+        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        if (c == cudaSuccess) c = fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX>>(dsm);
+        if (c == cudaSuccess)
+            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
+                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            c = fused_launch(pdl, moe_down2_kernel<DOWN_KW, DOWN_PMAX>, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I,
-                             Is, k, (const int32_t *)idx, (const bf16 *)hws, ldh, (bf16 *)a->y);
+            c = fused_launch(pdl, bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>,
+                             g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+                             (const bf16 *)hws, ldh, (bf16 *)a->y, zero);
         }
     } else {
         if (c == cudaSuccess) {
             dim3 g2d(ldh / 16, M * (k + 1));
-            c = fused_launch(pdl, moe_gateup_kernel, g2d, dim3(256), 0, st, dgp, M, H, I, Is, k, (const bf16 *)a->x,
-                             (const int32_t *)idx, hws, ldh);
+            c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp,
+                             M, H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero);
         }
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            c = fused_launch(pdl, moe_down_kernel, g3d, dim3(256), 0, st, ddp, M, H, I, Is, k, (const int32_t *)idx,
-                             (const float *)wts, (const float *)hws, ldh, (bf16 *)a->y);
+            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+                             H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
+                             (bf16 *)a->y);
         }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
@@ -1502,7 +1645,7 @@ static int loop_run_locked(moe_ws *ws, const moe_args *a, cudaStream_t st, ls_er
     }
     int rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
     if (rc) return err_prefix(e, "cuda_expert_loop router");
-    moe_topk_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
+    moe_topk_kernel<false><<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, Is > 0,
                                                logits, NULL, idx, wts);
     CU_LAUNCHED(e, "cuda_expert_loop top-k");

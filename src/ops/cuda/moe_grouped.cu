@@ -51,6 +51,16 @@
  * 138 KB of shared memory at BM = 64). A always uses cp.async (x rows 16-byte
  * aligned, H multiple of 8).
  *
+ * Batched decode (M = 16..256: 1-2 real rows per 16-row tile, the GEMMs are weight-streaming
+ * GEMVs per expert) has variants, chosen per process by environment knobs (mg_knobs):
+ * the NVFP4 decode by bit placement (nvfp4.cuh's nv4_e2m1x8_place: half of the decode on the
+ * FMA pipe, the block scale x 2^118 by one BF16 multiply per pair, 2^8 folded into scale2, A
+ * permuted to the decode's (i, i + 4) pairing) with each thread's load addresses made once
+ * per CTA, optionally with 3 CTAs per SM at BM = 16; an L2 prefetch hint on the codes'
+ * cp.async; and a shared expert of another kind (BF16 next to NVFP4) run on a high-priority
+ * side stream beside the routed GEMMs (fork after the plan, join before the combine, by
+ * events: capturable), instead of after them with its 4-16 CTAs alone on the GPU.
+ *
  * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
  * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
  * expert pointer table (64 B per expert) lives in device memory, cached per
@@ -675,12 +685,13 @@ static mg_knobs mg_knobs_get(void) {
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
         mg_knobs n = {0, 0, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
+        if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place = 1;
         if (v && !strcmp(v, "place3")) n.place = 2;
         v = getenv("LASTSTAND_MG_SIDE");
-        if (v && !strcmp(v, "1")) n.side = 1;
+        if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) n.side = atoi(v);
         v = getenv("LASTSTAND_MG_PREFETCH");
-        if (v && (!strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
+        if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }

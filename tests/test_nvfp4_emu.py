@@ -39,7 +39,7 @@ def emu(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["1", "2", "3 1", "3 2", "3 4", "4 2 1", "4 2 3", "4 4 8"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 0", "3 1", "3 2", "3 4", "4 2 1", "4 2 3", "4 4 8"])
 def test_gemv_warp_step_matches_fp64(emu, kind):
     """kind 1: block-column step (default M = 1 kernel); kind 2: bit-placement step (opt-in);
     kind 3 L: table-decode step with L of 4 word pairs by table (opt-in); kind 4 L M: the

@@ -15,7 +15,7 @@
  * otherwise, which fails the run like a wrong value.
  *
  * usage: nvfp4_emu [1|2|3 [L]|4 [L [M]]]   (1 = block-column kernel, 2 = bit-placement
- *        kernel, 3 = table-decode kernel with L = 1, 2 or 4 word pairs by table, 4 = the
+ *        kernel, 3 = table-decode kernel with L = 0, 1, 2 or 4 word pairs by table, 4 = the
  *        M <= 8 table step nv4_w4_chunk_tab<L> with M tokens in the B columns)
  * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail);
  * with kind 3 (and 4), =2 gives each lane its neighbour's table copy (right values, wrong
@@ -431,7 +431,7 @@ int main(int argc, char **argv) {
         printf("bad M %d\n", MT);
         return 1;
     }
-    if (kind >= 3 && L != 1 && L != 2 && L != 4) {
+    if (kind >= 3 && L != 1 && L != 2 && L != 4 && !(kind == 3 && L == 0)) {
         printf("bad L %d\n", L);
         return 1;
     }
@@ -470,7 +470,7 @@ int main(int argc, char **argv) {
                 (L == 1 ? run_block4<1> : L == 2 ? run_block4<2> : run_block4<4>)(KW, PER, MT, N, K, x.data(), w.data(),
                                                                                  sc.data(), scale2, y.data(), b);
             else
-                (kind == 3   ? (L == 1 ? run_block3<1> : L == 2 ? run_block3<2> : run_block3<4>)
+                (kind == 3   ? (L == 0 ? run_block3<0> : L == 1 ? run_block3<1> : L == 2 ? run_block3<2> : run_block3<4>)
                  : kind == 2 ? run_block2
                              : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2, y.data(), b);
         double maxerr = 0, maxref = 0;

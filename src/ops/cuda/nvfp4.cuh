@@ -289,7 +289,7 @@ NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
 }
 
 /* nv4_gemv1_chunk with the word pairs q in the mask NV4_TAB_Q(L) decoded through the
- * table (L = 1: q 0; 2: q 0, 2; 3: q 0, 1, 2; 4: all) and the others by byte
+ * table (L = 0: none; 1: q 0; 2: q 0, 2; 3: q 0, 1, 2; 4: all) and the others by byte
  * permutes: the table moves decode from the integer pipe (8 x 16 ops per chunk) to
  * the MIO pipe (8 LDS.32 per word pair, one wavefront each), and the two pipes
  * balance near L = 2 (bench/RESULTS.md). The B columns take the lane's 32 bytes of
@@ -299,7 +299,7 @@ NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
  * pair a block's codes with the other block's x and are never used. So a lane reads
  * 32 B of x per chunk instead of 64 (nv4_gemv1_chunk's xe / xo, half of them zeros).
  * sg, acc: as nv4_gemv1_chunk. tl: this lane's table copy (L > 0). */
-#define NV4_TAB_Q(L) ((L) == 1 ? 1 : (L) == 2 ? 5 : (L) == 3 ? 7 : 15)
+#define NV4_TAB_Q(L) ((L) == 0 ? 0 : (L) == 1 ? 1 : (L) == 2 ? 5 : (L) == 3 ? 7 : 15)
 template <int L>
 NV4_FN void nv4_gemv1t_chunk(uint4 w0, uint4 w1, uint4 x0, uint4 x1, const float sg[4], const nv4_lut &lut,
                              uint32_t tl, float acc[4]) {

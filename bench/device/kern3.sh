@@ -9,6 +9,7 @@
 #     cuda_ref, then timed) on [4096 x 4096], [16384 x 4096], [1024 x 4096], [4096 x 1024]
 #     at M = 1, 2, 8 for LUT = 0, 1, 2, 4, 12 (the table applies at M = 1 only: M = 2, 8 are
 #     the same kernel in every run and show the run-to-run noise);
+#     Then LASTSTAND_W4A16_LUT8=1 (fp4_w4a16t_kernel: the table at M = 2..8) at M = 2, 8;
 #  2. the doctor on the 35B preset's NVFP4 shapes at M = 1 with LUT = 2, 12, 4 (K = 2048
 #     and 512: the 16- and 4-warp instances);
 #  3. Nsight Compute at [16384 x 4096] M = 1 for LUT = 0, 12, 4, 2: time, DRAM, issue rate,
@@ -56,8 +57,10 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left before a mark
 for L in 0 1 2 4 12; do
   LASTSTAND_W4A16_LUT=$L run "LUT=$L" 1,2,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
 done
+[ "$(left 45)" -lt 0 ] && echo "LUT8=1 skipped: time" || \
+  LASTSTAND_W4A16_LUT8=1 run "LUT8=1" 2,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
 for L in 2 12 4; do
-  [ "$(left 50)" -lt 0 ] && { echo "35B:LUT=$L skipped: time"; continue; }
+  [ "$(left 55)" -lt 0 ] && { echo "35B:LUT=$L skipped: time"; continue; }
   LASTSTAND_W4A16_LUT=$L run "35B:LUT=$L" 1 --shapes qwen3.5-35b-a3b
 done
 echo "doctor: $(( $(date +%s) - T0 )) s"

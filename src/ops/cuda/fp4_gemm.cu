@@ -1184,7 +1184,8 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
          * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
          * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
         int pers = g_w4_gpers > 0;
-        if (g_w4_lut > 0 || (g_w4_lut == -2 && gvt_validated(gkw, gper))) {
+        /* the default table decode yields to an explicitly asked GDEC=2 / GPERSIST=1 */
+        if (g_w4_lut > 0 || (g_w4_lut == -2 && g_w4_gdec != 2 && !pers && gvt_validated(gkw, gper))) {
             if (g_w4_lut == 1) gvt_run_kw<1, 0>(gkw, gper, a, st);
             else if (g_w4_lut == 10) gvt_run_kw<0, 0>(gkw, gper, a, st); /* no table, the x reads alone */
             else if (g_w4_lut == 2 || g_w4_lut == -2) gvt_run_kw<2, 0>(gkw, gper, a, st);

@@ -1,6 +1,7 @@
 """The M = 1 NVFP4 GEMV kernels' warp step (src/ops/cuda/nvfp4.cuh) checked on the CPU.
 
-Kind 3 is the table-decode step (nv4_gemv1t_chunk<L>, fp4_gemv1t_kernel): its emulated
+Kind 3 is the table-decode step (nv4_gemv1t_chunk<L>, fp4_gemv1t_kernel), kind 4 its
+M <= 8 form (nv4_w4_chunk_tab<L>, cu_w4_chunk_mma's mapping, M tokens): their emulated
 shared memory checks that every table load of lane i hits bank i (the conflict-free
 layout); a lane reading its neighbour's copy (right values, wrong banks) or a table laid
 out copy-major (wrong values) must fail.
@@ -38,18 +39,19 @@ def emu(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["1", "2", "3 1", "3 2", "3 4"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 0", "3 1", "3 2", "3 4", "4 2 1", "4 2 3", "4 4 8"])
 def test_gemv_warp_step_matches_fp64(emu, kind):
     """kind 1: block-column step (default M = 1 kernel); kind 2: bit-placement step (opt-in);
-    kind 3 L: table-decode step with L of 4 word pairs by table (opt-in)."""
+    kind 3 L: table-decode step with L of 4 word pairs by table (opt-in); kind 4 L M: the
+    M <= 8 table step (scaled A, M tokens in the B columns; header-only, for reuse)."""
     p = subprocess.run([emu] + kind.split(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("PASS"), p.stdout + p.stderr
     assert p.stdout.count("rel ") == 5
-    if kind.startswith("3"):
+    if kind[0] in "34":
         assert "table loads off their lane's bank: 0" in p.stdout
 
 
-@pytest.mark.parametrize("kind", ["1", "2", "3 2"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 2", "4 2 8"])
 def test_a_wrong_lane_mapping_is_caught(emu, kind):
     """Swapping two scales in the lane mapping must fail the comparison."""
     env = dict(os.environ, NVFP4_EMU_MUTATE="1")

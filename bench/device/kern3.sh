@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# bench/device/kern3.sh BIN OUTDIR: the table decode of the fp4_gemm M = 1 GEMV kernel
-# (fp4_gemv1t_kernel, nv4_gemv1t_chunk<L> in src/ops/cuda/nvfp4.cuh; opt-in by
-# LASTSTAND_W4A16_LUT=L, L = 1, 2 or 4 of the 4 word pairs per chunk decoded through a
-# shared-memory table, 12 = L 2 with the codes loaded into registers instead of through
-# shared memory) against the byte-permute decode (LUT=0, the default), same binary, in
-# under 100 s:
+# bench/device/kern3.sh BIN OUTDIR: the table decode of fp4_gemm's M = 1 GEMV kernel
+# (fp4_gemv1t_kernel, nv4_gemv1t_chunk<L> in src/ops/cuda/nvfp4.cuh; since R3 the M = 1
+# default with L = 2 of the 4 word pairs per chunk through the shared-memory table, on
+# the instances R3 validated) against the byte-permute decode (LASTSTAND_W4A16_LUT=0,
+# fp4_gemv1_kernel), same binary, in under 100 s:
 #  1. the doctor, cuda_w4a16_mma only (every cell validated against the fp64 CPU oracle /
 #     cuda_ref, then timed) on [4096 x 4096], [16384 x 4096], [1024 x 4096], [4096 x 1024]
-#     at M = 1, 2, 8 for LUT = 0, 1, 2, 4, 12 (the table applies at M = 1 only: M = 2, 8 are
-#     the same kernel in every run and show the run-to-run noise);
-#  2. the doctor on the 35B preset's NVFP4 shapes at M = 1 with LUT = 2, 12, 4 (K = 2048
-#     and 512: the 16- and 4-warp instances);
-#  3. Nsight Compute at [16384 x 4096] M = 1 for LUT = 0, 12, 4, 2: time, DRAM, issue rate,
-#     instructions, shared-memory wavefronts, ALU / FMA-heavy / MIO pipe use, top stalls;
-#  4. if time is left, LUT = 2, 4 with 16 warps per tile (LASTSTAND_W4A16_GKW=16).
-# Each step is skipped (and says so) when the 100 s would be passed.
-# Prints one line per (variant, weight): status, time and GB/s per M; a ❌ names the cell.
+#     at M = 1, 2, 8: the default, LUT = 0, LUT = 10 (that kernel with no table: its
+#     halved x reads alone, to attribute the gain) and LUT = 4 (every word by table);
+#     M = 2, 8 are the same kernel in these runs (run-to-run noise); then
+#     LASTSTAND_W4A16_LUT8=1 (fp4_w4a16t_kernel, the table at M = 2..8) at M = 2, 4, 8;
+#  2. the doctor on the 35B preset's NVFP4 shapes: default and LUT = 0 at M = 1, 2,
+#     LUT8=1 at M = 2, 8;
+#  3. Nsight Compute at [16384 x 4096]: M = 1 LUT = 0, default, LUT = 10; M = 2 the
+#     register kernel and LUT8=1: time, SM clock, DRAM, issue rate, instructions,
+#     shared-memory wavefronts, ALU / FMA-heavy / MIO pipe use, top stalls.
+# Each ncu step is skipped (and says so) when the 100 s would be passed.
 # device-limit: 100
 set -u
 BIN=${1:?usage: kern3.sh BIN OUTDIR}
@@ -53,33 +53,37 @@ run() { # run LABEL MLIST SHAPES-ARGS... (env already set by the caller)
   report "$f.json" "$lab"
 }
 left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left before a mark
-for L in 0 1 2 4 12; do
+run "default" 1,2,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH        # LUT unset: L = 2 where validated
+for L in 0 10 4; do
   LASTSTAND_W4A16_LUT=$L run "LUT=$L" 1,2,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
 done
-for L in 2 12 4; do
-  [ "$(left 50)" -lt 0 ] && { echo "35B:LUT=$L skipped: time"; continue; }
-  LASTSTAND_W4A16_LUT=$L run "35B:LUT=$L" 1 --shapes qwen3.5-35b-a3b
-done
+LASTSTAND_W4A16_LUT8=1 run "LUT8=1" 2,4,8 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
+run "35B:default" 1,2 --shapes qwen3.5-35b-a3b
+LASTSTAND_W4A16_LUT=0 run "35B:LUT=0" 1,2 --shapes qwen3.5-35b-a3b
+LASTSTAND_W4A16_LUT8=1 run "35B:LUT8=1" 2,8 --shapes qwen3.5-35b-a3b
 echo "doctor: $(( $(date +%s) - T0 )) s"
-# Nsight Compute on the M = 1 kernel at [16384 x 4096]: the byte-permute decode and the table
+# Nsight Compute at [16384 x 4096]: M = 1 byte permutes (LUT=0), the default (L = 2), no
+# table but the halved x reads (LUT=10); M = 2 the register kernel and the table one
+NCU_METRICS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__mio_inst_issued.avg.pct_of_peak_sustained_active'
+ncu_one() { # ncu_one LABEL M KERNEL-REGEX ENV... (at least one VAR=VALUE)
+  local lab=$1 m=$2 k=$3; shift 3
+  [ "$(left 85)" -lt 0 ] && { echo "ncu $lab skipped: time"; return; }
+  local f="$OUT/kern3_ncu_$(echo "$lab" | tr '=:' '_-')"
+  env "$@" timeout 16 ncu --clock-control none --target-processes all -k "regex:$k" -c 1 \
+    --section SpeedOfLight --section SchedulerStats --metrics "$NCU_METRICS" \
+    "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm --backends cuda_w4a16_mma \
+    --fp4-shapes 16384x4096 --m "$m" --trial-timeout 12 > "$f.txt" 2>&1
+  echo "ncu $lab M=$m [16384 x 4096]: $(grep -E '^  [a-z_].*\(' "$f.txt" | head -1 | cut -c3-48)" \
+    "$(grep -E ' Duration|SM Frequency|Elapsed Cycles|DRAM Throughput|Issued Warp|inst_executed.sum|wavefronts_mem_shared|pipe_alu|pipe_fmaheavy|mio_inst' "$f.txt" | awk '{print $1, $2, $NF}' | tr '\n' ' ')"
+  grep -E 'issue_stalled' "$f.txt" | awk '{print $1, $NF}' | \
+    sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | sort -k2 -rn | head -6 | tr '\n' ';'; echo
+}
 if command -v ncu >/dev/null 2>&1; then
-  for L in 0 12 4 2; do
-    [ "$(left 80)" -lt 0 ] && { echo "ncu LUT=$L skipped: time"; continue; }
-    LASTSTAND_W4A16_LUT=$L timeout 16 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 \
-      --section SpeedOfLight --section SchedulerStats \
-      --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,sm__mio_inst_issued.avg.pct_of_peak_sustained_active \
-      "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm --backends cuda_w4a16_mma \
-      --fp4-shapes 16384x4096 --m 1 --trial-timeout 12 > "$OUT/kern3_ncu_$L.txt" 2>&1
-    echo "ncu LUT=$L [16384 x 4096]: $(grep -E '^  [a-z_].*\(' "$OUT/kern3_ncu_$L.txt" | head -1 | cut -c3-44)" \
-      "$(grep -E ' Duration|SM Frequency|Elapsed Cycles|DRAM Throughput|Issued Warp|inst_executed.sum|wavefronts_mem_shared|pipe_alu|pipe_fmaheavy|mio_inst' "$OUT/kern3_ncu_$L.txt" | awk '{print $1, $2, $NF}' | tr '\n' ' ')"
-    grep -E 'issue_stalled' "$OUT/kern3_ncu_$L.txt" | awk '{print $1, $NF}' | \
-      sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | sort -k2 -rn | head -6 | tr '\n' ';'; echo
-  done
+  ncu_one "LUT=0" 1 fp4_gemv LASTSTAND_W4A16_LUT=0
+  ncu_one "default" 1 fp4_gemv LASTSTAND_KERN3_DEFAULT=1   # (a no-op variable: the default)
+  ncu_one "LUT=10" 1 fp4_gemv LASTSTAND_W4A16_LUT=10
+  ncu_one "M2:register" 2 fp4_w4a16 LASTSTAND_W4A16_LUT8=0
+  ncu_one "M2:LUT8=1" 2 fp4_w4a16 LASTSTAND_W4A16_LUT8=1
   echo "ncu: $(( $(date +%s) - T0 )) s total"
 fi
-# 16 warps per tile (more warps share the block's table), if time is left
-for L in 2 4; do
-  [ "$(left 88)" -lt 0 ] && { echo "LUT=$L:GKW=16 skipped: time"; continue; }
-  LASTSTAND_W4A16_LUT=$L LASTSTAND_W4A16_GKW=16 run "LUT=$L:GKW=16" 1 --shapes qwen3.5-397b-a17b --fp4-shapes $SH
-done
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -14,10 +14,11 @@
  * that lane i reads bank i (a conflict-free warp access), and counts a violation
  * otherwise, which fails the run like a wrong value.
  *
- * usage: nvfp4_emu [1|2|3 [L]]   (1 = block-column kernel, 2 = bit-placement kernel,
- *        3 = table-decode kernel with L = 1, 2 or 4 word pairs by table)
+ * usage: nvfp4_emu [1|2|3 [L]|4 [L [M]]]   (1 = block-column kernel, 2 = bit-placement
+ *        kernel, 3 = table-decode kernel with L = 0, 1, 2 or 4 word pairs by table, 4 = the
+ *        M <= 8 table step nv4_w4_chunk_tab<L> with M tokens in the B columns)
  * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail);
- * with kind 3, =2 gives each lane its neighbour's table copy (right values, wrong
+ * with kind 3 (and 4), =2 gives each lane its neighbour's table copy (right values, wrong
  * banks) and =3 lays the table out copy-major (word i * 256 + j): both must fail.
  * Prints one line per shape and PASS / FAIL; exit 0 on PASS. Built by
  * tests/test_nvfp4_emu.py with g++ -std=c++20 -pthread. */
@@ -361,10 +362,76 @@ static void run_block3(int KW, int PER, int N, int K, const uint16_t *x, const u
         y[blk * 16 + i] = v * scale2;
     }
 }
+// the M <= 8 table step (nv4_w4_chunk_tab<L>) in fp4_w4a16_async_kernel's mapping:
+// lane (g, t) feeds token column g (rows clamped to M - 1), outputs c0, c1 = row g,
+// tokens 2t, 2t + 1; c2, c3 = row g + 8
+template <int L>
+static void run_block4(int KW, int PER, int M, int N, int K, const uint16_t *x, const uint8_t *w,
+                       const uint8_t *sc, float scale2, float *y, int blk) {
+    std::vector<float> red(KW * 4 * 32);
+    const nv4_lut lut0 = nv4_lut_make(0);
+    for (int tid = 0; tid < 32 * KW; tid++)
+        nv4_tab_build(TAB_ADDR, tid, 32 * KW, lut0);
+    for (int warp = 0; warp < KW; warp++) {
+        const int n0 = blk * 16, c0 = warp * PER;
+        float accs[32][4];
+        bar = new std::barrier<>(32);
+        std::vector<std::thread> th;
+        for (int lane = 0; lane < 32; lane++)
+            th.emplace_back([&, lane] {
+                my_lane = lane;
+                int g = lane >> 2, t = lane & 3;
+                const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t,
+                              *wr1 = wr0 + (size_t)8 * (K / 2);
+                const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + c0 * 8 + 2 * t,
+                              *sr1 = sr0 + (size_t)8 * (K / 16);
+                const int m = g < M ? g : M - 1;
+                const uint32_t tl = TAB_ADDR + 4u * (uint32_t)(g_mutate == 2 ? lane ^ 1 : lane);
+                const nv4_lut lut = nv4_lut_make(0);
+                float acc[4] = {0, 0, 0, 0};
+                for (int u = 0; u < PER; u++) {
+                    uint4 w0, w1, xv[4];
+                    uint16_t s0, s1;
+                    memcpy(&w0, wr0 + u * 64, 16);
+                    memcpy(&w1, wr1 + u * 64, 16);
+                    memcpy(&s0, sr0 + u * 8, 2);
+                    memcpy(&s1, sr1 + u * 8, 2);
+                    if (g_mutate == 1)
+                        std::swap(s0, s1);
+                    for (int v = 0; v < 4; v++)
+                        memcpy(&xv[v], x + (size_t)m * K + (c0 + u) * 128 + 32 * t + 8 * v, 16);
+                    nv4_w4_chunk_tab<L>(w0, w1, s0, s1, xv, lut, tl, acc);
+                }
+                for (int r = 0; r < 4; r++)
+                    accs[lane][r] = acc[r];
+            });
+        for (auto &x : th)
+            x.join();
+        delete bar;
+        for (int lane = 0; lane < 32; lane++)
+            for (int r = 0; r < 4; r++)
+                red[(warp * 4 + r) * 32 + lane] = accs[lane][r];
+    }
+    for (int el = 0; el < 4; el++)
+        for (int l = 0; l < 32; l++) {
+            int mo = 2 * (l & 3) + (el & 1), n = blk * 16 + (l >> 2) + (el >= 2 ? 8 : 0);
+            if (mo >= M)
+                continue;
+            float v = 0;
+            for (int ww = 0; ww < KW; ww++)
+                v += red[(ww * 4 + el) * 32 + l];
+            y[(size_t)mo * N + n] = v * scale2;
+        }
+}
 int main(int argc, char **argv) {
     const int kind = argc > 1 ? atoi(argv[1]) : 1;
     const int L = argc > 2 ? atoi(argv[2]) : 4;
-    if (kind == 3 && L != 1 && L != 2 && L != 4) {
+    const int MT = kind == 4 ? (argc > 3 ? atoi(argv[3]) : 8) : 1; /* tokens (kind 4) */
+    if (MT < 1 || MT > 8) {
+        printf("bad M %d\n", MT);
+        return 1;
+    }
+    if (kind >= 3 && L != 1 && L != 2 && L != 4 && !(kind == 3 && L == 0)) {
         printf("bad L %d\n", L);
         return 1;
     }
@@ -379,7 +446,7 @@ int main(int argc, char **argv) {
             printf("bad cfg\n");
             return 1;
         }
-        std::vector<uint16_t> x(K);
+        std::vector<uint16_t> x((size_t)K * MT);
         std::vector<uint8_t> w((size_t)N * K / 2), sc((size_t)N * K / 16);
         for (auto &v : x) {
             float f = std::uniform_real_distribution<float>(-2, 2)(rng);
@@ -397,23 +464,28 @@ int main(int argc, char **argv) {
                 v = rng() % 8;
         }
         float scale2 = 0.37f;
-        std::vector<float> y(N);
+        std::vector<float> y((size_t)N * MT);
         for (int b = 0; b < N / 16; b++)
-            (kind == 3   ? (L == 1 ? run_block3<1> : L == 2 ? run_block3<2> : run_block3<4>)
-             : kind == 2 ? run_block2
-                         : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2, y.data(), b);
+            if (kind == 4)
+                (L == 1 ? run_block4<1> : L == 2 ? run_block4<2> : run_block4<4>)(KW, PER, MT, N, K, x.data(), w.data(),
+                                                                                 sc.data(), scale2, y.data(), b);
+            else
+                (kind == 3   ? (L == 0 ? run_block3<0> : L == 1 ? run_block3<1> : L == 2 ? run_block3<2> : run_block3<4>)
+                 : kind == 2 ? run_block2
+                             : run_block)(KW, PER, N, K, x.data(), w.data(), sc.data(), scale2, y.data(), b);
         double maxerr = 0, maxref = 0;
-        for (int n = 0; n < N; n++) {
-            double s = 0;
-            for (int k = 0; k < K; k++) {
-                uint8_t byte = w[(size_t)n * K / 2 + k / 2];
-                int code = k & 1 ? byte >> 4 : byte & 15;
-                s += (double)e2m1(code) * e4m3(sc[(size_t)n * K / 16 + k / 16]) * bf2f(x[k]);
+        for (int m = 0; m < MT; m++)
+            for (int n = 0; n < N; n++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    uint8_t byte = w[(size_t)n * K / 2 + k / 2];
+                    int code = k & 1 ? byte >> 4 : byte & 15;
+                    s += (double)e2m1(code) * e4m3(sc[(size_t)n * K / 16 + k / 16]) * bf2f(x[(size_t)m * K + k]);
+                }
+                s *= scale2;
+                maxerr = fmax(maxerr, fabs(s - y[(size_t)m * N + n]));
+                maxref = fmax(maxref, fabs(s));
             }
-            s *= scale2;
-            maxerr = fmax(maxerr, fabs(s - y[n]));
-            maxref = fmax(maxref, fabs(s));
-        }
         printf("K=%d N=%d KW=%d PER=%d: max|err| %.3g max|ref| %.3g rel %.3g\n", K, N, KW, PER, maxerr,
                maxref, maxerr / maxref);
         if (maxerr / maxref > 1e-5)
@@ -450,7 +522,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    if (kind == 3) { // the table decode of every byte in every lane's copy, word by word
+    if (kind >= 3) { // the table decode of every byte in every lane's copy, word by word
         nv4_lut lut0 = nv4_lut_make(0);
         for (int tid = 0; tid < 256; tid++)
             nv4_tab_build(TAB_ADDR, tid, 256, lut0);

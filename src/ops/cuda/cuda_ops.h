@@ -30,7 +30,7 @@
  *             cuda_decode         one launch (conv, norms, g/β, delta rule), a warp per 16 value
  *                                 columns of a head, S in registers, a k head's blocks one cluster;
  *                                 a call with a chunk of > 64 new tokens goes to cuda_chunked
- *                                 (gdn_decode.cu; registered second, the doctor's pick at M = 1)
+ *                                 (gdn_decode.cu; registered first: auto's static choice)
  *
  * Memory: backends are stateless except for per-device lazily created
  * cuBLASLt handles and workspaces (grown on first use, never in steady state).

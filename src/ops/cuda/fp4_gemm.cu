@@ -21,8 +21,11 @@
  *                        the 8 B columns spent on the 8 scale blocks of a
  *                        chunk so that each E4M3 scale is one fp32 FFMA on an
  *                        output instead of a BF16 multiply per weight pair
- *                        (half the instructions of the M <= 8 kernel); else
- *                        the cp.async variant of the M <= 8 kernel.
+ *                        (half the instructions of the M <= 8 kernel); half
+ *                        of the code words decoded through a bank-replicated
+ *                        shared-memory table instead of byte permutes (integer
+ *                        pipe relieved, fp4_gemv1t_kernel); else the cp.async
+ *                        variant of the M <= 8 kernel.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -622,16 +625,18 @@ static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
     }
 }
 
-/* The M = 1 GEMV with the table decode (nvfp4.cuh nv4_gemv1t_chunk<L>), opt-in
- * (LASTSTAND_W4A16_LUT=L, L = 1, 2 or 4 word pairs of 4 by table; 12: L = 2 and R = 1
- * below) until a device round
- * has validated and timed it: fp4_gemv1_kernel's one-shot cp.async structure and
+/* The M = 1 GEMV with the table decode (nvfp4.cuh nv4_gemv1t_chunk<L>), the default
+ * at M = 1 with L = 2 (half the words by table) on the validated instances
+ * (gvt_validated); LASTSTAND_W4A16_LUT=L picks L = 1, 2 or 4 word pairs of 4 by table,
+ * 12: L = 2 and R = 1 below, 10: L = 0 (no table), 0: fp4_gemv1_kernel instead.
+ * fp4_gemv1_kernel's one-shot cp.async structure and
  * block-column scales, plus a 32 KB byte -> bf16x2 table (lane i's copy in bank i)
  * built by the block while its loads are in flight, and one 32-byte x read per lane
  * and chunk (see nv4_gemv1t_chunk). Dynamic shared memory, table first (128-byte
- * aligned): gvt_smem_bytes(KW, PER, R). */
-static size_t gvt_smem_bytes(int kw, int per, int r) {
-    return NV4_TAB_BYTES + (size_t)kw * per * ((r ? 0 : 2 * 32 * 16) + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
+ * aligned): gvt_smem_bytes(KW, PER, R, L). */
+static size_t gvt_smem_bytes(int kw, int per, int r, int l) {
+    return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * ((r ? 0 : 2 * 32 * 16) + 16 * 16 + 32 * 4) + 32 +
+           (size_t)kw * 16 * 4;
 }
 
 /* R = 1: the codes go straight into registers (LDG.128, all PER chunks at once)
@@ -646,8 +651,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
     extern __shared__ __align__(128) unsigned char gvt_raw[];
     /* table [256][32] u32, then stage[KW][PER][2][32] uint4 (codes), xs[KW][PER][16] uint4,
      * ss[KW][PER][32] u32 (scales), zb[2] uint4 (zeros), red[KW][16] f32 */
-    constexpr int SO = NV4_TAB_BYTES + (R ? 0 : KW * PER * 1024); /* past the table and the stage */
-    uint4(*stage)[PER][2][32] = reinterpret_cast<uint4(*)[PER][2][32]>(gvt_raw + NV4_TAB_BYTES); /* R = 0 only */
+    constexpr int TB = L ? NV4_TAB_BYTES : 0;       /* L = 0: no table (the x reads alone) */
+    constexpr int SO = TB + (R ? 0 : KW * PER * 1024); /* past the table and the stage */
+    uint4(*stage)[PER][2][32] = reinterpret_cast<uint4(*)[PER][2][32]>(gvt_raw + TB); /* R = 0 only */
     uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvt_raw + SO);
     uint32_t(*ss)[PER][32] = reinterpret_cast<uint32_t(*)[PER][32]>(gvt_raw + SO + KW * PER * 256);
     uint4 *zb = reinterpret_cast<uint4 *>(gvt_raw + SO + KW * PER * 384);
@@ -675,7 +681,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
     /* K % 128 == 0: a per-thread zero the compiler cannot fold (see nv4_lut_make) */
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const uint32_t tab = (uint32_t)__cvta_generic_to_shared(gvt_raw);
-    nv4_tab_build(tab, threadIdx.x, 32 * KW, lut); /* under the loads */
+    if (L) nv4_tab_build(tab, threadIdx.x, 32 * KW, lut); /* under the loads */
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
     /* the lane's 32 B of x (its half of its slice) iff t == g / 2, else zeros */
@@ -720,7 +726,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
 template <int KW, int PER, int L, int R>
 static void gvt_launch(const gemm_args *a, cudaStream_t st) {
     static int attr = 0;
-    const size_t smem = gvt_smem_bytes(KW, PER, R);
+    const size_t smem = gvt_smem_bytes(KW, PER, R, L);
     if (!attr) {
         cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)smem);
@@ -731,6 +737,14 @@ static void gvt_launch(const gemm_args *a, cudaStream_t st) {
     const lin_w *w = a->w;
     fp4_gemv1t_kernel<KW, PER, L, R><<<w->N / 16, 32 * KW, smem, st>>>(
         w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
+}
+
+/* The (warps, chunks per warp) instances of fp4_gemv1t_kernel<.., 2, 0> that a device
+ * round validated (H200, 2026-11-29 R3: the doctor's fp64 check on the 397B and 35B
+ * shapes): the table decode is the M = 1 default on these only, fp4_gemv1_kernel on
+ * the others (K = 2048 with many tiles: 8 x 2; K = 1024 / 2048 at 4 warps x 2 / 4). */
+static int gvt_validated(int kw, int per) {
+    return (kw == 16 && per <= 2) || (kw == 8 && (per == 1 || per == 4)) || (kw == 4 && per == 1);
 }
 
 template <int L, int R>
@@ -746,6 +760,103 @@ static void gvt_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
         if (per == 1) gvt_launch<4, 1, L, R>(a, st);
         else if (per == 2) gvt_launch<4, 2, L, R>(a, st);
         else gvt_launch<4, 4, L, R>(a, st);
+    }
+}
+
+/* The M = 2..8 kernel with the table decode (nvfp4.cuh nv4_w4_chunk_tab<2>), opt-in
+ * (LASTSTAND_W4A16_LUT8=1) until a device round has validated and timed it: one 16-row
+ * tile per block, KW warps each owning PER consecutive chunks of K (K == KW * PER *
+ * 128); the codes of all PER chunks are loaded into registers at once (LDG.128), the
+ * scales and x by __ldg, tokens in the B columns (rows clamped to M - 1) as in
+ * fp4_w4a16_async_kernel; half of the words decoded through the block's 32 KB table
+ * (built under the loads), the other half by byte permutes, one HMUL2 per pair for
+ * the block scale. Dynamic shared memory: the table, then red[KW][4][32]. */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 3)
+    fp4_w4a16t_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    extern __shared__ __align__(128) unsigned char w4t_raw[];
+    float(*red)[4][32] = reinterpret_cast<float(*)[4][32]>(w4t_raw + NV4_TAB_BYTES);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    uint4 wv0[PER], wv1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        wv0[u] = cu_ld_stream16(wr0 + u * 64);
+        wv1[u] = cu_ld_stream16(wr1 + u * 64);
+    }
+    const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + c0 * 8 + 2 * t;
+    const uint8_t *sr1 = sr0 + (size_t)8 * (K / 16);
+    uint16_t s0[PER], s1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
+        s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
+    }
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
+    const uint32_t tab = (uint32_t)__cvta_generic_to_shared(w4t_raw);
+    nv4_tab_build(tab, threadIdx.x, 32 * KW, lut);
+    __syncthreads();
+    const uint32_t tl = tab + 4u * (uint32_t)lane;
+    const int m = g < M ? g : M - 1;
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * (W4_CHUNK / 8) + v);
+        nv4_w4_chunk_tab<2>(wv0[u], wv1[u], s0[u], s1[u], xv, lut, tl, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) red[warp][r][lane] = acc[r];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        const int el = threadIdx.x >> 5, l = threadIdx.x & 31;
+        const int mo = 2 * (l & 3) + (el & 1);
+        if (mo < M) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
+            const int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
+            const size_t o = (size_t)mo * N + n;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+template <int KW, int PER>
+static void w4t_launch(const gemm_args *a, cudaStream_t st) {
+    static int attr = 0;
+    const size_t smem = NV4_TAB_BYTES + (size_t)KW * 4 * 32 * 4;
+    if (!attr) {
+        cudaFuncSetAttribute(fp4_w4a16t_kernel<KW, PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(fp4_w4a16t_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
+        attr = 1;
+    }
+    const lin_w *w = a->w;
+    fp4_w4a16t_kernel<KW, PER><<<w->N / 16, 32 * KW, smem, st>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                                (const uint8_t *)w->data, w->scale, w->scale2,
+                                                                (bf16 *)a->y, a->accumulate);
+}
+
+static void w4t_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
+    if (kw == 16) {
+        if (per == 1) w4t_launch<16, 1>(a, st);
+        else w4t_launch<16, 2>(a, st);
+    } else if (kw == 8) {
+        if (per == 1) w4t_launch<8, 1>(a, st);
+        else if (per == 2) w4t_launch<8, 2>(a, st);
+        else w4t_launch<8, 4>(a, st);
+    } else {
+        if (per == 1) w4t_launch<4, 1>(a, st);
+        else if (per == 2) w4t_launch<4, 2>(a, st);
+        else w4t_launch<4, 4>(a, st);
     }
 }
 
@@ -995,9 +1106,12 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * LASTSTAND_W4A16_GDEC=2 the bit-placement decode kernel (fp4_gemv2_kernel; opt-in
  * until a device round validates it), LASTSTAND_W4A16_LUT=L (1, 2 or 4) the table
  * decode kernel with L of the 4 word pairs per chunk by table (fp4_gemv1t_kernel;
- * 12 = L 2 with the codes loaded into registers; default 0 = off until a device round
- * validates it; other values are off). Read once. */
-static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1, g_w4_lut = 0;
+ * 12 = L 2 with the codes loaded into registers, 10 = no table: that kernel's halved x
+ * reads alone; 0 or any other value = off, fp4_gemv1_kernel). Unset: L = 2 on the
+ * instances a device round validated (gvt_validated; H200 R3: 19.78 -> 19.23 us at
+ * [16384 x 4096], bench/RESULTS.md); LASTSTAND_W4A16_LUT8=1 the table kernel at
+ * M = 2..8 (fp4_w4a16t_kernel; opt-in likewise). Read once. */
+static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1, g_w4_lut = -2, g_w4_lut8 = 0;
 static void w4_knobs(void) {
     if (g_w4_kw >= 0) return;
     const char *k = getenv("LASTSTAND_W4A16_KW"), *u = getenv("LASTSTAND_W4A16_U");
@@ -1015,8 +1129,10 @@ static void w4_knobs(void) {
     const char *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_w4_gdec = gd && atoi(gd) == 2 ? 2 : 1;
     const char *lt = getenv("LASTSTAND_W4A16_LUT");
-    g_w4_lut = lt ? atoi(lt) : 0;
-    if (g_w4_lut != 1 && g_w4_lut != 2 && g_w4_lut != 4 && g_w4_lut != 12) g_w4_lut = 0;
+    g_w4_lut = lt ? atoi(lt) : -2; /* -2: the default, L = 2 where validated */
+    if (lt && g_w4_lut != 1 && g_w4_lut != 2 && g_w4_lut != 4 && g_w4_lut != 10 && g_w4_lut != 12) g_w4_lut = 0;
+    const char *l8 = getenv("LASTSTAND_W4A16_LUT8");
+    g_w4_lut8 = l8 && atoi(l8) == 1;
     g_w4_u = uv == 2 || uv == 4 || uv == 8 ? uv : 4;
     g_w4_kw = kv == 1 || kv == 2 || kv == 4 || kv == 8 || kv == 16 ? kv : 0;
 }
@@ -1068,9 +1184,11 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
          * [16384 x 4096] 21.1 vs 19.8 us: the kernel is bound by the integer pipe,
          * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
         int pers = g_w4_gpers > 0;
-        if (g_w4_lut) {
+        /* the default table decode yields to an explicitly asked GDEC=2 / GPERSIST=1 */
+        if (g_w4_lut > 0 || (g_w4_lut == -2 && g_w4_gdec != 2 && !pers && gvt_validated(gkw, gper))) {
             if (g_w4_lut == 1) gvt_run_kw<1, 0>(gkw, gper, a, st);
-            else if (g_w4_lut == 2) gvt_run_kw<2, 0>(gkw, gper, a, st);
+            else if (g_w4_lut == 10) gvt_run_kw<0, 0>(gkw, gper, a, st); /* no table, the x reads alone */
+            else if (g_w4_lut == 2 || g_w4_lut == -2) gvt_run_kw<2, 0>(gkw, gper, a, st);
             else if (g_w4_lut == 4) gvt_run_kw<4, 0>(gkw, gper, a, st);
             else gvt_run_kw<2, 1>(gkw, gper, a, st); /* 12: L = 2, codes in registers */
             CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, table decode)");
@@ -1084,6 +1202,11 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
         if (pers) gvp_run_kw(gkw, gper, a, st, sms);
         else gv_run_kw(gkw, gper, a, st);
         CU_LAUNCHED(e, pers ? "fp4_gemm cuda_w4a16_mma (gemv, persistent)" : "fp4_gemm cuda_w4a16_mma (gemv)");
+        return 0;
+    }
+    if (mt == 1 && a->M >= 2 && g_w4_lut8 && gv_pick(nchunks, w->N / 16, sms, g_w4_gkw, &gkw, &gper)) {
+        w4t_run_kw(gkw, gper, a, st);
+        CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (M <= 8, table decode)");
         return 0;
     }
     if (mt == 1 && a->M <= g_w4_async && !g_w4_persist) {

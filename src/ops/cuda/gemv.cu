@@ -17,8 +17,9 @@
  *
  * Work split: a block (8 warps) owns 16-row tiles (grid-stride over the tiles,
  * the grid sized to what the GPU holds at once, so there is no tail wave) and one
- * K range; its warps split that range by 32-wide columns, interleaved so that the
- * 8 warps of a batch step read one contiguous run of each row. When the tiles
+ * K range; its warps split that range into 8 contiguous runs of 32-wide columns
+ * (interleaving the warps' columns so that a batch step reads one contiguous run
+ * per row was tried: 14 % slower at [16384 x 4096], device round R3). When the tiles
  * alone would not give every SM a block (small N), K is also split over the S
  * blocks of a thread block cluster (sm_90, S = 2, 4 or 8), which meet in
  * distributed shared memory; S also grows when x would not fit shared memory
@@ -114,11 +115,9 @@ __device__ __forceinline__ void gv_mma(const gv_wregs &r, const bf16 *xs, int xs
 }
 
 /* grid (S, G): blockIdx.x = rank in the cluster of S (the K split), blockIdx.y =
- * first tile, stride G. cw = columns per warp (a multiple of ub = min(cw, GV_U));
- * the block's columns are [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32).
- * Batch b of warp w takes columns kcol0 + (8b + w)·ub + [0, ub): the 8 warps of a
- * batch step read one contiguous run of 8·ub·64 B of each of the 16 rows (DRAM
- * page locality), instead of 8 runs 2·cw·32 B apart. */
+ * first tile, stride G. cw = columns per warp; the block's columns are
+ * [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32); warp w takes the run
+ * kcol0 + w·cw + [0, cw), GV_U columns per batch. */
 template <int NT>
 __global__ void __launch_bounds__(GV_THREADS, 2)
 gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
@@ -132,16 +131,13 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int T = (N + 15) / 16, C = (K + 31) / 32;
     const int kcol0 = rank * GV_WARPS * cw;                  /* the block's first column */
-    const int ub = cw < GV_U ? cw : GV_U;                    /* columns per batch */
-    const int nb = cw / ub;                                  /* batches per tile, same for every warp */
+    const int cb = kcol0 + warp * cw, ce = min(cb + cw, C);  /* this warp's columns (may be empty) */
+    const int nb = (cw + GV_U - 1) / GV_U;                   /* batches per tile, same for every warp */
     const int my_tiles = blockIdx.y < T ? (T - 1 - blockIdx.y) / gridDim.y + 1 : 0;
     const int items = my_tiles * nb;
 
     gv_wregs cur, nxt;
-    if (items > 0) {
-        const int c0 = kcol0 + warp * ub;
-        gv_load(cur, w, N, K, blockIdx.y * 16, c0, min(c0 + ub, C), lane);
-    }
+    if (items > 0) gv_load(cur, w, N, K, blockIdx.y * 16, cb, ce, lane);
 
     /* stage x[0..M)[block's K range] (zero past K) while the first weights are on their way */
     {
@@ -164,13 +160,10 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
     for (int it = 0; it < items; it++) {
         const int ti = it / nb, b = it - ti * nb;
         if (it + 1 < items) {
-            const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb, c2 = kcol0 + (b2 * GV_WARPS + warp) * ub;
-            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, c2, min(c2 + ub, C), lane);
+            const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb;
+            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, cb + b2 * GV_U, ce, lane);
         }
-        {
-            const int c0 = kcol0 + (b * GV_WARPS + warp) * ub;
-            gv_mma<NT>(cur, xs, xstride, M, c0, min(c0 + ub, C), kcol0, lane, acc);
-        }
+        gv_mma<NT>(cur, xs, xstride, M, cb + b * GV_U, ce, kcol0, lane, acc);
         cur = nxt;
         if (b != nb - 1) continue;
 
@@ -248,8 +241,7 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
     p->nt = M <= 8 ? 1 : 2;
     const int T = (N + 15) / 16, C = (K + 31) / 32, force = gv_forced_split();
     for (int S = 1; S <= GV_MAX_S; S *= 2) {
-        int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
-        if (cw > GV_U) cw = (cw + GV_U - 1) / GV_U * GV_U; /* whole batches (kernel: cw % min(cw, U) == 0) */
+        const int cw = (C + S * GV_WARPS - 1) / (S * GV_WARPS);
         /* stride ≡ 32 (mod 64) elements: the 8 lanes of a quarter warp (two token rows,
          * 64 B each) hit distinct banks */
         const int xstride = GV_WARPS * cw * 32 + 32;

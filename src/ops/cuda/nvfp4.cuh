@@ -289,7 +289,7 @@ NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
 }
 
 /* nv4_gemv1_chunk with the word pairs q in the mask NV4_TAB_Q(L) decoded through the
- * table (L = 1: q 0; 2: q 0, 2; 3: q 0, 1, 2; 4: all) and the others by byte
+ * table (L = 0: none; 1: q 0; 2: q 0, 2; 3: q 0, 1, 2; 4: all) and the others by byte
  * permutes: the table moves decode from the integer pipe (8 x 16 ops per chunk) to
  * the MIO pipe (8 LDS.32 per word pair, one wavefront each), and the two pipes
  * balance near L = 2 (bench/RESULTS.md). The B columns take the lane's 32 bytes of
@@ -299,7 +299,7 @@ NV4_FN void nv4_tab_decode4(uint32_t w, uint32_t tl, uint32_t out[4]) {
  * pair a block's codes with the other block's x and are never used. So a lane reads
  * 32 B of x per chunk instead of 64 (nv4_gemv1_chunk's xe / xo, half of them zeros).
  * sg, acc: as nv4_gemv1_chunk. tl: this lane's table copy (L > 0). */
-#define NV4_TAB_Q(L) ((L) == 1 ? 1 : (L) == 2 ? 5 : (L) == 3 ? 7 : 15)
+#define NV4_TAB_Q(L) ((L) == 0 ? 0 : (L) == 1 ? 1 : (L) == 2 ? 5 : (L) == 3 ? 7 : 15)
 template <int L>
 NV4_FN void nv4_gemv1t_chunk(uint4 w0, uint4 w1, uint4 x0, uint4 x1, const float sg[4], const nv4_lut &lut,
                              uint32_t tl, float acc[4]) {
@@ -326,6 +326,46 @@ NV4_FN void nv4_gemv1t_chunk(uint4 w0, uint4 w1, uint4 x0, uint4 x1, const float
     acc[1] += sg[1] * dO[1];
     acc[2] += sg[2] * de[2];
     acc[3] += sg[3] * dO[3];
+}
+
+/* The M <= 8 form with the table (scaled A, tokens in the B columns): one 128-element
+ * chunk of a 16-row tile against up to 8 tokens, the fragment mapping of
+ * cu_w4_chunk_mma (cu_util.h) with the word pairs q in NV4_TAB_Q(L) decoded through
+ * the table: w0 / w1 = this lane's 16 B of codes of rows g and g + 8 (blocks 2t,
+ * 2t + 1 of the chunk), s0 / s1 their E4M3 scales (low byte first), xv[v] = token g's x,
+ * elements 8v .. 8v + 7 of the lane's 32-element slice (K order). Each decoded pair is
+ * multiplied by its block scale (one BF16 HMUL2, exact: E2M1 x E4M3 has at most 6
+ * significant bits). acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8.
+ * For kernels that put M tokens in the columns (fp4_gemm at M = 2..8, the fused MoE
+ * decode's expert GEMVs); tl: this lane's table copy. */
+template <int L>
+NV4_FN void nv4_w4_chunk_tab(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xv)[4],
+                             const nv4_lut &lut, uint32_t tl, float acc[4]) {
+    float a, b;
+    nv4_e4m3x2_to_f32x2(s0, a, b);
+    const uint32_t sa0 = nv4_pack_bf16x2(a, a), sb0 = nv4_pack_bf16x2(b, b);
+    nv4_e4m3x2_to_f32x2(s1, a, b);
+    const uint32_t sa1 = nv4_pack_bf16x2(a, a), sb1 = nv4_pack_bf16x2(b, b);
+    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t a0[4], a1[4];
+        if ((NV4_TAB_Q(L) >> q) & 1) {
+            nv4_tab_decode4(q0[q], tl, a0);
+            nv4_tab_decode4(q1[q], tl, a1);
+        } else {
+            nv4_e2m1x8_to_bf16x8(q0[q], lut, a0);
+            nv4_e2m1x8_to_bf16x8(q1[q], lut, a1);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
+            a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
+        }
+        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
+        nv4_mma_16816(acc, f0, xv[q].x, xv[q].y, acc);
+        nv4_mma_16816(acc, f1, xv[q].z, xv[q].w, acc);
+    }
 }
 
 #endif

@@ -22,11 +22,11 @@ extern "C" void ops_cuda_register_all(void) {
     ops_attn_register(&attn_cuda_flash_prefill); /* fastest at every bucket the doctor measured */
     ops_attn_register(&attn_cuda_flash_decode);
     ops_attn_register(&attn_cuda_naive);
-    /* cuda_decode: correct at every cell in R2 and the doctor's pick at M = 1 (so serve's), but
-     * changed after R2 (load scheduling): second until a device round has run this version;
-     * never last, which would make it serve's smoke-test reference */
-    ops_gdn_register(&gdn_cuda_recurrent);
+    /* cuda_decode: correct at every cell in R2 and R3 (this version), fastest at M = 1, 2, 8, 16, 64
+     * (397B shapes), chunks of > 64 tokens handed to cuda_chunked (bench/RESULTS.md); never last,
+     * which would make it serve's smoke-test reference */
     ops_gdn_register(&gdn_cuda_decode);
+    ops_gdn_register(&gdn_cuda_recurrent);
     ops_gdn_register(&gdn_cuda_chunked);
     ops_gdn_register(&gdn_cuda_per_token);
     ops_gemm_register(&gemm_cuda_cublaslt);

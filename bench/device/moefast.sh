@@ -8,18 +8,17 @@
 # 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
 #    the fp64 CPU reference) on the 397B and 35B layers, NVFP4 shared expert (`--shapes
 #    PRESET`) and BF16 shared expert (`--model-path synth:PRESET,layers=1`): the default
-#    choices (kernel pair and PDL per shape, moe.cu), then the opt-in knobs of this round:
-#      LASTSTAND_MOE_TOPK=2           top-k phase 2 on packed 64-bit candidates
-#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) in the kernel
-#                                     pairs 1 and 2 at M = 1
-#      LASTSTAND_MOE_SHARED_EARLY=1   the shared expert's gate/up blocks run before the
-#                                     wait for the top-k kernel (with PDL)
-#      LASTSTAND_MOE_FUSED_PAIR=1..4, LASTSTAND_MOE_PDL=0/1   force a pair / PDL
+#    choices (kernel pair, PDL, top-k and shared-early per shape, moe.cu), then knobs aimed at
+#    the BF16-shared 397B layer at M = 1 (the register pair):
+#      LASTSTAND_MOE_PDL=1 / 2        PDL on all launches / not on the down launch
+#      LASTSTAND_MOE_SHARED_EARLY=2   the shared expert's gate/up blocks skip the top-k
+#                                     wait in the register pair too (1 = cp.async pair only)
+#      LASTSTAND_MOE_BC=1             block-column NVFP4 decode (nvfp4.cuh) at M = 1
 # 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 with the auto moe choice
 #    (CUDA graphs on: the engine's line "CUDA graphs: N steps replayed") with the defaults
 #    and with the knobs, against --disable-cuda-graph: the ids must be equal.
 # 3. ncu (--clock-control none --cache-control none: warm, as back-to-back calls run) per
-#    kernel at M = 1 on the 397B layer, the cp.async pair: default, TOPK=2 + BC=1.
+#    kernel at M = 1 on the 397B layer, default choices.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moefast.sh BIN OUTDIR}
@@ -50,21 +49,15 @@ for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
     for sh in nv bf; do doctor default "" $p $sh 1,2,8; done
 done
 echo "($(el))"
-for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor topk2 LASTSTAND_MOE_TOPK=2 $p $sh 1,2,8; done
-done
-echo "($(el))"
-for sh in nv bf; do doctor early LASTSTAND_MOE_SHARED_EARLY=1 qwen3.5-397b-a17b $sh 1,2,8; done
-doctor early+pair2+pdl "LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" qwen3.5-397b-a17b bf 1
-for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor bc+pair2+pdl "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
-done
-for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor all "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_FUSED_PAIR=2 LASTSTAND_MOE_PDL=1" $p $sh 1; done
-done
-for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    for sh in nv bf; do doctor bc LASTSTAND_MOE_BC=1 $p $sh 1; done
-done
+doctor pdl1 LASTSTAND_MOE_PDL=1 qwen3.5-397b-a17b bf 1
+doctor pdl1+early2 "LASTSTAND_MOE_PDL=1 LASTSTAND_MOE_SHARED_EARLY=2" qwen3.5-397b-a17b bf 1
+doctor pdl2 LASTSTAND_MOE_PDL=2 qwen3.5-397b-a17b bf 1
+doctor pdl2+early2 "LASTSTAND_MOE_PDL=2 LASTSTAND_MOE_SHARED_EARLY=2" qwen3.5-397b-a17b bf 1
+doctor bc LASTSTAND_MOE_BC=1 qwen3.5-397b-a17b bf 1
+doctor bc+pdl2+early2 "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_PDL=2 LASTSTAND_MOE_SHARED_EARLY=2" qwen3.5-397b-a17b bf 1
+doctor early2 LASTSTAND_MOE_SHARED_EARLY=2 qwen3.5-35b-a3b bf 1,2
+doctor bc LASTSTAND_MOE_BC=1 qwen3.5-35b-a3b bf 1
+doctor bc LASTSTAND_MOE_BC=1 qwen3.5-35b-a3b nv 1
 echo "($(el))"
 
 echo "== 2. generate greedy, synth:qwen3.5-35b-a3b,layers=2, auto moe choice: eager vs CUDA graphs (default, knobs)"
@@ -73,7 +66,7 @@ for v in eager graph graph-knobs; do
     [ $t -ge 8 ] || { echo "$v: skipped (time)"; continue; }
     envs=""; flags=""
     [ $v = eager ] && flags=--disable-cuda-graph
-    [ $v = graph-knobs ] && envs="LASTSTAND_MOE_TOPK=2 LASTSTAND_MOE_SHARED_EARLY=1 LASTSTAND_MOE_BC=1 LASTSTAND_MOE_FUSED_PAIR=2"
+    [ $v = graph-knobs ] && envs="LASTSTAND_MOE_SHARED_EARLY=2 LASTSTAND_MOE_BC=1"
     env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
         --max-new-tokens 16 --temperature 0 --sampling-backend device $flags >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
     echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-200) ($(el))"
@@ -89,15 +82,15 @@ except Exception as ex:
     print(f"no comparison ({ex})")
 PY
 
-echo "== 3. ncu, 397B layer, M = 1, the cp.async pair: default decode and LASTSTAND_MOE_BC=1, top-k 1 / 2 (per kernel; warm caches, clocks not locked)"
+echo "== 3. ncu, 397B layer, M = 1, default choices (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for cfg in "nv:1:0" "nv:2:1" "bf:2:1"; do
+    for cfg in "bf:2:0" "nv:2:0"; do
         sh=${cfg%%:*}; r=${cfg#*:}; tk=${r%%:*}; bc=${r#*:}
         t=$(left); [ $t -gt 20 ] && t=20
         [ $t -ge 8 ] || { echo "ncu $cfg: skipped (time)"; continue; }
         if [ "$sh" = bf ]; then src=(--model-path synth:qwen3.5-397b-a17b,layers=1); else src=(--shapes qwen3.5-397b-a17b); fi
-        LASTSTAND_MOE_TOPK=$tk LASTSTAND_MOE_BC=$bc LASTSTAND_MOE_FUSED_PAIR=2 timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
+        LASTSTAND_MOE_TOPK=$tk LASTSTAND_MOE_BC=$bc timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
             --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe "${src[@]}" --m 1 \
             --backends cuda_fused_decode >"$OUT/ncu-$sh-$tk-$bc.csv" 2>"$OUT/ncu-$sh-$tk-$bc.err"
         echo "ncu shared=$sh topk=$tk bc=$bc rc=$? ($(el))"

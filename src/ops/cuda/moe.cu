@@ -184,7 +184,8 @@ __device__ __forceinline__ float key2f(unsigned k) {
  * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
  * triggers first thing, so that gate/up can start during the router; it reads
  * nothing the top-k kernel writes before its pdl_wait, except x, complete before
- * the router (launched without the attribute) started. */
+ * the router (launched without the attribute) started. PDL through a CUDA graph
+ * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(32 * ROUTER_RPB * ROUTER_Q, 1) moe_router_kern
  * Compute, H200, E = 512, k = 10); then phase 2 was k more redux rounds on
  * warp 0 (7.8 us for the kernel). */
 enum { TOPK_W = 16 };
-/* PACK (LASTSTAND_MOE_TOPK=2, until validated on the H200): phase 2 compares packed
+/* PACK (the fused path's default; LASTSTAND_MOE_TOPK=1 for the other): phase 2 compares packed
  * 64-bit candidates (key << 32 | ~index: larger is better under the same order, one
  * shared load and one compare each) in an unrolled loop over the nw·k real
  * candidates only, and the warps without experts skip phase 1. */
@@ -485,13 +486,16 @@ template <bool BC>
 __global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
-                                                         int ldh, const uint4 *__restrict__ zero) {
-    pdl_wait();
-    pdl_trigger();
+                                                         int ldh, const uint4 *__restrict__ zero, int early_sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
     const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
+    /* early_sh: the shared expert's blocks read only x and weights (h in fp32 without
+     * the gate weight), so they need not wait for the top-k kernel at all (see
+     * moe_gateup2_kernel for why the down kernel stays safe) */
+    if (!(early_sh && j == k)) pdl_wait();
+    pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2;
@@ -769,7 +773,7 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     /* the shared expert's blocks (j = k) first in launch order: they are the
      * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
     const int m = blockIdx.y / (k + 1), j = (blockIdx.y + k) % (k + 1), s = m * (k + 1) + j;
-    /* early_sh (LASTSTAND_MOE_SHARED_EARLY=1, until validated): the shared expert's
+    /* early_sh (fused_early, the default with PDL): the shared expert's
      * blocks need only x (complete before the router started) until their epilogue's
      * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
      * routed blocks still wait before they trigger, which keeps the down kernel's
@@ -1312,12 +1316,20 @@ static int fused_knob(int *v, const char *name, int lo, int hi, int def) {
     return *v >= 0 ? *v : def;
 }
 
+/* The shared expert's gate/up blocks before the top-k wait (with PDL): 1 = in the
+ * cp.async pair (the default since the H200 round of 17:56: 397B M = 1 57.1 -> 55.4 us,
+ * M = 2 92.9 -> 90.9), 2 = in both pairs (until validated), 0 = off:
+ * LASTSTAND_MOE_SHARED_EARLY. */
+static int fused_early(void) {
+    static int force_early = -2;
+    return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 2, 1);
+}
+
 template <int KW, int PER>
 static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
                                   const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
                                   const float *wts, void *h, int ldh, const uint4 *zero) {
-    static int force_early = -2;
-    const int early = fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 0);
+    const int early = fused_early() >= 1;
     auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
     cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
                        : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
@@ -1443,21 +1455,23 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    /* Kernel pair and programmatic dependent launch per shape, from the H200 round of
-     * 2026-11-29 17:10 (bench/RESULTS.md, doctor, every cell checked): M >= 2: the
-     * cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 -> 117.3
-     * BF16 shared; M = 8 and the 35B layer gain too). M = 1, H >= 4096: NVFP4 shared
-     * expert: the cp.async pair with PDL (66.1 -> 58.1 us); BF16 shared expert: the
-     * register pair without PDL (66.0 us; 76.2 with PDL, 79.9 with the cp.async pair and
-     * PDL). M = 1, smaller H: the register pair with PDL (35B: 31.8 -> 27.2 us).
-     * LASTSTAND_MOE_FUSED_PAIR = 1 .. 4 and LASTSTAND_MOE_PDL = 0 / 1 force one
-     * (benchmarks only; 3 = the persistent gate/up kernel with the cp.async down, 4 =
-     * the same with h through shared memory in the down kernel, where they apply:
-     * M <= 2, H = 2048 or 4096, fewer BF16 shared tiles than SMs) */
+    /* Kernel pair and programmatic dependent launch per shape, from the H200 rounds of
+     * 2026-11-29 17:10 and 17:56 (bench/RESULTS.md, doctor, every cell checked): M >= 2:
+     * the cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 ->
+     * 117.3 BF16 shared; M = 8 and the 35B layer gain too). M = 1 with an NVFP4 shared
+     * expert: the cp.async pair with PDL (397B 66.1 -> 58.1 us, 35B 26.5 -> 25.2). M = 1
+     * with a BF16 shared expert: the register pair, with PDL on the 35B layer (31.8 ->
+     * 27.2 us) but not on the 397B one (66.0 us; 76.2 with PDL, 79.9 with the cp.async
+     * pair and PDL: that pair streams the BF16 shared rows through too few registers).
+     * LASTSTAND_MOE_FUSED_PAIR = 1 .. 4 and LASTSTAND_MOE_PDL = 0 / 1 / 2 force one
+     * (benchmarks only; PDL 2 = not on the register pair's down launch; pair 3 = the
+     * persistent gate/up kernel with the cp.async down, 4 = the same with h through
+     * shared memory in the down kernel, where they apply: M <= 2, H = 2048 or 4096,
+     * fewer BF16 shared tiles than SMs) */
     static int force_pair = -2, force_pdl = -2;
-    int pair = M >= 2 || (H >= 4096 && !gp.sbf) ? 2 : 1;
+    int pair = M >= 2 || !gp.sbf ? 2 : 1;
     pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
-    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, !(M == 1 && H >= 4096 && gp.sbf));
+    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 2, !(M == 1 && H >= 4096 && gp.sbf));
     if (pair == 2 && !gkw) pair = 1;
     /* the block-column decode (nvfp4.cuh) in pairs 1 and 2 at M = 1: LASTSTAND_MOE_BC=1
      * (until validated on the H200) */
@@ -1485,7 +1499,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     }
     if (c == cudaSuccess) {
         static int force_topk = -2;
-        const int pack = fused_knob(&force_topk, "LASTSTAND_MOE_TOPK", 1, 2, 1) == 2;
+        /* packed phase 2: the default since the H200 round of 17:56 (397B M = 1 57.1 ->
+         * 52.5 us NVFP4 shared, 65.7 -> 61.5 BF16 shared; every preset and M faster);
+         * LASTSTAND_MOE_TOPK=1 for the one before */
+        const int pack = fused_knob(&force_topk, "LASTSTAND_MOE_TOPK", 1, 2, 2) == 2;
         c = fused_launch(pdl, pack ? moe_topk_kernel<true> : moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st,
                          H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
                          (const float *)(wsg ? sgl : NULL), idx, wts);
@@ -1541,11 +1558,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (c == cudaSuccess) {
             dim3 g2d(ldh / 16, M * (k + 1));
             c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp,
-                             M, H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero);
+                             M, H, I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero,
+                             (int)(fused_early() >= 2));
         }
         if (c == cudaSuccess) {
             dim3 g3d(H / 16, M);
-            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+            c = fused_launch(pdl == 1, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
                              H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
                              (bf16 *)a->y);
         }

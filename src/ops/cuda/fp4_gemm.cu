@@ -505,14 +505,27 @@ __global__ void __launch_bounds__(32 * KW, 2)
     }
 }
 
+/* Raise a kernel's dynamic shared-memory limit (and prefer shared memory over L1)
+ * once per device: function attributes belong to the device's context, so a flag per
+ * process would leave the second GPU of --tp 2 at the 48 KB default (a failed launch).
+ * done: one bit per device, shared by the threads that drive the GPUs. */
+static void w4_smem_attr(const void *fn, size_t smem, unsigned *done) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev > 31) dev = 31; /* set it anyway */
+    const unsigned bit = 1u << dev;
+    if (__atomic_load_n(done, __ATOMIC_ACQUIRE) & bit && dev != 31) return;
+    cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    __atomic_fetch_or(done, bit, __ATOMIC_ACQ_REL);
+}
+
 template <int KW, int PER>
 static void gvp_launch(const gemm_args *a, cudaStream_t st, int sms) {
     static int occ = 0; /* resident blocks per SM, once per instance */
+    static unsigned attr = 0;
     const size_t smem = sizeof(gvp_smem<KW, PER>);
+    w4_smem_attr((const void *)fp4_gemv1p_kernel<KW, PER>, smem, &attr);
     if (!occ) {
-        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cudaFuncSetAttribute(fp4_gemv1p_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
         int o = 0;
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fp4_gemv1p_kernel<KW, PER>, 32 * KW, smem);
         occ = o > 0 ? o : 1;
@@ -725,15 +738,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 + R : 4)
 
 template <int KW, int PER, int L, int R>
 static void gvt_launch(const gemm_args *a, cudaStream_t st) {
-    static int attr = 0;
+    static unsigned attr = 0;
     const size_t smem = gvt_smem_bytes(KW, PER, R, L);
-    if (!attr) {
-        cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem);
-        cudaFuncSetAttribute(fp4_gemv1t_kernel<KW, PER, L, R>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        attr = 1;
-    }
+    w4_smem_attr((const void *)fp4_gemv1t_kernel<KW, PER, L, R>, smem, &attr);
     const lin_w *w = a->w;
     fp4_gemv1t_kernel<KW, PER, L, R><<<w->N / 16, 32 * KW, smem, st>>>(
         w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
@@ -831,14 +838,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 3)
 
 template <int KW, int PER>
 static void w4t_launch(const gemm_args *a, cudaStream_t st) {
-    static int attr = 0;
+    static unsigned attr = 0;
     const size_t smem = NV4_TAB_BYTES + (size_t)KW * 4 * 32 * 4;
-    if (!attr) {
-        cudaFuncSetAttribute(fp4_w4a16t_kernel<KW, PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cudaFuncSetAttribute(fp4_w4a16t_kernel<KW, PER>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             cudaSharedmemCarveoutMaxShared);
-        attr = 1;
-    }
+    w4_smem_attr((const void *)fp4_w4a16t_kernel<KW, PER>, smem, &attr);
     const lin_w *w = a->w;
     fp4_w4a16t_kernel<KW, PER><<<w->N / 16, 32 * KW, smem, st>>>(a->M, w->N, w->K, (const bf16 *)a->x,
                                                                 (const uint8_t *)w->data, w->scale, w->scale2,

@@ -55,6 +55,7 @@ doctor pdl2 LASTSTAND_MOE_PDL=2 qwen3.5-397b-a17b bf 1
 doctor pdl2+early2 "LASTSTAND_MOE_PDL=2 LASTSTAND_MOE_SHARED_EARLY=2" qwen3.5-397b-a17b bf 1
 doctor bc LASTSTAND_MOE_BC=1 qwen3.5-397b-a17b bf 1
 doctor bc+pdl2+early2 "LASTSTAND_MOE_BC=1 LASTSTAND_MOE_PDL=2 LASTSTAND_MOE_SHARED_EARLY=2" qwen3.5-397b-a17b bf 1
+doctor pair1 LASTSTAND_MOE_FUSED_PAIR=1 qwen3.5-397b-a17b bf 2,8
 doctor early2 LASTSTAND_MOE_SHARED_EARLY=2 qwen3.5-35b-a3b bf 1,2
 doctor bc LASTSTAND_MOE_BC=1 qwen3.5-35b-a3b bf 1
 doctor bc LASTSTAND_MOE_BC=1 qwen3.5-35b-a3b nv 1

@@ -9,20 +9,24 @@
  *   cuda_fused_decode  M <= 8, NVFP4 experts, 4 launches, no host round trip,
  *                      chained by programmatic dependent launch where that was
  *                      measured faster (see pdl_wait and the choice in fused_run):
- *                      (1) router GEMV (warp per expert row, every token, x in
- *                      shared memory; one more warp for the shared gate's
- *                      logit); (2) softmax, top-k (two redux.sync per pick) and
- *                      the shared gate, a warp per token; (3) gate+up: a block
- *                      per (token, chosen expert or shared, 16 rows), the NVFP4
- *                      rows decoded in registers into mma.sync m16n8k16, then
- *                      SiLU·up; (4) down: a block per (token, 16 output rows)
- *                      sums every chosen expert and the shared one with the
- *                      combine weight · scale2 folded in. Two kernel pairs for
- *                      (3)+(4): at M = 1 the register-staged one (weights in
- *                      registers, h in fp32, token in column 0), at M >= 2 the
- *                      cp.async one (fp4_gemm's streaming pipeline; h in BF16
- *                      with the combine weight applied) — each the faster on
- *                      the H200 at those M (bench/RESULTS.md). The expert
+ *                      (1) router GEMV (4 warps per expert row, x in shared
+ *                      memory; one more row for the shared gate's logit);
+ *                      (2) softmax, top-k and the shared gate, a block per
+ *                      token (per-warp top-k by redux.sync, then every candidate
+ *                      ranked by counting, packed 64-bit keys); (3) gate+up: a
+ *                      block per (token, chosen expert or shared, 16 rows), the
+ *                      NVFP4 rows decoded in registers into mma.sync m16n8k16,
+ *                      then SiLU·up; (4) down: a block per (token, 16 output
+ *                      rows) sums every chosen expert and the shared one with
+ *                      the combine weight · scale2 folded in. Kernel pairs for
+ *                      (3)+(4), chosen per shape from H200 runs (fused_run): the
+ *                      register-staged pair (weights in registers, h in fp32,
+ *                      token in column 0; M = 1 with a BF16 shared expert) and
+ *                      the cp.async pair (fp4_gemm's streaming pipeline, h in
+ *                      BF16 with the combine weight applied; the rest). Opt-in
+ *                      for benchmarks: a persistent gate/up kernel (pairs 3, 4;
+ *                      measured slower) and the block-column decode of
+ *                      nvfp4.cuh at M = 1 (LASTSTAND_MOE_BC; no gain). The expert
  *                      pointer tables (30 KB for E = 512) live in device
  *                      memory, cached per layer and uploaded only when they
  *                      change (passing them as 20 KB kernel parameters cost

@@ -1,0 +1,74 @@
+"""The cuda_fused_decode moe backend (src/ops/cuda/moe.cu) on a GPU; skipped without one.
+
+Pins, each by the doctor's verdict against the fp64 CPU reference ("ok" in every cell) on the
+Qwen3.5-35B MoE layer shape at M = 1, 2, 8, with an NVFP4 shared expert (`--shapes`) and with
+the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
+- the default choices (kernel pair, programmatic dependent launch, packed top-k and the shared
+  expert's gate/up ahead of the top-k wait, per shape);
+- every benchmark knob of fused_run, which must stay right even where it is slower: the other
+  kernel pairs (LASTSTAND_MOE_FUSED_PAIR=1..4, pairs 3 and 4 at M <= 2), PDL off / on / not on
+  the down launch (LASTSTAND_MOE_PDL=0|1|2), the previous top-k (LASTSTAND_MOE_TOPK=1), the
+  shared expert early in both pairs (LASTSTAND_MOE_SHARED_EARLY=2) and the block-column NVFP4
+  decode (LASTSTAND_MOE_BC=1, M = 1).
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BIN
+
+BACKEND = "cuda_fused_decode"
+PRESET = "qwen3.5-35b-a3b"
+
+
+def _have_gpu():
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+
+
+def doctor_cells(tmp_path, knobs, shared, ms):
+    out = tmp_path / "doctor.json"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **knobs)
+    src = ["--shapes", PRESET] if shared == "nvfp4" else ["--model-path", f"synth:{PRESET},layers=1"]
+    p = subprocess.run([BIN, "doctor", "--device", "cuda", "--families", "moe", "--backends", BACKEND,
+                        "--m", ",".join(map(str, ms)), "--json", str(out), *src], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert out.exists(), f"doctor wrote no report (exit {p.returncode}):\n{p.stderr[-3000:]}"
+    tabs = [t for t in json.load(open(out))["tables"] if t["family"] == "moe"]
+    assert len(tabs) == 1, p.stdout
+    return tabs[0]["cells"][BACKEND], p.stdout
+
+
+KNOBS = [
+    {},
+    {"LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_FUSED_PAIR": "2"},
+    {"LASTSTAND_MOE_FUSED_PAIR": "3"},
+    {"LASTSTAND_MOE_FUSED_PAIR": "4"},
+    {"LASTSTAND_MOE_PDL": "0"},
+    {"LASTSTAND_MOE_PDL": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_PDL": "2", "LASTSTAND_MOE_FUSED_PAIR": "1", "LASTSTAND_MOE_SHARED_EARLY": "2"},
+    {"LASTSTAND_MOE_TOPK": "1"},
+    {"LASTSTAND_MOE_BC": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_BC": "1", "LASTSTAND_MOE_FUSED_PAIR": "2"},
+]
+
+
+@pytest.mark.parametrize("shared", ["nvfp4", "bf16"])
+@pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: ",".join(f"{a[13:]}={b}" for a, b in k.items()) or "default")
+def test_fused_decode_right_with_every_choice(tmp_path, knobs, shared):
+    ms = [1, 2] if knobs.get("LASTSTAND_MOE_FUSED_PAIR") in ("3", "4") or "LASTSTAND_MOE_BC" in knobs else [1, 2, 8]
+    cells, table = doctor_cells(tmp_path, knobs, shared, ms)
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
+    assert sorted(map(int, cells)) == ms

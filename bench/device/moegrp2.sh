@@ -14,6 +14,7 @@
 #    the side stream must be capturable and give the same tokens.
 # 4. Opt-in LASTSTAND_MG_DECODE=place32 (the same decode at 32-row tiles: 35B M = 512, 397B
 #    M = 1024); ncu per-kernel breakdown of one call, 35B, M = 16 and 64, new default.
+# 6. If time is left: tests/test_gpu_moe_grouped.py -k variants (every knob, doctor verdicts).
 set -u
 BIN=${1:?usage: moegrp2.sh BIN OUTDIR}
 OUT=${2:?usage: moegrp2.sh BIN OUTDIR}
@@ -121,4 +122,11 @@ PY
 }
 ncu_call new "" 16
 ncu_call new "" 64
+echo "== 6. pytest tests/test_gpu_moe_grouped.py -k variants ($(el))"
+l=$(left)
+if [ "$l" -ge 25 ] && python3 -c "import pytest" 2>/dev/null; then
+    BUILD=$(dirname "$BIN") timeout "$l" python3 -m pytest -q -x tests/test_gpu_moe_grouped.py -k variants 2>&1 | tail -n 4
+else
+    echo "skipped (time or no pytest)"
+fi
 echo "total $(el)"

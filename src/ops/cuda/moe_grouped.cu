@@ -56,7 +56,7 @@
  * switchable by an environment variable): at BM = 16 the NVFP4 decode is by bit placement
  * (nvfp4.cuh's nv4_e2m1x8_place: half of the decode on the FMA pipe, the block scale x 2^118
  * by one BF16 multiply per pair, 2^8 folded into scale2, A permuted to the decode's (i, i + 4)
- * pairing) with each thread's load addresses made once per CTA (-33% instructions per call);
+ * pairing) with each thread's load addresses made once per CTA (-33% GEMM instructions);
  * and a shared expert of another kind (BF16 next to NVFP4) runs on a high-priority side
  * stream beside the routed GEMMs (fork after the plan, join before the combine, by events:
  * capturable) instead of after them with its 4-16 CTAs alone on the GPU. Opt-in: the same

@@ -135,7 +135,7 @@ try:
         show_table(s)
     plan_gdn = table_row(servers["plan"], "gdn")
     rows = [table_row(servers["plan"], f) or "" for f in ("fp4_gemm", "moe", "attention", "gdn")]
-    print(f"{el()} VERDICT PLAN: {'ok' if any(',' in r for r in rows) else 'FAIL'} (some family serves with a plan; "
+    print(f"{el()} VERDICT PLAN: {'ok' if any(',' in r for r in rows) else 'FAIL'} (some family serves with a plan) "
           f"(gdn serves with '{plan_gdn}'; moe '{table_row(servers['plan'], 'moe')}', attention "
           f"'{table_row(servers['plan'], 'attention')}', fp4_gemm '{table_row(servers['plan'], 'fp4_gemm')}')", flush=True)
     rng = random.Random(7)

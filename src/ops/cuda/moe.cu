@@ -25,8 +25,9 @@
  *                      the cp.async pair (fp4_gemm's streaming pipeline, h in
  *                      BF16 with the combine weight applied; the rest). Opt-in
  *                      for benchmarks: a persistent gate/up kernel (pairs 3, 4;
- *                      measured slower) and the block-column decode of
- *                      nvfp4.cuh at M = 1 (LASTSTAND_MOE_BC; no gain). The expert
+ *                      measured slower). At M = 1 the register pair decodes in
+ *                      nvfp4.cuh's block-column form (scale blocks in the mma
+ *                      columns; LASTSTAND_MOE_BC). The expert
  *                      pointer tables (30 KB for E = 512) live in device
  *                      memory, cached per layer and uploaded only when they
  *                      change (passing them as 20 KB kernel parameters cost
@@ -1477,10 +1478,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
     const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 2, !(M == 1 && H >= 4096 && gp.sbf));
     if (pair == 2 && !gkw) pair = 1;
-    /* the block-column decode (nvfp4.cuh) in pairs 1 and 2 at M = 1: LASTSTAND_MOE_BC=1
-     * (until validated on the H200) */
+    /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
+     * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
+     * no gain in the cp.async pair (57.7 vs 57.1, 22.8 vs 22.7), so off there;
+     * LASTSTAND_MOE_BC=0 / 1 forces it */
     static int force_bc = -2;
-    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, 0);
+    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
     if (pair >= 3) {
         if (!ws->n_sm) {
             int dev = 0, n = 0;

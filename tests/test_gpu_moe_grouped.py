@@ -7,6 +7,10 @@ Pins:
   rows: 16-row tiles below 12, 32-row tiles below 28, else 64: M <= 100, 512 and 1024 here);
 - BF16 experts (the doctor on the BF16 fixture's MoE shape, I = 48: a K tail inside one 64-wide
   block);
+- a BF16 shared expert next to NVFP4 experts (synth:qwen3.5-35b-a3b: its GEMMs are separate
+  launches) is right with every batched-decode variant of moe_grouped.cu's knobs: the default
+  (bit-placement decode at 16-row tiles, the shared expert on a side stream), the R3 default
+  (SIDE=0, perm), place32 (the decode at 32-row tiles, M = 512) and place3 (3 CTAs per SM);
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
   cuda_grouped_gemm` agrees with the CPU forward pass within issue 5's bar (max |a - b| / max |b|
   <= 2e-2 on every row, same argmax where the CPU's top-2 margin exceeds 0.05). The other
@@ -39,9 +43,9 @@ def _have_gpu():
 pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
 
 
-def doctor_cells(tmp_path, *args):
+def doctor_cells(tmp_path, *args, env_extra=None):
     out = tmp_path / "doctor.json"
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **(env_extra or {}))
     p = subprocess.run([BIN, "doctor", "--device", "cuda", "--families", "moe", "--backends", BACKEND,
                         "--json", str(out), *map(str, args)], capture_output=True, text=True, env=env,
                        timeout=300)
@@ -56,6 +60,18 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
     cells, table = doctor_cells(tmp_path, "--shapes", "qwen3.5-35b-a3b", "--m", ",".join(map(str, ms)))
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{bad}\n{table}"
+    assert sorted(map(int, cells)) == ms
+
+
+@pytest.mark.parametrize("knobs", [{}, {"LASTSTAND_MG_SIDE": "0", "LASTSTAND_MG_DECODE": "perm"},
+                                   {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"}],
+                         ids=["default", "r3", "place32", "place3"])
+def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
+    ms = [1, 16, 64, 512]
+    cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",
+                                "--m", ",".join(map(str, ms)), env_extra=knobs)
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{knobs}: {bad}\n{table}"
     assert sorted(map(int, cells)) == ms
 
 

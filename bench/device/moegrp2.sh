@@ -4,20 +4,17 @@
 #
 #   bash bench/device/moegrp2.sh BIN OUTDIR
 #
-# 1. `laststand doctor --families moe` on synth:qwen3.5-35b-a3b,layers=1 and
+# R4 (final defaults: LASTSTAND_MG_DECODE=place at BM = 16, LASTSTAND_MG_SIDE=1, from R3):
+# 1. `laststand doctor --families moe` with the defaults on synth:qwen3.5-35b-a3b,layers=1 and
 #    synth:qwen3.5-397b-a17b,layers=1 (NVFP4 experts, BF16 shared expert, as the synth and
-#    ModelOpt checkpoints have it), M = 8..256, the default variant (every cell checked
-#    against the fp64 CPU reference).
-# 2. The variant knobs of moe_grouped.cu, each alone and together, same doctor cells:
-#      LASTSTAND_MG_SIDE=1          the BF16 shared expert's GEMMs on a side stream
-#      LASTSTAND_MG_DECODE=place    NVFP4 decode by bit placement (nvfp4.cuh), addresses once
-#      LASTSTAND_MG_DECODE=place3   the same, 3 CTAs per SM at BM = 16
-#      LASTSTAND_MG_PREFETCH=256    L2 prefetch hint on the weight codes' cp.async
-# 3. ncu (--clock-control none) per-kernel breakdown of one call on the 35B shape at M = 16
-#    and 64: time, DRAM bytes and throughput, instructions, issue rate, occupancy, top stalls.
-# 4. `laststand generate` greedy (CUDA graphs on) with cuda_grouped_gemm, default vs the
-#    variants: the side stream must be capturable and give the same tokens.
-# Every step is bounded by what is left of 88 s; prints `skipped (time)` otherwise.
+#    ModelOpt checkpoints have it), M = 1..1024 (every cell checked against the fp64 CPU
+#    reference), and on the --shapes presets (NVFP4 shared expert: one launch per GEMM).
+# 2. The R3 default in the same run (LASTSTAND_MG_SIDE=0 LASTSTAND_MG_DECODE=perm): before/after.
+# 3. `laststand generate` greedy (CUDA graphs on) with cuda_grouped_gemm, new vs old default:
+#    the side stream must be capturable and give the same tokens.
+# 4. Opt-in LASTSTAND_MG_DECODE=place32 (the same decode at 32-row tiles: 35B M = 512, 397B
+#    M = 1024); ncu per-kernel breakdown of one call, 35B, M = 16 and 64, new default.
+# 6. If time is left: tests/test_gpu_moe_grouped.py -k variants (every knob, doctor verdicts).
 set -u
 BIN=${1:?usage: moegrp2.sh BIN OUTDIR}
 OUT=${2:?usage: moegrp2.sh BIN OUTDIR}
@@ -44,20 +41,30 @@ doctor() {
     grep -E "❌" "$OUT/doc-$tag.txt" | grep -v "unsupported" | head -3
 }
 
-echo "== 1. default, BF16 shared expert ($(el))"
-doctor d35 "" "$B35" 8,16,32,64,128,256 cuda_grouped_gemm,cuda_fused_decode 14
-doctor d397 "" "$B397" 16,32,64,128,256 cuda_grouped_gemm 18
+OLD="LASTSTAND_MG_SIDE=0 LASTSTAND_MG_DECODE=perm"
+echo "== 1. new default, BF16 shared expert ($(el))"
+doctor new35 "" "$B35" 1,8,16,32,64,128,256,512 cuda_grouped_gemm,cuda_fused_decode 14
+doctor new397 "" "$B397" 16,32,64,128,256,1024 cuda_grouped_gemm 18
+echo "== 1b. new default, NVFP4 shared expert (--shapes) ($(el))"
+doctor_shapes() {
+    local tag=$1 preset=$2 ms=$3 t=$4 l
+    l=$(left); [ "$l" -lt "$t" ] && t=$l
+    [ "$t" -ge 5 ] || { echo "$tag: skipped (time)"; return; }
+    timeout "$t" "$BIN" doctor --device cuda --families moe --shapes "$preset" --m "$ms" \
+        --backends cuda_grouped_gemm --trial-timeout 40 >"$OUT/doc-$tag.txt" 2>"$OUT/doc-$tag.err"
+    local rc=$?
+    grep -E "^moe|^ +M |^ +[0-9]+ " "$OUT/doc-$tag.txt" | sed "s/^/$tag /"
+    [ $rc -ne 0 ] && { echo "$tag rc=$rc"; tail -n 4 "$OUT/doc-$tag.err"; }
+}
+doctor_shapes pre35 qwen3.5-35b-a3b 1,16,64,256,3072 9
+doctor_shapes pre397 qwen3.5-397b-a17b 16,64,1024,3072 14
 
-echo "== 2. variants, 35B ($(el))"
-doctor side35 "LASTSTAND_MG_SIDE=1" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
-doctor place35 "LASTSTAND_MG_DECODE=place" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
-doctor pf256_35 "LASTSTAND_MG_PREFETCH=256" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
-doctor place3_35 "LASTSTAND_MG_DECODE=place3" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
-doctor all35 "LASTSTAND_MG_SIDE=1 LASTSTAND_MG_DECODE=place LASTSTAND_MG_PREFETCH=256" "$B35" \
-    16,32,64,128,256 cuda_grouped_gemm 7
+echo "== 2. R3 default ($OLD) ($(el))"
+doctor old35 "$OLD" "$B35" 16,32,64,128,256 cuda_grouped_gemm 7
+doctor old397 "$OLD" "$B397" 16,64,256 cuda_grouped_gemm 10
 
-echo "== 4. generate greedy (CUDA graphs), synth:qwen3.5-35b-a3b,layers=2, cuda_grouped_gemm ($(el))"
-for v in "def:" "side:LASTSTAND_MG_SIDE=1"; do
+echo "== 3. generate greedy (CUDA graphs), synth:qwen3.5-35b-a3b,layers=2, cuda_grouped_gemm ($(el))"
+for v in "new:" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}
     l=$(left); [ "$l" -gt 15 ] && l=15
     [ "$l" -ge 6 ] || { echo "$tag: skipped (time)"; continue; }
@@ -65,9 +72,14 @@ for v in "def:" "side:LASTSTAND_MG_SIDE=1"; do
         --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 --max-new-tokens 8 --temperature 0 \
         --moe-runner-backend cuda_grouped_gemm >"$OUT/gen-$tag.txt" 2>"$OUT/gen-$tag.err"
     echo "$tag: rc=$? $(tr '\n' ' ' <"$OUT/gen-$tag.txt" | cut -c1-200) ($(el))"
-    grep -iE "error|graph|refus|nan" "$OUT/gen-$tag.err" | head -3
+    grep -iE "error|captured the|refus|nan" "$OUT/gen-$tag.err" | head -3
 done
-echo "== 3. ncu per kernel, 35B, one call ($(el))"
+
+echo "== 4. opt-in place32 (32-row tiles) ($(el))"
+doctor p32_35 "LASTSTAND_MG_DECODE=place32" "$B35" 512 cuda_grouped_gemm 6
+doctor p32_397 "LASTSTAND_MG_DECODE=place32" "$B397" 1024 cuda_grouped_gemm 8
+
+echo "== 5. ncu per kernel, 35B, one call ($(el))"
 # ncu ROW-TAG ENVS M: one call's kernels (router GEMM, top-k, plan, GEMMs, combine)
 ncu_call() {
     local tag=$1 envs=$2 m=$3 l
@@ -108,13 +120,13 @@ for i in sorted(ks):
 print(f"  sum of kernel times {tot:.1f} us")
 PY
 }
-ncu_call def "" 16
-ncu_call def "" 64
-ncu_call all "LASTSTAND_MG_SIDE=1 LASTSTAND_MG_DECODE=place LASTSTAND_MG_PREFETCH=256" 64
-
-echo "== 2b. variants, 397B ($(el))"
-doctor all397 "LASTSTAND_MG_SIDE=1 LASTSTAND_MG_DECODE=place LASTSTAND_MG_PREFETCH=256" "$B397" 16,64,256 \
-    cuda_grouped_gemm 12
-doctor side397 "LASTSTAND_MG_SIDE=1" "$B397" 16,64,256 cuda_grouped_gemm 10
-
+ncu_call new "" 16
+ncu_call new "" 64
+echo "== 6. pytest tests/test_gpu_moe_grouped.py -k variants ($(el))"
+l=$(left)
+if [ "$l" -ge 25 ] && python3 -c "import pytest" 2>/dev/null; then
+    BUILD=$(dirname "$BIN") timeout "$l" python3 -m pytest -q -x tests/test_gpu_moe_grouped.py -k variants 2>&1 | tail -n 4
+else
+    echo "skipped (time or no pytest)"
+fi
 echo "total $(el)"

@@ -1278,17 +1278,25 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
 
 
 /* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
- * the default 48 KB (remembered per kernel: the largest so far). */
+ * the default 48 KB (remembered per kernel and per device: a function attribute
+ * applies to the current device only, and tensor-parallel ranks launch the same
+ * kernel on other GPUs from their own threads; the largest so far per device). */
 template <auto K>
 static cudaError_t fused_smem(size_t bytes) {
-    static size_t have = 0;
-    if (!have) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
+    static size_t have[CU_WS_MAX_DEV];
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (dev < 0 || dev >= CU_WS_MAX_DEV) return cudaErrorInvalidDevice;
+    size_t h = __atomic_load_n(&have[dev], __ATOMIC_ACQUIRE);
+    if (!h) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
         cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        have = 48 << 10;
+        h = 48 << 10;
+        __atomic_store_n(&have[dev], h, __ATOMIC_RELEASE);
     }
-    if (bytes <= have) return cudaSuccess;
-    cudaError_t c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (c == cudaSuccess) have = bytes;
+    if (bytes <= h) return cudaSuccess;
+    c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (c == cudaSuccess) __atomic_store_n(&have[dev], bytes, __ATOMIC_RELEASE);
     return c;
 }
 

@@ -52,14 +52,15 @@
  * aligned, H multiple of 8).
  *
  * Batched decode (M = 16..256: 1-2 real rows per 16-row tile, the GEMMs are weight-streaming
- * GEMVs per expert) has variants, chosen per process by environment knobs (mg_knobs):
- * the NVFP4 decode by bit placement (nvfp4.cuh's nv4_e2m1x8_place: half of the decode on the
- * FMA pipe, the block scale x 2^118 by one BF16 multiply per pair, 2^8 folded into scale2, A
- * permuted to the decode's (i, i + 4) pairing) with each thread's load addresses made once
- * per CTA, optionally with 3 CTAs per SM at BM = 16; an L2 prefetch hint on the codes'
- * cp.async; and a shared expert of another kind (BF16 next to NVFP4) run on a high-priority
- * side stream beside the routed GEMMs (fork after the plan, join before the combine, by
- * events: capturable), instead of after them with its 4-16 CTAs alone on the GPU.
+ * GEMVs per expert, bound by the integer pipe that decodes NVFP4). By default (mg_knobs, each
+ * switchable by an environment variable): at BM = 16 the NVFP4 decode is by bit placement
+ * (nvfp4.cuh's nv4_e2m1x8_place: half of the decode on the FMA pipe, the block scale x 2^118
+ * by one BF16 multiply per pair, 2^8 folded into scale2, A permuted to the decode's (i, i + 4)
+ * pairing) with each thread's load addresses made once per CTA (-33% GEMM instructions);
+ * and a shared expert of another kind (BF16 next to NVFP4) runs on a high-priority side
+ * stream beside the routed GEMMs (fork after the plan, join before the combine, by events:
+ * capturable) instead of after them with its 4-16 CTAs alone on the GPU. Opt-in: the same
+ * decode at BM = 32, 3 CTAs per SM at BM = 16, an L2 prefetch hint on the codes' cp.async.
  *
  * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
  * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
@@ -663,30 +664,35 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
     return cudaGetLastError();
 }
 
-/* The GEMMs' variant knobs, read once per process (doctor-validated before any
- * becomes a default):
- *   LASTSTAND_MG_DECODE=place|place3|perm  NVFP4 decode: bit placement (nvfp4.cuh, half
- *                                   of it on the FMA pipe; the loads' addresses made once
- *                                   per CTA; BM <= 32) or the byte-permute tables (default);
- *                                   place3: the same with 3 CTAs per SM at BM = 16
+/* The GEMMs' variant knobs, read once per process. The defaults are the variant
+ * that device round R3 found correct (doctor, fp64 CPU reference) and fastest at
+ * M = 16..256 on both Qwen3.5 MoE shapes (bench/RESULTS.md): place, side (the prefetch
+ * hint, measured alone, changed nothing: off).
+ *   LASTSTAND_MG_DECODE=place|place32|place3|perm  NVFP4 decode: bit placement (nvfp4.cuh,
+ *                                   half of it on the FMA pipe; the loads' addresses made
+ *                                   once per CTA) at BM = 16 (place, default), also at
+ *                                   BM = 32 (place32), at BM = 16 with 3 CTAs per SM
+ *                                   (place3), or the byte-permute tables everywhere (perm)
  *   LASTSTAND_MG_SIDE=0|1           a shared expert of another kind than the routed
- *                                   experts runs on a side stream beside them (1) or
- *                                   after them on the caller's stream (0, default)
+ *                                   experts runs on a side stream beside them (1, default)
+ *                                   or after them on the caller's stream (0)
  *   LASTSTAND_MG_PREFETCH=0|64|128|256  the NVFP4 codes' cp.async asks L2 to fetch this many
- *                                   bytes around each 16-byte piece (default 0: no hint);
- *                                   a CTA reads 32 B per weight row per k block */
+ *                                   bytes around each 16-byte piece (default 0; a CTA
+ *                                   reads 32 B per weight row per k block) */
 typedef struct mg_knobs {
-    int place, side, pf;
+    int place;   /* 0 perm, 1 place, 2 place3 */
+    int place32; /* place at BM = 32 too */
+    int side, pf;
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {0, 0, 0};
+        mg_knobs n = {1, 0, 1, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
-        if (v && !strcmp(v, "place")) n.place = 1;
+        if (v && !strcmp(v, "place32")) n.place32 = 1;
         if (v && !strcmp(v, "place3")) n.place = 2;
         v = getenv("LASTSTAND_MG_SIDE");
         if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) n.side = atoi(v);
@@ -716,7 +722,7 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
                                                              dbuf, sh_only, kn.pf, st);
     }
     if constexpr (BM <= 32) { /* (at BM = 64 the place decode spills: not built) */
-        if (ld == MG_LD_FP4 && kn.place)
+        if (ld == MG_LD_FP4 && kn.place && (BM == 16 || kn.place32))
             return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 1>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                              dbuf, sh_only, kn.pf, st);
     }

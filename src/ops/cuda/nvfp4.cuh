@@ -37,8 +37,11 @@
  * A third one, nv4_gemv1t_chunk<L>, is nv4_gemv1_chunk with L of its 4 word pairs
  * decoded through a shared-memory table instead of byte permutes (see "table decode"
  * below): per code byte an address from the byte (PRMT + IMAD, or IMADs alone) and one
- * LDS.32 that is conflict-free whatever the codes, moving decode work from the integer pipe to the
- * MIO (shared-memory) pipe; nv4_tab_build / nv4_tab_decode4 are reusable by any kernel.
+ * LDS.32 that is conflict-free whatever the codes, moving decode work from the integer
+ * pipe to the MIO (shared-memory) pipe. On the H200 L = 2 (half the words each way) is
+ * the M = 1 default, a few percent faster; L = 4 makes the MIO pipe the busier one
+ * (bench/RESULTS.md). nv4_w4_chunk_tab<L> is the same decode in the scaled-A form with
+ * tokens in the B columns (M <= 8); nv4_tab_build / nv4_tab_decode4 serve any kernel.
  *
  * For a host-side emulation (a test) define NV4_HOST_EMU and provide uint4,
  * nv4_prmt, nv4_mma_16816, nv4_e4m3x2_to_f32x2, nv4_hmul2, nv4_pack_bf16x2,

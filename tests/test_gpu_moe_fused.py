@@ -8,8 +8,9 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
 - every benchmark knob of fused_run, which must stay right even where it is slower: the other
   kernel pairs (LASTSTAND_MOE_FUSED_PAIR=1..4, pairs 3 and 4 at M <= 2), PDL off / on / not on
   the down launch (LASTSTAND_MOE_PDL=0|1|2), the previous top-k (LASTSTAND_MOE_TOPK=1), the
-  shared expert early in both pairs (LASTSTAND_MOE_SHARED_EARLY=2) and the block-column NVFP4
-  decode (LASTSTAND_MOE_BC=1, M = 1).
+  shared expert early in both pairs (LASTSTAND_MOE_SHARED_EARLY=2) and the NVFP4 decode form at
+  M = 1 (LASTSTAND_MOE_BC=0 in the register pair, where block-column is the default; =1 in the
+  cp.async pair).
 """
 import json
 import os
@@ -59,7 +60,7 @@ KNOBS = [
     {"LASTSTAND_MOE_PDL": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_PDL": "2", "LASTSTAND_MOE_FUSED_PAIR": "1", "LASTSTAND_MOE_SHARED_EARLY": "2"},
     {"LASTSTAND_MOE_TOPK": "1"},
-    {"LASTSTAND_MOE_BC": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_BC": "0", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_BC": "1", "LASTSTAND_MOE_FUSED_PAIR": "2"},
 ]
 

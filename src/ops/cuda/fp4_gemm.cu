@@ -21,11 +21,11 @@
  *                        the 8 B columns spent on the 8 scale blocks of a
  *                        chunk so that each E4M3 scale is one fp32 FFMA on an
  *                        output instead of a BF16 multiply per weight pair
- *                        (half the instructions of the M <= 8 kernel); half
- *                        of the code words decoded through a bank-replicated
- *                        shared-memory table instead of byte permutes (integer
- *                        pipe relieved, fp4_gemv1t_kernel); else the cp.async
- *                        variant of the M <= 8 kernel.
+ *                        (half the instructions of the M <= 8 kernel), each
+ *                        lane reading only the x it feeds (fp4_gemv1t_kernel;
+ *                        opt-in: half the code words decoded through a
+ *                        bank-replicated shared-memory table); else the
+ *                        cp.async variant of the M <= 8 kernel.
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (same register decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
@@ -639,8 +639,9 @@ static void gv2_run_kw(int kw, int per, const gemm_args *a, cudaStream_t st) {
 }
 
 /* The M = 1 GEMV with the table decode (nvfp4.cuh nv4_gemv1t_chunk<L>), the default
- * at M = 1 with L = 2 (half the words by table) on the validated instances
- * (gvt_validated); LASTSTAND_W4A16_LUT=L picks L = 1, 2 or 4 word pairs of 4 by table,
+ * at M = 1 on the validated instances (gvt_default: L = 0 on the 397B shapes, where
+ * its halved x reads are the gain and the table a loss; L = 2 on the 35B ones);
+ * LASTSTAND_W4A16_LUT=L picks L = 1, 2 or 4 word pairs of 4 by table,
  * 12: L = 2 and R = 1 below, 10: L = 0 (no table), 0: fp4_gemv1_kernel instead.
  * fp4_gemv1_kernel's one-shot cp.async structure and
  * block-column scales, plus a 32 KB byte -> bf16x2 table (lane i's copy in bank i)
@@ -746,12 +747,16 @@ static void gvt_launch(const gemm_args *a, cudaStream_t st) {
         w->N, w->K, (const bf16 *)a->x, (const uint8_t *)w->data, w->scale, w->scale2, (bf16 *)a->y, a->accumulate);
 }
 
-/* The (warps, chunks per warp) instances of fp4_gemv1t_kernel<.., 2, 0> that a device
- * round validated (H200, 2026-11-29 R3: the doctor's fp64 check on the 397B and 35B
- * shapes): the table decode is the M = 1 default on these only, fp4_gemv1_kernel on
- * the others (K = 2048 with many tiles: 8 x 2; K = 1024 / 2048 at 4 warps x 2 / 4). */
-static int gvt_validated(int kw, int per) {
-    return (kw == 16 && per <= 2) || (kw == 8 && (per == 1 || per == 4)) || (kw == 4 && per == 1);
+/* The M = 1 default per (warps, chunks per warp) instance, from the device rounds
+ * (H200, 2026-11-29; the doctor's fp64 check on the 397B and 35B shapes, bench/RESULTS.md):
+ * 0 = fp4_gemv1_kernel; 10 = fp4_gemv1t_kernel without a table (its halved x reads
+ * alone: R4, [16384 x 4096] 20.83 -> 19.94 us, the fastest; validated at 16 x 2, 8 x 4,
+ * 8 x 1); 2 = with the table for half the words (validated in R3 and R4 at 16 x 1 and
+ * 4 x 1, the 35B shapes, where no other variant was run; as fast as 0 there). */
+static int gvt_default(int kw, int per) {
+    if ((kw == 16 && per == 2) || (kw == 8 && (per == 1 || per == 4))) return 10;
+    if ((kw == 16 && per == 1) || (kw == 4 && per == 1)) return 2;
+    return 0;
 }
 
 template <int L, int R>
@@ -1109,9 +1114,9 @@ static void w4_launch_kw(int kw, dim3 grid, cudaStream_t st, const gemm_args *a)
  * until a device round validates it), LASTSTAND_W4A16_LUT=L (1, 2 or 4) the table
  * decode kernel with L of the 4 word pairs per chunk by table (fp4_gemv1t_kernel;
  * 12 = L 2 with the codes loaded into registers, 10 = no table: that kernel's halved x
- * reads alone; 0 or any other value = off, fp4_gemv1_kernel). Unset: L = 2 on the
- * instances a device round validated (gvt_validated; H200 R3: 19.78 -> 19.23 us at
- * [16384 x 4096], bench/RESULTS.md); LASTSTAND_W4A16_LUT8=1 the table kernel at
+ * reads alone; 0 or any other value = off, fp4_gemv1_kernel). Unset: per instance
+ * as the device rounds found (gvt_default: 10 on the 397B shapes, 2 on the 35B ones,
+ * bench/RESULTS.md); LASTSTAND_W4A16_LUT8=1 the table kernel at
  * M = 2..8 (fp4_w4a16t_kernel; opt-in likewise). Read once. */
 static int g_w4_kw = -1, g_w4_u = -1, g_w4_persist = 1, g_w4_async = 1, g_w4_akw = 0, g_w4_gemv = 1, g_w4_gkw = 0, g_w4_gpers = -1, g_w4_gdec = 1, g_w4_lut = -2, g_w4_lut8 = 0;
 static void w4_knobs(void) {
@@ -1131,7 +1136,7 @@ static void w4_knobs(void) {
     const char *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_w4_gdec = gd && atoi(gd) == 2 ? 2 : 1;
     const char *lt = getenv("LASTSTAND_W4A16_LUT");
-    g_w4_lut = lt ? atoi(lt) : -2; /* -2: the default, L = 2 where validated */
+    g_w4_lut = lt ? atoi(lt) : -2; /* -2: the default per instance, gvt_default */
     if (lt && g_w4_lut != 1 && g_w4_lut != 2 && g_w4_lut != 4 && g_w4_lut != 10 && g_w4_lut != 12) g_w4_lut = 0;
     const char *l8 = getenv("LASTSTAND_W4A16_LUT8");
     g_w4_lut8 = l8 && atoi(l8) == 1;
@@ -1187,11 +1192,12 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
          * not by load latency; bench/RESULTS.md); LASTSTAND_W4A16_GPERSIST=1 forces it */
         int pers = g_w4_gpers > 0;
         /* the default table decode yields to an explicitly asked GDEC=2 / GPERSIST=1 */
-        if (g_w4_lut > 0 || (g_w4_lut == -2 && g_w4_gdec != 2 && !pers && gvt_validated(gkw, gper))) {
-            if (g_w4_lut == 1) gvt_run_kw<1, 0>(gkw, gper, a, st);
-            else if (g_w4_lut == 10) gvt_run_kw<0, 0>(gkw, gper, a, st); /* no table, the x reads alone */
-            else if (g_w4_lut == 2 || g_w4_lut == -2) gvt_run_kw<2, 0>(gkw, gper, a, st);
-            else if (g_w4_lut == 4) gvt_run_kw<4, 0>(gkw, gper, a, st);
+        const int lut = g_w4_lut != -2 ? g_w4_lut : g_w4_gdec != 2 && !pers ? gvt_default(gkw, gper) : 0;
+        if (lut > 0) {
+            if (lut == 1) gvt_run_kw<1, 0>(gkw, gper, a, st);
+            else if (lut == 10) gvt_run_kw<0, 0>(gkw, gper, a, st); /* no table, the x reads alone */
+            else if (lut == 2) gvt_run_kw<2, 0>(gkw, gper, a, st);
+            else if (lut == 4) gvt_run_kw<4, 0>(gkw, gper, a, st);
             else gvt_run_kw<2, 1>(gkw, gper, a, st); /* 12: L = 2, codes in registers */
             CU_LAUNCHED(e, "fp4_gemm cuda_w4a16_mma (gemv, table decode)");
             return 0;

@@ -273,7 +273,8 @@ typedef struct gv_occ {
 } gv_occ;
 
 static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
-static int gv_attr_done[2];
+static int gv_attr_done[16][2]; /* [device][instance]: a function attribute applies to the current
+                                    device only (tensor-parallel ranks run on other GPUs) */
 static gv_occ gv_occ_cache[128];
 static int gv_n_occ;
 
@@ -302,12 +303,18 @@ static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
             groups = gv_occ_cache[i].groups;
     cudaError_t c = cudaSuccess;
     const char *what = "gemm cuda_gemv: cudaFuncSetAttribute";
-    if (!groups) {
-        if (!gv_attr_done[slot]) {
-            c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
-            if (c == cudaSuccess) gv_attr_done[slot] = 1;
-        }
+    int dev = 0;
+    if ((c = cudaGetDevice(&dev)) != cudaSuccess || dev < 0 || dev >= 16) {
+        pthread_mutex_unlock(&gv_mu);
+        if (c != cudaSuccess) return cu_fail(e, c, "gemm cuda_gemv: cudaGetDevice");
+        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: device %d out of range (at most 16 devices)", dev);
+    }
+    if (!gv_attr_done[dev][slot]) {
+        c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
+        if (c == cudaSuccess) gv_attr_done[dev][slot] = 1;
+    }
+    if (!groups && c == cudaSuccess) {
         if (c == cudaSuccess && p->S == 1) {
             int bps = 0;
             what = "gemm cuda_gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor";

@@ -25,8 +25,9 @@
  *                      the cp.async pair (fp4_gemm's streaming pipeline, h in
  *                      BF16 with the combine weight applied; the rest). Opt-in
  *                      for benchmarks: a persistent gate/up kernel (pairs 3, 4;
- *                      measured slower) and the block-column decode of
- *                      nvfp4.cuh at M = 1 (LASTSTAND_MOE_BC; no gain). The expert
+ *                      measured slower). At M = 1 the register pair decodes in
+ *                      nvfp4.cuh's block-column form (scale blocks in the mma
+ *                      columns; LASTSTAND_MOE_BC). The expert
  *                      pointer tables (30 KB for E = 512) live in device
  *                      memory, cached per layer and uploaded only when they
  *                      change (passing them as 20 KB kernel parameters cost
@@ -1277,17 +1278,25 @@ __global__ void __launch_bounds__(32 * GU3_KW, 1)
 
 
 /* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
- * the default 48 KB (remembered per kernel: the largest so far). */
+ * the default 48 KB (remembered per kernel and per device: a function attribute
+ * applies to the current device only, and tensor-parallel ranks launch the same
+ * kernel on other GPUs from their own threads; the largest so far per device). */
 template <auto K>
 static cudaError_t fused_smem(size_t bytes) {
-    static size_t have = 0;
-    if (!have) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
+    static size_t have[CU_WS_MAX_DEV];
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (dev < 0 || dev >= CU_WS_MAX_DEV) return cudaErrorInvalidDevice;
+    size_t h = __atomic_load_n(&have[dev], __ATOMIC_ACQUIRE);
+    if (!h) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
         cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        have = 48 << 10;
+        h = 48 << 10;
+        __atomic_store_n(&have[dev], h, __ATOMIC_RELEASE);
     }
-    if (bytes <= have) return cudaSuccess;
-    cudaError_t c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
-    if (c == cudaSuccess) have = bytes;
+    if (bytes <= h) return cudaSuccess;
+    c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (c == cudaSuccess) __atomic_store_n(&have[dev], bytes, __ATOMIC_RELEASE);
     return c;
 }
 
@@ -1477,10 +1486,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 4, pair);
     const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 2, !(M == 1 && H >= 4096 && gp.sbf));
     if (pair == 2 && !gkw) pair = 1;
-    /* the block-column decode (nvfp4.cuh) in pairs 1 and 2 at M = 1: LASTSTAND_MOE_BC=1
-     * (until validated on the H200) */
+    /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
+     * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
+     * no gain in the cp.async pair (57.7 vs 57.1, 22.8 vs 22.7), so off there;
+     * LASTSTAND_MOE_BC=0 / 1 forces it */
     static int force_bc = -2;
-    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, 0);
+    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
     if (pair >= 3) {
         if (!ws->n_sm) {
             int dev = 0, n = 0;

@@ -38,8 +38,9 @@
  * decoded through a shared-memory table instead of byte permutes (see "table decode"
  * below): per code byte an address from the byte (PRMT + IMAD, or IMADs alone) and one
  * LDS.32 that is conflict-free whatever the codes, moving decode work from the integer
- * pipe to the MIO (shared-memory) pipe. On the H200 L = 2 (half the words each way) is
- * the M = 1 default, a few percent faster; L = 4 makes the MIO pipe the busier one
+ * pipe to the MIO (shared-memory) pipe. On the H200 it does not pay in the GEMV: L = 2
+ * was within a few percent of the byte permutes and slower than L = 0, whose halved x
+ * reads (below) are the measured gain; L = 4 makes the MIO pipe the busier one
  * (bench/RESULTS.md). nv4_w4_chunk_tab<L> is the same decode in the scaled-A form with
  * tokens in the B columns (M <= 8); nv4_tab_build / nv4_tab_decode4 serve any kernel.
  *

@@ -1019,7 +1019,7 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         double worst = 0;
         if (smoke_try(&c, combo, &worst, why, sizeof why) == 0) {
             log_info("smoke test: %d greedy steps on a fixed %d-token prompt: the tokens equal the reference "
-                     "backends', max logits rel err %.2g (tolerance %.0e)", c.steps, c.ref.L, worst, c.tol);
+                     "backends', max logits rel err %.2g (tolerance %.2g)", c.steps, c.ref.L, worst, c.tol);
             json_t *j = json_pack("{s:b,s:f,s:s}", "passed", 1, "max_rel_err", worst, "key", k2);
             char dir[PATH_MAX];
             snprintf(dir, sizeof dir, "%s", smoke_path);

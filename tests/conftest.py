@@ -7,7 +7,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
 BIN = os.path.join(BUILD, "laststand")
-SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
+# LS_SHARED: another folder holding fixtures/models (the GPU machine, where ../shared is absent)
+SHARED = os.path.abspath(os.environ.get("LS_SHARED") or os.path.join(ROOT, "..", "shared"))
 
 
 def run_ls(*args, check=False, timeout=600, input=None):

@@ -166,11 +166,17 @@ static int att_dev_nsplit(int n_tok, int n_kv_heads, int ctx_cap) {
 
 static size_t att_align(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* attention_prefill.cu: cuda_flash_prefill's device-planning scratch */
+extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, int ctx_cap);
+
+/* The most any backend here needs (the model sizes one scratch for whichever it captures). */
 extern "C" size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_dim, int ctx_cap) {
     if (n_tok < 1 || n_kv_heads < 1 || ctx_cap < 1) return 0;
     int ns = att_dev_nsplit(n_tok, n_kv_heads, ctx_cap);
-    return att_align(sizeof(void *) * (size_t)n_tok) + att_align(sizeof(int32_t) * (size_t)n_tok) +
-           sizeof(float) * (size_t)n_tok * n_heads * ns * (head_dim + 2);
+    size_t dec = att_align(sizeof(void *) * (size_t)n_tok) + att_align(sizeof(int32_t) * (size_t)n_tok) +
+                 sizeof(float) * (size_t)n_tok * n_heads * ns * (head_dim + 2);
+    size_t fp = attn_fp_scratch_bytes(n_tok, n_heads, head_dim, ctx_cap);
+    return dec > fp ? dec : fp;
 }
 
 /* One block: pos[t] = -1 for every token, then per sequence its rows'

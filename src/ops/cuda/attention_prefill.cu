@@ -44,9 +44,27 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
+/* The row plan (fp_plan_mode): chunks of FP_CHUNK_KEYS keys, at most FP_MAX_SPLIT per tile (longer
+ * chunks past FP_CHUNK_KEYS x FP_MAX_SPLIT keys); it plans host calls whose sequences all have at
+ * most FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs replay) and every device
+ * planned call. */
+enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 16 };
+
+/* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles of BN keys: FP_CHUNK_KEYS
+ * keys, or ceil(n_ktiles / FP_MAX_SPLIT) tiles when that is longer; and no more than `most` chunks
+ * (the grid's split count: a grid smaller than the plan, which the launcher never makes, still
+ * covers every key, in longer chunks). */
+__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int BN, int most) {
+    int ct = FP_CHUNK_KEYS / BN > 1 ? FP_CHUNK_KEYS / BN : 1;
+    const int lng = (n_ktiles + FP_MAX_SPLIT - 1) / FP_MAX_SPLIT;
+    if (lng > ct) ct = lng;
+    if (most > 0 && (n_ktiles + ct - 1) / ct > most) ct = (n_ktiles + most - 1) / most;
+    return ct;
+}
 
 static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 && offsetof(attn_seq, row0) == 8,
               "attn_seq layout: the kernel reads the device copy as the same struct");
@@ -97,7 +115,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
                                                         const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
                                                         const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                         float *__restrict__ part_o, float *__restrict__ part_ml,
-                                                        int n_rows_total) {
+                                                        int *__restrict__ part_n, int n_rows_total, int rows_plan) {
     constexpr int LD = HD + 8;        /* shared row stride, elements */
     constexpr int NT = BN / 8;        /* key n-tiles of S per warp */
     constexpr int OT = HD / 8;        /* dim n-tiles of O per warp */
@@ -123,10 +141,34 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     const int nrows = min(FP_BM, n_new * grp - f0);
     const int kmax = n_past + (f0 + nrows - 1) / grp; /* last key any row of the tile sees */
     const int n_ktiles = kmax / BN + 1;
-    /* split-K (gridDim.z > 1): split z takes key tiles z, z + nsplit, ... (every key is covered
-     * whatever the contexts) and writes partials; fp_merge_kernel combines them */
     const int z = blockIdx.z, nsplit = gridDim.z;
-    const int n_it = z < n_ktiles ? (n_ktiles - z + nsplit - 1) / nsplit : 0;
+    int kt0, kstep, n_it, direct;
+    if (rows_plan) {
+        /* the row plan: the tile's keys in contiguous chunks whose length depends only on the
+         * tile's own last key (fp_rows_chunk), chunk z -> block z; blocks past the tile's chunk
+         * count exit. Chunk c's partial goes to slot c, and fp_merge_kernel folds slots
+         * 0 .. nc - 1 in order: the arithmetic of a row is fixed by its context alone, whatever
+         * the batch, the grid or the planning (host or device). One chunk: written directly. */
+        const int ct = fp_rows_chunk(n_ktiles, BN, nsplit);
+        const int nc = (n_ktiles + ct - 1) / ct;
+        if (z >= nc) return;
+        kt0 = z * ct;
+        kstep = 1;
+        n_it = min(ct, n_ktiles - kt0);
+        direct = nc == 1 || !part_o;
+        if (z == 0 && part_n)
+            for (int r = tid; r < nrows; r += FP_THREADS) {
+                const int f = f0 + r;
+                part_n[(size_t)(row0 + f / grp) * nh + kvh * grp + f % grp] = nc;
+            }
+    } else {
+        /* split-K (gridDim.z > 1): split z takes key tiles z, z + nsplit, ... (every key is covered
+         * whatever the contexts) and writes partials; fp_merge_kernel combines them */
+        kt0 = z;
+        kstep = nsplit;
+        n_it = z < n_ktiles ? (n_ktiles - z + nsplit - 1) / nsplit : 0;
+        direct = !part_o;
+    }
 
     /* stage Q [64, HD]: row r is flat row f0 + r (zeros past nrows) */
     for (int i = tid; i < FP_BM * CH; i += FP_THREADS) {
@@ -151,7 +193,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
             fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
         }
     };
-    if (n_it > 0) load_kv(z, 0);
+    if (n_it > 0) load_kv(kt0, 0);
     fp_cp_commit(); /* group 0: Q and the first K/V tile */
 
     /* this thread's two rows: rA = 16w + g, rB = rA + 8; lim = last key it may see (-1: padding) */
@@ -175,8 +217,8 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
         for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
     }
     for (int it = 0; it < n_it; it++) {
-        const int kt = z + it * nsplit, st = it & 1;
-        if (it + 1 < n_it) load_kv(kt + nsplit, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
+        const int kt = kt0 + it * kstep, st = it & 1;
+        if (it + 1 < n_it) load_kv(kt + kstep, st ^ 1); /* stage st^1 was freed by the sync ending it-1 */
         fp_cp_commit();
         fp_cp_wait<1>(); /* everything but the newest group: tile kt (and Q) landed */
         __syncthreads();
@@ -275,7 +317,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
         lA += __shfl_xor_sync(0xffffffffu, lA, o2);
         lB += __shfl_xor_sync(0xffffffffu, lB, o2);
     }
-    if (part_o) { /* split-K partial of output row (token, head): m (log2 units), l, unnormalised O */
+    if (!direct) { /* split-K partial of output row (token, head): m (log2 units), l, unnormalised O */
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int r = half ? rB : rA;
@@ -318,10 +360,15 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
  * M = max_z m_z, L = Σ l_z 2^{m_z − M}, out = (Σ O_z 2^{m_z − M}) / L, then the gate. */
 template <int HD>
 __global__ void fp_merge_kernel(int n_rows, int nsplit, const float *__restrict__ part_o,
-                                const float *__restrict__ part_ml, const bf16 *__restrict__ gate,
-                                bf16 *__restrict__ out) {
+                                const float *__restrict__ part_ml, const int *__restrict__ part_n,
+                                const bf16 *__restrict__ gate, bf16 *__restrict__ out) {
     const size_t row = blockIdx.x;
     const int lane = threadIdx.x;
+    if (part_n) { /* the row plan: the row's own chunk count; one chunk was written directly */
+        const int k = part_n[row];
+        if (k <= 1) return;
+        nsplit = min(k, nsplit);
+    }
     float M = -INFINITY;
     for (int z = 0; z < nsplit; z++) M = fmaxf(M, part_ml[2 * ((size_t)z * n_rows + row)]);
     float L = 0.f, acc[HD / 32];
@@ -399,8 +446,38 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
     return 1;
 }
 
-/* Split-K plan: when the tiles × kv heads do not fill the GPU twice over, the keys of each tile
- * are dealt round-robin (BN-key tiles) to nsplit blocks, at least 64 keys each on average.
+/* The split plan, LASTSTAND_FP_PLAN (read once):
+ *   "round" (the default)  split-K by round-robin key tiles, the split count from the batch:
+ *                          host planning from seqs_host (tile count, longest context), device
+ *                          planning (graph capture) from the tile bound and ctx_cap; a row's
+ *                          rounding then depends on the batch and the planning, so a replayed
+ *                          decode step is not bitwise the eager one;
+ *   "rows"                 the row plan (fp_rows_chunk) for decode calls and device planning,
+ *                          round-robin for calls with longer sequences: a decode row's rounding
+ *                          depends on its own context only, captured or eager;
+ *   an integer N           round-robin with N splits under both plannings (diagnostics). */
+static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
+static int g_fp_force = 1;
+
+static int fp_plan_mode(void) {
+    if (g_fp_plan >= 0) return g_fp_plan;
+    const char *v = getenv("LASTSTAND_FP_PLAN");
+    int mode = 0;
+    if (v && !strcmp(v, "rows")) {
+        mode = 1;
+    } else if (v && *v >= '1' && *v <= '9') {
+        int n = atoi(v);
+        g_fp_force = n < 1 ? 1 : n > FP_MAX_SPLIT ? FP_MAX_SPLIT : n;
+        mode = 2;
+    } else if (v && *v && strcmp(v, "round")) {
+        log_warn("LASTSTAND_FP_PLAN=%s: not round, rows or a split count; using round", v);
+    }
+    g_fp_plan = mode;
+    return mode;
+}
+
+/* Round-robin split count: when the tiles x kv heads do not fill the GPU twice over, the keys of
+ * each tile are dealt round-robin (BN-key tiles) to nsplit blocks, at least 64 keys each on average.
  * Host planning reads seqs_host (exact tile count, longest context); device planning (ctx_cap > 0,
  * graph capture) takes the tile bound ceil(n_tok·grp / 64) + n_seq and ctx_cap. */
 static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
@@ -426,6 +503,49 @@ static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     return n < 2 ? 1 : (int)n;
 }
 
+/* Row-plan chunk count of a tile whose last key is kmax (fp_kernel's n_ktiles = kmax / BN + 1). */
+static int fp_rows_nc(long kmax, int BN) {
+    const int nk = (int)(kmax / BN + 1), ct = fp_rows_chunk(nk, BN, 0);
+    return (nk + ct - 1) / ct;
+}
+
+/* The row plan's split count (grid.z) for a call: host planning, the most chunks any tile has;
+ * device planning, the most any context up to ctx_cap can have. 0: not a row-plan call. */
+static int fp_rows_nsplit(const attn_args *a, int BN) {
+    if (a->ctx_cap > 0) {
+        const long cap_tiles = ((long)a->ctx_cap - 1) / BN + 1, c0 = FP_CHUNK_KEYS / BN > 1 ? FP_CHUNK_KEYS / BN : 1;
+        const long n = (cap_tiles + c0 - 1) / c0;
+        return n > FP_MAX_SPLIT ? FP_MAX_SPLIT : (int)n;
+    }
+    const int grp = a->n_heads / a->n_kv_heads;
+    int most = 1;
+    for (int i = 0; i < a->n_seq; i++)
+        if (a->seqs_host[i].n_new > FP_ROWS_MAX_NEW) return 0;
+    for (int i = 0; i < a->n_seq; i++) {
+        const attn_seq *q = &a->seqs_host[i];
+        const int nt = (q->n_new * grp + FP_BM - 1) / FP_BM;
+        for (int t = 0; t < nt; t++) { /* tile t's last row: flat row min(64(t+1), n_new·grp) - 1 */
+            const int f_last = ((t + 1) * FP_BM < q->n_new * grp ? (t + 1) * FP_BM : q->n_new * grp) - 1;
+            const int nc = fp_rows_nc((long)q->n_past + f_last / grp, BN);
+            if (nc > most) most = nc;
+        }
+    }
+    return most;
+}
+
+/* Bytes of device-planning scratch cuda_flash_prefill needs for n_tok tokens (the row plan at
+ * ctx_cap: partials of FP_MAX_SPLIT chunks at most, and a chunk count per row). */
+extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, int ctx_cap) {
+    if (n_tok < 1 || ctx_cap < 1 || head_dim < 1) return 0;
+    const int BN = head_dim >= 256 ? 32 : 64;
+    const long cap_tiles = ((long)ctx_cap - 1) / BN + 1, c0 = FP_CHUNK_KEYS / BN;
+    long ns = (cap_tiles + c0 - 1) / c0;
+    if (ns > FP_MAX_SPLIT) ns = FP_MAX_SPLIT;
+    if (ns < 1) ns = 1;
+    const size_t rows = (size_t)n_tok * n_heads;
+    return sizeof(float) * rows * (head_dim + 2) * (size_t)ns + sizeof(int) * rows;
+}
+
 template <int HD, int BN>
 static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
@@ -445,21 +565,26 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
-    int nsplit = fp_nsplit(a, ws->n_sm, BN);
+    const int mode = fp_plan_mode();
+    const int rows = mode == 1 ? fp_rows_nsplit(a, BN) : 0;
+    int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
+    /* partials [nsplit][n_rows][HD], (m, l) [nsplit][n_rows][2], the row plan's chunk counts [n_rows] */
+    const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2), tail = rows > 0 ? sizeof(int) * (size_t)n_rows : 0;
     float *po = NULL, *pml = NULL;
+    int *pn = NULL;
     if (nsplit > 1 && a->ctx_cap > 0) { /* device planning: partials in the caller's scratch, as many splits as fit */
-        const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2);
-        const size_t fit = a->scratch ? a->scratch_bytes / per : 0;
+        const size_t fit = a->scratch && a->scratch_bytes > tail ? (a->scratch_bytes - tail) / per : 0;
         if ((size_t)nsplit > fit) nsplit = (int)fit;
         if (nsplit > 1) {
             po = (float *)a->scratch;
             pml = po + (size_t)nsplit * n_rows * HD;
+            if (rows > 0) pn = (int *)(pml + (size_t)nsplit * n_rows * 2);
         } else {
             nsplit = 1;
         }
     } else if (nsplit > 1) {
-        size_t need = sizeof(float) * (size_t)nsplit * n_rows * (HD + 2);
+        size_t need = per * nsplit + tail;
         if (ws->cap < need) {
             if (ws->part) {
                 cudaDeviceSynchronize(); /* growth only: the old buffer may still be in use */
@@ -476,15 +601,18 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         }
         po = ws->part;
         pml = ws->part + (size_t)nsplit * n_rows * HD;
+        if (rows > 0) pn = (int *)(pml + (size_t)nsplit * n_rows * 2);
     }
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
     const float sl2 = a->scale * 1.4426950408889634f;
     fp_kernel<HD, BN><<<grid, FP_THREADS, smem, st>>>(a->n_seq, a->seqs, a->n_heads, a->n_kv_heads,
                                                        a->kv->page_size, sl2, (const bf16 *)a->q,
                                                        (const bf16 *)a->gate, (const bf16 *)a->kv->k,
-                                                       (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows);
+                                                       (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, pn, n_rows,
+                                                       rows > 0);
     if (nsplit > 1)
-        fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, (const bf16 *)a->gate, (bf16 *)a->out);
+        fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, pn, (const bf16 *)a->gate,
+                                                   (bf16 *)a->out);
     cudaError_t c = cudaGetLastError();
     pthread_mutex_unlock(&ws->mu);
     if (c != cudaSuccess) return cu_fail(e, c, "attention cuda_flash_prefill");

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# bench/device/attngraph.sh: CUDA-graph replay vs eager with every attention backend, and
+# small-batch attention decode latency (DEVICE_ROUNDS.md protocol; under 100 s).
+#
+#   bash bench/device/attngraph.sh BIN OUTDIR
+#
+# 1. `laststand generate` greedy, synth:qwen3.5-35b-a3b,layers=4 (as graph.sh's synth rows), 136
+#    tokens, CUDA graphs (--sampling-backend device) vs eager (--disable-cuda-graph), attention
+#    auto (cuda_flash_prefill) under LASTSTAND_FP_PLAN = round (the old plan, graph.sh's 19/136
+#    row), 64 (the same forced round-robin split count in both modes), rows (the row plan)
+#    (graph.sh has the cuda_flash_decode control). Prints tokens equal, the first divergent step.
+#    Discriminates: plan-dependent rounding (forced equal plans agree) from a replay reading
+#    stale/out-of-range data (forced equal plans still disagree).
+# 2. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
+#    fp64 reference, both plans, plus decode timings per backend.
+# 3. compute-sanitizer memcheck of a generate run replaying graphs (auto attention, both plans).
+# 4. the doctor's attention cells, 397B and 35B presets, M = 1, 8, 64, both plans.
+set -u
+BIN=${1:?usage: attngraph.sh BIN OUTDIR}
+OUT=${2:?usage: attngraph.sh BIN OUTDIR}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export XDG_CACHE_HOME="$OUT/cache"
+T0=$(date +%s)
+el() { echo "$(( $(date +%s) - T0 ))s"; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
+git log -1 --format='commit %h %cI' 2>/dev/null
+
+SYN="synth:qwen3.5-35b-a3b,layers=4"
+IDS=$(python3 -c "import numpy as np; print(','.join(str(int(x)) for x in np.random.default_rng(9).integers(3, 248000, size=32)))")
+gen() { # $1 tag, rest: extra flags; env from caller
+    local tag=$1; shift
+    timeout 60 "$BIN" generate --model-path "$SYN" --device cuda --ids "$IDS" --max-new-tokens 136 \
+        --sampling-backend device "$@" > "$OUT/gen-$tag.json" 2> "$OUT/gen-$tag.err"
+    local rc=$?
+    [ $rc -ne 0 ] && echo "   generate $tag rc=$rc: $(tail -c 400 "$OUT/gen-$tag.err")"
+    return $rc
+}
+cmp_ids() { # $1 graph tag, $2 eager tag, $3 label
+    python3 - "$OUT/gen-$1.json" "$OUT/gen-$2.json" "$3" "$OUT/gen-$1.err" <<'PY'
+import json, sys
+try:
+    g = json.load(open(sys.argv[1]))["ids"]; e = json.load(open(sys.argv[2]))["ids"]
+except Exception as ex:
+    print(f"  {sys.argv[3]:<44} ERROR {ex}"); sys.exit()
+same = sum(a == b for a, b in zip(g, e))
+first = next((i for i, (a, b) in enumerate(zip(g, e)) if a != b), None)
+chk = [l.strip()[-120:] for l in open(sys.argv[4]) if "checked against" in l or "disagree" in l or "eagerly" in l]
+print(f"  {sys.argv[3]:<44} {'SAME' if same == len(e) else 'DIFF'} {same}/{len(e)} tokens equal"
+      + ("" if first is None else f", first divergent step {first} (graph {g[first:first+3]} eager {e[first:first+3]})"))
+for l in chk[:2]: print("     graph log:", l)
+PY
+}
+echo "== 1. generate greedy, graph vs eager, $SYN, 136 tokens ($(el))"
+for cfg in "round:auto" "64:auto" "rows:auto"; do
+    plan=${cfg%%:*}; attn=${cfg#*:}
+    pin=(); [ "$attn" != auto ] && pin=(--attention-backend "$attn")
+    LASTSTAND_FP_PLAN=$plan gen "g-$plan-$attn" "${pin[@]}"
+    LASTSTAND_FP_PLAN=$plan gen "e-$plan-$attn" "${pin[@]}" --disable-cuda-graph
+    cmp_ids "g-$plan-$attn" "e-$plan-$attn" "attention $attn, LASTSTAND_FP_PLAN=$plan"
+done
+python3 - "$OUT" <<'PY'
+import json, sys, os
+o = sys.argv[1]
+def ids(t):
+    try: return json.load(open(os.path.join(o, f"gen-{t}.json")))["ids"]
+    except Exception: return None
+a, b = ids("e-round-auto"), ids("e-rows-auto")
+if a and b:
+    print(f"  eager round vs eager rows (same kernel, other split): {sum(x == y for x, y in zip(a, b))}/{len(a)} equal (info)")
+PY
+
+echo "== 4. doctor attention cells ($(el))"
+for plan in round rows; do
+    for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+        LASTSTAND_FP_PLAN=$plan timeout 40 "$BIN" doctor --device cuda --shapes $sh --families attention \
+            --backends cuda_flash_prefill,cuda_flash_decode --m 1,8,64 --json "$OUT/doctor-$plan-$sh.json" \
+            > "$OUT/doctor-$plan-$sh.txt" 2> "$OUT/doctor-$plan-$sh.err"
+        echo "  plan $plan, $sh (rc=$?):"
+        grep -A5 -E "^attention" "$OUT/doctor-$plan-$sh.txt" | sed 's/^/    /'
+    done
+done
+echo "== 2. op-level test test_attn_cuda ($(el))"
+UT="$(dirname "$BIN")/tests/test_attn_cuda"
+if [ -x "$UT" ]; then
+    for plan in round rows; do
+        LASTSTAND_FP_PLAN=$plan timeout 40 "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
+        echo "  plan $plan: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/test_attn_cuda-$plan.log" | tr '\n' ' ')"
+        grep -E "attn:|FAIL|Failure|error" "$OUT/test_attn_cuda-$plan.log" | head -40
+    done
+else
+    echo "  not built at $UT"
+fi
+
+echo "== 3. compute-sanitizer memcheck of graph replays ($(el))"
+if command -v compute-sanitizer >/dev/null; then
+    for plan in round rows; do
+        left=$(( 96 - ($(date +%s) - T0) )); [ $left -lt 8 ] && { echo "  plan $plan: skipped (time budget)"; continue; }
+        [ $plan = round ] && left=$(( left / 2 ))
+        LASTSTAND_FP_PLAN=$plan timeout $left compute-sanitizer --tool memcheck --error-exitcode 9 \
+            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --device cuda --ids "$IDS" \
+            --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-$plan.log" 2>&1
+        echo "  plan $plan: rc=$? $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-$plan.log" | tr '\n' ' ' | cut -c1-300)"
+        grep -E "Invalid|Error|out of bounds" "$OUT/memcheck-$plan.log" | head -6
+    done
+else
+    echo "  compute-sanitizer not found"
+fi
+
+echo "done ($(el))"

@@ -13,6 +13,7 @@
  * but never chosen.
  */
 #include "doctor/doctor.h"
+#include "doctor/trial.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -389,6 +390,12 @@ void doctor_render(json_t *report, FILE *f) {
     if (g_copy_gbs > 0)
         buf_printf(&b, "measured device copy bandwidth (cudaMemcpy D2D, read + write): %.0f GB/s; "
                        "GB/s cells count weights + activations once, %% is of that copy bandwidth\n", g_copy_gbs);
+    const char *timing = json_string_value(json_object_get(report, "timing"));
+    if (timing)
+        buf_printf(&b, "timing: %s (%s)\n", timing,
+                   !strcmp(timing, "isolated") ? "an event pair around every call"
+                   : !strcmp(timing, "wall")   ? "host wall time per call"
+                                               : "calls back to back in chains of 8, time / 8, as in a CUDA graph");
     size_t i;
     json_t *tab;
     json_array_foreach(json_object_get(report, "tables"), i, tab) render_table(&b, tab);
@@ -629,6 +636,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     json_object_set_new(report, "device", json_pack("{s:s,s:s,s:s,s:i,s:s}", "kind", o->device, "name", dev.name,
                                                     "cc", cuda ? cc : "-", "sms", dev.n_sm, "driver", driver));
     json_object_set_new(report, "model", json_string(s->model));
+    json_object_set_new(report, "timing", json_string(cuda ? td_timing_name() : "wall"));
 #ifdef LS_HAVE_CUDA
     if (cuda) {
         ls_err ce = {0};

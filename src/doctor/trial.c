@@ -16,9 +16,9 @@
  * else compared with the fp64 CPU oracle (small problems) or with the GPU
  * reference kernel cuda_ref (large ones, if the parent trusts it). Then the
  * median of repeated timed runs over rotating input sets > 2x the L2; on CUDA
- * each run is an event pair around the call, the calls queued back to back
- * behind a GPU-side hold so that the host's launch latency stays out (td_time
- * says how; this is the GPU time the engine's CUDA graphs will see).
+ * the calls are queued back to back behind a GPU-side hold so that the host's
+ * launch latency stays out, and timed in chains of 8 (td_time says how; this is
+ * the GPU time the engine's CUDA graphs will see).
  */
 #include "doctor/doctor.h"
 #include "doctor/trial.h"
@@ -157,35 +157,63 @@ static int cmp_d(const void *a, const void *b) {
  * rotating sets), the host measures how long it takes to enqueue one call, then
  * enqueues a "hold" kernel (lsc_hold: the GPU spins on its own clock for about
  * 1.5x the time the host needs to enqueue all timed calls, at most 200 ms) and
- * behind it reps x (event, call on the next set, event). The calls so run back to
- * back on a busy GPU, as they will in the engine's CUDA graphs, and each event pair
- * measures the call's GPU time without the host's launch latency; the result is the
- * median over the pairs. If the hold ran out before the host finished enqueuing,
- * the loop is redone once with a 4x longer hold. A call whose host time is nearly
- * all of its warm-up time waits for the GPU inside (a host round trip, e.g.
- * cuda_expert_loop): no hold can cover that, so it is timed on the idle GPU, host
- * gaps included. On the CPU device: wall time per call, median. */
+ * behind it the timed calls, so that they run back to back on a busy GPU without
+ * the host's launch latency in between. Two methods (td_timing_name):
+ *
+ *   chain8 (the default): each of the samples is (event, C calls back to back on
+ *     the next C rotating sets, event), and the call's time is the pair's elapsed
+ *     time / C, median over the samples; C = 8 for fast calls (warm-up under
+ *     0.1 ms, i.e. kernels under ~50 us), 1 for the others. This is how serve runs
+ *     a decode step: kernels queued back to back in a CUDA graph, where a kernel
+ *     launched with programmatic dependent launch may start its loads while the
+ *     one before it ends. An event between every two calls would stop that
+ *     overlap and charge each call a whole kernel boundary (~1.5-2 us on an H200)
+ *     that serve does not pay.
+ *   isolated (LASTSTAND_DOCTOR_TIMING=isolated; the method before chain8, kept to
+ *     compare): every call between its own event pair, median over the pairs.
+ *
+ * Same method for every family and backend. The number of timed calls is the
+ * same either way (about 25 ms of calls, 3 to 50: the doctor's run time does not
+ * change). If the hold ran out before the host finished enqueuing, the loop is
+ * redone once with a 4x longer hold. A call whose host time is nearly all of its
+ * warm-up time waits for the GPU inside (a host round trip, e.g. cuda_expert_loop):
+ * no hold can cover that, so it is timed on the idle GPU, host gaps included.
+ * On the CPU device: wall time per call, median. */
 #ifndef LSC_HOLD_MAX_US
 #define LSC_HOLD_MAX_US 200000.0 /* (CPU-only build: never used) */
 #endif
-static int time_cuda(td_call fn, void *ctx, int nsets, int reps, double hold_us, double *ms, int *covered,
-                     ls_err *e) {
+
+/* 1 = isolated, 0 = chain; read once */
+static int timing_isolated(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *t = getenv("LASTSTAND_DOCTOR_TIMING");
+        v = t && !strcmp(t, "isolated");
+    }
+    return v;
+}
+
+const char *td_timing_name(void) { return timing_isolated() ? "isolated" : "chain8"; }
+
+/* nsamp samples of chain calls each; ms[i] = sample i's time per call */
+static int time_cuda(td_call fn, void *ctx, int nsets, int nsamp, int chain, double hold_us, double *ms,
+                     int *covered, ls_err *e) {
 #ifdef LS_HAVE_CUDA
-    lsc_timer *t = lsc_timer_new(reps, e);
+    lsc_timer *t = lsc_timer_new(nsamp, e);
     if (!t) return ERR_RUNTIME;
     int rc = hold_us > 0 ? lsc_hold(hold_us, e) : 0;
-    for (int i = 0; i < reps && !rc; i++) {
+    for (int i = 0, k = 0; i < nsamp && !rc; i++) {
         lsc_timer_start(t, i);
-        rc = fn(ctx, (i + 1) % nsets, e);
+        for (int c = 0; c < chain && !rc; c++) rc = fn(ctx, ++k % nsets, e);
         lsc_timer_stop(t, i);
     }
     *covered = hold_us > 0 && !lsc_hold_over();
     if (!rc) rc = td_sync(e);
-    for (int i = 0; !rc && i < reps; i++) ms[i] = lsc_timer_ms(t, i);
+    for (int i = 0; !rc && i < nsamp; i++) ms[i] = lsc_timer_ms(t, i) / chain;
     lsc_timer_free(t);
     return rc;
 #else
-    (void)fn; (void)ctx; (void)nsets; (void)reps; (void)hold_us; (void)ms; (void)covered;
+    (void)fn; (void)ctx; (void)nsets; (void)nsamp; (void)chain; (void)hold_us; (void)ms; (void)covered;
     return errf(e, ERR_UNSUPPORTED, "built without CUDA");
 #endif
 }
@@ -202,7 +230,11 @@ int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
     int reps = est > 0 ? (int)(25.0 / est) : 50;
     if (reps < 3) reps = 3;
     if (reps > 50) reps = 50;
-    double *ms = xcalloc(reps, sizeof(double));
+    /* chain8: the same calls as reps samples of C (at least 5 samples) */
+    const int chain = g_cuda && !timing_isolated() && est < 0.1 ? 8 : 1;
+    int nsamp = chain > 1 ? reps / chain : reps;
+    if (nsamp < 5 && chain > 1) nsamp = 5;
+    double *ms = xcalloc(nsamp, sizeof(double));
     if (g_cuda) {
         /* touch a few sets (first-use costs stay out) and take the host's enqueue time
          * per call: the fastest of these, the GPU possibly busy with the one before */
@@ -215,23 +247,23 @@ int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
         }
         if (!rc) rc = td_sync(e);
         if (rc) goto out;
-        /* + two event records per call; 1.5x margin */
-        double hold_us = host >= 0.8 * est ? 0 : 1.5 * reps * (host * 1e3 + 2.0) + 50.0;
+        /* + two event records per sample; 1.5x margin */
+        double hold_us = host >= 0.8 * est ? 0 : 1.5 * ((double)nsamp * chain * host * 1e3 + nsamp * 2.0) + 50.0;
         int covered = 0;
-        rc = time_cuda(fn, ctx, nsets, reps, hold_us, ms, &covered, e);
+        rc = time_cuda(fn, ctx, nsets, nsamp, chain, hold_us, ms, &covered, e);
         if (!rc && hold_us > 0 && !covered && hold_us < LSC_HOLD_MAX_US)
-            rc = time_cuda(fn, ctx, nsets, reps, 4 * hold_us, ms, &covered, e);
+            rc = time_cuda(fn, ctx, nsets, nsamp, chain, 4 * hold_us, ms, &covered, e);
         goto out;
     }
-    for (int i = 0; i < reps && !rc; i++) {
+    for (int i = 0; i < nsamp && !rc; i++) {
         double a = now_sec();
         rc = fn(ctx, (i + 1) % nsets, e);
         ms[i] = (now_sec() - a) * 1e3;
     }
 out:
     if (!rc) {
-        qsort(ms, reps, sizeof(double), cmp_d);
-        *median_ms = ms[reps / 2];
+        qsort(ms, nsamp, sizeof(double), cmp_d);
+        *median_ms = ms[nsamp / 2];
     }
     free(ms);
     return rc;

@@ -42,6 +42,9 @@ int td_get_act(float *dst, const void *src, size_t n, ls_err *e);
 /* One timed call on rotating set `set`. */
 typedef int (*td_call)(void *ctx, int set, ls_err *e);
 int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e);
+/* The timing method td_time uses, for the report: "chain8" (calls timed in chains
+ * of 8, the default) or "isolated" (LASTSTAND_DOCTOR_TIMING=isolated). */
+const char *td_timing_name(void);
 int td_nsets(size_t set_bytes);
 
 uint64_t td_rng_next(uint64_t *s);

@@ -1,7 +1,7 @@
 /* nvfp4_emu.cpp: host emulation of the M = 1 NVFP4 GEMV kernels' warp step
  * (src/ops/cuda/nvfp4.cuh nv4_gemv1_chunk, nv4_gemv2_chunk, nv4_gemv1t_chunk<L> and
  * their decoders) and of the lane mapping of fp4_gemv1_kernel / fp4_gemv2_kernel /
- * fp4_gemv1t_kernel (src/ops/cuda/fp4_gemm.cu:
+ * fp4_gemv1t_kernel (src/ops/cuda/fp4_gemv.cu:
  * the cp.async addresses, the zero rows, the scale indexing, the reductions, copied
  * here), against an fp64 product computed from the format's definition.
  *

@@ -56,6 +56,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #define NV4_FN __device__ __forceinline__
+#define NV4_MFN __device__ __forceinline__ /* member functions */
 
 /* __byte_perm: d.byte[i] = ({b,a} as 8 bytes)[sel nibble i] (sel bit 3 of a nibble = sign replicate) */
 NV4_FN uint32_t nv4_prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
@@ -114,6 +115,7 @@ NV4_FN void nv4_sts_tab4(uint32_t addr, uint32_t v) {
 }
 #else
 #define NV4_FN static inline
+#define NV4_MFN inline
 #endif
 
 /* The two byte tables of nv4_e2m1x8_to_bf16x8 that prmt needs in registers (the
@@ -226,31 +228,52 @@ NV4_FN void nv4_scale2_bf16x2_x118(uint16_t s, uint32_t &lo, uint32_t &hi) {
     hi = nv4_pack_bf16x2(b * k, b * k);
 }
 
-/* One 128-element chunk of a 16-row tile against 8 token columns, scaled-A form:
- * w0 / w1 = this lane's 16 B of codes of rows g and g + 8 (blocks 2t, 2t + 1 of the
- * chunk), s0 / s1 their E4M3 scales (low byte first), xp[q] = the lane's x for its
- * token column g, elements 8q .. 8q + 7 of its 32-element slice, permuted by
- * nv4_xperm8. acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8; the
- * products carry a factor 2^-8 (multiply the sums by 2^8 · scale2). */
-NV4_FN void nv4_gemv2_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xp)[4], float acc[4]) {
+/* The scaled-A chunk step, generic in its decoder (the tokens in the B columns, up to
+ * 8, as cu_w4_chunk_mma in cu_util.h, which moe.cu uses with the byte-permute decode):
+ * one 128-element chunk of a 16-row tile. w0 / w1 = this lane's 16 B of codes of rows
+ * g and g + 8 (blocks 2t, 2t + 1 of the chunk), s0 / s1 their E4M3 scales (low byte
+ * first), xv[q] = the lane's x for its token column g, elements 8q .. 8q + 7 of its
+ * 32-element slice, in the order dec.decode pairs the codes. Each decoded pair is
+ * multiplied by its block scale (one HMUL2, exact: E2M1 x E4M3 has at most 6
+ * significant bits). acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8.
+ * Dec provides
+ *   scales(s, lo, hi): the two E4M3 scales of s as bf16x2 pairs (times the
+ *                      decoder's constant factor, if any);
+ *   decode(q, w, out): word q (0..3) of the lane's 16 bytes -> four bf16x2. */
+template <class Dec>
+NV4_FN void nv4_w4_chunk(const Dec &dec, uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xv)[4],
+                         float acc[4]) {
     uint32_t sa0, sb0, sa1, sb1;
-    nv4_scale2_bf16x2_x118(s0, sa0, sb0);
-    nv4_scale2_bf16x2_x118(s1, sa1, sb1);
+    dec.scales(s0, sa0, sb0);
+    dec.scales(s1, sa1, sb1);
     const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t a0[4], a1[4];
-        nv4_e2m1x8_place(q0[q], a0);
-        nv4_e2m1x8_place(q1[q], a1);
+        dec.decode(q, q0[q], a0);
+        dec.decode(q, q1[q], a1);
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
             a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
         }
         const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
-        nv4_mma_16816(acc, f0, xp[q].x, xp[q].y, acc);
-        nv4_mma_16816(acc, f1, xp[q].z, xp[q].w, acc);
+        nv4_mma_16816(acc, f0, xv[q].x, xv[q].y, acc);
+        nv4_mma_16816(acc, f1, xv[q].z, xv[q].w, acc);
     }
+}
+
+/* The bit-placement decoder of nv4_w4_chunk: values x 2^-126, scales x 2^118, x in the
+ * (i, i + 4) pairing (nv4_xperm8); the products carry 2^-8. */
+struct nv4_dec_place {
+    NV4_MFN void scales(uint16_t s, uint32_t &lo, uint32_t &hi) const { nv4_scale2_bf16x2_x118(s, lo, hi); }
+    NV4_MFN void decode(int, uint32_t w, uint32_t out[4]) const { nv4_e2m1x8_place(w, out); }
+};
+
+/* One 128-element chunk by bit placement (fp4_gemv2_kernel): nv4_w4_chunk with
+ * nv4_dec_place; xp[q] permuted by nv4_xperm8; multiply the sums by 2^8 · scale2. */
+NV4_FN void nv4_gemv2_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xp)[4], float acc[4]) {
+    nv4_w4_chunk(nv4_dec_place{}, w0, w1, s0, s1, xp, acc);
 }
 
 /* ---- table decode (shared-memory lookup, conflict-free) ------------------------
@@ -332,44 +355,33 @@ NV4_FN void nv4_gemv1t_chunk(uint4 w0, uint4 w1, uint4 x0, uint4 x1, const float
     acc[3] += sg[3] * dO[3];
 }
 
-/* The M <= 8 form with the table (scaled A, tokens in the B columns): one 128-element
- * chunk of a 16-row tile against up to 8 tokens, the fragment mapping of
- * cu_w4_chunk_mma (cu_util.h) with the word pairs q in NV4_TAB_Q(L) decoded through
- * the table: w0 / w1 = this lane's 16 B of codes of rows g and g + 8 (blocks 2t,
- * 2t + 1 of the chunk), s0 / s1 their E4M3 scales (low byte first), xv[v] = token g's x,
- * elements 8v .. 8v + 7 of the lane's 32-element slice (K order). Each decoded pair is
- * multiplied by its block scale (one BF16 HMUL2, exact: E2M1 x E4M3 has at most 6
- * significant bits). acc: c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8.
- * For kernels that put M tokens in the columns (fp4_gemm at M = 2..8, the fused MoE
- * decode's expert GEMVs); tl: this lane's table copy. */
+/* The table decoder of nv4_w4_chunk: the word pairs q in NV4_TAB_Q(L) through the
+ * table (tl: this lane's copy), the others by byte permutes; x in K order. */
+template <int L>
+struct nv4_dec_tab {
+    nv4_lut lut;
+    uint32_t tl;
+    NV4_MFN void scales(uint16_t s, uint32_t &lo, uint32_t &hi) const {
+        float a, b;
+        nv4_e4m3x2_to_f32x2(s, a, b);
+        lo = nv4_pack_bf16x2(a, a);
+        hi = nv4_pack_bf16x2(b, b);
+    }
+    NV4_MFN void decode(int q, uint32_t w, uint32_t out[4]) const {
+        if ((NV4_TAB_Q(L) >> q) & 1) nv4_tab_decode4(w, tl, out);
+        else nv4_e2m1x8_to_bf16x8(w, lut, out);
+    }
+};
+
+/* The M <= 8 form with the table (scaled A, tokens in the B columns): nv4_w4_chunk
+ * with nv4_dec_tab<L>, xv[v] = token g's x, elements 8v .. 8v + 7 of the lane's
+ * 32-element slice (K order). Not used by a kernel now (fp4_gemm at M = 2..8 measured
+ * slower with it on the H200, bench/RESULTS.md); kept, checked by the host emulation,
+ * for kernels that put tokens in the columns (the fused MoE decode's expert GEMVs). */
 template <int L>
 NV4_FN void nv4_w4_chunk_tab(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (&xv)[4],
                              const nv4_lut &lut, uint32_t tl, float acc[4]) {
-    float a, b;
-    nv4_e4m3x2_to_f32x2(s0, a, b);
-    const uint32_t sa0 = nv4_pack_bf16x2(a, a), sb0 = nv4_pack_bf16x2(b, b);
-    nv4_e4m3x2_to_f32x2(s1, a, b);
-    const uint32_t sa1 = nv4_pack_bf16x2(a, a), sb1 = nv4_pack_bf16x2(b, b);
-    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        uint32_t a0[4], a1[4];
-        if ((NV4_TAB_Q(L) >> q) & 1) {
-            nv4_tab_decode4(q0[q], tl, a0);
-            nv4_tab_decode4(q1[q], tl, a1);
-        } else {
-            nv4_e2m1x8_to_bf16x8(q0[q], lut, a0);
-            nv4_e2m1x8_to_bf16x8(q1[q], lut, a1);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
-            a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
-        }
-        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
-        nv4_mma_16816(acc, f0, xv[q].x, xv[q].y, acc);
-        nv4_mma_16816(acc, f1, xv[q].z, xv[q].w, acc);
-    }
+    nv4_w4_chunk(nv4_dec_tab<L>{lut, tl}, w0, w1, s0, s1, xv, acc);
 }
 
 #endif

@@ -44,7 +44,7 @@ typedef struct ls_engine_opts {
     int disable_cuda_graph;        /* 1: every step runs eagerly */
     int cuda_graph_max_bs;         /* largest decode batch captured (0: max_running_requests) */
     unsigned auto_families;        /* backend families whose name above is the doctor's pick for a flag
-                                      left at auto (bits: 2 fp4_gemm, 4 moe, 8 attention, 16 gdn): a
+                                      left at auto (bits: 1 gemm, 2 fp4_gemm, 4 moe, 8 attention, 16 gdn): a
                                       preference, with per-shape fallback and capture-safe substitutes */
     /* Added (additive): per-M plans and eliminated backends. Each backend name above may be a
      * plan "NAME:MAXM,...,NAME" (the entry for a call of M tokens: the first with M <= MAXM;
@@ -52,6 +52,10 @@ typedef struct ls_engine_opts {
      * start-up doctor or smoke test eliminated; fallbacks and CUDA graph captures never take
      * them (NULL: none). */
     const char *banned_backends;
+    /* Added (additive): the BF16/F16-weight GEMM backend (cuda_cublaslt, cuda_gemv, ...; serve's
+     * --gemm-backend), a name or a plan like the four above; NULL = auto. Its auto_families
+     * bit is 1. */
+    const char *gemm_backend;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

@@ -36,7 +36,8 @@ def test_help_lists_sglang_flags(ls_bin):
     assert p.returncode == 0
     for f in ("--model-path", "--served-model-name", "--tp", "--reasoning-parser", "--tool-call-parser",
               "--disable-custom-all-reduce", "--mem-fraction-static", "--chunked-prefill-size", "--api-key",
-              "--attention-backend", "--moe-runner-backend", "--fp4-gemm-backend", "--dist-init-addr"):
+              "--attention-backend", "--moe-runner-backend", "--fp4-gemm-backend", "--gemm-backend",
+              "--gdn-backend", "--dist-init-addr"):
         assert f in p.stdout
 
 

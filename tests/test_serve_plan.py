@@ -13,7 +13,11 @@ backends (LASTSTAND_TEST_BROKEN_BACKENDS=1: cpu_broken_nan writes NaN):
   which runs every entry, and serve falls back to a single backend, banning the broken one;
 - a named plan with an entry the doctor failed is refused (exit 2) naming the flag, the
   entry and the bucket;
-- a malformed plan exits 2 naming the flag and the fault before anything runs.
+- a malformed plan exits 2 naming the flag and the fault before anything runs;
+- the BF16 gemm family (--gemm-backend, in serve, generate and logits) does all of the above
+  like the other four: a bad value exits 2 naming the flag and listing the valid backends, a
+  named plan is smoke-tested, served and shown, auto takes the doctor's per-bucket gemm picks
+  as a plan, and logits dispatches each call to the plan's entry for its M.
 Every test points XDG_CACHE_HOME (the doctor's cache) at a temp dir.
 """
 import glob
@@ -48,7 +52,7 @@ def table(log):
     lines = log.splitlines()
     start = max(i for i, l in enumerate(lines) if "the last backend standing" in l or "backend check FAILED" in l)
     for l in lines[start + 2:]:
-        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
+        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn|gemm)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
         if not m:
             break
         rows[m.group(1)] = (m.group(2), m.group(3))
@@ -78,7 +82,11 @@ def ref_text(ls_bin, demo_model, tmp_path_factory):
 
 
 def doctor_moe(cache_dir, fastest):
-    """Rewrite the cached doctor decision's moe timings: fastest = {bucket: backend}; the named
+    doctor_family(cache_dir, "moe", fastest)
+
+
+def doctor_family(cache_dir, family, fastest):
+    """Rewrite the cached doctor decision's timings of family: fastest = {bucket: backend}; the named
     backend gets 1 us there and every other correct one 1 s; a named backend that was test-only
     or failing is made correct and non-test-only (a doctor that missed a bug). Drops cached
     smoke verdicts."""
@@ -86,7 +94,7 @@ def doctor_moe(cache_dir, fastest):
     r = json.load(open(path))
     named = set(fastest.values())
     for tab in r["tables"]:
-        if tab["family"] != "moe":
+        if tab["family"] != family:
             continue
         tab["test_only"] = [n for n in tab["test_only"] if n not in named]
         for name, row in tab["cells"].items():
@@ -97,8 +105,8 @@ def doctor_moe(cache_dir, fastest):
                     c["ms"] = 1e-3 if fastest.get(int(mk)) == name else 1e3
         for mk in tab["chosen"]:
             tab["chosen"][mk] = fastest[int(mk)]
-    for mk in r["choice"]["moe"]:
-        r["choice"]["moe"][mk] = fastest[int(mk)]
+    for mk in r["choice"][family]:
+        r["choice"][family][mk] = fastest[int(mk)]
     json.dump(r, open(path, "w"))
     for f in glob.glob(os.path.join(cache_dir, "laststand", "smoke-*.json")):
         os.unlink(f)
@@ -209,3 +217,103 @@ def test_doctor_prints_its_choice_as_plans_that_match_the_per_bucket_choice(demo
         for M, want in choice[fam].items():
             got = next(n for n, b in entries if b is None or M <= b)
             assert got == want, (fam, M, text, choice[fam])
+
+
+# ---- the BF16 gemm family: --gemm-backend -------------------------------------------------
+
+def gemm_backends():
+    """This CPU's gemm backends, in registry order (cpu_avx2 needs AVX2; cpu_ref is always there)."""
+    p = subprocess.run([BIN, "logits", "--model-path", "synth:demo", "--ids", "1", "--gemm-backend", "nope"],
+                       capture_output=True, text=True, timeout=60)
+    m = re.search(r"unknown gemm backend 'nope' for device cpu \(valid: auto, ([^)]*)\)", p.stderr)
+    assert p.returncode == 2 and m, p.stderr
+    return m.group(1).split(", ")
+
+
+@pytest.mark.parametrize("value,fault", [
+    ("nope", "unknown gemm backend 'nope' for device cpu (valid: auto, "),
+    ("cpu_ref:4", "gemm backend plan 'cpu_ref:4': the last entry 'cpu_ref:4' must have no bound"),
+    ("cpu_ref:4,auto", "gemm backend plan 'cpu_ref:4,auto': 'auto' cannot be an entry of a plan"),
+    ("cpu_ref:16,cpu_ref:4,cpu_ref", "bounds must increase, but 'cpu_ref:4' follows a bound of 16"),
+    ("cpu_ref:4,cuda_gemv", "unknown gemm backend 'cuda_gemv' for device cpu"),
+])
+def test_gemm_backend_bad_value_exits_2_naming_the_flag_before_anything_runs(demo_model, tmp_path, value, fault):
+    p = serve_rc(demo_model, tmp_path, "--gemm-backend", value, timeout=30)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("laststand serve: error: --gemm-backend: "), err
+    assert fault in err, err
+    assert not os.path.exists(os.path.join(tmp_path, "laststand"))  # no doctor ran
+
+
+@pytest.mark.parametrize("cmd", ["logits", "generate"])
+def test_gemm_backend_unknown_name_exits_2_in_logits_and_generate(demo_model, cmd):
+    p = subprocess.run([BIN, cmd, "--model-path", demo_model, "--ids", "1,2", "--gemm-backend", "nope"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "unknown gemm backend 'nope' for device cpu (valid: auto, " in p.stderr, p.stderr
+
+
+def test_named_gemm_plan_is_smoke_tested_served_and_shown(ls_bin, demo_model, tmp_path, ref_text):
+    names = gemm_backends()
+    plan = f"cpu_ref:4,{names[0]}"  # cpu_avx2 above M = 4 where the CPU has it, else cpu_ref again
+    with Server(ls_bin, demo_model, "--gemm-backend", plan, env=env_for(tmp_path)) as s:
+        log = full_log(s)
+        t = table(log)
+        assert t["gemm"][0] == plan, t
+        assert "named on the command line" in t["gemm"][1]
+        # decode steps (M = 1) run cpu_ref, the prompt's last chunk (M > 4) the other entry (other
+        # families' plans, from the doctor's timings, may add chunks before it)
+        m = re.search(r"smoke test: prefill in chunks of ([0-9,]+) tokens and decode steps of 1", log)
+        assert m, log[-3000:]
+        chunks = [int(c) for c in m.group(1).split(",")]
+        assert chunks[-1] > 4, chunks
+        assert "the tokens equal the reference backends'" in log
+        info = json.loads(s.get("/get_server_info")[1])
+        assert info["backends"]["gemm"] == plan, info["backends"]
+        assert completions(s) == ref_text
+
+
+def test_auto_takes_the_doctors_per_bucket_gemm_picks_as_a_plan(ls_bin, demo_model, tmp_path, ref_text):
+    names = gemm_backends()
+    if len(names) < 2:
+        pytest.skip(f"one gemm backend on this CPU ({names}): the doctor cannot pick two")
+    a, b = names[0], names[-1]
+    fill_cache(demo_model, tmp_path)
+    doctor_family(tmp_path, "gemm", {1: a, 16: b})
+    with Server(ls_bin, demo_model, env=env_for(tmp_path)) as s:
+        log = full_log(s)
+        t = table(log)
+        assert t["gemm"][0] == f"{a}:1,{b}", t
+        assert re.search(rf"per-bucket plan, the doctor's fastest: M=1 {a} [0-9.e-]+ ms, M=16 {b}", t["gemm"][1]), t
+        assert "smoke test: prefill in chunks of" in log
+        info = json.loads(s.get("/get_server_info")[1])
+        assert info["backends"]["gemm"] == f"{a}:1,{b}", info["backends"]
+        assert completions(s) == ref_text
+    doctor_family(tmp_path, "gemm", {1: b, 16: a})
+    with Server(ls_bin, demo_model, env=env_for(tmp_path)) as s:
+        t = table(full_log(s))
+        assert t["gemm"][0] == f"{b}:1,{a}", t
+        assert json.loads(s.get("/get_server_info")[1])["backends"]["gemm"] == f"{b}:1,{a}"
+
+
+def test_logits_dispatches_each_gemm_call_to_the_plans_entry_for_its_m(demo_model):
+    """One forward over 3 ids: every BF16 GEMM has M = 3, so 'X:2,Y' runs Y and 'Y:3,X' runs Y;
+    the outputs equal Y's alone bit for bit (and differ from X's where the backends differ)."""
+    names = gemm_backends()
+    if len(names) < 2:
+        pytest.skip(f"one gemm backend on this CPU ({names})")
+    x, y = names[-1], names[0]
+
+    def logits(gemm):
+        p = subprocess.run([BIN, "logits", "--model-path", demo_model, "--ids", "5,17,42", "--gemm-backend", gemm],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout)["logits"]
+
+    ly, lx = logits(y), logits(x)
+    if ly == lx:
+        pytest.skip(f"{x} and {y} give bitwise equal logits here: the plan's entry cannot be told apart")
+    assert logits(f"{x}:2,{y}") == ly
+    assert logits(f"{y}:3,{x}") == ly
+    assert logits(f"{x}:3,{y}") == lx

@@ -105,7 +105,7 @@ def show_table(s):
                 or "error" in l.lower()) and "doctor: " not in l:
             print(f"   [{s.tag}] {l.split('] ', 1)[-1][:400]}")
     if starts:
-        for l in lines[starts[-1]:starts[-1] + 7]:
+        for l in lines[starts[-1]:starts[-1] + 8]:  # the header, then fp4_gemm moe attention gdn gemm
             print(f"   [{s.tag}] {l.split('] ', 1)[-1][:600]}")
     else:
         print(f"   [{s.tag}] no backend table; log tail:")
@@ -134,10 +134,11 @@ try:
         print(f"{el()} {t}: {'healthy' if ok[t] else 'NOT healthy'}", flush=True)
         show_table(s)
     plan_gdn = table_row(servers["plan"], "gdn")
-    rows = [table_row(servers["plan"], f) or "" for f in ("fp4_gemm", "moe", "attention", "gdn")]
+    rows = [table_row(servers["plan"], f) or "" for f in ("fp4_gemm", "moe", "attention", "gdn", "gemm")]
     print(f"{el()} VERDICT PLAN: {'ok' if any(',' in r for r in rows) else 'FAIL'} (some family serves with a plan) "
           f"(gdn serves with '{plan_gdn}'; moe '{table_row(servers['plan'], 'moe')}', attention "
-          f"'{table_row(servers['plan'], 'attention')}', fp4_gemm '{table_row(servers['plan'], 'fp4_gemm')}')", flush=True)
+          f"'{table_row(servers['plan'], 'attention')}', fp4_gemm '{table_row(servers['plan'], 'fp4_gemm')}', gemm "
+          f"'{table_row(servers['plan'], 'gemm')}')", flush=True)
     rng = random.Random(7)
     long_ids = [rng.randrange(10, 2000) for _ in range(LONG)]
     short_ids = [rng.randrange(10, 2000) for _ in range(16)]

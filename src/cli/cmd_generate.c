@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "base/base.h"
 #include "laststand.h"
+#include "cli/serve_auto.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -26,7 +27,8 @@ static void usage(FILE *f) {
                "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
                "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
-               "         [--attention-backend NAME] [--gdn-backend NAME]\n"
+               "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
+               "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n");
 }
 
@@ -86,7 +88,9 @@ int cmd_generate(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
         if (!strcmp(a, "--disable-cuda-graph")) { o.disable_cuda_graph = 1; continue; }
-        const char **dst = !strcmp(a, "--model-path") ? &path
+        const int fam = serve_auto_flag_family(a); /* a backend flag */
+        const char **dst = fam >= 0 ? serve_auto_engine_name(&o, fam)
+                         : !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--prompt") ? &prompt
                          : !strcmp(a, "--max-new-tokens") ? &max_s
@@ -96,10 +100,6 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--chat-template") ? &tmpl_path
                          : !strcmp(a, "--device") ? &o.device
                          : !strcmp(a, "--tp") ? &tp_s
-                         : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
-                         : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
-                         : !strcmp(a, "--attention-backend") ? &o.attention_backend
-                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend
                          : !strcmp(a, "--sampling-backend") ? &o.sampling_backend : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);

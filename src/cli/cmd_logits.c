@@ -1,10 +1,11 @@
 /* cmd_logits.c: `laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]
  * [--moe-runner-backend NAME] [--fp4-gemm-backend NAME] [--attention-backend NAME]
- * [--gdn-backend NAME]`: one forward pass over the ids, the fp32 logits of every
+ * [--gdn-backend NAME] [--gemm-backend NAME]`: one forward pass over the ids, the fp32 logits of every
  * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats).
  * Exit codes: 0 ok, 2 bad flag/value or unloadable model, 1 runtime failure.
  */
 #include "cli/cli.h"
+#include "cli/serve_auto.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -15,7 +16,8 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
-               "         [--attention-backend NAME] [--gdn-backend NAME]\n");
+               "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
+               "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n");
 }
 
 /* JSON number for a float; NaN/Inf as Python's json module writes them. */
@@ -31,14 +33,12 @@ int cmd_logits(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        const char **dst = !strcmp(a, "--model-path") ? &path
+        const int fam = serve_auto_flag_family(a); /* a backend flag */
+        const char **dst = fam >= 0 ? serve_auto_model_name(&o, fam)
+                         : !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--device") ? &o.device
-                         : !strcmp(a, "--tp") ? &tp_s
-                         : !strcmp(a, "--moe-runner-backend") ? &o.moe_backend
-                         : !strcmp(a, "--fp4-gemm-backend") ? &o.fp4_gemm_backend
-                         : !strcmp(a, "--attention-backend") ? &o.attention_backend
-                         : !strcmp(a, "--gdn-backend") ? &o.gdn_backend : NULL;
+                         : !strcmp(a, "--tp") ? &tp_s : NULL;
         if (!dst) {
             fprintf(stderr, "laststand logits: error: unknown flag '%s'\n", a);
             usage(stderr);

@@ -46,7 +46,7 @@ static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt"
 
 typedef struct serve_args {
     const char *model_path, *tokenizer_path, *served_model_name, *host, *quantization;
-    const char *attention_backend, *moe_runner_backend, *fp4_gemm_backend, *gdn_backend;
+    const char *backend[SA_NFAM]; /* by SA_*: --fp4-gemm-backend, --moe-runner-backend, ... (serve_auto.h) */
     const char *reasoning_parser, *tool_call_parser, *api_key, *chat_template, *log_level;
     const char *dist_init_addr, *device, *sampling_defaults, *sampling_backend;
     long long cuda_graph_max_bs;
@@ -68,6 +68,7 @@ static void usage(const flag *flags, int n) {
             "bound) takes every larger M. Bounds increase; M is the rows of a GEMM, the tokens of a MoE call, and\n"
             "the new tokens of the whole step for attention and gdn. Example:\n"
             "  --gdn-backend cuda_recurrent:8,cuda_chunked --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm\n"
+            "  --gemm-backend cuda_gemv:8,cuda_cublaslt\n"
             "With auto, serve builds each family's plan from the doctor's per-bucket choices (--doctor-buckets),\n"
             "validates it in the smoke test (prefill chunks and decode steps run every entry) and prints it in the\n"
             "\"last backend standing\" table. A named backend or plan is validated too and refused if it fails\n"
@@ -187,11 +188,13 @@ int cmd_serve(int argc, char **argv) {
         {"host", F_STR, &a.host, "address to bind (default 127.0.0.1)", NULL},
         {"port", F_INT, &a.port, "port (default 30000)", NULL},
         {"quantization", F_STR, &a.quantization, "checkpoint quantization (modelopt_fp4, bf16; default: from the model)", QUANTS},
-        {"attention-backend", F_STR, &a.attention_backend,
+        {"attention-backend", F_STR, &a.backend[SA_ATTENTION],
          "attention backend: auto (default: the doctor's fastest per batch size), NAME, or a plan (below)", BACKENDS_ANY},
-        {"moe-runner-backend", F_STR, &a.moe_runner_backend, "MoE backend: auto (default), NAME or a plan", BACKENDS_ANY},
-        {"fp4-gemm-backend", F_STR, &a.fp4_gemm_backend, "NVFP4 GEMM backend: auto (default), NAME or a plan", BACKENDS_ANY},
-        {"gdn-backend", F_STR, &a.gdn_backend, "Gated DeltaNet backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"moe-runner-backend", F_STR, &a.backend[SA_MOE], "MoE backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"fp4-gemm-backend", F_STR, &a.backend[SA_FP4_GEMM], "NVFP4 GEMM backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"gemm-backend", F_STR, &a.backend[SA_GEMM],
+         "BF16 GEMM backend (cuda_cublaslt, cuda_gemv, ...): auto (default), NAME or a plan", BACKENDS_ANY},
+        {"gdn-backend", F_STR, &a.backend[SA_GDN], "Gated DeltaNet backend: auto (default), NAME or a plan", BACKENDS_ANY},
         {"trust-backend", F_BOOL, &a.trust_backend, "serve with named backends even if validation fails", NULL},
         {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
          "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
@@ -313,9 +316,9 @@ int cmd_serve(int argc, char **argv) {
     o.cuda_graph_max_bs = (int)a.cuda_graph_max_bs;
     /* the last backend standing: the doctor's decision and the smoke test (serve_auto.c) */
     serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
-                          .names = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend},
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
                           .buckets = a.doctor_buckets, .tp = (int)a.tp};
+    for (int f = 0; f < SA_NFAM; f++) sa.names[f] = a.backend[f];
     {
         char serr[1024] = "";
         int src = serve_auto_select(&sa, serr, sizeof serr);
@@ -329,14 +332,11 @@ int cmd_serve(int argc, char **argv) {
     /* the doctor's picks (a backend or a per-M plan) for flags left at auto stay preferences
      * (per-shape fallback; CUDA graph captures may take a capture-safe backend of the family
      * instead), never one that serve_auto eliminated (banned_backends) */
-    const char *user[SA_NFAM] = {a.fp4_gemm_backend, a.moe_runner_backend, a.attention_backend, a.gdn_backend};
-    const unsigned bit[SA_NFAM] = {2, 4, 8, 16};
-    for (int f = 0; f < SA_NFAM; f++)
-        if (!user[f] || !*user[f] || !strcmp(user[f], "auto")) o.auto_families |= bit[f];
-    o.fp4_gemm_backend = sa.names[SA_FP4_GEMM];
-    o.moe_backend = sa.names[SA_MOE];
-    o.attention_backend = sa.names[SA_ATTENTION];
-    o.gdn_backend = sa.names[SA_GDN];
+    for (int f = 0; f < SA_NFAM; f++) {
+        const char *user = a.backend[f];
+        if (!user || !*user || !strcmp(user, "auto")) o.auto_families |= 1u << serve_auto_families[f].ops_fam;
+        *serve_auto_engine_name(&o, f) = sa.names[f];
+    }
     o.banned_backends = sa.banned;
     o.trust_backend = a.trust_backend;
     if (a.max_running_requests) o.max_running_requests = (int)a.max_running_requests;
@@ -383,9 +383,8 @@ int cmd_serve(int argc, char **argv) {
     json_object_set_new(args_json, "tp_size", json_integer(a.tp));
     { /* what serve_auto decided: per family a backend or a per-M plan ("a:8,b"), and what it eliminated */
         json_t *bk = json_object();
-        const char *fam[SA_NFAM] = {"fp4_gemm", "moe", "attention", "gdn"};
         for (int f = 0; f < SA_NFAM; f++)
-            json_object_set_new(bk, fam[f], sa.names[f] ? json_string(sa.names[f]) : json_string("auto"));
+            json_object_set_new(bk, serve_auto_families[f].fam, json_string(sa.names[f] ? sa.names[f] : "auto"));
         json_object_set_new(args_json, "backends", bk);
         json_object_set_new(args_json, "banned_backends", sa.banned ? json_string(sa.banned) : json_null());
     }

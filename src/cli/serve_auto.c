@@ -38,6 +38,7 @@
 
 #include "base/base.h"
 #include "doctor/select.h"
+#include "laststand.h"
 #include "model/model.h"
 #include "ops/ops.h"
 #include "tok/tok.h"
@@ -60,11 +61,44 @@
 
 extern char **environ;
 
-static const char *const FAM[SA_NFAM] = {"fp4_gemm", "moe", "attention", "gdn"};
-static const char *const FLAG[SA_NFAM] = {"--fp4-gemm-backend", "--moe-runner-backend", "--attention-backend",
-                                          "--gdn-backend"};
+const serve_auto_family serve_auto_families[SA_NFAM] = {
+    [SA_FP4_GEMM] = {"fp4_gemm", "--fp4-gemm-backend", OPS_FAM_FP4_GEMM},
+    [SA_MOE] = {"moe", "--moe-runner-backend", OPS_FAM_MOE},
+    [SA_ATTENTION] = {"attention", "--attention-backend", OPS_FAM_ATTN},
+    [SA_GDN] = {"gdn", "--gdn-backend", OPS_FAM_GDN},
+    [SA_GEMM] = {"gemm", "--gemm-backend", OPS_FAM_GEMM},
+};
+#define FAM(f) (serve_auto_families[f].fam)
+#define FLAG(f) (serve_auto_families[f].flag)
+
+int serve_auto_flag_family(const char *flag) {
+    for (int f = 0; f < SA_NFAM && flag; f++)
+        if (!strcmp(flag, FLAG(f))) return f;
+    return -1;
+}
+
+const char **serve_auto_engine_name(ls_engine_opts *o, int f) {
+    switch (f) {
+    case SA_FP4_GEMM: return &o->fp4_gemm_backend;
+    case SA_MOE: return &o->moe_backend;
+    case SA_ATTENTION: return &o->attention_backend;
+    case SA_GDN: return &o->gdn_backend;
+    default: return &o->gemm_backend;
+    }
+}
+
+const char **serve_auto_model_name(model_opts *o, int f) {
+    switch (f) {
+    case SA_FP4_GEMM: return &o->fp4_gemm_backend;
+    case SA_MOE: return &o->moe_backend;
+    case SA_ATTENTION: return &o->attention_backend;
+    case SA_GDN: return &o->gdn_backend;
+    default: return &o->gemm_backend;
+    }
+}
+
 #define SMOKE_PROMPT "The last backend standing: every kernel is checked against the reference before serving."
-#define SMOKE_VERSION 2 /* 2: prefill in chunks that run every plan entry */
+#define SMOKE_VERSION 3 /* 2: prefill in chunks that run every plan entry; 3: the gemm family too */
 #define MAX_CAND 32
 #define SMOKE_MAX_PROMPT 8192 /* the longest prompt the smoke test makes to run every plan entry */
 
@@ -101,9 +135,8 @@ int serve_smoke_child_main(int argc, char **argv) {
         else if (!strcmp(a, "--smoke-len")) fixed_len = atoi(v);
         else if (!strcmp(a, "--tp")) tp = atoi(v);
         else {
-            int f = 0;
-            while (f < SA_NFAM && strcmp(a, FLAG[f])) f++;
-            if (f == SA_NFAM) {
+            int f = serve_auto_flag_family(a);
+            if (f < 0) {
                 fprintf(stderr, "smoke trial: unknown flag %s\n", a);
                 return 1;
             }
@@ -115,10 +148,7 @@ int serve_smoke_child_main(int argc, char **argv) {
         return 1;
     }
     model_opts mo = {.device = device, .tp = tp > 0 ? tp : 1};
-    mo.fp4_gemm_backend = names[SA_FP4_GEMM];
-    mo.moe_backend = names[SA_MOE];
-    mo.attention_backend = names[SA_ATTENTION];
-    mo.gdn_backend = names[SA_GDN];
+    for (int f = 0; f < SA_NFAM; f++) *serve_auto_model_name(&mo, f) = names[f];
     ls_err e = {0};
     model *m = NULL;
     if (model_open(model_path, &mo, &m, &e)) {
@@ -306,7 +336,7 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
     snprintf(steps, sizeof steps, "%d", c->steps);
     snprintf(tps, sizeof tps, "%d", c->o->tp > 0 ? c->o->tp : 1);
     snprintf(lens, sizeof lens, "%d", L);
-    const char *argv[32];
+    const char *argv[40];
     int a = 0;
     argv[a++] = c->self;
     argv[a++] = "serve";
@@ -316,7 +346,7 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
     argv[a++] = "--device";
     argv[a++] = c->device;
     for (int f = 0; f < SA_NFAM; f++) {
-        argv[a++] = FLAG[f];
+        argv[a++] = FLAG(f);
         argv[a++] = names[f] ? names[f] : "auto";
     }
     if (ids) {
@@ -645,16 +675,18 @@ static void order_candidates(fam_state *f, json_t *report, const char *fam) {
 /* Without a doctor report: every backend of the device, in registry
  * (preference) order, all presumed correct; ms holds the rank. */
 static int registry_verdicts(int fam, dev_kind dev, doc_verdict *out, int max) {
-    int n = 0, count = fam == SA_FP4_GEMM ? ops_fp4_gemm_count() : fam == SA_MOE ? ops_moe_count()
-                       : fam == SA_ATTENTION ? ops_attn_count() : ops_gdn_count();
+    const int of = serve_auto_families[fam].ops_fam;
+    int n = 0, count = of == OPS_FAM_GEMM ? ops_gemm_count() : of == OPS_FAM_FP4_GEMM ? ops_fp4_gemm_count()
+                       : of == OPS_FAM_MOE ? ops_moe_count() : of == OPS_FAM_ATTN ? ops_attn_count() : ops_gdn_count();
     for (int i = 0; i < count && n < max; i++) {
         const char *name;
         dev_kind d;
         int to;
 #define GET(at) do { name = at(i)->name; d = at(i)->dev; to = at(i)->test_only; } while (0)
-        if (fam == SA_FP4_GEMM) GET(ops_fp4_gemm_at);
-        else if (fam == SA_MOE) GET(ops_moe_at);
-        else if (fam == SA_ATTENTION) GET(ops_attn_at);
+        if (of == OPS_FAM_GEMM) GET(ops_gemm_at);
+        else if (of == OPS_FAM_FP4_GEMM) GET(ops_fp4_gemm_at);
+        else if (of == OPS_FAM_MOE) GET(ops_moe_at);
+        else if (of == OPS_FAM_ATTN) GET(ops_attn_at);
         else GET(ops_gdn_at);
 #undef GET
         if (d != dev) continue;
@@ -695,7 +727,7 @@ static void log_table(fam_state *fs, const char *device, const char *ms_list, co
     for (int f = 0; f < SA_NFAM; f++) {
         fam_state *s = &fs[f];
         if (!s->present) {
-            log_info("  %-10s %-26s %s", FAM[f], "-", "(the model has no such op)");
+            log_info("  %-10s %-26s %s", FAM(f), "-", "(the model has no such op)");
             continue;
         }
         const char *ch = cur_name(s);
@@ -734,7 +766,7 @@ static void log_table(fam_state *fs, const char *device, const char *ms_list, co
                                         : s->cur < s->nc && (s->smoke_fail[s->cand[s->cur]][0] || !s->v[s->cand[s->cur]].ok);
         char shown[600];
         snprintf(shown, sizeof shown, "%s%s", ch ? ch : "NONE", !bad ? "" : failed ? " (REFUSED)" : " (TRUSTED, FAILED)");
-        log_info("  %-10s %-26s %s", FAM[f], shown, b.len ? b.data : "(the only backend)");
+        log_info("  %-10s %-26s %s", FAM(f), shown, b.len ? b.data : "(the only backend)");
         buf_free(&b);
     }
 }
@@ -784,8 +816,8 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         for (int f = 0; f < SA_NFAM; f++) {
             ops_plan pl;
             ls_err ne = {0};
-            if (o->names[f] && ops_plan_parse(ops_family_index(FAM[f]), &d, o->names[f], &pl, &ne)) {
-                snprintf(err, errn, "%s: %s", FLAG[f], ne.msg);
+            if (o->names[f] && ops_plan_parse(serve_auto_families[f].ops_fam, &d, o->names[f], &pl, &ne)) {
+                snprintf(err, errn, "%s: %s", FLAG(f), ne.msg);
                 return 2;
             }
         }
@@ -844,9 +876,9 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     for (int f = 0; f < SA_NFAM; f++) {
         fam_state *s = &fs[f];
         if (report) {
-            s->present = doctor_has_family(report, FAM[f]);
+            s->present = doctor_has_family(report, FAM(f));
             if (!s->present) continue;
-            s->nv = doctor_verdicts(report, FAM[f], dop.ms, dop.n_ms, s->v, MAX_CAND);
+            s->nv = doctor_verdicts(report, FAM(f), dop.ms, dop.n_ms, s->v, MAX_CAND);
         } else {
             s->present = 1;
             s->nv = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, s->v, MAX_CAND);
@@ -892,17 +924,17 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 }
                 char nm[64], st[32];
                 snprintf(nm, sizeof nm, "%.*s", (int)(el < 63 ? el : 63), ent ? ent : "");
-                if (doctor_bucket(report, FAM[f], nm, dop.ms[m], NULL, st, sizeof st)) continue;
+                if (doctor_bucket(report, FAM(f), nm, dop.ms[m], NULL, st, sizeof st)) continue;
                 const char *detail = "";
                 for (int i = 0; i < s->nv; i++)
                     if (!strcmp(s->v[i].name, nm)) detail = s->v[i].detail;
                 s->plan_doctor_bad = 1;
                 if (o->trust_backend) {
                     log_warn("!!! %s %s: entry %s FAILED the doctor at M=%d (%s; %s); serving with it anyway because of "
-                             "--trust-backend", FLAG[f], o->names[f], nm, dop.ms[m], st, detail);
+                             "--trust-backend", FLAG(f), o->names[f], nm, dop.ms[m], st, detail);
                 } else if (rc != 2) {
                     snprintf(err, errn, "%s %s refused: the doctor's verdict for entry %s at M=%d: %s (%s) (pass "
-                             "--trust-backend to serve with it anyway)", FLAG[f], o->names[f], nm, dop.ms[m], st, detail);
+                             "--trust-backend to serve with it anyway)", FLAG(f), o->names[f], nm, dop.ms[m], st, detail);
                     rc = 2;
                 }
                 break;
@@ -921,20 +953,20 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             if (!s->v[k].ok) {
                 if (o->trust_backend) {
                     log_warn("!!! %s %s FAILED the doctor (%s %s); serving with it anyway because of --trust-backend",
-                             FLAG[f], o->names[f], s->v[k].status, s->v[k].detail);
+                             FLAG(f), o->names[f], s->v[k].status, s->v[k].detail);
                 } else if (rc != 2) {
                     snprintf(err, errn,
                              "%s %s refused: the doctor's verdict: %s %s (pass --trust-backend to serve with it anyway)",
-                             FLAG[f], o->names[f], s->v[k].status, s->v[k].detail);
+                             FLAG(f), o->names[f], s->v[k].status, s->v[k].detail);
                     rc = 2;
                 }
             }
         } else {
-            order_candidates(s, report, FAM[f]);
-            if (report) build_plan(s, report, FAM[f], dop.ms, dop.n_ms);
+            order_candidates(s, report, FAM(f));
+            if (report) build_plan(s, report, FAM(f), dop.ms, dop.n_ms);
             if (s->nc == 0 && !s->on_plan && !rc) {
                 snprintf(err, errn, "no correct %s backend on %s at M=%s (see the doctor's matrix: laststand doctor "
-                         "--device %s --model-path %s --m %s)", FAM[f], device, bl, device, o->model_path, bl);
+                         "--device %s --model-path %s --m %s)", FAM(f), device, bl, device, o->model_path, bl);
                 rc = 1;
             }
         }
@@ -962,9 +994,10 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     char smoke_path[PATH_MAX];
     for (int pass = 0;; pass++) {
         for (int f = 0; f < SA_NFAM; f++) combo[f] = fs[f].present ? cur_name(&fs[f]) : o->names[f];
-        char k2[4400];
-        snprintf(k2, sizeof k2, "%s|%s|%s|%s|%s", key, combo[0] ? combo[0] : "-", combo[1] ? combo[1] : "-",
-                 combo[2] ? combo[2] : "-", combo[3] ? combo[3] : "-");
+        char k2[5000];
+        size_t ko = (size_t)snprintf(k2, sizeof k2, "%s", key);
+        for (int f = 0; f < SA_NFAM && ko < sizeof k2; f++)
+            ko += (size_t)snprintf(k2 + ko, sizeof k2 - ko, "|%s", combo[f] ? combo[f] : "-");
         build_path(cache, k2, smoke_path, sizeof smoke_path);
         json_t *cached = json_load_file(smoke_path, 0, NULL);
         int hit = json_is_true(json_object_get(cached, "passed"));
@@ -1052,29 +1085,29 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             char w1[1024];
             if (smoke_try(&c, one, &worst, w1, sizeof w1) == 0) continue;
             blamed++;
-            log_warn("smoke test: %s backend %s fails: %s", FAM[f], combo[f], w1);
+            log_warn("smoke test: %s backend %s fails: %s", FAM(f), combo[f], w1);
             if (s->named) { /* the verdict, for the table; a named choice has no next candidate */
                 if (s->on_plan) snprintf(s->plan_fail, sizeof s->plan_fail, "%.500s", w1);
                 else snprintf(s->smoke_fail[s->cand[s->cur]], sizeof s->smoke_fail[0], "%.500s", w1);
             }
             if (s->named && !o->trust_backend) {
                 snprintf(err, errn, "%s %s refused: the smoke test found it %s (pass --trust-backend to serve with it "
-                         "anyway)", FLAG[f], combo[f], w1);
+                         "anyway)", FLAG(f), combo[f], w1);
                 rc = 2;
                 goto done;
             }
             if (s->named) {
-                log_warn("!!! %s %s FAILED the smoke test; serving with it anyway because of --trust-backend", FLAG[f],
+                log_warn("!!! %s %s FAILED the smoke test; serving with it anyway because of --trust-backend", FLAG(f),
                          combo[f]);
                 blamed = -100; /* trusted: stop looking */
                 break;
             }
             if (!eliminate_current(s, w1)) {
-                snprintf(err, errn, "no %s backend passes the smoke test (the last one, %s: %s)", FAM[f], combo[f], w1);
+                snprintf(err, errn, "no %s backend passes the smoke test (the last one, %s: %s)", FAM(f), combo[f], w1);
                 rc = 1;
                 goto done;
             }
-            log_info("smoke test: falling back to %s backend %s", FAM[f], cur_name(s));
+            log_info("smoke test: falling back to %s backend %s", FAM(f), cur_name(s));
         }
         if (blamed < 0) break;
         if (blamed == 0) { /* only the combination fails: drop the first auto non-reference choice */
@@ -1095,11 +1128,11 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             char w2[600];
             snprintf(w2, sizeof w2, "%.480s (only in combination)", why);
             if (!eliminate_current(s, w2)) {
-                snprintf(err, errn, "no %s backend passes the smoke test in combination: %s", FAM[f], why);
+                snprintf(err, errn, "no %s backend passes the smoke test in combination: %s", FAM(f), why);
                 rc = 1;
                 goto done;
             }
-            log_info("smoke test: falling back to %s backend %s", FAM[f], cur_name(s));
+            log_info("smoke test: falling back to %s backend %s", FAM(f), cur_name(s));
         }
         if (pass > 4 * MAX_CAND) {
             snprintf(err, errn, "smoke test: no combination passes after %d tries", pass);
@@ -1126,9 +1159,9 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 const char *nm = s->v[i].name;
                 if (ch && text_has(ch, nm)) continue; /* chosen (or named and trusted) */
                 int out = s->smoke_fail[i][0] || (s->plan_fail[0] && text_has(s->plan, nm)) ||
-                          (report && doctor_eliminated(report, FAM[f], nm, dop.ms, dop.n_ms));
+                          (report && doctor_eliminated(report, FAM(f), nm, dop.ms, dop.n_ms));
                 if (out && bo + strlen(nm) + 16 < sizeof banned)
-                    bo += snprintf(banned + bo, sizeof banned - bo, "%s%s:%s", bo ? "," : "", FAM[f], nm);
+                    bo += snprintf(banned + bo, sizeof banned - bo, "%s%s:%s", bo ? "," : "", FAM(f), nm);
             }
         }
         o->banned = banned[0] ? banned : NULL;

@@ -10,7 +10,29 @@
 
 #include <stddef.h>
 
-enum { SA_FP4_GEMM = 0, SA_MOE, SA_ATTENTION, SA_GDN, SA_NFAM };
+/* The op families whose backend serve decides, in the order of the "last backend
+ * standing" table. SA_GEMM (BF16/F16 weights: cuBLASLt, cuda_gemv, ...) came last. */
+enum { SA_FP4_GEMM = 0, SA_MOE, SA_ATTENTION, SA_GDN, SA_GEMM, SA_NFAM };
+
+struct ls_engine_opts;
+struct model_opts;
+
+/* One family's names, the single table every command's backend flags go through:
+ * `fam` the doctor's and ops' family name ("gemm"), `flag` the command-line flag
+ * ("--gemm-backend"), `ops_fam` its OPS_FAM_* (ops.h; the ops_sel.auto_fam /
+ * ls_engine_opts.auto_families bit is 1u << ops_fam). */
+typedef struct serve_auto_family {
+    const char *fam;
+    const char *flag;
+    int ops_fam;
+} serve_auto_family;
+extern const serve_auto_family serve_auto_families[SA_NFAM];
+
+/* The family of a backend flag ("--gdn-backend"), or -1. */
+int serve_auto_flag_family(const char *flag);
+/* Family f's backend name field in the engine's / the model's options. */
+const char **serve_auto_engine_name(struct ls_engine_opts *o, int f);
+const char **serve_auto_model_name(struct model_opts *o, int f);
 
 typedef struct serve_auto_opts {
     const char *model_path;       /* folder or synth:NAME */

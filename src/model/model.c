@@ -299,6 +299,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
         n.moe = o->moe_backend;
         n.attention = o->attention_backend;
         n.gdn = o->gdn_backend;
+        n.gemm = o->gemm_backend;
     }
     int rc = ops_select(&d, &n, &m->ops, e);
     if (o) m->ops.auto_fam |= o->auto_families & 31u;

@@ -35,6 +35,9 @@ typedef struct model_opts {
      * captures never take them. NULL: none. The backend names above may be per-M
      * plans ("a:8,b", ops.h). */
     const char *banned_backends;
+    /* (additive) the BF16/F16-weight GEMM backend, a name or a plan as those above; NULL or
+     * "auto" = the first of the device (registration order) */
+    const char *gemm_backend;
 } model_opts;
 
 /* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */

@@ -157,6 +157,32 @@ print(f"  sum of the kernels: {tot / 1e3:.1f} us")
 PY
         grep -iE "error|==ERR" "$OUT/ncu-$v.err" | head -3
     done
+    # where the routed gate/up and down kernels' warps wait (SHARED_ROUTE, M = 1): stall
+    # reasons per issued instruction, as ncu's WarpStateStats section reports them
+    t=$(left); [ $t -gt 14 ] && t=14
+    if [ $t -ge 8 ]; then
+        ST=smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+        LASTSTAND_MOE_SHARED_ROUTE=1 timeout $t ncu --clock-control none --cache-control none -k regex:"moe_(gateup|down)" \
+            --launch-skip 4 --launch-count 2 --metrics $ST --csv "$BIN" doctor --device cuda --families moe \
+            --model-path synth:qwen3.5-397b-a17b,layers=1 --m 1 --backends cuda_fused_decode \
+            >"$OUT/ncu-stall.csv" 2>"$OUT/ncu-stall.err"
+        echo "ncu stalls (SHARED_ROUTE) rc=$? ($(el))"
+        python3 - "$OUT/ncu-stall.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+if not rows:
+    print("  (no ncu rows)"); sys.exit()
+h = rows[0]; ik, im, iv, iid = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+by = collections.OrderedDict()
+for r in rows[1:]:
+    by.setdefault((r[iid], r[ik].split("(")[0].split("<")[0]), {})[r[im]] = r[iv]
+for (i, k), m in by.items():
+    st = sorted(((float(v.replace(",", "")) if v.replace(",", "").replace(".", "").isdigit() else 0.0,
+                  n.split("stalled_")[1].split("_per")[0]) for n, v in m.items()), reverse=True)
+    print(f"  {k:22s} " + " ".join(f"{n} {v:.2f}" for v, n in st[:7]))
+PY
+        grep -iE "error|==ERR" "$OUT/ncu-stall.err" | head -3
+    fi
 else
     echo "no ncu"
 fi

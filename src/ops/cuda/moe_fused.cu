@@ -1,0 +1,1223 @@
+/* moe_fused.cu: the moe family's fused decode backend on CUDA, cuda_fused_decode
+ * (reference/qwen35-and-nvfp4.md 2.5; the family's other CUDA backends: moe.cu,
+ * moe_grouped.cu):
+ *   p = softmax(x·W_routerᵀ) over E (fp32), top-k (ties: lower index), renormalised
+ *   y = Σ_j w_j · down_e(silu(gate_e(x)) · up_e(x)) + sigmoid(x·w_sg) · shared(x)
+ * for M <= 8 tokens, NVFP4 routed experts, the shared expert NVFP4 or BF16 (ModelOpt
+ * NVFP4 checkpoints may exclude `*.mlp.shared_expert.*` from quantization: the
+ * Qwen3.5-397B-A17B one does, and synth does). Four launches, no host round trip,
+ * chained by programmatic dependent launch where that was measured faster (see
+ * pdl_wait and the choices in fused_run):
+ *   (1) router GEMV (4 warps per expert row, x in shared memory; one more row for
+ *       the shared gate's logit);
+ *   (2) softmax, top-k and the shared gate, a block per token (moe_int.cuh);
+ *   (3) gate+up: a block per (token, chosen expert or shared, 16 rows), NVFP4 rows
+ *       decoded in registers into mma.sync m16n8k16, then SiLU·up;
+ *   (4) down: a block per (token, 16 output rows) sums every chosen expert and the
+ *       shared one with the combine weight · scale2 folded in.
+ * Kernel pairs for (3)+(4), chosen per shape from H200 runs (fused_run): the
+ * register-staged pair (weights in registers, h in fp32, token in column 0) and the
+ * cp.async pair (fp4_gemm's streaming pipeline, h in BF16 with the combine weight
+ * applied). At M = 1 the register pair decodes in nvfp4.cuh's block-column form
+ * (scale blocks in the mma columns). A BF16 shared expert rides in the same
+ * launches: its blocks (gate/up) and chunks (down, after the routed ones in the
+ * round robin) stream BF16 rows, 8 weights per 16-byte load instead of 32, straight
+ * into the same mma fragments (the choice is block- / warp-uniform; scale2 = 1).
+ * Or (SHARED_ROUTE) a BF16 shared expert, which does not depend on the routing, runs
+ * inside launches (1) and (2), whose DRAM is otherwise mostly idle: its gate/up
+ * tiles are extra blocks of the router's grid and its down tiles extra blocks of
+ * the top-k grid (fp32 result ys [M, H]); (3) and (4) then take the routed experts
+ * only and (4) adds ys.
+ * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
+ * layer and uploaded only when they change (passing them as 20 KB kernel parameters
+ * cost ~20 us per call on the H200).
+ * Workspace: per device (cu_ws.h), grown on first use and kept on growth (a captured
+ * graph's pointers stay valid); calls on one device are serialised by its lock.
+ */
+#include "ops/cuda/moe_int.cuh"
+#include "ops/cuda/nvfp4.cuh"
+
+enum { FUSED_MAXM = 8 };
+
+/* ---- per-device workspace ------------------------------------------------------ */
+
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_N };
+static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe fused workspace slots");
+
+typedef struct fused_tables fused_tables;
+
+/* The expert tables in device memory, cached per moe_w (a layer): rebuilt on the
+ * host each call (cheap), uploaded only when they changed. */
+enum { TAB_CACHE = 128 };
+typedef struct tab_entry {
+    const moe_w *key;
+    fused_tables *host, *dev;
+} tab_entry;
+
+typedef struct fused_ws {
+    cu_ws ws; /* lock + the WS_* device buffers (cu_ws.h: kept on grow) */
+    fused_tables *scratch;
+    tab_entry tabs[TAB_CACHE];
+    int next_tab;
+} fused_ws;
+
+static fused_ws g_ws[CU_WS_MAX_DEV];
+
+/* This device's workspace, locked (calls on one device are serialised). */
+static int ws_lock(fused_ws **out, ls_err *e) {
+    int dev = 0, rc = cu_ws_device("moe", &dev, e);
+    if (rc) return rc;
+    cu_ws_lock(&g_ws[dev].ws);
+    *out = &g_ws[dev];
+    return 0;
+}
+static void ws_unlock(fused_ws *w) { cu_ws_unlock(&w->ws); }
+
+/* Device buffer `slot` of at least n bytes (zeroed when allocated). */
+static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e) {
+    return cu_ws_get(&w->ws, slot, n, 1, st, "moe", e);
+}
+
+/* Programmatic dependent launch (sm_90): with the launch attribute set, a kernel may
+ * start while its predecessor in the stream still runs; pdl_wait blocks until the
+ * predecessor grid completed with its memory visible, pdl_trigger lets the next
+ * kernel launch. Without the attribute both are no-ops, so the kernels below call
+ * them unconditionally. Every fused kernel calls pdl_wait before it reads what its
+ * predecessor wrote. The gate/up kernels trigger only after their own pdl_wait, so
+ * once the down kernel runs the top-k kernel has completed (down reads the choices
+ * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
+ * triggers first thing, so that gate/up can start during the router; it reads
+ * nothing the top-k kernel writes before its pdl_wait, except x, complete before
+ * the router (launched without the attribute) started. PDL through a CUDA graph
+ * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+/* ---- cuda_fused_decode ------------------------------------------------------------- */
+
+/* ---- BF16 fragments --------------------------------------------------------------- */
+
+/* One 128-element K chunk of a 16-row BF16 tile (a BF16 shared expert next to
+ * NVFP4 routed experts): w0 / w1 = this lane's 32 weights of rows g and g + 8
+ * (4 x 16 B each, K order), xv = the lane's 32 matching B values. The same
+ * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of
+ * the lane's slice pairs with B word w, so NVFP4 and BF16 tiles of one block
+ * accumulate the same way. */
+__device__ __forceinline__ void bf16_chunk_mma(const uint4 (&w0)[4], const uint4 (&w1)[4], const uint4 (&xv)[4],
+                                               float (&acc)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+        const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+        cu_mma_bf16_16816(acc, f0, xv[q].x, xv[q].y);
+        cu_mma_bf16_16816(acc, f1, xv[q].z, xv[q].w);
+    }
+}
+
+/* This lane's 32 BF16 weights of rows r and r + 8 of a row-major [*, K] matrix
+ * at element offset k0 (16-byte aligned: K % 128 == 0, k0 % 8 == 0). */
+__device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, size_t k0, uint4 (&w0)[4],
+                                             uint4 (&w1)[4]) {
+    const bf16 *p0 = w + r * K + k0, *p1 = p0 + (size_t)8 * K;
+#pragma unroll
+    for (int v = 0; v < 4; v++) {
+        w0[v] = cu_ld_stream16(p0 + 8 * v);
+        w1[v] = cu_ld_stream16(p1 + 8 * v);
+    }
+}
+
+/* Launch 1: logits [M, E] = x·Wrᵀ. A block of 16 warps takes 4 expert rows, 4
+ * warps a row, each a quarter of H with all its 16-byte loads in flight before
+ * the first use (x staged once per block in shared memory: M·H bf16, dynamic);
+ * the quarters meet in shared memory. Row E, when there is a shared-expert gate,
+ * is its logit x·wsg into sgl [M]. (One warp per whole row until 2026-11-29: 6.3
+ * us on the H200 for E = 512, H = 4096, every warp a long serial FMA chain.)
+ * LD: 16-byte loads per lane in flight per row quarter (the sums' order does not
+ * depend on it). SH (SHARED_ROUTE): block b also computes the BF16 shared expert's
+ * gate and up rows 8b .. 8b + 7 as one m16n8k16 tile (A row g = gate row 8b + g,
+ * row g + 8 = up row 8b + g; B column n = token n): its 16 warps split H by
+ * 128-element chunks, a warp's first SH_CPW chunks (2 x 64 B of each row per lane)
+ * requested first thing, before the router rows' loads; hs [M, Is] = silu(gate)·up
+ * in fp32. Its grid is max(router blocks, Is / 8): 129 blocks on the 397B layer (128
+ * of them with a shared tile), one an SM. */
+enum { ROUTER_RPB = 4, ROUTER_Q = 4, ROUTER_LD = 8, ROUTER_NW = ROUTER_RPB * ROUTER_Q, SH_CPW = 2 };
+template <bool SH, int LD>
+__global__ void __launch_bounds__(32 * ROUTER_NW, 1)
+    moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
+                      const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
+                      const bf16 *__restrict__ shu, int Is, float *__restrict__ hs) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
+    const int ex = blockIdx.x * ROUTER_RPB + r;
+    const bool active = ex < E || (ex == E && wsg);
+    const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
+    const int hq = H / ROUTER_Q, kb = q * hq, ke = kb + hq;
+    /* SH: this block's shared tile, its first chunks' weights requested before anything else */
+    const int g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8, nch = H / 128;
+    const bool sh = SH && n0 < Is;
+    uint4 sw[SH ? SH_CPW : 1][2][4];
+    if (sh) {
+#pragma unroll
+        for (int u = 0; u < SH_CPW; u++)
+            if (warp + ROUTER_NW * u < nch) {
+                const size_t o = (size_t)(n0 + g) * H + (size_t)(warp + ROUTER_NW * u) * 128 + 32 * t;
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    sw[u][0][v] = cu_ld_stream16(shg + o + 8 * v);
+                    sw[u][1][v] = cu_ld_stream16(shu + o + 8 * v);
+                }
+            }
+    }
+    uint4 vw[LD];
+    if (active) {
+#pragma unroll
+        for (int c = 0; c < LD; c++)
+            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
+    }
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    if (active) {
+        float acc[FUSED_MAXM];
+#pragma unroll
+        for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
+        for (int k0 = kb + lane * 8; k0 < ke; k0 += 256 * LD) {
+            if (k0 != kb + lane * 8) {
+#pragma unroll
+                for (int c = 0; c < LD; c++)
+                    if (k0 + 256 * c < ke) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+            }
+#pragma unroll
+            for (int c = 0; c < LD; c++) {
+                const int kk = k0 + 256 * c;
+                if (kk >= ke) break;
+                const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+                for (int m = 0; m < FUSED_MAXM; m++) {
+                    if (m >= M) break;
+                    const uint4 vx = xs4[((size_t)m * H + kk) / 8];
+                    const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
+                        acc[m] = fmaf(a.x, b.x, acc[m]);
+                        acc[m] = fmaf(a.y, b.y, acc[m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < FUSED_MAXM; m++) {
+            if (m >= M) break;
+            const float sum = warp_sum(acc[m]);
+            if (lane == 0) part[r][q][m] = sum;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROUTER_RPB * FUSED_MAXM) {
+        const int r2 = threadIdx.x / FUSED_MAXM, m = threadIdx.x % FUSED_MAXM;
+        const int ex2 = blockIdx.x * ROUTER_RPB + r2;
+        if (m < M && (ex2 < E || (ex2 == E && wsg))) {
+            float v = 0.f;
+#pragma unroll
+            for (int qq = 0; qq < ROUTER_Q; qq++) v += part[r2][qq][m];
+            if (ex2 < E) logits[(size_t)m * E + ex2] = v;
+            else sgl[m] = v;
+        }
+    }
+    if (SH && sh) {
+        __shared__ float shred[SH ? ROUTER_NW : 1][32][4]; /* [warp][lane][accumulator] */
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int cb = warp; cb < nch; cb += ROUTER_NW * SH_CPW) {
+            if (cb != warp) { /* H > 128·ROUTER_NW·SH_CPW: the next chunks */
+#pragma unroll
+                for (int u = 0; u < SH_CPW; u++)
+                    if (cb + ROUTER_NW * u < nch) {
+                        const size_t o = (size_t)(n0 + g) * H + (size_t)(cb + ROUTER_NW * u) * 128 + 32 * t;
+#pragma unroll
+                        for (int v = 0; v < 4; v++) {
+                            sw[u][0][v] = cu_ld_stream16(shg + o + 8 * v);
+                            sw[u][1][v] = cu_ld_stream16(shu + o + 8 * v);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < SH_CPW; u++) {
+                const int c = cb + ROUTER_NW * u;
+                if (c >= nch) break;
+                uint4 xv[4]; /* B column g = token g (zeros past M) */
+#pragma unroll
+                for (int v = 0; v < 4; v++)
+                    xv[v] = g < M ? xs4[((size_t)g * H + (size_t)c * 128 + 32 * t) / 8 + v] : make_uint4(0u, 0u, 0u, 0u);
+                bf16_chunk_mma(sw[u][0], sw[u][1], xv, acc);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) shred[warp][lane][i] = acc[i];
+        __syncthreads();
+        if ((int)threadIdx.x < 8 * M) {
+            /* gate row rr, token n: lane (rr, n / 2), accumulator n % 2; up: + 2 */
+            const int rr = threadIdx.x & 7, n = threadIdx.x >> 3, l = rr * 4 + (n >> 1);
+            float gv = 0.f, uv = 0.f;
+#pragma unroll
+            for (int w = 0; w < ROUTER_NW; w++) {
+                gv += shred[w][l][n & 1];
+                uv += shred[w][l][2 + (n & 1)];
+            }
+            hs[(size_t)n * Is + n0 + rr] = gv / (1.f + __expf(-gv)) * uv;
+        }
+    }
+}
+
+/* Launch 1b: the routing of token m = block m (moe_int.cuh's moe_topk_block). It
+ * triggers its dependents first thing, so that gate/up can launch during the router.
+ * SH (SHARED_ROUTE): blocks M .. also compute the BF16 shared expert's down
+ * projection, ys [M, H] fp32 = gate_m · down_s(hs_m), in tiles of 16 output rows:
+ * a tile's Is/128 chunks go to wpt warps (16 / wpt tiles a block), each warp
+ * requests its first chunk's weights before it waits for launch 1 (hs and the gate
+ * logit); B column n = token n's h times its sigmoid gate in BF16 (the rounding
+ * the down kernels apply to h). */
+template <bool SH>
+__global__ void __launch_bounds__(32 * TOPK_W)
+    moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
+                    int has_shared, const float *__restrict__ logits, const float *__restrict__ sgl, int32_t *idx,
+                    float *wts, const bf16 *__restrict__ sdw, int Is, int wpt, const float *__restrict__ hs,
+                    float *__restrict__ ys) {
+    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
+    if (!SH || (int)blockIdx.x < M) {
+        pdl_wait();
+        moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
+        return;
+    }
+    if constexpr (SH) {
+        __shared__ float dred[TOPK_W][32][4]; /* [warp][lane][accumulator] */
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        const int tpb = TOPK_W / wpt, tb = ((int)blockIdx.x - M) * tpb, n0 = (tb + warp / wpt) * 16;
+        const int nchs = Is / 128;
+        const bool on = n0 < H;
+        int c = warp % wpt;
+        uint4 w0[4], w1[4];
+        if (on && c < nchs) bf16_ld_rows(sdw, n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+        pdl_wait(); /* hs and the gate logit from launch 1 */
+        const float cg = g < M ? (wsg ? 1.f / (1.f + __expf(-__ldcg(sgl + g))) : 1.f) : 0.f;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        while (on && c < nchs) {
+            uint4 xv[4];
+            if (g < M) {
+                const float4 *hp = reinterpret_cast<const float4 *>(hs + (size_t)g * Is + (size_t)c * 128 + 32 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float4 f0 = __ldcg(hp + 2 * v), f1 = __ldcg(hp + 2 * v + 1);
+                    __nv_bfloat162 p0 = __floats2bfloat162_rn(f0.x * cg, f0.y * cg);
+                    __nv_bfloat162 p1 = __floats2bfloat162_rn(f0.z * cg, f0.w * cg);
+                    __nv_bfloat162 p2 = __floats2bfloat162_rn(f1.x * cg, f1.y * cg);
+                    __nv_bfloat162 p3 = __floats2bfloat162_rn(f1.z * cg, f1.w * cg);
+                    xv[v] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
+                                       *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 4; v++) xv[v] = make_uint4(0u, 0u, 0u, 0u);
+            }
+            bf16_chunk_mma(w0, w1, xv, acc);
+            c += wpt;
+            if (c < nchs) bf16_ld_rows(sdw, n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) dred[warp][lane][i] = acc[i];
+        __syncthreads();
+        for (int o = threadIdx.x; o < tpb * 16 * M; o += blockDim.x) {
+            /* row rr of tile tl, token n: lane (rr % 8, n / 2), accumulator n % 2 (+ 2 for rows 8 ..) */
+            const int tl = o / (16 * M), rr = o % 16, n = (o / 16) % M, r0 = (tb + tl) * 16;
+            if (r0 >= H) continue;
+            const int l = (rr & 7) * 4 + (n >> 1), ai = (n & 1) + 2 * (rr >> 3);
+            float v = 0.f;
+            for (int w = tl * wpt; w < (tl + 1) * wpt; w++) v += dred[w][l][ai];
+            ys[(size_t)n * H + r0 + rr] = v;
+        }
+    }
+}
+
+typedef struct gu_params {
+    const uint8_t *gw[MOE_MAXE], *uw[MOE_MAXE];
+    const uint8_t *gs[MOE_MAXE], *us[MOE_MAXE];
+    float g2[MOE_MAXE], u2[MOE_MAXE];
+    const uint8_t *sgw, *suw, *sgs, *sus; /* shared expert; sgs/sus NULL when BF16 */
+    float sg2, su2;                       /* 1 when BF16 */
+    int sbf;                              /* the shared expert's rows are BF16 [Is, H] */
+} gu_params;
+
+typedef struct dn_params {
+    const uint8_t *dw[MOE_MAXE];
+    const uint8_t *ds[MOE_MAXE];
+    float d2[MOE_MAXE];
+    const uint8_t *sdw, *sds; /* shared expert's down; sds NULL when BF16 */
+    float sd2;                /* 1 when BF16 */
+    int sbf;                  /* the shared expert's down rows are BF16 [H, Is] */
+} dn_params;
+
+struct fused_tables {
+    gu_params gu;
+    dn_params dn;
+};
+
+/* Decode 16 B of codes + their two block scales into 16 bf16x2 (A fragments). */
+__device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) {
+    uint32_t sa = cu_scale_bf16x2(s & 0xff), sb = cu_scale_bf16x2(s >> 8);
+    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        cu_e2m1x8_to_bf16x8(q[i], &out[4 * i]);
+#pragma unroll
+        for (int r = 0; r < 4; r++) out[4 * i + r] = cu_bf16x2_mul(out[4 * i + r], i < 2 ? sa : sb);
+    }
+}
+
+/* Block-column form (BC, M = 1 only; nvfp4.cuh's nv4_gemv1_chunk): the mma's 8 B
+ * columns hold the chunk's 8 scale blocks instead of 8 copies of the token, so each
+ * output is one (row, block) partial and the block scale is an fp32 FFMA (no BF16
+ * multiply per decoded pair, the byte tables built once). acc then holds (row g,
+ * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
+ * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
+ * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
+ * g == 0 supply B, the others zeros), which sums the same way. */
+__device__ __forceinline__ void bc_rows(float (&acc)[4]) {
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    acc[0] = r0;
+    acc[2] = r1;
+}
+
+/* One NVFP4 chunk in BC form: xr = the lane's 32 B-values of the token (4 uint4, K
+ * order), zero = 64 readable zero bytes (global); s0 / s1 the E4M3 scale pairs of
+ * rows g / g + 8. */
+__device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 *xr,
+                                         const uint4 *zero, int g, int t, const nv4_lut &lut, float (&acc)[4]) {
+    const bool act = t == (g >> 1);
+    const uint4 *pe = act && !(g & 1) ? xr : zero, *po = act && (g & 1) ? xr + 2 : zero;
+    float sg[4];
+    nv4_e4m3x2_to_f32x2(s0, sg[0], sg[1]);
+    nv4_e4m3x2_to_f32x2(s1, sg[2], sg[3]);
+    nv4_gemv1_chunk(w0, w1, __ldg(pe), __ldg(pe + 1), __ldg(po), __ldg(po + 1), sg, lut, acc);
+}
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j): h[s, rows] = silu(gate)·up, fp32.
+ * BC (M = 1): the NVFP4 chunks in block-column form (bc_chunk). */
+template <bool BC>
+__global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
+                                                         int I, int Is, int k, const bf16 *__restrict__ x,
+                                                         const int32_t *__restrict__ idx, float *hws,
+                                                         int ldh, const uint4 *__restrict__ zero, int early_sh,
+                                                         int sr) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* the shared expert's blocks (j = k) first in launch order: they are the
+     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
+    /* sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
+    const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
+    const int s = m * (k + 1) + j;
+    /* early_sh: the shared expert's blocks read only x and weights (h in fp32 without
+     * the gate weight), so they need not wait for the top-k kernel at all (see
+     * moe_gateup2_kernel for why the down kernel stays safe) */
+    if (!(early_sh && j == k)) pdl_wait();
+    pdl_trigger();
+    const int n0 = blockIdx.x * 16;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2;
+    int rows;
+    if (j < k) {
+        int ex = idx[m * k + j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        rows = I;
+    } else {
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        rows = Is;
+    }
+    if (n0 >= rows) return;
+    const int nchunks = H / 128, per = (nchunks + 7) / 8;
+    const int cb = warp * per, ce = min(nchunks, cb + per);
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + 16 * t, sb = (size_t)(n0 + g) * (H / 16) + 2 * t;
+    const size_t r8 = (size_t)8 * (H / 2), s8 = (size_t)8 * (H / 16);
+    const bf16 *xm = x + (size_t)m * H;
+    float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 (BC only) */
+    if (j == k && P->sbf) {
+        /* BF16 shared expert: 4 x 16 B per row and chunk, one chunk in flight */
+        for (int c = cb; c < ce; c++) {
+            uint4 g0[4], g1[4], u0[4], u1[4], xv[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)c * 128 + 32 * t, g0, g1);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)c * 128 + 32 * t, u0, u1);
+            const uint4 *xp = reinterpret_cast<const uint4 *>(xm + c * 128 + 32 * t);
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = g == 0 ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
+            bf16_chunk_mma(g0, g1, xv, ag);
+            bf16_chunk_mma(u0, u1, xv, au);
+        }
+    } else
+    for (int c = cb; c < ce; c += 2) {
+        uint4 wv[2][4];
+        uint16_t sv[2][4];
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+            if (c + u < ce) {
+                size_t o = (size_t)(c + u) * 64, os = (size_t)(c + u) * 8;
+                wv[u][0] = cu_ld_stream16(gw + rb + o);
+                wv[u][1] = cu_ld_stream16(gw + rb + r8 + o);
+                wv[u][2] = cu_ld_stream16(uw + rb + o);
+                wv[u][3] = cu_ld_stream16(uw + rb + r8 + o);
+                sv[u][0] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + os));
+                sv[u][1] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + os));
+                sv[u][2] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + os));
+                sv[u][3] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + os));
+            }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            if (c + u >= ce) break;
+            if (BC) {
+                const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
+                bc_chunk(wv[u][0], wv[u][1], sv[u][0], sv[u][1], xp, zero, g, t, lut, ag);
+                bc_chunk(wv[u][2], wv[u][3], sv[u][2], sv[u][3], xp, zero, g, t, lut, au);
+                continue;
+            }
+            uint32_t b[16];
+            if (g == 0) {
+                const uint4 *xp = reinterpret_cast<const uint4 *>(xm + (c + u) * 128 + 32 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    uint4 xv = __ldg(xp + v);
+                    b[4 * v] = xv.x; b[4 * v + 1] = xv.y; b[4 * v + 2] = xv.z; b[4 * v + 3] = xv.w;
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 16; v++) b[v] = 0u;
+            }
+            uint32_t a0[16], a1[16];
+            decode16(wv[u][0], sv[u][0], a0);
+            decode16(wv[u][1], sv[u][1], a1);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const uint32_t af[4] = {a0[2 * q], a1[2 * q], a0[2 * q + 1], a1[2 * q + 1]};
+                cu_mma_bf16_16816(ag, af, b[2 * q], b[2 * q + 1]);
+            }
+            decode16(wv[u][2], sv[u][2], a0);
+            decode16(wv[u][3], sv[u][3], a1);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const uint32_t af[4] = {a0[2 * q], a1[2 * q], a0[2 * q + 1], a1[2 * q + 1]};
+                cu_mma_bf16_16816(au, af, b[2 * q], b[2 * q + 1]);
+            }
+        }
+    }
+    if (BC) { /* the BF16 shared expert's B is column 0 only: bc_rows sums it the same way */
+        bc_rows(ag);
+        bc_rows(au);
+    }
+    /* column 0 (the token) lives in lanes with t == 0: c0 = row g, c2 = row g + 8 */
+    __shared__ float red[8][2][16];
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        hws[(size_t)s * ldh + n0 + threadIdx.x] = gv / (1.f + __expf(-gv)) * uv;
+    }
+}
+
+/* Launch 3: block (16 output rows, token m): y = Σ_j coef_j · down_j(h_j).
+ * BC (M = 1): the NVFP4 chunks in block-column form (the B halves built from h). */
+template <bool BC>
+__global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restrict__ P, int M, int H, int I,
+                                                       int Is, int k, const int32_t *__restrict__ idx,
+                                                       const float *__restrict__ wts,
+                                                       const float *__restrict__ hws, int ldh,
+                                                       bf16 *__restrict__ y, const float *__restrict__ ys) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    const int cpe = I / 128, cps = Is / 128;
+    const int sbf = P->sbf && !ys; /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
+    const int npairs = k * cpe + (P->sbf || ys ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    float acc[4] = {0, 0, 0, 0};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
+    for (int p0 = warp; p0 < npairs; p0 += 8 * 4) {
+        uint4 wv[4][2];
+        uint16_t sv[4][2];
+        float coef[4];
+        int hrow[4], kx[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int p = p0 + 8 * u;
+            if (p >= npairs) break;
+            const uint8_t *w, *sc;
+            int K, c, j;
+            float s2;
+            if (p < k * cpe) {
+                j = p / cpe;
+                c = p % cpe;
+                int ex = idx[m * k + j];
+                w = P->dw[ex]; sc = P->ds[ex]; s2 = P->d2[ex]; K = I;
+            } else {
+                j = k;
+                c = p - k * cpe;
+                w = P->sdw; sc = P->sds; s2 = P->sd2; K = Is;
+            }
+            coef[u] = wts[m * (k + 1) + j] * s2;
+            hrow[u] = m * (k + 1) + j;
+            kx[u] = c * 128 + 32 * t;
+            size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+            size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+            wv[u][0] = cu_ld_stream16(w + rb);
+            wv[u][1] = cu_ld_stream16(w + rb + (size_t)8 * (K / 2));
+            sv[u][0] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb));
+            sv[u][1] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb + (size_t)8 * (K / 16)));
+        }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (p0 + 8 * u >= npairs) break;
+            if (BC) {
+                /* lane (g, t) with t == g / 2 supplies half g % 2 of its 32 values, the rest zeros */
+                uint4 h0 = make_uint4(0u, 0u, 0u, 0u), h1 = h0;
+                if (t == (g >> 1)) {
+                    const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]) + 4 * (g & 1);
+                    uint32_t hv[8];
+#pragma unroll
+                    for (int v = 0; v < 4; v++) {
+                        const float4 f = hp[v];
+                        __nv_bfloat162 lo = __floats2bfloat162_rn(f.x * coef[u], f.y * coef[u]);
+                        __nv_bfloat162 hi = __floats2bfloat162_rn(f.z * coef[u], f.w * coef[u]);
+                        hv[2 * v] = *reinterpret_cast<uint32_t *>(&lo);
+                        hv[2 * v + 1] = *reinterpret_cast<uint32_t *>(&hi);
+                    }
+                    h0 = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                    h1 = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+                }
+                const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+                float sg[4];
+                nv4_e4m3x2_to_f32x2(sv[u][0], sg[0], sg[1]);
+                nv4_e4m3x2_to_f32x2(sv[u][1], sg[2], sg[3]);
+                const bool od = g & 1;
+                nv4_gemv1_chunk(wv[u][0], wv[u][1], od ? z : h0, od ? z : h1, od ? h0 : z, od ? h1 : z, sg, lut, acc);
+                continue;
+            }
+            uint32_t b[16];
+            if (g == 0) {
+                const float4 *hp = reinterpret_cast<const float4 *>(hws + (size_t)hrow[u] * ldh + kx[u]);
+#pragma unroll
+                for (int v = 0; v < 8; v++) {
+                    float4 f = hp[v];
+                    __nv_bfloat162 lo = __floats2bfloat162_rn(f.x * coef[u], f.y * coef[u]);
+                    __nv_bfloat162 hi = __floats2bfloat162_rn(f.z * coef[u], f.w * coef[u]);
+                    b[2 * v] = *reinterpret_cast<uint32_t *>(&lo);
+                    b[2 * v + 1] = *reinterpret_cast<uint32_t *>(&hi);
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 16; v++) b[v] = 0u;
+            }
+            uint32_t a0[16], a1[16];
+            decode16(wv[u][0], sv[u][0], a0);
+            decode16(wv[u][1], sv[u][1], a1);
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const uint32_t af[4] = {a0[2 * q], a1[2 * q], a0[2 * q + 1], a1[2 * q + 1]};
+                cu_mma_bf16_16816(acc, af, b[2 * q], b[2 * q + 1]);
+            }
+        }
+    }
+    pdl_wait();
+    if (sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const float coef = wts[m * (k + 1) + k];
+        const float *hr = hws + (size_t)(m * (k + 1) + k) * ldh;
+        for (int c = ((warp - npairs % 8) % 8 + 8) % 8; c < cps; c += 8) {
+            uint4 w0[4], w1[4], xv[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sdw), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+            if (g == 0) {
+                const float4 *hp = reinterpret_cast<const float4 *>(hr + c * 128 + 32 * t);
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const float4 f0 = hp[2 * v], f1 = hp[2 * v + 1];
+                    __nv_bfloat162 p0 = __floats2bfloat162_rn(f0.x * coef, f0.y * coef);
+                    __nv_bfloat162 p1 = __floats2bfloat162_rn(f0.z * coef, f0.w * coef);
+                    __nv_bfloat162 p2 = __floats2bfloat162_rn(f1.x * coef, f1.y * coef);
+                    __nv_bfloat162 p3 = __floats2bfloat162_rn(f1.z * coef, f1.w * coef);
+                    xv[v] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
+                                       *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
+                }
+            } else {
+#pragma unroll
+                for (int v = 0; v < 4; v++) xv[v] = make_uint4(0u, 0u, 0u, 0u);
+            }
+            bf16_chunk_mma(w0, w1, xv, acc);
+        }
+    }
+    if (BC) bc_rows(acc); /* the BF16 shared expert's B is column 0 only: same sums */
+    __shared__ float red[8][16];
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) v += red[w][threadIdx.x];
+        if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
+/* ---- the streaming pair (default): same load pipeline as fp4_gemm's cp.async kernel ---- */
+
+/* Launch 2: block (16 rows, slot s = m·(k+1) + j), KW warps each owning PER
+ * consecutive 128-element chunks of H (H == KW·PER·128): all gate and up bytes of
+ * the warp's slice go in flight at once with cp.async (4 x 16 B per lane per
+ * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
+ * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
+ * the slot's combine weight (or shared gate) times the down projection's scale2,
+ * so the down kernel reads h as its ready B operand. */
+template <int KW, int PER, bool BC>
+__global__ void __launch_bounds__(32 * KW, 32 / KW)
+    moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
+                       int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
+                       const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
+                       const uint4 *__restrict__ zero, int sr) {
+    extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
+    __shared__ float red[KW][2][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* the shared expert's blocks (j = k) first in launch order: they are the
+     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
+    /* sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
+    const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
+    const int s = m * (k + 1) + j;
+    /* early_sh (fused_early, the default with PDL): the shared expert's
+     * blocks need only x (complete before the router started) until their epilogue's
+     * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
+     * routed blocks still wait before they trigger, which keeps the down kernel's
+     * early read of the choices safe */
+    if (!(early_sh && j == k)) pdl_wait();
+    pdl_trigger();
+    const int n0 = blockIdx.x * 16;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef;
+    int rows;
+    if (j < k) {
+        const int ex = idx[m * k + j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        coef = D->d2[ex];
+        rows = I;
+    } else {
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        coef = D->sd2;
+        rows = Is;
+    }
+    if (n0 >= rows) return;
+    const int c0 = warp * PER;
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    if (j == k && P->sbf) {
+        /* BF16 shared expert: 4x the bytes of an NVFP4 chunk, streamed through
+         * registers (PER chunks' gate and up rows would not fit the cp.async
+         * stage), gate then up to stay inside the 64-register budget */
+        const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+#pragma unroll 1
+        for (int u = 0; u < PER; u++) {
+            uint4 w0[4], w1[4], xv[4];
+            const uint4 *xb = !BC || g == 0 ? xr + u * 16 : zero; /* BC: the token in column 0 only */
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(xb + v);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, ag);
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
+            bf16_chunk_mma(w0, w1, xv, au);
+        }
+        pdl_wait();
+        coef *= wts[m * (k + 1) + j];
+    } else {
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+    uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(my + (u * 4 + 0) * 32, gw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 1) * 32, gw + rb + r8 + u * 64);
+        cu_cp_async16(my + (u * 4 + 2) * 32, uw + rb + u * 64);
+        cu_cp_async16(my + (u * 4 + 3) * 32, uw + rb + r8 + u * 64);
+        cu_cp_async_commit();
+    }
+    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        sg0[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + u * 8));
+        sg1[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + u * 8));
+        su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
+        su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
+    }
+    pdl_wait();
+    coef *= wts[m * (k + 1) + j];
+    /* every token column is token m: no lane predicated off, column 0 is read */
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+    if (BC) {
+        const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 */
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async_wait_dyn(PER - 1 - u);
+            bc_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xr + u * 16, zero, g, t, lut, ag);
+            bc_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xr + u * 16, zero, g, t, lut, au);
+        }
+    } else {
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+    }
+    }
+    }
+    if (BC) {
+        bc_rows(ag);
+        bc_rows(au);
+    }
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+    }
+}
+
+/* Launch 3: block (16 output rows, token m): y = Σ_j down_j(h_j) over the
+ * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
+ * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
+ * in order (h rows from L2 as the B operand). The experts' down weights are
+ * looked up once per block into shared memory. */
+template <int KW, int PMAX, bool BC>
+__global__ void __launch_bounds__(32 * KW, 2)
+    moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
+                     const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
+                     bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys) {
+    extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
+    __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    if (threadIdx.x < k) {
+        const int ex = idx[m * k + threadIdx.x];
+        sw[threadIdx.x] = P->dw[ex];
+        ss[threadIdx.x] = P->ds[ex];
+    } else if (threadIdx.x == k) {
+        sw[k] = P->sdw;
+        ss[k] = P->sds;
+    }
+    __syncthreads();
+    const int cpe = I / 128, cps = Is / 128;
+    const int sbf = P->sbf && !ys; /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
+    const int npairs = k * cpe + (P->sbf || ys ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
+    for (int base = warp; base < npairs; base += KW * PMAX) {
+        uint16_t s0[PMAX], s1[PMAX];
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p < npairs) {
+                const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (u * 2 + 0) * 32, sw[j] + rb);
+                cu_cp_async16(my + (u * 2 + 1) * 32, sw[j] + rb + (size_t)8 * (K / 2));
+                s0[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb));
+                s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
+            }
+            cu_cp_async_commit();
+        }
+        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+#pragma unroll
+        for (int u = 0; u < PMAX; u++) {
+            const int p = base + KW * u;
+            if (p >= npairs) break;
+            const int j = p < k * cpe ? p / cpe : k, c = p < k * cpe ? p % cpe : p - k * cpe;
+            const uint4 *hp = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + j) * ldh + c * 128 + 32 * t);
+            if (BC) {
+                cu_cp_async_wait_dyn(PMAX - 1 - u);
+                bc_chunk(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], hp, zero, g, t, lut, acc);
+            } else {
+                uint4 xv[4];
+#pragma unroll
+                for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
+                cu_cp_async_wait_dyn(PMAX - 1 - u);
+                cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+            }
+        }
+    }
+    pdl_wait();
+    if (sbf) {
+        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
+        const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
+        for (int c = ((warp - npairs % KW) % KW + KW) % KW; c < cps; c += KW) {
+            uint4 w0[4], w1[4];
+            bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) { /* bf16_chunk_mma with B read as it goes: no spill */
+                const uint4 xq = __ldg(!BC || g == 0 ? hr + c * 16 + q : zero); /* BC: column 0 only */
+                const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
+                const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
+                cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
+                cu_mma_bf16_16816(acc, f1, xq.z, xq.w);
+            }
+        }
+    }
+    if (BC) bc_rows(acc);
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
+        y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+}
+
+enum { DOWN_KW = 16, DOWN_PMAX = 6 };
+
+/* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
+ * the default 48 KB (remembered per kernel and per device: a function attribute
+ * applies to the current device only, and tensor-parallel ranks launch the same
+ * kernel on other GPUs from their own threads; the largest so far per device). */
+template <auto K>
+static cudaError_t fused_smem(size_t bytes) {
+    static size_t have[CU_WS_MAX_DEV];
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (dev < 0 || dev >= CU_WS_MAX_DEV) return cudaErrorInvalidDevice;
+    size_t h = __atomic_load_n(&have[dev], __ATOMIC_ACQUIRE);
+    if (!h) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
+        cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        h = 48 << 10;
+        __atomic_store_n(&have[dev], h, __ATOMIC_RELEASE);
+    }
+    if (bytes <= h) return cudaSuccess;
+    c = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (c == cudaSuccess) __atomic_store_n(&have[dev], bytes, __ATOMIC_RELEASE);
+    return c;
+}
+
+/* Launch kernel K on st, as a programmatic dependent launch when pdl is set (the
+ * kernel may start before its predecessor ends; see pdl_wait). */
+template <typename... KArgs, typename... Args>
+static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t c = cudaLaunchKernelEx(&cfg, K, args...);
+    return c == cudaSuccess ? cudaGetLastError() : c;
+}
+
+/* An integer knob from the environment, read once into *v: def when unset, else
+ * the value if it is lo..hi (one digit), else def. Benchmarks only. */
+static int fused_knob(int *v, const char *name, int lo, int hi, int def) {
+    if (*v < -1) {
+        const char *ev = getenv(name);
+        *v = ev && ev[0] >= '0' + lo && ev[0] <= '0' + hi && !ev[1] ? ev[0] - '0' : -1;
+    }
+    return *v >= 0 ? *v : def;
+}
+
+/* The shared expert's gate/up blocks before the top-k wait (with PDL): 1 = in the
+ * cp.async pair (the default since the H200 round of 17:56: 397B M = 1 57.1 -> 55.4 us,
+ * M = 2 92.9 -> 90.9), 2 = in both pairs (until validated), 0 = off:
+ * LASTSTAND_MOE_SHARED_EARLY. */
+static int fused_early(void) {
+    static int force_early = -2;
+    return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 2, 1);
+}
+
+template <int KW, int PER>
+static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+                                  const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
+                                  const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
+    const int early = fused_early() >= 1;
+    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
+    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
+                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
+    if (c != cudaSuccess) return c;
+    return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
+                        (bf16 *)h, ldh, early, zero, sr);
+}
+
+static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
+    if (!moe_common_supported(d, s, why, n)) return 0;
+    if (s->M > FUSED_MAXM) {
+        snprintf(why, n, "the fused decode path takes M <= %d (M=%d)", FUSED_MAXM, s->M);
+        return 0;
+    }
+    if (s->wk != W_NVFP4) {
+        snprintf(why, n, "needs NVFP4 experts");
+        return 0;
+    }
+    if (s->Is > 0 && moe_shared_kind(s) != W_NVFP4 && moe_shared_kind(s) != W_BF16) {
+        snprintf(why, n, "needs an NVFP4 or BF16 shared expert, got %s", w_kind_name(moe_shared_kind(s)));
+        return 0;
+    }
+    if (s->E > MOE_MAXE || s->H % 128 || s->I % 128 || s->Is % 128) {
+        snprintf(why, n, "needs E <= %d and H, I, shared I multiples of 128 (E=%d H=%d I=%d Is=%d)", MOE_MAXE,
+                 s->E, s->H, s->I, s->Is);
+        return 0;
+    }
+    return 1;
+}
+
+static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
+    int rc = moe_check_w(a, e);
+    if (rc) return rc;
+    const moe_w *w = a->w;
+    const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, I = w->inter,
+              Is = w->shared_inter > 0 ? w->shared_inter : 0;
+    if (M <= 0) return 0;
+    if (M > FUSED_MAXM || E > MOE_MAXE || H % 128 || I % 128 || Is % 128)
+        return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: needs M <= %d, E <= %d, H/I multiples of 128",
+                    FUSED_MAXM, MOE_MAXE);
+    fused_ws *ws;
+    if ((rc = ws_lock(&ws, e))) return rc;
+    if (!ws->scratch) ws->scratch = (fused_tables *)xcalloc(1, sizeof(fused_tables));
+    gu_params &gp = ws->scratch->gu;
+    dn_params &dp = ws->scratch->dn;
+    for (int x = 0; x < E; x++) {
+        const lin_w *gl = &w->gate[x], *ul = &w->up[x], *dl = &w->down[x];
+        if (gl->kind != W_NVFP4 || ul->kind != W_NVFP4 || dl->kind != W_NVFP4) {
+            ws_unlock(ws);
+            return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: expert %d is not NVFP4", x);
+        }
+        gp.gw[x] = (const uint8_t *)gl->data; gp.gs[x] = gl->scale; gp.g2[x] = gl->scale2;
+        gp.uw[x] = (const uint8_t *)ul->data; gp.us[x] = ul->scale; gp.u2[x] = ul->scale2;
+        dp.dw[x] = (const uint8_t *)dl->data; dp.ds[x] = dl->scale; dp.d2[x] = dl->scale2;
+    }
+    gp.sbf = dp.sbf = 0;
+    if (Is) {
+        const w_kind sk = w->sh_gate.kind;
+        if ((sk != W_NVFP4 && sk != W_BF16) || w->sh_up.kind != sk || w->sh_down.kind != sk) {
+            ws_unlock(ws);
+            return errf(e, ERR_UNSUPPORTED,
+                        "cuda_fused_decode: shared expert must be all NVFP4 or all BF16 (gate %s, up %s, down %s)",
+                        w_kind_name(sk), w_kind_name(w->sh_up.kind), w_kind_name(w->sh_down.kind));
+        }
+        if (sk == W_BF16) {
+            if (((uintptr_t)w->sh_gate.data | (uintptr_t)w->sh_up.data | (uintptr_t)w->sh_down.data) & 15) {
+                ws_unlock(ws);
+                return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: BF16 shared expert weights not 16-byte aligned");
+            }
+            gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = NULL; gp.sg2 = 1.f;
+            gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = NULL; gp.su2 = 1.f;
+            dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = NULL; dp.sd2 = 1.f;
+            gp.sbf = dp.sbf = 1;
+        } else {
+            gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = w->sh_gate.scale; gp.sg2 = w->sh_gate.scale2;
+            gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = w->sh_up.scale; gp.su2 = w->sh_up.scale2;
+            dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = w->sh_down.scale; dp.sd2 = w->sh_down.scale2;
+        }
+    }
+    tab_entry *te = NULL;
+    for (int i = 0; i < TAB_CACHE; i++)
+        if (ws->tabs[i].key == w) te = &ws->tabs[i];
+    if (!te || memcmp(te->host, ws->scratch, sizeof(fused_tables))) {
+        if (!te) {
+            te = &ws->tabs[ws->next_tab];
+            ws->next_tab = (ws->next_tab + 1) % TAB_CACHE;
+        }
+        if (!te->host) {
+            te->host = (fused_tables *)xmalloc(sizeof(fused_tables));
+            cudaError_t c = cudaMalloc(&te->dev, sizeof(fused_tables));
+            if (c != cudaSuccess) {
+                free(te->host);
+                te->host = NULL;
+                te->dev = NULL;
+                ws_unlock(ws);
+                return cu_fail(e, c, "cuda_fused_decode tables");
+            }
+        }
+        te->key = w;
+        memcpy(te->host, ws->scratch, sizeof(fused_tables));
+        /* from pageable memory: the stream's earlier work (readers of the old table) completes first */
+        cudaError_t c = cudaMemcpyAsync(te->dev, te->host, sizeof(fused_tables), cudaMemcpyHostToDevice,
+                                        (cudaStream_t)s);
+        if (c != cudaSuccess) {
+            te->key = NULL;
+            ws_unlock(ws);
+            return cu_fail(e, c, "cuda_fused_decode tables");
+        }
+    }
+    const gu_params *dgp = &te->dev->gu;
+    const dn_params *ddp = &te->dev->dn;
+    const int ldh = I > Is ? I : Is;
+    cudaStream_t st = (cudaStream_t)s;
+    float *logits = (float *)ws_get(ws, WS_LOGITS, sizeof(float) * FUSED_MAXM * 1024, st, e);
+    int32_t *idx = (int32_t *)ws_get(ws, WS_IDX, sizeof(int32_t) * FUSED_MAXM * MOE_MAXK, st, e);
+    float *wts = (float *)ws_get(ws, WS_WTS, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1), st, e);
+    float *hws = (float *)ws_get(ws, WS_H, sizeof(float) * FUSED_MAXM * (MOE_MAXK + 1) * ldh, st, e);
+    const uint4 *zero = (const uint4 *)ws_get(ws, WS_ZERO, 64, st, e); /* zeroed once, never written */
+    if (!logits || !idx || !wts || !hws || !zero) {
+        ws_unlock(ws);
+        return e->code ? e->code : ERR_NOMEM;
+    }
+    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
+    const int nch = H / 128;
+    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    /* Where a BF16 shared expert runs: inside the router and top-k launches (SHARED_ROUTE,
+     * opt-in until an H200 round validates it: LASTSTAND_MOE_SHARED_ROUTE=1), or as
+     * blocks of the gate/up and down launches */
+    static int force_sr = -2;
+    const int sr = Is && gp.sbf && fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 0, 1, 0);
+    /* Kernel pair and programmatic dependent launch per shape, from the H200 rounds of
+     * 2026-11-29 17:10 and 17:56 (bench/RESULTS.md, doctor, every cell checked): M >= 2:
+     * the cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 ->
+     * 117.3 BF16 shared; M = 8 and the 35B layer gain too). M = 1 with an NVFP4 shared
+     * expert: the cp.async pair with PDL (397B 66.1 -> 58.1 us, 35B 26.5 -> 25.2). M = 1
+     * with a BF16 shared expert in the gate/up and down launches: the register pair, with
+     * PDL on the 35B layer (31.8 -> 27.2 us) but not on the 397B one (66.0 us; 76.2 with
+     * PDL, 79.9 with the cp.async pair and PDL: that pair streams the BF16 shared rows
+     * through too few registers). SHARED_ROUTE: the cp.async pair with PDL (routed
+     * experts only, all NVFP4). LASTSTAND_MOE_FUSED_PAIR = 1 / 2 and LASTSTAND_MOE_PDL =
+     * 0 / 1 / 2 force one (benchmarks only; PDL 2 = not on the register pair's down
+     * launch). A persistent gate/up kernel (a two-stage cp.async ring over a balanced
+     * tile list, with and without h through shared memory in the down kernel) lost
+     * there (74-87 us at M = 1, round of 17:10) and was removed. */
+    static int force_pair = -2, force_pdl = -2;
+    int pair = M >= 2 || !gp.sbf || sr ? 2 : 1;
+    pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 2, pair);
+    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 2, sr || !(M == 1 && H >= 4096 && gp.sbf));
+    if (pair == 2 && !gkw) pair = 1;
+    /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
+     * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
+     * no gain in the cp.async pair (57.7 vs 57.1, 22.8 vs 22.7), so off there;
+     * LASTSTAND_MOE_BC=0 / 1 forces it */
+    static int force_bc = -2;
+    const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    float *sgl = logits + FUSED_MAXM * MOE_MAXE;
+    const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
+    const int nrb = (E + ROUTER_RPB) / ROUTER_RPB; /* router blocks: E rows and the shared gate's */
+    cudaError_t c;
+    float *hs = NULL, *ys = NULL;
+    int wpt = 1;
+    if (sr) {
+        hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
+        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+        if (!hs || !ys) {
+            ws_unlock(ws);
+            return e->code ? e->code : ERR_NOMEM;
+        }
+        /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
+        while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
+        c = fused_smem<moe_router_kernel<true, 4>>(xsm);
+        if (c == cudaSuccess) {
+            moe_router_kernel<true, 4><<<nrb > Is / 8 ? nrb : Is / 8, 32 * ROUTER_NW, xsm, st>>>(
+                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
+            c = cudaGetLastError();
+        }
+        const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                             (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
+                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
+                             (const float *)hs, ys);
+    } else {
+        c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
+        if (c == cudaSuccess) {
+            moe_router_kernel<false, ROUTER_LD><<<nrb, 32 * ROUTER_NW, xsm, st>>>(
+                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL);
+            c = cudaGetLastError();
+        }
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                             (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
+                             (const float *)NULL, (float *)NULL);
+    }
+    /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
+    const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
+    if (c == cudaSuccess && pair == 2) {
+        const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        if (c == cudaSuccess) c = cudaGetLastError();
+        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        if (c == cudaSuccess)
+            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
+                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>,
+                             g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+                             (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys);
+    } else if (c == cudaSuccess) {
+        c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
+                         I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero,
+                         (int)(fused_early() >= 2), sr);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl == 1, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+                             H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
+                             (bf16 *)a->y, (const float *)ys);
+    }
+    if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
+        /* optional outputs: device copies of the choices */
+        if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
+        if (c == cudaSuccess && a->topk_w)
+            c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                  cudaMemcpyDeviceToDevice, st);
+    }
+    ws_unlock(ws);
+    if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode");
+    return 0;
+}
+
+/* graph_safe: no host round trip; its tables are uploaded on the first call per layer (up to
+ * TAB_CACHE layers per device) and its buffers have fixed sizes, so after a warm-up call a
+ * capture records kernels only */
+const moe_impl moe_cuda_fused_decode = {"cuda_fused_decode", DEV_CUDA, 0, fused_supported, fused_run, 1};

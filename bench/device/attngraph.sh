@@ -11,10 +11,11 @@
 #    (graph.sh has the cuda_flash_decode control). Prints tokens equal, the first divergent step.
 #    Discriminates: plan-dependent rounding (forced equal plans agree) from a replay reading
 #    stale/out-of-range data (forced equal plans still disagree).
-# 2. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
-#    fp64 reference, both plans, plus decode timings per backend.
-# 3. compute-sanitizer memcheck of a generate run replaying graphs (auto attention, both plans).
-# 4. the doctor's attention cells, 397B and 35B presets, M = 1, 8, 64, both plans.
+# 2. the doctor's attention cells, 397B and 35B presets, M = 1, 8, 64, both plans.
+# 3. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
+#    fp64 reference, both plans, decode timings per backend, compute-sanitizer memcheck of its
+#    graph replays; the row plan's knobs (PDL, chunk), timings.
+# 4. compute-sanitizer memcheck of a generate run replaying graphs (time left permitting).
 set -u
 BIN=${1:?usage: attngraph.sh BIN OUTDIR}
 OUT=${2:?usage: attngraph.sh BIN OUTDIR}
@@ -70,39 +71,59 @@ if a and b:
     print(f"  eager round vs eager rows (same kernel, other split): {sum(x == y for x, y in zip(a, b))}/{len(a)} equal (info)")
 PY
 
-echo "== 4. doctor attention cells ($(el))"
+echo "== 2. doctor attention cells ($(el))"
 for plan in round rows; do
     for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
         LASTSTAND_FP_PLAN=$plan timeout 40 "$BIN" doctor --device cuda --shapes $sh --families attention \
             --backends cuda_flash_prefill,cuda_flash_decode --m 1,8,64 --json "$OUT/doctor-$plan-$sh.json" \
             > "$OUT/doctor-$plan-$sh.txt" 2> "$OUT/doctor-$plan-$sh.err"
-        echo "  plan $plan, $sh (rc=$?):"
+        rc=$?; echo "  plan $plan, $sh (rc=$rc):"
+        [ $rc -ne 0 ] && tail -3 "$OUT/doctor-$plan-$sh.err" | sed 's/^/    /'
         grep -A5 -E "^attention" "$OUT/doctor-$plan-$sh.txt" | sed 's/^/    /'
     done
 done
-echo "== 2. op-level test test_attn_cuda ($(el))"
+left() { echo $(( 96 - ($(date +%s) - T0) )); }
+echo "== 3. op-level test test_attn_cuda, memcheck ($(el))"
 UT="$(dirname "$BIN")/tests/test_attn_cuda"
 if [ -x "$UT" ]; then
-    for plan in round rows; do
-        LASTSTAND_FP_PLAN=$plan timeout 40 "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
-        echo "  plan $plan: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/test_attn_cuda-$plan.log" | tr '\n' ' ')"
-        grep -E "attn:|FAIL|Failure|error" "$OUT/test_attn_cuda-$plan.log" | head -40
+    # plan rows then round: graph replay at other contexts vs eager bits (asserted under rows) and
+    # vs fp64 (asserted), decode timings
+    for plan in rows round; do
+        l=$(left); [ $l -lt 10 ] && { echo "  plan $plan: skipped (time budget)"; continue; }
+        LASTSTAND_FP_PLAN=$plan timeout $(( l < 30 ? l : 30 )) "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
+        echo "  plan $plan: rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/test_attn_cuda-$plan.log" | tr '\n' ' ')"
+        grep -E "attn:|FAIL|Failure|error" "$OUT/test_attn_cuda-$plan.log" | head -70
+        # compute-sanitizer memcheck of the same graph replays (the check part only)
+        l=$(left)
+        if command -v compute-sanitizer >/dev/null && [ $l -gt 12 ]; then
+            LASTSTAND_FP_PLAN=$plan LS_ATTN_TEST=check timeout $(( l < 25 ? l : 25 )) compute-sanitizer --tool memcheck \
+                --error-exitcode 9 "$UT" > "$OUT/memcheck-op-$plan.log" 2>&1
+            echo "  memcheck, plan $plan, graph replays: rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/memcheck-op-$plan.log" | tr '\n' ' ')"
+            grep -E "Invalid|out of bounds|Address" "$OUT/memcheck-op-$plan.log" | head -6
+        fi
+    done
+    # the row plan's knobs, timings only: PDL between the two kernels, chunk length
+    for knob in "LASTSTAND_FP_PDL=1" "LASTSTAND_FP_PDL=2" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" \
+                "LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_PDL=2"; do
+        [ $(left) -lt 8 ] && { echo "  $knob: skipped (time budget)"; continue; }
+        env LASTSTAND_FP_PLAN=rows LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
+        echo "  rows, $knob, quick timings: rc=$?"
+        grep -E "attn:|FAIL|error" "$OUT/test_attn_quick.log" | head -16
     done
 else
     echo "  not built at $UT"
 fi
 
-echo "== 3. compute-sanitizer memcheck of graph replays ($(el))"
+echo "== 4. compute-sanitizer memcheck of generate with graph replays ($(el))"
 if command -v compute-sanitizer >/dev/null; then
-    for plan in round rows; do
-        left=$(( 96 - ($(date +%s) - T0) )); [ $left -lt 8 ] && { echo "  plan $plan: skipped (time budget)"; continue; }
-        [ $plan = round ] && left=$(( left / 2 ))
-        LASTSTAND_FP_PLAN=$plan timeout $left compute-sanitizer --tool memcheck --error-exitcode 9 \
+    l=$(left)
+    if [ $l -lt 10 ]; then echo "  skipped (time budget)"; else
+        LASTSTAND_FP_PLAN=rows timeout $l compute-sanitizer --tool memcheck --error-exitcode 9 \
             "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --device cuda --ids "$IDS" \
-            --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-$plan.log" 2>&1
-        echo "  plan $plan: rc=$? $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-$plan.log" | tr '\n' ' ' | cut -c1-300)"
-        grep -E "Invalid|Error|out of bounds" "$OUT/memcheck-$plan.log" | head -6
-    done
+            --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-gen.log" 2>&1
+        echo "  plan rows: rc=$? $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-gen.log" | tr '\n' ' ' | cut -c1-300)"
+        grep -E "Invalid|out of bounds" "$OUT/memcheck-gen.log" | head -6
+    fi
 else
     echo "  compute-sanitizer not found"
 fi

@@ -15,6 +15,8 @@
  *   - decode timings (printed, not asserted): per backend, M = 1, 8, 64
  *     sequences, context 512 .. 32768, one call replayed from a graph of 20
  *     calls (device planning at the engine's ctx_cap) and one eager call.
+ * LS_ATTN_TEST (device scripts): "check" runs only the first, "time" only the
+ * second, "quick" the second at M = 1, 8 and two contexts, cuda_flash_prefill.
  * Needs a CUDA GPU of cc >= 9.0: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -181,9 +183,13 @@ static void ref_row(const dcase *c, int s, int h, double *o) {
     free(sc);
 }
 
+/* The plan and knobs in force (LASTSTAND_FP_PLAN / _CHUNK / _PDL), for the printed lines. */
 static const char *plan_name(void) {
-    const char *v = getenv("LASTSTAND_FP_PLAN");
-    return v && *v ? v : "default";
+    static char buf[64];
+    const char *v = getenv("LASTSTAND_FP_PLAN"), *c = getenv("LASTSTAND_FP_CHUNK"), *p = getenv("LASTSTAND_FP_PDL");
+    snprintf(buf, sizeof buf, "%s%s%s%s%s", v && *v ? v : "default", c && *c ? "/c" : "", c && *c ? c : "",
+             p && *p ? "/pdl" : "", p && *p ? p : "");
+    return buf;
 }
 
 /* The graph-vs-eager check of one backend and shape: capture at ctx0, replay at each row of ctxs. */
@@ -240,7 +246,7 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
                     rmax = fmax(rmax, fabs(ref[i]));
                 }
             }
-        printf("attn: %-18s plan %-7s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "
+        printf("attn: %-18s plan %-12s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "
                "(max %.2e); vs fp64 rel replay %.2e eager %.2e\n",
                backend, plan_name(), nh, B, ctxs[st][0], B > 1 ? ctxs[st][1] : 0, B > 2 ? ctxs[st][2] : 0,
                B > 3 ? ctxs[st][3] : 0, ndiff, n, dmax, err_g / rmax, err_e / rmax);
@@ -255,6 +261,13 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
     dcase_free(&c);
 }
 
+static int want(const char *part) {
+    const char *v = getenv("LS_ATTN_TEST");
+    if (!v || !*v) return 1;
+    if (!strcmp(part, "check")) return !strcmp(v, "check");
+    return !strcmp(v, "time") || !strcmp(v, "quick");
+}
+
 static int rows_plan(void) {
     const char *v = getenv("LASTSTAND_FP_PLAN");
     return v && !strcmp(v, "rows");
@@ -264,7 +277,7 @@ static int rows_plan(void) {
 static void test_graph_replay_at_other_contexts_gives_the_eager_bits(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
-    if (!have_gpu()) skip();
+    if (!want("check") || !have_gpu()) skip();
     /* captured at short contexts; replayed longer (across 32/64/128/256-key chunk edges), back to
      * 1, and near the cap */
     static const int c0[4] = {3, 40, 17, 9};
@@ -288,16 +301,18 @@ static void test_graph_replay_at_other_contexts_gives_the_eager_bits(void **st) 
 static void test_decode_timings(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
-    if (!have_gpu()) skip();
+    if (!want("time") || !have_gpu()) skip();
     const char *be[] = {"cuda_flash_prefill", "cuda_flash_decode"};
     static const int Ms[] = {1, 8, 64}, ctxs[] = {512, 2048, 8192, 32768};
+    const char *mode = getenv("LS_ATTN_TEST");
+    const int quick = mode && !strcmp(mode, "quick");
     enum { CALLS = 20, REPS = 5, CAP = 262144 };
     ls_err e = {0};
     ls_stream cs;
     assert_int_equal(cug_stream_new(&cs, &e), 0);
     for (int nh = 32; nh >= 16; nh -= 16)
-        for (int b = 0; b < 2; b++)
-            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+        for (int b = 0; b < (quick ? 1 : 2); b++)
+            for (size_t mi = 0; mi < (quick ? 2 : sizeof Ms / sizeof Ms[0]); mi++) {
                 const int M = Ms[mi];
                 dcase c;
                 dcase_new(&c, M, nh, 32768);
@@ -307,6 +322,7 @@ static void test_decode_timings(void **st) {
                 c.scratch = g_mem->alloc(c.scratch_bytes, &e);
                 assert_non_null(c.scratch);
                 for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
+                    if (quick && (ci & 1)) continue;
                     int ctx[MAXB];
                     for (int s = 0; s < M; s++) ctx[s] = ctxs[ci];
                     dcase_ctx(&c, ctx);
@@ -334,7 +350,7 @@ static void test_decode_timings(void **st) {
                     assert_int_equal(g_mem->sync(g_st, &e), 0);
                     const double te = (now_sec() - t0) / (REPS * CALLS);
                     const double bytes = 2.0 * M * ctxs[ci] * NKV * HD * 2;
-                    printf("attn: time %-18s plan %-7s nh %2d M %2d ctx %5d: graph %7.1f us (%5.0f GB/s), "
+                    printf("attn: time %-18s plan %-12s nh %2d M %2d ctx %5d: graph %7.1f us (%5.0f GB/s), "
                            "eager %7.1f us\n",
                            be[b], plan_name(), nh, M, ctxs[ci], tg * 1e6, bytes / tg / 1e9, te * 1e6);
                     fflush(stdout);

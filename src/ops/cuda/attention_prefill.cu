@@ -48,18 +48,18 @@
 #include <string.h>
 
 enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
-/* The row plan (fp_plan_mode): chunks of FP_CHUNK_KEYS keys, at most FP_MAX_SPLIT per tile (longer
- * chunks past FP_CHUNK_KEYS x FP_MAX_SPLIT keys); it plans host calls whose sequences all have at
- * most FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs replay) and every device
- * planned call. */
+/* The row plan (fp_plan_mode): chunks of FP_CHUNK_KEYS keys (LASTSTAND_FP_CHUNK), at most
+ * FP_MAX_SPLIT per tile (longer chunks past FP_CHUNK_KEYS x FP_MAX_SPLIT keys); it plans host calls
+ * whose sequences all have at most FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs
+ * replay) and every device planned call. */
 enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 16 };
 
-/* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles of BN keys: FP_CHUNK_KEYS
- * keys, or ceil(n_ktiles / FP_MAX_SPLIT) tiles when that is longer; and no more than `most` chunks
- * (the grid's split count: a grid smaller than the plan, which the launcher never makes, still
- * covers every key, in longer chunks). */
-__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int BN, int most) {
-    int ct = FP_CHUNK_KEYS / BN > 1 ? FP_CHUNK_KEYS / BN : 1;
+/* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles: c0 (the chunk's key
+ * tiles, FP_CHUNK_KEYS / BN), or ceil(n_ktiles / FP_MAX_SPLIT) tiles when that is longer; and no more
+ * than `most` chunks (the grid's split count: a grid smaller than the plan, which the launcher
+ * never makes, still covers every key, in longer chunks). */
+__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int c0, int most) {
+    int ct = c0 > 1 ? c0 : 1;
     const int lng = (n_ktiles + FP_MAX_SPLIT - 1) / FP_MAX_SPLIT;
     if (lng > ct) ct = lng;
     if (most > 0 && (n_ktiles + ct - 1) / ct > most) ct = (n_ktiles + most - 1) / most;
@@ -104,6 +104,13 @@ __device__ __forceinline__ void fp_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void fp_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+/* Programmatic dependent launch (sm_90): without the launch attribute both are no-ops. fp_pdl_wait
+ * blocks until the grid before this one in the stream completed with its memory visible; every
+ * kernel here calls it before it reads anything, and fp_pdl_trigger right after (what follows waits
+ * in turn for this grid's completion before it reads). */
+__device__ __forceinline__ void fp_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void fp_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 /* ---- the kernel ------------------------------------------------------------ */
 
 /* grid (tiles bound, nkv), block 128 threads (4 warps, warp w owns tile rows
@@ -115,7 +122,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
                                                         const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
                                                         const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                         float *__restrict__ part_o, float *__restrict__ part_ml,
-                                                        int *__restrict__ part_n, int n_rows_total, int rows_plan) {
+                                                        int *__restrict__ part_n, int n_rows_total, int rows_c0) {
     constexpr int LD = HD + 8;        /* shared row stride, elements */
     constexpr int NT = BN / 8;        /* key n-tiles of S per warp */
     constexpr int OT = HD / 8;        /* dim n-tiles of O per warp */
@@ -126,6 +133,8 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
 
     const int grp = nh / nkv, kvh = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    fp_pdl_wait();
+    fp_pdl_trigger();
 
     /* which sequence and tile this block is */
     int id = blockIdx.x, s = 0;
@@ -143,13 +152,13 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     const int n_ktiles = kmax / BN + 1;
     const int z = blockIdx.z, nsplit = gridDim.z;
     int kt0, kstep, n_it, direct;
-    if (rows_plan) {
+    if (rows_c0 > 0) {
         /* the row plan: the tile's keys in contiguous chunks whose length depends only on the
          * tile's own last key (fp_rows_chunk), chunk z -> block z; blocks past the tile's chunk
          * count exit. Chunk c's partial goes to slot c, and fp_merge_kernel folds slots
          * 0 .. nc - 1 in order: the arithmetic of a row is fixed by its context alone, whatever
          * the batch, the grid or the planning (host or device). One chunk: written directly. */
-        const int ct = fp_rows_chunk(n_ktiles, BN, nsplit);
+        const int ct = fp_rows_chunk(n_ktiles, rows_c0, nsplit);
         const int nc = (n_ktiles + ct - 1) / ct;
         if (z >= nc) return;
         kt0 = z * ct;
@@ -393,6 +402,67 @@ __global__ void fp_merge_kernel(int n_rows, int nsplit, const float *__restrict_
     }
 }
 
+/* The row plan's merge: grid (n_tok · nh), block HD threads (thread d = output dim d), one output
+ * row (token, head) = row per block, over the row's own chunk count k = part_n[row] (k <= 1: the
+ * attention kernel wrote the row). Lanes hold the (m, l) of chunks lane and lane + 32 (k <=
+ * FP_MAX_SPLIT = 64): M and L by warp shuffles (a fixed order), then O = Σ_z O_z 2^{m_z − M} in
+ * chunk order, every load of the sum independent of the others. */
+template <int HD>
+__global__ void __launch_bounds__(HD) fp_merge_rows_kernel(int n_rows, int nsplit, const float *__restrict__ part_o,
+                                                           const float *__restrict__ part_ml,
+                                                           const int *__restrict__ part_n,
+                                                           const bf16 *__restrict__ gate, bf16 *__restrict__ out) {
+    fp_pdl_wait();
+    fp_pdl_trigger();
+    const size_t row = blockIdx.x;
+    const int d = threadIdx.x, lane = d & 31;
+    const int k = min(part_n[row], nsplit);
+    if (k <= 1) return;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    if (lane < k) {
+        m0 = part_ml[2 * ((size_t)lane * n_rows + row)];
+        l0 = part_ml[2 * ((size_t)lane * n_rows + row) + 1];
+    }
+    if (lane + 32 < k) {
+        m1 = part_ml[2 * ((size_t)(lane + 32) * n_rows + row)];
+        l1 = part_ml[2 * ((size_t)(lane + 32) * n_rows + row) + 1];
+    }
+    float M = fmaxf(l0 > 0.f ? m0 : -INFINITY, l1 > 0.f ? m1 : -INFINITY);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float f0 = l0 > 0.f ? exp2f(m0 - M) : 0.f, f1 = l1 > 0.f ? exp2f(m1 - M) : 0.f;
+    float L = l0 * f0 + l1 * f1;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    float acc = 0.f;
+#pragma unroll 8
+    for (int z = 0; z < k; z++) {
+        const float f = __shfl_sync(0xffffffffu, z < 32 ? f0 : f1, z & 31);
+        if (f != 0.f) acc += part_o[((size_t)z * n_rows + row) * HD + d] * f;
+    }
+    const size_t at = row * HD + d;
+    float v = acc * (L > 0.f ? 1.f / L : 0.f);
+    if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
+    out[at] = __float2bfloat16_rn(v);
+}
+
+/* Launch K on st, as a programmatic dependent launch when pdl is set. */
+template <typename... KArgs, typename... Args>
+static cudaError_t fp_launch_k(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                               Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, K, args...);
+}
+
 /* ---- host side --------------------------------------------------------------- */
 
 /* Per-device split-K workspace (grown, never shrunk) and SM count. */
@@ -458,9 +528,16 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
  *   an integer N           round-robin with N splits under both plannings (diagnostics). */
 static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
+/* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,
+ * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 1: the merge kernel as a programmatic dependent
+ * launch of the attention kernel, 2: the attention kernel too (of whatever ran before it). */
+static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = 0;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
+    const char *ck = getenv("LASTSTAND_FP_CHUNK"), *pd = getenv("LASTSTAND_FP_PDL");
+    if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
+    if (pd && (!strcmp(pd, "1") || !strcmp(pd, "2"))) g_fp_pdl = atoi(pd);
     const char *v = getenv("LASTSTAND_FP_PLAN");
     int mode = 0;
     if (v && !strcmp(v, "rows")) {
@@ -503,9 +580,12 @@ static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     return n < 2 ? 1 : (int)n;
 }
 
+/* The row plan's chunk in key tiles of BN keys. */
+static int fp_rows_c0(int BN) { return g_fp_ckeys / BN > 1 ? g_fp_ckeys / BN : 1; }
+
 /* Row-plan chunk count of a tile whose last key is kmax (fp_kernel's n_ktiles = kmax / BN + 1). */
 static int fp_rows_nc(long kmax, int BN) {
-    const int nk = (int)(kmax / BN + 1), ct = fp_rows_chunk(nk, BN, 0);
+    const int nk = (int)(kmax / BN + 1), ct = fp_rows_chunk(nk, fp_rows_c0(BN), 0);
     return (nk + ct - 1) / ct;
 }
 
@@ -513,7 +593,7 @@ static int fp_rows_nc(long kmax, int BN) {
  * device planning, the most any context up to ctx_cap can have. 0: not a row-plan call. */
 static int fp_rows_nsplit(const attn_args *a, int BN) {
     if (a->ctx_cap > 0) {
-        const long cap_tiles = ((long)a->ctx_cap - 1) / BN + 1, c0 = FP_CHUNK_KEYS / BN > 1 ? FP_CHUNK_KEYS / BN : 1;
+        const long cap_tiles = ((long)a->ctx_cap - 1) / BN + 1, c0 = fp_rows_c0(BN);
         const long n = (cap_tiles + c0 - 1) / c0;
         return n > FP_MAX_SPLIT ? FP_MAX_SPLIT : (int)n;
     }
@@ -534,12 +614,11 @@ static int fp_rows_nsplit(const attn_args *a, int BN) {
 }
 
 /* Bytes of device-planning scratch cuda_flash_prefill needs for n_tok tokens (the row plan at
- * ctx_cap: partials of FP_MAX_SPLIT chunks at most, and a chunk count per row). */
+ * ctx_cap, whatever its chunk: partials of FP_MAX_SPLIT chunks at most, a chunk count per row). */
 extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, int ctx_cap) {
     if (n_tok < 1 || ctx_cap < 1 || head_dim < 1) return 0;
     const int BN = head_dim >= 256 ? 32 : 64;
-    const long cap_tiles = ((long)ctx_cap - 1) / BN + 1, c0 = FP_CHUNK_KEYS / BN;
-    long ns = (cap_tiles + c0 - 1) / c0;
+    long ns = ((long)ctx_cap - 1) / BN + 1;
     if (ns > FP_MAX_SPLIT) ns = FP_MAX_SPLIT;
     if (ns < 1) ns = 1;
     const size_t rows = (size_t)n_tok * n_heads;
@@ -605,14 +684,23 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
     const float sl2 = a->scale * 1.4426950408889634f;
-    fp_kernel<HD, BN><<<grid, FP_THREADS, smem, st>>>(a->n_seq, a->seqs, a->n_heads, a->n_kv_heads,
-                                                       a->kv->page_size, sl2, (const bf16 *)a->q,
-                                                       (const bf16 *)a->gate, (const bf16 *)a->kv->k,
-                                                       (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, pn, n_rows,
-                                                       rows > 0);
-    if (nsplit > 1)
-        fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, pn, (const bf16 *)a->gate,
-                                                   (bf16 *)a->out);
+    cudaError_t c1 = fp_launch_k(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
+                                 a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
+                                 (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v,
+                                 (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0);
+    if (c1 == cudaSuccess && nsplit > 1) {
+        if (rows > 0)
+            c1 = fp_launch_k(g_fp_pdl >= 1, fp_merge_rows_kernel<HD>, dim3(n_rows), dim3(HD), 0, st, n_rows, nsplit,
+                             (const float *)po, (const float *)pml, (const int *)pn, (const bf16 *)a->gate,
+                             (bf16 *)a->out);
+        else
+            fp_merge_kernel<HD><<<n_rows, 32, 0, st>>>(n_rows, nsplit, po, pml, pn, (const bf16 *)a->gate,
+                                                       (bf16 *)a->out);
+    }
+    if (c1 != cudaSuccess) {
+        pthread_mutex_unlock(&ws->mu);
+        return cu_fail(e, c1, "attention cuda_flash_prefill");
+    }
     cudaError_t c = cudaGetLastError();
     pthread_mutex_unlock(&ws->mu);
     if (c != cudaSuccess) return cu_fail(e, c, "attention cuda_flash_prefill");

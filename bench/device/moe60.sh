@@ -14,6 +14,7 @@
 #                                     top-k), routed experts only in gate/up and down
 #      + LASTSTAND_MOE_FUSED_PAIR=1   ... with the register-staged pair
 #      + LASTSTAND_MOE_PDL=0          ... without programmatic dependent launch
+#      + LASTSTAND_MOE_GU_KW=8        ... with the cp.async gate/up in blocks of 8 warps
 # 2. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert):
 #    cuda_fused_decode default / SHARED_ROUTE=1 (CUDA graphs and eager) against
 #    cuda_expert_loop: the ids must be equal (or nearly: BF16 rounding).
@@ -58,6 +59,8 @@ echo "($(el))"
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do doctor default "" $p nv 1,2,8; done
 doctor sr+pair1 "LASTSTAND_MOE_SHARED_ROUTE=1 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-397b-a17b bf 1,2
 doctor sr+pdl0 "LASTSTAND_MOE_SHARED_ROUTE=1 LASTSTAND_MOE_PDL=0" qwen3.5-397b-a17b bf 1
+doctor sr+gukw8 "LASTSTAND_MOE_SHARED_ROUTE=1 LASTSTAND_MOE_GU_KW=8" qwen3.5-397b-a17b bf 1,2
+doctor gukw8 LASTSTAND_MOE_GU_KW=8 qwen3.5-397b-a17b nv 1
 doctor sr+pair1 "LASTSTAND_MOE_SHARED_ROUTE=1 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-35b-a3b bf 1
 echo "($(el))"
 

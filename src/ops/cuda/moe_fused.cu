@@ -1103,9 +1103,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
     }
-    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 */
-    const int nch = H / 128;
-    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4;
+     * LASTSTAND_MOE_GU_KW=8 takes 8 warps where 16 fit (benchmarks: smaller blocks, up to
+     * 3 an SM, each warp with twice the chunks in flight) */
+    static int force_gkw = -2;
+    const int nch = H / 128, kw8 = fused_knob(&force_gkw, "LASTSTAND_MOE_GU_KW", 8, 8, 0) == 8;
+    const int gkw = !kw8 && nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
     /* Where a BF16 shared expert runs: inside the router and top-k launches (SHARED_ROUTE,
      * opt-in until an H200 round validates it: LASTSTAND_MOE_SHARED_ROUTE=1), or as
      * blocks of the gate/up and down launches */

@@ -53,12 +53,13 @@ for l in chk[:2]: print("     graph log:", l)
 PY
 }
 echo "== 1. generate greedy, graph vs eager, $SYN, 136 tokens ($(el))"
-for cfg in "round:auto" "64:auto" "rows:auto"; do
-    plan=${cfg%%:*}; attn=${cfg#*:}
+for cfg in "round:auto" "64:auto" "rows:auto" "rows:auto:dec"; do
+    IFS=: read -r plan attn dec <<< "$cfg"
     pin=(); [ "$attn" != auto ] && pin=(--attention-backend "$attn")
-    LASTSTAND_FP_PLAN=$plan gen "g-$plan-$attn" "${pin[@]}"
-    LASTSTAND_FP_PLAN=$plan gen "e-$plan-$attn" "${pin[@]}" --disable-cuda-graph
-    cmp_ids "g-$plan-$attn" "e-$plan-$attn" "attention $attn, LASTSTAND_FP_PLAN=$plan"
+    d=0; [ "$dec" = dec ] && d=1
+    LASTSTAND_FP_DEC=$d LASTSTAND_FP_PLAN=$plan gen "g-$plan-$attn$dec" "${pin[@]}"
+    LASTSTAND_FP_DEC=$d LASTSTAND_FP_PLAN=$plan gen "e-$plan-$attn$dec" "${pin[@]}" --disable-cuda-graph
+    cmp_ids "g-$plan-$attn$dec" "e-$plan-$attn$dec" "attention $attn, LASTSTAND_FP_PLAN=$plan${dec:+ FP_DEC=1}"
 done
 python3 - "$OUT" <<'PY'
 import json, sys, os
@@ -72,10 +73,11 @@ if a and b:
 PY
 
 echo "== 2. doctor attention cells ($(el))"
-for plan in round rows; do
+for plan in round rows rows+dec; do
+    ex=(); m=1,8,64; [ $plan = rows+dec ] && { ex=(LASTSTAND_FP_DEC=1 LASTSTAND_FP_PDL=2); m=1; }
     for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-        LASTSTAND_FP_PLAN=$plan timeout 40 "$BIN" doctor --device cuda --shapes $sh --families attention \
-            --backends cuda_flash_prefill,cuda_flash_decode --m 1,8,64 --json "$OUT/doctor-$plan-$sh.json" \
+        env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} timeout 40 "$BIN" doctor --device cuda --shapes $sh \
+            --families attention --backends cuda_flash_prefill,cuda_flash_decode --m $m --json "$OUT/doctor-$plan-$sh.json" \
             > "$OUT/doctor-$plan-$sh.txt" 2> "$OUT/doctor-$plan-$sh.err"
         rc=$?; echo "  plan $plan, $sh (rc=$rc):"
         [ $rc -ne 0 ] && tail -3 "$OUT/doctor-$plan-$sh.err" | sed 's/^/    /'
@@ -88,15 +90,16 @@ UT="$(dirname "$BIN")/tests/test_attn_cuda"
 if [ -x "$UT" ]; then
     # plan rows then round: graph replay at other contexts vs eager bits (asserted under rows) and
     # vs fp64 (asserted), decode timings
-    for plan in rows round; do
+    for plan in rows+dec rows round; do
         l=$(left); [ $l -lt 10 ] && { echo "  plan $plan: skipped (time budget)"; continue; }
-        LASTSTAND_FP_PLAN=$plan timeout $(( l < 30 ? l : 30 )) "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
+        ex=(); [ $plan = rows+dec ] && ex=(LASTSTAND_FP_DEC=1 LASTSTAND_FP_PDL=2)
+        env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} timeout $(( l < 30 ? l : 30 )) "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
         echo "  plan $plan: rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/test_attn_cuda-$plan.log" | tr '\n' ' ')"
         grep -E "attn:|FAIL|Failure|error" "$OUT/test_attn_cuda-$plan.log" | head -70
         # compute-sanitizer memcheck of the same graph replays (the check part only)
         l=$(left)
         if command -v compute-sanitizer >/dev/null && [ $l -gt 12 ]; then
-            LASTSTAND_FP_PLAN=$plan LS_ATTN_TEST=check timeout $(( l < 25 ? l : 25 )) compute-sanitizer --tool memcheck \
+            env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} LS_ATTN_TEST=check timeout $(( l < 25 ? l : 25 )) compute-sanitizer --tool memcheck \
                 --error-exitcode 9 "$UT" > "$OUT/memcheck-op-$plan.log" 2>&1
             echo "  memcheck, plan $plan, graph replays: rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$OUT/memcheck-op-$plan.log" | tr '\n' ' ')"
             grep -E "Invalid|out of bounds|Address" "$OUT/memcheck-op-$plan.log" | head -6
@@ -104,7 +107,8 @@ if [ -x "$UT" ]; then
     done
     # the row plan's knobs, timings only: PDL between the two kernels, chunk length
     for knob in "LASTSTAND_FP_PDL=1" "LASTSTAND_FP_PDL=2" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" \
-                "LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_PDL=2"; do
+                "LASTSTAND_FP_DEC=1" "LASTSTAND_FP_DEC=1 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_PDL=2" \
+                "LASTSTAND_FP_DEC=1 LASTSTAND_FP_CHUNK=256 LASTSTAND_FP_PDL=2"; do
         [ $(left) -lt 8 ] && { echo "  $knob: skipped (time budget)"; continue; }
         env LASTSTAND_FP_PLAN=rows LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
         echo "  rows, $knob, quick timings: rc=$?"

@@ -26,6 +26,9 @@
 #    its own (ids equal to cuBLASLt's: printed, BF16 rounding may flip near-ties).
 # 4. Decode step time through each server (CUDA graphs on, as served): a 16-token prompt with 1
 #    and 129 new tokens (best of 3), and 8 such requests at once (M = 8 decode steps).
+# 5. ncu (if present, time permitting): every BF16 GEMM kernel of one M = 1 forward (`logits`
+#    with one id) with --gemm-backend cuda_gemv and cuda_cublaslt, the lm_head included (the
+#    doctor's gemm shapes do not list it, but a plan's small-M entry runs it at decode).
 set -u
 BIN=${1:?usage: gemmplan.sh BIN OUTDIR}
 OUT=${2:?usage: gemmplan.sh BIN OUTDIR}
@@ -89,6 +92,8 @@ class Server:
         out = json.loads(urllib.request.urlopen(req, timeout=max(5, left())).read())
         return time.time() - t, out.get("output_ids", [])
     def stop(self):
+        if self.log.closed:
+            return
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
@@ -295,6 +300,36 @@ try:
         a, b = res["plan"], res["cublaslt"]
         print(f"{el()} DECODE: M=1 {a[0] * 1e3:.3f} ms/step with gemm '{gplan}' vs {b[0] * 1e3:.3f} with {BASE} "
               f"({b[0] / a[0]:.3f}x); M=8 {a[1] * 1e3:.3f} vs {b[1] * 1e3:.3f} ({b[1] / a[1]:.3f}x)")
+
+    for s in servers.values():  # the GPU to ncu alone
+        s.stop()
+
+    # where the time goes: every BF16 GEMM kernel of one M = 1 forward (`logits`, 1 id), lm_head included
+    try:
+        import shutil
+        if DEV == "cuda" and shutil.which("ncu"):
+            for g in ("cuda_gemv", BASE):
+                lim = min(22, left() - 4)
+                if lim < 8:
+                    print(f"{el()} ncu {g}: SKIPPED (time budget)"); continue
+                csvp = os.path.join(OUT, f"ncu-{g}.csv")
+                p = subprocess.run(["timeout", str(int(lim)), "ncu", "--clock-control", "none", "--csv", "--print-units", "base", "--log-file", csvp,
+                                    "--metrics", "gpu__time_duration.sum", "-k", "regex:gv_kernel|nvjet|splitKreduce|xmma|cutlass",
+                                    BIN, "logits", "--model-path", MODEL, "--device", "cuda", "--ids", "5", "--gemm-backend", g],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+                import csv
+                rows = [r for r in csv.reader(open(csvp, errors="replace")) if len(r) > 10] if os.path.exists(csvp) else []
+                if not rows:
+                    print(f"{el()} ncu {g}: rc={p.returncode}, no rows; {p.stderr.strip()[-300:]}"); continue
+                h = rows[0]
+                ki, gi, vi = h.index("Kernel Name"), h.index("Grid Size"), h.index("Metric Value")
+                ts = [(r[ki][:44], r[gi], float(r[vi].replace(",", ""))) for r in rows[1:]]
+                print(f"{el()} ncu {g}: {len(ts)} BF16 GEMM kernels in one M=1 forward, {sum(t for *_, t in ts) / 1e3:.1f} us "
+                      f"in all (rc={p.returncode}); the longest (lm_head first if it is BF16):")
+                for name, grid, t in sorted(ts, key=lambda x: -x[2])[:6]:
+                    print(f"   {t / 1e3:8.2f} us  {grid:>14}  {name}")
+    except Exception as ex:
+        print(f"{el()} ncu step FAILED: {ex!r}")
 finally:
     for s in servers.values():
         s.stop()

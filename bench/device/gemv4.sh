@@ -7,10 +7,16 @@
 #  1. the doctor, fp4_gemm on the 397B preset's [4096 x 4096] and [16384 x 4096],
 #     M = 1, 2, 4, 8, every backend, default settings (chain8 timing, PDL on): the
 #     doctor's own table (copy bandwidth, GB/s, % of copy);
+#  1b. tests/unit/test_fp4_gemv_cuda.c (beside BIN in tests/): rmsnorm -> three fp4
+#     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
+#     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
+#     opt-in kernels;
 #  2. cuda_w4a16_mma alone, same cells, per variant x timing method:
-#       chain8 / isolated  x  PDL on / LASTSTAND_FP4_PDL=0, and LASTSTAND_W4A16_GDEC=2
-#     (the bit-placement GEMV, opt-in) chain8 and isolated; "isolated + PDL off" is
-#     the method and launch of the sessions before this one;
+#       chain8 / isolated  x  PDL on / LASTSTAND_FP4_PDL=0 ("isolated + PDL off" is the
+#     method and launch of the sessions before this one), and the opt-in M = 1 kernels:
+#     LASTSTAND_W4A16_RING=4|3 (persistent cp.async ring), LASTSTAND_W4A16_GKW=8 with
+#     and without LASTSTAND_W4A16_GOCC=4 (8-warp GEMV, 4 blocks an SM so that the next
+#     GEMV's blocks fit beside it), LASTSTAND_W4A16_GDEC=2 (bit-placement decode);
 #  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2;
 #  4. PDL inside CUDA graphs: `generate` greedy on the NVFP4 fixture
 #     (.dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, a copy of
@@ -18,8 +24,8 @@
 #     --disable-cuda-graph, PDL on vs off: the four id lists must be equal (the
 #     engine's own graph-vs-eager check at start-up is in the log: its lines are shown);
 #     `logits` PDL on vs off (max |difference|; 0 expected: same kernels, same order);
-#  5. Nsight Compute (--clock-control none) at [16384 x 4096] and [4096 x 4096] M = 1:
-#     kernel time of the default GEMV, when the 100 s allow.
+#  5. Nsight Compute (--clock-control none) at M = 1: kernel time of the default GEMV at
+#     [16384 x 4096] and [4096 x 4096], and of RING=4 at [16384 x 4096], as the 100 s allow.
 # device-limit: 100
 set -u
 BIN=${1:?usage: gemv4.sh BIN OUTDIR}
@@ -64,13 +70,29 @@ doc default 40 "" --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m 1,2,4,8
 sed -n '1,60p' "$F.txt" | grep -vE '^\s*$' | head -40
 summary "$F.json" "default"
 echo "doctor 1: $(( $(date +%s) - T0 )) s"
+echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
+UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
+if [ -x "$UT" ]; then
+  for v in "default|" "RING=4|LASTSTAND_W4A16_RING=4" "GOCC|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4" "GDEC=2|LASTSTAND_W4A16_GDEC=2"; do
+    lab=${v%%|*}; ev=${v#*|}
+    env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
+    echo "unit $lab rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ut_$lab.log" | head -2 | tr '\n' ' ')"
+    grep -E 'differs|fp64|capture|chain M|Failure|error' "$OUT/ut_$lab.log" | head -6
+  done
+else
+  echo "unit test_fp4_gemv_cuda: not found at $UT"
+fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
-for v in "chain8+pdl|" "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated" "chain8+nopdl|LASTSTAND_FP4_PDL=0" \
-         "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0" \
-         "GDEC2+chain8|LASTSTAND_W4A16_GDEC=2" "GDEC2+isolated|LASTSTAND_W4A16_GDEC=2 LASTSTAND_DOCTOR_TIMING=isolated"; do
-  lab=${v%%|*}; ev=${v#*|}
-  [ "$(left 70)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
-  doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m 1,2,4,8
+# LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
+for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
+         "RING=4|LASTSTAND_W4A16_RING=4|1" "GKW=8+GOCC=4|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4|1" \
+         "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "chain8+nopdl|LASTSTAND_FP4_PDL=0|1,2,8" \
+         "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated|1,2,8" "RING=3|LASTSTAND_W4A16_RING=3|1" \
+         "GKW=8|LASTSTAND_W4A16_GKW=8|1" "RING=4+isolated|LASTSTAND_W4A16_RING=4 LASTSTAND_DOCTOR_TIMING=isolated|1" \
+         "GDEC=2+isolated|LASTSTAND_W4A16_GDEC=2 LASTSTAND_DOCTOR_TIMING=isolated|1"; do
+  lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; ms=${rest#*|}
+  [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
+  doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m $ms
   summary "$F.json" "$lab"
 done
 echo "== 3. 35B preset, default"
@@ -121,13 +143,14 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for s in 16384x4096 4096x4096; do
-    [ "$(left 88)" -lt 0 ] && { echo "ncu $s skipped: time"; continue; }
-    timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \
+  for sv in "16384x4096|" "16384x4096|LASTSTAND_W4A16_RING=4" "4096x4096|"; do
+    s=${sv%%|*}; ev=${sv#*|}
+    [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
+    env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \
       "$BIN" doctor --device cuda --shapes qwen3.5-397b-a17b --families fp4_gemm --backends cuda_w4a16_mma \
-      --fp4-shapes $s --m 1 --trial-timeout 10 > "$OUT/ncu_$s.txt" 2>&1
-    echo "ncu $s M=1: $(grep -E '^  [a-z_].*\(' "$OUT/ncu_$s.txt" | head -1 | cut -c3-40)" \
-      "$(grep -E ' Duration|DRAM Throughput|SM Frequency' "$OUT/ncu_$s.txt" | awk '{print $1, $2, $(NF-1), $NF}' | tr '\n' ' ')"
+      --fp4-shapes $s --m 1 --trial-timeout 10 > "$OUT/ncu_$s$ev.txt" 2>&1
+    echo "ncu $s M=1 $ev: $(grep -E '^  [a-z_].*\(' "$OUT/ncu_$s$ev.txt" | head -1 | cut -c3-44)" \
+      "$(grep -E ' Duration|DRAM Throughput|SM Frequency' "$OUT/ncu_$s$ev.txt" | awk '{print $1, $2, $(NF-1), $NF}' | tr '\n' ' ')"
   done
 fi
 echo "total: $(( $(date +%s) - T0 )) s"

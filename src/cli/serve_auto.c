@@ -28,6 +28,9 @@
  *    never take it.
  * 3. A pass is cached next to the doctor's decision, so a second start with
  *    the same decision skips the children.
+ * The families (serve_auto_families: fp4_gemm, moe, attention, gdn and the BF16
+ * gemm) all go through the same code; every command's backend flags map to the
+ * engine's and the model's options through that one table.
  * Owns: the children (always waited for; killed at the timeout), their log
  *       and output files under /tmp (removed).
  * Invariants: this process never runs a backend under test itself; serve

@@ -185,10 +185,11 @@ static void ref_row(const dcase *c, int s, int h, double *o) {
 
 /* The plan and knobs in force (LASTSTAND_FP_PLAN / _CHUNK / _PDL), for the printed lines. */
 static const char *plan_name(void) {
-    static char buf[64];
+    static char buf[96];
     const char *v = getenv("LASTSTAND_FP_PLAN"), *c = getenv("LASTSTAND_FP_CHUNK"), *p = getenv("LASTSTAND_FP_PDL");
-    snprintf(buf, sizeof buf, "%s%s%s%s%s", v && *v ? v : "default", c && *c ? "/c" : "", c && *c ? c : "",
-             p && *p ? "/pdl" : "", p && *p ? p : "");
+    const char *d = getenv("LASTSTAND_FP_DEC");
+    snprintf(buf, sizeof buf, "%s%s%s%s%s%s", v && *v ? v : "default", d && !strcmp(d, "1") ? "/dec" : "",
+             c && *c ? "/c" : "", c && *c ? c : "", p && *p ? "/pdl" : "", p && *p ? p : "");
     return buf;
 }
 
@@ -246,7 +247,7 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
                     rmax = fmax(rmax, fabs(ref[i]));
                 }
             }
-        printf("attn: %-18s plan %-12s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "
+        printf("attn: %-18s plan %-16s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "
                "(max %.2e); vs fp64 rel replay %.2e eager %.2e\n",
                backend, plan_name(), nh, B, ctxs[st][0], B > 1 ? ctxs[st][1] : 0, B > 2 ? ctxs[st][2] : 0,
                B > 3 ? ctxs[st][3] : 0, ndiff, n, dmax, err_g / rmax, err_e / rmax);
@@ -350,7 +351,7 @@ static void test_decode_timings(void **st) {
                     assert_int_equal(g_mem->sync(g_st, &e), 0);
                     const double te = (now_sec() - t0) / (REPS * CALLS);
                     const double bytes = 2.0 * M * ctxs[ci] * NKV * HD * 2;
-                    printf("attn: time %-18s plan %-12s nh %2d M %2d ctx %5d: graph %7.1f us (%5.0f GB/s), "
+                    printf("attn: time %-18s plan %-16s nh %2d M %2d ctx %5d: graph %7.1f us (%5.0f GB/s), "
                            "eager %7.1f us\n",
                            be[b], plan_name(), nh, M, ctxs[ci], tg * 1e6, bytes / tg / 1e9, te * 1e6);
                     fflush(stdout);

@@ -365,6 +365,208 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     }
 }
 
+/* cuda_flash_prefill's decode kernel (LASTSTAND_FP_DEC=1, the row plan, calls of one new token per
+ * sequence, grp <= 16): grid (n_seq, nkv, nsplit), block 128 threads (4 warps) on the 16 MMA rows
+ * of one token's GQA group (rows >= grp are zero). Where fp_kernel gives each warp 16 rows of a
+ * 64-row tile (for a decode token three warps work on zero rows), here the 4 warps share the rows
+ * and split the work: S = Q·Kᵀ by head_dim quarters (warp w: dims HD/4·w ..), the four partial S
+ * summed through shared memory in warp order (every warp then holds the same S and runs the same
+ * online softmax), and O += P·V by head_dim quarters of V (warp w owns output dims HD/4·w ..).
+ * Chunking, partials and merge as fp_kernel's row plan (chunk z of the sequence's keys -> block z;
+ * one chunk: written directly). Shared: Qs [16][HD+8], 2 stages of Ks, Vs [BN][HD+8] (BF16), Sred
+ * [4][16][BN+8] fp32. */
+template <int HD, int BN>
+__global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__restrict__ seqs, int nh, int nkv, int P,
+                                                            float sl2, const bf16 *__restrict__ q,
+                                                            const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
+                                                            const bf16 *__restrict__ V, bf16 *__restrict__ out,
+                                                            float *__restrict__ part_o, float *__restrict__ part_ml,
+                                                            int *__restrict__ part_n, int n_rows_total, int c0) {
+    constexpr int LD = HD + 8, NT = BN / 8, CH = HD / 8, SB = BN + 8; /* SB: Sred row stride */
+    constexpr int KKW = HD / 64;      /* k-steps (16 dims) of S per warp: its quarter of head_dim */
+    constexpr int OTW = HD / 32;      /* dim n-tiles (8 dims) of O per warp */
+    extern __shared__ __align__(16) unsigned char fp_smem[];
+    bf16 *Qs = reinterpret_cast<bf16 *>(fp_smem);
+    bf16 *KV = Qs + 16 * LD;
+    float *Sred = reinterpret_cast<float *>(KV + 4 * BN * LD); /* [4][16][SB] */
+
+    const int grp = nh / nkv, kvh = blockIdx.y, s = blockIdx.x;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    fp_pdl_wait();
+    fp_pdl_trigger();
+    const int n_past = seqs[s].n_past, row0 = seqs[s].row0;
+    const int32_t *__restrict__ pages = seqs[s].pages;
+    const int kmax = n_past, n_ktiles = kmax / BN + 1;
+    const int z = blockIdx.z, nsplit = gridDim.z;
+    const int ct = fp_rows_chunk(n_ktiles, c0, nsplit), nc = (n_ktiles + ct - 1) / ct;
+    if (z >= nc) return;
+    const int kt0 = z * ct, n_it = min(ct, n_ktiles - kt0);
+    const bool direct = nc == 1 || !part_o;
+    const size_t hrow = (size_t)row0 * nh + kvh * grp; /* output row of query head kvh·grp + 0 */
+    if (z == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
+
+    for (int i = tid; i < 16 * CH; i += FP_THREADS) {
+        const int r = i / CH, c = i % CH, ok = r < grp;
+        fp_cp16(Qs + r * LD + c * 8, ok ? q + (hrow + r) * HD + c * 8 : q, ok ? 16 : 0);
+    }
+    auto load_kv = [&](int kt, int st) {
+        bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
+        for (int i = tid; i < BN * CH; i += FP_THREADS) {
+            int r = i / CH, c = i % CH, j = kt * BN + r;
+            size_t off = 0;
+            int ok = j <= kmax;
+            if (ok) off = (((size_t)pages[j / P] * P + j % P) * nkv + kvh) * HD + c * 8;
+            fp_cp16(Ks + r * LD + c * 8, K + off, ok ? 16 : 0);
+            fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
+        }
+    };
+    load_kv(kt0, 0);
+    fp_cp_commit();
+
+    const int limA = g < grp ? n_past : -1, limB = g + 8 < grp ? n_past : -1;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+    float o[OTW][4];
+#pragma unroll
+    for (int n = 0; n < OTW; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    fp_cp_wait<0>();
+    __syncthreads();
+    /* Q fragments of this warp's k-steps (rows 0..15, dims 64w + 16kk ..) */
+    const bf16 *qa = Qs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8 + w * (HD / 4);
+    uint32_t qf[KKW][4];
+#pragma unroll
+    for (int kk = 0; kk < KKW; kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
+
+    for (int it = 0; it < n_it; it++) {
+        const int kt = kt0 + it, st = it & 1;
+        if (it + 1 < n_it) load_kv(kt + 1, st ^ 1);
+        fp_cp_commit();
+        fp_cp_wait<1>();
+        __syncthreads();
+        const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
+        float sc[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+        const bf16 *kb = Ks + ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8 + w * (HD / 4);
+#pragma unroll
+        for (int kk = 0; kk < KKW; kk++) {
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4(b, kb + np * 16 * LD + kk * 16);
+                cu_mma_bf16_16816(sc[2 * np], qf[kk], b[0], b[1]);
+                cu_mma_bf16_16816(sc[2 * np + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        /* the four head_dim quarters of S summed in warp order: accumulator (n, e) is row g (e < 2) or
+         * g + 8, key 8n + 2t + (e & 1) */
+        float *Sw = Sred + w * 16 * SB;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            *reinterpret_cast<float2 *>(Sw + g * SB + 8 * n + 2 * t) = make_float2(sc[n][0], sc[n][1]);
+            *reinterpret_cast<float2 *>(Sw + (g + 8) * SB + 8 * n + 2 * t) = make_float2(sc[n][2], sc[n][3]);
+        }
+        __syncthreads();
+        float xA = -INFINITY, xB = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e < 2 ? g : g + 8, kc = 8 * n + 2 * t + (e & 1), key = kt * BN + kc;
+                float v = Sred[r * SB + kc];
+#pragma unroll
+                for (int ww = 1; ww < 4; ww++) v += Sred[(ww * 16 + r) * SB + kc];
+                const int lim = e < 2 ? limA : limB;
+                v = key <= lim ? v * sl2 : -INFINITY;
+                sc[n][e] = v;
+                if (e < 2) xA = fmaxf(xA, v); else xB = fmaxf(xB, v);
+            }
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
+            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
+        }
+        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB;
+        const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);
+        mA = nA;
+        mB = nB;
+        lA *= cA;
+        lB *= cB;
+        if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) {
+#pragma unroll
+            for (int n = 0; n < OTW; n++) {
+                o[n][0] *= cA; o[n][1] *= cA;
+                o[n][2] *= cB; o[n][3] *= cB;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            sc[n][0] = exp2f(sc[n][0] - uA);
+            sc[n][1] = exp2f(sc[n][1] - uA);
+            sc[n][2] = exp2f(sc[n][2] - uB);
+            sc[n][3] = exp2f(sc[n][3] - uB);
+            lA += sc[n][0] + sc[n][1];
+            lB += sc[n][2] + sc[n][3];
+        }
+        /* O[:, this warp's dims] += P·V */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            a[0] = fp_pack(sc[2 * kk][0], sc[2 * kk][1]);
+            a[1] = fp_pack(sc[2 * kk][2], sc[2 * kk][3]);
+            a[2] = fp_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+            a[3] = fp_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+            const bf16 *vb = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8 + w * (HD / 4);
+#pragma unroll
+            for (int np = 0; np < OTW / 2; np++) {
+                uint32_t b[4];
+                fp_ldsm_x4_t(b, vb + np * 16);
+                cu_mma_bf16_16816(o[2 * np], a, b[0], b[1]);
+                cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* stage st and Sred are rewritten by iteration it + 1 */
+    }
+    fp_cp_wait<0>();
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        lA += __shfl_xor_sync(0xffffffffu, lA, o2);
+        lB += __shfl_xor_sync(0xffffffffu, lB, o2);
+    }
+    const int dbase = w * (HD / 4);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = half ? g + 8 : g;
+        if (r >= grp) continue;
+        if (!direct) {
+            const size_t prow = (size_t)z * n_rows_total + hrow + r;
+            if (w == 0 && t == 0) {
+                part_ml[2 * prow] = half ? mB : mA;
+                part_ml[2 * prow + 1] = half ? lB : lA;
+            }
+#pragma unroll
+            for (int n = 0; n < OTW; n++)
+                *reinterpret_cast<float2 *>(part_o + prow * HD + dbase + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        } else {
+            const float l = half ? lB : lA, inv = l > 0.f ? 1.f / l : 0.f;
+            const size_t base = (hrow + r) * HD + dbase;
+#pragma unroll
+            for (int n = 0; n < OTW; n++) {
+                const size_t at = base + n * 8 + 2 * t;
+                float v0 = o[n][2 * half] * inv, v1 = o[n][2 * half + 1] * inv;
+                if (gate) {
+                    __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162 *>(gate + at);
+                    v0 *= 1.f / (1.f + __expf(-__bfloat162float(gv.x)));
+                    v1 *= 1.f / (1.f + __expf(-__bfloat162float(gv.y)));
+                }
+                *reinterpret_cast<uint32_t *>(out + at) = fp_pack(v0, v1);
+            }
+        }
+    }
+}
+
 /* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
  * M = max_z m_z, L = Σ l_z 2^{m_z − M}, out = (Σ O_z 2^{m_z − M}) / L, then the gate. */
 template <int HD>
@@ -530,14 +732,17 @@ static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
 /* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,
  * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 1: the merge kernel as a programmatic dependent
- * launch of the attention kernel, 2: the attention kernel too (of whatever ran before it). */
-static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = 0;
+ * launch of the attention kernel, 2: the attention kernel too (of whatever ran before it);
+ * LASTSTAND_FP_DEC = 1: fp_dec_kernel for the row plan's one-token-per-sequence calls. */
+static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = 0, g_fp_dec = 0;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
     const char *ck = getenv("LASTSTAND_FP_CHUNK"), *pd = getenv("LASTSTAND_FP_PDL");
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
     if (pd && (!strcmp(pd, "1") || !strcmp(pd, "2"))) g_fp_pdl = atoi(pd);
+    const char *dk = getenv("LASTSTAND_FP_DEC");
+    g_fp_dec = dk && !strcmp(dk, "1");
     const char *v = getenv("LASTSTAND_FP_PLAN");
     int mode = 0;
     if (v && !strcmp(v, "rows")) {
@@ -682,12 +887,34 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         pml = ws->part + (size_t)nsplit * n_rows * HD;
         if (rows > 0) pn = (int *)(pml + (size_t)nsplit * n_rows * 2);
     }
-    dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
     const float sl2 = a->scale * 1.4426950408889634f;
-    cudaError_t c1 = fp_launch_k(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
+    /* fp_dec_kernel: one new token per sequence (host planning checks; device planning is a decode
+     * step's capture: n_tok = n_seq) */
+    int dec = rows > 0 && g_fp_dec && HD >= 64 && grp <= 16 && a->n_tok == a->n_seq;
+    for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
+    cudaError_t c1 = cudaSuccess;
+    if constexpr (HD < 64) dec = 0;
+    if (dec) {
+        if constexpr (HD >= 64) {
+        constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
+        static int ddone[FP_MAX_DEV];
+        if (!ddone[dev]) {
+            c1 = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dsmem);
+            ddone[dev] = c1 == cudaSuccess;
+        }
+        if (c1 == cudaSuccess)
+            c1 = fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
+                             dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
+                             (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out,
+                             po, pml, pn, n_rows, fp_rows_c0(BN));
+        }
+    } else {
+    dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
+    c1 = fp_launch_k(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
                                  a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                                  (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v,
                                  (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0);
+    }
     if (c1 == cudaSuccess && nsplit > 1) {
         if (rows > 0)
             c1 = fp_launch_k(g_fp_pdl >= 1, fp_merge_rows_kernel<HD>, dim3(n_rows), dim3(HD), 0, st, n_rows, nsplit,

@@ -341,13 +341,16 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * (both halves of its block's columns take the same registers), and L of the 4 code
  * word pairs per chunk are decoded through a 32 KB byte -> bf16x2 table (lane i's copy
  * in bank i), built by the block while its loads are in flight (L = 0: no table).
- * Dynamic shared memory, table first (128-byte aligned): gvt_smem_bytes(KW, PER, L). */
+ * Dynamic shared memory, table first (128-byte aligned): gvt_smem_bytes(KW, PER, L).
+ * MINB > 0: at least MINB blocks per SM (a register cap; opt-in, LASTSTAND_W4A16_GOCC=4
+ * with 8 warps: 4 blocks of 64 registers fit an SM, so that the blocks of the next
+ * GEMV, launched with PDL, load their weights while this one's decode). */
 static size_t gvt_smem_bytes(int kw, int per, int l) {
     return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int L>
-__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
+template <int KW, int PER, int L, int MINB = 0>
+__global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                       const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     extern __shared__ __align__(128) unsigned char gvt_raw[];
@@ -424,6 +427,113 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     }
 }
 
+/* The persistent ring form of fp4_gemv1t_kernel<KW, PER, 0> (opt-in,
+ * LASTSTAND_W4A16_RING=S, until a device round has validated and timed it): a grid of
+ * one block per SM (gridDim.x <= ntiles) walks the 16-row tiles, tile = blockIdx.x +
+ * i * gridDim.x; each warp keeps its K slice (PER chunks) on every tile and an S-stage
+ * cp.async ring of it: while it decodes tile i, the codes and scales of tiles i + 1 ..
+ * i + S - 1 are in flight (one commit group per tile, an empty one past the last
+ * tile, so that "tile i landed" is always "at most S - 1 groups pending").
+ * Why S >= 3: the two-stage form (kern2 session, fp4_gemv1p) issued tile i + 1 only
+ * once tile i had landed, so at the start of every step the memory system had nothing
+ * queued for the block and paid a full DRAM latency: with 36 KB per tile that is a
+ * third of the transfer time, and it measured slower than one tile per block. With
+ * S - 1 tiles queued the loads never drain while the decode runs.
+ * x (the warp's slice) is read once after the grid-dependency wait, by plain loads into
+ * shared memory. The KW warps' row sums meet in a double-buffered array, one barrier
+ * per tile. Dynamic shared memory: gvr_smem_bytes(KW, PER, S). */
+static size_t gvr_smem_bytes(int kw, int per, int S) {
+    return (size_t)S * kw * per * (2 * 32 * 16 + 32 * 4) + (size_t)kw * per * 16 * 16 + 32 + 2 * (size_t)kw * 16 * 4;
+}
+
+template <int KW, int PER, int S>
+__global__ void __launch_bounds__(32 * KW, 1)
+    fp4_gemv1r_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    extern __shared__ __align__(128) unsigned char gvr_raw[];
+    /* stage[S][KW][PER][2][32] uint4 (codes), ss[S][KW][PER][32] u32 (scales),
+     * xs[KW][PER][16] uint4 (x), zb[2] uint4 (zeros), red[2][KW][16] f32 */
+    constexpr int SB = S * KW * PER * 1024, SS = S * KW * PER * 128, XB = KW * PER * 256;
+    uint4(*stage)[KW][PER][2][32] = reinterpret_cast<uint4(*)[KW][PER][2][32]>(gvr_raw);
+    uint32_t(*ss)[KW][PER][32] = reinterpret_cast<uint32_t(*)[KW][PER][32]>(gvr_raw + SB);
+    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvr_raw + SB + SS);
+    uint4 *zb = reinterpret_cast<uint4 *>(gvr_raw + SB + SS + XB);
+    float(*red)[KW][16] = reinterpret_cast<float(*)[KW][16]>(gvr_raw + SB + SS + XB + 32);
+    w4_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int c0 = warp * PER, ntiles = N / 16;
+    /* this lane's bytes of tile 0 of the slice; tile j is + j * 16 rows */
+    const uint8_t *wr0 = w + (size_t)g * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *sg0 = sc + (size_t)(lane >> 1) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+    const size_t wtile = (size_t)16 * (K / 2), stile = (size_t)16 * (K / 16);
+    auto issue = [&](int st, int tile) {
+        if (tile < ntiles) {
+            const uint8_t *a = wr0 + tile * wtile, *b = sg0 + tile * stile;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                cu_cp_async16(&stage[st][warp][u][0][lane], a + u * 64);
+                cu_cp_async16(&stage[st][warp][u][1][lane], a + (size_t)8 * (K / 2) + u * 64);
+                nv4_cp_async4(&ss[st][warp][u][lane], b + u * 8);
+            }
+        }
+        cu_cp_async_commit(); /* possibly empty: one group per ring step */
+    };
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) issue(j, blockIdx.x + j * gridDim.x);
+    w4_pdl_wait(); /* x and y below */
+    if (lane < 16) {
+        const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)c0 * W4_CHUNK) + lane;
+#pragma unroll
+        for (int u = 0; u < PER; u++) xs[warp][u][lane] = __ldg(xg + u * (W4_CHUNK / 8));
+    }
+    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    const bool on = t == (g >> 1);
+    const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
+    const int sx = on ? 16 : 0;
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
+    for (int i = 0, tile = blockIdx.x; tile < ntiles; i++, tile += gridDim.x) {
+        const int st = i % S;
+        /* the ring slot of tile i + S - 1 was tile i - 1's: every lane is done reading it */
+        __syncwarp();
+        issue((i + S - 1) % S, tile + (S - 1) * gridDim.x);
+        cu_cp_async_wait<S - 1>(); /* tile i landed */
+        __syncwarp();              /* its scales were copied by other lanes */
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[st][warp][u]); /* [row][4] */
+            float sg[4];
+            nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+            nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+            nv4_gemv1t_chunk<0>(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
+                                px[u * sx], px[u * sx + 1], sg, lut, 0u, acc);
+        }
+        float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        if (t == 0) {
+            red[i & 1][warp][g] = r0;
+            red[i & 1][warp][g + 8] = r1;
+        }
+        /* red[i & 1] is rewritten at tile i + 2, after every warp passed the barrier of
+         * tile i + 1, which the 16 summing threads reach only after reading it here */
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[i & 1][ww][threadIdx.x];
+            const int n = tile * 16 + threadIdx.x;
+            v *= scale2;
+            if (accumulate) v += __bfloat162float(y[n]);
+            y[n] = __float2bfloat16_rn(v);
+        }
+    }
+    cu_cp_async_wait<0>(); /* the empty groups: nothing in flight into shared memory at exit */
+}
+
 /* The per-chunk step nv4_gemv2_chunk (opt-in, LASTSTAND_W4A16_GDEC=2, until a device
  * round has validated and timed it): the codes decoded by bit placement, half of the
  * decode's instructions on the FMA pipe (the block-column kernels are bound by the
@@ -493,18 +603,29 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * attribute (1 = yes, 0 = no: knob off, before sm_90, or a launch refused it). */
 typedef struct w4_dev {
     int init, sms, pdl;
+    int smem_optin; /* largest dynamic shared memory a block may ask for */
 } w4_dev;
 static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
 /* Knobs, read once (benchmarks and the device rounds; unset in production):
  *   LASTSTAND_FP4_PDL=0        launch without programmatic dependent launch
- *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel) */
-static int g_knob_pdl = -1, g_knob_gdec = 1;
+ *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel)
+ *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
+ *                              S = 3 or 4) where an instance fits
+ *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
+ *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
+ *                              an SM instead of 3) */
+static int g_knob_pdl = -1, g_knob_gdec = 1, g_knob_ring = 0, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_knob_pdl = p && !strcmp(p, "0") ? 0 : 1;
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : 1;
+    const char *r = getenv("LASTSTAND_W4A16_RING");
+    g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
+    const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
+    g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
+    g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -515,10 +636,13 @@ static int w4_dev_get(w4_dev **out, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: device %d out of range (max %d)", dev, CU_WS_MAX_DEV);
     w4_dev *d = &g_w4_dev[dev];
     if (!__atomic_load_n(&d->init, __ATOMIC_ACQUIRE)) {
-        int sms = 0, cc = 0;
+        int sms = 0, cc = 0, optin = 0;
         CU_TRY(e, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
         CU_TRY(e, cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+        CU_TRY(e, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute");
         d->sms = sms > 0 ? sms : 1;
+        d->smem_optin = optin;
         __atomic_store_n(&d->pdl, g_knob_pdl && cc >= 9, __ATOMIC_RELAXED);
         __atomic_store_n(&d->init, 1, __ATOMIC_RELEASE);
     }
@@ -598,6 +722,13 @@ static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_e
     if (v == GV_T0 || v == GV_T2) {
         static size_t have0[CU_WS_MAX_DEV], have2[CU_WS_MAX_DEV];
         const size_t smem = gvt_smem_bytes(KW, PER, v == GV_T2 ? 2 : 0);
+        if constexpr (KW == 8) {
+            if (v == GV_T0 && g_knob_gocc == 4) {
+                static size_t have4[CU_WS_MAX_DEV];
+                return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0, 4>, have4, grid, block, smem, st,
+                                 "fp4_gemm cuda_w4a16_mma (gemv, 4 blocks/SM)", e, N, K, W4_ARGS_REST(a));
+            }
+        }
         if (v == GV_T0)
             return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0>, have0, grid, block, smem, st,
                              "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a));
@@ -623,12 +754,39 @@ static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, c
                       : gv_launch<4, 4>(d, v, a, st, e);
 }
 
+/* The ring GEMV (LASTSTAND_W4A16_RING=S): 16 warps a block when K allows (the most
+ * warps to decode with, one block per SM), else 8 or 4; 1 when launched, 0 when no
+ * instance fits K or the shared memory (the caller takes the default kernel). */
+template <int KW, int PER, int S>
+static int gvr_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
+    static size_t have[CU_WS_MAX_DEV];
+    const size_t smem = gvr_smem_bytes(KW, PER, S);
+    const int ntiles = a->w->N / 16, grid = ntiles < d->sms ? ntiles : d->sms;
+    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S>, have, dim3(grid), dim3(32 * KW), smem, st,
+                       "fp4_gemm cuda_w4a16_mma (gemv, ring)", e, a->w->N, a->w->K, W4_ARGS_REST(a));
+    return rc ? rc : 1;
+}
+
+template <int S>
+static int gvr_run(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
+    const int kw = nchunks % 16 == 0 ? 16 : nchunks == 8 ? 8 : nchunks == 4 ? 4 : 0;
+    const int per = kw ? nchunks / kw : 0;
+    if (!kw || (per != 1 && per != 2 && per != 4)) return 0;
+    if (gvr_smem_bytes(kw, per, S) > (size_t)d->smem_optin) return 0;
+    if (kw == 16)
+        return per == 1 ? gvr_launch<16, 1, S>(d, a, st, e)
+               : per == 2 ? gvr_launch<16, 2, S>(d, a, st, e)
+                          : gvr_launch<16, 4, S>(d, a, st, e);
+    return kw == 8 ? gvr_launch<8, 1, S>(d, a, st, e) : gvr_launch<4, 1, S>(d, a, st, e);
+}
+
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
  * in 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory of fp4_gemv1_kernel).
- * The width tried first: 16 warps when the tiles barely fill the GPU twice (the
- * latency-bound small weights), else 8; then 16, 8, 4. */
-static int gv_pick(int nchunks, int ntiles, int sms, int *kw_out, int *per_out) {
-    const int first = nchunks % 16 == 0 && nchunks / 16 <= 2 && ntiles <= 2 * sms ? 16 : 8;
+ * The width tried first: want_kw when given (LASTSTAND_W4A16_GKW), else 16 warps
+ * when the tiles barely fill the GPU twice (the latency-bound small weights), else 8;
+ * then 16, 8, 4. */
+static int gv_pick(int nchunks, int ntiles, int sms, int want_kw, int *kw_out, int *per_out) {
+    const int first = want_kw ? want_kw : nchunks % 16 == 0 && nchunks / 16 <= 2 && ntiles <= 2 * sms ? 16 : 8;
     const int order[4] = {first, 16, 8, 4};
     for (int i = 0; i < 4; i++) {
         int k = order[i];
@@ -686,7 +844,11 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     const int nchunks = w->K / W4_CHUNK;
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
-    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per))
+    if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
+        rc = g_knob_ring == 3 ? gvr_run<3>(d, nchunks, a, st, e) : gvr_run<4>(d, nchunks, a, st, e);
+        if (rc) return rc < 0 ? rc : 0;
+    }
+    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
     if (a->M == 1) {
         /* the cp.async kernel: 16 warps a tile when the tiles barely fill the GPU twice,

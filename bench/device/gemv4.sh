@@ -7,6 +7,10 @@
 #  1. the doctor, fp4_gemm on the 397B preset's [4096 x 4096] and [16384 x 4096],
 #     M = 1, 2, 4, 8, every backend, default settings (chain8 timing, PDL on): the
 #     doctor's own table (copy bandwidth, GB/s, % of copy);
+#  1b. tests/unit/test_fp4_gemv_cuda.c (beside BIN in tests/): rmsnorm -> three fp4
+#     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
+#     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
+#     opt-in kernels;
 #  2. cuda_w4a16_mma alone, same cells, per variant x timing method:
 #       chain8 / isolated  x  PDL on / LASTSTAND_FP4_PDL=0 ("isolated + PDL off" is the
 #     method and launch of the sessions before this one), and the opt-in M = 1 kernels:
@@ -66,6 +70,18 @@ doc default 40 "" --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m 1,2,4,8
 sed -n '1,60p' "$F.txt" | grep -vE '^\s*$' | head -40
 summary "$F.json" "default"
 echo "doctor 1: $(( $(date +%s) - T0 )) s"
+echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
+UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
+if [ -x "$UT" ]; then
+  for v in "default|" "RING=4|LASTSTAND_W4A16_RING=4" "GOCC|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4" "GDEC=2|LASTSTAND_W4A16_GDEC=2"; do
+    lab=${v%%|*}; ev=${v#*|}
+    env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
+    echo "unit $lab rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ut_$lab.log" | head -2 | tr '\n' ' ')"
+    grep -E 'differs|fp64|capture|chain M|Failure|error' "$OUT/ut_$lab.log" | head -6
+  done
+else
+  echo "unit test_fp4_gemv_cuda: not found at $UT"
+fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
 for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \

@@ -183,7 +183,17 @@ static void ref_row(const dcase *c, int s, int h, double *o) {
     free(sc);
 }
 
-/* The plan and knobs in force (LASTSTAND_FP_PLAN / _CHUNK / _PDL), for the printed lines. */
+/* The fp64 reference of rows [i0, i1) of (s, h) pairs, on the thread pool. */
+typedef struct refjob {
+    const dcase *c;
+    double *out; /* [B·nh·HD] */
+} refjob;
+static void ref_rows(void *ctx, int64_t i0, int64_t i1) {
+    const refjob *j = ctx;
+    for (int64_t i = i0; i < i1; i++) ref_row(j->c, (int)(i / j->c->nh), (int)(i % j->c->nh), j->out + i * HD);
+}
+
+/* The plan and knobs in force (LASTSTAND_FP_PLAN / _DEC / _CHUNK / _PDL), for the printed lines. */
 static const char *plan_name(void) {
     static char buf[96];
     const char *v = getenv("LASTSTAND_FP_PLAN"), *c = getenv("LASTSTAND_FP_CHUNK"), *p = getenv("LASTSTAND_FP_PDL");
@@ -219,7 +229,7 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
     assert_int_equal(rc2, 0);
     const size_t n = (size_t)B * nh * HD;
     uint16_t *gr = malloc(n * 2), *eg = malloc(n * 2);
-    double *ref = malloc(sizeof(double) * HD);
+    double *ref = malloc(sizeof(double) * n);
     for (int st = 0; st < nsteps; st++) {
         const int *cx = ctxs + (size_t)st * B;
         dcase_ctx(&c, cx);
@@ -239,14 +249,16 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
                 double d = fabs((double)bf16_to_f32(gr[i]) - bf16_to_f32(eg[i]));
                 if (d > dmax) dmax = d;
             }
+        refjob rj = {.c = &c, .out = ref};
+        pool_for((int64_t)B * nh, 1, ref_rows, &rj);
         for (int s = 0; s < B; s++)
             for (int h = 0; h < nh; h++) {
-                ref_row(&c, s, h, ref);
+                const double *rf = ref + ((size_t)s * nh + h) * HD;
                 for (int i = 0; i < HD; i++) {
                     const size_t at = ((size_t)s * nh + h) * HD + i;
-                    err_g = fmax(err_g, fabs(bf16_to_f32(gr[at]) - ref[i]));
-                    err_e = fmax(err_e, fabs(bf16_to_f32(eg[at]) - ref[i]));
-                    rmax = fmax(rmax, fabs(ref[i]));
+                    err_g = fmax(err_g, fabs(bf16_to_f32(gr[at]) - rf[i]));
+                    err_e = fmax(err_e, fabs(bf16_to_f32(eg[at]) - rf[i]));
+                    rmax = fmax(rmax, fabs(rf[i]));
                 }
             }
         printf("attn: %-18s plan %-16s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "

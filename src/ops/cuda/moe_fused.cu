@@ -41,7 +41,7 @@ enum { FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_N };
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_CNT, WS_N };
 static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe fused workspace slots");
 
 typedef struct fused_tables fused_tables;
@@ -91,6 +91,11 @@ static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e)
  * the router (launched without the attribute) started. PDL through a CUDA graph
  * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
@@ -139,13 +144,15 @@ __device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, siz
  * 128-element chunks, a warp's first SH_CPW chunks (2 x 64 B of each row per lane)
  * requested first thing, before the router rows' loads; hs [M, Is] = silu(gate)·up
  * in fp32. Its grid is max(router blocks, Is / 8): 129 blocks on the 397B layer (128
- * of them with a shared tile), one an SM. */
+ * of them with a shared tile), one an SM. cnt (TOPK_EARLY): each block counts itself
+ * there once its logits are written, before its shared tile's math, so that the
+ * top-k block can start before the shared tiles end (moe_topk_kernel). */
 enum { ROUTER_RPB = 4, ROUTER_Q = 4, ROUTER_LD = 8, ROUTER_NW = ROUTER_RPB * ROUTER_Q, SH_CPW = 2 };
 template <bool SH, int LD>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
     moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                       const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
-                      const bf16 *__restrict__ shu, int Is, float *__restrict__ hs) {
+                      const bf16 *__restrict__ shu, int Is, float *__restrict__ hs, unsigned *cnt) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
     pdl_trigger(); /* launched without the attribute: its own inputs are complete */
@@ -227,6 +234,11 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
             else sgl[m] = v;
         }
     }
+    if (SH && cnt) { /* release: the writers' fences, then one count for the block */
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(cnt, 1u);
+    }
     if (SH && sh) {
         __shared__ float shred[SH ? ROUTER_NW : 1][32][4]; /* [warp][lane][accumulator] */
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -278,16 +290,34 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * a tile's Is/128 chunks go to wpt warps (16 / wpt tiles a block), each warp
  * requests its first chunk's weights before it waits for launch 1 (hs and the gate
  * logit); B column n = token n's h times its sigmoid gate in BF16 (the rounding
- * the down kernels apply to h). */
+ * the down kernels apply to h). early_n (TOPK_EARLY, with SH): the top-k blocks do
+ * not wait for all of launch 1 but until cnt[0] counts its early_n blocks, i.e.
+ * every router row is written (launch 1 counts a block after its router rows,
+ * before its shared tile); the last top-k block through resets both counters (the
+ * next call's launch 1 starts after this call's last launch ended). No deadlock:
+ * this launch starts only once every block of launch 1 has triggered, i.e. is
+ * resident, and launch 1 waits for nothing. */
 template <bool SH>
 __global__ void __launch_bounds__(32 * TOPK_W)
     moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
                     int has_shared, const float *__restrict__ logits, const float *__restrict__ sgl, int32_t *idx,
                     float *wts, const bf16 *__restrict__ sdw, int Is, int wpt, const float *__restrict__ hs,
-                    float *__restrict__ ys) {
+                    float *__restrict__ ys, unsigned *cnt, int early_n) {
     pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     if (!SH || (int)blockIdx.x < M) {
-        pdl_wait();
+        if (SH && early_n) {
+            if (threadIdx.x == 0) {
+                while (ld_acquire(cnt) < (unsigned)early_n) __nanosleep(32);
+                __threadfence();
+                if (atomicAdd(cnt + 1, 1u) == (unsigned)M - 1) { /* every top-k block is through */
+                    cnt[0] = 0;
+                    cnt[1] = 0;
+                }
+            }
+            __syncthreads();
+        } else {
+            pdl_wait();
+        }
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
         return;
     }
@@ -1145,21 +1175,28 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const int nrb = (E + ROUTER_RPB) / ROUTER_RPB; /* router blocks: E rows and the shared gate's */
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
+    unsigned *cnt = NULL;
     int wpt = 1;
+    /* LASTSTAND_MOE_TOPK_EARLY=1 (SHARED_ROUTE with PDL; opt-in until validated): the top-k
+     * block starts once the router rows are written, not after the shared tiles */
+    static int force_early_topk = -2;
+    const int early_topk = sr && pdl && fused_knob(&force_early_topk, "LASTSTAND_MOE_TOPK_EARLY", 0, 1, 0);
     if (sr) {
         hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
         ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        if (!hs || !ys) {
+        cnt = early_topk ? (unsigned *)ws_get(ws, WS_CNT, 2 * sizeof(unsigned), st, e) : NULL; /* zeroed once */
+        if (!hs || !ys || (early_topk && !cnt)) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
         /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
         while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
         c = fused_smem<moe_router_kernel<true, 4>>(xsm);
+        const int g1 = nrb > Is / 8 ? nrb : Is / 8;
         if (c == cudaSuccess) {
-            moe_router_kernel<true, 4><<<nrb > Is / 8 ? nrb : Is / 8, 32 * ROUTER_NW, xsm, st>>>(
+            moe_router_kernel<true, 4><<<g1, 32 * ROUTER_NW, xsm, st>>>(
                 M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
+                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs, cnt);
             c = cudaGetLastError();
         }
         const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
@@ -1167,19 +1204,20 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
                              (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
                              (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
-                             (const float *)hs, ys);
+                             (const float *)hs, ys, cnt, early_topk ? g1 : 0);
     } else {
         c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
         if (c == cudaSuccess) {
             moe_router_kernel<false, ROUTER_LD><<<nrb, 32 * ROUTER_NW, xsm, st>>>(
-                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL);
+                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL,
+                NULL);
             c = cudaGetLastError();
         }
         if (c == cudaSuccess)
             c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
                              (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
                              (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
-                             (const float *)NULL, (float *)NULL);
+                             (const float *)NULL, (float *)NULL, (unsigned *)NULL, 0);
     }
     /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
     const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);

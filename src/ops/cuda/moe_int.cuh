@@ -109,7 +109,8 @@ __device__ __forceinline__ float key2f(unsigned k) {
  * top-k. History (Nsight Compute, H200, E = 512, k = 10): one warp doing all of
  * it cost 9 us of dependent instructions on one SM, phase 2 as k redux rounds on
  * warp 0 7.8 us, ranks by counting over unpacked (key, index) pairs 5.8 us, packed
- * 5.2 us (bench/RESULTS.md). */
+ * 5.2 us (bench/RESULTS.md). The logits and sgl are read through L2 (ld.cg): with
+ * the fused path's early top-k they come from a launch still running. */
 __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int norm, const bf16 *__restrict__ x,
                                                const bf16 *__restrict__ wsg, int has_shared,
                                                const float *__restrict__ logits, const float *__restrict__ sgl,
@@ -121,7 +122,7 @@ __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int n
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
-    const float a = e0 < E ? L[e0] : -INFINITY, b = e1 < E ? L[e1] : -INFINITY;
+    const float a = e0 < E ? __ldcg(L + e0) : -INFINITY, b = e1 < E ? __ldcg(L + e1) : -INFINITY;
     /* softmax denominator over all E */
     float mx = warp_max(fmaxf(a, b));
     if (lane == 0) rmax[warp] = mx;

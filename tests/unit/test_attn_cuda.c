@@ -183,7 +183,17 @@ static void ref_row(const dcase *c, int s, int h, double *o) {
     free(sc);
 }
 
-/* The plan and knobs in force (LASTSTAND_FP_PLAN / _CHUNK / _PDL), for the printed lines. */
+/* The fp64 reference of rows [i0, i1) of (s, h) pairs, on the thread pool. */
+typedef struct refjob {
+    const dcase *c;
+    double *out; /* [B·nh·HD] */
+} refjob;
+static void ref_rows(void *ctx, int64_t i0, int64_t i1) {
+    const refjob *j = ctx;
+    for (int64_t i = i0; i < i1; i++) ref_row(j->c, (int)(i / j->c->nh), (int)(i % j->c->nh), j->out + i * HD);
+}
+
+/* The plan and knobs in force (LASTSTAND_FP_PLAN / _DEC / _CHUNK / _PDL), for the printed lines. */
 static const char *plan_name(void) {
     static char buf[96];
     const char *v = getenv("LASTSTAND_FP_PLAN"), *c = getenv("LASTSTAND_FP_CHUNK"), *p = getenv("LASTSTAND_FP_PDL");
@@ -194,7 +204,8 @@ static const char *plan_name(void) {
 }
 
 /* The graph-vs-eager check of one backend and shape: capture at ctx0, replay at each row of ctxs. */
-static void graph_check(const char *backend, int B, int nh, int cap, const int *ctx0, const int (*ctxs)[4],
+/* ctx0 [B]: the contexts at capture; ctxs [nsteps][B]: the replays'. */
+static void graph_check(const char *backend, int B, int nh, int cap, const int *ctx0, const int *ctxs,
                         int nsteps, int want_bits) {
     const attn_impl *impl = ops_attn_find(backend);
     assert_non_null(impl);
@@ -218,9 +229,10 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
     assert_int_equal(rc2, 0);
     const size_t n = (size_t)B * nh * HD;
     uint16_t *gr = malloc(n * 2), *eg = malloc(n * 2);
-    double *ref = malloc(sizeof(double) * HD);
+    double *ref = malloc(sizeof(double) * n);
     for (int st = 0; st < nsteps; st++) {
-        dcase_ctx(&c, ctxs[st]);
+        const int *cx = ctxs + (size_t)st * B;
+        dcase_ctx(&c, cx);
         assert_int_equal(g_mem->memset0(c.dout, n * 2, g_st, &e), 0);
         assert_int_equal(g_mem->sync(g_st, &e), 0);
         assert_int_equal(cug_launch(exec, cs, &e), 0);
@@ -237,20 +249,22 @@ static void graph_check(const char *backend, int B, int nh, int cap, const int *
                 double d = fabs((double)bf16_to_f32(gr[i]) - bf16_to_f32(eg[i]));
                 if (d > dmax) dmax = d;
             }
+        refjob rj = {.c = &c, .out = ref};
+        pool_for((int64_t)B * nh, 1, ref_rows, &rj);
         for (int s = 0; s < B; s++)
             for (int h = 0; h < nh; h++) {
-                ref_row(&c, s, h, ref);
+                const double *rf = ref + ((size_t)s * nh + h) * HD;
                 for (int i = 0; i < HD; i++) {
                     const size_t at = ((size_t)s * nh + h) * HD + i;
-                    err_g = fmax(err_g, fabs(bf16_to_f32(gr[at]) - ref[i]));
-                    err_e = fmax(err_e, fabs(bf16_to_f32(eg[at]) - ref[i]));
-                    rmax = fmax(rmax, fabs(ref[i]));
+                    err_g = fmax(err_g, fabs(bf16_to_f32(gr[at]) - rf[i]));
+                    err_e = fmax(err_e, fabs(bf16_to_f32(eg[at]) - rf[i]));
+                    rmax = fmax(rmax, fabs(rf[i]));
                 }
             }
         printf("attn: %-18s plan %-16s nh %2d B %d ctx %5d %5d %5d %5d: replay vs eager %5zu/%zu outputs differ "
                "(max %.2e); vs fp64 rel replay %.2e eager %.2e\n",
-               backend, plan_name(), nh, B, ctxs[st][0], B > 1 ? ctxs[st][1] : 0, B > 2 ? ctxs[st][2] : 0,
-               B > 3 ? ctxs[st][3] : 0, ndiff, n, dmax, err_g / rmax, err_e / rmax);
+               backend, plan_name(), nh, B, cx[0], B > 1 ? cx[1] : 0, B > 2 ? cx[2] : 0, B > 3 ? cx[3] : 0, ndiff,
+               n, dmax, err_g / rmax, err_e / rmax);
         assert_true(err_g <= 1e-2 * rmax); /* the replay reads the right keys, all of them */
         assert_true(err_e <= 1e-2 * rmax);
         if (want_bits) assert_int_equal(ndiff, 0);
@@ -281,18 +295,22 @@ static void test_graph_replay_at_other_contexts_gives_the_eager_bits(void **st) 
     if (!want("check") || !have_gpu()) skip();
     /* captured at short contexts; replayed longer (across 32/64/128/256-key chunk edges), back to
      * 1, and near the cap */
-    static const int c0[4] = {3, 40, 17, 9};
-    static const int steps1[][4] = {{33, 0, 0, 0}, {64, 0, 0, 0}, {65, 0, 0, 0}, {129, 0, 0, 0},
-                                    {168, 0, 0, 0}, {1000, 0, 0, 0}, {4097, 0, 0, 0}, {1, 0, 0, 0},
-                                    {8191, 0, 0, 0}, {8192, 0, 0, 0}};
+    int c0[MAXB];
+    for (int i = 0; i < MAXB; i++) c0[i] = 3 + (i * 13) % 50;
+    static const int steps1[] = {33, 64, 65, 129, 168, 1000, 4097, 1, 8191, 8192};
     static const int steps4[][4] = {{1, 128, 129, 257}, {2000, 33, 8192, 500}, {7, 4096, 6000, 64}};
+    /* a 64-row bucket: cuda_flash_decode's device planning once gave it 5 splits of 256 positions
+     * (1280) before cutting longer chunks; contexts up to the cap */
+    int steps64[MAXB];
+    for (int i = 0; i < MAXB; i++) steps64[i] = i % 16 == 5 ? 8192 - 97 * i : 1 + (i * 37) % 1500;
     const char *be[] = {"cuda_flash_prefill", "cuda_flash_decode"};
     for (int b = 0; b < 2; b++) {
         const int bits = b == 1 || rows_plan();
         for (int nh = 16; nh <= 32; nh += 16) {
             graph_check(be[b], 1, nh, 8192, c0, steps1, (int)(sizeof steps1 / sizeof steps1[0]), bits);
-            graph_check(be[b], 4, nh, 8192, c0, steps4, (int)(sizeof steps4 / sizeof steps4[0]), bits);
+            graph_check(be[b], 4, nh, 8192, c0, &steps4[0][0], (int)(sizeof steps4 / sizeof steps4[0]), bits);
         }
+        graph_check(be[b], MAXB, 16, 8192, c0, steps64, 1, bits);
     }
 #else
     skip();

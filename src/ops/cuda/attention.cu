@@ -12,10 +12,11 @@
  *     context. The device-side args->seqs is not read.
  *   device planning (ctx_cap > 0, for CUDA graph capture): a one-block kernel
  *     builds the same table from the device args->seqs into the caller's
- *     scratch; the split count is fixed from the token count, the GPU's SM
- *     count and ctx_cap (attn_cuda_scratch_bytes), and each token cuts its own
- *     prefix into that many chunks, so one recorded launch serves any
- *     context lengths up to ctx_cap. Nothing is read on the host.
+ *     scratch; the split count is fixed from ctx_cap (attn_cuda_scratch_bytes),
+ *     and each token cuts its own prefix into chunks of 256 positions (longer
+ *     past 256 x that count), so one recorded launch serves any context
+ *     lengths up to ctx_cap, bitwise as host planning up to 32768 positions.
+ *     Nothing is read on the host.
  *
  * Backends, two different algorithms:
  *   cuda_naive         one warp per (token, query head) walks its whole causal
@@ -139,29 +140,20 @@ static int upload_meta(att_ws *w, const attn_args *a, const int32_t ***d_tpg, in
 
 /* ---- device planning (CUDA graphs) -------------------------------------------------- */
 
-static int att_sm_count(void) {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
-                                                  cudaSuccess || n < 1)
-        n = 132;
-    return n;
-}
-
-/* Splits per token for device planning: enough blocks (splits x kv heads x
- * tokens) for about four per SM, at least ctx_cap / 2048 so a long prefix is
- * still cut into chunks of at most ~2048 positions, no more than ctx_cap
- * needs in chunks of ATT_MIN_CHUNK, at most ATT_MAX_SPLIT. A token's chunks
- * are ATT_MIN_CHUNK long (as host planning's) until its prefix outgrows
- * ATT_MIN_CHUNK x splits, then longer. */
+/* Splits per token for device planning: as many as ctx_cap needs in chunks of
+ * ATT_MIN_CHUNK, at most ATT_MAX_SPLIT. A token's chunks are ATT_MIN_CHUNK
+ * long (as host planning's) until its prefix outgrows ATT_MIN_CHUNK x splits,
+ * then longer: so a replayed step is bitwise the eager one at every context up
+ * to min(ctx_cap, ATT_MIN_CHUNK x ATT_MAX_SPLIT = 32768), whatever the bucket
+ * (the split count once also aimed at four blocks per SM, min(that, ctx_cap /
+ * 2048): a 64-token bucket got 5 splits, chunks past 1280 positions, and
+ * rounded unlike eager). Blocks of chunks past a token's prefix exit at once. */
 static int att_dev_nsplit(int n_tok, int n_kv_heads, int ctx_cap) {
-    long blocks = (long)n_kv_heads * (n_tok > 0 ? n_tok : 1);
-    long want = (4L * att_sm_count() + blocks - 1) / blocks;
-    long lng = ((long)ctx_cap + 2047) / 2048;
-    if (lng > want) want = lng;
+    (void)n_tok;
+    (void)n_kv_heads;
     long most = ((long)ctx_cap + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
     if (most > ATT_MAX_SPLIT) most = ATT_MAX_SPLIT;
-    if (want > most) want = most;
-    return want < 1 ? 1 : (int)want;
+    return most < 1 ? 1 : (int)most;
 }
 
 static size_t att_align(size_t n) { return (n + 255) & ~(size_t)255; }

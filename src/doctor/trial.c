@@ -162,8 +162,8 @@ static int cmp_d(const void *a, const void *b) {
  *
  *   chain8 (the default): each of the samples is (event, C calls back to back on
  *     the next C rotating sets, event), and the call's time is the pair's elapsed
- *     time / C, median over the samples; C = 8 for fast calls (warm-up under
- *     0.1 ms, i.e. kernels under ~50 us), 1 for the others. This is how serve runs
+ *     time / C, median over the samples; C = 8 for fast calls (a warm call and its
+ *     sync under 0.1 ms, i.e. kernels under ~50 us), 1 for the others. This is how serve runs
  *     a decode step: kernels queued back to back in a CUDA graph, where a kernel
  *     launched with programmatic dependent launch may start its loads while the
  *     one before it ends. An event between every two calls would stop that

@@ -441,12 +441,15 @@ __global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 
  * S - 1 tiles queued the loads never drain while the decode runs.
  * x (the warp's slice) is read once after the grid-dependency wait, by plain loads into
  * shared memory. The KW warps' row sums meet in a double-buffered array, one barrier
- * per tile. Dynamic shared memory: gvr_smem_bytes(KW, PER, S). */
+ * per tile. D = 0: the chunk step of fp4_gemv1t_kernel<L = 0> (byte permutes, block
+ * columns); D = 2: that of fp4_gemv2_kernel (bit placement, scaled A, x permuted once
+ * at load: LASTSTAND_W4A16_RING=S with LASTSTAND_W4A16_GDEC=2).
+ * Dynamic shared memory: gvr_smem_bytes(KW, PER, S). */
 static size_t gvr_smem_bytes(int kw, int per, int S) {
     return (size_t)S * kw * per * (2 * 32 * 16 + 32 * 4) + (size_t)kw * per * 16 * 16 + 32 + 2 * (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int S>
+template <int KW, int PER, int S, int D>
 __global__ void __launch_bounds__(32 * KW, 1)
     fp4_gemv1r_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                       const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
@@ -484,7 +487,10 @@ __global__ void __launch_bounds__(32 * KW, 1)
     if (lane < 16) {
         const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)c0 * W4_CHUNK) + lane;
 #pragma unroll
-        for (int u = 0; u < PER; u++) xs[warp][u][lane] = __ldg(xg + u * (W4_CHUNK / 8));
+        for (int u = 0; u < PER; u++) {
+            const uint4 v = __ldg(xg + u * (W4_CHUNK / 8));
+            xs[warp][u][lane] = D == 2 ? nv4_xperm8(v) : v;
+        }
     }
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
@@ -503,17 +509,28 @@ __global__ void __launch_bounds__(32 * KW, 1)
 #pragma unroll
         for (int u = 0; u < PER; u++) {
             const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[st][warp][u]); /* [row][4] */
-            float sg[4];
-            nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
-            nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
-            nv4_gemv1t_chunk<0>(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
-                                px[u * sx], px[u * sx + 1], sg, lut, 0u, acc);
+            if constexpr (D == 2) {
+                const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
+                                     xs[warp][u][4 * t + 3]};
+                nv4_gemv2_chunk(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
+                                s16[4 * g + t], s16[4 * (g + 8) + t], xp, acc);
+            } else {
+                float sg[4];
+                nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+                nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+                nv4_gemv1t_chunk<0>(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
+                                    px[u * sx], px[u * sx + 1], sg, lut, 0u, acc);
+            }
         }
-        float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
-        r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
-        r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
-        r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
-        r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        /* D = 0: row g = acc0 + acc1, row g + 8 = acc2 + acc3 over the 4 lanes t;
+         * D = 2: token column 0 = lanes t = 0, acc0 (row g) and acc2 (row g + 8) */
+        float r0 = D == 2 ? acc[0] : acc[0] + acc[1], r1 = D == 2 ? acc[2] : acc[2] + acc[3];
+        if (D != 2) {
+            r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+            r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+            r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+            r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        }
         if (t == 0) {
             red[i & 1][warp][g] = r0;
             red[i & 1][warp][g + 8] = r1;
@@ -526,7 +543,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
 #pragma unroll
             for (int ww = 0; ww < KW; ww++) v += red[i & 1][ww][threadIdx.x];
             const int n = tile * 16 + threadIdx.x;
-            v *= scale2;
+            v *= D == 2 ? scale2 * 256.f : scale2; /* D = 2: the decode's 2^-126 against the scales' 2^118 */
             if (accumulate) v += __bfloat162float(y[n]);
             y[n] = __float2bfloat16_rn(v);
         }
@@ -611,7 +628,8 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_FP4_PDL=0        launch without programmatic dependent launch
  *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel)
  *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
- *                              S = 3 or 4) where an instance fits
+ *                              S = 3 or 4) where an instance fits; with GDEC=2 its
+ *                              bit-placement form
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
  *                              an SM instead of 3) */
@@ -757,27 +775,27 @@ static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, c
 /* The ring GEMV (LASTSTAND_W4A16_RING=S): 16 warps a block when K allows (the most
  * warps to decode with, one block per SM), else 8 or 4; 1 when launched, 0 when no
  * instance fits K or the shared memory (the caller takes the default kernel). */
-template <int KW, int PER, int S>
+template <int KW, int PER, int S, int D>
 static int gvr_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
     const size_t smem = gvr_smem_bytes(KW, PER, S);
     const int ntiles = a->w->N / 16, grid = ntiles < d->sms ? ntiles : d->sms;
-    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S>, have, dim3(grid), dim3(32 * KW), smem, st,
+    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S, D>, have, dim3(grid), dim3(32 * KW), smem, st,
                        "fp4_gemm cuda_w4a16_mma (gemv, ring)", e, a->w->N, a->w->K, W4_ARGS_REST(a));
     return rc ? rc : 1;
 }
 
-template <int S>
+template <int S, int D>
 static int gvr_run(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
     const int kw = nchunks % 16 == 0 ? 16 : nchunks == 8 ? 8 : nchunks == 4 ? 4 : 0;
     const int per = kw ? nchunks / kw : 0;
     if (!kw || (per != 1 && per != 2 && per != 4)) return 0;
     if (gvr_smem_bytes(kw, per, S) > (size_t)d->smem_optin) return 0;
     if (kw == 16)
-        return per == 1 ? gvr_launch<16, 1, S>(d, a, st, e)
-               : per == 2 ? gvr_launch<16, 2, S>(d, a, st, e)
-                          : gvr_launch<16, 4, S>(d, a, st, e);
-    return kw == 8 ? gvr_launch<8, 1, S>(d, a, st, e) : gvr_launch<4, 1, S>(d, a, st, e);
+        return per == 1 ? gvr_launch<16, 1, S, D>(d, a, st, e)
+               : per == 2 ? gvr_launch<16, 2, S, D>(d, a, st, e)
+                          : gvr_launch<16, 4, S, D>(d, a, st, e);
+    return kw == 8 ? gvr_launch<8, 1, S, D>(d, a, st, e) : gvr_launch<4, 1, S, D>(d, a, st, e);
 }
 
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
@@ -845,7 +863,8 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
-        rc = g_knob_ring == 3 ? gvr_run<3>(d, nchunks, a, st, e) : gvr_run<4>(d, nchunks, a, st, e);
+        rc = g_knob_gdec == 2 ? (g_knob_ring == 3 ? gvr_run<3, 2>(d, nchunks, a, st, e) : gvr_run<4, 2>(d, nchunks, a, st, e))
+                              : (g_knob_ring == 3 ? gvr_run<3, 0>(d, nchunks, a, st, e) : gvr_run<4, 0>(d, nchunks, a, st, e));
         if (rc) return rc < 0 ? rc : 0;
     }
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))

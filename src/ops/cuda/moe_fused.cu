@@ -142,7 +142,7 @@ __device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, siz
  * gate and up rows 8b .. 8b + 7 as one m16n8k16 tile (A row g = gate row 8b + g,
  * row g + 8 = up row 8b + g; B column n = token n): its 16 warps split H by
  * 128-element chunks, a warp's first SH_CPW chunks (2 x 64 B of each row per lane)
- * requested first thing, before the router rows' loads; hs [M, Is] = silu(gate)·up
+ * requested right after the router rows' loads; hs [M, Is] = silu(gate)·up
  * in fp32. Its grid is max(router blocks, Is / 8): 129 blocks on the 397B layer (128
  * of them with a shared tile), one an SM. cnt (TOPK_EARLY): each block counts itself
  * there once its logits are written, before its shared tile's math, so that the
@@ -161,7 +161,14 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
     const bool active = ex < E || (ex == E && wsg);
     const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
     const int hq = H / ROUTER_Q, kb = q * hq, ke = kb + hq;
-    /* SH: this block's shared tile, its first chunks' weights requested before anything else */
+    uint4 vw[LD];
+    if (active) {
+#pragma unroll
+        for (int c = 0; c < LD; c++)
+            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
+    }
+    /* SH: this block's shared tile, its first chunks' weights requested right after the
+     * router row's (which DRAM then tends to serve first: the top-k waits for those) */
     const int g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8, nch = H / 128;
     const bool sh = SH && n0 < Is;
     uint4 sw[SH ? SH_CPW : 1][2][4];
@@ -176,12 +183,6 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
                     sw[u][1][v] = cu_ld_stream16(shu + o + 8 * v);
                 }
             }
-    }
-    uint4 vw[LD];
-    if (active) {
-#pragma unroll
-        for (int c = 0; c < LD; c++)
-            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
     }
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);

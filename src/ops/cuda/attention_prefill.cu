@@ -728,31 +728,36 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
  *                          round-robin for calls with longer sequences: a decode row's rounding
  *                          depends on its own context only, captured or eager;
  *   an integer N           round-robin with N splits under both plannings (diagnostics). */
+/* Defaults of the plan and the knobs below (H200 device rounds decide them). */
+enum { FP_DEF_PLAN = 0, FP_DEF_DEC = 0, FP_DEF_PDL = 0 };
 static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
 /* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,
- * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 1: the merge kernel as a programmatic dependent
- * launch of the attention kernel, 2: the attention kernel too (of whatever ran before it);
- * LASTSTAND_FP_DEC = 1: fp_dec_kernel for the row plan's one-token-per-sequence calls. */
-static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = 0, g_fp_dec = 0;
+ * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 0: plain launches, 1: the merge kernel as a
+ * programmatic dependent launch of the attention kernel, 2: the attention kernel too (of whatever
+ * ran before it); LASTSTAND_FP_DEC = 1 / 0: fp_dec_kernel for the row plan's
+ * one-token-per-sequence calls, or fp_kernel. */
+static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
     const char *ck = getenv("LASTSTAND_FP_CHUNK"), *pd = getenv("LASTSTAND_FP_PDL");
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
-    if (pd && (!strcmp(pd, "1") || !strcmp(pd, "2"))) g_fp_pdl = atoi(pd);
+    if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
-    g_fp_dec = dk && !strcmp(dk, "1");
+    if (dk && (dk[0] == '0' || dk[0] == '1') && !dk[1]) g_fp_dec = dk[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
-    int mode = 0;
+    int mode = FP_DEF_PLAN;
     if (v && !strcmp(v, "rows")) {
         mode = 1;
+    } else if (v && !strcmp(v, "round")) {
+        mode = 0;
     } else if (v && *v >= '1' && *v <= '9') {
         int n = atoi(v);
         g_fp_force = n < 1 ? 1 : n > FP_MAX_SPLIT ? FP_MAX_SPLIT : n;
         mode = 2;
-    } else if (v && *v && strcmp(v, "round")) {
-        log_warn("LASTSTAND_FP_PLAN=%s: not round, rows or a split count; using round", v);
+    } else if (v && *v) {
+        log_warn("LASTSTAND_FP_PLAN=%s: not round, rows or a split count; using the default", v);
     }
     g_fp_plan = mode;
     return mode;

@@ -107,8 +107,10 @@ for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,
   fi
 done
 echo "== 3. 35B preset, default"
-doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2
-summary "$F.json" "35B"
+if [ "$(left 72)" -lt 0 ]; then echo "35B skipped: time"; else
+  doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2
+  summary "$F.json" "35B"
+fi
 echo "doctor: $(( $(date +%s) - T0 )) s"
 echo "== 4. PDL inside CUDA graphs (generate greedy, logits)"
 M="$FIX/qwen3_5_moe_text-nvfp4"
@@ -117,6 +119,7 @@ if [ -f "$M/ref.json" ]; then
   for v in "graph+pdl||" "eager+pdl||--disable-cuda-graph" "graph+nopdl|LASTSTAND_FP4_PDL=0|" \
            "eager+nopdl|LASTSTAND_FP4_PDL=0|--disable-cuda-graph"; do
     lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; fl=${rest#*|}
+    [ "$(left 90)" -lt 0 ] && { echo "generate $lab skipped: time"; continue; }
     env $ev timeout 25 "$BIN" generate --model-path "$M" --ids "$ids" --max-new-tokens 16 --device cuda \
       --fp4-gemm-backend cuda_w4a16_mma $fl > "$OUT/gen_$lab.json" 2> "$OUT/gen_$lab.err"
     echo "$lab rc=$? ids=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['ids'])" "$OUT/gen_$lab.json" 2>&1 | tail -1)"

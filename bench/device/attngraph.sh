@@ -11,11 +11,13 @@
 #    (graph.sh has the cuda_flash_decode control). Prints tokens equal, the first divergent step.
 #    Discriminates: plan-dependent rounding (forced equal plans agree) from a replay reading
 #    stale/out-of-range data (forced equal plans still disagree).
-# 2. the doctor's attention cells, 397B and 35B presets, M = 1, 8, 64, both plans.
+# 2. the doctor's attention cells (cuda_flash_prefill vs its fp64 reference), 397B and 35B presets:
+#    its mixed batches at M = 1, 8, 64; pure decode steps at contexts 512 / 4096 / 16384
+#    (LASTSTAND_DOCTOR_ATTN_CTX), old plan vs defaults vs fp_kernel; the knobs (PDL, chunk).
 # 3. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
 #    fp64 reference, both plans, decode timings per backend, compute-sanitizer memcheck of its
 #    graph replays; the row plan's knobs (PDL, chunk), timings.
-# 4. compute-sanitizer memcheck of a generate run replaying graphs (time left permitting).
+#    Beside them, compute-sanitizer memcheck of a generate run replaying the graph (defaults).
 set -u
 BIN=${1:?usage: attngraph.sh BIN OUTDIR}
 OUT=${2:?usage: attngraph.sh BIN OUTDIR}
@@ -64,11 +66,18 @@ for cfg in "${CFGS[@]}"; do
     ( [ -n "$ev" ] && export $ev; gen "g-$tag" ) &
     ( [ -n "$ev" ] && export $ev; gen "e-$tag" --disable-cuda-graph ) &
 done
+# and beside them: compute-sanitizer memcheck of a generate run replaying the graph (defaults)
+if command -v compute-sanitizer >/dev/null; then
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN" generate --model-path "$SYN" \
+        --device cuda --ids "$IDS" --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-gen.log" 2>&1 &
+fi
 wait
 for cfg in "${CFGS[@]}"; do
     tag=${cfg%%|*}; ev=${cfg#*|}
     cmp_ids "g-$tag" "e-$tag" "auto attention, $tag${ev:+ ($ev)}"
 done
+[ -f "$OUT/memcheck-gen.log" ] && echo "  memcheck of generate with graph replays (defaults): $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-gen.log" | tr '\n' ' ' | cut -c1-300)" \
+    && grep -E "Invalid|out of bounds" "$OUT/memcheck-gen.log" | head -6
 python3 - "$OUT" <<'PY'
 import json, sys, os
 o = sys.argv[1]
@@ -81,21 +90,35 @@ if a and b:
 PY
 
 echo "== 2. doctor attention cells, cuda_flash_prefill ($(el))"
-# the round plan and the defaults at M = 1, 8, 64; then the knobs at M = 1 (the decode row)
-DCFGS=("round 1,8,64|LASTSTAND_FP_PLAN=round" "default 1,8,64|" "pdl0 1|LASTSTAND_FP_PDL=0" \
-       "pdl1 1|LASTSTAND_FP_PDL=1" "chunk32 1|LASTSTAND_FP_CHUNK=32" "chunk64 1|LASTSTAND_FP_CHUNK=64" \
-       "chunk256 1|LASTSTAND_FP_CHUNK=256" "rows-fp_kernel 1|LASTSTAND_FP_DEC=0")
-for cfg in "${DCFGS[@]}"; do
-    tm=${cfg%%|*}; ev=${cfg#*|}; tag=${tm% *}; m=${tm#* }
-    for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-        env $ev timeout 30 "$BIN" doctor --device cuda --shapes $sh --families attention \
-            --backends cuda_flash_prefill --m $m --json "$OUT/doctor-$tag-$sh.json" \
-            > "$OUT/doctor-$tag-$sh.txt" 2> "$OUT/doctor-$tag-$sh.err"
-        rc=$?
-        echo "  $tag${ev:+ ($ev)}, $sh (rc=$rc): $(grep -E '^ +[0-9]+ ' "$OUT/doctor-$tag-$sh.txt" | awk '{printf "M=%s %s %s %s; ", $1, $2, $3, $4}')"
-        [ $rc -ne 0 ] && tail -3 "$OUT/doctor-$tag-$sh.err" | sed 's/^/    /'
+doc() { # $1 label, $2 env (may be empty), $3 shape, $4 M list
+    local tag=$1 ev=$2 sh=$3 m=$4 f="$OUT/doctor-$(echo "$1-$3" | tr ' =/' '___')"
+    ( [ -n "$ev" ] && export $ev; timeout 30 "$BIN" doctor --device cuda --shapes $sh --families attention \
+        --backends cuda_flash_prefill --m $m --json "$f.json" > "$f.txt" 2> "$f.err" )
+    local rc=$?
+    printf "  %-44s %-18s rc=%d: %s\n" "$tag" "${sh%-a*}" $rc \
+        "$(grep -E '^ +[0-9]+ ' "$f.txt" | awk '{printf "M=%s %s %s %s; ", $1, $2, $3, $4}')"
+    [ $rc -ne 0 ] && tail -3 "$f.err" | sed 's/^/    /'
+}
+# A. the doctor's own mixed batches (a decode row at M = 1; decode rows and prefill chunks above)
+for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    doc "mixed, round plan" "LASTSTAND_FP_PLAN=round" $sh 1,8,64
+    doc "mixed, defaults" "" $sh 1,8,64
+done
+# B. pure decode steps (LASTSTAND_DOCTOR_ATTN_CTX: every row one new token at that context), as
+#    CUDA graphs replay them: the round plan, the defaults, the row plan on fp_kernel
+for ctx in 512 4096 16384; do
+    m=1,8,64; [ $ctx -gt 4096 ] && m=1,8
+    for cfg in "round|LASTSTAND_FP_PLAN=round" "defaults|" "rows, fp_kernel|LASTSTAND_FP_DEC=0"; do
+        doc "decode ctx $ctx, ${cfg%%|*}" "LASTSTAND_DOCTOR_ATTN_CTX=$ctx ${cfg#*|}" qwen3.5-397b-a17b $m
     done
 done
+doc "decode ctx 4096, round" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_PLAN=round" qwen3.5-35b-a3b 1,8,64
+doc "decode ctx 4096, defaults" "LASTSTAND_DOCTOR_ATTN_CTX=4096" qwen3.5-35b-a3b 1,8,64
+# C. the knobs, pure decode at 4096
+for k in LASTSTAND_FP_PDL=0 LASTSTAND_FP_PDL=1 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_CHUNK=256; do
+    doc "decode ctx 4096, $k" "LASTSTAND_DOCTOR_ATTN_CTX=4096 $k" qwen3.5-397b-a17b 1,8,64
+done
+
 left() { echo $(( 96 - ($(date +%s) - T0) )); }
 echo "== 3. op-level test test_attn_cuda, memcheck ($(el))"
 UT="$(dirname "$BIN")/tests/test_attn_cuda"
@@ -130,20 +153,6 @@ if [ -x "$UT" ]; then
     done
 else
     echo "  not built at $UT"
-fi
-
-echo "== 4. compute-sanitizer memcheck of generate with graph replays ($(el))"
-if command -v compute-sanitizer >/dev/null; then
-    l=$(left)
-    if [ $l -lt 10 ]; then echo "  skipped (time budget)"; else
-        timeout $l compute-sanitizer --tool memcheck --error-exitcode 9 \
-            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --device cuda --ids "$IDS" \
-            --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-gen.log" 2>&1
-        echo "  defaults: rc=$? $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-gen.log" | tr '\n' ' ' | cut -c1-300)"
-        grep -E "Invalid|out of bounds" "$OUT/memcheck-gen.log" | head -6
-    fi
-else
-    echo "  compute-sanitizer not found"
 fi
 
 echo "done ($(el))"

@@ -14,7 +14,8 @@
 #  2. cuda_w4a16_mma alone, same cells, per variant x timing method:
 #       chain8 / isolated  x  PDL on / LASTSTAND_FP4_PDL=0 ("isolated + PDL off" is the
 #     method and launch of the sessions before this one), and the opt-in M = 1 kernels:
-#     LASTSTAND_W4A16_RING=4|3 (persistent cp.async ring; with GDEC=2 its bit-placement form), LASTSTAND_W4A16_GKW=8 with
+#     LASTSTAND_W4A16_RING=4|3 (persistent cp.async ring; with GDEC=2 its bit-placement form;
+#     with LASTSTAND_W4A16_RINGP=2 in half-tile steps, so that the next GEMV's block fits beside), LASTSTAND_W4A16_GKW=8 with
 #     and without LASTSTAND_W4A16_GOCC=4 (8-warp GEMV, 4 blocks an SM so that the next
 #     GEMV's blocks fit beside it), LASTSTAND_W4A16_GDEC=2 (bit-placement decode);
 #  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2;
@@ -73,7 +74,8 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "RING=4|LASTSTAND_W4A16_RING=4" "GOCC|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+  for v in "default|" "RING=4|LASTSTAND_W4A16_RING=4" "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2" \
+           "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
            "RING=4+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_GDEC=2"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -86,7 +88,8 @@ fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
 for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
-         "RING=4|LASTSTAND_W4A16_RING=4|1" "GKW=8+GOCC=4|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4|1" \
+         "RING=4|LASTSTAND_W4A16_RING=4|1" "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
+         "GKW=8+GOCC=4|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4|1" \
          "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "RING=4+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_GDEC=2|1" \
          "chain8+nopdl|LASTSTAND_FP4_PDL=0|1,2,8" \
          "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated|1,2,8" "RING=3|LASTSTAND_W4A16_RING=3|1" \
@@ -96,10 +99,18 @@ for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,
   [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
   doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m $ms
   summary "$F.json" "$lab"
+  if [ "$lab" = "RING=4" ]; then # the ring's other instances: the 397B's other weights, the 35B's
+    doc "RING=4 397B-other" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes 1024x4096,4096x1024 --m 1
+    summary "$F.json" "RING=4 397B-other"
+    doc "RING=4 35B" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1
+    summary "$F.json" "RING=4 35B"
+  fi
 done
 echo "== 3. 35B preset, default"
-doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2
-summary "$F.json" "35B"
+if [ "$(left 72)" -lt 0 ]; then echo "35B skipped: time"; else
+  doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2
+  summary "$F.json" "35B"
+fi
 echo "doctor: $(( $(date +%s) - T0 )) s"
 echo "== 4. PDL inside CUDA graphs (generate greedy, logits)"
 M="$FIX/qwen3_5_moe_text-nvfp4"
@@ -108,6 +119,7 @@ if [ -f "$M/ref.json" ]; then
   for v in "graph+pdl||" "eager+pdl||--disable-cuda-graph" "graph+nopdl|LASTSTAND_FP4_PDL=0|" \
            "eager+nopdl|LASTSTAND_FP4_PDL=0|--disable-cuda-graph"; do
     lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; fl=${rest#*|}
+    [ "$(left 90)" -lt 0 ] && { echo "generate $lab skipped: time"; continue; }
     env $ev timeout 25 "$BIN" generate --model-path "$M" --ids "$ids" --max-new-tokens 16 --device cuda \
       --fp4-gemm-backend cuda_w4a16_mma $fl > "$OUT/gen_$lab.json" 2> "$OUT/gen_$lab.err"
     echo "$lab rc=$? ids=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['ids'])" "$OUT/gen_$lab.json" 2>&1 | tail -1)"

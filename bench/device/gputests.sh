@@ -14,7 +14,7 @@ for t in "$D"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t")
     t0=$SECONDS
-    timeout -k 5 60 "$t" >"$OUT/$n.log" 2>&1
+    LD_LIBRARY_PATH=$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout -k 5 60 "$t" >"$OUT/$n.log" 2>&1
     rc=$?
     printf 'cmocka %-20s rc=%d %3d s  %s\n' "$n" "$rc" $((SECONDS - t0)) \
         "$(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/$n.log" | tr '\n' ' ')"

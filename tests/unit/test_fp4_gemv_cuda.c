@@ -91,20 +91,25 @@ static void fw_free(fw *w) {
 /* fp64 y[m,n] (+)= sum_k x[m,k] W[n,k] against the device's y: within BF16 rounding of
  * the value (2^-8 relative) plus 1e-3 of max|ref| (fp32 accumulation order). */
 static void check_fp64(const fw *w, int M, const uint16_t *x, const uint16_t *y0, const uint16_t *y, const char *what) {
-    double *ref = malloc(sizeof(double) * M * w->N), amax = 0;
-    for (int n = 0; n < w->N; n++)
+    double *ref = malloc(sizeof(double) * M * w->N), amax = 0, *wrow = malloc(sizeof(double) * w->K);
+    float *xf = malloc(sizeof(float) * M * w->K);
+    for (size_t i = 0; i < (size_t)M * w->K; i++) xf[i] = bf16_to_f32(x[i]);
+    for (int n = 0; n < w->N; n++) {
+        for (int k = 0; k < w->K; k++) {
+            const uint8_t b = w->codes[((size_t)n * w->K + k) / 2];
+            wrow[k] = E2M1[k & 1 ? b >> 4 : b & 15] * (double)fp8_e4m3_to_f32(w->scales[((size_t)n * w->K + k) / 16]);
+        }
         for (int m = 0; m < M; m++) {
             double s = 0;
-            for (int k = 0; k < w->K; k++) {
-                const uint8_t b = w->codes[((size_t)n * w->K + k) / 2];
-                const double v = E2M1[k & 1 ? b >> 4 : b & 15] * fp8_e4m3_to_f32(w->scales[((size_t)n * w->K + k) / 16]);
-                s += v * bf16_to_f32(x[(size_t)m * w->K + k]);
-            }
+            for (int k = 0; k < w->K; k++) s += wrow[k] * xf[(size_t)m * w->K + k];
             s *= w->scale2;
             if (y0) s += bf16_to_f32(y0[(size_t)m * w->N + n]);
             ref[(size_t)m * w->N + n] = s;
             if (fabs(s) > amax) amax = fabs(s);
         }
+    }
+    free(wrow);
+    free(xf);
     int bad = 0;
     for (size_t i = 0; i < (size_t)M * w->N; i++) {
         const double v = bf16_to_f32(y[i]), err = fabs(v - ref[i]);

@@ -430,48 +430,56 @@ __global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 
 /* The persistent ring form of fp4_gemv1t_kernel<KW, PER, 0> (opt-in,
  * LASTSTAND_W4A16_RING=S, until a device round has validated and timed it): a grid of
  * one block per SM (gridDim.x <= ntiles) walks the 16-row tiles, tile = blockIdx.x +
- * i * gridDim.x; each warp keeps its K slice (PER chunks) on every tile and an S-stage
- * cp.async ring of it: while it decodes tile i, the codes and scales of tiles i + 1 ..
- * i + S - 1 are in flight (one commit group per tile, an empty one past the last
- * tile, so that "tile i landed" is always "at most S - 1 groups pending").
+ * i * gridDim.x, each tile in P parts of K (a "step" = one part of one tile: KW warps x
+ * PER chunks, K == P * KW * PER * 128); each warp keeps its slice of a part on every
+ * step, and an S-stage cp.async ring of steps: while it decodes step j, the codes and
+ * scales of steps j + 1 .. j + S - 1 are in flight (one commit group per step, an empty
+ * one past the last, so that "step j landed" is always "at most S - 1 groups pending").
+ * The partial sums of a tile stay in registers across its P parts.
  * Why S >= 3: the two-stage form (kern2 session, fp4_gemv1p) issued tile i + 1 only
  * once tile i had landed, so at the start of every step the memory system had nothing
  * queued for the block and paid a full DRAM latency: with 36 KB per tile that is a
  * third of the transfer time, and it measured slower than one tile per block. With
- * S - 1 tiles queued the loads never drain while the decode runs.
- * x (the warp's slice) is read once after the grid-dependency wait, by plain loads into
+ * S - 1 steps queued the loads never drain while the decode runs.
+ * Why P = 2 (LASTSTAND_W4A16_RINGP=2): half the shared memory (82 instead of 157 KB at
+ * K = 4096, S = 4), so that a block of the next GEMV, launched with PDL, fits on the SM
+ * beside this one and fills its own ring while this one finishes.
+ * x (the whole row) is read once after the grid-dependency wait, by plain loads into
  * shared memory. The KW warps' row sums meet in a double-buffered array, one barrier
  * per tile. D = 0: the chunk step of fp4_gemv1t_kernel<L = 0> (byte permutes, block
  * columns); D = 2: that of fp4_gemv2_kernel (bit placement, scaled A, x permuted once
  * at load: LASTSTAND_W4A16_RING=S with LASTSTAND_W4A16_GDEC=2).
- * Dynamic shared memory: gvr_smem_bytes(KW, PER, S). */
-static size_t gvr_smem_bytes(int kw, int per, int S) {
-    return (size_t)S * kw * per * (2 * 32 * 16 + 32 * 4) + (size_t)kw * per * 16 * 16 + 32 + 2 * (size_t)kw * 16 * 4;
+ * Dynamic shared memory: gvr_smem_bytes(KW, PER, S, P). */
+static size_t gvr_smem_bytes(int kw, int per, int S, int P) {
+    return (size_t)S * kw * per * (2 * 32 * 16 + 32 * 4) + (size_t)P * kw * per * 16 * 16 + 32 +
+           2 * (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int S, int D>
+template <int KW, int PER, int S, int P, int D>
 __global__ void __launch_bounds__(32 * KW, 1)
     fp4_gemv1r_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                       const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     extern __shared__ __align__(128) unsigned char gvr_raw[];
     /* stage[S][KW][PER][2][32] uint4 (codes), ss[S][KW][PER][32] u32 (scales),
-     * xs[KW][PER][16] uint4 (x), zb[2] uint4 (zeros), red[2][KW][16] f32 */
-    constexpr int SB = S * KW * PER * 1024, SS = S * KW * PER * 128, XB = KW * PER * 256;
+     * xs[P][KW][PER][16] uint4 (x), zb[2] uint4 (zeros), red[2][KW][16] f32 */
+    constexpr int SB = S * KW * PER * 1024, SS = S * KW * PER * 128, XB = P * KW * PER * 256;
     uint4(*stage)[KW][PER][2][32] = reinterpret_cast<uint4(*)[KW][PER][2][32]>(gvr_raw);
     uint32_t(*ss)[KW][PER][32] = reinterpret_cast<uint32_t(*)[KW][PER][32]>(gvr_raw + SB);
-    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gvr_raw + SB + SS);
+    uint4(*xs)[KW][PER][16] = reinterpret_cast<uint4(*)[KW][PER][16]>(gvr_raw + SB + SS);
     uint4 *zb = reinterpret_cast<uint4 *>(gvr_raw + SB + SS + XB);
     float(*red)[KW][16] = reinterpret_cast<float(*)[KW][16]>(gvr_raw + SB + SS + XB + 32);
     w4_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int c0 = warp * PER, ntiles = N / 16;
-    /* this lane's bytes of tile 0 of the slice; tile j is + j * 16 rows */
-    const uint8_t *wr0 = w + (size_t)g * (K / 2) + c0 * 64 + 16 * t;
-    const uint8_t *sg0 = sc + (size_t)(lane >> 1) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+    const int ntiles = N / 16;
+    /* this lane's bytes of part 0 of tile 0; tile j is + 16 j rows, part p + p KW PER chunks */
+    const uint8_t *wr0 = w + (size_t)g * (K / 2) + warp * PER * 64 + 16 * t;
+    const uint8_t *sg0 = sc + (size_t)(lane >> 1) * (K / 16) + warp * PER * 8 + 4 * (lane & 1);
     const size_t wtile = (size_t)16 * (K / 2), stile = (size_t)16 * (K / 16);
-    auto issue = [&](int st, int tile) {
+    auto issue = [&](int st, int step) {
+        const int tile = blockIdx.x + (step / P) * gridDim.x, part = step % P;
         if (tile < ntiles) {
-            const uint8_t *a = wr0 + tile * wtile, *b = sg0 + tile * stile;
+            const uint8_t *a = wr0 + tile * wtile + part * (KW * PER * 64),
+                          *b = sg0 + tile * stile + part * (KW * PER * 8);
 #pragma unroll
             for (int u = 0; u < PER; u++) {
                 cu_cp_async16(&stage[st][warp][u][0][lane], a + u * 64);
@@ -482,36 +490,39 @@ __global__ void __launch_bounds__(32 * KW, 1)
         cu_cp_async_commit(); /* possibly empty: one group per ring step */
     };
 #pragma unroll
-    for (int j = 0; j < S - 1; j++) issue(j, blockIdx.x + j * gridDim.x);
+    for (int j = 0; j < S - 1; j++) issue(j, j);
     w4_pdl_wait(); /* x and y below */
     if (lane < 16) {
-        const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)c0 * W4_CHUNK) + lane;
 #pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const uint4 v = __ldg(xg + u * (W4_CHUNK / 8));
-            xs[warp][u][lane] = D == 2 ? nv4_xperm8(v) : v;
+        for (int p = 0; p < P; p++) {
+            const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)(p * KW + warp) * PER * W4_CHUNK) + lane;
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const uint4 v = __ldg(xg + u * (W4_CHUNK / 8));
+                xs[p][warp][u][lane] = D == 2 ? nv4_xperm8(v) : v;
+            }
         }
     }
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
     const bool on = t == (g >> 1);
-    const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
-    const int sx = on ? 16 : 0;
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
-    for (int i = 0, tile = blockIdx.x; tile < ntiles; i++, tile += gridDim.x) {
-        const int st = i % S;
-        /* the ring slot of tile i + S - 1 was tile i - 1's: every lane is done reading it */
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int j = 0, i = 0, tile = blockIdx.x; tile < ntiles; j++) {
+        const int st = j % S, part = j % P;
+        /* the ring slot of step j + S - 1 was step j - 1's: every lane is done reading it */
         __syncwarp();
-        issue((i + S - 1) % S, tile + (S - 1) * gridDim.x);
-        cu_cp_async_wait<S - 1>(); /* tile i landed */
+        issue((j + S - 1) % S, j + S - 1);
+        cu_cp_async_wait<S - 1>(); /* step j landed */
         __syncwarp();              /* its scales were copied by other lanes */
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const uint4 *px = on ? &xs[part][warp][0][4 * t + 2 * (g & 1)] : zb;
+        const int sx = on ? 16 : 0;
 #pragma unroll
         for (int u = 0; u < PER; u++) {
             const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[st][warp][u]); /* [row][4] */
             if constexpr (D == 2) {
-                const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
-                                     xs[warp][u][4 * t + 3]};
+                const uint4 xp[4] = {xs[part][warp][u][4 * t], xs[part][warp][u][4 * t + 1],
+                                     xs[part][warp][u][4 * t + 2], xs[part][warp][u][4 * t + 3]};
                 nv4_gemv2_chunk(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
                                 s16[4 * g + t], s16[4 * (g + 8) + t], xp, acc);
             } else {
@@ -522,9 +533,11 @@ __global__ void __launch_bounds__(32 * KW, 1)
                                     px[u * sx], px[u * sx + 1], sg, lut, 0u, acc);
             }
         }
+        if (part != P - 1) continue;
         /* D = 0: row g = acc0 + acc1, row g + 8 = acc2 + acc3 over the 4 lanes t;
          * D = 2: token column 0 = lanes t = 0, acc0 (row g) and acc2 (row g + 8) */
         float r0 = D == 2 ? acc[0] : acc[0] + acc[1], r1 = D == 2 ? acc[2] : acc[2] + acc[3];
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
         if (D != 2) {
             r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
             r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
@@ -547,6 +560,8 @@ __global__ void __launch_bounds__(32 * KW, 1)
             if (accumulate) v += __bfloat162float(y[n]);
             y[n] = __float2bfloat16_rn(v);
         }
+        i++;
+        tile += gridDim.x;
     }
     cu_cp_async_wait<0>(); /* the empty groups: nothing in flight into shared memory at exit */
 }
@@ -630,10 +645,11 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
  *                              S = 3 or 4) where an instance fits; with GDEC=2 its
  *                              bit-placement form
+ *   LASTSTAND_W4A16_RINGP=2    that ring in half-tile steps (half the shared memory)
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
  *                              an SM instead of 3) */
-static int g_knob_pdl = -1, g_knob_gdec = 1, g_knob_ring = 0, g_knob_gkw = 0, g_knob_gocc = 0;
+static int g_knob_pdl = -1, g_knob_gdec = 1, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
@@ -641,6 +657,8 @@ static void w4_knobs_load(void) {
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : 1;
     const char *r = getenv("LASTSTAND_W4A16_RING");
     g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
+    const char *rp = getenv("LASTSTAND_W4A16_RINGP");
+    g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
     const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
     g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
     g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
@@ -772,30 +790,42 @@ static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, c
                       : gv_launch<4, 4>(d, v, a, st, e);
 }
 
-/* The ring GEMV (LASTSTAND_W4A16_RING=S): 16 warps a block when K allows (the most
- * warps to decode with, one block per SM), else 8 or 4; 1 when launched, 0 when no
- * instance fits K or the shared memory (the caller takes the default kernel). */
-template <int KW, int PER, int S, int D>
+/* The ring GEMV (LASTSTAND_W4A16_RING=S, LASTSTAND_W4A16_RINGP=P): 16 warps a block
+ * when K allows (the most warps to decode with, one block per SM), else 8 or 4; 1 when
+ * launched, 0 when no instance fits K or the shared memory (the caller takes the
+ * default kernel). */
+template <int KW, int PER, int S, int P, int D>
 static int gvr_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
-    const size_t smem = gvr_smem_bytes(KW, PER, S);
+    const size_t smem = gvr_smem_bytes(KW, PER, S, P);
     const int ntiles = a->w->N / 16, grid = ntiles < d->sms ? ntiles : d->sms;
-    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S, D>, have, dim3(grid), dim3(32 * KW), smem, st,
+    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S, P, D>, have, dim3(grid), dim3(32 * KW), smem, st,
                        "fp4_gemm cuda_w4a16_mma (gemv, ring)", e, a->w->N, a->w->K, W4_ARGS_REST(a));
     return rc ? rc : 1;
 }
 
-template <int S, int D>
+template <int S, int P, int D>
 static int gvr_run(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
-    const int kw = nchunks % 16 == 0 ? 16 : nchunks == 8 ? 8 : nchunks == 4 ? 4 : 0;
-    const int per = kw ? nchunks / kw : 0;
+    if (nchunks % P) return 0;
+    const int nc = nchunks / P; /* chunks of a part */
+    const int kw = nc % 16 == 0 ? 16 : nc == 8 ? 8 : nc == 4 ? 4 : 0;
+    const int per = kw ? nc / kw : 0;
     if (!kw || (per != 1 && per != 2 && per != 4)) return 0;
-    if (gvr_smem_bytes(kw, per, S) > (size_t)d->smem_optin) return 0;
+    if (gvr_smem_bytes(kw, per, S, P) > (size_t)d->smem_optin) return 0;
     if (kw == 16)
-        return per == 1 ? gvr_launch<16, 1, S, D>(d, a, st, e)
-               : per == 2 ? gvr_launch<16, 2, S, D>(d, a, st, e)
-                          : gvr_launch<16, 4, S, D>(d, a, st, e);
-    return kw == 8 ? gvr_launch<8, 1, S, D>(d, a, st, e) : gvr_launch<4, 1, S, D>(d, a, st, e);
+        return per == 1 ? gvr_launch<16, 1, S, P, D>(d, a, st, e)
+               : per == 2 ? gvr_launch<16, 2, S, P, D>(d, a, st, e)
+                          : gvr_launch<16, 4, S, P, D>(d, a, st, e);
+    return kw == 8 ? gvr_launch<8, 1, S, P, D>(d, a, st, e) : gvr_launch<4, 1, S, P, D>(d, a, st, e);
+}
+
+static int gvr_dispatch(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
+    if (g_knob_ringp == 2) {
+        if (g_knob_gdec == 2) return g_knob_ring == 3 ? gvr_run<3, 2, 2>(d, nchunks, a, st, e) : gvr_run<4, 2, 2>(d, nchunks, a, st, e);
+        return g_knob_ring == 3 ? gvr_run<3, 2, 0>(d, nchunks, a, st, e) : gvr_run<4, 2, 0>(d, nchunks, a, st, e);
+    }
+    if (g_knob_gdec == 2) return g_knob_ring == 3 ? gvr_run<3, 1, 2>(d, nchunks, a, st, e) : gvr_run<4, 1, 2>(d, nchunks, a, st, e);
+    return g_knob_ring == 3 ? gvr_run<3, 1, 0>(d, nchunks, a, st, e) : gvr_run<4, 1, 0>(d, nchunks, a, st, e);
 }
 
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
@@ -863,8 +893,7 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
-        rc = g_knob_gdec == 2 ? (g_knob_ring == 3 ? gvr_run<3, 2>(d, nchunks, a, st, e) : gvr_run<4, 2>(d, nchunks, a, st, e))
-                              : (g_knob_ring == 3 ? gvr_run<3, 0>(d, nchunks, a, st, e) : gvr_run<4, 0>(d, nchunks, a, st, e));
+        rc = gvr_dispatch(d, nchunks, a, st, e);
         if (rc) return rc < 0 ? rc : 0;
     }
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))

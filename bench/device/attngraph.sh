@@ -60,7 +60,7 @@ echo "== 1. generate greedy, graph vs eager, $SYN, 136 tokens ($(el))"
 # splits (plan-dependent rounding vs a replay bug), the defaults (row plan, fp_dec_kernel, PDL 2),
 # the row plan on fp_kernel.
 CFGS=("round|LASTSTAND_FP_PLAN=round" "forced64|LASTSTAND_FP_PLAN=64" "default|" \
-      "rows-fp_kernel|LASTSTAND_FP_DEC=0 LASTSTAND_FP_PDL=0")
+      "rows-fp_kernel|LASTSTAND_FP_DEC=0 LASTSTAND_FP_PDL=0" "dec-bn64|LASTSTAND_FP_DEC=2")
 for cfg in "${CFGS[@]}"; do
     tag=${cfg%%|*}; ev=${cfg#*|}
     ( [ -n "$ev" ] && export $ev; gen "g-$tag" ) &
@@ -115,7 +115,8 @@ done
 doc "decode ctx 4096, round" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_PLAN=round" qwen3.5-35b-a3b 1,8,64
 doc "decode ctx 4096, defaults" "LASTSTAND_DOCTOR_ATTN_CTX=4096" qwen3.5-35b-a3b 1,8,64
 # C. the knobs, pure decode at 4096
-for k in LASTSTAND_FP_PDL=0 LASTSTAND_FP_PDL=1 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_CHUNK=256; do
+for k in LASTSTAND_FP_PDL=0 LASTSTAND_FP_PDL=1 LASTSTAND_FP_CHUNK=32 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_CHUNK=256 \
+         LASTSTAND_FP_DEC=2 "LASTSTAND_FP_DEC=2 LASTSTAND_FP_CHUNK=256"; do
     doc "decode ctx 4096, $k" "LASTSTAND_DOCTOR_ATTN_CTX=4096 $k" qwen3.5-397b-a17b 1,8,64
 done
 
@@ -145,7 +146,7 @@ if [ -x "$UT" ]; then
         grep -E "Invalid|out of bounds|Address" "$OUT/memcheck-op-$plan.log" | head -6
     done
     # the row plan's knobs, timings only: PDL between the two kernels, chunk length
-    for knob in "LASTSTAND_FP_PDL=0" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" "LASTSTAND_FP_DEC=0"; do
+    for knob in "LASTSTAND_FP_PDL=0" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" "LASTSTAND_FP_DEC=0" "LASTSTAND_FP_DEC=2"; do
         [ $(left) -lt 8 ] && { echo "  $knob: skipped (time budget)"; continue; }
         env LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
         echo "  defaults + $knob, quick timings: rc=$?"

@@ -751,7 +751,7 @@ static int g_fp_force = 1;
  * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 0: plain launches, 1: the merge kernel as a
  * programmatic dependent launch of the attention kernel, 2: the attention kernel too (of whatever
  * ran before it); LASTSTAND_FP_DEC = 1 / 0: fp_dec_kernel for the row plan's
- * one-token-per-sequence calls, or fp_kernel. */
+ * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256. */
 static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC;
 
 static int fp_plan_mode(void) {
@@ -760,7 +760,7 @@ static int fp_plan_mode(void) {
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
-    if (dk && (dk[0] == '0' || dk[0] == '1') && !dk[1]) g_fp_dec = dk[0] - '0';
+    if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
     int mode = FP_DEF_PLAN;
     if (v && !strcmp(v, "rows")) {
@@ -850,6 +850,25 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
     return sizeof(float) * rows * (head_dim + 2) * (size_t)ns + sizeof(int) * rows;
 }
 
+/* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, nsplit): the shared-memory opt-in once per device
+ * (dev: the device's index, under its workspace lock), then the launch. */
+template <int HD, int BN>
+static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float sl2, float *po, float *pml, int *pn,
+                                 int n_rows, cudaStream_t st) {
+    constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
+    static int ddone[FP_MAX_DEV];
+    if (!ddone[dev]) {
+        cudaError_t c = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)dsmem);
+        if (c != cudaSuccess) return c;
+        ddone[dev] = 1;
+    }
+    return fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
+                       dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
+                       (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
+                       pml, pn, n_rows, fp_rows_c0(BN));
+}
+
 template <int HD, int BN>
 static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
@@ -870,7 +889,13 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
     const int mode = fp_plan_mode();
-    const int rows = mode == 1 ? fp_rows_nsplit(a, BN) : 0;
+    /* fp_dec_kernel: the row plan's one-token-per-sequence calls (host planning checks; device
+     * planning is a decode step's capture: n_tok = n_seq); LASTSTAND_FP_DEC=2: with 64-key tiles
+     * at head_dim 256 (DBN, which the row plan's chunk count then follows) */
+    int dec = mode == 1 && g_fp_dec && HD >= 64 && grp <= 16 && a->n_tok == a->n_seq;
+    for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
+    const int DBN = dec && g_fp_dec == 2 && HD == 256 ? 64 : BN;
+    const int rows = mode == 1 ? fp_rows_nsplit(a, DBN) : 0;
     int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     /* partials [nsplit][n_rows][HD], (m, l) [nsplit][n_rows][2], the row plan's chunk counts [n_rows] */
@@ -908,25 +933,13 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         if (rows > 0) pn = (int *)(pml + (size_t)nsplit * n_rows * 2);
     }
     const float sl2 = a->scale * 1.4426950408889634f;
-    /* fp_dec_kernel: one new token per sequence (host planning checks; device planning is a decode
-     * step's capture: n_tok = n_seq) */
-    int dec = rows > 0 && g_fp_dec && HD >= 64 && grp <= 16 && a->n_tok == a->n_seq;
-    for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
     cudaError_t c1 = cudaSuccess;
-    if constexpr (HD < 64) dec = 0;
-    if (dec) {
-        if constexpr (HD >= 64) {
-        constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
-        static int ddone[FP_MAX_DEV];
-        if (!ddone[dev]) {
-            c1 = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dsmem);
-            ddone[dev] = c1 == cudaSuccess;
-        }
-        if (c1 == cudaSuccess)
-            c1 = fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
-                             dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
-                             (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out,
-                             po, pml, pn, n_rows, fp_rows_c0(BN));
+    if (dec && rows > 0) {
+        if constexpr (HD == 256) {
+            c1 = DBN == 64 ? fp_dec_launch<256, 64>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
+                           : fp_dec_launch<256, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+        } else if constexpr (HD >= 64) {
+            c1 = fp_dec_launch<HD, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
         }
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);

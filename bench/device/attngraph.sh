@@ -11,11 +11,13 @@
 #    (graph.sh has the cuda_flash_decode control). Prints tokens equal, the first divergent step.
 #    Discriminates: plan-dependent rounding (forced equal plans agree) from a replay reading
 #    stale/out-of-range data (forced equal plans still disagree).
-# 2. the doctor's attention cells, 397B and 35B presets, M = 1, 8, 64, both plans.
+# 2. the doctor's attention cells (cuda_flash_prefill vs its fp64 reference), 397B and 35B presets:
+#    its mixed batches at M = 1, 8, 64; pure decode steps at contexts 512 / 4096 / 16384
+#    (LASTSTAND_DOCTOR_ATTN_CTX), old plan vs defaults vs fp_kernel; the knobs (PDL, chunk).
 # 3. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
 #    fp64 reference, both plans, decode timings per backend, compute-sanitizer memcheck of its
 #    graph replays; the row plan's knobs (PDL, chunk), timings.
-# 4. compute-sanitizer memcheck of a generate run replaying graphs (time left permitting).
+#    Beside them, compute-sanitizer memcheck of a generate run replaying the graph (defaults).
 set -u
 BIN=${1:?usage: attngraph.sh BIN OUTDIR}
 OUT=${2:?usage: attngraph.sh BIN OUTDIR}
@@ -53,93 +55,105 @@ for l in chk[:2]: print("     graph log:", l)
 PY
 }
 echo "== 1. generate greedy, graph vs eager, $SYN, 136 tokens ($(el))"
-# the 8 runs side by side on the one GPU (each is small; the results do not depend on it)
-CFGS=("round:auto" "64:auto" "rows:auto" "rows:auto:dec")
+# the 8 runs side by side on the one GPU (each is small; the results do not depend on it).
+# Configs (env): the old round plan (graph.sh's 19/136 row), both plannings forced to 64 round-robin
+# splits (plan-dependent rounding vs a replay bug), the defaults (row plan, fp_dec_kernel, PDL 2),
+# the row plan on fp_kernel.
+CFGS=("round|LASTSTAND_FP_PLAN=round" "forced64|LASTSTAND_FP_PLAN=64" "default|" \
+      "rows-fp_kernel|LASTSTAND_FP_DEC=0 LASTSTAND_FP_PDL=0" "dec-bn64|LASTSTAND_FP_DEC=2")
 for cfg in "${CFGS[@]}"; do
-    IFS=: read -r plan attn dec <<< "$cfg"
-    pin=(); [ "$attn" != auto ] && pin=(--attention-backend "$attn")
-    d=0; [ "$dec" = dec ] && d=1
-    LASTSTAND_FP_DEC=$d LASTSTAND_FP_PLAN=$plan gen "g-$plan-$attn$dec" "${pin[@]}" &
-    LASTSTAND_FP_DEC=$d LASTSTAND_FP_PLAN=$plan gen "e-$plan-$attn$dec" "${pin[@]}" --disable-cuda-graph &
+    tag=${cfg%%|*}; ev=${cfg#*|}
+    ( [ -n "$ev" ] && export $ev; gen "g-$tag" ) &
+    ( [ -n "$ev" ] && export $ev; gen "e-$tag" --disable-cuda-graph ) &
 done
+# and beside them: compute-sanitizer memcheck of a generate run replaying the graph (defaults)
+if command -v compute-sanitizer >/dev/null; then
+    timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN" generate --model-path "$SYN" \
+        --device cuda --ids "$IDS" --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-gen.log" 2>&1 &
+fi
 wait
 for cfg in "${CFGS[@]}"; do
-    IFS=: read -r plan attn dec <<< "$cfg"
-    cmp_ids "g-$plan-$attn$dec" "e-$plan-$attn$dec" "attention $attn, LASTSTAND_FP_PLAN=$plan${dec:+ FP_DEC=1}"
+    tag=${cfg%%|*}; ev=${cfg#*|}
+    cmp_ids "g-$tag" "e-$tag" "auto attention, $tag${ev:+ ($ev)}"
 done
+[ -f "$OUT/memcheck-gen.log" ] && echo "  memcheck of generate with graph replays (defaults): $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-gen.log" | tr '\n' ' ' | cut -c1-300)" \
+    && grep -E "Invalid|out of bounds" "$OUT/memcheck-gen.log" | head -6
 python3 - "$OUT" <<'PY'
 import json, sys, os
 o = sys.argv[1]
 def ids(t):
     try: return json.load(open(os.path.join(o, f"gen-{t}.json")))["ids"]
     except Exception: return None
-a, b = ids("e-round-auto"), ids("e-rows-auto")
+a, b = ids("e-round"), ids("e-default")
 if a and b:
-    print(f"  eager round vs eager rows (same kernel, other split): {sum(x == y for x, y in zip(a, b))}/{len(a)} equal (info)")
+    print(f"  eager round vs eager default (other split and kernel): {sum(x == y for x, y in zip(a, b))}/{len(a)} equal (info)")
 PY
 
-echo "== 2. doctor attention cells ($(el))"
-for plan in round rows rows+dec; do
-    ex=(); m=1,8,64; [ $plan = rows+dec ] && { ex=(LASTSTAND_FP_DEC=1 LASTSTAND_FP_PDL=2); m=1; }
-    for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-        env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} timeout 40 "$BIN" doctor --device cuda --shapes $sh \
-            --families attention --backends cuda_flash_prefill,cuda_flash_decode --m $m --json "$OUT/doctor-$plan-$sh.json" \
-            > "$OUT/doctor-$plan-$sh.txt" 2> "$OUT/doctor-$plan-$sh.err"
-        rc=$?; echo "  plan $plan, $sh (rc=$rc):"
-        [ $rc -ne 0 ] && tail -3 "$OUT/doctor-$plan-$sh.err" | sed 's/^/    /'
-        grep -A5 -E "^attention" "$OUT/doctor-$plan-$sh.txt" | sed 's/^/    /'
+echo "== 2. doctor attention cells, cuda_flash_prefill ($(el))"
+doc() { # $1 label, $2 env (may be empty), $3 shape, $4 M list
+    local tag=$1 ev=$2 sh=$3 m=$4 f="$OUT/doctor-$(echo "$1-$3" | tr ' =/' '___')"
+    ( [ -n "$ev" ] && export $ev; timeout 30 "$BIN" doctor --device cuda --shapes $sh --families attention \
+        --backends cuda_flash_prefill --m $m --json "$f.json" > "$f.txt" 2> "$f.err" )
+    local rc=$?
+    printf "  %-44s %-18s rc=%d: %s\n" "$tag" "${sh%-a*}" $rc \
+        "$(grep -E '^ +[0-9]+ ' "$f.txt" | awk '{printf "M=%s %s %s %s; ", $1, $2, $3, $4}')"
+    [ $rc -ne 0 ] && tail -3 "$f.err" | sed 's/^/    /'
+}
+# A. the doctor's own mixed batches (a decode row at M = 1; decode rows and prefill chunks above)
+for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
+    doc "mixed, round plan" "LASTSTAND_FP_PLAN=round" $sh 1,8,64
+    doc "mixed, defaults" "" $sh 1,8,64
+done
+# B. pure decode steps (LASTSTAND_DOCTOR_ATTN_CTX: every row one new token at that context), as
+#    CUDA graphs replay them: the round plan, the defaults, the row plan on fp_kernel
+for ctx in 512 4096 16384; do
+    m=1,8,64; [ $ctx -gt 4096 ] && m=1,8
+    for cfg in "round|LASTSTAND_FP_PLAN=round" "defaults|" "rows, fp_kernel|LASTSTAND_FP_DEC=0"; do
+        doc "decode ctx $ctx, ${cfg%%|*}" "LASTSTAND_DOCTOR_ATTN_CTX=$ctx ${cfg#*|}" qwen3.5-397b-a17b $m
     done
 done
+doc "decode ctx 4096, round" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_PLAN=round" qwen3.5-35b-a3b 1,8,64
+doc "decode ctx 4096, defaults" "LASTSTAND_DOCTOR_ATTN_CTX=4096" qwen3.5-35b-a3b 1,8,64
+# C. the knobs, pure decode at 4096
+for k in LASTSTAND_FP_PDL=0 LASTSTAND_FP_PDL=1 LASTSTAND_FP_CHUNK=32 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_CHUNK=256 \
+         LASTSTAND_FP_DEC=2 "LASTSTAND_FP_DEC=2 LASTSTAND_FP_CHUNK=256"; do
+    doc "decode ctx 4096, $k" "LASTSTAND_DOCTOR_ATTN_CTX=4096 $k" qwen3.5-397b-a17b 1,8,64
+done
+
 left() { echo $(( 96 - ($(date +%s) - T0) )); }
 echo "== 3. op-level test test_attn_cuda, memcheck ($(el))"
 UT="$(dirname "$BIN")/tests/test_attn_cuda"
 if [ -x "$UT" ]; then
     # plans rows+dec, rows, round: graph replay at other contexts vs eager bits (asserted under rows)
     # and vs fp64 (asserted), decode timings
-    for plan in rows+dec rows round; do
+    for plan in default round; do
         l=$(left); [ $l -lt 10 ] && { echo "  plan $plan: skipped (time budget)"; continue; }
-        ex=(); [ $plan = rows+dec ] && ex=(LASTSTAND_FP_DEC=1 LASTSTAND_FP_PDL=2)
-        env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} timeout $(( l < 30 ? l : 30 )) "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
+        ex=(LASTSTAND_FP_PLAN=round); [ $plan = default ] && ex=(LS_ATTN_PLAN_DEFAULT=1)
+        env "${ex[@]}" timeout $(( l < 30 ? l : 30 )) "$UT" > "$OUT/test_attn_cuda-$plan.log" 2>&1
         echo "  plan $plan: rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]|^\[  SKIPPED \] [0-9]' "$OUT/test_attn_cuda-$plan.log" | tr '\n' ' ')"
         grep -E "attn:|FAIL|Failure|error" "$OUT/test_attn_cuda-$plan.log" | head -70
     done
     # compute-sanitizer memcheck of the same graph replays (the check part only): the default plan,
     # then the row plan with the decode kernel and PDL
-    for plan in round rows+dec; do
+    for plan in default round; do
         l=$(left)
         command -v compute-sanitizer >/dev/null || { echo "  compute-sanitizer not found"; break; }
         [ $l -lt 12 ] && { echo "  memcheck plan $plan: skipped (time budget)"; continue; }
-        ex=(); [ $plan = rows+dec ] && ex=(LASTSTAND_FP_DEC=1 LASTSTAND_FP_PDL=2)
-        env "${ex[@]}" LASTSTAND_FP_PLAN=${plan%%+*} LS_ATTN_TEST=check timeout $(( l < 25 ? l : 25 )) compute-sanitizer \
+        ex=(LASTSTAND_FP_PLAN=round); [ $plan = default ] && ex=(LS_ATTN_PLAN_DEFAULT=1)
+        env "${ex[@]}" LS_ATTN_TEST=check timeout $(( l < 25 ? l : 25 )) compute-sanitizer \
             --tool memcheck --error-exitcode 9 "$UT" > "$OUT/memcheck-op-$plan.log" 2>&1
         echo "  memcheck, plan $plan, graph replays: rc=$? $(grep -E 'ERROR SUMMARY|PASSED  \]|FAILED  \]' "$OUT/memcheck-op-$plan.log" | tr '\n' ' ')"
         grep -E "Invalid|out of bounds|Address" "$OUT/memcheck-op-$plan.log" | head -6
     done
     # the row plan's knobs, timings only: PDL between the two kernels, chunk length
-    for knob in "LASTSTAND_FP_PDL=1" "LASTSTAND_FP_PDL=2" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" \
-                "LASTSTAND_FP_DEC=1" "LASTSTAND_FP_DEC=1 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_PDL=2" \
-                "LASTSTAND_FP_DEC=1 LASTSTAND_FP_CHUNK=256 LASTSTAND_FP_PDL=2"; do
+    for knob in "LASTSTAND_FP_PDL=0" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" "LASTSTAND_FP_DEC=0" "LASTSTAND_FP_DEC=2"; do
         [ $(left) -lt 8 ] && { echo "  $knob: skipped (time budget)"; continue; }
-        env LASTSTAND_FP_PLAN=rows LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
-        echo "  rows, $knob, quick timings: rc=$?"
+        env LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
+        echo "  defaults + $knob, quick timings: rc=$?"
         grep -E "attn:|FAIL|error" "$OUT/test_attn_quick.log" | head -16
     done
 else
     echo "  not built at $UT"
-fi
-
-echo "== 4. compute-sanitizer memcheck of generate with graph replays ($(el))"
-if command -v compute-sanitizer >/dev/null; then
-    l=$(left)
-    if [ $l -lt 10 ]; then echo "  skipped (time budget)"; else
-        LASTSTAND_FP_PLAN=rows timeout $l compute-sanitizer --tool memcheck --error-exitcode 9 \
-            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --device cuda --ids "$IDS" \
-            --max-new-tokens 6 --sampling-backend device > "$OUT/memcheck-gen.log" 2>&1
-        echo "  plan rows: rc=$? $(grep -E 'ERROR SUMMARY|replayed' "$OUT/memcheck-gen.log" | tr '\n' ' ' | cut -c1-300)"
-        grep -E "Invalid|out of bounds" "$OUT/memcheck-gen.log" | head -6
-    fi
-else
-    echo "  compute-sanitizer not found"
 fi
 
 echo "done ($(el))"

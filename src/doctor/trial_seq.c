@@ -91,12 +91,19 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 104729 + 3;
     int *lens = xmalloc(sizeof(int) * M);
     int ns = split_batch(M, lens, &rng);
+    /* benchmarks (bench/device/attngraph.sh): LASTSTAND_DOCTOR_ATTN_CTX=N makes the step M decode
+     * rows (one new token each) at context N, as a CUDA-graph decode step is */
+    const char *fc = getenv("LASTSTAND_DOCTOR_ATTN_CTX");
+    const int fixed_ctx = fc ? atoi(fc) : 0;
+    if (fixed_ctx > 0)
+        for (ns = 0; ns < M; ns++) lens[ns] = 1;
     attn_seq *seqs = xcalloc(ns, sizeof(attn_seq));
     int32_t **pages = xcalloc(ns, sizeof(int32_t *));
     int total_pages = 0, max_ctx = 0, row = 0;
     for (int i = 0; i < ns; i++) {
         seqs[i].n_new = lens[i];
         seqs[i].n_past = lens[i] == 1 ? 1 + (int)(td_rng_next(&rng) % 2048) : (int)(td_rng_next(&rng) % 1025);
+        if (fixed_ctx > 0) seqs[i].n_past = fixed_ctx - 1;
         seqs[i].row0 = row;
         row += lens[i];
         int ctx = seqs[i].n_past + seqs[i].n_new;

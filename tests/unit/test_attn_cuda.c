@@ -10,8 +10,9 @@
  *     this), and gives the bits of the eager call (host planning) on the same
  *     inputs: always for cuda_flash_decode (its device planning cuts the same
  *     256-position chunks up to 256 x its split count), for cuda_flash_prefill
- *     under the row plan (LASTSTAND_FP_PLAN unset or "rows"); under "round"
- *     the count of differing outputs is printed, not asserted;
+ *     under the row plan (LASTSTAND_FP_PLAN unset or "rows"; with its decode
+ *     kernel unless LASTSTAND_FP_DEC=0); under "round" the count of
+ *     differing outputs is printed, not asserted;
  *   - decode timings (printed, not asserted): per backend, M = 1, 8, 64
  *     sequences, context 512 .. 32768, one call replayed from a graph of 20
  *     calls (device planning at the engine's ctx_cap) and one eager call.
@@ -283,9 +284,10 @@ static int want(const char *part) {
     return !strcmp(v, "time") || !strcmp(v, "quick");
 }
 
+/* The row plan is in force (the default; LASTSTAND_FP_PLAN=round or a split count leave it). */
 static int rows_plan(void) {
     const char *v = getenv("LASTSTAND_FP_PLAN");
-    return v && !strcmp(v, "rows");
+    return !v || !*v || !strcmp(v, "rows");
 }
 #endif
 

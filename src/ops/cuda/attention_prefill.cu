@@ -29,13 +29,24 @@
  * row's running max moved (warp vote). Shared rows are padded by 8 BF16 so
  * the fragment loads are bank-conflict free.
  *
- * Split-K for small grids (decode): when tiles × kv heads would not fill the
- * GPU twice, grid.z = nsplit blocks share each tile's keys round-robin by
- * BN-key tiles (so every key is covered whatever the contexts: the plan only
- * fixes nsplit, from seqs_host, or from ctx_cap under device planning), write
- * partials (row max, row sum, unnormalised O; fp32, a per-device workspace
- * grown on demand, or the caller's scratch under device planning: CUDA graph
- * capture) and fp_merge_kernel combines them and applies the gate.
+ * Split-K, two plans (fp_plan_mode). Decode calls (one new token per
+ * sequence) and every device-planned call (CUDA graph capture) take the row
+ * plan: a tile's keys are cut into contiguous chunks whose length depends only
+ * on the tile's own context (FP_CHUNK_KEYS keys, longer past FP_MAX_SPLIT
+ * chunks), chunk z -> block z, partials (row max, row sum, unnormalised O,
+ * fp32) to slot z and fp_merge_rows_kernel folds the row's chunks in order:
+ * a row's rounding does not depend on the batch, the grid or the planning,
+ * so a replayed decode step is bitwise the eager one. Such calls run
+ * fp_dec_kernel (the 4 warps of a block share the token's GQA rows and split
+ * head_dim) where grp <= 16 and head_dim >= 64. Other calls take the round
+ * plan: when tiles × kv heads would not fill the GPU twice, grid.z = nsplit
+ * blocks share each tile's keys round-robin by BN-key tiles (nsplit from
+ * seqs_host), and fp_merge_kernel combines them. Partials live in a
+ * per-device workspace grown on demand, or in the caller's scratch under
+ * device planning. The gate is applied by whichever kernel writes out.
+ * The (row vs round) split was found when graph replay with this backend gave
+ * other greedy tokens than eager steps (R1: 19/136 on a random synth model;
+ * 136/136 with the row plan, and with both plannings forced to 64 splits).
  *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
@@ -51,8 +62,9 @@ enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
 /* The row plan (fp_plan_mode): chunks of FP_CHUNK_KEYS keys (LASTSTAND_FP_CHUNK), at most
  * FP_MAX_SPLIT per tile (longer chunks past FP_CHUNK_KEYS x FP_MAX_SPLIT keys); it plans host calls
  * whose sequences all have at most FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs
- * replay) and every device planned call. */
-enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 16 };
+ * replay; R1: at 16, the doctor's mixed M = 8 batches of 1..4-token sequences took 34 µs against
+ * the round plan's 28) and every device planned call. */
+enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 1 };
 
 /* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles: c0 (the chunk's key
  * tiles, FP_CHUNK_KEYS / BN), or ceil(n_ktiles / FP_MAX_SPLIT) tiles when that is longer; and no more
@@ -719,24 +731,27 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
 }
 
 /* The split plan, LASTSTAND_FP_PLAN (read once):
- *   "round" (the default)  split-K by round-robin key tiles, the split count from the batch:
+ *   "round"                split-K by round-robin key tiles, the split count from the batch:
  *                          host planning from seqs_host (tile count, longest context), device
  *                          planning (graph capture) from the tile bound and ctx_cap; a row's
  *                          rounding then depends on the batch and the planning, so a replayed
  *                          decode step is not bitwise the eager one;
- *   "rows"                 the row plan (fp_rows_chunk) for decode calls and device planning,
+ *   "rows" (the default)   the row plan (fp_rows_chunk) for decode calls and device planning,
  *                          round-robin for calls with longer sequences: a decode row's rounding
  *                          depends on its own context only, captured or eager;
  *   an integer N           round-robin with N splits under both plannings (diagnostics). */
-/* Defaults of the plan and the knobs below (H200 device rounds decide them). */
-enum { FP_DEF_PLAN = 0, FP_DEF_DEC = 0, FP_DEF_PDL = 0 };
+/* Defaults of the plan and the knobs below. H200 round R1 (2026-11-29 19:38Z): the row plan and
+ * fp_dec_kernel gave the eager tokens under graph replay (136/136 on the synth 35B, where the round
+ * plan gave 19/136) and the doctor's fp64 check passed at the 397B and 35B shapes; M = 1: 14.1 µs
+ * with fp_dec_kernel and PDL 2, 17.2 round plan, 19.3 row plan on fp_kernel (397B). */
+enum { FP_DEF_PLAN = 1, FP_DEF_DEC = 1, FP_DEF_PDL = 2 };
 static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
 /* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,
  * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 0: plain launches, 1: the merge kernel as a
  * programmatic dependent launch of the attention kernel, 2: the attention kernel too (of whatever
  * ran before it); LASTSTAND_FP_DEC = 1 / 0: fp_dec_kernel for the row plan's
- * one-token-per-sequence calls, or fp_kernel. */
+ * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256. */
 static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC;
 
 static int fp_plan_mode(void) {
@@ -745,7 +760,7 @@ static int fp_plan_mode(void) {
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
-    if (dk && (dk[0] == '0' || dk[0] == '1') && !dk[1]) g_fp_dec = dk[0] - '0';
+    if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
     int mode = FP_DEF_PLAN;
     if (v && !strcmp(v, "rows")) {
@@ -835,6 +850,25 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
     return sizeof(float) * rows * (head_dim + 2) * (size_t)ns + sizeof(int) * rows;
 }
 
+/* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, nsplit): the shared-memory opt-in once per device
+ * (dev: the device's index, under its workspace lock), then the launch. */
+template <int HD, int BN>
+static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float sl2, float *po, float *pml, int *pn,
+                                 int n_rows, cudaStream_t st) {
+    constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
+    static int ddone[FP_MAX_DEV];
+    if (!ddone[dev]) {
+        cudaError_t c = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)dsmem);
+        if (c != cudaSuccess) return c;
+        ddone[dev] = 1;
+    }
+    return fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
+                       dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
+                       (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
+                       pml, pn, n_rows, fp_rows_c0(BN));
+}
+
 template <int HD, int BN>
 static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
@@ -855,7 +889,13 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     const int grp = a->n_heads / a->n_kv_heads;
     const long tiles = ((long)a->n_tok * grp + FP_BM - 1) / FP_BM + a->n_seq;
     const int mode = fp_plan_mode();
-    const int rows = mode == 1 ? fp_rows_nsplit(a, BN) : 0;
+    /* fp_dec_kernel: the row plan's one-token-per-sequence calls (host planning checks; device
+     * planning is a decode step's capture: n_tok = n_seq); LASTSTAND_FP_DEC=2: with 64-key tiles
+     * at head_dim 256 (DBN, which the row plan's chunk count then follows) */
+    int dec = mode == 1 && g_fp_dec && HD >= 64 && grp <= 16 && a->n_tok == a->n_seq;
+    for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
+    const int DBN = dec && g_fp_dec == 2 && HD == 256 ? 64 : BN;
+    const int rows = mode == 1 ? fp_rows_nsplit(a, DBN) : 0;
     int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     /* partials [nsplit][n_rows][HD], (m, l) [nsplit][n_rows][2], the row plan's chunk counts [n_rows] */
@@ -893,25 +933,13 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         if (rows > 0) pn = (int *)(pml + (size_t)nsplit * n_rows * 2);
     }
     const float sl2 = a->scale * 1.4426950408889634f;
-    /* fp_dec_kernel: one new token per sequence (host planning checks; device planning is a decode
-     * step's capture: n_tok = n_seq) */
-    int dec = rows > 0 && g_fp_dec && HD >= 64 && grp <= 16 && a->n_tok == a->n_seq;
-    for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
     cudaError_t c1 = cudaSuccess;
-    if constexpr (HD < 64) dec = 0;
-    if (dec) {
-        if constexpr (HD >= 64) {
-        constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
-        static int ddone[FP_MAX_DEV];
-        if (!ddone[dev]) {
-            c1 = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dsmem);
-            ddone[dev] = c1 == cudaSuccess;
-        }
-        if (c1 == cudaSuccess)
-            c1 = fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
-                             dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
-                             (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out,
-                             po, pml, pn, n_rows, fp_rows_c0(BN));
+    if (dec && rows > 0) {
+        if constexpr (HD == 256) {
+            c1 = DBN == 64 ? fp_dec_launch<256, 64>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
+                           : fp_dec_launch<256, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+        } else if constexpr (HD >= 64) {
+            c1 = fp_dec_launch<HD, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
         }
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);

@@ -8,14 +8,17 @@
  *
  * Kernels, by M (w4_run picks; the H200 device rounds chose them, bench/RESULTS.md):
  *   M = 1, K = KW * PER * 128 (KW warps of PER chunks, KW in 4, 8, 16, PER in 1, 2, 4:
- *     every K of the 397B and 35B presets): the block-column GEMV (nvfp4.cuh): codes,
- *     scales and x staged with cp.async, unscaled E2M1 into mma.sync, the 8 B columns
- *     spent on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA
- *     on an output. fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
+ *     every K of the 397B and 35B presets): one 16-row tile per block, codes, scales
+ *     and x staged with cp.async (nvfp4.cuh for the chunk steps). Per instance
+ *     (gv_variant): fp4_gemv2_kernel, the bit-placement decode (half of it on the FMA
+ *     pipe, the scale as one HMUL2 per pair, tokens in the B columns) where a device
+ *     round validated it and found it faster (8 warps x 4 chunks: the large weights);
+ *     else the block-column GEMV (unscaled E2M1 into mma.sync, the 8 B columns spent
+ *     on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA on an
+ *     output): fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
  *     instances validated with it, L = 2 (half the code words through a shared-memory
- *     table) on the 35B ones, fp4_gemv1_kernel on the others (gv_variant).
- *     Opt-in until a device round times it: LASTSTAND_W4A16_GDEC=2, fp4_gemv2_kernel
- *     (bit-placement decode, half of it on the FMA pipe).
+ *     table) on the 35B ones, fp4_gemv1_kernel on the others. Opt-in: the persistent
+ *     ring (fp4_gemv1r_kernel) and the knobs listed at w4_knobs_load.
  *   M = 1, other K: fp4_w4a16_async_kernel (the M <= 8 mapping, weights by cp.async).
  *   M = 2 .. 8 and larger: fp4_w4a16_kernel<MT>, weights in registers, MT n8 tiles of
  *     tokens per block, K split over up to 8 warps.
@@ -641,7 +644,9 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
 /* Knobs, read once (benchmarks and the device rounds; unset in production):
  *   LASTSTAND_FP4_PDL=0        launch without programmatic dependent launch
- *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel)
+ *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel) on
+ *                              every instance; =1 on none (the byte-permute kernels); unset:
+ *                              where a device round validated it (gv_variant)
  *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
  *                              S = 3 or 4) where an instance fits; with GDEC=2 its
  *                              bit-placement form
@@ -649,12 +654,12 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
  *                              an SM instead of 3) */
-static int g_knob_pdl = -1, g_knob_gdec = 1, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_knob_pdl = p && !strcmp(p, "0") ? 0 : 1;
-    g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : 1;
+    g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
     const char *r = getenv("LASTSTAND_W4A16_RING");
     g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
     const char *rp = getenv("LASTSTAND_W4A16_RINGP");
@@ -851,12 +856,16 @@ static int gv_pick(int nchunks, int ntiles, int sms, int want_kw, int *kw_out, i
 
 /* The M = 1 default per (warps, chunks per warp) instance, from the device rounds
  * (H200, 2026-11-29; the doctor's fp64 check on the 397B and 35B shapes, bench/RESULTS.md):
+ * fp4_gemv2_kernel (bit placement) at 8 x 4, the [16384 x 4096] instance (gemv4 session
+ * R1: 17.72 -> 14.82 us a chained call, 50% -> 60% of copy bandwidth; at 16 x 2, the
+ * [4096 x 4096] one, it was as fast as the default, 5.79 vs 5.76 us, so not switched);
  * fp4_gemv1t_kernel without a table (its halved x reads: R4, [16384 x 4096] 20.83 ->
- * 19.94 us) where it was validated, 16 x 2, 8 x 4, 8 x 1; with the table for half the
- * words where that was (R3 and R4 at 16 x 1 and 4 x 1, the 35B shapes, as fast as
+ * 19.94 us) where it was validated, 16 x 2, 8 x 1; with the table for half the words
+ * where that was (R3 and R4 at 16 x 1 and 4 x 1, the 35B shapes, as fast as
  * fp4_gemv1_kernel there); fp4_gemv1_kernel elsewhere. */
 static int gv_variant(int kw, int per) {
     if (g_knob_gdec == 2) return GV_V2;
+    if (g_knob_gdec != 1 && kw == 8 && per == 4) return GV_V2; /* gemv4 R1: [16384 x 4096] 17.72 -> 14.82 us */
     if ((kw == 16 && per == 2) || (kw == 8 && (per == 1 || per == 4))) return GV_T0;
     if ((kw == 16 && per == 1) || (kw == 4 && per == 1)) return GV_T2;
     return GV_V1;

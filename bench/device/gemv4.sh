@@ -12,6 +12,8 @@
 #     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
 #     opt-in kernels;
 #  2. cuda_w4a16_mma alone at M = 1 (chain8 + PDL unless said), per variant:
+#     PREF=2 (M = 1, 2, 8) and PREF=1 + GDEC=2: the L2 prefetch kernel before the GEMM
+#     (the weight pulled into L2 while the previous kernel decodes);
 #     GDEC=1 (the byte-permute GEMV everywhere: the default before R1's switch of the
 #     8 x 4 instance to the bit-placement one), GDEC=2 + GKW=8 (the bit-placement GEMV
 #     at 8 warps on [4096 x 4096]: 2 blocks of the next GEMV fit beside 2 decoding),
@@ -37,7 +39,7 @@ FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_RING LASTSTAND_W4A16_RINGP \
-  LASTSTAND_W4A16_GKW LASTSTAND_W4A16_GOCC
+  LASTSTAND_W4A16_GKW LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_PREF
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -77,7 +79,7 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+  for v in "default|" "PREF=2|LASTSTAND_W4A16_PREF=2" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
            "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -89,7 +91,8 @@ else
 fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
-for v in "GDEC=1|LASTSTAND_W4A16_GDEC=1|1" "GDEC=2+GKW=8|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
+for v in "PREF=2|LASTSTAND_W4A16_PREF=2|1,2,8" "PREF=1+GDEC=2|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2|1" \
+         "GDEC=1|LASTSTAND_W4A16_GDEC=1|1" "GDEC=2+GKW=8|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
          "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
          "RING=4+P2+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2 LASTSTAND_W4A16_GDEC=2|1" \
          "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
@@ -161,7 +164,7 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for sv in "16384x4096|" "16384x4096|LASTSTAND_W4A16_GDEC=1" "4096x4096|" "4096x4096|LASTSTAND_W4A16_GDEC=2"; do
+  for sv in "16384x4096|" "4096x4096|" "16384x4096|LASTSTAND_W4A16_GDEC=1" "4096x4096|LASTSTAND_W4A16_GDEC=2"; do
     s=${sv%%|*}; ev=${sv#*|}
     [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
     env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \

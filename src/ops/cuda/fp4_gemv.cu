@@ -632,6 +632,44 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     }
 }
 
+/* ---- L2 prefetch of the weight, ahead of the GEMM kernel --------------------------
+ *
+ * Opt-in (LASTSTAND_W4A16_PREF=1, until a device round has timed it): a small kernel
+ * launched with PDL right before the GEMM kernel. Its blocks (one warp, no shared
+ * memory) fit beside the previous kernel's, so they start while that one still runs
+ * and pull the whole weight (codes and scales) into L2 with bulk prefetches
+ * (cp.async.bulk.prefetch.L2, sm_90: one instruction per range, no data returned). The
+ * GEMM kernel's blocks, which can only start once the previous kernel's blocks leave
+ * the SMs, then find their weights in L2 instead of DRAM: for a weight of one wave
+ * ([4096 x 4096]: 9.4 MB, 1 block per 16 rows), the DRAM transfer moves under the
+ * previous kernel's decode. Each lane takes an equal 16-byte aligned share of each
+ * range. It triggers its dependents first (the GEMM kernel may launch at once) and
+ * waits for its own predecessor before it exits: a PDL kernel must not complete
+ * before the kernel it follows, or the GEMM kernel, which only waits for this one,
+ * could read x too early. */
+__global__ void __launch_bounds__(32) fp4_l2_prefetch_kernel(const uint8_t *__restrict__ a, size_t na,
+                                                             const uint8_t *__restrict__ b, size_t nb) {
+    w4_pdl_trigger();
+    const size_t nt = (size_t)gridDim.x * 32, i = (size_t)blockIdx.x * 32 + threadIdx.x;
+    const uint8_t *const base[2] = {a, b};
+    const size_t len[2] = {na, nb};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t share = ((len[r] + nt - 1) / nt + 15) & ~(size_t)15; /* bytes a lane, 16-byte multiple */
+        const size_t off = i * share;
+        if (off < len[r]) {
+            size_t n = len[r] - off < share ? len[r] - off : share;
+            n &= ~(size_t)15; /* a tail under 16 bytes stays unprefetched */
+            for (size_t o = 0; o < n; o += (1u << 20)) { /* size is a u32: 1 MB pieces */
+                const uint32_t sz = (uint32_t)(n - o < (1u << 20) ? n - o : (1u << 20));
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base[r] + off + o), "r"(sz)
+                             : "memory");
+            }
+        }
+    }
+    w4_pdl_wait();
+}
+
 /* ---- host side ------------------------------------------------------------------ */
 
 /* Per device: SM count, compute capability, and whether launches carry the PDL
@@ -653,7 +691,10 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_RINGP=2    that ring in half-tile steps (half the shared memory)
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
- *                              an SM instead of 3) */
+ *                              an SM instead of 3)
+ *   LASTSTAND_W4A16_PREF=1|2   the L2 prefetch kernel before the GEMM kernel (fp4_l2_prefetch_kernel),
+ *                              1: for weights of at most two blocks an SM (one wave), 2: always */
+static int g_knob_pref = 0;
 static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
@@ -664,6 +705,8 @@ static void w4_knobs_load(void) {
     g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
     const char *rp = getenv("LASTSTAND_W4A16_RINGP");
     g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
+    const char *pf = getenv("LASTSTAND_W4A16_PREF");
+    g_knob_pref = pf && (!strcmp(pf, "1") || !strcmp(pf, "2")) ? pf[0] - '0' : 0;
     const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
     g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
     g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
@@ -900,6 +943,16 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     const int nchunks = w->K / W4_CHUNK;
     int kw = 0, per = 0;
+    if ((g_knob_pref == 2 || (g_knob_pref == 1 && w->N / 16 <= 2 * d->sms)) && __atomic_load_n(&d->pdl, __ATOMIC_RELAXED)) {
+        /* bulk prefetches take 16-byte aligned ranges: the scales' start is rounded up */
+        static size_t have[CU_WS_MAX_DEV];
+        const uintptr_t s0 = (uintptr_t)w->scale, s1 = s0 + (size_t)w->N * w->K / 16, sa = (s0 + 15) & ~(uintptr_t)15;
+        const int blocks = d->sms < 64 ? d->sms : 64;
+        rc = w4_launch(d, fp4_l2_prefetch_kernel, have, dim3(blocks), dim3(32), 0, st,
+                       "fp4_gemm cuda_w4a16_mma (L2 prefetch)", e, (const uint8_t *)w->data, (size_t)w->N * w->K / 2,
+                       (const uint8_t *)sa, (size_t)(s1 > sa ? s1 - sa : 0));
+        if (rc) return rc;
+    }
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
         rc = gvr_dispatch(d, nchunks, a, st, e);

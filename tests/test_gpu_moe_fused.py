@@ -12,7 +12,9 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   the default; =1 in the cp.async pair), and a BF16 shared expert inside the router and top-k
   launches (LASTSTAND_MOE_SHARED_ROUTE=1, the default at M >= 2, as m16n8k16 tiles; =2 as one
   warp a row; =0 in the gate/up and down launches; with an NVFP4 shared expert it changes
-  nothing) with either pair and without PDL.
+  nothing) with either pair and without PDL, and the cp.async pair's NVFP4 decode by bit
+  placement (LASTSTAND_MOE_PLACE=1; with the BF16 shared expert in the gate/up and down
+  launches too, where down keeps the byte permutes).
 """
 import json
 import os
@@ -67,6 +69,8 @@ KNOBS = [
     {"LASTSTAND_MOE_SHARED_ROUTE": "0"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PLACE": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "0", "LASTSTAND_MOE_PLACE": "1"},
 ]
 
 

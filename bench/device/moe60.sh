@@ -10,7 +10,8 @@
 #    expert (`--model-path synth:PRESET,layers=1`, "bf"): the defaults and
 #    LASTSTAND_MOE_SHARED_ROUTE = 0 (the shared expert as blocks of the gate/up and down
 #    launches), 1 (inside the router and top-k launches as m16n8k16 tiles; the default at
-#    M >= 2) and 2 (there as one warp a row).
+#    M >= 2) and 2 (there as one warp a row), and LASTSTAND_MOE_PLACE=1 (the cp.async
+#    pair's NVFP4 decode by bit placement).
 # 2. ncu (--clock-control none --cache-control none: warm caches, clocks not locked) per
 #    kernel, 397B layer, BF16 shared, M = 1: the default and SHARED_ROUTE=2.
 # 3. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert):
@@ -53,18 +54,21 @@ doctor() {
 echo "== 1. doctor moe cuda_fused_decode, BF16 shared expert (variant preset shared: M cell)"
 doctor default "" qwen3.5-397b-a17b bf 1,2,8
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-397b-a17b bf 1,2,8
-doctor sr0 LASTSTAND_MOE_SHARED_ROUTE=0 qwen3.5-397b-a17b bf 2
+doctor sr2+place "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1" qwen3.5-397b-a17b bf 1,2,8
+doctor place LASTSTAND_MOE_PLACE=1 qwen3.5-397b-a17b bf 2
 doctor default "" qwen3.5-35b-a3b bf 1,2,8
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-35b-a3b bf 1,2,8
+doctor sr2+place "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1" qwen3.5-35b-a3b bf 1,2,8
 echo "($(el))"
 
 echo "== 2. ncu, 397B layer, BF16 shared, M = 1 (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for v in default sr2; do
+    for v in default sr2 sr2+place; do
         t=$(left); [ $t -gt 15 ] && t=15
         [ $t -ge 8 ] || { echo "ncu $v: skipped (time)"; continue; }
         envs=""; [ $v = sr2 ] && envs=LASTSTAND_MOE_SHARED_ROUTE=2
+        [ $v = sr2+place ] && envs="LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1"
         env $envs timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
             --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe \
             --model-path synth:qwen3.5-397b-a17b,layers=1 --m 1 --backends cuda_fused_decode \
@@ -102,12 +106,13 @@ else
 fi
 
 echo "== 3. generate greedy, synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert), by moe choice"
-for v in loop fused fused-sr2 fused-sr2-eager; do
+for v in loop fused fused-sr2 fused-sr2-eager fused-sr2-place; do
     t=$(left); [ $t -gt 12 ] && t=12
     [ $t -ge 6 ] || { echo "$v: skipped (time)"; continue; }
     envs=""; flags=(--moe-runner-backend cuda_fused_decode)
     [ $v = loop ] && flags=(--moe-runner-backend cuda_expert_loop --disable-cuda-graph)
     case $v in fused-sr2*) envs=LASTSTAND_MOE_SHARED_ROUTE=2 ;; esac
+    [ $v = fused-sr2-place ] && envs="LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1"
     [ $v = fused-sr2-eager ] && flags+=(--disable-cuda-graph)
     env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
         --max-new-tokens 16 --temperature 0 --sampling-backend device "${flags[@]}" >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
@@ -118,16 +123,17 @@ python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]
 try:
-    ids = {v: json.loads(open(f"{o}/gen-{v}.txt").read())["ids"] for v in ("loop", "fused", "fused-sr2", "fused-sr2-eager")}
+    ids = {v: json.loads(open(f"{o}/gen-{v}.txt").read())["ids"] for v in ("loop", "fused", "fused-sr2", "fused-sr2-eager", "fused-sr2-place")}
 except Exception as ex:
     print(f"no comparison ({ex})"); sys.exit()
-for a, b in (("loop", "fused"), ("loop", "fused-sr2"), ("fused", "fused-sr2"), ("fused-sr2-eager", "fused-sr2")):
+for a, b in (("loop", "fused"), ("loop", "fused-sr2"), ("fused", "fused-sr2"), ("fused-sr2-eager", "fused-sr2"), ("loop", "fused-sr2-place")):
     x, y = ids[a], ids[b]
     print(f"{a} vs {b}: {sum(p == q for p, q in zip(x, y))}/{max(len(x), len(y))} ids equal")
 PY
 
 echo "== 4. doctor moe cuda_fused_decode: NVFP4 shared expert (defaults) and more variants"
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do doctor default "" $p nv 1,2,8; done
+doctor place LASTSTAND_MOE_PLACE=1 qwen3.5-397b-a17b nv 1,2
 doctor sr2+pair1 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-397b-a17b bf 1
 doctor sr2+pdl0 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PDL=0" qwen3.5-397b-a17b bf 1
 doctor sr2+pair1 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-35b-a3b bf 1

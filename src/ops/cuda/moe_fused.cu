@@ -873,13 +873,19 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
  * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
  * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
  * the slot's combine weight (or shared gate) times the down projection's scale2,
- * so the down kernel reads h as its ready B operand. */
-template <int KW, int PER, bool BC>
+ * so the down kernel reads h as its ready B operand. DEC: the NVFP4 decode, 0 = byte
+ * permutes (cu_w4_chunk_mma), 1 = block-column (M = 1, nvfp4.cuh nv4_gemv1_chunk), 2 =
+ * bit placement (nvfp4.cuh nv4_gemv2_chunk: half the decode on the FMA pipe, products
+ * carry 2^-8, undone in the epilogue; the kernels are integer-pipe bound in their
+ * compute phases: math_pipe_throttle and not_selected lead the stalls, H200 R1). */
+enum { DEC_PERM = 0, DEC_BC = 1, DEC_PLACE = 2 };
+template <int KW, int PER, int DEC>
 __global__ void __launch_bounds__(32 * KW, 32 / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
                        const uint4 *__restrict__ zero, int sr) {
+    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -969,8 +975,15 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
 #pragma unroll
         for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
         cu_cp_async_wait_dyn(PER - 1 - u);
-        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
-        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        if (PL) {
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
+            nv4_gemv2_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+            nv4_gemv2_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        } else {
+            cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+            cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        }
     }
     }
     }
@@ -992,6 +1005,10 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
             gv += red[w][0][threadIdx.x];
             uv += red[w][1][threadIdx.x];
         }
+        if (PL && !(j == k && P->sbf)) { /* the bit placement's 2^-8 (a BF16 shared block has none) */
+            gv *= 256.f;
+            uv *= 256.f;
+        }
         gv *= g2;
         uv *= u2;
         hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
@@ -1002,12 +1019,15 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
  * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
- * looked up once per block into shared memory. */
-template <int KW, int PMAX, bool BC>
+ * looked up once per block into shared memory. DEC as moe_gateup2_kernel's; with
+ * DEC_PLACE the BF16 shared chunks must not be in this launch (the sums carry 2^-8:
+ * fused_run takes it with SHARED_ROUTE or an NVFP4 shared expert only). */
+template <int KW, int PMAX, int DEC>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
                      bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys) {
+    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
     __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
     __shared__ float red[KW][16];
@@ -1060,7 +1080,13 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
                 for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
                 cu_cp_async_wait_dyn(PMAX - 1 - u);
-                cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                if (PL) {
+#pragma unroll
+                    for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
+                    nv4_gemv2_chunk(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                } else {
+                    cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                }
             }
         }
     }
@@ -1091,6 +1117,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        if (PL) v *= 256.f; /* the bit placement's 2^-8 */
         if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
         y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
     }
@@ -1160,13 +1187,16 @@ static int fused_early(void) {
 }
 
 template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+static cudaError_t gateup2_launch(int pdl, int dec, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
                                   const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
                                   const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
     const int early = fused_early() >= 1;
-    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
-    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
-                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
+    auto K = dec == DEC_BC      ? moe_gateup2_kernel<KW, PER, DEC_BC>
+             : dec == DEC_PLACE ? moe_gateup2_kernel<KW, PER, DEC_PLACE>
+                                : moe_gateup2_kernel<KW, PER, DEC_PERM>;
+    cudaError_t c = dec == DEC_BC      ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_BC>>(smem)
+                    : dec == DEC_PLACE ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_PLACE>>(smem)
+                                       : fused_smem<moe_gateup2_kernel<KW, PER, DEC_PERM>>(smem);
     if (c != cudaSuccess) return c;
     return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
                         (bf16 *)h, ldh, early, zero, sr);
@@ -1324,6 +1354,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * LASTSTAND_MOE_BC=0 / 1 forces it */
     static int force_bc = -2;
     const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
+    /* the cp.async pair's NVFP4 decode: block-column where bc, else byte permutes, or bit
+     * placement (LASTSTAND_MOE_PLACE=1, opt-in until validated; it wins in
+     * cuda_grouped_gemm, whose GEMMs are integer-pipe bound the same way) */
+    static int force_place = -2;
+    const int dec = bc ? DEC_BC : fused_knob(&force_place, "LASTSTAND_MOE_PLACE", 0, 1, 0) ? DEC_PLACE : DEC_PERM;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
@@ -1393,19 +1428,24 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
     if (c == cudaSuccess && pair == 2) {
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else c = gateup2_launch<8, 4>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        /* the bit placement in down only without BF16 shared chunks there (see moe_down2_kernel) */
+        const int ddec = dec == DEC_PLACE && gp.sbf && !sr ? DEC_PERM : dec;
+        auto DK = ddec == DEC_BC      ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>
+                  : ddec == DEC_PLACE ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>
+                                      : moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>;
         if (c == cudaSuccess)
-            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
-                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
+            c = ddec == DEC_BC      ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>>(dsm)
+                : ddec == DEC_PLACE ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>>(dsm)
+                                    : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>>(dsm);
         if (c == cudaSuccess)
-            c = fused_launch(pdl, bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>,
-                             g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+            c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
                              (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys);
     } else if (c == cudaSuccess) {
         c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,

@@ -13,7 +13,8 @@
 #     opt-in kernels;
 #  2. cuda_w4a16_mma alone at M = 1 (chain8 + PDL unless said), per variant:
 #     PREF=2 (M = 1, 2, 8) and PREF=1 + GDEC=2: the L2 prefetch kernel before the GEMM
-#     (the weight pulled into L2 while the previous kernel decodes);
+#     (the weight pulled into L2 while the previous kernel decodes); M8=2 (M = 2, 4, 8:
+#     the cp.async kernel with the bit-placement decode), also with PREF=2;
 #     GDEC=1 (the byte-permute GEMV everywhere: the default before R1's switch of the
 #     8 x 4 instance to the bit-placement one), GDEC=2 + GKW=8 (the bit-placement GEMV
 #     at 8 warps on [4096 x 4096]: 2 blocks of the next GEMV fit beside 2 decoding),
@@ -79,7 +80,7 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "PREF=2|LASTSTAND_W4A16_PREF=2" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+  for v in "default|" "PREF=2|LASTSTAND_W4A16_PREF=2" "M8=2|LASTSTAND_W4A16_M8=2" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
            "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -93,7 +94,8 @@ echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
 for v in "PREF=2|LASTSTAND_W4A16_PREF=2|1,2,8" "PREF=1+GDEC=2|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2|1" \
          "PREF=1+GDEC=2+GKW=8|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
-         "PREF=2+GDEC=2|LASTSTAND_W4A16_PREF=2 LASTSTAND_W4A16_GDEC=2|1" \
+         "PREF=2+GDEC=2|LASTSTAND_W4A16_PREF=2 LASTSTAND_W4A16_GDEC=2|1" "M8=2|LASTSTAND_W4A16_M8=2|2,4,8" \
+         "M8=2+PREF=2|LASTSTAND_W4A16_M8=2 LASTSTAND_W4A16_PREF=2|2,8" \
          "GDEC=1|LASTSTAND_W4A16_GDEC=1|1" "GDEC=2+GKW=8|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
          "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
          "RING=4+P2+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2 LASTSTAND_W4A16_GDEC=2|1" \

@@ -194,8 +194,10 @@ __global__ void __launch_bounds__(32 * KW, 1)
  * lane its own 16 B, no barrier), decodes it and issues its 8 mma. x is read from L2
  * per chunk after the grid-dependency wait, its rows clamped to M - 1 (a token column
  * >= M only feeds an output column that is never stored). Same fragment mapping and
- * K permutation as fp4_w4a16_kernel. */
-template <int KW, int PER>
+ * K permutation as fp4_w4a16_kernel. D = 2: the bit-placement decode (nv4_gemv2_chunk,
+ * x permuted per chunk in registers), opt-in at M = 2..8 (LASTSTAND_W4A16_M8=2) until a
+ * device round has timed it. */
+template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                            const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
@@ -230,8 +232,14 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
 #pragma unroll
         for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * (W4_CHUNK / 8) + v);
         cu_cp_async_wait_dyn(PER - 1 - u);
-        cu_w4_chunk_mma(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u], xv,
-                        acc);
+        if constexpr (D == 2) {
+            const uint4 xp[4] = {nv4_xperm8(xv[0]), nv4_xperm8(xv[1]), nv4_xperm8(xv[2]), nv4_xperm8(xv[3])};
+            nv4_gemv2_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u], xp,
+                            acc);
+        } else {
+            cu_w4_chunk_mma(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u],
+                            xv, acc);
+        }
     }
     /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
 #pragma unroll
@@ -246,7 +254,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
             for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
             const int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
             const size_t o = (size_t)mo * N + n;
-            v *= scale2;
+            v *= D == 2 ? scale2 * 256.f : scale2; /* D = 2: the decode's 2^-126 against the scales' 2^118 */
             if (accumulate) v += __bfloat162float(y[o]);
             y[o] = __float2bfloat16_rn(v);
         }
@@ -692,9 +700,10 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
  *                              an SM instead of 3)
+ *   LASTSTAND_W4A16_M8=2       M = 2..8: the cp.async kernel with the bit-placement decode
  *   LASTSTAND_W4A16_PREF=1|2   the L2 prefetch kernel before the GEMM kernel (fp4_l2_prefetch_kernel),
  *                              1: for weights of at most two blocks an SM (one wave), 2: always */
-static int g_knob_pref = 0;
+static int g_knob_pref = 0, g_knob_m8 = 0;
 static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
@@ -705,6 +714,8 @@ static void w4_knobs_load(void) {
     g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
     const char *rp = getenv("LASTSTAND_W4A16_RINGP");
     g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
+    const char *m8 = getenv("LASTSTAND_W4A16_M8");
+    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : 0;
     const char *pf = getenv("LASTSTAND_W4A16_PREF");
     g_knob_pref = pf && (!strcmp(pf, "1") || !strcmp(pf, "2")) ? pf[0] - '0' : 0;
     const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
@@ -789,10 +800,10 @@ static int w4_reg_launch_kw(w4_dev *d, int kw, dim3 grid, const gemm_args *a, cu
     }
 }
 
-template <int KW, int PER>
+template <int KW, int PER, int D = 0>
 static int w4a_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
-    return w4_launch(d, fp4_w4a16_async_kernel<KW, PER>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
+    return w4_launch(d, fp4_w4a16_async_kernel<KW, PER, D>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
                      "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a));
 }
 
@@ -960,6 +971,17 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     }
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
+    if (a->M >= 2 && a->M <= 8 && g_knob_m8 == 2) {
+        /* opt-in: the cp.async kernel with the bit-placement decode at M = 2..8 */
+        kw = nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * d->sms ? 16 : 8;
+        per = nchunks / kw;
+        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8))) {
+            if (kw == 16) return per == 1 ? w4a_launch<16, 1, 2>(d, a, st, e) : w4a_launch<16, 2, 2>(d, a, st, e);
+            return per == 1 ? w4a_launch<8, 1, 2>(d, a, st, e)
+                   : per == 2 ? w4a_launch<8, 2, 2>(d, a, st, e)
+                              : w4a_launch<8, 4, 2>(d, a, st, e);
+        }
+    }
     if (a->M == 1) {
         /* the cp.async kernel: 16 warps a tile when the tiles barely fill the GPU twice,
          * else 8 (H200, 2026-11-29: [4096 x 4096] 9.3 vs 9.8 us, [16384 x 4096] 21.1 vs

@@ -10,10 +10,11 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   (LASTSTAND_MOE_PDL=0|1|2), the shared expert early in both pairs (LASTSTAND_MOE_SHARED_EARLY=2),
   the NVFP4 decode form at M = 1 (LASTSTAND_MOE_BC=0 in the register pair, where block-column is
   the default; =1 in the cp.async pair), and a BF16 shared expert inside the router and top-k
-  launches (LASTSTAND_MOE_SHARED_ROUTE=1; with an NVFP4 shared expert it changes nothing) with
-  either pair, without PDL, with the cp.async gate/up in blocks of 8 warps
-  (LASTSTAND_MOE_GU_KW=8) and with the top-k started by a counter once the router rows are
-  written (LASTSTAND_MOE_TOPK_EARLY=1).
+  launches (LASTSTAND_MOE_SHARED_ROUTE=1, the default at M >= 2, as m16n8k16 tiles; =2 as one
+  warp a row; =0 in the gate/up and down launches; with an NVFP4 shared expert it changes
+  nothing) with either pair and without PDL, and the cp.async pair's NVFP4 decode by bit
+  placement (LASTSTAND_MOE_PLACE=1; with the BF16 shared expert in the gate/up and down
+  launches too, where down keeps the byte permutes).
 """
 import json
 import os
@@ -65,8 +66,11 @@ KNOBS = [
     {"LASTSTAND_MOE_SHARED_ROUTE": "1"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_PDL": "0"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_GU_KW": "8"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_TOPK_EARLY": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "0"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_FUSED_PAIR": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PLACE": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "0", "LASTSTAND_MOE_PLACE": "1"},
 ]
 
 

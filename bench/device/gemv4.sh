@@ -11,22 +11,27 @@
 #     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
 #     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
 #     opt-in kernels;
-#  2. cuda_w4a16_mma alone, same cells, per variant x timing method:
-#       chain8 / isolated  x  PDL on / LASTSTAND_FP4_PDL=0 ("isolated + PDL off" is the
-#     method and launch of the sessions before this one), and the opt-in M = 1 kernels:
-#     LASTSTAND_W4A16_RING=4|3 (persistent cp.async ring; with GDEC=2 its bit-placement form;
-#     with LASTSTAND_W4A16_RINGP=2 in half-tile steps, so that the next GEMV's block fits beside), LASTSTAND_W4A16_GKW=8 with
-#     and without LASTSTAND_W4A16_GOCC=4 (8-warp GEMV, 4 blocks an SM so that the next
-#     GEMV's blocks fit beside it), LASTSTAND_W4A16_GDEC=2 (bit-placement decode);
+#  2. cuda_w4a16_mma alone at M = 1 (chain8 + PDL unless said), per variant:
+#     PREF=2 (M = 1, 2, 8) and PREF=1 + GDEC=2: the L2 prefetch kernel before the GEMM
+#     (the weight pulled into L2 while the previous kernel decodes); M8=2 (M = 2, 4, 8:
+#     the cp.async kernel with the bit-placement decode), also with PREF=2;
+#     GDEC=1 (the byte-permute GEMV everywhere: the default before R1's switch of the
+#     8 x 4 instance to the bit-placement one), GDEC=2 + GKW=8 (the bit-placement GEMV
+#     at 8 warps on [4096 x 4096]: 2 blocks of the next GEMV fit beside 2 decoding),
+#     GDEC=2 on the other 397B weights and the 35B shapes (validation of its other
+#     instances), RING=4 + RINGP=2 (the ring in half-tile steps; also with GDEC=2),
+#     GDEC=2 everywhere; then the timing methods again (isolated + no PDL: the earlier
+#     sessions' method and launch; chain8 without PDL) at M = 1, 2, 8; GKW=8; RING=4;
 #  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2;
 #  4. PDL inside CUDA graphs: `generate` greedy on the NVFP4 fixture
 #     (.dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, a copy of
 #     ../shared/fixtures/models), --fp4-gemm-backend cuda_w4a16_mma, graphs vs
 #     --disable-cuda-graph, PDL on vs off: the four id lists must be equal (the
 #     engine's own graph-vs-eager check at start-up is in the log: its lines are shown);
-#     `logits` PDL on vs off (max |difference|; 0 expected: same kernels, same order);
-#  5. Nsight Compute (--clock-control none) at M = 1: kernel time of the default GEMV at
-#     [16384 x 4096] and [4096 x 4096], and of RING=4 at [16384 x 4096], as the 100 s allow.
+#     `logits` PDL on vs off (max |difference|; 0 expected: same kernels, same order) and
+#     against --fp4-gemm-backend cuda_ref;
+#  5. Nsight Compute (--clock-control none) at M = 1: kernel time of the default GEMV and
+#     of the other decode at [16384 x 4096] and [4096 x 4096], as the 100 s allow.
 # device-limit: 100
 set -u
 BIN=${1:?usage: gemv4.sh BIN OUTDIR}
@@ -34,7 +39,8 @@ OUT=${2:?usage: gemv4.sh BIN OUTDIR}
 FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC
+unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_RING LASTSTAND_W4A16_RINGP \
+  LASTSTAND_W4A16_GKW LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_PREF
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -74,9 +80,8 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "RING=4|LASTSTAND_W4A16_RING=4" "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2" \
-           "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
-           "RING=4+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_GDEC=2"; do
+  for v in "default|" "PREF=2|LASTSTAND_W4A16_PREF=2" "M8=2|LASTSTAND_W4A16_M8=2" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+           "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
     echo "unit $lab rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ut_$lab.log" | head -2 | tr '\n' ' ')"
@@ -87,23 +92,25 @@ else
 fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
-for v in "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
-         "RING=4|LASTSTAND_W4A16_RING=4|1" "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
-         "GKW=8+GOCC=4|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4|1" \
-         "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "RING=4+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_GDEC=2|1" \
-         "chain8+nopdl|LASTSTAND_FP4_PDL=0|1,2,8" \
-         "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated|1,2,8" "RING=3|LASTSTAND_W4A16_RING=3|1" \
-         "GKW=8|LASTSTAND_W4A16_GKW=8|1" "RING=4+isolated|LASTSTAND_W4A16_RING=4 LASTSTAND_DOCTOR_TIMING=isolated|1" \
-         "GDEC=2+isolated|LASTSTAND_W4A16_GDEC=2 LASTSTAND_DOCTOR_TIMING=isolated|1"; do
+for v in "PREF=2|LASTSTAND_W4A16_PREF=2|1,2,8" "PREF=1+GDEC=2|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2|1" \
+         "PREF=1+GDEC=2+GKW=8|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
+         "PREF=2+GDEC=2|LASTSTAND_W4A16_PREF=2 LASTSTAND_W4A16_GDEC=2|1" "M8=2|LASTSTAND_W4A16_M8=2|2,4,8" \
+         "M8=2+PREF=2|LASTSTAND_W4A16_M8=2 LASTSTAND_W4A16_PREF=2|2,8" \
+         "GDEC=1|LASTSTAND_W4A16_GDEC=1|1" "GDEC=2+GKW=8|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
+         "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
+         "RING=4+P2+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2 LASTSTAND_W4A16_GDEC=2|1" \
+         "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
+         "chain8+nopdl|LASTSTAND_FP4_PDL=0|1,2,8" "GKW=8|LASTSTAND_W4A16_GKW=8|1" \
+         "RING=4|LASTSTAND_W4A16_RING=4|1"; do
   lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; ms=${rest#*|}
   [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
   doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m $ms
   summary "$F.json" "$lab"
-  if [ "$lab" = "RING=4" ]; then # the ring's other instances: the 397B's other weights, the 35B's
-    doc "RING=4 397B-other" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes 1024x4096,4096x1024 --m 1
-    summary "$F.json" "RING=4 397B-other"
-    doc "RING=4 35B" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1
-    summary "$F.json" "RING=4 35B"
+  if [ "$lab" = "GDEC=2+GKW=8" ]; then # the bit-placement GEMV's other instances: the 397B's other weights, the 35B's
+    doc "GDEC=2 397B-other" 20 "LASTSTAND_W4A16_GDEC=2" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes 1024x4096,4096x1024 --m 1
+    summary "$F.json" "GDEC=2 397B-other"
+    doc "GDEC=2 35B" 20 "LASTSTAND_W4A16_GDEC=2" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1
+    summary "$F.json" "GDEC=2 35B"
   fi
 done
 echo "== 3. 35B preset, default"
@@ -139,16 +146,20 @@ PY
     env $ev timeout 20 "$BIN" logits --model-path "$M" --ids "$ids" --device cuda --fp4-gemm-backend cuda_w4a16_mma \
       > "$OUT/logits_$lab.json" 2> "$OUT/logits_$lab.err" || { echo "logits $lab failed:"; tail -2 "$OUT/logits_$lab.err"; }
   done
-  python3 - "$OUT" "$M/ref.json" <<'PY'
+  timeout 20 "$BIN" logits --model-path "$M" --ids "$ids" --device cuda --fp4-gemm-backend cuda_ref \
+    > "$OUT/logits_ref.json" 2> "$OUT/logits_ref.err" || { echo "logits cuda_ref failed:"; tail -2 "$OUT/logits_ref.err"; }
+  python3 - "$OUT" <<'PY'
 import json, sys
 import numpy as np
-o, ref = sys.argv[1], sys.argv[2]
+o = sys.argv[1]
 try:
     a = np.array(json.load(open(f"{o}/logits_pdl.json"))["logits"], dtype=np.float64)
     b = np.array(json.load(open(f"{o}/logits_nopdl.json"))["logits"], dtype=np.float64)
-    r = np.array(json.load(open(ref))["logits"], dtype=np.float64)
+    r = np.array(json.load(open(f"{o}/logits_ref.json"))["logits"], dtype=np.float64)
     rel = float((np.abs(a - r).max(axis=1) / np.abs(r).max(axis=1)).max())
-    print(f"logits PDL on vs off: max |diff| {np.abs(a - b).max():.3g}; vs ref.json: rel {rel:.3g}, argmax {int((a.argmax(1) == r.argmax(1)).sum())}/{len(r)}")
+    print(f"logits PDL on vs off: max |diff| {np.abs(a - b).max():.3g}; cuda_w4a16_mma vs --fp4-gemm-backend cuda_ref: "
+          f"rel {rel:.3g}, argmax {int((a.argmax(1) == r.argmax(1)).sum())}/{len(r)} (the fixture's CUDA-vs-CPU gap, 1.05, is "
+          f"the same with cuda_ref: accu-R3)")
 except Exception as ex:
     print("logits compare: no result:", ex)
 PY
@@ -157,7 +168,7 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for sv in "16384x4096|" "16384x4096|LASTSTAND_W4A16_RING=4" "4096x4096|"; do
+  for sv in "16384x4096|" "4096x4096|" "16384x4096|LASTSTAND_W4A16_GDEC=1" "4096x4096|LASTSTAND_W4A16_GDEC=2"; do
     s=${sv%%|*}; ev=${sv#*|}
     [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
     env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \

@@ -8,14 +8,17 @@
  *
  * Kernels, by M (w4_run picks; the H200 device rounds chose them, bench/RESULTS.md):
  *   M = 1, K = KW * PER * 128 (KW warps of PER chunks, KW in 4, 8, 16, PER in 1, 2, 4:
- *     every K of the 397B and 35B presets): the block-column GEMV (nvfp4.cuh): codes,
- *     scales and x staged with cp.async, unscaled E2M1 into mma.sync, the 8 B columns
- *     spent on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA
- *     on an output. fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
+ *     every K of the 397B and 35B presets): one 16-row tile per block, codes, scales
+ *     and x staged with cp.async (nvfp4.cuh for the chunk steps). Per instance
+ *     (gv_variant): fp4_gemv2_kernel, the bit-placement decode (half of it on the FMA
+ *     pipe, the scale as one HMUL2 per pair, tokens in the B columns) where a device
+ *     round validated it and found it faster (8 warps x 4 chunks: the large weights);
+ *     else the block-column GEMV (unscaled E2M1 into mma.sync, the 8 B columns spent
+ *     on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA on an
+ *     output): fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
  *     instances validated with it, L = 2 (half the code words through a shared-memory
- *     table) on the 35B ones, fp4_gemv1_kernel on the others (gv_variant).
- *     Opt-in until a device round times it: LASTSTAND_W4A16_GDEC=2, fp4_gemv2_kernel
- *     (bit-placement decode, half of it on the FMA pipe).
+ *     table) on the 35B ones, fp4_gemv1_kernel on the others. Opt-in: the persistent
+ *     ring (fp4_gemv1r_kernel) and the knobs listed at w4_knobs_load.
  *   M = 1, other K: fp4_w4a16_async_kernel (the M <= 8 mapping, weights by cp.async).
  *   M = 2 .. 8 and larger: fp4_w4a16_kernel<MT>, weights in registers, MT n8 tiles of
  *     tokens per block, K split over up to 8 warps.
@@ -191,8 +194,10 @@ __global__ void __launch_bounds__(32 * KW, 1)
  * lane its own 16 B, no barrier), decodes it and issues its 8 mma. x is read from L2
  * per chunk after the grid-dependency wait, its rows clamped to M - 1 (a token column
  * >= M only feeds an output column that is never stored). Same fragment mapping and
- * K permutation as fp4_w4a16_kernel. */
-template <int KW, int PER>
+ * K permutation as fp4_w4a16_kernel. D = 2: the bit-placement decode (nv4_gemv2_chunk,
+ * x permuted per chunk in registers), opt-in at M = 2..8 (LASTSTAND_W4A16_M8=2) until a
+ * device round has timed it. */
+template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                            const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
@@ -227,8 +232,14 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
 #pragma unroll
         for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * (W4_CHUNK / 8) + v);
         cu_cp_async_wait_dyn(PER - 1 - u);
-        cu_w4_chunk_mma(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u], xv,
-                        acc);
+        if constexpr (D == 2) {
+            const uint4 xp[4] = {nv4_xperm8(xv[0]), nv4_xperm8(xv[1]), nv4_xperm8(xv[2]), nv4_xperm8(xv[3])};
+            nv4_gemv2_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u], xp,
+                            acc);
+        } else {
+            cu_w4_chunk_mma(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s0[u], s1[u],
+                            xv, acc);
+        }
     }
     /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
 #pragma unroll
@@ -243,7 +254,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
             for (int ww = 0; ww < KW; ww++) v += red[ww][el][l];
             const int n = n0 + (l >> 2) + (el >= 2 ? 8 : 0);
             const size_t o = (size_t)mo * N + n;
-            v *= scale2;
+            v *= D == 2 ? scale2 * 256.f : scale2; /* D = 2: the decode's 2^-126 against the scales' 2^118 */
             if (accumulate) v += __bfloat162float(y[o]);
             y[o] = __float2bfloat16_rn(v);
         }
@@ -629,6 +640,44 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     }
 }
 
+/* ---- L2 prefetch of the weight, ahead of the GEMM kernel --------------------------
+ *
+ * Opt-in (LASTSTAND_W4A16_PREF=1, until a device round has timed it): a small kernel
+ * launched with PDL right before the GEMM kernel. Its blocks (one warp, no shared
+ * memory) fit beside the previous kernel's, so they start while that one still runs
+ * and pull the whole weight (codes and scales) into L2 with bulk prefetches
+ * (cp.async.bulk.prefetch.L2, sm_90: one instruction per range, no data returned). The
+ * GEMM kernel's blocks, which can only start once the previous kernel's blocks leave
+ * the SMs, then find their weights in L2 instead of DRAM: for a weight of one wave
+ * ([4096 x 4096]: 9.4 MB, 1 block per 16 rows), the DRAM transfer moves under the
+ * previous kernel's decode. Each lane takes an equal 16-byte aligned share of each
+ * range. It triggers its dependents first (the GEMM kernel may launch at once) and
+ * waits for its own predecessor before it exits: a PDL kernel must not complete
+ * before the kernel it follows, or the GEMM kernel, which only waits for this one,
+ * could read x too early. */
+__global__ void __launch_bounds__(32) fp4_l2_prefetch_kernel(const uint8_t *__restrict__ a, size_t na,
+                                                             const uint8_t *__restrict__ b, size_t nb) {
+    w4_pdl_trigger();
+    const size_t nt = (size_t)gridDim.x * 32, i = (size_t)blockIdx.x * 32 + threadIdx.x;
+    const uint8_t *const base[2] = {a, b};
+    const size_t len[2] = {na, nb};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const size_t share = ((len[r] + nt - 1) / nt + 15) & ~(size_t)15; /* bytes a lane, 16-byte multiple */
+        const size_t off = i * share;
+        if (off < len[r]) {
+            size_t n = len[r] - off < share ? len[r] - off : share;
+            n &= ~(size_t)15; /* a tail under 16 bytes stays unprefetched */
+            for (size_t o = 0; o < n; o += (1u << 20)) { /* size is a u32: 1 MB pieces */
+                const uint32_t sz = (uint32_t)(n - o < (1u << 20) ? n - o : (1u << 20));
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base[r] + off + o), "r"(sz)
+                             : "memory");
+            }
+        }
+    }
+    w4_pdl_wait();
+}
+
 /* ---- host side ------------------------------------------------------------------ */
 
 /* Per device: SM count, compute capability, and whether launches carry the PDL
@@ -641,24 +690,34 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
 /* Knobs, read once (benchmarks and the device rounds; unset in production):
  *   LASTSTAND_FP4_PDL=0        launch without programmatic dependent launch
- *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel)
+ *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel) on
+ *                              every instance; =1 on none (the byte-permute kernels); unset:
+ *                              where a device round validated it (gv_variant)
  *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
  *                              S = 3 or 4) where an instance fits; with GDEC=2 its
  *                              bit-placement form
  *   LASTSTAND_W4A16_RINGP=2    that ring in half-tile steps (half the shared memory)
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
- *                              an SM instead of 3) */
-static int g_knob_pdl = -1, g_knob_gdec = 1, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
+ *                              an SM instead of 3)
+ *   LASTSTAND_W4A16_M8=2       M = 2..8: the cp.async kernel with the bit-placement decode
+ *   LASTSTAND_W4A16_PREF=1|2   the L2 prefetch kernel before the GEMM kernel (fp4_l2_prefetch_kernel),
+ *                              1: for weights of at most two blocks an SM (one wave), 2: always */
+static int g_knob_pref = 0, g_knob_m8 = 0;
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_knob_pdl = p && !strcmp(p, "0") ? 0 : 1;
-    g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : 1;
+    g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
     const char *r = getenv("LASTSTAND_W4A16_RING");
     g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
     const char *rp = getenv("LASTSTAND_W4A16_RINGP");
     g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
+    const char *m8 = getenv("LASTSTAND_W4A16_M8");
+    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : 0;
+    const char *pf = getenv("LASTSTAND_W4A16_PREF");
+    g_knob_pref = pf && (!strcmp(pf, "1") || !strcmp(pf, "2")) ? pf[0] - '0' : 0;
     const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
     g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
     g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
@@ -741,10 +800,10 @@ static int w4_reg_launch_kw(w4_dev *d, int kw, dim3 grid, const gemm_args *a, cu
     }
 }
 
-template <int KW, int PER>
+template <int KW, int PER, int D = 0>
 static int w4a_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
-    return w4_launch(d, fp4_w4a16_async_kernel<KW, PER>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
+    return w4_launch(d, fp4_w4a16_async_kernel<KW, PER, D>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
                      "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a));
 }
 
@@ -851,12 +910,16 @@ static int gv_pick(int nchunks, int ntiles, int sms, int want_kw, int *kw_out, i
 
 /* The M = 1 default per (warps, chunks per warp) instance, from the device rounds
  * (H200, 2026-11-29; the doctor's fp64 check on the 397B and 35B shapes, bench/RESULTS.md):
+ * fp4_gemv2_kernel (bit placement) at 8 x 4, the [16384 x 4096] instance (gemv4 session
+ * R1: 17.72 -> 14.82 us a chained call, 50% -> 60% of copy bandwidth; at 16 x 2, the
+ * [4096 x 4096] one, it was as fast as the default, 5.79 vs 5.76 us, so not switched);
  * fp4_gemv1t_kernel without a table (its halved x reads: R4, [16384 x 4096] 20.83 ->
- * 19.94 us) where it was validated, 16 x 2, 8 x 4, 8 x 1; with the table for half the
- * words where that was (R3 and R4 at 16 x 1 and 4 x 1, the 35B shapes, as fast as
+ * 19.94 us) where it was validated, 16 x 2, 8 x 1; with the table for half the words
+ * where that was (R3 and R4 at 16 x 1 and 4 x 1, the 35B shapes, as fast as
  * fp4_gemv1_kernel there); fp4_gemv1_kernel elsewhere. */
 static int gv_variant(int kw, int per) {
     if (g_knob_gdec == 2) return GV_V2;
+    if (g_knob_gdec != 1 && kw == 8 && per == 4) return GV_V2; /* gemv4 R1: [16384 x 4096] 17.72 -> 14.82 us */
     if ((kw == 16 && per == 2) || (kw == 8 && (per == 1 || per == 4))) return GV_T0;
     if ((kw == 16 && per == 1) || (kw == 4 && per == 1)) return GV_T2;
     return GV_V1;
@@ -891,6 +954,16 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     const int nchunks = w->K / W4_CHUNK;
     int kw = 0, per = 0;
+    if ((g_knob_pref == 2 || (g_knob_pref == 1 && w->N / 16 <= 2 * d->sms)) && __atomic_load_n(&d->pdl, __ATOMIC_RELAXED)) {
+        /* bulk prefetches take 16-byte aligned ranges: the scales' start is rounded up */
+        static size_t have[CU_WS_MAX_DEV];
+        const uintptr_t s0 = (uintptr_t)w->scale, s1 = s0 + (size_t)w->N * w->K / 16, sa = (s0 + 15) & ~(uintptr_t)15;
+        const int blocks = d->sms < 64 ? d->sms : 64;
+        rc = w4_launch(d, fp4_l2_prefetch_kernel, have, dim3(blocks), dim3(32), 0, st,
+                       "fp4_gemm cuda_w4a16_mma (L2 prefetch)", e, (const uint8_t *)w->data, (size_t)w->N * w->K / 2,
+                       (const uint8_t *)sa, (size_t)(s1 > sa ? s1 - sa : 0));
+        if (rc) return rc;
+    }
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
         rc = gvr_dispatch(d, nchunks, a, st, e);
@@ -898,6 +971,17 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     }
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
+    if (a->M >= 2 && a->M <= 8 && g_knob_m8 == 2) {
+        /* opt-in: the cp.async kernel with the bit-placement decode at M = 2..8 */
+        kw = nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * d->sms ? 16 : 8;
+        per = nchunks / kw;
+        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8))) {
+            if (kw == 16) return per == 1 ? w4a_launch<16, 1, 2>(d, a, st, e) : w4a_launch<16, 2, 2>(d, a, st, e);
+            return per == 1 ? w4a_launch<8, 1, 2>(d, a, st, e)
+                   : per == 2 ? w4a_launch<8, 2, 2>(d, a, st, e)
+                              : w4a_launch<8, 4, 2>(d, a, st, e);
+        }
+    }
     if (a->M == 1) {
         /* the cp.async kernel: 16 warps a tile when the tiles barely fill the GPU twice,
          * else 8 (H200, 2026-11-29: [4096 x 4096] 9.3 vs 9.8 us, [16384 x 4096] 21.1 vs

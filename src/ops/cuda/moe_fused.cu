@@ -41,7 +41,7 @@ enum { FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_CNT, WS_N };
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_N };
 static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe fused workspace slots");
 
 typedef struct fused_tables fused_tables;
@@ -91,11 +91,6 @@ static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e)
  * the router (launched without the attribute) started. PDL through a CUDA graph
  * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
@@ -144,63 +139,60 @@ __device__ __forceinline__ void bf16_ld_rows(const bf16 *w, size_t r, int K, siz
  * 128-element chunks, a warp's first SH_CPW chunks (2 x 64 B of each row per lane)
  * requested right after the router rows' loads; hs [M, Is] = silu(gate)·up
  * in fp32. Its grid is max(router blocks, Is / 8): 129 blocks on the 397B layer (128
- * of them with a shared tile), one an SM. cnt (TOPK_EARLY): each block counts itself
- * there once its logits are written, before its shared tile's math, so that the
- * top-k block can start before the shared tiles end (moe_topk_kernel). */
+ * of them with a shared tile), one an SM. */
 enum { ROUTER_RPB = 4, ROUTER_Q = 4, ROUTER_LD = 8, ROUTER_NW = ROUTER_RPB * ROUTER_Q, SH_CPW = 2 };
-template <bool SH, int LD>
-__global__ void __launch_bounds__(32 * ROUTER_NW, 1)
-    moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
-                      const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
-                      const bf16 *__restrict__ shu, int Is, float *__restrict__ hs, unsigned *cnt) {
-    extern __shared__ uint4 xs4[];
-    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r = warp / ROUTER_Q, q = warp % ROUTER_Q;
-    const int ex = blockIdx.x * ROUTER_RPB + r;
-    const bool active = ex < E || (ex == E && wsg);
-    const bf16 *row = ex < E ? wr + (size_t)ex * H : wsg;
-    const int hq = H / ROUTER_Q, kb = q * hq, ke = kb + hq;
-    uint4 vw[LD];
-    if (active) {
+
+/* This warp's router row quarter in block blk: row E is the shared gate's (when wsg) */
+typedef struct router_part {
+    const bf16 *row;
+    int r, q, kb, ke;
+    bool active;
+} router_part;
+
+/* Launch 1's router rows, first half: this warp's quarter row, its first LD loads issued. */
+template <int LD>
+__device__ __forceinline__ router_part router_issue(int blk, int H, int E, const bf16 *__restrict__ wr,
+                                                    const bf16 *__restrict__ wsg, uint4 (&vw)[LD]) {
+    router_part p;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    p.r = warp / ROUTER_Q;
+    p.q = warp % ROUTER_Q;
+    const int ex = blk * ROUTER_RPB + p.r;
+    p.active = ex < E || (ex == E && wsg);
+    p.row = ex < E ? wr + (size_t)ex * H : wsg;
+    const int hq = H / ROUTER_Q;
+    p.kb = p.q * hq;
+    p.ke = p.kb + hq;
+    if (p.active) {
 #pragma unroll
         for (int c = 0; c < LD; c++)
-            if (kb + lane * 8 + 256 * c < ke) vw[c] = cu_ld_stream16(row + kb + lane * 8 + 256 * c);
+            if (p.kb + lane * 8 + 256 * c < p.ke) vw[c] = cu_ld_stream16(p.row + p.kb + lane * 8 + 256 * c);
     }
-    /* SH: this block's shared tile, its first chunks' weights requested right after the
-     * router row's (which DRAM then tends to serve first: the top-k waits for those) */
-    const int g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8, nch = H / 128;
-    const bool sh = SH && n0 < Is;
-    uint4 sw[SH ? SH_CPW : 1][2][4];
-    if (sh) {
-#pragma unroll
-        for (int u = 0; u < SH_CPW; u++)
-            if (warp + ROUTER_NW * u < nch) {
-                const size_t o = (size_t)(n0 + g) * H + (size_t)(warp + ROUTER_NW * u) * 128 + 32 * t;
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    sw[u][0][v] = cu_ld_stream16(shg + o + 8 * v);
-                    sw[u][1][v] = cu_ld_stream16(shu + o + 8 * v);
-                }
-            }
-    }
-    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
-    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
-    __syncthreads();
-    if (active) {
+    return p;
+}
+
+/* Second half, once x is in shared memory (xs4): the quarter's dot products, the
+ * quarters summed in part, logits [M, E] (and sgl [M] for row E) written. Contains a
+ * __syncthreads: every thread of the block calls it. */
+template <int LD>
+__device__ __forceinline__ void router_finish(const router_part &p, int blk, int M, int H, int E,
+                                              const bf16 *__restrict__ wsg, const uint4 *xs4, uint4 (&vw)[LD],
+                                              float (*part)[ROUTER_Q][FUSED_MAXM], float *logits, float *sgl) {
+    const int lane = threadIdx.x & 31;
+    if (p.active) {
         float acc[FUSED_MAXM];
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        for (int k0 = kb + lane * 8; k0 < ke; k0 += 256 * LD) {
-            if (k0 != kb + lane * 8) {
+        for (int k0 = p.kb + lane * 8; k0 < p.ke; k0 += 256 * LD) {
+            if (k0 != p.kb + lane * 8) {
 #pragma unroll
                 for (int c = 0; c < LD; c++)
-                    if (k0 + 256 * c < ke) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+                    if (k0 + 256 * c < p.ke) vw[c] = cu_ld_stream16(p.row + k0 + 256 * c);
             }
 #pragma unroll
             for (int c = 0; c < LD; c++) {
                 const int kk = k0 + 256 * c;
-                if (kk >= ke) break;
+                if (kk >= p.ke) break;
                 const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
 #pragma unroll
                 for (int m = 0; m < FUSED_MAXM; m++) {
@@ -220,13 +212,13 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
         for (int m = 0; m < FUSED_MAXM; m++) {
             if (m >= M) break;
             const float sum = warp_sum(acc[m]);
-            if (lane == 0) part[r][q][m] = sum;
+            if (lane == 0) part[p.r][p.q][m] = sum;
         }
     }
     __syncthreads();
     if (threadIdx.x < ROUTER_RPB * FUSED_MAXM) {
         const int r2 = threadIdx.x / FUSED_MAXM, m = threadIdx.x % FUSED_MAXM;
-        const int ex2 = blockIdx.x * ROUTER_RPB + r2;
+        const int ex2 = blk * ROUTER_RPB + r2;
         if (m < M && (ex2 < E || (ex2 == E && wsg))) {
             float v = 0.f;
 #pragma unroll
@@ -235,11 +227,40 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
             else sgl[m] = v;
         }
     }
-    if (SH && cnt) { /* release: the writers' fences, then one count for the block */
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(cnt, 1u);
+}
+
+template <bool SH, int LD>
+__global__ void __launch_bounds__(32 * ROUTER_NW, 1)
+    moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
+                      const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
+                      const bf16 *__restrict__ shu, int Is, float *__restrict__ hs) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint4 vw[LD];
+    const router_part rp = router_issue<LD>(blockIdx.x, H, E, wr, wsg, vw);
+    /* SH: this block's shared tile, its first chunks' weights requested right after the
+     * router row's */
+    const int g = lane >> 2, t = lane & 3, n0 = blockIdx.x * 8, nch = H / 128;
+    const bool sh = SH && n0 < Is;
+    uint4 sw[SH ? SH_CPW : 1][2][4];
+    if (sh) {
+#pragma unroll
+        for (int u = 0; u < SH_CPW; u++)
+            if (warp + ROUTER_NW * u < nch) {
+                const size_t o = (size_t)(n0 + g) * H + (size_t)(warp + ROUTER_NW * u) * 128 + 32 * t;
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    sw[u][0][v] = cu_ld_stream16(shg + o + 8 * v);
+                    sw[u][1][v] = cu_ld_stream16(shu + o + 8 * v);
+                }
+            }
     }
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    router_finish<LD>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
     if (SH && sh) {
         __shared__ float shred[SH ? ROUTER_NW : 1][32][4]; /* [warp][lane][accumulator] */
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -284,6 +305,79 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
     }
 }
 
+/* Launch 1, SHARED_ROUTE=2: blocks b < nrb the router rows (as moe_router_kernel, LD =
+ * 4); blocks b >= nrb one BF16 shared-expert row a warp (rows 0 .. Is - 1 of the gate
+ * projection, then Is .. 2·Is - 1 of the up projection), lane l reading 16 B of every
+ * 256 weights, so that a warp-instruction reads 512 contiguous bytes (the m16n8k16
+ * tiles of SHARED_ROUTE=1 read 64 B pieces of 8 rows, half a sector per lane and
+ * instruction: that launch took 13.3 us for 25 MB in the H200 round R1); hgu [M, 2·Is]
+ * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. */
+enum { SHR_LD = 8, SHD_LD = 4 };
+__global__ void __launch_bounds__(32 * ROUTER_NW, 2)
+    moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
+                          const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
+                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    if ((int)blockIdx.x < nrb) {
+        uint4 vw[4];
+        const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
+        for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+        __syncthreads();
+        router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
+        return;
+    }
+    const int r = ((int)blockIdx.x - nrb) * ROUTER_NW + warp;
+    const bool on = r < 2 * Is;
+    const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
+    uint4 vw[SHR_LD];
+    if (on) {
+#pragma unroll
+        for (int c = 0; c < SHR_LD; c++)
+            if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+    }
+    for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+    __syncthreads();
+    if (!on) return;
+    float acc[FUSED_MAXM];
+#pragma unroll
+    for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
+    for (int k0 = lane * 8; k0 < H; k0 += 256 * SHR_LD) {
+        if (k0 != lane * 8) {
+#pragma unroll
+            for (int c = 0; c < SHR_LD; c++)
+                if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+        }
+#pragma unroll
+        for (int c = 0; c < SHR_LD; c++) {
+            const int kk = k0 + 256 * c;
+            if (kk >= H) break;
+            const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+            for (int m = 0; m < FUSED_MAXM; m++) {
+                if (m >= M) break;
+                const uint4 vx = xs4[((size_t)m * H + kk) / 8];
+                const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
+                    acc[m] = fmaf(a.x, b.x, acc[m]);
+                    acc[m] = fmaf(a.y, b.y, acc[m]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < FUSED_MAXM; m++) {
+        if (m >= M) break;
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) hgu[(size_t)m * 2 * Is + r] = v;
+    }
+}
+
 /* Launch 1b: the routing of token m = block m (moe_int.cuh's moe_topk_block). It
  * triggers its dependents first thing, so that gate/up can launch during the router.
  * SH (SHARED_ROUTE): blocks M .. also compute the BF16 shared expert's down
@@ -291,34 +385,18 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * a tile's Is/128 chunks go to wpt warps (16 / wpt tiles a block), each warp
  * requests its first chunk's weights before it waits for launch 1 (hs and the gate
  * logit); B column n = token n's h times its sigmoid gate in BF16 (the rounding
- * the down kernels apply to h). early_n (TOPK_EARLY, with SH): the top-k blocks do
- * not wait for all of launch 1 but until cnt[0] counts its early_n blocks, i.e.
- * every router row is written (launch 1 counts a block after its router rows,
- * before its shared tile); the last top-k block through resets both counters (the
- * next call's launch 1 starts after this call's last launch ended). No deadlock:
- * this launch starts only once every block of launch 1 has triggered, i.e. is
- * resident, and launch 1 waits for nothing. */
+ * the down kernels apply to h). (Starting the top-k once the router rows were
+ * written, counted in device memory, instead of after all of launch 1 was no faster:
+ * 60.2 vs 60.0 us, H200 round R1.) */
 template <bool SH>
 __global__ void __launch_bounds__(32 * TOPK_W)
     moe_topk_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
                     int has_shared, const float *__restrict__ logits, const float *__restrict__ sgl, int32_t *idx,
                     float *wts, const bf16 *__restrict__ sdw, int Is, int wpt, const float *__restrict__ hs,
-                    float *__restrict__ ys, unsigned *cnt, int early_n) {
+                    float *__restrict__ ys) {
     pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     if (!SH || (int)blockIdx.x < M) {
-        if (SH && early_n) {
-            if (threadIdx.x == 0) {
-                while (ld_acquire(cnt) < (unsigned)early_n) __nanosleep(32);
-                __threadfence();
-                if (atomicAdd(cnt + 1, 1u) == (unsigned)M - 1) { /* every top-k block is through */
-                    cnt[0] = 0;
-                    cnt[1] = 0;
-                }
-            }
-            __syncthreads();
-        } else {
-            pdl_wait();
-        }
+        pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
         return;
     }
@@ -368,6 +446,80 @@ __global__ void __launch_bounds__(32 * TOPK_W)
             for (int w = tl * wpt; w < (tl + 1) * wpt; w++) v += dred[w][l][ai];
             ys[(size_t)n * H + r0 + rr] = v;
         }
+    }
+}
+
+/* Launch 1b, SHARED_ROUTE=2: blocks b < M the routing of token b (moe_topk_block, after
+ * the wait for launch 1); blocks b >= M one output row of the BF16 shared expert's down
+ * projection a warp, its Is weights requested before that wait (lane l: 16 B of every
+ * 256, 512 contiguous bytes a warp-instruction); then h [M, Is] = silu(gate)·up·sigmoid
+ * gate in fp32, staged once per block in shared memory, and ys [M, H] fp32 = h·rowᵀ.
+ * Two blocks an SM: M + H/16 blocks, one wave on the 397B layer. */
+__global__ void __launch_bounds__(32 * TOPK_W, 2)
+    moe_topk_rows_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
+                         const bf16 *__restrict__ wsg, const float *__restrict__ logits,
+                         const float *__restrict__ sgl, int32_t *idx, float *wts, const bf16 *__restrict__ sdw,
+                         int Is, const float *__restrict__ hgu, float *__restrict__ ys) {
+    extern __shared__ float hsm[]; /* [M][Is] */
+    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
+    if ((int)blockIdx.x < M) {
+        pdl_wait();
+        moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, 1, logits, sgl, idx, wts);
+        return;
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = ((int)blockIdx.x - M) * TOPK_W + warp;
+    const bool on = r < H;
+    const bf16 *row = sdw + (size_t)r * Is;
+    uint4 vw[SHD_LD];
+    if (on) {
+#pragma unroll
+        for (int c = 0; c < SHD_LD; c++)
+            if (lane * 8 + 256 * c < Is) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+    }
+    pdl_wait(); /* hgu and the gate logit from launch 1 */
+    for (int i = threadIdx.x; i < M * Is; i += blockDim.x) {
+        const int m = i / Is, j = i - m * Is;
+        const float g = __ldcg(hgu + (size_t)m * 2 * Is + j), u = __ldcg(hgu + (size_t)m * 2 * Is + Is + j);
+        const float cg = wsg ? 1.f / (1.f + __expf(-__ldcg(sgl + m))) : 1.f;
+        hsm[i] = g / (1.f + __expf(-g)) * u * cg;
+    }
+    __syncthreads();
+    if (!on) return;
+    float acc[FUSED_MAXM];
+#pragma unroll
+    for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
+    for (int k0 = lane * 8; k0 < Is; k0 += 256 * SHD_LD) {
+        if (k0 != lane * 8) {
+#pragma unroll
+            for (int c = 0; c < SHD_LD; c++)
+                if (k0 + 256 * c < Is) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+        }
+#pragma unroll
+        for (int c = 0; c < SHD_LD; c++) {
+            const int kk = k0 + 256 * c;
+            if (kk >= Is) break;
+            const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+            for (int m = 0; m < FUSED_MAXM; m++) {
+                if (m >= M) break;
+                const float4 h0 = *reinterpret_cast<const float4 *>(hsm + (size_t)m * Is + kk);
+                const float4 h1 = *reinterpret_cast<const float4 *>(hsm + (size_t)m * Is + kk + 4);
+                const float hv[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 a = bf2_to_f2(ww[u]);
+                    acc[m] = fmaf(a.x, hv[2 * u], acc[m]);
+                    acc[m] = fmaf(a.y, hv[2 * u + 1], acc[m]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < FUSED_MAXM; m++) {
+        if (m >= M) break;
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) ys[(size_t)m * H + r] = v;
     }
 }
 
@@ -721,13 +873,19 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
  * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
  * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
  * the slot's combine weight (or shared gate) times the down projection's scale2,
- * so the down kernel reads h as its ready B operand. */
-template <int KW, int PER, bool BC>
+ * so the down kernel reads h as its ready B operand. DEC: the NVFP4 decode, 0 = byte
+ * permutes (cu_w4_chunk_mma), 1 = block-column (M = 1, nvfp4.cuh nv4_gemv1_chunk), 2 =
+ * bit placement (nvfp4.cuh nv4_gemv2_chunk: half the decode on the FMA pipe, products
+ * carry 2^-8, undone in the epilogue; the kernels are integer-pipe bound in their
+ * compute phases: math_pipe_throttle and not_selected lead the stalls, H200 R1). */
+enum { DEC_PERM = 0, DEC_BC = 1, DEC_PLACE = 2 };
+template <int KW, int PER, int DEC>
 __global__ void __launch_bounds__(32 * KW, 32 / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
                        const uint4 *__restrict__ zero, int sr) {
+    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -817,8 +975,15 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
 #pragma unroll
         for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
         cu_cp_async_wait_dyn(PER - 1 - u);
-        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
-        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        if (PL) {
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
+            nv4_gemv2_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+            nv4_gemv2_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        } else {
+            cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+            cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
+        }
     }
     }
     }
@@ -840,6 +1005,10 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
             gv += red[w][0][threadIdx.x];
             uv += red[w][1][threadIdx.x];
         }
+        if (PL && !(j == k && P->sbf)) { /* the bit placement's 2^-8 (a BF16 shared block has none) */
+            gv *= 256.f;
+            uv *= 256.f;
+        }
         gv *= g2;
         uv *= u2;
         hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
@@ -850,12 +1019,15 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
  * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
- * looked up once per block into shared memory. */
-template <int KW, int PMAX, bool BC>
+ * looked up once per block into shared memory. DEC as moe_gateup2_kernel's; with
+ * DEC_PLACE the BF16 shared chunks must not be in this launch (the sums carry 2^-8:
+ * fused_run takes it with SHARED_ROUTE or an NVFP4 shared expert only). */
+template <int KW, int PMAX, int DEC>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
                      bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys) {
+    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
     __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
     __shared__ float red[KW][16];
@@ -908,7 +1080,13 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
                 for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
                 cu_cp_async_wait_dyn(PMAX - 1 - u);
-                cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                if (PL) {
+#pragma unroll
+                    for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
+                    nv4_gemv2_chunk(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                } else {
+                    cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
+                }
             }
         }
     }
@@ -939,6 +1117,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
+        if (PL) v *= 256.f; /* the bit placement's 2^-8 */
         if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
         y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
     }
@@ -1008,13 +1187,16 @@ static int fused_early(void) {
 }
 
 template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+static cudaError_t gateup2_launch(int pdl, int dec, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
                                   const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
                                   const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
     const int early = fused_early() >= 1;
-    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
-    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
-                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
+    auto K = dec == DEC_BC      ? moe_gateup2_kernel<KW, PER, DEC_BC>
+             : dec == DEC_PLACE ? moe_gateup2_kernel<KW, PER, DEC_PLACE>
+                                : moe_gateup2_kernel<KW, PER, DEC_PERM>;
+    cudaError_t c = dec == DEC_BC      ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_BC>>(smem)
+                    : dec == DEC_PLACE ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_PLACE>>(smem)
+                                       : fused_smem<moe_gateup2_kernel<KW, PER, DEC_PERM>>(smem);
     if (c != cudaSuccess) return c;
     return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
                         (bf16 *)h, ldh, early, zero, sr);
@@ -1134,17 +1316,19 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         ws_unlock(ws);
         return e->code ? e->code : ERR_NOMEM;
     }
-    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4;
-     * LASTSTAND_MOE_GU_KW=8 takes 8 warps where 16 fit (benchmarks: smaller blocks, up to
-     * 3 an SM, each warp with twice the chunks in flight) */
-    static int force_gkw = -2;
-    const int nch = H / 128, kw8 = fused_knob(&force_gkw, "LASTSTAND_MOE_GU_KW", 8, 8, 0) == 8;
-    const int gkw = !kw8 && nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    /* Where a BF16 shared expert runs: inside the router and top-k launches (SHARED_ROUTE,
-     * opt-in until an H200 round validates it: LASTSTAND_MOE_SHARED_ROUTE=1), or as
-     * blocks of the gate/up and down launches */
+    /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 (8
+     * warps where 16 fit was slower: 397B M = 1 61.4 vs 60.0 us, NVFP4 shared 53.0 vs
+     * 50.7, H200 round R1 of 2026-11-29) */
+    const int nch = H / 128;
+    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    /* Where a BF16 shared expert runs (LASTSTAND_MOE_SHARED_ROUTE): 0 = as blocks of the
+     * gate/up and down launches; 1 = inside the router and top-k launches as m16n8k16
+     * tiles; 2 = there as one warp a row (opt-in until validated). 1 is the default at
+     * M >= 2 since the H200 round R1 of 2026-11-29 (every cell ok; 397B M = 2 111.7 ->
+     * 93.7 us, M = 8 395.4 -> 297.5; 35B 35.9 -> 31.6, 106.3 -> 83.6); at M = 1 it was
+     * no faster (397B 60.1 -> 60.0, 35B 22.9 -> 24.1: its router launch took 13.3 us). */
     static int force_sr = -2;
-    const int sr = Is && gp.sbf && fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 0, 1, 0);
+    const int sr = Is && gp.sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 0, 2, M >= 2) : 0;
     /* Kernel pair and programmatic dependent launch per shape, from the H200 rounds of
      * 2026-11-29 17:10 and 17:56 (bench/RESULTS.md, doctor, every cell checked): M >= 2:
      * the cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 ->
@@ -1170,23 +1354,44 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * LASTSTAND_MOE_BC=0 / 1 forces it */
     static int force_bc = -2;
     const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
+    /* the cp.async pair's NVFP4 decode: block-column where bc, else byte permutes, or bit
+     * placement (LASTSTAND_MOE_PLACE=1, opt-in until validated; it wins in
+     * cuda_grouped_gemm, whose GEMMs are integer-pipe bound the same way) */
+    static int force_place = -2;
+    const int dec = bc ? DEC_BC : fused_knob(&force_place, "LASTSTAND_MOE_PLACE", 0, 1, 0) ? DEC_PLACE : DEC_PERM;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     const int nrb = (E + ROUTER_RPB) / ROUTER_RPB; /* router blocks: E rows and the shared gate's */
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
-    unsigned *cnt = NULL;
     int wpt = 1;
-    /* LASTSTAND_MOE_TOPK_EARLY=1 (SHARED_ROUTE with PDL; opt-in until validated): the top-k
-     * block starts once the router rows are written, not after the shared tiles */
-    static int force_early_topk = -2;
-    const int early_topk = sr && pdl && fused_knob(&force_early_topk, "LASTSTAND_MOE_TOPK_EARLY", 0, 1, 0);
-    if (sr) {
+    if (sr == 2) {
+        /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
+        hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
+        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+        if (!hs || !ys) {
+            ws_unlock(ws);
+            return e->code ? e->code : ERR_NOMEM;
+        }
+        c = fused_smem<moe_route_rows_kernel>(xsm);
+        if (c == cudaSuccess) {
+            moe_route_rows_kernel<<<nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW, 32 * ROUTER_NW, xsm, st>>>(
+                M, H, E, nrb, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
+            c = cudaGetLastError();
+        }
+        const size_t hsm = sizeof(float) * (size_t)M * Is;
+        if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_topk_rows_kernel, dim3(M + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
+                             st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
+                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
+                             (const float *)hs, ys);
+    } else if (sr) {
         hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
         ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        cnt = early_topk ? (unsigned *)ws_get(ws, WS_CNT, 2 * sizeof(unsigned), st, e) : NULL; /* zeroed once */
-        if (!hs || !ys || (early_topk && !cnt)) {
+        if (!hs || !ys) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
@@ -1197,7 +1402,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (c == cudaSuccess) {
             moe_router_kernel<true, 4><<<g1, 32 * ROUTER_NW, xsm, st>>>(
                 M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs, cnt);
+                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
             c = cudaGetLastError();
         }
         const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
@@ -1205,38 +1410,42 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
                              (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
                              (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
-                             (const float *)hs, ys, cnt, early_topk ? g1 : 0);
+                             (const float *)hs, ys);
     } else {
         c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
         if (c == cudaSuccess) {
             moe_router_kernel<false, ROUTER_LD><<<nrb, 32 * ROUTER_NW, xsm, st>>>(
-                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL,
-                NULL);
+                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL);
             c = cudaGetLastError();
         }
         if (c == cudaSuccess)
             c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
                              (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
                              (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
-                             (const float *)NULL, (float *)NULL, (unsigned *)NULL, 0);
+                             (const float *)NULL, (float *)NULL);
     }
     /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
     const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
     if (c == cudaSuccess && pair == 2) {
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else c = gateup2_launch<8, 4>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+        /* the bit placement in down only without BF16 shared chunks there (see moe_down2_kernel) */
+        const int ddec = dec == DEC_PLACE && gp.sbf && !sr ? DEC_PERM : dec;
+        auto DK = ddec == DEC_BC      ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>
+                  : ddec == DEC_PLACE ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>
+                                      : moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>;
         if (c == cudaSuccess)
-            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
-                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
+            c = ddec == DEC_BC      ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>>(dsm)
+                : ddec == DEC_PLACE ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>>(dsm)
+                                    : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>>(dsm);
         if (c == cudaSuccess)
-            c = fused_launch(pdl, bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>,
-                             g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+            c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
                              (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys);
     } else if (c == cudaSuccess) {
         c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,

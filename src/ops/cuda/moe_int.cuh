@@ -109,8 +109,7 @@ __device__ __forceinline__ float key2f(unsigned k) {
  * top-k. History (Nsight Compute, H200, E = 512, k = 10): one warp doing all of
  * it cost 9 us of dependent instructions on one SM, phase 2 as k redux rounds on
  * warp 0 7.8 us, ranks by counting over unpacked (key, index) pairs 5.8 us, packed
- * 5.2 us (bench/RESULTS.md). The logits and sgl are read through L2 (ld.cg): with
- * the fused path's early top-k they come from a launch still running. */
+ * 5.2 us (bench/RESULTS.md). The logits and sgl are read through L2 (ld.cg). */
 __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int norm, const bf16 *__restrict__ x,
                                                const bf16 *__restrict__ wsg, int has_shared,
                                                const float *__restrict__ logits, const float *__restrict__ sgl,

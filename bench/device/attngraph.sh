@@ -27,7 +27,6 @@ export XDG_CACHE_HOME="$OUT/cache"
 T0=$(date +%s)
 el() { echo "$(( $(date +%s) - T0 ))s"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
-git log -1 --format='commit %h %cI' 2>/dev/null
 
 SYN="synth:qwen3.5-35b-a3b,layers=4"
 IDS=$(python3 -c "import numpy as np; print(','.join(str(int(x)) for x in np.random.default_rng(9).integers(3, 248000, size=32)))")

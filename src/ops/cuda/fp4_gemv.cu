@@ -20,6 +20,8 @@
  *     table) on the 35B ones, fp4_gemv1_kernel on the others. Opt-in: the persistent
  *     ring (fp4_gemv1r_kernel) and the knobs listed at w4_knobs_load.
  *   M = 1, other K: fp4_w4a16_async_kernel (the M <= 8 mapping, weights by cp.async).
+ *   M = 2 .. 8: fp4_w4a16_async_kernel<D = 2> (bit-placement decode, weights by
+ *     cp.async, tokens in the B columns) on the instances validated with it, else
  *   M = 2 .. 8 and larger: fp4_w4a16_kernel<MT>, weights in registers, MT n8 tiles of
  *     tokens per block, K split over up to 8 warps.
  *
@@ -195,8 +197,8 @@ __global__ void __launch_bounds__(32 * KW, 1)
  * per chunk after the grid-dependency wait, its rows clamped to M - 1 (a token column
  * >= M only feeds an output column that is never stored). Same fragment mapping and
  * K permutation as fp4_w4a16_kernel. D = 2: the bit-placement decode (nv4_gemv2_chunk,
- * x permuted per chunk in registers), opt-in at M = 2..8 (LASTSTAND_W4A16_M8=2) until a
- * device round has timed it. */
+ * x permuted per chunk in registers): the M = 2..8 default on the instances the gemv4
+ * session's R2 validated (w4_run). */
 template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
@@ -583,8 +585,8 @@ __global__ void __launch_bounds__(32 * KW, 1)
  * integer pipe), the scale applied to A by one BF16 multiply per pair; every B column
  * carries the token, whose x each warp permutes once per chunk in shared memory into
  * the (i, i + 4) pairing of the decode. */
-template <int KW, int PER>
-__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+template <int KW, int PER, int MINB = 0>
+__global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
@@ -699,8 +701,11 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_RINGP=2    that ring in half-tile steps (half the shared memory)
  *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
  *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
- *                              an SM instead of 3)
- *   LASTSTAND_W4A16_M8=2       M = 2..8: the cp.async kernel with the bit-placement decode
+ *                              an SM instead of 3); =3 the 16-warp bit-placement GEMV at
+ *                              16 x 2 capped at 40 registers (3 blocks an SM instead of 2)
+ *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
+ *                              on every instance that fits (2) or none (1: the register
+ *                              kernel); unset: on the validated ones (w4_run)
  *   LASTSTAND_W4A16_PREF=1|2   the L2 prefetch kernel before the GEMM kernel (fp4_l2_prefetch_kernel),
  *                              1: for weights of at most two blocks an SM (one wave), 2: always */
 static int g_knob_pref = 0, g_knob_m8 = 0;
@@ -715,12 +720,12 @@ static void w4_knobs_load(void) {
     const char *rp = getenv("LASTSTAND_W4A16_RINGP");
     g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
     const char *m8 = getenv("LASTSTAND_W4A16_M8");
-    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : 0;
+    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
     const char *pf = getenv("LASTSTAND_W4A16_PREF");
     g_knob_pref = pf && (!strcmp(pf, "1") || !strcmp(pf, "2")) ? pf[0] - '0' : 0;
     const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
     g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
-    g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
+    g_knob_gocc = go && !strcmp(go, "4") ? 4 : go && !strcmp(go, "3") ? 3 : 0;
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -831,6 +836,14 @@ static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_e
                          "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a));
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
+    if constexpr (KW == 16 && PER == 2) {
+        if (v == GV_V2 && g_knob_gocc == 3) {
+            static size_t have3[CU_WS_MAX_DEV];
+            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 3>, have3, grid, block, 0, st,
+                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, 3 blocks/SM)", e, N, K,
+                             W4_ARGS_REST(a));
+        }
+    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
                          "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a));
@@ -971,11 +984,16 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     }
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
-    if (a->M >= 2 && a->M <= 8 && g_knob_m8 == 2) {
-        /* opt-in: the cp.async kernel with the bit-placement decode at M = 2..8 */
+    if (a->M >= 2 && a->M <= 8 && g_knob_m8 != 1) {
+        /* the cp.async kernel with the bit-placement decode at M = 2..8, where a device
+         * round validated it and found it faster (gemv4 R2, every cell ✅: 16 x 2 at
+         * [4096 x 4096] M = 2 / 4 / 8 7.64 / 7.73 / 8.27 -> 6.33 / 6.70 / 7.69 us; 8 x 4
+         * at [16384 x 4096] 23.20 / 24.04 / 25.64 -> 17.49 / 18.14 / 22.85 us, against
+         * the register kernel); everywhere it fits with LASTSTAND_W4A16_M8=2 */
         kw = nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * d->sms ? 16 : 8;
         per = nchunks / kw;
-        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8))) {
+        const int validated = (kw == 16 && per == 2) || (kw == 8 && per == 4);
+        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8)) && (validated || g_knob_m8 == 2)) {
             if (kw == 16) return per == 1 ? w4a_launch<16, 1, 2>(d, a, st, e) : w4a_launch<16, 2, 2>(d, a, st, e);
             return per == 1 ? w4a_launch<8, 1, 2>(d, a, st, e)
                    : per == 2 ? w4a_launch<8, 2, 2>(d, a, st, e)

@@ -18,7 +18,7 @@
 #     (isolated + no PDL = the earlier sessions' method and launch, chain8 without PDL,
 #     isolated with PDL); the 397B's [1024 x 4096], [4096 x 1024] and the 35B shapes with
 #     the default, M8=2 and GDEC=2 (validation of their other instances); GDEC=2 on the
-#     two weights; GKW=8 + GOCC=4; RING=4;
+#     two weights;
 #  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2, 8;
 #  4. PDL inside CUDA graphs: `generate` greedy on the NVFP4 fixture
 #     (.dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, a copy of
@@ -36,8 +36,7 @@ OUT=${2:?usage: gemv4.sh BIN OUTDIR}
 FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_RING LASTSTAND_W4A16_RINGP \
-  LASTSTAND_W4A16_GKW LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_PREF LASTSTAND_W4A16_M8
+unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_M8
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -96,8 +95,7 @@ for v in "M=3,5,7|||3,5,7" "GDEC=2+GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16
          "chain8+nopdl|LASTSTAND_FP4_PDL=0||1,2,8" "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated||1" \
          "397B-other|||1,2,8" "397B-other M8=2|LASTSTAND_W4A16_M8=2||2,8" "397B-other GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
          "35B M8=2|LASTSTAND_W4A16_M8=2||2,8" "35B GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
-         "GDEC=2|LASTSTAND_W4A16_GDEC=2||1" "GKW=8+GOCC=4|LASTSTAND_W4A16_GKW=8 LASTSTAND_W4A16_GOCC=4||1" \
-         "RING=4|LASTSTAND_W4A16_RING=4||1"; do
+         "GDEC=2|LASTSTAND_W4A16_GDEC=2||1"; do
   lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; rest=${rest#*|}; ms=${rest#*|}
   [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
   case "$lab" in

@@ -18,16 +18,20 @@
  * Kernel pairs for (3)+(4), chosen per shape from H200 runs (fused_run): the
  * register-staged pair (weights in registers, h in fp32, token in column 0) and the
  * cp.async pair (fp4_gemm's streaming pipeline, h in BF16 with the combine weight
- * applied). At M = 1 the register pair decodes in nvfp4.cuh's block-column form
- * (scale blocks in the mma columns). A BF16 shared expert rides in the same
- * launches: its blocks (gate/up) and chunks (down, after the routed ones in the
- * round robin) stream BF16 rows, 8 weights per 16-byte load instead of 32, straight
- * into the same mma fragments (the choice is block- / warp-uniform; scale2 = 1).
- * Or (SHARED_ROUTE) a BF16 shared expert, which does not depend on the routing, runs
- * inside launches (1) and (2), whose DRAM is otherwise mostly idle: its gate/up
- * tiles are extra blocks of the router's grid and its down tiles extra blocks of
- * the top-k grid (fp32 result ys [M, H]); (3) and (4) then take the routed experts
- * only and (4) adds ys.
+ * applied). NVFP4 decode forms (nvfp4.cuh): byte permutes; block-column at M = 1
+ * (scale blocks in the mma columns; the register pair's default there); bit
+ * placement (half the decode on the FMA pipe; the cp.async pair, opt-in).
+ * Where a BF16 shared expert runs (SHARED_ROUTE, fused_run):
+ *   0  in the same launches as the routed experts: its blocks (gate/up) and chunks
+ *      (down, after the routed ones in the round robin) stream BF16 rows, 8 weights
+ *      per 16-byte load instead of 32, straight into the same mma fragments (the
+ *      choice is block- / warp-uniform; scale2 = 1);
+ *   1, 2  inside launches (1) and (2), whose DRAM is otherwise mostly idle (it does
+ *      not depend on the routing): its gate/up rows in the router's grid, its down
+ *      rows beside the top-k block(s), fp32 results hs and ys [M, H]; (3) and (4)
+ *      then take the routed experts only and (4) adds ys. 1 computes the shared
+ *      rows as m16n8k16 tiles, 2 as one warp a row with FMA (contiguous 512-byte
+ *      warp loads).
  * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
  * layer and uploaded only when they change (passing them as 20 KB kernel parameters
  * cost ~20 us per call on the H200).

@@ -13,7 +13,7 @@
 #    stale/out-of-range data (forced equal plans still disagree).
 # 2. the doctor's attention cells (cuda_flash_prefill vs its fp64 reference), 397B and 35B presets:
 #    its mixed batches at M = 1, 8, 64; pure decode steps at contexts 512 / 4096 / 16384
-#    (LASTSTAND_DOCTOR_ATTN_CTX), old plan vs defaults vs fp_kernel; the knobs (PDL, chunk).
+#    (LASTSTAND_DOCTOR_ATTN_CTX): defaults, fp_dec_kernel's 4-stage pipeline, the old plan.
 # 3. the cmocka GPU test test_attn_cuda (if built): op-level graph replay vs eager bits and vs an
 #    fp64 reference, both plans, decode timings per backend, compute-sanitizer memcheck of its
 #    graph replays; the row plan's knobs (PDL, chunk), timings.
@@ -60,7 +60,7 @@ echo "== 1. generate greedy, graph vs eager, $SYN, 136 tokens ($(el))"
 # splits (plan-dependent rounding vs a replay bug), the defaults (row plan, fp_dec_kernel, PDL 2),
 # the row plan on fp_kernel.
 CFGS=("round|LASTSTAND_FP_PLAN=round" "forced64|LASTSTAND_FP_PLAN=64" "default|" \
-      "rows-fp_kernel|LASTSTAND_FP_DEC=0 LASTSTAND_FP_PDL=0" "dec-bn64|LASTSTAND_FP_DEC=2")
+      "rows-fp_kernel|LASTSTAND_FP_DEC=0 LASTSTAND_FP_PDL=0" "stages-auto|LASTSTAND_FP_STAGES=0")
 for cfg in "${CFGS[@]}"; do
     tag=${cfg%%|*}; ev=${cfg#*|}
     ( [ -n "$ev" ] && export $ev; gen "g-$tag" ) &
@@ -87,6 +87,13 @@ def ids(t):
 a, b = ids("e-round"), ids("e-default")
 if a and b:
     print(f"  eager round vs eager default (other split and kernel): {sum(x == y for x, y in zip(a, b))}/{len(a)} equal (info)")
+# fp_dec_kernel's pipeline depth must not change the arithmetic: 4 stages = 2 stages, bit for bit
+for m in ("e", "g"):
+    a, b = ids(f"{m}-default"), ids(f"{m}-stages-auto")
+    if a and b:
+        same = sum(x == y for x, y in zip(a, b))
+        print(f"  {'eager' if m == 'e' else 'graph'} default vs LASTSTAND_FP_STAGES=0 (4 stages at M = 1): "
+              f"{'SAME' if same == len(a) else 'DIFF'} {same}/{len(a)}")
 PY
 
 echo "== 2. doctor attention cells, cuda_flash_prefill ($(el))"
@@ -101,22 +108,21 @@ doc() { # $1 label, $2 env (may be empty), $3 shape, $4 M list
 }
 # A. the doctor's own mixed batches (a decode row at M = 1; decode rows and prefill chunks above)
 for sh in qwen3.5-397b-a17b qwen3.5-35b-a3b; do
-    doc "mixed, round plan" "LASTSTAND_FP_PLAN=round" $sh 1,8,64
     doc "mixed, defaults" "" $sh 1,8,64
 done
 # B. pure decode steps (LASTSTAND_DOCTOR_ATTN_CTX: every row one new token at that context), as
-#    CUDA graphs replay them: the round plan, the defaults, the row plan on fp_kernel
+#    CUDA graphs replay them: the defaults, fp_dec_kernel with 4 stages where the grid is at most a
+#    block per SM (LASTSTAND_FP_STAGES=0); the round plan at 4096 for reference
 for ctx in 512 4096 16384; do
     m=1,8,64; [ $ctx -gt 4096 ] && m=1,8
-    for cfg in "round|LASTSTAND_FP_PLAN=round" "defaults|" "rows, fp_kernel|LASTSTAND_FP_DEC=0"; do
-        doc "decode ctx $ctx, ${cfg%%|*}" "LASTSTAND_DOCTOR_ATTN_CTX=$ctx ${cfg#*|}" qwen3.5-397b-a17b $m
-    done
+    doc "decode ctx $ctx, defaults" "LASTSTAND_DOCTOR_ATTN_CTX=$ctx" qwen3.5-397b-a17b $m
+    doc "decode ctx $ctx, LASTSTAND_FP_STAGES=0" "LASTSTAND_DOCTOR_ATTN_CTX=$ctx LASTSTAND_FP_STAGES=0" qwen3.5-397b-a17b $m
 done
-doc "decode ctx 4096, round" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_PLAN=round" qwen3.5-35b-a3b 1,8,64
+doc "decode ctx 4096, round" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_PLAN=round" qwen3.5-397b-a17b 1,8,64
 doc "decode ctx 4096, defaults" "LASTSTAND_DOCTOR_ATTN_CTX=4096" qwen3.5-35b-a3b 1,8,64
-# C. the knobs, pure decode at 4096
-for k in LASTSTAND_FP_PDL=0 LASTSTAND_FP_PDL=1 LASTSTAND_FP_CHUNK=32 LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_CHUNK=256 \
-         LASTSTAND_FP_DEC=2 "LASTSTAND_FP_DEC=2 LASTSTAND_FP_CHUNK=256"; do
+doc "decode ctx 4096, LASTSTAND_FP_STAGES=0" "LASTSTAND_DOCTOR_ATTN_CTX=4096 LASTSTAND_FP_STAGES=0" qwen3.5-35b-a3b 1,8,64
+# C. knobs, pure decode at 4096
+for k in LASTSTAND_FP_STAGES=4 "LASTSTAND_FP_STAGES=0 LASTSTAND_FP_CHUNK=256"; do
     doc "decode ctx 4096, $k" "LASTSTAND_DOCTOR_ATTN_CTX=4096 $k" qwen3.5-397b-a17b 1,8,64
 done
 
@@ -146,7 +152,7 @@ if [ -x "$UT" ]; then
         grep -E "Invalid|out of bounds|Address" "$OUT/memcheck-op-$plan.log" | head -6
     done
     # the row plan's knobs, timings only: PDL between the two kernels, chunk length
-    for knob in "LASTSTAND_FP_PDL=0" "LASTSTAND_FP_CHUNK=64" "LASTSTAND_FP_CHUNK=256" "LASTSTAND_FP_DEC=0" "LASTSTAND_FP_DEC=2"; do
+    for knob in "LASTSTAND_FP_STAGES=0" "LASTSTAND_FP_STAGES=4" "LASTSTAND_FP_DEC=0"; do
         [ $(left) -lt 8 ] && { echo "  $knob: skipped (time budget)"; continue; }
         env LS_ATTN_TEST=quick $knob timeout 8 "$UT" > "$OUT/test_attn_quick.log" 2>&1
         echo "  defaults + $knob, quick timings: rc=$?"

@@ -198,9 +198,10 @@ static void ref_rows(void *ctx, int64_t i0, int64_t i1) {
 static const char *plan_name(void) {
     static char buf[96];
     const char *v = getenv("LASTSTAND_FP_PLAN"), *c = getenv("LASTSTAND_FP_CHUNK"), *p = getenv("LASTSTAND_FP_PDL");
-    const char *d = getenv("LASTSTAND_FP_DEC");
-    snprintf(buf, sizeof buf, "%s%s%s%s%s%s", v && *v ? v : "default", d && !strcmp(d, "1") ? "/dec" : "",
-             c && *c ? "/c" : "", c && *c ? c : "", p && *p ? "/pdl" : "", p && *p ? p : "");
+    const char *d = getenv("LASTSTAND_FP_DEC"), *g = getenv("LASTSTAND_FP_STAGES");
+    snprintf(buf, sizeof buf, "%s%s%s%s%s%s%s%s%s", v && *v ? v : "default", d && *d ? "/dec" : "", d && *d ? d : "",
+             c && *c ? "/c" : "", c && *c ? c : "", p && *p ? "/pdl" : "", p && *p ? p : "", g && *g ? "/stg" : "",
+             g && *g ? g : "");
     return buf;
 }
 

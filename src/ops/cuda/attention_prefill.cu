@@ -385,9 +385,11 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
  * summed through shared memory in warp order (every warp then holds the same S and runs the same
  * online softmax), and O += P·V by head_dim quarters of V (warp w owns output dims HD/4·w ..).
  * Chunking, partials and merge as fp_kernel's row plan (chunk z of the sequence's keys -> block z;
- * one chunk: written directly). Shared: Qs [16][HD+8], 2 stages of Ks, Vs [BN][HD+8] (BF16), Sred
- * [4][16][BN+8] fp32. */
-template <int HD, int BN>
+ * one chunk: written directly). Shared: Qs [16][HD+8], STG stages of Ks, Vs [BN][HD+8] (BF16), Sred
+ * [4][16][BN+8] fp32. STG = 2, or 4 for grids of at most one block per SM (STG - 1 key tiles in
+ * flight: a decode block's loop waits on memory latency, not on its math); the stages do not
+ * change the arithmetic. */
+template <int HD, int BN, int STG>
 __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__restrict__ seqs, int nh, int nkv, int P,
                                                             float sl2, const bf16 *__restrict__ q,
                                                             const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     extern __shared__ __align__(16) unsigned char fp_smem[];
     bf16 *Qs = reinterpret_cast<bf16 *>(fp_smem);
     bf16 *KV = Qs + 16 * LD;
-    float *Sred = reinterpret_cast<float *>(KV + 4 * BN * LD); /* [4][16][SB] */
+    float *Sred = reinterpret_cast<float *>(KV + STG * 2 * BN * LD); /* [4][16][SB] */
 
     const int grp = nh / nkv, kvh = blockIdx.y, s = blockIdx.x;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -432,15 +434,19 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
             fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
         }
     };
-    load_kv(kt0, 0);
-    fp_cp_commit();
+    /* prologue: tiles 0 .. STG - 2 in flight (group 0 also holds Q) */
+#pragma unroll
+    for (int p = 0; p < STG - 1; p++) {
+        if (p < n_it) load_kv(kt0 + p, p);
+        fp_cp_commit();
+    }
 
     const int limA = g < grp ? n_past : -1, limB = g + 8 < grp ? n_past : -1;
     float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
     float o[OTW][4];
 #pragma unroll
     for (int n = 0; n < OTW; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    fp_cp_wait<0>();
+    fp_cp_wait<STG - 2>(); /* group 0: Q */
     __syncthreads();
     /* Q fragments of this warp's k-steps (rows 0..15, dims 64w + 16kk ..) */
     const bf16 *qa = Qs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8 + w * (HD / 4);
@@ -449,10 +455,10 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     for (int kk = 0; kk < KKW; kk++) fp_ldsm_x4(qf[kk], qa + kk * 16);
 
     for (int it = 0; it < n_it; it++) {
-        const int kt = kt0 + it, st = it & 1;
-        if (it + 1 < n_it) load_kv(kt + 1, st ^ 1);
+        const int kt = kt0 + it, st = it % STG;
+        if (it + STG - 1 < n_it) load_kv(kt + STG - 1, (it + STG - 1) % STG); /* its stage was freed by it - 1 */
         fp_cp_commit();
-        fp_cp_wait<1>();
+        fp_cp_wait<STG - 1>(); /* all but the newest STG - 1 groups: tile it landed */
         __syncthreads();
         const bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
         float sc[NT][4];
@@ -745,14 +751,18 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
  * plan gave 19/136) and the doctor's fp64 check passed at the 397B and 35B shapes; M = 1: 14.1 µs
  * with fp_dec_kernel and PDL 2, 17.2 round plan, 19.3 row plan on fp_kernel (397B). */
 enum { FP_DEF_PLAN = 1, FP_DEF_DEC = 1, FP_DEF_PDL = 2 };
+/* fp_dec_kernel's pipeline depth: 2 (0 = 4 stages on grids of at most a block per SM, 2 above) */
+enum { FP_DEF_STAGES = 2 };
 static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
 /* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,
  * FP_CHUNK_KEYS by default); LASTSTAND_FP_PDL = 0: plain launches, 1: the merge kernel as a
  * programmatic dependent launch of the attention kernel, 2: the attention kernel too (of whatever
  * ran before it); LASTSTAND_FP_DEC = 1 / 0: fp_dec_kernel for the row plan's
- * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256. */
-static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC;
+ * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256;
+ * LASTSTAND_FP_STAGES = 2 / 4: fp_dec_kernel's pipeline depth, 0: 4 on grids of at most a block
+ * per SM, else 2. */
+static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC, g_fp_stages = FP_DEF_STAGES;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
@@ -761,6 +771,8 @@ static int fp_plan_mode(void) {
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
     if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
+    const char *sg = getenv("LASTSTAND_FP_STAGES");
+    if (sg && (!strcmp(sg, "0") || !strcmp(sg, "2") || !strcmp(sg, "4"))) g_fp_stages = sg[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
     int mode = FP_DEF_PLAN;
     if (v && !strcmp(v, "rows")) {
@@ -852,18 +864,20 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
 
 /* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, nsplit): the shared-memory opt-in once per device
  * (dev: the device's index, under its workspace lock), then the launch. */
-template <int HD, int BN>
+template <int HD, int BN, int STG>
 static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float sl2, float *po, float *pml, int *pn,
                                  int n_rows, cudaStream_t st) {
-    constexpr size_t dsmem = (size_t)(16 + 4 * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
+    constexpr size_t dsmem =
+        (size_t)(16 + 2 * STG * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
     static int ddone[FP_MAX_DEV];
     if (!ddone[dev]) {
-        cudaError_t c = cudaFuncSetAttribute(fp_dec_kernel<HD, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t c = cudaFuncSetAttribute(fp_dec_kernel<HD, BN, STG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)dsmem);
         if (c != cudaSuccess) return c;
         ddone[dev] = 1;
     }
-    return fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN>, dim3(a->n_seq, a->n_kv_heads, nsplit), dim3(FP_THREADS),
+    return fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN, STG>, dim3(a->n_seq, a->n_kv_heads, nsplit),
+                       dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
                        pml, pn, n_rows, fp_rows_c0(BN));
@@ -935,11 +949,16 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     const float sl2 = a->scale * 1.4426950408889634f;
     cudaError_t c1 = cudaSuccess;
     if (dec && rows > 0) {
+        /* 4 stages where the grid is at most a block per SM (LASTSTAND_FP_STAGES: 2 / 4 force one) */
+        const long ctas = (long)a->n_seq * a->n_kv_heads * nsplit;
+        const int stg4 = g_fp_stages ? g_fp_stages == 4 : ctas <= ws->n_sm;
         if constexpr (HD == 256) {
-            c1 = DBN == 64 ? fp_dec_launch<256, 64>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
-                           : fp_dec_launch<256, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+            c1 = DBN == 64 ? fp_dec_launch<256, 64, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
+                 : stg4    ? fp_dec_launch<256, BN, 4>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
+                           : fp_dec_launch<256, BN, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
         } else if constexpr (HD >= 64) {
-            c1 = fp_dec_launch<HD, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+            c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
+                      : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
         }
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);

@@ -13,25 +13,21 @@
  *   (2) softmax, top-k and the shared gate, a block per token (moe_int.cuh);
  *   (3) gate+up: a block per (token, chosen expert or shared, 16 rows), NVFP4 rows
  *       decoded in registers into mma.sync m16n8k16, then SiLU·up;
- *   (4) down: a block per (token, 16 output rows) sums every chosen expert and the
- *       shared one with the combine weight · scale2 folded in.
+ *   (4) down: a block per (token, 16 output rows) sums every chosen expert and an
+ *       NVFP4 shared one with the combine weight · scale2 folded in.
  * Kernel pairs for (3)+(4), chosen per shape from H200 runs (fused_run): the
- * register-staged pair (weights in registers, h in fp32, token in column 0) and the
  * cp.async pair (fp4_gemm's streaming pipeline, h in BF16 with the combine weight
- * applied). NVFP4 decode forms (nvfp4.cuh): byte permutes; block-column at M = 1
- * (scale blocks in the mma columns; the register pair's default there); bit
- * placement (half the decode on the FMA pipe; the cp.async pair, opt-in).
- * Where a BF16 shared expert runs (SHARED_ROUTE, fused_run):
- *   0  in the same launches as the routed experts: its blocks (gate/up) and chunks
- *      (down, after the routed ones in the round robin) stream BF16 rows, 8 weights
- *      per 16-byte load instead of 32, straight into the same mma fragments (the
- *      choice is block- / warp-uniform; scale2 = 1);
- *   1, 2  inside launches (1) and (2), whose DRAM is otherwise mostly idle (it does
- *      not depend on the routing): its gate/up rows in the router's grid, its down
- *      rows beside the top-k block(s), fp32 results hs and ys [M, H]; (3) and (4)
- *      then take the routed experts only and (4) adds ys. 1 computes the shared
- *      rows as m16n8k16 tiles, 2 as one warp a row with FMA (contiguous 512-byte
- *      warp loads).
+ * applied; the default) and the register-staged pair (weights in registers, h in
+ * fp32, token in column 0; where the cp.async pair's H does not fit). NVFP4 decode
+ * forms (nvfp4.cuh): byte permutes; block-column at M = 1 (scale blocks in the mma
+ * columns; the register pair's default there).
+ * A BF16 shared expert (the Qwen3.5-397B-A17B NVFP4 checkpoint's layout) runs inside
+ * launches (1) and (2), whose DRAM is otherwise mostly idle and which it does not
+ * depend on (SHARED_ROUTE, fused_run): its gate/up rows in the router's grid, its
+ * down rows beside the top-k block(s), fp32 results [M, 2·Is] / [M, Is] and ys [M, H];
+ * (3) and (4) then take the routed experts only and (4) adds ys. Two forms: one warp a
+ * row with FMA, contiguous 512-byte warp loads (2, the default at M <= 2), or m16n8k16
+ * tiles with the tokens in the B columns (1, above).
  * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
  * layer and uploaded only when they change (passing them as 20 KB kernel parameters
  * cost ~20 us per call on the H200).

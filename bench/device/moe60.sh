@@ -10,7 +10,9 @@
 #    expert (`--model-path synth:PRESET,layers=1`, "bf"): the defaults (SHARED_ROUTE=2 at
 #    M <= 2, 1 above) and each LASTSTAND_MOE_SHARED_ROUTE forced (1: the shared expert as
 #    m16n8k16 tiles inside the router and top-k launches; 2: there one warp a row), and
-#    LASTSTAND_MOE_SR2_AS=1 (2's shared rows with their second round of loads by cp.async).
+#    LASTSTAND_MOE_SR2_AS=1 (2's shared rows with their second round of loads by cp.async);
+#    the 397B M = 1 default also timed call by call (LASTSTAND_DOCTOR_TIMING=isolated; the
+#    doctor's default is chains of back-to-back calls).
 # 2. ncu (--clock-control none --cache-control none: warm caches, clocks not locked) per
 #    kernel, 397B layer, BF16 shared, M = 1 and 8, defaults, and M = 1 with SR2_AS=1.
 # 3. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert):
@@ -54,6 +56,7 @@ doctor default "" qwen3.5-397b-a17b bf 1,2,8
 doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-397b-a17b bf 1,2
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-397b-a17b bf 8
 doctor as LASTSTAND_MOE_SR2_AS=1 qwen3.5-397b-a17b bf 1,2
+doctor isolated LASTSTAND_DOCTOR_TIMING=isolated qwen3.5-397b-a17b bf 1
 doctor default "" qwen3.5-35b-a3b bf 1,2,8
 doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-35b-a3b bf 1,2
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-35b-a3b bf 8

@@ -1,7 +1,9 @@
 """The M = 1 NVFP4 GEMV kernels' warp step (src/ops/cuda/nvfp4.cuh) checked on the CPU.
 
-Kind 3 is the table-decode step (nv4_gemv1t_chunk<L>, fp4_gemv1t_kernel), kind 4 its
-M <= 8 form (nv4_w4_chunk_tab<L>, cu_w4_chunk_mma's mapping, M tokens): their emulated
+Kind 5 is the M = 2..8 bit-placement step (nv4_gemv2_chunk with M tokens in the B columns,
+x permuted per token, fp4_w4a16_async_kernel<D = 2>). Kind 3 is the table-decode step
+(nv4_gemv1t_chunk<L>, fp4_gemv1t_kernel), kind 4 its M <= 8 form (nv4_w4_chunk_tab<L>,
+cu_w4_chunk_mma's mapping, M tokens): their emulated
 shared memory checks that every table load of lane i hits bank i (the conflict-free
 layout); a lane reading its neighbour's copy (right values, wrong banks) or a table laid
 out copy-major (wrong values) must fail.
@@ -39,11 +41,13 @@ def emu(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["1", "2", "3 0", "3 1", "3 2", "3 4", "4 2 1", "4 2 3", "4 4 8"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 0", "3 1", "3 2", "3 4", "4 2 1", "4 2 3", "4 4 8", "5 2", "5 3", "5 8"])
 def test_gemv_warp_step_matches_fp64(emu, kind):
-    """kind 1: block-column step (default M = 1 kernel); kind 2: bit-placement step (opt-in);
-    kind 3 L: table-decode step with L of 4 word pairs by table (opt-in); kind 4 L M: the
-    M <= 8 table step (scaled A, M tokens in the B columns; header-only, for reuse)."""
+    """kind 1: block-column step; kind 2: bit-placement step (the M = 1 default on the large
+    weights); kind 3 L: table-decode step with L of 4 word pairs by table (L = 0, 2: the
+    M = 1 defaults elsewhere); kind 4 L M: the M <= 8 table step (scaled A, M tokens in the
+    B columns; header-only, for reuse); kind 5 M: the M <= 8 bit-placement step in
+    fp4_w4a16_async_kernel<D = 2>'s mapping (the M = 2..8 default), M tokens."""
     p = subprocess.run([emu] + kind.split(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip().endswith("PASS"), p.stdout + p.stderr
     assert p.stdout.count("rel ") == 5
@@ -51,11 +55,18 @@ def test_gemv_warp_step_matches_fp64(emu, kind):
         assert "table loads off their lane's bank: 0" in p.stdout
 
 
-@pytest.mark.parametrize("kind", ["1", "2", "3 2", "4 2 8"])
+@pytest.mark.parametrize("kind", ["1", "2", "3 2", "4 2 8", "5 8"])
 def test_a_wrong_lane_mapping_is_caught(emu, kind):
     """Swapping two scales in the lane mapping must fail the comparison."""
     env = dict(os.environ, NVFP4_EMU_MUTATE="1")
     p = subprocess.run([emu] + kind.split(), capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode != 0 and "FAIL" in p.stdout, p.stdout
+
+
+def test_x_left_in_k_order_is_caught_by_the_m8_bit_placement_step(emu):
+    """The bit-placement decode pairs codes (i, i + 4): x fed in K order must fail."""
+    env = dict(os.environ, NVFP4_EMU_MUTATE="4")
+    p = subprocess.run([emu, "5", "4"], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode != 0 and "FAIL" in p.stdout, p.stdout
 
 

@@ -11,18 +11,16 @@
 #     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
 #     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
 #     opt-in kernels;
-#  2. cuda_w4a16_mma alone at M = 1 (chain8 + PDL unless said), per variant:
-#     PREF=2 (M = 1, 2, 8) and PREF=1 + GDEC=2: the L2 prefetch kernel before the GEMM
-#     (the weight pulled into L2 while the previous kernel decodes); M8=2 (M = 2, 4, 8:
-#     the cp.async kernel with the bit-placement decode), also with PREF=2;
-#     GDEC=1 (the byte-permute GEMV everywhere: the default before R1's switch of the
-#     8 x 4 instance to the bit-placement one), GDEC=2 + GKW=8 (the bit-placement GEMV
-#     at 8 warps on [4096 x 4096]: 2 blocks of the next GEMV fit beside 2 decoding),
-#     GDEC=2 on the other 397B weights and the 35B shapes (validation of its other
-#     instances), RING=4 + RINGP=2 (the ring in half-tile steps; also with GDEC=2),
-#     GDEC=2 everywhere; then the timing methods again (isolated + no PDL: the earlier
-#     sessions' method and launch; chain8 without PDL) at M = 1, 2, 8; GKW=8; RING=4;
-#  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2;
+#  2. cuda_w4a16_mma alone (chain8 + PDL unless said): TMA=1 (the bit-placement GEMV
+#     with its tile loaded by 32 bulk copies a block, chained and isolated); M = 3, 5, 7 (the M = 2..8
+#     kernel's other token counts); GDEC=2 + GOCC=3 (the bit-placement GEMV at 16 x 2
+#     capped at 40 registers: a third block an SM, for the next GEMV under PDL); the
+#     defaults before this session's switches (GDEC=1, M8=1) and the timing methods
+#     (isolated + no PDL = the earlier sessions' method and launch, chain8 without PDL,
+#     isolated with PDL); the 397B's [1024 x 4096], [4096 x 1024] and the 35B shapes with
+#     the default, M8=2 and GDEC=2 (validation of their other instances); GDEC=2 on the
+#     two weights;
+#  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2, 8;
 #  4. PDL inside CUDA graphs: `generate` greedy on the NVFP4 fixture
 #     (.dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, a copy of
 #     ../shared/fixtures/models), --fp4-gemm-backend cuda_w4a16_mma, graphs vs
@@ -39,8 +37,8 @@ OUT=${2:?usage: gemv4.sh BIN OUTDIR}
 FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_RING LASTSTAND_W4A16_RINGP \
-  LASTSTAND_W4A16_GKW LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_PREF
+unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_M8 \
+  LASTSTAND_W4A16_TMA
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -80,8 +78,8 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "PREF=2|LASTSTAND_W4A16_PREF=2" "M8=2|LASTSTAND_W4A16_M8=2" "GDEC=1|LASTSTAND_W4A16_GDEC=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
-           "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2"; do
+  for v in "default|" "TMA=1|LASTSTAND_W4A16_TMA=1" "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+           "GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
     echo "unit $lab rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ut_$lab.log" | head -2 | tr '\n' ' ')"
@@ -91,31 +89,28 @@ else
   echo "unit test_fp4_gemv_cuda: not found at $UT"
 fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
-# LABEL|ENV|M list, most important first (each later one is skipped past 62 s)
-for v in "PREF=2|LASTSTAND_W4A16_PREF=2|1,2,8" "PREF=1+GDEC=2|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2|1" \
-         "PREF=1+GDEC=2+GKW=8|LASTSTAND_W4A16_PREF=1 LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
-         "PREF=2+GDEC=2|LASTSTAND_W4A16_PREF=2 LASTSTAND_W4A16_GDEC=2|1" "M8=2|LASTSTAND_W4A16_M8=2|2,4,8" \
-         "M8=2+PREF=2|LASTSTAND_W4A16_M8=2 LASTSTAND_W4A16_PREF=2|2,8" \
-         "GDEC=1|LASTSTAND_W4A16_GDEC=1|1" "GDEC=2+GKW=8|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GKW=8|1" \
-         "RING=4+P2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2|1" \
-         "RING=4+P2+GDEC=2|LASTSTAND_W4A16_RING=4 LASTSTAND_W4A16_RINGP=2 LASTSTAND_W4A16_GDEC=2|1" \
-         "GDEC=2|LASTSTAND_W4A16_GDEC=2|1" "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0|1,2,8" \
-         "chain8+nopdl|LASTSTAND_FP4_PDL=0|1,2,8" "GKW=8|LASTSTAND_W4A16_GKW=8|1" \
-         "RING=4|LASTSTAND_W4A16_RING=4|1"; do
-  lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; ms=${rest#*|}
+# LABEL|ENV|SHAPES|M list, most important first (each later one is skipped past 62 s)
+O4=1024x4096,4096x1024
+for v in "TMA=1|LASTSTAND_W4A16_TMA=1||1" "M=3,5,7|||3,5,7" "GDEC=2+GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3||1" \
+         "TMA=1+isolated|LASTSTAND_W4A16_TMA=1 LASTSTAND_DOCTOR_TIMING=isolated||1" \
+         "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1||1,2,8" \
+         "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0||1,2,8" \
+         "chain8+nopdl|LASTSTAND_FP4_PDL=0||1,2,8" "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated||1" \
+         "397B-other|||1,2,8" "397B-other M8=2|LASTSTAND_W4A16_M8=2||2,8" "397B-other GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
+         "35B M8=2|LASTSTAND_W4A16_M8=2||2,8" "35B GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
+         "GDEC=2|LASTSTAND_W4A16_GDEC=2||1"; do
+  lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; rest=${rest#*|}; ms=${rest#*|}
   [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
-  doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m $ms
+  case "$lab" in
+    397B-other*) doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $O4 --m $ms ;;
+    35B*) doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m $ms ;;
+    *) doc "$lab" 20 "$ev" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m $ms ;;
+  esac
   summary "$F.json" "$lab"
-  if [ "$lab" = "GDEC=2+GKW=8" ]; then # the bit-placement GEMV's other instances: the 397B's other weights, the 35B's
-    doc "GDEC=2 397B-other" 20 "LASTSTAND_W4A16_GDEC=2" --backends cuda_w4a16_mma --shapes qwen3.5-397b-a17b --fp4-shapes 1024x4096,4096x1024 --m 1
-    summary "$F.json" "GDEC=2 397B-other"
-    doc "GDEC=2 35B" 20 "LASTSTAND_W4A16_GDEC=2" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1
-    summary "$F.json" "GDEC=2 35B"
-  fi
 done
 echo "== 3. 35B preset, default"
 if [ "$(left 72)" -lt 0 ]; then echo "35B skipped: time"; else
-  doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2
+  doc 35B 20 "" --backends cuda_w4a16_mma --shapes qwen3.5-35b-a3b --m 1,2,8
   summary "$F.json" "35B"
 fi
 echo "doctor: $(( $(date +%s) - T0 )) s"
@@ -168,7 +163,7 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for sv in "16384x4096|" "4096x4096|" "16384x4096|LASTSTAND_W4A16_GDEC=1" "4096x4096|LASTSTAND_W4A16_GDEC=2"; do
+  for sv in "4096x4096|LASTSTAND_W4A16_TMA=1" "4096x4096|" "16384x4096|" "16384x4096|LASTSTAND_W4A16_TMA=1"; do
     s=${sv%%|*}; ev=${sv#*|}
     [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
     env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \

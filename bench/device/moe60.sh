@@ -7,24 +7,24 @@
 #
 # 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
 #    the fp64 CPU reference) on the 397B and 35B layers at M = 1, 2, 8 with the BF16 shared
-#    expert (`--model-path synth:PRESET,layers=1`, "bf"): the defaults and
-#    LASTSTAND_MOE_SHARED_ROUTE = 0 (the shared expert as blocks of the gate/up and down
-#    launches), 1 (inside the router and top-k launches as m16n8k16 tiles; the default at
-#    M >= 2) and 2 (there as one warp a row), and LASTSTAND_MOE_PLACE=1 (the cp.async
-#    pair's NVFP4 decode by bit placement).
+#    expert (`--model-path synth:PRESET,layers=1`, "bf"): the defaults (SHARED_ROUTE=2 at
+#    M <= 2, 1 above) and each LASTSTAND_MOE_SHARED_ROUTE forced (1: the shared expert as
+#    m16n8k16 tiles inside the router and top-k launches; 2: there one warp a row), and
+#    LASTSTAND_MOE_SR2_AS=1 (2's shared rows with their second round of loads by cp.async);
+#    the 397B M = 1 default also timed call by call (LASTSTAND_DOCTOR_TIMING=isolated; the
+#    doctor's default is chains of back-to-back calls).
 # 2. ncu (--clock-control none --cache-control none: warm caches, clocks not locked) per
-#    kernel, 397B layer, BF16 shared, M = 1: the default and SHARED_ROUTE=2.
+#    kernel, 397B layer, BF16 shared, M = 1 and 8, defaults, and M = 1 with SR2_AS=1.
 # 3. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert):
-#    cuda_fused_decode default / SHARED_ROUTE=2 (CUDA graphs and eager) against
-#    cuda_expert_loop: the ids must be equal (or nearly: BF16 rounding).
+#    cuda_fused_decode (CUDA graphs and eager) against cuda_expert_loop: the ids must be
+#    equal (or nearly: BF16 rounding).
 # 4. More doctor cells: the NVFP4 shared expert (`--shapes PRESET`, "nv") with the defaults,
-#    SHARED_ROUTE=2 with LASTSTAND_MOE_FUSED_PAIR=1 (the register-staged pair) and
-#    LASTSTAND_MOE_PDL=0.
+#    the register pair (LASTSTAND_MOE_FUSED_PAIR=1) and PDL off with the BF16 shared expert.
 # 5. The MoE fixture (reads .dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, copied from
 #    ../shared/fixtures/models): `laststand logits` with cuda_fused_decode (first 8 ids) vs
 #    --device cpu; the fixture's tiny shapes (I = 48) are outside the fused path, so the
 #    refusal is what it shows.
-# 6. ncu stall reasons (per issued instruction) of the four kernels, SHARED_ROUTE=2, M = 1.
+# 6. ncu stall reasons (per issued instruction) of the four kernels, defaults, M = 1.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: moe60.sh BIN OUTDIR}
@@ -53,25 +53,26 @@ doctor() {
 
 echo "== 1. doctor moe cuda_fused_decode, BF16 shared expert (variant preset shared: M cell)"
 doctor default "" qwen3.5-397b-a17b bf 1,2,8
-doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-397b-a17b bf 1,2,8
-doctor sr2+place "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1" qwen3.5-397b-a17b bf 1,2,8
-doctor place LASTSTAND_MOE_PLACE=1 qwen3.5-397b-a17b bf 2
+doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-397b-a17b bf 1,2
+doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-397b-a17b bf 8
+doctor as LASTSTAND_MOE_SR2_AS=1 qwen3.5-397b-a17b bf 1,2
+doctor isolated LASTSTAND_DOCTOR_TIMING=isolated qwen3.5-397b-a17b bf 1
 doctor default "" qwen3.5-35b-a3b bf 1,2,8
-doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-35b-a3b bf 1,2,8
-doctor sr2+place "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1" qwen3.5-35b-a3b bf 1,2,8
+doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-35b-a3b bf 1,2
+doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-35b-a3b bf 8
+doctor as LASTSTAND_MOE_SR2_AS=1 qwen3.5-35b-a3b bf 1,2
 echo "($(el))"
 
-echo "== 2. ncu, 397B layer, BF16 shared, M = 1 (per kernel; warm caches, clocks not locked)"
+echo "== 2. ncu, 397B layer, BF16 shared, defaults, M = 1 and 8 (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for v in default sr2 sr2+place; do
+    for v in m1 m1as m8; do
         t=$(left); [ $t -gt 15 ] && t=15
         [ $t -ge 8 ] || { echo "ncu $v: skipped (time)"; continue; }
-        envs=""; [ $v = sr2 ] && envs=LASTSTAND_MOE_SHARED_ROUTE=2
-        [ $v = sr2+place ] && envs="LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1"
+        envs=""; [ $v = m1as ] && envs=LASTSTAND_MOE_SR2_AS=1
         env $envs timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
             --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe \
-            --model-path synth:qwen3.5-397b-a17b,layers=1 --m 1 --backends cuda_fused_decode \
+            --model-path synth:qwen3.5-397b-a17b,layers=1 --m $(echo ${v#m} | tr -d 'as') --backends cuda_fused_decode \
             >"$OUT/ncu-$v.csv" 2>"$OUT/ncu-$v.err"
         echo "ncu $v rc=$? ($(el))"
         python3 - "$OUT/ncu-$v.csv" <<'PY'
@@ -106,37 +107,33 @@ else
 fi
 
 echo "== 3. generate greedy, synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert), by moe choice"
-for v in loop fused fused-sr2 fused-sr2-eager fused-sr2-place; do
+for v in loop fused fused-eager; do
     t=$(left); [ $t -gt 12 ] && t=12
     [ $t -ge 6 ] || { echo "$v: skipped (time)"; continue; }
-    envs=""; flags=(--moe-runner-backend cuda_fused_decode)
+    flags=(--moe-runner-backend cuda_fused_decode)
     [ $v = loop ] && flags=(--moe-runner-backend cuda_expert_loop --disable-cuda-graph)
-    case $v in fused-sr2*) envs=LASTSTAND_MOE_SHARED_ROUTE=2 ;; esac
-    [ $v = fused-sr2-place ] && envs="LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PLACE=1"
-    [ $v = fused-sr2-eager ] && flags+=(--disable-cuda-graph)
-    env $envs timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
+    [ $v = fused-eager ] && flags+=(--disable-cuda-graph)
+    timeout $t "$BIN" generate --device cuda --model-path synth:qwen3.5-35b-a3b,layers=2 --ids 1,2,3,4,5,6,7,8 \
         --max-new-tokens 16 --temperature 0 --sampling-backend device "${flags[@]}" >"$OUT/gen-$v.txt" 2>"$OUT/gen-$v.err"
     echo "$v: rc=$? $(tr '\n' ' ' <"$OUT/gen-$v.txt" | cut -c1-160) ($(el))"
-    grep -iE "error|refus|unsupported|nan|graphs captured" "$OUT/gen-$v.err" | cut -c1-200 | head -3
+    grep -iE "error|refus|unsupported|nan|graphs captured|graphs:" "$OUT/gen-$v.err" | cut -c1-200 | head -3
 done
 python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]
 try:
-    ids = {v: json.loads(open(f"{o}/gen-{v}.txt").read())["ids"] for v in ("loop", "fused", "fused-sr2", "fused-sr2-eager", "fused-sr2-place")}
+    ids = {v: json.loads(open(f"{o}/gen-{v}.txt").read())["ids"] for v in ("loop", "fused", "fused-eager")}
 except Exception as ex:
     print(f"no comparison ({ex})"); sys.exit()
-for a, b in (("loop", "fused"), ("loop", "fused-sr2"), ("fused", "fused-sr2"), ("fused-sr2-eager", "fused-sr2"), ("loop", "fused-sr2-place")):
+for a, b in (("loop", "fused"), ("fused-eager", "fused")):
     x, y = ids[a], ids[b]
     print(f"{a} vs {b}: {sum(p == q for p, q in zip(x, y))}/{max(len(x), len(y))} ids equal")
 PY
 
 echo "== 4. doctor moe cuda_fused_decode: NVFP4 shared expert (defaults) and more variants"
 for p in qwen3.5-397b-a17b qwen3.5-35b-a3b; do doctor default "" $p nv 1,2,8; done
-doctor place LASTSTAND_MOE_PLACE=1 qwen3.5-397b-a17b nv 1,2
-doctor sr2+pair1 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-397b-a17b bf 1
-doctor sr2+pdl0 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_PDL=0" qwen3.5-397b-a17b bf 1
-doctor sr2+pair1 "LASTSTAND_MOE_SHARED_ROUTE=2 LASTSTAND_MOE_FUSED_PAIR=1" qwen3.5-35b-a3b bf 1
+doctor pair1 LASTSTAND_MOE_FUSED_PAIR=1 qwen3.5-397b-a17b bf 1,2
+doctor pdl0 LASTSTAND_MOE_PDL=0 qwen3.5-397b-a17b bf 1
 echo "($(el))"
 
 echo "== 5. fixture qwen3_5_moe_text-nvfp4: logits cuda_fused_decode vs cpu"
@@ -173,16 +170,16 @@ echo "($(el))"
 
 echo "== 6. ncu stall reasons"
 if command -v ncu >/dev/null; then
-    # where the warps of the four kernels wait (SHARED_ROUTE=2, M = 1): stall reasons per
-    # issued instruction, as ncu's WarpStateStats section reports them
+    # where the warps of the four kernels wait (defaults, M = 1): stall reasons per issued
+    # instruction, as ncu's WarpStateStats section reports them
     t=$(left); [ $t -gt 14 ] && t=14
     if [ $t -ge 8 ]; then
         ST=smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_drain_per_issue_active.ratio,smsp__average_warps_issue_stalled_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
-        LASTSTAND_MOE_SHARED_ROUTE=2 timeout $t ncu --clock-control none --cache-control none -k regex:moe_ \
+        timeout $t ncu --clock-control none --cache-control none -k regex:moe_ \
             --launch-skip 8 --launch-count 4 --metrics $ST --csv "$BIN" doctor --device cuda --families moe \
             --model-path synth:qwen3.5-397b-a17b,layers=1 --m 1 --backends cuda_fused_decode \
             >"$OUT/ncu-stall.csv" 2>"$OUT/ncu-stall.err"
-        echo "ncu stalls (SHARED_ROUTE=2) rc=$? ($(el))"
+        echo "ncu stalls rc=$? ($(el))"
         python3 - "$OUT/ncu-stall.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]

@@ -14,10 +14,12 @@
  * that lane i reads bank i (a conflict-free warp access), and counts a violation
  * otherwise, which fails the run like a wrong value.
  *
- * usage: nvfp4_emu [1|2|3 [L]|4 [L [M]]]   (1 = block-column kernel, 2 = bit-placement
+ * usage: nvfp4_emu [1|2|3 [L]|4 [L [M]]|5 [M]]   (1 = block-column kernel, 2 = bit-placement
  *        kernel, 3 = table-decode kernel with L = 0, 1, 2 or 4 word pairs by table, 4 = the
- *        M <= 8 table step nv4_w4_chunk_tab<L> with M tokens in the B columns)
+ *        M <= 8 table step nv4_w4_chunk_tab<L> with M tokens in the B columns, 5 = the
+ *        M <= 8 bit-placement step in fp4_w4a16_async_kernel<D = 2>'s mapping, M tokens)
  * env NVFP4_EMU_MUTATE=1 swaps two scales in the lane mapping (the check must fail);
+ * with kind 5, =4 leaves x in K order instead of the decode's (i, i + 4) pairing (must fail);
  * with kind 3 (and 4), =2 gives each lane its neighbour's table copy (right values, wrong
  * banks) and =3 lays the table out copy-major (word i * 256 + j): both must fail.
  * Prints one line per shape and PASS / FAIL; exit 0 on PASS. Built by
@@ -423,15 +425,73 @@ static void run_block4(int KW, int PER, int M, int N, int K, const uint16_t *x, 
             y[(size_t)mo * N + n] = v * scale2;
         }
 }
+// the M <= 8 bit-placement step (nv4_gemv2_chunk) in fp4_w4a16_async_kernel<D = 2>'s
+// mapping: fp4_w4a16_async_kernel's lanes and columns (as run_block4), x of token column g
+// permuted per 8 values by nv4_xperm8 in registers, the sums times 2^8 · scale2
+static void run_block5(int KW, int PER, int M, int N, int K, const uint16_t *x, const uint8_t *w,
+                       const uint8_t *sc, float scale2, float *y, int blk) {
+    std::vector<float> red(KW * 4 * 32);
+    for (int warp = 0; warp < KW; warp++) {
+        const int n0 = blk * 16, c0 = warp * PER;
+        float accs[32][4];
+        bar = new std::barrier<>(32);
+        std::vector<std::thread> th;
+        for (int lane = 0; lane < 32; lane++)
+            th.emplace_back([&, lane] {
+                my_lane = lane;
+                int g = lane >> 2, t = lane & 3;
+                const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t,
+                              *wr1 = wr0 + (size_t)8 * (K / 2);
+                const uint8_t *sr0 = sc + (size_t)(n0 + g) * (K / 16) + c0 * 8 + 2 * t,
+                              *sr1 = sr0 + (size_t)8 * (K / 16);
+                const int m = g < M ? g : M - 1;
+                float acc[4] = {0, 0, 0, 0};
+                for (int u = 0; u < PER; u++) {
+                    uint4 w0, w1, xv[4];
+                    uint16_t s0, s1;
+                    memcpy(&w0, wr0 + u * 64, 16);
+                    memcpy(&w1, wr1 + u * 64, 16);
+                    memcpy(&s0, sr0 + u * 8, 2);
+                    memcpy(&s1, sr1 + u * 8, 2);
+                    if (g_mutate == 1)
+                        std::swap(s0, s1);
+                    for (int v = 0; v < 4; v++)
+                        memcpy(&xv[v], x + (size_t)m * K + (c0 + u) * 128 + 32 * t + 8 * v, 16);
+                    uint4 xp[4];
+                    for (int v = 0; v < 4; v++)
+                        xp[v] = g_mutate == 4 ? xv[v] : nv4_xperm8(xv[v]); /* 4: x left in K order */
+                    nv4_gemv2_chunk(w0, w1, s0, s1, xp, acc);
+                }
+                for (int r = 0; r < 4; r++)
+                    accs[lane][r] = acc[r];
+            });
+        for (auto &x : th)
+            x.join();
+        delete bar;
+        for (int lane = 0; lane < 32; lane++)
+            for (int r = 0; r < 4; r++)
+                red[(warp * 4 + r) * 32 + lane] = accs[lane][r];
+    }
+    for (int el = 0; el < 4; el++)
+        for (int l = 0; l < 32; l++) {
+            int mo = 2 * (l & 3) + (el & 1), n = blk * 16 + (l >> 2) + (el >= 2 ? 8 : 0);
+            if (mo >= M)
+                continue;
+            float v = 0;
+            for (int ww = 0; ww < KW; ww++)
+                v += red[(ww * 4 + el) * 32 + l];
+            y[(size_t)mo * N + n] = v * (scale2 * 256.f);
+        }
+}
 int main(int argc, char **argv) {
     const int kind = argc > 1 ? atoi(argv[1]) : 1;
     const int L = argc > 2 ? atoi(argv[2]) : 4;
-    const int MT = kind == 4 ? (argc > 3 ? atoi(argv[3]) : 8) : 1; /* tokens (kind 4) */
+    const int MT = kind == 4 ? (argc > 3 ? atoi(argv[3]) : 8) : kind == 5 ? L : 1; /* tokens (kinds 4, 5) */
     if (MT < 1 || MT > 8) {
         printf("bad M %d\n", MT);
         return 1;
     }
-    if (kind >= 3 && L != 1 && L != 2 && L != 4 && !(kind == 3 && L == 0)) {
+    if ((kind == 3 || kind == 4) && L != 1 && L != 2 && L != 4 && !(kind == 3 && L == 0)) {
         printf("bad L %d\n", L);
         return 1;
     }
@@ -466,7 +526,9 @@ int main(int argc, char **argv) {
         float scale2 = 0.37f;
         std::vector<float> y((size_t)N * MT);
         for (int b = 0; b < N / 16; b++)
-            if (kind == 4)
+            if (kind == 5)
+                run_block5(KW, PER, MT, N, K, x.data(), w.data(), sc.data(), scale2, y.data(), b);
+            else if (kind == 4)
                 (L == 1 ? run_block4<1> : L == 2 ? run_block4<2> : run_block4<4>)(KW, PER, MT, N, K, x.data(), w.data(),
                                                                                  sc.data(), scale2, y.data(), b);
             else
@@ -522,7 +584,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    if (kind >= 3) { // the table decode of every byte in every lane's copy, word by word
+    if (kind == 3 || kind == 4) { // the table decode of every byte in every lane's copy, word by word
         nv4_lut lut0 = nv4_lut_make(0);
         for (int tid = 0; tid < 256; tid++)
             nv4_tab_build(TAB_ADDR, tid, 256, lut0);

@@ -11,7 +11,7 @@
  *   - a CUDA graph capture of the chain, replayed 3 times, gives the same bits;
  *   - each GEMM of the synced run against an fp64 product computed here from its
  *     actual input (the device's x1, y1) and the NVFP4 definition.
- * Every knob of fp4_gemv.cu applies (LASTSTAND_W4A16_RING=4 ... run the opt-in kernels).
+ * Every knob of fp4_gemv.cu applies (LASTSTAND_W4A16_GDEC=2, M8=2 ... run the other kernels).
  * Needs a CUDA GPU of cc >= 9.0: every test is skipped without one.
  */
 #include <setjmp.h>

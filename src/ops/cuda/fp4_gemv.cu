@@ -17,9 +17,10 @@
  *     on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA on an
  *     output): fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
  *     instances validated with it, L = 2 (half the code words through a shared-memory
- *     table) on the 35B ones, fp4_gemv1_kernel on the others. Opt-in: the persistent
- *     ring (fp4_gemv1r_kernel) and the knobs listed at w4_knobs_load.
+ *     table) on the 35B ones, fp4_gemv1_kernel on the others (knobs: w4_knobs_load).
  *   M = 1, other K: fp4_w4a16_async_kernel (the M <= 8 mapping, weights by cp.async).
+ *   M = 2 .. 8: fp4_w4a16_async_kernel<D = 2> (bit-placement decode, weights by
+ *     cp.async, tokens in the B columns) on the instances validated with it, else
  *   M = 2 .. 8 and larger: fp4_w4a16_kernel<MT>, weights in registers, MT n8 tiles of
  *     tokens per block, K split over up to 8 warps.
  *
@@ -195,8 +196,8 @@ __global__ void __launch_bounds__(32 * KW, 1)
  * per chunk after the grid-dependency wait, its rows clamped to M - 1 (a token column
  * >= M only feeds an output column that is never stored). Same fragment mapping and
  * K permutation as fp4_w4a16_kernel. D = 2: the bit-placement decode (nv4_gemv2_chunk,
- * x permuted per chunk in registers), opt-in at M = 2..8 (LASTSTAND_W4A16_M8=2) until a
- * device round has timed it. */
+ * x permuted per chunk in registers): the M = 2..8 default on the instances the gemv4
+ * session's R2 validated (w4_run). */
 template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
@@ -352,16 +353,13 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * (both halves of its block's columns take the same registers), and L of the 4 code
  * word pairs per chunk are decoded through a 32 KB byte -> bf16x2 table (lane i's copy
  * in bank i), built by the block while its loads are in flight (L = 0: no table).
- * Dynamic shared memory, table first (128-byte aligned): gvt_smem_bytes(KW, PER, L).
- * MINB > 0: at least MINB blocks per SM (a register cap; opt-in, LASTSTAND_W4A16_GOCC=4
- * with 8 warps: 4 blocks of 64 registers fit an SM, so that the blocks of the next
- * GEMV, launched with PDL, load their weights while this one's decode). */
+ * Dynamic shared memory, table first (128-byte aligned): gvt_smem_bytes(KW, PER, L). */
 static size_t gvt_smem_bytes(int kw, int per, int l) {
     return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int L, int MINB = 0>
-__global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
+template <int KW, int PER, int L>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                       const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     extern __shared__ __align__(128) unsigned char gvt_raw[];
@@ -438,153 +436,14 @@ __global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 
     }
 }
 
-/* The persistent ring form of fp4_gemv1t_kernel<KW, PER, 0> (opt-in,
- * LASTSTAND_W4A16_RING=S, until a device round has validated and timed it): a grid of
- * one block per SM (gridDim.x <= ntiles) walks the 16-row tiles, tile = blockIdx.x +
- * i * gridDim.x, each tile in P parts of K (a "step" = one part of one tile: KW warps x
- * PER chunks, K == P * KW * PER * 128); each warp keeps its slice of a part on every
- * step, and an S-stage cp.async ring of steps: while it decodes step j, the codes and
- * scales of steps j + 1 .. j + S - 1 are in flight (one commit group per step, an empty
- * one past the last, so that "step j landed" is always "at most S - 1 groups pending").
- * The partial sums of a tile stay in registers across its P parts.
- * Why S >= 3: the two-stage form (kern2 session, fp4_gemv1p) issued tile i + 1 only
- * once tile i had landed, so at the start of every step the memory system had nothing
- * queued for the block and paid a full DRAM latency: with 36 KB per tile that is a
- * third of the transfer time, and it measured slower than one tile per block. With
- * S - 1 steps queued the loads never drain while the decode runs.
- * Why P = 2 (LASTSTAND_W4A16_RINGP=2): half the shared memory (82 instead of 157 KB at
- * K = 4096, S = 4), so that a block of the next GEMV, launched with PDL, fits on the SM
- * beside this one and fills its own ring while this one finishes.
- * x (the whole row) is read once after the grid-dependency wait, by plain loads into
- * shared memory. The KW warps' row sums meet in a double-buffered array, one barrier
- * per tile. D = 0: the chunk step of fp4_gemv1t_kernel<L = 0> (byte permutes, block
- * columns); D = 2: that of fp4_gemv2_kernel (bit placement, scaled A, x permuted once
- * at load: LASTSTAND_W4A16_RING=S with LASTSTAND_W4A16_GDEC=2).
- * Dynamic shared memory: gvr_smem_bytes(KW, PER, S, P). */
-static size_t gvr_smem_bytes(int kw, int per, int S, int P) {
-    return (size_t)S * kw * per * (2 * 32 * 16 + 32 * 4) + (size_t)P * kw * per * 16 * 16 + 32 +
-           2 * (size_t)kw * 16 * 4;
-}
-
-template <int KW, int PER, int S, int P, int D>
-__global__ void __launch_bounds__(32 * KW, 1)
-    fp4_gemv1r_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
-    extern __shared__ __align__(128) unsigned char gvr_raw[];
-    /* stage[S][KW][PER][2][32] uint4 (codes), ss[S][KW][PER][32] u32 (scales),
-     * xs[P][KW][PER][16] uint4 (x), zb[2] uint4 (zeros), red[2][KW][16] f32 */
-    constexpr int SB = S * KW * PER * 1024, SS = S * KW * PER * 128, XB = P * KW * PER * 256;
-    uint4(*stage)[KW][PER][2][32] = reinterpret_cast<uint4(*)[KW][PER][2][32]>(gvr_raw);
-    uint32_t(*ss)[KW][PER][32] = reinterpret_cast<uint32_t(*)[KW][PER][32]>(gvr_raw + SB);
-    uint4(*xs)[KW][PER][16] = reinterpret_cast<uint4(*)[KW][PER][16]>(gvr_raw + SB + SS);
-    uint4 *zb = reinterpret_cast<uint4 *>(gvr_raw + SB + SS + XB);
-    float(*red)[KW][16] = reinterpret_cast<float(*)[KW][16]>(gvr_raw + SB + SS + XB + 32);
-    w4_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int ntiles = N / 16;
-    /* this lane's bytes of part 0 of tile 0; tile j is + 16 j rows, part p + p KW PER chunks */
-    const uint8_t *wr0 = w + (size_t)g * (K / 2) + warp * PER * 64 + 16 * t;
-    const uint8_t *sg0 = sc + (size_t)(lane >> 1) * (K / 16) + warp * PER * 8 + 4 * (lane & 1);
-    const size_t wtile = (size_t)16 * (K / 2), stile = (size_t)16 * (K / 16);
-    auto issue = [&](int st, int step) {
-        const int tile = blockIdx.x + (step / P) * gridDim.x, part = step % P;
-        if (tile < ntiles) {
-            const uint8_t *a = wr0 + tile * wtile + part * (KW * PER * 64),
-                          *b = sg0 + tile * stile + part * (KW * PER * 8);
-#pragma unroll
-            for (int u = 0; u < PER; u++) {
-                cu_cp_async16(&stage[st][warp][u][0][lane], a + u * 64);
-                cu_cp_async16(&stage[st][warp][u][1][lane], a + (size_t)8 * (K / 2) + u * 64);
-                nv4_cp_async4(&ss[st][warp][u][lane], b + u * 8);
-            }
-        }
-        cu_cp_async_commit(); /* possibly empty: one group per ring step */
-    };
-#pragma unroll
-    for (int j = 0; j < S - 1; j++) issue(j, j);
-    w4_pdl_wait(); /* x and y below */
-    if (lane < 16) {
-#pragma unroll
-        for (int p = 0; p < P; p++) {
-            const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)(p * KW + warp) * PER * W4_CHUNK) + lane;
-#pragma unroll
-            for (int u = 0; u < PER; u++) {
-                const uint4 v = __ldg(xg + u * (W4_CHUNK / 8));
-                xs[p][warp][u][lane] = D == 2 ? nv4_xperm8(v) : v;
-            }
-        }
-    }
-    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
-    __syncthreads();
-    const bool on = t == (g >> 1);
-    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127)); /* K % 128 == 0 */
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int j = 0, i = 0, tile = blockIdx.x; tile < ntiles; j++) {
-        const int st = j % S, part = j % P;
-        /* the ring slot of step j + S - 1 was step j - 1's: every lane is done reading it */
-        __syncwarp();
-        issue((j + S - 1) % S, j + S - 1);
-        cu_cp_async_wait<S - 1>(); /* step j landed */
-        __syncwarp();              /* its scales were copied by other lanes */
-        const uint4 *px = on ? &xs[part][warp][0][4 * t + 2 * (g & 1)] : zb;
-        const int sx = on ? 16 : 0;
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[st][warp][u]); /* [row][4] */
-            if constexpr (D == 2) {
-                const uint4 xp[4] = {xs[part][warp][u][4 * t], xs[part][warp][u][4 * t + 1],
-                                     xs[part][warp][u][4 * t + 2], xs[part][warp][u][4 * t + 3]};
-                nv4_gemv2_chunk(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
-                                s16[4 * g + t], s16[4 * (g + 8) + t], xp, acc);
-            } else {
-                float sg[4];
-                nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
-                nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
-                nv4_gemv1t_chunk<0>(cu_lds16(&stage[st][warp][u][0][lane]), cu_lds16(&stage[st][warp][u][1][lane]),
-                                    px[u * sx], px[u * sx + 1], sg, lut, 0u, acc);
-            }
-        }
-        if (part != P - 1) continue;
-        /* D = 0: row g = acc0 + acc1, row g + 8 = acc2 + acc3 over the 4 lanes t;
-         * D = 2: token column 0 = lanes t = 0, acc0 (row g) and acc2 (row g + 8) */
-        float r0 = D == 2 ? acc[0] : acc[0] + acc[1], r1 = D == 2 ? acc[2] : acc[2] + acc[3];
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-        if (D != 2) {
-            r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
-            r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
-            r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
-            r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
-        }
-        if (t == 0) {
-            red[i & 1][warp][g] = r0;
-            red[i & 1][warp][g + 8] = r1;
-        }
-        /* red[i & 1] is rewritten at tile i + 2, after every warp passed the barrier of
-         * tile i + 1, which the 16 summing threads reach only after reading it here */
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float v = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < KW; ww++) v += red[i & 1][ww][threadIdx.x];
-            const int n = tile * 16 + threadIdx.x;
-            v *= D == 2 ? scale2 * 256.f : scale2; /* D = 2: the decode's 2^-126 against the scales' 2^118 */
-            if (accumulate) v += __bfloat162float(y[n]);
-            y[n] = __float2bfloat16_rn(v);
-        }
-        i++;
-        tile += gridDim.x;
-    }
-    cu_cp_async_wait<0>(); /* the empty groups: nothing in flight into shared memory at exit */
-}
-
 /* The per-chunk step nv4_gemv2_chunk (opt-in, LASTSTAND_W4A16_GDEC=2, until a device
  * round has validated and timed it): the codes decoded by bit placement, half of the
  * decode's instructions on the FMA pipe (the block-column kernels are bound by the
  * integer pipe), the scale applied to A by one BF16 multiply per pair; every B column
  * carries the token, whose x each warp permutes once per chunk in shared memory into
  * the (i, i + 4) pairing of the decode. */
-template <int KW, int PER>
-__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+template <int KW, int PER, int MINB = 0>
+__global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
@@ -640,42 +499,101 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     }
 }
 
-/* ---- L2 prefetch of the weight, ahead of the GEMM kernel --------------------------
- *
- * Opt-in (LASTSTAND_W4A16_PREF=1, until a device round has timed it): a small kernel
- * launched with PDL right before the GEMM kernel. Its blocks (one warp, no shared
- * memory) fit beside the previous kernel's, so they start while that one still runs
- * and pull the whole weight (codes and scales) into L2 with bulk prefetches
- * (cp.async.bulk.prefetch.L2, sm_90: one instruction per range, no data returned). The
- * GEMM kernel's blocks, which can only start once the previous kernel's blocks leave
- * the SMs, then find their weights in L2 instead of DRAM: for a weight of one wave
- * ([4096 x 4096]: 9.4 MB, 1 block per 16 rows), the DRAM transfer moves under the
- * previous kernel's decode. Each lane takes an equal 16-byte aligned share of each
- * range. It triggers its dependents first (the GEMM kernel may launch at once) and
- * waits for its own predecessor before it exits: a PDL kernel must not complete
- * before the kernel it follows, or the GEMM kernel, which only waits for this one,
- * could read x too early. */
-__global__ void __launch_bounds__(32) fp4_l2_prefetch_kernel(const uint8_t *__restrict__ a, size_t na,
-                                                             const uint8_t *__restrict__ b, size_t nb) {
+/* The bit-placement GEMV with its tile loaded by the tensor memory accelerator (opt-in,
+ * LASTSTAND_W4A16_TMA=1, until a device round has validated and timed it). Same
+ * decode, lane mapping and epilogue as fp4_gemv2_kernel; what differs is the load:
+ * thread 0 issues one 1-D bulk copy (cp.async.bulk, sm_90) per tile row, 16 of the
+ * codes (K / 2 bytes each) and 16 of the scales (K / 16 bytes), all completing on one
+ * mbarrier, before griddepcontrol.wait; the warps wait on the mbarrier after reading
+ * x. The one-shot cp.async kernels put ~600 16-byte requests an SM in flight at once
+ * (36 KB a block); bulk copies move the same bytes in 32 requests a block, tracked by
+ * the copy engine rather than the SM's load pipeline, so that the latency-bound
+ * [4096 x 4096] (one wave, 26% of DRAM bandwidth under ncu) may get its weight sooner.
+ * Shared memory (dynamic): codes [16][K / 2 + 16], scales [16][K / 16 + 16] (the 16
+ * bytes of padding a row shift consecutive rows by 4 banks: a warp's LDS.128 of 8
+ * rows x 64 bytes is conflict-free), xs[KW][PER][16] uint4, red[KW][16], the mbarrier.
+ * Needs 16-byte aligned scales (the bulk copies' rule). */
+static size_t gv2b_smem_bytes(int kw, int per) {
+    const size_t rb = (size_t)kw * per * 64, sb = (size_t)kw * per * 8;
+    return 16 * (rb + 16) + 16 * (sb + 16) + (size_t)kw * per * 256 + (size_t)kw * 16 * 4 + 8;
+}
+
+__device__ __forceinline__ void w4_mbar_wait(uint32_t bar, uint32_t phase) {
+    asm volatile("{\n"
+                 ".reg .pred P1;\n"
+                 "LAB_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 "@P1 bra DONE;\n"
+                 "bra LAB_WAIT;\n"
+                 "DONE:\n"
+                 "}\n" ::"r"(bar),
+                 "r"(phase)
+                 : "memory");
+}
+
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
+    fp4_gemv2b_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+    extern __shared__ __align__(128) unsigned char gv2b_raw[];
+    constexpr int RB = KW * PER * 64, RS = RB + 16, SB = KW * PER * 8, SS = SB + 16;
+    constexpr int OS = 16 * RS, OX = OS + 16 * SS, OR = OX + KW * PER * 256, OB = OR + KW * 16 * 4;
+    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gv2b_raw + OX);
+    float(*red)[16] = reinterpret_cast<float(*)[16]>(gv2b_raw + OR);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(gv2b_raw), bar = sbase + OB;
     w4_pdl_trigger();
-    const size_t nt = (size_t)gridDim.x * 32, i = (size_t)blockIdx.x * 32 + threadIdx.x;
-    const uint8_t *const base[2] = {a, b};
-    const size_t len[2] = {na, nb};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const size_t share = ((len[r] + nt - 1) / nt + 15) & ~(size_t)15; /* bytes a lane, 16-byte multiple */
-        const size_t off = i * share;
-        if (off < len[r]) {
-            size_t n = len[r] - off < share ? len[r] - off : share;
-            n &= ~(size_t)15; /* a tail under 16 bytes stays unprefetched */
-            for (size_t o = 0; o < n; o += (1u << 20)) { /* size is a u32: 1 MB pieces */
-                const uint32_t sz = (uint32_t)(n - o < (1u << 20) ? n - o : (1u << 20));
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base[r] + off + o), "r"(sz)
-                             : "memory");
-            }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(16 * (RB + SB))
+                     : "memory");
+#pragma unroll 1
+        for (int r = 0; r < 16; r++) {
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             sbase + r * RS),
+                         "l"(w + (size_t)(n0 + r) * RB), "r"(RB), "r"(bar)
+                         : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                             sbase + OS + r * SS),
+                         "l"(sc + (size_t)(n0 + r) * SB), "r"(SB), "r"(bar)
+                         : "memory");
         }
     }
-    w4_pdl_wait();
+    w4_pdl_wait(); /* x and y below */
+    if (lane < 16) {
+        const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)c0 * W4_CHUNK) + lane;
+#pragma unroll
+        for (int u = 0; u < PER; u++) xs[warp][u][lane] = nv4_xperm8(__ldg(xg + u * (W4_CHUNK / 8)));
+    }
+    __syncthreads(); /* the mbarrier's initialisation (and x) before anyone waits on it */
+    w4_mbar_wait(bar, 0);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int cb = (c0 + u) * 64 + 16 * t, sb = (c0 + u) * 8 + 2 * t;
+        const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
+                             xs[warp][u][4 * t + 3]};
+        nv4_gemv2_chunk(cu_lds16(gv2b_raw + g * RS + cb), cu_lds16(gv2b_raw + (g + 8) * RS + cb),
+                        *reinterpret_cast<const uint16_t *>(gv2b_raw + OS + g * SS + sb),
+                        *reinterpret_cast<const uint16_t *>(gv2b_raw + OS + (g + 8) * SS + sb), xp, acc);
+    }
+    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2) */
+    if (t == 0) {
+        red[warp][g] = acc[0];
+        red[warp][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale2 * 256.f; /* the decode's 2^-126 against the scales' 2^118 */
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
 }
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -684,7 +602,6 @@ __global__ void __launch_bounds__(32) fp4_l2_prefetch_kernel(const uint8_t *__re
  * attribute (1 = yes, 0 = no: knob off, before sm_90, or a launch refused it). */
 typedef struct w4_dev {
     int init, sms, pdl;
-    int smem_optin; /* largest dynamic shared memory a block may ask for */
 } w4_dev;
 static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
@@ -693,34 +610,24 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel) on
  *                              every instance; =1 on none (the byte-permute kernels); unset:
  *                              where a device round validated it (gv_variant)
- *   LASTSTAND_W4A16_RING=S     the persistent S-stage ring GEMV at M = 1 (fp4_gemv1r_kernel,
- *                              S = 3 or 4) where an instance fits; with GDEC=2 its
- *                              bit-placement form
- *   LASTSTAND_W4A16_RINGP=2    that ring in half-tile steps (half the shared memory)
- *   LASTSTAND_W4A16_GKW=8|16   the GEMV's warps per tile at M = 1 (default: by grid size)
- *   LASTSTAND_W4A16_GOCC=4     the 8-warp table-free GEMV capped at 64 registers (4 blocks
- *                              an SM instead of 3)
- *   LASTSTAND_W4A16_M8=2       M = 2..8: the cp.async kernel with the bit-placement decode
- *   LASTSTAND_W4A16_PREF=1|2   the L2 prefetch kernel before the GEMM kernel (fp4_l2_prefetch_kernel),
- *                              1: for weights of at most two blocks an SM (one wave), 2: always */
-static int g_knob_pref = 0, g_knob_m8 = 0;
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_ring = 0, g_knob_ringp = 1, g_knob_gkw = 0, g_knob_gocc = 0;
+ *   LASTSTAND_W4A16_GOCC=3     the 16-warp bit-placement GEMV at 16 x 2 capped at 40
+ *                              registers (3 blocks an SM instead of 2)
+ *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
+ *                              on every instance that fits (2) or none (1: the register
+ *                              kernel); unset: on the validated ones (w4_run)
+ *   LASTSTAND_W4A16_TMA=1      M = 1: the bit-placement GEMV with bulk-copy loads
+ *                              (fp4_gemv2b_kernel) at 16 x 2 and 8 x 4 */
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_gocc = 0, g_knob_m8 = 0, g_knob_tma = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_knob_pdl = p && !strcmp(p, "0") ? 0 : 1;
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
-    const char *r = getenv("LASTSTAND_W4A16_RING");
-    g_knob_ring = r && (!strcmp(r, "3") || !strcmp(r, "4")) ? r[0] - '0' : 0;
-    const char *rp = getenv("LASTSTAND_W4A16_RINGP");
-    g_knob_ringp = rp && !strcmp(rp, "2") ? 2 : 1;
-    const char *m8 = getenv("LASTSTAND_W4A16_M8");
-    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : 0;
-    const char *pf = getenv("LASTSTAND_W4A16_PREF");
-    g_knob_pref = pf && (!strcmp(pf, "1") || !strcmp(pf, "2")) ? pf[0] - '0' : 0;
-    const char *gk = getenv("LASTSTAND_W4A16_GKW"), *go = getenv("LASTSTAND_W4A16_GOCC");
-    g_knob_gkw = gk && (!strcmp(gk, "8") || !strcmp(gk, "16")) ? atoi(gk) : 0;
-    g_knob_gocc = go && !strcmp(go, "4") ? 4 : 0;
+    const char *go = getenv("LASTSTAND_W4A16_GOCC"), *m8 = getenv("LASTSTAND_W4A16_M8");
+    g_knob_gocc = go && !strcmp(go, "3") ? 3 : 0;
+    g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
+    const char *tm = getenv("LASTSTAND_W4A16_TMA");
+    g_knob_tma = tm && !strcmp(tm, "1");
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -731,13 +638,10 @@ static int w4_dev_get(w4_dev **out, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: device %d out of range (max %d)", dev, CU_WS_MAX_DEV);
     w4_dev *d = &g_w4_dev[dev];
     if (!__atomic_load_n(&d->init, __ATOMIC_ACQUIRE)) {
-        int sms = 0, cc = 0, optin = 0;
+        int sms = 0, cc = 0;
         CU_TRY(e, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
         CU_TRY(e, cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-        CU_TRY(e, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-               "cudaDeviceGetAttribute");
         d->sms = sms > 0 ? sms : 1;
-        d->smem_optin = optin;
         __atomic_store_n(&d->pdl, g_knob_pdl && cc >= 9, __ATOMIC_RELAXED);
         __atomic_store_n(&d->init, 1, __ATOMIC_RELEASE);
     }
@@ -817,13 +721,6 @@ static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_e
     if (v == GV_T0 || v == GV_T2) {
         static size_t have0[CU_WS_MAX_DEV], have2[CU_WS_MAX_DEV];
         const size_t smem = gvt_smem_bytes(KW, PER, v == GV_T2 ? 2 : 0);
-        if constexpr (KW == 8) {
-            if (v == GV_T0 && g_knob_gocc == 4) {
-                static size_t have4[CU_WS_MAX_DEV];
-                return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0, 4>, have4, grid, block, smem, st,
-                                 "fp4_gemm cuda_w4a16_mma (gemv, 4 blocks/SM)", e, N, K, W4_ARGS_REST(a));
-            }
-        }
         if (v == GV_T0)
             return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0>, have0, grid, block, smem, st,
                              "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a));
@@ -831,6 +728,14 @@ static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_e
                          "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a));
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
+    if constexpr (KW == 16 && PER == 2) {
+        if (v == GV_V2 && g_knob_gocc == 3) {
+            static size_t have3[CU_WS_MAX_DEV];
+            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 3>, have3, grid, block, 0, st,
+                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, 3 blocks/SM)", e, N, K,
+                             W4_ARGS_REST(a));
+        }
+    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
                          "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a));
@@ -849,51 +754,13 @@ static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, c
                       : gv_launch<4, 4>(d, v, a, st, e);
 }
 
-/* The ring GEMV (LASTSTAND_W4A16_RING=S, LASTSTAND_W4A16_RINGP=P): 16 warps a block
- * when K allows (the most warps to decode with, one block per SM), else 8 or 4; 1 when
- * launched, 0 when no instance fits K or the shared memory (the caller takes the
- * default kernel). */
-template <int KW, int PER, int S, int P, int D>
-static int gvr_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
-    static size_t have[CU_WS_MAX_DEV];
-    const size_t smem = gvr_smem_bytes(KW, PER, S, P);
-    const int ntiles = a->w->N / 16, grid = ntiles < d->sms ? ntiles : d->sms;
-    int rc = w4_launch(d, fp4_gemv1r_kernel<KW, PER, S, P, D>, have, dim3(grid), dim3(32 * KW), smem, st,
-                       "fp4_gemm cuda_w4a16_mma (gemv, ring)", e, a->w->N, a->w->K, W4_ARGS_REST(a));
-    return rc ? rc : 1;
-}
-
-template <int S, int P, int D>
-static int gvr_run(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
-    if (nchunks % P) return 0;
-    const int nc = nchunks / P; /* chunks of a part */
-    const int kw = nc % 16 == 0 ? 16 : nc == 8 ? 8 : nc == 4 ? 4 : 0;
-    const int per = kw ? nc / kw : 0;
-    if (!kw || (per != 1 && per != 2 && per != 4)) return 0;
-    if (gvr_smem_bytes(kw, per, S, P) > (size_t)d->smem_optin) return 0;
-    if (kw == 16)
-        return per == 1 ? gvr_launch<16, 1, S, P, D>(d, a, st, e)
-               : per == 2 ? gvr_launch<16, 2, S, P, D>(d, a, st, e)
-                          : gvr_launch<16, 4, S, P, D>(d, a, st, e);
-    return kw == 8 ? gvr_launch<8, 1, S, P, D>(d, a, st, e) : gvr_launch<4, 1, S, P, D>(d, a, st, e);
-}
-
-static int gvr_dispatch(w4_dev *d, int nchunks, const gemm_args *a, cudaStream_t st, ls_err *e) {
-    if (g_knob_ringp == 2) {
-        if (g_knob_gdec == 2) return g_knob_ring == 3 ? gvr_run<3, 2, 2>(d, nchunks, a, st, e) : gvr_run<4, 2, 2>(d, nchunks, a, st, e);
-        return g_knob_ring == 3 ? gvr_run<3, 2, 0>(d, nchunks, a, st, e) : gvr_run<4, 2, 0>(d, nchunks, a, st, e);
-    }
-    if (g_knob_gdec == 2) return g_knob_ring == 3 ? gvr_run<3, 1, 2>(d, nchunks, a, st, e) : gvr_run<4, 1, 2>(d, nchunks, a, st, e);
-    return g_knob_ring == 3 ? gvr_run<3, 1, 0>(d, nchunks, a, st, e) : gvr_run<4, 1, 0>(d, nchunks, a, st, e);
-}
-
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
  * in 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory of fp4_gemv1_kernel).
- * The width tried first: want_kw when given (LASTSTAND_W4A16_GKW), else 16 warps
- * when the tiles barely fill the GPU twice (the latency-bound small weights), else 8;
- * then 16, 8, 4. */
-static int gv_pick(int nchunks, int ntiles, int sms, int want_kw, int *kw_out, int *per_out) {
-    const int first = want_kw ? want_kw : nchunks % 16 == 0 && nchunks / 16 <= 2 && ntiles <= 2 * sms ? 16 : 8;
+ * The width tried first: 16 warps when the tiles barely fill the GPU twice (the
+ * latency-bound small weights; 8-warp blocks measured slower there in the gemv4
+ * session, also with the next GEMV's blocks loading beside them), else 8; then 16, 8, 4. */
+static int gv_pick(int nchunks, int ntiles, int sms, int *kw_out, int *per_out) {
+    const int first = nchunks % 16 == 0 && nchunks / 16 <= 2 && ntiles <= 2 * sms ? 16 : 8;
     const int order[4] = {first, 16, 8, 4};
     for (int i = 0; i < 4; i++) {
         int k = order[i];
@@ -954,28 +821,29 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     const int nchunks = w->K / W4_CHUNK;
     int kw = 0, per = 0;
-    if ((g_knob_pref == 2 || (g_knob_pref == 1 && w->N / 16 <= 2 * d->sms)) && __atomic_load_n(&d->pdl, __ATOMIC_RELAXED)) {
-        /* bulk prefetches take 16-byte aligned ranges: the scales' start is rounded up */
-        static size_t have[CU_WS_MAX_DEV];
-        const uintptr_t s0 = (uintptr_t)w->scale, s1 = s0 + (size_t)w->N * w->K / 16, sa = (s0 + 15) & ~(uintptr_t)15;
-        const int blocks = d->sms < 64 ? d->sms : 64;
-        rc = w4_launch(d, fp4_l2_prefetch_kernel, have, dim3(blocks), dim3(32), 0, st,
-                       "fp4_gemm cuda_w4a16_mma (L2 prefetch)", e, (const uint8_t *)w->data, (size_t)w->N * w->K / 2,
-                       (const uint8_t *)sa, (size_t)(s1 > sa ? s1 - sa : 0));
-        if (rc) return rc;
-    }
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
-    if (a->M == 1 && !((uintptr_t)w->scale & 3) && g_knob_ring) {
-        rc = gvr_dispatch(d, nchunks, a, st, e);
-        if (rc) return rc < 0 ? rc : 0;
-    }
-    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, g_knob_gkw, &kw, &per))
+    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per)) {
+        if (g_knob_tma && !((uintptr_t)w->scale & 15) && ((kw == 16 && per == 2) || (kw == 8 && per == 4))) {
+            static size_t have16[CU_WS_MAX_DEV], have8[CU_WS_MAX_DEV];
+            const size_t smem = gv2b_smem_bytes(kw, per);
+            if (kw == 16)
+                return w4_launch(d, fp4_gemv2b_kernel<16, 2>, have16, dim3(w->N / 16), dim3(512), smem, st,
+                                 "fp4_gemm cuda_w4a16_mma (gemv, bulk copies)", e, w->N, w->K, W4_ARGS_REST(a));
+            return w4_launch(d, fp4_gemv2b_kernel<8, 4>, have8, dim3(w->N / 16), dim3(256), smem, st,
+                             "fp4_gemm cuda_w4a16_mma (gemv, bulk copies)", e, w->N, w->K, W4_ARGS_REST(a));
+        }
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
-    if (a->M >= 2 && a->M <= 8 && g_knob_m8 == 2) {
-        /* opt-in: the cp.async kernel with the bit-placement decode at M = 2..8 */
+    }
+    if (a->M >= 2 && a->M <= 8 && g_knob_m8 != 1) {
+        /* the cp.async kernel with the bit-placement decode at M = 2..8, where a device
+         * round validated it and found it faster (gemv4 R2, every cell ✅: 16 x 2 at
+         * [4096 x 4096] M = 2 / 4 / 8 7.64 / 7.73 / 8.27 -> 6.33 / 6.70 / 7.69 us; 8 x 4
+         * at [16384 x 4096] 23.20 / 24.04 / 25.64 -> 17.49 / 18.14 / 22.85 us, against
+         * the register kernel); everywhere it fits with LASTSTAND_W4A16_M8=2 */
         kw = nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * d->sms ? 16 : 8;
         per = nchunks / kw;
-        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8))) {
+        const int validated = (kw == 16 && per == 2) || (kw == 8 && per == 4);
+        if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8)) && (validated || g_knob_m8 == 2)) {
             if (kw == 16) return per == 1 ? w4a_launch<16, 1, 2>(d, a, st, e) : w4a_launch<16, 2, 2>(d, a, st, e);
             return per == 1 ? w4a_launch<8, 1, 2>(d, a, st, e)
                    : per == 2 ? w4a_launch<8, 2, 2>(d, a, st, e)

@@ -13,21 +13,21 @@
  *   (2) softmax, top-k and the shared gate, a block per token (moe_int.cuh);
  *   (3) gate+up: a block per (token, chosen expert or shared, 16 rows), NVFP4 rows
  *       decoded in registers into mma.sync m16n8k16, then SiLU·up;
- *   (4) down: a block per (token, 16 output rows) sums every chosen expert and the
- *       shared one with the combine weight · scale2 folded in.
+ *   (4) down: a block per (token, 16 output rows) sums every chosen expert and an
+ *       NVFP4 shared one with the combine weight · scale2 folded in.
  * Kernel pairs for (3)+(4), chosen per shape from H200 runs (fused_run): the
- * register-staged pair (weights in registers, h in fp32, token in column 0) and the
  * cp.async pair (fp4_gemm's streaming pipeline, h in BF16 with the combine weight
- * applied). At M = 1 the register pair decodes in nvfp4.cuh's block-column form
- * (scale blocks in the mma columns). A BF16 shared expert rides in the same
- * launches: its blocks (gate/up) and chunks (down, after the routed ones in the
- * round robin) stream BF16 rows, 8 weights per 16-byte load instead of 32, straight
- * into the same mma fragments (the choice is block- / warp-uniform; scale2 = 1).
- * Or (SHARED_ROUTE) a BF16 shared expert, which does not depend on the routing, runs
- * inside launches (1) and (2), whose DRAM is otherwise mostly idle: its gate/up
- * tiles are extra blocks of the router's grid and its down tiles extra blocks of
- * the top-k grid (fp32 result ys [M, H]); (3) and (4) then take the routed experts
- * only and (4) adds ys.
+ * applied; the default) and the register-staged pair (weights in registers, h in
+ * fp32, token in column 0; where the cp.async pair's H does not fit). NVFP4 decode
+ * forms (nvfp4.cuh): byte permutes; block-column at M = 1 (scale blocks in the mma
+ * columns; the register pair's default there).
+ * A BF16 shared expert (the Qwen3.5-397B-A17B NVFP4 checkpoint's layout) runs inside
+ * launches (1) and (2), whose DRAM is otherwise mostly idle and which it does not
+ * depend on (SHARED_ROUTE, fused_run): its gate/up rows in the router's grid, its
+ * down rows beside the top-k block(s), fp32 results [M, 2·Is] / [M, Is] and ys [M, H];
+ * (3) and (4) then take the routed experts only and (4) adds ys. Two forms: one warp a
+ * row with FMA, contiguous 512-byte warp loads (2, the default at M <= 2), or m16n8k16
+ * tiles with the tokens in the B columns (1, above).
  * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
  * layer and uploaded only when they change (passing them as 20 KB kernel parameters
  * cost ~20 us per call on the H200).
@@ -311,8 +311,13 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * 256 weights, so that a warp-instruction reads 512 contiguous bytes (the m16n8k16
  * tiles of SHARED_ROUTE=1 read 64 B pieces of 8 rows, half a sector per lane and
  * instruction: that launch took 13.3 us for 25 MB in the H200 round R1); hgu [M, 2·Is]
- * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. */
+ * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. AS: the
+ * next SHR_LD loads of each lane go to shared memory by cp.async at the start too
+ * (dynamic shared memory after x: [ROUTER_NW][SHR_LD][32] x 16 B), so that a 4096-wide
+ * row is in flight at once instead of in two register rounds (R2: this launch waits on
+ * its loads, long_scoreboard 7.9 per issued instruction). */
 enum { SHR_LD = 8, SHD_LD = 4 };
+template <bool AS>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
@@ -334,10 +339,17 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     const bool on = r < 2 * Is;
     const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
     uint4 vw[SHR_LD];
+    uint4 *stg = xs4 + (size_t)M * H / 8 + (size_t)warp * SHR_LD * 32 + lane; /* AS */
     if (on) {
 #pragma unroll
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+        if (AS) {
+#pragma unroll
+            for (int c = 0; c < SHR_LD; c++)
+                if (lane * 8 + 256 * (SHR_LD + c) < H) cu_cp_async16(stg + c * 32, row + lane * 8 + 256 * (SHR_LD + c));
+            cu_cp_async_commit();
+        }
     }
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
@@ -346,7 +358,12 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
 #pragma unroll
     for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
     for (int k0 = lane * 8; k0 < H; k0 += 256 * SHR_LD) {
-        if (k0 != lane * 8) {
+        if (AS && k0 == lane * 8 + 256 * SHR_LD) { /* the second round from shared memory */
+            cu_cp_async_wait<0>();
+#pragma unroll
+            for (int c = 0; c < SHR_LD; c++)
+                if (k0 + 256 * c < H) vw[c] = stg[c * 32];
+        } else if (k0 != lane * 8) {
 #pragma unroll
             for (int c = 0; c < SHR_LD; c++)
                 if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
@@ -527,18 +544,16 @@ typedef struct gu_params {
     const uint8_t *gw[MOE_MAXE], *uw[MOE_MAXE];
     const uint8_t *gs[MOE_MAXE], *us[MOE_MAXE];
     float g2[MOE_MAXE], u2[MOE_MAXE];
-    const uint8_t *sgw, *suw, *sgs, *sus; /* shared expert; sgs/sus NULL when BF16 */
-    float sg2, su2;                       /* 1 when BF16 */
-    int sbf;                              /* the shared expert's rows are BF16 [Is, H] */
+    const uint8_t *sgw, *suw, *sgs, *sus; /* an NVFP4 shared expert (a BF16 one: SHARED_ROUTE) */
+    float sg2, su2;
 } gu_params;
 
 typedef struct dn_params {
     const uint8_t *dw[MOE_MAXE];
     const uint8_t *ds[MOE_MAXE];
     float d2[MOE_MAXE];
-    const uint8_t *sdw, *sds; /* shared expert's down; sds NULL when BF16 */
-    float sd2;                /* 1 when BF16 */
-    int sbf;                  /* the shared expert's down rows are BF16 [H, Is] */
+    const uint8_t *sdw, *sds; /* an NVFP4 shared expert's down (a BF16 one: SHARED_ROUTE) */
+    float sd2;
 } dn_params;
 
 struct fused_tables {
@@ -595,18 +610,13 @@ template <bool BC>
 __global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_params *__restrict__ P, int M, int H,
                                                          int I, int Is, int k, const bf16 *__restrict__ x,
                                                          const int32_t *__restrict__ idx, float *hws,
-                                                         int ldh, const uint4 *__restrict__ zero, int early_sh,
-                                                         int sr) {
+                                                         int ldh, const uint4 *__restrict__ zero, int sr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    /* the shared expert's blocks (j = k) first in launch order: they are the
-     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
-    /* sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
+    /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
+     * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
     const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
     const int s = m * (k + 1) + j;
-    /* early_sh: the shared expert's blocks read only x and weights (h in fp32 without
-     * the gate weight), so they need not wait for the top-k kernel at all (see
-     * moe_gateup2_kernel for why the down kernel stays safe) */
-    if (!(early_sh && j == k)) pdl_wait();
+    pdl_wait();
     pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
@@ -628,19 +638,6 @@ __global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_pa
     const bf16 *xm = x + (size_t)m * H;
     float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 (BC only) */
-    if (j == k && P->sbf) {
-        /* BF16 shared expert: 4 x 16 B per row and chunk, one chunk in flight */
-        for (int c = cb; c < ce; c++) {
-            uint4 g0[4], g1[4], u0[4], u1[4], xv[4];
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)c * 128 + 32 * t, g0, g1);
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)c * 128 + 32 * t, u0, u1);
-            const uint4 *xp = reinterpret_cast<const uint4 *>(xm + c * 128 + 32 * t);
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = g == 0 ? __ldg(xp + v) : make_uint4(0u, 0u, 0u, 0u);
-            bf16_chunk_mma(g0, g1, xv, ag);
-            bf16_chunk_mma(u0, u1, xv, au);
-        }
-    } else
     for (int c = cb; c < ce; c += 2) {
         uint4 wv[2][4];
         uint16_t sv[2][4];
@@ -695,7 +692,7 @@ __global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_pa
             }
         }
     }
-    if (BC) { /* the BF16 shared expert's B is column 0 only: bc_rows sums it the same way */
+    if (BC) {
         bc_rows(ag);
         bc_rows(au);
     }
@@ -732,8 +729,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int m = blockIdx.y, n0 = blockIdx.x * 16;
     const int cpe = I / 128, cps = Is / 128;
-    const int sbf = P->sbf && !ys; /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
-    const int npairs = k * cpe + (P->sbf || ys ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    const int npairs = k * cpe + (ys ? 0 : cps); /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
     float acc[4] = {0, 0, 0, 0};
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
     for (int p0 = warp; p0 < npairs; p0 += 8 * 4) {
@@ -823,33 +819,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
         }
     }
     pdl_wait();
-    if (sbf) {
-        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
-        const float coef = wts[m * (k + 1) + k];
-        const float *hr = hws + (size_t)(m * (k + 1) + k) * ldh;
-        for (int c = ((warp - npairs % 8) % 8 + 8) % 8; c < cps; c += 8) {
-            uint4 w0[4], w1[4], xv[4];
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(P->sdw), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
-            if (g == 0) {
-                const float4 *hp = reinterpret_cast<const float4 *>(hr + c * 128 + 32 * t);
-#pragma unroll
-                for (int v = 0; v < 4; v++) {
-                    const float4 f0 = hp[2 * v], f1 = hp[2 * v + 1];
-                    __nv_bfloat162 p0 = __floats2bfloat162_rn(f0.x * coef, f0.y * coef);
-                    __nv_bfloat162 p1 = __floats2bfloat162_rn(f0.z * coef, f0.w * coef);
-                    __nv_bfloat162 p2 = __floats2bfloat162_rn(f1.x * coef, f1.y * coef);
-                    __nv_bfloat162 p3 = __floats2bfloat162_rn(f1.z * coef, f1.w * coef);
-                    xv[v] = make_uint4(*reinterpret_cast<uint32_t *>(&p0), *reinterpret_cast<uint32_t *>(&p1),
-                                       *reinterpret_cast<uint32_t *>(&p2), *reinterpret_cast<uint32_t *>(&p3));
-                }
-            } else {
-#pragma unroll
-                for (int v = 0; v < 4; v++) xv[v] = make_uint4(0u, 0u, 0u, 0u);
-            }
-            bf16_chunk_mma(w0, w1, xv, acc);
-        }
-    }
-    if (BC) bc_rows(acc); /* the BF16 shared expert's B is column 0 only: same sums */
+    if (BC) bc_rows(acc);
     __shared__ float red[8][16];
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -873,25 +843,21 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
  * chunk), one commit group per chunk, then chunk by chunk: wait, read back,
  * decode, mma. Epilogue: h[s, rows] = silu(gate·g2)·(up·u2)·coef in BF16, coef =
  * the slot's combine weight (or shared gate) times the down projection's scale2,
- * so the down kernel reads h as its ready B operand. DEC: the NVFP4 decode, 0 = byte
- * permutes (cu_w4_chunk_mma), 1 = block-column (M = 1, nvfp4.cuh nv4_gemv1_chunk), 2 =
- * bit placement (nvfp4.cuh nv4_gemv2_chunk: half the decode on the FMA pipe, products
- * carry 2^-8, undone in the epilogue; the kernels are integer-pipe bound in their
- * compute phases: math_pipe_throttle and not_selected lead the stalls, H200 R1). */
-enum { DEC_PERM = 0, DEC_BC = 1, DEC_PLACE = 2 };
-template <int KW, int PER, int DEC>
+ * so the down kernel reads h as its ready B operand. BC (M = 1): the block-column decode
+ * (bc_chunk; no gain here in the H200 rounds, opt-in). (The bit-placement decode of
+ * nvfp4.cuh, which moves half the decode to the FMA pipe and wins in cuda_grouped_gemm,
+ * was slower here in round R2: 397B M = 1 57.7 vs 55.4 us, NVFP4 shared 51.9 vs 50.3.) */
+template <int KW, int PER, bool BC>
 __global__ void __launch_bounds__(32 * KW, 32 / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
                        const uint4 *__restrict__ zero, int sr) {
-    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    /* the shared expert's blocks (j = k) first in launch order: they are the
-     * heaviest (Is rows, BF16 in the flagship layout), so they must not start last */
-    /* sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
+    /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
+     * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
     const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
     const int s = m * (k + 1) + j;
     /* early_sh (fused_early, the default with PDL): the shared expert's
@@ -918,25 +884,6 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
     if (n0 >= rows) return;
     const int c0 = warp * PER;
     float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-    if (j == k && P->sbf) {
-        /* BF16 shared expert: 4x the bytes of an NVFP4 chunk, streamed through
-         * registers (PER chunks' gate and up rows would not fit the cp.async
-         * stage), gate then up to stay inside the 64-register budget */
-        const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
-#pragma unroll 1
-        for (int u = 0; u < PER; u++) {
-            uint4 w0[4], w1[4], xv[4];
-            const uint4 *xb = !BC || g == 0 ? xr + u * 16 : zero; /* BC: the token in column 0 only */
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = __ldg(xb + v);
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(gw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, ag);
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(uw), n0 + g, H, (size_t)(c0 + u) * 128 + 32 * t, w0, w1);
-            bf16_chunk_mma(w0, w1, xv, au);
-        }
-        pdl_wait();
-        coef *= wts[m * (k + 1) + j];
-    } else {
     const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
     uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
 #pragma unroll
@@ -975,16 +922,8 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
 #pragma unroll
         for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
         cu_cp_async_wait_dyn(PER - 1 - u);
-        if (PL) {
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
-            nv4_gemv2_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
-            nv4_gemv2_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
-        } else {
-            cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
-            cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
-        }
-    }
+        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
+        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
     }
     }
     if (BC) {
@@ -1005,10 +944,6 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
             gv += red[w][0][threadIdx.x];
             uv += red[w][1][threadIdx.x];
         }
-        if (PL && !(j == k && P->sbf)) { /* the bit placement's 2^-8 (a BF16 shared block has none) */
-            gv *= 256.f;
-            uv *= 256.f;
-        }
         gv *= g2;
         uv *= u2;
         hout[(size_t)s * ldh + n0 + threadIdx.x] = __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
@@ -1019,15 +954,12 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
  * (k·I + Is)/128 chunks of the token's experts, dealt round-robin to KW warps;
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
- * looked up once per block into shared memory. DEC as moe_gateup2_kernel's; with
- * DEC_PLACE the BF16 shared chunks must not be in this launch (the sums carry 2^-8:
- * fused_run takes it with SHARED_ROUTE or an NVFP4 shared expert only). */
-template <int KW, int PMAX, int DEC>
+ * looked up once per block into shared memory. BC as moe_gateup2_kernel's. */
+template <int KW, int PMAX, bool BC>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
                      bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys) {
-    constexpr bool BC = DEC == DEC_BC, PL = DEC == DEC_PLACE;
     extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
     __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
     __shared__ float red[KW][16];
@@ -1043,8 +975,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
     }
     __syncthreads();
     const int cpe = I / 128, cps = Is / 128;
-    const int sbf = P->sbf && !ys; /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
-    const int npairs = k * cpe + (P->sbf || ys ? 0 : cps); /* a BF16 shared expert's chunks follow below */
+    const int npairs = k * cpe + (ys ? 0 : cps); /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
     uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
@@ -1080,33 +1011,11 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
                 for (int v = 0; v < 4; v++) xv[v] = __ldg(hp + v);
                 cu_cp_async_wait_dyn(PMAX - 1 - u);
-                if (PL) {
-#pragma unroll
-                    for (int v = 0; v < 4; v++) xv[v] = nv4_xperm8(xv[v]);
-                    nv4_gemv2_chunk(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
-                } else {
-                    cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
-                }
+                cu_w4_chunk_mma(my[(u * 2 + 0) * 32], my[(u * 2 + 1) * 32], s0[u], s1[u], xv, acc);
             }
         }
     }
     pdl_wait();
-    if (sbf) {
-        /* BF16 shared expert: chunk c continues the round robin after the routed pairs */
-        const uint4 *hr = reinterpret_cast<const uint4 *>(hin + (size_t)(m * (k + 1) + k) * ldh + 32 * t);
-        for (int c = ((warp - npairs % KW) % KW + KW) % KW; c < cps; c += KW) {
-            uint4 w0[4], w1[4];
-            bf16_ld_rows(reinterpret_cast<const bf16 *>(sw[k]), n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
-#pragma unroll
-            for (int q = 0; q < 4; q++) { /* bf16_chunk_mma with B read as it goes: no spill */
-                const uint4 xq = __ldg(!BC || g == 0 ? hr + c * 16 + q : zero); /* BC: column 0 only */
-                const uint32_t f0[4] = {w0[q].x, w1[q].x, w0[q].y, w1[q].y};
-                const uint32_t f1[4] = {w0[q].z, w1[q].z, w0[q].w, w1[q].w};
-                cu_mma_bf16_16816(acc, f0, xq.x, xq.y);
-                cu_mma_bf16_16816(acc, f1, xq.z, xq.w);
-            }
-        }
-    }
     if (BC) bc_rows(acc);
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -1117,7 +1026,6 @@ __global__ void __launch_bounds__(32 * KW, 2)
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
-        if (PL) v *= 256.f; /* the bit placement's 2^-8 */
         if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
         y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
     }
@@ -1177,26 +1085,22 @@ static int fused_knob(int *v, const char *name, int lo, int hi, int def) {
     return *v >= 0 ? *v : def;
 }
 
-/* The shared expert's gate/up blocks before the top-k wait (with PDL): 1 = in the
- * cp.async pair (the default since the H200 round of 17:56: 397B M = 1 57.1 -> 55.4 us,
- * M = 2 92.9 -> 90.9), 2 = in both pairs (until validated), 0 = off:
- * LASTSTAND_MOE_SHARED_EARLY. */
+/* An NVFP4 shared expert's gate/up blocks in the cp.async pair before the top-k wait
+ * (with PDL): the default since the H200 round of 17:56 (397B M = 1 57.1 -> 55.4 us, M =
+ * 2 92.9 -> 90.9); LASTSTAND_MOE_SHARED_EARLY=0 turns it off. */
 static int fused_early(void) {
     static int force_early = -2;
-    return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 2, 1);
+    return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 1);
 }
 
 template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int dec, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
+static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
                                   const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
                                   const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
-    const int early = fused_early() >= 1;
-    auto K = dec == DEC_BC      ? moe_gateup2_kernel<KW, PER, DEC_BC>
-             : dec == DEC_PLACE ? moe_gateup2_kernel<KW, PER, DEC_PLACE>
-                                : moe_gateup2_kernel<KW, PER, DEC_PERM>;
-    cudaError_t c = dec == DEC_BC      ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_BC>>(smem)
-                    : dec == DEC_PLACE ? fused_smem<moe_gateup2_kernel<KW, PER, DEC_PLACE>>(smem)
-                                       : fused_smem<moe_gateup2_kernel<KW, PER, DEC_PERM>>(smem);
+    const int early = fused_early();
+    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
+    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
+                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
     if (c != cudaSuccess) return c;
     return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
                         (bf16 *)h, ldh, early, zero, sr);
@@ -1249,7 +1153,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         gp.uw[x] = (const uint8_t *)ul->data; gp.us[x] = ul->scale; gp.u2[x] = ul->scale2;
         dp.dw[x] = (const uint8_t *)dl->data; dp.ds[x] = dl->scale; dp.d2[x] = dl->scale2;
     }
-    gp.sbf = dp.sbf = 0;
+    int sbf = 0; /* a BF16 shared expert: launches 1 and 1b take it (SHARED_ROUTE) */
+    gp.sgw = gp.suw = gp.sgs = gp.sus = dp.sdw = dp.sds = NULL;
+    gp.sg2 = gp.su2 = dp.sd2 = 1.f;
     if (Is) {
         const w_kind sk = w->sh_gate.kind;
         if ((sk != W_NVFP4 && sk != W_BF16) || w->sh_up.kind != sk || w->sh_down.kind != sk) {
@@ -1263,10 +1169,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                 ws_unlock(ws);
                 return errf(e, ERR_UNSUPPORTED, "cuda_fused_decode: BF16 shared expert weights not 16-byte aligned");
             }
-            gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = NULL; gp.sg2 = 1.f;
-            gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = NULL; gp.su2 = 1.f;
-            dp.sdw = (const uint8_t *)w->sh_down.data; dp.sds = NULL; dp.sd2 = 1.f;
-            gp.sbf = dp.sbf = 1;
+            sbf = 1;
         } else {
             gp.sgw = (const uint8_t *)w->sh_gate.data; gp.sgs = w->sh_gate.scale; gp.sg2 = w->sh_gate.scale2;
             gp.suw = (const uint8_t *)w->sh_up.data; gp.sus = w->sh_up.scale; gp.su2 = w->sh_up.scale2;
@@ -1321,32 +1224,28 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * 50.7, H200 round R1 of 2026-11-29) */
     const int nch = H / 128;
     const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
-    /* Where a BF16 shared expert runs (LASTSTAND_MOE_SHARED_ROUTE): 0 = as blocks of the
-     * gate/up and down launches; 1 = inside the router and top-k launches as m16n8k16
-     * tiles; 2 = there as one warp a row (opt-in until validated). 1 is the default at
-     * M >= 2 since the H200 round R1 of 2026-11-29 (every cell ok; 397B M = 2 111.7 ->
-     * 93.7 us, M = 8 395.4 -> 297.5; 35B 35.9 -> 31.6, 106.3 -> 83.6); at M = 1 it was
-     * no faster (397B 60.1 -> 60.0, 35B 22.9 -> 24.1: its router launch took 13.3 us). */
+    /* Where a BF16 shared expert runs (LASTSTAND_MOE_SHARED_ROUTE=1|2 forces one): inside
+     * the router and top-k launches, as m16n8k16 tiles (1) or one warp a row (2); 2 at
+     * M <= 2, 1 above, from the H200 rounds R1 / R2 of 2026-11-29 (every cell ok; µs,
+     * 397B / 35B layer):      M = 1        M = 2        M = 8
+     *   in gate/up and down   59.2 / 22.9  111.7 / 35.9  395.4 / 106.3  (removed)
+     *   1                     60.0 / 24.1   93.3 / 31.6  294.3 /  82.6
+     *   2                     55.4 / 21.3   92.4 / 29.4  312.9 /  90.2
+     * (1's tiles read half a sector per lane and instruction; 2 spends 8 FMAs per weight
+     * at M = 8 where 1 spends one mma per 16 x 16). */
     static int force_sr = -2;
-    const int sr = Is && gp.sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 0, 2, M >= 2) : 0;
-    /* Kernel pair and programmatic dependent launch per shape, from the H200 rounds of
-     * 2026-11-29 17:10 and 17:56 (bench/RESULTS.md, doctor, every cell checked): M >= 2:
-     * the cp.async pair with PDL (397B M = 2: 100.7 -> 92.6 us NVFP4 shared, 125.5 ->
-     * 117.3 BF16 shared; M = 8 and the 35B layer gain too). M = 1 with an NVFP4 shared
-     * expert: the cp.async pair with PDL (397B 66.1 -> 58.1 us, 35B 26.5 -> 25.2). M = 1
-     * with a BF16 shared expert in the gate/up and down launches: the register pair, with
-     * PDL on the 35B layer (31.8 -> 27.2 us) but not on the 397B one (66.0 us; 76.2 with
-     * PDL, 79.9 with the cp.async pair and PDL: that pair streams the BF16 shared rows
-     * through too few registers). SHARED_ROUTE: the cp.async pair with PDL (routed
-     * experts only, all NVFP4). LASTSTAND_MOE_FUSED_PAIR = 1 / 2 and LASTSTAND_MOE_PDL =
-     * 0 / 1 / 2 force one (benchmarks only; PDL 2 = not on the register pair's down
-     * launch). A persistent gate/up kernel (a two-stage cp.async ring over a balanced
-     * tile list, with and without h through shared memory in the down kernel) lost
-     * there (74-87 us at M = 1, round of 17:10) and was removed. */
+    const int sr = sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 1, 2, M <= 2 ? 2 : 1) : 0;
+    /* Kernel pair: the cp.async pair with PDL wherever its H fits (H200 rounds of
+     * 2026-11-29 17:10 and 17:56: 397B M = 2 100.7 -> 92.6 us, M = 1 66.1 -> 58.1 with an
+     * NVFP4 shared expert; with a BF16 shared expert in the same launches the register
+     * pair was faster at M = 1, which SHARED_ROUTE made moot), else the register pair.
+     * LASTSTAND_MOE_FUSED_PAIR = 1 / 2 and LASTSTAND_MOE_PDL = 0 / 1 force one
+     * (benchmarks). A persistent gate/up kernel (a two-stage cp.async ring over a
+     * balanced tile list, with and without h through shared memory in the down kernel)
+     * lost (74-87 us at M = 1, round of 17:10) and was removed. */
     static int force_pair = -2, force_pdl = -2;
-    int pair = M >= 2 || !gp.sbf || sr ? 2 : 1;
-    pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 2, pair);
-    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 2, sr || !(M == 1 && H >= 4096 && gp.sbf));
+    int pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 2, 2);
+    const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
     /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
      * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
@@ -1354,11 +1253,6 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * LASTSTAND_MOE_BC=0 / 1 forces it */
     static int force_bc = -2;
     const int bc = M == 1 && fused_knob(&force_bc, "LASTSTAND_MOE_BC", 0, 1, pair == 1);
-    /* the cp.async pair's NVFP4 decode: block-column where bc, else byte permutes, or bit
-     * placement (LASTSTAND_MOE_PLACE=1, opt-in until validated; it wins in
-     * cuda_grouped_gemm, whose GEMMs are integer-pipe bound the same way) */
-    static int force_place = -2;
-    const int dec = bc ? DEC_BC : fused_knob(&force_place, "LASTSTAND_MOE_PLACE", 0, 1, 0) ? DEC_PLACE : DEC_PERM;
     const size_t xsm = sizeof(bf16) * (size_t)M * H;
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
@@ -1374,9 +1268,15 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        c = fused_smem<moe_route_rows_kernel>(xsm);
+        /* LASTSTAND_MOE_SR2_AS=1: the second round of each shared row's loads by cp.async
+         * (opt-in until validated) */
+        static int force_as = -2;
+        const int as = fused_knob(&force_as, "LASTSTAND_MOE_SR2_AS", 0, 1, 0);
+        const size_t rsm = xsm + (as ? sizeof(uint4) * ROUTER_NW * SHR_LD * 32 : 0);
+        const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
+        c = as ? fused_smem<moe_route_rows_kernel<true>>(rsm) : fused_smem<moe_route_rows_kernel<false>>(rsm);
         if (c == cudaSuccess) {
-            moe_route_rows_kernel<<<nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW, 32 * ROUTER_NW, xsm, st>>>(
+            (as ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>)<<<g1, 32 * ROUTER_NW, rsm, st>>>(
                 M, H, E, nrb, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
                 (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
             c = cudaGetLastError();
@@ -1428,31 +1328,25 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
     if (c == cudaSuccess && pair == 2) {
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, dec, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        /* the bit placement in down only without BF16 shared chunks there (see moe_down2_kernel) */
-        const int ddec = dec == DEC_PLACE && gp.sbf && !sr ? DEC_PERM : dec;
-        auto DK = ddec == DEC_BC      ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>
-                  : ddec == DEC_PLACE ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>
-                                      : moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>;
+        auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>;
         if (c == cudaSuccess)
-            c = ddec == DEC_BC      ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_BC>>(dsm)
-                : ddec == DEC_PLACE ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PLACE>>(dsm)
-                                    : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, DEC_PERM>>(dsm);
+            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
+                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
         if (c == cudaSuccess)
             c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
                              (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys);
     } else if (c == cudaSuccess) {
         c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
-                         I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero,
-                         (int)(fused_early() >= 2), sr);
+                         I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero, sr);
         if (c == cudaSuccess)
-            c = fused_launch(pdl == 1, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
                              H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
                              (bf16 *)a->y, (const float *)ys);
     }

@@ -11,7 +11,8 @@
 #     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
 #     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
 #     opt-in kernels;
-#  2. cuda_w4a16_mma alone (chain8 + PDL unless said): M = 3, 5, 7 (the M = 2..8
+#  2. cuda_w4a16_mma alone (chain8 + PDL unless said): TMA=1 (the bit-placement GEMV
+#     with its tile loaded by 32 bulk copies a block, chained and isolated); M = 3, 5, 7 (the M = 2..8
 #     kernel's other token counts); GDEC=2 + GOCC=3 (the bit-placement GEMV at 16 x 2
 #     capped at 40 registers: a third block an SM, for the next GEMV under PDL); the
 #     defaults before this session's switches (GDEC=1, M8=1) and the timing methods
@@ -36,7 +37,8 @@ OUT=${2:?usage: gemv4.sh BIN OUTDIR}
 FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_M8
+unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_M8 \
+  LASTSTAND_W4A16_TMA
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -76,7 +78,7 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
+  for v in "default|" "TMA=1|LASTSTAND_W4A16_TMA=1" "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
            "GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -89,7 +91,8 @@ fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|SHAPES|M list, most important first (each later one is skipped past 62 s)
 O4=1024x4096,4096x1024
-for v in "M=3,5,7|||3,5,7" "GDEC=2+GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3||1" \
+for v in "TMA=1|LASTSTAND_W4A16_TMA=1||1" "M=3,5,7|||3,5,7" "GDEC=2+GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3||1" \
+         "TMA=1+isolated|LASTSTAND_W4A16_TMA=1 LASTSTAND_DOCTOR_TIMING=isolated||1" \
          "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1||1,2,8" \
          "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0||1,2,8" \
          "chain8+nopdl|LASTSTAND_FP4_PDL=0||1,2,8" "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated||1" \
@@ -160,7 +163,7 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for sv in "16384x4096|" "4096x4096|" "4096x4096|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3"; do
+  for sv in "4096x4096|LASTSTAND_W4A16_TMA=1" "4096x4096|" "16384x4096|" "16384x4096|LASTSTAND_W4A16_TMA=1"; do
     s=${sv%%|*}; ev=${sv#*|}
     [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
     env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \

@@ -11,6 +11,9 @@
  * Every pointer is device memory: ids, pos and the attn_seq array (with its
  * page tables) included. Launch errors come back as ERR_RUNTIME /
  * ERR_UNSUPPORTED; faults surface at the model's next sync.
+ * The kernels that come right before a projection start with
+ * griddepcontrol.launch_dependents (sm_pdl_trigger): the projection, launched
+ * with programmatic dependent launch, loads its weights while they run.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/fwd_cuda.h"

@@ -751,8 +751,10 @@ static int fp_supported(const dev_info *d, const attn_shape *s, char *why, size_
  * plan gave 19/136) and the doctor's fp64 check passed at the 397B and 35B shapes; M = 1: 14.1 µs
  * with fp_dec_kernel and PDL 2, 17.2 round plan, 19.3 row plan on fp_kernel (397B). */
 enum { FP_DEF_PLAN = 1, FP_DEF_DEC = 1, FP_DEF_PDL = 2 };
-/* fp_dec_kernel's pipeline depth: 2 (0 = 4 stages on grids of at most a block per SM, 2 above) */
-enum { FP_DEF_STAGES = 2 };
+/* fp_dec_kernel's pipeline depth: 0 = 4 stages on grids of at most a block per SM, 2 above (R3:
+ * M = 1 397B 14.1 -> 13.6 µs at 512 positions, 16.0 -> 15.6 at 4096, 29.7 -> 29.1 at 16384; the
+ * same tokens bit for bit; forcing 4 at M = 8 / 64 costs occupancy: 39.0 -> 49.9, 240.8 -> 355.2) */
+enum { FP_DEF_STAGES = 0 };
 static int g_fp_plan = -1; /* 0 round, 1 rows, 2 forced */
 static int g_fp_force = 1;
 /* Benchmark knobs, read with the plan: LASTSTAND_FP_CHUNK = the row plan's chunk in keys (32 .. 1024,

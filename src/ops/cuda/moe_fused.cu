@@ -311,13 +311,10 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * 256 weights, so that a warp-instruction reads 512 contiguous bytes (the m16n8k16
  * tiles of SHARED_ROUTE=1 read 64 B pieces of 8 rows, half a sector per lane and
  * instruction: that launch took 13.3 us for 25 MB in the H200 round R1); hgu [M, 2·Is]
- * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. AS: the
- * next SHR_LD loads of each lane go to shared memory by cp.async at the start too
- * (dynamic shared memory after x: [ROUTER_NW][SHR_LD][32] x 16 B), so that a 4096-wide
- * row is in flight at once instead of in two register rounds (R2: this launch waits on
- * its loads, long_scoreboard 7.9 per issued instruction). */
+ * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. (A row's
+ * second round of loads by cp.async into shared memory at the start, so that a whole
+ * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-template <bool AS>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
@@ -339,17 +336,10 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     const bool on = r < 2 * Is;
     const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
     uint4 vw[SHR_LD];
-    uint4 *stg = xs4 + (size_t)M * H / 8 + (size_t)warp * SHR_LD * 32 + lane; /* AS */
     if (on) {
 #pragma unroll
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
-        if (AS) {
-#pragma unroll
-            for (int c = 0; c < SHR_LD; c++)
-                if (lane * 8 + 256 * (SHR_LD + c) < H) cu_cp_async16(stg + c * 32, row + lane * 8 + 256 * (SHR_LD + c));
-            cu_cp_async_commit();
-        }
     }
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
@@ -358,12 +348,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
 #pragma unroll
     for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
     for (int k0 = lane * 8; k0 < H; k0 += 256 * SHR_LD) {
-        if (AS && k0 == lane * 8 + 256 * SHR_LD) { /* the second round from shared memory */
-            cu_cp_async_wait<0>();
-#pragma unroll
-            for (int c = 0; c < SHR_LD; c++)
-                if (k0 + 256 * c < H) vw[c] = stg[c * 32];
-        } else if (k0 != lane * 8) {
+        if (k0 != lane * 8) {
 #pragma unroll
             for (int c = 0; c < SHR_LD; c++)
                 if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
@@ -1268,15 +1253,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        /* LASTSTAND_MOE_SR2_AS=1: the second round of each shared row's loads by cp.async
-         * (opt-in until validated) */
-        static int force_as = -2;
-        const int as = fused_knob(&force_as, "LASTSTAND_MOE_SR2_AS", 0, 1, 0);
-        const size_t rsm = xsm + (as ? sizeof(uint4) * ROUTER_NW * SHR_LD * 32 : 0);
         const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
-        c = as ? fused_smem<moe_route_rows_kernel<true>>(rsm) : fused_smem<moe_route_rows_kernel<false>>(rsm);
+        c = fused_smem<moe_route_rows_kernel>(xsm);
         if (c == cudaSuccess) {
-            (as ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>)<<<g1, 32 * ROUTER_NW, rsm, st>>>(
+            moe_route_rows_kernel<<<g1, 32 * ROUTER_NW, xsm, st>>>(
                 M, H, E, nrb, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
                 (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
             c = cudaGetLastError();

@@ -97,12 +97,11 @@ __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol
 
 /* ---- BF16 fragments --------------------------------------------------------------- */
 
-/* One 128-element K chunk of a 16-row BF16 tile (a BF16 shared expert next to
- * NVFP4 routed experts): w0 / w1 = this lane's 32 weights of rows g and g + 8
- * (4 x 16 B each, K order), xv = the lane's 32 matching B values. The same
- * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of
- * the lane's slice pairs with B word w, so NVFP4 and BF16 tiles of one block
- * accumulate the same way. */
+/* One 128-element K chunk of a 16-row BF16 tile (SHARED_ROUTE=1's shared-expert
+ * tiles): w0 / w1 = this lane's 32 weights of rows g and g + 8 (4 x 16 B each, K
+ * order), xv = the lane's 32 matching B values (B column g = token g). The same
+ * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of the
+ * lane's slice pairs with B word w. */
 __device__ __forceinline__ void bf16_chunk_mma(const uint4 (&w0)[4], const uint4 (&w1)[4], const uint4 (&xv)[4],
                                                float (&acc)[4]) {
 #pragma unroll
@@ -564,8 +563,7 @@ __device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) 
  * multiply per decoded pair, the byte tables built once). acc then holds (row g,
  * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
  * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
- * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
- * g == 0 supply B, the others zeros), which sums the same way. */
+ * layout has them. */
 __device__ __forceinline__ void bc_rows(float (&acc)[4]) {
     float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
     r0 += __shfl_xor_sync(0xffffffffu, r0, 1);

@@ -12,8 +12,7 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   default; =1 in the cp.async pair), and where a BF16 shared expert runs inside the router and
   top-k launches (LASTSTAND_MOE_SHARED_ROUTE=1: m16n8k16 tiles, the default at M > 2; =2: one
   warp a row, the default at M <= 2; with an NVFP4 shared expert it changes nothing) with
-  either pair, without PDL, and with 2's second round of row loads by cp.async
-  (LASTSTAND_MOE_SR2_AS=1).
+  either pair and without PDL.
 """
 import json
 import os
@@ -67,7 +66,6 @@ KNOBS = [
     {"LASTSTAND_MOE_SHARED_ROUTE": "2"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PDL": "0"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_SR2_AS": "1"},
 ]
 
 

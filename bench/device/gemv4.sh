@@ -11,15 +11,12 @@
 #     GEMMs chained on one stream under PDL, NaN-poisoned outputs: chained == synced bit
 #     for bit (legacy and own stream), 3 graph replays too, fp64 per op; default and the
 #     opt-in kernels;
-#  2. cuda_w4a16_mma alone (chain8 + PDL unless said): TMA=1 (the bit-placement GEMV
-#     with its tile loaded by 32 bulk copies a block, chained and isolated); M = 3, 5, 7 (the M = 2..8
-#     kernel's other token counts); GDEC=2 + GOCC=3 (the bit-placement GEMV at 16 x 2
-#     capped at 40 registers: a third block an SM, for the next GEMV under PDL); the
-#     defaults before this session's switches (GDEC=1, M8=1) and the timing methods
+#  2. cuda_w4a16_mma alone (chain8 + PDL unless said): M = 3, 5, 7 (the M = 2..8
+#     kernel's other token counts); the defaults before this session's switches (GDEC=1, M8=1) and the timing methods
 #     (isolated + no PDL = the earlier sessions' method and launch, chain8 without PDL,
 #     isolated with PDL); the 397B's [1024 x 4096], [4096 x 1024] and the 35B shapes with
-#     the default, M8=2 and GDEC=2 (validation of their other instances); GDEC=2 on the
-#     two weights;
+#     the default and the defaults before this session (GDEC=1, M8=1); GDEC=2 on the two
+#     weights;
 #  3. the 35B preset's NVFP4 shapes (its GEMV instances), default, M = 1, 2, 8;
 #  4. PDL inside CUDA graphs: `generate` greedy on the NVFP4 fixture
 #     (.dev/int/fixtures/models/qwen3_5_moe_text-nvfp4, a copy of
@@ -37,8 +34,7 @@ OUT=${2:?usage: gemv4.sh BIN OUTDIR}
 FIX=${FIX:-.dev/int/fixtures/models}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_GOCC LASTSTAND_W4A16_M8 \
-  LASTSTAND_W4A16_TMA
+unset LASTSTAND_FP4_PDL LASTSTAND_DOCTOR_TIMING LASTSTAND_W4A16_GDEC LASTSTAND_W4A16_M8
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -1
 echo "tree: $(git log -1 --format='%h %s' 2>/dev/null || echo 'no git here')"
 T0=$(date +%s)
@@ -78,8 +74,7 @@ echo "doctor 1: $(( $(date +%s) - T0 )) s"
 echo "== 1b. unit test_fp4_gemv_cuda (rmsnorm -> 3 fp4 GEMMs chained with PDL, eager and graph, vs synced and fp64)"
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
-  for v in "default|" "TMA=1|LASTSTAND_W4A16_TMA=1" "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1" "GDEC=2|LASTSTAND_W4A16_GDEC=2" \
-           "GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3"; do
+  for v in "default|" "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1" "GDEC=2+M8=2|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_M8=2"; do
     lab=${v%%|*}; ev=${v#*|}
     env $ev timeout 30 "$UT" > "$OUT/ut_$lab.log" 2>&1
     echo "unit $lab rc=$? $(grep -E 'PASSED|FAILED|SKIPPED' "$OUT/ut_$lab.log" | head -2 | tr '\n' ' ')"
@@ -91,13 +86,12 @@ fi
 echo "== 2. cuda_w4a16_mma: timing x PDL x decode"
 # LABEL|ENV|SHAPES|M list, most important first (each later one is skipped past 62 s)
 O4=1024x4096,4096x1024
-for v in "TMA=1|LASTSTAND_W4A16_TMA=1||1" "M=3,5,7|||3,5,7" "GDEC=2+GOCC=3|LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GOCC=3||1" \
-         "TMA=1+isolated|LASTSTAND_W4A16_TMA=1 LASTSTAND_DOCTOR_TIMING=isolated||1" \
+for v in "M=3,5,7|||3,5,7" \
          "GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1||1,2,8" \
          "isolated+nopdl|LASTSTAND_DOCTOR_TIMING=isolated LASTSTAND_FP4_PDL=0||1,2,8" \
          "chain8+nopdl|LASTSTAND_FP4_PDL=0||1,2,8" "isolated+pdl|LASTSTAND_DOCTOR_TIMING=isolated||1" \
-         "397B-other|||1,2,8" "397B-other M8=2|LASTSTAND_W4A16_M8=2||2,8" "397B-other GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
-         "35B M8=2|LASTSTAND_W4A16_M8=2||2,8" "35B GDEC=2|LASTSTAND_W4A16_GDEC=2||1" \
+         "397B-other|||1,2,8" "397B-other GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1||1,2,8" \
+         "35B GDEC=1+M8=1|LASTSTAND_W4A16_GDEC=1 LASTSTAND_W4A16_M8=1||1,2,8" \
          "GDEC=2|LASTSTAND_W4A16_GDEC=2||1"; do
   lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; rest=${rest#*|}; ms=${rest#*|}
   [ "$(left 62)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
@@ -163,7 +157,7 @@ else
 fi
 echo "graphs: $(( $(date +%s) - T0 )) s"
 if command -v ncu >/dev/null 2>&1; then
-  for sv in "4096x4096|LASTSTAND_W4A16_TMA=1" "4096x4096|" "16384x4096|" "16384x4096|LASTSTAND_W4A16_TMA=1"; do
+  for sv in "4096x4096|" "16384x4096|"; do
     s=${sv%%|*}; ev=${sv#*|}
     [ "$(left 88)" -lt 0 ] && { echo "ncu $s $ev skipped: time"; continue; }
     env $ev timeout 12 ncu --clock-control none --target-processes all -k regex:fp4_gemv -c 1 --section SpeedOfLight \

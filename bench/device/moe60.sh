@@ -9,12 +9,11 @@
 #    the fp64 CPU reference) on the 397B and 35B layers at M = 1, 2, 8 with the BF16 shared
 #    expert (`--model-path synth:PRESET,layers=1`, "bf"): the defaults (SHARED_ROUTE=2 at
 #    M <= 2, 1 above) and each LASTSTAND_MOE_SHARED_ROUTE forced (1: the shared expert as
-#    m16n8k16 tiles inside the router and top-k launches; 2: there one warp a row), and
-#    LASTSTAND_MOE_SR2_AS=1 (2's shared rows with their second round of loads by cp.async);
-#    the 397B M = 1 default also timed call by call (LASTSTAND_DOCTOR_TIMING=isolated; the
+#    m16n8k16 tiles inside the router and top-k launches; 2: there one warp a row); the
+#    397B M = 1 default also timed call by call (LASTSTAND_DOCTOR_TIMING=isolated; the
 #    doctor's default is chains of back-to-back calls).
 # 2. ncu (--clock-control none --cache-control none: warm caches, clocks not locked) per
-#    kernel, 397B layer, BF16 shared, M = 1 and 8, defaults, and M = 1 with SR2_AS=1.
+#    kernel, 397B layer, BF16 shared, M = 1 and 8, defaults.
 # 3. `laststand generate` greedy on synth:qwen3.5-35b-a3b,layers=2 (BF16 shared expert):
 #    cuda_fused_decode (CUDA graphs and eager) against cuda_expert_loop: the ids must be
 #    equal (or nearly: BF16 rounding).
@@ -55,24 +54,22 @@ echo "== 1. doctor moe cuda_fused_decode, BF16 shared expert (variant preset sha
 doctor default "" qwen3.5-397b-a17b bf 1,2,8
 doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-397b-a17b bf 1,2
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-397b-a17b bf 8
-doctor as LASTSTAND_MOE_SR2_AS=1 qwen3.5-397b-a17b bf 1,2
 doctor isolated LASTSTAND_DOCTOR_TIMING=isolated qwen3.5-397b-a17b bf 1
 doctor default "" qwen3.5-35b-a3b bf 1,2,8
 doctor sr1 LASTSTAND_MOE_SHARED_ROUTE=1 qwen3.5-35b-a3b bf 1,2
 doctor sr2 LASTSTAND_MOE_SHARED_ROUTE=2 qwen3.5-35b-a3b bf 8
-doctor as LASTSTAND_MOE_SR2_AS=1 qwen3.5-35b-a3b bf 1,2
 echo "($(el))"
 
 echo "== 2. ncu, 397B layer, BF16 shared, defaults, M = 1 and 8 (per kernel; warm caches, clocks not locked)"
 MET=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size
 if command -v ncu >/dev/null; then
-    for v in m1 m1as m8; do
+    for v in m1 m8; do
         t=$(left); [ $t -gt 15 ] && t=15
         [ $t -ge 8 ] || { echo "ncu $v: skipped (time)"; continue; }
-        envs=""; [ $v = m1as ] && envs=LASTSTAND_MOE_SR2_AS=1
+        envs=""
         env $envs timeout $t ncu --clock-control none --cache-control none -k regex:moe_ --launch-skip 8 \
             --launch-count 4 --metrics $MET --csv "$BIN" doctor --device cuda --families moe \
-            --model-path synth:qwen3.5-397b-a17b,layers=1 --m $(echo ${v#m} | tr -d 'as') --backends cuda_fused_decode \
+            --model-path synth:qwen3.5-397b-a17b,layers=1 --m ${v#m} --backends cuda_fused_decode \
             >"$OUT/ncu-$v.csv" 2>"$OUT/ncu-$v.err"
         echo "ncu $v rc=$? ($(el))"
         python3 - "$OUT/ncu-$v.csv" <<'PY'

@@ -12,7 +12,7 @@
  *     and x staged with cp.async (nvfp4.cuh for the chunk steps). Per instance
  *     (gv_variant): fp4_gemv2_kernel, the bit-placement decode (half of it on the FMA
  *     pipe, the scale as one HMUL2 per pair, tokens in the B columns) where a device
- *     round validated it and found it faster (8 warps x 4 chunks: the large weights);
+ *     round validated it and found it faster (8 warps x 4 or x 1 chunks);
  *     else the block-column GEMV (unscaled E2M1 into mma.sync, the 8 B columns spent
  *     on the 8 scale blocks of a chunk so that each E4M3 scale is one fp32 FFMA on an
  *     output): fp4_gemv1t_kernel<L = 0> (32 B of x per lane and chunk) on the
@@ -436,14 +436,15 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     }
 }
 
-/* The per-chunk step nv4_gemv2_chunk (opt-in, LASTSTAND_W4A16_GDEC=2, until a device
- * round has validated and timed it): the codes decoded by bit placement, half of the
- * decode's instructions on the FMA pipe (the block-column kernels are bound by the
- * integer pipe), the scale applied to A by one BF16 multiply per pair; every B column
- * carries the token, whose x each warp permutes once per chunk in shared memory into
- * the (i, i + 4) pairing of the decode. */
-template <int KW, int PER, int MINB = 0>
-__global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
+/* The per-chunk step nv4_gemv2_chunk (the default at 8 x 4 and 8 x 1, gv_variant): the
+ * codes decoded by bit placement, half of the decode's instructions on the FMA pipe (the
+ * block-column kernels are bound by the integer pipe), the scale applied to A by one
+ * BF16 multiply per pair; every B column carries the token, whose x each warp permutes
+ * once per chunk in shared memory into the (i, i + 4) pairing of the decode. 45
+ * registers: 4 blocks of 8 warps an SM where fp4_gemv1t_kernel fits 3 (gemv4 session:
+ * [16384 x 4096] 17.7 -> 14.8 us a chained call). */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
@@ -499,103 +500,6 @@ __global__ void __launch_bounds__(32 * KW, MINB ? MINB : KW >= 16 ? 2 : KW >= 8 
     }
 }
 
-/* The bit-placement GEMV with its tile loaded by the tensor memory accelerator (opt-in,
- * LASTSTAND_W4A16_TMA=1, until a device round has validated and timed it). Same
- * decode, lane mapping and epilogue as fp4_gemv2_kernel; what differs is the load:
- * thread 0 issues one 1-D bulk copy (cp.async.bulk, sm_90) per tile row, 16 of the
- * codes (K / 2 bytes each) and 16 of the scales (K / 16 bytes), all completing on one
- * mbarrier, before griddepcontrol.wait; the warps wait on the mbarrier after reading
- * x. The one-shot cp.async kernels put ~600 16-byte requests an SM in flight at once
- * (36 KB a block); bulk copies move the same bytes in 32 requests a block, tracked by
- * the copy engine rather than the SM's load pipeline, so that the latency-bound
- * [4096 x 4096] (one wave, 26% of DRAM bandwidth under ncu) may get its weight sooner.
- * Shared memory (dynamic): codes [16][K / 2 + 16], scales [16][K / 16 + 16] (the 16
- * bytes of padding a row shift consecutive rows by 4 banks: a warp's LDS.128 of 8
- * rows x 64 bytes is conflict-free), xs[KW][PER][16] uint4, red[KW][16], the mbarrier.
- * Needs 16-byte aligned scales (the bulk copies' rule). */
-static size_t gv2b_smem_bytes(int kw, int per) {
-    const size_t rb = (size_t)kw * per * 64, sb = (size_t)kw * per * 8;
-    return 16 * (rb + 16) + 16 * (sb + 16) + (size_t)kw * per * 256 + (size_t)kw * 16 * 4 + 8;
-}
-
-__device__ __forceinline__ void w4_mbar_wait(uint32_t bar, uint32_t phase) {
-    asm volatile("{\n"
-                 ".reg .pred P1;\n"
-                 "LAB_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-                 "@P1 bra DONE;\n"
-                 "bra LAB_WAIT;\n"
-                 "DONE:\n"
-                 "}\n" ::"r"(bar),
-                 "r"(phase)
-                 : "memory");
-}
-
-template <int KW, int PER>
-__global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
-    fp4_gemv2b_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
-    extern __shared__ __align__(128) unsigned char gv2b_raw[];
-    constexpr int RB = KW * PER * 64, RS = RB + 16, SB = KW * PER * 8, SS = SB + 16;
-    constexpr int OS = 16 * RS, OX = OS + 16 * SS, OR = OX + KW * PER * 256, OB = OR + KW * 16 * 4;
-    uint4(*xs)[PER][16] = reinterpret_cast<uint4(*)[PER][16]>(gv2b_raw + OX);
-    float(*red)[16] = reinterpret_cast<float(*)[16]>(gv2b_raw + OR);
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(gv2b_raw), bar = sbase + OB;
-    w4_pdl_trigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int n0 = blockIdx.x * 16, c0 = warp * PER;
-    if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(16 * (RB + SB))
-                     : "memory");
-#pragma unroll 1
-        for (int r = 0; r < 16; r++) {
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             sbase + r * RS),
-                         "l"(w + (size_t)(n0 + r) * RB), "r"(RB), "r"(bar)
-                         : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                             sbase + OS + r * SS),
-                         "l"(sc + (size_t)(n0 + r) * SB), "r"(SB), "r"(bar)
-                         : "memory");
-        }
-    }
-    w4_pdl_wait(); /* x and y below */
-    if (lane < 16) {
-        const uint4 *xg = reinterpret_cast<const uint4 *>(x + (size_t)c0 * W4_CHUNK) + lane;
-#pragma unroll
-        for (int u = 0; u < PER; u++) xs[warp][u][lane] = nv4_xperm8(__ldg(xg + u * (W4_CHUNK / 8)));
-    }
-    __syncthreads(); /* the mbarrier's initialisation (and x) before anyone waits on it */
-    w4_mbar_wait(bar, 0);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        const int cb = (c0 + u) * 64 + 16 * t, sb = (c0 + u) * 8 + 2 * t;
-        const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
-                             xs[warp][u][4 * t + 3]};
-        nv4_gemv2_chunk(cu_lds16(gv2b_raw + g * RS + cb), cu_lds16(gv2b_raw + (g + 8) * RS + cb),
-                        *reinterpret_cast<const uint16_t *>(gv2b_raw + OS + g * SS + sb),
-                        *reinterpret_cast<const uint16_t *>(gv2b_raw + OS + (g + 8) * SS + sb), xp, acc);
-    }
-    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2) */
-    if (t == 0) {
-        red[warp][g] = acc[0];
-        red[warp][g + 8] = acc[2];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float v = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
-        const int n = n0 + threadIdx.x;
-        v *= scale2 * 256.f; /* the decode's 2^-126 against the scales' 2^118 */
-        if (accumulate) v += __bfloat162float(y[n]);
-        y[n] = __float2bfloat16_rn(v);
-    }
-}
-
 /* ---- host side ------------------------------------------------------------------ */
 
 /* Per device: SM count, compute capability, and whether launches carry the PDL
@@ -610,24 +514,17 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_GDEC=2     the bit-placement GEMV kernel at M = 1 (fp4_gemv2_kernel) on
  *                              every instance; =1 on none (the byte-permute kernels); unset:
  *                              where a device round validated it (gv_variant)
- *   LASTSTAND_W4A16_GOCC=3     the 16-warp bit-placement GEMV at 16 x 2 capped at 40
- *                              registers (3 blocks an SM instead of 2)
  *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
  *                              on every instance that fits (2) or none (1: the register
- *                              kernel); unset: on the validated ones (w4_run)
- *   LASTSTAND_W4A16_TMA=1      M = 1: the bit-placement GEMV with bulk-copy loads
- *                              (fp4_gemv2b_kernel) at 16 x 2 and 8 x 4 */
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_gocc = 0, g_knob_m8 = 0, g_knob_tma = 0;
+ *                              kernel); unset: on the validated ones (w4_run) */
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
     g_knob_pdl = p && !strcmp(p, "0") ? 0 : 1;
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
-    const char *go = getenv("LASTSTAND_W4A16_GOCC"), *m8 = getenv("LASTSTAND_W4A16_M8");
-    g_knob_gocc = go && !strcmp(go, "3") ? 3 : 0;
+    const char *m8 = getenv("LASTSTAND_W4A16_M8");
     g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
-    const char *tm = getenv("LASTSTAND_W4A16_TMA");
-    g_knob_tma = tm && !strcmp(tm, "1");
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -728,14 +625,6 @@ static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_e
                          "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a));
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
-    if constexpr (KW == 16 && PER == 2) {
-        if (v == GV_V2 && g_knob_gocc == 3) {
-            static size_t have3[CU_WS_MAX_DEV];
-            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 3>, have3, grid, block, 0, st,
-                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, 3 blocks/SM)", e, N, K,
-                             W4_ARGS_REST(a));
-        }
-    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
                          "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a));
@@ -778,15 +667,17 @@ static int gv_pick(int nchunks, int ntiles, int sms, int *kw_out, int *per_out) 
 /* The M = 1 default per (warps, chunks per warp) instance, from the device rounds
  * (H200, 2026-11-29; the doctor's fp64 check on the 397B and 35B shapes, bench/RESULTS.md):
  * fp4_gemv2_kernel (bit placement) at 8 x 4, the [16384 x 4096] instance (gemv4 session
- * R1: 17.72 -> 14.82 us a chained call, 50% -> 60% of copy bandwidth; at 16 x 2, the
- * [4096 x 4096] one, it was as fast as the default, 5.79 vs 5.76 us, so not switched);
+ * R1: 17.72 -> 14.82 us a chained call, 50% -> 60% of copy bandwidth) and 8 x 1, the
+ * [4096 x 1024] one (R2 / R3: 3.09 / 3.00 us against 3.24); at 16 x 2 ([4096 x 4096],
+ * [1024 x 4096]) it was as fast or slower (5.82 vs 5.80, 3.46 vs 3.39 us), at 16 x 1 and
+ * 4 x 1 (the 35B shapes) as fast (2.41 vs 2.40, 2.15 vs 2.16 us): not switched there;
  * fp4_gemv1t_kernel without a table (its halved x reads: R4, [16384 x 4096] 20.83 ->
- * 19.94 us) where it was validated, 16 x 2, 8 x 1; with the table for half the words
+ * 19.94 us) where it was validated, 16 x 2; with the table for half the words
  * where that was (R3 and R4 at 16 x 1 and 4 x 1, the 35B shapes, as fast as
  * fp4_gemv1_kernel there); fp4_gemv1_kernel elsewhere. */
 static int gv_variant(int kw, int per) {
     if (g_knob_gdec == 2) return GV_V2;
-    if (g_knob_gdec != 1 && kw == 8 && per == 4) return GV_V2; /* gemv4 R1: [16384 x 4096] 17.72 -> 14.82 us */
+    if (g_knob_gdec != 1 && kw == 8 && (per == 4 || per == 1)) return GV_V2; /* gemv4 R1 / R3, below */
     if ((kw == 16 && per == 2) || (kw == 8 && (per == 1 || per == 4))) return GV_T0;
     if ((kw == 16 && per == 1) || (kw == 4 && per == 1)) return GV_T2;
     return GV_V1;
@@ -822,27 +713,19 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     const int nchunks = w->K / W4_CHUNK;
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
-    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per)) {
-        if (g_knob_tma && !((uintptr_t)w->scale & 15) && ((kw == 16 && per == 2) || (kw == 8 && per == 4))) {
-            static size_t have16[CU_WS_MAX_DEV], have8[CU_WS_MAX_DEV];
-            const size_t smem = gv2b_smem_bytes(kw, per);
-            if (kw == 16)
-                return w4_launch(d, fp4_gemv2b_kernel<16, 2>, have16, dim3(w->N / 16), dim3(512), smem, st,
-                                 "fp4_gemm cuda_w4a16_mma (gemv, bulk copies)", e, w->N, w->K, W4_ARGS_REST(a));
-            return w4_launch(d, fp4_gemv2b_kernel<8, 4>, have8, dim3(w->N / 16), dim3(256), smem, st,
-                             "fp4_gemm cuda_w4a16_mma (gemv, bulk copies)", e, w->N, w->K, W4_ARGS_REST(a));
-        }
+    if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per))
         return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
-    }
     if (a->M >= 2 && a->M <= 8 && g_knob_m8 != 1) {
         /* the cp.async kernel with the bit-placement decode at M = 2..8, where a device
          * round validated it and found it faster (gemv4 R2, every cell ✅: 16 x 2 at
          * [4096 x 4096] M = 2 / 4 / 8 7.64 / 7.73 / 8.27 -> 6.33 / 6.70 / 7.69 us; 8 x 4
          * at [16384 x 4096] 23.20 / 24.04 / 25.64 -> 17.49 / 18.14 / 22.85 us, against
-         * the register kernel); everywhere it fits with LASTSTAND_W4A16_M8=2 */
+         * the register kernel; R3: 16 x 1, the 35B's [512 x 2048], M = 2 / 8 3.46 / 3.55
+         * -> 2.69 / 3.00 us); not at 8 x 1 ([4096 x 1024]: M = 2 3.37 -> 3.26, M = 8
+         * 3.56 -> 3.64 us); everywhere it fits with LASTSTAND_W4A16_M8=2 */
         kw = nchunks % 16 == 0 && nchunks / 16 <= 2 && w->N / 16 <= 2 * d->sms ? 16 : 8;
         per = nchunks / kw;
-        const int validated = (kw == 16 && per == 2) || (kw == 8 && per == 4);
+        const int validated = (kw == 16 && per <= 2) || (kw == 8 && per == 4);
         if (!(nchunks % kw) && (per == 1 || per == 2 || (per == 4 && kw == 8)) && (validated || g_knob_m8 == 2)) {
             if (kw == 16) return per == 1 ? w4a_launch<16, 1, 2>(d, a, st, e) : w4a_launch<16, 2, 2>(d, a, st, e);
             return per == 1 ? w4a_launch<8, 1, 2>(d, a, st, e)

@@ -97,12 +97,11 @@ __device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol
 
 /* ---- BF16 fragments --------------------------------------------------------------- */
 
-/* One 128-element K chunk of a 16-row BF16 tile (a BF16 shared expert next to
- * NVFP4 routed experts): w0 / w1 = this lane's 32 weights of rows g and g + 8
- * (4 x 16 B each, K order), xv = the lane's 32 matching B values. The same
- * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of
- * the lane's slice pairs with B word w, so NVFP4 and BF16 tiles of one block
- * accumulate the same way. */
+/* One 128-element K chunk of a 16-row BF16 tile (SHARED_ROUTE=1's shared-expert
+ * tiles): w0 / w1 = this lane's 32 weights of rows g and g + 8 (4 x 16 B each, K
+ * order), xv = the lane's 32 matching B values (B column g = token g). The same
+ * fragments and K permutation as cu_w4_chunk_mma / decode16: bf16x2 word w of the
+ * lane's slice pairs with B word w. */
 __device__ __forceinline__ void bf16_chunk_mma(const uint4 (&w0)[4], const uint4 (&w1)[4], const uint4 (&xv)[4],
                                                float (&acc)[4]) {
 #pragma unroll
@@ -311,13 +310,10 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * 256 weights, so that a warp-instruction reads 512 contiguous bytes (the m16n8k16
  * tiles of SHARED_ROUTE=1 read 64 B pieces of 8 rows, half a sector per lane and
  * instruction: that launch took 13.3 us for 25 MB in the H200 round R1); hgu [M, 2·Is]
- * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. AS: the
- * next SHR_LD loads of each lane go to shared memory by cp.async at the start too
- * (dynamic shared memory after x: [ROUTER_NW][SHR_LD][32] x 16 B), so that a 4096-wide
- * row is in flight at once instead of in two register rounds (R2: this launch waits on
- * its loads, long_scoreboard 7.9 per issued instruction). */
+ * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. (A row's
+ * second round of loads by cp.async into shared memory at the start, so that a whole
+ * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-template <bool AS>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
@@ -339,17 +335,10 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     const bool on = r < 2 * Is;
     const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
     uint4 vw[SHR_LD];
-    uint4 *stg = xs4 + (size_t)M * H / 8 + (size_t)warp * SHR_LD * 32 + lane; /* AS */
     if (on) {
 #pragma unroll
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
-        if (AS) {
-#pragma unroll
-            for (int c = 0; c < SHR_LD; c++)
-                if (lane * 8 + 256 * (SHR_LD + c) < H) cu_cp_async16(stg + c * 32, row + lane * 8 + 256 * (SHR_LD + c));
-            cu_cp_async_commit();
-        }
     }
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
@@ -358,12 +347,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
 #pragma unroll
     for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
     for (int k0 = lane * 8; k0 < H; k0 += 256 * SHR_LD) {
-        if (AS && k0 == lane * 8 + 256 * SHR_LD) { /* the second round from shared memory */
-            cu_cp_async_wait<0>();
-#pragma unroll
-            for (int c = 0; c < SHR_LD; c++)
-                if (k0 + 256 * c < H) vw[c] = stg[c * 32];
-        } else if (k0 != lane * 8) {
+        if (k0 != lane * 8) {
 #pragma unroll
             for (int c = 0; c < SHR_LD; c++)
                 if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
@@ -579,8 +563,7 @@ __device__ __forceinline__ void decode16(uint4 v, uint16_t s, uint32_t out[16]) 
  * multiply per decoded pair, the byte tables built once). acc then holds (row g,
  * block 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1): bc_rows leaves the rows' sums
  * in acc[0] (row g) and acc[2] (row g + 8) of the lanes with t == 0, as the standard
- * layout has them. A BF16 chunk in BC mode puts the token in column 0 only (lanes
- * g == 0 supply B, the others zeros), which sums the same way. */
+ * layout has them. */
 __device__ __forceinline__ void bc_rows(float (&acc)[4]) {
     float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
     r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
@@ -1268,15 +1251,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        /* LASTSTAND_MOE_SR2_AS=1: the second round of each shared row's loads by cp.async
-         * (opt-in until validated) */
-        static int force_as = -2;
-        const int as = fused_knob(&force_as, "LASTSTAND_MOE_SR2_AS", 0, 1, 0);
-        const size_t rsm = xsm + (as ? sizeof(uint4) * ROUTER_NW * SHR_LD * 32 : 0);
         const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
-        c = as ? fused_smem<moe_route_rows_kernel<true>>(rsm) : fused_smem<moe_route_rows_kernel<false>>(rsm);
+        c = fused_smem<moe_route_rows_kernel>(xsm);
         if (c == cudaSuccess) {
-            (as ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>)<<<g1, 32 * ROUTER_NW, rsm, st>>>(
+            moe_route_rows_kernel<<<g1, 32 * ROUTER_NW, xsm, st>>>(
                 M, H, E, nrb, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
                 (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
             c = cudaGetLastError();

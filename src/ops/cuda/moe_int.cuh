@@ -122,6 +122,8 @@ __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int n
     const float *L = logits + (size_t)m * E;
     const int e0 = warp * 64 + lane, e1 = e0 + 32;
     const float a = e0 < E ? __ldcg(L + e0) : -INFINITY, b = e1 < E ? __ldcg(L + e1) : -INFINITY;
+    /* the shared gate's logit, fetched with the logits (warp 0 needs it last) */
+    const float sgv = has_shared && sgl && warp == 0 ? __ldcg(sgl + m) : 0.f;
     /* softmax denominator over all E */
     float mx = warp_max(fmaxf(a, b));
     if (lane == 0) rmax[warp] = mx;
@@ -170,7 +172,7 @@ __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int n
     float psum = 0.f;
     for (int j = 0; j < k; j++) psum += rk_p[j]; /* descending p, as the reference sums */
     float sg = has_shared ? 1.f : 0.f;
-    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-__ldcg(sgl + m)));
+    if (has_shared && sgl) sg = 1.f / (1.f + __expf(-sgv));
     else if (has_shared && wsg) sg = 1.f / (1.f + __expf(-dot_bf16_row(x + (size_t)m * H, wsg, H, lane)));
     if (lane < k) {
         idx[(size_t)m * k + lane] = rk_i[lane];

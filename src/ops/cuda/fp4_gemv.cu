@@ -436,12 +436,13 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     }
 }
 
-/* The per-chunk step nv4_gemv2_chunk (opt-in, LASTSTAND_W4A16_GDEC=2, until a device
- * round has validated and timed it): the codes decoded by bit placement, half of the
- * decode's instructions on the FMA pipe (the block-column kernels are bound by the
- * integer pipe), the scale applied to A by one BF16 multiply per pair; every B column
- * carries the token, whose x each warp permutes once per chunk in shared memory into
- * the (i, i + 4) pairing of the decode. */
+/* The per-chunk step nv4_gemv2_chunk (the default at 8 x 4 and 8 x 1, gv_variant): the
+ * codes decoded by bit placement, half of the decode's instructions on the FMA pipe (the
+ * block-column kernels are bound by the integer pipe), the scale applied to A by one
+ * BF16 multiply per pair; every B column carries the token, whose x each warp permutes
+ * once per chunk in shared memory into the (i, i + 4) pairing of the decode. 45
+ * registers: 4 blocks of 8 warps an SM where fp4_gemv1t_kernel fits 3 (gemv4 session:
+ * [16384 x 4096] 17.7 -> 14.8 us a chained call). */
 template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,

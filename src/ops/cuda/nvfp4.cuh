@@ -32,7 +32,9 @@
  *
  * A second chunk step, nv4_gemv2_chunk, decodes by bit placement instead (half the
  * decode on the FMA pipe, see nv4_e2m1x8_place) and applies the scale to A with one
- * BF16 multiply per pair: up to 8 tokens in the B columns.
+ * BF16 multiply per pair: up to 8 tokens in the B columns (fp4_gemv.cu's default on
+ * the large weights at M = 1 and at M = 2..8). It is nv4_w4_chunk<Dec>, the scaled-A
+ * step generic in its decoder, with nv4_dec_place.
  *
  * A third one, nv4_gemv1t_chunk<L>, is nv4_gemv1_chunk with L of its 4 word pairs
  * decoded through a shared-memory table instead of byte permutes (see "table decode"

@@ -22,7 +22,7 @@
 #    plan server's backends: greedy with --gemm-backend cuda_cublaslt on a fixed 600-token prompt
 #    (prefill chunks 1, 8, 591: small-M GEMMs in the prefill too) and 64 decode steps; then the
 #    gemm plan teacher-forced on those ids, judged by the smoke test's rules (max |a - b| / max |b|
-#    per step <= 0.15, the argmax equal wherever the top-2 margin is clear); and the plan greedy on
+#    per step <= 0.25, the argmax equal wherever the top-2 margin is clear); and the plan greedy on
 #    its own (ids equal to cuBLASLt's: printed, BF16 rounding may flip near-ties).
 # 4. Decode step time through each server (CUDA graphs on, as served): a 16-token prompt with 1
 #    and 129 new tokens, and 8 requests of 65 new tokens at once (M = 8 decode steps); the servers
@@ -45,7 +45,7 @@ BUDGET = float(os.environ.get("GP_BUDGET_S", "92"))
 DEV = os.environ.get("GP_DEVICE", "cuda")
 MODEL = os.environ.get("GP_MODEL", "synth:qwen3.5-35b-a3b,layers=4")
 BASE = os.environ.get("GP_BASE", "cuda_cublaslt" if DEV == "cuda" else "cpu_ref")
-TOL = 0.15 if DEV == "cuda" else 1e-3  # serve_auto.c's smoke tolerance
+TOL = 0.25 if DEV == "cuda" else 1e-3  # serve_auto.c's smoke tolerance
 FAMS = ("fp4_gemm", "moe", "attention", "gdn", "gemm")
 FLAGS = {"fp4_gemm": "--fp4-gemm-backend", "moe": "--moe-runner-backend", "attention": "--attention-backend",
          "gdn": "--gdn-backend", "gemm": "--gemm-backend"}

@@ -15,7 +15,7 @@
  *    a fixed prompt (prefill, then decode steps); another child runs the
  *    candidate combination teacher-forced on the same ids. The parent
  *    compares each step's logits (max |a - b| / max |b| against 1e-3 on the
- *    fp32 CPU, 0.15 in BF16 on CUDA: see serve_auto_select), the argmax wherever the reference's
+ *    fp32 CPU, 0.25 in BF16 on CUDA: see serve_auto_select), the argmax wherever the reference's
  *    top-2 margin is clear, and looks for degenerate output (NaN/Inf, one
  *    token repeated, a run of '!' or '+') the reference does not have. On a
  *    failure each non-reference family is tried alone to find the one at
@@ -101,7 +101,7 @@ const char **serve_auto_model_name(model_opts *o, int f) {
 }
 
 #define SMOKE_PROMPT "The last backend standing: every kernel is checked against the reference before serving."
-#define SMOKE_VERSION 3 /* 2: prefill in chunks that run every plan entry; 3: the gemm family too */
+#define SMOKE_VERSION 4 /* 2: prefill in chunks that run every plan entry; 3: the gemm family too; 4: CUDA tolerance 0.25 */
 #define MAX_CAND 32
 #define SMOKE_MAX_PROMPT 8192 /* the longest prompt the smoke test makes to run every plan entry */
 
@@ -268,7 +268,7 @@ typedef struct sa_ctx {
     const serve_auto_opts *o;
     const char *device;       /* resolved */
     char self[PATH_MAX];
-    double timeout_s, tol;
+    double timeout_s, tol, argmax_tol; /* logits tolerance; the greedy-token check's margin unit */
     int steps;
     char *prompt_ids;         /* "1,2,3" or NULL (the child picks fixed ids) */
     int prompt_len;           /* the prompt's tokens: long enough for every plan entry's chunk */
@@ -507,7 +507,7 @@ static int judge(sa_ctx *c, const smoke_out *r, double *worst, char *why, size_t
             float top = b[tb], second = -INFINITY;
             for (int v = 0; v < V; v++)
                 if (v != tb && b[v] > second) second = b[v];
-            if (top - second > 2 * c->tol * (bmax > 0 ? bmax : 1)) {
+            if (top - second > 2 * c->argmax_tol * (bmax > 0 ? bmax : 1)) {
                 snprintf(why, wn, "wrong: greedy token %d at step %d, the reference's is %d", ta, s, tb);
                 return -1;
             }
@@ -789,8 +789,14 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
      * chunked 0.093, each validated op by op by the doctor against fp64), so 2e-2
      * eliminated correct kernels. The smoke test is there for integration faults
      * (layout, wiring, NaN, degenerate output), which are gross; op-level accuracy is
-     * the doctor's, at tight per-family tolerances. */
-    c.tol = cuda ? 0.15 : 1e-3;
+     * the doctor's, at tight per-family tolerances.
+     * Raised from 0.15 to 0.25 (H200, 2026-11-29 S4): on the 8-layer synth 35B with a
+     * 129-token prompt the fused MoE decode plan differs from the reference by 0.175 and
+     * grouped_gemm by 0.13, deterministically, with and without programmatic dependent
+     * launch and CUDA graphs, each ✅ against fp64 in the doctor; 0.15 refused a correct
+     * kernel. The greedy-token check keeps its margin at 2 x 0.15 (argmax_tol). */
+    c.tol = cuda ? 0.25 : 1e-3;
+    c.argmax_tol = cuda ? 0.15 : 1e-3;
     c.steps = o->steps > 0 ? o->steps : 8;
     ssize_t n = readlink("/proc/self/exe", c.self, sizeof c.self - 1);
     if (n <= 0) {

@@ -13,7 +13,9 @@
  *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
  *             cuda_gemv           M <= 16: mma.sync with the weight rows as A, K split over a
  *                                 thread block cluster for small N, deterministic (gemv.cu)
- *   moe:      cuda_fused_decode   M <= 8, NVFP4: router+top-k, gate/up, down in 3 launches
+ *   moe:      cuda_fused_decode   M <= 8, NVFP4 routed experts (moe_fused.cu): router, top-k,
+ *                                 gate/up, down chained by programmatic dependent launch; a BF16
+ *                                 shared expert runs inside the router and top-k launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
  *             cuda_grouped_gemm   any M, NVFP4: routing, sort and tile table on the device,
  *                                 grouped mma.sync GEMMs over expert tiles (moe_grouped.cu)
@@ -22,7 +24,9 @@
  *             (seqs and their page lists are host memory; flattened per call)
  *             cuda_flash_prefill  FlashAttention-2 tiles on mma.sync, (token, head) rows of a GQA
  *                                 group per tile, K/V tiles shared by the group, split-K for small
- *                                 grids (attention_prefill.cu)
+ *                                 grids; decode-only calls and graph captures split each row into
+ *                                 128-key chunks fixed by its context (graph = eager bit for bit)
+ *                                 (attention_prefill.cu)
  *   gdn:       cuda_recurrent      conv kernel + per-(sequence, v head) recurrence, S in registers
  *             cuda_chunked        chunks of 64 tokens in the WY/UT form on mma.sync (FP16 operands,
  *                                 fp32 accumulation), S in registers as accumulators (gdn_chunked.cu)

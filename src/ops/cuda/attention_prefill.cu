@@ -52,6 +52,7 @@
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_pdl.h"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -116,12 +117,10 @@ __device__ __forceinline__ void fp_cp_commit() { asm volatile("cp.async.commit_g
 template <int N>
 __device__ __forceinline__ void fp_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/* Programmatic dependent launch (sm_90): without the launch attribute both are no-ops. fp_pdl_wait
+/* Programmatic dependent launch (sm_90): without the launch attribute both are no-ops. cu_pdl_wait
  * blocks until the grid before this one in the stream completed with its memory visible; every
- * kernel here calls it before it reads anything, and fp_pdl_trigger right after (what follows waits
+ * kernel here calls it before it reads anything, and cu_pdl_trigger right after (what follows waits
  * in turn for this grid's completion before it reads). */
-__device__ __forceinline__ void fp_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void fp_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* ---- the kernel ------------------------------------------------------------ */
 
@@ -145,8 +144,8 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
 
     const int grp = nh / nkv, kvh = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    fp_pdl_wait();
-    fp_pdl_trigger();
+    cu_pdl_wait();
+    cu_pdl_trigger();
 
     /* which sequence and tile this block is */
     int id = blockIdx.x, s = 0;
@@ -406,8 +405,8 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
 
     const int grp = nh / nkv, kvh = blockIdx.y, s = blockIdx.x;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    fp_pdl_wait();
-    fp_pdl_trigger();
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int n_past = seqs[s].n_past, row0 = seqs[s].row0;
     const int32_t *__restrict__ pages = seqs[s].pages;
     const int kmax = n_past, n_ktiles = kmax / BN + 1;
@@ -632,8 +631,8 @@ __global__ void __launch_bounds__(HD) fp_merge_rows_kernel(int n_rows, int nspli
                                                            const float *__restrict__ part_ml,
                                                            const int *__restrict__ part_n,
                                                            const bf16 *__restrict__ gate, bf16 *__restrict__ out) {
-    fp_pdl_wait();
-    fp_pdl_trigger();
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const size_t row = blockIdx.x;
     const int d = threadIdx.x, lane = d & 31;
     const int k = min(part_n[row], nsplit);
@@ -664,23 +663,6 @@ __global__ void __launch_bounds__(HD) fp_merge_rows_kernel(int n_rows, int nspli
     float v = acc * (L > 0.f ? 1.f / L : 0.f);
     if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
     out[at] = __float2bfloat16_rn(v);
-}
-
-/* Launch K on st, as a programmatic dependent launch when pdl is set. */
-template <typename... KArgs, typename... Args>
-static cudaError_t fp_launch_k(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                               Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, K, args...);
 }
 
 /* ---- host side --------------------------------------------------------------- */
@@ -878,7 +860,7 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float 
         if (c != cudaSuccess) return c;
         ddone[dev] = 1;
     }
-    return fp_launch_k(g_fp_pdl >= 2, fp_dec_kernel<HD, BN, STG>, dim3(a->n_seq, a->n_kv_heads, nsplit),
+    return cu_launch_pdl(g_fp_pdl >= 2, fp_dec_kernel<HD, BN, STG>, dim3(a->n_seq, a->n_kv_heads, nsplit),
                        dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
@@ -964,14 +946,14 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         }
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
-    c1 = fp_launch_k(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
+    c1 = cu_launch_pdl(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
                                  a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                                  (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v,
                                  (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0);
     }
     if (c1 == cudaSuccess && nsplit > 1) {
         if (rows > 0)
-            c1 = fp_launch_k(g_fp_pdl >= 1, fp_merge_rows_kernel<HD>, dim3(n_rows), dim3(HD), 0, st, n_rows, nsplit,
+            c1 = cu_launch_pdl(g_fp_pdl >= 1, fp_merge_rows_kernel<HD>, dim3(n_rows), dim3(HD), 0, st, n_rows, nsplit,
                              (const float *)po, (const float *)pml, (const int *)pn, (const bf16 *)a->gate,
                              (bf16 *)a->out);
         else

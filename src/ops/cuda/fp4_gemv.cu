@@ -39,6 +39,7 @@
  * refused it) both instructions are no-ops and the stream orders the kernels as usual.
  * Inside a CUDA graph capture the attribute becomes a programmatic edge.
  */
+#include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/fp4_gemm.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
@@ -48,8 +49,6 @@
 enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
 enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
 
-__device__ __forceinline__ void w4_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void w4_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* ---- M <= 8 (and larger M): weights in registers -------------------------------- */
 
@@ -64,7 +63,7 @@ template <int MT, int KW>
 __global__ void __launch_bounds__(32 * KW, 1)
     fp4_w4a16_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
-    w4_pdl_trigger();
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16;
@@ -95,7 +94,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
                 s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + (size_t)(c + u) * 8));
             }
         }
-        w4_pdl_wait(); /* x below (a no-op once passed) */
+        cu_pdl_wait(); /* x below (a no-op once passed) */
 #pragma unroll
         for (int u = 0; u < W4_U; u++) {
             if (c + u >= cend) break;
@@ -144,7 +143,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
             }
         }
     }
-    w4_pdl_wait(); /* the warps without chunks: y below */
+    cu_pdl_wait(); /* the warps without chunks: y below */
 
     /* c0,c1: row g, tokens 2t, 2t+1; c2,c3: row g+8, same tokens */
     if (KW > 1) {
@@ -204,7 +203,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
                            const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ float red[KW][4][32];
-    w4_pdl_trigger();
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
         s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
         s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
     }
-    w4_pdl_wait(); /* x and y below */
+    cu_pdl_wait(); /* x and y below */
     const int m = g < M ? g : M - 1;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     __shared__ __align__(16) uint4 zb[2];                 /* zeros */
     __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
     __shared__ float red[KW][16];
-    w4_pdl_trigger();
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
         nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
         cu_cp_async_commit();
     }
-    w4_pdl_wait(); /* x and y below */
+    cu_pdl_wait(); /* x and y below */
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
@@ -372,7 +371,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     uint32_t(*ss)[PER][32] = reinterpret_cast<uint32_t(*)[PER][32]>(gvt_raw + SO + KW * PER * 256);
     uint4 *zb = reinterpret_cast<uint4 *>(gvt_raw + SO + KW * PER * 384);
     float(*red)[16] = reinterpret_cast<float(*)[16]>(gvt_raw + SO + KW * PER * 384 + 32);
-    w4_pdl_trigger();
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -390,7 +389,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const uint32_t tab = (uint32_t)__cvta_generic_to_shared(gvt_raw);
     if (L) nv4_tab_build(tab, threadIdx.x, 32 * KW, lut); /* under the loads */
-    w4_pdl_wait(); /* x and y below */
+    cu_pdl_wait(); /* x and y below */
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
@@ -451,7 +450,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values, then permuted */
     __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
     __shared__ float red[KW][16];
-    w4_pdl_trigger();
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -465,7 +464,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
         nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
         cu_cp_async_commit();
     }
-    w4_pdl_wait(); /* x and y below */
+    cu_pdl_wait(); /* x and y below */
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
@@ -553,21 +552,11 @@ template <typename... KArgs, typename... Args>
 static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV], dim3 grid, dim3 block, size_t smem,
                      cudaStream_t st, const char *what, ls_err *e, Args... args) {
     CU_TRY(e, fp4_func_attr((const void *)K, smem, have), what);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = __atomic_load_n(&d->pdl, __ATOMIC_RELAXED) ? 1 : 0;
-    cudaError_t c = cudaLaunchKernelEx(&cfg, K, args...);
-    if (c != cudaSuccess && cfg.numAttrs) {
+    const int pdl = __atomic_load_n(&d->pdl, __ATOMIC_RELAXED);
+    cudaError_t c = cu_launch_pdl(pdl, K, grid, block, smem, st, args...);
+    if (c != cudaSuccess && pdl) {
         (void)cudaGetLastError();
-        cfg.numAttrs = 0;
-        c = cudaLaunchKernelEx(&cfg, K, args...);
+        c = cu_launch_pdl(0, K, grid, block, smem, st, args...);
         if (c == cudaSuccess) {
             __atomic_store_n(&d->pdl, 0, __ATOMIC_RELAXED);
             log_warn("cuda_w4a16_mma: programmatic dependent launch refused, launching without it");

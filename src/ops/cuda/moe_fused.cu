@@ -34,6 +34,7 @@
  * Workspace: per device (cu_ws.h), grown on first use and kept on growth (a captured
  * graph's pointers stay valid); calls on one device are serialised by its lock.
  */
+#include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/moe_int.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
@@ -90,8 +91,6 @@ static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e)
  * nothing the top-k kernel writes before its pdl_wait, except x, complete before
  * the router (launched without the attribute) started. PDL through a CUDA graph
  * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
-__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
 
@@ -235,7 +234,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
                       const bf16 *__restrict__ shu, int Is, float *__restrict__ hs) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
+    cu_pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint4 vw[LD];
     const router_part rp = router_issue<LD>(blockIdx.x, H, E, wr, wsg, vw);
@@ -320,7 +319,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
                           const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    pdl_trigger(); /* launched without the attribute: its own inputs are complete */
+    cu_pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
     if ((int)blockIdx.x < nrb) {
@@ -395,9 +394,9 @@ __global__ void __launch_bounds__(32 * TOPK_W)
                     int has_shared, const float *__restrict__ logits, const float *__restrict__ sgl, int32_t *idx,
                     float *wts, const bf16 *__restrict__ sdw, int Is, int wpt, const float *__restrict__ hs,
                     float *__restrict__ ys) {
-    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
+    cu_pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     if (!SH || (int)blockIdx.x < M) {
-        pdl_wait();
+        cu_pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
         return;
     }
@@ -410,7 +409,7 @@ __global__ void __launch_bounds__(32 * TOPK_W)
         int c = warp % wpt;
         uint4 w0[4], w1[4];
         if (on && c < nchs) bf16_ld_rows(sdw, n0 + g, Is, (size_t)c * 128 + 32 * t, w0, w1);
-        pdl_wait(); /* hs and the gate logit from launch 1 */
+        cu_pdl_wait(); /* hs and the gate logit from launch 1 */
         const float cg = g < M ? (wsg ? 1.f / (1.f + __expf(-__ldcg(sgl + g))) : 1.f) : 0.f;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         while (on && c < nchs) {
@@ -462,9 +461,9 @@ __global__ void __launch_bounds__(32 * TOPK_W, 2)
                          const float *__restrict__ sgl, int32_t *idx, float *wts, const bf16 *__restrict__ sdw,
                          int Is, const float *__restrict__ hgu, float *__restrict__ ys) {
     extern __shared__ float hsm[]; /* [M][Is] */
-    pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
+    cu_pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
     if ((int)blockIdx.x < M) {
-        pdl_wait();
+        cu_pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, 1, logits, sgl, idx, wts);
         return;
     }
@@ -478,7 +477,7 @@ __global__ void __launch_bounds__(32 * TOPK_W, 2)
         for (int c = 0; c < SHD_LD; c++)
             if (lane * 8 + 256 * c < Is) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
     }
-    pdl_wait(); /* hgu and the gate logit from launch 1 */
+    cu_pdl_wait(); /* hgu and the gate logit from launch 1 */
     for (int i = threadIdx.x; i < M * Is; i += blockDim.x) {
         const int m = i / Is, j = i - m * Is;
         const float g = __ldcg(hgu + (size_t)m * 2 * Is + j), u = __ldcg(hgu + (size_t)m * 2 * Is + Is + j);
@@ -599,8 +598,8 @@ __global__ void __launch_bounds__(256, BC ? 2 : 0) moe_gateup_kernel(const gu_pa
      * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
     const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
     const int s = m * (k + 1) + j;
-    pdl_wait();
-    pdl_trigger();
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2;
@@ -747,7 +746,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             sv[u][0] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb));
             sv[u][1] = __ldg(reinterpret_cast<const uint16_t *>(sc + sbb + (size_t)8 * (K / 16)));
         }
-        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+        cu_pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (p0 + 8 * u >= npairs) break;
@@ -801,7 +800,7 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
             }
         }
     }
-    pdl_wait();
+    cu_pdl_wait();
     if (BC) bc_rows(acc);
     __shared__ float red[8][16];
     if (t == 0) {
@@ -848,8 +847,8 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
      * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
      * routed blocks still wait before they trigger, which keeps the down kernel's
      * early read of the choices safe */
-    if (!(early_sh && j == k)) pdl_wait();
-    pdl_trigger();
+    if (!(early_sh && j == k)) cu_pdl_wait();
+    cu_pdl_trigger();
     const int n0 = blockIdx.x * 16;
     const uint8_t *gw, *uw, *gs, *us;
     float g2, u2, coef;
@@ -886,7 +885,7 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
         su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
     }
-    pdl_wait();
+    cu_pdl_wait();
     coef *= wts[m * (k + 1) + j];
     /* every token column is token m: no lane predicated off, column 0 is read */
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
@@ -979,7 +978,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             }
             cu_cp_async_commit();
         }
-        pdl_wait(); /* h from gate/up (the weights above are already in flight) */
+        cu_pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
         for (int u = 0; u < PMAX; u++) {
             const int p = base + KW * u;
@@ -998,7 +997,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
             }
         }
     }
-    pdl_wait();
+    cu_pdl_wait();
     if (BC) bc_rows(acc);
     if (t == 0) {
         red[warp][g] = acc[0];
@@ -1044,17 +1043,7 @@ static cudaError_t fused_smem(size_t bytes) {
 template <typename... KArgs, typename... Args>
 static cudaError_t fused_launch(int pdl, void (*K)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                                 Args... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    cudaError_t c = cudaLaunchKernelEx(&cfg, K, args...);
+    const cudaError_t c = cu_launch_pdl(pdl, K, grid, block, smem, st, args...);
     return c == cudaSuccess ? cudaGetLastError() : c;
 }
 

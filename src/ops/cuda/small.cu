@@ -12,10 +12,11 @@
  * page tables) included. Launch errors come back as ERR_RUNTIME /
  * ERR_UNSUPPORTED; faults surface at the model's next sync.
  * The kernels that come right before a projection start with
- * griddepcontrol.launch_dependents (sm_pdl_trigger): the projection, launched
+ * griddepcontrol.launch_dependents (cu_pdl_trigger): the projection, launched
  * with programmatic dependent launch, loads its weights while they run.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/fwd_cuda.h"
 
 enum { SM_THREADS = 256 };
@@ -31,12 +32,9 @@ static int launched(void) {
  * projection (the norms, RoPE, SiLU-mul, the residual adds, the embedding) let the
  * next kernel launch as soon as all their blocks have started. Only a kernel launched
  * with the programmatic-serialization attribute can start early, and every such kernel
- * (fp4_gemv.cu's, moe.cu's) executes griddepcontrol.wait, which waits for this grid to
+ * (fp4_gemv.cu's, moe_fused.cu's, attention_prefill.cu's) executes cu_pdl_wait (griddepcontrol.wait), which waits for this grid to
  * complete with its memory visible, before it reads anything written here: the early
  * start only lets it fetch its weights meanwhile. A no-op otherwise. */
-__device__ __forceinline__ void sm_pdl_trigger(void) {
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
 
 __device__ __forceinline__ float sm_silu(float x) { return x / (1.0f + expf(-x)); }
 
@@ -58,7 +56,7 @@ __device__ float sm_block_sum(float v) {
 /* One block per row; y may alias x (each element is read and written by one thread). */
 __global__ void sm_rmsnorm_kernel(int cols, const bf16 *__restrict__ x, const bf16 *__restrict__ z,
                                   const float *__restrict__ w, int zc, float eps, bf16 *y) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     const size_t r = blockIdx.x;
     const bf16 *xr = x + r * cols;
     float ss = 0.f;
@@ -106,7 +104,7 @@ static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, con
  * reads back only the h elements it wrote, so no barrier besides the sum's. */
 __global__ void sm_add_rmsnorm_kernel(int cols, float *__restrict__ h, const bf16 *x, int init,
                                       const float *__restrict__ w, int zc, float eps, bf16 *y) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     const size_t r = blockIdx.x;
     float *hr = h + r * cols;
     const bf16 *xr = x + r * cols;
@@ -139,7 +137,7 @@ static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, 
 /* One block per token; threads over (head, i < rot_dim/2). */
 __global__ void sm_rope_kernel(int n_heads, int head_dim, int rot_dim, const int32_t *__restrict__ pos,
                                double theta, bf16 *x) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     const int t = blockIdx.x, half = rot_dim / 2;
     const float p = (float)pos[t];
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
@@ -166,7 +164,7 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
  * memory (fp32) so each rotated pair reads both halves; written to BF16 once. */
 __global__ void sm_qk_norm_rope_kernel(int n_heads, int head_dim, const float *__restrict__ w, int zc, float eps,
                                        int rot_dim, const int32_t *__restrict__ pos, double theta, bf16 *x) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     extern __shared__ float row[];
     const size_t r = blockIdx.x;
     bf16 *xr = x + r * head_dim;
@@ -211,7 +209,7 @@ static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const f
 /* kind: 0 F32, 1 BF16, 2 F16 table; ids validated by the caller. */
 __global__ void sm_embed_kernel(int H, const int32_t *__restrict__ ids, const void *__restrict__ tab, int kind,
                                 bf16 *__restrict__ y) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     const size_t row = (size_t)ids[blockIdx.x] * H;
     bf16 *yr = y + (size_t)blockIdx.x * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -232,13 +230,13 @@ static int c_embed(int n, const int32_t *ids, const lin_w *table, void *y, act_d
 }
 
 __global__ void sm_silu_mul_kernel(int64_t n, const bf16 *g, const bf16 *__restrict__ u, bf16 *y) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(sm_silu(__bfloat162float(g[i])) * __bfloat162float(u[i]));
 }
 
 __global__ void sm_add_kernel(int64_t n, const bf16 *__restrict__ x, bf16 *y) {
-    sm_pdl_trigger();
+    cu_pdl_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }

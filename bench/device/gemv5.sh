@@ -12,8 +12,10 @@
 #     (its G1 is [4096 x 4096] at M = 1: the GEMV instance this session changes);
 #  3. the doctor (fp64 check of every cell, chain8 timing, PDL), cuda_w4a16_mma on the 397B
 #     preset's [4096 x 4096] and [16384 x 4096], M = 1, 2, 8: the default (twice: the spread)
-#     and each candidate knob (LASTSTAND_W4A16_L2PF=P: the first P blocks of an M = 1 GEMV
-#     prefetch the whole weight into L2; LASTSTAND_W4A16_GDEC=2: the bit-placement decode);
+#     and each candidate knob (LASTSTAND_W4A16_L2PF=P: the first P blocks of a GEMV launch
+#     prefetch the whole weight into L2; LASTSTAND_W4A16_GWAIT=1: one cp.async wait for
+#     both chunks of a warp at 16 x 2; LASTSTAND_W4A16_GDEC=2: the bit-placement decode);
+#     the other 397B weights and the 35B shapes with the default and L2PF=8;
 #  4. a compact table.
 # device-limit: 150
 set -u
@@ -43,7 +45,7 @@ echo "== 2. unit test_fp4_gemv_cuda (chained == synced == graph replay, fp64), p
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
   for v in "default|" "L2PF=8|LASTSTAND_W4A16_L2PF=8" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2" \
-           "L2PF=1|LASTSTAND_W4A16_L2PF=1"; do
+           "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1"; do
     lab=${v%%|*}; ev=${v#*|}
     [ "$(left 75)" -lt 0 ] && { echo "unit $lab skipped: time"; continue; }
     env $ev timeout 25 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -76,15 +78,24 @@ for t in r["tables"]:
             print("   M=%s: %s" % (m, v["detail"]))
 PY
 }
-# LABEL|ENV|M list, most important first (each later one is skipped past 135 s)
-for v in "default|" "L2PF=8|LASTSTAND_W4A16_L2PF=8|" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2|" \
-         "L2PF=1|LASTSTAND_W4A16_L2PF=1|" "L2PF=32|LASTSTAND_W4A16_L2PF=32|" "GDEC=2|LASTSTAND_W4A16_GDEC=2|" \
-         "L2PF=128|LASTSTAND_W4A16_L2PF=128|" "default again|"; do
-  lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}
+# LABEL|ENV|WHERE, most important first (each later one is skipped past 135 s); WHERE: empty =
+# the two weights above, o = the 397B's other GEMV weights [1024 x 4096], [4096 x 1024], 35b = the
+# 35B preset's NVFP4 shapes (the default must not lose where a knob would become the default)
+for v in "default||" "L2PF=8|LASTSTAND_W4A16_L2PF=8|" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2|" \
+         "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1|" "GWAIT=1|LASTSTAND_W4A16_GWAIT=1|" \
+         "L2PF=1|LASTSTAND_W4A16_L2PF=1|" "L2PF=128|LASTSTAND_W4A16_L2PF=128|" "GDEC=2|LASTSTAND_W4A16_GDEC=2|" \
+         "397B-other||o" "397B-other L2PF=8|LASTSTAND_W4A16_L2PF=8|o" "35B||35b" "35B L2PF=8|LASTSTAND_W4A16_L2PF=8|35b" \
+         "default again||"; do
+  lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; where=${rest#*|}
   [ "$(left 135)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
-  F="$OUT/gemv5_$(echo "$lab" | tr '=:/+ ' '__-p_')"
+  F="$OUT/gemv5_$(echo "$lab" | tr '=:/+ ' '__.p_')"
+  case "$where" in
+    o) args="--shapes qwen3.5-397b-a17b --fp4-shapes 1024x4096,4096x1024" ;;
+    35b) args="--shapes qwen3.5-35b-a3b" ;;
+    *) args="--shapes qwen3.5-397b-a17b --fp4-shapes $SH" ;;
+  esac
   env $ev timeout 20 "$BIN" doctor --device cuda --families fp4_gemm --backends cuda_w4a16_mma \
-    --shapes qwen3.5-397b-a17b --fp4-shapes $SH --m 1,2,8 --json "$F.json" > "$F.txt" 2>&1
+    $args --m 1,2,8 --json "$F.json" > "$F.txt" 2>&1
   rc=$?; [ $rc -ne 0 ] && { echo "$lab: doctor exit $rc"; tail -3 "$F.txt"; }
   summary "$F.json" "$lab"
 done

@@ -49,6 +49,30 @@
 enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
 enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
 
+/* L2 prefetch of this call's whole weight by its first pf blocks (pf = 0: none; gv_pf
+ * picks it; the one-tile-per-block kernels: the GEMVs and fp4_w4a16_async_kernel):
+ * under programmatic dependent launch those blocks are the ones that find an SM slot
+ * free while the previous kernel still runs (a grid of 16-warp blocks, 2 an SM, leaves
+ * 2 x SMs - tiles slots: 8 on an H200 at N = 4096), so the weight streams
+ * from DRAM into L2 during the previous call's decode, when DRAM is otherwise idle, and
+ * the blocks that start when the previous call's blocks exit find their tiles in L2.
+ * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, spread
+ * over the pf blocks' threads. Only for weights that fit L2 a few times over (gv_pf). */
+__device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((int)blockIdx.x >= pf) return;
+    const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
+    const size_t nthr = (size_t)pf * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
+    for (size_t i = tid; i < nw + ns; i += nthr) { /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
+        const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sb;
+        const uint32_t n = (uint32_t)(len - o < piece ? len - o : piece);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n) : "memory");
+    }
+#else
+    (void)w; (void)sc; (void)N; (void)K; (void)pf;
+#endif
+}
 
 /* ---- M <= 8 (and larger M): weights in registers -------------------------------- */
 
@@ -200,7 +224,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
 template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ float red[KW][4][32];
     cu_pdl_trigger();
@@ -222,6 +246,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
         s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
         s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
     }
+    gv_l2_prefetch(w, sc, N, K, pf);
     cu_pdl_wait(); /* x and y below */
     const int m = g < M ? g : M - 1;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
@@ -338,30 +363,6 @@ __device__ __forceinline__ void gv_quad_sum(const float acc[4], float &r0, float
     r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
 }
 
-/* L2 prefetch of this call's whole weight by its first pf blocks (pf = 0: none;
- * LASTSTAND_W4A16_L2PF, w4_run): under programmatic dependent launch those blocks are
- * the ones that find an SM slot free while the previous kernel still runs (the GEMV
- * grid leaves 2 x SMs - tiles slots, 8 on an H200 at N = 4096), so the weight streams
- * from DRAM into L2 during the previous call's decode, when DRAM is otherwise idle, and
- * the blocks that start when the previous call's blocks exit find their tiles in L2.
- * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, spread
- * over the pf blocks' threads. Only for weights that fit L2 a few times over (w4_run). */
-__device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if ((int)blockIdx.x >= pf) return;
-    const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
-    const size_t nthr = (size_t)pf * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
-    for (size_t i = tid; i < nw + ns; i += nthr) { /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
-        const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sb;
-        const uint32_t n = (uint32_t)(len - o < piece ? len - o : piece);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n) : "memory");
-    }
-#else
-    (void)w; (void)sc; (void)N; (void)K; (void)pf;
-#endif
-}
-
 /* The per-chunk step nv4_gemv1_chunk: lanes whose B column is zero for a half read a
  * 32-byte zero row in shared memory instead of x. */
 template <int KW, int PER>
@@ -416,7 +417,7 @@ static size_t gvt_smem_bytes(int kw, int per, int l) {
     return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int L>
+template <int KW, int PER, int L, int WA = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                       const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
@@ -451,8 +452,12 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        cu_cp_async_wait_dyn(PER - 1 - u);
-        __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        /* WA = 1: one wait for all PER chunks, so the compiler may interleave their
+         * steps (each chunk's mma chain starts from zero: they are independent) */
+        if (!WA || u == 0) {
+            cu_cp_async_wait_dyn(WA ? 0 : PER - 1 - u);
+            __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        }
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         float sg[4];
         nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
@@ -522,10 +527,14 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
  *                              on every instance that fits (2) or none (1: the register
  *                              kernel); unset: on the validated ones (w4_run)
- *   LASTSTAND_W4A16_L2PF=P     M = 1, fp4_gemv1t_kernel / fp4_gemv2_kernel: the first P
- *                              blocks prefetch the whole weight into L2 (gv_l2_prefetch),
- *                              for weights of at most L2 / 4; 0: never; unset: gv_pf */
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1;
+ *   LASTSTAND_W4A16_L2PF=P     fp4_gemv1t_kernel, fp4_gemv2_kernel, fp4_w4a16_async_kernel:
+ *                              the first P blocks prefetch the whole weight into L2
+ *                              (gv_l2_prefetch), for weights of at most L2 / 4; 0: never;
+ *                              unset: gv_pf's default
+ *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel at 16 x 2 (the [4096 x 4096] default): one
+ *                              cp.async wait for both chunks of a warp instead of one per
+ *                              chunk (their steps may interleave) */
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
@@ -536,6 +545,8 @@ static void w4_knobs_load(void) {
     const char *pf = getenv("LASTSTAND_W4A16_L2PF");
     g_knob_l2pf = pf && *pf ? atoi(pf) : -1;
     if (g_knob_l2pf > 4096) g_knob_l2pf = 4096;
+    const char *gw = getenv("LASTSTAND_W4A16_GWAIT");
+    g_knob_gwait = gw && !strcmp(gw, "1");
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -587,6 +598,17 @@ static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV],
     (const bf16 *)(a)->x, (const uint8_t *)(a)->w->data, (const uint8_t *)(a)->w->scale, (a)->w->scale2,     \
         (bf16 *)(a)->y, (a)->accumulate
 
+/* Blocks of an M = 1 GEMV launch that prefetch its whole weight into L2 (gv_l2_prefetch):
+ * LASTSTAND_W4A16_L2PF when set, else 0 (not yet validated on a device round); never
+ * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
+ * call's prefetch would evict the current call's lines: the gemv4 session's L2
+ * prefetch kernel doubled the DRAM traffic there). */
+static int gv_pf(const w4_dev *d, const lin_w *w) {
+    const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
+    if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
+    return g_knob_l2pf;
+}
+
 template <int MT, int KW>
 static int w4_reg_launch(w4_dev *d, dim3 grid, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
@@ -608,7 +630,7 @@ template <int KW, int PER, int D = 0>
 static int w4a_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
     return w4_launch(d, fp4_w4a16_async_kernel<KW, PER, D>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
-                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a));
+                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a), gv_pf(d, a->w));
 }
 
 /* The GEMV kernel variants at M = 1. */
@@ -621,6 +643,12 @@ static int gv_launch(w4_dev *d, int v, int pf, const gemm_args *a, cudaStream_t 
     if (v == GV_T0 || v == GV_T2) {
         static size_t have0[CU_WS_MAX_DEV], have2[CU_WS_MAX_DEV];
         const size_t smem = gvt_smem_bytes(KW, PER, v == GV_T2 ? 2 : 0);
+        if constexpr (KW == 16 && PER == 2) {
+            static size_t have0w[CU_WS_MAX_DEV];
+            if (v == GV_T0 && g_knob_gwait == 1)
+                return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0, 1>, have0w, grid, block, smem, st,
+                                 "fp4_gemm cuda_w4a16_mma (gemv, one wait)", e, N, K, W4_ARGS_REST(a), pf);
+        }
         if (v == GV_T0)
             return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0>, have0, grid, block, smem, st,
                              "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a), pf);
@@ -647,16 +675,6 @@ static int gv_launch_kw(w4_dev *d, int kw, int per, int v, int pf, const gemm_ar
                       : gv_launch<4, 4>(d, v, pf, a, st, e);
 }
 
-/* Blocks of an M = 1 GEMV launch that prefetch its whole weight into L2 (gv_l2_prefetch):
- * LASTSTAND_W4A16_L2PF when set, else 0 (not yet validated on a device round); never
- * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
- * call's prefetch would evict the current call's lines: the gemv4 session's L2
- * prefetch kernel doubled the DRAM traffic there). */
-static int gv_pf(const w4_dev *d, const lin_w *w) {
-    const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
-    if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
-    return g_knob_l2pf;
-}
 
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
  * in 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory of fp4_gemv1_kernel).

@@ -45,7 +45,8 @@ echo "== 2. unit test_fp4_gemv_cuda (chained == synced == graph replay, fp64), p
 UT="$(dirname "$BIN")/tests/test_fp4_gemv_cuda"
 if [ -x "$UT" ]; then
   for v in "default|" "L2PF=8|LASTSTAND_W4A16_L2PF=8" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2" \
-           "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1"; do
+           "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1" \
+           "L2PF=8+GDEC=2+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GWAIT=1"; do
     lab=${v%%|*}; ev=${v#*|}
     [ "$(left 75)" -lt 0 ] && { echo "unit $lab skipped: time"; continue; }
     env $ev timeout 25 "$UT" > "$OUT/ut_$lab.log" 2>&1
@@ -82,7 +83,9 @@ PY
 # the two weights above, o = the 397B's other GEMV weights [1024 x 4096], [4096 x 1024], 35b = the
 # 35B preset's NVFP4 shapes (the default must not lose where a knob would become the default)
 for v in "default||" "L2PF=8|LASTSTAND_W4A16_L2PF=8|" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2|" \
-         "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1|" "GWAIT=1|LASTSTAND_W4A16_GWAIT=1|" \
+         "L2PF=8+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GWAIT=1|" \
+         "L2PF=8+GDEC=2+GWAIT=1|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2 LASTSTAND_W4A16_GWAIT=1|" \
+         "GWAIT=1|LASTSTAND_W4A16_GWAIT=1|" \
          "L2PF=1|LASTSTAND_W4A16_L2PF=1|" "L2PF=128|LASTSTAND_W4A16_L2PF=128|" "GDEC=2|LASTSTAND_W4A16_GDEC=2|" \
          "397B-other||o" "397B-other L2PF=8|LASTSTAND_W4A16_L2PF=8|o" "35B||35b" "35B L2PF=8|LASTSTAND_W4A16_L2PF=8|35b" \
          "default again||"; do

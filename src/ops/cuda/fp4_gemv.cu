@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
  * once per chunk in shared memory into the (i, i + 4) pairing of the decode. 45
  * registers: 4 blocks of 8 warps an SM where fp4_gemv1t_kernel fits 3 (gemv4 session:
  * [16384 x 4096] 17.7 -> 14.8 us a chained call). */
-template <int KW, int PER>
+template <int KW, int PER, int WA = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
@@ -495,9 +495,17 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        cu_cp_async_wait_dyn(PER - 1 - u);
-        if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
-        __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        if (!WA) {
+            cu_cp_async_wait_dyn(PER - 1 - u);
+            if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
+            __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        } else if (u == 0) { /* WA = 1: one wait for all PER chunks (as fp4_gemv1t_kernel) */
+            cu_cp_async_wait<0>();
+#pragma unroll
+            for (int v = 0; v < PER; v++)
+                if (lane < 16) xs[warp][v][lane] = nv4_xperm8(xs[warp][v][lane]);
+            __syncwarp();
+        }
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
                              xs[warp][u][4 * t + 3]};
@@ -531,9 +539,9 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *                              the first P blocks prefetch the whole weight into L2
  *                              (gv_l2_prefetch), for weights of at most L2 / 4; 0: never;
  *                              unset: gv_pf's default
- *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel at 16 x 2 (the [4096 x 4096] default): one
- *                              cp.async wait for both chunks of a warp instead of one per
- *                              chunk (their steps may interleave) */
+ *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel / fp4_gemv2_kernel at 16 x 2 (the
+ *                              [4096 x 4096] instance): one cp.async wait for both chunks
+ *                              of a warp instead of one per chunk (their steps may interleave) */
 static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
@@ -656,6 +664,13 @@ static int gv_launch(w4_dev *d, int v, int pf, const gemm_args *a, cudaStream_t 
                          "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a), pf);
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
+    if constexpr (KW == 16 && PER == 2) {
+        static size_t havev2w[CU_WS_MAX_DEV];
+        if (v == GV_V2 && g_knob_gwait == 1)
+            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 1>, havev2w, grid, block, 0, st,
+                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, one wait)", e, N, K,
+                             W4_ARGS_REST(a), pf);
+    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
                          "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a), pf);

@@ -79,7 +79,7 @@ for t in r["tables"]:
             print("   M=%s: %s" % (m, v["detail"]))
 PY
 }
-# LABEL|ENV|WHERE, most important first (each later one is skipped past 135 s); WHERE: empty =
+# LABEL|ENV|WHERE, most important first (each later one is skipped past 135 s; a run takes ~1-3 s); WHERE: empty =
 # the two weights above, o = the 397B's other GEMV weights [1024 x 4096], [4096 x 1024], 35b = the
 # 35B preset's NVFP4 shapes (the default must not lose where a knob would become the default)
 for v in "default||" "L2PF=8|LASTSTAND_W4A16_L2PF=8|" "L2PF=8+GDEC=2|LASTSTAND_W4A16_L2PF=8 LASTSTAND_W4A16_GDEC=2|" \
@@ -88,7 +88,9 @@ for v in "default||" "L2PF=8|LASTSTAND_W4A16_L2PF=8|" "L2PF=8+GDEC=2|LASTSTAND_W
          "GWAIT=1|LASTSTAND_W4A16_GWAIT=1|" \
          "L2PF=1|LASTSTAND_W4A16_L2PF=1|" "L2PF=128|LASTSTAND_W4A16_L2PF=128|" "GDEC=2|LASTSTAND_W4A16_GDEC=2|" \
          "397B-other||o" "397B-other L2PF=8|LASTSTAND_W4A16_L2PF=8|o" "35B||35b" "35B L2PF=8|LASTSTAND_W4A16_L2PF=8|35b" \
-         "default again||"; do
+         "L2PF=8 no PDL|LASTSTAND_W4A16_L2PF=8 LASTSTAND_FP4_PDL=0|" "no PDL|LASTSTAND_FP4_PDL=0|" \
+         "L2PF=8 isolated|LASTSTAND_W4A16_L2PF=8 LASTSTAND_DOCTOR_TIMING=isolated|" \
+         "default again||" "L2PF=8 again|LASTSTAND_W4A16_L2PF=8|" "default 3rd||" "L2PF=8 3rd|LASTSTAND_W4A16_L2PF=8|"; do
   lab=${v%%|*}; rest=${v#*|}; ev=${rest%%|*}; where=${rest#*|}
   [ "$(left 135)" -lt 0 ] && { echo "$lab skipped: time"; continue; }
   F="$OUT/gemv5_$(echo "$lab" | tr '=:/+ ' '__.p_')"

@@ -606,14 +606,16 @@ static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV],
     (const bf16 *)(a)->x, (const uint8_t *)(a)->w->data, (const uint8_t *)(a)->w->scale, (a)->w->scale2,     \
         (bf16 *)(a)->y, (a)->accumulate
 
-/* Blocks of an M = 1 GEMV launch that prefetch its whole weight into L2 (gv_l2_prefetch):
- * LASTSTAND_W4A16_L2PF when set, else 0 (not yet validated on a device round); never
+/* Blocks of a one-tile-per-block launch (the M = 1 GEMVs, the M = 2..8 cp.async kernel)
+ * that prefetch its whole weight into L2 (gv_l2_prefetch): LASTSTAND_W4A16_L2PF when
+ * set, else 0 (not yet validated on a device round); never
  * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
  * call's prefetch would evict the current call's lines: the gemv4 session's L2
  * prefetch kernel doubled the DRAM traffic there). */
 static int gv_pf(const w4_dev *d, const lin_w *w) {
     const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
     if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
+    if (((uintptr_t)w->data | (uintptr_t)w->scale) & 15) return 0; /* bulk copies take 16-byte addresses */
     return g_knob_l2pf;
 }
 

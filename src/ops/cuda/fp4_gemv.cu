@@ -56,15 +56,17 @@ enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
  * 2 x SMs - tiles slots: 8 on an H200 at N = 4096), so the weight streams
  * from DRAM into L2 during the previous call's decode, when DRAM is otherwise idle, and
  * the blocks that start when the previous call's blocks exit find their tiles in L2.
- * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, spread
- * over the pf blocks' threads. Only for weights that fit L2 a few times over (gv_pf). */
+ * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, dealt
+ * round robin to the pf blocks (one SM's copy engine alone would take several us for
+ * 9.4 MB). Only for weights that fit L2 a few times over (gv_pf). */
 __device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if ((int)blockIdx.x >= pf) return;
     const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
-    const size_t nthr = (size_t)pf * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
-    for (size_t i = tid; i < nw + ns; i += nthr) { /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
+    /* piece i by block i % pf (each SM's copy engine takes its share), thread i / pf % blockDim */
+    for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < nw + ns; i += (size_t)pf * blockDim.x) {
+        /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
         const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sb;
         const uint32_t n = (uint32_t)(len - o < piece ? len - o : piece);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n) : "memory");

@@ -91,8 +91,8 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 
 # VARIANTS: "tag:VAR=V VAR=V": each knob this session added, against the defaults (R1: the new
 # behaviour opt-in; after the defaults flip: the old behaviour)
-VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1"
-          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1"
+VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1"
+          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1"
           "multi:LASTSTAND_GEMV_MULTI=1")
 NEWENV=${VARIANTS[0]#*:}
 D=$(dirname "$BIN")

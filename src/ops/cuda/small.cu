@@ -14,16 +14,52 @@
  * The kernels that come right before a projection start with
  * griddepcontrol.launch_dependents (cu_pdl_trigger): the projection, launched
  * with programmatic dependent launch, loads its weights while they run.
+ * With LASTSTAND_SMALL_PDL=1 (sm_pdl) every kernel but the embedding is itself
+ * launched with the attribute and waits (cu_pdl_wait) before its first memory
+ * access: its launch overlaps the previous kernel's tail.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/fwd_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 enum { SM_THREADS = 256 };
 
 static int launched(void) {
     cudaError_t c = cudaGetLastError();
     if (c == cudaSuccess) return 0;
+    return (c == cudaErrorNoKernelImageForDevice || c == cudaErrorInvalidDeviceFunction) ? ERR_UNSUPPORTED
+                                                                                         : ERR_RUNTIME;
+}
+
+/* LASTSTAND_SMALL_PDL=0|1: launch the kernels below (all but the embedding) with / without
+ * the programmatic-serialization attribute (SM_PDL_DEFAULT). With it a kernel may be
+ * scheduled while its predecessor still runs; each one executes cu_pdl_wait before its
+ * first memory access, so it only hides its own launch. Read once. */
+#define SM_PDL_DEFAULT 0
+static int sm_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_SMALL_PDL");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_PDL_DEFAULT;
+    }
+    return v;
+}
+
+/* K<<<g, b, smem, s>>>(args...), with the attribute when sm_pdl() (retried without it if
+ * the launch refuses it); 0, ERR_UNSUPPORTED (no kernel image) or ERR_RUNTIME. */
+template <typename... KArgs, typename... Args>
+static int sm_launch(void (*K)(KArgs...), dim3 g, dim3 b, size_t smem, ls_stream s, Args... args) {
+    const int pdl = sm_pdl();
+    cudaError_t c = cu_launch_pdl(pdl, K, g, b, smem, (cudaStream_t)s, args...);
+    if (c != cudaSuccess && pdl) {
+        (void)cudaGetLastError();
+        c = cu_launch_pdl(0, K, g, b, smem, (cudaStream_t)s, args...);
+    }
+    if (c == cudaSuccess) return launched();
+    (void)cudaGetLastError();
     return (c == cudaErrorNoKernelImageForDevice || c == cudaErrorInvalidDeviceFunction) ? ERR_UNSUPPORTED
                                                                                          : ERR_RUNTIME;
 }
@@ -57,6 +93,7 @@ __device__ float sm_block_sum(float v) {
 __global__ void sm_rmsnorm_kernel(int cols, const bf16 *__restrict__ x, const bf16 *__restrict__ z,
                                   const float *__restrict__ w, int zc, float eps, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const size_t r = blockIdx.x;
     const bf16 *xr = x + r * cols;
     float ss = 0.f;
@@ -86,18 +123,16 @@ static int c_rmsnorm(int rows, int cols, const void *x, const float *w, rms_kind
                      act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, (const bf16 *)x, NULL, w, kind == RMS_ZC, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
+                     (const bf16 *)nullptr, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
 
 static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, const float *w, float eps,
                            void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, (const bf16 *)x, (const bf16 *)z, w, 0, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
+                     (const bf16 *)z, w, 0, eps, (bf16 *)y);
 }
 
 /* h (+)= x in fp32, then y = norm(h) in BF16. One block per row; each thread
@@ -105,6 +140,7 @@ static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, con
 __global__ void sm_add_rmsnorm_kernel(int cols, float *__restrict__ h, const bf16 *x, int init,
                                       const float *__restrict__ w, int zc, float eps, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const size_t r = blockIdx.x;
     float *hr = h + r * cols;
     const bf16 *xr = x + r * cols;
@@ -127,9 +163,8 @@ static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, 
                          float eps, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_add_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, h, (const bf16 *)x, init, w, kind == RMS_ZC, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_add_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, h, (const bf16 *)x,
+                     init, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
 
 /* ---- RoPE ------------------------------------------------------------------- */
@@ -138,6 +173,7 @@ static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, 
 __global__ void sm_rope_kernel(int n_heads, int head_dim, int rot_dim, const int32_t *__restrict__ pos,
                                double theta, bf16 *x) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const int t = blockIdx.x, half = rot_dim / 2;
     const float p = (float)pos[t];
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
@@ -155,9 +191,8 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
                   void *x, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n_tok <= 0 || rot_dim < 2) return 0;
-    sm_rope_kernel<<<n_tok, threads_for(n_heads * rot_dim / 2), 0, (cudaStream_t)s>>>(
-        n_heads, head_dim, rot_dim, pos, theta, (bf16 *)x);
-    return launched();
+    return sm_launch(sm_rope_kernel, dim3(n_tok), dim3(threads_for(n_heads * rot_dim / 2)), 0, s, n_heads, head_dim,
+                     rot_dim, pos, theta, (bf16 *)x);
 }
 
 /* q/k head norm + RoPE: one block per (token, head) row, the normed row in shared
@@ -165,6 +200,7 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
 __global__ void sm_qk_norm_rope_kernel(int n_heads, int head_dim, const float *__restrict__ w, int zc, float eps,
                                        int rot_dim, const int32_t *__restrict__ pos, double theta, bf16 *x) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     extern __shared__ float row[];
     const size_t r = blockIdx.x;
     bf16 *xr = x + r * head_dim;
@@ -199,9 +235,9 @@ static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const f
     if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
     if (n_tok <= 0 || n_heads <= 0) return 0;
     if (rot_dim < 2) rot_dim = 0;
-    sm_qk_norm_rope_kernel<<<n_tok * n_heads, threads_for(head_dim), sizeof(float) * head_dim, (cudaStream_t)s>>>(
-        n_heads, head_dim, w, kind == RMS_ZC, eps, rot_dim, pos, theta, (bf16 *)x);
-    return launched();
+    return sm_launch(sm_qk_norm_rope_kernel, dim3(n_tok * n_heads), dim3(threads_for(head_dim)),
+                     sizeof(float) * head_dim, s, n_heads, head_dim, w, (int)(kind == RMS_ZC), eps, rot_dim, pos,
+                     theta, (bf16 *)x);
 }
 
 /* ---- embedding, elementwise --------------------------------------------------- */
@@ -231,12 +267,14 @@ static int c_embed(int n, const int32_t *ids, const lin_w *table, void *y, act_d
 
 __global__ void sm_silu_mul_kernel(int64_t n, const bf16 *g, const bf16 *__restrict__ u, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(sm_silu(__bfloat162float(g[i])) * __bfloat162float(u[i]));
 }
 
 __global__ void sm_add_kernel(int64_t n, const bf16 *__restrict__ x, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
@@ -249,16 +287,14 @@ static unsigned grid_for(int64_t n) {
 static int c_silu_mul(int64_t n, const void *g, const void *u, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_silu_mul_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)g, (const bf16 *)u,
-                                                                        (bf16 *)y);
-    return launched();
+    return sm_launch(sm_silu_mul_kernel, dim3(grid_for(n)), dim3(SM_THREADS), 0, s, n, (const bf16 *)g,
+                     (const bf16 *)u, (bf16 *)y);
 }
 
 static int c_add(int64_t n, const void *x, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_add_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)x, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_add_kernel, dim3(grid_for(n)), dim3(SM_THREADS), 0, s, n, (const bf16 *)x, (bf16 *)y);
 }
 
 /* ---- KV writes, row gather ----------------------------------------------------- */
@@ -269,6 +305,7 @@ enum { KV_SPLIT = 32 };
 template <typename T>
 __global__ void sm_kv_write_kernel(const attn_seq *__restrict__ seqs, int page_size, int n_pages, int row,
                                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, T *kp, T *vp) {
+    cu_pdl_wait(); /* no early trigger: the attention kernel after it may read the pages before its own wait */
     const attn_seq sq = seqs[blockIdx.x];
     for (int i = blockIdx.y; i < sq.n_new; i += gridDim.y) {
         const int p = sq.n_past + i;
@@ -295,18 +332,15 @@ static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n
     const int row = n_kv_heads * head_dim;
     dim3 grid(n_seq, KV_SPLIT);
     if (kv->dt == ACT_BF16)
-        sm_kv_write_kernel<uint16_t><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
-            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (uint16_t *)kv->k,
-            (uint16_t *)kv->v);
-    else
-        sm_kv_write_kernel<float><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
-            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (float *)kv->k,
-            (float *)kv->v);
-    return launched();
+        return sm_launch(sm_kv_write_kernel<uint16_t>, grid, dim3(threads_for(row)), 0, s, seqs, kv->page_size,
+                         kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (uint16_t *)kv->k, (uint16_t *)kv->v);
+    return sm_launch(sm_kv_write_kernel<float>, grid, dim3(threads_for(row)), 0, s, seqs, kv->page_size, kv->n_pages,
+                     row, (const bf16 *)k, (const bf16 *)v, (float *)kv->k, (float *)kv->v);
 }
 
 __global__ void sm_gather_kernel(int cols, const int32_t *__restrict__ idx, const bf16 *__restrict__ x,
                                  bf16 *__restrict__ y) {
+    cu_pdl_wait();
     const bf16 *xr = x + (size_t)idx[blockIdx.x] * cols;
     bf16 *yr = y + (size_t)blockIdx.x * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = xr[i];
@@ -316,8 +350,8 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
                          ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_gather_kernel<<<n, threads_for(cols), 0, (cudaStream_t)s>>>(cols, idx, (const bf16 *)x, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_gather_kernel, dim3(n), dim3(threads_for(cols)), 0, s, cols, idx, (const bf16 *)x,
+                     (bf16 *)y);
 }
 
 extern "C" const small_ops small_cuda = {

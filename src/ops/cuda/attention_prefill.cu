@@ -122,6 +122,79 @@ __device__ __forceinline__ void fp_cp_wait() { asm volatile("cp.async.wait_group
  * kernel here calls it before it reads anything, and cu_pdl_trigger right after (what follows waits
  * in turn for this grid's completion before it reads). */
 
+/* ---- the online-softmax steps both kernels share ------------------------------ */
+
+/* A thread's two rows A and B (accumulator elements 0, 1 and 2, 3 of every n-tile) are summed over
+ * the row's four lanes t (lanes 4g .. 4g + 3). */
+__device__ __forceinline__ void fp_quad_sum(float &a, float &b) {
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o2);
+        b += __shfl_xor_sync(0xffffffffu, b, o2);
+    }
+}
+
+/* One online-softmax step over a key tile. In: sc [NT n-tiles of 8 keys] the masked scores in log2
+ * units, xA / xB this thread's maxima of rows A / B; m, l the rows' running max and sum, o [OT
+ * n-tiles of 8 dims] the unnormalised output. The row maxima meet over the row's four lanes, o and
+ * l are rescaled to the new max, and sc becomes P = exp2(s - m) with l += its row sums. */
+template <int NT, int OT>
+__device__ __forceinline__ void fp_softmax_step(float (&sc)[NT][4], float (&o)[OT][4], float xA, float xB, float &mA,
+                                                float &mB, float &lA, float &lB) {
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
+        xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
+    }
+    const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+    const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB; /* fully masked rows */
+    const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);                           /* exp2(-inf) = 0 */
+    mA = nA;
+    mB = nB;
+    lA *= cA;
+    lB *= cB;
+    if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) { /* skipped once no row's max moves */
+#pragma unroll
+        for (int n = 0; n < OT; n++) {
+            o[n][0] *= cA; o[n][1] *= cA;
+            o[n][2] *= cB; o[n][3] *= cB;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        sc[n][0] = exp2f(sc[n][0] - uA);
+        sc[n][1] = exp2f(sc[n][1] - uA);
+        sc[n][2] = exp2f(sc[n][2] - uB);
+        sc[n][3] = exp2f(sc[n][3] - uB);
+        lA += sc[n][0] + sc[n][1];
+        lB += sc[n][2] + sc[n][3];
+    }
+}
+
+/* O [16 rows, OT n-tiles of 8 dims from dim d0] += P · V for a key tile of 8·NT keys: P's A fragment
+ * for keys 16kk .. 16kk + 15 is the S accumulators of n-tiles 2kk, 2kk + 1 (BF16); V [keys, dims] in
+ * shared memory with row stride LD: lane l addresses matrix mi = l/8 row l%8, key 16kk + (mi&1)·8 +
+ * l%8, dim d0 + 16np + (mi>>1)·8; regs 0,1 = B of dim n-tile 2np, regs 2,3 = B of n-tile 2np + 1. */
+template <int LD, int NT, int OT>
+__device__ __forceinline__ void fp_pv(const float (&sc)[NT][4], float (&o)[OT][4], const bf16 *Vs, int lane, int d0) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t a[4];
+        a[0] = fp_pack(sc[2 * kk][0], sc[2 * kk][1]);
+        a[1] = fp_pack(sc[2 * kk][2], sc[2 * kk][3]);
+        a[2] = fp_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        a[3] = fp_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+        const bf16 *vb = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8 + d0;
+#pragma unroll
+        for (int np = 0; np < OT / 2; np++) {
+            uint32_t b[4];
+            fp_ldsm_x4_t(b, vb + np * 16);
+            cu_mma_bf16_16816(o[2 * np], a, b[0], b[1]);
+            cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
 /* ---- the kernel ------------------------------------------------------------ */
 
 /* grid (tiles bound, nkv), block 128 threads (4 warps, warp w owns tile rows
@@ -280,63 +353,15 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
                 if (e < 2) xA = fmaxf(xA, v); else xB = fmaxf(xB, v);
             }
         }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
-            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
-        }
-        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
-        const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB; /* fully masked rows */
-        const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);                           /* exp2(-inf) = 0 */
-        mA = nA;
-        mB = nB;
-        lA *= cA;
-        lB *= cB;
-        if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) { /* skipped once no row's max moves */
-#pragma unroll
-            for (int n = 0; n < OT; n++) {
-                o[n][0] *= cA; o[n][1] *= cA;
-                o[n][2] *= cB; o[n][3] *= cB;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            sc[n][0] = exp2f(sc[n][0] - uA);
-            sc[n][1] = exp2f(sc[n][1] - uA);
-            sc[n][2] = exp2f(sc[n][2] - uB);
-            sc[n][3] = exp2f(sc[n][3] - uB);
-            lA += sc[n][0] + sc[n][1];
-            lB += sc[n][2] + sc[n][3];
-        }
+        fp_softmax_step(sc, o, xA, xB, mA, mB, lA, lB);
         /* O += P·V: P's A fragment for keys 16kk .. 16kk + 15 is the S accumulators of n-tiles 2kk, 2kk + 1 */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4];
-            a[0] = fp_pack(sc[2 * kk][0], sc[2 * kk][1]);
-            a[1] = fp_pack(sc[2 * kk][2], sc[2 * kk][3]);
-            a[2] = fp_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            a[3] = fp_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            /* V [keys, dims]: lane l addresses matrix mi = l/8 row l%8: key 16kk + (mi&1)·8 + l%8, dim 16np + (mi>>1)·8;
-             * regs 0,1 = B of dim n-tile 2np, regs 2,3 = B of n-tile 2np + 1 */
-            const bf16 *vb = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
-#pragma unroll
-            for (int np = 0; np < HD / 16; np++) {
-                uint32_t b[4];
-                fp_ldsm_x4_t(b, vb + np * 16);
-                cu_mma_bf16_16816(o[2 * np], a, b[0], b[1]);
-                cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        fp_pv<LD>(sc, o, Vs, lane, 0);
         __syncthreads(); /* stage st is reloaded by iteration it + 1 */
     }
     fp_cp_wait<0>();
 
     /* finish: l summed over the row's four lanes, O / l, gate, BF16 */
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        lA += __shfl_xor_sync(0xffffffffu, lA, o2);
-        lB += __shfl_xor_sync(0xffffffffu, lB, o2);
-    }
+    fp_quad_sum(lA, lB);
     if (!direct) { /* split-K partial of output row (token, head): m (log2 units), l, unnormalised O */
 #pragma unroll
         for (int half = 0; half < 2; half++) {
@@ -498,59 +523,13 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
                 if (e < 2) xA = fmaxf(xA, v); else xB = fmaxf(xB, v);
             }
         }
-#pragma unroll
-        for (int o2 = 1; o2 < 4; o2 <<= 1) {
-            xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
-            xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
-        }
-        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
-        const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB;
-        const float cA = exp2f(mA - uA), cB = exp2f(mB - uB);
-        mA = nA;
-        mB = nB;
-        lA *= cA;
-        lB *= cB;
-        if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) {
-#pragma unroll
-            for (int n = 0; n < OTW; n++) {
-                o[n][0] *= cA; o[n][1] *= cA;
-                o[n][2] *= cB; o[n][3] *= cB;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            sc[n][0] = exp2f(sc[n][0] - uA);
-            sc[n][1] = exp2f(sc[n][1] - uA);
-            sc[n][2] = exp2f(sc[n][2] - uB);
-            sc[n][3] = exp2f(sc[n][3] - uB);
-            lA += sc[n][0] + sc[n][1];
-            lB += sc[n][2] + sc[n][3];
-        }
+        fp_softmax_step(sc, o, xA, xB, mA, mB, lA, lB);
         /* O[:, this warp's dims] += P·V */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4];
-            a[0] = fp_pack(sc[2 * kk][0], sc[2 * kk][1]);
-            a[1] = fp_pack(sc[2 * kk][2], sc[2 * kk][3]);
-            a[2] = fp_pack(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-            a[3] = fp_pack(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-            const bf16 *vb = Vs + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8 + w * (HD / 4);
-#pragma unroll
-            for (int np = 0; np < OTW / 2; np++) {
-                uint32_t b[4];
-                fp_ldsm_x4_t(b, vb + np * 16);
-                cu_mma_bf16_16816(o[2 * np], a, b[0], b[1]);
-                cu_mma_bf16_16816(o[2 * np + 1], a, b[2], b[3]);
-            }
-        }
+        fp_pv<LD>(sc, o, Vs, lane, w * (HD / 4));
         __syncthreads(); /* stage st and Sred are rewritten by iteration it + 1 */
     }
     fp_cp_wait<0>();
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        lA += __shfl_xor_sync(0xffffffffu, lA, o2);
-        lB += __shfl_xor_sync(0xffffffffu, lB, o2);
-    }
+    fp_quad_sum(lA, lB);
     const int dbase = w * (HD / 4);
 #pragma unroll
     for (int half = 0; half < 2; half++) {

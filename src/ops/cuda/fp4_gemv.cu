@@ -49,6 +49,30 @@
 enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
 enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
 
+/* L2 prefetch of this call's whole weight by its first pf blocks (pf = 0: none; gv_pf
+ * picks it; the one-tile-per-block kernels: the GEMVs and fp4_w4a16_async_kernel):
+ * under programmatic dependent launch those blocks are the ones that find an SM slot
+ * free while the previous kernel still runs (a grid of 16-warp blocks, 2 an SM, leaves
+ * 2 x SMs - tiles slots: 8 on an H200 at N = 4096), so the weight streams
+ * from DRAM into L2 during the previous call's decode, when DRAM is otherwise idle, and
+ * the blocks that start when the previous call's blocks exit find their tiles in L2.
+ * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, spread
+ * over the pf blocks' threads. Only for weights that fit L2 a few times over (gv_pf). */
+__device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if ((int)blockIdx.x >= pf) return;
+    const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
+    const size_t nthr = (size_t)pf * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
+    for (size_t i = tid; i < nw + ns; i += nthr) { /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
+        const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sb;
+        const uint32_t n = (uint32_t)(len - o < piece ? len - o : piece);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n) : "memory");
+    }
+#else
+    (void)w; (void)sc; (void)N; (void)K; (void)pf;
+#endif
+}
 
 /* ---- M <= 8 (and larger M): weights in registers -------------------------------- */
 
@@ -200,7 +224,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
 template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ float red[KW][4][32];
     cu_pdl_trigger();
@@ -222,6 +246,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
         s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
         s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
     }
+    gv_l2_prefetch(w, sc, N, K, pf);
     cu_pdl_wait(); /* x and y below */
     const int m = g < M ? g : M - 1;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
@@ -272,6 +297,72 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
  * are in too), then runs the chunk step of nvfp4.cuh on it. The 16 row sums meet
  * across the warp's 4 lanes t by shuffles and across the KW warps in shared memory. */
 
+/* The GEMV prologue, first half (every GEMV kernel, before griddepcontrol.wait): this
+ * warp's codes of rows g and g + 8 (each lane its 16 B of a chunk, as the chunk step reads
+ * them back) and its E4M3 scales (lane i copies scale bytes 4 (i % 2) .. + 3 of row i / 2
+ * of each chunk), one commit group per chunk u = 0 .. PER - 1. */
+template <int PER>
+__device__ __forceinline__ void gv_stage_weights(uint4 (&stage)[PER][2][32], uint32_t (&ss)[PER][32],
+                                                 const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
+                                                 int K, int n0, int c0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&stage[u][0][lane], wr0 + u * 64);
+        cu_cp_async16(&stage[u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[u][lane], sg0 + u * 8);
+        cu_cp_async_commit();
+    }
+}
+
+/* Second half (after griddepcontrol.wait): the warp's x, 128 values a chunk (lanes 0..15,
+ * 16 B each), one commit group per chunk: group PER + u holds chunk u's x. */
+template <int PER>
+__device__ __forceinline__ void gv_stage_x(uint4 (&xs)[PER][16], const bf16 *__restrict__ x, int c0, int lane) {
+    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        if (lane < 16) cu_cp_async16(&xs[u][lane], xg + u * W4_CHUNK);
+        cu_cp_async_commit();
+    }
+}
+
+/* The GEMV epilogue: r0 / r1 = this warp's sums of rows g / g + 8 in the lanes t = 0;
+ * they meet across the KW warps in red (shared, [KW][16]), and threads 0..15 write
+ * y[n0 + i] (+)= scale * the sum of row i, the warps added in order 0..KW-1. */
+template <int KW>
+__device__ __forceinline__ void gv_block_store(float (*red)[16], int warp, int lane, float r0, float r1, int n0,
+                                               float scale, bf16 *__restrict__ y, int accumulate) {
+    if ((lane & 3) == 0) {
+        red[warp][lane >> 2] = r0;
+        red[warp][(lane >> 2) + 8] = r1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        const int n = n0 + threadIdx.x;
+        v *= scale;
+        if (accumulate) v += __bfloat162float(y[n]);
+        y[n] = __float2bfloat16_rn(v);
+    }
+}
+
+/* The row sums of the block-column chunk step (acc0 + acc1: row g, acc2 + acc3: row
+ * g + 8) over the warp's 4 lanes t, left in every lane. */
+__device__ __forceinline__ void gv_quad_sum(const float acc[4], float &r0, float &r1) {
+    r0 = acc[0] + acc[1];
+    r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+}
+
 /* The per-chunk step nv4_gemv1_chunk: lanes whose B column is zero for a half read a
  * 32-byte zero row in shared memory instead of x. */
 template <int KW, int PER>
@@ -286,24 +377,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
-    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
-    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
-    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
-    /* lane i copies scale bytes 4 (i % 2) .. + 3 of row i / 2 of each chunk */
-    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
-        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
-        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
-        cu_cp_async_commit();
-    }
+    gv_stage_weights<PER>(stage[warp], ss[warp], w, sc, K, n0, c0, lane);
     cu_pdl_wait(); /* x and y below */
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
-        cu_cp_async_commit();
-    }
+    gv_stage_x<PER>(xs[warp], x, c0, lane);
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
     /* B column g is this lane's at slot t iff t == g / 2: first half of the slice for
@@ -327,25 +403,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
                         pe[u * se + 1], po[u * so], po[u * so + 1], sg, lut, acc);
     }
     /* row g: acc0 + acc1, row g + 8: acc2 + acc3, summed over the 4 lanes t, then the warps */
-    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
-    if (t == 0) {
-        red[warp][g] = r0;
-        red[warp][g + 8] = r1;
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float v = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
-        const int n = n0 + threadIdx.x;
-        v *= scale2;
-        if (accumulate) v += __bfloat162float(y[n]);
-        y[n] = __float2bfloat16_rn(v);
-    }
+    float r0, r1;
+    gv_quad_sum(acc, r0, r1);
+    gv_block_store<KW>(red, warp, lane, r0, r1, n0, scale2, y, accumulate);
 }
 
 /* The per-chunk step nv4_gemv1t_chunk<L>: each lane reads only the 32 B of x it feeds
@@ -357,10 +417,10 @@ static size_t gvt_smem_bytes(int kw, int per, int l) {
     return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int L>
+template <int KW, int PER, int L, int WA = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
     extern __shared__ __align__(128) unsigned char gvt_raw[];
     /* table [256][32] u32 (L > 0), then stage[KW][PER][2][32] uint4 (codes), xs[KW][PER][16]
      * uint4, ss[KW][PER][32] u32 (scales), zb[2] uint4 (zeros), red[KW][16] f32 */
@@ -374,27 +434,14 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
-    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
-    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
-    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
-    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
-        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
-        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
-        cu_cp_async_commit();
-    }
+    gv_stage_weights<PER>(stage[warp], ss[warp], w, sc, K, n0, c0, lane);
+    gv_l2_prefetch(w, sc, N, K, pf);
     /* K % 128 == 0: a per-thread zero the compiler cannot fold (see nv4_lut_make) */
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const uint32_t tab = (uint32_t)__cvta_generic_to_shared(gvt_raw);
     if (L) nv4_tab_build(tab, threadIdx.x, 32 * KW, lut); /* under the loads */
     cu_pdl_wait(); /* x and y below */
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
-        cu_cp_async_commit();
-    }
+    gv_stage_x<PER>(xs[warp], x, c0, lane);
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
     /* the lane's 32 B of x (its half of its slice) iff t == g / 2, else zeros */
@@ -405,8 +452,12 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        cu_cp_async_wait_dyn(PER - 1 - u);
-        __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        /* WA = 1: one wait for all PER chunks, so the compiler may interleave their
+         * steps (each chunk's mma chain starts from zero: they are independent) */
+        if (!WA || u == 0) {
+            cu_cp_async_wait_dyn(WA ? 0 : PER - 1 - u);
+            __syncwarp(); /* x and scales of chunk u were copied by other lanes */
+        }
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         float sg[4];
         nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
@@ -414,25 +465,9 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
         nv4_gemv1t_chunk<L>(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), px[u * sx],
                             px[u * sx + 1], sg, lut, tl, acc);
     }
-    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
-    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
-    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
-    if (t == 0) {
-        red[warp][g] = r0;
-        red[warp][g + 8] = r1;
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float v = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
-        const int n = n0 + threadIdx.x;
-        v *= scale2;
-        if (accumulate) v += __bfloat162float(y[n]);
-        y[n] = __float2bfloat16_rn(v);
-    }
+    float r0, r1;
+    gv_quad_sum(acc, r0, r1);
+    gv_block_store<KW>(red, warp, lane, r0, r1, n0, scale2, y, accumulate);
 }
 
 /* The per-chunk step nv4_gemv2_chunk (the default at 8 x 4 and 8 x 1, gv_variant): the
@@ -442,10 +477,10 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
  * once per chunk in shared memory into the (i, i + 4) pairing of the decode. 45
  * registers: 4 blocks of 8 warps an SM where fp4_gemv1t_kernel fits 3 (gemv4 session:
  * [16384 x 4096] 17.7 -> 14.8 us a chained call). */
-template <int KW, int PER>
+template <int KW, int PER, int WA = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
+                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
     __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values, then permuted */
     __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
@@ -453,50 +488,33 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
-    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
-    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
-    const bf16 *xg = x + (size_t)c0 * W4_CHUNK + 8 * (lane & 15);
-    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(&stage[warp][u][0][lane], wr0 + u * 64);
-        cu_cp_async16(&stage[warp][u][1][lane], wr1 + u * 64);
-        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
-        cu_cp_async_commit();
-    }
+    gv_stage_weights<PER>(stage[warp], ss[warp], w, sc, K, n0, c0, lane);
+    gv_l2_prefetch(w, sc, N, K, pf);
     cu_pdl_wait(); /* x and y below */
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        if (lane < 16) cu_cp_async16(&xs[warp][u][lane], xg + u * W4_CHUNK);
-        cu_cp_async_commit();
-    }
+    gv_stage_x<PER>(xs[warp], x, c0, lane);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        cu_cp_async_wait_dyn(PER - 1 - u);
-        if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
-        __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        if (!WA) {
+            cu_cp_async_wait_dyn(PER - 1 - u);
+            if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
+            __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
+        } else if (u == 0) { /* WA = 1: one wait for all PER chunks (as fp4_gemv1t_kernel) */
+            cu_cp_async_wait<0>();
+#pragma unroll
+            for (int v = 0; v < PER; v++)
+                if (lane < 16) xs[warp][v][lane] = nv4_xperm8(xs[warp][v][lane]);
+            __syncwarp();
+        }
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
                              xs[warp][u][4 * t + 3]};
         nv4_gemv2_chunk(cu_lds16(&stage[warp][u][0][lane]), cu_lds16(&stage[warp][u][1][lane]), s16[4 * g + t],
                         s16[4 * (g + 8) + t], xp, acc);
     }
-    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2) */
-    if (t == 0) {
-        red[warp][g] = acc[0];
-        red[warp][g + 8] = acc[2];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float v = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
-        const int n = n0 + threadIdx.x;
-        v *= scale2 * 256.f; /* the decode's 2^-126 against the scales' 2^118 */
-        if (accumulate) v += __bfloat162float(y[n]);
-        y[n] = __float2bfloat16_rn(v);
-    }
+    /* token 0 is column 0: lanes t = 0 hold rows g (c0) and g + 8 (c2); 256: the
+     * decode's 2^-126 against the scales' 2^118 */
+    gv_block_store<KW>(red, warp, lane, acc[0], acc[2], n0, scale2 * 256.f, y, accumulate);
 }
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -505,6 +523,7 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * attribute (1 = yes, 0 = no: knob off, before sm_90, or a launch refused it). */
 typedef struct w4_dev {
     int init, sms, pdl;
+    long l2; /* L2 bytes */
 } w4_dev;
 static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
@@ -515,8 +534,15 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *                              where a device round validated it (gv_variant)
  *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
  *                              on every instance that fits (2) or none (1: the register
- *                              kernel); unset: on the validated ones (w4_run) */
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0;
+ *                              kernel); unset: on the validated ones (w4_run)
+ *   LASTSTAND_W4A16_L2PF=P     fp4_gemv1t_kernel, fp4_gemv2_kernel, fp4_w4a16_async_kernel:
+ *                              the first P blocks prefetch the whole weight into L2
+ *                              (gv_l2_prefetch), for weights of at most L2 / 4; 0: never;
+ *                              unset: gv_pf's default
+ *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel / fp4_gemv2_kernel at 16 x 2 (the
+ *                              [4096 x 4096] instance): one cp.async wait for both chunks
+ *                              of a warp instead of one per chunk (their steps may interleave) */
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
@@ -524,6 +550,11 @@ static void w4_knobs_load(void) {
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
     const char *m8 = getenv("LASTSTAND_W4A16_M8");
     g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
+    const char *pf = getenv("LASTSTAND_W4A16_L2PF");
+    g_knob_l2pf = pf && *pf ? atoi(pf) : -1;
+    if (g_knob_l2pf > 4096) g_knob_l2pf = 4096;
+    const char *gw = getenv("LASTSTAND_W4A16_GWAIT");
+    g_knob_gwait = gw && !strcmp(gw, "1");
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -534,10 +565,12 @@ static int w4_dev_get(w4_dev **out, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: device %d out of range (max %d)", dev, CU_WS_MAX_DEV);
     w4_dev *d = &g_w4_dev[dev];
     if (!__atomic_load_n(&d->init, __ATOMIC_ACQUIRE)) {
-        int sms = 0, cc = 0;
+        int sms = 0, cc = 0, l2 = 0;
         CU_TRY(e, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
         CU_TRY(e, cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+        CU_TRY(e, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute");
         d->sms = sms > 0 ? sms : 1;
+        d->l2 = cc >= 9 ? l2 : 0; /* the bulk prefetch is sm_90 */
         __atomic_store_n(&d->pdl, g_knob_pdl && cc >= 9, __ATOMIC_RELAXED);
         __atomic_store_n(&d->init, 1, __ATOMIC_RELEASE);
     }
@@ -573,6 +606,19 @@ static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV],
     (const bf16 *)(a)->x, (const uint8_t *)(a)->w->data, (const uint8_t *)(a)->w->scale, (a)->w->scale2,     \
         (bf16 *)(a)->y, (a)->accumulate
 
+/* Blocks of a one-tile-per-block launch (the M = 1 GEMVs, the M = 2..8 cp.async kernel)
+ * that prefetch its whole weight into L2 (gv_l2_prefetch): LASTSTAND_W4A16_L2PF when
+ * set, else 0 (not yet validated on a device round); never
+ * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
+ * call's prefetch would evict the current call's lines: the gemv4 session's L2
+ * prefetch kernel doubled the DRAM traffic there). */
+static int gv_pf(const w4_dev *d, const lin_w *w) {
+    const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
+    if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
+    if (((uintptr_t)w->data | (uintptr_t)w->scale) & 15) return 0; /* bulk copies take 16-byte addresses */
+    return g_knob_l2pf;
+}
+
 template <int MT, int KW>
 static int w4_reg_launch(w4_dev *d, dim3 grid, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
@@ -594,43 +640,58 @@ template <int KW, int PER, int D = 0>
 static int w4a_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
     return w4_launch(d, fp4_w4a16_async_kernel<KW, PER, D>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
-                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a));
+                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a), gv_pf(d, a->w));
 }
 
 /* The GEMV kernel variants at M = 1. */
 enum { GV_V1 = 1, GV_T0, GV_T2, GV_V2 };
 
 template <int KW, int PER>
-static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_err *e) {
+static int gv_launch(w4_dev *d, int v, int pf, const gemm_args *a, cudaStream_t st, ls_err *e) {
     const dim3 grid(a->w->N / 16), block(32 * KW);
     const int N = a->w->N, K = a->w->K;
     if (v == GV_T0 || v == GV_T2) {
         static size_t have0[CU_WS_MAX_DEV], have2[CU_WS_MAX_DEV];
         const size_t smem = gvt_smem_bytes(KW, PER, v == GV_T2 ? 2 : 0);
+        if constexpr (KW == 16 && PER == 2) {
+            static size_t have0w[CU_WS_MAX_DEV];
+            if (v == GV_T0 && g_knob_gwait == 1)
+                return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0, 1>, have0w, grid, block, smem, st,
+                                 "fp4_gemm cuda_w4a16_mma (gemv, one wait)", e, N, K, W4_ARGS_REST(a), pf);
+        }
         if (v == GV_T0)
             return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0>, have0, grid, block, smem, st,
-                             "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a));
+                             "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a), pf);
         return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 2>, have2, grid, block, smem, st,
-                         "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a));
+                         "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a), pf);
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
+    if constexpr (KW == 16 && PER == 2) {
+        static size_t havev2w[CU_WS_MAX_DEV];
+        if (v == GV_V2 && g_knob_gwait == 1)
+            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 1>, havev2w, grid, block, 0, st,
+                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, one wait)", e, N, K,
+                             W4_ARGS_REST(a), pf);
+    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
-                         "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a));
+                         "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a), pf);
     return w4_launch(d, fp4_gemv1_kernel<KW, PER>, have1, grid, block, 0, st, "fp4_gemm cuda_w4a16_mma (gemv)", e,
                      N, K, W4_ARGS_REST(a));
 }
 
-static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, cudaStream_t st, ls_err *e) {
-    if (kw == 16) return per == 1 ? gv_launch<16, 1>(d, v, a, st, e) : gv_launch<16, 2>(d, v, a, st, e);
+static int gv_launch_kw(w4_dev *d, int kw, int per, int v, int pf, const gemm_args *a, cudaStream_t st,
+                        ls_err *e) {
+    if (kw == 16) return per == 1 ? gv_launch<16, 1>(d, v, pf, a, st, e) : gv_launch<16, 2>(d, v, pf, a, st, e);
     if (kw == 8)
-        return per == 1 ? gv_launch<8, 1>(d, v, a, st, e)
-               : per == 2 ? gv_launch<8, 2>(d, v, a, st, e)
-                          : gv_launch<8, 4>(d, v, a, st, e);
-    return per == 1 ? gv_launch<4, 1>(d, v, a, st, e)
-           : per == 2 ? gv_launch<4, 2>(d, v, a, st, e)
-                      : gv_launch<4, 4>(d, v, a, st, e);
+        return per == 1 ? gv_launch<8, 1>(d, v, pf, a, st, e)
+               : per == 2 ? gv_launch<8, 2>(d, v, pf, a, st, e)
+                          : gv_launch<8, 4>(d, v, pf, a, st, e);
+    return per == 1 ? gv_launch<4, 1>(d, v, pf, a, st, e)
+           : per == 2 ? gv_launch<4, 2>(d, v, pf, a, st, e)
+                      : gv_launch<4, 4>(d, v, pf, a, st, e);
 }
+
 
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
  * in 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory of fp4_gemv1_kernel).
@@ -703,7 +764,7 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per))
-        return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
+        return gv_launch_kw(d, kw, per, gv_variant(kw, per), gv_pf(d, w), a, st, e);
     if (a->M >= 2 && a->M <= 8 && g_knob_m8 != 1) {
         /* the cp.async kernel with the bit-placement decode at M = 2..8, where a device
          * round validated it and found it faster (gemv4 R2, every cell ✅: 16 x 2 at

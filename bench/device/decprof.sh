@@ -5,6 +5,10 @@
 #
 #   bash bench/device/decprof.sh BIN OUTDIR
 #
+# 0. Correctness of this session's kernel changes with their knobs on (VARIANTS below): the
+#    cmocka test_gemv_cuda (grouped launch, PDL chain, graph replay, fp64), and on the fixture
+#    models (dir-of-BIN/fixtures/models, copied from ../shared/fixtures/models) logits vs the
+#    CPU and 12 greedy tokens, CUDA graphs and eager, vs the CPU's.
 # 1. ncu (--clock-control none --cache-control none: the card's own clocks, caches as the step
 #    leaves them) over `BIN generate` of synth:qwen3.5-35b-a3b,layers=8, eager (no CUDA graphs,
 #    so each kernel is one launch), the serve plans named (no doctor): a 256-token prompt, then
@@ -14,16 +18,14 @@
 #    aggregate per kernel name (count, total µs, % of the step's kernel time, GB/s).
 # 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt, 128 decode
 #    steps; the engine logs "N decode steps ..., X ms each (forward + sampling)"), 8 layers and
-#    the full 40. E2E_ENV_<tag>="VAR=V ..." (set below) adds a run with those environment
-#    variables: the old behaviour of a knob, for before/after.
+#    the full 40, with the defaults and with each variant's environment.
 # 3. Wall-clock TPOT as a client sees it: `serve` with the same named plans (--trust-backend: no
-#    doctor, no smoke children) + `BIN bench` at concurrency 1 and 16, 512 in / 128 out, 8 layers.
-# 4. ncu of a 16-token prompt and 1 new token: one forward of M = 16 rows (every GEMM and the MoE
-#    as in a batch-16 decode step; attention and GDN as one 16-token sequence; the lm_head on the
-#    last row only).
-# 5. The doctor's per-op times (chain timing, as in a CUDA graph) of the served backends at the
-#    35B shapes, M = 1 and 16, with its fp64 verdicts; then serve + bench on the 40 layers if
-#    time is left.
+#    doctor, no smoke children) + `BIN bench` at concurrency 1 and 16, 512 in / 128 out, 8 layers,
+#    defaults and the first variant.
+# 4. If time is left: ncu of the first variant; ncu of a 16-token prompt and 1 new token (one
+#    forward of M = 16 rows: every GEMM and the MoE as in a batch-16 decode step; attention and
+#    GDN as one 16-token sequence; the lm_head on the last row only); the doctor's per-op times
+#    (chain timing, as in a CUDA graph) of the served backends at the 35B shapes, M = 1 and 16.
 # Each step is bounded by `timeout`; the whole script stays under 170 s.
 set -u
 BIN=${1:?usage: decprof.sh BIN OUTDIR}
@@ -45,9 +47,9 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 prof() { # tag prompt_len new_tokens timeout
     local tag=$1 np=$2 nt=$3 lim=$4
-    echo "== ncu $tag: generate, prompt $np, $nt new tokens, eager $(el)"
+    echo "== ncu $tag: generate, prompt $np, $nt new tokens, eager${NCU_ENV:+, env $NCU_ENV} $(el)"
     rm -f "$OUT/ncu-$tag.ncu-rep"
-    timeout -k 3 "$lim" "$NCU" --clock-control none --cache-control none \
+    env ${NCU_ENV:-} timeout -k 3 "$lim" "$NCU" --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         -o "$OUT/ncu-$tag" "$BIN" generate --model-path "$MODEL8" --ids "$(ids "$np")" --max-new-tokens "$nt" \
         --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
@@ -87,14 +89,76 @@ e2e() {
 }
 left() { echo $(( 165 - ($(date +%s) - T0) )); }
 
-if [ -n "$NCU" ]; then prof m1 256 3 45; else echo "== ncu: not found"; fi
+# VARIANTS: "tag:VAR=V VAR=V": each knob this session added, against the defaults (R1: the new
+# behaviour opt-in; after the defaults flip: the old behaviour)
+VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1"
+          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1"
+          "multi:LASTSTAND_GEMV_MULTI=1")
+NEWENV=${VARIANTS[0]#*:}
+D=$(dirname "$BIN")
+
+echo "== cmocka test_gemv_cuda, env $NEWENV $(el)"
+if [ -x "$D/tests/test_gemv_cuda" ]; then
+    env $NEWENV timeout -k 3 40 "$D/tests/test_gemv_cuda" >"$OUT/test_gemv_cuda.log" 2>&1
+    echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/test_gemv_cuda.log" | tr '\n' ' ') $(el)"
+    grep -E "FAILED|grouped|rror" "$OUT/test_gemv_cuda.log" | head -12
+else
+    echo "missing: $D/tests/test_gemv_cuda"
+fi
+
+FIX=$D/fixtures/models
+echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu, default and env $NEWENV $(el)"
+timeout 30 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
+import json, os, subprocess, sys
+import numpy as np
+BIN, FIX, NEWENV = sys.argv[1:4]
+newenv = dict(os.environ, **dict(kv.split("=", 1) for kv in NEWENV.split()))
+def run(args, env=None, t=10):
+    try:
+        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=t, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+def err(p):
+    return "TIMEOUT" if p is None else p.stderr.strip()[-300:]
+for name in ("qwen3_5_moe_text", "qwen3_next"):
+    d = os.path.join(FIX, name)
+    if not os.path.exists(os.path.join(d, "ref.json")):
+        print(f"{name}: no fixture at {d}"); continue
+    ids = ",".join(map(str, json.load(open(os.path.join(d, "ref.json")))["input_ids"][:16]))  # M <= 16: gemv
+    p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cpu"])
+    if p is None or p.returncode:
+        print(f"{name} cpu logits: {err(p)}"); continue
+    cpu = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+    p = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cpu"])
+    gcpu = json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else None
+    for tag, env in (("default", None), ("new", newenv)):
+        p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt"], env)
+        if p is None or p.returncode:
+            print(f"{name:17s} {tag:7s} logits: {err(p)}"); continue
+        x = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+        rel = float((np.abs(x - cpu).max(axis=1) / np.abs(cpu).max(axis=1)).max())
+        out = []
+        for g in ([], ["--disable-cuda-graph"]):
+            q = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cuda",
+                     "--gemm-backend", "cuda_gemv:16,cuda_cublaslt", *g], env)
+            out.append(json.loads(q.stdout)["ids"] if q is not None and q.returncode == 0 else "ERR " + err(q))
+        same = lambda a: "same" if a == gcpu else f"DIFFERENT {a}"
+        print(f"{name:17s} {tag:7s} logits rel {rel:.2e} (M = {len(cpu)})  greedy graphs {same(out[0])}, "
+              f"eager {same(out[1])}")
+PY
+echo "rc=$? $(el)"
+
+if [ -n "$NCU" ]; then prof m1 256 3 40; else echo "== ncu: not found"; fi
 L8="qwen3.5-35b-a3b,layers=8"
 gen l8 "$L8" 20
+gen "l8-${VARIANTS[0]%%:*}" "$L8" 20 $NEWENV
 gen l40 qwen3.5-35b-a3b 35
-# VARIANTS: the old behaviour of each knob this session added (E2E_ENV_<tag>="VAR=V ..."), same plans
-for v in ${!E2E_ENV_*}; do gen "l8-${v#E2E_ENV_}" "$L8" 20 ${!v}; done
+gen "l40-${VARIANTS[0]%%:*}" qwen3.5-35b-a3b 35 $NEWENV
+for v in "${VARIANTS[@]:1}"; do [ "$(left)" -gt 50 ] && gen "l8-${v%%:*}" "$L8" 20 ${v#*:}; done
 [ "$(left)" -gt 40 ] && e2e l8 "$L8" 30
-[ -n "$NCU" ] && [ "$(left)" -gt 40 ] && prof m16 16 1 30
+[ "$(left)" -gt 40 ] && e2e "l8-${VARIANTS[0]%%:*}" "$L8" 30 $NEWENV
+[ -n "$NCU" ] && [ "$(left)" -gt 35 ] && NCU_ENV="$NEWENV" prof "m1-${VARIANTS[0]%%:*}" 256 3 30
+[ -n "$NCU" ] && [ "$(left)" -gt 35 ] && prof m16 16 1 30
 if [ "$(left)" -gt 30 ]; then
     echo "== doctor: served backends at the 35B shapes, M = 1, 16 $(el)"
     timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --m 1,16 \
@@ -104,5 +168,4 @@ if [ "$(left)" -gt 30 ]; then
     grep -E "^(fp4_gemm|gemm|moe|attention|gdn) |^ +(1|16) |measured device copy" "$OUT/doctor.txt" | cut -c1-160
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 fi
-[ "$(left)" -gt 40 ] && e2e l40 qwen3.5-35b-a3b "$(left)"
 echo "total $(( $(date +%s) - T0 )) s"

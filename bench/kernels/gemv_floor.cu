@@ -59,7 +59,7 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     if ((int)blockIdx.x < pf) { /* as fp4_gemv.cu's gv_l2_prefetch: the whole weight into L2 */
         const size_t piece = 32768, wb = (size_t)gridDim.x * cb, sbb = (size_t)gridDim.x * sb;
         const size_t nw = (wb + piece - 1) / piece, nsb = (sbb + piece - 1) / piece;
-        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nw + nsb; i += (size_t)pf * blockDim.x) {
+        for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < nw + nsb; i += (size_t)pf * blockDim.x) {
             const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sbb;
             const unsigned n = (unsigned)(len - o < piece ? len - o : piece);
             asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n)

@@ -162,10 +162,11 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     mws *w = f->ws;
     const int T = f->n_tok, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     int rc;
-    if ((rc = ops_linear(&m->ops, T, u, &a->q, w->q, 0, e))) return rc;
-    if (c->attn_output_gate && (rc = ops_linear(&m->ops, T, u, &a->gate, w->gate, 0, e))) return rc;
-    if ((rc = ops_linear(&m->ops, T, u, &a->k, w->k, 0, e))) return rc;
-    if ((rc = ops_linear(&m->ops, T, u, &a->v, w->v, 0, e))) return rc;
+    {   /* q, (gate,) k, v: the projections of u, one launch where the gemm backend groups them */
+        const lin_w *pw[4] = {&a->q, &a->k, &a->v, &a->gate};
+        void *const py[4] = {w->q, w->k, w->v, w->gate};
+        if ((rc = ops_linear_multi(&m->ops, T, u, c->attn_output_gate ? 4 : 3, pw, py, e))) return rc;
+    }
     /* q/k norm and RoPE fused: one rounding to the activation dtype, not two */
     if ((rc = mdl_op_err(so->qk_norm_rope(T, nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
                                           f->pos, c->rope_theta, dt, st), "q_norm + rope(q)", l, e)) ||

@@ -89,11 +89,10 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     const int T = f->n_tok, nv = c->lin_v_heads, dv = c->lin_v_dim;
     const int val_dim = nv * dv, conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + val_dim;
     int rc;
-    if ((rc = ops_linear(&m->ops, T, u, &g->qkv, w->qkv, 0, e)) ||
-        (rc = ops_linear(&m->ops, T, u, &g->z, w->z, 0, e)) ||
-        (rc = ops_linear(&m->ops, T, u, &g->b, w->b, 0, e)) ||
-        (rc = ops_linear(&m->ops, T, u, &g->a, w->a, 0, e)))
-        return rc;
+    /* the four projections of u: one launch where the gemm backend groups them */
+    const lin_w *pw[4] = {&g->qkv, &g->z, &g->b, &g->a};
+    void *const py[4] = {w->qkv, w->z, w->b, w->a};
+    if ((rc = ops_linear_multi(&m->ops, T, u, 4, pw, py, e))) return rc;
     const int li = m->layers[l].cache_idx;
     const mcache *mc = f->c;
     gdn_state st = {

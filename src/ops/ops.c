@@ -513,19 +513,51 @@ static int sup_gdn(const void *impl, const dev_info *d, const void *shape, char 
     return !g->supported || g->supported(d, shape, why, n);
 }
 
-int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
-               ls_err *e) {
-    gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
+/* The backend ops_linear takes for (M, w), or NULL with e set. */
+static const gemm_impl *linear_impl(const ops_sel *s, int M, const lin_w *w, ls_err *e) {
     const int fp4 = w->kind == W_NVFP4;
     const gemm_impl *g = ops_sel_for_m(s, fp4 ? F_FP4 : F_GEMM, M);
-    if (s->dev.kind != DEV_CPU) { /* the CPU backends take every shape */
+    if (s->dev.kind != DEV_CPU) {
         gemm_shape sh = {.M = M, .N = w->N, .K = w->K, .wk = w->kind, .dt = s->act};
-        if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e)))
-            return err_prefix(e, "%s", w->name ? w->name : "linear");
+        if (!(g = for_shape(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, &sh, e))) {
+            err_prefix(e, "%s", w->name ? w->name : "linear");
+            return NULL;
+        }
         g = capture_alt(s, fp4 ? F_FP4 : F_GEMM, g, sup_gemm, safe_gemm, &sh);
     }
-    if (refuse_uncapturable(s, fp4 ? F_FP4 : F_GEMM, g->name, g->graph_safe, e)) return e->code;
+    if (refuse_uncapturable(s, fp4 ? F_FP4 : F_GEMM, g->name, g->graph_safe, e)) return NULL;
+    return g;
+}
+
+int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
+               ls_err *e) {
+    const gemm_impl *g = linear_impl(s, M, w, e);
+    if (!g) return e->code;
+    gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = accumulate, .dt = s->act};
     return g->run(&a, s->stream, e);
+}
+
+int ops_linear_multi(const ops_sel *s, int M, const void *x, int n, const lin_w *const *w, void *const *y,
+                     ls_err *e) {
+    if (n < 1 || n > OPS_LINEAR_MULTI_MAX)
+        return errf(e, ERR_INVAL, "ops_linear_multi: %d weights (1..%d)", n, OPS_LINEAR_MULTI_MAX);
+    const gemm_impl *g = n > 1 ? linear_impl(s, M, w[0], e) : NULL;
+    if (n > 1 && !g) return e->code;
+    int same = g && g->run_multi;
+    for (int i = 1; i < n && same; i++) {
+        ls_err e2 = {0};
+        same = w[i]->kind == w[0]->kind && w[i]->K == w[0]->K && linear_impl(s, M, w[i], &e2) == g;
+    }
+    if (!same) {
+        for (int i = 0; i < n; i++) {
+            int rc = ops_linear(s, M, x, w[i], y[i], 0, e);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    gemm_args a[OPS_LINEAR_MULTI_MAX];
+    for (int i = 0; i < n; i++) a[i] = (gemm_args){.M = M, .x = x, .w = w[i], .y = y[i], .accumulate = 0, .dt = s->act};
+    return g->run_multi(n, a, s->stream, e);
 }
 
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {

@@ -112,6 +112,10 @@ typedef struct gemm_impl {
     int graph_safe;    /* (additive) run() may be captured into a CUDA graph: only stream-ordered
                           device work, no host reads of device data, no synchronisation, no
                           allocation once warmed up at the step's largest shape; 0 on the CPU */
+    /* (additive) optional: n products of one x in as few launches as it can (same M, x, K and
+     * accumulate; each a[i] has its own weight and y), the same results as n run() calls up
+     * to fp32 summation order; NULL: ops_linear_multi calls run() per weight */
+    int (*run_multi)(int n, const gemm_args *a, ls_stream s, ls_err *e);
 } gemm_impl;
 
 /* fp4_gemm shares gemm's argument types; its registry is separate. */
@@ -496,6 +500,13 @@ int ops_sel_is_banned(const ops_sel *s, int fam, const void *impl);
 /* y = x·Wᵀ through the selected gemm or fp4_gemm (by w->kind). */
 int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,
                ls_err *e);
+/* (additive) y[i] = x·w[i]ᵀ for i < n (n <= OPS_LINEAR_MULTI_MAX), the projections of
+ * one input: one grouped call when every weight resolves, as ops_linear would, to the
+ * same backend and that backend has run_multi (the decode step's q/gate/k/v or
+ * qkv/z/b/a in one launch), else ops_linear per weight. */
+#define OPS_LINEAR_MULTI_MAX 8
+int ops_linear_multi(const ops_sel *s, int M, const void *x, int n, const lin_w *const *w, void *const *y,
+                     ls_err *e);
 
 /* Run the selected moe / attention / gdn backend on s->stream (with the
  * per-shape fallback for families chosen by "auto"; a named backend that

@@ -5,7 +5,9 @@
  * (a partial 32-wide column), long K (split over a cluster), both token-tile
  * widths (M = 1, 3, 8, 9, 16); y += x·Wᵀ (accumulate); bitwise identical
  * results over repeated runs (no float atomics); the same bits from a CUDA graph
- * replay as from the eager call; and the shapes it refuses, with their reason.
+ * replay as from the eager call; the grouped launch of several weights behind one x
+ * (run_multi); a chain of programmatic dependent launches that each read the previous
+ * output; and the shapes it refuses, with their reason.
  * Needs a CUDA GPU: every test is skipped without one (CPU CI, NO_CUDA builds).
  */
 #include <setjmp.h>
@@ -231,6 +233,153 @@ static void test_gemv_graph_replay_gives_the_eager_bits(void **st) {
 #endif
 }
 
+#ifdef LS_HAVE_CUDA
+/* n cases of one M and K sharing case 0's x (host and device). */
+static void cases_share_x(gcase *c, int n) {
+    ls_err e = {0};
+    const size_t xb = sizeof(uint16_t) * c[0].M * c[0].K;
+    for (int i = 1; i < n; i++) {
+        memcpy(c[i].x, c[0].x, xb);
+        assert_int_equal(g_mem->h2d(c[i].dx, c[0].x, xb, g_st, &e), 0);
+    }
+}
+
+/* run_multi over the n cases (x = case 0's), y poisoned first; capture: inside a CUDA
+ * graph on its own stream, then replayed. Fetches each y into out[i]. */
+static void multi_run(gcase *c, int n, int capture, uint16_t **out) {
+    ls_err e = {0};
+    lin_w w[8];
+    gemm_args a[8];
+    for (int i = 0; i < n; i++) {
+        const size_t yb = sizeof(uint16_t) * c[i].M * c[i].N;
+        uint16_t *nan = malloc(yb);
+        for (size_t j = 0; j < yb / 2; j++) nan[j] = 0x7fc1;
+        assert_int_equal(g_mem->h2d(c[i].dy, nan, yb, g_st, &e), 0);
+        free(nan);
+        w[i] = (lin_w){.kind = W_BF16, .N = c[i].N, .K = c[i].K, .data = c[i].dw, .name = "test"};
+        a[i] = (gemm_args){.M = c[i].M, .x = c[0].dx, .w = &w[i], .y = c[i].dy, .accumulate = 0, .dt = ACT_BF16};
+    }
+    assert_int_equal(g_mem->sync(g_st, &e), 0);
+    assert_non_null(gemv()->run_multi);
+    if (!capture) {
+        int rc = gemv()->run_multi(n, a, g_st, &e);
+        if (rc) fprintf(stderr, "cuda_gemv run_multi: %s\n", e.msg);
+        assert_int_equal(rc, 0);
+    } else {
+        ls_stream cs;
+        assert_int_equal(cug_stream_new(&cs, &e), 0);
+        assert_int_equal(cug_begin(cs, &e), 0);
+        int rc = gemv()->run_multi(n, a, cs, &e);
+        void *exec = NULL;
+        int rc2 = cug_end(cs, rc == 0, &exec, &e);
+        if (rc || rc2) fprintf(stderr, "capture: %s\n", e.msg);
+        assert_int_equal(rc, 0);
+        assert_int_equal(rc2, 0);
+        assert_int_equal(cug_launch(exec, cs, &e), 0);
+        assert_int_equal(g_mem->sync(cs, &e), 0);
+        cug_destroy(exec);
+        cug_stream_free(cs);
+    }
+    for (int i = 0; i < n; i++)
+        assert_int_equal(g_mem->d2h(out[i], c[i].dy, sizeof(uint16_t) * c[i].M * c[i].N, g_st, &e), 0);
+}
+#endif
+
+/* The grouped launch (gemm_impl.run_multi, what ops_linear_multi takes for a GDN layer's
+ * qkv / z / b / a and an attention layer's q / gate / k / v): every matrix's y against
+ * fp64, the 35B GDN in-projections and a group of 5 (two launches) with partial tiles;
+ * bitwise reproducible; a CUDA graph replay gives the eager bits. */
+static void test_gemv_grouped_weights_match_fp64(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    static const int sets[][6] = {
+        {4, 8192, 4096, 32, 32, 0},   /* qwen3.5-35b gdn in_proj qkv, z, b, a (K = 2048) */
+        {5, 100, 16, 1000, 33, 512},  /* partial tiles; 5 > GV_MAX_MATS: two launches */
+    };
+    static const int Ks[] = {2048, 200};
+    static const int Ms[] = {1, 9};
+    for (int si = 0; si < 2; si++)
+        for (int mi = 0; mi < 2; mi++) {
+            const int n = sets[si][0], M = Ms[mi], K = Ks[si];
+            gcase c[5];
+            uint16_t *y[5], *y2[5];
+            for (int i = 0; i < n; i++) {
+                case_new(&c[i], M, sets[si][1 + i], K);
+                y[i] = malloc(sizeof(uint16_t) * M * c[i].N);
+                y2[i] = malloc(sizeof(uint16_t) * M * c[i].N);
+            }
+            cases_share_x(c, n);
+            multi_run(c, n, 0, y);
+            for (int i = 0; i < n; i++) {
+                double wst = case_check(&c[i], 0, y[i]);
+                fprintf(stderr, "  cuda_gemv grouped %d/%d M=%d [%5d x %5d]: worst |err|/max|ref| %.2e\n", i, n, M,
+                        c[i].N, K, wst);
+            }
+            multi_run(c, n, 0, y2);
+            for (int i = 0; i < n; i++) assert_memory_equal(y[i], y2[i], sizeof(uint16_t) * M * c[i].N);
+            multi_run(c, n, 1, y2);
+            for (int i = 0; i < n; i++) assert_memory_equal(y[i], y2[i], sizeof(uint16_t) * M * c[i].N);
+            for (int i = 0; i < n; i++) {
+                free(y[i]);
+                free(y2[i]);
+                case_free(&c[i]);
+            }
+        }
+#else
+    skip();
+#endif
+}
+
+/* Programmatic dependent launch: a chain of launches back to back, each reading the y the
+ * one before it wrote (y1 = x·W1ᵀ, y2 = y1·W2ᵀ, y3 = y2·W3ᵀ, the buffers poisoned with NaN
+ * before the chain): every link must wait for its input (griddepcontrol.wait before x is
+ * staged); checked against fp64 from the device's own y1 / y2 bits. 20 rounds. */
+static void test_gemv_dependent_chain_waits_for_its_input(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    const int M = 2;
+    gcase c[3];
+    case_new(&c[0], M, 2048, 4096);  /* x [M,4096] -> y1 [M,2048] */
+    case_new(&c[1], M, 8192, 2048);  /* y1 -> y2 [M,8192] */
+    case_new(&c[2], M, 512, 8192);   /* y2 -> y3 [M,512] */
+    ls_err e = {0};
+    uint16_t *h[3];
+    for (int i = 0; i < 3; i++) h[i] = malloc(sizeof(uint16_t) * M * c[i].N);
+    lin_w w[3];
+    for (int i = 0; i < 3; i++) w[i] = (lin_w){.kind = W_BF16, .N = c[i].N, .K = c[i].K, .data = c[i].dw, .name = "chain"};
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 3; i++) {
+            const size_t yb = sizeof(uint16_t) * M * c[i].N;
+            for (size_t j = 0; j < yb / 2; j++) h[i][j] = 0x7fc1;
+            assert_int_equal(g_mem->h2d(c[i].dy, h[i], yb, g_st, &e), 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            gemm_args a = {.M = M, .x = i ? c[i - 1].dy : c[0].dx, .w = &w[i], .y = c[i].dy, .accumulate = 0,
+                           .dt = ACT_BF16};
+            assert_int_equal(gemv()->run(&a, g_st, &e), 0);
+        }
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(g_mem->d2h(h[i], c[i].dy, sizeof(uint16_t) * M * c[i].N, g_st, &e), 0);
+        if (round % 5 == 0) { /* the fp64 loops are the slow part */
+            memcpy(c[1].x, h[0], sizeof(uint16_t) * M * c[0].N);
+            memcpy(c[2].x, h[1], sizeof(uint16_t) * M * c[1].N);
+            for (int i = 0; i < 3; i++) case_check(&c[i], 0, h[i]);
+        } else {
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < M * c[i].N; j++) assert_true(h[i][j] != 0x7fc1);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        free(h[i]);
+        case_free(&c[i]);
+    }
+#else
+    skip();
+#endif
+}
+
 static void test_gemv_refuses_what_it_does_not_take(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
@@ -263,6 +412,8 @@ int main(void) {
         cmocka_unit_test(test_gemv_matches_fp64_on_decode_and_edge_shapes),
         cmocka_unit_test(test_gemv_is_bitwise_reproducible),
         cmocka_unit_test(test_gemv_graph_replay_gives_the_eager_bits),
+        cmocka_unit_test(test_gemv_grouped_weights_match_fp64),
+        cmocka_unit_test(test_gemv_dependent_chain_waits_for_its_input),
         cmocka_unit_test(test_gemv_refuses_what_it_does_not_take),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

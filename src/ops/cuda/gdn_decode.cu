@@ -36,11 +36,16 @@
  * 0 = never) is handed to gdn_cuda_chunked whole, so that serve, which takes one backend per
  * family (the doctor's pick at M = 1), gets the chunked form for prefill.
  *
+ * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
+ * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
+ * the conv windows and weights, then waits (griddepcontrol.wait) for the projection before it
+ * reads qkv, a and b: the state loads overlap that kernel's tail and the launch.
  * Sequence metadata: the kernel reads the device array args->seqs ({slot, n_new, row0} int32
  * triples); seqs_host is validated. No workspace, no host sync: capture-safe.
  * Supported: sm_90+, BF16 activations, dk 32/64/128, dv a multiple of 16, conv_k 4.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_pdl.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -99,6 +104,7 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
               float *__restrict__ rec, bf16 *__restrict__ out) {
     constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8, TB = GD_TB;
     extern __shared__ float4 gd_sh4[];
+    cu_pdl_trigger(); /* programmatic dependent launch: see the header */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 2, cg = lane & 3;
     const int s = blockIdx.y;
     int slot, T, row0;
@@ -141,6 +147,10 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
     }
     const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
     const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    /* everything above (the step's sequence table, this layer's states, the weights) was
+     * written before the step's first kernel or by this layer in an earlier step; qkv, a and
+     * b come from the projection right before: wait for it (no-op without the attribute) */
+    cu_pdl_wait();
     /* the tokens in groups of TB: phase A runs the conv of the whole group (the loads of all its
      * tokens in flight together, the head sums reduced side by side), phase B the recurrence */
     float *gq = reinterpret_cast<float *>(gd_sh4) + warp * TB * GD_TOK(DK);
@@ -332,6 +342,18 @@ static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
     return 1;
 }
 
+/* LASTSTAND_GDN_PDL=0|1: launch without / with programmatic dependent launch (off: the
+ * behaviour before it, for before/after timings); else GD_PDL_DEFAULT. Read once. */
+#define GD_PDL_DEFAULT 0
+static int gd_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LASTSTAND_GDN_PDL");
+        v = s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : GD_PDL_DEFAULT;
+    }
+    return v;
+}
+
 template <int DK>
 static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st) {
     const gdn_w *w = a->w;
@@ -347,17 +369,25 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st)
                                              (int)cfg.dynamicSmemBytes);
         if (c != cudaSuccess) return c;
     }
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     memset(at, 0, sizeof at);
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = cl;
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, gd_kernel<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
-                              (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
-                              w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out);
+    cfg.numAttrs = gd_pdl() ? 2 : 1;
+    cudaError_t c;
+    for (;;) {
+        c = cudaLaunchKernelEx(&cfg, gd_kernel<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
+                               (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
+                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out);
+        if (c == cudaSuccess || cfg.numAttrs == 1) return c;
+        (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
+        cfg.numAttrs = 1;
+    }
 }
 
 /* LASTSTAND_GDN_DECODE_MAX_NEW: the most new tokens of one sequence that this kernel takes;

@@ -37,6 +37,19 @@
  * the outputs over the S ranks in rank order, reading the other blocks' shared
  * memory, adds y when accumulating, rounds to BF16 once and stores.
  *
+ * Grouped launch (gemm_impl.run_multi, ops_linear_multi): up to GV_MAX_MATS weights
+ * of one K behind one x (a GDN layer's in_proj qkv / z / b / a, an attention layer's
+ * q / gate / k / v) run as one grid over their concatenated 16-row tiles, each tile
+ * writing its own matrix's y: one launch and one x staging instead of four, and the
+ * two 32-row projections no longer a launch of their own. LASTSTAND_GEMV_MULTI=0|1
+ * launches per weight / grouped (GV_MULTI_DEFAULT).
+ *
+ * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-
+ * serialization attribute, the kernel lets the next one be scheduled at once, puts
+ * its first weight loads in flight, and only then waits (griddepcontrol.wait) for the
+ * previous grid before it stages x or touches y. LASTSTAND_GEMV_PDL=0|1 launches
+ * without / with the attribute (GV_PDL_DEFAULT; without it the wait is a no-op).
+ *
  * Graph-safe: no host synchronisation and no allocation; the per-kernel attribute
  * (dynamic shared memory limit) and occupancy are set / asked once per kernel
  * instance on the first call (a host-side query, no stream work).
@@ -44,6 +57,7 @@
  * BF16 rows of K % 8 == 0 are); y must not alias x.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/cu_pdl.h"
 
 #include <cooperative_groups.h>
 #include <pthread.h>
@@ -114,22 +128,52 @@ __device__ __forceinline__ void gv_mma(const gv_wregs &r, const bf16 *xs, int xs
     }
 }
 
+/* Up to GV_MAX_MATS weights of one K behind one x: matrix i owns the global tiles
+ * [t_end[i-1], t_end[i]) (t_end[-1] = 0), its rows are w[i] [N[i], K], its output y[i]
+ * [M, N[i]]. n = 1 is the plain y = x·Wᵀ. Passed by value; every index into it is a
+ * compile-time constant (gv_mat_of), so it stays in the parameter bank. */
+#define GV_MAX_MATS 4
+struct gv_mats {
+    int n;
+    int t_end[GV_MAX_MATS];
+    int N[GV_MAX_MATS];
+    const bf16 *w[GV_MAX_MATS];
+    bf16 *y[GV_MAX_MATS];
+};
+
+/* The matrix of global tile tg: its weights, rows, output and first global tile. */
+struct gv_mat {
+    const bf16 *w;
+    bf16 *y;
+    int N, t0;
+};
+__device__ __forceinline__ gv_mat gv_mat_of(const gv_mats &ms, int tg) {
+    gv_mat r = {ms.w[0], ms.y[0], ms.N[0], 0};
+#pragma unroll
+    for (int i = 1; i < GV_MAX_MATS; i++)
+        if (i < ms.n && tg >= ms.t_end[i - 1]) r = gv_mat{ms.w[i], ms.y[i], ms.N[i], ms.t_end[i - 1]};
+    return r;
+}
+
 /* grid (S, G): blockIdx.x = rank in the cluster of S (the K split), blockIdx.y =
- * first tile, stride G. cw = columns per warp; the block's columns are
+ * first global tile, stride G (T tiles over the matrices of ms). cw = columns per warp; the block's columns are
  * [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32); warp w takes the run
  * kcol0 + w·cw + [0, cw), GV_U columns per batch. */
 template <int NT>
 __global__ void __launch_bounds__(GV_THREADS, 2)
-gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-          bf16 *__restrict__ y, int accumulate) {
+gv_kernel(int M, int K, int T, int cw, int xstride, const bf16 *__restrict__ x, const gv_mats ms, int accumulate) {
     extern __shared__ __align__(16) unsigned char gv_sm[];
     float *red = reinterpret_cast<float *>(gv_sm);
     float *part = red + gv_smem<NT>::red_floats;
     bf16 *xs = reinterpret_cast<bf16 *>(gv_sm + gv_smem<NT>::x_off);
 
+    /* programmatic dependent launch (cu_pdl.h): the next kernel may be scheduled now; this
+     * one reads x and touches y only after the previous grid completed (cu_pdl_wait below),
+     * its weights are constants and go in flight before that */
+    cu_pdl_trigger();
     const int S = gridDim.x, rank = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int T = (N + 15) / 16, C = (K + 31) / 32;
+    const int C = (K + 31) / 32; /* T: the tiles of all the matrices */
     const int kcol0 = rank * GV_WARPS * cw;                  /* the block's first column */
     const int cb = kcol0 + warp * cw, ce = min(cb + cw, C);  /* this warp's columns (may be empty) */
     const int nb = (cw + GV_U - 1) / GV_U;                   /* batches per tile, same for every warp */
@@ -137,7 +181,11 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
     const int items = my_tiles * nb;
 
     gv_wregs cur, nxt;
-    if (items > 0) gv_load(cur, w, N, K, blockIdx.y * 16, cb, ce, lane);
+    if (items > 0) {
+        const gv_mat a = gv_mat_of(ms, blockIdx.y);
+        gv_load(cur, a.w, a.N, K, (blockIdx.y - a.t0) * 16, cb, ce, lane);
+    }
+    cu_pdl_wait();
 
     /* stage x[0..M)[block's K range] (zero past K) while the first weights are on their way */
     {
@@ -161,14 +209,18 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
         const int ti = it / nb, b = it - ti * nb;
         if (it + 1 < items) {
             const int ti2 = (it + 1) / nb, b2 = (it + 1) - ti2 * nb;
-            gv_load(nxt, w, N, K, (blockIdx.y + ti2 * gridDim.y) * 16, cb + b2 * GV_U, ce, lane);
+            const int tg2 = blockIdx.y + ti2 * gridDim.y;
+            const gv_mat a = gv_mat_of(ms, tg2);
+            gv_load(nxt, a.w, a.N, K, (tg2 - a.t0) * 16, cb + b2 * GV_U, ce, lane);
         }
         gv_mma<NT>(cur, xs, xstride, M, cb + b * GV_U, ce, kcol0, lane, acc);
         cur = nxt;
         if (b != nb - 1) continue;
 
         /* the tile is done: warp partials -> block sum -> cluster sum -> y */
-        const int row0 = (blockIdx.y + ti * gridDim.y) * 16;
+        const int tg = blockIdx.y + ti * gridDim.y;
+        const gv_mat mt = gv_mat_of(ms, tg);
+        const int row0 = (tg - mt.t0) * 16, N = mt.N;
         float *rw = red + warp * (16 * 8 * NT);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -199,7 +251,7 @@ gv_kernel(int M, int N, int K, int cw, int xstride, const bf16 *__restrict__ x, 
                 const float *pq = S > 1 ? cl.map_shared_rank(part, q) : part;
                 s += pq[r * (8 * NT) + m];
             }
-            bf16 *yp = y + (size_t)m * N + n;
+            bf16 *yp = mt.y + (size_t)m * N + n;
             if (accumulate) s += __bfloat162float(*yp);
             *yp = __float2bfloat16_rn(s);
         }
@@ -338,19 +390,43 @@ static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
     return groups;
 }
 
+/* A switch read once from the environment: "0" off, "1" on, else the default. */
+static int gv_env_switch(const char *name, int dflt) {
+    const char *s = getenv(name);
+    return s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : dflt;
+}
+
+/* LASTSTAND_GEMV_PDL=0|1: launch without / with programmatic dependent launch (off: the
+ * behaviour before it, for before/after timings). */
+#define GV_PDL_DEFAULT 0
+static int gv_pdl(void) {
+    static int v = -1;
+    if (v < 0) v = gv_env_switch("LASTSTAND_GEMV_PDL", GV_PDL_DEFAULT);
+    return v;
+}
+
 template <int NT>
-static int gv_launch(const gemm_args *a, const gv_plan *p, int n_sm, cudaStream_t st, ls_err *e) {
-    const int N = a->w->N, K = a->w->K, T = (N + 15) / 16;
+static int gv_launch(int M, int K, const bf16 *x, const gv_mats &ms, int accumulate, const gv_plan *p, int n_sm,
+                     cudaStream_t st, ls_err *e) {
+    const int T = ms.t_end[ms.n - 1];
     int G = gv_resident<NT>(p, n_sm, e);
     if (G < 0) return G;
     if (G > T) G = T;
     cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     gv_config(&cfg, at, p, G, st);
-    CU_TRY(e,
-           cudaLaunchKernelEx(&cfg, gv_kernel<NT>, a->M, N, K, p->cw, p->xstride, (const bf16 *)a->x,
-                              (const bf16 *)a->w->data, (bf16 *)a->y, a->accumulate),
-           "gemm cuda_gemv");
+    if (gv_pdl()) {
+        at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 2;
+    }
+    cudaError_t c = cudaLaunchKernelEx(&cfg, gv_kernel<NT>, M, K, T, p->cw, p->xstride, x, ms, accumulate);
+    if (c != cudaSuccess && cfg.numAttrs == 2) { /* a launch that refuses the attribute: without it */
+        (void)cudaGetLastError();
+        cfg.numAttrs = 1;
+        c = cudaLaunchKernelEx(&cfg, gv_kernel<NT>, M, K, T, p->cw, p->xstride, x, ms, accumulate);
+    }
+    CU_TRY(e, c, "gemm cuda_gemv");
     return 0;
 }
 
@@ -396,13 +472,13 @@ static int gv_supported(const dev_info *d, const gemm_shape *s, char *why, size_
     return 1;
 }
 
-static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
+/* Check one call's operands; 0 or ERR_UNSUPPORTED naming the weight. */
+static int gv_check(const gemm_args *a, ls_err *e) {
     const lin_w *w = a->w;
     if (!w || w->kind != W_BF16)
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s is %s, needs BF16", w && w->name ? w->name : "?",
                     w ? w_kind_name(w->kind) : "?");
     if (a->dt != ACT_BF16) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: activations must be BF16");
-    if (a->M <= 0 || w->N <= 0) return 0;
     if (a->M > GV_MAX_M)
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: M=%d > %d", w->name ? w->name : "?", a->M,
                     GV_MAX_M);
@@ -412,17 +488,68 @@ static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (((uintptr_t)a->x | (uintptr_t)w->data | (uintptr_t)a->y) & 15)
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: x, W and y must be 16-byte aligned",
                     w->name ? w->name : "?");
+    return 0;
+}
+
+/* n calls that share M, x, K and accumulate (checked by the caller) as one launch. */
+static int gv_run_mats(int n, const gemm_args *a, ls_stream s, ls_err *e) {
+    gv_mats ms;
+    memset(&ms, 0, sizeof ms);
+    int T = 0;
+    for (int i = 0; i < n; i++) {
+        if (a[i].w->N <= 0) continue;
+        ms.w[ms.n] = (const bf16 *)a[i].w->data;
+        ms.y[ms.n] = (bf16 *)a[i].y;
+        ms.N[ms.n] = a[i].w->N;
+        T += (a[i].w->N + 15) / 16;
+        ms.t_end[ms.n++] = T;
+    }
+    if (a[0].M <= 0 || ms.n == 0) return 0;
     int n_sm = gv_n_sm(e);
     if (n_sm <= 0) return n_sm < 0 ? n_sm : errf(e, ERR_RUNTIME, "gemm cuda_gemv: no SM count");
+    const int K = a[0].w->K;
     gv_plan p;
-    if (gv_make_plan(a->M, w->N, w->K, n_sm, &p))
+    if (gv_make_plan(a[0].M, T * 16, K, n_sm, &p))
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: K=%d too long to stage x for M=%d",
-                    w->name ? w->name : "?", w->K, a->M);
+                    a[0].w->name ? a[0].w->name : "?", K, a[0].M);
     cudaStream_t st = (cudaStream_t)s;
     switch (p.nt) {
-    case 1: return gv_launch<1>(a, &p, n_sm, st, e);
-    default: return gv_launch<2>(a, &p, n_sm, st, e);
+    case 1: return gv_launch<1>(a[0].M, K, (const bf16 *)a[0].x, ms, a[0].accumulate, &p, n_sm, st, e);
+    default: return gv_launch<2>(a[0].M, K, (const bf16 *)a[0].x, ms, a[0].accumulate, &p, n_sm, st, e);
     }
 }
 
-const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1};
+static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    int rc = gv_check(a, e);
+    if (rc) return rc;
+    return gv_run_mats(1, a, s, e);
+}
+
+/* LASTSTAND_GEMV_MULTI=0|1: run_multi launches one kernel per weight / groups them (off:
+ * the behaviour before the grouped launch, for before/after timings). */
+#define GV_MULTI_DEFAULT 0
+static int gv_multi_on(void) {
+    static int v = -1;
+    if (v < 0) v = gv_env_switch("LASTSTAND_GEMV_MULTI", GV_MULTI_DEFAULT);
+    return v;
+}
+
+/* gemm_impl.run_multi: n products of one x (same M, K, accumulate) in one launch, the
+ * weights' 16-row tiles concatenated into one grid; in groups of GV_MAX_MATS. */
+static int gv_run_multi(int n, const gemm_args *a, ls_stream s, ls_err *e) {
+    for (int i = 0; i < n; i++) {
+        int rc = gv_check(&a[i], e);
+        if (rc) return rc;
+        if (a[i].M != a[0].M || a[i].x != a[0].x || a[i].w->K != a[0].w->K || a[i].accumulate != a[0].accumulate)
+            return errf(e, ERR_INVAL, "gemm cuda_gemv: grouped weights %s and %s differ in M, x, K or accumulate",
+                        a[0].w->name ? a[0].w->name : "?", a[i].w->name ? a[i].w->name : "?");
+    }
+    const int g = gv_multi_on() ? GV_MAX_MATS : 1;
+    for (int i = 0; i < n; i += g) {
+        int rc = gv_run_mats(n - i < g ? n - i : g, a + i, s, e);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1, gv_run_multi};

@@ -61,8 +61,17 @@ enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
  * 9.4 MB). Only for weights that fit L2 a few times over (gv_pf). */
 __device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int lines = pf >> 16; /* GV_PF_LINES: per-line prefetch.global.L2 instead */
+    pf &= 0xffff;
     if ((int)blockIdx.x >= pf) return;
     const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
+    if (lines) { /* 128-byte lines (wb, sb: multiples of 128), line i by block i % pf */
+        for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < (wb + sb) / 128; i += (size_t)pf * blockDim.x) {
+            const uint8_t *p = i < wb / 128 ? w + 128 * i : sc + 128 * (i - wb / 128);
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p) : "memory");
+        }
+        return;
+    }
     const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
     /* piece i by block i % pf (each SM's copy engine takes its share), thread i / pf % blockDim */
     for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < nw + ns; i += (size_t)pf * blockDim.x) {
@@ -541,10 +550,12 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *                              the first P blocks prefetch the whole weight into L2
  *                              (gv_l2_prefetch), for weights of at most L2 / 4; 0: never;
  *                              unset: gv_pf's default
+ *   LASTSTAND_W4A16_L2PFM=1    that prefetch by 128-byte prefetch.global.L2 from every
+ *                              thread of the P blocks instead of 32 KB bulk prefetches
  *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel / fp4_gemv2_kernel at 16 x 2 (the
  *                              [4096 x 4096] instance): one cp.async wait for both chunks
  *                              of a warp instead of one per chunk (their steps may interleave) */
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0;
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0, g_knob_l2pfm = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
@@ -554,7 +565,9 @@ static void w4_knobs_load(void) {
     g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
     const char *pf = getenv("LASTSTAND_W4A16_L2PF");
     g_knob_l2pf = pf && *pf ? atoi(pf) : -1;
-    if (g_knob_l2pf > 4096) g_knob_l2pf = 4096;
+    if (g_knob_l2pf > 4096) g_knob_l2pf = 4096; /* < GV_PF_LINES */
+    const char *pm = getenv("LASTSTAND_W4A16_L2PFM");
+    g_knob_l2pfm = pm && !strcmp(pm, "1");
     const char *gw = getenv("LASTSTAND_W4A16_GWAIT");
     g_knob_gwait = gw && !strcmp(gw, "1");
 }
@@ -614,11 +627,12 @@ static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV],
  * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
  * call's prefetch would evict the current call's lines: the gemv4 session's L2
  * prefetch kernel doubled the DRAM traffic there). */
+enum { GV_PF_LINES = 1 << 16 }; /* in gv_l2_prefetch's pf: line prefetches, not bulk ones */
 static int gv_pf(const w4_dev *d, const lin_w *w) {
     const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
     if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
     if (((uintptr_t)w->data | (uintptr_t)w->scale) & 15) return 0; /* bulk copies take 16-byte addresses */
-    return g_knob_l2pf;
+    return g_knob_l2pf | (g_knob_l2pfm == 1 ? GV_PF_LINES : 0);
 }
 
 template <int MT, int KW>

@@ -91,8 +91,8 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 
 # VARIANTS: "tag:VAR=V VAR=V": each knob this session added, against the defaults (R1: the new
 # behaviour opt-in; after the defaults flip: the old behaviour)
-VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1"
-          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1"
+VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
+          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
           "multi:LASTSTAND_GEMV_MULTI=1")
 NEWENV=${VARIANTS[0]#*:}
 D=$(dirname "$BIN")
@@ -108,7 +108,7 @@ fi
 
 FIX=$D/fixtures/models
 echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu, default and env $NEWENV $(el)"
-timeout 30 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
+timeout 45 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, NEWENV = sys.argv[1:4]
@@ -120,7 +120,9 @@ def run(args, env=None, t=10):
         return None
 def err(p):
     return "TIMEOUT" if p is None else p.stderr.strip()[-300:]
-for name in ("qwen3_5_moe_text", "qwen3_next"):
+MOE = ["--moe-runner-backend", "cuda_fused_decode:8,cuda_grouped_gemm"]
+for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", []), ("qwen3_5_moe_text-nvfp4", MOE),
+                    ("qwen3_next-nvfp4", MOE)):
     d = os.path.join(FIX, name)
     if not os.path.exists(os.path.join(d, "ref.json")):
         print(f"{name}: no fixture at {d}"); continue
@@ -132,19 +134,26 @@ for name in ("qwen3_5_moe_text", "qwen3_next"):
     p = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cpu"])
     gcpu = json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else None
     for tag, env in (("default", None), ("new", newenv)):
-        p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt"], env)
+        p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt",
+                 *extra], env)
         if p is None or p.returncode:
-            print(f"{name:17s} {tag:7s} logits: {err(p)}"); continue
+            print(f"{name:22s} {tag:7s} logits: {err(p)}"); continue
         x = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
         rel = float((np.abs(x - cpu).max(axis=1) / np.abs(cpu).max(axis=1)).max())
         out = []
         for g in ([], ["--disable-cuda-graph"]):
             q = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cuda",
-                     "--gemm-backend", "cuda_gemv:16,cuda_cublaslt", *g], env)
+                     "--gemm-backend", "cuda_gemv:16,cuda_cublaslt", *extra, *g], env)
             out.append(json.loads(q.stdout)["ids"] if q is not None and q.returncode == 0 else "ERR " + err(q))
-        same = lambda a: "same" if a == gcpu else f"DIFFERENT {a}"
-        print(f"{name:17s} {tag:7s} logits rel {rel:.2e} (M = {len(cpu)})  greedy graphs {same(out[0])}, "
-              f"eager {same(out[1])}")
+        def pre(a):
+            if isinstance(a, str) or not gcpu:
+                return str(a)[:200]
+            n = 0
+            while n < min(len(a), len(gcpu)) and a[n] == gcpu[n]:
+                n += 1
+            return f"{n}/12"
+        print(f"{name:22s} {tag:7s} logits rel {rel:.2e} (M = {len(cpu)})  greedy = cpu's for graphs {pre(out[0])}, "
+              f"eager {pre(out[1])}; graphs == eager: {'yes' if out[0] == out[1] else 'NO'}")
 PY
 echo "rc=$? $(el)"
 

@@ -93,8 +93,7 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 # behaviour opt-in; after the defaults flip: the old behaviour)
 VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
           "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
-          "multi:LASTSTAND_GEMV_MULTI=1"
-          "split2:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1 LASTSTAND_GEMV_SPLIT=2")
+          "multi:LASTSTAND_GEMV_MULTI=1")
 NEWENV=${VARIANTS[0]#*:}
 D=$(dirname "$BIN")
 
@@ -169,6 +168,17 @@ for v in "${VARIANTS[@]:1}"; do [ "$(left)" -gt 50 ] && gen "l8-${v%%:*}" "$L8" 
 [ "$(left)" -gt 40 ] && e2e "l8-${VARIANTS[0]%%:*}" "$L8" 30 $NEWENV
 [ -n "$NCU" ] && [ "$(left)" -gt 35 ] && NCU_ENV="$NEWENV" prof "m1-${VARIANTS[0]%%:*}" 256 3 30
 [ -n "$NCU" ] && [ "$(left)" -gt 35 ] && prof m16 16 1 30
+# cuda_gemv's cells at the 35B shapes: the default K split policy vs split 2 (LASTSTAND_GEMV_SPLIT=2),
+# both with PDL (chained timing): the mid-size projections run one tile per block
+for sp in 0 2; do
+    [ "$(left)" -gt 25 ] || break
+    echo "== doctor gemm cuda_gemv, LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp $(el)"
+    LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
+        --families gemm --m 1,8 --backends cuda_gemv --json "$OUT/doctor-gemv-s$sp.json" >"$OUT/doctor-gemv-s$sp.txt" \
+        2>"$OUT/doctor-gemv-s$sp.err"
+    echo "rc=$? $(el)"
+    grep -E "^gemm |^ +(1|8) " "$OUT/doctor-gemv-s$sp.txt" | cut -c1-120
+done
 if [ "$(left)" -gt 30 ]; then
     echo "== doctor: served backends at the 35B shapes, M = 1, 16 $(el)"
     timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --m 1,16 \

@@ -240,6 +240,118 @@ static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const f
                      theta, (bf16 *)x);
 }
 
+/* q and k head norm + RoPE and the KV write in one launch (small_ops.qk_norm_rope_kv):
+ * blocks [0, n_tok·nh) are the q rows of sm_qk_norm_rope_kernel; block n_tok·nh + t·nkv + h
+ * does k row (t, h) the same way, then stores that rounded row and v row (t, h) in the
+ * token's KV page slot, as sm_kv_write_kernel (a token outside every sequence, or a bad
+ * page, is not stored). The token's sequence is found by a scan of seqs (n_seq entries). */
+template <typename T>
+__global__ void sm_qk_norm_rope_kv_kernel(int n_tok, int nh, int nkv, int head_dim, const float *__restrict__ qw,
+                                          const float *__restrict__ kw, int zc, float eps, int rot_dim,
+                                          const int32_t *__restrict__ pos, double theta, bf16 *q, bf16 *k,
+                                          const bf16 *__restrict__ v, const attn_seq *__restrict__ seqs, int n_seq,
+                                          int page_size, int n_pages, T *kp, T *vp) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    extern __shared__ float row[];
+    __shared__ long long dst_sh;
+    const int b = blockIdx.x, isk = b >= n_tok * nh;
+    const int rr = isk ? b - n_tok * nh : b, hh = isk ? nkv : nh, t = rr / hh;
+    bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
+    const float *w = isk ? kw : qw;
+    if (isk && threadIdx.x == 0) { /* the token's KV slot: row index of the pool, -1 for none */
+        long long d = -1;
+        for (int i = 0; i < n_seq; i++) {
+            const attn_seq sq = seqs[i];
+            if (t >= sq.row0 && t < sq.row0 + sq.n_new) {
+                const int p = sq.n_past + t - sq.row0;
+                const int32_t page = sq.pages[p / page_size];
+                if (page >= 0 && page < n_pages) d = (long long)page * page_size + p % page_size;
+                break;
+            }
+        }
+        dst_sh = d;
+    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float x = __bfloat162float(xr[i]);
+        row[i] = x;
+        ss += x * x;
+    }
+    const float s = rsqrtf(sm_block_sum(ss) / head_dim + eps); /* its barriers order row[] and dst_sh */
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float xh = row[i] * s;
+        row[i] = zc ? xh * (1.0f + w[i]) : w[i] * xh;
+    }
+    __syncthreads();
+    const int half = rot_dim / 2;
+    const float p = (float)pos[t];
+    const long long d = isk ? dst_sh : -1;
+    const size_t kvo = (size_t)d * nkv * head_dim + (size_t)(rr % nkv) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float o = row[i];
+        if (i < rot_dim) {
+            const int j = i < half ? i : i - half;
+            const float inv = (float)(1.0 / pow(theta, (double)(2 * j) / rot_dim));
+            const float ang = p * inv, c = cosf(ang), sn = sinf(ang);
+            o = i < half ? row[i] * c - row[i + half] * sn : row[i] * c + row[i - half] * sn;
+        }
+        const bf16 ob = __float2bfloat16(o);
+        xr[i] = ob;
+        if (d >= 0) {
+            const bf16 vb = v[(size_t)rr * head_dim + i];
+            if (sizeof(T) == 2) {
+                ((bf16 *)kp)[kvo + i] = ob;
+                ((bf16 *)vp)[kvo + i] = vb;
+            } else {
+                ((float *)kp)[kvo + i] = __bfloat162float(ob);
+                ((float *)vp)[kvo + i] = __bfloat162float(vb);
+            }
+        }
+    }
+}
+
+static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads, int head_dim,
+                      const void *k, const void *v, act_dtype dt, ls_stream s);
+
+/* LASTSTAND_SMALL_QKV=0|1: qk_norm_rope_kv as one launch / as the three ops' launches
+ * (SM_QKV_DEFAULT). Read once. */
+#define SM_QKV_DEFAULT 0
+static int sm_qkv_fused(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_SMALL_QKV");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_QKV_DEFAULT;
+    }
+    return v;
+}
+
+static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_dim, void *q, void *k, const void *v,
+                             const float *qw, const float *kw, rms_kind kind, float eps, int rot_dim,
+                             const int32_t *pos, double theta, const kv_layer *kv, int n_seq, const attn_seq *seqs,
+                             act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
+    if (n_tok <= 0) return 0;
+    if (!sm_qkv_fused()) {
+        int rc;
+        if ((rc = c_qk_norm_rope(n_tok, n_heads, head_dim, q, qw, kind, eps, rot_dim, pos, theta, dt, s)) ||
+            (rc = c_qk_norm_rope(n_tok, n_kv_heads, head_dim, k, kw, kind, eps, rot_dim, pos, theta, dt, s)))
+            return rc;
+        return c_kv_write(kv, n_seq, seqs, n_kv_heads, head_dim, k, v, dt, s);
+    }
+    if (rot_dim < 2) rot_dim = 0;
+    const dim3 grid(n_tok * (n_heads + n_kv_heads)), block(threads_for(head_dim));
+    const size_t smem = sizeof(float) * head_dim;
+    const int zc = kind == RMS_ZC;
+    if (kv->dt == ACT_BF16)
+        return sm_launch(sm_qk_norm_rope_kv_kernel<uint16_t>, grid, block, smem, s, n_tok, n_heads, n_kv_heads,
+                         head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q, (bf16 *)k, (const bf16 *)v, seqs,
+                         n_seq, kv->page_size, kv->n_pages, (uint16_t *)kv->k, (uint16_t *)kv->v);
+    return sm_launch(sm_qk_norm_rope_kv_kernel<float>, grid, block, smem, s, n_tok, n_heads, n_kv_heads, head_dim, qw,
+                     kw, zc, eps, rot_dim, pos, theta, (bf16 *)q, (bf16 *)k, (const bf16 *)v, seqs, n_seq,
+                     kv->page_size, kv->n_pages, (float *)kv->k, (float *)kv->v);
+}
+
 /* ---- embedding, elementwise --------------------------------------------------- */
 
 /* kind: 0 F32, 1 BF16, 2 F16 table; ids validated by the caller. */
@@ -356,4 +468,5 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
 
 extern "C" const small_ops small_cuda = {
     "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope};
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope,
+    c_qk_norm_rope_kv};

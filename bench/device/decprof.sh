@@ -97,14 +97,16 @@ VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 L
 NEWENV=${VARIANTS[0]#*:}
 D=$(dirname "$BIN")
 
-echo "== cmocka test_gemv_cuda, env $NEWENV $(el)"
-if [ -x "$D/tests/test_gemv_cuda" ]; then
-    env $NEWENV timeout -k 3 40 "$D/tests/test_gemv_cuda" >"$OUT/test_gemv_cuda.log" 2>&1
-    echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/test_gemv_cuda.log" | tr '\n' ' ') $(el)"
-    grep -E "FAILED|grouped|rror" "$OUT/test_gemv_cuda.log" | head -12
-else
-    echo "missing: $D/tests/test_gemv_cuda"
-fi
+for t in test_gemv_cuda test_small_cuda; do
+    echo "== cmocka $t, env $NEWENV $(el)"
+    if [ -x "$D/tests/$t" ]; then
+        env $NEWENV timeout -k 3 40 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/$t.log" | tr '\n' ' ') $(el)"
+        grep -E "FAILED|grouped|differs|rror" "$OUT/$t.log" | head -12
+    else
+        echo "missing: $D/tests/$t"
+    fi
+done
 
 FIX=$D/fixtures/models
 echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu, default and env $NEWENV $(el)"

@@ -5,27 +5,28 @@
 #
 #   bash bench/device/decprof.sh BIN OUTDIR
 #
-# 0. Correctness of this session's kernel changes with their knobs on (VARIANTS below): the
-#    cmocka test_gemv_cuda (grouped launch, PDL chain, graph replay, fp64), and on the fixture
-#    models (dir-of-BIN/fixtures/models, copied from ../shared/fixtures/models) logits vs the
-#    CPU and 12 greedy tokens, CUDA graphs and eager, vs the CPU's.
-# 1. ncu (--clock-control none --cache-control none: the card's own clocks, caches as the step
-#    leaves them) over `BIN generate` of synth:qwen3.5-35b-a3b,layers=8, eager (no CUDA graphs,
-#    so each kernel is one launch), the serve plans named (no doctor): a 256-token prompt, then
-#    3 new tokens = 3 forward passes. Forwards are split at the embedding kernel (sm_embed_*);
-#    the last one is a decode step at M = 1 (checked against the one before it). Printed by
-#    decprof_table.py: the raw per-kernel table (µs, DRAM MB read + written, GB/s) and an
-#    aggregate per kernel name (count, total µs, % of the step's kernel time, GB/s).
-# 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt, 128 decode
+# The session's switches (VARIANTS below; on by default since device round R1 but the opt-in
+# add_rmsnorm kernel) are compared against the defaults throughout.
+# 0. Correctness: the cmocka test_gemv_cuda and test_small_cuda (grouped launch, PDL chain,
+#    graph replay, fp64 / host references, the fused attention prologue bitwise against the
+#    three ops); 48 greedy tokens of the 8-layer synth 35B from CUDA graphs twice and eagerly
+#    (a race shows as a difference); on the fixture models (dir-of-BIN/fixtures/models, copied
+#    from ../shared/fixtures/models) logits vs the CPU and 12 greedy tokens, CUDA graphs and
+#    eager, vs the CPU's, for the defaults, the old behaviour and addnorm.
+# 1. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt, 128 decode
 #    steps; the engine logs "N decode steps ..., X ms each (forward + sampling)"), 8 layers and
-#    the full 40, with the defaults and with each variant's environment.
-# 3. Wall-clock TPOT as a client sees it: `serve` with the same named plans (--trust-backend: no
-#    doctor, no smoke children) + `BIN bench` at concurrency 1 and 16, 512 in / 128 out, 8 layers,
-#    defaults and the first variant.
-# 4. If time is left: ncu of the first variant; ncu of a 16-token prompt and 1 new token (one
-#    forward of M = 16 rows: every GEMM and the MoE as in a batch-16 decode step; attention and
-#    GDN as one 16-token sequence; the lm_head on the last row only); the doctor's per-op times
-#    (chain timing, as in a CUDA graph) of the served backends at the 35B shapes, M = 1 and 16.
+#    the full 40, defaults / old / addnorm, then the other variants on 8 layers.
+# 2. Wall-clock TPOT as a client sees it: `serve` with the served plans named (--trust-backend:
+#    no doctor, no smoke children) + `BIN bench` at concurrency 1 and 16, 512 in / 128 out,
+#    8 layers, defaults and old.
+# 3. ncu (--clock-control none --cache-control none: the card's own clocks, caches as the step
+#    leaves them) over `BIN generate` of the 8-layer model, eager (each kernel one launch), the
+#    plans named: a 256-token prompt, then 3 new tokens = 3 forward passes. Forwards are split
+#    at the embedding kernel (sm_embed_*); the last one is a decode step at M = 1 (checked
+#    against the one before it). decprof_table.py prints the raw per-kernel table (µs, DRAM MB
+#    read + written, GB/s) and an aggregate per kernel name (count, total µs, % of the step's
+#    kernel time, GB/s). prof() also takes a 16-token prompt + 1 token (one forward of M = 16
+#    rows) and the doctor lines at the end run when time is left (R1 printed both).
 # Each step is bounded by `timeout`; the whole script stays under 170 s.
 set -u
 BIN=${1:?usage: decprof.sh BIN OUTDIR}
@@ -89,32 +90,50 @@ e2e() {
 }
 left() { echo $(( 165 - ($(date +%s) - T0) )); }
 
-# VARIANTS: "tag:VAR=V VAR=V": each knob this session added, against the defaults (R1: the new
-# behaviour opt-in; after the defaults flip: the old behaviour)
-VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1 LASTSTAND_SMALL_QKV=1"
-          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
-          "multi:LASTSTAND_GEMV_MULTI=1")
-NEWENV=${VARIANTS[0]#*:}
+# VARIANTS: "tag:VAR=V VAR=V": the knobs this session added. Since device round R1 the
+# first six are on by default, so "old" is the behaviour before the session; "addnorm" is the
+# one-round-trip add_rmsnorm kernel, opt-in (LASTSTAND_SMALL_ADDNORM=1) until a round checks it.
+VARIANTS=("old:LASTSTAND_GEMV_PDL=0 LASTSTAND_GEMV_MULTI=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0 LASTSTAND_SMALL_QKV=0"
+          "addnorm:LASTSTAND_SMALL_ADDNORM=1"
+          "nopdl:LASTSTAND_GEMV_PDL=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0"
+          "nomulti:LASTSTAND_GEMV_MULTI=0 LASTSTAND_SMALL_QKV=0")
+OLDENV=${VARIANTS[0]#*:}
+ADDENV=${VARIANTS[1]#*:}
 D=$(dirname "$BIN")
 
+# the session's cmocka tests (defaults; test_small_cuda forces its two kernels on itself)
 for t in test_gemv_cuda test_small_cuda; do
-    echo "== cmocka $t, env $NEWENV $(el)"
+    echo "== cmocka $t $(el)"
     if [ -x "$D/tests/$t" ]; then
-        env $NEWENV timeout -k 3 40 "$D/tests/$t" >"$OUT/$t.log" 2>&1
-        echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/$t.log" | tr '\n' ' ') $(el)"
-        grep -E "FAILED|grouped|differs|rror" "$OUT/$t.log" | head -12
+        timeout -k 3 40 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        echo "rc=$? (0: every test passed) $(el)"
+        grep -E "PASSED|FAILED|SKIPPED|differs|rror" "$OUT/$t.log" | head -8
     else
         echo "missing: $D/tests/$t"
     fi
 done
 
+# races: the same greedy tokens from CUDA graphs (twice) and eager steps, defaults and addnorm
+echo "== synth 35B 8 layers, 48 greedy tokens: graphs x2 vs eager, defaults and $ADDENV $(el)"
+for v in "" "$ADDENV"; do
+    for g in g1 g2 eager; do
+        env $v timeout 20 "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 100)" \
+            --max-new-tokens 48 --device cuda "${PLANS[@]}" $([ $g = eager ] && echo --disable-cuda-graph) \
+            2>/dev/null | head -c 2000 >"$OUT/race-${v:+addnorm-}$g.json"
+    done
+    r="$OUT/race-${v:+addnorm-}"
+    echo "  ${v:-defaults}: graphs run 1 == run 2: $(cmp -s ${r}g1.json ${r}g2.json && echo yes || echo NO);" \
+        "graphs == eager: $(cmp -s ${r}g1.json ${r}eager.json && echo yes || echo NO); $(head -c 80 ${r}g1.json)"
+done
+echo "$(el)"
+
 FIX=$D/fixtures/models
-echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu, default and env $NEWENV $(el)"
-timeout 45 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
+echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu: defaults, old ($OLDENV), addnorm $(el)"
+timeout 45 python3 - "$BIN" "$FIX" "$OLDENV" "$ADDENV" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
-BIN, FIX, NEWENV = sys.argv[1:4]
-newenv = dict(os.environ, **dict(kv.split("=", 1) for kv in NEWENV.split()))
+BIN, FIX, OLDENV, ADDENV = sys.argv[1:5]
+envof = lambda e: dict(os.environ, **dict(kv.split("=", 1) for kv in e.split()))
 def run(args, env=None, t=10):
     try:
         return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=t, env=env)
@@ -122,9 +141,7 @@ def run(args, env=None, t=10):
         return None
 def err(p):
     return "TIMEOUT" if p is None else p.stderr.strip()[-300:]
-MOE = ["--moe-runner-backend", "cuda_fused_decode:8,cuda_grouped_gemm"]
-for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", []), ("qwen3_5_moe_text-nvfp4", MOE),
-                    ("qwen3_next-nvfp4", MOE)):
+for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", [])):
     d = os.path.join(FIX, name)
     if not os.path.exists(os.path.join(d, "ref.json")):
         print(f"{name}: no fixture at {d}"); continue
@@ -135,7 +152,7 @@ for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", []), ("qwen3_5_moe_
     cpu = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
     p = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cpu"])
     gcpu = json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else None
-    for tag, env in (("default", None), ("new", newenv)):
+    for tag, env in (("default", None), ("old", envof(OLDENV)), ("addnorm", envof(ADDENV))):
         p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt",
                  *extra], env)
         if p is None or p.returncode:
@@ -159,17 +176,17 @@ for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", []), ("qwen3_5_moe_
 PY
 echo "rc=$? $(el)"
 
-if [ -n "$NCU" ]; then prof m1 256 3 40; else echo "== ncu: not found"; fi
 L8="qwen3.5-35b-a3b,layers=8"
 gen l8 "$L8" 20
-gen "l8-${VARIANTS[0]%%:*}" "$L8" 20 $NEWENV
+gen l8-old "$L8" 20 $OLDENV
+gen l8-addnorm "$L8" 20 $ADDENV
 gen l40 qwen3.5-35b-a3b 35
-gen "l40-${VARIANTS[0]%%:*}" qwen3.5-35b-a3b 35 $NEWENV
-for v in "${VARIANTS[@]:1}"; do [ "$(left)" -gt 50 ] && gen "l8-${v%%:*}" "$L8" 20 ${v#*:}; done
-[ "$(left)" -gt 40 ] && e2e l8 "$L8" 30
-[ "$(left)" -gt 40 ] && e2e "l8-${VARIANTS[0]%%:*}" "$L8" 30 $NEWENV
-[ -n "$NCU" ] && [ "$(left)" -gt 35 ] && NCU_ENV="$NEWENV" prof "m1-${VARIANTS[0]%%:*}" 256 3 30
-[ -n "$NCU" ] && [ "$(left)" -gt 35 ] && prof m16 16 1 30
+gen l40-old qwen3.5-35b-a3b 35 $OLDENV
+gen l40-addnorm qwen3.5-35b-a3b 35 $ADDENV
+for v in "${VARIANTS[@]:2}"; do [ "$(left)" -gt 60 ] && gen "l8-${v%%:*}" "$L8" 20 ${v#*:}; done
+[ "$(left)" -gt 50 ] && e2e l8 "$L8" 30
+[ "$(left)" -gt 50 ] && e2e l8-old "$L8" 30 $OLDENV
+if [ -n "$NCU" ] && [ "$(left)" -gt 40 ]; then NCU_ENV="$ADDENV" prof m1-addnorm 256 3 35; fi
 # cuda_gemv's cells at the 35B shapes: the default K split policy vs split 2 (LASTSTAND_GEMV_SPLIT=2),
 # both with PDL (chained timing): the mid-size projections run one tile per block
 for sp in 0 2; do

@@ -6,6 +6,8 @@
  * plain norm weights, partial rotary; a token whose page is out of the pool is not
  * stored (its slot keeps the poison). The fused kernel is forced on
  * (LASTSTAND_SMALL_QKV=1, set before the first call unless the caller set it).
+ * add_rmsnorm (LASTSTAND_SMALL_ADDNORM=1 likewise: its one-round-trip kernel) against
+ * the host: the residual sum exactly, the normed row within one BF16 rounding.
  * Needs a CUDA GPU: every test is skipped without one (CPU CI, NO_CUDA builds).
  */
 #include <setjmp.h>
@@ -134,10 +136,71 @@ static void test_qk_norm_rope_kv_equals_the_three_ops(void **st) {
 #endif
 }
 
+#ifdef LS_HAVE_CUDA
+/* add_rmsnorm on rows x cols against the host: h' = h + x (init: x) in fp32, exactly; y =
+ * norm(h') in BF16 within one BF16 rounding of the fp64 value (the sum of squares' order
+ * differs from the host's). */
+static void addnorm_case(int rows, int cols, int init, rms_kind kind) {
+    const small_ops *so = ops_small_find("cuda");
+    ls_err e = {0};
+    const size_t n = (size_t)rows * cols;
+    float *h = malloc(n * 4), *w = malloc(cols * 4), *h2 = malloc(n * 4);
+    uint16_t *x = malloc(n * 2), *y = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) h[i] = 4.f * urand(), x[i] = f32_to_bf16(2.f * urand());
+    for (int i = 0; i < cols; i++) w[i] = kind == RMS_ZC ? 0.3f * urand() : 1.f + 0.3f * urand();
+    float *dh = dev_copy(h, n * 4), *dw = dev_copy(w, cols * 4);
+    void *dx = dev_copy(x, n * 2), *dy = dev_copy(x, n * 2);
+    assert_int_equal(so->add_rmsnorm(rows, cols, dh, dx, init, dw, kind, 1e-6f, dy, ACT_BF16, g_st), 0);
+    assert_int_equal(g_mem->d2h(h2, dh, n * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(y, dy, n * 2, g_st, &e), 0);
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) {
+            const size_t i = (size_t)r * cols + c;
+            const float v = init ? bf16_to_f32(x[i]) : h[i] + bf16_to_f32(x[i]);
+            if (h2[i] != v && bad++ < 3) fprintf(stderr, "add_rmsnorm [%d x %d]: h[%d,%d] %g, want %g\n", rows, cols, r, c, h2[i], v);
+            ss += (double)v * v;
+        }
+        const double sc = 1.0 / sqrt(ss / cols + 1e-6);
+        for (int c = 0; c < cols; c++) {
+            const size_t i = (size_t)r * cols + c;
+            const double xh = (double)h2[i] * sc, ref = kind == RMS_ZC ? xh * (1.0 + w[c]) : w[c] * xh;
+            const double got = bf16_to_f32(y[i]);
+            if (!(fabs(got - ref) <= fabs(ref) / 128 + 1e-6) && bad++ < 3)
+                fprintf(stderr, "add_rmsnorm [%d x %d]: y[%d,%d] %g, fp64 %g\n", rows, cols, r, c, got, ref);
+        }
+    }
+    assert_int_equal(bad, 0);
+    g_mem->free(dh); g_mem->free(dw); g_mem->free(dx); g_mem->free(dy);
+    free(h); free(w); free(h2); free(x); free(y);
+}
+#endif
+
+/* add_rmsnorm (LASTSTAND_SMALL_ADDNORM=1: the one-round-trip kernel where cols % 8 == 0,
+ * else the loop) against the host, H = 2048 and 4096 (the 35B and 397B models), a short
+ * odd row, init and not, both norm kinds. */
+static void test_add_rmsnorm_matches_the_host(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    static const int shapes[][2] = {{1, 2048}, {5, 2048}, {1, 4096}, {3, 4096}, {2, 200}, {2, 36}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int init = 0; init < 2; init++) {
+            addnorm_case(shapes[i][0], shapes[i][1], init, RMS_ZC);
+            addnorm_case(shapes[i][0], shapes[i][1], init, RMS_PLAIN);
+        }
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     setenv("LASTSTAND_SMALL_QKV", "1", 0);
+    setenv("LASTSTAND_SMALL_ADDNORM", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qk_norm_rope_kv_equals_the_three_ops),
+        cmocka_unit_test(test_add_rmsnorm_matches_the_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -344,7 +344,7 @@ static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
 
 /* LASTSTAND_GDN_PDL=0|1: launch without / with programmatic dependent launch (off: the
  * behaviour before it, for before/after timings); else GD_PDL_DEFAULT. Read once. */
-#define GD_PDL_DEFAULT 0
+#define GD_PDL_DEFAULT 1
 static int gd_pdl(void) {
     static int v = -1;
     if (v < 0) {

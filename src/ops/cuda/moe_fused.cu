@@ -89,8 +89,8 @@ static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e)
  * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
  * triggers first thing, so that gate/up can start during the router; it reads
  * nothing the top-k kernel writes before its pdl_wait, except x, complete before
- * the router triggers: the router (launched without the attribute by default;
- * LASTSTAND_MOE_ROUTER_PDL=1 with it) triggers only after its own pdl_wait
+ * the router triggers: the router (launched with the attribute by default;
+ * LASTSTAND_MOE_ROUTER_PDL=0 without) triggers only after its own pdl_wait
  * (router_wait_trigger), once its weight loads are in flight. PDL through a CUDA graph
  * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
 
@@ -230,8 +230,8 @@ __device__ __forceinline__ void router_finish(const router_part &p, int blk, int
 }
 
 /* Launch 1 (the router kernels) after its weight loads are in flight, before it stages
- * x: wait for the kernel that wrote x (a no-op when launched without the attribute, the
- * default; LASTSTAND_MOE_ROUTER_PDL=1 launches it with it), then let the top-k kernel
+ * x: wait for the kernel that wrote x (a no-op when launched without the attribute,
+ * LASTSTAND_MOE_ROUTER_PDL=0), then let the top-k kernel
  * launch. Triggering only after the wait keeps what the later launches read before their
  * own waits (x, in gate/up) complete by the time they can start, as when launch 1 had no
  * attribute and triggered first thing. */
@@ -1232,9 +1232,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_pair = -2, force_pdl = -2;
     int pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 2, 2);
     const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, 1);
-    /* launch 1 with the attribute too (router_wait_trigger): LASTSTAND_MOE_ROUTER_PDL=1 */
+    /* launch 1 with the attribute too (router_wait_trigger; H200 device round R1 of
+     * 2026-11-29 23:07, with the other decode-step PDL switches: 8-layer synth 35B decode
+     * step 1.023 -> 0.941 ms); LASTSTAND_MOE_ROUTER_PDL=0 launches it without */
     static int force_rpdl = -2;
-    const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 0);
+    const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
     /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
      * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);

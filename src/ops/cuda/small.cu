@@ -38,7 +38,7 @@ static int launched(void) {
  * the programmatic-serialization attribute (SM_PDL_DEFAULT). With it a kernel may be
  * scheduled while its predecessor still runs; each one executes cu_pdl_wait before its
  * first memory access, so it only hides its own launch. Read once. */
-#define SM_PDL_DEFAULT 0
+#define SM_PDL_DEFAULT 1
 static int sm_pdl(void) {
     static int v = -1;
     if (v < 0) {
@@ -159,10 +159,76 @@ __global__ void sm_add_rmsnorm_kernel(int cols, float *__restrict__ h, const bf1
     }
 }
 
+/* The same op with every load of a thread in flight at once: thread i owns columns
+ * [8i, 8i + 8) of its row (one 16-byte x load, two of h, two of w, issued before any is
+ * used), so a row costs one memory round trip, not one per 8 columns as the loop above
+ * (whose loads wait for the previous iteration's store: x may alias y). blockDim = cols / 8
+ * (cols % 8 == 0, <= 8192), 16-byte aligned rows. The same fp32 math and rounding. */
+__global__ void sm_add_rmsnorm8_kernel(int cols, float *__restrict__ h, const bf16 *x, int init,
+                                       const float *__restrict__ w, int zc, float eps, bf16 *y) {
+    cu_pdl_trigger();
+    const size_t r = blockIdx.x;
+    const int c0 = threadIdx.x * 8;
+    const bool on = c0 < cols;
+    float4 *h4 = reinterpret_cast<float4 *>(h + r * cols + c0);
+    const float4 *w4 = reinterpret_cast<const float4 *>(w + c0);
+    float4 wa = make_float4(0.f, 0.f, 0.f, 0.f), wb = wa, ha = wa, hb = wa;
+    if (on) wa = __ldg(w4), wb = __ldg(w4 + 1); /* weights: constants, before the wait */
+    cu_pdl_wait();
+    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+    if (on) {
+        xv = *reinterpret_cast<const uint4 *>(x + r * cols + c0);
+        if (!init) ha = h4[0], hb = h4[1];
+    }
+    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+    float v[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __nv_bfloat162 p = *reinterpret_cast<const __nv_bfloat162 *>(&xw[j]);
+        const float lo = __low2float(p), hi = __high2float(p);
+        v[2 * j] = init ? lo : lo + v[2 * j];
+        v[2 * j + 1] = init ? hi : hi + v[2 * j + 1];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+    if (on) {
+        h4[0] = make_float4(v[0], v[1], v[2], v[3]);
+        h4[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    const float sc = rsqrtf(sm_block_sum(ss) / cols + eps);
+    if (!on) return;
+    const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float a = v[2 * j] * sc, b = v[2 * j + 1] * sc;
+        const __nv_bfloat162 p = __floats2bfloat162_rn(zc ? a * (1.0f + wv[2 * j]) : wv[2 * j] * a,
+                                                       zc ? b * (1.0f + wv[2 * j + 1]) : wv[2 * j + 1] * b);
+        o[j] = *reinterpret_cast<const uint32_t *>(&p);
+    }
+    *reinterpret_cast<uint4 *>(y + r * cols + c0) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/* LASTSTAND_SMALL_ADDNORM=0|1: add_rmsnorm by sm_add_rmsnorm8_kernel where it applies
+ * (SM_ADDNORM_DEFAULT). Read once. */
+#define SM_ADDNORM_DEFAULT 0
+static int sm_addnorm8(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_SMALL_ADDNORM");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_ADDNORM_DEFAULT;
+    }
+    return v;
+}
+
 static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, const float *w, rms_kind kind,
                          float eps, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
+    if (sm_addnorm8() && cols % 8 == 0 && cols <= 8192 && !(((uintptr_t)h | (uintptr_t)x | (uintptr_t)w | (uintptr_t)y) & 15))
+        return sm_launch(sm_add_rmsnorm8_kernel, dim3(rows), dim3(((cols / 8 + 31) / 32) * 32), 0, s, cols, h,
+                         (const bf16 *)x, init, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
     return sm_launch(sm_add_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, h, (const bf16 *)x,
                      init, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
@@ -316,7 +382,7 @@ static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n
 
 /* LASTSTAND_SMALL_QKV=0|1: qk_norm_rope_kv as one launch / as the three ops' launches
  * (SM_QKV_DEFAULT). Read once. */
-#define SM_QKV_DEFAULT 0
+#define SM_QKV_DEFAULT 1
 static int sm_qkv_fused(void) {
     static int v = -1;
     if (v < 0) {

@@ -46,7 +46,7 @@ __device__ __forceinline__ void cp16(void *s, const void *g) {
  * in their arrays (row-major). Every thread copies its 16-byte pieces (strided by the
  * block size) at once, commits one group, waits, reads its own pieces back. */
 __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc, int K, int R, int D,
-                             int pf, const uint32_t *__restrict__ xin, uint32_t *__restrict__ out) {
+                             int pf, int xb, const uint32_t *__restrict__ xin, uint32_t *__restrict__ out) {
     extern __shared__ __align__(16) uint4 st[];
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const size_t cb = (size_t)R * (K / 2), sb = (size_t)R * (K / 16);
@@ -66,12 +66,17 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
                          : "memory");
         }
     }
+    /* the "x" read: after the wait (as the GEMV must: the previous kernel writes x), or,
+     * xb = 1, before it (what the chain would cost without that serial step; wrong for a
+     * real GEMV, harmless here: nothing writes xin) */
+    uint32_t a = 0;
+    if (xb) a = xin[threadIdx.x & 31];
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    uint32_t a = xin[threadIdx.x & 31]; /* the "x" read, after the wait */
+    if (!xb) a = xin[threadIdx.x & 31];
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     for (int i = threadIdx.x; i < nc + ns; i += blockDim.x) {
         uint4 v = st[i];
-        uint32_t h = v.x ^ v.y ^ v.z ^ v.w;
+        uint32_t h = v.x ^ v.y ^ v.z ^ v.w ^ a; /* the decode needs x, as the mma does */
         for (int d = 0; d < D; d += 4) { /* synthetic decode: 4 dependent ops a step */
             h = h * 0x9E3779B1u + (h >> 7);
             h ^= (h << 3) & 0x01C001C0u;
@@ -90,7 +95,8 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
 }
 
 static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const uint8_t *w,
-                          const uint8_t *sc, int K, int R, int D, int pf, const uint32_t *xin, uint32_t *out) {
+                          const uint8_t *sc, int K, int R, int D, int pf, int xb, const uint32_t *xin,
+                          uint32_t *out) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -101,7 +107,7 @@ static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStrea
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, floor_kernel, w, sc, K, R, D, pf, xin, out);
+    return cudaLaunchKernelEx(&cfg, floor_kernel, w, sc, K, R, D, pf, xb, xin, out);
 }
 
 static double median(std::vector<double> v) {
@@ -147,15 +153,18 @@ int main(int argc, char **argv) {
     }
     printf("gemv_floor: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s (read + written)\n", p.name, sms,
            p.l2CacheSize >> 20, copy_gbs);
-    CK(cudaFuncSetAttribute(floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_blk));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, floor_kernel));
+    const size_t smem_dyn_max = smem_blk - fa.sharedSizeBytes; /* the opt-in limit counts static shared memory */
+    CK(cudaFuncSetAttribute(floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dyn_max));
 
     const int shapes[2][2] = {{4096, 4096}, {16384, 4096}};
     uint32_t *xin, *out;
     CK(cudaMalloc(&xin, 4096));
     CK(cudaMemset(xin, 0x5a, 4096));
     CK(cudaMalloc(&out, 1 << 20));
-    printf("%-12s %4s %4s %5s %9s %4s %4s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl", "D",
-           "pf", "us/call", "GB/s", "%copy");
+    printf("%-12s %4s %4s %5s %9s %4s %4s %3s %2s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl",
+           "D", "pf", "xb", "hot", "us/call", "GB/s", "%copy");
     for (int si = 0; si < 2; si++) {
         const int N = shapes[si][0], K = shapes[si][1];
         const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
@@ -169,7 +178,7 @@ int main(int argc, char **argv) {
         }
         /* rows, threads, blocks/SM (0 = as many as fit), pdl, D */
         struct cfg {
-            int rows, thr, bps, pdl, D, pf;
+            int rows, thr, bps, pdl, D, pf, xb = 0, hot = 0;
         };
         std::vector<cfg> cfgs;
         const int big = si == 1;
@@ -189,11 +198,17 @@ int main(int argc, char **argv) {
             cfgs.push_back({16, 512, 3, 1, 128, 0});
             cfgs.push_back({16, 256, 4, 1, 128, 0});
             cfgs.push_back({16, 256, 4, 1, 128, 8});
+            /* x read before the wait (the serial wait -> x step removed), and a hot L2 (one
+             * set, no rotation: the weight streams from L2, not DRAM) */
+            for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 1, 0});
+            for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 0, 1});
+            cfgs.push_back({16, 512, 2, 0, 128, 0, 0, 1});
         }
         for (const cfg &c : cfgs) {
             const size_t tile = (size_t)c.rows * (K / 2 + K / 16);
             size_t smem = std::max(tile, smem_sm / c.bps - 1024 - 1024);
-            if (smem > smem_blk || tile > smem) {
+            if (smem > smem_dyn_max) smem = smem_dyn_max;
+            if (tile > smem) {
                 printf("%-12s %4d %4d %5d: skip (tile %zu B, smem %zu)\n", "", c.rows, c.thr, c.bps, tile, smem);
                 continue;
             }
@@ -202,14 +217,15 @@ int main(int argc, char **argv) {
             const dim3 grid(N / c.rows), block(c.thr);
             int k = 0;
             for (int i = 0; i < 16; i++, k++)
-                CK(launch(c.pdl, grid, block, smem, st, W[k % nsets], S[k % nsets], K, c.rows, c.D, c.pf, xin, out));
+                CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K, c.rows,
+                          c.D, c.pf, c.xb, xin, out));
             CK(cudaStreamSynchronize(st));
             std::vector<double> t;
             for (int s = 0; s < 200; s++) {
                 CK(cudaEventRecord(e0, st));
                 for (int i = 0; i < 8; i++, k++)
-                    CK(launch(c.pdl, grid, block, smem, st, W[k % nsets], S[k % nsets], K, c.rows, c.D, c.pf, xin,
-                              out));
+                    CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K,
+                              c.rows, c.D, c.pf, c.xb, xin, out));
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 float ms;
@@ -221,8 +237,8 @@ int main(int argc, char **argv) {
             const int resident = std::min(occ, (int)((N / c.rows + sms - 1) / sms));
             char nm[32];
             snprintf(nm, sizeof nm, "%dx%d", N, K);
-            printf("%-12s %4d %4d %2d/%-2d %7.0fKB %4d %4d %3d %9.2f %8.0f %5.1f%%\n", nm, c.rows, c.thr, occ,
-                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, us, bytes / (us * 1e-6) / 1e9,
+            printf("%-12s %4d %4d %2d/%-2d %7.0fKB %4d %4d %3d %2d %3d %9.2f %8.0f %5.1f%%\n", nm, c.rows, c.thr, occ,
+                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, c.xb, c.hot, us, bytes / (us * 1e-6) / 1e9,
                    100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
         }
         for (int i = 0; i < nsets; i++) {

@@ -91,24 +91,26 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 
 # VARIANTS: "tag:VAR=V VAR=V": each knob this session added, against the defaults (R1: the new
 # behaviour opt-in; after the defaults flip: the old behaviour)
-VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1"
-          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1"
+VARIANTS=("new:LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_MULTI=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1 LASTSTAND_SMALL_QKV=1"
+          "pdl:LASTSTAND_GEMV_PDL=1 LASTSTAND_GDN_PDL=1 LASTSTAND_SMALL_PDL=1 LASTSTAND_MOE_ROUTER_PDL=1"
           "multi:LASTSTAND_GEMV_MULTI=1")
 NEWENV=${VARIANTS[0]#*:}
 D=$(dirname "$BIN")
 
-echo "== cmocka test_gemv_cuda, env $NEWENV $(el)"
-if [ -x "$D/tests/test_gemv_cuda" ]; then
-    env $NEWENV timeout -k 3 40 "$D/tests/test_gemv_cuda" >"$OUT/test_gemv_cuda.log" 2>&1
-    echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/test_gemv_cuda.log" | tr '\n' ' ') $(el)"
-    grep -E "FAILED|grouped|rror" "$OUT/test_gemv_cuda.log" | head -12
-else
-    echo "missing: $D/tests/test_gemv_cuda"
-fi
+for t in test_gemv_cuda test_small_cuda; do
+    echo "== cmocka $t, env $NEWENV $(el)"
+    if [ -x "$D/tests/$t" ]; then
+        env $NEWENV timeout -k 3 40 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        echo "rc=$? $(grep -E '^\[  (PASSED|FAILED) \]' "$OUT/$t.log" | tr '\n' ' ') $(el)"
+        grep -E "FAILED|grouped|differs|rror" "$OUT/$t.log" | head -12
+    else
+        echo "missing: $D/tests/$t"
+    fi
+done
 
 FIX=$D/fixtures/models
 echo "== fixtures: greedy 12 tokens cuda (graphs, eager) vs cpu, logits vs cpu, default and env $NEWENV $(el)"
-timeout 30 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
+timeout 45 python3 - "$BIN" "$FIX" "$NEWENV" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, NEWENV = sys.argv[1:4]
@@ -120,7 +122,9 @@ def run(args, env=None, t=10):
         return None
 def err(p):
     return "TIMEOUT" if p is None else p.stderr.strip()[-300:]
-for name in ("qwen3_5_moe_text", "qwen3_next"):
+MOE = ["--moe-runner-backend", "cuda_fused_decode:8,cuda_grouped_gemm"]
+for name, extra in (("qwen3_5_moe_text", []), ("qwen3_next", []), ("qwen3_5_moe_text-nvfp4", MOE),
+                    ("qwen3_next-nvfp4", MOE)):
     d = os.path.join(FIX, name)
     if not os.path.exists(os.path.join(d, "ref.json")):
         print(f"{name}: no fixture at {d}"); continue
@@ -132,19 +136,26 @@ for name in ("qwen3_5_moe_text", "qwen3_next"):
     p = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cpu"])
     gcpu = json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else None
     for tag, env in (("default", None), ("new", newenv)):
-        p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt"], env)
+        p = run(["logits", "--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt",
+                 *extra], env)
         if p is None or p.returncode:
-            print(f"{name:17s} {tag:7s} logits: {err(p)}"); continue
+            print(f"{name:22s} {tag:7s} logits: {err(p)}"); continue
         x = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
         rel = float((np.abs(x - cpu).max(axis=1) / np.abs(cpu).max(axis=1)).max())
         out = []
         for g in ([], ["--disable-cuda-graph"]):
             q = run(["generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "12", "--device", "cuda",
-                     "--gemm-backend", "cuda_gemv:16,cuda_cublaslt", *g], env)
+                     "--gemm-backend", "cuda_gemv:16,cuda_cublaslt", *extra, *g], env)
             out.append(json.loads(q.stdout)["ids"] if q is not None and q.returncode == 0 else "ERR " + err(q))
-        same = lambda a: "same" if a == gcpu else f"DIFFERENT {a}"
-        print(f"{name:17s} {tag:7s} logits rel {rel:.2e} (M = {len(cpu)})  greedy graphs {same(out[0])}, "
-              f"eager {same(out[1])}")
+        def pre(a):
+            if isinstance(a, str) or not gcpu:
+                return str(a)[:200]
+            n = 0
+            while n < min(len(a), len(gcpu)) and a[n] == gcpu[n]:
+                n += 1
+            return f"{n}/12"
+        print(f"{name:22s} {tag:7s} logits rel {rel:.2e} (M = {len(cpu)})  greedy = cpu's for graphs {pre(out[0])}, "
+              f"eager {pre(out[1])}; graphs == eager: {'yes' if out[0] == out[1] else 'NO'}")
 PY
 echo "rc=$? $(el)"
 
@@ -159,6 +170,17 @@ for v in "${VARIANTS[@]:1}"; do [ "$(left)" -gt 50 ] && gen "l8-${v%%:*}" "$L8" 
 [ "$(left)" -gt 40 ] && e2e "l8-${VARIANTS[0]%%:*}" "$L8" 30 $NEWENV
 [ -n "$NCU" ] && [ "$(left)" -gt 35 ] && NCU_ENV="$NEWENV" prof "m1-${VARIANTS[0]%%:*}" 256 3 30
 [ -n "$NCU" ] && [ "$(left)" -gt 35 ] && prof m16 16 1 30
+# cuda_gemv's cells at the 35B shapes: the default K split policy vs split 2 (LASTSTAND_GEMV_SPLIT=2),
+# both with PDL (chained timing): the mid-size projections run one tile per block
+for sp in 0 2; do
+    [ "$(left)" -gt 25 ] || break
+    echo "== doctor gemm cuda_gemv, LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp $(el)"
+    LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
+        --families gemm --m 1,8 --backends cuda_gemv --json "$OUT/doctor-gemv-s$sp.json" >"$OUT/doctor-gemv-s$sp.txt" \
+        2>"$OUT/doctor-gemv-s$sp.err"
+    echo "rc=$? $(el)"
+    grep -E "^gemm |^ +(1|8) " "$OUT/doctor-gemv-s$sp.txt" | cut -c1-120
+done
 if [ "$(left)" -gt 30 ]; then
     echo "== doctor: served backends at the 35B shapes, M = 1, 16 $(el)"
     timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --m 1,16 \

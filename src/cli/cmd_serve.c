@@ -70,9 +70,9 @@ static void usage(const flag *flags, int n) {
             "  --gdn-backend cuda_recurrent:8,cuda_chunked --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm\n"
             "  --gemm-backend cuda_gemv:8,cuda_cublaslt\n"
             "With auto, serve builds each family's plan from the doctor's per-bucket choices (--doctor-buckets),\n"
-            "validates it in the smoke test (prefill chunks and decode steps run every entry) and prints it in the\n"
-            "\"last backend standing\" table. A named backend or plan is validated too and refused if it fails\n"
-            "(unless --trust-backend).\n");
+            "validates it in the smoke test (the model's first layers, 2 of each layer kind; prefill chunks and\n"
+            "decode steps run every entry) and prints it in the \"last backend standing\" table. A named\n"
+            "backend or plan is validated too and refused if it fails (unless --trust-backend).\n");
 }
 
 static int parse_flag(const flag *f, const char *v) {

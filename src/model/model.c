@@ -35,7 +35,9 @@
  * copies of the 1-D parameters, rows permuted at load (gated q_proj,
  * Qwen3-Next's fused projections), the device weights, caches, workspace. Tensor names carry the
  * prefix `model.` or `model.language_model.`; `lm_head.weight` is top level;
- * `model.visual.*` and `mtp.*` are ignored. A linear is NVFP4 exactly when
+ * `model.visual.*` and `mtp.*` are ignored. model_opts.max_layers cuts the config's
+ * n_layers before binding (serve's smoke test), so later layers are never bound,
+ * uploaded or run (model_layers_in_checkpoint: the count before). A linear is NVFP4 exactly when
  * `<p>.weight` is U8 and `<p>.weight_scale` exists.
  */
 #include "model/model_impl.h"
@@ -116,11 +118,15 @@ int mdl_op_err(int rc, const char *op, int layer, ls_err *e) {
  * transformers warns about unused weights; so do we, naming one. */
 static void warn_unused(model *m) {
     qsort(m->used, m->n_used, sizeof *m->used, ptr_cmp);
+    const size_t plen = strlen(m->prefix);
     int n = 0;
     const char *first = NULL;
     for (int i = 0; i < st_count(m->st); i++) {
         const st_tensor *t = st_get(m->st, i);
         if (!strncmp(t->name, "mtp.", 4) || strstr(t->name, "visual.")) continue;
+        if (m->cfg.n_layers < m->n_layers_ckpt && !strncmp(t->name, m->prefix, plen) &&
+            !strncmp(t->name + plen, "layers.", 7) && atoi(t->name + plen + 7) >= m->cfg.n_layers)
+            continue; /* a layer beyond model_opts.max_layers */
         if (bsearch(&t, m->used, m->n_used, sizeof *m->used, ptr_cmp)) continue;
         if (!first) first = t->name;
         n++;
@@ -425,17 +431,64 @@ int mdl_upload_weights(model *m, ls_err *e) {
     return 0;
 }
 
+int model_smoke_depth(const model_config *c) {
+    const int n = c->n_layers;
+    int total[4] = {0}, seen[4] = {0}; /* full attention, GDN, dense MLP, MoE */
+    for (int l = 0; l < n && l < CFG_MAX_LAYERS; l++) {
+        total[c->layer_type[l] == LAYER_FULL_ATTN ? 0 : 1]++;
+        total[c->mlp_only[l] ? 2 : 3]++;
+    }
+    for (int d = 1; d <= n && d <= CFG_MAX_LAYERS; d++) {
+        seen[c->layer_type[d - 1] == LAYER_FULL_ATTN ? 0 : 1]++;
+        seen[c->mlp_only[d - 1] ? 2 : 3]++;
+        int ok = d >= 2;
+        for (int k = 0; k < 4 && ok; k++) ok = seen[k] >= (total[k] < 2 ? total[k] : 2);
+        if (ok) return d;
+    }
+    return n;
+}
+
+/* The layers a model_opts.max_layers of cut leaves of c's. */
+static int layers_cut(const model_config *c, int cut) {
+    if (cut == MODEL_LAYERS_SMOKE) return model_smoke_depth(c);
+    return cut > 0 && cut < c->n_layers ? cut : c->n_layers;
+}
+
+int model_layers_in_checkpoint(const model *m) { return m->n_layers_ckpt; }
+
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     *out = NULL;
     model *m = xcalloc(1, sizeof *m);
     m->path = xstrdup(path);
     int rc = open_device(m, o, e);
     if (rc) { model_close(m); return rc; }
+    const int cut = o ? o->max_layers : 0;
     if (!strncmp(path, "synth:", 6)) {
         /* the same random weights `laststand synth` writes, built in memory */
         synth_opts so;
         json_t *cfg = NULL;
-        if ((rc = synth_parse_spec(path + 6, &so, e)) || (rc = synth_build(&so, &m->st, &cfg, e))) {
+        if ((rc = synth_parse_spec(path + 6, &so, e))) {
+            err_prefix(e, "%s", path);
+            model_close(m);
+            return rc;
+        }
+        m->n_layers_ckpt = 0;
+        if (cut) { /* build only the layers that run: the full config says how many (layers=N) */
+            model_config full;
+            memset(&full, 0, sizeof full);
+            if ((rc = synth_config(&so, &cfg, e)) || (rc = hfcfg_parse(cfg, path, &full, e))) {
+                json_decref(cfg);
+                err_prefix(e, "%s", path);
+                model_close(m);
+                return rc;
+            }
+            json_decref(cfg);
+            cfg = NULL;
+            m->n_layers_ckpt = full.n_layers;
+            so.layers = layers_cut(&full, cut);
+            hfcfg_free(&full);
+        }
+        if ((rc = synth_build(&so, &m->st, &cfg, e))) {
             err_prefix(e, "%s", path);
             model_close(m);
             return rc;
@@ -443,10 +496,16 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
         rc = hfcfg_parse(cfg, path, &m->cfg, e);
         json_decref(cfg);
         if (rc) { model_close(m); return rc; }
+        if (!m->n_layers_ckpt) m->n_layers_ckpt = m->cfg.n_layers;
     } else {
         if ((rc = hfcfg_load_dir(path, &m->cfg, e))) { model_close(m); return rc; }
         if ((rc = st_open_dir(path, &m->st, e))) { model_close(m); return rc; }
+        m->n_layers_ckpt = m->cfg.n_layers;
+        /* later layers' entries of layer_type / mlp_only are simply never read */
+        m->cfg.n_layers = layers_cut(&m->cfg, cut);
     }
+    if (m->cfg.n_layers < m->n_layers_ckpt)
+        log_info("%s: the first %d of %d layers only (model_opts.max_layers)", path, m->cfg.n_layers, m->n_layers_ckpt);
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
     if ((rc = bind_all(m, e))) { model_close(m); return rc; }
     warn_unused(m);

@@ -38,13 +38,31 @@ typedef struct model_opts {
     /* (additive) the BF16/F16-weight GEMM backend, a name or a plan as those above; NULL or
      * "auto" = the first of the device (registration order) */
     const char *gemm_backend;
+    /* (additive) a model cut to its first layers (serve's smoke test): 0: every layer; N > 0:
+     * only layers [0, N) are loaded and run (the final norm and lm_head as usual; later
+     * layers' tensors are never bound or uploaded, MTP tensors ignored as always);
+     * MODEL_LAYERS_SMOKE: the first model_smoke_depth() layers. For synth: paths the
+     * cut applies to the spec's layers=N (same weights: synth seeds each tensor by name). */
+    int max_layers;
 } model_opts;
+
+#define MODEL_LAYERS_SMOKE (-1)
+
+/* (additive) The smallest prefix of c's layers that holds at least 2 layers of every layer
+ * kind the model has (full attention and GDN; dense MLP and MoE) and at least 2 layers;
+ * a kind with a single layer counts once; c->n_layers when the model is no deeper.
+ * Qwen3.5 / Qwen3-Next (3 GDN then 1 full attention): 8; dense Qwen3, Qwen3-MoE: 2.
+ * Layers of a kind have equal shapes, so the prefix runs every shape of the model. */
+int model_smoke_depth(const model_config *c);
 
 /* path: a Hugging Face folder, or "synth:NAME[,layers=N][,seed=S][,quant=nvfp4|bf16]". */
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e);
 void model_close(model *m);
 const model_config *model_cfg(const model *m);
 const char *model_path(const model *m);
+/* (additive) The checkpoint's layer count (num_hidden_layers); model_cfg(m)->n_layers is
+ * smaller when model_opts.max_layers cut the model. */
+int model_layers_in_checkpoint(const model *m);
 /* The device the model runs on: "cpu" or "cuda" (what a NULL opts.device chose),
  * and its memory in bytes (0 on the CPU). */
 const char *model_device(const model *m);

@@ -143,6 +143,7 @@ struct model {
     int n_owned, cap_owned;
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
     int n_used, cap_used;
+    int n_layers_ckpt;  /* the checkpoint's num_hidden_layers (cfg.n_layers: after model_opts.max_layers) */
 };
 
 /* ---- binding helpers (model.c) ------------------------------------------ */

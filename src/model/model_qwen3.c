@@ -167,21 +167,28 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
         void *const py[4] = {w->q, w->k, w->v, w->gate};
         if ((rc = ops_linear_multi(&m->ops, T, u, c->attn_output_gate ? 4 : 3, pw, py, e))) return rc;
     }
-    /* q/k norm and RoPE fused: one rounding to the activation dtype, not two */
-    if ((rc = mdl_op_err(so->qk_norm_rope(T, nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
-                                          f->pos, c->rope_theta, dt, st), "q_norm + rope(q)", l, e)) ||
-        (rc = mdl_op_err(so->qk_norm_rope(T, nkv, hd, w->k, a->k_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
-                                          f->pos, c->rope_theta, dt, st), "k_norm + rope(k)", l, e)))
-        return rc;
-
     const int li = m->layers[l].cache_idx;
     const size_t pool = (size_t)f->c->n_pages * f->c->page_size * nkv * hd * act_size(m->kv_dt);
     char *kv0 = f->c->kv;
     kv_layer kv = {.k = kv0 + (size_t)li * 2 * pool, .v = kv0 + ((size_t)li * 2 + 1) * pool,
                    .n_pages = f->c->n_pages, .page_size = f->c->page_size, .dt = m->kv_dt};
-    if ((rc = so->kv_write(&kv, f->n_seq, f->aseq, nkv, hd, w->k, w->v, dt, st)))
-        return errf(e, rc, "layer %d: KV write failed (a page outside the pool, or dtype %s)", l,
-                    act_name(dt));
+    if (so->qk_norm_rope_kv) { /* the three steps below in as few launches as the device can */
+        if ((rc = so->qk_norm_rope_kv(T, nh, nkv, hd, w->q, w->k, w->v, a->q_norm, a->k_norm, m->norm_kind,
+                                      c->rms_eps, c->rotary_dim, f->pos, c->rope_theta, &kv, f->n_seq, f->aseq, dt,
+                                      st)))
+            return errf(e, rc, "layer %d: q/k norm + rope + KV write failed (a page outside the pool, or dtype %s)",
+                        l, act_name(dt));
+    } else {
+        /* q/k norm and RoPE fused: one rounding to the activation dtype, not two */
+        if ((rc = mdl_op_err(so->qk_norm_rope(T, nh, hd, w->q, a->q_norm, m->norm_kind, c->rms_eps, c->rotary_dim,
+                                              f->pos, c->rope_theta, dt, st), "q_norm + rope(q)", l, e)) ||
+            (rc = mdl_op_err(so->qk_norm_rope(T, nkv, hd, w->k, a->k_norm, m->norm_kind, c->rms_eps,
+                                              c->rotary_dim, f->pos, c->rope_theta, dt, st), "k_norm + rope(k)", l, e)))
+            return rc;
+        if ((rc = so->kv_write(&kv, f->n_seq, f->aseq, nkv, hd, w->k, w->v, dt, st)))
+            return errf(e, rc, "layer %d: KV write failed (a page outside the pool, or dtype %s)", l,
+                        act_name(dt));
+    }
     attn_args aa = {.n_seq = f->n_seq, .seqs = f->aseq, .n_tok = T, .n_heads = nh,
                     .n_kv_heads = nkv, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd),
                     .q = w->q, .gate = c->attn_output_gate ? w->gate : NULL, .kv = &kv,

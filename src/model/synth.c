@@ -643,6 +643,18 @@ int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *
     return 0;
 }
 
+int synth_config(const synth_opts *o, json_t **config, ls_err *e) {
+    *config = NULL;
+    plan pl;
+    preset pc;
+    int rc = make_plan(o, &pl, &pc, e);
+    if (rc) return rc;
+    build_plan(&pl); /* names and shapes only (the quantization exclude list needs them) */
+    *config = make_config(&pl, pc.eos, pc.bos);
+    plan_free(&pl);
+    return 0;
+}
+
 static int dump_json(json_t *j, const char *dir, const char *name, ls_err *e) {
     char p[4096];
     snprintf(p, sizeof p, "%s/%s", dir, name);

@@ -24,6 +24,9 @@ int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e);
 /* Build the checkpoint in memory: the tensors and the config.json object
  * (as it would be written; includes quantization_config for nvfp4). */
 int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *e);
+/* (additive) Only the config.json object synth_build would give (no weights): cheap,
+ * for a caller that must know the layer count and kinds before building. */
+int synth_config(const synth_opts *o, json_t **config, ls_err *e);
 /* Write the checkpoint folder: config.json, model.safetensors(.index.json),
  * hf_quant_config.json (nvfp4), generation_config.json, and for the demo
  * preset tokenizer.json, tokenizer_config.json and chat_template.jinja. */

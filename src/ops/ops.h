@@ -339,6 +339,15 @@ typedef struct small_ops {
     int (*qk_norm_rope)(int n_tok, int n_heads, int head_dim, void *x, const float *w, rms_kind kind,
                         float eps, int rot_dim, const int32_t *pos, double theta, act_dtype dt,
                         ls_stream s);
+    /* (additive, optional: NULL = call the three ops) An attention layer's step between
+     * its projections and the attention op: qk_norm_rope on q [n_tok, n_heads, head_dim]
+     * (weights qw) and on k [n_tok, n_kv_heads, head_dim] (kw), then kv_write of the new
+     * k and v rows; the same results as those three calls, in as few launches as the
+     * device can. */
+    int (*qk_norm_rope_kv)(int n_tok, int n_heads, int n_kv_heads, int head_dim, void *q, void *k, const void *v,
+                           const float *qw, const float *kw, rms_kind kind, float eps, int rot_dim,
+                           const int32_t *pos, double theta, const kv_layer *kv, int n_seq, const attn_seq *seqs,
+                           act_dtype dt, ls_stream s);
 } small_ops;
 
 /* ---- device memory -------------------------------------------------------- */

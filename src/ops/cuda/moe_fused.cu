@@ -89,7 +89,9 @@ static void *ws_get(fused_ws *w, int slot, size_t n, cudaStream_t st, ls_err *e)
  * before its wait, and fetches its weights while gate/up finishes). The top-k kernel
  * triggers first thing, so that gate/up can start during the router; it reads
  * nothing the top-k kernel writes before its pdl_wait, except x, complete before
- * the router (launched without the attribute) started. PDL through a CUDA graph
+ * the router triggers: the router (launched without the attribute by default;
+ * LASTSTAND_MOE_ROUTER_PDL=1 with it) triggers only after its own pdl_wait
+ * (router_wait_trigger), once its weight loads are in flight. PDL through a CUDA graph
  * capture was checked on the H200 (engine's graphs-vs-eager check, greedy ids). */
 
 /* ---- cuda_fused_decode ------------------------------------------------------------- */
@@ -227,6 +229,17 @@ __device__ __forceinline__ void router_finish(const router_part &p, int blk, int
     }
 }
 
+/* Launch 1 (the router kernels) after its weight loads are in flight, before it stages
+ * x: wait for the kernel that wrote x (a no-op when launched without the attribute, the
+ * default; LASTSTAND_MOE_ROUTER_PDL=1 launches it with it), then let the top-k kernel
+ * launch. Triggering only after the wait keeps what the later launches read before their
+ * own waits (x, in gate/up) complete by the time they can start, as when launch 1 had no
+ * attribute and triggered first thing. */
+__device__ __forceinline__ void router_wait_trigger(void) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+}
+
 template <bool SH, int LD>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
     moe_router_kernel(int M, int H, int E, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
@@ -234,7 +247,6 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
                       const bf16 *__restrict__ shu, int Is, float *__restrict__ hs) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    cu_pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint4 vw[LD];
     const router_part rp = router_issue<LD>(blockIdx.x, H, E, wr, wsg, vw);
@@ -255,6 +267,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
                 }
             }
     }
+    router_wait_trigger();
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
@@ -319,12 +332,12 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
                           const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    cu_pdl_trigger(); /* launched without the attribute: its own inputs are complete */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
     if ((int)blockIdx.x < nrb) {
         uint4 vw[4];
         const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
+        router_wait_trigger();
         for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
         __syncthreads();
         router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
@@ -339,6 +352,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
     }
+    router_wait_trigger();
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
     if (!on) return;
@@ -1218,6 +1232,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_pair = -2, force_pdl = -2;
     int pair = fused_knob(&force_pair, "LASTSTAND_MOE_FUSED_PAIR", 1, 2, 2);
     const int pdl = fused_knob(&force_pdl, "LASTSTAND_MOE_PDL", 0, 1, 1);
+    /* launch 1 with the attribute too (router_wait_trigger): LASTSTAND_MOE_ROUTER_PDL=1 */
+    static int force_rpdl = -2;
+    const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 0);
     if (pair == 2 && !gkw) pair = 1;
     /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
      * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
@@ -1242,12 +1259,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         }
         const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
         c = fused_smem<moe_route_rows_kernel>(xsm);
-        if (c == cudaSuccess) {
-            moe_route_rows_kernel<<<g1, 32 * ROUTER_NW, xsm, st>>>(
-                M, H, E, nrb, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
-            c = cudaGetLastError();
-        }
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_route_rows_kernel, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
+                             (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
         const size_t hsm = sizeof(float) * (size_t)M * Is;
         if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
         if (c == cudaSuccess)
@@ -1266,12 +1281,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
         c = fused_smem<moe_router_kernel<true, 4>>(xsm);
         const int g1 = nrb > Is / 8 ? nrb : Is / 8;
-        if (c == cudaSuccess) {
-            moe_router_kernel<true, 4><<<g1, 32 * ROUTER_NW, xsm, st>>>(
-                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
-            c = cudaGetLastError();
-        }
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_router_kernel<true, 4>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E,
+                             (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
         const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
         if (c == cudaSuccess)
             c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
@@ -1280,11 +1293,10 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                              (const float *)hs, ys);
     } else {
         c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
-        if (c == cudaSuccess) {
-            moe_router_kernel<false, ROUTER_LD><<<nrb, 32 * ROUTER_NW, xsm, st>>>(
-                M, H, E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl, NULL, NULL, 0, NULL);
-            c = cudaGetLastError();
-        }
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(nrb), dim3(32 * ROUTER_NW), xsm, st, M, H,
+                             E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                             (const bf16 *)nullptr, (const bf16 *)nullptr, 0, (float *)nullptr);
         if (c == cudaSuccess)
             c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
                              (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,

@@ -14,16 +14,52 @@
  * The kernels that come right before a projection start with
  * griddepcontrol.launch_dependents (cu_pdl_trigger): the projection, launched
  * with programmatic dependent launch, loads its weights while they run.
+ * With LASTSTAND_SMALL_PDL=1 (sm_pdl) every kernel but the embedding is itself
+ * launched with the attribute and waits (cu_pdl_wait) before its first memory
+ * access: its launch overlaps the previous kernel's tail.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/fwd_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 enum { SM_THREADS = 256 };
 
 static int launched(void) {
     cudaError_t c = cudaGetLastError();
     if (c == cudaSuccess) return 0;
+    return (c == cudaErrorNoKernelImageForDevice || c == cudaErrorInvalidDeviceFunction) ? ERR_UNSUPPORTED
+                                                                                         : ERR_RUNTIME;
+}
+
+/* LASTSTAND_SMALL_PDL=0|1: launch the kernels below (all but the embedding) with / without
+ * the programmatic-serialization attribute (SM_PDL_DEFAULT). With it a kernel may be
+ * scheduled while its predecessor still runs; each one executes cu_pdl_wait before its
+ * first memory access, so it only hides its own launch. Read once. */
+#define SM_PDL_DEFAULT 0
+static int sm_pdl(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_SMALL_PDL");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_PDL_DEFAULT;
+    }
+    return v;
+}
+
+/* K<<<g, b, smem, s>>>(args...), with the attribute when sm_pdl() (retried without it if
+ * the launch refuses it); 0, ERR_UNSUPPORTED (no kernel image) or ERR_RUNTIME. */
+template <typename... KArgs, typename... Args>
+static int sm_launch(void (*K)(KArgs...), dim3 g, dim3 b, size_t smem, ls_stream s, Args... args) {
+    const int pdl = sm_pdl();
+    cudaError_t c = cu_launch_pdl(pdl, K, g, b, smem, (cudaStream_t)s, args...);
+    if (c != cudaSuccess && pdl) {
+        (void)cudaGetLastError();
+        c = cu_launch_pdl(0, K, g, b, smem, (cudaStream_t)s, args...);
+    }
+    if (c == cudaSuccess) return launched();
+    (void)cudaGetLastError();
     return (c == cudaErrorNoKernelImageForDevice || c == cudaErrorInvalidDeviceFunction) ? ERR_UNSUPPORTED
                                                                                          : ERR_RUNTIME;
 }
@@ -57,6 +93,7 @@ __device__ float sm_block_sum(float v) {
 __global__ void sm_rmsnorm_kernel(int cols, const bf16 *__restrict__ x, const bf16 *__restrict__ z,
                                   const float *__restrict__ w, int zc, float eps, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const size_t r = blockIdx.x;
     const bf16 *xr = x + r * cols;
     float ss = 0.f;
@@ -86,18 +123,16 @@ static int c_rmsnorm(int rows, int cols, const void *x, const float *w, rms_kind
                      act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, (const bf16 *)x, NULL, w, kind == RMS_ZC, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
+                     (const bf16 *)nullptr, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
 
 static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, const float *w, float eps,
                            void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, (const bf16 *)x, (const bf16 *)z, w, 0, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
+                     (const bf16 *)z, w, 0, eps, (bf16 *)y);
 }
 
 /* h (+)= x in fp32, then y = norm(h) in BF16. One block per row; each thread
@@ -105,6 +140,7 @@ static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, con
 __global__ void sm_add_rmsnorm_kernel(int cols, float *__restrict__ h, const bf16 *x, int init,
                                       const float *__restrict__ w, int zc, float eps, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const size_t r = blockIdx.x;
     float *hr = h + r * cols;
     const bf16 *xr = x + r * cols;
@@ -127,9 +163,8 @@ static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, 
                          float eps, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
-    sm_add_rmsnorm_kernel<<<rows, threads_for(cols), 0, (cudaStream_t)s>>>(
-        cols, h, (const bf16 *)x, init, w, kind == RMS_ZC, eps, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_add_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, h, (const bf16 *)x,
+                     init, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
 
 /* ---- RoPE ------------------------------------------------------------------- */
@@ -138,6 +173,7 @@ static int c_add_rmsnorm(int rows, int cols, float *h, const void *x, int init, 
 __global__ void sm_rope_kernel(int n_heads, int head_dim, int rot_dim, const int32_t *__restrict__ pos,
                                double theta, bf16 *x) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     const int t = blockIdx.x, half = rot_dim / 2;
     const float p = (float)pos[t];
     for (int j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
@@ -155,9 +191,8 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
                   void *x, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n_tok <= 0 || rot_dim < 2) return 0;
-    sm_rope_kernel<<<n_tok, threads_for(n_heads * rot_dim / 2), 0, (cudaStream_t)s>>>(
-        n_heads, head_dim, rot_dim, pos, theta, (bf16 *)x);
-    return launched();
+    return sm_launch(sm_rope_kernel, dim3(n_tok), dim3(threads_for(n_heads * rot_dim / 2)), 0, s, n_heads, head_dim,
+                     rot_dim, pos, theta, (bf16 *)x);
 }
 
 /* q/k head norm + RoPE: one block per (token, head) row, the normed row in shared
@@ -165,6 +200,7 @@ static int c_rope(int n_tok, int n_heads, int head_dim, int rot_dim, const int32
 __global__ void sm_qk_norm_rope_kernel(int n_heads, int head_dim, const float *__restrict__ w, int zc, float eps,
                                        int rot_dim, const int32_t *__restrict__ pos, double theta, bf16 *x) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     extern __shared__ float row[];
     const size_t r = blockIdx.x;
     bf16 *xr = x + r * head_dim;
@@ -199,9 +235,121 @@ static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const f
     if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
     if (n_tok <= 0 || n_heads <= 0) return 0;
     if (rot_dim < 2) rot_dim = 0;
-    sm_qk_norm_rope_kernel<<<n_tok * n_heads, threads_for(head_dim), sizeof(float) * head_dim, (cudaStream_t)s>>>(
-        n_heads, head_dim, w, kind == RMS_ZC, eps, rot_dim, pos, theta, (bf16 *)x);
-    return launched();
+    return sm_launch(sm_qk_norm_rope_kernel, dim3(n_tok * n_heads), dim3(threads_for(head_dim)),
+                     sizeof(float) * head_dim, s, n_heads, head_dim, w, (int)(kind == RMS_ZC), eps, rot_dim, pos,
+                     theta, (bf16 *)x);
+}
+
+/* q and k head norm + RoPE and the KV write in one launch (small_ops.qk_norm_rope_kv):
+ * blocks [0, n_tok·nh) are the q rows of sm_qk_norm_rope_kernel; block n_tok·nh + t·nkv + h
+ * does k row (t, h) the same way, then stores that rounded row and v row (t, h) in the
+ * token's KV page slot, as sm_kv_write_kernel (a token outside every sequence, or a bad
+ * page, is not stored). The token's sequence is found by a scan of seqs (n_seq entries). */
+template <typename T>
+__global__ void sm_qk_norm_rope_kv_kernel(int n_tok, int nh, int nkv, int head_dim, const float *__restrict__ qw,
+                                          const float *__restrict__ kw, int zc, float eps, int rot_dim,
+                                          const int32_t *__restrict__ pos, double theta, bf16 *q, bf16 *k,
+                                          const bf16 *__restrict__ v, const attn_seq *__restrict__ seqs, int n_seq,
+                                          int page_size, int n_pages, T *kp, T *vp) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    extern __shared__ float row[];
+    __shared__ long long dst_sh;
+    const int b = blockIdx.x, isk = b >= n_tok * nh;
+    const int rr = isk ? b - n_tok * nh : b, hh = isk ? nkv : nh, t = rr / hh;
+    bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
+    const float *w = isk ? kw : qw;
+    if (isk && threadIdx.x == 0) { /* the token's KV slot: row index of the pool, -1 for none */
+        long long d = -1;
+        for (int i = 0; i < n_seq; i++) {
+            const attn_seq sq = seqs[i];
+            if (t >= sq.row0 && t < sq.row0 + sq.n_new) {
+                const int p = sq.n_past + t - sq.row0;
+                const int32_t page = sq.pages[p / page_size];
+                if (page >= 0 && page < n_pages) d = (long long)page * page_size + p % page_size;
+                break;
+            }
+        }
+        dst_sh = d;
+    }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float x = __bfloat162float(xr[i]);
+        row[i] = x;
+        ss += x * x;
+    }
+    const float s = rsqrtf(sm_block_sum(ss) / head_dim + eps); /* its barriers order row[] and dst_sh */
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        const float xh = row[i] * s;
+        row[i] = zc ? xh * (1.0f + w[i]) : w[i] * xh;
+    }
+    __syncthreads();
+    const int half = rot_dim / 2;
+    const float p = (float)pos[t];
+    const long long d = isk ? dst_sh : -1;
+    const size_t kvo = (size_t)d * nkv * head_dim + (size_t)(rr % nkv) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float o = row[i];
+        if (i < rot_dim) {
+            const int j = i < half ? i : i - half;
+            const float inv = (float)(1.0 / pow(theta, (double)(2 * j) / rot_dim));
+            const float ang = p * inv, c = cosf(ang), sn = sinf(ang);
+            o = i < half ? row[i] * c - row[i + half] * sn : row[i] * c + row[i - half] * sn;
+        }
+        const bf16 ob = __float2bfloat16(o);
+        xr[i] = ob;
+        if (d >= 0) {
+            const bf16 vb = v[(size_t)rr * head_dim + i];
+            if (sizeof(T) == 2) {
+                ((bf16 *)kp)[kvo + i] = ob;
+                ((bf16 *)vp)[kvo + i] = vb;
+            } else {
+                ((float *)kp)[kvo + i] = __bfloat162float(ob);
+                ((float *)vp)[kvo + i] = __bfloat162float(vb);
+            }
+        }
+    }
+}
+
+static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n_kv_heads, int head_dim,
+                      const void *k, const void *v, act_dtype dt, ls_stream s);
+
+/* LASTSTAND_SMALL_QKV=0|1: qk_norm_rope_kv as one launch / as the three ops' launches
+ * (SM_QKV_DEFAULT). Read once. */
+#define SM_QKV_DEFAULT 0
+static int sm_qkv_fused(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_SMALL_QKV");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_QKV_DEFAULT;
+    }
+    return v;
+}
+
+static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_dim, void *q, void *k, const void *v,
+                             const float *qw, const float *kw, rms_kind kind, float eps, int rot_dim,
+                             const int32_t *pos, double theta, const kv_layer *kv, int n_seq, const attn_seq *seqs,
+                             act_dtype dt, ls_stream s) {
+    if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
+    if (n_tok <= 0) return 0;
+    if (!sm_qkv_fused()) {
+        int rc;
+        if ((rc = c_qk_norm_rope(n_tok, n_heads, head_dim, q, qw, kind, eps, rot_dim, pos, theta, dt, s)) ||
+            (rc = c_qk_norm_rope(n_tok, n_kv_heads, head_dim, k, kw, kind, eps, rot_dim, pos, theta, dt, s)))
+            return rc;
+        return c_kv_write(kv, n_seq, seqs, n_kv_heads, head_dim, k, v, dt, s);
+    }
+    if (rot_dim < 2) rot_dim = 0;
+    const dim3 grid(n_tok * (n_heads + n_kv_heads)), block(threads_for(head_dim));
+    const size_t smem = sizeof(float) * head_dim;
+    const int zc = kind == RMS_ZC;
+    if (kv->dt == ACT_BF16)
+        return sm_launch(sm_qk_norm_rope_kv_kernel<uint16_t>, grid, block, smem, s, n_tok, n_heads, n_kv_heads,
+                         head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q, (bf16 *)k, (const bf16 *)v, seqs,
+                         n_seq, kv->page_size, kv->n_pages, (uint16_t *)kv->k, (uint16_t *)kv->v);
+    return sm_launch(sm_qk_norm_rope_kv_kernel<float>, grid, block, smem, s, n_tok, n_heads, n_kv_heads, head_dim, qw,
+                     kw, zc, eps, rot_dim, pos, theta, (bf16 *)q, (bf16 *)k, (const bf16 *)v, seqs, n_seq,
+                     kv->page_size, kv->n_pages, (float *)kv->k, (float *)kv->v);
 }
 
 /* ---- embedding, elementwise --------------------------------------------------- */
@@ -231,12 +379,14 @@ static int c_embed(int n, const int32_t *ids, const lin_w *table, void *y, act_d
 
 __global__ void sm_silu_mul_kernel(int64_t n, const bf16 *g, const bf16 *__restrict__ u, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(sm_silu(__bfloat162float(g[i])) * __bfloat162float(u[i]));
 }
 
 __global__ void sm_add_kernel(int64_t n, const bf16 *__restrict__ x, bf16 *y) {
     cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = __float2bfloat16(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
@@ -249,16 +399,14 @@ static unsigned grid_for(int64_t n) {
 static int c_silu_mul(int64_t n, const void *g, const void *u, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_silu_mul_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)g, (const bf16 *)u,
-                                                                        (bf16 *)y);
-    return launched();
+    return sm_launch(sm_silu_mul_kernel, dim3(grid_for(n)), dim3(SM_THREADS), 0, s, n, (const bf16 *)g,
+                     (const bf16 *)u, (bf16 *)y);
 }
 
 static int c_add(int64_t n, const void *x, void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_add_kernel<<<grid_for(n), SM_THREADS, 0, (cudaStream_t)s>>>(n, (const bf16 *)x, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_add_kernel, dim3(grid_for(n)), dim3(SM_THREADS), 0, s, n, (const bf16 *)x, (bf16 *)y);
 }
 
 /* ---- KV writes, row gather ----------------------------------------------------- */
@@ -269,6 +417,7 @@ enum { KV_SPLIT = 32 };
 template <typename T>
 __global__ void sm_kv_write_kernel(const attn_seq *__restrict__ seqs, int page_size, int n_pages, int row,
                                    const bf16 *__restrict__ k, const bf16 *__restrict__ v, T *kp, T *vp) {
+    cu_pdl_wait(); /* no early trigger: the attention kernel after it may read the pages before its own wait */
     const attn_seq sq = seqs[blockIdx.x];
     for (int i = blockIdx.y; i < sq.n_new; i += gridDim.y) {
         const int p = sq.n_past + i;
@@ -295,18 +444,15 @@ static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n
     const int row = n_kv_heads * head_dim;
     dim3 grid(n_seq, KV_SPLIT);
     if (kv->dt == ACT_BF16)
-        sm_kv_write_kernel<uint16_t><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
-            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (uint16_t *)kv->k,
-            (uint16_t *)kv->v);
-    else
-        sm_kv_write_kernel<float><<<grid, threads_for(row), 0, (cudaStream_t)s>>>(
-            seqs, kv->page_size, kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (float *)kv->k,
-            (float *)kv->v);
-    return launched();
+        return sm_launch(sm_kv_write_kernel<uint16_t>, grid, dim3(threads_for(row)), 0, s, seqs, kv->page_size,
+                         kv->n_pages, row, (const bf16 *)k, (const bf16 *)v, (uint16_t *)kv->k, (uint16_t *)kv->v);
+    return sm_launch(sm_kv_write_kernel<float>, grid, dim3(threads_for(row)), 0, s, seqs, kv->page_size, kv->n_pages,
+                     row, (const bf16 *)k, (const bf16 *)v, (float *)kv->k, (float *)kv->v);
 }
 
 __global__ void sm_gather_kernel(int cols, const int32_t *__restrict__ idx, const bf16 *__restrict__ x,
                                  bf16 *__restrict__ y) {
+    cu_pdl_wait();
     const bf16 *xr = x + (size_t)idx[blockIdx.x] * cols;
     bf16 *yr = y + (size_t)blockIdx.x * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) yr[i] = xr[i];
@@ -316,10 +462,11 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
                          ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (n <= 0) return 0;
-    sm_gather_kernel<<<n, threads_for(cols), 0, (cudaStream_t)s>>>(cols, idx, (const bf16 *)x, (bf16 *)y);
-    return launched();
+    return sm_launch(sm_gather_kernel, dim3(n), dim3(threads_for(cols)), 0, s, cols, idx, (const bf16 *)x,
+                     (bf16 *)y);
 }
 
 extern "C" const small_ops small_cuda = {
     "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope};
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope,
+    c_qk_norm_rope_kv};

@@ -17,8 +17,13 @@
  * Also the device-to-device copy bandwidth (bytes read + written) as the doctor
  * measures it, so that the % column matches the doctor's.
  *
- * Output: one line per configuration: shape, rows/block, threads, blocks/SM, bytes
- * in flight per SM, PDL, D, us per call, GB/s, % of copy. */
+ * x (a word per thread, the decode depends on it) is read after griddepcontrol.wait, as
+ * the GEMV must (the previous kernel writes x), or, xb = 1, before it: what the chain
+ * would cost without that serial step. hot/nl: 1 = one weight set, no rotation (the
+ * weight streams from L2); 2 = no loads at all (the chain of launches, waits and writes).
+ *
+ * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
+ * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,7 +57,7 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     const size_t cb = (size_t)R * (K / 2), sb = (size_t)R * (K / 16);
     const uint4 *wg = reinterpret_cast<const uint4 *>(w + blockIdx.x * cb);
     const uint4 *sg = reinterpret_cast<const uint4 *>(sc + blockIdx.x * sb);
-    const int nc = (int)(cb / 16), ns = (int)(sb / 16);
+    const int nc = R ? (int)(cb / 16) : 0, ns = R ? (int)(sb / 16) : 0; /* R = 0: no loads (the launch chain alone) */
     for (int i = threadIdx.x; i < nc; i += blockDim.x) cp16(&st[i], wg + i);
     for (int i = threadIdx.x; i < ns; i += blockDim.x) cp16(&st[nc + i], sg + i);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -164,7 +169,7 @@ int main(int argc, char **argv) {
     CK(cudaMemset(xin, 0x5a, 4096));
     CK(cudaMalloc(&out, 1 << 20));
     printf("%-12s %4s %4s %5s %9s %4s %4s %3s %2s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl",
-           "D", "pf", "xb", "hot", "us/call", "GB/s", "%copy");
+           "D", "pf", "xb", "hot/nl", "us/call", "GB/s", "%copy");
     for (int si = 0; si < 2; si++) {
         const int N = shapes[si][0], K = shapes[si][1];
         const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
@@ -178,7 +183,7 @@ int main(int argc, char **argv) {
         }
         /* rows, threads, blocks/SM (0 = as many as fit), pdl, D */
         struct cfg {
-            int rows, thr, bps, pdl, D, pf, xb = 0, hot = 0;
+            int rows, thr, bps, pdl, D, pf, xb = 0, hot = 0, noload = 0;
         };
         std::vector<cfg> cfgs;
         const int big = si == 1;
@@ -203,6 +208,9 @@ int main(int argc, char **argv) {
             for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 1, 0});
             for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 0, 1});
             cfgs.push_back({16, 512, 2, 0, 128, 0, 0, 1});
+            /* no loads at all: the chain of 256-block launches, wait and write alone */
+            cfgs.push_back({16, 512, 2, 1, 0, 0, 0, 0, 1});
+            cfgs.push_back({16, 512, 2, 0, 0, 0, 0, 0, 1});
         }
         for (const cfg &c : cfgs) {
             const size_t tile = (size_t)c.rows * (K / 2 + K / 16);
@@ -217,15 +225,15 @@ int main(int argc, char **argv) {
             const dim3 grid(N / c.rows), block(c.thr);
             int k = 0;
             for (int i = 0; i < 16; i++, k++)
-                CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K, c.rows,
-                          c.D, c.pf, c.xb, xin, out));
+                CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K,
+                          c.noload ? 0 : c.rows, c.D, c.pf, c.xb, xin, out));
             CK(cudaStreamSynchronize(st));
             std::vector<double> t;
             for (int s = 0; s < 200; s++) {
                 CK(cudaEventRecord(e0, st));
                 for (int i = 0; i < 8; i++, k++)
                     CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K,
-                              c.rows, c.D, c.pf, c.xb, xin, out));
+                              c.noload ? 0 : c.rows, c.D, c.pf, c.xb, xin, out));
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 float ms;
@@ -238,7 +246,7 @@ int main(int argc, char **argv) {
             char nm[32];
             snprintf(nm, sizeof nm, "%dx%d", N, K);
             printf("%-12s %4d %4d %2d/%-2d %7.0fKB %4d %4d %3d %2d %3d %9.2f %8.0f %5.1f%%\n", nm, c.rows, c.thr, occ,
-                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, c.xb, c.hot, us, bytes / (us * 1e-6) / 1e9,
+                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, c.xb, c.hot + 2 * c.noload, us, bytes / (us * 1e-6) / 1e9,
                    100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
         }
         for (int i = 0; i < nsets; i++) {

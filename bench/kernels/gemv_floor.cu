@@ -17,7 +17,7 @@
  * Also the device-to-device copy bandwidth (bytes read + written) as the doctor
  * measures it, so that the % column matches the doctor's.
  *
- * x (a word per thread, the decode depends on it) is read after griddepcontrol.wait, as
+ * x (16 B a thread, 8 KB a block; the decode depends on it) is read after griddepcontrol.wait, as
  * the GEMV must (the previous kernel writes x), or, xb = 1, before it: what the chain
  * would cost without that serial step. hot/nl: 1 = one weight set, no rotation (the
  * weight streams from L2); 2 = no loads at all (the chain of launches, waits and writes).
@@ -74,10 +74,14 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     /* the "x" read: after the wait (as the GEMV must: the previous kernel writes x), or,
      * xb = 1, before it (what the chain would cost without that serial step; wrong for a
      * real GEMV, harmless here: nothing writes xin) */
-    uint32_t a = 0;
-    if (xb) a = xin[threadIdx.x & 31];
+    /* 16 B a thread from L2 (ld.global.cg, as the GEMV's cp.async.cg): a 512-thread block
+     * reads the whole 8 KB of x at [4096 x 4096], as every GEMV block does */
+    const uint4 *xg = reinterpret_cast<const uint4 *>(xin) + (threadIdx.x & 511);
+    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+    if (xb) xv = __ldcg(xg);
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    if (!xb) a = xin[threadIdx.x & 31];
+    if (!xb) xv = __ldcg(xg);
+    uint32_t a = xv.x ^ xv.y ^ xv.z ^ xv.w;
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     for (int i = threadIdx.x; i < nc + ns; i += blockDim.x) {
         uint4 v = st[i];
@@ -165,8 +169,8 @@ int main(int argc, char **argv) {
 
     const int shapes[2][2] = {{4096, 4096}, {16384, 4096}};
     uint32_t *xin, *out;
-    CK(cudaMalloc(&xin, 4096));
-    CK(cudaMemset(xin, 0x5a, 4096));
+    CK(cudaMalloc(&xin, 8192));
+    CK(cudaMemset(xin, 0x5a, 8192));
     CK(cudaMalloc(&out, 1 << 20));
     printf("%-12s %4s %4s %5s %9s %4s %4s %3s %2s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl",
            "D", "pf", "xb", "hot/nl", "us/call", "GB/s", "%copy");

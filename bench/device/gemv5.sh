@@ -9,7 +9,10 @@
 #     grid, chained 8 back to back on rotating sets > L2, with / without PDL, 1 / 2 / 4
 #     blocks an SM; then a synthetic decode of D dependent ops per 16 B that needs x, with
 #     x read after griddepcontrol.wait (as the GEMV must) or before it, from DRAM or a hot
-#     L2, and an L2 prefetch by the first 8 blocks);
+#     L2, and an L2 prefetch by the first 8 blocks; a no-load chain: launches, waits, writes
+#     alone); then the real [4096 x 4096] default (a copy of fp4_gemv1t_kernel<16, 2, 0>'s
+#     skeleton around nvfp4.cuh's chunk step) chained, cold / hot L2, with x before the wait
+#     and without the decode, to split its 5.9 us;
 #  2. tests/unit/test_fp4_gemv_cuda (beside BIN in tests/): PDL chains == synced runs ==
 #     graph replays bit for bit, fp64 per op, with the default and each decode knob (the
 #     GEMV kernels' prologue / epilogue are shared helpers since this session);
@@ -32,7 +35,7 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }  # seconds left before a mark
 echo "== 1. floor: streaming read of the weight's bytes in the GEMV grid, chain8 on rotating sets"
 FB="$OUT/gemv_floor"
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-if [ -n "$NVCC" ] && timeout 60 "$NVCC" -O3 -gencode=arch=compute_90a,code=sm_90a -o "$FB" bench/kernels/gemv_floor.cu \
+if [ -n "$NVCC" ] && timeout 60 "$NVCC" -O3 -std=c++17 -Isrc -gencode=arch=compute_90a,code=sm_90a -o "$FB" bench/kernels/gemv_floor.cu \
      > "$OUT/floor_build.log" 2>&1; then
   timeout 40 "$FB" > "$OUT/floor.txt" 2>&1; echo "floor rc=$?"
   cat "$OUT/floor.txt"

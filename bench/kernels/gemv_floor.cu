@@ -396,7 +396,7 @@ int main(int argc, char **argv) {
                            {"hot L2 (one set)", 0, 1, 1, 1},         {"XB=1 (x before wait)", 1, 1, 1, 0},
                            {"DEC=0 (no decode)", 0, 0, 1, 0},        {"XB=1 DEC=0", 1, 0, 1, 0},
                            {"hot L2, DEC=0", 0, 0, 1, 1},            {"hot L2, XB=1", 1, 1, 1, 1},
-                           {"as the GEMV again", 0, 1, 1, 0}};
+                           {"hot L2, XB=1, DEC=0", 1, 0, 1, 1},      {"as the GEMV again", 0, 1, 1, 0}};
         for (const gcfg &c : gc) {
             auto one = [&](int k) {
                 const int sidx = c.hot ? 0 : k % nsets;

@@ -1,6 +1,7 @@
 /* gemv_floor.cu: the physical floor of the M = 1 NVFP4 GEMV in the doctor's harness
- * (gemv5 session). Standalone (not part of the server): nvcc -O3 -arch=sm_90a
- * -o gemv_floor bench/kernels/gemv_floor.cu; bench/device/gemv5.sh builds and runs it.
+ * (gemv5 session). Standalone (not part of the server): nvcc -O3 -std=c++17 -Isrc
+ * -gencode=arch=compute_90a,code=sm_90a -o gemv_floor bench/kernels/gemv_floor.cu;
+ * bench/device/gemv5.sh builds and runs it.
  *
  * A streaming-read kernel that moves exactly the bytes of an NVFP4 weight [N x K]
  * (codes N*K/2 + E4M3 scales N*K/16: 9,437,184 B at [4096 x 4096]) in the grid shape of
@@ -17,9 +18,18 @@
  * Also the device-to-device copy bandwidth (bytes read + written) as the doctor
  * measures it, so that the % column matches the doctor's.
  *
- * Output: one line per configuration: shape, rows/block, threads, blocks/SM, bytes
- * in flight per SM, PDL, D, us per call, GB/s, % of copy. */
+ * x (16 B a thread, 8 KB a block; the decode depends on it) is read after griddepcontrol.wait, as
+ * the GEMV must (the previous kernel writes x), or, xb = 1, before it: what the chain
+ * would cost without that serial step. hot/nl: 1 = one weight set, no rotation (the
+ * weight streams from L2); 2 = no loads at all (the chain of launches, waits and writes).
+ *
+ * Then the real [4096 x 4096] default GEMV decomposed (gv_kernel below).
+ *
+ * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
+ * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
+
+#include "ops/cuda/nvfp4.cuh" /* the real chunk step of the GEMV (header-only device code) */
 
 #include <algorithm>
 #include <stdint.h>
@@ -46,13 +56,13 @@ __device__ __forceinline__ void cp16(void *s, const void *g) {
  * in their arrays (row-major). Every thread copies its 16-byte pieces (strided by the
  * block size) at once, commits one group, waits, reads its own pieces back. */
 __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc, int K, int R, int D,
-                             int pf, const uint32_t *__restrict__ xin, uint32_t *__restrict__ out) {
+                             int pf, int xb, const uint32_t *__restrict__ xin, uint32_t *__restrict__ out) {
     extern __shared__ __align__(16) uint4 st[];
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     const size_t cb = (size_t)R * (K / 2), sb = (size_t)R * (K / 16);
     const uint4 *wg = reinterpret_cast<const uint4 *>(w + blockIdx.x * cb);
     const uint4 *sg = reinterpret_cast<const uint4 *>(sc + blockIdx.x * sb);
-    const int nc = (int)(cb / 16), ns = (int)(sb / 16);
+    const int nc = R ? (int)(cb / 16) : 0, ns = R ? (int)(sb / 16) : 0; /* R = 0: no loads (the launch chain alone) */
     for (int i = threadIdx.x; i < nc; i += blockDim.x) cp16(&st[i], wg + i);
     for (int i = threadIdx.x; i < ns; i += blockDim.x) cp16(&st[nc + i], sg + i);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -66,12 +76,21 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
                          : "memory");
         }
     }
+    /* the "x" read: after the wait (as the GEMV must: the previous kernel writes x), or,
+     * xb = 1, before it (what the chain would cost without that serial step; wrong for a
+     * real GEMV, harmless here: nothing writes xin) */
+    /* 16 B a thread from L2 (ld.global.cg, as the GEMV's cp.async.cg): a 512-thread block
+     * reads the whole 8 KB of x at [4096 x 4096], as every GEMV block does */
+    const uint4 *xg = reinterpret_cast<const uint4 *>(xin) + (threadIdx.x & 511);
+    uint4 xv = make_uint4(0u, 0u, 0u, 0u);
+    if (xb) xv = __ldcg(xg);
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    uint32_t a = xin[threadIdx.x & 31]; /* the "x" read, after the wait */
+    if (!xb) xv = __ldcg(xg);
+    uint32_t a = xv.x ^ xv.y ^ xv.z ^ xv.w;
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     for (int i = threadIdx.x; i < nc + ns; i += blockDim.x) {
         uint4 v = st[i];
-        uint32_t h = v.x ^ v.y ^ v.z ^ v.w;
+        uint32_t h = v.x ^ v.y ^ v.z ^ v.w ^ a; /* the decode needs x, as the mma does */
         for (int d = 0; d < D; d += 4) { /* synthetic decode: 4 dependent ops a step */
             h = h * 0x9E3779B1u + (h >> 7);
             h ^= (h << 3) & 0x01C001C0u;
@@ -89,8 +108,109 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     }
 }
 
+/* ---- the real [4096 x 4096] default, decomposed ---------------------------------
+ * gv_kernel<XB, DEC> is fp4_gemv1t_kernel<16, 2, 0> of src/ops/cuda/fp4_gemv.cu (the M = 1
+ * default at 16 warps x 2 chunks; same prologue, waits, chunk step nv4_gemv1t_chunk<0> from
+ * nvfp4.cuh, epilogue; a copy of its skeleton as of the gemv5 session, for this
+ * decomposition only) with two diagnostic switches that a real GEMV must not have:
+ *   XB = 1: x copied before griddepcontrol.wait (nothing writes x in this bench), so the
+ *           serial step "previous call complete -> x from L2" leaves the critical path;
+ *   DEC = 0: no decode or mma: each chunk's codes and x are XORed into the sum instead.
+ * Timed like the floor kernel (chain8, rotating sets or one hot set, PDL). */
+enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
+template <int XB, int DEC>
+__global__ void __launch_bounds__(32 * GK_KW, 2)
+    gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
+              const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y) {
+    constexpr int KW = GK_KW, PER = GK_PER;
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32];
+    __shared__ __align__(16) uint4 xs[KW][PER][16];
+    __shared__ __align__(16) uint4 zb[2];
+    __shared__ uint32_t ss[KW][PER][32];
+    __shared__ float red[KW][16];
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cp16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cp16(&stage[warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
+    const __nv_bfloat16 *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
+    if (!XB) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    if (XB) asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* still before y */
+    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    const bool on = t == (g >> 1);
+    const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
+    const int sx = on ? 16 : 0;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        if (u == 0) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncwarp();
+        const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]);
+        float sg[4];
+        nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+        nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+        const uint4 a0 = stage[warp][u][0][lane], a1 = stage[warp][u][1][lane];
+        const uint4 x0 = px[u * sx], x1 = px[u * sx + 1];
+        if (DEC) {
+            nv4_gemv1t_chunk<0>(a0, a1, x0, x1, sg, lut, 0u, acc);
+        } else {
+            acc[0] += __uint_as_float((a0.x ^ a1.y ^ x0.x ^ x1.w) & 0x3fffffffu) * sg[0];
+            acc[2] += __uint_as_float((a0.z ^ a1.w ^ x0.y ^ x1.z) & 0x3fffffffu) * sg[2];
+        }
+    }
+    float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+    r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+    r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+    if (t == 0) {
+        red[warp][g] = r0;
+        red[warp][g + 8] = r1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        y[n0 + threadIdx.x] = __float2bfloat16_rn(v * scale2);
+    }
+}
+
+template <int XB, int DEC>
+static cudaError_t gv_launch(int pdl, int N, int K, cudaStream_t st, const __nv_bfloat16 *x, const uint8_t *w,
+                             const uint8_t *sc, __nv_bfloat16 *y) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(N / 16);
+    cfg.blockDim = dim3(32 * GK_KW);
+    cfg.dynamicSmemBytes = GK_PAD; /* every variant at 2 blocks an SM, as the GEMV (DEC = 0 needs 32 registers) */
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, gv_kernel<XB, DEC>, N, K, x, w, sc, 1.0f, y);
+}
+
 static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const uint8_t *w,
-                          const uint8_t *sc, int K, int R, int D, int pf, const uint32_t *xin, uint32_t *out) {
+                          const uint8_t *sc, int K, int R, int D, int pf, int xb, const uint32_t *xin,
+                          uint32_t *out) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
@@ -101,7 +221,7 @@ static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStrea
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, floor_kernel, w, sc, K, R, D, pf, xin, out);
+    return cudaLaunchKernelEx(&cfg, floor_kernel, w, sc, K, R, D, pf, xb, xin, out);
 }
 
 static double median(std::vector<double> v) {
@@ -147,15 +267,18 @@ int main(int argc, char **argv) {
     }
     printf("gemv_floor: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s (read + written)\n", p.name, sms,
            p.l2CacheSize >> 20, copy_gbs);
-    CK(cudaFuncSetAttribute(floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_blk));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, floor_kernel));
+    const size_t smem_dyn_max = smem_blk - fa.sharedSizeBytes; /* the opt-in limit counts static shared memory */
+    CK(cudaFuncSetAttribute(floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_dyn_max));
 
     const int shapes[2][2] = {{4096, 4096}, {16384, 4096}};
     uint32_t *xin, *out;
-    CK(cudaMalloc(&xin, 4096));
-    CK(cudaMemset(xin, 0x5a, 4096));
+    CK(cudaMalloc(&xin, 8192));
+    CK(cudaMemset(xin, 0x5a, 8192));
     CK(cudaMalloc(&out, 1 << 20));
-    printf("%-12s %4s %4s %5s %9s %4s %4s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl", "D",
-           "pf", "us/call", "GB/s", "%copy");
+    printf("%-12s %4s %4s %5s %9s %4s %4s %3s %2s %3s %9s %8s %6s\n", "shape", "rows", "thr", "b/SM", "fly/SM", "pdl",
+           "D", "pf", "xb", "hot/nl", "us/call", "GB/s", "%copy");
     for (int si = 0; si < 2; si++) {
         const int N = shapes[si][0], K = shapes[si][1];
         const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
@@ -169,7 +292,7 @@ int main(int argc, char **argv) {
         }
         /* rows, threads, blocks/SM (0 = as many as fit), pdl, D */
         struct cfg {
-            int rows, thr, bps, pdl, D, pf;
+            int rows, thr, bps, pdl, D, pf, xb = 0, hot = 0, noload = 0;
         };
         std::vector<cfg> cfgs;
         const int big = si == 1;
@@ -189,11 +312,20 @@ int main(int argc, char **argv) {
             cfgs.push_back({16, 512, 3, 1, 128, 0});
             cfgs.push_back({16, 256, 4, 1, 128, 0});
             cfgs.push_back({16, 256, 4, 1, 128, 8});
+            /* x read before the wait (the serial wait -> x step removed), and a hot L2 (one
+             * set, no rotation: the weight streams from L2, not DRAM) */
+            for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 1, 0});
+            for (int D : {0, 64, 128}) cfgs.push_back({16, 512, 2, 1, D, 0, 0, 1});
+            cfgs.push_back({16, 512, 2, 0, 128, 0, 0, 1});
+            /* no loads at all: the chain of 256-block launches, wait and write alone */
+            cfgs.push_back({16, 512, 2, 1, 0, 0, 0, 0, 1});
+            cfgs.push_back({16, 512, 2, 0, 0, 0, 0, 0, 1});
         }
         for (const cfg &c : cfgs) {
             const size_t tile = (size_t)c.rows * (K / 2 + K / 16);
             size_t smem = std::max(tile, smem_sm / c.bps - 1024 - 1024);
-            if (smem > smem_blk || tile > smem) {
+            if (smem > smem_dyn_max) smem = smem_dyn_max;
+            if (tile > smem) {
                 printf("%-12s %4d %4d %5d: skip (tile %zu B, smem %zu)\n", "", c.rows, c.thr, c.bps, tile, smem);
                 continue;
             }
@@ -202,14 +334,15 @@ int main(int argc, char **argv) {
             const dim3 grid(N / c.rows), block(c.thr);
             int k = 0;
             for (int i = 0; i < 16; i++, k++)
-                CK(launch(c.pdl, grid, block, smem, st, W[k % nsets], S[k % nsets], K, c.rows, c.D, c.pf, xin, out));
+                CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K,
+                          c.noload ? 0 : c.rows, c.D, c.pf, c.xb, xin, out));
             CK(cudaStreamSynchronize(st));
             std::vector<double> t;
             for (int s = 0; s < 200; s++) {
                 CK(cudaEventRecord(e0, st));
                 for (int i = 0; i < 8; i++, k++)
-                    CK(launch(c.pdl, grid, block, smem, st, W[k % nsets], S[k % nsets], K, c.rows, c.D, c.pf, xin,
-                              out));
+                    CK(launch(c.pdl, grid, block, smem, st, W[c.hot ? 0 : k % nsets], S[c.hot ? 0 : k % nsets], K,
+                              c.noload ? 0 : c.rows, c.D, c.pf, c.xb, xin, out));
                 CK(cudaEventRecord(e1, st));
                 CK(cudaEventSynchronize(e1));
                 float ms;
@@ -221,9 +354,73 @@ int main(int argc, char **argv) {
             const int resident = std::min(occ, (int)((N / c.rows + sms - 1) / sms));
             char nm[32];
             snprintf(nm, sizeof nm, "%dx%d", N, K);
-            printf("%-12s %4d %4d %2d/%-2d %7.0fKB %4d %4d %3d %9.2f %8.0f %5.1f%%\n", nm, c.rows, c.thr, occ,
-                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, us, bytes / (us * 1e-6) / 1e9,
+            printf("%-12s %4d %4d %2d/%-2d %7.0fKB %4d %4d %3d %2d %3d %9.2f %8.0f %5.1f%%\n", nm, c.rows, c.thr, occ,
+                   c.bps, resident * tile / 1024.0, c.pdl, c.D, c.pf, c.xb, c.hot + 2 * c.noload, us, bytes / (us * 1e-6) / 1e9,
                    100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+        }
+        for (int i = 0; i < nsets; i++) {
+            CK(cudaFree(W[i]));
+            CK(cudaFree(S[i]));
+        }
+    }
+    /* the real default, decomposed ([4096 x 4096], M = 1) */
+    {
+        const int N = 4096, K = 4096;
+        const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
+        const int nsets = (int)std::max<size_t>(8, (3 * (size_t)p.l2CacheSize) / bytes + 1);
+        std::vector<uint8_t *> W(nsets), S(nsets);
+        for (int i = 0; i < nsets; i++) {
+            CK(cudaMalloc(&W[i], cbytes));
+            CK(cudaMalloc(&S[i], sbytes));
+            CK(cudaMemsetAsync(W[i], 0x37 + i, cbytes, st)); /* E2M1 codes, not zeros */
+            CK(cudaMemsetAsync(S[i], 0x30 + i, sbytes, st)); /* E4M3 0x30..: finite */
+        }
+        __nv_bfloat16 *x, *y;
+        CK(cudaMalloc(&x, (size_t)K * 2));
+        CK(cudaMalloc(&y, (size_t)N * 2));
+        CK(cudaMemsetAsync(x, 0x3c, (size_t)K * 2, st));
+        CK(cudaFuncSetAttribute(gv_kernel<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        CK(cudaFuncSetAttribute(gv_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        CK(cudaFuncSetAttribute(gv_kernel<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        int occ = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gv_kernel<0, 0>, 32 * GK_KW, GK_PAD));
+        printf("real default fp4_gemv1t<16,2,0> [4096 x 4096], chain8 (XB: x before the wait; DEC=0: no decode), "
+               "%d blocks/SM\n", occ);
+        printf("%-32s %9s %6s\n", "variant", "us/call", "%copy");
+        struct gcfg {
+            const char *name;
+            int xb, dec, pdl, hot;
+        };
+        const gcfg gc[] = {{"as the GEMV (cold, PDL)", 0, 1, 1, 0}, {"as the GEMV, no PDL", 0, 1, 0, 0},
+                           {"hot L2 (one set)", 0, 1, 1, 1},         {"XB=1 (x before wait)", 1, 1, 1, 0},
+                           {"DEC=0 (no decode)", 0, 0, 1, 0},        {"XB=1 DEC=0", 1, 0, 1, 0},
+                           {"hot L2, DEC=0", 0, 0, 1, 1},            {"hot L2, XB=1", 1, 1, 1, 1},
+                           {"hot L2, XB=1, DEC=0", 1, 0, 1, 1},      {"as the GEMV again", 0, 1, 1, 0}};
+        for (const gcfg &c : gc) {
+            auto one = [&](int k) {
+                const int sidx = c.hot ? 0 : k % nsets;
+                if (c.xb && c.dec) return gv_launch<1, 1>(c.pdl, N, K, st, x, W[sidx], S[sidx], y);
+                if (c.xb) return gv_launch<1, 0>(c.pdl, N, K, st, x, W[sidx], S[sidx], y);
+                if (c.dec) return gv_launch<0, 1>(c.pdl, N, K, st, x, W[sidx], S[sidx], y);
+                return gv_launch<0, 0>(c.pdl, N, K, st, x, W[sidx], S[sidx], y);
+            };
+            int k = 0;
+            for (int i = 0; i < 16; i++, k++) CK(one(k));
+            CK(cudaStreamSynchronize(st));
+            std::vector<double> t;
+            for (int smp = 0; smp < 200; smp++) {
+                CK(cudaEventRecord(e0, st));
+                for (int i = 0; i < 8; i++, k++) CK(one(k));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                t.push_back(ms * 1e3 / 8);
+            }
+            CK(cudaGetLastError());
+            const double us = median(t);
+            printf("%-32s %9.2f %5.1f%%\n", c.name, us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
         }
         for (int i = 0; i < nsets; i++) {
             CK(cudaFree(W[i]));

@@ -11,10 +11,8 @@
  *   - a CUDA graph capture of the chain, replayed 3 times, gives the same bits;
  *   - each GEMM of the synced run against an fp64 product computed here from its
  *     actual input (the device's x1, y1) and the NVFP4 definition.
- * Every knob of fp4_gemv.cu applies (LASTSTAND_W4A16_GDEC=2, M8=2 ... run the other kernels;
- * LASTSTAND_W4A16_L2PF=P: G1 and G2 are under L2 / 4, so the GEMV's first P blocks put
- * the whole weight into L2 ahead of the others, while the previous op may still run;
- * bench/device/gemv5.sh runs this binary once per knob).
+ * Every knob of fp4_gemv.cu applies (LASTSTAND_W4A16_GDEC=2|1, M8=2 ... run the other
+ * kernels; bench/device/gemv5.sh runs this binary once per knob).
  * Needs a CUDA GPU of cc >= 9.0: every test is skipped without one.
  */
 #include <setjmp.h>

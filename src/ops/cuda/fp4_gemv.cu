@@ -49,41 +49,6 @@
 enum { W4_CHUNK = 128 }; /* K elements per lane-quad per step: 16 B of codes per lane */
 enum { W4_U = 4 };       /* chunks in flight per warp in fp4_w4a16_kernel */
 
-/* L2 prefetch of this call's whole weight by its first pf blocks (pf = 0: none; gv_pf
- * picks it; the one-tile-per-block kernels: the GEMVs and fp4_w4a16_async_kernel):
- * under programmatic dependent launch those blocks are the ones that find an SM slot
- * free while the previous kernel still runs (a grid of 16-warp blocks, 2 an SM, leaves
- * 2 x SMs - tiles slots: 8 on an H200 at N = 4096), so the weight streams
- * from DRAM into L2 during the previous call's decode, when DRAM is otherwise idle, and
- * the blocks that start when the previous call's blocks exit find their tiles in L2.
- * 32 KB bulk prefetches (cp.async.bulk.prefetch.L2, sm_90), codes then scales, dealt
- * round robin to the pf blocks (one SM's copy engine alone would take several us for
- * 9.4 MB). Only for weights that fit L2 a few times over (gv_pf). */
-__device__ __forceinline__ void gv_l2_prefetch(const uint8_t *w, const uint8_t *sc, int N, int K, int pf) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int lines = pf >> 16; /* GV_PF_LINES: per-line prefetch.global.L2 instead */
-    pf &= 0xffff;
-    if ((int)blockIdx.x >= pf) return;
-    const size_t piece = 32768, wb = (size_t)N * (K / 2), sb = (size_t)N * (K / 16);
-    if (lines) { /* 128-byte lines (wb, sb: multiples of 128), line i by block i % pf */
-        for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < (wb + sb) / 128; i += (size_t)pf * blockDim.x) {
-            const uint8_t *p = i < wb / 128 ? w + 128 * i : sc + 128 * (i - wb / 128);
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p) : "memory");
-        }
-        return;
-    }
-    const size_t nw = (wb + piece - 1) / piece, ns = (sb + piece - 1) / piece;
-    /* piece i by block i % pf (each SM's copy engine takes its share), thread i / pf % blockDim */
-    for (size_t i = blockIdx.x + (size_t)pf * threadIdx.x; i < nw + ns; i += (size_t)pf * blockDim.x) {
-        /* sizes: multiples of 16 (K % 128 == 0, N % 16 == 0) */
-        const size_t o = (i < nw ? i : i - nw) * piece, len = i < nw ? wb : sb;
-        const uint32_t n = (uint32_t)(len - o < piece ? len - o : piece);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((i < nw ? w : sc) + o), "r"(n) : "memory");
-    }
-#else
-    (void)w; (void)sc; (void)N; (void)K; (void)pf;
-#endif
-}
 
 /* ---- M <= 8 (and larger M): weights in registers -------------------------------- */
 
@@ -235,7 +200,7 @@ __global__ void __launch_bounds__(32 * KW, 1)
 template <int KW, int PER, int D = 0>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
     fp4_w4a16_async_kernel(int M, int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
+                           const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ float red[KW][4][32];
     cu_pdl_trigger();
@@ -257,7 +222,6 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : 4)
         s0[u] = __ldg(reinterpret_cast<const uint16_t *>(sr0 + u * 8));
         s1[u] = __ldg(reinterpret_cast<const uint16_t *>(sr1 + u * 8));
     }
-    gv_l2_prefetch(w, sc, N, K, pf);
     cu_pdl_wait(); /* x and y below */
     const int m = g < M ? g : M - 1;
     const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * K + c0 * W4_CHUNK + 32 * t);
@@ -428,10 +392,10 @@ static size_t gvt_smem_bytes(int kw, int per, int l) {
     return (l ? NV4_TAB_BYTES : 0) + (size_t)kw * per * (2 * 32 * 16 + 16 * 16 + 32 * 4) + 32 + (size_t)kw * 16 * 4;
 }
 
-template <int KW, int PER, int L, int WA = 0>
+template <int KW, int PER, int L>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     fp4_gemv1t_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
+                      const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     extern __shared__ __align__(128) unsigned char gvt_raw[];
     /* table [256][32] u32 (L > 0), then stage[KW][PER][2][32] uint4 (codes), xs[KW][PER][16]
      * uint4, ss[KW][PER][32] u32 (scales), zb[2] uint4 (zeros), red[KW][16] f32 */
@@ -446,7 +410,6 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     gv_stage_weights<PER>(stage[warp], ss[warp], w, sc, K, n0, c0, lane);
-    gv_l2_prefetch(w, sc, N, K, pf);
     /* K % 128 == 0: a per-thread zero the compiler cannot fold (see nv4_lut_make) */
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const uint32_t tab = (uint32_t)__cvta_generic_to_shared(gvt_raw);
@@ -463,12 +426,8 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        /* WA = 1: one wait for all PER chunks, so the compiler may interleave their
-         * steps (each chunk's mma chain starts from zero: they are independent) */
-        if (!WA || u == 0) {
-            cu_cp_async_wait_dyn(WA ? 0 : PER - 1 - u);
-            __syncwarp(); /* x and scales of chunk u were copied by other lanes */
-        }
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        __syncwarp(); /* x and scales of chunk u were copied by other lanes */
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         float sg[4];
         nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
@@ -488,10 +447,10 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 2 : 4)
  * once per chunk in shared memory into the (i, i + 4) pairing of the decode. 45
  * registers: 4 blocks of 8 warps an SM where fp4_gemv1t_kernel fits 3 (gemv4 session:
  * [16384 x 4096] 17.7 -> 14.8 us a chained call). */
-template <int KW, int PER, int WA = 0>
+template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     fp4_gemv2_kernel(int N, int K, const bf16 *__restrict__ x, const uint8_t *__restrict__ w,
-                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate, int pf) {
+                     const uint8_t *__restrict__ sc, float scale2, bf16 *__restrict__ y, int accumulate) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32]; /* codes: rows g, g + 8; lane's 16 B */
     __shared__ __align__(16) uint4 xs[KW][PER][16];       /* x: the chunk's 128 values, then permuted */
     __shared__ uint32_t ss[KW][PER][32];                  /* E4M3 scales: 16 rows x 8 */
@@ -500,23 +459,14 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     gv_stage_weights<PER>(stage[warp], ss[warp], w, sc, K, n0, c0, lane);
-    gv_l2_prefetch(w, sc, N, K, pf);
     cu_pdl_wait(); /* x and y below */
     gv_stage_x<PER>(xs[warp], x, c0, lane);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        if (!WA) {
-            cu_cp_async_wait_dyn(PER - 1 - u);
-            if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
-            __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
-        } else if (u == 0) { /* WA = 1: one wait for all PER chunks (as fp4_gemv1t_kernel) */
-            cu_cp_async_wait<0>();
-#pragma unroll
-            for (int v = 0; v < PER; v++)
-                if (lane < 16) xs[warp][v][lane] = nv4_xperm8(xs[warp][v][lane]);
-            __syncwarp();
-        }
+        cu_cp_async_wait_dyn(PER - 1 - u);
+        if (lane < 16) xs[warp][u][lane] = nv4_xperm8(xs[warp][u][lane]); /* its own copy */
+        __syncwarp(); /* permuted x and the scales of chunk u, written by other lanes */
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]); /* [row][4] */
         const uint4 xp[4] = {xs[warp][u][4 * t], xs[warp][u][4 * t + 1], xs[warp][u][4 * t + 2],
                              xs[warp][u][4 * t + 3]};
@@ -534,7 +484,6 @@ __global__ void __launch_bounds__(32 * KW, KW >= 16 ? 2 : KW >= 8 ? 3 : 6)
  * attribute (1 = yes, 0 = no: knob off, before sm_90, or a launch refused it). */
 typedef struct w4_dev {
     int init, sms, pdl;
-    long l2; /* L2 bytes */
 } w4_dev;
 static w4_dev g_w4_dev[CU_WS_MAX_DEV];
 
@@ -545,17 +494,8 @@ static w4_dev g_w4_dev[CU_WS_MAX_DEV];
  *                              where a device round validated it (gv_variant)
  *   LASTSTAND_W4A16_M8=2|1     M = 2..8: the cp.async kernel with the bit-placement decode
  *                              on every instance that fits (2) or none (1: the register
- *                              kernel); unset: on the validated ones (w4_run)
- *   LASTSTAND_W4A16_L2PF=P     fp4_gemv1t_kernel, fp4_gemv2_kernel, fp4_w4a16_async_kernel:
- *                              the first P blocks prefetch the whole weight into L2
- *                              (gv_l2_prefetch), for weights of at most L2 / 4; 0: never;
- *                              unset: gv_pf's default
- *   LASTSTAND_W4A16_L2PFM=1    that prefetch by 128-byte prefetch.global.L2 from every
- *                              thread of the P blocks instead of 32 KB bulk prefetches
- *   LASTSTAND_W4A16_GWAIT=1    fp4_gemv1t_kernel / fp4_gemv2_kernel at 16 x 2 (the
- *                              [4096 x 4096] instance): one cp.async wait for both chunks
- *                              of a warp instead of one per chunk (their steps may interleave) */
-static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0, g_knob_l2pf = -1, g_knob_gwait = 0, g_knob_l2pfm = 0;
+ *                              kernel); unset: on the validated ones (w4_run) */
+static int g_knob_pdl = -1, g_knob_gdec = 0, g_knob_m8 = 0;
 static pthread_once_t g_knob_once = PTHREAD_ONCE_INIT;
 static void w4_knobs_load(void) {
     const char *p = getenv("LASTSTAND_FP4_PDL"), *gd = getenv("LASTSTAND_W4A16_GDEC");
@@ -563,13 +503,6 @@ static void w4_knobs_load(void) {
     g_knob_gdec = gd && !strcmp(gd, "2") ? 2 : gd && !strcmp(gd, "1") ? 1 : 0;
     const char *m8 = getenv("LASTSTAND_W4A16_M8");
     g_knob_m8 = m8 && !strcmp(m8, "2") ? 2 : m8 && !strcmp(m8, "1") ? 1 : 0;
-    const char *pf = getenv("LASTSTAND_W4A16_L2PF");
-    g_knob_l2pf = pf && *pf ? atoi(pf) : -1;
-    if (g_knob_l2pf > 4096) g_knob_l2pf = 4096; /* < GV_PF_LINES */
-    const char *pm = getenv("LASTSTAND_W4A16_L2PFM");
-    g_knob_l2pfm = pm && !strcmp(pm, "1");
-    const char *gw = getenv("LASTSTAND_W4A16_GWAIT");
-    g_knob_gwait = gw && !strcmp(gw, "1");
 }
 
 static int w4_dev_get(w4_dev **out, ls_err *e) {
@@ -580,12 +513,10 @@ static int w4_dev_get(w4_dev **out, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "cuda_w4a16_mma: device %d out of range (max %d)", dev, CU_WS_MAX_DEV);
     w4_dev *d = &g_w4_dev[dev];
     if (!__atomic_load_n(&d->init, __ATOMIC_ACQUIRE)) {
-        int sms = 0, cc = 0, l2 = 0;
+        int sms = 0, cc = 0;
         CU_TRY(e, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
         CU_TRY(e, cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-        CU_TRY(e, cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute");
         d->sms = sms > 0 ? sms : 1;
-        d->l2 = cc >= 9 ? l2 : 0; /* the bulk prefetch is sm_90 */
         __atomic_store_n(&d->pdl, g_knob_pdl && cc >= 9, __ATOMIC_RELAXED);
         __atomic_store_n(&d->init, 1, __ATOMIC_RELEASE);
     }
@@ -621,20 +552,6 @@ static int w4_launch(w4_dev *d, void (*K)(KArgs...), size_t have[CU_WS_MAX_DEV],
     (const bf16 *)(a)->x, (const uint8_t *)(a)->w->data, (const uint8_t *)(a)->w->scale, (a)->w->scale2,     \
         (bf16 *)(a)->y, (a)->accumulate
 
-/* Blocks of a one-tile-per-block launch (the M = 1 GEMVs, the M = 2..8 cp.async kernel)
- * that prefetch its whole weight into L2 (gv_l2_prefetch): LASTSTAND_W4A16_L2PF when
- * set, else 0 (not yet validated on a device round); never
- * for a weight over L2 / 4 (at [16384 x 4096], 37.7 MB against 50 MB of L2, the next
- * call's prefetch would evict the current call's lines: the gemv4 session's L2
- * prefetch kernel doubled the DRAM traffic there). */
-enum { GV_PF_LINES = 1 << 16 }; /* in gv_l2_prefetch's pf: line prefetches, not bulk ones */
-static int gv_pf(const w4_dev *d, const lin_w *w) {
-    const long bytes = (long)w->N * (w->K / 2 + w->K / 16);
-    if (g_knob_l2pf <= 0 || 4 * bytes > d->l2) return 0;
-    if (((uintptr_t)w->data | (uintptr_t)w->scale) & 15) return 0; /* bulk copies take 16-byte addresses */
-    return g_knob_l2pf | (g_knob_l2pfm == 1 ? GV_PF_LINES : 0);
-}
-
 template <int MT, int KW>
 static int w4_reg_launch(w4_dev *d, dim3 grid, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
@@ -656,58 +573,43 @@ template <int KW, int PER, int D = 0>
 static int w4a_launch(w4_dev *d, const gemm_args *a, cudaStream_t st, ls_err *e) {
     static size_t have[CU_WS_MAX_DEV];
     return w4_launch(d, fp4_w4a16_async_kernel<KW, PER, D>, have, dim3(a->w->N / 16), dim3(32 * KW), 0, st,
-                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a), gv_pf(d, a->w));
+                     "fp4_gemm cuda_w4a16_mma (cp.async)", e, W4_ARGS_MNK(a), W4_ARGS_REST(a));
 }
 
 /* The GEMV kernel variants at M = 1. */
 enum { GV_V1 = 1, GV_T0, GV_T2, GV_V2 };
 
 template <int KW, int PER>
-static int gv_launch(w4_dev *d, int v, int pf, const gemm_args *a, cudaStream_t st, ls_err *e) {
+static int gv_launch(w4_dev *d, int v, const gemm_args *a, cudaStream_t st, ls_err *e) {
     const dim3 grid(a->w->N / 16), block(32 * KW);
     const int N = a->w->N, K = a->w->K;
     if (v == GV_T0 || v == GV_T2) {
         static size_t have0[CU_WS_MAX_DEV], have2[CU_WS_MAX_DEV];
         const size_t smem = gvt_smem_bytes(KW, PER, v == GV_T2 ? 2 : 0);
-        if constexpr (KW == 16 && PER == 2) {
-            static size_t have0w[CU_WS_MAX_DEV];
-            if (v == GV_T0 && g_knob_gwait == 1)
-                return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0, 1>, have0w, grid, block, smem, st,
-                                 "fp4_gemm cuda_w4a16_mma (gemv, one wait)", e, N, K, W4_ARGS_REST(a), pf);
-        }
         if (v == GV_T0)
             return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 0>, have0, grid, block, smem, st,
-                             "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a), pf);
+                             "fp4_gemm cuda_w4a16_mma (gemv)", e, N, K, W4_ARGS_REST(a));
         return w4_launch(d, fp4_gemv1t_kernel<KW, PER, 2>, have2, grid, block, smem, st,
-                         "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a), pf);
+                         "fp4_gemm cuda_w4a16_mma (gemv, table decode)", e, N, K, W4_ARGS_REST(a));
     }
     static size_t have1[CU_WS_MAX_DEV], havev2[CU_WS_MAX_DEV];
-    if constexpr (KW == 16 && PER == 2) {
-        static size_t havev2w[CU_WS_MAX_DEV];
-        if (v == GV_V2 && g_knob_gwait == 1)
-            return w4_launch(d, fp4_gemv2_kernel<KW, PER, 1>, havev2w, grid, block, 0, st,
-                             "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode, one wait)", e, N, K,
-                             W4_ARGS_REST(a), pf);
-    }
     if (v == GV_V2)
         return w4_launch(d, fp4_gemv2_kernel<KW, PER>, havev2, grid, block, 0, st,
-                         "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a), pf);
+                         "fp4_gemm cuda_w4a16_mma (gemv, bit-placement decode)", e, N, K, W4_ARGS_REST(a));
     return w4_launch(d, fp4_gemv1_kernel<KW, PER>, have1, grid, block, 0, st, "fp4_gemm cuda_w4a16_mma (gemv)", e,
                      N, K, W4_ARGS_REST(a));
 }
 
-static int gv_launch_kw(w4_dev *d, int kw, int per, int v, int pf, const gemm_args *a, cudaStream_t st,
-                        ls_err *e) {
-    if (kw == 16) return per == 1 ? gv_launch<16, 1>(d, v, pf, a, st, e) : gv_launch<16, 2>(d, v, pf, a, st, e);
+static int gv_launch_kw(w4_dev *d, int kw, int per, int v, const gemm_args *a, cudaStream_t st, ls_err *e) {
+    if (kw == 16) return per == 1 ? gv_launch<16, 1>(d, v, a, st, e) : gv_launch<16, 2>(d, v, a, st, e);
     if (kw == 8)
-        return per == 1 ? gv_launch<8, 1>(d, v, pf, a, st, e)
-               : per == 2 ? gv_launch<8, 2>(d, v, pf, a, st, e)
-                          : gv_launch<8, 4>(d, v, pf, a, st, e);
-    return per == 1 ? gv_launch<4, 1>(d, v, pf, a, st, e)
-           : per == 2 ? gv_launch<4, 2>(d, v, pf, a, st, e)
-                      : gv_launch<4, 4>(d, v, pf, a, st, e);
+        return per == 1 ? gv_launch<8, 1>(d, v, a, st, e)
+               : per == 2 ? gv_launch<8, 2>(d, v, a, st, e)
+                          : gv_launch<8, 4>(d, v, a, st, e);
+    return per == 1 ? gv_launch<4, 1>(d, v, a, st, e)
+           : per == 2 ? gv_launch<4, 2>(d, v, a, st, e)
+                      : gv_launch<4, 4>(d, v, a, st, e);
 }
-
 
 /* 0 when no GEMV instance fits (K must be KW * PER * 128 with KW in 4, 8, 16 and PER
  * in 1, 2, 4; 16 x 4 is over the 48 KB of static shared memory of fp4_gemv1_kernel).
@@ -780,7 +682,7 @@ static int w4_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int kw = 0, per = 0;
     /* the GEMV kernels copy the scales 4 bytes at a time (rows are K / 16 bytes, K % 128 == 0) */
     if (a->M == 1 && !((uintptr_t)w->scale & 3) && gv_pick(nchunks, w->N / 16, d->sms, &kw, &per))
-        return gv_launch_kw(d, kw, per, gv_variant(kw, per), gv_pf(d, w), a, st, e);
+        return gv_launch_kw(d, kw, per, gv_variant(kw, per), a, st, e);
     if (a->M >= 2 && a->M <= 8 && g_knob_m8 != 1) {
         /* the cp.async kernel with the bit-placement decode at M = 2..8, where a device
          * round validated it and found it faster (gemv4 R2, every cell ✅: 16 x 2 at

@@ -95,6 +95,7 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 # one-round-trip add_rmsnorm kernel, opt-in (LASTSTAND_SMALL_ADDNORM=1) until a round checks it.
 VARIANTS=("old:LASTSTAND_GEMV_PDL=0 LASTSTAND_GEMV_MULTI=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0 LASTSTAND_SMALL_QKV=0"
           "addnorm:LASTSTAND_SMALL_ADDNORM=1"
+          "fill2:LASTSTAND_GEMV_FILL=2"
           "nopdl:LASTSTAND_GEMV_PDL=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0"
           "nomulti:LASTSTAND_GEMV_MULTI=0 LASTSTAND_SMALL_QKV=0")
 OLDENV=${VARIANTS[0]#*:}
@@ -187,12 +188,12 @@ for v in "${VARIANTS[@]:2}"; do [ "$(left)" -gt 60 ] && gen "l8-${v%%:*}" "$L8" 
 [ "$(left)" -gt 50 ] && e2e l8 "$L8" 30
 [ "$(left)" -gt 50 ] && e2e l8-old "$L8" 30 $OLDENV
 if [ -n "$NCU" ] && [ "$(left)" -gt 40 ]; then NCU_ENV="$ADDENV" prof m1-addnorm 256 3 35; fi
-# cuda_gemv's cells at the 35B shapes: the default K split policy vs split 2 (LASTSTAND_GEMV_SPLIT=2),
-# both with PDL (chained timing): the mid-size projections run one tile per block
-for sp in 0 2; do
+# cuda_gemv's cells at the 35B shapes: the default K split policy vs LASTSTAND_GEMV_FILL=2 (chained
+# timing): the [2048 x 4096] projections run one tile per block
+for sp in 1 2; do
     [ "$(left)" -gt 25 ] || break
-    echo "== doctor gemm cuda_gemv, LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp $(el)"
-    LASTSTAND_GEMV_PDL=1 LASTSTAND_GEMV_SPLIT=$sp timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
+    echo "== doctor gemm cuda_gemv, LASTSTAND_GEMV_FILL=$sp $(el)"
+    LASTSTAND_GEMV_FILL=$sp timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
         --families gemm --m 1,8 --backends cuda_gemv --json "$OUT/doctor-gemv-s$sp.json" >"$OUT/doctor-gemv-s$sp.txt" \
         2>"$OUT/doctor-gemv-s$sp.err"
     echo "rc=$? $(el)"

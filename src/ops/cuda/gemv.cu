@@ -287,6 +287,20 @@ static int gv_forced_split(void) {
     return v;
 }
 
+/* LASTSTAND_GEMV_FILL=2: split K while the doubled grid still has at most two blocks
+ * per SM (instead of one): at [2048 x 4096] (out_proj / o_proj, 128 tiles) S = 2, every
+ * block's loads in flight at once, two blocks an SM (the decode-step profile of device round
+ * R1: that shape ran at 1.8 TB/s under ncu, one block of 8 warps an SM). Opt-in until a
+ * round times it. Read once; 1 (the policy below) otherwise. */
+static int gv_fill(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *s = getenv("LASTSTAND_GEMV_FILL");
+        v = s && !strcmp(s, "2") ? 2 : 1;
+    }
+    return v;
+}
+
 /* The split for M, N, K on n_sm SMs; 0, or -1 when K is too long to stage x for
  * this M even over a cluster of GV_MAX_S. */
 static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
@@ -303,7 +317,7 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
          * cluster walks through more than one tile (a cluster barrier waits for the loads
          * in flight). Device round R2: S = 4 at [512 x 4096] and S = 2 at [1024 x 4096]
          * were the fastest, one block per SM both. */
-        const int more_fill = force ? S < force : T * 2 * S <= n_sm && C >= S * 2 * GV_WARPS * 2;
+        const int more_fill = force ? S < force : T * 2 * S <= gv_fill() * n_sm && C >= S * 2 * GV_WARPS * 2;
         if ((xb > GV_XSMEM_MAX || more_fill) && S < GV_MAX_S) continue;
         if (xb > GV_XSMEM_MAX) return -1;
         p->S = S;

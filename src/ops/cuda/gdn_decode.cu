@@ -343,7 +343,8 @@ static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
 }
 
 /* LASTSTAND_GDN_PDL=0|1: launch without / with programmatic dependent launch (off: the
- * behaviour before it, for before/after timings); else GD_PDL_DEFAULT. Read once. */
+ * behaviour before it, for before/after timings); else GD_PDL_DEFAULT (on since H200 device
+ * round R1, 2026-11-29, with the other decode-step PDL switches). Read once. */
 #define GD_PDL_DEFAULT 1
 static int gd_pdl(void) {
     static int v = -1;

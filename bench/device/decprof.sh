@@ -18,7 +18,7 @@
 #    the full 40, defaults / old / addnorm, then the other variants on 8 layers.
 # 2. Wall-clock TPOT as a client sees it: `serve` with the served plans named (--trust-backend:
 #    no doctor, no smoke children) + `BIN bench` at concurrency 1 and 16, 512 in / 128 out,
-#    8 layers, defaults and old.
+#    8 layers, defaults (R1 ran the old behaviour the same way: 1.07 ms at c = 1).
 # 3. ncu (--clock-control none --cache-control none: the card's own clocks, caches as the step
 #    leaves them) over `BIN generate` of the 8-layer model, eager (each kernel one launch), the
 #    plans named: a 256-token prompt, then 3 new tokens = 3 forward passes. Forwards are split
@@ -96,8 +96,7 @@ left() { echo $(( 165 - ($(date +%s) - T0) )); }
 VARIANTS=("old:LASTSTAND_GEMV_PDL=0 LASTSTAND_GEMV_MULTI=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0 LASTSTAND_SMALL_QKV=0"
           "addnorm:LASTSTAND_SMALL_ADDNORM=1"
           "fill2:LASTSTAND_GEMV_FILL=2"
-          "nopdl:LASTSTAND_GEMV_PDL=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0"
-          "nomulti:LASTSTAND_GEMV_MULTI=0 LASTSTAND_SMALL_QKV=0")
+          "nopdl:LASTSTAND_GEMV_PDL=0 LASTSTAND_GDN_PDL=0 LASTSTAND_SMALL_PDL=0 LASTSTAND_MOE_ROUTER_PDL=0")
 OLDENV=${VARIANTS[0]#*:}
 ADDENV=${VARIANTS[1]#*:}
 D=$(dirname "$BIN")
@@ -112,6 +111,21 @@ for t in test_gemv_cuda test_small_cuda; do
     else
         echo "missing: $D/tests/$t"
     fi
+done
+
+# the doctor's fp64 verdicts and chained times of the changed backends at the 35B shapes
+# (cuda_gemv: grouped launch + PDL; gdn cuda_decode: PDL; moe cuda_fused_decode: router PDL),
+# then cuda_gemv's cells with LASTSTAND_GEMV_FILL=2 (the [2048 x 4096] projections split)
+for fill in 1 2; do
+    fam=gemm,gdn,moe be=cuda_gemv,cuda_decode,cuda_fused_decode
+    [ $fill = 2 ] && fam=gemm be=cuda_gemv
+    echo "== doctor $fam ($be), LASTSTAND_GEMV_FILL=$fill $(el)"
+    LASTSTAND_GEMV_FILL=$fill timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
+        --families $fam --m 1,8 --backends $be --json "$OUT/doctor-f$fill.json" >"$OUT/doctor-f$fill.txt" \
+        2>"$OUT/doctor-f$fill.err"
+    echo "rc=$? $(el)"
+    grep -E "^(gemm|gdn|moe) |^ +(1|8) " "$OUT/doctor-f$fill.txt" | cut -c1-110
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-f$fill.err" | head -3
 done
 
 # races: the same greedy tokens from CUDA graphs (twice) and eager steps, defaults and addnorm
@@ -186,19 +200,7 @@ gen l40-old qwen3.5-35b-a3b 35 $OLDENV
 gen l40-addnorm qwen3.5-35b-a3b 35 $ADDENV
 for v in "${VARIANTS[@]:2}"; do [ "$(left)" -gt 60 ] && gen "l8-${v%%:*}" "$L8" 20 ${v#*:}; done
 [ "$(left)" -gt 50 ] && e2e l8 "$L8" 30
-[ "$(left)" -gt 50 ] && e2e l8-old "$L8" 30 $OLDENV
 if [ -n "$NCU" ] && [ "$(left)" -gt 40 ]; then NCU_ENV="$ADDENV" prof m1-addnorm 256 3 35; fi
-# cuda_gemv's cells at the 35B shapes: the default K split policy vs LASTSTAND_GEMV_FILL=2 (chained
-# timing): the [2048 x 4096] projections run one tile per block
-for sp in 1 2; do
-    [ "$(left)" -gt 25 ] || break
-    echo "== doctor gemm cuda_gemv, LASTSTAND_GEMV_FILL=$sp $(el)"
-    LASTSTAND_GEMV_FILL=$sp timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b \
-        --families gemm --m 1,8 --backends cuda_gemv --json "$OUT/doctor-gemv-s$sp.json" >"$OUT/doctor-gemv-s$sp.txt" \
-        2>"$OUT/doctor-gemv-s$sp.err"
-    echo "rc=$? $(el)"
-    grep -E "^gemm |^ +(1|8) " "$OUT/doctor-gemv-s$sp.txt" | cut -c1-120
-done
 if [ "$(left)" -gt 30 ]; then
     echo "== doctor: served backends at the 35B shapes, M = 1, 16 $(el)"
     timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --m 1,16 \

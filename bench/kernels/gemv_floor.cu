@@ -29,6 +29,7 @@
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
 
+#include "ops/cuda/cu_pdl.h" /* cu_pdl_wait / cu_pdl_trigger / cu_launch_pdl, as the GEMV */
 #include "ops/cuda/nvfp4.cuh" /* the real chunk step of the GEMV (header-only device code) */
 
 #include <algorithm>
@@ -58,7 +59,7 @@ __device__ __forceinline__ void cp16(void *s, const void *g) {
 __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc, int K, int R, int D,
                              int pf, int xb, const uint32_t *__restrict__ xin, uint32_t *__restrict__ out) {
     extern __shared__ __align__(16) uint4 st[];
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    cu_pdl_trigger();
     const size_t cb = (size_t)R * (K / 2), sb = (size_t)R * (K / 16);
     const uint4 *wg = reinterpret_cast<const uint4 *>(w + blockIdx.x * cb);
     const uint4 *sg = reinterpret_cast<const uint4 *>(sc + blockIdx.x * sb);
@@ -84,7 +85,7 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     const uint4 *xg = reinterpret_cast<const uint4 *>(xin) + (threadIdx.x & 511);
     uint4 xv = make_uint4(0u, 0u, 0u, 0u);
     if (xb) xv = __ldcg(xg);
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    cu_pdl_wait();
     if (!xb) xv = __ldcg(xg);
     uint32_t a = xv.x ^ xv.y ^ xv.z ^ xv.w;
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(32 * GK_KW, 2)
     __shared__ __align__(16) uint4 zb[2];
     __shared__ uint32_t ss[KW][PER][32];
     __shared__ float red[KW][16];
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -143,13 +144,13 @@ __global__ void __launch_bounds__(32 * GK_KW, 2)
     }
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const __nv_bfloat16 *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
-    if (!XB) asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (!XB) cu_pdl_wait();
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    if (XB) asm volatile("griddepcontrol.wait;\n" ::: "memory"); /* still before y */
+    if (XB) cu_pdl_wait(); /* still before y */
     if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
     __syncthreads();
     const bool on = t == (g >> 1);
@@ -195,33 +196,14 @@ __global__ void __launch_bounds__(32 * GK_KW, 2)
 template <int XB, int DEC>
 static cudaError_t gv_launch(int pdl, int N, int K, cudaStream_t st, const __nv_bfloat16 *x, const uint8_t *w,
                              const uint8_t *sc, __nv_bfloat16 *y) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(N / 16);
-    cfg.blockDim = dim3(32 * GK_KW);
-    cfg.dynamicSmemBytes = GK_PAD; /* every variant at 2 blocks an SM, as the GEMV (DEC = 0 needs 32 registers) */
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, gv_kernel<XB, DEC>, N, K, x, w, sc, 1.0f, y);
+    /* GK_PAD: every variant at 2 blocks an SM, as the GEMV (DEC = 0 needs 32 registers) */
+    return cu_launch_pdl(pdl, gv_kernel<XB, DEC>, dim3(N / 16), dim3(32 * GK_KW), GK_PAD, st, N, K, x, w, sc, 1.0f, y);
 }
 
 static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const uint8_t *w,
                           const uint8_t *sc, int K, int R, int D, int pf, int xb, const uint32_t *xin,
                           uint32_t *out) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, floor_kernel, w, sc, K, R, D, pf, xb, xin, out);
+    return cu_launch_pdl(pdl, floor_kernel, grid, block, smem, st, w, sc, K, R, D, pf, xb, xin, out);
 }
 
 static double median(std::vector<double> v) {

@@ -15,6 +15,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* base.h is C11; nvcc's C++ front end does not know _Noreturn. */
 #ifndef _Noreturn
@@ -35,6 +37,13 @@ static inline int cu_fail(ls_err *e, cudaError_t c, const char *what) {
                    ? ERR_UNSUPPORTED
                    : ERR_RUNTIME;
     return errf(e, code, "%s: %s (%s)", what, cudaGetErrorString(c), cudaGetErrorName(c));
+}
+
+/* A 0/1 switch from the environment (the decode-step kernels' LASTSTAND_* knobs): "0" off,
+ * "1" on, anything else (or unset) dflt. Callers cache it in a static. */
+static inline int cu_env_switch(const char *name, int dflt) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : dflt;
 }
 
 /* After a launch: the launch error (bad config, missing image), not a sync. */

@@ -348,10 +348,7 @@ static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
 #define GD_PDL_DEFAULT 1
 static int gd_pdl(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *s = getenv("LASTSTAND_GDN_PDL");
-        v = s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : GD_PDL_DEFAULT;
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_PDL", GD_PDL_DEFAULT);
     return v;
 }
 

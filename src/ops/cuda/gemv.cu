@@ -405,12 +405,6 @@ static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
     return groups;
 }
 
-/* A switch read once from the environment: "0" off, "1" on, else the default. */
-static int gv_env_switch(const char *name, int dflt) {
-    const char *s = getenv(name);
-    return s && !strcmp(s, "0") ? 0 : s && !strcmp(s, "1") ? 1 : dflt;
-}
-
 /* LASTSTAND_GEMV_PDL=0|1: launch without / with programmatic dependent launch (off: the
  * behaviour before it, for before/after timings). On by default since H200 device round
  * R1 (2026-11-29 23:07, bench/device/decprof.sh): the PDL switches together took the
@@ -418,7 +412,7 @@ static int gv_env_switch(const char *name, int dflt) {
 #define GV_PDL_DEFAULT 1
 static int gv_pdl(void) {
     static int v = -1;
-    if (v < 0) v = gv_env_switch("LASTSTAND_GEMV_PDL", GV_PDL_DEFAULT);
+    if (v < 0) v = cu_env_switch("LASTSTAND_GEMV_PDL", GV_PDL_DEFAULT);
     return v;
 }
 
@@ -549,7 +543,7 @@ static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
 #define GV_MULTI_DEFAULT 1
 static int gv_multi_on(void) {
     static int v = -1;
-    if (v < 0) v = gv_env_switch("LASTSTAND_GEMV_MULTI", GV_MULTI_DEFAULT);
+    if (v < 0) v = cu_env_switch("LASTSTAND_GEMV_MULTI", GV_MULTI_DEFAULT);
     return v;
 }
 

@@ -43,10 +43,7 @@ static int launched(void) {
 #define SM_PDL_DEFAULT 1
 static int sm_pdl(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_SMALL_PDL");
-        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_PDL_DEFAULT;
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_SMALL_PDL", SM_PDL_DEFAULT);
     return v;
 }
 
@@ -219,10 +216,7 @@ __global__ void sm_add_rmsnorm8_kernel(int cols, float *__restrict__ h, const bf
 #define SM_ADDNORM_DEFAULT 1
 static int sm_addnorm8(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_SMALL_ADDNORM");
-        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_ADDNORM_DEFAULT;
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_SMALL_ADDNORM", SM_ADDNORM_DEFAULT);
     return v;
 }
 
@@ -390,10 +384,7 @@ static int c_kv_write(const kv_layer *kv, int n_seq, const attn_seq *seqs, int n
 #define SM_QKV_DEFAULT 1
 static int sm_qkv_fused(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_SMALL_QKV");
-        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : SM_QKV_DEFAULT;
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_SMALL_QKV", SM_QKV_DEFAULT);
     return v;
 }
 

@@ -930,6 +930,137 @@ static cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *t
     }
 }
 
+/* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth
+ * and ModelOpt checkpoints): its 1..4 tiles ran through the grouped GEMM's BF16 loader on 4-16
+ * CTAs (~53 us at the 35B shape, M = 16, on the side stream). Here a warp streams a 16-row
+ * BF16 tile over PER chunks of 128 K straight into registers (the weights are the mma A
+ * operand as they are, x in K order, one chunk ahead in flight), 4 warps along K per tile;
+ * block = the gate and the up tile (8 warps) or 2 output tiles of down (8 warps), grid
+ * (N / 16 or H / 32, the shared expert's tiles). K = 512·PER. Epilogue as mv_kernel (no
+ * 2^8: BF16 weights carry no factor). */
+template <bool GATEUP, int PER>
+__global__ void __launch_bounds__(256)
+    mvb_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
+               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
+               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+    constexpr int KW = 4, RT = GATEUP ? 1 : 2;
+    __shared__ float red[8][2][16][8]; /* [warp][slot group][row][slot] */
+    __shared__ int pair[16], two_s;
+    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
+    if (tile >= n_tiles[0]) return;
+    const mg_expert *xp = &tab[tile_e[tile]];
+    const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int kw = warp & 3, wq = warp >> 2; /* gate/up: wq 0 gate, 1 up; down: wq = the output tile */
+    const int nrow0 = (blockIdx.x * RT + (GATEUP ? 0 : wq)) * 16;
+    const bool live = nrow0 < N && K == KW * PER * MV_CH;
+    const int r0 = tile * 16;
+    if (tid < 16) {
+        pair[tid] = perm[r0 + tid];
+        if (tid == 8) two_s = 0;
+    }
+    __syncthreads();
+    if (tid >= 8 && tid < 16 && pair[tid] >= 0) two_s = 1;
+    __syncthreads();
+    const int two = two_s;
+    float acc[2][4];
+#pragma unroll
+    for (int grp = 0; grp < 2; grp++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[grp][r] = 0.f;
+    if (live) {
+        const bf16 *wb = reinterpret_cast<const bf16 *>(GATEUP ? xp->w[wq] : xp->w[2]);
+        /* this lane's 32 elements of rows g and g + 8 in chunk 0 of the warp (uint4 = 8 bf16) */
+        const uint4 *w0 = reinterpret_cast<const uint4 *>(wb + (size_t)(nrow0 + g) * K + kw * PER * MV_CH + 32 * t);
+        const uint4 *w1 = w0 + K; /* 8 rows = 8·K bf16 = K uint4 */
+#pragma unroll
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass == 1 && !two) break;
+            const int s = 8 * pass + g, ps = pair[s];
+            const bf16 *xr = ps < 0 ? nullptr
+                                    : (GATEUP ? x + (size_t)(ps / (k + 1)) * H : hbuf + (size_t)(r0 + s) * ldh) +
+                                          kw * PER * MV_CH + 32 * t;
+            /* [row g, g + 8][word] and x of the chunk in use (wa, xa) and of the next (wn, xn):
+             * a rolled loop, so that the compiler keeps one chunk ahead, not all of them */
+            uint4 wa[2][4], xa[4], wn[2][4], xn[4];
+            auto loadc = [&](int u, uint4 (&w)[2][4], uint4 (&xq)[4]) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    w[0][q] = __ldg(w0 + u * (MV_CH / 8) + q);
+                    w[1][q] = __ldg(w1 + u * (MV_CH / 8) + q);
+                    xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
+                }
+            };
+            loadc(0, wa, xa);
+#pragma unroll 1
+            for (int u = 0; u < PER; u++) {
+                if (u + 1 < PER) loadc(u + 1, wn, xn);
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    /* K order on both sides: A word pairs (0,1) (2,3) | (4,5) (6,7) of the 8 elements */
+                    const uint32_t f0[4] = {wa[0][q].x, wa[1][q].x, wa[0][q].y, wa[1][q].y};
+                    const uint32_t f1[4] = {wa[0][q].z, wa[1][q].z, wa[0][q].w, wa[1][q].w};
+                    nv4_mma_16816(acc[pass], f0, xa[q].x, xa[q].y, acc[pass]);
+                    nv4_mma_16816(acc[pass], f1, xa[q].z, xa[q].w, acc[pass]);
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    wa[0][q] = wn[0][q];
+                    wa[1][q] = wn[1][q];
+                    xa[q] = xn[q];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int grp = 0; grp < 2; grp++) {
+        red[warp][grp][g][2 * t] = acc[grp][0];
+        red[warp][grp][g][2 * t + 1] = acc[grp][1];
+        red[warp][grp][g + 8][2 * t] = acc[grp][2];
+        red[warp][grp][g + 8][2 * t + 1] = acc[grp][3];
+    }
+    __syncthreads();
+    for (int o = tid; o < RT * 16 * 16; o += 256) {
+        const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
+        const int p = pair[slot], grp = slot >> 3, s8 = slot & 7;
+        const int n = (blockIdx.x * RT + ort) * 16 + row;
+        if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
+        float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
+            v0 += red[(GATEUP ? 0 : ort * KW) + w][grp][row][s8];
+            if (GATEUP) v1 += red[KW + w][grp][row][s8];
+        }
+        if (GATEUP) {
+            const float gg = v0 * xp->s2[0], uu = v1 * xp->s2[1];
+            hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
+        } else {
+            dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * wts[p]));
+        }
+    }
+}
+
+/* mvb_kernel's PER for K, or 0 when there is no instance. */
+static int mvb_per(int K) {
+    return K == 512 ? 1 : K == 1024 ? 2 : K == 2048 ? 4 : K == 4096 ? 8 : 0;
+}
+
+/* The BF16 shared expert's gate/up (K = H, n_out = its I) or down (K = its I, n_out = H) over
+ * its sh_tiles tiles (sh_only); the caller checked mvb_per(K). */
+template <bool GATEUP>
+static cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e,
+                              const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                              const float *wts, bf16 *dbuf, cudaStream_t st) {
+    constexpr int rows = GATEUP ? 16 : 32;
+    dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)sh_tiles);
+    const int per = mvb_per(K);
+    if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    return cudaGetLastError();
+}
+
 /* The GEMMs' variant knobs, read once per process. The defaults are the variant
  * that device rounds R3 and R4 found correct (doctor, fp64 CPU reference) and fastest
  * on both Qwen3.5 MoE shapes (bench/RESULTS.md): place32, side (the prefetch hint,
@@ -1022,7 +1153,8 @@ template <int BM>
 static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t side, cudaEvent_t ev_fork,
                             cudaEvent_t ev_join, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
                             const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                            const float *wts, bf16 *dbuf, int mid_k, cudaStream_t st, const char **what) {
+                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, cudaStream_t st,
+                            const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
     cudaError_t c = cudaSuccess;
@@ -1032,12 +1164,16 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         if (c == cudaSuccess) c = cudaStreamWaitEvent(side, ev_fork, 0);
         if (c != cudaSuccess) return c;
         *what = "cuda_grouped_gemm shared expert gate/up";
-        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                     ldh, wts, dbuf, 1, side);
+        c = BM == 16 && mid_ks ? mvb_launch<true>(H, mid_ks, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                  wts, dbuf, side)
+                               : mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt,
+                                                          H, k, x, hbuf, ldh, wts, dbuf, 1, side);
         if (c == cudaSuccess) {
             *what = "cuda_grouped_gemm shared expert down";
-            c = mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x,
-                                          hbuf, ldh, wts, dbuf, 1, side);
+            c = BM == 16 && mid_ks ? mvb_launch<false>(mid_ks, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
+                                                       ldh, wts, dbuf, side)
+                                   : mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm,
+                                                               nt, H, k, x, hbuf, ldh, wts, dbuf, 1, side);
         }
     }
     if (c == cudaSuccess) {
@@ -1049,8 +1185,10 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess && mixed && !side) {
         *what = "cuda_grouped_gemm shared expert gate/up";
-        c = mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                     ldh, wts, dbuf, 1, st);
+        c = BM == 16 && mid_ks ? mvb_launch<true>(H, mid_ks, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                  wts, dbuf, st)
+                               : mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt,
+                                                          H, k, x, hbuf, ldh, wts, dbuf, 1, st);
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
@@ -1062,8 +1200,10 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess && mixed && !side) {
         *what = "cuda_grouped_gemm shared expert down";
-        c = mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                      ldh, wts, dbuf, 1, st);
+        c = BM == 16 && mid_ks ? mvb_launch<false>(mid_ks, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                   wts, dbuf, st)
+                               : mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt,
+                                                           H, k, x, hbuf, ldh, wts, dbuf, 1, st);
     }
     if (mixed && side) { /* joined even after a failed launch: a capture must not end with the side stream forked */
         cudaError_t j = cudaEventRecord(ev_join, side);
@@ -1304,12 +1444,17 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                               mv_pick(true, H).kw && mv_pick(false, I).kw && (mixed || !hs || Is == I)
                           ? I
                           : 0;
+    /* and the BF16 form for a BF16 shared expert next to them (its own launches) */
+    const int mid_ks = kn.mid && bm == 16 && mixed && tab->ld_gu_s == MG_LD_BF16 && tab->ld_dn_s == MG_LD_BF16 &&
+                               mvb_per(H) && mvb_per(Is)
+                           ? Is
+                           : 0;
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what)
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, st, &what);
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

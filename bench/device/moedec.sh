@@ -36,7 +36,7 @@ git log --oneline -1 2>/dev/null
 doctor() {
     local tag=$1 one=$2 preset=$3 sh=$4 ms=$5 src
     if [ "$sh" = bf ]; then src=(--model-path "synth:$preset,layers=1"); else src=(--shapes "$preset"); fi
-    local t=$(left); [ "$t" -gt 20 ] && t=20
+    local t=$(left); [ "$t" -gt 12 ] && t=12
     [ "$t" -ge 5 ] || { echo "$tag $preset $sh: skipped (time)"; return; }
     local f="$OUT/doc-$tag-$preset-$sh"
     LASTSTAND_MOE_ONE=$one timeout -k 2 "$t" "$BIN" doctor --device cuda --families moe "${src[@]}" --m "$ms" \
@@ -46,11 +46,12 @@ doctor() {
     [ $rc = 0 ] || { echo "$tag $preset $sh: rc=$rc"; grep -iE "error|fail|crash|unsupported|wrong" "$f.err" "$f.txt" | head -4; }
 }
 
-echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1) $(el)"
+echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: 2 blocks an SM; ONE=2: 1) $(el)"
 for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
     for sh in bf nv; do
         doctor old 0 $p $sh 1,2,4,8
         doctor new 1 $p $sh 1,2,4,8
+        [ $sh = bf ] && doctor new2 2 $p $sh 1,2,4,8
     done
 done
 echo "$(el)"
@@ -70,9 +71,9 @@ gen() {
     echo "rc=$? $(el)"
     grep -E "decode steps of|CUDA graphs|rror|mismatch|differ" "$OUT/gen-$tag.err" | cut -c1-220 | head -5
 }
-gen old 0 30
-gen new 1 30
-gen new-eager 1 25 --disable-cuda-graph
+gen old 0 25
+gen new 1 25
+gen new-eager 1 20 --disable-cuda-graph
 python3 - "$OUT" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -98,6 +99,27 @@ export BUILD=$(dirname "$BIN") LS_SHARED=$(dirname "$BIN")
 t=$(left)
 if [ "$t" -ge 15 ]; then
     timeout -k 3 "$t" python3 -m pytest -q -p no:cacheprovider -rfE -x tests/test_gpu_moe_fused.py -k "default or ONE" 2>&1 | tail -15
+fi
+gen new2 2 20
+t=$(left)
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$t" -ge 20 ]; then
+    echo "== 4. ncu: the kernels of one call, 35B layer, BF16 shared, M = 1, old vs new $(el)"
+    for one in 0 1 2; do
+        LASTSTAND_MOE_ONE=$one timeout -k 2 12 "$NCU" --clock-control none --cache-control none -k regex:moe_ --launch-skip 12 \
+            --launch-count 4 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size --csv \
+            "$BIN" doctor --device cuda --families moe --model-path synth:qwen3.5-35b-a3b,layers=1 --m 1 \
+            --backends cuda_fused_decode >"$OUT/ncu-$one.csv" 2>"$OUT/ncu-$one.err"
+        echo "ONE=$one rc=$?"
+        grep -E '^"' "$OUT/ncu-$one.csv" | python3 -c "
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if rows:
+    h = rows[0]; ik, im, iv = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value')
+    for r in rows[1:]:
+        print('  ', r[ik].split('(')[0][:40], r[im], r[iv])
+"
+    done
 fi
 t=$(left)
 if [ "$t" -ge 25 ]; then

@@ -10,7 +10,10 @@ Pins:
 - a BF16 shared expert next to NVFP4 experts (synth:qwen3.5-35b-a3b: its GEMMs are separate
   launches) is right with every batched-decode variant of moe_grouped.cu's knobs: the default
   (bit-placement decode at 16-row tiles, the shared expert on a side stream), the R3 default
-  (SIDE=0, perm), place32 (the decode at 32-row tiles, M = 512) and place3 (3 CTAs per SM);
+  (SIDE=0, perm), place32 (the decode at 32-row tiles, M = 512), place3 (3 CTAs per SM) and
+  the grouped GEMM / the mid-batch GEMVs at 16-row tiles (LASTSTAND_MG_MID=0 / 1);
+- the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
+  16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
   cuda_grouped_gemm` agrees with the CPU forward pass within issue 5's bar (max |a - b| / max |b|
   <= 2e-2 on every row, same argmax where the CPU's top-2 margin exceeds 0.05). The other
@@ -64,14 +67,29 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
 
 
 @pytest.mark.parametrize("knobs", [{}, {"LASTSTAND_MG_SIDE": "0", "LASTSTAND_MG_DECODE": "perm"},
-                                   {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"}],
-                         ids=["default", "r3", "place32", "place3"])
+                                   {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"},
+                                   {"LASTSTAND_MG_MID": "0"}, {"LASTSTAND_MG_MID": "1"}],
+                         ids=["default", "r3", "place32", "place3", "grouped", "mid"])
 def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     ms = [1, 16, 64, 512]
     cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",
                                 "--m", ",".join(map(str, ms)), env_extra=knobs)
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{knobs}: {bad}\n{table}"
+    assert sorted(map(int, cells)) == ms
+
+
+@pytest.mark.parametrize("preset,ms", [("qwen3.5-35b-a3b", [3, 9, 16, 33, 64, 100, 256]),
+                                       ("qwen3.5-397b-a17b", [16, 64])], ids=["35b", "397b"])
+def test_grouped_gemm_mid_gemvs_right_with_a_shared_expert_in_the_launch(tmp_path, preset, ms):
+    # LASTSTAND_MG_MID=1: the mid-batch GEMVs (mv_kernel) take the 16-row tiles; the presets'
+    # NVFP4 shared expert rides in the same launch with full 16-slot tiles (the second pass
+    # over slots 8..15), odd M leaves partial tiles; both instances of each GEMM (K = 2048 /
+    # 4096 for gate/up, 512 / 1024 for down)
+    cells, table = doctor_cells(tmp_path, "--shapes", preset, "--m", ",".join(map(str, ms)),
+                                env_extra={"LASTSTAND_MG_MID": "1"})
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
     assert sorted(map(int, cells)) == ms
 
 

@@ -41,11 +41,13 @@ static int have_gpu(void) {
     return state;
 }
 
-/* Run the device sampler over rows of logits (fp32 or BF16). */
-static void dev_sample(const float *x, int rows, int bf16, const smp_row *p, const int32_t *toks, int n_toks,
-                       smp_out *out) {
+static const sample_impl *g_impl = &sample_cuda_block; /* the form under test (the group's setup) */
+
+/* Run a device sampler over rows of vocab-wide logits (fp32 or BF16). */
+static void dev_sample_with(const sample_impl *impl, int vocab, const float *x, int rows, int bf16, const smp_row *p,
+                            const int32_t *toks, int n_toks, smp_out *out) {
     ls_err e = {0};
-    size_t es = bf16 ? 2 : 4, n = (size_t)rows * V;
+    size_t es = bf16 ? 2 : 4, n = (size_t)rows * vocab;
     void *dx = g_mem->alloc(n * es, &e), *dp = g_mem->alloc(sizeof(smp_row) * rows, &e);
     void *dt = g_mem->alloc(sizeof(int32_t) * (n_toks + 1), &e), *dw = g_mem->alloc(sizeof(float) * n, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * rows, &e);
@@ -61,11 +63,16 @@ static void dev_sample(const float *x, int rows, int bf16, const smp_row *p, con
     }
     assert_int_equal(g_mem->h2d(dp, p, sizeof(smp_row) * rows, g_st, &e), 0);
     if (n_toks) assert_int_equal(g_mem->h2d(dt, toks, sizeof(int32_t) * n_toks, g_st, &e), 0);
-    sample_args a = {.rows = rows, .vocab = V, .logits = dx, .dt = bf16 ? ACT_BF16 : ACT_F32, .p = dp, .toks = dt,
-                     .work = dw, .out = dout};
-    assert_int_equal(sample_cuda.run(&a, g_st, &e), 0);
+    sample_args a = {.rows = rows, .vocab = vocab, .logits = dx, .dt = bf16 ? ACT_BF16 : ACT_F32, .p = dp,
+                     .toks = dt, .work = dw, .out = dout};
+    assert_int_equal(impl->run(&a, g_st, &e), 0);
     assert_int_equal(g_mem->d2h(out, dout, sizeof(smp_out) * rows, g_st, &e), 0);
     g_mem->free(dx); g_mem->free(dp); g_mem->free(dt); g_mem->free(dw); g_mem->free(dout);
+}
+
+static void dev_sample(const float *x, int rows, int bf16, const smp_row *p, const int32_t *toks, int n_toks,
+                       smp_out *out) {
+    dev_sample_with(g_impl, V, x, rows, bf16, p, toks, n_toks, out);
 }
 
 static void fill(float *x, int rows, unsigned seed, float scale) {
@@ -259,18 +266,164 @@ static void test_seeded_draws_repeat_and_nan_rows_are_reported(void **st) {
     }
     assert_true(differ > 0); /* the counter moves the draw */
 }
+
+/* The cluster form against the one-block form on a full Qwen3.5 vocabulary (248320, BF16,
+ * where each of the cluster's blocks holds ~30k ids): the same greedy ids, bad indices, top
+ * logprob ids, the same seeded draws, logprobs to 1e-5; greedy rows also against the host. */
+enum { VB = 248320, RB = 7 };
+static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
+    (void)st;
+    NEED_GPU();
+    float *x = malloc(sizeof(float) * (size_t)RB * VB);
+    srand(5);
+    for (size_t i = 0; i < (size_t)RB * VB; i++) {
+        float u = (float)rand() / RAND_MAX;
+        x[i] = bf16_to_f32(f32_to_bf16(12.f * u * u * u - 2.f)); /* a long tail, a few high logits */
+    }
+    x[3 * (size_t)VB + 200000] = x[3 * (size_t)VB + 7] = 30.f; /* a tie at the top across blocks */
+    ls_sampling s[RB];
+    for (int r = 0; r < RB; r++) ls_sampling_default(&s[r]);
+    s[0].temperature = 0;                                        /* plain greedy */
+    s[1].temperature = 0; s[1].logprobs = 1; s[1].top_logprobs = 20;
+    s[2].temperature = 0.7f; s[2].top_p = 0.9f; s[2].logprobs = 1; s[2].top_logprobs = 5;
+    s[3].temperature = 0; s[3].repetition_penalty = 1.3f;        /* greedy, penalised, the tie */
+    s[4].temperature = 1.0f; s[4].top_k = 40; s[4].top_p = 0.95f; s[4].min_p = 0.02f;
+    s[5].temperature = 1.3f;                                     /* the whole vocabulary */
+    s[6].temperature = 0.9f; s[6].top_k = 1000;
+    smp_row p[RB];
+    for (int r = 0; r < RB; r++) { p[r] = row_from(&s[r]); p[r].seed = 77 + r; p[r].counter = 3; }
+    const int32_t toks[] = {5, 9, 123, 200000, 7, 150000};
+    p[3].rep_off = 0; p[3].n_rep = 6;
+    p[4].ban_off = 3; p[4].n_ban = 3;
+    smp_out *ob = malloc(sizeof(smp_out) * RB), *ow = malloc(sizeof(smp_out) * RB);
+    for (int bf = 0; bf < 2; bf++) {
+        dev_sample_with(&sample_cuda_block, VB, x, RB, bf, p, toks, 6, ob);
+        dev_sample_with(&sample_cuda_wide, VB, x, RB, bf, p, toks, 6, ow);
+        for (int r = 0; r < RB; r++) {
+            assert_int_equal(ob[r].bad_idx, -1);
+            assert_int_equal(ow[r].bad_idx, -1);
+            assert_int_equal(ow[r].token, ob[r].token);
+            assert_true(fabsf(ow[r].logprob - ob[r].logprob) < 1e-5f);
+            assert_int_equal(ow[r].n_top, ob[r].n_top);
+            for (int i = 0; i < ob[r].n_top; i++) {
+                assert_int_equal(ow[r].top_ids[i], ob[r].top_ids[i]);
+                assert_true(fabsf(ow[r].top_lp[i] - ob[r].top_lp[i]) < 1e-5f);
+            }
+        }
+    }
+    assert_int_equal(ow[3].token, 7); /* the tie: the lower id, in another block than 200000 */
+    smp_ctx *c = smp_new(VB);
+    for (int r = 0; r < 2; r++) {
+        smp_hist h = {0};
+        smp_rng rng;
+        smp_rng_seed(&rng, 1);
+        smp_result hr;
+        ls_err e = {0};
+        assert_int_equal(smp_sample(c, x + (size_t)r * VB, &s[r], &h, NULL, 0, &rng, -1, &hr, &e), 0);
+        assert_int_equal(ow[r].token, hr.token);
+        if (r == 1) {
+            assert_true(fabsf(ow[r].logprob - hr.logprob) < 1e-4f);
+            assert_int_equal(ow[r].n_top, hr.n_top);
+            for (int i = 0; i < hr.n_top; i++) assert_int_equal(ow[r].top_ids[i], hr.top_ids[i]);
+        }
+    }
+    /* the draws lie in the host's kept sets */
+    int32_t *ids = malloc(sizeof(int32_t) * VB);
+    double *probs = malloc(sizeof(double) * VB);
+    const int drawn[] = {2, 5, 6};
+    for (int k = 0; k < 3; k++) {
+        int r = drawn[k], n = smp_filtered_dist(c, x + (size_t)r * VB, &s[r], ids, probs), in = 0;
+        for (int i = 0; i < n; i++) in |= ids[i] == ow[r].token;
+        assert_true(in);
+    }
+    /* a NaN in a late block: reported by its index, as the one-block form does */
+    x[(size_t)VB * 2 + 240001] = NAN;
+    dev_sample_with(&sample_cuda_wide, VB, x, RB, 1, p, toks, 6, ow);
+    assert_int_equal(ow[2].bad_idx, 240001);
+    assert_int_equal(ow[2].token, -1);
+    assert_int_equal(ow[1].bad_idx, -1);
+    free(ids); free(probs); smp_free(c);
+    free(x); free(ob); free(ow);
+}
+
+static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
+static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_wide; return 0; }
+
+/* `test_sample_cuda --bench`: microseconds a call of each form over a 248320-wide BF16 row,
+ * batch 1 and 16, greedy and sampled (T 0.7, top_p 0.9), eager launches back to back. */
+#include <time.h>
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+static int bench(void) {
+    if (!have_gpu()) return 1;
+    ls_err e = {0};
+    const int BMAX = 16, IT = 200;
+    size_t n = (size_t)BMAX * VB;
+    uint16_t *h = malloc(n * 2);
+    srand(9);
+    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(8.f * (float)rand() / RAND_MAX);
+    void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
+    void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
+    if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
+    g_mem->h2d(dx, h, n * 2, g_st, &e);
+    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide};
+    for (int mode = 0; mode < 2; mode++)
+        for (int bi = 0; bi < 2; bi++) {
+            int b = bi ? 16 : 1;
+            ls_sampling s;
+            ls_sampling_default(&s);
+            if (mode == 0) s.temperature = 0;
+            else { s.temperature = 0.7f; s.top_p = 0.9f; }
+            smp_row p[16];
+            for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
+            g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
+            double us[2];
+            int tok[2];
+            for (int k = 0; k < 2; k++) {
+                sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
+                                 .work = dw, .out = dout};
+                for (int it = 0; it < 10; it++) impls[k]->run(&a, g_st, &e);
+                g_mem->sync(g_st, &e);
+                double t0 = now_us();
+                for (int it = 0; it < IT; it++) impls[k]->run(&a, g_st, &e);
+                if (g_mem->sync(g_st, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
+                us[k] = (now_us() - t0) / IT;
+                smp_out o;
+                g_mem->d2h(&o, dout, sizeof o, g_st, &e);
+                tok[k] = o.token;
+            }
+            printf("sampler V=%d batch %2d %-7s: one block a row %8.1f us, a cluster a row %7.1f us (x%.1f), "
+                   "row 0 token %d / %d\n", VB, b, mode ? "sampled" : "greedy", us[0], us[1], us[0] / us[1], tok[0],
+                   tok[1]);
+        }
+    g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
+    free(h);
+    return 0;
+}
 #endif
 
-int main(void) {
+int main(int argc, char **argv) {
 #ifdef LS_HAVE_CUDA
+    if (argc > 1 && !strcmp(argv[1], "--bench")) return bench();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_logprobs_and_penalties_match_the_host_sampler),
         cmocka_unit_test(test_bf16_ties_go_to_the_lowest_id),
         cmocka_unit_test(test_draws_follow_the_host_distribution),
         cmocka_unit_test(test_seeded_draws_repeat_and_nan_rows_are_reported),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest cross[] = {
+        cmocka_unit_test(test_wide_matches_one_block_on_a_full_vocab_row),
+    };
+    int rc = cmocka_run_group_tests_name("one block a row", tests, setup_block, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row", tests, setup_wide, NULL);
+    rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
+    return rc;
 #else
+    (void)argc;
+    (void)argv;
     fprintf(stderr, "test_sample_cuda: built without CUDA: nothing to test\n");
     return 0;
 #endif

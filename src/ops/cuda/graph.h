@@ -35,8 +35,11 @@ void cug_destroy(void *exec);
  * planning (attn_args.ctx_cap > 0) for n_tok tokens (the current device). */
 size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_dim, int ctx_cap);
 
-/* The sampler on CUDA (sample.cu). */
+/* The sampler on CUDA (sample.cu): sample_cuda is the engine's (the form LASTSTAND_SAMPLE_WIDE
+ * picks); the two forms by name, for tests and timing: one block a row, one cluster a row. */
 extern const sample_impl sample_cuda;
+extern const sample_impl sample_cuda_block;
+extern const sample_impl sample_cuda_wide;
 
 #ifdef __cplusplus
 }

@@ -42,7 +42,7 @@ enum { FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_N };
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_BAR, WS_N };
 static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe fused workspace slots");
 
 typedef struct fused_tables fused_tables;
@@ -1092,6 +1092,495 @@ static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaS
                         (bf16 *)h, ldh, early, zero, sr);
 }
 
+/* ---- one launch (LASTSTAND_MOE_ONE) ---------------------------------------------------
+ *
+ * moe_one_kernel: the whole layer in one persistent grid of G blocks of 16 warps, G sized
+ * from the occupancy (every block resident at once: one_run), its stages separated by two
+ * grid barriers on device counters instead of launch boundaries:
+ *   stage 1  the router rows (4 a unit, as launch 1) and a BF16 shared expert's gate and
+ *            up rows (16 a unit, one warp a row, as moe_route_rows_kernel): logits [M, E],
+ *            sgl [M], hgu [M, 2·Is] fp32;                                       barrier 1
+ *   stage 2  every block computes the routing of all M tokens itself from the logits
+ *            (one_topk: 16/M warps a token), into shared memory: no launch, no barrier;
+ *   stage 3  gate/up: units (token, slot, 16 rows) as moe_gateup2_kernel's blocks (an
+ *            NVFP4 shared expert is slot k), h [M·(k+1), ldh] BF16 with the combine
+ *            weight · down scale2 folded in;                           barrier 2 (arrive)
+ *   stage 4  down: units (token, 16 output rows) as moe_down2_kernel's blocks; a block's
+ *            first unit requests its weights (the chosen experts are known) and computes
+ *            the BF16 shared expert's down rows (they need only barrier 1) before it waits
+ *            at barrier 2; y = Σ + the shared rows, BF16.
+ * Determinism: every sum has a fixed order (warp_sum, per-warp partials summed in warp
+ * order); every block computes the same routing from the same logits.
+ * PDL: weight loads of stage 1 are issued before griddepcontrol.wait; the dependents are
+ * triggered only once a block has passed barrier 2 (a dependent kernel's blocks spinning in
+ * griddepcontrol.wait must not take the slots of blocks that have still to arrive).
+ * Counters bar[0..2] (workspace, zeroed once): arrivals at barrier 1 and 2, and exits from
+ * the last barrier wait; the block that exits last resets all three to 0 (no block polls
+ * them any more by then), so the next call (or graph replay), ordered after this grid's
+ * completion by the stream or by its own griddepcontrol.wait, starts from 0. */
+enum { ONE_SHLD = 4, ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
+
+__device__ __forceinline__ unsigned one_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+/* arrive at grid barrier `c` (the block's writes before it become visible to the blocks that
+ * pass it: bar.sync, then thread 0's fence and atomic, as cooperative groups' grid sync) */
+__device__ __forceinline__ void one_arrive(unsigned *c) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(c, 1u);
+    }
+}
+/* wait until all n blocks arrived at `c` */
+__device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
+    if (threadIdx.x == 0) {
+        while (one_ld_acquire(c) < n) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* The routing of all M tokens (M <= 8) in one block of ONE_W warps, as moe_topk_block
+ * computes it for one: W = ONE_W / M warps a token, warp wg of token m holding experts
+ * 32·L·wg .. 32·L·(wg + 1) - 1 (L a lane, index 32·i + lane of its slice in value i).
+ * Softmax over E, each warp's top-k in k rounds of two redux.sync (largest key, then the
+ * lowest index holding it), the token's top-k by ranking its W·k candidates (packed
+ * key << 32 | ~index, larger is better), renormalised; the shared gate's sigmoid (sgl set),
+ * 1 (a shared expert without a gate) or 0 (none) in column k. Results in sidx / swts
+ * (shared memory); block 0 also writes idx / wts (the optional top-k outputs). */
+__device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_shared,
+                                         const float *logits, const float *sgl, int (*sidx)[MOE_MAXK],
+                                         float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts) {
+    __shared__ unsigned long long cand[ONE_W * MOE_MAXK];
+    __shared__ float gmax[ONE_W], gsum[ONE_W];
+    __shared__ int ri[FUSED_MAXM][MOE_MAXK];
+    __shared__ float rp[FUSED_MAXM][MOE_MAXK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int W = ONE_W / M, tok = warp / W, wg = warp % W;
+    const bool act = tok < M;
+    const int L = (E + 32 * W - 1) / (32 * W);
+    float v[ONE_LMAX];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < ONE_LMAX; i++) {
+        const int e = (wg * L + i) * 32 + lane;
+        v[i] = act && i < L && e < E ? __ldcg(logits + (size_t)tok * E + e) : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    if (lane == 0) gmax[warp] = mx;
+    __syncthreads();
+    if (act) {
+        float tmx = gmax[tok * W];
+        for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[tok * W + w]);
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < ONE_LMAX; i++) {
+            const int e = (wg * L + i) * 32 + lane;
+            if (i < L && e < E) s += __expf(v[i] - tmx);
+        }
+        s = warp_sum(s);
+        if (lane == 0) gsum[warp] = s;
+        unsigned taken = 0;
+        for (int j = 0; j < k; j++) {
+            unsigned kl = 0u, il = 0xffffffffu;
+#pragma unroll
+            for (int i = 0; i < ONE_LMAX; i++) {
+                const int e = (wg * L + i) * 32 + lane;
+                if (i < L && e < E && !(taken >> i & 1)) {
+                    const unsigned key = f2key(v[i]);
+                    if (key > kl) { /* strictly larger: the lower index keeps a tie */
+                        kl = key;
+                        il = (unsigned)e;
+                    }
+                }
+            }
+            const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
+            const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? il : 0xffffffffu);
+            if (win == il && kl) taken |= 1u << (((int)il / 32 - wg * L) & 31);
+            if (lane == 0) cand[warp * k + j] = (unsigned long long)kmax << 32 | (unsigned)~win;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < M * W * k) {
+        const int t2 = threadIdx.x / (W * k);
+        const unsigned long long *cp = cand + (size_t)t2 * W * k;
+        const unsigned long long me = cand[threadIdx.x];
+        int rank = 0;
+        for (int i = 0; i < W * k; i++) rank += cp[i] > me;
+        const unsigned key = (unsigned)(me >> 32);
+        if (rank < k && key) {
+            float tmx = gmax[t2 * W], sum = 0.f;
+            for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[t2 * W + w]);
+            for (int w = 0; w < W; w++) sum += gsum[t2 * W + w];
+            ri[t2][rank] = (int)~(unsigned)me;
+            rp[t2][rank] = __expf(key2f(key) - tmx) / sum;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < M) {
+        const int m = threadIdx.x;
+        float psum = 0.f;
+        for (int j = 0; j < k; j++) psum += rp[m][j]; /* descending p, as the reference sums */
+        const float sg = !has_shared ? 0.f : sgl ? 1.f / (1.f + __expf(-__ldcg(sgl + m))) : 1.f;
+        for (int j = 0; j < k; j++) {
+            sidx[m][j] = ri[m][j];
+            swts[m][j] = norm ? rp[m][j] / psum : rp[m][j];
+            if (blockIdx.x == 0) {
+                idx[(size_t)m * k + j] = ri[m][j];
+                wts[(size_t)m * (k + 1) + j] = swts[m][j];
+            }
+        }
+        swts[m][k] = sg;
+        if (blockIdx.x == 0) wts[(size_t)m * (k + 1) + k] = sg;
+    }
+    __syncthreads();
+}
+
+/* One BF16 row [K] · v (fp32 in shared memory, K % 256 == 0) by one warp, v read at vs:
+ * lane l takes 16 B of every 256 weights (512 contiguous bytes a warp-instruction), the
+ * first LD of them requested together. */
+template <int LD>
+__device__ __forceinline__ float one_bf16_row_dot(const bf16 *row, int K, const float *vs, int lane) {
+    float acc = 0.f;
+    for (int k0 = lane * 8; k0 < K; k0 += 256 * LD) {
+        uint4 vw[LD];
+#pragma unroll
+        for (int c = 0; c < LD; c++)
+            if (k0 + 256 * c < K) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+#pragma unroll
+        for (int c = 0; c < LD; c++) {
+            const int kk = k0 + 256 * c;
+            if (kk >= K) break;
+            const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+            const float4 h0 = *reinterpret_cast<const float4 *>(vs + kk);
+            const float4 h1 = *reinterpret_cast<const float4 *>(vs + kk + 4);
+            const float hv[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 a = bf2_to_f2(ww[u]);
+                acc = fmaf(a.x, hv[2 * u], acc);
+                acc = fmaf(a.y, hv[2 * u + 1], acc);
+            }
+        }
+    }
+    return warp_sum(acc);
+}
+
+typedef struct one_params {
+    const gu_params *P;
+    const dn_params *D;
+    int M, H, E, k, I, Is, norm, ldh;
+    int sbf;     /* the shared expert is BF16 (stage 1 + stage 4 rows); else NVFP4 slot k or none */
+    int nrb;     /* router units: E rows + the shared gate's, 4 a unit */
+    const bf16 *x, *wr, *wsg, *shg, *shu, *shd;
+    float *logits, *sgl, *hgu;
+    int32_t *idx;
+    float *wts;
+    bf16 *h, *y;
+    unsigned *bar;
+} one_params;
+
+/* dynamic shared memory: the largest stage's (x [M, H] BF16 in stage 1, PER·32 KB of gate/up
+ * chunks in stage 3, ONE_PMAX·16 KB of down chunks in stage 4), then the BF16 shared
+ * expert's h of one token (fp32 [Is]) at ONE_HSM */
+enum {
+    ONE_X = 2 * FUSED_MAXM * 4096,
+    ONE_RING = ONE_W * ONE_PMAX * 2 * 32 * 16,
+    ONE_HSM = ONE_X > ONE_RING ? ONE_X : ONE_RING,
+    ONE_SMEM = ONE_HSM + 4 * ONE_MAXIS
+};
+
+template <int PER, int BPS>
+__global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_params p) {
+    extern __shared__ uint4 dsm[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    __shared__ int sidx[FUSED_MAXM][MOE_MAXK];
+    __shared__ float swts[FUSED_MAXM][MOE_MAXK + 1];
+    __shared__ float red[ONE_W][2][16];
+    __shared__ float shv[16];
+    __shared__ const uint8_t *dw[MOE_MAXK + 1], *ds[MOE_MAXK + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int M = p.M, H = p.H, E = p.E, k = p.k, I = p.I, Is = p.Is, G = gridDim.x;
+    float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
+
+    /* ---- stage 1: router rows, BF16 shared gate/up rows ---- */
+    const int nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0, n1 = p.nrb + nsh;
+    bool waited = false;
+    for (int u = blockIdx.x; u < n1; u += G) {
+        if (u < p.nrb) {
+            uint4 vw[4];
+            const router_part rp = router_issue<4>(u, H, E, p.wr, p.wsg, vw);
+            if (!waited) {
+                cu_pdl_wait();
+                const uint4 *xg = reinterpret_cast<const uint4 *>(p.x);
+                for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) dsm[i] = __ldg(xg + i);
+                __syncthreads();
+                waited = true;
+            }
+            router_finish<4>(rp, u, M, H, E, p.wsg, dsm, vw, part, p.logits, p.sgl);
+        } else {
+            const int r = (u - p.nrb) * ONE_W + warp;
+            const bool on = r < 2 * Is;
+            const bf16 *row = r < Is ? p.shg + (size_t)r * H : p.shu + (size_t)(r - Is) * H;
+            uint4 vw[ONE_SHLD];
+            if (on) {
+#pragma unroll
+                for (int c = 0; c < ONE_SHLD; c++)
+                    if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+            }
+            if (!waited) {
+                cu_pdl_wait();
+                const uint4 *xg = reinterpret_cast<const uint4 *>(p.x);
+                for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) dsm[i] = __ldg(xg + i);
+                __syncthreads();
+                waited = true;
+            }
+            if (on) {
+                float acc[FUSED_MAXM];
+#pragma unroll
+                for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
+                for (int k0 = lane * 8; k0 < H; k0 += 256 * ONE_SHLD) {
+                    if (k0 != lane * 8) {
+#pragma unroll
+                        for (int c = 0; c < ONE_SHLD; c++)
+                            if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+                    }
+#pragma unroll
+                    for (int c = 0; c < ONE_SHLD; c++) {
+                        const int kk = k0 + 256 * c;
+                        if (kk >= H) break;
+                        const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+                        for (int m = 0; m < FUSED_MAXM; m++) {
+                            if (m >= M) break;
+                            const uint4 vx = dsm[((size_t)m * H + kk) / 8];
+                            const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                const float2 a = bf2_to_f2(ww[q]), b = bf2_to_f2(xx[q]);
+                                acc[m] = fmaf(a.x, b.x, acc[m]);
+                                acc[m] = fmaf(a.y, b.y, acc[m]);
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < FUSED_MAXM; m++) {
+                    if (m >= M) break;
+                    const float s = warp_sum(acc[m]);
+                    if (lane == 0) p.hgu[(size_t)m * 2 * Is + r] = s;
+                }
+            }
+        }
+        __syncthreads(); /* part and x reused by the next unit */
+    }
+    if (!waited) cu_pdl_wait();
+    one_arrive(&p.bar[0]);
+    one_wait(&p.bar[0], G);
+
+    /* ---- stage 2: the routing, in every block ---- */
+    one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts);
+
+    /* ---- stage 3: gate/up units (token, slot, 16 rows) ---- */
+    const int nsl = !p.sbf && Is > 0 ? 1 : 0; /* an NVFP4 shared expert: slot k */
+    const int nti = I / 16, ntok = k * nti + nsl * (Is / 16), n3 = M * ntok;
+    const gu_params *P = p.P;
+    const dn_params *D = p.D;
+    for (int u = blockIdx.x; u < n3; u += G) {
+        const int m = u / ntok, r = u % ntok;
+        const uint8_t *gw, *uw, *gs, *us;
+        float g2, u2, coef;
+        int j, n0;
+        if (r < k * nti) {
+            j = r / nti;
+            n0 = (r % nti) * 16;
+            const int ex = sidx[m][j];
+            gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+            coef = D->d2[ex];
+        } else {
+            j = k;
+            n0 = (r - k * nti) * 16;
+            gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+            coef = D->sd2;
+        }
+        coef *= swts[m][j];
+        const int c0 = warp * PER;
+        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+        uint4 *my = dsm + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            cu_cp_async16(my + (q * 4 + 0) * 32, gw + rb + q * 64);
+            cu_cp_async16(my + (q * 4 + 1) * 32, gw + rb + r8 + q * 64);
+            cu_cp_async16(my + (q * 4 + 2) * 32, uw + rb + q * 64);
+            cu_cp_async16(my + (q * 4 + 3) * 32, uw + rb + r8 + q * 64);
+            cu_cp_async_commit();
+        }
+        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+        uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            sg0[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + q * 8));
+            sg1[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + q * 8));
+            su0[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + q * 8));
+            su1[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + q * 8));
+        }
+        const uint4 *xr = reinterpret_cast<const uint4 *>(p.x + (size_t)m * H + c0 * 128 + 32 * t);
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + q * 16 + v);
+            cu_cp_async_wait_dyn(PER - 1 - q);
+            cu_w4_chunk_mma(my[(q * 4 + 0) * 32], my[(q * 4 + 1) * 32], sg0[q], sg1[q], xv, ag);
+            cu_w4_chunk_mma(my[(q * 4 + 2) * 32], my[(q * 4 + 3) * 32], su0[q], su1[q], xv, au);
+        }
+        if (t == 0) {
+            red[warp][0][g] = ag[0];
+            red[warp][0][g + 8] = ag[2];
+            red[warp][1][g] = au[0];
+            red[warp][1][g + 8] = au[2];
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float gv = 0.f, uv = 0.f;
+#pragma unroll
+            for (int w = 0; w < ONE_W; w++) {
+                gv += red[w][0][threadIdx.x];
+                uv += red[w][1][threadIdx.x];
+            }
+            gv *= g2;
+            uv *= u2;
+            p.h[(size_t)(m * (k + 1) + j) * p.ldh + n0 + threadIdx.x] =
+                __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+        }
+        __syncthreads(); /* red and the chunk buffers reused by the next unit */
+    }
+    one_arrive(&p.bar[1]);
+
+    /* ---- stage 4: down units (token, 16 output rows) ---- */
+    const int cpe = I / 128, npairs = k * cpe + nsl * (Is / 128), n4 = M * (H / 16);
+    bool passed = false;
+    for (int u = blockIdx.x; u < n4; u += G) {
+        const int m = u / (H / 16), n0 = (u % (H / 16)) * 16;
+        if (threadIdx.x < k) {
+            const int ex = sidx[m][threadIdx.x];
+            dw[threadIdx.x] = D->dw[ex];
+            ds[threadIdx.x] = D->ds[ex];
+        } else if (threadIdx.x == k) {
+            dw[k] = D->sdw;
+            ds[k] = D->sds;
+        }
+        __syncthreads();
+        uint4 *my = dsm + (size_t)warp * ONE_PMAX * 2 * 32 + lane;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        /* every warp runs the first round (its barrier work has __syncthreads) */
+        for (int base = warp, first = 1; first || base < npairs; base += ONE_W * ONE_PMAX, first = 0) {
+            uint16_t s0[ONE_PMAX], s1[ONE_PMAX];
+#pragma unroll
+            for (int q = 0; q < ONE_PMAX; q++) {
+                const int pp = base + ONE_W * q;
+                if (pp < npairs) {
+                    const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+                    const int K = j < k ? I : Is;
+                    const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                    const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                    cu_cp_async16(my + (q * 2 + 0) * 32, dw[j] + rb);
+                    cu_cp_async16(my + (q * 2 + 1) * 32, dw[j] + rb + (size_t)8 * (K / 2));
+                    s0[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb));
+                    s1[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb + (size_t)8 * (K / 16)));
+                }
+                cu_cp_async_commit();
+            }
+            if (first) {
+                /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
+                 * before barrier 2 in a block's first unit) */
+                if (p.sbf) {
+                    const float cg = swts[m][k];
+                    for (int i = threadIdx.x; i < Is; i += blockDim.x) {
+                        const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
+                        const float uv = __ldcg(p.hgu + (size_t)m * 2 * Is + Is + i);
+                        hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
+                    }
+                    __syncthreads();
+                    const float s = one_bf16_row_dot<2>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
+                    if (lane == 0) shv[warp] = s;
+                }
+                if (!passed) {
+                    one_wait(&p.bar[1], G);
+                    cu_pdl_trigger();
+                    passed = true;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < ONE_PMAX; q++) {
+                const int pp = base + ONE_W * q;
+                if (pp >= npairs) break;
+                const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+                const uint4 *hp =
+                    reinterpret_cast<const uint4 *>(p.h + (size_t)(m * (k + 1) + j) * p.ldh + c * 128 + 32 * t);
+                uint4 xv[4];
+#pragma unroll
+                for (int v = 0; v < 4; v++) xv[v] = __ldcg(hp + v);
+                cu_cp_async_wait_dyn(ONE_PMAX - 1 - q);
+                cu_w4_chunk_mma(my[(q * 2 + 0) * 32], my[(q * 2 + 1) * 32], s0[q], s1[q], xv, acc);
+            }
+        }
+        if (t == 0) {
+            red[warp][0][g] = acc[0];
+            red[warp][0][g + 8] = acc[2];
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < ONE_W; w++) v += red[w][0][threadIdx.x];
+            if (p.sbf) v += shv[threadIdx.x];
+            p.y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+        }
+        __syncthreads(); /* dw / ds, red, shv, hsm reused by the next unit */
+    }
+    if (!passed) one_wait(&p.bar[1], G);
+    /* the last block out resets the counters (every block has passed both barriers) */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(&p.bar[2], 1u) == (unsigned)G - 1) {
+            p.bar[0] = 0u;
+            p.bar[1] = 0u;
+            p.bar[2] = 0u;
+            __threadfence();
+        }
+    }
+}
+
+/* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most BPS):
+ * a grid barrier inside the kernel is only safe when every block is resident at once. */
+template <int PER, int BPS>
+static cudaError_t one_launch(int pdl, const one_params &op, cudaStream_t st) {
+    static int occ[CU_WS_MAX_DEV], nsm[CU_WS_MAX_DEV];
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (dev < 0 || dev >= CU_WS_MAX_DEV) return cudaErrorInvalidDevice;
+    if ((c = fused_smem<moe_one_kernel<PER, BPS>>(ONE_SMEM)) != cudaSuccess) return c;
+    if (!__atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE)) {
+        int o = 0, n = 0;
+        c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, moe_one_kernel<PER, BPS>, 32 * ONE_W, ONE_SMEM);
+        if (c != cudaSuccess) return c;
+        if ((c = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return c;
+        if (o < 1) return cudaErrorInvalidConfiguration;
+        __atomic_store_n(&nsm[dev], n, __ATOMIC_RELAXED);
+        __atomic_store_n(&occ[dev], o < BPS ? o : BPS, __ATOMIC_RELEASE);
+    }
+    const int G = __atomic_load_n(&nsm[dev], __ATOMIC_RELAXED) * __atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE);
+    return fused_launch(pdl, moe_one_kernel<PER, BPS>, dim3(G), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
+}
+
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
     if (!moe_common_supported(d, s, why, n)) return 0;
     if (s->M > FUSED_MAXM) {
@@ -1238,6 +1727,50 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_rpdl = -2;
     const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
+    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1 (2: one block an SM) */
+    static int force_one = -2;
+    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 2, 0);
+    if (one && (H == 2048 || H == 4096) && Is <= ONE_MAXIS && Is % 256 == 0) {
+        float *hgu = sbf ? (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e) : NULL;
+        unsigned *bar = (unsigned *)ws_get(ws, WS_BAR, sizeof(unsigned) * 4, st, e);
+        if ((sbf && !hgu) || !bar) {
+            ws_unlock(ws);
+            return e->code ? e->code : ERR_NOMEM;
+        }
+        one_params op;
+        op.P = dgp;
+        op.D = ddp;
+        op.M = M; op.H = H; op.E = E; op.k = k; op.I = I; op.Is = Is;
+        op.norm = (int)w->norm_topk;
+        op.ldh = ldh;
+        op.sbf = sbf;
+        op.nrb = (E + ROUTER_RPB) / ROUTER_RPB;
+        op.x = (const bf16 *)a->x;
+        op.wr = (const bf16 *)w->router.data;
+        op.wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
+        op.shg = sbf ? (const bf16 *)w->sh_gate.data : NULL;
+        op.shu = sbf ? (const bf16 *)w->sh_up.data : NULL;
+        op.shd = sbf ? (const bf16 *)w->sh_down.data : NULL;
+        op.logits = logits;
+        op.sgl = logits + FUSED_MAXM * MOE_MAXE;
+        op.hgu = hgu;
+        op.idx = idx;
+        op.wts = wts;
+        op.h = (bf16 *)hws;
+        op.y = (bf16 *)a->y;
+        op.bar = bar;
+        cudaError_t c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, op, st) : one_launch<1, 2>(rpdl, op, st))
+                                   : (one == 2 ? one_launch<2, 1>(rpdl, op, st) : one_launch<2, 2>(rpdl, op, st));
+        if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
+            if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
+            if (c == cudaSuccess && a->topk_w)
+                c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                      cudaMemcpyDeviceToDevice, st);
+        }
+        ws_unlock(ws);
+        if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode (one launch)");
+        return 0;
+    }
     /* the block-column decode (nvfp4.cuh) at M = 1: the default in the register pair
      * since the H200 round of 18:27 (397B BF16 shared 62.2 -> 60.7 us, 35B 25.4 -> 25.1);
      * no gain in the cp.async pair (57.7 vs 57.1, 22.8 vs 22.7), so off there;

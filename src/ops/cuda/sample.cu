@@ -453,10 +453,456 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
     }
 }
 
-static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
-    if (a->rows <= 0) return 0;
+/* ---- the wide form: one thread-block cluster per row ----------------------------------------
+ *
+ * The one-block kernel above leaves all but one SM idle at batch 1 (45.6 us for a 248320-wide
+ * BF16 row on the H200, bench/RESULTS.md S5). Here each row is one cluster of SMW_CL blocks
+ * (Hopper thread-block clusters: the blocks run together and meet at hardware barriers, with
+ * each other's shared memory mapped), so every pass over the row is spread over SMW_CL SMs in
+ * one launch: no cooperative launch, no second kernel, a fixed grid of rows · SMW_CL blocks,
+ * capturable like the one-block form.
+ *
+ * The steps, thresholds, Philox stream and tie rules are those of smp_row_kernel; what changes
+ * is who holds which element (global thread g = rank · SMP_T + tid strides the row by SMW_G)
+ * and how partials meet: each block reduces its own (the helpers above), publishes the result
+ * in a shared-memory slot, the cluster syncs, and every block reads all SMW_CL slots in rank
+ * order, so each block holds bitwise the same totals. Sums therefore run in a different (still
+ * fixed) order than the one-block kernel's: Z and the masses may differ from it in the last
+ * bits of a double (a seeded draw picks a different token only when u · mass falls within that
+ * rounding of a boundary). Global writes before a cluster barrier are visible after it (the
+ * barrier is release / acquire at cluster scope), which orders the work row's widen, bans and
+ * penalties across blocks. A block leaves only at a barrier every block reaches, so no block
+ * reads the shared memory of one that exited. */
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
+enum { SMW_CL = 8, SMW_G = SMW_CL * SMP_T, SMW_NW = SMW_CL * SMP_W };
+static_assert(SMP_W <= 16 && 4 * 32 >= SMW_NW, "the draw's scan: a block's warp totals fit a slot, 4 warps a lane");
+
+typedef struct smw_slot {
+    double d[16];
+    int i[16];
+    float f;
+    int pad_;
+} smw_slot;
+
+typedef struct smw_shared {
+    smp_shared b;
+    smw_slot slot[2]; /* alternate per reduction: a slot is rewritten only after the next barrier */
+    double res_d[16];
+    int res_i[16];
+    float res_f;
+    int n_all;
+    double e[SMW_NW + 1]; /* the draw's warp boundaries: e[k] = mass of the warps before warp k */
+} smw_shared;
+
+struct smw_ctx {
+    cg::cluster_group cl;
+    unsigned rank;
+    int par;
+    __device__ smw_slot *slot(smw_shared &sh) { return &sh.slot[par]; }
+    __device__ const smw_slot *peer(smw_shared &sh, unsigned r) { return cl.map_shared_rank(&sh.slot[par], r); }
+};
+
+/* Cluster sum of N doubles per thread (block sums first, then the ranks in order). */
+template <int N>
+__device__ void cl_sum_dn(double (&v)[N], smw_shared &sh, smw_ctx &c) {
+    blk_sum_dn<N>(v, sh.b);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < N; j++) c.slot(sh)->d[j] = v[j];
+    }
+    c.cl.sync();
+    if (threadIdx.x < N) {
+        double t = 0;
+        for (unsigned r = 0; r < SMW_CL; r++) t += c.peer(sh, r)->d[threadIdx.x];
+        sh.res_d[threadIdx.x] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < N; j++) v[j] = sh.res_d[j];
+    c.par ^= 1;
+}
+
+/* Cluster sums of 16 doubles and 16 ints per thread (the radix descent's digit histogram). */
+__device__ void cl_sum_hist(double (&b)[16], int (&n)[16], smw_shared &sh, smw_ctx &c) {
+    blk_sum_dn<16>(b, sh.b);
+    blk_sum_in<16>(n, sh.b);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < 16; j++) { c.slot(sh)->d[j] = b[j]; c.slot(sh)->i[j] = n[j]; }
+    }
+    c.cl.sync();
+    if (threadIdx.x < 16) {
+        double t = 0;
+        int k = 0;
+        for (unsigned r = 0; r < SMW_CL; r++) {
+            const smw_slot *q = c.peer(sh, r);
+            t += q->d[threadIdx.x];
+            k += q->i[threadIdx.x];
+        }
+        sh.res_d[threadIdx.x] = t;
+        sh.res_i[threadIdx.x] = k;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 16; j++) { b[j] = sh.res_d[j]; n[j] = sh.res_i[j]; }
+    c.par ^= 1;
+}
+
+/* Cluster (value, id) maximum with lowest id on ties, the minimum of lo and the maximum of hi. */
+__device__ void cl_argmax_min_max(float &v, int &id, int &lo, int &hi, smw_shared &sh, smw_ctx &c) {
+    if (threadIdx.x == 0) { sh.b.bad = INT_MAX; sh.n_all = INT_MIN; }
+    __syncthreads();
+    if (lo != INT_MAX) atomicMin(&sh.b.bad, lo);
+    if (hi != INT_MIN) atomicMax(&sh.n_all, hi);
+    blk_argmax(v, id, sh.b); /* its barriers order the atomics above */
+    if (threadIdx.x == 0) {
+        smw_slot *s = c.slot(sh);
+        s->f = v; s->i[0] = id; s->i[1] = sh.b.bad; s->i[2] = sh.n_all;
+    }
+    c.cl.sync();
+    if (threadIdx.x == 0) {
+        float bv = -INFINITY;
+        int bi = INT_MAX, mn = INT_MAX, mx = INT_MIN;
+        for (unsigned r = 0; r < SMW_CL; r++) {
+            const smw_slot *q = c.peer(sh, r);
+            if (r == 0 || q->f > bv || (q->f == bv && q->i[0] < bi)) { bv = q->f; bi = q->i[0]; }
+            mn = min(mn, q->i[1]);
+            mx = max(mx, q->i[2]);
+        }
+        sh.res_f = bv; sh.res_i[0] = bi; sh.res_i[1] = mn; sh.res_i[2] = mx;
+    }
+    __syncthreads();
+    v = sh.res_f; id = sh.res_i[0]; lo = sh.res_i[1]; hi = sh.res_i[2];
+    c.par ^= 1;
+}
+
+__device__ float cl_max(float v, smw_shared &sh, smw_ctx &c) {
+    int id = 0, lo = INT_MAX, hi = INT_MIN;
+    cl_argmax_min_max(v, id, lo, hi, sh, c);
+    return v;
+}
+
+/* key_descent over the cluster (same digits, same decisions; the sums in cluster order). */
+template <int MASS>
+__device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
+                                   double target, smw_shared &sh, smw_ctx &c, int g) {
+    uint64_t P = 0;
+    double above = 0;
+    for (int shf = 60; shf >= 0; shf -= 4) {
+        double b[16];
+        int n[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) { b[j] = 0; n[j] = 0; }
+        const uint64_t span = shf == 60 ? 0 : (16ull << shf);
+        for (int i = g; i < V; i += SMW_G) {
+            float s = scaled(w[i], inv, scale);
+            uint64_t k = rank_key(s, i);
+            if (k < floor || k < P || (span && k - P >= span)) continue;
+            int d = (int)((k - P) >> shf);
+            double val = MASS ? (double)expf(s - m) : 1.0;
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+                if (d == j) { b[j] += val; n[j]++; }
+        }
+        cl_sum_hist(b, n, sh, c);
+        int dsel = -1;
+        double suf = 0;
+        for (int j = 15; j >= 0; j--) {
+            double here = MASS ? b[j] : (double)n[j];
+            if (above + suf + here >= target) { dsel = j; break; }
+            suf += here;
+        }
+        if (dsel < 0) {
+            dsel = 0;
+            suf -= MASS ? b[0] : (double)n[0];
+        }
+        P += (uint64_t)dsel << shf;
+        above += suf;
+        if (shf == 32) {
+            if (n[dsel] <= 1 || (!MASS && above + n[dsel] == target)) return P;
+        }
+    }
+    return P;
+}
+
+template <typename T>
+__global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
+    smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
+                   const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out) {
+    __shared__ smw_shared sh;
+    smw_ctx c = {cg::this_cluster(), 0, 0};
+    c.rank = c.cl.block_rank();
+    const int row = blockIdx.x / SMW_CL, tid = threadIdx.x, g = (int)c.rank * SMP_T + tid;
+    const int lead = c.rank == 0 && tid == 0; /* writes the row's smp_out */
+    const smp_row p = rows[row];
+    smp_out *o = &out[row];
+    if (p.forced == SMP_ROW_SKIP) { /* uniform over the cluster, before any shared access */
+        if (lead) { o->token = -1; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
+        return;
+    }
+    const T *x = logits + (size_t)row * V;
+    float *w = work + (size_t)row * V;
+
+    const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
+    const int want_lp = p.want_lp || p.n_top > 0;
+    const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
+                      ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
+    const int fast = greedy && !want_lp && !edits;
+
+    /* 1. widen, NaN/Inf scan (and the plain-greedy argmax) */
+    const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
+    float fv = -INFINITY;
+    int fi = 0, bad = INT_MAX, none = INT_MIN;
+#pragma unroll 4
+    for (int i = g; i < V; i += SMW_G) {
+        float v = load_logit<T>(x, i);
+        if (i == poison) v = __int_as_float(0x7fc00000);
+        if (!isfinite(v)) bad = min(bad, i);
+        if (fast) {
+            if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
+        } else {
+            w[i] = v;
+        }
+    }
+    cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
+    if (bad != INT_MAX) {
+        if (lead) {
+            o->bad_idx = bad;
+            o->bad_val = bad == poison ? __int_as_float(0x7fc00000) : load_logit<T>(x, bad);
+            o->token = -1;
+            o->n_top = 0;
+        }
+        c.cl.sync();
+        return;
+    }
+    if (fast) {
+        if (lead) {
+            o->token = p.forced >= 0 ? p.forced : fi;
+            o->bad_idx = -1;
+            o->n_top = 0;
+            o->logprob = 0.f;
+        }
+        c.cl.sync();
+        return;
+    }
+
+    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids) */
+    if (p.n_ban > 0) {
+        for (int j = g; j < p.n_ban; j += SMW_G) {
+            int id = toks[p.ban_off + j];
+            if (id >= 0 && id < V) w[id] = -INFINITY;
+        }
+        c.cl.sync();
+    }
+    if (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) {
+        for (int j = g; j < p.n_rep; j += SMW_G) {
+            int id = toks[p.rep_off + j];
+            if (id < 0 || id >= V) continue;
+            float v = w[id];
+            w[id] = v > 0.f ? __fdiv_rn(v, p.rep_pen) : __fmul_rn(v, p.rep_pen);
+        }
+        c.cl.sync();
+    }
+    if ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0) {
+        for (int j = g; j < p.n_cnt; j += SMW_G) {
+            int id = toks[p.cnt_off + 2 * j], cnt = toks[p.cnt_off + 2 * j + 1];
+            if (id < 0 || id >= V) continue;
+            w[id] = __fsub_rn(w[id], __fadd_rn(__fmul_rn(p.freq_pen, (float)cnt), p.pres_pen));
+        }
+        c.cl.sync();
+    }
+
+    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
+    int token = -1;
+
+    /* 3. greedy */
+    if (greedy) {
+        float bv = -INFINITY;
+        int bi = 0, lo = INT_MAX, hi = INT_MIN;
+        for (int i = g; i < V; i += SMW_G) {
+            float v = w[i];
+            if (v > bv) { bv = v; bi = i; }
+        }
+        cl_argmax_min_max(bv, bi, lo, hi, sh, c);
+        token = bi;
+    }
+    if (p.forced >= 0) token = p.forced;
+    if (greedy && !want_lp) {
+        if (lead) { o->token = token; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
+        c.cl.sync();
+        return;
+    }
+
+    /* 4. scaled logits, max, partition function */
+    const int scale = temp != 1.f;
+    const float inv = 1.f / temp;
+    float m = -INFINITY;
+    for (int i = g; i < V; i += SMW_G) m = fmaxf(m, scaled(w[i], inv, scale));
+    m = cl_max(m, sh, c);
+    double z1[1] = {0};
+    for (int i = g; i < V; i += SMW_G) z1[0] += (double)expf(scaled(w[i], inv, scale) - m);
+    cl_sum_dn<1>(z1, sh, c);
+    const double Z = z1[0];
+
+    /* 5-6. filter and draw */
+    if (token < 0) {
+        const int use_k = p.top_k > 0 && p.top_k < V;
+        const int use_p = p.top_p > 0.f && p.top_p < 1.f;
+        uint64_t tk = 0, tp = 0;
+        double base = Z;
+        if (use_k) {
+            tk = cl_key_descent<0>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
+            double b1[1] = {0};
+            for (int i = g; i < V; i += SMW_G) {
+                float s = scaled(w[i], inv, scale);
+                if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
+            }
+            cl_sum_dn<1>(b1, sh, c);
+            base = b1[0];
+        }
+        if (use_p) tp = cl_key_descent<1>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
+        const uint64_t thr = tk > tp ? tk : tp;
+        const float min_p = p.min_p;
+        /* segment sums in id order: global thread g owns [g·S, (g+1)·S) */
+        const int S = (V + SMW_G - 1) / SMW_G, i0 = min(V, g * S), i1 = min(V, i0 + S);
+        double seg = 0;
+        int last = -1;
+        for (int i = i0; i < i1; i++) {
+            float s = scaled(w[i], inv, scale);
+            float ex = expf(s - m);
+            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+        }
+        /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
+         * mass of the warps before global warp k, every block computing the same e */
+        const int lane = tid & 31, wp = tid >> 5, gw = (int)c.rank * SMP_W + wp;
+        double incl = seg;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            double t = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += t;
+        }
+        if (lane == 31) c.slot(sh)->d[wp] = incl;
+        c.cl.sync();
+        if (wp == 0) {
+            /* lane l sums global warps 4l .. 4l+3 in order, then a fixed-order lane scan */
+            double t4[4], run = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int q = lane * 4 + k;
+                t4[k] = q < SMW_NW ? c.peer(sh, (unsigned)(q / SMP_W))->d[q % SMP_W] : 0.0;
+                run += t4[k];
+            }
+            double inc = run;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                double t = __shfl_up_sync(0xffffffffu, inc, off);
+                if (lane >= off) inc += t;
+            }
+            double acc = __shfl_up_sync(0xffffffffu, inc, 1); /* the lanes before this one */
+            if (lane == 0) acc = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                int q = lane * 4 + k;
+                if (q < SMW_NW) sh.e[q] = acc;
+                acc += t4[k];
+                if (q + 1 == SMW_NW) sh.e[SMW_NW] = acc; /* the total: the last boundary */
+            }
+        }
+        __syncthreads();
+        c.par ^= 1;
+        /* [lo, hi) per thread: a thread's hi is bitwise the next thread's lo (the last lane's
+         * hi is the next warp's boundary), so the ranges tile [0, mass) in id order */
+        const double mass = sh.e[SMW_NW];
+        double prev = __shfl_up_sync(0xffffffffu, incl, 1);
+        const double lo = sh.e[gw] + (lane ? prev : 0.0);
+        const double hi = lane == 31 ? sh.e[gw + 1] : sh.e[gw] + incl;
+        const double target = philox_uniform(p.seed, p.counter, 0) * mass;
+        int pick = INT_MAX;
+        if (seg > 0 && target >= lo && target < hi) {
+            double acc = lo;
+            pick = last;
+            for (int i = i0; i < i1; i++) {
+                float s = scaled(w[i], inv, scale);
+                float ex = expf(s - m);
+                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
+                    acc += (double)ex;
+                    if (acc > target) { pick = i; break; }
+                }
+            }
+        }
+        float dv = 0.f;
+        int did = 0;
+        cl_argmax_min_max(dv, did, pick, last, sh, c);
+        token = pick != INT_MAX ? pick : last; /* last: the last candidate, for a target past the total */
+        if (token < 0) token = 0;              /* nothing kept: every logit banned to -inf */
+    }
+
+    /* 7. logprobs */
+    const double lz = log(Z) + (double)m;
+    if (p.n_top > 0) {
+        const int n = min(p.n_top, min(SMP_DEV_TOP, V));
+        uint64_t tn = cl_key_descent<0>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
+        if (tid == 0) sh.b.n_top = 0;
+        __syncthreads();
+        for (int i = g; i < V; i += SMW_G) {
+            float s = scaled(w[i], inv, scale);
+            uint64_t k = rank_key(s, i);
+            if (k >= tn) {
+                int at = atomicAdd(&sh.b.n_top, 1);
+                if (at < SMP_DEV_TOP) { sh.b.top_key[at] = k; sh.b.top_id[at] = i; sh.b.top_s[at] = s; }
+            }
+        }
+        c.cl.sync(); /* every block's candidates are in its shared memory */
+        if (lead) {
+            uint64_t key[SMP_DEV_TOP];
+            int32_t id[SMP_DEV_TOP];
+            float sv[SMP_DEV_TOP];
+            int cnt = 0;
+            for (unsigned r = 0; r < SMW_CL; r++) {
+                const smp_shared *q = c.cl.map_shared_rank(&sh.b, r);
+                int nr = min(q->n_top, SMP_DEV_TOP);
+                for (int a = 0; a < nr && cnt < SMP_DEV_TOP; a++, cnt++) {
+                    key[cnt] = q->top_key[a]; id[cnt] = q->top_id[a]; sv[cnt] = q->top_s[a];
+                }
+            }
+            for (int a = 1; a < cnt; a++) /* insertion sort, descending key */
+                for (int b = a; b > 0 && key[b] > key[b - 1]; b--) {
+                    uint64_t tk2 = key[b]; key[b] = key[b - 1]; key[b - 1] = tk2;
+                    int ti = id[b]; id[b] = id[b - 1]; id[b - 1] = ti;
+                    float ts = sv[b]; sv[b] = sv[b - 1]; sv[b - 1] = ts;
+                }
+            cnt = min(cnt, n);
+            o->n_top = cnt;
+            for (int a = 0; a < cnt; a++) {
+                o->top_ids[a] = id[a];
+                o->top_lp[a] = (float)((double)sv[a] - lz);
+            }
+        }
+    } else if (lead) {
+        o->n_top = 0;
+    }
+    if (lead) {
+        o->token = token;
+        o->bad_idx = -1;
+        o->logprob = (float)((double)scaled(w[token], inv, scale) - lz);
+    }
+    c.cl.sync(); /* no block leaves while the lead may still read its shared memory */
+}
+
+/* ---- launch ------------------------------------------------------------------------------ */
+
+static int sample_check(const sample_args *a, ls_err *e) {
     if (a->vocab < 1 || !a->logits || !a->p || !a->work || !a->out)
         return errf(e, ERR_INVAL, "sampling on CUDA: %d rows of vocab %d with a missing buffer", a->rows, a->vocab);
+    return 0;
+}
+
+static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
+    if (a->rows <= 0) return 0;
+    int rc = sample_check(a, e);
+    if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (a->dt == ACT_BF16)
         smp_row_kernel<bf16><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
@@ -464,8 +910,34 @@ static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
     else
         smp_row_kernel<float><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work,
                                                           a->out);
-    CU_LAUNCHED(e, "sampling on CUDA");
+    CU_LAUNCHED(e, "sampling on CUDA (one block a row)");
     return 0;
 }
 
+static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
+    if (a->rows <= 0) return 0;
+    int rc = sample_check(a, e);
+    if (rc) return rc;
+    cudaStream_t st = (cudaStream_t)s;
+    const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
+    if (a->dt == ACT_BF16)
+        smw_row_kernel<bf16><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
+                                                      a->out);
+    else
+        smw_row_kernel<float><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work,
+                                                       a->out);
+    CU_LAUNCHED(e, "sampling on CUDA (a cluster a row)");
+    return 0;
+}
+
+/* The engine's sampler: the cluster form, or the one-block form with LASTSTAND_SAMPLE_WIDE=0
+ * (read once). */
+static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
+    static int wide = -1;
+    if (wide < 0) wide = cu_env_switch("LASTSTAND_SAMPLE_WIDE", 0);
+    return wide ? cuda_sample_wide_run(a, s, e) : cuda_sample_block_run(a, s, e);
+}
+
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
+extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
+extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};

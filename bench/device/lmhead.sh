@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# device-limit: 100
+# bench/device/lmhead.sh: the logits tail of a decode step on the H200 (integrator's device
+# rounds, notes DEVICE_ROUNDS.md): the wide sampler (sample.cu, a thread-block cluster a row)
+# against the one-block sampler, and the lm_head's own plan.
+#
+#   bash bench/device/lmhead.sh BIN OUTDIR
+#
+# 1. test_sample_cuda (beside BIN: tests/): every host-oracle test on both forms, then the
+#    cluster form against the one-block form on 248320-wide rows (ids, draws, logprobs).
+# 2. test_sample_cuda --bench: µs a call of each form, 248320-wide BF16 rows, batch 1 and 16,
+#    greedy and sampled (T 0.7, top_p 0.9).
+# 3. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
+#    synth Qwen3.5-35B-A3B (8 layers: the tail is the same as the full model's), one-block vs
+#    cluster sampler (LASTSTAND_SAMPLE_WIDE), greedy and T 0.8 seeded: the ids must agree.
+# 4. The doctor's gemm rows (the model's projections and, where the binary has it, the lm_head
+#    row group) at --shapes qwen3.5-35b-a3b, M = 1, 16, cuda_gemv and cuda_cublaslt.
+# Each step is bounded by `timeout`; the whole script stays under 100 s.
+set -u
+BIN=${1:?usage: lmhead.sh BIN OUTDIR}
+OUT=${2:?usage: lmhead.sh BIN OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+D=$(dirname "$BIN")
+export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo "($(( $(date +%s) - T0 )) s)"; }
+left() { echo $(( 95 - ($(date +%s) - T0) )); }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
+git log --oneline -1 2>/dev/null | cut -c1-100
+PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
+       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
+ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+
+echo "== test_sample_cuda $(el)"
+if [ -x "$D/tests/test_sample_cuda" ]; then
+    timeout -k 3 40 "$D/tests/test_sample_cuda" >"$OUT/test_sample_cuda.log" 2>&1
+    echo "rc=$? (0: every test passed) $(el)"
+    grep -E "^\[==========\] |PASSED|FAILED|SKIPPED|rror|Assert|chi2" "$OUT/test_sample_cuda.log" | head -24
+    echo "== test_sample_cuda --bench $(el)"
+    timeout -k 3 20 "$D/tests/test_sample_cuda" --bench >"$OUT/sample_bench.log" 2>&1
+    echo "rc=$? $(el)"
+    tail -6 "$OUT/sample_bench.log"
+else
+    echo "missing: $D/tests/test_sample_cuda"
+fi
+
+# gen tag timeout args...: mean decode step (the engine's "decode steps" line) and the ids
+gen() {
+    local tag=$1 lim=$2
+    shift 2
+    env ${GEN_ENV:-} timeout -k 3 "$lim" "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" \
+        --ids "$(ids 512)" --max-new-tokens 129 --device cuda "${PLANS[@]}" "$@" >"$OUT/gen-$tag.out" 2>&1
+    local rc=$?
+    printf '  %-14s rc=%d %s | %s\n' "$tag" $rc "$(grep -oE '[0-9]+ decode steps[^|]*ms each' "$OUT/gen-$tag.out" | head -1)" \
+        "$(grep -oE '"ids": *\[[0-9, ]{0,60}' "$OUT/gen-$tag.out" | head -1)"
+    [ $rc = 0 ] || grep -iE "error|fail" "$OUT/gen-$tag.out" | head -3
+}
+echo "== decode step, synth 35B 8 layers, one-block vs cluster sampler $(el)"
+for mode in greedy t08; do
+    extra=()
+    [ $mode = t08 ] && extra=(--temperature 0.8 --seed 7)
+    for w in 0 1; do
+        [ "$(left)" -gt 30 ] || { echo "  (skipped: time)"; continue; }
+        GEN_ENV="LASTSTAND_SAMPLE_WIDE=$w" gen "$mode-wide$w" 20 "${extra[@]}"
+    done
+    a=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$mode-wide0.out" 2>/dev/null)
+    b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$mode-wide1.out" 2>/dev/null)
+    echo "  $mode: ids one-block == cluster: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
+done
+
+if [ "$(left)" -gt 15 ]; then
+    echo "== doctor gemm (+ lm_head) at qwen3.5-35b-a3b, M = 1, 16 $(el)"
+    timeout -k 3 $(( $(left) - 2 )) "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gemm \
+        --m 1,16 --backends cuda_gemv,cuda_cublaslt --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
+    echo "rc=$? $(el)"
+    grep -E "^(gemm|lm_head)|^ +(1|16) |measured device copy|lm_head" "$OUT/doctor.txt" | cut -c1-160 | head -20
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
+fi
+echo "total $(( $(date +%s) - T0 )) s"

@@ -1118,7 +1118,7 @@ static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaS
  * the last barrier wait; the block that exits last resets all three to 0 (no block polls
  * them any more by then), so the next call (or graph replay), ordered after this grid's
  * completion by the stream or by its own griddepcontrol.wait, starts from 0. */
-enum { ONE_SHLD = 4, ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
+enum { ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
 
 __device__ __forceinline__ unsigned one_ld_acquire(const unsigned *p) {
     unsigned v;
@@ -1307,6 +1307,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int M = p.M, H = p.H, E = p.E, k = p.k, I = p.I, Is = p.Is, G = gridDim.x;
     float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
+    constexpr int SHLD = BPS == 1 ? 8 : 4; /* a shared row's loads in flight a lane (4: no spills at 2 an SM) */
 
     /* ---- stage 1: router rows, BF16 shared gate/up rows ---- */
     const int nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0, n1 = p.nrb + nsh;
@@ -1327,10 +1328,10 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
             const int r = (u - p.nrb) * ONE_W + warp;
             const bool on = r < 2 * Is;
             const bf16 *row = r < Is ? p.shg + (size_t)r * H : p.shu + (size_t)(r - Is) * H;
-            uint4 vw[ONE_SHLD];
+            uint4 vw[SHLD];
             if (on) {
 #pragma unroll
-                for (int c = 0; c < ONE_SHLD; c++)
+                for (int c = 0; c < SHLD; c++)
                     if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
             }
             if (!waited) {
@@ -1344,14 +1345,14 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                 float acc[FUSED_MAXM];
 #pragma unroll
                 for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-                for (int k0 = lane * 8; k0 < H; k0 += 256 * ONE_SHLD) {
+                for (int k0 = lane * 8; k0 < H; k0 += 256 * SHLD) {
                     if (k0 != lane * 8) {
 #pragma unroll
-                        for (int c = 0; c < ONE_SHLD; c++)
+                        for (int c = 0; c < SHLD; c++)
                             if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
                     }
 #pragma unroll
-                    for (int c = 0; c < ONE_SHLD; c++) {
+                    for (int c = 0; c < SHLD; c++) {
                         const int kk = k0 + 256 * c;
                         if (kk >= H) break;
                         const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
@@ -1508,7 +1509,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                         hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
                     }
                     __syncthreads();
-                    const float s = one_bf16_row_dot<2>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
+                    const float s = one_bf16_row_dot<BPS == 1 ? 4 : 2>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
                     if (lane == 0) shv[warp] = s;
                 }
                 if (!passed) {

@@ -235,9 +235,7 @@ done:
     free(hx); free(hy); free(ref);
 }
 
-int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start) {
-    const doc_lin *lins = fp4 ? c->s->fp4 : c->s->bf16;
-    int nl = fp4 ? c->s->n_fp4 : c->s->n_bf16;
+static int run_lins(const td_job_ctx *c, int fp4, const doc_lin *lins, int nl, int start) {
     for (int job = start; job < nl * c->n_ms; job++) {
         const doc_lin *L = &lins[job / c->n_ms];
         int M = c->ms[job % c->n_ms];
@@ -248,4 +246,14 @@ int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start) {
         td_result(job, &r);
     }
     return 0;
+}
+
+int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start) {
+    return run_lins(c, fp4, fp4 ? c->s->fp4 : c->s->bf16, fp4 ? c->s->n_fp4 : c->s->n_bf16, start);
+}
+
+int td_run_lm_head_jobs(const td_job_ctx *c, int start) {
+    doc_lin L = {.N = c->s->vocab, .K = c->s->hidden};
+    snprintf(L.label, sizeof L.label, "lm_head");
+    return run_lins(c, 0, &L, c->s->vocab > 0 && c->s->hidden > 0, start);
 }

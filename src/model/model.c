@@ -275,6 +275,51 @@ static int bind_all(model *m, ls_err *e) {
     return 0;
 }
 
+/* The banned backends (model_opts.banned_backends) on m->ops, but "lm_head:NAME", which
+ * with the gemm family's bans keep the lm_head's fallbacks off NAME; then the lm_head's own
+ * backend or plan (model_opts.lm_head_backend; "auto" or none: the gemm family's). */
+static int lm_select(model *m, const dev_info *d, const model_opts *o, ls_err *e) {
+    buf ops_b, lm_b;
+    buf_init(&ops_b);
+    buf_init(&lm_b);
+    for (const char *p = o->banned_backends; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if (len > 8 && !strncmp(p, "lm_head:", 8))
+            buf_printf(&lm_b, "%sgemm:%.*s", lm_b.len ? "," : "", (int)len - 8, p + 8);
+        else
+            buf_printf(&ops_b, "%s%.*s", ops_b.len ? "," : "", (int)len, p);
+        p += len + (p[len] == ',');
+    }
+    int rc = ops_b.len ? ops_sel_ban(&m->ops, ops_b.data, e) : 0;
+    ops_sel t;
+    memset(&t, 0, sizeof t);
+    t.n_ban[OPS_FAM_GEMM] = m->ops.n_ban[OPS_FAM_GEMM];
+    memcpy(t.ban[OPS_FAM_GEMM], m->ops.ban[OPS_FAM_GEMM], sizeof t.ban[0]);
+    if (!rc && lm_b.len) rc = ops_sel_ban(&t, lm_b.data, e);
+    m->n_lm_ban = t.n_ban[OPS_FAM_GEMM];
+    memcpy(m->lm_ban, t.ban[OPS_FAM_GEMM], sizeof m->lm_ban);
+    buf_free(&ops_b);
+    buf_free(&lm_b);
+    const char *lm = o->lm_head_backend;
+    m->lm_plan.n = 0;
+    m->lm_auto = (o->auto_families & MODEL_AUTO_LM_HEAD) != 0;
+    if (rc || !lm || !*lm || !strcmp(lm, "auto")) return rc;
+    if ((rc = ops_plan_parse(OPS_FAM_GEMM, d, lm, &m->lm_plan, e))) return err_prefix(e, "--lm-head-backend");
+    return 0;
+}
+
+const ops_sel *mdl_lm_ops(const model *m, ops_sel *tmp) {
+    if (!m->lm_plan.n) return &m->ops;
+    *tmp = m->ops; /* the stream, device, capture state and the other families as they are now */
+    tmp->gemm = m->lm_plan.impl[0];
+    tmp->plan[OPS_FAM_GEMM] = m->lm_plan;
+    if (m->lm_plan.n == 1) tmp->plan[OPS_FAM_GEMM].n = 0; /* one backend: no plan, as ops_select has it */
+    tmp->auto_fam = (tmp->auto_fam & ~(1u << OPS_FAM_GEMM)) | (m->lm_auto ? 1u << OPS_FAM_GEMM : 0u);
+    tmp->n_ban[OPS_FAM_GEMM] = m->n_lm_ban;
+    memcpy(tmp->ban[OPS_FAM_GEMM], m->lm_ban, sizeof tmp->ban[0]);
+    return tmp;
+}
+
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
  * "cuda" without a usable GPU is "no CUDA device: <why>" (the CLI exits 1):
  * ERR_RUNTIME when the CUDA runtime says why, ERR_UNSUPPORTED when this
@@ -310,7 +355,7 @@ static int open_device(model *m, const model_opts *o, ls_err *e) {
     }
     int rc = ops_select(&d, &n, &m->ops, e);
     if (o) m->ops.auto_fam |= o->auto_families & 31u;
-    if (!rc && o && o->banned_backends) rc = ops_sel_ban(&m->ops, o->banned_backends, e);
+    if (!rc && o) rc = lm_select(m, &d, o, e);
     m->ops.stream = stream;
     m->kv_dt = d.kind == DEV_CPU ? ACT_F32 : ACT_BF16;
 #ifdef LS_HAVE_CUDA
@@ -1096,9 +1141,12 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
         (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hl, dt, st), "logits row gather",
                          -1, e)))
         return rc;
-    if (m->ops.dev.kind == DEV_CPU) return ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, cpu_logits, 0, e);
+    /* the lm_head with its own gemm plan (mdl_lm_ops), M = the rows that want logits */
+    ops_sel lm_tmp;
+    const ops_sel *lo = mdl_lm_ops(m, &lm_tmp);
+    if (m->ops.dev.kind == DEV_CPU) return ops_linear(lo, n_rows, w->hl, &m->lm_head, cpu_logits, 0, e);
     /* other devices: logits stay on the device in the activation dtype */
-    if ((rc = ops_linear(&m->ops, n_rows, w->hl, &m->lm_head, w->logits, 0, e))) return rc;
+    if ((rc = ops_linear(lo, n_rows, w->hl, &m->lm_head, w->logits, 0, e))) return rc;
     if (!do_sample) return 0;
     sample_args sa = {.rows = n_rows, .vocab = cfg->vocab, .logits = w->logits, .dt = dt, .p = w->srow,
                       .toks = w->stoks, .work = w->swork, .out = w->sout};

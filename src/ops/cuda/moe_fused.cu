@@ -1134,10 +1134,14 @@ __device__ __forceinline__ void one_arrive(unsigned *c) {
         atomicAdd(c, 1u);
     }
 }
-/* wait until all n blocks arrived at `c` */
+/* wait until all n blocks arrived at `c`; after ~2^33 cycles (about 4 s: a block that
+ * never became resident) the kernel traps, so that a broken residency assumption surfaces
+ * as a launch error instead of a hang */
 __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
     if (threadIdx.x == 0) {
+        const long long t0 = clock64();
         while (one_ld_acquire(c) < n) {
+            if (clock64() - t0 > (1ll << 33)) __trap();
         }
         __threadfence();
     }

@@ -44,6 +44,7 @@
 #include "model/synth.h"
 
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,6 +502,68 @@ static int layers_cut(const model_config *c, int cut) {
 
 int model_layers_in_checkpoint(const model *m) { return m->n_layers_ckpt; }
 
+/* Refuse, at open, a backend named on the command line that cannot run one of the
+ * model's shapes (ops_sel_check_*): a named family never falls back, so it would fail
+ * the first request that reaches the shape (e.g. a decode step). Under tensor
+ * parallelism the ranks' sliced shapes are the ones that run. The error names the flag,
+ * the plan as given, the layer and the tensor or op. */
+static const char *const k_backend_flag[OPS_N_FAM] = {"--gemm-backend", "--fp4-gemm-backend",
+                                                      "--moe-runner-backend", "--attention-backend",
+                                                      "--gdn-backend"};
+
+static int named_fault(const model *r, int fam, int layer, ls_err *e) {
+    char plan[256];
+    const void *one = fam == OPS_FAM_GEMM ? (const void *)r->ops.gemm : fam == OPS_FAM_FP4_GEMM ? (const void *)r->ops.fp4_gemm
+                    : fam == OPS_FAM_MOE ? (const void *)r->ops.moe : fam == OPS_FAM_ATTN ? (const void *)r->ops.attn
+                    : (const void *)r->ops.gdn;
+    ops_plan single = {.n = 1, .max_m = {INT_MAX}, .impl = {one}};
+    ops_plan_format(r->ops.plan[fam].n ? &r->ops.plan[fam] : &single, plan, sizeof plan);
+    if (layer >= 0) err_prefix(e, "%s %s: layer %d", k_backend_flag[fam], plan, layer);
+    else err_prefix(e, "%s %s", k_backend_flag[fam], plan);
+    e->code = ERR_INVAL; /* a flag's fault: exit 2 */
+    return ERR_INVAL;
+}
+
+static int check_lin(const model *r, const lin_w *w, int layer, ls_err *e) {
+    if (!w->data) return 0;
+    int rc = ops_sel_check_linear(&r->ops, w, e);
+    return rc ? named_fault(r, w->kind == W_NVFP4 ? OPS_FAM_FP4_GEMM : OPS_FAM_GEMM, layer, e) : 0;
+}
+
+static int check_named_backends(const model *m, ls_err *e) {
+    const model *r = m->rank_m ? m->rank_m[0] : m;
+    const model_config *c = &r->cfg;
+    if ((r->ops.auto_fam & 31u) == 31u) return 0;
+    int rc = check_lin(r, &m->lm_head, -1, e);
+    for (int l = 0; !rc && l < c->n_layers; l++) {
+        const layer_w *L = &r->layers[l];
+        if (L->type == LAYER_FULL_ATTN) {
+            const attn_layer_w *a = &L->attn;
+            const lin_w *ws[5] = {&a->q, &a->gate, &a->k, &a->v, &a->o};
+            for (int i = 0; !rc && i < 5; i++) rc = check_lin(r, ws[i], l, e);
+            attn_shape sh = {.n_tok = 1, .n_seq = 1, .max_ctx = 1, .n_heads = c->n_heads,
+                             .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                             .gated = c->attn_output_gate, .dt = r->ops.act};
+            if (!rc && (rc = ops_sel_check_attn(&r->ops, &sh, e))) rc = named_fault(r, OPS_FAM_ATTN, l, e);
+        } else {
+            const gdn_layer_w *g = &L->gdn;
+            const lin_w *ws[5] = {&g->qkv, &g->z, &g->b, &g->a, &g->out};
+            for (int i = 0; !rc && i < 5; i++) rc = check_lin(r, ws[i], l, e);
+            gdn_shape sh = {.n_tok = 1, .n_seq = 1, .nk = g->g.nk, .nv = g->g.nv, .dk = g->g.dk, .dv = g->g.dv,
+                            .conv_k = g->g.conv_k, .dt = r->ops.act};
+            if (!rc && (rc = ops_sel_check_gdn(&r->ops, &sh, e))) rc = named_fault(r, OPS_FAM_GDN, l, e);
+        }
+        if (rc) break;
+        if (L->dense) {
+            const lin_w *ws[3] = {&L->mlp.gate, &L->mlp.up, &L->mlp.down};
+            for (int i = 0; !rc && i < 3; i++) rc = check_lin(r, ws[i], l, e);
+        } else if ((rc = ops_sel_check_moe(&r->ops, &L->moe, e))) {
+            rc = named_fault(r, OPS_FAM_MOE, l, e);
+        }
+    }
+    return rc;
+}
+
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     *out = NULL;
     model *m = xcalloc(1, sizeof *m);
@@ -556,6 +619,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     warn_unused(m);
     if (o && o->tp > 1 && (rc = tp_build(m, o->tp, e))) { model_close(m); return rc; }
     for (int r = 0; m->rank_m && r < m->tp; r++) m->rank_m[r]->sampler = m->sampler;
+    if ((rc = check_named_backends(m, e))) { model_close(m); return rc; }
     if ((rc = mdl_upload_weights(m, e))) { model_close(m); return rc; }
     *out = m;
     return 0;

@@ -70,6 +70,7 @@
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
+#include "ops/cuda/moe_int.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
@@ -274,6 +275,17 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
     }
 }
 
+/* The mid-batch path's top-k (LASTSTAND_MG_MID): token m = block m of TOPK_W warps, moe_int.cuh's
+ * moe_topk_block (the fused decode's routing: the softmax's and the top-k's work spread over 16
+ * warps instead of one warp per token; ranks by counting). Same outputs and tie rule (lower
+ * index) as mg_topk_kernel; a NaN row yields NaN weights (the plan clamps indices). */
+__global__ void __launch_bounds__(32 * TOPK_W)
+    mg_topk_block_kernel(int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
+                         int has_shared, const float *__restrict__ logits, int32_t *__restrict__ idx,
+                         float *__restrict__ wts) {
+    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
+}
+
 /* ---- 3: plan -------------------------------------------------------------------- */
 
 /* One block of 1024 threads. Slots S = E + has_shared (slot E: the shared
@@ -291,7 +303,8 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     const int Mk = M * k;
     for (int e = tid; e < S; e += 1024) s_cnt[e] = 0;
     __syncthreads();
-    for (int i = tid; i < Mk; i += 1024) atomicAdd(&s_cnt[idx[i]], 1);
+    /* an index outside 0..E-1 (never from the top-k kernels; a guard for shared memory) counts as expert 0 */
+    for (int i = tid; i < Mk; i += 1024) atomicAdd(&s_cnt[(unsigned)idx[i] < (unsigned)E ? idx[i] : 0], 1);
     if (has_shared && tid == 0) s_cnt[E] = M;
     __syncthreads();
     /* exclusive scan of the padded counts; thread tid owns slots 2tid, 2tid+1 */
@@ -335,7 +348,7 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     __syncthreads();
     for (int i = tid; i < Mk; i += 1024) {
         const int m = i / k, j = i - m * k;
-        const int r = atomicAdd(&s_cur[idx[i]], 1);
+        const int r = atomicAdd(&s_cur[(unsigned)idx[i] < (unsigned)E ? idx[i] : 0], 1);
         perm[r] = m * (k + 1) + j;
     }
     if (has_shared)
@@ -1080,19 +1093,21 @@ static cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *t
  *   LASTSTAND_MG_MID=0|1            at 16-row tiles, the routed (and a same-kind shared)
  *                                   NVFP4 experts' GEMMs by the mid-batch GEMVs (mv_kernel,
  *                                   1) or the grouped GEMM (0, default until a device round
- *                                   validated it) */
+ *                                   validated it); with it, the top-k by a block per token
+ *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0 */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
     int side, pf;
     int mid;     /* the mid-batch GEMVs (mv_kernel) at 16-row tiles */
+    int midtopk; /* with mid: the block-per-token top-k */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0};
+        mg_knobs n = {1, 1, 1, 0, 0, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1102,6 +1117,7 @@ static mg_knobs mg_knobs_get(void) {
         v = getenv("LASTSTAND_MG_PREFETCH");
         if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
         n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
+        n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1421,16 +1437,21 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
 
     rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
     if (rc) return err_prefix(e, "cuda_grouped_gemm router");
-    mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits,
-                                                idx, wts);
+    const mg_knobs kn = mg_knobs_get();
+    if (kn.mid && kn.midtopk && bm == 16)
+        mg_topk_block_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                                        w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                                                        logits, idx, wts);
+    else
+        mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                                    w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                                                    logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
     mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
     CU_LAUNCHED(e, "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
-    const mg_knobs kn = mg_knobs_get();
     cudaStream_t side = NULL;
     if (kn.side && tab->ld_gu_s >= 0 && hs) {
         mg_side(ws);

@@ -13,24 +13,14 @@ Pins (model.c check_named_backends, ops.h ops_sel_check_*):
   shape load and generate.
 """
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from conftest import BIN, SHARED
+from conftest import BIN, SHARED, requires_gpu
 
 
-def _have_gpu():
-    if not shutil.which("nvidia-smi"):
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+pytestmark = requires_gpu
 
 FIXTURE = os.path.join(SHARED, "fixtures", "models", "qwen3_5_moe_text-nvfp4")
 

@@ -511,54 +511,59 @@ static const char *const k_backend_flag[OPS_N_FAM] = {"--gemm-backend", "--fp4-g
                                                       "--moe-runner-backend", "--attention-backend",
                                                       "--gdn-backend"};
 
-static int named_fault(const model *r, int fam, int layer, ls_err *e) {
+static int named_fault(const ops_sel *ops, int fam, const char *flag, int layer, ls_err *e) {
     char plan[256];
-    const void *one = fam == OPS_FAM_GEMM ? (const void *)r->ops.gemm : fam == OPS_FAM_FP4_GEMM ? (const void *)r->ops.fp4_gemm
-                    : fam == OPS_FAM_MOE ? (const void *)r->ops.moe : fam == OPS_FAM_ATTN ? (const void *)r->ops.attn
-                    : (const void *)r->ops.gdn;
+    const void *one = fam == OPS_FAM_GEMM ? (const void *)ops->gemm : fam == OPS_FAM_FP4_GEMM ? (const void *)ops->fp4_gemm
+                    : fam == OPS_FAM_MOE ? (const void *)ops->moe : fam == OPS_FAM_ATTN ? (const void *)ops->attn
+                    : (const void *)ops->gdn;
     ops_plan single = {.n = 1, .max_m = {INT_MAX}, .impl = {one}};
-    ops_plan_format(r->ops.plan[fam].n ? &r->ops.plan[fam] : &single, plan, sizeof plan);
-    if (layer >= 0) err_prefix(e, "%s %s: layer %d", k_backend_flag[fam], plan, layer);
-    else err_prefix(e, "%s %s", k_backend_flag[fam], plan);
+    ops_plan_format(ops->plan[fam].n ? &ops->plan[fam] : &single, plan, sizeof plan);
+    if (!flag) flag = k_backend_flag[fam];
+    if (layer >= 0) err_prefix(e, "%s %s: layer %d", flag, plan, layer);
+    else err_prefix(e, "%s %s", flag, plan);
     e->code = ERR_INVAL; /* a flag's fault: exit 2 */
     return ERR_INVAL;
 }
 
-static int check_lin(const model *r, const lin_w *w, int layer, ls_err *e) {
+/* flag: NULL = the family's own (the lm_head passes --lm-head-backend when it has its own plan) */
+static int check_lin(const ops_sel *ops, const lin_w *w, const char *flag, int layer, ls_err *e) {
     if (!w->data) return 0;
-    int rc = ops_sel_check_linear(&r->ops, w, e);
-    return rc ? named_fault(r, w->kind == W_NVFP4 ? OPS_FAM_FP4_GEMM : OPS_FAM_GEMM, layer, e) : 0;
+    int rc = ops_sel_check_linear(ops, w, e);
+    return rc ? named_fault(ops, w->kind == W_NVFP4 ? OPS_FAM_FP4_GEMM : OPS_FAM_GEMM, flag, layer, e) : 0;
 }
 
 static int check_named_backends(const model *m, ls_err *e) {
     const model *r = m->rank_m ? m->rank_m[0] : m;
     const model_config *c = &r->cfg;
-    if ((r->ops.auto_fam & 31u) == 31u) return 0;
-    int rc = check_lin(r, &m->lm_head, -1, e);
+    /* the lm_head with its own plan when it has one (mdl_lm_ops; rank 0 computes the logits) */
+    ops_sel lm_tmp;
+    const ops_sel *lo = mdl_lm_ops(r, &lm_tmp);
+    int rc = check_lin(lo, &m->lm_head, r->lm_plan.n ? "--lm-head-backend" : NULL, -1, e);
+    if (rc || (r->ops.auto_fam & 31u) == 31u) return rc;
     for (int l = 0; !rc && l < c->n_layers; l++) {
         const layer_w *L = &r->layers[l];
         if (L->type == LAYER_FULL_ATTN) {
             const attn_layer_w *a = &L->attn;
             const lin_w *ws[5] = {&a->q, &a->gate, &a->k, &a->v, &a->o};
-            for (int i = 0; !rc && i < 5; i++) rc = check_lin(r, ws[i], l, e);
+            for (int i = 0; !rc && i < 5; i++) rc = check_lin(&r->ops, ws[i], NULL, l, e);
             attn_shape sh = {.n_tok = 1, .n_seq = 1, .max_ctx = 1, .n_heads = c->n_heads,
                              .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                              .gated = c->attn_output_gate, .dt = r->ops.act};
-            if (!rc && (rc = ops_sel_check_attn(&r->ops, &sh, e))) rc = named_fault(r, OPS_FAM_ATTN, l, e);
+            if (!rc && (rc = ops_sel_check_attn(&r->ops, &sh, e))) rc = named_fault(&r->ops, OPS_FAM_ATTN, NULL, l, e);
         } else {
             const gdn_layer_w *g = &L->gdn;
             const lin_w *ws[5] = {&g->qkv, &g->z, &g->b, &g->a, &g->out};
-            for (int i = 0; !rc && i < 5; i++) rc = check_lin(r, ws[i], l, e);
+            for (int i = 0; !rc && i < 5; i++) rc = check_lin(&r->ops, ws[i], NULL, l, e);
             gdn_shape sh = {.n_tok = 1, .n_seq = 1, .nk = g->g.nk, .nv = g->g.nv, .dk = g->g.dk, .dv = g->g.dv,
                             .conv_k = g->g.conv_k, .dt = r->ops.act};
-            if (!rc && (rc = ops_sel_check_gdn(&r->ops, &sh, e))) rc = named_fault(r, OPS_FAM_GDN, l, e);
+            if (!rc && (rc = ops_sel_check_gdn(&r->ops, &sh, e))) rc = named_fault(&r->ops, OPS_FAM_GDN, NULL, l, e);
         }
         if (rc) break;
         if (L->dense) {
             const lin_w *ws[3] = {&L->mlp.gate, &L->mlp.up, &L->mlp.down};
-            for (int i = 0; !rc && i < 3; i++) rc = check_lin(r, ws[i], l, e);
+            for (int i = 0; !rc && i < 3; i++) rc = check_lin(&r->ops, ws[i], NULL, l, e);
         } else if ((rc = ops_sel_check_moe(&r->ops, &L->moe, e))) {
-            rc = named_fault(r, OPS_FAM_MOE, l, e);
+            rc = named_fault(&r->ops, OPS_FAM_MOE, NULL, l, e);
         }
     }
     return rc;

@@ -920,11 +920,12 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
- * caller checked mv_pick(GATEUP, K).kw != 0. */
+ * caller checked mv_pick(GATEUP, K).kw != 0. alt: the other down instance at K = 512
+ * (LASTSTAND_MG_MIDDN=1, a device-round experiment). */
 template <bool GATEUP>
 static cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                              const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                             const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
+                             const float *wts, bf16 *dbuf, int sh_only, int alt, cudaStream_t st) {
     if constexpr (GATEUP) {
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
@@ -935,9 +936,12 @@ static cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *t
         return mv_launch1<GATEUP, 16, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                             sh_only, st);
     } else {
+        if (K == 512 && alt) /* 2 warps of 2 chunks per tile, 4 tiles: twice the bytes in flight per warp */
+            return mv_launch1<GATEUP, 2, 2, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                               sh_only, st);
         if (K == 512)
-        return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                           sh_only, st);
+            return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                               sh_only, st);
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                            sh_only, st);
     }
@@ -1094,20 +1098,22 @@ static cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *t
  *                                   NVFP4 experts' GEMMs by the mid-batch GEMVs (mv_kernel,
  *                                   1) or the grouped GEMM (0, default until a device round
  *                                   validated it); with it, the top-k by a block per token
- *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0 */
+ *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0;
+ *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512 */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
     int side, pf;
     int mid;     /* the mid-batch GEMVs (mv_kernel) at 16-row tiles */
     int midtopk; /* with mid: the block-per-token top-k */
+    int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (experiment) */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 0, 1, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1118,6 +1124,7 @@ static mg_knobs mg_knobs_get(void) {
         if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
         n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
+        n.middn = cu_env_switch("LASTSTAND_MG_MIDDN", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1195,7 +1202,8 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
-                ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0, st)
+                ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0, 0,
+                                  st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -1210,7 +1218,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm down";
         c = BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                   st)
+                                   kn.middn, st)
                 : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                             ldh, wts, dbuf, 0, st);
     }

@@ -1342,6 +1342,39 @@ __global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, in
     }
 }
 
+/* mg_combine_kernel for the mid-batch path (LASTSTAND_MG_MID): every slot's 16 bytes are
+ * loaded before the first add (nslot <= MG_MAXK + 1 loads in flight, not one at a time: 4.2
+ * us at M = 16 was nine L2 round trips), then summed in the same order (j ascending): the
+ * same bits as mg_combine_kernel. */
+__global__ void __launch_bounds__(256) mg_combine_mid_kernel(int M, int H, int k, int nslot,
+                                                             const bf16 *__restrict__ dbuf, bf16 *__restrict__ y) {
+    const int m = blockIdx.x;
+    for (int c = threadIdx.x * 8; c < H; c += 256 * 8) {
+        uint4 v[MG_MAXK + 1];
+#pragma unroll
+        for (int j = 0; j < MG_MAXK + 1; j++)
+            if (j < nslot) v[j] = __ldg(reinterpret_cast<const uint4 *>(dbuf + ((size_t)m * (k + 1) + j) * H + c));
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < MG_MAXK + 1; j++) {
+            if (j >= nslot) break;
+            const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 f = mg_bf2(w[q]);
+                acc[2 * q] += f.x;
+                acc[2 * q + 1] += f.y;
+            }
+        }
+        uint4 o;
+        o.x = mg_pack_bf2(acc[0], acc[1]);
+        o.y = mg_pack_bf2(acc[2], acc[3]);
+        o.z = mg_pack_bf2(acc[4], acc[5]);
+        o.w = mg_pack_bf2(acc[6], acc[7]);
+        *reinterpret_cast<uint4 *>(y + (size_t)m * H + c) = o;
+    }
+}
+
 /* ---- host side ---------------------------------------------------------------------- */
 
 static int mg_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1568,7 +1601,10 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    if (mid_k)
+        mg_combine_mid_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    else
+        mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");
     if (a->topk_idx)
         CU_TRY(e, cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st),

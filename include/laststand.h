@@ -56,6 +56,11 @@ typedef struct ls_engine_opts {
      * --gemm-backend), a name or a plan like the four above; NULL = auto. Its auto_families
      * bit is 1. */
     const char *gemm_backend;
+    /* Added (additive): the lm_head's own BF16 gemm backend or plan (serve's --lm-head-backend;
+     * M = the rows that want logits), the doctor's choice on the lm_head's shape; NULL = auto
+     * (the lm_head runs gemm_backend's choice). Its auto_families bit is 32; banned_backends
+     * may name "lm_head:NAME". */
+    const char *lm_head_backend;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

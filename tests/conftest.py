@@ -1,5 +1,6 @@
 """Shared pytest fixtures: where the binary, ../shared and the demo model are."""
 import os
+import shutil
 import socket
 import subprocess
 import pytest
@@ -18,6 +19,21 @@ def run_ls(*args, check=False, timeout=600, input=None):
     if check and p.returncode != 0:
         raise AssertionError(f"laststand {' '.join(map(str, args))} exited {p.returncode}:\n{p.stderr[-4000:]}")
     return p
+
+
+def _have_gpu():
+    """True when nvidia-smi lists a GPU; asked once per pytest run."""
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+HAVE_GPU = _have_gpu()
+# the GPU tests (tests/test_gpu_*.py): `pytestmark = requires_gpu` skips them without a GPU
+requires_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA GPU on this machine")
 
 
 def free_port():

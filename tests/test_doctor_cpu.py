@@ -97,6 +97,35 @@ def test_gemm_families_checked_against_fp64_oracle(ls_bin, fixture_model, tmp_pa
             assert c["ms"] > 0
 
 
+def test_lm_head_is_its_own_row_group_with_its_own_choice(ls_bin, fixture_model, tmp_path):
+    """The lm_head [vocab x hidden] (the fixture config's vocab_size and hidden_size) is timed as
+    the "lm_head" row group against the fp64 oracle with a choice of its own; the gemm rows (the
+    projections) neither include its shape nor count its time."""
+    cfg = json.load(open(os.path.join(fixture_model, "config.json")))
+    tc = cfg.get("text_config", cfg)
+    V, H = tc["vocab_size"], tc["hidden_size"]
+    js = tmp_path / "rep.json"
+    p = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "gemm,lm_head",
+               "--m", "1,5", "--json", js)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(js.read_text())
+    assert rep["shapes"]["vocab"] == V
+    (lm,) = table(rep, "lm_head")
+    assert lm["title"].startswith(f"lm_head  [{V} x {H}]"), lm["title"]
+    assert lm["backends"][0] == "cpu_ref"
+    for m in ("1", "5"):
+        c = lm["cells"]["cpu_ref"][m]
+        assert c["status"] == "ok" and c["reference"] == "cpu-fp64", c
+        assert 0 <= c["rel_err"] < 1e-5 and c["ms"] > 0
+        assert c["bytes"] >= V * H * 2  # the BF16 weight, read once
+        assert rep["choice"]["lm_head"][m] == lm["chosen"][m] != None
+    gemm_shapes = [t["title"].split("]")[0] for t in table(rep, "gemm")]
+    assert gemm_shapes and f"gemm  [{V} x {H}" not in gemm_shapes
+    # printed with the others, as a plan serve's --lm-head-backend takes
+    assert f"lm_head  [{V} x {H}]" in p.stdout
+    assert [l for l in p.stdout.splitlines() if l.startswith("  lm_head ")], p.stdout[-1500:]
+
+
 def test_doctor_rejects_bad_input(ls_bin, tmp_path):
     p = doctor(tmp_path, "--device", "cpu", "--shapes", "no-such-model")
     assert p.returncode == 2 and "no-such-model" in p.stderr and "qwen3.5-397b-a17b" in p.stderr

@@ -37,7 +37,7 @@ def test_help_lists_sglang_flags(ls_bin):
     for f in ("--model-path", "--served-model-name", "--tp", "--reasoning-parser", "--tool-call-parser",
               "--disable-custom-all-reduce", "--mem-fraction-static", "--chunked-prefill-size", "--api-key",
               "--attention-backend", "--moe-runner-backend", "--fp4-gemm-backend", "--gemm-backend",
-              "--gdn-backend", "--dist-init-addr"):
+              "--gdn-backend", "--lm-head-backend", "--dist-init-addr"):
         assert f in p.stdout
 
 

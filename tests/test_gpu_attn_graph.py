@@ -12,25 +12,15 @@ equal. The op-level twin (graph replay at contexts other than the captured ones,
 reference) is the cmocka test tests/unit/test_attn_cuda.c.
 """
 import json
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import BIN
+from conftest import BIN, requires_gpu
 
 
-def _have_gpu():
-    if not shutil.which("nvidia-smi"):
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+pytestmark = requires_gpu
 
 SYN = "synth:qwen3.5-35b-a3b,layers=4"
 IDS = ",".join(str(int(x)) for x in np.random.default_rng(9).integers(3, 248000, size=32))

@@ -14,25 +14,15 @@ Pins:
 """
 import json
 import os
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import BIN, run_ls
+from conftest import BIN, run_ls, requires_gpu
 
 
-def _have_gpu():
-    if not shutil.which("nvidia-smi"):
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+pytestmark = requires_gpu
 
 MS = [1, 2, 4, 8, 16, 64, 512]
 

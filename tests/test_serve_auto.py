@@ -55,7 +55,7 @@ def table(log):
     lines = log.splitlines()
     start = max(i for i, l in enumerate(lines) if "the last backend standing" in l or "backend check FAILED" in l)
     for l in lines[start + 2:]:
-        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn|gemm)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
+        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn|gemm|lm_head)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
         if not m:
             break
         rows[m.group(1)] = (m.group(2), m.group(3))
@@ -87,7 +87,7 @@ def test_auto_eliminates_broken_backends_and_serves_the_reference_tokens(ls_bin,
         assert m and m.group(1).startswith(str(tmp_path)), log[-3000:]
         assert "smoke test: 8 greedy steps" in log and "the tokens equal the reference backends'" in log
         t = table(log)
-        assert set(t) == {"fp4_gemm", "moe", "attention", "gdn", "gemm"}, t
+        assert set(t) == {"fp4_gemm", "moe", "attention", "gdn", "gemm", "lm_head"}, t
         assert t["moe"][0] not in ("cpu_broken_nan", "cpu_broken_abort"), t
         assert re.search(r"cpu_broken_nan: doctor wrong at M=1,16: .*NaN", t["moe"][1]), t["moe"]
         assert re.search(r"cpu_broken_abort: doctor crash at M=1,16: killed by SIGABRT", t["moe"][1]), t["moe"]

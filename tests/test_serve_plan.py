@@ -17,7 +17,10 @@ backends (LASTSTAND_TEST_BROKEN_BACKENDS=1: cpu_broken_nan writes NaN):
 - the BF16 gemm family (--gemm-backend, in serve, generate and logits) does all of the above
   like the other four: a bad value exits 2 naming the flag and listing the valid backends, a
   named plan is smoke-tested, served and shown, auto takes the doctor's per-bucket gemm picks
-  as a plan, and logits dispatches each call to the plan's entry for its M.
+  as a plan, and logits dispatches each call to the plan's entry for its M;
+- the lm_head has a plan of its own (--lm-head-backend, from the doctor's "lm_head" rows): a bad
+  value exits 2 naming the flag, logits runs the vocab projection on it while the projections
+  keep the gemm plan, and with auto serve takes the doctor's lm_head picks as that plan.
 Every test points XDG_CACHE_HOME (the doctor's cache) at a temp dir.
 """
 import glob
@@ -52,7 +55,7 @@ def table(log):
     lines = log.splitlines()
     start = max(i for i, l in enumerate(lines) if "the last backend standing" in l or "backend check FAILED" in l)
     for l in lines[start + 2:]:
-        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn|gemm)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
+        m = re.match(r"\[[^\]]*\]\s+(fp4_gemm|moe|attention|gdn|gemm|lm_head)\s+(\S+(?: \([A-Z, ]+\))?)\s+(.*)$", l)
         if not m:
             break
         rows[m.group(1)] = (m.group(2), m.group(3))
@@ -209,7 +212,7 @@ def test_doctor_prints_its_choice_as_plans_that_match_the_per_bucket_choice(demo
     choice = {l.split()[0]: dict((int(x.split(":")[0][2:]), x.split(":")[1]) for x in l.split()[1:])
               for l in out[i + 1:j] if l.strip()}
     plans = {l.split()[0]: l.split()[1] for l in out[j + 1:] if l.strip()}
-    assert set(plans) == set(choice) == {"fp4_gemm", "gemm", "moe", "attention", "gdn"}, (plans, choice)
+    assert set(plans) == set(choice) == {"fp4_gemm", "gemm", "moe", "attention", "gdn", "lm_head"}, (plans, choice)
     for fam, text in plans.items():
         entries = [(e.split(":")[0], int(e.split(":")[1]) if ":" in e else None) for e in text.split(",")]
         bounds = [b for _, b in entries[:-1]]
@@ -317,3 +320,79 @@ def test_logits_dispatches_each_gemm_call_to_the_plans_entry_for_its_m(demo_mode
     assert logits(f"{x}:2,{y}") == ly
     assert logits(f"{y}:3,{x}") == ly
     assert logits(f"{x}:3,{y}") == lx
+
+
+# ---- the lm_head's own plan: --lm-head-backend ----------------------------------------------
+
+@pytest.mark.parametrize("value,fault", [
+    ("nope", "unknown gemm backend 'nope' for device cpu (valid: auto, "),
+    ("cpu_ref:4", "gemm backend plan 'cpu_ref:4': the last entry 'cpu_ref:4' must have no bound"),
+    ("cpu_ref:4,cuda_gemv", "unknown gemm backend 'cuda_gemv' for device cpu"),
+])
+def test_lm_head_backend_bad_value_exits_2_naming_the_flag(demo_model, tmp_path, value, fault):
+    p = serve_rc(demo_model, tmp_path, "--lm-head-backend", value, timeout=30)
+    assert p.returncode == 2, p.stderr[-2000:]
+    err = p.stderr.strip().splitlines()[-1]
+    assert err.startswith("laststand serve: error: --lm-head-backend: "), err
+    assert fault in err, err
+    assert not os.path.exists(os.path.join(tmp_path, "laststand"))  # no doctor ran
+    for cmd in ("logits", "generate"):
+        q = subprocess.run([BIN, cmd, "--model-path", demo_model, "--ids", "1,2", "--lm-head-backend", value],
+                           capture_output=True, text=True, timeout=60)
+        assert q.returncode == 2, q.stderr[-2000:]
+        assert f"error: --lm-head-backend: " in q.stderr and fault in q.stderr, q.stderr
+
+
+def test_logits_runs_the_lm_head_on_its_own_plan(demo_model):
+    """Over 3 ids the lm_head's M is 3 (logits wants every row): with the projections on one
+    gemm backend (x), --lm-head-backend y changes only the vocab projection: the logits equal
+    neither x's alone nor y's alone, and 'x:2,y' / 'y:3,x' give exactly --lm-head-backend y's;
+    auto (or x) leaves x's bit for bit."""
+    names = gemm_backends()
+    if len(names) < 2:
+        pytest.skip(f"one gemm backend on this CPU ({names})")
+    x, y = names[-1], names[0]
+
+    def logits(*flags):
+        p = subprocess.run([BIN, "logits", "--model-path", demo_model, "--ids", "5,17,42", *flags],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout)["logits"]
+
+    lx, ly = logits("--gemm-backend", x), logits("--gemm-backend", y)
+    if lx == ly:
+        pytest.skip(f"{x} and {y} give bitwise equal logits here")
+    mixed = logits("--gemm-backend", x, "--lm-head-backend", y)
+    assert mixed != lx and mixed != ly
+    assert logits("--gemm-backend", x, "--lm-head-backend", f"{x}:2,{y}") == mixed
+    assert logits("--gemm-backend", x, "--lm-head-backend", f"{y}:3,{x}") == mixed
+    assert logits("--gemm-backend", x, "--lm-head-backend", "auto") == lx
+    assert logits("--gemm-backend", x, "--lm-head-backend", x) == lx
+    assert logits("--gemm-backend", y, "--lm-head-backend", f"{x}:2,{y}") == ly
+    # both correct: the lm_head on y instead of x moves the logits by rounding only
+    def worst(a, b):
+        return max(abs(u - v) for ra, rb in zip(a, b) for u, v in zip(ra, rb))
+    scale = max(abs(v) for r in lx for v in r)
+    assert 0 < worst(mixed, lx) < 1e-3 * scale
+    # tensor parallel: rank 0 computes the logits, with the lm_head's plan
+    tx, tmixed = logits("--tp", "2", "--gemm-backend", x), logits("--tp", "2", "--gemm-backend", x, "--lm-head-backend", y)
+    assert tmixed != tx and worst(tmixed, mixed) < 1e-4 * scale
+
+
+def test_auto_takes_the_doctors_lm_head_picks_as_its_own_plan(ls_bin, demo_model, tmp_path, ref_text):
+    names = gemm_backends()
+    if len(names) < 2:
+        pytest.skip(f"one gemm backend on this CPU ({names}): the doctor cannot pick two")
+    a, b = names[0], names[-1]
+    fill_cache(demo_model, tmp_path)
+    doctor_family(tmp_path, "gemm", {1: a, 16: a})
+    doctor_family(tmp_path, "lm_head", {1: b, 16: a})
+    with Server(ls_bin, demo_model, env=env_for(tmp_path)) as s:
+        t = table(full_log(s))
+        assert t["gemm"][0] == a, t  # the projections keep the gemm rows' choice
+        assert t["lm_head"][0] == f"{b}:1,{a}", t
+        assert re.search(rf"per-bucket plan, the doctor's fastest: M=1 {b} [0-9.e-]+ ms, M=16 {a}", t["lm_head"][1]), t
+        info = json.loads(s.get("/get_server_info")[1])
+        assert info["backends"]["lm_head"] == f"{b}:1,{a}", info["backends"]
+        assert info["backends"]["gemm"] == a, info["backends"]
+        assert completions(s) == ref_text

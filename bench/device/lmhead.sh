@@ -13,8 +13,10 @@
 # 3. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
 #    synth Qwen3.5-35B-A3B (8 layers: the tail is the same as the full model's), one-block vs
 #    cluster sampler (LASTSTAND_SAMPLE_WIDE), greedy and T 0.8 seeded: the ids must agree.
-# 4. The doctor's gemm rows (the model's projections and, where the binary has it, the lm_head
-#    row group) at --shapes qwen3.5-35b-a3b, M = 1, 16, cuda_gemv and cuda_cublaslt.
+# 4. The decode step with the lm_head on cuda_cublaslt vs cuda_gemv (--lm-head-backend; the
+#    projections keep the cuda_gemv:8,cuda_cublaslt plan).
+# 5. The doctor's lm_head row group (first: its own choice) and gemm rows at --shapes
+#    qwen3.5-35b-a3b, M = 1, 16: cuda_ref, cuda_gemv, cuda_cublaslt.
 # Each step is bounded by `timeout`; the whole script stays under 100 s.
 set -u
 BIN=${1:?usage: lmhead.sh BIN OUTDIR}
@@ -70,12 +72,18 @@ for mode in greedy t08; do
     echo "  $mode: ids one-block == cluster: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
 done
 
+echo "== decode step, synth 35B 8 layers, the lm_head on cuda_cublaslt vs cuda_gemv (--lm-head-backend) $(el)"
+for lm in cuda_cublaslt cuda_gemv; do
+    [ "$(left)" -gt 40 ] || { echo "  (skipped: time)"; continue; }
+    gen "lm-$lm" 20 --lm-head-backend "$lm"
+done
+
 if [ "$(left)" -gt 15 ]; then
-    echo "== doctor gemm (+ lm_head) at qwen3.5-35b-a3b, M = 1, 16 $(el)"
-    timeout -k 3 $(( $(left) - 2 )) "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gemm \
-        --m 1,16 --backends cuda_gemv,cuda_cublaslt --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
+    echo "== doctor gemm + lm_head at qwen3.5-35b-a3b, M = 1, 16 $(el)"
+    timeout -k 3 $(( $(left) - 2 )) "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families lm_head,gemm \
+        --m 1,16 --backends cuda_ref,cuda_gemv,cuda_cublaslt --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
     echo "rc=$? $(el)"
-    grep -E "^(gemm|lm_head)|^ +(1|16) |measured device copy|lm_head" "$OUT/doctor.txt" | cut -c1-160 | head -20
+    grep -E "^(gemm|lm_head) |^ +(1|16) |measured device copy|^  (gemm|lm_head) " "$OUT/doctor.txt" | cut -c1-190 | head -40
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
 fi
 echo "total $(( $(date +%s) - T0 )) s"

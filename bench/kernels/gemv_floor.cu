@@ -25,6 +25,13 @@
  *
  * Then the real [4096 x 4096] default GEMV decomposed (gv_kernel below).
  *
+ * `gemv_floor graph` (gtime session) runs only the graph section instead: the no-load chain,
+ * the pure read and the real default at [4096 x 4096] (and its 8 x 4 / 4 x 8 forms at their
+ * natural occupancy), each timed three ways (time_chain): on the stream as above, on the stream
+ * behind a hold kernel (the host's enqueue rate off the clock, as the doctor's lsc_hold does;
+ * the sections above have no hold, so their short chains include the host's ~4 us per launch),
+ * and as a captured CUDA graph behind a hold (how the engine replays a decode step).
+ *
  * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
@@ -47,6 +54,20 @@
             exit(1);                                                                                           \
         }                                                                                                      \
     } while (0)
+
+/* cp.async.wait_group n for n known after unrolling (as cu_util.h's cu_cp_async_wait_dyn) */
+__device__ __forceinline__ void wait_dyn(int n) {
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    }
+}
 
 __device__ __forceinline__ void cp16(void *s, const void *g) {
     unsigned a = (unsigned)__cvta_generic_to_shared(s);
@@ -119,11 +140,10 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
  *   DEC = 0: no decode or mma: each chunk's codes and x are XORed into the sum instead.
  * Timed like the floor kernel (chain8, rotating sets or one hot set, PDL). */
 enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
-template <int XB, int DEC>
-__global__ void __launch_bounds__(32 * GK_KW, 2)
+template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2>
+__global__ void __launch_bounds__(32 * KW, MINB)
     gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
               const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y) {
-    constexpr int KW = GK_KW, PER = GK_PER;
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ __align__(16) uint4 xs[KW][PER][16];
     __shared__ __align__(16) uint4 zb[2];
@@ -159,8 +179,7 @@ __global__ void __launch_bounds__(32 * GK_KW, 2)
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int u = 0; u < PER; u++) {
-        if (u == 0) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        wait_dyn(PER - 1 - u);
         __syncwarp();
         const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]);
         float sg[4];
@@ -200,6 +219,13 @@ static cudaError_t gv_launch(int pdl, int N, int K, cudaStream_t st, const __nv_
     return cu_launch_pdl(pdl, gv_kernel<XB, DEC>, dim3(N / 16), dim3(32 * GK_KW), GK_PAD, st, N, K, x, w, sc, 1.0f, y);
 }
 
+/* the real kernel at KW warps x PER chunks, natural occupancy (no padding) */
+template <int KW, int PER, int MINB = 2>
+static cudaError_t gv_launch_kp(int pdl, int N, int K, cudaStream_t st, const __nv_bfloat16 *x, const uint8_t *w,
+                                const uint8_t *sc, __nv_bfloat16 *y) {
+    return cu_launch_pdl(pdl, gv_kernel<0, 1, KW, PER, MINB>, dim3(N / 16), dim3(32 * KW), 0, st, N, K, x, w, sc, 1.0f, y);
+}
+
 static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const uint8_t *w,
                           const uint8_t *sc, int K, int R, int D, int pf, int xb, const uint32_t *xin,
                           uint32_t *out) {
@@ -210,6 +236,64 @@ static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
+
+
+/* ---- the timing modes of the graph section (argv[1] == "graph", gtime session) ----
+ * A hold kernel keeps the GPU busy (spinning on %globaltimer) while the host enqueues a
+ * sample, as the doctor's lsc_hold does, so the host's launch rate stays off the clock. */
+__global__ void hold_kernel(long long ns) {
+    long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+/* mode 0: (event, chain calls, event) on the stream, no hold (the sections above);
+ * 1: the same behind a hold; 2: the chain captured once as a CUDA graph (one graph per
+ * group of chain consecutive sets, launched in turn), (event, graph launch, event) behind
+ * a hold: how the engine runs a decode step. us per call, median of nsamp samples. */
+template <class F>
+static double time_chain(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int mode, int chain, int nsets, int nsamp,
+                         F launch_k) {
+    std::vector<cudaGraphExec_t> gx;
+    if (mode == 2) {
+        const int ng = (nsets + chain - 1) / chain;
+        for (int g = 0; g < ng; g++) {
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int i = 0; i < chain; i++) CK(launch_k(g * chain + i));
+            CK(cudaStreamEndCapture(st, &gr));
+            cudaGraphExec_t x;
+            CK(cudaGraphInstantiateWithFlags(&x, gr, 0));
+            CK(cudaGraphDestroy(gr));
+            gx.push_back(x);
+        }
+        for (size_t g = 0; g < gx.size(); g++) CK(cudaGraphLaunch(gx[g], st)); /* warm-up (upload) */
+    }
+    int k = 0;
+    for (int i = 0; i < 16; i++, k++) CK(launch_k(k));
+    CK(cudaStreamSynchronize(st));
+    std::vector<double> t;
+    for (int smp = 0; smp < nsamp; smp++) {
+        if (mode >= 1) hold_kernel<<<1, 1, 0, st>>>(mode == 2 ? 30000 : 20000 + 6000LL * chain);
+        CK(cudaEventRecord(e0, st));
+        if (mode == 2)
+            CK(cudaGraphLaunch(gx[smp % gx.size()], st));
+        else
+            for (int i = 0; i < chain; i++, k++) CK(launch_k(k));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e3 / chain);
+    }
+    CK(cudaGetLastError());
+    for (cudaGraphExec_t x : gx) CK(cudaGraphExecDestroy(x));
+    return median(t);
+}
+
+static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs);
 
 int main(int argc, char **argv) {
     int dev = 0;
@@ -249,6 +333,7 @@ int main(int argc, char **argv) {
     }
     printf("gemv_floor: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s (read + written)\n", p.name, sms,
            p.l2CacheSize >> 20, copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "graph")) return graph_section(p, st, e0, e1, copy_gbs);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, floor_kernel));
     const size_t smem_dyn_max = smem_blk - fa.sharedSizeBytes; /* the opt-in limit counts static shared memory */
@@ -409,7 +494,92 @@ int main(int argc, char **argv) {
             CK(cudaFree(S[i]));
         }
     }
-    (void)argc;
-    (void)argv;
+    return 0;
+}
+
+/* The graph section: the no-load chain, the pure read and the real default at [4096 x 4096],
+ * each timed three ways (time_chain's modes), chains of 8 and 32. */
+static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs) {
+    const int N = 4096, K = 4096;
+    const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
+    const int nsets = 32; /* 302 MB: far over L2 */
+    std::vector<uint8_t *> W(nsets), S(nsets);
+    for (int i = 0; i < nsets; i++) {
+        CK(cudaMalloc(&W[i], cbytes));
+        CK(cudaMalloc(&S[i], sbytes));
+        CK(cudaMemsetAsync(W[i], 0x37 + i, cbytes, st));
+        CK(cudaMemsetAsync(S[i], 0x30 + i, sbytes, st));
+    }
+    uint32_t *xin, *out;
+    CK(cudaMalloc(&xin, 8192));
+    CK(cudaMemset(xin, 0x5a, 8192));
+    CK(cudaMalloc(&out, 1 << 20));
+    __nv_bfloat16 *x, *y;
+    CK(cudaMalloc(&x, (size_t)K * 2));
+    CK(cudaMalloc(&y, (size_t)N * 2));
+    CK(cudaMemsetAsync(x, 0x3c, (size_t)K * 2, st));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, floor_kernel));
+    CK(cudaFuncSetAttribute(floor_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)(p.sharedMemPerBlockOptin - fa.sharedSizeBytes)));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    const size_t smem2 = (size_t)p.sharedMemPerMultiprocessor / 2 - 2048; /* 2 blocks an SM */
+    printf("graph section: [4096 x 4096], %zu B a call, 32 rotating sets; us per call (%% of copy %.0f GB/s)\n",
+           bytes, copy_gbs);
+    printf("%-34s %4s %5s %16s %16s %16s\n", "kernel", "pdl", "chain", "stream", "stream+hold", "graph+hold");
+    struct row {
+        const char *name;
+        int kind, pdl; /* kind 0: no loads, 1: pure read, 2: real GEMV, 3: real without decode,
+                        * 4 / 5 / 6: real at 16 x 2 / 8 x 4 / 4 x 8 (warps x chunks), natural occupancy,
+                        * 7: pure read at 4 blocks an SM */
+    };
+    const row rows[] = {{"no loads (launch/wait/x/write)", 0, 1}, {"no loads", 0, 0},
+                        {"pure read 16 rows x 512 thr", 1, 1},   {"pure read", 1, 0},
+                        {"real fp4_gemv1t<16,2,0>", 2, 1},       {"real fp4_gemv1t<16,2,0>", 2, 0},
+                        {"real, no decode (DEC=0)", 3, 1},       {"real 16x2 natural occupancy", 4, 1},
+                        {"real 8x4 (256 thr)", 5, 1},            {"real 4x8 (128 thr)", 6, 1},
+                        {"pure read, 4 blocks an SM", 7, 1},     {"real 8x4, 4 blocks an SM (<= 64 regs)", 8, 1},
+                        {"real 16x2 again", 2, 1}};
+    {
+        int o4 = 0, o5 = 0, o6 = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o4, gv_kernel<0, 1, 16, 2>, 512, 0));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o5, gv_kernel<0, 1, 8, 4>, 256, 0));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o6, gv_kernel<0, 1, 4, 8>, 128, 0));
+        cudaFuncAttributes a4, a5, a6;
+        CK(cudaFuncGetAttributes(&a4, gv_kernel<0, 1, 16, 2>));
+        CK(cudaFuncGetAttributes(&a5, gv_kernel<0, 1, 8, 4>));
+        CK(cudaFuncGetAttributes(&a6, gv_kernel<0, 1, 4, 8>));
+        int o8 = 0;
+        cudaFuncAttributes a8;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o8, gv_kernel<0, 1, 8, 4, 4>, 256, 0));
+        CK(cudaFuncGetAttributes(&a8, gv_kernel<0, 1, 8, 4, 4>));
+        printf("occupancy: 16x2 %d blocks/SM (%d regs), 8x4 %d (%d regs), 4x8 %d (%d regs), 8x4 min 4: %d (%d regs, "
+               "%zu B local)\n", o4, a4.numRegs, o5, a5.numRegs, o6, a6.numRegs, o8, a8.numRegs, a8.localSizeBytes);
+    }
+    const size_t smem4 = (size_t)p.sharedMemPerMultiprocessor / 4 - 2048;
+    for (const row &r : rows) {
+        auto launch_k = [&](int k) -> cudaError_t {
+            const int si = k % nsets;
+            if (r.kind <= 1 || r.kind == 7)
+                return launch(r.pdl, dim3(N / 16), dim3(512), r.kind == 7 ? smem4 : smem2, st, W[si], S[si], K,
+                              r.kind ? 16 : 0, 0, 0, 0, xin, out);
+            if (r.kind == 4) return gv_launch_kp<16, 2>(r.pdl, N, K, st, x, W[si], S[si], y);
+            if (r.kind == 5) return gv_launch_kp<8, 4>(r.pdl, N, K, st, x, W[si], S[si], y);
+            if (r.kind == 6) return gv_launch_kp<4, 8>(r.pdl, N, K, st, x, W[si], S[si], y);
+            if (r.kind == 8) return gv_launch_kp<8, 4, 4>(r.pdl, N, K, st, x, W[si], S[si], y);
+            if (r.kind == 2) return gv_launch<0, 1>(r.pdl, N, K, st, x, W[si], S[si], y);
+            return gv_launch<0, 0>(r.pdl, N, K, st, x, W[si], S[si], y);
+        };
+        for (int chain : {8, 32}) {
+            printf("%-34s %4d %5d", r.name, r.pdl, chain);
+            for (int mode = 0; mode < 3; mode++) {
+                const double us = time_chain(st, e0, e1, mode, chain, nsets, chain == 8 ? 200 : 60, launch_k);
+                printf(" %8.2f (%4.1f%%)", us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    }
     return 0;
 }

@@ -28,6 +28,7 @@ static void usage(FILE *f) {
                "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
+               "         [--lm-head-backend NAME]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n");
 }

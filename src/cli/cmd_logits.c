@@ -1,6 +1,6 @@
 /* cmd_logits.c: `laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]
  * [--moe-runner-backend NAME] [--fp4-gemm-backend NAME] [--attention-backend NAME]
- * [--gdn-backend NAME] [--gemm-backend NAME]`: one forward pass over the ids, the fp32 logits of every
+ * [--gdn-backend NAME] [--gemm-backend NAME] [--lm-head-backend NAME]`: one forward pass over the ids, the fp32 logits of every
  * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats).
  * Exit codes: 0 ok, 2 bad flag/value or unloadable model, 1 runtime failure.
  */
@@ -17,6 +17,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
+               "         [--lm-head-backend NAME]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n");
 }
 

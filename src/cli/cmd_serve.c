@@ -68,7 +68,10 @@ static void usage(const flag *flags, int n) {
             "bound) takes every larger M. Bounds increase; M is the rows of a GEMM, the tokens of a MoE call, and\n"
             "the new tokens of the whole step for attention and gdn. Example:\n"
             "  --gdn-backend cuda_recurrent:8,cuda_chunked --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm\n"
-            "  --gemm-backend cuda_gemv:8,cuda_cublaslt\n"
+            "  --gemm-backend cuda_gemv:8,cuda_cublaslt --lm-head-backend cuda_cublaslt\n"
+            "The lm_head (the vocab projection, M = the rows that want logits) has a plan of its own, from the\n"
+            "doctor's \"lm_head\" rows: its weight is far larger than the projections', so its best backend at\n"
+            "small M may differ from theirs.\n"
             "With auto, serve builds each family's plan from the doctor's per-bucket choices (--doctor-buckets),\n"
             "validates it in the smoke test (the model's first layers, 2 of each layer kind; prefill chunks and\n"
             "decode steps run every entry) and prints it in the \"last backend standing\" table. A named\n"
@@ -195,6 +198,9 @@ int cmd_serve(int argc, char **argv) {
         {"gemm-backend", F_STR, &a.backend[SA_GEMM],
          "BF16 GEMM backend (cuda_cublaslt, cuda_gemv, ...): auto (default), NAME or a plan", BACKENDS_ANY},
         {"gdn-backend", F_STR, &a.backend[SA_GDN], "Gated DeltaNet backend: auto (default), NAME or a plan", BACKENDS_ANY},
+        {"lm-head-backend", F_STR, &a.backend[SA_LM_HEAD],
+         "the lm_head's own BF16 GEMM backend (gemm backends; M = rows that want logits): auto (default: the "
+         "doctor's fastest on the lm_head's shape), NAME or a plan", BACKENDS_ANY},
         {"trust-backend", F_BOOL, &a.trust_backend, "serve with named backends even if validation fails", NULL},
         {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
          "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
@@ -334,7 +340,7 @@ int cmd_serve(int argc, char **argv) {
      * instead), never one that serve_auto eliminated (banned_backends) */
     for (int f = 0; f < SA_NFAM; f++) {
         const char *user = a.backend[f];
-        if (!user || !*user || !strcmp(user, "auto")) o.auto_families |= 1u << serve_auto_families[f].ops_fam;
+        if (!user || !*user || !strcmp(user, "auto")) o.auto_families |= serve_auto_families[f].auto_bit;
         *serve_auto_engine_name(&o, f) = sa.names[f];
     }
     o.banned_backends = sa.banned;

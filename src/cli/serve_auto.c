@@ -35,8 +35,8 @@
  *    never take it.
  * 3. A pass is cached next to the doctor's decision, so a second start with
  *    the same decision skips the children.
- * The families (serve_auto_families: fp4_gemm, moe, attention, gdn and the BF16
- * gemm) all go through the same code; every command's backend flags map to the
+ * The families (serve_auto_families: fp4_gemm, moe, attention, gdn, the BF16
+ * gemm and the lm_head's own gemm plan) all go through the same code; every command's backend flags map to the
  * engine's and the model's options through that one table.
  * Owns: the children (always waited for; killed at the timeout), their log
  *       and output files under /tmp (removed).
@@ -72,11 +72,12 @@
 extern char **environ;
 
 const serve_auto_family serve_auto_families[SA_NFAM] = {
-    [SA_FP4_GEMM] = {"fp4_gemm", "--fp4-gemm-backend", OPS_FAM_FP4_GEMM},
-    [SA_MOE] = {"moe", "--moe-runner-backend", OPS_FAM_MOE},
-    [SA_ATTENTION] = {"attention", "--attention-backend", OPS_FAM_ATTN},
-    [SA_GDN] = {"gdn", "--gdn-backend", OPS_FAM_GDN},
-    [SA_GEMM] = {"gemm", "--gemm-backend", OPS_FAM_GEMM},
+    [SA_FP4_GEMM] = {"fp4_gemm", "--fp4-gemm-backend", OPS_FAM_FP4_GEMM, 1u << OPS_FAM_FP4_GEMM},
+    [SA_MOE] = {"moe", "--moe-runner-backend", OPS_FAM_MOE, 1u << OPS_FAM_MOE},
+    [SA_ATTENTION] = {"attention", "--attention-backend", OPS_FAM_ATTN, 1u << OPS_FAM_ATTN},
+    [SA_GDN] = {"gdn", "--gdn-backend", OPS_FAM_GDN, 1u << OPS_FAM_GDN},
+    [SA_GEMM] = {"gemm", "--gemm-backend", OPS_FAM_GEMM, 1u << OPS_FAM_GEMM},
+    [SA_LM_HEAD] = {"lm_head", "--lm-head-backend", OPS_FAM_GEMM, MODEL_AUTO_LM_HEAD},
 };
 #define FAM(f) (serve_auto_families[f].fam)
 #define FLAG(f) (serve_auto_families[f].flag)
@@ -93,6 +94,7 @@ const char **serve_auto_engine_name(ls_engine_opts *o, int f) {
     case SA_MOE: return &o->moe_backend;
     case SA_ATTENTION: return &o->attention_backend;
     case SA_GDN: return &o->gdn_backend;
+    case SA_LM_HEAD: return &o->lm_head_backend;
     default: return &o->gemm_backend;
     }
 }
@@ -103,6 +105,7 @@ const char **serve_auto_model_name(model_opts *o, int f) {
     case SA_MOE: return &o->moe_backend;
     case SA_ATTENTION: return &o->attention_backend;
     case SA_GDN: return &o->gdn_backend;
+    case SA_LM_HEAD: return &o->lm_head_backend;
     default: return &o->gemm_backend;
     }
 }
@@ -307,10 +310,13 @@ static void smoke_depth_line(const smoke_out *r, char *out, size_t n) {
         snprintf(out, n, "all %d layers (no fewer hold 2 of each layer kind)", r->layers);
 }
 
-/* The bounds of the plans among names ("a:8,b" has 8), sorted, unique; returns the count. */
+/* The bounds of the plans among names ("a:8,b" has 8), sorted, unique; returns the count.
+ * Not the lm_head's: its M is the rows that want logits (one a forward in the smoke test),
+ * not the tokens of the call; the doctor judged its plan's entries at its buckets. */
 static int plan_bounds(const char *const names[SA_NFAM], int *b, int max) {
     int n = 0;
-    for (int f = 0; f < SA_NFAM; f++)
+    for (int f = 0; f < SA_NFAM; f++) {
+        if (f == SA_LM_HEAD) continue;
         for (const char *p = names[f]; p && *p;) {
             size_t len = strcspn(p, ",");
             const char *colon = memchr(p, ':', len);
@@ -325,6 +331,7 @@ static int plan_bounds(const char *const names[SA_NFAM], int *b, int max) {
             }
             p += len + (p[len] == ',');
         }
+    }
     return n;
 }
 

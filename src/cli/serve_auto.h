@@ -11,8 +11,11 @@
 #include <stddef.h>
 
 /* The op families whose backend serve decides, in the order of the "last backend
- * standing" table. SA_GEMM (BF16/F16 weights: cuBLASLt, cuda_gemv, ...) came last. */
-enum { SA_FP4_GEMM = 0, SA_MOE, SA_ATTENTION, SA_GDN, SA_GEMM, SA_NFAM };
+ * standing" table. SA_GEMM (BF16/F16 weights: cuBLASLt, cuda_gemv, ...) came last, then
+ * SA_LM_HEAD: the lm_head's own gemm backend or plan (its M: the rows that want logits),
+ * judged by the doctor's "lm_head" row group, so that the vocab projection's plan is not
+ * the projections'. */
+enum { SA_FP4_GEMM = 0, SA_MOE, SA_ATTENTION, SA_GDN, SA_GEMM, SA_LM_HEAD, SA_NFAM };
 
 struct ls_engine_opts;
 struct model_opts;
@@ -25,6 +28,8 @@ typedef struct serve_auto_family {
     const char *fam;
     const char *flag;
     int ops_fam;
+    unsigned auto_bit;  /* (additive) its ls_engine_opts.auto_families bit: 1u << ops_fam, but the
+                           lm_head's (MODEL_AUTO_LM_HEAD, 32: its ops family is gemm's) */
 } serve_auto_family;
 extern const serve_auto_family serve_auto_families[SA_NFAM];
 

@@ -661,6 +661,9 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         {"moe", ops_moe_count, moe_name_at},
         {"attention", ops_attn_count, attn_name_at},
         {"gdn", ops_gdn_count, gdn_name_at},
+        /* the lm_head: a gemm of its own shape with its own choice (serve's --lm-head-backend),
+         * so that its plan is not the projections' (their summed time decides the gemm row) */
+        {"lm_head", ops_gemm_count, gemm_name_at},
     };
     int complete = 1;
     double t_start = now_sec();
@@ -671,6 +674,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                        : !strcmp(fd->name, "gemm")      ? s->n_bf16
                        : !strcmp(fd->name, "moe")       ? s->n_experts > 0
                        : !strcmp(fd->name, "attention") ? s->n_heads > 0
+                       : !strcmp(fd->name, "lm_head")   ? s->vocab > 0 && s->hidden > 0
                                                         : s->nk > 0;
         if (n_shapes == 0) {
             fprintf(stderr, "doctor: %s: the model has no such op, skipped\n", fd->name);
@@ -752,6 +756,10 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          s->shared_inter <= 0 ? ""
                          : s->nvfp4 && s->sh_nvfp4 ? ", NVFP4 shared expert"
                                                    : ", BF16 shared expert");
+            else if (!strcmp(fd->name, "lm_head"))
+                snprintf(title, sizeof title, "lm_head  [%d x %d]  the vocab projection, one row per sequence that "
+                         "wants logits  (BF16 weight %.4g MB; a gemm, chosen on its own)", s->vocab, s->hidden,
+                         (double)s->vocab * s->hidden * 2 / 1e6);
             else {
                 const doc_lin *L = !strcmp(fd->name, "fp4_gemm") ? &s->fp4[sh] : &s->bf16[sh];
                 double wb = !strcmp(fd->name, "fp4_gemm") ? (double)L->N * L->K * 0.5625 : (double)L->N * L->K * 2;

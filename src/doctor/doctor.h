@@ -47,6 +47,9 @@ typedef struct doc_shapes {
     int sh_nvfp4;        /* (additive) the shared expert is NVFP4; 0 = BF16 (ModelOpt
                             NVFP4 checkpoints may exclude it, synth does); only
                             meaningful with nvfp4 and shared_inter > 0 */
+    int vocab;           /* (additive) vocab_size: the lm_head is a BF16 gemm of [vocab x hidden]
+                            (tied or not; NVFP4 checkpoints keep it BF16), timed as its own row
+                            group "lm_head" with its own choice; 0: no lm_head row */
 } doc_shapes;
 
 /* Shapes from a model folder (config.json), "synth:NAME[,...]" or a preset
@@ -63,7 +66,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e);
 typedef struct doctor_opts {
     const char *device;      /* "cuda" | "cpu" */
     const char *json_path;   /* NULL: no report file */
-    const char *families;    /* comma list of fp4_gemm,gemm,moe,attention,gdn; NULL = all */
+    const char *families;    /* comma list of fp4_gemm,gemm,moe,attention,gdn,lm_head; NULL = all */
     const char *backends;    /* comma list to restrict to; NULL = all of the device */
     int ms[DOC_MAX_M];       /* buckets */
     int n_ms;

@@ -41,15 +41,15 @@ static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) {
 
 typedef struct preset {
     const char *name;
-    int hidden, E, top_k, I, Is, nh, nkv, hd, nk, nv, dk, dv, dense_inter;
+    int hidden, E, top_k, I, Is, nh, nkv, hd, nk, nv, dk, dv, dense_inter, vocab;
 } preset;
 
 static const preset k_presets[] = {
-    {"qwen3.5-397b-a17b", 4096, 512, 10, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0},
-    {"qwen3.5-122b-a10b", 3072, 256, 8, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0},
-    {"qwen3.5-35b-a3b", 2048, 256, 8, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0},
-    {"qwen3-next-80b-a3b", 2048, 512, 10, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0},
-    {"qwen3-30b-a3b", 2048, 128, 8, 768, 0, 32, 4, 128, 0, 0, 0, 0, 0},
+    {"qwen3.5-397b-a17b", 4096, 512, 10, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0, 248320},
+    {"qwen3.5-122b-a10b", 3072, 256, 8, 1024, 1024, 32, 2, 256, 16, 64, 128, 128, 0, 248320},
+    {"qwen3.5-35b-a3b", 2048, 256, 8, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0, 248320},
+    {"qwen3-next-80b-a3b", 2048, 512, 10, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0, 151936},
+    {"qwen3-30b-a3b", 2048, 128, 8, 768, 0, 32, 4, 128, 0, 0, 0, 0, 0, 151936},
 };
 
 /* Fill the derived lists from the scalar fields; quant_attn/quant_gdn: whether
@@ -113,6 +113,7 @@ int doc_shapes_from_preset(const char *name, doc_shapes *s, ls_err *e) {
         s->nvfp4 = 1;
         s->sh_nvfp4 = 1; /* a synth: spec turns it to BF16 below */
         s->hidden = p->hidden;
+        s->vocab = p->vocab;
         s->n_experts = p->E;
         s->top_k = p->top_k;
         s->moe_inter = p->I;
@@ -169,6 +170,7 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
     snprintf(s->model, sizeof s->model, "%s", path);
     s->nvfp4 = c.nvfp4;
     s->hidden = c.hidden;
+    s->vocab = c.vocab;
     s->n_experts = c.n_experts;
     s->top_k = c.top_k;
     s->moe_inter = c.moe_inter;
@@ -253,6 +255,7 @@ char *doc_shapes_json(const doc_shapes *s) {
         "head_dim", s->head_dim, "gated", s->gated, "nk", s->nk, "nv", s->nv, "dk", s->dk, "dv",
         s->dv, "conv_k", s->conv_k);
     json_object_set_new(o, "sh_nvfp4", json_integer(s->sh_nvfp4));
+    json_object_set_new(o, "vocab", json_integer(s->vocab));
     json_object_set_new(o, "fp4", lins_json(s->fp4, s->n_fp4));
     json_object_set_new(o, "bf16", lins_json(s->bf16, s->n_bf16));
     char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
@@ -307,6 +310,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e) {
     s->dv = geti(o, "dv");
     s->conv_k = geti(o, "conv_k");
     s->sh_nvfp4 = geti(o, "sh_nvfp4");
+    s->vocab = geti(o, "vocab");
     parse_lins(json_object_get(o, "fp4"), s->fp4, &s->n_fp4);
     parse_lins(json_object_get(o, "bf16"), s->bf16, &s->n_bf16);
     json_decref(o);

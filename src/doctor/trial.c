@@ -524,6 +524,8 @@ int doctor_trial_main(int argc, char **argv) {
     td_job_ctx jc = {&s, ms, n_ms, backend, gpu_ref_ok, seed};
     if (!strcmp(family, "fp4_gemm") || !strcmp(family, "gemm"))
         rc = td_run_gemm_jobs(&jc, !strcmp(family, "fp4_gemm"), start);
+    else if (!strcmp(family, "lm_head"))
+        rc = td_run_lm_head_jobs(&jc, start);
     else if (!strcmp(family, "moe"))
         rc = td_run_moe_jobs(&jc, start);
     else if (!strcmp(family, "attention"))

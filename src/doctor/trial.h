@@ -60,6 +60,8 @@ int td_check(const float *y, const float *ref, size_t rows, size_t cols, const u
 void td_result(int job, const td_res *r);
 
 int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start);
+/* The lm_head row group: the gemm jobs of the one [vocab x hidden] BF16 shape. */
+int td_run_lm_head_jobs(const td_job_ctx *c, int start);
 int td_run_moe_jobs(const td_job_ctx *c, int start);
 int td_run_attn_jobs(const td_job_ctx *c, int start);
 int td_run_gdn_jobs(const td_job_ctx *c, int start);

@@ -44,7 +44,17 @@ typedef struct model_opts {
      * MODEL_LAYERS_SMOKE: the first model_smoke_depth() layers. For synth: paths the
      * cut applies to the spec's layers=N (same weights: synth seeds each tensor by name). */
     int max_layers;
+    /* (additive) the lm_head's own BF16 gemm backend or per-M plan (serve's --lm-head-backend;
+     * M = the rows that want logits), chosen by the doctor on the lm_head's own shape while the
+     * projections keep gemm_backend's; NULL or "auto": the lm_head runs gemm_backend's choice.
+     * auto_families bit MODEL_AUTO_LM_HEAD makes it a preference (per-shape fallback, capture
+     * substitutes), as the other families' bits do; banned_backends may name "lm_head:NAME"
+     * (kept off the lm_head's fallbacks, on top of the gemm family's). An NVFP4 lm_head runs
+     * fp4_gemm_backend's choice. */
+    const char *lm_head_backend;
 } model_opts;
+
+#define MODEL_AUTO_LM_HEAD 32u /* model_opts.auto_families: the bit after the five ops families' */
 
 #define MODEL_LAYERS_SMOKE (-1)
 

@@ -144,7 +144,17 @@ struct model {
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
     int n_used, cap_used;
     int n_layers_ckpt;  /* the checkpoint's num_hidden_layers (cfg.n_layers: after model_opts.max_layers) */
+    /* the lm_head's own gemm selection (model_opts.lm_head_backend; mdl_lm_ops): lm_plan.n = 0:
+     * the gemm family's (ops); else its entries (n = 1: one backend), lm_auto (a preference:
+     * per-shape fallback, capture substitutes) and the backends its fallbacks never take */
+    ops_plan lm_plan;
+    int lm_auto;
+    const void *lm_ban[OPS_BAN_MAX];
+    int n_lm_ban;
 };
+
+/* The selection the lm_head runs with: &m->ops, or tmp filled from it with the lm_head's plan. */
+const ops_sel *mdl_lm_ops(const model *m, ops_sel *tmp);
 
 /* ---- binding helpers (model.c) ------------------------------------------ */
 

@@ -476,6 +476,10 @@ int tp_build(model *m, int N, ls_err *e) {
         memcpy(rm->prefix, m->prefix, sizeof rm->prefix);
         rm->embed = m->embed;
         rm->lm_head = m->lm_head;
+        rm->lm_plan = m->lm_plan; /* rank 0 computes the logits with the lm_head's own plan */
+        rm->lm_auto = m->lm_auto;
+        memcpy(rm->lm_ban, m->lm_ban, sizeof rm->lm_ban);
+        rm->n_lm_ban = m->n_lm_ban;
         rm->final_norm = m->final_norm;
         rm->n_full = m->n_full;
         rm->n_lin = m->n_lin;

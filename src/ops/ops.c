@@ -513,6 +513,90 @@ static int sup_gdn(const void *impl, const dev_info *d, const void *shape, char 
     return !g->supported || g->supported(d, shape, why, n);
 }
 
+/* ---- load-time check of named backends -------------------------------------
+ * A family whose backend or plan was named (auto bit clear) never falls back, so an
+ * entry that does not take one of the model's shapes would fail a request at run
+ * time (the first decode step, say). The model checks its shapes once at open:
+ * every entry at the first and the last M of its range (the last entry: its first M
+ * and OPS_CHECK_MAX_M, the doctor's largest bucket); support depends on M only
+ * through bounds (cuda_fused_decode: M <= 8), so the two ends decide. */
+typedef void (*set_m_fn)(void *shape, int M);
+
+static int check_named(const ops_sel *s, int f, sup_fn sup, set_m_fn set_m, void *shape, const char *what,
+                       ls_err *e) {
+    if (s->auto_fam & (1u << f)) return 0;
+    const ops_plan *p = &s->plan[f];
+    const void *single = f == F_GEMM ? (const void *)s->gemm : f == F_FP4 ? (const void *)s->fp4_gemm
+                       : f == F_MOE ? (const void *)s->moe : f == F_ATTN ? (const void *)s->attn : (const void *)s->gdn;
+    const int n = p->n ? p->n : 1;
+    for (int i = 0; i < n; i++) {
+        const void *impl = p->n ? p->impl[i] : single;
+        if (!impl) continue;
+        const int lo = i ? p->max_m[i - 1] + 1 : 1;
+        const int hi = p->n && i < p->n - 1 ? p->max_m[i] : (lo > OPS_CHECK_MAX_M ? lo : OPS_CHECK_MAX_M);
+        const int ms[2] = {lo, hi};
+        for (int j = 0; j < 2; j++) {
+            char why[256] = "";
+            set_m(shape, ms[j]);
+            if (sup(impl, &s->dev, shape, why, sizeof why)) continue;
+            char range[48];
+            if (p->n > 1 && i < p->n - 1) snprintf(range, sizeof range, " (its entry for M %d..%d)", lo, hi);
+            else if (p->n > 1) snprintf(range, sizeof range, " (its entry for M >= %d)", lo);
+            else range[0] = 0;
+            return errf(e, ERR_UNSUPPORTED, "%s backend '%s'%s does not take this model's %s at M = %d: %s",
+                        k_fam_name[f], head(impl)->name, range, what, ms[j], why);
+        }
+    }
+    return 0;
+}
+
+static void set_m_gemm(void *p, int M) { ((gemm_shape *)p)->M = M; }
+static void set_m_moe(void *p, int M) { ((moe_shape *)p)->M = M; }
+static void set_m_attn(void *p, int M) {
+    attn_shape *a = p;
+    a->n_tok = M;
+    a->n_seq = 1;
+    if (a->max_ctx < M) a->max_ctx = M;
+}
+static void set_m_gdn(void *p, int M) {
+    gdn_shape *g = p;
+    g->n_tok = M;
+    g->n_seq = 1;
+}
+
+int ops_sel_check_linear(const ops_sel *s, const lin_w *w, ls_err *e) {
+    gemm_shape sh = {.M = 1, .N = w->N, .K = w->K, .wk = w->kind, .dt = s->act};
+    char what[160];
+    snprintf(what, sizeof what, "linear '%s' [%d x %d]", w->name ? w->name : "?", w->N, w->K);
+    return check_named(s, w->kind == W_NVFP4 ? F_FP4 : F_GEMM, sup_gemm, set_m_gemm, &sh, what, e);
+}
+
+int ops_sel_check_moe(const ops_sel *s, const moe_w *w, ls_err *e) {
+    moe_shape sh = {.M = 1, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
+                    .Is = w->shared_inter, .wk = w->gate[0].kind, .dt = s->act,
+                    .sk = w->shared_inter > 0 ? w->sh_gate.kind : w->gate[0].kind};
+    char what[160];
+    snprintf(what, sizeof what, "moe shape (hidden %d, %d experts, top-%d, expert size %d, shared %d)", w->hidden,
+             w->n_experts, w->top_k, w->inter, w->shared_inter);
+    return check_named(s, F_MOE, sup_moe, set_m_moe, &sh, what, e);
+}
+
+int ops_sel_check_attn(const ops_sel *s, const attn_shape *shape, ls_err *e) {
+    attn_shape sh = *shape;
+    char what[160];
+    snprintf(what, sizeof what, "attention shape (%d heads, %d kv heads, head dim %d%s)", sh.n_heads,
+             sh.n_kv_heads, sh.head_dim, sh.gated ? ", gated" : "");
+    return check_named(s, F_ATTN, sup_attn, set_m_attn, &sh, what, e);
+}
+
+int ops_sel_check_gdn(const ops_sel *s, const gdn_shape *shape, ls_err *e) {
+    gdn_shape sh = *shape;
+    char what[160];
+    snprintf(what, sizeof what, "gdn shape (%d key heads, %d value heads, dk %d, dv %d, conv %d)", sh.nk, sh.nv,
+             sh.dk, sh.dv, sh.conv_k);
+    return check_named(s, F_GDN, sup_gdn, set_m_gdn, &sh, what, e);
+}
+
 /* The backend ops_linear takes for (M, w), or NULL with e set. */
 static const gemm_impl *linear_impl(const ops_sel *s, int M, const lin_w *w, ls_err *e) {
     const int fp4 = w->kind == W_NVFP4;

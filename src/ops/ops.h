@@ -505,6 +505,18 @@ const void *ops_sel_for_m(const ops_sel *s, int fam, int M);
  * item, or more than OPS_BAN_MAX in one family. */
 int ops_sel_ban(ops_sel *s, const char *list, ls_err *e);
 int ops_sel_is_banned(const ops_sel *s, int fam, const void *impl);
+/* (additive) Load-time check of the backends named for a family (its auto_fam bit clear;
+ * a family chosen by "auto" passes: it falls back per call): every entry of the plan,
+ * or the single backend, must take the shape at the first and the last M of its range
+ * (the last entry: its first M and OPS_CHECK_MAX_M). ERR_UNSUPPORTED naming the
+ * family, the backend, its M range, the shape, M and the backend's reason; the model
+ * runs these at open, so a named backend that cannot run the model is refused before a
+ * request fails on it. The linear goes to gemm or fp4_gemm by its kind. */
+#define OPS_CHECK_MAX_M 8192
+int ops_sel_check_linear(const ops_sel *s, const lin_w *w, ls_err *e);
+int ops_sel_check_moe(const ops_sel *s, const moe_w *w, ls_err *e);
+int ops_sel_check_attn(const ops_sel *s, const attn_shape *shape, ls_err *e);
+int ops_sel_check_gdn(const ops_sel *s, const gdn_shape *shape, ls_err *e);
 
 /* y = x·Wᵀ through the selected gemm or fp4_gemm (by w->kind). */
 int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, int accumulate,

@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#include "cuda_test.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/graph.h"
 #endif
@@ -56,12 +57,8 @@ static int have_gpu(void) {
     static int state = -1;
     if (state >= 0) return state;
     state = 0;
-    g_mem = ops_dev_mem(DEV_CUDA);
+    if (!cuda_test_gpu("test_attn_cuda", 9, &g_mem, &g_dev, &g_st)) return state;
     ls_err e = {0};
-    if (!(g_mem && g_mem->open(0, &g_dev, &g_st, &e) == 0 && g_dev.cc_major >= 9)) {
-        fprintf(stderr, "test_attn_cuda: no CUDA device of cc >= 9.0 (%s): skipping\n", e.msg);
-        return state;
-    }
     const size_t n = (size_t)NPAGE * P * NKV * HD;
     g_k = malloc(n * 2);
     g_v = malloc(n * 2);

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#include "cuda_test.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/graph.h"
@@ -37,16 +38,7 @@ static const dev_mem *g_mem;
 static ls_stream g_st;
 static dev_info g_dev;
 
-static int have_gpu(void) {
-    static int state = -1;
-    if (state >= 0) return state;
-    state = 0;
-    g_mem = ops_dev_mem(DEV_CUDA);
-    ls_err e = {0};
-    if (g_mem && g_mem->open(0, &g_dev, &g_st, &e) == 0 && g_dev.cc_major >= 9) state = 1;
-    else fprintf(stderr, "test_fp4_gemv_cuda: no CUDA device of cc >= 9.0 (%s): skipping\n", e.msg);
-    return state;
-}
+static int have_gpu(void) { return cuda_test_gpu("test_fp4_gemv_cuda", 9, &g_mem, &g_dev, &g_st); }
 
 static uint32_t g_rng = 2024;
 static uint32_t rnd(void) {

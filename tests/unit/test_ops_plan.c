@@ -15,6 +15,9 @@
  *   a banned backend;
  * - while capturing, an auto plan's entry that is not graph_safe is traded for a graph_safe
  *   entry of the plan, never for a banned one (then the capture refuses);
+ * - the load-time check (ops_sel_check_*): a named plan is refused when one entry does not
+ *   take the shape at either end of its M range (the last entry up to OPS_CHECK_MAX_M),
+ *   with the family, the backend, its range, M and the reason; a family left at auto passes;
  * - ops_sel_ban rejects malformed lists;
  * - doctor_plan turns a report's per-bucket times into the plan (fastest ok backend per
  *   bucket among the allowed, runs merged, last unbounded), skipping buckets where a
@@ -295,6 +298,41 @@ static void test_named_plan_refuses_auto_plan_falls_back_never_to_a_banned_backe
     assert_non_null(strstr(e.msg, "'tsmall' does not take this shape"));
 }
 
+static void test_named_plan_checked_at_load_over_its_M_range(void **st) {
+    (void)st;
+    register_counters();
+    moe_setup();
+    dev_info cpu;
+    ops_cpu_dev(&cpu);
+    ops_sel s;
+    ls_err e = {0};
+    /* tsmall takes M <= 2: as the entry for M 1..2 it passes, for 1..8 it does not */
+    assert_int_equal(ops_select(&cpu, &(ops_names){.moe = "tsmall:2,tsafe"}, &s, &e), 0);
+    assert_int_equal(ops_sel_check_moe(&s, &g_w, &e), 0);
+    assert_int_equal(ops_select(&cpu, &(ops_names){.moe = "tsmall:8,tsafe"}, &s, &e), 0);
+    assert_int_equal(ops_sel_check_moe(&s, &g_w, &e), ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "moe backend 'tsmall' (its entry for M 1..8) does not take this model's moe shape"));
+    assert_non_null(strstr(e.msg, "at M = 8: takes M <= 2 (M=8)"));
+    /* as the last entry: checked at its first M and at OPS_CHECK_MAX_M */
+    assert_int_equal(ops_select(&cpu, &(ops_names){.moe = "tsafe:1,tsmall"}, &s, &e), 0);
+    assert_int_equal(ops_sel_check_moe(&s, &g_w, &e), ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "(its entry for M >= 2)"));
+    assert_non_null(strstr(e.msg, "at M = 8192"));
+    /* one name alone is checked over every M */
+    assert_int_equal(ops_select(&cpu, &(ops_names){.moe = "tsmall"}, &s, &e), 0);
+    assert_int_equal(ops_sel_check_moe(&s, &g_w, &e), ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "moe backend 'tsmall' does not take"));
+    /* the same plan chosen by auto passes (it falls back per call) */
+    s.auto_fam |= 1u << OPS_FAM_MOE;
+    assert_int_equal(ops_sel_check_moe(&s, &g_w, &e), 0);
+    /* the other families: the CPU backends take every shape */
+    assert_int_equal(ops_select(&cpu, &(ops_names){.attention = "cpu_ref", .gdn = "cpu_ref"}, &s, &e), 0);
+    attn_shape as = {.n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .dt = ACT_F32};
+    gdn_shape gs = {.nk = 1, .nv = 1, .dk = 4, .dv = 4, .conv_k = 4, .dt = ACT_F32};
+    assert_int_equal(ops_sel_check_attn(&s, &as, &e), 0);
+    assert_int_equal(ops_sel_check_gdn(&s, &gs, &e), 0);
+}
+
 static void test_capture_takes_a_graph_safe_plan_entry_never_a_banned_one(void **st) {
     (void)st;
     register_counters();
@@ -470,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_dispatch_switches_backend_by_M),
         cmocka_unit_test(test_attention_and_gdn_dispatch_on_the_steps_total_tokens),
         cmocka_unit_test(test_named_plan_refuses_auto_plan_falls_back_never_to_a_banned_backend),
+        cmocka_unit_test(test_named_plan_checked_at_load_over_its_M_range),
         cmocka_unit_test(test_capture_takes_a_graph_safe_plan_entry_never_a_banned_one),
         cmocka_unit_test(test_ban_list_errors),
         cmocka_unit_test(test_doctor_plan_from_per_bucket_times),

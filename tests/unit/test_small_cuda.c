@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#include "cuda_test.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,16 +29,7 @@ static const dev_mem *g_mem;
 static ls_stream g_st;
 static dev_info g_dev;
 
-static int have_gpu(void) {
-    static int state = -1;
-    if (state >= 0) return state;
-    state = 0;
-    g_mem = ops_dev_mem(DEV_CUDA);
-    ls_err e = {0};
-    if (g_mem && g_mem->open(0, &g_dev, &g_st, &e) == 0) state = 1;
-    else fprintf(stderr, "test_small_cuda: no CUDA device (%s): skipping\n", e.msg);
-    return state;
-}
+static int have_gpu(void) { return cuda_test_gpu("test_small_cuda", 0, &g_mem, &g_dev, &g_st); }
 
 static uint32_t g_rng = 777;
 static float urand(void) { /* [-1, 1) */

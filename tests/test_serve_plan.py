@@ -370,8 +370,13 @@ def test_logits_runs_the_lm_head_on_its_own_plan(demo_model):
     assert logits("--gemm-backend", x, "--lm-head-backend", x) == lx
     assert logits("--gemm-backend", y, "--lm-head-backend", f"{x}:2,{y}") == ly
     # both correct: the lm_head on y instead of x moves the logits by rounding only
-    worst = max(abs(a - b) for ra, rb in zip(mixed, lx) for a, b in zip(ra, rb))
-    assert 0 < worst < 1e-3 * max(abs(v) for r in lx for v in r)
+    def worst(a, b):
+        return max(abs(u - v) for ra, rb in zip(a, b) for u, v in zip(ra, rb))
+    scale = max(abs(v) for r in lx for v in r)
+    assert 0 < worst(mixed, lx) < 1e-3 * scale
+    # tensor parallel: rank 0 computes the logits, with the lm_head's plan
+    tx, tmixed = logits("--tp", "2", "--gemm-backend", x), logits("--tp", "2", "--gemm-backend", x, "--lm-head-backend", y)
+    assert tmixed != tx and worst(tmixed, mixed) < 1e-4 * scale
 
 
 def test_auto_takes_the_doctors_lm_head_picks_as_its_own_plan(ls_bin, demo_model, tmp_path, ref_text):

@@ -14,6 +14,7 @@
 
 #include "engine/sampler.h"
 #include "ops/ops.h"
+#include "cuda_test.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/graph.h"
 #endif
@@ -28,18 +29,10 @@ enum { V = 5003, ROWS = 4 };
 #ifdef LS_HAVE_CUDA
 static const dev_mem *g_mem;
 static ls_stream g_st;
+static dev_info g_dev;
 
-static int have_gpu(void) {
-    static int state = -1;
-    if (state >= 0) return state;
-    state = 0;
-    g_mem = ops_dev_mem(DEV_CUDA);
-    dev_info d;
-    ls_err e = {0};
-    if (g_mem && g_mem->open(0, &d, &g_st, &e) == 0) state = 1;
-    else fprintf(stderr, "test_sample_cuda: no CUDA device (%s): skipping\n", e.msg);
-    return state;
-}
+/* cc >= 9.0: the cluster form needs thread-block clusters (and the build targets sm_90) */
+static int have_gpu(void) { return cuda_test_gpu("test_sample_cuda", 9, &g_mem, &g_dev, &g_st); }
 
 static const sample_impl *g_impl = &sample_cuda_block; /* the form under test (the group's setup) */
 

@@ -627,6 +627,23 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
     return P;
 }
 
+/* The 16 bytes u as fp32 values (8 BF16 or 4 fp32). */
+template <typename T>
+__device__ __forceinline__ void unpack16(uint4 u, float *v);
+template <>
+__device__ __forceinline__ void unpack16<bf16>(uint4 u, float *v) {
+    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = __uint_as_float(q[k] << 16);
+        v[2 * k + 1] = __uint_as_float(q[k] & 0xffff0000u);
+    }
+}
+template <>
+__device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
+    v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
+}
+
 template <typename T>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
@@ -651,19 +668,43 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
 
-    /* 1. widen, NaN/Inf scan (and the plain-greedy argmax) */
+    /* 1. widen, NaN/Inf scan (and the plain-greedy argmax). A thread visits its ids in
+     * ascending order either way (16-byte vectors g, g + SMW_G, ... when the row allows, else
+     * single ids), so its first maximum is its lowest id. */
     const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
     float fv = -INFINITY;
     int fi = 0, bad = INT_MAX, none = INT_MIN;
+    constexpr int VW = 16 / (int)sizeof(T); /* elements of a 16-byte load */
+    if (V % VW == 0 && ((uintptr_t)x & 15) == 0) {
+        const uint4 *xv = (const uint4 *)x;
+        float4 *wv = (float4 *)w; /* V % 4 == 0 and the work row 16-byte aligned with it */
+        const int nv = V / VW;
+#pragma unroll 2
+        for (int q = g; q < nv; q += SMW_G) {
+            float v[VW];
+            unpack16<T>(xv[q], v);
+#pragma unroll
+            for (int k = 0; k < VW; k++) {
+                const int i = q * VW + k;
+                if (i == poison) v[k] = __int_as_float(0x7fc00000);
+                if (!isfinite(v[k])) bad = min(bad, i);
+                if (fast && v[k] > fv) { fv = v[k]; fi = i; }
+            }
+            if (!fast)
+#pragma unroll
+                for (int k = 0; k < VW; k += 4) wv[q * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+        }
+    } else {
 #pragma unroll 4
-    for (int i = g; i < V; i += SMW_G) {
-        float v = load_logit<T>(x, i);
-        if (i == poison) v = __int_as_float(0x7fc00000);
-        if (!isfinite(v)) bad = min(bad, i);
-        if (fast) {
-            if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
-        } else {
-            w[i] = v;
+        for (int i = g; i < V; i += SMW_G) {
+            float v = load_logit<T>(x, i);
+            if (i == poison) v = __int_as_float(0x7fc00000);
+            if (!isfinite(v)) bad = min(bad, i);
+            if (fast) {
+                if (v > fv) { fv = v; fi = i; }
+            } else {
+                w[i] = v;
+            }
         }
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */

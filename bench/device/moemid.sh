@@ -47,8 +47,9 @@ doctor() {
 
 echo "== 1. doctor, BF16 shared expert: old (MG_MID=0) vs new (MG_MID=1) ($(el))"
 doctor new35 "$NEW" "$B35" 8,16,32,64,128,256,1024 12
-# a wrong cell with the new path: again without its top-k kernel (LASTSTAND_MG_MIDTOPK=0)
-grep -q "❌" "$OUT/doc-new35.txt" 2>/dev/null && doctor new35_oldtopk "$NEW LASTSTAND_MG_MIDTOPK=0" "$B35" 16,64 8
+# a wrong cell with the new path: again with its old router and top-k (the GEMVs alone)
+grep -q "❌" "$OUT/doc-new35.txt" 2>/dev/null &&
+    doctor new35_gemvs "$NEW LASTSTAND_MG_MIDTOPK=0 LASTSTAND_MG_MIDROUTER=0" "$B35" 16,64 8
 doctor old35 "$OLD" "$B35" 8,16,32,64,128,256,1024 12
 doctor new397 "$NEW" "$B397" 16,32,64,128,1024 16
 doctor old397 "$OLD" "$B397" 16,32,64,128,1024 16

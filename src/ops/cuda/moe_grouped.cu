@@ -1078,6 +1078,80 @@ static cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *t
     return cudaGetLastError();
 }
 
+/* ---- 1': the mid-batch router (LASTSTAND_MG_MID) ----------------------------------- */
+
+/* logits[m, e] (fp32) = x[m] · W_router[e] for small M, instead of cuBLASLt (6.4 us at the
+ * 35B shape, M = 16, 8 CTAs reading the 1 MB weight): block = 16 router rows x one group of 8
+ * tokens (blockIdx.y; the tokens are the mma's B columns), KW warps along K = H with PER
+ * chunks of 128 each streamed into registers one ahead (as mvb_kernel), summed over the warps
+ * in a fixed order. grid (E / 16, ceil(M / 8)). */
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW)
+    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits) {
+    __shared__ float red[KW][16][8]; /* [warp][row][token of the group] */
+    const int tid = threadIdx.x, lane = tid & 31, kw = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int e0 = blockIdx.x * 16, m = blockIdx.y * 8 + g;
+    const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (size_t)(e0 + g) * H + kw * PER * MV_CH + 32 * t);
+    const uint4 *w1 = w0 + H; /* 8 rows = 8·H bf16 = H uint4 */
+    const bf16 *xr = m < M ? x + (size_t)m * H + kw * PER * MV_CH + 32 * t : nullptr;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    uint4 wa[2][4], xa[4], wn[2][4], xn[4];
+    auto loadc = [&](int u, uint4 (&wq)[2][4], uint4 (&xq)[4]) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            wq[0][q] = __ldg(w0 + u * (MV_CH / 8) + q);
+            wq[1][q] = __ldg(w1 + u * (MV_CH / 8) + q);
+            xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    };
+    loadc(0, wa, xa);
+#pragma unroll 1
+    for (int u = 0; u < PER; u++) {
+        if (u + 1 < PER) loadc(u + 1, wn, xn);
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint32_t f0[4] = {wa[0][q].x, wa[1][q].x, wa[0][q].y, wa[1][q].y};
+            const uint32_t f1[4] = {wa[0][q].z, wa[1][q].z, wa[0][q].w, wa[1][q].w};
+            nv4_mma_16816(acc, f0, xa[q].x, xa[q].y, acc);
+            nv4_mma_16816(acc, f1, xa[q].z, xa[q].w, acc);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            wa[0][q] = wn[0][q];
+            wa[1][q] = wn[1][q];
+            xa[q] = xn[q];
+        }
+    }
+    red[kw][g][2 * t] = acc[0];
+    red[kw][g][2 * t + 1] = acc[1];
+    red[kw][g + 8][2 * t] = acc[2];
+    red[kw][g + 8][2 * t + 1] = acc[3];
+    __syncthreads();
+    if (tid < 128) {
+        const int row = tid & 15, s = tid >> 4, mm = blockIdx.y * 8 + s;
+        if (mm < M) {
+            float v = 0.f;
+#pragma unroll
+            for (int i = 0; i < KW; i++) v += red[i][row][s]; /* fixed order: deterministic */
+            logits[(size_t)mm * E + e0 + row] = v;
+        }
+    }
+}
+
+/* The router by mr_kernel when an instance fits (E % 16 == 0, H = 1024, 2048 or 4096, the
+ * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
+static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, cudaStream_t st,
+                     cudaError_t *c) {
+    if (E % 16 || ((uintptr_t)w & 15)) return 0;
+    dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8));
+    if (H == 1024) mr_kernel<8, 1><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
+    else if (H == 2048) mr_kernel<8, 2><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
+    else if (H == 4096) mr_kernel<8, 4><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
+    else return 0;
+    *c = cudaGetLastError();
+    return 1;
+}
+
 /* The GEMMs' variant knobs, read once per process. The defaults are the variant
  * that device rounds R3 and R4 found correct (doctor, fp64 CPU reference) and fastest
  * on both Qwen3.5 MoE shapes (bench/RESULTS.md): place32, side (the prefetch hint,
@@ -1098,7 +1172,8 @@ static cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *t
  *                                   NVFP4 experts' GEMMs by the mid-batch GEMVs (mv_kernel,
  *                                   1) or the grouped GEMM (0, default until a device round
  *                                   validated it); with it, the top-k by a block per token
- *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0;
+ *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0, the
+ *                                   router by mr_kernel unless LASTSTAND_MG_MIDROUTER=0;
  *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512 */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
@@ -1107,13 +1182,14 @@ typedef struct mg_knobs {
     int mid;     /* the mid-batch GEMVs (mv_kernel) at 16-row tiles */
     int midtopk; /* with mid: the block-per-token top-k */
     int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (experiment) */
+    int midrouter; /* with mid: the router by mr_kernel */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0};
+        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1125,6 +1201,7 @@ static mg_knobs mg_knobs_get(void) {
         n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
         n.middn = cu_env_switch("LASTSTAND_MG_MIDDN", 0);
+        n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1249,6 +1326,39 @@ __global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, in
         for (int j = 0; j < nslot; j++) {
             const uint4 v = *reinterpret_cast<const uint4 *>(dbuf + ((size_t)m * (k + 1) + j) * H + c);
             const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float2 f = mg_bf2(w[q]);
+                acc[2 * q] += f.x;
+                acc[2 * q + 1] += f.y;
+            }
+        }
+        uint4 o;
+        o.x = mg_pack_bf2(acc[0], acc[1]);
+        o.y = mg_pack_bf2(acc[2], acc[3]);
+        o.z = mg_pack_bf2(acc[4], acc[5]);
+        o.w = mg_pack_bf2(acc[6], acc[7]);
+        *reinterpret_cast<uint4 *>(y + (size_t)m * H + c) = o;
+    }
+}
+
+/* mg_combine_kernel for the mid-batch path (LASTSTAND_MG_MID): every slot's 16 bytes are
+ * loaded before the first add (nslot <= MG_MAXK + 1 loads in flight, not one at a time: 4.2
+ * us at M = 16 was nine L2 round trips), then summed in the same order (j ascending): the
+ * same bits as mg_combine_kernel. */
+__global__ void __launch_bounds__(256) mg_combine_mid_kernel(int M, int H, int k, int nslot,
+                                                             const bf16 *__restrict__ dbuf, bf16 *__restrict__ y) {
+    const int m = blockIdx.x;
+    for (int c = threadIdx.x * 8; c < H; c += 256 * 8) {
+        uint4 v[MG_MAXK + 1];
+#pragma unroll
+        for (int j = 0; j < MG_MAXK + 1; j++)
+            if (j < nslot) v[j] = __ldg(reinterpret_cast<const uint4 *>(dbuf + ((size_t)m * (k + 1) + j) * H + c));
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < MG_MAXK + 1; j++) {
+            if (j >= nslot) break;
+            const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 float2 f = mg_bf2(w[q]);
@@ -1443,9 +1553,15 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, st, e);
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
-    rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
-    if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     const mg_knobs kn = mg_knobs_get();
+    cudaError_t cr = cudaSuccess;
+    if (kn.mid && kn.midrouter && bm == 16 &&
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, st, &cr)) {
+        if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
+    } else {
+        rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
+        if (rc) return err_prefix(e, "cuda_grouped_gemm router");
+    }
     if (kn.mid && kn.midtopk && bm == 16)
         mg_topk_block_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                         w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
@@ -1485,7 +1601,10 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    if (mid_k)
+        mg_combine_mid_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    else
+        mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");
     if (a->topk_idx)
         CU_TRY(e, cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st),

@@ -11,6 +11,7 @@
 #    the fp64 CPU reference; times: chains of back-to-back calls) on the 35B and 397B layers at
 #    M = 1, 2, 4, 8, with the NVFP4 shared expert (`--shapes PRESET`, "nv") and the BF16 one
 #    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs new (ONE=1).
+# 1b. LASTSTAND_MOE_ONE_TRACE=1: block 0's clock at the kernel's stage boundaries, M = 1 and 8.
 # 2. `laststand generate` on the full 40-layer synth Qwen3.5-35B-A3B (as decprof.sh: 512-token
 #    prompt, 129 new tokens, CUDA graphs, the plans named): the engine's mean decode step
 #    ("N decode steps ..., X ms each"), old vs new; the greedy ids of both compared, and the new
@@ -52,6 +53,17 @@ for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
         doctor old 0 $p $sh 1,2,4,8
         doctor new 1 $p $sh 1,2,4,8
         [ $sh = bf ] && doctor new2 2 $p $sh 1,2,4,8
+    done
+done
+echo "== 1b. block 0's stage times inside the new kernel (LASTSTAND_MOE_ONE_TRACE=1, calls 32-34, bf shared) $(el)"
+for one in 1 2; do
+    for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
+        for m in 1 8; do
+            [ "$(left)" -ge 60 ] || continue
+            LASTSTAND_MOE_ONE=$one LASTSTAND_MOE_ONE_TRACE=1 timeout -k 2 10 "$BIN" doctor --device cuda --families moe \
+                --model-path "synth:$p,layers=1" --m $m --backends cuda_fused_decode >/dev/null 2>"$OUT/trace-$one-$p-$m.err"
+            echo "ONE=$one rc=$? $(grep -m1 -o 'moe one-launch trace.*' "$OUT/trace-$one-$p-$m.err")"
+        done
     done
 done
 echo "$(el)"

@@ -6,7 +6,7 @@
 #     pure read and the real default GEMV at [4096 x 4096], each timed three ways (stream, stream
 #     behind a hold kernel as the doctor times, a captured CUDA graph behind a hold), chains of 8
 #     and 32 on 32 rotating sets; 8 x 4 / 4 x 8 variants at their natural occupancy (only with
-#     GT_FLOOR=1: recorded already);
+#     GT_FLOOR=1: recorded already; GT_FLOOR=fp8 runs the FP8 split-x prototype instead);
 #  2. tests/test_gpu_named_backends.py: a backend named on the command line that cannot run the
 #     model is refused at load (exit 2, the flag, plan, layer and reason), not at a decode step;
 #  3. the doctor at M = 1 and 16 on the synth 35B shapes, every family (what a concurrency-16
@@ -20,11 +20,12 @@ export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 T0=$(date +%s)
 echo "== 1. gemv_floor graph"
 NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-if [ "${GT_FLOOR:-0}" != 1 ]; then
+if [ "${GT_FLOOR:-0}" = 0 ]; then
   echo "floor: skipped (GT_FLOOR=1 runs it)"
 elif [ -n "$NVCC" ] && timeout 60 "$NVCC" -O3 -std=c++17 -Isrc -gencode=arch=compute_90a,code=sm_90a \
      -o "$OUT/gemv_floor" bench/kernels/gemv_floor.cu > "$OUT/floor_build.log" 2>&1; then
-  timeout 30 "$OUT/gemv_floor" graph 2>&1; echo "floor rc=$?"
+  mode=graph; [ "$GT_FLOOR" = fp8 ] && mode=fp8
+  timeout 30 "$OUT/gemv_floor" $mode 2>&1; echo "floor rc=$?"
 else
   echo "floor: no nvcc or the build failed:"; tail -5 "$OUT/floor_build.log" 2>/dev/null
 fi

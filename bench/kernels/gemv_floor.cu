@@ -32,9 +32,15 @@
  * the sections above have no hold, so their short chains include the host's ~4 us per launch),
  * and as a captured CUDA graph behind a hold (how the engine replays a decode step).
  *
+ * `gemv_floor fp8` (gtime session): the FP8 split-x prototype g8_kernel against the shipped BF16
+ * form on random data (y compared with each other and with fp64 on a sample of rows), then
+ * timed as in the graph section. Measured bit-identical and 9% slower (bench/RESULTS.md).
+ *
  * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
+#include <cuda_fp8.h>
+#include <math.h>
 
 #include "ops/cuda/cu_pdl.h" /* cu_pdl_wait / cu_pdl_trigger / cu_launch_pdl, as the GEMV */
 #include "ops/cuda/nvfp4.cuh" /* the real chunk step of the GEMV (header-only device code) */
@@ -295,6 +301,233 @@ static double time_chain(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int mo
 
 static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs);
 
+
+/* ---- the FP8 split-x form of the M = 1 GEMV (gtime prototype, `gemv_floor fp8`) ----------
+ * The same tile, staging and epilogue as gv_kernel (16 rows a block, 16 warps x 2 chunks of
+ * 128 k), but the arithmetic on FP8 tensor cores: mma.sync m16n8k32 e4m3 x e4m3 -> fp32.
+ * - Weights: an E2M1 nibble (s e1 e0 m) placed as the E4M3 byte s 0 0 e1 e0 m 0 0 is exactly
+ *   its value x 2^-6 (normals and the 0.5 subnormal alike); 5 integer ops per 8 weights.
+ *   Low nibbles of a code word go to the A fragment's first k half, high nibbles to the second.
+ * - x: per 16-element block a power of two fx (the block max scaled into [128, 256)), then
+ *   hi = e4m3(x fx) and lo = e4m3(x fx - hi): 8 significant bits, as BF16 has. Converted by
+ *   the warp (4 values a lane) into shared memory in the fragments' k order.
+ * - Columns: B column g holds lane group t = g's k slice: hi for g < 4, lo for g >= 4, zero
+ *   elsewhere, so each D column is one 16-k scale block's partial sum (block 2 tg + j / 2 for
+ *   mma j), scaled by the weight's E4M3 block scale / fx afterwards in fp32; all 8 columns
+ *   used, 4 mma a chunk (the BF16 form: 8 mma and ~3x the decode instructions). */
+__device__ __forceinline__ void mma_e4m3_16832(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* E2M1 nibbles at even offsets (low nibble of each byte) / odd offsets -> E4M3 bytes, x 2^-6 */
+__device__ __forceinline__ uint32_t e2m1_even_e4m3(uint32_t c) { return ((c << 2) & 0x1C1C1C1Cu) | ((c & 0x08080808u) << 4); }
+__device__ __forceinline__ uint32_t e2m1_odd_e4m3(uint32_t c) { return ((c >> 2) & 0x1C1C1C1Cu) | (c & 0x80808080u); }
+__device__ __forceinline__ uint32_t f2_e4m3(float a, float b) { /* a -> low byte */
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 e4m3_f2(uint32_t v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+}
+
+template <int KW, int PER>
+__global__ void __launch_bounds__(32 * KW, 2)
+    g8_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
+              const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32];
+    __shared__ __align__(16) uint8_t xq[KW][PER][2][128]; /* e4m3 hi / lo, fragment order */
+    __shared__ float xf[KW][PER][8];                       /* 1 / fx per 16-k block */
+    __shared__ uint32_t ss[KW][PER][32];
+    __shared__ float red[KW][16];
+    cu_pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const uint8_t *wr1 = wr0 + (size_t)8 * (K / 2);
+    const uint8_t *sg0 = sc + (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cp16(&stage[warp][u][0][lane], wr0 + u * 64);
+        cp16(&stage[warp][u][1][lane], wr1 + u * 64);
+        nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    /* x (the previous kernel's output) after the wait: 4 values a lane a chunk, straight from L2 */
+    cu_pdl_wait();
+    uint2 xr[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) xr[u] = __ldcg(reinterpret_cast<const uint2 *>(x + (size_t)(c0 + u) * 128) + lane);
+    float acc0 = 0.f, acc1 = 0.f; /* rows g, g + 8 */
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        /* x of the chunk -> hi / lo E4M3 in fragment order: lane L takes k = 4L .. 4L + 3 */
+        {
+            const uint2 raw = xr[u];
+            const float2 v01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
+            const float2 v23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
+            float m = fmaxf(fmaxf(fabsf(v01.x), fabsf(v01.y)), fmaxf(fabsf(v23.x), fabsf(v23.y)));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            /* fx = 2^(7 - floor(log2 m)): the block max lands in [128, 256) */
+            int ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 127;
+            ex = ex < -120 ? -120 : ex; /* 0 and subnormal blocks: any scale is exact enough */
+            const float fx = __uint_as_float((uint32_t)(127 + 7 - ex) << 23);
+            const float s0 = v01.x * fx, s1 = v01.y * fx, s2 = v23.x * fx, s3 = v23.y * fx;
+            const uint32_t h02 = f2_e4m3(s0, s2), h13 = f2_e4m3(s1, s3);
+            const float2 b02 = e4m3_f2(h02), b13 = e4m3_f2(h13);
+            const uint32_t l02 = f2_e4m3(s0 - b02.x, s2 - b02.y), l13 = f2_e4m3(s1 - b13.x, s3 - b13.y);
+            /* k = 4L + i: lane group t' = L / 8, mma j = (L / 2) & 3, offset o = 4 (L & 1) + i; even o
+             * to the first 4 bytes of (t', j), odd o to the next 4, index o / 2 */
+            const int base = (lane >> 3) * 32 + ((lane >> 1) & 3) * 8 + (lane & 1) * 2;
+            *reinterpret_cast<uint16_t *>(&xq[warp][u][0][base]) = (uint16_t)h02;
+            *reinterpret_cast<uint16_t *>(&xq[warp][u][0][base + 4]) = (uint16_t)h13;
+            *reinterpret_cast<uint16_t *>(&xq[warp][u][1][base]) = (uint16_t)l02;
+            *reinterpret_cast<uint16_t *>(&xq[warp][u][1][base + 4]) = (uint16_t)l13;
+            if ((lane & 3) == 0) xf[warp][u][lane >> 2] = 1.f / fx;
+        }
+        wait_dyn(PER - 1 - u); /* chunk u's codes and scales */
+        __syncwarp();
+        uint32_t b[8];
+        {
+            const bool on = g == t || g == t + 4;
+            const uint4 *src = reinterpret_cast<const uint4 *>(&xq[warp][u][g >= 4][t * 32]);
+            const uint4 p0 = on ? src[0] : make_uint4(0u, 0u, 0u, 0u), p1 = on ? src[1] : make_uint4(0u, 0u, 0u, 0u);
+            b[0] = p0.x; b[1] = p0.y; b[2] = p0.z; b[3] = p0.w; b[4] = p1.x; b[5] = p1.y; b[6] = p1.z; b[7] = p1.w;
+        }
+        const uint4 q0 = stage[warp][u][0][lane], q1 = stage[warp][u][1][lane];
+        const uint32_t r0[4] = {q0.x, q0.y, q0.z, q0.w}, r1[4] = {q1.x, q1.y, q1.z, q1.w};
+        float dA[4] = {0.f, 0.f, 0.f, 0.f}, dB[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t a[4] = {e2m1_even_e4m3(r0[j]), e2m1_even_e4m3(r1[j]), e2m1_odd_e4m3(r0[j]),
+                                   e2m1_odd_e4m3(r1[j])};
+            mma_e4m3_16832(j < 2 ? dA : dB, a, b[2 * j], b[2 * j + 1]);
+        }
+        /* D column c = 2t + i: lane group tg = c & 3, its blocks 2 tg (dA) and 2 tg + 1 (dB) */
+        const uint8_t *sr0 = reinterpret_cast<const uint8_t *>(&ss[warp][u][2 * g]);
+        const uint8_t *sr1 = reinterpret_cast<const uint8_t *>(&ss[warp][u][2 * (g + 8)]);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int tg = (2 * t + i) & 3;
+            float wa0, wb0, wa1, wb1;
+            nv4_e4m3x2_to_f32x2((uint16_t)(sr0[2 * tg] | (sr0[2 * tg + 1] << 8)), wa0, wb0);
+            nv4_e4m3x2_to_f32x2((uint16_t)(sr1[2 * tg] | (sr1[2 * tg + 1] << 8)), wa1, wb1);
+            const float fa = xf[warp][u][2 * tg], fb = xf[warp][u][2 * tg + 1];
+            acc0 += wa0 * fa * dA[i] + wb0 * fb * dB[i];
+            acc1 += wa1 * fa * dA[2 + i] + wb1 * fb * dB[2 + i];
+        }
+    }
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    if (t == 0) {
+        red[warp][g] = acc0;
+        red[warp][g + 8] = acc1;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        y[n0 + threadIdx.x] = __float2bfloat16_rn(v * scale2 * 64.f); /* 2^6: the E4M3 placement of E2M1 */
+    }
+}
+
+static int fp8_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs) {
+    const int N = 4096, K = 4096;
+    const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
+    const int nsets = 32;
+    std::vector<uint8_t *> W(nsets), S(nsets);
+    std::vector<uint8_t> hw(cbytes), hs(sbytes);
+    uint32_t r = 12345u;
+    auto rnd = [&]() { r = r * 1664525u + 1013904223u; return r >> 8; };
+    for (size_t i = 0; i < cbytes; i++) hw[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sbytes; i++) hs[i] = (uint8_t)(0x28 + rnd() % 0x20); /* E4M3 ~0.14 .. 1.9 */
+    for (int i = 0; i < nsets; i++) {
+        CK(cudaMalloc(&W[i], cbytes));
+        CK(cudaMalloc(&S[i], sbytes));
+        CK(cudaMemcpy(W[i], hw.data(), cbytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(S[i], hs.data(), sbytes, cudaMemcpyHostToDevice));
+    }
+    std::vector<__nv_bfloat16> hx(K);
+    for (int i = 0; i < K; i++) {
+        float v = ((int)(rnd() % 20001) - 10000) / 5000.f;
+        if (i % 97 == 0) v *= 40.f; /* outliers */
+        if (i % 31 == 0) v *= 1e-3f;
+        hx[i] = __float2bfloat16(v);
+    }
+    __nv_bfloat16 *x, *ya, *yb;
+    CK(cudaMalloc(&x, (size_t)K * 2));
+    CK(cudaMalloc(&ya, (size_t)N * 2));
+    CK(cudaMalloc(&yb, (size_t)N * 2));
+    CK(cudaMemcpy(x, hx.data(), (size_t)K * 2, cudaMemcpyHostToDevice));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK((gv_launch<0, 1>(0, N, K, st, x, W[0], S[0], ya)));
+    auto g8 = g8_kernel<16, 2>;
+    CK(cu_launch_pdl(0, g8, dim3(N / 16), dim3(512), 0, st, N, K, (const __nv_bfloat16 *)x, (const uint8_t *)W[0],
+                     (const uint8_t *)S[0], 1.0f, yb));
+    CK(cudaStreamSynchronize(st));
+    std::vector<__nv_bfloat16> a(N), b(N);
+    CK(cudaMemcpy(a.data(), ya, (size_t)N * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), yb, (size_t)N * 2, cudaMemcpyDeviceToHost));
+    double mx = 0, md = 0, se = 0, sr = 0;
+    for (int i = 0; i < N; i++) {
+        const double av = __bfloat162float(a[i]), bv = __bfloat162float(b[i]);
+        mx = std::max(mx, fabs(av));
+        md = std::max(md, fabs(av - bv));
+        se += (av - bv) * (av - bv);
+        sr += av * av;
+    }
+    /* a host fp64 reference for a few rows */
+    auto e2m1 = [](int c) { static const float v[8] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f}; return (c & 8 ? -1.f : 1.f) * v[c & 7]; };
+    auto e4m3 = [](uint8_t q) {
+        const int s = q >> 7, e = (q >> 3) & 15, m = q & 7;
+        const double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+        return s ? -v : v;
+    };
+    double hmax = 0, hda = 0, hdb = 0;
+    for (int n = 0; n < N; n += 97) {
+        double yv = 0;
+        for (int k = 0; k < K; k++) {
+            const uint8_t byte = hw[(size_t)n * (K / 2) + k / 2];
+            const int c = k & 1 ? byte >> 4 : byte & 15;
+            yv += (double)e2m1(c) * e4m3(hs[(size_t)n * (K / 16) + k / 16]) * (double)__bfloat162float(hx[k]);
+        }
+        hmax = std::max(hmax, fabs(yv));
+        hda = std::max(hda, fabs(yv - __bfloat162float(a[n])));
+        hdb = std::max(hdb, fabs(yv - __bfloat162float(b[n])));
+    }
+    printf("fp8 section: [4096 x 4096] M = 1, random codes / scales / x (outliers): BF16 form vs FP8 split form: "
+           "max|a-b|/max|a| %.2e, rel Frobenius %.2e; vs fp64 on %d rows: BF16 form %.2e, FP8 form %.2e (of max %.3g)\n",
+           md / mx, sqrt(se / sr), (N + 96) / 97, hda / hmax, hdb / hmax, hmax);
+    int occ = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, g8, 512, 0));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, g8));
+    printf("g8_kernel<16,2>: %d regs, %zu B smem, %d blocks/SM\n", fa.numRegs, fa.sharedSizeBytes, occ);
+    printf("%-34s %4s %5s %16s %16s\n", "kernel", "pdl", "chain", "stream+hold", "graph+hold");
+    for (int kind = 0; kind < 2; kind++)
+        for (int chain : {8, 32}) {
+            auto launch_k = [&](int k) -> cudaError_t {
+                const int si = k % nsets;
+                if (kind == 0) return gv_launch<0, 1>(1, N, K, st, x, W[si], S[si], ya);
+                return cu_launch_pdl(1, g8, dim3(N / 16), dim3(512), 0, st, N, K,
+                                     (const __nv_bfloat16 *)x, (const uint8_t *)W[si], (const uint8_t *)S[si], 1.0f, yb);
+            };
+            printf("%-34s %4d %5d", kind ? "FP8 split g8_kernel<16,2>" : "BF16 fp4_gemv1t<16,2,0>", 1, chain);
+            for (int mode = 1; mode < 3; mode++) {
+                const double us = time_chain(st, e0, e1, mode, chain, nsets, chain == 8 ? 200 : 60, launch_k);
+                printf(" %8.2f (%4.1f%%)", us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int dev = 0;
     CK(cudaSetDevice(dev));
@@ -334,6 +567,7 @@ int main(int argc, char **argv) {
     printf("gemv_floor: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s (read + written)\n", p.name, sms,
            p.l2CacheSize >> 20, copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "graph")) return graph_section(p, st, e0, e1, copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "fp8")) return fp8_section(p, st, e0, e1, copy_gbs);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, floor_kernel));
     const size_t smem_dyn_max = smem_blk - fa.sharedSizeBytes; /* the opt-in limit counts static shared memory */

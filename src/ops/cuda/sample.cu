@@ -1,7 +1,10 @@
 /* sample.cu: the engine's sampler on the GPU (ops.h "sampling on the
  * device"; semantics of src/engine/sampler.h, kept identical where the API
- * defines them). One block of SMP_T threads per logits row, so any batch is
- * one launch with a fixed grid: capturable into a CUDA graph, no host reads.
+ * defines them). Two forms of the same steps, each one launch with a fixed grid
+ * per batch size (capturable into a CUDA graph, no host reads): one thread-block
+ * cluster of SMW_CL blocks per logits row (smw_row_kernel, the default, below),
+ * or one block of SMP_T threads per row (smp_row_kernel, LASTSTAND_SAMPLE_WIDE=0),
+ * which leaves all but one SM idle at batch 1.
  *
  * Per row, in order (each step a pass over the row, block-synchronised):
  *   1. raw logits (BF16 or fp32) widened to the fp32 work row; the first
@@ -504,51 +507,63 @@ struct smw_ctx {
     __device__ const smw_slot *peer(smw_shared &sh, unsigned r) { return cl.map_shared_rank(&sh.slot[par], r); }
 };
 
-/* Cluster sum of N doubles per thread (block sums first, then the ranks in order). */
-template <int N>
-__device__ void cl_sum_dn(double (&v)[N], smw_shared &sh, smw_ctx &c) {
-    blk_sum_dn<N>(v, sh.b);
-    if (threadIdx.x == 0) {
+/* Cluster sums of N doubles (and, with INTS, N ints) per thread: each warp's sums in shared
+ * memory, thread j < N adds the warps in order into this block's slot (the block total the
+ * one-block kernel's blk_sum_dn makes, bitwise), the cluster syncs, thread j adds the ranks'
+ * slots in order, and every thread reads the N totals back. Only N threads walk the partials
+ * (every thread did in blk_sum_dn: 16 x 16 shared loads each, most of a descent pass). */
+template <int N, bool INTS>
+__device__ void cl_sums(double (&v)[N], int (&n)[N], smw_shared &sh, smw_ctx &c) {
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
 #pragma unroll
-        for (int j = 0; j < N; j++) c.slot(sh)->d[j] = v[j];
-    }
-    c.cl.sync();
-    if (threadIdx.x < N) {
-        double t = 0;
-        for (unsigned r = 0; r < SMW_CL; r++) t += c.peer(sh, r)->d[threadIdx.x];
-        sh.res_d[threadIdx.x] = t;
+    for (int j = 0; j < N; j++) {
+        double t = warp_sum_d(v[j]);
+        if (lane == 0) sh.b.d[w * 16 + j] = t;
+        if (INTS) {
+            int k = warp_sum_i(n[j]);
+            if (lane == 0) sh.b.i[w * 16 + j] = k;
+        }
     }
     __syncthreads();
-#pragma unroll
-    for (int j = 0; j < N; j++) v[j] = sh.res_d[j];
-    c.par ^= 1;
-}
-
-/* Cluster sums of 16 doubles and 16 ints per thread (the radix descent's digit histogram). */
-__device__ void cl_sum_hist(double (&b)[16], int (&n)[16], smw_shared &sh, smw_ctx &c) {
-    blk_sum_dn<16>(b, sh.b);
-    blk_sum_in<16>(n, sh.b);
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int j = 0; j < 16; j++) { c.slot(sh)->d[j] = b[j]; c.slot(sh)->i[j] = n[j]; }
+    if (tid < N) {
+        double t = 0;
+        int k = 0;
+        for (int q = 0; q < SMP_W; q++) {
+            t += sh.b.d[q * 16 + tid];
+            if (INTS) k += sh.b.i[q * 16 + tid];
+        }
+        c.slot(sh)->d[tid] = t;
+        if (INTS) c.slot(sh)->i[tid] = k;
     }
-    c.cl.sync();
-    if (threadIdx.x < 16) {
+    c.cl.sync(); /* also: every thread is past its reads of sh.b.d / sh.b.i before they are reused */
+    if (tid < N) {
         double t = 0;
         int k = 0;
         for (unsigned r = 0; r < SMW_CL; r++) {
             const smw_slot *q = c.peer(sh, r);
-            t += q->d[threadIdx.x];
-            k += q->i[threadIdx.x];
+            t += q->d[tid];
+            if (INTS) k += q->i[tid];
         }
-        sh.res_d[threadIdx.x] = t;
-        sh.res_i[threadIdx.x] = k;
+        sh.res_d[tid] = t;
+        if (INTS) sh.res_i[tid] = k;
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < 16; j++) { b[j] = sh.res_d[j]; n[j] = sh.res_i[j]; }
+    for (int j = 0; j < N; j++) {
+        v[j] = sh.res_d[j];
+        if (INTS) n[j] = sh.res_i[j];
+    }
     c.par ^= 1;
 }
+
+template <int N>
+__device__ void cl_sum_dn(double (&v)[N], smw_shared &sh, smw_ctx &c) {
+    int none[N];
+    cl_sums<N, false>(v, none, sh, c);
+}
+
+/* The radix descent's digit histogram: 16 masses and 16 counts. */
+__device__ void cl_sum_hist(double (&b)[16], int (&n)[16], smw_shared &sh, smw_ctx &c) { cl_sums<16, true>(b, n, sh, c); }
 
 /* Cluster (value, id) maximum with lowest id on ties, the minimum of lo and the maximum of hi. */
 __device__ void cl_argmax_min_max(float &v, int &id, int &lo, int &hi, smw_shared &sh, smw_ctx &c) {
@@ -971,11 +986,13 @@ static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-/* The engine's sampler: the cluster form, or the one-block form with LASTSTAND_SAMPLE_WIDE=0
- * (read once). */
+/* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
+ * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
+ * 10.6 µs a greedy batch-1 call), or the one-block form with LASTSTAND_SAMPLE_WIDE=0 (read
+ * once). */
 static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
     static int wide = -1;
-    if (wide < 0) wide = cu_env_switch("LASTSTAND_SAMPLE_WIDE", 0);
+    if (wide < 0) wide = cu_env_switch("LASTSTAND_SAMPLE_WIDE", 1);
     return wide ? cuda_sample_wide_run(a, s, e) : cuda_sample_block_run(a, s, e);
 }
 

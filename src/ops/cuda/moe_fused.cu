@@ -1120,9 +1120,9 @@ static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaS
  * completion by the stream or by its own griddepcontrol.wait, starts from 0. */
 enum { ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
 
-__device__ __forceinline__ unsigned one_ld_acquire(const unsigned *p) {
+__device__ __forceinline__ unsigned one_ld_relaxed(const unsigned *p) {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 /* arrive at grid barrier `c` (the block's writes before it become visible to the blocks that
@@ -1134,13 +1134,22 @@ __device__ __forceinline__ void one_arrive(unsigned *c) {
         atomicAdd(c, 1u);
     }
 }
-/* wait until all n blocks arrived at `c`; after ~2^33 cycles (about 4 s: a block that
+/* Start moving `bytes` at p into L2 (cp.async.bulk.prefetch, sm_90: one instruction for a
+ * contiguous range); skipped unless p and bytes are multiples of 16 */
+__device__ __forceinline__ void one_prefetch_l2(const void *p, size_t bytes) {
+    if ((((uintptr_t)p | bytes) & 15) || !bytes) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"((unsigned)bytes) : "memory");
+}
+
+/* wait until all n blocks arrived at `c`: thread 0 polls with relaxed loads (an acquire load
+ * would invalidate the SM's L1 on every poll, under the other block resident there), then
+ * one fence, as cooperative groups' grid sync. After ~2^33 cycles (about 4 s: a block that
  * never became resident) the kernel traps, so that a broken residency assumption surfaces
- * as a launch error instead of a hang */
+ * as a launch error instead of a hang. */
 __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
     if (threadIdx.x == 0) {
         const long long t0 = clock64();
-        while (one_ld_acquire(c) < n) {
+        while (one_ld_relaxed(c) < n) {
             if (clock64() - t0 > (1ll << 33)) __trap();
         }
         __threadfence();
@@ -1148,31 +1157,34 @@ __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
     __syncthreads();
 }
 
-/* The routing of all M tokens (M <= 8) in one block of ONE_W warps, as moe_topk_block
- * computes it for one: W = ONE_W / M warps a token, warp wg of token m holding experts
- * 32·L·wg .. 32·L·(wg + 1) - 1 (L a lane, index 32·i + lane of its slice in value i).
- * Softmax over E, each warp's top-k in k rounds of two redux.sync (largest key, then the
- * lowest index holding it), the token's top-k by ranking its W·k candidates (packed
- * key << 32 | ~index, larger is better), renormalised; the shared gate's sigmoid (sgl set),
- * 1 (a shared expert without a gate) or 0 (none) in column k. Results in sidx / swts
- * (shared memory); block 0 also writes idx / wts (the optional top-k outputs). */
+/* The routing of all M tokens (M <= 8) in one block of ONE_W warps, bit for bit as
+ * moe_topk_block computes it for one: W = ONE_W / M warps a token; the token's experts in
+ * chunks of 64 (moe_topk_block's warps), chunk c taken by warp c % W of the token, lane l
+ * holding experts 64c + l and 64c + 32 + l (values 2i, 2i + 1 of its i-th chunk). Softmax
+ * over E (the chunks' sums added in chunk order, as moe_topk_block adds its warps'), each
+ * warp's top-k in k rounds of two redux.sync (largest key, then the lowest index holding
+ * it), the token's top-k by ranking its W·k candidates (packed key << 32 | ~index, larger
+ * is better), renormalised; the shared gate's sigmoid (sgl set), 1 (a shared expert without
+ * a gate) or 0 (none) in column k. Results in sidx / swts (shared memory); block 0 also
+ * writes idx / wts (the optional top-k outputs). */
 __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_shared,
                                          const float *logits, const float *sgl, int (*sidx)[MOE_MAXK],
                                          float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts) {
     __shared__ unsigned long long cand[ONE_W * MOE_MAXK];
-    __shared__ float gmax[ONE_W], gsum[ONE_W];
+    __shared__ float gmax[ONE_W], csum[FUSED_MAXM][MOE_MAXE / 64];
     __shared__ int ri[FUSED_MAXM][MOE_MAXK];
     __shared__ float rp[FUSED_MAXM][MOE_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int W = ONE_W / M, tok = warp / W, wg = warp % W;
     const bool act = tok < M;
-    const int L = (E + 32 * W - 1) / (32 * W);
-    float v[ONE_LMAX];
+    const int nc = (E + 63) / 64; /* chunks of 64 experts */
+    const float *L = logits + (size_t)(act ? tok : 0) * E;
+    float v[ONE_LMAX]; /* value i: expert 64·(wg + W·(i / 2)) + 32·(i % 2) + lane */
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ONE_LMAX; i++) {
-        const int e = (wg * L + i) * 32 + lane;
-        v[i] = act && i < L && e < E ? __ldcg(logits + (size_t)tok * E + e) : -INFINITY;
+        const int c = wg + W * (i >> 1), e = c * 64 + 32 * (i & 1) + lane;
+        v[i] = act && c < nc && e < E ? __ldcg(L + e) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     mx = warp_max(mx);
@@ -1181,31 +1193,32 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
     if (act) {
         float tmx = gmax[tok * W];
         for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[tok * W + w]);
-        float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < ONE_LMAX; i++) {
-            const int e = (wg * L + i) * 32 + lane;
-            if (i < L && e < E) s += __expf(v[i] - tmx);
+        for (int i = 0; i < ONE_LMAX; i += 2) {
+            const int c = wg + W * (i >> 1), e0 = c * 64 + lane, e1 = e0 + 32;
+            if (c >= nc) break;
+            const float s = warp_sum((e0 < E ? __expf(v[i] - tmx) : 0.f) + (e1 < E ? __expf(v[i + 1] - tmx) : 0.f));
+            if (lane == 0) csum[tok][c] = s;
         }
-        s = warp_sum(s);
-        if (lane == 0) gsum[warp] = s;
         unsigned taken = 0;
         for (int j = 0; j < k; j++) {
             unsigned kl = 0u, il = 0xffffffffu;
+            int ii = 0;
 #pragma unroll
             for (int i = 0; i < ONE_LMAX; i++) {
-                const int e = (wg * L + i) * 32 + lane;
-                if (i < L && e < E && !(taken >> i & 1)) {
+                const int c = wg + W * (i >> 1), e = c * 64 + 32 * (i & 1) + lane;
+                if (c < nc && e < E && !(taken >> i & 1)) {
                     const unsigned key = f2key(v[i]);
                     if (key > kl) { /* strictly larger: the lower index keeps a tie */
                         kl = key;
                         il = (unsigned)e;
+                        ii = i;
                     }
                 }
             }
             const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
             const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? il : 0xffffffffu);
-            if (win == il && kl) taken |= 1u << (((int)il / 32 - wg * L) & 31);
+            if (win == il && kl) taken |= 1u << ii;
             if (lane == 0) cand[warp * k + j] = (unsigned long long)kmax << 32 | (unsigned)~win;
         }
     }
@@ -1220,7 +1233,7 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
         if (rank < k && key) {
             float tmx = gmax[t2 * W], sum = 0.f;
             for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[t2 * W + w]);
-            for (int w = 0; w < W; w++) sum += gsum[t2 * W + w];
+            for (int c = 0; c < nc; c++) sum += csum[t2][c];
             ri[t2][rank] = (int)~(unsigned)me;
             rp[t2][rank] = __expf(key2f(key) - tmx) / sum;
         }
@@ -1320,6 +1333,10 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
     constexpr int SHLD = BPS == 1 ? 8 : 4; /* a shared row's loads in flight a lane (4: no spills at 2 an SM) */
     one_stamp(p, 0);
+    /* the BF16 shared expert's down rows of this block's first stage-4 unit, into L2 now (stage
+     * 4 multiplies them before barrier 2, right after this block's gate/up unit) */
+    if (p.sbf && threadIdx.x == 0 && (int)blockIdx.x < M * (H / 16))
+        one_prefetch_l2(p.shd + (size_t)((blockIdx.x % (H / 16)) * 16) * Is, sizeof(bf16) * 16 * (size_t)Is);
 
     /* ---- stage 1: router rows, BF16 shared gate/up rows ---- */
     const int nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0, n1 = p.nrb + nsh;
@@ -1403,6 +1420,18 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     /* ---- stage 2: the routing, in every block ---- */
     one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts);
     one_stamp(p, 4);
+    /* the down rows (and scales) of this block's first stage-4 unit, into L2 while stage 3 runs:
+     * that unit's cp.async requests, issued once its gate/up unit is done, then hit L2 */
+    if ((int)blockIdx.x < M * (H / 16) && (int)threadIdx.x <= k) {
+        const int m = blockIdx.x / (H / 16), n0 = (blockIdx.x % (H / 16)) * 16, j = threadIdx.x;
+        const bool nvs = !p.sbf && Is > 0;
+        if (j < k || nvs) {
+            const int ex = j < k ? sidx[m][j] : 0, K = j < k ? I : Is;
+            const uint8_t *w = j < k ? p.D->dw[ex] : p.D->sdw, *sc = j < k ? p.D->ds[ex] : p.D->sds;
+            one_prefetch_l2(w + (size_t)n0 * (K / 2), (size_t)16 * (K / 2));
+            one_prefetch_l2(sc + (size_t)n0 * (K / 16), (size_t)16 * (K / 16));
+        }
+    }
 
     /* ---- stage 3: gate/up units (token, slot, 16 rows) ---- */
     const int nsl = !p.sbf && Is > 0 ? 1 : 0; /* an NVFP4 shared expert: slot k */
@@ -1579,10 +1608,10 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     }
 }
 
-/* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most BPS):
- * a grid barrier inside the kernel is only safe when every block is resident at once. */
+/* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most
+ * per_sm): a grid barrier inside the kernel is only safe when every block is resident at once. */
 template <int PER, int BPS>
-static cudaError_t one_launch(int pdl, const one_params &op, cudaStream_t st) {
+static cudaError_t one_launch(int pdl, int per_sm, const one_params &op, cudaStream_t st) {
     static int occ[CU_WS_MAX_DEV], nsm[CU_WS_MAX_DEV];
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
@@ -1596,9 +1625,10 @@ static cudaError_t one_launch(int pdl, const one_params &op, cudaStream_t st) {
         if ((c = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return c;
         if (o < 1) return cudaErrorInvalidConfiguration;
         __atomic_store_n(&nsm[dev], n, __ATOMIC_RELAXED);
-        __atomic_store_n(&occ[dev], o < BPS ? o : BPS, __ATOMIC_RELEASE);
+        __atomic_store_n(&occ[dev], o, __ATOMIC_RELEASE);
     }
-    const int G = __atomic_load_n(&nsm[dev], __ATOMIC_RELAXED) * __atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE);
+    const int o = __atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE);
+    const int G = __atomic_load_n(&nsm[dev], __ATOMIC_RELAXED) * (o < per_sm ? o : per_sm);
     return fused_launch(pdl, moe_one_kernel<PER, BPS>, dim3(G), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
 }
 
@@ -1762,9 +1792,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_rpdl = -2;
     const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
-    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1 (2: one block an SM) */
+    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1|2|3 (one_launch's forms) */
     static int force_one = -2;
-    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 2, 0);
+    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 3, 0);
     if (one && (H == 2048 || H == 4096) && Is <= ONE_MAXIS && Is % 256 == 0) {
         float *hgu = sbf ? (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e) : NULL;
         unsigned *bar = (unsigned *)ws_get(ws, WS_BAR, sizeof(unsigned) * 4, st, e);
@@ -1806,8 +1836,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const int tr = trace && !cap && ncalls >= 32 && ncalls < 35;
         if (trace && !cap) ncalls++;
         op.trace = tr ? (long long *)ws_get(ws, WS_TRACE, sizeof(long long) * ONE_STAMPS, st, e) : NULL;
-        cudaError_t c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, op, st) : one_launch<1, 2>(rpdl, op, st))
-                                   : (one == 2 ? one_launch<2, 1>(rpdl, op, st) : one_launch<2, 2>(rpdl, op, st));
+        /* 1: the 64-register build, two blocks an SM; 2: the unconstrained build (no spills),
+         * one an SM; 3: the 64-register build, one an SM (room for a neighbour kernel's blocks) */
+        const int per_sm = one == 1 ? 2 : 1;
+        cudaError_t c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, 1, op, st) : one_launch<1, 2>(rpdl, per_sm, op, st))
+                                  : (one == 2 ? one_launch<2, 1>(rpdl, 1, op, st) : one_launch<2, 2>(rpdl, per_sm, op, st));
         if (c == cudaSuccess && op.trace) one_trace_log(op, st);
         if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
             if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);

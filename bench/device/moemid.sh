@@ -48,6 +48,9 @@ doctor() {
 
 echo "== 1. doctor, new (MG_MID=1) vs old (MG_MID=0) ($(el))"
 doctor new35 "$NEW" "$B35" 8,16,32,64,128,256 10
+# a wrong cell with the new path: again with the old router and top-k (R1's GEMVs alone)
+grep -q "❌" "$OUT/doc-new35.txt" 2>/dev/null &&
+    doctor new35_gemvs "$NEW LASTSTAND_MG_MIDTOPK=0 LASTSTAND_MG_MIDROUTER=0" "$B35" 16,64 8
 doctor old35 "$OLD" "$B35" 8,16,32,64,128,256 10
 # the R2 variants: down with a whole K per warp (MIDDN=2), gate/up with one barrier (MIDGU=1)
 doctor lean35 "$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1" "$B35" 16,32,64,128 8

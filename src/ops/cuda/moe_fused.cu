@@ -1095,28 +1095,31 @@ static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaS
 /* ---- one launch (LASTSTAND_MOE_ONE) ---------------------------------------------------
  *
  * moe_one_kernel: the whole layer in one persistent grid of G blocks of 16 warps, G sized
- * from the occupancy (every block resident at once: one_run), its stages separated by two
- * grid barriers on device counters instead of launch boundaries:
- *   stage 1  the router rows (4 a unit, as launch 1) and a BF16 shared expert's gate and
- *            up rows (16 a unit, one warp a row, as moe_route_rows_kernel): logits [M, E],
- *            sgl [M], hgu [M, 2·Is] fp32;                                       barrier 1
+ * from the occupancy (every block resident at once: one_launch), its stages separated by
+ * waits on device counters instead of launch boundaries:
+ *   stage 1  the router rows (4 a unit, as launch 1; each unit counted in bar[0]) and a BF16
+ *            shared expert's gate and up rows (16 a unit, one warp a row, as
+ *            moe_route_rows_kernel; counted in bar[3]): logits [M, E], sgl [M], hgu [M, 2·Is]
+ *            fp32;                                       barrier 1: the router units only
  *   stage 2  every block computes the routing of all M tokens itself from the logits
- *            (one_topk: 16/M warps a token), into shared memory: no launch, no barrier;
+ *            (one_topk, bit for bit moe_topk_block's), into shared memory: no launch, no
+ *            barrier; then it prefetches its first down unit's weights into L2;
  *   stage 3  gate/up: units (token, slot, 16 rows) as moe_gateup2_kernel's blocks (an
  *            NVFP4 shared expert is slot k), h [M·(k+1), ldh] BF16 with the combine
- *            weight · down scale2 folded in;                           barrier 2 (arrive)
+ *            weight · down scale2 folded in;               barrier 2 (bar[1], every block)
  *   stage 4  down: units (token, 16 output rows) as moe_down2_kernel's blocks; a block's
- *            first unit requests its weights (the chosen experts are known) and computes
- *            the BF16 shared expert's down rows (they need only barrier 1) before it waits
- *            at barrier 2; y = Σ + the shared rows, BF16.
+ *            first unit requests its weights and computes the BF16 shared expert's down
+ *            rows (after the shared gate/up units, bar[3]; rows prefetched into L2 at entry)
+ *            before it waits at barrier 2; y = Σ + the shared rows, BF16.
  * Determinism: every sum has a fixed order (warp_sum, per-warp partials summed in warp
- * order); every block computes the same routing from the same logits.
+ * order); every block computes the same routing from the same logits. At M <= 2 with a BF16
+ * shared expert the results are the four-launch path's bit for bit (same sums, same order).
  * PDL: weight loads of stage 1 are issued before griddepcontrol.wait; the dependents are
  * triggered only once a block has passed barrier 2 (a dependent kernel's blocks spinning in
  * griddepcontrol.wait must not take the slots of blocks that have still to arrive).
- * Counters bar[0..2] (workspace, zeroed once): arrivals at barrier 1 and 2, and exits from
- * the last barrier wait; the block that exits last resets all three to 0 (no block polls
- * them any more by then), so the next call (or graph replay), ordered after this grid's
+ * Counters bar[0..3] (workspace, zeroed once): arrivals (release adds) at barrier 1, barrier
+ * 2, exits, the shared units; the block that exits last (every block has passed every wait
+ * by then) resets them to 0, so the next call (or graph replay), ordered after this grid's
  * completion by the stream or by its own griddepcontrol.wait, starts from 0. */
 enum { ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
 
@@ -1126,13 +1129,11 @@ __device__ __forceinline__ unsigned one_ld_relaxed(const unsigned *p) {
     return v;
 }
 /* arrive at grid barrier `c` (the block's writes before it become visible to the blocks that
- * pass it: bar.sync, then thread 0's fence and atomic, as cooperative groups' grid sync) */
+ * pass it: bar.sync, then thread 0's release add; the structure of cooperative groups' grid
+ * sync with a release instead of a sequentially consistent fence) */
 __device__ __forceinline__ void one_arrive(unsigned *c) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(c, 1u);
-    }
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(c) : "memory");
 }
 /* Start moving `bytes` at p into L2 (cp.async.bulk.prefetch, sm_90: one instruction for a
  * contiguous range); skipped unless p and bytes are multiples of 16 */
@@ -1141,9 +1142,10 @@ __device__ __forceinline__ void one_prefetch_l2(const void *p, size_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"((unsigned)bytes) : "memory");
 }
 
-/* wait until all n blocks arrived at `c`: thread 0 polls with relaxed loads (an acquire load
- * would invalidate the SM's L1 on every poll, under the other block resident there), then
- * one fence, as cooperative groups' grid sync. After ~2^33 cycles (about 4 s: a block that
+/* wait until n arrivals at `c`: thread 0 polls with relaxed loads (an acquire load would
+ * invalidate the SM's L1 on every poll, under the other block resident there), then one
+ * acquire fence (fence.acq_rel.gpu: with the relaxed load that observed the count, the
+ * acquire half of the arrivals' release), then bar.sync. After ~2^33 cycles (about 4 s: a block that
  * never became resident) the kernel traps, so that a broken residency assumption surfaces
  * as a launch error instead of a hang. */
 __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
@@ -1152,7 +1154,7 @@ __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
         while (one_ld_relaxed(c) < n) {
             if (clock64() - t0 > (1ll << 33)) __trap();
         }
-        __threadfence();
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
     }
     __syncthreads();
 }
@@ -1354,6 +1356,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                 one_stamp(p, 1);
             }
             router_finish<4>(rp, u, M, H, E, p.wsg, dsm, vw, part, p.logits, p.sgl);
+            one_arrive(&p.bar[0]); /* barrier 1: the router units only */
         } else {
             const int r = (u - p.nrb) * ONE_W + warp;
             const bool on = r < 2 * Is;
@@ -1408,13 +1411,13 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                     if (lane == 0) p.hgu[(size_t)m * 2 * Is + r] = s;
                 }
             }
+            one_arrive(&p.bar[3]); /* the shared gate/up units: waited for only by stage 4 */
         }
         __syncthreads(); /* part and x reused by the next unit */
     }
     if (!waited) cu_pdl_wait();
     one_stamp(p, 2);
-    one_arrive(&p.bar[0]);
-    one_wait(&p.bar[0], G);
+    one_wait(&p.bar[0], p.nrb);
     one_stamp(p, 3);
 
     /* ---- stage 2: the routing, in every block ---- */
@@ -1549,6 +1552,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                 /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
                  * before barrier 2 in a block's first unit) */
                 if (p.sbf) {
+                    if (!passed) one_wait(&p.bar[3], nsh); /* hgu */
                     const float cg = swts[m][k];
                     for (int i = threadIdx.x; i < Is; i += blockDim.x) {
                         const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
@@ -1596,13 +1600,14 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     }
     if (!passed) one_wait(&p.bar[1], G);
     one_stamp(p, 7);
-    /* the last block out resets the counters (every block has passed both barriers) */
+    /* the last block out resets the counters (every block has passed every wait) */
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(&p.bar[2], 1u) == (unsigned)G - 1) {
             p.bar[0] = 0u;
             p.bar[1] = 0u;
             p.bar[2] = 0u;
+            p.bar[3] = 0u;
             __threadfence();
         }
     }

@@ -68,6 +68,7 @@
  * moe_w and uploaded only when it changes. Calls on one device are serialised
  * by its mutex.
  */
+#include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
 #include "ops/cuda/moe_int.cuh"
@@ -283,6 +284,8 @@ __global__ void __launch_bounds__(32 * TOPK_W)
     mg_topk_block_kernel(int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
                          int has_shared, const float *__restrict__ logits, int32_t *__restrict__ idx,
                          float *__restrict__ wts) {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with the PDL attribute: the router's logits; no-ops without) */
     moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
 }
 
@@ -299,6 +302,8 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
                                                        int32_t *__restrict__ n_tiles) {
     __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
     __shared__ int s_wsum[32];
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (launched with PDL on the mid-batch path: idx from the top-k) */
     const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
     const int Mk = M * k;
     for (int e = tid; e < S; e += 1024) s_cnt[e] = 0;
@@ -786,6 +791,8 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
      * by each warp (no barrier at entry): one __syncthreads in all */
     float(*red)[S::NQ][2][16][8] =
         LEAN ? reinterpret_cast<float(*)[S::NQ][2][16][8]>(mv_dsm + sizeof(S)) : sm.u.red;
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
     const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -916,7 +923,7 @@ static mv_cfg mv_pick(bool gateup, int K) {
 template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                              const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
+                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     const size_t smem = sizeof(S) + (LEAN ? sizeof(((S *)0)->u.red) : 0);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
@@ -930,9 +937,8 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
-    mv_kernel<GATEUP, KW, PER, RT, LEAN><<<grid, 32 * KW * RT, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                                            wts, dbuf, sh_only);
-    return cudaGetLastError();
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
+                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only);
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -941,28 +947,28 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
 template <bool GATEUP>
 static cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                              const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                             const float *wts, bf16 *dbuf, int sh_only, int alt, cudaStream_t st) {
+                             const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st) {
     if constexpr (GATEUP) {
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         if (K == 2048 && alt)
             return mv_launch1<GATEUP, 8, 2, 1, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                     dbuf, sh_only, st);
+                                                     dbuf, sh_only, pdl, st);
         if (K == 2048)
             return mv_launch1<GATEUP, 8, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         return mv_launch1<GATEUP, 16, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                            sh_only, st);
+                                            sh_only, pdl, st);
     } else {
         if (K == 512 && alt) /* 2 warps of 2 chunks per tile, 4 tiles: twice the bytes in flight per warp */
             return mv_launch1<GATEUP, 2, 2, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         if (K == 512)
             return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                           sh_only, st);
+                                           sh_only, pdl, st);
     }
 }
 
@@ -990,6 +996,8 @@ __global__ void __launch_bounds__(256, 3)
     constexpr int K = PER * MV_CH, XW = K / 8; /* uint4 per slot row */
     extern __shared__ __align__(16) unsigned char mvd_dsm[];
     mvd_smem<PER> &sm = *reinterpret_cast<mvd_smem<PER> *>(mvd_dsm);
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
     const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -1068,7 +1076,7 @@ static int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }
 template <int PER>
 static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                                const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
-                               bf16 *dbuf, cudaStream_t st) {
+                               bf16 *dbuf, int pdl, cudaStream_t st) {
     const size_t smem = sizeof(mvd_smem<PER>); /* 52 KB (PER 4), 104 KB (8) */
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
@@ -1080,16 +1088,16 @@ static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     dim3 grid((unsigned)((H + 127) / 128), (unsigned)tiles_max);
-    mvd_kernel<PER><<<grid, 256, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0);
-    return cudaGetLastError();
+    return cu_launch_pdl(pdl, mvd_kernel<PER>, grid, dim3(256), smem, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                         wts, dbuf, 0);
 }
 
 /* The routed (and same-kind shared) down GEMM by mvd_kernel; the caller checked mvd_per(K). */
 static cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                               const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
-                              bf16 *dbuf, cudaStream_t st) {
-    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st)
-                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+                              bf16 *dbuf, int pdl, cudaStream_t st) {
+    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
 }
 
 /* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth
@@ -1249,7 +1257,17 @@ __global__ void __launch_bounds__(32 * KW)
             xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    loadc(0, wa, xa);
+    /* with PDL: the first chunk's router weights (constants) before the wait, x after it */
+    cu_pdl_trigger();
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        wa[0][q] = __ldg(w0 + q);
+        wa[1][q] = __ldg(w1 + q);
+    }
+    cu_pdl_wait();
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        xa[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr) + q) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 1
     for (int u = 0; u < PER; u++) {
         if (u + 1 < PER) loadc(u + 1, wn, xn);
@@ -1285,15 +1303,14 @@ __global__ void __launch_bounds__(32 * KW)
 
 /* The router by mr_kernel when an instance fits (E % 16 == 0, H = 1024, 2048 or 4096, the
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
-static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, cudaStream_t st,
+static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
                      cudaError_t *c) {
     if (E % 16 || ((uintptr_t)w & 15)) return 0;
-    dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8));
-    if (H == 1024) mr_kernel<8, 1><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
-    else if (H == 2048) mr_kernel<8, 2><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
-    else if (H == 4096) mr_kernel<8, 4><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
+    const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
+    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
     else return 0;
-    *c = cudaGetLastError();
     return 1;
 }
 
@@ -1323,7 +1340,9 @@ static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *l
  *                                   =2 the down GEMV with a whole K per warp (mvd_kernel);
  *                                   LASTSTAND_MG_MIDGU=1 gate/up at H = 2048 with one barrier;
  *                                   the GEMVs only where R1 found them faster (up to 4 rows
- *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1 */
+ *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1; its
+ *                                   launches with programmatic dependent launch (cu_pdl.h)
+ *                                   unless LASTSTAND_MG_MIDPDL=0 */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -1334,13 +1353,14 @@ typedef struct mg_knobs {
     int midrouter; /* with mid: the router by mr_kernel */
     int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
+    int midpdl;  /* with mid: its launches with programmatic dependent launch */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0};
+        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1356,6 +1376,7 @@ static mg_knobs mg_knobs_get(void) {
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
         n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 0);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
+        n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1434,7 +1455,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  kn.midgu, st)
+                                  kn.midgu, kn.midpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -1448,10 +1469,11 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
         c = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k)
-                ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, st)
+                ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, kn.midpdl,
+                             st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                   kn.middn == 1, st)
+                                   kn.middn == 1, kn.midpdl, st)
                 : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                             ldh, wts, dbuf, 0, st);
     }
@@ -1504,6 +1526,8 @@ __global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, in
  * same bits as mg_combine_kernel. */
 __global__ void __launch_bounds__(256) mg_combine_mid_kernel(int M, int H, int k, int nslot,
                                                              const bf16 *__restrict__ dbuf, bf16 *__restrict__ y) {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: down's dbuf) */
     const int m = blockIdx.x;
     for (int c = threadIdx.x * 8; c < H; c += 256 * 8) {
         uint4 v[MG_MAXK + 1];
@@ -1710,25 +1734,30 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
     const mg_knobs kn = mg_knobs_get();
+    /* the mid-batch path's launches (router, top-k, plan, GEMVs, combine) carry the PDL
+     * attribute (each kernel waits before its first dependent access): LASTSTAND_MG_MIDPDL */
+    const int pdl = kn.mid && kn.midpdl && bm == 16;
     cudaError_t cr = cudaSuccess;
     if (kn.mid && kn.midrouter && bm == 16 &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, st, &cr)) {
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     }
     if (kn.mid && kn.midtopk && bm == 16)
-        mg_topk_block_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                        w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                                                        logits, idx, wts);
+        CU_TRY(e,
+               cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
+                             (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                             (const float *)logits, idx, wts),
+               "cuda_grouped_gemm top-k");
     else
         mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                     w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
-    CU_LAUNCHED(e, "cuda_grouped_gemm plan");
+    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
+           "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
@@ -1761,7 +1790,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     if (kn.mid && bm == 16)
-        mg_combine_mid_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+        CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
+               "cuda_grouped_gemm combine");
     else
         mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

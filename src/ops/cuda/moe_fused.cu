@@ -1626,9 +1626,11 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     /* ---- stage 4: down units (token, 16 output rows) ---- */
     const int n4 = M * (H / 16);
     bool passed = false;
-    for (int u = blockIdx.x; u < n4; u += G)
-        one_down_unit<true, BPS == 1 ? 4 : 2>(p, u / (H / 16), (u % (H / 16)) * 16, sidx[u / (H / 16)], swts[u / (H / 16)], passed,
-                            dsm, hsm, red, shv, dw, ds);
+    for (int u = blockIdx.x; u < n4; u += G) {
+        const int m = u / (H / 16);
+        one_down_unit<true, BPS == 1 ? 4 : 2>(p, m, (u % (H / 16)) * 16, sidx[m], swts[m], passed, dsm, hsm, red, shv,
+                                              dw, ds);
+    }
     if (!passed) one_wait(&p.bar[1], G);
     one_stamp(p, 7);
     /* the last block out resets the counters (every block has passed every wait) */
@@ -1747,8 +1749,9 @@ static cudaError_t one_launch3(int rpdl, int pdl, const one_params &op, cudaStre
 static void one_trace_log(const one_params &op, cudaStream_t st) {
     long long t[ONE_STAMPS];
     int khz = 0, dev = 0;
-    if (cudaStreamSynchronize(st) != cudaSuccess || cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
+    if (cudaStreamSynchronize(st) != cudaSuccess ||
+        cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
         return;
     const double us = 1e3 / khz;
     log_info("moe one-launch trace, M=%d H=%d E=%d k=%d I=%d Is=%d (block 0, µs from entry): x staged %.2f, stage 1 "
@@ -1959,12 +1962,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                           : (one == 2 ? one_launch<2, 1>(rpdl, 1, op, st) : one_launch<2, 2>(rpdl, per_sm, op, st));
         }
         if (c == cudaSuccess && op.trace && one != 4) one_trace_log(op, st);
-        if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
-            if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
-            if (c == cudaSuccess && a->topk_w)
-                c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
-                                      cudaMemcpyDeviceToDevice, st);
-        }
+        if (c == cudaSuccess && a->topk_idx)
+            c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
+        if (c == cudaSuccess && a->topk_w)
+            c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                  cudaMemcpyDeviceToDevice, st);
         ws_unlock(ws);
         if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode (one launch)");
         return 0;

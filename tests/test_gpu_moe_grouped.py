@@ -68,8 +68,12 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
 
 @pytest.mark.parametrize("knobs", [{}, {"LASTSTAND_MG_SIDE": "0", "LASTSTAND_MG_DECODE": "perm"},
                                    {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"},
-                                   {"LASTSTAND_MG_MID": "0"}, {"LASTSTAND_MG_MID": "1"}],
-                         ids=["default", "r3", "place32", "place3", "grouped", "mid"])
+                                   {"LASTSTAND_MG_MID": "0"}, {"LASTSTAND_MG_MID": "1"},
+                                   {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "2",
+                                    "LASTSTAND_MG_MIDGU": "1"},
+                                   {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
+                                    "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"}],
+                         ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt"])
 def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     ms = [1, 16, 64, 512]
     cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",
@@ -82,12 +86,12 @@ def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
 @pytest.mark.parametrize("preset,ms", [("qwen3.5-35b-a3b", [3, 9, 16, 33, 64, 100, 256]),
                                        ("qwen3.5-397b-a17b", [16, 64])], ids=["35b", "397b"])
 def test_grouped_gemm_mid_gemvs_right_with_a_shared_expert_in_the_launch(tmp_path, preset, ms):
-    # LASTSTAND_MG_MID=1: the mid-batch GEMVs (mv_kernel) take the 16-row tiles; the presets'
-    # NVFP4 shared expert rides in the same launch with full 16-slot tiles (the second pass
-    # over slots 8..15), odd M leaves partial tiles; both instances of each GEMM (K = 2048 /
-    # 4096 for gate/up, 512 / 1024 for down)
+    # LASTSTAND_MG_MID=1 (+ MIDALL: at every 16-row tile size and shape): the mid-batch GEMVs
+    # (mv_kernel) take the 16-row tiles; the presets' NVFP4 shared expert rides in the same
+    # launch with full 16-slot tiles (the second pass over slots 8..15), odd M leaves partial
+    # tiles; both instances of each GEMM (K = 2048 / 4096 for gate/up, 512 / 1024 for down)
     cells, table = doctor_cells(tmp_path, "--shapes", preset, "--m", ",".join(map(str, ms)),
-                                env_extra={"LASTSTAND_MG_MID": "1"})
+                                env_extra={"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1"})
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{bad}\n{table}"
     assert sorted(map(int, cells)) == ms

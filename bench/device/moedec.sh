@@ -10,12 +10,14 @@
 # 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
 #    the fp64 CPU reference; times: chains of back-to-back calls) on the 35B and 397B layers at
 #    M = 1, 2, 4, 8, with the NVFP4 shared expert (`--shapes PRESET`, "nv") and the BF16 one
-#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs new (ONE=1).
+#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs the one-launch
+#    kernel's three launch forms (ONE=1|2|3) and the three-launch form (ONE=4) (fused_run).
 # 1b. LASTSTAND_MOE_ONE_TRACE=1: block 0's clock at the kernel's stage boundaries, M = 1 and 8.
 # 2. `laststand generate` on the full 40-layer synth Qwen3.5-35B-A3B (as decprof.sh: 512-token
 #    prompt, 129 new tokens, CUDA graphs, the plans named): the engine's mean decode step
-#    ("N decode steps ..., X ms each"), old vs new; the greedy ids of both compared, and the new
-#    one once more eagerly (--disable-cuda-graph) against its graphs.
+#    ("N decode steps ..., X ms each"), old vs each new form; the greedy ids compared (the new
+#    kernel's routing and sums are the old path's bit for bit at M = 1; the engine itself checks
+#    its CUDA graph against eager steps at start-up).
 # 3. pytest tests/test_gpu_moe_fused.py (the default choices and the ONE knobs; the full knob
 #    matrix when time is left).
 # Every step is bounded by `timeout`; the whole script stays under 120 s.
@@ -47,23 +49,21 @@ doctor() {
     [ $rc = 0 ] || { echo "$tag $preset $sh: rc=$rc"; grep -iE "error|fail|crash|unsupported|wrong" "$f.err" "$f.txt" | head -4; }
 }
 
-echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: 2 blocks an SM; ONE=2: 1) $(el)"
+echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: one launch, 64 registers, 2 blocks an SM; 2: 1 an SM, no register cap; 3: 64 registers, 1 an SM; 4: three launches) $(el)"
 for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
-    for sh in bf nv; do
-        doctor old 0 $p $sh 1,2,4,8
-        doctor new 1 $p $sh 1,2,4,8
-        [ $sh = bf ] && doctor new2 2 $p $sh 1,2,4,8
-    done
+    for one in 0 1 2 3 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p bf 1,2,4,8; done
+    for one in 0 1 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p nv 1,2,8; done
 done
+echo "$(el)"
+
 echo "== 1b. block 0's stage times inside the new kernel (LASTSTAND_MOE_ONE_TRACE=1, calls 32-34, bf shared) $(el)"
-for one in 1 2; do
-    for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
-        for m in 1 8; do
-            [ "$(left)" -ge 60 ] || continue
-            LASTSTAND_MOE_ONE=$one LASTSTAND_MOE_ONE_TRACE=1 timeout -k 2 10 "$BIN" doctor --device cuda --families moe \
-                --model-path "synth:$p,layers=1" --m $m --backends cuda_fused_decode >/dev/null 2>"$OUT/trace-$one-$p-$m.err"
-            echo "ONE=$one rc=$? $(grep -m1 -o 'moe one-launch trace.*' "$OUT/trace-$one-$p-$m.err")"
-        done
+for pm in qwen3.5-35b-a3b:1 qwen3.5-397b-a17b:1; do
+    p=${pm%:*} m=${pm#*:}
+    for one in 1 3; do
+        [ "$(left)" -ge 75 ] || continue
+        LASTSTAND_MOE_ONE=$one LASTSTAND_MOE_ONE_TRACE=1 timeout -k 2 10 "$BIN" doctor --device cuda --families moe \
+            --model-path "synth:$p,layers=1" --m $m --backends cuda_fused_decode >/dev/null 2>"$OUT/trace-$one-$p-$m.err"
+        echo "ONE=$one rc=$? $(grep -o 'moe one-launch trace.*' "$OUT/trace-$one-$p-$m.err" | tail -1)"
     done
 done
 echo "$(el)"
@@ -83,9 +83,10 @@ gen() {
     echo "rc=$? $(el)"
     grep -E "decode steps of|CUDA graphs|rror|mismatch|differ" "$OUT/gen-$tag.err" | cut -c1-220 | head -5
 }
-gen old 0 25
-gen new 1 25
-gen new-eager 1 20 --disable-cuda-graph
+gen old 0 20
+gen new1 1 20
+gen new3 3 20
+gen new4 4 20
 python3 - "$OUT" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -94,7 +95,6 @@ def ids(t):
         return json.load(open(f"{d}/gen-{t}.json"))["ids"]
     except Exception as ex:
         return f"({ex})"
-o, n, e = ids("old"), ids("new"), ids("new-eager")
 def cmp(a, b):
     if isinstance(a, str) or isinstance(b, str):
         return f"no comparison {a if isinstance(a, str) else ''} {b if isinstance(b, str) else ''}"
@@ -102,8 +102,9 @@ def cmp(a, b):
     while p < min(len(a), len(b)) and a[p] == b[p]:
         p += 1
     return f"{p}/{max(len(a), len(b))} leading ids equal"
-print("greedy ids old vs new (graphs):", cmp(o, n))
-print("greedy ids new graphs vs new eager:", cmp(n, e))
+o = ids("old")
+for t in ("new1", "new3", "new4"):
+    print(f"greedy ids old vs {t} (graphs):", cmp(o, ids(t)))
 PY
 
 echo "== 3. pytest tests/test_gpu_moe_fused.py $(el)"
@@ -112,12 +113,11 @@ t=$(left)
 if [ "$t" -ge 15 ]; then
     timeout -k 3 "$t" python3 -m pytest -q -p no:cacheprovider -rfE -x tests/test_gpu_moe_fused.py -k "default or ONE" 2>&1 | tail -15
 fi
-gen new2 2 20
 t=$(left)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ "$t" -ge 20 ]; then
     echo "== 4. ncu: the kernels of one call, 35B layer, BF16 shared, M = 1, old vs new $(el)"
-    for one in 0 1 2; do
+    for one in 0 1 3 4; do
         LASTSTAND_MOE_ONE=$one timeout -k 2 12 "$NCU" --clock-control none --cache-control none -k regex:moe_ --launch-skip 12 \
             --launch-count 4 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size --csv \
             "$BIN" doctor --device cuda --families moe --model-path synth:qwen3.5-35b-a3b,layers=1 --m 1 \

@@ -1095,84 +1095,98 @@ static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaS
 /* ---- one launch (LASTSTAND_MOE_ONE) ---------------------------------------------------
  *
  * moe_one_kernel: the whole layer in one persistent grid of G blocks of 16 warps, G sized
- * from the occupancy (every block resident at once: one_run), its stages separated by two
- * grid barriers on device counters instead of launch boundaries:
- *   stage 1  the router rows (4 a unit, as launch 1) and a BF16 shared expert's gate and
- *            up rows (16 a unit, one warp a row, as moe_route_rows_kernel): logits [M, E],
- *            sgl [M], hgu [M, 2·Is] fp32;                                       barrier 1
+ * from the occupancy (every block resident at once: one_launch), its stages separated by
+ * waits on device counters instead of launch boundaries:
+ *   stage 1  the router rows (4 a unit, as launch 1; each unit counted in bar[0]) and a BF16
+ *            shared expert's gate and up rows (16 a unit, one warp a row, as
+ *            moe_route_rows_kernel; counted in bar[3]): logits [M, E], sgl [M], hgu [M, 2·Is]
+ *            fp32;                                       barrier 1: the router units only
  *   stage 2  every block computes the routing of all M tokens itself from the logits
- *            (one_topk: 16/M warps a token), into shared memory: no launch, no barrier;
+ *            (one_topk, bit for bit moe_topk_block's), into shared memory: no launch, no
+ *            barrier; then it prefetches its first down unit's weights into L2;
  *   stage 3  gate/up: units (token, slot, 16 rows) as moe_gateup2_kernel's blocks (an
  *            NVFP4 shared expert is slot k), h [M·(k+1), ldh] BF16 with the combine
- *            weight · down scale2 folded in;                           barrier 2 (arrive)
+ *            weight · down scale2 folded in;               barrier 2 (bar[1], every block)
  *   stage 4  down: units (token, 16 output rows) as moe_down2_kernel's blocks; a block's
- *            first unit requests its weights (the chosen experts are known) and computes
- *            the BF16 shared expert's down rows (they need only barrier 1) before it waits
- *            at barrier 2; y = Σ + the shared rows, BF16.
+ *            first unit requests its weights and computes the BF16 shared expert's down
+ *            rows (after the shared gate/up units, bar[3]; rows prefetched into L2 at entry)
+ *            before it waits at barrier 2; y = Σ + the shared rows, BF16.
  * Determinism: every sum has a fixed order (warp_sum, per-warp partials summed in warp
- * order); every block computes the same routing from the same logits.
+ * order); every block computes the same routing from the same logits. At M <= 2 with a BF16
+ * shared expert the results are the four-launch path's bit for bit (same sums, same order).
  * PDL: weight loads of stage 1 are issued before griddepcontrol.wait; the dependents are
  * triggered only once a block has passed barrier 2 (a dependent kernel's blocks spinning in
  * griddepcontrol.wait must not take the slots of blocks that have still to arrive).
- * Counters bar[0..2] (workspace, zeroed once): arrivals at barrier 1 and 2, and exits from
- * the last barrier wait; the block that exits last resets all three to 0 (no block polls
- * them any more by then), so the next call (or graph replay), ordered after this grid's
+ * Counters bar[0..3] (workspace, zeroed once): arrivals (release adds) at barrier 1, barrier
+ * 2, exits, the shared units; the block that exits last (every block has passed every wait
+ * by then) resets them to 0, so the next call (or graph replay), ordered after this grid's
  * completion by the stream or by its own griddepcontrol.wait, starts from 0. */
 enum { ONE_W = 16, ONE_PMAX = 5, ONE_LMAX = MOE_MAXE / (32 * 2), ONE_MAXIS = 2048 };
 
-__device__ __forceinline__ unsigned one_ld_acquire(const unsigned *p) {
+__device__ __forceinline__ unsigned one_ld_relaxed(const unsigned *p) {
     unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 /* arrive at grid barrier `c` (the block's writes before it become visible to the blocks that
- * pass it: bar.sync, then thread 0's fence and atomic, as cooperative groups' grid sync) */
+ * pass it: bar.sync, then thread 0's release add; the structure of cooperative groups' grid
+ * sync with a release instead of a sequentially consistent fence) */
 __device__ __forceinline__ void one_arrive(unsigned *c) {
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(c, 1u);
-    }
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(c) : "memory");
 }
-/* wait until all n blocks arrived at `c`; after ~2^33 cycles (about 4 s: a block that
+/* Start moving `bytes` at p into L2 (cp.async.bulk.prefetch, sm_90: one instruction for a
+ * contiguous range); skipped unless p and bytes are multiples of 16 */
+__device__ __forceinline__ void one_prefetch_l2(const void *p, size_t bytes) {
+    if ((((uintptr_t)p | bytes) & 15) || !bytes) return;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"((unsigned)bytes) : "memory");
+}
+
+/* wait until n arrivals at `c`: thread 0 polls with relaxed loads (an acquire load would
+ * invalidate the SM's L1 on every poll, under the other block resident there), then one
+ * acquire fence (fence.acq_rel.gpu: with the relaxed load that observed the count, the
+ * acquire half of the arrivals' release), then bar.sync. After ~2^33 cycles (about 4 s: a block that
  * never became resident) the kernel traps, so that a broken residency assumption surfaces
- * as a launch error instead of a hang */
+ * as a launch error instead of a hang. */
 __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
     if (threadIdx.x == 0) {
         const long long t0 = clock64();
-        while (one_ld_acquire(c) < n) {
+        while (one_ld_relaxed(c) < n) {
             if (clock64() - t0 > (1ll << 33)) __trap();
         }
-        __threadfence();
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
     }
     __syncthreads();
 }
 
-/* The routing of all M tokens (M <= 8) in one block of ONE_W warps, as moe_topk_block
- * computes it for one: W = ONE_W / M warps a token, warp wg of token m holding experts
- * 32·L·wg .. 32·L·(wg + 1) - 1 (L a lane, index 32·i + lane of its slice in value i).
- * Softmax over E, each warp's top-k in k rounds of two redux.sync (largest key, then the
- * lowest index holding it), the token's top-k by ranking its W·k candidates (packed
- * key << 32 | ~index, larger is better), renormalised; the shared gate's sigmoid (sgl set),
- * 1 (a shared expert without a gate) or 0 (none) in column k. Results in sidx / swts
- * (shared memory); block 0 also writes idx / wts (the optional top-k outputs). */
+/* The routing of all M tokens (M <= 8) in one block of ONE_W warps, bit for bit as
+ * moe_topk_block computes it for one: W = ONE_W / M warps a token; the token's experts in
+ * chunks of 64 (moe_topk_block's warps), chunk c taken by warp c % W of the token, lane l
+ * holding experts 64c + l and 64c + 32 + l (values 2i, 2i + 1 of its i-th chunk). Softmax
+ * over E (the chunks' sums added in chunk order, as moe_topk_block adds its warps'), each
+ * warp's top-k in k rounds of two redux.sync (largest key, then the lowest index holding
+ * it), the token's top-k by ranking its W·k candidates (packed key << 32 | ~index, larger
+ * is better), renormalised; the shared gate's sigmoid (sgl set), 1 (a shared expert without
+ * a gate) or 0 (none) in column k. Results in sidx / swts (shared memory); the writer
+ * block also writes idx / wts (the optional top-k outputs). */
 __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_shared,
                                          const float *logits, const float *sgl, int (*sidx)[MOE_MAXK],
-                                         float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts) {
+                                         float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts, bool writer) {
     __shared__ unsigned long long cand[ONE_W * MOE_MAXK];
-    __shared__ float gmax[ONE_W], gsum[ONE_W];
+    __shared__ float gmax[ONE_W], csum[FUSED_MAXM][MOE_MAXE / 64];
     __shared__ int ri[FUSED_MAXM][MOE_MAXK];
     __shared__ float rp[FUSED_MAXM][MOE_MAXK];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int W = ONE_W / M, tok = warp / W, wg = warp % W;
     const bool act = tok < M;
-    const int L = (E + 32 * W - 1) / (32 * W);
-    float v[ONE_LMAX];
+    const int nc = (E + 63) / 64; /* chunks of 64 experts */
+    const float *L = logits + (size_t)(act ? tok : 0) * E;
+    float v[ONE_LMAX]; /* value i: expert 64·(wg + W·(i / 2)) + 32·(i % 2) + lane */
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < ONE_LMAX; i++) {
-        const int e = (wg * L + i) * 32 + lane;
-        v[i] = act && i < L && e < E ? __ldcg(logits + (size_t)tok * E + e) : -INFINITY;
+        const int c = wg + W * (i >> 1), e = c * 64 + 32 * (i & 1) + lane;
+        v[i] = act && c < nc && e < E ? __ldcg(L + e) : -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
     mx = warp_max(mx);
@@ -1181,31 +1195,32 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
     if (act) {
         float tmx = gmax[tok * W];
         for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[tok * W + w]);
-        float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < ONE_LMAX; i++) {
-            const int e = (wg * L + i) * 32 + lane;
-            if (i < L && e < E) s += __expf(v[i] - tmx);
+        for (int i = 0; i < ONE_LMAX; i += 2) {
+            const int c = wg + W * (i >> 1), e0 = c * 64 + lane, e1 = e0 + 32;
+            if (c >= nc) break;
+            const float s = warp_sum((e0 < E ? __expf(v[i] - tmx) : 0.f) + (e1 < E ? __expf(v[i + 1] - tmx) : 0.f));
+            if (lane == 0) csum[tok][c] = s;
         }
-        s = warp_sum(s);
-        if (lane == 0) gsum[warp] = s;
         unsigned taken = 0;
         for (int j = 0; j < k; j++) {
             unsigned kl = 0u, il = 0xffffffffu;
+            int ii = 0;
 #pragma unroll
             for (int i = 0; i < ONE_LMAX; i++) {
-                const int e = (wg * L + i) * 32 + lane;
-                if (i < L && e < E && !(taken >> i & 1)) {
+                const int c = wg + W * (i >> 1), e = c * 64 + 32 * (i & 1) + lane;
+                if (c < nc && e < E && !(taken >> i & 1)) {
                     const unsigned key = f2key(v[i]);
                     if (key > kl) { /* strictly larger: the lower index keeps a tie */
                         kl = key;
                         il = (unsigned)e;
+                        ii = i;
                     }
                 }
             }
             const unsigned kmax = __reduce_max_sync(0xffffffffu, kl);
             const unsigned win = __reduce_min_sync(0xffffffffu, kl == kmax ? il : 0xffffffffu);
-            if (win == il && kl) taken |= 1u << (((int)il / 32 - wg * L) & 31);
+            if (win == il && kl) taken |= 1u << ii;
             if (lane == 0) cand[warp * k + j] = (unsigned long long)kmax << 32 | (unsigned)~win;
         }
     }
@@ -1220,7 +1235,7 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
         if (rank < k && key) {
             float tmx = gmax[t2 * W], sum = 0.f;
             for (int w = 1; w < W; w++) tmx = fmaxf(tmx, gmax[t2 * W + w]);
-            for (int w = 0; w < W; w++) sum += gsum[t2 * W + w];
+            for (int c = 0; c < nc; c++) sum += csum[t2][c];
             ri[t2][rank] = (int)~(unsigned)me;
             rp[t2][rank] = __expf(key2f(key) - tmx) / sum;
         }
@@ -1234,13 +1249,13 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
         for (int j = 0; j < k; j++) {
             sidx[m][j] = ri[m][j];
             swts[m][j] = norm ? rp[m][j] / psum : rp[m][j];
-            if (blockIdx.x == 0) {
+            if (writer) {
                 idx[(size_t)m * k + j] = ri[m][j];
                 wts[(size_t)m * (k + 1) + j] = swts[m][j];
             }
         }
         swts[m][k] = sg;
-        if (blockIdx.x == 0) wts[(size_t)m * (k + 1) + k] = sg;
+        if (writer) wts[(size_t)m * (k + 1) + k] = sg;
     }
     __syncthreads();
 }
@@ -1306,6 +1321,185 @@ enum {
     ONE_SMEM = ONE_HSM + 4 * ONE_MAXIS
 };
 
+/* One gate/up unit (token m, 16 rows of slot r's expert: r < k·I/16 a routed slot, then the
+ * NVFP4 shared expert's) in a block of ONE_W warps, as moe_gateup2_kernel<ONE_W, PER>'s block;
+ * sidx_m / swts_m the token's routing; ends with a __syncthreads (dsm and red reusable). */
+template <int PER>
+__device__ __forceinline__ void one_gateup_unit(const one_params &p, int m, int r, const int *sidx_m,
+                                                const float *swts_m, uint4 *dsm, float (*red)[2][16]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int H = p.H, k = p.k, nti = p.I / 16;
+    const gu_params *P = p.P;
+    const dn_params *D = p.D;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef;
+    int j, n0;
+    if (r < k * nti) {
+        j = r / nti;
+        n0 = (r % nti) * 16;
+        const int ex = sidx_m[j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        coef = D->d2[ex];
+    } else {
+        j = k;
+        n0 = (r - k * nti) * 16;
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        coef = D->sd2;
+    }
+    coef *= swts_m[j];
+    const int c0 = warp * PER;
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+    uint4 *my = dsm + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        cu_cp_async16(my + (q * 4 + 0) * 32, gw + rb + q * 64);
+        cu_cp_async16(my + (q * 4 + 1) * 32, gw + rb + r8 + q * 64);
+        cu_cp_async16(my + (q * 4 + 2) * 32, uw + rb + q * 64);
+        cu_cp_async16(my + (q * 4 + 3) * 32, uw + rb + r8 + q * 64);
+        cu_cp_async_commit();
+    }
+    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        sg0[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + q * 8));
+        sg1[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + q * 8));
+        su0[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + q * 8));
+        su1[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + q * 8));
+    }
+    const uint4 *xr = reinterpret_cast<const uint4 *>(p.x + (size_t)m * H + c0 * 128 + 32 * t);
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + q * 16 + v);
+        cu_cp_async_wait_dyn(PER - 1 - q);
+        cu_w4_chunk_mma(my[(q * 4 + 0) * 32], my[(q * 4 + 1) * 32], sg0[q], sg1[q], xv, ag);
+        cu_w4_chunk_mma(my[(q * 4 + 2) * 32], my[(q * 4 + 3) * 32], su0[q], su1[q], xv, au);
+    }
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < ONE_W; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        p.h[(size_t)(m * (k + 1) + j) * p.ldh + n0 + threadIdx.x] =
+            __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+    }
+    __syncthreads(); /* red and the chunk buffers reused by the next unit */
+}
+
+/* One down unit (token m, 16 output rows) in a block of ONE_W warps, as
+ * moe_down2_kernel<ONE_W, ONE_PMAX>'s block plus the BF16 shared expert's 16 down rows; its
+ * first round's weights are requested, and the shared rows multiplied, before the wait for h
+ * (GRID: barrier 2 of moe_one_kernel, then its trigger; else griddepcontrol.wait, the
+ * three-launch form), done once a block (passed); SLD: a shared row's 16-byte loads in flight
+ * a lane. Ends with a __syncthreads. */
+template <bool GRID, int SLD>
+__device__ __forceinline__ void one_down_unit(const one_params &p, int m, int n0, const int *sidx_m,
+                                              const float *swts_m, bool &passed, uint4 *dsm, float *hsm,
+                                              float (*red)[2][16], float *shv, const uint8_t **dw,
+                                              const uint8_t **ds) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int H = p.H, k = p.k, I = p.I, Is = p.Is;
+    const int nsl = !p.sbf && Is > 0 ? 1 : 0, nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0;
+    const int cpe = I / 128, npairs = k * cpe + nsl * (Is / 128);
+    const dn_params *D = p.D;
+    if (threadIdx.x < k) {
+        const int ex = sidx_m[threadIdx.x];
+        dw[threadIdx.x] = D->dw[ex];
+        ds[threadIdx.x] = D->ds[ex];
+    } else if (threadIdx.x == k) {
+        dw[k] = D->sdw;
+        ds[k] = D->sds;
+    }
+    __syncthreads();
+    uint4 *my = dsm + (size_t)warp * ONE_PMAX * 2 * 32 + lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    /* every warp runs the first round (its barrier work has __syncthreads) */
+    for (int base = warp, first = 1; first || base < npairs; base += ONE_W * ONE_PMAX, first = 0) {
+        uint16_t s0[ONE_PMAX], s1[ONE_PMAX];
+#pragma unroll
+        for (int q = 0; q < ONE_PMAX; q++) {
+            const int pp = base + ONE_W * q;
+            if (pp < npairs) {
+                const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (q * 2 + 0) * 32, dw[j] + rb);
+                cu_cp_async16(my + (q * 2 + 1) * 32, dw[j] + rb + (size_t)8 * (K / 2));
+                s0[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb));
+                s1[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb + (size_t)8 * (K / 16)));
+            }
+            cu_cp_async_commit();
+        }
+        if (first) {
+            /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
+             * before barrier 2 in a block's first unit) */
+            if (p.sbf) {
+                if (GRID && !passed) one_wait(&p.bar[3], nsh); /* hgu */
+                const float cg = swts_m[k];
+                for (int i = threadIdx.x; i < Is; i += blockDim.x) {
+                    const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
+                    const float uv = __ldcg(p.hgu + (size_t)m * 2 * Is + Is + i);
+                    hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
+                }
+                __syncthreads();
+                const float s = one_bf16_row_dot<SLD>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
+                if (lane == 0) shv[warp] = s;
+            }
+            if (!passed) {
+                if (GRID) {
+                    one_wait(&p.bar[1], gridDim.x);
+                    cu_pdl_trigger();
+                    one_stamp(p, 6);
+                } else {
+                    cu_pdl_wait(); /* h from the gate/up launch */
+                }
+                passed = true;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < ONE_PMAX; q++) {
+            const int pp = base + ONE_W * q;
+            if (pp >= npairs) break;
+            const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+            const uint4 *hp =
+                reinterpret_cast<const uint4 *>(p.h + (size_t)(m * (k + 1) + j) * p.ldh + c * 128 + 32 * t);
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldcg(hp + v);
+            cu_cp_async_wait_dyn(ONE_PMAX - 1 - q);
+            cu_w4_chunk_mma(my[(q * 2 + 0) * 32], my[(q * 2 + 1) * 32], s0[q], s1[q], xv, acc);
+        }
+    }
+    if (t == 0) {
+        red[warp][0][g] = acc[0];
+        red[warp][0][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < ONE_W; w++) v += red[w][0][threadIdx.x];
+        if (p.sbf) v += shv[threadIdx.x];
+        p.y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+    __syncthreads(); /* dw / ds, red, shv, hsm reused by the next unit */
+}
+
 template <int PER, int BPS>
 __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_params p) {
     extern __shared__ uint4 dsm[];
@@ -1315,11 +1509,15 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     __shared__ float red[ONE_W][2][16];
     __shared__ float shv[16];
     __shared__ const uint8_t *dw[MOE_MAXK + 1], *ds[MOE_MAXK + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int M = p.M, H = p.H, E = p.E, k = p.k, I = p.I, Is = p.Is, G = gridDim.x;
     float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
     constexpr int SHLD = BPS == 1 ? 8 : 4; /* a shared row's loads in flight a lane (4: no spills at 2 an SM) */
     one_stamp(p, 0);
+    /* the BF16 shared expert's down rows of this block's first stage-4 unit, into L2 now (stage
+     * 4 multiplies them before barrier 2, right after this block's gate/up unit) */
+    if (p.sbf && threadIdx.x == 0 && (int)blockIdx.x < M * (H / 16))
+        one_prefetch_l2(p.shd + (size_t)((blockIdx.x % (H / 16)) * 16) * Is, sizeof(bf16) * 16 * (size_t)Is);
 
     /* ---- stage 1: router rows, BF16 shared gate/up rows ---- */
     const int nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0, n1 = p.nrb + nsh;
@@ -1337,6 +1535,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                 one_stamp(p, 1);
             }
             router_finish<4>(rp, u, M, H, E, p.wsg, dsm, vw, part, p.logits, p.sgl);
+            one_arrive(&p.bar[0]); /* barrier 1: the router units only */
         } else {
             const int r = (u - p.nrb) * ONE_W + warp;
             const bool on = r < 2 * Is;
@@ -1391,198 +1590,104 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
                     if (lane == 0) p.hgu[(size_t)m * 2 * Is + r] = s;
                 }
             }
+            one_arrive(&p.bar[3]); /* the shared gate/up units: waited for only by stage 4 */
         }
         __syncthreads(); /* part and x reused by the next unit */
     }
     if (!waited) cu_pdl_wait();
     one_stamp(p, 2);
-    one_arrive(&p.bar[0]);
-    one_wait(&p.bar[0], G);
+    one_wait(&p.bar[0], p.nrb);
     one_stamp(p, 3);
 
     /* ---- stage 2: the routing, in every block ---- */
-    one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts);
+    one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts, blockIdx.x == 0);
     one_stamp(p, 4);
+    /* the down rows (and scales) of this block's first stage-4 unit, into L2 while stage 3 runs:
+     * that unit's cp.async requests, issued once its gate/up unit is done, then hit L2 */
+    if ((int)blockIdx.x < M * (H / 16) && (int)threadIdx.x <= k) {
+        const int m = blockIdx.x / (H / 16), n0 = (blockIdx.x % (H / 16)) * 16, j = threadIdx.x;
+        const bool nvs = !p.sbf && Is > 0;
+        if (j < k || nvs) {
+            const int ex = j < k ? sidx[m][j] : 0, K = j < k ? I : Is;
+            const uint8_t *w = j < k ? p.D->dw[ex] : p.D->sdw, *sc = j < k ? p.D->ds[ex] : p.D->sds;
+            one_prefetch_l2(w + (size_t)n0 * (K / 2), (size_t)16 * (K / 2));
+            one_prefetch_l2(sc + (size_t)n0 * (K / 16), (size_t)16 * (K / 16));
+        }
+    }
 
     /* ---- stage 3: gate/up units (token, slot, 16 rows) ---- */
     const int nsl = !p.sbf && Is > 0 ? 1 : 0; /* an NVFP4 shared expert: slot k */
     const int nti = I / 16, ntok = k * nti + nsl * (Is / 16), n3 = M * ntok;
-    const gu_params *P = p.P;
-    const dn_params *D = p.D;
-    for (int u = blockIdx.x; u < n3; u += G) {
-        const int m = u / ntok, r = u % ntok;
-        const uint8_t *gw, *uw, *gs, *us;
-        float g2, u2, coef;
-        int j, n0;
-        if (r < k * nti) {
-            j = r / nti;
-            n0 = (r % nti) * 16;
-            const int ex = sidx[m][j];
-            gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
-            coef = D->d2[ex];
-        } else {
-            j = k;
-            n0 = (r - k * nti) * 16;
-            gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
-            coef = D->sd2;
-        }
-        coef *= swts[m][j];
-        const int c0 = warp * PER;
-        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
-        uint4 *my = dsm + (size_t)warp * PER * 4 * 32 + lane;
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            cu_cp_async16(my + (q * 4 + 0) * 32, gw + rb + q * 64);
-            cu_cp_async16(my + (q * 4 + 1) * 32, gw + rb + r8 + q * 64);
-            cu_cp_async16(my + (q * 4 + 2) * 32, uw + rb + q * 64);
-            cu_cp_async16(my + (q * 4 + 3) * 32, uw + rb + r8 + q * 64);
-            cu_cp_async_commit();
-        }
-        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
-        uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            sg0[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + q * 8));
-            sg1[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + q * 8));
-            su0[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + q * 8));
-            su1[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + q * 8));
-        }
-        const uint4 *xr = reinterpret_cast<const uint4 *>(p.x + (size_t)m * H + c0 * 128 + 32 * t);
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            uint4 xv[4];
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + q * 16 + v);
-            cu_cp_async_wait_dyn(PER - 1 - q);
-            cu_w4_chunk_mma(my[(q * 4 + 0) * 32], my[(q * 4 + 1) * 32], sg0[q], sg1[q], xv, ag);
-            cu_w4_chunk_mma(my[(q * 4 + 2) * 32], my[(q * 4 + 3) * 32], su0[q], su1[q], xv, au);
-        }
-        if (t == 0) {
-            red[warp][0][g] = ag[0];
-            red[warp][0][g + 8] = ag[2];
-            red[warp][1][g] = au[0];
-            red[warp][1][g + 8] = au[2];
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float gv = 0.f, uv = 0.f;
-#pragma unroll
-            for (int w = 0; w < ONE_W; w++) {
-                gv += red[w][0][threadIdx.x];
-                uv += red[w][1][threadIdx.x];
-            }
-            gv *= g2;
-            uv *= u2;
-            p.h[(size_t)(m * (k + 1) + j) * p.ldh + n0 + threadIdx.x] =
-                __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
-        }
-        __syncthreads(); /* red and the chunk buffers reused by the next unit */
-    }
+    for (int u = blockIdx.x; u < n3; u += G)
+        one_gateup_unit<PER>(p, u / ntok, u % ntok, sidx[u / ntok], swts[u / ntok], dsm, red);
     one_stamp(p, 5);
     one_arrive(&p.bar[1]);
 
     /* ---- stage 4: down units (token, 16 output rows) ---- */
-    const int cpe = I / 128, npairs = k * cpe + nsl * (Is / 128), n4 = M * (H / 16);
+    const int n4 = M * (H / 16);
     bool passed = false;
     for (int u = blockIdx.x; u < n4; u += G) {
-        const int m = u / (H / 16), n0 = (u % (H / 16)) * 16;
-        if (threadIdx.x < k) {
-            const int ex = sidx[m][threadIdx.x];
-            dw[threadIdx.x] = D->dw[ex];
-            ds[threadIdx.x] = D->ds[ex];
-        } else if (threadIdx.x == k) {
-            dw[k] = D->sdw;
-            ds[k] = D->sds;
-        }
-        __syncthreads();
-        uint4 *my = dsm + (size_t)warp * ONE_PMAX * 2 * 32 + lane;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        /* every warp runs the first round (its barrier work has __syncthreads) */
-        for (int base = warp, first = 1; first || base < npairs; base += ONE_W * ONE_PMAX, first = 0) {
-            uint16_t s0[ONE_PMAX], s1[ONE_PMAX];
-#pragma unroll
-            for (int q = 0; q < ONE_PMAX; q++) {
-                const int pp = base + ONE_W * q;
-                if (pp < npairs) {
-                    const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
-                    const int K = j < k ? I : Is;
-                    const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
-                    const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
-                    cu_cp_async16(my + (q * 2 + 0) * 32, dw[j] + rb);
-                    cu_cp_async16(my + (q * 2 + 1) * 32, dw[j] + rb + (size_t)8 * (K / 2));
-                    s0[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb));
-                    s1[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb + (size_t)8 * (K / 16)));
-                }
-                cu_cp_async_commit();
-            }
-            if (first) {
-                /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
-                 * before barrier 2 in a block's first unit) */
-                if (p.sbf) {
-                    const float cg = swts[m][k];
-                    for (int i = threadIdx.x; i < Is; i += blockDim.x) {
-                        const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
-                        const float uv = __ldcg(p.hgu + (size_t)m * 2 * Is + Is + i);
-                        hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
-                    }
-                    __syncthreads();
-                    const float s = one_bf16_row_dot<BPS == 1 ? 4 : 2>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
-                    if (lane == 0) shv[warp] = s;
-                }
-                if (!passed) {
-                    one_wait(&p.bar[1], G);
-                    cu_pdl_trigger();
-                    passed = true;
-                    one_stamp(p, 6);
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < ONE_PMAX; q++) {
-                const int pp = base + ONE_W * q;
-                if (pp >= npairs) break;
-                const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
-                const uint4 *hp =
-                    reinterpret_cast<const uint4 *>(p.h + (size_t)(m * (k + 1) + j) * p.ldh + c * 128 + 32 * t);
-                uint4 xv[4];
-#pragma unroll
-                for (int v = 0; v < 4; v++) xv[v] = __ldcg(hp + v);
-                cu_cp_async_wait_dyn(ONE_PMAX - 1 - q);
-                cu_w4_chunk_mma(my[(q * 2 + 0) * 32], my[(q * 2 + 1) * 32], s0[q], s1[q], xv, acc);
-            }
-        }
-        if (t == 0) {
-            red[warp][0][g] = acc[0];
-            red[warp][0][g + 8] = acc[2];
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float v = 0.f;
-#pragma unroll
-            for (int w = 0; w < ONE_W; w++) v += red[w][0][threadIdx.x];
-            if (p.sbf) v += shv[threadIdx.x];
-            p.y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
-        }
-        __syncthreads(); /* dw / ds, red, shv, hsm reused by the next unit */
+        const int m = u / (H / 16);
+        one_down_unit<true, BPS == 1 ? 4 : 2>(p, m, (u % (H / 16)) * 16, sidx[m], swts[m], passed, dsm, hsm, red, shv,
+                                              dw, ds);
     }
     if (!passed) one_wait(&p.bar[1], G);
     one_stamp(p, 7);
-    /* the last block out resets the counters (every block has passed both barriers) */
+    /* the last block out resets the counters (every block has passed every wait) */
     if (threadIdx.x == 0) {
         __threadfence();
         if (atomicAdd(&p.bar[2], 1u) == (unsigned)G - 1) {
             p.bar[0] = 0u;
             p.bar[1] = 0u;
             p.bar[2] = 0u;
+            p.bar[3] = 0u;
             __threadfence();
         }
     }
 }
 
-/* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most BPS):
- * a grid barrier inside the kernel is only safe when every block is resident at once. */
+/* The three-launch form (LASTSTAND_MOE_ONE=4): the same units with launch boundaries instead
+ * of grid barriers, and no top-k launch. Launch 1 the router (moe_route_rows_kernel with a
+ * BF16 shared expert, else moe_router_kernel); launch 2 (moe_gu3_kernel) one gate/up unit a
+ * block, each block routing its own token first (one_topk at M = 1: the same results as the
+ * top-k kernel's); launch 3 (moe_dn3_kernel) one down unit a block: it routes its token,
+ * requests its first weights and multiplies the BF16 shared rows (launch 1's hgu) before it
+ * waits for h. Launch 2 triggers right after its wait (launch 1 complete), so launch 3's early
+ * reads of launch 1's results are safe, as moe_down2_kernel's early read of the choices. */
+template <int PER>
+__global__ void __launch_bounds__(32 * ONE_W, 2) moe_gu3_kernel(const one_params p) {
+    extern __shared__ uint4 dsm[];
+    __shared__ int sidx[1][MOE_MAXK];
+    __shared__ float swts[1][MOE_MAXK + 1];
+    __shared__ float red[ONE_W][2][16];
+    const int ntok = p.k * (p.I / 16) + (!p.sbf && p.Is > 0 ? p.Is / 16 : 0);
+    const int m = blockIdx.x / ntok, r = blockIdx.x % ntok;
+    cu_pdl_wait(); /* logits from launch 1 */
+    cu_pdl_trigger();
+    one_topk(1, p.E, p.k, p.norm, p.Is > 0, p.logits + (size_t)m * p.E, p.wsg ? p.sgl + m : NULL, sidx, swts,
+             p.idx + (size_t)m * p.k, p.wts + (size_t)m * (p.k + 1), r == 0);
+    one_gateup_unit<PER>(p, m, r, sidx[0], swts[0], dsm, red);
+}
+
+__global__ void __launch_bounds__(32 * ONE_W, 2) moe_dn3_kernel(const one_params p) {
+    extern __shared__ uint4 dsm[];
+    __shared__ int sidx[1][MOE_MAXK];
+    __shared__ float swts[1][MOE_MAXK + 1];
+    __shared__ float red[ONE_W][2][16];
+    __shared__ float shv[16];
+    __shared__ const uint8_t *dw[MOE_MAXK + 1], *ds[MOE_MAXK + 1];
+    float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
+    const int m = blockIdx.x / (p.H / 16), n0 = (blockIdx.x % (p.H / 16)) * 16;
+    one_topk(1, p.E, p.k, p.norm, p.Is > 0, p.logits + (size_t)m * p.E, p.wsg ? p.sgl + m : NULL, sidx, swts,
+             p.idx, p.wts, false);
+    bool passed = false;
+    one_down_unit<false, 2>(p, m, n0, sidx[0], swts[0], passed, dsm, hsm, red, shv, dw, ds);
+}
+
+/* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most
+ * per_sm): a grid barrier inside the kernel is only safe when every block is resident at once. */
 template <int PER, int BPS>
-static cudaError_t one_launch(int pdl, const one_params &op, cudaStream_t st) {
+static cudaError_t one_launch(int pdl, int per_sm, const one_params &op, cudaStream_t st) {
     static int occ[CU_WS_MAX_DEV], nsm[CU_WS_MAX_DEV];
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
@@ -1596,18 +1701,57 @@ static cudaError_t one_launch(int pdl, const one_params &op, cudaStream_t st) {
         if ((c = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return c;
         if (o < 1) return cudaErrorInvalidConfiguration;
         __atomic_store_n(&nsm[dev], n, __ATOMIC_RELAXED);
-        __atomic_store_n(&occ[dev], o < BPS ? o : BPS, __ATOMIC_RELEASE);
+        __atomic_store_n(&occ[dev], o, __ATOMIC_RELEASE);
     }
-    const int G = __atomic_load_n(&nsm[dev], __ATOMIC_RELAXED) * __atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE);
+    const int o = __atomic_load_n(&occ[dev], __ATOMIC_ACQUIRE);
+    const int G = __atomic_load_n(&nsm[dev], __ATOMIC_RELAXED) * (o < per_sm ? o : per_sm);
     return fused_launch(pdl, moe_one_kernel<PER, BPS>, dim3(G), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
+}
+
+/* The three-launch form: launch 1 with rpdl (its weight loads before the wait), 2 and 3 with pdl. */
+static cudaError_t one_launch3(int rpdl, int pdl, const one_params &op, cudaStream_t st) {
+    const int M = op.M, H = op.H, E = op.E;
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    const bf16 *wsg = op.wsg;
+    cudaError_t c;
+    if (op.sbf) {
+        const unsigned g1 = op.nrb + (2 * op.Is + ROUTER_NW - 1) / ROUTER_NW;
+        c = fused_smem<moe_route_rows_kernel>(xsm);
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_route_rows_kernel, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, op.nrb,
+                             op.x, op.wr, wsg, op.logits, op.sgl, op.shg, op.shu, op.Is, op.hgu);
+    } else {
+        c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(op.nrb), dim3(32 * ROUTER_NW), xsm, st, M,
+                             H, E, op.x, op.wr, wsg, op.logits, op.sgl, (const bf16 *)nullptr, (const bf16 *)nullptr, 0,
+                             (float *)nullptr);
+    }
+    if (c != cudaSuccess) return c;
+    const int ntok = op.k * (op.I / 16) + (!op.sbf && op.Is > 0 ? op.Is / 16 : 0);
+    const size_t gsm = (size_t)(H / 2048) * 32 * 1024;
+    if (H == 2048) {
+        c = fused_smem<moe_gu3_kernel<1>>(gsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_gu3_kernel<1>, dim3(M * ntok), dim3(32 * ONE_W), gsm, st, op);
+    } else {
+        c = fused_smem<moe_gu3_kernel<2>>(gsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_gu3_kernel<2>, dim3(M * ntok), dim3(32 * ONE_W), gsm, st, op);
+    }
+    if (c == cudaSuccess) c = fused_smem<moe_dn3_kernel>(ONE_SMEM);
+    if (c == cudaSuccess)
+        c = fused_launch(pdl, moe_dn3_kernel, dim3(M * (H / 16)), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
+    return c;
 }
 
 /* LASTSTAND_MOE_ONE_TRACE: wait for the call, log block 0's stage times (µs at the SM clock) */
 static void one_trace_log(const one_params &op, cudaStream_t st) {
     long long t[ONE_STAMPS];
     int khz = 0, dev = 0;
-    if (cudaStreamSynchronize(st) != cudaSuccess || cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
+    if (cudaStreamSynchronize(st) != cudaSuccess ||
+        cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
         return;
     const double us = 1e3 / khz;
     log_info("moe one-launch trace, M=%d H=%d E=%d k=%d I=%d Is=%d (block 0, µs from entry): x staged %.2f, stage 1 "
@@ -1762,9 +1906,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_rpdl = -2;
     const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
-    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1 (2: one block an SM) */
+    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1|2|3 (one_launch's forms) */
     static int force_one = -2;
-    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 2, 0);
+    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 4, 0);
     if (one && (H == 2048 || H == 4096) && Is <= ONE_MAXIS && Is % 256 == 0) {
         float *hgu = sbf ? (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e) : NULL;
         unsigned *bar = (unsigned *)ws_get(ws, WS_BAR, sizeof(unsigned) * 4, st, e);
@@ -1806,15 +1950,23 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const int tr = trace && !cap && ncalls >= 32 && ncalls < 35;
         if (trace && !cap) ncalls++;
         op.trace = tr ? (long long *)ws_get(ws, WS_TRACE, sizeof(long long) * ONE_STAMPS, st, e) : NULL;
-        cudaError_t c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, op, st) : one_launch<1, 2>(rpdl, op, st))
-                                   : (one == 2 ? one_launch<2, 1>(rpdl, op, st) : one_launch<2, 2>(rpdl, op, st));
-        if (c == cudaSuccess && op.trace) one_trace_log(op, st);
-        if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
-            if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
-            if (c == cudaSuccess && a->topk_w)
-                c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
-                                      cudaMemcpyDeviceToDevice, st);
+        /* 1: the 64-register build, two blocks an SM; 2: the unconstrained build (no spills),
+         * one an SM; 3: the 64-register build, one an SM (room for a neighbour kernel's blocks);
+         * 4: the three-launch form */
+        const int per_sm = one == 1 ? 2 : 1;
+        cudaError_t c;
+        if (one == 4) {
+            c = one_launch3(rpdl, pdl, op, st);
+        } else {
+            c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, 1, op, st) : one_launch<1, 2>(rpdl, per_sm, op, st))
+                          : (one == 2 ? one_launch<2, 1>(rpdl, 1, op, st) : one_launch<2, 2>(rpdl, per_sm, op, st));
         }
+        if (c == cudaSuccess && op.trace && one != 4) one_trace_log(op, st);
+        if (c == cudaSuccess && a->topk_idx)
+            c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
+        if (c == cudaSuccess && a->topk_w)
+            c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                  cudaMemcpyDeviceToDevice, st);
         ws_unlock(ws);
         if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode (one launch)");
         return 0;

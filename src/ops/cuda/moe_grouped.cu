@@ -68,6 +68,7 @@
  * moe_w and uploaded only when it changes. Calls on one device are serialised
  * by its mutex.
  */
+#include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
 #include "ops/cuda/moe_int.cuh"
@@ -283,6 +284,8 @@ __global__ void __launch_bounds__(32 * TOPK_W)
     mg_topk_block_kernel(int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
                          int has_shared, const float *__restrict__ logits, int32_t *__restrict__ idx,
                          float *__restrict__ wts) {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with the PDL attribute: the router's logits; no-ops without) */
     moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
 }
 
@@ -299,6 +302,8 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
                                                        int32_t *__restrict__ n_tiles) {
     __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
     __shared__ int s_wsum[32];
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (launched with PDL on the mid-batch path: idx from the top-k) */
     const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
     const int Mk = M * k;
     for (int e = tid; e < S; e += 1024) s_cnt[e] = 0;
@@ -704,7 +709,11 @@ __device__ __forceinline__ void mv_wait(int pending) {
     if (pending <= 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     else if (pending == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     else if (pending == 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-    else asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+    else if (pending == 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+    else if (pending == 4) asm volatile("cp.async.wait_group 4;\n" ::: "memory");
+    else if (pending == 5) asm volatile("cp.async.wait_group 5;\n" ::: "memory");
+    else if (pending == 6) asm volatile("cp.async.wait_group 6;\n" ::: "memory");
+    else asm volatile("cp.async.wait_group 7;\n" ::: "memory");
 }
 
 /* Shared memory of one block: NW = KW·RT warps, NQ = 2 (gate, up) or 1 weight tiles per warp.
@@ -769,7 +778,7 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
-template <bool GATEUP, int KW, int PER, int RT>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN>
 __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
@@ -778,6 +787,12 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
     constexpr int NQ = S::NQ;
     extern __shared__ __align__(16) unsigned char mv_dsm[];
     S &sm = *reinterpret_cast<S *>(mv_dsm);
+    /* LEAN: the partial sums past the stage (no barrier before writing them), the slots read
+     * by each warp (no barrier at entry): one __syncthreads in all */
+    float(*red)[S::NQ][2][16][8] =
+        LEAN ? reinterpret_cast<float(*)[S::NQ][2][16][8]>(mv_dsm + sizeof(S)) : sm.u.red;
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
     const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -804,15 +819,22 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
             cu_cp_async_commit();
         }
     }
-    if (tid < 16) {
-        const int p = perm[r0 + tid];
-        sm.pair[tid] = p;
-        if (tid == 8) sm.two = 0;
+    int two, pl = -1; /* LEAN: lane i < 16 holds slot i's pair */
+    if constexpr (LEAN) {
+        if (lane < 16) pl = perm[r0 + lane];
+        two = __any_sync(0xffffffffu, lane >= 8 && pl >= 0);
+        if (warp == 0 && lane < 16) sm.pair[lane] = pl; /* for the epilogue, after its barrier */
+    } else {
+        if (tid < 16) {
+            const int p = perm[r0 + tid];
+            sm.pair[tid] = p;
+            if (tid == 8) sm.two = 0;
+        }
+        __syncthreads();
+        if (tid >= 8 && tid < 16 && sm.pair[tid] >= 0) sm.two = 1; /* benign race: all write 1 */
+        __syncthreads();
+        two = sm.two;
     }
-    __syncthreads();
-    if (tid >= 8 && tid < 16 && sm.pair[tid] >= 0) sm.two = 1; /* benign race: all write 1 */
-    __syncthreads();
-    const int two = sm.two;
     float acc[NQ][2][4];
 #pragma unroll
     for (int q = 0; q < NQ; q++)
@@ -829,7 +851,7 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
             if (pass == 1 && !two) break;
             uint4 xv[PER][1][4]; /* slot 8·pass + g's x, every chunk of this warp */
             const int s = 8 * pass + g;
-            const int ps = sm.pair[s];
+            const int ps = LEAN ? __shfl_sync(0xffffffffu, pl, s) : sm.pair[s];
 #pragma unroll
             for (int u = 0; u < PER; u++) mv_load_x<GATEUP>(xv[u][0], ps, s, r0, c0 + u, t, H, k, x, hbuf, ldh);
 #pragma unroll
@@ -847,16 +869,16 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
             }
         }
     }
-    __syncthreads(); /* every warp is done with the stage: the reduction buffer reuses it */
+    if (!LEAN) __syncthreads(); /* every warp is done with the stage: the reduction buffer reuses it */
 #pragma unroll
     for (int q = 0; q < NQ; q++)
 #pragma unroll
         for (int grp = 0; grp < 2; grp++) {
             /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8 */
-            sm.u.red[warp][q][grp][g][2 * t] = acc[q][grp][0];
-            sm.u.red[warp][q][grp][g][2 * t + 1] = acc[q][grp][1];
-            sm.u.red[warp][q][grp][g + 8][2 * t] = acc[q][grp][2];
-            sm.u.red[warp][q][grp][g + 8][2 * t + 1] = acc[q][grp][3];
+            red[warp][q][grp][g][2 * t] = acc[q][grp][0];
+            red[warp][q][grp][g][2 * t + 1] = acc[q][grp][1];
+            red[warp][q][grp][g + 8][2 * t] = acc[q][grp][2];
+            red[warp][q][grp][g + 8][2 * t + 1] = acc[q][grp][3];
         }
     __syncthreads();
     /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
@@ -868,8 +890,8 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
         float v0 = 0.f, v1 = 0.f;
 #pragma unroll
         for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
-            v0 += sm.u.red[ort * KW + w][0][grp][row][s8];
-            if (GATEUP) v1 += sm.u.red[ort * KW + w][NQ - 1][grp][row][s8];
+            v0 += red[ort * KW + w][0][grp][row][s8];
+            if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
         }
         if (GATEUP) {
             /* the decoded weights carry 2^-8 */
@@ -898,25 +920,25 @@ static mv_cfg mv_pick(bool gateup, int K) {
     return c;
 }
 
-template <bool GATEUP, int KW, int PER, int RT>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                              const float *wts, bf16 *dbuf, int sh_only, cudaStream_t st) {
-    const size_t smem = sizeof(mv_smem<GATEUP, KW, PER, RT>);
+                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
+    typedef mv_smem<GATEUP, KW, PER, RT> S;
+    const size_t smem = sizeof(S) + (LEAN ? sizeof(((S *)0)->u.red) : 0);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
-    mv_kernel<GATEUP, KW, PER, RT><<<grid, 32 * KW * RT, smem, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, sh_only);
-    return cudaGetLastError();
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
+                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only);
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -925,26 +947,157 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
 template <bool GATEUP>
 static cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                              const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                             const float *wts, bf16 *dbuf, int sh_only, int alt, cudaStream_t st) {
+                             const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st) {
     if constexpr (GATEUP) {
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
+        if (K == 2048 && alt)
+            return mv_launch1<GATEUP, 8, 2, 1, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                     dbuf, sh_only, pdl, st);
         if (K == 2048)
             return mv_launch1<GATEUP, 8, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         return mv_launch1<GATEUP, 16, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                            sh_only, st);
+                                            sh_only, pdl, st);
     } else {
         if (K == 512 && alt) /* 2 warps of 2 chunks per tile, 4 tiles: twice the bytes in flight per warp */
             return mv_launch1<GATEUP, 2, 2, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         if (K == 512)
             return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, st);
+                                               sh_only, pdl, st);
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                           sh_only, st);
+                                           sh_only, pdl, st);
     }
+}
+
+/* The down GEMV with a whole K per warp (LASTSTAND_MG_MIDDN=2): block = 8 output tiles of 16
+ * rows (one a warp) over all PER chunks of K = I (128·PER), so no partial sums meet across
+ * warps: each lane writes its outputs. The tile's 16 slots of hbuf (K bf16 each) are staged
+ * once per block in shared memory, already in the decode's pairing (zeros on padding slots),
+ * and every warp reads its B fragments there; the weights (the warp's 16 rows x K) are in
+ * flight by cp.async from entry. mv_kernel's down spent half its instructions on per-warp
+ * overhead at one chunk a warp (K = 512). */
+template <int PER>
+struct mvd_smem {
+    uint4 codes[8][PER][2][32];  /* [warp][chunk][row g, g + 8][lane] */
+    uint32_t sc[8][PER][32];     /* [warp][chunk][scale word] */
+    uint4 xs[16][PER * MV_CH / 8 + 1]; /* [slot][8 K values], permuted (+16 B: rows g on distinct banks) */
+    int pair[16];
+    int two;
+};
+
+template <int PER>
+__global__ void __launch_bounds__(256, 3)
+    mvd_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
+               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
+               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+    constexpr int K = PER * MV_CH, XW = K / 8; /* uint4 per slot row */
+    extern __shared__ __align__(16) unsigned char mvd_dsm[];
+    mvd_smem<PER> &sm = *reinterpret_cast<mvd_smem<PER> *>(mvd_dsm);
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
+    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
+    if (tile >= n_tiles[0]) return;
+    const mg_expert *xp = &tab[tile_e[tile]];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int nrow0 = (blockIdx.x * 8 + warp) * 16;
+    const bool ok = xp->inter == K; /* the host checks; a mismatch writes nothing */
+    const bool live = ok && nrow0 < H;
+    if (live) {
+        const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
+        const uint8_t *wr = xp->w[2] + (size_t)(nrow0 + g) * ldw + 16 * t;
+        const uint8_t *sr = xp->s[2] + (size_t)(nrow0 + (lane >> 1)) * lds + 4 * (lane & 1);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async16(&sm.codes[warp][u][0][lane], wr + u * 64);
+            cu_cp_async16(&sm.codes[warp][u][1][lane], wr + 8 * ldw + u * 64);
+            nv4_cp_async4(&sm.sc[warp][u][lane], sr + u * 8);
+            cu_cp_async_commit();
+        }
+    }
+    if (tid < 16) {
+        sm.pair[tid] = perm[tile * 16 + tid];
+        if (tid == 8) sm.two = 0;
+    }
+    __syncthreads();
+    if (tid >= 8 && tid < 16 && sm.pair[tid] >= 0) sm.two = 1;
+    /* hbuf rows of the real slots -> xs, permuted; zeros elsewhere */
+    for (int i = tid; i < 16 * XW; i += 256) {
+        const int s = i / XW, c = i - s * XW;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (sm.pair[s] >= 0 && ok) v = nv4_xperm8(__ldg(reinterpret_cast<const uint4 *>(hbuf + (size_t)(tile * 16 + s) * ldh) + c));
+        sm.xs[s][c] = v;
+    }
+    __syncthreads();
+    const int two = sm.two;
+    float acc[2][4];
+#pragma unroll
+    for (int grp = 0; grp < 2; grp++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[grp][r] = 0.f;
+    if (live) {
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            mv_wait(PER - 1 - u);
+            __syncwarp(); /* scales of chunk u were copied by other lanes */
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[warp][u]);
+            uint4 xv[2][4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) xv[0][q] = sm.xs[g][u * (MV_CH / 8) + 4 * t + q];
+            if (two) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) xv[1][q] = sm.xs[8 + g][u * (MV_CH / 8) + 4 * t + q];
+                mv_chunk<2>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
+                            s16[4 * (g + 8) + t], xv, acc);
+            } else {
+                mv_chunk<1>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
+                            s16[4 * (g + 8) + t], xv, acc);
+            }
+        }
+        /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8; the decoded weights carry 2^-8 */
+        const float s2 = xp->s2[2] * 256.f;
+#pragma unroll
+        for (int grp = 0; grp < 2; grp++) {
+            if (grp == 1 && !two) break;
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int slot = 8 * grp + 2 * t + (r & 1), n = nrow0 + g + 8 * (r >> 1);
+                const int p = sm.pair[slot];
+                if (p >= 0) dbuf[(size_t)p * H + n] = __float2bfloat16_rn(acc[grp][r] * (s2 * wts[p]));
+            }
+        }
+    }
+}
+
+static int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }
+
+template <int PER>
+static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                               const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                               bf16 *dbuf, int pdl, cudaStream_t st) {
+    const size_t smem = sizeof(mvd_smem<PER>); /* 52 KB (PER 4), 104 KB (8) */
+    static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
+    int dev = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c != cudaSuccess) return c;
+    if (!(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
+        c = cudaFuncSetAttribute(mvd_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (c != cudaSuccess) return c;
+        __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
+    }
+    dim3 grid((unsigned)((H + 127) / 128), (unsigned)tiles_max);
+    return cu_launch_pdl(pdl, mvd_kernel<PER>, grid, dim3(256), smem, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                         wts, dbuf, 0);
+}
+
+/* The routed (and same-kind shared) down GEMM by mvd_kernel; the caller checked mvd_per(K). */
+static cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                              const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                              bf16 *dbuf, int pdl, cudaStream_t st) {
+    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
 }
 
 /* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth
@@ -1104,7 +1257,17 @@ __global__ void __launch_bounds__(32 * KW)
             xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    loadc(0, wa, xa);
+    /* with PDL: the first chunk's router weights (constants) before the wait, x after it */
+    cu_pdl_trigger();
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        wa[0][q] = __ldg(w0 + q);
+        wa[1][q] = __ldg(w1 + q);
+    }
+    cu_pdl_wait();
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        xa[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr) + q) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 1
     for (int u = 0; u < PER; u++) {
         if (u + 1 < PER) loadc(u + 1, wn, xn);
@@ -1140,15 +1303,14 @@ __global__ void __launch_bounds__(32 * KW)
 
 /* The router by mr_kernel when an instance fits (E % 16 == 0, H = 1024, 2048 or 4096, the
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
-static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, cudaStream_t st,
+static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
                      cudaError_t *c) {
     if (E % 16 || ((uintptr_t)w & 15)) return 0;
-    dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8));
-    if (H == 1024) mr_kernel<8, 1><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
-    else if (H == 2048) mr_kernel<8, 2><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
-    else if (H == 4096) mr_kernel<8, 4><<<grid, 256, 0, st>>>(M, H, E, w, x, logits);
+    const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
+    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
     else return 0;
-    *c = cudaGetLastError();
     return 1;
 }
 
@@ -1174,22 +1336,31 @@ static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *l
  *                                   validated it); with it, the top-k by a block per token
  *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0, the
  *                                   router by mr_kernel unless LASTSTAND_MG_MIDROUTER=0;
- *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512 */
+ *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512,
+ *                                   =2 the down GEMV with a whole K per warp (mvd_kernel);
+ *                                   LASTSTAND_MG_MIDGU=1 gate/up at H = 2048 with one barrier;
+ *                                   the GEMVs only where R1 found them faster (up to 4 rows
+ *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1; its
+ *                                   launches with programmatic dependent launch (cu_pdl.h)
+ *                                   unless LASTSTAND_MG_MIDPDL=0 */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
     int side, pf;
     int mid;     /* the mid-batch GEMVs (mv_kernel) at 16-row tiles */
     int midtopk; /* with mid: the block-per-token top-k */
-    int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (experiment) */
+    int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (1), a whole K per warp (2) */
     int midrouter; /* with mid: the router by mr_kernel */
+    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
+    int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
+    int midpdl;  /* with mid: its launches with programmatic dependent launch */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1200,8 +1371,12 @@ static mg_knobs mg_knobs_get(void) {
         if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
         n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
-        n.middn = cu_env_switch("LASTSTAND_MG_MIDDN", 0);
+        v = getenv("LASTSTAND_MG_MIDDN");
+        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
+        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 0);
+        n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
+        n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1279,8 +1454,8 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
-                ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0, 0,
-                                  st)
+                ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
+                                  kn.midgu, kn.midpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -1293,9 +1468,12 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = BM == 16 && mid_k
+        c = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k)
+                ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, kn.midpdl,
+                             st)
+            : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                   kn.middn, st)
+                                   kn.middn == 1, kn.midpdl, st)
                 : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                             ldh, wts, dbuf, 0, st);
     }
@@ -1348,6 +1526,8 @@ __global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, in
  * same bits as mg_combine_kernel. */
 __global__ void __launch_bounds__(256) mg_combine_mid_kernel(int M, int H, int k, int nslot,
                                                              const bf16 *__restrict__ dbuf, bf16 *__restrict__ y) {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: down's dbuf) */
     const int m = blockIdx.x;
     for (int c = threadIdx.x * 8; c < H; c += 256 * 8) {
         uint4 v[MG_MAXK + 1];
@@ -1554,25 +1734,30 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
     const mg_knobs kn = mg_knobs_get();
+    /* the mid-batch path's launches (router, top-k, plan, GEMVs, combine) carry the PDL
+     * attribute (each kernel waits before its first dependent access): LASTSTAND_MG_MIDPDL */
+    const int pdl = kn.mid && kn.midpdl && bm == 16;
     cudaError_t cr = cudaSuccess;
     if (kn.mid && kn.midrouter && bm == 16 &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, st, &cr)) {
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     }
     if (kn.mid && kn.midtopk && bm == 16)
-        mg_topk_block_kernel<<<M, 32 * TOPK_W, 0, st>>>(H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                        w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                                                        logits, idx, wts);
+        CU_TRY(e,
+               cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
+                             (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                             (const float *)logits, idx, wts),
+               "cuda_grouped_gemm top-k");
     else
         mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                     w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    mg_plan_kernel<<<1, 1024, 0, st>>>(M, E, k, hs, bm, idx, tile_e, perm, nt);
-    CU_LAUNCHED(e, "cuda_grouped_gemm plan");
+    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
+           "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
@@ -1585,8 +1770,11 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * cp.async, K of both GEMMs an instance of mv_pick, and a shared expert in the same launch
      * (same kind) with the routed experts' I; mid_k = the down GEMM's K, 0 = the grouped GEMM */
     const int mixed = tab->ld_gu_s >= 0;
+    /* (R1, H200: faster at the 35B shape up to M·k = 4E, i.e. up to 4 rows per expert, slower
+     * past it and at the 397B shape: there only with LASTSTAND_MG_MIDALL=1) */
     const int mid_k = kn.mid && bm == 16 && tab->ld_gu == MG_LD_FP4 && tab->ld_dn == MG_LD_FP4 &&
-                              mv_pick(true, H).kw && mv_pick(false, I).kw && (mixed || !hs || Is == I)
+                              mv_pick(true, H).kw && mv_pick(false, I).kw && (mixed || !hs || Is == I) &&
+                              (kn.midall || (mk <= (size_t)4 * E && H <= 2048))
                           ? I
                           : 0;
     /* and the BF16 form for a BF16 shared expert next to them (its own launches) */
@@ -1601,8 +1789,9 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (mid_k)
-        mg_combine_mid_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
+    if (kn.mid && bm == 16)
+        CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
+               "cuda_grouped_gemm combine");
     else
         mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);
     CU_LAUNCHED(e, "cuda_grouped_gemm combine");

@@ -10,8 +10,8 @@
 # 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
 #    the fp64 CPU reference; times: chains of back-to-back calls) on the 35B and 397B layers at
 #    M = 1, 2, 4, 8, with the NVFP4 shared expert (`--shapes PRESET`, "nv") and the BF16 one
-#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs the new kernel's
-#    three launch forms (ONE=1|2|3, fused_run).
+#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs the one-launch
+#    kernel's three launch forms (ONE=1|2|3) and the three-launch form (ONE=4) (fused_run).
 # 1b. LASTSTAND_MOE_ONE_TRACE=1: block 0's clock at the kernel's stage boundaries, M = 1 and 8.
 # 2. `laststand generate` on the full 40-layer synth Qwen3.5-35B-A3B (as decprof.sh: 512-token
 #    prompt, 129 new tokens, CUDA graphs, the plans named): the engine's mean decode step
@@ -49,17 +49,17 @@ doctor() {
     [ $rc = 0 ] || { echo "$tag $preset $sh: rc=$rc"; grep -iE "error|fail|crash|unsupported|wrong" "$f.err" "$f.txt" | head -4; }
 }
 
-echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: 64 registers, 2 blocks an SM; 2: 1 an SM, no register cap; 3: 64 registers, 1 an SM) $(el)"
+echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: one launch, 64 registers, 2 blocks an SM; 2: 1 an SM, no register cap; 3: 64 registers, 1 an SM; 4: three launches) $(el)"
 for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
-    for one in 0 1 2 3; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p bf 1,2,4,8; done
-    for one in 0 1; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p nv 1,2,8; done
+    for one in 0 1 2 3 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p bf 1,2,4,8; done
+    for one in 0 1 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p nv 1,2,8; done
 done
 echo "$(el)"
 
 echo "== 1b. block 0's stage times inside the new kernel (LASTSTAND_MOE_ONE_TRACE=1, calls 32-34, bf shared) $(el)"
 for pm in qwen3.5-35b-a3b:1 qwen3.5-397b-a17b:1; do
     p=${pm%:*} m=${pm#*:}
-    for one in 1 2 3; do
+    for one in 1 3; do
         [ "$(left)" -ge 75 ] || continue
         LASTSTAND_MOE_ONE=$one LASTSTAND_MOE_ONE_TRACE=1 timeout -k 2 10 "$BIN" doctor --device cuda --families moe \
             --model-path "synth:$p,layers=1" --m $m --backends cuda_fused_decode >/dev/null 2>"$OUT/trace-$one-$p-$m.err"
@@ -85,8 +85,8 @@ gen() {
 }
 gen old 0 20
 gen new1 1 20
-gen new2 2 20
 gen new3 3 20
+gen new4 4 20
 python3 - "$OUT" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -103,7 +103,7 @@ def cmp(a, b):
         p += 1
     return f"{p}/{max(len(a), len(b))} leading ids equal"
 o = ids("old")
-for t in ("new1", "new2", "new3"):
+for t in ("new1", "new3", "new4"):
     print(f"greedy ids old vs {t} (graphs):", cmp(o, ids(t)))
 PY
 
@@ -117,7 +117,7 @@ t=$(left)
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ "$t" -ge 20 ]; then
     echo "== 4. ncu: the kernels of one call, 35B layer, BF16 shared, M = 1, old vs new $(el)"
-    for one in 0 1 2 3; do
+    for one in 0 1 3 4; do
         LASTSTAND_MOE_ONE=$one timeout -k 2 12 "$NCU" --clock-control none --cache-control none -k regex:moe_ --launch-skip 12 \
             --launch-count 4 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size --csv \
             "$BIN" doctor --device cuda --families moe --model-path synth:qwen3.5-35b-a3b,layers=1 --m 1 \

@@ -1167,11 +1167,11 @@ __device__ __forceinline__ void one_wait(const unsigned *c, unsigned n) {
  * warp's top-k in k rounds of two redux.sync (largest key, then the lowest index holding
  * it), the token's top-k by ranking its W·k candidates (packed key << 32 | ~index, larger
  * is better), renormalised; the shared gate's sigmoid (sgl set), 1 (a shared expert without
- * a gate) or 0 (none) in column k. Results in sidx / swts (shared memory); block 0 also
- * writes idx / wts (the optional top-k outputs). */
+ * a gate) or 0 (none) in column k. Results in sidx / swts (shared memory); the writer
+ * block also writes idx / wts (the optional top-k outputs). */
 __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_shared,
                                          const float *logits, const float *sgl, int (*sidx)[MOE_MAXK],
-                                         float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts) {
+                                         float (*swts)[MOE_MAXK + 1], int32_t *idx, float *wts, bool writer) {
     __shared__ unsigned long long cand[ONE_W * MOE_MAXK];
     __shared__ float gmax[ONE_W], csum[FUSED_MAXM][MOE_MAXE / 64];
     __shared__ int ri[FUSED_MAXM][MOE_MAXK];
@@ -1249,13 +1249,13 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
         for (int j = 0; j < k; j++) {
             sidx[m][j] = ri[m][j];
             swts[m][j] = norm ? rp[m][j] / psum : rp[m][j];
-            if (blockIdx.x == 0) {
+            if (writer) {
                 idx[(size_t)m * k + j] = ri[m][j];
                 wts[(size_t)m * (k + 1) + j] = swts[m][j];
             }
         }
         swts[m][k] = sg;
-        if (blockIdx.x == 0) wts[(size_t)m * (k + 1) + k] = sg;
+        if (writer) wts[(size_t)m * (k + 1) + k] = sg;
     }
     __syncthreads();
 }
@@ -1321,6 +1321,185 @@ enum {
     ONE_SMEM = ONE_HSM + 4 * ONE_MAXIS
 };
 
+/* One gate/up unit (token m, 16 rows of slot r's expert: r < k·I/16 a routed slot, then the
+ * NVFP4 shared expert's) in a block of ONE_W warps, as moe_gateup2_kernel<ONE_W, PER>'s block;
+ * sidx_m / swts_m the token's routing; ends with a __syncthreads (dsm and red reusable). */
+template <int PER>
+__device__ __forceinline__ void one_gateup_unit(const one_params &p, int m, int r, const int *sidx_m,
+                                                const float *swts_m, uint4 *dsm, float (*red)[2][16]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int H = p.H, k = p.k, nti = p.I / 16;
+    const gu_params *P = p.P;
+    const dn_params *D = p.D;
+    const uint8_t *gw, *uw, *gs, *us;
+    float g2, u2, coef;
+    int j, n0;
+    if (r < k * nti) {
+        j = r / nti;
+        n0 = (r % nti) * 16;
+        const int ex = sidx_m[j];
+        gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
+        coef = D->d2[ex];
+    } else {
+        j = k;
+        n0 = (r - k * nti) * 16;
+        gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
+        coef = D->sd2;
+    }
+    coef *= swts_m[j];
+    const int c0 = warp * PER;
+    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
+    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
+    uint4 *my = dsm + (size_t)warp * PER * 4 * 32 + lane;
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        cu_cp_async16(my + (q * 4 + 0) * 32, gw + rb + q * 64);
+        cu_cp_async16(my + (q * 4 + 1) * 32, gw + rb + r8 + q * 64);
+        cu_cp_async16(my + (q * 4 + 2) * 32, uw + rb + q * 64);
+        cu_cp_async16(my + (q * 4 + 3) * 32, uw + rb + r8 + q * 64);
+        cu_cp_async_commit();
+    }
+    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
+    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        sg0[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + q * 8));
+        sg1[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + q * 8));
+        su0[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + q * 8));
+        su1[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + q * 8));
+    }
+    const uint4 *xr = reinterpret_cast<const uint4 *>(p.x + (size_t)m * H + c0 * 128 + 32 * t);
+#pragma unroll
+    for (int q = 0; q < PER; q++) {
+        uint4 xv[4];
+#pragma unroll
+        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + q * 16 + v);
+        cu_cp_async_wait_dyn(PER - 1 - q);
+        cu_w4_chunk_mma(my[(q * 4 + 0) * 32], my[(q * 4 + 1) * 32], sg0[q], sg1[q], xv, ag);
+        cu_w4_chunk_mma(my[(q * 4 + 2) * 32], my[(q * 4 + 3) * 32], su0[q], su1[q], xv, au);
+    }
+    if (t == 0) {
+        red[warp][0][g] = ag[0];
+        red[warp][0][g + 8] = ag[2];
+        red[warp][1][g] = au[0];
+        red[warp][1][g + 8] = au[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float gv = 0.f, uv = 0.f;
+#pragma unroll
+        for (int w = 0; w < ONE_W; w++) {
+            gv += red[w][0][threadIdx.x];
+            uv += red[w][1][threadIdx.x];
+        }
+        gv *= g2;
+        uv *= u2;
+        p.h[(size_t)(m * (k + 1) + j) * p.ldh + n0 + threadIdx.x] =
+            __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
+    }
+    __syncthreads(); /* red and the chunk buffers reused by the next unit */
+}
+
+/* One down unit (token m, 16 output rows) in a block of ONE_W warps, as
+ * moe_down2_kernel<ONE_W, ONE_PMAX>'s block plus the BF16 shared expert's 16 down rows; its
+ * first round's weights are requested, and the shared rows multiplied, before the wait for h
+ * (GRID: barrier 2 of moe_one_kernel, then its trigger; else griddepcontrol.wait, the
+ * three-launch form), done once a block (passed); SLD: a shared row's 16-byte loads in flight
+ * a lane. Ends with a __syncthreads. */
+template <bool GRID, int SLD>
+__device__ __forceinline__ void one_down_unit(const one_params &p, int m, int n0, const int *sidx_m,
+                                              const float *swts_m, bool &passed, uint4 *dsm, float *hsm,
+                                              float (*red)[2][16], float *shv, const uint8_t **dw,
+                                              const uint8_t **ds) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int H = p.H, k = p.k, I = p.I, Is = p.Is;
+    const int nsl = !p.sbf && Is > 0 ? 1 : 0, nsh = p.sbf ? (2 * Is + ONE_W - 1) / ONE_W : 0;
+    const int cpe = I / 128, npairs = k * cpe + nsl * (Is / 128);
+    const dn_params *D = p.D;
+    if (threadIdx.x < k) {
+        const int ex = sidx_m[threadIdx.x];
+        dw[threadIdx.x] = D->dw[ex];
+        ds[threadIdx.x] = D->ds[ex];
+    } else if (threadIdx.x == k) {
+        dw[k] = D->sdw;
+        ds[k] = D->sds;
+    }
+    __syncthreads();
+    uint4 *my = dsm + (size_t)warp * ONE_PMAX * 2 * 32 + lane;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    /* every warp runs the first round (its barrier work has __syncthreads) */
+    for (int base = warp, first = 1; first || base < npairs; base += ONE_W * ONE_PMAX, first = 0) {
+        uint16_t s0[ONE_PMAX], s1[ONE_PMAX];
+#pragma unroll
+        for (int q = 0; q < ONE_PMAX; q++) {
+            const int pp = base + ONE_W * q;
+            if (pp < npairs) {
+                const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+                const int K = j < k ? I : Is;
+                const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
+                const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
+                cu_cp_async16(my + (q * 2 + 0) * 32, dw[j] + rb);
+                cu_cp_async16(my + (q * 2 + 1) * 32, dw[j] + rb + (size_t)8 * (K / 2));
+                s0[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb));
+                s1[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb + (size_t)8 * (K / 16)));
+            }
+            cu_cp_async_commit();
+        }
+        if (first) {
+            /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
+             * before barrier 2 in a block's first unit) */
+            if (p.sbf) {
+                if (GRID && !passed) one_wait(&p.bar[3], nsh); /* hgu */
+                const float cg = swts_m[k];
+                for (int i = threadIdx.x; i < Is; i += blockDim.x) {
+                    const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
+                    const float uv = __ldcg(p.hgu + (size_t)m * 2 * Is + Is + i);
+                    hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
+                }
+                __syncthreads();
+                const float s = one_bf16_row_dot<SLD>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
+                if (lane == 0) shv[warp] = s;
+            }
+            if (!passed) {
+                if (GRID) {
+                    one_wait(&p.bar[1], gridDim.x);
+                    cu_pdl_trigger();
+                    one_stamp(p, 6);
+                } else {
+                    cu_pdl_wait(); /* h from the gate/up launch */
+                }
+                passed = true;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < ONE_PMAX; q++) {
+            const int pp = base + ONE_W * q;
+            if (pp >= npairs) break;
+            const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
+            const uint4 *hp =
+                reinterpret_cast<const uint4 *>(p.h + (size_t)(m * (k + 1) + j) * p.ldh + c * 128 + 32 * t);
+            uint4 xv[4];
+#pragma unroll
+            for (int v = 0; v < 4; v++) xv[v] = __ldcg(hp + v);
+            cu_cp_async_wait_dyn(ONE_PMAX - 1 - q);
+            cu_w4_chunk_mma(my[(q * 2 + 0) * 32], my[(q * 2 + 1) * 32], s0[q], s1[q], xv, acc);
+        }
+    }
+    if (t == 0) {
+        red[warp][0][g] = acc[0];
+        red[warp][0][g + 8] = acc[2];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < ONE_W; w++) v += red[w][0][threadIdx.x];
+        if (p.sbf) v += shv[threadIdx.x];
+        p.y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
+    }
+    __syncthreads(); /* dw / ds, red, shv, hsm reused by the next unit */
+}
+
 template <int PER, int BPS>
 __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_params p) {
     extern __shared__ uint4 dsm[];
@@ -1330,7 +1509,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     __shared__ float red[ONE_W][2][16];
     __shared__ float shv[16];
     __shared__ const uint8_t *dw[MOE_MAXK + 1], *ds[MOE_MAXK + 1];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int M = p.M, H = p.H, E = p.E, k = p.k, I = p.I, Is = p.Is, G = gridDim.x;
     float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
     constexpr int SHLD = BPS == 1 ? 8 : 4; /* a shared row's loads in flight a lane (4: no spills at 2 an SM) */
@@ -1421,7 +1600,7 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     one_stamp(p, 3);
 
     /* ---- stage 2: the routing, in every block ---- */
-    one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts);
+    one_topk(M, E, k, p.norm, Is > 0, p.logits, p.wsg ? p.sgl : NULL, sidx, swts, p.idx, p.wts, blockIdx.x == 0);
     one_stamp(p, 4);
     /* the down rows (and scales) of this block's first stage-4 unit, into L2 while stage 3 runs:
      * that unit's cp.async requests, issued once its gate/up unit is done, then hit L2 */
@@ -1439,164 +1618,18 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     /* ---- stage 3: gate/up units (token, slot, 16 rows) ---- */
     const int nsl = !p.sbf && Is > 0 ? 1 : 0; /* an NVFP4 shared expert: slot k */
     const int nti = I / 16, ntok = k * nti + nsl * (Is / 16), n3 = M * ntok;
-    const gu_params *P = p.P;
-    const dn_params *D = p.D;
-    for (int u = blockIdx.x; u < n3; u += G) {
-        const int m = u / ntok, r = u % ntok;
-        const uint8_t *gw, *uw, *gs, *us;
-        float g2, u2, coef;
-        int j, n0;
-        if (r < k * nti) {
-            j = r / nti;
-            n0 = (r % nti) * 16;
-            const int ex = sidx[m][j];
-            gw = P->gw[ex]; uw = P->uw[ex]; gs = P->gs[ex]; us = P->us[ex]; g2 = P->g2[ex]; u2 = P->u2[ex];
-            coef = D->d2[ex];
-        } else {
-            j = k;
-            n0 = (r - k * nti) * 16;
-            gw = P->sgw; uw = P->suw; gs = P->sgs; us = P->sus; g2 = P->sg2; u2 = P->su2;
-            coef = D->sd2;
-        }
-        coef *= swts[m][j];
-        const int c0 = warp * PER;
-        float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
-        uint4 *my = dsm + (size_t)warp * PER * 4 * 32 + lane;
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            cu_cp_async16(my + (q * 4 + 0) * 32, gw + rb + q * 64);
-            cu_cp_async16(my + (q * 4 + 1) * 32, gw + rb + r8 + q * 64);
-            cu_cp_async16(my + (q * 4 + 2) * 32, uw + rb + q * 64);
-            cu_cp_async16(my + (q * 4 + 3) * 32, uw + rb + r8 + q * 64);
-            cu_cp_async_commit();
-        }
-        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
-        uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            sg0[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + q * 8));
-            sg1[q] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + q * 8));
-            su0[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + q * 8));
-            su1[q] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + q * 8));
-        }
-        const uint4 *xr = reinterpret_cast<const uint4 *>(p.x + (size_t)m * H + c0 * 128 + 32 * t);
-#pragma unroll
-        for (int q = 0; q < PER; q++) {
-            uint4 xv[4];
-#pragma unroll
-            for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + q * 16 + v);
-            cu_cp_async_wait_dyn(PER - 1 - q);
-            cu_w4_chunk_mma(my[(q * 4 + 0) * 32], my[(q * 4 + 1) * 32], sg0[q], sg1[q], xv, ag);
-            cu_w4_chunk_mma(my[(q * 4 + 2) * 32], my[(q * 4 + 3) * 32], su0[q], su1[q], xv, au);
-        }
-        if (t == 0) {
-            red[warp][0][g] = ag[0];
-            red[warp][0][g + 8] = ag[2];
-            red[warp][1][g] = au[0];
-            red[warp][1][g + 8] = au[2];
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float gv = 0.f, uv = 0.f;
-#pragma unroll
-            for (int w = 0; w < ONE_W; w++) {
-                gv += red[w][0][threadIdx.x];
-                uv += red[w][1][threadIdx.x];
-            }
-            gv *= g2;
-            uv *= u2;
-            p.h[(size_t)(m * (k + 1) + j) * p.ldh + n0 + threadIdx.x] =
-                __float2bfloat16_rn(gv / (1.f + __expf(-gv)) * uv * coef);
-        }
-        __syncthreads(); /* red and the chunk buffers reused by the next unit */
-    }
+    for (int u = blockIdx.x; u < n3; u += G)
+        one_gateup_unit<PER>(p, u / ntok, u % ntok, sidx[u / ntok], swts[u / ntok], dsm, red);
     one_stamp(p, 5);
     one_arrive(&p.bar[1]);
 
     /* ---- stage 4: down units (token, 16 output rows) ---- */
-    const int cpe = I / 128, npairs = k * cpe + nsl * (Is / 128), n4 = M * (H / 16);
+    const int n4 = M * (H / 16);
     bool passed = false;
     for (int u = blockIdx.x; u < n4; u += G) {
-        const int m = u / (H / 16), n0 = (u % (H / 16)) * 16;
-        if (threadIdx.x < k) {
-            const int ex = sidx[m][threadIdx.x];
-            dw[threadIdx.x] = D->dw[ex];
-            ds[threadIdx.x] = D->ds[ex];
-        } else if (threadIdx.x == k) {
-            dw[k] = D->sdw;
-            ds[k] = D->sds;
-        }
-        __syncthreads();
-        uint4 *my = dsm + (size_t)warp * ONE_PMAX * 2 * 32 + lane;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        /* every warp runs the first round (its barrier work has __syncthreads) */
-        for (int base = warp, first = 1; first || base < npairs; base += ONE_W * ONE_PMAX, first = 0) {
-            uint16_t s0[ONE_PMAX], s1[ONE_PMAX];
-#pragma unroll
-            for (int q = 0; q < ONE_PMAX; q++) {
-                const int pp = base + ONE_W * q;
-                if (pp < npairs) {
-                    const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
-                    const int K = j < k ? I : Is;
-                    const size_t rb = (size_t)(n0 + g) * (K / 2) + (size_t)c * 64 + 16 * t;
-                    const size_t sbb = (size_t)(n0 + g) * (K / 16) + (size_t)c * 8 + 2 * t;
-                    cu_cp_async16(my + (q * 2 + 0) * 32, dw[j] + rb);
-                    cu_cp_async16(my + (q * 2 + 1) * 32, dw[j] + rb + (size_t)8 * (K / 2));
-                    s0[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb));
-                    s1[q] = __ldg(reinterpret_cast<const uint16_t *>(ds[j] + sbb + (size_t)8 * (K / 16)));
-                }
-                cu_cp_async_commit();
-            }
-            if (first) {
-                /* the BF16 shared expert's 16 down rows for token m (barrier 1 suffices:
-                 * before barrier 2 in a block's first unit) */
-                if (p.sbf) {
-                    if (!passed) one_wait(&p.bar[3], nsh); /* hgu */
-                    const float cg = swts[m][k];
-                    for (int i = threadIdx.x; i < Is; i += blockDim.x) {
-                        const float gv = __ldcg(p.hgu + (size_t)m * 2 * Is + i);
-                        const float uv = __ldcg(p.hgu + (size_t)m * 2 * Is + Is + i);
-                        hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
-                    }
-                    __syncthreads();
-                    const float s = one_bf16_row_dot<BPS == 1 ? 4 : 2>(p.shd + (size_t)(n0 + warp) * Is, Is, hsm, lane);
-                    if (lane == 0) shv[warp] = s;
-                }
-                if (!passed) {
-                    one_wait(&p.bar[1], G);
-                    cu_pdl_trigger();
-                    passed = true;
-                    one_stamp(p, 6);
-                }
-            }
-#pragma unroll
-            for (int q = 0; q < ONE_PMAX; q++) {
-                const int pp = base + ONE_W * q;
-                if (pp >= npairs) break;
-                const int j = pp < k * cpe ? pp / cpe : k, c = pp < k * cpe ? pp % cpe : pp - k * cpe;
-                const uint4 *hp =
-                    reinterpret_cast<const uint4 *>(p.h + (size_t)(m * (k + 1) + j) * p.ldh + c * 128 + 32 * t);
-                uint4 xv[4];
-#pragma unroll
-                for (int v = 0; v < 4; v++) xv[v] = __ldcg(hp + v);
-                cu_cp_async_wait_dyn(ONE_PMAX - 1 - q);
-                cu_w4_chunk_mma(my[(q * 2 + 0) * 32], my[(q * 2 + 1) * 32], s0[q], s1[q], xv, acc);
-            }
-        }
-        if (t == 0) {
-            red[warp][0][g] = acc[0];
-            red[warp][0][g + 8] = acc[2];
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) {
-            float v = 0.f;
-#pragma unroll
-            for (int w = 0; w < ONE_W; w++) v += red[w][0][threadIdx.x];
-            if (p.sbf) v += shv[threadIdx.x];
-            p.y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
-        }
-        __syncthreads(); /* dw / ds, red, shv, hsm reused by the next unit */
+        const int m = u / (H / 16);
+        one_down_unit<true, BPS == 1 ? 4 : 2>(p, m, (u % (H / 16)) * 16, sidx[m], swts[m], passed, dsm, hsm, red, shv,
+                                              dw, ds);
     }
     if (!passed) one_wait(&p.bar[1], G);
     one_stamp(p, 7);
@@ -1611,6 +1644,44 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
             __threadfence();
         }
     }
+}
+
+/* The three-launch form (LASTSTAND_MOE_ONE=4): the same units with launch boundaries instead
+ * of grid barriers, and no top-k launch. Launch 1 the router (moe_route_rows_kernel with a
+ * BF16 shared expert, else moe_router_kernel); launch 2 (moe_gu3_kernel) one gate/up unit a
+ * block, each block routing its own token first (one_topk at M = 1: the same results as the
+ * top-k kernel's); launch 3 (moe_dn3_kernel) one down unit a block: it routes its token,
+ * requests its first weights and multiplies the BF16 shared rows (launch 1's hgu) before it
+ * waits for h. Launch 2 triggers right after its wait (launch 1 complete), so launch 3's early
+ * reads of launch 1's results are safe, as moe_down2_kernel's early read of the choices. */
+template <int PER>
+__global__ void __launch_bounds__(32 * ONE_W, 2) moe_gu3_kernel(const one_params p) {
+    extern __shared__ uint4 dsm[];
+    __shared__ int sidx[1][MOE_MAXK];
+    __shared__ float swts[1][MOE_MAXK + 1];
+    __shared__ float red[ONE_W][2][16];
+    const int ntok = p.k * (p.I / 16) + (!p.sbf && p.Is > 0 ? p.Is / 16 : 0);
+    const int m = blockIdx.x / ntok, r = blockIdx.x % ntok;
+    cu_pdl_wait(); /* logits from launch 1 */
+    cu_pdl_trigger();
+    one_topk(1, p.E, p.k, p.norm, p.Is > 0, p.logits + (size_t)m * p.E, p.wsg ? p.sgl + m : NULL, sidx, swts,
+             p.idx + (size_t)m * p.k, p.wts + (size_t)m * (p.k + 1), r == 0);
+    one_gateup_unit<PER>(p, m, r, sidx[0], swts[0], dsm, red);
+}
+
+__global__ void __launch_bounds__(32 * ONE_W, 2) moe_dn3_kernel(const one_params p) {
+    extern __shared__ uint4 dsm[];
+    __shared__ int sidx[1][MOE_MAXK];
+    __shared__ float swts[1][MOE_MAXK + 1];
+    __shared__ float red[ONE_W][2][16];
+    __shared__ float shv[16];
+    __shared__ const uint8_t *dw[MOE_MAXK + 1], *ds[MOE_MAXK + 1];
+    float *hsm = reinterpret_cast<float *>(reinterpret_cast<char *>(dsm) + ONE_HSM);
+    const int m = blockIdx.x / (p.H / 16), n0 = (blockIdx.x % (p.H / 16)) * 16;
+    one_topk(1, p.E, p.k, p.norm, p.Is > 0, p.logits + (size_t)m * p.E, p.wsg ? p.sgl + m : NULL, sidx, swts,
+             p.idx, p.wts, false);
+    bool passed = false;
+    one_down_unit<false, 2>(p, m, n0, sidx[0], swts[0], passed, dsm, hsm, red, shv, dw, ds);
 }
 
 /* Launch moe_one_kernel<PER, BPS> with G = (SMs) x (its resident blocks an SM, at most
@@ -1637,12 +1708,50 @@ static cudaError_t one_launch(int pdl, int per_sm, const one_params &op, cudaStr
     return fused_launch(pdl, moe_one_kernel<PER, BPS>, dim3(G), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
 }
 
+/* The three-launch form: launch 1 with rpdl (its weight loads before the wait), 2 and 3 with pdl. */
+static cudaError_t one_launch3(int rpdl, int pdl, const one_params &op, cudaStream_t st) {
+    const int M = op.M, H = op.H, E = op.E;
+    const size_t xsm = sizeof(bf16) * (size_t)M * H;
+    const bf16 *wsg = op.wsg;
+    cudaError_t c;
+    if (op.sbf) {
+        const unsigned g1 = op.nrb + (2 * op.Is + ROUTER_NW - 1) / ROUTER_NW;
+        c = fused_smem<moe_route_rows_kernel>(xsm);
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_route_rows_kernel, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, op.nrb,
+                             op.x, op.wr, wsg, op.logits, op.sgl, op.shg, op.shu, op.Is, op.hgu);
+    } else {
+        c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
+        if (c == cudaSuccess)
+            c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(op.nrb), dim3(32 * ROUTER_NW), xsm, st, M,
+                             H, E, op.x, op.wr, wsg, op.logits, op.sgl, (const bf16 *)nullptr, (const bf16 *)nullptr, 0,
+                             (float *)nullptr);
+    }
+    if (c != cudaSuccess) return c;
+    const int ntok = op.k * (op.I / 16) + (!op.sbf && op.Is > 0 ? op.Is / 16 : 0);
+    const size_t gsm = (size_t)(H / 2048) * 32 * 1024;
+    if (H == 2048) {
+        c = fused_smem<moe_gu3_kernel<1>>(gsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_gu3_kernel<1>, dim3(M * ntok), dim3(32 * ONE_W), gsm, st, op);
+    } else {
+        c = fused_smem<moe_gu3_kernel<2>>(gsm);
+        if (c == cudaSuccess)
+            c = fused_launch(pdl, moe_gu3_kernel<2>, dim3(M * ntok), dim3(32 * ONE_W), gsm, st, op);
+    }
+    if (c == cudaSuccess) c = fused_smem<moe_dn3_kernel>(ONE_SMEM);
+    if (c == cudaSuccess)
+        c = fused_launch(pdl, moe_dn3_kernel, dim3(M * (H / 16)), dim3(32 * ONE_W), (size_t)ONE_SMEM, st, op);
+    return c;
+}
+
 /* LASTSTAND_MOE_ONE_TRACE: wait for the call, log block 0's stage times (µs at the SM clock) */
 static void one_trace_log(const one_params &op, cudaStream_t st) {
     long long t[ONE_STAMPS];
     int khz = 0, dev = 0;
-    if (cudaStreamSynchronize(st) != cudaSuccess || cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
+    if (cudaStreamSynchronize(st) != cudaSuccess ||
+        cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
         return;
     const double us = 1e3 / khz;
     log_info("moe one-launch trace, M=%d H=%d E=%d k=%d I=%d Is=%d (block 0, µs from entry): x staged %.2f, stage 1 "
@@ -1799,7 +1908,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     if (pair == 2 && !gkw) pair = 1;
     /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1|2|3 (one_launch's forms) */
     static int force_one = -2;
-    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 3, 0);
+    const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 4, 0);
     if (one && (H == 2048 || H == 4096) && Is <= ONE_MAXIS && Is % 256 == 0) {
         float *hgu = sbf ? (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e) : NULL;
         unsigned *bar = (unsigned *)ws_get(ws, WS_BAR, sizeof(unsigned) * 4, st, e);
@@ -1842,17 +1951,22 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         if (trace && !cap) ncalls++;
         op.trace = tr ? (long long *)ws_get(ws, WS_TRACE, sizeof(long long) * ONE_STAMPS, st, e) : NULL;
         /* 1: the 64-register build, two blocks an SM; 2: the unconstrained build (no spills),
-         * one an SM; 3: the 64-register build, one an SM (room for a neighbour kernel's blocks) */
+         * one an SM; 3: the 64-register build, one an SM (room for a neighbour kernel's blocks);
+         * 4: the three-launch form */
         const int per_sm = one == 1 ? 2 : 1;
-        cudaError_t c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, 1, op, st) : one_launch<1, 2>(rpdl, per_sm, op, st))
-                                  : (one == 2 ? one_launch<2, 1>(rpdl, 1, op, st) : one_launch<2, 2>(rpdl, per_sm, op, st));
-        if (c == cudaSuccess && op.trace) one_trace_log(op, st);
-        if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
-            if (a->topk_idx) c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
-            if (c == cudaSuccess && a->topk_w)
-                c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
-                                      cudaMemcpyDeviceToDevice, st);
+        cudaError_t c;
+        if (one == 4) {
+            c = one_launch3(rpdl, pdl, op, st);
+        } else {
+            c = H == 2048 ? (one == 2 ? one_launch<1, 1>(rpdl, 1, op, st) : one_launch<1, 2>(rpdl, per_sm, op, st))
+                          : (one == 2 ? one_launch<2, 1>(rpdl, 1, op, st) : one_launch<2, 2>(rpdl, per_sm, op, st));
         }
+        if (c == cudaSuccess && op.trace && one != 4) one_trace_log(op, st);
+        if (c == cudaSuccess && a->topk_idx)
+            c = cudaMemcpyAsync(a->topk_idx, idx, sizeof(int32_t) * M * k, cudaMemcpyDeviceToDevice, st);
+        if (c == cudaSuccess && a->topk_w)
+            c = cudaMemcpy2DAsync(a->topk_w, sizeof(float) * k, wts, sizeof(float) * (k + 1), sizeof(float) * k, M,
+                                  cudaMemcpyDeviceToDevice, st);
         ws_unlock(ws);
         if (c != cudaSuccess) return cu_fail(e, c, "moe cuda_fused_decode (one launch)");
         return 0;

@@ -106,11 +106,14 @@ def test_lm_head_is_its_own_row_group_with_its_own_choice(ls_bin, fixture_model,
     V, H = tc["vocab_size"], tc["hidden_size"]
     js = tmp_path / "rep.json"
     p = doctor(tmp_path, "--device", "cpu", "--model-path", fixture_model, "--families", "gemm,lm_head",
-               "--m", "1,5", "--json", js)
+               "--m", "1,5,600", "--json", js)
     assert p.returncode == 0, p.stderr
     rep = json.loads(js.read_text())
     assert rep["shapes"]["vocab"] == V
     (lm,) = table(rep, "lm_head")
+    # its buckets stop at 512 (M is the rows that want logits; a plan's last entry takes the rest)
+    assert lm["ms"] == [1, 5] and sorted(rep["choice"]["lm_head"]) == ["1", "5"], lm["ms"]
+    assert all(t["ms"] == [1, 5, 600] for t in table(rep, "gemm"))
     assert lm["title"].startswith(f"lm_head  [{V} x {H}]"), lm["title"]
     assert lm["backends"][0] == "cpu_ref"
     for m in ("1", "5"):

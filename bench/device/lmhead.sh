@@ -46,7 +46,7 @@ if [ -x "$D/tests/test_sample_cuda" ]; then
     echo "== test_sample_cuda --bench $(el)"
     timeout -k 3 20 "$D/tests/test_sample_cuda" --bench >"$OUT/sample_bench.log" 2>&1
     echo "rc=$? $(el)"
-    tail -6 "$OUT/sample_bench.log"
+    tail -8 "$OUT/sample_bench.log"
 else
     echo "missing: $D/tests/test_sample_cuda"
 fi

@@ -53,7 +53,7 @@ grep -q "❌" "$OUT/doc-new35.txt" 2>/dev/null &&
     doctor new35_gemvs "$NEW LASTSTAND_MG_MIDTOPK=0 LASTSTAND_MG_MIDROUTER=0" "$B35" 16,64 8
 doctor old35 "$OLD" "$B35" 8,16,32,64,128,256 10
 # the R2 variants: down with a whole K per warp (MIDDN=2), gate/up with one barrier (MIDGU=1)
-doctor lean35 "$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1" "$B35" 16,32,64,128 8
+doctor lean35 "$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_MIDALL=1" "$B35" 16,32,64,128,256 9
 doctor dn35 "$NEW LASTSTAND_MG_MIDDN=2" "$B35" 16,64 6
 doctor nopdl35 "$NEW LASTSTAND_MG_MIDPDL=0" "$B35" 16,64 6
 # 397B: the GEMVs off by the rule (router, top-k, BF16 shared expert, combine on); all on (MIDALL)

@@ -682,6 +682,18 @@ static void build_plan(fam_state *s, json_t *report, const char *fam, const int 
     }
 }
 
+/* The buckets family f is judged at: the doctor's, but the lm_head's only up to
+ * DOC_LM_HEAD_MAX_M (the doctor times it there alone; its plan's last entry takes the rest). */
+static int fam_buckets(int f, const doctor_opts *d, int *ms) {
+    int n = 0, smallest = d->n_ms ? d->ms[0] : 1;
+    for (int i = 0; i < d->n_ms; i++) {
+        if (f != SA_LM_HEAD || d->ms[i] <= DOC_LM_HEAD_MAX_M) ms[n++] = d->ms[i];
+        if (d->ms[i] < smallest) smallest = d->ms[i];
+    }
+    if (!n) ms[n++] = smallest;
+    return n;
+}
+
 static void resolve_device(const serve_auto_opts *o, char *dev, size_t n) {
     snprintf(dev, n, "cpu");
     if (o->device) {
@@ -933,10 +945,11 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     int rc = 0;
     for (int f = 0; f < SA_NFAM; f++) {
         fam_state *s = &fs[f];
+        int fms[DOC_MAX_M], fn = fam_buckets(f, &dop, fms);
         if (report) {
             s->present = doctor_has_family(report, FAM(f));
             if (!s->present) continue;
-            s->nv = doctor_verdicts(report, FAM(f), dop.ms, dop.n_ms, s->v, MAX_CAND);
+            s->nv = doctor_verdicts(report, FAM(f), fms, fn, s->v, MAX_CAND);
         } else {
             s->present = 1;
             s->nv = registry_verdicts(f, cuda ? DEV_CUDA : DEV_CPU, s->v, MAX_CAND);
@@ -968,13 +981,13 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             s->on_plan = 1;
             if (!report) continue; /* no doctor decision: the smoke test alone decides */
             /* every bucket's entry must be correct there (an entry may be unsupported elsewhere) */
-            for (int m = 0; m < dop.n_ms; m++) {
+            for (int m = 0; m < fn; m++) {
                 const char *ent = NULL;
                 size_t el = 0;
                 for (const char *q = o->names[f]; *q && !ent;) { /* the entry for M = ms[m] */
                     size_t len = strcspn(q, ",");
                     const char *colon = memchr(q, ':', len);
-                    if (!colon || dop.ms[m] <= atoi(colon + 1)) {
+                    if (!colon || fms[m] <= atoi(colon + 1)) {
                         ent = q;
                         el = colon ? (size_t)(colon - q) : len;
                     }
@@ -982,17 +995,17 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
                 }
                 char nm[64], st[32];
                 snprintf(nm, sizeof nm, "%.*s", (int)(el < 63 ? el : 63), ent ? ent : "");
-                if (doctor_bucket(report, FAM(f), nm, dop.ms[m], NULL, st, sizeof st)) continue;
+                if (doctor_bucket(report, FAM(f), nm, fms[m], NULL, st, sizeof st)) continue;
                 const char *detail = "";
                 for (int i = 0; i < s->nv; i++)
                     if (!strcmp(s->v[i].name, nm)) detail = s->v[i].detail;
                 s->plan_doctor_bad = 1;
                 if (o->trust_backend) {
                     log_warn("!!! %s %s: entry %s FAILED the doctor at M=%d (%s; %s); serving with it anyway because of "
-                             "--trust-backend", FLAG(f), o->names[f], nm, dop.ms[m], st, detail);
+                             "--trust-backend", FLAG(f), o->names[f], nm, fms[m], st, detail);
                 } else if (rc != 2) {
                     snprintf(err, errn, "%s %s refused: the doctor's verdict for entry %s at M=%d: %s (%s) (pass "
-                             "--trust-backend to serve with it anyway)", FLAG(f), o->names[f], nm, dop.ms[m], st, detail);
+                             "--trust-backend to serve with it anyway)", FLAG(f), o->names[f], nm, fms[m], st, detail);
                     rc = 2;
                 }
                 break;
@@ -1021,7 +1034,7 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             }
         } else {
             order_candidates(s, report, FAM(f));
-            if (report) build_plan(s, report, FAM(f), dop.ms, dop.n_ms);
+            if (report) build_plan(s, report, FAM(f), fms, fn);
             if (s->nc == 0 && !s->on_plan && !rc) {
                 snprintf(err, errn, "no correct %s backend on %s at M=%s (see the doctor's matrix: laststand doctor "
                          "--device %s --model-path %s --m %s)", FAM(f), device, bl, device, o->model_path, bl);
@@ -1214,12 +1227,13 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
         for (int f = 0; f < SA_NFAM; f++) {
             fam_state *s = &fs[f];
             if (!s->present) continue;
+            int fms[DOC_MAX_M], fn = fam_buckets(f, &dop, fms);
             const char *ch = cur_name(s);
             for (int i = 0; i < s->nv; i++) {
                 const char *nm = s->v[i].name;
                 if (ch && text_has(ch, nm)) continue; /* chosen (or named and trusted) */
                 int out = s->smoke_fail[i][0] || (s->plan_fail[0] && text_has(s->plan, nm)) ||
-                          (report && doctor_eliminated(report, FAM(f), nm, dop.ms, dop.n_ms));
+                          (report && doctor_eliminated(report, FAM(f), nm, fms, fn));
                 if (out && bo + strlen(nm) + 16 < sizeof banned)
                     bo += snprintf(banned + bo, sizeof banned - bo, "%s%s:%s", bo ? "," : "", FAM(f), nm);
             }

@@ -625,10 +625,6 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         return errf(e, ERR_IO, "doctor: writing %s: %s", shapes_file, strerror(errno));
     }
     close(fd);
-    char ms_list[256] = "";
-    for (int i = 0; i < o->n_ms; i++)
-        snprintf(ms_list + strlen(ms_list), sizeof ms_list - strlen(ms_list), "%s%d", i ? "," : "", o->ms[i]);
-
     char cc[16];
     snprintf(cc, sizeof cc, "%d.%d", dev.cc_major, dev.cc_minor);
     json_t *report = json_object();
@@ -652,8 +648,6 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
     json_t *tables = json_array(), *choice = json_object();
     json_object_set_new(report, "tables", tables);
     json_object_set_new(report, "choice", choice);
-    json_t *ms_arr = json_array();
-    for (int i = 0; i < o->n_ms; i++) json_array_append_new(ms_arr, json_integer(o->ms[i]));
 
     static const fam_desc fams[] = {
         {"fp4_gemm", ops_fp4_gemm_count, fp4_name_at},
@@ -699,12 +693,30 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             fprintf(stderr, "doctor: %s: no backend for device %s, skipped\n", fd->name, dev.name);
             continue;
         }
-        int n_jobs = n_shapes * o->n_ms;
+        /* the buckets: all, but the lm_head's up to DOC_LM_HEAD_MAX_M (its M is the rows that want
+         * logits; above, a 1 GB weight's outputs of [M x vocab] only cost time and host memory) */
+        doctor_opts fo = *o;
+        if (!strcmp(fd->name, "lm_head")) {
+            fo.n_ms = 0;
+            int smallest = o->ms[0];
+            for (int i = 0; i < o->n_ms; i++) {
+                if (o->ms[i] <= DOC_LM_HEAD_MAX_M) fo.ms[fo.n_ms++] = o->ms[i];
+                if (o->ms[i] < smallest) smallest = o->ms[i];
+            }
+            if (!fo.n_ms) fo.ms[fo.n_ms++] = smallest;
+        }
+        char fms_list[256] = "";
+        json_t *fms_arr = json_array();
+        for (int i = 0; i < fo.n_ms; i++) {
+            snprintf(fms_list + strlen(fms_list), sizeof fms_list - strlen(fms_list), "%s%d", i ? "," : "", fo.ms[i]);
+            json_array_append_new(fms_arr, json_integer(fo.ms[i]));
+        }
+        int n_jobs = n_shapes * fo.n_ms;
         cell **res = xcalloc(nb, sizeof(cell *));
         int gpu_ref_ok = 1;
         for (int b = 0; b < nb; b++) {
             res[b] = xcalloc(n_jobs, sizeof(cell));
-            trial_spec t = {o, fd->name, names[b], shapes_file, ms_list, n_jobs, gpu_ref_ok, ""};
+            trial_spec t = {&fo, fd->name, names[b], shapes_file, fms_list, n_jobs, gpu_ref_ok, ""};
             snprintf(t.log_path, sizeof t.log_path, "%s.%s.%s.log", shapes_file, fd->name, names[b]);
             double t0 = now_sec();
             fprintf(stderr, "doctor: %s / %s: %d jobs...", fd->name, names[b], n_jobs);
@@ -721,11 +733,11 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         /* tables per shape, choice per shape and per family */
         json_t *fam_choice = json_object();
         double *sum = xcalloc(nb, sizeof(double));
-        for (int m = 0; m < o->n_ms; m++) {
+        for (int m = 0; m < fo.n_ms; m++) {
             for (int b = 0; b < nb; b++) sum[b] = 0;
             for (int sh = 0; sh < n_shapes; sh++)
                 for (int b = 0; b < nb; b++) {
-                    cell *c = &res[b][sh * o->n_ms + m];
+                    cell *c = &res[b][sh * fo.n_ms + m];
                     if (strcmp(c->status, "ok") || !(c->ms > 0)) sum[b] = INFINITY;
                     else sum[b] += c->ms;
                 }
@@ -733,7 +745,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             for (int b = 0; b < nb; b++)
                 if (!test_only[b] && isfinite(sum[b]) && (best < 0 || sum[b] < sum[best])) best = b;
             char mk[16];
-            snprintf(mk, sizeof mk, "%d", o->ms[m]);
+            snprintf(mk, sizeof mk, "%d", fo.ms[m]);
             json_object_set_new(fam_choice, mk, best >= 0 ? json_string(names[best]) : json_null());
             if (best < 0) complete = 0;
         }
@@ -767,29 +779,29 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          L->label, !strcmp(fd->name, "fp4_gemm") ? "NVFP4" : "BF16",
                          wb >= 1e6 ? wb / 1e6 : wb / 1e3, wb >= 1e6 ? "MB" : "kB");
             }
-            json_t *tab = json_pack("{s:s,s:s,s:O}", "family", fd->name, "title", title, "ms", ms_arr);
+            json_t *tab = json_pack("{s:s,s:s,s:O}", "family", fd->name, "title", title, "ms", fms_arr);
             json_t *backs = json_array(), *cells = json_object(), *chosen = json_object(), *tonly = json_array();
             for (int b = 0; b < nb; b++) {
                 json_array_append_new(backs, json_string(names[b]));
                 if (test_only[b]) json_array_append_new(tonly, json_string(names[b]));
                 json_t *row = json_object();
-                for (int m = 0; m < o->n_ms; m++) {
+                for (int m = 0; m < fo.n_ms; m++) {
                     char mk[16];
-                    snprintf(mk, sizeof mk, "%d", o->ms[m]);
-                    json_object_set_new(row, mk, cell_json(&res[b][sh * o->n_ms + m]));
+                    snprintf(mk, sizeof mk, "%d", fo.ms[m]);
+                    json_object_set_new(row, mk, cell_json(&res[b][sh * fo.n_ms + m]));
                 }
                 json_object_set_new(cells, names[b], row);
             }
-            for (int m = 0; m < o->n_ms; m++) {
+            for (int m = 0; m < fo.n_ms; m++) {
                 int best = -1;
                 for (int b = 0; b < nb; b++) {
-                    cell *c = &res[b][sh * o->n_ms + m];
+                    cell *c = &res[b][sh * fo.n_ms + m];
                     if (!test_only[b] && !strcmp(c->status, "ok") && c->ms > 0 &&
-                        (best < 0 || c->ms < res[best][sh * o->n_ms + m].ms))
+                        (best < 0 || c->ms < res[best][sh * fo.n_ms + m].ms))
                         best = b;
                 }
                 char mk[16];
-                snprintf(mk, sizeof mk, "%d", o->ms[m]);
+                snprintf(mk, sizeof mk, "%d", fo.ms[m]);
                 json_object_set_new(chosen, mk, best >= 0 ? json_string(names[best]) : json_null());
                 if (best < 0) complete = 0;
             }
@@ -801,10 +813,10 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
         }
         for (int b = 0; b < nb; b++) free(res[b]);
         free(res);
+        json_decref(fms_arr);
     }
     json_object_set_new(report, "complete", json_boolean(complete));
     json_object_set_new(report, "seconds", json_real(now_sec() - t_start));
-    json_decref(ms_arr);
     unlink(shapes_file);
     free(shapes_json);
 

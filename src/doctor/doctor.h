@@ -23,6 +23,10 @@
 
 #define DOC_MAX_LIN 24
 #define DOC_MAX_M 32
+/* The lm_head row group's largest bucket: its M is the rows that want logits (one per
+ * sequence of a step); a plan's last entry takes every larger M. Its buckets are the
+ * requested ones up to this (the smallest requested when none is). */
+#define DOC_LM_HEAD_MAX_M 512
 
 /* The shapes the doctor tests: one model's (or preset's) op shapes. */
 typedef struct doc_lin {

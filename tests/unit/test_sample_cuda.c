@@ -343,7 +343,8 @@ static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; retur
 static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_wide; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call of each form over a 248320-wide BF16 row,
- * batch 1 and 16, greedy and sampled (T 0.7, top_p 0.9), eager launches back to back. */
+ * batch 1 and 16, greedy and sampled (T 0.7 with top_p 0.9, or top_k 50 and top_p 0.95), eager
+ * launches back to back. */
 #include <time.h>
 static double now_us(void) {
     struct timespec t;
@@ -363,13 +364,14 @@ static int bench(void) {
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
     g_mem->h2d(dx, h, n * 2, g_st, &e);
     const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide};
-    for (int mode = 0; mode < 2; mode++)
+    static const char *const mode_name[] = {"greedy", "T 0.7 top_p 0.9", "T 0.7 top_k 50 top_p 0.95"};
+    for (int mode = 0; mode < 3; mode++)
         for (int bi = 0; bi < 2; bi++) {
             int b = bi ? 16 : 1;
             ls_sampling s;
             ls_sampling_default(&s);
             if (mode == 0) s.temperature = 0;
-            else { s.temperature = 0.7f; s.top_p = 0.9f; }
+            else { s.temperature = 0.7f; s.top_p = mode == 1 ? 0.9f : 0.95f; s.top_k = mode == 2 ? 50 : -1; }
             smp_row p[16];
             for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
             g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
@@ -388,9 +390,8 @@ static int bench(void) {
                 g_mem->d2h(&o, dout, sizeof o, g_st, &e);
                 tok[k] = o.token;
             }
-            printf("sampler V=%d batch %2d %-7s: one block a row %8.1f us, a cluster a row %7.1f us (x%.1f), "
-                   "row 0 token %d / %d\n", VB, b, mode ? "sampled" : "greedy", us[0], us[1], us[0] / us[1], tok[0],
-                   tok[1]);
+            printf("sampler V=%d batch %2d %-25s: one block a row %8.1f us, a cluster a row %7.1f us (x%.1f), "
+                   "row 0 token %d / %d\n", VB, b, mode_name[mode], us[0], us[1], us[0] / us[1], tok[0], tok[1]);
         }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);

@@ -1203,7 +1203,7 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
             if (lane == 0) csum[tok][c] = s;
         }
         unsigned taken = 0;
-        for (int j = 0; j < k; j++) {
+        for (int j = 0; j < (wg < nc ? k : 0); j++) { /* warps without experts: no candidates */
             unsigned kl = 0u, il = 0xffffffffu;
             int ii = 0;
 #pragma unroll
@@ -1225,12 +1225,13 @@ __device__ __forceinline__ void one_topk(int M, int E, int k, int norm, int has_
         }
     }
     __syncthreads();
-    if ((int)threadIdx.x < M * W * k) {
-        const int t2 = threadIdx.x / (W * k);
+    const int nwk = W < nc ? W : nc; /* a token's warps with candidates: its first nwk */
+    if ((int)threadIdx.x < M * nwk * k) {
+        const int t2 = threadIdx.x / (nwk * k);
         const unsigned long long *cp = cand + (size_t)t2 * W * k;
-        const unsigned long long me = cand[threadIdx.x];
+        const unsigned long long me = cp[threadIdx.x % (nwk * k)];
         int rank = 0;
-        for (int i = 0; i < W * k; i++) rank += cp[i] > me;
+        for (int i = 0; i < nwk * k; i++) rank += cp[i] > me;
         const unsigned key = (unsigned)(me >> 32);
         if (rank < k && key) {
             float tmx = gmax[t2 * W], sum = 0.f;
@@ -1766,19 +1767,19 @@ static cudaError_t one_launch3(int rpdl, int pdl, const one_params &op, cudaStre
     return c;
 }
 
-/* LASTSTAND_MOE_ONE_TRACE: wait for the call, log block 0's stage times (µs at the SM clock) */
+/* LASTSTAND_MOE_ONE_TRACE: wait for the call, log block 0's stage times (SM clock cycles from
+ * entry; the reader converts at the SM clock nvidia-smi reports) */
 static void one_trace_log(const one_params &op, cudaStream_t st) {
     long long t[ONE_STAMPS];
-    int khz = 0, dev = 0;
     if (cudaStreamSynchronize(st) != cudaSuccess ||
-        cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0)
+        cudaMemcpy(t, op.trace, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        log_warn("moe one-launch trace: no stamps (%s)", cudaGetErrorString(cudaGetLastError()));
         return;
-    const double us = 1e3 / khz;
-    log_info("moe one-launch trace, M=%d H=%d E=%d k=%d I=%d Is=%d (block 0, µs from entry): x staged %.2f, stage 1 "
-             "%.2f, barrier 1 %.2f, routing %.2f, gate/up %.2f, barrier 2 %.2f, down %.2f",
-             op.M, op.H, op.E, op.k, op.I, op.Is, (t[1] - t[0]) * us, (t[2] - t[0]) * us, (t[3] - t[0]) * us,
-             (t[4] - t[0]) * us, (t[5] - t[0]) * us, (t[6] - t[0]) * us, (t[7] - t[0]) * us);
+    }
+    log_info("moe one-launch trace, M=%d H=%d E=%d k=%d I=%d Is=%d (block 0, SM cycles from entry): x staged %lld, "
+             "stage 1 %lld, barrier 1 %lld, routing %lld, gate/up %lld, barrier 2 %lld, down %lld",
+             op.M, op.H, op.E, op.k, op.I, op.Is, t[1] - t[0], t[2] - t[0], t[3] - t[0], t[4] - t[0], t[5] - t[0],
+             t[6] - t[0], t[7] - t[0]);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {

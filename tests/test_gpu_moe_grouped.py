@@ -70,7 +70,7 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
                                    {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"},
                                    {"LASTSTAND_MG_MID": "0"}, {"LASTSTAND_MG_MID": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "2",
-                                    "LASTSTAND_MG_MIDGU": "1"},
+                                    "LASTSTAND_MG_MIDGU": "1", "LASTSTAND_MG_MIDFUSE": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
                                     "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"}],
                          ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt"])

@@ -47,18 +47,25 @@ doctor() {
 }
 
 echo "== 1. doctor, new (MG_MID=1) vs old (MG_MID=0) ($(el))"
-doctor new35 "$NEW" "$B35" 8,16,32,64,128,256 10
+doctor new35 "$NEW" "$B35" 8,16,32,64,128 9
 # a wrong cell with the new path: again with the old router and top-k (R1's GEMVs alone)
 grep -q "❌" "$OUT/doc-new35.txt" 2>/dev/null &&
-    doctor new35_gemvs "$NEW LASTSTAND_MG_MIDTOPK=0 LASTSTAND_MG_MIDROUTER=0" "$B35" 16,64 8
-doctor old35 "$OLD" "$B35" 8,16,32,64,128,256 10
-# the R2 variants: down with a whole K per warp (MIDDN=2), gate/up with one barrier (MIDGU=1)
-doctor lean35 "$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_MIDALL=1" "$B35" 16,32,64,128,256 9
-doctor dn35 "$NEW LASTSTAND_MG_MIDDN=2" "$B35" 16,64 6
+    doctor new35_gemvs "$NEW LASTSTAND_MG_MIDTOPK=0 LASTSTAND_MG_MIDROUTER=0" "$B35" 16,64 7
+doctor old35 "$OLD" "$B35" 8,16,32,64,128 9
+# the R2 variants together: down with a whole K per warp (MIDDN=2), gate/up with one barrier
+# (MIDGU=1), top-k + plan in one launch (MIDFUSE=1), past 4 rows per expert (MIDALL=1);
+# each alone when that is wrong somewhere
+V2="$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_MIDFUSE=1 LASTSTAND_MG_MIDALL=1"
+doctor v2_35 "$V2" "$B35" 16,32,64,128,256 9
+if grep -q "❌" "$OUT/doc-v2_35.txt" 2>/dev/null; then
+    doctor dn35 "$NEW LASTSTAND_MG_MIDDN=2" "$B35" 16,64 6
+    doctor gu35 "$NEW LASTSTAND_MG_MIDGU=1" "$B35" 16,64 6
+    doctor fuse35 "$NEW LASTSTAND_MG_MIDFUSE=1" "$B35" 16,64 6
+fi
 doctor nopdl35 "$NEW LASTSTAND_MG_MIDPDL=0" "$B35" 16,64 6
-# 397B: the GEMVs off by the rule (router, top-k, BF16 shared expert, combine on); all on (MIDALL)
-doctor new397 "$NEW" "$B397" 16,64,256 10
-doctor all397 "$NEW LASTSTAND_MG_MIDALL=1 LASTSTAND_MG_MIDDN=2" "$B397" 16,64 8
+# 397B: the GEMVs off by the rule (router, top-k, BF16 shared expert, combine on); all on
+doctor new397 "$NEW" "$B397" 16,64,256 8
+doctor all397 "$NEW LASTSTAND_MG_MIDALL=1 LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDFUSE=1" "$B397" 16,64 8
 
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
@@ -117,7 +124,7 @@ for i in sorted(ks):
 PY
     grep -iE "error|==ERR" "$OUT/ncu-$tag-$m.err" | head -3
 }
-ncu_call lean "$NEW LASTSTAND_MG_MIDDN=2 LASTSTAND_MG_MIDGU=1" 16
+ncu_call v2 "$V2" 16
 
 echo "== 4. pytest tests/test_gpu_moe_grouped.py -k mid ($(el))"
 l=$(left)

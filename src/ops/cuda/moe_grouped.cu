@@ -91,7 +91,7 @@ typedef struct mg_expert {
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_TICKET, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -358,6 +358,94 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     }
     if (has_shared)
         for (int m = tid; m < M; m += 1024) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* mg_plan_kernel's plan as the body of a block of NT threads (S = E + has_shared <= 2·NT),
+ * for mg_topk_plan_kernel: idx is read through L2 (written by the other blocks of the grid). */
+template <int NT>
+__device__ __forceinline__ void mg_plan_body(int M, int E, int k, int has_shared, int bm, const int32_t *idx,
+                                             int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
+                                             int32_t *__restrict__ n_tiles) {
+    __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
+    __shared__ int s_wsum[32];
+    const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
+    const int Mk = M * k;
+    for (int e = tid; e < S; e += NT) s_cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < Mk; i += NT) {
+        const int ex = __ldcg(idx + i);
+        atomicAdd(&s_cnt[(unsigned)ex < (unsigned)E ? ex : 0], 1);
+    }
+    if (has_shared && tid == 0) s_cnt[E] = M;
+    __syncthreads();
+    const int a0 = 2 * tid, a1 = 2 * tid + 1;
+    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
+    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
+    const int lane = tid & 31, warp = tid >> 5;
+    int incl = p0 + p1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < NT / 32 ? s_wsum[lane] : 0, wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += v;
+        }
+        s_wsum[lane] = wi - w;
+    }
+    __syncthreads();
+    const int excl = s_wsum[warp] + incl - (p0 + p1);
+    if (a0 < S) s_off[a0] = excl;
+    if (a1 < S) s_off[a1] = excl + p0;
+    if (tid == NT - 1) s_off[S] = excl + p0 + p1;
+    __syncthreads();
+    for (int e = tid; e < S; e += NT) {
+        const int o = s_off[e], c = s_cnt[e], pe = s_off[e + 1] - o;
+        for (int t = o / bm; t < (o + pe) / bm; t++) tile_e[t] = e;
+        for (int r = o + c; r < o + pe; r++) perm[r] = -1;
+        s_cur[e] = o;
+    }
+    if (tid == 0) {
+        n_tiles[0] = s_off[S] / bm;
+        n_tiles[1] = s_off[E] / bm;
+    }
+    __syncthreads();
+    for (int i = tid; i < Mk; i += NT) {
+        const int m = i / k, j = i - m * k, ex = __ldcg(idx + i);
+        const int r = atomicAdd(&s_cur[(unsigned)ex < (unsigned)E ? ex : 0], 1);
+        perm[r] = m * (k + 1) + j;
+    }
+    if (has_shared)
+        for (int m = tid; m < M; m += NT) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* The top-k and the plan in one launch (LASTSTAND_MG_MIDFUSE=1): block m routes token m
+ * (moe_topk_block), and the last block to finish (a ticket: each block's idx / wts fenced,
+ * then one atomicAdd) runs the plan over all of them and resets the ticket to 0 for the next
+ * call (CUDA-graph replays included). The plan is the same computation whichever block runs it. */
+__global__ void __launch_bounds__(32 * TOPK_W)
+    mg_topk_plan_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
+                        const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits, int32_t *idx,
+                        float *__restrict__ wts, int bm, int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
+                        int32_t *__restrict__ n_tiles, unsigned *__restrict__ ticket) {
+    __shared__ unsigned s_last;
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the router's logits) */
+    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
+    __threadfence(); /* this block's idx / wts before its ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == (unsigned)M - 1u;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    mg_plan_body<32 * TOPK_W>(M, E, k, has_shared, bm, idx, tile_e, perm, n_tiles);
+    if (threadIdx.x == 0) *ticket = 0u;
 }
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
@@ -1342,7 +1430,8 @@ static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *l
  *                                   the GEMVs only where R1 found them faster (up to 4 rows
  *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1; its
  *                                   launches with programmatic dependent launch (cu_pdl.h)
- *                                   unless LASTSTAND_MG_MIDPDL=0 */
+ *                                   unless LASTSTAND_MG_MIDPDL=0; LASTSTAND_MG_MIDFUSE=1 the
+ *                                   top-k and the plan in one launch (mg_topk_plan_kernel) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -1354,13 +1443,14 @@ typedef struct mg_knobs {
     int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
+    int midfuse; /* with mid: the top-k and the plan in one launch */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1377,6 +1467,7 @@ static mg_knobs mg_knobs_get(void) {
         n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 0);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
+        n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1745,7 +1836,18 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     }
-    if (kn.mid && kn.midtopk && bm == 16)
+    /* the top-k and the plan in one launch (its ticket: one word, zeroed once, reset by each call) */
+    const int fuse = kn.mid && kn.midtopk && kn.midfuse && bm == 16 && E + hs <= 2 * 32 * TOPK_W;
+    unsigned *ticket = fuse ? (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, sizeof(unsigned), 1, st, "cuda_grouped_gemm", e)
+                            : NULL;
+    if (fuse && !ticket) return e->code ? e->code : ERR_NOMEM;
+    if (fuse)
+        CU_TRY(e,
+               cu_launch_pdl(pdl, mg_topk_plan_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k, w->norm_topk,
+                             (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                             (const float *)logits, idx, wts, bm, tile_e, perm, nt, ticket),
+               "cuda_grouped_gemm top-k + plan");
+    else if (kn.mid && kn.midtopk && bm == 16)
         CU_TRY(e,
                cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
@@ -1756,7 +1858,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                                     w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
+    if (!fuse)
+        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
            "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";

@@ -62,6 +62,15 @@
  * capturable) instead of after them with its 4-16 CTAs alone on the GPU. Opt-in: 3 CTAs
  * per SM at BM = 16, an L2 prefetch hint on the codes' cp.async.
  *
+ * The mid-batch path (LASTSTAND_MG_MID, mg_knobs; 16-row tiles, bench/RESULTS.md "MoE at 9..64
+ * tokens"): at 1-4 rows per expert the GEMMs are GEMVs per expert, so the same plan and tiles
+ * are run by GEMV kernels instead: mv_kernel (a warp per 16-row NVFP4 weight tile and a slice
+ * of K, the tile's tokens in the mma's B columns, partial sums meeting in shared memory in a
+ * fixed order), mvd_kernel (down with a whole K per warp), mvb_kernel (the BF16 shared expert),
+ * with the router by mr_kernel, the top-k by a block per token (optionally with the plan in
+ * the same launch, mg_topk_plan_kernel), the combine with its loads in flight, and every
+ * launch with programmatic dependent launch. Same outputs, same determinism.
+ *
  * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
  * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
  * expert pointer table (64 B per expert) lives in device memory, cached per

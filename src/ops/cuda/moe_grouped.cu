@@ -1427,20 +1427,22 @@ static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *l
  *   LASTSTAND_MG_PREFETCH=0|64|128|256  the NVFP4 codes' cp.async asks L2 to fetch this many
  *                                   bytes around each 16-byte piece (default 0; a CTA
  *                                   reads 32 B per weight row per k block)
- *   LASTSTAND_MG_MID=0|1            at 16-row tiles, the routed (and a same-kind shared)
- *                                   NVFP4 experts' GEMMs by the mid-batch GEMVs (mv_kernel,
- *                                   1) or the grouped GEMM (0, default until a device round
- *                                   validated it); with it, the top-k by a block per token
- *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0, the
- *                                   router by mr_kernel unless LASTSTAND_MG_MIDROUTER=0;
- *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512,
- *                                   =2 the down GEMV with a whole K per warp (mvd_kernel);
- *                                   LASTSTAND_MG_MIDGU=1 gate/up at H = 2048 with one barrier;
- *                                   the GEMVs only where R1 found them faster (up to 4 rows
- *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1; its
- *                                   launches with programmatic dependent launch (cu_pdl.h)
- *                                   unless LASTSTAND_MG_MIDPDL=0; LASTSTAND_MG_MIDFUSE=1 the
- *                                   top-k and the plan in one launch (mg_topk_plan_kernel) */
+ *   LASTSTAND_MG_MID=0|1            the mid-batch path at 16-row tiles where device round R2
+ *                                   found it faster (1, default since R2: H <= 2048 up to
+ *                                   M·k = 8E, else up to E/2; LASTSTAND_MG_MIDALL=1 at every
+ *                                   16-row tile size) or the grouped GEMM path (0). Its parts,
+ *                                   each on by default and switchable: the routed (and a
+ *                                   same-kind shared) NVFP4 experts' GEMMs by mv_kernel, gate/up
+ *                                   with one barrier (LASTSTAND_MG_MIDGU=1; 0: four), down by
+ *                                   mvd_kernel, a whole K per warp (LASTSTAND_MG_MIDDN=2; 0:
+ *                                   mv_kernel, 1: its other instance at I = 512), a BF16 shared
+ *                                   expert by mvb_kernel, the router by mr_kernel
+ *                                   (LASTSTAND_MG_MIDROUTER), the top-k by a block per token
+ *                                   (LASTSTAND_MG_MIDTOPK), the combine with every load in
+ *                                   flight, programmatic dependent launch (LASTSTAND_MG_MIDPDL,
+ *                                   cu_pdl.h); opt-in: the top-k and the plan in one launch
+ *                                   (LASTSTAND_MG_MIDFUSE=1, mg_topk_plan_kernel: right in R2,
+ *                                   no faster) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -1459,7 +1461,7 @@ static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1, 0};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 1, 0, 1, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1468,12 +1470,12 @@ static mg_knobs mg_knobs_get(void) {
         if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) n.side = atoi(v);
         v = getenv("LASTSTAND_MG_PREFETCH");
         if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
-        n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
+        n.mid = cu_env_switch("LASTSTAND_MG_MID", 1);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
         v = getenv("LASTSTAND_MG_MIDDN");
         if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
-        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 0);
+        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 1);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
@@ -1834,11 +1836,16 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
     const mg_knobs kn = mg_knobs_get();
-    /* the mid-batch path's launches (router, top-k, plan, GEMVs, combine) carry the PDL
-     * attribute (each kernel waits before its first dependent access): LASTSTAND_MG_MIDPDL */
-    const int pdl = kn.mid && kn.midpdl && bm == 16;
+    /* the mid-batch path (mg_knobs) at 16-row tiles where the H200 rounds found it faster (R2:
+     * the 35B shape up to 8 rows per expert, -36% at M = 16 and 32, -27% at 128, -7% at 256;
+     * the 397B shape at M = 16, -8%, not at 64, +3%): H <= 2048 up to M·k = 8E, else up to
+     * M·k = E/2 (LASTSTAND_MG_MIDALL=1: every 16-row tile size) */
+    const int midp = kn.mid && bm == 16 && (kn.midall || (H <= 2048 ? mk <= (size_t)8 * E : 2 * mk <= (size_t)E));
+    /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
+     * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
+    const int pdl = midp && kn.midpdl;
     cudaError_t cr = cudaSuccess;
-    if (kn.mid && kn.midrouter && bm == 16 &&
+    if (midp && kn.midrouter &&
         mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
@@ -1846,7 +1853,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     }
     /* the top-k and the plan in one launch (its ticket: one word, zeroed once, reset by each call) */
-    const int fuse = kn.mid && kn.midtopk && kn.midfuse && bm == 16 && E + hs <= 2 * 32 * TOPK_W;
+    const int fuse = midp && kn.midtopk && kn.midfuse && E + hs <= 2 * 32 * TOPK_W;
     unsigned *ticket = fuse ? (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, sizeof(unsigned), 1, st, "cuda_grouped_gemm", e)
                             : NULL;
     if (fuse && !ticket) return e->code ? e->code : ERR_NOMEM;
@@ -1856,7 +1863,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                              (const float *)logits, idx, wts, bm, tile_e, perm, nt, ticket),
                "cuda_grouped_gemm top-k + plan");
-    else if (kn.mid && kn.midtopk && bm == 16)
+    else if (midp && kn.midtopk)
         CU_TRY(e,
                cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
@@ -1882,15 +1889,12 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * cp.async, K of both GEMMs an instance of mv_pick, and a shared expert in the same launch
      * (same kind) with the routed experts' I; mid_k = the down GEMM's K, 0 = the grouped GEMM */
     const int mixed = tab->ld_gu_s >= 0;
-    /* (R1, H200: faster at the 35B shape up to M·k = 4E, i.e. up to 4 rows per expert, slower
-     * past it and at the 397B shape: there only with LASTSTAND_MG_MIDALL=1) */
-    const int mid_k = kn.mid && bm == 16 && tab->ld_gu == MG_LD_FP4 && tab->ld_dn == MG_LD_FP4 &&
-                              mv_pick(true, H).kw && mv_pick(false, I).kw && (mixed || !hs || Is == I) &&
-                              (kn.midall || (mk <= (size_t)4 * E && H <= 2048))
+    const int mid_k = midp && tab->ld_gu == MG_LD_FP4 && tab->ld_dn == MG_LD_FP4 && mv_pick(true, H).kw &&
+                              mv_pick(false, I).kw && (mixed || !hs || Is == I)
                           ? I
                           : 0;
     /* and the BF16 form for a BF16 shared expert next to them (its own launches) */
-    const int mid_ks = kn.mid && bm == 16 && mixed && tab->ld_gu_s == MG_LD_BF16 && tab->ld_dn_s == MG_LD_BF16 &&
+    const int mid_ks = midp && mixed && tab->ld_gu_s == MG_LD_BF16 && tab->ld_dn_s == MG_LD_BF16 &&
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
@@ -1901,7 +1905,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (kn.mid && bm == 16)
+    if (midp)
         CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
                "cuda_grouped_gemm combine");
     else

@@ -1321,6 +1321,33 @@ enum {
     ONE_SMEM = ONE_HSM + 4 * ONE_MAXIS
 };
 
+/* Start the L2 fill of gate/up unit (m, r)'s weights and scales (4 bulk prefetches, threads
+ * 0, 32, 64, 96), so that its cp.async requests, issued a unit later, hit L2. */
+__device__ __forceinline__ void one_gateup_prefetch(const one_params &p, int r, const int *sidx_m) {
+    const int H = p.H, k = p.k, nti = p.I / 16, w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) || w >= 4) return;
+    const gu_params *P = p.P;
+    const bool routed = r < k * nti;
+    const int ex = routed ? sidx_m[r / nti] : 0, n0 = (routed ? r % nti : r - k * nti) * 16;
+    const uint8_t *q = w == 0 ? (routed ? P->gw[ex] : P->sgw)
+                     : w == 1 ? (routed ? P->uw[ex] : P->suw)
+                     : w == 2 ? (routed ? P->gs[ex] : P->sgs)
+                              : (routed ? P->us[ex] : P->sus);
+    const size_t row = w < 2 ? H / 2 : H / 16;
+    one_prefetch_l2(q + (size_t)n0 * row, 16 * row);
+}
+
+/* Start the L2 fill of down unit (m, n0)'s weights and scales: thread j <= k takes slot j's
+ * rows (j = k: an NVFP4 shared expert's). */
+__device__ __forceinline__ void one_down_prefetch(const one_params &p, int n0, const int *sidx_m) {
+    const int j = threadIdx.x, k = p.k, Is = p.Is;
+    if (j > k || (j == k && (p.sbf || Is == 0))) return;
+    const int ex = j < k ? sidx_m[j] : 0, K = j < k ? p.I : Is;
+    const uint8_t *w = j < k ? p.D->dw[ex] : p.D->sdw, *sc = j < k ? p.D->ds[ex] : p.D->sds;
+    one_prefetch_l2(w + (size_t)n0 * (K / 2), (size_t)16 * (K / 2));
+    one_prefetch_l2(sc + (size_t)n0 * (K / 16), (size_t)16 * (K / 16));
+}
+
 /* One gate/up unit (token m, 16 rows of slot r's expert: r < k·I/16 a routed slot, then the
  * NVFP4 shared expert's) in a block of ONE_W warps, as moe_gateup2_kernel<ONE_W, PER>'s block;
  * sidx_m / swts_m the token's routing; ends with a __syncthreads (dsm and red reusable). */
@@ -1604,30 +1631,24 @@ __global__ void __launch_bounds__(32 * ONE_W, BPS) moe_one_kernel(const one_para
     one_stamp(p, 4);
     /* the down rows (and scales) of this block's first stage-4 unit, into L2 while stage 3 runs:
      * that unit's cp.async requests, issued once its gate/up unit is done, then hit L2 */
-    if ((int)blockIdx.x < M * (H / 16) && (int)threadIdx.x <= k) {
-        const int m = blockIdx.x / (H / 16), n0 = (blockIdx.x % (H / 16)) * 16, j = threadIdx.x;
-        const bool nvs = !p.sbf && Is > 0;
-        if (j < k || nvs) {
-            const int ex = j < k ? sidx[m][j] : 0, K = j < k ? I : Is;
-            const uint8_t *w = j < k ? p.D->dw[ex] : p.D->sdw, *sc = j < k ? p.D->ds[ex] : p.D->sds;
-            one_prefetch_l2(w + (size_t)n0 * (K / 2), (size_t)16 * (K / 2));
-            one_prefetch_l2(sc + (size_t)n0 * (K / 16), (size_t)16 * (K / 16));
-        }
-    }
+    const int n4 = M * (H / 16);
+    if ((int)blockIdx.x < n4) one_down_prefetch(p, (blockIdx.x % (H / 16)) * 16, sidx[blockIdx.x / (H / 16)]);
 
-    /* ---- stage 3: gate/up units (token, slot, 16 rows) ---- */
+    /* ---- stage 3: gate/up units (token, slot, 16 rows); the next unit's weights into L2 ---- */
     const int nsl = !p.sbf && Is > 0 ? 1 : 0; /* an NVFP4 shared expert: slot k */
     const int nti = I / 16, ntok = k * nti + nsl * (Is / 16), n3 = M * ntok;
-    for (int u = blockIdx.x; u < n3; u += G)
+    for (int u = blockIdx.x; u < n3; u += G) {
+        if (u + G < n3) one_gateup_prefetch(p, (u + G) % ntok, sidx[(u + G) / ntok]);
         one_gateup_unit<PER>(p, u / ntok, u % ntok, sidx[u / ntok], swts[u / ntok], dsm, red);
+    }
     one_stamp(p, 5);
     one_arrive(&p.bar[1]);
 
     /* ---- stage 4: down units (token, 16 output rows) ---- */
-    const int n4 = M * (H / 16);
     bool passed = false;
     for (int u = blockIdx.x; u < n4; u += G) {
         const int m = u / (H / 16);
+        if (u + G < n4) one_down_prefetch(p, ((u + G) % (H / 16)) * 16, sidx[(u + G) / (H / 16)]);
         one_down_unit<true, BPS == 1 ? 4 : 2>(p, m, (u % (H / 16)) * 16, sidx[m], swts[m], passed, dsm, hsm, red, shv,
                                               dw, ds);
     }

@@ -9,9 +9,11 @@ Pins:
   block);
 - a BF16 shared expert next to NVFP4 experts (synth:qwen3.5-35b-a3b: its GEMMs are separate
   launches) is right with every batched-decode variant of moe_grouped.cu's knobs: the default
-  (bit-placement decode at 16-row tiles, the shared expert on a side stream), the R3 default
-  (SIDE=0, perm), place32 (the decode at 32-row tiles, M = 512), place3 (3 CTAs per SM) and
-  the grouped GEMM / the mid-batch GEMVs at 16-row tiles (LASTSTAND_MG_MID=0 / 1);
+  (the mid-batch path at 16-row tiles up to 8 rows per expert, bit-placement decode, the shared
+  expert on a side stream), the R3 default (SIDE=0, perm), place32 (the decode at 32-row tiles,
+  M = 512), place3 (3 CTAs per SM), the grouped GEMM at 16-row tiles (LASTSTAND_MG_MID=0), the
+  mid-batch path at every 16-row tile size with its opt-in top-k + plan launch (mid-lean) and
+  with its other down instance, the old router and top-k (mid-alt);
 - the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
   16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
@@ -70,7 +72,7 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
                                    {"LASTSTAND_MG_DECODE": "place32"}, {"LASTSTAND_MG_DECODE": "place3"},
                                    {"LASTSTAND_MG_MID": "0"}, {"LASTSTAND_MG_MID": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "2",
-                                    "LASTSTAND_MG_MIDGU": "1"},
+                                    "LASTSTAND_MG_MIDGU": "1", "LASTSTAND_MG_MIDFUSE": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
                                     "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"}],
                          ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt"])

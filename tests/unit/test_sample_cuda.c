@@ -291,16 +291,18 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     smp_out *ob = malloc(sizeof(smp_out) * RB), *ow = malloc(sizeof(smp_out) * RB);
     for (int bf = 0; bf < 2; bf++) {
         dev_sample_with(&sample_cuda_block, VB, x, RB, bf, p, toks, 6, ob);
-        dev_sample_with(&sample_cuda_wide, VB, x, RB, bf, p, toks, 6, ow);
-        for (int r = 0; r < RB; r++) {
-            assert_int_equal(ob[r].bad_idx, -1);
-            assert_int_equal(ow[r].bad_idx, -1);
-            assert_int_equal(ow[r].token, ob[r].token);
-            assert_true(fabsf(ow[r].logprob - ob[r].logprob) < 1e-5f);
-            assert_int_equal(ow[r].n_top, ob[r].n_top);
-            for (int i = 0; i < ob[r].n_top; i++) {
-                assert_int_equal(ow[r].top_ids[i], ob[r].top_ids[i]);
-                assert_true(fabsf(ow[r].top_lp[i] - ob[r].top_lp[i]) < 1e-5f);
+        for (int form = 0; form < 2; form++) { /* the cluster form, then with 16-byte passes */
+            dev_sample_with(form ? &sample_cuda_wide_vec : &sample_cuda_wide, VB, x, RB, bf, p, toks, 6, ow);
+            for (int r = 0; r < RB; r++) {
+                assert_int_equal(ob[r].bad_idx, -1);
+                assert_int_equal(ow[r].bad_idx, -1);
+                assert_int_equal(ow[r].token, ob[r].token);
+                assert_true(fabsf(ow[r].logprob - ob[r].logprob) < 1e-5f);
+                assert_int_equal(ow[r].n_top, ob[r].n_top);
+                for (int i = 0; i < ob[r].n_top; i++) {
+                    assert_int_equal(ow[r].top_ids[i], ob[r].top_ids[i]);
+                    assert_true(fabsf(ow[r].top_lp[i] - ob[r].top_lp[i]) < 1e-5f);
+                }
             }
         }
     }
@@ -341,6 +343,7 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
 
 static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
 static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_wide; return 0; }
+static int setup_wide_vec(void **st) { (void)st; g_impl = &sample_cuda_wide_vec; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call of each form over a 248320-wide BF16 row,
  * batch 1 and 16, greedy and sampled (T 0.7 with top_p 0.9, or top_k 50 and top_p 0.95), eager
@@ -363,7 +366,7 @@ static int bench(void) {
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
     g_mem->h2d(dx, h, n * 2, g_st, &e);
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide};
+    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide, &sample_cuda_wide_vec};
     static const char *const mode_name[] = {"greedy", "T 0.7 top_p 0.9", "T 0.7 top_k 50 top_p 0.95"};
     for (int mode = 0; mode < 3; mode++)
         for (int bi = 0; bi < 2; bi++) {
@@ -375,9 +378,9 @@ static int bench(void) {
             smp_row p[16];
             for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
             g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
-            double us[2];
-            int tok[2];
-            for (int k = 0; k < 2; k++) {
+            double us[3];
+            int tok[3];
+            for (int k = 0; k < 3; k++) {
                 sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
                                  .work = dw, .out = dout};
                 for (int it = 0; it < 10; it++) impls[k]->run(&a, g_st, &e);
@@ -390,8 +393,9 @@ static int bench(void) {
                 g_mem->d2h(&o, dout, sizeof o, g_st, &e);
                 tok[k] = o.token;
             }
-            printf("sampler V=%d batch %2d %-25s: one block a row %8.1f us, a cluster a row %7.1f us (x%.1f), "
-                   "row 0 token %d / %d\n", VB, b, mode_name[mode], us[0], us[1], us[0] / us[1], tok[0], tok[1]);
+            printf("sampler V=%d batch %2d %-25s: one block a row %7.1f us, a cluster a row %6.1f us (x%.1f), "
+                   "16-byte passes %6.1f us, row 0 token %d / %d / %d\n", VB, b, mode_name[mode], us[0], us[1],
+                   us[0] / us[1], us[2], tok[0], tok[1], tok[2]);
         }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);
@@ -413,6 +417,7 @@ int main(int argc, char **argv) {
     };
     int rc = cmocka_run_group_tests_name("one block a row", tests, setup_block, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row", tests, setup_wide, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, 16-byte passes", tests, setup_wide_vec, NULL);
     rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
     return rc;
 #else

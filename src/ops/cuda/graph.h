@@ -40,6 +40,7 @@ size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_
 extern const sample_impl sample_cuda;
 extern const sample_impl sample_cuda_block;
 extern const sample_impl sample_cuda_wide;
+extern const sample_impl sample_cuda_wide_vec; /* the cluster form with 16-byte passes (LASTSTAND_SAMPLE_VEC=1) */
 
 #ifdef __cplusplus
 }

@@ -62,6 +62,15 @@
  * capturable) instead of after them with its 4-16 CTAs alone on the GPU. Opt-in: 3 CTAs
  * per SM at BM = 16, an L2 prefetch hint on the codes' cp.async.
  *
+ * The mid-batch path (LASTSTAND_MG_MID, mg_knobs; 16-row tiles, bench/RESULTS.md "MoE at 9..64
+ * tokens"): at 1-4 rows per expert the GEMMs are GEMVs per expert, so the same plan and tiles
+ * are run by GEMV kernels instead: mv_kernel (a warp per 16-row NVFP4 weight tile and a slice
+ * of K, the tile's tokens in the mma's B columns, partial sums meeting in shared memory in a
+ * fixed order), mvd_kernel (down with a whole K per warp), mvb_kernel (the BF16 shared expert),
+ * with the router by mr_kernel, the top-k by a block per token (optionally with the plan in
+ * the same launch, mg_topk_plan_kernel), the combine with its loads in flight, and every
+ * launch with programmatic dependent launch. Same outputs, same determinism.
+ *
  * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
  * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
  * expert pointer table (64 B per expert) lives in device memory, cached per
@@ -91,7 +100,7 @@ typedef struct mg_expert {
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_TICKET, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -358,6 +367,94 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     }
     if (has_shared)
         for (int m = tid; m < M; m += 1024) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* mg_plan_kernel's plan as the body of a block of NT threads (S = E + has_shared <= 2·NT),
+ * for mg_topk_plan_kernel: idx is read through L2 (written by the other blocks of the grid). */
+template <int NT>
+__device__ __forceinline__ void mg_plan_body(int M, int E, int k, int has_shared, int bm, const int32_t *idx,
+                                             int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
+                                             int32_t *__restrict__ n_tiles) {
+    __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
+    __shared__ int s_wsum[32];
+    const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
+    const int Mk = M * k;
+    for (int e = tid; e < S; e += NT) s_cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < Mk; i += NT) {
+        const int ex = __ldcg(idx + i);
+        atomicAdd(&s_cnt[(unsigned)ex < (unsigned)E ? ex : 0], 1);
+    }
+    if (has_shared && tid == 0) s_cnt[E] = M;
+    __syncthreads();
+    const int a0 = 2 * tid, a1 = 2 * tid + 1;
+    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
+    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
+    const int lane = tid & 31, warp = tid >> 5;
+    int incl = p0 + p1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < NT / 32 ? s_wsum[lane] : 0, wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += v;
+        }
+        s_wsum[lane] = wi - w;
+    }
+    __syncthreads();
+    const int excl = s_wsum[warp] + incl - (p0 + p1);
+    if (a0 < S) s_off[a0] = excl;
+    if (a1 < S) s_off[a1] = excl + p0;
+    if (tid == NT - 1) s_off[S] = excl + p0 + p1;
+    __syncthreads();
+    for (int e = tid; e < S; e += NT) {
+        const int o = s_off[e], c = s_cnt[e], pe = s_off[e + 1] - o;
+        for (int t = o / bm; t < (o + pe) / bm; t++) tile_e[t] = e;
+        for (int r = o + c; r < o + pe; r++) perm[r] = -1;
+        s_cur[e] = o;
+    }
+    if (tid == 0) {
+        n_tiles[0] = s_off[S] / bm;
+        n_tiles[1] = s_off[E] / bm;
+    }
+    __syncthreads();
+    for (int i = tid; i < Mk; i += NT) {
+        const int m = i / k, j = i - m * k, ex = __ldcg(idx + i);
+        const int r = atomicAdd(&s_cur[(unsigned)ex < (unsigned)E ? ex : 0], 1);
+        perm[r] = m * (k + 1) + j;
+    }
+    if (has_shared)
+        for (int m = tid; m < M; m += NT) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* The top-k and the plan in one launch (LASTSTAND_MG_MIDFUSE=1): block m routes token m
+ * (moe_topk_block), and the last block to finish (a ticket: each block's idx / wts fenced,
+ * then one atomicAdd) runs the plan over all of them and resets the ticket to 0 for the next
+ * call (CUDA-graph replays included). The plan is the same computation whichever block runs it. */
+__global__ void __launch_bounds__(32 * TOPK_W)
+    mg_topk_plan_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
+                        const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits, int32_t *idx,
+                        float *__restrict__ wts, int bm, int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
+                        int32_t *__restrict__ n_tiles, unsigned *__restrict__ ticket) {
+    __shared__ unsigned s_last;
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* (with PDL: the router's logits) */
+    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
+    __threadfence(); /* this block's idx / wts before its ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == (unsigned)M - 1u;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    mg_plan_body<32 * TOPK_W>(M, E, k, has_shared, bm, idx, tile_e, perm, n_tiles);
+    if (threadIdx.x == 0) *ticket = 0u;
 }
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
@@ -1330,19 +1427,22 @@ static int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *l
  *   LASTSTAND_MG_PREFETCH=0|64|128|256  the NVFP4 codes' cp.async asks L2 to fetch this many
  *                                   bytes around each 16-byte piece (default 0; a CTA
  *                                   reads 32 B per weight row per k block)
- *   LASTSTAND_MG_MID=0|1            at 16-row tiles, the routed (and a same-kind shared)
- *                                   NVFP4 experts' GEMMs by the mid-batch GEMVs (mv_kernel,
- *                                   1) or the grouped GEMM (0, default until a device round
- *                                   validated it); with it, the top-k by a block per token
- *                                   (mg_topk_block_kernel) unless LASTSTAND_MG_MIDTOPK=0, the
- *                                   router by mr_kernel unless LASTSTAND_MG_MIDROUTER=0;
- *                                   LASTSTAND_MG_MIDDN=1 the other down instance at I = 512,
- *                                   =2 the down GEMV with a whole K per warp (mvd_kernel);
- *                                   LASTSTAND_MG_MIDGU=1 gate/up at H = 2048 with one barrier;
- *                                   the GEMVs only where R1 found them faster (up to 4 rows
- *                                   per expert, H <= 2048) unless LASTSTAND_MG_MIDALL=1; its
- *                                   launches with programmatic dependent launch (cu_pdl.h)
- *                                   unless LASTSTAND_MG_MIDPDL=0 */
+ *   LASTSTAND_MG_MID=0|1            the mid-batch path at 16-row tiles where device round R2
+ *                                   found it faster (1, default since R2: H <= 2048 up to
+ *                                   M·k = 8E, else up to E/2; LASTSTAND_MG_MIDALL=1 at every
+ *                                   16-row tile size) or the grouped GEMM path (0). Its parts,
+ *                                   each on by default and switchable: the routed (and a
+ *                                   same-kind shared) NVFP4 experts' GEMMs by mv_kernel, gate/up
+ *                                   with one barrier (LASTSTAND_MG_MIDGU=1; 0: four), down by
+ *                                   mvd_kernel, a whole K per warp (LASTSTAND_MG_MIDDN=2; 0:
+ *                                   mv_kernel, 1: its other instance at I = 512), a BF16 shared
+ *                                   expert by mvb_kernel, the router by mr_kernel
+ *                                   (LASTSTAND_MG_MIDROUTER), the top-k by a block per token
+ *                                   (LASTSTAND_MG_MIDTOPK), the combine with every load in
+ *                                   flight, programmatic dependent launch (LASTSTAND_MG_MIDPDL,
+ *                                   cu_pdl.h); opt-in: the top-k and the plan in one launch
+ *                                   (LASTSTAND_MG_MIDFUSE=1, mg_topk_plan_kernel: right in R2,
+ *                                   no faster) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -1354,13 +1454,14 @@ typedef struct mg_knobs {
     int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
+    int midfuse; /* with mid: the top-k and the plan in one launch */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 1, 0, 1, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -1369,14 +1470,15 @@ static mg_knobs mg_knobs_get(void) {
         if (v && (!strcmp(v, "0") || !strcmp(v, "1"))) n.side = atoi(v);
         v = getenv("LASTSTAND_MG_PREFETCH");
         if (v && (!strcmp(v, "0") || !strcmp(v, "64") || !strcmp(v, "128") || !strcmp(v, "256"))) n.pf = atoi(v);
-        n.mid = cu_env_switch("LASTSTAND_MG_MID", 0);
+        n.mid = cu_env_switch("LASTSTAND_MG_MID", 1);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
         v = getenv("LASTSTAND_MG_MIDDN");
         if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
-        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 0);
+        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 1);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
+        n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1734,18 +1836,34 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
     const mg_knobs kn = mg_knobs_get();
-    /* the mid-batch path's launches (router, top-k, plan, GEMVs, combine) carry the PDL
-     * attribute (each kernel waits before its first dependent access): LASTSTAND_MG_MIDPDL */
-    const int pdl = kn.mid && kn.midpdl && bm == 16;
+    /* the mid-batch path (mg_knobs) at 16-row tiles where the H200 rounds found it faster (R2:
+     * the 35B shape up to 8 rows per expert, -36% at M = 16 and 32, -27% at 128, -7% at 256;
+     * the 397B shape at M = 16, -8%, not at 64, +3%): H <= 2048 up to M·k = 8E, else up to
+     * M·k = E/2 (LASTSTAND_MG_MIDALL=1: every 16-row tile size) */
+    const int midp = kn.mid && bm == 16 && (kn.midall || (H <= 2048 ? mk <= (size_t)8 * E : 2 * mk <= (size_t)E));
+    /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
+     * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
+    const int pdl = midp && kn.midpdl;
     cudaError_t cr = cudaSuccess;
-    if (kn.mid && kn.midrouter && bm == 16 &&
+    if (midp && kn.midrouter &&
         mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
     }
-    if (kn.mid && kn.midtopk && bm == 16)
+    /* the top-k and the plan in one launch (its ticket: one word, zeroed once, reset by each call) */
+    const int fuse = midp && kn.midtopk && kn.midfuse && E + hs <= 2 * 32 * TOPK_W;
+    unsigned *ticket = fuse ? (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, sizeof(unsigned), 1, st, "cuda_grouped_gemm", e)
+                            : NULL;
+    if (fuse && !ticket) return e->code ? e->code : ERR_NOMEM;
+    if (fuse)
+        CU_TRY(e,
+               cu_launch_pdl(pdl, mg_topk_plan_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k, w->norm_topk,
+                             (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                             (const float *)logits, idx, wts, bm, tile_e, perm, nt, ticket),
+               "cuda_grouped_gemm top-k + plan");
+    else if (midp && kn.midtopk)
         CU_TRY(e,
                cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
@@ -1756,7 +1874,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                                     w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
+    if (!fuse)
+        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
            "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
@@ -1770,15 +1889,12 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * cp.async, K of both GEMMs an instance of mv_pick, and a shared expert in the same launch
      * (same kind) with the routed experts' I; mid_k = the down GEMM's K, 0 = the grouped GEMM */
     const int mixed = tab->ld_gu_s >= 0;
-    /* (R1, H200: faster at the 35B shape up to M·k = 4E, i.e. up to 4 rows per expert, slower
-     * past it and at the 397B shape: there only with LASTSTAND_MG_MIDALL=1) */
-    const int mid_k = kn.mid && bm == 16 && tab->ld_gu == MG_LD_FP4 && tab->ld_dn == MG_LD_FP4 &&
-                              mv_pick(true, H).kw && mv_pick(false, I).kw && (mixed || !hs || Is == I) &&
-                              (kn.midall || (mk <= (size_t)4 * E && H <= 2048))
+    const int mid_k = midp && tab->ld_gu == MG_LD_FP4 && tab->ld_dn == MG_LD_FP4 && mv_pick(true, H).kw &&
+                              mv_pick(false, I).kw && (mixed || !hs || Is == I)
                           ? I
                           : 0;
     /* and the BF16 form for a BF16 shared expert next to them (its own launches) */
-    const int mid_ks = kn.mid && bm == 16 && mixed && tab->ld_gu_s == MG_LD_BF16 && tab->ld_dn_s == MG_LD_BF16 &&
+    const int mid_ks = midp && mixed && tab->ld_gu_s == MG_LD_BF16 && tab->ld_dn_s == MG_LD_BF16 &&
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
@@ -1789,7 +1905,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (kn.mid && bm == 16)
+    if (midp)
         CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
                "cuda_grouped_gemm combine");
     else

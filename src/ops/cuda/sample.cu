@@ -599,8 +599,30 @@ __device__ float cl_max(float v, smw_shared &sh, smw_ctx &c) {
     return v;
 }
 
+/* f(i, w[i]) over global thread g's elements of the work row, ids ascending per thread:
+ * i = g, g + SMW_G, ...; or with VEC (LASTSTAND_SAMPLE_VEC=1, opt-in until a device round
+ * checks it) and V % 4 == 0, 16-byte loads q = g, g + SMW_G, ... of ids 4q .. 4q + 3: a
+ * quarter of the dependent L2 round trips of a pass, the sums in another (still fixed) order. */
+template <bool VEC, class F>
+__device__ __forceinline__ void w_each(const float *__restrict__ w, int V, int g, F &&f) {
+    if (VEC && (V & 3) == 0) {
+        const float4 *w4 = (const float4 *)w;
+        const int nv = V >> 2;
+#pragma unroll 2
+        for (int q = g; q < nv; q += SMW_G) {
+            const float4 u = w4[q];
+            f(4 * q, u.x);
+            f(4 * q + 1, u.y);
+            f(4 * q + 2, u.z);
+            f(4 * q + 3, u.w);
+        }
+    } else {
+        for (int i = g; i < V; i += SMW_G) f(i, w[i]);
+    }
+}
+
 /* key_descent over the cluster (same digits, same decisions; the sums in cluster order). */
-template <int MASS>
+template <int MASS, bool VEC>
 __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
                                    double target, smw_shared &sh, smw_ctx &c, int g) {
     uint64_t P = 0;
@@ -611,16 +633,16 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
 #pragma unroll
         for (int j = 0; j < 16; j++) { b[j] = 0; n[j] = 0; }
         const uint64_t span = shf == 60 ? 0 : (16ull << shf);
-        for (int i = g; i < V; i += SMW_G) {
-            float s = scaled(w[i], inv, scale);
+        w_each<VEC>(w, V, g, [&](int i, float x) {
+            float s = scaled(x, inv, scale);
             uint64_t k = rank_key(s, i);
-            if (k < floor || k < P || (span && k - P >= span)) continue;
+            if (k < floor || k < P || (span && k - P >= span)) return;
             int d = (int)((k - P) >> shf);
             double val = MASS ? (double)expf(s - m) : 1.0;
 #pragma unroll
             for (int j = 0; j < 16; j++)
                 if (d == j) { b[j] += val; n[j]++; }
-        }
+        });
         cl_sum_hist(b, n, sh, c);
         int dsel = -1;
         double suf = 0;
@@ -659,7 +681,7 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
-template <typename T>
+template <typename T, bool VEC>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out) {
@@ -777,10 +799,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     if (greedy) {
         float bv = -INFINITY;
         int bi = 0, lo = INT_MAX, hi = INT_MIN;
-        for (int i = g; i < V; i += SMW_G) {
-            float v = w[i];
+        w_each<VEC>(w, V, g, [&](int i, float v) {
             if (v > bv) { bv = v; bi = i; }
-        }
+        });
         cl_argmax_min_max(bv, bi, lo, hi, sh, c);
         token = bi;
     }
@@ -795,10 +816,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const int scale = temp != 1.f;
     const float inv = 1.f / temp;
     float m = -INFINITY;
-    for (int i = g; i < V; i += SMW_G) m = fmaxf(m, scaled(w[i], inv, scale));
+    w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
     m = cl_max(m, sh, c);
     double z1[1] = {0};
-    for (int i = g; i < V; i += SMW_G) z1[0] += (double)expf(scaled(w[i], inv, scale) - m);
+    w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
     cl_sum_dn<1>(z1, sh, c);
     const double Z = z1[0];
 
@@ -809,16 +830,16 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
         uint64_t tk = 0, tp = 0;
         double base = Z;
         if (use_k) {
-            tk = cl_key_descent<0>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
+            tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
             double b1[1] = {0};
-            for (int i = g; i < V; i += SMW_G) {
-                float s = scaled(w[i], inv, scale);
+            w_each<VEC>(w, V, g, [&](int i, float x) {
+                float s = scaled(x, inv, scale);
                 if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
-            }
+            });
             cl_sum_dn<1>(b1, sh, c);
             base = b1[0];
         }
-        if (use_p) tp = cl_key_descent<1>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
+        if (use_p) tp = cl_key_descent<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
         const uint64_t thr = tk > tp ? tk : tp;
         const float min_p = p.min_p;
         /* segment sums in id order: global thread g owns [g·S, (g+1)·S) */
@@ -899,17 +920,17 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        uint64_t tn = cl_key_descent<0>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
+        uint64_t tn = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
-        for (int i = g; i < V; i += SMW_G) {
-            float s = scaled(w[i], inv, scale);
+        w_each<VEC>(w, V, g, [&](int i, float x) {
+            float s = scaled(x, inv, scale);
             uint64_t k = rank_key(s, i);
             if (k >= tn) {
                 int at = atomicAdd(&sh.b.n_top, 1);
                 if (at < SMP_DEV_TOP) { sh.b.top_key[at] = k; sh.b.top_id[at] = i; sh.b.top_s[at] = s; }
             }
-        }
+        });
         c.cl.sync(); /* every block's candidates are in its shared memory */
         if (lead) {
             uint64_t key[SMP_DEV_TOP];
@@ -970,21 +991,37 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
+static int wide_launch(const sample_args *a, ls_stream s, int vec, ls_err *e) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
-    if (a->dt == ACT_BF16)
-        smw_row_kernel<bf16><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
-                                                      a->out);
+    if (a->dt == ACT_BF16 && vec)
+        smw_row_kernel<bf16, true><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
+                                                            a->out);
+    else if (a->dt == ACT_BF16)
+        smw_row_kernel<bf16, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+                                                             a->work, a->out);
+    else if (vec)
+        smw_row_kernel<float, true><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
+                                                             a->work, a->out);
     else
-        smw_row_kernel<float><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work,
-                                                       a->out);
+        smw_row_kernel<float, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
+                                                              a->work, a->out);
     CU_LAUNCHED(e, "sampling on CUDA (a cluster a row)");
     return 0;
 }
+
+/* The cluster form; its passes over the work row in 16-byte loads with LASTSTAND_SAMPLE_VEC=1
+ * (read once; opt-in until a device round validates it). */
+static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
+    static int vec = -1;
+    if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
+    return wide_launch(a, s, vec, e);
+}
+
+static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, e); }
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -999,3 +1036,4 @@ static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
+extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};

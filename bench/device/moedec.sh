@@ -10,13 +10,15 @@
 # 1. `laststand doctor --families moe --backends cuda_fused_decode` (every cell checked against
 #    the fp64 CPU reference; times: chains of back-to-back calls) on the 35B and 397B layers at
 #    M = 1, 2, 4, 8, with the NVFP4 shared expert (`--shapes PRESET`, "nv") and the BF16 one
-#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"), old (ONE=0) vs the one-launch
-#    kernel's three launch forms (ONE=1|2|3) and the three-launch form (ONE=4) (fused_run).
-# 1b. LASTSTAND_MOE_ONE_TRACE=1: block 0's clock at the kernel's stage boundaries, M = 1 and 8.
+#    synth writes (`--model-path synth:PRESET,layers=1`, "bf"): the four launches (ONE=0), the
+#    one-launch kernel (ONE=1) and the three-launch form (ONE=4) (fused_run; ONE=2 and 3, the
+#    one-launch kernel's other grid forms, were timed in R2).
+# 1b. LASTSTAND_MOE_ONE_TRACE=1: block 0's clock at the one-launch kernel's stage boundaries.
+# 1c. ncu, one call's kernels at the 35B layer, M = 1: old, three launches, one launch.
 # 2. `laststand generate` on the full 40-layer synth Qwen3.5-35B-A3B (as decprof.sh: 512-token
 #    prompt, 129 new tokens, CUDA graphs, the plans named): the engine's mean decode step
-#    ("N decode steps ..., X ms each"), old vs each new form; the greedy ids compared (the new
-#    kernel's routing and sums are the old path's bit for bit at M = 1; the engine itself checks
+#    ("N decode steps ..., X ms each"), old vs ONE=1 and 4; the greedy ids compared (the new
+#    forms' routing and sums are the old path's bit for bit at M = 1; the engine itself checks
 #    its CUDA graph against eager steps at start-up).
 # 3. pytest tests/test_gpu_moe_fused.py (the default choices and the ONE knobs; the full knob
 #    matrix when time is left).
@@ -51,7 +53,7 @@ doctor() {
 
 echo "== 1. doctor moe cuda_fused_decode, old (ONE=0) vs new (ONE=1: one launch, 64 registers, 2 blocks an SM; 2: 1 an SM, no register cap; 3: 64 registers, 1 an SM; 4: three launches) $(el)"
 for p in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
-    for one in 0 1 2 3 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p bf 1,2,4,8; done
+    for one in 0 1 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p bf 1,2,4,8; done
     for one in 0 1 4; do doctor $([ $one = 0 ] && echo old || echo new$one) $one $p nv 1,2,8; done
 done
 echo "$(el)"
@@ -59,7 +61,7 @@ echo "$(el)"
 echo "== 1b. block 0's stage times inside the new kernel (LASTSTAND_MOE_ONE_TRACE=1, calls 32-34, bf shared) $(el)"
 for pm in qwen3.5-35b-a3b:1 qwen3.5-397b-a17b:1; do
     p=${pm%:*} m=${pm#*:}
-    for one in 1 3; do
+    for one in 1; do
         [ "$(left)" -ge 75 ] || continue
         LASTSTAND_MOE_ONE=$one LASTSTAND_MOE_ONE_TRACE=1 timeout -k 2 10 "$BIN" doctor --device cuda --families moe \
             --model-path "synth:$p,layers=1" --m $m --backends cuda_fused_decode >/dev/null 2>"$OUT/trace-$one-$p-$m.err"
@@ -67,6 +69,27 @@ for pm in qwen3.5-35b-a3b:1 qwen3.5-397b-a17b:1; do
     done
 done
 echo "$(el)"
+
+t=$(left)
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$t" -ge 60 ]; then
+    echo "== 1c. ncu: the kernels of one call, 35B layer, BF16 shared, M = 1: old, three launches, one launch $(el)"
+    for one in 0 4 1; do
+        LASTSTAND_MOE_ONE=$one timeout -k 2 12 "$NCU" --clock-control none --cache-control none -k regex:moe_ --launch-skip 12 \
+            --launch-count 4 --metrics gpu__time_duration.sum --csv \
+            "$BIN" doctor --device cuda --families moe --model-path synth:qwen3.5-35b-a3b,layers=1 --m 1 \
+            --backends cuda_fused_decode >"$OUT/ncu-$one.csv" 2>"$OUT/ncu-$one.err"
+        echo "ONE=$one rc=$?"
+        grep -E '^"' "$OUT/ncu-$one.csv" | python3 -c "
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+if rows:
+    h = rows[0]; ik, im, iv = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value')
+    for r in rows[1:]:
+        print('  ', r[ik].split('(')[0][:40], r[im], r[iv])
+"
+    done
+fi
 
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
@@ -85,7 +108,6 @@ gen() {
 }
 gen old 0 20
 gen new1 1 20
-gen new3 3 20
 gen new4 4 20
 python3 - "$OUT" <<'PY'
 import json, sys
@@ -103,7 +125,7 @@ def cmp(a, b):
         p += 1
     return f"{p}/{max(len(a), len(b))} leading ids equal"
 o = ids("old")
-for t in ("new1", "new3", "new4"):
+for t in ("new1", "new4"):
     print(f"greedy ids old vs {t} (graphs):", cmp(o, ids(t)))
 PY
 
@@ -112,26 +134,6 @@ export BUILD=$(dirname "$BIN") LS_SHARED=$(dirname "$BIN")
 t=$(left)
 if [ "$t" -ge 15 ]; then
     timeout -k 3 "$t" python3 -m pytest -q -p no:cacheprovider -rfE -x tests/test_gpu_moe_fused.py -k "default or ONE" 2>&1 | tail -15
-fi
-t=$(left)
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ "$t" -ge 20 ]; then
-    echo "== 4. ncu: the kernels of one call, 35B layer, BF16 shared, M = 1, old vs new $(el)"
-    for one in 0 1 3 4; do
-        LASTSTAND_MOE_ONE=$one timeout -k 2 12 "$NCU" --clock-control none --cache-control none -k regex:moe_ --launch-skip 12 \
-            --launch-count 4 --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__registers_per_thread,launch__grid_size --csv \
-            "$BIN" doctor --device cuda --families moe --model-path synth:qwen3.5-35b-a3b,layers=1 --m 1 \
-            --backends cuda_fused_decode >"$OUT/ncu-$one.csv" 2>"$OUT/ncu-$one.err"
-        echo "ONE=$one rc=$?"
-        grep -E '^"' "$OUT/ncu-$one.csv" | python3 -c "
-import csv, sys
-rows = list(csv.reader(sys.stdin))
-if rows:
-    h = rows[0]; ik, im, iv = h.index('Kernel Name'), h.index('Metric Name'), h.index('Metric Value')
-    for r in rows[1:]:
-        print('  ', r[ik].split('(')[0][:40], r[im], r[iv])
-"
-    done
 fi
 t=$(left)
 if [ "$t" -ge 25 ]; then

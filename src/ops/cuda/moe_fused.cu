@@ -33,6 +33,9 @@
  * cost ~20 us per call on the H200).
  * Workspace: per device (cu_ws.h), grown on first use and kept on growth (a captured
  * graph's pointers stay valid); calls on one device are serialised by its lock.
+ * Opt-in (LASTSTAND_MOE_ONE, measured slower so far): the same layer in one persistent
+ * launch with grid barriers (moe_one_kernel) or in three launches without a top-k launch
+ * (moe_gu3_kernel, moe_dn3_kernel); see "one launch" below.
  */
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/moe_int.cuh"
@@ -1928,7 +1931,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     static int force_rpdl = -2;
     const int rpdl = pdl && fused_knob(&force_rpdl, "LASTSTAND_MOE_ROUTER_PDL", 0, 1, 1);
     if (pair == 2 && !gkw) pair = 1;
-    /* One launch (moe_one_kernel) where it applies: LASTSTAND_MOE_ONE=1|2|3 (one_launch's forms) */
+    /* LASTSTAND_MOE_ONE=1|2|3: one launch (moe_one_kernel, one_launch's grid forms); 4: three
+     * launches (moe_gu3_kernel, moe_dn3_kernel); where the shape fits (H 2048 or 4096). Opt-in:
+     * correct and bit for bit the four launches' at M <= 2 in the H200 rounds of 2026-11-30, but
+     * slower (35B layer, M = 1, chained: 19.5 us four launches, 29.5 one, 30.9 three; 40-layer
+     * decode step 2.48 / 3.52 / 2.97 ms; bench/RESULTS.md, "Fused MoE decode, fewer launches") */
     static int force_one = -2;
     const int one = fused_knob(&force_one, "LASTSTAND_MOE_ONE", 0, 4, 0);
     if (one && (H == 2048 || H == 4096) && Is <= ONE_MAXIS && Is % 256 == 0) {

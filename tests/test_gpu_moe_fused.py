@@ -20,27 +20,18 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
 """
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from conftest import BIN
+from conftest import BIN, requires_gpu
 
 BACKEND = "cuda_fused_decode"
 PRESET = "qwen3.5-35b-a3b"
 
 
-def _have_gpu():
-    if not shutil.which("nvidia-smi"):
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
-
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+pytestmark = requires_gpu
 
 
 def doctor_cells(tmp_path, knobs, shared, ms):

@@ -25,27 +25,18 @@ Pins:
 """
 import json
 import os
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import BIN, run_ls
+from conftest import BIN, run_ls, requires_gpu
 
 BACKEND = "cuda_grouped_gemm"
 
 
-def _have_gpu():
-    if not shutil.which("nvidia-smi"):
-        return False
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
-
-pytestmark = pytest.mark.skipif(not _have_gpu(), reason="no NVIDIA GPU on this machine")
+pytestmark = requires_gpu
 
 
 def doctor_cells(tmp_path, *args, env_extra=None):

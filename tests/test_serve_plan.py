@@ -128,8 +128,10 @@ def test_named_plan_is_validated_smoke_tested_served_and_shown(ls_bin, demo_mode
         assert t["moe"][0] == "cpu_grouped:4,cpu_ref", t
         assert "named on the command line" in t["moe"][1]
         # decode steps (M = 1) run cpu_grouped, the prefill chunk (M > 4) cpu_ref
-        m = re.search(r"smoke test: prefill in chunks of (\d+) tokens and decode steps of 1", log)
-        assert m and int(m.group(1)) > 4, log[-3000:]
+        # (the chunk list has one size per plan boundary of every family, e.g. "2,5": the other
+        # families' doctor picks depend on the machine's timing)
+        m = re.search(r"smoke test: prefill in chunks of ([\d,]+) tokens and decode steps of 1", log)
+        assert m and max(map(int, m.group(1).split(","))) > 4, log[-3000:]
         assert "the tokens equal the reference backends'" in log
         assert re.search(r"eliminated, never taken by a fallback or a CUDA graph capture: .*moe:cpu_broken_nan", log)
         assert completions(s) == ref_text

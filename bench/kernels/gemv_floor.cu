@@ -128,6 +128,7 @@ struct ho_hand {
     int delay_blk;     /* this block sleeps delay_ns before its stores (the correctness check) */
     unsigned delay_ns;
     int sleep;         /* __nanosleep between polls; 0: a tight spin */
+    unsigned long long *tot; /* the counting form (below) */
 };
 __device__ __forceinline__ unsigned long long ho_ld_acq(const unsigned long long *p) {
     unsigned long long v;
@@ -172,6 +173,30 @@ __device__ __forceinline__ void ho_publish(const ho_hand &h) {
         *(volatile unsigned *)&h.f->cnt = 0u;
         ho_st_rel(&h.f->seq, h.seq_out);
     }
+}
+/* The counting form (a bound, not graph-safe): every block of every taking-part grid does
+ * red.release.gpu.add tot, 1 after its stores; a consumer waits for tot >= seq_in, the absolute
+ * number of blocks of all grids up to its producer, which the host counts. No election, one
+ * serial step less than the flag; a graph replay would reuse stale absolute targets, so it is
+ * timed on the stream only. */
+__device__ __forceinline__ void ho_wait_count(const ho_hand &h) {
+    if (threadIdx.x == 0) {
+        long long t0 = 0;
+        for (unsigned n = 0; ho_ld_acq(h.tot) < h.seq_in; n++)
+            if ((n & 1023u) == 0) {
+                const long long t = gtimer();
+                if (!n) t0 = t;
+                else if (t - t0 > 200000000LL) {
+                    atomicAdd(&h.f->err, 1u);
+                    break;
+                }
+            }
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ void ho_publish_count(const ho_hand &h) {
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(h.tot) : "memory");
 }
 __device__ __forceinline__ void ho_delay(const ho_hand &h) {
     if (h.delay_ns && (int)blockIdx.x == h.delay_blk) {
@@ -242,7 +267,7 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
  * chain of launches, waits, x and writes alone), R = 16 streams the weight's tile as the pure
  * read does. trig 0: griddepcontrol.launch_dependents first thing, 1: last (after the block's
  * store), 2: never (the dependents launch at exit). wait 0: griddepcontrol.wait; 1: none (wrong
- * for a real chain: the lower bound); 2: the flag handoff (ho_*). xr: x (16 B a thread from L2,
+ * for a real chain: the lower bound); 2: the flag handoff (ho_*); 3: the counting form. xr: x (16 B a thread from L2,
  * the 8 KB a GEMV block reads) after the wait. trace: thread 0 of each block stores %globaltimer
  * at entry, when the wait returns, and after its store / publish, at trace[(call * grid + b) * 3]. */
 struct ch_args {
@@ -257,7 +282,7 @@ struct ch_args {
 __global__ void ch_kernel(ch_args a) {
     extern __shared__ __align__(16) uint4 st[];
     const long long t0 = a.trace ? gtimer() : 0;
-    const bool head = a.wait == 2 && a.h.seq_in == 0;
+    const bool head = a.wait >= 2 && a.h.seq_in == 0;
     if (a.trig == 0 && !head) cu_pdl_trigger();
     const size_t cb = (size_t)a.R * (a.K / 2), sb = (size_t)a.R * (a.K / 16);
     const uint4 *wg = reinterpret_cast<const uint4 *>(a.w + blockIdx.x * cb);
@@ -268,6 +293,7 @@ __global__ void ch_kernel(ch_args a) {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (a.wait == 0 || head) cu_pdl_wait();
     else if (a.wait == 2) ho_wait_flag(a.h);
+    else if (a.wait == 3) ho_wait_count(a.h);
     if (head && a.trig == 0) cu_pdl_trigger();
     const long long t1 = a.trace ? gtimer() : 0;
     uint32_t v = 0;
@@ -290,6 +316,7 @@ __global__ void ch_kernel(ch_args a) {
         a.out[blockIdx.x] = r;
     }
     if (a.wait == 2) ho_publish(a.h);
+    if (a.wait == 3) ho_publish_count(a.h);
     if (a.trig == 1) cu_pdl_trigger();
     if (a.trace && threadIdx.x == 0) {
         long long *tr = a.trace + ((size_t)a.call * gridDim.x + blockIdx.x) * 3;
@@ -311,7 +338,7 @@ __global__ void ch_kernel(ch_args a) {
 enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
 /* HO (chainfloor): the handoff. 0: griddepcontrol.wait (the shipped form); 1: the flag handoff
  * above (h.seq_in = 0: a head, griddepcontrol.wait, trigger after it); 2: no wait at all (wrong:
- * the negative control of the exactness check). h.delay_*: one block sleeps before its y stores. */
+ * the negative control of the exactness check); 3: the counting form (timing only). h.delay_*: one block sleeps before its y stores. */
 template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2, int HO = 0>
 __global__ void __launch_bounds__(32 * KW, MINB)
     gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
@@ -321,7 +348,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     __shared__ __align__(16) uint4 zb[2];
     __shared__ uint32_t ss[KW][PER][32];
     __shared__ float red[KW][16];
-    const bool head = HO == 1 && h.seq_in == 0;
+    const bool head = (HO == 1 || HO == 3) && h.seq_in == 0;
     if (!head) cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
@@ -340,6 +367,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     if (!XB) {
         if (HO == 0 || head) cu_pdl_wait();
         else if (HO == 1) ho_wait_flag(h);
+        else if (HO == 3) ho_wait_count(h);
         if (head) cu_pdl_trigger();
     }
 #pragma unroll
@@ -389,6 +417,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
         y[n0 + threadIdx.x] = __float2bfloat16_rn(v * scale2);
     }
     if (HO == 1) ho_publish(h);
+    if (HO == 3) ho_publish_count(h);
 }
 
 template <int XB, int DEC>
@@ -1105,6 +1134,16 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     ho_flags *fl;
     CK(cudaMalloc(&fl, sizeof(ho_flags)));
     CK(cudaMemset(fl, 0, sizeof(ho_flags)));
+    /* the counting form's total: device and host (cum) count the same blocks, never reset */
+    unsigned long long *tot, cum = 0;
+    CK(cudaMalloc(&tot, 128));
+    CK(cudaMemset(tot, 0, 128));
+    auto cmap = [&](int wait, int grid, unsigned long long &si, unsigned long long &so) {
+        if (wait != 3) return;
+        si = si ? cum : 0; /* 0: a head (griddepcontrol.wait) */
+        cum += (unsigned long long)grid;
+        so = cum;
+    };
     auto errs = [&](const char *where) { /* flag waits that gave up (a protocol bug) */
         CK(cudaStreamSynchronize(st));
         ho_flags hf;
@@ -1133,7 +1172,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                       {"trig first, NO wait, x (bound)", 1, 0, 1, 1, 0},
                       {"trig first, flag, x", 1, 0, 2, 1, 0},
                       {"trig first, flag+sleep64, x", 1, 0, 2, 1, 64},
-                      {"no PDL (plain launch), x", 0, 2, 0, 1, 0}};
+                      {"no PDL (plain launch), x", 0, 2, 0, 1, 0},
+                      {"trig first, count (stream only), x", 1, 0, 3, 1, 0}};
     auto mk = [&](const hrow &r, int R, int k, int call, unsigned long long si, unsigned long long so,
                   long long *tr) {
         ch_args a = {};
@@ -1150,6 +1190,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         a.h.seq_in = si;
         a.h.seq_out = so;
         a.h.sleep = r.sleep;
+        a.h.tot = tot;
         a.trace = tr;
         a.call = call;
         return a;
@@ -1171,12 +1212,17 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         for (const hrow &r : H) {
             if (r.sleep && !(sh.grid == 256 && sh.smem)) continue;
             auto lk = [&](int k, int call, unsigned long long si, unsigned long long so) {
+                cmap(r.wait, sh.grid, si, so);
                 return cu_launch_pdl(r.pdl, ch_kernel, dim3(sh.grid), dim3(sh.thr), sh.smem, st,
                                      mk(r, 0, k, call, si, so, (long long *)nullptr));
             };
             printf("%5d %5d %5d  %-36s", sh.grid, sh.thr, occ, r.name);
             for (int g = 0; g < 2; g++)
-                for (int chain : {8, 32}) printf(" %8.2f", ho_time(st, e0, e1, g, chain, chain == 8 ? 100 : 30, lk));
+                for (int chain : {8, 32})
+                    if (g && r.wait == 3)
+                        printf(" %8s", "-");
+                    else
+                        printf(" %8.2f", ho_time(st, e0, e1, g, chain, chain == 8 ? 100 : 30, lk));
             printf("\n");
             fflush(stdout);
         }
@@ -1199,7 +1245,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                        {"no-load 132x128", 0, 132, 128, 0, 5},          {"no-load 1x128", 0, 1, 128, 0, 0},
                        {"no-load 1x128", 0, 1, 128, 0, 5},              {"read 256x512 2/SM", 16, 256, 512, smem2, 0},
                        {"read 256x512 2/SM", 16, 256, 512, smem2, 5},   {"read 256x512 4/SM", 16, 256, 512, smem4, 0},
-                       {"read 256x512 4/SM", 16, 256, 512, smem4, 5}};
+                       {"read 256x512 4/SM", 16, 256, 512, smem4, 5},  {"no-load 256x512 2/SM", 0, 256, 512, smem2, 8},
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 8}};
     for (const trow &tr : TR) {
         const hrow &r = H[tr.h];
         std::vector<double> vs, vw0, vw1, ve, vp, ver;
@@ -1209,8 +1256,10 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             unsigned long long last = 0;
             for (int i = 0; i < 8; i++) {
                 const unsigned long long so = ++g_seq;
+                unsigned long long si2 = last, so2 = so;
+                cmap(r.wait, tr.grid, si2, so2);
                 CK(cu_launch_pdl(r.pdl, ch_kernel, dim3(tr.grid), dim3(tr.thr), tr.smem, st,
-                                 mk(r, tr.R, smp * 8 + i, i, last, so, trace)));
+                                 mk(r, tr.R, smp * 8 + i, i, si2, so2, trace)));
                 last = so;
             }
             CK(cudaStreamSynchronize(st));
@@ -1255,6 +1304,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     printf("flag handoff vs griddepcontrol.wait, [4096 x 4096] on 32 rotating sets; us a call (%% of copy %.0f GB/s)\n",
@@ -1267,19 +1317,25 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     };
     const frow FR[] = {{"pure read 2/SM, gdc.wait", 0, 0},     {"pure read 2/SM, flag", 0, 5},
                        {"pure read 2/SM, flag+sleep64", 0, 6}, {"pure read 2/SM, NO wait (bound)", 0, 4},
+                       {"pure read 2/SM, count (stream only)", 0, 8},
                        {"pure read 4/SM, gdc.wait", 1, 0},     {"pure read 4/SM, flag", 1, 5},
                        {"real fp4_gemv1t<16,2,0>, gdc.wait", 2, 0}, {"real, flag", 2, 1},
-                       {"real, NO wait (bound, wrong)", 2, 2},  {"real DEC=0, gdc.wait", 3, 0},
+                       {"real, NO wait (bound, wrong)", 2, 2},  {"real, count (stream only)", 2, 3},  {"real DEC=0, gdc.wait", 3, 0},
                        {"real DEC=0, flag", 3, 1},             {"real, gdc.wait again", 2, 0},
                        {"real, flag again", 2, 1}};
+    const dim3 g_(N / 16), b_(512);
     for (const frow &fr : FR) {
         auto lk = [&](int k, int call, unsigned long long si, unsigned long long so) -> cudaError_t {
             const int s_ = k % nsets;
+            cmap(fr.kind <= 1 ? H[fr.h].wait : fr.h, N / 16, si, so);
             if (fr.kind <= 1)
                 return cu_launch_pdl(1, ch_kernel, dim3(N / 16), dim3(512), fr.kind ? smem4 : smem2, st,
                                      mk(H[fr.h], 16, k, call, si, so, (long long *)nullptr));
-            ho_hand h = {fl, si, so, 0, 0u, 0};
-            const dim3 g(N / 16), b(512);
+            ho_hand h = {fl, si, so, 0, 0u, 0, tot};
+            if (fr.h == 3)
+                return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 3>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+            const dim3 g = g_, b = b_;
             if (fr.kind == 3)
                 return fr.h ? cu_launch_pdl(1, gv_kernel<0, 0, 16, 2, 2, 1>, g, b, GK_PAD, st, N, K,
                                             (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
@@ -1297,8 +1353,13 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                                  (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
         };
         printf("%-44s", fr.name);
+        const bool cnt = fr.kind <= 1 ? H[fr.h].wait == 3 : fr.h == 3;
         for (int g = 0; g < 2; g++)
             for (int chain : {8, 32}) {
+                if (g && cnt) {
+                    printf(" %16s", "-");
+                    continue;
+                }
                 const double us = ho_time(st, e0, e1, g, chain, chain == 8 ? 200 : 60, lk);
                 printf(" %8.2f (%4.1f%%)", us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
             }

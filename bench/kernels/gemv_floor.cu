@@ -129,6 +129,8 @@ struct ho_hand {
     unsigned delay_ns;
     int sleep;         /* __nanosleep between polls; 0: a tight spin */
     unsigned long long *tot; /* the counting form (below) */
+    long long *trace;        /* gv_kernel: 4 %globaltimer stamps a block at trace[(call * grid + b) * 4] */
+    int call;
 };
 __device__ __forceinline__ unsigned long long ho_ld_acq(const unsigned long long *p) {
     unsigned long long v;
@@ -336,10 +338,10 @@ __global__ void ch_kernel(ch_args a) {
  *   DEC = 0: no decode or mma: each chunk's codes and x are XORed into the sum instead.
  * Timed like the floor kernel (chain8, rotating sets or one hot set, PDL). */
 enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
-/* HO (chainfloor): the handoff. 0: griddepcontrol.wait (the shipped form); 1: the flag handoff
+/* HO (chainfloor): the handoff (TR = 1: %globaltimer stamps into h.trace). 0: griddepcontrol.wait (the shipped form); 1: the flag handoff
  * above (h.seq_in = 0: a head, griddepcontrol.wait, trigger after it); 2: no wait at all (wrong:
  * the negative control of the exactness check); 3: the counting form (timing only). h.delay_*: one block sleeps before its y stores. */
-template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2, int HO = 0>
+template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2, int HO = 0, int TR = 0>
 __global__ void __launch_bounds__(32 * KW, MINB)
     gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
               const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y, ho_hand h) {
@@ -348,6 +350,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     __shared__ __align__(16) uint4 zb[2];
     __shared__ uint32_t ss[KW][PER][32];
     __shared__ float red[KW][16];
+    const long long tt0 = TR ? gtimer() : 0;
     const bool head = (HO == 1 || HO == 3) && h.seq_in == 0;
     if (!head) cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -370,6 +373,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
         else if (HO == 3) ho_wait_count(h);
         if (head) cu_pdl_trigger();
     }
+    const long long tt1 = TR ? gtimer() : 0;
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
@@ -399,6 +403,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
             acc[2] += __uint_as_float((a0.z ^ a1.w ^ x0.y ^ x1.z) & 0x3fffffffu) * sg[2];
         }
     }
+    const long long tt2 = TR ? gtimer() : 0; /* warp 0's chunk steps done */
     float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
     r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
     r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
@@ -418,6 +423,13 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     }
     if (HO == 1) ho_publish(h);
     if (HO == 3) ho_publish_count(h);
+    if (TR && threadIdx.x == 0) {
+        long long *tr = h.trace + ((size_t)h.call * gridDim.x + blockIdx.x) * 4;
+        tr[0] = tt0;
+        tr[1] = tt1;
+        tr[2] = tt2;
+        tr[3] = gtimer();
+    }
 }
 
 template <int XB, int DEC>
@@ -1367,6 +1379,65 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         fflush(stdout);
     }
     errs("the flag timing");
+    /* 4b. traces of the real GEMV (cold, 32 rotating sets, chain of 8 behind a hold, calls 1..7) */
+    {
+        printf("traces of the real GEMV, ns, median [p10 p90] over calls 1..7 of 40 chains: start / wait0 / wait1 "
+               "as above, dec0 / dec1 = first / last block's warp 0 done with its chunk steps - last block of i-1 "
+               "ends, period\n");
+        const int G = N / 16;
+        std::vector<long long> ht((size_t)8 * G * 4);
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        for (int ho : {0, 1}) {
+            std::vector<double> vs, vw0, vw1, vd0, vd1, vp;
+            for (int smp = 0; smp < 40; smp++) {
+                hold_kernel<<<1, 1, 0, st>>>(80000);
+                unsigned long long last = 0;
+                for (int i = 0; i < 8; i++) {
+                    const unsigned long long so = ++g_seq;
+                    const int s_ = (smp * 8 + i) % nsets;
+                    ho_hand h = {fl, last, so, 0, 0u, 0, tot, trace, i};
+                    if (ho)
+                        CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 1, 1>, g_, b_, GK_PAD, st, N, K,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                         1.0f, y, h));
+                    else
+                        CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 0, 1>, g_, b_, GK_PAD, st, N, K,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                         1.0f, y, h));
+                    last = so;
+                }
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(ht.data(), trace, ht.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+                for (int i = 1; i < 8; i++) {
+                    long long pe = 0, pe2 = 0, s0 = 1LL << 62, w0 = 1LL << 62, w1 = 0, d0 = 1LL << 62, d1 = 0;
+                    for (int b = 0; b < G; b++) pe = std::max(pe, ht[((size_t)(i - 1) * G + b) * 4 + 3]);
+                    for (int b = 0; b < G; b++) {
+                        const long long *q = &ht[((size_t)i * G + b) * 4];
+                        s0 = std::min(s0, q[0]);
+                        w0 = std::min(w0, q[1]);
+                        w1 = std::max(w1, q[1]);
+                        d0 = std::min(d0, q[2]);
+                        d1 = std::max(d1, q[2]);
+                        pe2 = std::max(pe2, q[3]);
+                    }
+                    vs.push_back((double)(s0 - pe));
+                    vw0.push_back((double)(w0 - pe));
+                    vw1.push_back((double)(w1 - pe));
+                    vd0.push_back((double)(d0 - pe));
+                    vd1.push_back((double)(d1 - pe));
+                    vp.push_back((double)(pe2 - pe));
+                }
+            }
+            printf("  real GEMV %-10s start %6.0f [%6.0f %6.0f] wait0 %6.0f [%6.0f %6.0f] wait1 %6.0f [%6.0f %6.0f] "
+                   "dec0 %6.0f dec1 %6.0f [%6.0f %6.0f] period %6.0f [%6.0f %6.0f]\n",
+                   ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
+                   pct(vw0, .9), pct(vw1, .5), pct(vw1, .1), pct(vw1, .9), pct(vd0, .5), pct(vd1, .5), pct(vd1, .1),
+                   pct(vd1, .9), pct(vp, .5), pct(vp, .1), pct(vp, .9));
+            fflush(stdout);
+        }
+        errs("the GEMV traces");
+    }
     /* 5. exactness: call j reads B[in(j)] and writes B[out(j)]: B0 (x, constant) -> B1 -> B2 -> B1 ... */
     {
         const int ns = 4, L = 32, LG = 16;

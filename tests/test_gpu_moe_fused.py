@@ -12,11 +12,7 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   default; =1 in the cp.async pair), and where a BF16 shared expert runs inside the router and
   top-k launches (LASTSTAND_MOE_SHARED_ROUTE=1: m16n8k16 tiles, the default at M > 2; =2: one
   warp a row, the default at M <= 2; with an NVFP4 shared expert it changes nothing) with
-  either pair and without PDL;
-- the one-launch kernel (LASTSTAND_MOE_ONE=1: two blocks an SM; =2: one, the unconstrained build; =3: one, the
-  64-register build) and its three-launch form (=4), with and without PDL
-  (its grid barriers, the routing every block computes itself, the shared expert in stages 1
-  and 4 or as slot k).
+  either pair and without PDL.
 """
 import json
 import os
@@ -61,11 +57,6 @@ KNOBS = [
     {"LASTSTAND_MOE_SHARED_ROUTE": "2"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PDL": "0"},
-    {"LASTSTAND_MOE_ONE": "1"},
-    {"LASTSTAND_MOE_ONE": "2"},
-    {"LASTSTAND_MOE_ONE": "3"},
-    {"LASTSTAND_MOE_ONE": "4"},
-    {"LASTSTAND_MOE_ONE": "1", "LASTSTAND_MOE_PDL": "0"},
 ]
 
 

@@ -80,6 +80,134 @@ __device__ __forceinline__ void cp16(void *s, const void *g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
 }
 
+/* ---- the flag handoff (chainfloor session, `gemv_floor chain`) --------------------------
+ * A kernel-to-kernel handoff without griddepcontrol.wait. Kernels of one stream that take part
+ * form a chain; the host gives each launch two 64-bit sequence numbers: seq_in (the number its
+ * predecessor publishes; 0 = the predecessor does not take part: a "head") and seq_out (its own,
+ * fresh from a host counter that only grows: unique among eager launches; a captured graph bakes
+ * its values and every replay reuses them). One ho_flags record per stream:
+ *   seq: the seq_out of the last participating grid that completed, cnt: its blocks done so far.
+ * Producer (every block, after its last global store): __syncthreads(); thread 0:
+ *   old = atom.acq_rel.gpu.add(cnt, 1); the block with old == gridDim - 1 is the last one: it stores
+ *   cnt = 0, then st.release.gpu seq = seq_out.
+ * Consumer (non-head): thread 0 spins on ld.acquire.gpu seq until seq == seq_in; __syncthreads();
+ *   then the block reads what the producer wrote. A head executes griddepcontrol.wait instead and
+ *   triggers its dependents only after that wait (below: why).
+ * Why it is right:
+ *  (a) visibility: each producer block's stores precede (barrier, then the release half of its
+ *      atom) its add; the last block's add reads the whole release sequence of cnt (every other
+ *      block's add), so every store of the grid happens-before the last block's release store of
+ *      seq, which the consumer's acquire load reads; its __syncthreads() extends that to the block.
+ *  (b) completeness: cnt counts blocks, so seq = seq_out is stored only after all gridDim blocks
+ *      added, i.e. after every block's stores (a deliberately delayed block delays it).
+ *  (c) cnt is 0 whenever a grid starts adding: the last block of the previous participating grid
+ *      reset it before its release of seq, and a non-head grid adds only after acquiring that seq;
+ *      a head adds only after griddepcontrol.wait (its predecessor and all before it complete).
+ *  (d) no stale match: seq holds the seq_out of the most recently completed participating grid.
+ *      Grid j + 1 waits for seq_j. Eager: seq_out values are unique, and seq moves past seq_j only
+ *      when grid j + 1 itself has published: no false match, no miss. Graph replays reuse values:
+ *      a stale seq_j could only be read if grid j of an earlier replay were the latest publisher
+ *      while grid j + 1 of this one spins; but grid j + 1 launches only after this replay's head
+ *      triggered, the head triggers only after its griddepcontrol.wait (so every earlier grid,
+ *      including the previous replay's tail, has completed and published a later value), and
+ *      within a replay seq_j is written only by grid j.
+ *  (e) no deadlock: a grid is launched only once every block of its predecessor has triggered
+ *      (or exited), so every producer block is resident or done and runs to its publish.
+ * A kernel that does not take part (plain or griddepcontrol.wait) after a participating one waits
+ * for its full completion as ever; the participant after it must be a head (seq_in = 0). */
+struct ho_flags {
+    unsigned long long seq;
+    unsigned pad0[30];
+    unsigned cnt; /* its own 128 B line */
+    unsigned err; /* waits given up after 20 ms (a protocol bug; the bench reports it) */
+    unsigned pad1[30];
+};
+struct ho_hand {
+    ho_flags *f;
+    unsigned long long seq_in, seq_out;
+    int delay_blk;     /* this block sleeps delay_ns before its stores (the correctness check) */
+    unsigned delay_ns;
+    int sleep;         /* __nanosleep between polls; 0: a tight spin */
+    unsigned long long *tot; /* the counting form (below) */
+    long long *trace;        /* gv_kernel: 4 %globaltimer stamps a block at trace[(call * grid + b) * 4] */
+    int call;
+};
+__device__ __forceinline__ unsigned long long ho_ld_acq(const unsigned long long *p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void ho_st_rel(unsigned long long *p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned ho_atom_add(unsigned *p, unsigned v) {
+    unsigned o;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(o) : "l"(p), "r"(v) : "memory");
+    return o;
+}
+__device__ __forceinline__ long long gtimer(void) {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* the consumer side: every thread of the block calls it (a non-head: thread 0 spins, barrier) */
+__device__ __forceinline__ void ho_wait_flag(const ho_hand &h) {
+    if (threadIdx.x == 0) {
+        long long t0 = 0;
+        for (unsigned n = 0; ho_ld_acq(&h.f->seq) != h.seq_in; n++) {
+            if (h.sleep) __nanosleep(h.sleep);
+            if ((n & 1023u) == 0) {
+                const long long t = gtimer();
+                if (!n) t0 = t;
+                else if (t - t0 > 20000000LL || *(volatile unsigned *)&h.f->err) {
+                    atomicAdd(&h.f->err, 1u); /* never in a correct chain: give up, count it; once */
+                    break;                    /* one gave up, the others give up at their next check */
+                }
+            }
+        }
+    }
+    __syncthreads();
+}
+/* the producer side: every thread calls it after its last global store */
+__device__ __forceinline__ void ho_publish(const ho_hand &h) {
+    __syncthreads();
+    if (threadIdx.x == 0 && ho_atom_add(&h.f->cnt, 1u) == gridDim.x - 1) {
+        *(volatile unsigned *)&h.f->cnt = 0u;
+        ho_st_rel(&h.f->seq, h.seq_out);
+    }
+}
+/* The counting form (a bound, not graph-safe): every block of every taking-part grid does
+ * red.release.gpu.add tot, 1 after its stores; a consumer waits for tot >= seq_in, the absolute
+ * number of blocks of all grids up to its producer, which the host counts. No election, one
+ * serial step less than the flag; a graph replay would reuse stale absolute targets, so it is
+ * timed on the stream only. */
+__device__ __forceinline__ void ho_wait_count(const ho_hand &h) {
+    if (threadIdx.x == 0) {
+        long long t0 = 0;
+        for (unsigned n = 0; ho_ld_acq(h.tot) < h.seq_in; n++)
+            if ((n & 1023u) == 0) {
+                const long long t = gtimer();
+                if (!n) t0 = t;
+                else if (t - t0 > 20000000LL || *(volatile unsigned *)&h.f->err) {
+                    atomicAdd(&h.f->err, 1u);
+                    break;
+                }
+            }
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ void ho_publish_count(const ho_hand &h) {
+    __syncthreads();
+    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(h.tot) : "memory");
+}
+__device__ __forceinline__ void ho_delay(const ho_hand &h) {
+    if (h.delay_ns && (int)blockIdx.x == h.delay_blk) {
+        const long long t0 = gtimer();
+        while (gtimer() - t0 < (long long)h.delay_ns) {
+        }
+    }
+}
+
 /* Block b: rows [R b, R b + R) of codes (R * K/2 B) and scales (R * K/16 B), contiguous
  * in their arrays (row-major). Every thread copies its 16-byte pieces (strided by the
  * block size) at once, commits one group, waits, reads its own pieces back. */
@@ -136,6 +264,70 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
     }
 }
 
+/* ---- the handoff kernel of `gemv_floor chain` (chainfloor session) ---------------------
+ * floor_kernel's shape with every handoff choice a runtime switch: R = 0 loads nothing (the
+ * chain of launches, waits, x and writes alone), R = 16 streams the weight's tile as the pure
+ * read does. trig 0: griddepcontrol.launch_dependents first thing, 1: last (after the block's
+ * store), 2: never (the dependents launch at exit). wait 0: griddepcontrol.wait; 1: none (wrong
+ * for a real chain: the lower bound); 2: the flag handoff (ho_*); 3: the counting form. xr: x (16 B a thread from L2,
+ * the 8 KB a GEMV block reads) after the wait. trace: thread 0 of each block stores %globaltimer
+ * at entry, when the wait returns, and after its store / publish, at trace[(call * grid + b) * 3]. */
+struct ch_args {
+    const uint8_t *w, *sc;
+    int K, R, trig, wait, xr;
+    const uint32_t *xin;
+    uint32_t *out;
+    ho_hand h;
+    long long *trace;
+    int call;
+};
+__global__ void ch_kernel(ch_args a) {
+    extern __shared__ __align__(16) uint4 st[];
+    const long long t0 = a.trace ? gtimer() : 0;
+    const bool head = a.wait >= 2 && a.h.seq_in == 0;
+    if (a.trig == 0 && !head) cu_pdl_trigger();
+    const size_t cb = (size_t)a.R * (a.K / 2), sb = (size_t)a.R * (a.K / 16);
+    const uint4 *wg = reinterpret_cast<const uint4 *>(a.w + blockIdx.x * cb);
+    const uint4 *sg = reinterpret_cast<const uint4 *>(a.sc + blockIdx.x * sb);
+    const int nc = (int)(cb / 16), ns = (int)(sb / 16);
+    for (int i = threadIdx.x; i < nc; i += blockDim.x) cp16(&st[i], wg + i);
+    for (int i = threadIdx.x; i < ns; i += blockDim.x) cp16(&st[nc + i], sg + i);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if (a.wait == 0 || head) cu_pdl_wait();
+    else if (a.wait == 2) ho_wait_flag(a.h);
+    else if (a.wait == 3) ho_wait_count(a.h);
+    if (head && a.trig == 0) cu_pdl_trigger();
+    const long long t1 = a.trace ? gtimer() : 0;
+    uint32_t v = 0;
+    if (a.xr) {
+        const uint4 xv = __ldcg(reinterpret_cast<const uint4 *>(a.xin) + (threadIdx.x & 511));
+        v = xv.x ^ xv.y ^ xv.z ^ xv.w;
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    for (int i = threadIdx.x; i < nc + ns; i += blockDim.x) {
+        const uint4 q = st[i];
+        v ^= q.x ^ q.y ^ q.z ^ q.w;
+    }
+    for (int o = 16; o; o >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ uint32_t red[32];
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t r = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) r ^= red[i];
+        a.out[blockIdx.x] = r;
+    }
+    if (a.wait == 2) ho_publish(a.h);
+    if (a.wait == 3) ho_publish_count(a.h);
+    if (a.trig == 1) cu_pdl_trigger();
+    if (a.trace && threadIdx.x == 0) {
+        long long *tr = a.trace + ((size_t)a.call * gridDim.x + blockIdx.x) * 3;
+        tr[0] = t0;
+        tr[1] = t1;
+        tr[2] = gtimer();
+    }
+}
+
 /* ---- the real [4096 x 4096] default, decomposed ---------------------------------
  * gv_kernel<XB, DEC> is fp4_gemv1t_kernel<16, 2, 0> of src/ops/cuda/fp4_gemv.cu (the M = 1
  * default at 16 warps x 2 chunks; same prologue, waits, chunk step nv4_gemv1t_chunk<0> from
@@ -146,16 +338,21 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
  *   DEC = 0: no decode or mma: each chunk's codes and x are XORed into the sum instead.
  * Timed like the floor kernel (chain8, rotating sets or one hot set, PDL). */
 enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
-template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2>
+/* HO (chainfloor): the handoff (TR = 1: %globaltimer stamps into h.trace). 0: griddepcontrol.wait (the shipped form); 1: the flag handoff
+ * above (h.seq_in = 0: a head, griddepcontrol.wait, trigger after it); 2: no wait at all (wrong:
+ * the negative control of the exactness check); 3: the counting form (timing only). h.delay_*: one block sleeps before its y stores. */
+template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2, int HO = 0, int TR = 0>
 __global__ void __launch_bounds__(32 * KW, MINB)
     gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
-              const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y) {
+              const uint8_t *__restrict__ sc, float scale2, __nv_bfloat16 *__restrict__ y, ho_hand h) {
     __shared__ __align__(16) uint4 stage[KW][PER][2][32];
     __shared__ __align__(16) uint4 xs[KW][PER][16];
     __shared__ __align__(16) uint4 zb[2];
     __shared__ uint32_t ss[KW][PER][32];
     __shared__ float red[KW][16];
-    cu_pdl_trigger();
+    const long long tt0 = TR ? gtimer() : 0;
+    const bool head = (HO == 1 || HO == 3) && h.seq_in == 0;
+    if (!head) cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
     const uint8_t *wr0 = w + (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
@@ -170,7 +367,13 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     }
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
     const __nv_bfloat16 *xg = x + (size_t)c0 * 128 + 8 * (lane & 15);
-    if (!XB) cu_pdl_wait();
+    if (!XB) {
+        if (HO == 0 || head) cu_pdl_wait();
+        else if (HO == 1) ho_wait_flag(h);
+        else if (HO == 3) ho_wait_count(h);
+        if (head) cu_pdl_trigger();
+    }
+    const long long tt1 = TR ? gtimer() : 0;
 #pragma unroll
     for (int u = 0; u < PER; u++) {
         if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
@@ -200,6 +403,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
             acc[2] += __uint_as_float((a0.z ^ a1.w ^ x0.y ^ x1.z) & 0x3fffffffu) * sg[2];
         }
     }
+    const long long tt2 = TR ? gtimer() : 0; /* warp 0's chunk steps done */
     float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
     r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
     r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
@@ -214,7 +418,17 @@ __global__ void __launch_bounds__(32 * KW, MINB)
         float v = 0.f;
 #pragma unroll
         for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+        ho_delay(h);
         y[n0 + threadIdx.x] = __float2bfloat16_rn(v * scale2);
+    }
+    if (HO == 1) ho_publish(h);
+    if (HO == 3) ho_publish_count(h);
+    if (TR && threadIdx.x == 0) {
+        long long *tr = h.trace + ((size_t)h.call * gridDim.x + blockIdx.x) * 4;
+        tr[0] = tt0;
+        tr[1] = tt1;
+        tr[2] = tt2;
+        tr[3] = gtimer();
     }
 }
 
@@ -222,14 +436,14 @@ template <int XB, int DEC>
 static cudaError_t gv_launch(int pdl, int N, int K, cudaStream_t st, const __nv_bfloat16 *x, const uint8_t *w,
                              const uint8_t *sc, __nv_bfloat16 *y) {
     /* GK_PAD: every variant at 2 blocks an SM, as the GEMV (DEC = 0 needs 32 registers) */
-    return cu_launch_pdl(pdl, gv_kernel<XB, DEC>, dim3(N / 16), dim3(32 * GK_KW), GK_PAD, st, N, K, x, w, sc, 1.0f, y);
+    return cu_launch_pdl(pdl, gv_kernel<XB, DEC>, dim3(N / 16), dim3(32 * GK_KW), GK_PAD, st, N, K, x, w, sc, 1.0f, y, ho_hand{});
 }
 
 /* the real kernel at KW warps x PER chunks, natural occupancy (no padding) */
 template <int KW, int PER, int MINB = 2>
 static cudaError_t gv_launch_kp(int pdl, int N, int K, cudaStream_t st, const __nv_bfloat16 *x, const uint8_t *w,
                                 const uint8_t *sc, __nv_bfloat16 *y) {
-    return cu_launch_pdl(pdl, gv_kernel<0, 1, KW, PER, MINB>, dim3(N / 16), dim3(32 * KW), 0, st, N, K, x, w, sc, 1.0f, y);
+    return cu_launch_pdl(pdl, gv_kernel<0, 1, KW, PER, MINB>, dim3(N / 16), dim3(32 * KW), 0, st, N, K, x, w, sc, 1.0f, y, ho_hand{});
 }
 
 static cudaError_t launch(int pdl, dim3 grid, dim3 block, size_t smem, cudaStream_t st, const uint8_t *w,
@@ -300,6 +514,7 @@ static double time_chain(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int mo
 }
 
 static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs);
+static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs);
 
 
 /* ---- the FP8 split-x form of the M = 1 GEMV (gtime prototype, `gemv_floor fp8`) ----------
@@ -568,6 +783,7 @@ int main(int argc, char **argv) {
            p.l2CacheSize >> 20, copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "graph")) return graph_section(p, st, e0, e1, copy_gbs);
     if (argc > 1 && !strcmp(argv[1], "fp8")) return fp8_section(p, st, e0, e1, copy_gbs);
+    if (argc > 1 && !strcmp(argv[1], "chain")) return chain_section(p, st, e0, e1, copy_gbs);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, floor_kernel));
     const size_t smem_dyn_max = smem_blk - fa.sharedSizeBytes; /* the opt-in limit counts static shared memory */
@@ -815,5 +1031,539 @@ static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             fflush(stdout);
         }
     }
+    return 0;
+}
+
+/* ---- `gemv_floor chain` (chainfloor session): what a kernel-to-kernel handoff costs ---------
+ * 1. %globaltimer's resolution (the traces below read it).
+ * 2. The no-load chain split: grid (1, 132, 256, 528 blocks, and 256 at 2 blocks an SM as the
+ *    GEMV) x block (128, 512, 1024 threads) x the handoff rows of ch_kernel, each timed behind a
+ *    hold and as a graph behind a hold, chains of 8 and 32 (us a call).
+ * 3. Traces (chain of 8 behind a hold): per call i >= 1, from %globaltimer stamps of every block:
+ *    when its first block starts after the last block of call i - 1 finished, when its waits
+ *    return, its period.
+ * 4. The flag handoff against griddepcontrol.wait on the pure read and the real GEMV skeleton.
+ * 5. Exactness: the real GEMV chained on its own output (call j's y is call j + 1's x) with the
+ *    flag handoff, eager and in graph replays, some producer blocks delayed 20 us, against the
+ *    synced run bit for bit; the no-wait form as the negative control. */
+static unsigned long long g_seq = 0; /* the host's sequence counter: grows only */
+
+/* time chains of `chain` launches: lk(k, call, seq_in, seq_out) enqueues launch k (set k % 32),
+ * position call in its chain; the first launch after a hold or a graph boundary is a head
+ * (seq_in = 0). graph: the chains captured once (32 / chain graphs over the 32 sets), replayed. */
+template <class F>
+static double ho_time(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int graph, int chain, int nsamp, F lk) {
+    unsigned long long last = 0;
+    auto one = [&](int k, int call) {
+        const unsigned long long so = ++g_seq;
+        CK(lk(k, call, last, so));
+        last = so;
+    };
+    std::vector<cudaGraphExec_t> gx;
+    if (graph) {
+        const int ng = std::max(1, 32 / chain);
+        for (int g = 0; g < ng; g++) {
+            cudaGraph_t gr;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            last = 0;
+            for (int i = 0; i < chain; i++) one(g * chain + i, i);
+            CK(cudaStreamEndCapture(st, &gr));
+            cudaGraphExec_t x;
+            CK(cudaGraphInstantiateWithFlags(&x, gr, 0));
+            CK(cudaGraphDestroy(gr));
+            gx.push_back(x);
+        }
+        for (size_t g = 0; g < gx.size(); g++) CK(cudaGraphLaunch(gx[g], st));
+    }
+    last = 0;
+    int k = 0;
+    for (int i = 0; i < 16; i++, k++) one(k, i % chain);
+    CK(cudaStreamSynchronize(st));
+    std::vector<double> t;
+    for (int smp = 0; smp < nsamp; smp++) {
+        hold_kernel<<<1, 1, 0, st>>>(graph ? 30000 : 20000 + 6000LL * chain);
+        last = 0;
+        CK(cudaEventRecord(e0, st));
+        if (graph)
+            CK(cudaGraphLaunch(gx[smp % gx.size()], st));
+        else
+            for (int i = 0; i < chain; i++, k++) one(k, i);
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms * 1e3 / chain);
+    }
+    CK(cudaGetLastError());
+    for (cudaGraphExec_t x : gx) CK(cudaGraphExecDestroy(x));
+    return median(t);
+}
+
+__global__ void gt_probe(long long *o, int n) {
+    for (int i = 0; i < n; i++) o[i] = gtimer();
+}
+
+static double pct(const std::vector<double> &v, double q) {
+    std::vector<double> w(v);
+    std::sort(w.begin(), w.end());
+    return w.empty() ? 0.0 : w[(size_t)(q * (w.size() - 1))];
+}
+
+static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, double copy_gbs) {
+    const int N = 4096, K = 4096, nsets = 32;
+    const size_t cbytes = (size_t)N * K / 2, sbytes = (size_t)N * K / 16, bytes = cbytes + sbytes;
+    const int sms = p.multiProcessorCount;
+    /* 1. %globaltimer */
+    {
+        const int n = 4096;
+        long long *d;
+        CK(cudaMalloc(&d, n * sizeof(long long)));
+        gt_probe<<<1, 1, 0, st>>>(d, n);
+        std::vector<long long> h(n);
+        CK(cudaMemcpy(h.data(), d, n * sizeof(long long), cudaMemcpyDeviceToHost));
+        long long mn = 1LL << 60;
+        int steps = 0;
+        for (int i = 1; i < n; i++)
+            if (h[i] != h[i - 1]) {
+                steps++;
+                mn = std::min(mn, h[i] - h[i - 1]);
+            }
+        printf("globaltimer: %d reads over %lld ns, %d distinct steps, smallest step %lld ns\n", n, h[n - 1] - h[0],
+               steps, steps ? mn : -1LL);
+        CK(cudaFree(d));
+    }
+    std::vector<uint8_t *> W(nsets), S(nsets);
+    for (int i = 0; i < nsets; i++) {
+        CK(cudaMalloc(&W[i], cbytes));
+        CK(cudaMalloc(&S[i], sbytes));
+        CK(cudaMemsetAsync(W[i], 0x37 + i, cbytes, st));
+        CK(cudaMemsetAsync(S[i], 0x30 + i, sbytes, st));
+    }
+    uint32_t *xin, *out;
+    CK(cudaMalloc(&xin, 8192));
+    CK(cudaMemset(xin, 0x5a, 8192));
+    CK(cudaMalloc(&out, 1 << 20));
+    ho_flags *fl;
+    CK(cudaMalloc(&fl, sizeof(ho_flags)));
+    CK(cudaMemset(fl, 0, sizeof(ho_flags)));
+    /* the counting form's total: device and host (cum) count the same blocks, never reset */
+    unsigned long long *tot, cum = 0;
+    CK(cudaMalloc(&tot, 128));
+    CK(cudaMemset(tot, 0, 128));
+    auto cmap = [&](int wait, int grid, unsigned long long &si, unsigned long long &so) {
+        if (wait != 3) return;
+        si = si ? cum : 0; /* 0: a head (griddepcontrol.wait) */
+        cum += (unsigned long long)grid;
+        so = cum;
+    };
+    auto errs = [&](const char *where) { /* flag waits that gave up (a protocol bug) */
+        CK(cudaStreamSynchronize(st));
+        ho_flags hf;
+        CK(cudaMemcpy(&hf, fl, sizeof hf, cudaMemcpyDeviceToHost));
+        printf("flag waits given up after 20 ms in %s: %u%s\n", where, hf.err, hf.err ? "  FAIL" : "");
+        CK(cudaMemset(fl, 0, sizeof(ho_flags)));
+    };
+    long long *trace;
+    const int tmax = 8 * 528 * 3;
+    CK(cudaMalloc(&trace, tmax * sizeof(long long)));
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, ch_kernel));
+    CK(cudaFuncSetAttribute(ch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)(p.sharedMemPerBlockOptin - fa.sharedSizeBytes)));
+    const size_t smem2 = (size_t)p.sharedMemPerMultiprocessor / 2 - 2048; /* 2 blocks an SM */
+    const size_t smem4 = (size_t)p.sharedMemPerMultiprocessor / 4 - 2048;
+
+    struct hrow {
+        const char *name;
+        int pdl, trig, wait, xr, sleep;
+    };
+    const hrow H[] = {{"trig first, gdc.wait, x (shipped)", 1, 0, 0, 1, 0},
+                      {"trig first, gdc.wait, no x", 1, 0, 0, 0, 0},
+                      {"trig last, gdc.wait, x", 1, 1, 0, 1, 0},
+                      {"no trigger, gdc.wait, x", 1, 2, 0, 1, 0},
+                      {"trig first, NO wait, x (bound)", 1, 0, 1, 1, 0},
+                      {"trig first, flag, x", 1, 0, 2, 1, 0},
+                      {"trig first, flag+sleep64, x", 1, 0, 2, 1, 64},
+                      {"no PDL (plain launch), x", 0, 2, 0, 1, 0},
+                      {"trig first, count (stream only), x", 1, 0, 3, 1, 0}};
+    auto mk = [&](const hrow &r, int R, int k, int call, unsigned long long si, unsigned long long so,
+                  long long *tr) {
+        ch_args a = {};
+        a.w = W[k % nsets];
+        a.sc = S[k % nsets];
+        a.K = K;
+        a.R = R;
+        a.trig = r.trig;
+        a.wait = r.wait;
+        a.xr = r.xr;
+        a.xin = xin;
+        a.out = out;
+        a.h.f = fl;
+        a.h.seq_in = si;
+        a.h.seq_out = so;
+        a.h.sleep = r.sleep;
+        a.h.tot = tot;
+        a.trace = tr;
+        a.call = call;
+        return a;
+    };
+    /* 2. the no-load sweep */
+    struct shp {
+        int grid, thr;
+        size_t smem;
+    };
+    const shp SH[] = {{1, 128, 0},   {1, 512, 0},   {1, 1024, 0},   {132, 128, 0}, {132, 512, 0},
+                      {132, 1024, 0}, {256, 128, 0}, {256, 512, 0},  {256, 1024, 0}, {528, 128, 0},
+                      {528, 512, 0}, {528, 1024, 0}, {256, 512, smem2}};
+    printf("no-load chain (R = 0): us a call; hold = stream behind a hold, graph = captured graph behind a hold\n");
+    printf("%5s %5s %5s  %-36s %8s %8s %8s %8s\n", "grid", "thr", "b/SM", "handoff", "hold8", "hold32", "graph8",
+           "graph32");
+    for (const shp &sh : SH) {
+        int occ = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ch_kernel, sh.thr, sh.smem));
+        for (const hrow &r : H) {
+            if (r.sleep && !(sh.grid == 256 && sh.smem)) continue;
+            auto lk = [&](int k, int call, unsigned long long si, unsigned long long so) {
+                cmap(r.wait, sh.grid, si, so);
+                return cu_launch_pdl(r.pdl, ch_kernel, dim3(sh.grid), dim3(sh.thr), sh.smem, st,
+                                     mk(r, 0, k, call, si, so, (long long *)nullptr));
+            };
+            printf("%5d %5d %5d  %-36s", sh.grid, sh.thr, occ, r.name);
+            for (int g = 0; g < 2; g++)
+                for (int chain : {8, 32})
+                    if (g && r.wait == 3)
+                        printf(" %8s", "-");
+                    else
+                        printf(" %8.2f", ho_time(st, e0, e1, g, chain, chain == 8 ? 100 : 30, lk));
+            printf("\n");
+            fflush(stdout);
+        }
+    }
+    errs("the no-load sweep");
+    /* 3. traces */
+    printf("traces: chain of 8 behind a hold, 40 samples, calls 1..7; ns, median [p10 p90]:\n"
+           "  start = first block of call i starts - last block of call i-1 ends (negative: launched early),\n"
+           "  wait0 / wait1 = first / last block's wait returns - last block of i-1 ends, end = last block ends - "
+           "last wait returns, period = last end - previous last end, early = blocks started before i-1 ended\n");
+    struct trow {
+        const char *name;
+        int R, grid, thr;
+        size_t smem;
+        int h;
+    };
+    const trow TR[] = {{"no-load 256x512 2/SM", 0, 256, 512, smem2, 0}, {"no-load 256x512 2/SM", 0, 256, 512, smem2, 5},
+                       {"no-load 256x512 2/SM", 0, 256, 512, smem2, 4}, {"no-load 256x512 2/SM", 0, 256, 512, smem2, 2},
+                       {"no-load 256x512 2/SM", 0, 256, 512, smem2, 7}, {"no-load 132x128", 0, 132, 128, 0, 0},
+                       {"no-load 132x128", 0, 132, 128, 0, 5},          {"no-load 1x128", 0, 1, 128, 0, 0},
+                       {"no-load 1x128", 0, 1, 128, 0, 5},              {"read 256x512 2/SM", 16, 256, 512, smem2, 0},
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 5},   {"read 256x512 4/SM", 16, 256, 512, smem4, 0},
+                       {"read 256x512 4/SM", 16, 256, 512, smem4, 5},  {"no-load 256x512 2/SM", 0, 256, 512, smem2, 8},
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 8}};
+    for (const trow &tr : TR) {
+        const hrow &r = H[tr.h];
+        std::vector<double> vs, vw0, vw1, ve, vp, ver;
+        std::vector<long long> ht((size_t)8 * tr.grid * 3);
+        for (int smp = 0; smp < 40; smp++) {
+            hold_kernel<<<1, 1, 0, st>>>(80000);
+            unsigned long long last = 0;
+            for (int i = 0; i < 8; i++) {
+                const unsigned long long so = ++g_seq;
+                unsigned long long si2 = last, so2 = so;
+                cmap(r.wait, tr.grid, si2, so2);
+                CK(cu_launch_pdl(r.pdl, ch_kernel, dim3(tr.grid), dim3(tr.thr), tr.smem, st,
+                                 mk(r, tr.R, smp * 8 + i, i, si2, so2, trace)));
+                last = so;
+            }
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(ht.data(), trace, ht.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+            for (int i = 1; i < 8; i++) {
+                long long pe = 0, s0 = 1LL << 62, w0 = 1LL << 62, w1 = 0, e1 = 0, pe2 = 0;
+                int early = 0;
+                for (int b = 0; b < tr.grid; b++) {
+                    pe = std::max(pe, ht[((size_t)(i - 1) * tr.grid + b) * 3 + 2]);
+                    if (i >= 2) pe2 = std::max(pe2, ht[((size_t)(i - 2) * tr.grid + b) * 3 + 2]);
+                }
+                for (int b = 0; b < tr.grid; b++) {
+                    const long long *q = &ht[((size_t)i * tr.grid + b) * 3];
+                    s0 = std::min(s0, q[0]);
+                    w0 = std::min(w0, q[1]);
+                    w1 = std::max(w1, q[1]);
+                    e1 = std::max(e1, q[2]);
+                    early += q[0] < pe;
+                }
+                vs.push_back((double)(s0 - pe));
+                vw0.push_back((double)(w0 - pe));
+                vw1.push_back((double)(w1 - pe));
+                ve.push_back((double)(e1 - w1));
+                vp.push_back((double)(e1 - pe));
+                ver.push_back(early);
+                (void)pe2;
+            }
+        }
+        printf("  %-22s %-36s start %6.0f [%6.0f %6.0f] wait0 %6.0f [%6.0f %6.0f] wait1 %6.0f [%6.0f %6.0f] "
+               "end %6.0f period %6.0f [%6.0f %6.0f] early %3.0f\n",
+               tr.name, r.name, pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1), pct(vw0, .9),
+               pct(vw1, .5), pct(vw1, .1), pct(vw1, .9), pct(ve, .5), pct(vp, .5), pct(vp, .1), pct(vp, .9),
+               pct(ver, .5));
+        fflush(stdout);
+    }
+    errs("the traces");
+    /* 4. the flag handoff on the pure read and the real GEMV (32 rotating sets, 2 blocks an SM) */
+    __nv_bfloat16 *x, *y;
+    CK(cudaMalloc(&x, (size_t)K * 2));
+    CK(cudaMalloc(&y, (size_t)N * 2));
+    CK(cudaMemsetAsync(x, 0x3c, (size_t)K * 2, st));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    printf("flag handoff vs griddepcontrol.wait, [4096 x 4096] on 32 rotating sets; us a call (%% of copy %.0f GB/s)\n",
+           copy_gbs);
+    printf("%-44s %16s %16s %16s %16s\n", "kernel", "hold8", "hold32", "graph8", "graph32");
+    struct frow {
+        const char *name;
+        int kind, h; /* kind 0: pure read 2/SM, 1: pure read 4/SM, 2: real GEMV, 3: real without decode; h: H row,
+                      * or for the GEMV 0 gdc.wait / 1 flag / 2 no wait */
+    };
+    const frow FR[] = {{"pure read 2/SM, gdc.wait", 0, 0},     {"pure read 2/SM, flag", 0, 5},
+                       {"pure read 2/SM, flag+sleep64", 0, 6}, {"pure read 2/SM, NO wait (bound)", 0, 4},
+                       {"pure read 2/SM, count (stream only)", 0, 8},
+                       {"pure read 4/SM, gdc.wait", 1, 0},     {"pure read 4/SM, flag", 1, 5},
+                       {"real fp4_gemv1t<16,2,0>, gdc.wait", 2, 0}, {"real, flag", 2, 1},
+                       {"real, NO wait (bound, wrong)", 2, 2},  {"real, count (stream only)", 2, 3},  {"real DEC=0, gdc.wait", 3, 0},
+                       {"real DEC=0, flag", 3, 1},             {"real, gdc.wait again", 2, 0},
+                       {"real, flag again", 2, 1}};
+    const dim3 g_(N / 16), b_(512);
+    for (const frow &fr : FR) {
+        auto lk = [&](int k, int call, unsigned long long si, unsigned long long so) -> cudaError_t {
+            const int s_ = k % nsets;
+            cmap(fr.kind <= 1 ? H[fr.h].wait : fr.h, N / 16, si, so);
+            if (fr.kind <= 1)
+                return cu_launch_pdl(1, ch_kernel, dim3(N / 16), dim3(512), fr.kind ? smem4 : smem2, st,
+                                     mk(H[fr.h], 16, k, call, si, so, (long long *)nullptr));
+            ho_hand h = {fl, si, so, 0, 0u, 0, tot};
+            if (fr.h == 3)
+                return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 3>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+            const dim3 g = g_, b = b_;
+            if (fr.kind == 3)
+                return fr.h ? cu_launch_pdl(1, gv_kernel<0, 0, 16, 2, 2, 1>, g, b, GK_PAD, st, N, K,
+                                            (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                            1.0f, y, h)
+                            : cu_launch_pdl(1, gv_kernel<0, 0, 16, 2, 2, 0>, g, b, GK_PAD, st, N, K,
+                                            (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                            1.0f, y, h);
+            if (fr.h == 1)
+                return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 1>, g, b, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+            if (fr.h == 2)
+                return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 2>, g, b, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+            return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 0>, g, b, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                 (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+        };
+        printf("%-44s", fr.name);
+        const bool cnt = fr.kind <= 1 ? H[fr.h].wait == 3 : fr.h == 3;
+        for (int g = 0; g < 2; g++)
+            for (int chain : {8, 32}) {
+                if (g && cnt) {
+                    printf(" %16s", "-");
+                    continue;
+                }
+                const double us = ho_time(st, e0, e1, g, chain, chain == 8 ? 200 : 60, lk);
+                printf(" %8.2f (%4.1f%%)", us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+            }
+        printf("\n");
+        fflush(stdout);
+    }
+    errs("the flag timing");
+    /* 4b. traces of the real GEMV (cold, 32 rotating sets, chain of 8 behind a hold, calls 1..7) */
+    {
+        printf("traces of the real GEMV, ns, median [p10 p90] over calls 1..7 of 40 chains: start / wait0 / wait1 "
+               "as above, dec0 / dec1 = first / last block's warp 0 done with its chunk steps - last block of i-1 "
+               "ends, period\n");
+        const int G = N / 16;
+        std::vector<long long> ht((size_t)8 * G * 4);
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        for (int ho : {0, 1}) {
+            std::vector<double> vs, vw0, vw1, vd0, vd1, vp;
+            for (int smp = 0; smp < 40; smp++) {
+                hold_kernel<<<1, 1, 0, st>>>(80000);
+                unsigned long long last = 0;
+                for (int i = 0; i < 8; i++) {
+                    const unsigned long long so = ++g_seq;
+                    const int s_ = (smp * 8 + i) % nsets;
+                    ho_hand h = {fl, last, so, 0, 0u, 0, tot, trace, i};
+                    if (ho)
+                        CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 1, 1>, g_, b_, GK_PAD, st, N, K,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                         1.0f, y, h));
+                    else
+                        CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 0, 1>, g_, b_, GK_PAD, st, N, K,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                         1.0f, y, h));
+                    last = so;
+                }
+                CK(cudaStreamSynchronize(st));
+                CK(cudaMemcpy(ht.data(), trace, ht.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+                for (int i = 1; i < 8; i++) {
+                    long long pe = 0, pe2 = 0, s0 = 1LL << 62, w0 = 1LL << 62, w1 = 0, d0 = 1LL << 62, d1 = 0;
+                    for (int b = 0; b < G; b++) pe = std::max(pe, ht[((size_t)(i - 1) * G + b) * 4 + 3]);
+                    for (int b = 0; b < G; b++) {
+                        const long long *q = &ht[((size_t)i * G + b) * 4];
+                        s0 = std::min(s0, q[0]);
+                        w0 = std::min(w0, q[1]);
+                        w1 = std::max(w1, q[1]);
+                        d0 = std::min(d0, q[2]);
+                        d1 = std::max(d1, q[2]);
+                        pe2 = std::max(pe2, q[3]);
+                    }
+                    vs.push_back((double)(s0 - pe));
+                    vw0.push_back((double)(w0 - pe));
+                    vw1.push_back((double)(w1 - pe));
+                    vd0.push_back((double)(d0 - pe));
+                    vd1.push_back((double)(d1 - pe));
+                    vp.push_back((double)(pe2 - pe));
+                }
+            }
+            printf("  real GEMV %-10s start %6.0f [%6.0f %6.0f] wait0 %6.0f [%6.0f %6.0f] wait1 %6.0f [%6.0f %6.0f] "
+                   "dec0 %6.0f dec1 %6.0f [%6.0f %6.0f] period %6.0f [%6.0f %6.0f]\n",
+                   ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
+                   pct(vw0, .9), pct(vw1, .5), pct(vw1, .1), pct(vw1, .9), pct(vd0, .5), pct(vd1, .5), pct(vd1, .1),
+                   pct(vd1, .9), pct(vp, .5), pct(vp, .1), pct(vp, .9));
+            fflush(stdout);
+        }
+        errs("the GEMV traces");
+    }
+    /* 5. exactness: call j reads B[in(j)] and writes B[out(j)]: B0 (x, constant) -> B1 -> B2 -> B1 ... */
+    {
+        const int ns = 4, L = 32, LG = 16;
+        std::vector<uint8_t> hw(cbytes), hs(sbytes);
+        uint32_t rs = 777u;
+        auto rnd = [&]() { rs = rs * 1664525u + 1013904223u; return rs >> 8; };
+        std::vector<uint8_t *> RW(ns), RS(ns);
+        for (int i = 0; i < ns; i++) {
+            for (size_t j = 0; j < cbytes; j++) hw[j] = (uint8_t)rnd();
+            for (size_t j = 0; j < sbytes; j++) hs[j] = (uint8_t)(0x28 + rnd() % 0x20);
+            CK(cudaMalloc(&RW[i], cbytes));
+            CK(cudaMalloc(&RS[i], sbytes));
+            CK(cudaMemcpy(RW[i], hw.data(), cbytes, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(RS[i], hs.data(), sbytes, cudaMemcpyHostToDevice));
+        }
+        std::vector<__nv_bfloat16> hx(K);
+        for (int i = 0; i < K; i++) hx[i] = __float2bfloat16(((int)(rnd() % 20001) - 10000) / 5000.f);
+        __nv_bfloat16 *B[3];
+        for (int i = 0; i < 3; i++) CK(cudaMalloc(&B[i], (size_t)K * 2));
+        CK(cudaMemcpy(B[0], hx.data(), (size_t)K * 2, cudaMemcpyHostToDevice));
+        const float scale2 = 1.f / 160.f;
+        auto in_of = [&](int j) { return j == 0 ? B[0] : B[1 + (j - 1) % 2]; };
+        auto out_of = [&](int j) { return B[1 + j % 2]; };
+        auto gvx = [&](int ho, int pdl, int j, ho_hand h) -> cudaError_t {
+            const dim3 g(N / 16), b(512);
+            const __nv_bfloat16 *xi = in_of(j);
+            const uint8_t *w_ = RW[j % ns], *s_ = RS[j % ns];
+            if (ho == 1)
+                return cu_launch_pdl(pdl, gv_kernel<0, 1, 16, 2, 2, 1>, g, b, GK_PAD, st, N, K, xi, w_, s_, scale2,
+                                     out_of(j), h);
+            if (ho == 2)
+                return cu_launch_pdl(pdl, gv_kernel<0, 1, 16, 2, 2, 2>, g, b, GK_PAD, st, N, K, xi, w_, s_, scale2,
+                                     out_of(j), h);
+            return cu_launch_pdl(pdl, gv_kernel<0, 1, 16, 2, 2, 0>, g, b, GK_PAD, st, N, K, xi, w_, s_, scale2,
+                                 out_of(j), h);
+        };
+        std::vector<__nv_bfloat16> ref(N), refg(N), got(N);
+        for (int j = 0; j < L; j++) {
+            CK(gvx(0, 0, j, ho_hand{}));
+            CK(cudaStreamSynchronize(st));
+            if (j == LG - 1) CK(cudaMemcpy(refg.data(), out_of(j), (size_t)N * 2, cudaMemcpyDeviceToHost));
+        }
+        CK(cudaMemcpy(ref.data(), out_of(L - 1), (size_t)N * 2, cudaMemcpyDeviceToHost));
+        int nan = 0, zero = 0;
+        for (int i = 0; i < N; i++) {
+            const float v = __bfloat162float(ref[i]);
+            nan += !(v == v) || fabsf(v) > 1e30f;
+            zero += v == 0.f;
+        }
+        auto diff = [&](const std::vector<__nv_bfloat16> &r) {
+            CK(cudaMemcpy(got.data(), out_of(r.data() == ref.data() ? L - 1 : LG - 1), (size_t)N * 2,
+                          cudaMemcpyDeviceToHost));
+            int d = 0;
+            for (int i = 0; i < N; i++) d += memcmp(&got[i], &r[i], 2) != 0;
+            return d;
+        };
+        auto poison = [&]() {
+            CK(cudaMemsetAsync(B[1], 0x7f, (size_t)K * 2, st));
+            CK(cudaMemsetAsync(B[2], 0x7f, (size_t)K * 2, st));
+        };
+        printf("exactness: [4096 x 4096] chained on its own output (%d calls eager, %d in a graph), 4 random weight "
+               "sets, vs the synced run bit for bit (reference: %d non-finite, %d zero of %d)\n",
+               L, LG, nan, zero, N);
+        /* eager: reps chains of L behind a hold, every 4th call delays one block 20 us */
+        for (int ho : {0, 1, 2}) {
+            int bad = 0, worst = 0;
+            for (int rep = 0; rep < 12; rep++) {
+                poison();
+                hold_kernel<<<1, 1, 0, st>>>(250000);
+                unsigned long long last = 0;
+                for (int j = 0; j < L; j++) {
+                    const unsigned long long so = ++g_seq;
+                    ho_hand h = {fl, last, so, (rep * 37 + j * 11) % 256, j % 4 == 1 ? 20000u : 0u, 0};
+                    CK(gvx(ho, 1, j, h));
+                    last = so;
+                }
+                CK(cudaStreamSynchronize(st));
+                const int d = diff(ref);
+                bad += d != 0;
+                worst = std::max(worst, d);
+            }
+            printf("  eager %-26s 12 chains of %d: %d differ (worst %d of %d elements)%s\n",
+                   ho == 0 ? "gdc.wait (shipped)" : ho == 1 ? "flag handoff" : "NO wait (negative control)", L, bad,
+                   worst, N, ho == 2 ? (bad ? "  [control caught]" : "  [control NOT caught]") : bad ? "  FAIL" : "  ok");
+        }
+        /* graph: LG calls captured once (head first, delays baked), replayed */
+        for (int ho : {1, 2}) {
+            cudaGraph_t gr;
+            cudaGraphExec_t gx;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            unsigned long long last = 0;
+            for (int j = 0; j < LG; j++) {
+                const unsigned long long so = ++g_seq;
+                ho_hand h = {fl, last, so, (j * 53) % 256, j % 4 == 2 ? 20000u : 0u, 0};
+                CK(gvx(ho, 1, j, h));
+                last = so;
+            }
+            CK(cudaStreamEndCapture(st, &gr));
+            CK(cudaGraphInstantiateWithFlags(&gx, gr, 0));
+            int bad1 = 0, worst = 0;
+            for (int rep = 0; rep < 20; rep++) { /* poisoned, one replay, compare */
+                poison();
+                hold_kernel<<<1, 1, 0, st>>>(20000);
+                CK(cudaGraphLaunch(gx, st));
+                CK(cudaStreamSynchronize(st));
+                const int d = diff(refg);
+                bad1 += d != 0;
+                worst = std::max(worst, d);
+            }
+            int bad2 = 0;
+            for (int rep = 0; rep < 10; rep++) { /* 30 replays back to back, compare the last */
+                poison();
+                for (int i = 0; i < 30; i++) CK(cudaGraphLaunch(gx, st));
+                CK(cudaStreamSynchronize(st));
+                bad2 += diff(refg) != 0;
+            }
+            printf("  graph %-26s 20 single replays: %d differ (worst %d); 10 x 30 back-to-back replays: %d differ%s\n",
+                   ho == 1 ? "flag handoff" : "NO wait (negative control)", bad1, worst, bad2,
+                   ho == 2 ? ((bad1 || bad2) ? "  [control caught]" : "  [control NOT caught]")
+                           : (bad1 || bad2) ? "  FAIL" : "  ok");
+            CK(cudaGraphExecDestroy(gx));
+            CK(cudaGraphDestroy(gr));
+        }
+        CK(cudaGetLastError());
+    }
+    errs("the exactness check (the no-wait control never waits)");
+    (void)sms;
     return 0;
 }

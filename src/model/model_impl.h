@@ -3,7 +3,8 @@
  * per-architecture files model_qwen3.c (attention, dense MLP, MoE: Qwen3,
  * Qwen3-MoE and the full-attention layers of the hybrids) and
  * model_qwen3_next.c (Gated DeltaNet layers of Qwen3-Next and Qwen3.5), and
- * model_tp.c (tensor-parallel ranks: weight slices, all-reduce).
+ * model_tp.c (tensor-parallel ranks: weight slices, all-reduce) and
+ * model_backends.c (the lm_head's backend selection, the named-backend check).
  * Internal to src/model.
  */
 #ifndef LS_MODEL_IMPL_H
@@ -153,8 +154,16 @@ struct model {
     int n_lm_ban;
 };
 
+/* ---- backend selection (model_backends.c) -------------------------------- */
+
+/* The banned backends of model_opts on m->ops ("lm_head:NAME" bans the lm_head's fallbacks
+ * only) and the lm_head's own plan (model_opts.lm_head_backend), at open. */
+int mdl_lm_select(model *m, const dev_info *d, const model_opts *o, ls_err *e);
 /* The selection the lm_head runs with: &m->ops, or tmp filled from it with the lm_head's plan. */
 const ops_sel *mdl_lm_ops(const model *m, ops_sel *tmp);
+/* ERR_INVAL naming the flag, plan and layer when a backend named on the command line cannot
+ * run one of the model's shapes (checked at open, after binding and tp_build). */
+int mdl_check_named_backends(const model *m, ls_err *e);
 
 /* ---- binding helpers (model.c) ------------------------------------------ */
 

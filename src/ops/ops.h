@@ -277,6 +277,17 @@ typedef struct gdn_args {
     act_dtype dt;
     const gdn_seq *seqs_host; /* [n_seq] the same sequences as seqs, in host memory (== seqs on the
                                  CPU); for host-side planning only */
+    /* (additive, optional) The layer's gated output norm, for a backend that can fuse it:
+     * with z, norm_w and norm_done set, a backend MAY write into out, instead of o,
+     *   y = (norm_w · rmsnorm(o_j)) · silu(z_j) per token and v head j
+     * (small_ops.rmsnorm_gated on the dt-rounded o, eps norm_eps) and then set
+     * *norm_done = 1. It leaves *norm_done alone otherwise: the caller sets it to 0 and
+     * runs rmsnorm_gated itself when it stays 0. Backends that ignore these fields stay
+     * correct. */
+    const void *z;        /* [n_tok, nv, dv] */
+    const float *norm_w;  /* [dv] */
+    float norm_eps;
+    int *norm_done;       /* host memory */
 } gdn_args;
 
 typedef struct gdn_impl {

@@ -1,9 +1,11 @@
-/* moe_int.cuh: what the moe family's two CUDA files share (never included from C):
- * moe.cu (cuda_expert_loop) and moe_fused.cu (cuda_fused_decode). The size limits,
- * the shape and weight checks, warp helpers, and the routing of one token (softmax
- * over E, top-k, renormalisation, the shared expert's sigmoid gate) as the body of
- * a block of TOPK_W warps, moe_topk_block (each file wraps it in its own kernel).
- * Everything here is static or inline: each file compiles its own copy.
+/* moe_int.cuh: what the moe family's CUDA files share (never included from C):
+ * moe.cu (cuda_expert_loop), moe_fused.cu (cuda_fused_decode), moe_grouped.cu and
+ * moe_mid.cu (cuda_grouped_gemm). The size limits, the shape and weight checks, warp
+ * helpers, and the routing of one token (softmax over E, top-k, renormalisation, the
+ * shared expert's sigmoid gate) as the body of a block of TOPK_W warps, moe_topk_block
+ * (each file wraps it in its own kernel): static or inline, each file compiles its own
+ * copy. Last, cuda_grouped_gemm's expert table and the launchers of its mid-batch path,
+ * defined in moe_mid.cu and called by moe_grouped.cu.
  */
 #ifndef LS_MOE_INT_CUH
 #define LS_MOE_INT_CUH
@@ -180,5 +182,44 @@ __device__ __forceinline__ void moe_topk_block(int m, int H, int E, int k, int n
     }
     if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
 }
+
+/* ---- cuda_grouped_gemm: moe_grouped.cu and its mid-batch path, moe_mid.cu ---------- */
+
+/* One expert's weights for the kernels; entry E is the shared expert. */
+typedef struct mg_expert {
+    const uint8_t *w[3]; /* gate [I, H/2], up [I, H/2], down [H, I/2] E2M1 codes */
+    const uint8_t *s[3]; /* E4M3 block scales [I, H/16], [I, H/16], [H, I/16] */
+    float s2[3];         /* weight_scale_2 of gate, up, down */
+    int inter;           /* I of this expert (rows of gate/up, K of down) */
+} mg_expert;
+
+/* The mid-batch launchers (moe_mid.cu, where each is described). Arguments as
+ * mg_gemm_kernel's: tab [E + 1] on the device, the plan's tile_e [tiles], perm [tiles·16],
+ * nt [2] (all tiles, routed tiles), x [M, H], hbuf [R, ldh], wts [M, k + 1], dbuf
+ * [M·(k + 1), H]; sh_only: the shared expert's tiles nt[1] .. only. */
+typedef struct mv_cfg {
+    int kw, per, rt;
+} mv_cfg;
+/* mv_kernel's instance for K of the gate/up (gateup) or down GEMM, {0} when none */
+mv_cfg mv_pick(bool gateup, int K);
+template <bool GATEUP>
+cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
+                      const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                      const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st);
+/* mvd_kernel's PER for K, 0 when there is no instance */
+int mvd_per(int K);
+cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                       bf16 *dbuf, int pdl, cudaStream_t st);
+/* mvb_kernel's PER for K, 0 when there is no instance */
+int mvb_per(int K);
+template <bool GATEUP>
+cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e,
+                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                       const float *wts, bf16 *dbuf, cudaStream_t st);
+/* the router logits [M, E] fp32 by mr_kernel; 0 = no instance fits (not launched), else 1
+ * with the launch's status in *c */
+int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
+              cudaError_t *c);
 
 #endif

@@ -583,6 +583,7 @@ static int bench(void) {
         {"T 0.7 top_k 20", 0.7f, 20, 1.f, 0.f},
         {"T 0.7 top_k 20 min_p 0.05", 0.7f, 20, 1.f, 0.05f},
         {"T 0.7 top_p 0.8 min_p 0.05", 0.7f, -1, 0.8f, 0.05f},
+        {"T 0.7 (no filter)", 0.7f, -1, 1.f, 0.f}, /* the passes around the thresholds: max, Z, draw */
     };
     for (int data = 0; data < 2; data++) {
         srand(9);

@@ -1014,6 +1014,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
+    /* FAST: the row's maximum during the widen too, when nothing edits the row (m below) */
+    const int track = fast || (FAST && !edits);
 
     /* 1. widen, NaN/Inf scan (and the plain-greedy argmax). A thread visits its ids in
      * ascending order either way (16-byte vectors g, g + SMW_G, ... when the row allows, else
@@ -1035,7 +1037,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
                 const int i = q * VW + k;
                 if (i == poison) v[k] = __int_as_float(0x7fc00000);
                 if (!isfinite(v[k])) bad = min(bad, i);
-                if (fast && v[k] > fv) { fv = v[k]; fi = i; }
+                if (track && v[k] > fv) { fv = v[k]; fi = i; }
             }
             if (!fast)
 #pragma unroll
@@ -1047,11 +1049,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
             float v = load_logit<T>(x, i);
             if (i == poison) v = __int_as_float(0x7fc00000);
             if (!isfinite(v)) bad = min(bad, i);
-            if (fast) {
-                if (v > fv) { fv = v; fi = i; }
-            } else {
-                w[i] = v;
-            }
+            if (track && v > fv) { fv = v; fi = i; }
+            if (!fast) w[i] = v;
         }
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
@@ -1126,12 +1125,21 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const int scale = temp != 1.f;
     const float inv = 1.f / temp;
     float m = -INFINITY;
-    w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
-    m = cl_max(m, sh, c);
-    double z1[1] = {0};
-    w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
-    cl_sum_dn<1>(z1, sh, c);
-    const double Z = z1[0];
+    if (track) { /* x · inv rounds monotonically: the largest scaled logit is the largest's, scaled */
+        m = scaled(fv, inv, scale);
+    } else {
+        w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
+        m = cl_max(m, sh, c);
+    }
+    /* FAST with a draw: Z in the draw's pass over the row instead (the thresholds do not need it) */
+    const int z_in_draw = FAST && token < 0;
+    double Z = 0;
+    if (!z_in_draw) {
+        double z1[1] = {0};
+        w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
+        cl_sum_dn<1>(z1, sh, c);
+        Z = z1[0];
+    }
 
     /* 5-6. filter and draw */
     if (token < 0) {
@@ -1161,13 +1169,15 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
         const float min_p = p.min_p;
         /* segment sums in id order: global thread g owns [g·S, (g+1)·S) */
         const int S = (V + SMW_G - 1) / SMW_G, i0 = min(V, g * S), i1 = min(V, i0 + S);
-        double seg = 0;
+        double seg = 0, zs = 0;
         int last = -1;
         for (int i = i0; i < i1; i++) {
             float s = scaled(w[i], inv, scale);
-            if (rank_key(s, i) < thr) continue; /* the exp only for the kept keys: the same sums */
+            const bool kept = rank_key(s, i) >= thr;
+            if (!FAST && !kept) continue; /* the exp only where needed: the same sums */
             float ex = expf(s - m);
-            if (!(min_p > 0.f) || ex >= min_p) { seg += (double)ex; last = i; }
+            if (FAST) zs += (double)ex;
+            if (kept && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
         }
         /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
          * mass of the warps before global warp k, every block computing the same e */
@@ -1233,6 +1243,11 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
         cl_argmax_min_max(dv, did, pick, last, sh, c);
         token = pick != INT_MAX ? pick : last; /* last: the last candidate, for a target past the total */
         if (token < 0) token = 0;              /* nothing kept: every logit banned to -inf */
+        if (z_in_draw) { /* the segments' sums of every exp, in the cluster's fixed order */
+            double z1[1] = {zs};
+            cl_sum_dn<1>(z1, sh, c);
+            Z = z1[0];
+        }
     }
 
     /* 7. logprobs */

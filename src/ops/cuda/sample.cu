@@ -990,8 +990,8 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
-template <typename T, bool VEC, bool FAST>
-__global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
+template <typename T, bool VEC, bool FAST, int MINB>
+__global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out) {
     __shared__ smw_shared sh;
@@ -1326,20 +1326,22 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-template <bool FAST>
+/* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
+ * clusters fit the GPU in one wave; test-only until a device round times it) */
+template <bool FAST, int MINB>
 static void wide_kernels(const sample_args *a, cudaStream_t st, int vec) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
     if (a->dt == ACT_BF16 && vec)
-        smw_row_kernel<bf16, true, FAST><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+        smw_row_kernel<bf16, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
                                                                   a->work, a->out);
     else if (a->dt == ACT_BF16)
-        smw_row_kernel<bf16, false, FAST><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+        smw_row_kernel<bf16, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
                                                                    a->work, a->out);
     else if (vec)
-        smw_row_kernel<float, true, FAST><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
+        smw_row_kernel<float, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
                                                                    a->work, a->out);
     else
-        smw_row_kernel<float, false, FAST><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
+        smw_row_kernel<float, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
                                                                     a->toks, a->work, a->out);
 }
 
@@ -1348,8 +1350,9 @@ static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, ls_
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
-    if (fast) wide_kernels<true>(a, st, 1); /* the fast form's passes are 16-byte ones where the row allows */
-    else wide_kernels<false>(a, st, vec);
+    if (fast == 2) wide_kernels<true, 2>(a, st, 1);
+    else if (fast) wide_kernels<true, 1>(a, st, 1); /* the fast form's passes are 16-byte ones where the row allows */
+    else wide_kernels<false, 1>(a, st, vec);
     CU_LAUNCHED(e, fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)" : "sampling on CUDA (a cluster a row)");
     return 0;
 }
@@ -1367,6 +1370,7 @@ static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
 
 static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 0, e); }
 static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, e); }
+static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 2, e); }
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -1383,3 +1387,4 @@ extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA,
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
 extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
+extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};

@@ -15,10 +15,11 @@
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
 #    give the same ids).
-# 3. Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA logits of
-#    each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit) and 12
-#    greedy tokens, CUDA graphs == eager.
-# 4. (time left) ncu list of one 8-layer decode step, all switches on, eager, as decprof.sh.
+# 3. (time left; STEPFUSE_NO_NCU=1: skipped) ncu list of one 8-layer decode step, all switches
+#    on, eager, as decprof.sh makes it.
+# 4. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
+#    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
+#    and 12 greedy tokens, CUDA graphs == eager.
 # Each step is bounded by `timeout`; the whole script stays under 120 s.
 set -u
 BIN=${1:?usage: stepfuse.sh BIN OUTDIR}
@@ -83,10 +84,27 @@ for v in "${VARIANTS[@]}"; do
 done
 for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
 
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -z "${STEPFUSE_NO_NCU:-}" ]; then
+    tag=m1-all
+    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
+    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
+        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
+    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
+        timeout 15 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>"$OUT/ncu-$tag.csv.err"
+        timeout 10 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" ||
+            head -c 400 "$OUT/ncu-$tag.csv.err"
+    fi
+fi
 FIX=$D/fixtures/models
-if [ "$(left)" -gt 30 ]; then
+if [ "$(left)" -gt 20 ]; then
     echo "== fixtures: CUDA logits of each variant vs the defaults', 12 greedy tokens graphs == eager $(el)"
-    timeout 25 python3 - "$BIN" "$FIX" "${VARIANTS[@]:1}" <<'PY'
+    timeout $(( $(left) - 2 )) python3 - "$BIN" "$FIX" "${VARIANTS[@]:1}" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, VARS = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -122,21 +140,4 @@ PY
     echo "rc=$? $(el)"
 fi
 
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
-    tag=m1-all
-    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
-    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
-        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
-        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
-    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
-        timeout 15 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>"$OUT/ncu-$tag.csv.err"
-        timeout 10 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" ||
-            head -c 400 "$OUT/ncu-$tag.csv.err"
-    fi
-fi
 echo "total $(( $(date +%s) - T0 )) s"

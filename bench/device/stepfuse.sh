@@ -9,15 +9,17 @@
 # The session's switches (SWITCHES below, each off by default until a round validates it)
 # are timed off / each on / all on.
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
-#    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda, test_small_cuda.
+#    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
+#    add_rmsnorm + run_multi, bitwise), test_small_cuda.
 # 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
 #    give the same ids).
-# 3. Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA logits of
-#    each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit) and 12
-#    greedy tokens, CUDA graphs == eager.
-# 4. (time left) ncu list of one 8-layer decode step, all switches on, eager, as decprof.sh.
+# 3. (time left; STEPFUSE_NO_NCU=1: skipped) ncu list of one 8-layer decode step, all switches
+#    on, eager, as decprof.sh makes it.
+# 4. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
+#    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
+#    and 12 greedy tokens, CUDA graphs == eager.
 # Each step is bounded by `timeout`; the whole script stays under 120 s.
 set -u
 BIN=${1:?usage: stepfuse.sh BIN OUTDIR}
@@ -39,8 +41,10 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 # SWITCHES: "tag:VAR=V ...": norm = the gated norm inside gd_kernel (gdn_decode.cu);
 # fill2 = cuda_gemv's K split for the under-filling [2048 x 4096] projections (gemv.cu);
 # ck64 = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128: twice
-# the blocks on a 641-token context (12 -> 22), more partials for fp_merge_rows
-SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fill2:LASTSTAND_GEMV_FILL=2" "ck64:LASTSTAND_FP_CHUNK=64")
+# the blocks on a 641-token context (12 -> 22), more partials for fp_merge_rows;
+# pre = the residual add + input norm inside the layer's grouped in-projection GEMV (gemv.cu)
+SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fill2:LASTSTAND_GEMV_FILL=2" "ck64:LASTSTAND_FP_CHUNK=64"
+          "pre:LASTSTAND_GEMV_PRENORM=1")
 ALL=""
 for v in "${SWITCHES[@]}"; do ALL="$ALL ${v#*:}"; done
 VARIANTS=("base:" "${SWITCHES[@]}" "all:$ALL")
@@ -80,10 +84,27 @@ for v in "${VARIANTS[@]}"; do
 done
 for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
 
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -z "${STEPFUSE_NO_NCU:-}" ]; then
+    tag=m1-all
+    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
+    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
+        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
+    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
+        timeout 15 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>"$OUT/ncu-$tag.csv.err"
+        timeout 10 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" ||
+            head -c 400 "$OUT/ncu-$tag.csv.err"
+    fi
+fi
 FIX=$D/fixtures/models
-if [ "$(left)" -gt 30 ]; then
+if [ "$(left)" -gt 20 ]; then
     echo "== fixtures: CUDA logits of each variant vs the defaults', 12 greedy tokens graphs == eager $(el)"
-    timeout 25 python3 - "$BIN" "$FIX" "${VARIANTS[@]:1}" <<'PY'
+    timeout $(( $(left) - 2 )) python3 - "$BIN" "$FIX" "${VARIANTS[@]:1}" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX, VARS = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -119,21 +140,4 @@ PY
     echo "rc=$? $(el)"
 fi
 
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
-    tag=m1-all
-    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
-    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
-        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
-        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
-    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
-        timeout 15 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>"$OUT/ncu-$tag.csv.err"
-        timeout 10 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" ||
-            head -c 400 "$OUT/ncu-$tag.csv.err"
-    fi
-fi
 echo "total $(( $(date +%s) - T0 )) s"

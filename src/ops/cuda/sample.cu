@@ -1107,8 +1107,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
 
-    /* 3. greedy */
-    if (greedy) {
+    /* 3. greedy (the widen's argmax when it tracked one: the same ids, the same tie rule) */
+    if (greedy && track) {
+        token = fi;
+    } else if (greedy) {
         float bv = -INFINITY;
         int bi = 0, lo = INT_MAX, hi = INT_MIN;
         w_each<VEC>(w, V, g, [&](int i, float v) {

@@ -673,19 +673,23 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
 /* ---- top_k / top_p without the descent (LASTSTAND_SAMPLE_FAST=1, smw_row_kernel<.., FAST>) ----
  *
  * The threshold search of cl_key_descent in wide digits: a pass over the work row builds an
- * SMF_NB-bin histogram of the next digit of the rank key (counts, and with MASS the masses
- * exp(s - m) in fixed point) over the keys still in the range [P, P + 2^rbits) and at or above
- * the floor, the cluster merges it (block r sums slice r of the bins over the 8 blocks through
- * distributed shared memory, then every block reads the slice totals and the chosen slice),
- * and the scan from the top bin picks the bin where the measure above reaches the target. The
- * digits: 11, 11, 10 bits of the value half, then the id half only below the highest bit of
- * V - 1 (ids < V: the complement's bits above it are all ones), at most 11 bits a pass. A
- * search ends when the chosen bin holds one token (the cut is at or below it), when a count
- * takes the whole bin, or when the bin holds at most SMF_CAP tokens: those are compacted into
- * shared memory (each block its own, then every block gathers all of them in rank order) and
- * the exact threshold is found there by ranking each candidate against the others (the
- * count and the mass of the keys above it: integer sums, order-free). top_p after a top_k of
- * at most SMF_CAP tokens skips the histograms: its candidates are exactly the top_k set.
+ * SMF_NB-bin histogram of the next digit of the rank key (counts, with MASS the masses exp(s -
+ * m) in fixed point, and in the value half each bin's least and largest value) over the keys
+ * still in the range [P, P + 2^rbits) and at or above the floor; the cluster merges it (block r
+ * sums slice r of the bins over the 8 blocks through distributed shared memory, then every
+ * block reads the slice totals and the chosen slice), and the scan from the top bin picks the
+ * bin where the measure above reaches the target. The digits: 10 bits a pass of the value half
+ * (sign, exponent, mantissa), then of the id half only below the highest bit of V - 1 (ids < V:
+ * the complement's bits above it are all ones); a bin that holds one value (BF16 logits: ties
+ * by the hundred) goes straight to the id half. A search ends when the chosen bin holds one
+ * token (the cut is that token), when a count takes the whole bin, or when the bin holds at
+ * most SMF_CAP tokens: those are compacted into shared memory (each block its own list, then
+ * every block gathers all of them in rank order) and the exact threshold is found there by
+ * ranking each candidate against the others (the count and the mass of the keys above it:
+ * integer sums, order-free). A top_k of at most SMF_CAP with a top_p after it gathers every key
+ * from its bin up (when they are at most SMF_CAP) with their masses, and the top_p is ranked
+ * among those at or above the top_k threshold without another pass (or with one compaction
+ * pass of exactly the top_k set when the top_k search ended on a bin).
  *
  * Masses in fixed point: fx = round(expf(s - m) · 2^40) as an unsigned 64-bit integer (expf
  * <= 1 since s <= m, and the top token's is exactly 1: fx = 2^40; V · 2^40 < 2^64 for V < 2^24),
@@ -702,24 +706,29 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
  * both forms follow). Tokens with exp(s - m) < 2^-41 (s - m < -28.4) weigh zero here: a
  * nucleus reaches them only when top_p · base is within V · 2^-41 of the base, i.e. for no
  * float top_p < 1 but 0.99999994; they are drawn with probability < 2^-41 each anyway. */
-enum { SMF_BITS = 11, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256 };
-static_assert((int)SMF_SL == 256 && (int)SMF_SL <= (int)SMP_T, "block r merges slice r of the bins, one bin a thread");
+enum { SMF_BITS = 10, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256 };
+static_assert((int)SMF_SL == 4 * 32 && (int)SMF_SL <= (int)SMP_T, "block r merges slice r (one bin a thread); a lane scans 4");
 
 typedef unsigned long long u64s; /* the atomics' type */
 
 typedef struct smf_shared {
-    unsigned cnt[SMF_NB];     /* this block's histogram */
+    unsigned cnt[SMF_NB];     /* this block's histogram: counts, masses, and in the value half */
     u64s mass[SMF_NB];
-    unsigned mc[SMF_SL];      /* slice rank of the bins, summed over the cluster */
+    unsigned vmin[SMF_NB], vmax[SMF_NB]; /* the least and largest value bits (key >> 32) a bin holds */
+    unsigned mc[SMF_SL];      /* slice rank of the bins, merged over the cluster */
     u64s mm[SMF_SL];
+    unsigned mmin[SMF_SL], mmax[SMF_SL];
     u64s wc[SMF_SL / 32], wm[SMF_SL / 32];
     u64s tc, tm;              /* the merged slice's totals */
     unsigned nl;              /* this block's candidate list */
     u64s lk[SMF_CAP], lf[SMF_CAP];
     u64s ck[SMF_CAP], cf[SMF_CAP]; /* every block's candidates, in rank order */
     int off[SMW_CL + 1];
+    int have_all;             /* ck / cf hold every key >= all_floor (a top_k's collect) */
+    uint64_t all_floor;
     u64s r_above, r_target, r_nsel, r_key;
-    int r_bin;
+    int r_bin, r_single;
+    unsigned r_v;
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -784,18 +793,26 @@ __device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, 
 /* The threshold key t of the kept set {key >= t}: with MASS = 0 the kcount-th largest key at or
  * above floor (its whole set when there are fewer), with MASS = 1 the last key of the nucleus
  * (the fewest keys >= floor, descending, whose fixed-point mass reaches ceil(frac · their
- * total)). known >= 0: the number of keys >= floor, when it is at most SMF_CAP (no histogram). */
+ * total)). known >= 0: the number of keys >= floor, when it is at most SMF_CAP (no histogram;
+ * the candidates a collecting top_k left in shared memory when they hold all of them).
+ * collect (MASS = 0): when the keys from the chosen bin up number at most SMF_CAP, gather all
+ * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, bool VEC>
 __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
-                                  double frac, u64s kcount, int known, smw_shared &sh, smf_shared &fs, smw_ctx &c,
+                                  double frac, u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c,
                                   int g) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
     int rbits = 64; /* 64: no upper bound (the range [P, 2^64)) */
     u64s above = 0, target = kcount;
-    int first = 1, id_half = 0, nsel = known;
-    (void)sh;
+    int first = 1, id_half = 0, nsel = known, all = 0;
+    if (known >= 0 && fs.have_all && fs.all_floor <= floor) {
+        all = 2; /* the candidates are in place: rank them */
+    } else {
+        __syncthreads(); /* every thread has read have_all */
+        if (tid == 0) fs.have_all = 0;
+    }
     if (known < 0) {
         P = 0;
         for (;;) {
@@ -807,9 +824,12 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             if (rbits == 0) return P;
             const int wd = rbits > 32 ? min(SMF_BITS, rbits - 32) : min(SMF_BITS, rbits);
             const int shf = rbits - wd;
+            const bool vals = !id_half; /* the value half: each bin's least and largest value too */
             for (int b = tid; b < SMF_NB; b += SMP_T) {
                 fs.cnt[b] = 0;
                 if (MASS) fs.mass[b] = 0;
+                fs.vmin[b] = 0xffffffffu;
+                fs.vmax[b] = 0;
             }
             __syncthreads();
             const uint64_t P0 = P;
@@ -817,9 +837,10 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             w_each_warp<VEC>(w, V, g, [&](int i, float x, bool valid) {
                 int d = -1;
                 u64s f = 0;
+                uint64_t k = 0;
                 if (valid) {
                     const float s = scaled(x, inv, scale);
-                    const uint64_t k = rank_key(s, i);
+                    k = rank_key(s, i);
                     const uint64_t off = k - P0;
                     if (k >= floor && k >= P0 && (rb == 64 || !(off >> rb))) {
                         d = (int)(off >> shf);
@@ -829,28 +850,36 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                 /* warp-aggregated: one atomic per distinct bin of the warp (the top digits of a
                  * row crowd into a few bins); the fixed-point masses summed in two exact halves */
                 const unsigned peers = __match_any_sync(0xffffffffu, d);
-                const bool leader = (peers & ((1u << lane) - 1u)) == 0;
-                if (d >= 0 && leader) atomicAdd(&fs.cnt[d], (unsigned)__popc(peers));
+                const bool leader = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
+                if (leader) atomicAdd(&fs.cnt[d], (unsigned)__popc(peers));
                 if (MASS) {
                     const unsigned lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
                     const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20));
                     const u64s sum = ((u64s)hi << 20) + lo;
-                    if (d >= 0 && leader && sum) atomicAdd(&fs.mass[d], sum);
+                    if (leader && sum) atomicAdd(&fs.mass[d], sum);
+                }
+                if (vals) {
+                    const unsigned v = (unsigned)(k >> 32);
+                    const unsigned vlo = __reduce_min_sync(peers, v), vhi = __reduce_max_sync(peers, v);
+                    if (leader) { atomicMin(&fs.vmin[d], vlo); atomicMax(&fs.vmax[d], vhi); }
                 }
             });
             __syncthreads();
             c.cl.sync(); /* every block's histogram is complete */
             if (tid < SMF_SL) {
                 const int b = (int)c.rank * SMF_SL + tid;
-                unsigned n = 0;
+                unsigned n = 0, vlo = 0xffffffffu, vhi = 0;
                 u64s ms = 0;
                 for (unsigned r = 0; r < SMW_CL; r++) {
                     const smf_shared *q = c.cl.map_shared_rank(&fs, r);
                     n += q->cnt[b];
                     if (MASS) ms += q->mass[b];
+                    if (vals) { vlo = min(vlo, q->vmin[b]); vhi = max(vhi, q->vmax[b]); }
                 }
                 fs.mc[tid] = n;
                 fs.mm[tid] = ms;
+                fs.mmin[tid] = vlo;
+                fs.mmax[tid] = vhi;
                 const u64s wn = warp_sum_u(n), wmass = MASS ? warp_sum_u(ms) : 0;
                 if (lane == 0) { fs.wc[wp] = wn; fs.wm[wp] = wmass; }
             }
@@ -877,28 +906,31 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                 }
                 u64s ab;
                 const int S = warp_pick(MASS ? lm : lc, above, tgt, lane, (1u << SMW_CL) - 1u, &ab);
-                /* the bins of slice S: lane l holds bins 8l .. 8l + 7 */
+                /* the bins of slice S: lane l holds bins 4l .. 4l + 3 */
                 const smf_shared *qb = c.cl.map_shared_rank(&fs, (unsigned)S);
-                u64s bc[8], bm[8], lsum = 0;
+                u64s bc[4], bm[4], lsum = 0;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    bc[j] = qb->mc[lane * 8 + j];
-                    bm[j] = MASS ? qb->mm[lane * 8 + j] : 0;
+                for (int j = 0; j < 4; j++) {
+                    bc[j] = qb->mc[lane * 4 + j];
+                    bm[j] = MASS ? qb->mm[lane * 4 + j] : 0;
                     lsum += MASS ? bm[j] : bc[j];
                 }
                 u64s ab2;
                 const int L = warp_pick(lsum, ab, tgt, lane, 0xffffffffu, &ab2);
                 if (lane == L) {
-                    int j = 7;
+                    int j = 3;
                     for (; j > 0; j--) {
                         const u64s here = MASS ? bm[j] : bc[j];
                         if (ab2 + here >= tgt) break;
                         ab2 += here;
                     }
-                    fs.r_bin = S * SMF_SL + lane * 8 + j;
+                    const int sb = lane * 4 + j;
+                    fs.r_bin = S * SMF_SL + sb;
                     fs.r_above = ab2;
                     fs.r_nsel = bc[j];
                     fs.r_target = tgt;
+                    fs.r_single = vals && qb->mmin[sb] == qb->mmax[sb];
+                    fs.r_v = qb->mmin[sb];
                 }
             }
             __syncthreads();
@@ -908,60 +940,77 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             nsel = (int)min(fs.r_nsel, (u64s)INT_MAX);
             rbits = shf;
             first = 0;
+            const int single = fs.r_single;
+            const unsigned v1 = fs.r_v;
             if (nsel <= 1 || (!MASS && above + (u64s)nsel == target) || rbits == 0) return P;
+            if (!MASS && collect && above + (u64s)nsel <= SMF_CAP) { all = 1; break; }
             if (nsel <= SMF_CAP) break;
+            if (single && rbits > 32) { /* one value in the bin: straight to the ids */
+                P = (uint64_t)v1 << 32;
+                rbits = 32;
+            }
         }
     }
 
-    /* the nsel <= SMF_CAP keys of [P, P + 2^rbits) (and >= floor) into shared memory */
-    if (tid == 0) fs.nl = 0;
-    __syncthreads();
-    {
-        const uint64_t P0 = P;
-        const int rb = rbits;
-        w_each<VEC>(w, V, g, [&](int i, float x) {
-            const float s = scaled(x, inv, scale);
-            const uint64_t k = rank_key(s, i);
-            if (k < floor || k < P0) return;
-            if (rb < 64 && ((k - P0) >> rb)) return;
-            const unsigned at = atomicAdd(&fs.nl, 1u);
-            if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = MASS ? mass_fx(expf(s - m)) : 0; }
-        });
-    }
-    __syncthreads();
-    c.cl.sync(); /* every block's list is complete */
-    if (tid == 0) {
-        int o = 0;
-        for (unsigned r = 0; r < SMW_CL; r++) {
-            fs.off[r] = o;
-            o += (int)min(c.cl.map_shared_rank(&fs, r)->nl, (unsigned)SMF_CAP);
+    if (all != 2) {
+        /* the keys of [P, P + 2^rbits) (all: of [P, 2^64)) at or above floor into shared memory:
+         * nsel <= SMF_CAP of them (all: above + nsel; known: known) */
+        if (tid == 0) fs.nl = 0;
+        __syncthreads();
+        {
+            const uint64_t P0 = P;
+            const int rb = all ? 64 : rbits;
+            const bool fx = MASS || all;
+            w_each<VEC>(w, V, g, [&](int i, float x) {
+                const float s = scaled(x, inv, scale);
+                const uint64_t k = rank_key(s, i);
+                if (k < floor || k < P0) return;
+                if (rb < 64 && ((k - P0) >> rb)) return;
+                const unsigned at = atomicAdd(&fs.nl, 1u);
+                if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
+            });
         }
-        fs.off[SMW_CL] = min(o, SMF_CAP);
-        fs.r_key = P; /* no winner (cannot happen): the whole range is kept */
+        __syncthreads();
+        c.cl.sync(); /* every block's list is complete */
+        if (tid == 0) {
+            int o = 0;
+            for (unsigned r = 0; r < SMW_CL; r++) {
+                fs.off[r] = o;
+                o += (int)min(c.cl.map_shared_rank(&fs, r)->nl, (unsigned)SMF_CAP);
+            }
+            fs.off[SMW_CL] = min(o, SMF_CAP);
+        }
+        __syncthreads();
+        const int n = fs.off[SMW_CL];
+        for (int j = tid; j < n; j += SMP_T) {
+            int r = 0;
+            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
+            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
+            fs.ck[j] = q->lk[j - fs.off[r]];
+            fs.cf[j] = q->lf[j - fs.off[r]];
+        }
+        if (all == 1 && tid == 0) { fs.have_all = 1; fs.all_floor = P; }
+        __syncthreads();
+        c.cl.sync(); /* no block rewrites its list while another still reads it */
+        if (all == 1) above = 0; /* the candidates include every key above the bin */
     }
-    __syncthreads();
+    /* rank the candidates at or above the floor against each other */
     const int n = fs.off[SMW_CL];
-    for (int j = tid; j < n; j += SMP_T) {
-        int r = 0;
-        while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
-        const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
-        fs.ck[j] = q->lk[j - fs.off[r]];
-        fs.cf[j] = q->lf[j - fs.off[r]];
-    }
-    __syncthreads();
-    c.cl.sync(); /* no block rewrites its list while another still reads it */
+    if (tid == 0) fs.r_key = P; /* no winner (cannot happen): the whole range is kept */
     if (first) { /* top_p inside a small top_k set: its base is the set's mass */
         if (MASS) {
             u64s t = 0;
-            for (int j = 0; j < n; j++) t += fs.cf[j];
+            for (int j = 0; j < n; j++) t += fs.ck[j] >= floor ? fs.cf[j] : 0;
             const double tt = ceil(frac * (double)t);
             target = tt >= (double)t ? t : (u64s)tt;
         } else if (target > (u64s)n) {
             target = (u64s)n;
         }
     }
+    __syncthreads();
     for (int j = tid; j < n; j += SMP_T) {
         const u64s kj = fs.ck[j];
+        if (kj < floor) continue;
         u64s gc = 0, gm = 0;
         for (int q = 0; q < n; q++) {
             const u64s kq = fs.ck[q];
@@ -1153,10 +1202,12 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         uint64_t tk = 0, tp = 0;
         double base = Z;
         if (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
-            if (use_k) tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, sh, fs, c, g);
+            const int small_k = use_k && p.top_k <= SMF_CAP;
+            if (use_k)
+                tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, g);
             if (use_p)
-                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0,
-                                           use_k && p.top_k <= SMF_CAP ? p.top_k : -1, sh, fs, c, g);
+                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs,
+                                           c, g);
         } else {
             if (use_k) {
                 tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
@@ -1259,7 +1310,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, sh, fs, c, g)
+        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c, g)
                                  : cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();

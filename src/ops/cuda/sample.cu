@@ -26,7 +26,9 @@
  *      LASTSTAND_SAMPLE_FAST=1 the cluster form finds the same thresholds by
  *      wide-digit histograms (11 bits a pass, masses in 2^-40 fixed point
  *      summed exactly) and a finish among <= 256 candidates in shared memory
- *      (cl_key_select, below: the design and the error bound);
+ *      (cl_key_select, below: the design and the error bound); it also takes m
+ *      from the widen's maximum when nothing edits the row, and Z (only the
+ *      logprobs need it there) in the draw's pass;
  *   6. the draw: u · mass against a prefix sum in id order (each thread owns a
  *      contiguous segment; segment sums scanned across the block), u from
  *      Philox-4x32-10 keyed by the request's seed, counter = its completion
@@ -686,19 +688,20 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
  * at most SMF_CAP tokens skips the histograms: its candidates are exactly the top_k set.
  *
  * Masses in fixed point: fx = round(expf(s - m) · 2^40) as an unsigned 64-bit integer (expf
- * <= 1 since s <= m; V · 2^40 < 2^64 for V < 2^24), summed with integer atomics: exact and
- * independent of the order, so the thresholds are bitwise reproducible whatever the schedule,
- * and the top_p target is ceil(top_p · Σ fx) over the keys at or above the top_k threshold
- * (the base: the host's z or top_k mass). Error against the host's fp64 exp(s - m): expf is
- * within 2 ulp (2^-22 relative, the one-block form has the same), the rounding within 2^-41
- * absolute a token; a cumulative mass of n tokens is within n · 2^-41 + 2^-22 · mass of the
- * host's, i.e. below 1.2e-7 · max(1, mass) for any n <= V = 248320, relative to a total mass
- * >= 1 (the top token's fx is 2^40). A kept set differs from the host's only when the nucleus'
- * cumulative mass lands within that of top_p · base at the boundary token, the same order as
- * the old form's fp32 terms in fp64 sums (and the host's own rounding of top_p to float);
- * tokens with exp(s - m) < 2^-41 (s - m < -28.4) count as zero mass: they enter a nucleus only
- * when top_p · base lies within V · 2^-41 (1.1e-7) of the base, i.e. top_p > 1 - 1.2e-7, past
- * any float top_p < 1 but 0.99999994 (the largest float below 1, 6e-8 from it). */
+ * <= 1 since s <= m, and the top token's is exactly 1: fx = 2^40; V · 2^40 < 2^64 for V < 2^24),
+ * summed with integer atomics: exact and independent of the order, so the thresholds are
+ * bitwise reproducible whatever the schedule or the batch. The top_p target is ceil(top_p ·
+ * Σ fx) over the keys at or above the top_k threshold (the host's lim = top_p · base). Error
+ * against the host's fp64 exp(s - m): the rounding is within 2^-41 a token, so a sum of n
+ * tokens within n · 2^-41 <= 1.13e-7 for n <= 248320; expf is within 2 ulp (2.4e-7 relative:
+ * the descent's fp32 terms carry the same). With base >= 1, a cumulative mass is within
+ * 3.5e-7 · base of the host's: a kept set can differ from the host's only when the host's
+ * cumulative mass at the boundary token lies within that of top_p · base (the host itself
+ * rounds top_p to a float: 6e-8 relative). test_sample_cuda pins a near-tie one float ulp of
+ * top_p either side of an exact boundary (masses exact in both arithmetics: the host decides,
+ * both forms follow). Tokens with exp(s - m) < 2^-41 (s - m < -28.4) weigh zero here: a
+ * nucleus reaches them only when top_p · base is within V · 2^-41 of the base, i.e. for no
+ * float top_p < 1 but 0.99999994; they are drawn with probability < 2^-41 each anyway. */
 enum { SMF_BITS = 11, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256 };
 static_assert((int)SMF_SL == 256 && (int)SMF_SL <= (int)SMP_T, "block r merges slice r of the bins, one bin a thread");
 
@@ -1104,8 +1107,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
 
-    /* 3. greedy */
-    if (greedy) {
+    /* 3. greedy (the widen's argmax when it tracked one: the same ids, the same tie rule) */
+    if (greedy && track) {
+        token = fi;
+    } else if (greedy) {
         float bv = -INFINITY;
         int bi = 0, lo = INT_MAX, hi = INT_MIN;
         w_each<VEC>(w, V, g, [&](int i, float v) {

@@ -10,7 +10,8 @@
 # are timed off / each on / all on.
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
 #    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
-#    add_rmsnorm + run_multi, bitwise), test_small_cuda.
+#    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
+#    test_small_cuda.
 # 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
@@ -42,9 +43,10 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 # fill2 = cuda_gemv's K split for the under-filling [2048 x 4096] projections (gemv.cu);
 # ck64 = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128: twice
 # the blocks on a 641-token context (12 -> 22), more partials for fp_merge_rows;
-# pre = the residual add + input norm inside the layer's grouped in-projection GEMV (gemv.cu)
-SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fill2:LASTSTAND_GEMV_FILL=2" "ck64:LASTSTAND_FP_CHUNK=64"
-          "pre:LASTSTAND_GEMV_PRENORM=1")
+# fold = the residual add + input norm inside the layer's grouped in-projection GEMV and the
+# add + post-attention norm behind its output projection (gemv.cu, by the grid's last block)
+SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fold:LASTSTAND_GEMV_PRENORM=1 LASTSTAND_GEMV_POSTNORM=1"
+          "fill2:LASTSTAND_GEMV_FILL=2" "ck64:LASTSTAND_FP_CHUNK=64")
 ALL=""
 for v in "${SWITCHES[@]}"; do ALL="$ALL ${v#*:}"; done
 VARIANTS=("base:" "${SWITCHES[@]}" "all:$ALL")

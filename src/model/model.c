@@ -135,6 +135,22 @@ int mdl_linear_multi_pre(fwd_ctx *f, int l, int n, const lin_w *const *w, void *
     return ops_linear_multi(&m->ops, T, f->ws->u, n, w, y, e);
 }
 
+int mdl_linear_post(fwd_ctx *f, const void *x, const lin_w *w, void *y, ls_err *e) {
+    model *m = f->m;
+    const gemm_prenorm *p = f->post;
+    f->post = NULL;
+    if (p) {
+        ls_err e2 = {0};
+        int rc = ops_linear_postnorm(&m->ops, f->n_tok, x, w, y, p, &e2);
+        if (rc != ERR_UNSUPPORTED) {
+            if (rc) *e = e2;
+            else f->post_done = 1;
+            return rc;
+        }
+    }
+    return ops_linear(&m->ops, f->n_tok, x, w, y, 0, e);
+}
+
 /* Tensors the text model never looked at (vision tower and MTP head aside):
  * transformers warns about unused weights; so do we, naming one. */
 static void warn_unused(model *m) {
@@ -1037,6 +1053,11 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
         const gemm_prenorm pre = {.h = w->h, .d = w->o, .init = l == 0, .w = L->in_norm, .kind = m->norm_kind,
                                   .eps = cfg->rms_eps};
         f->pre = m->grp || m->ops.dev.kind == DEV_CPU ? NULL : &pre;
+        /* and the add + post-attention norm: behind the layer's output projection where it can */
+        const gemm_prenorm post = {.h = w->h, .w = L->post_norm, .kind = m->norm_kind, .eps = cfg->rms_eps,
+                                   .u = w->u};
+        f->post = f->pre ? &post : NULL;
+        f->post_done = 0;
         if (!rc && !f->pre)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, l == 0, L->in_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + input norm", l, e);
@@ -1044,8 +1065,9 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
             rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(f, l, w->u, w->o, e)
                                             : next_gdn_forward(f, l, w->u, w->o, e);
         f->pre = NULL;
+        f->post = NULL;
         if (m->grp) tp_allreduce(m, w->o, TH);
-        if (!rc)
+        if (!rc && !f->post_done)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + post-attention norm", l, e);
         if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);

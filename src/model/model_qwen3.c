@@ -195,7 +195,7 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                     .out = w->ao, .dt = dt, .seqs_host = f->aseq_host, .ctx_cap = f->ctx_cap,
                     .scratch = f->attn_scratch, .scratch_bytes = f->attn_scratch_bytes};
     if ((rc = ops_attn_run(&m->ops, &aa, f->max_ctx, e))) return rc;
-    return ops_linear(&m->ops, T, w->ao, &a->o, out, 0, e);
+    return mdl_linear_post(f, w->ao, &a->o, out, e); /* (+ the add + norm behind it, where it can) */
 }
 
 int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {

@@ -109,5 +109,5 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                                                                 w->core, m->ops.act, m->ops.stream),
                                     "gated norm", l, e)))
         return rc;
-    return ops_linear(&m->ops, T, w->core, &g->out, out, 0, e);
+    return mdl_linear_post(f, w->core, &g->out, out, e); /* (+ the add + norm behind it, where it can) */
 }

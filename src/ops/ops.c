@@ -663,6 +663,16 @@ int ops_linear_multi_prenorm(const ops_sel *s, int M, const gemm_prenorm *p, int
     return g->run_multi_prenorm(n, a, p, s->stream, e);
 }
 
+int ops_linear_postnorm(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, const gemm_prenorm *p,
+                        ls_err *e) {
+    const gemm_impl *g = linear_impl(s, M, w, e);
+    if (!g) return e->code;
+    if (!g->run_postnorm)
+        return errf(e, ERR_UNSUPPORTED, "ops_linear_postnorm: gemm backend %s has no fused norm", g->name);
+    gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = 0, .dt = s->act};
+    return g->run_postnorm(&a, p, s->stream, e);
+}
+
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     const moe_w *w = a->w;
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,

@@ -123,6 +123,11 @@ typedef struct gemm_impl {
      * ERR_UNSUPPORTED before any device work when it cannot (the caller then runs
      * small_ops.add_rmsnorm and run_multi); NULL: never */
     int (*run_multi_prenorm)(int n, const gemm_args *a, const struct gemm_prenorm *p, ls_stream s, ls_err *e);
+    /* (additive) optional: run() (y = x·Wᵀ, a->accumulate 0) with the residual add + RMSNorm
+     * that follows it fused behind: h[r] += y[r], p->u[r] = norm(h[r]) (p->d, p->init unused);
+     * 0, or ERR_UNSUPPORTED before any device work (the caller then runs run() and
+     * small_ops.add_rmsnorm); NULL: never */
+    int (*run_postnorm)(const gemm_args *a, const struct gemm_prenorm *p, ls_stream s, ls_err *e);
 } gemm_impl;
 
 /* fp4_gemm shares gemm's argument types; its registry is separate. */
@@ -379,6 +384,7 @@ typedef struct gemm_prenorm {
     const float *w;      /* [K] */
     rms_kind kind;
     float eps;
+    void *u;             /* run_postnorm: the normed rows [M, N] of dt; unused in front */
 } gemm_prenorm;
 
 /* ---- device memory -------------------------------------------------------- */
@@ -564,6 +570,11 @@ int ops_linear_multi(const ops_sel *s, int M, const void *x, int n, const lin_w 
  * nothing run) otherwise, and the caller runs small_ops.add_rmsnorm and ops_linear_multi. */
 int ops_linear_multi_prenorm(const ops_sel *s, int M, const gemm_prenorm *p, int n, const lin_w *const *w,
                              void *const *y, ls_err *e);
+/* (additive) ops_linear (y = x·Wᵀ) with the residual add + norm behind it (h += y, p->u =
+ * norm(h)) in one launch, when the backend selected for M has run_postnorm and takes the call;
+ * ERR_UNSUPPORTED (e set, nothing run) otherwise, and the caller runs the two ops. */
+int ops_linear_postnorm(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, const gemm_prenorm *p,
+                        ls_err *e);
 
 /* Run the selected moe / attention / gdn backend on s->stream (with the
  * per-shape fallback for families chosen by "auto"; a named backend that

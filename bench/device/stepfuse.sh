@@ -72,6 +72,7 @@ gen() {
     printf '  %-10s rc=%d %s | %s\n' "$tag" $rc "$(grep -oE '[0-9]+ decode steps[^|]*ms each' "$OUT/gen-$tag.out" | head -1)" \
         "$(grep -oE '"ids": *\[[0-9, ]{0,50}' "$OUT/gen-$tag.out" | head -1)"
     [ $rc = 0 ] || grep -iE "error|fail|fault" "$OUT/gen-$tag.out" | head -3
+    grep -oE "(cuda_gemv|gdn cuda_decode): [a-z +-]*(fused)[^(]*" "$OUT/gen-$tag.out" | sort -u | sed 's/^/      /'
 }
 same_ids() { # tag tag
     local a b

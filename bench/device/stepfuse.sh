@@ -11,7 +11,8 @@
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
 #    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
 #    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
-#    test_small_cuda.
+#    test_small_cuda, test_attn_cuda's graph-replay check (fp64 reference, eager bits) with
+#    the attention switches on.
 # 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
@@ -41,20 +42,25 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 
 # SWITCHES: "tag:VAR=V ...": norm = the gated norm inside gd_kernel (gdn_decode.cu);
 # fill2 = cuda_gemv's K split for the under-filling [2048 x 4096] projections (gemv.cu);
-# ck64 = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128: twice
-# the blocks on a 641-token context (12 -> 22), more partials for fp_merge_rows;
+# attn = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128 (twice
+# the blocks on a 641-token context, 12 -> 22; more partials for fp_merge_rows) and its past keys'
+# K/V tiles fetched before griddepcontrol.wait (attention_prefill.cu, LASTSTAND_FP_EARLY);
 # fold = the residual add + input norm inside the layer's grouped in-projection GEMV and the
 # add + post-attention norm behind its output projection (gemv.cu, by the grid's last block)
 SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fold:LASTSTAND_GEMV_PRENORM=1 LASTSTAND_GEMV_POSTNORM=1"
-          "fill2:LASTSTAND_GEMV_FILL=2" "ck64:LASTSTAND_FP_CHUNK=64")
+          "fill2:LASTSTAND_GEMV_FILL=2" "attn:LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1")
 ALL=""
 for v in "${SWITCHES[@]}"; do ALL="$ALL ${v#*:}"; done
 VARIANTS=("base:" "${SWITCHES[@]}" "all:$ALL")
 
-for t in test_gdn_decode_cuda test_gemv_cuda test_small_cuda; do
-    echo "== cmocka $t $(el)"
+for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda \
+          "test_attn_cuda:LS_ATTN_TEST=check LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"; do
+    t=${te%%:*}
+    env=""
+    [ "$t" != "$te" ] && env=${te#*:}
+    echo "== cmocka $t${env:+ ($env)} $(el)"
     if [ -x "$D/tests/$t" ]; then
-        timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
         echo "rc=$? (0: every test passed) $(el)"
         grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -8
     else
@@ -72,6 +78,7 @@ gen() {
     printf '  %-10s rc=%d %s | %s\n' "$tag" $rc "$(grep -oE '[0-9]+ decode steps[^|]*ms each' "$OUT/gen-$tag.out" | head -1)" \
         "$(grep -oE '"ids": *\[[0-9, ]{0,50}' "$OUT/gen-$tag.out" | head -1)"
     [ $rc = 0 ] || grep -iE "error|fail|fault" "$OUT/gen-$tag.out" | head -3
+    grep -oE "(cuda_gemv|gdn cuda_decode): [a-z +-]*(fused)[^(]*" "$OUT/gen-$tag.out" | sort -u | sed 's/^/      /'
 }
 same_ids() { # tag tag
     local a b

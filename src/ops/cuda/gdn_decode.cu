@@ -520,7 +520,14 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     }
     if (c == cudaSuccess) c = cudaGetLastError();
     if (c != cudaSuccess) return cu_fail(e, c, "gdn cuda_decode");
-    if (fuse) *a->norm_done = 1;
+    if (fuse) {
+        *a->norm_done = 1;
+        static int said;
+        if (!said) {
+            said = 1;
+            log_info("gdn cuda_decode: the gated output norm fused (dv %d)", w->dv);
+        }
+    }
     return 0;
 }
 

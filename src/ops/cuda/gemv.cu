@@ -268,8 +268,7 @@ __device__ __forceinline__ void gv_addnorm(const gv_pre &pn, const bf16 *d, int 
             }
         }
     }
-    if (POST) return;
-    /* the block's range past K: zeros, as the plain staging */
+    /* the block's range past K: zeros, as the plain staging (POST: n8 = 0) */
     for (int c = tid; c < n8; c += GV_THREADS)
         if (kb0 + c * 8 >= K)
             for (int m = 0; m < M; m++) *reinterpret_cast<uint4 *>(xs + (size_t)m * xstride + c * 8) = make_uint4(0, 0, 0, 0);
@@ -776,7 +775,14 @@ static int gv_run_multi_prenorm(int n, const gemm_args *a, const gemm_prenorm *p
             return errf(e, ERR_INVAL, "gemm cuda_gemv: prenorm weights %s and %s differ in M or K, or accumulate",
                         a[0].w->name ? a[0].w->name : "?", a[i].w->name ? a[i].w->name : "?");
     }
-    return gv_run_mats(n, a, p, GV_PRE, s, e);
+    int rc = gv_run_mats(n, a, p, GV_PRE, s, e);
+    static int said;
+    if (!rc && !said) { /* once: the device rounds read it (a run where nothing took the path says nothing) */
+        said = 1;
+        log_info("cuda_gemv: residual add + norm fused in front of a %d-weight projection group (M=%d K=%d)", n,
+                 a[0].M, K);
+    }
+    return rc;
 }
 
 /* LASTSTAND_GEMV_POSTNORM=0|1: run_postnorm fuses the add + norm behind the product (1) or
@@ -800,7 +806,13 @@ static int gv_run_postnorm(const gemm_args *a, const gemm_prenorm *p, ls_stream 
                                         "aligned, y = x·Wᵀ (M=%d N=%d)", GV_PRE_MAX_M, a->M, N);
     int rc = gv_check(a, e);
     if (rc) return rc;
-    return gv_run_mats(1, a, p, GV_POST, s, e);
+    rc = gv_run_mats(1, a, p, GV_POST, s, e);
+    static int said;
+    if (!rc && !said) {
+        said = 1;
+        log_info("cuda_gemv: residual add + norm fused behind a projection (M=%d N=%d)", a->M, N);
+    }
+    return rc;
 }
 
 const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1, gv_run_multi,

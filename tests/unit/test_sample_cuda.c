@@ -514,10 +514,16 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     smp_out of[R], oo[R], o2[R], o1;
     dev_sample_with(&sample_cuda_fast, VB, x, R, 1, p, ban, 4, of);
     dev_sample_with(&sample_cuda_wide, VB, x, R, 1, p, ban, 4, oo);
-    dev_sample_with(&sample_cuda_fast2, VB, x, R, 1, p, ban, 4, o2); /* two blocks an SM: the same code */
-    for (int r = 0; r < R; r++) {
-        assert_int_equal(o2[r].token, of[r].token);
-        assert_int_equal(memcmp(&o2[r].logprob, &of[r].logprob, sizeof(float)), 0);
+    /* one or two blocks an SM, histograms aggregated per warp or not: the same results */
+    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_agg};
+    for (int f = 0; f < 3; f++) {
+        dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
+        for (int r = 0; r < R; r++) {
+            assert_int_equal(o2[r].token, of[r].token);
+            assert_int_equal(memcmp(&o2[r].logprob, &of[r].logprob, sizeof(float)), 0);
+            assert_int_equal(o2[r].n_top, of[r].n_top);
+            for (int i = 0; i < of[r].n_top; i++) assert_int_equal(o2[r].top_ids[i], of[r].top_ids[i]);
+        }
     }
     for (int r = 0; r < R; r++) {
         assert_int_equal(of[r].bad_idx, -1);
@@ -579,8 +585,10 @@ static int bench(void) {
     void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide, &sample_cuda_wide_vec, &sample_cuda_fast,
-                                  &sample_cuda_fast2};
+    const sample_impl *impls[] = {&sample_cuda_block,  &sample_cuda_wide,  &sample_cuda_wide_vec,
+                                  &sample_cuda_fast,   &sample_cuda_fast1, &sample_cuda_fast2,
+                                  &sample_cuda_fast_agg};
+    enum { NI = 7 };
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -605,9 +613,10 @@ static int bench(void) {
                 smp_row p[16];
                 for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
                 g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
-                double us[5] = {0};
-                int tok[5] = {-1, -1, -1, -1, -1};
-                for (int k = mode ? 1 : 0; k < 5; k++) {
+                double us[NI] = {0};
+                int tok[NI];
+                for (int k = 0; k < NI; k++) tok[k] = -1;
+                for (int k = mode ? 1 : 0; k < NI; k++) {
                     sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
                                      .work = dw, .out = dout};
                     const int IT = mode && k < 3 ? 60 : 200;
@@ -623,10 +632,10 @@ static int bench(void) {
                 }
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
-                printf("sampler V=%d %-6s batch %2d %-27s: descent %7.1f us, 16-byte %7.1f us, wide-digit %6.1f us "
-                       "(x%.1f), 2 blocks/SM %6.1f us%s, row 0 token %d / %d / %d / %d\n", VB,
-                       data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4], blk,
-                       tok[1], tok[2], tok[3], tok[4]);
+                printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
+                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, warp-aggregated %5.1f)%s, row 0 tokens %d %d %d %d %d %d\n",
+                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
+                       us[5], us[6], blk, tok[1], tok[2], tok[3], tok[4], tok[5], tok[6]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);

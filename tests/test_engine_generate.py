@@ -77,6 +77,10 @@ def test_chat_renders_template_like_jinja2(demo_model, hf_tok):
     (["--ids", "999999"], "999999"),
     (["--ids", "1", "--max-new-tokens", "99999999"], "--max-new-tokens"),
     (["--ids", "1", "--temperature", "-1"], "--temperature"),
+    (["--ids", "1", "--top-k", "-2"], "--top-k"),
+    (["--ids", "1", "--top-p", "0"], "--top-p"),
+    (["--ids", "1", "--top-p", "1.5"], "--top-p"),
+    (["--ids", "1", "--min-p", "x"], "--min-p"),
 ])
 def test_bad_input_exits_2_naming_it(demo_model, args, needle):
     p = gen("--model-path", demo_model, *args, check=False)
@@ -90,3 +94,12 @@ def test_prompt_needs_a_tokenizer(shared_dir):
     assert p.returncode == 2
     assert "tokenizer" in p.stderr
 
+
+def test_top_k_1_is_greedy_and_the_filters_keep_seeded_runs_reproducible(demo_model):
+    """--top-k 1 keeps the argmax alone (sampler.h: top_k 1 is greedy), so any temperature
+    gives the greedy ids; --top-k / --top-p / --min-p runs repeat per seed."""
+    ids = ["--model-path", demo_model, "--ids", "5,6,7,8", "--max-new-tokens", 8]
+    greedy = gen(*ids)["ids"]
+    assert gen(*ids, "--temperature", 1.5, "--top-k", 1)["ids"] == greedy
+    f = ["--temperature", 0.9, "--top-k", 20, "--top-p", 0.8, "--min-p", 0.01, "--seed", 4]
+    assert gen(*ids, *f)["ids"] == gen(*ids, *f)["ids"]

@@ -1,4 +1,5 @@
-"""The cuda_grouped_gemm moe backend (src/ops/cuda/moe_grouped.cu) on a GPU; skipped without one.
+"""The cuda_grouped_gemm moe backend (src/ops/cuda/moe_grouped.cu, its mid-batch path in moe_mid.cu)
+on a GPU; skipped without one.
 
 Pins:
 - the doctor's verdict against the fp64 CPU reference is "ok" at every batch bucket of the

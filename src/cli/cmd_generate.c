@@ -1,5 +1,6 @@
 /* cmd_generate.c: `laststand generate --model-path DIR (--ids 1,2,3 |
  * --prompt TEXT [--chat]) [--max-new-tokens N] [--temperature T] [--seed S]
+ * [--top-k K] [--top-p P] [--min-p P]
  * [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda]
  * [backend flags]`: one request through the engine (include/laststand.h),
  * exactly as the server runs it: paged KV cache, GDN state slot, the sampler.
@@ -25,6 +26,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
                "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
+               "         [--top-k K] [--top-p P] [--min-p P]\n"
                "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
@@ -80,6 +82,7 @@ static int print_result(const int32_t *ids, int n, const char *text) {
 int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
     const char *tok_path = NULL, *tmpl_path = NULL, *tp_s = "1";
+    const char *topk_s = "-1", *topp_s = "1", *minp_s = "0";
     int chat = 0;
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -97,6 +100,9 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--max-new-tokens") ? &max_s
                          : !strcmp(a, "--temperature") ? &temp_s
                          : !strcmp(a, "--seed") ? &seed_s
+                         : !strcmp(a, "--top-k") ? &topk_s
+                         : !strcmp(a, "--top-p") ? &topp_s
+                         : !strcmp(a, "--min-p") ? &minp_s
                          : !strcmp(a, "--tokenizer-path") ? &tok_path
                          : !strcmp(a, "--chat-template") ? &tmpl_path
                          : !strcmp(a, "--device") ? &o.device
@@ -134,6 +140,14 @@ int cmd_generate(int argc, char **argv) {
     double temp = strtod(temp_s, &end);
     if (*end || end == temp_s || !(temp >= 0) || temp > 1e6)
         return bad_value("--temperature", temp_s, "a number >= 0");
+    errno = 0;
+    long top_k = strtol(topk_s, &end, 10);
+    if (*end || end == topk_s || errno || top_k < -1 || top_k > INT32_MAX)
+        return bad_value("--top-k", topk_s, "an integer >= -1 (-1 or 0: off)");
+    double top_p = strtod(topp_s, &end);
+    if (*end || end == topp_s || !(top_p > 0) || top_p > 1) return bad_value("--top-p", topp_s, "a number in (0, 1]");
+    double min_p = strtod(minp_s, &end);
+    if (*end || end == minp_s || !(min_p >= 0) || min_p > 1) return bad_value("--min-p", minp_s, "a number in [0, 1]");
     errno = 0;
     unsigned long long seed = strtoull(seed_s, &end, 10);
     if (*end || end == seed_s || errno || seed_s[0] == '-')
@@ -221,6 +235,9 @@ int cmd_generate(int argc, char **argv) {
     ls_sampling s;
     ls_sampling_default(&s);
     s.temperature = (float)temp;
+    s.top_k = (int)top_k;
+    s.top_p = (float)top_p;
+    s.min_p = (float)min_p;
     s.has_seed = 1;
     s.seed = seed;
     s.max_tokens = (int)max_new;

@@ -7,7 +7,7 @@
  *     Qwen3-Next: in_proj_qkvz grouped per key head g: [q_g | k_g | v_g (r·dv) | z_g (r·dv)],
  *                 in_proj_ba per key head: [b_g (r) | a_g (r)], r = nv / nk
  *   core = gdn(conv1d + SiLU, l2norm, g/β, delta rule)     (the gdn op family)
- *   y    = (w · rmsnorm(core_j)) · silu(z_j) per value head j
+ *   y    = (w · rmsnorm(core_j)) · silu(z_j) per value head j  (inside gdn where the backend fuses it)
  *   out  = y·W_outᵀ
  */
 #include "model/model_impl.h"
@@ -88,11 +88,11 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     mws *w = f->ws;
     const int T = f->n_tok, nv = c->lin_v_heads, dv = c->lin_v_dim;
     const int val_dim = nv * dv, conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + val_dim;
-    int rc;
+    int rc, normed = 0;
     /* the four projections of u: one launch where the gemm backend groups them */
     const lin_w *pw[4] = {&g->qkv, &g->z, &g->b, &g->a};
     void *const py[4] = {w->qkv, w->z, w->b, w->a};
-    if ((rc = ops_linear_multi(&m->ops, T, u, 4, pw, py, e))) return rc;
+    if ((rc = mdl_linear_multi_pre(f, l, 4, pw, py, e))) return rc; /* of u, or of the pending add + norm */
     const int li = m->layers[l].cache_idx;
     const mcache *mc = f->c;
     gdn_state st = {
@@ -101,11 +101,13 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
         .n_slots = mc->n_slots};
     gdn_args ga = {.n_seq = f->n_seq, .seqs = f->gseq, .n_tok = T, .w = &g->g, .qkv = w->qkv,
                    .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act,
-                   .seqs_host = f->gseq_host};
+                   .seqs_host = f->gseq_host, .z = w->z, .norm_w = g->norm, .norm_eps = c->rms_eps,
+                   .norm_done = &normed};
     if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
-    if ((rc = mdl_op_err(m->ops.small->rmsnorm_gated(T * nv, dv, w->core, w->z, g->norm, c->rms_eps,
-                                                     w->core, m->ops.act, m->ops.stream),
-                         "gated norm", l, e)))
+    /* the gated norm, unless the gdn backend fused it (gdn_cuda_decode, LASTSTAND_GDN_NORM) */
+    if (!normed && (rc = mdl_op_err(m->ops.small->rmsnorm_gated(T * nv, dv, w->core, w->z, g->norm, c->rms_eps,
+                                                                w->core, m->ops.act, m->ops.stream),
+                                    "gated norm", l, e)))
         return rc;
-    return ops_linear(&m->ops, T, w->core, &g->out, out, 0, e);
+    return mdl_linear_post(f, w->core, &g->out, out, e); /* (+ the add + norm behind it, where it can) */
 }

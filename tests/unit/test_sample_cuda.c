@@ -341,13 +341,229 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     free(x); free(ob); free(ow);
 }
 
+/* ---- the wide-digit top_k / top_p (sample_cuda_fast) -------------------------------------
+ * Its kept set must be the host's (and so the old descent's): the draw code is shared, so with
+ * the same seed and counter the two cluster forms draw the same token wherever the kept sets
+ * agree, and every draw lies in the host's kept set. */
+
+/* rows copies of one vocab-wide row x, seeds seed0.., through both cluster forms: the same
+ * tokens, each in the host's kept set for s (and, when want_all, every kept token of host
+ * probability >= 5% drawn at least once). Returns the number of distinct tokens drawn. */
+static int fast_vs_old(int vocab, const float *x, int bf16, const ls_sampling *s, const int32_t *ban, int n_ban,
+                       int rows, uint64_t seed0, int want_all) {
+    float *xs = malloc(sizeof(float) * (size_t)rows * vocab);
+    for (int r = 0; r < rows; r++) memcpy(xs + (size_t)r * vocab, x, sizeof(float) * vocab);
+    smp_row *p = malloc(sizeof(smp_row) * rows);
+    smp_out *of = malloc(sizeof(smp_out) * rows), *oo = malloc(sizeof(smp_out) * rows);
+    for (int r = 0; r < rows; r++) {
+        p[r] = row_from(s);
+        p[r].seed = seed0 + r;
+        p[r].counter = 9;
+        if (n_ban) { p[r].ban_off = 0; p[r].n_ban = n_ban; }
+    }
+    dev_sample_with(&sample_cuda_fast, vocab, xs, rows, bf16, p, ban, n_ban, of);
+    dev_sample_with(&sample_cuda_wide, vocab, xs, rows, bf16, p, ban, n_ban, oo);
+    /* the host's kept set, on the row as the GPU sees it (BF16-rounded, bans applied) */
+    float *xh = malloc(sizeof(float) * vocab);
+    for (int i = 0; i < vocab; i++) xh[i] = bf16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
+    for (int j = 0; j < n_ban; j++) xh[ban[j]] = -INFINITY;
+    smp_ctx *c = smp_new(vocab);
+    int32_t *ids = malloc(sizeof(int32_t) * vocab);
+    double *probs = malloc(sizeof(double) * vocab);
+    int n = smp_filtered_dist(c, xh, s, ids, probs);
+    char *in = calloc((size_t)vocab, 1), *seen = calloc((size_t)vocab, 1);
+    for (int i = 0; i < n; i++) in[ids[i]] = 1;
+    int distinct = 0;
+    for (int r = 0; r < rows; r++) {
+        assert_int_equal(of[r].bad_idx, -1);
+        if (of[r].token != oo[r].token)
+            fprintf(stderr, "  row %d: fast %d, old %d (T %.2f top_k %d top_p %g min_p %g)\n", r, of[r].token,
+                    oo[r].token, s->temperature, s->top_k, s->top_p, s->min_p);
+        assert_int_equal(of[r].token, oo[r].token);
+        assert_true(of[r].token >= 0 && of[r].token < vocab);
+        assert_true(in[of[r].token]);
+        distinct += !seen[of[r].token];
+        seen[of[r].token] = 1;
+        assert_true(fabsf(of[r].logprob - oo[r].logprob) < 1e-5f);
+    }
+    if (want_all)
+        for (int i = 0; i < n; i++)
+            if (probs[i] >= 0.05) assert_true(seen[ids[i]]);
+    fprintf(stderr, "  V %d T %.2f top_k %d top_p %g min_p %g%s: host keeps %d, %d distinct draws of %d\n", vocab,
+            s->temperature, s->top_k, s->top_p, s->min_p, n_ban ? " (bans)" : "", n, distinct, rows);
+    free(in); free(seen); free(ids); free(probs); free(xh); smp_free(c);
+    free(xs); free(p); free(of); free(oo);
+    return distinct;
+}
+
+static ls_sampling smp_of(float t, int k, float top_p, float min_p) {
+    ls_sampling s;
+    ls_sampling_default(&s);
+    s.temperature = t;
+    s.top_k = k;
+    s.top_p = top_p;
+    s.min_p = min_p;
+    return s;
+}
+
+static void test_fast_kept_sets_match_the_host_and_the_old_form(void **st) {
+    (void)st;
+    NEED_GPU();
+    static float x[V];
+    fill(x, 1, 21, 5.f);
+    const struct { float t; int k; float p, mp; } cs[] = {
+        {0.7f, 20, 1.f, 0.f},    {1.0f, 50, 1.f, 0.f},    {1.0f, 256, 1.f, 0.f},     {1.0f, 257, 1.f, 0.f},
+        {1.2f, 4096, 1.f, 0.f},  {1.0f, V, 1.f, 0.f},     {1.0f, V + 7, 1.f, 0.f},   {0.7f, -1, 0.9f, 0.f},
+        {1.0f, -1, 0.5f, 0.f},   {1.0f, -1, 1e-6f, 0.f},  {1.0f, -1, 0.999999f, 0.f}, {0.7f, 20, 0.8f, 0.f},
+        {0.7f, 50, 0.95f, 0.f},  {1.0f, 1000, 0.9f, 0.f}, {1.0f, 300, 0.3f, 0.f},    {1.0f, 40, 1.f, 0.05f},
+        {0.6f, 20, 0.95f, 0.2f}, {1.0f, -1, 1.f, 0.1f},
+    };
+    for (int bf = 0; bf < 2; bf++)
+        for (size_t j = 0; j < sizeof cs / sizeof cs[0]; j++) {
+            ls_sampling s = smp_of(cs[j].t, cs[j].k, cs[j].p, cs[j].mp);
+            fast_vs_old(V, x, bf, &s, NULL, 0, 200, 100 + j, 0);
+        }
+    /* top_p 1e-6 keeps the argmax alone */
+    ls_sampling s1 = smp_of(1.f, -1, 1e-6f, 0.f);
+    assert_int_equal(fast_vs_old(V, x, 0, &s1, NULL, 0, 64, 7, 1), 1);
+    /* bans (-inf) inside the top_k and the nucleus */
+    int32_t ban[40];
+    int top = 0;
+    for (int i = 1; i < V; i++) if (x[i] > x[top]) top = i;
+    ban[0] = top;
+    for (int j = 1; j < 40; j++) ban[j] = (j * 131) % V;
+    ls_sampling sb = smp_of(0.8f, 30, 0.9f, 0.f);
+    fast_vs_old(V, x, 0, &sb, ban, 40, 200, 900, 0);
+    sb = smp_of(1.0f, -1, 0.6f, 0.f);
+    fast_vs_old(V, x, 1, &sb, ban, 40, 200, 1900, 0);
+}
+
+/* All logits equal: the kept set is the lowest ids (top_k 7: ids 0..6; top_p: the first
+ * ceil(top_p · V) ids), every one of them drawn. */
+static void test_fast_flat_rows_keep_the_lowest_ids(void **st) {
+    (void)st;
+    NEED_GPU();
+    static float x[V];
+    for (int i = 0; i < V; i++) x[i] = 1.5f;
+    ls_sampling s = smp_of(1.f, 7, 1.f, 0.f);
+    assert_int_equal(fast_vs_old(V, x, 1, &s, NULL, 0, 300, 1, 1), 7);
+    s = smp_of(0.7f, -1, 0.001f, 0.f); /* 0.001 · 5003 = 5.003: six tokens */
+    assert_int_equal(fast_vs_old(V, x, 0, &s, NULL, 0, 300, 2, 1), 6);
+    s = smp_of(1.f, 300, 0.01f, 0.f); /* 3 of the 300 */
+    assert_int_equal(fast_vs_old(V, x, 0, &s, NULL, 0, 300, 3, 1), 3);
+    s = smp_of(1.f, 2000, 0.5f, 0.f); /* 1000 of the 2000: a histogram top_p inside a top_k */
+    fast_vs_old(V, x, 1, &s, NULL, 0, 200, 4, 0);
+}
+
+/* A near-tie at the top_p boundary, exact in both arithmetics: three tokens of logit 0 (mass 1
+ * each, ids 10 < 20 < 30), the rest at -30 (mass 9.4e-14 each: below 2^-41, zero in the fixed
+ * point, 4.7e-10 of the host's z). top_p = the float nearest 2/3 (a little above: lim =
+ * 2.00000006) needs the third token; the float below it (lim = 1.99999988) does not. */
+static void test_fast_top_p_near_tie_at_the_boundary(void **st) {
+    (void)st;
+    NEED_GPU();
+    static float x[V];
+    for (int i = 0; i < V; i++) x[i] = -30.f;
+    x[10] = x[20] = x[30] = 0.f;
+    const float above = 2.f / 3.f, below = nextafterf(above, 0.f);
+    assert_true((double)above * 3 > 2.0 && (double)below * 3 < 2.0);
+    ls_sampling s = smp_of(1.f, -1, above, 0.f);
+    assert_int_equal(fast_vs_old(V, x, 0, &s, NULL, 0, 200, 50, 1), 3);
+    s.top_p = below;
+    assert_int_equal(fast_vs_old(V, x, 0, &s, NULL, 0, 200, 50, 1), 2);
+    s.top_k = 3; /* the same cut inside a top_k set */
+    assert_int_equal(fast_vs_old(V, x, 1, &s, NULL, 0, 200, 60, 1), 2);
+    s.top_p = above;
+    assert_int_equal(fast_vs_old(V, x, 1, &s, NULL, 0, 200, 60, 1), 3);
+}
+
+/* 248320-wide rows (the Qwen3.5 vocabulary: the id half of the key searched below bit 18) at
+ * batch 16 with mixed parameters: the fast form equals the old cluster form (tokens, logprobs,
+ * top logprobs), and each row alone at batch 1 draws what it drew in the batch. */
+static void test_fast_full_vocab_batch_16_mixed(void **st) {
+    (void)st;
+    NEED_GPU();
+    enum { R = 16 };
+    float *x = malloc(sizeof(float) * (size_t)R * VB);
+    srand(17);
+    for (size_t i = 0; i < (size_t)R * VB; i++) {
+        float u = (float)rand() / RAND_MAX;
+        x[i] = bf16_to_f32(f32_to_bf16(12.f * u * u * u - 2.f));
+    }
+    for (int i = 0; i < VB; i++) x[(size_t)4 * VB + i] = 2.f;                      /* row 4: flat */
+    for (int i = 0; i < VB; i++) /* row 5: the bench's */
+        x[(size_t)5 * VB + i] = bf16_to_f32(f32_to_bf16(8.f * (float)rand() / RAND_MAX));
+    ls_sampling s[R];
+    const struct { float t; int k; float p, mp; int lp; } cs[R] = {
+        {0.7f, 20, 0.95f, 0.f, 0}, {0.7f, -1, 0.9f, 0.f, 5}, {0.7f, 50, 0.95f, 0.f, 0}, {1.0f, 20, 1.f, 0.f, 20},
+        {1.0f, 20, 0.5f, 0.f, 20}, {0.7f, -1, 0.9f, 0.f, 0}, {1.0f, 4096, 1.f, 0.f, 0}, {1.0f, -1, 1e-6f, 0.f, 1},
+        {1.0f, -1, 0.999999f, 0.f, 0}, {0.9f, 20, 0.8f, 0.1f, 0}, {0.f, -1, 1.f, 0.f, 3}, {1.3f, -1, 1.f, 0.f, 0},
+        {0.7f, 64, 0.95f, 0.f, 0}, {0.7f, 2000, 0.95f, 0.f, 0}, {1.0f, -1, 1.f, 0.05f, 0}, {0.5f, 20, 0.8f, 0.f, 20},
+    };
+    smp_row p[R];
+    for (int r = 0; r < R; r++) {
+        s[r] = smp_of(cs[r].t, cs[r].k, cs[r].p, cs[r].mp);
+        s[r].logprobs = 1;
+        s[r].top_logprobs = cs[r].lp;
+        p[r] = row_from(&s[r]);
+        p[r].seed = 300 + r;
+        p[r].counter = 11;
+    }
+    const int32_t ban[] = {3, 77, 1000, 240000};
+    p[12].ban_off = 0; p[12].n_ban = 4;
+    smp_out of[R], oo[R], o2[R], o1;
+    dev_sample_with(&sample_cuda_fast, VB, x, R, 1, p, ban, 4, of);
+    dev_sample_with(&sample_cuda_wide, VB, x, R, 1, p, ban, 4, oo);
+    dev_sample_with(&sample_cuda_fast2, VB, x, R, 1, p, ban, 4, o2); /* two blocks an SM: the same code */
+    for (int r = 0; r < R; r++) {
+        assert_int_equal(o2[r].token, of[r].token);
+        assert_int_equal(memcmp(&o2[r].logprob, &of[r].logprob, sizeof(float)), 0);
+    }
+    for (int r = 0; r < R; r++) {
+        assert_int_equal(of[r].bad_idx, -1);
+        if (of[r].token != oo[r].token) fprintf(stderr, "  row %d: fast %d, old %d\n", r, of[r].token, oo[r].token);
+        assert_int_equal(of[r].token, oo[r].token);
+        assert_true(fabsf(of[r].logprob - oo[r].logprob) < 1e-5f);
+        assert_int_equal(of[r].n_top, oo[r].n_top);
+        for (int i = 0; i < of[r].n_top; i++) {
+            assert_int_equal(of[r].top_ids[i], oo[r].top_ids[i]);
+            assert_true(fabsf(of[r].top_lp[i] - oo[r].top_lp[i]) < 1e-5f);
+        }
+        dev_sample_with(&sample_cuda_fast, VB, x + (size_t)r * VB, 1, 1, &p[r], ban, 4, &o1);
+        assert_int_equal(o1.token, of[r].token);
+        assert_int_equal(memcmp(&o1.logprob, &of[r].logprob, sizeof(float)), 0);
+    }
+    for (int i = 0; i < 20; i++) assert_int_equal(of[4].top_ids[i], i); /* the flat row: ids ascending */
+    assert_true(of[4].token >= 0 && of[4].token < 20);
+    /* the draws lie in the host's kept sets */
+    smp_ctx *c = smp_new(VB);
+    int32_t *ids = malloc(sizeof(int32_t) * VB);
+    double *probs = malloc(sizeof(double) * VB);
+    for (int r = 0; r < R; r++) {
+        if (!(s[r].temperature > 0)) continue;
+        float *xr = x + (size_t)r * VB;
+        float keep[4];
+        if (r == 12) for (int j = 0; j < 4; j++) { keep[j] = xr[ban[j]]; xr[ban[j]] = -INFINITY; }
+        int n = smp_filtered_dist(c, xr, &s[r], ids, probs), in = 0;
+        if (r == 12) for (int j = 0; j < 4; j++) xr[ban[j]] = keep[j];
+        for (int i = 0; i < n; i++) in |= ids[i] == of[r].token;
+        if (!in) fprintf(stderr, "  row %d: token %d not in the host's %d kept\n", r, of[r].token, n);
+        assert_true(in);
+    }
+    free(ids); free(probs); smp_free(c); free(x);
+}
+
 static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
 static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_wide; return 0; }
 static int setup_wide_vec(void **st) { (void)st; g_impl = &sample_cuda_wide_vec; return 0; }
+static int setup_fast(void **st) { (void)st; g_impl = &sample_cuda_fast; return 0; }
 
-/* `test_sample_cuda --bench`: microseconds a call of each form over a 248320-wide BF16 row,
- * batch 1 and 16, greedy and sampled (T 0.7 with top_p 0.9, or top_k 50 and top_p 0.95), eager
- * launches back to back. */
+/* `test_sample_cuda --bench`: microseconds a call over 248320-wide BF16 rows, batch 1 and 16,
+ * eager launches back to back: greedy and sampled modes, the cluster form with the radix
+ * descent (scalar and 16-byte passes) against the wide-digit form (sample_cuda_fast), on two
+ * rows: uniform in [0, 8) (BF16: ~1000 ties a value, the id half of the key searched) and a
+ * long-tailed one (12 u^3 - 2: a few high logits, the shape of a model's). The one-block form
+ * only for greedy (its sampled rows take milliseconds). */
 #include <time.h>
 static double now_us(void) {
     struct timespec t;
@@ -357,46 +573,62 @@ static double now_us(void) {
 static int bench(void) {
     if (!have_gpu()) return 1;
     ls_err e = {0};
-    const int BMAX = 16, IT = 200;
+    const int BMAX = 16;
     size_t n = (size_t)BMAX * VB;
     uint16_t *h = malloc(n * 2);
-    srand(9);
-    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(8.f * (float)rand() / RAND_MAX);
     void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-    g_mem->h2d(dx, h, n * 2, g_st, &e);
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide, &sample_cuda_wide_vec};
-    static const char *const mode_name[] = {"greedy", "T 0.7 top_p 0.9", "T 0.7 top_k 50 top_p 0.95"};
-    for (int mode = 0; mode < 3; mode++)
-        for (int bi = 0; bi < 2; bi++) {
-            int b = bi ? 16 : 1;
-            ls_sampling s;
-            ls_sampling_default(&s);
-            if (mode == 0) s.temperature = 0;
-            else { s.temperature = 0.7f; s.top_p = mode == 1 ? 0.9f : 0.95f; s.top_k = mode == 2 ? 50 : -1; }
-            smp_row p[16];
-            for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
-            g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
-            double us[3];
-            int tok[3];
-            for (int k = 0; k < 3; k++) {
-                sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
-                                 .work = dw, .out = dout};
-                for (int it = 0; it < 10; it++) impls[k]->run(&a, g_st, &e);
-                g_mem->sync(g_st, &e);
-                double t0 = now_us();
-                for (int it = 0; it < IT; it++) impls[k]->run(&a, g_st, &e);
-                if (g_mem->sync(g_st, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-                us[k] = (now_us() - t0) / IT;
-                smp_out o;
-                g_mem->d2h(&o, dout, sizeof o, g_st, &e);
-                tok[k] = o.token;
-            }
-            printf("sampler V=%d batch %2d %-25s: one block a row %7.1f us, a cluster a row %6.1f us (x%.1f), "
-                   "16-byte passes %6.1f us, row 0 token %d / %d / %d\n", VB, b, mode_name[mode], us[0], us[1],
-                   us[0] / us[1], us[2], tok[0], tok[1], tok[2]);
+    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide, &sample_cuda_wide_vec, &sample_cuda_fast,
+                                  &sample_cuda_fast2};
+    static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
+        {"greedy", 0.f, -1, 1.f, 0.f},
+        {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
+        {"T 0.7 top_k 50 top_p 0.95", 0.7f, 50, 0.95f, 0.f},
+        {"T 0.7 top_k 20 top_p 0.95", 0.7f, 20, 0.95f, 0.f},
+        {"T 0.7 top_k 20", 0.7f, 20, 1.f, 0.f},
+        {"T 0.7 top_k 20 min_p 0.05", 0.7f, 20, 1.f, 0.05f},
+        {"T 0.7 top_p 0.8 min_p 0.05", 0.7f, -1, 0.8f, 0.05f},
+        {"T 0.7 (no filter)", 0.7f, -1, 1.f, 0.f}, /* the passes around the thresholds: max, Z, draw */
+    };
+    for (int data = 0; data < 2; data++) {
+        srand(9);
+        for (size_t i = 0; i < n; i++) {
+            float u = (float)rand() / RAND_MAX;
+            h[i] = f32_to_bf16(data ? 12.f * u * u * u - 2.f : 8.f * u);
         }
+        g_mem->h2d(dx, h, n * 2, g_st, &e);
+        for (int mode = 0; mode < (int)(sizeof modes / sizeof modes[0]); mode++)
+            for (int bi = 0; bi < 2; bi++) {
+                int b = bi ? 16 : 1;
+                ls_sampling s = smp_of(modes[mode].t, modes[mode].k, modes[mode].p, modes[mode].mp);
+                smp_row p[16];
+                for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
+                g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
+                double us[5] = {0};
+                int tok[5] = {-1, -1, -1, -1, -1};
+                for (int k = mode ? 1 : 0; k < 5; k++) {
+                    sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
+                                     .work = dw, .out = dout};
+                    const int IT = mode && k < 3 ? 60 : 200;
+                    for (int it = 0; it < 5; it++) impls[k]->run(&a, g_st, &e);
+                    g_mem->sync(g_st, &e);
+                    double t0 = now_us();
+                    for (int it = 0; it < IT; it++) impls[k]->run(&a, g_st, &e);
+                    if (g_mem->sync(g_st, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
+                    us[k] = (now_us() - t0) / IT;
+                    smp_out o;
+                    g_mem->d2h(&o, dout, sizeof o, g_st, &e);
+                    tok[k] = o.token;
+                }
+                char blk[40] = "";
+                if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
+                printf("sampler V=%d %-6s batch %2d %-27s: descent %7.1f us, 16-byte %7.1f us, wide-digit %6.1f us "
+                       "(x%.1f), 2 blocks/SM %6.1f us%s, row 0 token %d / %d / %d / %d\n", VB,
+                       data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4], blk,
+                       tok[1], tok[2], tok[3], tok[4]);
+            }
+    }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);
     return 0;
@@ -415,10 +647,18 @@ int main(int argc, char **argv) {
     const struct CMUnitTest cross[] = {
         cmocka_unit_test(test_wide_matches_one_block_on_a_full_vocab_row),
     };
+    const struct CMUnitTest fast[] = {
+        cmocka_unit_test(test_fast_kept_sets_match_the_host_and_the_old_form),
+        cmocka_unit_test(test_fast_flat_rows_keep_the_lowest_ids),
+        cmocka_unit_test(test_fast_top_p_near_tie_at_the_boundary),
+        cmocka_unit_test(test_fast_full_vocab_batch_16_mixed),
+    };
     int rc = cmocka_run_group_tests_name("one block a row", tests, setup_block, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row", tests, setup_wide, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, 16-byte passes", tests, setup_wide_vec, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, wide-digit top_k / top_p", tests, setup_fast, NULL);
     rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
+    rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the descent", fast, NULL, NULL);
     return rc;
 #else
     (void)argc;

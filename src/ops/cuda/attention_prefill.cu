@@ -419,7 +419,8 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
                                                             const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
                                                             const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                             float *__restrict__ part_o, float *__restrict__ part_ml,
-                                                            int *__restrict__ part_n, int n_rows_total, int c0) {
+                                                            int *__restrict__ part_n, int n_rows_total, int c0,
+                                                            int early) {
     constexpr int LD = HD + 8, NT = BN / 8, CH = HD / 8, SB = BN + 8; /* SB: Sred row stride */
     constexpr int KKW = HD / 64;      /* k-steps (16 dims) of S per warp: its quarter of head_dim */
     constexpr int OTW = HD / 32;      /* dim n-tiles (8 dims) of O per warp */
@@ -430,8 +431,13 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
 
     const int grp = nh / nkv, kvh = blockIdx.y, s = blockIdx.x;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    cu_pdl_wait();
-    cu_pdl_trigger();
+    /* early (LASTSTAND_FP_EARLY, fp_early): the sequence table and the prologue's K/V tiles of
+     * past keys only (written by earlier steps) are fetched before the wait for the kernel
+     * before (q and the new token's K/V row); else everything after it */
+    if (!early) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+    }
     const int n_past = seqs[s].n_past, row0 = seqs[s].row0;
     const int32_t *__restrict__ pages = seqs[s].pages;
     const int kmax = n_past, n_ktiles = kmax / BN + 1;
@@ -441,12 +447,6 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     const int kt0 = z * ct, n_it = min(ct, n_ktiles - kt0);
     const bool direct = nc == 1 || !part_o;
     const size_t hrow = (size_t)row0 * nh + kvh * grp; /* output row of query head kvh·grp + 0 */
-    if (z == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
-
-    for (int i = tid; i < 16 * CH; i += FP_THREADS) {
-        const int r = i / CH, c = i % CH, ok = r < grp;
-        fp_cp16(Qs + r * LD + c * 8, ok ? q + (hrow + r) * HD + c * 8 : q, ok ? 16 : 0);
-    }
     auto load_kv = [&](int kt, int st) {
         bf16 *Ks = KV + st * 2 * BN * LD, *Vs = Ks + BN * LD;
         for (int i = tid; i < BN * CH; i += FP_THREADS) {
@@ -458,10 +458,25 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
             fp_cp16(Vs + r * LD + c * 8, V + off, ok ? 16 : 0);
         }
     };
-    /* prologue: tiles 0 .. STG - 2 in flight (group 0 also holds Q) */
+    /* prologue: tiles 0 .. STG - 2 in flight (group 0 also holds Q). Early, the tiles whose keys
+     * all precede the new token go first, before the wait, and join group 0 (a tile in an
+     * earlier group has landed by the time its own group's wait returns) */
+    const auto is_early = [&](int p) { return early && p < n_it && (kt0 + p + 1) * BN <= n_past; };
+    if (early) {
+#pragma unroll
+        for (int p = 0; p < STG - 1; p++)
+            if (is_early(p)) load_kv(kt0 + p, p);
+        cu_pdl_wait();
+        cu_pdl_trigger();
+    }
+    if (z == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
+    for (int i = tid; i < 16 * CH; i += FP_THREADS) {
+        const int r = i / CH, c = i % CH, ok = r < grp;
+        fp_cp16(Qs + r * LD + c * 8, ok ? q + (hrow + r) * HD + c * 8 : q, ok ? 16 : 0);
+    }
 #pragma unroll
     for (int p = 0; p < STG - 1; p++) {
-        if (p < n_it) load_kv(kt0 + p, p);
+        if (p < n_it && !is_early(p)) load_kv(kt0 + p, p);
         fp_cp_commit();
     }
 
@@ -825,6 +840,16 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
     return sizeof(float) * rows * (head_dim + 2) * (size_t)ns + sizeof(int) * rows;
 }
 
+/* LASTSTAND_FP_EARLY=0|1: fp_dec_kernel fetches its sequence and the K/V tiles of past keys of its
+ * pipeline's prologue before griddepcontrol.wait (1), or everything after it (0, FP_DEF_EARLY:
+ * off until a device round checks it). Read once. */
+enum { FP_DEF_EARLY = 0 };
+static int fp_early(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_FP_EARLY", FP_DEF_EARLY);
+    return v;
+}
+
 /* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, nsplit): the shared-memory opt-in once per device
  * (dev: the device's index, under its workspace lock), then the launch. */
 template <int HD, int BN, int STG>
@@ -843,7 +868,7 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float 
                        dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
-                       pml, pn, n_rows, fp_rows_c0(BN));
+                       pml, pn, n_rows, fp_rows_c0(BN), fp_early());
 }
 
 template <int HD, int BN>

@@ -18,7 +18,8 @@
  *                                 shared expert runs inside the router and top-k launches
  *             cuda_expert_loop    any M: tokens sorted by expert, fp4_gemm per expert
  *             cuda_grouped_gemm   any M, NVFP4: routing, sort and tile table on the device,
- *                                 grouped mma.sync GEMMs over expert tiles (moe_grouped.cu)
+ *                                 grouped mma.sync GEMMs over expert tiles (moe_grouped.cu),
+ *                                 GEMVs per expert tile at 9..64 tokens (moe_mid.cu)
  *   attention: cuda_flash_decode  split-K over 256-position chunks, GQA group per block
  *             cuda_naive          one warp per (token, head), online softmax
  *             (seqs and their page lists are host memory; flattened per call)

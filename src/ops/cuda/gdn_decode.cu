@@ -43,6 +43,23 @@
  * Sequence metadata: the kernel reads the device array args->seqs ({slot, n_new, row0} int32
  * triples); seqs_host is validated. No workspace, no host sync: capture-safe.
  * Supported: sm_90+, BF16 activations, dk 32/64/128, dv a multiple of 16, conv_k 4.
+ *
+ * The gated output norm, fused (gdn_args.z set, dv <= 256, LASTSTAND_GDN_NORM=1): out gets
+ * y = (w · rmsnorm(o_j)) · silu(z_j) per v head j, small_ops.rmsnorm_gated's result bit for
+ * bit, instead of o (and *norm_done = 1), so that the layer needs no separate norm launch. A v
+ * head's dv columns live in the dv / 16 warps of dv / 16 / NW consecutive blocks of its
+ * cluster: every lane stores its column's BF16-rounded o (a float) into the shared memory of
+ * every block of its head (distributed shared memory, st.shared::cluster), [2 groups][GD_TB
+ * tokens][dv], after each token group one cluster barrier, then each warp sums the squares of
+ * its head's dv values in the order of sm_rmsnorm_kernel's block sum (one warp's xor tree per
+ * 32 columns, then a tree over those partials: the same fp32 adds, so the same bits) and
+ * scales its own 16 columns; z and w are loaded with the group's inputs (w before the wait).
+ * The group buffers alternate, so the next group's stores cannot meet a warp still reading:
+ * a warp reaches the next barrier only after it read its group. A cluster barrier at the
+ * start (arrive at entry, wait before the first remote store) makes sure every block of the
+ * cluster runs before its shared memory is written; the group barriers also order every warp's
+ * reads of the old q/k window before its rewrite, so the fused kernel has no barrier at its end
+ * (but for T = 0, where the entry's arrive meets its wait there).
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
@@ -101,10 +118,13 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
     gd_kernel(int nk, int nv, int dv, int D, int cl, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
               const bf16 *__restrict__ a, const bf16 *__restrict__ b, const float *__restrict__ conv_w,
               const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *conv_st, /* read, then rolled: not restrict */
-              float *__restrict__ rec, bf16 *__restrict__ out) {
+              float *__restrict__ rec, bf16 *__restrict__ out, const bf16 *__restrict__ z, const float *__restrict__ nrm_w,
+              float nrm_eps) {
     constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8, TB = GD_TB;
     extern __shared__ float4 gd_sh4[];
     cu_pdl_trigger(); /* programmatic dependent launch: see the header */
+    const bool fuse = z != nullptr; /* the gated norm fused: see the header */
+    if (fuse) asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rg = lane >> 2, cg = lane & 3;
     const int s = blockIdx.y;
     int slot, T, row0;
@@ -147,6 +167,12 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
     }
     const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
     const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    /* the fused norm: lane (rg, cg) scales column hc of its head (every rg holds the warp's 4
+     * column sums, so lanes rg and rg + 4 share one); nbh blocks per head, the first hb0 */
+    const int nwb = blockDim.x >> 5, nbh = nsl / nwb, hb0 = blockIdx.x % cl - cs / nwb, hc = col + (rg & 3);
+    const float gwn = fuse ? nrm_w[hc] : 0.f;
+    float *const nbuf = reinterpret_cast<float *>(gd_sh4) + nwb * TB * GD_TOK(DK); /* [2][TB][dv] */
+    int par = 0;
     /* everything above (the step's sequence table, this layer's states, the weights) was
      * written before the step's first kernel or by this layer in an earlier step; qkv, a and
      * b come from the projection right before: wait for it (no-op without the attribute) */
@@ -158,7 +184,7 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
         const int nt = min(TB, T - t0);
         /* the group's raw inputs, every load issued before any is used (rows past the group's
          * end repeat its last row, so no load is guarded) */
-        float xq[TB][CH], xk[TB][CH], xv[TB], xa[TB], xb[TB];
+        float xq[TB][CH], xk[TB][CH], xv[TB], xa[TB], xb[TB], xz[TB];
 #pragma unroll
         for (int u = 0; u < TB; u++) {
             const size_t row = (size_t)(row0 + t0 + min(u, nt - 1));
@@ -171,7 +197,9 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
             xv[u] = __bfloat162float(r[vch]);
             xa[u] = gd_bf(a, row * nv + j);
             xb[u] = gd_bf(b, row * nv + j);
+            xz[u] = fuse ? gd_bf(z, (row * nv + j) * dv + hc) : 0.f;
         }
+        if (fuse && t0 == 0) asm volatile("barrier.cluster.wait;" ::: "memory"); /* every block of the cluster runs */
         float ssq[TB], ssk[TB], sqk[TB], decay[TB], beta[TB];
 #pragma unroll
         for (int u = 0; u < TB; u++) {
@@ -277,18 +305,62 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
                 }
             }
             /* every rg holds the 4 columns' sums: lane (rg < 4, cg) writes column col + rg */
-            const float ov = rg == 0 ? o4[0] : rg == 1 ? o4[1] : rg == 2 ? o4[2] : o4[3];
-            if (rg < 4) out[((size_t)row * nv + j) * dv + col + rg] = __float2bfloat16_rn(ov);
+            const int r3 = rg & 3;
+            const float ov = r3 == 0 ? o4[0] : r3 == 1 ? o4[1] : r3 == 2 ? o4[2] : o4[3];
+            if (!fuse) {
+                if (rg < 4) out[((size_t)row * nv + j) * dv + col + rg] = __float2bfloat16_rn(ov);
+            } else { /* o rounded as the unfused op stores it, to every block of the head: lanes rg
+                      * < 4 to blocks 0, 2, ..., lanes rg >= 4 to blocks 1, 3, ... */
+                const float orr = __bfloat162float(__float2bfloat16_rn(ov));
+                const uint32_t la = (uint32_t)__cvta_generic_to_shared(nbuf + (par * TB + u) * dv + hc);
+                for (int hb = rg >> 2; hb < nbh; hb += 2) {
+                    uint32_t ra;
+                    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(la), "r"(hb0 + hb));
+                    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(ra), "f"(orr) : "memory");
+                }
+            }
         }
         __syncwarp(); /* the group's buffers are rewritten by the next group */
+        if (fuse) {
+            asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
+#pragma unroll
+            for (int u = 0; u < TB; u++) {
+                if (u >= nt) break;
+                const float *hv = nbuf + (par * TB + u) * dv;
+                /* sm_rmsnorm_kernel's sum: thread e of its block (blockDim = dv rounded up to 32)
+                 * squares element e, sm_block_sum adds each warp's squares by an xor tree and the
+                 * warps' partials (lanes < dv / 32, zeros above) by another */
+                float t = 0.f;
+                for (int w0 = 0; w0 * 32 < dv; w0++) {
+                    const int e = w0 * 32 + lane;
+                    float q = 0.f;
+                    if (e < dv) {
+                        const float v = hv[e];
+                        q += v * v;
+                    }
+                    for (int o = 16; o; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+                    if (lane == w0) t = q;
+                }
+                for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                const float sc = rsqrtf(t / dv + nrm_eps);
+                const float xh = hv[hc] * sc, zz = xz[u];
+                const float y = gwn * xh * (zz / (1.0f + expf(-zz)));
+                if (rg < 4) out[((size_t)(row0 + t0 + u) * nv + j) * dv + hc] = __float2bfloat16(y);
+            }
+            par ^= 1;
+        }
     }
 #pragma unroll
     for (int n = 0; n < RPL; n++) *reinterpret_cast<float4 *>(Sg + (size_t)n * dv) = S[n];
 #pragma unroll
     for (int i = 0; i < K - 1; i++)
         if (lane < GD_WC) stv[i] = wv[i];
-    /* every warp of the k head has read the old q/k window: the first one writes the new one */
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
+    /* every warp of the k head has read the old q/k window: the first one writes the new one.
+     * Fused, with T > 0, the group barriers above already stand between those reads (group 0's
+     * inputs) and this write, and no remote store follows the last one: no barrier here. With
+     * T = 0 this is the wait of the entry's arrive. */
+    if (fuse && T == 0) asm volatile("barrier.cluster.wait;" ::: "memory");
+    if (!fuse) asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
     if (blockIdx.x % cl == 0 && warp == 0) {
         float *q = conv_st + ((size_t)slot * D + qch) * (K - 1), *k = conv_st + ((size_t)slot * D + kch) * (K - 1);
 #pragma unroll
@@ -352,15 +424,26 @@ static int gd_pdl(void) {
     return v;
 }
 
+/* LASTSTAND_GDN_NORM=0|1: the gated output norm fused into the kernel when the caller asks
+ * (gdn_args.z) and dv <= 256 (see the header); else GD_NORM_DEFAULT (off until a device round
+ * checks it). Read once. */
+#define GD_NORM_DEFAULT 0
+static int gd_norm(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_NORM", GD_NORM_DEFAULT);
+    return v;
+}
+
+/* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o */
 template <int DK>
-static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st) {
+static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3(w->nk * cl, a->n_seq, 1);
     cfg.blockDim = dim3(nw * 32, 1, 1);
-    cfg.dynamicSmemBytes = sizeof(float) * nw * GD_TB * GD_TOK(DK);
+    cfg.dynamicSmemBytes = sizeof(float) * (nw * GD_TB * GD_TOK(DK) + (fuse ? 2 * GD_TB * w->dv : 0));
     cfg.stream = st;
     if (cfg.dynamicSmemBytes > 48 * 1024) { /* NW > 4 at dk = 128: opt in (a function attribute, no stream work) */
         cudaError_t c = cudaFuncSetAttribute(gd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -381,7 +464,9 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, cudaStream_t st)
     for (;;) {
         c = cudaLaunchKernelEx(&cfg, gd_kernel<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
-                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out);
+                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
+                               fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
+                               a->norm_eps);
         if (c == cudaSuccess || cfg.numAttrs == 1) return c;
         (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
         cfg.numAttrs = 1;
@@ -425,15 +510,25 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+    const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     switch (w->dk) {
-    case 32: c = gd_launch<32>(a, nw, cl, st); break;
-    case 64: c = gd_launch<64>(a, nw, cl, st); break;
-    default: c = gd_launch<128>(a, nw, cl, st); break; /* dec_supported admits 32/64/128 only */
+    case 32: c = gd_launch<32>(a, nw, cl, fuse, st); break;
+    case 64: c = gd_launch<64>(a, nw, cl, fuse, st); break;
+    default: c = gd_launch<128>(a, nw, cl, fuse, st); break; /* dec_supported admits 32/64/128 only */
     }
     if (c == cudaSuccess) c = cudaGetLastError();
-    return c == cudaSuccess ? 0 : cu_fail(e, c, "gdn cuda_decode");
+    if (c != cudaSuccess) return cu_fail(e, c, "gdn cuda_decode");
+    if (fuse) {
+        *a->norm_done = 1;
+        static int said;
+        if (!said) {
+            said = 1;
+            log_info("gdn cuda_decode: the gated output norm fused (dv %d)", w->dv);
+        }
+    }
+    return 0;
 }
 
 const gdn_impl gdn_cuda_decode = {"cuda_decode", DEV_CUDA, 0, dec_supported, dec_run, 1};

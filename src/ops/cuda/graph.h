@@ -41,6 +41,8 @@ extern const sample_impl sample_cuda;
 extern const sample_impl sample_cuda_block;
 extern const sample_impl sample_cuda_wide;
 extern const sample_impl sample_cuda_wide_vec; /* the cluster form with 16-byte passes (LASTSTAND_SAMPLE_VEC=1) */
+extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k / top_p (LASTSTAND_SAMPLE_FAST=1) */
+extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 
 #ifdef __cplusplus
 }

@@ -22,7 +22,13 @@
  *      host's order, higher value then lower id). The k-th largest key and
  *      the nucleus' last key are found by a radix descent, 4 bits per pass,
  *      over counts or masses; min_p is a plain predicate (exp(s - m) >=
- *      min_p). The kept tokens are those at or above both thresholds;
+ *      min_p). The kept tokens are those at or above both thresholds. With
+ *      LASTSTAND_SAMPLE_FAST=1 the cluster form finds the same thresholds by
+ *      wide-digit histograms (11 bits a pass, masses in 2^-40 fixed point
+ *      summed exactly) and a finish among <= 256 candidates in shared memory
+ *      (cl_key_select, below: the design and the error bound); it also takes m
+ *      from the widen's maximum when nothing edits the row, and Z (only the
+ *      logprobs need it there) in the draw's pass;
  *   6. the draw: u · mass against a prefix sum in id order (each thread owns a
  *      contiguous segment; segment sums scanned across the block), u from
  *      Philox-4x32-10 keyed by the request's seed, counter = its completion
@@ -664,6 +670,361 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
     return P;
 }
 
+/* ---- top_k / top_p without the descent (LASTSTAND_SAMPLE_FAST=1, smw_row_kernel<.., FAST>) ----
+ *
+ * The threshold search of cl_key_descent in wide digits: a pass over the work row builds an
+ * SMF_NB-bin histogram of the next digit of the rank key (counts, with MASS the masses exp(s -
+ * m) in fixed point, and in the value half each bin's least and largest value) over the keys
+ * still in the range [P, P + 2^rbits) and at or above the floor; the cluster merges it (block r
+ * sums slice r of the bins over the 8 blocks through distributed shared memory, then every
+ * block reads the slice totals and the chosen slice), and the scan from the top bin picks the
+ * bin where the measure above reaches the target. The digits: 10 bits a pass of the value half
+ * (sign, exponent, mantissa), then of the id half only below the highest bit of V - 1 (ids < V:
+ * the complement's bits above it are all ones); a bin that holds one value (BF16 logits: ties
+ * by the hundred) goes straight to the id half. A search ends when the chosen bin holds one
+ * token (the cut is that token), when a count takes the whole bin, or when the bin holds at
+ * most SMF_CAP tokens: those are compacted into shared memory (each block its own list, then
+ * every block gathers all of them in rank order) and the exact threshold is found there by
+ * ranking each candidate against the others (the count and the mass of the keys above it:
+ * integer sums, order-free). A top_k of at most SMF_CAP with a top_p after it gathers every key
+ * from its bin up (when they are at most SMF_CAP) with their masses, and the top_p is ranked
+ * among those at or above the top_k threshold without another pass (or with one compaction
+ * pass of exactly the top_k set when the top_k search ended on a bin).
+ *
+ * Masses in fixed point: fx = round(expf(s - m) · 2^40) as an unsigned 64-bit integer (expf
+ * <= 1 since s <= m, and the top token's is exactly 1: fx = 2^40; V · 2^40 < 2^64 for V < 2^24),
+ * summed with integer atomics: exact and independent of the order, so the thresholds are
+ * bitwise reproducible whatever the schedule or the batch. The top_p target is ceil(top_p ·
+ * Σ fx) over the keys at or above the top_k threshold (the host's lim = top_p · base). Error
+ * against the host's fp64 exp(s - m): the rounding is within 2^-41 a token, so a sum of n
+ * tokens within n · 2^-41 <= 1.13e-7 for n <= 248320; expf is within 2 ulp (2.4e-7 relative:
+ * the descent's fp32 terms carry the same). With base >= 1, a cumulative mass is within
+ * 3.5e-7 · base of the host's: a kept set can differ from the host's only when the host's
+ * cumulative mass at the boundary token lies within that of top_p · base (the host itself
+ * rounds top_p to a float: 6e-8 relative). test_sample_cuda pins a near-tie one float ulp of
+ * top_p either side of an exact boundary (masses exact in both arithmetics: the host decides,
+ * both forms follow). Tokens with exp(s - m) < 2^-41 (s - m < -28.4) weigh zero here: a
+ * nucleus reaches them only when top_p · base is within V · 2^-41 of the base, i.e. for no
+ * float top_p < 1 but 0.99999994; they are drawn with probability < 2^-41 each anyway. */
+enum { SMF_BITS = 10, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256 };
+static_assert((int)SMF_SL == 4 * 32 && (int)SMF_SL <= (int)SMP_T, "block r merges slice r (one bin a thread); a lane scans 4");
+
+typedef unsigned long long u64s; /* the atomics' type */
+
+typedef struct smf_shared {
+    unsigned cnt[SMF_NB];     /* this block's histogram: counts, masses, and in the value half */
+    u64s mass[SMF_NB];
+    unsigned vmin[SMF_NB], vmax[SMF_NB]; /* the least and largest value bits (key >> 32) a bin holds */
+    unsigned mc[SMF_SL];      /* slice rank of the bins, merged over the cluster */
+    u64s mm[SMF_SL];
+    unsigned mmin[SMF_SL], mmax[SMF_SL];
+    u64s wc[SMF_SL / 32], wm[SMF_SL / 32];
+    u64s tc, tm;              /* the merged slice's totals */
+    unsigned nl;              /* this block's candidate list */
+    u64s lk[SMF_CAP], lf[SMF_CAP];
+    u64s ck[SMF_CAP], cf[SMF_CAP]; /* every block's candidates, in rank order */
+    int off[SMW_CL + 1];
+    int have_all;             /* ck / cf hold every key >= all_floor (a top_k's collect) */
+    uint64_t all_floor;
+    u64s r_above, r_target, r_nsel, r_key;
+    int r_bin, r_single;
+    unsigned r_v;
+} smf_shared;
+
+__device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
+
+__device__ __forceinline__ u64s warp_sum_u(u64s v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Inclusive suffix sums over the lanes (lane l: the sum of lanes l..31). */
+__device__ __forceinline__ u64s warp_suffix_u(u64s v, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64s t = __shfl_down_sync(0xffffffffu, v, o);
+        if (lane + o < 32) v += t;
+    }
+    return v;
+}
+
+/* Warp 0: the highest lane whose suffix (with `above`) reaches target, and the measure of the
+ * lanes above it. The suffixes fall with the lane, so the lanes that reach it are 0..L
+ * (of `lanes`; a target of 0 is reached by every lane). */
+__device__ __forceinline__ int warp_pick(u64s meas, u64s above, u64s target, int lane, unsigned lanes,
+                                         u64s *above_out) {
+    const u64s suf = warp_suffix_u(meas, lane);
+    const unsigned ok = __ballot_sync(0xffffffffu, above + suf >= target) & lanes;
+    const int L = ok ? 31 - __clz((int)ok) : 0;
+    const u64s sL = __shfl_sync(0xffffffffu, suf, L), mL = __shfl_sync(0xffffffffu, meas, L);
+    *above_out = above + sL - mL;
+    return L;
+}
+
+/* f(i, w[i], valid) over global thread g's elements as w_each visits them, in trip counts
+ * uniform over the warp (valid = false past the row's end): warp intrinsics inside f see every
+ * lane. */
+template <bool VEC, class F>
+__device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, int g, F &&f) {
+    const int lane = threadIdx.x & 31;
+    if (VEC && (V & 3) == 0) {
+        const float4 *w4 = (const float4 *)w;
+        const int nv = V >> 2;
+#pragma unroll 2
+        for (int q0 = g - lane; q0 < nv; q0 += SMW_G) {
+            const int q = q0 + lane;
+            const bool ok = q < nv;
+            const float4 u = ok ? w4[q] : make_float4(0.f, 0.f, 0.f, 0.f);
+            f(4 * q, u.x, ok);
+            f(4 * q + 1, u.y, ok);
+            f(4 * q + 2, u.z, ok);
+            f(4 * q + 3, u.w, ok);
+        }
+    } else {
+        for (int i0 = g - lane; i0 < V; i0 += SMW_G) {
+            const int i = i0 + lane;
+            const bool ok = i < V;
+            f(i, ok ? w[i] : 0.f, ok);
+        }
+    }
+}
+
+/* The threshold key t of the kept set {key >= t}: with MASS = 0 the kcount-th largest key at or
+ * above floor (its whole set when there are fewer), with MASS = 1 the last key of the nucleus
+ * (the fewest keys >= floor, descending, whose fixed-point mass reaches ceil(frac · their
+ * total)). known >= 0: the number of keys >= floor, when it is at most SMF_CAP (no histogram;
+ * the candidates a collecting top_k left in shared memory when they hold all of them).
+ * collect (MASS = 0): when the keys from the chosen bin up number at most SMF_CAP, gather all
+ * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
+template <int MASS, bool VEC>
+__device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
+                                  double frac, u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c,
+                                  int g) {
+    const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
+    const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
+    uint64_t P = floor;
+    int rbits = 64; /* 64: no upper bound (the range [P, 2^64)) */
+    u64s above = 0, target = kcount;
+    int first = 1, id_half = 0, nsel = known, all = 0;
+    if (known >= 0 && fs.have_all && fs.all_floor <= floor) {
+        all = 2; /* the candidates are in place: rank them */
+    } else {
+        __syncthreads(); /* every thread has read have_all */
+        if (tid == 0) fs.have_all = 0;
+    }
+    if (known < 0) {
+        P = 0;
+        for (;;) {
+            if (rbits == 32 && !id_half) { /* the id half: only the bits below V - 1's highest */
+                id_half = 1;
+                P |= (uint64_t)(0xffffffffu & ~(idbits >= 32 ? 0xffffffffu : (1u << idbits) - 1u));
+                rbits = idbits;
+            }
+            if (rbits == 0) return P;
+            const int wd = rbits > 32 ? min(SMF_BITS, rbits - 32) : min(SMF_BITS, rbits);
+            const int shf = rbits - wd;
+            const bool vals = !id_half; /* the value half: each bin's least and largest value too */
+            for (int b = tid; b < SMF_NB; b += SMP_T) {
+                fs.cnt[b] = 0;
+                if (MASS) fs.mass[b] = 0;
+                fs.vmin[b] = 0xffffffffu;
+                fs.vmax[b] = 0;
+            }
+            __syncthreads();
+            const uint64_t P0 = P;
+            const int rb = rbits;
+            w_each_warp<VEC>(w, V, g, [&](int i, float x, bool valid) {
+                int d = -1;
+                u64s f = 0;
+                uint64_t k = 0;
+                if (valid) {
+                    const float s = scaled(x, inv, scale);
+                    k = rank_key(s, i);
+                    const uint64_t off = k - P0;
+                    if (k >= floor && k >= P0 && (rb == 64 || !(off >> rb))) {
+                        d = (int)(off >> shf);
+                        if (MASS) f = mass_fx(expf(s - m));
+                    }
+                }
+                /* warp-aggregated: one atomic per distinct bin of the warp (the top digits of a
+                 * row crowd into a few bins); the fixed-point masses summed in two exact halves */
+                const unsigned peers = __match_any_sync(0xffffffffu, d);
+                const bool leader = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
+                if (leader) atomicAdd(&fs.cnt[d], (unsigned)__popc(peers));
+                if (MASS) {
+                    const unsigned lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
+                    const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20));
+                    const u64s sum = ((u64s)hi << 20) + lo;
+                    if (leader && sum) atomicAdd(&fs.mass[d], sum);
+                }
+                if (vals) {
+                    const unsigned v = (unsigned)(k >> 32);
+                    const unsigned vlo = __reduce_min_sync(peers, v), vhi = __reduce_max_sync(peers, v);
+                    if (leader) { atomicMin(&fs.vmin[d], vlo); atomicMax(&fs.vmax[d], vhi); }
+                }
+            });
+            __syncthreads();
+            c.cl.sync(); /* every block's histogram is complete */
+            if (tid < SMF_SL) {
+                const int b = (int)c.rank * SMF_SL + tid;
+                unsigned n = 0, vlo = 0xffffffffu, vhi = 0;
+                u64s ms = 0;
+                for (unsigned r = 0; r < SMW_CL; r++) {
+                    const smf_shared *q = c.cl.map_shared_rank(&fs, r);
+                    n += q->cnt[b];
+                    if (MASS) ms += q->mass[b];
+                    if (vals) { vlo = min(vlo, q->vmin[b]); vhi = max(vhi, q->vmax[b]); }
+                }
+                fs.mc[tid] = n;
+                fs.mm[tid] = ms;
+                fs.mmin[tid] = vlo;
+                fs.mmax[tid] = vhi;
+                const u64s wn = warp_sum_u(n), wmass = MASS ? warp_sum_u(ms) : 0;
+                if (lane == 0) { fs.wc[wp] = wn; fs.wm[wp] = wmass; }
+            }
+            __syncthreads();
+            if (tid == 0) {
+                u64s a = 0, b = 0;
+                for (int q = 0; q < SMF_SL / 32; q++) { a += fs.wc[q]; b += fs.wm[q]; }
+                fs.tc = a;
+                fs.tm = b;
+            }
+            c.cl.sync(); /* every merged slice and its totals are visible; the histograms are free */
+            if (wp == 0) {
+                const smf_shared *qs = c.cl.map_shared_rank(&fs, (unsigned)min(lane, SMW_CL - 1));
+                const u64s lc = lane < SMW_CL ? qs->tc : 0, lm = lane < SMW_CL ? qs->tm : 0;
+                u64s tgt = target;
+                if (first) { /* the measure at or above the floor: the base of the target */
+                    const u64s tot = warp_sum_u(MASS ? lm : lc);
+                    if (MASS) {
+                        const double t = ceil(frac * (double)tot);
+                        tgt = t >= (double)tot ? tot : (u64s)t;
+                    } else if (tgt > tot) {
+                        tgt = tot;
+                    }
+                }
+                u64s ab;
+                const int S = warp_pick(MASS ? lm : lc, above, tgt, lane, (1u << SMW_CL) - 1u, &ab);
+                /* the bins of slice S: lane l holds bins 4l .. 4l + 3 */
+                const smf_shared *qb = c.cl.map_shared_rank(&fs, (unsigned)S);
+                u64s bc[4], bm[4], lsum = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    bc[j] = qb->mc[lane * 4 + j];
+                    bm[j] = MASS ? qb->mm[lane * 4 + j] : 0;
+                    lsum += MASS ? bm[j] : bc[j];
+                }
+                u64s ab2;
+                const int L = warp_pick(lsum, ab, tgt, lane, 0xffffffffu, &ab2);
+                if (lane == L) {
+                    int j = 3;
+                    for (; j > 0; j--) {
+                        const u64s here = MASS ? bm[j] : bc[j];
+                        if (ab2 + here >= tgt) break;
+                        ab2 += here;
+                    }
+                    const int sb = lane * 4 + j;
+                    fs.r_bin = S * SMF_SL + sb;
+                    fs.r_above = ab2;
+                    fs.r_nsel = bc[j];
+                    fs.r_target = tgt;
+                    fs.r_single = vals && qb->mmin[sb] == qb->mmax[sb];
+                    fs.r_v = qb->mmin[sb];
+                }
+            }
+            __syncthreads();
+            P += (uint64_t)fs.r_bin << shf;
+            above = fs.r_above;
+            target = fs.r_target;
+            nsel = (int)min(fs.r_nsel, (u64s)INT_MAX);
+            rbits = shf;
+            first = 0;
+            const int single = fs.r_single;
+            const unsigned v1 = fs.r_v;
+            if (nsel <= 1 || (!MASS && above + (u64s)nsel == target) || rbits == 0) return P;
+            if (!MASS && collect && above + (u64s)nsel <= SMF_CAP) { all = 1; break; }
+            if (nsel <= SMF_CAP) break;
+            if (single && rbits > 32) { /* one value in the bin: straight to the ids */
+                P = (uint64_t)v1 << 32;
+                rbits = 32;
+            }
+        }
+    }
+
+    if (all != 2) {
+        /* the keys of [P, P + 2^rbits) (all: of [P, 2^64)) at or above floor into shared memory:
+         * nsel <= SMF_CAP of them (all: above + nsel; known: known) */
+        if (tid == 0) fs.nl = 0;
+        __syncthreads();
+        {
+            const uint64_t P0 = P;
+            const int rb = all ? 64 : rbits;
+            const bool fx = MASS || all;
+            w_each<VEC>(w, V, g, [&](int i, float x) {
+                const float s = scaled(x, inv, scale);
+                const uint64_t k = rank_key(s, i);
+                if (k < floor || k < P0) return;
+                if (rb < 64 && ((k - P0) >> rb)) return;
+                const unsigned at = atomicAdd(&fs.nl, 1u);
+                if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
+            });
+        }
+        __syncthreads();
+        c.cl.sync(); /* every block's list is complete */
+        if (tid == 0) {
+            int o = 0;
+            for (unsigned r = 0; r < SMW_CL; r++) {
+                fs.off[r] = o;
+                o += (int)min(c.cl.map_shared_rank(&fs, r)->nl, (unsigned)SMF_CAP);
+            }
+            fs.off[SMW_CL] = min(o, SMF_CAP);
+        }
+        __syncthreads();
+        const int n = fs.off[SMW_CL];
+        for (int j = tid; j < n; j += SMP_T) {
+            int r = 0;
+            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
+            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
+            fs.ck[j] = q->lk[j - fs.off[r]];
+            fs.cf[j] = q->lf[j - fs.off[r]];
+        }
+        if (all == 1 && tid == 0) { fs.have_all = 1; fs.all_floor = P; }
+        __syncthreads();
+        c.cl.sync(); /* no block rewrites its list while another still reads it */
+        if (all == 1) above = 0; /* the candidates include every key above the bin */
+    }
+    /* rank the candidates at or above the floor against each other */
+    const int n = fs.off[SMW_CL];
+    if (tid == 0) fs.r_key = P; /* no winner (cannot happen): the whole range is kept */
+    if (first) { /* top_p inside a small top_k set: its base is the set's mass */
+        if (MASS) {
+            u64s t = 0;
+            for (int j = 0; j < n; j++) t += fs.ck[j] >= floor ? fs.cf[j] : 0;
+            const double tt = ceil(frac * (double)t);
+            target = tt >= (double)t ? t : (u64s)tt;
+        } else if (target > (u64s)n) {
+            target = (u64s)n;
+        }
+    }
+    __syncthreads();
+    for (int j = tid; j < n; j += SMP_T) {
+        const u64s kj = fs.ck[j];
+        if (kj < floor) continue;
+        u64s gc = 0, gm = 0;
+        for (int q = 0; q < n; q++) {
+            const u64s kq = fs.ck[q];
+            if (kq > kj) { gc++; gm += fs.cf[q]; }
+        }
+        const int win = MASS ? (above + gm < target && above + gm + fs.cf[j] >= target) : (above + gc + 1 == target);
+        if (win) fs.r_key = kj; /* one candidate at most */
+    }
+    __syncthreads();
+    const uint64_t t = fs.r_key;
+    __syncthreads();
+    return t;
+}
+
 /* The 16 bytes u as fp32 values (8 BF16 or 4 fp32). */
 template <typename T>
 __device__ __forceinline__ void unpack16(uint4 u, float *v);
@@ -681,11 +1042,12 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
-template <typename T, bool VEC>
-__global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
+template <typename T, bool VEC, bool FAST, int MINB>
+__global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out) {
     __shared__ smw_shared sh;
+    __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
     smw_ctx c = {cg::this_cluster(), 0, 0};
     c.rank = c.cl.block_rank();
     const int row = blockIdx.x / SMW_CL, tid = threadIdx.x, g = (int)c.rank * SMP_T + tid;
@@ -704,6 +1066,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
+    /* FAST: the row's maximum during the widen too, when nothing edits the row (m below) */
+    const int track = fast || (FAST && !edits);
 
     /* 1. widen, NaN/Inf scan (and the plain-greedy argmax). A thread visits its ids in
      * ascending order either way (16-byte vectors g, g + SMW_G, ... when the row allows, else
@@ -725,7 +1089,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
                 const int i = q * VW + k;
                 if (i == poison) v[k] = __int_as_float(0x7fc00000);
                 if (!isfinite(v[k])) bad = min(bad, i);
-                if (fast && v[k] > fv) { fv = v[k]; fi = i; }
+                if (track && v[k] > fv) { fv = v[k]; fi = i; }
             }
             if (!fast)
 #pragma unroll
@@ -737,11 +1101,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
             float v = load_logit<T>(x, i);
             if (i == poison) v = __int_as_float(0x7fc00000);
             if (!isfinite(v)) bad = min(bad, i);
-            if (fast) {
-                if (v > fv) { fv = v; fi = i; }
-            } else {
-                w[i] = v;
-            }
+            if (track && v > fv) { fv = v; fi = i; }
+            if (!fast) w[i] = v;
         }
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
@@ -795,8 +1156,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
 
-    /* 3. greedy */
-    if (greedy) {
+    /* 3. greedy (the widen's argmax when it tracked one: the same ids, the same tie rule) */
+    if (greedy && track) {
+        token = fi;
+    } else if (greedy) {
         float bv = -INFINITY;
         int bi = 0, lo = INT_MAX, hi = INT_MIN;
         w_each<VEC>(w, V, g, [&](int i, float v) {
@@ -816,12 +1179,21 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
     const int scale = temp != 1.f;
     const float inv = 1.f / temp;
     float m = -INFINITY;
-    w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
-    m = cl_max(m, sh, c);
-    double z1[1] = {0};
-    w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
-    cl_sum_dn<1>(z1, sh, c);
-    const double Z = z1[0];
+    if (track) { /* x · inv rounds monotonically: the largest scaled logit is the largest's, scaled */
+        m = scaled(fv, inv, scale);
+    } else {
+        w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
+        m = cl_max(m, sh, c);
+    }
+    /* FAST with a draw: Z in the draw's pass over the row instead (the thresholds do not need it) */
+    const int z_in_draw = FAST && token < 0;
+    double Z = 0;
+    if (!z_in_draw) {
+        double z1[1] = {0};
+        w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
+        cl_sum_dn<1>(z1, sh, c);
+        Z = z1[0];
+    }
 
     /* 5-6. filter and draw */
     if (token < 0) {
@@ -829,27 +1201,39 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
         const int use_p = p.top_p > 0.f && p.top_p < 1.f;
         uint64_t tk = 0, tp = 0;
         double base = Z;
-        if (use_k) {
-            tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
-            double b1[1] = {0};
-            w_each<VEC>(w, V, g, [&](int i, float x) {
-                float s = scaled(x, inv, scale);
-                if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
-            });
-            cl_sum_dn<1>(b1, sh, c);
-            base = b1[0];
+        if (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
+            const int small_k = use_k && p.top_k <= SMF_CAP;
+            if (use_k)
+                tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, g);
+            if (use_p)
+                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs,
+                                           c, g);
+        } else {
+            if (use_k) {
+                tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
+                double b1[1] = {0};
+                w_each<VEC>(w, V, g, [&](int i, float x) {
+                    float s = scaled(x, inv, scale);
+                    if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
+                });
+                cl_sum_dn<1>(b1, sh, c);
+                base = b1[0];
+            }
+            if (use_p) tp = cl_key_descent<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
         }
-        if (use_p) tp = cl_key_descent<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
         const uint64_t thr = tk > tp ? tk : tp;
         const float min_p = p.min_p;
         /* segment sums in id order: global thread g owns [g·S, (g+1)·S) */
         const int S = (V + SMW_G - 1) / SMW_G, i0 = min(V, g * S), i1 = min(V, i0 + S);
-        double seg = 0;
+        double seg = 0, zs = 0;
         int last = -1;
         for (int i = i0; i < i1; i++) {
             float s = scaled(w[i], inv, scale);
+            const bool kept = rank_key(s, i) >= thr;
+            if (!FAST && !kept) continue; /* the exp only where needed: the same sums */
             float ex = expf(s - m);
-            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+            if (FAST) zs += (double)ex;
+            if (kept && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
         }
         /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
          * mass of the warps before global warp k, every block computing the same e */
@@ -902,8 +1286,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
             pick = last;
             for (int i = i0; i < i1; i++) {
                 float s = scaled(w[i], inv, scale);
+                if (rank_key(s, i) < thr) continue;
                 float ex = expf(s - m);
-                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
+                if (!(min_p > 0.f) || ex >= min_p) {
                     acc += (double)ex;
                     if (acc > target) { pick = i; break; }
                 }
@@ -914,13 +1299,19 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T)
         cl_argmax_min_max(dv, did, pick, last, sh, c);
         token = pick != INT_MAX ? pick : last; /* last: the last candidate, for a target past the total */
         if (token < 0) token = 0;              /* nothing kept: every logit banned to -inf */
+        if (z_in_draw) { /* the segments' sums of every exp, in the cluster's fixed order */
+            double z1[1] = {zs};
+            cl_sum_dn<1>(z1, sh, c);
+            Z = z1[0];
+        }
     }
 
     /* 7. logprobs */
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        uint64_t tn = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
+        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c, g)
+                                 : cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
         w_each<VEC>(w, V, g, [&](int i, float x) {
@@ -991,37 +1382,51 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
     return 0;
 }
 
-static int wide_launch(const sample_args *a, ls_stream s, int vec, ls_err *e) {
+/* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
+ * clusters fit the GPU in one wave; test-only until a device round times it) */
+template <bool FAST, int MINB>
+static void wide_kernels(const sample_args *a, cudaStream_t st, int vec) {
+    const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
+    if (a->dt == ACT_BF16 && vec)
+        smw_row_kernel<bf16, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+                                                                  a->work, a->out);
+    else if (a->dt == ACT_BF16)
+        smw_row_kernel<bf16, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+                                                                   a->work, a->out);
+    else if (vec)
+        smw_row_kernel<float, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
+                                                                   a->work, a->out);
+    else
+        smw_row_kernel<float, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
+                                                                    a->toks, a->work, a->out);
+}
+
+static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, ls_err *e) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
-    const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
-    if (a->dt == ACT_BF16 && vec)
-        smw_row_kernel<bf16, true><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
-                                                            a->out);
-    else if (a->dt == ACT_BF16)
-        smw_row_kernel<bf16, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
-                                                             a->work, a->out);
-    else if (vec)
-        smw_row_kernel<float, true><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
-                                                             a->work, a->out);
-    else
-        smw_row_kernel<float, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
-                                                              a->work, a->out);
-    CU_LAUNCHED(e, "sampling on CUDA (a cluster a row)");
+    if (fast == 2) wide_kernels<true, 2>(a, st, 1);
+    else if (fast) wide_kernels<true, 1>(a, st, 1); /* the fast form's passes are 16-byte ones where the row allows */
+    else wide_kernels<false, 1>(a, st, vec);
+    CU_LAUNCHED(e, fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)" : "sampling on CUDA (a cluster a row)");
     return 0;
 }
 
-/* The cluster form; its passes over the work row in 16-byte loads with LASTSTAND_SAMPLE_VEC=1
- * (read once; opt-in until a device round validates it). */
+/* The cluster form; its passes over the work row in 16-byte loads with LASTSTAND_SAMPLE_VEC=1,
+ * its top_k / top_p / top logprobs thresholds by wide-digit histograms and a shared-memory
+ * finish (cl_key_select) with LASTSTAND_SAMPLE_FAST=1 (both read once; opt-in until a device
+ * round validates them). */
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
-    static int vec = -1;
+    static int vec = -1, fast = -1;
     if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
-    return wide_launch(a, s, vec, e);
+    if (fast < 0) fast = cu_env_switch("LASTSTAND_SAMPLE_FAST", 0);
+    return wide_launch(a, s, vec, fast, e);
 }
 
-static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, e); }
+static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 0, e); }
+static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, e); }
+static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 2, e); }
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -1037,3 +1442,5 @@ extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
 extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};
+extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
+extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# device-limit: 120
+# bench/device/stepfuse.sh: fewer, shorter kernels in the single-stream decode step of synth
+# Qwen3.5-35B-A3B (GDN and attention layers), for the integrator's device rounds (notes
+# DEVICE_ROUNDS.md).
+#
+#   bash bench/device/stepfuse.sh BIN OUTDIR
+#
+# The session's switches (SWITCHES below, each off by default until a round validates it)
+# are timed off / each on / all on.
+# 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
+#    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
+#    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
+#    test_small_cuda, test_attn_cuda's graph-replay check (fp64 reference, eager bits) with
+#    the attention switches on.
+# 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
+#    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
+#    greedy ids of each against the defaults' (a switch that keeps every sum's order must
+#    give the same ids).
+# 3. (time left; STEPFUSE_NO_NCU=1: skipped) ncu list of one 8-layer decode step, all switches
+#    on, eager, as decprof.sh makes it.
+# 4. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
+#    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
+#    and 12 greedy tokens, CUDA graphs == eager.
+# Each step is bounded by `timeout`; the whole script stays under 120 s.
+set -u
+BIN=${1:?usage: stepfuse.sh BIN OUTDIR}
+OUT=${2:?usage: stepfuse.sh BIN OUTDIR}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+D=$(dirname "$BIN")
+export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T0=$(date +%s)
+el() { echo "($(( $(date +%s) - T0 )) s)"; }
+left() { echo $(( 115 - ($(date +%s) - T0) )); }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
+git log --oneline -1 2>/dev/null | cut -c1-100
+PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
+       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
+ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+
+# SWITCHES: "tag:VAR=V ...": norm = the gated norm inside gd_kernel (gdn_decode.cu);
+# fill2 = cuda_gemv's K split for the under-filling [2048 x 4096] projections (gemv.cu);
+# attn = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128 (twice
+# the blocks on a 641-token context, 12 -> 22; more partials for fp_merge_rows) and its past keys'
+# K/V tiles fetched before griddepcontrol.wait (attention_prefill.cu, LASTSTAND_FP_EARLY);
+# fold = the residual add + input norm inside the layer's grouped in-projection GEMV and the
+# add + post-attention norm behind its output projection (gemv.cu, by the grid's last block)
+SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fold:LASTSTAND_GEMV_PRENORM=1 LASTSTAND_GEMV_POSTNORM=1"
+          "fill2:LASTSTAND_GEMV_FILL=2" "attn:LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1")
+ALL=""
+for v in "${SWITCHES[@]}"; do ALL="$ALL ${v#*:}"; done
+VARIANTS=("base:" "${SWITCHES[@]}" "all:$ALL")
+
+for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda \
+          "test_attn_cuda:LS_ATTN_TEST=check LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"; do
+    t=${te%%:*}
+    env=""
+    [ "$t" != "$te" ] && env=${te#*:}
+    echo "== cmocka $t${env:+ ($env)} $(el)"
+    if [ -x "$D/tests/$t" ]; then
+        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        echo "rc=$? (0: every test passed) $(el)"
+        grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -8
+    else
+        echo "missing: $D/tests/$t"
+    fi
+done
+
+# gen tag preset timeout env...: mean decode step (the engine's "decode steps" line) and the ids
+gen() {
+    local tag=$1 preset=$2 lim=$3
+    shift 3
+    env "$@" timeout -k 3 "$lim" "$BIN" generate --model-path "synth:$preset" --ids "$(ids 512)" --max-new-tokens 129 \
+        --device cuda "${PLANS[@]}" >"$OUT/gen-$tag.out" 2>&1
+    local rc=$?
+    printf '  %-10s rc=%d %s | %s\n' "$tag" $rc "$(grep -oE '[0-9]+ decode steps[^|]*ms each' "$OUT/gen-$tag.out" | head -1)" \
+        "$(grep -oE '"ids": *\[[0-9, ]{0,50}' "$OUT/gen-$tag.out" | head -1)"
+    [ $rc = 0 ] || grep -iE "error|fail|fault" "$OUT/gen-$tag.out" | head -3
+    grep -oE "(cuda_gemv|gdn cuda_decode): [a-z +-]*(fused)[^(]*" "$OUT/gen-$tag.out" | sort -u | sed 's/^/      /'
+}
+same_ids() { # tag tag
+    local a b
+    a=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$1.out" 2>/dev/null)
+    b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$2.out" 2>/dev/null)
+    echo "  ids $2 == $1: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
+}
+echo "== decode step, full synth 35B (40 layers), CUDA graphs: ${VARIANTS[*]} $(el)"
+for v in "${VARIANTS[@]}"; do
+    [ "$(left)" -gt 40 ] || { echo "  ${v%%:*}: skipped (time)"; continue; }
+    gen "${v%%:*}" qwen3.5-35b-a3b 25 ${v#*:}
+done
+for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
+
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -z "${STEPFUSE_NO_NCU:-}" ]; then
+    tag=m1-all
+    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
+    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
+        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
+    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
+        timeout 15 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>"$OUT/ncu-$tag.csv.err"
+        timeout 10 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" ||
+            head -c 400 "$OUT/ncu-$tag.csv.err"
+    fi
+fi
+FIX=$D/fixtures/models
+if [ "$(left)" -gt 20 ]; then
+    echo "== fixtures: CUDA logits of each variant vs the defaults', 12 greedy tokens graphs == eager $(el)"
+    timeout $(( $(left) - 2 )) python3 - "$BIN" "$FIX" "${VARIANTS[@]:1}" <<'PY'
+import json, os, subprocess, sys
+import numpy as np
+BIN, FIX, VARS = sys.argv[1], sys.argv[2], sys.argv[3:]
+def env_of(spec):
+    return dict(os.environ, **dict(kv.split("=", 1) for kv in spec.split(":", 1)[1].split()))
+def run(args, env=None, t=8):
+    try:
+        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=t, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+for name in ("qwen3_5_moe_text", "qwen3_next"):
+    d = os.path.join(FIX, name)
+    if not os.path.exists(os.path.join(d, "ref.json")):
+        print(f"{name}: no fixture at {d}"); continue
+    ids = ",".join(map(str, json.load(open(os.path.join(d, "ref.json")))["input_ids"][:16]))
+    common = ["--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt",
+              "--gdn-backend", "cuda_decode"]
+    def logits(env):
+        p = run(["logits", *common], env)
+        return None if p is None or p.returncode else np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+    def greedy(env, eager):
+        p = run(["generate", *common, "--max-new-tokens", "12", *(["--disable-cuda-graph"] if eager else [])], env)
+        return json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else "ERR " + ("TIMEOUT" if p is None else p.stderr[-200:])
+    base, gb = logits(None), greedy(None, False)
+    for spec in VARS:
+        env = env_of(spec)
+        x = logits(env)
+        rel = "ERR" if x is None or base is None else f"{float(np.abs(x - base).max() / np.abs(base).max()):.2e}"
+        g, e = greedy(env, False), greedy(env, True)
+        print(f"{name:18s} {spec.split(':')[0]:6s} logits vs defaults {rel} (M = 16); greedy == defaults': "
+              f"{'yes' if g == gb else 'NO'}; graphs == eager: {'yes' if g == e else 'NO ' + str(g)[:80] + ' / ' + str(e)[:80]}")
+PY
+    echo "rc=$? $(el)"
+fi
+
+echo "total $(( $(date +%s) - T0 )) s"

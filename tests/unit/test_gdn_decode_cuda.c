@@ -1,0 +1,186 @@
+/* test_gdn_decode_cuda.c: the gdn backend cuda_decode (src/ops/cuda/gdn_decode.cu) with the
+ * layer's gated output norm fused into its kernel (gdn_args.z / norm_w / norm_done,
+ * LASTSTAND_GDN_NORM=1, forced on here unless the caller set it) against the two ops it
+ * replaces: cuda_decode without z, then the small op rmsnorm_gated on its output, on copies
+ * of the same inputs and states. The normed output, the recurrent states and the conv
+ * windows must come out bitwise identical (the fused kernel sums the squares in the small
+ * op's order), and norm_done must say the norm was done. Shapes: Qwen3.5-35B's GDN (16 k /
+ * 32 v heads, dk = dv = 128: clusters of 8 blocks of 2 warps, a v head over 4 blocks),
+ * Qwen3.5-397B's (16 / 64: blocks of 4 warps, a head over 2 blocks), dk = dv = 64 and the
+ * fixture models' dk = dv = 32 (a head over 2 one-warp blocks); sequences of 1 token, of 6
+ * (a full group of 4 and a partial one), of none, in scattered state slots. A call with a
+ * 65-token sequence goes to cuda_chunked, which does not fuse: norm_done must stay 0.
+ * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ops/ops.h"
+#include "cuda_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LS_HAVE_CUDA
+static const dev_mem *g_mem;
+static ls_stream g_st;
+static dev_info g_dev;
+
+static int have_gpu(void) { return cuda_test_gpu("test_gdn_decode_cuda", 9, &g_mem, &g_dev, &g_st); }
+
+static uint32_t g_rng = 4242;
+static float urand(void) { /* [-1, 1) */
+    g_rng = g_rng * 1664525u + 1013904223u;
+    return (float)(g_rng >> 8) / 8388608.f - 1.f;
+}
+
+static void *dev_copy(const void *h, size_t n) {
+    ls_err e = {0};
+    void *d = g_mem->alloc(n, &e);
+    assert_non_null(d);
+    assert_int_equal(g_mem->h2d(d, h, n, g_st, &e), 0);
+    return d;
+}
+
+static uint16_t *bf16_rand(size_t n, float scale) {
+    uint16_t *p = malloc(n * 2);
+    for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(scale * urand());
+    return p;
+}
+
+static float *f32_rand(size_t n, float scale, float bias) {
+    float *p = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) p[i] = bias + scale * urand();
+    return p;
+}
+
+/* Compares n bytes of two device buffers; prints how many elements of size es differ. */
+static int same_dev(const void *a, const void *b, size_t n, size_t es, const char *what, int nk, int nv, int dk) {
+    ls_err e = {0};
+    unsigned char *x = malloc(n), *y = malloc(n);
+    assert_int_equal(g_mem->d2h(x, a, n, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(y, b, n, g_st, &e), 0);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n / es; i++)
+        if (memcmp(x + i * es, y + i * es, es) && !bad++) first = i;
+    if (bad)
+        fprintf(stderr, "gdn cuda_decode + fused norm (nk %d nv %d dk %d): %s differs from the two ops at %zu of %zu "
+                        "elements (first: %zu)\n", nk, nv, dk, what, bad, n / es, first);
+    free(x);
+    free(y);
+    return bad == 0;
+}
+
+/* One shape; seqs [n_seq] in host memory, n_tok rows. Returns norm_done of the fused call. */
+static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *seqs, int n_tok, int expect_same) {
+    const gdn_impl *g = ops_gdn_find("cuda_decode");
+    const small_ops *so = ops_small_find("cuda");
+    assert_non_null(g);
+    assert_non_null(so);
+    enum { K = 4, SLOTS = 4 };
+    const int D = 2 * nk * dk + nv * dv;
+    const float eps = 1e-6f;
+    ls_err e = {0};
+    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
+             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
+    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
+          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
+    const size_t nconv = (size_t)SLOTS * D * (K - 1), nrec = (size_t)SLOTS * nv * dk * dv;
+    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
+    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
+         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
+    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
+          *dnw = dev_copy(nw, dv * 4);
+    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
+    float *dconv[2], *drec[2];
+    void *dout[2];
+    for (int s = 0; s < 2; s++) {
+        dconv[s] = dev_copy(conv, nconv * 4);
+        drec[s] = dev_copy(rec, nrec * 4);
+        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
+    }
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    gdn_state st[2];
+    for (int s = 0; s < 2; s++) st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = SLOTS};
+    /* the two ops */
+    gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dqkv, .a = da,
+                   .b = db, .st = &st[0], .out = dout[0], .dt = ACT_BF16};
+    assert_int_equal(g->run(&ga, g_st, &e), 0);
+    assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, dout[0], dz, dnw, eps, dout[0], ACT_BF16, g_st), 0);
+    /* the fused call */
+    int done = 0;
+    gdn_args gb = ga;
+    gb.st = &st[1];
+    gb.out = dout[1];
+    gb.z = dz;
+    gb.norm_w = dnw;
+    gb.norm_eps = eps;
+    gb.norm_done = &done;
+    assert_int_equal(g->run(&gb, g_st, &e), 0);
+    if (!done) assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, dout[1], dz, dnw, eps, dout[1], ACT_BF16, g_st), 0);
+    assert_int_equal(g_mem->sync(g_st, &e), 0);
+    if (expect_same) {
+        int ok = same_dev(dout[0], dout[1], (size_t)n_tok * nv * dv * 2, 2, "the normed output", nk, nv, dk);
+        ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent state", nk, nv, dk);
+        ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv windows", nk, nv, dk);
+        assert_true(ok);
+    }
+    for (int s = 0; s < 2; s++) {
+        g_mem->free(dconv[s]);
+        g_mem->free(drec[s]);
+        g_mem->free(dout[s]);
+    }
+    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    return done;
+}
+#endif
+
+/* The fused gated norm equals cuda_decode + rmsnorm_gated, bit for bit, at every shape. */
+static void test_fused_norm_equals_the_two_ops(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    /* sequence 0: 1 token in slot 2 (a decode row); 1: 6 tokens in slot 0 (rows 1..6: a group
+     * of 4 and one of 2); 2: no token (slot 3: its state must come back unchanged) */
+    const gdn_seq seqs[3] = {{.slot = 2, .n_new = 1, .row0 = 0}, {.slot = 0, .n_new = 6, .row0 = 1},
+                             {.slot = 3, .n_new = 0, .row0 = 7}};
+    static const int shapes[][4] = {{16, 32, 128, 128}, {16, 64, 128, 128}, {4, 8, 64, 64}, {2, 4, 32, 32}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int *s = shapes[i];
+        assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 3, seqs, 7, 1), 1);
+        assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 1, seqs, 1, 1), 1); /* M = 1 alone */
+    }
+#else
+    skip();
+#endif
+}
+
+/* A prompt chunk over the decode kernel's limit goes to cuda_chunked, which leaves the norm
+ * to the caller (norm_done stays 0). */
+static void test_chunked_hand_over_leaves_the_norm(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    const gdn_seq seqs[1] = {{.slot = 1, .n_new = 65, .row0 = 0}};
+    assert_int_equal(fused_case(2, 4, 32, 32, 1, seqs, 65, 0), 0);
+#else
+    skip();
+#endif
+}
+
+int main(void) {
+    setenv("LASTSTAND_GDN_NORM", "1", 0);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fused_norm_equals_the_two_ops),
+        cmocka_unit_test(test_chunked_hand_over_leaves_the_norm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

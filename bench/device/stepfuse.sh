@@ -47,24 +47,27 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 # by the grid's last block (gemv.cu); ck64 = attention decode (fp_dec_kernel, row plan) in
 # chunks of 64 keys instead of 128 (12 -> 22 blocks on a 641-token context, more partials to
 # merge); attn = ck64 + the past keys' K/V tiles fetched before griddepcontrol.wait
-# (attention_prefill.cu, LASTSTAND_FP_EARLY); best = post + attn. (The add + input norm in
-# front of the in-projection, LASTSTAND_GEMV_PRENORM, lost 94 us in R1: not timed again.)
+# (attention_prefill.cu, LASTSTAND_FP_EARLY; R1 timed ck64 alone); t1 = gd_kernel1 for decode
+# steps (one token a group, 128 registers, so that it launches beside the in-projection's blocks
+# and loads its state early; gdn_decode.cu, LASTSTAND_GDN_T1); best = post + attn + t1. (The add
+# + input norm in front of the in-projection, LASTSTAND_GEMV_PRENORM, lost 94 us in R1: not timed.)
 OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1"
 POST="LASTSTAND_GEMV_POSTNORM=1"
 ATTN="LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"
-VARIANTS=("base:" "old:$OLD" "post:$POST" "ck64:LASTSTAND_FP_CHUNK=64" "attn:$ATTN" "best:$POST $ATTN")
-ALL="$POST $ATTN"
+T1="LASTSTAND_GDN_T1=1"
+VARIANTS=("base:" "old:$OLD" "post:$POST" "attn:$ATTN" "t1:$T1" "best:$POST $ATTN $T1")
+ALL="$POST $ATTN $T1"
 
-for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda \
+for te in test_gdn_decode_cuda "test_gdn_decode_cuda:LASTSTAND_GDN_T1=1" test_gemv_cuda test_small_cuda \
           "test_attn_cuda:LS_ATTN_TEST=check LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"; do
     t=${te%%:*}
     env=""
     [ "$t" != "$te" ] && env=${te#*:}
     echo "== cmocka $t${env:+ ($env)} $(el)"
     if [ -x "$D/tests/$t" ]; then
-        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t${env:+-env}.log" 2>&1
         echo "rc=$? (0: every test passed) $(el)"
-        grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -8
+        grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t${env:+-env}.log" | head -8
     else
         echo "missing: $D/tests/$t"
     fi
@@ -72,14 +75,14 @@ done
 
 # the doctor's fp64 verdicts for what changed: cuda_gemv at the 35B shapes with the K split
 # (the default now), the attention decode in 64-key chunks with the early fetch
-if [ "$(left)" -gt 90 ]; then
-    for fam in "gemm:cuda_gemv:" "attention:cuda_flash_prefill:$ATTN"; do
+if [ "$(left)" -gt 85 ]; then
+    for fam in "gemm:cuda_gemv:" "attention:cuda_flash_prefill:$ATTN" "gdn:cuda_decode:$T1"; do
         f=${fam%%:*}; r=${fam#*:}; be=${r%%:*}; env=${r#*:}
         echo "== doctor $f ($be) at qwen3.5-35b-a3b, M = 1, 8${env:+, env $env} $(el)"
         env $env timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families "$f" --m 1,8 \
             --backends "$be" --json "$OUT/doctor-$f.json" >"$OUT/doctor-$f.txt" 2>"$OUT/doctor-$f.err"
         echo "rc=$? $(el)"
-        grep -E "^(gemm|attention) |^ +(1|8) " "$OUT/doctor-$f.txt" | cut -c1-110
+        grep -E "^(gemm|attention|gdn) |^ +(1|8) " "$OUT/doctor-$f.txt" | cut -c1-110
         grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$f.err" | head -3
     done
 fi

@@ -16,6 +16,9 @@
 #  5. exactness: the real GEMV chained on its own output, eager and in graph replays, a producer
 #     block delayed 20 us in some calls, bit for bit against the synced run; the no-wait form as the
 #     negative control (it must differ).
+# R2 adds the LL form (NCCL's LL protocol: x / y also as tagged 8-byte words, data + tag in one
+# single-copy-atomic store; no fence, no atomic; each GEMV warp polls only its own x slice) to
+# every table, trace and exactness check; R1 measured the flag (release/acquire election) slower.
 # BIN is not used (the bench is standalone); CF_MODE=graph|fp8 runs the older modes instead.
 set -u
 BIN=${1:?usage: chainfloor.sh BIN OUTDIR}

@@ -131,6 +131,8 @@ struct ho_hand {
     unsigned long long *tot; /* the counting form (below) */
     long long *trace;        /* gv_kernel: 4 %globaltimer stamps a block at trace[(call * grid + b) * 4] */
     int call;
+    const unsigned long long *xl; /* the LL form (below): tagged x in, tagged y out */
+    unsigned long long *yl;
 };
 __device__ __forceinline__ unsigned long long ho_ld_acq(const unsigned long long *p) {
     unsigned long long v;
@@ -199,6 +201,46 @@ __device__ __forceinline__ void ho_wait_count(const ho_hand &h) {
 __device__ __forceinline__ void ho_publish_count(const ho_hand &h) {
     __syncthreads();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;\n" ::"l"(h.tot) : "memory");
+}
+/* The LL form (R2; NCCL's "LL" protocol): no fence, no atomic, no counter. The producer writes its
+ * output a second time as tagged 8-byte words, (tag << 32) | two BF16 values, tag = the low 32 bits
+ * of its seq_out, each word one st.relaxed.gpu.u64 (an aligned 8-byte access is single-copy
+ * atomic: a reader sees the old word or the new one whole, so a word whose tag matches holds this
+ * producer's data; no ordering between words is needed). The consumer polls exactly the words it
+ * needs (ld.volatile: from L2, never a stale L1 line) until every tag equals seq_in's, per warp:
+ * a warp of the GEMV starts on its chunks as soon as the 16 producer blocks that wrote its x slice
+ * are done, without waiting for the rest of the grid. A head ignores the tags (griddepcontrol.wait).
+ * Stale tags: eager seq values are unique; a graph replays its baked tags, so a graph clears its
+ * tagged buffers first (a memset node; the head's wait orders it, and its trigger-after-wait keeps
+ * every later grid behind it). WAR: a producer overwrites the buffer its predecessor read (two
+ * buffers alternate); each producer block writes only after its whole block consumed all of x, i.e.
+ * after every block of the predecessor wrote, i.e. after every one of them finished reading. */
+__device__ __forceinline__ void ll_ld2(const unsigned long long *p, unsigned long long &a, unsigned long long &b) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];\n" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ void ll_st(unsigned long long *p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
+}
+/* two tagged words at p (16-byte aligned) -> their 8 data bytes, once both tags match (head: at once) */
+__device__ __forceinline__ uint2 ll_get2(const ho_hand &h, const unsigned long long *p, bool head) {
+    const unsigned tag = (unsigned)h.seq_in;
+    unsigned long long a, b;
+    ll_ld2(p, a, b);
+    if (!head) {
+        long long t0 = 0;
+        for (unsigned n = 0; (unsigned)(a >> 32) != tag || (unsigned)(b >> 32) != tag; n++) {
+            if ((n & 255u) == 0) {
+                const long long t = gtimer();
+                if (!n) t0 = t;
+                else if (t - t0 > 20000000LL || *(volatile unsigned *)&h.f->err) {
+                    atomicAdd(&h.f->err, 1u);
+                    break;
+                }
+            }
+            ll_ld2(p, a, b);
+        }
+    }
+    return make_uint2((unsigned)a, (unsigned)b);
 }
 __device__ __forceinline__ void ho_delay(const ho_hand &h) {
     if (h.delay_ns && (int)blockIdx.x == h.delay_blk) {
@@ -269,7 +311,7 @@ __global__ void floor_kernel(const uint8_t *__restrict__ w, const uint8_t *__res
  * chain of launches, waits, x and writes alone), R = 16 streams the weight's tile as the pure
  * read does. trig 0: griddepcontrol.launch_dependents first thing, 1: last (after the block's
  * store), 2: never (the dependents launch at exit). wait 0: griddepcontrol.wait; 1: none (wrong
- * for a real chain: the lower bound); 2: the flag handoff (ho_*); 3: the counting form. xr: x (16 B a thread from L2,
+ * for a real chain: the lower bound); 2: the flag handoff (ho_*); 3: the counting form; 4: the LL form. xr: x (16 B a thread from L2,
  * the 8 KB a GEMV block reads) after the wait. trace: thread 0 of each block stores %globaltimer
  * at entry, when the wait returns, and after its store / publish, at trace[(call * grid + b) * 3]. */
 struct ch_args {
@@ -286,6 +328,7 @@ __global__ void ch_kernel(ch_args a) {
     const long long t0 = a.trace ? gtimer() : 0;
     const bool head = a.wait >= 2 && a.h.seq_in == 0;
     if (a.trig == 0 && !head) cu_pdl_trigger();
+    /* wait 4 (LL, 256 blocks only): block b writes tagged words 8b .. 8b + 7; a block reads all 2048 */
     const size_t cb = (size_t)a.R * (a.K / 2), sb = (size_t)a.R * (a.K / 16);
     const uint4 *wg = reinterpret_cast<const uint4 *>(a.w + blockIdx.x * cb);
     const uint4 *sg = reinterpret_cast<const uint4 *>(a.sc + blockIdx.x * sb);
@@ -299,7 +342,11 @@ __global__ void ch_kernel(ch_args a) {
     if (head && a.trig == 0) cu_pdl_trigger();
     const long long t1 = a.trace ? gtimer() : 0;
     uint32_t v = 0;
-    if (a.xr) {
+    if (a.wait == 4) {
+        const unsigned long long *p = a.h.xl + 4 * (threadIdx.x & 511);
+        const uint2 d0 = ll_get2(a.h, p, head), d1 = ll_get2(a.h, p + 2, head);
+        v = d0.x ^ d0.y ^ d1.x ^ d1.y;
+    } else if (a.xr) {
         const uint4 xv = __ldcg(reinterpret_cast<const uint4 *>(a.xin) + (threadIdx.x & 511));
         v = xv.x ^ xv.y ^ xv.z ^ xv.w;
     }
@@ -319,6 +366,8 @@ __global__ void ch_kernel(ch_args a) {
     }
     if (a.wait == 2) ho_publish(a.h);
     if (a.wait == 3) ho_publish_count(a.h);
+    if (a.wait == 4 && threadIdx.x < 8)
+        ll_st(a.h.yl + 8 * blockIdx.x + threadIdx.x, ((unsigned long long)(unsigned)a.h.seq_out << 32) | (v ^ threadIdx.x));
     if (a.trig == 1) cu_pdl_trigger();
     if (a.trace && threadIdx.x == 0) {
         long long *tr = a.trace + ((size_t)a.call * gridDim.x + blockIdx.x) * 3;
@@ -340,7 +389,8 @@ __global__ void ch_kernel(ch_args a) {
 enum { GK_KW = 16, GK_PER = 2, GK_PAD = 60 << 10 };
 /* HO (chainfloor): the handoff (TR = 1: %globaltimer stamps into h.trace). 0: griddepcontrol.wait (the shipped form); 1: the flag handoff
  * above (h.seq_in = 0: a head, griddepcontrol.wait, trigger after it); 2: no wait at all (wrong:
- * the negative control of the exactness check); 3: the counting form (timing only). h.delay_*: one block sleeps before its y stores. */
+ * the negative control of the exactness check); 3: the counting form (timing only); 4: the LL form
+ * (x from the tagged h.xl, y also as tagged words to h.yl; M = 1, N = K only). h.delay_*: one block sleeps before its y stores. */
 template <int XB, int DEC, int KW = GK_KW, int PER = GK_PER, int MINB = 2, int HO = 0, int TR = 0>
 __global__ void __launch_bounds__(32 * KW, MINB)
     gv_kernel(int N, int K, const __nv_bfloat16 *__restrict__ x, const uint8_t *__restrict__ w,
@@ -351,7 +401,7 @@ __global__ void __launch_bounds__(32 * KW, MINB)
     __shared__ uint32_t ss[KW][PER][32];
     __shared__ float red[KW][16];
     const long long tt0 = TR ? gtimer() : 0;
-    const bool head = (HO == 1 || HO == 3) && h.seq_in == 0;
+    const bool head = (HO == 1 || HO == 3 || HO == 4) && h.seq_in == 0;
     if (!head) cu_pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * 16, c0 = warp * PER;
@@ -373,15 +423,29 @@ __global__ void __launch_bounds__(32 * KW, MINB)
         else if (HO == 3) ho_wait_count(h);
         if (head) cu_pdl_trigger();
     }
-    const long long tt1 = TR ? gtimer() : 0;
+    if (HO == 4) { /* LL: zb first (the one block barrier), then each warp polls its own x slice */
+        if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
 #pragma unroll
-    for (int u = 0; u < PER; u++) {
-        if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
+        for (int u = 0; u < PER; u++) {
+            /* elements (c0 + u) 128 + 4 lane .. + 4 = words (c0 + u) 64 + 2 lane, + 1 */
+            const uint2 d = ll_get2(h, h.xl + (size_t)(c0 + u) * 64 + 2 * lane, head);
+            reinterpret_cast<uint2 *>(&xs[warp][u][0])[lane] = d;
+            asm volatile("cp.async.commit_group;\n" ::: "memory"); /* empty: keeps wait_dyn's count */
+        }
+        __syncwarp();
     }
-    if (XB) cu_pdl_wait(); /* still before y */
-    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
-    __syncthreads();
+    const long long tt1 = TR ? gtimer() : 0;
+    if (HO != 4) {
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            if (lane < 16) cp16(&xs[warp][u][lane], xg + u * 128);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }
+        if (XB) cu_pdl_wait(); /* still before y */
+        if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+    }
     const bool on = t == (g >> 1);
     const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
     const int sx = on ? 16 : 0;
@@ -419,7 +483,15 @@ __global__ void __launch_bounds__(32 * KW, MINB)
 #pragma unroll
         for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
         ho_delay(h);
-        y[n0 + threadIdx.x] = __float2bfloat16_rn(v * scale2);
+        const __nv_bfloat16 yv = __float2bfloat16_rn(v * scale2);
+        y[n0 + threadIdx.x] = yv;
+        if (HO == 4) { /* rows 2i, 2i + 1 -> tagged word n0 / 2 + i */
+            const unsigned me = __bfloat16_as_ushort(yv);
+            const unsigned odd = __shfl_down_sync(0x0000ffffu, me, 1);
+            if (!(threadIdx.x & 1))
+                ll_st(h.yl + n0 / 2 + threadIdx.x / 2,
+                      ((unsigned long long)(unsigned)h.seq_out << 32) | (me | (odd << 16)));
+        }
     }
     if (HO == 1) ho_publish(h);
     if (HO == 3) ho_publish_count(h);
@@ -1047,6 +1119,10 @@ static int graph_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
  *    flag handoff, eager and in graph replays, some producer blocks delayed 20 us, against the
  *    synced run bit for bit; the no-wait form as the negative control. */
 static unsigned long long g_seq = 0; /* the host's sequence counter: grows only */
+/* the LL form's tagged buffers: a replayed graph bakes its tags, so ho_time clears these before
+ * every graph sample (outside the timed span; a real graph would hold a memset node) */
+static unsigned long long *g_llclr[2];
+static size_t g_llbytes = 0;
 
 /* time chains of `chain` launches: lk(k, call, seq_in, seq_out) enqueues launch k (set k % 32),
  * position call in its chain; the first launch after a hold or a graph boundary is a head
@@ -1073,7 +1149,10 @@ static double ho_time(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int graph
             CK(cudaGraphDestroy(gr));
             gx.push_back(x);
         }
-        for (size_t g = 0; g < gx.size(); g++) CK(cudaGraphLaunch(gx[g], st));
+        for (size_t g = 0; g < gx.size(); g++) {
+            for (int b = 0; b < 2 && g_llbytes; b++) CK(cudaMemsetAsync(g_llclr[b], 0, g_llbytes, st));
+            CK(cudaGraphLaunch(gx[g], st));
+        }
     }
     last = 0;
     int k = 0;
@@ -1081,6 +1160,7 @@ static double ho_time(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int graph
     CK(cudaStreamSynchronize(st));
     std::vector<double> t;
     for (int smp = 0; smp < nsamp; smp++) {
+        for (int b = 0; b < 2 && graph && g_llbytes; b++) CK(cudaMemsetAsync(g_llclr[b], 0, g_llbytes, st));
         hold_kernel<<<1, 1, 0, st>>>(graph ? 30000 : 20000 + 6000LL * chain);
         last = 0;
         CK(cudaEventRecord(e0, st));
@@ -1119,6 +1199,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         long long *d;
         CK(cudaMalloc(&d, n * sizeof(long long)));
         gt_probe<<<1, 1, 0, st>>>(d, n);
+        CK(cudaStreamSynchronize(st)); /* st does not sync with the legacy stream of cudaMemcpy */
         std::vector<long long> h(n);
         CK(cudaMemcpy(h.data(), d, n * sizeof(long long), cudaMemcpyDeviceToHost));
         long long mn = 1LL << 60;
@@ -1150,6 +1231,14 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     unsigned long long *tot, cum = 0;
     CK(cudaMalloc(&tot, 128));
     CK(cudaMemset(tot, 0, 128));
+    /* the LL form's two tagged buffers (2048 words: 4096 BF16, x of [4096 x 4096]), alternating by call */
+    unsigned long long *TL[2];
+    for (int b = 0; b < 2; b++) {
+        CK(cudaMalloc(&TL[b], 2048 * 8));
+        CK(cudaMemset(TL[b], 0, 2048 * 8));
+        g_llclr[b] = TL[b];
+    }
+    g_llbytes = 2048 * 8;
     auto cmap = [&](int wait, int grid, unsigned long long &si, unsigned long long &so) {
         if (wait != 3) return;
         si = si ? cum : 0; /* 0: a head (griddepcontrol.wait) */
@@ -1185,7 +1274,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                       {"trig first, flag, x", 1, 0, 2, 1, 0},
                       {"trig first, flag+sleep64, x", 1, 0, 2, 1, 64},
                       {"no PDL (plain launch), x", 0, 2, 0, 1, 0},
-                      {"trig first, count (stream only), x", 1, 0, 3, 1, 0}};
+                      {"trig first, count (stream only), x", 1, 0, 3, 1, 0},
+                      {"trig first, LL tagged x (256 blocks)", 1, 0, 4, 1, 0}};
     auto mk = [&](const hrow &r, int R, int k, int call, unsigned long long si, unsigned long long so,
                   long long *tr) {
         ch_args a = {};
@@ -1203,6 +1293,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         a.h.seq_out = so;
         a.h.sleep = r.sleep;
         a.h.tot = tot;
+        a.h.xl = TL[(k + 1) & 1];
+        a.h.yl = TL[k & 1];
         a.trace = tr;
         a.call = call;
         return a;
@@ -1223,6 +1315,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, ch_kernel, sh.thr, sh.smem));
         for (const hrow &r : H) {
             if (r.sleep && !(sh.grid == 256 && sh.smem)) continue;
+            if (r.wait == 4 && (sh.grid != 256 || sh.thr < 512)) continue; /* every block reads all 2048 words */
             auto lk = [&](int k, int call, unsigned long long si, unsigned long long so) {
                 cmap(r.wait, sh.grid, si, so);
                 return cu_launch_pdl(r.pdl, ch_kernel, dim3(sh.grid), dim3(sh.thr), sh.smem, st,
@@ -1258,7 +1351,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                        {"no-load 1x128", 0, 1, 128, 0, 5},              {"read 256x512 2/SM", 16, 256, 512, smem2, 0},
                        {"read 256x512 2/SM", 16, 256, 512, smem2, 5},   {"read 256x512 4/SM", 16, 256, 512, smem4, 0},
                        {"read 256x512 4/SM", 16, 256, 512, smem4, 5},  {"no-load 256x512 2/SM", 0, 256, 512, smem2, 8},
-                       {"read 256x512 2/SM", 16, 256, 512, smem2, 8}};
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 8},   {"no-load 256x512 2/SM", 0, 256, 512, smem2, 9},
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 9},   {"read 256x512 4/SM", 16, 256, 512, smem4, 9}};
     for (const trow &tr : TR) {
         const hrow &r = H[tr.h];
         std::vector<double> vs, vw0, vw1, ve, vp, ver;
@@ -1317,6 +1411,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+    CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     CK(cudaFuncSetAttribute(gv_kernel<0, 0, 16, 2, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
     printf("flag handoff vs griddepcontrol.wait, [4096 x 4096] on 32 rotating sets; us a call (%% of copy %.0f GB/s)\n",
@@ -1329,10 +1425,12 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     };
     const frow FR[] = {{"pure read 2/SM, gdc.wait", 0, 0},     {"pure read 2/SM, flag", 0, 5},
                        {"pure read 2/SM, flag+sleep64", 0, 6}, {"pure read 2/SM, NO wait (bound)", 0, 4},
-                       {"pure read 2/SM, count (stream only)", 0, 8},
+                       {"pure read 2/SM, count (stream only)", 0, 8}, {"pure read 2/SM, LL tagged x", 0, 9},
+                       {"pure read 4/SM, LL tagged x", 1, 9},
                        {"pure read 4/SM, gdc.wait", 1, 0},     {"pure read 4/SM, flag", 1, 5},
                        {"real fp4_gemv1t<16,2,0>, gdc.wait", 2, 0}, {"real, flag", 2, 1},
-                       {"real, NO wait (bound, wrong)", 2, 2},  {"real, count (stream only)", 2, 3},  {"real DEC=0, gdc.wait", 3, 0},
+                       {"real, NO wait (bound, wrong)", 2, 2},  {"real, count (stream only)", 2, 3},
+                       {"real, LL tagged x / y", 2, 4},         {"real DEC=0, LL", 3, 4},  {"real DEC=0, gdc.wait", 3, 0},
                        {"real DEC=0, flag", 3, 1},             {"real, gdc.wait again", 2, 0},
                        {"real, flag again", 2, 1}};
     const dim3 g_(N / 16), b_(512);
@@ -1343,7 +1441,13 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             if (fr.kind <= 1)
                 return cu_launch_pdl(1, ch_kernel, dim3(N / 16), dim3(512), fr.kind ? smem4 : smem2, st,
                                      mk(H[fr.h], 16, k, call, si, so, (long long *)nullptr));
-            ho_hand h = {fl, si, so, 0, 0u, 0, tot};
+            ho_hand h = {fl, si, so, 0, 0u, 0, tot, nullptr, 0, TL[(k + 1) & 1], TL[k & 1]};
+            if (fr.kind == 3 && fr.h == 4)
+                return cu_launch_pdl(1, gv_kernel<0, 0, 16, 2, 2, 4>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
+            if (fr.h == 4)
+                return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 4>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
+                                     (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
             if (fr.h == 3)
                 return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 3>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
                                      (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
@@ -1388,7 +1492,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         std::vector<long long> ht((size_t)8 * G * 4);
         CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
         CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
-        for (int ho : {0, 1}) {
+        CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
+        for (int ho : {0, 1, 4}) {
             std::vector<double> vs, vw0, vw1, vd0, vd1, vp;
             for (int smp = 0; smp < 40; smp++) {
                 hold_kernel<<<1, 1, 0, st>>>(80000);
@@ -1396,8 +1501,12 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                 for (int i = 0; i < 8; i++) {
                     const unsigned long long so = ++g_seq;
                     const int s_ = (smp * 8 + i) % nsets;
-                    ho_hand h = {fl, last, so, 0, 0u, 0, tot, trace, i};
-                    if (ho)
+                    ho_hand h = {fl, last, so, 0, 0u, 0, tot, trace, i, TL[(i + 1) & 1], TL[i & 1]};
+                    if (ho == 4)
+                        CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 4, 1>, g_, b_, GK_PAD, st, N, K,
+                                         (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
+                                         1.0f, y, h));
+                    else if (ho)
                         CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 1, 1>, g_, b_, GK_PAD, st, N, K,
                                          (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
                                          1.0f, y, h));
@@ -1431,7 +1540,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             }
             printf("  real GEMV %-10s start %6.0f [%6.0f %6.0f] wait0 %6.0f [%6.0f %6.0f] wait1 %6.0f [%6.0f %6.0f] "
                    "dec0 %6.0f dec1 %6.0f [%6.0f %6.0f] period %6.0f [%6.0f %6.0f]\n",
-                   ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
+                   ho == 4 ? "LL" : ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
                    pct(vw0, .9), pct(vw1, .5), pct(vw1, .1), pct(vw1, .9), pct(vd0, .5), pct(vd1, .5), pct(vd1, .1),
                    pct(vd1, .9), pct(vp, .5), pct(vp, .1), pct(vp, .9));
             fflush(stdout);
@@ -1459,12 +1568,28 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         for (int i = 0; i < 3; i++) CK(cudaMalloc(&B[i], (size_t)K * 2));
         CK(cudaMemcpy(B[0], hx.data(), (size_t)K * 2, cudaMemcpyHostToDevice));
         const float scale2 = 1.f / 160.f;
+        /* the LL form: x0 as tagged words (tag 0: only a head reads it, and a head ignores tags) */
+        unsigned long long *TX0;
+        {
+            std::vector<unsigned long long> hl(K / 2);
+            for (int i = 0; i < K / 2; i++)
+                hl[i] = (unsigned long long)((unsigned)__bfloat16_as_ushort(hx[2 * i]) |
+                                             ((unsigned)__bfloat16_as_ushort(hx[2 * i + 1]) << 16));
+            CK(cudaMalloc(&TX0, (size_t)K * 4));
+            CK(cudaMemcpy(TX0, hl.data(), (size_t)K * 4, cudaMemcpyHostToDevice));
+        }
         auto in_of = [&](int j) { return j == 0 ? B[0] : B[1 + (j - 1) % 2]; };
         auto out_of = [&](int j) { return B[1 + j % 2]; };
         auto gvx = [&](int ho, int pdl, int j, ho_hand h) -> cudaError_t {
             const dim3 g(N / 16), b(512);
             const __nv_bfloat16 *xi = in_of(j);
             const uint8_t *w_ = RW[j % ns], *s_ = RS[j % ns];
+            if (ho == 4) {
+                h.xl = j == 0 ? TX0 : TL[(j - 1) & 1];
+                h.yl = TL[j & 1];
+                return cu_launch_pdl(pdl, gv_kernel<0, 1, 16, 2, 2, 4>, g, b, GK_PAD, st, N, K, xi, w_, s_, scale2,
+                                     out_of(j), h);
+            }
             if (ho == 1)
                 return cu_launch_pdl(pdl, gv_kernel<0, 1, 16, 2, 2, 1>, g, b, GK_PAD, st, N, K, xi, w_, s_, scale2,
                                      out_of(j), h);
@@ -1502,7 +1627,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                "sets, vs the synced run bit for bit (reference: %d non-finite, %d zero of %d)\n",
                L, LG, nan, zero, N);
         /* eager: reps chains of L behind a hold, every 4th call delays one block 20 us */
-        for (int ho : {0, 1, 2}) {
+        for (int ho : {0, 1, 4, 2}) {
             int bad = 0, worst = 0;
             for (int rep = 0; rep < 12; rep++) {
                 poison();
@@ -1520,14 +1645,16 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                 worst = std::max(worst, d);
             }
             printf("  eager %-26s 12 chains of %d: %d differ (worst %d of %d elements)%s\n",
-                   ho == 0 ? "gdc.wait (shipped)" : ho == 1 ? "flag handoff" : "NO wait (negative control)", L, bad,
+                   ho == 0 ? "gdc.wait (shipped)" : ho == 1 ? "flag handoff" : ho == 4 ? "LL tagged x / y" : "NO wait (negative control)", L, bad,
                    worst, N, ho == 2 ? (bad ? "  [control caught]" : "  [control NOT caught]") : bad ? "  FAIL" : "  ok");
         }
         /* graph: LG calls captured once (head first, delays baked), replayed */
-        for (int ho : {1, 2}) {
+        for (int ho : {1, 4, 2}) {
             cudaGraph_t gr;
             cudaGraphExec_t gx;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            if (ho == 4) /* the graph clears its tagged buffers first: replays bake their tags */
+                for (int b = 0; b < 2; b++) CK(cudaMemsetAsync(TL[b], 0, 2048 * 8, st));
             unsigned long long last = 0;
             for (int j = 0; j < LG; j++) {
                 const unsigned long long so = ++g_seq;
@@ -1555,7 +1682,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                 bad2 += diff(refg) != 0;
             }
             printf("  graph %-26s 20 single replays: %d differ (worst %d); 10 x 30 back-to-back replays: %d differ%s\n",
-                   ho == 1 ? "flag handoff" : "NO wait (negative control)", bad1, worst, bad2,
+                   ho == 1 ? "flag handoff" : ho == 4 ? "LL (+ a memset node)" : "NO wait (negative control)", bad1, worst, bad2,
                    ho == 2 ? ((bad1 || bad2) ? "  [control caught]" : "  [control NOT caught]")
                            : (bad1 || bad2) ? "  FAIL" : "  ok");
             CK(cudaGraphExecDestroy(gx));

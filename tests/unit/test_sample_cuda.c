@@ -515,8 +515,9 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     dev_sample_with(&sample_cuda_fast, VB, x, R, 1, p, ban, 4, of);
     dev_sample_with(&sample_cuda_wide, VB, x, R, 1, p, ban, 4, oo);
     /* one or two blocks an SM, histograms aggregated per warp or not: the same results */
-    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_agg};
-    for (int f = 0; f < 3; f++) {
+    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_agg,
+                                 &sample_cuda_fast_agg2};
+    for (int f = 0; f < 4; f++) {
         dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
         for (int r = 0; r < R; r++) {
             assert_int_equal(o2[r].token, of[r].token);
@@ -587,8 +588,8 @@ static int bench(void) {
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
     const sample_impl *impls[] = {&sample_cuda_block,  &sample_cuda_wide,  &sample_cuda_wide_vec,
                                   &sample_cuda_fast,   &sample_cuda_fast1, &sample_cuda_fast2,
-                                  &sample_cuda_fast_agg};
-    enum { NI = 7 };
+                                  &sample_cuda_fast_agg, &sample_cuda_fast_agg2};
+    enum { NI = 8 };
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -633,9 +634,9 @@ static int bench(void) {
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
                 printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
-                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, warp-aggregated %5.1f)%s, row 0 tokens %d %d %d %d %d %d\n",
+                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, aggregated by match %5.1f / ballot %5.1f)%s, row 0 tokens %d %d %d %d %d %d\n",
                        VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
-                       us[5], us[6], blk, tok[1], tok[2], tok[3], tok[4], tok[5], tok[6]);
+                       us[5], us[6], us[7], blk, tok[1], tok[2], tok[3], tok[5], tok[6], tok[7]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);

@@ -45,6 +45,7 @@ extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k
 extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 extern const sample_impl sample_cuda_fast_agg; /* the same, warp-aggregated histogram atomics */
+extern const sample_impl sample_cuda_fast_agg2; /* the same, aggregated by ballot rounds */
 
 #ifdef __cplusplus
 }

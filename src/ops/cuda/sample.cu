@@ -839,8 +839,8 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             const int rb = rbits;
             /* one shared atomic a token in range (the hardware resolves a warp's same-bin lanes),
              * the mass in two 32-bit words with the carry counted by whoever wrapped the low one
-             * (exact); or (agg, test-only: LASTSTAND_SAMPLE_FAST=1's first form, slower in device
-             * round R1) one atomic per distinct bin of a warp, aggregated by __match_any_sync */
+             * (exact); or (agg, test-only: 1, the first form, device round R1, by __match_any_sync;
+             * 2 by a ballot round per distinct bin) one atomic per distinct bin of a warp */
             w_each_warp<VEC>(w, V, g, [&](int i, float x, bool valid) {
                 int d = -1;
                 u64s f = 0;
@@ -857,6 +857,39 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                 }
                 unsigned n = 1;
                 bool lead = d >= 0;
+                if (agg == 2) { /* one round per distinct bin of the warp, full-warp intrinsics */
+                    bool todo = d >= 0;
+                    for (;;) {
+                        const unsigned pend = __ballot_sync(0xffffffffu, todo);
+                        if (!pend) break;
+                        const int ld = __ffs(pend) - 1;
+                        const int bd = __shfl_sync(0xffffffffu, d, ld);
+                        const bool mine = todo && d == bd;
+                        const unsigned cnt = (unsigned)__popc(__ballot_sync(0xffffffffu, mine));
+                        u64s fs_ = 0;
+                        if (MASS) {
+                            const unsigned lo = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f & 0xfffffu) : 0u);
+                            const unsigned hi = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f >> 20) : 0u);
+                            fs_ = ((u64s)hi << 20) + lo;
+                        }
+                        unsigned vlo = 0, vhi = 0;
+                        if (vals) {
+                            vlo = __reduce_min_sync(0xffffffffu, mine ? v : 0xffffffffu);
+                            vhi = __reduce_max_sync(0xffffffffu, mine ? v : 0u);
+                        }
+                        if (lane == ld) {
+                            atomicAdd(&fs.cnt[bd], cnt);
+                            if (vals) { atomicMin(&fs.vmin[bd], vlo); atomicMax(&fs.vmax[bd], vhi); }
+                            if (MASS && fs_) {
+                                const unsigned lo = (unsigned)fs_, old = atomicAdd(&fs.mlo[bd], lo);
+                                const unsigned hi = (unsigned)(fs_ >> 32) + (old + lo < old ? 1u : 0u);
+                                if (hi) atomicAdd(&fs.mhi[bd], hi);
+                            }
+                        }
+                        todo = todo && !mine;
+                    }
+                    return;
+                }
                 if (agg) {
                     const unsigned peers = __match_any_sync(0xffffffffu, d);
                     lead = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
@@ -1495,6 +1528,9 @@ static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) {
 static int cuda_sample_fast_agg_run(const sample_args *a, ls_stream s, ls_err *e) {
     return wide_launch(a, s, 1, 1, 0, 1, e);
 }
+static int cuda_sample_fast_agg2_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 1, 0, 2, e);
+}
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -1514,3 +1550,5 @@ extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1
 extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
 extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
 extern "C" const sample_impl sample_cuda_fast_agg = {"cuda_sample_fast_agg", DEV_CUDA, 1, 1, cuda_sample_fast_agg_run};
+extern "C" const sample_impl sample_cuda_fast_agg2 = {"cuda_sample_fast_agg2", DEV_CUDA, 1, 1,
+                                                      cuda_sample_fast_agg2_run};

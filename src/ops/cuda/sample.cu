@@ -1519,6 +1519,9 @@ static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
     return wide_launch(a, s, vec, fast, 0, 0, e);
 }
 
+static int cuda_sample_descent_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 0, 0, 1, 0, e);
+}
 static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) {
     return wide_launch(a, s, 1, 0, 1, 0, e);
 }
@@ -1545,6 +1548,7 @@ static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
+extern "C" const sample_impl sample_cuda_descent = {"cuda_sample_descent", DEV_CUDA, 1, 1, cuda_sample_descent_run};
 extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
 extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};

@@ -44,7 +44,7 @@ if [ -x "$D/tests/test_sample_cuda" ]; then
     echo "== test_sample_cuda --bench $(el)"
     timeout -k 3 25 "$D/tests/test_sample_cuda" --bench >"$OUT/sample_bench.log" 2>&1
     echo "rc=$? $(el)"
-    cut -c1-230 "$OUT/sample_bench.log" | tail -30
+    cut -c1-330 "$OUT/sample_bench.log" | tail -40
 else
     echo "missing: $D/tests/test_sample_cuda"
 fi

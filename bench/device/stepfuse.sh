@@ -6,8 +6,8 @@
 #
 #   bash bench/device/stepfuse.sh BIN OUTDIR
 #
-# The session's switches (SWITCHES below, each off by default until a round validates it)
-# are timed off / each on / all on.
+# The session's switches (VARIANTS below; each off by default until a round validates it) are
+# timed against the defaults, alone and together.
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
 #    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
 #    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
@@ -17,8 +17,8 @@
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
 #    give the same ids).
-# 3. (time left; STEPFUSE_NO_NCU=1: skipped) ncu list of one 8-layer decode step, all switches
-#    on, eager, as decprof.sh makes it.
+# 3. (STEPFUSE_NCU=1, time left: R1 printed it) ncu list of one 8-layer decode step, all
+#    switches on, eager, as decprof.sh makes it; the doctor's verdicts of the changed backends.
 # 4. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
 #    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
 #    and 12 greedy tokens, CUDA graphs == eager.
@@ -40,33 +40,52 @@ PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-bac
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 
-# SWITCHES: "tag:VAR=V ...": norm = the gated norm inside gd_kernel (gdn_decode.cu);
-# fill2 = cuda_gemv's K split for the under-filling [2048 x 4096] projections (gemv.cu);
-# attn = attention decode (fp_dec_kernel, row plan) in chunks of 64 keys instead of 128 (twice
-# the blocks on a 641-token context, 12 -> 22; more partials for fp_merge_rows) and its past keys'
-# K/V tiles fetched before griddepcontrol.wait (attention_prefill.cu, LASTSTAND_FP_EARLY);
-# fold = the residual add + input norm inside the layer's grouped in-projection GEMV and the
-# add + post-attention norm behind its output projection (gemv.cu, by the grid's last block)
-SWITCHES=("norm:LASTSTAND_GDN_NORM=1" "fold:LASTSTAND_GEMV_PRENORM=1 LASTSTAND_GEMV_POSTNORM=1"
-          "fill2:LASTSTAND_GEMV_FILL=2" "attn:LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1")
-ALL=""
-for v in "${SWITCHES[@]}"; do ALL="$ALL ${v#*:}"; done
-VARIANTS=("base:" "${SWITCHES[@]}" "all:$ALL")
+# VARIANTS: "tag:VAR=V ..." against the defaults (base). Since S7-R1 the defaults include the
+# gated norm inside gd_kernel (gdn_decode.cu, LASTSTAND_GDN_NORM) and cuda_gemv's K split for
+# the under-filling [2048 x 4096] projections (gemv.cu, LASTSTAND_GEMV_FILL=2); "old" turns
+# both off. post = the residual add + post-attention norm behind the layer's output projection,
+# by the grid's last block (gemv.cu); ck64 = attention decode (fp_dec_kernel, row plan) in
+# chunks of 64 keys instead of 128 (12 -> 22 blocks on a 641-token context, more partials to
+# merge); attn = ck64 + the past keys' K/V tiles fetched before griddepcontrol.wait
+# (attention_prefill.cu, LASTSTAND_FP_EARLY; R1 timed ck64 alone); t1 = gd_kernel1 for decode
+# steps (one token a group, 128 registers, so that it launches beside the in-projection's blocks
+# and loads its state early; gdn_decode.cu, LASTSTAND_GDN_T1); best = post + attn + t1. (The add
+# + input norm in front of the in-projection, LASTSTAND_GEMV_PRENORM, lost 94 us in R1: not timed.)
+OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1"
+POST="LASTSTAND_GEMV_POSTNORM=1"
+ATTN="LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"
+T1="LASTSTAND_GDN_T1=1"
+VARIANTS=("base:" "old:$OLD" "post:$POST" "attn:$ATTN" "t1:$T1" "best:$POST $ATTN $T1")
+ALL="$POST $ATTN $T1"
 
-for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda \
+for te in test_gdn_decode_cuda "test_gdn_decode_cuda:LASTSTAND_GDN_T1=1" test_gemv_cuda test_small_cuda \
           "test_attn_cuda:LS_ATTN_TEST=check LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"; do
     t=${te%%:*}
     env=""
     [ "$t" != "$te" ] && env=${te#*:}
     echo "== cmocka $t${env:+ ($env)} $(el)"
     if [ -x "$D/tests/$t" ]; then
-        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        env $env timeout -k 3 30 "$D/tests/$t" >"$OUT/$t${env:+-env}.log" 2>&1
         echo "rc=$? (0: every test passed) $(el)"
-        grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -8
+        grep -E "PASSED|FAILED|SKIPPED|differs|rror|skipping" "$OUT/$t${env:+-env}.log" | head -8
     else
         echo "missing: $D/tests/$t"
     fi
 done
+
+# the doctor's fp64 verdicts for what changed: cuda_gemv at the 35B shapes with the K split
+# (the default now), the attention decode in 64-key chunks with the early fetch
+if [ "$(left)" -gt 85 ]; then
+    for fam in "gemm:cuda_gemv:" "attention:cuda_flash_prefill:$ATTN" "gdn:cuda_decode:$T1"; do
+        f=${fam%%:*}; r=${fam#*:}; be=${r%%:*}; env=${r#*:}
+        echo "== doctor $f ($be) at qwen3.5-35b-a3b, M = 1, 8${env:+, env $env} $(el)"
+        env $env timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families "$f" --m 1,8 \
+            --backends "$be" --json "$OUT/doctor-$f.json" >"$OUT/doctor-$f.txt" 2>"$OUT/doctor-$f.err"
+        echo "rc=$? $(el)"
+        grep -E "^(gemm|attention|gdn) |^ +(1|8) " "$OUT/doctor-$f.txt" | cut -c1-110
+        grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$f.err" | head -3
+    done
+fi
 
 # gen tag preset timeout env...: mean decode step (the engine's "decode steps" line) and the ids
 gen() {
@@ -94,7 +113,7 @@ done
 for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -z "${STEPFUSE_NO_NCU:-}" ]; then
+if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -n "${STEPFUSE_NCU:-}" ]; then
     tag=m1-all
     echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
     env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \

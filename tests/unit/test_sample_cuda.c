@@ -292,7 +292,7 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     for (int bf = 0; bf < 2; bf++) {
         dev_sample_with(&sample_cuda_block, VB, x, RB, bf, p, toks, 6, ob);
         for (int form = 0; form < 2; form++) { /* the cluster form, then with 16-byte passes */
-            dev_sample_with(form ? &sample_cuda_wide_vec : &sample_cuda_wide, VB, x, RB, bf, p, toks, 6, ow);
+            dev_sample_with(form ? &sample_cuda_wide_vec : &sample_cuda_descent, VB, x, RB, bf, p, toks, 6, ow);
             for (int r = 0; r < RB; r++) {
                 assert_int_equal(ob[r].bad_idx, -1);
                 assert_int_equal(ow[r].bad_idx, -1);
@@ -333,7 +333,7 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     }
     /* a NaN in a late block: reported by its index, as the one-block form does */
     x[(size_t)VB * 2 + 240001] = NAN;
-    dev_sample_with(&sample_cuda_wide, VB, x, RB, 1, p, toks, 6, ow);
+    dev_sample_with(&sample_cuda_descent, VB, x, RB, 1, p, toks, 6, ow);
     assert_int_equal(ow[2].bad_idx, 240001);
     assert_int_equal(ow[2].token, -1);
     assert_int_equal(ow[1].bad_idx, -1);
@@ -362,7 +362,7 @@ static int fast_vs_old(int vocab, const float *x, int bf16, const ls_sampling *s
         if (n_ban) { p[r].ban_off = 0; p[r].n_ban = n_ban; }
     }
     dev_sample_with(&sample_cuda_fast, vocab, xs, rows, bf16, p, ban, n_ban, of);
-    dev_sample_with(&sample_cuda_wide, vocab, xs, rows, bf16, p, ban, n_ban, oo);
+    dev_sample_with(&sample_cuda_descent, vocab, xs, rows, bf16, p, ban, n_ban, oo);
     /* the host's kept set, on the row as the GPU sees it (BF16-rounded, bans applied) */
     float *xh = malloc(sizeof(float) * vocab);
     for (int i = 0; i < vocab; i++) xh[i] = bf16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
@@ -513,11 +513,18 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     p[12].ban_off = 0; p[12].n_ban = 4;
     smp_out of[R], oo[R], o2[R], o1;
     dev_sample_with(&sample_cuda_fast, VB, x, R, 1, p, ban, 4, of);
-    dev_sample_with(&sample_cuda_wide, VB, x, R, 1, p, ban, 4, oo);
-    dev_sample_with(&sample_cuda_fast2, VB, x, R, 1, p, ban, 4, o2); /* two blocks an SM: the same code */
-    for (int r = 0; r < R; r++) {
-        assert_int_equal(o2[r].token, of[r].token);
-        assert_int_equal(memcmp(&o2[r].logprob, &of[r].logprob, sizeof(float)), 0);
+    dev_sample_with(&sample_cuda_descent, VB, x, R, 1, p, ban, 4, oo);
+    /* one or two blocks an SM, histograms aggregated per warp or not: the same results */
+    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_agg,
+                                 &sample_cuda_fast_agg2};
+    for (int f = 0; f < 4; f++) {
+        dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
+        for (int r = 0; r < R; r++) {
+            assert_int_equal(o2[r].token, of[r].token);
+            assert_int_equal(memcmp(&o2[r].logprob, &of[r].logprob, sizeof(float)), 0);
+            assert_int_equal(o2[r].n_top, of[r].n_top);
+            for (int i = 0; i < of[r].n_top; i++) assert_int_equal(o2[r].top_ids[i], of[r].top_ids[i]);
+        }
     }
     for (int r = 0; r < R; r++) {
         assert_int_equal(of[r].bad_idx, -1);
@@ -554,9 +561,10 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
 }
 
 static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
-static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_wide; return 0; }
+static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_descent; return 0; }
 static int setup_wide_vec(void **st) { (void)st; g_impl = &sample_cuda_wide_vec; return 0; }
 static int setup_fast(void **st) { (void)st; g_impl = &sample_cuda_fast; return 0; }
+static int setup_engine(void **st) { (void)st; g_impl = &sample_cuda; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call over 248320-wide BF16 rows, batch 1 and 16,
  * eager launches back to back: greedy and sampled modes, the cluster form with the radix
@@ -579,8 +587,10 @@ static int bench(void) {
     void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_wide, &sample_cuda_wide_vec, &sample_cuda_fast,
-                                  &sample_cuda_fast2};
+    const sample_impl *impls[] = {&sample_cuda_block,  &sample_cuda_descent,  &sample_cuda_wide_vec,
+                                  &sample_cuda_fast,   &sample_cuda_fast1, &sample_cuda_fast2,
+                                  &sample_cuda_fast_agg, &sample_cuda_fast_agg2};
+    enum { NI = 8 };
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -605,9 +615,10 @@ static int bench(void) {
                 smp_row p[16];
                 for (int r = 0; r < b; r++) { p[r] = row_from(&s); p[r].seed = 5 + r; }
                 g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
-                double us[5] = {0};
-                int tok[5] = {-1, -1, -1, -1, -1};
-                for (int k = mode ? 1 : 0; k < 5; k++) {
+                double us[NI] = {0};
+                int tok[NI];
+                for (int k = 0; k < NI; k++) tok[k] = -1;
+                for (int k = mode ? 1 : 0; k < NI; k++) {
                     sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
                                      .work = dw, .out = dout};
                     const int IT = mode && k < 3 ? 60 : 200;
@@ -623,10 +634,10 @@ static int bench(void) {
                 }
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
-                printf("sampler V=%d %-6s batch %2d %-27s: descent %7.1f us, 16-byte %7.1f us, wide-digit %6.1f us "
-                       "(x%.1f), 2 blocks/SM %6.1f us%s, row 0 token %d / %d / %d / %d\n", VB,
-                       data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4], blk,
-                       tok[1], tok[2], tok[3], tok[4]);
+                printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
+                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, aggregated by match %5.1f / ballot %5.1f)%s, row 0 tokens %d %d %d %d %d %d\n",
+                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
+                       us[5], us[6], us[7], blk, tok[1], tok[2], tok[3], tok[5], tok[6], tok[7]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
@@ -654,9 +665,11 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fast_full_vocab_batch_16_mixed),
     };
     int rc = cmocka_run_group_tests_name("one block a row", tests, setup_block, NULL);
-    rc |= cmocka_run_group_tests_name("a cluster a row", tests, setup_wide, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row (the radix descent)", tests, setup_wide, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, 16-byte passes", tests, setup_wide_vec, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, wide-digit top_k / top_p", tests, setup_fast, NULL);
+    rc |= cmocka_run_group_tests_name("the engine's sampler (sample_cuda: the form the environment picks)", tests,
+                                      setup_engine, NULL);
     rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
     rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the descent", fast, NULL, NULL);
     return rc;

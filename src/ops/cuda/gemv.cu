@@ -440,17 +440,19 @@ static int gv_forced_split(void) {
     return v;
 }
 
-/* LASTSTAND_GEMV_FILL=2: split K while the doubled grid still has at most two blocks
- * per SM (instead of one): at [2048 x 4096] (out_proj / o_proj, 128 tiles) S = 2, every
- * block's loads in flight at once, two blocks an SM (the decode-step profile of device round
- * R1: that shape ran at 1.8 TB/s under ncu, one block of 8 warps an SM). Timed in R2/R3:
- * 8-layer synth 35B decode step 0.869 vs 0.877 ms (-1%), so it stays opt-in. Read once; 1
- * (the policy below) otherwise. */
+/* LASTSTAND_GEMV_FILL=1|2: split K while the doubled grid still has at most one (1) or two (2)
+ * blocks per SM: at [2048 x 4096] (out_proj / o_proj, 128 tiles) 2 gives S = 2, every block's
+ * loads in flight at once, two blocks an SM (the decode-step profile of S5 device round R1:
+ * that shape ran at 1.8 TB/s under ncu, one block of 8 warps an SM). GV_FILL_DEFAULT 2 since
+ * S7 device round R1 (2026-11-30, bench/device/stepfuse.sh): the 40-layer synth 35B decode
+ * step 2.520 -> 2.441 ms (-3.1%; S5's rounds: doctor ✅, [2048 x 4096] 8.0 -> 7.3 µs at M = 1,
+ * 9.5 -> 8.4 at M = 8, the 8-layer step 0.877 -> 0.869 ms). Read once. */
+#define GV_FILL_DEFAULT 2
 static int gv_fill(void) {
     static int v = -1;
     if (v < 0) {
         const char *s = getenv("LASTSTAND_GEMV_FILL");
-        v = s && !strcmp(s, "2") ? 2 : 1;
+        v = s && !strcmp(s, "2") ? 2 : s && !strcmp(s, "1") ? 1 : GV_FILL_DEFAULT;
     }
     return v;
 }

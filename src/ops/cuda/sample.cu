@@ -674,7 +674,8 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
  *
  * The threshold search of cl_key_descent in wide digits: a pass over the work row builds an
  * SMF_NB-bin histogram of the next digit of the rank key (counts, with MASS the masses exp(s -
- * m) in fixed point, and in the value half each bin's least and largest value) over the keys
+ * m) in fixed point, and in the value half past the first pass each bin's least and largest
+ * value; one shared atomic each a token, the mass in two exact 32-bit words) over the keys
  * still in the range [P, P + 2^rbits) and at or above the floor; the cluster merges it (block r
  * sums slice r of the bins over the 8 blocks through distributed shared memory, then every
  * block reads the slice totals and the chosen slice), and the scan from the top bin picks the
@@ -706,14 +707,14 @@ __device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv
  * both forms follow). Tokens with exp(s - m) < 2^-41 (s - m < -28.4) weigh zero here: a
  * nucleus reaches them only when top_p · base is within V · 2^-41 of the base, i.e. for no
  * float top_p < 1 but 0.99999994; they are drawn with probability < 2^-41 each anyway. */
-enum { SMF_BITS = 10, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256 };
+enum { SMF_BITS = 10, SMF_NB = 1 << SMF_BITS, SMF_SL = SMF_NB / SMW_CL, SMF_CAP = 256, SMF_U = 16 };
 static_assert((int)SMF_SL == 4 * 32 && (int)SMF_SL <= (int)SMP_T, "block r merges slice r (one bin a thread); a lane scans 4");
 
 typedef unsigned long long u64s; /* the atomics' type */
 
 typedef struct smf_shared {
-    unsigned cnt[SMF_NB];     /* this block's histogram: counts, masses, and in the value half */
-    u64s mass[SMF_NB];
+    unsigned cnt[SMF_NB];     /* this block's histogram: counts, masses (high, low words), and in */
+    unsigned mlo[SMF_NB], mhi[SMF_NB]; /* the value half */
     unsigned vmin[SMF_NB], vmax[SMF_NB]; /* the least and largest value bits (key >> 32) a bin holds */
     unsigned mc[SMF_SL];      /* slice rank of the bins, merged over the cluster */
     u64s mm[SMF_SL];
@@ -799,8 +800,8 @@ __device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, 
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, bool VEC>
 __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
-                                  double frac, u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c,
-                                  int g) {
+                                  double frac, u64s kcount, int known, int collect, int agg, smf_shared &fs,
+                                  smw_ctx &c, int g) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -824,44 +825,95 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             if (rbits == 0) return P;
             const int wd = rbits > 32 ? min(SMF_BITS, rbits - 32) : min(SMF_BITS, rbits);
             const int shf = rbits - wd;
-            const bool vals = !id_half; /* the value half: each bin's least and largest value too */
+            /* the value half after the first pass (its bins are wide, and it sees every token):
+             * each bin's least and largest value too */
+            const bool vals = !id_half && rbits < 64;
             for (int b = tid; b < SMF_NB; b += SMP_T) {
                 fs.cnt[b] = 0;
-                if (MASS) fs.mass[b] = 0;
+                if (MASS) { fs.mlo[b] = 0; fs.mhi[b] = 0; }
                 fs.vmin[b] = 0xffffffffu;
                 fs.vmax[b] = 0;
             }
             __syncthreads();
             const uint64_t P0 = P;
             const int rb = rbits;
+            /* one shared atomic a token in range (the hardware resolves a warp's same-bin lanes),
+             * the mass in two 32-bit words with the carry counted by whoever wrapped the low one
+             * (exact); or (agg, test-only: 1, the first form, device round R1, by __match_any_sync;
+             * 2 by a ballot round per distinct bin) one atomic per distinct bin of a warp */
             w_each_warp<VEC>(w, V, g, [&](int i, float x, bool valid) {
                 int d = -1;
                 u64s f = 0;
-                uint64_t k = 0;
+                unsigned v = 0;
                 if (valid) {
                     const float s = scaled(x, inv, scale);
-                    k = rank_key(s, i);
+                    const uint64_t k = rank_key(s, i);
                     const uint64_t off = k - P0;
                     if (k >= floor && k >= P0 && (rb == 64 || !(off >> rb))) {
                         d = (int)(off >> shf);
                         if (MASS) f = mass_fx(expf(s - m));
+                        v = (unsigned)(k >> 32);
                     }
                 }
-                /* warp-aggregated: one atomic per distinct bin of the warp (the top digits of a
-                 * row crowd into a few bins); the fixed-point masses summed in two exact halves */
-                const unsigned peers = __match_any_sync(0xffffffffu, d);
-                const bool leader = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
-                if (leader) atomicAdd(&fs.cnt[d], (unsigned)__popc(peers));
-                if (MASS) {
-                    const unsigned lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
-                    const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20));
-                    const u64s sum = ((u64s)hi << 20) + lo;
-                    if (leader && sum) atomicAdd(&fs.mass[d], sum);
+                unsigned n = 1;
+                bool lead = d >= 0;
+                if (agg == 2) { /* one round per distinct bin of the warp, full-warp intrinsics */
+                    bool todo = d >= 0;
+                    for (;;) {
+                        const unsigned pend = __ballot_sync(0xffffffffu, todo);
+                        if (!pend) break;
+                        const int ld = __ffs(pend) - 1;
+                        const int bd = __shfl_sync(0xffffffffu, d, ld);
+                        const bool mine = todo && d == bd;
+                        const unsigned cnt = (unsigned)__popc(__ballot_sync(0xffffffffu, mine));
+                        u64s fs_ = 0;
+                        if (MASS) {
+                            const unsigned lo = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f & 0xfffffu) : 0u);
+                            const unsigned hi = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f >> 20) : 0u);
+                            fs_ = ((u64s)hi << 20) + lo;
+                        }
+                        unsigned vlo = 0, vhi = 0;
+                        if (vals) {
+                            vlo = __reduce_min_sync(0xffffffffu, mine ? v : 0xffffffffu);
+                            vhi = __reduce_max_sync(0xffffffffu, mine ? v : 0u);
+                        }
+                        if (lane == ld) {
+                            atomicAdd(&fs.cnt[bd], cnt);
+                            if (vals) { atomicMin(&fs.vmin[bd], vlo); atomicMax(&fs.vmax[bd], vhi); }
+                            if (MASS && fs_) {
+                                const unsigned lo = (unsigned)fs_, old = atomicAdd(&fs.mlo[bd], lo);
+                                const unsigned hi = (unsigned)(fs_ >> 32) + (old + lo < old ? 1u : 0u);
+                                if (hi) atomicAdd(&fs.mhi[bd], hi);
+                            }
+                        }
+                        todo = todo && !mine;
+                    }
+                    return;
                 }
-                if (vals) {
-                    const unsigned v = (unsigned)(k >> 32);
-                    const unsigned vlo = __reduce_min_sync(peers, v), vhi = __reduce_max_sync(peers, v);
-                    if (leader) { atomicMin(&fs.vmin[d], vlo); atomicMax(&fs.vmax[d], vhi); }
+                if (agg) {
+                    const unsigned peers = __match_any_sync(0xffffffffu, d);
+                    lead = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
+                    n = (unsigned)__popc(peers);
+                    if (MASS) {
+                        const unsigned lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
+                        const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20));
+                        f = ((u64s)hi << 20) + lo;
+                    }
+                    if (vals) {
+                        const unsigned vlo = __reduce_min_sync(peers, v), vhi = __reduce_max_sync(peers, v);
+                        if (lead) { atomicMin(&fs.vmin[d], vlo); atomicMax(&fs.vmax[d], vhi); }
+                    }
+                } else if (vals && lead) {
+                    atomicMin(&fs.vmin[d], v);
+                    atomicMax(&fs.vmax[d], v);
+                }
+                if (lead) {
+                    atomicAdd(&fs.cnt[d], n);
+                    if (MASS && f) {
+                        const unsigned lo = (unsigned)f, old = atomicAdd(&fs.mlo[d], lo);
+                        const unsigned hi = (unsigned)(f >> 32) + (old + lo < old ? 1u : 0u);
+                        if (hi) atomicAdd(&fs.mhi[d], hi);
+                    }
                 }
             });
             __syncthreads();
@@ -873,7 +925,7 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                 for (unsigned r = 0; r < SMW_CL; r++) {
                     const smf_shared *q = c.cl.map_shared_rank(&fs, r);
                     n += q->cnt[b];
-                    if (MASS) ms += q->mass[b];
+                    if (MASS) ms += ((u64s)q->mhi[b] << 32) + q->mlo[b];
                     if (vals) { vlo = min(vlo, q->vmin[b]); vhi = max(vhi, q->vmax[b]); }
                 }
                 fs.mc[tid] = n;
@@ -1045,7 +1097,7 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
 template <typename T, bool VEC, bool FAST, int MINB>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
-                   const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out) {
+                   const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out, int agg) {
     __shared__ smw_shared sh;
     __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
     smw_ctx c = {cg::this_cluster(), 0, 0};
@@ -1204,10 +1256,11 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         if (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
             const int small_k = use_k && p.top_k <= SMF_CAP;
             if (use_k)
-                tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, g);
-            if (use_p)
-                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs,
+                tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, agg, fs,
                                            c, g);
+            if (use_p)
+                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, agg,
+                                           fs, c, g);
         } else {
             if (use_k) {
                 tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
@@ -1227,13 +1280,30 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         const int S = (V + SMW_G - 1) / SMW_G, i0 = min(V, g * S), i1 = min(V, i0 + S);
         double seg = 0, zs = 0;
         int last = -1;
-        for (int i = i0; i < i1; i++) {
-            float s = scaled(w[i], inv, scale);
-            const bool kept = rank_key(s, i) >= thr;
-            if (!FAST && !kept) continue; /* the exp only where needed: the same sums */
-            float ex = expf(s - m);
-            if (FAST) zs += (double)ex;
-            if (kept && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+        if (FAST) {
+            /* the segment in chunks of SMF_U loads issued together (a serial walk waits an L2
+             * round trip an id), then the same sums in the same id order */
+            for (int c0 = i0; c0 < i1; c0 += SMF_U) {
+                float xv[SMF_U];
+#pragma unroll
+                for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? w[c0 + u] : 0.f;
+#pragma unroll
+                for (int u = 0; u < SMF_U; u++) {
+                    const int i = c0 + u;
+                    if (i >= i1) break;
+                    float s = scaled(xv[u], inv, scale);
+                    float ex = expf(s - m);
+                    zs += (double)ex;
+                    if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+                }
+            }
+        } else {
+            for (int i = i0; i < i1; i++) {
+                float s = scaled(w[i], inv, scale);
+                if (rank_key(s, i) < thr) continue; /* the exp only for the kept keys: the same sums */
+                float ex = expf(s - m);
+                if (!(min_p > 0.f) || ex >= min_p) { seg += (double)ex; last = i; }
+            }
         }
         /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
          * mass of the warps before global warp k, every block computing the same e */
@@ -1284,13 +1354,34 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         if (seg > 0 && target >= lo && target < hi) {
             double acc = lo;
             pick = last;
-            for (int i = i0; i < i1; i++) {
-                float s = scaled(w[i], inv, scale);
-                if (rank_key(s, i) < thr) continue;
-                float ex = expf(s - m);
-                if (!(min_p > 0.f) || ex >= min_p) {
-                    acc += (double)ex;
-                    if (acc > target) { pick = i; break; }
+            if (FAST) { /* chunked as above */
+                bool done = false;
+                for (int c0 = i0; c0 < i1 && !done; c0 += SMF_U) {
+                    float xv[SMF_U];
+#pragma unroll
+                    for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? w[c0 + u] : 0.f;
+#pragma unroll
+                    for (int u = 0; u < SMF_U; u++) {
+                        const int i = c0 + u;
+                        if (done || i >= i1) break;
+                        float s = scaled(xv[u], inv, scale);
+                        if (rank_key(s, i) < thr) continue;
+                        float ex = expf(s - m);
+                        if (!(min_p > 0.f) || ex >= min_p) {
+                            acc += (double)ex;
+                            if (acc > target) { pick = i; done = true; }
+                        }
+                    }
+                }
+            } else {
+                for (int i = i0; i < i1; i++) {
+                    float s = scaled(w[i], inv, scale);
+                    if (rank_key(s, i) < thr) continue;
+                    float ex = expf(s - m);
+                    if (!(min_p > 0.f) || ex >= min_p) {
+                        acc += (double)ex;
+                        if (acc > target) { pick = i; break; }
+                    }
                 }
             }
         }
@@ -1310,7 +1401,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c, g)
+        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, agg, fs, c, g)
                                  : cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
@@ -1383,32 +1474,36 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
 }
 
 /* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
- * clusters fit the GPU in one wave; test-only until a device round times it) */
+ * clusters fit the GPU in one wave: device round R1, batch 16 of the fast form 152 -> 111 us,
+ * batch 1 78 -> 79 us); agg: the fast form's histograms aggregated per warp (test-only). */
 template <bool FAST, int MINB>
-static void wide_kernels(const sample_args *a, cudaStream_t st, int vec) {
+static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, int agg) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
     if (a->dt == ACT_BF16 && vec)
         smw_row_kernel<bf16, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
-                                                                  a->work, a->out);
+                                                                        a->work, a->out, agg);
     else if (a->dt == ACT_BF16)
         smw_row_kernel<bf16, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
-                                                                   a->work, a->out);
+                                                                         a->work, a->out, agg);
     else if (vec)
-        smw_row_kernel<float, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
-                                                                   a->work, a->out);
+        smw_row_kernel<float, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
+                                                                         a->toks, a->work, a->out, agg);
     else
         smw_row_kernel<float, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
-                                                                    a->toks, a->work, a->out);
+                                                                          a->toks, a->work, a->out, agg);
 }
 
-static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, ls_err *e) {
+/* fast: 0 the descent, 1 the wide-digit form (minb 0: one block an SM up to 8 rows, two above;
+ * the same code, so the same results, whichever) */
+static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int agg, ls_err *e) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
-    if (fast == 2) wide_kernels<true, 2>(a, st, 1);
-    else if (fast) wide_kernels<true, 1>(a, st, 1); /* the fast form's passes are 16-byte ones where the row allows */
-    else wide_kernels<false, 1>(a, st, vec);
+    if (!minb) minb = a->rows <= 8 ? 1 : 2;
+    if (fast && minb == 2) wide_kernels<true, 2>(a, st, 1, agg); /* 16-byte passes where the row allows */
+    else if (fast) wide_kernels<true, 1>(a, st, 1, agg);
+    else wide_kernels<false, 1>(a, st, vec, 0);
     CU_LAUNCHED(e, fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)" : "sampling on CUDA (a cluster a row)");
     return 0;
 }
@@ -1421,12 +1516,24 @@ static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
     static int vec = -1, fast = -1;
     if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
     if (fast < 0) fast = cu_env_switch("LASTSTAND_SAMPLE_FAST", 0);
-    return wide_launch(a, s, vec, fast, e);
+    return wide_launch(a, s, vec, fast, 0, 0, e);
 }
 
-static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 0, e); }
-static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, e); }
-static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 2, e); }
+static int cuda_sample_descent_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 0, 0, 1, 0, e);
+}
+static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 0, 1, 0, e);
+}
+static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 0, 0, e); }
+static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 1, 0, e); }
+static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 2, 0, e); }
+static int cuda_sample_fast_agg_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 1, 0, 1, e);
+}
+static int cuda_sample_fast_agg2_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 1, 0, 2, e);
+}
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -1441,6 +1548,11 @@ static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
+extern "C" const sample_impl sample_cuda_descent = {"cuda_sample_descent", DEV_CUDA, 1, 1, cuda_sample_descent_run};
 extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
+extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
 extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
+extern "C" const sample_impl sample_cuda_fast_agg = {"cuda_sample_fast_agg", DEV_CUDA, 1, 1, cuda_sample_fast_agg_run};
+extern "C" const sample_impl sample_cuda_fast_agg2 = {"cuda_sample_fast_agg2", DEV_CUDA, 1, 1,
+                                                      cuda_sample_fast_agg2_run};

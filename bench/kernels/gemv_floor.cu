@@ -36,6 +36,13 @@
  * form on random data (y compared with each other and with fp64 on a sample of rows), then
  * timed as in the graph section. Measured bit-identical and 9% slower (bench/RESULTS.md).
  *
+ * `gemv_floor chain` (chainfloor session, chain_section below): what a kernel-to-kernel handoff
+ * costs: the no-load chain split by grid, block, trigger position, wait (griddepcontrol.wait, none,
+ * the flag handoff, the counting form, the LL form) and x read, timed behind a hold and in graphs;
+ * %globaltimer traces per block; the handoffs on the pure read and the real GEMV skeleton; the
+ * GEMV chained on its own output, bit for bit against the synced run. Measured: no software
+ * handoff beats griddepcontrol.wait (bench/RESULTS.md, S7).
+ *
  * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>

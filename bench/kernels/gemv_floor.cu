@@ -36,6 +36,13 @@
  * form on random data (y compared with each other and with fp64 on a sample of rows), then
  * timed as in the graph section. Measured bit-identical and 9% slower (bench/RESULTS.md).
  *
+ * `gemv_floor chain` (chainfloor session, chain_section below): what a kernel-to-kernel handoff
+ * costs: the no-load chain split by grid, block, trigger position, wait (griddepcontrol.wait, none,
+ * the flag handoff, the counting form, the LL form) and x read, timed behind a hold and in graphs;
+ * %globaltimer traces per block; the handoffs on the pure read and the real GEMV skeleton; the
+ * GEMV chained on its own output, bit for bit against the synced run. Measured: no software
+ * handoff beats griddepcontrol.wait (bench/RESULTS.md, S7).
+ *
  * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
@@ -237,6 +244,7 @@ __device__ __forceinline__ uint2 ll_get2(const ho_hand &h, const unsigned long l
                     break;
                 }
             }
+            if (h.sleep) __nanosleep(h.sleep); /* R3: back off, fewer polls flooding L2 */
             ll_ld2(p, a, b);
         }
     }
@@ -1275,7 +1283,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                       {"trig first, flag+sleep64, x", 1, 0, 2, 1, 64},
                       {"no PDL (plain launch), x", 0, 2, 0, 1, 0},
                       {"trig first, count (stream only), x", 1, 0, 3, 1, 0},
-                      {"trig first, LL tagged x (256 blocks)", 1, 0, 4, 1, 0}};
+                      {"trig first, LL tagged x (256 blocks)", 1, 0, 4, 1, 0},
+                      {"trig first, LL + nanosleep 128", 1, 0, 4, 1, 128}};
     auto mk = [&](const hrow &r, int R, int k, int call, unsigned long long si, unsigned long long so,
                   long long *tr) {
         ch_args a = {};
@@ -1352,7 +1361,9 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                        {"read 256x512 2/SM", 16, 256, 512, smem2, 5},   {"read 256x512 4/SM", 16, 256, 512, smem4, 0},
                        {"read 256x512 4/SM", 16, 256, 512, smem4, 5},  {"no-load 256x512 2/SM", 0, 256, 512, smem2, 8},
                        {"read 256x512 2/SM", 16, 256, 512, smem2, 8},   {"no-load 256x512 2/SM", 0, 256, 512, smem2, 9},
-                       {"read 256x512 2/SM", 16, 256, 512, smem2, 9},   {"read 256x512 4/SM", 16, 256, 512, smem4, 9}};
+                       {"read 256x512 2/SM", 16, 256, 512, smem2, 9},   {"read 256x512 4/SM", 16, 256, 512, smem4, 9},
+                       {"no-load 256x512 2/SM", 0, 256, 512, smem2, 10}, {"read 256x512 2/SM", 16, 256, 512, smem2, 10},
+                       {"read 256x512 4/SM", 16, 256, 512, smem4, 10}};
     for (const trow &tr : TR) {
         const hrow &r = H[tr.h];
         std::vector<double> vs, vw0, vw1, ve, vp, ver;
@@ -1426,11 +1437,13 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
     const frow FR[] = {{"pure read 2/SM, gdc.wait", 0, 0},     {"pure read 2/SM, flag", 0, 5},
                        {"pure read 2/SM, flag+sleep64", 0, 6}, {"pure read 2/SM, NO wait (bound)", 0, 4},
                        {"pure read 2/SM, count (stream only)", 0, 8}, {"pure read 2/SM, LL tagged x", 0, 9},
-                       {"pure read 4/SM, LL tagged x", 1, 9},
+                       {"pure read 4/SM, LL tagged x", 1, 9},     {"pure read 2/SM, LL + nanosleep 128", 0, 10},
+                       {"pure read 4/SM, LL + nanosleep 128", 1, 10},
                        {"pure read 4/SM, gdc.wait", 1, 0},     {"pure read 4/SM, flag", 1, 5},
                        {"real fp4_gemv1t<16,2,0>, gdc.wait", 2, 0}, {"real, flag", 2, 1},
                        {"real, NO wait (bound, wrong)", 2, 2},  {"real, count (stream only)", 2, 3},
-                       {"real, LL tagged x / y", 2, 4},         {"real DEC=0, LL", 3, 4},  {"real DEC=0, gdc.wait", 3, 0},
+                       {"real, LL tagged x / y", 2, 4},         {"real DEC=0, LL", 3, 4},
+                       {"real, LL + nanosleep 128", 2, 5},  {"real DEC=0, gdc.wait", 3, 0},
                        {"real DEC=0, flag", 3, 1},             {"real, gdc.wait again", 2, 0},
                        {"real, flag again", 2, 1}};
     const dim3 g_(N / 16), b_(512);
@@ -1441,11 +1454,11 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             if (fr.kind <= 1)
                 return cu_launch_pdl(1, ch_kernel, dim3(N / 16), dim3(512), fr.kind ? smem4 : smem2, st,
                                      mk(H[fr.h], 16, k, call, si, so, (long long *)nullptr));
-            ho_hand h = {fl, si, so, 0, 0u, 0, tot, nullptr, 0, TL[(k + 1) & 1], TL[k & 1]};
+            ho_hand h = {fl, si, so, 0, 0u, fr.h == 5 ? 128 : 0, tot, nullptr, 0, TL[(k + 1) & 1], TL[k & 1]};
             if (fr.kind == 3 && fr.h == 4)
                 return cu_launch_pdl(1, gv_kernel<0, 0, 16, 2, 2, 4>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
                                      (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
-            if (fr.h == 4)
+            if (fr.h == 4 || fr.h == 5) /* 5: LL with the poll back-off */
                 return cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 4>, g_, b_, GK_PAD, st, N, K, (const __nv_bfloat16 *)x,
                                      (const uint8_t *)W[s_], (const uint8_t *)S[s_], 1.0f, y, h);
             if (fr.h == 3)
@@ -1493,7 +1506,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
         CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
         CK(cudaFuncSetAttribute(gv_kernel<0, 1, 16, 2, 2, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GK_PAD));
-        for (int ho : {0, 1, 4}) {
+        for (int ho : {0, 1, 4, 5}) { /* 5: LL + nanosleep 128 */
             std::vector<double> vs, vw0, vw1, vd0, vd1, vp;
             for (int smp = 0; smp < 40; smp++) {
                 hold_kernel<<<1, 1, 0, st>>>(80000);
@@ -1501,8 +1514,8 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                 for (int i = 0; i < 8; i++) {
                     const unsigned long long so = ++g_seq;
                     const int s_ = (smp * 8 + i) % nsets;
-                    ho_hand h = {fl, last, so, 0, 0u, 0, tot, trace, i, TL[(i + 1) & 1], TL[i & 1]};
-                    if (ho == 4)
+                    ho_hand h = {fl, last, so, 0, 0u, ho == 5 ? 128 : 0, tot, trace, i, TL[(i + 1) & 1], TL[i & 1]};
+                    if (ho >= 4)
                         CK(cu_launch_pdl(1, gv_kernel<0, 1, 16, 2, 2, 4, 1>, g_, b_, GK_PAD, st, N, K,
                                          (const __nv_bfloat16 *)x, (const uint8_t *)W[s_], (const uint8_t *)S[s_],
                                          1.0f, y, h));
@@ -1540,7 +1553,7 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
             }
             printf("  real GEMV %-10s start %6.0f [%6.0f %6.0f] wait0 %6.0f [%6.0f %6.0f] wait1 %6.0f [%6.0f %6.0f] "
                    "dec0 %6.0f dec1 %6.0f [%6.0f %6.0f] period %6.0f [%6.0f %6.0f]\n",
-                   ho == 4 ? "LL" : ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
+                   ho == 5 ? "LL+sleep" : ho == 4 ? "LL" : ho ? "flag" : "gdc.wait", pct(vs, .5), pct(vs, .1), pct(vs, .9), pct(vw0, .5), pct(vw0, .1),
                    pct(vw0, .9), pct(vw1, .5), pct(vw1, .1), pct(vw1, .9), pct(vd0, .5), pct(vd1, .5), pct(vd1, .1),
                    pct(vd1, .9), pct(vp, .5), pct(vp, .1), pct(vp, .9));
             fflush(stdout);

@@ -589,8 +589,9 @@ static int bench(void) {
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
     const sample_impl *impls[] = {&sample_cuda_block,  &sample_cuda_descent,  &sample_cuda_wide_vec,
                                   &sample_cuda_fast,   &sample_cuda_fast1, &sample_cuda_fast2,
-                                  &sample_cuda_fast_agg, &sample_cuda_fast_agg2};
-    enum { NI = 8 };
+                                  &sample_cuda_fast_agg, &sample_cuda_fast_agg2, &sample_cuda_fast_sm};
+    enum { NI = 9 }; /* the last (the row in shared memory: test-only, not in the cmocka groups) timed and
+                      * its row-0 token checked against the fast form's here */
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -635,9 +636,11 @@ static int bench(void) {
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
                 printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
-                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, aggregated by match %5.1f / ballot %5.1f)%s, row 0 tokens %d %d %d %d %d %d\n",
+                       "1 block/SM %5.1f, 2 blocks/SM %5.1f, aggregated by match %5.1f / ballot %5.1f, row in shared memory "
+                       "%5.1f%s)%s, row 0 tokens %d %d %d %d %d %d\n",
                        VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
-                       us[5], us[6], us[7], blk, tok[1], tok[2], tok[3], tok[5], tok[6], tok[7]);
+                       us[5], us[6], us[7], us[8], tok[8] == tok[3] ? "" : " MISMATCH", blk, tok[1], tok[2], tok[3],
+                       tok[5], tok[6], tok[7]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);

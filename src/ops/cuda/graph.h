@@ -47,6 +47,7 @@ extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at ever
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 extern const sample_impl sample_cuda_fast_agg; /* the same, warp-aggregated histogram atomics */
 extern const sample_impl sample_cuda_fast_agg2; /* the same, aggregated by ballot rounds */
+extern const sample_impl sample_cuda_fast_sm; /* the same, its searches over a copy of the row in shared memory */
 
 #ifdef __cplusplus
 }

@@ -791,6 +791,27 @@ __device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, 
     }
 }
 
+/* The row as the widen left it in shared memory (SM forms, test-only): thread g's k-th 16-byte
+ * load of logits (ids VW·q .. VW·q + VW - 1, q = g + k·SMW_G < nv) at float4s (k·SMP_T + tid)·VQ
+ * .. + VQ - 1 (VQ = VW / 4). f(i, x) over this thread's ids. */
+struct smf_rowsm {
+    const float4 *sm; /* null: the work row in global memory */
+    int nv, vq, vw;
+};
+template <class F>
+__device__ __forceinline__ void sm_each(const smf_rowsm &r, int g, F &&f) {
+    const int tid = threadIdx.x;
+    for (int k = 0, q = g; q < r.nv; k++, q += SMW_G)
+        for (int j = 0; j < r.vq; j++) {
+            const float4 u = r.sm[(k * SMP_T + tid) * r.vq + j];
+            const int i0 = q * r.vw + 4 * j;
+            f(i0, u.x);
+            f(i0 + 1, u.y);
+            f(i0 + 2, u.z);
+            f(i0 + 3, u.w);
+        }
+}
+
 /* The threshold key t of the kept set {key >= t}: with MASS = 0 the kcount-th largest key at or
  * above floor (its whole set when there are fewer), with MASS = 1 the last key of the nucleus
  * (the fewest keys >= floor, descending, whose fixed-point mass reaches ceil(frac · their
@@ -801,7 +822,7 @@ __device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, 
 template <int MASS, bool VEC>
 __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
                                   double frac, u64s kcount, int known, int collect, int agg, smf_shared &fs,
-                                  smw_ctx &c, int g) {
+                                  smw_ctx &c, int g, const smf_rowsm &rs) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -841,7 +862,7 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
              * the mass in two 32-bit words with the carry counted by whoever wrapped the low one
              * (exact); or (agg, test-only: 1, the first form, device round R1, by __match_any_sync;
              * 2 by a ballot round per distinct bin) one atomic per distinct bin of a warp */
-            w_each_warp<VEC>(w, V, g, [&](int i, float x, bool valid) {
+            auto hist = [&](int i, float x, bool valid) {
                 int d = -1;
                 u64s f = 0;
                 unsigned v = 0;
@@ -915,7 +936,9 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                         if (hi) atomicAdd(&fs.mhi[d], hi);
                     }
                 }
-            });
+            };
+            if (rs.sm && !agg) sm_each(rs, g, [&](int i, float x) { hist(i, x, true); });
+            else w_each_warp<VEC>(w, V, g, hist);
             __syncthreads();
             c.cl.sync(); /* every block's histogram is complete */
             if (tid < SMF_SL) {
@@ -1013,14 +1036,16 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             const uint64_t P0 = P;
             const int rb = all ? 64 : rbits;
             const bool fx = MASS || all;
-            w_each<VEC>(w, V, g, [&](int i, float x) {
+            auto gather = [&](int i, float x) {
                 const float s = scaled(x, inv, scale);
                 const uint64_t k = rank_key(s, i);
                 if (k < floor || k < P0) return;
                 if (rb < 64 && ((k - P0) >> rb)) return;
                 const unsigned at = atomicAdd(&fs.nl, 1u);
                 if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
-            });
+            };
+            if (rs.sm) sm_each(rs, g, gather);
+            else w_each<VEC>(w, V, g, gather);
         }
         __syncthreads();
         c.cl.sync(); /* every block's list is complete */
@@ -1094,12 +1119,13 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
-template <typename T, bool VEC, bool FAST, int MINB>
+template <typename T, bool VEC, bool FAST, int MINB, bool SM>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out, int agg) {
     __shared__ smw_shared sh;
     __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
+    extern __shared__ float4 wsm[]; /* SM: this block's share of the work row, as the widen read it */
     smw_ctx c = {cg::this_cluster(), 0, 0};
     c.rank = c.cl.block_rank();
     const int row = blockIdx.x / SMW_CL, tid = threadIdx.x, g = (int)c.rank * SMP_T + tid;
@@ -1128,7 +1154,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     float fv = -INFINITY;
     int fi = 0, bad = INT_MAX, none = INT_MIN;
     constexpr int VW = 16 / (int)sizeof(T); /* elements of a 16-byte load */
-    if (V % VW == 0 && ((uintptr_t)x & 15) == 0) {
+    const bool vec_in = V % VW == 0 && ((uintptr_t)x & 15) == 0;
+    if (vec_in) {
         const uint4 *xv = (const uint4 *)x;
         float4 *wv = (float4 *)w; /* V % 4 == 0 and the work row 16-byte aligned with it */
         const int nv = V / VW;
@@ -1146,6 +1173,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (!fast)
 #pragma unroll
                 for (int k = 0; k < VW; k += 4) wv[q * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+            if (SM && !fast)
+#pragma unroll
+                for (int k = 0; k < VW; k += 4)
+                    wsm[(((q - g) / SMW_G) * SMP_T + tid) * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
         }
     } else {
 #pragma unroll 4
@@ -1158,6 +1189,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         }
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
+    /* SM: the searches read the row from shared memory (each thread what it stored), while no edit
+     * has changed it since */
+    const smf_rowsm rs = {SM && vec_in && !edits ? wsm : nullptr, V / VW, VW / 4, VW};
     if (bad != INT_MAX) {
         if (lead) {
             o->bad_idx = bad;
@@ -1257,10 +1291,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             const int small_k = use_k && p.top_k <= SMF_CAP;
             if (use_k)
                 tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, agg, fs,
-                                           c, g);
+                                           c, g, rs);
             if (use_p)
                 tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, agg,
-                                           fs, c, g);
+                                           fs, c, g, rs);
         } else {
             if (use_k) {
                 tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
@@ -1401,7 +1435,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, agg, fs, c, g)
+        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, agg, fs, c, g, rs)
                                  : cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
@@ -1475,35 +1509,51 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
 
 /* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
  * clusters fit the GPU in one wave: device round R1, batch 16 of the fast form 152 -> 111 us,
- * batch 1 78 -> 79 us); agg: the fast form's histograms aggregated per warp (test-only). */
-template <bool FAST, int MINB>
-static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, int agg) {
+ * batch 1 78 -> 79 us); agg: the fast form's histograms aggregated per warp (test-only); sm
+ * (test-only, one block an SM): the searches read the row from shared memory, given the bytes
+ * the widen's 16-byte loads need there (the launch refuses nothing: no room, no SM form). */
+template <bool FAST, int MINB, bool SM>
+static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, int agg, size_t smb) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
-    if (a->dt == ACT_BF16 && vec)
-        smw_row_kernel<bf16, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
-                                                                        a->work, a->out, agg);
-    else if (a->dt == ACT_BF16)
-        smw_row_kernel<bf16, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
-                                                                         a->work, a->out, agg);
-    else if (vec)
-        smw_row_kernel<float, true, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
-                                                                         a->toks, a->work, a->out, agg);
-    else
-        smw_row_kernel<float, false, FAST, MINB><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p,
-                                                                          a->toks, a->work, a->out, agg);
+    if (a->dt == ACT_BF16 && vec) {
+        auto k = smw_row_kernel<bf16, true, FAST, MINB, SM>;
+        if (SM) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb);
+        k<<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work, a->out, agg);
+    } else if (a->dt == ACT_BF16) {
+        smw_row_kernel<bf16, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
+                                                                                a->toks, a->work, a->out, agg);
+    } else if (vec) {
+        auto k = smw_row_kernel<float, true, FAST, MINB, SM>;
+        if (SM) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb);
+        k<<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work, a->out, agg);
+    } else {
+        smw_row_kernel<float, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits,
+                                                                                 a->p, a->toks, a->work, a->out, agg);
+    }
 }
 
 /* fast: 0 the descent, 1 the wide-digit form (minb 0: one block an SM up to 8 rows, two above;
  * the same code, so the same results, whichever) */
-static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int agg, ls_err *e) {
+static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int agg, ls_err *e,
+                       int sm = 0) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (!minb) minb = a->rows <= 8 ? 1 : 2;
-    if (fast && minb == 2) wide_kernels<true, 2>(a, st, 1, agg); /* 16-byte passes where the row allows */
-    else if (fast) wide_kernels<true, 1>(a, st, 1, agg);
-    else wide_kernels<false, 1>(a, st, vec, 0);
+    if (sm) { /* the loads a thread makes: ceil(V / VW / SMW_G) of 16 bytes of logits, 4 bytes an id */
+        const int vw = a->dt == ACT_BF16 ? 8 : 4;
+        const size_t loads = (size_t)((a->vocab / vw + SMW_G - 1) / SMW_G);
+        const size_t smb = loads * SMP_T * (size_t)vw * 4;
+        if (smb <= 180u * 1024u) {
+            wide_kernels<true, 1, true>(a, st, 1, agg, smb);
+            CU_LAUNCHED(e, "sampling on CUDA (a cluster a row, wide-digit, the row in shared memory)");
+            return 0;
+        }
+    }
+    if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, agg, 0); /* 16-byte passes where the row allows */
+    else if (fast) wide_kernels<true, 1, false>(a, st, 1, agg, 0);
+    else wide_kernels<false, 1, false>(a, st, vec, 0, 0);
     CU_LAUNCHED(e, fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)" : "sampling on CUDA (a cluster a row)");
     return 0;
 }
@@ -1536,6 +1586,9 @@ static int cuda_sample_fast_agg_run(const sample_args *a, ls_stream s, ls_err *e
 static int cuda_sample_fast_agg2_run(const sample_args *a, ls_stream s, ls_err *e) {
     return wide_launch(a, s, 1, 1, 0, 2, e);
 }
+static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 1, 1, 0, e, 1);
+}
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
  * test_sample_cuda case on both forms, the same greedy and seeded ids in `generate`, 36.5 ->
@@ -1558,3 +1611,4 @@ extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA,
 extern "C" const sample_impl sample_cuda_fast_agg = {"cuda_sample_fast_agg", DEV_CUDA, 1, 1, cuda_sample_fast_agg_run};
 extern "C" const sample_impl sample_cuda_fast_agg2 = {"cuda_sample_fast_agg2", DEV_CUDA, 1, 1,
                                                       cuda_sample_fast_agg2_run};
+extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 0, cuda_sample_fast_sm_run};

@@ -20,7 +20,9 @@
 # single-copy-atomic store; no fence, no atomic; each GEMV warp polls only its own x slice) to
 # every table, trace and exactness check; R1 measured the flag (release/acquire election) slower.
 # R3 adds the LL form with a poll back-off (__nanosleep 128 between polls): R2 measured LL exact and
-# no faster, its polls (16 KB of tagged x a block a round) flooding L2.
+# no faster, its polls (16 KB of tagged x a block a round) flooding L2. And the persistent GEMV
+# (pgv_kernel: C = 8 / 32 calls in one cooperative launch, LL between calls, the next call's weights
+# issued during this call's epilogue): what "fewer launches" is worth; exact against the synced run.
 # BIN is not used (the bench is standalone); CF_MODE=graph|fp8 runs the older modes instead.
 set -u
 BIN=${1:?usage: chainfloor.sh BIN OUTDIR}

@@ -49,6 +49,9 @@ else
     echo "missing: $D/tests/test_sample_cuda"
 fi
 
+# 4. (time left, ncu present) the fast form's warp stall reasons on one row each of top_k 20 +
+#    top_p 0.95, top_p 0.9 and no filter (test_sample_cuda --profile: three launches): where a
+#    sampled row's time goes, for the next step.
 # gen tag timeout args...: mean decode step (the engine's "decode steps" line) and the ids
 gen() {
     local tag=$1 lim=$2
@@ -78,4 +81,26 @@ for f in 0 1; do
 done
 same_ids p90-f0 p90-f1
 [ "$(left)" -gt 12 ] && gen greedy 20
+if command -v ncu >/dev/null 2>&1 && [ -x "$D/tests/test_sample_cuda" ] && [ "$(left)" -gt 30 ]; then
+    echo "== ncu: the fast form's stall reasons (k20p95, p90, no filter) $(el)"
+    timeout -k 3 $(( $(left) - 3 )) ncu -k regex:smw_row_kernel -c 3 --csv --metrics \
+        "gpu__time_duration.sum,smsp__inst_executed.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+        "$D/tests/test_sample_cuda" --profile >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    echo "rc=$? $(el)"
+    python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows: print("  (no ncu rows)"); sys.exit()
+h = rows[0]; ix = {k: i for i, k in enumerate(h)}
+by = {}
+for r in rows[1:]:
+    by.setdefault(r[ix["ID"]], {})[r[ix["Metric Name"]]] = r[ix["Metric Value"]]
+for kid, mt in sorted(by.items(), key=lambda t: int(t[0])):
+    st = sorted(((float(v.replace(",", "")), k.split("stalled_")[1].split("_per")[0]) for k, v in mt.items()
+                 if "stalled_" in k and v.replace(",", "").replace(".", "").isdigit()), reverse=True)
+    print("  launch %s: %s ns, %s warp instructions; stalls per issue: %s" % (kid, mt.get("gpu__time_duration.sum"),
+          mt.get("smsp__inst_executed.sum"), ", ".join("%s %.1f" % (n, v) for v, n in st[:7])))
+PY
+    grep -ihE "error|warn" "$OUT/ncu.err" "$OUT/ncu.csv" | head -3
+fi
 echo "total $(( $(date +%s) - T0 )) s"

@@ -36,6 +36,13 @@
  * form on random data (y compared with each other and with fp64 on a sample of rows), then
  * timed as in the graph section. Measured bit-identical and 9% slower (bench/RESULTS.md).
  *
+ * `gemv_floor chain` (chainfloor session, chain_section below): what a kernel-to-kernel handoff
+ * costs: the no-load chain split by grid, block, trigger position, wait (griddepcontrol.wait, none,
+ * the flag handoff, the counting form, the LL form) and x read, timed behind a hold and in graphs;
+ * %globaltimer traces per block; the handoffs on the pure read and the real GEMV skeleton; the
+ * GEMV chained on its own output, bit for bit against the synced run. Measured: no software
+ * handoff beats griddepcontrol.wait (bench/RESULTS.md, S7).
+ *
  * Output: one line per configuration: shape, rows/block, threads, blocks/SM (fit /
  * asked), bytes in flight per SM, PDL, D, pf, xb, hot/nl, us per call, GB/s, % of copy. */
 #include <cuda_runtime.h>
@@ -502,6 +509,106 @@ __global__ void __launch_bounds__(32 * KW, MINB)
         tr[1] = tt1;
         tr[2] = tt2;
         tr[3] = gtimer();
+    }
+}
+
+/* ---- the persistent GEMV (R3, chainfloor): C calls in one cooperative launch -------------
+ * gv_kernel's tile, staging, chunk step and epilogue, looped over C calls inside one grid of 256
+ * co-resident blocks (2 an SM): call c reads call c - 1's y as LL-tagged words (each warp polls its
+ * own x slice, as HO = 4), computes, writes y (plain, and tagged for call c + 1). No launch, no
+ * block turnover, no fence between calls; call c + 1's weights are issued as soon as a warp's chunk
+ * steps of call c are done (its stage buffer is free), so they stream during the epilogue and the
+ * x wait. nowait = 1: tags ignored (wrong, the bound). Weights of call c: Wp[(s0 + c) % ns]. Tags:
+ * tag0 + c for call c's output (unique: the host reserves C values); call 0 reads xl0 untagged.
+ * WAR on the two tagged buffers: as for HO = 4 (a block writes call c's y only after its block
+ * consumed all of call c - 1's y, i.e. after every block finished call c - 1, including its reads). */
+template <int KW = GK_KW, int PER = GK_PER>
+__global__ void __launch_bounds__(32 * KW, 2)
+    pgv_kernel(int N, int K, int C, const uint8_t *const *Wp, const uint8_t *const *Sp, int ns, int s0,
+               float scale2, const unsigned long long *xl0, unsigned long long *TL0, unsigned long long *TL1,
+               unsigned tag0, int nowait, ho_flags *f, __nv_bfloat16 *__restrict__ y, unsigned delay_ns) {
+    __shared__ __align__(16) uint4 stage[KW][PER][2][32];
+    __shared__ __align__(16) uint4 xs[KW][PER][16];
+    __shared__ __align__(16) uint4 zb[2];
+    __shared__ uint32_t ss[KW][PER][32];
+    __shared__ float red[KW][16];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int n0 = blockIdx.x * 16, c0 = warp * PER;
+    const size_t wo = (size_t)(n0 + g) * (K / 2) + c0 * 64 + 16 * t;
+    const size_t so_ = (size_t)(n0 + (lane >> 1)) * (K / 16) + c0 * 8 + 4 * (lane & 1);
+    auto issue = [&](int c) {
+        const uint8_t *wr0 = Wp[(s0 + c) % ns] + wo, *wr1 = wr0 + (size_t)8 * (K / 2);
+        const uint8_t *sg0 = Sp[(s0 + c) % ns] + so_;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cp16(&stage[warp][u][0][lane], wr0 + u * 64);
+            cp16(&stage[warp][u][1][lane], wr1 + u * 64);
+            nv4_cp_async4(&ss[warp][u][lane], sg0 + u * 8);
+            asm volatile("cp.async.commit_group;\n" ::: "memory");
+        }
+    };
+    issue(0);
+    const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(K & 127));
+    if (threadIdx.x < 2) zb[threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    __syncthreads();
+    const bool on = t == (g >> 1);
+    const uint4 *px = on ? &xs[warp][0][4 * t + 2 * (g & 1)] : zb;
+    const int sx = on ? 16 : 0;
+    ho_hand h = {};
+    h.f = f;
+    for (int c = 0; c < C; c++) {
+        const unsigned long long *xin = c == 0 ? xl0 : (c & 1) ? TL0 : TL1; /* call c - 1 wrote TL[(c - 1) & 1] */
+        unsigned long long *yout = (c & 1) ? TL1 : TL0;
+        h.seq_in = tag0 + c - 1;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const uint2 d = ll_get2(h, xin + (size_t)(c0 + u) * 64 + 2 * lane, c == 0 || nowait);
+            reinterpret_cast<uint2 *>(&xs[warp][u][0])[lane] = d;
+            asm volatile("cp.async.commit_group;\n" ::: "memory"); /* empty: keeps wait_dyn's count */
+        }
+        __syncwarp();
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            wait_dyn(PER - 1 - u);
+            __syncwarp();
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(ss[warp][u]);
+            float sg[4];
+            nv4_e4m3x2_to_f32x2(s16[4 * g + t], sg[0], sg[1]);
+            nv4_e4m3x2_to_f32x2(s16[4 * (g + 8) + t], sg[2], sg[3]);
+            const uint4 a0 = stage[warp][u][0][lane], a1 = stage[warp][u][1][lane];
+            const uint4 x0 = px[u * sx], x1 = px[u * sx + 1];
+            nv4_gemv1t_chunk<0>(a0, a1, x0, x1, sg, lut, 0u, acc);
+        }
+        __syncwarp();              /* every lane's reads of stage / ss / xs done */
+        if (c + 1 < C) issue(c + 1); /* the next call's weights stream during this epilogue and the x wait */
+        float r0 = acc[0] + acc[1], r1 = acc[2] + acc[3];
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 1);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 1);
+        r0 += __shfl_xor_sync(0xffffffffu, r0, 2);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, 2);
+        if (t == 0) {
+            red[warp][g] = r0;
+            red[warp][g + 8] = r1;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float v = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < KW; ww++) v += red[ww][threadIdx.x];
+            if (delay_ns && (c & 3) == 1 && (int)blockIdx.x == (c * 37) % (int)gridDim.x) {
+                const long long q0 = gtimer(); /* the exactness check: a late producer block */
+                while (gtimer() - q0 < (long long)delay_ns) {
+                }
+            }
+            const __nv_bfloat16 yv = __float2bfloat16_rn(v * scale2);
+            if (c == C - 1) y[n0 + threadIdx.x] = yv;
+            const unsigned me = __bfloat16_as_ushort(yv);
+            const unsigned odd = __shfl_down_sync(0x0000ffffu, me, 1);
+            if (!(threadIdx.x & 1))
+                ll_st(yout + n0 / 2 + threadIdx.x / 2, ((unsigned long long)(tag0 + c) << 32) | (me | (odd << 16)));
+        }
+        __syncthreads(); /* red is rewritten by the next call */
     }
 }
 
@@ -1553,6 +1660,51 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
         }
         errs("the GEMV traces");
     }
+    /* 4c. the persistent GEMV (pgv_kernel): C calls in one cooperative launch, LL between calls */
+    const uint8_t **dW, **dS;
+    CK(cudaMalloc(&dW, nsets * sizeof(void *)));
+    CK(cudaMalloc(&dS, nsets * sizeof(void *)));
+    CK(cudaMemcpy(dW, W.data(), nsets * sizeof(void *), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dS, S.data(), nsets * sizeof(void *), cudaMemcpyHostToDevice));
+    unsigned long long *TXz;
+    CK(cudaMalloc(&TXz, 2048 * 8));
+    CK(cudaMemset(TXz, 0, 2048 * 8));
+    auto plaunch = [&](int C, const uint8_t *const *Wp, const uint8_t *const *Sp, int ns_, int s0, float sc2,
+                       const unsigned long long *xl0, int nowait, __nv_bfloat16 *yo, unsigned delay) {
+        int n_ = N, k_ = K;
+        unsigned tag0 = (unsigned)(g_seq + 1);
+        g_seq += (unsigned long long)C + 1;
+        void *args[] = {&n_, &k_, &C, &Wp, &Sp, &ns_, &s0, &sc2, &xl0, &TL[0], &TL[1], &tag0, &nowait, &fl, &yo, &delay};
+        return cudaLaunchCooperativeKernel((const void *)pgv_kernel<16, 2>, dim3(N / 16), dim3(512), args, 0, st);
+    };
+    int pocc = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&pocc, pgv_kernel<16, 2>, 512, 0));
+    const bool pok = pocc * sms >= N / 16;
+    printf("persistent GEMV pgv_kernel<16,2> (%d blocks/SM: %s): C calls in one cooperative launch behind a hold, "
+           "us a call (%% of copy)\n", pocc, pok ? "all 256 co-resident" : "NOT co-resident, skipped");
+    if (pok) {
+        for (int nowait : {0, 1})
+            for (int C : {8, 32}) {
+                std::vector<double> t;
+                int s0 = 0;
+                for (int smp = 0; smp < (C == 8 ? 100 : 40) + 3; smp++) {
+                    hold_kernel<<<1, 1, 0, st>>>(20000);
+                    CK(cudaEventRecord(e0, st));
+                    CK(plaunch(C, dW, dS, nsets, s0, 1.0f, TXz, nowait, y, 0u));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    s0 = (s0 + C) % nsets;
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (smp >= 3) t.push_back(ms * 1e3 / C);
+                }
+                const double us = median(t);
+                printf("  %-40s C = %2d  %6.2f (%4.1f%%)\n", nowait ? "persistent, NO wait (tags ignored: bound)" :
+                       "persistent, LL between calls", C, us, 100.0 * bytes / (us * 1e-6) / 1e9 / copy_gbs);
+                fflush(stdout);
+            }
+    }
+    errs("the persistent GEMV");
     /* 5. exactness: call j reads B[in(j)] and writes B[out(j)]: B0 (x, constant) -> B1 -> B2 -> B1 ... */
     {
         const int ns = 4, L = 32, LG = 16;
@@ -1693,6 +1845,32 @@ static int chain_section(const cudaDeviceProp &p, cudaStream_t st, cudaEvent_t e
                            : (bad1 || bad2) ? "  FAIL" : "  ok");
             CK(cudaGraphExecDestroy(gx));
             CK(cudaGraphDestroy(gr));
+        }
+        /* the persistent GEMV: the same 32-call chain in one launch, a block delayed 20 us in every
+         * 4th call; and with the tags ignored (the control) */
+        if (pok) {
+            const uint8_t **dRW, **dRS;
+            CK(cudaMalloc(&dRW, ns * sizeof(void *)));
+            CK(cudaMalloc(&dRS, ns * sizeof(void *)));
+            CK(cudaMemcpy(dRW, RW.data(), ns * sizeof(void *), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dRS, RS.data(), ns * sizeof(void *), cudaMemcpyHostToDevice));
+            for (int nowait : {0, 1}) {
+                int bad = 0, worst = 0;
+                for (int rep = 0; rep < 10; rep++) {
+                    poison();
+                    hold_kernel<<<1, 1, 0, st>>>(20000);
+                    CK(plaunch(L, dRW, dRS, ns, 0, scale2, TX0, nowait, out_of(L - 1), 20000u));
+                    CK(cudaStreamSynchronize(st));
+                    const int d = diff(ref);
+                    bad += d != 0;
+                    worst = std::max(worst, d);
+                }
+                printf("  persistent %-21s 10 launches of %d calls: %d differ (worst %d of %d)%s\n",
+                       nowait ? "NO wait (control)" : "LL between calls", L, bad, worst, N,
+                       nowait ? (bad ? "  [control caught]" : "  [control NOT caught]") : bad ? "  FAIL" : "  ok");
+            }
+            CK(cudaFree(dRW));
+            CK(cudaFree(dRS));
         }
         CK(cudaGetLastError());
     }

@@ -644,11 +644,44 @@ static int bench(void) {
     free(h);
     return 0;
 }
+
+/* `test_sample_cuda --profile`: exactly three launches of the fast form (no warm-up), for a
+ * profiler (bench/device/fastsample.sh runs ncu over them): a tailed 248320-wide BF16 row at
+ * batch 1 with T 0.7 top_k 20 top_p 0.95, T 0.7 top_p 0.9, and T 0.7 without a filter. */
+static int profile(void) {
+    if (!have_gpu()) return 1;
+    ls_err e = {0};
+    uint16_t *h = malloc((size_t)VB * 2);
+    srand(9);
+    for (int i = 0; i < VB; i++) {
+        float u = (float)rand() / RAND_MAX;
+        h[i] = f32_to_bf16(12.f * u * u * u - 2.f);
+    }
+    void *dx = g_mem->alloc((size_t)VB * 2, &e), *dw = g_mem->alloc((size_t)VB * 4, &e);
+    void *dp = g_mem->alloc(sizeof(smp_row), &e), *dout = g_mem->alloc(sizeof(smp_out), &e), *dt = g_mem->alloc(16, &e);
+    if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "profile: %s\n", e.msg); return 1; }
+    g_mem->h2d(dx, h, (size_t)VB * 2, g_st, &e);
+    const ls_sampling modes[] = {smp_of(0.7f, 20, 0.95f, 0.f), smp_of(0.7f, -1, 0.9f, 0.f), smp_of(0.7f, -1, 1.f, 0.f)};
+    for (int k = 0; k < 3; k++) {
+        smp_row p = row_from(&modes[k]);
+        g_mem->h2d(dp, &p, sizeof p, g_st, &e);
+        sample_args a = {.rows = 1, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
+                         .out = dout};
+        if (sample_cuda_fast.run(&a, g_st, &e) || g_mem->sync(g_st, &e)) { fprintf(stderr, "profile: %s\n", e.msg); return 1; }
+        smp_out o;
+        g_mem->d2h(&o, dout, sizeof o, g_st, &e);
+        printf("profile launch %d: token %d\n", k, o.token);
+    }
+    g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
+    free(h);
+    return 0;
+}
 #endif
 
 int main(int argc, char **argv) {
 #ifdef LS_HAVE_CUDA
     if (argc > 1 && !strcmp(argv[1], "--bench")) return bench();
+    if (argc > 1 && !strcmp(argv[1], "--profile")) return profile();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_logprobs_and_penalties_match_the_host_sampler),
         cmocka_unit_test(test_bf16_ties_go_to_the_lowest_id),

@@ -42,7 +42,7 @@ extern const sample_impl sample_cuda_block;
 extern const sample_impl sample_cuda_wide;
 extern const sample_impl sample_cuda_descent; /* the cluster form with the radix descent, whatever the environment */
 extern const sample_impl sample_cuda_wide_vec; /* the cluster form with 16-byte passes (LASTSTAND_SAMPLE_VEC=1) */
-extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k / top_p (LASTSTAND_SAMPLE_FAST=1) */
+extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k / top_p (the default; LASTSTAND_SAMPLE_FAST=0: the descent) */
 extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 extern const sample_impl sample_cuda_fast_agg; /* the same, warp-aggregated histogram atomics */

@@ -6,20 +6,20 @@
 #
 #   bash bench/device/stepfuse.sh BIN OUTDIR
 #
-# The session's switches (VARIANTS below; each off by default until a round validates it) are
-# timed against the defaults, alone and together.
+# The session's switches (VARIANTS below) are timed against the defaults.
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
 #    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
 #    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
-#    test_small_cuda, test_attn_cuda's graph-replay check (fp64 reference, eager bits) with
-#    the attention switches on.
-# 2. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
+#    test_small_cuda, test_attn_cuda's graph-replay check (fp64 reference, eager bits).
+# 2. The doctor's fp64 verdicts of cuda_gemv, cuda_flash_prefill and cuda_decode at the 35B
+#    shapes, M = 1 and 8, defaults.
+# 3. The engine's mean decode step with CUDA graphs (`generate`, 512-token prompt + 129 new
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
 #    give the same ids).
-# 3. (STEPFUSE_NCU=1, time left: R1 printed it) ncu list of one 8-layer decode step, all
-#    switches on, eager, as decprof.sh makes it; the doctor's verdicts of the changed backends.
-# 4. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
+# 4. (STEPFUSE_NCU=1, time left: R1 printed it) ncu list of one 8-layer decode step, eager,
+#    as decprof.sh makes it.
+# 5. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
 #    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
 #    and 12 greedy tokens, CUDA graphs == eager.
 # Each step is bounded by `timeout`; the whole script stays under 120 s.
@@ -42,24 +42,21 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 
 # VARIANTS: "tag:VAR=V ..." against the defaults (base). Since S7-R1 the defaults include the
 # gated norm inside gd_kernel (gdn_decode.cu, LASTSTAND_GDN_NORM) and cuda_gemv's K split for
-# the under-filling [2048 x 4096] projections (gemv.cu, LASTSTAND_GEMV_FILL=2); "old" turns
-# both off. post = the residual add + post-attention norm behind the layer's output projection,
-# by the grid's last block (gemv.cu); ck64 = attention decode (fp_dec_kernel, row plan) in
-# chunks of 64 keys instead of 128 (12 -> 22 blocks on a 641-token context, more partials to
-# merge); attn = ck64 + the past keys' K/V tiles fetched before griddepcontrol.wait
-# (attention_prefill.cu, LASTSTAND_FP_EARLY; R1 timed ck64 alone); t1 = gd_kernel1 for decode
-# steps (one token a group, 128 registers, so that it launches beside the in-projection's blocks
-# and loads its state early; gdn_decode.cu, LASTSTAND_GDN_T1); best = post + attn + t1. (The add
-# + input norm in front of the in-projection, LASTSTAND_GEMV_PRENORM, lost 94 us in R1: not timed.)
-OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1"
+# the under-filling [2048 x 4096] projections (gemv.cu, LASTSTAND_GEMV_FILL=2), since R2
+# fp_dec_kernel's early fetch of past keys (attention_prefill.cu, LASTSTAND_FP_EARLY); "old"
+# turns the three off, "noearly" the last one. Opt-in, timed for the record: ck64 = attention
+# decode in 64-key chunks (faster at M = 1, slower for batches); post = the residual add +
+# post-attention norm behind the layer's output projection (gemv.cu, LASTSTAND_GEMV_POSTNORM;
+# R2: +0.054 ms). (LASTSTAND_GEMV_PRENORM, R1: +0.094 ms, and LASTSTAND_GDN_T1, R2: +0.074 ms,
+# are not timed again.)
+OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1 LASTSTAND_FP_EARLY=0"
 POST="LASTSTAND_GEMV_POSTNORM=1"
-ATTN="LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"
+ATTN=""
 T1="LASTSTAND_GDN_T1=1"
-VARIANTS=("base:" "old:$OLD" "post:$POST" "attn:$ATTN" "t1:$T1" "best:$POST $ATTN $T1")
-ALL="$POST $ATTN $T1"
+VARIANTS=("base:" "old:$OLD" "noearly:LASTSTAND_FP_EARLY=0" "ck64:LASTSTAND_FP_CHUNK=64" "post:$POST")
+ALL="$POST LASTSTAND_FP_CHUNK=64"
 
-for te in test_gdn_decode_cuda "test_gdn_decode_cuda:LASTSTAND_GDN_T1=1" test_gemv_cuda test_small_cuda \
-          "test_attn_cuda:LS_ATTN_TEST=check LASTSTAND_FP_CHUNK=64 LASTSTAND_FP_EARLY=1"; do
+for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda "test_attn_cuda:LS_ATTN_TEST=check"; do
     t=${te%%:*}
     env=""
     [ "$t" != "$te" ] && env=${te#*:}
@@ -73,10 +70,9 @@ for te in test_gdn_decode_cuda "test_gdn_decode_cuda:LASTSTAND_GDN_T1=1" test_ge
     fi
 done
 
-# the doctor's fp64 verdicts for what changed: cuda_gemv at the 35B shapes with the K split
-# (the default now), the attention decode in 64-key chunks with the early fetch
+# the doctor's fp64 verdicts of the backends this session changed, at the 35B shapes, defaults
 if [ "$(left)" -gt 85 ]; then
-    for fam in "gemm:cuda_gemv:" "attention:cuda_flash_prefill:$ATTN" "gdn:cuda_decode:$T1"; do
+    for fam in "gemm:cuda_gemv:" "attention:cuda_flash_prefill:" "gdn:cuda_decode:"; do
         f=${fam%%:*}; r=${fam#*:}; be=${r%%:*}; env=${r#*:}
         echo "== doctor $f ($be) at qwen3.5-35b-a3b, M = 1, 8${env:+, env $env} $(el)"
         env $env timeout -k 3 15 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families "$f" --m 1,8 \

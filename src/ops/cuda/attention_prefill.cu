@@ -841,9 +841,13 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
 }
 
 /* LASTSTAND_FP_EARLY=0|1: fp_dec_kernel fetches its sequence and the K/V tiles of past keys of its
- * pipeline's prologue before griddepcontrol.wait (1), or everything after it (0, FP_DEF_EARLY:
- * off until a device round checks it). Read once. */
-enum { FP_DEF_EARLY = 0 };
+ * pipeline's prologue before griddepcontrol.wait (1), or everything after it (0). FP_DEF_EARLY on
+ * since S7 device round R2 (2026-11-30, bench/device/stepfuse.sh): the doctor ✅ (fp64) at the
+ * 35B shape, M = 1 and 8, test_attn_cuda's graph-replay check (fp64, eager bits) passed, the
+ * arithmetic unchanged; with 64-key chunks the 40-layer synth 35B decode step 2.465 -> 2.421 ms
+ * (the chunks alone -0.036 ms in R1; they stay 128 keys: at M = 8 and 64 shorter chunks cost
+ * more than they save, attngraph's R2 above). Read once. */
+enum { FP_DEF_EARLY = 1 };
 static int fp_early(void) {
     static int v = -1;
     if (v < 0) v = cu_env_switch("LASTSTAND_FP_EARLY", FP_DEF_EARLY);

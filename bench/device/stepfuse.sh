@@ -17,8 +17,8 @@
 #    tokens: "128 decode steps ..., X ms each"), full 40-layer model, every variant; the
 #    greedy ids of each against the defaults' (a switch that keeps every sum's order must
 #    give the same ids).
-# 4. (STEPFUSE_NCU=1, time left: R1 printed it) ncu list of one 8-layer decode step, eager,
-#    as decprof.sh makes it.
+# 4. (time left; STEPFUSE_NCU=0: skipped) ncu list of one 8-layer decode step with the
+#    defaults (NCU_ENV: other switches), eager, as decprof.sh makes it.
 # 5. (time left) Fixture models (dir-of-BIN/fixtures/models = ../shared/fixtures/models): CUDA
 #    logits of each variant against the defaults' (max |diff| / max |ref|; 0 = bit for bit)
 #    and 12 greedy tokens, CUDA graphs == eager.
@@ -109,10 +109,10 @@ done
 for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ -n "${STEPFUSE_NCU:-}" ]; then
-    tag=m1-all
-    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager, env$ALL $(el)"
-    env $ALL timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
+if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ "${STEPFUSE_NCU:-1}" != 0 ]; then
+    tag=m1-defaults
+    echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager${NCU_ENV:+, env $NCU_ENV} $(el)"
+    env ${NCU_ENV:-} timeout -k 3 $(( $(left) - 3 )) "$NCU" --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" --ids "$(ids 256)" --max-new-tokens 3 \
         --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1

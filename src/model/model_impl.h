@@ -3,8 +3,9 @@
  * per-architecture files model_qwen3.c (attention, dense MLP, MoE: Qwen3,
  * Qwen3-MoE and the full-attention layers of the hybrids) and
  * model_qwen3_next.c (Gated DeltaNet layers of Qwen3-Next and Qwen3.5), and
- * model_tp.c (tensor-parallel ranks: weight slices, all-reduce) and
- * model_backends.c (the lm_head's backend selection, the named-backend check).
+ * model_tp.c (tensor-parallel ranks: weight slices, all-reduce),
+ * model_backends.c (the lm_head's backend selection, the named-backend check) and
+ * model_weights.c (the weights' upload to the device).
  * Internal to src/model.
  */
 #ifndef LS_MODEL_IMPL_H
@@ -222,7 +223,10 @@ typedef struct fwd_ctx {
  * runs it on its own thread and only rank 0 writes b->logits. */
 int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e);
 
-/* Copy the weights to the model's device (model.c; no-op on the CPU). */
+/* n rounded up to 256 bytes: pieces of the device weights and of the workspace start aligned. */
+static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* Copy the weights to the model's device (model_weights.c; no-op on the CPU). */
 int mdl_upload_weights(model *m, ls_err *e);
 
 /* ---- tensor parallelism (model_tp.c) ------------------------------------- */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # device-limit: 90
 # bench/device/fastsample.sh: top_k / top_p without the radix descent (sample.cu cl_key_select,
-# LASTSTAND_SAMPLE_FAST=1; task fastsample, RESULTS "Sampling: top_k / top_p without the descent
-# (S7)") on the H200, in the integrator's device rounds (notes DEVICE_ROUNDS.md).
+# the cluster form's default since round S7-R2; LASTSTAND_SAMPLE_FAST=0: the descent; task
+# fastsample, RESULTS "Sampling: top_k / top_p without the descent (S7)") on the H200, in the
+# integrator's device rounds (notes DEVICE_ROUNDS.md).
 #
 #   bash bench/device/fastsample.sh BIN OUTDIR
 #
@@ -11,11 +12,13 @@
 #    against the one block on 248320-wide rows, and the wide-digit form against the descent and
 #    the host: kept sets (top_k, top_p, both, min_p, k 4096 and >= V, top_p 1e-6 and 0.999999,
 #    bans, flat rows, a top_p near-tie), batch 16 of mixed parameters = each row at batch 1.
-# 2. test_sample_cuda --bench: µs a call, descent (scalar / 16-byte passes) vs wide-digit, batch
-#    1 and 16, greedy, top_p, top_k, both, min_p, on 248320-wide BF16 rows.
+# 2. test_sample_cuda --bench: µs a call, descent (scalar / 16-byte passes) vs wide-digit (and its
+#    test-only variants: 1 / 2 blocks an SM, aggregated histograms, the row in shared memory),
+#    batch 1 and 16, greedy, top_p, top_k, both, min_p, no filter, on 248320-wide BF16 rows.
 # 3. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
 #    synth Qwen3.5-35B-A3B, 8 layers, seeded T 0.7 top_k 20 top_p 0.95 (Qwen's
-#    generation_config), descent vs wide-digit (LASTSTAND_SAMPLE_FAST=1): the ids must agree.
+#    generation_config), and T 0.7 top_p 0.9: descent vs wide-digit (LASTSTAND_SAMPLE_FAST=0 / 1):
+#    the ids must agree.
 set -u
 BIN=${1:?usage: fastsample.sh BIN OUTDIR}
 OUT=${2:?usage: fastsample.sh BIN OUTDIR}

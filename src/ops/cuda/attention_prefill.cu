@@ -846,7 +846,7 @@ extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, in
  * 35B shape, M = 1 and 8, test_attn_cuda's graph-replay check (fp64, eager bits) passed, the
  * arithmetic unchanged; with 64-key chunks the 40-layer synth 35B decode step 2.465 -> 2.421 ms
  * (the chunks alone -0.036 ms in R1; they stay 128 keys: at M = 8 and 64 shorter chunks cost
- * more than they save, attngraph's R2 above). Read once. */
+ * more than they save: bench/RESULTS.md, the attngraph session's R2). Read once. */
 enum { FP_DEF_EARLY = 1 };
 static int fp_early(void) {
     static int v = -1;

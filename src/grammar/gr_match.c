@@ -205,11 +205,6 @@ gr_matcher *gr_matcher_new(gr_grammar *g, const gr_vocab *v, const char *gate) {
         m->gate = xstrdup(gate);
         m->gate_len = (int)strlen(gate);
     }
-    int nd = v->max_depth + 2;
-    m->settops = xmalloc((size_t)nd * GR_MAX_SET * sizeof *m->settops);
-    m->sets = xcalloc((size_t)nd, sizeof *m->sets);
-    m->marks = xcalloc((size_t)nd, sizeof *m->marks);
-    for (int d = 0; d < nd; d++) m->sets[d].tops = m->settops + (size_t)d * GR_MAX_SET;
     return m;
 }
 
@@ -417,6 +412,13 @@ int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
     const gr_vocab *v = m->v;
     m->last_cached = 0;
     if (m->gate_len && !m->failed) return 0;
+    if (!m->sets) { /* the sweep's per-depth scratch, on the first mask */
+        int nd = v->max_depth + 2;
+        m->settops = xmalloc((size_t)nd * GR_MAX_SET * sizeof *m->settops);
+        m->sets = xcalloc((size_t)nd, sizeof *m->sets);
+        m->marks = xcalloc((size_t)nd, sizeof *m->marks);
+        for (int d = 0; d < nd; d++) m->sets[d].tops = m->settops + (size_t)d * GR_MAX_SET;
+    }
     memset(bits, 0, (size_t)v->words * sizeof *bits);
     if (!m->failed && !m->finished) {
         int mark = m->pool.n;

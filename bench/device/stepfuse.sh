@@ -45,8 +45,8 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 # fp_dec_kernel's early fetch of past keys (attention_prefill.cu, LASTSTAND_FP_EARLY); "old"
 # turns the three off, "noearly" the last one. Opt-in, timed for the record: ck64 = attention
 # decode in 64-key chunks (faster at M = 1, slower for batches). (The add + norm fused in front of
-# / behind the GEMVs, LASTSTAND_GEMV_PRENORM / POSTNORM, and gd_kernel1, LASTSTAND_GDN_T1, measured
-# slower in S7, were deleted in S8: bench/RESULTS.md.)
+# / behind the GEMVs, LASTSTAND_GEMV_PRENORM / POSTNORM, measured slower in S7, were deleted in S8;
+# gd_kernel1, LASTSTAND_GDN_T1, R2: +0.074 ms at M = 1, is timed at 16 rows by c16.sh.)
 OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1 LASTSTAND_FP_EARLY=0"
 VARIANTS=("base:" "old:$OLD" "noearly:LASTSTAND_FP_EARLY=0" "ck64:LASTSTAND_FP_CHUNK=64")
 

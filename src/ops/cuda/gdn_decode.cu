@@ -36,6 +36,11 @@
  * 0 = never) is handed to gdn_cuda_chunked whole, so that serve, which takes one backend per
  * family (the doctor's pick at M = 1), gets the chunked form for prefill.
  *
+ * Decode steps (every sequence one token; LASTSTAND_GDN_T1=1, opt-in) may run gd_kernel1: the same
+ * body with one token a group and at most 128 registers a thread (a few spilled), so that its
+ * 2-warp blocks fit beside the two blocks an SM of the in-projection GEMV before it and, launched
+ * early, load their state while it runs (see gd_kernel1).
+ *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
  * the conv windows and weights, then waits (griddepcontrol.wait) for the projection before it
@@ -111,16 +116,19 @@ __device__ __forceinline__ float gd_conv(const float4 w, float win[GD_K - 1], fl
 }
 
 /* grid (nk · cl, n_seq), block NW · 32 threads, cluster (cl, 1, 1); dynamic shared memory
- * NW · GD_TB · GD_TOK(DK) floats: per warp and token of a group, the conv outputs q [DK],
- * k [DK] (before the norms) and v [GD_WC]. */
-template <int DK>
-__global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
-    gd_kernel(int nk, int nv, int dv, int D, int cl, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,
-              const bf16 *__restrict__ a, const bf16 *__restrict__ b, const float *__restrict__ conv_w,
-              const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *conv_st, /* read, then rolled: not restrict */
-              float *__restrict__ rec, bf16 *__restrict__ out, const bf16 *__restrict__ z, const float *__restrict__ nrm_w,
-              float nrm_eps) {
-    constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8, TB = GD_TB;
+ * NW · TB · GD_TOK(DK) floats: per warp and token of a group of TB, the conv outputs q [DK],
+ * k [DK] (before the norms) and v [GD_WC] (and the fused norm's [2][TB][dv]). The body of
+ * gd_kernel (groups of GD_TB) and gd_kernel1 (TB = 1, see gd_t1). */
+#define GD_ARGS                                                                                                        \
+    int nk, int nv, int dv, int D, int cl, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,            \
+        const bf16 *__restrict__ a, const bf16 *__restrict__ b, const float *__restrict__ conv_w,                     \
+        const float *__restrict__ A_log, const float *__restrict__ dt_bias,                                           \
+        float *conv_st, /* read, then rolled: not restrict */                                                         \
+        float *__restrict__ rec, bf16 *__restrict__ out, const bf16 *__restrict__ z,                                  \
+        const float *__restrict__ nrm_w, float nrm_eps
+template <int DK, int TB>
+__device__ __forceinline__ void gd_body(GD_ARGS) {
+    constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8;
     extern __shared__ float4 gd_sh4[];
     cu_pdl_trigger(); /* programmatic dependent launch: see the header */
     const bool fuse = z != nullptr; /* the gated norm fused: see the header */
@@ -382,6 +390,22 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1)
     }
 }
 
+template <int DK>
+__global__ void __launch_bounds__(GD_MAX_NW * 32, 1) gd_kernel(GD_ARGS) {
+    gd_body<DK, GD_TB>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
+}
+
+/* Decode steps of one token a sequence (gd_t1): one token a group, and at most GD_T1_REGS
+ * registers a thread, so that a block of 2 warps (12 K registers) fits beside the two blocks
+ * of the in-projection GEMV that runs before it (cuda_gemv, 100 registers x 256 threads each):
+ * launched early (programmatic dependent launch), it loads its S slice, windows and weights
+ * while the projection still runs, instead of after its blocks retire. */
+#define GD_T1_REGS 128
+template <int DK>
+__global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
+    gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
+}
+
 /* Warps per block: the fewest that divide dv / GD_WC and leave at most GD_MAX_CLUSTER blocks per
  * k head. 0 when none. */
 static int gd_warps(int nk, int nv, int dv) {
@@ -445,19 +469,31 @@ static int gd_norm(void) {
     return v;
 }
 
-/* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o */
+/* LASTSTAND_GDN_T1=0|1: calls whose sequences bring at most one token each run gd_kernel1
+ * (one token a group, at most GD_T1_REGS registers; the same arithmetic, bit for bit) or
+ * gd_kernel (GD_T1_DEFAULT: off until a device round checks it). Read once. */
+#define GD_T1_DEFAULT 0
+static int gd_t1(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_T1", GD_T1_DEFAULT);
+    return v;
+}
+
+/* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o; t1: gd_kernel1 */
 template <int DK>
-static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, cudaStream_t st) {
+static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1, cudaStream_t st) {
+    const int TB = t1 ? 1 : GD_TB;
+    void (*kern)(GD_ARGS) = t1 ? gd_kernel1<DK> : gd_kernel<DK>;
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = dim3(w->nk * cl, a->n_seq, 1);
     cfg.blockDim = dim3(nw * 32, 1, 1);
-    cfg.dynamicSmemBytes = sizeof(float) * (nw * GD_TB * GD_TOK(DK) + (fuse ? 2 * GD_TB * w->dv : 0));
+    cfg.dynamicSmemBytes = sizeof(float) * (nw * TB * GD_TOK(DK) + (fuse ? 2 * TB * w->dv : 0));
     cfg.stream = st;
     if (cfg.dynamicSmemBytes > 48 * 1024) { /* NW > 4 at dk = 128: opt in (a function attribute, no stream work) */
-        cudaError_t c = cudaFuncSetAttribute(gd_kernel<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)cfg.dynamicSmemBytes);
         if (c != cudaSuccess) return c;
     }
@@ -473,7 +509,7 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, cudaSt
     cfg.numAttrs = gd_pdl() ? 2 : 1;
     cudaError_t c;
     for (;;) {
-        c = cudaLaunchKernelEx(&cfg, gd_kernel<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
+        c = cudaLaunchKernelEx(&cfg, kern, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
                                w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
                                fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
@@ -522,12 +558,13 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
     const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
+    const int t1 = max_new <= 1 && gd_t1();
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     switch (w->dk) {
-    case 32: c = gd_launch<32>(a, nw, cl, fuse, st); break;
-    case 64: c = gd_launch<64>(a, nw, cl, fuse, st); break;
-    default: c = gd_launch<128>(a, nw, cl, fuse, st); break; /* dec_supported admits 32/64/128 only */
+    case 32: c = gd_launch<32>(a, nw, cl, fuse, t1, st); break;
+    case 64: c = gd_launch<64>(a, nw, cl, fuse, t1, st); break;
+    default: c = gd_launch<128>(a, nw, cl, fuse, t1, st); break; /* dec_supported admits 32/64/128 only */
     }
     if (c == cudaSuccess) c = cudaGetLastError();
     if (c != cudaSuccess) return cu_fail(e, c, "gdn cuda_decode");

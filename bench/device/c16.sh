@@ -15,7 +15,8 @@
 # 3. The real step: `serve` of the full 40-layer model with CUDA graphs and the served plans
 #    named (--trust-backend), `bench` at concurrency 16, 1024 in / 256 out, 32 prompts (as
 #    e2e35.sh): TPOT and the engine's own mean decode step (logged at shutdown: "N decode steps
-#    of R sequences on average, X ms each").
+#    of R sequences on average, X ms each"); then the variants in E2E (gemv16: cuda_gemv serves
+#    M <= 16, its grouped launch of the in-projections included) while time is left.
 # Each step is bounded by `timeout`; the whole script stays under 150 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -73,7 +74,7 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 95 ]; then
         echo "bench rc=$? $(el)"
     fi
     # stop the server (ncu's child) so that ncu writes its report
-    for p in $(pgrep -P $NPID); do kill -TERM "$p" 2>/dev/null; done
+    for p in $(pgrep -P $NPID 2>/dev/null || ps -o pid= --ppid $NPID); do kill -TERM "$p" 2>/dev/null; done
     for _ in $(seq 40); do kill -0 $NPID 2>/dev/null || break; sleep 0.5; done
     kill -0 $NPID 2>/dev/null && { kill -TERM $NPID; sleep 2; kill -KILL $NPID 2>/dev/null; }
     wait $NPID 2>/dev/null
@@ -88,18 +89,26 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 95 ]; then
     fi
 fi
 
-# 3. the real step: 40 layers, CUDA graphs, c = 16
-lim=$(( $(left) - 3 ))
-if [ "$lim" -gt 35 ]; then
-    echo "== e2e: serve synth 35B (40 layers), CUDA graphs, named plans, c = 16, 32 x 1024 in / 256 out${C16_ENV:+, env $C16_ENV} $(el)"
-    env "${ENVS[@]}" BIN="$BIN" PORT=$((PORT + 1)) CONCURRENCY=16 NUM_PROMPTS=32 INPUT_LEN=1024 OUTPUT_LEN=256 WARMUP=2 \
-        HEALTH_TIMEOUT=$(( lim - 15 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e" qwen3.5-35b-a3b -- \
-        --device cuda "${PLANS[@]}" >"$OUT/e2e.out" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "startup_s" "$OUT/e2e/meta.txt" 2>/dev/null
-    [ -f "$OUT/e2e/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&
-        grep -E "^\| 16 \|" "$OUT/e2e/SUMMARY.md" | cut -d'|' -f2,4,6,8,10,11,12 | sed 's/^/  /'
-    grep -E "decode steps|CUDA graphs|ERROR|error" "$OUT/e2e/server.log" 2>/dev/null | cut -c1-200 | tail -4
-    [ -f "$OUT/e2e/SUMMARY.md" ] || tail -5 "$OUT/e2e.out"
-fi
+# 3. the real step: 40 layers, CUDA graphs, c = 16; variants "tag|gemm plan|env" (time allowing)
+GEMM0="cuda_gemv:8,cuda_cublaslt"
+E2E=("base|$GEMM0|" "gemv16|cuda_gemv:16,cuda_cublaslt|")
+n=0
+for v in "${E2E[@]}"; do
+    IFS='|' read -r tag gemm venv <<<"$v"
+    lim=$(( $(left) - 3 ))
+    [ "$lim" -gt 30 ] || { echo "== e2e $tag: skipped (time)"; continue; }
+    [ $n -gt 0 ] && [ "$lim" -gt 45 ] && lim=45
+    n=$((n + 1))
+    P2=("${PLANS[@]}")
+    for i in "${!P2[@]}"; do [ "${P2[$i]}" = "${C16_GEMM:-$GEMM0}" ] && P2[$i]=$gemm; done
+    echo "== e2e $tag: serve synth 35B (40 layers), CUDA graphs, gemm $gemm, c = 16, 32 x 1024 in / 256 out${C16_ENV:+ $C16_ENV}${venv:+ $venv} $(el)"
+    env "${ENVS[@]}" $venv BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=16 NUM_PROMPTS=32 INPUT_LEN=1024 OUTPUT_LEN=256 \
+        WARMUP=2 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$tag" qwen3.5-35b-a3b -- \
+        --device cuda "${P2[@]}" >"$OUT/e2e-$tag.out" 2>&1
+    echo "rc=$? $(el) $(grep -E "startup_s" "$OUT/e2e-$tag/meta.txt" 2>/dev/null)"
+    [ -f "$OUT/e2e-$tag/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&
+        grep -E "^\| 16 \|" "$OUT/e2e-$tag/SUMMARY.md" | cut -d'|' -f2,4,6,8,10,11,12 | sed 's/^/  /'
+    grep -E "decode steps|CUDA graphs|ERROR|error" "$OUT/e2e-$tag/server.log" 2>/dev/null | cut -c1-200 | tail -4
+    [ -f "$OUT/e2e-$tag/SUMMARY.md" ] || tail -5 "$OUT/e2e-$tag.out"
+done
 echo "total $(( $(date +%s) - T0 )) s"

@@ -16,7 +16,8 @@
 #    named (--trust-backend), `bench` at concurrency 16, 1024 in / 256 out, 32 prompts (as
 #    e2e35.sh): TPOT and the engine's own mean decode step (logged at shutdown: "N decode steps
 #    of R sequences on average, X ms each"); then the variants in E2E (gemv16: cuda_gemv serves
-#    M <= 16, its grouped launch of the in-projections included) while time is left.
+#    M <= 16, its grouped launch of the in-projections included; gdnt1: gd_kernel1, at most 128
+#    registers, twice the warps an SM of gd_kernel's 255) while time is left.
 # Each step is bounded by `timeout`; the whole script stays under 150 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -91,7 +92,7 @@ fi
 
 # 3. the real step: 40 layers, CUDA graphs, c = 16; variants "tag|gemm plan|env" (time allowing)
 GEMM0="cuda_gemv:8,cuda_cublaslt"
-E2E=("base|$GEMM0|" "gemv16|cuda_gemv:16,cuda_cublaslt|")
+E2E=("base|$GEMM0|" "gemv16|cuda_gemv:16,cuda_cublaslt|" "gdnt1|$GEMM0|LASTSTAND_GDN_T1=1")
 n=0
 for v in "${E2E[@]}"; do
     IFS='|' read -r tag gemm venv <<<"$v"

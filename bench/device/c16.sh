@@ -6,7 +6,9 @@
 #   bash bench/device/c16.sh BIN OUTDIR
 #
 # 1. The doctor's fp64 verdicts and chained per-op times at the synth 35B's shapes (one layer of
-#    each kind, BF16 shared expert), M = 1, 8, 16, every family, the served backends.
+#    each kind, BF16 shared expert), M = 1, 8, 16, every family, the served backends; the MoE
+#    again with LASTSTAND_MG_DNEARLY=1; the cmocka tests test_gdn_decode_cuda (a 16-sequence
+#    decode step by gd_kernel1 equals gd_kernel's bits) and test_gemv_cuda (M = 9, 16).
 # 2. ncu (--clock-control none --cache-control none: the card's clocks, caches as the step leaves
 #    them) over `serve` of the 8-layer synth 35B (6 GDN + 2 attention layers, the full model's
 #    mix), eager (--disable-cuda-graph: one launch per kernel), the served plans named, under
@@ -16,8 +18,9 @@
 #    named (--trust-backend), `bench` at concurrency 16, 1024 in / 256 out, 32 prompts (as
 #    e2e35.sh): TPOT and the engine's own mean decode step (logged at shutdown: "N decode steps
 #    of R sequences on average, X ms each"); then the variants in E2E (gemv16: cuda_gemv serves
-#    M <= 16, its grouped launch of the in-projections included; gdnt1: gd_kernel1, at most 128
-#    registers, twice the warps an SM of gd_kernel's 255) while time is left.
+#    M <= 16, its grouped launch of the in-projections included; gdnt2: gd_kernel1, at most 128
+#    registers, twice the warps an SM of gd_kernel's 255, where gd_kernel needs more than one
+#    wave) while time is left.
 # Each step is bounded by `timeout`; the whole script stays under 150 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -51,10 +54,33 @@ echo "rc=$? $(el)"
 grep -E "^(fp4_gemm|gemm|moe|attention|gdn|lm_head) |^ +(1|8|16) |measured device copy" "$OUT/doctor.txt" | cut -c1-150
 grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 
+# 1b. this session's opt-in switches where the doctor sees them: the MoE call at M = 8, 16, 32
+# with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait) against the defaults' cells above
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1 $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1"; do
+    env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
+        --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
+        >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
+    echo "${v%%:*} rc=$? $(el)"
+    grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-moe-${v%%:*}.err" | head -3
+done
+# 1c. the GPU tests of what this session touches (beside BIN: tests/)
+for t in test_gdn_decode_cuda test_gemv_cuda; do
+    echo "== cmocka $t $(el)"
+    if [ -x "$D/tests/$t" ]; then
+        timeout -k 3 40 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        echo "rc=$? (0: every test passed) $(el)"
+        grep -E "PASSED|FAILED|SKIPPED|differs|rror|M=16" "$OUT/$t.log" | head -8
+    else
+        echo "missing: $D/tests/$t"
+    fi
+done
+
 # 2. ncu over serve (8 layers, eager) under 16 concurrent requests
 PORT=$((33000 + $$ % 2000))
 URL=http://127.0.0.1:$PORT
-if [ -n "$NCU" ] && [ "$(left)" -gt 95 ]; then
+if [ -n "$NCU" ] && [ "$(left)" -gt 80 ]; then
     echo "== ncu: serve synth 35B 8 layers, eager, bench c = 16 (16 x 1024 in / 6 out)${C16_ENV:+, env $C16_ENV} $(el)"
     env "${ENVS[@]}" "$NCU" --target-processes all --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu16" \
@@ -92,7 +118,7 @@ fi
 
 # 3. the real step: 40 layers, CUDA graphs, c = 16; variants "tag|gemm plan|env" (time allowing)
 GEMM0="cuda_gemv:8,cuda_cublaslt"
-E2E=("base|$GEMM0|" "gemv16|cuda_gemv:16,cuda_cublaslt|" "gdnt1|$GEMM0|LASTSTAND_GDN_T1=1")
+E2E=("base|$GEMM0|" "gemv16|cuda_gemv:16,cuda_cublaslt|" "gdnt2|$GEMM0|LASTSTAND_GDN_T1=2")
 n=0
 for v in "${E2E[@]}"; do
     IFS='|' read -r tag gemm venv <<<"$v"

@@ -77,6 +77,21 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
     fi
 done
 
+# 1d. ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
+# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
+if [ -n "$NCU" ]; then
+    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
+    timeout -k 3 30 "$NCU" --target-processes all --clock-control none --launch-count 8 \
+        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
+        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
+        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
+fi
+
 # 2. ncu over serve (8 layers, eager) under 16 concurrent requests
 PORT=$((33000 + $$ % 2000))
 URL=http://127.0.0.1:$PORT

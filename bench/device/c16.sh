@@ -65,7 +65,7 @@ for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persist:LASTSTAND_MG_DNEARLY=
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
     echo "${v%%:*} rc=$? $(el)"
     grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
-    python3 -c "import json,sys;t=[t for t in json.load(open(sys.argv[1]))['tables'] if t['family']=='moe'][0];print('  rel:',{m:c.get('rel') for m,c in t['cells']['cuda_grouped_gemm'].items()})" "$OUT/doctor-moe-${v%%:*}.json" 2>&1 | cut -c1-200
+    python3 -c "import json,sys;t=[t for t in json.load(open(sys.argv[1]))['tables'] if t['family']=='moe'][0];print('  rel_err:',{m:c.get('rel_err') for m,c in t['cells']['cuda_grouped_gemm'].items()})" "$OUT/doctor-moe-${v%%:*}.json" 2>&1 | cut -c1-200
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor-moe-${v%%:*}.err" | head -3
 done
 # 1c. the GPU tests of what this session touches (beside BIN: tests/)

@@ -55,14 +55,17 @@ grep -E "^(fp4_gemm|gemm|moe|attention|gdn|lm_head) |^ +(1|8|16) |measured devic
 grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 
 # 1b. this session's opt-in switches where the doctor sees them: the MoE call at M = 8, 16, 32
-# with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait) against the defaults' cells above
-echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1 $(el)"
-for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1"; do
+# with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait), then also LASTSTAND_MG_MIDGU=2
+# (the persistent gate/up, mvq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
+# errors: equal rel = very likely equal bits)
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + LASTSTAND_MG_MIDGU=2 $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
         --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
     echo "${v%%:*} rc=$? $(el)"
     grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
+    python3 -c "import json,sys;t=[t for t in json.load(open(sys.argv[1]))['tables'] if t['family']=='moe'][0];print('  rel_err:',{m:c.get('rel_err') for m,c in t['cells']['cuda_grouped_gemm'].items()})" "$OUT/doctor-moe-${v%%:*}.json" 2>&1 | cut -c1-200
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor-moe-${v%%:*}.err" | head -3
 done
 # 1c. the GPU tests of what this session touches (beside BIN: tests/)
@@ -76,6 +79,21 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
         echo "missing: $D/tests/$t"
     fi
 done
+
+# 1d. ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
+# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
+if [ -n "$NCU" ]; then
+    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
+    timeout -k 3 30 "$NCU" --target-processes all --clock-control none --launch-count 8 \
+        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
+        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
+        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
+fi
 
 # 2. ncu over serve (8 layers, eager) under 16 concurrent requests
 PORT=$((33000 + $$ % 2000))
@@ -123,14 +141,15 @@ n=0
 for v in "${E2E[@]}"; do
     IFS='|' read -r tag gemm venv <<<"$v"
     lim=$(( $(left) - 3 ))
-    [ "$lim" -gt 30 ] || { echo "== e2e $tag: skipped (time)"; continue; }
+    [ "$lim" -gt 24 ] || { echo "== e2e $tag: skipped (time)"; continue; }
     [ $n -gt 0 ] && [ "$lim" -gt 45 ] && lim=45
     n=$((n + 1))
     P2=("${PLANS[@]}")
     for i in "${!P2[@]}"; do [ "${P2[$i]}" = "${C16_GEMM:-$GEMM0}" ] && P2[$i]=$gemm; done
-    echo "== e2e $tag: serve synth 35B (40 layers), CUDA graphs, gemm $gemm, c = 16, 32 x 1024 in / 256 out${C16_ENV:+ $C16_ENV}${venv:+ $venv} $(el)"
-    env "${ENVS[@]}" $venv BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=16 NUM_PROMPTS=32 INPUT_LEN=1024 OUTPUT_LEN=256 \
-        WARMUP=2 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$tag" qwen3.5-35b-a3b -- \
+    np=32; [ $n -gt 1 ] && np=16 # the variants: one wave (compare the engine's decode step and ITL)
+    echo "== e2e $tag: serve synth 35B (40 layers), CUDA graphs, gemm $gemm, c = 16, $np x 1024 in / 256 out${C16_ENV:+ $C16_ENV}${venv:+ $venv} $(el)"
+    env "${ENVS[@]}" $venv BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=16 NUM_PROMPTS=$np INPUT_LEN=1024 OUTPUT_LEN=256 \
+        WARMUP=1 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$tag" qwen3.5-35b-a3b -- \
         --device cuda "${P2[@]}" >"$OUT/e2e-$tag.out" 2>&1
     echo "rc=$? $(el) $(grep -E "startup_s" "$OUT/e2e-$tag/meta.txt" 2>/dev/null)"
     [ -f "$OUT/e2e-$tag/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&

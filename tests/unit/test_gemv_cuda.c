@@ -285,7 +285,8 @@ static void multi_run(gcase *c, int n, int capture, uint16_t **out) {
 
 /* The grouped launch (gemm_impl.run_multi, what ops_linear_multi takes for a GDN layer's
  * qkv / z / b / a and an attention layer's q / gate / k / v): every matrix's y against
- * fp64, the 35B GDN in-projections and a group of 5 (two launches) with partial tiles;
+ * fp64, the 35B GDN in-projections and a group of 5 (two launches) with partial tiles, at
+ * M = 1, 9 and 16 (one and two n8 token tiles);
  * bitwise reproducible; a CUDA graph replay gives the eager bits. */
 static void test_gemv_grouped_weights_match_fp64(void **st) {
     (void)st;
@@ -296,9 +297,9 @@ static void test_gemv_grouped_weights_match_fp64(void **st) {
         {5, 100, 16, 1000, 33, 512},  /* partial tiles; 5 > GV_MAX_MATS: two launches */
     };
     static const int Ks[] = {2048, 200};
-    static const int Ms[] = {1, 9};
+    static const int Ms[] = {1, 9, 16}; /* 16: a decode step at concurrency 16 (the plan cuda_gemv:16) */
     for (int si = 0; si < 2; si++)
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < 3; mi++) {
             const int n = sets[si][0], M = Ms[mi], K = Ks[si];
             gcase c[5];
             uint16_t *y[5], *y2[5];

@@ -802,7 +802,9 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   flight, programmatic dependent launch (LASTSTAND_MG_MIDPDL,
  *                                   cu_pdl.h); opt-in: the top-k and the plan in one launch
  *                                   (LASTSTAND_MG_MIDFUSE=1, mg_topk_plan_kernel: right in R2,
- *                                   no faster) */
+ *                                   no faster); down's weights in flight before its wait for
+ *                                   gate/up (LASTSTAND_MG_DNEARLY=1: gate/up lets it go only after
+ *                                   its own wait, so the plan it reads first is complete) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -815,13 +817,14 @@ typedef struct mg_knobs {
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
     int midfuse; /* with mid: the top-k and the plan in one launch */
+    int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 1, 0, 1, 0};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 1, 0, 1, 0, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -839,6 +842,7 @@ static mg_knobs mg_knobs_get(void) {
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
+        n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -894,6 +898,10 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
                             const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
+    /* pdl 2 (LASTSTAND_MG_DNEARLY): gate/up lets the down launch go only after its own wait, and
+     * mvd_kernel fetches its weights before its wait (moe_mid.cu) */
+    const int dn_mvd = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k);
+    const int gpdl = kn.midpdl ? (dn_mvd && kn.dnearly ? 2 : 1) : 0;
     cudaError_t c = cudaSuccess;
     if (mixed && side) {
         *what = "cuda_grouped_gemm side stream fork";
@@ -917,7 +925,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  kn.midgu, kn.midpdl, st)
+                                  kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -930,9 +938,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k)
-                ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, kn.midpdl,
-                             st)
+        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                    kn.middn == 1, kn.midpdl, st)

@@ -122,7 +122,7 @@ template <bool GATEUP, int KW, int PER, int RT, bool LEAN>
 __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     constexpr int NQ = S::NQ;
     extern __shared__ __align__(16) unsigned char mv_dsm[];
@@ -131,8 +131,11 @@ __global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
      * by each warp (no barrier at entry): one __syncthreads in all */
     float(*red)[S::NQ][2][16][8] =
         LEAN ? reinterpret_cast<float(*)[S::NQ][2][16][8]>(mv_dsm + sizeof(S)) : sm.u.red;
-    cu_pdl_trigger();
+    /* late (pdl 2, mv_launch): the next kernel is let go only after this block's wait, so that the
+     * plan (two kernels back) is complete when it starts: mvd_kernel reads it before its own wait */
+    if (!late) cu_pdl_trigger();
     cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
+    if (late) cu_pdl_trigger();
     const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -275,7 +278,7 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     }
     dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
     return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
-                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only);
+                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -329,12 +332,15 @@ template <int PER>
 __global__ void __launch_bounds__(256, 3)
     mvd_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
                const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int early) {
     constexpr int K = PER * MV_CH, XW = K / 8; /* uint4 per slot row */
     extern __shared__ __align__(16) unsigned char mvd_dsm[];
     mvd_smem<PER> &sm = *reinterpret_cast<mvd_smem<PER> *>(mvd_dsm);
     cu_pdl_trigger();
-    cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
+    /* early (pdl 2): the plan is complete when this grid starts (gate/up let it go after its own
+     * wait), so the tile's expert and its weights are read first and the wait only guards hbuf;
+     * the weight loads overlap gate/up's tail. */
+    if (!early) cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
     const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -358,6 +364,7 @@ __global__ void __launch_bounds__(256, 3)
         sm.pair[tid] = perm[tile * 16 + tid];
         if (tid == 8) sm.two = 0;
     }
+    if (early) cu_pdl_wait(); /* gate/up's hbuf from here on */
     __syncthreads();
     if (tid >= 8 && tid < 16 && sm.pair[tid] >= 0) sm.two = 1;
     /* hbuf rows of the real slots -> xs, permuted; zeros elsewhere */
@@ -426,7 +433,7 @@ static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_
     }
     dim3 grid((unsigned)((H + 127) / 128), (unsigned)tiles_max);
     return cu_launch_pdl(pdl, mvd_kernel<PER>, grid, dim3(256), smem, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                         wts, dbuf, 0);
+                         wts, dbuf, 0, (int)(pdl == 2));
 }
 
 /* The routed (and same-kind shared) down GEMM by mvd_kernel; the caller checked mvd_per(K). */

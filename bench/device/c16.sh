@@ -55,14 +55,17 @@ grep -E "^(fp4_gemm|gemm|moe|attention|gdn|lm_head) |^ +(1|8|16) |measured devic
 grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 
 # 1b. this session's opt-in switches where the doctor sees them: the MoE call at M = 8, 16, 32
-# with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait) against the defaults' cells above
-echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1 $(el)"
-for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1"; do
+# with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait), then also LASTSTAND_MG_MIDGU=2
+# (the persistent gate/up, mvq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
+# errors: equal rel = very likely equal bits)
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + LASTSTAND_MG_MIDGU=2 $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
         --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
     echo "${v%%:*} rc=$? $(el)"
     grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
+    python3 -c "import json,sys;t=[t for t in json.load(open(sys.argv[1]))['tables'] if t['family']=='moe'][0];print('  rel_err:',{m:c.get('rel_err') for m,c in t['cells']['cuda_grouped_gemm'].items()})" "$OUT/doctor-moe-${v%%:*}.json" 2>&1 | cut -c1-200
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor-moe-${v%%:*}.err" | head -3
 done
 # 1c. the GPU tests of what this session touches (beside BIN: tests/)

@@ -813,7 +813,7 @@ typedef struct mg_knobs {
     int midtopk; /* with mid: the block-per-token top-k */
     int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (1), a whole K per warp (2) */
     int midrouter; /* with mid: the router by mr_kernel */
-    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
+    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), persistent (mvq_kernel, 2) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
     int midfuse; /* with mid: the top-k and the plan in one launch */
@@ -838,7 +838,8 @@ static mg_knobs mg_knobs_get(void) {
         v = getenv("LASTSTAND_MG_MIDDN");
         if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
-        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 1);
+        v = getenv("LASTSTAND_MG_MIDGU");
+        n.midgu = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MIDGU", 1);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
@@ -923,7 +924,13 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
-        c = BM == 16 && mid_k
+        /* LASTSTAND_MG_MIDGU=2: the persistent gate/up (mvq_kernel) where it has an instance; it
+         * lets the next launch go after its own wait, as pdl 2 asks */
+        const int persistent = BM == 16 && mid_k && kn.midgu == 2 &&
+                               mvq_launch(H, mid_k, tiles_max, tab->dev, tile_e, perm, ntr, k, x, hbuf, ldh,
+                                          kn.midpdl, st, &c);
+        if (!persistent)
+            c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                   kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,

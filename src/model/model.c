@@ -114,43 +114,6 @@ int mdl_op_err(int rc, const char *op, int layer, ls_err *e) {
     return errf(e, rc, "layer %d: %s failed (code %d)", layer, op, rc);
 }
 
-int mdl_linear_multi_pre(fwd_ctx *f, int l, int n, const lin_w *const *w, void *const *y, ls_err *e) {
-    model *m = f->m;
-    const gemm_prenorm *p = f->pre;
-    const int T = f->n_tok;
-    f->pre = NULL;
-    if (p) {
-        ls_err e2 = {0};
-        int rc = ops_linear_multi_prenorm(&m->ops, T, p, n, w, y, &e2);
-        if (rc != ERR_UNSUPPORTED) {
-            if (rc) *e = e2;
-            return rc;
-        }
-        /* the backend declined before any device work: the two launches */
-        if ((rc = mdl_op_err(m->ops.small->add_rmsnorm(T, m->cfg.hidden, p->h, p->d, p->init, p->w, p->kind, p->eps,
-                                                       f->ws->u, m->ops.act, m->ops.stream),
-                             "residual add + input norm", l, e)))
-            return rc;
-    }
-    return ops_linear_multi(&m->ops, T, f->ws->u, n, w, y, e);
-}
-
-int mdl_linear_post(fwd_ctx *f, const void *x, const lin_w *w, void *y, ls_err *e) {
-    model *m = f->m;
-    const gemm_prenorm *p = f->post;
-    f->post = NULL;
-    if (p) {
-        ls_err e2 = {0};
-        int rc = ops_linear_postnorm(&m->ops, f->n_tok, x, w, y, p, &e2);
-        if (rc != ERR_UNSUPPORTED) {
-            if (rc) *e = e2;
-            else f->post_done = 1;
-            return rc;
-        }
-    }
-    return ops_linear(&m->ops, f->n_tok, x, w, y, 0, e);
-}
-
 /* Tensors the text model never looked at (vision tower and MTP head aside):
  * transformers warns about unused weights; so do we, naming one. */
 static void warn_unused(model *m) {
@@ -960,26 +923,14 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
     const size_t TH = (size_t)T * H;
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_w *L = &m->layers[l];
-        /* the residual add + input norm: left to the layer's first projections (one launch
-         * with them where the gemm backend can: mdl_linear_multi_pre), but with TP */
-        const gemm_prenorm pre = {.h = w->h, .d = w->o, .init = l == 0, .w = L->in_norm, .kind = m->norm_kind,
-                                  .eps = cfg->rms_eps};
-        f->pre = m->grp || m->ops.dev.kind == DEV_CPU ? NULL : &pre;
-        /* and the add + post-attention norm: behind the layer's output projection where it can */
-        const gemm_prenorm post = {.h = w->h, .w = L->post_norm, .kind = m->norm_kind, .eps = cfg->rms_eps,
-                                   .u = w->u};
-        f->post = f->pre ? &post : NULL;
-        f->post_done = 0;
-        if (!rc && !f->pre)
+        if (!rc)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, l == 0, L->in_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + input norm", l, e);
         if (!rc)
             rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(f, l, w->u, w->o, e)
                                             : next_gdn_forward(f, l, w->u, w->o, e);
-        f->pre = NULL;
-        f->post = NULL;
         if (m->grp) tp_allreduce(m, w->o, TH);
-        if (!rc && !f->post_done)
+        if (!rc)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + post-attention norm", l, e);
         if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);

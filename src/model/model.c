@@ -729,10 +729,11 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     if (rc) return rc;
     /* the workspace: sized for the engine's largest step up front, so decode never allocates */
     int T = o->max_tokens > 0 ? o->max_tokens : 256;
-    if (T < co.n_slots) T = co.n_slots;
-    if ((rc = ws_reserve(m, T, co.n_slots, co.n_pages + co.n_slots, e))) return rc;
+    int S = (o->max_seqs > 0 && o->max_seqs < o->n_slots ? o->max_seqs : o->n_slots) + (graphs ? 1 : 0);
+    if (T < S) T = S;
+    if ((rc = ws_reserve(m, T, S, co.n_pages + S, e))) return rc;
     /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
-    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 1 << 20, e))) return rc;
+    if (m->sampler && (rc = smp_reserve(m, S, 1 << 20, e))) return rc;
     m->graph_max_bs = 0;
     m->n_graphs = 0;
     if (!graphs) return 0;
@@ -746,7 +747,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     }
 #endif
     m->ctx_cap = o->ctx_cap > 0 ? o->ctx_cap : o->n_pages * o->page_size;
-    graphs_setup(m, o->graph_max_bs < o->n_slots ? o->graph_max_bs : o->n_slots);
+    graphs_setup(m, o->graph_max_bs < S - 1 ? o->graph_max_bs : S - 1);
     m->graph_max_bs = m->graphs[m->n_graphs - 1].bs;
 #ifdef LS_HAVE_CUDA
     size_t ab = 0;
@@ -798,6 +799,30 @@ void model_slot_reset(model *m, int slot) {
         model_slot_reset(rm, slot);
     }
     if (!m->rank_m) slot_reset(m, &m->cache, slot);
+}
+
+static int slot_copy(const model *m, mcache *c, int dst, int src, ls_err *e) {
+    if (dst < 0 || dst >= c->n_slots || src < 0 || src >= c->n_slots)
+        return errf(e, ERR_INVAL, "slot copy %d -> %d: slots are 0 .. %d", src, dst, c->n_slots - 1);
+    if (dst == src) return 0;
+    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg);
+    for (int l = 0; l < m->n_lin; l++) {
+        float *cb = c->conv + (size_t)l * c->n_slots * nc, *rb = c->rec + (size_t)l * c->n_slots * nr;
+        int rc = m->mem->d2d(cb + (size_t)dst * nc, cb + (size_t)src * nc, sizeof(float) * nc, m->ops.stream, e);
+        if (!rc) rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, sizeof(float) * nr, m->ops.stream, e);
+        if (rc) return err_prefix(e, "GDN state copy, slot %d -> %d", src, dst);
+    }
+    return 0;
+}
+
+int model_slot_copy(model *m, int dst, int src, ls_err *e) {
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e);
+        if (!rc) rc = model_slot_copy(rm, dst, src, e);
+        if (rc) return rc;
+    }
+    return m->rank_m ? 0 : slot_copy(m, &m->cache, dst, src, e);
 }
 
 /* ---- forward ----------------------------------------------------------------- */

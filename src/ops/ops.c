@@ -700,7 +700,8 @@ static int cpu_bind_thread(int ordinal, ls_err *e) { return 0; }
 static int cpu_count(void) { return 1; }
 
 const dev_mem dev_mem_cpu = {DEV_CPU,  cpu_open,    cpu_close_stream, cpu_alloc,       cpu_free, cpu_copy,
-                             cpu_copy, cpu_memset0, cpu_sync,         cpu_bind_thread, cpu_count};
+                             cpu_copy, cpu_memset0, cpu_sync,         cpu_bind_thread, cpu_count,
+                             cpu_copy};
 
 static const dev_mem *g_dev_mem_cuda;
 

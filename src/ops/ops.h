@@ -384,6 +384,9 @@ typedef struct dev_mem {
      * thread per device); the CPU's does nothing. */
     int (*bind_thread)(int ordinal, ls_err *e);
     int (*count)(void);                   /* devices present (0 when none answers) */
+    /* (additive) device-to-device copy ordered on s (the prefix cache's GDN state snapshots);
+     * never called inside a CUDA graph capture */
+    int (*d2d)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
 } dev_mem;
 
 /* The memory table of device kind k, or NULL when this build has none. */

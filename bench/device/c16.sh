@@ -56,10 +56,11 @@ grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 
 # 1b. this session's opt-in switches where the doctor sees them: the MoE call at M = 8, 16, 32
 # with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait), then also LASTSTAND_MG_MIDGU=2
-# (the persistent gate/up, mvq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
+# (the persistent gate/up, mvq_kernel), then also LASTSTAND_MG_MIDDN=3 (the persistent down,
+# mvdq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
 # errors: equal rel = very likely equal bits)
-echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + LASTSTAND_MG_MIDGU=2 $(el)"
-for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2"; do
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + MIDGU=2, + MIDDN=3 $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persistgu:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2 LASTSTAND_MG_MIDDN=3"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
         --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#define CUDA_TEST_SEED 4242u
 #include "cuda_test.h"
 
 #include <math.h>
@@ -35,20 +36,6 @@ static ls_stream g_st;
 static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_gdn_decode_cuda", 9, &g_mem, &g_dev, &g_st); }
-
-static uint32_t g_rng = 4242;
-static float urand(void) { /* [-1, 1) */
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return (float)(g_rng >> 8) / 8388608.f - 1.f;
-}
-
-static void *dev_copy(const void *h, size_t n) {
-    ls_err e = {0};
-    void *d = g_mem->alloc(n, &e);
-    assert_non_null(d);
-    assert_int_equal(g_mem->h2d(d, h, n, g_st, &e), 0);
-    return d;
-}
 
 static uint16_t *bf16_rand(size_t n, float scale) {
     uint16_t *p = malloc(n * 2);

@@ -12,7 +12,8 @@
 # 2. ncu (--clock-control none --cache-control none: the card's clocks, caches as the step leaves
 #    them) over `serve` of the 8-layer synth 35B (6 GDN + 2 attention layers, the full model's
 #    mix), eager (--disable-cuda-graph: one launch per kernel), the served plans named, under
-#    `bench` at concurrency 16 (16 prompts of 1024 tokens, 6 tokens out): c16_table.py picks
+#    `bench` at concurrency 16 (16 prompts of 1024 tokens, 6 tokens out; prefill budget 16384
+#    tokens a step: few prefill forwards to profile): c16_table.py picks
 #    the last pure-decode forward of 16 rows and prints kernel, µs, DRAM MB, GB/s by layer kind.
 # 3. The real step: `serve` of the full 40-layer model with CUDA graphs and the served plans
 #    named (--trust-backend), `bench` at concurrency 16, 1024 in / 256 out, 32 prompts (as
@@ -21,6 +22,7 @@
 #    M <= 16, its grouped launch of the in-projections included; gdnt2: gd_kernel1, at most 128
 #    registers, twice the warps an SM of gd_kernel's 255, where gd_kernel needs more than one
 #    wave) while time is left.
+# 4. (time left) ncu detail (occupancy, issue, stalls) of the MoE mid-batch kernels at M = 16.
 # Each step is bounded by `timeout`; the whole script stays under 150 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -62,7 +64,7 @@ grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + MIDGU=2, + MIDDN=3 $(el)"
 for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persistgu:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2 LASTSTAND_MG_MIDDN=3"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
-        --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
+        --families moe --backends cuda_grouped_gemm --trial-timeout 15 --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
     echo "${v%%:*} rc=$? $(el)"
     grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
@@ -81,21 +83,6 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
     fi
 done
 
-# 1d. ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
-# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
-if [ -n "$NCU" ]; then
-    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
-    timeout -k 3 30 "$NCU" --target-processes all --clock-control none --launch-count 8 \
-        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-        --section WarpStateStats --section MemoryWorkloadAnalysis \
-        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
-        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
-        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
-fi
-
 # 2. ncu over serve (8 layers, eager) under 16 concurrent requests
 PORT=$((33000 + $$ % 2000))
 URL=http://127.0.0.1:$PORT
@@ -104,7 +91,8 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 80 ]; then
     env "${ENVS[@]}" "$NCU" --target-processes all --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu16" \
         "$BIN" serve --model-path "synth:qwen3.5-35b-a3b,layers=8" --host 127.0.0.1 --port $PORT \
-        --max-running-requests 16 --disable-cuda-graph --device cuda "${PLANS[@]}" >"$OUT/ncu16.log" 2>&1 &
+        --max-running-requests 16 --chunked-prefill-size 16384 --disable-cuda-graph --device cuda "${PLANS[@]}" \
+        >"$OUT/ncu16.log" 2>&1 &
     NPID=$!
     ok=0
     for _ in $(seq 60); do
@@ -158,4 +146,19 @@ for v in "${E2E[@]}"; do
     grep -E "decode steps|CUDA graphs|ERROR|error" "$OUT/e2e-$tag/server.log" 2>/dev/null | cut -c1-200 | tail -4
     [ -f "$OUT/e2e-$tag/SUMMARY.md" ] || tail -5 "$OUT/e2e-$tag.out"
 done
+# 4. (time left) ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
+# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
+if [ -n "$NCU" ] && [ "$(left)" -gt 22 ]; then
+    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
+    timeout -k 3 $(( $(left) - 2 )) "$NCU" --target-processes all --clock-control none --launch-count 8 \
+        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
+        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
+        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
+fi
+
 echo "total $(( $(date +%s) - T0 )) s"

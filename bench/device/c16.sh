@@ -50,7 +50,7 @@ ENVS=(${C16_ENV:-})
 # 1. doctor
 echo "== doctor: synth 35B shapes (layers=1), M = 1, 8, 16, served backends $(el)"
 timeout -k 3 40 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 1,8,16 \
-    --backends cuda_w4a16_mma,cuda_gemv,cuda_cublaslt,cuda_fused_decode,cuda_grouped_gemm,cuda_flash_prefill,cuda_decode \
+    --families fp4_gemm,gemm,moe,attention,gdn --backends cuda_w4a16_mma,cuda_gemv,cuda_cublaslt,cuda_fused_decode,cuda_grouped_gemm,cuda_flash_prefill,cuda_decode \
     --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
 echo "rc=$? $(el)"
 grep -E "^(fp4_gemm|gemm|moe|attention|gdn|lm_head) |^ +(1|8|16) |measured device copy" "$OUT/doctor.txt" | cut -c1-150
@@ -108,7 +108,10 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 80 ]; then
         echo "bench rc=$? $(el)"
     fi
     # stop the server (ncu's child) so that ncu writes its report
-    for p in $(pgrep -P $NPID 2>/dev/null || ps -o pid= --ppid $NPID); do kill -TERM "$p" 2>/dev/null; done
+    # (the serve process under ncu: its command line holds this run's port; ncu itself is left alone)
+    for p in $(ps -eo pid=,args= | awk -v port="--port $PORT " -v me="$NPID" 'index($0, port) && $1 != me && /laststand serve|\/laststand serve| serve --model-path/ {print $1}'); do
+        [ "$p" != "$$" ] && kill -TERM "$p" 2>/dev/null
+    done
     for _ in $(seq 40); do kill -0 $NPID 2>/dev/null || break; sleep 0.5; done
     kill -0 $NPID 2>/dev/null && { kill -TERM $NPID; sleep 2; kill -KILL $NPID 2>/dev/null; }
     wait $NPID 2>/dev/null

@@ -5,7 +5,8 @@ Pins:
   of a pure-attention model (qwen3) and two GDN models (qwen3_5_moe_text, qwen3_next): a
   request with a prefix of the fixture prompt, then the fixture prompt itself: the second
   reports cached_tokens > 0 (the shared pages; GDN: a state snapshot at a page boundary) and
-  its greedy continuation is still transformers'; the same prompt again hits as well; with
+  its greedy continuation is still transformers'; the same prompt again hits as well, and the
+  first token's logprob after the hit is transformers' (1e-4) — with --tp 2 too; with
   --prefix-cache off every request reports cached_tokens 0;
 - multi-turn chat through the OpenAI SDK on the demo model (GDN): turn 2 reports
   prompt_tokens_details.cached_tokens > 0 and its greedy output equals a --prefix-cache off
@@ -20,6 +21,7 @@ import json
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from conftest import SHARED, run_ls
@@ -74,9 +76,18 @@ def test_prefix_hit_keeps_transformers_greedy(ls_bin, shared_dir, name, page, tp
         assert again == greedy
         # the same prompt: at most n_prompt - 1 tokens, rounded down to a page boundary
         assert cached2 == (len(ids) - 1) // page * page
+        # the logits after a hit: the first token's logprob against transformers' last row
+        st, out = srv.post_json("/v1/completions", {"model": os.path.join(MODELS, name), "prompt": ids,
+                                                    "max_tokens": 1, "temperature": 0, "logprobs": 1})
+        assert st == 200, out
+        assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == cached2
+        row = np.array(ref["logits"][-1], dtype=np.float64)
+        want = row[greedy[0]] - row.max() - np.log(np.exp(row - row.max()).sum())
+        got = out["choices"][0]["logprobs"]["token_logprobs"][0]
+        assert abs(got - want) < 1e-4 * max(1.0, abs(want)), (got, want)
         m = assert_no_leak(srv)
-        assert m["prefix_cache_hit_tokens_total"] == cached + cached2
-        assert m["prefix_cache_query_tokens_total"] == 20 + 2 * len(ids)
+        assert m["prefix_cache_hit_tokens_total"] == cached + 2 * cached2
+        assert m["prefix_cache_query_tokens_total"] == 20 + 3 * len(ids)
         assert "prefix cache on" in srv.log_text()
 
 

@@ -12,7 +12,8 @@
 # 2. ncu (--clock-control none --cache-control none: the card's clocks, caches as the step leaves
 #    them) over `serve` of the 8-layer synth 35B (6 GDN + 2 attention layers, the full model's
 #    mix), eager (--disable-cuda-graph: one launch per kernel), the served plans named, under
-#    `bench` at concurrency 16 (16 prompts of 1024 tokens, 6 tokens out): c16_table.py picks
+#    `bench` at concurrency 16 (16 prompts of 1024 tokens, 6 tokens out; prefill budget 16384
+#    tokens a step: few prefill forwards to profile): c16_table.py picks
 #    the last pure-decode forward of 16 rows and prints kernel, µs, DRAM MB, GB/s by layer kind.
 # 3. The real step: `serve` of the full 40-layer model with CUDA graphs and the served plans
 #    named (--trust-backend), `bench` at concurrency 16, 1024 in / 256 out, 32 prompts (as
@@ -21,6 +22,7 @@
 #    M <= 16, its grouped launch of the in-projections included; gdnt2: gd_kernel1, at most 128
 #    registers, twice the warps an SM of gd_kernel's 255, where gd_kernel needs more than one
 #    wave) while time is left.
+# 4. (time left) ncu detail (occupancy, issue, stalls) of the MoE mid-batch kernels at M = 16.
 # Each step is bounded by `timeout`; the whole script stays under 150 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -48,7 +50,7 @@ ENVS=(${C16_ENV:-})
 # 1. doctor
 echo "== doctor: synth 35B shapes (layers=1), M = 1, 8, 16, served backends $(el)"
 timeout -k 3 40 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 1,8,16 \
-    --backends cuda_w4a16_mma,cuda_gemv,cuda_cublaslt,cuda_fused_decode,cuda_grouped_gemm,cuda_flash_prefill,cuda_decode \
+    --families fp4_gemm,gemm,moe,attention,gdn --backends cuda_w4a16_mma,cuda_gemv,cuda_cublaslt,cuda_fused_decode,cuda_grouped_gemm,cuda_flash_prefill,cuda_decode \
     --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
 echo "rc=$? $(el)"
 grep -E "^(fp4_gemm|gemm|moe|attention|gdn|lm_head) |^ +(1|8|16) |measured device copy" "$OUT/doctor.txt" | cut -c1-150
@@ -56,12 +58,13 @@ grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -5
 
 # 1b. this session's opt-in switches where the doctor sees them: the MoE call at M = 8, 16, 32
 # with LASTSTAND_MG_DNEARLY=1 (down's weights before its wait), then also LASTSTAND_MG_MIDGU=2
-# (the persistent gate/up, mvq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
+# (the persistent gate/up, mvq_kernel), then also LASTSTAND_MG_MIDDN=3 (the persistent down,
+# mvdq_kernel), against the defaults (fp64 verdicts, chained µs, the rel
 # errors: equal rel = very likely equal bits)
-echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + LASTSTAND_MG_MIDGU=2 $(el)"
-for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2"; do
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1, + MIDGU=2, + MIDDN=3 $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "persistgu:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2" "persist:LASTSTAND_MG_DNEARLY=1 LASTSTAND_MG_MIDGU=2 LASTSTAND_MG_MIDDN=3"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
-        --families moe --backends cuda_grouped_gemm --json "$OUT/doctor-moe-${v%%:*}.json" \
+        --families moe --backends cuda_grouped_gemm --trial-timeout 15 --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
     echo "${v%%:*} rc=$? $(el)"
     grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
@@ -80,21 +83,6 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
     fi
 done
 
-# 1d. ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
-# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
-if [ -n "$NCU" ]; then
-    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
-    timeout -k 3 30 "$NCU" --target-processes all --clock-control none --launch-count 8 \
-        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-        --section WarpStateStats --section MemoryWorkloadAnalysis \
-        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
-        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
-        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
-fi
-
 # 2. ncu over serve (8 layers, eager) under 16 concurrent requests
 PORT=$((33000 + $$ % 2000))
 URL=http://127.0.0.1:$PORT
@@ -103,7 +91,8 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 80 ]; then
     env "${ENVS[@]}" "$NCU" --target-processes all --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu16" \
         "$BIN" serve --model-path "synth:qwen3.5-35b-a3b,layers=8" --host 127.0.0.1 --port $PORT \
-        --max-running-requests 16 --disable-cuda-graph --device cuda "${PLANS[@]}" >"$OUT/ncu16.log" 2>&1 &
+        --max-running-requests 16 --chunked-prefill-size 16384 --disable-cuda-graph --device cuda "${PLANS[@]}" \
+        >"$OUT/ncu16.log" 2>&1 &
     NPID=$!
     ok=0
     for _ in $(seq 60); do
@@ -119,7 +108,10 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 80 ]; then
         echo "bench rc=$? $(el)"
     fi
     # stop the server (ncu's child) so that ncu writes its report
-    for p in $(pgrep -P $NPID 2>/dev/null || ps -o pid= --ppid $NPID); do kill -TERM "$p" 2>/dev/null; done
+    # (the serve process under ncu: its command line holds this run's port; ncu itself is left alone)
+    for p in $(ps -eo pid=,args= | awk -v port="--port $PORT " -v me="$NPID" 'index($0, port) && $1 != me && /laststand serve|\/laststand serve| serve --model-path/ {print $1}'); do
+        [ "$p" != "$$" ] && kill -TERM "$p" 2>/dev/null
+    done
     for _ in $(seq 40); do kill -0 $NPID 2>/dev/null || break; sleep 0.5; done
     kill -0 $NPID 2>/dev/null && { kill -TERM $NPID; sleep 2; kill -KILL $NPID 2>/dev/null; }
     wait $NPID 2>/dev/null
@@ -157,4 +149,19 @@ for v in "${E2E[@]}"; do
     grep -E "decode steps|CUDA graphs|ERROR|error" "$OUT/e2e-$tag/server.log" 2>/dev/null | cut -c1-200 | tail -4
     [ -f "$OUT/e2e-$tag/SUMMARY.md" ] || tail -5 "$OUT/e2e-$tag.out"
 done
+# 4. (time left) ncu detail of the MoE mid-batch GEMVs at M = 16 (one call each: gate/up mv_kernel, down
+# mvd_kernel, the router, top-k, plan, combine) under the doctor's trial: occupancy, issue, stalls
+if [ -n "$NCU" ] && [ "$(left)" -gt 22 ]; then
+    echo "== ncu detail: doctor moe M = 16 (cuda_grouped_gemm), first call's kernels $(el)"
+    timeout -k 3 $(( $(left) - 2 )) "$NCU" --target-processes all --clock-control none --launch-count 8 \
+        -k regex:"mv_kernel|mvd_kernel|mvb_kernel|mr_kernel|mg_topk|mg_plan|mg_combine" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats --section MemoryWorkloadAnalysis \
+        "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 16 --families moe \
+        --backends cuda_grouped_gemm >"$OUT/ncu-moe.txt" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared|Warps)|Issued Warp Per|No Eligible|Warp Cycles Per Issued|Waves Per SM|Grid Size|Stall|stall" \
+        "$OUT/ncu-moe.txt" | grep -v "^==" | sed 's/  */ /g' | cut -c1-150 | head -120
+fi
+
 echo "total $(( $(date +%s) - T0 )) s"

@@ -107,11 +107,21 @@ static void lru_unlink(pfx_cache *c, int32_t k) {
     x->in_lru = 0;
 }
 
-/* Insert by tick, walking from the newest end: entries mostly arrive newest. */
+/* Insert by tick, walking from the nearer end: a released leaf is the newest
+ * (tail), a parent that an eviction turned into a leaf was used about when
+ * its child was, which is the oldest (head). Both walks stay short. */
 static void lru_insert(pfx_cache *c, int32_t k) {
     pfx_ent *x = &c->ent[k];
-    int32_t after = c->lru_tail;
-    while (after >= 0 && c->ent[after].tick > x->tick) after = c->ent[after].lprev;
+    int32_t after;
+    uint64_t th = c->lru_head >= 0 ? c->ent[c->lru_head].tick : 0, tt = c->lru_tail >= 0 ? c->ent[c->lru_tail].tick : 0;
+    if (c->lru_head >= 0 && x->tick < tt && (x->tick <= th || x->tick - th < tt - x->tick)) {
+        int32_t before = c->lru_head; /* the first entry newer than x */
+        while (before >= 0 && c->ent[before].tick <= x->tick) before = c->ent[before].lnext;
+        after = before >= 0 ? c->ent[before].lprev : c->lru_tail;
+    } else {
+        after = c->lru_tail;
+        while (after >= 0 && c->ent[after].tick > x->tick) after = c->ent[after].lprev;
+    }
     x->lprev = after;
     x->lnext = after >= 0 ? c->ent[after].lnext : c->lru_head;
     if (x->lnext >= 0) c->ent[x->lnext].lprev = k; else c->lru_tail = k;
@@ -255,10 +265,13 @@ void pfx_snap_demote(pfx_cache *c, int32_t k) {
 
 /* ---- consistency -------------------------------------------------------------- */
 
-#define BAD_IF(cond) do { if (cond) { free(seen); return -__LINE__; } } while (0)
+#define BAD_IF(cond) do { if (cond) { free(seen); free(kids); return -__LINE__; } } while (0)
 
 int pfx_check(const pfx_cache *c) {
     uint8_t *seen = xcalloc((size_t)(c->cap > 0 ? c->cap : 1), 1);
+    int32_t *kids = xcalloc((size_t)(c->cap > 0 ? c->cap : 1), sizeof *kids);
+    for (int32_t j = 0; j < c->cap; j++)
+        if (c->ent[j].live && c->ent[j].parent >= 0 && c->ent[j].parent < c->cap) kids[c->ent[j].parent]++;
     int n_live = 0, n_unref = 0, n_snap = 0;
     for (int32_t k = 0; k < c->cap; k++) {
         const pfx_ent *x = &c->ent[k];
@@ -275,9 +288,7 @@ int pfx_check(const pfx_cache *c) {
         } else {
             BAD_IF(x->depth != 0);
         }
-        int kids = 0;
-        for (int32_t j = 0; j < c->cap; j++) kids += c->ent[j].live && c->ent[j].parent == k;
-        BAD_IF(kids != x->n_child);
+        BAD_IF(kids[k] != x->n_child);
         BAD_IF(pfx_find(c, x->parent, ent_ids(c, k)) != k);
     }
     BAD_IF(n_live != c->n_ents || n_unref != c->n_unref || n_snap != c->n_snaps_used);
@@ -304,5 +315,6 @@ int pfx_check(const pfx_cache *c) {
     }
     BAD_IF(n_sl != n_snap);
     free(seen);
+    free(kids);
     return 0;
 }

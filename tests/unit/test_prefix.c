@@ -211,6 +211,36 @@ static void test_snapshots_bound_the_usable_hit_and_recycle_lru(void **st) {
     pfx_free(&c);
 }
 
+/* 2000 chains of 50 pages (a 400k-token cache of 4-token pages), released
+ * chain after chain, then evicted completely: chain by chain in release order,
+ * each leaf first, every page once. Each eviction's parent goes back into a
+ * list of 2000 leaves next to its head: an O(n) walk per eviction would show. */
+static void test_many_chains_evict_in_release_order(void **st) {
+    (void)st;
+    enum { NC = 2000, L = 50, N = NC * L };
+    pfx_cache c;
+    pfx_init(&c, N, PS, 0);
+    int32_t *ents = malloc(sizeof *ents * N);
+    int next = 0;
+    for (int ch = 0; ch < NC; ch++) {
+        int32_t ids[PS], parent = -1;
+        for (int p = 0; p < L; p++) {
+            page_ids(ids, 10 + ch, p);
+            ents[ch * L + p] = parent = pfx_insert(&c, parent, ids, next++);
+        }
+    }
+    for (int ch = 0; ch < NC; ch++)
+        for (int p = L - 1; p >= 0; p--) pfx_release(&c, ents[ch * L + p]);
+    assert_int_equal(c.n_unref, N);
+    for (int ch = 0; ch < NC; ch++)
+        for (int p = L - 1; p >= 0; p--) assert_int_equal(pfx_evict(&c), ch * L + p);
+    assert_int_equal(pfx_evict(&c), -1);
+    assert_int_equal(c.n_ents, 0);
+    assert_int_equal(pfx_check(&c), 0);
+    free(ents);
+    pfx_free(&c);
+}
+
 /* Random publish / share / release / evict / snapshot traffic on a small
  * cache, with a collision-prone hash half the time: the invariants hold
  * after every operation and every page comes back exactly once. */
@@ -274,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_lru_evicts_least_recently_used_first),
         cmocka_unit_test(test_shared_parent_outlives_its_children),
         cmocka_unit_test(test_snapshots_bound_the_usable_hit_and_recycle_lru),
+        cmocka_unit_test(test_many_chains_evict_in_release_order),
         cmocka_unit_test(test_random_workload_keeps_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

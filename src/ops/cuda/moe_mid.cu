@@ -632,6 +632,176 @@ int mvq_launch(int H, int NI, int tiles_max, const mg_expert *tab, const int32_t
     return 1;
 }
 
+/* The persistent down GEMV (LASTSTAND_MG_MIDDN=3): mvd_kernel's work (a warp = 16 output rows
+ * over the whole K = I, no cross-warp sums) walked by a grid of two blocks an SM in steps of
+ * the grid, items (plan tile, 128 output rows), with the next item's weights and its tile's 16
+ * hbuf rows (raw, cp.async; permuted as they are read) in flight while the warp decodes the
+ * current one. Padding slots' hbuf rows are copied too (whatever they hold only reaches their
+ * own mma columns, which are never stored). Same decode, mma order and epilogue as mvd_kernel:
+ * the same bits. */
+template <int PER>
+struct mvdq_smem {
+    uint4 codes[2][8][PER][2][32];  /* [buffer][warp][chunk][row g, g + 8][lane] */
+    uint32_t sc[2][8][PER][32];     /* [buffer][warp][chunk][scale word] */
+    uint4 xs[2][16][PER * MV_CH / 8 + 1]; /* [buffer][slot][8 K values] raw (+16 B: rows g on distinct banks) */
+};
+
+template <int PER>
+__device__ __forceinline__ void mvdq_issue(mvdq_smem<PER> &sm, int b, const mg_expert *__restrict__ tab, int e,
+                                           int nrow0, const bf16 *__restrict__ hbuf, int ldh, int tile, bool x_too) {
+    constexpr int K = PER * MV_CH, XW = K / 8;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const mg_expert *xp = &tab[e];
+    const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
+    const uint8_t *wr = xp->w[2] + (size_t)(nrow0 + g) * ldw + 16 * t;
+    const uint8_t *sr = xp->s[2] + (size_t)(nrow0 + (lane >> 1)) * lds + 4 * (lane & 1);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        cu_cp_async16(&sm.codes[b][warp][u][0][lane], wr + u * 64);
+        cu_cp_async16(&sm.codes[b][warp][u][1][lane], wr + 8 * ldw + u * 64);
+        nv4_cp_async4(&sm.sc[b][warp][u][lane], sr + u * 8);
+    }
+    if (x_too)
+        for (int i = tid; i < 16 * XW; i += 256) {
+            const int s = i / XW, c = i - s * XW;
+            cu_cp_async16(&sm.xs[b][s][c], reinterpret_cast<const uint4 *>(hbuf + (size_t)(tile * 16 + s) * ldh) + c);
+        }
+}
+
+/* grid (min(items, 2 x SMs)); block 256; K = I = 128·PER; items = n_tiles[0] x H / 128. early
+ * (pdl 2): the first item's weights before the wait (the plan is complete when this grid starts;
+ * gate/up let it go after its own wait), hbuf only after it. */
+template <int PER>
+__global__ void __launch_bounds__(256, 2)
+    mvdq_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
+                const int32_t *__restrict__ n_tiles, int H, int k, bf16 *__restrict__ hbuf, int ldh,
+                const float *__restrict__ wts, bf16 *__restrict__ dbuf, int early) {
+    constexpr int XW = PER * MV_CH / 8;
+    typedef mvdq_smem<PER> S;
+    extern __shared__ __align__(16) unsigned char mvdq_dsm[];
+    S &sm = *reinterpret_cast<S *>(mvdq_dsm);
+    cu_pdl_trigger();
+    if (!early) cu_pdl_wait();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int HB = H / 128, total = n_tiles[0] * HB, G = gridDim.x;
+    int it = blockIdx.x;
+    if (it >= total) {
+        if (early) cu_pdl_wait();
+        return;
+    }
+    int tile = it / HB;
+    int e = tile_e[tile];
+    mvdq_issue<PER>(sm, 0, tab, e, (it - tile * HB) * 128 + warp * 16, hbuf, ldh, tile, false);
+    int pl = lane < 16 ? perm[tile * 16 + lane] : -1; /* lane i < 16: slot i's pair (item it) */
+    if (early) cu_pdl_wait(); /* gate/up's hbuf from here on */
+    for (int i = tid; i < 16 * XW; i += 256) { /* item it's hbuf rows (the weights' group gets them too) */
+        const int s = i / XW, c = i - s * XW;
+        cu_cp_async16(&sm.xs[0][s][c], reinterpret_cast<const uint4 *>(hbuf + (size_t)(tile * 16 + s) * ldh) + c);
+    }
+    cu_cp_async_commit();
+    int nx = it + G, pln = -1, en = 0;
+    if (nx < total) {
+        const int tn = nx / HB;
+        en = tile_e[tn];
+        mvdq_issue<PER>(sm, 1, tab, en, (nx - tn * HB) * 128 + warp * 16, hbuf, ldh, tn, true);
+        cu_cp_async_commit();
+        pln = lane < 16 ? perm[tn * 16 + lane] : -1;
+    }
+    int b = 0;
+    for (;;) {
+        const int n2 = nx + G;
+        int e2 = 0, pl2 = -1;
+        if (n2 < total) { /* item n2's expert and pairs: in flight under item it */
+            e2 = tile_e[n2 / HB];
+            pl2 = lane < 16 ? perm[(n2 / HB) * 16 + lane] : -1;
+        }
+        const int two = __any_sync(0xffffffffu, lane >= 8 && pl >= 0);
+        const mg_expert *xp = &tab[e];
+        const float s2 = xp->s2[2] * 256.f; /* the decoded weights carry 2^-8 */
+        mv_wait(nx < total ? 1 : 0);
+        __syncthreads(); /* item it's hbuf rows (copied by every thread) and scales are in */
+        float acc[2][4];
+#pragma unroll
+        for (int grp = 0; grp < 2; grp++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[grp][r] = 0.f;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[b][warp][u]);
+            uint4 xv[2][4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) xv[0][q] = nv4_xperm8(sm.xs[b][g][u * (MV_CH / 8) + 4 * t + q]);
+            if (two) {
+#pragma unroll
+                for (int q = 0; q < 4; q++) xv[1][q] = nv4_xperm8(sm.xs[b][8 + g][u * (MV_CH / 8) + 4 * t + q]);
+                mv_chunk<2>(sm.codes[b][warp][u][0][lane], sm.codes[b][warp][u][1][lane], s16[4 * g + t],
+                            s16[4 * (g + 8) + t], xv, acc);
+            } else {
+                mv_chunk<1>(sm.codes[b][warp][u][0][lane], sm.codes[b][warp][u][1][lane], s16[4 * g + t],
+                            s16[4 * (g + 8) + t], xv, acc);
+            }
+        }
+        /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8 */
+        const int nrow0 = (it - tile * HB) * 128 + warp * 16;
+#pragma unroll
+        for (int grp = 0; grp < 2; grp++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int slot = 8 * grp + 2 * t + (r & 1), n = nrow0 + g + 8 * (r >> 1);
+                const int p = __shfl_sync(0xffffffffu, pl, slot);
+                if ((grp == 0 || two) && p >= 0) dbuf[(size_t)p * H + n] = __float2bfloat16_rn(acc[grp][r] * (s2 * wts[p]));
+            }
+        if (nx >= total) break;
+        __syncthreads(); /* every warp has read buffer b's hbuf rows */
+        if (n2 < total) {
+            const int t2 = n2 / HB;
+            mvdq_issue<PER>(sm, b, tab, e2, (n2 - t2 * HB) * 128 + warp * 16, hbuf, ldh, t2, true);
+            cu_cp_async_commit();
+        }
+        it = nx;
+        nx = n2;
+        tile = it / HB;
+        e = en;
+        en = e2;
+        pl = pln;
+        pln = pl2;
+        b ^= 1;
+    }
+}
+
+/* The persistent down by mvdq_kernel (K = I = 512 or 1024, H a multiple of 128); 0 = no instance
+ * (the caller takes mvd_launch), else 1 with the launch's status in *c. */
+int mvdq_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                const int32_t *nt, int H, int k, bf16 *hbuf, int ldh, const float *wts, bf16 *dbuf, int pdl,
+                cudaStream_t st, cudaError_t *c) {
+    if ((K != 512 && K != 1024) || H % 128 || ldh % 8) return 0;
+    static int fit[2][CU_WS_MAX_DEV];
+    const int pi = K == 512 ? 0 : 1;
+    const size_t smem = K == 512 ? sizeof(mvdq_smem<4>) : sizeof(mvdq_smem<8>);
+    void (*kern)(const mg_expert *, const int32_t *, const int32_t *, const int32_t *, int, int, bf16 *, int,
+                 const float *, bf16 *, int) = K == 512 ? mvdq_kernel<4> : mvdq_kernel<8>;
+    int dev = 0;
+    *c = cudaGetDevice(&dev);
+    if (*c != cudaSuccess) return 1;
+    if (dev < 0 || dev >= CU_WS_MAX_DEV) return 0;
+    int f = __atomic_load_n(&fit[pi][dev], __ATOMIC_ACQUIRE);
+    if (!f) {
+        int bps = 0, sms = 0;
+        *c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (*c == cudaSuccess) *c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, 256, smem);
+        if (*c == cudaSuccess) *c = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (*c != cudaSuccess) return 1;
+        if (bps <= 0) return 0;
+        f = bps * sms;
+        __atomic_store_n(&fit[pi][dev], f, __ATOMIC_RELEASE);
+    }
+    const long items = (long)tiles_max * (H / 128);
+    const unsigned grid = (unsigned)(items < f ? items : f);
+    *c = cu_launch_pdl(pdl, kern, dim3(grid), dim3(256), smem, st, tab, tile_e, perm, nt, H, k, hbuf, ldh, wts, dbuf,
+                       (int)(pdl == 2));
+    return 1;
+}
+
 int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }
 
 template <int PER>

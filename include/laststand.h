@@ -61,6 +61,13 @@ typedef struct ls_engine_opts {
      * (the lm_head runs gemm_backend's choice). Its auto_families bit is 32; banned_backends
      * may name "lm_head:NAME". */
     const char *lm_head_backend;
+    /* Added (additive): automatic prefix caching (src/engine/prefix.c). prefix_cache: 1 on,
+     * -1 off, 0 the default (on; with --device cuda on once validated on a GPU: see
+     * ls_engine_open's log line). prefix_snapshots: GDN state snapshot slots for models with
+     * GDN layers (a hit is usable up to a page boundary holding one): > 0 that many, -1 none,
+     * 0 auto (a tenth of the cache budget, at most 2 x max_running_requests). */
+    int prefix_cache;
+    int prefix_snapshots;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -215,6 +222,14 @@ typedef struct ls_stats {
     double kv_usage;               /* used pages / total pages */
     int kv_pages_total, kv_pages_used;
     ls_hist ttft, itl, e2e;        /* seconds */
+    /* Added (additive): the prefix cache. query: prompt tokens of admitted requests (first
+     * admission); hit: of those, the tokens taken from the cache (cached_tokens). Pages:
+     * kv_pages_used counts the pages running requests hold (shared cache pages included);
+     * prefix_cached_pages the pages the cache holds (referenced or not), reclaimable once
+     * unreferenced; kv_pages_allocated every page off the free list (at idle: = cached). */
+    uint64_t prefix_query_tokens_total, prefix_hit_tokens_total;
+    int prefix_cached_pages, kv_pages_allocated;
+    int prefix_snapshots_total, prefix_snapshots_used;
 } ls_stats;
 void ls_engine_stats(ls_engine *e, ls_stats *out);
 

@@ -8,8 +8,7 @@
 #
 # The session's switches (VARIANTS below) are timed against the defaults.
 # 1. cmocka (beside BIN: tests/): test_gdn_decode_cuda (the fused gated norm against
-#    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda (the prenorm launch against
-#    add_rmsnorm + run_multi, the postnorm one against run + add_rmsnorm, bitwise),
+#    cuda_decode + rmsnorm_gated, bitwise), test_gemv_cuda,
 #    test_small_cuda, test_attn_cuda's graph-replay check (fp64 reference, eager bits).
 # 2. The doctor's fp64 verdicts of cuda_gemv, cuda_flash_prefill and cuda_decode at the 35B
 #    shapes, M = 1 and 8, defaults.
@@ -45,16 +44,11 @@ ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*791
 # the under-filling [2048 x 4096] projections (gemv.cu, LASTSTAND_GEMV_FILL=2), since R2
 # fp_dec_kernel's early fetch of past keys (attention_prefill.cu, LASTSTAND_FP_EARLY); "old"
 # turns the three off, "noearly" the last one. Opt-in, timed for the record: ck64 = attention
-# decode in 64-key chunks (faster at M = 1, slower for batches); post = the residual add +
-# post-attention norm behind the layer's output projection (gemv.cu, LASTSTAND_GEMV_POSTNORM;
-# R2: +0.054 ms). (LASTSTAND_GEMV_PRENORM, R1: +0.094 ms, and LASTSTAND_GDN_T1, R2: +0.074 ms,
-# are not timed again.)
+# decode in 64-key chunks (faster at M = 1, slower for batches). (The add + norm fused in front of
+# / behind the GEMVs, LASTSTAND_GEMV_PRENORM / POSTNORM, measured slower in S7, were deleted in S8;
+# gd_kernel1, LASTSTAND_GDN_T1, R2: +0.074 ms at M = 1, is timed at 16 rows by c16.sh.)
 OLD="LASTSTAND_GDN_NORM=0 LASTSTAND_GEMV_FILL=1 LASTSTAND_FP_EARLY=0"
-POST="LASTSTAND_GEMV_POSTNORM=1"
-ATTN=""
-T1="LASTSTAND_GDN_T1=1"
-VARIANTS=("base:" "old:$OLD" "noearly:LASTSTAND_FP_EARLY=0" "ck64:LASTSTAND_FP_CHUNK=64" "post:$POST")
-ALL="$POST LASTSTAND_FP_CHUNK=64"
+VARIANTS=("base:" "old:$OLD" "noearly:LASTSTAND_FP_EARLY=0" "ck64:LASTSTAND_FP_CHUNK=64")
 
 for te in test_gdn_decode_cuda test_gemv_cuda test_small_cuda "test_attn_cuda:LS_ATTN_TEST=check"; do
     t=${te%%:*}

@@ -32,7 +32,8 @@ static void usage(FILE *f) {
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
                "         [--lm-head-backend NAME]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
-               "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n");
+               "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n"
+               "         [--prefix-cache on|off] (default on; on CUDA off until validated)\n");
 }
 
 static int bad_value(const char *flag, const char *v, const char *want) {
@@ -82,7 +83,7 @@ static int print_result(const int32_t *ids, int n, const char *text) {
 int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
     const char *tok_path = NULL, *tmpl_path = NULL, *tp_s = "1";
-    const char *topk_s = "-1", *topp_s = "1", *minp_s = "0";
+    const char *topk_s = "-1", *topp_s = "1", *minp_s = "0", *pfx_s = NULL;
     int chat = 0;
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -107,6 +108,7 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--chat-template") ? &tmpl_path
                          : !strcmp(a, "--device") ? &o.device
                          : !strcmp(a, "--tp") ? &tp_s
+                         : !strcmp(a, "--prefix-cache") ? &pfx_s
                          : !strcmp(a, "--sampling-backend") ? &o.sampling_backend : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
@@ -129,6 +131,8 @@ int cmd_generate(int argc, char **argv) {
                         "over the prompt text)\n");
         return 2;
     }
+    if (pfx_s && strcmp(pfx_s, "on") && strcmp(pfx_s, "off")) return bad_value("--prefix-cache", pfx_s, "on or off");
+    if (pfx_s) o.prefix_cache = strcmp(pfx_s, "on") ? -1 : 1;
     char *end;
     long tp = strtol(tp_s, &end, 10);
     if (*end || end == tp_s || tp < 1 || tp > 16) return bad_value("--tp", tp_s, "an integer in [1, 16]");

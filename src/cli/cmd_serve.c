@@ -42,6 +42,7 @@ static const char *const DEVICES[] = {"auto", "cpu", "cuda", NULL};
 static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
 static const char *const SAMPLING_DEFAULTS[] = {"model", "openai", NULL};
 static const char *const SAMPLERS[] = {"auto", "host", "device", NULL};
+static const char *const ONOFF[] = {"on", "off", NULL};
 static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "bf16", "none", NULL};
 
 typedef struct serve_args {
@@ -55,6 +56,8 @@ typedef struct serve_args {
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static, doctor_timeout;
     const char *doctor_buckets;
+    const char *prefix_cache;
+    long long prefix_snapshots, page_size;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
 } serve_args;
 
@@ -182,6 +185,8 @@ int cmd_serve(int argc, char **argv) {
     a.timeout_keep_alive = 600;
     a.nnodes = 1;
     a.chunked_prefill_size = -2; /* unset */
+    a.prefix_snapshots = -2;     /* unset: auto */
+    a.page_size = -2;            /* unset: 16 */
     const flag flags[] = {
         {"model-path", F_STR, &a.model_path, "model folder or synth:NAME[,layers=N] (default: the demo model)", NULL},
         {"tokenizer-path", F_STR, &a.tokenizer_path, "tokenizer folder (default: the model folder)", NULL},
@@ -211,11 +216,18 @@ int cmd_serve(int argc, char **argv) {
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
         {"enable-metrics", F_BOOL, &a.enable_metrics, "accepted (/metrics is always on)", NULL},
         {"trust-remote-code", F_BOOL, &a.trust_remote_code, "accepted (no model code is ever run)", NULL},
-        {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "accepted (there is no prefix cache yet)", NULL},
+        {"prefix-cache", F_STR, &a.prefix_cache,
+         "automatic prefix caching: on | off (default: on; on CUDA off until validated on the GPU). Full KV pages "
+         "are shared by hash of their token run; GDN models also need state snapshots", ONOFF},
+        {"prefix-snapshots", F_INT, &a.prefix_snapshots,
+         "GDN state snapshot slots of the prefix cache (GDN models: a hit is usable up to a page boundary holding "
+         "one; default: a tenth of the cache memory, at most 2 x --max-running-requests; 0: none)", NULL},
+        {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "same as --prefix-cache off (SGLang's name)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
         {"max-running-requests", F_INT, &a.max_running_requests, "running batch cap (default 64)", NULL},
         {"max-queued-requests", F_INT, &a.max_queued_requests, "requests waiting for admission before 503 (default 1024)", NULL},
         {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
+        {"page-size", F_INT, &a.page_size, "KV-cache tokens per page, the prefix cache's unit (default 16)", NULL},
         {"context-length", F_INT, &a.context_length, "context length (default: the model's)", NULL},
         {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 2048, -1: off)", NULL},
         {"api-key", F_STR, &a.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
@@ -301,6 +313,11 @@ int cmd_serve(int argc, char **argv) {
     if (a.max_body_mb < 1 || a.max_body_mb > 4096) BAD("--max-body-mb: must be 1..4096, got %lld", a.max_body_mb);
     if (a.cuda_graph_max_bs < 0 || a.cuda_graph_max_bs > 1 << 20) BAD("--cuda-graph-max-bs: must be >= 1, got %lld", a.cuda_graph_max_bs);
     if (a.timeout_keep_alive < 1) BAD("--timeout-keep-alive: must be >= 1, got %lld", a.timeout_keep_alive);
+    if (a.page_size != -2 && (a.page_size < 1 || a.page_size > 4096)) BAD("--page-size: must be 1..4096, got %lld", a.page_size);
+    if (a.prefix_snapshots != -2 && (a.prefix_snapshots < 0 || a.prefix_snapshots > 1 << 20))
+        BAD("--prefix-snapshots: must be >= 0, got %lld", a.prefix_snapshots);
+    if (a.disable_radix_cache && a.prefix_cache && !strcmp(a.prefix_cache, "on"))
+        BAD("--prefix-cache on contradicts --disable-radix-cache");
     if (a.doctor_timeout < 0) BAD("--doctor-timeout: must be > 0, got %g", a.doctor_timeout);
     if (a.api_key && !*a.api_key) BAD("--api-key: empty");
     if (a.chat_template && !file_exists(a.chat_template)) BAD("--chat-template: %s: no such file", a.chat_template);
@@ -350,7 +367,11 @@ int cmd_serve(int argc, char **argv) {
     if (a.context_length) o.context_length = (int)a.context_length;
     if (a.mem_fraction_static > 0) o.mem_fraction_static = a.mem_fraction_static;
     if (a.max_total_tokens) o.max_total_tokens = (int)a.max_total_tokens;
+    if (a.page_size != -2) o.page_size = (int)a.page_size;
     if (a.max_queued_requests) o.max_queued_requests = (int)a.max_queued_requests;
+    if (a.disable_radix_cache || (a.prefix_cache && !strcmp(a.prefix_cache, "off"))) o.prefix_cache = -1;
+    else if (a.prefix_cache) o.prefix_cache = 1;
+    if (a.prefix_snapshots != -2) o.prefix_snapshots = a.prefix_snapshots ? (int)a.prefix_snapshots : -1;
 
     ls_engine *eng = NULL;
     char err[1024] = "";

@@ -16,7 +16,11 @@
  *      newest running request is preempted (pages and slot freed, its tokens
  *      kept, back to the waiting list to be recomputed later);
  *   3. admit waiting requests (oldest first) while slots, budget and pages
- *      last (one page of headroom per running request is kept);
+ *      last (one page of headroom per running request is kept); with the
+ *      prefix cache (prefix_engine.c) a request first shares the cached pages
+ *      (and GDN state snapshot) of its prompt's longest cached prefix, full
+ *      pages are published after each step, and unreferenced cached pages are
+ *      reclaimed before anyone is preempted;
  *   4. one model_forward over the mixed batch;
  *   5. every request whose whole token list is now cached samples its next
  *      token: on the device inside the forward pass (--sampling-backend
@@ -135,6 +139,7 @@ static void engine_free(ls_engine *e) {
     jinja_free(e->tmpl);
     free(e->model_path); free(e->tokenizer_path); free(e->device); free(e->tmpl_err);
     kvpool_free(&e->pages); kvpool_free(&e->slots);
+    pfx_free(&e->pfx);
     for (int i = 0; i < e->n_smp; i++) smp_free(e->smps[i]);
     free(e->smps);
     free(e->jobs);
@@ -401,6 +406,33 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     budget -= (double)max_run * (double)slot_bytes;
     budget -= (double)max_run * (double)e->vocab * sizeof(float);
     if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */
+    /* the prefix cache: on by default on the CPU; on a GPU only when asked until a device round
+     * validates it. GDN models need state snapshot slots (a tenth of the cache budget by default,
+     * at most two per running request): a hit is usable only where one exists. */
+    int pfx_on = o->prefix_cache > 0 || (o->prefix_cache == 0 && !cuda);
+    const char *pfx_why = o->prefix_cache < 0 ? " (--prefix-cache off)"
+                        : !pfx_on ? " (the default on CUDA until validated on the GPU; --prefix-cache on enables it)" : "";
+    int n_snap = 0;
+    if (o->prefix_cache < -1 || o->prefix_cache > 1 || o->prefix_snapshots < -1) {
+        set_err(err, errn, LS_ERR_INVAL, "--prefix-cache %d / --prefix-snapshots %d: out of range", o->prefix_cache,
+                o->prefix_snapshots);
+        engine_free(e);
+        return LS_ERR_INVAL;
+    }
+    if (pfx_on && slot_bytes > 0) {
+        if (o->prefix_snapshots > 0) {
+            n_snap = o->prefix_snapshots;
+        } else if (o->prefix_snapshots == 0) {
+            double fit = budget > 0 ? floor(0.1 * budget / (double)slot_bytes) : 0;
+            n_snap = fit < 2.0 * max_run ? (int)fit : 2 * max_run;
+        }
+        if (n_snap <= 0) {
+            pfx_why = " (the model has GDN layers and no state snapshot slot fits: --prefix-snapshots)";
+            pfx_on = 0;
+        } else {
+            budget -= (double)n_snap * (double)slot_bytes;
+        }
+    }
     int n_pages;
     if (o->max_total_tokens > 0) {
         n_pages = ceil_div(o->max_total_tokens, page_size);
@@ -428,7 +460,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->budget = o->chunked_prefill_size > 0 ? o->chunked_prefill_size
               : o->chunked_prefill_size < 0 ? ctx : d.chunked_prefill_size;
 
-    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run, .ctx_cap = ctx};
+    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run + n_snap, .ctx_cap = ctx,
+                           .max_seqs = max_run};
     /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
      * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
     co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
@@ -482,6 +515,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     }
     kvpool_init(&e->pages, n_pages);
     kvpool_init(&e->slots, max_run);
+    e->pfx_on = pfx_on;
+    e->pfx_gdn = slot_bytes > 0;
+    e->snap_base = max_run;
+    pfx_init(&e->pfx, pfx_on ? n_pages : 0, page_size, n_snap);
+    e->st.prefix_snapshots_total = n_snap;
     e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;
     if (e->n_smp < 1) e->n_smp = 1;
     e->smps = xcalloc((size_t)e->n_smp, sizeof *e->smps);
@@ -509,6 +547,15 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
              n_pages, page_size, (double)n_pages * (double)page_bytes / 1048576.0, max_run,
              (double)max_run * (double)slot_bytes / 1048576.0, e->budget, e->dev_smp ? "device" : "host",
              graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
+    if (pfx_on && n_snap)
+        log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run, %d GDN "
+                 "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries", n_pages, n_pages * page_size,
+                 n_snap, (double)n_snap * (double)slot_bytes / 1048576.0, (double)slot_bytes / 1048576.0);
+    else if (pfx_on)
+        log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run", n_pages,
+                 n_pages * page_size);
+    else
+        log_info("engine: prefix cache off%s", pfx_why);
 
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_err(err, errn, LS_ERR_RUNTIME, "cannot start the engine thread: %s", strerror(errno));
@@ -554,6 +601,7 @@ static void req_free(ereq *r) {
     free(r->ban);
     free(r->tok);
     free(r->pages);
+    free(r->pent);
     if (r->ts) tok_stream_free(r->ts);
     stop_free(&r->sm);
     eg_free(r);
@@ -651,6 +699,7 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
     r->cap_pages = ceil_div(r->cap_tok, e->page_size);
     r->pages = xmalloc((size_t)r->cap_pages * sizeof *r->pages);
     r->slot = -1;
+    r->snap_roll = -1;
     if (e->tok) r->ts = tok_stream_new(e->tok, s->skip_special_tokens);
     stop_init(&r->sm, r->sp.stop, r->sp.n_stop);
     r->t_submit = now_sec();
@@ -750,9 +799,7 @@ static void run_remove(ls_engine *e, ereq *r) {
 }
 
 static void release_cache(ls_engine *e, ereq *r) {
-    for (int i = 0; i < r->n_pages; i++) kvpool_put(&e->pages, r->pages[i]);
-    r->n_pages = 0;
-    r->n_cached = 0;
+    pfxe_release(e, r); /* cache references dropped, its own pages back on the free list */
     if (r->slot >= 0) kvpool_put(&e->slots, r->slot);
     r->slot = -1;
 }
@@ -779,7 +826,7 @@ static void emit(ls_engine *e, ereq *r, int32_t token, const char *text, const s
     ev.error = error;
     ev.prompt_tokens = r->n_prompt;
     ev.completion_tokens = r->n_tok - r->n_prompt;
-    ev.cached_tokens = 0;
+    ev.cached_tokens = r->n_hit;
     r->cb(r->user, &ev);
 }
 
@@ -836,7 +883,7 @@ static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     int want = ceil_div(r->n_cached + *n_new, e->page_size);
     reserve_pages(r, want);
     while (r->n_pages < want) {
-        int32_t pg = kvpool_get(&e->pages);
+        int32_t pg = pfxe_page_get(e); /* a free page, else an unreferenced cached one */
         if (pg >= 0) { r->pages[r->n_pages++] = pg; continue; }
         ereq *v = e->running[e->n_running - 1]; /* the newest */
         if (v != r && v->id > r->id) { preempt(e, v); continue; }
@@ -858,7 +905,7 @@ static int schedule(ls_engine *e) {
         ereq *r = e->running[i];
         int need = r->n_tok - r->n_cached;
         CHECK(need >= 1);
-        int n_new = need == 1 ? 1 : (need < budget ? need : budget);
+        int n_new = need == 1 ? 1 : pfxe_chunk(e, r, need < budget ? need : budget);
         if (n_new <= 0) { i++; continue; }
         if (ensure_pages(e, r, &n_new) < 0) continue; /* r left running[i] */
         if (n_new > 0) {
@@ -870,22 +917,27 @@ static int schedule(ls_engine *e) {
     }
     while (e->wait_head && e->n_running < e->max_run && budget > 0 && kvpool_avail(&e->slots) > 0) {
         ereq *r = e->wait_head;
-        int n_new = r->n_tok < budget ? r->n_tok : budget;
-        int spare = kvpool_avail(&e->pages) - e->n_running; /* headroom: a page per running request */
+        int hit = pfxe_admit(e, r); /* the cached prefix's pages, shared (0 without the cache) */
+        int n_new = pfxe_chunk(e, r, r->n_tok - hit < budget ? r->n_tok - hit : budget);
+        int spare = pfxe_pages_avail(e) - e->n_running; /* headroom: a page per running request */
         if (spare * e->page_size < n_new) n_new = spare * e->page_size;
-        if (n_new <= 0) break;
+        if (n_new <= 0) { pfxe_release(e, r); break; }
         wait_remove(e, r);
         r->slot = kvpool_get(&e->slots);
-        model_slot_reset(e->m, r->slot);
-        r->n_cached = 0;
-        int want = ceil_div(n_new, e->page_size);
+        pfxe_restore(e, r); /* the hit's GDN snapshot, or a zero state */
+        int want = ceil_div(r->n_cached + n_new, e->page_size);
         reserve_pages(r, want);
-        while (r->n_pages < want) r->pages[r->n_pages++] = kvpool_get(&e->pages);
+        while (r->n_pages < want) r->pages[r->n_pages++] = pfxe_page_get(e);
         run_insert(e, r);
         if (!r->prompt_counted) {
             r->prompt_counted = 1;
+            r->n_hit = r->n_cached;
             pthread_mutex_lock(&e->stats_mu);
             e->st.prompt_tokens_total += (uint64_t)r->n_prompt;
+            if (e->pfx_on) {
+                e->st.prefix_query_tokens_total += (uint64_t)r->n_prompt;
+                e->st.prefix_hit_tokens_total += (uint64_t)r->n_hit;
+            }
             pthread_mutex_unlock(&e->stats_mu);
         }
         e->batch[nb] = r;
@@ -1023,7 +1075,10 @@ static void publish_gauges(ls_engine *e) {
     pthread_mutex_lock(&e->stats_mu);
     e->st.running = e->n_running;
     e->st.queued = queued;
-    e->st.kv_pages_used = kvpool_used(&e->pages);
+    e->st.kv_pages_allocated = kvpool_used(&e->pages);
+    e->st.kv_pages_used = e->st.kv_pages_allocated - (e->pfx_on ? e->pfx.n_unref : 0);
+    e->st.prefix_cached_pages = e->pfx.n_ents;
+    e->st.prefix_snapshots_used = e->pfx.n_snaps_used;
     e->st.kv_usage = e->n_pages ? (double)e->st.kv_pages_used / e->n_pages : 0;
     pthread_mutex_unlock(&e->stats_mu);
 }
@@ -1162,6 +1217,7 @@ static void run_step(ls_engine *e, int nb) {
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         r->n_cached += e->batch_new[i];
+        pfxe_step_done(e, r); /* publish full pages, snapshot GDN state at a page boundary */
         if (r->n_cached != r->n_tok) continue;
         samp_job *j = &e->jobs[e->n_jobs++];
         *j = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};

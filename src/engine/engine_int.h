@@ -11,6 +11,7 @@
 #include "tok/tok.h"
 #include "tok/jinja.h"
 #include "engine/kvpool.h"
+#include "engine/prefix.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "ops/ops.h"
@@ -39,6 +40,12 @@ struct ereq {
     int32_t *pages;            /* [cap_pages] held pages, in position order */
     int n_pages, cap_pages;
     int slot;                  /* GDN slot, -1 when not running */
+    /* prefix cache: pages[0 .. n_pent) are cache pages held through entries pent[] (read-only,
+     * shared); pages[n_pent ..) are the request's own */
+    int32_t *pent;             /* [cap_pent] */
+    int n_pent, cap_pent;
+    int n_hit;                 /* prompt tokens the cache gave at the first admission (cached_tokens) */
+    int32_t snap_roll;         /* entry of its latest decode-time GDN snapshot, -1 */
 
     smp_rng rng;
     tok_stream *ts;            /* NULL without a tokenizer */
@@ -79,6 +86,10 @@ struct ls_engine {
 
     /* ---- engine thread only ---- */
     kvpool pages, slots;
+    /* the prefix cache (prefix_engine.c): on, GDN snapshots needed, snapshot k is model slot
+     * snap_base + k (after the max_run request slots) */
+    pfx_cache pfx;
+    int pfx_on, pfx_gdn, snap_base;
     smp_ctx **smps;            /* [n_smp] sampler scratch, one per pool worker slot */
     int n_smp, n_smp_used;
     samp_job *jobs;            /* [max_run] requests sampling this step, in batch order */
@@ -126,5 +137,14 @@ struct ls_engine {
     /* constrained decoding: the tokenizer's byte trie, built on first use (engine_grammar.c) */
     struct gr_vocab *gvocab;
 };
+
+/* prefix_engine.c: the prefix cache's hooks in the engine thread (see there) */
+int32_t pfxe_page_get(ls_engine *e);
+int pfxe_pages_avail(const ls_engine *e);
+int pfxe_admit(ls_engine *e, ereq *r);
+void pfxe_restore(ls_engine *e, ereq *r);
+int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new);
+void pfxe_step_done(ls_engine *e, ereq *r);
+void pfxe_release(ls_engine *e, ereq *r);
 
 #endif

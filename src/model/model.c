@@ -114,43 +114,6 @@ int mdl_op_err(int rc, const char *op, int layer, ls_err *e) {
     return errf(e, rc, "layer %d: %s failed (code %d)", layer, op, rc);
 }
 
-int mdl_linear_multi_pre(fwd_ctx *f, int l, int n, const lin_w *const *w, void *const *y, ls_err *e) {
-    model *m = f->m;
-    const gemm_prenorm *p = f->pre;
-    const int T = f->n_tok;
-    f->pre = NULL;
-    if (p) {
-        ls_err e2 = {0};
-        int rc = ops_linear_multi_prenorm(&m->ops, T, p, n, w, y, &e2);
-        if (rc != ERR_UNSUPPORTED) {
-            if (rc) *e = e2;
-            return rc;
-        }
-        /* the backend declined before any device work: the two launches */
-        if ((rc = mdl_op_err(m->ops.small->add_rmsnorm(T, m->cfg.hidden, p->h, p->d, p->init, p->w, p->kind, p->eps,
-                                                       f->ws->u, m->ops.act, m->ops.stream),
-                             "residual add + input norm", l, e)))
-            return rc;
-    }
-    return ops_linear_multi(&m->ops, T, f->ws->u, n, w, y, e);
-}
-
-int mdl_linear_post(fwd_ctx *f, const void *x, const lin_w *w, void *y, ls_err *e) {
-    model *m = f->m;
-    const gemm_prenorm *p = f->post;
-    f->post = NULL;
-    if (p) {
-        ls_err e2 = {0};
-        int rc = ops_linear_postnorm(&m->ops, f->n_tok, x, w, y, p, &e2);
-        if (rc != ERR_UNSUPPORTED) {
-            if (rc) *e = e2;
-            else f->post_done = 1;
-            return rc;
-        }
-    }
-    return ops_linear(&m->ops, f->n_tok, x, w, y, 0, e);
-}
-
 /* Tensors the text model never looked at (vision tower and MTP head aside):
  * transformers warns about unused weights; so do we, naming one. */
 static void warn_unused(model *m) {
@@ -766,10 +729,11 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     if (rc) return rc;
     /* the workspace: sized for the engine's largest step up front, so decode never allocates */
     int T = o->max_tokens > 0 ? o->max_tokens : 256;
-    if (T < co.n_slots) T = co.n_slots;
-    if ((rc = ws_reserve(m, T, co.n_slots, co.n_pages + co.n_slots, e))) return rc;
+    int S = (o->max_seqs > 0 && o->max_seqs < o->n_slots ? o->max_seqs : o->n_slots) + (graphs ? 1 : 0);
+    if (T < S) T = S;
+    if ((rc = ws_reserve(m, T, S, co.n_pages + S, e))) return rc;
     /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
-    if (m->sampler && (rc = smp_reserve(m, co.n_slots, 1 << 20, e))) return rc;
+    if (m->sampler && (rc = smp_reserve(m, S, 1 << 20, e))) return rc;
     m->graph_max_bs = 0;
     m->n_graphs = 0;
     if (!graphs) return 0;
@@ -783,7 +747,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     }
 #endif
     m->ctx_cap = o->ctx_cap > 0 ? o->ctx_cap : o->n_pages * o->page_size;
-    graphs_setup(m, o->graph_max_bs < o->n_slots ? o->graph_max_bs : o->n_slots);
+    graphs_setup(m, o->graph_max_bs < S - 1 ? o->graph_max_bs : S - 1);
     m->graph_max_bs = m->graphs[m->n_graphs - 1].bs;
 #ifdef LS_HAVE_CUDA
     size_t ab = 0;
@@ -835,6 +799,30 @@ void model_slot_reset(model *m, int slot) {
         model_slot_reset(rm, slot);
     }
     if (!m->rank_m) slot_reset(m, &m->cache, slot);
+}
+
+static int slot_copy(const model *m, mcache *c, int dst, int src, ls_err *e) {
+    if (dst < 0 || dst >= c->n_slots || src < 0 || src >= c->n_slots)
+        return errf(e, ERR_INVAL, "slot copy %d -> %d: slots are 0 .. %d", src, dst, c->n_slots - 1);
+    if (dst == src) return 0;
+    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg);
+    for (int l = 0; l < m->n_lin; l++) {
+        float *cb = c->conv + (size_t)l * c->n_slots * nc, *rb = c->rec + (size_t)l * c->n_slots * nr;
+        int rc = m->mem->d2d(cb + (size_t)dst * nc, cb + (size_t)src * nc, sizeof(float) * nc, m->ops.stream, e);
+        if (!rc) rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, sizeof(float) * nr, m->ops.stream, e);
+        if (rc) return err_prefix(e, "GDN state copy, slot %d -> %d", src, dst);
+    }
+    return 0;
+}
+
+int model_slot_copy(model *m, int dst, int src, ls_err *e) {
+    for (int r = 0; m->rank_m && r < m->tp; r++) {
+        model *rm = m->rank_m[r];
+        int rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e);
+        if (!rc) rc = model_slot_copy(rm, dst, src, e);
+        if (rc) return rc;
+    }
+    return m->rank_m ? 0 : slot_copy(m, &m->cache, dst, src, e);
 }
 
 /* ---- forward ----------------------------------------------------------------- */
@@ -935,26 +923,14 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
     const size_t TH = (size_t)T * H;
     for (int l = 0; l < cfg->n_layers; l++) {
         const layer_w *L = &m->layers[l];
-        /* the residual add + input norm: left to the layer's first projections (one launch
-         * with them where the gemm backend can: mdl_linear_multi_pre), but with TP */
-        const gemm_prenorm pre = {.h = w->h, .d = w->o, .init = l == 0, .w = L->in_norm, .kind = m->norm_kind,
-                                  .eps = cfg->rms_eps};
-        f->pre = m->grp || m->ops.dev.kind == DEV_CPU ? NULL : &pre;
-        /* and the add + post-attention norm: behind the layer's output projection where it can */
-        const gemm_prenorm post = {.h = w->h, .w = L->post_norm, .kind = m->norm_kind, .eps = cfg->rms_eps,
-                                   .u = w->u};
-        f->post = f->pre ? &post : NULL;
-        f->post_done = 0;
-        if (!rc && !f->pre)
+        if (!rc)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, l == 0, L->in_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + input norm", l, e);
         if (!rc)
             rc = L->type == LAYER_FULL_ATTN ? qwen3_attn_forward(f, l, w->u, w->o, e)
                                             : next_gdn_forward(f, l, w->u, w->o, e);
-        f->pre = NULL;
-        f->post = NULL;
         if (m->grp) tp_allreduce(m, w->o, TH);
-        if (!rc && !f->post_done)
+        if (!rc)
             rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps,
                                             w->u, dt, st), "residual add + post-attention norm", l, e);
         if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);

@@ -90,6 +90,10 @@ typedef struct model_cache_opts {
      * capture); ctx_cap: the longest sequence (n_past + n_new) the caller will ever run. */
     int graph_max_bs;
     int ctx_cap;
+    /* (additive) the most sequences in one step (0: n_slots). The engine's prefix cache adds
+     * GDN snapshot slots that never run in a step: the per-step workspace and the device
+     * sampler's rows are sized for max_seqs, not n_slots. */
+    int max_seqs;
 } model_cache_opts;
 
 size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */
@@ -97,6 +101,12 @@ size_t model_slot_bytes(const model *m);                    /* one GDN slot, all
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e);
 /* Clear a slot's GDN conv + recurrent state before a sequence starts using it. */
 void model_slot_reset(model *m, int slot);
+/* (additive) Copy slot src's GDN conv + recurrent state into slot dst (the prefix cache's
+ * snapshots: taken from a sequence's slot at a page boundary, restored into a new sequence's
+ * slot on a hit). Ordered on the model's stream after every step already issued and before
+ * any later one (no host wait); with --tp every rank copies its shard. Never call it while a
+ * CUDA graph is being captured. Models without GDN layers copy nothing. 0 or ERR_*. */
+int model_slot_copy(model *m, int dst, int src, ls_err *e);
 
 /* ---- forward ------------------------------------------------------------- */
 typedef struct fwd_seq {

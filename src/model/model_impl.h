@@ -210,13 +210,6 @@ typedef struct fwd_ctx {
     int ctx_cap;          /* > 0: attention plans on the device (graph capture), see attn_args */
     void *attn_scratch;
     size_t attn_scratch_bytes;
-    /* (additive) the layer's residual add + input norm, still to do: the layer's first
-     * projections take it (mdl_linear_multi_pre); NULL: u is ready */
-    const gemm_prenorm *pre;
-    /* (additive) the residual add + post-attention norm that follows the layer's output
-     * projection: mdl_linear_post fuses it there where the gemm backend can and sets post_done */
-    const gemm_prenorm *post;
-    int post_done;
 } fwd_ctx;
 
 /* One rank's (or the only) forward pass over cache c; with TP, every rank
@@ -260,15 +253,6 @@ void mdl_graphs_sync(model *m);
 
 /* A small op's status as an error naming the op and layer. */
 int mdl_op_err(int rc, const char *op, int layer, ls_err *e);
-/* The layer's first projections y[i] = u·w[i]ᵀ (ops_linear_multi), u = ws->u: with f->pre set,
- * u = the pending add + norm, fused into the projections' launch where the gemm backend takes
- * it (ops_linear_multi_prenorm), else small_ops.add_rmsnorm into u first. Clears f->pre. */
-int mdl_linear_multi_pre(fwd_ctx *f, int l, int n, const lin_w *const *w, void *const *y, ls_err *e);
-/* The layer's output projection y = x·Wᵀ (ops_linear); with f->post set, the residual add +
- * norm behind it fused into the same launch where the gemm backend takes it (f->post_done = 1;
- * else the caller runs small_ops.add_rmsnorm). Clears f->post. */
-int mdl_linear_post(fwd_ctx *f, const void *x, const lin_w *w, void *y, ls_err *e);
-
 /* out [T, H] = block(u [T, H]) for layer l (activations of dtype m->ops.act). */
 int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e);
 int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e);

@@ -165,7 +165,7 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     {   /* q, (gate,) k, v: the projections of u, one launch where the gemm backend groups them */
         const lin_w *pw[4] = {&a->q, &a->k, &a->v, &a->gate};
         void *const py[4] = {w->q, w->k, w->v, w->gate};
-        if ((rc = mdl_linear_multi_pre(f, l, c->attn_output_gate ? 4 : 3, pw, py, e))) return rc; /* of u */
+        if ((rc = ops_linear_multi(&m->ops, T, u, c->attn_output_gate ? 4 : 3, pw, py, e))) return rc;
     }
     const int li = m->layers[l].cache_idx;
     const size_t pool = (size_t)f->c->n_pages * f->c->page_size * nkv * hd * act_size(m->kv_dt);
@@ -195,7 +195,7 @@ int qwen3_attn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                     .out = w->ao, .dt = dt, .seqs_host = f->aseq_host, .ctx_cap = f->ctx_cap,
                     .scratch = f->attn_scratch, .scratch_bytes = f->attn_scratch_bytes};
     if ((rc = ops_attn_run(&m->ops, &aa, f->max_ctx, e))) return rc;
-    return mdl_linear_post(f, w->ao, &a->o, out, e); /* (+ the add + norm behind it, where it can) */
+    return ops_linear(&m->ops, T, w->ao, &a->o, out, 0, e);
 }
 
 int qwen3_mlp_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {

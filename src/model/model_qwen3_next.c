@@ -92,7 +92,7 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     /* the four projections of u: one launch where the gemm backend groups them */
     const lin_w *pw[4] = {&g->qkv, &g->z, &g->b, &g->a};
     void *const py[4] = {w->qkv, w->z, w->b, w->a};
-    if ((rc = mdl_linear_multi_pre(f, l, 4, pw, py, e))) return rc; /* of u, or of the pending add + norm */
+    if ((rc = ops_linear_multi(&m->ops, T, u, 4, pw, py, e))) return rc;
     const int li = m->layers[l].cache_idx;
     const mcache *mc = f->c;
     gdn_state st = {
@@ -109,5 +109,5 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                                                                 w->core, m->ops.act, m->ops.stream),
                                     "gated norm", l, e)))
         return rc;
-    return mdl_linear_post(f, w->core, &g->out, out, e); /* (+ the add + norm behind it, where it can) */
+    return ops_linear(&m->ops, T, w->core, &g->out, out, 0, e);
 }

@@ -644,35 +644,6 @@ int ops_linear_multi(const ops_sel *s, int M, const void *x, int n, const lin_w 
     return g->run_multi(n, a, s->stream, e);
 }
 
-int ops_linear_multi_prenorm(const ops_sel *s, int M, const gemm_prenorm *p, int n, const lin_w *const *w,
-                             void *const *y, ls_err *e) {
-    if (n < 1 || n > OPS_LINEAR_MULTI_MAX)
-        return errf(e, ERR_INVAL, "ops_linear_multi_prenorm: %d weights (1..%d)", n, OPS_LINEAR_MULTI_MAX);
-    const gemm_impl *g = linear_impl(s, M, w[0], e);
-    if (!g) return e->code;
-    if (!g->run_multi_prenorm)
-        return errf(e, ERR_UNSUPPORTED, "ops_linear_multi_prenorm: gemm backend %s has no fused norm", g->name);
-    for (int i = 1; i < n; i++) {
-        ls_err e2 = {0};
-        if (w[i]->kind != w[0]->kind || w[i]->K != w[0]->K || linear_impl(s, M, w[i], &e2) != g)
-            return errf(e, ERR_UNSUPPORTED, "ops_linear_multi_prenorm: %s and %s do not share a backend",
-                        w[0]->name ? w[0]->name : "?", w[i]->name ? w[i]->name : "?");
-    }
-    gemm_args a[OPS_LINEAR_MULTI_MAX];
-    for (int i = 0; i < n; i++) a[i] = (gemm_args){.M = M, .x = p->d, .w = w[i], .y = y[i], .accumulate = 0, .dt = s->act};
-    return g->run_multi_prenorm(n, a, p, s->stream, e);
-}
-
-int ops_linear_postnorm(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, const gemm_prenorm *p,
-                        ls_err *e) {
-    const gemm_impl *g = linear_impl(s, M, w, e);
-    if (!g) return e->code;
-    if (!g->run_postnorm)
-        return errf(e, ERR_UNSUPPORTED, "ops_linear_postnorm: gemm backend %s has no fused norm", g->name);
-    gemm_args a = {.M = M, .x = x, .w = w, .y = y, .accumulate = 0, .dt = s->act};
-    return g->run_postnorm(&a, p, s->stream, e);
-}
-
 int ops_moe_run(const ops_sel *s, const moe_args *a, ls_err *e) {
     const moe_w *w = a->w;
     moe_shape sh = {.M = a->M, .H = w->hidden, .E = w->n_experts, .top_k = w->top_k, .I = w->inter,
@@ -729,7 +700,8 @@ static int cpu_bind_thread(int ordinal, ls_err *e) { return 0; }
 static int cpu_count(void) { return 1; }
 
 const dev_mem dev_mem_cpu = {DEV_CPU,  cpu_open,    cpu_close_stream, cpu_alloc,       cpu_free, cpu_copy,
-                             cpu_copy, cpu_memset0, cpu_sync,         cpu_bind_thread, cpu_count};
+                             cpu_copy, cpu_memset0, cpu_sync,         cpu_bind_thread, cpu_count,
+                             cpu_copy};
 
 static const dev_mem *g_dev_mem_cuda;
 

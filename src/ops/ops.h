@@ -103,8 +103,6 @@ typedef struct gemm_args {
     act_dtype dt;
 } gemm_args;
 
-struct gemm_prenorm; /* (additive) below, after small_ops */
-
 typedef struct gemm_impl {
     const char *name;
     dev_kind dev;
@@ -118,16 +116,6 @@ typedef struct gemm_impl {
      * accumulate; each a[i] has its own weight and y), the same results as n run() calls up
      * to fp32 summation order; NULL: ops_linear_multi calls run() per weight */
     int (*run_multi)(int n, const gemm_args *a, ls_stream s, ls_err *e);
-    /* (additive) optional: run_multi with the residual add + RMSNorm that makes its x fused in
-     * front (struct gemm_prenorm, below): every a[i].x is ignored, x = the normed rows. 0, or
-     * ERR_UNSUPPORTED before any device work when it cannot (the caller then runs
-     * small_ops.add_rmsnorm and run_multi); NULL: never */
-    int (*run_multi_prenorm)(int n, const gemm_args *a, const struct gemm_prenorm *p, ls_stream s, ls_err *e);
-    /* (additive) optional: run() (y = x·Wᵀ, a->accumulate 0) with the residual add + RMSNorm
-     * that follows it fused behind: h[r] += y[r], p->u[r] = norm(h[r]) (p->d, p->init unused);
-     * 0, or ERR_UNSUPPORTED before any device work (the caller then runs run() and
-     * small_ops.add_rmsnorm); NULL: never */
-    int (*run_postnorm)(const gemm_args *a, const struct gemm_prenorm *p, ls_stream s, ls_err *e);
 } gemm_impl;
 
 /* fp4_gemm shares gemm's argument types; its registry is separate. */
@@ -373,20 +361,6 @@ typedef struct small_ops {
                            act_dtype dt, ls_stream s);
 } small_ops;
 
-/* (additive) The residual add + RMSNorm in front of a group of projections
- * (gemm_impl.run_multi_prenorm, ops_linear_multi_prenorm): small_ops.add_rmsnorm's
- *   h[r] = d[r] (init) or h[r] + d[r] (fp32);  x[r] = norm(h[r]) (w, kind, eps), rounded to dt
- * on rows r < M, K = the projections' K; x is not stored, only multiplied. */
-typedef struct gemm_prenorm {
-    float *h;            /* [M, K] fp32, read and written */
-    const void *d;       /* [M, K] of the activation dtype */
-    int init;
-    const float *w;      /* [K] */
-    rms_kind kind;
-    float eps;
-    void *u;             /* run_postnorm: the normed rows [M, N] of dt; unused in front */
-} gemm_prenorm;
-
 /* ---- device memory -------------------------------------------------------- */
 
 /* How the model talks to a device's memory: everything the forward pass
@@ -410,6 +384,9 @@ typedef struct dev_mem {
      * thread per device); the CPU's does nothing. */
     int (*bind_thread)(int ordinal, ls_err *e);
     int (*count)(void);                   /* devices present (0 when none answers) */
+    /* (additive) device-to-device copy ordered on s (the prefix cache's GDN state snapshots);
+     * never called inside a CUDA graph capture */
+    int (*d2d)(void *dst, const void *src, size_t n, ls_stream s, ls_err *e);
 } dev_mem;
 
 /* The memory table of device kind k, or NULL when this build has none. */
@@ -565,16 +542,6 @@ int ops_linear(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, 
 #define OPS_LINEAR_MULTI_MAX 8
 int ops_linear_multi(const ops_sel *s, int M, const void *x, int n, const lin_w *const *w, void *const *y,
                      ls_err *e);
-/* (additive) ops_linear_multi of x = the add + norm p (struct gemm_prenorm) in one launch, when
- * the backend selected for M has run_multi_prenorm and takes the call; ERR_UNSUPPORTED (e set,
- * nothing run) otherwise, and the caller runs small_ops.add_rmsnorm and ops_linear_multi. */
-int ops_linear_multi_prenorm(const ops_sel *s, int M, const gemm_prenorm *p, int n, const lin_w *const *w,
-                             void *const *y, ls_err *e);
-/* (additive) ops_linear (y = x·Wᵀ) with the residual add + norm behind it (h += y, p->u =
- * norm(h)) in one launch, when the backend selected for M has run_postnorm and takes the call;
- * ERR_UNSUPPORTED (e set, nothing run) otherwise, and the caller runs the two ops. */
-int ops_linear_postnorm(const ops_sel *s, int M, const void *x, const lin_w *w, void *y, const gemm_prenorm *p,
-                        ls_err *e);
 
 /* Run the selected moe / attention / gdn backend on s->stream (with the
  * per-shape fallback for families chosen by "auto"; a named backend that

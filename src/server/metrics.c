@@ -75,8 +75,22 @@ void route_metrics(srv *sv, srv_resp *rs) {
     sample_f(b, "token_usage", model, st.kv_usage);
     head(b, "kv_pages_total", "gauge", "KV-cache pages.");
     sample_u(b, "kv_pages_total", model, (uint64_t)(st.kv_pages_total > 0 ? st.kv_pages_total : 0));
-    head(b, "kv_pages_used", "gauge", "KV-cache pages in use.");
+    head(b, "kv_pages_used", "gauge", "KV-cache pages held by running requests (shared prefix pages included).");
     sample_u(b, "kv_pages_used", model, (uint64_t)(st.kv_pages_used > 0 ? st.kv_pages_used : 0));
+    head(b, "prefix_cache_query_tokens_total", "counter", "Prompt tokens of admitted requests (prefix cache on).");
+    sample_u(b, "prefix_cache_query_tokens_total", model, st.prefix_query_tokens_total);
+    head(b, "prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache (cached_tokens).");
+    sample_u(b, "prefix_cache_hit_tokens_total", model, st.prefix_hit_tokens_total);
+    head(b, "cache_hit_rate", "gauge", "Prefix cache hit tokens / query tokens so far.");
+    sample_f(b, "cache_hit_rate", model,
+             st.prefix_query_tokens_total ? (double)st.prefix_hit_tokens_total / (double)st.prefix_query_tokens_total : 0);
+    head(b, "prefix_cache_pages", "gauge", "KV pages the prefix cache holds (reclaimable once unreferenced).");
+    sample_u(b, "prefix_cache_pages", model, (uint64_t)(st.prefix_cached_pages > 0 ? st.prefix_cached_pages : 0));
+    head(b, "kv_pages_allocated", "gauge", "KV pages off the free list (running requests' and the prefix cache's).");
+    sample_u(b, "kv_pages_allocated", model, (uint64_t)(st.kv_pages_allocated > 0 ? st.kv_pages_allocated : 0));
+    head(b, "prefix_cache_snapshots_used", "gauge", "GDN state snapshots held by the prefix cache.");
+    sample_u(b, "prefix_cache_snapshots_used", model,
+             (uint64_t)(st.prefix_snapshots_used > 0 ? st.prefix_snapshots_used : 0));
     hist(b, "time_to_first_token_seconds", "Time to first token.", model, &st.ttft);
     hist(b, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", model, &st.itl);
     hist(b, "e2e_request_latency_seconds", "End-to-end request latency.", model, &st.e2e);

@@ -5,13 +5,32 @@
  * capability >= min_cc_major (0: any); when not, it prints "NAME: no CUDA device ...:
  * skipping" once and the caller skips (cmocka's skip()), so the binary passes on a machine
  * without a GPU (CI) and tests for real on one. Header-only: each test binary has its own
- * state. */
+ * state.
+ *
+ * Helpers every CUDA test shares (include this header after <cmocka.h>):
+ *   rnd() / urand(): the inputs' LCG (x = 1664525·x + 1013904223 mod 2^32), rnd() its top 24
+ *     bits, urand() those as a float in [-1, 1); the binary picks its seed by defining
+ *     CUDA_TEST_SEED before the include (each test keeps the inputs it was written with);
+ *   dev_copy(h, n): n bytes of host memory h in a new buffer of the device that cuda_test_gpu
+ *     opened (asserts on failure; the test frees it through its dev_mem or leaks it at exit). */
 #ifndef LS_TESTS_CUDA_TEST_H
 #define LS_TESTS_CUDA_TEST_H
 
 #include "ops/ops.h"
 
+#include <stdint.h>
 #include <stdio.h>
+
+#ifndef cmocka_unit_test
+#error "cuda_test.h: include <cmocka.h> first (dev_copy asserts)"
+#endif
+#ifndef CUDA_TEST_SEED
+#define CUDA_TEST_SEED 2024u
+#endif
+
+static const dev_mem *cuda_test_mem; /* what cuda_test_gpu opened, for dev_copy */
+static ls_stream cuda_test_stream;
+static uint32_t cuda_test_rng = CUDA_TEST_SEED;
 
 static inline int cuda_test_gpu(const char *name, int min_cc_major, const dev_mem **mem, dev_info *dev,
                                 ls_stream *st) {
@@ -29,7 +48,25 @@ static inline int cuda_test_gpu(const char *name, int min_cc_major, const dev_me
                 dev->cc_minor, min_cc_major);
         return state;
     }
+    cuda_test_mem = *mem;
+    cuda_test_stream = *st;
     return state = 1;
+}
+
+static inline uint32_t rnd(void) {
+    cuda_test_rng = cuda_test_rng * 1664525u + 1013904223u;
+    return cuda_test_rng >> 8;
+}
+
+static inline float urand(void) { return (float)rnd() / 8388608.f - 1.f; } /* [-1, 1) */
+
+static inline void *dev_copy(const void *h, size_t n) {
+    ls_err e = {0};
+    assert_non_null(cuda_test_mem);
+    void *d = cuda_test_mem->alloc(n, &e);
+    assert_non_null(d);
+    assert_int_equal(cuda_test_mem->h2d(d, h, n, cuda_test_stream, &e), 0);
+    return d;
 }
 
 #endif

@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#define CUDA_TEST_SEED 2024u
 #include "cuda_test.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/graph.h"
@@ -46,12 +47,6 @@ static dev_info g_dev;
 static uint16_t *g_k, *g_v; /* host [NPAGE, P, NKV, HD] BF16 */
 static void *g_dk, *g_dv;
 static kv_layer g_kv;
-
-static uint32_t g_rng = 2024;
-static float urand(void) { /* [-1, 1) */
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return (float)(g_rng >> 8) / 8388608.f - 1.f;
-}
 
 static int have_gpu(void) {
     static int state = -1;

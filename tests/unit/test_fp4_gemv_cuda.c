@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#define CUDA_TEST_SEED 2024u
 #include "cuda_test.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
@@ -39,13 +40,6 @@ static ls_stream g_st;
 static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_fp4_gemv_cuda", 9, &g_mem, &g_dev, &g_st); }
-
-static uint32_t g_rng = 2024;
-static uint32_t rnd(void) {
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return g_rng >> 8;
-}
-static float urand(void) { return (float)rnd() / 8388608.f - 1.f; } /* [-1, 1) */
 
 static const float E2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
 

@@ -10,6 +10,9 @@
  * fixture models' dk = dv = 32 (a head over 2 one-warp blocks); sequences of 1 token, of 6
  * (a full group of 4 and a partial one), of none, in scattered state slots. A call with a
  * 65-token sequence goes to cuda_chunked, which does not fuse: norm_done must stay 0.
+ * A decode step of 16 one-token sequences (gd_kernel1 where gd_kernel would need more than one
+ * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it) must give the bits of the same
+ * rows computed by gd_kernel (the same call with a 2-token sequence added).
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -19,6 +22,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#define CUDA_TEST_SEED 4242u
 #include "cuda_test.h"
 
 #include <math.h>
@@ -32,20 +36,6 @@ static ls_stream g_st;
 static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_gdn_decode_cuda", 9, &g_mem, &g_dev, &g_st); }
-
-static uint32_t g_rng = 4242;
-static float urand(void) { /* [-1, 1) */
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return (float)(g_rng >> 8) / 8388608.f - 1.f;
-}
-
-static void *dev_copy(const void *h, size_t n) {
-    ls_err e = {0};
-    void *d = g_mem->alloc(n, &e);
-    assert_non_null(d);
-    assert_int_equal(g_mem->h2d(d, h, n, g_st, &e), 0);
-    return d;
-}
 
 static uint16_t *bf16_rand(size_t n, float scale) {
     uint16_t *p = malloc(n * 2);
@@ -141,7 +131,97 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
     return done;
 }
+
+/* A decode step of n one-token sequences (scattered slots) against the same rows inside a call
+ * that also carries a 2-token sequence: the first call is a pure decode step, which gd_kernel1
+ * runs where its grid is wider than the GPU holds of gd_kernel (LASTSTAND_GDN_T1=2, set by main
+ * unless the caller set it), the second is gd_kernel's (groups of 4 tokens). Outputs (fused
+ * norm), recurrent states and conv windows of the n sequences must be bitwise equal. */
+static void t1_case(int nk, int nv, int dk, int dv, int n) {
+    const gdn_impl *g = ops_gdn_find("cuda_decode");
+    assert_non_null(g);
+    enum { K = 4 };
+    const int slots = n + 3, D = 2 * nk * dk + nv * dv, n_tok = n + 2;
+    ls_err e = {0};
+    gdn_seq *seqs = calloc((size_t)n + 1, sizeof *seqs);
+    for (int i = 0; i < n; i++) seqs[i] = (gdn_seq){.slot = (i * 7 + 3) % slots, .n_new = 1, .row0 = i};
+    int extra = 0; /* a slot none of the n uses */
+    for (int used = 1; used;) {
+        used = 0;
+        for (int i = 0; i < n; i++) used |= seqs[i].slot == extra;
+        if (used) extra++;
+    }
+    seqs[n] = (gdn_seq){.slot = extra, .n_new = 2, .row0 = n};
+    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
+             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
+    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
+          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
+    const size_t nconv = (size_t)slots * D * (K - 1), nrec = (size_t)slots * nv * dk * dv;
+    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
+    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
+         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
+    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
+          *dnw = dev_copy(nw, dv * 4);
+    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * (n + 1));
+    float *dconv[2], *drec[2];
+    void *dout[2];
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    gdn_state st[2];
+    int done[2] = {0, 0};
+    for (int s = 0; s < 2; s++) {
+        dconv[s] = dev_copy(conv, nconv * 4);
+        drec[s] = dev_copy(rec, nrec * 4);
+        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
+        st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = slots};
+        gdn_args ga = {.n_seq = s ? n + 1 : n, .seqs = dseqs, .seqs_host = seqs, .n_tok = s ? n_tok : n, .w = &w,
+                       .qkv = dqkv, .a = da, .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16, .z = dz,
+                       .norm_w = dnw, .norm_eps = 1e-6f, .norm_done = &done[s]};
+        assert_int_equal(g->run(&ga, g_st, &e), 0);
+    }
+    assert_int_equal(g_mem->sync(g_st, &e), 0);
+    assert_int_equal(done[0], done[1]);
+    /* the n sequences' rows, and their slots' states (the extra slot's differ: only the second call has it) */
+    int ok = same_dev(dout[0], dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
+    float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
+    assert_int_equal(g_mem->d2h(r0, drec[0], nrec * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(r1, drec[1], nrec * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(c0, dconv[0], nconv * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(c1, dconv[1], nconv * 4, g_st, &e), 0);
+    const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);
+    for (int i = 0; i < n; i++) {
+        const int sl = seqs[i].slot;
+        if (memcmp(r0 + sl * rs, r1 + sl * rs, rs * 4) || memcmp(c0 + sl * cs, c1 + sl * cs, cs * 4)) {
+            fprintf(stderr, "gdn cuda_decode (nk %d nv %d dk %d): sequence %d (slot %d): state differs between the "
+                            "decode step and the mixed call\n", nk, nv, dk, i, sl);
+            ok = 0;
+        }
+    }
+    assert_true(ok);
+    for (int s = 0; s < 2; s++) {
+        g_mem->free(dconv[s]);
+        g_mem->free(drec[s]);
+        g_mem->free(dout[s]);
+    }
+    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec, seqs, r0, r1, c0, c1};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
 #endif
+
+/* A wide decode step (16 one-token sequences of Qwen3.5-35B's and -397B's GDN: gd_kernel1 under
+ * LASTSTAND_GDN_T1=2 or 1) gives the bits gd_kernel gives the same rows. */
+static void test_wide_decode_step_equals_the_group_kernel(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    t1_case(16, 32, 128, 128, 16);
+    t1_case(16, 64, 128, 128, 16);
+    t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel both times) */
+#else
+    skip();
+#endif
+}
 
 /* The fused gated norm equals cuda_decode + rmsnorm_gated, bit for bit, at every shape. */
 static void test_fused_norm_equals_the_two_ops(void **st) {
@@ -178,8 +258,10 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 
 int main(void) {
     setenv("LASTSTAND_GDN_NORM", "1", 0);
+    setenv("LASTSTAND_GDN_T1", "2", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_norm_equals_the_two_ops),
+        cmocka_unit_test(test_wide_decode_step_equals_the_group_kernel),
         cmocka_unit_test(test_chunked_hand_over_leaves_the_norm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#define CUDA_TEST_SEED 777u
 #include "cuda_test.h"
 
 #include <math.h>
@@ -30,20 +31,6 @@ static ls_stream g_st;
 static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_small_cuda", 0, &g_mem, &g_dev, &g_st); }
-
-static uint32_t g_rng = 777;
-static float urand(void) { /* [-1, 1) */
-    g_rng = g_rng * 1664525u + 1013904223u;
-    return (float)(g_rng >> 8) / 8388608.f - 1.f;
-}
-
-static void *dev_copy(const void *h, size_t n) {
-    ls_err e = {0};
-    void *d = g_mem->alloc(n, &e);
-    assert_non_null(d);
-    assert_int_equal(g_mem->h2d(d, h, n, g_st, &e), 0);
-    return d;
-}
 
 /* One case: kv dtype kvdt, norm kind. Runs the three ops on set A, the fused op on set B. */
 static void one_case(act_dtype kvdt, rms_kind kind) {

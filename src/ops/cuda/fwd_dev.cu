@@ -46,6 +46,12 @@ static int dm_d2h(void *dst, const void *src, size_t n, ls_stream s, ls_err *e) 
     return 0;
 }
 
+static int dm_d2d(void *dst, const void *src, size_t n, ls_stream s, ls_err *e) {
+    if (!n) return 0;
+    CU_TRY(e, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, (cudaStream_t)s), "cudaMemcpy D2D");
+    return 0;
+}
+
 static int dm_memset0(void *dst, size_t n, ls_stream s, ls_err *e) {
     if (!n) return 0;
     CU_TRY(e, cudaMemsetAsync(dst, 0, n, (cudaStream_t)s), "cudaMemset");
@@ -69,7 +75,8 @@ static int dm_count(void) {
 }
 
 static const dev_mem dev_mem_cuda = {DEV_CUDA, dm_open,    dm_close_stream, dm_alloc,       dm_free, dm_h2d,
-                                     dm_d2h,   dm_memset0, dm_sync,         dm_bind_thread, dm_count};
+                                     dm_d2h,   dm_memset0, dm_sync,         dm_bind_thread, dm_count,
+                                     dm_d2d};
 
 extern "C" void ops_cuda_register_fwd(void) {
     ops_dev_mem_register(&dev_mem_cuda);

@@ -39,7 +39,9 @@
  * Decode steps (every sequence one token; LASTSTAND_GDN_T1=1, opt-in) may run gd_kernel1: the same
  * body with one token a group and at most 128 registers a thread (a few spilled), so that its
  * 2-warp blocks fit beside the two blocks an SM of the in-projection GEMV before it and, launched
- * early, load their state while it runs (see gd_kernel1).
+ * early, load their state while it runs (see gd_kernel1); LASTSTAND_GDN_T1=2 only where gd_kernel
+ * (255 registers, 8 warps an SM) would need more than one wave: batches of more than ~4
+ * sequences (see gd_t1).
  *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
@@ -69,6 +71,7 @@
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -469,14 +472,54 @@ static int gd_norm(void) {
     return v;
 }
 
-/* LASTSTAND_GDN_T1=0|1: calls whose sequences bring at most one token each run gd_kernel1
- * (one token a group, at most GD_T1_REGS registers; the same arithmetic, bit for bit) or
- * gd_kernel (GD_T1_DEFAULT: off until a device round checks it). Read once. */
+/* LASTSTAND_GDN_T1=0|1|2: calls whose sequences bring at most one token each run gd_kernel1
+ * (one token a group, at most GD_T1_REGS registers; the same arithmetic, bit for bit) never (0),
+ * always (1), or (2) when the call's blocks outnumber what the GPU holds of gd_kernel at once
+ * (gd_t1_wide): gd_kernel takes 255 registers a thread (ptxas, dk = 128), so an SM holds 8 of
+ * its warps, and a decode step of 16 sequences of Qwen3.5 (16 x 32 v heads x 8 warps) runs in
+ * ~4 waves where gd_kernel1's 16 warps an SM need 2; one sequence (256 warps) fits either way,
+ * where gd_kernel1's spills made it slower (S7 stepfuse R2: +0.074 ms over 30 layers).
+ * GD_T1_DEFAULT: off until a device round checks it. Read once. */
 #define GD_T1_DEFAULT 0
 static int gd_t1(void) {
     static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_T1", GD_T1_DEFAULT);
+    if (v < 0) {
+        const char *s = getenv("LASTSTAND_GDN_T1");
+        v = s && !strcmp(s, "2") ? 2 : cu_env_switch("LASTSTAND_GDN_T1", GD_T1_DEFAULT);
+    }
     return v;
+}
+
+/* Whether a grid of `blocks` blocks of nw warps (dynamic shared memory smem) of gd_kernel<DK>
+ * is more than the GPU holds at once (occupancy asked once per device and shape: a host-side
+ * query, no stream work, capture-safe). 0 when the query fails. */
+template <int DK>
+static int gd_t1_wide(long blocks, int nw, size_t smem) {
+    static struct {
+        int dev, nw;
+        size_t smem;
+        long fit;
+    } memo[8];
+    static int n_memo;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return (void)cudaGetLastError(), 0;
+    long fit = -1;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n_memo && fit < 0; i++)
+        if (memo[i].dev == dev && memo[i].nw == nw && memo[i].smem == smem) fit = memo[i].fit;
+    if (fit < 0) {
+        int bps = 0, sms = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gd_kernel<DK>, nw * 32, smem) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            bps = sms = 0;
+        }
+        fit = (long)bps * sms;
+        if (fit > 0 && n_memo < 8) memo[n_memo++] = {dev, nw, smem, fit};
+    }
+    pthread_mutex_unlock(&mu);
+    return fit > 0 && blocks > fit;
 }
 
 /* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o; t1: gd_kernel1 */
@@ -558,7 +601,14 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
     const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
-    const int t1 = max_new <= 1 && gd_t1();
+    int t1 = max_new <= 1 && gd_t1();
+    if (t1 == 1 && gd_t1() == 2) { /* auto: only a grid gd_kernel would run in more than one wave */
+        const long blocks = (long)w->nk * cl * a->n_seq;
+        const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
+        t1 = w->dk == 32    ? gd_t1_wide<32>(blocks, nw, smem)
+             : w->dk == 64  ? gd_t1_wide<64>(blocks, nw, smem)
+                            : gd_t1_wide<128>(blocks, nw, smem);
+    }
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     switch (w->dk) {

@@ -50,25 +50,6 @@
  * previous grid before it stages x or touches y. LASTSTAND_GEMV_PDL=0|1 launches
  * without / with the attribute (GV_PDL_DEFAULT; without it the wait is a no-op).
  *
- * The residual add + RMSNorm in front (gemm_impl.run_multi_prenorm, opt-in
- * LASTSTAND_GEMV_PRENORM=1 until a device round checks it; M <= GV_PRE_MAX_M, K a multiple
- * of 2048 up to 8192): instead of staging a given x, every block computes small_ops.
- * add_rmsnorm's output rows itself from the fp32 residual h, the delta d and the norm
- * weight, in sm_add_rmsnorm8_kernel's exact arithmetic (its thread i's 8 columns, its
- * fma chain, its block sum's xor trees over the K / 256 warps of K / 8 threads, emulated
- * by the 8 warps, R = K / 2048 virtual threads each), so x and the products are bitwise the
- * two launches'. The new residual h + d goes back to h once, by the grid's last block, after
- * every block has read the old h: each block counts itself on a device ticket right after
- * its staging (release), the last block waits for the count at its end (acquire), writes
- * the h rows it kept in shared memory and resets the ticket for the next launch (one
- * prenorm launch at a time per device: the forward's stream). The writer waits only at its
- * end, and every block of the grid has started by then (the grid fits the GPU at once).
- * Behind (gemm_impl.run_postnorm, opt-in LASTSTAND_GEMV_POSTNORM=1; one weight, N a multiple
- * of 2048 up to 8192): the residual add + RMSNorm that follows a layer's output projection,
- * h += y and u = norm(h), done by the last block of the grid to finish (a device ticket after
- * a fence, as CUDA's threadFenceReduction sample; y read past L1), the same arithmetic: one
- * launch less, the work on that block's tail.
- *
  * Graph-safe: no host synchronisation and no allocation; the per-kernel attribute
  * (dynamic shared memory limit) and occupancy are set / asked once per kernel
  * instance on the first call (a host-side query, no stream work).
@@ -174,114 +155,13 @@ __device__ __forceinline__ gv_mat gv_mat_of(const gv_mats &ms, int tg) {
     return r;
 }
 
-/* The residual add + RMSNorm in front or behind (see the header); the kernel's MODE says which:
- * GV_PLAIN, GV_PRE (x = norm(h + d), K wide), GV_POST (h += y, u = norm(h), N wide). */
-enum { GV_PLAIN = 0, GV_PRE = 1, GV_POST = 2 };
-#define GV_PRE_MAX_M 2
-struct gv_pre {
-    float *h;            /* [M, K] (pre) or [M, N] (post) fp32 */
-    const bf16 *d;       /* pre: the delta [M, K]; post: unused (the delta is y) */
-    const float *w;      /* [K] or [N] */
-    int init, zc;
-    float eps;
-    unsigned *ticket;    /* pre: blocks that read h, reset by the writer; post: blocks done */
-    bf16 *u;             /* post: the normed rows [M, N] */
-};
-__device__ unsigned gv_pre_ticket[2][16]; /* [pre, post][device ordinal] (a __device__ variable is
-                                             per device anyway) */
-
-/* sm_add_rmsnorm8_kernel's rows [0, M) of width K: h + d (d = pn.d, or y read past L1 for POST)
- * and its norm. PRE: x into xs for the block's K range [kb0, kb0 + n8·8) (zero past K), h + d
- * into hs [M][K] for the writer; POST: h + d back to h, the norm to u. */
-template <bool POST>
-__device__ __forceinline__ void gv_addnorm(const gv_pre &pn, const bf16 *d, int M, int K, int kb0, int n8, bf16 *xs,
-                                           int xstride, float *part, float *hs, bool writer) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, R = K / (8 * GV_THREADS), nwv = K / 256;
-    for (int m = 0; m < M; m++) {
-        float v[4][8], ss[4];
-        float4 wa[4], wb[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const int c0 = (tid + r * GV_THREADS) * 8;
-            const float4 *w4 = reinterpret_cast<const float4 *>(pn.w + c0);
-            const float4 *h4 = reinterpret_cast<const float4 *>(pn.h + (size_t)m * K + c0);
-            wa[r] = __ldg(w4);
-            wb[r] = __ldg(w4 + 1);
-            const uint4 xv = POST ? __ldcg(reinterpret_cast<const uint4 *>(d + (size_t)m * K + c0))
-                                  : *reinterpret_cast<const uint4 *>(d + (size_t)m * K + c0);
-            float4 ha = make_float4(0.f, 0.f, 0.f, 0.f), hb = ha;
-            if (!pn.init) ha = h4[0], hb = h4[1];
-            const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-            v[r][0] = ha.x, v[r][1] = ha.y, v[r][2] = ha.z, v[r][3] = ha.w;
-            v[r][4] = hb.x, v[r][5] = hb.y, v[r][6] = hb.z, v[r][7] = hb.w;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const __nv_bfloat162 p = *reinterpret_cast<const __nv_bfloat162 *>(&xw[j]);
-                const float lo = __low2float(p), hi = __high2float(p);
-                v[r][2 * j] = pn.init ? lo : lo + v[r][2 * j];
-                v[r][2 * j + 1] = pn.init ? hi : hi + v[r][2 * j + 1];
-            }
-        }
-        /* sm_add_rmsnorm8_kernel: ss = fma chain over the thread's 8 columns; sm_block_sum: an
-         * xor tree per warp, then one over the warps' partials (lanes < K / 256, zeros above) */
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            float q = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) q = fmaf(v[r][j], v[r][j], q);
-            for (int o = 16; o; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
-            ss[r] = q;
-        }
-        __syncthreads(); /* part is free (the previous row's readers are done) */
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-                if (r < R) part[r * GV_WARPS + warp] = ss[r];
-        __syncthreads();
-        float t = lane < nwv ? part[lane] : 0.f;
-        for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        const float sc = rsqrtf(t / K + pn.eps);
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (r >= R) break;
-            const int c0 = (tid + r * GV_THREADS) * 8;
-            const float wv[8] = {wa[r].x, wa[r].y, wa[r].z, wa[r].w, wb[r].x, wb[r].y, wb[r].z, wb[r].w};
-            uint32_t o[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const float a = v[r][2 * j] * sc, b = v[r][2 * j + 1] * sc;
-                const __nv_bfloat162 p = __floats2bfloat162_rn(pn.zc ? a * (1.0f + wv[2 * j]) : wv[2 * j] * a,
-                                                               pn.zc ? b * (1.0f + wv[2 * j + 1]) : wv[2 * j + 1] * b);
-                o[j] = *reinterpret_cast<const uint32_t *>(&p);
-            }
-            if (POST) {
-                *reinterpret_cast<uint4 *>(pn.u + (size_t)m * K + c0) = make_uint4(o[0], o[1], o[2], o[3]);
-            } else if (c0 >= kb0 && c0 < kb0 + n8 * 8) {
-                *reinterpret_cast<uint4 *>(xs + (size_t)m * xstride + (c0 - kb0)) = make_uint4(o[0], o[1], o[2], o[3]);
-            }
-            if (POST || writer) {
-                float4 *h4 = reinterpret_cast<float4 *>((POST ? pn.h : hs) + (size_t)m * K + c0);
-                h4[0] = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
-                h4[1] = make_float4(v[r][4], v[r][5], v[r][6], v[r][7]);
-            }
-        }
-    }
-    /* the block's range past K: zeros, as the plain staging (POST: n8 = 0) */
-    for (int c = tid; c < n8; c += GV_THREADS)
-        if (kb0 + c * 8 >= K)
-            for (int m = 0; m < M; m++) *reinterpret_cast<uint4 *>(xs + (size_t)m * xstride + c * 8) = make_uint4(0, 0, 0, 0);
-}
-
 /* grid (S, G): blockIdx.x = rank in the cluster of S (the K split), blockIdx.y =
  * first global tile, stride G (T tiles over the matrices of ms). cw = columns per warp; the block's columns are
  * [rank·8·cw, (rank+1)·8·cw) ∩ [0, C), C = ceil(K / 32); warp w takes the run
  * kcol0 + w·cw + [0, cw), GV_U columns per batch. */
-template <int NT, int MODE>
+template <int NT>
 __global__ void __launch_bounds__(GV_THREADS, 2)
-gv_kernel(int M, int K, int T, int cw, int xstride, const bf16 *__restrict__ x, const gv_mats ms, int accumulate,
-          const gv_pre pn) {
+gv_kernel(int M, int K, int T, int cw, int xstride, const bf16 *__restrict__ x, const gv_mats ms, int accumulate) {
     extern __shared__ __align__(16) unsigned char gv_sm[];
     float *red = reinterpret_cast<float *>(gv_sm);
     float *part = red + gv_smem<NT>::red_floats;
@@ -308,14 +188,7 @@ gv_kernel(int M, int K, int T, int cw, int xstride, const bf16 *__restrict__ x, 
     cu_pdl_wait();
 
     /* stage x[0..M)[block's K range] (zero past K) while the first weights are on their way */
-    const bool writer = MODE == GV_PRE && rank == 0 && blockIdx.y == gridDim.y - 1;
-    float *hs = reinterpret_cast<float *>(gv_sm + gv_smem<NT>::x_off + (((size_t)M * xstride * 2 + 15) & ~(size_t)15));
-    if (MODE == GV_PRE) {
-        gv_addnorm<false>(pn, pn.d, M, K, kcol0 * 32, GV_WARPS * cw * 4, xs, xstride, red, hs, writer);
-        __syncthreads();
-        /* this block is done with h: count it (release: its reads come before) */
-        if (tid == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(pn.ticket) : "memory");
-    } else {
+    {
         const int kb0 = kcol0 * 32, v8 = GV_WARPS * cw * 4; /* 16 B vectors per row */
         for (int i = tid; i < M * v8; i += GV_THREADS) {
             const int m = i / v8, c = i - m * v8, k = kb0 + c * 8;
@@ -384,32 +257,6 @@ gv_kernel(int M, int K, int T, int cw, int xstride, const bf16 *__restrict__ x, 
         }
         if (S > 1) cl.sync();
         else __syncthreads();
-    }
-    if (MODE == GV_POST) { /* the last block to finish: h += y, u = norm(h) (the fence pattern of
-                            * CUDA's threadFenceReduction: every block's y stores before its count) */
-        __shared__ int last;
-        __threadfence(); /* this thread's y stores, then the block's count */
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(pn.ticket, 1u) == gridDim.x * gridDim.y - 1;
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            gv_addnorm<true>(pn, ms.y[0], M, ms.N[0], 0, 0, xs, xstride, red, hs, false);
-            if (tid == 0) *pn.ticket = 0;
-        }
-    }
-    if (MODE == GV_PRE && writer) { /* every block has read the old h: the new one, then the ticket back to 0 */
-        if (tid == 0) {
-            const unsigned total = gridDim.x * gridDim.y;
-            unsigned c;
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(c) : "l"(pn.ticket) : "memory");
-            } while (c < total);
-        }
-        __syncthreads();
-        for (int i = tid; i < M * K / 4; i += GV_THREADS)
-            reinterpret_cast<float4 *>(pn.h)[i] = reinterpret_cast<const float4 *>(hs)[i];
-        if (tid == 0) *pn.ticket = 0;
     }
 }
 
@@ -489,13 +336,13 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
  * clusters of S blocks (blocks when S = 1) the whole GPU holds at once, asked once
  * per (instance, S, shared memory size) and cached. */
 typedef struct gv_occ {
-    int nt, pre, S;
+    int nt, S;
     size_t smem;
     int groups;
 } gv_occ;
 
 static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
-static int gv_attr_done[16][6]; /* [device][instance]: a function attribute applies to the current
+static int gv_attr_done[16][2]; /* [device][instance]: a function attribute applies to the current
                                     device only (tensor-parallel ranks run on other GPUs) */
 static gv_occ gv_occ_cache[128];
 static int gv_n_occ;
@@ -515,14 +362,13 @@ static void gv_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const gv
 }
 
 /* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
-template <int NT, int MODE>
+template <int NT>
 static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
-    const int slot = (NT == 1 ? 0 : 1) + 2 * MODE;
+    const int slot = NT == 1 ? 0 : 1;
     int groups = 0;
     pthread_mutex_lock(&gv_mu);
     for (int i = 0; i < gv_n_occ && !groups; i++)
-        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].pre == MODE && gv_occ_cache[i].S == p->S &&
-            gv_occ_cache[i].smem == p->smem)
+        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].S == p->S && gv_occ_cache[i].smem == p->smem)
             groups = gv_occ_cache[i].groups;
     cudaError_t c = cudaSuccess;
     const char *what = "gemm cuda_gemv: cudaFuncSetAttribute";
@@ -533,7 +379,7 @@ static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: device %d out of range (at most 16 devices)", dev);
     }
     if (!gv_attr_done[dev][slot]) {
-        c = cudaFuncSetAttribute(gv_kernel<NT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
         if (c == cudaSuccess) gv_attr_done[dev][slot] = 1;
     }
@@ -541,17 +387,17 @@ static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
         if (c == cudaSuccess && p->S == 1) {
             int bps = 0;
             what = "gemm cuda_gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor";
-            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gv_kernel<NT, MODE>, GV_THREADS, p->smem);
+            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gv_kernel<NT>, GV_THREADS, p->smem);
             groups = bps * n_sm;
         } else if (c == cudaSuccess) {
             cudaLaunchConfig_t cfg;
             cudaLaunchAttribute at[1];
             gv_config(&cfg, at, p, 1, 0);
             what = "gemm cuda_gemv: cudaOccupancyMaxActiveClusters";
-            c = cudaOccupancyMaxActiveClusters(&groups, gv_kernel<NT, MODE>, &cfg);
+            c = cudaOccupancyMaxActiveClusters(&groups, gv_kernel<NT>, &cfg);
         }
         if (c == cudaSuccess && groups > 0 && gv_n_occ < 128)
-            gv_occ_cache[gv_n_occ++] = (gv_occ){NT, MODE, p->S, p->smem, groups};
+            gv_occ_cache[gv_n_occ++] = (gv_occ){NT, p->S, p->smem, groups};
     }
     pthread_mutex_unlock(&gv_mu);
     if (c != cudaSuccess) return cu_fail(e, c, what);
@@ -572,11 +418,11 @@ static int gv_pdl(void) {
     return v;
 }
 
-template <int NT, int MODE>
+template <int NT>
 static int gv_launch(int M, int K, const bf16 *x, const gv_mats &ms, int accumulate, const gv_plan *p, int n_sm,
-                     const gv_pre &pn, cudaStream_t st, ls_err *e) {
+                     cudaStream_t st, ls_err *e) {
     const int T = ms.t_end[ms.n - 1];
-    int G = gv_resident<NT, MODE>(p, n_sm, e);
+    int G = gv_resident<NT>(p, n_sm, e);
     if (G < 0) return G;
     if (G > T) G = T;
     cudaLaunchConfig_t cfg;
@@ -587,11 +433,11 @@ static int gv_launch(int M, int K, const bf16 *x, const gv_mats &ms, int accumul
         at[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.numAttrs = 2;
     }
-    cudaError_t c = cudaLaunchKernelEx(&cfg, gv_kernel<NT, MODE>, M, K, T, p->cw, p->xstride, x, ms, accumulate, pn);
+    cudaError_t c = cudaLaunchKernelEx(&cfg, gv_kernel<NT>, M, K, T, p->cw, p->xstride, x, ms, accumulate);
     if (c != cudaSuccess && cfg.numAttrs == 2) { /* a launch that refuses the attribute: without it */
         (void)cudaGetLastError();
         cfg.numAttrs = 1;
-        c = cudaLaunchKernelEx(&cfg, gv_kernel<NT, MODE>, M, K, T, p->cw, p->xstride, x, ms, accumulate, pn);
+        c = cudaLaunchKernelEx(&cfg, gv_kernel<NT>, M, K, T, p->cw, p->xstride, x, ms, accumulate);
     }
     CU_TRY(e, c, "gemm cuda_gemv");
     return 0;
@@ -658,10 +504,8 @@ static int gv_check(const gemm_args *a, ls_err *e) {
     return 0;
 }
 
-/* n calls that share M, x, K and accumulate (checked by the caller) as one launch; mode GV_PRE:
- * the residual add + norm pre in front, GV_POST: behind the single product (pre->u its output);
- * the caller checked the shapes. */
-static int gv_run_mats(int n, const gemm_args *a, const gemm_prenorm *pre, int mode, ls_stream s, ls_err *e) {
+/* n calls that share M, x, K and accumulate (checked by the caller) as one launch. */
+static int gv_run_mats(int n, const gemm_args *a, ls_stream s, ls_err *e) {
     gv_mats ms;
     memset(&ms, 0, sizeof ms);
     int T = 0;
@@ -681,43 +525,17 @@ static int gv_run_mats(int n, const gemm_args *a, const gemm_prenorm *pre, int m
     if (gv_make_plan(a[0].M, T * 16, K, n_sm, &p))
         return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: weight %s: K=%d too long to stage x for M=%d",
                     a[0].w->name ? a[0].w->name : "?", K, a[0].M);
-    gv_pre pn;
-    memset(&pn, 0, sizeof pn);
-    if (mode != GV_PLAIN) {
-        int dev = 0;
-        CU_TRY(e, cudaGetDevice(&dev), "cudaGetDevice");
-        CU_TRY(e, cudaGetSymbolAddress((void **)&pn.ticket, gv_pre_ticket), "gemm cuda_gemv: the prenorm ticket");
-        pn.ticket += (mode == GV_POST ? 16 : 0) + (dev & 15);
-        pn.h = pre->h;
-        pn.d = (const bf16 *)pre->d;
-        pn.w = pre->w;
-        pn.init = mode == GV_PRE && pre->init;
-        pn.zc = pre->kind == RMS_ZC;
-        pn.eps = pre->eps;
-        pn.u = (bf16 *)pre->u;
-    }
-    if (mode == GV_PRE) { /* the writer's copy of h + d after the staged x */
-        p.smem = ((gv_smem_bytes(p.nt, a[0].M, p.xstride) + 15) & ~(size_t)15) + (size_t)a[0].M * K * 4;
-        if (p.smem > gv_smem_bytes(p.nt, GV_MAX_M, 0) + GV_XSMEM_MAX)
-            return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: prenorm: M=%d K=%d needs %zu B of shared memory", a[0].M,
-                        K, p.smem);
-    }
     cudaStream_t st = (cudaStream_t)s;
-    const int M = a[0].M, acc = a[0].accumulate;
-    const bf16 *x = (const bf16 *)a[0].x;
-    if (p.nt == 1)
-        return mode == GV_PRE    ? gv_launch<1, GV_PRE>(M, K, x, ms, acc, &p, n_sm, pn, st, e)
-               : mode == GV_POST ? gv_launch<1, GV_POST>(M, K, x, ms, acc, &p, n_sm, pn, st, e)
-                                 : gv_launch<1, GV_PLAIN>(M, K, x, ms, acc, &p, n_sm, pn, st, e);
-    return mode == GV_PRE    ? gv_launch<2, GV_PRE>(M, K, x, ms, acc, &p, n_sm, pn, st, e)
-           : mode == GV_POST ? gv_launch<2, GV_POST>(M, K, x, ms, acc, &p, n_sm, pn, st, e)
-                             : gv_launch<2, GV_PLAIN>(M, K, x, ms, acc, &p, n_sm, pn, st, e);
+    switch (p.nt) {
+    case 1: return gv_launch<1>(a[0].M, K, (const bf16 *)a[0].x, ms, a[0].accumulate, &p, n_sm, st, e);
+    default: return gv_launch<2>(a[0].M, K, (const bf16 *)a[0].x, ms, a[0].accumulate, &p, n_sm, st, e);
+    }
 }
 
 static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = gv_check(a, e);
     if (rc) return rc;
-    return gv_run_mats(1, a, NULL, GV_PLAIN, s, e);
+    return gv_run_mats(1, a, s, e);
 }
 
 /* LASTSTAND_GEMV_MULTI=0|1: run_multi launches one kernel per weight / groups them (off:
@@ -743,79 +561,10 @@ static int gv_run_multi(int n, const gemm_args *a, ls_stream s, ls_err *e) {
     }
     const int g = gv_multi_on() ? GV_MAX_MATS : 1;
     for (int i = 0; i < n; i += g) {
-        int rc = gv_run_mats(n - i < g ? n - i : g, a + i, NULL, GV_PLAIN, s, e);
+        int rc = gv_run_mats(n - i < g ? n - i : g, a + i, s, e);
         if (rc) return rc;
     }
     return 0;
 }
 
-/* LASTSTAND_GEMV_PRENORM=0|1: run_multi_prenorm fuses the add + norm (1) or declines (0,
- * GV_PRENORM_DEFAULT: off until a device round checks it; the model then runs add_rmsnorm and
- * run_multi). Read once. */
-#define GV_PRENORM_DEFAULT 0
-static int gv_prenorm_on(void) {
-    static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GEMV_PRENORM", GV_PRENORM_DEFAULT);
-    return v;
-}
-
-/* gemm_impl.run_multi_prenorm: run_multi of x = the add + norm p, one launch (at most
- * GV_MAX_MATS weights, M <= GV_PRE_MAX_M, K a multiple of 2048 up to 8192, BF16, 16-byte
- * aligned h, d and w); ERR_UNSUPPORTED before any device work otherwise. */
-static int gv_run_multi_prenorm(int n, const gemm_args *a, const gemm_prenorm *p, ls_stream s, ls_err *e) {
-    const int K = a[0].w ? a[0].w->K : 0;
-    if (!gv_prenorm_on()) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: prenorm off (LASTSTAND_GEMV_PRENORM)");
-    if (n > GV_MAX_MATS || a[0].M < 1 || a[0].M > GV_PRE_MAX_M || K % 2048 || K > 8192 || a[0].dt != ACT_BF16 ||
-        (((uintptr_t)p->h | (uintptr_t)p->d | (uintptr_t)p->w) & 15))
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: prenorm takes up to %d weights, M <= %d, K %% 2048 == 0 "
-                                        "up to 8192, BF16, aligned (n=%d M=%d K=%d)", GV_MAX_MATS, GV_PRE_MAX_M, n,
-                    a[0].M, K);
-    for (int i = 0; i < n; i++) {
-        int rc = gv_check(&a[i], e);
-        if (rc) return rc;
-        if (a[i].M != a[0].M || a[i].w->K != K || a[i].accumulate)
-            return errf(e, ERR_INVAL, "gemm cuda_gemv: prenorm weights %s and %s differ in M or K, or accumulate",
-                        a[0].w->name ? a[0].w->name : "?", a[i].w->name ? a[i].w->name : "?");
-    }
-    int rc = gv_run_mats(n, a, p, GV_PRE, s, e);
-    static int said;
-    if (!rc && !said) { /* once: the device rounds read it (a run where nothing took the path says nothing) */
-        said = 1;
-        log_info("cuda_gemv: residual add + norm fused in front of a %d-weight projection group (M=%d K=%d)", n,
-                 a[0].M, K);
-    }
-    return rc;
-}
-
-/* LASTSTAND_GEMV_POSTNORM=0|1: run_postnorm fuses the add + norm behind the product (1) or
- * declines (0, GV_POSTNORM_DEFAULT: off until a device round checks it). Read once. */
-#define GV_POSTNORM_DEFAULT 0
-static int gv_postnorm_on(void) {
-    static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GEMV_POSTNORM", GV_POSTNORM_DEFAULT);
-    return v;
-}
-
-/* gemm_impl.run_postnorm: y = x·Wᵀ, then h += y and u = norm(h) by the grid's last block (M <=
- * GV_PRE_MAX_M, N a multiple of 2048 up to 8192, BF16, 16-byte aligned h, u, w, not accumulating);
- * ERR_UNSUPPORTED before any device work otherwise. */
-static int gv_run_postnorm(const gemm_args *a, const gemm_prenorm *p, ls_stream s, ls_err *e) {
-    const int N = a->w ? a->w->N : 0;
-    if (!gv_postnorm_on()) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: postnorm off (LASTSTAND_GEMV_POSTNORM)");
-    if (a->M < 1 || a->M > GV_PRE_MAX_M || N % 2048 || N > 8192 || a->dt != ACT_BF16 || a->accumulate || p->init ||
-        !p->u || (((uintptr_t)p->h | (uintptr_t)p->u | (uintptr_t)p->w) & 15))
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: postnorm takes M <= %d, N %% 2048 == 0 up to 8192, BF16, "
-                                        "aligned, y = x·Wᵀ (M=%d N=%d)", GV_PRE_MAX_M, a->M, N);
-    int rc = gv_check(a, e);
-    if (rc) return rc;
-    rc = gv_run_mats(1, a, p, GV_POST, s, e);
-    static int said;
-    if (!rc && !said) {
-        said = 1;
-        log_info("cuda_gemv: residual add + norm fused behind a projection (M=%d N=%d)", a->M, N);
-    }
-    return rc;
-}
-
-const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1, gv_run_multi,
-                                  gv_run_multi_prenorm, gv_run_postnorm};
+const gemm_impl gemm_cuda_gemv = {"cuda_gemv", DEV_CUDA, 0, gv_supported, gv_run, 1, gv_run_multi};

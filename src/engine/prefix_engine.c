@@ -1,0 +1,168 @@
+/* prefix_engine.c: the prefix cache inside the engine thread: which pages a
+ * request admitted with a known prefix shares, what a step publishes, when
+ * GDN state snapshots are taken and restored, and page reclaim under memory
+ * pressure. The bookkeeping itself is prefix.c.
+ *
+ * A request's page table: pages[0 .. n_pent) are cache pages (entries
+ * pent[], one reference each, never written: the request's writes start at
+ * n_cached, a page boundary past them); pages[n_pent .. n_pages) its own.
+ * After every step, each page that became full is published (or, when an
+ * equal page is already cached, the request switches to that page and
+ * frees its own: same tokens after the same prefix = the same KV).
+ *
+ * Models with GDN layers: a hit is only usable up to a page boundary where a
+ * snapshot of the GDN state exists (prefix.h: pfx_match need_snap); the
+ * snapshot is copied into the request's slot at admission. Snapshots are
+ * taken whenever a step ends on a page boundary: prefill chunks are cut to
+ * end at the prompt's boundaries a follow-up uses (pfxe_chunk), and during
+ * decode every boundary is reached, the request keeping only its latest one
+ * in the front of the snapshot LRU (the previous one is demoted), so that
+ * when it finishes the last boundary it reached is cached for a follow-up.
+ *
+ * Invariants: the last prompt token is always recomputed (a hit covers at
+ * most n_tok - 1 tokens, rounded down to a usable boundary); pages cached
+ * and unreferenced are reclaimed (pfxe_page_get) before the scheduler
+ * preempts anyone; at idle, pages off the free list == pages in the cache.
+ */
+#include "engine/engine_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void grow(ereq *r, int n) {
+    if (n > r->cap_pages) {
+        int cap = r->cap_pages * 2 > n ? r->cap_pages * 2 : n;
+        r->pages = xrealloc(r->pages, (size_t)cap * sizeof *r->pages);
+        r->cap_pages = cap;
+    }
+    if (n > r->cap_pent) {
+        int cap = r->cap_pent * 2 > n ? r->cap_pent * 2 : n;
+        r->pent = xrealloc(r->pent, (size_t)cap * sizeof *r->pent);
+        r->cap_pent = cap;
+    }
+}
+
+/* A free page, else an unreferenced cached page reclaimed (LRU, leaf first); -1 when neither. */
+int32_t pfxe_page_get(ls_engine *e) {
+    int32_t pg = kvpool_get(&e->pages);
+    if (pg < 0 && e->pfx_on) pg = pfx_evict(&e->pfx); /* stays marked held in the pool: now the caller's */
+    return pg;
+}
+
+int pfxe_pages_avail(const ls_engine *e) { return kvpool_avail(&e->pages) + (e->pfx_on ? e->pfx.n_unref : 0); }
+
+/* Before r takes a slot: share the longest usable cached prefix of its tokens.
+ * Sets pages[0 .. k), pent, n_cached = k * page_size; returns n_cached. */
+int pfxe_admit(ls_engine *e, ereq *r) {
+    r->n_cached = 0;
+    if (!e->pfx_on) return 0;
+    int ps = e->page_size, lim = r->n_tok - 1, maxp = lim / ps;
+    if (maxp <= 0) return 0;
+    grow(r, maxp);
+    int k = pfx_match(&e->pfx, r->tok, lim, e->pfx_gdn, r->pent, maxp);
+    for (int i = 0; i < k; i++) {
+        pfx_acquire(&e->pfx, r->pent[i]);
+        r->pages[i] = e->pfx.ent[r->pent[i]].page;
+    }
+    r->n_pent = r->n_pages = k;
+    r->n_cached = k * ps;
+    return r->n_cached;
+}
+
+/* After r took its slot: the GDN state for n_cached tokens: the hit's snapshot, or zero. */
+void pfxe_restore(ls_engine *e, ereq *r) {
+    if (r->n_cached > 0 && e->pfx_gdn) {
+        int32_t k = r->pent[r->n_pent - 1];
+        int32_t snap = e->pfx.ent[k].snap;
+        ls_err le = {0};
+        if (snap >= 0 && model_slot_copy(e->m, r->slot, e->snap_base + snap, &le) == 0) {
+            pfx_snap_touch(&e->pfx, k);
+            return;
+        }
+        /* cannot happen (pfx_match only counts snapshot boundaries, and nothing evicts between) */
+        log_warn("engine: request %lld: no GDN snapshot to restore (%s); recomputing its prompt",
+                 (long long)r->id, snap < 0 ? "none at the hit" : le.msg);
+        int32_t slot = r->slot;
+        pfxe_release(e, r);
+        r->slot = slot;
+    }
+    model_slot_reset(e->m, r->slot);
+}
+
+/* Tokens at the end of a prompt that the next turn of a chat may render
+ * differently: the generation prompt ("<|im_start|>assistant\n<think>\n" for
+ * Qwen3.5, whose history drops the "<think>\n"). */
+#define PFX_TAIL 8
+
+/* A prefill chunk of n_new tokens, cut to end at the prompt's page
+ * boundaries that a follow-up can use (GDN models), where a snapshot is
+ * taken: the last one before the prompt's PFX_TAIL last tokens (a chat's next
+ * turn), the last one before its last token (the same prompt again) and the
+ * last full page. Usually one or two cuts; a pure-attention model needs none
+ * (any full page is shared). */
+int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new) {
+    if (!e->pfx_on || !e->pfx_gdn || n_new <= 1) return n_new;
+    int ps = e->page_size;
+    int tail = r->n_prompt > PFX_TAIL ? r->n_prompt - PFX_TAIL : 0;
+    int b[3] = {tail / ps * ps, (r->n_prompt - 1) / ps * ps, r->n_prompt / ps * ps};
+    for (int i = 0; i < 3; i++)
+        if (b[i] > r->n_cached && b[i] < r->n_cached + n_new) return b[i] - r->n_cached;
+    return n_new;
+}
+
+static void snapshot(ls_engine *e, ereq *r, int32_t k) {
+    int32_t s = pfx_snap_take(&e->pfx, k);
+    if (s >= 0) {
+        ls_err le = {0};
+        if (model_slot_copy(e->m, e->snap_base + s, r->slot, &le) < 0) {
+            log_warn("engine: request %lld: GDN snapshot at token %d not taken: %s", (long long)r->id,
+                     r->n_cached, le.msg);
+            pfx_snap_drop(&e->pfx, k);
+            return;
+        }
+    }
+    if (r->n_cached > r->n_prompt) { /* decode: keep one rolling snapshot in front */
+        if (r->snap_roll >= 0 && r->snap_roll != k) pfx_snap_demote(&e->pfx, r->snap_roll);
+        r->snap_roll = k;
+    }
+}
+
+/* After a step advanced r->n_cached: publish the pages that became full, and
+ * snapshot the GDN state when the step ended on a page boundary. */
+void pfxe_step_done(ls_engine *e, ereq *r) {
+    if (!e->pfx_on) return;
+    int ps = e->page_size, full = r->n_cached / ps;
+    if (full > r->n_pages) full = r->n_pages;
+    if (full <= r->n_pent) {
+        if (e->pfx_gdn && full > 0 && r->n_cached == full * ps) snapshot(e, r, r->pent[full - 1]);
+        return;
+    }
+    grow(r, full);
+    while (r->n_pent < full) {
+        int i = r->n_pent;
+        int32_t parent = i ? r->pent[i - 1] : -1;
+        const int32_t *ids = r->tok + (size_t)i * ps;
+        int32_t k = pfx_find(&e->pfx, parent, ids);
+        if (k >= 0) { /* an equal page is cached: share it, free ours */
+            pfx_acquire(&e->pfx, k);
+            kvpool_put(&e->pages, r->pages[i]);
+            r->pages[i] = e->pfx.ent[k].page;
+        } else {
+            k = pfx_insert(&e->pfx, parent, ids, r->pages[i]);
+        }
+        r->pent[r->n_pent++] = k;
+    }
+    if (e->pfx_gdn && r->n_cached == full * ps) snapshot(e, r, r->pent[full - 1]);
+}
+
+/* r stops running (finished, preempted, cancelled, failed): drop its cache
+ * references, give its own pages back; the slot is the caller's. */
+void pfxe_release(ls_engine *e, ereq *r) {
+    for (int i = r->n_pages - 1; i >= 0; i--) { /* deepest first: an entry never outlives its parent's ref */
+        if (i < r->n_pent) pfx_release(&e->pfx, r->pent[i]);
+        else kvpool_put(&e->pages, r->pages[i]);
+    }
+    r->n_pent = r->n_pages = 0;
+    r->n_cached = 0;
+    r->snap_roll = -1;
+}

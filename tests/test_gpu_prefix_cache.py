@@ -1,0 +1,133 @@
+"""Automatic prefix caching on a GPU (skipped without one): the checks of
+test_prefix_cache.py with --device cuda, CUDA graphs on (the default), where a GDN snapshot is
+a device-to-device copy of a slot on the model's stream between graph replays.
+
+Pins:
+- the fixture models (qwen3: pure attention; qwen3_5_moe_text, qwen3_next: GDN): a request
+  with the first 20 tokens of the fixture prompt, then the prompt: cached_tokens is the shared
+  pages' 16 tokens (GDN: restored from the snapshot at token 16); the continuation agrees with
+  transformers' greedy ids at the CUDA bar (10 of 12, as test_gpu_tied) and with `generate
+  --prefix-cache off` on the same GPU (10 of 12: a cached prefix changes the prefill chunking,
+  so BF16 roundings may differ slightly); the prompt again hits the same and repeats the ids;
+- synth Qwen3.5-35B-A3B cut to 8 layers (GDN and attention at the real shapes): a two-turn
+  conversation in token ids, turn 2 = turn 1's 2000-token prompt + its output + new tokens:
+  turn 2 hits at least turn 1's prompt (the decode-time snapshot), its greedy ids equal a
+  --prefix-cache off server's for the same request (near ties aside: at least 28 of 32); the
+  TTFT of such a turn with and without the cache is printed (PREFIX_TTFT, pytest -s);
+- at idle no request holds a page and every allocated page is the cache's.
+"""
+import json
+import os
+import time
+
+import pytest
+
+from conftest import SHARED, requires_gpu, run_ls
+from e2e_util import Server
+
+pytestmark = requires_gpu
+
+MODELS = os.path.join(SHARED, "fixtures", "models")
+FAST = ["--doctor-buckets", "1,64", "--max-running-requests", "8", "--cuda-graph-max-bs", "8"]
+
+
+def load_ref(name):
+    d = os.path.join(MODELS, name)
+    if not os.path.exists(os.path.join(d, "ref.json")):
+        pytest.skip(f"{d} missing")
+    with open(os.path.join(d, "ref.json")) as f:
+        return d, json.load(f)
+
+
+def generate(srv, ids, n):
+    st, out = srv.post_json("/generate", {"input_ids": ids, "sampling_params": {
+        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    assert st == 200, out
+    return out["output_ids"], out["meta_info"]["cached_tokens"]
+
+
+def metrics(srv):
+    out = {}
+    for line in srv.get("/metrics")[1].decode().splitlines():
+        if line.startswith("laststand:") and "{" in line and "_bucket" not in line:
+            out[line[len("laststand:"):line.index("{")]] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def same(a, b):
+    return sum(x == y for x, y in zip(a, b))
+
+
+SYNTH = "synth:qwen3.5-35b-a3b,layers=8"
+VOCAB = 200000  # ids below every vocabulary the test serves (the 35B: 248320)
+
+
+def timed(srv, ids, n):
+    t0 = time.perf_counter()
+    out, cached = generate(srv, ids, n)
+    return out, cached, time.perf_counter() - t0
+
+
+def conversation(srv):
+    """Turn 1 (a 2000-token prompt, 40 new tokens), turn 2 (+ its output + 60 new ids, 32 new
+    tokens), then turn 2 with other new ids and 1 new token: its latency is the TTFT of a turn
+    that hits turn 1 (on) or recomputes everything (off), measured twice."""
+    p1 = [(1000 + i * 7919) % VOCAB for i in range(2000)]
+    o1, c1 = generate(srv, p1, 40)
+    p2 = p1 + o1 + [(2000 + i * 104729) % VOCAB for i in range(60)]
+    o2, c2 = generate(srv, p2, 32)
+    ttft = []
+    for k in range(2):
+        p3 = p1 + o1 + [(3000 + k * 7 + i * 611953) % VOCAB for i in range(60)]
+        ttft.append(timed(srv, p3, 1)[1:])
+    return p1, o1, c1, p2, o2, c2, ttft
+
+
+def test_gpu_synth35_two_turns_hit_and_match_cache_off(ls_bin):
+    res = {}
+    for flag in ("on", "off"):
+        with Server(ls_bin, SYNTH, "--device", "cuda", "--prefix-cache", flag, *FAST, timeout=400) as srv:
+            res[flag] = conversation(srv)
+            m = metrics(srv)
+            if flag == "on":
+                log = srv.log_text()
+                print("\n".join(l for l in log.splitlines() if "prefix cache" in l or "GDN slots" in l))
+                assert "prefix cache on" in log
+                assert m["kv_pages_used"] == 0 and m["kv_pages_allocated"] == m["prefix_cache_pages"], m
+                assert m["prefix_cache_snapshots_used"] >= 1, m
+    line = {f: {"turn2_cached": res[f][5], "turn2_prompt": len(res[f][3]),
+                "ttft_ms": [round(t * 1e3, 2) for _, t in res[f][6]], "cached": [c for c, _ in res[f][6]]}
+            for f in res}
+    print("PREFIX_TTFT " + json.dumps(line))
+    p1, o1, c1, p2, o2, c2, ttft = res["on"]
+    assert c1 == 0 and res["off"][5] == 0
+    assert c2 >= len(p1) // 16 * 16, (c2, len(p1), len(o1))
+    assert c2 <= len(p2) - 1
+    assert all(c >= len(p1) // 16 * 16 for c, _ in ttft)
+    # a cached prefix changes the prefill chunking: BF16 roundings may flip a near tie
+    assert same(o1, res["off"][1]) >= 36, (o1, res["off"][1])
+    assert same(o2, res["off"][4]) >= 28, (o2, res["off"][4])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5_moe_text", "qwen3_next"])
+def test_gpu_fixture_hit_follows_greedy(ls_bin, name):
+    d, ref = load_ref(name)
+    ids, greedy = ref["input_ids"], ref["greedy"]
+    n = len(greedy)
+    p = run_ls("generate", "--model-path", d, "--ids", ",".join(map(str, ids)), "--device", "cuda",
+               "--max-new-tokens", n, "--prefix-cache", "off", timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    off = json.loads(p.stdout)["ids"]
+    with Server(ls_bin, d, "--device", "cuda", "--prefix-cache", "on", *FAST, timeout=300) as srv:
+        generate(srv, ids[:20], 4)
+        out, cached = generate(srv, ids, n)
+        again, cached2 = generate(srv, ids, n)
+        m = metrics(srv)
+        log = srv.log_text()
+    assert "prefix cache on" in log, log
+    assert "CUDA graphs on" in log or "graphs captured" in log, log
+    assert cached == 16 and cached2 == 16, (cached, cached2)
+    assert same(out, greedy) >= n - 2, f"{name}: {out} vs transformers {greedy}"
+    assert same(out, off) >= n - 2, f"{name}: {out} vs cache off {off}"
+    assert again == out
+    assert m["kv_pages_used"] == 0 and m["kv_pages_allocated"] == m["prefix_cache_pages"], m

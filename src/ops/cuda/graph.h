@@ -45,9 +45,11 @@ extern const sample_impl sample_cuda_wide_vec; /* the cluster form with 16-byte 
 extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k / top_p (the default; LASTSTAND_SAMPLE_FAST=0: the descent) */
 extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
-extern const sample_impl sample_cuda_fast_agg; /* the same, warp-aggregated histogram atomics */
-extern const sample_impl sample_cuda_fast_agg2; /* the same, aggregated by ballot rounds */
-extern const sample_impl sample_cuda_fast_sm; /* the same, its searches over a copy of the row in shared memory */
+extern const sample_impl sample_cuda_fast_sm; /* the same, each block's share of the row in its shared memory */
+/* (test-only) One launch of sample_cuda_fast_sm with rank 0's phase stamps (clock64 of its SM,
+ * sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z, top
+ * logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or < 0. */
+int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e);
 
 #ifdef __cplusplus
 }

@@ -763,54 +763,39 @@ __device__ __forceinline__ int warp_pick(u64s meas, u64s above, u64s target, int
     return L;
 }
 
-/* f(i, w[i], valid) over global thread g's elements as w_each visits them, in trip counts
- * uniform over the warp (valid = false past the row's end): warp intrinsics inside f see every
- * lane. */
-template <bool VEC, class F>
-__device__ __forceinline__ void w_each_warp(const float *__restrict__ w, int V, int g, F &&f) {
-    const int lane = threadIdx.x & 31;
-    if (VEC && (V & 3) == 0) {
-        const float4 *w4 = (const float4 *)w;
-        const int nv = V >> 2;
-#pragma unroll 2
-        for (int q0 = g - lane; q0 < nv; q0 += SMW_G) {
-            const int q = q0 + lane;
-            const bool ok = q < nv;
-            const float4 u = ok ? w4[q] : make_float4(0.f, 0.f, 0.f, 0.f);
-            f(4 * q, u.x, ok);
-            f(4 * q + 1, u.y, ok);
-            f(4 * q + 2, u.z, ok);
-            f(4 * q + 3, u.w, ok);
-        }
-    } else {
-        for (int i0 = g - lane; i0 < V; i0 += SMW_G) {
-            const int i = i0 + lane;
-            const bool ok = i < V;
-            f(i, ok ? w[i] : 0.f, ok);
-        }
-    }
-}
-
-/* The row as the widen left it in shared memory (SM forms, test-only): thread g's k-th 16-byte
- * load of logits (ids VW·q .. VW·q + VW - 1, q = g + k·SMW_G < nv) at float4s (k·SMP_T + tid)·VQ
- * .. + VQ - 1 (VQ = VW / 4). f(i, x) over this thread's ids. */
-struct smf_rowsm {
-    const float4 *sm; /* null: the work row in global memory */
-    int nv, vq, vw;
+/* The work row as a pass visits it. smw_grow: in global memory, global thread g's ids as w_each
+ * gives them. smw_srow (SM forms): the ids [lo, lo + n) this block owns, held in its shared
+ * memory in id order (s[j] = id lo + j; lo = rank · SMP_T · S, S = ceil(V / SMW_G): exactly its
+ * threads' draw segments [g·S, (g + 1)·S)). each(f): f(i, x) over this thread's ids, ascending
+ * (the passes whose result does not depend on the order: argmax with its tie rule, maxima,
+ * integer histograms, candidate lists); seg(i): the value of id i of this thread's segment. */
+template <bool VEC>
+struct smw_grow {
+    const float *w;
+    int V, g;
+    template <class F>
+    __device__ __forceinline__ void each(F &&f) const { w_each<VEC>(w, V, g, f); }
+    __device__ __forceinline__ float seg(int i) const { return w[i]; }
 };
-template <class F>
-__device__ __forceinline__ void sm_each(const smf_rowsm &r, int g, F &&f) {
-    const int tid = threadIdx.x;
-    for (int k = 0, q = g; q < r.nv; k++, q += SMW_G)
-        for (int j = 0; j < r.vq; j++) {
-            const float4 u = r.sm[(k * SMP_T + tid) * r.vq + j];
-            const int i0 = q * r.vw + 4 * j;
-            f(i0, u.x);
-            f(i0 + 1, u.y);
-            f(i0 + 2, u.z);
-            f(i0 + 3, u.w);
+struct smw_srow {
+    const float *s;
+    int lo, n;
+    template <class F>
+    __device__ __forceinline__ void each(F &&f) const {
+        const float4 *s4 = (const float4 *)s;
+        const int n4 = n >> 2;
+#pragma unroll 4
+        for (int q = threadIdx.x; q < n4; q += SMP_T) {
+            const float4 u = s4[q];
+            f(lo + 4 * q, u.x);
+            f(lo + 4 * q + 1, u.y);
+            f(lo + 4 * q + 2, u.z);
+            f(lo + 4 * q + 3, u.w);
         }
-}
+        for (int j = 4 * n4 + threadIdx.x; j < n; j += SMP_T) f(lo + j, s[j]);
+    }
+    __device__ __forceinline__ float seg(int i) const { return s[i - lo]; }
+};
 
 /* The threshold key t of the kept set {key >= t}: with MASS = 0 the kcount-th largest key at or
  * above floor (its whole set when there are fewer), with MASS = 1 the last key of the nucleus
@@ -819,10 +804,9 @@ __device__ __forceinline__ void sm_each(const smf_rowsm &r, int g, F &&f) {
  * the candidates a collecting top_k left in shared memory when they hold all of them).
  * collect (MASS = 0): when the keys from the chosen bin up number at most SMF_CAP, gather all
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
-template <int MASS, bool VEC>
-__device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
-                                  double frac, u64s kcount, int known, int collect, int agg, smf_shared &fs,
-                                  smw_ctx &c, int g, const smf_rowsm &rs) {
+template <int MASS, class Row>
+__device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -860,85 +844,29 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
             const int rb = rbits;
             /* one shared atomic a token in range (the hardware resolves a warp's same-bin lanes),
              * the mass in two 32-bit words with the carry counted by whoever wrapped the low one
-             * (exact); or (agg, test-only: 1, the first form, device round R1, by __match_any_sync;
-             * 2 by a ballot round per distinct bin) one atomic per distinct bin of a warp */
-            auto hist = [&](int i, float x, bool valid) {
-                int d = -1;
-                u64s f = 0;
-                unsigned v = 0;
-                if (valid) {
-                    const float s = scaled(x, inv, scale);
-                    const uint64_t k = rank_key(s, i);
-                    const uint64_t off = k - P0;
-                    if (k >= floor && k >= P0 && (rb == 64 || !(off >> rb))) {
-                        d = (int)(off >> shf);
-                        if (MASS) f = mass_fx(expf(s - m));
-                        v = (unsigned)(k >> 32);
-                    }
-                }
-                unsigned n = 1;
-                bool lead = d >= 0;
-                if (agg == 2) { /* one round per distinct bin of the warp, full-warp intrinsics */
-                    bool todo = d >= 0;
-                    for (;;) {
-                        const unsigned pend = __ballot_sync(0xffffffffu, todo);
-                        if (!pend) break;
-                        const int ld = __ffs(pend) - 1;
-                        const int bd = __shfl_sync(0xffffffffu, d, ld);
-                        const bool mine = todo && d == bd;
-                        const unsigned cnt = (unsigned)__popc(__ballot_sync(0xffffffffu, mine));
-                        u64s fs_ = 0;
-                        if (MASS) {
-                            const unsigned lo = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f & 0xfffffu) : 0u);
-                            const unsigned hi = __reduce_add_sync(0xffffffffu, mine ? (unsigned)(f >> 20) : 0u);
-                            fs_ = ((u64s)hi << 20) + lo;
-                        }
-                        unsigned vlo = 0, vhi = 0;
-                        if (vals) {
-                            vlo = __reduce_min_sync(0xffffffffu, mine ? v : 0xffffffffu);
-                            vhi = __reduce_max_sync(0xffffffffu, mine ? v : 0u);
-                        }
-                        if (lane == ld) {
-                            atomicAdd(&fs.cnt[bd], cnt);
-                            if (vals) { atomicMin(&fs.vmin[bd], vlo); atomicMax(&fs.vmax[bd], vhi); }
-                            if (MASS && fs_) {
-                                const unsigned lo = (unsigned)fs_, old = atomicAdd(&fs.mlo[bd], lo);
-                                const unsigned hi = (unsigned)(fs_ >> 32) + (old + lo < old ? 1u : 0u);
-                                if (hi) atomicAdd(&fs.mhi[bd], hi);
-                            }
-                        }
-                        todo = todo && !mine;
-                    }
-                    return;
-                }
-                if (agg) {
-                    const unsigned peers = __match_any_sync(0xffffffffu, d);
-                    lead = d >= 0 && (peers & ((1u << lane) - 1u)) == 0;
-                    n = (unsigned)__popc(peers);
-                    if (MASS) {
-                        const unsigned lo = __reduce_add_sync(peers, (unsigned)(f & 0xfffffu));
-                        const unsigned hi = __reduce_add_sync(peers, (unsigned)(f >> 20));
-                        f = ((u64s)hi << 20) + lo;
-                    }
-                    if (vals) {
-                        const unsigned vlo = __reduce_min_sync(peers, v), vhi = __reduce_max_sync(peers, v);
-                        if (lead) { atomicMin(&fs.vmin[d], vlo); atomicMax(&fs.vmax[d], vhi); }
-                    }
-                } else if (vals && lead) {
+             * (exact). Aggregating a warp's same-bin lanes first (__match_any_sync, or a ballot
+             * round per distinct bin) cost 1.4-3.3x (S7 device round R2): removed in S8. */
+            row.each([&](int i, float x) {
+                const float s = scaled(x, inv, scale);
+                const uint64_t k = rank_key(s, i);
+                const uint64_t off = k - P0;
+                if (k < floor || k < P0 || (rb != 64 && (off >> rb))) return;
+                const int d = (int)(off >> shf);
+                if (vals) {
+                    const unsigned v = (unsigned)(k >> 32);
                     atomicMin(&fs.vmin[d], v);
                     atomicMax(&fs.vmax[d], v);
                 }
-                if (lead) {
-                    atomicAdd(&fs.cnt[d], n);
-                    if (MASS && f) {
+                atomicAdd(&fs.cnt[d], 1u);
+                if (MASS) {
+                    const u64s f = mass_fx(expf(s - m));
+                    if (f) {
                         const unsigned lo = (unsigned)f, old = atomicAdd(&fs.mlo[d], lo);
                         const unsigned hi = (unsigned)(f >> 32) + (old + lo < old ? 1u : 0u);
                         if (hi) atomicAdd(&fs.mhi[d], hi);
                     }
                 }
-            };
-            if (rs.sm && !agg) sm_each(rs, g, [&](int i, float x) { hist(i, x, true); });
-            else w_each_warp<VEC>(w, V, g, hist);
+            });
             __syncthreads();
             c.cl.sync(); /* every block's histogram is complete */
             if (tid < SMF_SL) {
@@ -1044,8 +972,7 @@ __device__ uint64_t cl_key_select(const float *__restrict__ w, int V, float inv,
                 const unsigned at = atomicAdd(&fs.nl, 1u);
                 if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
             };
-            if (rs.sm) sm_each(rs, g, gather);
-            else w_each<VEC>(w, V, g, gather);
+            row.each(gather);
         }
         __syncthreads();
         c.cl.sync(); /* every block's list is complete */
@@ -1119,17 +1046,40 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
+/* The work row of the form: global memory, or (SM) the block's ids in its shared memory. */
+template <bool SM, bool VEC>
+struct smw_row_of {
+    typedef smw_grow<VEC> type;
+    static __device__ type make(const float *w, int V, int g, const float *, int, int) { return type{w, V, g}; }
+};
+template <bool VEC>
+struct smw_row_of<true, VEC> {
+    typedef smw_srow type;
+    static __device__ type make(const float *, int, int, const float *s, int lo, int n) { return type{s, lo, n}; }
+};
+
+/* SM: 16-byte loads of logits in flight at once a thread in the widen (a 248320-wide BF16 row:
+ * 7.6 a thread); the profile's stamps (sample_cuda_profile, test-only): rank 0's thread 0 writes
+ * clock64() at each phase boundary to prof[k] when prof is set. */
+enum { SMS_LD = 8, SMS_NPROF = 10 };
+#define SMS_STAMP(k)                                \
+    do {                                            \
+        if (prof && lead) prof[k] = clock64();      \
+    } while (0)
+
 template <typename T, bool VEC, bool FAST, int MINB, bool SM>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
-                   const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out, int agg) {
+                   const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out,
+                   long long *prof) {
     __shared__ smw_shared sh;
     __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
-    extern __shared__ float4 wsm[]; /* SM: this block's share of the work row, as the widen read it */
+    extern __shared__ float4 wsm[]; /* SM: the ids [slo, slo + sn) in order (smw_srow) */
     smw_ctx c = {cg::this_cluster(), 0, 0};
     c.rank = c.cl.block_rank();
     const int row = blockIdx.x / SMW_CL, tid = threadIdx.x, g = (int)c.rank * SMP_T + tid;
     const int lead = c.rank == 0 && tid == 0; /* writes the row's smp_out */
+    SMS_STAMP(0);
     const smp_row p = rows[row];
     smp_out *o = &out[row];
     if (p.forced == SMP_ROW_SKIP) { /* uniform over the cluster, before any shared access */
@@ -1138,6 +1088,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     }
     const T *x = logits + (size_t)row * V;
     float *w = work + (size_t)row * V;
+    const int S = (V + SMW_G - 1) / SMW_G; /* a thread's draw segment: ids [g·S, (g + 1)·S) */
+    const int slo = (int)c.rank * SMP_T * S, sn = SM ? max(0, min(SMP_T * S, V - slo)) : 0;
+    float *ws = (float *)wsm;
+    const typename smw_row_of<SM, VEC>::type rw = smw_row_of<SM, VEC>::make(w, V, g, ws, slo, sn);
 
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     const int want_lp = p.want_lp || p.n_top > 0;
@@ -1154,8 +1108,41 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     float fv = -INFINITY;
     int fi = 0, bad = INT_MAX, none = INT_MIN;
     constexpr int VW = 16 / (int)sizeof(T); /* elements of a 16-byte load */
-    const bool vec_in = V % VW == 0 && ((uintptr_t)x & 15) == 0;
-    if (vec_in) {
+    if (SM) {
+        /* the block's ids [slo, slo + sn) into ws in id order, SMS_LD 16-byte loads in flight a
+         * thread (x + slo is 16-byte aligned when x is: slo · sizeof(T) is a multiple of 1 KB) */
+        const int nq = ((uintptr_t)x & 15) == 0 ? sn / VW : 0;
+        const uint4 *xv = (const uint4 *)(x + slo);
+        for (int q0 = tid; q0 < nq; q0 += SMS_LD * SMP_T) {
+            uint4 u[SMS_LD];
+#pragma unroll
+            for (int k = 0; k < SMS_LD; k++) u[k] = q0 + k * SMP_T < nq ? xv[q0 + k * SMP_T] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int k = 0; k < SMS_LD; k++) {
+                const int q = q0 + k * SMP_T;
+                if (q >= nq) break;
+                float v[VW];
+                unpack16<T>(u[k], v);
+#pragma unroll
+                for (int j = 0; j < VW; j++) {
+                    const int i = slo + q * VW + j;
+                    if (i == poison) v[j] = __int_as_float(0x7fc00000);
+                    if (!isfinite(v[j])) bad = min(bad, i);
+                    if (track && v[j] > fv) { fv = v[j]; fi = i; }
+                }
+                if (!fast)
+#pragma unroll
+                    for (int j = 0; j < VW; j += 4) wsm[(q * VW + j) / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+            }
+        }
+        for (int j = nq * VW + tid; j < sn; j += SMP_T) {
+            float v = load_logit<T>(x, slo + j);
+            if (slo + j == poison) v = __int_as_float(0x7fc00000);
+            if (!isfinite(v)) bad = min(bad, slo + j);
+            if (track && v > fv) { fv = v; fi = slo + j; }
+            if (!fast) ws[j] = v;
+        }
+    } else if (V % VW == 0 && ((uintptr_t)x & 15) == 0) {
         const uint4 *xv = (const uint4 *)x;
         float4 *wv = (float4 *)w; /* V % 4 == 0 and the work row 16-byte aligned with it */
         const int nv = V / VW;
@@ -1173,10 +1160,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (!fast)
 #pragma unroll
                 for (int k = 0; k < VW; k += 4) wv[q * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
-            if (SM && !fast)
-#pragma unroll
-                for (int k = 0; k < VW; k += 4)
-                    wsm[(((q - g) / SMW_G) * SMP_T + tid) * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
         }
     } else {
 #pragma unroll 4
@@ -1189,9 +1172,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         }
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
-    /* SM: the searches read the row from shared memory (each thread what it stored), while no edit
-     * has changed it since */
-    const smf_rowsm rs = {SM && vec_in && !edits ? wsm : nullptr, V / VW, VW / 4, VW};
+    SMS_STAMP(1);
     if (bad != INT_MAX) {
         if (lead) {
             o->bad_idx = bad;
@@ -1213,31 +1194,32 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         return;
     }
 
-    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids) */
-    if (p.n_ban > 0) {
-        for (int j = g; j < p.n_ban; j += SMW_G) {
-            int id = toks[p.ban_off + j];
-            if (id >= 0 && id < V) w[id] = -INFINITY;
-        }
-        c.cl.sync();
-    }
-    if (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) {
-        for (int j = g; j < p.n_rep; j += SMW_G) {
-            int id = toks[p.rep_off + j];
-            if (id < 0 || id >= V) continue;
-            float v = w[id];
-            w[id] = v > 0.f ? __fdiv_rn(v, p.rep_pen) : __fmul_rn(v, p.rep_pen);
-        }
-        c.cl.sync();
-    }
-    if ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0) {
-        for (int j = g; j < p.n_cnt; j += SMW_G) {
-            int id = toks[p.cnt_off + 2 * j], cnt = toks[p.cnt_off + 2 * j + 1];
-            if (id < 0 || id >= V) continue;
-            w[id] = __fsub_rn(w[id], __fadd_rn(__fmul_rn(p.freq_pen, (float)cnt), p.pres_pen));
-        }
-        c.cl.sync();
-    }
+    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids): f(entry) over a
+     * list, split over the cluster's threads (SM: every block the whole list, for the ids it
+     * owns), then the barrier that orders the edits before the passes; at(id): the element of
+     * the work row this thread may edit, or null */
+    auto each_entry = [&](int cnt, auto &&f) {
+        for (int j = SM ? tid : g; j < cnt; j += SM ? SMP_T : SMW_G) f(j);
+        if (SM) __syncthreads();
+        else c.cl.sync();
+    };
+    auto at = [&](int id) -> float * {
+        if (id < 0 || id >= V) return nullptr;
+        return !SM ? w + id : id >= slo && id < slo + sn ? ws + (id - slo) : nullptr;
+    };
+    if (p.n_ban > 0)
+        each_entry(p.n_ban, [&](int j) {
+            if (float *q = at(toks[p.ban_off + j])) *q = -INFINITY;
+        });
+    if (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0)
+        each_entry(p.n_rep, [&](int j) {
+            if (float *q = at(toks[p.rep_off + j])) *q = *q > 0.f ? __fdiv_rn(*q, p.rep_pen) : __fmul_rn(*q, p.rep_pen);
+        });
+    if ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0)
+        each_entry(p.n_cnt, [&](int j) {
+            if (float *q = at(toks[p.cnt_off + 2 * j]))
+                *q = __fsub_rn(*q, __fadd_rn(__fmul_rn(p.freq_pen, (float)toks[p.cnt_off + 2 * j + 1]), p.pres_pen));
+        });
 
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
@@ -1248,7 +1230,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     } else if (greedy) {
         float bv = -INFINITY;
         int bi = 0, lo = INT_MAX, hi = INT_MIN;
-        w_each<VEC>(w, V, g, [&](int i, float v) {
+        rw.each([&](int i, float v) {
             if (v > bv) { bv = v; bi = i; }
         });
         cl_argmax_min_max(bv, bi, lo, hi, sh, c);
@@ -1268,7 +1250,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     if (track) { /* x · inv rounds monotonically: the largest scaled logit is the largest's, scaled */
         m = scaled(fv, inv, scale);
     } else {
-        w_each<VEC>(w, V, g, [&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
+        rw.each([&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
         m = cl_max(m, sh, c);
     }
     /* FAST with a draw: Z in the draw's pass over the row instead (the thresholds do not need it) */
@@ -1276,7 +1258,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     double Z = 0;
     if (!z_in_draw) {
         double z1[1] = {0};
-        w_each<VEC>(w, V, g, [&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
+        rw.each([&](int, float x) { z1[0] += (double)expf(scaled(x, inv, scale) - m); });
         cl_sum_dn<1>(z1, sh, c);
         Z = z1[0];
     }
@@ -1287,14 +1269,13 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         const int use_p = p.top_p > 0.f && p.top_p < 1.f;
         uint64_t tk = 0, tp = 0;
         double base = Z;
-        if (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
+        SMS_STAMP(2);
+        if constexpr (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
             const int small_k = use_k && p.top_k <= SMF_CAP;
-            if (use_k)
-                tk = cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, agg, fs,
-                                           c, g, rs);
-            if (use_p)
-                tp = cl_key_select<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, agg,
-                                           fs, c, g, rs);
+            if (use_k) tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c);
+            SMS_STAMP(3);
+            if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
+            SMS_STAMP(4);
         } else {
             if (use_k) {
                 tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
@@ -1320,7 +1301,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             for (int c0 = i0; c0 < i1; c0 += SMF_U) {
                 float xv[SMF_U];
 #pragma unroll
-                for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? w[c0 + u] : 0.f;
+                for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
 #pragma unroll
                 for (int u = 0; u < SMF_U; u++) {
                     const int i = c0 + u;
@@ -1377,6 +1358,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         }
         __syncthreads();
         c.par ^= 1;
+        SMS_STAMP(5);
         /* [lo, hi) per thread: a thread's hi is bitwise the next thread's lo (the last lane's
          * hi is the next warp's boundary), so the ranges tile [0, mass) in id order */
         const double mass = sh.e[SMW_NW];
@@ -1393,7 +1375,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 for (int c0 = i0; c0 < i1 && !done; c0 += SMF_U) {
                     float xv[SMF_U];
 #pragma unroll
-                    for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? w[c0 + u] : 0.f;
+                    for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
 #pragma unroll
                     for (int u = 0; u < SMF_U; u++) {
                         const int i = c0 + u;
@@ -1422,6 +1404,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         float dv = 0.f;
         int did = 0;
         cl_argmax_min_max(dv, did, pick, last, sh, c);
+        SMS_STAMP(6);
         token = pick != INT_MAX ? pick : last; /* last: the last candidate, for a target past the total */
         if (token < 0) token = 0;              /* nothing kept: every logit banned to -inf */
         if (z_in_draw) { /* the segments' sums of every exp, in the cluster's fixed order */
@@ -1429,17 +1412,19 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             cl_sum_dn<1>(z1, sh, c);
             Z = z1[0];
         }
+        SMS_STAMP(7);
     }
 
     /* 7. logprobs */
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        const uint64_t tn = FAST ? cl_key_select<0, VEC>(w, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, agg, fs, c, g, rs)
-                                 : cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
+        uint64_t tn;
+        if constexpr (FAST) tn = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c);
+        else tn = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
-        w_each<VEC>(w, V, g, [&](int i, float x) {
+        rw.each([&](int i, float x) {
             float s = scaled(x, inv, scale);
             uint64_t k = rank_key(s, i);
             if (k >= tn) {
@@ -1476,11 +1461,14 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     } else if (lead) {
         o->n_top = 0;
     }
-    if (lead) {
+    SMS_STAMP(8);
+    if (lead) { /* SM: the token's value in the shared memory of the block that owns it */
+        const float xt = SM ? c.cl.map_shared_rank(ws, (unsigned)(token / (SMP_T * S)))[token % (SMP_T * S)] : w[token];
         o->token = token;
         o->bad_idx = -1;
-        o->logprob = (float)((double)scaled(w[token], inv, scale) - lz);
+        o->logprob = (float)((double)scaled(xt, inv, scale) - lz);
     }
+    SMS_STAMP(9);
     c.cl.sync(); /* no block leaves while the lead may still read its shared memory */
 }
 
@@ -1509,52 +1497,67 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
 
 /* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
  * clusters fit the GPU in one wave: device round R1, batch 16 of the fast form 152 -> 111 us,
- * batch 1 78 -> 79 us); agg: the fast form's histograms aggregated per warp (test-only); sm
- * (test-only, one block an SM): the searches read the row from shared memory, given the bytes
- * the widen's 16-byte loads need there (the launch refuses nothing: no room, no SM form). */
+ * batch 1 78 -> 79 us); SM (one block an SM): the row in shared memory, smb bytes a block. */
 template <bool FAST, int MINB, bool SM>
-static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, int agg, size_t smb) {
+static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, size_t smb, long long *prof) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
-    if (a->dt == ACT_BF16 && vec) {
-        auto k = smw_row_kernel<bf16, true, FAST, MINB, SM>;
-        if (SM) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb);
-        k<<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work, a->out, agg);
-    } else if (a->dt == ACT_BF16) {
+    if (a->dt == ACT_BF16 && (vec || SM))
+        smw_row_kernel<bf16, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
+                                                                              a->toks, a->work, a->out, prof);
+    else if (a->dt == ACT_BF16)
         smw_row_kernel<bf16, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
-                                                                                a->toks, a->work, a->out, agg);
-    } else if (vec) {
-        auto k = smw_row_kernel<float, true, FAST, MINB, SM>;
-        if (SM) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smb);
-        k<<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work, a->out, agg);
-    } else {
+                                                                                a->toks, a->work, a->out, prof);
+    else if (vec || SM)
+        smw_row_kernel<float, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p,
+                                                                               a->toks, a->work, a->out, prof);
+    else
         smw_row_kernel<float, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits,
-                                                                                 a->p, a->toks, a->work, a->out, agg);
+                                                                                 a->p, a->toks, a->work, a->out, prof);
+}
+
+/* The SM form's dynamic shared memory for a vocab-wide row (a block's SMP_T draw segments of
+ * fp32), or 0 when it does not fit beside the static part (227 KB a block on sm_90: V up to
+ * ~390 K). Sets the kernels' limit once a device (a function attribute, no stream work). */
+enum { SMS_MAX = 227 * 1024 };
+static size_t sm_bytes(int V) {
+    const size_t b = (((size_t)V + SMW_G - 1) / SMW_G) * SMP_T * sizeof(float);
+    const size_t fixed = sizeof(smw_shared) + sizeof(smf_shared);
+    if (b + fixed > SMS_MAX) return 0;
+    static int done[16];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
+    if (!done[dev]) {
+        const int lim = (int)(SMS_MAX - fixed);
+        if (cudaFuncSetAttribute(smw_row_kernel<bf16, true, true, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 lim) != cudaSuccess ||
+            cudaFuncSetAttribute(smw_row_kernel<float, true, true, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 lim) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        done[dev] = 1;
     }
+    return b;
 }
 
 /* fast: 0 the descent, 1 the wide-digit form (minb 0: one block an SM up to 8 rows, two above;
- * the same code, so the same results, whichever) */
-static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int agg, ls_err *e,
-                       int sm = 0) {
+ * the same code, so the same results, whichever); sm: the wide-digit form with the row in
+ * shared memory where it fits (else the plain one). */
+static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int sm, ls_err *e,
+                       long long *prof = nullptr) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (!minb) minb = a->rows <= 8 ? 1 : 2;
-    if (sm) { /* the loads a thread makes: ceil(V / VW / SMW_G) of 16 bytes of logits, 4 bytes an id */
-        const int vw = a->dt == ACT_BF16 ? 8 : 4;
-        const size_t loads = (size_t)((a->vocab / vw + SMW_G - 1) / SMW_G);
-        const size_t smb = loads * SMP_T * (size_t)vw * 4;
-        if (smb <= 180u * 1024u) {
-            wide_kernels<true, 1, true>(a, st, 1, agg, smb);
-            CU_LAUNCHED(e, "sampling on CUDA (a cluster a row, wide-digit, the row in shared memory)");
-            return 0;
-        }
-    }
-    if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, agg, 0); /* 16-byte passes where the row allows */
-    else if (fast) wide_kernels<true, 1, false>(a, st, 1, agg, 0);
-    else wide_kernels<false, 1, false>(a, st, vec, 0, 0);
-    CU_LAUNCHED(e, fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)" : "sampling on CUDA (a cluster a row)");
+    const size_t smb = sm && fast ? sm_bytes(a->vocab) : 0;
+    if (smb) wide_kernels<true, 1, true>(a, st, 1, smb, prof);
+    else if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, 0, prof); /* 16-byte passes where the row allows */
+    else if (fast) wide_kernels<true, 1, false>(a, st, 1, 0, prof);
+    else wide_kernels<false, 1, false>(a, st, vec, 0, prof);
+    CU_LAUNCHED(e, smb     ? "sampling on CUDA (a cluster a row, wide-digit, the row in shared memory)"
+                   : fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)"
+                          : "sampling on CUDA (a cluster a row)");
     return 0;
 }
 
@@ -1563,12 +1566,15 @@ static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int
  * test_sample_cuda case, the descent's seeded tokens wherever the kept sets agree, the same
  * generate ids; T 0.7 top_k 20 top_p 0.95 at batch 1 608.6 -> 83.2 us, the 8-layer decode step
  * 1.216 -> 0.779 ms), or with LASTSTAND_SAMPLE_FAST=0 the radix descent (its passes in 16-byte
- * loads with LASTSTAND_SAMPLE_VEC=1). Both read once. */
+ * loads with LASTSTAND_SAMPLE_VEC=1); LASTSTAND_SAMPLE_SM=1: the wide-digit form with each block's
+ * share of the row in its shared memory (sample_cuda_fast_sm, off until a device round checks
+ * it). Read once. */
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
-    static int vec = -1, fast = -1;
+    static int vec = -1, fast = -1, sm = -1;
     if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
     if (fast < 0) fast = cu_env_switch("LASTSTAND_SAMPLE_FAST", 1);
-    return wide_launch(a, s, vec, fast, 0, 0, e);
+    if (sm < 0) sm = cu_env_switch("LASTSTAND_SAMPLE_SM", 0);
+    return wide_launch(a, s, vec, fast, 0, sm, e);
 }
 
 static int cuda_sample_descent_run(const sample_args *a, ls_stream s, ls_err *e) {
@@ -1580,14 +1586,24 @@ static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e
 static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 0, 0, e); }
 static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 1, 0, e); }
 static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 2, 0, e); }
-static int cuda_sample_fast_agg_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 1, 0, 1, e);
-}
-static int cuda_sample_fast_agg2_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 1, 0, 2, e);
-}
 static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 1, 1, 0, e, 1);
+    return wide_launch(a, s, 1, 1, 1, 1, e);
+}
+
+/* rank 0's phase stamps of the last profiled launch (clock64 of its SM) */
+__device__ long long smp_prof_stamps[SMS_NPROF];
+
+extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e) {
+    long long *d = nullptr;
+    cudaStream_t st = (cudaStream_t)s;
+    CU_TRY(e, cudaGetSymbolAddress((void **)&d, smp_prof_stamps), "sample_cuda_profile: the stamps");
+    CU_TRY(e, cudaMemsetAsync(d, 0, sizeof(long long) * SMS_NPROF, st), "sample_cuda_profile: clear");
+    int rc = wide_launch(a, s, 1, 1, 1, 1, e, d);
+    if (rc) return rc;
+    if (n > SMS_NPROF) n = SMS_NPROF;
+    CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st), "sample_cuda_profile: read");
+    CU_TRY(e, cudaStreamSynchronize(st), "sample_cuda_profile: sync");
+    return n;
 }
 
 /* The engine's sampler: the cluster form (the default since H200 device round S6-R1: every
@@ -1608,7 +1624,4 @@ extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
 extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
 extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
-extern "C" const sample_impl sample_cuda_fast_agg = {"cuda_sample_fast_agg", DEV_CUDA, 1, 1, cuda_sample_fast_agg_run};
-extern "C" const sample_impl sample_cuda_fast_agg2 = {"cuda_sample_fast_agg2", DEV_CUDA, 1, 1,
-                                                      cuda_sample_fast_agg2_run};
-extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 0, cuda_sample_fast_sm_run};
+extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 1, cuda_sample_fast_sm_run};

@@ -13,8 +13,8 @@
  * Models with GDN layers: a hit is only usable up to a page boundary where a
  * snapshot of the GDN state exists (prefix.h: pfx_match need_snap); the
  * snapshot is copied into the request's slot at admission. Snapshots are
- * taken whenever a step ends on a page boundary: prefill chunks are cut to
- * end at the prompt's boundaries a follow-up uses (pfxe_chunk), and during
+ * taken whenever a step ends on a page boundary: a prefill is cut to end
+ * at the boundaries a follow-up uses (pfxe_chunk), and during
  * decode every boundary is reached, the request keeping only its latest one
  * in the front of the snapshot LRU (the previous one is demoted), so that
  * when it finishes the last boundary it reached is cached for a follow-up.
@@ -95,17 +95,18 @@ void pfxe_restore(ls_engine *e, ereq *r) {
 #define PFX_TAIL 8
 
 /* A prefill chunk of n_new tokens, cut to end at the prompt's page
- * boundaries that a follow-up can use (GDN models), where a snapshot is
- * taken: the last one before the prompt's PFX_TAIL last tokens (a chat's next
- * turn), the last one before its last token (the same prompt again) and the
- * last full page. Usually one or two cuts; a pure-attention model needs none
- * (any full page is shared). */
+ * boundaries a follow-up can use (GDN models), where snapshots are taken:
+ * the last one before the prompt's PFX_TAIL last tokens (a chat's next turn;
+ * also the same prompt again) and the last full page (a longer prompt that
+ * extends this one). At most two cuts, one when they coincide; a prompt's
+ * end on a boundary, and every boundary reached while decoding, are
+ * snapshotted too, as any step that ends on one. A pure-attention model
+ * needs no cut (any full page is shared). */
 int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new) {
     if (!e->pfx_on || !e->pfx_gdn || n_new <= 1) return n_new;
     int ps = e->page_size;
-    int tail = r->n_prompt > PFX_TAIL ? r->n_prompt - PFX_TAIL : 0;
-    int b[3] = {tail / ps * ps, (r->n_prompt - 1) / ps * ps, r->n_prompt / ps * ps};
-    for (int i = 0; i < 3; i++)
+    int b[2] = {(r->n_prompt > PFX_TAIL ? r->n_prompt - PFX_TAIL : 0) / ps * ps, r->n_prompt / ps * ps};
+    for (int i = 0; i < 2; i++)
         if (b[i] > r->n_cached && b[i] < r->n_cached + n_new) return b[i] - r->n_cached;
     return n_new;
 }

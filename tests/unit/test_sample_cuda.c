@@ -518,10 +518,13 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     /* one or two blocks an SM: the same code, the same results; the row in shared memory: the
      * same tokens, draws and top ids (its Z of a greedy row sums in another order: logprobs
      * within 1e-6) */
-    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_sm, &sample_cuda_fast};
-    for (int f = 0; f < 4; f++) {
+    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_sm, &sample_cuda_fast_lb,
+                                 &sample_cuda_fast};
+    for (int f = 0; f < 5; f++) {
         if (same[f] == g_fast) continue;
-        const int exact = same[f] != &sample_cuda_fast_sm && g_fast != &sample_cuda_fast_sm;
+        const int sm_f = same[f] == &sample_cuda_fast_sm || same[f] == &sample_cuda_fast_lb;
+        const int sm_g = g_fast == &sample_cuda_fast_sm || g_fast == &sample_cuda_fast_lb;
+        const int exact = sm_f == sm_g;
         dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
         for (int r = 0; r < R; r++) {
             assert_int_equal(o2[r].token, of[r].token);
@@ -570,6 +573,7 @@ static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_descent; retu
 static int setup_wide_vec(void **st) { (void)st; g_impl = &sample_cuda_wide_vec; return 0; }
 static int setup_fast(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast; return 0; }
 static int setup_fast_sm(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_sm; return 0; }
+static int setup_fast_lb(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_lb; return 0; }
 static int setup_engine(void **st) { (void)st; g_impl = &sample_cuda; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call over 248320-wide BF16 rows, batch 1 and 16,
@@ -594,8 +598,8 @@ static int bench(void) {
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
     const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_descent, &sample_cuda_wide_vec, &sample_cuda_fast,
-                                  &sample_cuda_fast1, &sample_cuda_fast2,   &sample_cuda_fast_sm};
-    enum { NI = 7 }; /* the row in shared memory (the last): its row-0 token checked against the fast form's */
+                                  &sample_cuda_fast1, &sample_cuda_fast2,   &sample_cuda_fast_sm,  &sample_cuda_fast_lb};
+    enum { NI = 8 }; /* the row in shared memory (the last two): their row-0 tokens checked against the fast form's */
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -640,11 +644,12 @@ static int bench(void) {
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
                 printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
-                       "1 block/SM %5.1f, 2 blocks/SM %5.1f), row in shared memory %5.1f (x%.2f)%s%s, row 0 tokens "
-                       "%d %d %d %d %d %d\n",
+                       "1 block/SM %5.1f, 2 blocks/SM %5.1f), row in shared memory %5.1f (x%.2f), + top_k bound %5.1f "
+                       "(x%.2f)%s%s, row 0 tokens %d %d %d %d %d %d %d\n",
                        VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
-                       us[5], us[6], us[3] / us[6], tok[6] == tok[3] ? "" : " MISMATCH", blk, tok[1], tok[2], tok[3],
-                       tok[4], tok[5], tok[6]);
+                       us[5], us[6], us[3] / us[6], us[7], us[3] / us[7],
+                       tok[6] == tok[3] && tok[7] == tok[3] ? "" : " MISMATCH", blk, tok[1], tok[2], tok[3], tok[4],
+                       tok[5], tok[6], tok[7]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
@@ -676,32 +681,35 @@ static int phases(void) {
     };
     static const char *ph[] = {"widen", "max/Z", "top_k", "top_p", "draw sums", "pick", "Z", "top lp", "end"};
     enum { N = 10, RUNS = 21 };
-    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
-        ls_sampling s = smp_of(modes[k].t, modes[k].k, modes[k].p, 0.f);
-        s.logprobs = modes[k].lp > 0;
-        s.top_logprobs = modes[k].lp;
-        smp_row p = row_from(&s);
-        g_mem->h2d(dp, &p, sizeof p, g_st, &e);
-        sample_args a = {.rows = 1, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
-                         .out = dout};
-        long long st[RUNS][N];
-        for (int r = 0; r < RUNS; r++)
-            if (sample_cuda_profile(&a, g_st, st[r], N, &e) < 0) { fprintf(stderr, "phases: %s\n", e.msg); return 1; }
-        printf("phases %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):", modes[k].name, RUNS);
-        long long prev = 0;
-        for (int j = 1; j < N; j++) {
-            long long d[RUNS];
-            int nd = 0;
+    for (int lb = 0; lb < 2; lb++) {
+        for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+            ls_sampling s = smp_of(modes[k].t, modes[k].k, modes[k].p, 0.f);
+            s.logprobs = modes[k].lp > 0;
+            s.top_logprobs = modes[k].lp;
+            smp_row p = row_from(&s);
+            g_mem->h2d(dp, &p, sizeof p, g_st, &e);
+            sample_args a = {.rows = 1, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
+                             .out = dout};
+            long long st[RUNS][N];
             for (int r = 0; r < RUNS; r++)
-                if (st[r][j]) d[nd++] = st[r][j] - st[r][0];
-            if (!nd) continue;
-            for (int u = 1; u < nd; u++) /* insertion sort */
-                for (int v = u; v > 0 && d[v] < d[v - 1]; v--) { long long t = d[v]; d[v] = d[v - 1]; d[v - 1] = t; }
-            const long long med = d[nd / 2];
-            printf(" %s %.1f [%lld]", ph[j - 1], (med - prev) / 1980.0, med);
-            prev = med;
+                if (sample_cuda_profile(&a, g_st, lb, st[r], N, &e) < 0) { fprintf(stderr, "phases: %s\n", e.msg); return 1; }
+            printf("phases%s %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):", lb ? " +bound" : "",
+                   modes[k].name, RUNS);
+            long long prev = 0;
+            for (int j = 1; j < N; j++) {
+                long long d[RUNS];
+                int nd = 0;
+                for (int r = 0; r < RUNS; r++)
+                    if (st[r][j]) d[nd++] = st[r][j] - st[r][0];
+                if (!nd) continue;
+                for (int u = 1; u < nd; u++) /* insertion sort */
+                    for (int v = u; v > 0 && d[v] < d[v - 1]; v--) { long long t = d[v]; d[v] = d[v - 1]; d[v - 1] = t; }
+                const long long med = d[nd / 2];
+                printf(" %s %.1f [%lld]", ph[j - 1], (med - prev) / 1980.0, med);
+                prev = med;
+            }
+            printf("\n");
         }
-        printf("\n");
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);
@@ -771,6 +779,9 @@ int main(int argc, char **argv) {
     rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory", tests, setup_fast_sm, NULL);
     rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the descent", fast, setup_fast, NULL);
     rc |= cmocka_run_group_tests_name("the row in shared memory vs the descent", fast, setup_fast_sm, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the top_k bound", tests, setup_fast_lb,
+                                      NULL);
+    rc |= cmocka_run_group_tests_name("the top_k bound vs the descent", fast, setup_fast_lb, NULL);
     return rc;
 #else
     (void)argc;

@@ -46,10 +46,12 @@ extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k
 extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 extern const sample_impl sample_cuda_fast_sm; /* the same, each block's share of the row in its shared memory */
-/* (test-only) One launch of sample_cuda_fast_sm with rank 0's phase stamps (clock64 of its SM,
- * sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z, top
- * logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or < 0. */
-int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e);
+extern const sample_impl sample_cuda_fast_lb; /* the same, its top_k bounded by the widen's warp maxima */
+/* (test-only) One launch of sample_cuda_fast_sm (lb: _lb) with rank 0's phase stamps (clock64 of
+ * its SM, sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z,
+ * top logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or
+ * < 0. */
+int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, long long *stamps, int n, ls_err *e);
 
 #ifdef __cplusplus
 }

@@ -493,6 +493,7 @@ typedef struct smw_slot {
     int i[16];
     float f;
     int pad_;
+    uint64_t wk[16]; /* the widen's warp maxima (rank keys; 0: none), for the top_k bound */
 } smw_slot;
 
 typedef struct smw_shared {
@@ -730,6 +731,9 @@ typedef struct smf_shared {
     u64s r_above, r_target, r_nsel, r_key;
     int r_bin, r_single;
     unsigned r_v;
+    int n_all;                /* the untruncated count of the last gather */
+    u64s lbk[SMW_NW];         /* the cluster's warp maxima, and the top_k bound from them */
+    u64s lb;
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -806,7 +810,7 @@ struct smw_srow {
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, class Row>
 __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
-                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c) {
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -819,7 +823,54 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
         __syncthreads(); /* every thread has read have_all */
         if (tid == 0) fs.have_all = 0;
     }
-    if (known < 0) {
+    /* the keys of [P0, P0 + 2^rb) (rb 64: of [P0, 2^64)) at or above floor, with their masses,
+     * into shared memory: each block's list, then every block gathers all of them in rank
+     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were */
+    auto gather = [&](uint64_t P0, int rb) {
+        if (tid == 0) fs.nl = 0;
+        __syncthreads();
+        row.each([&](int i, float x) {
+            const float s = scaled(x, inv, scale);
+            const uint64_t k = rank_key(s, i);
+            if (k < floor || k < P0) return;
+            if (rb < 64 && ((k - P0) >> rb)) return;
+            const unsigned at = atomicAdd(&fs.nl, 1u);
+            if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = mass_fx(expf(s - m)); }
+        });
+        __syncthreads();
+        c.cl.sync(); /* every block's list is complete */
+        if (tid == 0) {
+            int o = 0, t = 0;
+            for (unsigned r = 0; r < SMW_CL; r++) {
+                const unsigned nr = c.cl.map_shared_rank(&fs, r)->nl;
+                fs.off[r] = o;
+                o += (int)min(nr, (unsigned)SMF_CAP);
+                t += (int)min(nr, (unsigned)INT_MAX / 16);
+            }
+            fs.off[SMW_CL] = min(o, SMF_CAP);
+            fs.n_all = t;
+        }
+        __syncthreads();
+        const int n = fs.off[SMW_CL];
+        for (int j = tid; j < n; j += SMP_T) {
+            int r = 0;
+            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
+            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
+            fs.ck[j] = q->lk[j - fs.off[r]];
+            fs.cf[j] = q->lf[j - fs.off[r]];
+        }
+    };
+    /* a top_k with a bound lb (at least kcount keys >= lb: the widen's warp maxima): every key
+     * >= lb gathered at once when they are at most SMF_CAP (no histogram), else the search */
+    if (!MASS && lb > floor && known < 0 && all != 2) {
+        gather(lb, 64);
+        const int ok = fs.n_all <= SMF_CAP;
+        if (ok && tid == 0) { fs.have_all = 1; fs.all_floor = lb; }
+        __syncthreads();
+        c.cl.sync(); /* no block rewrites its list while another still reads it */
+        if (ok) { P = lb; all = 2; }
+    }
+    if (known < 0 && all != 2) {
         P = 0;
         for (;;) {
             if (rbits == 32 && !id_half) { /* the id half: only the bits below V - 1's highest */
@@ -956,43 +1007,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
     }
 
     if (all != 2) {
-        /* the keys of [P, P + 2^rbits) (all: of [P, 2^64)) at or above floor into shared memory:
-         * nsel <= SMF_CAP of them (all: above + nsel; known: known) */
-        if (tid == 0) fs.nl = 0;
-        __syncthreads();
-        {
-            const uint64_t P0 = P;
-            const int rb = all ? 64 : rbits;
-            const bool fx = MASS || all;
-            auto gather = [&](int i, float x) {
-                const float s = scaled(x, inv, scale);
-                const uint64_t k = rank_key(s, i);
-                if (k < floor || k < P0) return;
-                if (rb < 64 && ((k - P0) >> rb)) return;
-                const unsigned at = atomicAdd(&fs.nl, 1u);
-                if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
-            };
-            row.each(gather);
-        }
-        __syncthreads();
-        c.cl.sync(); /* every block's list is complete */
-        if (tid == 0) {
-            int o = 0;
-            for (unsigned r = 0; r < SMW_CL; r++) {
-                fs.off[r] = o;
-                o += (int)min(c.cl.map_shared_rank(&fs, r)->nl, (unsigned)SMF_CAP);
-            }
-            fs.off[SMW_CL] = min(o, SMF_CAP);
-        }
-        __syncthreads();
-        const int n = fs.off[SMW_CL];
-        for (int j = tid; j < n; j += SMP_T) {
-            int r = 0;
-            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
-            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
-            fs.ck[j] = q->lk[j - fs.off[r]];
-            fs.cf[j] = q->lf[j - fs.off[r]];
-        }
+        gather(P, all ? 64 : rbits);
         if (all == 1 && tid == 0) { fs.have_all = 1; fs.all_floor = P; }
         __syncthreads();
         c.cl.sync(); /* no block rewrites its list while another still reads it */
@@ -1071,7 +1086,7 @@ template <typename T, bool VEC, bool FAST, int MINB, bool SM>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out,
-                   long long *prof) {
+                   long long *prof, int lbon) {
     __shared__ smw_shared sh;
     __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
     extern __shared__ float4 wsm[]; /* SM: the ids [slo, slo + sn) in order (smw_srow) */
@@ -1098,6 +1113,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
+    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
+    const int scale = temp != 1.f;
+    const float inv = 1.f / temp;
     /* FAST: the row's maximum during the widen too, when nothing edits the row (m below) */
     const int track = fast || (FAST && !edits);
 
@@ -1171,7 +1189,20 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (!fast) w[i] = v;
         }
     }
+    /* lbon (a top_k of at most SMW_NW, nothing edits the row): the warp maxima's rank keys, for the
+     * bound cl_key_select gathers from (published with the widen's barrier below) */
+    const int use_lb = FAST && lbon && track && !greedy && p.top_k > 1 && p.top_k <= SMW_NW && p.top_k < V;
+    if (use_lb) {
+        uint64_t k = fv > -INFINITY ? rank_key(scaled(fv, inv, scale), fi) : 0;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const uint64_t t = __shfl_xor_sync(0xffffffffu, k, o);
+            k = t > k ? t : k;
+        }
+        if ((tid & 31) == 0) c.slot(sh)->wk[tid >> 5] = k;
+    }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
+    const int wk_par = c.par ^ 1;                 /* the slot that holds the warp maxima */
     SMS_STAMP(1);
     if (bad != INT_MAX) {
         if (lead) {
@@ -1221,7 +1252,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 *q = __fsub_rn(*q, __fadd_rn(__fmul_rn(p.freq_pen, (float)toks[p.cnt_off + 2 * j + 1]), p.pres_pen));
         });
 
-    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
 
     /* 3. greedy (the widen's argmax when it tracked one: the same ids, the same tie rule) */
@@ -1244,8 +1274,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     }
 
     /* 4. scaled logits, max, partition function */
-    const int scale = temp != 1.f;
-    const float inv = 1.f / temp;
     float m = -INFINITY;
     if (track) { /* x · inv rounds monotonically: the largest scaled logit is the largest's, scaled */
         m = scaled(fv, inv, scale);
@@ -1272,7 +1300,23 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         SMS_STAMP(2);
         if constexpr (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
             const int small_k = use_k && p.top_k <= SMF_CAP;
-            if (use_k) tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c);
+            uint64_t lb = 0;
+            if (use_lb) { /* the top_k-th largest of the cluster's SMW_NW warp maxima: at least top_k keys
+                           * are >= it (no cluster reduction since the widen: its slot is intact) */
+                if (tid < SMW_NW) fs.lbk[tid] = c.cl.map_shared_rank(&sh.slot[wk_par], (unsigned)(tid / SMP_W))->wk[tid % SMP_W];
+                if (tid == 0) fs.lb = 0;
+                __syncthreads();
+                if (tid < SMW_NW) {
+                    const u64s kt = fs.lbk[tid];
+                    int gt = 0;
+                    for (int u = 0; u < SMW_NW; u++) gt += fs.lbk[u] > kt;
+                    if (kt && gt == p.top_k - 1) fs.lb = kt; /* distinct keys: one thread at most */
+                }
+                __syncthreads();
+                lb = fs.lb;
+            }
+            if (use_k)
+                tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
             if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
             SMS_STAMP(4);
@@ -1499,20 +1543,20 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
  * clusters fit the GPU in one wave: device round R1, batch 16 of the fast form 152 -> 111 us,
  * batch 1 78 -> 79 us); SM (one block an SM): the row in shared memory, smb bytes a block. */
 template <bool FAST, int MINB, bool SM>
-static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, size_t smb, long long *prof) {
+static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, size_t smb, long long *prof, int lb) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
     if (a->dt == ACT_BF16 && (vec || SM))
         smw_row_kernel<bf16, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
-                                                                              a->toks, a->work, a->out, prof);
+                                                                              a->toks, a->work, a->out, prof, lb);
     else if (a->dt == ACT_BF16)
         smw_row_kernel<bf16, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
-                                                                                a->toks, a->work, a->out, prof);
+                                                                                a->toks, a->work, a->out, prof, lb);
     else if (vec || SM)
         smw_row_kernel<float, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p,
-                                                                               a->toks, a->work, a->out, prof);
+                                                                               a->toks, a->work, a->out, prof, lb);
     else
         smw_row_kernel<float, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits,
-                                                                                 a->p, a->toks, a->work, a->out, prof);
+                                                                                 a->p, a->toks, a->work, a->out, prof, lb);
 }
 
 /* The SM form's dynamic shared memory for a vocab-wide row (a block's SMP_T draw segments of
@@ -1541,20 +1585,23 @@ static size_t sm_bytes(int V) {
 }
 
 /* fast: 0 the descent, 1 the wide-digit form (minb 0: one block an SM up to 8 rows, two above;
- * the same code, so the same results, whichever); sm: the wide-digit form with the row in
- * shared memory where it fits (else the plain one). */
-static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int sm, ls_err *e,
+ * the same code, so the same results, whichever); form: | SMS_SM the wide-digit form with the row
+ * in shared memory where it fits (else the plain one), | SMS_LB its top_k bound from the warp
+ * maxima. */
+enum { SMS_SM = 1, SMS_LB = 2 };
+static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int form, ls_err *e,
                        long long *prof = nullptr) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (!minb) minb = a->rows <= 8 ? 1 : 2;
-    const size_t smb = sm && fast ? sm_bytes(a->vocab) : 0;
-    if (smb) wide_kernels<true, 1, true>(a, st, 1, smb, prof);
-    else if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, 0, prof); /* 16-byte passes where the row allows */
-    else if (fast) wide_kernels<true, 1, false>(a, st, 1, 0, prof);
-    else wide_kernels<false, 1, false>(a, st, vec, 0, prof);
+    const size_t smb = (form & SMS_SM) && fast ? sm_bytes(a->vocab) : 0;
+    const int lb = (form & SMS_LB) != 0;
+    if (smb) wide_kernels<true, 1, true>(a, st, 1, smb, prof, lb);
+    else if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, 0, prof, lb); /* 16-byte passes where the row allows */
+    else if (fast) wide_kernels<true, 1, false>(a, st, 1, 0, prof, lb);
+    else wide_kernels<false, 1, false>(a, st, vec, 0, prof, 0);
     CU_LAUNCHED(e, smb     ? "sampling on CUDA (a cluster a row, wide-digit, the row in shared memory)"
                    : fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)"
                           : "sampling on CUDA (a cluster a row)");
@@ -1570,11 +1617,12 @@ static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int
  * share of the row in its shared memory (sample_cuda_fast_sm, off until a device round checks
  * it). Read once. */
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
-    static int vec = -1, fast = -1, sm = -1;
+    static int vec = -1, fast = -1, form = -1;
     if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
     if (fast < 0) fast = cu_env_switch("LASTSTAND_SAMPLE_FAST", 1);
-    if (sm < 0) sm = cu_env_switch("LASTSTAND_SAMPLE_SM", 0);
-    return wide_launch(a, s, vec, fast, 0, sm, e);
+    if (form < 0)
+        form = (cu_env_switch("LASTSTAND_SAMPLE_SM", 0) ? SMS_SM : 0) | (cu_env_switch("LASTSTAND_SAMPLE_LB", 0) ? SMS_LB : 0);
+    return wide_launch(a, s, vec, fast, 0, form, e);
 }
 
 static int cuda_sample_descent_run(const sample_args *a, ls_stream s, ls_err *e) {
@@ -1587,18 +1635,21 @@ static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { 
 static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 1, 0, e); }
 static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 2, 0, e); }
 static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 1, 1, 1, e);
+    return wide_launch(a, s, 1, 1, 1, SMS_SM, e);
+}
+static int cuda_sample_fast_lb_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, 1, 1, SMS_SM | SMS_LB, e);
 }
 
 /* rank 0's phase stamps of the last profiled launch (clock64 of its SM) */
 __device__ long long smp_prof_stamps[SMS_NPROF];
 
-extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e) {
+extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, long long *stamps, int n, ls_err *e) {
     long long *d = nullptr;
     cudaStream_t st = (cudaStream_t)s;
     CU_TRY(e, cudaGetSymbolAddress((void **)&d, smp_prof_stamps), "sample_cuda_profile: the stamps");
     CU_TRY(e, cudaMemsetAsync(d, 0, sizeof(long long) * SMS_NPROF, st), "sample_cuda_profile: clear");
-    int rc = wide_launch(a, s, 1, 1, 1, 1, e, d);
+    int rc = wide_launch(a, s, 1, 1, 1, SMS_SM | (lb ? SMS_LB : 0), e, d);
     if (rc) return rc;
     if (n > SMS_NPROF) n = SMS_NPROF;
     CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st), "sample_cuda_profile: read");
@@ -1625,3 +1676,4 @@ extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1
 extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
 extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
 extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 1, cuda_sample_fast_sm_run};
+extern "C" const sample_impl sample_cuda_fast_lb = {"cuda_sample_fast_lb", DEV_CUDA, 1, 1, cuda_sample_fast_lb_run};

@@ -48,6 +48,7 @@ struct gr_vocab {
      * with the code points before the quote. A bounded string's mask is a filter of them. */
     pthread_mutex_t mu;
     struct stab { uint8_t *cnt; int32_t *exits, *exit_cnt; int n_exits; } *stab[S_F4 + 1];
+    gr_centry *raw[R_NLLT + 1]; /* unbounded raw text (qwen3_coder values): whole entries */
 };
 
 #define STAB_OUT 255
@@ -178,6 +179,8 @@ void gr_vocab_free(gr_vocab *v) {
     if (!v) return;
     for (int i = 0; i <= S_F4; i++)
         if (v->stab[i]) { free(v->stab[i]->cnt); free(v->stab[i]->exits); free(v->stab[i]->exit_cnt); free(v->stab[i]); }
+    for (int i = 0; i <= R_NLLT; i++)
+        if (v->raw[i]) { free(v->raw[i]->bits); free(v->raw[i]->exits); free(v->raw[i]); }
     pthread_mutex_destroy(&v->mu);
     free(v->tb); free(v->toff); free(v->tlen); free(v->never);
     free(v->nb); free(v->nd); free(v->nend); free(v->ntok); free(v->tnext); free(v->term);
@@ -409,8 +412,26 @@ static gr_centry *centry_str(const gr_grammar *g, const gr_vocab *v, int node, i
 
 /* The cached mask of a lone string / raw-text frame: one sweep with a
  * private (pc, x) per depth, no stacks. */
+static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0);
+
 static gr_centry *centry_build(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
     if (g->nodes[node].kind == GN_STR) return centry_str(g, v, node, pc0, x0);
+    return centry_walk(&g->nodes[node], v, node, pc0, x0);
+}
+
+/* The entry of unbounded raw text in sub-state pc, kept by the vocabulary. */
+static const gr_centry *raw_get(gr_vocab *v, int pc) {
+    pthread_mutex_lock(&v->mu);
+    if (!v->raw[pc]) {
+        const gr_node free_raw = {GN_RAW, -1, 0, 0, 0, 0, 0};
+        v->raw[pc] = centry_walk(&free_raw, v, -1, pc, 0);
+    }
+    gr_centry *c = v->raw[pc];
+    pthread_mutex_unlock(&v->mu);
+    return c;
+}
+
+static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
     gr_centry *c = xcalloc(1, sizeof *c);
     c->node = node; c->pc = pc0; c->x = x0;
     c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
@@ -422,7 +443,8 @@ static gr_centry *centry_build(const gr_grammar *g, const gr_vocab *v, int node,
     for (int i = 1; i < v->n_nodes;) {
         int d = v->nd[i];
         int32_t pc = pcs[d - 1], x = xs[d - 1];
-        if (gr_term_step(g, node, &pc, &x, v->nb[i]) < 0) { i = v->nend[i]; continue; }
+        int st = n->kind == GN_STR ? gr_str_step(n, &pc, &x, v->nb[i]) : gr_raw_step(n, &pc, &x, v->nb[i]);
+        if (st < 0) { i = v->nend[i]; continue; }
         if (pc == T_DONE) {
             if (c->n_exits == cap) c->exits = xrealloc(c->exits, (size_t)(cap *= 2) * sizeof *c->exits);
             c->exits[c->n_exits++] = i;
@@ -495,8 +517,10 @@ int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
         int32_t pc, x;
         if (m->cur.n == 1 && gr_cache_key(m->g, &m->pool.f[m->cur.tops[0]], &pc, &x)) {
             const gr_frame *f = &m->pool.f[m->cur.tops[0]];
-            int owned;
-            gr_centry *c = cache_get(m->g, v, f->node, pc, x, &owned);
+            int owned = 0;
+            const gr_node *fn = &m->g->nodes[f->node];
+            const gr_centry *c = fn->kind == GN_RAW && fn->a < 0 ? raw_get((gr_vocab *)v, pc)
+                               : cache_get(m->g, v, f->node, pc, x, &owned);
             memcpy(bits, c->bits, (size_t)v->words * sizeof *bits);
             /* below the string: what may follow it */
             int32_t below[GR_MAX_SET];
@@ -508,7 +532,7 @@ int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
                     set_toks(v, e, bits);
                     if (after.n) sweep(m, e + 1, v->nend[e], v->nd[e], &after, bits);
                 }
-            if (owned) centry_free(c);
+            if (owned) centry_free((gr_centry *)c);
             m->last_cached = 1;
         } else {
             sweep(m, 1, v->n_nodes, 0, &m->cur, bits);

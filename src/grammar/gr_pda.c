@@ -209,7 +209,7 @@ static int num_more(const gr_node *n, int pc, int x) {
 }
 
 /* Raw parameter text (qwen3_coder). x counts content bytes. */
-static int raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
+int gr_raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
     static const char stop[] = GR_RAW_STOP;
     const int slen = (int)sizeof stop - 1;
     int full = n->a >= 0 && *x >= n->a;
@@ -253,7 +253,7 @@ int gr_term_step(const gr_grammar *g, int node, int32_t *pc, int32_t *x, uint8_t
         if (*x >= n->a || !(b == ' ' || b == '\n' || b == '\t')) return -1;
         (*x)++;
         return 0;
-    case GN_RAW: return raw_step(n, pc, x, b);
+    case GN_RAW: return gr_raw_step(n, pc, x, b);
     }
     return -1;
 }

@@ -500,6 +500,29 @@ out:
     return c;
 }
 
+/* OR into bits the mask of the lone stack top, whose top frame is a string /
+ * raw-text frame with cache key (pc, x). */
+static void mask_cached(gr_matcher *m, int32_t top, int32_t pc, int32_t x, uint32_t *bits) {
+    const gr_vocab *v = m->v;
+    const gr_frame *f = &m->pool.f[top];
+    const gr_node *fn = &m->g->nodes[f->node];
+    int owned = 0;
+    const gr_centry *c = fn->kind == GN_RAW && fn->a < 0 ? raw_get((gr_vocab *)v, pc)
+                       : cache_get(m->g, v, f->node, pc, x, &owned);
+    for (int w = 0; w < v->words; w++) bits[w] |= c->bits[w];
+    /* below the string: what may follow it */
+    int32_t below[GR_MAX_SET];
+    gr_set after = {below, 0, 0};
+    gr_closure(m->g, &m->pool, f->up, &after);
+    if (after.n || after.accept)
+        for (int k = 0; k < c->n_exits; k++) {
+            int e = c->exits[k];
+            set_toks(v, e, bits);
+            if (after.n) sweep(m, e + 1, v->nend[e], v->nd[e], &after, bits);
+        }
+    if (owned) centry_free((gr_centry *)c);
+}
+
 int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
     const gr_vocab *v = m->v;
     m->last_cached = 0;
@@ -513,29 +536,23 @@ int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
     }
     memset(bits, 0, (size_t)v->words * sizeof *bits);
     if (!m->failed && !m->finished) {
-        int mark = m->pool.n;
-        int32_t pc, x;
-        if (m->cur.n == 1 && gr_cache_key(m->g, &m->pool.f[m->cur.tops[0]], &pc, &x)) {
-            const gr_frame *f = &m->pool.f[m->cur.tops[0]];
-            int owned = 0;
-            const gr_node *fn = &m->g->nodes[f->node];
-            const gr_centry *c = fn->kind == GN_RAW && fn->a < 0 ? raw_get((gr_vocab *)v, pc)
-                               : cache_get(m->g, v, f->node, pc, x, &owned);
-            memcpy(bits, c->bits, (size_t)v->words * sizeof *bits);
-            /* below the string: what may follow it */
-            int32_t below[GR_MAX_SET];
-            gr_set after = {below, 0, 0};
-            gr_closure(m->g, &m->pool, m->pool.f[m->cur.tops[0]].up, &after);
-            if (after.n || after.accept)
-                for (int k = 0; k < c->n_exits; k++) {
-                    int e = c->exits[k];
-                    set_toks(v, e, bits);
-                    if (after.n) sweep(m, e + 1, v->nend[e], v->nd[e], &after, bits);
-                }
-            if (owned) centry_free((gr_centry *)c);
-            m->last_cached = 1;
-        } else {
-            sweep(m, 1, v->n_nodes, 0, &m->cur, bits);
+        /* The state is a set of alternative stacks and a token is allowed when one of them
+         * takes it: the mask is the union of the stacks' masks. A stack whose top is a
+         * string / raw-text frame takes its cached entry; the others share one sweep. */
+        int mark = m->pool.n, n_plain = 0;
+        int32_t plain[GR_MAX_SET];
+        for (int i = 0; i < m->cur.n; i++) {
+            int32_t pc, x;
+            if (gr_cache_key(m->g, &m->pool.f[m->cur.tops[i]], &pc, &x)) {
+                mask_cached(m, m->cur.tops[i], pc, x, bits);
+                m->last_cached = 1;
+            } else {
+                plain[n_plain++] = m->cur.tops[i];
+            }
+        }
+        if (n_plain) {
+            gr_set ps = {plain, n_plain, 0};
+            sweep(m, 1, v->n_nodes, 0, &ps, bits);
         }
         m->pool.n = mark;
     }

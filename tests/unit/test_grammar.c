@@ -182,6 +182,8 @@ static void test_grammar_bad_schemas_name_their_path(void **st) {
                  "schema.items.minLength: 5 is above maxLength 2");
     expect_error("{\"$ref\":\"#/$defs/missing\"}", "schema.$ref: '#/$defs/missing' does not resolve");
     expect_error("false", "accepts nothing");
+    expect_error("{\"$defs\":{\"a\":{\"type\":\"strin\"}},\"$ref\":\"#/$defs/a\"}",
+                 "response_format.json_schema.schema.$defs.a.type: unknown type 'strin'");
     expect_error("{\"anyOf\":[{\"type\":\"string\"},{\"type\":3}]}", "schema.anyOf[1].type: expected a type name");
 }
 

@@ -157,3 +157,24 @@ def check_bad_schemas_are_400(client, model):
         raise AssertionError("accepted pattern")
     except openai.BadRequestError as e:
         assert "response_format.json_schema.schema.properties.id.pattern" in str(e), str(e)
+
+
+def check_tool_choice_required_streaming(client, model):
+    """The streamed tool-call deltas assemble into calls that validate."""
+    calls, finish = {}, None
+    for ch in chat(client, model, tools=TOOLS, tool_choice="required", max_tokens=400, temperature=1.0, seed=21,
+                   stream=True, extra_body=NO_THINK):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"name": "", "args": ""})
+            if tc.function and tc.function.name:
+                c["name"] += tc.function.name
+            if tc.function and tc.function.arguments:
+                c["args"] += tc.function.arguments
+        finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and calls, (finish, calls)
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for c in calls.values():
+        jsonschema.validate(json.loads(c["args"]), by_name[c["name"]])

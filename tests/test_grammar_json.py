@@ -250,6 +250,10 @@ def test_tool_choice_required_and_named(client):
     gc.check_tool_choice_required_and_named(client, MODEL)
 
 
+def test_tool_choice_required_streaming(client):
+    gc.check_tool_choice_required_streaming(client, MODEL)
+
+
 def test_logit_bias_bans_and_forces(srv, client):
     gc.check_logit_bias_bans_and_forces(client, MODEL, srv)
 

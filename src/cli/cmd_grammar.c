@@ -85,6 +85,9 @@ static const scen SCENARIOS[] = {
     {"anyOf string|integer (2 stacks)",
      "{\"type\":\"object\",\"properties\":{\"v\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":9},{\"type\":\"integer\"}]}},"
      "\"required\":[\"v\"]}", NULL, "{\"v\": "},
+    {"anyOf of two strings, inside (2 stacks, each cached)",
+     "{\"type\":\"object\",\"properties\":{\"v\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":9},"
+     "{\"type\":\"string\",\"minLength\":3}]}},\"required\":[\"v\"]}", NULL, "{\"v\": \"ab"},
     {"complete (only EOS / ws)", NULL, NULL, "{\"a\": 1}"},
     {"xml tool call: function name", NULL,
      "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","

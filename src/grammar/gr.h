@@ -4,7 +4,8 @@
  * per step, the set of vocabulary tokens whose bytes the automaton accepts.
  *
  * Depends on base and tok only. Grammars and vocabularies are immutable after
- * construction and shared between threads (a grammar's mask cache is locked);
+ * construction and shared between threads (their lazily filled mask caches are
+ * locked);
  * a matcher belongs to one sequence and one thread at a time.
  *
  * What the JSON Schema compiler accepts (anything else named in a schema is

@@ -79,6 +79,9 @@ typedef struct gr_set { int32_t *tops; int n; int accept; } gr_set; /* tops: [GR
 
 /* One terminal step: 0 and the new (pc, x) (pc T_DONE: the terminal ended), or -1. */
 int gr_term_step(const gr_grammar *g, int node, int32_t *pc, int32_t *x, uint8_t byte);
+/* The JSON string part of it (n: a GN_STR node; it need not belong to a grammar). */
+int gr_str_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t byte);
+int gr_raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t byte);
 /* A frame for node at its start, on top of up; -1 when too deep. */
 int32_t gr_push(gr_pool *p, const gr_grammar *g, int node, int32_t up);
 /* Expand frame top (already in p) into terminal-topped stacks added to out. */

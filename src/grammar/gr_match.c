@@ -12,9 +12,13 @@
  * (node, sub-state, length so far): the tokens that stay inside the string,
  * plus the trie nodes where the string has just closed ("exits"). At run
  * time the cached bits are copied and only the exits' subtrees are swept
- * with the real stack below the string.
+ * with the real stack below the string. JSON strings go one step further:
+ * their walk does not depend on the grammar, so the vocabulary keeps one table
+ * per string sub-state (each token's code points, the exits' counts) and a
+ * string frame's entry is that table filtered by its remaining min/maxLength
+ * (a 250k-id pass, no trie walk).
  *
- * Owns: the vocabulary's copies of every token's bytes; the matcher owns its
+ * Owns: the vocabulary's copies of every token's bytes and its string tables; the matcher owns its
  * frame pools and scratch. Invariants: the matcher's state is never empty
  * unless it failed; a mask is never empty (terminators when nothing else).
  */
@@ -38,13 +42,21 @@ struct gr_vocab {
     int32_t *term;
     int n_term;
     int max_depth;
+    /* String tables, one per string sub-state, built on first use (under mu) and shared by
+     * every grammar: with no length limits, the code points each token adds while staying
+     * inside the string (STAB_OUT: it does not), and the trie nodes where the string closes
+     * with the code points before the quote. A bounded string's mask is a filter of them. */
+    pthread_mutex_t mu;
+    struct stab { uint8_t *cnt; int32_t *exits, *exit_cnt; int n_exits; } *stab[S_F4 + 1];
+    gr_centry *raw[R_NLLT + 1]; /* unbounded raw text (qwen3_coder values): whole entries */
 };
+
+#define STAB_OUT 255
 
 /* ==== the vocabulary ============================================================ */
 
-static const gr_vocab *g_sort_v;
-static int cmp_tok_bytes(const void *a, const void *b) {
-    const gr_vocab *v = g_sort_v;
+static int cmp_tok_bytes(const void *a, const void *b, void *ctx) {
+    const gr_vocab *v = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     uint32_t lx = v->tlen[x], ly = v->tlen[y];
     int c = memcmp(v->tb + v->toff[x], v->tb + v->toff[y], lx < ly ? lx : ly);
@@ -53,17 +65,12 @@ static int cmp_tok_bytes(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static pthread_mutex_t g_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-
 static void build_trie(gr_vocab *v) {
     int32_t *ids = xmalloc((size_t)v->n_vocab * sizeof *ids);
     int n = 0;
     for (int32_t i = 0; i < v->n_vocab; i++)
         if (!v->never[i]) ids[n++] = i;
-    pthread_mutex_lock(&g_sort_mu);
-    g_sort_v = v;
-    qsort(ids, (size_t)n, sizeof *ids, cmp_tok_bytes);
-    pthread_mutex_unlock(&g_sort_mu);
+    qsort_r(ids, (size_t)n, sizeof *ids, cmp_tok_bytes, v);
     size_t cap = 1024;
     v->nb = xmalloc(cap); v->nd = xmalloc(cap);
     v->nend = xmalloc(cap * sizeof(int32_t)); v->ntok = xmalloc(cap * sizeof(int32_t));
@@ -110,6 +117,7 @@ static void build_trie(gr_vocab *v) {
 
 static gr_vocab *vocab_alloc(int n_vocab, const int32_t *term, int n_term) {
     gr_vocab *v = xcalloc(1, sizeof *v);
+    pthread_mutex_init(&v->mu, NULL);
     v->n_vocab = n_vocab;
     v->words = (n_vocab + 31) / 32;
     v->toff = xcalloc((size_t)n_vocab, sizeof *v->toff);
@@ -169,6 +177,11 @@ gr_vocab *gr_vocab_from_bytes(int n, const char *const *tokens, const int *len, 
 
 void gr_vocab_free(gr_vocab *v) {
     if (!v) return;
+    for (int i = 0; i <= S_F4; i++)
+        if (v->stab[i]) { free(v->stab[i]->cnt); free(v->stab[i]->exits); free(v->stab[i]->exit_cnt); free(v->stab[i]); }
+    for (int i = 0; i <= R_NLLT; i++)
+        if (v->raw[i]) { free(v->raw[i]->bits); free(v->raw[i]->exits); free(v->raw[i]); }
+    pthread_mutex_destroy(&v->mu);
     free(v->tb); free(v->toff); free(v->tlen); free(v->never);
     free(v->nb); free(v->nd); free(v->nend); free(v->ntok); free(v->tnext); free(v->term);
     free(v);
@@ -338,9 +351,87 @@ static void sweep(gr_matcher *m, int first, int last, int d0, const gr_set *st0,
     }
 }
 
+/* The string table of sub-state pc0 (see struct gr_vocab): one sweep of the trie
+ * with a private (pc, count) per depth. */
+static const struct stab *stab_get(gr_vocab *vm, int pc0) {
+    pthread_mutex_lock(&vm->mu);
+    struct stab *t = vm->stab[pc0];
+    if (t) { pthread_mutex_unlock(&vm->mu); return t; }
+    const gr_vocab *v = vm;
+    t = xcalloc(1, sizeof *t);
+    t->cnt = xmalloc((size_t)v->n_vocab);
+    memset(t->cnt, STAB_OUT, (size_t)v->n_vocab);
+    int cap = 1024;
+    t->exits = xmalloc((size_t)cap * sizeof *t->exits);
+    t->exit_cnt = xmalloc((size_t)cap * sizeof *t->exit_cnt);
+    const gr_node free_str = {GN_STR, 0, -1, 0, 0, 0, 0};
+    int32_t pcs[MAX_TOKEN_BYTES + 2], xs[MAX_TOKEN_BYTES + 2];
+    pcs[0] = pc0;
+    xs[0] = 0;
+    for (int i = 1; i < v->n_nodes;) {
+        int d = v->nd[i];
+        int32_t pc = pcs[d - 1], x = xs[d - 1];
+        if (gr_str_step(&free_str, &pc, &x, v->nb[i]) < 0) { i = v->nend[i]; continue; }
+        if (pc == T_DONE) {
+            if (t->n_exits == cap) {
+                cap *= 2;
+                t->exits = xrealloc(t->exits, (size_t)cap * sizeof *t->exits);
+                t->exit_cnt = xrealloc(t->exit_cnt, (size_t)cap * sizeof *t->exit_cnt);
+            }
+            t->exits[t->n_exits] = i;
+            t->exit_cnt[t->n_exits++] = x;
+            i = v->nend[i];
+            continue;
+        }
+        pcs[d] = pc;
+        xs[d] = x;
+        for (int32_t k = v->ntok[i]; k >= 0; k = v->tnext[k]) t->cnt[k] = (uint8_t)x;
+        i++;
+    }
+    vm->stab[pc0] = t;
+    pthread_mutex_unlock(&vm->mu);
+    return t;
+}
+
+/* A string frame's entry: the shared table filtered by what is left of the
+ * node's minLength / maxLength after x code points. */
+static gr_centry *centry_str(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
+    const gr_node *n = &g->nodes[node];
+    const struct stab *t = stab_get((gr_vocab *)v, pc0);
+    int rem = n->b < 0 ? STAB_OUT - 1 : n->b - x0, need = n->a - x0;
+    gr_centry *c = xcalloc(1, sizeof *c);
+    c->node = node; c->pc = pc0; c->x = x0;
+    c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
+    for (int i = 0; i < v->n_vocab; i++)
+        if (t->cnt[i] <= rem) c->bits[i >> 5] |= 1u << (i & 31);
+    c->exits = xmalloc((size_t)(t->n_exits + 1) * sizeof *c->exits);
+    for (int k = 0; k < t->n_exits; k++)
+        if (t->exit_cnt[k] >= need && t->exit_cnt[k] <= rem) c->exits[c->n_exits++] = t->exits[k];
+    return c;
+}
+
 /* The cached mask of a lone string / raw-text frame: one sweep with a
  * private (pc, x) per depth, no stacks. */
+static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0);
+
 static gr_centry *centry_build(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
+    if (g->nodes[node].kind == GN_STR) return centry_str(g, v, node, pc0, x0);
+    return centry_walk(&g->nodes[node], v, node, pc0, x0);
+}
+
+/* The entry of unbounded raw text in sub-state pc, kept by the vocabulary. */
+static const gr_centry *raw_get(gr_vocab *v, int pc) {
+    pthread_mutex_lock(&v->mu);
+    if (!v->raw[pc]) {
+        const gr_node free_raw = {GN_RAW, -1, 0, 0, 0, 0, 0};
+        v->raw[pc] = centry_walk(&free_raw, v, -1, pc, 0);
+    }
+    gr_centry *c = v->raw[pc];
+    pthread_mutex_unlock(&v->mu);
+    return c;
+}
+
+static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
     gr_centry *c = xcalloc(1, sizeof *c);
     c->node = node; c->pc = pc0; c->x = x0;
     c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
@@ -352,7 +443,8 @@ static gr_centry *centry_build(const gr_grammar *g, const gr_vocab *v, int node,
     for (int i = 1; i < v->n_nodes;) {
         int d = v->nd[i];
         int32_t pc = pcs[d - 1], x = xs[d - 1];
-        if (gr_term_step(g, node, &pc, &x, v->nb[i]) < 0) { i = v->nend[i]; continue; }
+        int st = n->kind == GN_STR ? gr_str_step(n, &pc, &x, v->nb[i]) : gr_raw_step(n, &pc, &x, v->nb[i]);
+        if (st < 0) { i = v->nend[i]; continue; }
         if (pc == T_DONE) {
             if (c->n_exits == cap) c->exits = xrealloc(c->exits, (size_t)(cap *= 2) * sizeof *c->exits);
             c->exits[c->n_exits++] = i;
@@ -408,6 +500,29 @@ out:
     return c;
 }
 
+/* OR into bits the mask of the lone stack top, whose top frame is a string /
+ * raw-text frame with cache key (pc, x). */
+static void mask_cached(gr_matcher *m, int32_t top, int32_t pc, int32_t x, uint32_t *bits) {
+    const gr_vocab *v = m->v;
+    const gr_frame *f = &m->pool.f[top];
+    const gr_node *fn = &m->g->nodes[f->node];
+    int owned = 0;
+    const gr_centry *c = fn->kind == GN_RAW && fn->a < 0 ? raw_get((gr_vocab *)v, pc)
+                       : cache_get(m->g, v, f->node, pc, x, &owned);
+    for (int w = 0; w < v->words; w++) bits[w] |= c->bits[w];
+    /* below the string: what may follow it */
+    int32_t below[GR_MAX_SET];
+    gr_set after = {below, 0, 0};
+    gr_closure(m->g, &m->pool, f->up, &after);
+    if (after.n || after.accept)
+        for (int k = 0; k < c->n_exits; k++) {
+            int e = c->exits[k];
+            set_toks(v, e, bits);
+            if (after.n) sweep(m, e + 1, v->nend[e], v->nd[e], &after, bits);
+        }
+    if (owned) centry_free((gr_centry *)c);
+}
+
 int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
     const gr_vocab *v = m->v;
     m->last_cached = 0;
@@ -421,27 +536,23 @@ int gr_matcher_fill_mask(gr_matcher *m, uint32_t *bits) {
     }
     memset(bits, 0, (size_t)v->words * sizeof *bits);
     if (!m->failed && !m->finished) {
-        int mark = m->pool.n;
-        int32_t pc, x;
-        if (m->cur.n == 1 && gr_cache_key(m->g, &m->pool.f[m->cur.tops[0]], &pc, &x)) {
-            const gr_frame *f = &m->pool.f[m->cur.tops[0]];
-            int owned;
-            gr_centry *c = cache_get(m->g, v, f->node, pc, x, &owned);
-            memcpy(bits, c->bits, (size_t)v->words * sizeof *bits);
-            /* below the string: what may follow it */
-            int32_t below[GR_MAX_SET];
-            gr_set after = {below, 0, 0};
-            gr_closure(m->g, &m->pool, m->pool.f[m->cur.tops[0]].up, &after);
-            if (after.n || after.accept)
-                for (int k = 0; k < c->n_exits; k++) {
-                    int e = c->exits[k];
-                    set_toks(v, e, bits);
-                    if (after.n) sweep(m, e + 1, v->nend[e], v->nd[e], &after, bits);
-                }
-            if (owned) centry_free(c);
-            m->last_cached = 1;
-        } else {
-            sweep(m, 1, v->n_nodes, 0, &m->cur, bits);
+        /* The state is a set of alternative stacks and a token is allowed when one of them
+         * takes it: the mask is the union of the stacks' masks. A stack whose top is a
+         * string / raw-text frame takes its cached entry; the others share one sweep. */
+        int mark = m->pool.n, n_plain = 0;
+        int32_t plain[GR_MAX_SET];
+        for (int i = 0; i < m->cur.n; i++) {
+            int32_t pc, x;
+            if (gr_cache_key(m->g, &m->pool.f[m->cur.tops[i]], &pc, &x)) {
+                mask_cached(m, m->cur.tops[i], pc, x, bits);
+                m->last_cached = 1;
+            } else {
+                plain[n_plain++] = m->cur.tops[i];
+            }
+        }
+        if (n_plain) {
+            gr_set ps = {plain, n_plain, 0};
+            sweep(m, 1, v->n_nodes, 0, &ps, bits);
         }
         m->pool.n = mark;
     }

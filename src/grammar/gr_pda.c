@@ -93,7 +93,7 @@ void gr_unref(gr_grammar *g) {
 static int is_digit(uint8_t b) { return b >= '0' && b <= '9'; }
 
 /* A byte of a JSON string body, from S_BODY and its sub-states. */
-static int str_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
+int gr_str_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
     int max = n->b;
     switch (*pc) {
     case S_OPEN:
@@ -209,7 +209,7 @@ static int num_more(const gr_node *n, int pc, int x) {
 }
 
 /* Raw parameter text (qwen3_coder). x counts content bytes. */
-static int raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
+int gr_raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
     static const char stop[] = GR_RAW_STOP;
     const int slen = (int)sizeof stop - 1;
     int full = n->a >= 0 && *x >= n->a;
@@ -247,13 +247,13 @@ int gr_term_step(const gr_grammar *g, int node, int32_t *pc, int32_t *x, uint8_t
         if (*pc >= n->b || (uint8_t)g->bytes[n->a + *pc] != b) return -1;
         (*pc)++;
         return 0;
-    case GN_STR: return str_step(n, pc, x, b);
+    case GN_STR: return gr_str_step(n, pc, x, b);
     case GN_NUM: return num_step(n, pc, x, b);
     case GN_WS:
         if (*x >= n->a || !(b == ' ' || b == '\n' || b == '\t')) return -1;
         (*x)++;
         return 0;
-    case GN_RAW: return raw_step(n, pc, x, b);
+    case GN_RAW: return gr_raw_step(n, pc, x, b);
     }
     return -1;
 }

@@ -332,6 +332,19 @@ static void test_grammar_masks_equal_brute_force_json_schema(void **st) {
     gr_unref(g);
 }
 
+static void test_grammar_masks_equal_brute_force_alternative_strings(void **st) {
+    (void)st;
+    /* several live stacks inside strings: the union of per-stack (cached) masks */
+    /* after '"x' the one-character string allows only the quote, the enum "xb" allows 'b' */
+    char sch[2048] = "{\"type\":\"array\",\"maxItems\":4,\"items\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},"
+                     "{\"type\":\"integer\"},{\"enum\":[";
+    for (char c = 'a'; c <= 'z'; c++) snprintf(sch + strlen(sch), sizeof sch - strlen(sch), "%s\"%cb\"", c > 'a' ? "," : "", c);
+    strcat(sch, "]}]}}");
+    gr_grammar *g = schema(sch, 0);
+    check_masks(g, 10, 30);
+    gr_unref(g);
+}
+
 static void test_grammar_masks_equal_brute_force_free_strings(void **st) {
     (void)st;
     gr_grammar *g = gr_compile_json_object(); /* unbounded strings: the cached path */
@@ -395,6 +408,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_bad_schemas_name_their_path),
         cmocka_unit_test(test_grammar_tool_calls_in_both_formats),
         cmocka_unit_test(test_grammar_masks_equal_brute_force_json_schema),
+        cmocka_unit_test(test_grammar_masks_equal_brute_force_alternative_strings),
         cmocka_unit_test(test_grammar_masks_equal_brute_force_free_strings),
         cmocka_unit_test(test_grammar_masks_equal_brute_force_tool_calls),
         cmocka_unit_test(test_grammar_gate_and_eos_rules),

@@ -338,9 +338,14 @@ int smp_sample_ex(smp_ctx *c, const float *logits, const ls_sampling *p, const s
         if (edited) {
             for (int i = 0; i < ed->n_bias; i++)
                 if (ed->bias_ids[i] >= 0 && ed->bias_ids[i] < V) w[ed->bias_ids[i]] += ed->bias[i];
-            if (ed->allow)
-                for (int i = 0; i < V; i++)
-                    if (!((ed->allow[i >> 5] >> (i & 31)) & 1)) w[i] = -INFINITY;
+            if (ed->allow) /* a word at a time: masks are mostly all-allowed or all-refused runs */
+                for (int b = 0; b < V; b += 32) {
+                    uint32_t a = ed->allow[b >> 5];
+                    int n = V - b < 32 ? V - b : 32;
+                    if (a == 0xffffffffu && n == 32) continue;
+                    for (int i = 0; i < n; i++)
+                        if (!((a >> i) & 1)) w[b + i] = -INFINITY;
+                }
         }
         for (int i = 0; i < n_ban; i++)
             if (ban[i] >= 0 && ban[i] < V) w[ban[i]] = -INFINITY;

@@ -13,7 +13,7 @@ LDLIBS  += -ljansson -lpcre2-8 -l:libutf8proc.a -lmicrohttpd -lcurl -lpthread -l
 LDFLAGS += -pthread -Wl,-rpath,'$$ORIGIN'
 
 # Every module's sources (dependency order: base fmt tok ops model doctor engine server cli).
-MODULES := base fmt tok ops ops/cpu model doctor engine server
+MODULES := base fmt tok grammar ops ops/cpu model doctor engine server
 LIB_SRC := $(foreach m,$(MODULES),$(wildcard src/$(m)/*.c))
 CLI_SRC := $(wildcard src/cli/*.c)
 LIB_OBJ := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)

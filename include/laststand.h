@@ -123,8 +123,41 @@ typedef struct ls_sampling {
      * with LASTSTAND_TEST_FORCE_IDS=1 in the environment. A forced -1 puts
      * a NaN into that step's logits row instead (tests the "error" path). */
     const int32_t *force_ids; int n_force;
+    /* Added (additive): constrained decoding and logit_bias.
+     * grammar: the output must follow it (see ls_grammar_* below); ls_submit takes its own
+     * reference. grammar_gate: the constraint starts once the output holds these bytes
+     * ("</think>" for a reasoning model; NULL: from the first token). logit_bias: OpenAI's
+     * token id -> bias in [-100, 100], added to the raw logits before everything else.
+     * A constrained step samples from the masked distribution: tokens the grammar refuses get
+     * -inf before the penalties, temperature and top_k / top_p / min_p, so probabilities
+     * renormalise over the allowed tokens, greedy picks the best allowed one, and logprobs are
+     * those of the masked distribution. EOS and stop_ids are allowed only where the grammar
+     * accepts (and then min_tokens no longer bans them once nothing else may follow). */
+    const struct ls_grammar *grammar;
+    const char *grammar_gate;
+    const int32_t *logit_bias_ids; const float *logit_bias; int n_logit_bias;
 } ls_sampling;
 void ls_sampling_default(ls_sampling *s);
+
+/* ---- constrained decoding (added, additive) ------------------------------------
+ * A compiled constraint over the engine's tokenizer. Compiling builds the
+ * engine's vocabulary trie on first use (a fraction of a second for a 250k
+ * vocabulary). Errors are LS_ERR_INVAL with err naming the JSON path at fault,
+ * prefixed by path. The supported JSON Schema subset is listed in
+ * src/grammar/gr.h. */
+typedef struct ls_grammar ls_grammar;
+/* schema_json: a JSON Schema; strict: OpenAI's strict (additionalProperties false by default). */
+int ls_grammar_json_schema(ls_engine *e, const char *schema_json, int strict, const char *path,
+                           ls_grammar **out, char *err, size_t errn);
+/* Any JSON object. */
+int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t errn);
+/* Tool calls: tools_json is the request's "tools" array; only = the function that must be
+ * called (NULL: any of them); format "hermes" (<tool_call>{"name":..., "arguments":...}
+ * </tool_call>) or "qwen3_coder" (the XML form); between min_calls and max_calls calls. */
+int ls_grammar_tool_calls(ls_engine *e, const char *tools_json, const char *only, const char *format,
+                          int min_calls, int max_calls, const char *path, ls_grammar **out, char *err,
+                          size_t errn);
+void ls_grammar_free(ls_grammar *g);
 
 typedef struct ls_event {
     int64_t request_id;

@@ -9,12 +9,14 @@
 #    form whose blocks hold their share of the row in shared memory (sample_cuda_fast_sm,
 #    LASTSTAND_SAMPLE_SM=1), and its kept sets / seeded tokens against the descent and the host.
 # 2. test_sample_cuda --bench: µs a call, 248320-wide BF16 rows, batch 1 and 16: descent,
-#    wide-digit (1 / 2 blocks an SM), the row in shared memory.
-# 3. test_sample_cuda --phases: the shared-memory form's phase times (clock64 stamps) of one row.
+#    wide-digit (1 / 2 blocks an SM), the row in shared memory, and with the top_k bound from the
+#    widen's warp maxima (sample_cuda_fast_lb, LASTSTAND_SAMPLE_LB=1).
+# 3. test_sample_cuda --phases: the shared-memory form's phase times (clock64 stamps) of one row,
+#    without and with the top_k bound.
 # 4. test_gemv_cuda, test_gdn_decode_cuda (after S8's deletions in gemv.cu).
 # 5. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
 #    synth Qwen3.5-35B-A3B, 8 layers, seeded T 0.7 top_k 20 top_p 0.95 and T 0.7 top_p 0.9:
-#    LASTSTAND_SAMPLE_SM=0 vs 1 (the ids must agree), and greedy.
+#    LASTSTAND_SAMPLE_SM=0 vs 1 (and + LASTSTAND_SAMPLE_LB=1; the ids must agree), and greedy.
 # Each step is bounded by `timeout`; the whole script stays under 90 s.
 set -u
 BIN=${1:?usage: tidy.sh BIN OUTDIR}
@@ -48,7 +50,7 @@ if [ -x "$T" ]; then
     echo "== test_sample_cuda --phases $(el)"
     timeout -k 3 10 "$T" --phases >"$OUT/sample_phases.log" 2>&1
     echo "rc=$? $(el)"
-    cut -c1-400 "$OUT/sample_phases.log" | tail -8
+    cut -c1-400 "$OUT/sample_phases.log" | tail -14
 else
     echo "missing: $T"
 fi
@@ -81,12 +83,15 @@ same_ids() { # tag tag
     b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$2.out" 2>/dev/null)
     echo "  ids $1 == $2: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
 }
-echo "== decode step, synth 35B 8 layers: LASTSTAND_SAMPLE_SM=0 vs 1 $(el)"
-for f in 0 1; do
+echo "== decode step, synth 35B 8 layers: LASTSTAND_SAMPLE_SM=0 vs 1 (lb: + LASTSTAND_SAMPLE_LB=1) $(el)"
+for f in 0 1 lb; do
     [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
-    GEN_ENV="LASTSTAND_SAMPLE_SM=$f" gen "k20p95-sm$f" 20 --temperature 0.7 --top-k 20 --top-p 0.95 --seed 7
+    env="LASTSTAND_SAMPLE_SM=$f"
+    [ $f = lb ] && env="LASTSTAND_SAMPLE_SM=1 LASTSTAND_SAMPLE_LB=1"
+    GEN_ENV="$env" gen "k20p95-sm$f" 20 --temperature 0.7 --top-k 20 --top-p 0.95 --seed 7
 done
 same_ids k20p95-sm0 k20p95-sm1
+same_ids k20p95-sm0 k20p95-smlb
 for f in 0 1; do
     [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
     GEN_ENV="LASTSTAND_SAMPLE_SM=$f" gen "p90-sm$f" 20 --temperature 0.7 --top-p 0.9 --seed 11

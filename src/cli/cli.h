@@ -13,6 +13,7 @@ int cmd_chat_template(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_sweep(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 

@@ -21,6 +21,7 @@ static const struct {
     {"sweep", cmd_sweep, "launch a server per grid point, smoke-test, bench"},
     {"synth", cmd_synth, "write a random-weight checkpoint of a real architecture"},
     {"quantize", cmd_quantize, "BF16 -> NVFP4 (ModelOpt layout)"},
+    {"grammar", cmd_grammar, "constrained decoding: token masks of a JSON Schema (tests, bench)"},
 };
 
 static void usage(FILE *f) {

@@ -41,6 +41,7 @@
  * its own inputs, seed and RNG, never on the batch it ran in.
  */
 #include "engine/engine_int.h"
+#include "engine/engine_grammar.h"
 #include "engine/stats.h"
 
 #include <dirent.h>
@@ -145,6 +146,7 @@ static void engine_free(ls_engine *e) {
     free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
     free(e->srows); free(e->sres); free(e->stoks); free(e->smark); free(e->scnt);
+    eg_engine_free(e);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -602,6 +604,7 @@ static void req_free(ereq *r) {
     free(r->pent);
     if (r->ts) tok_stream_free(r->ts);
     stop_free(&r->sm);
+    eg_free(r);
     free(r);
 }
 
@@ -700,6 +703,10 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
     if (e->tok) r->ts = tok_stream_new(e->tok, s->skip_special_tokens);
     stop_init(&r->sm, r->sp.stop, r->sp.n_stop);
     r->t_submit = now_sec();
+    if ((rc = eg_submit(e, r, s, err, errn)) < 0) { /* grammar and logit_bias */
+        req_free(r);
+        return rc;
+    }
 
     pthread_mutex_lock(&e->mu);
     if (e->closing) {
@@ -960,8 +967,10 @@ static void sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
         j->row[e->vocab / 2] = NAN;
     }
     j->err.code = 0;
-    j->rc = smp_sample(c, j->row, &r->sp, &h, r->ban, n_gen < r->sp.min_tokens ? r->n_ban : 0, &r->rng,
-                       forced, &j->res, &j->err);
+    smp_edit ed;
+    const smp_edit *edp = eg_edit(r, &ed); /* grammar mask, logit_bias */
+    int n_ban = n_gen < r->sp.min_tokens && !eg_only_end(r) ? r->n_ban : 0;
+    j->rc = smp_sample_ex(c, j->row, &r->sp, &h, r->ban, n_ban, edp, &r->rng, forced, &j->res, &j->err);
 }
 
 static void sample_worker(void *ctx, int64_t w0, int64_t w1) {
@@ -1006,6 +1015,7 @@ static void commit_token(ls_engine *e, samp_job *j) {
         r->cap_tok = cap;
     }
     r->tok[r->n_tok++] = t;
+    eg_commit(r, t);
     n_gen++;
     double now = now_sec();
     pthread_mutex_lock(&e->stats_mu);
@@ -1170,7 +1180,9 @@ static void run_step(ls_engine *e, int nb) {
         ntok += s->n_new;
     }
     fwd_batch b = {.n_seq = nb, .seqs = e->seqs, .ids = e->ids, .logits = e->logits};
-    if (e->dev_smp) {
+    int dev_smp = e->dev_smp; /* rows with a grammar mask or logit_bias sample on the host */
+    for (int i = 0; i < nb && dev_smp; i++) dev_smp = !eg_host_only(e->batch[i]);
+    if (dev_smp) {
         int n_toks = 0;
         for (int i = 0; i < nb; i++) {
             ereq *r = e->batch[i];
@@ -1209,9 +1221,9 @@ static void run_step(ls_engine *e, int nb) {
         if (r->n_cached != r->n_tok) continue;
         samp_job *j = &e->jobs[e->n_jobs++];
         *j = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
-        if (e->dev_smp) dev_result(j, &e->sres[i]);
+        if (dev_smp) dev_result(j, &e->sres[i]);
     }
-    if (!e->dev_smp) sample_all(e);
+    if (!dev_smp) sample_all(e);
     for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
 }
 

@@ -52,6 +52,12 @@ struct ereq {
     stop_matcher sm;
     double t_submit, t_first, t_last;
     int prompt_counted;
+    /* constrained decoding and logit_bias (engine_grammar.c) */
+    struct gr_matcher *gm;     /* NULL: unconstrained */
+    uint32_t *gmask;           /* [mask words] this step's allowed ids */
+    int32_t *lb_ids;           /* [n_lb] logit_bias */
+    float *lb;
+    int n_lb;
 };
 
 /* One request's sampling in a step: filled in parallel, committed in order. */
@@ -127,6 +133,9 @@ struct ls_engine {
 
     pthread_t thread;
     int thread_started;
+
+    /* constrained decoding: the tokenizer's byte trie, built on first use (engine_grammar.c) */
+    struct gr_vocab *gvocab;
 };
 
 /* prefix_engine.c: the prefix cache's hooks in the engine thread (see there) */

@@ -311,6 +311,12 @@ int smp_filtered_dist(smp_ctx *c, const float *logits, const ls_sampling *p, int
 int smp_sample(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_hist *h,
                const int32_t *ban, int n_ban, smp_rng *rng, int32_t forced, smp_result *res,
                ls_err *e) {
+    return smp_sample_ex(c, logits, p, h, ban, n_ban, NULL, rng, forced, res, e);
+}
+
+int smp_sample_ex(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_hist *h,
+                  const int32_t *ban, int n_ban, const smp_edit *ed, smp_rng *rng, int32_t forced,
+                  smp_result *res, ls_err *e) {
     int V = c->vocab;
     /* NaN/Inf scan on the exponent bits: an OR reduction the compiler vectorises */
     const uint32_t *bits = (const uint32_t *)(const void *)logits;
@@ -325,9 +331,22 @@ int smp_sample(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_
     int penalised = (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f && h->n_prompt + h->n_out) ||
                     ((p->frequency_penalty != 0 || p->presence_penalty != 0) && h->n_out);
     const float *x = logits;
-    if (n_ban > 0 || penalised) {
+    int edited = ed && (ed->allow || ed->n_bias > 0);
+    if (n_ban > 0 || penalised || edited) {
         float *w = c->work;
         memcpy(w, logits, (size_t)V * sizeof *w);
+        if (edited) {
+            for (int i = 0; i < ed->n_bias; i++)
+                if (ed->bias_ids[i] >= 0 && ed->bias_ids[i] < V) w[ed->bias_ids[i]] += ed->bias[i];
+            if (ed->allow) /* a word at a time: masks are mostly all-allowed or all-refused runs */
+                for (int b = 0; b < V; b += 32) {
+                    uint32_t a = ed->allow[b >> 5];
+                    int n = V - b < 32 ? V - b : 32;
+                    if (a == 0xffffffffu && n == 32) continue;
+                    for (int i = 0; i < n; i++)
+                        if (!((a >> i) & 1)) w[b + i] = -INFINITY;
+                }
+        }
         for (int i = 0; i < n_ban; i++)
             if (ban[i] >= 0 && ban[i] < V) w[ban[i]] = -INFINITY;
         smp_apply_penalties(c, w, p, h);
@@ -373,6 +392,7 @@ int smp_sample(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_
         if (k > 0) {
             /* rank by ex (monotone in the logit); reuse cand as heap space */
             int n = top_k_ids(c, V, c->ex, k, c->cand);
+            while (n > 0 && !(c->ex[c->cand[n - 1]] > 0) && isinf(c->work[c->cand[n - 1]])) n--; /* masked */
             res->n_top = n;
             for (int i = 0; i < n; i++) {
                 res->top_ids[i] = c->cand[i];

@@ -61,6 +61,19 @@ int smp_sample(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_
                const int32_t *ban, int n_ban, smp_rng *rng, int32_t forced, smp_result *res,
                ls_err *e);
 
+/* Added (additive): the same with edits of the raw logits before step 2:
+ * bias (OpenAI logit_bias: added) then allow (a bitmask of ids, bit i of word
+ * i / 32; a clear bit sets the logit to -inf). Either may be absent (NULL / 0).
+ * The edited logits are what the NaN check has already passed, so the -inf of
+ * a masked token is never an error; top logprobs list only allowed tokens. */
+typedef struct smp_edit {
+    const uint32_t *allow;
+    const int32_t *bias_ids; const float *bias; int n_bias;
+} smp_edit;
+int smp_sample_ex(smp_ctx *c, const float *logits, const ls_sampling *p, const smp_hist *h,
+                  const int32_t *ban, int n_ban, const smp_edit *ed, smp_rng *rng, int32_t forced,
+                  smp_result *res, ls_err *e);
+
 /* ---- pieces, exposed for tests ------------------------------------------- */
 /* Steps 3-4 in place on logits [vocab]. */
 void smp_apply_penalties(smp_ctx *c, float *logits, const ls_sampling *p, const smp_hist *h);

@@ -192,14 +192,23 @@ static int parse_tools(pctx *p, srv_req *r) {
             const char *s = json_string_value(tc);
             if (!strcmp(s, "none")) r->tool_choice = TC_NONE;
             else if (!strcmp(s, "auto")) r->tool_choice = r->tools ? TC_AUTO : TC_NONE;
-            else if (!strcmp(s, "required"))
-                return bad(p, "tool_choice", "tool_choice: \"required\" is not supported yet (it needs constrained "
-                           "decoding); use \"auto\" or \"none\"");
-            else return bad(p, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or a named function, got \"%s\"", s);
+            else if (!strcmp(s, "required")) {
+                if (!r->tools) return bad(p, "tool_choice", "tool_choice: \"required\" needs at least one tool in tools");
+                r->tool_choice = TC_REQUIRED;
+            } else return bad(p, "tool_choice", "tool_choice: expected \"none\", \"auto\", \"required\" or a named function, got \"%s\"", s);
         } else if (json_is_object(tc)) {
+            const char *type = json_string_value(json_object_get(tc, "type"));
+            if (type && strcmp(type, "function"))
+                return bad(p, "tool_choice", "tool_choice.type: expected \"function\", got \"%s\"", type);
             const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
-            return bad(p, "tool_choice", "tool_choice: forcing the function '%s' is not supported yet (it needs "
-                       "constrained decoding); use \"auto\" or \"none\"", name ? name : "?");
+            if (!name) return bad(p, "tool_choice", "tool_choice.function.name: expected a string");
+            int found = 0;
+            for (size_t i = 0; i < json_array_size(r->tools) && !found; i++)
+                found = !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(r->tools, i), "function"),
+                                                                  "name")), name);
+            if (!found) return bad(p, "tool_choice", "tool_choice.function.name: '%s' is not among the request's tools", name);
+            r->tool_choice = TC_NAMED;
+            r->tool_choice_name = name;
         } else {
             return bad(p, "tool_choice", "tool_choice: expected a string or an object");
         }
@@ -397,14 +406,54 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
     r->user = json_string_value(user);
     json_t *rf = get(o, "response_format");
     if (rf) {
+        if (!json_is_object(rf)) return bad(p, "response_format", "response_format: expected an object");
         const char *t = json_string_value(json_object_get(rf, "type"));
         if (!t) return bad(p, "response_format", "response_format.type: expected a string");
-        if (strcmp(t, "text"))
-            return bad(p, "response_format", "response_format: type '%s' is not supported yet (it needs constrained decoding)", t);
+        if (!strcmp(t, "json_object")) {
+            r->rf_kind = RF_JSON_OBJECT;
+        } else if (!strcmp(t, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!json_is_object(js)) return bad(p, "response_format", "response_format.json_schema: expected an object");
+            json_t *nm = json_object_get(js, "name");
+            if (nm && !json_is_string(nm)) return bad(p, "response_format", "response_format.json_schema.name: expected a string");
+            json_t *sc = json_object_get(js, "schema");
+            if (!sc) sc = json_object_get(js, "schema_"); /* some SDK versions */
+            if (!sc) return bad(p, "response_format", "response_format.json_schema.schema: required");
+            if (!json_is_object(sc) && !json_is_boolean(sc))
+                return bad(p, "response_format", "response_format.json_schema.schema: expected a JSON Schema object");
+            json_t *stv = json_object_get(js, "strict");
+            if (stv && !json_is_boolean(stv) && !json_is_null(stv))
+                return bad(p, "response_format", "response_format.json_schema.strict: expected true or false");
+            r->rf_kind = RF_JSON_SCHEMA;
+            r->rf_schema = sc;
+            r->rf_strict = json_is_true(stv);
+            r->rf_path = "response_format.json_schema.schema";
+        } else if (strcmp(t, "text")) {
+            return bad(p, "response_format", "response_format.type: expected text, json_object or json_schema, got '%s'", t);
+        }
     }
     json_t *lb = get(o, "logit_bias");
-    if (lb && (!json_is_object(lb) || json_object_size(lb)))
-        return bad(p, "logit_bias", "logit_bias: not supported");
+    if (lb) {
+        if (!json_is_object(lb)) return bad(p, "logit_bias", "logit_bias: expected an object of token id -> bias");
+        size_t n = json_object_size(lb);
+        r->lb_ids = arena_alloc(r->a, (n + 1) * sizeof *r->lb_ids);
+        r->lb = arena_alloc(r->a, (n + 1) * sizeof *r->lb);
+        const char *k;
+        json_t *v;
+        json_object_foreach(lb, k, v) {
+            char *end = NULL;
+            long long id = strtoll(k, &end, 10);
+            if (!*k || *end || id < 0 || id > INT32_MAX)
+                return bad(p, "logit_bias", "logit_bias.%s: the key must be a token id", k);
+            if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+                return bad(p, "logit_bias", "logit_bias.%s: the bias must be a number in [-100, 100]", k);
+            r->lb_ids[r->n_lb] = (int32_t)id;
+            r->lb[r->n_lb++] = (float)json_number_value(v);
+        }
+        s->logit_bias_ids = r->lb_ids;
+        s->logit_bias = r->lb;
+        s->n_logit_bias = r->n_lb;
+    }
     return 0;
 }
 
@@ -436,6 +485,7 @@ void req_free(srv_req *r) {
     json_decref(r->messages);
     json_decref(r->prompt_strings);
     json_decref(r->own_kwargs);
+    ls_grammar_free(r->grammar);
     if (r->a) arena_free(r->a);
     memset(r, 0, sizeof *r);
 }

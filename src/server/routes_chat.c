@@ -257,10 +257,11 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
     int rc = tokenize_prompt(sv, r, text, rs);
     free(text);
     if (rc || srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
+    if (srv_req_constrain(sv, r, prompt_opens_think(r->prompts[0].text), rs)) goto fail;
 
     cx->use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
     cx->force_reasoning = cx->use_rp && (sv->cfg.reasoning_always || prompt_opens_think(r->prompts[0].text));
-    cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice == TC_AUTO;
+    cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice != TC_NONE;
     srv_random_id(cx->id, sizeof cx->id, "chatcmpl-");
     cx->created = (json_int_t)time(NULL);
 

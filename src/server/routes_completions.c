@@ -135,6 +135,7 @@ void route_completions(srv *sv, srv_conn *c, const char *body, size_t len, srv_r
     if (srv_check_model(sv, r, rs) || tokenize_prompts(sv, r, rs)) goto fail;
     for (int i = 0; i < r->n_prompts; i++)
         if (srv_check_prompt(sv, r, &r->prompts[i], rs)) goto fail;
+    if (srv_req_constrain(sv, r, 0, rs)) goto fail;
     srv_random_id(cx->id, sizeof cx->id, "cmpl-");
     cx->created = (json_int_t)time(NULL);
 

@@ -129,6 +129,26 @@ static json_t *to_completion(json_t *in, srv_resp *rs) {
     json_object_set_new(out, "max_tokens", mx ? json_incref(mx) : json_integer(128));
     json_t *mn = json_object_get(sp, "min_new_tokens");
     if (mn) json_object_set(out, "min_tokens", mn);
+    json_t *rx = json_object_get(sp, "regex");
+    if (rx && !json_is_null(rx)) {
+        srv_error(rs, 400, NULL, "sampling_params", "sampling_params.regex: not supported (json_schema is)");
+        json_decref(out);
+        return NULL;
+    }
+    json_t *js = json_object_get(sp, "json_schema");
+    if (js && !json_is_null(js)) {
+        /* SGLang takes the schema as a JSON string */
+        json_t *sc = json_is_string(js) ? json_loads(json_string_value(js), JSON_DECODE_ANY, NULL) : NULL;
+        if (!sc) {
+            srv_error(rs, 400, NULL, "sampling_params", "sampling_params.json_schema: expected a JSON Schema as a JSON string");
+            json_decref(out);
+            return NULL;
+        }
+        json_object_set_new(out, "response_format", json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema", "json_schema",
+                                                              "name", "generate", "schema", sc));
+    }
+    json_t *lb = json_object_get(sp, "logit_bias");
+    if (lb) json_object_set(out, "logit_bias", lb);
     json_t *st = json_object_get(in, "stream");
     if (st) json_object_set(out, "stream", st);
     json_t *fi = json_object_get(in, "force_ids");
@@ -176,6 +196,8 @@ void route_generate(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp
     }
     for (int i = 0; i < r->n_prompts; i++)
         if (srv_check_prompt(sv, r, &r->prompts[i], rs)) { native_free(cx); return; }
+    r->rf_path = "sampling_params.json_schema";
+    if (srv_req_constrain(sv, r, 0, rs)) { native_free(cx); return; }
     gen *g;
     char err[512] = "";
     if ((rc = gen_start(sv, r, &g, err, sizeof err))) { srv_submit_error(rs, rc, err); native_free(cx); return; }

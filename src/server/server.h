@@ -108,7 +108,8 @@ size_t tp_partial_suffix(const char *s, size_t n, const char *const *tags);
 /* req.c: request bodies                                                  */
 /* ===================================================================== */
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
-enum { TC_NONE = 0, TC_AUTO = 1 };
+enum { TC_NONE = 0, TC_AUTO = 1, TC_REQUIRED = 2, TC_NAMED = 3 };
+enum { RF_TEXT = 0, RF_JSON_OBJECT = 1, RF_JSON_SCHEMA = 2 }; /* response_format.type */
 
 typedef struct srv_prompt {
     int32_t *ids; int n;          /* arena */
@@ -144,6 +145,14 @@ typedef struct srv_req {
     int32_t *stop_ids; int n_stop_ids;
     int32_t *force_ids; int n_force;
     const char *user;
+    /* constrained decoding (added): parsed by req.c, compiled by req_grammar.c */
+    const char *tool_choice_name; /* TC_NAMED: the function (borrowed) */
+    int rf_kind;                  /* RF_* */
+    const json_t *rf_schema;      /* RF_JSON_SCHEMA: borrowed from root */
+    int rf_strict;
+    const char *rf_path;          /* the schema's JSON path in error messages */
+    ls_grammar *grammar;          /* owned; r->s.grammar points at it */
+    int32_t *lb_ids; float *lb; int n_lb; /* logit_bias (arena) */
 } srv_req;
 
 /* Parse and validate a body (status 400 on failure): returns ERR_INVAL with
@@ -157,6 +166,14 @@ void req_free(srv_req *r);
  * them. Fills *out (from ls_sampling_default otherwise) and returns the
  * values found as a JSON object (new reference, {} when none). */
 json_t *req_model_sampling_defaults(const char *model_dir, ls_sampling *out);
+
+/* req_grammar.c: compile the request's constraint (response_format, tool_choice
+ * required / named) into r->grammar and r->s.grammar. opens_think: the rendered
+ * prompt leaves a <think> open, so the constraint starts after "</think>".
+ * Returns 0, or fills rs with a 400 naming the JSON path at fault. */
+struct srv;
+struct srv_resp;
+int srv_req_constrain(struct srv *sv, srv_req *r, int opens_think, struct srv_resp *rs);
 
 /* ===================================================================== */
 /* gen.c: engine submissions and the per-request event queue              */

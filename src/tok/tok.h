@@ -56,4 +56,11 @@ void tok_stream_free(tok_stream *s);
 char *tok_stream_push_n(tok_stream *s, int32_t id, size_t *len);
 char *tok_stream_finish_n(tok_stream *s, size_t *len);
 
+/* Added (additive, for constrained decoding): the raw bytes id decodes to on
+ * its own, before any UTF-8 repair (a ByteLevel token may hold part of a
+ * character). A pointer into the tokenizer, valid while it lives; NULL when
+ * id is a hole or the decoder is not plain ByteLevel (then tok_decode_n of
+ * the single id is the best available). */
+const char *tok_token_bytes(const tokenizer *t, int32_t id, size_t *len);
+
 #endif

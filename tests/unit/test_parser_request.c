@@ -130,14 +130,21 @@ static void test_rejections_name_the_field(void **st) {
     rejects(SRV_CHAT, b, "n: expected an integer", "n");
     snprintf(b, sizeof b, "{%s,\"stop\":[\"a\",3]}", msg);
     rejects(SRV_CHAT, b, "stop[1]", "stop");
-    snprintf(b, sizeof b, "{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}", msg);
-    rejects(SRV_CHAT, b, "\"required\" is not supported yet", "tool_choice");
-    snprintf(b, sizeof b, "{%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", msg);
-    rejects(SRV_CHAT, b, "forcing the function 'f'", "tool_choice");
+    snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\"}", msg);
+    rejects(SRV_CHAT, b, "\"required\" needs at least one tool", "tool_choice");
+    snprintf(b, sizeof b, "{%s,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"g\"}}],"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", msg);
+    rejects(SRV_CHAT, b, "tool_choice.function.name: 'f' is not among", "tool_choice");
     snprintf(b, sizeof b, "{%s,\"top_logprobs\":2}", msg);
     rejects(SRV_CHAT, b, "requires logprobs", "top_logprobs");
-    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_object\"}}", msg);
-    rejects(SRV_CHAT, b, "json_object", "response_format");
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"yaml\"}}", msg);
+    rejects(SRV_CHAT, b, "response_format.type: expected text, json_object or json_schema", "response_format");
+    snprintf(b, sizeof b, "{%s,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}", msg);
+    rejects(SRV_CHAT, b, "response_format.json_schema.schema: required", "response_format");
+    snprintf(b, sizeof b, "{%s,\"logit_bias\":{\"12\":101}}", msg);
+    rejects(SRV_CHAT, b, "logit_bias.12: the bias must be a number in [-100, 100]", "logit_bias");
+    snprintf(b, sizeof b, "{%s,\"logit_bias\":{\"x\":1}}", msg);
+    rejects(SRV_CHAT, b, "logit_bias.x: the key must be a token id", "logit_bias");
     snprintf(b, sizeof b, "{%s,\"force_ids\":[1]}", msg);
     rejects(SRV_CHAT, b, "test-only", "force_ids");
     rejects(SRV_COMPLETION, "{\"prompt\":[1,-2]}", "prompt[1]", "prompt");

@@ -35,7 +35,7 @@ static dev_info g_dev;
 static int have_gpu(void) { return cuda_test_gpu("test_sample_cuda", 9, &g_mem, &g_dev, &g_st); }
 
 static const sample_impl *g_impl = &sample_cuda_block; /* the form under test (the group's setup) */
-static const sample_impl *g_fast = &sample_cuda_fast;   /* the wide-digit form under test against the descent */
+static const sample_impl *g_fast = &sample_cuda_fast;   /* the cluster form under test against the one block */
 
 /* Run a device sampler over rows of vocab-wide logits (fp32 or BF16). */
 static void dev_sample_with(const sample_impl *impl, int vocab, const float *x, int rows, int bf16, const smp_row *p,
@@ -261,7 +261,7 @@ static void test_seeded_draws_repeat_and_nan_rows_are_reported(void **st) {
     assert_true(differ > 0); /* the counter moves the draw */
 }
 
-/* The cluster form against the one-block form on a full Qwen3.5 vocabulary (248320, BF16,
+/* The cluster forms against the one-block form on a full Qwen3.5 vocabulary (248320, BF16,
  * where each of the cluster's blocks holds ~30k ids): the same greedy ids, bad indices, top
  * logprob ids, the same seeded draws, logprobs to 1e-5; greedy rows also against the host. */
 enum { VB = 248320, RB = 7 };
@@ -292,8 +292,10 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     smp_out *ob = malloc(sizeof(smp_out) * RB), *ow = malloc(sizeof(smp_out) * RB);
     for (int bf = 0; bf < 2; bf++) {
         dev_sample_with(&sample_cuda_block, VB, x, RB, bf, p, toks, 6, ob);
-        for (int form = 0; form < 2; form++) { /* the cluster form, then with 16-byte passes */
-            dev_sample_with(form ? &sample_cuda_wide_vec : &sample_cuda_descent, VB, x, RB, bf, p, toks, 6, ow);
+        /* the row in global memory, in shared memory, and with the top_k bound */
+        const sample_impl *forms[] = {&sample_cuda_fast, &sample_cuda_fast_sm, &sample_cuda_fast_lb};
+        for (int form = 0; form < 3; form++) {
+            dev_sample_with(forms[form], VB, x, RB, bf, p, toks, 6, ow);
             for (int r = 0; r < RB; r++) {
                 assert_int_equal(ob[r].bad_idx, -1);
                 assert_int_equal(ow[r].bad_idx, -1);
@@ -334,7 +336,7 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     }
     /* a NaN in a late block: reported by its index, as the one-block form does */
     x[(size_t)VB * 2 + 240001] = NAN;
-    dev_sample_with(&sample_cuda_descent, VB, x, RB, 1, p, toks, 6, ow);
+    dev_sample_with(&sample_cuda_fast_sm, VB, x, RB, 1, p, toks, 6, ow);
     assert_int_equal(ow[2].bad_idx, 240001);
     assert_int_equal(ow[2].token, -1);
     assert_int_equal(ow[1].bad_idx, -1);
@@ -342,10 +344,11 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     free(x); free(ob); free(ow);
 }
 
-/* ---- the wide-digit top_k / top_p (sample_cuda_fast) -------------------------------------
- * Its kept set must be the host's (and so the old descent's): the draw code is shared, so with
- * the same seed and counter the two cluster forms draw the same token wherever the kept sets
- * agree, and every draw lies in the host's kept set. */
+/* ---- the wide-digit top_k / top_p (the cluster forms) -------------------------------------
+ * Its kept set must be the host's (and so the one-block descent's): the draw is the same code,
+ * so with the same seed and counter the forms draw the same token wherever the kept sets agree
+ * (up to the last bits of the masses, summed in another order), and every draw lies in the
+ * host's kept set. */
 
 /* rows copies of one vocab-wide row x, seeds seed0.., through both cluster forms: the same
  * tokens, each in the host's kept set for s (and, when want_all, every kept token of host
@@ -363,7 +366,7 @@ static int fast_vs_old(int vocab, const float *x, int bf16, const ls_sampling *s
         if (n_ban) { p[r].ban_off = 0; p[r].n_ban = n_ban; }
     }
     dev_sample_with(g_fast, vocab, xs, rows, bf16, p, ban, n_ban, of);
-    dev_sample_with(&sample_cuda_descent, vocab, xs, rows, bf16, p, ban, n_ban, oo);
+    dev_sample_with(&sample_cuda_block, vocab, xs, rows, bf16, p, ban, n_ban, oo);
     /* the host's kept set, on the row as the GPU sees it (BF16-rounded, bans applied) */
     float *xh = malloc(sizeof(float) * vocab);
     for (int i = 0; i < vocab; i++) xh[i] = bf16 ? bf16_to_f32(f32_to_bf16(x[i])) : x[i];
@@ -378,7 +381,7 @@ static int fast_vs_old(int vocab, const float *x, int bf16, const ls_sampling *s
     for (int r = 0; r < rows; r++) {
         assert_int_equal(of[r].bad_idx, -1);
         if (of[r].token != oo[r].token)
-            fprintf(stderr, "  row %d: fast %d, old %d (T %.2f top_k %d top_p %g min_p %g)\n", r, of[r].token,
+            fprintf(stderr, "  row %d: cluster %d, one block %d (T %.2f top_k %d top_p %g min_p %g)\n", r, of[r].token,
                     oo[r].token, s->temperature, s->top_k, s->top_p, s->min_p);
         assert_int_equal(of[r].token, oo[r].token);
         assert_true(of[r].token >= 0 && of[r].token < vocab);
@@ -514,14 +517,17 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     p[12].ban_off = 0; p[12].n_ban = 4;
     smp_out of[R], oo[R], o2[R], o1;
     dev_sample_with(g_fast, VB, x, R, 1, p, ban, 4, of);
-    dev_sample_with(&sample_cuda_descent, VB, x, R, 1, p, ban, 4, oo);
+    dev_sample_with(&sample_cuda_block, VB, x, R, 1, p, ban, 4, oo);
     /* one or two blocks an SM: the same code, the same results; the row in shared memory: the
      * same tokens, draws and top ids (its Z of a greedy row sums in another order: logprobs
      * within 1e-6) */
-    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_sm, &sample_cuda_fast};
-    for (int f = 0; f < 4; f++) {
+    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_sm, &sample_cuda_fast_lb,
+                                 &sample_cuda_fast};
+    for (int f = 0; f < 5; f++) {
         if (same[f] == g_fast) continue;
-        const int exact = same[f] != &sample_cuda_fast_sm && g_fast != &sample_cuda_fast_sm;
+        const int sm_f = same[f] == &sample_cuda_fast_sm || same[f] == &sample_cuda_fast_lb;
+        const int sm_g = g_fast == &sample_cuda_fast_sm || g_fast == &sample_cuda_fast_lb;
+        const int exact = sm_f == sm_g;
         dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
         for (int r = 0; r < R; r++) {
             assert_int_equal(o2[r].token, of[r].token);
@@ -533,7 +539,7 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     }
     for (int r = 0; r < R; r++) {
         assert_int_equal(of[r].bad_idx, -1);
-        if (of[r].token != oo[r].token) fprintf(stderr, "  row %d: fast %d, old %d\n", r, of[r].token, oo[r].token);
+        if (of[r].token != oo[r].token) fprintf(stderr, "  row %d: cluster %d, one block %d\n", r, of[r].token, oo[r].token);
         assert_int_equal(of[r].token, oo[r].token);
         assert_true(fabsf(of[r].logprob - oo[r].logprob) < 1e-5f);
         assert_int_equal(of[r].n_top, oo[r].n_top);
@@ -566,18 +572,18 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
 }
 
 static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
-static int setup_wide(void **st) { (void)st; g_impl = &sample_cuda_descent; return 0; }
-static int setup_wide_vec(void **st) { (void)st; g_impl = &sample_cuda_wide_vec; return 0; }
 static int setup_fast(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast; return 0; }
 static int setup_fast_sm(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_sm; return 0; }
+static int setup_fast_lb(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_lb; return 0; }
 static int setup_engine(void **st) { (void)st; g_impl = &sample_cuda; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call over 248320-wide BF16 rows, batch 1 and 16,
- * eager launches back to back: greedy and sampled modes, the cluster form with the radix
- * descent (scalar and 16-byte passes) against the wide-digit form (sample_cuda_fast), on two
- * rows: uniform in [0, 8) (BF16: ~1000 ties a value, the id half of the key searched) and a
- * long-tailed one (12 u^3 - 2: a few high logits, the shape of a model's). The one-block form
- * only for greedy (its sampled rows take milliseconds). */
+ * eager launches back to back: greedy and sampled modes, the cluster form with the row in global
+ * memory (sample_cuda_fast; one or two blocks an SM) against the row in shared memory
+ * (sample_cuda_fast_sm) and with the top_k bound (sample_cuda_fast_lb), on two rows: uniform in
+ * [0, 8) (BF16: ~1000 ties a value, the id half of the key searched) and a long-tailed one (12 u^3
+ * - 2: a few high logits, the shape of a model's). The one-block form only for greedy (its
+ * sampled rows take hundreds of µs). */
 #include <time.h>
 static double now_us(void) {
     struct timespec t;
@@ -593,9 +599,9 @@ static int bench(void) {
     void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_descent, &sample_cuda_wide_vec, &sample_cuda_fast,
-                                  &sample_cuda_fast1, &sample_cuda_fast2,   &sample_cuda_fast_sm};
-    enum { NI = 7 }; /* the row in shared memory (the last): its row-0 token checked against the fast form's */
+    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_fast, &sample_cuda_fast1, &sample_cuda_fast2,
+                                  &sample_cuda_fast_sm, &sample_cuda_fast_lb};
+    enum { NI = 6 }; /* the row in shared memory (the last two): their row-0 tokens checked against the fast form's */
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -626,7 +632,7 @@ static int bench(void) {
                 for (int k = mode ? 1 : 0; k < NI; k++) {
                     sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt,
                                      .work = dw, .out = dout};
-                    const int IT = mode && k < 3 ? 60 : 200;
+                    const int IT = 200;
                     for (int it = 0; it < 5; it++) impls[k]->run(&a, g_st, &e);
                     g_mem->sync(g_st, &e);
                     double t0 = now_us();
@@ -639,12 +645,11 @@ static int bench(void) {
                 }
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
-                printf("sampler V=%d %-6s batch %2d %-27s: descent %6.1f us, 16-byte %6.1f, wide-digit %5.1f (x%.1f; "
-                       "1 block/SM %5.1f, 2 blocks/SM %5.1f), row in shared memory %5.1f (x%.2f)%s%s, row 0 tokens "
-                       "%d %d %d %d %d %d\n",
-                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[1] / us[3], us[4],
-                       us[5], us[6], us[3] / us[6], tok[6] == tok[3] ? "" : " MISMATCH", blk, tok[1], tok[2], tok[3],
-                       tok[4], tok[5], tok[6]);
+                printf("sampler V=%d %-6s batch %2d %-27s: global row %5.1f us (1 block/SM %5.1f, 2 blocks/SM %5.1f), "
+                       "row in shared memory %5.1f (x%.2f), + top_k bound %5.1f (x%.2f)%s%s, row 0 tokens %d %d %d %d %d\n",
+                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[4], us[1] / us[4],
+                       us[5], us[1] / us[5], tok[4] == tok[1] && tok[5] == tok[1] ? "" : " MISMATCH", blk, tok[1],
+                       tok[2], tok[3], tok[4], tok[5]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
@@ -676,32 +681,35 @@ static int phases(void) {
     };
     static const char *ph[] = {"widen", "max/Z", "top_k", "top_p", "draw sums", "pick", "Z", "top lp", "end"};
     enum { N = 10, RUNS = 21 };
-    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
-        ls_sampling s = smp_of(modes[k].t, modes[k].k, modes[k].p, 0.f);
-        s.logprobs = modes[k].lp > 0;
-        s.top_logprobs = modes[k].lp;
-        smp_row p = row_from(&s);
-        g_mem->h2d(dp, &p, sizeof p, g_st, &e);
-        sample_args a = {.rows = 1, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
-                         .out = dout};
-        long long st[RUNS][N];
-        for (int r = 0; r < RUNS; r++)
-            if (sample_cuda_profile(&a, g_st, st[r], N, &e) < 0) { fprintf(stderr, "phases: %s\n", e.msg); return 1; }
-        printf("phases %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):", modes[k].name, RUNS);
-        long long prev = 0;
-        for (int j = 1; j < N; j++) {
-            long long d[RUNS];
-            int nd = 0;
+    for (int lb = 0; lb < 2; lb++) {
+        for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+            ls_sampling s = smp_of(modes[k].t, modes[k].k, modes[k].p, 0.f);
+            s.logprobs = modes[k].lp > 0;
+            s.top_logprobs = modes[k].lp;
+            smp_row p = row_from(&s);
+            g_mem->h2d(dp, &p, sizeof p, g_st, &e);
+            sample_args a = {.rows = 1, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
+                             .out = dout};
+            long long st[RUNS][N];
             for (int r = 0; r < RUNS; r++)
-                if (st[r][j]) d[nd++] = st[r][j] - st[r][0];
-            if (!nd) continue;
-            for (int u = 1; u < nd; u++) /* insertion sort */
-                for (int v = u; v > 0 && d[v] < d[v - 1]; v--) { long long t = d[v]; d[v] = d[v - 1]; d[v - 1] = t; }
-            const long long med = d[nd / 2];
-            printf(" %s %.1f [%lld]", ph[j - 1], (med - prev) / 1980.0, med);
-            prev = med;
+                if (sample_cuda_profile(&a, g_st, lb, st[r], N, &e) < 0) { fprintf(stderr, "phases: %s\n", e.msg); return 1; }
+            printf("phases%s %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):", lb ? " +bound" : "",
+                   modes[k].name, RUNS);
+            long long prev = 0;
+            for (int j = 1; j < N; j++) {
+                long long d[RUNS];
+                int nd = 0;
+                for (int r = 0; r < RUNS; r++)
+                    if (st[r][j]) d[nd++] = st[r][j] - st[r][0];
+                if (!nd) continue;
+                for (int u = 1; u < nd; u++) /* insertion sort */
+                    for (int v = u; v > 0 && d[v] < d[v - 1]; v--) { long long t = d[v]; d[v] = d[v - 1]; d[v - 1] = t; }
+                const long long med = d[nd / 2];
+                printf(" %s %.1f [%lld]", ph[j - 1], (med - prev) / 1980.0, med);
+                prev = med;
+            }
+            printf("\n");
         }
-        printf("\n");
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);
@@ -762,15 +770,16 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_fast_full_vocab_batch_16_mixed),
     };
     int rc = cmocka_run_group_tests_name("one block a row", tests, setup_block, NULL);
-    rc |= cmocka_run_group_tests_name("a cluster a row (the radix descent)", tests, setup_wide, NULL);
-    rc |= cmocka_run_group_tests_name("a cluster a row, 16-byte passes", tests, setup_wide_vec, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, wide-digit top_k / top_p", tests, setup_fast, NULL);
     rc |= cmocka_run_group_tests_name("the engine's sampler (sample_cuda: the form the environment picks)", tests,
                                       setup_engine, NULL);
     rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory", tests, setup_fast_sm, NULL);
-    rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the descent", fast, setup_fast, NULL);
-    rc |= cmocka_run_group_tests_name("the row in shared memory vs the descent", fast, setup_fast_sm, NULL);
+    rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the one block", fast, setup_fast, NULL);
+    rc |= cmocka_run_group_tests_name("the row in shared memory vs the one block", fast, setup_fast_sm, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the top_k bound", tests, setup_fast_lb,
+                                      NULL);
+    rc |= cmocka_run_group_tests_name("the top_k bound vs the one block", fast, setup_fast_lb, NULL);
     return rc;
 #else
     (void)argc;

@@ -283,6 +283,54 @@ static void test_draw_frequencies_match_softmax(void **st) {
     smp_free(c);
 }
 
+/* Constrained decoding's edits: refused ids get -inf, so greedy takes the best allowed id,
+ * logprobs renormalise over the allowed ones and top_logprobs list only them; logit_bias is
+ * added to the raw logits first. */
+static void test_mask_and_logit_bias_renormalise(void **st) {
+    (void)st;
+    smp_ctx *c = smp_new(4);
+    const double w[4] = {1, 2, 3, 4};
+    float x[4];
+    log_weights(x, w, 4);
+    ls_sampling p = params(0);
+    p.logprobs = 1;
+    p.top_logprobs = 4;
+    smp_hist h = {0};
+    smp_rng rng;
+    smp_rng_seed(&rng, 1);
+    uint32_t allow = (1u << 0) | (1u << 2);
+    smp_edit ed = {.allow = &allow};
+    smp_result r;
+    ls_err e = {0};
+    assert_int_equal(smp_sample_ex(c, x, &p, &h, NULL, 0, &ed, &rng, -1, &r, &e), 0);
+    assert_int_equal(r.token, 2);
+    assert_true(fabs(r.logprob - log(3.0 / 4.0)) < 1e-5);
+    assert_int_equal(r.n_top, 2);
+    assert_int_equal(r.top_ids[0], 2);
+    assert_int_equal(r.top_ids[1], 0);
+    assert_true(fabs(r.top_logprobs[1] - log(1.0 / 4.0)) < 1e-5);
+    /* +log 3 on id 0: weights 3 and 3 among the allowed, the lower id wins the tie */
+    int32_t bid = 0;
+    float bias = (float)log(3.0);
+    ed.bias_ids = &bid;
+    ed.bias = &bias;
+    ed.n_bias = 1;
+    assert_int_equal(smp_sample_ex(c, x, &p, &h, NULL, 0, &ed, &rng, -1, &r, &e), 0);
+    assert_int_equal(r.token, 0);
+    assert_true(fabs(r.logprob - log(0.5)) < 1e-5);
+    /* sampled: only allowed ids ever come out */
+    p.temperature = 1;
+    ed.n_bias = 0;
+    int seen[4] = {0};
+    for (int i = 0; i < 2000; i++) {
+        assert_int_equal(smp_sample_ex(c, x, &p, &h, NULL, 0, &ed, &rng, -1, &r, &e), 0);
+        seen[r.token]++;
+    }
+    assert_int_equal(seen[1] + seen[3], 0);
+    assert_true(fabs(seen[2] / 2000.0 - 0.75) < 0.05);
+    smp_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_k_keeps_k_most_likely_renormalised),
@@ -296,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_nan_logits_are_an_error_naming_the_index),
         cmocka_unit_test(test_same_seed_same_tokens_other_seed_differs),
         cmocka_unit_test(test_draw_frequencies_match_softmax),
+        cmocka_unit_test(test_mask_and_logit_bias_renormalise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

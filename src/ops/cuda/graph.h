@@ -36,20 +36,20 @@ void cug_destroy(void *exec);
 size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_dim, int ctx_cap);
 
 /* The sampler on CUDA (sample.cu): sample_cuda is the engine's (the form LASTSTAND_SAMPLE_WIDE
- * picks); the two forms by name, for tests and timing: one block a row, one cluster a row. */
+ * picks); the forms by name, for tests and timing. */
 extern const sample_impl sample_cuda;
-extern const sample_impl sample_cuda_block;
-extern const sample_impl sample_cuda_wide;
-extern const sample_impl sample_cuda_descent; /* the cluster form with the radix descent, whatever the environment */
-extern const sample_impl sample_cuda_wide_vec; /* the cluster form with 16-byte passes (LASTSTAND_SAMPLE_VEC=1) */
-extern const sample_impl sample_cuda_fast; /* the cluster form, wide-digit top_k / top_p (the default; LASTSTAND_SAMPLE_FAST=0: the descent) */
+extern const sample_impl sample_cuda_block; /* one block a row (the radix descent) */
+extern const sample_impl sample_cuda_wide;  /* a cluster a row, as LASTSTAND_SAMPLE_SM / _LB pick */
+extern const sample_impl sample_cuda_fast;  /* a cluster a row, wide-digit top_k / top_p, the row in global memory */
 extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
 extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
 extern const sample_impl sample_cuda_fast_sm; /* the same, each block's share of the row in its shared memory */
-/* (test-only) One launch of sample_cuda_fast_sm with rank 0's phase stamps (clock64 of its SM,
- * sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z, top
- * logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or < 0. */
-int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e);
+extern const sample_impl sample_cuda_fast_lb; /* the same, its top_k bounded by the widen's warp maxima */
+/* (test-only) One launch of sample_cuda_fast_sm (lb: _lb) with rank 0's phase stamps (clock64 of
+ * its SM, sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z,
+ * top logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or
+ * < 0. */
+int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, long long *stamps, int n, ls_err *e);
 
 #ifdef __cplusplus
 }

@@ -25,10 +25,10 @@
  *      summed exactly) and a finish among <= 256 candidates in shared memory
  *      (cl_key_select, below: the design and the error bound), and also takes
  *      m from the widen's maximum when nothing edits the row, and Z (only the
- *      logprobs need it there) in the draw's pass; the one-block form and the
- *      cluster form with LASTSTAND_SAMPLE_FAST=0 by a radix descent, 4 bits a
- *      pass, over counts or masses. min_p is a plain predicate (exp(s - m) >=
- *      min_p). The kept tokens are those at or above both thresholds;
+ *      logprobs need it there) in the draw's pass; the one-block form by a
+ *      radix descent, 4 bits a pass, over counts or masses. min_p is a plain
+ *      predicate (exp(s - m) >= min_p). The kept tokens are those at or above
+ *      both thresholds;
  *   6. the draw: u · mass against a prefix sum in id order (each thread owns a
  *      contiguous segment; segment sums scanned across the block), u from
  *      Philox-4x32-10 keyed by the request's seed, counter = its completion
@@ -481,7 +481,20 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
  * rounding of a boundary). Global writes before a cluster barrier are visible after it (the
  * barrier is release / acquire at cluster scope), which orders the work row's widen, bans and
  * penalties across blocks. A block leaves only at a barrier every block reaches, so no block
- * reads the shared memory of one that exited. */
+ * reads the shared memory of one that exited.
+ *
+ * The row in shared memory (SM, LASTSTAND_SAMPLE_SM): block r widens the ids [r·L, (r+1)·L),
+ * L = SMP_T·S (S = ceil(V / SMW_G), a thread's draw segment), in 16-byte loads into its shared
+ * memory in id order (8 x 122 KB for 248320 ids), and every later pass, the bans and penalties
+ * (each block the ids it owns) and the draw (thread t's segment is s[t·S ..], conflict-free for
+ * odd S) read it there: no global work row, no L2 round trips after the widen. The draw's sums
+ * run over the same segments in the same order as with the row in global memory, so the seeded
+ * tokens, Z and the masses are bitwise the same; only a greedy row's Z (logprobs) sums in
+ * another order. The top_k bound (LB, LASTSTAND_SAMPLE_LB): the top_k-th largest of the
+ * cluster's SMW_NW warp maxima (each one a real key, so at least top_k keys are at or above it)
+ * published with the widen's barrier; cl_key_select gathers every key at or above it at once
+ * when they fit its SMF_CAP candidates (a long-tailed row: about top_k of them) and ranks them,
+ * no histogram pass; else (flat rows, ties) the search as without it. */
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
@@ -493,6 +506,7 @@ typedef struct smw_slot {
     int i[16];
     float f;
     int pad_;
+    uint64_t wk[16]; /* the widen's warp maxima (rank keys; 0: none), for the top_k bound */
 } smw_slot;
 
 typedef struct smw_shared {
@@ -513,63 +527,38 @@ struct smw_ctx {
     __device__ const smw_slot *peer(smw_shared &sh, unsigned r) { return cl.map_shared_rank(&sh.slot[par], r); }
 };
 
-/* Cluster sums of N doubles (and, with INTS, N ints) per thread: each warp's sums in shared
- * memory, thread j < N adds the warps in order into this block's slot (the block total the
- * one-block kernel's blk_sum_dn makes, bitwise), the cluster syncs, thread j adds the ranks'
- * slots in order, and every thread reads the N totals back. Only N threads walk the partials
- * (every thread did in blk_sum_dn: 16 x 16 shared loads each, most of a descent pass). */
-template <int N, bool INTS>
-__device__ void cl_sums(double (&v)[N], int (&n)[N], smw_shared &sh, smw_ctx &c) {
+/* Cluster sums of N doubles per thread: each warp's sums in shared memory, thread j < N adds
+ * the warps in order into this block's slot (the block total the one-block kernel's blk_sum_dn
+ * makes, bitwise), the cluster syncs, thread j adds the ranks' slots in order, and every thread
+ * reads the N totals back. */
+template <int N>
+__device__ void cl_sum_dn(double (&v)[N], smw_shared &sh, smw_ctx &c) {
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
 #pragma unroll
     for (int j = 0; j < N; j++) {
         double t = warp_sum_d(v[j]);
         if (lane == 0) sh.b.d[w * 16 + j] = t;
-        if (INTS) {
-            int k = warp_sum_i(n[j]);
-            if (lane == 0) sh.b.i[w * 16 + j] = k;
-        }
     }
     __syncthreads();
     if (tid < N) {
         double t = 0;
-        int k = 0;
-        for (int q = 0; q < SMP_W; q++) {
-            t += sh.b.d[q * 16 + tid];
-            if (INTS) k += sh.b.i[q * 16 + tid];
-        }
+        for (int q = 0; q < SMP_W; q++) t += sh.b.d[q * 16 + tid];
         c.slot(sh)->d[tid] = t;
-        if (INTS) c.slot(sh)->i[tid] = k;
     }
-    c.cl.sync(); /* also: every thread is past its reads of sh.b.d / sh.b.i before they are reused */
+    c.cl.sync(); /* also: every thread is past its reads of sh.b.d before they are reused */
     if (tid < N) {
-        double t = 0;
-        int k = 0;
-        for (unsigned r = 0; r < SMW_CL; r++) {
-            const smw_slot *q = c.peer(sh, r);
-            t += q->d[tid];
-            if (INTS) k += q->i[tid];
-        }
+        double t = 0, dr[SMW_CL];
+#pragma unroll
+        for (unsigned r = 0; r < SMW_CL; r++) dr[r] = c.peer(sh, r)->d[tid]; /* the remote loads together */
+#pragma unroll
+        for (unsigned r = 0; r < SMW_CL; r++) t += dr[r];                      /* then the sums in order */
         sh.res_d[tid] = t;
-        if (INTS) sh.res_i[tid] = k;
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < N; j++) {
-        v[j] = sh.res_d[j];
-        if (INTS) n[j] = sh.res_i[j];
-    }
+    for (int j = 0; j < N; j++) v[j] = sh.res_d[j];
     c.par ^= 1;
 }
-
-template <int N>
-__device__ void cl_sum_dn(double (&v)[N], smw_shared &sh, smw_ctx &c) {
-    int none[N];
-    cl_sums<N, false>(v, none, sh, c);
-}
-
-/* The radix descent's digit histogram: 16 masses and 16 counts. */
-__device__ void cl_sum_hist(double (&b)[16], int (&n)[16], smw_shared &sh, smw_ctx &c) { cl_sums<16, true>(b, n, sh, c); }
 
 /* Cluster (value, id) maximum with lowest id on ties, the minimum of lo and the maximum of hi. */
 __device__ void cl_argmax_min_max(float &v, int &id, int &lo, int &hi, smw_shared &sh, smw_ctx &c) {
@@ -586,11 +575,19 @@ __device__ void cl_argmax_min_max(float &v, int &id, int &lo, int &hi, smw_share
     if (threadIdx.x == 0) {
         float bv = -INFINITY;
         int bi = INT_MAX, mn = INT_MAX, mx = INT_MIN;
-        for (unsigned r = 0; r < SMW_CL; r++) {
+        float fr[SMW_CL];
+        int4 ir[SMW_CL];
+#pragma unroll
+        for (unsigned r = 0; r < SMW_CL; r++) { /* the remote loads in flight together */
             const smw_slot *q = c.peer(sh, r);
-            if (r == 0 || q->f > bv || (q->f == bv && q->i[0] < bi)) { bv = q->f; bi = q->i[0]; }
-            mn = min(mn, q->i[1]);
-            mx = max(mx, q->i[2]);
+            fr[r] = q->f;
+            ir[r] = make_int4(q->i[0], q->i[1], q->i[2], 0);
+        }
+#pragma unroll
+        for (unsigned r = 0; r < SMW_CL; r++) {
+            if (r == 0 || fr[r] > bv || (fr[r] == bv && ir[r].x < bi)) { bv = fr[r]; bi = ir[r].x; }
+            mn = min(mn, ir[r].y);
+            mx = max(mx, ir[r].z);
         }
         sh.res_f = bv; sh.res_i[0] = bi; sh.res_i[1] = mn; sh.res_i[2] = mx;
     }
@@ -605,13 +602,11 @@ __device__ float cl_max(float v, smw_shared &sh, smw_ctx &c) {
     return v;
 }
 
-/* f(i, w[i]) over global thread g's elements of the work row, ids ascending per thread:
- * i = g, g + SMW_G, ...; or with VEC (LASTSTAND_SAMPLE_VEC=1, opt-in until a device round
- * checks it) and V % 4 == 0, 16-byte loads q = g, g + SMW_G, ... of ids 4q .. 4q + 3: a
- * quarter of the dependent L2 round trips of a pass, the sums in another (still fixed) order. */
-template <bool VEC, class F>
+/* f(i, w[i]) over global thread g's elements of the work row, ids ascending per thread: when
+ * V % 4 == 0, 16-byte loads q = g, g + SMW_G, ... of ids 4q .. 4q + 3, else i = g, g + SMW_G, ... */
+template <class F>
 __device__ __forceinline__ void w_each(const float *__restrict__ w, int V, int g, F &&f) {
-    if (VEC && (V & 3) == 0) {
+    if ((V & 3) == 0) {
         const float4 *w4 = (const float4 *)w;
         const int nv = V >> 2;
 #pragma unroll 2
@@ -627,52 +622,9 @@ __device__ __forceinline__ void w_each(const float *__restrict__ w, int V, int g
     }
 }
 
-/* key_descent over the cluster (same digits, same decisions; the sums in cluster order). */
-template <int MASS, bool VEC>
-__device__ uint64_t cl_key_descent(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
-                                   double target, smw_shared &sh, smw_ctx &c, int g) {
-    uint64_t P = 0;
-    double above = 0;
-    for (int shf = 60; shf >= 0; shf -= 4) {
-        double b[16];
-        int n[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++) { b[j] = 0; n[j] = 0; }
-        const uint64_t span = shf == 60 ? 0 : (16ull << shf);
-        w_each<VEC>(w, V, g, [&](int i, float x) {
-            float s = scaled(x, inv, scale);
-            uint64_t k = rank_key(s, i);
-            if (k < floor || k < P || (span && k - P >= span)) return;
-            int d = (int)((k - P) >> shf);
-            double val = MASS ? (double)expf(s - m) : 1.0;
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                if (d == j) { b[j] += val; n[j]++; }
-        });
-        cl_sum_hist(b, n, sh, c);
-        int dsel = -1;
-        double suf = 0;
-        for (int j = 15; j >= 0; j--) {
-            double here = MASS ? b[j] : (double)n[j];
-            if (above + suf + here >= target) { dsel = j; break; }
-            suf += here;
-        }
-        if (dsel < 0) {
-            dsel = 0;
-            suf -= MASS ? b[0] : (double)n[0];
-        }
-        P += (uint64_t)dsel << shf;
-        above += suf;
-        if (shf == 32) {
-            if (n[dsel] <= 1 || (!MASS && above + n[dsel] == target)) return P;
-        }
-    }
-    return P;
-}
-
-/* ---- top_k / top_p without the descent (the default; smw_row_kernel<.., FAST>) ----
+/* ---- top_k / top_p: wide-digit histograms ------------------------------------------------
  *
- * The threshold search of cl_key_descent in wide digits: a pass over the work row builds an
+ * The one-block form's key_descent in wide digits: a pass over the work row builds an
  * SMF_NB-bin histogram of the next digit of the rank key (counts, with MASS the masses exp(s -
  * m) in fixed point, and in the value half past the first pass each bin's least and largest
  * value; one shared atomic each a token, the mass in two exact 32-bit words) over the keys
@@ -730,6 +682,9 @@ typedef struct smf_shared {
     u64s r_above, r_target, r_nsel, r_key;
     int r_bin, r_single;
     unsigned r_v;
+    int n_all;                /* the untruncated count of the last gather */
+    u64s lbk[SMW_NW];         /* the cluster's warp maxima, and the top_k bound from them */
+    u64s lb;
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -769,12 +724,11 @@ __device__ __forceinline__ int warp_pick(u64s meas, u64s above, u64s target, int
  * threads' draw segments [g·S, (g + 1)·S)). each(f): f(i, x) over this thread's ids, ascending
  * (the passes whose result does not depend on the order: argmax with its tie rule, maxima,
  * integer histograms, candidate lists); seg(i): the value of id i of this thread's segment. */
-template <bool VEC>
 struct smw_grow {
     const float *w;
     int V, g;
     template <class F>
-    __device__ __forceinline__ void each(F &&f) const { w_each<VEC>(w, V, g, f); }
+    __device__ __forceinline__ void each(F &&f) const { w_each(w, V, g, f); }
     __device__ __forceinline__ float seg(int i) const { return w[i]; }
 };
 struct smw_srow {
@@ -806,7 +760,7 @@ struct smw_srow {
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, class Row>
 __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
-                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c) {
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -819,7 +773,57 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
         __syncthreads(); /* every thread has read have_all */
         if (tid == 0) fs.have_all = 0;
     }
-    if (known < 0) {
+    /* the keys of [P0, P0 + 2^rb) (rb 64: of [P0, 2^64)) at or above floor, with their masses,
+     * into shared memory: each block's list, then every block gathers all of them in rank
+     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were */
+    auto gather = [&](uint64_t P0, int rb) {
+        if (tid == 0) fs.nl = 0;
+        __syncthreads();
+        row.each([&](int i, float x) {
+            const float s = scaled(x, inv, scale);
+            const uint64_t k = rank_key(s, i);
+            if (k < floor || k < P0) return;
+            if (rb < 64 && ((k - P0) >> rb)) return;
+            const unsigned at = atomicAdd(&fs.nl, 1u);
+            if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = mass_fx(expf(s - m)); }
+        });
+        __syncthreads();
+        c.cl.sync(); /* every block's list is complete */
+        if (tid == 0) {
+            int o = 0, t = 0;
+            unsigned nrs[SMW_CL];
+#pragma unroll
+            for (unsigned r = 0; r < SMW_CL; r++) nrs[r] = c.cl.map_shared_rank(&fs, r)->nl;
+            for (unsigned r = 0; r < SMW_CL; r++) {
+                const unsigned nr = nrs[r];
+                fs.off[r] = o;
+                o += (int)min(nr, (unsigned)SMF_CAP);
+                t += (int)min(nr, (unsigned)INT_MAX / 16);
+            }
+            fs.off[SMW_CL] = min(o, SMF_CAP);
+            fs.n_all = t;
+        }
+        __syncthreads();
+        const int n = fs.off[SMW_CL];
+        for (int j = tid; j < n; j += SMP_T) {
+            int r = 0;
+            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
+            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
+            fs.ck[j] = q->lk[j - fs.off[r]];
+            fs.cf[j] = q->lf[j - fs.off[r]];
+        }
+    };
+    /* a top_k with a bound lb (at least kcount keys >= lb: the widen's warp maxima): every key
+     * >= lb gathered at once when they are at most SMF_CAP (no histogram), else the search */
+    if (!MASS && lb > floor && known < 0 && all != 2) {
+        gather(lb, 64);
+        const int ok = fs.n_all <= SMF_CAP;
+        if (ok && tid == 0) { fs.have_all = 1; fs.all_floor = lb; }
+        __syncthreads();
+        c.cl.sync(); /* no block rewrites its list while another still reads it */
+        if (ok) { P = lb; all = 2; }
+    }
+    if (known < 0 && all != 2) {
         P = 0;
         for (;;) {
             if (rbits == 32 && !id_half) { /* the id half: only the bits below V - 1's highest */
@@ -873,11 +877,22 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
                 const int b = (int)c.rank * SMF_SL + tid;
                 unsigned n = 0, vlo = 0xffffffffu, vhi = 0;
                 u64s ms = 0;
-                for (unsigned r = 0; r < SMW_CL; r++) {
+                unsigned cr[SMW_CL], hr[SMW_CL], lr[SMW_CL], ar[SMW_CL], br[SMW_CL];
+#pragma unroll
+                for (unsigned r = 0; r < SMW_CL; r++) { /* the remote loads in flight together */
                     const smf_shared *q = c.cl.map_shared_rank(&fs, r);
-                    n += q->cnt[b];
-                    if (MASS) ms += ((u64s)q->mhi[b] << 32) + q->mlo[b];
-                    if (vals) { vlo = min(vlo, q->vmin[b]); vhi = max(vhi, q->vmax[b]); }
+                    cr[r] = q->cnt[b];
+                    hr[r] = MASS ? q->mhi[b] : 0;
+                    lr[r] = MASS ? q->mlo[b] : 0;
+                    ar[r] = vals ? q->vmin[b] : 0xffffffffu;
+                    br[r] = vals ? q->vmax[b] : 0;
+                }
+#pragma unroll
+                for (unsigned r = 0; r < SMW_CL; r++) {
+                    n += cr[r];
+                    ms += ((u64s)hr[r] << 32) + lr[r];
+                    vlo = min(vlo, ar[r]);
+                    vhi = max(vhi, br[r]);
                 }
                 fs.mc[tid] = n;
                 fs.mm[tid] = ms;
@@ -956,43 +971,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
     }
 
     if (all != 2) {
-        /* the keys of [P, P + 2^rbits) (all: of [P, 2^64)) at or above floor into shared memory:
-         * nsel <= SMF_CAP of them (all: above + nsel; known: known) */
-        if (tid == 0) fs.nl = 0;
-        __syncthreads();
-        {
-            const uint64_t P0 = P;
-            const int rb = all ? 64 : rbits;
-            const bool fx = MASS || all;
-            auto gather = [&](int i, float x) {
-                const float s = scaled(x, inv, scale);
-                const uint64_t k = rank_key(s, i);
-                if (k < floor || k < P0) return;
-                if (rb < 64 && ((k - P0) >> rb)) return;
-                const unsigned at = atomicAdd(&fs.nl, 1u);
-                if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = fx ? mass_fx(expf(s - m)) : 0; }
-            };
-            row.each(gather);
-        }
-        __syncthreads();
-        c.cl.sync(); /* every block's list is complete */
-        if (tid == 0) {
-            int o = 0;
-            for (unsigned r = 0; r < SMW_CL; r++) {
-                fs.off[r] = o;
-                o += (int)min(c.cl.map_shared_rank(&fs, r)->nl, (unsigned)SMF_CAP);
-            }
-            fs.off[SMW_CL] = min(o, SMF_CAP);
-        }
-        __syncthreads();
-        const int n = fs.off[SMW_CL];
-        for (int j = tid; j < n; j += SMP_T) {
-            int r = 0;
-            while (r + 1 < SMW_CL && fs.off[r + 1] <= j) r++;
-            const smf_shared *q = c.cl.map_shared_rank(&fs, (unsigned)r);
-            fs.ck[j] = q->lk[j - fs.off[r]];
-            fs.cf[j] = q->lf[j - fs.off[r]];
-        }
+        gather(P, all ? 64 : rbits);
         if (all == 1 && tid == 0) { fs.have_all = 1; fs.all_floor = P; }
         __syncthreads();
         c.cl.sync(); /* no block rewrites its list while another still reads it */
@@ -1047,13 +1026,13 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
 }
 
 /* The work row of the form: global memory, or (SM) the block's ids in its shared memory. */
-template <bool SM, bool VEC>
+template <bool SM>
 struct smw_row_of {
-    typedef smw_grow<VEC> type;
+    typedef smw_grow type;
     static __device__ type make(const float *w, int V, int g, const float *, int, int) { return type{w, V, g}; }
 };
-template <bool VEC>
-struct smw_row_of<true, VEC> {
+template <>
+struct smw_row_of<true> {
     typedef smw_srow type;
     static __device__ type make(const float *, int, int, const float *s, int lo, int n) { return type{s, lo, n}; }
 };
@@ -1067,13 +1046,13 @@ enum { SMS_LD = 8, SMS_NPROF = 10 };
         if (prof && lead) prof[k] = clock64();      \
     } while (0)
 
-template <typename T, bool VEC, bool FAST, int MINB, bool SM>
+template <typename T, int MINB, bool SM>
 __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     smw_row_kernel(int V, const T *__restrict__ logits, const smp_row *__restrict__ rows,
                    const int32_t *__restrict__ toks, float *__restrict__ work, smp_out *__restrict__ out,
-                   long long *prof) {
+                   long long *prof, int lbon) {
     __shared__ smw_shared sh;
-    __shared__ smf_shared fs; /* FAST only (unreferenced, and so not allocated, otherwise) */
+    __shared__ smf_shared fs;
     extern __shared__ float4 wsm[]; /* SM: the ids [slo, slo + sn) in order (smw_srow) */
     smw_ctx c = {cg::this_cluster(), 0, 0};
     c.rank = c.cl.block_rank();
@@ -1091,15 +1070,18 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const int S = (V + SMW_G - 1) / SMW_G; /* a thread's draw segment: ids [g·S, (g + 1)·S) */
     const int slo = (int)c.rank * SMP_T * S, sn = SM ? max(0, min(SMP_T * S, V - slo)) : 0;
     float *ws = (float *)wsm;
-    const typename smw_row_of<SM, VEC>::type rw = smw_row_of<SM, VEC>::make(w, V, g, ws, slo, sn);
+    const typename smw_row_of<SM>::type rw = smw_row_of<SM>::make(w, V, g, ws, slo, sn);
 
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     const int want_lp = p.want_lp || p.n_top > 0;
     const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
-    /* FAST: the row's maximum during the widen too, when nothing edits the row (m below) */
-    const int track = fast || (FAST && !edits);
+    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
+    const int scale = temp != 1.f;
+    const float inv = 1.f / temp;
+    /* the row's maximum during the widen too, when nothing edits the row (m below) */
+    const int track = fast || !edits;
 
     /* 1. widen, NaN/Inf scan (and the plain-greedy argmax). A thread visits its ids in
      * ascending order either way (16-byte vectors g, g + SMW_G, ... when the row allows, else
@@ -1171,7 +1153,20 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (!fast) w[i] = v;
         }
     }
+    /* lbon (a top_k of at most SMW_NW, nothing edits the row): the warp maxima's rank keys, for the
+     * bound cl_key_select gathers from (published with the widen's barrier below) */
+    const int use_lb = lbon && track && !greedy && p.top_k > 1 && p.top_k <= SMW_NW && p.top_k < V;
+    if (use_lb) {
+        uint64_t k = fv > -INFINITY ? rank_key(scaled(fv, inv, scale), fi) : 0;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const uint64_t t = __shfl_xor_sync(0xffffffffu, k, o);
+            k = t > k ? t : k;
+        }
+        if ((tid & 31) == 0) c.slot(sh)->wk[tid >> 5] = k;
+    }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
+    const int wk_par = c.par ^ 1;                 /* the slot that holds the warp maxima */
     SMS_STAMP(1);
     if (bad != INT_MAX) {
         if (lead) {
@@ -1221,7 +1216,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 *q = __fsub_rn(*q, __fadd_rn(__fmul_rn(p.freq_pen, (float)toks[p.cnt_off + 2 * j + 1]), p.pres_pen));
         });
 
-    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
     int token = -1;
 
     /* 3. greedy (the widen's argmax when it tracked one: the same ids, the same tie rule) */
@@ -1244,8 +1238,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     }
 
     /* 4. scaled logits, max, partition function */
-    const int scale = temp != 1.f;
-    const float inv = 1.f / temp;
     float m = -INFINITY;
     if (track) { /* x · inv rounds monotonically: the largest scaled logit is the largest's, scaled */
         m = scaled(fv, inv, scale);
@@ -1253,8 +1245,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         rw.each([&](int, float x) { m = fmaxf(m, scaled(x, inv, scale)); });
         m = cl_max(m, sh, c);
     }
-    /* FAST with a draw: Z in the draw's pass over the row instead (the thresholds do not need it) */
-    const int z_in_draw = FAST && token < 0;
+    /* with a draw: Z in the draw's pass over the row instead (the thresholds do not need it) */
+    const int z_in_draw = token < 0;
     double Z = 0;
     if (!z_in_draw) {
         double z1[1] = {0};
@@ -1268,56 +1260,50 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         const int use_k = p.top_k > 0 && p.top_k < V;
         const int use_p = p.top_p > 0.f && p.top_p < 1.f;
         uint64_t tk = 0, tp = 0;
-        double base = Z;
         SMS_STAMP(2);
-        if constexpr (FAST) { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
+        { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
             const int small_k = use_k && p.top_k <= SMF_CAP;
-            if (use_k) tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c);
+            uint64_t lb = 0;
+            if (use_lb) { /* the top_k-th largest of the cluster's SMW_NW warp maxima: at least top_k keys
+                           * are >= it (no cluster reduction since the widen: its slot is intact) */
+                if (tid < SMW_NW) fs.lbk[tid] = c.cl.map_shared_rank(&sh.slot[wk_par], (unsigned)(tid / SMP_W))->wk[tid % SMP_W];
+                if (tid == 0) fs.lb = 0;
+                __syncthreads();
+                if (tid < SMW_NW) {
+                    const u64s kt = fs.lbk[tid];
+                    int gt = 0;
+                    for (int u = 0; u < SMW_NW; u++) gt += fs.lbk[u] > kt;
+                    if (kt && gt == p.top_k - 1) fs.lb = kt; /* distinct keys: one thread at most */
+                }
+                __syncthreads();
+                lb = fs.lb;
+            }
+            if (use_k)
+                tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
             if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
             SMS_STAMP(4);
-        } else {
-            if (use_k) {
-                tk = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)p.top_k, sh, c, g);
-                double b1[1] = {0};
-                w_each<VEC>(w, V, g, [&](int i, float x) {
-                    float s = scaled(x, inv, scale);
-                    if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
-                });
-                cl_sum_dn<1>(b1, sh, c);
-                base = b1[0];
-            }
-            if (use_p) tp = cl_key_descent<1, VEC>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh, c, g);
         }
         const uint64_t thr = tk > tp ? tk : tp;
         const float min_p = p.min_p;
         /* segment sums in id order: global thread g owns [g·S, (g+1)·S) */
-        const int S = (V + SMW_G - 1) / SMW_G, i0 = min(V, g * S), i1 = min(V, i0 + S);
+        const int i0 = min(V, g * S), i1 = min(V, i0 + S);
         double seg = 0, zs = 0;
         int last = -1;
-        if (FAST) {
-            /* the segment in chunks of SMF_U loads issued together (a serial walk waits an L2
-             * round trip an id), then the same sums in the same id order */
-            for (int c0 = i0; c0 < i1; c0 += SMF_U) {
-                float xv[SMF_U];
+        /* the segment in chunks of SMF_U loads issued together (a serial walk waits an L2 round
+         * trip an id), then the sums in id order */
+        for (int c0 = i0; c0 < i1; c0 += SMF_U) {
+            float xv[SMF_U];
 #pragma unroll
-                for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
+            for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
 #pragma unroll
-                for (int u = 0; u < SMF_U; u++) {
-                    const int i = c0 + u;
-                    if (i >= i1) break;
-                    float s = scaled(xv[u], inv, scale);
-                    float ex = expf(s - m);
-                    zs += (double)ex;
-                    if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
-                }
-            }
-        } else {
-            for (int i = i0; i < i1; i++) {
-                float s = scaled(w[i], inv, scale);
-                if (rank_key(s, i) < thr) continue; /* the exp only for the kept keys: the same sums */
+            for (int u = 0; u < SMF_U; u++) {
+                const int i = c0 + u;
+                if (i >= i1) break;
+                float s = scaled(xv[u], inv, scale);
                 float ex = expf(s - m);
-                if (!(min_p > 0.f) || ex >= min_p) { seg += (double)ex; last = i; }
+                zs += (double)ex;
+                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
             }
         }
         /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
@@ -1370,33 +1356,21 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         if (seg > 0 && target >= lo && target < hi) {
             double acc = lo;
             pick = last;
-            if (FAST) { /* chunked as above */
-                bool done = false;
-                for (int c0 = i0; c0 < i1 && !done; c0 += SMF_U) {
-                    float xv[SMF_U];
+            bool done = false; /* chunked as above */
+            for (int c0 = i0; c0 < i1 && !done; c0 += SMF_U) {
+                float xv[SMF_U];
 #pragma unroll
-                    for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
+                for (int u = 0; u < SMF_U; u++) xv[u] = c0 + u < i1 ? rw.seg(c0 + u) : 0.f;
 #pragma unroll
-                    for (int u = 0; u < SMF_U; u++) {
-                        const int i = c0 + u;
-                        if (done || i >= i1) break;
-                        float s = scaled(xv[u], inv, scale);
-                        if (rank_key(s, i) < thr) continue;
-                        float ex = expf(s - m);
-                        if (!(min_p > 0.f) || ex >= min_p) {
-                            acc += (double)ex;
-                            if (acc > target) { pick = i; done = true; }
-                        }
-                    }
-                }
-            } else {
-                for (int i = i0; i < i1; i++) {
-                    float s = scaled(w[i], inv, scale);
+                for (int u = 0; u < SMF_U; u++) {
+                    const int i = c0 + u;
+                    if (done || i >= i1) break;
+                    float s = scaled(xv[u], inv, scale);
                     if (rank_key(s, i) < thr) continue;
                     float ex = expf(s - m);
                     if (!(min_p > 0.f) || ex >= min_p) {
                         acc += (double)ex;
-                        if (acc > target) { pick = i; break; }
+                        if (acc > target) { pick = i; done = true; }
                     }
                 }
             }
@@ -1419,9 +1393,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
         const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        uint64_t tn;
-        if constexpr (FAST) tn = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c);
-        else tn = cl_key_descent<0, VEC>(w, V, inv, scale, m, 0, (double)n, sh, c, g);
+        const uint64_t tn = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
         rw.each([&](int i, float x) {
@@ -1496,23 +1468,17 @@ static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
 }
 
 /* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
- * clusters fit the GPU in one wave: device round R1, batch 16 of the fast form 152 -> 111 us,
+ * clusters fit the GPU in one wave: device round S7-R1, batch 16 of the fast form 152 -> 111 us,
  * batch 1 78 -> 79 us); SM (one block an SM): the row in shared memory, smb bytes a block. */
-template <bool FAST, int MINB, bool SM>
-static void wide_kernels(const sample_args *a, cudaStream_t st, int vec, size_t smb, long long *prof) {
+template <int MINB, bool SM>
+static void wide_kernels(const sample_args *a, cudaStream_t st, size_t smb, long long *prof, int lb) {
     const unsigned grid = (unsigned)a->rows * SMW_CL; /* a multiple of the cluster's size */
-    if (a->dt == ACT_BF16 && (vec || SM))
-        smw_row_kernel<bf16, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
-                                                                              a->toks, a->work, a->out, prof);
-    else if (a->dt == ACT_BF16)
-        smw_row_kernel<bf16, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p,
-                                                                                a->toks, a->work, a->out, prof);
-    else if (vec || SM)
-        smw_row_kernel<float, true, FAST, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p,
-                                                                               a->toks, a->work, a->out, prof);
+    if (a->dt == ACT_BF16)
+        smw_row_kernel<bf16, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks,
+                                                                 a->work, a->out, prof, lb);
     else
-        smw_row_kernel<float, false, FAST, MINB, false><<<grid, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits,
-                                                                                 a->p, a->toks, a->work, a->out, prof);
+        smw_row_kernel<float, MINB, SM><<<grid, SMP_T, smb, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks,
+                                                                  a->work, a->out, prof, lb);
 }
 
 /* The SM form's dynamic shared memory for a vocab-wide row (a block's SMP_T draw segments of
@@ -1528,10 +1494,10 @@ static size_t sm_bytes(int V) {
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
     if (!done[dev]) {
         const int lim = (int)(SMS_MAX - fixed);
-        if (cudaFuncSetAttribute(smw_row_kernel<bf16, true, true, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 lim) != cudaSuccess ||
-            cudaFuncSetAttribute(smw_row_kernel<float, true, true, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 lim) != cudaSuccess) {
+        if (cudaFuncSetAttribute(smw_row_kernel<bf16, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim) !=
+                cudaSuccess ||
+            cudaFuncSetAttribute(smw_row_kernel<float, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim) !=
+                cudaSuccess) {
             (void)cudaGetLastError();
             return 0;
         }
@@ -1540,65 +1506,57 @@ static size_t sm_bytes(int V) {
     return b;
 }
 
-/* fast: 0 the descent, 1 the wide-digit form (minb 0: one block an SM up to 8 rows, two above;
- * the same code, so the same results, whichever); sm: the wide-digit form with the row in
- * shared memory where it fits (else the plain one). */
-static int wide_launch(const sample_args *a, ls_stream s, int vec, int fast, int minb, int sm, ls_err *e,
-                       long long *prof = nullptr) {
+/* minb 0: one block an SM up to 8 rows, two above (the same code, so the same results,
+ * whichever); form: | SMS_SM the row in shared memory where it fits (else in global memory),
+ * | SMS_LB the top_k bound from the warp maxima. */
+enum { SMS_SM = 1, SMS_LB = 2 };
+static int wide_launch(const sample_args *a, ls_stream s, int minb, int form, ls_err *e, long long *prof = nullptr) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (!minb) minb = a->rows <= 8 ? 1 : 2;
-    const size_t smb = sm && fast ? sm_bytes(a->vocab) : 0;
-    if (smb) wide_kernels<true, 1, true>(a, st, 1, smb, prof);
-    else if (fast && minb == 2) wide_kernels<true, 2, false>(a, st, 1, 0, prof); /* 16-byte passes where the row allows */
-    else if (fast) wide_kernels<true, 1, false>(a, st, 1, 0, prof);
-    else wide_kernels<false, 1, false>(a, st, vec, 0, prof);
-    CU_LAUNCHED(e, smb     ? "sampling on CUDA (a cluster a row, wide-digit, the row in shared memory)"
-                   : fast ? "sampling on CUDA (a cluster a row, wide-digit top_k / top_p)"
-                          : "sampling on CUDA (a cluster a row)");
+    const size_t smb = (form & SMS_SM) ? sm_bytes(a->vocab) : 0;
+    const int lb = (form & SMS_LB) != 0;
+    if (smb) wide_kernels<1, true>(a, st, smb, prof, lb);
+    else if (minb == 2) wide_kernels<2, false>(a, st, 0, prof, lb);
+    else wide_kernels<1, false>(a, st, 0, prof, lb);
+    CU_LAUNCHED(e, smb ? "sampling on CUDA (a cluster a row, the row in shared memory)" : "sampling on CUDA (a cluster a row)");
     return 0;
 }
 
-/* The cluster form: its top_k / top_p / top logprobs thresholds by wide-digit histograms and a
- * shared-memory finish (cl_key_select, the default since H200 device round S7-R2: every
- * test_sample_cuda case, the descent's seeded tokens wherever the kept sets agree, the same
- * generate ids; T 0.7 top_k 20 top_p 0.95 at batch 1 608.6 -> 83.2 us, the 8-layer decode step
- * 1.216 -> 0.779 ms), or with LASTSTAND_SAMPLE_FAST=0 the radix descent (its passes in 16-byte
- * loads with LASTSTAND_SAMPLE_VEC=1); LASTSTAND_SAMPLE_SM=1: the wide-digit form with each block's
- * share of the row in its shared memory (sample_cuda_fast_sm, off until a device round checks
- * it). Read once. */
+/* The cluster form: top_k / top_p / top logprobs thresholds by wide-digit histograms and a
+ * shared-memory finish (cl_key_select, the default since H200 device round S7-R2: T 0.7 top_k 20
+ * top_p 0.95 at batch 1 608.6 -> 83.2 us against the radix descent, the 8-layer decode step
+ * 1.216 -> 0.779 ms; the descent was deleted in S8, the one-block form keeps it);
+ * LASTSTAND_SAMPLE_SM=1: each block's share of the row in its shared memory (sample_cuda_fast_sm),
+ * LASTSTAND_SAMPLE_LB=1: with the top_k bound (sample_cuda_fast_lb); off until a device round
+ * checks them. Read once. */
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
-    static int vec = -1, fast = -1, sm = -1;
-    if (vec < 0) vec = cu_env_switch("LASTSTAND_SAMPLE_VEC", 0);
-    if (fast < 0) fast = cu_env_switch("LASTSTAND_SAMPLE_FAST", 1);
-    if (sm < 0) sm = cu_env_switch("LASTSTAND_SAMPLE_SM", 0);
-    return wide_launch(a, s, vec, fast, 0, sm, e);
+    static int form = -1;
+    if (form < 0)
+        form = (cu_env_switch("LASTSTAND_SAMPLE_SM", 0) ? SMS_SM : 0) | (cu_env_switch("LASTSTAND_SAMPLE_LB", 0) ? SMS_LB : 0);
+    return wide_launch(a, s, 0, form, e);
 }
-
-static int cuda_sample_descent_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 0, 0, 1, 0, e);
-}
-static int cuda_sample_wide_vec_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 0, 1, 0, e);
-}
-static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 0, 0, e); }
-static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 1, 0, e); }
-static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 1, 2, 0, e); }
+static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 0, 0, e); }
+static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 0, e); }
+static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 2, 0, e); }
 static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, 1, 1, 1, e);
+    return wide_launch(a, s, 1, SMS_SM, e);
+}
+static int cuda_sample_fast_lb_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, SMS_SM | SMS_LB, e);
 }
 
 /* rank 0's phase stamps of the last profiled launch (clock64 of its SM) */
 __device__ long long smp_prof_stamps[SMS_NPROF];
 
-extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, long long *stamps, int n, ls_err *e) {
+extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, long long *stamps, int n, ls_err *e) {
     long long *d = nullptr;
     cudaStream_t st = (cudaStream_t)s;
     CU_TRY(e, cudaGetSymbolAddress((void **)&d, smp_prof_stamps), "sample_cuda_profile: the stamps");
     CU_TRY(e, cudaMemsetAsync(d, 0, sizeof(long long) * SMS_NPROF, st), "sample_cuda_profile: clear");
-    int rc = wide_launch(a, s, 1, 1, 1, 1, e, d);
+    int rc = wide_launch(a, s, 1, SMS_SM | (lb ? SMS_LB : 0), e, d);
     if (rc) return rc;
     if (n > SMS_NPROF) n = SMS_NPROF;
     CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st), "sample_cuda_profile: read");
@@ -1619,9 +1577,8 @@ static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
-extern "C" const sample_impl sample_cuda_descent = {"cuda_sample_descent", DEV_CUDA, 1, 1, cuda_sample_descent_run};
-extern "C" const sample_impl sample_cuda_wide_vec = {"cuda_sample_wide_vec", DEV_CUDA, 1, 1, cuda_sample_wide_vec_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
 extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
 extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
 extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 1, cuda_sample_fast_sm_run};
+extern "C" const sample_impl sample_cuda_fast_lb = {"cuda_sample_fast_lb", DEV_CUDA, 1, 1, cuda_sample_fast_lb_run};

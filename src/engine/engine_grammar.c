@@ -154,7 +154,8 @@ void eg_free(ereq *r) {
     r->n_lb = 0;
 }
 
-int eg_host_only(const ereq *r) { return r->gm || r->n_lb; }
+/* While a reasoning gate is closed the step is unconstrained: the device sampler may take it. */
+int eg_host_only(const ereq *r) { return r->n_lb || (r->gm && !gr_matcher_gated(r->gm)); }
 
 const smp_edit *eg_edit(ereq *r, smp_edit *ed) {
     if (!r->gm && !r->n_lb) return NULL;

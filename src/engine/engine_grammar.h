@@ -11,7 +11,7 @@
 /* At submit (any thread): validate and copy s's grammar / logit_bias into r. */
 int eg_submit(ls_engine *e, ereq *r, const ls_sampling *s, char *err, size_t errn);
 void eg_free(ereq *r);
-/* The row needs the host sampler (a mask or a bias). */
+/* The row needs the host sampler this step (a mask or a bias). */
 int eg_host_only(const ereq *r);
 /* Edits for this step's sampling (NULL: none); computes the grammar mask. */
 const smp_edit *eg_edit(ereq *r, smp_edit *ed);

@@ -104,6 +104,8 @@ int gr_matcher_accepting(const gr_matcher *m);
 /* Accepting and nothing can follow (only a terminator is allowed). */
 int gr_matcher_done(const gr_matcher *m);
 int gr_matcher_failed(const gr_matcher *m);
+/* The gate has not opened yet: this step is unconstrained. */
+int gr_matcher_gated(const gr_matcher *m);
 
 /* Statistics of the last fill_mask (bench): 1 if the state's mask came from
  * the cache of a string / raw-text state. */

@@ -232,6 +232,7 @@ void gr_matcher_free(gr_matcher *m) {
 int gr_matcher_accepting(const gr_matcher *m) { return !m->failed && (m->gate_len == 0) && m->cur.accept; }
 int gr_matcher_done(const gr_matcher *m) { return m->finished || (gr_matcher_accepting(m) && m->cur.n == 0); }
 int gr_matcher_failed(const gr_matcher *m) { return m->failed; }
+int gr_matcher_gated(const gr_matcher *m) { return m->gate_len > 0 && !m->failed; }
 int gr_matcher_last_cached(const gr_matcher *m) { return m->last_cached; }
 
 /* Copy a stack into q (no sharing: stacks are shallow and few). */

@@ -23,6 +23,7 @@ typedef struct cctx {
     gr_grammar *g;
     ls_err *e;
     const json_t *root;
+    const char *root_path;     /* the JSON path of root, for errors inside $ref targets */
     int strict;
     int ws, comma, colon, empty, lbrace, rbrace, lbrack, rbrack, any, str_any, num_any;
     cref *refs;
@@ -275,7 +276,9 @@ static int compile_ref(cctx *c, const char *ref, const char *path) {
     }
     c->refs[c->n_refs++] = (cref){xstrdup(ref), node};
     char sub[1024];
-    snprintf(sub, sizeof sub, "%s", ref);
+    if (!strcmp(ref, "#")) snprintf(sub, sizeof sub, "%s", c->root_path);
+    else snprintf(sub, sizeof sub, "%s.%s", c->root_path, ref + 2); /* "$defs/NAME" */
+    for (char *q = sub + strlen(c->root_path); *q; q++) if (*q == '/') *q = '.';
     int t = compile(c, target, sub);
     if (t < 0) return t;
     c->g->nodes[node].a = t;
@@ -401,7 +404,7 @@ static int finish(cctx *c, int body, gr_grammar **out) {
 
 int gr_compile_json_schema(const json_t *schema, int strict, const char *path, gr_grammar **out, ls_err *e) {
     *out = NULL;
-    cctx c = {.g = gr_new(), .e = e, .root = schema, .strict = strict};
+    cctx c = {.g = gr_new(), .e = e, .root = schema, .root_path = path ? path : "schema", .strict = strict};
     shared_nodes(&c);
     return finish(&c, compile(&c, schema, path ? path : "schema"), out);
 }
@@ -520,6 +523,11 @@ int gr_compile_tool_calls(const json_t *tools, const char *only, int format, int
         char sub[512];
         snprintf(sub, sizeof sub, "%s[%zu]", path ? path : "tools", i);
         c.root = json_object_get(fn, "parameters");
+        char rp[600];
+        snprintf(rp, sizeof rp, "%s.function.parameters", sub);
+        c.root_path = rp;
+        for (int r = 0; r < c.n_refs; r++) free(c.refs[r].name); /* "#/$defs/X" means another X per tool */
+        c.n_refs = 0;
         int k = tool_call(&c, fn, format, sub);
         if (k < 0) { rc = k; break; }
         calls[n++] = k;

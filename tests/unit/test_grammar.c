@@ -182,6 +182,8 @@ static void test_grammar_bad_schemas_name_their_path(void **st) {
                  "schema.items.minLength: 5 is above maxLength 2");
     expect_error("{\"$ref\":\"#/$defs/missing\"}", "schema.$ref: '#/$defs/missing' does not resolve");
     expect_error("false", "accepts nothing");
+    expect_error("{\"$defs\":{\"a\":{\"type\":\"strin\"}},\"$ref\":\"#/$defs/a\"}",
+                 "response_format.json_schema.schema.$defs.a.type: unknown type 'strin'");
     expect_error("{\"anyOf\":[{\"type\":\"string\"},{\"type\":3}]}", "schema.anyOf[1].type: expected a type name");
 }
 
@@ -396,6 +398,76 @@ static void test_grammar_gate_and_eos_rules(void **st) {
     free_tvocab(&tv);
 }
 
+/* Random schema-like JSON (keywords with odd values) either compiles or is refused with a
+ * message naming a path under "schema"; what compiles takes random bytes without crashing. */
+static json_t *junk_schema(int depth) {
+    static const char *keys[] = {"type", "properties", "required", "items", "prefixItems", "enum", "const", "anyOf",
+                                 "oneOf", "allOf", "$ref", "minLength", "maxLength", "minItems", "maxItems",
+                                 "additionalProperties", "nullable", "minimum", "$defs", "pattern", "title"};
+    static const char *types[] = {"string", "number", "integer", "boolean", "null", "object", "array", "bogus"};
+    uint32_t r = rnd() % 10;
+    if (depth > 3 || r == 0) {
+        switch (rnd() % 6) {
+        case 0: return json_true();
+        case 1: return json_false();
+        case 2: return json_integer((json_int_t)(rnd() % 7) - 2);
+        case 3: return json_string(types[rnd() % 8]);
+        case 4: return json_null();
+        default: return json_string(rnd() % 2 ? "#/$defs/a" : "#");
+        }
+    }
+    if (r == 1) {
+        json_t *a = json_array();
+        for (int i = (int)(rnd() % 4); i > 0; i--) json_array_append_new(a, junk_schema(depth + 1));
+        return a;
+    }
+    json_t *o = json_object();
+    for (int i = (int)(rnd() % 5); i > 0; i--) {
+        const char *k = keys[rnd() % (sizeof keys / sizeof *keys)];
+        json_t *v;
+        if (!strcmp(k, "type") && rnd() % 3) v = json_string(types[rnd() % 8]);
+        else if (!strcmp(k, "properties") || !strcmp(k, "$defs")) {
+            v = json_object();
+            json_object_set_new(v, rnd() % 2 ? "a" : "b", junk_schema(depth + 1));
+        } else if (!strcmp(k, "$ref")) v = json_string(rnd() % 2 ? "#/$defs/a" : "#");
+        else v = junk_schema(depth + 1);
+        json_object_set_new(o, k, v);
+    }
+    return o;
+}
+
+static void test_grammar_random_schemas_compile_or_fail_cleanly(void **st) {
+    (void)st;
+    gr_vocab *v = byte_vocab();
+    int compiled = 0, refused = 0;
+    for (int i = 0; i < 1500; i++) {
+        json_t *s = junk_schema(0);
+        gr_grammar *g = NULL;
+        ls_err e = {0};
+        int rc = gr_compile_json_schema(s, (int)(rnd() % 2), "schema", &g, &e);
+        if (rc == 0) {
+            compiled++;
+            gr_matcher *m = gr_matcher_new(g, v, NULL);
+            char b[64];
+            static const char cs[] = "{}[]\":, 0123abtruefalsn\"\\";
+            for (int k = 0; k < 64; k++) b[k] = cs[rnd() % (sizeof cs - 1)];
+            gr_matcher_feed(m, b, sizeof b);
+            uint32_t bits[9];
+            gr_matcher_fill_mask(m, bits);
+            gr_matcher_free(m);
+            gr_unref(g);
+        } else {
+            refused++;
+            assert_int_equal(rc, ERR_INVAL);
+            assert_null(g);
+            if (strncmp(e.msg, "schema", 6) && strncmp(e.msg, "#", 1)) fail_msg("message without a path: %s", e.msg);
+        }
+        json_decref(s);
+    }
+    assert_true(compiled > 100 && refused > 100);
+    gr_vocab_free(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grammar_scalars_follow_json_syntax),
@@ -412,6 +484,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_masks_equal_brute_force_free_strings),
         cmocka_unit_test(test_grammar_masks_equal_brute_force_tool_calls),
         cmocka_unit_test(test_grammar_gate_and_eos_rules),
+        cmocka_unit_test(test_grammar_random_schemas_compile_or_fail_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,10 +28,10 @@ T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 git log --oneline -1 2>/dev/null | cut -c1-100
 
-BUILD="$D" LS_SHARED="$D" timeout 85 python3 -m pytest -x -q -s -p no:cacheprovider tests/test_gpu_prefix_cache.py \
+BUILD="$D" LS_SHARED="$D" timeout 85 python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu_prefix_cache.py \
     > "$OUT/pytest.log" 2>&1
 rc=$?
-grep -E "PREFIX_TTFT|passed|failed|skipped|Error|assert" "$OUT/pytest.log" | head -30 | cut -c1-400
+grep -E "PREFIX_TTFT|PREFIX_FIXTURE|passed|failed|skipped|Error|assert" "$OUT/pytest.log" | head -30 | cut -c1-400
 if [ $rc -ne 0 ]; then
     echo "== pytest exit $rc; the tail:"
     tail -40 "$OUT/pytest.log" | cut -c1-400

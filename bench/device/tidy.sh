@@ -5,18 +5,19 @@
 #
 #   bash bench/device/tidy.sh BIN OUTDIR
 #
-# 1. test_sample_cuda (beside BIN: tests/): every host-oracle case on every form, now with the
-#    form whose blocks hold their share of the row in shared memory (sample_cuda_fast_sm,
-#    LASTSTAND_SAMPLE_SM=1), and its kept sets / seeded tokens against the descent and the host.
-# 2. test_sample_cuda --bench: µs a call, 248320-wide BF16 rows, batch 1 and 16: descent,
-#    wide-digit (1 / 2 blocks an SM), the row in shared memory, and with the top_k bound from the
-#    widen's warp maxima (sample_cuda_fast_lb, LASTSTAND_SAMPLE_LB=1).
+# 1. test_sample_cuda (beside BIN: tests/): every host-oracle case on every form (one block; a
+#    cluster with the row in global memory or, LASTSTAND_SAMPLE_SM=1, each block's share of it in
+#    shared memory; each without and with the top_k / top logprobs bound from the widen's warp
+#    maxima, LASTSTAND_SAMPLE_LB), their kept sets / seeded tokens against the one-block form
+#    and the host.
+# 2. test_sample_cuda --bench: µs a call, 248320-wide BF16 rows, batch 1 and 16, those four forms.
 # 3. test_sample_cuda --phases: the shared-memory form's phase times (clock64 stamps) of one row,
-#    without and with the top_k bound.
+#    without and with the bound.
 # 4. test_gemv_cuda, test_gdn_decode_cuda (after S8's deletions in gemv.cu).
 # 5. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
-#    synth Qwen3.5-35B-A3B, 8 layers, seeded T 0.7 top_k 20 top_p 0.95 and T 0.7 top_p 0.9:
-#    LASTSTAND_SAMPLE_SM=0 vs 1 (and + LASTSTAND_SAMPLE_LB=1; the ids must agree), and greedy.
+#    synth Qwen3.5-35B-A3B, 8 layers, seeded T 0.7 top_k 20 top_p 0.95 and T 0.7 top_p 0.9: the
+#    bound off (LASTSTAND_SAMPLE_LB=0), the defaults, LASTSTAND_SAMPLE_SM=1 (the ids must agree),
+#    and greedy.
 # Each step is bounded by `timeout`; the whole script stays under 90 s.
 set -u
 BIN=${1:?usage: tidy.sh BIN OUTDIR}
@@ -83,19 +84,21 @@ same_ids() { # tag tag
     b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$2.out" 2>/dev/null)
     echo "  ids $1 == $2: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
 }
-echo "== decode step, synth 35B 8 layers: LASTSTAND_SAMPLE_SM=0 vs 1 (lb: + LASTSTAND_SAMPLE_LB=1) $(el)"
-for f in 0 1 lb; do
+echo "== decode step, synth 35B 8 layers: LASTSTAND_SAMPLE_LB=0 (before S8) vs the default vs SM=1 $(el)"
+for f in lb0 def sm; do
     [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
-    env="LASTSTAND_SAMPLE_SM=$f"
-    [ $f = lb ] && env="LASTSTAND_SAMPLE_SM=1 LASTSTAND_SAMPLE_LB=1"
-    GEN_ENV="$env" gen "k20p95-sm$f" 20 --temperature 0.7 --top-k 20 --top-p 0.95 --seed 7
+    env=""
+    [ $f = lb0 ] && env="LASTSTAND_SAMPLE_LB=0"
+    [ $f = sm ] && env="LASTSTAND_SAMPLE_SM=1"
+    GEN_ENV="$env" gen "k20p95-$f" 20 --temperature 0.7 --top-k 20 --top-p 0.95 --seed 7
 done
-same_ids k20p95-sm0 k20p95-sm1
-same_ids k20p95-sm0 k20p95-smlb
-for f in 0 1; do
+same_ids k20p95-lb0 k20p95-def
+same_ids k20p95-lb0 k20p95-sm
+for f in def sm; do
     [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
-    GEN_ENV="LASTSTAND_SAMPLE_SM=$f" gen "p90-sm$f" 20 --temperature 0.7 --top-p 0.9 --seed 11
+    GEN_ENV="$([ $f = sm ] && echo LASTSTAND_SAMPLE_SM=1)" gen "p90-$f" 20 --temperature 0.7 --top-p 0.9 --seed 11
 done
-same_ids p90-sm0 p90-sm1
+same_ids p90-def p90-sm
+grep -h "row stays in global memory" "$OUT"/gen-*.out | sort -u | head -2
 [ "$(left)" -gt 12 ] && gen greedy 20
 echo "total $(( $(date +%s) - T0 )) s"

@@ -292,9 +292,10 @@ static void test_wide_matches_one_block_on_a_full_vocab_row(void **st) {
     smp_out *ob = malloc(sizeof(smp_out) * RB), *ow = malloc(sizeof(smp_out) * RB);
     for (int bf = 0; bf < 2; bf++) {
         dev_sample_with(&sample_cuda_block, VB, x, RB, bf, p, toks, 6, ob);
-        /* the row in global memory, in shared memory, and with the top_k bound */
-        const sample_impl *forms[] = {&sample_cuda_fast, &sample_cuda_fast_sm, &sample_cuda_fast_lb};
-        for (int form = 0; form < 3; form++) {
+        /* the row in global memory, in shared memory, each without and with the top_k bound */
+        const sample_impl *forms[] = {&sample_cuda_fast, &sample_cuda_fast_lb, &sample_cuda_fast_sm,
+                                      &sample_cuda_fast_smlb};
+        for (int form = 0; form < 4; form++) {
             dev_sample_with(forms[form], VB, x, RB, bf, p, toks, 6, ow);
             for (int r = 0; r < RB; r++) {
                 assert_int_equal(ob[r].bad_idx, -1);
@@ -518,15 +519,14 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     smp_out of[R], oo[R], o2[R], o1;
     dev_sample_with(g_fast, VB, x, R, 1, p, ban, 4, of);
     dev_sample_with(&sample_cuda_block, VB, x, R, 1, p, ban, 4, oo);
-    /* one or two blocks an SM: the same code, the same results; the row in shared memory: the
-     * same tokens, draws and top ids (its Z of a greedy row sums in another order: logprobs
-     * within 1e-6) */
-    const sample_impl *same[] = {&sample_cuda_fast1, &sample_cuda_fast2, &sample_cuda_fast_sm, &sample_cuda_fast_lb,
-                                 &sample_cuda_fast};
-    for (int f = 0; f < 5; f++) {
+    /* with or without the bound: the same thresholds, so the same results; the row in shared
+     * memory: the same tokens, draws and top ids (its Z of a greedy row sums in another order:
+     * logprobs within 1e-6) */
+    const sample_impl *same[] = {&sample_cuda_fast, &sample_cuda_fast_lb, &sample_cuda_fast_sm, &sample_cuda_fast_smlb};
+    for (int f = 0; f < 4; f++) {
         if (same[f] == g_fast) continue;
-        const int sm_f = same[f] == &sample_cuda_fast_sm || same[f] == &sample_cuda_fast_lb;
-        const int sm_g = g_fast == &sample_cuda_fast_sm || g_fast == &sample_cuda_fast_lb;
+        const int sm_f = same[f] == &sample_cuda_fast_sm || same[f] == &sample_cuda_fast_smlb;
+        const int sm_g = g_fast == &sample_cuda_fast_sm || g_fast == &sample_cuda_fast_smlb;
         const int exact = sm_f == sm_g;
         dev_sample_with(same[f], VB, x, R, 1, p, ban, 4, o2);
         for (int r = 0; r < R; r++) {
@@ -575,12 +575,13 @@ static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; retur
 static int setup_fast(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast; return 0; }
 static int setup_fast_sm(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_sm; return 0; }
 static int setup_fast_lb(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_lb; return 0; }
+static int setup_fast_smlb(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_smlb; return 0; }
 static int setup_engine(void **st) { (void)st; g_impl = &sample_cuda; return 0; }
 
 /* `test_sample_cuda --bench`: microseconds a call over 248320-wide BF16 rows, batch 1 and 16,
  * eager launches back to back: greedy and sampled modes, the cluster form with the row in global
- * memory (sample_cuda_fast; one or two blocks an SM) against the row in shared memory
- * (sample_cuda_fast_sm) and with the top_k bound (sample_cuda_fast_lb), on two rows: uniform in
+ * memory (sample_cuda_fast) and in shared memory (sample_cuda_fast_sm), each without and with the
+ * top_k / top logprobs bound (_lb, _smlb), on two rows: uniform in
  * [0, 8) (BF16: ~1000 ties a value, the id half of the key searched) and a long-tailed one (12 u^3
  * - 2: a few high logits, the shape of a model's). The one-block form only for greedy (its
  * sampled rows take hundreds of µs). */
@@ -599,9 +600,9 @@ static int bench(void) {
     void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BMAX, &e);
     void *dout = g_mem->alloc(sizeof(smp_out) * BMAX, &e), *dt = g_mem->alloc(16, &e);
     if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench: %s\n", e.msg); return 1; }
-    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_fast, &sample_cuda_fast1, &sample_cuda_fast2,
-                                  &sample_cuda_fast_sm, &sample_cuda_fast_lb};
-    enum { NI = 6 }; /* the row in shared memory (the last two): their row-0 tokens checked against the fast form's */
+    const sample_impl *impls[] = {&sample_cuda_block, &sample_cuda_fast, &sample_cuda_fast_lb, &sample_cuda_fast_sm,
+                                  &sample_cuda_fast_smlb};
+    enum { NI = 5 }; /* the row-0 tokens of the last three checked against the first cluster form's */
     static const struct { const char *name; float t; int k; float p, mp; } modes[] = {
         {"greedy", 0.f, -1, 1.f, 0.f},
         {"T 0.7 top_p 0.9", 0.7f, -1, 0.9f, 0.f},
@@ -645,11 +646,12 @@ static int bench(void) {
                 }
                 char blk[40] = "";
                 if (!mode) snprintf(blk, sizeof blk, ", one block %.1f us", us[0]);
-                printf("sampler V=%d %-6s batch %2d %-27s: global row %5.1f us (1 block/SM %5.1f, 2 blocks/SM %5.1f), "
-                       "row in shared memory %5.1f (x%.2f), + top_k bound %5.1f (x%.2f)%s%s, row 0 tokens %d %d %d %d %d\n",
-                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[3], us[4], us[1] / us[4],
-                       us[5], us[1] / us[5], tok[4] == tok[1] && tok[5] == tok[1] ? "" : " MISMATCH", blk, tok[1],
-                       tok[2], tok[3], tok[4], tok[5]);
+                printf("sampler V=%d %-6s batch %2d %-27s: global row %5.1f us, + bound %5.1f (x%.2f); row in shared "
+                       "memory %5.1f (x%.2f), + bound %5.1f (x%.2f)%s%s, row 0 tokens %d %d %d %d\n",
+                       VB, data ? "tailed" : "flat8", b, modes[mode].name, us[1], us[2], us[1] / us[2], us[3],
+                       us[1] / us[3], us[4], us[1] / us[4],
+                       tok[2] == tok[1] && tok[3] == tok[1] && tok[4] == tok[1] ? "" : " MISMATCH", blk, tok[1], tok[2],
+                       tok[3], tok[4]);
             }
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
@@ -773,13 +775,15 @@ int main(int argc, char **argv) {
     rc |= cmocka_run_group_tests_name("a cluster a row, wide-digit top_k / top_p", tests, setup_fast, NULL);
     rc |= cmocka_run_group_tests_name("the engine's sampler (sample_cuda: the form the environment picks)", tests,
                                       setup_engine, NULL);
-    rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, the top_k bound", tests, setup_fast_lb, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory", tests, setup_fast_sm, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the bound", tests, setup_fast_smlb, NULL);
+    rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
     rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the one block", fast, setup_fast, NULL);
-    rc |= cmocka_run_group_tests_name("the row in shared memory vs the one block", fast, setup_fast_sm, NULL);
-    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the top_k bound", tests, setup_fast_lb,
-                                      NULL);
     rc |= cmocka_run_group_tests_name("the top_k bound vs the one block", fast, setup_fast_lb, NULL);
+    rc |= cmocka_run_group_tests_name("the row in shared memory vs the one block", fast, setup_fast_sm, NULL);
+    rc |= cmocka_run_group_tests_name("the row in shared memory, the bound, vs the one block", fast, setup_fast_smlb,
+                                      NULL);
     return rc;
 #else
     (void)argc;

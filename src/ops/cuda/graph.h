@@ -41,11 +41,10 @@ extern const sample_impl sample_cuda;
 extern const sample_impl sample_cuda_block; /* one block a row (the radix descent) */
 extern const sample_impl sample_cuda_wide;  /* a cluster a row, as LASTSTAND_SAMPLE_SM / _LB pick */
 extern const sample_impl sample_cuda_fast;  /* a cluster a row, wide-digit top_k / top_p, the row in global memory */
-extern const sample_impl sample_cuda_fast1; /* the same, one block an SM at every batch size */
-extern const sample_impl sample_cuda_fast2; /* the same, two blocks an SM (at most 64 registers) */
-extern const sample_impl sample_cuda_fast_sm; /* the same, each block's share of the row in its shared memory */
-extern const sample_impl sample_cuda_fast_lb; /* the same, its top_k bounded by the widen's warp maxima */
-/* (test-only) One launch of sample_cuda_fast_sm (lb: _lb) with rank 0's phase stamps (clock64 of
+extern const sample_impl sample_cuda_fast_lb; /* the same, top_k / top logprobs bounded by the widen's warp maxima */
+extern const sample_impl sample_cuda_fast_sm; /* each block's share of the row in its shared memory (else an error) */
+extern const sample_impl sample_cuda_fast_smlb; /* the same, with the bound */
+/* (test-only) One launch of sample_cuda_fast_sm (lb: _smlb) with rank 0's phase stamps (clock64 of
  * its SM, sample.cu SMS_STAMP: start, widen, edits / max / Z, top_k, top_p, draw sums, pick, Z,
  * top logprobs, end; 0 = not reached) in stamps[0 .. n); synchronises s. The stamps written, or
  * < 0. */

@@ -1153,9 +1153,11 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (!fast) w[i] = v;
         }
     }
-    /* lbon (a top_k of at most SMW_NW, nothing edits the row): the warp maxima's rank keys, for the
-     * bound cl_key_select gathers from (published with the widen's barrier below) */
-    const int use_lb = lbon && track && !greedy && p.top_k > 1 && p.top_k <= SMW_NW && p.top_k < V;
+    /* lbon (nothing edits the row; a top_k of at most SMW_NW or top logprobs): the warp maxima's
+     * rank keys, for the bound cl_key_select gathers from (published with the widen's barrier) */
+    const int nt = min(p.n_top, min(SMP_DEV_TOP, V));
+    const int use_lb = lbon && track && !fast &&
+                       ((!greedy && p.top_k > 1 && p.top_k <= SMW_NW && p.top_k < V) || (nt > 0 && nt < V));
     if (use_lb) {
         uint64_t k = fv > -INFINITY ? rank_key(scaled(fv, inv, scale), fi) : 0;
 #pragma unroll
@@ -1166,8 +1168,24 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         if ((tid & 31) == 0) c.slot(sh)->wk[tid >> 5] = k;
     }
     cl_argmax_min_max(fv, fi, bad, none, sh, c); /* also the barrier after the widen */
-    const int wk_par = c.par ^ 1;                 /* the slot that holds the warp maxima */
     SMS_STAMP(1);
+    /* the cluster's warp maxima, before a later reduction reuses their slot; lb_for(k): the k-th
+     * largest of them (k <= SMW_NW; each one a real key, so at least k keys are >= it), 0: none */
+    if (use_lb && tid < SMW_NW)
+        fs.lbk[tid] = c.cl.map_shared_rank(&sh.slot[c.par ^ 1], (unsigned)(tid / SMP_W))->wk[tid % SMP_W];
+    auto lb_for = [&](int k) -> uint64_t {
+        __syncthreads(); /* fs.lbk complete, the last fs.lb read */
+        if (tid == 0) fs.lb = 0;
+        __syncthreads();
+        if (tid < SMW_NW) {
+            const u64s kt = fs.lbk[tid];
+            int gt = 0;
+            for (int u = 0; u < SMW_NW; u++) gt += fs.lbk[u] > kt;
+            if (kt && gt == k - 1) fs.lb = kt; /* distinct keys: one thread at most */
+        }
+        __syncthreads();
+        return fs.lb;
+    };
     if (bad != INT_MAX) {
         if (lead) {
             o->bad_idx = bad;
@@ -1263,21 +1281,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         SMS_STAMP(2);
         { /* wide digits; top_p's base is its first histogram's (or candidates') mass */
             const int small_k = use_k && p.top_k <= SMF_CAP;
-            uint64_t lb = 0;
-            if (use_lb) { /* the top_k-th largest of the cluster's SMW_NW warp maxima: at least top_k keys
-                           * are >= it (no cluster reduction since the widen: its slot is intact) */
-                if (tid < SMW_NW) fs.lbk[tid] = c.cl.map_shared_rank(&sh.slot[wk_par], (unsigned)(tid / SMP_W))->wk[tid % SMP_W];
-                if (tid == 0) fs.lb = 0;
-                __syncthreads();
-                if (tid < SMW_NW) {
-                    const u64s kt = fs.lbk[tid];
-                    int gt = 0;
-                    for (int u = 0; u < SMW_NW; u++) gt += fs.lbk[u] > kt;
-                    if (kt && gt == p.top_k - 1) fs.lb = kt; /* distinct keys: one thread at most */
-                }
-                __syncthreads();
-                lb = fs.lb;
-            }
+            const uint64_t lb = use_lb && use_k && p.top_k <= SMW_NW ? lb_for(p.top_k) : 0;
             if (use_k)
                 tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
@@ -1392,8 +1396,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     /* 7. logprobs */
     const double lz = log(Z) + (double)m;
     if (p.n_top > 0) {
-        const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        const uint64_t tn = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c);
+        const int n = nt;
+        const uint64_t tn = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)n, -1, 0, fs, c,
+                                             use_lb && n < V ? lb_for(n) : 0);
         if (tid == 0) sh.b.n_top = 0;
         __syncthreads();
         rw.each([&](int i, float x) {
@@ -1482,41 +1487,64 @@ static void wide_kernels(const sample_args *a, cudaStream_t st, size_t smb, long
 }
 
 /* The SM form's dynamic shared memory for a vocab-wide row (a block's SMP_T draw segments of
- * fp32), or 0 when it does not fit beside the static part (227 KB a block on sm_90: V up to
- * ~390 K). Sets the kernels' limit once a device (a function attribute, no stream work). */
-enum { SMS_MAX = 227 * 1024 };
-static size_t sm_bytes(int V) {
+ * fp32: 122 KB for 248320 ids), or 0 with why filled when the kernels cannot take it beside their
+ * static shared memory (cudaFuncGetAttributes) on this device (its opt-in limit: 227 KB on
+ * sm_90). Raises the kernels' limit to it once a device and size (a function attribute, no
+ * stream work). */
+static size_t sm_bytes(int V, char *why, size_t nwhy) {
     const size_t b = (((size_t)V + SMW_G - 1) / SMW_G) * SMP_T * sizeof(float);
-    const size_t fixed = sizeof(smw_shared) + sizeof(smf_shared);
-    if (b + fixed > SMS_MAX) return 0;
-    static int done[16];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
-    if (!done[dev]) {
-        const int lim = (int)(SMS_MAX - fixed);
-        if (cudaFuncSetAttribute(smw_row_kernel<bf16, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim) !=
-                cudaSuccess ||
-            cudaFuncSetAttribute(smw_row_kernel<float, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, lim) !=
-                cudaSuccess) {
-            (void)cudaGetLastError();
-            return 0;
-        }
-        done[dev] = 1;
+    static size_t set[16]; /* the limit set so far, per device */
+    int dev = 0, optin = 0;
+    cudaError_t c = cudaGetDevice(&dev);
+    if (c == cudaSuccess && (dev < 0 || dev >= 16)) c = cudaErrorInvalidDevice;
+    if (c == cudaSuccess && set[dev] >= b) return b;
+    cudaFuncAttributes fa, fb;
+    if (c == cudaSuccess) c = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (c == cudaSuccess) c = cudaFuncGetAttributes(&fa, smw_row_kernel<bf16, 1, true>);
+    if (c == cudaSuccess) c = cudaFuncGetAttributes(&fb, smw_row_kernel<float, 1, true>);
+    if (c != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, nwhy, "%s", cudaGetErrorString(c));
+        return 0;
     }
+    const size_t fixed = fa.sharedSizeBytes > fb.sharedSizeBytes ? fa.sharedSizeBytes : fb.sharedSizeBytes;
+    if (b + fixed > (size_t)optin) {
+        snprintf(why, nwhy, "vocab %d: %zu + %zu B of shared memory a block, the device takes %d", V, b, fixed, optin);
+        return 0;
+    }
+    c = cudaFuncSetAttribute(smw_row_kernel<bf16, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b);
+    if (c == cudaSuccess)
+        c = cudaFuncSetAttribute(smw_row_kernel<float, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b);
+    if (c != cudaSuccess) {
+        (void)cudaGetLastError();
+        snprintf(why, nwhy, "%zu + %zu B of shared memory: %s", b, fixed, cudaGetErrorString(c));
+        return 0;
+    }
+    set[dev] = b;
     return b;
 }
 
 /* minb 0: one block an SM up to 8 rows, two above (the same code, so the same results,
- * whichever); form: | SMS_SM the row in shared memory where it fits (else in global memory),
- * | SMS_LB the top_k bound from the warp maxima. */
-enum { SMS_SM = 1, SMS_LB = 2 };
+ * whichever); form: | SMS_SM the row in shared memory (| SMS_MUST: an error when it does not
+ * fit, else the row in global memory, said once), | SMS_LB the top_k / top logprobs bound from
+ * the warp maxima. */
+enum { SMS_SM = 1, SMS_LB = 2, SMS_MUST = 4 };
 static int wide_launch(const sample_args *a, ls_stream s, int minb, int form, ls_err *e, long long *prof = nullptr) {
     if (a->rows <= 0) return 0;
     int rc = sample_check(a, e);
     if (rc) return rc;
     cudaStream_t st = (cudaStream_t)s;
     if (!minb) minb = a->rows <= 8 ? 1 : 2;
-    const size_t smb = (form & SMS_SM) ? sm_bytes(a->vocab) : 0;
+    char why[160] = "";
+    const size_t smb = (form & SMS_SM) ? sm_bytes(a->vocab, why, sizeof why) : 0;
+    if ((form & SMS_SM) && !smb) {
+        if (form & SMS_MUST) return errf(e, ERR_UNSUPPORTED, "sampling on CUDA: the row in shared memory: %s", why);
+        static int said;
+        if (!said) {
+            said = 1;
+            log_warn("sampling on CUDA: the row stays in global memory (%s)", why);
+        }
+    }
     const int lb = (form & SMS_LB) != 0;
     if (smb) wide_kernels<1, true>(a, st, smb, prof, lb);
     else if (minb == 2) wide_kernels<2, false>(a, st, 0, prof, lb);
@@ -1529,23 +1557,26 @@ static int wide_launch(const sample_args *a, ls_stream s, int minb, int form, ls
  * shared-memory finish (cl_key_select, the default since H200 device round S7-R2: T 0.7 top_k 20
  * top_p 0.95 at batch 1 608.6 -> 83.2 us against the radix descent, the 8-layer decode step
  * 1.216 -> 0.779 ms; the descent was deleted in S8, the one-block form keeps it);
- * LASTSTAND_SAMPLE_SM=1: each block's share of the row in its shared memory (sample_cuda_fast_sm),
- * LASTSTAND_SAMPLE_LB=1: with the top_k bound (sample_cuda_fast_lb); off until a device round
- * checks them. Read once. */
+ * LASTSTAND_SAMPLE_LB=0|1: the top_k / top logprobs bound from the widen's warp maxima
+ * (sample_cuda_fast_lb; on since S8 device round R1: every test_sample_cuda case, T 0.7 top_k 20
+ * top_p 0.95 at batch 1 66.9 -> 32.6 us, batch 16 93.1 -> 62.8, the same generate ids);
+ * LASTSTAND_SAMPLE_SM=1: each block's share of the row in its shared memory (sample_cuda_fast_sm,
+ * off until a device round checks it). Read once. */
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
     static int form = -1;
     if (form < 0)
-        form = (cu_env_switch("LASTSTAND_SAMPLE_SM", 0) ? SMS_SM : 0) | (cu_env_switch("LASTSTAND_SAMPLE_LB", 0) ? SMS_LB : 0);
+        form = (cu_env_switch("LASTSTAND_SAMPLE_SM", 0) ? SMS_SM : 0) | (cu_env_switch("LASTSTAND_SAMPLE_LB", 1) ? SMS_LB : 0);
     return wide_launch(a, s, 0, form, e);
 }
 static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 0, 0, e); }
-static int cuda_sample_fast1_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 1, 0, e); }
-static int cuda_sample_fast2_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 2, 0, e); }
-static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, SMS_SM, e);
-}
 static int cuda_sample_fast_lb_run(const sample_args *a, ls_stream s, ls_err *e) {
-    return wide_launch(a, s, 1, SMS_SM | SMS_LB, e);
+    return wide_launch(a, s, 0, SMS_LB, e);
+}
+static int cuda_sample_fast_sm_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, SMS_SM | SMS_MUST, e);
+}
+static int cuda_sample_fast_smlb_run(const sample_args *a, ls_stream s, ls_err *e) {
+    return wide_launch(a, s, 1, SMS_SM | SMS_LB | SMS_MUST, e);
 }
 
 /* rank 0's phase stamps of the last profiled launch (clock64 of its SM) */
@@ -1556,7 +1587,7 @@ extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, lo
     cudaStream_t st = (cudaStream_t)s;
     CU_TRY(e, cudaGetSymbolAddress((void **)&d, smp_prof_stamps), "sample_cuda_profile: the stamps");
     CU_TRY(e, cudaMemsetAsync(d, 0, sizeof(long long) * SMS_NPROF, st), "sample_cuda_profile: clear");
-    int rc = wide_launch(a, s, 1, SMS_SM | (lb ? SMS_LB : 0), e, d);
+    int rc = wide_launch(a, s, 1, SMS_SM | SMS_MUST | (lb ? SMS_LB : 0), e, d);
     if (rc) return rc;
     if (n > SMS_NPROF) n = SMS_NPROF;
     CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st), "sample_cuda_profile: read");
@@ -1578,7 +1609,7 @@ extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_
 extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
-extern "C" const sample_impl sample_cuda_fast1 = {"cuda_sample_fast1", DEV_CUDA, 1, 1, cuda_sample_fast1_run};
-extern "C" const sample_impl sample_cuda_fast2 = {"cuda_sample_fast2", DEV_CUDA, 1, 1, cuda_sample_fast2_run};
-extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 1, cuda_sample_fast_sm_run};
 extern "C" const sample_impl sample_cuda_fast_lb = {"cuda_sample_fast_lb", DEV_CUDA, 1, 1, cuda_sample_fast_lb_run};
+extern "C" const sample_impl sample_cuda_fast_sm = {"cuda_sample_fast_sm", DEV_CUDA, 1, 1, cuda_sample_fast_sm_run};
+extern "C" const sample_impl sample_cuda_fast_smlb = {"cuda_sample_fast_smlb", DEV_CUDA, 1, 1,
+                                                       cuda_sample_fast_smlb_run};

@@ -21,6 +21,7 @@ from e2e_util import Server
 pytestmark = requires_gpu
 
 MODEL_PATH = os.environ.get("LS_GRAMMAR_GPU_MODEL", "synth:qwen3.5-35b-a3b,layers=8")
+EXTRA = os.environ.get("LS_GRAMMAR_GPU_FLAGS", "").split()  # e.g. --disable-cuda-graph (bench/device/grammar.sh)
 
 PERSON = {
     "type": "object",
@@ -73,7 +74,7 @@ def validate(doc, s):
 @pytest.fixture(scope="module")
 def srv(ls_bin, demo_model):
     with Server(ls_bin, MODEL_PATH, "--tokenizer-path", demo_model, "--device", "cuda",
-                "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", timeout=300) as s:
+                "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", *EXTRA, timeout=300) as s:
         yield s
 
 
@@ -144,6 +145,6 @@ def test_tpot_constrained_vs_not(srv):
     plain, n1 = _tpot(srv, 128)
     cons, n2 = _tpot(srv, 128, response_format=free)
     bias, n3 = _tpot(srv, 128, logit_bias={"300": 1})
-    print(f"\nGRAMMAR_TPOT unconstrained {plain * 1e3:.2f} ms ({n1} tok), json_schema {cons * 1e3:.2f} ms ({n2} tok), "
+    print(f"\nGRAMMAR_TPOT{' (' + ' '.join(EXTRA) + ')' if EXTRA else ''} unconstrained {plain * 1e3:.2f} ms ({n1} tok), json_schema {cons * 1e3:.2f} ms ({n2} tok), "
           f"logit_bias {bias * 1e3:.2f} ms ({n3} tok), constrained/unconstrained {cons / plain:.2f}x")
     assert n1 == n2 == n3 == 128

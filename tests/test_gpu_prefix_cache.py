@@ -138,7 +138,9 @@ def conversation(srv):
     for k in range(2):
         p3 = p1 + f1 + [(3000 + k * 7 + i * 611953) % VOCAB for i in range(60)]
         ttft.append(timed(srv, p3, 1)[1:])
-    return p1, lp1, c1, p2, lp2, c2, ttft
+    # misses of the same length (no shared first page): what the GDN prefill cuts cost
+    miss = [timed(srv, [(11 + k * 13 + i * 7919) % VOCAB for i in range(2100)], 1)[2] for k in range(2)]
+    return p1, lp1, c1, p2, lp2, c2, ttft, miss
 
 
 def test_gpu_synth35_two_turns_hit_and_match_cache_off(ls_bin):
@@ -154,11 +156,12 @@ def test_gpu_synth35_two_turns_hit_and_match_cache_off(ls_bin):
                 assert "prefix cache on" in log
                 assert m["kv_pages_used"] == 0 and m["kv_pages_allocated"] == m["prefix_cache_pages"], m
                 assert m["prefix_cache_snapshots_used"] >= 1, m
-    p1, lp1, c1, p2, lp2, c2, ttft = res["on"]
+    p1, lp1, c1, p2, lp2, c2, ttft, _ = res["on"]
     d1 = max(abs(a - b) for a, b in zip(lp1, res["off"][1]))
     d2 = max(abs(a - b) for a, b in zip(lp2, res["off"][4]))
     line = {f: {"turn2_cached": res[f][5], "turn2_prompt": len(res[f][3]),
-                "ttft_ms": [round(t * 1e3, 2) for _, t in res[f][6]], "cached": [c for c, _ in res[f][6]]}
+                "ttft_ms": [round(t * 1e3, 2) for _, t in res[f][6]], "cached": [c for c, _ in res[f][6]],
+                "miss_ttft_ms": [round(t * 1e3, 2) for t in res[f][7]]}
             for f in res}
     line["max_abs_logprob_diff"] = {"turn1": round(d1, 5), "turn2": round(d2, 5)}
     print("PREFIX_TTFT " + json.dumps(line))

@@ -198,6 +198,9 @@ def test_tiny_pool_evicts_and_serves_correctly(ls_bin, demo_model):
                 m = assert_no_leak(srv)
                 assert m["prefix_cache_hit_tokens_total"] > 0, m
                 assert m["prefix_cache_pages"] <= 32
+                assert m["preemptions_total"] > 0, m  # 6 requests of ~11 pages on 32: preempted and resumed
+                print("tiny pool:", {k: m[k] for k in ("preemptions_total", "prefix_cache_hit_tokens_total",
+                                                        "prefix_cache_query_tokens_total", "prefix_cache_pages")})
     on, off = results["on"], results["off"]
     assert [t for t, _ in on[0]] == [t for t, _ in off[0]]
     assert [t for t, _ in on[1]] == [t for t, _ in off[1]]

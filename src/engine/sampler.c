@@ -224,7 +224,8 @@ static double softmax_terms(smp_ctx *c, double *mx) {
     for (int i = 0; i < V; i++) if (c->work[i] > m) m = c->work[i];
     double z = 0;
     for (int i = 0; i < V; i++) {
-        double t = exp((double)c->work[i] - (double)m);
+        /* masked / banned ids (-inf) skip the exp: a constrained row is mostly such ids */
+        double t = c->work[i] == -INFINITY ? 0.0 : exp((double)c->work[i] - (double)m);
         c->ex[i] = t;
         z += t;
     }

@@ -230,6 +230,19 @@ def test_json_schema_on_completions_and_generate(srv, client):
     assert status == 400 and "sampling_params.json_schema" in out["error"]["message"]
 
 
+def test_stop_ids_only_where_the_grammar_accepts(srv, client):
+    """A stop id that is an ordinary token (' ', allowed all over the document and never the
+    only way on) ends the request only where the document is complete: every output still
+    validates. (A stop id that is the only way on ends the request: a mask is never empty.)"""
+    q = srv.tokenize(" ")[0]
+    for seed in (31, 32, 33):
+        r = gc.chat(client, MODEL, response_format=gc.rf_schema(gc.PERSON), max_tokens=400, temperature=1.0,
+                    seed=seed, extra_body={**gc.NO_THINK, "stop_token_ids": [q]})
+        c = r.choices[0]
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content), gc.PERSON)
+
+
 def test_constraint_starts_after_reasoning(srv, client):
     """Thinking on: the prompt opens <think>; the forced reasoning ends with </think>,
     then the sampled answer is constrained."""

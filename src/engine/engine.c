@@ -27,7 +27,9 @@
  *      device: the rows' parameters and token lists go down with the step,
  *      only the chosen ids and logprobs come back; seeded by the request's
  *      seed and completion index), or on the host (the samplers run in
- *      parallel on the worker pool, each request with its own RNG); then, in
+ *      parallel on the worker pool, each request with its own RNG; a step
+ *      holding a row with a grammar mask or logit_bias samples all its rows
+ *      there: engine_grammar.c); then, in
  *      batch order on the engine thread, the token is appended, its event
  *      emitted, and the request may finish.
  * Pure-decode steps on a GPU replay CUDA graphs per batch-size bucket

@@ -160,7 +160,20 @@ int eg_host_only(const ereq *r) { return r->n_lb || (r->gm && !gr_matcher_gated(
 const smp_edit *eg_edit(ereq *r, smp_edit *ed) {
     if (!r->gm && !r->n_lb) return NULL;
     memset(ed, 0, sizeof *ed);
-    if (r->gm && gr_matcher_fill_mask(r->gm, r->gmask)) ed->allow = r->gmask;
+    if (r->gm && gr_matcher_fill_mask(r->gm, r->gmask)) {
+        ed->allow = r->gmask;
+        /* the request's stop ids end it like EOS: allowed exactly where the grammar accepts */
+        int acc = gr_matcher_accepting(r->gm) || gr_matcher_failed(r->gm);
+        for (int i = 0; i < r->sp.n_stop_ids && !r->sp.ignore_eos; i++) {
+            int32_t id = r->sp.stop_ids[i];
+            if (acc) r->gmask[id >> 5] |= 1u << (id & 31);
+            else r->gmask[id >> 5] &= ~(1u << (id & 31));
+        }
+        int any = 0;
+        for (int w = 0; w < gr_mask_words(gr_matcher_vocab(r->gm)) && !any; w++) any = r->gmask[w] != 0;
+        for (int i = 0; i < r->sp.n_stop_ids && !any; i++) /* never an empty mask */
+            r->gmask[r->sp.stop_ids[i] >> 5] |= 1u << (r->sp.stop_ids[i] & 31);
+    }
     ed->bias_ids = r->lb_ids;
     ed->bias = r->lb;
     ed->n_bias = r->n_lb;
@@ -170,6 +183,8 @@ const smp_edit *eg_edit(ereq *r, smp_edit *ed) {
 int eg_only_end(const ereq *r) { return r->gm && (gr_matcher_done(r->gm) || gr_matcher_failed(r->gm)); }
 
 void eg_commit(ereq *r, int32_t t) {
+    for (int i = 0; i < r->sp.n_stop_ids; i++)
+        if (r->sp.stop_ids[i] == t) return; /* it ends the request */
     if (r->gm && !gr_matcher_failed(r->gm) && gr_matcher_accept_token(r->gm, t) < 0)
         log_warn("engine: token %d does not follow the request's grammar (a forced token?); only EOS is allowed "
                  "from here", t);

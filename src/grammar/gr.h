@@ -106,6 +106,7 @@ int gr_matcher_done(const gr_matcher *m);
 int gr_matcher_failed(const gr_matcher *m);
 /* The gate has not opened yet: this step is unconstrained. */
 int gr_matcher_gated(const gr_matcher *m);
+const gr_vocab *gr_matcher_vocab(const gr_matcher *m);
 
 /* Statistics of the last fill_mask (bench): 1 if the state's mask came from
  * the cache of a string / raw-text state. */

@@ -233,6 +233,7 @@ int gr_matcher_accepting(const gr_matcher *m) { return !m->failed && (m->gate_le
 int gr_matcher_done(const gr_matcher *m) { return m->finished || (gr_matcher_accepting(m) && m->cur.n == 0); }
 int gr_matcher_failed(const gr_matcher *m) { return m->failed; }
 int gr_matcher_gated(const gr_matcher *m) { return m->gate_len > 0 && !m->failed; }
+const gr_vocab *gr_matcher_vocab(const gr_matcher *m) { return m->v; }
 int gr_matcher_last_cached(const gr_matcher *m) { return m->last_cached; }
 
 /* Copy a stack into q (no sharing: stacks are shallow and few). */

@@ -145,4 +145,19 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 48 ]; then
     fi
 fi
 
+# 4. (time left) ncu detail of gd_kernel and gd_kernel1 on a 16-sequence decode step (35B GDN
+# shape: grid (128, 16)) in test_gdn_decode_cuda's wide-step test: occupancy, issue, stalls
+if [ -n "$NCU" ] && [ -x "$D/tests/test_gdn_decode_cuda" ] && [ "$(left)" -gt 16 ]; then
+    for t1 in 0 2; do
+        [ "$(left)" -gt 10 ] || break
+        echo "== ncu detail: gd kernels of test_gdn_decode_cuda, LASTSTAND_GDN_T1=$t1, the (128, 16, 1) grids $(el)"
+        LASTSTAND_GDN_T1=$t1 timeout -k 2 $(( $(left) / 2 )) "$NCU" --clock-control none -k regex:"gd_kernel" --launch-skip 14 --launch-count 6 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+            --section WarpStateStats "$D/tests/test_gdn_decode_cuda" >"$OUT/ncu-gd$t1.txt" 2>&1
+        echo "rc=$? $(el)"
+        awk '/^  [a-z_]+.*\(128, 16, 1\)/ {on = 1; n++} /^  [a-z_]+.*\([0-9]+, [0-9]+, 1\)x/ && !/\(128, 16, 1\)/ {on = 0} on && n == 1' \
+            "$OUT/ncu-gd$t1.txt" | grep -E "^  [a-z]|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Issued Warp Per|No Eligible|Warp Cycles Per Issued|stalled|Waves Per SM|Cluster" \
+            | sed 's/  */ /g' | cut -c1-160 | head -24
+    done
+fi
 echo "total $(( $(date +%s) - T0 )) s"

@@ -15,7 +15,9 @@
 #    own mean decode step (logged at shutdown: "N decode steps of R sequences on average, X ms
 #    each"), same prompts for every variant: new (the defaults), t1 (LASTSTAND_GDN_T1=2),
 #    dnearly (LASTSTAND_MG_DNEARLY=1), c1 (concurrency 1, 8 prompts: c = 1 must not be slower
-#    than 2.43 ms), norm0 (t1 + LASTSTAND_GDN_NORM=0: no cluster barriers in gd_kernel).
+#    than 2.43 ms). Before them (1d): gd_kernel / gd_kernel1 of a 16-sequence decode step
+#    under ncu in test_gdn_decode_cuda, per config (T1 0 / 2, LASTSTAND_GDN_NW=8: clusters of
+#    2 blocks of 8 warps instead of 8 of 2, LASTSTAND_GDN_NORM=0).
 # 3. (time left) ncu (--clock-control none --cache-control none) over `serve` of the 8-layer
 #    synth 35B, eager, LASTSTAND_GDN_T1=2, under `bench` at concurrency 16 (16 x 1024 in / 6
 #    out, one prefill step): c16_table.py's kernel list of one 16-row decode step.
@@ -72,18 +74,26 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
     fi
 done
 
-# the down's early weights (LASTSTAND_MG_DNEARLY=1) against fp64 in the doctor (pytest, time allowing)
-if python3 -c "import pytest" 2>/dev/null && [ "$(left)" -gt 150 ]; then
-    echo "== pytest tests/test_gpu_moe_grouped.py -k dnearly $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 40 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_moe_grouped.py \
-        -k dnearly 2>&1 | tail -3
-    echo "$(el)"
+# 1d. gd_kernel / gd_kernel1 on a 16-sequence decode step (the 35B and 397B GDN shapes, grid y =
+# 16) in test_gdn_decode_cuda's wide-step test, under ncu (one launch each, caches flushed: the
+# state comes from DRAM as in a 40-layer step): duration, occupancy, issue, stalls, per config
+if [ -n "$NCU" ] && [ -x "$D/tests/test_gdn_decode_cuda" ]; then
+    for v in "t0:LASTSTAND_GDN_T1=0" "t2:LASTSTAND_GDN_T1=2" "t0nw8:LASTSTAND_GDN_T1=0 LASTSTAND_GDN_NW=8" \
+             "t2nw8:LASTSTAND_GDN_T1=2 LASTSTAND_GDN_NW=8" "t2norm0:LASTSTAND_GDN_T1=2 LASTSTAND_GDN_NORM=0"; do
+        [ "$(left)" -gt 120 ] || break
+        echo "== ncu gd ${v%%:*} (${v#*:}) $(el)"
+        env ${v#*:} timeout -k 2 20 "$NCU" --clock-control none -k regex:"gd_kernel" --launch-count 30 \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+            --section WarpStateStats "$D/tests/test_gdn_decode_cuda" >"$OUT/ncu-gd-${v%%:*}.txt" 2>&1
+        echo "rc=$? $(el)"
+        python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gd-${v%%:*}.txt" 16
+    done
 fi
 
 # 2. the real step: 40 layers, CUDA graphs; variants "tag|gemm plan|env|concurrency|prompts"
 GEMM0="cuda_gemv:16,cuda_cublaslt"
 E2E=("new|$GEMM0||16|32" "t1|$GEMM0|LASTSTAND_GDN_T1=2|16|32" "dnearly|$GEMM0|LASTSTAND_MG_DNEARLY=1|16|32"
-     "c1|$GEMM0||1|8" "norm0|$GEMM0|LASTSTAND_GDN_T1=2 LASTSTAND_GDN_NORM=0|16|32")
+     "c1|$GEMM0||1|8")
 n=0
 for v in "${E2E[@]}"; do
     IFS='|' read -r tag gemm venv conc np <<<"$v"
@@ -145,19 +155,4 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 48 ]; then
     fi
 fi
 
-# 4. (time left) ncu detail of gd_kernel and gd_kernel1 on a 16-sequence decode step (35B GDN
-# shape: grid (128, 16)) in test_gdn_decode_cuda's wide-step test: occupancy, issue, stalls
-if [ -n "$NCU" ] && [ -x "$D/tests/test_gdn_decode_cuda" ] && [ "$(left)" -gt 16 ]; then
-    for t1 in 0 2; do
-        [ "$(left)" -gt 10 ] || break
-        echo "== ncu detail: gd kernels of test_gdn_decode_cuda, LASTSTAND_GDN_T1=$t1, the (128, 16, 1) grids $(el)"
-        LASTSTAND_GDN_T1=$t1 timeout -k 2 $(( $(left) / 2 )) "$NCU" --clock-control none -k regex:"gd_kernel" --launch-skip 14 --launch-count 6 \
-            --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-            --section WarpStateStats "$D/tests/test_gdn_decode_cuda" >"$OUT/ncu-gd$t1.txt" 2>&1
-        echo "rc=$? $(el)"
-        awk '/^  [a-z_]+.*\(128, 16, 1\)/ {on = 1; n++} /^  [a-z_]+.*\([0-9]+, [0-9]+, 1\)x/ && !/\(128, 16, 1\)/ {on = 0} on && n == 1' \
-            "$OUT/ncu-gd$t1.txt" | grep -E "^  [a-z]|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Issued Warp Per|No Eligible|Warp Cycles Per Issued|stalled|Waves Per SM|Cluster" \
-            | sed 's/  */ /g' | cut -c1-160 | head -24
-    done
-fi
 echo "total $(( $(date +%s) - T0 )) s"

@@ -266,6 +266,7 @@ typedef struct smf_shared {
     int n_all;                /* the untruncated count of the last gather */
     u64s lbk[SMW_NW];         /* the cluster's warp maxima, and the top_k bound from them */
     u64s lb;
+    u64s bw[SMP_W][5], bs[5], bt[5]; /* the top_p bands' masses: per warp, block, cluster */
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -341,7 +342,8 @@ struct smw_srow {
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, class Row>
 __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
-                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0) {
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0,
+                                  int band = 0) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -403,6 +405,54 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
         __syncthreads();
         c.cl.sync(); /* no block rewrites its list while another still reads it */
         if (ok) { P = lb; all = 2; }
+    }
+    /* band (MASS, a nucleus over more than SMF_CAP keys): a pass without atomics sums the
+     * fixed-point masses at or above floor, all of them and those of s >= m - d (d = 2, 4, 8, 16;
+     * exact integer sums); the nucleus lies within the tightest band whose mass reaches the
+     * target, so the search starts at that band's key (its first histogram sees only the band's
+     * tokens: 8% of a long-tailed row's at top_p 0.9) with the target from the whole mass */
+    u64s btgt = 0;
+    if (MASS && band && known < 0 && all != 2) {
+        const float vb[4] = {m - 2.f, m - 4.f, m - 8.f, m - 16.f};
+        u64s mb[5] = {0, 0, 0, 0, 0};
+        row.each([&](int i, float x) {
+            const float s = scaled(x, inv, scale);
+            if (rank_key(s, i) < floor) return;
+            const u64s f = mass_fx(expf(s - m));
+            mb[0] += f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) mb[j + 1] += s >= vb[j] ? f : 0;
+        });
+#pragma unroll
+        for (int j = 0; j < 5; j++) {
+            const u64s t = warp_sum_u(mb[j]);
+            if (lane == 0) fs.bw[wp][j] = t;
+        }
+        __syncthreads();
+        if (tid < 5) {
+            u64s t = 0;
+            for (int q = 0; q < SMP_W; q++) t += fs.bw[q][tid];
+            fs.bs[tid] = t;
+        }
+        c.cl.sync(); /* every block's band sums are in place (written once a launch) */
+        if (tid < 5) {
+            u64s r8[SMW_CL], t = 0;
+#pragma unroll
+            for (unsigned r = 0; r < SMW_CL; r++) r8[r] = c.cl.map_shared_rank(&fs, r)->bs[tid];
+#pragma unroll
+            for (unsigned r = 0; r < SMW_CL; r++) t += r8[r];
+            fs.bt[tid] = t;
+        }
+        __syncthreads();
+        const u64s tot = fs.bt[0];
+        const double t = ceil(frac * (double)tot);
+        btgt = t >= (double)tot ? tot : (u64s)t;
+        for (int j = 0; j < 4; j++)
+            if (fs.bt[j + 1] >= btgt) { /* the keys of s >= vb[j] are exactly those >= rank_key(vb[j], -1) */
+                const uint64_t B = rank_key(vb[j], -1);
+                if (B > floor) floor = B;
+                break;
+            }
     }
     if (known < 0 && all != 2) {
         P = 0;
@@ -494,7 +544,9 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
                 const smf_shared *qs = c.cl.map_shared_rank(&fs, (unsigned)min(lane, SMW_CL - 1));
                 const u64s lc = lane < SMW_CL ? qs->tc : 0, lm = lane < SMW_CL ? qs->tm : 0;
                 u64s tgt = target;
-                if (first) { /* the measure at or above the floor: the base of the target */
+                if (first && btgt) {
+                    tgt = btgt; /* the band pass's, over every key at or above the caller's floor */
+                } else if (first) { /* the measure at or above the floor: the base of the target */
                     const u64s tot = warp_sum_u(MASS ? lm : lc);
                     if (MASS) {
                         const double t = ceil(frac * (double)tot);
@@ -849,7 +901,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (use_k)
                 tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
-            if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
+            if (use_p)
+                tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c, 0,
+                                      lbon);
             SMS_STAMP(4);
         }
         const uint64_t thr = tk > tp ? tk : tp;

@@ -358,7 +358,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
     }
     /* the keys of [P0, P0 + 2^rb) (rb 64: of [P0, 2^64)) at or above floor, with their masses,
      * into shared memory: each block's list, then every block gathers all of them in rank
-     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were */
+     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were (past SMF_CAP: more) */
     auto gather = [&](uint64_t P0, int rb) {
         if (tid == 0) fs.nl = 0;
         __syncthreads();
@@ -367,6 +367,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
             const uint64_t k = rank_key(s, i);
             if (k < floor || k < P0) return;
             if (rb < 64 && ((k - P0) >> rb)) return;
+            if (*(volatile unsigned *)&fs.nl > SMF_CAP) return; /* the list overflows: enough to know it */
             const unsigned at = atomicAdd(&fs.nl, 1u);
             if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = mass_fx(expf(s - m)); }
         });

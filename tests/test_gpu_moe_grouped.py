@@ -14,9 +14,9 @@ Pins:
   expert on a side stream), the R3 default (SIDE=0, perm), place32 (the decode at 32-row tiles,
   M = 512), place3 (3 CTAs per SM), the grouped GEMM at 16-row tiles (LASTSTAND_MG_MID=0), the
   mid-batch path at every 16-row tile size with its opt-in top-k + plan launch (mid-lean) and
-  with its other down instance, the old router and top-k (mid-alt), the persistent gate/up with
-  the down's weights fetched before its wait and the persistent down (mid-persistent:
-  LASTSTAND_MG_MIDGU=2, MIDDN=3, DNEARLY=1);
+  with its other down instance, the old router and top-k (mid-alt), the down's weights fetched
+  before its wait (mid-dnearly: LASTSTAND_MG_DNEARLY=1), and with gate/up at 4 blocks an SM
+  (mid-gu4: LASTSTAND_MG_MIDGU=2);
 - the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
   16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
@@ -69,9 +69,9 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
                                     "LASTSTAND_MG_MIDGU": "1", "LASTSTAND_MG_MIDFUSE": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
                                     "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"},
-                                   {"LASTSTAND_MG_MIDGU": "2", "LASTSTAND_MG_MIDDN": "3", "LASTSTAND_MG_DNEARLY": "1"}],
+                                   {"LASTSTAND_MG_DNEARLY": "1"}, {"LASTSTAND_MG_MIDGU": "2", "LASTSTAND_MG_DNEARLY": "1"}],
                          ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt",
-                              "mid-persistent"])
+                              "mid-dnearly", "mid-gu4"])
 def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     ms = [1, 16, 64, 512]
     cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",
@@ -81,22 +81,19 @@ def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     assert sorted(map(int, cells)) == ms
 
 
-@pytest.mark.parametrize("preset,ms,gu", [("qwen3.5-35b-a3b", [3, 9, 16, 33, 64, 100, 256], "1"),
-                                          ("qwen3.5-397b-a17b", [16, 64], "1"),
-                                          ("qwen3.5-35b-a3b", [3, 16, 33, 100, 256], "2"),
-                                          ("qwen3.5-397b-a17b", [16, 25], "2")],
-                         ids=["35b", "397b", "35b-persistent", "397b-persistent"])
-def test_grouped_gemm_mid_gemvs_right_with_a_shared_expert_in_the_launch(tmp_path, preset, ms, gu):
+@pytest.mark.parametrize("preset,ms,early", [("qwen3.5-35b-a3b", [3, 9, 16, 33, 64, 100, 256], False),
+                                             ("qwen3.5-397b-a17b", [16, 64], False),
+                                             ("qwen3.5-35b-a3b", [3, 16, 33, 100, 256], True)],
+                         ids=["35b", "397b", "35b-dnearly"])
+def test_grouped_gemm_mid_gemvs_right_with_a_shared_expert_in_the_launch(tmp_path, preset, ms, early):
     # LASTSTAND_MG_MID=1 (+ MIDALL: at every 16-row tile size and shape): the mid-batch GEMVs
     # (mv_kernel) take the 16-row tiles; the presets' NVFP4 shared expert rides in the same
     # launch with full 16-slot tiles (the second pass over slots 8..15), odd M leaves partial
     # tiles; both instances of each GEMM (K = 2048 / 4096 for gate/up, 512 / 1024 for down);
-    # "2": the persistent gate/up (mvq_kernel, H = 2048: 35B) and down (mvdq_kernel, I = 512 / 1024)
-    # with the down's weights fetched before its wait (DNEARLY)
+    # early: the down's weights fetched before its wait (LASTSTAND_MG_DNEARLY=1)
     cells, table = doctor_cells(tmp_path, "--shapes", preset, "--m", ",".join(map(str, ms)),
                                 env_extra={"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1",
-                                           "LASTSTAND_MG_MIDGU": gu, "LASTSTAND_MG_MIDDN": "3" if gu == "2" else "2",
-                                           "LASTSTAND_MG_DNEARLY": "1" if gu == "2" else "0"})
+                                           "LASTSTAND_MG_DNEARLY": "1" if early else "0"})
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{bad}\n{table}"
     assert sorted(map(int, cells)) == ms

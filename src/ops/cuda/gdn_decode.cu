@@ -410,9 +410,17 @@ __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
 }
 
 /* Warps per block: the fewest that divide dv / GD_WC and leave at most GD_MAX_CLUSTER blocks per
- * k head. 0 when none. */
+ * k head (LASTSTAND_GDN_NW=1|2|4|8, read once: at least that many where it divides, a device-round
+ * experiment on the cluster's size: fewer, larger blocks per k head). 0 when none. */
 static int gd_warps(int nk, int nv, int dv) {
+    static int want = -1;
+    if (want < 0) {
+        const char *v = getenv("LASTSTAND_GDN_NW");
+        want = v && (!strcmp(v, "2") || !strcmp(v, "4") || !strcmp(v, "8")) ? atoi(v) : 1;
+    }
     const int nsl = dv / GD_WC, wk = (nv / nk) * nsl;
+    for (int nw = want; nw <= GD_MAX_NW; nw++)
+        if (nsl % nw == 0 && wk / nw <= GD_MAX_CLUSTER) return nw;
     for (int nw = 1; nw <= GD_MAX_NW; nw++)
         if (nsl % nw == 0 && wk / nw <= GD_MAX_CLUSTER) return nw;
     return 0;

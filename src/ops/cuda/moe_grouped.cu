@@ -811,10 +811,9 @@ typedef struct mg_knobs {
     int side, pf;
     int mid;     /* the mid-batch GEMVs (mv_kernel) at 16-row tiles */
     int midtopk; /* with mid: the block-per-token top-k */
-    int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (1), a whole K per warp (2), that
-                    persistent (mvdq_kernel, 3) */
+    int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (1), a whole K per warp (2) */
     int midrouter; /* with mid: the router by mr_kernel */
-    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), persistent (mvq_kernel, 2) */
+    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), at 4 blocks an SM (2) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
     int midfuse; /* with mid: the top-k and the plan in one launch */
@@ -837,7 +836,7 @@ static mg_knobs mg_knobs_get(void) {
         n.mid = cu_env_switch("LASTSTAND_MG_MID", 1);
         n.midtopk = cu_env_switch("LASTSTAND_MG_MIDTOPK", 1);
         v = getenv("LASTSTAND_MG_MIDDN");
-        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2") || !strcmp(v, "3"))) n.middn = atoi(v);
+        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
         v = getenv("LASTSTAND_MG_MIDGU");
         n.midgu = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MIDGU", 1);
@@ -902,7 +901,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
     /* pdl 2 (LASTSTAND_MG_DNEARLY): gate/up lets the down launch go only after its own wait, and
      * mvd_kernel fetches its weights before its wait (moe_mid.cu) */
-    const int dn_mvd = BM == 16 && mid_k && (kn.middn == 2 || kn.middn == 3) && mvd_per(mid_k);
+    const int dn_mvd = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k);
     const int gpdl = kn.midpdl ? (dn_mvd && kn.dnearly ? 2 : 1) : 0;
     cudaError_t c = cudaSuccess;
     if (mixed && side) {
@@ -925,13 +924,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
-        /* LASTSTAND_MG_MIDGU=2: the persistent gate/up (mvq_kernel) where it has an instance; it
-         * lets the next launch go after its own wait, as pdl 2 asks */
-        const int persistent = BM == 16 && mid_k && kn.midgu == 2 &&
-                               mvq_launch(H, mid_k, tiles_max, tab->dev, tile_e, perm, ntr, k, x, hbuf, ldh,
-                                          kn.midpdl, st, &c);
-        if (!persistent)
-            c = BM == 16 && mid_k
+        c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                   kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
@@ -946,18 +939,12 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        /* LASTSTAND_MG_MIDDN=3: the persistent down (mvdq_kernel) where it has an instance */
-        const int persistent = dn_mvd && kn.middn == 3 &&
-                               mvdq_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, hbuf, ldh, wts, dbuf,
-                                           gpdl, st, &c);
-        if (!persistent)
-            c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl,
-                                    st)
-                : BM == 16 && mid_k
-                    ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf,
-                                       0, kn.middn == 1, kn.midpdl, st)
-                    : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x,
-                                                hbuf, ldh, wts, dbuf, 0, st);
+        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
+            : BM == 16 && mid_k
+                ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
+                                   kn.middn == 1, kn.midpdl, st)
+                : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
+                                            ldh, wts, dbuf, 0, st);
     }
     if (c == cudaSuccess && mixed && !side) {
         *what = "cuda_grouped_gemm shared expert down";

@@ -206,15 +206,6 @@ template <bool GATEUP>
 cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                       const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st);
-/* the persistent gate/up (mvq_kernel, K = H = 2048, NI = the experts' I): 0 = no instance (not
- * launched), else 1 with the launch's status in *c */
-int mvq_launch(int H, int NI, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-               const int32_t *nt, int k, const bf16 *x, bf16 *hbuf, int ldh, int pdl, cudaStream_t st, cudaError_t *c);
-/* the persistent down (mvdq_kernel, K = I = 512 or 1024): 0 = no instance (not launched), else 1
- * with the launch's status in *c */
-int mvdq_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-                const int32_t *nt, int H, int k, bf16 *hbuf, int ldh, const float *wts, bf16 *dbuf, int pdl,
-                cudaStream_t st, cudaError_t *c);
 /* mvd_kernel's PER for K, 0 when there is no instance */
 int mvd_per(int K);
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,

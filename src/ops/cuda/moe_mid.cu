@@ -118,8 +118,8 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN>
-__global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
+__global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? MINB : 1)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
@@ -260,7 +260,7 @@ mv_cfg mv_pick(bool gateup, int K) {
     return c;
 }
 
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                               const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
@@ -271,13 +271,13 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
-    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
                          perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
 }
 
@@ -292,6 +292,9 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
+        if (K == 2048 && alt == 2) /* LASTSTAND_MG_MIDGU=2: the LEAN instance at 4 blocks an SM (<= 64 registers) */
+            return mv_launch1<GATEUP, 8, 2, 1, true, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                        wts, dbuf, sh_only, pdl, st);
         if (K == 2048 && alt)
             return mv_launch1<GATEUP, 8, 2, 1, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                      dbuf, sh_only, pdl, st);
@@ -413,393 +416,6 @@ __global__ void __launch_bounds__(256, 3)
             }
         }
     }
-}
-
-/* The persistent gate/up GEMV (LASTSTAND_MG_MIDGU=2): mv_kernel's LEAN gate/up at K = H =
- * KW·PER·128 with the load of one item overlapping the work of the one before it. In mv_kernel
- * a block puts its weights in flight at entry and then decodes them, so an SM's three blocks
- * alternate between waiting on DRAM and issuing (ncu, S6-R2: issue 59%, 2.2 TB/s at the 35B
- * shape, M = 16). Here a grid of two blocks an SM (two stage buffers of 36 KB each) walks the
- * items (plan tile, 16 output rows) in steps of the grid: before a warp decodes item i it has
- * put item i + 1's weights (cp.async, the other buffer) and x fragments (registers) in flight,
- * and the expert and the tokens of item i + 2 are being read. Same decode, same mma order,
- * same cross-warp sums and epilogue as the LEAN mv_kernel: the same bits. */
-template <int KW, int PER>
-struct mvq_smem {
-    uint4 codes[2][KW][PER][2][2][32]; /* [buffer][warp][chunk][gate, up][row g, g + 8][lane] */
-    uint32_t sc[2][KW][PER][2][32];    /* [buffer][warp][chunk][gate, up][scale word] */
-    float red[KW][2][2][16][8];        /* [warp][gate, up][slot group][row][slot] */
-    int pair[16];
-};
-
-/* One item's weight source for this lane: rows nrow0 + g (and + 8) of gate and up, and the
- * scale words; null w0 when the item is past the end. */
-struct mvq_src {
-    const uint8_t *w0, *w1, *s0, *s1;
-};
-
-template <int KW, int PER>
-__device__ __forceinline__ mvq_src mvq_src_of(const mg_expert *__restrict__ tab, int e, int nrow0, int K, int c0,
-                                              int lane) {
-    const mg_expert *xp = &tab[e];
-    const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
-    const int g = lane >> 2, t = lane & 3;
-    mvq_src r;
-    r.w0 = xp->w[0] + (size_t)(nrow0 + g) * ldw + c0 * 64 + 16 * t;
-    r.w1 = xp->w[1] + (size_t)(nrow0 + g) * ldw + c0 * 64 + 16 * t;
-    r.s0 = xp->s[0] + (size_t)(nrow0 + (lane >> 1)) * lds + c0 * 8 + 4 * (lane & 1);
-    r.s1 = xp->s[1] + (size_t)(nrow0 + (lane >> 1)) * lds + c0 * 8 + 4 * (lane & 1);
-    return r;
-}
-
-template <int KW, int PER>
-__device__ __forceinline__ void mvq_issue(mvq_smem<KW, PER> &sm, int b, int warp, int lane, const mvq_src &r,
-                                          int K) {
-    const size_t ldw8 = (size_t)K / 2 * 8;
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(&sm.codes[b][warp][u][0][0][lane], r.w0 + u * 64);
-        cu_cp_async16(&sm.codes[b][warp][u][0][1][lane], r.w0 + ldw8 + u * 64);
-        nv4_cp_async4(&sm.sc[b][warp][u][0][lane], r.s0 + u * 8);
-        cu_cp_async16(&sm.codes[b][warp][u][1][0][lane], r.w1 + u * 64);
-        cu_cp_async16(&sm.codes[b][warp][u][1][1][lane], r.w1 + ldw8 + u * 64);
-        nv4_cp_async4(&sm.sc[b][warp][u][1][lane], r.s1 + u * 8);
-    }
-    cu_cp_async_commit();
-}
-
-/* grid (min(items, 2 x SMs)); block 32·KW; NI = the routed experts' I (a multiple of 16): items
- * = n_tiles[0] x NI / 16, item = tile · NI/16 + row block. */
-template <int KW, int PER>
-__global__ void __launch_bounds__(32 * KW, 2)
-    mvq_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
-               const int32_t *__restrict__ n_tiles, int H, int k, int NI, const bf16 *__restrict__ x,
-               bf16 *__restrict__ hbuf, int ldh) {
-    constexpr int K = KW * PER * MV_CH;
-    typedef mvq_smem<KW, PER> S;
-    extern __shared__ __align__(16) unsigned char mvq_dsm[];
-    S &sm = *reinterpret_cast<S *>(mvq_dsm);
-    cu_pdl_wait(); /* (with PDL: the plan) */
-    cu_pdl_trigger(); /* after the wait: the plan is complete for whatever follows (mvd_kernel's early reads) */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int NB = NI / 16, total = n_tiles[0] * NB, G = gridDim.x, c0 = warp * PER;
-    int it = blockIdx.x;
-    if (it >= total || H != K) return;
-    /* item it: weights, tokens and x in flight; item it + G: its expert's weights in flight too */
-    int tile = it / NB;
-    mvq_src src = mvq_src_of<KW, PER>(tab, tile_e[tile], (it - tile * NB) * 16, K, c0, lane);
-    mvq_issue<KW, PER>(sm, 0, warp, lane, src, K);
-    int pl = lane < 16 ? perm[tile * 16 + lane] : -1; /* lane i < 16: slot i's pair (item it) */
-    uint4 xc[PER][4];
-    {
-        const int ps = __shfl_sync(0xffffffffu, pl, g);
-#pragma unroll
-        for (int u = 0; u < PER; u++) mv_load_x<true>(xc[u], ps, g, tile * 16, c0 + u, t, H, k, x, hbuf, ldh);
-    }
-    int nx = it + G;
-    int pln = -1;                /* item nx's pairs */
-    if (nx < total) {
-        const int tn = nx / NB;
-        src = mvq_src_of<KW, PER>(tab, tile_e[tn], (nx - tn * NB) * 16, K, c0, lane);
-        mvq_issue<KW, PER>(sm, 1, warp, lane, src, K);
-        pln = lane < 16 ? perm[tn * 16 + lane] : -1;
-    }
-    int b = 0;
-    for (;;) {
-        /* item nx's x (registers) and item nx + G's expert and pairs: in flight under item it */
-        uint4 xn[PER][4];
-        const int n2 = nx + G;
-        int te2 = 0, pl2 = -1;
-        if (nx < total) {
-            const int ps = __shfl_sync(0xffffffffu, pln, g);
-            const int tn = nx / NB;
-#pragma unroll
-            for (int u = 0; u < PER; u++) mv_load_x<true>(xn[u], ps, g, tn * 16, c0 + u, t, H, k, x, hbuf, ldh);
-        }
-        if (n2 < total) {
-            te2 = tile_e[n2 / NB];
-            pl2 = lane < 16 ? perm[(n2 / NB) * 16 + lane] : -1;
-        }
-        /* item it */
-        const int two = __any_sync(0xffffffffu, lane >= 8 && pl >= 0);
-        if (warp == 0 && lane < 16) sm.pair[lane] = pl;
-        float acc[2][2][4];
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-#pragma unroll
-            for (int grp = 0; grp < 2; grp++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) acc[q][grp][r] = 0.f;
-        mv_wait(nx < total ? 1 : 0); /* item it's group (item nx's may still fly) */
-        __syncwarp();                 /* scales were copied by other lanes */
-#pragma unroll
-        for (int u = 0; u < PER; u++)
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[b][warp][u][q]);
-                mv_chunk<1>(sm.codes[b][warp][u][q][0][lane], sm.codes[b][warp][u][q][1][lane], s16[4 * g + t],
-                            s16[4 * (g + 8) + t], &xc[u], &acc[q][0]);
-            }
-        if (two) { /* slots 8..15 (rare here; the shared expert's tiles when in the launch) */
-            const int ps = __shfl_sync(0xffffffffu, pl, 8 + g);
-#pragma unroll 1
-            for (int u = 0; u < PER; u++) {
-                uint4 x8[4];
-                mv_load_x<true>(x8, ps, 8 + g, tile * 16, c0 + u, t, H, k, x, hbuf, ldh);
-#pragma unroll
-                for (int q = 0; q < 2; q++) {
-                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[b][warp][u][q]);
-                    mv_chunk<1>(sm.codes[b][warp][u][q][0][lane], sm.codes[b][warp][u][q][1][lane], s16[4 * g + t],
-                                s16[4 * (g + 8) + t], &x8, &acc[q][1]);
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < 2; q++)
-#pragma unroll
-            for (int grp = 0; grp < 2; grp++) {
-                sm.red[warp][q][grp][g][2 * t] = acc[q][grp][0];
-                sm.red[warp][q][grp][g][2 * t + 1] = acc[q][grp][1];
-                sm.red[warp][q][grp][g + 8][2 * t] = acc[q][grp][2];
-                sm.red[warp][q][grp][g + 8][2 * t + 1] = acc[q][grp][3];
-            }
-        /* item n2's weight source (its expert was read above), for the issue after the barriers */
-        mvq_src s2n = src;
-        if (n2 < total) s2n = mvq_src_of<KW, PER>(tab, te2, (n2 - (n2 / NB) * NB) * 16, K, c0, lane);
-        __syncthreads(); /* every warp's partial sums and the pairs are in; buffer b is read */
-        {
-            const mg_expert *xp = &tab[tile_e[tile]];
-            const float sg = xp->s2[0] * 256.f, su = xp->s2[1] * 256.f; /* the decoded weights carry 2^-8 */
-            const int nrow0 = (it - tile * NB) * 16;
-            for (int o = tid; o < 16 * 16; o += 32 * KW) {
-                const int row = o & 15, slot = o >> 4, grp = slot >> 3, s8 = slot & 7;
-                if (sm.pair[slot] < 0) continue;
-                float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-                for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
-                    v0 += sm.red[w][0][grp][row][s8];
-                    v1 += sm.red[w][1][grp][row][s8];
-                }
-                const float gg = v0 * sg, uu = v1 * su;
-                hbuf[(size_t)(tile * 16 + slot) * ldh + nrow0 + row] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
-            }
-        }
-        if (nx >= total) break;
-        __syncthreads(); /* the epilogue has read red and pair before the next item writes them */
-        /* buffer b is free (read before the first barrier): item n2's weights go there */
-        if (n2 < total) mvq_issue<KW, PER>(sm, b, warp, lane, s2n, K);
-        it = nx;
-        nx = n2;
-        tile = it / NB;
-        pl = pln;
-        pln = pl2;
-        src = s2n;
-#pragma unroll
-        for (int u = 0; u < PER; u++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) xc[u][q] = xn[u][q];
-        b ^= 1;
-    }
-}
-
-/* The persistent gate/up by mvq_kernel for K = H = 2048 (KW 8, PER 2); 0 = no instance (the
- * caller takes mv_launch), else 1 with the launch's status in *c. */
-int mvq_launch(int H, int NI, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-               const int32_t *nt, int k, const bf16 *x, bf16 *hbuf, int ldh, int pdl, cudaStream_t st, cudaError_t *c) {
-    if (H != 2048 || NI <= 0 || NI % 16) return 0;
-    typedef mvq_smem<8, 2> S;
-    const size_t smem = sizeof(S);
-    static int fit[CU_WS_MAX_DEV]; /* blocks resident on the whole GPU, per device ordinal */
-    int dev = 0;
-    *c = cudaGetDevice(&dev);
-    if (*c != cudaSuccess) return 1;
-    if (dev < 0 || dev >= CU_WS_MAX_DEV) return 0;
-    int f = __atomic_load_n(&fit[dev], __ATOMIC_ACQUIRE);
-    if (!f) {
-        int bps = 0, sms = 0;
-        *c = cudaFuncSetAttribute(mvq_kernel<8, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (*c == cudaSuccess) *c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, mvq_kernel<8, 2>, 256, smem);
-        if (*c == cudaSuccess) *c = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (*c != cudaSuccess) return 1;
-        if (bps <= 0) return 0;
-        f = bps * sms;
-        __atomic_store_n(&fit[dev], f, __ATOMIC_RELEASE);
-    }
-    const long items = (long)tiles_max * (NI / 16);
-    const unsigned grid = (unsigned)(items < f ? items : f);
-    *c = cu_launch_pdl(pdl, mvq_kernel<8, 2>, dim3(grid), dim3(256), smem, st, tab, tile_e, perm, nt, 2048, k, NI, x,
-                       hbuf, ldh);
-    return 1;
-}
-
-/* The persistent down GEMV (LASTSTAND_MG_MIDDN=3): mvd_kernel's work (a warp = 16 output rows
- * over the whole K = I, no cross-warp sums) walked by a grid of two blocks an SM in steps of
- * the grid, items (plan tile, 128 output rows), with the next item's weights and its tile's 16
- * hbuf rows (raw, cp.async; permuted as they are read) in flight while the warp decodes the
- * current one. Padding slots' hbuf rows are copied too (whatever they hold only reaches their
- * own mma columns, which are never stored). Same decode, mma order and epilogue as mvd_kernel:
- * the same bits. */
-template <int PER>
-struct mvdq_smem {
-    uint4 codes[2][8][PER][2][32];  /* [buffer][warp][chunk][row g, g + 8][lane] */
-    uint32_t sc[2][8][PER][32];     /* [buffer][warp][chunk][scale word] */
-    uint4 xs[2][16][PER * MV_CH / 8 + 1]; /* [buffer][slot][8 K values] raw (+16 B: rows g on distinct banks) */
-};
-
-template <int PER>
-__device__ __forceinline__ void mvdq_issue(mvdq_smem<PER> &sm, int b, const mg_expert *__restrict__ tab, int e,
-                                           int nrow0, const bf16 *__restrict__ hbuf, int ldh, int tile, bool x_too) {
-    constexpr int K = PER * MV_CH, XW = K / 8;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const mg_expert *xp = &tab[e];
-    const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
-    const uint8_t *wr = xp->w[2] + (size_t)(nrow0 + g) * ldw + 16 * t;
-    const uint8_t *sr = xp->s[2] + (size_t)(nrow0 + (lane >> 1)) * lds + 4 * (lane & 1);
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(&sm.codes[b][warp][u][0][lane], wr + u * 64);
-        cu_cp_async16(&sm.codes[b][warp][u][1][lane], wr + 8 * ldw + u * 64);
-        nv4_cp_async4(&sm.sc[b][warp][u][lane], sr + u * 8);
-    }
-    if (x_too)
-        for (int i = tid; i < 16 * XW; i += 256) {
-            const int s = i / XW, c = i - s * XW;
-            cu_cp_async16(&sm.xs[b][s][c], reinterpret_cast<const uint4 *>(hbuf + (size_t)(tile * 16 + s) * ldh) + c);
-        }
-}
-
-/* grid (min(items, 2 x SMs)); block 256; K = I = 128·PER; items = n_tiles[0] x H / 128. early
- * (pdl 2): the first item's weights before the wait (the plan is complete when this grid starts;
- * gate/up let it go after its own wait), hbuf only after it. */
-template <int PER>
-__global__ void __launch_bounds__(256, 2)
-    mvdq_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
-                const int32_t *__restrict__ n_tiles, int H, int k, bf16 *__restrict__ hbuf, int ldh,
-                const float *__restrict__ wts, bf16 *__restrict__ dbuf, int early) {
-    constexpr int XW = PER * MV_CH / 8;
-    typedef mvdq_smem<PER> S;
-    extern __shared__ __align__(16) unsigned char mvdq_dsm[];
-    S &sm = *reinterpret_cast<S *>(mvdq_dsm);
-    cu_pdl_trigger();
-    if (!early) cu_pdl_wait();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int HB = H / 128, total = n_tiles[0] * HB, G = gridDim.x;
-    int it = blockIdx.x;
-    if (it >= total) {
-        if (early) cu_pdl_wait();
-        return;
-    }
-    int tile = it / HB;
-    int e = tile_e[tile];
-    mvdq_issue<PER>(sm, 0, tab, e, (it - tile * HB) * 128 + warp * 16, hbuf, ldh, tile, false);
-    int pl = lane < 16 ? perm[tile * 16 + lane] : -1; /* lane i < 16: slot i's pair (item it) */
-    if (early) cu_pdl_wait(); /* gate/up's hbuf from here on */
-    for (int i = tid; i < 16 * XW; i += 256) { /* item it's hbuf rows (the weights' group gets them too) */
-        const int s = i / XW, c = i - s * XW;
-        cu_cp_async16(&sm.xs[0][s][c], reinterpret_cast<const uint4 *>(hbuf + (size_t)(tile * 16 + s) * ldh) + c);
-    }
-    cu_cp_async_commit();
-    int nx = it + G, pln = -1, en = 0;
-    if (nx < total) {
-        const int tn = nx / HB;
-        en = tile_e[tn];
-        mvdq_issue<PER>(sm, 1, tab, en, (nx - tn * HB) * 128 + warp * 16, hbuf, ldh, tn, true);
-        cu_cp_async_commit();
-        pln = lane < 16 ? perm[tn * 16 + lane] : -1;
-    }
-    int b = 0;
-    for (;;) {
-        const int n2 = nx + G;
-        int e2 = 0, pl2 = -1;
-        if (n2 < total) { /* item n2's expert and pairs: in flight under item it */
-            e2 = tile_e[n2 / HB];
-            pl2 = lane < 16 ? perm[(n2 / HB) * 16 + lane] : -1;
-        }
-        const int two = __any_sync(0xffffffffu, lane >= 8 && pl >= 0);
-        const mg_expert *xp = &tab[e];
-        const float s2 = xp->s2[2] * 256.f; /* the decoded weights carry 2^-8 */
-        mv_wait(nx < total ? 1 : 0);
-        __syncthreads(); /* item it's hbuf rows (copied by every thread) and scales are in */
-        float acc[2][4];
-#pragma unroll
-        for (int grp = 0; grp < 2; grp++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[grp][r] = 0.f;
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[b][warp][u]);
-            uint4 xv[2][4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) xv[0][q] = nv4_xperm8(sm.xs[b][g][u * (MV_CH / 8) + 4 * t + q]);
-            if (two) {
-#pragma unroll
-                for (int q = 0; q < 4; q++) xv[1][q] = nv4_xperm8(sm.xs[b][8 + g][u * (MV_CH / 8) + 4 * t + q]);
-                mv_chunk<2>(sm.codes[b][warp][u][0][lane], sm.codes[b][warp][u][1][lane], s16[4 * g + t],
-                            s16[4 * (g + 8) + t], xv, acc);
-            } else {
-                mv_chunk<1>(sm.codes[b][warp][u][0][lane], sm.codes[b][warp][u][1][lane], s16[4 * g + t],
-                            s16[4 * (g + 8) + t], xv, acc);
-            }
-        }
-        /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8 */
-        const int nrow0 = (it - tile * HB) * 128 + warp * 16;
-#pragma unroll
-        for (int grp = 0; grp < 2; grp++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int slot = 8 * grp + 2 * t + (r & 1), n = nrow0 + g + 8 * (r >> 1);
-                const int p = __shfl_sync(0xffffffffu, pl, slot);
-                if ((grp == 0 || two) && p >= 0) dbuf[(size_t)p * H + n] = __float2bfloat16_rn(acc[grp][r] * (s2 * wts[p]));
-            }
-        if (nx >= total) break;
-        __syncthreads(); /* every warp has read buffer b's hbuf rows */
-        if (n2 < total) {
-            const int t2 = n2 / HB;
-            mvdq_issue<PER>(sm, b, tab, e2, (n2 - t2 * HB) * 128 + warp * 16, hbuf, ldh, t2, true);
-            cu_cp_async_commit();
-        }
-        it = nx;
-        nx = n2;
-        tile = it / HB;
-        e = en;
-        en = e2;
-        pl = pln;
-        pln = pl2;
-        b ^= 1;
-    }
-}
-
-/* The persistent down by mvdq_kernel (K = I = 512 or 1024, H a multiple of 128); 0 = no instance
- * (the caller takes mvd_launch), else 1 with the launch's status in *c. */
-int mvdq_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-                const int32_t *nt, int H, int k, bf16 *hbuf, int ldh, const float *wts, bf16 *dbuf, int pdl,
-                cudaStream_t st, cudaError_t *c) {
-    if ((K != 512 && K != 1024) || H % 128 || ldh % 8) return 0;
-    static int fit[2][CU_WS_MAX_DEV];
-    const int pi = K == 512 ? 0 : 1;
-    const size_t smem = K == 512 ? sizeof(mvdq_smem<4>) : sizeof(mvdq_smem<8>);
-    void (*kern)(const mg_expert *, const int32_t *, const int32_t *, const int32_t *, int, int, bf16 *, int,
-                 const float *, bf16 *, int) = K == 512 ? mvdq_kernel<4> : mvdq_kernel<8>;
-    int dev = 0;
-    *c = cudaGetDevice(&dev);
-    if (*c != cudaSuccess) return 1;
-    if (dev < 0 || dev >= CU_WS_MAX_DEV) return 0;
-    int f = __atomic_load_n(&fit[pi][dev], __ATOMIC_ACQUIRE);
-    if (!f) {
-        int bps = 0, sms = 0;
-        *c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (*c == cudaSuccess) *c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, 256, smem);
-        if (*c == cudaSuccess) *c = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (*c != cudaSuccess) return 1;
-        if (bps <= 0) return 0;
-        f = bps * sms;
-        __atomic_store_n(&fit[pi][dev], f, __ATOMIC_RELEASE);
-    }
-    const long items = (long)tiles_max * (H / 128);
-    const unsigned grid = (unsigned)(items < f ? items : f);
-    *c = cu_launch_pdl(pdl, kern, dim3(grid), dim3(256), smem, st, tab, tile_e, perm, nt, H, k, hbuf, ldh, wts, dbuf,
-                       (int)(pdl == 2));
-    return 1;
 }
 
 int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }

@@ -3,8 +3,8 @@
  * defines them). Two forms of the same steps, each one launch with a fixed grid
  * per batch size (capturable into a CUDA graph, no host reads): one thread-block
  * cluster of SMW_CL blocks per logits row (smw_row_kernel, the default, below),
- * or one block of SMP_T threads per row (smp_row_kernel, LASTSTAND_SAMPLE_WIDE=0),
- * which leaves all but one SM idle at batch 1.
+ * or one block of SMP_T threads per row (sample_block.cu, LASTSTAND_SAMPLE_WIDE=0),
+ * which leaves all but one SM idle at batch 1. What both use: sample_int.cuh.
  *
  * Per row, in order (each step a pass over the row, block-synchronised):
  *   1. raw logits (BF16 or fp32) widened to the fp32 work row; the first
@@ -41,434 +41,15 @@
  * results are bitwise reproducible. exp is fp32 (the host's is fp64): kept
  * sets and logprobs agree to ~1e-6 relative.
  */
-#include "ops/cuda/cu_util.h"
-#include "ops/cuda/graph.h"
-
-#include <float.h>
-#include <limits.h>
-#include <math.h>
-
-enum { SMP_T = 512, SMP_W = SMP_T / 32 };
-
-static_assert(sizeof(smp_row) % 8 == 0, "smp_row is read as a struct from device memory");
-
-/* ---- block reductions (fixed order) ------------------------------------------------------ */
-
-typedef struct smp_shared {
-    double d[SMP_W * 16];
-    int i[SMP_W * 16];
-    float f[SMP_W];
-    int bad;
-    int n_top;
-    uint64_t top_key[SMP_DEV_TOP];
-    int32_t top_id[SMP_DEV_TOP];
-    float top_s[SMP_DEV_TOP];
-} smp_shared;
-
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ int warp_sum_i(int v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum of n values per thread (n <= 16) across the block: every thread gets the totals. */
-template <int N>
-__device__ void blk_sum_dn(double (&v)[N], smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        double t = warp_sum_d(v[j]);
-        if (lane == 0) sh.d[w * 16 + j] = t;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        double t = 0;
-        for (int k = 0; k < SMP_W; k++) t += sh.d[k * 16 + j];
-        v[j] = t;
-    }
-    __syncthreads();
-}
-template <int N>
-__device__ void blk_sum_in(int (&v)[N], smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        int t = warp_sum_i(v[j]);
-        if (lane == 0) sh.i[w * 16 + j] = t;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        int t = 0;
-        for (int k = 0; k < SMP_W; k++) t += sh.i[k * 16 + j];
-        v[j] = t;
-    }
-    __syncthreads();
-}
-
-/* (value, id) maximum, lowest id on ties; -inf rows give id 0. */
-__device__ void blk_argmax(float &v, int &id, smp_shared &sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, id, o);
-        if (ov > v || (ov == v && oi < id)) { v = ov; id = oi; }
-    }
-    if (lane == 0) { sh.f[w] = v; sh.i[w] = id; }
-    __syncthreads();
-    v = sh.f[0];
-    id = sh.i[0];
-    for (int k = 1; k < SMP_W; k++)
-        if (sh.f[k] > v || (sh.f[k] == v && sh.i[k] < id)) { v = sh.f[k]; id = sh.i[k]; }
-    __syncthreads();
-}
-
-__device__ float blk_max(float v, smp_shared &sh) {
-    int id = 0;
-    blk_argmax(v, id, sh);
-    return v;
-}
-
-/* ---- keys and the RNG ------------------------------------------------------------------- */
-
-/* Descending key = descending value, then ascending id (the host's rank order). */
-__device__ __forceinline__ uint64_t rank_key(float s, int i) {
-    uint32_t b = __float_as_uint(s);
-    uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((uint64_t)o << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
-}
-
-/* The host's scaling: x · (1 / T) in float, or x itself when T == 1. */
-__device__ __forceinline__ float scaled(float x, float inv, int scale) { return scale ? __fmul_rn(x, inv) : x; }
-
-/* Philox-4x32-10 (Salmon et al. 2011): 4 x 32 random bits from a 128-bit counter and 64-bit key. */
-__device__ void philox4x32(uint32_t c[4], uint32_t k0, uint32_t k1) {
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
-        uint32_t hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
-        uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
-        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-    }
-}
-
-/* u in [0, 1) with 53 random bits for (seed, counter, stream). */
-__device__ double philox_uniform(uint64_t seed, uint64_t counter, uint32_t stream) {
-    uint32_t c[4] = {(uint32_t)counter, (uint32_t)(counter >> 32), stream, 0x6c617374u /* "last" */};
-    philox4x32(c, (uint32_t)seed, (uint32_t)(seed >> 32));
-    uint64_t bits = ((uint64_t)c[0] << 21) ^ ((uint64_t)c[1] >> 11) ^ ((uint64_t)c[2] << 32);
-    return (double)(bits & ((1ull << 53) - 1)) * 0x1.0p-53;
-}
-
-/* ---- the radix descent ------------------------------------------------------------------- */
-
-/* The largest key t with measure{key >= t, key >= floor} >= target, where the
- * measure is the count (MASS = 0) or Σ exp(s - m) (MASS = 1) of the row's
- * tokens. 4 bits per pass from the top; the id half is searched only when
- * several tokens share the chosen value and the cut falls among them. */
-template <int MASS>
-__device__ uint64_t key_descent(const float *__restrict__ w, int V, float inv, int scale, float m, uint64_t floor,
-                                double target, smp_shared &sh) {
-    uint64_t P = 0;
-    double above = 0;
-    for (int shf = 60; shf >= 0; shf -= 4) {
-        double b[16];
-        int c[16];
-#pragma unroll
-        for (int j = 0; j < 16; j++) { b[j] = 0; c[j] = 0; }
-        const uint64_t span = shf == 60 ? 0 : (16ull << shf); /* 0: the whole key space */
-        for (int i = threadIdx.x; i < V; i += SMP_T) {
-            float s = scaled(w[i], inv, scale);
-            uint64_t k = rank_key(s, i);
-            if (k < floor || k < P || (span && k - P >= span)) continue;
-            int d = (int)((k - P) >> shf);
-            double val = MASS ? (double)expf(s - m) : 1.0;
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-                if (d == j) { b[j] += val; c[j]++; }
-        }
-        blk_sum_dn<16>(b, sh);
-        blk_sum_in<16>(c, sh);
-        /* the highest digit whose suffix reaches the target; suf = the measure above it.
-         * None (rounding put the target past the total): digit 0, everything from P kept. */
-        int dsel = -1;
-        double suf = 0;
-        for (int j = 15; j >= 0; j--) {
-            double here = MASS ? b[j] : (double)c[j];
-            if (above + suf + here >= target) { dsel = j; break; }
-            suf += here;
-        }
-        if (dsel < 0) {
-            dsel = 0;
-            suf -= MASS ? b[0] : (double)c[0];
-        }
-        P += (uint64_t)dsel << shf;
-        above += suf;
-        if (shf == 32) {
-            /* one token holds the chosen value, or (counting) the cut takes all of them */
-            if (c[dsel] <= 1 || (!MASS && above + c[dsel] == target)) return P;
-        }
-    }
-    return P;
-}
-
-/* ---- the row kernel --------------------------------------------------------------------------- */
-
-template <typename T>
-__device__ __forceinline__ float load_logit(const T *p, size_t i);
-template <>
-__device__ __forceinline__ float load_logit<bf16>(const bf16 *p, size_t i) { return __bfloat162float(p[i]); }
-template <>
-__device__ __forceinline__ float load_logit<float>(const float *p, size_t i) { return p[i]; }
-
-template <typename T>
-__global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restrict__ logits,
-                                                        const smp_row *__restrict__ rows,
-                                                        const int32_t *__restrict__ toks, float *__restrict__ work,
-                                                        smp_out *__restrict__ out) {
-    __shared__ smp_shared sh;
-    const int row = blockIdx.x, tid = threadIdx.x;
-    const smp_row p = rows[row];
-    smp_out *o = &out[row];
-    if (p.forced == SMP_ROW_SKIP) {
-        if (tid == 0) { o->token = -1; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
-        return;
-    }
-    const T *x = logits + (size_t)row * V;
-    float *w = work + (size_t)row * V;
-
-    const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
-    const int want_lp = p.want_lp || p.n_top > 0;
-    const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
-                      ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
-    /* plain greedy (the common decode row): the argmax during the scan, no work row */
-    const int fast = greedy && !want_lp && !edits;
-
-    /* 1. widen, NaN/Inf scan */
-    if (tid == 0) sh.bad = INT_MAX;
-    __syncthreads();
-    const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
-    float fv = -INFINITY;
-    int fi = 0;
-    for (int i = tid; i < V; i += SMP_T) {
-        float v = load_logit<T>(x, i);
-        if (i == poison) v = __int_as_float(0x7fc00000);
-        if (!isfinite(v)) atomicMin(&sh.bad, i);
-        if (fast) {
-            if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
-        } else {
-            w[i] = v;
-        }
-    }
-    __syncthreads();
-    if (sh.bad != INT_MAX) {
-        if (tid == 0) {
-            o->bad_idx = sh.bad;
-            o->bad_val = sh.bad == poison ? __int_as_float(0x7fc00000) : load_logit<T>(x, sh.bad);
-            o->token = -1;
-            o->n_top = 0;
-        }
-        return;
-    }
-
-    if (fast) {
-        blk_argmax(fv, fi, sh);
-        if (tid == 0) {
-            o->token = p.forced >= 0 ? p.forced : fi;
-            o->bad_idx = -1;
-            o->n_top = 0;
-            o->logprob = 0.f;
-        }
-        return;
-    }
-
-    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids) */
-    for (int j = tid; j < p.n_ban; j += SMP_T) {
-        int id = toks[p.ban_off + j];
-        if (id >= 0 && id < V) w[id] = -INFINITY;
-    }
-    __syncthreads();
-    if (p.rep_pen > 0.f && p.rep_pen != 1.f) {
-        for (int j = tid; j < p.n_rep; j += SMP_T) {
-            int id = toks[p.rep_off + j];
-            if (id < 0 || id >= V) continue;
-            float v = w[id];
-            w[id] = v > 0.f ? __fdiv_rn(v, p.rep_pen) : __fmul_rn(v, p.rep_pen);
-        }
-        __syncthreads();
-    }
-    if (p.freq_pen != 0.f || p.pres_pen != 0.f) {
-        for (int j = tid; j < p.n_cnt; j += SMP_T) {
-            int id = toks[p.cnt_off + 2 * j], cnt = toks[p.cnt_off + 2 * j + 1];
-            if (id < 0 || id >= V) continue;
-            w[id] = __fsub_rn(w[id], __fadd_rn(__fmul_rn(p.freq_pen, (float)cnt), p.pres_pen));
-        }
-        __syncthreads();
-    }
-
-    const float temp = p.temperature > 0.f ? p.temperature : 1.f;
-    int token = -1;
-
-    /* 3. greedy */
-    if (greedy) {
-        float bv = -INFINITY;
-        int bi = 0;
-        for (int i = tid; i < V; i += SMP_T) {
-            float v = w[i];
-            if (v > bv) { bv = v; bi = i; } /* strided ascending: first max per thread is its lowest id */
-        }
-        blk_argmax(bv, bi, sh);
-        token = bi;
-    }
-    if (p.forced >= 0) token = p.forced;
-    if (greedy && !want_lp) {
-        if (tid == 0) { o->token = token; o->bad_idx = -1; o->n_top = 0; o->logprob = 0.f; }
-        return;
-    }
-
-    /* 4. scaled logits, max, partition function */
-    const int scale = temp != 1.f;
-    const float inv = 1.f / temp;
-    float m = -INFINITY;
-    for (int i = tid; i < V; i += SMP_T) m = fmaxf(m, scaled(w[i], inv, scale));
-    m = blk_max(m, sh);
-    double z1[1] = {0};
-    for (int i = tid; i < V; i += SMP_T) z1[0] += (double)expf(scaled(w[i], inv, scale) - m);
-    blk_sum_dn<1>(z1, sh);
-    const double Z = z1[0];
-
-    /* 5-6. filter and draw */
-    if (token < 0) {
-        const int use_k = p.top_k > 0 && p.top_k < V;
-        const int use_p = p.top_p > 0.f && p.top_p < 1.f;
-        uint64_t tk = 0, tp = 0;
-        double base = Z;
-        if (use_k) {
-            tk = key_descent<0>(w, V, inv, scale, m, 0, (double)p.top_k, sh);
-            double b1[1] = {0};
-            for (int i = tid; i < V; i += SMP_T) {
-                float s = scaled(w[i], inv, scale);
-                if (rank_key(s, i) >= tk) b1[0] += (double)expf(s - m);
-            }
-            blk_sum_dn<1>(b1, sh);
-            base = b1[0];
-        }
-        if (use_p) tp = key_descent<1>(w, V, inv, scale, m, tk, (double)p.top_p * base, sh);
-        const uint64_t thr = tk > tp ? tk : tp;
-        const float min_p = p.min_p;
-        /* segment sums in id order: thread t owns [t·S, (t+1)·S) */
-        const int S = (V + SMP_T - 1) / SMP_T, i0 = tid * S, i1 = min(V, i0 + S);
-        double seg = 0;
-        int last = -1;
-        for (int i = i0; i < i1; i++) {
-            float s = scaled(w[i], inv, scale);
-            float ex = expf(s - m);
-            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
-        }
-        /* exclusive scan of the segment sums (fixed order: by warp, then across warps) */
-        const int lane = tid & 31, wp = tid >> 5;
-        double incl = seg;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            double t = __shfl_up_sync(0xffffffffu, incl, off);
-            if (lane >= off) incl += t;
-        }
-        if (lane == 31) sh.d[wp] = incl;
-        __syncthreads();
-        double before = 0, mass = 0;
-        for (int k = 0; k < SMP_W; k++) {
-            if (k < wp) before += sh.d[k];
-            mass += sh.d[k];
-        }
-        __syncthreads();
-        /* [lo, hi) per thread: hi of one thread is bitwise lo of the next, so they tile [0, mass) */
-        double prev = __shfl_up_sync(0xffffffffu, incl, 1);
-        const double lo = before + (lane ? prev : 0.0), hi = before + incl;
-        const double target = philox_uniform(p.seed, p.counter, 0) * mass;
-        /* the last candidate overall, for a target at or past the total (rounding) */
-        int lastc = last;
-#pragma unroll
-        for (int off = 16; off; off >>= 1) lastc = max(lastc, __shfl_xor_sync(0xffffffffu, lastc, off));
-        if (lane == 0) sh.i[wp] = lastc;
-        if (tid == 0) sh.bad = INT_MAX;
-        __syncthreads();
-        int glast = -1;
-        for (int k = 0; k < SMP_W; k++) glast = max(glast, sh.i[k]);
-        if (seg > 0 && target >= lo && target < hi) {
-            double acc = lo;
-            int pick = last;
-            for (int i = i0; i < i1; i++) {
-                float s = scaled(w[i], inv, scale);
-                float ex = expf(s - m);
-                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
-                    acc += (double)ex;
-                    if (acc > target) { pick = i; break; }
-                }
-            }
-            atomicMin(&sh.bad, pick); /* one thread's range holds the target */
-        }
-        __syncthreads();
-        token = sh.bad != INT_MAX ? sh.bad : glast;
-        if (token < 0) token = 0; /* nothing kept: every logit banned to -inf */
-        __syncthreads();
-    }
-
-    /* 7. logprobs */
-    const double lz = log(Z) + (double)m;
-    if (p.n_top > 0) {
-        const int n = min(p.n_top, min(SMP_DEV_TOP, V));
-        uint64_t tn = key_descent<0>(w, V, inv, scale, m, 0, (double)n, sh);
-        if (tid == 0) sh.n_top = 0;
-        __syncthreads();
-        for (int i = tid; i < V; i += SMP_T) {
-            float s = scaled(w[i], inv, scale);
-            uint64_t k = rank_key(s, i);
-            if (k >= tn) {
-                int at = atomicAdd(&sh.n_top, 1);
-                if (at < SMP_DEV_TOP) { sh.top_key[at] = k; sh.top_id[at] = i; sh.top_s[at] = s; }
-            }
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int cnt = min(sh.n_top, n);
-            for (int a = 1; a < cnt; a++) /* insertion sort, descending key */
-                for (int b = a; b > 0 && sh.top_key[b] > sh.top_key[b - 1]; b--) {
-                    uint64_t tk2 = sh.top_key[b]; sh.top_key[b] = sh.top_key[b - 1]; sh.top_key[b - 1] = tk2;
-                    int ti = sh.top_id[b]; sh.top_id[b] = sh.top_id[b - 1]; sh.top_id[b - 1] = ti;
-                    float ts = sh.top_s[b]; sh.top_s[b] = sh.top_s[b - 1]; sh.top_s[b - 1] = ts;
-                }
-            o->n_top = cnt;
-            for (int a = 0; a < cnt; a++) {
-                o->top_ids[a] = sh.top_id[a];
-                o->top_lp[a] = (float)((double)sh.top_s[a] - lz);
-            }
-        }
-    } else if (tid == 0) {
-        o->n_top = 0;
-    }
-    if (tid == 0) {
-        o->token = token;
-        o->bad_idx = -1;
-        o->logprob = (float)((double)scaled(w[token], inv, scale) - lz);
-    }
-}
+#include "ops/cuda/sample_int.cuh"
 
 /* ---- the wide form: one thread-block cluster per row ----------------------------------------
  *
- * The one-block kernel above leaves all but one SM idle at batch 1 (45.6 us for a 248320-wide
- * BF16 row on the H200, bench/RESULTS.md S5). Here each row is one cluster of SMW_CL blocks
- * (Hopper thread-block clusters: the blocks run together and meet at hardware barriers, with
- * each other's shared memory mapped), so every pass over the row is spread over SMW_CL SMs in
- * one launch: no cooperative launch, no second kernel, a fixed grid of rows · SMW_CL blocks,
+ * The one-block kernel (sample_block.cu) leaves all but one SM idle at batch 1 (45.6 us for a
+ * 248320-wide BF16 row on the H200, bench/RESULTS.md S5). Here each row is one cluster of SMW_CL
+ * blocks (Hopper thread-block clusters: the blocks run together and meet at hardware barriers,
+ * with each other's shared memory mapped), so every pass over the row is spread over SMW_CL SMs
+ * in one launch: no cooperative launch, no second kernel, a fixed grid of rows · SMW_CL blocks,
  * capturable like the one-block form.
  *
  * The steps, thresholds, Philox stream and tie rules are those of smp_row_kernel; what changes
@@ -685,6 +266,7 @@ typedef struct smf_shared {
     int n_all;                /* the untruncated count of the last gather */
     u64s lbk[SMW_NW];         /* the cluster's warp maxima, and the top_k bound from them */
     u64s lb;
+    u64s bw[SMP_W][5], bs[5], bt[5]; /* the top_p bands' masses: per warp, block, cluster */
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -760,7 +342,8 @@ struct smw_srow {
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, class Row>
 __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
-                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0) {
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0,
+                                  int band = 0) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -775,7 +358,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
     }
     /* the keys of [P0, P0 + 2^rb) (rb 64: of [P0, 2^64)) at or above floor, with their masses,
      * into shared memory: each block's list, then every block gathers all of them in rank
-     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were */
+     * order into ck / cf (the first SMF_CAP); fs.n_all: how many there were (past SMF_CAP: more) */
     auto gather = [&](uint64_t P0, int rb) {
         if (tid == 0) fs.nl = 0;
         __syncthreads();
@@ -784,6 +367,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
             const uint64_t k = rank_key(s, i);
             if (k < floor || k < P0) return;
             if (rb < 64 && ((k - P0) >> rb)) return;
+            if (*(volatile unsigned *)&fs.nl > SMF_CAP) return; /* the list overflows: enough to know it */
             const unsigned at = atomicAdd(&fs.nl, 1u);
             if (at < SMF_CAP) { fs.lk[at] = k; fs.lf[at] = mass_fx(expf(s - m)); }
         });
@@ -822,6 +406,54 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
         __syncthreads();
         c.cl.sync(); /* no block rewrites its list while another still reads it */
         if (ok) { P = lb; all = 2; }
+    }
+    /* band (MASS, a nucleus over more than SMF_CAP keys): a pass without atomics sums the
+     * fixed-point masses at or above floor, all of them and those of s >= m - d (d = 2, 4, 8, 16;
+     * exact integer sums); the nucleus lies within the tightest band whose mass reaches the
+     * target, so the search starts at that band's key (its first histogram sees only the band's
+     * tokens: 8% of a long-tailed row's at top_p 0.9) with the target from the whole mass */
+    u64s btgt = 0;
+    if (MASS && band && known < 0 && all != 2) {
+        const float vb[4] = {m - 2.f, m - 4.f, m - 8.f, m - 16.f};
+        u64s mb[5] = {0, 0, 0, 0, 0};
+        row.each([&](int i, float x) {
+            const float s = scaled(x, inv, scale);
+            if (rank_key(s, i) < floor) return;
+            const u64s f = mass_fx(expf(s - m));
+            mb[0] += f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) mb[j + 1] += s >= vb[j] ? f : 0;
+        });
+#pragma unroll
+        for (int j = 0; j < 5; j++) {
+            const u64s t = warp_sum_u(mb[j]);
+            if (lane == 0) fs.bw[wp][j] = t;
+        }
+        __syncthreads();
+        if (tid < 5) {
+            u64s t = 0;
+            for (int q = 0; q < SMP_W; q++) t += fs.bw[q][tid];
+            fs.bs[tid] = t;
+        }
+        c.cl.sync(); /* every block's band sums are in place (written once a launch) */
+        if (tid < 5) {
+            u64s r8[SMW_CL], t = 0;
+#pragma unroll
+            for (unsigned r = 0; r < SMW_CL; r++) r8[r] = c.cl.map_shared_rank(&fs, r)->bs[tid];
+#pragma unroll
+            for (unsigned r = 0; r < SMW_CL; r++) t += r8[r];
+            fs.bt[tid] = t;
+        }
+        __syncthreads();
+        const u64s tot = fs.bt[0];
+        const double t = ceil(frac * (double)tot);
+        btgt = t >= (double)tot ? tot : (u64s)t;
+        for (int j = 0; j < 4; j++)
+            if (fs.bt[j + 1] >= btgt) { /* the keys of s >= vb[j] are exactly those >= rank_key(vb[j], -1) */
+                const uint64_t B = rank_key(vb[j], -1);
+                if (B > floor) floor = B;
+                break;
+            }
     }
     if (known < 0 && all != 2) {
         P = 0;
@@ -913,7 +545,9 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
                 const smf_shared *qs = c.cl.map_shared_rank(&fs, (unsigned)min(lane, SMW_CL - 1));
                 const u64s lc = lane < SMW_CL ? qs->tc : 0, lm = lane < SMW_CL ? qs->tm : 0;
                 u64s tgt = target;
-                if (first) { /* the measure at or above the floor: the base of the target */
+                if (first && btgt) {
+                    tgt = btgt; /* the band pass's, over every key at or above the caller's floor */
+                } else if (first) { /* the measure at or above the floor: the base of the target */
                     const u64s tot = warp_sum_u(MASS ? lm : lc);
                     if (MASS) {
                         const double t = ceil(frac * (double)tot);
@@ -1006,23 +640,6 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
     const uint64_t t = fs.r_key;
     __syncthreads();
     return t;
-}
-
-/* The 16 bytes u as fp32 values (8 BF16 or 4 fp32). */
-template <typename T>
-__device__ __forceinline__ void unpack16(uint4 u, float *v);
-template <>
-__device__ __forceinline__ void unpack16<bf16>(uint4 u, float *v) {
-    const uint32_t q[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        v[2 * k] = __uint_as_float(q[k] << 16);
-        v[2 * k + 1] = __uint_as_float(q[k] & 0xffff0000u);
-    }
-}
-template <>
-__device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
-    v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
 /* The work row of the form: global memory, or (SM) the block's ids in its shared memory. */
@@ -1285,7 +902,9 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (use_k)
                 tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
-            if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
+            if (use_p)
+                tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c, 0,
+                                      lbon);
             SMS_STAMP(4);
         }
         const uint64_t thr = tk > tp ? tk : tp;
@@ -1410,17 +1029,39 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             }
         });
         c.cl.sync(); /* every block's candidates are in its shared memory */
+        /* every block's list in rank order, one remote load a thread (a thread walking them one
+         * after another waited ~0.5 µs a load: 42 µs for 5 top logprobs in S8-R1), then the lead
+         * sorts them */
+        if (tid < SMW_CL) fs.off[tid] = min(c.cl.map_shared_rank(&sh.b, (unsigned)tid)->n_top, SMP_DEV_TOP);
+        __syncthreads();
+        if (tid == 0) {
+            int o = 0;
+            for (int r = 0; r < SMW_CL; r++) {
+                const int nr = fs.off[r];
+                fs.off[r] = o;
+                o += nr;
+            }
+            fs.off[SMW_CL] = min(o, SMP_DEV_TOP);
+        }
+        __syncthreads();
+        if (tid < fs.off[SMW_CL]) {
+            int r = 0;
+            while (r + 1 < SMW_CL && fs.off[r + 1] <= tid) r++;
+            const smp_shared *q = c.cl.map_shared_rank(&sh.b, (unsigned)r);
+            const int a = tid - fs.off[r];
+            fs.ck[tid] = q->top_key[a];
+            fs.cf[tid] = ((u64s)(uint32_t)q->top_id[a] << 32) | __float_as_uint(q->top_s[a]);
+        }
+        __syncthreads();
         if (lead) {
             uint64_t key[SMP_DEV_TOP];
             int32_t id[SMP_DEV_TOP];
             float sv[SMP_DEV_TOP];
-            int cnt = 0;
-            for (unsigned r = 0; r < SMW_CL; r++) {
-                const smp_shared *q = c.cl.map_shared_rank(&sh.b, r);
-                int nr = min(q->n_top, SMP_DEV_TOP);
-                for (int a = 0; a < nr && cnt < SMP_DEV_TOP; a++, cnt++) {
-                    key[cnt] = q->top_key[a]; id[cnt] = q->top_id[a]; sv[cnt] = q->top_s[a];
-                }
+            int cnt = fs.off[SMW_CL];
+            for (int a = 0; a < cnt; a++) {
+                key[a] = fs.ck[a];
+                id[a] = (int32_t)(fs.cf[a] >> 32);
+                sv[a] = __uint_as_float((uint32_t)fs.cf[a]);
             }
             for (int a = 1; a < cnt; a++) /* insertion sort, descending key */
                 for (int b = a; b > 0 && key[b] > key[b - 1]; b--) {
@@ -1450,27 +1091,6 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
 }
 
 /* ---- launch ------------------------------------------------------------------------------ */
-
-static int sample_check(const sample_args *a, ls_err *e) {
-    if (a->vocab < 1 || !a->logits || !a->p || !a->work || !a->out)
-        return errf(e, ERR_INVAL, "sampling on CUDA: %d rows of vocab %d with a missing buffer", a->rows, a->vocab);
-    return 0;
-}
-
-static int cuda_sample_block_run(const sample_args *a, ls_stream s, ls_err *e) {
-    if (a->rows <= 0) return 0;
-    int rc = sample_check(a, e);
-    if (rc) return rc;
-    cudaStream_t st = (cudaStream_t)s;
-    if (a->dt == ACT_BF16)
-        smp_row_kernel<bf16><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const bf16 *)a->logits, a->p, a->toks, a->work,
-                                                         a->out);
-    else
-        smp_row_kernel<float><<<a->rows, SMP_T, 0, st>>>(a->vocab, (const float *)a->logits, a->p, a->toks, a->work,
-                                                          a->out);
-    CU_LAUNCHED(e, "sampling on CUDA (one block a row)");
-    return 0;
-}
 
 /* MINB: blocks an SM must hold at once (2: at most 64 registers a thread, so that 16 rows'
  * clusters fit the GPU in one wave: device round S7-R1, batch 16 of the fast form 152 -> 111 us,
@@ -1602,11 +1222,10 @@ extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, lo
 static int cuda_sample_run(const sample_args *a, ls_stream s, ls_err *e) {
     static int wide = -1;
     if (wide < 0) wide = cu_env_switch("LASTSTAND_SAMPLE_WIDE", 1);
-    return wide ? cuda_sample_wide_run(a, s, e) : cuda_sample_block_run(a, s, e);
+    return wide ? cuda_sample_wide_run(a, s, e) : smp_block_run(a, s, e);
 }
 
 extern "C" const sample_impl sample_cuda = {"cuda_sample", DEV_CUDA, 0, 1, cuda_sample_run};
-extern "C" const sample_impl sample_cuda_block = {"cuda_sample_block", DEV_CUDA, 1, 1, cuda_sample_block_run};
 extern "C" const sample_impl sample_cuda_wide = {"cuda_sample_wide", DEV_CUDA, 1, 1, cuda_sample_wide_run};
 extern "C" const sample_impl sample_cuda_fast = {"cuda_sample_fast", DEV_CUDA, 1, 1, cuda_sample_fast_run};
 extern "C" const sample_impl sample_cuda_fast_lb = {"cuda_sample_fast_lb", DEV_CUDA, 1, 1, cuda_sample_fast_lb_run};

@@ -5,23 +5,20 @@
 #
 #   bash bench/device/c16.sh BIN OUTDIR
 #
-# R1 (08:00Z) profiled the step: bench/RESULTS.md "Decode at batch 16 (S8)". This is R2's:
-# 1. The doctor's gemm cells at M = 1, 8, 16, 64 (serve's CUDA buckets now carry 16: the plan
-#    cuda_gemv:16,cuda_cublaslt?), its MoE call at M = 8, 16, 32 with LASTSTAND_MG_DNEARLY=1 and
-#    LASTSTAND_MG_MIDGU=2 (gate/up at 4 blocks an SM), and the cmocka tests test_gdn_decode_cuda (a 16-sequence decode
-#    step by gd_kernel1 equals gd_kernel's bits) and test_gemv_cuda (M = 9, 16, grouped at 16).
-# 2. The real step: `serve` of the full 40-layer synth 35B with CUDA graphs and the served plans
-#    named (--trust-backend; gemm cuda_gemv:16 as serve's doctor now picks), `bench` at
-#    concurrency 16, 1024 in / 256 out, 32 prompts (as e2e35.sh): TPOT, ITL and the engine's
-#    own mean decode step (logged at shutdown: "N decode steps of R sequences on average, X ms
-#    each"), same prompts for every variant: new (the defaults), t1 (LASTSTAND_GDN_T1=2),
-#    dnearly (LASTSTAND_MG_DNEARLY=1), c1 (concurrency 1, 8 prompts: c = 1 must not be slower
-#    than 2.43 ms). Before them (1d): gd_kernel / gd_kernel1 of a 16-sequence decode step
-#    under ncu in test_gdn_decode_cuda, per config (T1 0 / 2, LASTSTAND_GDN_NW=8: clusters of
-#    2 blocks of 8 warps instead of 8 of 2, LASTSTAND_GDN_NORM=0).
-# 3. (time left) ncu (--clock-control none --cache-control none) over `serve` of the 8-layer
-#    synth 35B, eager, LASTSTAND_GDN_T1=2, under `bench` at concurrency 16 (16 x 1024 in / 6
-#    out, one prefill step): c16_table.py's kernel list of one 16-row decode step.
+# R1 (08:00Z) profiled the step, R2 (08:45Z) timed the candidates: bench/RESULTS.md "Decode at
+# batch 16 (S8)". This is R3's (main as frozen at 09:15, the session's defaults):
+# 1. The doctor at the synth 35B's shapes, M = 1, 8, 16 (every family but lm_head): ✅; the MoE
+#    call at M = 8, 16, 32 with the defaults (gate/up at 4 blocks an SM, down's early weights)
+#    and with both off (LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_DNEARLY=0); the cmocka tests
+#    test_gdn_decode_cuda (a 16-sequence decode step: 8-warp blocks, == 2-warp blocks' bits,
+#    == gd_kernel's) and test_gemv_cuda; pytest tests/test_gpu_moe_grouped.py -k variants.
+# 1d. gd_kernel on a 16-sequence decode step under ncu (test_gdn_decode_cuda): the defaults
+#    (8-warp blocks) against LASTSTAND_GDN_NW=1 (the 2-warp blocks before).
+# 2. The real step: `serve` of the full 40-layer synth 35B with CUDA graphs and the plans auto
+#    picks named, c = 16 (32 x 1024 in / 256 out), the defaults and "old" (this session's kernel
+#    switches off: MIDGU=1 DNEARLY=0 NW=1; the gemm plan cuda_gemv:16 kept), then c = 1 (8 prompts).
+# 3. (time left) Fixture models (dir-of-BIN/fixtures/models): 12 greedy tokens with CUDA graphs
+#    == eager, defaults == old switches.
 # Each step is bounded by `timeout`; the whole script stays under 200 s.
 set -u
 BIN=${1:?usage: c16.sh BIN OUTDIR}
@@ -49,24 +46,20 @@ ENVS=(${C16_ENV-LASTSTAND_GDN_T1=2})
 PORT=$((33000 + $$ % 2000))
 URL=http://127.0.0.1:$PORT
 
-# 1. the plan serve's doctor makes now (buckets 1,8,16,64: cuda_gemv up to 16?), gemm family
-echo "== doctor gemm: synth 35B shapes, M = 1, 8, 16, 64 (serve's CUDA buckets up to 64) $(el)"
-timeout -k 3 30 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 1,8,16,64 \
-    --families gemm --backends cuda_gemv,cuda_cublaslt --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
+# 1. the doctor, every family but lm_head, defaults
+echo "== doctor: synth 35B shapes (layers=1), M = 1, 8, 16, served backends, defaults $(el)"
+timeout -k 3 40 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 1,8,16 \
+    --families fp4_gemm,gemm,moe,attention,gdn \
+    --backends cuda_w4a16_mma,cuda_gemv,cuda_cublaslt,cuda_fused_decode,cuda_grouped_gemm,cuda_flash_prefill,cuda_decode \
+    --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
 echo "rc=$? $(el)"
-grep -E "^gemm |^ +(16) |plan|choice|per-bucket" "$OUT/doctor.txt" | cut -c1-150 | head -24
-python3 - "$OUT/doctor.json" <<'PY' 2>&1 | head -3
-import json, sys
-r = json.load(open(sys.argv[1]))
-t = [t for t in r["tables"] if t["family"] == "gemm"]
-for m in ("1", "8", "16", "64"):
-    s = {b: sum(x["cells"][b][m].get("ms", 0) for x in t if m in x["cells"].get(b, {}) and x["cells"][b][m]["status"] == "ok") for b in ("cuda_gemv", "cuda_cublaslt")}
-    print(f"  M={m}: sum over the gemm shapes (ms): " + ", ".join(f"{b} {v:.4f}" for b, v in s.items()))
-PY
+grep -E "^(fp4_gemm|gemm|moe|attention|gdn) |^ +(16) " "$OUT/doctor.txt" | cut -c1-130
+echo "  cells not ✅: $(grep -cE '^ +[0-9]+ .*(❌ wrong|crash|⚠)' "$OUT/doctor.txt")"
+grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
 # 1b. the MoE call (doctor, chained, fp64-checked) at M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1,
 # LASTSTAND_MG_MIDGU=2 (gate/up at 4 blocks an SM, <= 64 registers), both (rel_err equal = same bits)
-echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, DNEARLY=1, MIDGU=2, both $(el)"
-for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "gu4:LASTSTAND_MG_MIDGU=2" "gu4early:LASTSTAND_MG_MIDGU=2 LASTSTAND_MG_DNEARLY=1"; do
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, old (MIDGU=1 DNEARLY=0) $(el)"
+for v in "defaults:" "old:LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_DNEARLY=0"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
         --families moe --backends cuda_grouped_gemm --trial-timeout 15 --json "$OUT/doctor-moe-${v%%:*}.json" \
         >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
@@ -86,13 +79,18 @@ for t in test_gdn_decode_cuda test_gemv_cuda; do
     fi
 done
 
+if python3 -c "import pytest" 2>/dev/null; then
+    echo "== pytest tests/test_gpu_moe_grouped.py -k variants $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 45 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_moe_grouped.py \
+        -k variants 2>&1 | tail -3
+    echo "$(el)"
+fi
 # 1d. gd_kernel / gd_kernel1 on a 16-sequence decode step (the 35B and 397B GDN shapes, grid y =
 # 16) in test_gdn_decode_cuda's wide-step test, under ncu (one launch each, caches flushed: the
 # state comes from DRAM as in a 40-layer step): duration, occupancy, issue, stalls, per config
 if [ -n "$NCU" ] && [ -x "$D/tests/test_gdn_decode_cuda" ]; then
-    for v in "t0:LASTSTAND_GDN_T1=0" "t2:LASTSTAND_GDN_T1=2" "t0nw8:LASTSTAND_GDN_T1=0 LASTSTAND_GDN_NW=8" \
-             "t2nw8:LASTSTAND_GDN_T1=2 LASTSTAND_GDN_NW=8" "t2norm0:LASTSTAND_GDN_T1=2 LASTSTAND_GDN_NORM=0"; do
-        [ "$(left)" -gt 120 ] || break
+    for v in "defaults:LASTSTAND_GDN_T1=0" "nw1:LASTSTAND_GDN_T1=0 LASTSTAND_GDN_NW=1"; do
+        [ "$(left)" -gt 110 ] || break
         echo "== ncu gd ${v%%:*} (${v#*:}) $(el)"
         env ${v#*:} timeout -k 2 20 "$NCU" --clock-control none -k regex:"gd_kernel" --launch-count 30 \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
@@ -104,7 +102,7 @@ fi
 
 # 2. the real step: 40 layers, CUDA graphs; variants "tag|gemm plan|env|concurrency|prompts"
 GEMM0="cuda_gemv:16,cuda_cublaslt"
-E2E=("new|$GEMM0||16|32" "t1|$GEMM0|LASTSTAND_GDN_T1=2|16|32" "dnearly|$GEMM0|LASTSTAND_MG_DNEARLY=1|16|32"
+E2E=("defaults|$GEMM0||16|32" "old|$GEMM0|LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_DNEARLY=0 LASTSTAND_GDN_NW=1|16|32"
      "c1|$GEMM0||1|8")
 n=0
 for v in "${E2E[@]}"; do
@@ -126,45 +124,32 @@ for v in "${E2E[@]}"; do
     [ -f "$OUT/e2e-$tag/SUMMARY.md" ] || tail -5 "$OUT/e2e-$tag.out"
 done
 
-# 3. ncu over serve (8 layers, eager) under 16 concurrent requests (C16_ENV: gd_kernel1)
-if [ -n "$NCU" ] && [ "$(left)" -gt 48 ]; then
-    echo "== ncu: serve synth 35B 8 layers, eager, bench c = 16 (16 x 1024 in / 6 out)${C16_ENV:+, env $C16_ENV} $(el)"
-    env "${ENVS[@]}" "$NCU" --target-processes all --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu16" \
-        "$BIN" serve --model-path "synth:qwen3.5-35b-a3b,layers=8" --host 127.0.0.1 --port $PORT \
-        --max-running-requests 16 --chunked-prefill-size 16384 --disable-cuda-graph --device cuda "${PLANS[@]}" \
-        >"$OUT/ncu16.log" 2>&1 &
-    NPID=$!
-    ok=0
-    for _ in $(seq 60); do
-        [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && { ok=1; break; }
-        kill -0 $NPID 2>/dev/null || break
-        sleep 1
-    done
-    echo "healthy: $ok $(el)"
-    if [ $ok = 1 ]; then
-        timeout -k 3 $(( $(left) - 12 )) "$BIN" bench --base-url "$URL" --backend openai --num-prompts 16 --random-input-len 1024 \
-            --random-output-len 6 --random-range-ratio 1.0 --max-concurrency 16 --warmup-requests 0 \
-            --extra-request-body '{"logprobs":0}' >"$OUT/ncu16-bench.txt" 2>&1
-        echo "bench rc=$? $(el)"
-    fi
-    # stop the server (ncu's child) so that ncu writes its report
-    # (the serve process under ncu: its command line holds this run's port; ncu itself is left alone)
-    for p in $(ps -eo pid=,args= | awk -v port="--port $PORT " -v me="$NPID" 'index($0, port) && $1 != me && /laststand serve|\/laststand serve| serve --model-path/ {print $1}'); do
-        [ "$p" != "$$" ] && kill -TERM "$p" 2>/dev/null
-    done
-    for _ in $(seq 40); do kill -0 $NPID 2>/dev/null || break; sleep 0.5; done
-    kill -0 $NPID 2>/dev/null && { kill -TERM $NPID; sleep 2; kill -KILL $NPID 2>/dev/null; }
-    wait $NPID 2>/dev/null
-    grep -E "==ERROR|error" "$OUT/ncu16.log" | head -3
-    grep -E "decode steps" "$OUT/ncu16.log" | cut -c1-160
-    if [ -f "$OUT/ncu16.ncu-rep" ]; then
-        timeout 25 "$NCU" --import "$OUT/ncu16.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu16.csv" 2>"$OUT/ncu16.csv.err"
-        timeout 15 python3 bench/device/c16_table.py "$OUT/ncu16.csv" m16 16 || head -c 400 "$OUT/ncu16.csv.err"
-    else
-        echo "no ncu report"; tail -5 "$OUT/ncu16.log"
-    fi
+# 3. fixtures: greedy tokens with CUDA graphs == eager, defaults == the old switches (time left)
+FIX=$D/fixtures/models
+if [ "$(left)" -gt 20 ]; then
+    echo "== fixtures: 12 greedy tokens, CUDA graphs == eager, defaults == old switches $(el)"
+    timeout $(( $(left) - 2 )) python3 - "$BIN" "$FIX" <<'PY'
+import json, os, subprocess, sys
+BIN, FIX = sys.argv[1], sys.argv[2]
+OLD = dict(os.environ, LASTSTAND_MG_MIDGU="1", LASTSTAND_MG_DNEARLY="0", LASTSTAND_GDN_NW="1")
+def run(args, env=None, t=10):
+    try:
+        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=t, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+for name in ("qwen3_5_moe_text", "qwen3_next", "qwen3_5_moe_text-nvfp4"):
+    d = os.path.join(FIX, name)
+    if not os.path.exists(os.path.join(d, "ref.json")):
+        print(f"{name}: no fixture at {d}"); continue
+    ids = ",".join(map(str, json.load(open(os.path.join(d, "ref.json")))["input_ids"][:16]))
+    common = ["--model-path", d, "--ids", ids, "--device", "cuda", "--gemm-backend", "cuda_gemv:16,cuda_cublaslt",
+              "--moe-runner-backend", "cuda_grouped_gemm", "--max-new-tokens", "12"]
+    def greedy(env, eager):
+        p = run(["generate", *common, *(["--disable-cuda-graph"] if eager else [])], env)
+        return json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else "ERR " + ("TIMEOUT" if p is None else p.stderr[-200:])
+    g, e, o = greedy(None, False), greedy(None, True), greedy(OLD, False)
+    print(f"  {name:24s} graphs == eager: {'yes' if g == e else 'NO'}; defaults == old switches: {'yes' if g == o else 'NO'}; {str(g)[:70]}")
+PY
+    echo "rc=$? $(el)"
 fi
-
 echo "total $(( $(date +%s) - T0 )) s"

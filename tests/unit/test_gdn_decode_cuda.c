@@ -11,8 +11,9 @@
  * (a full group of 4 and a partial one), of none, in scattered state slots. A call with a
  * 65-token sequence goes to cuda_chunked, which does not fuse: norm_done must stay 0.
  * A decode step of 16 one-token sequences (gd_kernel1 where gd_kernel would need more than one
- * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it) must give the bits of the same
- * rows computed by gd_kernel (the same call with a 2-token sequence added).
+ * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it; 8-warp blocks there) must give
+ * the bits of the same rows computed by gd_kernel (the same call with a 2-token sequence added)
+ * and by a 3-sequence call (2-warp blocks).
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -133,10 +134,12 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
 }
 
 /* A decode step of n one-token sequences (scattered slots) against the same rows inside a call
- * that also carries a 2-token sequence: the first call is a pure decode step, which gd_kernel1
- * runs where its grid is wider than the GPU holds of gd_kernel (LASTSTAND_GDN_T1=2, set by main
- * unless the caller set it), the second is gd_kernel's (groups of 4 tokens). Outputs (fused
- * norm), recurrent states and conv windows of the n sequences must be bitwise equal. */
+ * that also carries a 2-token sequence, and against its first 3 sequences alone: the first call
+ * is a pure decode step, which gd_kernel1 runs where its grid is wider than the GPU holds of
+ * gd_kernel (LASTSTAND_GDN_T1=2, set by main unless the caller set it) and which takes 8-warp
+ * blocks when wide (LASTSTAND_GDN_NW unset), the second is gd_kernel's (groups of 4 tokens), the
+ * third a narrow grid (2-warp blocks at the 35B shape). Outputs (fused norm), recurrent states
+ * and conv windows of those sequences must be bitwise equal. */
 static void t1_case(int nk, int nv, int dk, int dv, int n) {
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     assert_non_null(g);
@@ -163,41 +166,49 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
     float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
           *dnw = dev_copy(nw, dv * 4);
     gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * (n + 1));
-    float *dconv[2], *drec[2];
-    void *dout[2];
+    float *dconv[3], *drec[3];
+    void *dout[3];
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    gdn_state st[2];
-    int done[2] = {0, 0};
-    for (int s = 0; s < 2; s++) {
+    gdn_state st[3];
+    int done[3] = {0, 0, 0};
+    /* 0: the n-sequence decode step; 1: with the 2-token sequence; 2: the first 3 sequences alone
+     * (a narrow grid: the fewest warps a block, where the wide step takes 8-warp blocks) */
+    const int ns[3] = {n, n + 1, 3}, nt[3] = {n, n_tok, 3};
+    for (int s = 0; s < 3; s++) {
         dconv[s] = dev_copy(conv, nconv * 4);
         drec[s] = dev_copy(rec, nrec * 4);
         dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
         st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = slots};
-        gdn_args ga = {.n_seq = s ? n + 1 : n, .seqs = dseqs, .seqs_host = seqs, .n_tok = s ? n_tok : n, .w = &w,
-                       .qkv = dqkv, .a = da, .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16, .z = dz,
-                       .norm_w = dnw, .norm_eps = 1e-6f, .norm_done = &done[s]};
+        gdn_args ga = {.n_seq = ns[s], .seqs = dseqs, .seqs_host = seqs, .n_tok = nt[s], .w = &w, .qkv = dqkv, .a = da,
+                       .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16, .z = dz, .norm_w = dnw,
+                       .norm_eps = 1e-6f, .norm_done = &done[s]};
         assert_int_equal(g->run(&ga, g_st, &e), 0);
     }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     assert_int_equal(done[0], done[1]);
+    assert_int_equal(done[0], done[2]);
     /* the n sequences' rows, and their slots' states (the extra slot's differ: only the second call has it) */
     int ok = same_dev(dout[0], dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
+    ok &= same_dev(dout[0], dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv, dk);
     float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
-    assert_int_equal(g_mem->d2h(r0, drec[0], nrec * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(r1, drec[1], nrec * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(c0, dconv[0], nconv * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(c1, dconv[1], nconv * 4, g_st, &e), 0);
     const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);
-    for (int i = 0; i < n; i++) {
-        const int sl = seqs[i].slot;
-        if (memcmp(r0 + sl * rs, r1 + sl * rs, rs * 4) || memcmp(c0 + sl * cs, c1 + sl * cs, cs * 4)) {
-            fprintf(stderr, "gdn cuda_decode (nk %d nv %d dk %d): sequence %d (slot %d): state differs between the "
-                            "decode step and the mixed call\n", nk, nv, dk, i, sl);
-            ok = 0;
+    assert_int_equal(g_mem->d2h(r0, drec[0], nrec * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(c0, dconv[0], nconv * 4, g_st, &e), 0);
+    for (int s = 1; s < 3; s++) {
+        assert_int_equal(g_mem->d2h(r1, drec[s], nrec * 4, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(c1, dconv[s], nconv * 4, g_st, &e), 0);
+        for (int i = 0; i < (s == 1 ? n : 3); i++) {
+            const int sl = seqs[i].slot;
+            if (memcmp(r0 + sl * rs, r1 + sl * rs, rs * 4) || memcmp(c0 + sl * cs, c1 + sl * cs, cs * 4)) {
+                fprintf(stderr, "gdn cuda_decode (nk %d nv %d dk %d): sequence %d (slot %d): state differs between "
+                                "the decode step and the %s\n", nk, nv, dk, i, sl,
+                        s == 1 ? "mixed call" : "3-sequence call");
+                ok = 0;
+            }
         }
     }
     assert_true(ok);
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < 3; s++) {
         g_mem->free(dconv[s]);
         g_mem->free(drec[s]);
         g_mem->free(dout[s]);

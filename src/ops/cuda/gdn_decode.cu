@@ -30,7 +30,9 @@
  * head form a thread block cluster (sm_90): after the token loop the cluster barrier, then
  * warp 0 of the cluster's first block writes the new q/k window; each warp writes its own v
  * channels' window and S slice. Block = NW warps of one v head, cluster = the ratio·dv/16/NW
- * blocks of one k head (at most 8, NW chosen for that), grid (nk · cluster, n_seq).
+ * blocks of one k head (at most 8, NW chosen for that), grid (nk · cluster, n_seq); where that grid
+ * needs more than one wave (decode steps of more than ~4 sequences), blocks of 8 warps instead
+ * (gd_nw_knob, LASTSTAND_GDN_NW).
  * A sequence's tokens run one after the other in phase B, so long prompts are cuda_chunked's
  * job: a call in which some sequence brings more than 64 new tokens (LASTSTAND_GDN_DECODE_MAX_NEW,
  * 0 = never) is handed to gdn_cuda_chunked whole, so that serve, which takes one backend per
@@ -409,21 +411,29 @@ __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
     gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
 }
 
-/* Warps per block: the fewest that divide dv / GD_WC and leave at most GD_MAX_CLUSTER blocks per
- * k head (LASTSTAND_GDN_NW=1|2|4|8, read once: at least that many where it divides, a device-round
- * experiment on the cluster's size: fewer, larger blocks per k head). 0 when none. */
-static int gd_warps(int nk, int nv, int dv) {
-    static int want = -1;
-    if (want < 0) {
-        const char *v = getenv("LASTSTAND_GDN_NW");
-        want = v && (!strcmp(v, "2") || !strcmp(v, "4") || !strcmp(v, "8")) ? atoi(v) : 1;
-    }
+/* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most
+ * GD_MAX_CLUSTER blocks per k head (the fewest of all when none of those does). 0 when none. */
+static int gd_warps(int nk, int nv, int dv, int want) {
     const int nsl = dv / GD_WC, wk = (nv / nk) * nsl;
     for (int nw = want; nw <= GD_MAX_NW; nw++)
         if (nsl % nw == 0 && wk / nw <= GD_MAX_CLUSTER) return nw;
     for (int nw = 1; nw <= GD_MAX_NW; nw++)
         if (nsl % nw == 0 && wk / nw <= GD_MAX_CLUSTER) return nw;
     return 0;
+}
+
+/* LASTSTAND_GDN_NW=1|2|4|8: at least that many warps a block; unset (auto, 0): the fewest, and
+ * blocks of 8 warps (clusters of 2 at Qwen3.5's shapes instead of 8 blocks of 2) where the
+ * fewest-warps grid needs more than one wave: S8 device round R2 (ncu, caches flushed), a
+ * decode step of 16 sequences of Qwen3.5-35B's GDN 44.7 -> 39.2 µs, -397B's 84.6 -> 81.3 µs.
+ * The warps' arithmetic does not depend on the blocks' size (test_gdn_decode_cuda). Read once. */
+static int gd_nw_knob(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_GDN_NW");
+        v = e && (!strcmp(e, "1") || !strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? atoi(e) : 0;
+    }
+    return v;
 }
 
 static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
@@ -446,7 +456,7 @@ static int dec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
                  GD_WC, GD_K, s->dk, s->dv, s->conv_k, s->nv, s->nk);
         return 0;
     }
-    if (!gd_warps(s->nk, s->nv, s->dv)) {
+    if (!gd_warps(s->nk, s->nv, s->dv, 1)) {
         snprintf(why, n, "a k head's %d v heads x %d columns do not fit a cluster of %d blocks of %d warps",
                  s->nv / s->nk, s->dv, GD_MAX_CLUSTER, GD_MAX_NW);
         return 0;
@@ -607,8 +617,21 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         return gdn_cuda_chunked.run(a, s, e);
     if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
-    const int nw = gd_warps(w->nk, w->nv, w->dv), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+    const int knob = gd_nw_knob();
+    int nw = gd_warps(w->nk, w->nv, w->dv, knob > 0 ? knob : 1), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
     const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
+    if (!knob) { /* auto: 8-warp blocks where the fewest-warps grid of gd_kernel needs more than one wave */
+        const long blocks = (long)w->nk * cl * a->n_seq;
+        const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
+        const int wide = w->dk == 32   ? gd_t1_wide<32>(blocks, nw, smem)
+                         : w->dk == 64 ? gd_t1_wide<64>(blocks, nw, smem)
+                                       : gd_t1_wide<128>(blocks, nw, smem);
+        const int n8 = wide ? gd_warps(w->nk, w->nv, w->dv, 8) : 0;
+        if (n8 == 8) {
+            nw = 8;
+            cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+        }
+    }
     int t1 = max_new <= 1 && gd_t1();
     if (t1 == 1 && gd_t1() == 2) { /* auto: only a grid gd_kernel would run in more than one wave */
         const long blocks = (long)w->nk * cl * a->n_seq;

@@ -15,7 +15,8 @@ Pins:
   M = 512), place3 (3 CTAs per SM), the grouped GEMM at 16-row tiles (LASTSTAND_MG_MID=0), the
   mid-batch path at every 16-row tile size with its opt-in top-k + plan launch (mid-lean) and
   with its other down instance, the old router and top-k (mid-alt), the down's weights fetched
-  before its wait (mid-dnearly: LASTSTAND_MG_DNEARLY=1);
+  before its wait (mid-dnearly: LASTSTAND_MG_DNEARLY=1), and with gate/up at 4 blocks an SM
+  (mid-gu4: LASTSTAND_MG_MIDGU=2);
 - the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
   16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
@@ -68,9 +69,9 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
                                     "LASTSTAND_MG_MIDGU": "1", "LASTSTAND_MG_MIDFUSE": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
                                     "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"},
-                                   {"LASTSTAND_MG_DNEARLY": "1"}],
+                                   {"LASTSTAND_MG_DNEARLY": "1"}, {"LASTSTAND_MG_MIDGU": "2", "LASTSTAND_MG_DNEARLY": "1"}],
                          ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt",
-                              "mid-dnearly"])
+                              "mid-dnearly", "mid-gu4"])
 def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     ms = [1, 16, 64, 512]
     cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",

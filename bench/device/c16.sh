@@ -7,7 +7,8 @@
 #
 # R1 (08:00Z) profiled the step: bench/RESULTS.md "Decode at batch 16 (S8)". This is R2's:
 # 1. The doctor's gemm cells at M = 1, 8, 16, 64 (serve's CUDA buckets now carry 16: the plan
-#    cuda_gemv:16,cuda_cublaslt?) and the cmocka tests test_gdn_decode_cuda (a 16-sequence decode
+#    cuda_gemv:16,cuda_cublaslt?), its MoE call at M = 8, 16, 32 with LASTSTAND_MG_DNEARLY=1 and
+#    LASTSTAND_MG_MIDGU=2 (gate/up at 4 blocks an SM), and the cmocka tests test_gdn_decode_cuda (a 16-sequence decode
 #    step by gd_kernel1 equals gd_kernel's bits) and test_gemv_cuda (M = 9, 16, grouped at 16).
 # 2. The real step: `serve` of the full 40-layer synth 35B with CUDA graphs and the served plans
 #    named (--trust-backend; gemm cuda_gemv:16 as serve's doctor now picks), `bench` at
@@ -62,6 +63,17 @@ for m in ("1", "8", "16", "64"):
     s = {b: sum(x["cells"][b][m].get("ms", 0) for x in t if m in x["cells"].get(b, {}) and x["cells"][b][m]["status"] == "ok") for b in ("cuda_gemv", "cuda_cublaslt")}
     print(f"  M={m}: sum over the gemm shapes (ms): " + ", ".join(f"{b} {v:.4f}" for b, v in s.items()))
 PY
+# 1b. the MoE call (doctor, chained, fp64-checked) at M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1,
+# LASTSTAND_MG_MIDGU=2 (gate/up at 4 blocks an SM, <= 64 registers), both (rel_err equal = same bits)
+echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, DNEARLY=1, MIDGU=2, both $(el)"
+for v in "base:" "dnearly:LASTSTAND_MG_DNEARLY=1" "gu4:LASTSTAND_MG_MIDGU=2" "gu4early:LASTSTAND_MG_MIDGU=2 LASTSTAND_MG_DNEARLY=1"; do
+    env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \
+        --families moe --backends cuda_grouped_gemm --trial-timeout 15 --json "$OUT/doctor-moe-${v%%:*}.json" \
+        >"$OUT/doctor-moe-${v%%:*}.txt" 2>"$OUT/doctor-moe-${v%%:*}.err"
+    echo "${v%%:*} rc=$? $(el)"
+    grep -E "^ +(8|16|32) " "$OUT/doctor-moe-${v%%:*}.txt" | cut -c1-100
+    python3 -c "import json,sys;t=[t for t in json.load(open(sys.argv[1]))['tables'] if t['family']=='moe'][0];print('  rel_err:',{m:c.get('rel_err') for m,c in t['cells']['cuda_grouped_gemm'].items()})" "$OUT/doctor-moe-${v%%:*}.json" 2>&1 | cut -c1-200
+done
 # 1c. the GPU tests of what this session touches (beside BIN: tests/)
 for t in test_gdn_decode_cuda test_gemv_cuda; do
     echo "== cmocka $t $(el)"

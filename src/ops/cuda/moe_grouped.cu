@@ -813,7 +813,7 @@ typedef struct mg_knobs {
     int midtopk; /* with mid: the block-per-token top-k */
     int middn;   /* with mid: down at K = 512 by 2 warps x 2 chunks (1), a whole K per warp (2) */
     int midrouter; /* with mid: the router by mr_kernel */
-    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN) */
+    int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), at 4 blocks an SM (2) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
     int midfuse; /* with mid: the top-k and the plan in one launch */
@@ -838,7 +838,8 @@ static mg_knobs mg_knobs_get(void) {
         v = getenv("LASTSTAND_MG_MIDDN");
         if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) n.middn = atoi(v);
         n.midrouter = cu_env_switch("LASTSTAND_MG_MIDROUTER", 1);
-        n.midgu = cu_env_switch("LASTSTAND_MG_MIDGU", 1);
+        v = getenv("LASTSTAND_MG_MIDGU");
+        n.midgu = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MIDGU", 1);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);

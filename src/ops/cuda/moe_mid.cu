@@ -118,8 +118,8 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN>
-__global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? 3 : 1)
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
+__global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? MINB : 1)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
@@ -260,7 +260,7 @@ mv_cfg mv_pick(bool gateup, int K) {
     return c;
 }
 
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                               const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
@@ -271,13 +271,13 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
     dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
-    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
                          perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
 }
 
@@ -292,6 +292,9 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
+        if (K == 2048 && alt == 2) /* LASTSTAND_MG_MIDGU=2: the LEAN instance at 4 blocks an SM (<= 64 registers) */
+            return mv_launch1<GATEUP, 8, 2, 1, true, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                        wts, dbuf, sh_only, pdl, st);
         if (K == 2048 && alt)
             return mv_launch1<GATEUP, 8, 2, 1, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                      dbuf, sh_only, pdl, st);

@@ -39,7 +39,7 @@ size_t attn_cuda_scratch_bytes(int n_tok, int n_heads, int n_kv_heads, int head_
  * picks); the forms by name, for tests and timing. */
 extern const sample_impl sample_cuda;
 extern const sample_impl sample_cuda_block; /* one block a row (the radix descent) */
-extern const sample_impl sample_cuda_wide;  /* a cluster a row, as LASTSTAND_SAMPLE_SM / _LB pick */
+extern const sample_impl sample_cuda_wide;  /* a cluster a row, as LASTSTAND_SAMPLE_LB / _SM pick (both on) */
 extern const sample_impl sample_cuda_fast;  /* a cluster a row, wide-digit top_k / top_p, the row in global memory */
 extern const sample_impl sample_cuda_fast_lb; /* the same, top_k / top logprobs bounded by the widen's warp maxima */
 extern const sample_impl sample_cuda_fast_sm; /* each block's share of the row in its shared memory (else an error) */

@@ -64,18 +64,19 @@
  * penalties across blocks. A block leaves only at a barrier every block reaches, so no block
  * reads the shared memory of one that exited.
  *
- * The row in shared memory (SM, LASTSTAND_SAMPLE_SM): block r widens the ids [r·L, (r+1)·L),
- * L = SMP_T·S (S = ceil(V / SMW_G), a thread's draw segment), in 16-byte loads into its shared
- * memory in id order (8 x 122 KB for 248320 ids), and every later pass, the bans and penalties
- * (each block the ids it owns) and the draw (thread t's segment is s[t·S ..], conflict-free for
- * odd S) read it there: no global work row, no L2 round trips after the widen. The draw's sums
- * run over the same segments in the same order as with the row in global memory, so the seeded
- * tokens, Z and the masses are bitwise the same; only a greedy row's Z (logprobs) sums in
- * another order. The top_k bound (LB, LASTSTAND_SAMPLE_LB): the top_k-th largest of the
- * cluster's SMW_NW warp maxima (each one a real key, so at least top_k keys are at or above it)
- * published with the widen's barrier; cl_key_select gathers every key at or above it at once
- * when they fit its SMF_CAP candidates (a long-tailed row: about top_k of them) and ranks them,
- * no histogram pass; else (flat rows, ties) the search as without it. */
+ * The row in shared memory (SM, LASTSTAND_SAMPLE_SM, up to SMS_SM_ROWS rows): block r widens
+ * the ids [r·L, (r+1)·L), L = SMP_T·S (S = ceil(V / SMW_G), a thread's draw segment), in 16-byte
+ * loads into its shared memory in id order (8 x 122 KB for 248320 ids), and every later pass,
+ * the bans and penalties (each block the ids it owns) and the draw (thread t's segment is
+ * s[t·S ..], conflict-free for odd S) read it there: no global work row, no L2 round trips after
+ * the widen. The draw's sums run over the same segments in the same order as with the row in
+ * global memory, so the seeded tokens, Z and the masses are bitwise the same; only a greedy
+ * row's Z (logprobs) sums in another order. The bound (LB, LASTSTAND_SAMPLE_LB): the k-th
+ * largest of the cluster's SMW_NW warp maxima (each one a real key, so at least k keys are at
+ * or above it; k = top_k, or the top logprobs wanted) published with the widen's barrier;
+ * cl_key_select gathers every key at or above it at once when they fit its SMF_CAP candidates (a
+ * long-tailed row: about k of them) and ranks them, no histogram pass; else (flat rows, ties)
+ * the search as without it. */
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
 
@@ -266,7 +267,6 @@ typedef struct smf_shared {
     int n_all;                /* the untruncated count of the last gather */
     u64s lbk[SMW_NW];         /* the cluster's warp maxima, and the top_k bound from them */
     u64s lb;
-    u64s bw[SMP_W][5], bs[5], bt[5]; /* the top_p bands' masses: per warp, block, cluster */
 } smf_shared;
 
 __device__ __forceinline__ u64s mass_fx(float e) { return e > 0.f ? __float2ull_rn(e * 0x1p40f) : 0ull; }
@@ -342,8 +342,7 @@ struct smw_srow {
  * of them with their masses (a top_p inside this top_k then needs no pass over the row). */
 template <int MASS, class Row>
 __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, float m, uint64_t floor, double frac,
-                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0,
-                                  int band = 0) {
+                                  u64s kcount, int known, int collect, smf_shared &fs, smw_ctx &c, uint64_t lb = 0) {
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int idbits = V > 1 ? 32 - __clz(V - 1) : 0;
     uint64_t P = floor;
@@ -406,54 +405,6 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
         __syncthreads();
         c.cl.sync(); /* no block rewrites its list while another still reads it */
         if (ok) { P = lb; all = 2; }
-    }
-    /* band (MASS, a nucleus over more than SMF_CAP keys): a pass without atomics sums the
-     * fixed-point masses at or above floor, all of them and those of s >= m - d (d = 2, 4, 8, 16;
-     * exact integer sums); the nucleus lies within the tightest band whose mass reaches the
-     * target, so the search starts at that band's key (its first histogram sees only the band's
-     * tokens: 8% of a long-tailed row's at top_p 0.9) with the target from the whole mass */
-    u64s btgt = 0;
-    if (MASS && band && known < 0 && all != 2) {
-        const float vb[4] = {m - 2.f, m - 4.f, m - 8.f, m - 16.f};
-        u64s mb[5] = {0, 0, 0, 0, 0};
-        row.each([&](int i, float x) {
-            const float s = scaled(x, inv, scale);
-            if (rank_key(s, i) < floor) return;
-            const u64s f = mass_fx(expf(s - m));
-            mb[0] += f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) mb[j + 1] += s >= vb[j] ? f : 0;
-        });
-#pragma unroll
-        for (int j = 0; j < 5; j++) {
-            const u64s t = warp_sum_u(mb[j]);
-            if (lane == 0) fs.bw[wp][j] = t;
-        }
-        __syncthreads();
-        if (tid < 5) {
-            u64s t = 0;
-            for (int q = 0; q < SMP_W; q++) t += fs.bw[q][tid];
-            fs.bs[tid] = t;
-        }
-        c.cl.sync(); /* every block's band sums are in place (written once a launch) */
-        if (tid < 5) {
-            u64s r8[SMW_CL], t = 0;
-#pragma unroll
-            for (unsigned r = 0; r < SMW_CL; r++) r8[r] = c.cl.map_shared_rank(&fs, r)->bs[tid];
-#pragma unroll
-            for (unsigned r = 0; r < SMW_CL; r++) t += r8[r];
-            fs.bt[tid] = t;
-        }
-        __syncthreads();
-        const u64s tot = fs.bt[0];
-        const double t = ceil(frac * (double)tot);
-        btgt = t >= (double)tot ? tot : (u64s)t;
-        for (int j = 0; j < 4; j++)
-            if (fs.bt[j + 1] >= btgt) { /* the keys of s >= vb[j] are exactly those >= rank_key(vb[j], -1) */
-                const uint64_t B = rank_key(vb[j], -1);
-                if (B > floor) floor = B;
-                break;
-            }
     }
     if (known < 0 && all != 2) {
         P = 0;
@@ -545,9 +496,7 @@ __device__ uint64_t cl_key_select(const Row &row, int V, float inv, int scale, f
                 const smf_shared *qs = c.cl.map_shared_rank(&fs, (unsigned)min(lane, SMW_CL - 1));
                 const u64s lc = lane < SMW_CL ? qs->tc : 0, lm = lane < SMW_CL ? qs->tm : 0;
                 u64s tgt = target;
-                if (first && btgt) {
-                    tgt = btgt; /* the band pass's, over every key at or above the caller's floor */
-                } else if (first) { /* the measure at or above the floor: the base of the target */
+                if (first) { /* the measure at or above the floor: the base of the target */
                     const u64s tot = warp_sum_u(MASS ? lm : lc);
                     if (MASS) {
                         const double t = ceil(frac * (double)tot);
@@ -902,9 +851,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (use_k)
                 tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
-            if (use_p)
-                tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c, 0,
-                                      lbon);
+            if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
             SMS_STAMP(4);
         }
         const uint64_t thr = tk > tp ? tk : tp;
@@ -1176,17 +1123,20 @@ static int wide_launch(const sample_args *a, ls_stream s, int minb, int form, ls
 /* The cluster form: top_k / top_p / top logprobs thresholds by wide-digit histograms and a
  * shared-memory finish (cl_key_select, the default since H200 device round S7-R2: T 0.7 top_k 20
  * top_p 0.95 at batch 1 608.6 -> 83.2 us against the radix descent, the 8-layer decode step
- * 1.216 -> 0.779 ms; the descent was deleted in S8, the one-block form keeps it);
- * LASTSTAND_SAMPLE_LB=0|1: the top_k / top logprobs bound from the widen's warp maxima
- * (sample_cuda_fast_lb; on since S8 device round R1: every test_sample_cuda case, T 0.7 top_k 20
- * top_p 0.95 at batch 1 66.9 -> 32.6 us, batch 16 93.1 -> 62.8, the same generate ids);
- * LASTSTAND_SAMPLE_SM=1: each block's share of the row in its shared memory (sample_cuda_fast_sm,
- * off until a device round checks it). Read once. */
+ * 1.216 -> 0.779 ms; the descent was deleted in S8, the one-block form keeps it).
+ * LASTSTAND_SAMPLE_LB=0|1: the top_k / top logprobs bound from the widen's warp maxima (on since
+ * S8 device round R1: every test_sample_cuda case; R2, batch 1 / 16, tailed rows: T 0.7 top_k 20
+ * top_p 0.95 68.7 -> 36.0 / 92.8 -> 47.3 us, top_k 20 53.6 -> 31.6 / 77.5 -> 44.6, the same
+ * generate ids). LASTSTAND_SAMPLE_SM=0|1: up to SMS_SM_ROWS rows, each block's share of the row
+ * in its shared memory (on since S8-R2: every case; at batch 1 with the bound 36.0 -> 32.0 us,
+ * top_k 20 31.6 -> 26.7, top_p 0.9 70.9 -> 61.5, no filter 27.3 -> 23.5; at batch 16, one block
+ * an SM against two, it loses: 47.3 -> 59.2). Read once. */
+enum { SMS_SM_ROWS = 8 };
 static int cuda_sample_wide_run(const sample_args *a, ls_stream s, ls_err *e) {
-    static int form = -1;
-    if (form < 0)
-        form = (cu_env_switch("LASTSTAND_SAMPLE_SM", 0) ? SMS_SM : 0) | (cu_env_switch("LASTSTAND_SAMPLE_LB", 1) ? SMS_LB : 0);
-    return wide_launch(a, s, 0, form, e);
+    static int lb = -1, sm = -1;
+    if (lb < 0) lb = cu_env_switch("LASTSTAND_SAMPLE_LB", 1);
+    if (sm < 0) sm = cu_env_switch("LASTSTAND_SAMPLE_SM", 1);
+    return wide_launch(a, s, 0, (lb ? SMS_LB : 0) | (sm && a->rows <= SMS_SM_ROWS ? SMS_SM : 0), e);
 }
 static int cuda_sample_fast_run(const sample_args *a, ls_stream s, ls_err *e) { return wide_launch(a, s, 0, 0, e); }
 static int cuda_sample_fast_lb_run(const sample_args *a, ls_stream s, ls_err *e) {

@@ -539,7 +539,8 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     }
     for (int r = 0; r < R; r++) {
         assert_int_equal(of[r].bad_idx, -1);
-        if (of[r].token != oo[r].token) fprintf(stderr, "  row %d: cluster %d, one block %d\n", r, of[r].token, oo[r].token);
+        if (of[r].token != oo[r].token)
+            fprintf(stderr, "  row %d: cluster %d, one block %d\n", r, of[r].token, oo[r].token);
         assert_int_equal(of[r].token, oo[r].token);
         assert_true(fabsf(of[r].logprob - oo[r].logprob) < 1e-5f);
         assert_int_equal(of[r].n_top, oo[r].n_top);
@@ -694,9 +695,12 @@ static int phases(void) {
                              .out = dout};
             long long st[RUNS][N];
             for (int r = 0; r < RUNS; r++)
-                if (sample_cuda_profile(&a, g_st, lb, st[r], N, &e) < 0) { fprintf(stderr, "phases: %s\n", e.msg); return 1; }
-            printf("phases%s %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):", lb ? " +bound" : "",
-                   modes[k].name, RUNS);
+                if (sample_cuda_profile(&a, g_st, lb, st[r], N, &e) < 0) {
+                    fprintf(stderr, "phases: %s\n", e.msg);
+                    return 1;
+                }
+            printf("phases%s %-27s (us at 1.98 GHz, median of %d; cycles from the start in brackets):",
+                   lb ? " +bound" : "", modes[k].name, RUNS);
             long long prev = 0;
             for (int j = 1; j < N; j++) {
                 long long d[RUNS];
@@ -705,7 +709,11 @@ static int phases(void) {
                     if (st[r][j]) d[nd++] = st[r][j] - st[r][0];
                 if (!nd) continue;
                 for (int u = 1; u < nd; u++) /* insertion sort */
-                    for (int v = u; v > 0 && d[v] < d[v - 1]; v--) { long long t = d[v]; d[v] = d[v - 1]; d[v - 1] = t; }
+                    for (int v = u; v > 0 && d[v] < d[v - 1]; v--) {
+                        const long long t = d[v];
+                        d[v] = d[v - 1];
+                        d[v - 1] = t;
+                    }
                 const long long med = d[nd / 2];
                 printf(" %s %.1f [%lld]", ph[j - 1], (med - prev) / 1980.0, med);
                 prev = med;
@@ -777,7 +785,8 @@ int main(int argc, char **argv) {
                                       setup_engine, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, the top_k bound", tests, setup_fast_lb, NULL);
     rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory", tests, setup_fast_sm, NULL);
-    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the bound", tests, setup_fast_smlb, NULL);
+    rc |= cmocka_run_group_tests_name("a cluster a row, the row in shared memory, the bound", tests, setup_fast_smlb,
+                                      NULL);
     rc |= cmocka_run_group_tests_name("cluster vs block", cross, NULL, NULL);
     rc |= cmocka_run_group_tests_name("wide-digit top_k / top_p vs the one block", fast, setup_fast, NULL);
     rc |= cmocka_run_group_tests_name("the top_k bound vs the one block", fast, setup_fast_lb, NULL);

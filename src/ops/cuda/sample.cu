@@ -680,7 +680,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 }
                 if (!fast)
 #pragma unroll
-                    for (int j = 0; j < VW; j += 4) wsm[(q * VW + j) / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+                    for (int j = 0; j < VW; j += 4)
+                        wsm[(q * VW + j) / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
             }
         }
         for (int j = nq * VW + tid; j < sn; j += SMP_T) {
@@ -851,7 +852,8 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             if (use_k)
                 tk = cl_key_select<0>(rw, V, inv, scale, m, 0, 0.0, (u64s)p.top_k, -1, use_p && small_k, fs, c, lb);
             SMS_STAMP(3);
-            if (use_p) tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
+            if (use_p)
+                tp = cl_key_select<1>(rw, V, inv, scale, m, tk, (double)p.top_p, 0, small_k ? p.top_k : -1, 0, fs, c);
             SMS_STAMP(4);
         }
         const uint64_t thr = tk > tp ? tk : tp;
@@ -1116,7 +1118,8 @@ static int wide_launch(const sample_args *a, ls_stream s, int minb, int form, ls
     if (smb) wide_kernels<1, true>(a, st, smb, prof, lb);
     else if (minb == 2) wide_kernels<2, false>(a, st, 0, prof, lb);
     else wide_kernels<1, false>(a, st, 0, prof, lb);
-    CU_LAUNCHED(e, smb ? "sampling on CUDA (a cluster a row, the row in shared memory)" : "sampling on CUDA (a cluster a row)");
+    CU_LAUNCHED(e, smb ? "sampling on CUDA (a cluster a row, the row in shared memory)"
+                       : "sampling on CUDA (a cluster a row)");
     return 0;
 }
 
@@ -1160,7 +1163,8 @@ extern "C" int sample_cuda_profile(const sample_args *a, ls_stream s, int lb, lo
     int rc = wide_launch(a, s, 1, SMS_SM | SMS_MUST | (lb ? SMS_LB : 0), e, d);
     if (rc) return rc;
     if (n > SMS_NPROF) n = SMS_NPROF;
-    CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st), "sample_cuda_profile: read");
+    CU_TRY(e, cudaMemcpyAsync(stamps, d, sizeof(long long) * n, cudaMemcpyDeviceToHost, st),
+           "sample_cuda_profile: read");
     CU_TRY(e, cudaStreamSynchronize(st), "sample_cuda_profile: sync");
     return n;
 }

@@ -35,7 +35,7 @@
  *      index: a seeded request gives the same tokens run to run and whatever
  *      shares its batch. The host draws with its own RNG in rank order, so
  *      the two backends give the same distribution, not the same tokens;
- *   7. top logprobs: the n-th largest key by the same descent, the n tokens
+ *   7. top logprobs: the n-th largest key by the same search as top_k, the n tokens
  *      at or above it gathered and sorted (descending, lowest id on ties).
  * Every reduction has a fixed order (thread-strided partials, then a tree), so
  * results are bitwise reproducible. exp is fp32 (the host's is fp64): kept

@@ -41,10 +41,7 @@ echo "ncu: ${NCU:-none}; nsys: ${NSYS:-none}"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend "${C16_GEMM:-cuda_gemv:16,cuda_cublaslt}"
        --lm-head-backend cuda_cublaslt --trust-backend)
-# C16_ENV: extra switches for the ncu profile (step 3); default: gd_kernel1 (LASTSTAND_GDN_T1=2)
-ENVS=(${C16_ENV-LASTSTAND_GDN_T1=2})
 PORT=$((33000 + $$ % 2000))
-URL=http://127.0.0.1:$PORT
 
 # 1. the doctor, every family but lm_head, defaults
 echo "== doctor: synth 35B shapes (layers=1), M = 1, 8, 16, served backends, defaults $(el)"
@@ -56,8 +53,9 @@ echo "rc=$? $(el)"
 grep -E "^(fp4_gemm|gemm|moe|attention|gdn) |^ +(16) " "$OUT/doctor.txt" | cut -c1-130
 echo "  cells not ✅: $(grep -cE '^ +[0-9]+ .*(❌ wrong|crash|⚠)' "$OUT/doctor.txt")"
 grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
-# 1b. the MoE call (doctor, chained, fp64-checked) at M = 8, 16, 32: defaults, LASTSTAND_MG_DNEARLY=1,
-# LASTSTAND_MG_MIDGU=2 (gate/up at 4 blocks an SM, <= 64 registers), both (rel_err equal = same bits)
+# 1b. the MoE call (doctor, chained, fp64-checked) at M = 8, 16, 32: the defaults (gate/up at 4
+# blocks an SM, down's early weights) and R1's (LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_DNEARLY=0);
+# rel_err equal = the same bits
 echo "== doctor moe (cuda_grouped_gemm) M = 8, 16, 32: defaults, old (MIDGU=1 DNEARLY=0) $(el)"
 for v in "defaults:" "old:LASTSTAND_MG_MIDGU=1 LASTSTAND_MG_DNEARLY=0"; do
     env ${v#*:} timeout -k 3 20 "$BIN" doctor --device cuda --model-path "synth:qwen3.5-35b-a3b,layers=1" --m 8,16,32 \

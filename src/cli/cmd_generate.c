@@ -33,7 +33,7 @@ static void usage(FILE *f) {
                "         [--lm-head-backend NAME]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n"
-               "         [--prefix-cache on|off] (default on; on CUDA off until validated)\n");
+               "         [--prefix-cache on|off] (default on)\n");
 }
 
 static int bad_value(const char *flag, const char *v, const char *want) {

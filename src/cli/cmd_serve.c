@@ -217,7 +217,7 @@ int cmd_serve(int argc, char **argv) {
         {"enable-metrics", F_BOOL, &a.enable_metrics, "accepted (/metrics is always on)", NULL},
         {"trust-remote-code", F_BOOL, &a.trust_remote_code, "accepted (no model code is ever run)", NULL},
         {"prefix-cache", F_STR, &a.prefix_cache,
-         "automatic prefix caching: on | off (default: on; on CUDA off until validated on the GPU). Full KV pages "
+         "automatic prefix caching: on | off (default: on). Full KV pages "
          "are shared by hash of their token run; GDN models also need state snapshots", ONOFF},
         {"prefix-snapshots", F_INT, &a.prefix_snapshots,
          "GDN state snapshot slots of the prefix cache (GDN models: a hit is usable up to a page boundary holding "

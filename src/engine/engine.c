@@ -408,12 +408,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     budget -= (double)max_run * (double)slot_bytes;
     budget -= (double)max_run * (double)e->vocab * sizeof(float);
     if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */
-    /* the prefix cache: on by default on the CPU; on a GPU only when asked until a device round
-     * validates it. GDN models need state snapshot slots (a tenth of the cache budget by default,
+    /* the prefix cache: on by default (CPU and CUDA; S8 device round R3 validated the CUDA path:
+     * tests/test_gpu_prefix_cache.py). GDN models need state snapshot slots (a tenth of the cache budget by default,
      * at most two per running request): a hit is usable only where one exists. */
-    int pfx_on = o->prefix_cache > 0 || (o->prefix_cache == 0 && !cuda);
-    const char *pfx_why = o->prefix_cache < 0 ? " (--prefix-cache off)"
-                        : !pfx_on ? " (the default on CUDA until validated on the GPU; --prefix-cache on enables it)" : "";
+    int pfx_on = o->prefix_cache >= 0;
+    const char *pfx_why = o->prefix_cache < 0 ? " (--prefix-cache off)" : "";
     int n_snap = 0;
     if (o->prefix_cache < -1 || o->prefix_cache > 1 || o->prefix_snapshots < -1) {
         set_err(err, errn, LS_ERR_INVAL, "--prefix-cache %d / --prefix-snapshots %d: out of range", o->prefix_cache,

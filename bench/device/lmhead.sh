@@ -9,7 +9,7 @@
 # 1. test_sample_cuda (beside BIN: tests/): every host-oracle test on both forms, then the
 #    cluster form against the one-block form on 248320-wide rows (ids, draws, logprobs).
 # 2. test_sample_cuda --bench: µs a call of each form (one block, cluster, cluster with 16-byte
-#    passes: LASTSTAND_SAMPLE_VEC=1), 248320-wide BF16 rows, batch 1 and 16, greedy and sampled
+#    passes, S6; removed in S8), 248320-wide BF16 rows, batch 1 and 16, greedy and sampled
 #    (T 0.7 with top_p 0.9, or top_k 50 and top_p 0.95).
 # 3. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
 #    synth Qwen3.5-35B-A3B (8 layers: the tail is the same as the full model's), cluster (the
@@ -80,7 +80,6 @@ for mode in greedy t08; do
     done
     same_ids "$mode-wide1" "$mode-wide0"
 done
-[ "$(left)" -gt 40 ] && GEN_ENV="LASTSTAND_SAMPLE_VEC=1" gen t08-vec "$L8" 20 --temperature 0.8 --seed 7
 same_ids t08-vec t08-wide0
 
 echo "== decode step, synth 35B 8 layers: the lm_head on cuda_cublaslt vs cuda_gemv (--lm-head-backend) $(el)"

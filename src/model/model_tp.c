@@ -4,8 +4,13 @@
  * order, so every rank holds bit-identical activations) after the attention
  * or GDN output projection and after the MLP / MoE.
  *
- * Slicing (rank r of N; the checkpoint is bound once at full size, then each
- * rank takes owned copies of its rows / columns):
+ * Slicing (rank r of N; model_open binds the checkpoint a layer at a time and hands each
+ * bound layer to tp_take_layer, which slices it into every rank; the coordinator's copy of the
+ * layer is dropped before the next one is bound, so host memory holds one layer beyond what the
+ * ranks keep. A CPU rank takes owned copies of its rows / columns and of the replicated
+ * weights; a CUDA rank uploads its slice to its GPU at once, contiguous row ranges and
+ * replicated weights straight from the coordinator's (views, no host copy), column slices
+ * through a host copy freed after the upload):
  *   attention  query heads [r·nh/N, ...): q (and gate) rows, o_proj columns;
  *              KV heads split the same way when N divides nkv, else (N a
  *              multiple of nkv) each rank keeps the one KV head its query heads
@@ -118,7 +123,54 @@ struct tp_group {
     void *job_arg;
     int rc[TP_MAX];
     ls_err err[TP_MAX];
+    /* while loading onto devices: host staging for the column slices of one rank's layer, reused
+     * rank after rank and layer after layer (each slice is uploaded before the next is cut) */
+    char **stage;
+    size_t *stage_cap;
+    int n_stage, stage_cur;
+    size_t stage_used;
 };
+
+#define STAGE_CHUNK ((size_t)64 << 20)
+
+/* n bytes of g's staging (256-byte aligned), valid until stage_reset. */
+static void *stage_take(tp_group *g, size_t n) {
+    n = align256(n ? n : 1);
+    while (g->stage_cur < g->n_stage && g->stage_used + n > g->stage_cap[g->stage_cur]) {
+        g->stage_cur++;
+        g->stage_used = 0;
+    }
+    if (g->stage_cur == g->n_stage) {
+        g->stage = xrealloc(g->stage, sizeof(*g->stage) * (g->n_stage + 1));
+        g->stage_cap = xrealloc(g->stage_cap, sizeof(*g->stage_cap) * (g->n_stage + 1));
+        g->stage_cap[g->n_stage] = n > STAGE_CHUNK ? n : STAGE_CHUNK;
+        g->stage[g->n_stage] = xmalloc(g->stage_cap[g->n_stage]);
+        g->n_stage++;
+        g->stage_used = 0;
+    }
+    void *p = g->stage[g->stage_cur] + g->stage_used;
+    g->stage_used += n;
+    return p;
+}
+
+static void stage_reset(tp_group *g) {
+    g->stage_cur = 0;
+    g->stage_used = 0;
+}
+
+static void stage_free(tp_group *g) {
+    for (int i = 0; i < g->n_stage; i++) free(g->stage[i]);
+    free(g->stage);
+    free(g->stage_cap);
+    g->stage = NULL;
+    g->stage_cap = NULL;
+    g->n_stage = g->stage_cur = 0;
+    g->stage_used = 0;
+}
+
+void tp_load_done(model *m) {
+    if (m->grp && !m->is_rank) stage_free(m->grp);
+}
 
 int tp_status(model *m, ls_err *e) {
     int rc = m->ops.capturing == 1 && m->tp_cap_rc ? m->tp_cap_rc : m->grp->nccl_rc;
@@ -198,7 +250,12 @@ void tp_allreduce(model *m, void *x, size_t n) {
 
 /* ---- slicing -------------------------------------------------------------- */
 
-/* out = columns [c0, c0 + nc) of w, an owned copy. */
+/* 1 when rank m's slices may be views into the coordinator's weights: a device rank uploads
+ * them (tp_take_layer) before the coordinator's layer goes; a CPU rank keeps owned copies. */
+static int views_ok(const model *m) { return m->ops.dev.kind != DEV_CPU; }
+
+/* out = columns [c0, c0 + nc) of w: an owned copy (CPU), or a copy in the group's staging
+ * (device ranks: uploaded before the staging is reused). */
 static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_err *e) {
     size_t es = w->kind == W_F32 ? 4 : 2;
     *out = *w;
@@ -208,7 +265,9 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
             return errf(e, ERR_INVAL, "tensor '%s': an NVFP4 column slice [%d, %d) is not in whole "
                         "16-element blocks; choose a --tp that splits it so", w->name ? w->name : "?",
                         c0, c0 + nc);
-        uint8_t *d = mdl_alloc(m, (size_t)w->N * nc / 2), *s = mdl_alloc(m, (size_t)w->N * nc / 16);
+        const size_t db = (size_t)w->N * nc / 2, sb = (size_t)w->N * nc / 16;
+        uint8_t *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
+        uint8_t *s = views_ok(m) ? stage_take(m->grp, sb) : mdl_alloc(m, sb);
         for (int r = 0; r < w->N; r++) {
             memcpy(d + (size_t)r * nc / 2, (const uint8_t *)w->data + (size_t)r * w->K / 2 + c0 / 2, nc / 2);
             memcpy(s + (size_t)r * nc / 16, w->scale + (size_t)r * w->K / 16 + c0 / 16, nc / 16);
@@ -217,18 +276,45 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
         out->scale = s;
         return 0;
     }
-    char *d = mdl_alloc(m, (size_t)w->N * nc * es);
+    const size_t db = (size_t)w->N * nc * es;
+    char *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
     for (int r = 0; r < w->N; r++)
         memcpy(d + (size_t)r * nc * es, (const char *)w->data + ((size_t)r * w->K + c0) * es, nc * es);
     out->data = d;
     return 0;
 }
 
+/* out = rows [r0, r0 + n) of w: a view (views_ok: contiguous rows need no copy) or an owned copy. */
 static void take_range(model *m, const lin_w *w, int r0, int n, lin_w *out) {
+    if (views_ok(m) && w->kind != W_F32) {
+        const size_t rb = w->kind == W_NVFP4 ? (size_t)w->K / 2 : (size_t)w->K * 2;
+        *out = *w;
+        out->N = n;
+        out->data = (const char *)w->data + rb * r0;
+        if (w->kind == W_NVFP4) out->scale = w->scale + (size_t)w->K / 16 * r0;
+        return;
+    }
     int *rows = xmalloc(sizeof(int) * (n ? n : 1));
     for (int i = 0; i < n; i++) rows[i] = r0 + i;
     mdl_take_rows(m, w, rows, n, out);
     free(rows);
+}
+
+/* A weight every rank holds whole (norms, router, shared-expert gate): the coordinator's as is
+ * on a device rank (uploaded before the coordinator's copy goes), an owned copy on the CPU. */
+static float *keep_vec(model *m, const float *v, size_t n) {
+    if (!v || views_ok(m)) return (float *)v;
+    float *d = mdl_alloc(m, sizeof(float) * n);
+    memcpy(d, v, sizeof(float) * n);
+    return d;
+}
+
+static void keep_lin(model *m, const lin_w *w, lin_w *out) {
+    if (!w->data) {
+        *out = *w;
+        return;
+    }
+    take_range(m, w, 0, w->N, out);
 }
 
 static int slice_attn(model *rm, const model *m, int r, int N, const attn_layer_w *a, attn_layer_w *o,
@@ -241,6 +327,8 @@ static int slice_attn(model *rm, const model *m, int r, int N, const attn_layer_
     if (a->gate.data) take_range(rm, &a->gate, r * nh * hd, nh * hd, &o->gate);
     take_range(rm, &a->k, kv0 * hd, nkv * hd, &o->k);
     take_range(rm, &a->v, kv0 * hd, nkv * hd, &o->v);
+    o->q_norm = keep_vec(rm, a->q_norm, hd);
+    o->k_norm = keep_vec(rm, a->k_norm, hd);
     return take_cols(rm, &a->o, r * nh * hd, nh * hd, &o->o, e);
 }
 
@@ -267,8 +355,9 @@ static int slice_gdn(model *rm, const model *m, int r, int N, const gdn_layer_w 
     o->g.nk = nk;
     o->g.nv = nv;
     o->g.conv_w = cw;
-    o->g.A_log = g->g.A_log + r * nv;
-    o->g.dt_bias = g->g.dt_bias + r * nv;
+    o->g.A_log = keep_vec(rm, g->g.A_log + r * nv, nv);
+    o->g.dt_bias = keep_vec(rm, g->g.dt_bias + r * nv, nv);
+    o->norm = keep_vec(rm, g->norm, dv);
     return take_cols(rm, &g->out, r * nv * dv, nv * dv, &o->out, e);
 }
 
@@ -286,6 +375,8 @@ static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e
     layer_w *O = &rm->layers[l];
     int rc;
     *O = *L;
+    O->in_norm = keep_vec(rm, L->in_norm, m->cfg.hidden);
+    O->post_norm = keep_vec(rm, L->post_norm, m->cfg.hidden);
     if (L->type == LAYER_FULL_ATTN) rc = slice_attn(rm, m, r, N, &L->attn, &O->attn, e);
     else rc = slice_gdn(rm, m, r, N, &L->gdn, &O->gdn, e);
     if (rc) return rc;
@@ -303,6 +394,8 @@ static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e
     O->moe.up = O->experts + E;
     O->moe.down = O->experts + 2 * E;
     O->moe.inter = w->inter / N;
+    keep_lin(rm, &w->router, &O->moe.router);
+    keep_lin(rm, &w->sh_gate_w, &O->moe.sh_gate_w);
     if (w->shared_inter > 0) {
         O->moe.shared_inter = w->shared_inter / N;
         if ((rc = slice_mlp3(rm, r, N, &w->sh_gate, &w->sh_up, &w->sh_down, &O->moe.sh_gate,
@@ -484,16 +577,30 @@ int tp_build(model *m, int N, ls_err *e) {
         rm->n_full = m->n_full;
         rm->n_lin = m->n_lin;
         rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
-        for (int l = 0; l < c->n_layers; l++)
-            if ((rc = slice_layer(rm, m, r, N, l, e))) return err_prefix(e, "rank %d", r);
-        if (cuda) { /* GPU r: its own device, stream and copy of the slice */
-            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_weights(rm, e)))
+        if (cuda) { /* GPU r: its own device, stream and copy of the replicated weights */
+            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_part(rm, -1, e)))
                 return err_prefix(e, "rank %d (GPU %d)", r, r);
             rm->owns_stream = 1;
         }
     }
     g->ranks = m->rank_m;
+    if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     return workers_start(g, e);
+}
+
+int tp_take_layer(model *m, int l, ls_err *e) {
+    const int N = m->tp, cuda = m->ops.dev.kind != DEV_CPU;
+    int rc = 0, r = 0;
+    for (; r < N; r++) {
+        model *rm = m->rank_m[r];
+        stage_reset(m->grp);
+        if ((cuda && (rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e))) || (rc = slice_layer(rm, m, r, N, l, e)) ||
+            (cuda && (rc = mdl_upload_part(rm, l, e))))
+            break;
+    }
+    if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
+    if (!rc) return 0;
+    return cuda ? err_prefix(e, "rank %d (GPU %d)", r, r) : err_prefix(e, "rank %d", r);
 }
 
 void tp_free(model *m) {
@@ -512,6 +619,7 @@ void tp_free(model *m) {
     pthread_mutex_destroy(&m->grp->wmu);
     pthread_cond_destroy(&m->grp->wcv);
     pthread_cond_destroy(&m->grp->dcv);
+    stage_free(m->grp);
     free(m->grp);
     m->grp = NULL;
 }

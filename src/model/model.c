@@ -353,6 +353,18 @@ static int layers_cut(const model_config *c, int cut) {
 
 int model_layers_in_checkpoint(const model *m) { return m->n_layers_ckpt; }
 
+/* This process's peak resident memory (VmHWM, bytes); 0 when /proc does not say. */
+static double vm_hwm(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    fclose(f);
+    return kb * 1024.0;
+}
+
 /* A tensor-parallel coordinator's layer l after its ranks took their slices: the host blocks
  * bound for it since owned_mark freed, its weights forgotten (kind, cache index and MLP kind
  * stay). */
@@ -489,6 +501,21 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if (m->cfg.n_layers < m->n_layers_ckpt)
         log_info("%s: the first %d of %d layers only (model_opts.max_layers)", path, m->cfg.n_layers, m->n_layers_ckpt);
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
+    if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */
+        model_mem_plan pl;
+        mdl_mem_plan(&m->cfg, m->cfg.n_layers, tp, 1, src ? NULL : m->st, src, &pl);
+        m->plan_gpu_weights = pl.gpu_weights;
+        log_info("%s: %d layers, %.1f GB of tensors: %.2f GiB of weights per GPU at --tp %d (%.2f GiB of them on "
+                 "every GPU), KV %.1f KiB per token and %.1f MiB per GDN slot per GPU; host memory for the weights "
+                 "while loading ~%.1f GB", path, m->cfg.n_layers, pl.total_bytes / 1e9, pl.gpu_weights / 1073741824.0,
+                 tp, pl.gpu_replicated / 1073741824.0, pl.kv_token_bytes / 1024.0, pl.slot_bytes / 1048576.0,
+                 pl.host_peak / 1e9);
+        if (tp == 1 && (rc = mdl_check_fits(m, pl.gpu_weights, 1, e))) {
+            synth_src_close(src);
+            model_close(m);
+            return rc;
+        }
+    }
     /* the non-layer weights, the ranks (each uploads its copy of them), then layer by layer */
     if ((rc = bind_globals(m, e)) || (tp > 1 && (rc = tp_build(m, tp, e))) ||
         (!m->rank_m && (rc = mdl_upload_part(m, -1, e))) || (rc = load_layers(m, src, stream, e))) {
@@ -510,7 +537,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
         }
         if (m->rank_m) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     }
-    log_info("%s: opened in %.1f s", path, now_sec() - t_open);
+    log_info("%s: opened in %.1f s, host memory peak so far %.2f GB (VmHWM)", path, now_sec() - t_open, vm_hwm() / 1e9);
     *out = m;
     return 0;
 }

@@ -148,6 +148,7 @@ struct model {
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
     int n_used, cap_used;
     int n_layers_ckpt;  /* the checkpoint's num_hidden_layers (cfg.n_layers: after model_opts.max_layers) */
+    double plan_gpu_weights; /* model_mem_plan's weights per GPU (checked against each GPU's free memory) */
     st_set *st_part;    /* while a part is bound from a generated checkpoint (synth): its tensors,
                            looked up before st's (mdl_tensor) */
     /* the lm_head's own gemm selection (model_opts.lm_head_backend; mdl_lm_ops): lm_plan.n = 0:
@@ -231,6 +232,16 @@ int mdl_upload_weights(model *m, ls_err *e);
 int mdl_upload_part(model *m, int part, ls_err *e);
 /* The free and total bytes of the model's GPU (binds the calling thread to it); -1 on the CPU. */
 int mdl_dev_mem_info(model *m, size_t *free_b, size_t *total_b);
+/* ERR_NOMEM naming GPU m's ordinal and name, the weights per GPU and its free memory when the
+ * planned weights (plan_gpu_weights) plus a GiB of headroom do not fit in it; else 0. */
+int mdl_check_fits(model *m, double weights, int tp, ls_err *e);
+
+/* ---- memory plan (model_plan.c) ------------------------------------------- */
+typedef struct synth_src synth_src;
+/* The plan of config c cut to n_layers at tp ranks on a device (1) or the CPU (0), from st's
+ * tensors or src's (one of them). */
+int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const st_set *st, const synth_src *src,
+                 model_mem_plan *out);
 
 /* ---- tensor parallelism (model_tp.c) ------------------------------------- */
 /* N rank models of m (bound: embedding, lm_head, final norm; not yet its layers): CPU

@@ -578,7 +578,8 @@ int tp_build(model *m, int N, ls_err *e) {
         rm->n_lin = m->n_lin;
         rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
         if (cuda) { /* GPU r: its own device, stream and copy of the replicated weights */
-            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_part(rm, -1, e)))
+            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) ||
+                (rc = mdl_check_fits(rm, m->plan_gpu_weights, N, e)) || (rc = mdl_upload_part(rm, -1, e)))
                 return err_prefix(e, "rank %d (GPU %d)", r, r);
             rm->owns_stream = 1;
         }

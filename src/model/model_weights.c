@@ -195,3 +195,34 @@ int mdl_dev_mem_info(model *m, size_t *free_b, size_t *total_b) {
 #endif
     return -1;
 }
+
+int mdl_check_fits(model *m, double weights, int tp, ls_err *e) {
+    size_t fr = 0, tot = 0;
+    if (weights <= 0 || mdl_dev_mem_info(m, &fr, &tot)) return 0;
+    const double GiB = 1073741824.0, headroom = GiB; /* context, workspace, a minimal cache */
+    if ((double)fr >= weights + headroom) return 0;
+    return errf(e, ERR_NOMEM, "GPU %d (%s): the weights need %.2f GiB per GPU at --tp %d (+ %.0f GiB for "
+                "caches and workspace), only %.2f of its %.2f GiB are free: spread the model over more GPUs "
+                "(--tp) or load fewer layers", m->ops.dev.ordinal, m->ops.dev.name, weights / GiB, tp,
+                headroom / GiB, fr / GiB, tot / GiB);
+}
+
+int model_gpu_mem(model *m, int *ordinal, size_t *free_b, size_t *total_b) {
+    *ordinal = -1;
+    *free_b = *total_b = 0;
+    const int n = m->rank_m ? m->tp : 1;
+    int rc = -1;
+    for (int r = 0; r < n; r++) {
+        model *rm = m->rank_m ? m->rank_m[r] : m;
+        size_t f, t;
+        if (mdl_dev_mem_info(rm, &f, &t)) continue;
+        if (rc || f < *free_b) {
+            *ordinal = rm->ops.dev.ordinal;
+            *free_b = f;
+            *total_b = t;
+        }
+        rc = 0;
+    }
+    if (m->rank_m) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
+    return rc;
+}

@@ -23,9 +23,14 @@
  *
  * synth_build fills every tensor in memory (refusing up front what cannot
  * fit in RAM); synth_write generates and writes one shard (<= 4 GiB) at a
- * time, so writing any preset needs about one shard of memory.
+ * time, so writing any preset needs about one shard of memory; synth_open /
+ * synth_src_part make one part (the non-layer tensors, or one layer) at a
+ * time, each layer into one buffer reused for the next, so a model streamed
+ * onto GPUs (model.c) needs about one layer of host memory beyond the
+ * non-layer tensors, whatever its size.
  *
- * Owns: nothing global. synth_build hands back an st_set and a config object.
+ * Owns: nothing global. synth_build hands back an st_set and a config object;
+ * a synth_src owns its plan and its layer buffer.
  */
 #include "model/synth.h"
 #include "model/demo_tok.h"
@@ -691,6 +696,19 @@ int synth_open(const synth_opts *o, synth_src **out, json_t **config, ls_err *e)
 }
 
 int synth_src_layers(const synth_src *s) { return s->pl.layers; }
+
+int synth_src_count(const synth_src *s) { return s->pl.n; }
+
+void synth_src_info(const synth_src *s, int i, st_tensor *out) {
+    const tplan *t = &s->pl.t[i];
+    memset(out, 0, sizeof *out);
+    out->name = t->name;
+    out->dtype = t->dt;
+    out->ndim = t->ndim;
+    for (int k = 0; k < t->ndim; k++) out->shape[k] = t->shape[k];
+    out->nbytes = t->nbytes;
+    out->file = "<memory>";
+}
 
 /* The plan's tensors [t0, t1) of a part. */
 static void part_range(const plan *pl, int part, int *t0, int *t1) {

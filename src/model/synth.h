@@ -41,6 +41,9 @@ int synth_write(const synth_opts *o, const char *out_dir, ls_err *e);
 typedef struct synth_src synth_src;
 int synth_open(const synth_opts *o, synth_src **out, json_t **config, ls_err *e);
 int synth_src_layers(const synth_src *s);
+/* Every tensor's name, dtype, shape and bytes (data NULL), i in [0, synth_src_count). */
+int synth_src_count(const synth_src *s);
+void synth_src_info(const synth_src *s, int i, st_tensor *out);
 /* The part's bytes (0 for a part that does not exist). */
 size_t synth_src_part_bytes(const synth_src *s, int part);
 /* The part's tensors, generated now, as a new in-memory set the caller closes; ERR_NOMEM (nothing

@@ -42,6 +42,14 @@ timeout -k 3 30 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families 
 echo "rc=$? $(el)"
 grep -E "^(gemm|moe) |^ +(2048|8192) " "$OUT/doctor.txt" | cut -c1-130
 grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
+for bm in 32 16; do
+    echo "== doctor: moe cuda_grouped_gemm, M = 2048, 8192, LASTSTAND_GROUPED_BM=$bm (default: 64 at these M) $(el)"
+    LASTSTAND_GROUPED_BM=$bm timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-bm$bm.json" >"$OUT/doctor-bm$bm.txt" \
+        2>"$OUT/doctor-bm$bm.err"
+    echo "rc=$? $(el)"
+    grep -E "^ +(2048|8192) " "$OUT/doctor-bm$bm.txt" | cut -c1-130
+done
 
 PORT=$((34000 + $$ % 2000))
 for chunk in $CHUNKS; do

@@ -21,6 +21,10 @@
 #    token, eager: 4 prefill steps of 2048 tokens. prefill8k_table.py prints each step's time by
 #    family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s, scaled to 40 layers,
 #    and the last step's kernels by name and in launch order.
+# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+#    first 16 launches of the grouped MoE GEMM, the GDN chunk kernel and flash prefill in a
+#    2048-token prefill of the 4-layer model: prefill8k_ncu.py prints each one's pipes, issue
+#    rate, occupancy and largest stall reasons.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -111,5 +115,22 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
     fi
 else
     echo "== ncu: skipped (${NCU:-no ncu}; $(left) s left)"
+fi
+if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
+    lim=$(( $(left) - 5 ))
+    [ $lim -gt 45 ] && lim=45
+    echo "== ncu sections: the first 16 launches of mg_gemm / gc_chunk / fp_kernel, generate 4 layers, 2048-token prompt (limit $lim s) $(el)"
+    timeout -k 3 $lim "$NCU" --clock-control none --kernel-name regex:"mg_gemm|gc_chunk|fp_kernel" --launch-count 16 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats -o "$OUT/ncu-sec" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 2048)" --max-new-tokens 1 \
+        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-sec.out" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "==ERROR|error:" "$OUT/ncu-sec.out" | head -5
+    if [ -f "$OUT/ncu-sec.ncu-rep" ]; then
+        timeout 20 "$NCU" --import "$OUT/ncu-sec.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
+        timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" || head -c 400 "$OUT/ncu-sec.csv.err"
+    fi
 fi
 echo "total $(( $(date +%s) - T0 )) s"

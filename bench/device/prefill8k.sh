@@ -7,24 +7,24 @@
 #
 #   bash bench/device/prefill8k.sh BIN OUTDIR
 #
-# 1. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
-#    layers in BF16 through torch.matmul / torch.bmm, SDPA causal attention; the dense peak).
-# 2. The doctor at the 35B's shapes, M = 2048, 8192: gemm (cuda_cublaslt), moe (cuda_grouped_gemm)
-#    against the fp64 CPU oracle, with their times.
-# 3. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
+# 1. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
 #    named: no doctor; --prefix-cache off; context 16384) + `BIN bench` at concurrency 1, prompts of
 #    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per
 #    --chunked-prefill-size in CHUNKS (default 2048 8192: the default, and the whole 8k prompt in
 #    one step).
-# 4. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
+# 2. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
+#    layers in BF16 through torch.matmul / torch.bmm, SDPA causal attention; the dense peak).
+# 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
 #    layers (1 full-attention + 3 GDN: the 40-layer model's 1:3 mix), an 8192-token prompt, 1 new
 #    token, eager: 4 prefill steps of 2048 tokens. prefill8k_table.py prints each step's time by
 #    family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s, scaled to 40 layers,
 #    and the last step's kernels by name and in launch order.
-# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
 #    first 16 launches of the grouped MoE GEMM, the GDN chunk kernel and flash prefill in a
 #    2048-token prefill of the 4-layer model: prefill8k_ncu.py prints each one's pipes, issue
 #    rate, occupancy and largest stall reasons.
+# 5. The doctor at the 35B's shapes, M = 2048, 8192: gemm (cuda_cublaslt), moe (cuda_grouped_gemm,
+#    also at tile heights 32 and 16) against the fp64 CPU oracle, with their times.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -35,25 +35,6 @@ PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-bac
 CHUNKS=${CHUNKS:-2048 8192}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-
-echo "== peer: PyTorch BF16 (cuBLAS) and SDPA on the 35B's prefill shapes $(el)"
-timeout -k 3 45 python3 bench/device/prefill8k_peer.py 2048,8192 2>&1 | tail -n 40
-echo "rc=$? $(el)"
-
-echo "== doctor: 35B shapes, M = 2048, 8192, gemm cuda_cublaslt, moe cuda_grouped_gemm $(el)"
-timeout -k 3 30 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gemm,moe --m 2048,8192 \
-    --backends cuda_cublaslt,cuda_grouped_gemm --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
-echo "rc=$? $(el)"
-grep -E "^(gemm|moe) |^ +(2048|8192) " "$OUT/doctor.txt" | cut -c1-130
-grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
-for bm in 32 16; do
-    echo "== doctor: moe cuda_grouped_gemm, M = 2048, 8192, LASTSTAND_GROUPED_BM=$bm (default: 64 at these M) $(el)"
-    LASTSTAND_GROUPED_BM=$bm timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
-        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-bm$bm.json" >"$OUT/doctor-bm$bm.txt" \
-        2>"$OUT/doctor-bm$bm.err"
-    echo "rc=$? $(el)"
-    grep -E "^ +(2048|8192) " "$OUT/doctor-bm$bm.txt" | cut -c1-130
-done
 
 PORT=$((34000 + $$ % 2000))
 for chunk in $CHUNKS; do
@@ -97,6 +78,10 @@ PY
     grep -E "budget|ERROR|error" "$OUT/serve-$chunk.log" | cut -c1-220 | head -3
 done
 
+echo "== peer: PyTorch BF16 (cuBLAS) and SDPA on the 35B's prefill shapes $(el)"
+timeout -k 3 45 python3 bench/device/prefill8k_peer.py 2048,8192 2>&1 | tail -n 40
+echo "rc=$? $(el)"
+
 if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
     lim=$(( $(left) - 8 ))
     [ $lim -gt 70 ] && lim=70
@@ -132,5 +117,22 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
             --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
         timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" || head -c 400 "$OUT/ncu-sec.csv.err"
     fi
+fi
+if [ "$(left)" -gt 20 ]; then
+    echo "== doctor: 35B shapes, M = 2048, 8192, gemm cuda_cublaslt, moe cuda_grouped_gemm $(el)"
+    timeout -k 3 30 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gemm,moe --m 2048,8192 \
+        --backends cuda_cublaslt,cuda_grouped_gemm --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
+    echo "rc=$? $(el)"
+    grep -E "^(gemm|moe) |^ +(2048|8192) " "$OUT/doctor.txt" | cut -c1-130
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
+    for bm in 32 16; do
+        echo "== doctor: moe cuda_grouped_gemm, M = 2048, 8192, LASTSTAND_GROUPED_BM=$bm (default: 64 at these M) $(el)"
+        LASTSTAND_GROUPED_BM=$bm timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+            --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-bm$bm.json" >"$OUT/doctor-bm$bm.txt" \
+            2>"$OUT/doctor-bm$bm.err"
+        echo "rc=$? $(el)"
+        grep -E "^ +(2048|8192) " "$OUT/doctor-bm$bm.txt" | cut -c1-130
+    done
+
 fi
 echo "total $(( $(date +%s) - T0 )) s"

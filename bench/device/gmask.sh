@@ -14,20 +14,10 @@
 # 4. bench/device/gmask_tpot.py: TPOT of constrained vs unconstrained requests, host path vs device
 #    path, c1 and c16 (1 constrained + 15 unconstrained), synth:qwen3.5-35b-a3b,layers=8.
 # Reads nothing from ../shared (the demo tokenizer is written by BIN synth).
-set -u
-BIN=${1:?usage: gmask.sh BIN OUTDIR}
-OUT=${2:?usage: gmask.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. "$(dirname "$0")/lib.sh"
+dev_init gmask 145 "$@"
 export BUILD=$D LS_SHARED=$D
-T0=$(date +%s)
-el() { echo "($(( $(date +%s) - T0 )) s)"; }
-left() { local l=$(( 145 - ($(date +%s) - T0) )); [ $l -lt 5 ] && l=5; echo $l; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+lim() { local l; l=$(left); [ "$l" -lt 5 ] && l=5; echo "$l"; }
 
 T="$D/tests/test_sample_cuda"
 echo "== test_sample_cuda $(el)"
@@ -47,6 +37,6 @@ LS_GRAMMAR_GPU_DEVICE=1 timeout 70 python3 -m pytest -q -s -p no:cacheprovider -
 
 echo "== TPOT, host path vs device path $(el)"
 [ -f "$D/demo-model/config.json" ] || "$BIN" synth --preset demo --out "$D/demo-model" > /dev/null 2>&1
-timeout "$(left)" python3 bench/device/gmask_tpot.py "$BIN" "$D/demo-model" 2>&1 | tee "$OUT/tpot.log" | \
+timeout "$(lim)" python3 bench/device/gmask_tpot.py "$BIN" "$D/demo-model" 2>&1 | tee "$OUT/tpot.log" | \
     grep -E "^==|GMASK_|Error|error" | head -20
 echo "done $(el)"

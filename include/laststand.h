@@ -230,6 +230,9 @@ typedef struct ls_stats {
     uint64_t prefix_query_tokens_total, prefix_hit_tokens_total;
     int prefix_cached_pages, kv_pages_allocated;
     int prefix_snapshots_total, prefix_snapshots_used;
+    /* Added (additive, S9): sampled rows with a grammar mask or logit_bias, by where they were
+     * sampled (the device sampler, or the host from downloaded logits) */
+    uint64_t constrained_rows_device_total, constrained_rows_host_total;
 } ls_stats;
 void ls_engine_stats(ls_engine *e, ls_stats *out);
 

@@ -1,7 +1,11 @@
 """Constrained decoding on the GPU engine (--device cuda, device sampling on):
-rows with a grammar or logit_bias are sampled on the host from logits brought
-back for that step (engine_grammar.c), the other steps keep the device sampler
-and CUDA graphs. A random-weight synth model (real Qwen3.5 shapes, 8 layers)
+with LASTSTAND_GRAMMAR_DEVICE=1 (S9) rows with a grammar mask or logit_bias
+are sampled by the device sampler (their masks computed on the host before the
+forward and staged with the step), checked through /metrics
+(constrained_rows_device_total) and against a second server forced onto the
+S8 host path (LASTSTAND_GRAMMAR_DEVICE=0: the step's logits come back and the
+host sampler applies the mask): the same greedy tokens, logprobs within fp
+tolerance. A random-weight synth model (real Qwen3.5 shapes, 8 layers)
 with the demo tokenizer: unconstrained output is noise, so parsing and
 validating outputs tests the mask. Raw HTTP and Python's json (the GPU machine
 may lack the openai and jsonschema packages: jsonschema is used when present,
@@ -10,6 +14,8 @@ test_tpot_constrained_vs_not prints the decode time per token of both kinds of
 request (bench/device/grammar.sh collects it)."""
 import json
 import os
+import re
+import threading
 import time
 import urllib.request
 
@@ -22,6 +28,8 @@ pytestmark = requires_gpu
 
 MODEL_PATH = os.environ.get("LS_GRAMMAR_GPU_MODEL", "synth:qwen3.5-35b-a3b,layers=8")
 EXTRA = os.environ.get("LS_GRAMMAR_GPU_FLAGS", "").split()  # e.g. --disable-cuda-graph (bench/device/grammar.sh)
+# where the module's server samples constrained rows: 1 the device sampler (S9), 0 the host
+GDEV = os.environ.get("LS_GRAMMAR_GPU_DEVICE", "1")
 
 PERSON = {
     "type": "object",
@@ -71,11 +79,24 @@ def validate(doc, s):
         raise AssertionError(f"validator: {s}")
 
 
+def _server(ls_bin, demo_model, gdev):
+    return Server(ls_bin, MODEL_PATH, "--tokenizer-path", demo_model, "--device", "cuda",
+                  "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", *EXTRA,
+                  env={"LASTSTAND_GRAMMAR_DEVICE": gdev}, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def srv(ls_bin, demo_model):
-    with Server(ls_bin, MODEL_PATH, "--tokenizer-path", demo_model, "--device", "cuda",
-                "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", *EXTRA, timeout=300) as s:
+    with _server(ls_bin, demo_model, GDEV) as s:
         yield s
+
+
+def metric(srv, name):
+    status, body = srv.get("/metrics")
+    assert status == 200
+    m = re.search(r"^laststand:%s\{[^}]*\} (\d+)$" % name, body.decode(), re.M)
+    assert m, f"{name} not in /metrics"
+    return int(m.group(1))
 
 
 def chat(srv, **kw):
@@ -148,3 +169,83 @@ def test_tpot_constrained_vs_not(srv):
     print(f"\nGRAMMAR_TPOT{' (' + ' '.join(EXTRA) + ')' if EXTRA else ''} unconstrained {plain * 1e3:.2f} ms ({n1} tok), json_schema {cons * 1e3:.2f} ms ({n2} tok), "
           f"logit_bias {bias * 1e3:.2f} ms ({n3} tok), constrained/unconstrained {cons / plain:.2f}x")
     assert n1 == n2 == n3 == 128
+
+
+def _greedy_cases(srv):
+    """Greedy constrained requests whose outputs both paths must reproduce exactly."""
+    out = []
+    c, _ = chat(srv, max_tokens=120, temperature=0, logprobs=True, top_logprobs=3,
+                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON,
+                                                                         "strict": True}})
+    out.append(("json_schema", c["message"]["content"], c["finish_reason"],
+                [(t["token"], t["logprob"], [(a["token"], a["logprob"]) for a in t["top_logprobs"]])
+                 for t in c["logprobs"]["content"]]))
+    c, _ = chat(srv, max_tokens=120, temperature=0, response_format={"type": "json_object"})
+    out.append(("json_object", c["message"]["content"], c["finish_reason"], None))
+    c, _ = chat(srv, max_tokens=200, temperature=0, tools=TOOLS, tool_choice="required")
+    out.append(("tool_choice required", json.dumps(c["message"].get("tool_calls"), sort_keys=True),
+                c["finish_reason"], None))
+    st, o = srv.post_json("/generate", {"text": "The weather is", "sampling_params": {
+        "max_new_tokens": 12, "temperature": 0, "logit_bias": {"300": 3.5, "17": -100, "42": 8}}})
+    assert st == 200, o
+    out.append(("logit_bias", o["output_ids"], None, None))
+    return out
+
+
+def test_constrained_rows_take_the_device_path_and_match_the_host_path(srv, ls_bin, demo_model):
+    """The module's server (device path) and a host-path server give the same greedy outputs;
+    /metrics says which sampler took the constrained rows. Logprobs: the device's fp32 exp
+    against the host's fp64, within 1e-3."""
+    if GDEV != "1":
+        pytest.skip("the module's server is on the host path")
+    d0, h0 = metric(srv, "constrained_rows_device_total"), metric(srv, "constrained_rows_host_total")
+    dev = _greedy_cases(srv)
+    d1, h1 = metric(srv, "constrained_rows_device_total"), metric(srv, "constrained_rows_host_total")
+    print(f"\nGRAMMAR_DEVICE_ROWS device {d1 - d0} host {h1 - h0}")
+    assert d1 - d0 >= 20 and h1 == h0, (d1 - d0, h1 - h0)
+    with _server(ls_bin, demo_model, "0") as hs:
+        host = _greedy_cases(hs)
+        assert metric(hs, "constrained_rows_device_total") == 0
+        assert metric(hs, "constrained_rows_host_total") >= 20
+    for (name, a, fa, la), (_, b, fb, lb) in zip(dev, host):
+        print(f"GRAMMAR_SAME {name}: {'yes' if (a, fa) == (b, fb) else 'NO'}: device {str(a)[:80]!r}")
+        assert (a, fa) == (b, fb), (name, a, b)
+        if la is not None:
+            assert len(la) == len(lb)
+            for (ta, pa, tops_a), (tb, pb, tops_b) in zip(la, lb):
+                assert ta == tb and abs(pa - pb) < 1e-3, (ta, pa, tb, pb)
+                assert [t for t, _ in tops_a] == [t for t, _ in tops_b], (tops_a, tops_b)
+                for (_, x), (_, y) in zip(tops_a, tops_b):
+                    assert abs(x - y) < 1e-3
+    name, doc, fin, _ = dev[0]
+    assert fin == "stop"
+    validate(json.loads(doc), PERSON)
+
+
+def test_mixed_batch_constrained_and_free_rows(srv):
+    """Constrained and unconstrained requests in one batch: each constrained output validates,
+    the free ones run to their length."""
+    res, errs = {}, []
+
+    def run(k):
+        try:
+            if k % 2:
+                res[k] = chat(srv, max_tokens=200, temperature=0.8, seed=k,
+                              response_format={"type": "json_schema", "json_schema": {
+                                  "name": "p", "schema": PERSON, "strict": True}})[0]
+            else:
+                res[k] = chat(srv, max_tokens=40, min_tokens=40, ignore_eos=True, temperature=0.8, seed=k)[0]
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errs.append(repr(e))
+    ts = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs, errs
+    for k, c in res.items():
+        if k % 2:
+            assert c["finish_reason"] == "stop", c
+            validate(json.loads(c["message"]["content"]), PERSON)
+        else:
+            assert c["finish_reason"] == "length", c

@@ -20,19 +20,8 @@
 # 3. (time left) Fixture models (dir-of-BIN/fixtures/models): 12 greedy tokens with CUDA graphs
 #    == eager, defaults == old switches.
 # Each step is bounded by `timeout`; the whole script stays under 200 s.
-set -u
-BIN=${1:?usage: c16.sh BIN OUTDIR}
-OUT=${2:?usage: c16.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo "($(( $(date +%s) - T0 )) s)"; }
-left() { echo $(( 192 - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+. "$(dirname "$0")/lib.sh"
+dev_init c16 192 "$@"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}; nsys: ${NSYS:-none}"

@@ -17,29 +17,14 @@ written and GB/s; then per layer kind the mean layer (µs, MB) x the layer count
 total and one row per kernel name (count, µs, %). Layers are cut at the last RMSNorm kernel before
 each layer's core kernel (gd_kernel for GDN, fp_dec_kernel for attention).
 """
-import csv
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ncu_csv  # noqa: E402
 
 CORE = {"gd_kernel": "gdn", "gd_kernel1": "gdn", "fp_dec_kernel": "attn"}
 PREFILL = ("fp_kernel", "gc_", "gdn_conv", "gdn_rec")
-
-
-def short(name):
-    n = name.strip()
-    if n.endswith(")"):
-        depth = 0
-        for i in range(len(n) - 1, -1, -1):
-            if n[i] == ")":
-                depth += 1
-            elif n[i] == "(":
-                depth -= 1
-                if depth == 0:
-                    n = n[:i]
-                    break
-    for p in ("void ", "static "):
-        if n.startswith(p):
-            n = n[len(p):]
-    return n.strip()
 
 
 def base(n):
@@ -48,41 +33,11 @@ def base(n):
     return n[:i] if i > 0 else n
 
 
-def num(s):
-    s = (s or "").replace(",", "").strip()
-    try:
-        return float(s)
-    except ValueError:
-        return float("nan")
-
-
 def load(path):
-    lines = open(path, errors="replace").read().splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    if start is None:
-        raise SystemExit(f"no ncu table in {path}: " + " | ".join(lines[:3])[:300])
-    rows = list(csv.reader(lines[start:]))
-    col = {h: i for i, h in enumerate(rows[0])}
-
-    def find(key):
-        return next((i for h, i in col.items() if h == key or h.startswith(key)), None)
-
-    cn, cg, cb = find("Kernel Name"), find("Grid Size"), find("Block Size")
-    ct, cr, cw = find("gpu__time_duration.sum"), find("dram__bytes_read.sum"), find("dram__bytes_write.sum")
-    units = rows[1] if len(rows) > 1 and not rows[1][0].strip().isdigit() else None
-    ts = 1e-3
-    if units and ct is not None and ct < len(units):
-        ts = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(units[ct].lower(), 1e-3)
-    bs = 1.0
-    if units and cr is not None and cr < len(units):
-        bs = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}.get(units[cr].lower(), 1.0)
-    ks = []
-    for r in rows[1 + (units is not None):]:
-        if ct is None or len(r) <= ct or not r[0].strip():
-            continue
-        ks.append(dict(name=short(r[cn]), grid=r[cg] if cg is not None else "", block=r[cb] if cb is not None else "",
-                       us=num(r[ct]) * ts, mb=((num(r[cr]) if cr is not None else 0) + (num(r[cw]) if cw is not None else 0)) * bs / 1e6))
-    return ks
+    try:
+        return ncu_csv.load(path)
+    except ValueError as err:
+        raise SystemExit(str(err))
 
 
 def gbs(mb, us):

@@ -10,75 +10,20 @@ the first one is start-up. The last forward is tabulated: one row per kernel (µ
 written, GB/s), then one row per kernel name (count, total µs, % of the step's kernel time,
 MB, GB/s). The forward before it is compared by kernel names (a decode step should repeat).
 """
-import csv
+import os
 import sys
 
-
-def short(name):
-    """`void f<A>(int, ...)` -> `f<A>` (parameter list and return type dropped)."""
-    n = name.strip()
-    if n.endswith(")"):
-        depth = 0
-        for i in range(len(n) - 1, -1, -1):
-            if n[i] == ")":
-                depth += 1
-            elif n[i] == "(":
-                depth -= 1
-                if depth == 0:
-                    n = n[:i]
-                    break
-    for p in ("void ", "static "):
-        if n.startswith(p):
-            n = n[len(p):]
-    return n.strip()
-
-
-def num(s):
-    s = (s or "").replace(",", "").strip()
-    try:
-        return float(s)
-    except ValueError:
-        return float("nan")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ncu_csv  # noqa: E402
 
 
 def main():
     path, tag = sys.argv[1], sys.argv[2]
-    lines = open(path, errors="replace").read().splitlines()
-    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-    if start is None:
-        print(f"[{tag}] no ncu table in {path}: " + " | ".join(lines[:3])[:300])
+    try:
+        ks = ncu_csv.load(path)
+    except ValueError as err:
+        print(f"[{tag}] {err}")
         return 1
-    rows = list(csv.reader(lines[start:]))
-    head = rows[0]
-    col = {h: i for i, h in enumerate(head)}
-
-    def find(key):
-        for h, i in col.items():
-            if h == key or h.startswith(key):
-                return i
-        return None
-
-    ci_name, ci_grid, ci_block = find("Kernel Name"), find("Grid Size"), find("Block Size")
-    ci_t, ci_r, ci_w = find("gpu__time_duration.sum"), find("dram__bytes_read.sum"), find("dram__bytes_write.sum")
-    if ci_name is None or ci_t is None:
-        print(f"[{tag}] columns missing in {path}: {head}")
-        return 1
-    units = rows[1] if len(rows) > 1 and not rows[1][0].strip().isdigit() else None
-    tscale = 1e-3  # ns -> us
-    if units and ci_t < len(units):
-        u = units[ci_t].lower()
-        tscale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(u, 1e-3)
-    bscale = 1.0
-    if units and ci_r is not None and ci_r < len(units):
-        bscale = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}.get(units[ci_r].lower(), 1.0)
-    ks = []
-    for r in rows[1 + (units is not None):]:
-        if len(r) <= ci_t or not r[0].strip():
-            continue
-        ks.append(dict(name=short(r[ci_name]), grid=r[ci_grid] if ci_grid is not None else "",
-                       block=r[ci_block] if ci_block is not None else "", us=num(r[ci_t]) * tscale,
-                       rd=num(r[ci_r]) * bscale if ci_r is not None else float("nan"),
-                       wr=num(r[ci_w]) * bscale if ci_w is not None else float("nan")))
     starts = [i for i, k in enumerate(ks) if k["name"].startswith("sm_embed")]
     print(f"[{tag}] {len(ks)} kernels profiled, {len(starts)} forward passes (split at sm_embed), "
           f"{starts[0] if starts else len(ks)} before the first")

@@ -22,19 +22,8 @@
 # 5. The doctor's lm_head row group (first: its own choice) and gemm rows at --shapes
 #    qwen3.5-35b-a3b, M = 1, 16: cuda_ref, cuda_gemv, cuda_cublaslt.
 # Each step is bounded by `timeout`; the whole script stays under 100 s.
-set -u
-BIN=${1:?usage: lmhead.sh BIN OUTDIR}
-OUT=${2:?usage: lmhead.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo "($(( $(date +%s) - T0 )) s)"; }
-left() { echo $(( 95 - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+. "$(dirname "$0")/lib.sh"
+dev_init lmhead 95 "$@"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }

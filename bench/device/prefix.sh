@@ -15,18 +15,9 @@
 # 3. (time left) the mean decode step of `generate` (one request) with the cache on and off:
 #    what the snapshot copy at every 16th token costs.
 # Verdict line: "prefix: GPU test PASS|FAIL".
-set -u
-BIN=${1:?usage: prefix.sh BIN OUTDIR}
-OUT=${2:?usage: prefix.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export XDG_CACHE_HOME="$OUT/cache"   # the doctor's and smoke test's verdicts, reused by later starts
-T0=$(date +%s)
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+DEV_CACHE=1
+. "$(dirname "$0")/lib.sh"
+dev_init prefix 0 "$@"
 
 BUILD="$D" LS_SHARED="$D" timeout 85 python3 -m pytest -q -s -p no:cacheprovider tests/test_gpu_prefix_cache.py \
     > "$OUT/pytest.log" 2>&1

@@ -19,19 +19,8 @@
 #    form (LASTSTAND_SAMPLE_LB=0 LASTSTAND_SAMPLE_SM=0), the defaults (the bound, the row in shared
 #    memory up to 8 rows), LASTSTAND_SAMPLE_SM=0 (the ids must agree), and greedy.
 # Each step is bounded by `timeout`; the whole script stays under 90 s.
-set -u
-BIN=${1:?usage: tidy.sh BIN OUTDIR}
-OUT=${2:?usage: tidy.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo "($(( $(date +%s) - T0 )) s)"; }
-left() { echo $(( 86 - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+. "$(dirname "$0")/lib.sh"
+dev_init tidy 86 "$@"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt
        --lm-head-backend cuda_cublaslt)

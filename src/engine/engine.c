@@ -148,6 +148,7 @@ static void engine_free(ls_engine *e) {
     free(e->logits); free(e->seqs); free(e->ids); free(e->batch); free(e->batch_new);
     free(e->running); free(e->cancels);
     free(e->srows); free(e->sres); free(e->stoks); free(e->smark); free(e->scnt);
+    free(e->sedit); free(e->sedp); free(e->scon);
     eg_engine_free(e);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
@@ -537,6 +538,13 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         e->sres = xcalloc((size_t)max_run, sizeof *e->sres);
         e->smark = xcalloc((size_t)e->vocab, sizeof *e->smark);
         e->scnt = xcalloc((size_t)e->vocab, sizeof *e->scnt);
+        e->sedit = xcalloc((size_t)max_run, sizeof *e->sedit);
+        e->sedp = xcalloc((size_t)max_run, sizeof *e->sedp);
+        e->scon = xcalloc((size_t)max_run, sizeof *e->scon);
+        /* grammar masks and logit_bias on the device sampler (S9): off until validated on the H200 */
+        const char *gd = getenv("LASTSTAND_GRAMMAR_DEVICE");
+        e->gdev = gd && *gd ? strcmp(gd, "0") != 0 : 0;
+        if (e->gdev) log_info("engine: grammar masks and logit_bias sampled on the device");
     }
     e->running = xcalloc((size_t)max_run, sizeof *e->running);
     stats_hist_init(&e->st.ttft, STATS_TTFT);
@@ -1090,8 +1098,9 @@ static void publish_gauges(ls_engine *e) {
  * completion index as the RNG counter) and its token lists appended to
  * e->stoks: bans before min_tokens, the distinct prompt + output ids for the
  * repetition penalty, (id, count) of the output ids for frequency /
- * presence. Returns the new list length. */
-static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks) {
+ * presence, and (ed set) its grammar mask and logit_bias (eg_stage_row).
+ * Returns the new list length. */
+static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks, const smp_edit *ed) {
     const ls_sampling *sp = &r->sp;
     int n_gen = r->n_tok - r->n_prompt;
     memset(p, 0, sizeof *p);
@@ -1110,12 +1119,14 @@ static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks) {
     p->counter = (uint64_t)n_gen;
     int rep = sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f;
     int cnt = (sp->frequency_penalty != 0 || sp->presence_penalty != 0) && n_gen > 0;
-    int need = n_toks + (n_gen < sp->min_tokens ? r->n_ban : 0) + (rep ? r->n_tok : 0) + (cnt ? 2 * n_gen : 0);
+    /* the host's rule (sample_one): no bans once the grammar allows only a terminator */
+    int ban = n_gen < sp->min_tokens && !eg_only_end(r);
+    int need = n_toks + (ban ? r->n_ban : 0) + (rep ? r->n_tok : 0) + (cnt ? 2 * n_gen : 0);
     if (need > e->cap_stoks) {
         e->cap_stoks = need > 2 * e->cap_stoks ? need : 2 * e->cap_stoks;
         e->stoks = xrealloc(e->stoks, (size_t)e->cap_stoks * sizeof *e->stoks);
     }
-    if (n_gen < sp->min_tokens) {
+    if (ban) {
         p->ban_off = n_toks;
         p->n_ban = r->n_ban;
         memcpy(e->stoks + n_toks, r->ban, (size_t)r->n_ban * sizeof *r->ban);
@@ -1148,7 +1159,7 @@ static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks) {
         }
         p->n_cnt = (n_toks - p->cnt_off) / 2;
     }
-    return n_toks;
+    return ed ? eg_stage_row(e, ed, p, n_toks) : n_toks;
 }
 
 /* A device-sampled row as the host sampler's result (or its NaN/Inf error). */
@@ -1184,13 +1195,25 @@ static void run_step(ls_engine *e, int nb) {
         ntok += s->n_new;
     }
     fwd_batch b = {.n_seq = nb, .seqs = e->seqs, .ids = e->ids, .logits = e->logits};
-    int dev_smp = e->dev_smp; /* rows with a grammar mask or logit_bias sample on the host */
-    for (int i = 0; i < nb && dev_smp; i++) dev_smp = !eg_host_only(e->batch[i]);
+    /* Rows sampled this step with a grammar mask or logit_bias: on the device sampler when
+     * gdev and eg_dev_ok (their masks computed now, before the forward), else the whole step
+     * samples on the host from downloaded logits. */
+    int dev_smp = e->dev_smp, n_con = 0;
+    e->n_scon = 0;
+    for (int i = 0; i < nb; i++) {
+        ereq *r = e->batch[i];
+        if (r->n_cached + e->batch_new[i] != r->n_tok || !eg_host_only(r)) continue;
+        n_con++;
+        if (!e->gdev || !eg_dev_ok(e, r)) dev_smp = 0;
+        else if (dev_smp) e->scon[e->n_scon++] = i;
+    }
     if (dev_smp) {
+        for (int i = 0; i < nb; i++) e->sedp[i] = NULL;
+        if (e->n_scon) eg_stage_masks(e);
         int n_toks = 0;
         for (int i = 0; i < nb; i++) {
             ereq *r = e->batch[i];
-            if (r->n_cached + e->batch_new[i] == r->n_tok) n_toks = dev_row(e, r, &e->srows[i], n_toks);
+            if (r->n_cached + e->batch_new[i] == r->n_tok) n_toks = dev_row(e, r, &e->srows[i], n_toks, e->sedp[i]);
             else e->srows[i] = (smp_row){.forced = SMP_ROW_SKIP};
         }
         b.smp = e->srows;
@@ -1215,8 +1238,14 @@ static void run_step(ls_engine *e, int nb) {
         for (int i = 0; i < nb; i++) finish_empty(e, e->batch[i], "error", msg);
         return;
     }
-    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms", (long long)e->n_steps, nb, ntok,
-              (now_sec() - t0) * 1e3);
+    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms, %d constrained rows sampled on the %s",
+              (long long)e->n_steps, nb, ntok, (now_sec() - t0) * 1e3, n_con, dev_smp ? "device" : "host");
+    if (n_con) {
+        pthread_mutex_lock(&e->stats_mu);
+        if (dev_smp) e->st.constrained_rows_device_total += (uint64_t)n_con;
+        else e->st.constrained_rows_host_total += (uint64_t)n_con;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
     e->n_jobs = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];

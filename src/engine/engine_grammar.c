@@ -7,10 +7,13 @@
  * caller may free right after); every sampling step of a constrained request
  * -> eg_edit (the matcher's mask, computed on the sampling worker that runs
  * that request) -> smp_sample_ex; the committed token -> eg_commit (the
- * matcher advances). Rows with a mask or a bias are sampled on the host, also
- * when the engine samples on the device: a step holding such a row runs
- * without device sampling (engine.c run_step), see bench/RESULTS.md S8 for
- * its cost.
+ * matcher advances). With device sampling and LASTSTAND_GRAMMAR_DEVICE=1
+ * (S9), engine.c run_step computes the step's masks BEFORE the forward
+ * (eg_stage_masks: they depend only on committed tokens; several rows on the
+ * thread pool) and stages them with the biases into the device sampler's
+ * token table (ops.h smp_row.n_mask / n_bias), so the logits never come back;
+ * otherwise (or for a row eg_dev_ok refuses) the step samples every row on
+ * the host from downloaded logits (bench/RESULTS.md S8 for its cost).
  */
 #include "engine/engine_grammar.h"
 #include "grammar/gr.h"
@@ -106,6 +109,22 @@ void ls_grammar_free(ls_grammar *g) {
 
 /* ---- per request ---------------------------------------------------------------------- */
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int eg_bias_has_dup(const int32_t *ids, int n) {
+    if (n < 2) return 0;
+    int32_t *s = xmalloc((size_t)n * sizeof *s);
+    memcpy(s, ids, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_i32);
+    int dup = 0;
+    for (int i = 1; i < n && !dup; i++) dup = s[i] == s[i - 1];
+    free(s);
+    return dup;
+}
+
 int eg_submit(ls_engine *e, ereq *r, const ls_sampling *s, char *err, size_t errn) {
     r->sp.grammar = NULL;
     r->sp.grammar_gate = NULL;
@@ -132,6 +151,7 @@ int eg_submit(ls_engine *e, ereq *r, const ls_sampling *s, char *err, size_t err
         r->lb = xmalloc((size_t)r->n_lb * sizeof *r->lb);
         memcpy(r->lb_ids, s->logit_bias_ids, (size_t)r->n_lb * sizeof *r->lb_ids);
         memcpy(r->lb, s->logit_bias, (size_t)r->n_lb * sizeof *r->lb);
+        r->lb_dup = eg_bias_has_dup(r->lb_ids, r->n_lb);
     }
     if (s->grammar) {
         gr_vocab *v = vocab(e, err, errn);
@@ -152,6 +172,7 @@ void eg_free(ereq *r) {
     r->lb_ids = NULL;
     r->lb = NULL;
     r->n_lb = 0;
+    r->lb_dup = 0;
 }
 
 /* While a reasoning gate is closed the step is unconstrained: the device sampler may take it. */
@@ -178,6 +199,48 @@ const smp_edit *eg_edit(ereq *r, smp_edit *ed) {
     ed->bias = r->lb;
     ed->n_bias = r->n_lb;
     return ed;
+}
+
+int eg_dev_ok(const ls_engine *e, const ereq *r) {
+    if (r->lb_dup) return 0;
+    return !r->gm || gr_mask_words(gr_matcher_vocab(r->gm)) == (e->vocab + 31) / 32;
+}
+
+static void stage_worker(void *ctx, int64_t i0, int64_t i1) {
+    ls_engine *e = ctx;
+    for (int64_t k = i0; k < i1; k++) {
+        int i = e->scon[k];
+        e->sedp[i] = eg_edit(e->batch[i], &e->sedit[i]);
+    }
+}
+
+void eg_stage_masks(ls_engine *e) {
+    /* a mask is ~10-50 µs (cached string states: less): the pool only pays from two rows */
+    if (e->n_scon >= 2 && pool_threads() > 1) pool_for(e->n_scon, 1, stage_worker, e);
+    else stage_worker(e, 0, e->n_scon);
+}
+
+int eg_stage_row(ls_engine *e, const smp_edit *ed, smp_row *p, int n_toks) {
+    const int words = (e->vocab + 31) / 32;
+    int need = n_toks + (ed->allow ? words : 0) + 2 * ed->n_bias;
+    if (need > e->cap_stoks) {
+        e->cap_stoks = need > 2 * e->cap_stoks ? need : 2 * e->cap_stoks;
+        e->stoks = xrealloc(e->stoks, (size_t)e->cap_stoks * sizeof *e->stoks);
+    }
+    if (ed->allow) {
+        p->mask_off = n_toks;
+        p->n_mask = words;
+        memcpy(e->stoks + n_toks, ed->allow, (size_t)words * sizeof *ed->allow);
+        n_toks += words;
+    }
+    if (ed->n_bias > 0) { /* distinct ids (eg_dev_ok), then the biases' bits */
+        p->bias_off = n_toks;
+        p->n_bias = ed->n_bias;
+        memcpy(e->stoks + n_toks, ed->bias_ids, (size_t)ed->n_bias * sizeof *ed->bias_ids);
+        memcpy(e->stoks + n_toks + ed->n_bias, ed->bias, (size_t)ed->n_bias * sizeof *ed->bias);
+        n_toks += 2 * ed->n_bias;
+    }
+    return n_toks;
 }
 
 int eg_only_end(const ereq *r) { return r->gm && (gr_matcher_done(r->gm) || gr_matcher_failed(r->gm)); }

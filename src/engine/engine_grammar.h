@@ -15,6 +15,17 @@ void eg_free(ereq *r);
 int eg_host_only(const ereq *r);
 /* Edits for this step's sampling (NULL: none); computes the grammar mask. */
 const smp_edit *eg_edit(ereq *r, smp_edit *ed);
+/* Device sampling of constrained rows (S9, engine.c run_step):
+ * eg_dev_ok: the row's edits fit the device sampler (distinct logit_bias ids, a mask as wide
+ * as the model's vocabulary); eg_stage_masks: e->sedp[i] = eg_edit of batch row i for each
+ * i in e->scon[0 .. n_scon) (the grammar masks, on the thread pool when several), before the
+ * forward; eg_stage_row: one row's mask and bias appended to e->stoks at n_toks with p's
+ * offsets set (ops.h smp_row.n_mask / n_bias); returns the new length. */
+int eg_dev_ok(const ls_engine *e, const ereq *r);
+void eg_stage_masks(ls_engine *e);
+int eg_stage_row(ls_engine *e, const smp_edit *ed, smp_row *p, int n_toks);
+/* 1 when an id repeats in ids[n] */
+int eg_bias_has_dup(const int32_t *ids, int n);
 /* Nothing but a terminator may follow: min_tokens must not ban it. */
 int eg_only_end(const ereq *r);
 /* After the token was appended (engine thread). */

@@ -63,6 +63,7 @@ struct ereq {
     int32_t *lb_ids;           /* [n_lb] logit_bias */
     float *lb;
     int n_lb;
+    int lb_dup;                /* an id repeats in logit_bias: the host adds each (device: host-only) */
 };
 
 /* One request's sampling in a step: filled in parallel, committed in order. */
@@ -121,6 +122,12 @@ struct ls_engine {
     uint32_t *smark;           /* [vocab] distinct-id stamps */
     uint32_t sstamp;
     int32_t *scnt;             /* [vocab] output-id counts, all-zero between rows */
+    /* constrained rows on the device sampler (engine_grammar.c eg_stage_masks): gdev from
+     * LASTSTAND_GRAMMAR_DEVICE at open; this step's edits per batch row, the rows that have one */
+    int gdev;
+    smp_edit *sedit;           /* [max_run] */
+    const smp_edit **sedp;     /* [max_run] NULL: none */
+    int *scon, n_scon;         /* [max_run] batch rows to stage */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;

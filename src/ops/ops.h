@@ -578,6 +578,14 @@ typedef struct smp_row {
     int32_t rep_off, n_rep;   /* distinct ids of prompt + output */
     int32_t cnt_off, n_cnt;   /* n_cnt (id, count) pairs: 2·n_cnt int32 */
     int32_t pad_;
+    /* Added (additive, S9): constrained decoding (sampler.h smp_edit), both in toks too.
+     * mask: n_mask (0: none, else ceil(vocab / 32)) uint32 words at toks[mask_off..], bit i of
+     * word i / 32 set = id i allowed; a clear bit makes the raw logit -inf as the row is first
+     * read, before everything else (bans, penalties, temperature, filters, logprobs). bias:
+     * n_bias distinct ids at toks[bias_off..], then their n_bias float biases (the bits of a
+     * float in each int32) at toks[bias_off + n_bias..], added to the raw logits first. */
+    int32_t mask_off, n_mask;
+    int32_t bias_off, n_bias;
 } smp_row;
 
 typedef struct smp_out {

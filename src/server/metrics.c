@@ -91,6 +91,12 @@ void route_metrics(srv *sv, srv_resp *rs) {
     head(b, "prefix_cache_snapshots_used", "gauge", "GDN state snapshots held by the prefix cache.");
     sample_u(b, "prefix_cache_snapshots_used", model,
              (uint64_t)(st.prefix_snapshots_used > 0 ? st.prefix_snapshots_used : 0));
+    head(b, "constrained_rows_device_total", "counter",
+         "Sampled rows with a grammar mask or logit_bias, sampled on the device.");
+    sample_u(b, "constrained_rows_device_total", model, st.constrained_rows_device_total);
+    head(b, "constrained_rows_host_total", "counter",
+         "Sampled rows with a grammar mask or logit_bias, sampled on the host from downloaded logits.");
+    sample_u(b, "constrained_rows_host_total", model, st.constrained_rows_host_total);
     hist(b, "time_to_first_token_seconds", "Time to first token.", model, &st.ttft);
     hist(b, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", model, &st.itl);
     hist(b, "e2e_request_latency_seconds", "End-to-end request latency.", model, &st.e2e);

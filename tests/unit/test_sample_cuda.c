@@ -3,7 +3,8 @@
  * greedy ids (lowest id on ties, BF16 rows full of ties), bans and the three
  * penalties, logprobs and top logprobs after temperature, draws that stay in
  * the host's top_k / top_p / min_p kept set with the host's probabilities,
- * seeded reproducibility, NaN/Inf rows reported by index, skipped rows.
+ * seeded reproducibility, NaN/Inf rows reported by index, skipped rows; grammar masks and
+ * logit_bias (smp_row.n_mask / n_bias) against smp_sample_ex with the same edits.
  * Needs a CUDA GPU: every test is skipped without one (CPU CI, NO_CUDA builds).
  */
 #include <setjmp.h>
@@ -572,6 +573,263 @@ static void test_fast_full_vocab_batch_16_mixed(void **st) {
     free(ids); free(probs); smp_free(c); free(x);
 }
 
+/* ---- constrained rows: grammar masks and logit_bias (smp_row.n_mask / n_bias, S9) ----------
+ * The host oracle is smp_sample_ex with the same smp_edit (bias added to the raw logits, then
+ * refused ids -inf, before bans / penalties / temperature / filters / logprobs). The table is
+ * laid out as the engine stages it (eg_stage_row): a row's mask words, then its bias ids and
+ * their float bits, all in toks. */
+
+/* Append a mask (words of V ids) and a bias list to toks at *nt; p's offsets set. */
+static void stage_edit(smp_row *p, int32_t *toks, int *nt, const uint32_t *mask, int vocab, const int32_t *bid,
+                       const float *bv, int nb) {
+    const int W = (vocab + 31) / 32;
+    if (mask) {
+        p->mask_off = *nt;
+        p->n_mask = W;
+        memcpy(toks + *nt, mask, sizeof(uint32_t) * W);
+        *nt += W;
+    }
+    if (nb) {
+        p->bias_off = *nt;
+        p->n_bias = nb;
+        memcpy(toks + *nt, bid, sizeof(int32_t) * nb);
+        memcpy(toks + *nt + nb, bv, sizeof(float) * nb);
+        *nt += 2 * nb;
+    }
+}
+
+static void mask_set(uint32_t *m, int id, int on) {
+    if (on) m[id >> 5] |= 1u << (id & 31);
+    else m[id >> 5] &= ~(1u << (id & 31));
+}
+
+/* The device row against the host: greedy (or forced to the device's draw) token, logprob,
+ * top logprobs; a draw must lie in the host's kept set of the edited row. */
+static void check_vs_host(int vocab, const float *x, const ls_sampling *s, const smp_hist *h, const int32_t *ban,
+                          int n_ban, const smp_edit *ed, const smp_out *o, const char *what) {
+    smp_ctx *c = smp_new(vocab);
+    smp_rng rng;
+    smp_rng_seed(&rng, 1);
+    smp_result hr;
+    ls_err e = {0};
+    const int greedy = !(s->temperature > 0) || s->top_k == 1;
+    assert_int_equal(o->bad_idx, -1);
+    assert_int_equal(smp_sample_ex(c, x, s, h, ban, n_ban, ed, &rng, greedy ? -1 : o->token, &hr, &e), 0);
+    if (o->token != hr.token || o->n_top != hr.n_top)
+        fprintf(stderr, "  %s: device %d (lp %g, %d top), host %d (lp %g, %d top)\n", what, o->token,
+                (double)o->logprob, o->n_top, hr.token, (double)hr.logprob, hr.n_top);
+    assert_int_equal(o->token, hr.token);
+    if (s->logprobs || s->top_logprobs > 0) assert_true(fabsf(o->logprob - hr.logprob) < 1e-4f);
+    assert_int_equal(o->n_top, hr.n_top);
+    for (int i = 0; i < hr.n_top; i++) {
+        assert_int_equal(o->top_ids[i], hr.top_ids[i]);
+        assert_true(fabsf(o->top_lp[i] - hr.top_logprobs[i]) < 1e-4f);
+    }
+    if (ed && ed->allow) assert_true((ed->allow[o->token >> 5] >> (o->token & 31)) & 1u);
+    if (!greedy) { /* the kept set of the edited row */
+        float *xe = malloc(sizeof(float) * vocab);
+        memcpy(xe, x, sizeof(float) * vocab);
+        for (int i = 0; ed && i < ed->n_bias; i++) xe[ed->bias_ids[i]] += ed->bias[i];
+        for (int i = 0; ed && ed->allow && i < vocab; i++)
+            if (!((ed->allow[i >> 5] >> (i & 31)) & 1u)) xe[i] = -INFINITY;
+        for (int i = 0; i < n_ban; i++) xe[ban[i]] = -INFINITY;
+        int32_t *ids = malloc(sizeof(int32_t) * vocab);
+        double *probs = malloc(sizeof(double) * vocab);
+        int n = smp_filtered_dist(c, xe, s, ids, probs), in = 0;
+        for (int i = 0; i < n; i++) in |= ids[i] == o->token && probs[i] > 0;
+        assert_true(in);
+        free(xe); free(ids); free(probs);
+    }
+    smp_free(c);
+}
+
+enum { RM = 8 };
+static void test_masked_and_biased_rows_match_the_host_sampler(void **st) {
+    (void)st;
+    NEED_GPU();
+    enum { W = (V + 31) / 32 };
+    static float x[RM * V];
+    fill(x, RM, 21, 6.f);
+    for (int i = 0; i < RM * V; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i])); /* the same row in both dtypes */
+    static uint32_t mask[RM][W];
+    srand(5);
+    for (int r = 0; r < RM; r++)
+        for (int i = 0; i < V; i++) mask_set(mask[r], i, rand() % 3 == 0); /* a third allowed */
+    /* row 0: the raw argmax refused; row 1: three ids (fewer than its 10 top logprobs) */
+    int am = 0;
+    for (int i = 1; i < V; i++) if (x[i] > x[am]) am = i;
+    mask_set(mask[0], am, 0);
+    memset(mask[1], 0, sizeof mask[1]);
+    mask_set(mask[1], 10, 1); mask_set(mask[1], 2000, 1); mask_set(mask[1], V - 1, 1);
+    memset(mask[5], 0, sizeof mask[5]);
+    mask_set(mask[5], 4321, 1);
+    memset(mask[6], 0xff, sizeof mask[6]);
+    int am2 = 0;
+    for (int i = 1; i < V; i++) if (x[2 * V + i] > x[2 * V + am2]) am2 = i;
+    int a3 = -1, r3 = -1; /* row 3: an allowed id and a refused one */
+    for (int i = 100; i < V && (a3 < 0 || r3 < 0); i++) {
+        int on = (mask[3][i >> 5] >> (i & 31)) & 1;
+        if (on && a3 < 0) a3 = i;
+        if (!on && r3 < 0) r3 = i;
+    }
+    const int32_t b2id[] = {am2, 77}, b3id[] = {a3, r3, 4999};
+    const float b2v[] = {-100.f, 30.f}, b3v[] = {20.f, 50.f, -3.5f};
+    const int32_t ban3[] = {a3}, rep3[] = {5, 9, 123, 77};
+    ls_sampling s[RM];
+    for (int r = 0; r < RM; r++) {
+        ls_sampling_default(&s[r]);
+        s[r].temperature = 0;
+        s[r].logprobs = 1;
+        s[r].top_logprobs = 5;
+    }
+    s[1].top_logprobs = 10;
+    s[3].repetition_penalty = 1.5f;
+    s[4].temperature = 0.8f; s[4].top_k = 40; s[4].top_p = 0.9f; s[4].top_logprobs = 3;
+    s[5].temperature = 1.0f;
+    s[6].temperature = 0.7f; s[6].top_p = 0.9f;
+    s[7] = s[6];
+    s[7].logprobs = 0; s[7].top_logprobs = 0; /* and greedy-free: the draw's fast paths */
+    s[6].logprobs = 0; s[6].top_logprobs = 0;
+    static int32_t toks[RM * (W + 16)];
+    int nt = 0;
+    smp_row p[RM];
+    smp_edit ed[RM];
+    memset(ed, 0, sizeof ed);
+    for (int r = 0; r < RM; r++) {
+        p[r] = row_from(&s[r]);
+        p[r].seed = 9;
+        p[r].counter = 2;
+    }
+    const int with_mask[RM] = {1, 1, 0, 1, 1, 1, 1, 0};
+    for (int r = 0; r < RM; r++) {
+        const int32_t *bid = r == 2 ? b2id : r == 3 ? b3id : NULL;
+        const float *bv = r == 2 ? b2v : r == 3 ? b3v : NULL;
+        int nb = r == 2 ? 2 : r == 3 ? 3 : 0;
+        stage_edit(&p[r], toks, &nt, with_mask[r] ? mask[r] : NULL, V, bid, bv, nb);
+        ed[r] = (smp_edit){.allow = with_mask[r] ? mask[r] : NULL, .bias_ids = bid, .bias = bv, .n_bias = nb};
+    }
+    p[3].ban_off = nt; p[3].n_ban = 1; toks[nt++] = ban3[0];
+    p[3].rep_off = nt; p[3].n_rep = 4; for (int i = 0; i < 4; i++) toks[nt++] = rep3[i];
+    smp_out o[RM];
+    for (int bf = 0; bf < 2; bf++) {
+        dev_sample(x, RM, bf, p, toks, nt, o);
+        for (int r = 0; r < RM; r++) {
+            char what[48];
+            snprintf(what, sizeof what, "row %d (%s)", r, bf ? "BF16" : "fp32");
+            smp_hist h = {rep3, r == 3 ? 4 : 0, NULL, 0};
+            if (r < 6)
+                check_vs_host(V, x + (size_t)r * V, &s[r], &h, r == 3 ? ban3 : NULL, r == 3 ? 1 : 0, &ed[r], &o[r],
+                              what);
+        }
+        assert_int_not_equal(o[0].token, am);     /* refused */
+        assert_int_equal(o[1].n_top, 3);          /* only allowed ids are listed */
+        assert_int_equal(o[2].token, 77);         /* the bias made it the best */
+        assert_int_not_equal(o[3].token, a3);     /* biased to the top, but banned */
+        assert_int_equal(o[5].token, 4321);       /* the one allowed id, probability 1 */
+        assert_true(fabsf(o[5].logprob) < 1e-6f);
+        /* an all-ones mask changes nothing: row 6 draws row 7's token (same seed, same row data) */
+    }
+    memcpy(x + 7 * (size_t)V, x + 6 * (size_t)V, sizeof(float) * V);
+    for (int bf = 0; bf < 2; bf++) {
+        dev_sample(x, RM, bf, p, toks, nt, o);
+        assert_int_equal(o[6].token, o[7].token);
+        assert_int_equal(memcmp(&o[6].logprob, &o[7].logprob, sizeof(float)), 0);
+    }
+}
+
+/* Full-vocabulary BF16 rows (248320 ids: the 16-byte loads, each cluster block's share, the row
+ * in shared memory) with masks shaped like a grammar's (runs of allowed ids, a few sparse ones),
+ * biases and bans, at batch 12: every form gives the one-block form's tokens (seeded draws
+ * too), logprobs and top logprobs, the greedy and forced ones the host's. */
+static void test_masked_full_vocab_rows_agree_across_forms_and_with_the_host(void **st) {
+    (void)st;
+    NEED_GPU();
+    enum { R = 12, WB = (VB + 31) / 32 };
+    float *x = malloc(sizeof(float) * (size_t)R * VB);
+    srand(23);
+    for (size_t i = 0; i < (size_t)R * VB; i++) {
+        float u = (float)rand() / RAND_MAX;
+        x[i] = bf16_to_f32(f32_to_bf16(12.f * u * u * u - 2.f));
+    }
+    uint32_t *mask = calloc((size_t)R * WB, sizeof(uint32_t));
+    for (int r = 0; r < R; r++) {
+        uint32_t *m = mask + (size_t)r * WB;
+        const int runs = r % 3 == 0 ? 1 : 8, len = r % 3 == 0 ? 150000 : 40 + 300 * r;
+        for (int k = 0; k < runs; k++) {
+            int a = (rand() % (VB - len));
+            for (int i = a; i < a + len; i++) mask_set(m, i, 1);
+        }
+        for (int k = 0; k < 50; k++) mask_set(m, rand() % VB, 1);
+        mask_set(m, VB - 1, 1); /* the last word's last id */
+    }
+    const struct { float t; int k; float p, mp; int lp; int bias; } cs[R] = {
+        {0.f, -1, 1.f, 0.f, 0, 0},   {0.f, -1, 1.f, 0.f, 5, 0},    {0.f, -1, 1.f, 0.f, 20, 1},
+        {0.7f, 20, 0.95f, 0.f, 0, 0}, {0.7f, -1, 0.9f, 0.f, 5, 0},  {1.0f, -1, 1.f, 0.f, 0, 1},
+        {1.0f, 50, 1.f, 0.f, 3, 0},  {0.7f, 20, 0.95f, 0.f, 0, 1}, {1.0f, -1, 1.f, 0.05f, 0, 0},
+        {0.f, -1, 1.f, 0.f, 20, 0},  {0.9f, 4096, 0.8f, 0.f, 0, 0}, {0.f, 1, 1.f, 0.f, 1, 1},
+    };
+    int32_t *toks = malloc(sizeof(int32_t) * ((size_t)R * (WB + 16) + 16));
+    int nt = 0;
+    ls_sampling s[R];
+    smp_row p[R];
+    smp_edit ed[R];
+    int32_t bid[R][3];
+    float bv[R][3] = {{0}};
+    for (int r = 0; r < R; r++) {
+        s[r] = smp_of(cs[r].t, cs[r].k, cs[r].p, cs[r].mp);
+        s[r].logprobs = cs[r].lp > 0; /* row 0: plain greedy, the widen's argmax of the masked row */
+        s[r].top_logprobs = cs[r].lp;
+        p[r] = row_from(&s[r]);
+        p[r].seed = 500 + r;
+        p[r].counter = 4;
+        const uint32_t *m = mask + (size_t)r * WB;
+        int nb = 0;
+        if (cs[r].bias) { /* an allowed id lifted to the top, a refused one too (stays refused), one lowered */
+            int a = -1, q = -1;
+            for (int i = 1000 + 97 * r; i < VB && (a < 0 || q < 0); i++) {
+                int on = (m[i >> 5] >> (i & 31)) & 1;
+                if (on && a < 0) a = i;
+                if (!on && q < 0) q = i;
+            }
+            bid[r][0] = a; bv[r][0] = 25.f;
+            bid[r][1] = q; bv[r][1] = 90.f;
+            bid[r][2] = VB - 1; bv[r][2] = -7.25f;
+            nb = 3;
+        }
+        stage_edit(&p[r], toks, &nt, m, VB, bid[r], bv[r], nb);
+        ed[r] = (smp_edit){.allow = m, .bias_ids = bid[r], .bias = bv[r], .n_bias = nb};
+    }
+    const int32_t ban[] = {VB - 1, 7};
+    p[9].ban_off = nt; p[9].n_ban = 2; toks[nt++] = ban[0]; toks[nt++] = ban[1];
+    smp_out ob[R], ow[R];
+    dev_sample_with(&sample_cuda_block, VB, x, R, 1, p, toks, nt, ob);
+    const sample_impl *forms[] = {&sample_cuda, &sample_cuda_fast, &sample_cuda_fast_lb, &sample_cuda_fast_sm,
+                                  &sample_cuda_fast_smlb};
+    for (int f = 0; f < 5; f++) {
+        /* the shared-memory forms hold at most 8 rows: the first 8 alone */
+        const int rows = f >= 3 ? 8 : R;
+        dev_sample_with(forms[f], VB, x, rows, 1, p, toks, nt, ow);
+        for (int r = 0; r < rows; r++) {
+            if (ow[r].token != ob[r].token) fprintf(stderr, "  form %d row %d: %d, one block %d\n", f, r, ow[r].token, ob[r].token);
+            assert_int_equal(ow[r].bad_idx, -1);
+            assert_int_equal(ow[r].token, ob[r].token);
+            assert_true(fabsf(ow[r].logprob - ob[r].logprob) < 1e-5f);
+            assert_int_equal(ow[r].n_top, ob[r].n_top);
+            for (int i = 0; i < ob[r].n_top; i++) {
+                assert_int_equal(ow[r].top_ids[i], ob[r].top_ids[i]);
+                assert_true(fabsf(ow[r].top_lp[i] - ob[r].top_lp[i]) < 1e-5f);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        char what[32];
+        snprintf(what, sizeof what, "full-vocab row %d", r);
+        smp_hist h = {0};
+        check_vs_host(VB, x + (size_t)r * VB, &s[r], &h, r == 9 ? ban : NULL, r == 9 ? 2 : 0, &ed[r], &ob[r], what);
+    }
+    free(x); free(mask); free(toks);
+}
+
 static int setup_block(void **st) { (void)st; g_impl = &sample_cuda_block; return 0; }
 static int setup_fast(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast; return 0; }
 static int setup_fast_sm(void **st) { (void)st; g_impl = g_fast = &sample_cuda_fast_sm; return 0; }
@@ -657,6 +915,78 @@ static int bench(void) {
     }
     g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
     free(h);
+    return 0;
+}
+
+/* `test_sample_cuda --bench-mask`: microseconds a call of the engine's sampler (sample_cuda) over
+ * tailed 248320-wide BF16 rows at batch 1 and 16, eager launches back to back: no edits, a
+ * grammar mask of 150k allowed ids (a JSON string state), one of ~500 (a structural state), and
+ * the sparse mask with 3 logit_bias entries; the rows' tables staged as eg_stage_row does. */
+static int bench_mask(void) {
+    if (!have_gpu()) return 1;
+    ls_err e = {0};
+    enum { BM = 16, WB = (VB + 31) / 32 };
+    size_t n = (size_t)BM * VB;
+    uint16_t *h = malloc(n * 2);
+    srand(9);
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)rand() / RAND_MAX;
+        h[i] = f32_to_bf16(12.f * u * u * u - 2.f);
+    }
+    uint32_t *dense = calloc(WB, 4), *sparse = calloc(WB, 4);
+    for (int i = 50000; i < 200000; i++) mask_set(dense, i, 1);
+    for (int k = 0; k < 500; k++) mask_set(sparse, (k * 7919) % VB, 1);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)BM * (WB + 8));
+    void *dx = g_mem->alloc(n * 2, &e), *dw = g_mem->alloc(n * 4, &e), *dp = g_mem->alloc(sizeof(smp_row) * BM, &e);
+    void *dout = g_mem->alloc(sizeof(smp_out) * BM, &e), *dt = g_mem->alloc(sizeof(int32_t) * (size_t)BM * (WB + 8), &e);
+    if (!dx || !dw || !dp || !dout || !dt) { fprintf(stderr, "bench-mask: %s\n", e.msg); return 1; }
+    g_mem->h2d(dx, h, n * 2, g_st, &e);
+    static const struct { const char *name; float t; int k; float p; int lp; } modes[] = {
+        {"greedy", 0.f, -1, 1.f, 0},
+        {"greedy + 5 top logprobs", 0.f, -1, 1.f, 5},
+        {"T 0.7 top_k 20 top_p 0.95", 0.7f, 20, 0.95f, 0},
+        {"T 1.0 (no filter)", 1.0f, -1, 1.f, 0},
+    };
+    static const char *edits[] = {"none", "mask 150k", "mask 500", "mask 500 + bias"};
+    const int32_t bid[] = {7919, 15838, 100};
+    const float bv[] = {5.f, -5.f, 50.f};
+    for (size_t mode = 0; mode < sizeof modes / sizeof modes[0]; mode++)
+        for (int bi = 0; bi < 2; bi++) {
+            const int b = bi ? 16 : 1;
+            double us[4];
+            int tok[4];
+            for (int ed = 0; ed < 4; ed++) {
+                ls_sampling s = smp_of(modes[mode].t, modes[mode].k, modes[mode].p, 0.f);
+                s.logprobs = modes[mode].lp > 0;
+                s.top_logprobs = modes[mode].lp;
+                smp_row p[BM];
+                int nt = 0;
+                for (int r = 0; r < b; r++) {
+                    p[r] = row_from(&s);
+                    p[r].seed = 5 + r;
+                    if (ed) stage_edit(&p[r], toks, &nt, ed == 1 ? dense : sparse, VB, bid, bv, ed == 3 ? 3 : 0);
+                }
+                g_mem->h2d(dp, p, sizeof(smp_row) * b, g_st, &e);
+                if (nt) g_mem->h2d(dt, toks, sizeof(int32_t) * nt, g_st, &e);
+                sample_args a = {.rows = b, .vocab = VB, .logits = dx, .dt = ACT_BF16, .p = dp, .toks = dt, .work = dw,
+                                 .out = dout};
+                const int IT = 200;
+                for (int it = 0; it < 5; it++) sample_cuda.run(&a, g_st, &e);
+                g_mem->sync(g_st, &e);
+                double t0 = now_us();
+                for (int it = 0; it < IT; it++) sample_cuda.run(&a, g_st, &e);
+                if (g_mem->sync(g_st, &e)) { fprintf(stderr, "bench-mask: %s\n", e.msg); return 1; }
+                us[ed] = (now_us() - t0) / IT;
+                smp_out o;
+                g_mem->d2h(&o, dout, sizeof o, g_st, &e);
+                tok[ed] = o.token;
+            }
+            printf("sampler+mask V=%d batch %2d %-26s:", VB, b, modes[mode].name);
+            for (int ed = 0; ed < 4; ed++) printf(" %s %5.1f us%s", edits[ed], us[ed], ed < 3 ? "," : "");
+            printf("  (row 0 tokens %d %d %d %d)\n", tok[0], tok[1], tok[2], tok[3]);
+        }
+    g_mem->free(dx); g_mem->free(dw); g_mem->free(dp); g_mem->free(dout); g_mem->free(dt);
+    free(h); free(dense); free(sparse); free(toks);
     return 0;
 }
 
@@ -764,14 +1094,17 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--bench")) return bench();
     if (argc > 1 && !strcmp(argv[1], "--profile")) return profile();
     if (argc > 1 && !strcmp(argv[1], "--phases")) return phases();
+    if (argc > 1 && !strcmp(argv[1], "--bench-mask")) return bench_mask();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_logprobs_and_penalties_match_the_host_sampler),
         cmocka_unit_test(test_bf16_ties_go_to_the_lowest_id),
         cmocka_unit_test(test_draws_follow_the_host_distribution),
         cmocka_unit_test(test_seeded_draws_repeat_and_nan_rows_are_reported),
+        cmocka_unit_test(test_masked_and_biased_rows_match_the_host_sampler),
     };
     const struct CMUnitTest cross[] = {
         cmocka_unit_test(test_wide_matches_one_block_on_a_full_vocab_row),
+        cmocka_unit_test(test_masked_full_vocab_rows_agree_across_forms_and_with_the_host),
     };
     const struct CMUnitTest fast[] = {
         cmocka_unit_test(test_fast_kept_sets_match_the_host_and_the_old_form),

@@ -640,7 +640,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
 
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     const int want_lp = p.want_lp || p.n_top > 0;
-    const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
+    /* the mask is applied as the widen reads the row (not an edit: the widen's maximum and argmax
+     * are the masked row's); the bias is a sparse edit like the bans */
+    const uint32_t *mk = row_mask(p, toks, V);
+    const int edits = p.n_ban > 0 || p.n_bias > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     const int fast = greedy && !want_lp && !edits;
     const float temp = p.temperature > 0.f ? p.temperature : 1.f;
@@ -671,11 +674,13 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 if (q >= nq) break;
                 float v[VW];
                 unpack16<T>(u[k], v);
+                const uint32_t mb = mask_bits(mk, slo + q * VW);
 #pragma unroll
                 for (int j = 0; j < VW; j++) {
                     const int i = slo + q * VW + j;
                     if (i == poison) v[j] = __int_as_float(0x7fc00000);
                     if (!isfinite(v[j])) bad = min(bad, i);
+                    if (!((mb >> j) & 1u)) v[j] = -INFINITY;
                     if (track && v[j] > fv) { fv = v[j]; fi = i; }
                 }
                 if (!fast)
@@ -688,6 +693,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             float v = load_logit<T>(x, slo + j);
             if (slo + j == poison) v = __int_as_float(0x7fc00000);
             if (!isfinite(v)) bad = min(bad, slo + j);
+            if (!(mask_bits(mk, slo + j) & 1u)) v = -INFINITY;
             if (track && v > fv) { fv = v; fi = slo + j; }
             if (!fast) ws[j] = v;
         }
@@ -699,11 +705,13 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         for (int q = g; q < nv; q += SMW_G) {
             float v[VW];
             unpack16<T>(xv[q], v);
+            const uint32_t mb = mask_bits(mk, q * VW);
 #pragma unroll
             for (int k = 0; k < VW; k++) {
                 const int i = q * VW + k;
                 if (i == poison) v[k] = __int_as_float(0x7fc00000);
                 if (!isfinite(v[k])) bad = min(bad, i);
+                if (!((mb >> k) & 1u)) v[k] = -INFINITY;
                 if (track && v[k] > fv) { fv = v[k]; fi = i; }
             }
             if (!fast)
@@ -716,6 +724,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
             float v = load_logit<T>(x, i);
             if (i == poison) v = __int_as_float(0x7fc00000);
             if (!isfinite(v)) bad = min(bad, i);
+            if (!(mask_bits(mk, i) & 1u)) v = -INFINITY;
             if (track && v > fv) { fv = v; fi = i; }
             if (!fast) w[i] = v;
         }
@@ -787,6 +796,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
         if (id < 0 || id >= V) return nullptr;
         return !SM ? w + id : id >= slo && id < slo + sn ? ws + (id - slo) : nullptr;
     };
+    if (p.n_bias > 0) /* first: the host adds the bias to the raw logits (a masked id stays -inf) */
+        each_entry(p.n_bias, [&](int j) {
+            if (float *q = at(toks[p.bias_off + j])) *q = __fadd_rn(*q, bias_val(p, toks, j));
+        });
     if (p.n_ban > 0)
         each_entry(p.n_ban, [&](int j) {
             if (float *q = at(toks[p.ban_off + j])) *q = -INFINITY;
@@ -875,7 +888,10 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                 float s = scaled(xv[u], inv, scale);
                 float ex = expf(s - m);
                 zs += (double)ex;
-                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+                if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
+                    seg += (double)ex;
+                    if (ex > 0.f) last = i; /* never a masked or banned id (exp(-inf) = 0) */
+                }
             }
         }
         /* inclusive scan in the warp, then the warps' totals in global warp order: e[k] is the
@@ -1019,6 +1035,7 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
                     float ts = sv[b]; sv[b] = sv[b - 1]; sv[b - 1] = ts;
                 }
             cnt = min(cnt, n);
+            while (cnt > 0 && sv[cnt - 1] == -INFINITY) cnt--; /* masked or banned: the host lists none */
             o->n_top = cnt;
             for (int a = 0; a < cnt; a++) {
                 o->top_ids[a] = id[a];

@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
 
     const int greedy = !(p.temperature > 0.f) || p.top_k == 1;
     const int want_lp = p.want_lp || p.n_top > 0;
-    const int edits = p.n_ban > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
+    const uint32_t *mk = row_mask(p, toks, V); /* applied by the widen, like sample.cu */
+    const int edits = p.n_ban > 0 || p.n_bias > 0 || (p.rep_pen > 0.f && p.rep_pen != 1.f && p.n_rep > 0) ||
                       ((p.freq_pen != 0.f || p.pres_pen != 0.f) && p.n_cnt > 0);
     /* plain greedy (the common decode row): the argmax during the scan, no work row */
     const int fast = greedy && !want_lp && !edits;
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
         float v = load_logit<T>(x, i);
         if (i == poison) v = __int_as_float(0x7fc00000);
         if (!isfinite(v)) atomicMin(&sh.bad, i);
+        if (!(mask_bits(mk, i) & 1u)) v = -INFINITY;
         if (fast) {
             if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
         } else {
@@ -121,7 +123,13 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
         return;
     }
 
-    /* 2. bans, repetition, frequency / presence (the lists hold distinct ids) */
+    /* 2. logit_bias (first: the host adds it to the raw logits), bans, repetition, frequency /
+     * presence (the lists hold distinct ids) */
+    for (int j = tid; j < p.n_bias; j += SMP_T) {
+        int id = toks[p.bias_off + j];
+        if (id >= 0 && id < V) w[id] = __fadd_rn(w[id], bias_val(p, toks, j));
+    }
+    __syncthreads();
     for (int j = tid; j < p.n_ban; j += SMP_T) {
         int id = toks[p.ban_off + j];
         if (id >= 0 && id < V) w[id] = -INFINITY;
@@ -202,7 +210,10 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
         for (int i = i0; i < i1; i++) {
             float s = scaled(w[i], inv, scale);
             float ex = expf(s - m);
-            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) { seg += (double)ex; last = i; }
+            if (rank_key(s, i) >= thr && (!(min_p > 0.f) || ex >= min_p)) {
+                seg += (double)ex;
+                if (ex > 0.f) last = i; /* never a masked or banned id */
+            }
         }
         /* exclusive scan of the segment sums (fixed order: by warp, then across warps) */
         const int lane = tid & 31, wp = tid >> 5;
@@ -276,6 +287,7 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
                     int ti = sh.top_id[b]; sh.top_id[b] = sh.top_id[b - 1]; sh.top_id[b - 1] = ti;
                     float ts = sh.top_s[b]; sh.top_s[b] = sh.top_s[b - 1]; sh.top_s[b - 1] = ts;
                 }
+            while (cnt > 0 && sh.top_s[cnt - 1] == -INFINITY) cnt--; /* masked or banned: the host lists none */
             o->n_top = cnt;
             for (int a = 0; a < cnt; a++) {
                 o->top_ids[a] = sh.top_id[a];

@@ -159,6 +159,22 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
     v[0] = __uint_as_float(u.x); v[1] = __uint_as_float(u.y); v[2] = __uint_as_float(u.z); v[3] = __uint_as_float(u.w);
 }
 
+/* ---- constrained rows (smp_row.n_mask / n_bias, S9) ---------------------------------------- */
+
+/* The row's allowed-token bitmask in toks, or null (none, or fewer words than the vocabulary). */
+__device__ __forceinline__ const uint32_t *row_mask(const smp_row &p, const int32_t *toks, int V) {
+    return p.n_mask > 0 && p.n_mask >= (V + 31) / 32 ? (const uint32_t *)(toks + p.mask_off) : nullptr;
+}
+/* The allow bits of ids i .. i + 31 from bit 0 (i a multiple of the 16-byte load's elements, so
+ * a load's ids share one word); all ones without a mask. */
+__device__ __forceinline__ uint32_t mask_bits(const uint32_t *mk, int i) {
+    return mk ? mk[i >> 5] >> (i & 31) : 0xffffffffu;
+}
+/* bias entry j of a row: (id, float) */
+__device__ __forceinline__ float bias_val(const smp_row &p, const int32_t *toks, int j) {
+    return __int_as_float(toks[p.bias_off + p.n_bias + j]);
+}
+
 /* ---- launch ----------------------------------------------------------------------------- */
 
 static inline int sample_check(const sample_args *a, ls_err *e) {

@@ -16,26 +16,15 @@
 # 3. TTFT (bench/device/snapin_ttft.py): full synth Qwen3.5-35B-A3B (40 layers), misses and hits
 #    at 1024 and 4096 tokens, modes step / cut / off (as many as the time allows).
 # Verdict lines: "snapin: cmocka PASS|FAIL", "snapin: GPU test PASS|FAIL", SNAPIN lines.
-set -u
-BIN=${1:?usage: snapin.sh BIN OUTDIR}
-OUT=${2:?usage: snapin.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export XDG_CACHE_HOME="$OUT/cache"   # the doctor's and smoke test's verdicts, reused by later starts
-T0=$(date +%s)
-left() { echo $(( 145 - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+. "$(dirname "$0")/lib.sh"
+DEV_CACHE=1 dev_init snapin 145 "$@"   # the doctor's and smoke test's verdicts, reused by later starts
 
 # 1. the model-level check on CUDA
 LS_SHARED="$D" timeout 40 "$D/tests/test_prefix" > "$OUT/test_prefix.log" 2>&1
 rc=$?
 grep -E "vs the cut|RUN .*cuda|OK .*cuda|SKIPPED|PASSED|FAILED|ERROR|error" "$OUT/test_prefix.log" | head -20 | cut -c1-300
 ok=FAIL; [ $rc -eq 0 ] && grep -q "vs the cut" "$OUT/test_prefix.log" && ok=PASS
-echo "snapin: cmocka $ok (exit $rc, $(( $(date +%s) - T0 )) s)"
+echo "snapin: cmocka $ok (exit $rc) $(el)"
 
 # 2. the GPU prefix-cache tests with the in-step snapshots
 LASTSTAND_PREFIX_SNAPSHOT=step BUILD="$D" LS_SHARED="$D" timeout 65 python3 -m pytest -q -s -p no:cacheprovider \
@@ -47,7 +36,7 @@ if [ $rc -ne 0 ]; then
     tail -30 "$OUT/pytest.log" | cut -c1-400
 fi
 ok=FAIL; [ $rc -eq 0 ] && grep -q " passed" "$OUT/pytest.log" && ok=PASS
-echo "snapin: GPU test $ok ($(( $(date +%s) - T0 )) s)"
+echo "snapin: GPU test $ok $(el)"
 
 # 3. TTFT at 40 layers, per mode, while time is left
 L=$(left)
@@ -61,4 +50,4 @@ if [ "$L" -gt 40 ]; then
 else
     echo "== TTFT: skipped ($L s left)"
 fi
-echo "snapin: done ($(( $(date +%s) - T0 )) s)"
+echo "snapin: done $(el)"

@@ -80,8 +80,11 @@ def validate(doc, s):
 
 
 def _server(ls_bin, demo_model, gdev):
+    # no prefix cache: a request that reuses cached pages prefills its suffix in another shape, so
+    # its logits could differ in the last bits from the other server's full prefill (greedy ties)
     return Server(ls_bin, MODEL_PATH, "--tokenizer-path", demo_model, "--device", "cuda",
-                  "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", *EXTRA,
+                  "--tool-call-parser", "qwen3_coder", "--max-running-requests", "8", "--prefix-cache", "off",
+                  *EXTRA,
                   env={"LASTSTAND_GRAMMAR_DEVICE": gdev}, timeout=300)
 
 

@@ -8,8 +8,15 @@
  *
  * Per row, in order (each step a pass over the row, block-synchronised):
  *   1. raw logits (BF16 or fp32) widened to the fp32 work row; the first
- *      NaN/Inf index is recorded and ends the row (smp_out.bad_idx);
- *   2. bans (-inf), repetition penalty over the distinct prompt + output ids
+ *      NaN/Inf index is recorded and ends the row (smp_out.bad_idx); a
+ *      constrained row's refused ids (smp_row.n_mask: its grammar bitmask in
+ *      toks, one 32-bit word read per 16-byte load) become -inf here, so the
+ *      widen's maximum and argmax are the masked row's and a masked greedy row
+ *      without logprobs still ends in this pass; rows without a mask pay a
+ *      null test per load;
+ *   2. logit_bias (smp_row.n_bias: distinct ids, each bias added to the raw
+ *      logit, as the host adds it before masking: a refused id stays -inf),
+ *      bans (-inf), repetition penalty over the distinct prompt + output ids
  *      (positive divided, negative multiplied), frequency · count + presence
  *      subtracted per distinct output id: sparse, from the row's token lists;
  *   3. greedy (temperature <= 0 or top_k == 1): argmax of the penalised
@@ -36,7 +43,8 @@
  *      shares its batch. The host draws with its own RNG in rank order, so
  *      the two backends give the same distribution, not the same tokens;
  *   7. top logprobs: the n-th largest key by the same search as top_k, the n tokens
- *      at or above it gathered and sorted (descending, lowest id on ties).
+ *      at or above it gathered and sorted (descending, lowest id on ties); -inf
+ *      ones (refused or banned) dropped from the end, as the host does.
  * Every reduction has a fixed order (thread-strided partials, then a tree), so
  * results are bitwise reproducible. exp is fp32 (the host's is fp64): kept
  * sets and logprobs agree to ~1e-6 relative.

@@ -12,6 +12,8 @@
 #    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per
 #    --chunked-prefill-size in CHUNKS (default "2048 8192 8192w": the default, the whole 8k prompt
 #    in one step, and that with the opt-in wgmma MoE GEMMs: a w suffix sets LASTSTAND_MG_WGMMA=1).
+#    Then what the chunk size costs decode: a stream decoding 500 tokens while two 8192-token
+#    prompts arrive; its inter-token latency median / p99 / max.
 # 2. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
 #    layers in BF16 through torch.matmul / torch.bmm, SDPA causal attention; the dense peak).
 # 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
@@ -76,6 +78,28 @@ except Exception as err:
 PY
         [ $rc = 0 ] || tail -3 "$OUT/bench-$cfg-$len.txt"
     done
+    # what a prefill step costs the decode rows beside it: one stream decoding (300 in, 500 out)
+    # while two 8192-token prompts arrive; its inter-token latencies (median, p99, max)
+    B=("$BIN" bench --base-url "http://127.0.0.1:$PORT" --backend openai --random-range-ratio 1.0 --max-concurrency 1
+       --warmup-requests 0 --extra-request-body '{"logprobs":0}')
+    timeout -k 3 20 "${B[@]}" --num-prompts 1 --random-input-len 300 --random-output-len 500 \
+        --output-file "$OUT/mix-$cfg-dec.jsonl" >"$OUT/mix-$cfg-dec.txt" 2>&1 &
+    bpid=$!
+    sleep 0.4
+    timeout -k 3 20 "${B[@]}" --num-prompts 2 --random-input-len 8192 --random-output-len 1 \
+        --output-file "$OUT/mix-$cfg-pre.jsonl" >"$OUT/mix-$cfg-pre.txt" 2>&1
+    wait $bpid
+    python3 - "$OUT/mix-$cfg-dec.jsonl" "$OUT/mix-$cfg-pre.jsonl" $cfg <<'PY'
+import json, sys
+try:
+    d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+    p = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+    print(f"  chunk {sys.argv[3]:>5s}  decode beside two 8k prefills: ITL median {d['median_itl_ms']:.2f} ms, "
+          f"p99 {d['p99_itl_ms']:.1f}, max {d['max_itl_ms']:.1f} ms (TPOT {d['median_tpot_ms']:.2f}); "
+          f"the 8k prompts' TTFT median {p['median_ttft_ms']:.1f} ms")
+except Exception as err:
+    print(f"  chunk {sys.argv[3]}: mixed run gave no result ({err})")
+PY
     kill -TERM $spid 2>/dev/null
     for _ in $(seq 50); do kill -0 $spid 2>/dev/null || break; sleep 0.2; done
     kill -KILL $spid 2>/dev/null

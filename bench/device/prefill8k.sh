@@ -10,8 +10,10 @@
 # 1. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
 #    named: no doctor; --prefix-cache off; context 16384) + `BIN bench` at concurrency 1, prompts of
 #    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per
-#    --chunked-prefill-size in CHUNKS (default 2048 8192: the default, and the whole 8k prompt in
-#    one step).
+#    --chunked-prefill-size in CHUNKS (default "2048 8192 8192w": the default, the whole 8k prompt
+#    in one step, and that with the opt-in wgmma MoE GEMMs: a w suffix sets LASTSTAND_MG_WGMMA=1).
+#    Then what the chunk size costs decode: a stream decoding 500 tokens while two 8192-token
+#    prompts arrive; its inter-token latency median / p99 / max.
 # 2. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
 #    layers in BF16 through torch.matmul / torch.bmm, SDPA causal attention; the dense peak).
 # 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
@@ -19,12 +21,15 @@
 #    token, eager: 4 prefill steps of 2048 tokens. prefill8k_table.py prints each step's time by
 #    family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s, scaled to 40 layers,
 #    and the last step's kernels by name and in launch order.
-# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+# 4. The opt-in wgmma GEMMs of the grouped MoE (LASTSTAND_MG_WGMMA=1, src/ops/cuda/moe_wgmma.cu):
+#    the doctor's fp64 verdicts and times at M = 1024, 2048, 8192 with and without the switch, and
+#    tests/test_gpu_moe_wgmma.py (its padding and logits cases).
+# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
 #    first 16 launches of the grouped MoE GEMM, the GDN chunk kernel and flash prefill in a
 #    2048-token prefill of the 4-layer model: prefill8k_ncu.py prints each one's pipes, issue
 #    rate, occupancy and largest stall reasons.
-# 5. The doctor at the 35B's shapes, M = 2048, 8192: gemm (cuda_cublaslt), moe (cuda_grouped_gemm,
-#    also at tile heights 32 and 16) against the fp64 CPU oracle, with their times.
+# 6. The doctor at the 35B's shapes, M = 2048, 8192: gemm (cuda_cublaslt), moe (cuda_grouped_gemm,
+#    also at tile height 32) against the fp64 CPU oracle, with their times.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -32,22 +37,24 @@ export NCCL_NVLS_ENABLE=0
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-CHUNKS=${CHUNKS:-2048 8192}
+CHUNKS=${CHUNKS:-2048 8192 8192w}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 PORT=$((34000 + $$ % 2000))
-for chunk in $CHUNKS; do
-    [ "$(left)" -gt 70 ] || { echo "== ttft chunk $chunk: skipped (time)"; continue; }
-    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, prefix cache off; c = 1, 1 output token $(el)"
-    "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
+for cfg in $CHUNKS; do
+    chunk=${cfg%w}
+    wg=0; [ "$chunk" != "$cfg" ] && wg=1
+    [ "$(left)" -gt 70 ] || { echo "== ttft $cfg: skipped (time)"; continue; }
+    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, LASTSTAND_MG_WGMMA=$wg, prefix cache off; c = 1, 1 output token $(el)"
+    LASTSTAND_MG_WGMMA=$wg "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
         --trust-backend --prefix-cache off --max-running-requests 4 --context-length 16384 \
-        --chunked-prefill-size "$chunk" >"$OUT/serve-$chunk.log" 2>&1 &
+        --chunked-prefill-size "$chunk" >"$OUT/serve-$cfg.log" 2>&1 &
     spid=$!
     t1=$(date +%s)
     until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")" = 200 ]; do
         if ! kill -0 $spid 2>/dev/null || [ $(( $(date +%s) - t1 )) -gt 40 ]; then
-            echo "server not healthy after $(( $(date +%s) - t1 )) s"; tail -5 "$OUT/serve-$chunk.log"; break
+            echo "server not healthy after $(( $(date +%s) - t1 )) s"; tail -5 "$OUT/serve-$cfg.log"; break
         fi
         sleep 0.5
     done
@@ -55,10 +62,10 @@ for chunk in $CHUNKS; do
     for len in 1024 4096 8192; do
         timeout -k 3 30 "$BIN" bench --base-url "http://127.0.0.1:$PORT" --backend openai --num-prompts 3 \
             --random-input-len $len --random-output-len 1 --random-range-ratio 1.0 --max-concurrency 1 \
-            --warmup-requests 1 --extra-request-body '{"logprobs":0}' --output-file "$OUT/bench-$chunk-$len.jsonl" \
-            >"$OUT/bench-$chunk-$len.txt" 2>&1
+            --warmup-requests 1 --extra-request-body '{"logprobs":0}' --output-file "$OUT/bench-$cfg-$len.jsonl" \
+            >"$OUT/bench-$cfg-$len.txt" 2>&1
         rc=$?
-        python3 - "$OUT/bench-$chunk-$len.jsonl" $chunk $len $rc <<'PY'
+        python3 - "$OUT/bench-$cfg-$len.jsonl" $cfg $len $rc <<'PY'
 import json, sys
 p, chunk, n, rc = sys.argv[1:5]
 try:
@@ -69,13 +76,35 @@ try:
 except Exception as err:
     print(f"  chunk {chunk} prompt {n}: bench rc {rc}, no result ({err})")
 PY
-        [ $rc = 0 ] || tail -3 "$OUT/bench-$chunk-$len.txt"
+        [ $rc = 0 ] || tail -3 "$OUT/bench-$cfg-$len.txt"
     done
+    # what a prefill step costs the decode rows beside it: one stream decoding (300 in, 500 out)
+    # while two 8192-token prompts arrive; its inter-token latencies (median, p99, max)
+    B=("$BIN" bench --base-url "http://127.0.0.1:$PORT" --backend openai --random-range-ratio 1.0 --max-concurrency 1
+       --warmup-requests 0 --extra-request-body '{"logprobs":0}')
+    timeout -k 3 20 "${B[@]}" --num-prompts 1 --random-input-len 300 --random-output-len 500 \
+        --output-file "$OUT/mix-$cfg-dec.jsonl" >"$OUT/mix-$cfg-dec.txt" 2>&1 &
+    bpid=$!
+    sleep 0.4
+    timeout -k 3 20 "${B[@]}" --num-prompts 2 --random-input-len 8192 --random-output-len 1 \
+        --output-file "$OUT/mix-$cfg-pre.jsonl" >"$OUT/mix-$cfg-pre.txt" 2>&1
+    wait $bpid
+    python3 - "$OUT/mix-$cfg-dec.jsonl" "$OUT/mix-$cfg-pre.jsonl" $cfg <<'PY'
+import json, sys
+try:
+    d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+    p = json.loads(open(sys.argv[2]).read().splitlines()[-1])
+    print(f"  chunk {sys.argv[3]:>5s}  decode beside two 8k prefills: ITL median {d['median_itl_ms']:.2f} ms, "
+          f"p99 {d['p99_itl_ms']:.1f}, max {d['max_itl_ms']:.1f} ms (TPOT {d['median_tpot_ms']:.2f}); "
+          f"the 8k prompts' TTFT median {p['median_ttft_ms']:.1f} ms")
+except Exception as err:
+    print(f"  chunk {sys.argv[3]}: mixed run gave no result ({err})")
+PY
     kill -TERM $spid 2>/dev/null
     for _ in $(seq 50); do kill -0 $spid 2>/dev/null || break; sleep 0.2; done
     kill -KILL $spid 2>/dev/null
     wait $spid 2>/dev/null
-    grep -E "budget|ERROR|error" "$OUT/serve-$chunk.log" | cut -c1-220 | head -3
+    grep -E "budget|wgmma|ERROR|error" "$OUT/serve-$cfg.log" | cut -c1-220 | head -3
 done
 
 echo "== peer: PyTorch BF16 (cuBLAS) and SDPA on the 35B's prefill shapes $(el)"
@@ -101,6 +130,25 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
 else
     echo "== ncu: skipped (${NCU:-no ncu}; $(left) s left)"
 fi
+# the opt-in wgmma GEMMs of the grouped MoE (LASTSTAND_MG_WGMMA=1, moe_wgmma.cu): fp64 verdicts and
+# times against mg_gemm_kernel's, and the pytest file
+if [ "$(left)" -gt 45 ]; then
+    for v in 0 1; do
+        echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 1024, 2048, 8192, LASTSTAND_MG_WGMMA=$v $(el)"
+        LASTSTAND_MG_WGMMA=$v timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+            --m 1024,2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-wg$v.json" >"$OUT/doctor-wg$v.txt" \
+            2>"$OUT/doctor-wg$v.err"
+        echo "rc=$? $(el)"
+        grep -E "^ +(1024|2048|8192) " "$OUT/doctor-wg$v.txt" | cut -c1-130
+        python3 -c "import json,sys;d=json.load(open(sys.argv[1]));[print('   ',m,c['status'],c.get('rel_err',c.get('detail',''))) for t in d['tables'] for m,c in t['cells']['cuda_grouped_gemm'].items()]" \
+            "$OUT/doctor-wg$v.json" 2>/dev/null | head -4
+        grep -iE "crash|error|wrong|timeout" "$OUT/doctor-wg$v.err" | head -3
+    done
+    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"logits or padding\" $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 30 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_moe_wgmma.py \
+        -k "logits or padding" 2>&1 | tail -8
+    echo "rc=$? $(el)"
+fi
 if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
     lim=$(( $(left) - 5 ))
     [ $lim -gt 45 ] && lim=45
@@ -125,7 +173,7 @@ if [ "$(left)" -gt 20 ]; then
     echo "rc=$? $(el)"
     grep -E "^(gemm|moe) |^ +(2048|8192) " "$OUT/doctor.txt" | cut -c1-130
     grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
-    for bm in 32 16; do
+    for bm in 32; do
         echo "== doctor: moe cuda_grouped_gemm, M = 2048, 8192, LASTSTAND_GROUPED_BM=$bm (default: 64 at these M) $(el)"
         LASTSTAND_GROUPED_BM=$bm timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
             --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-bm$bm.json" >"$OUT/doctor-bm$bm.txt" \

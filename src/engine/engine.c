@@ -538,6 +538,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->pfx_gdn = slot_bytes > 0;
     e->snap_base = max_run;
     pfx_init(&e->pfx, pfx_on ? n_pages : 0, page_size, n_snap);
+    e->pfx_instep = pfxe_instep_mode(e);
     e->st.prefix_snapshots_total = n_snap;
     e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;
     if (e->n_smp < 1) e->n_smp = 1;
@@ -575,8 +576,9 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
              graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
     if (pfx_on && n_snap)
         log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run, %d GDN "
-                 "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries", n_pages, n_pages * page_size,
-                 n_snap, (double)n_snap * (double)slot_bytes / 1048576.0, (double)slot_bytes / 1048576.0);
+                 "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries, %s", n_pages, n_pages * page_size,
+                 n_snap, (double)n_snap * (double)slot_bytes / 1048576.0, (double)slot_bytes / 1048576.0,
+                 e->pfx_instep ? "taken inside the prefill step" : "the prefill cut at them");
     else if (pfx_on)
         log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run", n_pages,
                  n_pages * page_size);
@@ -1205,6 +1207,7 @@ static void run_step(ls_engine *e, int nb) {
         s->n_new = e->batch_new[i];
         s->pages = r->pages;
         s->logits_all = 0;
+        pfxe_step_plan(e, r, s); /* in-step GDN snapshots at the prompt's page boundaries (or none) */
         memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
         ntok += s->n_new;
     }

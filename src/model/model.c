@@ -712,7 +712,8 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
 
 static size_t meta_bytes(int T, int S, int P) {
     return 3 * align256((size_t)T * sizeof(int32_t)) + align256((size_t)S * sizeof(attn_seq)) +
-           align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t));
+           align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t)) +
+           align256((size_t)(MODEL_SNAP_MAX + 1) * S * sizeof(gdn_seq)); /* GDN pieces (in-step snapshots) */
 }
 
 /* Make the workspace hold a step of T tokens, S sequences and P page-table
@@ -987,6 +988,26 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
                     return errf(e, ERR_INVAL, "forward: sequence %d page %d is outside the pool of %d", s,
                                 q->pages ? q->pages[i] : -1, c->n_pages);
         }
+        if (q->n_snap < 0 || q->n_snap > MODEL_SNAP_MAX)
+            return errf(e, ERR_INVAL, "forward: sequence %d asks for %d GDN snapshots (0 .. %d)", s, q->n_snap,
+                        MODEL_SNAP_MAX);
+        for (int i = 0; m->n_lin && i < q->n_snap; i++) {
+            int lo = i ? q->snap_off[i - 1] : 0, slot = q->snap_slot[i];
+            if (q->snap_off[i] <= lo || q->snap_off[i] >= q->n_new)
+                return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d at new token %d, outside (%d, %d)", s, i,
+                            q->snap_off[i], lo, q->n_new);
+            if (slot < 0 || slot >= c->n_slots)
+                return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d into GDN slot %d outside [0, %d)", s, i,
+                            slot, c->n_slots);
+            for (int r = 0; r < b->n_seq; r++) {
+                if (b->seqs[r].slot == slot)
+                    return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d into GDN slot %d, sequence %d's", s,
+                                i, slot, r);
+                for (int k = 0; k < b->seqs[r].n_snap && (r < s || (r == s && k < i)); k++)
+                    if (b->seqs[r].snap_slot[k] == slot)
+                        return errf(e, ERR_INVAL, "forward: two snapshots of the step into GDN slot %d", slot);
+            }
+        }
         for (int i = 0; i < q->n_new; i++, row++)
             if (b->ids[row] < 0 || b->ids[row] >= m->cfg.vocab)
                 return errf(e, ERR_INVAL, "forward: token id %d outside the vocabulary [0, %d)",
@@ -1027,8 +1048,17 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
         for (int i = q->logits_all ? 0 : q->n_new - 1; i < q->n_new; i++) rows[n_rows++] = row + i;
         row += q->n_new;
     }
+    /* in-step GDN snapshots: the GDN op's pieces, after the page tables */
+    const size_t o_piece = o_pages + align256(sizeof(int32_t) * np);
+    f->seqs = b->seqs;
+    f->n_piece = m->n_lin ? next_snap_tables(b->seqs, S, gs, (gdn_seq *)(h + o_piece), f->n_piece_seq) : 0;
+    for (int p = 0; p < f->n_piece; p++) {
+        f->gpiece[p] = (const gdn_seq *)(d + o_piece) + (size_t)p * S;
+        f->gpiece_host[p] = (const gdn_seq *)(h + o_piece) + (size_t)p * S;
+    }
     if (d != h) {
-        int rc = m->mem->h2d(d, h, o_pages + sizeof(int32_t) * np, m->ops.stream, e);
+        size_t n = f->n_piece ? o_piece + sizeof(gdn_seq) * (size_t)f->n_piece * S : o_pages + sizeof(int32_t) * np;
+        int rc = m->mem->h2d(d, h, n, m->ops.stream, e);
         if (rc) return err_prefix(e, "forward: step tables to %s", m->ops.dev.name);
     }
     *d_ids = (const int32_t *)d;

@@ -136,7 +136,19 @@ typedef struct fwd_seq {
     int n_new;             /* tokens this step (>= 1) */
     const int32_t *pages;  /* KV pages covering positions [0, n_past + n_new) */
     int logits_all;        /* 1: a logits row per new token; 0: last token only */
+    /* (additive) GDN state snapshots inside the step (the prefix cache's, prefix_engine.c):
+     * snapshot i copies this sequence's GDN conv + recurrent state, as it stands after its
+     * first snap_off[i] new tokens, into slot snap_slot[i] (what model_slot_copy would copy
+     * had the step ended there). n_snap in [0, MODEL_SNAP_MAX]; offsets strictly increasing
+     * in (0, n_new); the slots distinct, not a slot of any sequence of the batch. The GDN op
+     * then runs in pieces (model_qwen3_next.c); every other op still sees the whole step.
+     * With --tp every rank copies its shard. Models without GDN layers ignore them. */
+    int n_snap;
+    int snap_off[2];
+    int snap_slot[2];
 } fwd_seq;
+
+#define MODEL_SNAP_MAX 2 /* fwd_seq snapshots per sequence and step */
 
 typedef struct smp_row smp_row; /* src/ops/ops.h */
 typedef struct smp_out smp_out;

@@ -10,8 +10,9 @@
 # 1. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
 #    named: no doctor; --prefix-cache off; context 16384) + `BIN bench` at concurrency 1, prompts of
 #    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per
-#    --chunked-prefill-size in CHUNKS (default "2048 8192 8192w": the default, the whole 8k prompt
-#    in one step, and that with the opt-in wgmma MoE GEMMs: a w suffix sets LASTSTAND_MG_WGMMA=1).
+#    --chunked-prefill-size in CHUNKS (default "2048 8192 8192w 8192wl": the default, the whole 8k
+#    prompt in one step, that with the opt-in wgmma MoE GEMMs (suffix w: LASTSTAND_MG_WGMMA=1) and
+#    also flash prefill's longest-tiles-first order (suffix l: LASTSTAND_FP_LPT=1)).
 #    Then what the chunk size costs decode: a stream decoding 500 tokens while two 8192-token
 #    prompts arrive; its inter-token latency median / p99 / max.
 # 2. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
@@ -23,7 +24,8 @@
 #    and the last step's kernels by name and in launch order.
 # 4. The opt-in wgmma GEMMs of the grouped MoE (LASTSTAND_MG_WGMMA=1, src/ops/cuda/moe_wgmma.cu):
 #    the doctor's fp64 verdicts and times at M = 1024, 2048, 8192 with and without the switch, and
-#    tests/test_gpu_moe_wgmma.py (its padding and logits cases).
+#    tests/test_gpu_moe_wgmma.py (its padding and logits cases); flash prefill's longest-first
+#    order (LASTSTAND_FP_LPT=1) through the doctor at M = 512, 3072.
 # 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
 #    first 16 launches of the grouped MoE GEMM, the GDN chunk kernel and flash prefill in a
 #    2048-token prefill of the 4-layer model: prefill8k_ncu.py prints each one's pipes, issue
@@ -37,17 +39,19 @@ export NCCL_NVLS_ENABLE=0
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-CHUNKS=${CHUNKS:-2048 8192 8192w}
+CHUNKS=${CHUNKS:-2048 8192 8192w 8192wl}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 PORT=$((34000 + $$ % 2000))
 for cfg in $CHUNKS; do
-    chunk=${cfg%w}
-    wg=0; [ "$chunk" != "$cfg" ] && wg=1
+    chunk=${cfg%%[a-z]*}
+    wg=0; lpt=0
+    case $cfg in *w*) wg=1 ;; esac
+    case $cfg in *l*) lpt=1 ;; esac
     [ "$(left)" -gt 70 ] || { echo "== ttft $cfg: skipped (time)"; continue; }
-    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, LASTSTAND_MG_WGMMA=$wg, prefix cache off; c = 1, 1 output token $(el)"
-    LASTSTAND_MG_WGMMA=$wg "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
+    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, LASTSTAND_MG_WGMMA=$wg LASTSTAND_FP_LPT=$lpt, prefix cache off; c = 1, 1 output token $(el)"
+    LASTSTAND_MG_WGMMA=$wg LASTSTAND_FP_LPT=$lpt "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
         --trust-backend --prefix-cache off --max-running-requests 4 --context-length 16384 \
         --chunked-prefill-size "$chunk" >"$OUT/serve-$cfg.log" 2>&1 &
     spid=$!
@@ -144,6 +148,12 @@ if [ "$(left)" -gt 45 ]; then
             "$OUT/doctor-wg$v.json" 2>/dev/null | head -4
         grep -iE "crash|error|wrong|timeout" "$OUT/doctor-wg$v.err" | head -3
     done
+    echo "== doctor: attention cuda_flash_prefill, 35B shapes, M = 512, 3072, LASTSTAND_FP_LPT=1 $(el)"
+    LASTSTAND_FP_LPT=1 timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families attention \
+        --m 512,3072 --backends cuda_flash_prefill --json "$OUT/doctor-lpt.json" >"$OUT/doctor-lpt.txt" 2>"$OUT/doctor-lpt.err"
+    echo "rc=$? $(el)"
+    grep -E "^ +(512|3072) " "$OUT/doctor-lpt.txt" | cut -c1-130
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-lpt.err" | head -3
     echo "== pytest tests/test_gpu_moe_wgmma.py -k \"logits or padding\" $(el)"
     BUILD=$D LS_SHARED=$D timeout -k 3 30 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_moe_wgmma.py \
         -k "logits or padding" 2>&1 | tail -8

@@ -84,7 +84,8 @@ def peak_gb(stderr):
     return float(m.group(1))
 
 
-def test_streamed_tp2_equals_tp1_and_peak_stays_within_a_layer():
+def test_streamed_tp2_equals_tp1_and_peak_stays_within_a_layer(monkeypatch):
+    monkeypatch.setenv("LASTSTAND_LOG_LOAD", "1")  # model_open logs its VmHWM however fast it loads
     model = "synth:qwen3.5-35b-a3b,layers=2"
     out = {}
     for tp in (1, 2):

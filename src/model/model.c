@@ -425,14 +425,14 @@ static int load_layers(model *m, synth_src *src, int stream, ls_err *e) {
         t_gen += t1 - t0;
         t_bind += t2 - t1;
         t_take += t3 - t2;
-        if (stream && (t3 - t_last > 10 || l == n - 1)) {
+        if (stream && (t3 - t_last > 10 || (l == n - 1 && t_gen + t_bind + t_take > 10))) {
             log_info("%s: %d of %d layers loaded (%.1f s so far)", m->path, l + 1, n, t_gen + t_bind + t_take);
             t_last = t3;
         }
     }
     if (rc) return rc;
     if (m->rank_m) tp_load_done(m);
-    if (stream || src)
+    if ((stream || src) && t_gen + t_bind + t_take > 1)
         log_info("%s: load phases: generate %.1f s (%.1f GB), bind %.1f s, %s %.1f s", m->path, t_gen, bytes / 1e9,
                  t_bind, m->rank_m ? (m->ops.dev.kind != DEV_CPU ? "slice + upload" : "slice") : "upload", t_take);
     return 0;
@@ -537,7 +537,9 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
         }
         if (m->rank_m) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     }
-    log_info("%s: opened in %.1f s, host memory peak so far %.2f GB (VmHWM)", path, now_sec() - t_open, vm_hwm() / 1e9);
+    const double t_all = now_sec() - t_open;
+    if (t_all > 1 || getenv("LASTSTAND_LOG_LOAD"))
+        log_info("%s: opened in %.1f s, host memory peak so far %.2f GB (VmHWM)", path, t_all, vm_hwm() / 1e9);
     *out = m;
     return 0;
 }

@@ -129,6 +129,9 @@ struct tp_group {
     size_t *stage_cap;
     int n_stage, stage_cur;
     size_t stage_used;
+    /* the column slices' row copies of the layer being sliced, run in parallel (copies_run) */
+    struct row_copy { char *dst; const char *src; int rows; size_t nb, stride; } *copies;
+    int n_copies, cap_copies;
 };
 
 #define STAGE_CHUNK ((size_t)64 << 20)
@@ -166,6 +169,29 @@ static void stage_free(tp_group *g) {
     g->stage_cap = NULL;
     g->n_stage = g->stage_cur = 0;
     g->stage_used = 0;
+}
+
+/* rows rows of nb bytes from src (stride bytes apart) to dst (packed), queued on g. */
+static void copy_rows(tp_group *g, void *dst, const void *src, int rows, size_t nb, size_t stride) {
+    if (g->n_copies == g->cap_copies) {
+        g->cap_copies = g->cap_copies ? 2 * g->cap_copies : 1024;
+        g->copies = xrealloc(g->copies, sizeof(*g->copies) * g->cap_copies);
+    }
+    g->copies[g->n_copies++] = (struct row_copy){dst, src, rows, nb, stride};
+}
+
+static void copies_range(void *ctx, int64_t i0, int64_t i1) {
+    tp_group *g = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const struct row_copy *c = &g->copies[i];
+        for (int r = 0; r < c->rows; r++) memcpy(c->dst + (size_t)r * c->nb, c->src + (size_t)r * c->stride, c->nb);
+    }
+}
+
+/* Every queued row copy, spread over the thread pool. */
+static void copies_run(tp_group *g) {
+    pool_for(g->n_copies, 1, copies_range, g);
+    g->n_copies = 0;
 }
 
 void tp_load_done(model *m) {
@@ -255,7 +281,8 @@ void tp_allreduce(model *m, void *x, size_t n) {
 static int views_ok(const model *m) { return m->ops.dev.kind != DEV_CPU; }
 
 /* out = columns [c0, c0 + nc) of w: an owned copy (CPU), or a copy in the group's staging
- * (device ranks: uploaded before the staging is reused). */
+ * (device ranks: uploaded before the staging is reused). The rows are copied later, with the
+ * rest of the layer's, by copies_run (tp_take_layer), in parallel. */
 static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_err *e) {
     size_t es = w->kind == W_F32 ? 4 : 2;
     *out = *w;
@@ -268,18 +295,15 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
         const size_t db = (size_t)w->N * nc / 2, sb = (size_t)w->N * nc / 16;
         uint8_t *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
         uint8_t *s = views_ok(m) ? stage_take(m->grp, sb) : mdl_alloc(m, sb);
-        for (int r = 0; r < w->N; r++) {
-            memcpy(d + (size_t)r * nc / 2, (const uint8_t *)w->data + (size_t)r * w->K / 2 + c0 / 2, nc / 2);
-            memcpy(s + (size_t)r * nc / 16, w->scale + (size_t)r * w->K / 16 + c0 / 16, nc / 16);
-        }
+        copy_rows(m->grp, d, (const uint8_t *)w->data + c0 / 2, w->N, nc / 2, (size_t)w->K / 2);
+        copy_rows(m->grp, s, w->scale + c0 / 16, w->N, nc / 16, (size_t)w->K / 16);
         out->data = d;
         out->scale = s;
         return 0;
     }
     const size_t db = (size_t)w->N * nc * es;
     char *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
-    for (int r = 0; r < w->N; r++)
-        memcpy(d + (size_t)r * nc * es, (const char *)w->data + ((size_t)r * w->K + c0) * es, nc * es);
+    copy_rows(m->grp, d, (const char *)w->data + (size_t)c0 * es, w->N, nc * es, (size_t)w->K * es);
     out->data = d;
     return 0;
 }
@@ -595,9 +619,10 @@ int tp_take_layer(model *m, int l, ls_err *e) {
     for (; r < N; r++) {
         model *rm = m->rank_m[r];
         stage_reset(m->grp);
-        if ((cuda && (rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e))) || (rc = slice_layer(rm, m, r, N, l, e)) ||
-            (cuda && (rc = mdl_upload_part(rm, l, e))))
+        if ((cuda && (rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e))) || (rc = slice_layer(rm, m, r, N, l, e)))
             break;
+        copies_run(m->grp);
+        if (cuda && (rc = mdl_upload_part(rm, l, e))) break;
     }
     if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     if (!rc) return 0;
@@ -621,6 +646,7 @@ void tp_free(model *m) {
     pthread_cond_destroy(&m->grp->wcv);
     pthread_cond_destroy(&m->grp->dcv);
     stage_free(m->grp);
+    free(m->grp->copies);
     free(m->grp);
     m->grp = NULL;
 }

@@ -420,9 +420,11 @@ int cmd_serve(int argc, char **argv) {
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
                           .buckets = a.doctor_buckets, .tp = (int)a.tp};
     for (int f = 0; f < SA_NFAM; f++) sa.names[f] = a.backend[f];
+    const double t_start = now_sec();
     {
         char serr[1024] = "";
         int src = serve_auto_select(&sa, serr, sizeof serr);
+        log_info("start-up: backend selection (doctor + smoke test) %.1f s", now_sec() - t_start);
         if (src) {
             fprintf(stderr, "laststand serve: error: %s\n", serr);
             free(model_path);
@@ -462,6 +464,8 @@ int cmd_serve(int argc, char **argv) {
         return rc == LS_ERR_INVAL || rc == LS_ERR_UNSUPPORTED ? 2 : 1;
     }
     log_info("model %s loaded in %.1f s", model_path, now_sec() - t0);
+    log_info("start-up: backend selection %.1f s + engine (weights, caches, CUDA graphs) %.1f s = %.1f s before "
+             "serving", t0 - t_start, now_sec() - t0, now_sec() - t_start);
 
     srv_config cfg = {0};
     cfg.host = a.host;

@@ -132,6 +132,7 @@ struct tp_group {
     /* the column slices' row copies of the layer being sliced, run in parallel (copies_run) */
     struct row_copy { char *dst; const char *src; int rows; size_t nb, stride; } *copies;
     int n_copies, cap_copies;
+    double t_slice, t_upload; /* seconds spent slicing and uploading, over the load */
 };
 
 #define STAGE_CHUNK ((size_t)64 << 20)
@@ -195,7 +196,11 @@ static void copies_run(tp_group *g) {
 }
 
 void tp_load_done(model *m) {
-    if (m->grp && !m->is_rank) stage_free(m->grp);
+    if (!m->grp || m->is_rank) return;
+    if (m->grp->t_slice + m->grp->t_upload > 1)
+        log_info("%s: the ranks' layers: slicing %.1f s, uploading %.1f s (%d ranks, one after the other)", m->path,
+                 m->grp->t_slice, m->grp->t_upload, m->tp);
+    stage_free(m->grp);
 }
 
 int tp_status(model *m, ls_err *e) {
@@ -619,10 +624,14 @@ int tp_take_layer(model *m, int l, ls_err *e) {
     for (; r < N; r++) {
         model *rm = m->rank_m[r];
         stage_reset(m->grp);
+        double t0 = now_sec();
         if ((cuda && (rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e))) || (rc = slice_layer(rm, m, r, N, l, e)))
             break;
         copies_run(m->grp);
+        double t1 = now_sec();
+        m->grp->t_slice += t1 - t0;
         if (cuda && (rc = mdl_upload_part(rm, l, e))) break;
+        m->grp->t_upload += now_sec() - t1;
     }
     if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     if (!rc) return 0;

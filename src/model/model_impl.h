@@ -263,8 +263,8 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
  * threads, or one CUDA device per rank (each uploads the non-layer weights; all-reduce through
  * NCCL). Then tp_take_layer for every layer, as each is bound. */
 int tp_build(model *m, int N, ls_err *e);
-/* Layer l of m (bound) sliced into every rank; on CUDA each rank's slice is uploaded to its GPU
- * and its host copy freed. The coordinator's layer l is no longer read afterwards (mdl_drop_layer). */
+/* Layer l of m (bound) sliced into every rank, the ranks at once on their threads; on CUDA each
+ * rank's slice is uploaded to its GPU and its host copy freed. The coordinator's layer l is no longer read afterwards (mdl_drop_layer). */
 int tp_take_layer(model *m, int l, ls_err *e);
 /* Every layer taken: the loading's host staging freed. */
 void tp_load_done(model *m);

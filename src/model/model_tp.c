@@ -99,6 +99,19 @@ static int nccl_load(ls_err *e) {
     return rc;
 }
 
+/* A rank's loading state: host staging for the column slices of its layer, reused layer after
+ * layer (each slice is uploaded before the next is cut), and the row copies that fill them, run in
+ * parallel (copies_run). */
+typedef struct rank_load {
+    char **stage;
+    size_t *stage_cap;
+    int n_stage, stage_cur;
+    size_t stage_used;
+    struct row_copy { char *dst; const char *src; int rows; size_t nb, stride; } *copies;
+    int n_copies, cap_copies;
+    double t_slice, t_upload; /* seconds spent slicing and uploading, over the load */
+} rank_load;
+
 struct tp_group {
     int n;
     pthread_barrier_t bar;
@@ -123,22 +136,13 @@ struct tp_group {
     void *job_arg;
     int rc[TP_MAX];
     ls_err err[TP_MAX];
-    /* while loading onto devices: host staging for the column slices of one rank's layer, reused
-     * rank after rank and layer after layer (each slice is uploaded before the next is cut) */
-    char **stage;
-    size_t *stage_cap;
-    int n_stage, stage_cur;
-    size_t stage_used;
-    /* the column slices' row copies of the layer being sliced, run in parallel (copies_run) */
-    struct row_copy { char *dst; const char *src; int rows; size_t nb, stride; } *copies;
-    int n_copies, cap_copies;
-    double t_slice, t_upload; /* seconds spent slicing and uploading, over the load */
+    rank_load ld[TP_MAX];   /* while loading: each rank's (tp_take_layer slices the ranks at once) */
 };
 
 #define STAGE_CHUNK ((size_t)64 << 20)
 
-/* n bytes of g's staging (256-byte aligned), valid until stage_reset. */
-static void *stage_take(tp_group *g, size_t n) {
+/* n bytes of the rank's staging (256-byte aligned), valid until stage_reset. */
+static void *stage_take(rank_load *g, size_t n) {
     n = align256(n ? n : 1);
     while (g->stage_cur < g->n_stage && g->stage_used + n > g->stage_cap[g->stage_cur]) {
         g->stage_cur++;
@@ -157,12 +161,12 @@ static void *stage_take(tp_group *g, size_t n) {
     return p;
 }
 
-static void stage_reset(tp_group *g) {
+static void stage_reset(rank_load *g) {
     g->stage_cur = 0;
     g->stage_used = 0;
 }
 
-static void stage_free(tp_group *g) {
+static void stage_free(rank_load *g) {
     for (int i = 0; i < g->n_stage; i++) free(g->stage[i]);
     free(g->stage);
     free(g->stage_cap);
@@ -173,7 +177,7 @@ static void stage_free(tp_group *g) {
 }
 
 /* rows rows of nb bytes from src (stride bytes apart) to dst (packed), queued on g. */
-static void copy_rows(tp_group *g, void *dst, const void *src, int rows, size_t nb, size_t stride) {
+static void copy_rows(rank_load *g, void *dst, const void *src, int rows, size_t nb, size_t stride) {
     if (g->n_copies == g->cap_copies) {
         g->cap_copies = g->cap_copies ? 2 * g->cap_copies : 1024;
         g->copies = xrealloc(g->copies, sizeof(*g->copies) * g->cap_copies);
@@ -182,7 +186,7 @@ static void copy_rows(tp_group *g, void *dst, const void *src, int rows, size_t 
 }
 
 static void copies_range(void *ctx, int64_t i0, int64_t i1) {
-    tp_group *g = ctx;
+    rank_load *g = ctx;
     for (int64_t i = i0; i < i1; i++) {
         const struct row_copy *c = &g->copies[i];
         for (int r = 0; r < c->rows; r++) memcpy(c->dst + (size_t)r * c->nb, c->src + (size_t)r * c->stride, c->nb);
@@ -190,17 +194,29 @@ static void copies_range(void *ctx, int64_t i0, int64_t i1) {
 }
 
 /* Every queued row copy, spread over the thread pool. */
-static void copies_run(tp_group *g) {
+static void copies_run(rank_load *g) {
     pool_for(g->n_copies, 1, copies_range, g);
     g->n_copies = 0;
 }
 
+static void load_free(rank_load *g) {
+    stage_free(g);
+    free(g->copies);
+    g->copies = NULL;
+    g->n_copies = g->cap_copies = 0;
+}
+
 void tp_load_done(model *m) {
     if (!m->grp || m->is_rank) return;
-    if (m->grp->t_slice + m->grp->t_upload > 1)
-        log_info("%s: the ranks' layers: slicing %.1f s, uploading %.1f s (%d ranks, one after the other)", m->path,
-                 m->grp->t_slice, m->grp->t_upload, m->tp);
-    stage_free(m->grp);
+    double ts = 0, tu = 0;
+    for (int r = 0; r < m->grp->n; r++) {
+        if (m->grp->ld[r].t_slice > ts) ts = m->grp->ld[r].t_slice;
+        if (m->grp->ld[r].t_upload > tu) tu = m->grp->ld[r].t_upload;
+        load_free(&m->grp->ld[r]);
+    }
+    if (ts + tu > 1)
+        log_info("%s: the ranks' layers: slicing %.1f s, uploading %.1f s (the slowest rank; %d ranks at once)", m->path,
+                 ts, tu, m->tp);
 }
 
 int tp_status(model *m, ls_err *e) {
@@ -298,17 +314,17 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
                         "16-element blocks; choose a --tp that splits it so", w->name ? w->name : "?",
                         c0, c0 + nc);
         const size_t db = (size_t)w->N * nc / 2, sb = (size_t)w->N * nc / 16;
-        uint8_t *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
-        uint8_t *s = views_ok(m) ? stage_take(m->grp, sb) : mdl_alloc(m, sb);
-        copy_rows(m->grp, d, (const uint8_t *)w->data + c0 / 2, w->N, nc / 2, (size_t)w->K / 2);
-        copy_rows(m->grp, s, w->scale + c0 / 16, w->N, nc / 16, (size_t)w->K / 16);
+        uint8_t *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
+        uint8_t *s = views_ok(m) ? stage_take(&m->grp->ld[m->rank], sb) : mdl_alloc(m, sb);
+        copy_rows(&m->grp->ld[m->rank], d, (const uint8_t *)w->data + c0 / 2, w->N, nc / 2, (size_t)w->K / 2);
+        copy_rows(&m->grp->ld[m->rank], s, w->scale + c0 / 16, w->N, nc / 16, (size_t)w->K / 16);
         out->data = d;
         out->scale = s;
         return 0;
     }
     const size_t db = (size_t)w->N * nc * es;
-    char *d = views_ok(m) ? stage_take(m->grp, db) : mdl_alloc(m, db);
-    copy_rows(m->grp, d, (const char *)w->data + (size_t)c0 * es, w->N, nc * es, (size_t)w->K * es);
+    char *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
+    copy_rows(&m->grp->ld[m->rank], d, (const char *)w->data + (size_t)c0 * es, w->N, nc * es, (size_t)w->K * es);
     out->data = d;
     return 0;
 }
@@ -618,24 +634,34 @@ int tp_build(model *m, int N, ls_err *e) {
     return workers_start(g, e);
 }
 
-int tp_take_layer(model *m, int l, ls_err *e) {
-    const int N = m->tp, cuda = m->ops.dev.kind != DEV_CPU;
-    int rc = 0, r = 0;
-    for (; r < N; r++) {
-        model *rm = m->rank_m[r];
-        stage_reset(m->grp);
-        double t0 = now_sec();
-        if ((cuda && (rc = rm->mem->bind_thread(rm->ops.dev.ordinal, e))) || (rc = slice_layer(rm, m, r, N, l, e)))
-            break;
-        copies_run(m->grp);
-        double t1 = now_sec();
-        m->grp->t_slice += t1 - t0;
-        if (cuda && (rc = mdl_upload_part(rm, l, e))) break;
-        m->grp->t_upload += now_sec() - t1;
+typedef struct take_job {
+    const model *m; /* the coordinator, layer l bound */
+    int l;
+} take_job;
+
+/* Rank r's slice of layer l, on its own thread (bound to its GPU): cut, copied, uploaded. */
+static int take_rank(model *rm, void *arg, int r, ls_err *e) {
+    const take_job *j = arg;
+    rank_load *ld = &rm->grp->ld[r];
+    double t0 = now_sec();
+    stage_reset(ld);
+    int rc = slice_layer(rm, j->m, r, rm->tp, j->l, e);
+    if (rc) {
+        ld->n_copies = 0; /* never run: the slices they fill are dropped with the model */
+        return rc;
     }
-    if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
-    if (!rc) return 0;
-    return cuda ? err_prefix(e, "rank %d (GPU %d)", r, r) : err_prefix(e, "rank %d", r);
+    copies_run(ld);
+    double t1 = now_sec();
+    ld->t_slice += t1 - t0;
+    if (rm->ops.dev.kind != DEV_CPU && (rc = mdl_upload_part(rm, j->l, e)))
+        return err_prefix(e, "GPU %d", rm->ops.dev.ordinal);
+    ld->t_upload += now_sec() - t1;
+    return 0;
+}
+
+int tp_take_layer(model *m, int l, ls_err *e) {
+    take_job j = {.m = m, .l = l};
+    return tp_run(m, take_rank, &j, 1, e);
 }
 
 void tp_free(model *m) {
@@ -654,8 +680,7 @@ void tp_free(model *m) {
     pthread_mutex_destroy(&m->grp->wmu);
     pthread_cond_destroy(&m->grp->wcv);
     pthread_cond_destroy(&m->grp->dcv);
-    stage_free(m->grp);
-    free(m->grp->copies);
+    for (int r = 0; r < m->grp->n; r++) load_free(&m->grp->ld[r]);
     free(m->grp);
     m->grp = NULL;
 }

@@ -62,7 +62,7 @@ while [ $(( $(date +%s) - T0 )) -lt 330 ]; do
     sleep 2
 done
 echo "== start-up: $([ $ok = 1 ] && echo "healthy after $(( $(date +%s) - ts )) s" || echo "NOT HEALTHY after $(( $(date +%s) - ts )) s")"
-grep -E "start-up|load phases|opened in|layers loaded|of weights|GiB free|loaded in|memory plan|KV pool|prefix cache on|graphs captured|CUDA graphs|doctor|smoke test:|tensor parallel|error|Error|ERROR|warn|WARN" \
+grep -E "start-up|load phases|ranks' layers|opened in|layers loaded|of weights|GiB free|loaded in|memory plan|KV pool|prefix cache on|graphs captured|CUDA graphs|doctor|smoke test:|tensor parallel|error|Error|ERROR|warn|WARN" \
     "$OUT/server.log" | cut -c1-300 | head -60
 echo "== memory samples (s since start, per GPU MiB used, server host RSS)"
 cat "$OUT/mem_samples.txt"

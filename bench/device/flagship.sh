@@ -12,9 +12,9 @@
 # auto (doctor, smoke test at 8 layers, the streamed load's phases, the per-GPU memory plan,
 # CUDA graph capture) and the seconds of each phase; per-GPU memory used once healthy (and a
 # sample every 15 s while it starts, so a start that runs out of memory shows where);
-# `laststand bench` at concurrency 1 (4 prompts) and 16 (16 prompts), 1024 in / 128 out; the
+# `laststand bench` at concurrency 1 (6 prompts), 8 (16) and 16 (32), 1024 in / 128 out; the
 # engine's mean decode step from its shutdown line. If the server never becomes healthy, its
-# log tail (the exact error) is printed.
+# log tail (the exact error) is printed. Then ncu over a 4-layer cut's decode step (below).
 set -u
 BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); OUT=$2
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
@@ -74,9 +74,9 @@ fi
 echo "== GPUs once healthy"
 nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 echo "== bench"
-for spec in "1 4" "16 16"; do
+for spec in "1 6" "8 16" "16 32"; do
     set -- $spec
-    left=$(( 400 - ($(date +%s) - T0) ))
+    left=$(( 240 - ($(date +%s) - T0) ))
     [ $left -lt 30 ] && { echo "bench c=$1: skipped (${left}s left)"; continue; }
     timeout $left "$BIN" bench --base-url "$URL" --backend openai --num-prompts "$2" --random-input-len 1024 \
         --random-output-len 128 --random-range-ratio 1.0 --max-concurrency "$1" --warmup-requests 1 \
@@ -87,4 +87,38 @@ stop_server
 trap - EXIT
 echo "== engine at shutdown"
 grep -E "decode steps|steps replayed|prefill" "$OUT/server.log" | tail -4 | cut -c1-300
+
+# Where a decode step's time goes: ncu over `generate` of the model cut to 4 layers (3 GDN + 1
+# attention, each with its MoE), eager, a 64-token prompt + 3 new tokens; the last forward is a
+# decode step at M = 1. tp2: GPU 0's kernels of --tp 2 (the rank's shapes; NCCL's kernels are not
+# profiled, so the all-reduces run as they would); tp1: one GPU, unsplit shapes (the fallback if
+# the tp2 profile hangs). decprof_table.py tabulates per kernel name.
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
+       --attention-backend cuda_flash_decode --gdn-backend cuda_decode:16,cuda_chunked --gemm-backend cuda_gemv:8,cuda_cublaslt
+       --lm-head-backend cuda_cublaslt)
+IDS=$(python3 -c "print(','.join(str(1000+(i*7919)%200000) for i in range(64)))")
+prof() { # tag tp limit [ncu flags...]
+    local tag=$1 tp=$2 lim=$3; shift 3
+    left=$(( 410 - ($(date +%s) - T0) )); [ $lim -gt $left ] && lim=$left
+    [ $lim -lt 40 ] && { echo "== ncu $tag: skipped (${left}s left)"; return; }
+    echo "== ncu $tag: generate synth:qwen3.5-397b-a17b,layers=4 --tp $tp, eager, 64 + 3 tokens (limit ${lim}s)"
+    timeout -k 3 "$lim" "$NCU" --clock-control none --cache-control none "$@" \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$tag" \
+        "$BIN" generate --model-path synth:qwen3.5-397b-a17b,layers=4 --tp "$tp" --ids "$IDS" --max-new-tokens 3 \
+        --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
+    echo "rc=$?"
+    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3
+    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
+        timeout 30 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>/dev/null
+        timeout 20 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" | grep -v "^ *[0-9]* [a-zA-Z_]" | head -40
+    fi
+}
+if [ -n "$NCU" ]; then
+    prof tp2 2 110 --devices 0 --kernel-name "regex:^(?!nccl)"
+    [ -f "$OUT/ncu-tp2.csv" ] && [ -s "$OUT/ncu-tp2.csv" ] || prof tp1 1 90
+else
+    echo "== ncu: not found"
+fi
 echo "== total $(( $(date +%s) - T0 )) s"

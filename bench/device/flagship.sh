@@ -5,6 +5,8 @@
 # device-limit: 420
 #
 #   bash bench/device/flagship.sh BIN OUTDIR
+#   reads the fixtures .dev/int/fixtures/models/{qwen3_5_moe_text,qwen3_5_moe_text-nvfp4,qwen3_next,qwen3_moe}
+#   (copies of ../shared/fixtures/models; FIX=DIR elsewhere)
 #   env: FLAG_LAYERS=N  serve synth:qwen3.5-397b-a17b,layers=N instead of all 60
 #        FLAG_EXTRA="..." extra serve flags
 #
@@ -32,6 +34,31 @@ PORT=$((33000 + $$ % 2000)); URL=http://127.0.0.1:$PORT
 echo "== GPUs before"
 nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv,noheader
 echo "== host: $(nproc) cores, $(free -g | awk '/Mem:/{print $2" GB RAM, "$7" GB available"}')"
+echo "== the streamed load on CUDA vs transformers: logits of fixtures (safetensors: views sliced per rank, pages"
+echo "   released after each layer) at --tp 1 and --tp 2, max|a-b|/max|b| per row against ref.json (bar 2e-2)"
+FIX=${FIX:-.dev/int/fixtures/models}
+timeout 90 python3 - "$BIN" "$FIX" <<'PY'
+import json, os, subprocess, sys
+import numpy as np
+BIN, FIX = sys.argv[1:3]
+# the NVFP4 fixture's experts (I = 48) do not split in whole 16-column blocks: --tp 1 only
+for name, tps in (("qwen3_5_moe_text", (1, 2)), ("qwen3_next", (1, 2)), ("qwen3_moe", (1, 2)),
+                  ("qwen3_5_moe_text-nvfp4", (1,))):
+    d = os.path.join(FIX, name)
+    if not os.path.exists(os.path.join(d, "ref.json")):
+        print(f"  {name}: no fixture at {d}"); continue
+    r = json.load(open(os.path.join(d, "ref.json")))
+    hf = np.array(r["logits"], dtype=np.float64)
+    for tp in tps:
+        p = subprocess.run([BIN, "logits", "--model-path", d, "--ids", ",".join(map(str, r["input_ids"])),
+                            "--device", "cuda", "--tp", str(tp)], capture_output=True, text=True, timeout=60)
+        if p.returncode:
+            print(f"  {name} --tp {tp}: FAIL exit {p.returncode}: {p.stderr.strip().splitlines()[-1][:300]}"); continue
+        a = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+        rel = (np.abs(a - hf).max(axis=1) / np.abs(hf).max(axis=1)).max()
+        agree = (a.argmax(1) == hf.argmax(1)).mean()
+        print(f"  {name:24s} --tp {tp}: rel {rel:.2e}, argmax agrees {agree:.0%}: {'PASS' if rel <= 2e-2 else 'FAIL'}")
+PY
 echo "== the memory plan from the config alone (serve --dry-run)"
 "$BIN" serve --model-path "$MODEL" --tp 2 --device cuda --dry-run --max-running-requests 16 --context-length 8192 \
     ${FLAG_EXTRA:-} 2>&1 | tail -12

@@ -31,6 +31,7 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2'; then
 fi
 MODEL="synth:qwen3.5-397b-a17b${FLAG_LAYERS:+,layers=$FLAG_LAYERS}"
 PORT=$((33000 + $$ % 2000)); URL=http://127.0.0.1:$PORT
+echo "== commit $(git log --oneline -1 2>/dev/null | cut -c1-100)"
 echo "== GPUs before"
 nvidia-smi --query-gpu=index,name,driver_version,memory.used,memory.total --format=csv,noheader
 echo "== host: $(nproc) cores, $(free -g | awk '/Mem:/{print $2" GB RAM, "$7" GB available"}')"

@@ -143,6 +143,26 @@ prof() { # tag tp limit [ncu flags...]
         timeout 20 python3 bench/device/decprof_table.py "$OUT/ncu-$tag.csv" "$tag" | grep -v "^ *[0-9]* [a-zA-Z_]" | head -40
     fi
 }
+# NCCL all-reduce latency at the decode step's sizes (BF16 [M, 4096], 2 GPUs of one process, as
+# model_tp.c calls it), through PyTorch's single-process torch.cuda.nccl, eager and in a CUDA graph
+echo "== NCCL all-reduce, 2 GPUs, BF16 [M, 4096] (PyTorch torch.cuda.nccl, one process)"
+timeout 60 python3 - <<'PY' 2>&1 | tail -8
+import torch, torch.cuda.nccl as nccl
+print(f"  torch {torch.__version__}, NCCL {nccl.version()}")
+for M in (1, 16, 2048):
+    xs = [torch.ones(M, 4096, dtype=torch.bfloat16, device=f"cuda:{d}") for d in (0, 1)]
+    for _ in range(20): nccl.all_reduce(xs)
+    for d in (0, 1): torch.cuda.synchronize(d)
+    n = 200 if M < 2048 else 50
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(0):
+        s.record()
+        for _ in range(n): nccl.all_reduce(xs)
+        e.record()
+    for d in (0, 1): torch.cuda.synchronize(d)
+    us = s.elapsed_time(e) * 1e3 / n
+    print(f"  M = {M:5d} ({M * 8192 / 1024:.0f} KiB): {us:7.1f} us a call (eager, launch included); x 120 a step = {us * 120 / 1e3:.2f} ms")
+PY
 if [ -n "$NCU" ]; then
     prof tp2 2 110 --devices 0 --kernel-name "regex:^(?!nccl)"
     [ -f "$OUT/ncu-tp2.csv" ] && [ -s "$OUT/ncu-tp2.csv" ] || prof tp1 1 90

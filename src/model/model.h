@@ -89,7 +89,7 @@ typedef struct model_mem_plan {
     double gpu_replicated;  /* of which every GPU holds whole (embedding, lm_head, norms, router) */
     double largest_layer;   /* one layer's tensors (the streamed load holds one at a time) */
     double host_globals;    /* the tensors outside the layers (kept in host memory while serving) */
-    double host_peak;       /* host memory for the weights while loading */
+    double host_peak;       /* host memory for the weights while loading (not the process's own) */
     double kv_token_bytes;  /* KV cache per token on each GPU (every full-attention layer) */
     double slot_bytes;      /* one GDN state slot on each GPU (every GDN layer) */
 } model_mem_plan;

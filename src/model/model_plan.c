@@ -10,6 +10,8 @@
  * 1-D parameters and conv1d weights are uploaded as fp32; NVFP4 global and input scales are read
  * on the host (0 bytes); each piece is 256-byte aligned on the device, as model_weights.c lays it.
  * Tensors of layers beyond model_opts.max_layers, mtp.* and the vision tower are left out.
+ * Host memory while loading onto devices: the non-layer tensors, one layer's tensors, and that
+ * layer's host copies (the ranks' column slices, permuted rows), the largest layer's.
  *
  * Owns nothing beyond a call.
  */
@@ -37,7 +39,9 @@ typedef struct plan_acc {
     int tp, n_layers;
     model_mem_plan *p;
     double *layer; /* [n_layers] host bytes per layer */
+    double *stage; /* [n_layers] host copies made while loading the layer (see plan_add) */
     double globals;
+    int device;
 } plan_acc;
 
 static void plan_add(plan_acc *a, const st_tensor *t) {
@@ -49,6 +53,12 @@ static void plan_add(plan_acc *a, const st_tensor *t) {
     if (l >= a->n_layers) return;
     if (l >= 0) a->layer[l] += (double)t->nbytes;
     else a->globals += (double)t->nbytes;
+    /* host copies while a layer loads onto devices: the ranks' column slices (down_proj, o_proj,
+     * out_proj: every rank's share at once), the gated q_proj's permuted rows, GDN qkv's rows */
+    if (l >= 0 && a->device &&
+        ((tp > 1 && (strstr(n, "down_proj") || strstr(n, "o_proj") || strstr(n, "out_proj") || strstr(n, "in_proj_qkv"))) ||
+         (c->attn_output_gate && strstr(n, "q_proj"))))
+        a->stage[l] += (double)t->nbytes;
     a->p->total_bytes += (double)t->nbytes;
     if (ends_with(n, ".weight_scale_2") || ends_with(n, ".input_scale")) return; /* host scalars */
     if (ends_with(n, "lm_head.weight") && c->tie_embeddings) return;
@@ -75,8 +85,9 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
     memset(out, 0, sizeof *out);
     out->tp = tp > 1 ? tp : 1;
     out->n_layers = n_layers;
-    plan_acc a = {.c = c, .tp = out->tp, .n_layers = n_layers, .p = out};
+    plan_acc a = {.c = c, .tp = out->tp, .n_layers = n_layers, .p = out, .device = device};
     a.layer = xcalloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof(double));
+    a.stage = xcalloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof(double));
     if (src) {
         for (int i = 0; i < synth_src_count(src); i++) {
             st_tensor t;
@@ -86,10 +97,14 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
     } else {
         for (int i = 0; i < st_count(st); i++) plan_add(&a, st_get(st, i));
     }
-    for (int l = 0; l < n_layers; l++)
+    double stage = 0;
+    for (int l = 0; l < n_layers; l++) {
         if (a.layer[l] > out->largest_layer) out->largest_layer = a.layer[l];
+        if (a.stage[l] > stage) stage = a.stage[l];
+    }
     out->host_globals = a.globals;
     free(a.layer);
+    free(a.stage);
     /* caches per GPU: the rank's heads (model_tp.c), BF16 KV on a device, fp32 on the CPU */
     int n_full = 0, n_lin = 0;
     for (int l = 0; l < n_layers && l < CFG_MAX_LAYERS; l++) {
@@ -105,7 +120,7 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
     /* host memory while loading: streamed (a device, or CPU ranks), the non-layer tensors and one
      * layer beyond what stays (a CPU rank keeps its slices: the layers); else everything */
     const double layers = out->total_bytes - out->host_globals;
-    if (device) out->host_peak = out->host_globals + out->largest_layer;
+    if (device) out->host_peak = out->host_globals + out->largest_layer + stage;
     else if (T > 1) out->host_peak = out->host_globals + layers + out->largest_layer;
     else out->host_peak = out->total_bytes;
     return 0;

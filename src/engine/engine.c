@@ -540,10 +540,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         e->sedit = xcalloc((size_t)max_run, sizeof *e->sedit);
         e->sedp = xcalloc((size_t)max_run, sizeof *e->sedp);
         e->scon = xcalloc((size_t)max_run, sizeof *e->scon);
-        /* grammar masks and logit_bias on the device sampler (S9): off until validated on the H200 */
+        /* grammar masks and logit_bias on the device sampler (S9, the default since H200 round
+         * S9-R1: the same greedy tokens and logprobs as the host path); =0: the host path */
         const char *gd = getenv("LASTSTAND_GRAMMAR_DEVICE");
-        e->gdev = gd && *gd ? strcmp(gd, "0") != 0 : 0;
-        if (e->gdev) log_info("engine: grammar masks and logit_bias sampled on the device");
+        e->gdev = gd && *gd ? strcmp(gd, "0") != 0 : 1;
+        if (!e->gdev) log_info("engine: grammar masks and logit_bias sampled on the host (LASTSTAND_GRAMMAR_DEVICE=0)");
     }
     e->running = xcalloc((size_t)max_run, sizeof *e->running);
     stats_hist_init(&e->st.ttft, STATS_TTFT);

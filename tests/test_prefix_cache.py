@@ -15,7 +15,7 @@ Pins:
   prefix, concurrently, some streams cancelled midway: every completion equals the off
   server's, the cache evicts instead of failing, and at idle no page leaks (no page held by a
   request; pages off the free list == pages in the cache);
-- in-step snapshots (the CPU default): a miss on a GDN fixture prefills in ONE forward step (the
+- in-step snapshots (the default): a miss on a GDN fixture prefills in ONE forward step (the
   engine's debug log) while snapshotting at the prompt's page boundaries inside it; follow-ups
   that hit those snapshots keep transformers' greedy ids and first logprob (1e-4), with --tp 2
   too; LASTSTAND_PREFIX_SNAPSHOT=cut still cuts the prefill at them (three steps), with the same
@@ -97,6 +97,11 @@ def test_prefix_hit_keeps_transformers_greedy(ls_bin, shared_dir, name, page, tp
         assert "prefix cache on" in srv.log_text()
 
 
+def full_log(srv):
+    srv.log.seek(0)  # the whole log (Server.log_text keeps only its tail)
+    return srv.log.read()
+
+
 def first_logprob(srv, name, ids):
     st, out = srv.post_json("/v1/completions", {"model": os.path.join(MODELS, name), "prompt": ids,
                                                 "max_tokens": 1, "temperature": 0, "logprobs": 1})
@@ -122,12 +127,12 @@ def test_in_step_snapshots_one_prefill_step_and_transformers_state(ls_bin, share
         # full page), both inside the prefill
         out, cached = generate(srv, ids[:23], 1)
         assert cached == 0
-        steps = [int(n) for n in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", srv.log_text())]
+        steps = [int(n) for n in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", full_log(srv))]
         assert steps == ([23] if mode == "step" else [12, 8, 3]), steps
         m = metrics(srv)
         assert m["prefix_cache_snapshots_used"] == 2, m
         want_log = "taken inside the prefill step" if mode == "step" else "the prefill cut at them"
-        assert want_log in srv.log_text()
+        assert want_log in full_log(srv)
         # the whole prompt hits the snapshot at 20: transformers' greedy continuation
         out, cached = generate(srv, ids, len(greedy))
         assert cached == 20

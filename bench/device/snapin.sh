@@ -6,13 +6,13 @@
 #   bash bench/device/snapin.sh BIN OUTDIR
 #
 # Reads the fixture models at dir-of-BIN/fixtures/models (= ../shared/fixtures/models) and the
-# cmocka binary dir-of-BIN/tests/test_prefix.
-# 1. test_prefix on CUDA (test_in_step_snapshot_on_cuda_equals_the_cut_steps): one prefill step
+# cmocka binary dir-of-BIN/tests/test_prefix_cuda.
+# 1. test_prefix_cuda (test_in_step_snapshot_on_cuda_equals_the_cut_steps): one prefill step
 #    with in-step snapshots at tokens 8 and 13 vs the prefill cut there (synth:demo, synth 35B
 #    at 4 layers, the qwen3_next fixture): logits, and each snapshot continued in another slot.
-# 2. tests/test_gpu_prefix_cache.py with LASTSTAND_PREFIX_SNAPSHOT=step (the in-step path on
-#    CUDA, where the default is still the cut): fixture hits vs cache off, the synth 35B two-turn
-#    conversation, a miss in one prefill step (PREFIX_STEPS).
+# 2. tests/test_gpu_prefix_cache.py with the defaults (in-step snapshots since S9-R1): fixture
+#    hits vs cache off, the synth 35B two-turn conversation, a miss in one prefill step
+#    (PREFIX_STEPS).
 # 3. TTFT (bench/device/snapin_ttft.py): full synth Qwen3.5-35B-A3B (40 layers), misses and hits
 #    at 1024 and 4096 tokens, modes step / cut / off (as many as the time allows).
 # Verdict lines: "snapin: cmocka PASS|FAIL", "snapin: GPU test PASS|FAIL", SNAPIN lines.
@@ -20,14 +20,14 @@
 DEV_CACHE=1 dev_init snapin 145 "$@"   # the doctor's and smoke test's verdicts, reused by later starts
 
 # 1. the model-level check on CUDA
-LS_SHARED="$D" timeout 40 "$D/tests/test_prefix" > "$OUT/test_prefix.log" 2>&1
+LS_SHARED="$D" timeout 40 "$D/tests/test_prefix_cuda" > "$OUT/test_prefix.log" 2>&1
 rc=$?
 grep -E "vs the cut|RUN .*cuda|OK .*cuda|SKIPPED|PASSED|FAILED|ERROR|error" "$OUT/test_prefix.log" | head -20 | cut -c1-300
 ok=FAIL; [ $rc -eq 0 ] && grep -q "vs the cut" "$OUT/test_prefix.log" && ok=PASS
 echo "snapin: cmocka $ok (exit $rc) $(el)"
 
-# 2. the GPU prefix-cache tests with the in-step snapshots
-LASTSTAND_PREFIX_SNAPSHOT=step BUILD="$D" LS_SHARED="$D" timeout 65 python3 -m pytest -q -s -p no:cacheprovider \
+# 2. the GPU prefix-cache tests (in-step snapshots: the default)
+BUILD="$D" LS_SHARED="$D" timeout 65 python3 -m pytest -q -s -p no:cacheprovider \
     tests/test_gpu_prefix_cache.py > "$OUT/pytest.log" 2>&1
 rc=$?
 grep -E "PREFIX_TTFT|PREFIX_FIXTURE|PREFIX_STEPS|passed|failed|skipped|Error|assert" "$OUT/pytest.log" | head -30 | cut -c1-600

@@ -32,13 +32,18 @@ from e2e_util import Server  # noqa: E402
 STEP_RE = re.compile(r"engine: step \d+: (\d+) seqs, (\d+) tokens, ([0-9.]+) ms")
 
 
+def full_log(srv):
+    srv.log.seek(0)  # the whole log (Server.log_text keeps only its tail)
+    return srv.log.read()
+
+
 def one(srv, ids, log_at):
     t0 = time.perf_counter()
     st, out = srv.post_json("/generate", {"input_ids": ids, "sampling_params": {
         "max_new_tokens": 1, "temperature": 0, "ignore_eos": True}})
     dt = time.perf_counter() - t0
     assert st == 200, out
-    log = srv.log_text()
+    log = full_log(srv)
     steps = [(int(t), float(ms)) for _, t, ms in STEP_RE.findall(log[log_at:])]
     return {"ms": round(dt * 1e3, 2), "cached": out["meta_info"]["cached_tokens"],
             "steps": [t for t, _ in steps], "fwd_ms": round(sum(ms for _, ms in steps), 2)}, len(log)
@@ -52,7 +57,7 @@ def run_mode(a, mode, lens, rng):
     left = a.deadline - time.time()
     with Server(a.bin, a.model, *flags, env=env, timeout=max(10, left - 5)) as srv:
         start_s = round(time.time() - t0, 1)
-        log_at = len(srv.log_text())
+        log_at = len(full_log(srv))
         res = {"startup_s": start_s}
         for L in lens:
             for _ in range(2):  # warm-up: the workspace and the backends at this length
@@ -67,7 +72,7 @@ def run_mode(a, mode, lens, rng):
                 r, log_at = one(srv, p + [rng.randrange(a.vocab) for _ in range(64)], log_at)
                 kinds["extend"].append(r)
             res[L] = kinds
-        log = srv.log_text()
+        log = full_log(srv)
         res["log"] = [ln[ln.find("engine:"):][:200] for ln in log.splitlines()
                       if "prefix cache" in ln or "GDN slots" in ln]
     return res

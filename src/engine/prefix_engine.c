@@ -19,16 +19,17 @@
  * of the snapshot LRU (the previous one is demoted), so that when it finishes
  * the last boundary it reached is cached for a follow-up.
  *
- * The prompt's boundaries inside a prefill step (pfx_instep, the default
- * where LASTSTAND_PREFIX_SNAPSHOT says nothing: the CPU): pfxe_step_plan holds
+ * The prompt's boundaries inside a prefill step (pfx_instep, the default;
+ * validated on the H200 in S9 round R1): pfxe_step_plan holds
  * a snapshot slot (pfx_snap_hold) per boundary and asks the model for the GDN
  * state there (fwd_seq.snap_off / snap_slot: the GDN op runs in pieces, the
  * state copied between them, model_qwen3_next.c); pfxe_step_done attaches
  * each to the entry of the page the boundary ends, once that page is
  * published. The prefill stays one step. The alternative (pfx_instep 0,
- * LASTSTAND_PREFIX_SNAPSHOT=cut; CUDA's default until a device round
- * validated the in-step path there): pfxe_chunk cuts the prefill into steps
- * ending at those boundaries, each one more forward pass over every weight.
+ * LASTSTAND_PREFIX_SNAPSHOT=cut, the S8 way, kept for comparison): pfxe_chunk
+ * cuts the prefill into steps ending at those boundaries, each one more
+ * forward pass over every weight (+8 ms of TTFT for a 1024-token miss on the
+ * 40-layer synth 35B, against +1.3 ms in-step: bench/RESULTS.md, S9).
  *
  * Invariants: the last prompt token is always recomputed (a hit covers at
  * most n_tok - 1 tokens, rounded down to a usable boundary); pages cached
@@ -128,17 +129,16 @@ int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new) {
     return n_new;
 }
 
-/* In-step snapshots unless LASTSTAND_PREFIX_SNAPSHOT=cut; the default is
- * in-step on the CPU and the cut elsewhere (the in-step path awaits its device
- * round on CUDA). */
+/* In-step snapshots unless LASTSTAND_PREFIX_SNAPSHOT=cut (every model and
+ * device takes them: the GDN op in pieces is backend-agnostic, and with --tp
+ * every rank copies its own shard of the state). */
 int pfxe_instep_mode(const ls_engine *e) {
+    (void)e;
     const char *v = getenv("LASTSTAND_PREFIX_SNAPSHOT");
-    int dflt = strcmp(model_device(e->m), "cpu") == 0;
-    if (!v || !*v) return dflt;
-    if (strcmp(v, "step") == 0) return 1;
+    if (!v || !*v || strcmp(v, "step") == 0) return 1;
     if (strcmp(v, "cut") == 0) return 0;
-    log_warn("engine: LASTSTAND_PREFIX_SNAPSHOT=%s: expected step or cut; using %s", v, dflt ? "step" : "cut");
-    return dflt;
+    log_warn("engine: LASTSTAND_PREFIX_SNAPSHOT=%s: expected step or cut; taking the snapshots in-step", v);
+    return 1;
 }
 
 /* Before a step of s->n_new tokens of r: the prompt's page boundaries strictly

@@ -62,6 +62,8 @@ $(BUILD)/obj/%.o: src/%.cu
 
 # The test-only backend cuda_broken_sm100 is built for Blackwell only, on purpose.
 $(BUILD)/obj/ops/cuda/fp4_gemm_sm100.o: NVARCH := -gencode arch=compute_100a,code=sm_100a
+# cuda_grouped_gemm's wgmma GEMMs (moe_wgmma.cu) exist on sm_90a only.
+$(BUILD)/obj/ops/cuda/moe_wgmma.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)

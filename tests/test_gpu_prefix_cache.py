@@ -22,10 +22,15 @@ Pins:
   the hit sizes, the snapshots and pages at the 35B's shapes, and measures. The TTFT
   of such a turn with and without the cache and the logprob differences are printed
   (PREFIX_TTFT, pytest -s);
-- at idle no request holds a page and every allocated page is the cache's.
+- at idle no request holds a page and every allocated page is the cache's;
+- a miss on a GDN fixture prefills in one forward step with the snapshot at token 16 taken inside
+  it (in-step snapshots: the default since S9-R1), or in two steps cut at token 16
+  (LASTSTAND_PREFIX_SNAPSHOT=cut); the prompt again hits that snapshot and repeats the cache-off
+  engine's greedy ids (10 of 12, as above).
 """
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -174,3 +179,35 @@ def test_gpu_synth35_two_turns_hit_and_match_cache_off(ls_bin):
     assert c2 <= len(p2) - 1
     assert all(c >= len(p1) // 16 * 16 for c, _ in ttft)
     assert d1 <= LP_TOL and d2 <= LP_TOL, line
+
+
+def full_log(srv):
+    srv.log.seek(0)  # the whole log (Server.log_text keeps only its tail)
+    return srv.log.read()
+
+
+def test_gpu_gdn_miss_prefills_in_one_step(ls_bin):
+    d, ref = load_ref("qwen3_next")
+    ids = ref["input_ids"]
+    n = len(ref["greedy"])
+    p = run_ls("generate", "--model-path", d, "--ids", ",".join(map(str, ids)), "--device", "cuda",
+               "--max-new-tokens", n, "--prefix-cache", "off", timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    off = json.loads(p.stdout)["ids"]
+    with Server(ls_bin, d, "--device", "cuda", "--served-model-name", "m", "--log-level", "debug", *FAST,
+                timeout=300) as srv:
+        k0 = len(full_log(srv))
+        out, cached = generate(srv, ids, n)
+        steps = [int(x) for x in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", full_log(srv)[k0:])]
+        again, cached2 = generate(srv, ids, n)
+        m = metrics(srv)
+        log = full_log(srv)
+    instep = "taken inside the prefill step" in log
+    print(f"PREFIX_STEPS qwen3_next: {'in-step' if instep else 'cut'}, prefill steps {steps[:3]}, "
+          f"cached {cached}/{cached2}, on vs off {same(out, off)}/{n}, again vs off {same(again, off)}/{n}")
+    assert instep or "the prefill cut at them" in log, log
+    # 24 tokens, 16-token pages: the follow-up boundary is 16 (the prompt's end is snapshotted after)
+    assert steps[0] == (24 if instep else 16), steps
+    assert cached == 0 and cached2 == 16, (cached, cached2)
+    assert same(out, off) >= n - 2 and same(again, off) >= n - 2, (out, again, off)
+    assert m["kv_pages_used"] == 0 and m["kv_pages_allocated"] == m["prefix_cache_pages"], m

@@ -15,10 +15,16 @@ Pins:
   prefix, concurrently, some streams cancelled midway: every completion equals the off
   server's, the cache evicts instead of failing, and at idle no page leaks (no page held by a
   request; pages off the free list == pages in the cache);
+- in-step snapshots (the default): a miss on a GDN fixture prefills in ONE forward step (the
+  engine's debug log) while snapshotting at the prompt's page boundaries inside it; follow-ups
+  that hit those snapshots keep transformers' greedy ids and first logprob (1e-4), with --tp 2
+  too; LASTSTAND_PREFIX_SNAPSHOT=cut still cuts the prefill at them (three steps), with the same
+  hits and logprobs;
 - bad flag values exit 2 naming the flag.
 """
 import json
 import os
+import re
 import threading
 
 import numpy as np
@@ -91,6 +97,55 @@ def test_prefix_hit_keeps_transformers_greedy(ls_bin, shared_dir, name, page, tp
         assert "prefix cache on" in srv.log_text()
 
 
+def full_log(srv):
+    srv.log.seek(0)  # the whole log (Server.log_text keeps only its tail)
+    return srv.log.read()
+
+
+def first_logprob(srv, name, ids):
+    st, out = srv.post_json("/v1/completions", {"model": os.path.join(MODELS, name), "prompt": ids,
+                                                "max_tokens": 1, "temperature": 0, "logprobs": 1})
+    assert st == 200, out
+    return out["usage"]["prompt_tokens_details"]["cached_tokens"], out["choices"][0]["logprobs"]["token_logprobs"][0]
+
+
+def hf_logprob(ref, pos):
+    # transformers' log-probability of its greedy next token after prompt position pos
+    row = np.array(ref["logits"][pos], dtype=np.float64)
+    return -np.log(np.exp(row - row.max()).sum())
+
+
+@pytest.mark.parametrize("name,tp,mode", [("qwen3_next", 1, "step"), ("qwen3_5_moe_text", 1, "step"),
+                                          ("qwen3_next", 2, "step"), ("qwen3_next", 1, "cut")])
+def test_in_step_snapshots_one_prefill_step_and_transformers_state(ls_bin, shared_dir, name, tp, mode):
+    ref = load_ref(name)
+    ids, greedy = ref["input_ids"], ref["greedy"]
+    env = {"LASTSTAND_PREFIX_SNAPSHOT": mode}
+    with Server(ls_bin, os.path.join(MODELS, name), "--page-size", 4, "--tp", tp, "--log-level", "debug",
+                env=env) as srv:
+        # a 23-token miss: the follow-up boundaries are 12 (before the last 8 tokens) and 20 (the last
+        # full page), both inside the prefill
+        out, cached = generate(srv, ids[:23], 1)
+        assert cached == 0
+        steps = [int(n) for n in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", full_log(srv))]
+        assert steps == ([23] if mode == "step" else [12, 8, 3]), steps
+        m = metrics(srv)
+        assert m["prefix_cache_snapshots_used"] == 2, m
+        want_log = "taken inside the prefill step" if mode == "step" else "the prefill cut at them"
+        assert want_log in full_log(srv)
+        # the whole prompt hits the snapshot at 20: transformers' greedy continuation
+        out, cached = generate(srv, ids, len(greedy))
+        assert cached == 20
+        assert out == greedy, f"{name}: greedy after the in-step snapshot at 20 differs from transformers'"
+        # the first logprob after a hit at 20 (the whole prompt) and at 12 (14 tokens)
+        for n, at in ((len(ids), 20), (14, 12)):
+            cached, got = first_logprob(srv, name, ids[:n])
+            assert cached == at
+            want = hf_logprob(ref, n - 1)
+            assert abs(got - want) < 1e-4 * max(1.0, abs(want)), (n, got, want)
+        assert_no_leak(srv)
+
+
 def test_prefix_cache_off_reports_nothing_cached(ls_bin, shared_dir):
     ref = load_ref("qwen3_next")
     ids, greedy = ref["input_ids"], ref["greedy"]
@@ -106,7 +161,8 @@ def test_prefix_cache_off_reports_nothing_cached(ls_bin, shared_dir):
 
 
 def test_generate_with_and_without_the_cache_matches_transformers(ls_bin, shared_dir):
-    # one request: the cache cuts the GDN prefill at the prompt's last page boundary (a snapshot)
+    # one request: the cache snapshots the GDN state at the prompt's last page boundary (inside the
+    # prefill step on the CPU)
     ref = load_ref("qwen3_5_moe_text")
     for flag in ("on", "off"):
         p = run_ls("generate", "--model-path", os.path.join(MODELS, "qwen3_5_moe_text"), "--ids",

@@ -12,8 +12,10 @@
 #include "laststand.h"
 #include "server/server.h"
 #include "cli/serve_auto.h"
+#include "model/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <limits.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -59,6 +61,8 @@ typedef struct serve_args {
     const char *prefix_cache;
     long long prefix_snapshots, page_size;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
+    int dry_run;
+    double dry_run_gpu_gib;
 } serve_args;
 
 static void usage(const flag *flags, int n) {
@@ -167,6 +171,69 @@ static char *demo_model_path(void) {
     return xstrdup(dir);
 }
 
+/* ---- --dry-run: the memory plan ----------------------------------------------------- */
+
+/* The engine's sizing (engine.c) replayed per GPU on a GPU of a->dry_run_gpu_gib: the weights
+ * (model_mem_plan), the GDN state slots of the running requests, a tenth of the rest for prefix
+ * snapshots, the KV pool from what remains. Prints the plan; 0, or 2 with the reason when the
+ * model cannot be planned, 1 when it does not fit. */
+static int dry_run(const serve_args *a) {
+    const char *path = a->model_path ? a->model_path : "synth:demo";
+    const int tp = a->tp > 1 ? (int)a->tp : 1;
+    const int cpu = !strcmp(a->device, "cpu");
+    model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp};
+    model_mem_plan p;
+    ls_err e = {0};
+    if (model_mem_plan_get(path, &mo, &p, &e)) {
+        fprintf(stderr, "laststand serve: error: --dry-run: %s\n", e.msg);
+        return 2;
+    }
+    const double GiB = 1073741824.0, gpu = (a->dry_run_gpu_gib > 0 ? a->dry_run_gpu_gib : 140.4) * GiB;
+    const double frac = a->mem_fraction_static > 0 ? a->mem_fraction_static : 0.88;
+    const int max_run = a->max_running_requests > 0 ? (int)a->max_running_requests : 64;
+    const double ctx_overhead = 0.6 * GiB; /* CUDA context, cuBLASLt, NCCL buffers (measured ~0.5 GiB) */
+    printf("memory plan: %s, --tp %d on %s (from the config and tensor headers; nothing loaded)\n", path, tp,
+           cpu ? "the CPU" : "CUDA");
+    printf("  checkpoint: %d layers%s, %.1f GB of tensors (the largest layer %.2f GB, outside the layers %.2f GB)\n",
+           p.n_layers, p.n_layers < p.n_layers_ckpt ? " (cut)" : "", p.total_bytes / 1e9, p.largest_layer / 1e9,
+           p.host_globals / 1e9);
+    printf("  weights per GPU: %.2f GiB (%.2f GiB of them on every GPU: embedding, lm_head, norms, router)\n",
+           p.gpu_weights / GiB, p.gpu_replicated / GiB);
+    printf("  host memory for the weights while loading: ~%.1f GB (streamed: %s)\n", p.host_peak / 1e9,
+           cpu && tp == 1 ? "no, the CPU keeps the checkpoint" : "one layer at a time");
+    if (cpu) return 0;
+    const double caches = frac * gpu - p.gpu_weights - ctx_overhead;
+    const double slots = (double)max_run * p.slot_bytes;
+    double left = caches - slots - (p.slot_bytes + 16 * p.kv_token_bytes);
+    double snaps = 0;
+    if (p.slot_bytes > 0 && left > 0) {
+        double n = floor(0.1 * left / p.slot_bytes);
+        if (n > 2.0 * max_run) n = 2.0 * max_run;
+        snaps = n * p.slot_bytes;
+        left -= snaps;
+    }
+    const double tokens = p.kv_token_bytes > 0 && left > 0 ? floor(left / p.kv_token_bytes) : 0;
+    printf("  on a GPU of %.1f GiB at --mem-fraction-static %.2f: %.2f GiB for the caches after the weights and "
+           "~%.1f GiB of context\n", gpu / GiB, frac, caches / GiB, ctx_overhead / GiB);
+    printf("    GDN state: %.1f MiB a slot; %d running requests: %.2f GiB; prefix snapshots: %.2f GiB\n",
+           p.slot_bytes / 1048576.0, max_run, slots / GiB, snaps / GiB);
+    printf("    KV cache: %.1f KiB a token: %.0f tokens fit in the remaining %.2f GiB\n", p.kv_token_bytes / 1024.0,
+           tokens, left > 0 ? left / GiB : 0.0);
+    const int ctx = a->context_length > 0 ? (int)a->context_length : 0;
+    if (p.gpu_weights + GiB > gpu) {
+        printf("  verdict: DOES NOT FIT: %.2f GiB of weights per GPU on a %.1f GiB GPU (use a larger --tp)\n",
+               p.gpu_weights / GiB, gpu / GiB);
+        return 1;
+    }
+    if (tokens < 32 || (ctx && tokens < ctx)) {
+        printf("  verdict: the weights fit, the caches do not (%.0f KV tokens%s): raise --mem-fraction-static, lower "
+               "--max-running-requests or --context-length\n", tokens, ctx ? " for one --context-length sequence" : "");
+        return 1;
+    }
+    printf("  verdict: fits (the engine sizes the caches from each GPU's measured free memory at start-up)\n");
+    return 0;
+}
+
 /* ---- serve ------------------------------------------------------------------------- */
 
 int cmd_serve(int argc, char **argv) {
@@ -229,7 +296,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
         {"page-size", F_INT, &a.page_size, "KV-cache tokens per page, the prefix cache's unit (default 16)", NULL},
         {"context-length", F_INT, &a.context_length, "context length (default: the model's)", NULL},
-        {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 2048, -1: off)", NULL},
+        {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 8192, -1: off)", NULL},
         {"api-key", F_STR, &a.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
         {"chat-template", F_STR, &a.chat_template, "Jinja chat template file overriding the model's", NULL},
         {"log-level", F_STR, &a.log_level, "debug | info | warning | error", LEVELS},
@@ -247,6 +314,11 @@ int cmd_serve(int argc, char **argv) {
          "run decode steps eagerly instead of replaying CUDA graphs per batch-size bucket", NULL},
         {"cuda-graph-max-bs", F_INT, &a.cuda_graph_max_bs,
          "largest decode batch captured as a CUDA graph (default: --max-running-requests)", NULL},
+        {"dry-run", F_BOOL, &a.dry_run,
+         "print the memory plan per GPU (weights, GDN state slots, KV tokens that fit, host memory while loading) "
+         "from the model's config and tensor headers alone, then exit: nothing is loaded, no GPU is needed", NULL},
+        {"dry-run-gpu-gib", F_FLOAT, &a.dry_run_gpu_gib,
+         "--dry-run: the memory of each GPU in GiB (default 140.4, an H200)", NULL},
         {"max-connections", F_INT, &a.max_connections, "concurrent HTTP connections (default 512)", NULL},
         {"max-body-mb", F_INT, &a.max_body_mb, "request body limit in MiB (default 32)", NULL},
         {"timeout-keep-alive", F_INT, &a.timeout_keep_alive, "idle connection timeout in seconds (default 600)", NULL},
@@ -326,6 +398,12 @@ int cmd_serve(int argc, char **argv) {
 #undef BAD
     log_set_level(log_parse_level(a.log_level));
 
+    if (a.dry_run) {
+        if (a.dry_run_gpu_gib < 0) { fprintf(stderr, "laststand serve: error: --dry-run-gpu-gib: must be > 0\n"); json_decref(args_json); return 2; }
+        int rc = dry_run(&a);
+        json_decref(args_json);
+        return rc;
+    }
     char *model_path = a.model_path ? xstrdup(a.model_path) : demo_model_path();
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -342,9 +420,11 @@ int cmd_serve(int argc, char **argv) {
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
                           .buckets = a.doctor_buckets, .tp = (int)a.tp};
     for (int f = 0; f < SA_NFAM; f++) sa.names[f] = a.backend[f];
+    const double t_start = now_sec();
     {
         char serr[1024] = "";
         int src = serve_auto_select(&sa, serr, sizeof serr);
+        log_info("start-up: backend selection (doctor + smoke test) %.1f s", now_sec() - t_start);
         if (src) {
             fprintf(stderr, "laststand serve: error: %s\n", serr);
             free(model_path);
@@ -384,6 +464,8 @@ int cmd_serve(int argc, char **argv) {
         return rc == LS_ERR_INVAL || rc == LS_ERR_UNSUPPORTED ? 2 : 1;
     }
     log_info("model %s loaded in %.1f s", model_path, now_sec() - t0);
+    log_info("start-up: backend selection %.1f s + engine (weights, caches, CUDA graphs) %.1f s = %.1f s before "
+             "serving", t0 - t_start, now_sec() - t0, now_sec() - t_start);
 
     srv_config cfg = {0};
     cfg.host = a.host;

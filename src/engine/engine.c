@@ -56,10 +56,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef LS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 static int set_err(char *err, size_t errn, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int set_err(char *err, size_t errn, int code, const char *fmt, ...) {
@@ -106,18 +102,25 @@ static size_t safetensors_bytes(const char *dir) {
  * CPU: mem_fraction of physical RAM minus the weights (the larger of the RSS
  * growth across model_open and the safetensors on disk); with the default
  * fraction the caches are also capped at 1 GiB so tests and laptops stay small.
- * CUDA: mem_fraction of device memory minus what is already in use. */
-static double cache_budget(const ls_engine_opts *o, int cuda, size_t weights) {
+ * CUDA: mem_fraction of device memory minus what is already in use, on the tightest GPU
+ * (model_gpu_mem: with --tp every rank's GPU holds an equal share of the caches, whose sizes
+ * model_kv_page_bytes / model_slot_bytes give summed over the ranks: so the budget is tp times
+ * that GPU's). gpu / gpu_free / gpu_total: that GPU (-1 on the CPU). */
+static double cache_budget(const ls_engine_opts *o, model *m, int tp, int cuda, size_t weights, int *gpu,
+                           double *gpu_free, double *gpu_total) {
     double frac = o->mem_fraction_static;
     int auto_frac = !(frac > 0);
     if (auto_frac) frac = cuda ? 0.88 : 0.5;
-#ifdef LS_HAVE_CUDA
+    *gpu = -1;
+    *gpu_free = *gpu_total = 0;
     if (cuda) {
         size_t fr = 0, tot = 0;
-        if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return frac * (double)tot - (double)(tot - fr);
+        if (model_gpu_mem(m, gpu, &fr, &tot) == 0) {
+            *gpu_free = (double)fr;
+            *gpu_total = (double)tot;
+            return (frac * (double)tot - (double)(tot - fr)) * (tp > 1 ? tp : 1);
+        }
     }
-#endif
-    (void)cuda;
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     double b = frac * ram - (double)weights;
     if (auto_frac && b > (double)(1u << 30)) b = (double)(1u << 30);
@@ -405,7 +408,15 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     size_t st_bytes = safetensors_bytes(o->model_path);
     if (st_bytes > weights) weights = st_bytes;
     int cuda = strcmp(e->device, "cuda") == 0; /* the resolved device, so --device auto budgets a GPU as one */
-    double budget = cache_budget(o, cuda, weights);
+    int gpu;
+    double gpu_free, gpu_total;
+    double budget = cache_budget(o, e->m, e->tp, cuda, weights, &gpu, &gpu_free, &gpu_total);
+    const double budget0 = budget;
+    if (gpu >= 0)
+        log_info("engine: memory plan: GPU %d (the tightest%s) has %.2f of %.2f GiB free after the weights; "
+                 "--mem-fraction-static %.2f leaves the caches %.2f GiB per GPU", gpu,
+                 e->tp > 1 ? " of the tensor-parallel ranks" : "", gpu_free / 1073741824.0, gpu_total / 1073741824.0,
+                 o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88, budget / e->tp / 1073741824.0);
     budget -= (double)max_run * (double)slot_bytes;
     budget -= (double)max_run * (double)e->vocab * sizeof(float);
     if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */
@@ -445,10 +456,16 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     }
     if (n_pages * page_size < ctx) {
         if (o->context_length > 0 || n_pages * page_size < 2 * page_size) {
+            char where[320] = "";
+            if (gpu >= 0) /* what the GPU had and what the state slots took from it */
+                snprintf(where, sizeof where, " (GPU %d: %.2f GiB free after the weights, %.2f GiB for the caches "
+                         "per GPU at --mem-fraction-static, %.2f GiB of it GDN state for %d running requests)", gpu,
+                         gpu_free / 1073741824.0, budget0 / e->tp / 1073741824.0,
+                         (double)max_run * (double)slot_bytes / e->tp / 1073741824.0, max_run);
             set_err(err, errn, LS_ERR_INVAL,
                     "the KV pool holds %d tokens (%d pages of %d), less than one sequence of "
-                    "--context-length %d: raise --mem-fraction-static / --max-total-tokens or "
-                    "lower --context-length", n_pages * page_size, n_pages, page_size, ctx);
+                    "--context-length %d%s: raise --mem-fraction-static / --max-total-tokens, lower "
+                    "--max-running-requests or --context-length", n_pages * page_size, n_pages, page_size, ctx, where);
             engine_free(e);
             return LS_ERR_INVAL;
         }
@@ -521,6 +538,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->pfx_gdn = slot_bytes > 0;
     e->snap_base = max_run;
     pfx_init(&e->pfx, pfx_on ? n_pages : 0, page_size, n_snap);
+    e->pfx_instep = pfxe_instep_mode(e);
     e->st.prefix_snapshots_total = n_snap;
     e->n_smp = pool_threads() < max_run ? pool_threads() : max_run;
     if (e->n_smp < 1) e->n_smp = 1;
@@ -559,8 +577,9 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
              graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
     if (pfx_on && n_snap)
         log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run, %d GDN "
-                 "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries", n_pages, n_pages * page_size,
-                 n_snap, (double)n_snap * (double)slot_bytes / 1048576.0, (double)slot_bytes / 1048576.0);
+                 "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries, %s", n_pages, n_pages * page_size,
+                 n_snap, (double)n_snap * (double)slot_bytes / 1048576.0, (double)slot_bytes / 1048576.0,
+                 e->pfx_instep ? "taken inside the prefill step" : "the prefill cut at them");
     else if (pfx_on)
         log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run", n_pages,
                  n_pages * page_size);
@@ -1189,6 +1208,7 @@ static void run_step(ls_engine *e, int nb) {
         s->n_new = e->batch_new[i];
         s->pages = r->pages;
         s->logits_all = 0;
+        pfxe_step_plan(e, r, s); /* in-step GDN snapshots at the prompt's page boundaries (or none) */
         memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
         ntok += s->n_new;
     }

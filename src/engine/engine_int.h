@@ -46,6 +46,11 @@ struct ereq {
     int n_pent, cap_pent;
     int n_hit;                 /* prompt tokens the cache gave at the first admission (cached_tokens) */
     int32_t snap_roll;         /* entry of its latest decode-time GDN snapshot, -1 */
+    /* in-step GDN snapshots of the step in flight (pfxe_step_plan .. pfxe_step_done): held
+     * snapshot indices and the token boundaries they hold the state at */
+    int32_t snap_hold[MODEL_SNAP_MAX];
+    int snap_at[MODEL_SNAP_MAX];
+    int n_snap_hold;
 
     smp_rng rng;
     tok_stream *ts;            /* NULL without a tokenizer */
@@ -91,6 +96,7 @@ struct ls_engine {
      * snap_base + k (after the max_run request slots) */
     pfx_cache pfx;
     int pfx_on, pfx_gdn, snap_base;
+    int pfx_instep;            /* GDN snapshots inside the prefill step (1), or the prefill cut at them (0) */
     smp_ctx **smps;            /* [n_smp] sampler scratch, one per pool worker slot */
     int n_smp, n_smp_used;
     samp_job *jobs;            /* [max_run] requests sampling this step, in batch order */
@@ -151,6 +157,8 @@ int pfxe_pages_avail(const ls_engine *e);
 int pfxe_admit(ls_engine *e, ereq *r);
 void pfxe_restore(ls_engine *e, ereq *r);
 int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new);
+int pfxe_instep_mode(const ls_engine *e);
+void pfxe_step_plan(ls_engine *e, ereq *r, fwd_seq *s);
 void pfxe_step_done(ls_engine *e, ereq *r);
 void pfxe_release(ls_engine *e, ereq *r);
 

@@ -263,6 +263,34 @@ void pfx_snap_demote(pfx_cache *c, int32_t k) {
     snap_push_head(c, k);
 }
 
+int32_t pfx_snap_hold(pfx_cache *c) {
+    if (c->n_snap_free == 0 && c->snap_head < 0) return -1; /* none, or every one held */
+    if (c->n_snap_free == 0) snap_free_slot(c, c->snap_head);
+    c->n_snaps_held++;
+    return c->snap_free[--c->n_snap_free];
+}
+
+int pfx_snap_attach(pfx_cache *c, int32_t k, int32_t s) {
+    CHECK(k >= 0 && k < c->cap && c->ent[k].live && s >= 0 && s < c->n_snap && c->n_snaps_held > 0);
+    pfx_ent *x = &c->ent[k];
+    c->n_snaps_held--;
+    if (x->snap >= 0) {
+        c->snap_free[c->n_snap_free++] = s;
+        pfx_snap_touch(c, k);
+        return 0;
+    }
+    x->snap = s;
+    snap_push_tail(c, k);
+    c->n_snaps_used++;
+    return 1;
+}
+
+void pfx_snap_put(pfx_cache *c, int32_t s) {
+    CHECK(s >= 0 && s < c->n_snap && c->n_snaps_held > 0);
+    c->n_snaps_held--;
+    c->snap_free[c->n_snap_free++] = s;
+}
+
 /* ---- consistency -------------------------------------------------------------- */
 
 #define BAD_IF(cond) do { if (cond) { free(seen); free(kids); return -__LINE__; } } while (0)
@@ -293,7 +321,7 @@ int pfx_check(const pfx_cache *c) {
     }
     BAD_IF(n_live != c->n_ents || n_unref != c->n_unref || n_snap != c->n_snaps_used);
     BAD_IF(c->n_free_ent + c->n_ents != c->cap);
-    BAD_IF(c->n_snap_free + c->n_snaps_used != c->n_snap);
+    BAD_IF(c->n_snaps_held < 0 || c->n_snap_free + c->n_snaps_used + c->n_snaps_held != c->n_snap);
     int n_lru = 0;
     uint64_t last = 0;
     for (int32_t k = c->lru_head, prev = -1; k >= 0; prev = k, k = c->ent[k].lnext) {

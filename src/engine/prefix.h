@@ -19,8 +19,10 @@
  *     reclaimable (leaf first): n_unref pages can always be evicted;
  *   - the eviction list holds exactly the entries with ref == 0 and no
  *     children, ordered by last use (head = oldest);
- *   - a snapshot belongs to one entry; the snapshot list holds every entry
- *     with a snapshot, ordered by last use (head = evicted first).
+ *   - a snapshot belongs to one entry, or is held (pfx_snap_hold: its state is
+ *     being written during a step that publishes the entry after it); the
+ *     snapshot list holds every entry with a snapshot, ordered by last use
+ *     (head = evicted first); free + attached + held = n_snap.
  */
 #ifndef LS_ENGINE_PREFIX_H
 #define LS_ENGINE_PREFIX_H
@@ -59,6 +61,7 @@ typedef struct pfx_cache {
     int n_ents, n_unref, n_snaps_used;
     uint64_t tick;
     int test_collide;         /* test hook: every hash is the same (forces bucket collisions) */
+    int n_snaps_held;         /* snapshot slots held by the caller, attached to no entry yet */
 } pfx_cache;
 
 /* n_pages: the KV pool size (the most entries); n_snap: snapshot slots (0: none). */
@@ -98,6 +101,18 @@ int32_t pfx_snap_take(pfx_cache *c, int32_t k);
 void pfx_snap_drop(pfx_cache *c, int32_t k);   /* free k's snapshot (e.g. the copy failed) */
 void pfx_snap_touch(pfx_cache *c, int32_t k);  /* k's snapshot was used now */
 void pfx_snap_demote(pfx_cache *c, int32_t k); /* k's snapshot goes first on the next eviction */
+
+/* A snapshot slot held by the caller before the entry it will belong to exists
+ * (an in-step snapshot: the GDN state is copied during the step, the page is
+ * published after it): a free one, else the least recently used snapshot's
+ * (detached from its entry). -1 when there are no snapshot slots or every one
+ * is held. Hand it on with pfx_snap_attach or back with pfx_snap_put. */
+int32_t pfx_snap_hold(pfx_cache *c);
+/* Held snapshot s becomes entry k's, used now. When k already has one (an
+ * equal page with its snapshot was cached meanwhile), s is freed and k's
+ * touched. Returns 1 when s was attached, 0 when it was freed. */
+int pfx_snap_attach(pfx_cache *c, int32_t k, int32_t s);
+void pfx_snap_put(pfx_cache *c, int32_t s);    /* held snapshot s freed, unused (the step failed) */
 
 /* Consistency check of every invariant above (tests); 0 when it holds, else
  * a negative line number of the failed check. */

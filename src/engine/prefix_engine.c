@@ -13,11 +13,23 @@
  * Models with GDN layers: a hit is only usable up to a page boundary where a
  * snapshot of the GDN state exists (prefix.h: pfx_match need_snap); the
  * snapshot is copied into the request's slot at admission. Snapshots are
- * taken whenever a step ends on a page boundary: a prefill is cut to end
- * at the boundaries a follow-up uses (pfxe_chunk), and during
- * decode every boundary is reached, the request keeping only its latest one
- * in the front of the snapshot LRU (the previous one is demoted), so that
- * when it finishes the last boundary it reached is cached for a follow-up.
+ * taken at the prompt's page boundaries a follow-up uses (pfxe_chunk's
+ * comment) and whenever a step ends on a page boundary: during decode every
+ * boundary is reached, the request keeping only its latest one in the front
+ * of the snapshot LRU (the previous one is demoted), so that when it finishes
+ * the last boundary it reached is cached for a follow-up.
+ *
+ * The prompt's boundaries inside a prefill step (pfx_instep, the default;
+ * validated on the H200 in S9 round R1): pfxe_step_plan holds
+ * a snapshot slot (pfx_snap_hold) per boundary and asks the model for the GDN
+ * state there (fwd_seq.snap_off / snap_slot: the GDN op runs in pieces, the
+ * state copied between them, model_qwen3_next.c); pfxe_step_done attaches
+ * each to the entry of the page the boundary ends, once that page is
+ * published. The prefill stays one step. The alternative (pfx_instep 0,
+ * LASTSTAND_PREFIX_SNAPSHOT=cut, the S8 way, kept for comparison): pfxe_chunk
+ * cuts the prefill into steps ending at those boundaries, each one more
+ * forward pass over every weight (+8 ms of TTFT for a 1024-token miss on the
+ * 40-layer synth 35B, against +1.3 ms in-step: bench/RESULTS.md, S9).
  *
  * Invariants: the last prompt token is always recomputed (a hit covers at
  * most n_tok - 1 tokens, rounded down to a usable boundary); pages cached
@@ -102,13 +114,53 @@ void pfxe_restore(ls_engine *e, ereq *r) {
  * end on a boundary, and every boundary reached while decoding, are
  * snapshotted too, as any step that ends on one. A pure-attention model
  * needs no cut (any full page is shared). */
-int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new) {
-    if (!e->pfx_on || !e->pfx_gdn || n_new <= 1) return n_new;
+static void prompt_bounds(const ls_engine *e, const ereq *r, int b[2]) {
     int ps = e->page_size;
-    int b[2] = {(r->n_prompt > PFX_TAIL ? r->n_prompt - PFX_TAIL : 0) / ps * ps, r->n_prompt / ps * ps};
+    b[0] = (r->n_prompt > PFX_TAIL ? r->n_prompt - PFX_TAIL : 0) / ps * ps;
+    b[1] = r->n_prompt / ps * ps;
+}
+
+int pfxe_chunk(const ls_engine *e, const ereq *r, int n_new) {
+    if (!e->pfx_on || !e->pfx_gdn || e->pfx_instep || n_new <= 1) return n_new;
+    int b[2];
+    prompt_bounds(e, r, b);
     for (int i = 0; i < 2; i++)
         if (b[i] > r->n_cached && b[i] < r->n_cached + n_new) return b[i] - r->n_cached;
     return n_new;
+}
+
+/* In-step snapshots unless LASTSTAND_PREFIX_SNAPSHOT=cut (every model and
+ * device takes them: the GDN op in pieces is backend-agnostic, and with --tp
+ * every rank copies its own shard of the state). */
+int pfxe_instep_mode(const ls_engine *e) {
+    (void)e;
+    const char *v = getenv("LASTSTAND_PREFIX_SNAPSHOT");
+    if (!v || !*v || strcmp(v, "step") == 0) return 1;
+    if (strcmp(v, "cut") == 0) return 0;
+    log_warn("engine: LASTSTAND_PREFIX_SNAPSHOT=%s: expected step or cut; taking the snapshots in-step", v);
+    return 1;
+}
+
+/* Before a step of s->n_new tokens of r: the prompt's page boundaries strictly
+ * inside it (the end of a step on a boundary is snapshotted after it, as
+ * always) become in-step snapshot requests, each into a held snapshot slot.
+ * Always sets s->n_snap (0: none). */
+void pfxe_step_plan(ls_engine *e, ereq *r, fwd_seq *s) {
+    s->n_snap = 0;
+    r->n_snap_hold = 0;
+    if (!e->pfx_on || !e->pfx_gdn || !e->pfx_instep || s->n_new <= 1) return;
+    int b[2], lo = r->n_cached, hi = r->n_cached + s->n_new, n = 0;
+    prompt_bounds(e, r, b);
+    for (int i = 0; i < 2 && n < MODEL_SNAP_MAX; i++) {
+        if (b[i] <= lo || b[i] >= hi || (n && b[i] <= r->snap_at[n - 1])) continue;
+        int32_t h = pfx_snap_hold(&e->pfx);
+        if (h < 0) break; /* every snapshot slot is held this step: no snapshot there */
+        s->snap_off[n] = b[i] - lo;
+        s->snap_slot[n] = e->snap_base + h;
+        r->snap_hold[n] = h;
+        r->snap_at[n++] = b[i];
+    }
+    s->n_snap = r->n_snap_hold = n;
 }
 
 static void snapshot(ls_engine *e, ereq *r, int32_t k) {
@@ -134,11 +186,7 @@ void pfxe_step_done(ls_engine *e, ereq *r) {
     if (!e->pfx_on) return;
     int ps = e->page_size, full = r->n_cached / ps;
     if (full > r->n_pages) full = r->n_pages;
-    if (full <= r->n_pent) {
-        if (e->pfx_gdn && full > 0 && r->n_cached == full * ps) snapshot(e, r, r->pent[full - 1]);
-        return;
-    }
-    grow(r, full);
+    if (full > r->n_pent) grow(r, full);
     while (r->n_pent < full) {
         int i = r->n_pent;
         int32_t parent = i ? r->pent[i - 1] : -1;
@@ -153,12 +201,21 @@ void pfxe_step_done(ls_engine *e, ereq *r) {
         }
         r->pent[r->n_pent++] = k;
     }
-    if (e->pfx_gdn && r->n_cached == full * ps) snapshot(e, r, r->pent[full - 1]);
+    /* the step's in-step snapshots: the pages their boundaries end are published now */
+    for (int i = 0; i < r->n_snap_hold; i++) {
+        int p = r->snap_at[i] / ps;
+        CHECK(p >= 1 && p <= r->n_pent);
+        pfx_snap_attach(&e->pfx, r->pent[p - 1], r->snap_hold[i]);
+    }
+    r->n_snap_hold = 0;
+    if (e->pfx_gdn && full > 0 && r->n_cached == full * ps) snapshot(e, r, r->pent[full - 1]);
 }
 
 /* r stops running (finished, preempted, cancelled, failed): drop its cache
  * references, give its own pages back; the slot is the caller's. */
 void pfxe_release(ls_engine *e, ereq *r) {
+    for (int i = 0; i < r->n_snap_hold; i++) pfx_snap_put(&e->pfx, r->snap_hold[i]); /* its step failed */
+    r->n_snap_hold = 0;
     for (int i = r->n_pages - 1; i >= 0; i--) { /* deepest first: an entry never outlives its parent's ref */
         if (i < r->n_pent) pfx_release(&e->pfx, r->pent[i]);
         else kvpool_put(&e->pages, r->pages[i]);

@@ -47,6 +47,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/graph.h"
@@ -73,7 +75,8 @@ void mdl_name(const model *m, char *out, size_t n, const char *fmt, ...) {
 }
 
 const st_tensor *mdl_tensor(model *m, const char *name) {
-    const st_tensor *t = st_find(m->st, name);
+    const st_tensor *t = m->st_part ? st_find(m->st_part, name) : NULL;
+    if (!t) t = st_find(m->st, name);
     if (t) {
         if (m->n_used == m->cap_used) {
             m->cap_used = m->cap_used ? 2 * m->cap_used : 256;
@@ -237,7 +240,8 @@ int mdl_bind_vec1(model *m, const char *name, int n, float **out, ls_err *e) {
 
 /* ---- open / close ---------------------------------------------------------- */
 
-static int bind_all(model *m, ls_err *e) {
+/* The weights outside the layers: embedding, lm_head, final norm (and the tensor-name prefix). */
+static int bind_globals(model *m, ls_err *e) {
     const model_config *c = &m->cfg;
     const int H = c->hidden;
     char p[256];
@@ -257,21 +261,27 @@ static int bind_all(model *m, ls_err *e) {
     }
     mdl_name(m, p, sizeof p, "norm.weight");
     if ((rc = mdl_bind_vec1(m, p, H, &m->final_norm, e))) return rc;
-
     m->layers = mdl_alloc(m, sizeof(layer_w) * c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) {
+    for (int l = 0; l < c->n_layers; l++) { /* kinds and cache indices up front (tp_build copies the counts) */
         layer_w *L = &m->layers[l];
         L->type = c->layer_type[l];
         L->cache_idx = L->type == LAYER_FULL_ATTN ? m->n_full++ : m->n_lin++;
-        mdl_name(m, p, sizeof p, "layers.%d.input_layernorm.weight", l);
-        if ((rc = mdl_bind_vec1(m, p, H, &L->in_norm, e))) return rc;
-        mdl_name(m, p, sizeof p, "layers.%d.post_attention_layernorm.weight", l);
-        if ((rc = mdl_bind_vec1(m, p, H, &L->post_norm, e))) return rc;
-        rc = L->type == LAYER_FULL_ATTN ? qwen3_bind_attn(m, l, e) : next_bind_gdn(m, l, e);
-        if (rc) return rc;
-        if ((rc = qwen3_bind_mlp(m, l, e))) return rc;
     }
     return 0;
+}
+
+static int bind_layer(model *m, int l, ls_err *e) {
+    const int H = m->cfg.hidden;
+    char p[256];
+    int rc;
+    layer_w *L = &m->layers[l];
+    mdl_name(m, p, sizeof p, "layers.%d.input_layernorm.weight", l);
+    if ((rc = mdl_bind_vec1(m, p, H, &L->in_norm, e))) return rc;
+    mdl_name(m, p, sizeof p, "layers.%d.post_attention_layernorm.weight", l);
+    if ((rc = mdl_bind_vec1(m, p, H, &L->post_norm, e))) return rc;
+    rc = L->type == LAYER_FULL_ATTN ? qwen3_bind_attn(m, l, e) : next_bind_gdn(m, l, e);
+    if (rc) return rc;
+    return qwen3_bind_mlp(m, l, e);
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
@@ -343,15 +353,105 @@ static int layers_cut(const model_config *c, int cut) {
 
 int model_layers_in_checkpoint(const model *m) { return m->n_layers_ckpt; }
 
+/* This process's peak resident memory (VmHWM, bytes); 0 when /proc does not say. */
+static double vm_hwm(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    fclose(f);
+    return kb * 1024.0;
+}
+
+/* A tensor-parallel coordinator's layer l after its ranks took their slices: the host blocks
+ * bound for it since owned_mark freed, its weights forgotten (kind, cache index and MLP kind
+ * stay). */
+static void drop_layer(model *m, int l, int owned_mark) {
+    for (int i = owned_mark; i < m->n_owned; i++) free(m->owned[i]);
+    m->n_owned = owned_mark;
+    layer_w *L = &m->layers[l];
+    layer_w keep = {.type = L->type, .cache_idx = L->cache_idx, .dense = L->dense};
+    *L = keep;
+}
+
+/* The pages of a mapped checkpoint's tensors t[0..n) back to the kernel once their bytes are on
+ * the device (or sliced): clean file pages, re-read from the page cache if ever touched again. */
+static void release_pages(const st_tensor *const *t, int n) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < n; i++) {
+        if (!t[i]->file || !strcmp(t[i]->file, "<memory>")) continue;
+        uintptr_t a = ((uintptr_t)t[i]->data + pg - 1) & ~(pg - 1), b = ((uintptr_t)t[i]->data + t[i]->nbytes) & ~(pg - 1);
+        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
+}
+
+/* Bind (and on a device upload) every layer, one at a time: a generated checkpoint (src) makes
+ * each layer's tensors just before it is bound and frees them right after; with ranks the layer
+ * is sliced into them and the coordinator's copy dropped; on a device the layer is uploaded and
+ * its host copies freed; a mapped checkpoint's pages of the layer are handed back. stream = 0 (the
+ * CPU, one rank): the layers stay as bound, views into the checkpoint. */
+static int load_layers(model *m, synth_src *src, int stream, ls_err *e) {
+    const int n = m->cfg.n_layers;
+    double t_gen = 0, t_bind = 0, t_take = 0, t_last = now_sec(), bytes = 0;
+    int rc = 0;
+    for (int l = 0; l < n && !rc; l++) {
+        double t0 = now_sec();
+        st_set *part = NULL;
+        if (src) {
+            if ((rc = synth_src_part(src, l, &part, e))) return err_prefix(e, "%s: generating layer %d", m->path, l);
+            bytes += (double)synth_src_part_bytes(src, l);
+            m->st_part = part;
+        }
+        double t1 = now_sec();
+        const int owned_mark = m->n_owned, used_mark = m->n_used;
+        rc = bind_layer(m, l, e);
+        double t2 = now_sec();
+        if (!rc && stream) {
+            if (m->rank_m) {
+                if (!(rc = tp_take_layer(m, l, e))) drop_layer(m, l, owned_mark);
+            } else {
+                rc = mdl_upload_part(m, l, e);
+            }
+            if (!part) release_pages(m->used + used_mark, m->n_used - used_mark);
+        }
+        if (part) { /* its tensors are gone: so are the lookups that pointed at them */
+            m->st_part = NULL;
+            st_close(part);
+            m->n_used = used_mark;
+        }
+        double t3 = now_sec();
+        t_gen += t1 - t0;
+        t_bind += t2 - t1;
+        t_take += t3 - t2;
+        if (stream && (t3 - t_last > 10 || (l == n - 1 && t_gen + t_bind + t_take > 10))) {
+            log_info("%s: %d of %d layers loaded (%.1f s so far)", m->path, l + 1, n, t_gen + t_bind + t_take);
+            t_last = t3;
+        }
+    }
+    if (rc) return rc;
+    if (m->rank_m) tp_load_done(m);
+    if ((stream || src) && t_gen + t_bind + t_take > 1)
+        log_info("%s: load phases: generate %.1f s (%.1f GB), bind %.1f s, %s %.1f s", m->path, t_gen, bytes / 1e9,
+                 t_bind, m->rank_m ? (m->ops.dev.kind != DEV_CPU ? "slice + upload" : "slice") : "upload", t_take);
+    return 0;
+}
+
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     *out = NULL;
     model *m = xcalloc(1, sizeof *m);
     m->path = xstrdup(path);
+    synth_src *src = NULL;
+    double t_open = now_sec();
     int rc = open_device(m, o, e);
     if (rc) { model_close(m); return rc; }
     const int cut = o ? o->max_layers : 0;
+    const int tp = o && o->tp > 1 ? o->tp : 1;
+    /* streamed: a layer at a time, never the whole checkpoint in host memory (load_layers) */
+    const int stream = m->ops.dev.kind != DEV_CPU || tp > 1;
     if (!strncmp(path, "synth:", 6)) {
-        /* the same random weights `laststand synth` writes, built in memory */
+        /* the same random weights `laststand synth` writes, made in memory */
         synth_opts so;
         json_t *cfg = NULL;
         if ((rc = synth_parse_spec(path + 6, &so, e))) {
@@ -375,14 +475,21 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
             so.layers = layers_cut(&full, cut);
             hfcfg_free(&full);
         }
-        if ((rc = synth_build(&so, &m->st, &cfg, e))) {
+        if (stream) { /* the non-layer tensors now, each layer's when it is bound */
+            if (!(rc = synth_open(&so, &src, &cfg, e))) rc = synth_src_part(src, -1, &m->st, e);
+        } else {
+            rc = synth_build(&so, &m->st, &cfg, e);
+        }
+        if (rc) {
+            json_decref(cfg);
+            synth_src_close(src);
             err_prefix(e, "%s", path);
             model_close(m);
             return rc;
         }
         rc = hfcfg_parse(cfg, path, &m->cfg, e);
         json_decref(cfg);
-        if (rc) { model_close(m); return rc; }
+        if (rc) { synth_src_close(src); model_close(m); return rc; }
         if (!m->n_layers_ckpt) m->n_layers_ckpt = m->cfg.n_layers;
     } else {
         if ((rc = hfcfg_load_dir(path, &m->cfg, e))) { model_close(m); return rc; }
@@ -394,12 +501,45 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if (m->cfg.n_layers < m->n_layers_ckpt)
         log_info("%s: the first %d of %d layers only (model_opts.max_layers)", path, m->cfg.n_layers, m->n_layers_ckpt);
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
-    if ((rc = bind_all(m, e))) { model_close(m); return rc; }
+    if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */
+        model_mem_plan pl;
+        mdl_mem_plan(&m->cfg, m->cfg.n_layers, tp, 1, src ? NULL : m->st, src, &pl);
+        m->plan_gpu_weights = pl.gpu_weights;
+        log_info("%s: %d layers, %.1f GB of tensors: %.2f GiB of weights per GPU at --tp %d (%.2f GiB of them on "
+                 "every GPU), KV %.1f KiB per token and %.1f MiB per GDN slot per GPU; host memory for the weights "
+                 "while loading ~%.1f GB", path, m->cfg.n_layers, pl.total_bytes / 1e9, pl.gpu_weights / 1073741824.0,
+                 tp, pl.gpu_replicated / 1073741824.0, pl.kv_token_bytes / 1024.0, pl.slot_bytes / 1048576.0,
+                 pl.host_peak / 1e9);
+        if (tp == 1 && (rc = mdl_check_fits(m, pl.gpu_weights, 1, e))) {
+            synth_src_close(src);
+            model_close(m);
+            return rc;
+        }
+    }
+    /* the non-layer weights, the ranks (each uploads its copy of them), then layer by layer */
+    if ((rc = bind_globals(m, e)) || (tp > 1 && (rc = tp_build(m, tp, e))) ||
+        (!m->rank_m && (rc = mdl_upload_part(m, -1, e))) || (rc = load_layers(m, src, stream, e))) {
+        synth_src_close(src);
+        model_close(m);
+        return rc;
+    }
+    synth_src_close(src);
     warn_unused(m);
-    if (o && o->tp > 1 && (rc = tp_build(m, o->tp, e))) { model_close(m); return rc; }
     for (int r = 0; m->rank_m && r < m->tp; r++) m->rank_m[r]->sampler = m->sampler;
     if ((rc = mdl_check_named_backends(m, e))) { model_close(m); return rc; }
-    if ((rc = mdl_upload_weights(m, e))) { model_close(m); return rc; }
+    if (m->ops.dev.kind != DEV_CPU) {
+        for (int r = 0; r < (m->rank_m ? m->tp : 1); r++) {
+            model *rm = m->rank_m ? m->rank_m[r] : m;
+            size_t fr = 0, tot = 0;
+            mdl_dev_mem_info(rm, &fr, &tot);
+            log_info("%s: %s: %.2f GiB of weights, %.2f of %.2f GiB free", path, rm->ops.dev.name,
+                     rm->weight_bytes / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+        }
+        if (m->rank_m) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
+    }
+    const double t_all = now_sec() - t_open;
+    if (t_all > 1 || getenv("LASTSTAND_LOG_LOAD"))
+        log_info("%s: opened in %.1f s, host memory peak so far %.2f GB (VmHWM)", path, t_all, vm_hwm() / 1e9);
     *out = m;
     return 0;
 }
@@ -445,7 +585,8 @@ void model_close(model *m) {
         if (m->graph_stream) m->mem->sync(m->graph_stream, NULL);
         cache_free(m, &m->cache);
         ws_free(m);
-        m->mem->free(m->dev_weights);
+        for (int i = 0; m->dev_part && i <= m->cfg.n_layers; i++) m->mem->free(m->dev_part[i]);
+        free(m->dev_part);
 #ifdef LS_HAVE_CUDA
         if (m->graph_stream) cug_stream_free(m->graph_stream);
 #endif
@@ -573,7 +714,8 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
 
 static size_t meta_bytes(int T, int S, int P) {
     return 3 * align256((size_t)T * sizeof(int32_t)) + align256((size_t)S * sizeof(attn_seq)) +
-           align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t));
+           align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t)) +
+           align256((size_t)(MODEL_SNAP_MAX + 1) * S * sizeof(gdn_seq)); /* GDN pieces (in-step snapshots) */
 }
 
 /* Make the workspace hold a step of T tokens, S sequences and P page-table
@@ -848,6 +990,26 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
                     return errf(e, ERR_INVAL, "forward: sequence %d page %d is outside the pool of %d", s,
                                 q->pages ? q->pages[i] : -1, c->n_pages);
         }
+        if (q->n_snap < 0 || q->n_snap > MODEL_SNAP_MAX)
+            return errf(e, ERR_INVAL, "forward: sequence %d asks for %d GDN snapshots (0 .. %d)", s, q->n_snap,
+                        MODEL_SNAP_MAX);
+        for (int i = 0; m->n_lin && i < q->n_snap; i++) {
+            int lo = i ? q->snap_off[i - 1] : 0, slot = q->snap_slot[i];
+            if (q->snap_off[i] <= lo || q->snap_off[i] >= q->n_new)
+                return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d at new token %d, outside (%d, %d)", s, i,
+                            q->snap_off[i], lo, q->n_new);
+            if (slot < 0 || slot >= c->n_slots)
+                return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d into GDN slot %d outside [0, %d)", s, i,
+                            slot, c->n_slots);
+            for (int r = 0; r < b->n_seq; r++) {
+                if (b->seqs[r].slot == slot)
+                    return errf(e, ERR_INVAL, "forward: sequence %d snapshot %d into GDN slot %d, sequence %d's", s,
+                                i, slot, r);
+                for (int k = 0; k < b->seqs[r].n_snap && (r < s || (r == s && k < i)); k++)
+                    if (b->seqs[r].snap_slot[k] == slot)
+                        return errf(e, ERR_INVAL, "forward: two snapshots of the step into GDN slot %d", slot);
+            }
+        }
         for (int i = 0; i < q->n_new; i++, row++)
             if (b->ids[row] < 0 || b->ids[row] >= m->cfg.vocab)
                 return errf(e, ERR_INVAL, "forward: token id %d outside the vocabulary [0, %d)",
@@ -888,8 +1050,17 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
         for (int i = q->logits_all ? 0 : q->n_new - 1; i < q->n_new; i++) rows[n_rows++] = row + i;
         row += q->n_new;
     }
+    /* in-step GDN snapshots: the GDN op's pieces, after the page tables */
+    const size_t o_piece = o_pages + align256(sizeof(int32_t) * np);
+    f->seqs = b->seqs;
+    f->n_piece = m->n_lin ? next_snap_tables(b->seqs, S, gs, (gdn_seq *)(h + o_piece), f->n_piece_seq) : 0;
+    for (int p = 0; p < f->n_piece; p++) {
+        f->gpiece[p] = (const gdn_seq *)(d + o_piece) + (size_t)p * S;
+        f->gpiece_host[p] = (const gdn_seq *)(h + o_piece) + (size_t)p * S;
+    }
     if (d != h) {
-        int rc = m->mem->h2d(d, h, o_pages + sizeof(int32_t) * np, m->ops.stream, e);
+        size_t n = f->n_piece ? o_piece + sizeof(gdn_seq) * (size_t)f->n_piece * S : o_pages + sizeof(int32_t) * np;
+        int rc = m->mem->h2d(d, h, n, m->ops.stream, e);
         if (rc) return err_prefix(e, "forward: step tables to %s", m->ops.dev.name);
     }
     *d_ids = (const int32_t *)d;

@@ -78,6 +78,27 @@ int model_layers_in_checkpoint(const model *m);
 const char *model_device(const model *m);
 size_t model_device_mem(const model *m);
 
+/* (additive) What model_open(path, o) places on each GPU and needs in host memory, from the
+ * checkpoint's config and tensor headers alone (nothing generated, read or uploaded; no GPU
+ * needed): serve --dry-run prints it, and model_open checks every GPU's free memory against
+ * gpu_weights before it loads anything. Bytes. model_plan.c says how each tensor counts. */
+typedef struct model_mem_plan {
+    int tp, n_layers, n_layers_ckpt;
+    double total_bytes;     /* the checkpoint tensors that load (a cut's later layers, mtp, vision left out) */
+    double gpu_weights;     /* weights on each GPU (each tensor-parallel rank holds the same) */
+    double gpu_replicated;  /* of which every GPU holds whole (embedding, lm_head, norms, router) */
+    double largest_layer;   /* one layer's tensors (the streamed load holds one at a time) */
+    double host_globals;    /* the tensors outside the layers (kept in host memory while serving) */
+    double host_peak;       /* host memory for the weights while loading (not the process's own) */
+    double kv_token_bytes;  /* KV cache per token on each GPU (every full-attention layer) */
+    double slot_bytes;      /* one GDN state slot on each GPU (every GDN layer) */
+} model_mem_plan;
+int model_mem_plan_get(const char *path, const model_opts *o, model_mem_plan *out, ls_err *e);
+/* (additive) The model's tightest GPU now (with --tp, the rank GPU with the least free memory):
+ * its ordinal, free and total bytes. -1 on the CPU. The caches are budgeted on it: with --tp every
+ * GPU holds an equal share (model_kv_page_bytes / model_slot_bytes sum over the ranks). */
+int model_gpu_mem(model *m, int *ordinal, size_t *free_b, size_t *total_b);
+
 /* ---- caches -------------------------------------------------------------- */
 typedef struct model_cache_opts {
     int page_size;   /* tokens per KV page, e.g. 16 */
@@ -115,7 +136,19 @@ typedef struct fwd_seq {
     int n_new;             /* tokens this step (>= 1) */
     const int32_t *pages;  /* KV pages covering positions [0, n_past + n_new) */
     int logits_all;        /* 1: a logits row per new token; 0: last token only */
+    /* (additive) GDN state snapshots inside the step (the prefix cache's, prefix_engine.c):
+     * snapshot i copies this sequence's GDN conv + recurrent state, as it stands after its
+     * first snap_off[i] new tokens, into slot snap_slot[i] (what model_slot_copy would copy
+     * had the step ended there). n_snap in [0, MODEL_SNAP_MAX]; offsets strictly increasing
+     * in (0, n_new); the slots distinct, not a slot of any sequence of the batch. The GDN op
+     * then runs in pieces (model_qwen3_next.c); every other op still sees the whole step.
+     * With --tp every rank copies its shard. Models without GDN layers ignore them. */
+    int n_snap;
+    int snap_off[2];
+    int snap_slot[2];
 } fwd_seq;
+
+#define MODEL_SNAP_MAX 2 /* fwd_seq snapshots per sequence and step */
 
 typedef struct smp_row smp_row; /* src/ops/ops.h */
 typedef struct smp_out smp_out;

@@ -107,7 +107,9 @@ struct model {
     ops_sel ops;
     const dev_mem *mem; /* the device's memory table */
     act_dtype kv_dt;    /* KV pool dtype: F32 on the CPU, BF16 on CUDA */
-    void *dev_weights;  /* devices other than the CPU: every weight, one allocation */
+    void **dev_part;    /* devices other than the CPU: [n_layers + 1] one allocation per part
+                           (0: embedding, lm_head, final norm; 1 + l: layer l), model_weights.c */
+    size_t weight_bytes;/* their total */
     mws ws;             /* forward working memory */
     /* tensor parallelism (model_tp.c): the coordinator (tp > 1, rank_m set) opens the
      * checkpoint and owns the config; its ranks (is_rank) hold the weight slices,
@@ -146,6 +148,9 @@ struct model {
     const st_tensor **used; /* every tensor binding looked up (to report unused ones) */
     int n_used, cap_used;
     int n_layers_ckpt;  /* the checkpoint's num_hidden_layers (cfg.n_layers: after model_opts.max_layers) */
+    double plan_gpu_weights; /* model_mem_plan's weights per GPU (checked against each GPU's free memory) */
+    st_set *st_part;    /* while a part is bound from a generated checkpoint (synth): its tensors,
+                           looked up before st's (mdl_tensor) */
     /* the lm_head's own gemm selection (model_opts.lm_head_backend; mdl_lm_ops): lm_plan.n = 0:
      * the gemm family's (ops); else its entries (n = 1: one backend), lm_auto (a preference:
      * per-shape fallback, capture substitutes) and the backends its fallbacks never take */
@@ -210,7 +215,22 @@ typedef struct fwd_ctx {
     int ctx_cap;          /* > 0: attention plans on the device (graph capture), see attn_args */
     void *attn_scratch;
     size_t attn_scratch_bytes;
+    /* (additive) GDN snapshots inside the step (fwd_seq.n_snap; next_snap_tables): n_piece 0:
+     * none, the GDN op runs once over gseq; else it runs piece by piece, piece p over the
+     * n_piece_seq[p] sequences gpiece[p] (device) / gpiece_host[p], the state copies of
+     * snapshot p following piece p */
+    const fwd_seq *seqs;  /* [n_seq] the caller's (host) */
+    int n_piece;
+    int n_piece_seq[MODEL_SNAP_MAX + 1];
+    const gdn_seq *gpiece[MODEL_SNAP_MAX + 1];
+    const gdn_seq *gpiece_host[MODEL_SNAP_MAX + 1];
 } fwd_ctx;
+
+/* (model_qwen3_next.c) The GDN pieces of a batch with in-step snapshots: fills out
+ * [(MODEL_SNAP_MAX + 1) * n_seq] with piece p's sequences at out + p * n_seq (their rows
+ * addressed by row0 within the step, gs being the whole step's) and n_piece_seq[p]; returns
+ * the number of pieces, 0 when no sequence asks for a snapshot. */
+int next_snap_tables(const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out, int *n_piece_seq);
 
 /* One rank's (or the only) forward pass over cache c; with TP, every rank
  * runs it on its own thread and only rank 0 writes b->logits. */
@@ -221,11 +241,33 @@ static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* Copy the weights to the model's device (model_weights.c; no-op on the CPU). */
 int mdl_upload_weights(model *m, ls_err *e);
+/* Copy one part (-1: embedding, lm_head, final norm; l: layer l) to the device, repoint the
+ * model at it and free the host blocks the model owned for it; no-op on the CPU, for a
+ * coordinator, and for a part already there. */
+int mdl_upload_part(model *m, int part, ls_err *e);
+/* The free and total bytes of the model's GPU (binds the calling thread to it); -1 on the CPU. */
+int mdl_dev_mem_info(model *m, size_t *free_b, size_t *total_b);
+/* ERR_NOMEM naming GPU m's ordinal and name, the weights per GPU and its free memory when the
+ * planned weights (plan_gpu_weights) plus a GiB of headroom do not fit in it; else 0. */
+int mdl_check_fits(model *m, double weights, int tp, ls_err *e);
+
+/* ---- memory plan (model_plan.c) ------------------------------------------- */
+typedef struct synth_src synth_src;
+/* The plan of config c cut to n_layers at tp ranks on a device (1) or the CPU (0), from st's
+ * tensors or src's (one of them). */
+int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const st_set *st, const synth_src *src,
+                 model_mem_plan *out);
 
 /* ---- tensor parallelism (model_tp.c) ------------------------------------- */
-/* Slice m's bound weights into N rank models: CPU threads, or one CUDA
- * device per rank (uploads each slice; all-reduce through NCCL). */
+/* N rank models of m (bound: embedding, lm_head, final norm; not yet its layers): CPU
+ * threads, or one CUDA device per rank (each uploads the non-layer weights; all-reduce through
+ * NCCL). Then tp_take_layer for every layer, as each is bound. */
 int tp_build(model *m, int N, ls_err *e);
+/* Layer l of m (bound) sliced into every rank, the ranks at once on their threads; on CUDA each
+ * rank's slice is uploaded to its GPU and its host copy freed. The coordinator's layer l is no longer read afterwards (mdl_drop_layer). */
+int tp_take_layer(model *m, int l, ls_err *e);
+/* Every layer taken: the loading's host staging freed. */
+void tp_load_done(model *m);
 void tp_free(model *m);
 /* Every rank over the batch, caches[r] being rank r's. */
 int tp_forward(model *m, mcache *const *caches, const fwd_batch *b, ls_err *e);

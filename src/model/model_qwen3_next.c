@@ -9,6 +9,18 @@
  *   core = gdn(conv1d + SiLU, l2norm, g/β, delta rule)     (the gdn op family)
  *   y    = (w · rmsnorm(core_j)) · silu(z_j) per value head j  (inside gdn where the backend fuses it)
  *   out  = y·W_outᵀ
+ *
+ * In-step snapshots (fwd_seq.n_snap, the prefix cache's): when a sequence asks
+ * for the GDN state after its first k new tokens, the gdn op runs in pieces
+ * (next_snap_tables): piece 0 = every sequence, those with snapshots cut at
+ * their first offset; after it, that layer's conv + recurrent state of each
+ * such slot is copied (device to device, on the model's stream) into the
+ * snapshot slot; piece 1 continues those sequences to their second offset (or
+ * their end), and so on. Rows are addressed by row0, so every piece writes its
+ * outputs in place and the projections, the gated norm and out_proj still run
+ * once over the whole step. The pieces are exactly what separate steps ending
+ * at the offsets would run through the gdn op, so every backend serves them
+ * unchanged; the gated norm is never fused into a piece (it runs once after).
  */
 #include "model/model_impl.h"
 
@@ -81,6 +93,46 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
     return 0;
 }
 
+int next_snap_tables(const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out, int *n_piece_seq) {
+    int n_piece = 0;
+    for (int s = 0; s < n_seq; s++)
+        if (seqs[s].n_snap + 1 > n_piece) n_piece = seqs[s].n_snap + 1;
+    if (n_piece <= 1) return 0;
+    for (int p = 0; p < n_piece; p++) {
+        gdn_seq *o = out + (size_t)p * n_seq;
+        int k = 0;
+        for (int s = 0; s < n_seq; s++) {
+            const fwd_seq *q = &seqs[s];
+            if (q->n_snap < p) continue; /* done in an earlier piece */
+            int t0 = p ? q->snap_off[p - 1] : 0, t1 = p < q->n_snap ? q->snap_off[p] : q->n_new;
+            o[k++] = (gdn_seq){.slot = gs[s].slot, .n_new = t1 - t0, .row0 = gs[s].row0 + t0};
+        }
+        n_piece_seq[p] = k;
+    }
+    return n_piece;
+}
+
+/* Layer-cache li's GDN state of every sequence with a snapshot after piece p, copied into its
+ * snapshot slot (stream-ordered device copies). */
+static int snap_copy(const fwd_ctx *f, int li, int p, int l, ls_err *e) {
+    const model *m = f->m;
+    const model_config *c = &m->cfg;
+    const mcache *mc = f->c;
+    const int conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
+    const size_t nc = (size_t)conv_dim * (c->lin_conv - 1), nr = (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    float *cb = mc->conv + (size_t)li * mc->n_slots * nc, *rb = mc->rec + (size_t)li * mc->n_slots * nr;
+    for (int s = 0; s < f->n_seq; s++) {
+        const fwd_seq *q = &f->seqs[s];
+        if (q->n_snap <= p) continue;
+        const int src = q->slot, dst = q->snap_slot[p];
+        int rc = m->mem->d2d(cb + (size_t)dst * nc, cb + (size_t)src * nc, sizeof(float) * nc, m->ops.stream, e);
+        if (!rc)
+            rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, sizeof(float) * nr, m->ops.stream, e);
+        if (rc) return err_prefix(e, "layer %d: GDN snapshot %d of slot %d into slot %d", l, p, src, dst);
+    }
+    return 0;
+}
+
 int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     model *m = f->m;
     const model_config *c = &m->cfg;
@@ -103,7 +155,20 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                    .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act,
                    .seqs_host = f->gseq_host, .z = w->z, .norm_w = g->norm, .norm_eps = c->rms_eps,
                    .norm_done = &normed};
-    if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
+    if (!f->n_piece) {
+        if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
+    } else { /* in-step snapshots: the op piece by piece, the state copied between pieces */
+        ga.z = NULL;
+        ga.norm_w = NULL;
+        ga.norm_done = NULL;
+        for (int p = 0; p < f->n_piece; p++) {
+            ga.n_seq = f->n_piece_seq[p];
+            ga.seqs = f->gpiece[p];
+            ga.seqs_host = f->gpiece_host[p];
+            if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
+            if (p + 1 < f->n_piece && (rc = snap_copy(f, li, p, l, e))) return rc;
+        }
+    }
     /* the gated norm, unless the gdn backend fused it (gdn_cuda_decode, LASTSTAND_GDN_NORM) */
     if (!normed && (rc = mdl_op_err(m->ops.small->rmsnorm_gated(T * nv, dv, w->core, w->z, g->norm, c->rms_eps,
                                                                 w->core, m->ops.act, m->ops.stream),

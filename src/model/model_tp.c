@@ -4,8 +4,13 @@
  * order, so every rank holds bit-identical activations) after the attention
  * or GDN output projection and after the MLP / MoE.
  *
- * Slicing (rank r of N; the checkpoint is bound once at full size, then each
- * rank takes owned copies of its rows / columns):
+ * Slicing (rank r of N; model_open binds the checkpoint a layer at a time and hands each
+ * bound layer to tp_take_layer, which slices it into every rank; the coordinator's copy of the
+ * layer is dropped before the next one is bound, so host memory holds one layer beyond what the
+ * ranks keep. A CPU rank takes owned copies of its rows / columns and of the replicated
+ * weights; a CUDA rank uploads its slice to its GPU at once, contiguous row ranges and
+ * replicated weights straight from the coordinator's (views, no host copy), column slices
+ * through a host copy freed after the upload):
  *   attention  query heads [r·nh/N, ...): q (and gate) rows, o_proj columns;
  *              KV heads split the same way when N divides nkv, else (N a
  *              multiple of nkv) each rank keeps the one KV head its query heads
@@ -46,6 +51,10 @@
  * the capture's failure (tp_cap_rc), not the group's sticky error.
  */
 #include "model/model_impl.h"
+
+#ifdef LS_HAVE_CUDA
+#include "ops/cuda/tp_p2p.h"
+#endif
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -94,6 +103,19 @@ static int nccl_load(ls_err *e) {
     return rc;
 }
 
+/* A rank's loading state: host staging for the column slices of its layer, reused layer after
+ * layer (each slice is uploaded before the next is cut), and the row copies that fill them, run in
+ * parallel (copies_run). */
+typedef struct rank_load {
+    char **stage;
+    size_t *stage_cap;
+    int n_stage, stage_cur;
+    size_t stage_used;
+    struct row_copy { char *dst; const char *src; int rows; size_t nb, stride; } *copies;
+    int n_copies, cap_copies;
+    double t_slice, t_upload; /* seconds spent slicing and uploading, over the load */
+} rank_load;
+
 struct tp_group {
     int n;
     pthread_barrier_t bar;
@@ -102,6 +124,9 @@ struct tp_group {
     int has_comm;
     int nccl_version;       /* ncclGetVersion's code (e.g. 22105 for 2.21.5), 0 when unknown */
     volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
+    void *p2p;              /* lsc_p2p (LASTSTAND_TP_P2P=1): the small all-reduces through peer memory */
+    size_t p2p_max;         /* its largest all-reduce (elements); larger ones go to NCCL */
+    volatile int p2p_rc;    /* a failed peer all-reduce launch (ERR_*) */
     int vote[TP_MAX];       /* tp_all's ballots */
     /* the ranks' worker threads (ranks 1..n-1; rank 0 runs on the caller's thread), one job at
      * a time: tp_run posts fn/arg under wmu and bumps job_gen, each worker runs it once on its
@@ -118,9 +143,92 @@ struct tp_group {
     void *job_arg;
     int rc[TP_MAX];
     ls_err err[TP_MAX];
+    rank_load ld[TP_MAX];   /* while loading: each rank's (tp_take_layer slices the ranks at once) */
 };
 
+#define STAGE_CHUNK ((size_t)64 << 20)
+
+/* n bytes of the rank's staging (256-byte aligned), valid until stage_reset. */
+static void *stage_take(rank_load *g, size_t n) {
+    n = align256(n ? n : 1);
+    while (g->stage_cur < g->n_stage && g->stage_used + n > g->stage_cap[g->stage_cur]) {
+        g->stage_cur++;
+        g->stage_used = 0;
+    }
+    if (g->stage_cur == g->n_stage) {
+        g->stage = xrealloc(g->stage, sizeof(*g->stage) * (g->n_stage + 1));
+        g->stage_cap = xrealloc(g->stage_cap, sizeof(*g->stage_cap) * (g->n_stage + 1));
+        g->stage_cap[g->n_stage] = n > STAGE_CHUNK ? n : STAGE_CHUNK;
+        g->stage[g->n_stage] = xmalloc(g->stage_cap[g->n_stage]);
+        g->n_stage++;
+        g->stage_used = 0;
+    }
+    void *p = g->stage[g->stage_cur] + g->stage_used;
+    g->stage_used += n;
+    return p;
+}
+
+static void stage_reset(rank_load *g) {
+    g->stage_cur = 0;
+    g->stage_used = 0;
+}
+
+static void stage_free(rank_load *g) {
+    for (int i = 0; i < g->n_stage; i++) free(g->stage[i]);
+    free(g->stage);
+    free(g->stage_cap);
+    g->stage = NULL;
+    g->stage_cap = NULL;
+    g->n_stage = g->stage_cur = 0;
+    g->stage_used = 0;
+}
+
+/* rows rows of nb bytes from src (stride bytes apart) to dst (packed), queued on g. */
+static void copy_rows(rank_load *g, void *dst, const void *src, int rows, size_t nb, size_t stride) {
+    if (g->n_copies == g->cap_copies) {
+        g->cap_copies = g->cap_copies ? 2 * g->cap_copies : 1024;
+        g->copies = xrealloc(g->copies, sizeof(*g->copies) * g->cap_copies);
+    }
+    g->copies[g->n_copies++] = (struct row_copy){dst, src, rows, nb, stride};
+}
+
+static void copies_range(void *ctx, int64_t i0, int64_t i1) {
+    rank_load *g = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const struct row_copy *c = &g->copies[i];
+        for (int r = 0; r < c->rows; r++) memcpy(c->dst + (size_t)r * c->nb, c->src + (size_t)r * c->stride, c->nb);
+    }
+}
+
+/* Every queued row copy, spread over the thread pool. */
+static void copies_run(rank_load *g) {
+    pool_for(g->n_copies, 1, copies_range, g);
+    g->n_copies = 0;
+}
+
+static void load_free(rank_load *g) {
+    stage_free(g);
+    free(g->copies);
+    g->copies = NULL;
+    g->n_copies = g->cap_copies = 0;
+}
+
+void tp_load_done(model *m) {
+    if (!m->grp || m->is_rank) return;
+    double ts = 0, tu = 0;
+    for (int r = 0; r < m->grp->n; r++) {
+        if (m->grp->ld[r].t_slice > ts) ts = m->grp->ld[r].t_slice;
+        if (m->grp->ld[r].t_upload > tu) tu = m->grp->ld[r].t_upload;
+        load_free(&m->grp->ld[r]);
+    }
+    if (ts + tu > 1)
+        log_info("%s: the ranks' layers: slicing %.1f s, uploading %.1f s (the slowest rank; %d ranks at once)", m->path,
+                 ts, tu, m->tp);
+}
+
 int tp_status(model *m, ls_err *e) {
+    if (m->grp->p2p_rc)
+        return errf(e, ERR_RUNTIME, "rank %d: the peer all-reduce (LASTSTAND_TP_P2P=1) failed to launch", m->rank);
     int rc = m->ops.capturing == 1 && m->tp_cap_rc ? m->tp_cap_rc : m->grp->nccl_rc;
     if (!rc) return 0;
     return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce%s: %s", m->rank,
@@ -174,6 +282,16 @@ int tp_all(model *m, int ok) {
 
 void tp_allreduce(model *m, void *x, size_t n) {
     tp_group *g = m->grp;
+#ifdef LS_HAVE_CUDA
+    if (g->p2p && n <= g->p2p_max && m->ops.act == ACT_BF16) { /* the same choice on every rank (same n) */
+        ls_err pe = {0};
+        if (lsc_p2p_allreduce(g->p2p, m->rank, x, n, m->ops.stream, &pe)) {
+            if (!g->p2p_rc) log_error("rank %d: %s", m->rank, pe.msg);
+            g->p2p_rc = ERR_RUNTIME;
+        }
+        return;
+    }
+#endif
     if (g->has_comm) {
         int rc = g_nccl.all_reduce(x, x, n, m->ops.act == ACT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM,
                                    g->comm[m->rank], m->ops.stream);
@@ -198,7 +316,13 @@ void tp_allreduce(model *m, void *x, size_t n) {
 
 /* ---- slicing -------------------------------------------------------------- */
 
-/* out = columns [c0, c0 + nc) of w, an owned copy. */
+/* 1 when rank m's slices may be views into the coordinator's weights: a device rank uploads
+ * them (tp_take_layer) before the coordinator's layer goes; a CPU rank keeps owned copies. */
+static int views_ok(const model *m) { return m->ops.dev.kind != DEV_CPU; }
+
+/* out = columns [c0, c0 + nc) of w: an owned copy (CPU), or a copy in the group's staging
+ * (device ranks: uploaded before the staging is reused). The rows are copied later, with the
+ * rest of the layer's, by copies_run (tp_take_layer), in parallel. */
 static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_err *e) {
     size_t es = w->kind == W_F32 ? 4 : 2;
     *out = *w;
@@ -208,27 +332,53 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
             return errf(e, ERR_INVAL, "tensor '%s': an NVFP4 column slice [%d, %d) is not in whole "
                         "16-element blocks; choose a --tp that splits it so", w->name ? w->name : "?",
                         c0, c0 + nc);
-        uint8_t *d = mdl_alloc(m, (size_t)w->N * nc / 2), *s = mdl_alloc(m, (size_t)w->N * nc / 16);
-        for (int r = 0; r < w->N; r++) {
-            memcpy(d + (size_t)r * nc / 2, (const uint8_t *)w->data + (size_t)r * w->K / 2 + c0 / 2, nc / 2);
-            memcpy(s + (size_t)r * nc / 16, w->scale + (size_t)r * w->K / 16 + c0 / 16, nc / 16);
-        }
+        const size_t db = (size_t)w->N * nc / 2, sb = (size_t)w->N * nc / 16;
+        uint8_t *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
+        uint8_t *s = views_ok(m) ? stage_take(&m->grp->ld[m->rank], sb) : mdl_alloc(m, sb);
+        copy_rows(&m->grp->ld[m->rank], d, (const uint8_t *)w->data + c0 / 2, w->N, nc / 2, (size_t)w->K / 2);
+        copy_rows(&m->grp->ld[m->rank], s, w->scale + c0 / 16, w->N, nc / 16, (size_t)w->K / 16);
         out->data = d;
         out->scale = s;
         return 0;
     }
-    char *d = mdl_alloc(m, (size_t)w->N * nc * es);
-    for (int r = 0; r < w->N; r++)
-        memcpy(d + (size_t)r * nc * es, (const char *)w->data + ((size_t)r * w->K + c0) * es, nc * es);
+    const size_t db = (size_t)w->N * nc * es;
+    char *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
+    copy_rows(&m->grp->ld[m->rank], d, (const char *)w->data + (size_t)c0 * es, w->N, nc * es, (size_t)w->K * es);
     out->data = d;
     return 0;
 }
 
+/* out = rows [r0, r0 + n) of w: a view (views_ok: contiguous rows need no copy) or an owned copy. */
 static void take_range(model *m, const lin_w *w, int r0, int n, lin_w *out) {
+    if (views_ok(m) && w->kind != W_F32) {
+        const size_t rb = w->kind == W_NVFP4 ? (size_t)w->K / 2 : (size_t)w->K * 2;
+        *out = *w;
+        out->N = n;
+        out->data = (const char *)w->data + rb * r0;
+        if (w->kind == W_NVFP4) out->scale = w->scale + (size_t)w->K / 16 * r0;
+        return;
+    }
     int *rows = xmalloc(sizeof(int) * (n ? n : 1));
     for (int i = 0; i < n; i++) rows[i] = r0 + i;
     mdl_take_rows(m, w, rows, n, out);
     free(rows);
+}
+
+/* A weight every rank holds whole (norms, router, shared-expert gate): the coordinator's as is
+ * on a device rank (uploaded before the coordinator's copy goes), an owned copy on the CPU. */
+static float *keep_vec(model *m, const float *v, size_t n) {
+    if (!v || views_ok(m)) return (float *)v;
+    float *d = mdl_alloc(m, sizeof(float) * n);
+    memcpy(d, v, sizeof(float) * n);
+    return d;
+}
+
+static void keep_lin(model *m, const lin_w *w, lin_w *out) {
+    if (!w->data) {
+        *out = *w;
+        return;
+    }
+    take_range(m, w, 0, w->N, out);
 }
 
 static int slice_attn(model *rm, const model *m, int r, int N, const attn_layer_w *a, attn_layer_w *o,
@@ -241,6 +391,8 @@ static int slice_attn(model *rm, const model *m, int r, int N, const attn_layer_
     if (a->gate.data) take_range(rm, &a->gate, r * nh * hd, nh * hd, &o->gate);
     take_range(rm, &a->k, kv0 * hd, nkv * hd, &o->k);
     take_range(rm, &a->v, kv0 * hd, nkv * hd, &o->v);
+    o->q_norm = keep_vec(rm, a->q_norm, hd);
+    o->k_norm = keep_vec(rm, a->k_norm, hd);
     return take_cols(rm, &a->o, r * nh * hd, nh * hd, &o->o, e);
 }
 
@@ -267,8 +419,9 @@ static int slice_gdn(model *rm, const model *m, int r, int N, const gdn_layer_w 
     o->g.nk = nk;
     o->g.nv = nv;
     o->g.conv_w = cw;
-    o->g.A_log = g->g.A_log + r * nv;
-    o->g.dt_bias = g->g.dt_bias + r * nv;
+    o->g.A_log = keep_vec(rm, g->g.A_log + r * nv, nv);
+    o->g.dt_bias = keep_vec(rm, g->g.dt_bias + r * nv, nv);
+    o->norm = keep_vec(rm, g->norm, dv);
     return take_cols(rm, &g->out, r * nv * dv, nv * dv, &o->out, e);
 }
 
@@ -286,6 +439,8 @@ static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e
     layer_w *O = &rm->layers[l];
     int rc;
     *O = *L;
+    O->in_norm = keep_vec(rm, L->in_norm, m->cfg.hidden);
+    O->post_norm = keep_vec(rm, L->post_norm, m->cfg.hidden);
     if (L->type == LAYER_FULL_ATTN) rc = slice_attn(rm, m, r, N, &L->attn, &O->attn, e);
     else rc = slice_gdn(rm, m, r, N, &L->gdn, &O->gdn, e);
     if (rc) return rc;
@@ -303,6 +458,8 @@ static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e
     O->moe.up = O->experts + E;
     O->moe.down = O->experts + 2 * E;
     O->moe.inter = w->inter / N;
+    keep_lin(rm, &w->router, &O->moe.router);
+    keep_lin(rm, &w->sh_gate_w, &O->moe.sh_gate_w);
     if (w->shared_inter > 0) {
         O->moe.shared_inter = w->shared_inter / N;
         if ((rc = slice_mlp3(rm, r, N, &w->sh_gate, &w->sh_up, &w->sh_down, &O->moe.sh_gate,
@@ -344,6 +501,21 @@ static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
     if (g->nccl_version) nccl_version_str(g->nccl_version, v, sizeof v);
     log_info("%s: tensor parallel over %d GPUs, NCCL %s (NCCL_NVLS_ENABLE=%s)", m->path, N, v,
              getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "");
+#ifdef LS_HAVE_CUDA
+    const char *pe = getenv("LASTSTAND_TP_P2P");
+    if (pe && !strcmp(pe, "1") && m->ops.act == ACT_BF16) { /* opt-in: the small all-reduces through peer memory */
+        ls_err e2 = {0};
+        lsc_p2p *p = NULL;
+        if (lsc_p2p_open(N, devs, (size_t)1 << 19, &p, &e2)) {
+            log_warn("%s: LASTSTAND_TP_P2P=1: %s; every all-reduce goes through NCCL", m->path, e2.msg);
+        } else {
+            g->p2p = p;
+            g->p2p_max = lsc_p2p_max_elems(p);
+            log_info("%s: all-reduces of up to %zu BF16 elements (%zu KiB) through peer memory (LASTSTAND_TP_P2P=1), "
+                     "larger ones through NCCL", m->path, g->p2p_max, g->p2p_max * 2 / 1024);
+        }
+    }
+#endif
     return 0;
 }
 
@@ -484,16 +656,46 @@ int tp_build(model *m, int N, ls_err *e) {
         rm->n_full = m->n_full;
         rm->n_lin = m->n_lin;
         rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
-        for (int l = 0; l < c->n_layers; l++)
-            if ((rc = slice_layer(rm, m, r, N, l, e))) return err_prefix(e, "rank %d", r);
-        if (cuda) { /* GPU r: its own device, stream and copy of the slice */
-            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) || (rc = mdl_upload_weights(rm, e)))
+        if (cuda) { /* GPU r: its own device, stream and copy of the replicated weights */
+            if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) ||
+                (rc = mdl_check_fits(rm, m->plan_gpu_weights, N, e)) || (rc = mdl_upload_part(rm, -1, e)))
                 return err_prefix(e, "rank %d (GPU %d)", r, r);
             rm->owns_stream = 1;
         }
     }
     g->ranks = m->rank_m;
+    if (cuda) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     return workers_start(g, e);
+}
+
+typedef struct take_job {
+    const model *m; /* the coordinator, layer l bound */
+    int l;
+} take_job;
+
+/* Rank r's slice of layer l, on its own thread (bound to its GPU): cut, copied, uploaded. */
+static int take_rank(model *rm, void *arg, int r, ls_err *e) {
+    const take_job *j = arg;
+    rank_load *ld = &rm->grp->ld[r];
+    double t0 = now_sec();
+    stage_reset(ld);
+    int rc = slice_layer(rm, j->m, r, rm->tp, j->l, e);
+    if (rc) {
+        ld->n_copies = 0; /* never run: the slices they fill are dropped with the model */
+        return rc;
+    }
+    copies_run(ld);
+    double t1 = now_sec();
+    ld->t_slice += t1 - t0;
+    if (rm->ops.dev.kind != DEV_CPU && (rc = mdl_upload_part(rm, j->l, e)))
+        return err_prefix(e, "GPU %d", rm->ops.dev.ordinal);
+    ld->t_upload += now_sec() - t1;
+    return 0;
+}
+
+int tp_take_layer(model *m, int l, ls_err *e) {
+    take_job j = {.m = m, .l = l};
+    return tp_run(m, take_rank, &j, 1, e);
 }
 
 void tp_free(model *m) {
@@ -507,11 +709,15 @@ void tp_free(model *m) {
     free(m->rank_m);
     m->rank_m = NULL;
     for (int r = 0; m->grp->has_comm && r < m->tp; r++) g_nccl.destroy(m->grp->comm[r]);
+#ifdef LS_HAVE_CUDA
+    lsc_p2p_close(m->grp->p2p);
+#endif
     pthread_barrier_destroy(&m->grp->bar);
     pthread_mutex_destroy(&m->grp->run_mu);
     pthread_mutex_destroy(&m->grp->wmu);
     pthread_cond_destroy(&m->grp->wcv);
     pthread_cond_destroy(&m->grp->dcv);
+    for (int r = 0; r < m->grp->n; r++) load_free(&m->grp->ld[r]);
     free(m->grp);
     m->grp = NULL;
 }

@@ -23,9 +23,14 @@
  *
  * synth_build fills every tensor in memory (refusing up front what cannot
  * fit in RAM); synth_write generates and writes one shard (<= 4 GiB) at a
- * time, so writing any preset needs about one shard of memory.
+ * time, so writing any preset needs about one shard of memory; synth_open /
+ * synth_src_part make one part (the non-layer tensors, or one layer) at a
+ * time, each layer into one buffer reused for the next, so a model streamed
+ * onto GPUs (model.c) needs about one layer of host memory beyond the
+ * non-layer tensors, whatever its size.
  *
- * Owns: nothing global. synth_build hands back an st_set and a config object.
+ * Owns: nothing global. synth_build hands back an st_set and a config object;
+ * a synth_src owns its plan and its layer buffer.
  */
 #include "model/synth.h"
 #include "model/demo_tok.h"
@@ -207,6 +212,7 @@ typedef struct plan {
     int nvfp4;
     uint64_t seed;
     char prefix[32]; /* "model.language_model." or "model." */
+    int *layer_start; /* [layers + 1]: layer i's tensors are [layer_start[i], layer_start[i + 1]) */
 } plan;
 
 static tplan *add(plan *pl, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -274,8 +280,10 @@ static void build_plan(plan *pl) {
     snprintf(nm, sizeof nm, "%snorm.weight", P);
     zc ? norm_zero_centred(pl, nm, H) : norm_plain(pl, nm, H);
 
+    pl->layer_start = xmalloc(sizeof(int) * (pl->layers + 1));
     for (int i = 0; i < pl->layers; i++) {
         char L[96];
+        pl->layer_start[i] = pl->n;
         snprintf(L, sizeof L, "%slayers.%d.", P, i);
         snprintf(nm, sizeof nm, "%sinput_layernorm.weight", L);
         zc ? norm_zero_centred(pl, nm, H) : norm_plain(pl, nm, H);
@@ -361,6 +369,7 @@ static void build_plan(plan *pl) {
             linear(pl, mod, 1, H, sH, 0);
         }
     }
+    pl->layer_start[pl->layers] = pl->n;
 }
 
 /* ---- filling ------------------------------------------------------------- */
@@ -434,15 +443,18 @@ static void fill_range(void *ctx, int64_t i0, int64_t i1) {
     for (int64_t j = i0; j < i1; j++) fill_block(c->pl, &c->pl->t[c->jobs[j].t], c->jobs[j].off);
 }
 
-/* Allocate and fill tensors [t0, t1) of the plan. ERR_NOMEM (nothing left
+/* Fill tensors [t0, t1) of the plan: each in a malloc'd block of its own (arena NULL), or laid
+ * out 64-byte aligned in arena (the caller sized it, synth_src). ERR_NOMEM (nothing left
  * allocated) when memory runs out. */
-static int fill_range_of_plan(plan *pl, int t0, int t1, ls_err *e) {
-    size_t nj = 0, cap = 1024;
+static int fill_range_in(plan *pl, int t0, int t1, char *arena, ls_err *e) {
+    size_t nj = 0, cap = 1024, at = 0;
     job *jobs = xmalloc(sizeof(job) * cap);
     for (int i = t0; i < t1; i++) {
         tplan *t = &pl->t[i];
-        t->data = malloc(t->nbytes ? t->nbytes : 1);
-        if (!t->data) {
+        if (arena) {
+            t->data = arena + at;
+            at += (t->nbytes + 63) & ~(size_t)63;
+        } else if (!(t->data = malloc(t->nbytes ? t->nbytes : 1))) {
             for (int k = t0; k < i; k++) { free(pl->t[k].data); pl->t[k].data = NULL; }
             free(jobs);
             return errf(e, ERR_NOMEM, "%s: out of memory allocating '%s' (%zu bytes)", pl->p->name, t->name,
@@ -458,6 +470,8 @@ static int fill_range_of_plan(plan *pl, int t0, int t1, ls_err *e) {
     free(jobs);
     return 0;
 }
+
+static int fill_range_of_plan(plan *pl, int t0, int t1, ls_err *e) { return fill_range_in(pl, t0, t1, NULL, e); }
 
 static double plan_bytes(const plan *pl) {
     double b = 0;
@@ -607,6 +621,7 @@ static void plan_free(plan *pl) {
         free(pl->t[i].data);
     }
     free(pl->t);
+    free(pl->layer_start);
 }
 
 int synth_build(const synth_opts *o, st_set **weights, json_t **config, ls_err *e) {
@@ -653,6 +668,116 @@ int synth_config(const synth_opts *o, json_t **config, ls_err *e) {
     *config = make_config(&pl, pc.eos, pc.bos);
     plan_free(&pl);
     return 0;
+}
+
+/* ---- on demand ----------------------------------------------------------- */
+
+struct synth_src {
+    plan pl;
+    preset pc;
+    char *arena;      /* the layers' bytes, one layer at a time (reused: no fresh pages per layer) */
+    size_t arena_cap;
+};
+
+int synth_open(const synth_opts *o, synth_src **out, json_t **config, ls_err *e) {
+    *out = NULL;
+    if (config) *config = NULL;
+    synth_src *s = xcalloc(1, sizeof *s);
+    int rc = make_plan(o, &s->pl, &s->pc, e);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    s->pl.p = &s->pc;
+    build_plan(&s->pl);
+    if (config) *config = make_config(&s->pl, s->pc.eos, s->pc.bos);
+    *out = s;
+    return 0;
+}
+
+int synth_src_layers(const synth_src *s) { return s->pl.layers; }
+
+int synth_src_count(const synth_src *s) { return s->pl.n; }
+
+void synth_src_info(const synth_src *s, int i, st_tensor *out) {
+    const tplan *t = &s->pl.t[i];
+    memset(out, 0, sizeof *out);
+    out->name = t->name;
+    out->dtype = t->dt;
+    out->ndim = t->ndim;
+    for (int k = 0; k < t->ndim; k++) out->shape[k] = t->shape[k];
+    out->nbytes = t->nbytes;
+    out->file = "<memory>";
+}
+
+/* The plan's tensors [t0, t1) of a part. */
+static void part_range(const plan *pl, int part, int *t0, int *t1) {
+    *t0 = part < 0 ? 0 : pl->layer_start[part];
+    *t1 = part < 0 ? pl->layer_start[0] : pl->layer_start[part + 1];
+}
+
+size_t synth_src_part_bytes(const synth_src *s, int part) {
+    if (part < -1 || part >= s->pl.layers) return 0;
+    int t0, t1;
+    part_range(&s->pl, part, &t0, &t1);
+    size_t b = 0;
+    for (int i = t0; i < t1; i++) b += s->pl.t[i].nbytes;
+    return b;
+}
+
+int synth_src_part(synth_src *s, int part, st_set **out, ls_err *e) {
+    *out = NULL;
+    if (part < -1 || part >= s->pl.layers)
+        return errf(e, ERR_INVAL, "%s: no layer %d (the checkpoint has %d)", s->pc.name, part, s->pl.layers);
+    int t0, t1, rc = 0;
+    part_range(&s->pl, part, &t0, &t1);
+    st_set *set = st_new();
+    if (part < 0) { /* kept for the model's life: blocks the set owns */
+        if ((rc = fill_range_of_plan(&s->pl, t0, t1, e))) {
+            st_close(set);
+            return rc;
+        }
+        for (int i = t0; i < t1 && !rc; i++) {
+            tplan *t = &s->pl.t[i];
+            rc = st_add_owned(set, t->name, t->dt, t->ndim, t->shape, t->data, t->nbytes, e);
+            t->data = NULL; /* adopted (or freed on error) */
+        }
+        for (int i = t0; i < t1; i++) { /* what an error left unadopted */
+            free(s->pl.t[i].data);
+            s->pl.t[i].data = NULL;
+        }
+    } else { /* a layer: views into the arena, valid until the next part */
+        size_t need = 0;
+        for (int i = t0; i < t1; i++) need += (s->pl.t[i].nbytes + 63) & ~(size_t)63;
+        if (need > s->arena_cap) {
+            free(s->arena);
+            s->arena_cap = 0;
+            if (!(s->arena = malloc(need ? need : 1))) {
+                st_close(set);
+                return errf(e, ERR_NOMEM, "%s: out of memory for layer %d (%.2f GB)", s->pc.name, part, need / 1e9);
+            }
+            s->arena_cap = need;
+        }
+        fill_range_in(&s->pl, t0, t1, s->arena, e);
+        for (int i = t0; i < t1; i++) {
+            tplan *t = &s->pl.t[i];
+            if (!rc) rc = st_add_ref(set, t->name, t->dt, t->ndim, t->shape, t->data, t->nbytes, e);
+            t->data = NULL; /* the arena's */
+        }
+    }
+    if (rc) {
+        st_close(set);
+        return rc;
+    }
+    *out = set;
+    return 0;
+}
+
+void synth_src_close(synth_src *s) {
+    if (!s) return;
+    plan_free(&s->pl);
+    free(s->arena);
+    free(s);
 }
 
 static int dump_json(json_t *j, const char *dir, const char *name, ls_err *e) {

@@ -32,4 +32,25 @@ int synth_config(const synth_opts *o, json_t **config, ls_err *e);
  * preset tokenizer.json, tokenizer_config.json and chat_template.jinja. */
 int synth_write(const synth_opts *o, const char *out_dir, ls_err *e);
 
+/* (additive) A checkpoint generated on demand, one part at a time, so a model far larger than
+ * host memory can be loaded part by part (model.c): part -1 holds every tensor outside the
+ * layers (embedding, final norm, lm_head), part l (0 <= l < layers) layer l's. A part's bytes
+ * are exactly synth_build's (each tensor is seeded by (seed, name, block)), however often and in
+ * whatever order it is built. config: the config.json object synth_build would give (NULL: not
+ * wanted). */
+typedef struct synth_src synth_src;
+int synth_open(const synth_opts *o, synth_src **out, json_t **config, ls_err *e);
+int synth_src_layers(const synth_src *s);
+/* Every tensor's name, dtype, shape and bytes (data NULL), i in [0, synth_src_count). */
+int synth_src_count(const synth_src *s);
+void synth_src_info(const synth_src *s, int i, st_tensor *out);
+/* The part's bytes (0 for a part that does not exist). */
+size_t synth_src_part_bytes(const synth_src *s, int part);
+/* The part's tensors, generated now, as a new in-memory set the caller closes; ERR_NOMEM (nothing
+ * left allocated) when they do not fit in memory. A layer's tensors live in one buffer s reuses
+ * for every layer (so loading layer after layer touches no fresh memory): its set is valid until
+ * the next synth_src_part or synth_src_close; part -1's set owns its tensors. */
+int synth_src_part(synth_src *s, int part, st_set **out, ls_err *e);
+void synth_src_close(synth_src *s);
+
 #endif

@@ -13,7 +13,11 @@
  * A decode step of 16 one-token sequences (gd_kernel1 where gd_kernel would need more than one
  * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it; 8-warp blocks there) must give
  * the bits of the same rows computed by gd_kernel (the same call with a 2-token sequence added)
- * and by a 3-sequence call (2-warp blocks).
+ * and by a 3-sequence call (2-warp blocks); so must the streamed form gd_kernel_s, which
+ * LASTSTAND_GDN_STREAM=2 picks for that step (the switch is read at every call: the tests set it).
+ * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
+ * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
+ * and its fused norm against its own output + rmsnorm_gated.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -133,6 +137,64 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
     return done;
 }
 
+/* The same call under LASTSTAND_GDN_STREAM=0 (gd_kernel) and =1 (gd_kernel_s), on copies of the
+ * same inputs and states, fused norm or not: outputs, states and windows must be bitwise equal. */
+static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *seqs, int n_tok, int fuse) {
+    const gdn_impl *g = ops_gdn_find("cuda_decode");
+    assert_non_null(g);
+    enum { K = 4, SLOTS = 4 };
+    const int D = 2 * nk * dk + nv * dv;
+    ls_err e = {0};
+    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
+             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
+    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
+          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
+    const size_t nconv = (size_t)SLOTS * D * (K - 1), nrec = (size_t)SLOTS * nv * dk * dv;
+    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
+    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
+         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
+    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
+          *dnw = dev_copy(nw, dv * 4);
+    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
+    float *dconv[2], *drec[2];
+    void *dout[2];
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    gdn_state st[2];
+    int done[2] = {0, 0};
+    for (int s = 0; s < 2; s++) {
+        dconv[s] = dev_copy(conv, nconv * 4);
+        drec[s] = dev_copy(rec, nrec * 4);
+        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
+        st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = SLOTS};
+        gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dqkv,
+                       .a = da, .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16};
+        if (fuse) {
+            ga.z = dz;
+            ga.norm_w = dnw;
+            ga.norm_eps = 1e-6f;
+            ga.norm_done = &done[s];
+        }
+        setenv("LASTSTAND_GDN_STREAM", s ? "1" : "0", 1);
+        assert_int_equal(g->run(&ga, g_st, &e), 0);
+    }
+    assert_int_equal(g_mem->sync(g_st, &e), 0);
+    assert_int_equal(done[0], done[1]);
+    int ok = same_dev(dout[0], dout[1], (size_t)n_tok * nv * dv * 2, 2,
+                      fuse ? "the normed output (streamed)" : "the output (streamed)", nk, nv, dk);
+    ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent state (streamed)", nk, nv, dk);
+    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv windows (streamed)", nk, nv, dk);
+    assert_true(ok);
+    for (int s = 0; s < 2; s++) {
+        g_mem->free(dconv[s]);
+        g_mem->free(drec[s]);
+        g_mem->free(dout[s]);
+    }
+    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
 /* A decode step of n one-token sequences (scattered slots) against the same rows inside a call
  * that also carries a 2-token sequence, and against its first 3 sequences alone: the first call
  * is a pure decode step, which gd_kernel1 runs where its grid is wider than the GPU holds of
@@ -226,9 +288,14 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    t1_case(16, 32, 128, 128, 16);
-    t1_case(16, 64, 128, 128, 16);
-    t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel both times) */
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2: gd_kernel_s for it */
+    for (int v = 0; v <= 2; v += 2) {
+        setenv("LASTSTAND_GDN_STREAM", v ? "2" : "0", 1);
+        t1_case(16, 32, 128, 128, 16);
+        t1_case(16, 64, 128, 128, 16);
+        t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
+    }
+    unsetenv("LASTSTAND_GDN_STREAM");
 #else
     skip();
 #endif
@@ -244,11 +311,36 @@ static void test_fused_norm_equals_the_two_ops(void **st) {
     const gdn_seq seqs[3] = {{.slot = 2, .n_new = 1, .row0 = 0}, {.slot = 0, .n_new = 6, .row0 = 1},
                              {.slot = 3, .n_new = 0, .row0 = 7}};
     static const int shapes[][4] = {{16, 32, 128, 128}, {16, 64, 128, 128}, {4, 8, 64, 64}, {2, 4, 32, 32}};
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        const int *s = shapes[i];
-        assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 3, seqs, 7, 1), 1);
-        assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 1, seqs, 1, 1), 1); /* M = 1 alone */
+    for (int v = 0; v < 2; v++) { /* gd_kernel, then gd_kernel_s (LASTSTAND_GDN_STREAM=1) */
+        setenv("LASTSTAND_GDN_STREAM", v ? "1" : "0", 1);
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+            const int *s = shapes[i];
+            assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 3, seqs, 7, 1), 1);
+            assert_int_equal(fused_case(s[0], s[1], s[2], s[3], 1, seqs, 1, 1), 1); /* M = 1 alone */
+        }
     }
+    unsetenv("LASTSTAND_GDN_STREAM");
+#else
+    skip();
+#endif
+}
+
+/* gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) gives gd_kernel's bits: outputs (the fused
+ * norm's and the plain ones), states and windows, with sequences of 1, 6 and 0 tokens. */
+static void test_streamed_equals_the_group_kernel(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    const gdn_seq seqs[3] = {{.slot = 2, .n_new = 1, .row0 = 0}, {.slot = 0, .n_new = 6, .row0 = 1},
+                             {.slot = 3, .n_new = 0, .row0 = 7}};
+    static const int shapes[][4] = {{16, 32, 128, 128}, {16, 64, 128, 128}, {4, 8, 64, 64}, {2, 4, 32, 32}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+            const int *s = shapes[i];
+            stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse);
+            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse); /* M = 1 alone */
+        }
+    unsetenv("LASTSTAND_GDN_STREAM");
 #else
     skip();
 #endif
@@ -268,11 +360,15 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 }
 
 int main(void) {
+    /* LS_TEST_FILTER: run only the tests whose name matches (bench/device/gdn16.sh profiles one) */
+    const char *f = getenv("LS_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
     setenv("LASTSTAND_GDN_NORM", "1", 0);
     setenv("LASTSTAND_GDN_T1", "2", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_norm_equals_the_two_ops),
         cmocka_unit_test(test_wide_decode_step_equals_the_group_kernel),
+        cmocka_unit_test(test_streamed_equals_the_group_kernel),
         cmocka_unit_test(test_chunked_hand_over_leaves_the_norm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -2,8 +2,14 @@
  * own: the chained hash (a page's entry depends on every earlier page), ids
  * compared on a hit even when every hash collides (test hook), references,
  * leaf-first LRU eviction in last-use order, snapshot slots (taken, reused
- * least recently used first, freed with their page), and pfx_check's
- * invariants after every operation of a random workload.
+ * least recently used first, freed with their page), held snapshots (taken
+ * before their entry exists, attached after, or put back), and pfx_check's
+ * invariants after every operation of a random workload. The model side of
+ * an in-step snapshot (fwd_seq.n_snap): the GDN state copied mid-step, restored
+ * into another slot, continues exactly as the full pass (model_logits_all,
+ * itself checked against transformers by tests/test_model_fixtures.py) on
+ * synth:demo and the GDN fixtures of ../shared (skipped when absent), on the
+ * CPU (test_prefix_cuda.c: the same on a CUDA device).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +21,11 @@
 #include <string.h>
 
 #include "engine/prefix.h"
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <unistd.h>
 
 enum { PS = 4 };
 
@@ -211,6 +222,161 @@ static void test_snapshots_bound_the_usable_hit_and_recycle_lru(void **st) {
     pfx_free(&c);
 }
 
+static void test_held_snapshots_attach_after_the_step(void **st) {
+    (void)st;
+    pfx_cache c;
+    pfx_init(&c, 16, PS, 3);
+    int next = 0;
+    int32_t e[4], f[4];
+    /* two held before any entry exists, a third taken the old way */
+    int32_t h0 = pfx_snap_hold(&c), h1 = pfx_snap_hold(&c);
+    assert_true(h0 >= 0 && h1 >= 0 && h0 != h1);
+    assert_int_equal(c.n_snaps_held, 2);
+    assert_int_equal(pfx_check(&c), 0);
+    publish(&c, 1, 4, e, &next);
+    int32_t t = pfx_snap_take(&c, e[3]);
+    assert_true(t >= 0 && t != h0 && t != h1);
+    /* all three in use, none attached but e[3]'s: the LRU can only give e[3]'s */
+    assert_int_equal(pfx_snap_hold(&c), t);
+    assert_int_equal(c.ent[e[3]].snap, -1);
+    assert_int_equal(c.n_snaps_held, 3);
+    assert_int_equal(pfx_snap_hold(&c), -1); /* every slot held */
+    assert_int_equal(pfx_check(&c), 0);
+    /* attached after the step: the hit now reaches them */
+    int32_t seq[4 * PS], out[4];
+    for (int p = 0; p < 4; p++) page_ids(seq + p * PS, 1, p);
+    assert_int_equal(pfx_snap_attach(&c, e[1], h0), 1);
+    assert_int_equal(c.ent[e[1]].snap, h0);
+    assert_int_equal(pfx_match(&c, seq, 4 * PS, 1, out, 4), 2);
+    assert_int_equal(pfx_snap_attach(&c, e[2], h1), 1);
+    assert_int_equal(pfx_match(&c, seq, 4 * PS, 1, out, 4), 3);
+    /* an entry that has one keeps it: the held slot goes back free */
+    assert_int_equal(pfx_snap_attach(&c, e[1], t), 0);
+    assert_int_equal(c.ent[e[1]].snap, h0);
+    assert_int_equal(c.n_snaps_held, 0);
+    assert_int_equal(c.n_snap_free, 1);
+    assert_int_equal(pfx_check(&c), 0);
+    /* a failed step puts its held slot back; the LRU order: e[2], then e[1] (touched by the
+     * attach it refused) */
+    int32_t h2 = pfx_snap_hold(&c);
+    assert_int_equal(h2, t);
+    pfx_snap_put(&c, h2);
+    assert_int_equal(c.n_snaps_held, 0);
+    assert_int_equal(c.n_snap_free, 1);
+    assert_int_equal(pfx_snap_hold(&c), t);
+    assert_int_equal(pfx_snap_hold(&c), h1); /* detached from e[2], the least recently used */
+    assert_int_equal(c.ent[e[2]].snap, -1);
+    assert_int_equal(c.ent[e[1]].snap, h0);
+    assert_int_equal(pfx_check(&c), 0);
+    publish(&c, 2, 2, f, &next);
+    pfx_snap_attach(&c, f[1], t);
+    pfx_snap_attach(&c, f[0], h1);
+    release_all(&c, f, 2);
+    release_all(&c, e, 4);
+    while (pfx_evict(&c) >= 0) {}
+    assert_int_equal(c.n_snaps_used, 0);
+    assert_int_equal(c.n_snap_free, 3);
+    assert_int_equal(pfx_check(&c), 0);
+    pfx_free(&c);
+}
+
+/* ---- the model's in-step snapshots ---------------------------------------------- */
+
+#define N_IDS 20
+static const int32_t k_ids[N_IDS] = {5, 900, 17, 256, 3, 77, 1000, 512, 42, 8,
+                                     600, 13, 99, 731, 2, 64, 333, 870, 21, 400};
+
+/* name: a synth preset or a fixture folder (NULL when absent), on the CPU */
+static model *open_model(const char *name) {
+    char path[512];
+    model *m = NULL;
+    ls_err e = {0};
+    model_opts o = {.device = "cpu"};
+    if (strncmp(name, "synth:", 6)) {
+        const char *root = getenv("LS_SHARED") ? getenv("LS_SHARED") : "../shared";
+        snprintf(path, sizeof path, "%s/fixtures/models/%s", root, name);
+        if (access(path, R_OK)) return NULL;
+        name = path;
+    }
+    if (model_open(name, &o, &m, &e)) fail_msg("open %s: %s", name, e.msg);
+    return m;
+}
+
+/* max |a - b| / max |b| over n rows of V */
+static double rows_err(const float *a, const float *b, int n, int V) {
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mx = fmax(mx, fabs((double)b[i]));
+    }
+    return d / mx;
+}
+
+/* One step: sequence A (slot 0) prefills all 20 tokens with snapshots after 8 and 13 of them
+ * into slots 1 and 2, beside sequence B (slot 3, no snapshot: only in the first GDN piece) on
+ * its first 5 tokens. Its logits equal the full pass; slots 1 and 2, copied into slot 4 and
+ * continued from token 8 / 13, give the full pass's logits from there on: the snapshot is the
+ * state a step ending at that token leaves. */
+static void test_in_step_snapshot_restores_the_state_at_its_token(void **st) {
+    (void)st;
+    static const char *names[] = {"synth:demo", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe-fused"};
+    int ran = 0;
+    for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
+        model *m = open_model(names[mi]);
+        if (!m) continue;
+        ran++;
+        const int V = model_cfg(m)->vocab;
+        ls_err e = {0};
+        float *full = NULL;
+        assert_int_equal(model_logits_all(m, k_ids, N_IDS, &full, &e), 0);
+        model_cache_opts co = {.page_size = 4, .n_pages = 8, .n_slots = 5};
+        assert_int_equal(model_cache_init(m, &co, &e), 0);
+        for (int sl = 0; sl < 5; sl++) model_slot_reset(m, sl);
+        const int32_t pa[5] = {6, 1, 7, 3, 0}, pb[2] = {2, 4};
+        float *lg = malloc(sizeof(float) * N_IDS * 2 * V);
+        int32_t ids[N_IDS + 5];
+        memcpy(ids, k_ids, sizeof k_ids);
+        memcpy(ids + N_IDS, k_ids, 5 * sizeof *ids);
+        fwd_seq s[2] = {{.slot = 0, .n_past = 0, .n_new = N_IDS, .pages = pa, .logits_all = 1,
+                         .n_snap = 2, .snap_off = {8, 13}, .snap_slot = {1, 2}},
+                        {.slot = 3, .n_past = 0, .n_new = 5, .pages = pb, .logits_all = 1}};
+        fwd_batch b = {.n_seq = 2, .seqs = s, .ids = ids, .logits = lg};
+        if (model_forward(m, &b, &e)) fail_msg("%s: %s", names[mi], e.msg);
+        double r = rows_err(lg, full, N_IDS, V), rb = rows_err(lg + (size_t)N_IDS * V, full, 5, V);
+        if (r > 1e-5 || rb > 1e-5) fail_msg("%s: the snapshotting step's logits differ: %g, %g", names[mi], r, rb);
+        const int at[2] = {8, 13};
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(model_slot_copy(m, 4, 1 + k, &e), 0);
+            fwd_seq c = {.slot = 4, .n_past = at[k], .n_new = N_IDS - at[k], .pages = pa, .logits_all = 1};
+            fwd_batch cb = {.n_seq = 1, .seqs = &c, .ids = k_ids + at[k], .logits = lg};
+            if (model_forward(m, &cb, &e)) fail_msg("%s: %s", names[mi], e.msg);
+            r = rows_err(lg, full + (size_t)at[k] * V, N_IDS - at[k], V);
+            if (r > 1e-5) fail_msg("%s: continued from the snapshot at token %d: logits differ by %g", names[mi],
+                                   at[k], r);
+        }
+        /* bad requests are refused, naming the sequence */
+        const struct { int n, off0, off1, slot0, slot1; } bad[] = {
+            {1, 0, 0, 1, 0}, {1, N_IDS, 0, 1, 0}, {2, 8, 8, 1, 2}, {2, 13, 8, 1, 2}, {1, 8, 0, 0, 0},
+            {1, 8, 0, 3, 0}, {1, 8, 0, 5, 0}, {2, 8, 13, 1, 1}, {3, 4, 8, 1, 2}, {-1, 8, 0, 1, 0}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            fwd_seq q[2] = {s[0], s[1]};
+            q[0].n_snap = bad[i].n;
+            q[0].snap_off[0] = bad[i].off0;
+            q[0].snap_off[1] = bad[i].off1;
+            q[0].snap_slot[0] = bad[i].slot0;
+            q[0].snap_slot[1] = bad[i].slot1;
+            fwd_batch qb = {.n_seq = 2, .seqs = q, .ids = ids, .logits = lg};
+            e = (ls_err){0};
+            assert_int_equal(model_forward(m, &qb, &e), ERR_INVAL);
+            if (!strstr(e.msg, "snapshot")) fail_msg("%s: bad request %zu: %s", names[mi], i, e.msg);
+        }
+        free(lg);
+        free(full);
+        model_close(m);
+    }
+    assert_true(ran >= 1);
+}
+
 /* 2000 chains of 50 pages (a 400k-token cache of 4-token pages), released
  * chain after chain, then evicted completely: chain by chain in release order,
  * each leaf first, every page once. Each eviction's parent goes back into a
@@ -306,6 +472,8 @@ int main(void) {
         cmocka_unit_test(test_snapshots_bound_the_usable_hit_and_recycle_lru),
         cmocka_unit_test(test_many_chains_evict_in_release_order),
         cmocka_unit_test(test_random_workload_keeps_invariants),
+        cmocka_unit_test(test_held_snapshots_attach_after_the_step),
+        cmocka_unit_test(test_in_step_snapshot_restores_the_state_at_its_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,6 +45,11 @@
  * (255 registers, 8 warps an SM) would need more than one wave: batches of more than ~4
  * sequences (see gd_t1).
  *
+ * Wide decode steps may run gd_kernel_s instead (LASTSTAND_GDN_STREAM, see gd_stream): a v head a
+ * block, its state brought into shared memory by bulk copies issued at entry, so that the state
+ * stream of many blocks an SM is in flight at once; the same arithmetic as gd_kernel in the same
+ * order, so the same bits (see gd_kernel_s).
+ *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
  * the conv windows and weights, then waits (griddepcontrol.wait) for the projection before it
@@ -119,6 +124,54 @@ __device__ __forceinline__ float gd_conv(const float4 w, float win[GD_K - 1], fl
     win[2] = x;
     return gd_silu(acc);
 }
+
+/* The per-token scalar math that gd_body and gd_kernel_s (the streamed form) share, in one
+ * place so that both compile it to the same instructions (same contractions, same bits):
+ * e^g = exp(−exp(A_log)·softplus(a + dt_bias)) (torch's softplus threshold 20) and β = sigmoid(b) */
+__device__ __forceinline__ void gd_gate_beta(float xa, float xb, float al, float db, float &decay, float &beta) {
+    const float x = xa + db;
+    decay = expf(al * (x > 20.f ? x : log1pf(expf(x))));
+    beta = gd_sigmoid(xb);
+}
+
+/* one column: δ = β (v − e^g m rk), o = e^g p rq + (k·q) δ, and δ·rk (k enters the update raw) */
+__device__ __forceinline__ void gd_delta(float beta, float v, float dg, float m, float p, float rk, float rq, float kq,
+                                         float &o, float &dkc) {
+    const float dl = beta * (v - dg * (m * rk));
+    o = fmaf(dg, p * rq, kq * dl);
+    dkc = dl * rk;
+}
+
+/* 1/rms of a head's dv (<= 256) BF16-rounded outputs hv (shared memory), every lane of the warp
+ * the same value, in sm_rmsnorm_kernel's order: thread e of its block (blockDim = dv rounded up
+ * to 32) squares element e, sm_block_sum adds each warp's squares by an xor tree and the warps'
+ * partials (lanes < dv / 32, zeros above) by another (here the up to 8 warps' trees side by side) */
+__device__ __forceinline__ float gd_norm_scale(const float *hv, int dv, int lane, float eps) {
+    float qw[8];
+#pragma unroll
+    for (int w0 = 0; w0 < 8; w0++) {
+        const int e = w0 * 32 + lane;
+        qw[w0] = 0.f;
+        if (e < dv) {
+            const float v = hv[e];
+            qw[w0] += v * v;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+        for (int w0 = 0; w0 < 8; w0++)
+            if (w0 * 32 < dv) qw[w0] += __shfl_xor_sync(0xffffffffu, qw[w0], o);
+    float t = 0.f;
+#pragma unroll
+    for (int w0 = 0; w0 < 8; w0++)
+        if (lane == w0 && w0 * 32 < dv) t = qw[w0];
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return rsqrtf(t / dv + eps);
+}
+
+/* y = w · x̂ · silu(z) (x̂ = o / rms) */
+__device__ __forceinline__ float gd_gated(float w, float xh, float zz) { return w * xh * (zz / (1.0f + expf(-zz))); }
 
 /* grid (nk · cl, n_seq), block NW · 32 threads, cluster (cl, 1, 1); dynamic shared memory
  * NW · TB · GD_TOK(DK) floats: per warp and token of a group of TB, the conv outputs q [DK],
@@ -232,9 +285,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
                 }
                 const float cv = gd_conv(cwv, wv, xv[u]);
                 if (lane < GD_WC) tv[lane] = cv;
-                const float x = xa[u] + db;
-                decay[u] = expf(al * (x > 20.f ? x : log1pf(expf(x)))); /* e^g; torch softplus threshold 20 */
-                beta[u] = gd_sigmoid(xb[u]);
+                gd_gate_beta(xa[u], xb[u], al, db, decay[u], beta[u]);
             }
         }
 #pragma unroll
@@ -298,11 +349,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
             const float dg = decay[u];
             float dk_[4], o4[4]; /* δ·rk (k enters the update raw), o */
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const float dl = beta[u] * (tv[4 * cg + c] - dg * (m[c] * rk));
-                o4[c] = fmaf(dg, p[c] * rq, kq * dl);
-                dk_[c] = dl * rk;
-            }
+            for (int c = 0; c < 4; c++) gd_delta(beta[u], tv[4 * cg + c], dg, m[c], p[c], rk, rq, kq, o4[c], dk_[c]);
             /* S ← e^g S + k δᵀ */
 #pragma unroll
             for (int n4 = 0; n4 < RPL / 4; n4++) {
@@ -340,33 +387,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
             for (int u = 0; u < TB; u++) {
                 if (u >= nt) break;
                 const float *hv = nbuf + (par * TB + u) * dv;
-                /* sm_rmsnorm_kernel's sum: thread e of its block (blockDim = dv rounded up to 32)
-                 * squares element e, sm_block_sum adds each warp's squares by an xor tree and the
-                 * warps' partials (lanes < dv / 32, zeros above) by another */
-                /* (the up to 8 warps' trees side by side: dv <= 256) */
-                float qw[8];
-#pragma unroll
-                for (int w0 = 0; w0 < 8; w0++) {
-                    const int e = w0 * 32 + lane;
-                    qw[w0] = 0.f;
-                    if (e < dv) {
-                        const float v = hv[e];
-                        qw[w0] += v * v;
-                    }
-                }
-#pragma unroll
-                for (int o = 16; o; o >>= 1)
-#pragma unroll
-                    for (int w0 = 0; w0 < 8; w0++)
-                        if (w0 * 32 < dv) qw[w0] += __shfl_xor_sync(0xffffffffu, qw[w0], o);
-                float t = 0.f;
-#pragma unroll
-                for (int w0 = 0; w0 < 8; w0++)
-                    if (lane == w0 && w0 * 32 < dv) t = qw[w0];
-                for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-                const float sc = rsqrtf(t / dv + nrm_eps);
-                const float xh = hv[hc] * sc, zz = xz[u];
-                const float y = gwn * xh * (zz / (1.0f + expf(-zz)));
+                const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, dv, lane, nrm_eps), xz[u]);
                 if (rg < 4) out[((size_t)(row0 + t0 + u) * nv + j) * dv + hc] = __float2bfloat16(y);
             }
             par ^= 1;
@@ -409,6 +430,240 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1) gd_kernel(GD_ARGS) {
 template <int DK>
 __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
     gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
+}
+
+/* ---- gd_kernel_s: the streamed form, for wide decode steps (LASTSTAND_GDN_STREAM) -------------
+ * A block owns one v head j of one sequence: its whole state S [DK, dv] (64 KB at dk = dv = 128,
+ * contiguous in rec) comes into shared memory by bulk copies (cp.async.bulk, one mbarrier) that
+ * one thread issues right after the sequence table: no register holds the stream, so a block
+ * takes dv / 32 warps of ~100 registers and an SM holds 3 blocks (by shared memory) with their
+ * copies in flight while another block computes or stores. gd_kernel keeps S in 255 registers,
+ * one 8-warp block an SM, and runs load -> compute -> store in ~4 serial waves at 16 sequences.
+ * Lane (r = lane >> 3, cg = lane & 7) of warp w takes columns 32w + 4cg .. + 3 and gd_kernel's row
+ * groups rg = r and r + 4 (rows rg·DK/8 .. + DK/8 − 1): a quarter warp reads 128 contiguous bytes of
+ * a row (no bank conflict). The arithmetic is gd_kernel's, in its order: each group's partial
+ * sums over its rows one after the other from 0, then the tree ((m0+m1)+(m2+m3))+((m4+m5)+(m6+m7))
+ * (xor 8, xor 16, then the two groups' sums), the conv, norms and scalars by the same code
+ * (gd_conv, gd_gate_beta, gd_delta, gd_norm_scale, gd_gated): the same bits as gd_kernel for every
+ * sequence (test_gdn_decode_cuda), so that a step may take either form. Tokens go one at a time
+ * (two passes over S in shared memory each: m, p, then the update); the last token's update goes
+ * to global memory directly (a quarter warp stores 128 contiguous bytes). The fused gated norm is
+ * block-local (a v head is one block): o to shared memory [2][dv], one __syncthreads a token.
+ * Cluster = the ratio = nv / nk v heads of one k head (one sequence): each warp runs the k head's
+ * q/k conv as gd_kernel's warps do; after the first token every thread arrives on the cluster
+ * barrier, and before exit waits on it, so that the first block's warp 0 rewrites the q/k window
+ * only after every block has read the old one. A sequence with no token returns at once (its
+ * state is not touched; cluster-uniform: a cluster is one sequence).
+ * grid (nv, n_seq), block dv threads, cluster (nv / nk); dynamic shared memory gs_smem(DK, dv). */
+static size_t gs_smem(int dk, int dv) { return sizeof(float) * ((size_t)dk * dv + (dv / 32) * (2 * dk + 32) + 2 * dv); }
+
+enum { GS_CHUNK = 16384 /* bytes a bulk copy */ };
+
+template <int DK>
+__global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
+    constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8;
+    extern __shared__ float4 gd_sh4[];
+    __shared__ alignas(8) unsigned long long gs_bar;
+    (void)cl;
+    cu_pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
+    const int j = blockIdx.x, s = blockIdx.y, kh = j / (nv / nk);
+    int slot, T, row0;
+    gd_ld_seq(meta + 3 * s, slot, T, row0);
+    if (T <= 0) return; /* nothing to do; every block of the cluster (one sequence) returns here */
+    float *const sS = reinterpret_cast<float *>(gd_sh4);           /* [DK][dv] */
+    float *const gq = sS + (size_t)DK * dv + warp * (2 * DK + 32); /* q [DK], k [DK], v [32] of the warp */
+    float *const nbuf = sS + (size_t)DK * dv + (dv / 32) * (2 * DK + 32); /* [2][dv] */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * dv;
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&gs_bar);
+    if (threadIdx.x == 0) {
+        const uint32_t bytes = (uint32_t)DK * dv * 4, dst = (uint32_t)__cvta_generic_to_shared(sS);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+        for (uint32_t o = 0; o < bytes; o += GS_CHUNK) {
+            const uint32_t n = bytes - o < GS_CHUNK ? bytes - o : GS_CHUNK;
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                             dst + o),
+                         "l"(reinterpret_cast<const char *>(Sg) + o), "r"(n), "r"(bar)
+                         : "memory");
+        }
+    }
+    /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh (as gd_kernel's warps), v channel
+     * 32·warp + lane of head j */
+    const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * dv + warp * 32 + lane;
+    const float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
+    const float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
+    float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
+    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1];
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+#pragma unroll
+        for (int i = 0; i < K - 1; i++) {
+            wq[c][i] = stq[c * (K - 1) + i];
+            wk[c][i] = stk[c * (K - 1) + i];
+        }
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
+    float4 cwq[CH], cwk[CH];
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
+        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
+    }
+    const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
+    const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    const bool fuse = z != nullptr;
+    const int col = warp * 32 + 4 * cg, hc = col + r; /* the lane's 4 columns; the one it writes */
+    const float gwn = fuse ? nrm_w[hc] : 0.f;
+    __syncthreads(); /* the mbarrier is initialized before anyone waits on it */
+    cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
+    float *tq = gq, *tk = gq + DK, *tv = gq + 2 * DK;
+    for (int u = 0; u < T; u++) {
+        const size_t row = (size_t)(row0 + u);
+        const bf16 *rw = qkv + row * D;
+        float xq[CH], xk[CH];
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            xq[c] = __bfloat162float(rw[qch + c]);
+            xk[c] = __bfloat162float(rw[kch + c]);
+        }
+        const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
+        const float xz = fuse ? gd_bf(z, (row * nv + j) * dv + hc) : 0.f;
+        float ssq = 0.f, ssk = 0.f, sqk = 0.f, decay, beta;
+        __syncwarp(); /* the previous token's q, k, v are read */
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            const float cq = gd_conv(cwq[c], wq[c], xq[c]);
+            const float ck = gd_conv(cwk[c], wk[c], xk[c]);
+            ssq = fmaf(cq, cq, ssq);
+            ssk = fmaf(ck, ck, ssk);
+            sqk = fmaf(cq, ck, sqk);
+            tq[lane * CH + c] = cq;
+            tk[lane * CH + c] = ck;
+        }
+        tv[lane] = gd_conv(cwv, wv, xv);
+        gd_gate_beta(xa, xb, al, db, decay, beta);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+            ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
+            sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+        }
+        __syncwarp();
+        if (u == 0) {
+            /* every window of this block is read: the k head's first block may roll q/k once all arrived */
+            asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+            uint32_t ok = 0;
+            while (!ok)
+                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}"
+                             : "=r"(ok)
+                             : "r"(bar)
+                             : "memory");
+        }
+        const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
+        const float kq = sqk * rq * rk;
+        /* m = Sᵀk, p = Sᵀq over row groups r (A) and r + 4 (B), the lane's 4 columns */
+        float mA[4] = {0.f, 0.f, 0.f, 0.f}, pA[4] = {0.f, 0.f, 0.f, 0.f};
+        float mB[4] = {0.f, 0.f, 0.f, 0.f}, pB[4] = {0.f, 0.f, 0.f, 0.f};
+        const float *SA = sS + (size_t)r * RPL * dv + col, *SB = SA + (size_t)4 * RPL * dv;
+        const float4 *kA = reinterpret_cast<const float4 *>(tk + r * RPL), *kB = kA + RPL;
+        const float4 *qA = reinterpret_cast<const float4 *>(tq + r * RPL), *qB = qA + RPL;
+#pragma unroll
+        for (int n4 = 0; n4 < RPL / 4; n4++) {
+            const float4 ka = kA[n4], qa = qA[n4], kb = kB[n4], qb = qB[n4];
+            const float kva[4] = {ka.x, ka.y, ka.z, ka.w}, qva[4] = {qa.x, qa.y, qa.z, qa.w};
+            const float kvb[4] = {kb.x, kb.y, kb.z, kb.w}, qvb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float4 x = *reinterpret_cast<const float4 *>(SA + (size_t)(4 * n4 + e) * dv);
+                const float4 y = *reinterpret_cast<const float4 *>(SB + (size_t)(4 * n4 + e) * dv);
+                mA[0] = fmaf(x.x, kva[e], mA[0]);
+                mA[1] = fmaf(x.y, kva[e], mA[1]);
+                mA[2] = fmaf(x.z, kva[e], mA[2]);
+                mA[3] = fmaf(x.w, kva[e], mA[3]);
+                pA[0] = fmaf(x.x, qva[e], pA[0]);
+                pA[1] = fmaf(x.y, qva[e], pA[1]);
+                pA[2] = fmaf(x.z, qva[e], pA[2]);
+                pA[3] = fmaf(x.w, qva[e], pA[3]);
+                mB[0] = fmaf(y.x, kvb[e], mB[0]);
+                mB[1] = fmaf(y.y, kvb[e], mB[1]);
+                mB[2] = fmaf(y.z, kvb[e], mB[2]);
+                mB[3] = fmaf(y.w, kvb[e], mB[3]);
+                pB[0] = fmaf(y.x, qvb[e], pB[0]);
+                pB[1] = fmaf(y.y, qvb[e], pB[1]);
+                pB[2] = fmaf(y.z, qvb[e], pB[2]);
+                pB[3] = fmaf(y.w, qvb[e], pB[3]);
+            }
+        }
+#pragma unroll
+        for (int o = 8; o <= 16; o <<= 1)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                mA[c] += __shfl_xor_sync(0xffffffffu, mA[c], o);
+                pA[c] += __shfl_xor_sync(0xffffffffu, pA[c], o);
+                mB[c] += __shfl_xor_sync(0xffffffffu, mB[c], o);
+                pB[c] += __shfl_xor_sync(0xffffffffu, pB[c], o);
+            }
+        float o4[4], dk_[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float m = mA[c] + mB[c], p = pA[c] + pB[c];
+            gd_delta(beta, tv[4 * cg + c], decay, m, p, rk, rq, kq, o4[c], dk_[c]);
+        }
+        /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
+        const bool last = u == T - 1;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int rr = (r + 4 * h) * RPL;
+            const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
+            float *Ss = sS + (size_t)rr * dv + col;
+            float *Sgl = Sg + (size_t)rr * dv + col;
+#pragma unroll
+            for (int n4 = 0; n4 < RPL / 4; n4++) {
+                const float4 kk = k4[n4];
+                const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const size_t off = (size_t)(4 * n4 + e) * dv;
+                    float4 x = *reinterpret_cast<const float4 *>(Ss + off);
+                    x.x = fmaf(kv[e], dk_[0], x.x * decay);
+                    x.y = fmaf(kv[e], dk_[1], x.y * decay);
+                    x.z = fmaf(kv[e], dk_[2], x.z * decay);
+                    x.w = fmaf(kv[e], dk_[3], x.w * decay);
+                    if (last)
+                        *reinterpret_cast<float4 *>(Sgl + off) = x;
+                    else
+                        *reinterpret_cast<float4 *>(Ss + off) = x;
+                }
+            }
+        }
+        /* every r holds its 4 columns' o: lane (r, cg) writes column col + r */
+        const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
+        if (!fuse) {
+            out[(row * nv + j) * dv + hc] = __float2bfloat16_rn(ov);
+        } else {
+            float *hv = nbuf + (u & 1) * dv; /* alternating: a warp rewrites it only after the next barrier */
+            hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
+            __syncthreads();
+            const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, dv, lane, nrm_eps), xz);
+            out[(row * nv + j) * dv + hc] = __float2bfloat16(y);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+    if (j % (nv / nk) == 0 && warp == 0) {
+        float *q = conv_st + ((size_t)slot * D + qch) * (K - 1), *k = conv_st + ((size_t)slot * D + kch) * (K - 1);
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) {
+                q[c * (K - 1) + i] = wq[c][i];
+                k[c * (K - 1) + i] = wk[c][i];
+            }
+    }
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most
@@ -581,6 +836,67 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1
     }
 }
 
+/* LASTSTAND_GDN_STREAM=0|1|2: gd_kernel_s (the streamed form: see its comment) never (0), for
+ * every call it supports (1; calls with prompt chunks too: its tokens run one at a time), or (2)
+ * for decode steps (every sequence at most one new token) whose gd_kernel grid of the fewest
+ * warps needs more than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes); the
+ * same bits either way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT: 2 since H200 device round
+ * gdn16-R1 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu, caches
+ * flushed) 39.3 -> 28.2 µs at Qwen3.5-35B's shape, 80.4 -> 48.1 at -397B's; the 40-layer synth
+ * 35B's decode step at c = 16 6.538 -> 6.372 ms; every doctor cell ✅ with it forced (=1), but M = 1
+ * 5.0 -> 5.9 µs at 35B: one sequence stays gd_kernel's. Read at every call (the test switches it
+ * between calls; serve captures the step in a graph). */
+#define GD_STREAM_DEFAULT 2
+static int gd_stream(void) {
+    const char *v = getenv("LASTSTAND_GDN_STREAM");
+    return v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
+}
+
+/* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns; the norm's buffers dv <= 256),
+ * a k head's v heads a cluster (at most 8), S of a head in shared memory (the opt-in limit of sm_90) */
+static int gs_fits(const gdn_w *w) {
+    return w->dv % 32 == 0 && w->dv <= 256 && w->nv / w->nk <= GD_MAX_CLUSTER &&
+           gs_smem(w->dk, w->dv) <= 227 * 1024;
+}
+
+template <int DK>
+static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
+    const gdn_w *w = a->w;
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv, cl = w->nv / w->nk;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(w->nv, a->n_seq, 1);
+    cfg.blockDim = dim3(w->dv, 1, 1);
+    cfg.dynamicSmemBytes = gs_smem(DK, w->dv);
+    cfg.stream = st;
+    if (cfg.dynamicSmemBytes > 48 * 1024) { /* a function attribute, no stream work: capture-safe */
+        cudaError_t c = cudaFuncSetAttribute(gd_kernel_s<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)cfg.dynamicSmemBytes);
+        if (c != cudaSuccess) return c;
+    }
+    cudaLaunchAttribute at[2];
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cl;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = gd_pdl() ? 2 : 1;
+    cudaError_t c;
+    for (;;) {
+        c = cudaLaunchKernelEx(&cfg, gd_kernel_s<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
+                               (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
+                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
+                               fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
+                               a->norm_eps);
+        if (c == cudaSuccess || cfg.numAttrs == 1) return c;
+        (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
+        cfg.numAttrs = 1;
+    }
+}
+
 /* LASTSTAND_GDN_DECODE_MAX_NEW: the most new tokens of one sequence that this kernel takes;
  * a call with a longer one goes to cuda_chunked. Default GD_CHUNK_LIMIT; 0: never hand over. */
 static int gd_chunk_limit(void) {
@@ -620,35 +936,47 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const int knob = gd_nw_knob();
     int nw = gd_warps(w->nk, w->nv, w->dv, knob > 0 ? knob : 1), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
     const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
-    if (!knob) { /* auto: 8-warp blocks where the fewest-warps grid of gd_kernel needs more than one wave */
-        const long blocks = (long)w->nk * cl * a->n_seq;
-        const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
-        const int wide = w->dk == 32   ? gd_t1_wide<32>(blocks, nw, smem)
-                         : w->dk == 64 ? gd_t1_wide<64>(blocks, nw, smem)
-                                       : gd_t1_wide<128>(blocks, nw, smem);
-        const int n8 = wide ? gd_warps(w->nk, w->nv, w->dv, 8) : 0;
-        if (n8 == 8) {
-            nw = 8;
-            cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
-        }
-    }
-    int t1 = max_new <= 1 && gd_t1();
-    if (t1 == 1 && gd_t1() == 2) { /* auto: only a grid gd_kernel would run in more than one wave */
-        const long blocks = (long)w->nk * cl * a->n_seq;
-        const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
-        t1 = w->dk == 32    ? gd_t1_wide<32>(blocks, nw, smem)
-             : w->dk == 64  ? gd_t1_wide<64>(blocks, nw, smem)
-                            : gd_t1_wide<128>(blocks, nw, smem);
-    }
+    /* whether gd_kernel's grid of the fewest warps a block needs more than one wave */
+    const int nw1 = gd_warps(w->nk, w->nv, w->dv, 1), cl1 = (w->nv / w->nk) * (w->dv / GD_WC) / nw1;
+    const long blocks1 = (long)w->nk * cl1 * a->n_seq;
+    const size_t smem1 = sizeof(float) * (nw1 * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
+    const int wide = w->dk == 32   ? gd_t1_wide<32>(blocks1, nw1, smem1)
+                     : w->dk == 64 ? gd_t1_wide<64>(blocks1, nw1, smem1)
+                                   : gd_t1_wide<128>(blocks1, nw1, smem1);
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
-    switch (w->dk) {
-    case 32: c = gd_launch<32>(a, nw, cl, fuse, t1, st); break;
-    case 64: c = gd_launch<64>(a, nw, cl, fuse, t1, st); break;
-    default: c = gd_launch<128>(a, nw, cl, fuse, t1, st); break; /* dec_supported admits 32/64/128 only */
+    const int sm = gd_stream();
+    const int streamed = sm && gs_fits(w) && (sm == 1 || (max_new <= 1 && wide));
+    if (streamed) {
+        switch (w->dk) {
+        case 32: c = gs_launch<32>(a, fuse, st); break;
+        case 64: c = gs_launch<64>(a, fuse, st); break;
+        default: c = gs_launch<128>(a, fuse, st); break; /* dec_supported admits 32/64/128 only */
+        }
+    } else {
+        if (!knob && wide) { /* auto: 8-warp blocks where the fewest-warps grid of gd_kernel needs more than one wave */
+            const int n8 = gd_warps(w->nk, w->nv, w->dv, 8);
+            if (n8 == 8) {
+                nw = 8;
+                cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+            }
+        }
+        int t1 = max_new <= 1 && gd_t1();
+        if (t1 == 1 && gd_t1() == 2) { /* auto: only a grid gd_kernel would run in more than one wave */
+            const long blocks = (long)w->nk * cl * a->n_seq;
+            const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
+            t1 = w->dk == 32   ? gd_t1_wide<32>(blocks, nw, smem)
+                 : w->dk == 64 ? gd_t1_wide<64>(blocks, nw, smem)
+                               : gd_t1_wide<128>(blocks, nw, smem);
+        }
+        switch (w->dk) {
+        case 32: c = gd_launch<32>(a, nw, cl, fuse, t1, st); break;
+        case 64: c = gd_launch<64>(a, nw, cl, fuse, t1, st); break;
+        default: c = gd_launch<128>(a, nw, cl, fuse, t1, st); break; /* dec_supported admits 32/64/128 only */
+        }
     }
     if (c == cudaSuccess) c = cudaGetLastError();
-    if (c != cudaSuccess) return cu_fail(e, c, "gdn cuda_decode");
+    if (c != cudaSuccess) return cu_fail(e, c, streamed ? "gdn cuda_decode (streamed)" : "gdn cuda_decode");
     if (fuse) {
         *a->norm_done = 1;
         static int said;

@@ -62,6 +62,10 @@
  * capturable) instead of after them with its 4-16 CTAs alone on the GPU. Opt-in: 3 CTAs
  * per SM at BM = 16, an L2 prefetch hint on the codes' cp.async.
  *
+ * Prefill chunks (64-row tiles) of NVFP4 experts on Hopper: moe_wgmma.cu's warpgroup-MMA
+ * kernels (LASTSTAND_MG_WGMMA, mg_knobs) replace mg_gemm_kernel for launches 4 and 5: the
+ * weights decoded once per CTA into a swizzled BF16 tile in shared memory, wgmma m64n128k16.
+ *
  * The mid-batch path (LASTSTAND_MG_MID, mg_knobs; 16-row tiles, bench/RESULTS.md "MoE at 9..64
  * tokens"): at 1-4 rows per expert the GEMMs are GEMVs per expert, so the same plan and tiles
  * are run by GEMV kernels instead (moe_mid.cu: mv_kernel, mvd_kernel, mvb_kernel for the BF16
@@ -79,6 +83,7 @@
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
 #include "ops/cuda/moe_int.cuh"
+#include "ops/cuda/moe_wgmma.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
@@ -808,7 +813,13 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   reads first is complete), gate/up at 4 blocks an SM
  *                                   (LASTSTAND_MG_MIDGU=2, the default since S8-R2; 1: 3 blocks;
  *                                   both: the 35B MoE call at M = 8 / 16 / 32 71.3 / 105.5 /
- *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits) */
+ *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits)
+ *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
+ *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
+ *                                   runs sm_90a code (1, default since S9 round R1: the
+ *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
+ *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
+ *                                   8192), or by mg_gemm_kernel (0) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -822,6 +833,7 @@ typedef struct mg_knobs {
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
     int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
+    int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
@@ -848,6 +860,7 @@ static mg_knobs mg_knobs_get(void) {
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
+        n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -866,6 +879,10 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     static_assert(mg_geo<BM, MG_LD_BF16>::BNW == bnw, "loaders share the CTA tile");
     constexpr int per = GATEUP ? bnw / 2 : bnw;     /* output columns per CTA */
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if constexpr (BM == 64) { /* the prefill chunks' tiles on Hopper's warpgroup MMA (moe_wgmma.cu) */
+        if (ld == MG_LD_FP4 && !sh_only && kn.wgmma && mw_available())
+            return mw_launch<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+    }
     if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
         if (ld == MG_LD_FP4 && kn.place == 2)
             return mg_gemm_launch1<GATEUP, MG_LD_FP4, BM, 2>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,

@@ -1,0 +1,22 @@
+/* moe_wgmma.cuh: the Hopper (sm_90a) warpgroup-MMA grouped GEMM of cuda_grouped_gemm's
+ * large-batch path (moe_wgmma.cu says how), called by moe_grouped.cu at 64-row tiles. */
+#ifndef LS_OPS_CUDA_MOE_WGMMA_CUH
+#define LS_OPS_CUDA_MOE_WGMMA_CUH
+
+#include "ops/cuda/moe_int.cuh"
+
+/* 1 when this device runs the kernels (an sm_90a image loaded: compute capability 9.0), else 0;
+ * asked once per device, the answer cached. */
+int mw_available(void);
+
+/* The gate/up (GATEUP) or down GEMM of the routed NVFP4 experts over the plan's 64-row tiles
+ * below nt[0], arguments as mg_gemm_kernel's (moe_grouped.cu): tab [E + 1] on the device,
+ * tile_e [tiles], perm [tiles·64], x [M, H], hbuf [R, ldh], wts [M, k + 1], dbuf [M·(k + 1), H];
+ * n_out = the widest output (gate/up: max I, down: H); every expert of a tile below nt[0] must
+ * have NVFP4 weights with K (H for gate/up, I for down) a multiple of 64. */
+template <bool GATEUP>
+cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                      const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                      bf16 *dbuf, cudaStream_t st);
+
+#endif

@@ -128,6 +128,8 @@ struct ls_engine {
     smp_edit *sedit;           /* [max_run] */
     const smp_edit **sedp;     /* [max_run] NULL: none */
     int *scon, n_scon;         /* [max_run] batch rows to stage */
+    int64_t n_staged;          /* constrained rows staged so far, and the host seconds their steps */
+    double t_mask, t_stage;    /* spent in eg_stage_masks and in building the sampling tables */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;

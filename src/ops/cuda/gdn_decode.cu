@@ -840,9 +840,13 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1
  * every call it supports (1; calls with prompt chunks too: its tokens run one at a time), or (2)
  * for decode steps (every sequence at most one new token) whose gd_kernel grid of the fewest
  * warps needs more than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes); the
- * same bits either way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT. Read at every call (the
- * test switches it between calls; serve captures the step in a graph). */
-#define GD_STREAM_DEFAULT 0
+ * same bits either way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT: 2 since H200 device round
+ * gdn16-R1 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu, caches
+ * flushed) 39.3 -> 28.2 µs at Qwen3.5-35B's shape, 80.4 -> 48.1 at -397B's; the 40-layer synth
+ * 35B's decode step at c = 16 6.538 -> 6.372 ms; every doctor cell ✅ with it forced (=1), but M = 1
+ * 5.0 -> 5.9 µs at 35B: one sequence stays gd_kernel's. Read at every call (the test switches it
+ * between calls; serve captures the step in a graph). */
+#define GD_STREAM_DEFAULT 2
 static int gd_stream(void) {
     const char *v = getenv("LASTSTAND_GDN_STREAM");
     return v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);

@@ -816,8 +816,10 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
- *                                   runs sm_90a code (1), or by mg_gemm_kernel (0, default
- *                                   until a device round validates it) */
+ *                                   runs sm_90a code (1, default since S9 round R1: the
+ *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
+ *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
+ *                                   8192), or by mg_gemm_kernel (0) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -858,7 +860,7 @@ static mg_knobs mg_knobs_get(void) {
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
-        n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 0);
+        n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }

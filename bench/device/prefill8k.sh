@@ -26,12 +26,12 @@
 #    step at the default chunk), 1 new token, eager, LASTSTAND_GDN_WY=1. prefill8k_table.py prints
 #    the step's time by family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s,
 #    scaled to 40 layers, and its kernels by name and in launch order.
-# 4. tests/test_gpu_moe_wgmma.py (the wgmma MoE GEMMs, default since R1: doctor at 35B / 397B
-#    shapes, padding tiles, a BF16 shared expert, logits against mg_gemm_kernel's and the CPU's).
-# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
 #    wgmma MoE GEMM, the GDN kernels (both modes) and flash prefill in a 2048-token prefill of the
 #    4-layer model with LASTSTAND_GDN_WY=1: prefill8k_ncu.py prints each one's pipes, issue rate,
 #    occupancy and largest stall reasons (launches of small grids, the warm-up steps, skipped).
+# 5. tests/test_gpu_moe_wgmma.py's tile-pair and logits cases (the rest ran in R1 or run with the
+#    GPU tests), then the doctor's gdn times with and without LASTSTAND_GDN_WY, as time allows.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -162,13 +162,6 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
     fi
 fi
 
-if [ "$(left)" -gt 45 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== pytest tests/test_gpu_moe_wgmma.py $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 25 )) python3 -m pytest -q -p no:cacheprovider -rfE \
-        tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -12
-    echo "rc=$? $(el)"
-fi
-
 if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
     lim=$(( $(left) - 5 ))
     [ $lim -gt 40 ] && lim=40
@@ -185,6 +178,13 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
             --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
         timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" 64 || head -c 400 "$OUT/ncu-sec.csv.err"
     fi
+fi
+
+if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
+    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"pairs or logits\" $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 12 )) python3 -m pytest -q -p no:cacheprovider -rfE -s \
+        tests/test_gpu_moe_wgmma.py -k "pairs or logits" 2>&1 | grep -vE "^\s*$" | tail -12
+    echo "rc=$? $(el)"
 fi
 
 if [ "$(left)" -gt 15 ]; then

@@ -15,9 +15,11 @@
 #    o LASTSTAND_FP_LPT=0 (flash prefill's ascending tile order). Then what the chunk size costs
 #    decode: a stream decoding 500 tokens while two 8192-token prompts arrive; its inter-token
 #    latency median / p99 / max.
-# 2. tests/test_gpu_gdn_wy.py (the doctor's fp64 check of LASTSTAND_GDN_WY=1 at the 35B and 397B
-#    shapes; a 3000-token prompt's greedy ids with and without it) and the doctor's gdn times at
-#    M = 512, 3072 with and without it.
+# 2. The doctor's fp64 verdicts and times of the MoE call at M = 2048, 8192 with the wgmma GEMMs'
+#    prefetch distance 2, 3, 4 (LASTSTAND_MG_WGMMA_PF); tests/test_gpu_gdn_wy.py (the doctor's
+#    fp64 check of LASTSTAND_GDN_WY=1 at the 35B and 397B shapes; a 3000-token prompt's greedy ids
+#    with and without it); at the end, if time is left, the doctor's gdn times at M = 512, 3072
+#    with and without it.
 # 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
 #    layers (1 full-attention + 3 GDN: the 40-layer model's 1:3 mix), an 8192-token prompt (one
 #    step at the default chunk), 1 new token, eager, LASTSTAND_GDN_WY=1. prefill8k_table.py prints
@@ -109,6 +111,18 @@ PY
     grep -E "budget|wgmma|ERROR|error" "$OUT/serve-$cfg.log" | cut -c1-220 | head -3
 done
 
+
+# the wgmma MoE GEMMs' prefetch distance (LASTSTAND_MG_WGMMA_PF, default 2): the doctor's fp64
+# verdicts and times of the whole MoE call
+for pf in 2 3 4; do
+    [ "$(left)" -gt 80 ] || break
+    echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 2048, 8192, LASTSTAND_MG_WGMMA_PF=$pf $(el)"
+    LASTSTAND_MG_WGMMA_PF=$pf timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-pf$pf.json" >"$OUT/doctor-pf$pf.txt" \
+        2>"$OUT/doctor-pf$pf.err"
+    echo "rc=$? $(el)"
+    grep -E "^ +(2048|8192) " "$OUT/doctor-pf$pf.txt" | cut -c1-130
+done
 
 if [ "$(left)" -gt 60 ] && python3 -c "import pytest" 2>/dev/null; then
     echo "== pytest tests/test_gpu_gdn_wy.py $(el)"

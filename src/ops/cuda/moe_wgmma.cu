@@ -9,23 +9,25 @@
  * says whether the device loaded the image (compute capability 9.0), else moe_grouped.cu keeps
  * mg_gemm_kernel.
  *
- * CTA = one warpgroup (128 threads), 2 CTAs an SM (80 KB of shared memory each). K blocks of
+ * CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
  * 64; per block:
  *   A   the tile's 64 token rows x 64 k (gathered by perm: x rows for gate/up, hbuf rows for
  *       down), cp.async straight into a 128-byte-swizzled K-major tile (16-byte chunk c of row r
  *       at r·128 + (c ^ r%8)·16, the layout wgmma's descriptors name with swizzle mode 1);
- *       4 stages
+ *       PF + 2 stages
  *   B   the 128 weight rows' E2M1 codes (32 B a row) and E4M3 block scales (4 B), cp.async into
- *       a 3-stage ring, then decoded by the CTA (a thread per weight row: 64 values,
+ *       a PF + 1-stage ring, then decoded by the CTA (a thread per weight row: 64 values,
  *       cu_e2m1x8_to_bf16x8 times the scale in bf16, exact) into a BF16 swizzled tile like A's;
  *       2 buffers
  *   4 x wgmma.mma_async m64n128k16 (BF16 in, fp32 accumulators in registers: 64 a thread),
  *       the descriptors advanced by 32 bytes per k16 within the swizzled rows.
- * Pipeline: A and codes two blocks ahead (cp.async groups); block kb's decode runs while
- * block kb-1's wgmma group is still in flight (wgmma.wait_group 1 after each commit), so the
- * decode (integer and FMA pipes) overlaps the tensor cores. Hazards: B buffer kb%2 was last
- * read by group kb-2, A stage (kb+2)%4 by group kb-2, the code stage (kb+2)%3 by the decode of
- * kb-1 — all finished before the barrier that opens block kb. Generic-proxy writes of the
+ * Pipeline: A and codes PF blocks ahead (cp.async groups; PF = LASTSTAND_MG_WGMMA_PF, 2 by
+ * default, 3 or 4: S9 R1 found the kernel waiting on its loads, ~200 TFLOPS at 256 rows an
+ * expert); block kb's decode runs while block kb-1's wgmma group is still in flight
+ * (wgmma.wait_group 1 after each commit), so the decode (integer and FMA pipes) overlaps the
+ * tensor cores. Hazards: B buffer kb%2 was last read by group kb-2, A stage (kb+PF)%(PF+2) by
+ * group kb-2, the code stage (kb+PF)%(PF+1) by the decode of kb-1 — all finished before the
+ * barrier that opens block kb. Generic-proxy writes of the
  * shared tiles (cp.async, the decode's stores) reach wgmma's async proxy through
  * fence.proxy.async.shared::cta before the barrier that precedes the MMAs.
  * Accumulator fragment (m64nN f32): warp w of the group holds rows 16w + g, 16w + g + 8
@@ -38,14 +40,19 @@
 
 #include <pthread.h>
 
-enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128, MW_AST = 4, MW_CST = 3 };
-enum {
-    MW_A_OFF = 0,                          /* A stages: 4 x 8192 B (1024-aligned) */
-    MW_B_OFF = MW_A_OFF + MW_AST * 8192,   /* decoded B: 2 x 16384 B */
-    MW_C_OFF = MW_B_OFF + 2 * 16384,       /* codes: 3 x 128 rows x 32 B */
-    MW_S_OFF = MW_C_OFF + MW_CST * 4096,   /* scales: 3 x 128 rows x 4 B */
-    MW_P_OFF = MW_S_OFF + MW_CST * 512,    /* the tile's pairs: 64 x int32 */
-    MW_SMEM = MW_P_OFF + MW_BM * 4 + 1024  /* + the alignment slack */
+enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
+/* Shared memory for prefetch distance PF (K blocks in flight ahead of the one decoded): A stages
+ * PF + 2 (wgmma kb-1 may still read its stage while kb + PF lands), code stages PF + 1, two
+ * decoded B buffers. PF = 2: 80 KB, 3: 92 KB, 4: 104 KB; two CTAs an SM in every case. */
+template <int PF>
+struct mw_lay {
+    static constexpr int AST = PF + 2, CST = PF + 1;
+    static constexpr int A_OFF = 0;                      /* A stages: 8192 B each (1024-aligned) */
+    static constexpr int B_OFF = A_OFF + AST * 8192;     /* decoded B: 2 x 16384 B */
+    static constexpr int C_OFF = B_OFF + 2 * 16384;      /* codes: 128 rows x 32 B a stage */
+    static constexpr int S_OFF = C_OFF + CST * 4096;     /* scales: 128 rows x 4 B a stage */
+    static constexpr int P_OFF = S_OFF + CST * 512;      /* the tile's pairs: 64 x int32 */
+    static constexpr int SMEM = P_OFF + MW_BM * 4 + 1024; /* + the alignment slack */
 };
 
 __device__ __forceinline__ void mw_cp16(uint32_t dst, const void *src, bool ok) {
@@ -100,12 +107,15 @@ __device__ __forceinline__ void mw_mma(float (&d)[64], uint64_t da, uint64_t db)
         : "l"(da), "l"(db), "r"(1));
 }
 
-template <bool GATEUP>
+template <bool GATEUP, int PF>
 __global__ void __launch_bounds__(MW_THREADS, 2)
     mw_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
+    typedef mw_lay<PF> LY;
+    constexpr int MW_AST = LY::AST, MW_CST = LY::CST, MW_A_OFF = LY::A_OFF, MW_B_OFF = LY::B_OFF,
+                  MW_C_OFF = LY::C_OFF, MW_S_OFF = LY::S_OFF, MW_P_OFF = LY::P_OFF;
     const int tile = blockIdx.y;
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
@@ -157,15 +167,16 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
 
-    load(0);
-    mw_commit_cp();
-    if (nk > 1) load(1);
-    mw_commit_cp();
+#pragma unroll
+    for (int q = 0; q < PF; q++) {
+        if (q < nk) load(q);
+        mw_commit_cp();
+    }
     unsigned char *const gb = mw_dsm + (sb - raw); /* generic pointer to the aligned base */
     for (int kb = 0; kb < nk; kb++) {
-        mw_wait_cp<1>();
-        __syncthreads(); /* block kb landed for all; every buffer block kb+2 reuses is free */
-        if (kb + 2 < nk) load(kb + 2);
+        mw_wait_cp<PF - 1>();
+        __syncthreads(); /* block kb landed for all; every buffer block kb+PF reuses is free */
+        if (kb + PF < nk) load(kb + PF);
         mw_commit_cp();
         { /* decode weight row tid of block kb into B buffer kb%2 (swizzled like A) */
             const unsigned char *cr = gb + MW_C_OFF + (kb % MW_CST) * 4096 + tid * 32;
@@ -240,6 +251,18 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
 
 enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
+static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
+
+template <int PF>
+static bool mw_ready() {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, mw_kernel<true, PF>) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, mw_kernel<false, PF>) == cudaSuccess &&
+           cudaFuncSetAttribute(mw_kernel<true, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
+               cudaSuccess;
+}
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int mw_available(void) {
@@ -253,21 +276,16 @@ int mw_available(void) {
     pthread_mutex_lock(&mw_mu);
     s = mw_state[dev];
     if (!s) {
-        cudaFuncAttributes fa;
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, mw_kernel<true>) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, mw_kernel<false>) == cudaSuccess &&
-                    cudaFuncSetAttribute(mw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM) ==
-                        cudaSuccess &&
-                    cudaFuncSetAttribute(mw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, MW_SMEM) ==
-                        cudaSuccess
-                ? 1
-                : -1;
+        const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
+        if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
+        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() ? 1 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a)", dev);
+            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a, "
+                     "prefetch distance %d)", dev, mw_pf);
         else
             log_warn("cuda_grouped_gemm: LASTSTAND_MG_WGMMA=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernels; mg_gemm_kernel runs", dev, major, minor);
@@ -283,7 +301,15 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
                       bf16 *dbuf, cudaStream_t st) {
     const int per = GATEUP ? 64 : 128;
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
-    mw_kernel<GATEUP><<<grid, MW_THREADS, MW_SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf);
+    if (mw_pf == 4)
+        mw_kernel<GATEUP, 4><<<grid, MW_THREADS, mw_lay<4>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
+    else if (mw_pf == 3)
+        mw_kernel<GATEUP, 3><<<grid, MW_THREADS, mw_lay<3>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
+    else
+        mw_kernel<GATEUP, 2><<<grid, MW_THREADS, mw_lay<2>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
     return cudaGetLastError();
 }
 

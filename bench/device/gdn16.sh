@@ -42,7 +42,7 @@ TEST=$D/tests/test_gdn_decode_cuda
 # 1. the bitwise tests
 echo "== cmocka test_gdn_decode_cuda $(el)"
 if [ -x "$TEST" ]; then
-    timeout -k 3 60 "$TEST" >"$OUT/test.log" 2>&1
+    timeout -k 3 30 "$TEST" >"$OUT/test.log" 2>&1
     echo "rc=$? (0: every test passed) $(el)"
     grep -E "PASSED|FAILED|SKIPPED|differs|rror|OK \]|FAIL" "$OUT/test.log" | head -14
 else

@@ -31,7 +31,7 @@ typedef struct ls_engine_opts {
     const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend; /* NULL = auto */
     int trust_backend;
     int max_running_requests;      /* default 64 */
-    int chunked_prefill_size;      /* token budget per step, default 2048 */
+    int chunked_prefill_size;      /* token budget per step, default 8192 */
     int context_length;            /* default: model max, capped by memory */
     double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches;
                                       0 = auto: 0.88 on GPU; on CPU 0.5, caches capped at 1 GiB */

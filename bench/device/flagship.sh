@@ -38,7 +38,7 @@ echo "== host: $(nproc) cores, $(free -g | awk '/Mem:/{print $2" GB RAM, "$7" GB
 echo "== the streamed load on CUDA vs transformers: logits of fixtures (safetensors: views sliced per rank, pages"
 echo "   released after each layer) at --tp 1 and --tp 2, max|a-b|/max|b| per row against ref.json (bar 2e-2)"
 FIX=${FIX:-.dev/int/fixtures/models}
-timeout 90 python3 - "$BIN" "$FIX" <<'PY'
+timeout 150 python3 - "$BIN" "$FIX" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 BIN, FIX = sys.argv[1:3]
@@ -50,16 +50,34 @@ for name, tps in (("qwen3_5_moe_text", (1, 2)), ("qwen3_next", (1, 2)), ("qwen3_
         print(f"  {name}: no fixture at {d}"); continue
     r = json.load(open(os.path.join(d, "ref.json")))
     hf = np.array(r["logits"], dtype=np.float64)
-    for tp in tps:
-        p = subprocess.run([BIN, "logits", "--model-path", d, "--ids", ",".join(map(str, r["input_ids"])),
-                            "--device", "cuda", "--tp", str(tp)], capture_output=True, text=True, timeout=60)
+    for tp, p2p in [(t, "0") for t in tps] + ([(2, "1")] if 2 in tps else []):
+        env = dict(os.environ, LASTSTAND_TP_P2P=p2p)
+        try:
+            p = subprocess.run([BIN, "logits", "--model-path", d, "--ids", ",".join(map(str, r["input_ids"])),
+                                "--device", "cuda", "--tp", str(tp)], capture_output=True, text=True, timeout=60, env=env)
+        except subprocess.TimeoutExpired:
+            print(f"  {name} --tp {tp} p2p={p2p}: FAIL timeout (a hung all-reduce?)"); continue
+        tag = f"--tp {tp}{' P2P' if p2p == '1' else ''}"
         if p.returncode:
-            print(f"  {name} --tp {tp}: FAIL exit {p.returncode}: {p.stderr.strip().splitlines()[-1][:300]}"); continue
+            print(f"  {name} {tag}: FAIL exit {p.returncode}: {p.stderr.strip().splitlines()[-1][:300]}"); continue
         a = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
         rel = (np.abs(a - hf).max(axis=1) / np.abs(hf).max(axis=1)).max()
         agree = (a.argmax(1) == hf.argmax(1)).mean()
-        print(f"  {name:24s} --tp {tp}: rel {rel:.2e}, argmax agrees {agree:.0%}: {'PASS' if rel <= 2e-2 else 'FAIL'}")
+        used = " (peer all-reduce on)" if "through peer memory" in p.stderr else (" (P2P NOT USED)" if p2p == "1" else "")
+        print(f"  {name:24s} {tag:10s}: rel {rel:.2e}, argmax agrees {agree:.0%}: {'PASS' if rel <= 2e-2 else 'FAIL'}{used}")
 PY
+# LASTSTAND_TP_P2P=1 (the small all-reduces through peer memory, opt-in) against NCCL: `generate` of
+# the 397B cut to 8 layers at --tp 2, 512-token prompt + 65 greedy tokens, CUDA graphs: the engine's
+# mean decode step and the ids
+echo "== peer all-reduce vs NCCL: generate synth:qwen3.5-397b-a17b,layers=8 --tp 2, 512 + 65 tokens, graphs"
+IDS512=$(python3 -c "print(','.join(str(1000+(i*7919)%200000) for i in range(512)))")
+for p2p in 0 1 0 1; do
+    LASTSTAND_TP_P2P=$p2p timeout 60 "$BIN" generate --model-path synth:qwen3.5-397b-a17b,layers=8 --tp 2 --device cuda \
+        --ids "$IDS512" --max-new-tokens 65 > "$OUT/gen-p2p$p2p.out" 2> "$OUT/gen-p2p$p2p.err"
+    echo "  p2p=$p2p rc=$? $(grep -oE "[0-9]+ decode steps.*each" "$OUT/gen-p2p$p2p.err" | tail -1) $(grep -oE "through peer memory|CUDA graphs off.*" "$OUT/gen-p2p$p2p.err" | head -1 | cut -c1-120)"
+done
+cmp -s "$OUT/gen-p2p0.out" "$OUT/gen-p2p1.out" && echo "  ids: p2p == nccl (equal)" || { echo "  ids: DIFFER"; head -c 300 "$OUT/gen-p2p0.out"; echo; head -c 300 "$OUT/gen-p2p1.out"; echo; }
+grep -hE "error|rror:" "$OUT"/gen-p2p*.err | head -3
 echo "== the memory plan from the config alone (serve --dry-run)"
 "$BIN" serve --model-path "$MODEL" --tp 2 --device cuda --dry-run --max-running-requests 16 --context-length 8192 \
     ${FLAG_EXTRA:-} 2>&1 | tail -12
@@ -84,7 +102,7 @@ stop_server() {
 }
 trap stop_server EXIT
 ok=0; ts=$(date +%s)
-while [ $(( $(date +%s) - T0 )) -lt 330 ]; do
+while [ $(( $(date +%s) - T0 )) -lt 340 ]; do
     if [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/health")" = "200" ]; then ok=1; break; fi
     kill -0 "$SPID" 2>/dev/null || break
     sleep 2
@@ -104,7 +122,7 @@ nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 echo "== bench"
 for spec in "1 6" "8 16" "16 32"; do
     set -- $spec
-    left=$(( 240 - ($(date +%s) - T0) ))
+    left=$(( 300 - ($(date +%s) - T0) ))
     [ $left -lt 30 ] && { echo "bench c=$1: skipped (${left}s left)"; continue; }
     timeout $left "$BIN" bench --base-url "$URL" --backend openai --num-prompts "$2" --random-input-len 1024 \
         --random-output-len 128 --random-range-ratio 1.0 --max-concurrency "$1" --warmup-requests 1 \
@@ -164,8 +182,8 @@ for M in (1, 16, 2048):
     print(f"  M = {M:5d} ({M * 8192 / 1024:.0f} KiB): {us:7.1f} us a call (eager, launch included); x 120 a step = {us * 120 / 1e3:.2f} ms")
 PY
 if [ -n "$NCU" ]; then
-    prof tp2 2 110 --devices 0 --kernel-name "regex:^(?!nccl)"
-    [ -f "$OUT/ncu-tp2.csv" ] && [ -s "$OUT/ncu-tp2.csv" ] || prof tp1 1 90
+    prof tp2 2 90 --devices 0 --kernel-name "regex:^(?!nccl)"
+    [ -f "$OUT/ncu-tp2.csv" ] && [ -s "$OUT/ncu-tp2.csv" ] || prof tp1 1 60
 else
     echo "== ncu: not found"
 fi

@@ -104,3 +104,7 @@ for mode in MODES:
             print(f"GMASK_TPOT errors: {bad[:3]}")
         print(f"GMASK_ROWS [{tag}]: device {metric(srv, 'constrained_rows_device_total')} host "
               f"{metric(srv, 'constrained_rows_host_total')} ({time.time() - t0:.0f} s)", flush=True)
+    # the engine's closing lines: mean decode step, the constrained rows' host-side staging cost
+    for ln in srv.log_text().splitlines():
+        if "decode steps of" in ln or "constrained rows sampled" in ln or "CUDA graphs:" in ln:
+            print(f"GMASK_LOG [{tag}]: {ln.split('] ', 1)[-1]}", flush=True)

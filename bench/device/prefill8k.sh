@@ -1,37 +1,37 @@
 #!/usr/bin/env bash
 # device-limit: 200
 # bench/device/prefill8k.sh: time to first token of long prompts on synth Qwen3.5-35B-A3B (40
-# layers, random weights, NVFP4 experts) on one GPU, where a prefill step's time goes, and the
-# peer (PyTorch: cuBLAS, FlashAttention) on the same shapes; for the integrator's device rounds
-# (notes: DEVICE_ROUNDS.md).
+# layers, random weights, NVFP4 experts) on one GPU and where a prefill step's time goes; for the
+# integrator's device rounds (notes: DEVICE_ROUNDS.md). Round R1 (bench/RESULTS.md "Prefill: TTFT
+# at 1k-8k tokens (S9)") also timed the PyTorch peer (PEER=1 runs it again).
 #
 #   bash bench/device/prefill8k.sh BIN OUTDIR
 #
 # 1. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
 #    named: no doctor; --prefix-cache off; context 16384) + `BIN bench` at concurrency 1, prompts of
-#    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per
-#    --chunked-prefill-size in CHUNKS (default "2048 8192 8192w 8192wl": the default, the whole 8k
-#    prompt in one step, that with the opt-in wgmma MoE GEMMs (suffix w: LASTSTAND_MG_WGMMA=1) and
-#    also flash prefill's longest-tiles-first order (suffix l: LASTSTAND_FP_LPT=1)).
-#    Then what the chunk size costs decode: a stream decoding 500 tokens while two 8192-token
-#    prompts arrive; its inter-token latency median / p99 / max.
-# 2. Peer: bench/device/prefill8k_peer.py at M = 2048 and 8192 (every GEMM shape of the 35B's
-#    layers in BF16 through torch.matmul / torch.bmm, SDPA causal attention; the dense peak).
+#    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per entry
+#    of CHUNKS (default "8192 8192y 4096"): the --chunked-prefill-size, then switches: y
+#    LASTSTAND_GDN_WY=1 (the chunk-parallel GDN form), m LASTSTAND_MG_WGMMA=0 (the old MoE GEMMs),
+#    o LASTSTAND_FP_LPT=0 (flash prefill's ascending tile order). Then what the chunk size costs
+#    decode: a stream decoding 500 tokens while two 8192-token prompts arrive; its inter-token
+#    latency median / p99 / max.
+# 2. The doctor's fp64 verdicts and times of the MoE call at M = 2048, 8192 with the wgmma GEMMs'
+#    prefetch distance 2, 3, 4 (LASTSTAND_MG_WGMMA_PF) and tile pairs sharing the decoded weights
+#    (LASTSTAND_MG_WGMMA2=1); tests/test_gpu_gdn_wy.py (the doctor's
+#    fp64 check of LASTSTAND_GDN_WY=1 at the 35B and 397B shapes; a 3000-token prompt's greedy ids
+#    with and without it); at the end, if time is left, the doctor's gdn times at M = 512, 3072
+#    with and without it.
 # 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
-#    layers (1 full-attention + 3 GDN: the 40-layer model's 1:3 mix), an 8192-token prompt, 1 new
-#    token, eager: 4 prefill steps of 2048 tokens. prefill8k_table.py prints each step's time by
-#    family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s, scaled to 40 layers,
-#    and the last step's kernels by name and in launch order.
-# 4. The opt-in wgmma GEMMs of the grouped MoE (LASTSTAND_MG_WGMMA=1, src/ops/cuda/moe_wgmma.cu):
-#    the doctor's fp64 verdicts and times at M = 1024, 2048, 8192 with and without the switch, and
-#    tests/test_gpu_moe_wgmma.py (its padding and logits cases); flash prefill's longest-first
-#    order (LASTSTAND_FP_LPT=1) through the doctor at M = 512, 3072.
-# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
-#    first 16 launches of the grouped MoE GEMM, the GDN chunk kernel and flash prefill in a
-#    2048-token prefill of the 4-layer model: prefill8k_ncu.py prints each one's pipes, issue
-#    rate, occupancy and largest stall reasons.
-# 6. The doctor at the 35B's shapes, M = 2048, 8192: gemm (cuda_cublaslt), moe (cuda_grouped_gemm,
-#    also at tile height 32) against the fp64 CPU oracle, with their times.
+#    layers (1 full-attention + 3 GDN: the 40-layer model's 1:3 mix), an 8192-token prompt (one
+#    step at the default chunk), 1 new token, eager, LASTSTAND_GDN_WY=1. prefill8k_table.py prints
+#    the step's time by family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s,
+#    scaled to 40 layers, and its kernels by name and in launch order.
+# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+#    wgmma MoE GEMM, the GDN kernels (both modes) and flash prefill in a 2048-token prefill of the
+#    4-layer model with LASTSTAND_GDN_WY=1: prefill8k_ncu.py prints each one's pipes, issue rate,
+#    occupancy and largest stall reasons (launches of small grids, the warm-up steps, skipped).
+# 5. tests/test_gpu_moe_wgmma.py's tile-pair and logits cases (the rest ran in R1 or run with the
+#    GPU tests), then the doctor's gdn times with and without LASTSTAND_GDN_WY, as time allows.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -39,19 +39,20 @@ export NCCL_NVLS_ENABLE=0
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-CHUNKS=${CHUNKS:-2048 8192 8192w 8192wl}
+CHUNKS=${CHUNKS:-8192 8192y 4096}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 PORT=$((34000 + $$ % 2000))
 for cfg in $CHUNKS; do
     chunk=${cfg%%[a-z]*}
-    wg=0; lpt=0
-    case $cfg in *w*) wg=1 ;; esac
-    case $cfg in *l*) lpt=1 ;; esac
+    venv=()
+    case $cfg in *y*) venv+=(LASTSTAND_GDN_WY=1) ;; esac
+    case $cfg in *m*) venv+=(LASTSTAND_MG_WGMMA=0) ;; esac
+    case $cfg in *o*) venv+=(LASTSTAND_FP_LPT=0) ;; esac
     [ "$(left)" -gt 70 ] || { echo "== ttft $cfg: skipped (time)"; continue; }
-    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, LASTSTAND_MG_WGMMA=$wg LASTSTAND_FP_LPT=$lpt, prefix cache off; c = 1, 1 output token $(el)"
-    LASTSTAND_MG_WGMMA=$wg LASTSTAND_FP_LPT=$lpt "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
+    echo "== ttft: serve synth 35B (40 layers), --chunked-prefill-size $chunk, ${venv[*]:-defaults}, prefix cache off; c = 1, 1 output token $(el)"
+    env "${venv[@]}" "$BIN" serve --model-path synth:qwen3.5-35b-a3b --host 127.0.0.1 --port $PORT --device cuda "${PLANS[@]}" \
         --trust-backend --prefix-cache off --max-running-requests 4 --context-length 16384 \
         --chunked-prefill-size "$chunk" >"$OUT/serve-$cfg.log" 2>&1 &
     spid=$!
@@ -111,61 +112,63 @@ PY
     grep -E "budget|wgmma|ERROR|error" "$OUT/serve-$cfg.log" | cut -c1-220 | head -3
 done
 
-echo "== peer: PyTorch BF16 (cuBLAS) and SDPA on the 35B's prefill shapes $(el)"
-timeout -k 3 45 python3 bench/device/prefill8k_peer.py 2048,8192 2>&1 | tail -n 40
-echo "rc=$? $(el)"
 
-if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
+# the wgmma MoE GEMMs' variants: prefetch distance (LASTSTAND_MG_WGMMA_PF, default 2) and tile
+# pairs sharing the decode (LASTSTAND_MG_WGMMA2=1, from 192 rows an expert: M = 8192 here); the
+# doctor's fp64 verdicts and times of the whole MoE call
+for v in "PF=2" "PF=3" "PF=4" "PF=2 2=1" "PF=4 2=1"; do
+    [ "$(left)" -gt 80 ] || break
+    venv=()
+    for kv in $v; do venv+=("LASTSTAND_MG_WGMMA_${kv%%=*}=${kv#*=}"); done
+    venv=("${venv[@]/LASTSTAND_MG_WGMMA_2=/LASTSTAND_MG_WGMMA2=}")
+    tag=${v// /_}; tag=${tag//=/}
+    echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 2048, 8192, ${venv[*]} $(el)"
+    env "${venv[@]}" timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-$tag.json" >"$OUT/doctor-$tag.txt" \
+        2>"$OUT/doctor-$tag.err"
+    echo "rc=$? $(el)"
+    grep -E "^ +(2048|8192) " "$OUT/doctor-$tag.txt" | cut -c1-130
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$tag.err" | head -3
+done
+
+if [ "$(left)" -gt 60 ] && python3 -c "import pytest" 2>/dev/null; then
+    echo "== pytest tests/test_gpu_gdn_wy.py $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 50 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_gdn_wy.py 2>&1 |
+        grep -vE "^\s*$" | tail -12
+    echo "rc=$? $(el)"
+fi
+
+if [ "${PEER:-0}" = 1 ]; then
+    echo "== peer: PyTorch BF16 (cuBLAS) and SDPA on the 35B's prefill shapes $(el)"
+    timeout -k 3 45 python3 bench/device/prefill8k_peer.py 2048,8192 2>&1 | tail -n 40
+    echo "rc=$? $(el)"
+fi
+
+if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
     lim=$(( $(left) - 8 ))
-    [ $lim -gt 70 ] && lim=70
-    echo "== ncu: generate synth 35B cut to 4 layers, 8192-token prompt (4 steps of 2048), 1 new token, eager (limit $lim s) $(el)"
-    timeout -k 3 $lim "$NCU" --clock-control none --cache-control none \
+    [ $lim -gt 50 ] && lim=50
+    echo "== ncu: generate synth 35B cut to 4 layers, 8192-token prompt (one step), 1 new token, eager, LASTSTAND_GDN_WY=1 (limit $lim s) $(el)"
+    LASTSTAND_GDN_WY=1 timeout -k 3 $lim "$NCU" --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-p8k" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
         --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-p8k.out" 2>&1
     echo "rc=$? $(el)"
-    grep -E "==ERROR|==WARNING|error:" "$OUT/ncu-p8k.out" | head -5
+    grep -E "==ERROR|error:" "$OUT/ncu-p8k.out" | head -5
     if [ -f "$OUT/ncu-p8k.ncu-rep" ]; then
         timeout 20 "$NCU" --import "$OUT/ncu-p8k.ncu-rep" --csv --page raw --print-units base \
             --print-kernel-base demangled >"$OUT/ncu-p8k.csv" 2>"$OUT/ncu-p8k.csv.err"
-        timeout 20 python3 bench/device/prefill8k_table.py "$OUT/ncu-p8k.csv" p8k 2048,2048,2048,2048 1 3 ||
+        timeout 20 python3 bench/device/prefill8k_table.py "$OUT/ncu-p8k.csv" p8k 8192 1 3 ||
             head -c 400 "$OUT/ncu-p8k.csv.err"
     fi
-else
-    echo "== ncu: skipped (${NCU:-no ncu}; $(left) s left)"
 fi
-# the opt-in wgmma GEMMs of the grouped MoE (LASTSTAND_MG_WGMMA=1, moe_wgmma.cu): fp64 verdicts and
-# times against mg_gemm_kernel's, and the pytest file
-if [ "$(left)" -gt 45 ]; then
-    for v in 0 1; do
-        echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 1024, 2048, 8192, LASTSTAND_MG_WGMMA=$v $(el)"
-        LASTSTAND_MG_WGMMA=$v timeout -k 3 25 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
-            --m 1024,2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-wg$v.json" >"$OUT/doctor-wg$v.txt" \
-            2>"$OUT/doctor-wg$v.err"
-        echo "rc=$? $(el)"
-        grep -E "^ +(1024|2048|8192) " "$OUT/doctor-wg$v.txt" | cut -c1-130
-        python3 -c "import json,sys;d=json.load(open(sys.argv[1]));[print('   ',m,c['status'],c.get('rel_err',c.get('detail',''))) for t in d['tables'] for m,c in t['cells']['cuda_grouped_gemm'].items()]" \
-            "$OUT/doctor-wg$v.json" 2>/dev/null | head -4
-        grep -iE "crash|error|wrong|timeout" "$OUT/doctor-wg$v.err" | head -3
-    done
-    echo "== doctor: attention cuda_flash_prefill, 35B shapes, M = 512, 3072, LASTSTAND_FP_LPT=1 $(el)"
-    LASTSTAND_FP_LPT=1 timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families attention \
-        --m 512,3072 --backends cuda_flash_prefill --json "$OUT/doctor-lpt.json" >"$OUT/doctor-lpt.txt" 2>"$OUT/doctor-lpt.err"
-    echo "rc=$? $(el)"
-    grep -E "^ +(512|3072) " "$OUT/doctor-lpt.txt" | cut -c1-130
-    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-lpt.err" | head -3
-    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"logits or padding\" $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 30 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_moe_wgmma.py \
-        -k "logits or padding" 2>&1 | tail -8
-    echo "rc=$? $(el)"
-fi
-if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
+
+if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
     lim=$(( $(left) - 5 ))
-    [ $lim -gt 45 ] && lim=45
-    echo "== ncu sections: the first 16 launches of mg_gemm / gc_chunk / fp_kernel, generate 4 layers, 2048-token prompt (limit $lim s) $(el)"
-    timeout -k 3 $lim "$NCU" --clock-control none --kernel-name regex:"mg_gemm|gc_chunk|fp_kernel" --launch-count 16 \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats -o "$OUT/ncu-sec" \
+    [ $lim -gt 40 ] && lim=40
+    echo "== ncu sections: mw_kernel / gc_chunk / gc_prep / fp_kernel, generate 4 layers, 2048-token prompt, LASTSTAND_GDN_WY=1 (limit $lim s) $(el)"
+    LASTSTAND_GDN_WY=1 timeout -k 3 $lim "$NCU" --clock-control none --kernel-name regex:"mw_kernel|gc_chunk|gc_prep|fp_kernel" \
+        --launch-count 26 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats -o "$OUT/ncu-sec" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 2048)" --max-new-tokens 1 \
         --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-sec.out" 2>&1
     echo "rc=$? $(el)"
@@ -173,24 +176,24 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 25 ]; then
     if [ -f "$OUT/ncu-sec.ncu-rep" ]; then
         timeout 20 "$NCU" --import "$OUT/ncu-sec.ncu-rep" --csv --page raw --print-units base \
             --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
-        timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" || head -c 400 "$OUT/ncu-sec.csv.err"
+        timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" 64 || head -c 400 "$OUT/ncu-sec.csv.err"
     fi
 fi
-if [ "$(left)" -gt 20 ]; then
-    echo "== doctor: 35B shapes, M = 2048, 8192, gemm cuda_cublaslt, moe cuda_grouped_gemm $(el)"
-    timeout -k 3 30 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gemm,moe --m 2048,8192 \
-        --backends cuda_cublaslt,cuda_grouped_gemm --json "$OUT/doctor.json" >"$OUT/doctor.txt" 2>"$OUT/doctor.err"
-    echo "rc=$? $(el)"
-    grep -E "^(gemm|moe) |^ +(2048|8192) " "$OUT/doctor.txt" | cut -c1-130
-    grep -iE "crash|error|wrong|timeout" "$OUT/doctor.err" | head -3
-    for bm in 32; do
-        echo "== doctor: moe cuda_grouped_gemm, M = 2048, 8192, LASTSTAND_GROUPED_BM=$bm (default: 64 at these M) $(el)"
-        LASTSTAND_GROUPED_BM=$bm timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
-            --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-bm$bm.json" >"$OUT/doctor-bm$bm.txt" \
-            2>"$OUT/doctor-bm$bm.err"
-        echo "rc=$? $(el)"
-        grep -E "^ +(2048|8192) " "$OUT/doctor-bm$bm.txt" | cut -c1-130
-    done
 
+if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
+    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"pairs or logits\" $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 12 )) python3 -m pytest -q -p no:cacheprovider -rfE -s \
+        tests/test_gpu_moe_wgmma.py -k "pairs or logits" 2>&1 | grep -vE "^\s*$" | tail -12
+    echo "rc=$? $(el)"
+fi
+
+if [ "$(left)" -gt 15 ]; then
+    for v in 0 1; do
+        echo "== doctor: gdn cuda_chunked, 35B shapes, M = 512, 3072, LASTSTAND_GDN_WY=$v $(el)"
+        LASTSTAND_GDN_WY=$v timeout -k 3 12 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gdn \
+            --m 512,3072 --backends cuda_chunked --json "$OUT/doctor-wy$v.json" >"$OUT/doctor-wy$v.txt" 2>"$OUT/doctor-wy$v.err"
+        echo "rc=$? $(el)"
+        grep -E "^ +(512|3072) " "$OUT/doctor-wy$v.txt" | cut -c1-130
+    done
 fi
 echo "total $(( $(date +%s) - T0 )) s"

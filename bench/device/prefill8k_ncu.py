@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """prefill8k_ncu.py: one block per kernel of an ncu raw CSV with sections (bench/device/prefill8k.sh).
 
-usage: prefill8k_ncu.py NCU_RAW.csv
+usage: prefill8k_ncu.py NCU_RAW.csv [MIN_BLOCKS]
+
+MIN_BLOCKS: skip launches whose grid has fewer blocks (the engine's warm-up steps: decode-sized).
 
 The CSV is `ncu --import R --csv --page raw` of a run profiled with the sections SpeedOfLight,
 ComputeWorkloadAnalysis, WarpStateStats, Occupancy and LaunchStats. Columns are found by name
@@ -55,9 +57,19 @@ def main():
         except (ValueError, IndexError, TypeError, AttributeError):
             return None
 
+    min_blocks = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    skipped = 0
     for r in data:
         if not r or not r[0].strip():
             continue
+        if min_blocks and cg is not None:
+            dims = [int(v) for v in r[cg].strip("()").replace(" ", "").split(",") if v.isdigit()]
+            n = 1
+            for v in dims:
+                n *= v
+            if n < min_blocks:
+                skipped += 1
+                continue
         name = r[cn] if cn is not None else "?"
         name = name.split("(")[0][:90]
         parts = []
@@ -79,6 +91,8 @@ def main():
         sv = sorted(((num(r, i) or 0.0, hdr[i]) for i in stalls), reverse=True)[:5]
         print("    stalls (cycles per issue): " + ", ".join(
             f"{h.split('issue_stalled_')[1].split('_per_issue')[0]} {v:.2f}" for v, h in sv if v > 0))
+    if skipped:
+        print(f"({skipped} launches of fewer than {min_blocks} blocks skipped)")
     return 0
 
 

@@ -296,7 +296,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
         {"page-size", F_INT, &a.page_size, "KV-cache tokens per page, the prefix cache's unit (default 16)", NULL},
         {"context-length", F_INT, &a.context_length, "context length (default: the model's)", NULL},
-        {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 2048, -1: off)", NULL},
+        {"chunked-prefill-size", F_INT, &a.chunked_prefill_size, "prefill token budget per step (default 8192, -1: off)", NULL},
         {"api-key", F_STR, &a.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)", NULL},
         {"chat-template", F_STR, &a.chat_template, "Jinja chat template file overriding the model's", NULL},
         {"log-level", F_STR, &a.log_level, "debug | info | warning | error", LEVELS},

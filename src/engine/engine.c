@@ -558,10 +558,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         e->sedit = xcalloc((size_t)max_run, sizeof *e->sedit);
         e->sedp = xcalloc((size_t)max_run, sizeof *e->sedp);
         e->scon = xcalloc((size_t)max_run, sizeof *e->scon);
-        /* grammar masks and logit_bias on the device sampler (S9): off until validated on the H200 */
+        /* grammar masks and logit_bias on the device sampler (S9, the default since H200 round
+         * S9-R1: the same greedy tokens and logprobs as the host path); =0: the host path */
         const char *gd = getenv("LASTSTAND_GRAMMAR_DEVICE");
-        e->gdev = gd && *gd ? strcmp(gd, "0") != 0 : 0;
-        if (e->gdev) log_info("engine: grammar masks and logit_bias sampled on the device");
+        e->gdev = gd && *gd ? strcmp(gd, "0") != 0 : 1;
+        if (!e->gdev) log_info("engine: grammar masks and logit_bias sampled on the host (LASTSTAND_GRAMMAR_DEVICE=0)");
     }
     e->running = xcalloc((size_t)max_run, sizeof *e->running);
     stats_hist_init(&e->st.ttft, STATS_TTFT);
@@ -614,6 +615,10 @@ void ls_engine_close(ls_engine *e) {
             log_info("engine: %lld decode steps of %.2f sequences on average, %.3f ms each (forward + sampling)",
                      (long long)e->n_dec_steps, (double)e->n_dec_rows / e->n_dec_steps,
                      e->t_dec * 1e3 / e->n_dec_steps);
+        if (e->n_staged)
+            log_info("engine: %lld constrained rows sampled on the device; on the host before the forward, %.1f us "
+                     "a row for their masks, %.1f us a row with the sampling tables",
+                     (long long)e->n_staged, e->t_mask * 1e6 / e->n_staged, e->t_stage * 1e6 / e->n_staged);
     }
     engine_free(e);
 }
@@ -1226,12 +1231,21 @@ static void run_step(ls_engine *e, int nb) {
     }
     if (dev_smp) {
         for (int i = 0; i < nb; i++) e->sedp[i] = NULL;
-        if (e->n_scon) eg_stage_masks(e);
+        double ts = e->n_scon ? now_sec() : 0, tm = 0;
+        if (e->n_scon) {
+            eg_stage_masks(e);
+            tm = now_sec();
+        }
         int n_toks = 0;
         for (int i = 0; i < nb; i++) {
             ereq *r = e->batch[i];
             if (r->n_cached + e->batch_new[i] == r->n_tok) n_toks = dev_row(e, r, &e->srows[i], n_toks, e->sedp[i]);
             else e->srows[i] = (smp_row){.forced = SMP_ROW_SKIP};
+        }
+        if (e->n_scon) {
+            e->n_staged += e->n_scon;
+            e->t_mask += tm - ts;
+            e->t_stage += now_sec() - ts;
         }
         b.smp = e->srows;
         b.smp_res = e->sres;

@@ -7,8 +7,8 @@
  * caller may free right after); every sampling step of a constrained request
  * -> eg_edit (the matcher's mask, computed on the sampling worker that runs
  * that request) -> smp_sample_ex; the committed token -> eg_commit (the
- * matcher advances). With device sampling and LASTSTAND_GRAMMAR_DEVICE=1
- * (S9), engine.c run_step computes the step's masks BEFORE the forward
+ * matcher advances). With device sampling (unless LASTSTAND_GRAMMAR_DEVICE=0;
+ * S9), engine.c run_step computes the step's masks BEFORE the forward
  * (eg_stage_masks: they depend only on committed tokens; several rows on the
  * thread pool) and stages them with the biases into the device sampler's
  * token table (ops.h smp_row.n_mask / n_bias), so the logits never come back;

@@ -122,12 +122,14 @@ struct ls_engine {
     uint32_t *smark;           /* [vocab] distinct-id stamps */
     uint32_t sstamp;
     int32_t *scnt;             /* [vocab] output-id counts, all-zero between rows */
-    /* constrained rows on the device sampler (engine_grammar.c eg_stage_masks): gdev from
-     * LASTSTAND_GRAMMAR_DEVICE at open; this step's edits per batch row, the rows that have one */
+    /* constrained rows on the device sampler (engine_grammar.c eg_stage_masks): gdev 0 when
+     * LASTSTAND_GRAMMAR_DEVICE=0 at open; this step's edits per batch row, the rows to stage */
     int gdev;
     smp_edit *sedit;           /* [max_run] */
     const smp_edit **sedp;     /* [max_run] NULL: none */
     int *scon, n_scon;         /* [max_run] batch rows to stage */
+    int64_t n_staged;          /* constrained rows staged so far, and the host seconds their steps */
+    double t_mask, t_stage;    /* spent in eg_stage_masks and in building the sampling tables */
 
     /* ---- shared, under mu ---- */
     pthread_mutex_t mu;

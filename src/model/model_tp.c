@@ -52,6 +52,10 @@
  */
 #include "model/model_impl.h"
 
+#ifdef LS_HAVE_CUDA
+#include "ops/cuda/tp_p2p.h"
+#endif
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -120,6 +124,9 @@ struct tp_group {
     int has_comm;
     int nccl_version;       /* ncclGetVersion's code (e.g. 22105 for 2.21.5), 0 when unknown */
     volatile int nccl_rc;   /* the last failed all-reduce's NCCL code */
+    void *p2p;              /* lsc_p2p (LASTSTAND_TP_P2P=1): the small all-reduces through peer memory */
+    size_t p2p_max;         /* its largest all-reduce (elements); larger ones go to NCCL */
+    volatile int p2p_rc;    /* a failed peer all-reduce launch (ERR_*) */
     int vote[TP_MAX];       /* tp_all's ballots */
     /* the ranks' worker threads (ranks 1..n-1; rank 0 runs on the caller's thread), one job at
      * a time: tp_run posts fn/arg under wmu and bumps job_gen, each worker runs it once on its
@@ -220,6 +227,8 @@ void tp_load_done(model *m) {
 }
 
 int tp_status(model *m, ls_err *e) {
+    if (m->grp->p2p_rc)
+        return errf(e, ERR_RUNTIME, "rank %d: the peer all-reduce (LASTSTAND_TP_P2P=1) failed to launch", m->rank);
     int rc = m->ops.capturing == 1 && m->tp_cap_rc ? m->tp_cap_rc : m->grp->nccl_rc;
     if (!rc) return 0;
     return errf(e, ERR_RUNTIME, "rank %d: ncclAllReduce%s: %s", m->rank,
@@ -273,6 +282,16 @@ int tp_all(model *m, int ok) {
 
 void tp_allreduce(model *m, void *x, size_t n) {
     tp_group *g = m->grp;
+#ifdef LS_HAVE_CUDA
+    if (g->p2p && n <= g->p2p_max && m->ops.act == ACT_BF16) { /* the same choice on every rank (same n) */
+        ls_err pe = {0};
+        if (lsc_p2p_allreduce(g->p2p, m->rank, x, n, m->ops.stream, &pe)) {
+            if (!g->p2p_rc) log_error("rank %d: %s", m->rank, pe.msg);
+            g->p2p_rc = ERR_RUNTIME;
+        }
+        return;
+    }
+#endif
     if (g->has_comm) {
         int rc = g_nccl.all_reduce(x, x, n, m->ops.act == ACT_BF16 ? NCCL_BFLOAT16 : NCCL_FLOAT32, NCCL_SUM,
                                    g->comm[m->rank], m->ops.stream);
@@ -482,6 +501,21 @@ static int tp_cuda_init(model *m, tp_group *g, int N, ls_err *e) {
     if (g->nccl_version) nccl_version_str(g->nccl_version, v, sizeof v);
     log_info("%s: tensor parallel over %d GPUs, NCCL %s (NCCL_NVLS_ENABLE=%s)", m->path, N, v,
              getenv("NCCL_NVLS_ENABLE") ? getenv("NCCL_NVLS_ENABLE") : "");
+#ifdef LS_HAVE_CUDA
+    const char *pe = getenv("LASTSTAND_TP_P2P");
+    if (pe && !strcmp(pe, "1") && m->ops.act == ACT_BF16) { /* opt-in: the small all-reduces through peer memory */
+        ls_err e2 = {0};
+        lsc_p2p *p = NULL;
+        if (lsc_p2p_open(N, devs, (size_t)1 << 19, &p, &e2)) {
+            log_warn("%s: LASTSTAND_TP_P2P=1: %s; every all-reduce goes through NCCL", m->path, e2.msg);
+        } else {
+            g->p2p = p;
+            g->p2p_max = lsc_p2p_max_elems(p);
+            log_info("%s: all-reduces of up to %zu BF16 elements (%zu KiB) through peer memory (LASTSTAND_TP_P2P=1), "
+                     "larger ones through NCCL", m->path, g->p2p_max, g->p2p_max * 2 / 1024);
+        }
+    }
+#endif
     return 0;
 }
 
@@ -675,6 +709,9 @@ void tp_free(model *m) {
     free(m->rank_m);
     m->rank_m = NULL;
     for (int r = 0; m->grp->has_comm && r < m->tp; r++) g_nccl.destroy(m->grp->comm[r]);
+#ifdef LS_HAVE_CUDA
+    lsc_p2p_close(m->grp->p2p);
+#endif
     pthread_barrier_destroy(&m->grp->bar);
     pthread_mutex_destroy(&m->grp->run_mu);
     pthread_mutex_destroy(&m->grp->wmu);

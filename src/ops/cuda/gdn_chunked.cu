@@ -46,6 +46,11 @@
  *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
  *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
  *                  by each; U, V', O, S split).
+ *                  Chunk-parallel form (LASTSTAND_GDN_WY=1, dk = dv = 128, a sequence of more
+ *                  than one chunk; chunk_run): the same kernel in MODE 1 computes every chunk's
+ *                  WY record (γ, U, −W, P: all that does not depend on S) in a block per (chunk,
+ *                  v head) at once, then in MODE 2 walks the chunks with S doing only V', O and
+ *                  the state update; the same products, so the same bits as the serial MODE 0.
  *   cuda_per_token the preparation writes the conv outputs in fp32 (c [n_tok,
  *                  conv_dim]); then the plain recurrence, token by token: a
  *                  block per (sequence, v head), a thread per column d of S, S
@@ -481,10 +486,11 @@ struct gc_layout {
  *   64×64 products (K Kᵀ, Q Kᵀ): rows 16·(w%4), cols (w/4)·64/CGN, 8/CGN n-tiles
  *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/CGN (DK/CGN)
  *   S [DK, DVB]: RT = DK/16 row tiles, SCG = NW/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/SCG */
-template <int DK, int DV, int NVS, int NW>
+template <int DK, int DV, int NVS, int NW, int MODE>
 __global__ void __launch_bounds__(NW * 32, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
-                    const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out) {
+                    const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out, int n_seq,
+                    unsigned char *__restrict__ wy) {
     constexpr int DVB = DV / NVS, NT = NW * 32, CGN = NW / 4;
     typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
@@ -498,9 +504,32 @@ __global__ void __launch_bounds__(NW * 32, 1)
     gc_op *VBb = Ws + C * LK, *Sb = VBb + 2 * C * LV, *Tb = Sb + DK * LV, *Pb = Tb + C * LT;
     float *Af = reinterpret_cast<float *>(Pb + C * LT), *Xf = Af + C * LF;
     float *gam = Xf + C * LF, *Ys = gam + C, *gbs = Ys + 3 * 256; /* gbs [2][C][2] */
+    /* the WY record of a (chunk, v head) (MODE 1 writes it, MODE 2 reads it): −W [C][DK] gc_op,
+     * P [C][C] gc_op, U [C][DV] fp32, γ [C] fp32; MODE 2 double-buffers −W, P, γ: buffer 0 in Ws,
+     * Pb, gam, buffer 1 in the Af / Xf region and Ys (unused by MODE 2) */
+    constexpr size_t WY_P = (size_t)C * DK * sizeof(gc_op), WY_U = WY_P + (size_t)C * C * sizeof(gc_op),
+                     WY_G = WY_U + (size_t)C * DV * 4, WY_B = WY_G + (size_t)C * 4;
+    static_assert(MODE != 2 || C * LK * sizeof(gc_op) + C * LT * sizeof(gc_op) <= 2 * C * LF * sizeof(float),
+                  "MODE 2: the second -W and P buffers fit where Af and Xf were");
+    static_assert(MODE != 1 || NVS == 1, "MODE 1: a block computes U for every value column");
 
-    const int j = blockIdx.x, s = blockIdx.y;
+    const int j = blockIdx.x;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    /* MODE 1: blockIdx.y = the chunk's index over all sequences' chunks (ci), s and its chunk from
+     * it; else blockIdx.y = the sequence, and (MODE 2) cib = the index of its first chunk */
+    int s = blockIdx.y, cbeg = 0, cib = 0;
+    if constexpr (MODE == 1) {
+        int ci = blockIdx.y;
+        for (s = 0; s < n_seq; s++) {
+            const int nc = (meta[3 * s + 1] + C - 1) / C;
+            if (ci < nc) break;
+            ci -= nc;
+        }
+        if (s >= n_seq) return;
+        cbeg = ci * C;
+    } else if constexpr (MODE == 2) {
+        for (int q = 0; q < s; q++) cib += (meta[3 * q + 1] + C - 1) / C;
+    }
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
     if (T <= 0) return;
     const int kh = j / (nv / nk);
@@ -519,18 +548,32 @@ __global__ void __launch_bounds__(NW * 32, 1)
             gc_cp16(Qd + i * LK + c8 * 8, src, ok ? 16 : 0);
             gc_cp16(Kd + i * LK + c8 * 8, src + (size_t)nk * DK, ok ? 16 : 0);
         }
-        for (int x = tid; x < C * (DVB / 8); x += NT) {
-            const int i = x / (DVB / 8), c8 = x % (DVB / 8), ok = i < Ln;
-            const gc_op *src =
-                x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)2 * nk * DK + (size_t)j * DV + vc0 + c8 * 8;
-            gc_cp16(Vd + i * LV + c8 * 8, src, ok ? 16 : 0);
-        }
-        for (int i = tid; i < C; i += NT) {
-            const int ok = i < Ln;
-            gc_cp8(gd + 2 * i, gb + 2 * ((size_t)(row0 + cc0 + (ok ? i : 0)) * nv + j), ok ? 8 : 0);
+        if constexpr (MODE == 2) {
+            const unsigned char *r = wy + ((size_t)(cib + cc0 / C) * nv + j) * WY_B;
+            gc_op *Wd = bi ? reinterpret_cast<gc_op *>(Af) : Ws;
+            gc_op *Pd = bi ? reinterpret_cast<gc_op *>(Af) + C * LK : Pb;
+            float *Gd = bi ? Ys : gam;
+            for (int x = tid; x < C * (DK / 8); x += NT)
+                gc_cp16(Wd + (x / (DK / 8)) * LK + (x % (DK / 8)) * 8, r + (size_t)x * 16, 16);
+            for (int x = tid; x < C * (C / 8); x += NT)
+                gc_cp16(Pd + (x / (C / 8)) * LT + (x % (C / 8)) * 8, r + WY_P + (size_t)x * 16, 16);
+            for (int x = tid; x < C / 4; x += NT) gc_cp16(Gd + 4 * x, r + WY_G + (size_t)x * 16, 16);
+            (void)Vd;
+            (void)gd;
+        } else {
+            for (int x = tid; x < C * (DVB / 8); x += NT) {
+                const int i = x / (DVB / 8), c8 = x % (DVB / 8), ok = i < Ln;
+                const gc_op *src = x16 + (size_t)(row0 + cc0 + (ok ? i : 0)) * D + (size_t)2 * nk * DK +
+                                   (size_t)j * DV + vc0 + c8 * 8;
+                gc_cp16(Vd + i * LV + c8 * 8, src, ok ? 16 : 0);
+            }
+            for (int i = tid; i < C; i += NT) {
+                const int ok = i < Ln;
+                gc_cp8(gd + 2 * i, gb + 2 * ((size_t)(row0 + cc0 + (ok ? i : 0)) * nv + j), ok ? 8 : 0);
+            }
         }
     };
-    load_chunk(0, 0);
+    load_chunk(cbeg, 0);
     gc_cp_commit();
 
     /* S in registers: this warp's rows sr .. sr + 15, cols sc0 .. sc0 + SC - 1 */
@@ -538,6 +581,10 @@ __global__ void __launch_bounds__(NW * 32, 1)
     float S[SNT][4];
 #pragma unroll
     for (int n = 0; n < SNT; n++) {
+        if constexpr (MODE == 1) {
+            S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0.f;
+            continue;
+        }
         const float2 x0 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t);
         const float2 x1 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t);
         S[n][0] = x0.x; S[n][1] = x0.y; S[n][2] = x1.x; S[n][3] = x1.y;
@@ -546,20 +593,40 @@ __global__ void __launch_bounds__(NW * 32, 1)
     const int rt = 16 * (w & 3);   /* row tile of the 64-row products */
     const int cg = w >> 2;         /* column group of the 64-row products */
 
-    for (int c0 = 0; c0 < T; c0 += C) {
+    for (int c0 = cbeg; c0 < (MODE == 1 ? cbeg + 1 : T); c0 += C) { /* MODE 1: its one chunk */
         const int L = min(C, T - c0);
         /* 16-row tiles holding tokens (a decode row: 1): the other tiles are padding, their products
          * are zero and are skipped (warps whose row tile is padding idle through (c), (e)-(g)) */
         const int NT16 = (L + 15) / 16;
         const bool live = rt < 16 * NT16;
         /* (a) this chunk landed in buffer bi (prefetched during the previous chunk); start the next */
-        const int bi = (c0 / C) & 1;
-        if (c0 + C < T) load_chunk(c0 + C, bi ^ 1); /* buffer bi^1 was freed by the previous chunk's end */
+        const int bi = MODE == 1 ? 0 : (c0 / C) & 1;
+        if (MODE != 1 && c0 + C < T) load_chunk(c0 + C, bi ^ 1); /* buffer bi^1 was freed by the previous chunk's end */
         gc_cp_commit();
         gc_cp_wait<1>();
         __syncthreads();
         gc_op *Qs = Qb + bi * C * LK, *Ks = Kb + bi * C * LK, *VBs = VBb + bi * C * LV;
         const float *gbc = gbs + bi * 2 * C; /* (g, β) of row i at gbc[2i], gbc[2i + 1] */
+        /* −W, P, γ of this chunk (MODE 2: the buffer the record landed in) and U */
+        gc_op *const Wsc = MODE == 2 && bi ? reinterpret_cast<gc_op *>(Af) : Ws;
+        gc_op *const Pbc = MODE == 2 && bi ? reinterpret_cast<gc_op *>(Af) + C * LK : Pb;
+        const float *const gamc = MODE == 2 && bi ? Ys : gam;
+        float u[UNT][4];
+        if constexpr (MODE == 2) {
+            /* (b)-(e) were done by MODE 1: U (rows of live tiles, this block's columns) from the record */
+            const float *Ug = reinterpret_cast<const float *>(wy + ((size_t)(cib + c0 / C) * nv + j) * WY_B + WY_U);
+#pragma unroll
+            for (int n = 0; n < UNT; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const float2 v = live ? *reinterpret_cast<const float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + vc0 +
+                                                                              cg * UC + 8 * n + 2 * t)
+                                          : make_float2(0.f, 0.f);
+                    u[n][2 * hh] = v.x;
+                    u[n][2 * hh + 1] = v.y;
+                }
+            (void)gbc;
+        } else {
         /* (b) γ = inclusive cumsum of g over the chunk (warp 0: lane l holds rows 2l, 2l + 1) */
         if (w == 0) {
             const float g0 = gbc[4 * lane], g1 = gbc[4 * lane + 2];
@@ -676,7 +743,6 @@ __global__ void __launch_bounds__(NW * 32, 1)
         }
         __syncthreads();
         /* (e) U = T vβ (kept in registers), W = T (kβ e^γ) -> Ws as −W */
-        float u[UNT][4];
         {
 #pragma unroll
             for (int n = 0; n < UNT; n++) u[n][0] = u[n][1] = u[n][2] = u[n][3] = 0.f;
@@ -703,18 +769,39 @@ __global__ void __launch_bounds__(NW * 32, 1)
             for (int n = 0; n < WNT; n++) gc_stc(Ws, LK, rt, cg * WC + 8 * n, wk[n], -1.f);
         }
         __syncthreads();
+        if constexpr (MODE == 1) {
+            /* the chunk's WY record: U from the registers (zeros on padding tiles), −W, P, γ from
+             * shared memory (P rows of padding tiles are never read) */
+            unsigned char *r = wy + ((size_t)blockIdx.y * nv + j) * WY_B;
+            float *Ug = reinterpret_cast<float *>(r + WY_U);
+#pragma unroll
+            for (int n = 0; n < UNT; n++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+                    *reinterpret_cast<float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + cg * UC + 8 * n + 2 * t) =
+                        make_float2(u[n][2 * hh], u[n][2 * hh + 1]);
+            for (int x = tid; x < C * (DK / 8); x += NT)
+                *reinterpret_cast<uint4 *>(r + (size_t)x * 16) =
+                    *reinterpret_cast<const uint4 *>(Ws + (x / (DK / 8)) * LK + (x % (DK / 8)) * 8);
+            for (int x = tid; x < C * (C / 8); x += NT)
+                *reinterpret_cast<uint4 *>(r + WY_P + (size_t)x * 16) =
+                    *reinterpret_cast<const uint4 *>(Pb + (x / (C / 8)) * LT + (x % (C / 8)) * 8);
+            for (int x = tid; x < C; x += NT) reinterpret_cast<float *>(r + WY_G)[x] = gam[x];
+            return;
+        }
+        } /* MODE != 2 */
         /* KBs := K' = k̂ e^{γ_L − γ} (KBs is free now); padded rows have k̂ = 0 */
-        const float gL = gam[C - 1];
+        const float gL = gamc[C - 1];
         for (int x = tid; x < C * DK; x += NT) {
             const int i = x / DK, d = x % DK;
-            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * __expf(gL - gam[i]));
+            KBs[i * LK + d] = gc_cvt(gc_f(Ks[i * LK + d]) * __expf(gL - gamc[i]));
         }
         /* (f) V' = U + (−W) S  -> VBs (vβ is no longer read); padding rows: 0 */
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
             if (!live) break;
             uint32_t a[4];
-            gc_lda(a, Ws, LK, rt, 16 * ks);
+            gc_lda(a, Wsc, LK, rt, 16 * ks);
 #pragma unroll
             for (int n = 0; n < UNT; n++) {
                 uint32_t b0, b1;
@@ -741,7 +828,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
                     gc_mma(o[n], a, b0, b1);
                 }
             }
-            const float eA = __expf(gam[rt + g]), eB = __expf(gam[rt + g + 8]);
+            const float eA = __expf(gamc[rt + g]), eB = __expf(gamc[rt + g + 8]);
 #pragma unroll
             for (int n = 0; n < UNT; n++) {
                 o[n][0] *= eA; o[n][1] *= eA;
@@ -749,7 +836,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
             }
             for (int ks = 0; ks < NT16; ks++) { /* P[i][m] = 0 for m > i */
                 uint32_t a[4];
-                gc_lda(a, Pb, LT, rt, 16 * ks);
+                gc_lda(a, Pbc, LT, rt, 16 * ks);
 #pragma unroll
                 for (int n = 0; n < UNT; n++) {
                     uint32_t b0, b1;
@@ -953,25 +1040,43 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-template <int DK, int DV, int NVS>
+/* One launch of gc_chunk_kernel<DK, DV, NVS, NW, MODE> (bit: its shared-memory opt-in flag in
+ * ws->smem_ok): MODE 0 and 2 over grid (nv, n_seq, NVS), MODE 1 over (nv, n_chunks) */
+template <int DK, int DV, int NVS, int MODE>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x16, const float *gbw,
-                           cudaStream_t st, ls_err *e) {
+                           unsigned char *wy, int n_chunks, cudaStream_t st, ls_err *e) {
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     constexpr int NW = DK == 128 ? 16 : 8; /* warps: see gc_chunk_kernel */
     if (!(ws->smem_ok & (1 << bit))) {
         CU_TRY(e,
-               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)smem),
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS, NW, MODE>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "gdn cuda_chunked: shared memory opt-in");
         ws->smem_ok |= 1 << bit;
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
-    dim3 g2(w->nv, a->n_seq, NVS);
-    gc_chunk_kernel<DK, DV, NVS, NW><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs, x16, gbw,
-                                                              a->st->rec, (bf16 *)a->out);
+    dim3 g2(w->nv, MODE == 1 ? n_chunks : a->n_seq, MODE == 1 ? 1 : NVS);
+    gc_chunk_kernel<DK, DV, NVS, NW, MODE><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs,
+                                                                     x16, gbw, a->st->rec, (bf16 *)a->out, a->n_seq,
+                                                                     wy);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
+}
+
+/* LASTSTAND_GDN_WY=1: at dk = dv = 128, calls with a sequence of more than one 64-token chunk
+ * take the chunk-parallel form: MODE 1 computes every chunk's WY record (γ, A, T = (I + A)⁻¹,
+ * U = T(βV), −W, P: everything that does not depend on the state) in a block per (chunk, v head)
+ * at once, into the workspace; MODE 2 then walks each sequence's chunks with the state as MODE 0
+ * does, left with V' = U − W S, O = e^γ(Q S) + P V' and S ← e^{γ_L} S + K'ᵀ V' per chunk (the
+ * serial path of a long prompt: R1 measured MODE 0 at 12.4 µs a chunk, 32 chunks of a
+ * 2048-token step in series). The same products in the same order: outputs and states equal
+ * MODE 0's up to the record's storage (U fp32, −W and P in the operand type as MODE 0 keeps
+ * them in shared memory). Default off until a device round validates it. */
+static int gc_wy_on(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_WY", 0);
+    return v;
 }
 
 static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
@@ -991,14 +1096,36 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (rc) return rc;
     /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
      * tokens, nv per sequence, leave more than half the SMs idle */
-    int busy = 0, nvs = 1;
-    for (int i = 0; i < a->n_seq; i++) busy += a->seqs_host[i].n_new > 0;
+    int busy = 0, nvs = 1, n_chunks = 0, longest = 0;
+    for (int i = 0; i < a->n_seq; i++) {
+        const int n = a->seqs_host[i].n_new;
+        busy += n > 0;
+        n_chunks += (n + GC_CHUNK - 1) / GC_CHUNK;
+        if (n > longest) longest = n;
+    }
     if (w->dk == 128 && w->dv == 128)
         while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
+    if (w->dk == 128 && w->dv == 128 && longest > GC_CHUNK && n_chunks <= 65535 && gc_wy_on()) {
+        /* the WY record: −W [64][128] + P [64][64] in gc_op, U [64][128] + γ [64] in fp32 */
+        const size_t rb = (size_t)GC_CHUNK * 128 * sizeof(gc_op) + (size_t)GC_CHUNK * GC_CHUNK * sizeof(gc_op) +
+                          (size_t)GC_CHUNK * 128 * 4 + (size_t)GC_CHUNK * 4;
+        unsigned char *wy = (unsigned char *)cu_ws_get(&ws->ws, 1, rb * n_chunks * w->nv, 0, st, "gdn", e);
+        if (!wy) {
+            cu_ws_unlock(&ws->ws);
+            return e->code ? e->code : ERR_NOMEM;
+        }
+        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, st, e);
+        if (!rc)
+            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, st, e)
+                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, st, e)
+                            : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, st, e);
+        cu_ws_unlock(&ws->ws);
+        return rc;
+    }
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1>(a, ws, BIT, x16, gbw, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4>(a, ws, 10, x16, gbw, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2>(a, ws, 9, x16, gbw, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);

@@ -667,76 +667,84 @@ __global__ void __cluster_dims__(SMW_CL, 1, 1) __launch_bounds__(SMP_T, MINB)
     float fv = -INFINITY;
     int fi = 0, bad = INT_MAX, none = INT_MIN;
     constexpr int VW = 16 / (int)sizeof(T); /* elements of a 16-byte load */
-    if (SM) {
-        /* the block's ids [slo, slo + sn) into ws in id order, SMS_LD 16-byte loads in flight a
-         * thread (x + slo is 16-byte aligned when x is: slo · sizeof(T) is a multiple of 1 KB) */
-        const int nq = ((uintptr_t)x & 15) == 0 ? sn / VW : 0;
-        const uint4 *xv = (const uint4 *)(x + slo);
-        for (int q0 = tid; q0 < nq; q0 += SMS_LD * SMP_T) {
-            uint4 u[SMS_LD];
+    /* M: the row has a mask; the loops are instantiated without and with it, so a row without
+     * one runs the unmasked loads (S9-R1: a per-element test cost up to 1.9 us a batch-16 greedy
+     * call) */
+    auto widen = [&](auto mc) {
+        constexpr bool M = decltype(mc)::value;
+        if (SM) {
+            /* the block's ids [slo, slo + sn) into ws in id order, SMS_LD 16-byte loads in flight a
+             * thread (x + slo is 16-byte aligned when x is: slo · sizeof(T) is a multiple of 1 KB) */
+            const int nq = ((uintptr_t)x & 15) == 0 ? sn / VW : 0;
+            const uint4 *xv = (const uint4 *)(x + slo);
+            for (int q0 = tid; q0 < nq; q0 += SMS_LD * SMP_T) {
+                uint4 u[SMS_LD];
 #pragma unroll
-            for (int k = 0; k < SMS_LD; k++) u[k] = q0 + k * SMP_T < nq ? xv[q0 + k * SMP_T] : make_uint4(0, 0, 0, 0);
+                for (int k = 0; k < SMS_LD; k++) u[k] = q0 + k * SMP_T < nq ? xv[q0 + k * SMP_T] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int k = 0; k < SMS_LD; k++) {
-                const int q = q0 + k * SMP_T;
-                if (q >= nq) break;
+                for (int k = 0; k < SMS_LD; k++) {
+                    const int q = q0 + k * SMP_T;
+                    if (q >= nq) break;
+                    float v[VW];
+                    unpack16<T>(u[k], v);
+                    const uint32_t mb = M ? mask_bits(mk, slo + q * VW) : 0xffffffffu;
+#pragma unroll
+                    for (int j = 0; j < VW; j++) {
+                        const int i = slo + q * VW + j;
+                        if (i == poison) v[j] = __int_as_float(0x7fc00000);
+                        if (!isfinite(v[j])) bad = min(bad, i);
+                        if (M && !((mb >> j) & 1u)) v[j] = -INFINITY;
+                        if (track && v[j] > fv) { fv = v[j]; fi = i; }
+                    }
+                    if (!fast)
+#pragma unroll
+                        for (int j = 0; j < VW; j += 4)
+                            wsm[(q * VW + j) / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+                }
+            }
+            for (int j = nq * VW + tid; j < sn; j += SMP_T) {
+                float v = load_logit<T>(x, slo + j);
+                if (slo + j == poison) v = __int_as_float(0x7fc00000);
+                if (!isfinite(v)) bad = min(bad, slo + j);
+                if (M && !(mask_bits(mk, slo + j) & 1u)) v = -INFINITY;
+                if (track && v > fv) { fv = v; fi = slo + j; }
+                if (!fast) ws[j] = v;
+            }
+        } else if (V % VW == 0 && ((uintptr_t)x & 15) == 0) {
+            const uint4 *xv = (const uint4 *)x;
+            float4 *wv = (float4 *)w; /* V % 4 == 0 and the work row 16-byte aligned with it */
+            const int nv = V / VW;
+#pragma unroll 2
+            for (int q = g; q < nv; q += SMW_G) {
                 float v[VW];
-                unpack16<T>(u[k], v);
-                const uint32_t mb = mask_bits(mk, slo + q * VW);
+                unpack16<T>(xv[q], v);
+                const uint32_t mb = M ? mask_bits(mk, q * VW) : 0xffffffffu;
 #pragma unroll
-                for (int j = 0; j < VW; j++) {
-                    const int i = slo + q * VW + j;
-                    if (i == poison) v[j] = __int_as_float(0x7fc00000);
-                    if (!isfinite(v[j])) bad = min(bad, i);
-                    if (!((mb >> j) & 1u)) v[j] = -INFINITY;
-                    if (track && v[j] > fv) { fv = v[j]; fi = i; }
+                for (int k = 0; k < VW; k++) {
+                    const int i = q * VW + k;
+                    if (i == poison) v[k] = __int_as_float(0x7fc00000);
+                    if (!isfinite(v[k])) bad = min(bad, i);
+                    if (M && !((mb >> k) & 1u)) v[k] = -INFINITY;
+                    if (track && v[k] > fv) { fv = v[k]; fi = i; }
                 }
                 if (!fast)
 #pragma unroll
-                    for (int j = 0; j < VW; j += 4)
-                        wsm[(q * VW + j) / 4] = make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+                    for (int k = 0; k < VW; k += 4) wv[q * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
             }
-        }
-        for (int j = nq * VW + tid; j < sn; j += SMP_T) {
-            float v = load_logit<T>(x, slo + j);
-            if (slo + j == poison) v = __int_as_float(0x7fc00000);
-            if (!isfinite(v)) bad = min(bad, slo + j);
-            if (!(mask_bits(mk, slo + j) & 1u)) v = -INFINITY;
-            if (track && v > fv) { fv = v; fi = slo + j; }
-            if (!fast) ws[j] = v;
-        }
-    } else if (V % VW == 0 && ((uintptr_t)x & 15) == 0) {
-        const uint4 *xv = (const uint4 *)x;
-        float4 *wv = (float4 *)w; /* V % 4 == 0 and the work row 16-byte aligned with it */
-        const int nv = V / VW;
-#pragma unroll 2
-        for (int q = g; q < nv; q += SMW_G) {
-            float v[VW];
-            unpack16<T>(xv[q], v);
-            const uint32_t mb = mask_bits(mk, q * VW);
-#pragma unroll
-            for (int k = 0; k < VW; k++) {
-                const int i = q * VW + k;
-                if (i == poison) v[k] = __int_as_float(0x7fc00000);
-                if (!isfinite(v[k])) bad = min(bad, i);
-                if (!((mb >> k) & 1u)) v[k] = -INFINITY;
-                if (track && v[k] > fv) { fv = v[k]; fi = i; }
-            }
-            if (!fast)
-#pragma unroll
-                for (int k = 0; k < VW; k += 4) wv[q * (VW / 4) + k / 4] = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
-        }
-    } else {
+        } else {
 #pragma unroll 4
-        for (int i = g; i < V; i += SMW_G) {
-            float v = load_logit<T>(x, i);
-            if (i == poison) v = __int_as_float(0x7fc00000);
-            if (!isfinite(v)) bad = min(bad, i);
-            if (!(mask_bits(mk, i) & 1u)) v = -INFINITY;
-            if (track && v > fv) { fv = v; fi = i; }
-            if (!fast) w[i] = v;
+            for (int i = g; i < V; i += SMW_G) {
+                float v = load_logit<T>(x, i);
+                if (i == poison) v = __int_as_float(0x7fc00000);
+                if (!isfinite(v)) bad = min(bad, i);
+                if (M && !(mask_bits(mk, i) & 1u)) v = -INFINITY;
+                if (track && v > fv) { fv = v; fi = i; }
+                if (!fast) w[i] = v;
+            }
         }
-    }
+    };
+    if (mk) widen(smp_bool<true>{});
+    else widen(smp_bool<false>{});
     /* lbon (nothing edits the row; a top_k of at most SMW_NW or top logprobs): the warp maxima's
      * rank keys, for the bound cl_key_select gathers from (published with the widen's barrier) */
     const int nt = min(p.n_top, min(SMP_DEV_TOP, V));

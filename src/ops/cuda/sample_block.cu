@@ -90,17 +90,22 @@ __global__ void __launch_bounds__(SMP_T) smp_row_kernel(int V, const T *__restri
     const int poison = p.forced == SMP_ROW_POISON ? V / 2 : -1;
     float fv = -INFINITY;
     int fi = 0;
-    for (int i = tid; i < V; i += SMP_T) {
-        float v = load_logit<T>(x, i);
-        if (i == poison) v = __int_as_float(0x7fc00000);
-        if (!isfinite(v)) atomicMin(&sh.bad, i);
-        if (!(mask_bits(mk, i) & 1u)) v = -INFINITY;
-        if (fast) {
-            if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
-        } else {
-            w[i] = v;
+    auto widen = [&](auto mc) { /* instantiated without and with a mask (sample.cu's widen) */
+        constexpr bool M = decltype(mc)::value;
+        for (int i = tid; i < V; i += SMP_T) {
+            float v = load_logit<T>(x, i);
+            if (i == poison) v = __int_as_float(0x7fc00000);
+            if (!isfinite(v)) atomicMin(&sh.bad, i);
+            if (M && !(mask_bits(mk, i) & 1u)) v = -INFINITY;
+            if (fast) {
+                if (v > fv) { fv = v; fi = i; } /* strided ascending: a thread's first max is its lowest id */
+            } else {
+                w[i] = v;
+            }
         }
-    }
+    };
+    if (mk) widen(smp_bool<true>{});
+    else widen(smp_bool<false>{});
     __syncthreads();
     if (sh.bad != INT_MAX) {
         if (tid == 0) {

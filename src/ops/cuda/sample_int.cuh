@@ -161,6 +161,12 @@ __device__ __forceinline__ void unpack16<float>(uint4 u, float *v) {
 
 /* ---- constrained rows (smp_row.n_mask / n_bias, S9) ---------------------------------------- */
 
+/* A compile-time flag for generic lambdas (a loop instantiated with and without a mask). */
+template <bool B>
+struct smp_bool {
+    static constexpr bool value = B;
+};
+
 /* The row's allowed-token bitmask in toks, or null (none, or fewer words than the vocabulary). */
 __device__ __forceinline__ const uint32_t *row_mask(const smp_row &p, const int32_t *toks, int V) {
     return p.n_mask > 0 && p.n_mask >= (V + 31) / 32 ? (const uint32_t *)(toks + p.mask_off) : nullptr;

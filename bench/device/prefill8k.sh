@@ -16,7 +16,8 @@
 #    decode: a stream decoding 500 tokens while two 8192-token prompts arrive; its inter-token
 #    latency median / p99 / max.
 # 2. The doctor's fp64 verdicts and times of the MoE call at M = 2048, 8192 with the wgmma GEMMs'
-#    prefetch distance 2, 3, 4 (LASTSTAND_MG_WGMMA_PF); tests/test_gpu_gdn_wy.py (the doctor's
+#    prefetch distance 2, 3, 4 (LASTSTAND_MG_WGMMA_PF) and tile pairs sharing the decoded weights
+#    (LASTSTAND_MG_WGMMA2=1); tests/test_gpu_gdn_wy.py (the doctor's
 #    fp64 check of LASTSTAND_GDN_WY=1 at the 35B and 397B shapes; a 3000-token prompt's greedy ids
 #    with and without it); at the end, if time is left, the doctor's gdn times at M = 512, 3072
 #    with and without it.
@@ -25,12 +26,12 @@
 #    step at the default chunk), 1 new token, eager, LASTSTAND_GDN_WY=1. prefill8k_table.py prints
 #    the step's time by family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s,
 #    scaled to 40 layers, and its kernels by name and in launch order.
-# 4. tests/test_gpu_moe_wgmma.py (the wgmma MoE GEMMs, default since R1: doctor at 35B / 397B
-#    shapes, padding tiles, a BF16 shared expert, logits against mg_gemm_kernel's and the CPU's).
-# 5. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
+# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
 #    wgmma MoE GEMM, the GDN kernels (both modes) and flash prefill in a 2048-token prefill of the
 #    4-layer model with LASTSTAND_GDN_WY=1: prefill8k_ncu.py prints each one's pipes, issue rate,
 #    occupancy and largest stall reasons (launches of small grids, the warm-up steps, skipped).
+# 5. tests/test_gpu_moe_wgmma.py's tile-pair and logits cases (the rest ran in R1 or run with the
+#    GPU tests), then the doctor's gdn times with and without LASTSTAND_GDN_WY, as time allows.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -112,16 +113,22 @@ PY
 done
 
 
-# the wgmma MoE GEMMs' prefetch distance (LASTSTAND_MG_WGMMA_PF, default 2): the doctor's fp64
-# verdicts and times of the whole MoE call
-for pf in 2 3 4; do
+# the wgmma MoE GEMMs' variants: prefetch distance (LASTSTAND_MG_WGMMA_PF, default 2) and tile
+# pairs sharing the decode (LASTSTAND_MG_WGMMA2=1, from 192 rows an expert: M = 8192 here); the
+# doctor's fp64 verdicts and times of the whole MoE call
+for v in "PF=2" "PF=3" "PF=4" "PF=2 2=1" "PF=4 2=1"; do
     [ "$(left)" -gt 80 ] || break
-    echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 2048, 8192, LASTSTAND_MG_WGMMA_PF=$pf $(el)"
-    LASTSTAND_MG_WGMMA_PF=$pf timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
-        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-pf$pf.json" >"$OUT/doctor-pf$pf.txt" \
-        2>"$OUT/doctor-pf$pf.err"
+    venv=()
+    for kv in $v; do venv+=("LASTSTAND_MG_WGMMA_${kv%%=*}=${kv#*=}"); done
+    venv=("${venv[@]/LASTSTAND_MG_WGMMA_2=/LASTSTAND_MG_WGMMA2=}")
+    tag=${v// /_}; tag=${tag//=/}
+    echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 2048, 8192, ${venv[*]} $(el)"
+    env "${venv[@]}" timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
+        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-$tag.json" >"$OUT/doctor-$tag.txt" \
+        2>"$OUT/doctor-$tag.err"
     echo "rc=$? $(el)"
-    grep -E "^ +(2048|8192) " "$OUT/doctor-pf$pf.txt" | cut -c1-130
+    grep -E "^ +(2048|8192) " "$OUT/doctor-$tag.txt" | cut -c1-130
+    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$tag.err" | head -3
 done
 
 if [ "$(left)" -gt 60 ] && python3 -c "import pytest" 2>/dev/null; then
@@ -155,13 +162,6 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
     fi
 fi
 
-if [ "$(left)" -gt 45 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== pytest tests/test_gpu_moe_wgmma.py $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 25 )) python3 -m pytest -q -p no:cacheprovider -rfE \
-        tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -12
-    echo "rc=$? $(el)"
-fi
-
 if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
     lim=$(( $(left) - 5 ))
     [ $lim -gt 40 ] && lim=40
@@ -178,6 +178,13 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
             --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
         timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" 64 || head -c 400 "$OUT/ncu-sec.csv.err"
     fi
+fi
+
+if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
+    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"pairs or logits\" $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 12 )) python3 -m pytest -q -p no:cacheprovider -rfE -s \
+        tests/test_gpu_moe_wgmma.py -k "pairs or logits" 2>&1 | grep -vE "^\s*$" | tail -12
+    echo "rc=$? $(el)"
 fi
 
 if [ "$(left)" -gt 15 ]; then

@@ -51,6 +51,7 @@ REF = ["--gemm-backend", "cuda_ref", "--fp4-gemm-backend", "cuda_ref", "--moe-ru
 runs = [("qwen3_5_moe_text", 1, "0", []), ("qwen3_5_moe_text", 1, "0", REF), ("qwen3_5_moe_text", 2, "0", REF),
         ("qwen3_5_moe_text", 2, "0", []), ("qwen3_5_moe_text", 2, "1", [])]
 runs += [("qwen3_5_moe_text", 1, "0", ["--gdn-backend", g]) for g in ("cuda_per_token", "cuda_recurrent", "cuda_chunked", "cuda_decode")]
+runs += [("qwen3_5_moe_text", 1, "LASTSTAND_GDN_PIECE_ROWS=0", []), ("qwen3_5_moe_text", 1, "LASTSTAND_PREFIX_SNAPSHOT=cut", [])]
 runs += [("qwen3_next", 1, "0", []), ("qwen3_next", 1, "0", REF), ("qwen3_next", 2, "0", []),
          ("qwen3_moe", 1, "0", []), ("qwen3_moe", 2, "0", []), ("qwen3_5_moe_text-nvfp4", 1, "0", []),
          ("qwen3_5_moe_text-nvfp4", 1, "0", REF)]
@@ -60,8 +61,12 @@ for name, tp, p2p, flags in runs:
         print(f"  {name}: no fixture at {d}"); continue
     r = json.load(open(os.path.join(d, "ref.json")))
     hf = np.array(r["logits"], dtype=np.float64)
-    env = dict(os.environ, LASTSTAND_TP_P2P=p2p)
+    env = dict(os.environ, LASTSTAND_TP_P2P=p2p if len(p2p) == 1 else "0")
+    if "=" in p2p:  # an environment switch of the forward pass instead
+        env[p2p.split("=")[0]] = p2p.split("=")[1]
     tag = f"--tp {tp}{' P2P' if p2p == '1' else ''} " + ("ref backends" if flags == REF else " ".join(flags[1:]) or "auto")
+    if "=" in p2p:
+        tag += " " + p2p
     try:
         p = subprocess.run([BIN, "logits", "--model-path", d, "--ids", ",".join(map(str, r["input_ids"])),
                             "--device", "cuda", "--tp", str(tp), *flags], capture_output=True, text=True, timeout=60, env=env)

@@ -97,3 +97,26 @@ def test_streamed_tp2_equals_tp1_and_peak_stays_within_a_layer(monkeypatch):
     assert (a.argmax(1) == b.argmax(1)).all()
     # one 35B layer is 0.53 GB: streamed, --tp 2 peaks at most a layer (+ slack) above --tp 1
     assert out[2][1] < out[1][1] + 0.53 + 0.3, (out[1][1], out[2][1])
+
+
+@pytest.mark.parametrize("model,tp", [("qwen3_5_moe_text", 1), ("qwen3_5_moe_text", 2), ("qwen3_next", 1),
+                                      ("qwen3_next", 2), ("qwen3_moe", 2), ("qwen3_5_moe_text-nvfp4", 1)])
+def test_device_load_path_on_the_cpu_matches_transformers(shared_dir, monkeypatch, model, tp):
+    """LASTSTAND_TEST_CPU_UPLOAD=1 runs the GPU load path on the CPU (each part copied to "device"
+    memory and repointed, the host copies freed, the ranks' row slices as views and column slices
+    through the staging, mapped pages released) with glibc poisoning freed memory: a weight read
+    after its host copy was freed, or never repointed, shows in the logits against transformers."""
+    import os
+    d = os.path.join(shared_dir, "fixtures", "models", model)
+    r = json.load(open(os.path.join(d, "ref.json")))
+    monkeypatch.setenv("LASTSTAND_TEST_CPU_UPLOAD", "1")
+    monkeypatch.setenv("MALLOC_PERTURB_", "165")
+    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, r["input_ids"])), "--device", "cpu",
+               "--tp", str(tp))
+    assert p.returncode == 0, p.stderr[-2000:]
+    placed = [int(b) for b in re.findall(r"GiB of weights \((\d+) bytes\)", p.stderr)]
+    assert len(placed) == tp and min(placed) > 0, p.stderr[-2000:]  # the upload path ran on every rank
+    a = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+    hf = np.array(r["logits"], dtype=np.float64)
+    assert (np.abs(a - hf).max(axis=1) / np.abs(hf).max(axis=1)).max() < 1e-4
+    assert (a.argmax(1) == hf.argmax(1)).all()

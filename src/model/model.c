@@ -449,7 +449,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     const int cut = o ? o->max_layers : 0;
     const int tp = o && o->tp > 1 ? o->tp : 1;
     /* streamed: a layer at a time, never the whole checkpoint in host memory (load_layers) */
-    const int stream = m->ops.dev.kind != DEV_CPU || tp > 1;
+    const int stream = mdl_uploads(m) || tp > 1;
     if (!strncmp(path, "synth:", 6)) {
         /* the same random weights `laststand synth` writes, made in memory */
         synth_opts so;
@@ -527,13 +527,13 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     warn_unused(m);
     for (int r = 0; m->rank_m && r < m->tp; r++) m->rank_m[r]->sampler = m->sampler;
     if ((rc = mdl_check_named_backends(m, e))) { model_close(m); return rc; }
-    if (m->ops.dev.kind != DEV_CPU) {
+    if (mdl_uploads(m)) {
         for (int r = 0; r < (m->rank_m ? m->tp : 1); r++) {
             model *rm = m->rank_m ? m->rank_m[r] : m;
             size_t fr = 0, tot = 0;
             mdl_dev_mem_info(rm, &fr, &tot);
-            log_info("%s: %s: %.2f GiB of weights, %.2f of %.2f GiB free", path, rm->ops.dev.name,
-                     rm->weight_bytes / 1073741824.0, fr / 1073741824.0, tot / 1073741824.0);
+            log_info("%s: %s: %.2f GiB of weights (%zu bytes), %.2f of %.2f GiB free", path, rm->ops.dev.name,
+                     rm->weight_bytes / 1073741824.0, rm->weight_bytes, fr / 1073741824.0, tot / 1073741824.0);
         }
         if (m->rank_m) m->mem->bind_thread(m->rank_m[0]->ops.dev.ordinal, NULL);
     }

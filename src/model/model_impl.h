@@ -244,6 +244,10 @@ static inline size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* Copy the weights to the model's device (model_weights.c; no-op on the CPU). */
 int mdl_upload_weights(model *m, ls_err *e);
+/* 1 when m's weights are copied to its device: a device other than the CPU, or the CPU under
+ * LASTSTAND_TEST_CPU_UPLOAD=1 (tests: the device path's uploads, views, staging and frees run
+ * on the CPU, the "device" copies being host memory the CPU forward reads). */
+int mdl_uploads(const model *m);
 /* Copy one part (-1: embedding, lm_head, final norm; l: layer l) to the device, repoint the
  * model at it and free the host blocks the model owned for it; no-op on the CPU, for a
  * coordinator, and for a part already there. */

@@ -318,7 +318,7 @@ void tp_allreduce(model *m, void *x, size_t n) {
 
 /* 1 when rank m's slices may be views into the coordinator's weights: a device rank uploads
  * them (tp_take_layer) before the coordinator's layer goes; a CPU rank keeps owned copies. */
-static int views_ok(const model *m) { return m->ops.dev.kind != DEV_CPU; }
+static int views_ok(const model *m) { return mdl_uploads(m); }
 
 /* out = columns [c0, c0 + nc) of w: an owned copy (CPU), or a copy in the group's staging
  * (device ranks: uploaded before the staging is reused). The rows are copied later, with the
@@ -661,6 +661,8 @@ int tp_build(model *m, int N, ls_err *e) {
                 (rc = mdl_check_fits(rm, m->plan_gpu_weights, N, e)) || (rc = mdl_upload_part(rm, -1, e)))
                 return err_prefix(e, "rank %d (GPU %d)", r, r);
             rm->owns_stream = 1;
+        } else if (mdl_uploads(rm) && (rc = mdl_upload_part(rm, -1, e))) { /* LASTSTAND_TEST_CPU_UPLOAD */
+            return err_prefix(e, "rank %d", r);
         }
     }
     g->ranks = m->rank_m;
@@ -687,7 +689,7 @@ static int take_rank(model *rm, void *arg, int r, ls_err *e) {
     copies_run(ld);
     double t1 = now_sec();
     ld->t_slice += t1 - t0;
-    if (rm->ops.dev.kind != DEV_CPU && (rc = mdl_upload_part(rm, j->l, e)))
+    if (mdl_uploads(rm) && (rc = mdl_upload_part(rm, j->l, e)))
         return err_prefix(e, "GPU %d", rm->ops.dev.ordinal);
     ld->t_upload += now_sec() - t1;
     return 0;

@@ -17,6 +17,7 @@
 #include "model/model_impl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef LS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -145,8 +146,17 @@ static void free_owned_among(model *m, const void **old, int n) {
     m->n_owned = k;
 }
 
+int mdl_uploads(const model *m) {
+    static int test = -1;
+    if (test < 0) {
+        const char *v = getenv("LASTSTAND_TEST_CPU_UPLOAD");
+        test = v && !strcmp(v, "1");
+    }
+    return m->ops.dev.kind != DEV_CPU || test;
+}
+
 int mdl_upload_part(model *m, int part, ls_err *e) {
-    if (m->ops.dev.kind == DEV_CPU || m->rank_m) return 0;
+    if (!mdl_uploads(m) || m->rank_m) return 0;
     const int np = m->cfg.n_layers + 1;
     if (!m->dev_part) m->dev_part = xcalloc((size_t)np, sizeof *m->dev_part);
     if (m->dev_part[part + 1]) return 0; /* already there */
@@ -174,7 +184,7 @@ int mdl_upload_part(model *m, int part, ls_err *e) {
 /* Copy every weight to the device once (no-op on the CPU, and for a
  * tensor-parallel coordinator: its ranks upload their slices). */
 int mdl_upload_weights(model *m, ls_err *e) {
-    if (m->ops.dev.kind == DEV_CPU || m->rank_m) return 0;
+    if (!mdl_uploads(m) || m->rank_m) return 0;
     for (int part = -1; part < m->cfg.n_layers; part++) {
         int rc = mdl_upload_part(m, part, e);
         if (rc) return rc;

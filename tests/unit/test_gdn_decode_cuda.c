@@ -13,8 +13,9 @@
  * A decode step of 16 one-token sequences (gd_kernel1 where gd_kernel would need more than one
  * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it; 8-warp blocks there) must give
  * the bits of the same rows computed by gd_kernel (the same call with a 2-token sequence added)
- * and by a 3-sequence call (2-warp blocks); so must the streamed form gd_kernel_s, which
- * LASTSTAND_GDN_STREAM=2 picks for that step (the switch is read at every call: the tests set it).
+ * and by a 3-sequence call (2-warp blocks); so must the streamed forms gd_kernel_p, which
+ * LASTSTAND_GDN_STREAM=2 (auto) and 3 pick for that step, and gd_kernel_s (=4) (the switch is read
+ * at every call: the tests set it).
  * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
  * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
@@ -291,9 +292,9 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2: gd_kernel_s; 3: gd_kernel_p */
-    static const char *const modes[] = {"0", "2", "3"};
-    for (int v = 0; v < 3; v++) {
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s */
+    static const char *const modes[] = {"0", "2", "3", "4"};
+    for (int v = 0; v < 4; v++) {
         setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);

@@ -45,10 +45,11 @@
  * (255 registers, 8 warps an SM) would need more than one wave: batches of more than ~4
  * sequences (see gd_t1).
  *
- * Wide decode steps may run gd_kernel_s instead (LASTSTAND_GDN_STREAM, see gd_stream): a v head a
- * block, its state brought into shared memory by bulk copies issued at entry, so that the state
- * stream of many blocks an SM is in flight at once; the same arithmetic as gd_kernel in the same
- * order, so the same bits (see gd_kernel_s).
+ * Wide decode steps run gd_kernel_p instead (LASTSTAND_GDN_STREAM, see gd_stream): a block an SM
+ * walking (sequence, k head) units, the states of its next 3 v heads in flight in shared memory
+ * (bulk copies), so that every SM streams reads and writes at once; gd_kernel_s is the same per
+ * token math with a v head a block (see both). The arithmetic is gd_kernel's in the same order, so
+ * the same bits whichever form runs a sequence.
  *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
@@ -518,7 +519,7 @@ __device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool
     }
 }
 
-/* ---- gd_kernel_s: the streamed form, for wide decode steps (LASTSTAND_GDN_STREAM) -------------
+/* ---- gd_kernel_s: the streamed form, a v head a block (LASTSTAND_GDN_STREAM=1, 4) -------------
  * A block owns one v head j of one sequence: its whole state S [DK, dv] (64 KB at dk = dv = 128,
  * contiguous in rec) comes into shared memory by bulk copies (cp.async.bulk, one mbarrier) that
  * one thread issues right after the sequence table: no register holds the stream, so a block
@@ -680,7 +681,7 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     }
 }
 
-/* ---- gd_kernel_p: the streamed form, persistent (LASTSTAND_GDN_STREAM=3, opt-in) ------------------
+/* ---- gd_kernel_p: the streamed form, persistent (wide decode steps: LASTSTAND_GDN_STREAM) ---------
  * For decode steps (every sequence at most one token). grid (G) with G = min(units, SMs), block DK
  * threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
  * a unit's nv / nk v heads one after the other ("tasks"). The states of the next GP_NB tasks are in
@@ -1079,20 +1080,23 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1
     }
 }
 
-/* LASTSTAND_GDN_STREAM=0|1|2: gd_kernel_s (the streamed form: see its comment) never (0), for
- * every call it supports (1; calls with prompt chunks too: its tokens run one at a time), or (2)
- * for decode steps (every sequence at most one new token) whose gd_kernel grid of the fewest
- * warps needs more than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes); the
- * same bits either way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT: 2 since H200 device round
- * gdn16-R1 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu, caches
- * flushed) 39.3 -> 28.2 µs at Qwen3.5-35B's shape, 80.4 -> 48.1 at -397B's; the 40-layer synth
- * 35B's decode step at c = 16 6.538 -> 6.372 ms; every doctor cell ✅ with it forced (=1), but M = 1
- * 5.0 -> 5.9 µs at 35B: one sequence stays gd_kernel's. Read at every call (the test switches it
- * between calls; serve captures the step in a graph). */
+/* LASTSTAND_GDN_STREAM=0|1|2|3|4: the streamed forms (see gd_kernel_s, gd_kernel_p) never (0);
+ * gd_kernel_s for every call it supports (1; prompt chunks too, a token at a time); auto (2): decode
+ * steps (every sequence at most one new token) whose gd_kernel grid of the fewest warps needs more
+ * than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes) run gd_kernel_p, the rest
+ * gd_kernel; gd_kernel_p for every decode step (3); (4) R1's auto: those wide decode steps on
+ * gd_kernel_s. The same bits every way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT, 2 since H200
+ * device round gdn16-R2 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu,
+ * caches flushed) gd_kernel 41.7 / gd_kernel_s 30.6 / gd_kernel_p 26.3 µs at Qwen3.5-35B's shape,
+ * 83.9 / 46.9 / 45.0 at -397B's; the 40-layer synth 35B's decode step at c = 16 6.558 / 6.352 /
+ * 6.177 ms (every decode step on gd_kernel_p there); one sequence stays gd_kernel's (gd_kernel_p
+ * 6.8 µs against 5.0 in the doctor at M = 1). Read at every call (the test switches it between
+ * calls; serve captures the step in a graph). */
 #define GD_STREAM_DEFAULT 2
 static int gd_stream(void) {
     const char *v = getenv("LASTSTAND_GDN_STREAM");
-    return v && !strcmp(v, "2") ? 2 : v && !strcmp(v, "3") ? 3 : cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
+    if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) return atoi(v);
+    return cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
 }
 
 /* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns), a k head's v heads a cluster
@@ -1189,8 +1193,9 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     const int sm = gd_stream();
-    const int persistent = sm == 3 && gs_fits(w) && max_new <= 1 && gp_smem(w->dk) <= 227 * 1024;
-    const int streamed = !persistent && sm && gs_fits(w) && (sm == 1 || (max_new <= 1 && wide));
+    const int fits = gs_fits(w), dec = max_new <= 1;
+    const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
+    const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
         switch (w->dk) {
         case 32: c = gp_launch<32>(a, fuse, gd_pdl(), st); break;

@@ -3,7 +3,9 @@
 # bench/device/gdn16.sh: the GDN decode kernel at batch 16 (task gdn16, notes DEVICE_ROUNDS.md):
 # gd_kernel (S over 255 registers, 8-warp blocks on wide grids) against gd_kernel_s, the streamed
 # form (a v head a block, its state brought into shared memory by bulk copies, 3 blocks an SM:
-# LASTSTAND_GDN_STREAM=0 never, 1 every call, 2 wide decode steps), src/ops/cuda/gdn_decode.cu.
+# LASTSTAND_GDN_STREAM=1 every call, 4 wide decode steps: R1's default) and gd_kernel_p, its
+# persistent form (a block an SM, 3 states in flight: =2 wide decode steps, the default since R2;
+# =3 every decode step); =0 never. src/ops/cuda/gdn_decode.cu.
 #
 #   bash bench/device/gdn16.sh BIN OUTDIR
 #
@@ -11,14 +13,16 @@
 #    the 35B / 397B / dk 64 / fixture shapes (tokens 1, 6, 0; fused norm and not), the 16-sequence
 #    decode step (streamed under STREAM=2) equal to a mixed call and a 3-sequence call.
 # 2. ncu (caches flushed: the state comes from DRAM as in a 40-layer step) on that test's wide step:
-#    the 16-sequence launches (grid y = 16) of gd_kernel (LASTSTAND_GDN_T1=0: 8-warp blocks) and of
-#    gd_kernel_s, 35B and 397B shapes: duration, occupancy, issue, stalls, DRAM %.
+#    the 16-sequence launches (grid y = 16; gd_kernel_p's grid 132 x 1) of gd_kernel
+#    (LASTSTAND_GDN_T1=0: 8-warp blocks), gd_kernel_s and gd_kernel_p, 35B then 397B shapes:
+#    duration, occupancy, issue, stalls, DRAM %.
 # 3. the doctor's gdn cells (fp64 reference), 35B and 397B shapes, M = 1, 8, 16, 64, cuda_decode
-#    with LASTSTAND_GDN_STREAM=0 and =1 (every call streamed; the doctor's M > 1 mixes decode rows
-#    with prompt chunks).
-# 4. the engine's decode step at c = 16: serve of the 40-layer synth 35B (CUDA graphs, the plans
-#    auto picks named, 32 x 1024 in / 256 out), STREAM=0 and STREAM=2 (the engine's mean step).
-# 5. fixtures (dir-of-BIN/fixtures/models): 12 greedy tokens, STREAM=1 == STREAM=0, graphs == eager.
+#    with LASTSTAND_GDN_STREAM=0, =1 (every call streamed; the doctor's M > 1 mixes decode rows
+#    with prompt chunks) and =3 (M = 1: gd_kernel_p).
+# 4. the engine's decode step: serve of the 40-layer synth 35B (CUDA graphs, the plans auto picks
+#    named, 1024 in / 256 out), c = 16 (32 prompts) with STREAM=0 and the default, c = 1 (8 prompts)
+#    with the default (one sequence: gd_kernel as before; S8: 2.39 ms).
+# 5. fixtures (dir-of-BIN/fixtures/models): 12 greedy tokens, STREAM=1 and 3 == STREAM=0, graphs == eager.
 # 6. (time left) compute-sanitizer memcheck / racecheck on the streamed test.
 set -u
 BIN=${1:?usage: gdn16.sh BIN OUTDIR}
@@ -39,7 +43,7 @@ TEST=$D/tests/test_gdn_decode_cuda
 # 1. the bitwise tests
 echo "== cmocka test_gdn_decode_cuda $(el)"
 if [ -x "$TEST" ]; then
-    timeout -k 3 60 "$TEST" >"$OUT/test.log" 2>&1
+    timeout -k 3 30 "$TEST" >"$OUT/test.log" 2>&1
     echo "rc=$? (0: every test passed) $(el)"
     grep -E "PASSED|FAILED|SKIPPED|differs|rror|OK \]|FAIL" "$OUT/test.log" | head -14
 else
@@ -54,7 +58,7 @@ if [ -n "$NCU" ] && [ -x "$TEST" ]; then
         --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
         --section WarpStateStats "$TEST" >"$OUT/ncu-gd.txt" 2>&1
     echo "rc=$? $(el)"
-    python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gd.txt" 16
+    python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gd.txt" | grep -A1 -E "x16 x|132x1 x" | grep -v "^--"
     grep -E "==ERROR|==WARNING.*(not|fail)" "$OUT/ncu-gd.txt" | head -3
 else
     echo "ncu or the test binary missing"
@@ -62,7 +66,7 @@ fi
 
 # 3. the doctor's gdn cells, fp64-checked
 for shape in qwen3.5-35b-a3b qwen3.5-397b-a17b; do
-    for v in 0 1; do
+    for v in 0 1 3; do
         echo "== doctor gdn $shape, LASTSTAND_GDN_STREAM=$v $(el)"
         LASTSTAND_GDN_STREAM=$v timeout -k 3 25 "$BIN" doctor --device cuda --families gdn --shapes $shape \
             --m 1,8,16,64 --backends cuda_decode --json "$OUT/doctor-$shape-$v.json" \
@@ -79,26 +83,29 @@ PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-bac
        --lm-head-backend cuda_cublaslt --trust-backend)
 PORT=$((35000 + $$ % 2000))
 n=0
-for v in 0 2; do
+for vc in "0:16:32" "default:16:32" "default:1:8"; do
+    IFS=: read -r v conc np <<<"$vc"
     lim=$(( $(left) - 3 ))
-    [ "$lim" -gt 24 ] || { echo "== e2e STREAM=$v: skipped (time)"; continue; }
-    [ "$lim" -gt 34 ] && lim=34
+    [ "$lim" -gt 24 ] || { echo "== e2e STREAM=$v c = $conc: skipped (time)"; continue; }
+    [ "$lim" -gt 30 ] && lim=30
     n=$((n + 1))
-    echo "== e2e LASTSTAND_GDN_STREAM=$v: serve synth 35B (40 layers), CUDA graphs, c = 16, 32 x 1024 in / 256 out $(el)"
-    LASTSTAND_GDN_STREAM=$v BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=16 NUM_PROMPTS=32 INPUT_LEN=1024 OUTPUT_LEN=256 \
-        WARMUP=1 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$v" qwen3.5-35b-a3b -- \
-        --device cuda "${PLANS[@]}" >"$OUT/e2e-$v.out" 2>&1
-    echo "rc=$? $(el) $(grep -E "startup_s" "$OUT/e2e-$v/meta.txt" 2>/dev/null)"
-    [ -f "$OUT/e2e-$v/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&
-        grep -E "^\| 16 \|" "$OUT/e2e-$v/SUMMARY.md" | cut -d'|' -f2,4,6,8,10,11,12 | sed 's/^/  /'
-    grep -E "decode steps of|checked against|ERROR|error" "$OUT/e2e-$v/server.log" 2>/dev/null | cut -c1-200 | tail -3
-    [ -f "$OUT/e2e-$v/SUMMARY.md" ] || tail -5 "$OUT/e2e-$v.out"
+    echo "== e2e LASTSTAND_GDN_STREAM=$v: serve synth 35B (40 layers), CUDA graphs, c = $conc, $np x 1024 in / 256 out $(el)"
+    ( [ "$v" = default ] && unset LASTSTAND_GDN_STREAM || export LASTSTAND_GDN_STREAM=$v
+      BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=$conc NUM_PROMPTS=$np INPUT_LEN=1024 OUTPUT_LEN=256 \
+        WARMUP=1 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$v-$conc" qwen3.5-35b-a3b -- \
+        --device cuda "${PLANS[@]}" >"$OUT/e2e-$v-$conc.out" 2>&1 )
+    echo "rc=$? $(el) $(grep -E "startup_s" "$OUT/e2e-$v-$conc/meta.txt" 2>/dev/null)"
+    E=$OUT/e2e-$v-$conc
+    [ -f "$E/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&
+        grep -E "^\| $conc \|" "$E/SUMMARY.md" | cut -d'|' -f2,4,6,8,10,11,12 | sed 's/^/  /'
+    grep -E "decode steps of|checked against|ERROR|error" "$E/server.log" 2>/dev/null | cut -c1-200 | tail -3
+    [ -f "$E/SUMMARY.md" ] || tail -5 "$E.out"
 done
 
 # 5. fixtures: greedy tokens, the streamed form everywhere == gd_kernel, graphs == eager
 FIX=$D/fixtures/models
 if [ "$(left)" -gt 15 ]; then
-    echo "== fixtures: 12 greedy tokens, STREAM=1 == STREAM=0, graphs == eager $(el)"
+    echo "== fixtures: 12 greedy tokens, STREAM=1 and 3 == STREAM=0, graphs == eager $(el)"
     timeout $(( $(left) - 2 )) python3 - "$BIN" "$FIX" <<'PY'
 import json, os, subprocess, sys
 BIN, FIX = sys.argv[1], sys.argv[2]
@@ -117,8 +124,9 @@ for name in ("qwen3_5_moe_text", "qwen3_next"):
     def greedy(v, eager):
         p = run(["generate", *common, *(["--disable-cuda-graph"] if eager else [])], v)
         return json.loads(p.stdout)["ids"] if p is not None and p.returncode == 0 else "ERR " + ("TIMEOUT" if p is None else p.stderr[-200:])
-    g0, g1, e1 = greedy("0", False), greedy("1", False), greedy("1", True)
-    print(f"  {name:18s} STREAM=1 == 0: {'yes' if g0 == g1 else 'NO'}; graphs == eager (1): {'yes' if g1 == e1 else 'NO'}; {str(g1)[:70]}")
+    g0, g1, e1, g3 = greedy("0", False), greedy("1", False), greedy("1", True), greedy("3", False)
+    print(f"  {name:18s} STREAM=1 == 0: {'yes' if g0 == g1 else 'NO'}; 3 == 0: {'yes' if g0 == g3 else 'NO'}; "
+          f"graphs == eager (1): {'yes' if g1 == e1 else 'NO'}; {str(g1)[:60]}")
 PY
     echo "rc=$? $(el)"
 fi

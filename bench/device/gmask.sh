@@ -12,8 +12,8 @@
 #    path (/metrics), the same greedy outputs as a host-path server, schema-valid outputs, a mixed
 #    batch.
 # 4. bench/device/gmask_tpot.py: TPOT of constrained vs unconstrained requests, host path vs device
-#    path, c1 and c16 (1 constrained + 15 unconstrained), synth:qwen3.5-35b-a3b,layers=8, then the
-#    full 40 layers as long as the budget lasts.
+#    path, c1 and c16 (1 constrained + 15 unconstrained), synth:qwen3.5-35b-a3b,layers=8 (and,
+#    GMASK_40=1, the full 40 layers).
 # Reads nothing from ../shared (the demo tokenizer is written by BIN synth).
 . "$(dirname "$0")/lib.sh"
 dev_init gmask 145 "$@"
@@ -40,7 +40,11 @@ echo "== TPOT, host path vs device path $(el)"
 [ -f "$D/demo-model/config.json" ] || "$BIN" synth --preset demo --out "$D/demo-model" > /dev/null 2>&1
 timeout "$(lim)" python3 bench/device/gmask_tpot.py "$BIN" "$D/demo-model" 2>&1 | tee "$OUT/tpot.log" | \
     grep -E "^==|GMASK_|Error|error" | head -20
-echo "== TPOT on the full 40 layers, device path then host path $(el)"
-timeout "$(lim)" python3 bench/device/gmask_tpot.py "$BIN" "$D/demo-model" synth:qwen3.5-35b-a3b 1,0 2>&1 | \
-    tee "$OUT/tpot40.log" | grep -E "^==|GMASK_|Error|error" | head -20
+# the full 40 layers only on request (GMASK_40=1): in R2 its server did not come up within the
+# ~88 s the budget had left
+if [ "${GMASK_40:-0}" = 1 ]; then
+    echo "== TPOT on the full 40 layers, device path then host path $(el)"
+    timeout "$(lim)" python3 bench/device/gmask_tpot.py "$BIN" "$D/demo-model" synth:qwen3.5-35b-a3b 1,0 2>&1 | \
+        tee "$OUT/tpot40.log" | grep -E "^==|GMASK_|Error|error" | head -20
+fi
 echo "done $(el)"

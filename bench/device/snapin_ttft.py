@@ -3,9 +3,12 @@
 
     python3 bench/device/snapin_ttft.py --bin BIN [--model synth:qwen3.5-35b-a3b] [--modes step,cut,off]
         [--deadline EPOCH] [--lens 1024,4096] [--device cuda] [-- SERVE FLAGS]
+    (modes: step, step_r1, cut, off)
 
 Per mode one `laststand serve --log-level debug`: step = --prefix-cache on with
-LASTSTAND_PREFIX_SNAPSHOT=step (GDN snapshots inside the prefill step), cut = on with
+LASTSTAND_PREFIX_SNAPSHOT=step (GDN snapshots inside the prefill step), step_r1 = the same with
+LASTSTAND_GDN_PIECE_ROWS=0 (every gdn piece over the whole step's rows: its backend chosen for the
+step's size, as in S9-R1), cut = on with
 LASTSTAND_PREFIX_SNAPSHOT=cut (the prefill cut at the snapshot boundaries: the S8 way), off =
 --prefix-cache off. For each prompt length L: warm-up, then 3 misses (random ids, distinct first
 pages), each followed by the same prompt again (a hit up to the last page boundary before its
@@ -52,7 +55,8 @@ def one(srv, ids, log_at):
 def run_mode(a, mode, lens, rng):
     flags = ["--device", a.device, "--served-model-name", "m", "--log-level", "debug",
              "--prefix-cache", "off" if mode == "off" else "on", *a.serve]
-    env = {} if mode == "off" else {"LASTSTAND_PREFIX_SNAPSHOT": mode}
+    env = {"off": {}, "step": {"LASTSTAND_PREFIX_SNAPSHOT": "step"}, "cut": {"LASTSTAND_PREFIX_SNAPSHOT": "cut"},
+           "step_r1": {"LASTSTAND_PREFIX_SNAPSHOT": "step", "LASTSTAND_GDN_PIECE_ROWS": "0"}}[mode]
     t0 = time.time()
     left = a.deadline - time.time()
     with Server(a.bin, a.model, *flags, env=env, timeout=max(10, left - 5)) as srv:
@@ -82,7 +86,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--model", default="synth:qwen3.5-35b-a3b")
-    ap.add_argument("--modes", default="step,cut,off")
+    ap.add_argument("--modes", default="step,step_r1,off,cut")
     ap.add_argument("--lens", default="1024,4096")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--vocab", type=int, default=200000, help="ids stay below this (the 35B: 248320)")

@@ -1053,7 +1053,7 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
     /* in-step GDN snapshots: the GDN op's pieces, after the page tables */
     const size_t o_piece = o_pages + align256(sizeof(int32_t) * np);
     f->seqs = b->seqs;
-    f->n_piece = m->n_lin ? next_snap_tables(b->seqs, S, gs, (gdn_seq *)(h + o_piece), f->n_piece_seq) : 0;
+    f->n_piece = m->n_lin ? next_snap_tables(f, b->seqs, S, gs, (gdn_seq *)(h + o_piece)) : 0;
     for (int p = 0; p < f->n_piece; p++) {
         f->gpiece[p] = (const gdn_seq *)(d + o_piece) + (size_t)p * S;
         f->gpiece_host[p] = (const gdn_seq *)(h + o_piece) + (size_t)p * S;

@@ -217,20 +217,23 @@ typedef struct fwd_ctx {
     size_t attn_scratch_bytes;
     /* (additive) GDN snapshots inside the step (fwd_seq.n_snap; next_snap_tables): n_piece 0:
      * none, the GDN op runs once over gseq; else it runs piece by piece, piece p over the
-     * n_piece_seq[p] sequences gpiece[p] (device) / gpiece_host[p], the state copies of
-     * snapshot p following piece p */
+     * n_piece_seq[p] sequences gpiece[p] (device) / gpiece_host[p], whose rows are those of
+     * the step's rows [piece_row0[p], piece_row0[p] + piece_rows[p]) (row0 counted from
+     * there), the state copies of snapshot p following piece p */
     const fwd_seq *seqs;  /* [n_seq] the caller's (host) */
     int n_piece;
     int n_piece_seq[MODEL_SNAP_MAX + 1];
+    int piece_row0[MODEL_SNAP_MAX + 1], piece_rows[MODEL_SNAP_MAX + 1];
     const gdn_seq *gpiece[MODEL_SNAP_MAX + 1];
     const gdn_seq *gpiece_host[MODEL_SNAP_MAX + 1];
 } fwd_ctx;
 
-/* (model_qwen3_next.c) The GDN pieces of a batch with in-step snapshots: fills out
- * [(MODEL_SNAP_MAX + 1) * n_seq] with piece p's sequences at out + p * n_seq (their rows
- * addressed by row0 within the step, gs being the whole step's) and n_piece_seq[p]; returns
- * the number of pieces, 0 when no sequence asks for a snapshot. */
-int next_snap_tables(const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out, int *n_piece_seq);
+/* (model_qwen3_next.c) The GDN pieces of a step with in-step snapshots (seqs: the step's n_seq
+ * sequences, gs their gdn_seq over the step's f->n_tok rows): fills out
+ * [(MODEL_SNAP_MAX + 1) * n_seq] with piece p's sequences at out + p * n_seq, and f's
+ * n_piece_seq, piece_row0 and piece_rows; returns the number of pieces, 0 when no sequence
+ * asks for a snapshot. */
+int next_snap_tables(fwd_ctx *f, const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out);
 
 /* One rank's (or the only) forward pass over cache c; with TP, every rank
  * runs it on its own thread and only rank 0 writes b->logits. */

@@ -16,15 +16,19 @@
  * their first offset; after it, that layer's conv + recurrent state of each
  * such slot is copied (device to device, on the model's stream) into the
  * snapshot slot; piece 1 continues those sequences to their second offset (or
- * their end), and so on. Rows are addressed by row0, so every piece writes its
- * outputs in place and the projections, the gated norm and out_proj still run
- * once over the whole step. The pieces are exactly what separate steps ending
- * at the offsets would run through the gdn op, so every backend serves them
- * unchanged; the gated norm is never fused into a piece (it runs once after).
+ * their end), and so on. A piece's op sees the span of the step's rows its
+ * sequences occupy (the operand pointers offset to its first row, row0 counted
+ * from there), so its outputs land in place, the op's per-M plan picks the
+ * backend a step of that size would get, and the projections, the gated norm
+ * and out_proj still run once over the whole step. The pieces are exactly what
+ * separate steps ending at the offsets would run through the gdn op, so every
+ * backend serves them unchanged; the gated norm is never fused into a piece (it
+ * runs once after).
  */
 #include "model/model_impl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int next_bind_gdn(model *m, int l, ls_err *e) {
     const model_config *c = &m->cfg;
@@ -93,21 +97,31 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
     return 0;
 }
 
-int next_snap_tables(const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out, int *n_piece_seq) {
+int next_snap_tables(fwd_ctx *f, const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out) {
     int n_piece = 0;
     for (int s = 0; s < n_seq; s++)
         if (seqs[s].n_snap + 1 > n_piece) n_piece = seqs[s].n_snap + 1;
     if (n_piece <= 1) return 0;
+    /* each piece over the span of its own rows (LASTSTAND_GDN_PIECE_ROWS=0: over the step's),
+     * so the op's per-M plan picks its backend for the piece's size, as for a step of it */
+    const char *v = getenv("LASTSTAND_GDN_PIECE_ROWS");
+    const int span = !(v && !strcmp(v, "0"));
     for (int p = 0; p < n_piece; p++) {
         gdn_seq *o = out + (size_t)p * n_seq;
-        int k = 0;
+        int k = 0, lo = f->n_tok, hi = 0;
         for (int s = 0; s < n_seq; s++) {
             const fwd_seq *q = &seqs[s];
             if (q->n_snap < p) continue; /* done in an earlier piece */
             int t0 = p ? q->snap_off[p - 1] : 0, t1 = p < q->n_snap ? q->snap_off[p] : q->n_new;
             o[k++] = (gdn_seq){.slot = gs[s].slot, .n_new = t1 - t0, .row0 = gs[s].row0 + t0};
+            if (gs[s].row0 + t0 < lo) lo = gs[s].row0 + t0;
+            if (gs[s].row0 + t1 > hi) hi = gs[s].row0 + t1;
         }
-        n_piece_seq[p] = k;
+        if (!span) lo = 0, hi = f->n_tok;
+        for (int i = 0; i < k; i++) o[i].row0 -= lo;
+        f->n_piece_seq[p] = k;
+        f->piece_row0[p] = lo;
+        f->piece_rows[p] = hi - lo;
     }
     return n_piece;
 }
@@ -161,7 +175,14 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
         ga.z = NULL;
         ga.norm_w = NULL;
         ga.norm_done = NULL;
+        const size_t asz = act_size(m->ops.act);
         for (int p = 0; p < f->n_piece; p++) {
+            const size_t b = (size_t)f->piece_row0[p] * asz; /* the piece's first row, in bytes per column */
+            ga.n_tok = f->piece_rows[p];
+            ga.qkv = (const char *)w->qkv + b * conv_dim;
+            ga.a = (const char *)w->a + b * nv;
+            ga.b = (const char *)w->b + b * nv;
+            ga.out = (char *)w->core + b * val_dim;
             ga.n_seq = f->n_piece_seq[p];
             ga.seqs = f->gpiece[p];
             ga.seqs_host = f->gpiece_host[p];

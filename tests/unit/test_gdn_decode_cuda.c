@@ -13,11 +13,13 @@
  * A decode step of 16 one-token sequences (gd_kernel1 where gd_kernel would need more than one
  * wave, LASTSTAND_GDN_T1=2, forced here unless the caller set it; 8-warp blocks there) must give
  * the bits of the same rows computed by gd_kernel (the same call with a 2-token sequence added)
- * and by a 3-sequence call (2-warp blocks); so must the streamed form gd_kernel_s, which
- * LASTSTAND_GDN_STREAM=2 picks for that step (the switch is read at every call: the tests set it).
+ * and by a 3-sequence call (2-warp blocks); so must the streamed forms gd_kernel_p, which
+ * LASTSTAND_GDN_STREAM=2 (auto) and 3 pick for that step, and gd_kernel_s (=4) (the switch is read
+ * at every call: the tests set it).
  * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
- * and its fused norm against its own output + rmsnorm_gated.
+ * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
+ * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -137,9 +139,11 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
     return done;
 }
 
-/* The same call under LASTSTAND_GDN_STREAM=0 (gd_kernel) and =1 (gd_kernel_s), on copies of the
- * same inputs and states, fused norm or not: outputs, states and windows must be bitwise equal. */
-static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *seqs, int n_tok, int fuse) {
+/* The same call under LASTSTAND_GDN_STREAM=0 (gd_kernel) and =mode ("1": gd_kernel_s, "3":
+ * gd_kernel_p for decode steps), on copies of the same inputs and states, fused norm or not:
+ * outputs, states and windows must be bitwise equal. */
+static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *seqs, int n_tok, int fuse,
+                        const char *mode) {
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     assert_non_null(g);
     enum { K = 4, SLOTS = 4 };
@@ -174,7 +178,7 @@ static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq
             ga.norm_eps = 1e-6f;
             ga.norm_done = &done[s];
         }
-        setenv("LASTSTAND_GDN_STREAM", s ? "1" : "0", 1);
+        setenv("LASTSTAND_GDN_STREAM", s ? mode : "0", 1);
         assert_int_equal(g->run(&ga, g_st, &e), 0);
     }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
@@ -288,9 +292,10 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2: gd_kernel_s for it */
-    for (int v = 0; v <= 2; v += 2) {
-        setenv("LASTSTAND_GDN_STREAM", v ? "2" : "0", 1);
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s */
+    static const char *const modes[] = {"0", "2", "3", "4"};
+    for (int v = 0; v < 4; v++) {
+        setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);
         t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
@@ -326,19 +331,26 @@ static void test_fused_norm_equals_the_two_ops(void **st) {
 }
 
 /* gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) gives gd_kernel's bits: outputs (the fused
- * norm's and the plain ones), states and windows, with sequences of 1, 6 and 0 tokens. */
+ * norm's and the plain ones), states and windows, with sequences of 1, 6 and 0 tokens; so does
+ * gd_kernel_p (=3) on decode steps. */
 static void test_streamed_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
     const gdn_seq seqs[3] = {{.slot = 2, .n_new = 1, .row0 = 0}, {.slot = 0, .n_new = 6, .row0 = 1},
                              {.slot = 3, .n_new = 0, .row0 = 7}};
+    /* a decode step with a sequence of no token between (gd_kernel_p skips it) */
+    const gdn_seq dec[4] = {{.slot = 2, .n_new = 1, .row0 = 0}, {.slot = 0, .n_new = 0, .row0 = 1},
+                            {.slot = 3, .n_new = 1, .row0 = 1}, {.slot = 1, .n_new = 1, .row0 = 2}};
     static const int shapes[][4] = {{16, 32, 128, 128}, {16, 64, 128, 128}, {4, 8, 64, 64}, {2, 4, 32, 32}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         for (int fuse = 0; fuse < 2; fuse++) {
             const int *s = shapes[i];
-            stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse);
-            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse); /* M = 1 alone */
+            stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse, "1");
+            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "1"); /* M = 1 alone */
+            stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "1");
+            stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
+            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
         }
     unsetenv("LASTSTAND_GDN_STREAM");
 #else

@@ -45,10 +45,11 @@
  * (255 registers, 8 warps an SM) would need more than one wave: batches of more than ~4
  * sequences (see gd_t1).
  *
- * Wide decode steps may run gd_kernel_s instead (LASTSTAND_GDN_STREAM, see gd_stream): a v head a
- * block, its state brought into shared memory by bulk copies issued at entry, so that the state
- * stream of many blocks an SM is in flight at once; the same arithmetic as gd_kernel in the same
- * order, so the same bits (see gd_kernel_s).
+ * Wide decode steps run gd_kernel_p instead (LASTSTAND_GDN_STREAM, see gd_stream): a block an SM
+ * walking (sequence, k head) units, the states of its next 3 v heads in flight in shared memory
+ * (bulk copies), so that every SM streams reads and writes at once; gd_kernel_s is the same per
+ * token math with a v head a block (see both). The arithmetic is gd_kernel's in the same order, so
+ * the same bits whichever form runs a sequence.
  *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,
@@ -432,7 +433,93 @@ __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
     gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
 }
 
-/* ---- gd_kernel_s: the streamed form, for wide decode steps (LASTSTAND_GDN_STREAM) -------------
+/* One token of one v head whose state S [DK][DK] (dk = dv) is in shared memory sS, for lane (r, cg)
+ * of warp w (columns col = 32w + 4cg .. + 3, row groups r and r + 4: see gd_kernel_s): m = Sᵀk and
+ * p = Sᵀq in gd_kernel's order, δ and o (gd_delta), then S ← e^g S + k δᵀ into sS, or (last) into
+ * the state in global memory Sg [DK][DK]. tq, tk: the conv's q, k [DK]; tv: the warp's 32 v values.
+ * Returns the lane's 4 columns' o (every r holds all 4). */
+template <int DK>
+__device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool last, const float *tq, const float *tk,
+                                         const float *tv, float rq, float rk, float kq, float decay, float beta, int r,
+                                         int cg, int col, float o4[4]) {
+    constexpr int RPL = DK / 8, DV = DK;
+    /* m = Sᵀk, p = Sᵀq over row groups r (A) and r + 4 (B), the lane's 4 columns */
+    float mA[4] = {0.f, 0.f, 0.f, 0.f}, pA[4] = {0.f, 0.f, 0.f, 0.f};
+    float mB[4] = {0.f, 0.f, 0.f, 0.f}, pB[4] = {0.f, 0.f, 0.f, 0.f};
+    const float *SA = sS + (size_t)r * RPL * DV + col, *SB = SA + (size_t)4 * RPL * DV;
+    const float4 *kA = reinterpret_cast<const float4 *>(tk + r * RPL), *kB = kA + RPL;
+    const float4 *qA = reinterpret_cast<const float4 *>(tq + r * RPL), *qB = qA + RPL;
+#pragma unroll
+    for (int n4 = 0; n4 < RPL / 4; n4++) {
+        const float4 ka = kA[n4], qa = qA[n4], kb = kB[n4], qb = qB[n4];
+        const float kva[4] = {ka.x, ka.y, ka.z, ka.w}, qva[4] = {qa.x, qa.y, qa.z, qa.w};
+        const float kvb[4] = {kb.x, kb.y, kb.z, kb.w}, qvb[4] = {qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float4 x = *reinterpret_cast<const float4 *>(SA + (size_t)(4 * n4 + e) * DV);
+            const float4 y = *reinterpret_cast<const float4 *>(SB + (size_t)(4 * n4 + e) * DV);
+            mA[0] = fmaf(x.x, kva[e], mA[0]);
+            mA[1] = fmaf(x.y, kva[e], mA[1]);
+            mA[2] = fmaf(x.z, kva[e], mA[2]);
+            mA[3] = fmaf(x.w, kva[e], mA[3]);
+            pA[0] = fmaf(x.x, qva[e], pA[0]);
+            pA[1] = fmaf(x.y, qva[e], pA[1]);
+            pA[2] = fmaf(x.z, qva[e], pA[2]);
+            pA[3] = fmaf(x.w, qva[e], pA[3]);
+            mB[0] = fmaf(y.x, kvb[e], mB[0]);
+            mB[1] = fmaf(y.y, kvb[e], mB[1]);
+            mB[2] = fmaf(y.z, kvb[e], mB[2]);
+            mB[3] = fmaf(y.w, kvb[e], mB[3]);
+            pB[0] = fmaf(y.x, qvb[e], pB[0]);
+            pB[1] = fmaf(y.y, qvb[e], pB[1]);
+            pB[2] = fmaf(y.z, qvb[e], pB[2]);
+            pB[3] = fmaf(y.w, qvb[e], pB[3]);
+        }
+    }
+#pragma unroll
+    for (int o = 8; o <= 16; o <<= 1)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            mA[c] += __shfl_xor_sync(0xffffffffu, mA[c], o);
+            pA[c] += __shfl_xor_sync(0xffffffffu, pA[c], o);
+            mB[c] += __shfl_xor_sync(0xffffffffu, mB[c], o);
+            pB[c] += __shfl_xor_sync(0xffffffffu, pB[c], o);
+        }
+    float dk_[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const float m = mA[c] + mB[c], p = pA[c] + pB[c];
+        gd_delta(beta, tv[4 * cg + c], decay, m, p, rk, rq, kq, o4[c], dk_[c]);
+    }
+    /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int rr = (r + 4 * h) * RPL;
+        const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
+        float *Ss = sS + (size_t)rr * DV + col;
+        float *Sgl = Sg + (size_t)rr * DV + col;
+#pragma unroll
+        for (int n4 = 0; n4 < RPL / 4; n4++) {
+            const float4 kk = k4[n4];
+            const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const size_t off = (size_t)(4 * n4 + e) * DV;
+                float4 x = *reinterpret_cast<const float4 *>(Ss + off);
+                x.x = fmaf(kv[e], dk_[0], x.x * decay);
+                x.y = fmaf(kv[e], dk_[1], x.y * decay);
+                x.z = fmaf(kv[e], dk_[2], x.z * decay);
+                x.w = fmaf(kv[e], dk_[3], x.w * decay);
+                if (last)
+                    *reinterpret_cast<float4 *>(Sgl + off) = x;
+                else
+                    *reinterpret_cast<float4 *>(Ss + off) = x;
+            }
+        }
+    }
+}
+
+/* ---- gd_kernel_s: the streamed form, a v head a block (LASTSTAND_GDN_STREAM=1, 4) -------------
  * A block owns one v head j of one sequence: its whole state S [DK, dv] (64 KB at dk = dv = 128,
  * contiguous in rec) comes into shared memory by bulk copies (cp.async.bulk, one mbarrier) that
  * one thread issues right after the sequence table: no register holds the stream, so a block
@@ -459,25 +546,26 @@ static size_t gs_smem(int dk, int dv) { return sizeof(float) * ((size_t)dk * dv 
 
 enum { GS_CHUNK = 16384 /* bytes a bulk copy */ };
 
-template <int DK>
-__global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
-    constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8;
+template <int DK, int DV>
+__global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
+    constexpr int K = GD_K, CH = DK / 32;
     extern __shared__ float4 gd_sh4[];
     __shared__ alignas(8) unsigned long long gs_bar;
     (void)cl;
+    (void)dv; /* DV: the addresses of S fold into constants */
     cu_pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
     const int j = blockIdx.x, s = blockIdx.y, kh = j / (nv / nk);
     int slot, T, row0;
     gd_ld_seq(meta + 3 * s, slot, T, row0);
     if (T <= 0) return; /* nothing to do; every block of the cluster (one sequence) returns here */
-    float *const sS = reinterpret_cast<float *>(gd_sh4);           /* [DK][dv] */
-    float *const gq = sS + (size_t)DK * dv + warp * (2 * DK + 32); /* q [DK], k [DK], v [32] of the warp */
-    float *const nbuf = sS + (size_t)DK * dv + (dv / 32) * (2 * DK + 32); /* [2][dv] */
-    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * dv;
+    float *const sS = reinterpret_cast<float *>(gd_sh4);           /* [DK][DV] */
+    float *const gq = sS + (size_t)DK * DV + warp * (2 * DK + 32); /* q [DK], k [DK], v [32] of the warp */
+    float *const nbuf = sS + (size_t)DK * DV + (DV / 32) * (2 * DK + 32); /* [2][DV] */
+    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV;
     const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&gs_bar);
     if (threadIdx.x == 0) {
-        const uint32_t bytes = (uint32_t)DK * dv * 4, dst = (uint32_t)__cvta_generic_to_shared(sS);
+        const uint32_t bytes = (uint32_t)DK * DV * 4, dst = (uint32_t)__cvta_generic_to_shared(sS);
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -491,7 +579,7 @@ __global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
     }
     /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh (as gd_kernel's warps), v channel
      * 32·warp + lane of head j */
-    const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * dv + warp * 32 + lane;
+    const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * DV + warp * 32 + lane;
     const float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
     const float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
     float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
@@ -529,7 +617,7 @@ __global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
             xk[c] = __bfloat162float(rw[kch + c]);
         }
         const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
-        const float xz = fuse ? gd_bf(z, (row * nv + j) * dv + hc) : 0.f;
+        const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
         float ssq = 0.f, ssk = 0.f, sqk = 0.f, decay, beta;
         __syncwarp(); /* the previous token's q, k, v are read */
 #pragma unroll
@@ -564,91 +652,18 @@ __global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
         }
         const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
         const float kq = sqk * rq * rk;
-        /* m = Sᵀk, p = Sᵀq over row groups r (A) and r + 4 (B), the lane's 4 columns */
-        float mA[4] = {0.f, 0.f, 0.f, 0.f}, pA[4] = {0.f, 0.f, 0.f, 0.f};
-        float mB[4] = {0.f, 0.f, 0.f, 0.f}, pB[4] = {0.f, 0.f, 0.f, 0.f};
-        const float *SA = sS + (size_t)r * RPL * dv + col, *SB = SA + (size_t)4 * RPL * dv;
-        const float4 *kA = reinterpret_cast<const float4 *>(tk + r * RPL), *kB = kA + RPL;
-        const float4 *qA = reinterpret_cast<const float4 *>(tq + r * RPL), *qB = qA + RPL;
-#pragma unroll
-        for (int n4 = 0; n4 < RPL / 4; n4++) {
-            const float4 ka = kA[n4], qa = qA[n4], kb = kB[n4], qb = qB[n4];
-            const float kva[4] = {ka.x, ka.y, ka.z, ka.w}, qva[4] = {qa.x, qa.y, qa.z, qa.w};
-            const float kvb[4] = {kb.x, kb.y, kb.z, kb.w}, qvb[4] = {qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float4 x = *reinterpret_cast<const float4 *>(SA + (size_t)(4 * n4 + e) * dv);
-                const float4 y = *reinterpret_cast<const float4 *>(SB + (size_t)(4 * n4 + e) * dv);
-                mA[0] = fmaf(x.x, kva[e], mA[0]);
-                mA[1] = fmaf(x.y, kva[e], mA[1]);
-                mA[2] = fmaf(x.z, kva[e], mA[2]);
-                mA[3] = fmaf(x.w, kva[e], mA[3]);
-                pA[0] = fmaf(x.x, qva[e], pA[0]);
-                pA[1] = fmaf(x.y, qva[e], pA[1]);
-                pA[2] = fmaf(x.z, qva[e], pA[2]);
-                pA[3] = fmaf(x.w, qva[e], pA[3]);
-                mB[0] = fmaf(y.x, kvb[e], mB[0]);
-                mB[1] = fmaf(y.y, kvb[e], mB[1]);
-                mB[2] = fmaf(y.z, kvb[e], mB[2]);
-                mB[3] = fmaf(y.w, kvb[e], mB[3]);
-                pB[0] = fmaf(y.x, qvb[e], pB[0]);
-                pB[1] = fmaf(y.y, qvb[e], pB[1]);
-                pB[2] = fmaf(y.z, qvb[e], pB[2]);
-                pB[3] = fmaf(y.w, qvb[e], pB[3]);
-            }
-        }
-#pragma unroll
-        for (int o = 8; o <= 16; o <<= 1)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                mA[c] += __shfl_xor_sync(0xffffffffu, mA[c], o);
-                pA[c] += __shfl_xor_sync(0xffffffffu, pA[c], o);
-                mB[c] += __shfl_xor_sync(0xffffffffu, mB[c], o);
-                pB[c] += __shfl_xor_sync(0xffffffffu, pB[c], o);
-            }
-        float o4[4], dk_[4];
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const float m = mA[c] + mB[c], p = pA[c] + pB[c];
-            gd_delta(beta, tv[4 * cg + c], decay, m, p, rk, rq, kq, o4[c], dk_[c]);
-        }
-        /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
-        const bool last = u == T - 1;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int rr = (r + 4 * h) * RPL;
-            const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
-            float *Ss = sS + (size_t)rr * dv + col;
-            float *Sgl = Sg + (size_t)rr * dv + col;
-#pragma unroll
-            for (int n4 = 0; n4 < RPL / 4; n4++) {
-                const float4 kk = k4[n4];
-                const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const size_t off = (size_t)(4 * n4 + e) * dv;
-                    float4 x = *reinterpret_cast<const float4 *>(Ss + off);
-                    x.x = fmaf(kv[e], dk_[0], x.x * decay);
-                    x.y = fmaf(kv[e], dk_[1], x.y * decay);
-                    x.z = fmaf(kv[e], dk_[2], x.z * decay);
-                    x.w = fmaf(kv[e], dk_[3], x.w * decay);
-                    if (last)
-                        *reinterpret_cast<float4 *>(Sgl + off) = x;
-                    else
-                        *reinterpret_cast<float4 *>(Ss + off) = x;
-                }
-            }
-        }
+        float o4[4];
+        gs_token<DK>(sS, Sg, u == T - 1, tq, tk, tv, rq, rk, kq, decay, beta, r, cg, col, o4);
         /* every r holds its 4 columns' o: lane (r, cg) writes column col + r */
         const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
         if (!fuse) {
-            out[(row * nv + j) * dv + hc] = __float2bfloat16_rn(ov);
+            out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
         } else {
-            float *hv = nbuf + (u & 1) * dv; /* alternating: a warp rewrites it only after the next barrier */
+            float *hv = nbuf + (u & 1) * DV; /* alternating: a warp rewrites it only after the next barrier */
             hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
             __syncthreads();
-            const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, dv, lane, nrm_eps), xz);
-            out[(row * nv + j) * dv + hc] = __float2bfloat16(y);
+            const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
+            out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
         }
     }
 #pragma unroll
@@ -663,6 +678,235 @@ __global__ void __launch_bounds__(256) gd_kernel_s(GD_ARGS) {
                 q[c * (K - 1) + i] = wq[c][i];
                 k[c * (K - 1) + i] = wk[c][i];
             }
+    }
+}
+
+/* ---- gd_kernel_p: the streamed form, persistent (wide decode steps: LASTSTAND_GDN_STREAM) ---------
+ * For decode steps (every sequence at most one token). grid (G) with G = min(units, SMs), block DK
+ * threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
+ * a unit's nv / nk v heads one after the other ("tasks"). The states of the next GP_NB tasks are in
+ * flight at all times: GP_NB shared-memory buffers with an mbarrier each, thread 0 refills a buffer
+ * with the task GP_NB ahead as soon as the block is done with it, so an SM streams reads and
+ * writes without the gaps between one block's exit and the next one's first load (gd_kernel_s's
+ * blocks start in step: at 16 sequences of the 35B shape the reads of the first wave all come
+ * before any store). The unit's q/k conv runs once, in warp 0 (the lane split of gd_kernel's
+ * warps, so the same bits), and warp 0 rolls the q/k window itself (a unit belongs to one block:
+ * no cluster); the per-token math is gs_token's. Sequences with no token are skipped by producer
+ * and consumers alike (the same walk over the sequence table). */
+enum { GP_NB = 3 };
+static size_t gp_smem(int dk) {
+    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
+}
+
+/* the first unit from u on (step G) whose sequence has a token; n_units when none */
+__device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, int nk, int G, int &slot, int &T,
+                                       int &row0) {
+    for (; u < n_units; u += G) {
+        gd_ld_seq(meta + 3 * (u / nk), slot, T, row0);
+        if (T > 0) break;
+    }
+    return u;
+}
+
+template <int DK>
+__global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
+    constexpr int K = GD_K, CH = DK / 32, DV = DK;
+    constexpr uint32_t BYTES = (uint32_t)DK * DV * 4;
+    extern __shared__ float4 gd_sh4[];
+    __shared__ alignas(8) unsigned long long gp_bar[GP_NB];
+    (void)dv;
+    cu_pdl_trigger();
+    const int n_seq = cl; /* launched with cl = the sequence count */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
+    const int ratio = nv / nk, n_units = n_seq * nk, G = gridDim.x;
+    float *const sbuf = reinterpret_cast<float *>(gd_sh4);    /* [GP_NB][DK][DV] */
+    float *const tq = sbuf + (size_t)GP_NB * DK * DV, *const tk = tq + DK;
+    float *const tv = tk + DK + warp * 32;                   /* the warp's 32 v values */
+    float *const hv = tk + DK + DV;                          /* o of the head [DV] (fused norm) */
+    float *const scal = hv + DV;                             /* rq, rk, k·q of the unit */
+    const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(&gp_bar[0]);
+    const uint32_t sdst = (uint32_t)__cvta_generic_to_shared(sbuf);
+    /* the producer's cursor (thread 0): unit pu, its head pj, the unit's slot */
+    int pu = 0, pj = 0, pslot = 0;
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < GP_NB; b++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        int pT, prow;
+        pu = gp_seek(meta, blockIdx.x, n_units, nk, G, pslot, pT, prow);
+    }
+    /* thread 0: the next task's state into buffer b, then the cursor one task on */
+    auto issue = [&](int b) {
+        if (pu >= n_units) return;
+        const int j = (pu % nk) * ratio + pj;
+        const char *src = reinterpret_cast<const char *>(rec + ((size_t)pslot * nv + j) * DK * DV);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar0 + 8 * b), "r"(BYTES)
+                     : "memory");
+#pragma unroll
+        for (uint32_t o = 0; o < BYTES; o += GS_CHUNK)
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                             sdst + b * BYTES + o),
+                         "l"(src + o), "r"(BYTES - o < GS_CHUNK ? BYTES - o : (uint32_t)GS_CHUNK), "r"(bar0 + 8 * b)
+                         : "memory");
+        if (++pj == ratio) {
+            int pT, prow;
+            pj = 0;
+            pu = gp_seek(meta, pu + G, n_units, nk, G, pslot, pT, prow);
+        }
+    };
+    if (threadIdx.x == 0)
+        for (int b = 0; b < GP_NB; b++) issue(b);
+    const bool fuse = z != nullptr;
+    const int col = warp * 32 + 4 * cg, hc = col + r;
+    const float gwn = fuse ? nrm_w[hc] : 0.f, qscale = rsqrtf((float)DK);
+    __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
+    cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
+    int t = 0, slot, T, row0;
+    for (int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0); u < n_units;
+         u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0)) {
+        const int kh = u % nk;
+        const size_t row = (size_t)row0; /* T == 1: decode steps only */
+        const bf16 *rw = qkv + row * D;
+        if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
+            const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
+            float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
+            float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
+            float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
+            float4 cwq[CH], cwk[CH];
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) {
+                    wq[c][i] = stq[c * (K - 1) + i];
+                    wk[c][i] = stk[c * (K - 1) + i];
+                }
+                cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
+                cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
+                xq[c] = __bfloat162float(rw[qch + c]);
+                xk[c] = __bfloat162float(rw[kch + c]);
+            }
+            float ssq = 0.f, ssk = 0.f, sqk = 0.f;
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                const float cq = gd_conv(cwq[c], wq[c], xq[c]);
+                const float ck = gd_conv(cwk[c], wk[c], xk[c]);
+                ssq = fmaf(cq, cq, ssq);
+                ssk = fmaf(ck, ck, ssk);
+                sqk = fmaf(cq, ck, sqk);
+                tq[lane * CH + c] = cq;
+                tk[lane * CH + c] = ck;
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) {
+                ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+                ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
+                sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+            }
+            if (lane == 0) {
+                const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
+                scal[0] = rq;
+                scal[1] = rk;
+                scal[2] = sqk * rq * rk;
+            }
+#pragma unroll
+            for (int c = 0; c < CH; c++)
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) {
+                    stq[c * (K - 1) + i] = wq[c][i];
+                    stk[c * (K - 1) + i] = wk[c][i];
+                }
+        }
+        for (int jj = 0; jj < ratio; jj++, t++) {
+            const int j = kh * ratio + jj, bi = t % GP_NB;
+            /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
+            const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
+            float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
+            float wv[K - 1];
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
+            const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
+            const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
+            const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
+            const float al = -expf(A_log[j]), db = dt_bias[j];
+            float decay, beta;
+            tv[lane] = gd_conv(cwv, wv, xv);
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
+            gd_gate_beta(xa, xb, al, db, decay, beta);
+            __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
+            uint32_t ok = 0;
+            while (!ok)
+                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}"
+                             : "=r"(ok)
+                             : "r"(bar0 + 8 * bi), "r"((uint32_t)(t / GP_NB) & 1u)
+                             : "memory");
+            float o4[4];
+            gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk,
+                         tv, scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
+            const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
+            if (!fuse) {
+                out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
+            } else {
+                hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
+                __syncthreads();
+                const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
+                out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
+            }
+            __syncthreads(); /* buffer b, q, k, v and o are read */
+            if (threadIdx.x == 0) {
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                issue(bi);
+            }
+        }
+    }
+}
+
+static int gp_sms(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && v > 0)
+            n = v;
+        else
+            (void)cudaGetLastError();
+    }
+    return n > 0 ? n : 132;
+}
+
+template <int DK>
+static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+    const gdn_w *w = a->w;
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv, units = a->n_seq * w->nk;
+    const int G = units < gp_sms() ? units : gp_sms();
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3(G, 1, 1);
+    cfg.blockDim = dim3(DK, 1, 1);
+    cfg.dynamicSmemBytes = gp_smem(DK);
+    cfg.stream = st;
+    if (cfg.dynamicSmemBytes > 48 * 1024) {
+        cudaError_t c = cudaFuncSetAttribute(gd_kernel_p<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)cfg.dynamicSmemBytes);
+        if (c != cudaSuccess) return c;
+    }
+    cudaLaunchAttribute at[1];
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t c;
+    for (;;) {
+        c = cudaLaunchKernelEx(&cfg, gd_kernel_p<DK>, w->nk, w->nv, w->dv, D, a->n_seq, (const int32_t *)a->seqs,
+                               (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
+                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
+                               fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
+                               a->norm_eps);
+        if (c == cudaSuccess || cfg.numAttrs == 0) return c;
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
     }
 }
 
@@ -836,30 +1080,33 @@ static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1
     }
 }
 
-/* LASTSTAND_GDN_STREAM=0|1|2: gd_kernel_s (the streamed form: see its comment) never (0), for
- * every call it supports (1; calls with prompt chunks too: its tokens run one at a time), or (2)
- * for decode steps (every sequence at most one new token) whose gd_kernel grid of the fewest
- * warps needs more than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes); the
- * same bits either way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT: 2 since H200 device round
- * gdn16-R1 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu, caches
- * flushed) 39.3 -> 28.2 µs at Qwen3.5-35B's shape, 80.4 -> 48.1 at -397B's; the 40-layer synth
- * 35B's decode step at c = 16 6.538 -> 6.372 ms; every doctor cell ✅ with it forced (=1), but M = 1
- * 5.0 -> 5.9 µs at 35B: one sequence stays gd_kernel's. Read at every call (the test switches it
- * between calls; serve captures the step in a graph). */
+/* LASTSTAND_GDN_STREAM=0|1|2|3|4: the streamed forms (see gd_kernel_s, gd_kernel_p) never (0);
+ * gd_kernel_s for every call it supports (1; prompt chunks too, a token at a time); auto (2): decode
+ * steps (every sequence at most one new token) whose gd_kernel grid of the fewest warps needs more
+ * than one wave (gd_t1_wide: more than ~4 sequences at Qwen3.5's shapes) run gd_kernel_p, the rest
+ * gd_kernel; gd_kernel_p for every decode step (3); (4) R1's auto: those wide decode steps on
+ * gd_kernel_s. The same bits every way (test_gdn_decode_cuda). Else GD_STREAM_DEFAULT, 2 since H200
+ * device round gdn16-R2 (2026-11-30, bench/device/gdn16.sh): the 16-sequence step's kernel (ncu,
+ * caches flushed) gd_kernel 41.7 / gd_kernel_s 30.6 / gd_kernel_p 26.3 µs at Qwen3.5-35B's shape,
+ * 83.9 / 46.9 / 45.0 at -397B's; the 40-layer synth 35B's decode step at c = 16 6.558 / 6.352 /
+ * 6.177 ms (every decode step on gd_kernel_p there); one sequence stays gd_kernel's (gd_kernel_p
+ * 6.8 µs against 5.0 in the doctor at M = 1). Read at every call (the test switches it between
+ * calls; serve captures the step in a graph). */
 #define GD_STREAM_DEFAULT 2
 static int gd_stream(void) {
     const char *v = getenv("LASTSTAND_GDN_STREAM");
-    return v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
+    if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) return atoi(v);
+    return cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
 }
 
-/* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns; the norm's buffers dv <= 256),
- * a k head's v heads a cluster (at most 8), S of a head in shared memory (the opt-in limit of sm_90) */
+/* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns), a k head's v heads a cluster
+ * (at most 8), S of a head in shared memory (the opt-in limit of sm_90); it is built for dk = dv
+ * (32, 64, 128: Qwen3.5's and Qwen3-Next's 128, the fixtures' 32) so that S's addresses are constants */
 static int gs_fits(const gdn_w *w) {
-    return w->dv % 32 == 0 && w->dv <= 256 && w->nv / w->nk <= GD_MAX_CLUSTER &&
-           gs_smem(w->dk, w->dv) <= 227 * 1024;
+    return w->dv == w->dk && w->nv / w->nk <= GD_MAX_CLUSTER && gs_smem(w->dk, w->dv) <= 227 * 1024;
 }
 
-template <int DK>
+template <int DK, int DV>
 static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv, cl = w->nv / w->nk;
@@ -870,7 +1117,7 @@ static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     cfg.dynamicSmemBytes = gs_smem(DK, w->dv);
     cfg.stream = st;
     if (cfg.dynamicSmemBytes > 48 * 1024) { /* a function attribute, no stream work: capture-safe */
-        cudaError_t c = cudaFuncSetAttribute(gd_kernel_s<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t c = cudaFuncSetAttribute(gd_kernel_s<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)cfg.dynamicSmemBytes);
         if (c != cudaSuccess) return c;
     }
@@ -886,7 +1133,7 @@ static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     cfg.numAttrs = gd_pdl() ? 2 : 1;
     cudaError_t c;
     for (;;) {
-        c = cudaLaunchKernelEx(&cfg, gd_kernel_s<DK>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
+        c = cudaLaunchKernelEx(&cfg, gd_kernel_s<DK, DV>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
                                w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
                                fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
@@ -946,12 +1193,20 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     const int sm = gd_stream();
-    const int streamed = sm && gs_fits(w) && (sm == 1 || (max_new <= 1 && wide));
-    if (streamed) {
+    const int fits = gs_fits(w), dec = max_new <= 1;
+    const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
+    const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
+    if (persistent) {
         switch (w->dk) {
-        case 32: c = gs_launch<32>(a, fuse, st); break;
-        case 64: c = gs_launch<64>(a, fuse, st); break;
-        default: c = gs_launch<128>(a, fuse, st); break; /* dec_supported admits 32/64/128 only */
+        case 32: c = gp_launch<32>(a, fuse, gd_pdl(), st); break;
+        case 64: c = gp_launch<64>(a, fuse, gd_pdl(), st); break;
+        default: c = gp_launch<128>(a, fuse, gd_pdl(), st); break;
+        }
+    } else if (streamed) {
+        switch (w->dk) {
+        case 32: c = gs_launch<32, 32>(a, fuse, st); break;
+        case 64: c = gs_launch<64, 64>(a, fuse, st); break;
+        default: c = gs_launch<128, 128>(a, fuse, st); break; /* gs_fits: dk = dv, 32/64/128 */
         }
     } else {
         if (!knob && wide) { /* auto: 8-warp blocks where the fewest-warps grid of gd_kernel needs more than one wave */
@@ -976,7 +1231,9 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         }
     }
     if (c == cudaSuccess) c = cudaGetLastError();
-    if (c != cudaSuccess) return cu_fail(e, c, streamed ? "gdn cuda_decode (streamed)" : "gdn cuda_decode");
+    if (c != cudaSuccess)
+        return cu_fail(e, c, persistent ? "gdn cuda_decode (persistent)" : streamed ? "gdn cuda_decode (streamed)"
+                                                                          : "gdn cuda_decode");
     if (fuse) {
         *a->norm_done = 1;
         static int said;

@@ -10,28 +10,20 @@
 # 1. TTFT as a client sees it: `serve synth:qwen3.5-35b-a3b` (the plans serve picks on auto,
 #    named: no doctor; --prefix-cache off; context 16384) + `BIN bench` at concurrency 1, prompts of
 #    1024, 4096 and 8192 random token ids, 1 output token, 3 each after a warm-up; once per entry
-#    of CHUNKS (default "8192 8192y 4096"): the --chunked-prefill-size, then switches: y
-#    LASTSTAND_GDN_WY=1 (the chunk-parallel GDN form), m LASTSTAND_MG_WGMMA=0 (the old MoE GEMMs),
-#    o LASTSTAND_FP_LPT=0 (flash prefill's ascending tile order). Then what the chunk size costs
-#    decode: a stream decoding 500 tokens while two 8192-token prompts arrive; its inter-token
-#    latency median / p99 / max.
-# 2. The doctor's fp64 verdicts and times of the MoE call at M = 2048, 8192 with the wgmma GEMMs'
-#    prefetch distance 2, 3, 4 (LASTSTAND_MG_WGMMA_PF) and tile pairs sharing the decoded weights
-#    (LASTSTAND_MG_WGMMA2=1); tests/test_gpu_gdn_wy.py (the doctor's
-#    fp64 check of LASTSTAND_GDN_WY=1 at the 35B and 397B shapes; a 3000-token prompt's greedy ids
-#    with and without it); at the end, if time is left, the doctor's gdn times at M = 512, 3072
-#    with and without it.
+#    of CHUNKS (default "8192 2048": the default chunk, and the old one): the
+#    --chunked-prefill-size, then switches: y LASTSTAND_GDN_WY=1 (the chunk-parallel GDN form
+#    forced), m LASTSTAND_MG_WGMMA=0 (the old MoE GEMMs), o LASTSTAND_FP_LPT=0 (flash prefill's
+#    ascending tile order). Then what the chunk size costs decode: a stream decoding 500 tokens
+#    while two 8192-token prompts arrive; its inter-token latency median / p99 / max.
+# 2. tests/test_gpu_gdn_wy.py and tests/test_gpu_moe_wgmma.py (this session's kernels against the
+#    doctor's fp64 oracle, the GDN forms' greedy ids, the wgmma logits against the CPU's).
 # 3. ncu (--clock-control none --cache-control none) over `BIN generate` of the 35B cut to 4
 #    layers (1 full-attention + 3 GDN: the 40-layer model's 1:3 mix), an 8192-token prompt (one
-#    step at the default chunk), 1 new token, eager, LASTSTAND_GDN_WY=1. prefill8k_table.py prints
-#    the step's time by family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s,
-#    scaled to 40 layers, and its kernels by name and in launch order.
-# 4. ncu with sections (SpeedOfLight, ComputeWorkloadAnalysis, WarpStateStats, Occupancy) on the
-#    wgmma MoE GEMM, the GDN kernels (both modes) and flash prefill in a 2048-token prefill of the
-#    4-layer model with LASTSTAND_GDN_WY=1: prefill8k_ncu.py prints each one's pipes, issue rate,
-#    occupancy and largest stall reasons (launches of small grids, the warm-up steps, skipped).
-# 5. tests/test_gpu_moe_wgmma.py's tile-pair and logits cases (the rest ran in R1 or run with the
-#    GPU tests), then the doctor's gdn times with and without LASTSTAND_GDN_WY, as time allows.
+#    step at the default chunk), 1 new token, eager, the defaults. prefill8k_table.py prints the
+#    step's time by family (cuBLAS, moe, attention, gdn, small ops) with FLOPs and TFLOP/s, scaled
+#    to 40 layers, and its kernels by name and in launch order.
+# Earlier rounds also ran (see git history): the PyTorch peer (PEER=1 still runs it), ncu sections,
+# the MoE variants' doctor times.
 # Each part is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
@@ -39,7 +31,7 @@ export NCCL_NVLS_ENABLE=0
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-CHUNKS=${CHUNKS:-8192 8192y 4096}
+CHUNKS=${CHUNKS:-8192 2048}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
@@ -113,24 +105,6 @@ PY
 done
 
 
-# the wgmma MoE GEMMs' variants: prefetch distance (LASTSTAND_MG_WGMMA_PF, default 2) and tile
-# pairs sharing the decode (LASTSTAND_MG_WGMMA2=1, from 192 rows an expert: M = 8192 here); the
-# doctor's fp64 verdicts and times of the whole MoE call
-for v in "PF=2" "PF=3" "PF=4" "PF=2 2=1" "PF=4 2=1"; do
-    [ "$(left)" -gt 80 ] || break
-    venv=()
-    for kv in $v; do venv+=("LASTSTAND_MG_WGMMA_${kv%%=*}=${kv#*=}"); done
-    venv=("${venv[@]/LASTSTAND_MG_WGMMA_2=/LASTSTAND_MG_WGMMA2=}")
-    tag=${v// /_}; tag=${tag//=/}
-    echo "== doctor: moe cuda_grouped_gemm, 35B shapes, M = 2048, 8192, ${venv[*]} $(el)"
-    env "${venv[@]}" timeout -k 3 20 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families moe \
-        --m 2048,8192 --backends cuda_grouped_gemm --json "$OUT/doctor-$tag.json" >"$OUT/doctor-$tag.txt" \
-        2>"$OUT/doctor-$tag.err"
-    echo "rc=$? $(el)"
-    grep -E "^ +(2048|8192) " "$OUT/doctor-$tag.txt" | cut -c1-130
-    grep -iE "crash|error|wrong|timeout" "$OUT/doctor-$tag.err" | head -3
-done
-
 if [ "$(left)" -gt 60 ] && python3 -c "import pytest" 2>/dev/null; then
     echo "== pytest tests/test_gpu_gdn_wy.py $(el)"
     BUILD=$D LS_SHARED=$D timeout -k 3 50 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_gdn_wy.py 2>&1 |
@@ -147,8 +121,8 @@ fi
 if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
     lim=$(( $(left) - 8 ))
     [ $lim -gt 50 ] && lim=50
-    echo "== ncu: generate synth 35B cut to 4 layers, 8192-token prompt (one step), 1 new token, eager, LASTSTAND_GDN_WY=1 (limit $lim s) $(el)"
-    LASTSTAND_GDN_WY=1 timeout -k 3 $lim "$NCU" --clock-control none --cache-control none \
+    echo "== ncu: generate synth 35B cut to 4 layers, 8192-token prompt (one step), 1 new token, eager, defaults (limit $lim s) $(el)"
+    timeout -k 3 $lim "$NCU" --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-p8k" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
         --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-p8k.out" 2>&1
@@ -162,38 +136,11 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 30 ]; then
     fi
 fi
 
-if [ -n "$NCU" ] && [ "$(left)" -gt 20 ]; then
-    lim=$(( $(left) - 5 ))
-    [ $lim -gt 40 ] && lim=40
-    echo "== ncu sections: mw_kernel / gc_chunk / gc_prep / fp_kernel, generate 4 layers, 2048-token prompt, LASTSTAND_GDN_WY=1 (limit $lim s) $(el)"
-    LASTSTAND_GDN_WY=1 timeout -k 3 $lim "$NCU" --clock-control none --kernel-name regex:"mw_kernel|gc_chunk|gc_prep|fp_kernel" \
-        --launch-count 26 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-        --section Occupancy --section LaunchStats -o "$OUT/ncu-sec" \
-        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 2048)" --max-new-tokens 1 \
-        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-sec.out" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "==ERROR|error:" "$OUT/ncu-sec.out" | head -5
-    if [ -f "$OUT/ncu-sec.ncu-rep" ]; then
-        timeout 20 "$NCU" --import "$OUT/ncu-sec.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-sec.csv" 2>"$OUT/ncu-sec.csv.err"
-        timeout 20 python3 bench/device/prefill8k_ncu.py "$OUT/ncu-sec.csv" 64 || head -c 400 "$OUT/ncu-sec.csv.err"
-    fi
-fi
-
 if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== pytest tests/test_gpu_moe_wgmma.py -k \"pairs or logits\" $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 12 )) python3 -m pytest -q -p no:cacheprovider -rfE -s \
-        tests/test_gpu_moe_wgmma.py -k "pairs or logits" 2>&1 | grep -vE "^\s*$" | tail -12
+    echo "== pytest tests/test_gpu_moe_wgmma.py $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 12 )) python3 -m pytest -q -p no:cacheprovider -rfE \
+        tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -12
     echo "rc=$? $(el)"
 fi
 
-if [ "$(left)" -gt 15 ]; then
-    for v in 0 1; do
-        echo "== doctor: gdn cuda_chunked, 35B shapes, M = 512, 3072, LASTSTAND_GDN_WY=$v $(el)"
-        LASTSTAND_GDN_WY=$v timeout -k 3 12 "$BIN" doctor --device cuda --shapes qwen3.5-35b-a3b --families gdn \
-            --m 512,3072 --backends cuda_chunked --json "$OUT/doctor-wy$v.json" >"$OUT/doctor-wy$v.txt" 2>"$OUT/doctor-wy$v.err"
-        echo "rc=$? $(el)"
-        grep -E "^ +(512|3072) " "$OUT/doctor-wy$v.txt" | cut -c1-130
-    done
-fi
 echo "total $(( $(date +%s) - T0 )) s"

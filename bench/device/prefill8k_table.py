@@ -32,7 +32,7 @@ H, V = 2048, 248320
 def family(name):
     n = name.split("<")[0]
     for fam, pre in (("attention", ("fp_", "att_")), ("gdn", ("gc_", "gdn_", "gd_")),
-                     ("moe", ("mg_", "moe_", "mv_", "mvd_", "mvb_", "mr_")), ("small", ("sm_",)),
+                     ("moe", ("mg_", "mw_", "moe_", "mv_", "mvd_", "mvb_", "mr_")), ("small", ("sm_",)),
                      ("sampling", ("smp_", "smw_", "sample"))):
         if n.startswith(pre):
             return fam

@@ -14,8 +14,8 @@
 #    hits vs cache off, the synth 35B two-turn conversation, a miss in one prefill step
 #    (PREFIX_STEPS).
 # 3. TTFT (bench/device/snapin_ttft.py): full synth Qwen3.5-35B-A3B (40 layers), misses and hits
-#    at 1024 and 4096 tokens, modes step / step_r1 (the gdn pieces over the whole step's rows, as
-#    in R1) / off / cut (as many as the time allows).
+#    at 1024 and 4096 tokens, modes step / off / step_r1 (the gdn pieces over the whole step's
+#    rows, as in R1) / cut (as many as the time allows).
 # Verdict lines: "snapin: cmocka PASS|FAIL", "snapin: GPU test PASS|FAIL", SNAPIN lines.
 . "$(dirname "$0")/lib.sh"
 DEV_CACHE=1 dev_init snapin 145 "$@"   # the doctor's and smoke test's verdicts, reused by later starts
@@ -42,12 +42,11 @@ echo "snapin: GPU test $ok $(el)"
 # 3. TTFT at 40 layers, per mode, while time is left
 L=$(left)
 if [ "$L" -gt 40 ]; then
-    timeout "$L" python3 bench/device/snapin_ttft.py --bin "$BIN" --modes "${SNAPIN_MODES:-step,step_r1,off,cut}" \
+    # streamed: the lines of the modes that finished survive a kill at the round's limit
+    timeout "$L" python3 -u bench/device/snapin_ttft.py --bin "$BIN" --modes "${SNAPIN_MODES:-step,off,step_r1,cut}" \
         --deadline $(( T0 + 145 )) --need 38 -- --max-running-requests 4 --cuda-graph-max-bs 4 \
-        --context-length 16384 > "$OUT/ttft.log" 2>&1
-    echo "== TTFT exit $?"
-    grep -E "^SNAPIN " "$OUT/ttft.log" | cut -c1-400
-    grep -E "Error|error" "$OUT/ttft.log" | grep -v SNAPIN_TTFT | head -5 | cut -c1-300
+        --context-length 16384 2>&1 | tee "$OUT/ttft.log" | grep --line-buffered -E "^SNAPIN |Error|error"
+    echo "== TTFT exit ${PIPESTATUS[0]}"
 else
     echo "== TTFT: skipped ($L s left)"
 fi

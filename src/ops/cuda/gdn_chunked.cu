@@ -46,8 +46,8 @@
  *                  64 or 32 blocks on 132 SMs), dk = dv = 128 heads are split
  *                  over 2 or 4 blocks by value columns (A, T, W, P recomputed
  *                  by each; U, V', O, S split).
- *                  Chunk-parallel form (LASTSTAND_GDN_WY=1, dk = dv = 128, a sequence of more
- *                  than one chunk; chunk_run): the same kernel in MODE 1 computes every chunk's
+ *                  Chunk-parallel form (default; LASTSTAND_GDN_WY=0 turns it off; dk = dv =
+ *                  128, a sequence of more than 512 tokens; chunk_run): the same kernel in MODE 1 computes every chunk's
  *                  WY record (γ, U, −W, P: all that does not depend on S) in a block per (chunk,
  *                  v head) at once, then in MODE 2 walks the chunks with S doing only V', O and
  *                  the state update; the same products, so the same bits as the serial MODE 0.
@@ -1072,10 +1072,15 @@ static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x
  * serial path of a long prompt: R1 measured MODE 0 at 12.4 µs a chunk, 32 chunks of a
  * 2048-token step in series). The same products in the same order: outputs and states equal
  * MODE 0's up to the record's storage (U fp32, −W and P in the operand type as MODE 0 keeps
- * them in shared memory). Default off until a device round validates it. */
-static int gc_wy_on(void) {
+ * them in shared memory). On by default since S9 round R2 (doctor fp64 ✅ at the 35B and 397B
+ * shapes, a 3000-token prompt's greedy ids equal; 8k-token TTFT 249.0 -> 228.9 ms); taken when the
+ * longest sequence has more than GC_WY_MIN tokens: R2's doctor batches of <= 512-token sequences
+ * (M = 3072) ran 476 µs serial, 531 µs in this form. LASTSTAND_GDN_WY=0: always serial; 1: for
+ * every sequence of more than one chunk (as R2 validated it; the tests force it so). */
+enum { GC_WY_MIN = 512 };
+static int gc_wy_mode(void) { /* 0 off, 1 forced (any sequence of more than one chunk), 2 auto */
     static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_WY", 0);
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_WY", 2);
     return v;
 }
 
@@ -1105,7 +1110,8 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     }
     if (w->dk == 128 && w->dv == 128)
         while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
-    if (w->dk == 128 && w->dv == 128 && longest > GC_CHUNK && n_chunks <= 65535 && gc_wy_on()) {
+    const int wy = gc_wy_mode();
+    if (w->dk == 128 && w->dv == 128 && n_chunks <= 65535 && wy && longest > (wy == 1 ? GC_CHUNK : GC_WY_MIN)) {
         /* the WY record: −W [64][128] + P [64][64] in gc_op, U [64][128] + γ [64] in fp32 */
         const size_t rb = (size_t)GC_CHUNK * 128 * sizeof(gc_op) + (size_t)GC_CHUNK * GC_CHUNK * sizeof(gc_op) +
                           (size_t)GC_CHUNK * 128 * 4 + (size_t)GC_CHUNK * 4;

@@ -297,11 +297,10 @@ __global__ void __launch_bounds__(32 * TOPK_W)
 
 /* One block of 1024 threads. Slots S = E + has_shared (slot E: the shared
  * expert, M rows). Rows of expert e: [off[e], off[e] + P_e), P_e = c_e rounded
- * up to pad (a multiple of the GEMM's tile height bm: 2·bm for the wgmma kernels' tile
- * pairs, else bm); the first c_e hold its pairs (any order), the rest are padding
+ * up to bm (the GEMM's tile height); the first c_e hold its pairs (any order), the rest are padding
  * (perm = -1). tile_e[t] = the expert of rows [t·BM, (t+1)·BM); *n_tiles = the
  * number of tiles. perm[row] = m·(k+1) + j. */
-__global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int has_shared, int bm, int pad,
+__global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int has_shared, int bm,
                                                        const int32_t *__restrict__ idx,
                                                        int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
                                                        int32_t *__restrict__ n_tiles) {
@@ -319,8 +318,8 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     __syncthreads();
     /* exclusive scan of the padded counts; thread tid owns slots 2tid, 2tid+1 */
     const int a0 = 2 * tid, a1 = 2 * tid + 1;
-    const int p0 = a0 < S ? (s_cnt[a0] + pad - 1) / pad * pad : 0;
-    const int p1 = a1 < S ? (s_cnt[a1] + pad - 1) / pad * pad : 0;
+    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
+    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
     const int lane = tid & 31, warp = tid >> 5;
     int incl = p0 + p1;
 #pragma unroll
@@ -820,12 +819,7 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   runs sm_90a code (1, default since S9 round R1: the
  *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
  *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
- *                                   8192), or by mg_gemm_kernel (0)
- *   LASTSTAND_MG_WGMMA2=0|1         with the wgmma kernels, calls averaging >= 192 rows an
- *                                   expert pad every slot to 128 rows and run a CTA of two
- *                                   warpgroups per tile pair, the decoded weights shared (1), or
- *                                   a warpgroup per 64-row tile (0, default until a device round
- *                                   validates it) */
+ *                                   8192), or by mg_gemm_kernel (0) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -840,8 +834,6 @@ typedef struct mg_knobs {
     int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
-    int wg2;     /* with wgmma: tile pairs (128 rows of one expert) per CTA from 192 rows an expert */
-    int wgn;     /* per call (mg_run_locked): 2 when this call's plan pads to tile pairs, else 1 */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
@@ -869,8 +861,6 @@ static mg_knobs mg_knobs_get(void) {
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
-        n.wg2 = cu_env_switch("LASTSTAND_MG_WGMMA2", 0);
-        n.wgn = 1;
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -891,8 +881,7 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
     if constexpr (BM == 64) { /* the prefill chunks' tiles on Hopper's warpgroup MMA (moe_wgmma.cu) */
         if (ld == MG_LD_FP4 && !sh_only && kn.wgmma && mw_available())
-            return mw_launch<GATEUP>(n_out, tiles_max, kn.wgn, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                     st);
+            return mw_launch<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
     }
     if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
         if (ld == MG_LD_FP4 && kn.place == 2)
@@ -1217,18 +1206,9 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     int bm = mk < (size_t)12 * E ? 16 : mk < (size_t)28 * E ? 32 : 64;
     const char *force = getenv("LASTSTAND_GROUPED_BM");
     if (force && (!strcmp(force, "16") || !strcmp(force, "32") || !strcmp(force, "64"))) bm = atoi(force);
-    mg_knobs kn = mg_knobs_get();
-    /* tile pairs for the wgmma kernels (LASTSTAND_MG_WGMMA2): every slot padded to 2·bm rows when
-     * the routed experts average >= 192 rows (the extra padding < 1/3 of the rows) */
-    const int pad = bm == 64 && kn.wgmma && kn.wg2 && mk >= (size_t)192 * E && tab->ld_gu == MG_LD_FP4 &&
-                            tab->ld_dn == MG_LD_FP4 && mw_available()
-                        ? 2 * bm
-                        : bm;
-    kn.wgn = pad / bm;
-    /* rows: each slot's pairs padded to pad; at most min(slots, pairs) slots are non-empty, each
-     * with fewer than pad padding rows */
+    /* rows: each slot's pairs padded to bm; at most min(slots, pairs) slots are non-empty */
     const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
-    const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs) * (pad / bm);
+    const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
     const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535)
@@ -1243,6 +1223,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     bf16 *dbuf = (bf16 *)mg_get(ws, MG_D, sizeof(bf16) * (size_t)M * (k + 1) * H, st, e);
     if (!logits || !idx || !wts || !tile_e || !perm || !nt || !hbuf || !dbuf) return e->code ? e->code : ERR_NOMEM;
 
+    const mg_knobs kn = mg_knobs_get();
     /* the mid-batch path (mg_knobs) at 16-row tiles where the H200 rounds found it faster (R2:
      * the 35B shape up to 8 rows per expert, -36% at M = 16 and 32, -27% at 128, -7% at 256;
      * the 397B shape at M = 16, -8%, not at 64, +3%): H <= 2048 up to M·k = 8E, else up to
@@ -1282,11 +1263,11 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
     if (!fuse)
-        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, pad, (const int32_t *)idx, tile_e, perm, nt),
+        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
            "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
-    const int sht = hs ? (M + pad - 1) / pad * (pad / bm) : 0; /* the shared expert's tiles: every token, padded */
+    const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
     cudaStream_t side = NULL;
     if (kn.side && tab->ld_gu_s >= 0 && hs) {
         mg_side(ws);

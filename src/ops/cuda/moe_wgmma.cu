@@ -22,8 +22,9 @@
  *   4 x wgmma.mma_async m64n128k16 (BF16 in, fp32 accumulators in registers: 64 a thread),
  *       the descriptors advanced by 32 bytes per k16 within the swizzled rows.
  * Pipeline: A and codes PF blocks ahead (cp.async groups; PF = LASTSTAND_MG_WGMMA_PF, 2 by
- * default, 3 or 4: S9 R1 found the kernel waiting on its loads, ~200 TFLOPS at 256 rows an
- * expert); block kb's decode runs while block kb-1's wgmma group is still in flight
+ * default, 3 or 4: R1 measured ~200 TFLOPS at 256 rows an expert and suspected the loads; R2: no
+ * difference, 794.9 / 794.8 / 807.2 µs for the 35B MoE call at M = 2048; ncu: 8 warps an SM, the
+ * integer pipe at 42%, stalls on fixed-latency dependencies and shared-memory loads); block kb's decode runs while block kb-1's wgmma group is still in flight
  * (wgmma.wait_group 1 after each commit), so the decode (integer and FMA pipes) overlaps the
  * tensor cores. Hazards: B buffer kb%2 was last read by group kb-2, A stage (kb+PF)%(PF+2) by
  * group kb-2, the code stage (kb+PF)%(PF+1) by the decode of kb-1 — all finished before the
@@ -40,20 +41,19 @@
 
 #include <pthread.h>
 
-enum { MW_BK = 64 };
-/* Shared memory for prefetch distance PF (K blocks in flight ahead of the one decoded) and WG
- * warpgroups (64·WG token rows): A stages PF + 2 (wgmma kb-1 may still read its stage while
- * kb + PF lands), code stages PF + 1, two decoded B buffers. WG = 1: 80 / 92 / 104 KB at PF = 2 /
- * 3 / 4, two CTAs an SM; WG = 2: 111 / 128 / 145 KB, one. */
-template <int PF, int WG>
+enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
+/* Shared memory for prefetch distance PF (K blocks in flight ahead of the one decoded): A stages
+ * PF + 2 (wgmma kb-1 may still read its stage while kb + PF lands), code stages PF + 1, two
+ * decoded B buffers. PF = 2: 80 KB, 3: 92 KB, 4: 104 KB; two CTAs an SM in every case. */
+template <int PF>
 struct mw_lay {
-    static constexpr int AST = PF + 2, CST = PF + 1, ASZ = 8192 * WG;
-    static constexpr int A_OFF = 0;                      /* A stages: ASZ B each (1024-aligned) */
-    static constexpr int B_OFF = A_OFF + AST * ASZ;      /* decoded B: 2 x 16384 B */
+    static constexpr int AST = PF + 2, CST = PF + 1;
+    static constexpr int A_OFF = 0;                      /* A stages: 8192 B each (1024-aligned) */
+    static constexpr int B_OFF = A_OFF + AST * 8192;     /* decoded B: 2 x 16384 B */
     static constexpr int C_OFF = B_OFF + 2 * 16384;      /* codes: 128 rows x 32 B a stage */
     static constexpr int S_OFF = C_OFF + CST * 4096;     /* scales: 128 rows x 4 B a stage */
-    static constexpr int P_OFF = S_OFF + CST * 512;      /* the tile's pairs: 64·WG x int32 */
-    static constexpr int SMEM = P_OFF + 64 * WG * 4 + 1024; /* + the alignment slack */
+    static constexpr int P_OFF = S_OFF + CST * 512;      /* the tile's pairs: 64 x int32 */
+    static constexpr int SMEM = P_OFF + MW_BM * 4 + 1024; /* + the alignment slack */
 };
 
 __device__ __forceinline__ void mw_cp16(uint32_t dst, const void *src, bool ok) {
@@ -108,20 +108,16 @@ __device__ __forceinline__ void mw_mma(float (&d)[64], uint64_t da, uint64_t db)
         : "l"(da), "l"(db), "r"(1));
 }
 
-/* WG = 2: the CTA takes the 64-row tiles 2y and 2y + 1, which the plan padded every expert to
- * 128 rows for (mg_run_locked: the same expert); its two warpgroups share the decoded B (the
- * decode per FLOP halves) and each multiplies its own 64 rows. */
-template <bool GATEUP, int PF, int WG>
-__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
+template <bool GATEUP, int PF>
+__global__ void __launch_bounds__(MW_THREADS, 2)
     mw_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
-    typedef mw_lay<PF, WG> LY;
+    typedef mw_lay<PF> LY;
     constexpr int MW_AST = LY::AST, MW_CST = LY::CST, MW_A_OFF = LY::A_OFF, MW_B_OFF = LY::B_OFF,
-                  MW_C_OFF = LY::C_OFF, MW_S_OFF = LY::S_OFF, MW_P_OFF = LY::P_OFF, ASZ = LY::ASZ;
-    constexpr int MW_BM = 64 * WG, MW_THREADS = 128 * WG;
-    const int tile = blockIdx.y * WG;
+                  MW_C_OFF = LY::C_OFF, MW_S_OFF = LY::S_OFF, MW_P_OFF = LY::P_OFF;
+    const int tile = blockIdx.y;
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
     const int I = xp->inter;
@@ -136,10 +132,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     if (tid < MW_BM) pair[tid] = perm[r0 + tid];
     __syncthreads();
 
-    /* this thread's fixed sources: A chunks c = tid + 128·WG·i (row c/8, 16-byte chunk c%8), and
-     * the weight row wr (gate/up: rows 0..63 gate n0.., 64..127 up n0..; down: rows n0..): WG = 1
-     * all of row tid, WG = 2 the half hf of row tid/2 */
-    const int wr = WG == 1 ? tid : tid >> 1, hf = WG == 1 ? 0 : tid & 1;
+    /* this thread's fixed sources: A chunks c = tid + 128i (row c/8, 16-byte chunk c%8), and the
+     * weight row tid (gate/up: rows 0..63 gate n0.., 64..127 up n0..; down: rows n0..) */
     const bf16 *pa[4];
     bool aok[4];
     uint32_t adst[4];
@@ -150,8 +144,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
         pa[i] = !aok[i] ? x : GATEUP ? x + (size_t)(p / (k + 1)) * H + ch * 8 : hbuf + (size_t)(r0 + row) * ldh + ch * 8;
         adst[i] = (uint32_t)(row * 128 + ((ch ^ (row & 7)) << 4));
     }
-    const bool up = GATEUP && wr >= 64;
-    const int nrow = n0 + (up ? wr - 64 : wr);
+    const bool up = GATEUP && tid >= 64;
+    const int nrow = n0 + (up ? tid - 64 : tid);
     const bool wok = nrow < N;
     const uint8_t *wsrc = GATEUP ? (up ? xp->w[1] : xp->w[0]) : xp->w[2];
     const uint8_t *ssrc = GATEUP ? (up ? xp->s[1] : xp->s[0]) : xp->s[2];
@@ -161,13 +155,13 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
 
     auto load = [&](int kb) {
         const int k0 = kb * MW_BK;
-        const uint32_t as = sb + MW_A_OFF + (kb % MW_AST) * ASZ;
+        const uint32_t as = sb + MW_A_OFF + (kb % MW_AST) * 8192;
 #pragma unroll
         for (int i = 0; i < 4; i++) mw_cp16(as + adst[i], aok[i] ? pa[i] + k0 : x, aok[i]);
-        const uint32_t cs = sb + MW_C_OFF + (kb % MW_CST) * 4096 + wr * 32;
-        if (WG == 1 || hf == 0) mw_cp16(cs, wok ? wrow + k0 / 2 : wsrc, wok);
-        if (WG == 1 || hf == 1) mw_cp16(cs + 16, wok ? wrow + k0 / 2 + 16 : wsrc, wok);
-        if (hf == 0) mw_cp4(sb + MW_S_OFF + (kb % MW_CST) * 512 + wr * 4, wok ? srow + k0 / 16 : ssrc, wok);
+        const uint32_t cs = sb + MW_C_OFF + (kb % MW_CST) * 4096 + tid * 32;
+        mw_cp16(cs, wok ? wrow + k0 / 2 : wsrc, wok);
+        mw_cp16(cs + 16, wok ? wrow + k0 / 2 + 16 : wsrc, wok);
+        mw_cp4(sb + MW_S_OFF + (kb % MW_CST) * 512 + tid * 4, wok ? srow + k0 / 16 : ssrc, wok);
     };
 
     float acc[64];
@@ -185,34 +179,27 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
         __syncthreads(); /* block kb landed for all; every buffer block kb+PF reuses is free */
         if (kb + PF < nk) load(kb + PF);
         mw_commit_cp();
-        { /* decode weight row wr (WG = 2: its half hf) of block kb into B buffer kb%2 (swizzled like A) */
-            constexpr int NQ = 8 / WG; /* 16-byte chunks of 8 values this thread decodes */
-            const unsigned char *cr = gb + MW_C_OFF + (kb % MW_CST) * 4096 + wr * 32 + hf * 16;
-            const uint32_t sw = *reinterpret_cast<const uint32_t *>(gb + MW_S_OFF + (kb % MW_CST) * 512 + wr * 4);
-            uint32_t cw[8];
-            const uint4 c0 = *reinterpret_cast<const uint4 *>(cr);
-            cw[0] = c0.x; cw[1] = c0.y; cw[2] = c0.z; cw[3] = c0.w;
-            if (WG == 1) {
-                const uint4 c1 = *reinterpret_cast<const uint4 *>(cr + 16);
-                cw[4] = c1.x; cw[5] = c1.y; cw[6] = c1.z; cw[7] = c1.w;
-            }
-            unsigned char *br = gb + MW_B_OFF + (kb & 1) * 16384 + wr * 128;
+        { /* decode weight row tid of block kb into B buffer kb%2 (swizzled like A) */
+            const unsigned char *cr = gb + MW_C_OFF + (kb % MW_CST) * 4096 + tid * 32;
+            const uint4 c0 = *reinterpret_cast<const uint4 *>(cr), c1 = *reinterpret_cast<const uint4 *>(cr + 16);
+            const uint32_t sw = *reinterpret_cast<const uint32_t *>(gb + MW_S_OFF + (kb % MW_CST) * 512 + tid * 4);
+            const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+            unsigned char *br = gb + MW_B_OFF + (kb & 1) * 16384 + tid * 128;
 #pragma unroll
-            for (int i = 0; i < NQ; i++) {
-                const int q = hf * 4 + i; /* the chunk: values 8q .. 8q + 7 of the block */
+            for (int q = 0; q < 8; q++) {
                 const uint32_t sc = cu_scale_bf16x2((uint8_t)(sw >> (8 * (q >> 1))));
                 uint32_t o[4];
-                cu_e2m1x8_to_bf16x8(cw[i], o);
+                cu_e2m1x8_to_bf16x8(cw[q], o);
 #pragma unroll
                 for (int r = 0; r < 4; r++) o[r] = cu_bf16x2_mul(o[r], sc);
-                *reinterpret_cast<uint4 *>(br + ((q ^ (wr & 7)) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
+                *reinterpret_cast<uint4 *>(br + ((q ^ (tid & 7)) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
             }
         }
         mw_fence_async();
         __syncthreads(); /* B buffer kb%2 decoded by all; A stage kb visible to the async proxy */
         mw_wg_fence();
         mw_fence_regs(acc);
-        const uint64_t da = mw_desc(sb + MW_A_OFF + (kb % MW_AST) * ASZ + (tid >> 7) * 8192); /* this warpgroup's rows */
+        const uint64_t da = mw_desc(sb + MW_A_OFF + (kb % MW_AST) * 8192);
         const uint64_t db = mw_desc(sb + MW_B_OFF + (kb & 1) * 16384);
 #pragma unroll
         for (int kk = 0; kk < MW_BK / 16; kk++) mw_mma(acc, da + 2 * kk, db + 2 * kk);
@@ -267,19 +254,15 @@ enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 
-template <int PF, int WG>
-static bool mw_ready1() {
-    cudaFuncAttributes fa;
-    const int sm = mw_lay<PF, WG>::SMEM;
-    return cudaFuncGetAttributes(&fa, mw_kernel<true, PF, WG>) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, mw_kernel<false, PF, WG>) == cudaSuccess &&
-           cudaFuncSetAttribute(mw_kernel<true, PF, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm) ==
-               cudaSuccess &&
-           cudaFuncSetAttribute(mw_kernel<false, PF, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm) == cudaSuccess;
-}
 template <int PF>
 static bool mw_ready() {
-    return mw_ready1<PF, 1>() && mw_ready1<PF, 2>();
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, mw_kernel<true, PF>) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, mw_kernel<false, PF>) == cudaSuccess &&
+           cudaFuncSetAttribute(mw_kernel<true, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
+               cudaSuccess;
 }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -313,32 +296,25 @@ int mw_available(void) {
     return s > 0;
 }
 
-template <bool GATEUP, int PF, int WG>
-static void mw_launch1(dim3 grid, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm, const int32_t *nt,
-                       int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts, bf16 *dbuf, cudaStream_t st) {
-    mw_kernel<GATEUP, PF, WG><<<grid, 128 * WG, mw_lay<PF, WG>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                                            wts, dbuf);
-}
-
 template <bool GATEUP>
-cudaError_t mw_launch(int n_out, int tiles_max, int wg, const mg_expert *tab, const int32_t *tile_e,
-                      const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                      const float *wts, bf16 *dbuf, cudaStream_t st) {
+cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                      const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                      bf16 *dbuf, cudaStream_t st) {
     const int per = GATEUP ? 64 : 128;
-    dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)((tiles_max + wg - 1) / wg));
-#define MW_L(PF, WG) mw_launch1<GATEUP, PF, WG>(grid, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st)
-    if (wg == 2) {
-        if (mw_pf == 4) MW_L(4, 2); else if (mw_pf == 3) MW_L(3, 2); else MW_L(2, 2);
-    } else {
-        if (mw_pf == 4) MW_L(4, 1); else if (mw_pf == 3) MW_L(3, 1); else MW_L(2, 1);
-    }
-#undef MW_L
+    dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
+    if (mw_pf == 4)
+        mw_kernel<GATEUP, 4><<<grid, MW_THREADS, mw_lay<4>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
+    else if (mw_pf == 3)
+        mw_kernel<GATEUP, 3><<<grid, MW_THREADS, mw_lay<3>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
+    else
+        mw_kernel<GATEUP, 2><<<grid, MW_THREADS, mw_lay<2>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf);
     return cudaGetLastError();
 }
 
-template cudaError_t mw_launch<true>(int, int, int, const mg_expert *, const int32_t *, const int32_t *,
-                                     const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
-                                     cudaStream_t);
-template cudaError_t mw_launch<false>(int, int, int, const mg_expert *, const int32_t *, const int32_t *,
-                                      const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
-                                      cudaStream_t);
+template cudaError_t mw_launch<true>(int, int, const mg_expert *, const int32_t *, const int32_t *, const int32_t *,
+                                     int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
+template cudaError_t mw_launch<false>(int, int, const mg_expert *, const int32_t *, const int32_t *, const int32_t *,
+                                      int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);

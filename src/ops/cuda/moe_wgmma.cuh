@@ -13,11 +13,10 @@ int mw_available(void);
  * below nt[0], arguments as mg_gemm_kernel's (moe_grouped.cu): tab [E + 1] on the device,
  * tile_e [tiles], perm [tiles·64], x [M, H], hbuf [R, ldh], wts [M, k + 1], dbuf [M·(k + 1), H];
  * n_out = the widest output (gate/up: max I, down: H); every expert of a tile below nt[0] must
- * have NVFP4 weights with K (H for gate/up, I for down) a multiple of 64. wg = 2: tiles in pairs
- * (2y, 2y + 1) of one expert (the plan padded every slot to 128 rows), one CTA a pair. */
+ * have NVFP4 weights with K (H for gate/up, I for down) a multiple of 64. */
 template <bool GATEUP>
-cudaError_t mw_launch(int n_out, int tiles_max, int wg, const mg_expert *tab, const int32_t *tile_e,
-                      const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                      const float *wts, bf16 *dbuf, cudaStream_t st);
+cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                      const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                      bf16 *dbuf, cudaStream_t st);
 
 #endif

@@ -4,7 +4,7 @@
 #   test_ops_device, test_graph_ops ...), one verdict line each;
 # - pytest on tests/test_gpu_*.py with the staged binary (BUILD=dir of BIN) and the fixtures
 #   staged at dir-of-BIN/fixtures/models (LS_SHARED), per-test limit 90 s.
-# device-limit: 300
+# device-limit: 360 (S9-R3: cut at 260 s, before pytest printed anything)
 set -u
 BIN=${1:?usage: gputests.sh BIN OUTDIR}
 OUT=${2:?usage: gputests.sh BIN OUTDIR}
@@ -21,4 +21,5 @@ for t in "$D"/tests/test_*; do
     [ $rc -ne 0 ] && tail -20 "$OUT/$n.log"
 done
 export BUILD=$D LS_SHARED=$D
-python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfEs --durations=15 tests/test_gpu_*.py 2>&1 | tail -60
+# streamed, not piped through tail: a round that runs out of time still shows every verdict so far
+python3 -u -m pytest -v -p no:cacheprovider --timeout 90 -rfEs --durations=15 tests/test_gpu_*.py 2>&1

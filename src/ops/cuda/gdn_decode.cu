@@ -126,6 +126,76 @@ __device__ __forceinline__ float gd_conv(const float4 w, float win[GD_K - 1], fl
     return gd_silu(acc);
 }
 
+/* The prologue every form shares. A channel's conv window (K − 1 fp32, oldest first) in the
+ * per-slot conv state [n_slots, D, K − 1]: */
+__device__ __forceinline__ float *gd_win(float *conv_st, int slot, int D, int ch) {
+    return conv_st + ((size_t)slot * D + ch) * (GD_K - 1);
+}
+
+/* the windows and conv weights of the lane's CH q channels from qch and CH k channels from kch */
+template <int CH>
+__device__ __forceinline__ void gd_ld_qk(float *conv_st, const float *__restrict__ conv_w, int slot, int D, int qch,
+                                         int kch, float wq[CH][GD_K - 1], float wk[CH][GD_K - 1], float4 cwq[CH],
+                                         float4 cwk[CH]) {
+    const float *stq = gd_win(conv_st, slot, D, qch), *stk = gd_win(conv_st, slot, D, kch);
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+#pragma unroll
+        for (int i = 0; i < GD_K - 1; i++) {
+            wq[c][i] = stq[c * (GD_K - 1) + i];
+            wk[c][i] = stk[c * (GD_K - 1) + i];
+        }
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * GD_K));
+        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * GD_K));
+    }
+}
+
+/* v channel vch of v head j: its window and conv weights, and the head's −exp(A_log) and dt_bias */
+__device__ __forceinline__ void gd_ld_v(float *conv_st, const float *__restrict__ conv_w,
+                                        const float *__restrict__ A_log, const float *__restrict__ dt_bias, int slot,
+                                        int D, int vch, int j, float wv[GD_K - 1], float4 &cwv, float &al, float &db) {
+    const float *stv = gd_win(conv_st, slot, D, vch);
+#pragma unroll
+    for (int i = 0; i < GD_K - 1; i++) wv[i] = stv[i];
+    cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * GD_K));
+    al = -expf(A_log[j]);
+    db = dt_bias[j];
+}
+
+/* the rolled q/k windows back to the conv state */
+template <int CH>
+__device__ __forceinline__ void gd_st_qk(float *conv_st, int slot, int D, int qch, int kch,
+                                         const float wq[CH][GD_K - 1], const float wk[CH][GD_K - 1]) {
+    float *q = gd_win(conv_st, slot, D, qch), *k = gd_win(conv_st, slot, D, kch);
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+#pragma unroll
+        for (int i = 0; i < GD_K - 1; i++) {
+            q[c * (GD_K - 1) + i] = wq[c][i];
+            k[c * (GD_K - 1) + i] = wk[c][i];
+        }
+}
+
+/* one token's conv of the lane's CH q and k channels (raw inputs xq, xk): the outputs to tq, tk
+ * [DK] (channels lane·CH ..), the lane's partial sums of q·q, k·k and q·k added to ssq, ssk, sqk */
+template <int CH>
+__device__ __forceinline__ void gd_conv_qk(const float4 cwq[CH], const float4 cwk[CH], float wq[CH][GD_K - 1],
+                                           float wk[CH][GD_K - 1], const float xq[CH], const float xk[CH], float *tq,
+                                           float *tk, int lane, float &ssq, float &ssk, float &sqk) {
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        const float cq = gd_conv(cwq[c], wq[c], xq[c]);
+        const float ck = gd_conv(cwk[c], wk[c], xk[c]);
+        ssq = fmaf(cq, cq, ssq);
+        ssk = fmaf(ck, ck, ssk);
+        sqk = fmaf(cq, ck, sqk);
+        tq[lane * CH + c] = cq;
+        tk[lane * CH + c] = ck;
+    }
+}
+
 /* The per-token scalar math that gd_body and gd_kernel_s (the streamed form) share, in one
  * place so that both compile it to the same instructions (same contractions, same bits):
  * e^g = exp(−exp(A_log)·softplus(a + dt_bias)) (torch's softplus threshold 20) and β = sigmoid(b) */
@@ -211,29 +281,13 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
     /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh, v channel of column cs·GD_WC + vl
      * (lanes vl and vl + 16 both run it; the first one publishes it) */
     const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * dv + cs * GD_WC + vl;
-    const float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
-    const float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
-    float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
-    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1];
-#pragma unroll
-    for (int c = 0; c < CH; c++)
-#pragma unroll
-        for (int i = 0; i < K - 1; i++) {
-            wq[c][i] = stq[c * (K - 1) + i];
-            wk[c][i] = stk[c * (K - 1) + i];
-        }
-#pragma unroll
-    for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
-
-    /* the conv weights of the lane's channels, for all tokens */
-    float4 cwq[CH], cwk[CH];
-#pragma unroll
-    for (int c = 0; c < CH; c++) {
-        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
-        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
-    }
-    const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
-    const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    float *stv = gd_win(conv_st, slot, D, vch);
+    /* the windows and conv weights of the lane's channels, for all tokens */
+    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1], al, db;
+    float4 cwq[CH], cwk[CH], cwv;
+    gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
+    gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
+    const float qscale = rsqrtf((float)DK);
     /* the fused norm: lane (rg, cg) scales column hc of its head (every rg holds the warp's 4
      * column sums, so lanes rg and rg + 4 share one); nbh blocks per head, the first hb0 */
     const int nwb = blockDim.x >> 5, nbh = nsl / nwb, hb0 = blockIdx.x % cl - cs / nwb, hc = col + (rg & 3);
@@ -274,16 +328,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
             decay[u] = beta[u] = 0.f;
             if (u < nt) {
                 float *tq = gq + u * GD_TOK(DK), *tk = tq + DK, *tv = tk + DK;
-#pragma unroll
-                for (int c = 0; c < CH; c++) {
-                    const float cq = gd_conv(cwq[c], wq[c], xq[u][c]);
-                    const float ck = gd_conv(cwk[c], wk[c], xk[u][c]);
-                    ssq[u] = fmaf(cq, cq, ssq[u]);
-                    ssk[u] = fmaf(ck, ck, ssk[u]);
-                    sqk[u] = fmaf(cq, ck, sqk[u]);
-                    tq[lane * CH + c] = cq;
-                    tk[lane * CH + c] = ck;
-                }
+                gd_conv_qk<CH>(cwq, cwk, wq, wk, xq[u], xk[u], tq, tk, lane, ssq[u], ssk[u], sqk[u]);
                 const float cv = gd_conv(cwv, wv, xv[u]);
                 if (lane < GD_WC) tv[lane] = cv;
                 gd_gate_beta(xa[u], xb[u], al, db, decay[u], beta[u]);
@@ -406,14 +451,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
     if (fuse && T == 0) asm volatile("barrier.cluster.wait;" ::: "memory");
     if (!fuse) asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;\n" ::: "memory");
     if (blockIdx.x % cl == 0 && warp == 0) {
-        float *q = conv_st + ((size_t)slot * D + qch) * (K - 1), *k = conv_st + ((size_t)slot * D + kch) * (K - 1);
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-#pragma unroll
-            for (int i = 0; i < K - 1; i++) {
-                q[c * (K - 1) + i] = wq[c][i];
-                k[c * (K - 1) + i] = wk[c][i];
-            }
+        gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
     }
 }
 
@@ -580,27 +618,12 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh (as gd_kernel's warps), v channel
      * 32·warp + lane of head j */
     const int qch = kh * DK + lane * CH, kch = nk * DK + qch, vch = 2 * nk * DK + j * DV + warp * 32 + lane;
-    const float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
-    const float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
-    float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
-    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1];
-#pragma unroll
-    for (int c = 0; c < CH; c++)
-#pragma unroll
-        for (int i = 0; i < K - 1; i++) {
-            wq[c][i] = stq[c * (K - 1) + i];
-            wk[c][i] = stk[c * (K - 1) + i];
-        }
-#pragma unroll
-    for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
-    float4 cwq[CH], cwk[CH];
-#pragma unroll
-    for (int c = 0; c < CH; c++) {
-        cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
-        cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
-    }
-    const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
-    const float qscale = rsqrtf((float)DK), al = -expf(A_log[j]), db = dt_bias[j];
+    float *stv = gd_win(conv_st, slot, D, vch);
+    float wq[CH][K - 1], wk[CH][K - 1], wv[K - 1], al, db;
+    float4 cwq[CH], cwk[CH], cwv;
+    gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
+    gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
+    const float qscale = rsqrtf((float)DK);
     const bool fuse = z != nullptr;
     const int col = warp * 32 + 4 * cg, hc = col + r; /* the lane's 4 columns; the one it writes */
     const float gwn = fuse ? nrm_w[hc] : 0.f;
@@ -620,16 +643,7 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
         const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
         float ssq = 0.f, ssk = 0.f, sqk = 0.f, decay, beta;
         __syncwarp(); /* the previous token's q, k, v are read */
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            const float cq = gd_conv(cwq[c], wq[c], xq[c]);
-            const float ck = gd_conv(cwk[c], wk[c], xk[c]);
-            ssq = fmaf(cq, cq, ssq);
-            ssk = fmaf(ck, ck, ssk);
-            sqk = fmaf(cq, ck, sqk);
-            tq[lane * CH + c] = cq;
-            tk[lane * CH + c] = ck;
-        }
+        gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
         tv[lane] = gd_conv(cwv, wv, xv);
         gd_gate_beta(xa, xb, al, db, decay, beta);
 #pragma unroll
@@ -670,14 +684,7 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
     asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
     if (j % (nv / nk) == 0 && warp == 0) {
-        float *q = conv_st + ((size_t)slot * D + qch) * (K - 1), *k = conv_st + ((size_t)slot * D + kch) * (K - 1);
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-#pragma unroll
-            for (int i = 0; i < K - 1; i++) {
-                q[c * (K - 1) + i] = wq[c][i];
-                k[c * (K - 1) + i] = wk[c][i];
-            }
+        gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
     }
 }
 
@@ -769,33 +776,16 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
         const bf16 *rw = qkv + row * D;
         if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
             const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
-            float *stq = conv_st + ((size_t)slot * D + qch) * (K - 1);
-            float *stk = conv_st + ((size_t)slot * D + kch) * (K - 1);
             float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
             float4 cwq[CH], cwk[CH];
+            gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
 #pragma unroll
             for (int c = 0; c < CH; c++) {
-#pragma unroll
-                for (int i = 0; i < K - 1; i++) {
-                    wq[c][i] = stq[c * (K - 1) + i];
-                    wk[c][i] = stk[c * (K - 1) + i];
-                }
-                cwq[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(qch + c) * K));
-                cwk[c] = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)(kch + c) * K));
                 xq[c] = __bfloat162float(rw[qch + c]);
                 xk[c] = __bfloat162float(rw[kch + c]);
             }
             float ssq = 0.f, ssk = 0.f, sqk = 0.f;
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                const float cq = gd_conv(cwq[c], wq[c], xq[c]);
-                const float ck = gd_conv(cwk[c], wk[c], xk[c]);
-                ssq = fmaf(cq, cq, ssq);
-                ssk = fmaf(ck, ck, ssk);
-                sqk = fmaf(cq, ck, sqk);
-                tq[lane * CH + c] = cq;
-                tk[lane * CH + c] = ck;
-            }
+            gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
 #pragma unroll
             for (int o = 16; o; o >>= 1) {
                 ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
@@ -808,26 +798,18 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 scal[1] = rk;
                 scal[2] = sqk * rq * rk;
             }
-#pragma unroll
-            for (int c = 0; c < CH; c++)
-#pragma unroll
-                for (int i = 0; i < K - 1; i++) {
-                    stq[c * (K - 1) + i] = wq[c][i];
-                    stk[c * (K - 1) + i] = wk[c][i];
-                }
+            gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
         }
         for (int jj = 0; jj < ratio; jj++, t++) {
             const int j = kh * ratio + jj, bi = t % GP_NB;
             /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
             const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
-            float *stv = conv_st + ((size_t)slot * D + vch) * (K - 1);
-            float wv[K - 1];
-#pragma unroll
-            for (int i = 0; i < K - 1; i++) wv[i] = stv[i];
-            const float4 cwv = __ldg(reinterpret_cast<const float4 *>(conv_w + (size_t)vch * K));
+            float *stv = gd_win(conv_st, slot, D, vch);
+            float wv[K - 1], al, db;
+            float4 cwv;
+            gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
             const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
             const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
-            const float al = -expf(A_log[j]), db = dt_bias[j];
             float decay, beta;
             tv[lane] = gd_conv(cwv, wv, xv);
 #pragma unroll

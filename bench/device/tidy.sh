@@ -1,93 +1,92 @@
-#!/usr/bin/env bash
-# device-limit: 90
-# bench/device/tidy.sh: the sampler's sampled row (sample.cu; task tidy, RESULTS "Sampling: (S8)")
-# and the GPU tests of S8's deletions, for the integrator's device rounds (notes DEVICE_ROUNDS.md).
+#!/bin/bash
+# bench/device/tidy.sh: task tidy (S10): gdn_decode.cu's shared prologue (every form bit for bit as
+# before) and gd_kernel_p's prefetch (LASTSTAND_GDN_PREFETCH: a task's small inputs loaded while the
+# task before computes), with the GPU tests of the files the task moved (test_prefix_cuda).
+# device-limit: 240
 #
 #   bash bench/device/tidy.sh BIN OUTDIR
 #
-# 1. test_sample_cuda (beside BIN: tests/): every host-oracle case on every form (one block; a
-#    cluster with the row in global memory or, LASTSTAND_SAMPLE_SM=1, each block's share of it in
-#    shared memory; each without and with the top_k / top logprobs bound from the widen's warp
-#    maxima, LASTSTAND_SAMPLE_LB), their kept sets / seeded tokens against the one-block form
-#    and the host.
-# 2. test_sample_cuda --bench: µs a call, 248320-wide BF16 rows, batch 1 and 16, those four forms.
-# 3. test_sample_cuda --phases: the shared-memory form's phase times (clock64 stamps) of one row,
-#    without and with the bound.
-# 4. test_gemv_cuda, test_gdn_decode_cuda (after S8's deletions in gemv.cu).
-# 5. The engine's mean decode step (`generate`, CUDA graphs, 512-token prompt + 129 tokens) of
-#    synth Qwen3.5-35B-A3B, 8 layers, seeded T 0.7 top_k 20 top_p 0.95 and T 0.7 top_p 0.9: S7's
-#    form (LASTSTAND_SAMPLE_LB=0 LASTSTAND_SAMPLE_SM=0), the defaults (the bound, the row in shared
-#    memory up to 8 rows), LASTSTAND_SAMPLE_SM=0 (the ids must agree), and greedy.
-# Each step is bounded by `timeout`; the whole script stays under 90 s.
+# 1. cmocka test_gdn_decode_cuda: gd_kernel_s / gd_kernel_p == gd_kernel bit for bit (35B, 397B,
+#    dk 64, fixture shapes; 1, 6, 0 tokens; fused norm and not; the 16-sequence step), gd_kernel_p
+#    with LASTSTAND_GDN_PREFETCH=0 and =1; test_prefix_cuda (its fixture setup now shared).
+# 2. test_gdn_decode_cuda --bench: µs a call (CUDA events, L2 flushed before each call) of the
+#    decode step of 8 / 16 / 64 sequences, 35B and 397B shapes: gd_kernel, gd_kernel_p,
+#    gd_kernel_p + prefetch, interleaved; their outputs of one call compared.
+# 3. ncu (caches flushed) on the wide-step test: gd_kernel_p's 132-block launches, prefetch off
+#    (<128, false>) and on (<128, true>): duration, occupancy, issue, stalls, DRAM %.
+# 4. pytest tests/test_gpu_gdn_decode.py (doctor fp64 cells, fixtures' logits, graphs == eager),
+#    with the prefetch on (gd_kernel_p runs only at wide steps: the doctor's M = 16, 64 rows mix
+#    prompt chunks, so this is mostly the shared prologue's check).
+# 5. (time left) the engine's decode step: serve of the 40-layer synth 35B, c = 16 (32 x 1024 in /
+#    256 out), CUDA graphs, LASTSTAND_GDN_PREFETCH=0 then =1.
 . "$(dirname "$0")/lib.sh"
-dev_init tidy 86 "$@"
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt
-       --lm-head-backend cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+dev_init tidy 236 "$@"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+TEST=$D/tests/test_gdn_decode_cuda
 
-T="$D/tests/test_sample_cuda"
-echo "== test_sample_cuda $(el)"
-if [ -x "$T" ]; then
-    timeout -k 3 40 "$T" >"$OUT/test_sample_cuda.log" 2>&1
-    echo "rc=$? (0: every test passed) $(el)"
-    grep -E "^\[==========\] Running|^\[  (PASSED|FAILED) |SKIPPED|rror|Assert|failure|row [0-9]+:|not in the host" \
-        "$OUT/test_sample_cuda.log" | head -40
-    echo "== test_sample_cuda --bench $(el)"
-    timeout -k 3 25 "$T" --bench >"$OUT/sample_bench.log" 2>&1
-    echo "rc=$? $(el)"
-    cut -c1-300 "$OUT/sample_bench.log" | tail -34
-    echo "== test_sample_cuda --phases $(el)"
-    timeout -k 3 10 "$T" --phases >"$OUT/sample_phases.log" 2>&1
-    echo "rc=$? $(el)"
-    cut -c1-400 "$OUT/sample_phases.log" | tail -14
-else
-    echo "missing: $T"
-fi
-
-for t in test_gemv_cuda test_gdn_decode_cuda; do
+# 1. the bitwise tests
+for t in test_gdn_decode_cuda test_prefix_cuda; do
     echo "== cmocka $t $(el)"
     if [ -x "$D/tests/$t" ]; then
-        timeout -k 3 30 "$D/tests/$t" >"$OUT/$t.log" 2>&1
+        timeout -k 3 50 "$D/tests/$t" >"$OUT/$t.log" 2>&1
         echo "rc=$? (0: every test passed) $(el)"
-        grep -E "^\[  (PASSED|FAILED) |SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -6
+        grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|SKIPPED|differs|rror|skipping" "$OUT/$t.log" | head -12
     else
         echo "missing: $D/tests/$t"
     fi
 done
 
-# gen tag timeout args...: mean decode step (the engine's "decode steps" line) and the ids
-gen() {
-    local tag=$1 lim=$2
-    shift 2
-    env ${GEN_ENV:-} timeout -k 3 "$lim" "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=8" \
-        --ids "$(ids 512)" --max-new-tokens 129 --device cuda "${PLANS[@]}" "$@" >"$OUT/gen-$tag.out" 2>&1
-    local rc=$?
-    printf '  %-12s rc=%d %s | %s\n' "$tag" $rc "$(grep -oE '[0-9]+ decode steps[^|]*ms each' "$OUT/gen-$tag.out" | head -1)" \
-        "$(grep -oE '"ids": *\[[0-9, ]{0,60}' "$OUT/gen-$tag.out" | head -1)"
-    [ $rc = 0 ] || grep -iE "error|fail" "$OUT/gen-$tag.out" | head -3
-}
-same_ids() { # tag tag
-    local a b
-    a=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$1.out" 2>/dev/null)
-    b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$2.out" 2>/dev/null)
-    echo "  ids $1 == $2: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
-}
-echo "== decode step, synth 35B 8 layers: before S8 (LB=0 SM=0), the default (LB, SM), SM=0 $(el)"
-for f in old def sm0; do
-    [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
-    env=""
-    [ $f = old ] && env="LASTSTAND_SAMPLE_LB=0 LASTSTAND_SAMPLE_SM=0"
-    [ $f = sm0 ] && env="LASTSTAND_SAMPLE_SM=0"
-    GEN_ENV="$env" gen "k20p95-$f" 20 --temperature 0.7 --top-k 20 --top-p 0.95 --seed 7
+# 2. the timings, interleaved
+if [ -x "$TEST" ]; then
+    echo "== test_gdn_decode_cuda --bench $(el)"
+    timeout -k 3 40 "$TEST" --bench >"$OUT/bench.log" 2>&1
+    echo "rc=$? $(el)"
+    cut -c1-300 "$OUT/bench.log" | tail -12
+fi
+
+# 3. ncu: gd_kernel_p at 16 sequences, prefetch off and on
+if [ -n "$NCU" ] && [ -x "$TEST" ] && [ "$(left)" -gt 100 ]; then
+    echo "== ncu: the wide-step test, gd_kernel_p launches (132 blocks: 16 sequences) $(el)"
+    LS_TEST_FILTER=test_wide_decode_step_equals_the_group_kernel \
+        timeout -k 2 40 "$NCU" --clock-control none -k regex:"gd_kernel_p" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats "$TEST" >"$OUT/ncu-gp.txt" 2>&1
+    echo "rc=$? $(el)"
+    python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gp.txt" | grep -A1 -E "132x1 x" | grep -v "^--"
+    grep -E "==ERROR|==WARNING.*(not|fail)" "$OUT/ncu-gp.txt" | head -3
+else
+    echo "== ncu: skipped (no ncu, no test binary or time)"
+fi
+
+# 4. pytest, the prefetch on
+if [ "$(left)" -gt 90 ]; then
+    echo "== pytest tests/test_gpu_gdn_decode.py (LASTSTAND_GDN_PREFETCH=1) $(el)"
+    BUILD=$D LS_SHARED=$D LASTSTAND_GDN_PREFETCH=1 timeout -k 3 60 python3 -u -m pytest -q -p no:cacheprovider \
+        -rfEs tests/test_gpu_gdn_decode.py >"$OUT/pytest.log" 2>&1
+    echo "rc=$? $(el)"
+    tail -6 "$OUT/pytest.log" | cut -c1-200
+fi
+
+# 5. the engine's decode step at c = 16 (40 layers, CUDA graphs), prefetch off / on
+PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
+       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:16,cuda_cublaslt
+       --lm-head-backend cuda_cublaslt --trust-backend)
+PORT=$((36000 + $$ % 2000))
+n=0
+for v in 0 1; do
+    lim=$(( $(left) - 3 ))
+    [ "$lim" -gt 24 ] || { echo "== e2e LASTSTAND_GDN_PREFETCH=$v: skipped (time)"; continue; }
+    [ "$lim" -gt 32 ] && lim=32
+    n=$((n + 1))
+    echo "== e2e LASTSTAND_GDN_PREFETCH=$v: serve synth 35B (40 layers), CUDA graphs, c = 16, 32 x 1024 in / 256 out $(el)"
+    LASTSTAND_GDN_PREFETCH=$v BIN="$BIN" PORT=$((PORT + n)) CONCURRENCY=16 NUM_PROMPTS=32 INPUT_LEN=1024 OUTPUT_LEN=256 \
+        WARMUP=1 HEALTH_TIMEOUT=$(( lim - 12 )) timeout -k 5 "$lim" bash bench/run_e2e.sh "$OUT/e2e-$v" qwen3.5-35b-a3b -- \
+        --device cuda "${PLANS[@]}" >"$OUT/e2e-$v.out" 2>&1
+    echo "rc=$? $(el) $(grep -E "startup_s" "$OUT/e2e-$v/meta.txt" 2>/dev/null)"
+    E=$OUT/e2e-$v
+    [ -f "$E/SUMMARY.md" ] && echo "  conc | ok | out tok/s | TTFT p50 | TPOT p50 ms | TPOT p99 ms | ITL p50 ms" &&
+        grep -E "^\| 16 \|" "$E/SUMMARY.md" | cut -d'|' -f2,4,6,8,10,11,12 | sed 's/^/  /'
+    grep -E "decode steps of|ERROR|error" "$E/server.log" 2>/dev/null | cut -c1-200 | tail -3
+    [ -f "$E/SUMMARY.md" ] || tail -5 "$E.out"
 done
-same_ids k20p95-old k20p95-def
-same_ids k20p95-old k20p95-sm0
-for f in old def; do
-    [ "$(left)" -gt 12 ] || { echo "  (skipped: time)"; continue; }
-    GEN_ENV="$([ $f = old ] && echo LASTSTAND_SAMPLE_LB=0 LASTSTAND_SAMPLE_SM=0)" gen "p90-$f" 20 --temperature 0.7 --top-p 0.9 --seed 11
-done
-same_ids p90-old p90-def
-grep -h "row stays in global memory" "$OUT"/gen-*.out | sort -u | head -2
-[ "$(left)" -gt 12 ] && gen greedy 20
 echo "total $(( $(date +%s) - T0 )) s"

@@ -19,7 +19,10 @@
  * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
  * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
- * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step.
+ * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step,
+ * without and with its inputs loaded a task ahead (LASTSTAND_GDN_PREFETCH=0, 1).
+ * `test_gdn_decode_cuda --bench`: µs a call (CUDA events, L2 flushed before each) of the 16-sequence
+ * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p, gd_kernel_p with the prefetch.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -292,15 +295,18 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s */
-    static const char *const modes[] = {"0", "2", "3", "4"};
-    for (int v = 0; v < 4; v++) {
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s;
+     * gd_kernel_p without and with its inputs loaded a task ahead (LASTSTAND_GDN_PREFETCH) */
+    static const char *const modes[] = {"0", "2", "3", "4", "2", "3"}, *const pf[] = {"0", "0", "0", "0", "1", "1"};
+    for (int v = 0; v < 6; v++) {
         setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
+        setenv("LASTSTAND_GDN_PREFETCH", pf[v], 1);
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);
         t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
     }
     unsetenv("LASTSTAND_GDN_STREAM");
+    unsetenv("LASTSTAND_GDN_PREFETCH");
 #else
     skip();
 #endif
@@ -349,8 +355,12 @@ static void test_streamed_equals_the_group_kernel(void **st) {
             stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse, "1");
             stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "1"); /* M = 1 alone */
             stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "1");
-            stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
-            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
+            for (int pf = 0; pf < 2; pf++) { /* gd_kernel_p's inputs loaded when a task starts, a task ahead */
+                setenv("LASTSTAND_GDN_PREFETCH", pf ? "1" : "0", 1);
+                stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
+                stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
+            }
+            unsetenv("LASTSTAND_GDN_PREFETCH");
         }
     unsetenv("LASTSTAND_GDN_STREAM");
 #else
@@ -371,11 +381,127 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 #endif
 }
 
-int main(void) {
+#ifdef LS_HAVE_CUDA
+/* `test_gdn_decode_cuda --bench`: µs a call (CUDA events around the backend's run, the L2 flushed
+ * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
+ * step of n one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
+ * GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) with its inputs loaded when a
+ * task starts (LASTSTAND_GDN_PREFETCH=0) and a task ahead (=1); the forms interleaved call by call,
+ * median and min of IT calls each, and whether the forms' outputs of the last call agree. */
+#include <cuda_runtime_api.h>
+static int bench(void) {
+    if (!have_gpu()) return 1;
+    const gdn_impl *g = ops_gdn_find("cuda_decode");
+    if (!g) return 1;
+    enum { K = 4, IT = 40, NF = 3 };
+    static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p+prefetch"};
+    static const char *const fst[NF] = {"0", "3", "3"}, *const fpf[NF] = {"0", "0", "1"};
+    static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {8, 16, 64};
+    const int dk = 128, dv = 128;
+    ls_err e = {0};
+    const size_t nflush = (size_t)256 << 20;
+    void *flush = g_mem->alloc(nflush, &e);
+    cudaEvent_t e0, e1;
+    if (!flush || cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        fprintf(stderr, "bench: no memory or events (%s)\n", e.msg);
+        return 1;
+    }
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            const int nk = shapes[si][0], nv = shapes[si][1], n = ns[ni], D = 2 * nk * dk + nv * dv;
+            gdn_seq *seqs = calloc(n, sizeof *seqs);
+            for (int i = 0; i < n; i++) seqs[i] = (gdn_seq){.slot = (i * 7 + 3) % n, .n_new = 1, .row0 = i};
+            uint16_t *qkv = bf16_rand((size_t)n * D, 2.f), *a = bf16_rand((size_t)n * nv, 2.f),
+                     *b = bf16_rand((size_t)n * nv, 2.f), *z = bf16_rand((size_t)n * nv * dv, 3.f);
+            float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
+                  *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
+            const size_t nconv = (size_t)n * D * (K - 1), nrec = (size_t)n * nv * dk * dv;
+            float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
+            void *dqkv = dev_copy(qkv, (size_t)n * D * 2), *da = dev_copy(a, (size_t)n * nv * 2),
+                 *db = dev_copy(b, (size_t)n * nv * 2), *dz = dev_copy(z, (size_t)n * nv * dv * 2);
+            float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4),
+                  *ddt = dev_copy(dt_bias, nv * 4), *dnw = dev_copy(nw, dv * 4);
+            gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n);
+            float *dconv = dev_copy(conv, nconv * 4), *drec = dev_copy(rec, nrec * 4);
+            void *dout[NF];
+            uint16_t *hout[NF];
+            gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal,
+                       .dt_bias = ddt};
+            gdn_state st = {.conv = dconv, .rec = drec, .n_slots = n};
+            float us[NF][IT];
+            int done = 0, ok = 1;
+            for (int f = 0; f < NF; f++) {
+                dout[f] = dev_copy(z, (size_t)n * nv * dv * 2);
+                hout[f] = malloc((size_t)n * nv * dv * 2);
+            }
+            for (int it = -3; it < IT; it++)
+                for (int f = 0; f < NF; f++) {
+                    setenv("LASTSTAND_GDN_STREAM", fst[f], 1);
+                    setenv("LASTSTAND_GDN_PREFETCH", fpf[f], 1);
+                    gdn_args ga = {.n_seq = n, .seqs = dseqs, .seqs_host = seqs, .n_tok = n, .w = &w, .qkv = dqkv,
+                                   .a = da, .b = db, .st = &st, .out = dout[f], .dt = ACT_BF16, .z = dz,
+                                   .norm_w = dnw, .norm_eps = 1e-6f, .norm_done = &done};
+                    /* the last round: every form from the same (initial) state, so their outputs compare */
+                    if (it == IT - 1) {
+                        g_mem->h2d(drec, rec, nrec * 4, g_st, &e);
+                        g_mem->h2d(dconv, conv, nconv * 4, g_st, &e);
+                    }
+                    g_mem->memset0(flush, nflush, g_st, &e);
+                    cudaEventRecord(e0, (cudaStream_t)g_st);
+                    if (g->run(&ga, g_st, &e)) {
+                        fprintf(stderr, "bench: %s\n", e.msg);
+                        return 1;
+                    }
+                    cudaEventRecord(e1, (cudaStream_t)g_st);
+                    if (g_mem->sync(g_st, &e)) {
+                        fprintf(stderr, "bench: %s\n", e.msg);
+                        return 1;
+                    }
+                    float ms = 0.f;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (it >= 0) us[f][it] = 1000.f * ms;
+                }
+            for (int f = 0; f < NF; f++) g_mem->d2h(hout[f], dout[f], (size_t)n * nv * dv * 2, g_st, &e);
+            for (int f = 1; f < NF; f++) ok &= !memcmp(hout[0], hout[f], (size_t)n * nv * dv * 2);
+            printf("gdn decode step nk %d nv %d dk %d, %2d sequences (L2 flushed), us median / min:", nk, nv, dk, n);
+            for (int f = 0; f < NF; f++) {
+                float *v = us[f];
+                for (int i = 1; i < IT; i++) /* insertion sort */
+                    for (int j2 = i; j2 > 0 && v[j2 - 1] > v[j2]; j2--) {
+                        const float t = v[j2];
+                        v[j2] = v[j2 - 1];
+                        v[j2 - 1] = t;
+                    }
+                printf(" %s %.2f / %.2f;", fname[f], v[IT / 2], v[0]);
+            }
+            printf(" outputs of the forms %s\n", ok ? "equal" : "DIFFER");
+            for (int f = 0; f < NF; f++) {
+                g_mem->free(dout[f]);
+                free(hout[f]);
+            }
+            void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs, dconv, drec};
+            for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+            void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec, seqs};
+            for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+        }
+    unsetenv("LASTSTAND_GDN_STREAM");
+    unsetenv("LASTSTAND_GDN_PREFETCH");
+    g_mem->free(flush);
+    return 0;
+}
+#endif
+
+int main(int argc, char **argv) {
     /* LS_TEST_FILTER: run only the tests whose name matches (bench/device/gdn16.sh profiles one) */
     const char *f = getenv("LS_TEST_FILTER");
     if (f && *f) cmocka_set_test_filter(f);
     setenv("LASTSTAND_GDN_NORM", "1", 0);
+#ifdef LS_HAVE_CUDA
+    if (argc > 1 && !strcmp(argv[1], "--bench")) return bench(); /* the engine's T1 default */
+#else
+    (void)argv;
+    if (argc > 1) return 0;
+#endif
     setenv("LASTSTAND_GDN_T1", "2", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_norm_equals_the_two_ops),

@@ -699,7 +699,13 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * before any store). The unit's q/k conv runs once, in warp 0 (the lane split of gd_kernel's
  * warps, so the same bits), and warp 0 rolls the q/k window itself (a unit belongs to one block:
  * no cluster); the per-token math is gs_token's. Sequences with no token are skipped by producer
- * and consumers alike (the same walk over the sequence table). */
+ * and consumers alike (the same walk over the sequence table).
+ * PF (LASTSTAND_GDN_PREFETCH, gp_prefetch): a task's small inputs (its v channel's window and conv
+ * weights, A_log, dt_bias, the projection's v, a, b, z) are loaded into registers while the task
+ * before computes, the next unit's sequence-table entry at the unit's start and its q/k inputs
+ * (warp 0; 64 registers more would spill at DK = 128) prefetched into L1 during its last task, so
+ * that a task's compute waits on its state's copy only (gdn16-R2: one dependent round trip a head
+ * before, ~2.4 TB/s at 16 sequences of the 35B shape). Loads only move: the same bits. */
 enum { GP_NB = 3 };
 static size_t gp_smem(int dk) {
     return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
@@ -715,7 +721,18 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-template <int DK>
+/* gd_kernel_p's small inputs of a task (every thread) and of a unit (warp 0): see ld_v, ld_qk */
+struct gp_vin {
+    float wv[GD_K - 1], al, db, xv, xa, xb, xz;
+    float4 cwv;
+};
+template <int CH>
+struct gp_qkin {
+    float wq[CH][GD_K - 1], wk[CH][GD_K - 1], xq[CH], xk[CH];
+    float4 cwq[CH], cwk[CH];
+};
+
+template <int DK, bool PF>
 __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * 4;
@@ -768,24 +785,60 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     const float gwn = fuse ? nrm_w[hc] : 0.f, qscale = rsqrtf((float)DK);
     __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
     cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
+    /* the small inputs of a task (v head j, every thread: its v channel's window and conv weights,
+     * the head's −exp(A_log) and dt_bias, the row's v, a, b, z) and of a unit (k head kh, warp 0: the
+     * lane's q/k windows, conv weights and raw inputs) of the sequence in slot at row */
+    auto ld_v = [&](gp_vin &v, int slot, size_t row, int j) {
+        const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
+        gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, v.wv, v.cwv, v.al, v.db);
+        v.xv = __bfloat162float(qkv[row * D + vch]);
+        v.xa = gd_bf(a, row * nv + j);
+        v.xb = gd_bf(b, row * nv + j);
+        v.xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
+    };
+    auto ld_qk = [&](gp_qkin<CH> &q, int slot, size_t row, int kh) {
+        const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
+        gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, q.wq, q.wk, q.cwq, q.cwk);
+        const bf16 *rw = qkv + row * D;
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            q.xq[c] = __bfloat162float(rw[qch + c]);
+            q.xk[c] = __bfloat162float(rw[kch + c]);
+        }
+    };
+    /* PF: the next unit's q/k inputs into L1 (warp 0; in registers they would spill at DK = 128) */
+    auto pf_qk = [&](int slot, size_t row, int kh) {
+        const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
+        const float *stq = gd_win(conv_st, slot, D, qch), *stk = gd_win(conv_st, slot, D, kch);
+        gd_prefetch_l1(stq);
+        gd_prefetch_l1(stq + CH * (K - 1) - 1);
+        gd_prefetch_l1(stk);
+        gd_prefetch_l1(stk + CH * (K - 1) - 1);
+        gd_prefetch_l1(conv_w + (size_t)qch * K);
+        gd_prefetch_l1(conv_w + (size_t)(qch + CH) * K - 1);
+        gd_prefetch_l1(conv_w + (size_t)kch * K);
+        gd_prefetch_l1(conv_w + (size_t)(kch + CH) * K - 1);
+        gd_prefetch_l1(qkv + row * D + qch);
+        gd_prefetch_l1(qkv + row * D + kch);
+    };
+    gp_vin vin;
+    gp_qkin<CH> qin;
     int t = 0, slot, T, row0;
-    for (int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0); u < n_units;
-         u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0)) {
+    int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0);
+    if (PF && u < n_units) { /* the first task's inputs; later ones are loaded a task ahead */
+        ld_v(vin, slot, row0, (u % nk) * ratio);
+    }
+    while (u < n_units) {
         const int kh = u % nk;
         const size_t row = (size_t)row0; /* T == 1: decode steps only */
-        const bf16 *rw = qkv + row * D;
+        /* PF: the next unit's sequence table entry, its loads in flight until its last task needs it */
+        int nu = u + G, nslot = 0, nT = 0, nrow0 = 0;
+        if (PF && nu < n_units) gd_ld_seq(meta + 3 * (nu / nk), nslot, nT, nrow0);
         if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
             const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
-            float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
-            float4 cwq[CH], cwk[CH];
-            gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                xq[c] = __bfloat162float(rw[qch + c]);
-                xk[c] = __bfloat162float(rw[kch + c]);
-            }
+            ld_qk(qin, slot, row, kh);
             float ssq = 0.f, ssk = 0.f, sqk = 0.f;
-            gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
+            gd_conv_qk<CH>(qin.cwq, qin.cwk, qin.wq, qin.wk, qin.xq, qin.xk, tq, tk, lane, ssq, ssk, sqk);
 #pragma unroll
             for (int o = 16; o; o >>= 1) {
                 ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
@@ -798,23 +851,30 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 scal[1] = rk;
                 scal[2] = sqk * rq * rk;
             }
-            gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
+            gd_st_qk<CH>(conv_st, slot, D, qch, kch, qin.wq, qin.wk);
         }
         for (int jj = 0; jj < ratio; jj++, t++) {
             const int j = kh * ratio + jj, bi = t % GP_NB;
             /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
-            const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
-            float *stv = gd_win(conv_st, slot, D, vch);
-            float wv[K - 1], al, db;
-            float4 cwv;
-            gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
-            const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
-            const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
+            if (!PF) ld_v(vin, slot, row, j);
             float decay, beta;
-            tv[lane] = gd_conv(cwv, wv, xv);
+            tv[lane] = gd_conv(vin.cwv, vin.wv, vin.xv);
+            float *stv = gd_win(conv_st, slot, D, 2 * nk * DK + j * DV + warp * 32 + lane);
 #pragma unroll
-            for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
-            gd_gate_beta(xa, xb, al, db, decay, beta);
+            for (int i = 0; i < K - 1; i++) stv[i] = vin.wv[i];
+            gd_gate_beta(vin.xa, vin.xb, vin.al, vin.db, decay, beta);
+            const float xz = vin.xz;
+            if (PF) { /* the next task's inputs, in flight while this one computes */
+                if (jj + 1 < ratio) {
+                    ld_v(vin, slot, row, j + 1);
+                } else {
+                    if (nu < n_units && nT <= 0) nu = gp_seek(meta, nu + G, n_units, nk, G, nslot, nT, nrow0);
+                    if (nu < n_units) {
+                        if (warp == 0) pf_qk(nslot, nrow0, nu % nk);
+                        ld_v(vin, nslot, nrow0, (nu % nk) * ratio);
+                    }
+                }
+            }
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
             uint32_t ok = 0;
             while (!ok)
@@ -841,6 +901,13 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 issue(bi);
             }
         }
+        if (PF) {
+            u = nu;
+            slot = nslot;
+            row0 = nrow0;
+        } else {
+            u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0);
+        }
     }
 }
 
@@ -857,7 +924,7 @@ static int gp_sms(void) {
     return n > 0 ? n : 132;
 }
 
-template <int DK>
+template <int DK, bool PF>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv, units = a->n_seq * w->nk;
@@ -869,7 +936,7 @@ static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t 
     cfg.dynamicSmemBytes = gp_smem(DK);
     cfg.stream = st;
     if (cfg.dynamicSmemBytes > 48 * 1024) {
-        cudaError_t c = cudaFuncSetAttribute(gd_kernel_p<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t c = cudaFuncSetAttribute(gd_kernel_p<DK, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)cfg.dynamicSmemBytes);
         if (c != cudaSuccess) return c;
     }
@@ -881,7 +948,7 @@ static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t 
     cfg.numAttrs = pdl ? 1 : 0;
     cudaError_t c;
     for (;;) {
-        c = cudaLaunchKernelEx(&cfg, gd_kernel_p<DK>, w->nk, w->nv, w->dv, D, a->n_seq, (const int32_t *)a->seqs,
+        c = cudaLaunchKernelEx(&cfg, gd_kernel_p<DK, PF>, w->nk, w->nv, w->dv, D, a->n_seq, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
                                w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
                                fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
@@ -1081,6 +1148,15 @@ static int gd_stream(void) {
     return cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
 }
 
+/* LASTSTAND_GDN_PREFETCH=0|1: gd_kernel_p loads each task's small inputs (windows, conv weights,
+ * A_log, dt_bias, the projection's row; warp 0 the unit's q/k ones) one task ahead, in flight while
+ * the current head computes (1), or when the task starts (0: gdn16-R2's form; a dependent round
+ * trip a head before its compute). The same arithmetic either way (test_gdn_decode_cuda).
+ * GP_PREFETCH_DEFAULT: off until a device round measures it. Read at every call (the test
+ * switches it between calls). */
+#define GP_PREFETCH_DEFAULT 0
+static int gp_prefetch(void) { return cu_env_switch("LASTSTAND_GDN_PREFETCH", GP_PREFETCH_DEFAULT); }
+
 /* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns), a k head's v heads a cluster
  * (at most 8), S of a head in shared memory (the opt-in limit of sm_90); it is built for dk = dv
  * (32, 64, 128: Qwen3.5's and Qwen3-Next's 128, the fixtures' 32) so that S's addresses are constants */
@@ -1179,10 +1255,13 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
     const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
+        const int pf = gp_prefetch();
         switch (w->dk) {
-        case 32: c = gp_launch<32>(a, fuse, gd_pdl(), st); break;
-        case 64: c = gp_launch<64>(a, fuse, gd_pdl(), st); break;
-        default: c = gp_launch<128>(a, fuse, gd_pdl(), st); break;
+        case 32: c = pf ? gp_launch<32, true>(a, fuse, gd_pdl(), st) : gp_launch<32, false>(a, fuse, gd_pdl(), st); break;
+        case 64: c = pf ? gp_launch<64, true>(a, fuse, gd_pdl(), st) : gp_launch<64, false>(a, fuse, gd_pdl(), st); break;
+        default:
+            c = pf ? gp_launch<128, true>(a, fuse, gd_pdl(), st) : gp_launch<128, false>(a, fuse, gd_pdl(), st);
+            break;
         }
     } else if (streamed) {
         switch (w->dk) {

@@ -111,3 +111,29 @@ class Server:
         status, data = r.status, r.read()
         c.close()
         return status, json.loads(data)
+
+
+def chat_tpot(srv, n, seed=1, timeout=300, **kw):
+    """Decode time per token of one streamed chat completion of exactly n tokens (min_tokens =
+    max_tokens = n, ignore_eos, T 1.0, no thinking; kw adds to or overrides the body): seconds
+    from the first chunk to the last over tokens - 1, and the tokens the usage chunk counts (0
+    when none came)."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": False},
+            "max_tokens": n, "min_tokens": n, "ignore_eos": True, "temperature": 1.0, "seed": seed, "stream": True,
+            "stream_options": {"include_usage": True}, **kw}
+    req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers=srv.headers())
+    t_first = t_last = None
+    k = 0
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            now = time.time()
+            if ev.get("choices"):
+                t_first = t_first or now
+                t_last = now
+            if ev.get("usage"):
+                k = ev["usage"]["completion_tokens"]
+    return (t_last - t_first) / max(1, k - 1), k

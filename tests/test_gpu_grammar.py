@@ -16,13 +16,11 @@ import json
 import os
 import re
 import threading
-import time
-import urllib.request
 
 import pytest
 
 from conftest import requires_gpu
-from e2e_util import Server
+from e2e_util import Server, chat_tpot
 
 pytestmark = requires_gpu
 
@@ -138,37 +136,13 @@ def test_logit_bias_on_device_engine(srv):
     assert first(temperature=1.0, seed=2, logit_bias={"300": 100}) == [300, 300, 300]
 
 
-def _tpot(srv, n, **kw):
-    """Seconds per token after the first, from the stream's first and last chunk."""
-    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": NO_THINK, "max_tokens": n,
-            "min_tokens": n, "ignore_eos": True, "temperature": 1.0, "seed": 1, "stream": True,
-            "stream_options": {"include_usage": True}, **kw}
-    req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    t_first = t_last = None
-    usage = None
-    with urllib.request.urlopen(req, timeout=300) as r:
-        for line in r:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            now = time.time()
-            if ev.get("choices"):
-                t_first = t_first or now
-                t_last = now
-            if ev.get("usage"):
-                usage = ev["usage"]
-    k = usage["completion_tokens"]
-    return (t_last - t_first) / max(1, k - 1), k
-
-
 def test_tpot_constrained_vs_not(srv):
     free = {"type": "json_schema", "json_schema": {"name": "t", "schema": {
         "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
-    _tpot(srv, 16)  # warm-up
-    plain, n1 = _tpot(srv, 128)
-    cons, n2 = _tpot(srv, 128, response_format=free)
-    bias, n3 = _tpot(srv, 128, logit_bias={"300": 1})
+    chat_tpot(srv, 16)  # warm-up
+    plain, n1 = chat_tpot(srv, 128)
+    cons, n2 = chat_tpot(srv, 128, response_format=free)
+    bias, n3 = chat_tpot(srv, 128, logit_bias={"300": 1})
     print(f"\nGRAMMAR_TPOT{' (' + ' '.join(EXTRA) + ')' if EXTRA else ''} unconstrained {plain * 1e3:.2f} ms ({n1} tok), json_schema {cons * 1e3:.2f} ms ({n2} tok), "
           f"logit_bias {bias * 1e3:.2f} ms ({n3} tok), constrained/unconstrained {cons / plain:.2f}x")
     assert n1 == n2 == n3 == 128

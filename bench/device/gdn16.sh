@@ -24,19 +24,8 @@
 #    with the default (one sequence: gd_kernel as before; S8: 2.39 ms).
 # 5. fixtures (dir-of-BIN/fixtures/models): 12 greedy tokens, STREAM=1 and 3 == STREAM=0, graphs == eager.
 # 6. (time left) compute-sanitizer memcheck / racecheck on the streamed test.
-set -u
-BIN=${1:?usage: gdn16.sh BIN OUTDIR}
-OUT=${2:?usage: gdn16.sh BIN OUTDIR}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
-D=$(dirname "$BIN")
-export LD_LIBRARY_PATH="$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-el() { echo "($(( $(date +%s) - T0 )) s)"; }
-left() { echo $(( 145 - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
-git log --oneline -1 2>/dev/null | cut -c1-100
+. "$(dirname "$0")/lib.sh"
+dev_init gdn16 145 "$@"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 TEST=$D/tests/test_gdn_decode_cuda
 

@@ -8,16 +8,14 @@ sampler (=1, S9). One server per mode (MODES: comma list of 1 / 0, default "1,0"
       unconstrained rows must not pay for the constrained one), then 16 json_schema.
 TPOT = (last chunk - first chunk) / (tokens - 1) per request, the mean over a group. Prints
 GMASK_TPOT lines and the /metrics counts of device- and host-sampled constrained rows."""
-import json
 import os
 import re
 import sys
 import threading
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
-from e2e_util import Server  # noqa: E402
+from e2e_util import Server, chat_tpot  # noqa: E402
 
 BIN, DEMO = sys.argv[1], sys.argv[2]
 MODEL = sys.argv[3] if len(sys.argv) > 3 else "synth:qwen3.5-35b-a3b,layers=8"
@@ -34,25 +32,7 @@ KINDS = {
 
 
 def tpot(srv, kw, seed=1):
-    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": False},
-            "max_tokens": N, "min_tokens": N, "ignore_eos": True, "temperature": 1.0, "seed": seed, "stream": True,
-            "stream_options": {"include_usage": True}, **kw}
-    req = urllib.request.Request(srv.base + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    t_first = t_last = None
-    k = 0
-    with urllib.request.urlopen(req, timeout=120) as r:
-        for line in r:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            now = time.time()
-            if ev.get("choices"):
-                t_first = t_first or now
-                t_last = now
-            if ev.get("usage"):
-                k = ev["usage"]["completion_tokens"]
-    return (t_last - t_first) / max(1, k - 1), k
+    return chat_tpot(srv, N, seed=seed, timeout=120, **kw)
 
 
 def group(srv, kws):

@@ -44,7 +44,7 @@ L=$(left)
 if [ "$L" -gt 40 ]; then
     # streamed: the lines of the modes that finished survive a kill at the round's limit
     timeout "$L" python3 -u bench/device/snapin_ttft.py --bin "$BIN" --modes "${SNAPIN_MODES:-step,off,step_r1,cut}" \
-        --deadline $(( T0 + 145 )) --need 38 -- --max-running-requests 4 --cuda-graph-max-bs 4 \
+        --deadline $(( T0 + DEV_BUDGET )) --need 38 -- --max-running-requests 4 --cuda-graph-max-bs 4 \
         --context-length 16384 2>&1 | tee "$OUT/ttft.log" | grep --line-buffered -E "^SNAPIN |Error|error"
     echo "== TTFT exit ${PIPESTATUS[0]}"
 else

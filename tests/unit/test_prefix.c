@@ -22,10 +22,9 @@
 
 #include "engine/prefix.h"
 #include "model/model.h"
+#include "prefix_test.h"
 
-#include <math.h>
 #include <stdio.h>
-#include <unistd.h>
 
 enum { PS = 4 };
 
@@ -282,36 +281,6 @@ static void test_held_snapshots_attach_after_the_step(void **st) {
 
 /* ---- the model's in-step snapshots ---------------------------------------------- */
 
-#define N_IDS 20
-static const int32_t k_ids[N_IDS] = {5, 900, 17, 256, 3, 77, 1000, 512, 42, 8,
-                                     600, 13, 99, 731, 2, 64, 333, 870, 21, 400};
-
-/* name: a synth preset or a fixture folder (NULL when absent), on the CPU */
-static model *open_model(const char *name) {
-    char path[512];
-    model *m = NULL;
-    ls_err e = {0};
-    model_opts o = {.device = "cpu"};
-    if (strncmp(name, "synth:", 6)) {
-        const char *root = getenv("LS_SHARED") ? getenv("LS_SHARED") : "../shared";
-        snprintf(path, sizeof path, "%s/fixtures/models/%s", root, name);
-        if (access(path, R_OK)) return NULL;
-        name = path;
-    }
-    if (model_open(name, &o, &m, &e)) fail_msg("open %s: %s", name, e.msg);
-    return m;
-}
-
-/* max |a - b| / max |b| over n rows of V */
-static double rows_err(const float *a, const float *b, int n, int V) {
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)n * V; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return d / mx;
-}
-
 /* One step: sequence A (slot 0) prefills all 20 tokens with snapshots after 8 and 13 of them
  * into slots 1 and 2, beside sequence B (slot 3, no snapshot: only in the first GDN piece) on
  * its first 5 tokens. Its logits equal the full pass; slots 1 and 2, copied into slot 4 and
@@ -322,7 +291,7 @@ static void test_in_step_snapshot_restores_the_state_at_its_token(void **st) {
     static const char *names[] = {"synth:demo", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe-fused"};
     int ran = 0;
     for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
-        model *m = open_model(names[mi]);
+        model *m = pfx_test_open(names[mi], "cpu");
         if (!m) continue;
         ran++;
         const int V = model_cfg(m)->vocab;

@@ -11,45 +11,12 @@
 #include <cmocka.h>
 
 #include "model/model.h"
+#include "prefix_test.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#define N_IDS 20
-static const int32_t k_ids[N_IDS] = {5, 900, 17, 256, 3, 77, 1000, 512, 42, 8,
-                                     600, 13, 99, 731, 2, 64, 333, 870, 21, 400};
-
-/* name: a synth preset or a fixture folder; NULL when the folder is absent or there is no CUDA
- * device */
-static model *open_cuda(const char *name) {
-    char path[512];
-    model *m = NULL;
-    ls_err e = {0};
-    model_opts o = {.device = "cuda"};
-    if (strncmp(name, "synth:", 6)) {
-        const char *root = getenv("LS_SHARED") ? getenv("LS_SHARED") : "../shared";
-        snprintf(path, sizeof path, "%s/fixtures/models/%s", root, name);
-        if (access(path, R_OK)) return NULL;
-        name = path;
-    }
-    int rc = model_open(name, &o, &m, &e);
-    if (rc && strstr(e.msg, "no CUDA device")) return NULL;
-    if (rc) fail_msg("open %s on cuda: %s", name, e.msg);
-    return m;
-}
-
-/* max |a - b| / max |b| over n rows of V */
-static double rows_err(const float *a, const float *b, int n, int V) {
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < (size_t)n * V; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        mx = fmax(mx, fabs((double)b[i]));
-    }
-    return d / mx;
-}
 
 /* One prefill step with in-step snapshots on a CUDA device, where BF16 activations and per-M
  * backend plans make any change of a step's size move the logits by roundings that the random
@@ -69,7 +36,7 @@ static void test_in_step_snapshot_on_cuda_equals_the_cut_steps(void **st) {
     const double TOL = 5e-2;
     int ran = 0;
     for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
-        model *m = open_cuda(names[mi]);
+        model *m = pfx_test_open(names[mi], "cuda");
         if (!m) continue;
         ran++;
         const int V = model_cfg(m)->vocab;

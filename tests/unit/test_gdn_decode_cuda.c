@@ -76,69 +76,117 @@ static int same_dev(const void *a, const void *b, size_t n, size_t es, const cha
     return bad == 0;
 }
 
+/* One shape's inputs, random (drawn in this order, so every case keeps the inputs it was written
+ * with: qkv, a, b, z, conv_w, A_log, dt_bias, the norm's weight, the conv and recurrent states),
+ * on the host and the device, with nc device copies of the states and of the output (poisoned
+ * with z), one for each call a case compares. */
+enum { GC_MAX = 3, GC_K = 4 };
+typedef struct {
+    int nk, nv, dk, dv, D, n_tok, nc;
+    size_t nconv, nrec, nout; /* floats of the states, bytes of the output */
+    uint16_t *qkv, *a, *b, *z;
+    float *conv_w, *A_log, *dt_bias, *nw, *conv, *rec;
+    void *dqkv, *da, *db, *dz, *dout[GC_MAX];
+    float *dcw, *dal, *ddt, *dnw, *dconv[GC_MAX], *drec[GC_MAX];
+    gdn_seq *dseqs;
+    gdn_w w;
+    gdn_state st[GC_MAX];
+} gdn_case;
+
+static void gc_init(gdn_case *c, int nk, int nv, int dk, int dv, int n_tok, int slots, const gdn_seq *seqs,
+                    int n_seq, int nc) {
+    const int D = 2 * nk * dk + nv * dv, K = GC_K;
+    *c = (gdn_case){.nk = nk, .nv = nv, .dk = dk, .dv = dv, .D = D, .n_tok = n_tok, .nc = nc,
+                    .nconv = (size_t)slots * D * (K - 1), .nrec = (size_t)slots * nv * dk * dv,
+                    .nout = (size_t)n_tok * nv * dv * 2};
+    c->qkv = bf16_rand((size_t)n_tok * D, 2.f);
+    c->a = bf16_rand((size_t)n_tok * nv, 2.f);
+    c->b = bf16_rand((size_t)n_tok * nv, 2.f);
+    c->z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
+    c->conv_w = f32_rand((size_t)D * K, 0.5f, 0.f);
+    c->A_log = f32_rand(nv, 0.5f, 0.f);
+    c->dt_bias = f32_rand(nv, 0.5f, 0.f);
+    c->nw = f32_rand(dv, 0.3f, 1.f);
+    c->conv = f32_rand(c->nconv, 1.f, 0.f);
+    c->rec = f32_rand(c->nrec, 0.3f, 0.f);
+    c->dqkv = dev_copy(c->qkv, (size_t)n_tok * D * 2);
+    c->da = dev_copy(c->a, (size_t)n_tok * nv * 2);
+    c->db = dev_copy(c->b, (size_t)n_tok * nv * 2);
+    c->dz = dev_copy(c->z, c->nout);
+    c->dcw = dev_copy(c->conv_w, (size_t)D * K * 4);
+    c->dal = dev_copy(c->A_log, nv * 4);
+    c->ddt = dev_copy(c->dt_bias, nv * 4);
+    c->dnw = dev_copy(c->nw, dv * 4);
+    c->dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
+    c->w = (gdn_w){.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = c->dcw, .A_log = c->dal,
+                   .dt_bias = c->ddt};
+    for (int s = 0; s < nc; s++) {
+        c->dconv[s] = dev_copy(c->conv, c->nconv * 4);
+        c->drec[s] = dev_copy(c->rec, c->nrec * 4);
+        c->dout[s] = dev_copy(c->z, c->nout); /* poison: z */
+        c->st[s] = (gdn_state){.conv = c->dconv[s], .rec = c->drec[s], .n_slots = slots};
+    }
+}
+
+/* The call on copy s of the states and output: the first n_seq of seqs (the host copy of the
+ * device table), n_tok rows; with the fused norm when done is not NULL */
+static gdn_args gc_args(gdn_case *c, int s, const gdn_seq *seqs, int n_seq, int n_tok, int *done) {
+    gdn_args ga = {.n_seq = n_seq, .seqs = c->dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &c->w, .qkv = c->dqkv,
+                   .a = c->da, .b = c->db, .st = &c->st[s], .out = c->dout[s], .dt = ACT_BF16};
+    if (done) {
+        ga.z = c->dz;
+        ga.norm_w = c->dnw;
+        ga.norm_eps = 1e-6f;
+        ga.norm_done = done;
+    }
+    return ga;
+}
+
+static void gc_free(gdn_case *c) {
+    for (int s = 0; s < c->nc; s++) {
+        g_mem->free(c->dconv[s]);
+        g_mem->free(c->drec[s]);
+        g_mem->free(c->dout[s]);
+    }
+    void *dev[] = {c->dqkv, c->da, c->db, c->dz, c->dcw, c->dal, c->ddt, c->dnw, c->dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    void *host[] = {c->qkv, c->a, c->b, c->z, c->conv_w, c->A_log, c->dt_bias, c->nw, c->conv, c->rec};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
+/* copies 0 and s of the case bitwise equal: output (the first nout bytes), states, windows */
+static int gc_same(const gdn_case *c, int s, size_t nout, const char *out_what, const char *tag) {
+    char w1[96], w2[96];
+    snprintf(w1, sizeof w1, "the recurrent state%s", tag);
+    snprintf(w2, sizeof w2, "the conv windows%s", tag);
+    int ok = same_dev(c->dout[0], c->dout[s], nout, 2, out_what, c->nk, c->nv, c->dk);
+    ok &= same_dev(c->drec[0], c->drec[s], c->nrec * 4, 4, w1, c->nk, c->nv, c->dk);
+    ok &= same_dev(c->dconv[0], c->dconv[s], c->nconv * 4, 4, w2, c->nk, c->nv, c->dk);
+    return ok;
+}
+
 /* One shape; seqs [n_seq] in host memory, n_tok rows. Returns norm_done of the fused call. */
 static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *seqs, int n_tok, int expect_same) {
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     const small_ops *so = ops_small_find("cuda");
     assert_non_null(g);
     assert_non_null(so);
-    enum { K = 4, SLOTS = 4 };
-    const int D = 2 * nk * dk + nv * dv;
-    const float eps = 1e-6f;
     ls_err e = {0};
-    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
-             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
-    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
-          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
-    const size_t nconv = (size_t)SLOTS * D * (K - 1), nrec = (size_t)SLOTS * nv * dk * dv;
-    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
-    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
-         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
-    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
-          *dnw = dev_copy(nw, dv * 4);
-    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
-    float *dconv[2], *drec[2];
-    void *dout[2];
-    for (int s = 0; s < 2; s++) {
-        dconv[s] = dev_copy(conv, nconv * 4);
-        drec[s] = dev_copy(rec, nrec * 4);
-        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
-    }
-    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    gdn_state st[2];
-    for (int s = 0; s < 2; s++) st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = SLOTS};
+    gdn_case c;
+    gc_init(&c, nk, nv, dk, dv, n_tok, 4, seqs, n_seq, 2);
     /* the two ops */
-    gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dqkv, .a = da,
-                   .b = db, .st = &st[0], .out = dout[0], .dt = ACT_BF16};
+    gdn_args ga = gc_args(&c, 0, seqs, n_seq, n_tok, NULL);
     assert_int_equal(g->run(&ga, g_st, &e), 0);
-    assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, dout[0], dz, dnw, eps, dout[0], ACT_BF16, g_st), 0);
+    assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, c.dout[0], c.dz, c.dnw, 1e-6f, c.dout[0], ACT_BF16, g_st), 0);
     /* the fused call */
     int done = 0;
-    gdn_args gb = ga;
-    gb.st = &st[1];
-    gb.out = dout[1];
-    gb.z = dz;
-    gb.norm_w = dnw;
-    gb.norm_eps = eps;
-    gb.norm_done = &done;
+    gdn_args gb = gc_args(&c, 1, seqs, n_seq, n_tok, &done);
     assert_int_equal(g->run(&gb, g_st, &e), 0);
-    if (!done) assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, dout[1], dz, dnw, eps, dout[1], ACT_BF16, g_st), 0);
+    if (!done)
+        assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, c.dout[1], c.dz, c.dnw, 1e-6f, c.dout[1], ACT_BF16, g_st), 0);
     assert_int_equal(g_mem->sync(g_st, &e), 0);
-    if (expect_same) {
-        int ok = same_dev(dout[0], dout[1], (size_t)n_tok * nv * dv * 2, 2, "the normed output", nk, nv, dk);
-        ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent state", nk, nv, dk);
-        ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv windows", nk, nv, dk);
-        assert_true(ok);
-    }
-    for (int s = 0; s < 2; s++) {
-        g_mem->free(dconv[s]);
-        g_mem->free(drec[s]);
-        g_mem->free(dout[s]);
-    }
-    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
-    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    if (expect_same) assert_true(gc_same(&c, 1, c.nout, "the normed output", ""));
+    gc_free(&c);
     return done;
 }
 
@@ -149,57 +197,19 @@ static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq
                         const char *mode) {
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     assert_non_null(g);
-    enum { K = 4, SLOTS = 4 };
-    const int D = 2 * nk * dk + nv * dv;
     ls_err e = {0};
-    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
-             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
-    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
-          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
-    const size_t nconv = (size_t)SLOTS * D * (K - 1), nrec = (size_t)SLOTS * nv * dk * dv;
-    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
-    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
-         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
-    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
-          *dnw = dev_copy(nw, dv * 4);
-    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
-    float *dconv[2], *drec[2];
-    void *dout[2];
-    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    gdn_state st[2];
+    gdn_case c;
+    gc_init(&c, nk, nv, dk, dv, n_tok, 4, seqs, n_seq, 2);
     int done[2] = {0, 0};
     for (int s = 0; s < 2; s++) {
-        dconv[s] = dev_copy(conv, nconv * 4);
-        drec[s] = dev_copy(rec, nrec * 4);
-        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
-        st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = SLOTS};
-        gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dqkv,
-                       .a = da, .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16};
-        if (fuse) {
-            ga.z = dz;
-            ga.norm_w = dnw;
-            ga.norm_eps = 1e-6f;
-            ga.norm_done = &done[s];
-        }
+        gdn_args ga = gc_args(&c, s, seqs, n_seq, n_tok, fuse ? &done[s] : NULL);
         setenv("LASTSTAND_GDN_STREAM", s ? mode : "0", 1);
         assert_int_equal(g->run(&ga, g_st, &e), 0);
     }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     assert_int_equal(done[0], done[1]);
-    int ok = same_dev(dout[0], dout[1], (size_t)n_tok * nv * dv * 2, 2,
-                      fuse ? "the normed output (streamed)" : "the output (streamed)", nk, nv, dk);
-    ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent state (streamed)", nk, nv, dk);
-    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv windows (streamed)", nk, nv, dk);
-    assert_true(ok);
-    for (int s = 0; s < 2; s++) {
-        g_mem->free(dconv[s]);
-        g_mem->free(drec[s]);
-        g_mem->free(dout[s]);
-    }
-    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
-    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    assert_true(gc_same(&c, 1, c.nout, fuse ? "the normed output (streamed)" : "the output (streamed)", " (streamed)"));
+    gc_free(&c);
 }
 
 /* A decode step of n one-token sequences (scattered slots) against the same rows inside a call
@@ -212,7 +222,7 @@ static void stream_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq
 static void t1_case(int nk, int nv, int dk, int dv, int n) {
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     assert_non_null(g);
-    enum { K = 4 };
+    enum { K = GC_K };
     const int slots = n + 3, D = 2 * nk * dk + nv * dv, n_tok = n + 2;
     ls_err e = {0};
     gdn_seq *seqs = calloc((size_t)n + 1, sizeof *seqs);
@@ -224,48 +234,30 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
         if (used) extra++;
     }
     seqs[n] = (gdn_seq){.slot = extra, .n_new = 2, .row0 = n};
-    uint16_t *qkv = bf16_rand((size_t)n_tok * D, 2.f), *a = bf16_rand((size_t)n_tok * nv, 2.f),
-             *b = bf16_rand((size_t)n_tok * nv, 2.f), *z = bf16_rand((size_t)n_tok * nv * dv, 3.f);
-    float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
-          *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
-    const size_t nconv = (size_t)slots * D * (K - 1), nrec = (size_t)slots * nv * dk * dv;
-    float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
-    void *dqkv = dev_copy(qkv, (size_t)n_tok * D * 2), *da = dev_copy(a, (size_t)n_tok * nv * 2),
-         *db = dev_copy(b, (size_t)n_tok * nv * 2), *dz = dev_copy(z, (size_t)n_tok * nv * dv * 2);
-    float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4), *ddt = dev_copy(dt_bias, nv * 4),
-          *dnw = dev_copy(nw, dv * 4);
-    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * (n + 1));
-    float *dconv[3], *drec[3];
-    void *dout[3];
-    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    gdn_state st[3];
+    gdn_case c;
+    gc_init(&c, nk, nv, dk, dv, n_tok, slots, seqs, n + 1, 3);
     int done[3] = {0, 0, 0};
     /* 0: the n-sequence decode step; 1: with the 2-token sequence; 2: the first 3 sequences alone
      * (a narrow grid: the fewest warps a block, where the wide step takes 8-warp blocks) */
     const int ns[3] = {n, n + 1, 3}, nt[3] = {n, n_tok, 3};
     for (int s = 0; s < 3; s++) {
-        dconv[s] = dev_copy(conv, nconv * 4);
-        drec[s] = dev_copy(rec, nrec * 4);
-        dout[s] = dev_copy(z, (size_t)n_tok * nv * dv * 2); /* poison: z */
-        st[s] = (gdn_state){.conv = dconv[s], .rec = drec[s], .n_slots = slots};
-        gdn_args ga = {.n_seq = ns[s], .seqs = dseqs, .seqs_host = seqs, .n_tok = nt[s], .w = &w, .qkv = dqkv, .a = da,
-                       .b = db, .st = &st[s], .out = dout[s], .dt = ACT_BF16, .z = dz, .norm_w = dnw,
-                       .norm_eps = 1e-6f, .norm_done = &done[s]};
+        gdn_args ga = gc_args(&c, s, seqs, ns[s], nt[s], &done[s]);
         assert_int_equal(g->run(&ga, g_st, &e), 0);
     }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     assert_int_equal(done[0], done[1]);
     assert_int_equal(done[0], done[2]);
     /* the n sequences' rows, and their slots' states (the extra slot's differ: only the second call has it) */
-    int ok = same_dev(dout[0], dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
-    ok &= same_dev(dout[0], dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv, dk);
+    int ok = same_dev(c.dout[0], c.dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
+    ok &= same_dev(c.dout[0], c.dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv, dk);
+    const size_t nconv = c.nconv, nrec = c.nrec;
     float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
     const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);
-    assert_int_equal(g_mem->d2h(r0, drec[0], nrec * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(c0, dconv[0], nconv * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(r0, c.drec[0], nrec * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(c0, c.dconv[0], nconv * 4, g_st, &e), 0);
     for (int s = 1; s < 3; s++) {
-        assert_int_equal(g_mem->d2h(r1, drec[s], nrec * 4, g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(c1, dconv[s], nconv * 4, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(r1, c.drec[s], nrec * 4, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(c1, c.dconv[s], nconv * 4, g_st, &e), 0);
         for (int i = 0; i < (s == 1 ? n : 3); i++) {
             const int sl = seqs[i].slot;
             if (memcmp(r0 + sl * rs, r1 + sl * rs, rs * 4) || memcmp(c0 + sl * cs, c1 + sl * cs, cs * 4)) {
@@ -277,14 +269,8 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
         }
     }
     assert_true(ok);
-    for (int s = 0; s < 3; s++) {
-        g_mem->free(dconv[s]);
-        g_mem->free(drec[s]);
-        g_mem->free(dout[s]);
-    }
-    void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
-    void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec, seqs, r0, r1, c0, c1};
+    gc_free(&c);
+    void *host[] = {seqs, r0, r1, c0, c1};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 #endif
@@ -386,18 +372,18 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
  * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
  * step of n one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
  * GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) with its inputs loaded when a
- * task starts (LASTSTAND_GDN_PREFETCH=0) and a task ahead (=1); the forms interleaved call by call,
- * median and min of IT calls each, and whether the forms' outputs of the last call agree. */
+ * task starts (LASTSTAND_GDN_PREFETCH=0) and a task ahead (=1). The forms take turns call by call,
+ * each on its own copy of the states (so after the same number of calls their outputs must be
+ * equal: printed); median and min of IT calls each. */
 #include <cuda_runtime_api.h>
 static int bench(void) {
     if (!have_gpu()) return 1;
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     if (!g) return 1;
-    enum { K = 4, IT = 40, NF = 3 };
+    enum { IT = 40, NF = 3 };
     static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p+prefetch"};
     static const char *const fst[NF] = {"0", "3", "3"}, *const fpf[NF] = {"0", "0", "1"};
     static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {8, 16, 64};
-    const int dk = 128, dv = 128;
     ls_err e = {0};
     const size_t nflush = (size_t)256 << 20;
     void *flush = g_mem->alloc(nflush, &e);
@@ -408,81 +394,46 @@ static int bench(void) {
     }
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-            const int nk = shapes[si][0], nv = shapes[si][1], n = ns[ni], D = 2 * nk * dk + nv * dv;
+            const int nk = shapes[si][0], nv = shapes[si][1], n = ns[ni];
             gdn_seq *seqs = calloc(n, sizeof *seqs);
             for (int i = 0; i < n; i++) seqs[i] = (gdn_seq){.slot = (i * 7 + 3) % n, .n_new = 1, .row0 = i};
-            uint16_t *qkv = bf16_rand((size_t)n * D, 2.f), *a = bf16_rand((size_t)n * nv, 2.f),
-                     *b = bf16_rand((size_t)n * nv, 2.f), *z = bf16_rand((size_t)n * nv * dv, 3.f);
-            float *conv_w = f32_rand((size_t)D * K, 0.5f, 0.f), *A_log = f32_rand(nv, 0.5f, 0.f),
-                  *dt_bias = f32_rand(nv, 0.5f, 0.f), *nw = f32_rand(dv, 0.3f, 1.f);
-            const size_t nconv = (size_t)n * D * (K - 1), nrec = (size_t)n * nv * dk * dv;
-            float *conv = f32_rand(nconv, 1.f, 0.f), *rec = f32_rand(nrec, 0.3f, 0.f);
-            void *dqkv = dev_copy(qkv, (size_t)n * D * 2), *da = dev_copy(a, (size_t)n * nv * 2),
-                 *db = dev_copy(b, (size_t)n * nv * 2), *dz = dev_copy(z, (size_t)n * nv * dv * 2);
-            float *dcw = dev_copy(conv_w, (size_t)D * K * 4), *dal = dev_copy(A_log, nv * 4),
-                  *ddt = dev_copy(dt_bias, nv * 4), *dnw = dev_copy(nw, dv * 4);
-            gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n);
-            float *dconv = dev_copy(conv, nconv * 4), *drec = dev_copy(rec, nrec * 4);
-            void *dout[NF];
-            uint16_t *hout[NF];
-            gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = K, .conv_w = dcw, .A_log = dal,
-                       .dt_bias = ddt};
-            gdn_state st = {.conv = dconv, .rec = drec, .n_slots = n};
+            gdn_case c;
+            gc_init(&c, nk, nv, 128, 128, n, n, seqs, n, NF);
             float us[NF][IT];
-            int done = 0, ok = 1;
-            for (int f = 0; f < NF; f++) {
-                dout[f] = dev_copy(z, (size_t)n * nv * dv * 2);
-                hout[f] = malloc((size_t)n * nv * dv * 2);
-            }
+            int done = 0;
             for (int it = -3; it < IT; it++)
                 for (int f = 0; f < NF; f++) {
                     setenv("LASTSTAND_GDN_STREAM", fst[f], 1);
                     setenv("LASTSTAND_GDN_PREFETCH", fpf[f], 1);
-                    gdn_args ga = {.n_seq = n, .seqs = dseqs, .seqs_host = seqs, .n_tok = n, .w = &w, .qkv = dqkv,
-                                   .a = da, .b = db, .st = &st, .out = dout[f], .dt = ACT_BF16, .z = dz,
-                                   .norm_w = dnw, .norm_eps = 1e-6f, .norm_done = &done};
-                    /* the last round: every form from the same (initial) state, so their outputs compare */
-                    if (it == IT - 1) {
-                        g_mem->h2d(drec, rec, nrec * 4, g_st, &e);
-                        g_mem->h2d(dconv, conv, nconv * 4, g_st, &e);
-                    }
+                    gdn_args ga = gc_args(&c, f, seqs, n, n, &done);
+                    float ms = 0.f;
                     g_mem->memset0(flush, nflush, g_st, &e);
                     cudaEventRecord(e0, (cudaStream_t)g_st);
-                    if (g->run(&ga, g_st, &e)) {
-                        fprintf(stderr, "bench: %s\n", e.msg);
-                        return 1;
-                    }
+                    const int rc = g->run(&ga, g_st, &e);
                     cudaEventRecord(e1, (cudaStream_t)g_st);
-                    if (g_mem->sync(g_st, &e)) {
+                    if (rc || g_mem->sync(g_st, &e)) {
                         fprintf(stderr, "bench: %s\n", e.msg);
                         return 1;
                     }
-                    float ms = 0.f;
                     cudaEventElapsedTime(&ms, e0, e1);
                     if (it >= 0) us[f][it] = 1000.f * ms;
                 }
-            for (int f = 0; f < NF; f++) g_mem->d2h(hout[f], dout[f], (size_t)n * nv * dv * 2, g_st, &e);
-            for (int f = 1; f < NF; f++) ok &= !memcmp(hout[0], hout[f], (size_t)n * nv * dv * 2);
-            printf("gdn decode step nk %d nv %d dk %d, %2d sequences (L2 flushed), us median / min:", nk, nv, dk, n);
+            printf("gdn decode step nk %d nv %d dk 128, %2d sequences (L2 flushed), us median / min:", nk, nv, n);
             for (int f = 0; f < NF; f++) {
                 float *v = us[f];
                 for (int i = 1; i < IT; i++) /* insertion sort */
-                    for (int j2 = i; j2 > 0 && v[j2 - 1] > v[j2]; j2--) {
-                        const float t = v[j2];
-                        v[j2] = v[j2 - 1];
-                        v[j2 - 1] = t;
+                    for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                        const float t = v[j];
+                        v[j] = v[j - 1];
+                        v[j - 1] = t;
                     }
                 printf(" %s %.2f / %.2f;", fname[f], v[IT / 2], v[0]);
             }
-            printf(" outputs of the forms %s\n", ok ? "equal" : "DIFFER");
-            for (int f = 0; f < NF; f++) {
-                g_mem->free(dout[f]);
-                free(hout[f]);
-            }
-            void *dev[] = {dqkv, da, db, dz, dcw, dal, ddt, dnw, dseqs, dconv, drec};
-            for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
-            void *host[] = {qkv, a, b, z, conv_w, A_log, dt_bias, nw, conv, rec, seqs};
-            for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+            int ok = 1;
+            for (int f = 1; f < NF; f++) ok &= gc_same(&c, f, c.nout, "the output (bench)", " (bench)");
+            printf(" outputs and states after %d calls: %s\n", IT + 3, ok ? "equal" : "DIFFER");
+            gc_free(&c);
+            free(seqs);
         }
     unsetenv("LASTSTAND_GDN_STREAM");
     unsetenv("LASTSTAND_GDN_PREFETCH");

@@ -924,39 +924,59 @@ static int gp_sms(void) {
     return n > 0 ? n : 132;
 }
 
-template <int DK, bool PF>
-static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+/* Every form's launch: kern on grid x block, smem bytes of dynamic shared memory (opted in above
+ * 48 KB: a function attribute, no stream work: capture-safe), a cluster of `cluster` blocks along x
+ * (none when 0), programmatic dependent launch when pdl (retried without it when the launch refuses
+ * the attribute); cl: the kernel's cl argument (gd_kernel_p: the sequence count). */
+static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, size_t smem, int cluster, int pdl, int cl,
+                                const gdn_args *a, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
-    const int D = 2 * w->nk * w->dk + w->nv * w->dv, units = a->n_seq * w->nk;
-    const int G = units < gp_sms() ? units : gp_sms();
+    const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(G, 1, 1);
-    cfg.blockDim = dim3(DK, 1, 1);
-    cfg.dynamicSmemBytes = gp_smem(DK);
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    if (cfg.dynamicSmemBytes > 48 * 1024) {
-        cudaError_t c = cudaFuncSetAttribute(gd_kernel_p<DK, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)cfg.dynamicSmemBytes);
+    if (smem > 48 * 1024) {
+        cudaError_t c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (c != cudaSuccess) return c;
     }
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     memset(at, 0, sizeof at);
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    unsigned n = 0;
+    if (cluster) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = cluster;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        n++;
+    }
+    const unsigned base = n;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     cudaError_t c;
     for (;;) {
-        c = cudaLaunchKernelEx(&cfg, gd_kernel_p<DK, PF>, w->nk, w->nv, w->dv, D, a->n_seq, (const int32_t *)a->seqs,
+        c = cudaLaunchKernelEx(&cfg, kern, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
                                w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
                                fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
                                a->norm_eps);
-        if (c == cudaSuccess || cfg.numAttrs == 0) return c;
-        (void)cudaGetLastError();
-        cfg.numAttrs = 0;
+        if (c == cudaSuccess || cfg.numAttrs == base) return c;
+        (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
+        cfg.numAttrs = base;
     }
+}
+
+template <int DK, bool PF>
+static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+    const int units = a->n_seq * a->w->nk, G = units < gp_sms() ? units : gp_sms();
+    return gd_launch_ex(gd_kernel_p<DK, PF>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq, a, fuse, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most
@@ -1091,42 +1111,10 @@ static int gd_t1_wide(long blocks, int nw, size_t smem) {
 /* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o; t1: gd_kernel1 */
 template <int DK>
 static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1, cudaStream_t st) {
-    const int TB = t1 ? 1 : GD_TB;
-    void (*kern)(GD_ARGS) = t1 ? gd_kernel1<DK> : gd_kernel<DK>;
-    const gdn_w *w = a->w;
-    const int D = 2 * w->nk * w->dk + w->nv * w->dv;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(w->nk * cl, a->n_seq, 1);
-    cfg.blockDim = dim3(nw * 32, 1, 1);
-    cfg.dynamicSmemBytes = sizeof(float) * (nw * TB * GD_TOK(DK) + (fuse ? 2 * TB * w->dv : 0));
-    cfg.stream = st;
-    if (cfg.dynamicSmemBytes > 48 * 1024) { /* NW > 4 at dk = 128: opt in (a function attribute, no stream work) */
-        cudaError_t c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)cfg.dynamicSmemBytes);
-        if (c != cudaSuccess) return c;
-    }
-    cudaLaunchAttribute at[2];
-    memset(at, 0, sizeof at);
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = gd_pdl() ? 2 : 1;
-    cudaError_t c;
-    for (;;) {
-        c = cudaLaunchKernelEx(&cfg, kern, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
-                               (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
-                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
-                               fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
-                               a->norm_eps);
-        if (c == cudaSuccess || cfg.numAttrs == 1) return c;
-        (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
-        cfg.numAttrs = 1;
-    }
+    const int TB = t1 ? 1 : GD_TB; /* NW > 4 at dk = 128: more than 48 KB of shared memory */
+    const size_t smem = sizeof(float) * (nw * TB * GD_TOK(DK) + (fuse ? 2 * TB * a->w->dv : 0));
+    return gd_launch_ex(t1 ? gd_kernel1<DK> : gd_kernel<DK>, dim3(a->w->nk * cl, a->n_seq, 1), dim3(nw * 32, 1, 1),
+                        smem, cl, gd_pdl(), cl, a, fuse, st);
 }
 
 /* LASTSTAND_GDN_STREAM=0|1|2|3|4: the streamed forms (see gd_kernel_s, gd_kernel_p) never (0);
@@ -1167,39 +1155,9 @@ static int gs_fits(const gdn_w *w) {
 template <int DK, int DV>
 static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
-    const int D = 2 * w->nk * w->dk + w->nv * w->dv, cl = w->nv / w->nk;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = dim3(w->nv, a->n_seq, 1);
-    cfg.blockDim = dim3(w->dv, 1, 1);
-    cfg.dynamicSmemBytes = gs_smem(DK, w->dv);
-    cfg.stream = st;
-    if (cfg.dynamicSmemBytes > 48 * 1024) { /* a function attribute, no stream work: capture-safe */
-        cudaError_t c = cudaFuncSetAttribute(gd_kernel_s<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)cfg.dynamicSmemBytes);
-        if (c != cudaSuccess) return c;
-    }
-    cudaLaunchAttribute at[2];
-    memset(at, 0, sizeof at);
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = gd_pdl() ? 2 : 1;
-    cudaError_t c;
-    for (;;) {
-        c = cudaLaunchKernelEx(&cfg, gd_kernel_s<DK, DV>, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
-                               (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
-                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
-                               fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
-                               a->norm_eps);
-        if (c == cudaSuccess || cfg.numAttrs == 1) return c;
-        (void)cudaGetLastError(); /* a launch that refuses the attribute: without it */
-        cfg.numAttrs = 1;
-    }
+    const int cl = w->nv / w->nk;
+    return gd_launch_ex(gd_kernel_s<DK, DV>, dim3(w->nv, a->n_seq, 1), dim3(w->dv, 1, 1), gs_smem(DK, w->dv), cl,
+                        gd_pdl(), cl, a, fuse, st);
 }
 
 /* LASTSTAND_GDN_DECODE_MAX_NEW: the most new tokens of one sequence that this kernel takes;

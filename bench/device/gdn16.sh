@@ -26,7 +26,6 @@
 # 6. (time left) compute-sanitizer memcheck / racecheck on the streamed test.
 . "$(dirname "$0")/lib.sh"
 dev_init gdn16 145 "$@"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 TEST=$D/tests/test_gdn_decode_cuda
 
 # 1. the bitwise tests
@@ -40,18 +39,9 @@ else
 fi
 
 # 2. gd_kernel vs gd_kernel_s on the 16-sequence decode step, under ncu
-if [ -n "$NCU" ] && [ -x "$TEST" ]; then
-    echo "== ncu: the wide-step test (LASTSTAND_GDN_T1=0), launches of grid y = 16 $(el)"
-    LS_TEST_FILTER=test_wide_decode_step_equals_the_group_kernel LASTSTAND_GDN_T1=0 \
-        timeout -k 2 40 "$NCU" --clock-control none -k regex:"gd_kernel" \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-        --section WarpStateStats "$TEST" >"$OUT/ncu-gd.txt" 2>&1
-    echo "rc=$? $(el)"
+echo "== ncu: the wide-step test (LASTSTAND_GDN_T1=0), launches of grid y = 16 $(el)"
+dev_ncu_test "$OUT/ncu-gd.txt" 40 gd_kernel test_wide_decode_step_equals_the_group_kernel "$TEST" LASTSTAND_GDN_T1=0 &&
     python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gd.txt" | grep -A1 -E "x16 x|132x1 x" | grep -v "^--"
-    grep -E "==ERROR|==WARNING.*(not|fail)" "$OUT/ncu-gd.txt" | head -3
-else
-    echo "ncu or the test binary missing"
-fi
 
 # 3. the doctor's gdn cells, fp64-checked
 for shape in qwen3.5-35b-a3b qwen3.5-397b-a17b; do

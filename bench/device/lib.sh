@@ -23,3 +23,22 @@ dev_init() {
 }
 el() { echo "($(( $(date +%s) - T0 )) s)"; }
 left() { echo $(( DEV_BUDGET - ($(date +%s) - T0) )); }
+# dev_ncu_test OUTFILE LIMIT_S KERNEL_REGEX TEST_FILTER TEST [VAR=VALUE ...]: ncu (--clock-control
+# none; caches flushed before each launch, its default) over the cmocka binary TEST, only its tests
+# matching TEST_FILTER (LS_TEST_FILTER) and the launches of kernels matching KERNEL_REGEX, with the
+# sections bench/device/c16_ncu_gd.py reads, the VAR=VALUE pairs in its environment; the report to
+# OUTFILE; prints ncu's exit status and errors.
+dev_ncu_test() {
+    local out=$1 lim=$2 re=$3 filt=$4 test=$5 ncu
+    shift 5
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    if [ -z "$ncu" ] || [ ! -x "$test" ]; then
+        echo "ncu (${ncu:-none}) or $test missing"
+        return 1
+    fi
+    env LS_TEST_FILTER="$filt" "$@" timeout -k 2 "$lim" "$ncu" --clock-control none -k regex:"$re" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section WarpStateStats "$test" >"$out" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "==ERROR|==WARNING.*(not|fail)" "$out" | head -3
+}

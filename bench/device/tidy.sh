@@ -21,7 +21,6 @@
 #    256 out), CUDA graphs, LASTSTAND_GDN_PREFETCH=0 then =1.
 . "$(dirname "$0")/lib.sh"
 dev_init tidy 236 "$@"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 TEST=$D/tests/test_gdn_decode_cuda
 
 # 1. the bitwise tests
@@ -45,17 +44,13 @@ if [ -x "$TEST" ]; then
 fi
 
 # 3. ncu: gd_kernel_p at 16 sequences, prefetch off and on
-if [ -n "$NCU" ] && [ -x "$TEST" ] && [ "$(left)" -gt 100 ]; then
+if [ "$(left)" -gt 100 ]; then
     echo "== ncu: the wide-step test, gd_kernel_p launches (132 blocks: 16 sequences) $(el)"
-    LS_TEST_FILTER=test_wide_decode_step_equals_the_group_kernel \
-        timeout -k 2 40 "$NCU" --clock-control none -k regex:"gd_kernel_p" \
-        --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
-        --section WarpStateStats "$TEST" >"$OUT/ncu-gp.txt" 2>&1
-    echo "rc=$? $(el)"
-    python3 bench/device/c16_ncu_gd.py "$OUT/ncu-gp.txt" | grep -A1 -E "132x1 x" | grep -v "^--"
-    grep -E "==ERROR|==WARNING.*(not|fail)" "$OUT/ncu-gp.txt" | head -3
+    dev_ncu_test "$OUT/ncu-gp.txt" 40 gd_kernel_p test_wide_decode_step_equals_the_group_kernel "$TEST" &&
+        python3 bench/device/c16_ncu_gd.py <(sed 's/(int)//g; s/(bool)0/false/g; s/(bool)1/true/g' "$OUT/ncu-gp.txt") |
+        grep -A1 -E "132x1 x" | grep -v "^--"
 else
-    echo "== ncu: skipped (no ncu, no test binary or time)"
+    echo "== ncu: skipped (time)"
 fi
 
 # 4. pytest, the prefetch on

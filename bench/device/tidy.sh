@@ -16,7 +16,8 @@
 #    (<128, false>) and on (<128, true>): duration, occupancy, issue, stalls, DRAM %.
 # 4. pytest tests/test_gpu_gdn_decode.py (doctor fp64 cells, fixtures' logits, graphs == eager),
 #    with the prefetch on (gd_kernel_p runs only at wide steps: the doctor's M = 16, 64 rows mix
-#    prompt chunks, so this is mostly the shared prologue's check).
+#    prompt chunks, so this is mostly the shared prologue's check), and test_gpu_gdn_wy.py
+#    (cuda_chunked: the gdn backends' run start is one helper now, gdn_cu.h).
 # 5. (time left) the engine's decode step: serve of the 40-layer synth 35B, c = 16 (32 x 1024 in /
 #    256 out), CUDA graphs, LASTSTAND_GDN_PREFETCH=0 then =1.
 . "$(dirname "$0")/lib.sh"
@@ -53,13 +54,13 @@ else
     echo "== ncu: skipped (time)"
 fi
 
-# 4. pytest, the prefetch on
+# 4. pytest, the prefetch on (test_gpu_gdn_wy.py: cuda_chunked, whose run start is now shared)
 if [ "$(left)" -gt 90 ]; then
-    echo "== pytest tests/test_gpu_gdn_decode.py (LASTSTAND_GDN_PREFETCH=1) $(el)"
-    BUILD=$D LS_SHARED=$D LASTSTAND_GDN_PREFETCH=1 timeout -k 3 60 python3 -u -m pytest -q -p no:cacheprovider \
-        -rfEs tests/test_gpu_gdn_decode.py >"$OUT/pytest.log" 2>&1
+    echo "== pytest tests/test_gpu_gdn_decode.py tests/test_gpu_gdn_wy.py (LASTSTAND_GDN_PREFETCH=1) $(el)"
+    BUILD=$D LS_SHARED=$D LASTSTAND_GDN_PREFETCH=1 timeout -k 3 70 python3 -u -m pytest -v -p no:cacheprovider \
+        -rfEs tests/test_gpu_gdn_decode.py tests/test_gpu_gdn_wy.py >"$OUT/pytest.log" 2>&1
     echo "rc=$? $(el)"
-    tail -6 "$OUT/pytest.log" | cut -c1-200
+    grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/pytest.log" | cut -c1-200 | tail -12
 fi
 
 # 5. the engine's decode step at c = 16 (40 layers, CUDA graphs), prefetch off / on

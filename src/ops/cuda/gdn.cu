@@ -21,6 +21,7 @@
  * several GPUs never share a buffer.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/gdn_cu.h"
 #include "ops/cuda/cu_ws.h"
 
 #include <pthread.h>
@@ -161,13 +162,10 @@ static int rec_supported(const dev_info *d, const gdn_shape *s, char *why, size_
 
 static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const gdn_w *w = a->w;
-    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    gdn_shape sh;
     dev_info dv0;
-    memset(&dv0, 0, sizeof dv0);
-    dv0.kind = DEV_CUDA;
-    char why[200];
-    if (!rec_supported(&dv0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_recurrent: %s", why);
-    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    const int rc0 = cu_gdn_begin(a, rec_supported, "cuda_recurrent", &sh, &dv0, e);
+    if (rc0) return rc0 < 0 ? rc0 : 0;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     int dev = 0, rc = cu_ws_device("gdn", &dev, e);
     if (rc) return rc;

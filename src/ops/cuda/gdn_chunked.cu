@@ -65,6 +65,7 @@
  * graph's pointers stay valid); nothing syncs with the host.
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/gdn_cu.h"
 #include "ops/cuda/cu_ws.h"
 
 #include <cuda_fp16.h>
@@ -1017,13 +1018,10 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
 
 static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const gdn_w *w = a->w;
-    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    gdn_shape sh;
     dev_info d0;
-    memset(&d0, 0, sizeof d0);
-    d0.kind = DEV_CUDA;
-    char why[200];
-    if (!tok_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_per_token: %s", why);
-    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    const int rc0 = cu_gdn_begin(a, tok_supported, "cuda_per_token", &sh, &d0, e);
+    if (rc0) return rc0 < 0 ? rc0 : 0;
     cudaStream_t st = (cudaStream_t)s;
     gc_ws *ws;
     float *cw, *gbw;
@@ -1086,13 +1084,10 @@ static int gc_wy_mode(void) { /* 0 off, 1 forced (any sequence of more than one 
 
 static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const gdn_w *w = a->w;
-    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    gdn_shape sh;
     dev_info d0;
-    memset(&d0, 0, sizeof d0);
-    d0.kind = DEV_CUDA;
-    char why[200];
-    if (!chunk_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: %s", why);
-    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    const int rc0 = cu_gdn_begin(a, chunk_supported, "cuda_chunked", &sh, &d0, e);
+    if (rc0) return rc0 < 0 ? rc0 : 0;
     cudaStream_t st = (cudaStream_t)s;
     gc_ws *ws;
     float *gbw;

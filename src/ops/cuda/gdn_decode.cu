@@ -77,6 +77,7 @@
  * (but for T = 0, where the entry's arrive meets its wait there).
  */
 #include "ops/cuda/cu_util.h"
+#include "ops/cuda/gdn_cu.h"
 #include "ops/cuda/cu_pdl.h"
 
 #include <pthread.h>
@@ -1172,13 +1173,10 @@ static int gd_chunk_limit(void) {
 
 static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const gdn_w *w = a->w;
-    gdn_shape sh = {a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    gdn_shape sh;
     dev_info d0;
-    memset(&d0, 0, sizeof d0);
-    d0.kind = DEV_CUDA;
-    char why[200];
-    if (!dec_supported(&d0, &sh, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: %s", why);
-    if (a->n_tok <= 0 || a->n_seq <= 0) return 0;
+    const int rc0 = cu_gdn_begin(a, dec_supported, "cuda_decode", &sh, &d0, e);
+    if (rc0) return rc0 < 0 ? rc0 : 0;
     if (!a->seqs_host)
         return errf(e, ERR_INVAL, "gdn cuda_decode: seqs_host (the host copy of the sequences) is not set");
     for (int i = 0; i < a->n_seq; i++) {
@@ -1192,6 +1190,7 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     for (int i = 0; i < a->n_seq; i++)
         if (a->seqs_host[i].n_new > max_new) max_new = a->seqs_host[i].n_new;
     const int lim = gd_chunk_limit();
+    char why[200];
     if (lim > 0 && max_new > lim && gdn_cuda_chunked.supported(&d0, &sh, why, sizeof why))
         return gdn_cuda_chunked.run(a, s, e);
     if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)

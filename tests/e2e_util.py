@@ -92,6 +92,21 @@ class Server:
         status, data = self.post(path, body, key)
         return status, json.loads(data) if data else None
 
+    def generate_greedy(self, ids, n):
+        """/generate of exactly n greedy tokens after the ids: (output ids, cached_tokens)."""
+        st, out = self.post_json("/generate", {"input_ids": ids, "sampling_params": {
+            "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+        assert st == 200, out
+        return out["output_ids"], out["meta_info"]["cached_tokens"]
+
+    def metrics(self):
+        """/metrics' laststand: samples (histogram buckets aside), labels dropped: {name: value}."""
+        out = {}
+        for line in self.get("/metrics")[1].decode().splitlines():
+            if line.startswith("laststand:") and "{" in line and "_bucket" not in line:
+                out[line[len("laststand:"):line.index("{")]] = float(line.rsplit(" ", 1)[1])
+        return out
+
     def tokenize(self, text):
         status, out = self.post_json("/tokenize", {"prompt": text})
         assert status == 200, out

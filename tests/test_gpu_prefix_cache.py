@@ -53,21 +53,6 @@ def load_ref(name):
         return d, json.load(f)
 
 
-def generate(srv, ids, n):
-    st, out = srv.post_json("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
-    assert st == 200, out
-    return out["output_ids"], out["meta_info"]["cached_tokens"]
-
-
-def metrics(srv):
-    out = {}
-    for line in srv.get("/metrics")[1].decode().splitlines():
-        if line.startswith("laststand:") and "{" in line and "_bucket" not in line:
-            out[line[len("laststand:"):line.index("{")]] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def same(a, b):
     return sum(x == y for x, y in zip(a, b))
 
@@ -83,13 +68,13 @@ def test_gpu_fixture_hit_follows_greedy(ls_bin, name):
     off = json.loads(p.stdout)["ids"]
     with Server(ls_bin, d, "--device", "cuda", "--prefix-cache", "on", "--served-model-name", "m", *FAST,
                 timeout=300) as srv:
-        generate(srv, ids[:20], 4)
-        out, cached = generate(srv, ids, n)
-        again, cached2 = generate(srv, ids, n)
+        srv.generate_greedy(ids[:20], 4)
+        out, cached = srv.generate_greedy(ids, n)
+        again, cached2 = srv.generate_greedy(ids, n)
         st, lp = srv.post_json("/v1/completions", {"model": "m", "prompt": ids, "max_tokens": 1, "temperature": 0,
                                                    "logprobs": 1})
         assert st == 200, lp
-        m = metrics(srv)
+        m = srv.metrics()
         log = srv.log_text()
     print(f"PREFIX_FIXTURE {name}: cached {cached}/{cached2}, vs transformers {same(out, greedy)}/{n}, "
           f"cache off vs transformers {same(off, greedy)}/{n}, on vs off {same(out, off)}/{n}")
@@ -119,7 +104,7 @@ LP_TOL = 0.4  # R2 measured 0.17 on turn 1, where only the prefill cut differs (
 
 def timed(srv, ids, n):
     t0 = time.perf_counter()
-    out, cached = generate(srv, ids, n)
+    out, cached = srv.generate_greedy(ids, n)
     return out, cached, time.perf_counter() - t0
 
 
@@ -158,7 +143,7 @@ def test_gpu_synth35_two_turns_hit_and_match_cache_off(ls_bin):
         with Server(ls_bin, SYNTH, "--device", "cuda", "--prefix-cache", flag, "--served-model-name", "m", *FAST,
                     env={"LASTSTAND_TEST_FORCE_IDS": "1"}, timeout=400) as srv:
             res[flag] = conversation(srv)
-            m = metrics(srv)
+            m = srv.metrics()
             if flag == "on":
                 log = srv.log_text()
                 print("\n".join(l for l in log.splitlines() if "prefix cache" in l or "GDN slots" in l))
@@ -197,10 +182,10 @@ def test_gpu_gdn_miss_prefills_in_one_step(ls_bin):
     with Server(ls_bin, d, "--device", "cuda", "--served-model-name", "m", "--log-level", "debug", *FAST,
                 timeout=300) as srv:
         k0 = len(full_log(srv))
-        out, cached = generate(srv, ids, n)
+        out, cached = srv.generate_greedy(ids, n)
         steps = [int(x) for x in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", full_log(srv)[k0:])]
-        again, cached2 = generate(srv, ids, n)
-        m = metrics(srv)
+        again, cached2 = srv.generate_greedy(ids, n)
+        m = srv.metrics()
         log = full_log(srv)
     instep = "taken inside the prefill step" in log
     print(f"PREFIX_STEPS qwen3_next: {'in-step' if instep else 'cut'}, prefill steps {steps[:3]}, "

@@ -41,23 +41,8 @@ def load_ref(name):
         return json.load(f)
 
 
-def generate(srv, ids, n):
-    st, out = srv.post_json("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
-    assert st == 200, out
-    return out["output_ids"], out["meta_info"]["cached_tokens"]
-
-
-def metrics(srv):
-    out = {}
-    for line in srv.get("/metrics")[1].decode().splitlines():
-        if line.startswith("laststand:") and "{" in line and "_bucket" not in line:
-            out[line[len("laststand:"):line.index("{")]] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def assert_no_leak(srv):
-    m = metrics(srv)
+    m = srv.metrics()
     assert m["kv_pages_used"] == 0, m
     assert m["kv_pages_allocated"] == m["prefix_cache_pages"], m
     return m
@@ -71,14 +56,14 @@ def test_prefix_hit_keeps_transformers_greedy(ls_bin, shared_dir, name, page, tp
     ids, greedy = ref["input_ids"], ref["greedy"]
     n = len(greedy)
     with Server(ls_bin, os.path.join(MODELS, name), "--page-size", page, "--tp", tp) as srv:
-        first, c0 = generate(srv, ids[:20], 4)
+        first, c0 = srv.generate_greedy(ids[:20], 4)
         assert c0 == 0
-        out, cached = generate(srv, ids, n)
+        out, cached = srv.generate_greedy(ids, n)
         # the first request's prompt covers 20 tokens: every full page of it is shared
         # (GDN: its snapshot at the prompt's last page boundary)
         assert cached == 20 // page * page, (cached, srv.log_text())
         assert out == greedy, f"{name}: greedy after a {cached}-token hit differs from transformers'"
-        again, cached2 = generate(srv, ids, n)
+        again, cached2 = srv.generate_greedy(ids, n)
         assert again == greedy
         # the same prompt: at most n_prompt - 1 tokens, rounded down to a page boundary
         assert cached2 == (len(ids) - 1) // page * page
@@ -125,16 +110,16 @@ def test_in_step_snapshots_one_prefill_step_and_transformers_state(ls_bin, share
                 env=env) as srv:
         # a 23-token miss: the follow-up boundaries are 12 (before the last 8 tokens) and 20 (the last
         # full page), both inside the prefill
-        out, cached = generate(srv, ids[:23], 1)
+        out, cached = srv.generate_greedy(ids[:23], 1)
         assert cached == 0
         steps = [int(n) for n in re.findall(r"engine: step \d+: 1 seqs, (\d+) tokens", full_log(srv))]
         assert steps == ([23] if mode == "step" else [12, 8, 3]), steps
-        m = metrics(srv)
+        m = srv.metrics()
         assert m["prefix_cache_snapshots_used"] == 2, m
         want_log = "taken inside the prefill step" if mode == "step" else "the prefill cut at them"
         assert want_log in full_log(srv)
         # the whole prompt hits the snapshot at 20: transformers' greedy continuation
-        out, cached = generate(srv, ids, len(greedy))
+        out, cached = srv.generate_greedy(ids, len(greedy))
         assert cached == 20
         assert out == greedy, f"{name}: greedy after the in-step snapshot at 20 differs from transformers'"
         # the first logprob after a hit at 20 (the whole prompt) and at 12 (14 tokens)
@@ -150,11 +135,11 @@ def test_prefix_cache_off_reports_nothing_cached(ls_bin, shared_dir):
     ref = load_ref("qwen3_next")
     ids, greedy = ref["input_ids"], ref["greedy"]
     with Server(ls_bin, os.path.join(MODELS, "qwen3_next"), "--prefix-cache", "off", "--page-size", 4) as srv:
-        generate(srv, ids[:20], 4)
+        srv.generate_greedy(ids[:20], 4)
         for _ in range(2):
-            out, cached = generate(srv, ids, len(greedy))
+            out, cached = srv.generate_greedy(ids, len(greedy))
             assert out == greedy and cached == 0
-        m = metrics(srv)
+        m = srv.metrics()
         assert m["kv_pages_allocated"] == 0 and m["prefix_cache_pages"] == 0
         assert m["prefix_cache_hit_tokens_total"] == 0
         assert "prefix cache off (--prefix-cache off)" in srv.log_text()
@@ -247,7 +232,7 @@ def test_tiny_pool_evicts_and_serves_correctly(ls_bin, demo_model):
             if flag == "on":
                 import time
                 for _ in range(50):  # the cancelled streams' aborts reach the engine asynchronously
-                    m = metrics(srv)
+                    m = srv.metrics()
                     if m["kv_pages_used"] == 0:
                         break
                     time.sleep(0.1)

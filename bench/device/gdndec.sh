@@ -20,22 +20,16 @@
 # 4. ncu: kernel times at M = 1, 4, 16 (397B) of cuda_decode's gd_kernel, and cuda_recurrent's two
 #    kernels at M = 4.
 # Everything is bounded by `timeout`; the whole script stays under 100 s.
-set -u
-BIN=${1:?usage: gdndec.sh BIN OUTDIR}
-OUT=${2:?usage: gdndec.sh BIN OUTDIR}
+. "$(dirname "$0")/lib.sh"
+dev_init gdndec 100 "$@"
 FIX=${FIX:-.dev/int/fixtures/models}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$(cd "$(dirname "$BIN")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T0=$(date +%s)
-nvidia-smi -L 2>&1 | head -2
-git log --oneline -1 2>/dev/null
 
 doc() { # tag timeout args...
     local tag=$1 lim=$2
     shift 2
     echo "== doctor $tag"
     timeout "$lim" "$BIN" doctor --device cuda "$@" --json "$OUT/doctor-$tag.json" 2>"$OUT/doctor-$tag.err"
-    echo "rc=$? ($(( $(date +%s) - T0 )) s)"
+    echo "rc=$? $(el)"
     grep -iE "crash|error|wrong|timeout|unsupported" "$OUT/doctor-$tag.err" | head -n 12
 }
 doc gdn397 30 --families gdn --shapes qwen3.5-397b-a17b --m 1,2,4,8,16,64,512 \
@@ -97,7 +91,7 @@ for name in ("qwen3_5_moe_text", "qwen3_next"):
                 gen += " (no graphs: ERR " + err(q) + ")"
         print(f"{name:18s} {gdn:15s} rel {rel:.2e}  argmax {agree}/{len(cpu)}  {gen}")
 PY
-echo "rc=$? ($(( $(date +%s) - T0 )) s)"
+echo "rc=$? $(el)"
 
 if command -v compute-sanitizer >/dev/null && [ -d "$FIX/qwen3_5_moe_text" ]; then
     ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$FIX/qwen3_5_moe_text/ref.json'))['input_ids'])))")

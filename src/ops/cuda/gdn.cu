@@ -73,18 +73,6 @@ __global__ void gdn_conv_kernel(int D, int K, int nv, const int32_t *__restrict_
     }
 }
 
-__device__ __forceinline__ float block_sum(float v, float *red) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int i = 0; i < nw; i++) t += red[i];
-    return t;
-}
-
 /* (2) the recurrence. grid (nv, n_seq), block dv threads (thread d owns column d of S). */
 template <int DK>
 __global__ void gdn_rec_kernel(int nk, int nv, int dv, int D, const int32_t *__restrict__ meta,
@@ -111,8 +99,8 @@ __global__ void gdn_rec_kernel(int nk, int nv, int dv, int D, const int32_t *__r
             qv += qs[i] * qs[i];
             kv += ks[i] * ks[i];
         }
-        float sq = block_sum(qv, red);
-        float sk = block_sum(kv, red);
+        float sq = gdn_block_sum(qv, red);
+        float sk = gdn_block_sum(kv, red);
         const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
         __syncthreads(); /* every thread has read the sums' inputs */
         for (int i = d; i < DK; i += dv) {

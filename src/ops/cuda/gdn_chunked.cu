@@ -188,19 +188,6 @@ __global__ void gc_conv_state_kernel(int D, int K, const int32_t *__restrict__ m
 
 /* ---- cuda_per_token ------------------------------------------------------------ */
 
-/* Sum of v over the block (every thread gets it); red [32] shared. */
-__device__ __forceinline__ float gc_block_sum(float v, float *red) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float t = 0.f;
-    for (int i = 0; i < nw; i++) t += red[i];
-    return t;
-}
-
 /* grid (nv, n_seq), block dv threads: thread d owns column d of S [dk, dv] in
  * global memory. Shared: qs [dk], ks [dk] (dynamic). */
 __global__ void gc_token_kernel(int nk, int nv, int dk, int dv, int D, const int32_t *__restrict__ meta,
@@ -224,8 +211,8 @@ __global__ void gc_token_kernel(int nk, int nv, int dk, int dv, int D, const int
             sq += x * x;
             sk += y * y;
         }
-        sq = gc_block_sum(sq, red); /* its syncs also publish qs, ks */
-        sk = gc_block_sum(sk, red);
+        sq = gdn_block_sum(sq, red); /* its syncs also publish qs, ks */
+        sk = gdn_block_sum(sk, red);
         const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
         const size_t r = (size_t)(row0 + t) * nv + j;
         const float decay = __expf(gb[2 * r]), beta = gb[2 * r + 1];

@@ -50,6 +50,11 @@
  *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
+ *
+ * Head_dim 256 calls under the round plan with host planning (prefill chunks) run the Hopper
+ * kernel of attention_prefill_wg.cu instead (LASTSTAND_FP_WG=1; wgmma, 128-row tiles, a producer
+ * warpgroup; sm_90a only, fp_kernel elsewhere), with its own split count (fw_nsplit) and the same
+ * partials and merge.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"

@@ -35,15 +35,20 @@
 
 #include <pthread.h>
 
-enum { FW_HD = 256, FW_BN = 64, FW_THREADS = 384 };
+enum { FW_HD = 256, FW_THREADS = 384 };
 /* registers a thread after setmaxnreg: the producer warpgroup gives, the consumers take
  * (128 x 40 + 256 x 232 <= 64K) */
 enum { FW_REG_PROD = 40, FW_REG_CONS = 232 };
-enum {
-    FW_Q_OFF = 0,                       /* 2 x 32 KB */
-    FW_KV_OFF = 65536,                  /* stage s: K at FW_KV_OFF + s·65536, V 32 KB later */
-    FW_BAR_OFF = FW_KV_OFF + 2 * 65536, /* fullK[2], fullV[2], emptyK[2], emptyV[2] */
-    FW_SMEM = FW_BAR_OFF + 64 + 1024    /* + the alignment slack */
+/* Shared memory for BN-key tiles: Q 2 x 32 KB, then 2 stages of K and V [BN keys x 256 dims] (a
+ * 64-dim slab of a tile: BN x 128 B), the barriers, the alignment slack. BN = 64: 193 KB, 80: 225 KB. */
+template <int BN>
+struct fw_lay {
+    static constexpr int Q_OFF = 0;
+    static constexpr int SLAB = BN * 128;                  /* bytes of a 64-dim slab of a K or V tile */
+    static constexpr int TILE = 4 * SLAB;                  /* a K (or V) tile */
+    static constexpr int KV_OFF = 65536;                   /* stage s: K at KV_OFF + 2s·TILE, V a TILE later */
+    static constexpr int BAR_OFF = KV_OFF + 4 * TILE;      /* fullK[2], fullV[2], emptyK[2], emptyV[2] */
+    static constexpr int SMEM = BAR_OFF + 64 + 1024;
 };
 
 __device__ __forceinline__ void fw_cp16(uint32_t dst, const void *src, bool ok) {
@@ -96,7 +101,7 @@ __device__ __forceinline__ uint64_t fw_desc_k(uint32_t saddr) {
            ((uint64_t)1 << 62);
 }
 /* MN-major (V as B of O += P·V: N = dims contiguous), 128-byte swizzle: the leading offset is the
- * step between 64-dim slabs (8192 B: 64 keys x 128 B), the stride offset between 8-key groups
+ * step between 64-dim slabs (BN keys x 128 B), the stride offset between 8-key groups
  * (1024 B) */
 __device__ __forceinline__ uint64_t fw_desc_v(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
@@ -116,6 +121,19 @@ __device__ __forceinline__ void fw_mma_qk(float (&d)[32], uint64_t da, uint64_t 
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
         "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
         : FW_R32(0)
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d[64 x 80] (+)= A[64 x 16] · B[80 x 16]ᵀ, both K-major in shared memory; acc 0: d = A·Bᵀ */
+__device__ __forceinline__ void fw_mma_qk(float (&d)[40], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39"
+        "}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+        : FW_R32(0), FW_R4(32), FW_R4(36)
         : "l"(da), "l"(db), "r"(acc));
 }
 
@@ -142,11 +160,14 @@ __device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+template <int BN>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh, int nkv, int P, float sl2,
               const bf16 *__restrict__ q, const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
               const bf16 *__restrict__ V, bf16 *__restrict__ out, float *__restrict__ part_o,
-              float *__restrict__ part_ml, int n_rows_total, int lpt, uint32_t vlbo, uint32_t vsbo) {
+              float *__restrict__ part_ml, int n_rows_total, int lpt) {
+    typedef fw_lay<BN> LY;
+    constexpr int NJ = BN / 8; /* n8 blocks of S */
     extern __shared__ __align__(1024) unsigned char fw_dsm[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(fw_dsm);
     const uint32_t sb = (raw + 1023u) & ~1023u;
@@ -174,12 +195,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int f0 = id * FW_BM;
     const int nrows = min(FW_BM, n_new * grp - f0);
     const int kmax = n_past + (f0 + nrows - 1) / grp; /* the last key any row of the tile sees */
-    const int n_ktiles = kmax / FW_BN + 1;
+    const int n_ktiles = kmax / BN + 1;
     const int z = blockIdx.z, nsplit = gridDim.z;
     /* split z takes key tiles z, z + nsplit, ... */
     const int n_it = z < n_ktiles ? (n_ktiles - z + nsplit - 1) / nsplit : 0;
 
-    const uint32_t bar = sb + FW_BAR_OFF; /* fullK s: +8s, fullV: +16 + 8s, emptyK: +32 + 8s, emptyV: +48 + 8s */
+    const uint32_t bar = sb + LY::BAR_OFF; /* fullK s: +8s, fullV: +16 + 8s, emptyK: +32 + 8s, emptyV: +48 + 8s */
     if (tid == 0) {
         fw_bar_init(bar + 0, 128);
         fw_bar_init(bar + 8, 128);
@@ -193,24 +214,25 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();
 
-    if (warp >= 8) { /* ---- the producer warpgroup: warp pw loads key rows 16pw .. 16pw + 15 of a tile ---- */
+    if (warp >= 8) { /* ---- the producer warpgroup: warp pw loads key rows RW·pw .. RW·pw + RW - 1 of a tile ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
         const int pw = warp - 8;
+        constexpr int RW = BN / 4;
         auto load = [&](const bf16 *src, int kt, uint32_t dst) {
-            /* key row kt·64 + 16pw + lane%16: its element offset (-1 past kmax), shared by shuffles */
-            const int j = kt * FW_BN + 16 * pw + (lane & 15);
+            /* key row kt·BN + RW·pw + lane%RW: its element offset (-1 past kmax), shared by shuffles */
+            const int j = kt * BN + RW * pw + lane % RW;
             const long long oj = j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
-            const uint32_t dl = dst + (lane >> 3) * 8192;
+            const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
 #pragma unroll 4
-            for (int rr = 0; rr < 16; rr++) {
-                const int r = 16 * pw + rr;
+            for (int rr = 0; rr < RW; rr++) {
+                const int r = RW * pw + rr;
                 const long long off = __shfl_sync(0xffffffffu, oj, rr);
                 fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
         for (int i = 0; i < n_it; i++) {
             const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
-            const uint32_t kd = sb + FW_KV_OFF + st * 65536;
+            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
             if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
             load(K, kt, kd);
             fw_commit_cp();
@@ -220,7 +242,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 fw_bar_arrive(bar + 16 + 8 * ((i - 1) & 1));
             }
             if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
-            load(V, kt, kd + 32768);
+            load(V, kt, kd + LY::TILE);
             fw_commit_cp();
             fw_wait_cp<1>(); /* K of tile i landed */
             fw_fence_async();
@@ -237,7 +259,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     /* ---- the consumer warpgroups ---- */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_CONS));
     const int wg = warp >> 2, wi = warp & 3, ctid = tid & 127, g = lane >> 2, t = lane & 3;
-    const uint32_t qs = sb + FW_Q_OFF + wg * 32768;
+    const uint32_t qs = sb + LY::Q_OFF + wg * 32768;
     /* stage Q: the warpgroup's 64 rows (flat rows f0 + 64wg + r; zeros past nrows) */
     for (int i = ctid; i < 64 * 32; i += 128) {
         const int r = i >> 5, pc = i & 31, fr = 64 * wg + r;
@@ -258,26 +280,26 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int limB = rB < nrows ? n_past + (f0 + rB) / grp : kmax;
     const int mask_from = n_past + f0 / grp; /* keys above it are masked for some row */
     float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-    float o[128], sc[32];
-    uint32_t pa[16];
+    float o[128], sc[4 * NJ];
+    uint32_t pa[2 * NJ];
 #pragma unroll
     for (int i = 0; i < 128; i++) o[i] = 0.f;
 
     auto issue_qk = [&](int st) {
-        const uint32_t ks = sb + FW_KV_OFF + st * 65536;
+        const uint32_t ks = sb + LY::KV_OFF + st * 2 * LY::TILE;
         fw_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < FW_HD / 16; kk++)
-            fw_mma_qk(sc, fw_desc_k(qs + (kk >> 2) * 8192) + 2 * (kk & 3), fw_desc_k(ks + (kk >> 2) * 8192) + 2 * (kk & 3),
-                      kk);
+            fw_mma_qk(sc, fw_desc_k(qs + (kk >> 2) * 8192) + 2 * (kk & 3),
+                      fw_desc_k(ks + (kk >> 2) * LY::SLAB) + 2 * (kk & 3), kk);
         fw_wg_commit();
         fw_fence_f(sc);
     };
     auto issue_pv = [&](int st) {
-        const uint32_t vs = sb + FW_KV_OFF + st * 65536 + 32768;
+        const uint32_t vs = sb + LY::KV_OFF + st * 2 * LY::TILE + LY::TILE;
         fw_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < FW_BN / 16; kk++) fw_mma_pv(o, pa + 4 * kk, fw_desc_v(vs + kk * 2048, vlbo, vsbo));
+        for (int kk = 0; kk < BN / 16; kk++) fw_mma_pv(o, pa + 4 * kk, fw_desc_v(vs + kk * 2048, LY::SLAB, 1024));
         fw_wg_commit();
         fw_fence_f(o);
     };
@@ -286,25 +308,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         if (lane == 0) fw_bar_arrive(b);
     };
     /* masked online softmax of S (key tile kt): the rows' new max, cA / cB = the factors O and l
-     * are rescaled by, sc = P (fp32) */
+     * are rescaled by, sc = P = exp2(s·sl2 - m) (fp32; m in log2 units, the scale folded into one FFMA) */
     float cA = 1.f, cB = 1.f;
     auto softmax = [&](int kt) {
         float xA = -INFINITY, xB = -INFINITY;
-        if (kt * FW_BN + FW_BN - 1 > mask_from) {
+        if (kt * BN + BN - 1 > mask_from) {
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int key = kt * FW_BN + 8 * j + 2 * t + (e & 1);
-                    const float v = key <= (e < 2 ? limA : limB) ? sc[4 * j + e] * sl2 : -INFINITY;
-                    sc[4 * j + e] = v;
+                    const int key = kt * BN + 8 * j + 2 * t + (e & 1);
+                    if (key > (e < 2 ? limA : limB)) sc[4 * j + e] = -INFINITY;
                 }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++) sc[i] *= sl2;
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < NJ; j++) {
             xA = fmaxf(xA, fmaxf(sc[4 * j], sc[4 * j + 1]));
             xB = fmaxf(xB, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
         }
@@ -313,7 +331,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             xA = fmaxf(xA, __shfl_xor_sync(0xffffffffu, xA, o2));
             xB = fmaxf(xB, __shfl_xor_sync(0xffffffffu, xB, o2));
         }
-        const float nA = fmaxf(mA, xA), nB = fmaxf(mB, xB);
+        const float nA = fmaxf(mA, xA * sl2), nB = fmaxf(mB, xB * sl2); /* sl2 > 0 */
         const float uA = nA == -INFINITY ? 0.f : nA, uB = nB == -INFINITY ? 0.f : nB; /* fully masked rows */
         cA = exp2f(mA - uA);
         cB = exp2f(mB - uB);
@@ -322,18 +340,18 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         lA *= cA;
         lB *= cB;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            sc[4 * j] = exp2f(sc[4 * j] - uA);
-            sc[4 * j + 1] = exp2f(sc[4 * j + 1] - uA);
-            sc[4 * j + 2] = exp2f(sc[4 * j + 2] - uB);
-            sc[4 * j + 3] = exp2f(sc[4 * j + 3] - uB);
+        for (int j = 0; j < NJ; j++) {
+            sc[4 * j] = exp2f(fmaf(sc[4 * j], sl2, -uA));
+            sc[4 * j + 1] = exp2f(fmaf(sc[4 * j + 1], sl2, -uA));
+            sc[4 * j + 2] = exp2f(fmaf(sc[4 * j + 2], sl2, -uB));
+            sc[4 * j + 3] = exp2f(fmaf(sc[4 * j + 3], sl2, -uB));
             lA += sc[4 * j] + sc[4 * j + 1];
             lB += sc[4 * j + 2] + sc[4 * j + 3];
         }
     };
     auto pack_p = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++) {
+        for (int kk = 0; kk < BN / 16; kk++) {
             pa[4 * kk] = fw_pack(sc[8 * kk], sc[8 * kk + 1]);
             pa[4 * kk + 1] = fw_pack(sc[8 * kk + 2], sc[8 * kk + 3]);
             pa[4 * kk + 2] = fw_pack(sc[8 * kk + 4], sc[8 * kk + 5]);
@@ -429,8 +447,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 enum { FW_MAX_DEV = 16 };
 static int fw_state[FW_MAX_DEV]; /* per device: 0 not asked, 1 ready, -1 no */
 static pthread_mutex_t fw_mu = PTHREAD_MUTEX_INITIALIZER;
-/* LASTSTAND_FP_WG_VDESC=swap: V's descriptor offsets swapped (a diagnostic of the MN-major layout) */
-static uint32_t fw_vlbo = 8192, fw_vsbo = 1024;
+
+/* LASTSTAND_FP_WG_BN = 64 / 80: keys a tile (80: FlashAttention-3's choice at head_dim 256) */
+static int fw_bn = 80;
 
 int fw_available(void) {
     int dev = 0;
@@ -446,19 +465,21 @@ int fw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        const char *v = getenv("LASTSTAND_FP_WG_VDESC");
-        if (v && !strcmp(v, "swap")) {
-            fw_vlbo = 1024;
-            fw_vsbo = 8192;
-        }
+        const char *b = getenv("LASTSTAND_FP_WG_BN");
+        if (b && (!strcmp(b, "64") || !strcmp(b, "80"))) fw_bn = atoi(b);
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel) == cudaSuccess &&
-                    cudaFuncSetAttribute(fw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, FW_SMEM) == cudaSuccess
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<64>) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, fw_kernel<80>) == cudaSuccess &&
+                    cudaFuncSetAttribute(fw_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         fw_lay<64>::SMEM) == cudaSuccess &&
+                    cudaFuncSetAttribute(fw_kernel<80>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         fw_lay<80>::SMEM) == cudaSuccess
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a)", dev);
+            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, %d-key tiles)",
+                     dev, fw_bn);
         else
             log_warn("cuda_flash_prefill: LASTSTAND_FP_WG=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernel; fp_kernel runs", dev, major, minor);
@@ -468,9 +489,19 @@ int fw_available(void) {
     return s > 0;
 }
 
+template <int BN>
+static cudaError_t fw_go(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
+                         float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
+                         float *part_o, float *part_ml, int n_rows_total, int lpt) {
+    return cu_launch_pdl(pdl, fw_kernel<BN>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
+                         nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt);
+}
+
 cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                       float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                       float *part_o, float *part_ml, int n_rows_total, int lpt) {
-    return cu_launch_pdl(pdl, fw_kernel, grid, dim3(FW_THREADS), (size_t)FW_SMEM, st, n_seq, seqs, nh, nkv, P, sl2, q,
-                         gate, K, V, out, part_o, part_ml, n_rows_total, lpt, fw_vlbo, fw_vsbo);
+    return fw_bn == 64 ? fw_go<64>(grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml,
+                                   n_rows_total, lpt)
+                       : fw_go<80>(grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml,
+                                   n_rows_total, lpt);
 }

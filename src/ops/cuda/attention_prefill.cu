@@ -760,10 +760,12 @@ static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_
  * longest first (reverse order); each tile's arithmetic is unchanged, only the order blocks start
  * in; 0: ascending. */
 static int g_fp_lpt = 1;
-/* LASTSTAND_FP_WG = 1: head_dim 256 calls under the round plan (host-planned prefill chunks) run
- * attention_prefill_wg.cu's wgmma kernel (sm_90a; fp_kernel where the device has no such image);
- * 0: fp_kernel. */
-enum { FP_DEF_WG = 0 };
+/* LASTSTAND_FP_WG = 1 (default since the attnpre session's standalone harness on an H200: right
+ * against an fp32 reference on sampled rows, one 8192-token causal prompt at the 35B shape 1.33 ms,
+ * 415 TFLOP/s, where fp_kernel ran ~166): head_dim 256 calls under the round plan (host-planned
+ * prefill chunks) run attention_prefill_wg.cu's wgmma kernel (sm_90a; fp_kernel where the device has
+ * no such image); 0: fp_kernel. */
+enum { FP_DEF_WG = 1 };
 static int g_fp_wg = FP_DEF_WG;
 
 static int fp_plan_mode(void) {

@@ -11,15 +11,17 @@
  * the producer (setmaxnreg: 40 registers a producer thread, 232 a consumer's). Shared memory (1024-aligned, 128-byte swizzled K-major tiles: row r's 16-byte chunk
  * c of a 64-dim slab at r·128 + (c ^ r%8)·16, slab s of a tile at s·(rows·128)):
  *   Q   2 x [64 rows x 256 dims] (32 KB each), staged once by its warpgroup (cp.async)
- *   K/V 2 stages x ([64 keys x 256 dims] K + the same for V) = 2 x 64 KB, by the producer
+ *   K/V 2 stages x ([BN keys x 256 dims] K + the same for V) = 2 x 80 KB at BN = 80, by the producer
  *   mbarriers fullK/fullV (producer -> consumers, 128 arrivals) and emptyK/emptyV (consumers ->
  *   producer, one arrival a consumer warp) per stage.
- * Producer: for each key tile, K then V by cp.async (16 bytes a lane, 512 bytes a key row, 16 rows
- * a warp: the page table read once a tile, keys past the tile's last zero-filled), completion by
- * cp.async.wait_group, fence.proxy.async (the generic-proxy writes made visible to wgmma's async
- * proxy) and an mbarrier arrive; a stage is reused when the consumers released it.
- * Consumer warpgroup, per key tile i (64 keys), FA3's intra-warpgroup overlap:
- *   S_i = Q·K_iᵀ   16 x wgmma m64n64k16 (A = Q, B = K from shared memory, K-major), issued, then
+ * Producer: for each key tile, K then V by cp.async (16 bytes a lane, 512 bytes a key row, BN / 4
+ * rows a warp: the page table read once a tile, keys past the tile's last zero-filled); each
+ * thread's copies arrive on the stage's full barrier by cp.async.mbarrier.arrive.noinc, and the
+ * consumers fence.proxy.async after the wait (the generic-proxy writes made visible to wgmma's async
+ * proxy); LASTSTAND_FP_WG_ASYNC=0: the producer waits for its own copies (cp.async.wait_group),
+ * fences and arrives. A stage is reused when the consumers released it.
+ * Consumer warpgroup, per key tile i (BN = 80 keys), FA3's intra-warpgroup overlap:
+ *   S_i = Q·K_iᵀ   16 x wgmma m64n80k16 (A = Q, B = K from shared memory, K-major), issued, then
  *   O += P_{i-1}·V_{i-1}   4 x wgmma m64n256k16 (A = P in registers, BF16 from the S
  *                  accumulators, B = V from shared memory, MN-major: the transpose bit), issued;
  *   wait S_i, release K_i, mask (the tiles past the CTA's first row's last key only), online
@@ -60,6 +62,11 @@ __device__ __forceinline__ void fw_wait_cp() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void fw_fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/* the barrier's arrival once every cp.async this thread issued so far has landed (not counted as
+ * pending: the barrier's count includes it) */
+__device__ __forceinline__ void fw_cp_arrive(uint32_t a) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
 __device__ __forceinline__ void fw_bar_init(uint32_t a, int n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
 }
@@ -70,9 +77,10 @@ __device__ __forceinline__ void fw_bar_arrive(uint32_t a) {
 __device__ __forceinline__ void fw_bar_wait(uint32_t a, int par) {
     uint32_t ok = 0;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
                      : "=r"(ok)
-                     : "r"(a), "r"(par)
+                     : "r"(a), "r"(par), "r"(0x989680) /* suspend up to 10 ms: no busy spinning */
                      : "memory");
     } while (!ok);
 }
@@ -160,7 +168,7 @@ __device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-template <int BN>
+template <int BN, bool ASYNC, bool PP>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh, int nkv, int P, float sl2,
               const bf16 *__restrict__ q, const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
@@ -230,6 +238,20 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
+        if (ASYNC) { /* the copies arrive on the full barriers themselves; the consumers fence */
+            for (int i = 0; i < n_it; i++) {
+                const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
+                const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
+                if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
+                load(K, kt, kd);
+                fw_cp_arrive(bar + 8 * st);
+                if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
+                load(V, kt, kd + LY::TILE);
+                fw_cp_arrive(bar + 16 + 8 * st);
+            }
+            fw_wait_cp<0>();
+            return;
+        }
         for (int i = 0; i < n_it; i++) {
             const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
             const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
@@ -370,9 +392,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     };
 
+    /* PP: the warpgroups take turns issuing their MMAs (named barriers 3 + wg: "wg's turn"; WG 0
+     * first), so one's softmax runs while the other's MMAs do (FlashAttention-3's ping-pong) */
+    auto turn_wait = [&]() {
+        if (PP) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
+    };
+    auto turn_pass = [&]() {
+        if (PP) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
+    };
+    if (PP && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
     if (n_it > 0) {
         fw_bar_wait(bar + 0, 0);
+        if (ASYNC) fw_fence_async();
+        turn_wait();
         issue_qk(0);
+        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(sc);
         release(bar + 32);
@@ -381,9 +415,16 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int i = 1; i < n_it; i++) {
             const int st = i & 1, ps = (i - 1) & 1;
             fw_bar_wait(bar + 8 * st, (i >> 1) & 1);
+            if (PP) fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+            if (ASYNC) fw_fence_async();
+            turn_wait();
             issue_qk(st);
-            fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+            if (!PP) {
+                fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+                if (ASYNC) fw_fence_async();
+            }
             issue_pv(ps);
+            turn_pass();
             fw_wg_wait<1>(); /* S_i done; the PV may still run */
             fw_fence_f(sc);
             release(bar + 32 + 8 * st);
@@ -397,7 +438,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
         const int ls = (n_it - 1) & 1;
         fw_bar_wait(bar + 16 + 8 * ls, ((n_it - 1) >> 1) & 1);
+        if (ASYNC) fw_fence_async();
+        turn_wait();
         issue_pv(ls);
+        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(o);
         fw_fence_u(pa);
@@ -448,8 +492,21 @@ enum { FW_MAX_DEV = 16 };
 static int fw_state[FW_MAX_DEV]; /* per device: 0 not asked, 1 ready, -1 no */
 static pthread_mutex_t fw_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* LASTSTAND_FP_WG_BN = 64 / 80: keys a tile (80: FlashAttention-3's choice at head_dim 256) */
-static int fw_bn = 80;
+/* keys a tile: 80 (FlashAttention-3's choice at head_dim 256; the standalone harness at 8192
+ * tokens: 408 TFLOP/s against 384 with 64) */
+enum { FW_BN = 80 };
+/* LASTSTAND_FP_WG_ASYNC = 1: the producer's copies arrive on the full barriers by
+ * cp.async.mbarrier.arrive (the producer never waits for its own copies; the consumers fence the
+ * async proxy); 0: the producer waits for each tile's copies, fences, then arrives */
+static int fw_async = 1;
+/* LASTSTAND_FP_WG_PP = 1: the consumer warpgroups take turns issuing their MMAs (ping-pong) */
+static int fw_pp = 0;
+
+template <bool ASYNC, bool PP>
+static bool fw_optin(void) {
+    return cudaFuncSetAttribute(fw_kernel<FW_BN, ASYNC, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                fw_lay<FW_BN>::SMEM) == cudaSuccess;
+}
 
 int fw_available(void) {
     int dev = 0;
@@ -465,21 +522,18 @@ int fw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        const char *b = getenv("LASTSTAND_FP_WG_BN");
-        if (b && (!strcmp(b, "64") || !strcmp(b, "80"))) fw_bn = atoi(b);
+        fw_async = cu_env_switch("LASTSTAND_FP_WG_ASYNC", fw_async);
+        fw_pp = cu_env_switch("LASTSTAND_FP_WG_PP", fw_pp);
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<64>) == cudaSuccess &&
-                    cudaFuncGetAttributes(&fa, fw_kernel<80>) == cudaSuccess &&
-                    cudaFuncSetAttribute(fw_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         fw_lay<64>::SMEM) == cudaSuccess &&
-                    cudaFuncSetAttribute(fw_kernel<80>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         fw_lay<80>::SMEM) == cudaSuccess
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN, false, false>) == cudaSuccess &&
+                    fw_optin<false, false>() && fw_optin<false, true>() && fw_optin<true, false>() &&
+                    fw_optin<true, true>()
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, %d-key tiles)",
-                     dev, fw_bn);
+            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, async %d, "
+                     "ping-pong %d)", dev, fw_async, fw_pp);
         else
             log_warn("cuda_flash_prefill: LASTSTAND_FP_WG=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernel; fp_kernel runs", dev, major, minor);
@@ -489,19 +543,19 @@ int fw_available(void) {
     return s > 0;
 }
 
-template <int BN>
+template <int BN, bool ASYNC, bool PP>
 static cudaError_t fw_go(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                          float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                          float *part_o, float *part_ml, int n_rows_total, int lpt) {
-    return cu_launch_pdl(pdl, fw_kernel<BN>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
+    return cu_launch_pdl(pdl, fw_kernel<BN, ASYNC, PP>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
                          nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt);
 }
 
 cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                       float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                       float *part_o, float *part_ml, int n_rows_total, int lpt) {
-    return fw_bn == 64 ? fw_go<64>(grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml,
-                                   n_rows_total, lpt)
-                       : fw_go<80>(grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml,
-                                   n_rows_total, lpt);
+#define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt
+    if (fw_pp) return fw_async ? fw_go<FW_BN, true, true>(FW_ARGS) : fw_go<FW_BN, false, true>(FW_ARGS);
+    return fw_async ? fw_go<FW_BN, true, false>(FW_ARGS) : fw_go<FW_BN, false, false>(FW_ARGS);
+#undef FW_ARGS
 }

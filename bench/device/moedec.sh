@@ -2,8 +2,9 @@
 # bench/device/moedec.sh: the fused MoE decode at M = 1..8 (cuda_fused_decode, src/ops/cuda/moe_fused.cu),
 # S10 task moedec: the three-launch form (LASTSTAND_MOE_DEC=1: top-k in the router's last block,
 # gate/up in 8-warp blocks playing the 16-warp slices, the BF16 shared expert's down rows inside the
-# down kernel before its wait; expert tables prefetched into L2) against the four-launch chain (the
-# default), for the integrator's device rounds.
+# down kernel before its wait; expert tables prefetched into L2; DEC=2: the shared gate/up rows moved
+# from launch 1 into launch 2's first blocks, no wait) against the four-launch chain (the default),
+# for the integrator's device rounds.
 # device-limit: 240
 #
 #   bash bench/device/moedec.sh BIN OUTDIR
@@ -27,29 +28,25 @@ TAB=$(cd "$(dirname "$0")" && pwd)/moedec_tab.py
 # doctor TAG "ENV" SRC MS: rows prefixed with TAG
 doctor() {
     local tag=$1 envs=$2 src=$3 ms=$4
-    local t=$(left); [ "$t" -gt 20 ] && t=20
+    local t=$(left); [ "$t" -gt 15 ] && t=15
     [ "$t" -ge 6 ] || { echo "$tag: skipped (time)"; return; }
     local f="$OUT/doc-$tag"
     env $envs XDG_CACHE_HOME="$OUT/cache-$tag" timeout -k 2 "$t" "$BIN" doctor --device cuda --families moe \
         --model-path "$src" --m "$ms" --backends cuda_fused_decode >"$f.txt" 2>"$f.err"
     local rc=$?
-    grep -E "^ +[0-9]+ " "$f.txt" | cut -c1-60 | sed "s/^/$tag /"
+    grep -E "^ +[0-9]+ " "$f.txt" | cut -c1-100 | sed "s/^/$tag /"
     [ $rc = 0 ] || { echo "$tag: rc=$rc"; grep -iE "error|fail|crash|unsupported|wrong" "$f.err" "$f.txt" | head -4; }
 }
 S35=synth:qwen3.5-35b-a3b,layers=1
 S397=synth:qwen3.5-397b-a17b,layers=1
 NEW="LASTSTAND_MOE_DEC=1"
-echo "== 1. doctor, BF16 shared expert, chained µs per call; old = defaults, new = $NEW $(el)"
+echo "== 1. doctor, BF16 shared expert, chained µs per call; old = defaults, new = $NEW, new2 = DEC=2 $(el)"
 doctor 35b-old "" $S35 1,2,4,8
 doctor 35b-new "$NEW" $S35 1,2,4,8
+doctor 35b-new2 "LASTSTAND_MOE_DEC=2" $S35 1,2,4,8
 doctor rank-old "" $RANK 1,2,4,8
 doctor rank-new "$NEW" $RANK 1,2,4,8
-doctor 35b-new-v1 "$NEW LASTSTAND_MOE_GU_V=1" $S35 1,2
-doctor 35b-new-pf0 "$NEW LASTSTAND_MOE_PF=0" $S35 1,2
-doctor 35b-old-v2pf "LASTSTAND_MOE_GU_V=2 LASTSTAND_MOE_PF=1" $S35 1,2
-doctor rank-new-v1 "$NEW LASTSTAND_MOE_GU_V=1" $RANK 1,2
-doctor 397b-old "" $S397 1,2,8
-doctor 397b-new "$NEW" $S397 1,2,8
+doctor rank-new2 "LASTSTAND_MOE_DEC=2" $RANK 1,2,4,8
 echo "$(el)"
 
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
@@ -68,14 +65,25 @@ gen() { # tag "env"
 echo "== 2. decode step, full synth 35B (40 layers), CUDA graphs, old vs new $(el)"
 gen old ""
 gen new "$NEW"
+gen new2 "LASTSTAND_MOE_DEC=2"
 a=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-old.out" 2>/dev/null)
-b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-new.out" 2>/dev/null)
-echo "  greedy ids new == old: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
+for v in new new2; do
+    b=$(grep -oE '"ids": *\[[0-9, ]*' "$OUT/gen-$v.out" 2>/dev/null)
+    echo "  greedy ids $v == old: $([ -n "$a" ] && [ "$a" = "$b" ] && echo yes || echo NO)"
+done
 
-if command -v nsys >/dev/null && [ "$(left)" -gt 90 ]; then
+echo "== 1b. doctor: the parts, the full 397B layer $(el)"
+doctor 35b-new-v1 "$NEW LASTSTAND_MOE_GU_V=1" $S35 1,2
+doctor 35b-new-pf0 "$NEW LASTSTAND_MOE_PF=0" $S35 1,2
+doctor 35b-old-v2pf "LASTSTAND_MOE_GU_V=2 LASTSTAND_MOE_PF=1" $S35 1,2
+doctor 397b-old "" $S397 1,2,8
+doctor 397b-new "$NEW" $S397 1,2,8
+doctor 397b-new2 "LASTSTAND_MOE_DEC=2" $S397 1,2,8
+
+if command -v nsys >/dev/null && [ "$(left)" -gt 70 ]; then
     echo "== 3. nsys: the chain of one call, 35B, BF16 shared, M = 1 (doctor's chained calls) $(el)"
-    for v in old new; do
-        envs=""; [ $v = new ] && envs=$NEW
+    for v in old new new2; do
+        envs=""; [ $v = new ] && envs=$NEW; [ $v = new2 ] && envs=LASTSTAND_MOE_DEC=2
         env $envs XDG_CACHE_HOME="$OUT/cache-nsys" timeout -k 2 25 nsys profile -t cuda -o "$OUT/nsys-$v" -f true \
             "$BIN" doctor --device cuda --families moe --model-path $S35 --m 1 --backends cuda_fused_decode \
             >"$OUT/nsys-$v.log" 2>&1
@@ -93,10 +101,10 @@ for s in long_scoreboard barrier lg_throttle wait short_scoreboard mio_throttle 
     MET=$MET,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
 done
 if command -v ncu >/dev/null; then
-    for c in 35b-old 35b-new rank-old rank-new; do
+    for c in 35b-old 35b-new 35b-new2 rank-old rank-new; do
         t=$(left); [ "$t" -gt 25 ] && t=25
         [ "$t" -ge 12 ] || { echo "ncu $c: skipped (time)"; continue; }
-        envs=""; [ "${c#*-}" = new ] && envs=$NEW
+        envs=""; [ "${c#*-}" = new ] && envs=$NEW; [ "${c#*-}" = new2 ] && envs=LASTSTAND_MOE_DEC=2
         src=$S35; [ "${c%-*}" = rank ] && src=$RANK
         echo "== 4. ncu $c, M = 1 (warm caches, clocks not locked) $(el)"
         env $envs XDG_CACHE_HOME="$OUT/cache-ncu" timeout -k 2 "$t" ncu --clock-control none --cache-control none \

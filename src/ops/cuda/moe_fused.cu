@@ -329,45 +329,17 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-/* TK (LASTSTAND_MOE_DEC=1): no top-k launch; the router block that finishes last (a
- * device ticket, counted after each block's logits are fenced; back at 0 after the last
- * count, ready for the next call or graph replay) runs moe_topk_block for the M tokens
- * one after another and writes idx / wts, so that launch 2 (gate/up) follows this launch
- * directly. */
-template <bool TK>
-__global__ void __launch_bounds__(32 * ROUTER_NW, 2)
-    moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
-                          const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
-                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
-                          int32_t *idx, float *wts, unsigned *ticket) {
-    extern __shared__ uint4 xs4[];
-    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+/* One BF16 shared-expert row a warp: r < Is the gate projection's row r, else the up
+ * projection's row r - Is; hgu [M, 2·Is] fp32 = x·rowᵀ (rows past 2·Is: nothing, the warp only
+ * helps stage x). The row's loads go first, then (WAIT) launch 1's wait and trigger, or (launch
+ * 2 under LASTSTAND_MOE_DEC=2, where x is complete once the block runs) only the trigger; x is
+ * staged in xs4 (M·H bf16) by the whole block. */
+template <bool WAIT>
+__device__ __forceinline__ void shared_gu_row(int r, int M, int H, const bf16 *__restrict__ x,
+                                              const bf16 *__restrict__ shg, const bf16 *__restrict__ shu, int Is,
+                                              float *__restrict__ hgu, uint4 *xs4) {
+    const int lane = threadIdx.x & 31;
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
-    if ((int)blockIdx.x < nrb) {
-        uint4 vw[4];
-        const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
-        router_wait_trigger();
-        for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
-        __syncthreads();
-        router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
-        if constexpr (TK) {
-            __shared__ int last;
-            __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
-            __syncthreads();
-            /* atomicInc wraps to 0 after nrb - 1: the last block's increment resets the ticket */
-            if (threadIdx.x == 0) last = atomicInc(ticket, (unsigned)nrb - 1) == (unsigned)nrb - 1;
-            __syncthreads();
-            if (!last) return;
-            __threadfence();
-            for (int m = 0; m < M; m++) {
-                moe_topk_block(m, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
-                __syncthreads();
-            }
-        }
-        return;
-    }
-    const int r = ((int)blockIdx.x - nrb) * ROUTER_NW + warp;
     const bool on = r < 2 * Is;
     const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
     uint4 vw[SHR_LD];
@@ -376,7 +348,8 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
     }
-    router_wait_trigger();
+    if (WAIT) router_wait_trigger();
+    else cu_pdl_trigger();
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
     if (!on) return;
@@ -414,6 +387,59 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         const float v = warp_sum(acc[m]);
         if (lane == 0) hgu[(size_t)m * 2 * Is + r] = v;
     }
+}
+
+/* TK (LASTSTAND_MOE_DEC=1): no top-k launch; the last M router blocks to finish (a
+ * device ticket, counted after each block's logits are fenced) run moe_topk_block, one
+ * token each, once the last one has counted itself, and write idx / wts, so that launch
+ * 2 (gate/up) follows this launch directly. */
+template <bool TK>
+__global__ void __launch_bounds__(32 * ROUTER_NW, 2)
+    moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
+                          const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
+                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
+                          int32_t *idx, float *wts, unsigned *ticket) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    const int warp = threadIdx.x >> 5;
+    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    if ((int)blockIdx.x < nrb) {
+        uint4 vw[4];
+        const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
+        router_wait_trigger();
+        for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+        __syncthreads();
+        router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
+        if constexpr (TK) {
+            __shared__ int tok;
+            __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                /* the last M router blocks to finish take token t - (nrb - M) each; all but the
+                 * very last wait (acquire) until it has counted itself (it needs at most a
+                 * free slot, which blocks that never wait release) */
+                const unsigned t = atomicAdd(ticket, 1u);
+                const int mm = (int)t - (nrb - M);
+                if (mm >= 0 && t != (unsigned)nrb - 1) {
+                    unsigned v, polls = 0;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ticket) : "memory");
+                        if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
+                    } while (v < (unsigned)nrb);
+                }
+                tok = mm;
+            }
+            __syncthreads();
+            if (tok < 0) return;
+            __threadfence();
+            moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
+            /* the M-th block out resets the ticket for the next call or graph replay (no
+             * block reads it again in this launch) */
+            if (threadIdx.x == 0 && atomicAdd(ticket, 1u) == (unsigned)(nrb + M - 1)) *ticket = 0u;
+        }
+        return;
+    }
+    shared_gu_row<true>(((int)blockIdx.x - nrb) * ROUTER_NW + warp, M, H, x, shg, shu, Is, hgu, xs4);
 }
 
 /* Launch 1b: the routing of token m = block m (moe_int.cuh's moe_topk_block). It
@@ -872,14 +898,11 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
-                       const uint4 *__restrict__ zero, int sr, int pf) {
+                       const uint4 *__restrict__ zero, int sr, int pf, int M, int nsy,
+                       const bf16 *__restrict__ shg, const bf16 *__restrict__ shu, float *__restrict__ hgu) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, rw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
-     * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
-    const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
-    const int s = m * (k + 1) + j;
     /* pf (LASTSTAND_MOE_PF): before the wait, one 128-byte line a block of the expert
      * tables (gu_params, then dn_params) into L2, so that the lookups after the wait (and
      * the down kernel's) hit L2: in a decode step the ~100 MB of weights streamed by the
@@ -890,6 +913,19 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
                                 : b - nl < (sizeof(dn_params) + 127) / 128 ? (const char *)D + 128 * (b - nl) : nullptr;
         if (pl) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pl));
     }
+    /* nsy (LASTSTAND_MOE_DEC=2): the first nsy rows of the grid are the BF16 shared expert's
+     * gate / up rows, one a warp, with no wait (they need x only): they run during the
+     * router and the top-k of launch 1 */
+    if ((int)blockIdx.y < nsy) {
+        shared_gu_row<false>(((int)(blockIdx.y * gridDim.x + blockIdx.x)) * (KW / V) + rw, M, H, x, shg, shu, Is,
+                             hgu, st);
+        return;
+    }
+    const int by = (int)blockIdx.y - nsy;
+    /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
+     * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
+    const int m = sr ? by / k : by / (k + 1), j = sr ? by % k : (by + k) % (k + 1);
+    const int s = m * (k + 1) + j;
     /* early_sh (fused_early, the default with PDL): the shared expert's
      * blocks need only x (complete before the router started) until their epilogue's
      * gate weight, so they fetch and multiply before waiting for the top-k kernel; the
@@ -1003,7 +1039,7 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
  * looked up once per block into shared memory. BC as moe_gateup2_kernel's. */
-template <int KW, int PMAX, bool BC, bool SHB>
+template <int KW, int PMAX, bool BC, int SHB>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
@@ -1015,12 +1051,13 @@ __global__ void __launch_bounds__(32 * KW, 2)
     __shared__ float ysv[SHB ? 16 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int m = blockIdx.y, n0 = blockIdx.x * 16;
-    /* SHB (LASTSTAND_MOE_DEC=1): the BF16 shared expert's down rows n0 .. n0 + 15 for token m
+    /* SHB (LASTSTAND_MOE_DEC=1|2): the BF16 shared expert's down rows n0 .. n0 + 15 for token m
      * here, one warp a row (KW == 16), as moe_topk_rows_kernel computes them (the same
-     * sums in the same order): the row's Is weights requested first, h_s = silu(g)·u·gate
-     * from launch 1 (complete: this kernel starts only after every gate/up block passed
-     * its wait for launch 1), all before this kernel's wait, i.e. while gate/up runs (the
-     * row's loads issued right after the routed weights').
+     * sums in the same order): the row's Is weights requested right after the routed
+     * weights; 1: h_s = silu(g)·u·gate from launch 1 (complete: this kernel starts only
+     * after every gate/up block passed its wait for launch 1) staged and multiplied before
+     * this kernel's wait, i.e. while gate/up runs; 2: hgu comes from launch 2's shared
+     * blocks, so after the wait.
      * Needs one pass of the routed loop (KW <= npairs <= KW·PMAX, fused_run) since the
      * pass holds a __syncthreads. */
     static_assert(!SHB || KW == 16, "SHB: one warp a row of a 16-row tile");
@@ -1063,6 +1100,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
             for (int c = 0; c < SHD_LD; c++)
                 if (lane * 8 + 256 * c < Is) shv[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+            if (SHB == 2) cu_pdl_wait(); /* hgu from launch 2 */
             float *hsm = reinterpret_cast<float *>(st + (size_t)KW * PMAX * 2 * 32);
             const float cg = sgl ? 1.f / (1.f + __expf(-__ldcg(sgl + m))) : 1.f;
             for (int i = threadIdx.x; i < Is; i += blockDim.x) {
@@ -1177,8 +1215,16 @@ static int fused_early(void) {
     return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 1);
 }
 
+/* launch 2's extras beyond the routed (and NVFP4 shared) slots: the table prefetch (pf) and,
+ * under LASTSTAND_MOE_DEC=2, nsy grid rows of BF16 shared gate / up rows (M tokens, hgu) */
+typedef struct gu_extra {
+    int pf, M, nsy;
+    const bf16 *shg, *shu;
+    float *hgu;
+} gu_extra;
+
 template <int KW, int PER, int V>
-static cudaError_t gateup2_launch_v(int pdl, int bc, int pf, dim3 grid, size_t smem, cudaStream_t st,
+static cudaError_t gateup2_launch_v(int pdl, int bc, const gu_extra &xe, dim3 grid, size_t smem, cudaStream_t st,
                                     const gu_params *P, const dn_params *D, int H, int I, int Is, int k,
                                     const void *x, const int32_t *idx, const float *wts, void *h, int ldh,
                                     const uint4 *zero, int sr) {
@@ -1187,32 +1233,41 @@ static cudaError_t gateup2_launch_v(int pdl, int bc, int pf, dim3 grid, size_t s
     cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true, V>>(smem)
                        : fused_smem<moe_gateup2_kernel<KW, PER, false, V>>(smem);
     if (c != cudaSuccess) return c;
+    grid.y += xe.nsy;
     return fused_launch(pdl, K, grid, dim3(32 * KW / V), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
-                        (bf16 *)h, ldh, early, zero, sr, pf);
+                        (bf16 *)h, ldh, early, zero, sr, xe.pf, xe.M, xe.nsy, xe.shg, xe.shu, xe.hgu);
 }
 
 /* gate/up of the cp.async pair; v2: the 16-warp forms as 8 warps playing two slices each
  * (V = 2, the same sums), so that a down block fits beside them on an SM */
 template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int bc, int v2, int pf, dim3 grid, size_t smem, cudaStream_t st,
-                                  const gu_params *P, const dn_params *D, int H, int I, int Is, int k, const void *x,
-                                  const int32_t *idx, const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
+static cudaError_t gateup2_launch(int pdl, int bc, int v2, const gu_extra &xe, dim3 grid, size_t smem,
+                                  cudaStream_t st, const gu_params *P, const dn_params *D, int H, int I, int Is, int k,
+                                  const void *x, const int32_t *idx, const float *wts, void *h, int ldh,
+                                  const uint4 *zero, int sr) {
     if constexpr (KW == 16)
         if (v2)
-            return gateup2_launch_v<KW, PER, 2>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh,
+            return gateup2_launch_v<KW, PER, 2>(pdl, bc, xe, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh,
                                                 zero, sr);
-    return gateup2_launch_v<KW, PER, 1>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh, zero, sr);
+    return gateup2_launch_v<KW, PER, 1>(pdl, bc, xe, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh, zero, sr);
 }
 
 /* the down kernel with the BF16 shared expert's rows (SHB), PMAX = P */
-template <int P>
-static cudaError_t down3_launch(int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H, int I,
-                                int Is, int k, const int32_t *idx, const void *h, int ldh, void *y, const uint4 *zero,
-                                const float *hgu, const float *sgl, const bf16 *sdw) {
-    cudaError_t c = fused_smem<moe_down2_kernel<DOWN_KW, P, false, true>>(smem);
+template <int P, int SHB>
+static cudaError_t down3_launch_s(int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H, int I,
+                                  int Is, int k, const int32_t *idx, const void *h, int ldh, void *y,
+                                  const uint4 *zero, const float *hgu, const float *sgl, const bf16 *sdw) {
+    cudaError_t c = fused_smem<moe_down2_kernel<DOWN_KW, P, false, SHB>>(smem);
     if (c != cudaSuccess) return c;
-    return fused_launch(pdl, moe_down2_kernel<DOWN_KW, P, false, true>, grid, dim3(32 * DOWN_KW), smem, st, D, H, I,
+    return fused_launch(pdl, moe_down2_kernel<DOWN_KW, P, false, SHB>, grid, dim3(32 * DOWN_KW), smem, st, D, H, I,
                         Is, k, idx, (const bf16 *)h, ldh, (bf16 *)y, zero, (const float *)NULL, hgu, sgl, sdw);
+}
+template <int P>
+static cudaError_t down3_launch(int mode, int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H,
+                                int I, int Is, int k, const int32_t *idx, const void *h, int ldh, void *y,
+                                const uint4 *zero, const float *hgu, const float *sgl, const bf16 *sdw) {
+    return mode == 2 ? down3_launch_s<P, 2>(pdl, grid, smem, st, D, H, I, Is, k, idx, h, ldh, y, zero, hgu, sgl, sdw)
+                     : down3_launch_s<P, 1>(pdl, grid, smem, st, D, H, I, Is, k, idx, h, ldh, y, zero, hgu, sgl, sdw);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1376,25 +1431,38 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * gate/up rows, the top-k in the router block that finishes last (no top-k launch);
      * (2) gate/up of the routed slots (8 warps playing the 16-warp slices: V = 2); (3) down,
      * with the shared expert's down rows computed before its wait (moe_down2_kernel SHB).
-     * Same sums as the SHARED_ROUTE=2 chain bit for bit. LASTSTAND_MOE_GU_V=1|2 and
+     * Same sums as the SHARED_ROUTE=2 chain bit for bit. LASTSTAND_MOE_DEC=2: launch 1 the
+     * router only, the shared gate/up rows as launch 2's first blocks without a wait, the
+     * shared down rows in launch 3 after its wait. LASTSTAND_MOE_GU_V=1|2 and
      * LASTSTAND_MOE_PF=0|1 (tables prefetched into L2 by gate/up) force those parts. */
     static int force_dec = -2, force_gv = -2, force_pf = -2;
     const int npr = k * (I / 128); /* the down kernel's routed chunks of a token */
     const int dec = sbf && pair == 2 && !bc && Is <= 256 * SHD_LD && npr >= DOWN_KW &&
-                    npr <= DOWN_KW * DOWN_PMAX && fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 1, 0);
+                            npr <= DOWN_KW * DOWN_PMAX
+                        ? fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 2, 0)
+                        : 0;
     const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec ? 2 : 1) == 2;
-    const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec);
+    gu_extra gxe = {fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec != 0), M, 0, NULL, NULL, NULL};
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
     int wpt = 1;
     if (dec) {
         hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
-        unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, st, e); /* zeroed once; wraps to 0 */
+        unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, st, e); /* zeroed once; the kernel resets it */
         if (!hs || !ticket) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
+        /* DEC=2: launch 1 the router only; the shared gate / up rows in launch 2's first
+         * rows, one a warp (KW / V warps a block) */
+        const unsigned g1 = nrb + (dec == 2 ? 0 : (2 * Is + ROUTER_NW - 1) / ROUTER_NW);
+        if (dec == 2) {
+            const int wpb = gkw / (gv2 && gkw == 16 ? 2 : 1), nsb = (2 * Is + wpb - 1) / wpb;
+            gxe.nsy = (nsb + I / 16 - 1) / (I / 16);
+            gxe.shg = (const bf16 *)w->sh_gate.data;
+            gxe.shu = (const bf16 *)w->sh_up.data;
+            gxe.hgu = hs;
+        }
         c = fused_smem<moe_route_rows_kernel<true>>(xsm);
         if (c == cudaSuccess)
             c = fused_launch(rpdl, moe_route_rows_kernel<true>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
@@ -1404,11 +1472,11 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const dim3 g2d(I / 16, M * k);
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
         if (c == cudaSuccess) {
-            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else c = gateup2_launch<8, 4>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else c = gateup2_launch<8, 4>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
         }
         const int pm = (npr + DOWN_KW - 1) / DOWN_KW; /* one pass of the routed loop */
         const size_t dsm = (size_t)DOWN_KW * pm * 2 * 32 * 16 + sizeof(float) * Is;
@@ -1417,12 +1485,12 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const dim3 g3d(H / 16, M);
         if (c == cudaSuccess) {
             switch (pm) {
-            case 1: c = down3_launch<1>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 2: c = down3_launch<2>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 3: c = down3_launch<3>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 4: c = down3_launch<4>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 5: c = down3_launch<5>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            default: c = down3_launch<6>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 1: c = down3_launch<1>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 2: c = down3_launch<2>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 3: c = down3_launch<3>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 4: c = down3_launch<4>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 5: c = down3_launch<5>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            default: c = down3_launch<6>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
             }
         }
     } else {
@@ -1485,17 +1553,17 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
     if (c == cudaSuccess && pair == 2) {
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+        else c = gateup2_launch<8, 4>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
         if (c == cudaSuccess) c = cudaGetLastError();
         const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>;
+        auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, 0> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, 0>;
         if (c == cudaSuccess)
-            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false>>(dsm)
-                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>>(dsm);
+            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, 0>>(dsm)
+                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, 0>>(dsm);
         if (c == cudaSuccess)
             c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
                              (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys, (const float *)NULL,

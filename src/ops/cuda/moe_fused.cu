@@ -28,6 +28,12 @@
  * (3) and (4) then take the routed experts only and (4) adds ys. Two forms: one warp a
  * row with FMA, contiguous 512-byte warp loads (2, the default at M <= 2), or m16n8k16
  * tiles with the tokens in the B columns (1, above).
+ * At M >= 4 with a BF16 shared expert, three launches (fused_run's DEC, the default there
+ * since the H200 round S10 R1): the top-k by the router launch's last blocks (a device
+ * ticket), gate/up in 8-warp blocks playing the 16-warp slices (same sums) so that a down
+ * block fits beside them and requests its weights during gate/up, and the shared expert's
+ * down rows in the down kernel before its wait; bit for bit the four launches' sums in the
+ * SHARED_ROUTE=2 form.
  * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
  * layer and uploaded only when they change (passing them as 20 KB kernel parameters
  * cost ~20 us per call on the H200).
@@ -329,12 +335,11 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-/* One BF16 shared-expert row a warp: r < Is the gate projection's row r, else the up
- * projection's row r - Is; hgu [M, 2·Is] fp32 = x·rowᵀ (rows past 2·Is: nothing, the warp only
- * helps stage x). The row's loads go first, then (WAIT) launch 1's wait and trigger, or (launch
- * 2 under LASTSTAND_MOE_DEC=2, where x is complete once the block runs) only the trigger; x is
- * staged in xs4 (M·H bf16) by the whole block. */
-template <bool WAIT>
+/* Launch 1, blocks b >= nrb: one BF16 shared-expert row a warp, r < Is the gate projection's
+ * row r, else the up projection's row r - Is; hgu [M, 2·Is] fp32 = x·rowᵀ (rows past 2·Is:
+ * nothing, the warp only helps stage x). The row's loads go first, then launch 1's wait and
+ * trigger; x is staged in xs4 (M·H bf16) by the whole block. (As the gate/up launch's first
+ * blocks, without a wait, LASTSTAND_MOE_DEC=2, it was slower: H200 S10 R1.) */
 __device__ __forceinline__ void shared_gu_row(int r, int M, int H, const bf16 *__restrict__ x,
                                               const bf16 *__restrict__ shg, const bf16 *__restrict__ shu, int Is,
                                               float *__restrict__ hgu, uint4 *xs4) {
@@ -348,8 +353,7 @@ __device__ __forceinline__ void shared_gu_row(int r, int M, int H, const bf16 *_
         for (int c = 0; c < SHR_LD; c++)
             if (lane * 8 + 256 * c < H) vw[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
     }
-    if (WAIT) router_wait_trigger();
-    else cu_pdl_trigger();
+    router_wait_trigger();
     for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
     __syncthreads();
     if (!on) return;
@@ -398,7 +402,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
                           const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
-                          int32_t *idx, float *wts, unsigned *ticket) {
+                          int32_t *idx, float *wts, unsigned *ticket, int tkf) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
     const int warp = threadIdx.x >> 5;
@@ -412,13 +416,21 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
         if constexpr (TK) {
             __shared__ int tok;
-            __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
+            /* tkf (LASTSTAND_MOE_TKF=1, opt-in, not yet timed on a GPU): one release-acquire
+             * add for the block instead of a fence in every thread first (the H200 round's
+             * form: ncu counts 2.6 us more for this kernel than without the top-k, with membar
+             * stalls) */
+            if (!tkf) __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
             __syncthreads();
             if (threadIdx.x == 0) {
                 /* the last M router blocks to finish take token t - (nrb - M) each; all but the
-                 * very last wait (acquire) until it has counted itself (it needs at most a
-                 * free slot, which blocks that never wait release) */
-                const unsigned t = atomicAdd(ticket, 1u);
+                 * very last wait (acquire) until it has counted itself (it needs at most a free
+                 * slot, which blocks that never wait release) */
+                unsigned t;
+                if (tkf)
+                    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(t) : "l"(ticket) : "memory");
+                else
+                    t = atomicAdd(ticket, 1u);
                 const int mm = (int)t - (nrb - M);
                 if (mm >= 0 && t != (unsigned)nrb - 1) {
                     unsigned v, polls = 0;
@@ -431,7 +443,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
             }
             __syncthreads();
             if (tok < 0) return;
-            __threadfence();
+            if (!tkf) __threadfence();
             moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
             /* the M-th block out resets the ticket for the next call or graph replay (no
              * block reads it again in this launch) */
@@ -439,7 +451,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         }
         return;
     }
-    shared_gu_row<true>(((int)blockIdx.x - nrb) * ROUTER_NW + warp, M, H, x, shg, shu, Is, hgu, xs4);
+    shared_gu_row(((int)blockIdx.x - nrb) * ROUTER_NW + warp, M, H, x, shg, shu, Is, hgu, xs4);
 }
 
 /* Launch 1b: the routing of token m = block m (moe_int.cuh's moe_topk_block). It
@@ -523,16 +535,17 @@ __global__ void __launch_bounds__(32 * TOPK_W, 2)
     moe_topk_rows_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
                          const bf16 *__restrict__ wsg, const float *__restrict__ logits,
                          const float *__restrict__ sgl, int32_t *idx, float *wts, const bf16 *__restrict__ sdw,
-                         int Is, const float *__restrict__ hgu, float *__restrict__ ys) {
+                         int Is, const float *__restrict__ hgu, float *__restrict__ ys, int ntk) {
     extern __shared__ float hsm[]; /* [M][Is] */
     cu_pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
-    if ((int)blockIdx.x < M) {
+    /* ntk: the top-k blocks, M (0 under LASTSTAND_MOE_DEC=3: launch 1 ran the top-k) */
+    if ((int)blockIdx.x < ntk) {
         cu_pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, 1, logits, sgl, idx, wts);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = ((int)blockIdx.x - M) * TOPK_W + warp;
+    const int r = ((int)blockIdx.x - ntk) * TOPK_W + warp;
     const bool on = r < H;
     const bf16 *row = sdw + (size_t)r * Is;
     uint4 vw[SHD_LD];
@@ -898,8 +911,7 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
-                       const uint4 *__restrict__ zero, int sr, int pf, int M, int nsy,
-                       const bf16 *__restrict__ shg, const bf16 *__restrict__ shu, float *__restrict__ hgu) {
+                       const uint4 *__restrict__ zero, int sr, int pf) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, rw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -913,15 +925,7 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
                                 : b - nl < (sizeof(dn_params) + 127) / 128 ? (const char *)D + 128 * (b - nl) : nullptr;
         if (pl) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pl));
     }
-    /* nsy (LASTSTAND_MOE_DEC=2): the first nsy rows of the grid are the BF16 shared expert's
-     * gate / up rows, one a warp, with no wait (they need x only): they run during the
-     * router and the top-k of launch 1 */
-    if ((int)blockIdx.y < nsy) {
-        shared_gu_row<false>(((int)(blockIdx.y * gridDim.x + blockIdx.x)) * (KW / V) + rw, M, H, x, shg, shu, Is,
-                             hgu, st);
-        return;
-    }
-    const int by = (int)blockIdx.y - nsy;
+    const int by = (int)blockIdx.y;
     /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
      * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
     const int m = sr ? by / k : by / (k + 1), j = sr ? by % k : (by + k) % (k + 1);
@@ -1039,7 +1043,7 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
  * looked up once per block into shared memory. BC as moe_gateup2_kernel's. */
-template <int KW, int PMAX, bool BC, int SHB>
+template <int KW, int PMAX, bool BC, bool SHB>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
@@ -1051,13 +1055,12 @@ __global__ void __launch_bounds__(32 * KW, 2)
     __shared__ float ysv[SHB ? 16 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int m = blockIdx.y, n0 = blockIdx.x * 16;
-    /* SHB (LASTSTAND_MOE_DEC=1|2): the BF16 shared expert's down rows n0 .. n0 + 15 for token m
+    /* SHB (LASTSTAND_MOE_DEC=1): the BF16 shared expert's down rows n0 .. n0 + 15 for token m
      * here, one warp a row (KW == 16), as moe_topk_rows_kernel computes them (the same
      * sums in the same order): the row's Is weights requested right after the routed
-     * weights; 1: h_s = silu(g)·u·gate from launch 1 (complete: this kernel starts only
-     * after every gate/up block passed its wait for launch 1) staged and multiplied before
-     * this kernel's wait, i.e. while gate/up runs; 2: hgu comes from launch 2's shared
-     * blocks, so after the wait.
+     * weights, h_s = silu(g)·u·gate from launch 1 (complete: this kernel starts only after
+     * every gate/up block passed its wait for launch 1), staged and multiplied before this
+     * kernel's wait, i.e. while gate/up runs.
      * Needs one pass of the routed loop (KW <= npairs <= KW·PMAX, fused_run) since the
      * pass holds a __syncthreads. */
     static_assert(!SHB || KW == 16, "SHB: one warp a row of a 16-row tile");
@@ -1100,7 +1103,6 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
             for (int c = 0; c < SHD_LD; c++)
                 if (lane * 8 + 256 * c < Is) shv[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
-            if (SHB == 2) cu_pdl_wait(); /* hgu from launch 2 */
             float *hsm = reinterpret_cast<float *>(st + (size_t)KW * PMAX * 2 * 32);
             const float cg = sgl ? 1.f / (1.f + __expf(-__ldcg(sgl + m))) : 1.f;
             for (int i = threadIdx.x; i < Is; i += blockDim.x) {
@@ -1215,16 +1217,8 @@ static int fused_early(void) {
     return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 1);
 }
 
-/* launch 2's extras beyond the routed (and NVFP4 shared) slots: the table prefetch (pf) and,
- * under LASTSTAND_MOE_DEC=2, nsy grid rows of BF16 shared gate / up rows (M tokens, hgu) */
-typedef struct gu_extra {
-    int pf, M, nsy;
-    const bf16 *shg, *shu;
-    float *hgu;
-} gu_extra;
-
 template <int KW, int PER, int V>
-static cudaError_t gateup2_launch_v(int pdl, int bc, const gu_extra &xe, dim3 grid, size_t smem, cudaStream_t st,
+static cudaError_t gateup2_launch_v(int pdl, int bc, int pf, dim3 grid, size_t smem, cudaStream_t st,
                                     const gu_params *P, const dn_params *D, int H, int I, int Is, int k,
                                     const void *x, const int32_t *idx, const float *wts, void *h, int ldh,
                                     const uint4 *zero, int sr) {
@@ -1233,41 +1227,33 @@ static cudaError_t gateup2_launch_v(int pdl, int bc, const gu_extra &xe, dim3 gr
     cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true, V>>(smem)
                        : fused_smem<moe_gateup2_kernel<KW, PER, false, V>>(smem);
     if (c != cudaSuccess) return c;
-    grid.y += xe.nsy;
     return fused_launch(pdl, K, grid, dim3(32 * KW / V), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
-                        (bf16 *)h, ldh, early, zero, sr, xe.pf, xe.M, xe.nsy, xe.shg, xe.shu, xe.hgu);
+                        (bf16 *)h, ldh, early, zero, sr, pf);
 }
 
 /* gate/up of the cp.async pair; v2: the 16-warp forms as 8 warps playing two slices each
- * (V = 2, the same sums), so that a down block fits beside them on an SM */
+ * (V = 2, the same sums), so that a down block fits beside them on an SM; pf: the expert
+ * tables prefetched into L2 */
 template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int bc, int v2, const gu_extra &xe, dim3 grid, size_t smem,
-                                  cudaStream_t st, const gu_params *P, const dn_params *D, int H, int I, int Is, int k,
-                                  const void *x, const int32_t *idx, const float *wts, void *h, int ldh,
-                                  const uint4 *zero, int sr) {
+static cudaError_t gateup2_launch(int pdl, int bc, int v2, int pf, dim3 grid, size_t smem, cudaStream_t st,
+                                  const gu_params *P, const dn_params *D, int H, int I, int Is, int k, const void *x,
+                                  const int32_t *idx, const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
     if constexpr (KW == 16)
         if (v2)
-            return gateup2_launch_v<KW, PER, 2>(pdl, bc, xe, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh,
+            return gateup2_launch_v<KW, PER, 2>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh,
                                                 zero, sr);
-    return gateup2_launch_v<KW, PER, 1>(pdl, bc, xe, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh, zero, sr);
+    return gateup2_launch_v<KW, PER, 1>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh, zero, sr);
 }
 
 /* the down kernel with the BF16 shared expert's rows (SHB), PMAX = P */
-template <int P, int SHB>
-static cudaError_t down3_launch_s(int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H, int I,
-                                  int Is, int k, const int32_t *idx, const void *h, int ldh, void *y,
-                                  const uint4 *zero, const float *hgu, const float *sgl, const bf16 *sdw) {
-    cudaError_t c = fused_smem<moe_down2_kernel<DOWN_KW, P, false, SHB>>(smem);
-    if (c != cudaSuccess) return c;
-    return fused_launch(pdl, moe_down2_kernel<DOWN_KW, P, false, SHB>, grid, dim3(32 * DOWN_KW), smem, st, D, H, I,
-                        Is, k, idx, (const bf16 *)h, ldh, (bf16 *)y, zero, (const float *)NULL, hgu, sgl, sdw);
-}
 template <int P>
-static cudaError_t down3_launch(int mode, int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H,
-                                int I, int Is, int k, const int32_t *idx, const void *h, int ldh, void *y,
-                                const uint4 *zero, const float *hgu, const float *sgl, const bf16 *sdw) {
-    return mode == 2 ? down3_launch_s<P, 2>(pdl, grid, smem, st, D, H, I, Is, k, idx, h, ldh, y, zero, hgu, sgl, sdw)
-                     : down3_launch_s<P, 1>(pdl, grid, smem, st, D, H, I, Is, k, idx, h, ldh, y, zero, hgu, sgl, sdw);
+static cudaError_t down3_launch(int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H, int I,
+                                int Is, int k, const int32_t *idx, const void *h, int ldh, void *y, const uint4 *zero,
+                                const float *hgu, const float *sgl, const bf16 *sdw) {
+    cudaError_t c = fused_smem<moe_down2_kernel<DOWN_KW, P, false, true>>(smem);
+    if (c != cudaSuccess) return c;
+    return fused_launch(pdl, moe_down2_kernel<DOWN_KW, P, false, true>, grid, dim3(32 * DOWN_KW), smem, st, D, H, I,
+                        Is, k, idx, (const bf16 *)h, ldh, (bf16 *)y, zero, (const float *)NULL, hgu, sgl, sdw);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1398,7 +1384,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * (1's tiles read half a sector per lane and instruction; 2 spends 8 FMAs per weight
      * at M = 8 where 1 spends one mma per 16 x 16). */
     static int force_sr = -2;
-    const int sr = sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 1, 2, M <= 2 ? 2 : 1) : 0;
+    int sr = sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 1, 2, M <= 2 ? 2 : 1) : 0;
     /* Kernel pair: the cp.async pair with PDL wherever its H fits (H200 rounds of
      * 2026-11-29 17:10 and 17:56: 397B M = 2 100.7 -> 92.6 us, M = 1 66.1 -> 58.1 with an
      * NVFP4 shared expert; with a BF16 shared expert in the same launches the register
@@ -1426,57 +1412,63 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     const int nrb = (E + ROUTER_RPB) / ROUTER_RPB; /* router blocks: E rows and the shared gate's */
-    /* LASTSTAND_MOE_DEC=1 (opt-in until the H200 says otherwise): three launches where the
-     * BF16 shared expert's layout allows (sr's one-warp-a-row form): (1) router rows + shared
-     * gate/up rows, the top-k in the router block that finishes last (no top-k launch);
-     * (2) gate/up of the routed slots (8 warps playing the 16-warp slices: V = 2); (3) down,
-     * with the shared expert's down rows computed before its wait (moe_down2_kernel SHB).
-     * Same sums as the SHARED_ROUTE=2 chain bit for bit. LASTSTAND_MOE_DEC=2: launch 1 the
-     * router only, the shared gate/up rows as launch 2's first blocks without a wait, the
-     * shared down rows in launch 3 after its wait. LASTSTAND_MOE_GU_V=1|2 and
-     * LASTSTAND_MOE_PF=0|1 (tables prefetched into L2 by gate/up) force those parts. */
-    static int force_dec = -2, force_gv = -2, force_pf = -2;
+    /* Three launches (DEC = 1) where the BF16 shared expert's layout allows: (1) router rows +
+     * the shared expert's gate/up rows (one warp a row), the top-k by the last M router blocks
+     * to finish (a device ticket; no top-k launch); (2) gate/up of the routed slots, 8 warps
+     * playing the 16-warp slices (V = 2: the same sums, and a down block fits beside two of
+     * them on an SM), the expert tables prefetched into L2 (pf); (3) down, with the shared
+     * expert's down rows computed before its wait (moe_down2_kernel SHB). The same sums as the
+     * SHARED_ROUTE=2 chain bit for bit. H200 round S10 R1 (doctor, chained, µs, four launches
+     * -> three, every cell ok against the fp64 reference):
+     *   35B            M = 1 20.7 -> 18.2   M = 2 28.8 -> 28.3   M = 4  48.9 -> 44.6   M = 8  83.8 -> 76.7
+     *   397B TP-2 rank       36.4 -> 36.5          56.8 -> 57.0         103.7 -> 97.6         177.2 -> 171.5
+     *   397B                 57.4 -> 56.6          97.7 -> 94.7                              308.2 -> 305.3
+     * but the 40-layer synth 35B decode step (M = 1, CUDA graphs) 2.500 -> 2.527 ms, greedy ids
+     * equal: the default from M = 4 on, the four launches below. LASTSTAND_MOE_DEC=0|1 forces
+     * one; =3 (opt-in, not yet timed on a GPU): the four launches with the top-k moved into
+     * launch 1 as here (launch 1b keeps the shared down rows). LASTSTAND_MOE_GU_V=1|2,
+     * LASTSTAND_MOE_PF=0|1 force those parts (R1: DEC with V = 1 20.1 us at the 35B layer, M = 1;
+     * pf no difference in the doctor). The shared gate/up rows as launch 2's first blocks,
+     * without a wait (DEC=2 in R1: 35B M = 1 21.5 us, decode step 2.587 ms), were removed. */
+    static int force_dec = -2, force_gv = -2, force_pf = -2, force_tkf = -2;
     const int npr = k * (I / 128); /* the down kernel's routed chunks of a token */
-    const int dec = sbf && pair == 2 && !bc && Is <= 256 * SHD_LD && npr >= DOWN_KW &&
-                            npr <= DOWN_KW * DOWN_PMAX
-                        ? fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 2, 0)
-                        : 0;
-    const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec ? 2 : 1) == 2;
-    gu_extra gxe = {fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec != 0), M, 0, NULL, NULL, NULL};
+    int dec = 0;
+    if (sbf && pair == 2 && !bc && Is <= 256 * SHD_LD && npr >= DOWN_KW && npr <= DOWN_KW * DOWN_PMAX) {
+        const int def = M >= 4 ? 1 : 0;
+        dec = fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 3, def);
+        if (dec == 2) dec = def; /* removed */
+    }
+    const int tk = dec == 3;
+    if (tk) sr = 2;
+    const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec == 1 ? 2 : 1) == 2;
+    const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec == 1);
+    /* the router blocks' ticket as one release-acquire add (opt-in, not yet timed) */
+    const int tkf = fused_knob(&force_tkf, "LASTSTAND_MOE_TKF", 0, 1, 0);
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
     int wpt = 1;
-    if (dec) {
+    if (dec == 1) {
         hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
         unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, st, e); /* zeroed once; the kernel resets it */
         if (!hs || !ticket) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        /* DEC=2: launch 1 the router only; the shared gate / up rows in launch 2's first
-         * rows, one a warp (KW / V warps a block) */
-        const unsigned g1 = nrb + (dec == 2 ? 0 : (2 * Is + ROUTER_NW - 1) / ROUTER_NW);
-        if (dec == 2) {
-            const int wpb = gkw / (gv2 && gkw == 16 ? 2 : 1), nsb = (2 * Is + wpb - 1) / wpb;
-            gxe.nsy = (nsb + I / 16 - 1) / (I / 16);
-            gxe.shg = (const bf16 *)w->sh_gate.data;
-            gxe.shu = (const bf16 *)w->sh_up.data;
-            gxe.hgu = hs;
-        }
+        const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
         c = fused_smem<moe_route_rows_kernel<true>>(xsm);
         if (c == cudaSuccess)
             c = fused_launch(rpdl, moe_route_rows_kernel<true>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
                              (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
                              (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs, k, (int)w->norm_topk,
-                             idx, wts, ticket);
+                             idx, wts, ticket, tkf);
         const dim3 g2d(I / 16, M * k);
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
         if (c == cudaSuccess) {
-            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
-            else c = gateup2_launch<8, 4>(pdl, 0, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else c = gateup2_launch<8, 4>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
         }
         const int pm = (npr + DOWN_KW - 1) / DOWN_KW; /* one pass of the routed loop */
         const size_t dsm = (size_t)DOWN_KW * pm * 2 * 32 * 16 + sizeof(float) * Is;
@@ -1485,97 +1477,98 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const dim3 g3d(H / 16, M);
         if (c == cudaSuccess) {
             switch (pm) {
-            case 1: c = down3_launch<1>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 2: c = down3_launch<2>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 3: c = down3_launch<3>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 4: c = down3_launch<4>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            case 5: c = down3_launch<5>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
-            default: c = down3_launch<6>(dec, pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 1: c = down3_launch<1>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 2: c = down3_launch<2>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 3: c = down3_launch<3>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 4: c = down3_launch<4>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 5: c = down3_launch<5>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            default: c = down3_launch<6>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
             }
         }
     } else {
-    if (sr == 2) {
-        /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
-        hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
-        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        if (!hs || !ys) {
-            ws_unlock(ws);
-            return e->code ? e->code : ERR_NOMEM;
+        if (sr == 2) {
+            /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
+            hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
+            ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+            unsigned *ticket = tk ? (unsigned *)ws_get(ws, WS_TICKET, 64, st, e) : NULL;
+            if (!hs || !ys || (tk && !ticket)) {
+                ws_unlock(ws);
+                return e->code ? e->code : ERR_NOMEM;
+            }
+            const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
+            auto RK = tk ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>;
+            c = tk ? fused_smem<moe_route_rows_kernel<true>>(xsm) : fused_smem<moe_route_rows_kernel<false>>(xsm);
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, RK, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb, (const bf16 *)a->x,
+                                 (const bf16 *)w->router.data, wsg, logits, sgl, (const bf16 *)w->sh_gate.data,
+                                 (const bf16 *)w->sh_up.data, Is, hs, k, (int)w->norm_topk, idx, wts, ticket, tkf);
+            const size_t hsm = sizeof(float) * (size_t)M * Is;
+            if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_rows_kernel, dim3((tk ? 0 : M) + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
+                                 st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
+                                 (const float *)hs, ys, tk ? 0 : M);
+        } else if (sr) {
+            hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
+            ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+            if (!hs || !ys) {
+                ws_unlock(ws);
+                return e->code ? e->code : ERR_NOMEM;
+            }
+            /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
+            while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
+            c = fused_smem<moe_router_kernel<true, 4>>(xsm);
+            const int g1 = nrb > Is / 8 ? nrb : Is / 8;
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, moe_router_kernel<true, 4>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E,
+                                 (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                                 (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
+            const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                                 (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
+                                 (const float *)hs, ys);
+        } else {
+            c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(nrb), dim3(32 * ROUTER_NW), xsm, st, M, H,
+                                 E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                                 (const bf16 *)nullptr, (const bf16 *)nullptr, 0, (float *)nullptr);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                                 (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
+                                 (const float *)NULL, (float *)NULL);
         }
-        const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
-        c = fused_smem<moe_route_rows_kernel<false>>(xsm);
-        if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_route_rows_kernel<false>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
-                             (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs, 0, 0,
-                             (int32_t *)NULL, (float *)NULL, (unsigned *)NULL);
-        const size_t hsm = sizeof(float) * (size_t)M * Is;
-        if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_rows_kernel, dim3(M + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
-                             st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
-                             (const float *)hs, ys);
-    } else if (sr) {
-        hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
-        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        if (!hs || !ys) {
-            ws_unlock(ws);
-            return e->code ? e->code : ERR_NOMEM;
+        /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
+        const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
+        if (c == cudaSuccess && pair == 2) {
+            const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
+            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else c = gateup2_launch<8, 4>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            if (c == cudaSuccess) c = cudaGetLastError();
+            const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+            auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>;
+            if (c == cudaSuccess)
+                c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false>>(dsm)
+                       : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>>(dsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+                                 (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys, (const float *)NULL,
+                                 (const float *)NULL, (const bf16 *)NULL);
+        } else if (c == cudaSuccess) {
+            c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
+                             I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero, sr);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+                                 H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
+                                 (bf16 *)a->y, (const float *)ys);
         }
-        /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
-        while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
-        c = fused_smem<moe_router_kernel<true, 4>>(xsm);
-        const int g1 = nrb > Is / 8 ? nrb : Is / 8;
-        if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_router_kernel<true, 4>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E,
-                             (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
-        const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
-                             (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
-                             (const float *)hs, ys);
-    } else {
-        c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
-        if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(nrb), dim3(32 * ROUTER_NW), xsm, st, M, H,
-                             E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)nullptr, (const bf16 *)nullptr, 0, (float *)nullptr);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
-                             (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
-                             (const float *)NULL, (float *)NULL);
-    }
-    /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
-    const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
-    if (c == cudaSuccess && pair == 2) {
-        const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, bc, gv2, gxe, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        if (c == cudaSuccess) c = cudaGetLastError();
-        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, 0> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, 0>;
-        if (c == cudaSuccess)
-            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, 0>>(dsm)
-                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, 0>>(dsm);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
-                             (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys, (const float *)NULL,
-                             (const float *)NULL, (const bf16 *)NULL);
-    } else if (c == cudaSuccess) {
-        c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
-                         I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero, sr);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
-                             H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
-                             (bf16 *)a->y, (const float *)ys);
-    }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
         /* optional outputs: device copies of the choices */

@@ -335,16 +335,65 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-/* Launch 1, blocks b >= nrb: one BF16 shared-expert row a warp, r < Is the gate projection's
- * row r, else the up projection's row r - Is; hgu [M, 2·Is] fp32 = x·rowᵀ (rows past 2·Is:
- * nothing, the warp only helps stage x). The row's loads go first, then launch 1's wait and
- * trigger; x is staged in xs4 (M·H bf16) by the whole block. (As the gate/up launch's first
- * blocks, without a wait, LASTSTAND_MOE_DEC=2, it was slower: H200 S10 R1.) */
-__device__ __forceinline__ void shared_gu_row(int r, int M, int H, const bf16 *__restrict__ x,
-                                              const bf16 *__restrict__ shg, const bf16 *__restrict__ shu, int Is,
-                                              float *__restrict__ hgu, uint4 *xs4) {
-    const int lane = threadIdx.x & 31;
+/* TK (LASTSTAND_MOE_DEC=1): no top-k launch; the last M router blocks to finish (a
+ * device ticket, counted after each block's logits are fenced) run moe_topk_block, one
+ * token each, once the last one has counted itself, and write idx / wts, so that launch
+ * 2 (gate/up) follows this launch directly. */
+template <bool TK>
+__global__ void __launch_bounds__(32 * ROUTER_NW, 2)
+    moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
+                          const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
+                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
+                          int32_t *idx, float *wts, unsigned *ticket, int tkf) {
+    extern __shared__ uint4 xs4[];
+    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint4 *xg = reinterpret_cast<const uint4 *>(x);
+    if ((int)blockIdx.x < nrb) {
+        uint4 vw[4];
+        const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
+        router_wait_trigger();
+        for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
+        __syncthreads();
+        router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
+        if constexpr (TK) {
+            __shared__ int tok;
+            /* tkf (LASTSTAND_MOE_TKF=1, opt-in, not yet timed on a GPU): one release-acquire
+             * add for the block instead of a fence in every thread first (the H200 round's
+             * form: ncu counts 2.6 us more for this kernel than without the top-k, with membar
+             * stalls) */
+            if (!tkf) __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                /* the last M router blocks to finish take token t - (nrb - M) each; all but the
+                 * very last wait (acquire) until it has counted itself (it needs at most a free
+                 * slot, which blocks that never wait release) */
+                unsigned t;
+                if (tkf)
+                    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(t) : "l"(ticket) : "memory");
+                else
+                    t = atomicAdd(ticket, 1u);
+                const int mm = (int)t - (nrb - M);
+                if (mm >= 0 && t != (unsigned)nrb - 1) {
+                    unsigned v, polls = 0;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ticket) : "memory");
+                        if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
+                    } while (v < (unsigned)nrb);
+                }
+                tok = mm;
+            }
+            __syncthreads();
+            if (tok < 0) return;
+            if (!tkf) __threadfence();
+            moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
+            /* the M-th block out resets the ticket for the next call or graph replay (no
+             * block reads it again in this launch) */
+            if (threadIdx.x == 0 && atomicAdd(ticket, 1u) == (unsigned)(nrb + M - 1)) *ticket = 0u;
+        }
+        return;
+    }
+    const int r = ((int)blockIdx.x - nrb) * ROUTER_NW + warp;
     const bool on = r < 2 * Is;
     const bf16 *row = r < Is ? shg + (size_t)r * H : shu + (size_t)(r - Is) * H;
     uint4 vw[SHR_LD];
@@ -391,67 +440,6 @@ __device__ __forceinline__ void shared_gu_row(int r, int M, int H, const bf16 *_
         const float v = warp_sum(acc[m]);
         if (lane == 0) hgu[(size_t)m * 2 * Is + r] = v;
     }
-}
-
-/* TK (LASTSTAND_MOE_DEC=1): no top-k launch; the last M router blocks to finish (a
- * device ticket, counted after each block's logits are fenced) run moe_topk_block, one
- * token each, once the last one has counted itself, and write idx / wts, so that launch
- * 2 (gate/up) follows this launch directly. */
-template <bool TK>
-__global__ void __launch_bounds__(32 * ROUTER_NW, 2)
-    moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
-                          const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
-                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
-                          int32_t *idx, float *wts, unsigned *ticket, int tkf) {
-    extern __shared__ uint4 xs4[];
-    __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
-    const int warp = threadIdx.x >> 5;
-    const uint4 *xg = reinterpret_cast<const uint4 *>(x);
-    if ((int)blockIdx.x < nrb) {
-        uint4 vw[4];
-        const router_part rp = router_issue<4>(blockIdx.x, H, E, wr, wsg, vw);
-        router_wait_trigger();
-        for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
-        __syncthreads();
-        router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
-        if constexpr (TK) {
-            __shared__ int tok;
-            /* tkf (LASTSTAND_MOE_TKF=1, opt-in, not yet timed on a GPU): one release-acquire
-             * add for the block instead of a fence in every thread first (the H200 round's
-             * form: ncu counts 2.6 us more for this kernel than without the top-k, with membar
-             * stalls) */
-            if (!tkf) __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                /* the last M router blocks to finish take token t - (nrb - M) each; all but the
-                 * very last wait (acquire) until it has counted itself (it needs at most a free
-                 * slot, which blocks that never wait release) */
-                unsigned t;
-                if (tkf)
-                    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(t) : "l"(ticket) : "memory");
-                else
-                    t = atomicAdd(ticket, 1u);
-                const int mm = (int)t - (nrb - M);
-                if (mm >= 0 && t != (unsigned)nrb - 1) {
-                    unsigned v, polls = 0;
-                    do {
-                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ticket) : "memory");
-                        if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
-                    } while (v < (unsigned)nrb);
-                }
-                tok = mm;
-            }
-            __syncthreads();
-            if (tok < 0) return;
-            if (!tkf) __threadfence();
-            moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
-            /* the M-th block out resets the ticket for the next call or graph replay (no
-             * block reads it again in this launch) */
-            if (threadIdx.x == 0 && atomicAdd(ticket, 1u) == (unsigned)(nrb + M - 1)) *ticket = 0u;
-        }
-        return;
-    }
-    shared_gu_row(((int)blockIdx.x - nrb) * ROUTER_NW + warp, M, H, x, shg, shu, Is, hgu, xs4);
 }
 
 /* Launch 1b: the routing of token m = block m (moe_int.cuh's moe_topk_block). It
@@ -915,11 +903,11 @@ __global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
     const int lane = threadIdx.x & 31, rw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    /* pf (LASTSTAND_MOE_PF): before the wait, one 128-byte line a block of the expert
-     * tables (gu_params, then dn_params) into L2, so that the lookups after the wait (and
-     * the down kernel's) hit L2: in a decode step the ~100 MB of weights streamed by the
+    /* pf (LASTSTAND_MOE_PF; V = 2 only): before the wait, one 128-byte line a block of the
+     * expert tables (gu_params, then dn_params) into L2, so that the lookups after the wait
+     * (and the down kernel's) hit L2: in a decode step the ~100 MB of weights streamed by the
      * other layers have evicted them */
-    if (pf && threadIdx.x == 0) {
+    if (V > 1 && pf && threadIdx.x == 0) { /* V = 1 (the four launches' form): none, main's code */
         const size_t b = (size_t)blockIdx.y * gridDim.x + blockIdx.x, nl = (sizeof(gu_params) + 127) / 128;
         const char *pl = b < nl ? (const char *)P + 128 * b
                                 : b - nl < (sizeof(dn_params) + 127) / 128 ? (const char *)D + 128 * (b - nl) : nullptr;
@@ -1428,7 +1416,8 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * one; =3 (opt-in, not yet timed on a GPU): the four launches with the top-k moved into
      * launch 1 as here (launch 1b keeps the shared down rows). LASTSTAND_MOE_GU_V=1|2,
      * LASTSTAND_MOE_PF=0|1 force those parts (R1: DEC with V = 1 20.1 us at the 35B layer, M = 1;
-     * pf no difference in the doctor). The shared gate/up rows as launch 2's first blocks,
+     * pf no difference in the doctor; the prefetch exists in the V = 2 kernels only, so that
+     * the four launches' V = 1 kernels compile as before). The shared gate/up rows as launch 2's first blocks,
      * without a wait (DEC=2 in R1: 35B M = 1 21.5 us, decode step 2.587 ms), were removed. */
     static int force_dec = -2, force_gv = -2, force_pf = -2, force_tkf = -2;
     const int npr = k * (I / 128); /* the down kernel's routed chunks of a token */

@@ -335,10 +335,10 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
-/* TK (LASTSTAND_MOE_DEC=1): no top-k launch; the last M router blocks to finish (a
- * device ticket, counted after each block's logits are fenced) run moe_topk_block, one
- * token each, once the last one has counted itself, and write idx / wts, so that launch
- * 2 (gate/up) follows this launch directly. */
+/* TK (the three launches, DEC = 1; and LASTSTAND_MOE_DEC=3): no top-k launch; the last M
+ * router blocks to finish (a device ticket, counted after each block's logits are fenced)
+ * run moe_topk_block, one token each, once the last one has counted itself, and write
+ * idx / wts, so that the next launch needs no top-k of its own. */
 template <bool TK>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,

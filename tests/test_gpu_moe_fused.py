@@ -10,9 +10,16 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   shared expert's gate/up after the top-k wait (LASTSTAND_MOE_SHARED_EARLY=0), the NVFP4
   decode form at M = 1 (LASTSTAND_MOE_BC=0 in the register pair, where block-column is the
   default; =1 in the cp.async pair), and where a BF16 shared expert runs inside the router and
-  top-k launches (LASTSTAND_MOE_SHARED_ROUTE=1: m16n8k16 tiles, the default at M > 2; =2: one
-  warp a row, the default at M <= 2; with an NVFP4 shared expert it changes nothing) with
-  either pair and without PDL.
+  top-k launches (LASTSTAND_MOE_SHARED_ROUTE=1: m16n8k16 tiles, the default of the four launches
+  at M > 2; =2: one warp a row, their default at M <= 2; with an NVFP4 shared expert it changes
+  nothing) with either pair and without PDL (with LASTSTAND_MOE_DEC=0 where the three launches
+  would be the default); the three-launch form with a BF16 shared expert (the default at
+  M >= 4; LASTSTAND_MOE_DEC=0 | 1 forces it off | on: the top-k in the router's last blocks, the
+  shared expert's down rows inside the down kernel) with its parts (LASTSTAND_MOE_GU_V: gate/up's
+  16 slices in 8 warps; LASTSTAND_MOE_PF: the expert tables prefetched into L2), the four launches
+  with the top-k in launch 1 (LASTSTAND_MOE_DEC=3), alone and with the router blocks' ticket as
+  one release-acquire add (LASTSTAND_MOE_TKF=1); the defaults and the three launches also at the
+  full 397B's tensor-parallel rank shape (I = shared I = 512).
 """
 import json
 import os
@@ -30,10 +37,16 @@ PRESET = "qwen3.5-35b-a3b"
 pytestmark = requires_gpu
 
 
+# the full 397B's MoE layer as each of two tensor-parallel ranks runs it (model_tp.c slices the
+# experts' and the shared expert's intermediate dimension: 1024 / 2), BF16 shared expert
+RANK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "device", "moedec_rank")
+
+
 def doctor_cells(tmp_path, knobs, shared, ms):
     out = tmp_path / "doctor.json"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **knobs)
-    src = ["--shapes", PRESET] if shared == "nvfp4" else ["--model-path", f"synth:{PRESET},layers=1"]
+    src = (["--shapes", PRESET] if shared == "nvfp4" else ["--model-path", RANK_DIR] if shared == "rank"
+           else ["--model-path", f"synth:{PRESET},layers=1"])
     p = subprocess.run([BIN, "doctor", "--device", "cuda", "--families", "moe", "--backends", BACKEND,
                         "--m", ",".join(map(str, ms)), "--json", str(out), *src], capture_output=True,
                        text=True, env=env, timeout=300)
@@ -52,11 +65,17 @@ KNOBS = [
     {"LASTSTAND_MOE_SHARED_EARLY": "0"},
     {"LASTSTAND_MOE_BC": "0", "LASTSTAND_MOE_FUSED_PAIR": "1"},
     {"LASTSTAND_MOE_BC": "1", "LASTSTAND_MOE_FUSED_PAIR": "2"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "1"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_DEC": "0"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "1", "LASTSTAND_MOE_FUSED_PAIR": "1"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "2"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_DEC": "0"},
     {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_FUSED_PAIR": "1"},
-    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PDL": "0"},
+    {"LASTSTAND_MOE_SHARED_ROUTE": "2", "LASTSTAND_MOE_PDL": "0", "LASTSTAND_MOE_DEC": "0"},
+    {"LASTSTAND_MOE_DEC": "0"},
+    {"LASTSTAND_MOE_DEC": "1"},
+    {"LASTSTAND_MOE_DEC": "1", "LASTSTAND_MOE_GU_V": "1", "LASTSTAND_MOE_PF": "0"},
+    {"LASTSTAND_MOE_DEC": "3"},
+    {"LASTSTAND_MOE_DEC": "3", "LASTSTAND_MOE_TKF": "1"},
+    {"LASTSTAND_MOE_DEC": "0", "LASTSTAND_MOE_GU_V": "2", "LASTSTAND_MOE_PF": "1"},
 ]
 
 
@@ -65,6 +84,16 @@ KNOBS = [
 def test_fused_decode_right_with_every_choice(tmp_path, knobs, shared):
     ms = [1, 2] if "LASTSTAND_MOE_BC" in knobs else [1, 2, 8]
     cells, table = doctor_cells(tmp_path, knobs, shared, ms)
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
+    assert sorted(map(int, cells)) == ms
+
+
+@pytest.mark.parametrize("knobs", [{}, {"LASTSTAND_MOE_DEC": "1"}],
+                         ids=lambda k: ",".join(f"{a[13:]}={b}" for a, b in k.items()) or "default")
+def test_fused_decode_right_at_the_397b_rank_shape(tmp_path, knobs):
+    ms = [1, 2, 8]
+    cells, table = doctor_cells(tmp_path, knobs, "rank", ms)
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{bad}\n{table}"
     assert sorted(map(int, cells)) == ms

@@ -28,6 +28,12 @@
  * (3) and (4) then take the routed experts only and (4) adds ys. Two forms: one warp a
  * row with FMA, contiguous 512-byte warp loads (2, the default at M <= 2), or m16n8k16
  * tiles with the tokens in the B columns (1, above).
+ * At M >= 4 with a BF16 shared expert, three launches (fused_run's DEC, the default there
+ * since the H200 round S10 R1): the top-k by the router launch's last blocks (a device
+ * ticket), gate/up in 8-warp blocks playing the 16-warp slices (same sums) so that a down
+ * block fits beside them and requests its weights during gate/up, and the shared expert's
+ * down rows in the down kernel before its wait; bit for bit the four launches' sums in the
+ * SHARED_ROUTE=2 form.
  * The expert pointer tables (30 KB for E = 512) live in device memory, cached per
  * layer and uploaded only when they change (passing them as 20 KB kernel parameters
  * cost ~20 us per call on the H200).
@@ -45,7 +51,7 @@ enum { FUSED_MAXM = 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_N };
+enum { WS_LOGITS, WS_IDX, WS_WTS, WS_H, WS_ZERO, WS_HS, WS_YS, WS_TICKET, WS_N };
 static_assert((int)WS_N <= (int)CU_WS_SLOTS, "moe fused workspace slots");
 
 typedef struct fused_tables fused_tables;
@@ -329,10 +335,16 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 1)
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.) */
 enum { SHR_LD = 8, SHD_LD = 4 };
+/* TK (the three launches, DEC = 1; and LASTSTAND_MOE_DEC=3): no top-k launch; the last M
+ * router blocks to finish (a device ticket, counted after each block's logits are fenced)
+ * run moe_topk_block, one token each, once the last one has counted itself, and write
+ * idx / wts, so that the next launch needs no top-k of its own. */
+template <bool TK>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
-                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu) {
+                          const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
+                          int32_t *idx, float *wts, unsigned *ticket, int tkf) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -344,6 +356,41 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         for (int i = threadIdx.x; i < M * H / 8; i += blockDim.x) xs4[i] = __ldg(xg + i);
         __syncthreads();
         router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
+        if constexpr (TK) {
+            __shared__ int tok;
+            /* tkf (LASTSTAND_MOE_TKF=1, opt-in, not yet timed on a GPU): one release-acquire
+             * add for the block instead of a fence in every thread first (the H200 round's
+             * form: ncu counts 2.6 us more for this kernel than without the top-k, with membar
+             * stalls) */
+            if (!tkf) __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                /* the last M router blocks to finish take token t - (nrb - M) each; all but the
+                 * very last wait (acquire) until it has counted itself (it needs at most a free
+                 * slot, which blocks that never wait release) */
+                unsigned t;
+                if (tkf)
+                    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(t) : "l"(ticket) : "memory");
+                else
+                    t = atomicAdd(ticket, 1u);
+                const int mm = (int)t - (nrb - M);
+                if (mm >= 0 && t != (unsigned)nrb - 1) {
+                    unsigned v, polls = 0;
+                    do {
+                        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(ticket) : "memory");
+                        if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
+                    } while (v < (unsigned)nrb);
+                }
+                tok = mm;
+            }
+            __syncthreads();
+            if (tok < 0) return;
+            if (!tkf) __threadfence();
+            moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
+            /* the M-th block out resets the ticket for the next call or graph replay (no
+             * block reads it again in this launch) */
+            if (threadIdx.x == 0 && atomicAdd(ticket, 1u) == (unsigned)(nrb + M - 1)) *ticket = 0u;
+        }
         return;
     }
     const int r = ((int)blockIdx.x - nrb) * ROUTER_NW + warp;
@@ -476,16 +523,17 @@ __global__ void __launch_bounds__(32 * TOPK_W, 2)
     moe_topk_rows_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
                          const bf16 *__restrict__ wsg, const float *__restrict__ logits,
                          const float *__restrict__ sgl, int32_t *idx, float *wts, const bf16 *__restrict__ sdw,
-                         int Is, const float *__restrict__ hgu, float *__restrict__ ys) {
+                         int Is, const float *__restrict__ hgu, float *__restrict__ ys, int ntk) {
     extern __shared__ float hsm[]; /* [M][Is] */
     cu_pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
-    if ((int)blockIdx.x < M) {
+    /* ntk: the top-k blocks, M (0 under LASTSTAND_MOE_DEC=3: launch 1 ran the top-k) */
+    if ((int)blockIdx.x < ntk) {
         cu_pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, 1, logits, sgl, idx, wts);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = ((int)blockIdx.x - M) * TOPK_W + warp;
+    const int r = ((int)blockIdx.x - ntk) * TOPK_W + warp;
     const bool on = r < H;
     const bf16 *row = sdw + (size_t)r * Is;
     uint4 vw[SHD_LD];
@@ -846,18 +894,29 @@ __global__ void __launch_bounds__(256) moe_down_kernel(const dn_params *__restri
  * (bc_chunk; no gain here in the H200 rounds, opt-in). (The bit-placement decode of
  * nvfp4.cuh, which moves half the decode to the FMA pipe and wins in cuda_grouped_gemm,
  * was slower here in round R2: 397B M = 1 57.7 vs 55.4 us, NVFP4 shared 51.9 vs 50.3.) */
-template <int KW, int PER, bool BC>
-__global__ void __launch_bounds__(32 * KW, 32 / KW)
+template <int KW, int PER, bool BC, int V>
+__global__ void __launch_bounds__(32 * KW / V, 32 * V / KW)
     moe_gateup2_kernel(const gu_params *__restrict__ P, const dn_params *__restrict__ D, int H, int I, int Is,
                        int k, const bf16 *__restrict__ x, const int32_t *__restrict__ idx,
                        const float *__restrict__ wts, bf16 *__restrict__ hout, int ldh, int early_sh,
-                       const uint4 *__restrict__ zero, int sr) {
+                       const uint4 *__restrict__ zero, int sr, int pf) {
     extern __shared__ uint4 st[]; /* [KW][PER][4][32] */
     __shared__ float red[KW][2][16];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, rw = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* pf (LASTSTAND_MOE_PF; V = 2 only): before the wait, one 128-byte line a block of the
+     * expert tables (gu_params, then dn_params) into L2, so that the lookups after the wait
+     * (and the down kernel's) hit L2: in a decode step the ~100 MB of weights streamed by the
+     * other layers have evicted them */
+    if (V > 1 && pf && threadIdx.x == 0) { /* V = 1 (the four launches' form): none, main's code */
+        const size_t b = (size_t)blockIdx.y * gridDim.x + blockIdx.x, nl = (sizeof(gu_params) + 127) / 128;
+        const char *pl = b < nl ? (const char *)P + 128 * b
+                                : b - nl < (sizeof(dn_params) + 127) / 128 ? (const char *)D + 128 * (b - nl) : nullptr;
+        if (pl) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(pl));
+    }
+    const int by = (int)blockIdx.y;
     /* the shared expert's blocks (j = k) first in launch order (the longest when Is > I);
      * sr (SHARED_ROUTE): routed slots only, the shared expert ran in launches 1 and 1b */
-    const int m = sr ? blockIdx.y / k : blockIdx.y / (k + 1), j = sr ? blockIdx.y % k : (blockIdx.y + k) % (k + 1);
+    const int m = sr ? by / k : by / (k + 1), j = sr ? by % k : (by + k) % (k + 1);
     const int s = m * (k + 1) + j;
     /* early_sh (fused_early, the default with PDL): the shared expert's
      * blocks need only x (complete before the router started) until their epilogue's
@@ -881,59 +940,77 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
         rows = Is;
     }
     if (n0 >= rows) return;
-    const int c0 = warp * PER;
-    float ag[4] = {0.f, 0.f, 0.f, 0.f}, au[4] = {0.f, 0.f, 0.f, 0.f};
-    const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t, r8 = (size_t)8 * (H / 2);
-    uint4 *my = st + (size_t)warp * PER * 4 * 32 + lane;
+    /* V (LASTSTAND_MOE_GU_V): each of the KW / V warps plays V of the KW slices (virtual
+     * warps rw·V .. rw·V + V - 1, each with its own accumulators and its own slot of red),
+     * so the sums are the KW-warp block's bit for bit with a V times smaller block */
+    float ag[V][4], au[V][4];
+    uint16_t sg0[V][PER], sg1[V][PER], su0[V][PER], su1[V][PER];
+    const size_t r8 = (size_t)8 * (H / 2), s8 = (size_t)8 * (H / 16);
 #pragma unroll
-    for (int u = 0; u < PER; u++) {
-        cu_cp_async16(my + (u * 4 + 0) * 32, gw + rb + u * 64);
-        cu_cp_async16(my + (u * 4 + 1) * 32, gw + rb + r8 + u * 64);
-        cu_cp_async16(my + (u * 4 + 2) * 32, uw + rb + u * 64);
-        cu_cp_async16(my + (u * 4 + 3) * 32, uw + rb + r8 + u * 64);
-        cu_cp_async_commit();
+    for (int v = 0; v < V; v++) {
+        const int c0 = (rw * V + v) * PER;
+#pragma unroll
+        for (int i = 0; i < 4; i++) ag[v][i] = au[v][i] = 0.f;
+        const size_t rb = (size_t)(n0 + g) * (H / 2) + c0 * 64 + 16 * t;
+        uint4 *my = st + (size_t)(rw * V + v) * PER * 4 * 32 + lane;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            cu_cp_async16(my + (u * 4 + 0) * 32, gw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 1) * 32, gw + rb + r8 + u * 64);
+            cu_cp_async16(my + (u * 4 + 2) * 32, uw + rb + u * 64);
+            cu_cp_async16(my + (u * 4 + 3) * 32, uw + rb + r8 + u * 64);
+            cu_cp_async_commit();
+        }
     }
-    const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t, s8 = (size_t)8 * (H / 16);
-    uint16_t sg0[PER], sg1[PER], su0[PER], su1[PER];
 #pragma unroll
-    for (int u = 0; u < PER; u++) {
-        sg0[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + u * 8));
-        sg1[u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + u * 8));
-        su0[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
-        su1[u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
+    for (int v = 0; v < V; v++) {
+        const int c0 = (rw * V + v) * PER;
+        const size_t sb = (size_t)(n0 + g) * (H / 16) + c0 * 8 + 2 * t;
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            sg0[v][u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + u * 8));
+            sg1[v][u] = __ldg(reinterpret_cast<const uint16_t *>(gs + sb + s8 + u * 8));
+            su0[v][u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + u * 8));
+            su1[v][u] = __ldg(reinterpret_cast<const uint16_t *>(us + sb + s8 + u * 8));
+        }
     }
     cu_pdl_wait();
     coef *= wts[m * (k + 1) + j];
-    /* every token column is token m: no lane predicated off, column 0 is read */
-    const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
-    if (BC) {
-        const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 */
 #pragma unroll
-        for (int u = 0; u < PER; u++) {
-            cu_cp_async_wait_dyn(PER - 1 - u);
-            bc_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xr + u * 16, zero, g, t, lut, ag);
-            bc_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xr + u * 16, zero, g, t, lut, au);
+    for (int v = 0; v < V; v++) {
+        const int c0 = (rw * V + v) * PER;
+        const uint4 *my = st + (size_t)(rw * V + v) * PER * 4 * 32 + lane;
+        /* every token column is token m: no lane predicated off, column 0 is read */
+        const uint4 *xr = reinterpret_cast<const uint4 *>(x + (size_t)m * H + c0 * 128 + 32 * t);
+        if (BC) {
+            const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(H & 127)); /* H % 128 == 0 */
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                cu_cp_async_wait_dyn(V * PER - 1 - (v * PER + u));
+                bc_chunk(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[v][u], sg1[v][u], xr + u * 16, zero, g, t,
+                         lut, ag[v]);
+                bc_chunk(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[v][u], su1[v][u], xr + u * 16, zero, g, t,
+                         lut, au[v]);
+            }
+            bc_rows(ag[v]);
+            bc_rows(au[v]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                uint4 xv[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) xv[q] = __ldg(xr + u * 16 + q);
+                cu_cp_async_wait_dyn(V * PER - 1 - (v * PER + u));
+                cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[v][u], sg1[v][u], xv, ag[v]);
+                cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[v][u], su1[v][u], xv, au[v]);
+            }
         }
-    } else {
-#pragma unroll
-    for (int u = 0; u < PER; u++) {
-        uint4 xv[4];
-#pragma unroll
-        for (int v = 0; v < 4; v++) xv[v] = __ldg(xr + u * 16 + v);
-        cu_cp_async_wait_dyn(PER - 1 - u);
-        cu_w4_chunk_mma(my[(u * 4 + 0) * 32], my[(u * 4 + 1) * 32], sg0[u], sg1[u], xv, ag);
-        cu_w4_chunk_mma(my[(u * 4 + 2) * 32], my[(u * 4 + 3) * 32], su0[u], su1[u], xv, au);
-    }
-    }
-    if (BC) {
-        bc_rows(ag);
-        bc_rows(au);
-    }
-    if (t == 0) {
-        red[warp][0][g] = ag[0];
-        red[warp][0][g + 8] = ag[2];
-        red[warp][1][g] = au[0];
-        red[warp][1][g + 8] = au[2];
+        if (t == 0) {
+            red[rw * V + v][0][g] = ag[v][0];
+            red[rw * V + v][0][g + 8] = ag[v][2];
+            red[rw * V + v][1][g] = au[v][0];
+            red[rw * V + v][1][g + 8] = au[v][2];
+        }
     }
     __syncthreads();
     if (threadIdx.x < 16) {
@@ -954,16 +1031,27 @@ __global__ void __launch_bounds__(32 * KW, 32 / KW)
  * each warp puts up to PMAX chunks in flight with cp.async, then consumes them
  * in order (h rows from L2 as the B operand). The experts' down weights are
  * looked up once per block into shared memory. BC as moe_gateup2_kernel's. */
-template <int KW, int PMAX, bool BC>
+template <int KW, int PMAX, bool BC, bool SHB>
 __global__ void __launch_bounds__(32 * KW, 2)
     moe_down2_kernel(const dn_params *__restrict__ P, int H, int I, int Is, int k,
                      const int32_t *__restrict__ idx, const bf16 *__restrict__ hin, int ldh,
-                     bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys) {
-    extern __shared__ uint4 st[]; /* [KW][PMAX][2][32] */
+                     bf16 *__restrict__ y, const uint4 *__restrict__ zero, const float *__restrict__ ys,
+                     const float *__restrict__ hgu, const float *__restrict__ sgl, const bf16 *__restrict__ sdw) {
+    extern __shared__ uint4 st[]; /* [KW][PMAX][2][32], then (SHB) h_s [Is] fp32 */
     __shared__ const uint8_t *sw[MOE_MAXK + 1], *ss[MOE_MAXK + 1];
     __shared__ float red[KW][16];
+    __shared__ float ysv[SHB ? 16 : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int m = blockIdx.y, n0 = blockIdx.x * 16;
+    /* SHB (LASTSTAND_MOE_DEC=1): the BF16 shared expert's down rows n0 .. n0 + 15 for token m
+     * here, one warp a row (KW == 16), as moe_topk_rows_kernel computes them (the same
+     * sums in the same order): the row's Is weights requested right after the routed
+     * weights, h_s = silu(g)·u·gate from launch 1 (complete: this kernel starts only after
+     * every gate/up block passed its wait for launch 1), staged and multiplied before this
+     * kernel's wait, i.e. while gate/up runs.
+     * Needs one pass of the routed loop (KW <= npairs <= KW·PMAX, fused_run) since the
+     * pass holds a __syncthreads. */
+    static_assert(!SHB || KW == 16, "SHB: one warp a row of a 16-row tile");
     if (threadIdx.x < k) {
         const int ex = idx[m * k + threadIdx.x];
         sw[threadIdx.x] = P->dw[ex];
@@ -974,7 +1062,8 @@ __global__ void __launch_bounds__(32 * KW, 2)
     }
     __syncthreads();
     const int cpe = I / 128, cps = Is / 128;
-    const int npairs = k * cpe + (ys ? 0 : cps); /* ys (SHARED_ROUTE): the shared expert's result, added at the end */
+    /* ys (SHARED_ROUTE) / SHB: the shared expert's result, added at the end */
+    const int npairs = k * cpe + (ys || SHB ? 0 : cps);
     uint4 *my = st + (size_t)warp * PMAX * 2 * 32 + lane;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const nv4_lut lut = nv4_lut_make((threadIdx.x + 1u) * (uint32_t)(I & 127)); /* I % 128 == 0 (BC only) */
@@ -994,6 +1083,39 @@ __global__ void __launch_bounds__(32 * KW, 2)
                 s1[u] = __ldg(reinterpret_cast<const uint16_t *>(ss[j] + sbb + (size_t)8 * (K / 16)));
             }
             cu_cp_async_commit();
+        }
+        if constexpr (SHB) {
+            /* the shared row's loads after the routed ones (fewer registers live across them) */
+            uint4 shv[SHD_LD];
+            const bf16 *row = sdw + (size_t)(n0 + warp) * Is;
+#pragma unroll
+            for (int c = 0; c < SHD_LD; c++)
+                if (lane * 8 + 256 * c < Is) shv[c] = cu_ld_stream16(row + lane * 8 + 256 * c);
+            float *hsm = reinterpret_cast<float *>(st + (size_t)KW * PMAX * 2 * 32);
+            const float cg = sgl ? 1.f / (1.f + __expf(-__ldcg(sgl + m))) : 1.f;
+            for (int i = threadIdx.x; i < Is; i += blockDim.x) {
+                const float gv = __ldcg(hgu + (size_t)m * 2 * Is + i), uv = __ldcg(hgu + (size_t)m * 2 * Is + Is + i);
+                hsm[i] = gv / (1.f + __expf(-gv)) * uv * cg;
+            }
+            __syncthreads();
+            float a = 0.f;
+#pragma unroll
+            for (int c = 0; c < SHD_LD; c++) {
+                const int kk = lane * 8 + 256 * c;
+                if (kk >= Is) break;
+                const uint32_t ww[4] = {shv[c].x, shv[c].y, shv[c].z, shv[c].w};
+                const float4 h0 = *reinterpret_cast<const float4 *>(hsm + kk);
+                const float4 h1 = *reinterpret_cast<const float4 *>(hsm + kk + 4);
+                const float hv[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 w2 = bf2_to_f2(ww[u]);
+                    a = fmaf(w2.x, hv[2 * u], a);
+                    a = fmaf(w2.y, hv[2 * u + 1], a);
+                }
+            }
+            a = warp_sum(a);
+            if (lane == 0) ysv[warp] = a;
         }
         cu_pdl_wait(); /* h from gate/up (the weights above are already in flight) */
 #pragma unroll
@@ -1026,6 +1148,7 @@ __global__ void __launch_bounds__(32 * KW, 2)
 #pragma unroll
         for (int w = 0; w < KW; w++) v += red[w][threadIdx.x];
         if (ys) v += __ldcg(ys + (size_t)m * H + n0 + threadIdx.x);
+        if (SHB) v += ysv[threadIdx.x];
         y[(size_t)m * H + n0 + threadIdx.x] = __float2bfloat16_rn(v);
     }
 }
@@ -1082,17 +1205,43 @@ static int fused_early(void) {
     return fused_knob(&force_early, "LASTSTAND_MOE_SHARED_EARLY", 0, 1, 1);
 }
 
-template <int KW, int PER>
-static cudaError_t gateup2_launch(int pdl, int bc, dim3 grid, size_t smem, cudaStream_t st, const gu_params *P,
-                                  const dn_params *D, int H, int I, int Is, int k, const void *x, const int32_t *idx,
-                                  const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
+template <int KW, int PER, int V>
+static cudaError_t gateup2_launch_v(int pdl, int bc, int pf, dim3 grid, size_t smem, cudaStream_t st,
+                                    const gu_params *P, const dn_params *D, int H, int I, int Is, int k,
+                                    const void *x, const int32_t *idx, const float *wts, void *h, int ldh,
+                                    const uint4 *zero, int sr) {
     const int early = fused_early();
-    auto K = bc ? moe_gateup2_kernel<KW, PER, true> : moe_gateup2_kernel<KW, PER, false>;
-    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true>>(smem)
-                       : fused_smem<moe_gateup2_kernel<KW, PER, false>>(smem);
+    auto K = bc ? moe_gateup2_kernel<KW, PER, true, V> : moe_gateup2_kernel<KW, PER, false, V>;
+    cudaError_t c = bc ? fused_smem<moe_gateup2_kernel<KW, PER, true, V>>(smem)
+                       : fused_smem<moe_gateup2_kernel<KW, PER, false, V>>(smem);
     if (c != cudaSuccess) return c;
-    return fused_launch(pdl, K, grid, dim3(32 * KW), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
-                        (bf16 *)h, ldh, early, zero, sr);
+    return fused_launch(pdl, K, grid, dim3(32 * KW / V), smem, st, P, D, H, I, Is, k, (const bf16 *)x, idx, wts,
+                        (bf16 *)h, ldh, early, zero, sr, pf);
+}
+
+/* gate/up of the cp.async pair; v2: the 16-warp forms as 8 warps playing two slices each
+ * (V = 2, the same sums), so that a down block fits beside them on an SM; pf: the expert
+ * tables prefetched into L2 */
+template <int KW, int PER>
+static cudaError_t gateup2_launch(int pdl, int bc, int v2, int pf, dim3 grid, size_t smem, cudaStream_t st,
+                                  const gu_params *P, const dn_params *D, int H, int I, int Is, int k, const void *x,
+                                  const int32_t *idx, const float *wts, void *h, int ldh, const uint4 *zero, int sr) {
+    if constexpr (KW == 16)
+        if (v2)
+            return gateup2_launch_v<KW, PER, 2>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh,
+                                                zero, sr);
+    return gateup2_launch_v<KW, PER, 1>(pdl, bc, pf, grid, smem, st, P, D, H, I, Is, k, x, idx, wts, h, ldh, zero, sr);
+}
+
+/* the down kernel with the BF16 shared expert's rows (SHB), PMAX = P */
+template <int P>
+static cudaError_t down3_launch(int pdl, dim3 grid, size_t smem, cudaStream_t st, const dn_params *D, int H, int I,
+                                int Is, int k, const int32_t *idx, const void *h, int ldh, void *y, const uint4 *zero,
+                                const float *hgu, const float *sgl, const bf16 *sdw) {
+    cudaError_t c = fused_smem<moe_down2_kernel<DOWN_KW, P, false, true>>(smem);
+    if (c != cudaSuccess) return c;
+    return fused_launch(pdl, moe_down2_kernel<DOWN_KW, P, false, true>, grid, dim3(32 * DOWN_KW), smem, st, D, H, I,
+                        Is, k, idx, (const bf16 *)h, ldh, (bf16 *)y, zero, (const float *)NULL, hgu, sgl, sdw);
 }
 
 static int fused_supported(const dev_info *d, const moe_shape *s, char *why, size_t n) {
@@ -1223,7 +1372,7 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      * (1's tiles read half a sector per lane and instruction; 2 spends 8 FMAs per weight
      * at M = 8 where 1 spends one mma per 16 x 16). */
     static int force_sr = -2;
-    const int sr = sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 1, 2, M <= 2 ? 2 : 1) : 0;
+    int sr = sbf ? fused_knob(&force_sr, "LASTSTAND_MOE_SHARED_ROUTE", 1, 2, M <= 2 ? 2 : 1) : 0;
     /* Kernel pair: the cp.async pair with PDL wherever its H fits (H200 rounds of
      * 2026-11-29 17:10 and 17:56: 397B M = 2 100.7 -> 92.6 us, M = 1 66.1 -> 58.1 with an
      * NVFP4 shared expert; with a BF16 shared expert in the same launches the register
@@ -1251,88 +1400,164 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     float *sgl = logits + FUSED_MAXM * MOE_MAXE;
     const bf16 *wsg = w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL;
     const int nrb = (E + ROUTER_RPB) / ROUTER_RPB; /* router blocks: E rows and the shared gate's */
+    /* Three launches (DEC = 1) where the BF16 shared expert's layout allows: (1) router rows +
+     * the shared expert's gate/up rows (one warp a row), the top-k by the last M router blocks
+     * to finish (a device ticket; no top-k launch); (2) gate/up of the routed slots, 8 warps
+     * playing the 16-warp slices (V = 2: the same sums, and a down block fits beside two of
+     * them on an SM), the expert tables prefetched into L2 (pf); (3) down, with the shared
+     * expert's down rows computed before its wait (moe_down2_kernel SHB). The same sums as the
+     * SHARED_ROUTE=2 chain bit for bit. H200 round S10 R1 (doctor, chained, µs, four launches
+     * -> three, every cell ok against the fp64 reference):
+     *   35B            M = 1 20.7 -> 18.2   M = 2 28.8 -> 28.3   M = 4  48.9 -> 44.6   M = 8  83.8 -> 76.7
+     *   397B TP-2 rank       36.4 -> 36.5          56.8 -> 57.0         103.7 -> 97.6         177.2 -> 171.5
+     *   397B                 57.4 -> 56.6          97.7 -> 94.7                              308.2 -> 305.3
+     * but the 40-layer synth 35B decode step (M = 1, CUDA graphs) 2.500 -> 2.527 ms, greedy ids
+     * equal: the default from M = 4 on, the four launches below. LASTSTAND_MOE_DEC=0|1 forces
+     * one; =3 (opt-in, not yet timed on a GPU): the four launches with the top-k moved into
+     * launch 1 as here (launch 1b keeps the shared down rows). LASTSTAND_MOE_GU_V=1|2,
+     * LASTSTAND_MOE_PF=0|1 force those parts (R1: DEC with V = 1 20.1 us at the 35B layer, M = 1;
+     * pf no difference in the doctor; the prefetch exists in the V = 2 kernels only, so that
+     * the four launches' V = 1 kernels compile as before). The shared gate/up rows as launch 2's first blocks,
+     * without a wait (DEC=2 in R1: 35B M = 1 21.5 us, decode step 2.587 ms), were removed. */
+    static int force_dec = -2, force_gv = -2, force_pf = -2, force_tkf = -2;
+    const int npr = k * (I / 128); /* the down kernel's routed chunks of a token */
+    int dec = 0;
+    if (sbf && pair == 2 && !bc && Is <= 256 * SHD_LD && npr >= DOWN_KW && npr <= DOWN_KW * DOWN_PMAX) {
+        const int def = M >= 4 ? 1 : 0;
+        dec = fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 3, def);
+        if (dec == 2) dec = def; /* removed */
+    }
+    const int tk = dec == 3;
+    if (tk) sr = 2;
+    const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec == 1 ? 2 : 1) == 2;
+    const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec == 1);
+    /* the router blocks' ticket as one release-acquire add (opt-in, not yet timed) */
+    const int tkf = fused_knob(&force_tkf, "LASTSTAND_MOE_TKF", 0, 1, 0);
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
     int wpt = 1;
-    if (sr == 2) {
-        /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
+    if (dec == 1) {
         hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
-        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        if (!hs || !ys) {
+        unsigned *ticket = (unsigned *)ws_get(ws, WS_TICKET, 64, st, e); /* zeroed once; the kernel resets it */
+        if (!hs || !ticket) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
         const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
-        c = fused_smem<moe_route_rows_kernel>(xsm);
+        c = fused_smem<moe_route_rows_kernel<true>>(xsm);
         if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_route_rows_kernel, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
+            c = fused_launch(rpdl, moe_route_rows_kernel<true>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb,
                              (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
-        const size_t hsm = sizeof(float) * (size_t)M * Is;
-        if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_rows_kernel, dim3(M + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
-                             st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
-                             (const float *)hs, ys);
-    } else if (sr) {
-        hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
-        ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-        if (!hs || !ys) {
-            ws_unlock(ws);
-            return e->code ? e->code : ERR_NOMEM;
-        }
-        /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
-        while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
-        c = fused_smem<moe_router_kernel<true, 4>>(xsm);
-        const int g1 = nrb > Is / 8 ? nrb : Is / 8;
-        if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_router_kernel<true, 4>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E,
-                             (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
-        const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
-                             (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
-                             (const float *)hs, ys);
-    } else {
-        c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
-        if (c == cudaSuccess)
-            c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(nrb), dim3(32 * ROUTER_NW), xsm, st, M, H,
-                             E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
-                             (const bf16 *)nullptr, (const bf16 *)nullptr, 0, (float *)nullptr);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
-                             (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
-                             (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
-                             (const float *)NULL, (float *)NULL);
-    }
-    /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
-    const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
-    if (c == cudaSuccess && pair == 2) {
+                             (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs, k, (int)w->norm_topk,
+                             idx, wts, ticket, tkf);
+        const dim3 g2d(I / 16, M * k);
         const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
-        if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        else c = gateup2_launch<8, 4>(pdl, bc, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
-        if (c == cudaSuccess) c = cudaGetLastError();
-        const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
-        auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>;
-        if (c == cudaSuccess)
-            c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true>>(dsm)
-                   : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false>>(dsm);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
-                             (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys);
-    } else if (c == cudaSuccess) {
-        c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
-                         I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero, sr);
-        if (c == cudaSuccess)
-            c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
-                             H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
-                             (bf16 *)a->y, (const float *)ys);
+        if (c == cudaSuccess) {
+            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+            else c = gateup2_launch<8, 4>(pdl, 0, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, 1);
+        }
+        const int pm = (npr + DOWN_KW - 1) / DOWN_KW; /* one pass of the routed loop */
+        const size_t dsm = (size_t)DOWN_KW * pm * 2 * 32 * 16 + sizeof(float) * Is;
+        const float *sg = wsg ? (const float *)sgl : NULL;
+        const bf16 *sdw = (const bf16 *)w->sh_down.data;
+        const dim3 g3d(H / 16, M);
+        if (c == cudaSuccess) {
+            switch (pm) {
+            case 1: c = down3_launch<1>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 2: c = down3_launch<2>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 3: c = down3_launch<3>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 4: c = down3_launch<4>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            case 5: c = down3_launch<5>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            default: c = down3_launch<6>(pdl, g3d, dsm, st, ddp, H, I, Is, k, idx, hws, ldh, a->y, zero, hs, sg, sdw); break;
+            }
+        }
+    } else {
+        if (sr == 2) {
+            /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
+            hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
+            ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+            unsigned *ticket = tk ? (unsigned *)ws_get(ws, WS_TICKET, 64, st, e) : NULL;
+            if (!hs || !ys || (tk && !ticket)) {
+                ws_unlock(ws);
+                return e->code ? e->code : ERR_NOMEM;
+            }
+            const unsigned g1 = nrb + (2 * Is + ROUTER_NW - 1) / ROUTER_NW;
+            auto RK = tk ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>;
+            c = tk ? fused_smem<moe_route_rows_kernel<true>>(xsm) : fused_smem<moe_route_rows_kernel<false>>(xsm);
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, RK, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E, nrb, (const bf16 *)a->x,
+                                 (const bf16 *)w->router.data, wsg, logits, sgl, (const bf16 *)w->sh_gate.data,
+                                 (const bf16 *)w->sh_up.data, Is, hs, k, (int)w->norm_topk, idx, wts, ticket, tkf);
+            const size_t hsm = sizeof(float) * (size_t)M * Is;
+            if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_rows_kernel, dim3((tk ? 0 : M) + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
+                                 st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
+                                 (const float *)hs, ys, tk ? 0 : M);
+        } else if (sr) {
+            hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
+            ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
+            if (!hs || !ys) {
+                ws_unlock(ws);
+                return e->code ? e->code : ERR_NOMEM;
+            }
+            /* shared down: wpt warps a 16-row tile (a power of two, at most the tile's chunks) */
+            while (2 * wpt <= Is / 128 && 2 * wpt <= TOPK_W) wpt *= 2;
+            c = fused_smem<moe_router_kernel<true, 4>>(xsm);
+            const int g1 = nrb > Is / 8 ? nrb : Is / 8;
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, moe_router_kernel<true, 4>, dim3(g1), dim3(32 * ROUTER_NW), xsm, st, M, H, E,
+                                 (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                                 (const bf16 *)w->sh_gate.data, (const bf16 *)w->sh_up.data, Is, hs);
+            const int tpb = TOPK_W / wpt, nsd = (H / 16 + tpb - 1) / tpb;
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_kernel<true>, dim3(M + nsd), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                                 (int)w->norm_topk, (const bf16 *)a->x, wsg, 1, (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is, wpt,
+                                 (const float *)hs, ys);
+        } else {
+            c = fused_smem<moe_router_kernel<false, ROUTER_LD>>(xsm);
+            if (c == cudaSuccess)
+                c = fused_launch(rpdl, moe_router_kernel<false, ROUTER_LD>, dim3(nrb), dim3(32 * ROUTER_NW), xsm, st, M, H,
+                                 E, (const bf16 *)a->x, (const bf16 *)w->router.data, wsg, logits, sgl,
+                                 (const bf16 *)nullptr, (const bf16 *)nullptr, 0, (float *)nullptr);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, moe_topk_kernel<false>, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k,
+                                 (int)w->norm_topk, (const bf16 *)a->x, wsg, (int)(Is > 0), (const float *)logits,
+                                 (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
+                                 (const float *)NULL, (float *)NULL);
+        }
+        /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
+        const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
+        if (c == cudaSuccess && pair == 2) {
+            const size_t gsm = (size_t)gkw * (nch / gkw) * 4 * 32 * 16;
+            if (gkw == 16 && nch == 16) c = gateup2_launch<16, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (gkw == 16) c = gateup2_launch<16, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (nch == 8) c = gateup2_launch<8, 1>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else if (nch == 16) c = gateup2_launch<8, 2>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            else c = gateup2_launch<8, 4>(pdl, bc, gv2, pf, g2d, gsm, st, dgp, ddp, H, I, Is, k, a->x, idx, wts, hws, ldh, zero, sr);
+            if (c == cudaSuccess) c = cudaGetLastError();
+            const size_t dsm = (size_t)DOWN_KW * DOWN_PMAX * 2 * 32 * 16;
+            auto DK = bc ? moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false> : moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>;
+            if (c == cudaSuccess)
+                c = bc ? fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, true, false>>(dsm)
+                       : fused_smem<moe_down2_kernel<DOWN_KW, DOWN_PMAX, false, false>>(dsm);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, DK, g3d, dim3(32 * DOWN_KW), dsm, st, ddp, H, I, Is, k, (const int32_t *)idx,
+                                 (const bf16 *)hws, ldh, (bf16 *)a->y, zero, (const float *)ys, (const float *)NULL,
+                                 (const float *)NULL, (const bf16 *)NULL);
+        } else if (c == cudaSuccess) {
+            c = fused_launch(pdl, bc ? moe_gateup_kernel<true> : moe_gateup_kernel<false>, g2d, dim3(256), 0, st, dgp, M, H,
+                             I, Is, k, (const bf16 *)a->x, (const int32_t *)idx, hws, ldh, zero, sr);
+            if (c == cudaSuccess)
+                c = fused_launch(pdl, bc ? moe_down_kernel<true> : moe_down_kernel<false>, g3d, dim3(256), 0, st, ddp, M,
+                                 H, I, Is, k, (const int32_t *)idx, (const float *)wts, (const float *)hws, ldh,
+                                 (bf16 *)a->y, (const float *)ys);
+        }
     }
     if (c == cudaSuccess && (a->topk_idx || a->topk_w)) {
         /* optional outputs: device copies of the choices */

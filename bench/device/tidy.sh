@@ -11,7 +11,7 @@
 #    dk 64, fixture shapes; 1, 6, 0 tokens; fused norm and not; the 16-sequence step), gd_kernel_p
 #    with LASTSTAND_GDN_P8=0 and =1; test_prefix_cuda (its fixture setup now shared).
 # 2. test_gdn_decode_cuda --bench: µs a call (CUDA events, L2 flushed before each call) of the
-#    decode step of 8 / 16 / 64 sequences, 35B and 397B shapes: gd_kernel, gd_kernel_p,
+#    decode step of 1 / 4 / 8 / 16 / 64 sequences, 35B and 397B shapes: gd_kernel, gd_kernel_p,
 #    gd_kernel_p in 8-warp blocks, interleaved; their outputs and states compared.
 # 3. ncu (caches flushed) on the wide-step test: gd_kernel_p's 132-block launches, 4 warps
 #    (<128, false>) and 8 (<128, true>): duration, occupancy, issue, stalls, DRAM %.

@@ -370,7 +370,7 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 #ifdef LS_HAVE_CUDA
 /* `test_gdn_decode_cuda --bench`: µs a call (CUDA events around the backend's run, the L2 flushed
  * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
- * step of n one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
+ * step of n (1, 4, 8, 16, 64) one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
  * GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) in blocks of dk threads
  * (LASTSTAND_GDN_P8=0) and of 2·dk (=1: a head's row halves on two warps). The forms take turns call by call,
  * each on its own copy of the states (so after the same number of calls their outputs must be
@@ -383,7 +383,7 @@ static int bench(void) {
     enum { IT = 40, NF = 3 };
     static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p 8 warps"};
     static const char *const fst[NF] = {"0", "3", "3"}, *const fp8[NF] = {"0", "0", "1"};
-    static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {8, 16, 64};
+    static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {1, 4, 8, 16, 64};
     ls_err e = {0};
     const size_t nflush = (size_t)256 << 20;
     void *flush = g_mem->alloc(nflush, &e);

@@ -370,11 +370,11 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 #ifdef LS_HAVE_CUDA
 /* `test_gdn_decode_cuda --bench`: µs a call (CUDA events around the backend's run, the L2 flushed
  * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
- * step of n (1, 4, 8, 16, 64) one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
- * GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) in blocks of dk threads
- * (LASTSTAND_GDN_P8=0) and of 2·dk (=1: a head's row halves on two warps). The forms take turns call by call,
- * each on its own copy of the states (so after the same number of calls their outputs must be
- * equal: printed); median and min of IT calls each. */
+ * step of n (1, 4, 8, 16, 64) one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads)
+ * and -397B's (16 / 64) GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) in
+ * blocks of dk threads (LASTSTAND_GDN_P8=0) and of 2·dk (=1: a head's row halves on two warps).
+ * The forms take turns call by call, each on its own copy of the states (so after the same number
+ * of calls their outputs and states must be equal: printed); median and min of IT calls each. */
 #include <cuda_runtime_api.h>
 static int bench(void) {
     if (!have_gpu()) return 1;

@@ -182,8 +182,10 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
     int done = 0;
     gdn_args gb = gc_args(&c, 1, seqs, n_seq, n_tok, &done);
     assert_int_equal(g->run(&gb, g_st, &e), 0);
-    if (!done)
-        assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, c.dout[1], c.dz, c.dnw, 1e-6f, c.dout[1], ACT_BF16, g_st), 0);
+    if (!done) {
+        const int rc = so->rmsnorm_gated(n_tok * nv, dv, c.dout[1], c.dz, c.dnw, 1e-6f, c.dout[1], ACT_BF16, g_st);
+        assert_int_equal(rc, 0);
+    }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     if (expect_same) assert_true(gc_same(&c, 1, c.nout, "the normed output", ""));
     gc_free(&c);
@@ -249,7 +251,8 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
     assert_int_equal(done[0], done[2]);
     /* the n sequences' rows, and their slots' states (the extra slot's differ: only the second call has it) */
     int ok = same_dev(c.dout[0], c.dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
-    ok &= same_dev(c.dout[0], c.dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv, dk);
+    ok &= same_dev(c.dout[0], c.dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv,
+                   dk);
     const size_t nconv = c.nconv, nrec = c.nrec;
     float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
     const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);

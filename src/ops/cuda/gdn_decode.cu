@@ -730,9 +730,10 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
  * halves as gs_token does (mA + mB), takes δ and o (gd_delta) and updates its half of S into sS,
  * or (last) into Sg. Returns the 4 columns' o (every r, both halves). */
 template <int DK>
-__device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bool last, const float *tq, const float *tk,
-                                           const float *tv, float rq, float rk, float kq, float decay, float beta,
-                                           int r, int cg, int col, int h, float *xch, float o4[4]) {
+__device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bool last, const float *tq,
+                                           const float *tk, const float *tv, float rq, float rk, float kq,
+                                           float decay, float beta, int r, int cg, int col, int h, float *xch,
+                                           float o4[4]) {
     constexpr int RPL = DK / 8, DV = DK;
     const int rr = (r + 4 * h) * RPL;
     float m[4] = {0.f, 0.f, 0.f, 0.f}, p[4] = {0.f, 0.f, 0.f, 0.f};
@@ -1235,13 +1236,11 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
     const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
-        const int h2 = gp_h2();
+        const int h2 = gp_h2(), pdl = gd_pdl();
         switch (w->dk) {
-        case 32: c = h2 ? gp_launch<32, true>(a, fuse, gd_pdl(), st) : gp_launch<32, false>(a, fuse, gd_pdl(), st); break;
-        case 64: c = h2 ? gp_launch<64, true>(a, fuse, gd_pdl(), st) : gp_launch<64, false>(a, fuse, gd_pdl(), st); break;
-        default:
-            c = h2 ? gp_launch<128, true>(a, fuse, gd_pdl(), st) : gp_launch<128, false>(a, fuse, gd_pdl(), st);
-            break;
+        case 32: c = h2 ? gp_launch<32, true>(a, fuse, pdl, st) : gp_launch<32, false>(a, fuse, pdl, st); break;
+        case 64: c = h2 ? gp_launch<64, true>(a, fuse, pdl, st) : gp_launch<64, false>(a, fuse, pdl, st); break;
+        default: c = h2 ? gp_launch<128, true>(a, fuse, pdl, st) : gp_launch<128, false>(a, fuse, pdl, st); break;
         }
     } else if (streamed) {
         switch (w->dk) {

@@ -64,6 +64,8 @@ $(BUILD)/obj/%.o: src/%.cu
 $(BUILD)/obj/ops/cuda/fp4_gemm_sm100.o: NVARCH := -gencode arch=compute_100a,code=sm_100a
 # cuda_grouped_gemm's wgmma GEMMs (moe_wgmma.cu) exist on sm_90a only.
 $(BUILD)/obj/ops/cuda/moe_wgmma.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
+# cuda_flash_prefill's head_dim 256 wgmma prefill kernel (attention_prefill_wg.cu): sm_90a only.
+$(BUILD)/obj/ops/cuda/attention_prefill_wg.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)

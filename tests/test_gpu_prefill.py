@@ -26,9 +26,9 @@ from conftest import BIN, run_ls, requires_gpu
 pytestmark = requires_gpu
 
 
-def doctor_cells(tmp_path, family, backends, *args):
+def doctor_cells(tmp_path, family, backends, *args, env_extra=None):
     out = tmp_path / f"doctor-{family}.json"
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), **(env_extra or {}))
     p = subprocess.run([BIN, "doctor", "--device", "cuda", "--families", family, "--backends", ",".join(backends),
                         "--json", str(out), *map(str, args)], capture_output=True, text=True, env=env,
                        timeout=300)
@@ -53,6 +53,21 @@ def test_flash_prefill_right_at_every_bucket(tmp_path, shapes):
     cells, table = doctor_cells(tmp_path, "attention", ["cuda_flash_prefill"], "--shapes", shapes,
                                 "--m", ",".join(map(str, MS)))
     assert_all_ok(cells, table, MS)
+
+
+@pytest.mark.parametrize("wg", ["0", "1"])
+@pytest.mark.parametrize("shapes", ["qwen3.5-397b-a17b", "qwen3.5-35b-a3b"])
+def test_flash_prefill_head_dim_256_kernels_right(tmp_path, shapes, wg):
+    """head_dim 256 prefill on fp_kernel (LASTSTAND_FP_WG=0) and on the wgmma kernel
+    (attention_prefill_wg.cu, LASTSTAND_FP_WG=1; fp_kernel where the GPU has no sm_90a image)
+    against the doctor's fp64 oracle: its mixed batches (decode rows and chunks after prefixes,
+    random pages; split-K at the small buckets), one causal prompt of 1000 and 4100 tokens
+    (partial last tiles), and a 700-token chunk after 300 cached tokens."""
+    for extra, ms in (({}, [16, 512, 3072]), ({"LASTSTAND_DOCTOR_ATTN_PREFILL": "0"}, [1000, 4100]),
+                      ({"LASTSTAND_DOCTOR_ATTN_PREFILL": "300"}, [700])):
+        cells, table = doctor_cells(tmp_path, "attention", ["cuda_flash_prefill"], "--shapes", shapes,
+                                    "--m", ",".join(map(str, ms)), env_extra=dict(extra, LASTSTAND_FP_WG=wg))
+        assert_all_ok(cells, table, ms)
 
 
 def test_chunked_and_per_token_gdn_right_at_every_bucket(tmp_path):

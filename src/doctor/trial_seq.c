@@ -97,6 +97,14 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     const int fixed_ctx = fc ? atoi(fc) : 0;
     if (fixed_ctx > 0)
         for (ns = 0; ns < M; ns++) lens[ns] = 1;
+    /* LASTSTAND_DOCTOR_ATTN_PREFILL=P (P >= 0): the step is one prompt of M new tokens after P cached
+     * ones (an 8k prefill's causal attention at P = 0; bench/device/attnpre.sh) */
+    const char *fp = getenv("LASTSTAND_DOCTOR_ATTN_PREFILL");
+    const int one_past = fp && fp[0] >= '0' && fp[0] <= '9' ? atoi(fp) : -1;
+    if (one_past >= 0 && fixed_ctx <= 0) {
+        ns = 1;
+        lens[0] = M;
+    }
     attn_seq *seqs = xcalloc(ns, sizeof(attn_seq));
     int32_t **pages = xcalloc(ns, sizeof(int32_t *));
     int total_pages = 0, max_ctx = 0, row = 0;
@@ -104,6 +112,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         seqs[i].n_new = lens[i];
         seqs[i].n_past = lens[i] == 1 ? 1 + (int)(td_rng_next(&rng) % 2048) : (int)(td_rng_next(&rng) % 1025);
         if (fixed_ctx > 0) seqs[i].n_past = fixed_ctx - 1;
+        if (one_past >= 0 && fixed_ctx <= 0) seqs[i].n_past = one_past;
         seqs[i].row0 = row;
         row += lens[i];
         int ctx = seqs[i].n_past + seqs[i].n_new;

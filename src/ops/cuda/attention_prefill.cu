@@ -50,9 +50,15 @@
  *
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
+ *
+ * Head_dim 256 calls under the round plan with host planning (prefill chunks) run the Hopper
+ * kernel of attention_prefill_wg.cu instead (LASTSTAND_FP_WG=1; wgmma, 128-row tiles, a producer
+ * warpgroup; sm_90a only, fp_kernel elsewhere), with its own split count (fw_nsplit) and the same
+ * partials and merge.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
+#include "ops/cuda/attention_prefill_wg.cuh"
 
 #include <pthread.h>
 #include <stddef.h>
@@ -754,6 +760,13 @@ static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_
  * longest first (reverse order); each tile's arithmetic is unchanged, only the order blocks start
  * in; 0: ascending. */
 static int g_fp_lpt = 1;
+/* LASTSTAND_FP_WG = 1 (default since the attnpre session's standalone harness on an H200: right
+ * against an fp32 reference on sampled rows, one 8192-token causal prompt at the 35B shape 1.33 ms,
+ * 415 TFLOP/s, where fp_kernel ran ~166): head_dim 256 calls under the round plan (host-planned
+ * prefill chunks) run attention_prefill_wg.cu's wgmma kernel (sm_90a; fp_kernel where the device has
+ * no such image); 0: fp_kernel. */
+enum { FP_DEF_WG = 1 };
+static int g_fp_wg = FP_DEF_WG;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
@@ -763,6 +776,7 @@ static int fp_plan_mode(void) {
     const char *dk = getenv("LASTSTAND_FP_DEC");
     if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
     g_fp_lpt = cu_env_switch("LASTSTAND_FP_LPT", g_fp_lpt);
+    g_fp_wg = cu_env_switch("LASTSTAND_FP_WG", g_fp_wg);
     const char *sg = getenv("LASTSTAND_FP_STAGES");
     if (sg && (!strcmp(sg, "0") || !strcmp(sg, "2") || !strcmp(sg, "4"))) g_fp_stages = sg[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
@@ -805,6 +819,26 @@ static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
     long want = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 63) / 64, kt = (max_ctx + BN - 1) / BN;
     long n = want < cap ? want : cap;
     if (n > kt) n = kt;
+    if (n > 64) n = 64;
+    return n < 2 ? 1 : (int)n;
+}
+
+/* The wgmma kernel's split count (host planning): its CTAs (FW_BM-row tiles x kv heads, one CTA an
+ * SM) split round-robin by key tiles only when they would not fill the GPU once, to about two CTAs
+ * an SM, at least 128 keys a split on average. */
+static int fw_nsplit(const attn_args *a, int n_sm) {
+    const int grp = a->n_heads / a->n_kv_heads;
+    long tiles = 0;
+    int max_ctx = 0;
+    for (int i = 0; i < a->n_seq; i++) {
+        const attn_seq *q = &a->seqs_host[i];
+        tiles += ((long)q->n_new * grp + FW_BM - 1) / FW_BM;
+        if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
+    }
+    const long blocks = tiles * a->n_kv_heads;
+    if (blocks <= 0 || blocks >= n_sm) return 1;
+    long n = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 127) / 128;
+    if (n > cap) n = cap;
     if (n > 64) n = 64;
     return n < 2 ? 1 : (int)n;
 }
@@ -916,7 +950,9 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     for (int i = 0; dec && a->ctx_cap <= 0 && i < a->n_seq; i++) dec = a->seqs_host[i].n_new == 1;
     const int DBN = dec && g_fp_dec == 2 && HD == 256 ? 64 : BN;
     const int rows = mode == 1 ? fp_rows_nsplit(a, DBN) : 0;
-    int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : fp_nsplit(a, ws->n_sm, BN);
+    /* the wgmma kernel: head_dim 256, the round plan, host planning, LASTSTAND_FP_WG, an sm_90a image */
+    const int wgk = HD == 256 && rows == 0 && a->ctx_cap <= 0 && g_fp_wg && fw_available();
+    int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : wgk ? fw_nsplit(a, ws->n_sm) : fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     /* partials [nsplit][n_rows][HD], (m, l) [nsplit][n_rows][2], the row plan's chunk counts [n_rows] */
     const size_t per = sizeof(float) * (size_t)n_rows * (HD + 2), tail = rows > 0 ? sizeof(int) * (size_t)n_rows : 0;
@@ -966,6 +1002,11 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
             c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
                       : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
         }
+    } else if (wgk) {
+        const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;
+        c1 = fw_launch(dim3((unsigned)wtiles, a->n_kv_heads, nsplit), g_fp_pdl >= 2, st, a->n_seq, a->seqs, a->n_heads,
+                       a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
+                       (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows, g_fp_lpt);
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);
     c1 = cu_launch_pdl(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,

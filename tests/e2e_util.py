@@ -107,6 +107,16 @@ class Server:
                 out[line[len("laststand:"):line.index("{")]] = float(line.rsplit(" ", 1)[1])
         return out
 
+    def metric(self, name, default=None):
+        """One laststand: sample of /metrics by name (the last series of that name), as an int when
+        it is whole; default when absent, or a failed assertion when no default is given."""
+        m = self.metrics()
+        if name not in m:
+            assert default is not None, f"{name} not in /metrics"
+            return default
+        v = m[name]
+        return int(v) if v == int(v) else v
+
     def tokenize(self, text):
         status, out = self.post_json("/tokenize", {"prompt": text})
         assert status == 200, out

@@ -4,25 +4,16 @@ LASTSTAND_GRAMMAR_DEVICE says, and /metrics counts them as host rows (the GPU si
 counters, and the device path itself, are tests/test_gpu_grammar.py). Outputs validate with
 Python's json: the fallback keeps the constraint."""
 import json
-import re
 
 import pytest
 
 from e2e_util import Server
 
 
-def metric(srv, name):
-    status, body = srv.get("/metrics")
-    assert status == 200
-    m = re.search(r"^laststand:%s\{[^}]*\} (\d+)$" % name, body.decode(), re.M)
-    assert m, f"{name} not in /metrics"
-    return int(m.group(1))
-
-
 @pytest.mark.parametrize("gdev", ["0", "1"])
 def test_cpu_engine_samples_constrained_rows_on_the_host(ls_bin, demo_model, gdev):
     with Server(ls_bin, demo_model, env={"LASTSTAND_GRAMMAR_DEVICE": gdev}) as srv:
-        assert metric(srv, "constrained_rows_host_total") == 0
+        assert srv.metric("constrained_rows_host_total") == 0
         st, out = srv.post_json("/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60, "temperature": 0,
             "chat_template_kwargs": {"enable_thinking": False},
@@ -37,5 +28,5 @@ def test_cpu_engine_samples_constrained_rows_on_the_host(ls_bin, demo_model, gde
         assert st == 200, out
         assert out["output_ids"] == [300] * 4
         # every sampled token of both requests was a constrained row
-        assert metric(srv, "constrained_rows_host_total") == n + 4
-        assert metric(srv, "constrained_rows_device_total") == 0
+        assert srv.metric("constrained_rows_host_total") == n + 4
+        assert srv.metric("constrained_rows_device_total") == 0

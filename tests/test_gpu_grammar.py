@@ -14,7 +14,6 @@ test_tpot_constrained_vs_not prints the decode time per token of both kinds of
 request (bench/device/grammar.sh collects it)."""
 import json
 import os
-import re
 import threading
 
 import pytest
@@ -92,14 +91,6 @@ def srv(ls_bin, demo_model):
         yield s
 
 
-def metric(srv, name):
-    status, body = srv.get("/metrics")
-    assert status == 200
-    m = re.search(r"^laststand:%s\{[^}]*\} (\d+)$" % name, body.decode(), re.M)
-    assert m, f"{name} not in /metrics"
-    return int(m.group(1))
-
-
 def chat(srv, **kw):
     body = {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": NO_THINK, **kw}
     status, out = srv.post_json("/v1/chat/completions", body)
@@ -175,15 +166,15 @@ def test_constrained_rows_take_the_device_path_and_match_the_host_path(srv, ls_b
     against the host's fp64, within 1e-3."""
     if GDEV != "1":
         pytest.skip("the module's server is on the host path")
-    d0, h0 = metric(srv, "constrained_rows_device_total"), metric(srv, "constrained_rows_host_total")
+    d0, h0 = srv.metric("constrained_rows_device_total"), srv.metric("constrained_rows_host_total")
     dev = _greedy_cases(srv)
-    d1, h1 = metric(srv, "constrained_rows_device_total"), metric(srv, "constrained_rows_host_total")
+    d1, h1 = srv.metric("constrained_rows_device_total"), srv.metric("constrained_rows_host_total")
     print(f"\nGRAMMAR_DEVICE_ROWS device {d1 - d0} host {h1 - h0}")
     assert d1 - d0 >= 20 and h1 == h0, (d1 - d0, h1 - h0)
     with _server(ls_bin, demo_model, "0") as hs:
         host = _greedy_cases(hs)
-        assert metric(hs, "constrained_rows_device_total") == 0
-        assert metric(hs, "constrained_rows_host_total") >= 20
+        assert hs.metric("constrained_rows_device_total") == 0
+        assert hs.metric("constrained_rows_host_total") >= 20
     for (name, a, fa, la), (_, b, fb, lb) in zip(dev, host):
         print(f"GRAMMAR_SAME {name}: {'yes' if (a, fa) == (b, fb) else 'NO'}: device {str(a)[:80]!r}")
         assert (a, fa) == (b, fb), (name, a, b)

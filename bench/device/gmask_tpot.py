@@ -9,7 +9,6 @@ sampler (=1, S9). One server per mode (MODES: comma list of 1 / 0, default "1,0"
 TPOT = (last chunk - first chunk) / (tokens - 1) per request, the mean over a group. Prints
 GMASK_TPOT lines and the /metrics counts of device- and host-sampled constrained rows."""
 import os
-import re
 import sys
 import threading
 import time
@@ -56,12 +55,6 @@ def ms(xs):
     return 1e3 * sum(xs) / len(xs)
 
 
-def metric(srv, name):
-    _, body = srv.get("/metrics")
-    m = re.search(r"^laststand:%s\{[^}]*\} (\d+)$" % name, body.decode(), re.M)
-    return int(m.group(1)) if m else -1
-
-
 for mode in MODES:
     t0 = time.time()
     with Server(BIN, MODEL, "--tokenizer-path", DEMO, "--device", "cuda", "--max-running-requests", "16",
@@ -82,8 +75,8 @@ for mode in MODES:
         bad = [x for x in free16 + mixed + cons16 if x[1] != N]
         if bad:
             print(f"GMASK_TPOT errors: {bad[:3]}")
-        print(f"GMASK_ROWS [{tag}]: device {metric(srv, 'constrained_rows_device_total')} host "
-              f"{metric(srv, 'constrained_rows_host_total')} ({time.time() - t0:.0f} s)", flush=True)
+        print(f"GMASK_ROWS [{tag}]: device {srv.metric('constrained_rows_device_total', -1)} host "
+              f"{srv.metric('constrained_rows_host_total', -1)} ({time.time() - t0:.0f} s)", flush=True)
     # the engine's closing lines: mean decode step, the constrained rows' host-side staging cost
     for ln in srv.log_text().splitlines():
         if "decode steps of" in ln or "constrained rows sampled" in ln or "CUDA graphs:" in ln:

@@ -20,9 +20,9 @@
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
  * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
  * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step,
- * without and with its inputs loaded a task ahead (LASTSTAND_GDN_PREFETCH=0, 1).
+ * in blocks of dk threads and of 2·dk (a head's row halves on two warps: LASTSTAND_GDN_P8=0, 1).
  * `test_gdn_decode_cuda --bench`: µs a call (CUDA events, L2 flushed before each) of the 16-sequence
- * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p, gd_kernel_p with the prefetch.
+ * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p, gd_kernel_p in 8-warp blocks.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -182,8 +182,10 @@ static int fused_case(int nk, int nv, int dk, int dv, int n_seq, const gdn_seq *
     int done = 0;
     gdn_args gb = gc_args(&c, 1, seqs, n_seq, n_tok, &done);
     assert_int_equal(g->run(&gb, g_st, &e), 0);
-    if (!done)
-        assert_int_equal(so->rmsnorm_gated(n_tok * nv, dv, c.dout[1], c.dz, c.dnw, 1e-6f, c.dout[1], ACT_BF16, g_st), 0);
+    if (!done) {
+        const int rc = so->rmsnorm_gated(n_tok * nv, dv, c.dout[1], c.dz, c.dnw, 1e-6f, c.dout[1], ACT_BF16, g_st);
+        assert_int_equal(rc, 0);
+    }
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     if (expect_same) assert_true(gc_same(&c, 1, c.nout, "the normed output", ""));
     gc_free(&c);
@@ -249,7 +251,8 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
     assert_int_equal(done[0], done[2]);
     /* the n sequences' rows, and their slots' states (the extra slot's differ: only the second call has it) */
     int ok = same_dev(c.dout[0], c.dout[1], (size_t)n * nv * dv * 2, 2, "the decode rows' output (t1)", nk, nv, dk);
-    ok &= same_dev(c.dout[0], c.dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv, dk);
+    ok &= same_dev(c.dout[0], c.dout[2], (size_t)3 * nv * dv * 2, 2, "the first 3 rows' output (block size)", nk, nv,
+                   dk);
     const size_t nconv = c.nconv, nrec = c.nrec;
     float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
     const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);
@@ -282,17 +285,17 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
     /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s;
-     * gd_kernel_p without and with its inputs loaded a task ahead (LASTSTAND_GDN_PREFETCH) */
-    static const char *const modes[] = {"0", "2", "3", "4", "2", "3"}, *const pf[] = {"0", "0", "0", "0", "1", "1"};
+     * gd_kernel_p in blocks of dk threads and of 2·dk (LASTSTAND_GDN_P8) */
+    static const char *const modes[] = {"0", "2", "3", "4", "2", "3"}, *const p8[] = {"0", "0", "0", "0", "1", "1"};
     for (int v = 0; v < 6; v++) {
         setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
-        setenv("LASTSTAND_GDN_PREFETCH", pf[v], 1);
+        setenv("LASTSTAND_GDN_P8", p8[v], 1);
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);
         t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
     }
     unsetenv("LASTSTAND_GDN_STREAM");
-    unsetenv("LASTSTAND_GDN_PREFETCH");
+    unsetenv("LASTSTAND_GDN_P8");
 #else
     skip();
 #endif
@@ -341,12 +344,12 @@ static void test_streamed_equals_the_group_kernel(void **st) {
             stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse, "1");
             stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "1"); /* M = 1 alone */
             stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "1");
-            for (int pf = 0; pf < 2; pf++) { /* gd_kernel_p's inputs loaded when a task starts, a task ahead */
-                setenv("LASTSTAND_GDN_PREFETCH", pf ? "1" : "0", 1);
+            for (int p8 = 0; p8 < 2; p8++) { /* gd_kernel_p in blocks of dk threads, of 2·dk */
+                setenv("LASTSTAND_GDN_P8", p8 ? "1" : "0", 1);
                 stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
                 stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
             }
-            unsetenv("LASTSTAND_GDN_PREFETCH");
+            unsetenv("LASTSTAND_GDN_P8");
         }
     unsetenv("LASTSTAND_GDN_STREAM");
 #else
@@ -370,20 +373,20 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 #ifdef LS_HAVE_CUDA
 /* `test_gdn_decode_cuda --bench`: µs a call (CUDA events around the backend's run, the L2 flushed
  * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
- * step of n one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads) and -397B's (16 / 64)
- * GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) with its inputs loaded when a
- * task starts (LASTSTAND_GDN_PREFETCH=0) and a task ahead (=1). The forms take turns call by call,
- * each on its own copy of the states (so after the same number of calls their outputs must be
- * equal: printed); median and min of IT calls each. */
+ * step of n (1, 4, 8, 16, 64) one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads)
+ * and -397B's (16 / 64) GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) in
+ * blocks of dk threads (LASTSTAND_GDN_P8=0) and of 2·dk (=1: a head's row halves on two warps).
+ * The forms take turns call by call, each on its own copy of the states (so after the same number
+ * of calls their outputs and states must be equal: printed); median and min of IT calls each. */
 #include <cuda_runtime_api.h>
 static int bench(void) {
     if (!have_gpu()) return 1;
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     if (!g) return 1;
     enum { IT = 40, NF = 3 };
-    static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p+prefetch"};
-    static const char *const fst[NF] = {"0", "3", "3"}, *const fpf[NF] = {"0", "0", "1"};
-    static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {8, 16, 64};
+    static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p 8 warps"};
+    static const char *const fst[NF] = {"0", "3", "3"}, *const fp8[NF] = {"0", "0", "1"};
+    static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {1, 4, 8, 16, 64};
     ls_err e = {0};
     const size_t nflush = (size_t)256 << 20;
     void *flush = g_mem->alloc(nflush, &e);
@@ -404,7 +407,7 @@ static int bench(void) {
             for (int it = -3; it < IT; it++)
                 for (int f = 0; f < NF; f++) {
                     setenv("LASTSTAND_GDN_STREAM", fst[f], 1);
-                    setenv("LASTSTAND_GDN_PREFETCH", fpf[f], 1);
+                    setenv("LASTSTAND_GDN_P8", fp8[f], 1);
                     gdn_args ga = gc_args(&c, f, seqs, n, n, &done);
                     float ms = 0.f;
                     g_mem->memset0(flush, nflush, g_st, &e);
@@ -436,7 +439,7 @@ static int bench(void) {
             free(seqs);
         }
     unsetenv("LASTSTAND_GDN_STREAM");
-    unsetenv("LASTSTAND_GDN_PREFETCH");
+    unsetenv("LASTSTAND_GDN_P8");
     g_mem->free(flush);
     return 0;
 }

@@ -701,15 +701,16 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * warps, so the same bits), and warp 0 rolls the q/k window itself (a unit belongs to one block:
  * no cluster); the per-token math is gs_token's. Sequences with no token are skipped by producer
  * and consumers alike (the same walk over the sequence table).
- * PF (LASTSTAND_GDN_PREFETCH, gp_prefetch): a task's small inputs (its v channel's window and conv
- * weights, A_log, dt_bias, the projection's v, a, b, z) are loaded into registers while the task
- * before computes, the next unit's sequence-table entry at the unit's start and its q/k inputs
- * (warp 0; 64 registers more would spill at DK = 128) prefetched into L1 during its last task, so
- * that a task's compute waits on its state's copy only (gdn16-R2: one dependent round trip a head
- * before, ~2.4 TB/s at 16 sequences of the 35B shape). Loads only move: the same bits. */
+ * H2 (LASTSTAND_GDN_P8, gp_h2): blocks of 2·DK threads, 8 warps at dk = 128: warp w takes the
+ * columns of warp w % (DK / 32) and the row half h = w / (DK / 32) (gs_token's row groups r + 4h), the two halves'
+ * sums m, p added through shared memory in gs_token's order (gs_token_h), so that two warps a
+ * scheduler share a head's compute: S9-R2 / tidy-R1 (ncu): one warp a scheduler issued 0.11 a
+ * cycle, 89% of cycles with no eligible warp, ~4.5 µs a head of compute against ~1 of loads
+ * (tidy-R1: loading a task's small inputs a task ahead changed nothing: 30.3 -> 29.5 µs). */
 enum { GP_NB = 3 };
 static size_t gp_smem(int dk) {
-    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
+    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4 +
+                            4 * dk /* H2: the halves' m, p [2][dk][2] */);
 }
 
 /* the first unit from u on (step G) whose sequence has a token; n_units when none */
@@ -722,19 +723,81 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-/* gd_kernel_p's small inputs of a task (every thread) and of a unit (warp 0): see ld_v, ld_qk */
-struct gp_vin {
-    float wv[GD_K - 1], al, db, xv, xa, xb, xz;
-    float4 cwv;
-};
-template <int CH>
-struct gp_qkin {
-    float wq[CH][GD_K - 1], wk[CH][GD_K - 1], xq[CH], xk[CH];
-    float4 cwq[CH], cwk[CH];
-};
+/* gs_token for the row half h of an 8-warp block (see gd_kernel_p's H2): lane (r, cg) of warp w
+ * sums m = Sᵀk and p = Sᵀq over row group r + 4h of its 4 columns col .. col + 3 in gs_token's
+ * order (the rows one after the other, xor 8, xor 16), lanes r = 0 put the half's sums into xch
+ * [2][DV][2], a block barrier (every thread of the block calls this), then every warp adds the two
+ * halves as gs_token does (mA + mB), takes δ and o (gd_delta) and updates its half of S into sS,
+ * or (last) into Sg. Returns the 4 columns' o (every r, both halves). */
+template <int DK>
+__device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bool last, const float *tq,
+                                           const float *tk, const float *tv, float rq, float rk, float kq,
+                                           float decay, float beta, int r, int cg, int col, int h, float *xch,
+                                           float o4[4]) {
+    constexpr int RPL = DK / 8, DV = DK;
+    const int rr = (r + 4 * h) * RPL;
+    float m[4] = {0.f, 0.f, 0.f, 0.f}, p[4] = {0.f, 0.f, 0.f, 0.f};
+    const float *Sx = sS + (size_t)rr * DV + col;
+    const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr), *q4 = reinterpret_cast<const float4 *>(tq + rr);
+#pragma unroll
+    for (int n4 = 0; n4 < RPL / 4; n4++) {
+        const float4 kk = k4[n4], qq = q4[n4];
+        const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float4 x = *reinterpret_cast<const float4 *>(Sx + (size_t)(4 * n4 + e) * DV);
+            m[0] = fmaf(x.x, kv[e], m[0]);
+            m[1] = fmaf(x.y, kv[e], m[1]);
+            m[2] = fmaf(x.z, kv[e], m[2]);
+            m[3] = fmaf(x.w, kv[e], m[3]);
+            p[0] = fmaf(x.x, qv[e], p[0]);
+            p[1] = fmaf(x.y, qv[e], p[1]);
+            p[2] = fmaf(x.z, qv[e], p[2]);
+            p[3] = fmaf(x.w, qv[e], p[3]);
+        }
+    }
+#pragma unroll
+    for (int o = 8; o <= 16; o <<= 1)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            m[c] += __shfl_xor_sync(0xffffffffu, m[c], o);
+            p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
+        }
+    if (r == 0)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            *reinterpret_cast<float2 *>(xch + ((size_t)h * DV + col + c) * 2) = make_float2(m[c], p[c]);
+    __syncthreads();
+    float dk_[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const float2 a = *reinterpret_cast<const float2 *>(xch + (size_t)(col + c) * 2);
+        const float2 b = *reinterpret_cast<const float2 *>(xch + ((size_t)DV + col + c) * 2);
+        gd_delta(beta, tv[4 * cg + c], decay, a.x + b.x, a.y + b.y, rk, rq, kq, o4[c], dk_[c]);
+    }
+    float *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
+#pragma unroll
+    for (int n4 = 0; n4 < RPL / 4; n4++) {
+        const float4 kk = k4[n4];
+        const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const size_t off = (size_t)(4 * n4 + e) * DV;
+            float4 x = *reinterpret_cast<const float4 *>(Ss + off);
+            x.x = fmaf(kv[e], dk_[0], x.x * decay);
+            x.y = fmaf(kv[e], dk_[1], x.y * decay);
+            x.z = fmaf(kv[e], dk_[2], x.z * decay);
+            x.w = fmaf(kv[e], dk_[3], x.w * decay);
+            if (last)
+                *reinterpret_cast<float4 *>(Sgl + off) = x;
+            else
+                *reinterpret_cast<float4 *>(Ss + off) = x;
+        }
+    }
+}
 
-template <int DK, bool PF>
-__global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
+template <int DK, bool H2>
+__global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * 4;
     extern __shared__ float4 gd_sh4[];
@@ -743,12 +806,15 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     cu_pdl_trigger();
     const int n_seq = cl; /* launched with cl = the sequence count */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
+    constexpr int NWH = DK / 32;                            /* warps a row half */
+    const int wc = warp % NWH, h = H2 ? warp / NWH : 0;     /* the warp's columns, its row half (H2) */
     const int ratio = nv / nk, n_units = n_seq * nk, G = gridDim.x;
     float *const sbuf = reinterpret_cast<float *>(gd_sh4);    /* [GP_NB][DK][DV] */
     float *const tq = sbuf + (size_t)GP_NB * DK * DV, *const tk = tq + DK;
-    float *const tv = tk + DK + warp * 32;                   /* the warp's 32 v values */
+    float *const tv = tk + DK + wc * 32;                     /* the warp's 32 v values */
     float *const hv = tk + DK + DV;                          /* o of the head [DV] (fused norm) */
     float *const scal = hv + DV;                             /* rq, rk, k·q of the unit */
+    float *const xch = scal + 4;                             /* H2: [2][DV][2] */
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(&gp_bar[0]);
     const uint32_t sdst = (uint32_t)__cvta_generic_to_shared(sbuf);
     /* the producer's cursor (thread 0): unit pu, its head pj, the unit's slot */
@@ -782,64 +848,28 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     if (threadIdx.x == 0)
         for (int b = 0; b < GP_NB; b++) issue(b);
     const bool fuse = z != nullptr;
-    const int col = warp * 32 + 4 * cg, hc = col + r;
+    const int col = wc * 32 + 4 * cg, hc = col + r;
     const float gwn = fuse ? nrm_w[hc] : 0.f, qscale = rsqrtf((float)DK);
     __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
     cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
-    /* the small inputs of a task (v head j, every thread: its v channel's window and conv weights,
-     * the head's −exp(A_log) and dt_bias, the row's v, a, b, z) and of a unit (k head kh, warp 0: the
-     * lane's q/k windows, conv weights and raw inputs) of the sequence in slot at row */
-    auto ld_v = [&](gp_vin &v, int slot, size_t row, int j) {
-        const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
-        gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, v.wv, v.cwv, v.al, v.db);
-        v.xv = __bfloat162float(qkv[row * D + vch]);
-        v.xa = gd_bf(a, row * nv + j);
-        v.xb = gd_bf(b, row * nv + j);
-        v.xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
-    };
-    auto ld_qk = [&](gp_qkin<CH> &q, int slot, size_t row, int kh) {
-        const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
-        gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, q.wq, q.wk, q.cwq, q.cwk);
-        const bf16 *rw = qkv + row * D;
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            q.xq[c] = __bfloat162float(rw[qch + c]);
-            q.xk[c] = __bfloat162float(rw[kch + c]);
-        }
-    };
-    /* PF: the next unit's q/k inputs into L1 (warp 0; in registers they would spill at DK = 128) */
-    auto pf_qk = [&](int slot, size_t row, int kh) {
-        const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
-        const float *stq = gd_win(conv_st, slot, D, qch), *stk = gd_win(conv_st, slot, D, kch);
-        gd_prefetch_l1(stq);
-        gd_prefetch_l1(stq + CH * (K - 1) - 1);
-        gd_prefetch_l1(stk);
-        gd_prefetch_l1(stk + CH * (K - 1) - 1);
-        gd_prefetch_l1(conv_w + (size_t)qch * K);
-        gd_prefetch_l1(conv_w + (size_t)(qch + CH) * K - 1);
-        gd_prefetch_l1(conv_w + (size_t)kch * K);
-        gd_prefetch_l1(conv_w + (size_t)(kch + CH) * K - 1);
-        gd_prefetch_l1(qkv + row * D + qch);
-        gd_prefetch_l1(qkv + row * D + kch);
-    };
-    gp_vin vin;
-    gp_qkin<CH> qin;
     int t = 0, slot, T, row0;
-    int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0);
-    if (PF && u < n_units) { /* the first task's inputs; later ones are loaded a task ahead */
-        ld_v(vin, slot, row0, (u % nk) * ratio);
-    }
-    while (u < n_units) {
+    for (int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0); u < n_units;
+         u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0)) {
         const int kh = u % nk;
         const size_t row = (size_t)row0; /* T == 1: decode steps only */
-        /* PF: the next unit's sequence table entry, its loads in flight until its last task needs it */
-        int nu = u + G, nslot = 0, nT = 0, nrow0 = 0;
-        if (PF && nu < n_units) gd_ld_seq(meta + 3 * (nu / nk), nslot, nT, nrow0);
+        const bf16 *rw = qkv + row * D;
         if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
             const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
-            ld_qk(qin, slot, row, kh);
+            float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
+            float4 cwq[CH], cwk[CH];
+            gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                xq[c] = __bfloat162float(rw[qch + c]);
+                xk[c] = __bfloat162float(rw[kch + c]);
+            }
             float ssq = 0.f, ssk = 0.f, sqk = 0.f;
-            gd_conv_qk<CH>(qin.cwq, qin.cwk, qin.wq, qin.wk, qin.xq, qin.xk, tq, tk, lane, ssq, ssk, sqk);
+            gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
 #pragma unroll
             for (int o = 16; o; o >>= 1) {
                 ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
@@ -852,30 +882,26 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 scal[1] = rk;
                 scal[2] = sqk * rq * rk;
             }
-            gd_st_qk<CH>(conv_st, slot, D, qch, kch, qin.wq, qin.wk);
+            gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
         }
         for (int jj = 0; jj < ratio; jj++, t++) {
             const int j = kh * ratio + jj, bi = t % GP_NB;
-            /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
-            if (!PF) ld_v(vin, slot, row, j);
+            /* the head's v channel 32·wc + lane: conv, window rolled (the first half's warps); its g,
+             * β (every warp); z */
+            const int vch = 2 * nk * DK + j * DV + wc * 32 + lane;
+            float wv[K - 1], al, db;
+            float4 cwv;
+            gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
+            const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
+            const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
             float decay, beta;
-            tv[lane] = gd_conv(vin.cwv, vin.wv, vin.xv);
-            float *stv = gd_win(conv_st, slot, D, 2 * nk * DK + j * DV + warp * 32 + lane);
+            if (h == 0) {
+                float *stv = gd_win(conv_st, slot, D, vch);
+                tv[lane] = gd_conv(cwv, wv, xv);
 #pragma unroll
-            for (int i = 0; i < K - 1; i++) stv[i] = vin.wv[i];
-            gd_gate_beta(vin.xa, vin.xb, vin.al, vin.db, decay, beta);
-            const float xz = vin.xz;
-            if (PF) { /* the next task's inputs, in flight while this one computes */
-                if (jj + 1 < ratio) {
-                    ld_v(vin, slot, row, j + 1);
-                } else {
-                    if (nu < n_units && nT <= 0) nu = gp_seek(meta, nu + G, n_units, nk, G, nslot, nT, nrow0);
-                    if (nu < n_units) {
-                        if (warp == 0) pf_qk(nslot, nrow0, nu % nk);
-                        ld_v(vin, nslot, nrow0, (nu % nk) * ratio);
-                    }
-                }
+                for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
             }
+            gd_gate_beta(xa, xb, al, db, decay, beta);
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
             uint32_t ok = 0;
             while (!ok)
@@ -885,29 +911,28 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                              : "r"(bar0 + 8 * bi), "r"((uint32_t)(t / GP_NB) & 1u)
                              : "memory");
             float o4[4];
-            gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk,
-                         tv, scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
+            if (H2)
+                gs_token_h<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
+                               scal[0], scal[1], scal[2], decay, beta, r, cg, col, h, xch, o4);
+            else
+                gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk,
+                             tv, scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
             const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
             if (!fuse) {
-                out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
+                if (h == 0) out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
             } else {
-                hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
+                if (h == 0) hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
                 __syncthreads();
-                const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
-                out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
+                if (h == 0) {
+                    const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
+                    out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
+                }
             }
-            __syncthreads(); /* buffer b, q, k, v and o are read */
+            __syncthreads(); /* buffer b, q, k, v, o (and H2's xch) are read */
             if (threadIdx.x == 0) {
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 issue(bi);
             }
-        }
-        if (PF) {
-            u = nu;
-            slot = nslot;
-            row0 = nrow0;
-        } else {
-            u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0);
         }
     }
 }
@@ -974,10 +999,11 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
     }
 }
 
-template <int DK, bool PF>
+template <int DK, bool H2>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     const int units = a->n_seq * a->w->nk, G = units < gp_sms() ? units : gp_sms();
-    return gd_launch_ex(gd_kernel_p<DK, PF>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq, a, fuse, st);
+    return gd_launch_ex(gd_kernel_p<DK, H2>, dim3(G, 1, 1), dim3(H2 ? 2 * DK : DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
+                        a, fuse, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most
@@ -1137,14 +1163,12 @@ static int gd_stream(void) {
     return cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
 }
 
-/* LASTSTAND_GDN_PREFETCH=0|1: gd_kernel_p loads each task's small inputs (windows, conv weights,
- * A_log, dt_bias, the projection's row; warp 0 the unit's q/k ones) one task ahead, in flight while
- * the current head computes (1), or when the task starts (0: gdn16-R2's form; a dependent round
- * trip a head before its compute). The same arithmetic either way (test_gdn_decode_cuda).
- * GP_PREFETCH_DEFAULT: off until a device round measures it. Read at every call (the test
- * switches it between calls). */
-#define GP_PREFETCH_DEFAULT 0
-static int gp_prefetch(void) { return cu_env_switch("LASTSTAND_GDN_PREFETCH", GP_PREFETCH_DEFAULT); }
+/* LASTSTAND_GDN_P8=0|1: gd_kernel_p in blocks of 2·dk threads, a head's row halves on two warps a
+ * scheduler (1, H2: see gd_kernel_p), or of dk threads (0: gdn16-R2's form). The same bits either
+ * way (test_gdn_decode_cuda). GP_H2_DEFAULT: off until a device round measures it. Read at every
+ * call (the test switches it between calls). */
+#define GP_H2_DEFAULT 0
+static int gp_h2(void) { return cu_env_switch("LASTSTAND_GDN_P8", GP_H2_DEFAULT); }
 
 /* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns), a k head's v heads a cluster
  * (at most 8), S of a head in shared memory (the opt-in limit of sm_90); it is built for dk = dv
@@ -1212,13 +1236,11 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
     const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
-        const int pf = gp_prefetch();
+        const int h2 = gp_h2(), pdl = gd_pdl();
         switch (w->dk) {
-        case 32: c = pf ? gp_launch<32, true>(a, fuse, gd_pdl(), st) : gp_launch<32, false>(a, fuse, gd_pdl(), st); break;
-        case 64: c = pf ? gp_launch<64, true>(a, fuse, gd_pdl(), st) : gp_launch<64, false>(a, fuse, gd_pdl(), st); break;
-        default:
-            c = pf ? gp_launch<128, true>(a, fuse, gd_pdl(), st) : gp_launch<128, false>(a, fuse, gd_pdl(), st);
-            break;
+        case 32: c = h2 ? gp_launch<32, true>(a, fuse, pdl, st) : gp_launch<32, false>(a, fuse, pdl, st); break;
+        case 64: c = h2 ? gp_launch<64, true>(a, fuse, pdl, st) : gp_launch<64, false>(a, fuse, pdl, st); break;
+        default: c = h2 ? gp_launch<128, true>(a, fuse, pdl, st) : gp_launch<128, false>(a, fuse, pdl, st); break;
         }
     } else if (streamed) {
         switch (w->dk) {

@@ -226,10 +226,13 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
         const int pw = warp - 8;
         constexpr int RW = BN / 4;
-        auto load = [&](const bf16 *src, int kt, uint32_t dst) {
-            /* key row kt·BN + RW·pw + lane%RW: its element offset (-1 past kmax), shared by shuffles */
+        /* key row kt·BN + RW·pw + lane%RW: its element offset (-1 past kmax), shared by shuffles; read a
+         * tile ahead (the page table's latency off the critical path) */
+        auto offs = [&](int kt) -> long long {
             const int j = kt * BN + RW * pw + lane % RW;
-            const long long oj = j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+            return j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+        };
+        auto load = [&](const bf16 *src, long long oj, uint32_t dst) {
             const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
 #pragma unroll 4
             for (int rr = 0; rr < RW; rr++) {
@@ -238,25 +241,30 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
+        long long on = n_it > 0 ? offs(z) : -1;
         if (ASYNC) { /* the copies arrive on the full barriers themselves; the consumers fence */
             for (int i = 0; i < n_it; i++) {
-                const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
+                const int st = i & 1, u = i >> 1;
+                const long long oj = on;
+                if (i + 1 < n_it) on = offs(z + (i + 1) * nsplit);
                 const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
                 if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
-                load(K, kt, kd);
+                load(K, oj, kd);
                 fw_cp_arrive(bar + 8 * st);
                 if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
-                load(V, kt, kd + LY::TILE);
+                load(V, oj, kd + LY::TILE);
                 fw_cp_arrive(bar + 16 + 8 * st);
             }
             fw_wait_cp<0>();
             return;
         }
         for (int i = 0; i < n_it; i++) {
-            const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
+            const int st = i & 1, u = i >> 1;
+            const long long oj = on;
+            if (i + 1 < n_it) on = offs(z + (i + 1) * nsplit);
             const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
             if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
-            load(K, kt, kd);
+            load(K, oj, kd);
             fw_commit_cp();
             if (i >= 1) { /* V of tile i - 1 landed */
                 fw_wait_cp<1>();
@@ -264,7 +272,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 fw_bar_arrive(bar + 16 + 8 * ((i - 1) & 1));
             }
             if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
-            load(V, kt, kd + LY::TILE);
+            load(V, oj, kd + LY::TILE);
             fw_commit_cp();
             fw_wait_cp<1>(); /* K of tile i landed */
             fw_fence_async();

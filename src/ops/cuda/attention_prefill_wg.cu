@@ -8,21 +8,25 @@
  * whether the device loaded the image, else attention_prefill.cu keeps fp_kernel.
  *
  * CTA = 384 threads: warpgroups 0 and 1 (warps 0-7) are consumers, 64 flat rows each, warpgroup 2
- * the producer (setmaxnreg: 40 registers a producer thread, 232 a consumer's). Shared memory (1024-aligned, 128-byte swizzled K-major tiles: row r's 16-byte chunk
- * c of a 64-dim slab at r·128 + (c ^ r%8)·16, slab s of a tile at s·(rows·128)):
+ * the producer (setmaxnreg: 40 registers a producer thread, 232 a consumer's). Shared memory
+ * (1024-aligned, 128-byte swizzled K-major tiles: row r's 16-byte chunk c of a 64-dim slab at
+ * r·128 + (c ^ r%8)·16, slab s of a tile at s·(rows·128)):
  *   Q   2 x [64 rows x 256 dims] (32 KB each), staged once by its warpgroup (cp.async)
  *   K/V 2 stages x ([BN keys x 256 dims] K + the same for V) = 2 x 80 KB at BN = 80, by the producer
  *   mbarriers fullK/fullV (producer -> consumers, 128 arrivals) and emptyK/emptyV (consumers ->
  *   producer, one arrival a consumer warp) per stage.
  * Producer: for each key tile, K then V by cp.async (16 bytes a lane, 512 bytes a key row, BN / 4
  * rows a warp: the page table read once a tile, keys past the tile's last zero-filled); each
- * thread's copies arrive on the stage's full barrier by cp.async.mbarrier.arrive.noinc, and the
- * consumers fence.proxy.async after the wait (the generic-proxy writes made visible to wgmma's async
- * proxy); LASTSTAND_FP_WG_ASYNC=0: the producer waits for its own copies (cp.async.wait_group),
- * fences and arrives. A stage is reused when the consumers released it.
+ * thread's copies arrive on the stage's full barrier by cp.async.mbarrier.arrive.noinc (the
+ * producer never waits for its own copies: harness 402 -> 415 TFLOP/s against waiting, fencing and
+ * arriving), and the consumers fence.proxy.async after the wait (the generic-proxy writes made
+ * visible to wgmma's async proxy). A stage is reused when the consumers released it. The page
+ * table is read a tile ahead (harness 409 -> 423 TFLOP/s).
+ * Tried and dropped: FA3's ping-pong of the two consumer warpgroups (named barriers ordering their
+ * MMA issue): 393 against 402 TFLOP/s; 64-key tiles: 384 against 408 with 80.
  * Consumer warpgroup, per key tile i (BN = 80 keys), FA3's intra-warpgroup overlap:
  *   S_i = Q·K_iᵀ   16 x wgmma m64n80k16 (A = Q, B = K from shared memory, K-major), issued, then
- *   O += P_{i-1}·V_{i-1}   4 x wgmma m64n256k16 (A = P in registers, BF16 from the S
+ *   O += P_{i-1}·V_{i-1}   5 x wgmma m64n256k16 (A = P in registers, BF16 from the S
  *                  accumulators, B = V from shared memory, MN-major: the transpose bit), issued;
  *   wait S_i, release K_i, mask (the tiles past the CTA's first row's last key only), online
  *   softmax in the log2 domain (row max over the row's four lanes), wait the PV, release V_{i-1},
@@ -168,7 +172,7 @@ __device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-template <int BN, bool ASYNC, bool PP>
+template <int BN>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh, int nkv, int P, float sl2,
               const bf16 *__restrict__ q, const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
@@ -222,67 +226,46 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();
 
-    if (warp >= 8) { /* ---- the producer warpgroup: warp pw loads key rows RW·pw .. RW·pw + RW - 1 of a tile ---- */
+    if (warp >= 8) { /* ---- the producer warpgroup ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
-        const int pw = warp - 8;
+        /* warp pw loads key rows RW·pw .. RW·pw + RW - 1 of each K tile, then of the V tile (split
+         * between K and V warps instead, two and two: harness 420 -> 339 TFLOP/s) */
+        const int part = warp - 8;
         constexpr int RW = BN / 4;
-        /* key row kt·BN + RW·pw + lane%RW: its element offset (-1 past kmax), shared by shuffles; read a
-         * tile ahead (the page table's latency off the critical path) */
-        auto offs = [&](int kt) -> long long {
-            const int j = kt * BN + RW * pw + lane % RW;
-            return j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+        /* key rows kt·BN + RW·part + lane (+ 32): their element offsets (-1 past kmax), shared by
+         * shuffles; read a tile ahead (the page table's latency off the critical path) */
+        auto offs = [&](int kt, int r) -> long long {
+            const int j = kt * BN + RW * part + r;
+            return r < RW && j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
         };
-        auto load = [&](const bf16 *src, long long oj, uint32_t dst) {
+        auto load = [&](const bf16 *src, long long o0, long long o1, uint32_t dst) {
             const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
 #pragma unroll 4
             for (int rr = 0; rr < RW; rr++) {
-                const int r = RW * pw + rr;
-                const long long off = __shfl_sync(0xffffffffu, oj, rr);
+                const int r = RW * part + rr;
+                const long long off = __shfl_sync(0xffffffffu, rr < 32 ? o0 : o1, rr & 31);
                 fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
-        long long on = n_it > 0 ? offs(z) : -1;
-        if (ASYNC) { /* the copies arrive on the full barriers themselves; the consumers fence */
-            for (int i = 0; i < n_it; i++) {
-                const int st = i & 1, u = i >> 1;
-                const long long oj = on;
-                if (i + 1 < n_it) on = offs(z + (i + 1) * nsplit);
-                const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
-                if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
-                load(K, oj, kd);
-                fw_cp_arrive(bar + 8 * st);
-                if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
-                load(V, oj, kd + LY::TILE);
-                fw_cp_arrive(bar + 16 + 8 * st);
-            }
-            fw_wait_cp<0>();
-            return;
-        }
+        long long n0 = n_it > 0 ? offs(z, lane) : -1, n1 = n_it > 0 && RW > 32 ? offs(z, lane + 32) : -1;
         for (int i = 0; i < n_it; i++) {
             const int st = i & 1, u = i >> 1;
-            const long long oj = on;
-            if (i + 1 < n_it) on = offs(z + (i + 1) * nsplit);
-            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
-            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
-            load(K, oj, kd);
-            fw_commit_cp();
-            if (i >= 1) { /* V of tile i - 1 landed */
-                fw_wait_cp<1>();
-                fw_fence_async();
-                fw_bar_arrive(bar + 16 + 8 * ((i - 1) & 1));
+            const long long o0 = n0, o1 = n1;
+            if (i + 1 < n_it) {
+                n0 = offs(z + (i + 1) * nsplit, lane);
+                if (RW > 32) n1 = offs(z + (i + 1) * nsplit, lane + 32);
             }
+            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
+            /* the copies arrive on the full barriers themselves (cp.async.mbarrier.arrive); the
+             * consumers fence the async proxy after their wait */
+            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
+            load(K, o0, o1, kd);
+            fw_cp_arrive(bar + 8 * st);
             if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
-            load(V, oj, kd + LY::TILE);
-            fw_commit_cp();
-            fw_wait_cp<1>(); /* K of tile i landed */
-            fw_fence_async();
-            fw_bar_arrive(bar + 8 * st);
+            load(V, o0, o1, kd + LY::TILE);
+            fw_cp_arrive(bar + 16 + 8 * st);
         }
-        if (n_it > 0) {
-            fw_wait_cp<0>();
-            fw_fence_async();
-            fw_bar_arrive(bar + 16 + 8 * ((n_it - 1) & 1));
-        }
+        fw_wait_cp<0>();
         return;
     }
 
@@ -400,21 +383,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     };
 
-    /* PP: the warpgroups take turns issuing their MMAs (named barriers 3 + wg: "wg's turn"; WG 0
-     * first), so one's softmax runs while the other's MMAs do (FlashAttention-3's ping-pong) */
-    auto turn_wait = [&]() {
-        if (PP) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
-    };
-    auto turn_pass = [&]() {
-        if (PP) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
-    };
-    if (PP && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
     if (n_it > 0) {
         fw_bar_wait(bar + 0, 0);
-        if (ASYNC) fw_fence_async();
-        turn_wait();
+        fw_fence_async();
         issue_qk(0);
-        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(sc);
         release(bar + 32);
@@ -423,16 +395,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int i = 1; i < n_it; i++) {
             const int st = i & 1, ps = (i - 1) & 1;
             fw_bar_wait(bar + 8 * st, (i >> 1) & 1);
-            if (PP) fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
-            if (ASYNC) fw_fence_async();
-            turn_wait();
+            fw_fence_async();
             issue_qk(st);
-            if (!PP) {
-                fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
-                if (ASYNC) fw_fence_async();
-            }
+            fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+            fw_fence_async();
             issue_pv(ps);
-            turn_pass();
             fw_wg_wait<1>(); /* S_i done; the PV may still run */
             fw_fence_f(sc);
             release(bar + 32 + 8 * st);
@@ -446,10 +413,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
         const int ls = (n_it - 1) & 1;
         fw_bar_wait(bar + 16 + 8 * ls, ((n_it - 1) >> 1) & 1);
-        if (ASYNC) fw_fence_async();
-        turn_wait();
+        fw_fence_async();
         issue_pv(ls);
-        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(o);
         fw_fence_u(pa);
@@ -503,16 +468,8 @@ static pthread_mutex_t fw_mu = PTHREAD_MUTEX_INITIALIZER;
 /* keys a tile: 80 (FlashAttention-3's choice at head_dim 256; the standalone harness at 8192
  * tokens: 408 TFLOP/s against 384 with 64) */
 enum { FW_BN = 80 };
-/* LASTSTAND_FP_WG_ASYNC = 1: the producer's copies arrive on the full barriers by
- * cp.async.mbarrier.arrive (the producer never waits for its own copies; the consumers fence the
- * async proxy); 0: the producer waits for each tile's copies, fences, then arrives */
-static int fw_async = 1;
-/* LASTSTAND_FP_WG_PP = 1: the consumer warpgroups take turns issuing their MMAs (ping-pong) */
-static int fw_pp = 0;
-
-template <bool ASYNC, bool PP>
 static bool fw_optin(void) {
-    return cudaFuncSetAttribute(fw_kernel<FW_BN, ASYNC, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(fw_kernel<FW_BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 fw_lay<FW_BN>::SMEM) == cudaSuccess;
 }
 
@@ -530,18 +487,15 @@ int fw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        fw_async = cu_env_switch("LASTSTAND_FP_WG_ASYNC", fw_async);
-        fw_pp = cu_env_switch("LASTSTAND_FP_WG_PP", fw_pp);
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN, false, false>) == cudaSuccess &&
-                    fw_optin<false, false>() && fw_optin<false, true>() && fw_optin<true, false>() &&
-                    fw_optin<true, true>()
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN>) == cudaSuccess &&
+                    fw_optin()
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, async %d, "
-                     "ping-pong %d)", dev, fw_async, fw_pp);
+            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a)",
+                     dev);
         else
             log_warn("cuda_flash_prefill: LASTSTAND_FP_WG=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernel; fp_kernel runs", dev, major, minor);
@@ -551,11 +505,11 @@ int fw_available(void) {
     return s > 0;
 }
 
-template <int BN, bool ASYNC, bool PP>
+template <int BN>
 static cudaError_t fw_go(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                          float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                          float *part_o, float *part_ml, int n_rows_total, int lpt) {
-    return cu_launch_pdl(pdl, fw_kernel<BN, ASYNC, PP>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
+    return cu_launch_pdl(pdl, fw_kernel<BN>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
                          nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt);
 }
 
@@ -563,7 +517,6 @@ cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn
                       float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                       float *part_o, float *part_ml, int n_rows_total, int lpt) {
 #define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt
-    if (fw_pp) return fw_async ? fw_go<FW_BN, true, true>(FW_ARGS) : fw_go<FW_BN, false, true>(FW_ARGS);
-    return fw_async ? fw_go<FW_BN, true, false>(FW_ARGS) : fw_go<FW_BN, false, false>(FW_ARGS);
+    return fw_go<FW_BN>(FW_ARGS);
 #undef FW_ARGS
 }

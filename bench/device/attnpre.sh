@@ -98,8 +98,8 @@ for nh, nkv in ((16, 2), (32, 2)):
 PY
 
 if [[ $PARTS == *3* ]] && [ -n "$NCU" ] && [ "$(left)" -gt 120 ]; then
-    echo "== 3. ncu, one 8192-token prompt (35B shape), both kernels $(el)"
-    for wg in $WGS; do
+    echo "== 3. ncu, one 8192-token prompt (35B shape), the new kernel $(el)"
+    for wg in ${NCU_WGS:-1}; do # fp_kernel's profile is in R1's log
         k=fp_kernel; [ $wg = 1 ] && k=fw_kernel
         LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout -k 3 45 "$NCU" --clock-control none \
             -k regex:$k --launch-count 1 \
@@ -132,7 +132,7 @@ PORT=$((35000 + $$ % 2000))
         fi
         sleep 0.5
     done
-    for len in 2048 8192; do
+    for len in 1024 2048 4096 8192; do
         timeout -k 3 25 "$BIN" bench --base-url "http://127.0.0.1:$PORT" --backend openai --num-prompts 3 \
             --random-input-len $len --random-output-len 1 --random-range-ratio 1.0 --max-concurrency 1 \
             --warmup-requests 1 --extra-request-body '{"logprobs":0}' --output-file "$OUT/bench-$wg-$len.jsonl" \

@@ -7,7 +7,8 @@
 #
 #   bash bench/device/attnpre.sh BIN OUTDIR
 #
-# 1. doctor attention cells, 35B (16 q / 2 kv x 256) and 397B (32 / 2 x 256): the doctor's mixed
+# 1. doctor attention cells, 35B (16 q / 2 kv x 256) and 397B (32 / 2 x 256), the new kernel with K/V
+#    by TMA (the default) and by cp.async (LASTSTAND_FP_WG_TMA=0) for one prompt: the doctor's mixed
 #    batches (M = 1, 16, 512, 3072: decode rows, prefill chunks after prefixes, random pages) and one
 #    causal prompt (LASTSTAND_DOCTOR_ATTN_PREFILL=0: M new tokens, no prefix; =1024: after 1024
 #    cached) at M = 1024, 2048, 8192; old and new, verdict (fp64, 32 sampled rows) + time + TFLOP/s.
@@ -64,6 +65,8 @@ WGS="0 1"
     for wg in $WGS; do
         doc "one prompt, FP_WG=$wg" "LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=0" $sh 1024,2048,8192
     done
+    [ $NEWBAD = 0 ] && doc "one prompt, FP_WG=1, TMA=0" \
+        "LASTSTAND_FP_WG=1 LASTSTAND_FP_WG_TMA=0 LASTSTAND_DOCTOR_ATTN_PREFILL=0" $sh 1024,2048,8192
     for wg in $WGS; do
         doc "prompt after 1024, FP_WG=$wg" "LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=1024" $sh 100,2048
     done

@@ -1007,7 +1007,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     } else if (wgk) {
         const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;
         c1 = fw_launch(dim3((unsigned)wtiles, a->n_kv_heads, nsplit), g_fp_pdl >= 2, st, a->n_seq, a->seqs, a->n_heads,
-                       a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
+                       a->n_kv_heads, a->kv->page_size, (long)a->kv->n_pages * a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
                        (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows, g_fp_lpt);
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);

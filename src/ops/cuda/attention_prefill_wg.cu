@@ -27,7 +27,8 @@
  * 128-byte swizzle), the barrier's phase waiting for their bytes (expect_tx) and the warp's arrivals;
  * the rest (the last tile's runs) by cp.async with zero fill as above.
  * Tried and dropped: FA3's ping-pong of the two consumer warpgroups (named barriers ordering their
- * MMA issue): 393 against 402 TFLOP/s; 64-key tiles: 384 against 408 with 80.
+ * MMA issue): 393 against 402 TFLOP/s with cp.async, 481 against 473 with TMA (noise, and it spills):
+ * not kept; 64-key tiles: 384 against 408 with 80.
  * Consumer warpgroup, per key tile i (BN = 80 keys), FA3's intra-warpgroup overlap:
  *   S_i = Q·K_iᵀ   16 x wgmma m64n80k16 (A = Q, B = K from shared memory, K-major), issued, then
  *   O += P_{i-1}·V_{i-1}   5 x wgmma m64n256k16 (A = P in registers, BF16 from the S

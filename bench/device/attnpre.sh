@@ -54,7 +54,15 @@ LASTSTAND_FP_WG=1 LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout 25 "$BIN" doctor --dev
     --families attention --backends cuda_flash_prefill --m 2048 --json "$OUT/probe.json" >"$OUT/probe.txt" 2>&1
 echo "== 0. probe rc=$?: $(grep -oE '"status": *"[a-z]+"' "$OUT/probe.json" 2>/dev/null | head -1) $(el)"
 NEWBAD=0
-grep -qE '"status": *"ok"' "$OUT/probe.json" 2>/dev/null || NEWBAD=1
+if ! grep -qE '"status": *"ok"' "$OUT/probe.json" 2>/dev/null; then
+    grep -iE "error|crash|wrong|mismatch" "$OUT/probe.txt" | head -3 | cut -c1-200
+    # K/V by cp.async instead of TMA: kept for the rest when it passes
+    LASTSTAND_FP_WG=1 LASTSTAND_FP_WG_TMA=0 LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout 25 "$BIN" doctor --device cuda \
+        --shapes qwen3.5-35b-a3b --families attention --backends cuda_flash_prefill --m 2048 \
+        --json "$OUT/probe0.json" >"$OUT/probe0.txt" 2>&1
+    echo "   probe with LASTSTAND_FP_WG_TMA=0: $(grep -oE '"status": *"[a-z]+"' "$OUT/probe0.json" 2>/dev/null | head -1)"
+    if grep -qE '"status": *"ok"' "$OUT/probe0.json" 2>/dev/null; then export LASTSTAND_FP_WG_TMA=0; else NEWBAD=1; fi
+fi
 WGS="0 1"
 [ $NEWBAD = 1 ] && { WGS=0; echo "  the new kernel failed the probe: only FP_WG=0 below"; }
 [[ $PARTS == *1* ]] && echo "== 1. doctor attention cells, cuda_flash_prefill, old (FP_WG=0) vs new (FP_WG=1) $(el)"

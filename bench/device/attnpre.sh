@@ -7,7 +7,8 @@
 #
 #   bash bench/device/attnpre.sh BIN OUTDIR
 #
-# 1. doctor attention cells, 35B (16 q / 2 kv x 256) and 397B (32 / 2 x 256): the doctor's mixed
+# 1. doctor attention cells, 35B (16 q / 2 kv x 256) and 397B (32 / 2 x 256), the new kernel with K/V
+#    by TMA (the default) and by cp.async (LASTSTAND_FP_WG_TMA=0) for one prompt: the doctor's mixed
 #    batches (M = 1, 16, 512, 3072: decode rows, prefill chunks after prefixes, random pages) and one
 #    causal prompt (LASTSTAND_DOCTOR_ATTN_PREFILL=0: M new tokens, no prefix; =1024: after 1024
 #    cached) at M = 1024, 2048, 8192; old and new, verdict (fp64, 32 sampled rows) + time + TFLOP/s.
@@ -53,7 +54,15 @@ LASTSTAND_FP_WG=1 LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout 25 "$BIN" doctor --dev
     --families attention --backends cuda_flash_prefill --m 2048 --json "$OUT/probe.json" >"$OUT/probe.txt" 2>&1
 echo "== 0. probe rc=$?: $(grep -oE '"status": *"[a-z]+"' "$OUT/probe.json" 2>/dev/null | head -1) $(el)"
 NEWBAD=0
-grep -qE '"status": *"ok"' "$OUT/probe.json" 2>/dev/null || NEWBAD=1
+if ! grep -qE '"status": *"ok"' "$OUT/probe.json" 2>/dev/null; then
+    grep -iE "error|crash|wrong|mismatch" "$OUT/probe.txt" | head -3 | cut -c1-200
+    # K/V by cp.async instead of TMA: kept for the rest when it passes
+    LASTSTAND_FP_WG=1 LASTSTAND_FP_WG_TMA=0 LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout 25 "$BIN" doctor --device cuda \
+        --shapes qwen3.5-35b-a3b --families attention --backends cuda_flash_prefill --m 2048 \
+        --json "$OUT/probe0.json" >"$OUT/probe0.txt" 2>&1
+    echo "   probe with LASTSTAND_FP_WG_TMA=0: $(grep -oE '"status": *"[a-z]+"' "$OUT/probe0.json" 2>/dev/null | head -1)"
+    if grep -qE '"status": *"ok"' "$OUT/probe0.json" 2>/dev/null; then export LASTSTAND_FP_WG_TMA=0; else NEWBAD=1; fi
+fi
 WGS="0 1"
 [ $NEWBAD = 1 ] && { WGS=0; echo "  the new kernel failed the probe: only FP_WG=0 below"; }
 [[ $PARTS == *1* ]] && echo "== 1. doctor attention cells, cuda_flash_prefill, old (FP_WG=0) vs new (FP_WG=1) $(el)"
@@ -64,6 +73,8 @@ WGS="0 1"
     for wg in $WGS; do
         doc "one prompt, FP_WG=$wg" "LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=0" $sh 1024,2048,8192
     done
+    [ $NEWBAD = 0 ] && doc "one prompt, FP_WG=1, TMA=0" \
+        "LASTSTAND_FP_WG=1 LASTSTAND_FP_WG_TMA=0 LASTSTAND_DOCTOR_ATTN_PREFILL=0" $sh 1024,2048,8192
     for wg in $WGS; do
         doc "prompt after 1024, FP_WG=$wg" "LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=1024" $sh 100,2048
     done
@@ -98,8 +109,8 @@ for nh, nkv in ((16, 2), (32, 2)):
 PY
 
 if [[ $PARTS == *3* ]] && [ -n "$NCU" ] && [ "$(left)" -gt 120 ]; then
-    echo "== 3. ncu, one 8192-token prompt (35B shape), both kernels $(el)"
-    for wg in $WGS; do
+    echo "== 3. ncu, one 8192-token prompt (35B shape), the new kernel $(el)"
+    for wg in ${NCU_WGS:-1}; do # fp_kernel's profile is in R1's log
         k=fp_kernel; [ $wg = 1 ] && k=fw_kernel
         LASTSTAND_FP_WG=$wg LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout -k 3 45 "$NCU" --clock-control none \
             -k regex:$k --launch-count 1 \
@@ -132,7 +143,7 @@ PORT=$((35000 + $$ % 2000))
         fi
         sleep 0.5
     done
-    for len in 2048 8192; do
+    for len in 1024 2048 4096 8192; do
         timeout -k 3 25 "$BIN" bench --base-url "http://127.0.0.1:$PORT" --backend openai --num-prompts 3 \
             --random-input-len $len --random-output-len 1 --random-range-ratio 1.0 --max-concurrency 1 \
             --warmup-requests 1 --extra-request-body '{"logprobs":0}' --output-file "$OUT/bench-$wg-$len.jsonl" \

@@ -824,8 +824,10 @@ static int fp_nsplit(const attn_args *a, int n_sm, int BN) {
 }
 
 /* The wgmma kernel's split count (host planning): its CTAs (FW_BM-row tiles x kv heads, one CTA an
- * SM) split round-robin by key tiles only when they would not fill the GPU once, to about two CTAs
- * an SM, at least 128 keys a split on average. */
+ * SM) split round-robin by key tiles only when they would not fill half the GPU, to about one CTA an
+ * SM, at least 256 keys a split on average. Device round R1 (attnpre): a 1024-token prompt (128
+ * CTAs) took 86.1 µs with 3 splits and the merge, where the standalone harness ran it unsplit in
+ * 61 µs (the partials' 50 MB round trip and the merge cost more than the idle SMs). */
 static int fw_nsplit(const attn_args *a, int n_sm) {
     const int grp = a->n_heads / a->n_kv_heads;
     long tiles = 0;
@@ -836,8 +838,8 @@ static int fw_nsplit(const attn_args *a, int n_sm) {
         if (q->n_new > 0 && q->n_past + q->n_new > max_ctx) max_ctx = q->n_past + q->n_new;
     }
     const long blocks = tiles * a->n_kv_heads;
-    if (blocks <= 0 || blocks >= n_sm) return 1;
-    long n = (2L * n_sm + blocks - 1) / blocks, cap = (max_ctx + 127) / 128;
+    if (blocks <= 0 || 2 * blocks >= n_sm) return 1;
+    long n = (n_sm + blocks - 1) / blocks, cap = (max_ctx + 255) / 256;
     if (n > cap) n = cap;
     if (n > 64) n = 64;
     return n < 2 ? 1 : (int)n;
@@ -1005,7 +1007,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     } else if (wgk) {
         const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;
         c1 = fw_launch(dim3((unsigned)wtiles, a->n_kv_heads, nsplit), g_fp_pdl >= 2, st, a->n_seq, a->seqs, a->n_heads,
-                       a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
+                       a->n_kv_heads, a->kv->page_size, (long)a->kv->n_pages * a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
                        (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows, g_fp_lpt);
     } else {
     dim3 grid((unsigned)tiles, a->n_kv_heads, nsplit);

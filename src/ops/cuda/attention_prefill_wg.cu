@@ -8,21 +8,30 @@
  * whether the device loaded the image, else attention_prefill.cu keeps fp_kernel.
  *
  * CTA = 384 threads: warpgroups 0 and 1 (warps 0-7) are consumers, 64 flat rows each, warpgroup 2
- * the producer (setmaxnreg: 40 registers a producer thread, 232 a consumer's). Shared memory (1024-aligned, 128-byte swizzled K-major tiles: row r's 16-byte chunk
- * c of a 64-dim slab at r·128 + (c ^ r%8)·16, slab s of a tile at s·(rows·128)):
+ * the producer (setmaxnreg: 40 registers a producer thread, 232 a consumer's). Shared memory
+ * (1024-aligned, 128-byte swizzled K-major tiles: row r's 16-byte chunk c of a 64-dim slab at
+ * r·128 + (c ^ r%8)·16, slab s of a tile at s·(rows·128)):
  *   Q   2 x [64 rows x 256 dims] (32 KB each), staged once by its warpgroup (cp.async)
  *   K/V 2 stages x ([BN keys x 256 dims] K + the same for V) = 2 x 80 KB at BN = 80, by the producer
  *   mbarriers fullK/fullV (producer -> consumers, 128 arrivals) and emptyK/emptyV (consumers ->
  *   producer, one arrival a consumer warp) per stage.
  * Producer: for each key tile, K then V by cp.async (16 bytes a lane, 512 bytes a key row, BN / 4
  * rows a warp: the page table read once a tile, keys past the tile's last zero-filled); each
- * thread's copies arrive on the stage's full barrier by cp.async.mbarrier.arrive.noinc, and the
- * consumers fence.proxy.async after the wait (the generic-proxy writes made visible to wgmma's async
- * proxy); LASTSTAND_FP_WG_ASYNC=0: the producer waits for its own copies (cp.async.wait_group),
- * fences and arrives. A stage is reused when the consumers released it.
+ * thread's copies arrive on the stage's full barrier by cp.async.mbarrier.arrive.noinc (the
+ * producer never waits for its own copies: harness 402 -> 415 TFLOP/s against waiting, fencing and
+ * arriving), and the consumers fence.proxy.async after the wait (the generic-proxy writes made
+ * visible to wgmma's async proxy). A stage is reused when the consumers released it. The page
+ * table is read a tile ahead (harness 409 -> 423 TFLOP/s).
+ * TMA (LASTSTAND_FP_WG_TMA=1, the default): warp 8 alone produces; a tile's runs of 16 keys that lie
+ * in one page below the sequence's end come as 4 tensor-map boxes each (64 dims x 16 rows, the same
+ * 128-byte swizzle), the barrier's phase waiting for their bytes (expect_tx) and the warp's arrivals;
+ * the rest (the last tile's runs) by cp.async with zero fill as above.
+ * Tried and dropped: FA3's ping-pong of the two consumer warpgroups (named barriers ordering their
+ * MMA issue): 393 against 402 TFLOP/s with cp.async, 481 against 473 with TMA (noise, and it spills):
+ * not kept; 64-key tiles: 384 against 408 with 80.
  * Consumer warpgroup, per key tile i (BN = 80 keys), FA3's intra-warpgroup overlap:
  *   S_i = Q·K_iᵀ   16 x wgmma m64n80k16 (A = Q, B = K from shared memory, K-major), issued, then
- *   O += P_{i-1}·V_{i-1}   4 x wgmma m64n256k16 (A = P in registers, BF16 from the S
+ *   O += P_{i-1}·V_{i-1}   5 x wgmma m64n256k16 (A = P in registers, BF16 from the S
  *                  accumulators, B = V from shared memory, MN-major: the transpose bit), issued;
  *   wait S_i, release K_i, mask (the tiles past the CTA's first row's last key only), online
  *   softmax in the log2 domain (row max over the row's four lanes), wait the PV, release V_{i-1},
@@ -35,6 +44,8 @@
 #include "ops/cuda/attention_prefill_wg.cuh"
 #include "ops/cuda/cu_pdl.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <pthread.h>
 
 enum { FW_HD = 256, FW_THREADS = 384 };
@@ -66,6 +77,18 @@ __device__ __forceinline__ void fw_fence_async() { asm volatile("fence.proxy.asy
  * pending: the barrier's count includes it) */
 __device__ __forceinline__ void fw_cp_arrive(uint32_t a) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+/* the transaction bytes the barrier's current phase also waits for (the TMA copies' complete_tx) */
+__device__ __forceinline__ void fw_bar_expect(uint32_t a, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+/* TMA: the box at (c0, c1, c2) of the 3-D tensor map into shared memory at dst, complete_tx on bar */
+__device__ __forceinline__ void fw_tma3(uint32_t dst, const CUtensorMap *tm, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+        "[%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
 }
 __device__ __forceinline__ void fw_bar_init(uint32_t a, int n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
@@ -168,12 +191,13 @@ __device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-template <int BN, bool ASYNC, bool PP>
+template <int BN, bool TMA>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh, int nkv, int P, float sl2,
               const bf16 *__restrict__ q, const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
               const bf16 *__restrict__ V, bf16 *__restrict__ out, float *__restrict__ part_o,
-              float *__restrict__ part_ml, int n_rows_total, int lpt) {
+              float *__restrict__ part_ml, int n_rows_total, int lpt, const __grid_constant__ CUtensorMap tmk,
+              const __grid_constant__ CUtensorMap tmv) {
     typedef fw_lay<BN> LY;
     constexpr int NJ = BN / 8; /* n8 blocks of S */
     extern __shared__ __align__(1024) unsigned char fw_dsm[];
@@ -210,10 +234,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 
     const uint32_t bar = sb + LY::BAR_OFF; /* fullK s: +8s, fullV: +16 + 8s, emptyK: +32 + 8s, emptyV: +48 + 8s */
     if (tid == 0) {
-        fw_bar_init(bar + 0, 128);
-        fw_bar_init(bar + 8, 128);
-        fw_bar_init(bar + 16, 128);
-        fw_bar_init(bar + 24, 128);
+        const int np = TMA ? 32 : 128; /* producer threads arriving on a full barrier */
+        fw_bar_init(bar + 0, np);
+        fw_bar_init(bar + 8, np);
+        fw_bar_init(bar + 16, np);
+        fw_bar_init(bar + 24, np);
         fw_bar_init(bar + 32, 8);
         fw_bar_init(bar + 40, 8);
         fw_bar_init(bar + 48, 8);
@@ -222,59 +247,105 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();
 
-    if (warp >= 8) { /* ---- the producer warpgroup: warp pw loads key rows RW·pw .. RW·pw + RW - 1 of a tile ---- */
+    if (TMA && warp >= 8) { /* ---- the producer, TMA: warp 8 alone ---- */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
-        const int pw = warp - 8;
+        if (warp > 8) return;
+        /* a tile is NR runs of 16 keys; a run inside one page whose keys are all <= kmax comes by TMA
+         * (4 boxes of 64 dims x 16 rows, 128-byte swizzled as the consumers read it) at row
+         * pages[j / P]·P + j % P of the pool viewed as [rows][nkv][256]; other runs (the last tile's,
+         * or every run when 16 does not divide P) by cp.async with zero fill. Lane m < NR holds run
+         * m's pool row (-1: not by TMA), read a tile ahead. */
+        constexpr int NR = BN / 16;
+        const bool p16 = P % 16 == 0;
+        auto runrow = [&](int kt) -> int {
+            const int j = kt * BN + 16 * lane;
+            return lane < NR && p16 && j + 15 <= kmax ? pages[j / P] * P + j % P : -1;
+        };
+        auto rowoff = [&](int j) -> long long { /* key j's element offset, -1 past kmax */
+            return j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+        };
+        auto load = [&](const CUtensorMap *tm, const bf16 *src, int kt, int rr, uint32_t dst, uint32_t fb) {
+            const unsigned full = __ballot_sync(0xffffffffu, rr >= 0) & ((1u << NR) - 1);
+            int rows[NR];
+#pragma unroll
+            for (int m = 0; m < NR; m++) rows[m] = __shfl_sync(0xffffffffu, rr, m);
+            if (lane == 0) {
+                fw_bar_expect(fb, (uint32_t)__popc(full) * 16 * FW_HD * 2);
+#pragma unroll
+                for (int m = 0; m < NR; m++)
+                    if (full >> m & 1)
+#pragma unroll
+                        for (int c = 0; c < 4; c++)
+                            fw_tma3(dst + c * LY::SLAB + m * 2048, tm, 64 * c, kvh, rows[m], fb);
+            }
+            __syncwarp();
+            for (int m = 0; m < NR; m++) {
+                if (full >> m & 1) continue;
+                const long long oj = rowoff(kt * BN + 16 * m + (lane & 15));
+                const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
+#pragma unroll 4
+                for (int r = 16 * m; r < 16 * m + 16; r++) {
+                    const long long off = __shfl_sync(0xffffffffu, oj, r & 15);
+                    fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src,
+                            off >= 0);
+                }
+            }
+            fw_cp_arrive(fb);
+        };
+        int nr = n_it > 0 ? runrow(z) : -1;
+        for (int i = 0; i < n_it; i++) {
+            const int st = i & 1, u = i >> 1, kt = z + i * nsplit;
+            const int rr = nr;
+            if (i + 1 < n_it) nr = runrow(z + (i + 1) * nsplit);
+            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
+            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
+            load(&tmk, K, kt, rr, kd, bar + 8 * st);
+            if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
+            load(&tmv, V, kt, rr, kd + LY::TILE, bar + 16 + 8 * st);
+        }
+        fw_wait_cp<0>();
+        return;
+    }
+    if (warp >= 8) { /* ---- the producer warpgroup ---- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
+        /* warp pw loads key rows RW·pw .. RW·pw + RW - 1 of each K tile, then of the V tile (split
+         * between K and V warps instead, two and two: harness 420 -> 339 TFLOP/s) */
+        const int part = warp - 8;
         constexpr int RW = BN / 4;
-        auto load = [&](const bf16 *src, int kt, uint32_t dst) {
-            /* key row kt·BN + RW·pw + lane%RW: its element offset (-1 past kmax), shared by shuffles */
-            const int j = kt * BN + RW * pw + lane % RW;
-            const long long oj = j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+        /* key rows kt·BN + RW·part + lane (+ 32): their element offsets (-1 past kmax), shared by
+         * shuffles; read a tile ahead (the page table's latency off the critical path) */
+        auto offs = [&](int kt, int r) -> long long {
+            const int j = kt * BN + RW * part + r;
+            return r < RW && j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+        };
+        auto load = [&](const bf16 *src, long long o0, long long o1, uint32_t dst) {
             const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
 #pragma unroll 4
             for (int rr = 0; rr < RW; rr++) {
-                const int r = RW * pw + rr;
-                const long long off = __shfl_sync(0xffffffffu, oj, rr);
+                const int r = RW * part + rr;
+                const long long off = __shfl_sync(0xffffffffu, rr < 32 ? o0 : o1, rr & 31);
                 fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
-        if (ASYNC) { /* the copies arrive on the full barriers themselves; the consumers fence */
-            for (int i = 0; i < n_it; i++) {
-                const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
-                const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
-                if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
-                load(K, kt, kd);
-                fw_cp_arrive(bar + 8 * st);
-                if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
-                load(V, kt, kd + LY::TILE);
-                fw_cp_arrive(bar + 16 + 8 * st);
-            }
-            fw_wait_cp<0>();
-            return;
-        }
+        long long n0 = n_it > 0 ? offs(z, lane) : -1, n1 = n_it > 0 && RW > 32 ? offs(z, lane + 32) : -1;
         for (int i = 0; i < n_it; i++) {
-            const int kt = z + i * nsplit, st = i & 1, u = i >> 1;
-            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
-            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
-            load(K, kt, kd);
-            fw_commit_cp();
-            if (i >= 1) { /* V of tile i - 1 landed */
-                fw_wait_cp<1>();
-                fw_fence_async();
-                fw_bar_arrive(bar + 16 + 8 * ((i - 1) & 1));
+            const int st = i & 1, u = i >> 1;
+            const long long o0 = n0, o1 = n1;
+            if (i + 1 < n_it) {
+                n0 = offs(z + (i + 1) * nsplit, lane);
+                if (RW > 32) n1 = offs(z + (i + 1) * nsplit, lane + 32);
             }
+            const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
+            /* the copies arrive on the full barriers themselves (cp.async.mbarrier.arrive); the
+             * consumers fence the async proxy after their wait */
+            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
+            load(K, o0, o1, kd);
+            fw_cp_arrive(bar + 8 * st);
             if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
-            load(V, kt, kd + LY::TILE);
-            fw_commit_cp();
-            fw_wait_cp<1>(); /* K of tile i landed */
-            fw_fence_async();
-            fw_bar_arrive(bar + 8 * st);
+            load(V, o0, o1, kd + LY::TILE);
+            fw_cp_arrive(bar + 16 + 8 * st);
         }
-        if (n_it > 0) {
-            fw_wait_cp<0>();
-            fw_fence_async();
-            fw_bar_arrive(bar + 16 + 8 * ((n_it - 1) & 1));
-        }
+        fw_wait_cp<0>();
         return;
     }
 
@@ -392,21 +463,10 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     };
 
-    /* PP: the warpgroups take turns issuing their MMAs (named barriers 3 + wg: "wg's turn"; WG 0
-     * first), so one's softmax runs while the other's MMAs do (FlashAttention-3's ping-pong) */
-    auto turn_wait = [&]() {
-        if (PP) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory");
-    };
-    auto turn_pass = [&]() {
-        if (PP) asm volatile("bar.arrive %0, 256;\n" ::"r"(4 - wg) : "memory");
-    };
-    if (PP && wg == 1) asm volatile("bar.arrive 3, 256;\n" ::: "memory");
     if (n_it > 0) {
         fw_bar_wait(bar + 0, 0);
-        if (ASYNC) fw_fence_async();
-        turn_wait();
+        fw_fence_async();
         issue_qk(0);
-        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(sc);
         release(bar + 32);
@@ -415,16 +475,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int i = 1; i < n_it; i++) {
             const int st = i & 1, ps = (i - 1) & 1;
             fw_bar_wait(bar + 8 * st, (i >> 1) & 1);
-            if (PP) fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
-            if (ASYNC) fw_fence_async();
-            turn_wait();
+            fw_fence_async();
             issue_qk(st);
-            if (!PP) {
-                fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
-                if (ASYNC) fw_fence_async();
-            }
+            fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+            fw_fence_async();
             issue_pv(ps);
-            turn_pass();
             fw_wg_wait<1>(); /* S_i done; the PV may still run */
             fw_fence_f(sc);
             release(bar + 32 + 8 * st);
@@ -438,10 +493,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         }
         const int ls = (n_it - 1) & 1;
         fw_bar_wait(bar + 16 + 8 * ls, ((n_it - 1) >> 1) & 1);
-        if (ASYNC) fw_fence_async();
-        turn_wait();
+        fw_fence_async();
         issue_pv(ls);
-        turn_pass();
         fw_wg_wait<0>();
         fw_fence_f(o);
         fw_fence_u(pa);
@@ -495,17 +548,30 @@ static pthread_mutex_t fw_mu = PTHREAD_MUTEX_INITIALIZER;
 /* keys a tile: 80 (FlashAttention-3's choice at head_dim 256; the standalone harness at 8192
  * tokens: 408 TFLOP/s against 384 with 64) */
 enum { FW_BN = 80 };
-/* LASTSTAND_FP_WG_ASYNC = 1: the producer's copies arrive on the full barriers by
- * cp.async.mbarrier.arrive (the producer never waits for its own copies; the consumers fence the
- * async proxy); 0: the producer waits for each tile's copies, fences, then arrives */
-static int fw_async = 1;
-/* LASTSTAND_FP_WG_PP = 1: the consumer warpgroups take turns issuing their MMAs (ping-pong) */
-static int fw_pp = 0;
-
-template <bool ASYNC, bool PP>
+template <bool TMA>
 static bool fw_optin(void) {
-    return cudaFuncSetAttribute(fw_kernel<FW_BN, ASYNC, PP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(fw_kernel<FW_BN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 fw_lay<FW_BN>::SMEM) == cudaSuccess;
+}
+
+/* LASTSTAND_FP_WG_TMA = 1 (default: the standalone harness on an H200, 8192-token prompt at the 35B
+ * shape 1.300 -> 1.141 ms, 423 -> 482 TFLOP/s; 2048 tokens 317 -> 341; every sampled row right):
+ * K/V tiles by TMA (cp.async.bulk.tensor, one producer thread; tensor maps over the call's pool
+ * encoded on the host, cuTensorMapEncodeTiled through the runtime's driver entry point) where the
+ * run of 16 keys lies in one page below the sequence's end; 0: every row by cp.async from 4
+ * producer warps */
+static int fw_tma = 1;
+static PFN_cuTensorMapEncodeTiled_v12000 fw_encode;
+
+/* the pool [rows][nkv][256] BF16 as a 3-D tensor map, boxes of 64 dims x 1 head x 16 rows, 128-byte
+ * swizzle */
+static int fw_map(CUtensorMap *m, const void *base, int nkv, long rows) {
+    const cuuint64_t dims[3] = {(cuuint64_t)FW_HD, (cuuint64_t)nkv, (cuuint64_t)rows};
+    const cuuint64_t strides[2] = {(cuuint64_t)FW_HD * 2, (cuuint64_t)nkv * FW_HD * 2};
+    const cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
+    return fw_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 int fw_available(void) {
@@ -522,18 +588,26 @@ int fw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-        fw_async = cu_env_switch("LASTSTAND_FP_WG_ASYNC", fw_async);
-        fw_pp = cu_env_switch("LASTSTAND_FP_WG_PP", fw_pp);
+        fw_tma = cu_env_switch("LASTSTAND_FP_WG_TMA", fw_tma);
+        if (fw_tma) {
+            cudaDriverEntryPointQueryResult qr;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&fw_encode, 12000,
+                                                 cudaEnableDefault, &qr) != cudaSuccess ||
+                qr != cudaDriverEntryPointSuccess || !fw_encode) {
+                log_warn("cuda_flash_prefill: LASTSTAND_FP_WG_TMA=1 but cuTensorMapEncodeTiled was not found; cp.async");
+                fw_tma = 0;
+            }
+            cudaGetLastError();
+        }
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN, false, false>) == cudaSuccess &&
-                    fw_optin<false, false>() && fw_optin<false, true>() && fw_optin<true, false>() &&
-                    fw_optin<true, true>()
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN, false>) == cudaSuccess &&
+                    fw_optin<false>() && fw_optin<true>()
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, async %d, "
-                     "ping-pong %d)", dev, fw_async, fw_pp);
+            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, K/V by %s)",
+                     dev, fw_tma ? "TMA" : "cp.async");
         else
             log_warn("cuda_flash_prefill: LASTSTAND_FP_WG=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernel; fp_kernel runs", dev, major, minor);
@@ -543,19 +617,24 @@ int fw_available(void) {
     return s > 0;
 }
 
-template <int BN, bool ASYNC, bool PP>
+template <int BN, bool TMA>
 static cudaError_t fw_go(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                          float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
-                         float *part_o, float *part_ml, int n_rows_total, int lpt) {
-    return cu_launch_pdl(pdl, fw_kernel<BN, ASYNC, PP>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
-                         nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt);
+                         float *part_o, float *part_ml, int n_rows_total, int lpt, const CUtensorMap &tmk,
+                         const CUtensorMap &tmv) {
+    return cu_launch_pdl(pdl, fw_kernel<BN, TMA>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
+                         nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt, tmk, tmv);
 }
 
 cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
-                      float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
-                      float *part_o, float *part_ml, int n_rows_total, int lpt) {
-#define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt
-    if (fw_pp) return fw_async ? fw_go<FW_BN, true, true>(FW_ARGS) : fw_go<FW_BN, false, true>(FW_ARGS);
-    return fw_async ? fw_go<FW_BN, true, false>(FW_ARGS) : fw_go<FW_BN, false, false>(FW_ARGS);
+                      long pool_rows, float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V,
+                      bf16 *out, float *part_o, float *part_ml, int n_rows_total, int lpt) {
+    CUtensorMap tmk, tmv;
+    memset(&tmk, 0, sizeof tmk);
+    memset(&tmv, 0, sizeof tmv);
+    const bool tma = fw_tma && pool_rows > 0 && fw_map(&tmk, K, nkv, pool_rows) && fw_map(&tmv, V, nkv, pool_rows);
+#define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt, tmk, tmv
+    if (tma) return fw_go<FW_BN, true>(FW_ARGS);
+    return fw_go<FW_BN, false>(FW_ARGS);
 #undef FW_ARGS
 }

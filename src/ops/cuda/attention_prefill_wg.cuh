@@ -17,9 +17,10 @@ int fw_available(void);
  * grid (tiles, nkv, nsplit) with tiles >= Σ ceil(n_new·grp / FW_BM) over the sequences; part_o /
  * part_ml NULL: each CTA writes out (times sigmoid(gate) when gate is set), else its split's
  * partials (row max in log2 units, row sum, unnormalised O) at slot blockIdx.z. lpt: tiles longest
- * first. pdl: launched as a programmatic dependent launch. */
+ * first. pdl: launched as a programmatic dependent launch. pool_rows: the pool's rows (pages x P), the
+ * extent of the TMA tensor maps (LASTSTAND_FP_WG_TMA). */
 cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
-                      float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
-                      float *part_o, float *part_ml, int n_rows_total, int lpt);
+                      long pool_rows, float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V,
+                      bf16 *out, float *part_o, float *part_ml, int n_rows_total, int lpt);
 
 #endif

@@ -813,7 +813,11 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   reads first is complete), gate/up at 4 blocks an SM
  *                                   (LASTSTAND_MG_MIDGU=2, the default since S8-R2; 1: 3 blocks;
  *                                   both: the 35B MoE call at M = 8 / 16 / 32 71.3 / 105.5 /
- *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits)
+ *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits);
+ *                                   at H = 4096 (the 397B shapes, c16moe): gate/up with one
+ *                                   barrier at 2 blocks an SM (LASTSTAND_MG_MID4K=1; 0: 16
+ *                                   warps at 95 registers, one block an SM), the router by 16
+ *                                   warps of 2 chunks (LASTSTAND_MG_MIDR16=1; 0: 8 of 4)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
  *                                   runs sm_90a code (1, default since S9 round R1: the
@@ -834,13 +838,15 @@ typedef struct mg_knobs {
     int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
+    int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM */
+    int midr16;  /* with mid: the router at H = 4096 by 16 warps */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1, 1, 0, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -861,6 +867,8 @@ static mg_knobs mg_knobs_get(void) {
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
+        n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 0);
+        n.midr16 = cu_env_switch("LASTSTAND_MG_MIDR16", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -947,7 +955,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  kn.midgu, gpdl, st)
+                                  H == 4096 ? kn.mid4k : kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -1234,7 +1242,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const int pdl = midp && kn.midpdl;
     cudaError_t cr = cudaSuccess;
     if (midp && kn.midrouter &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
+        mr_launch_v(M, H, E, kn.midr16, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);

@@ -221,5 +221,8 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * with the launch's status in *c */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c);
+/* mr_launch with a variant: wide = H 4096 by 16 warps (LASTSTAND_MG_MIDR16) */
+int mr_launch_v(int M, int H, int E, int wide, const bf16 *w, const bf16 *x, float *logits, int pdl,
+                cudaStream_t st, cudaError_t *c);
 
 #endif

@@ -119,7 +119,7 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
 template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
-__global__ void __launch_bounds__(32 * KW * RT, KW * RT <= 8 ? MINB : 1)
+__global__ void __launch_bounds__(32 * KW * RT, MINB)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
@@ -301,8 +301,11 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         if (K == 2048)
             return mv_launch1<GATEUP, 8, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
-        return mv_launch1<GATEUP, 16, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                            sh_only, pdl, st);
+        if (alt == 1) /* K = 4096 (LASTSTAND_MG_MID4K=1): the LEAN instance at 2 blocks an SM (<= 64 registers) */
+            return mv_launch1<GATEUP, 16, 2, 1, true, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                         wts, dbuf, sh_only, pdl, st);
+        return mv_launch1<GATEUP, 16, 2, 1, false, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                      dbuf, sh_only, pdl, st);
     } else {
         if (K == 512 && alt) /* 2 warps of 2 chunks per tile, 4 tiles: twice the bytes in flight per warp */
             return mv_launch1<GATEUP, 2, 2, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
@@ -652,9 +655,17 @@ __global__ void __launch_bounds__(32 * KW)
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c) {
+    return mr_launch_v(M, H, E, 0, w, x, logits, pdl, st, c);
+}
+/* wide (LASTSTAND_MG_MIDR16=1): H = 4096 by 16 warps of 2 chunks (both in flight at once)
+ * instead of 8 warps of 4 chunks one ahead */
+int mr_launch_v(int M, int H, int E, int wide, const bf16 *w, const bf16 *x, float *logits, int pdl,
+                cudaStream_t st, cudaError_t *c) {
     if (E % 16 || ((uintptr_t)w & 15)) return 0;
     const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
-    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
+    if (H == 4096 && wide)
+        *c = cu_launch_pdl(pdl, mr_kernel<16, 2>, grid, dim3(512), 0, st, M, H, E, w, x, logits);
+    else if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
     else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
     else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
     else return 0;

@@ -134,13 +134,16 @@ RANK397 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "
 @pytest.mark.parametrize("src,knobs", [
     (("--model-path", RANK397), {"LASTSTAND_MG_MID4K": "1", "LASTSTAND_MG_MIDR16": "1", "LASTSTAND_MG_MIDALL": "1"}),
     (("--model-path", RANK397), {"LASTSTAND_MG_MID4K": "0", "LASTSTAND_MG_MIDR16": "0"}),
-    (("--shapes", "qwen3.5-397b-a17b"), {"LASTSTAND_MG_MID4K": "1", "LASTSTAND_MG_MIDALL": "1"})],
-    ids=["397b-rank-new", "397b-rank-old", "397b-preset-gu4k"])
+    (("--model-path", RANK397), {"LASTSTAND_MG_MID4K": "2", "LASTSTAND_MG_MIDALL": "1"}),
+    (("--shapes", "qwen3.5-397b-a17b"), {"LASTSTAND_MG_MID4K": "1", "LASTSTAND_MG_MIDALL": "1"}),
+    (("--shapes", "qwen3.5-397b-a17b"), {"LASTSTAND_MG_MID4K": "2", "LASTSTAND_MG_MIDALL": "1"})],
+    ids=["397b-rank-new", "397b-rank-old", "397b-rank-split", "397b-preset-gu4k", "397b-preset-split"])
 def test_grouped_gemm_mid_variants_at_the_397b_rank_shape(tmp_path, src, knobs):
     # c16moe: the mid-batch path at the 397B's per-GPU shape under --tp 2 (I = 512, BF16 shared
     # expert 512: tests/fixtures/moe_shapes) and the 397B preset (NVFP4 shared expert in the
     # launch: full 16-slot tiles, the second pass): gate/up at H = 4096 with one barrier at 2
-    # blocks an SM (LASTSTAND_MG_MID4K=1), the router by 16 warps (LASTSTAND_MG_MIDR16=1), at
+    # blocks an SM (LASTSTAND_MG_MID4K=1) or K split over block pairs (=2: the second block of a
+    # pair adds the halves), the router by 16 warps (LASTSTAND_MG_MIDR16=1), at
     # every 16-row tile size (MIDALL), odd M (partial tiles); the doctor's fp64 CPU oracle
     ms = [9, 16, 33, 64]
     cells, table = doctor_cells(tmp_path, *src, "--m", ",".join(map(str, ms)), env_extra=knobs)

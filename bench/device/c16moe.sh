@@ -6,7 +6,7 @@
 # device-limit: 235
 # 1. doctor moe cells (fp64 CPU oracle, ✅/❌), M = 8, 9, 16, 32, 64: the defaults ("base") against
 #    the new variants (LASTSTAND_MG_MID4K=1: gate/up at H = 4096 with one barrier at 2 blocks an
-#    SM; LASTSTAND_MG_MIDR16=1: the
+#    SM, =2: K split over block pairs of 8 warps at 4 blocks an SM; LASTSTAND_MG_MIDR16=1: the
 #    router at H = 4096 by 16 warps; MIDALL=1: the mid path at
 #    every 16-row tile size, i.e. 397B M = 32, 64 too), each knob alone at M = 16;
 # 2. ncu (--clock-control none) of one call's kernels at M = 16 on the rank shape, base and new;
@@ -19,6 +19,7 @@ R397="--model-path tests/fixtures/moe_shapes/qwen3.5-397b-tp2-rank"
 F397="--model-path synth:qwen3.5-397b-a17b,layers=1"
 S35="--model-path synth:qwen3.5-35b-a3b,layers=1"
 NEW="LASTSTAND_MG_MID4K=1 LASTSTAND_MG_MIDR16=1"
+NEW2="LASTSTAND_MG_MID4K=2 LASTSTAND_MG_MIDR16=1"
 export XDG_CACHE_HOME="$OUT/cache"
 
 # doc TAG "ENVS" "SRC" MS LIMIT: the doctor's moe rows (cuda_grouped_gemm), prefixed by TAG
@@ -36,14 +37,16 @@ doc() {
 echo "== 1. doctor moe, rank shape (H 4096 E 512 top-10 I 512, BF16 shared 512) $(el)"
 doc r397-base "" "$R397" 8,9,16,32,64 25
 doc r397-new "$NEW" "$R397" 8,9,16,32,64 25
+doc r397-new2 "$NEW2" "$R397" 8,9,16,32,64 25
 doc r397-newall "$NEW LASTSTAND_MG_MIDALL=1" "$R397" 32,64 20
+doc r397-new2all "$NEW2 LASTSTAND_MG_MIDALL=1" "$R397" 32,64 20
 echo "$(el)"
 
 # ncu of one call (8 kernels: router, top-k, plan, side-stream shared gate/up + down, gate/up,
 # down, combine) at M = 16, after 10 calls
 if [ -n "$NCU" ]; then
-    for v in "base:" "new:$NEW"; do
-        [ "$(left)" -gt 120 ] || { echo "ncu ${v%%:*}: skipped (time)"; continue; }
+    for v in "base:" "new:$NEW" "new2:$NEW2"; do
+        [ "$(left)" -gt 110 ] || { echo "ncu ${v%%:*}: skipped (time)"; continue; }
         echo "== 2. ncu r397 M = 16 ${v%%:*} (${v#*:}) $(el)"
         env ${v#*:} timeout -k 3 40 "$NCU" --clock-control none -k regex:'mv_|mvd_|mvb_|mr_|mg_' --launch-skip 80 \
             --launch-count 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
@@ -57,7 +60,9 @@ fi
 echo "== 1b. doctor moe, full 397B (I 1024, BF16 shared 1024) and 35B $(el)"
 doc f397-base "" "$F397" 8,9,16,32,64 25
 doc f397-new "$NEW" "$F397" 8,9,16,32,64 25
+doc f397-new2 "$NEW2" "$F397" 8,9,16,32,64 25
 doc f397-newall "$NEW LASTSTAND_MG_MIDALL=1" "$F397" 32,64 20
+doc f397-new2all "$NEW2 LASTSTAND_MG_MIDALL=1" "$F397" 32,64 20
 doc s35-base "" "$S35" 8,9,16,32,64 15
 echo "== 1c. each knob alone at M = 16, rank shape; the grouped GEMM (LASTSTAND_MG_MID=0) $(el)"
 doc r397-gu4k "LASTSTAND_MG_MID4K=1" "$R397" 16 15

@@ -95,7 +95,7 @@ enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_TICKET, MG_NBUF };
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_TICKET, MG_GPART, MG_GTICK, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -816,7 +816,9 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits);
  *                                   at H = 4096 (the 397B shapes, c16moe): gate/up with one
  *                                   barrier at 2 blocks an SM (LASTSTAND_MG_MID4K=1; 0: 16
- *                                   warps at 95 registers, one block an SM), the router by 16
+ *                                   warps at 95 registers, one block an SM; 2: K split over
+ *                                   block pairs of 8 warps, 4 blocks an SM, the second block
+ *                                   of a pair adds both halves), the router by 16
  *                                   warps of 2 chunks (LASTSTAND_MG_MIDR16=1; 0: 8 of 4)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
@@ -838,7 +840,8 @@ typedef struct mg_knobs {
     int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
-    int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM */
+    int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM (1), K split
+                    over block pairs of 8 warps at 4 blocks an SM (2) */
     int midr16;  /* with mid: the router at H = 4096 by 16 warps */
 } mg_knobs;
 
@@ -867,7 +870,8 @@ static mg_knobs mg_knobs_get(void) {
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
-        n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 0);
+        v = getenv("LASTSTAND_MG_MID4K");
+        n.mid4k = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MID4K", 0);
         n.midr16 = cu_env_switch("LASTSTAND_MG_MIDR16", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
@@ -924,8 +928,8 @@ template <int BM>
 static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t side, cudaEvent_t ev_fork,
                             cudaEvent_t ev_join, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
                             const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, cudaStream_t st,
-                            const char **what) {
+                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, float *gpart, int *gtick,
+                            cudaStream_t st, const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
     /* pdl 2 (LASTSTAND_MG_DNEARLY): gate/up lets the down launch go only after its own wait, and
@@ -953,7 +957,9 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
-        c = BM == 16 && mid_k
+        c = BM == 16 && mid_k && gpart
+                ? mv_launch_split(imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, gpart, gtick, gpdl, st)
+            : BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                   H == 4096 ? kn.mid4k : kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
@@ -1294,12 +1300,25 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
+    /* gate/up at H = 4096 with K split over block pairs (LASTSTAND_MG_MID4K=2): its partial sums
+     * and tickets (zeroed once; each call leaves them zero) */
+    float *gpart = NULL;
+    int *gtick = NULL;
+    if (mid_k && H == 4096 && kn.mid4k == 2) {
+        const size_t nrb = (size_t)tiles_max * ((imax + 15) / 16);
+        gpart = (float *)mg_get(ws, MG_GPART, sizeof(float) * 1024 * nrb, st, e);
+        gtick = (int *)cu_ws_get(&ws->ws, MG_GTICK, sizeof(int) * nrb, 1, st, "cuda_grouped_gemm", e);
+        if (!gpart || !gtick) return e->code ? e->code : ERR_NOMEM;
+    }
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, gpart,
+                                              gtick, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, NULL, NULL, st,
+                                              &what)
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, NULL, NULL, st,
+                                              &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     if (midp)
         CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),

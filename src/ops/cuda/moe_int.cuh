@@ -206,6 +206,11 @@ template <bool GATEUP>
 cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                       const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st);
+/* gate/up at K = 4096 with K split over block pairs (LASTSTAND_MG_MID4K=2); part >=
+ * tiles_max · n_out / 16 · 1024 floats, tick >= tiles_max · n_out / 16 ints, zeroed once */
+cudaError_t mv_launch_split(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, float *part,
+                            int *tick, int pdl, cudaStream_t st);
 /* mvd_kernel's PER for K, 0 when there is no instance */
 int mvd_per(int K);
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,

@@ -118,11 +118,20 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
+/* SPLIT (gate/up only, RT = 1; LASTSTAND_MG_MID4K=2): K split over the two blocks of a pair
+ * (blockIdx.x = 2·row block + half), each KW·PER chunks; both write their partial sums of the
+ * real slots to part [tile][row block][half][gate, up][slot][row] (fp32), then take a ticket
+ * (tick [tile][row block], zero between calls: the second block resets it); the second one
+ * adds the two halves (half 0 + half 1: the same bits whichever block is second) and writes
+ * silu(g)·u to hbuf. Blocks half the size: the 397B's gate/up (K = 4096) as the 35B's
+ * (K = 2048, 8 warps x 2 chunks at 4 blocks an SM). */
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB, bool SPLIT = false>
 __global__ void __launch_bounds__(32 * KW * RT, MINB)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late,
+              float *__restrict__ part, int *__restrict__ tick) {
+    static_assert(!SPLIT || (GATEUP && RT == 1 && LEAN), "SPLIT: gate/up, one row tile, LEAN");
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     constexpr int NQ = S::NQ;
     extern __shared__ __align__(16) unsigned char mv_dsm[];
@@ -142,9 +151,11 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
     const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int rt = warp / KW, kw = warp % KW;
-    const int nrow0 = (blockIdx.x * RT + rt) * 16; /* this warp's 16 output rows */
-    const bool live = nrow0 < N && K == KW * PER * MV_CH;
-    const int c0 = kw * PER, r0 = tile * 16;
+    const int rb = SPLIT ? blockIdx.x >> 1 : blockIdx.x, half = SPLIT ? blockIdx.x & 1 : 0;
+    constexpr int KS = KW * PER * MV_CH * (SPLIT ? 2 : 1); /* the K this instance serves */
+    const int nrow0 = (rb * RT + rt) * 16; /* this warp's 16 output rows */
+    const bool live = nrow0 < N && K == KS;
+    const int c0 = kw * PER + half * KW * PER, r0 = tile * 16;
     /* weights first: codes of rows g, g + 8 and the 16 rows' scales, one group per chunk */
     if (live) {
         const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
@@ -224,6 +235,48 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
             red[warp][q][grp][g + 8][2 * t + 1] = acc[q][grp][3];
         }
     __syncthreads();
+    if constexpr (SPLIT) {
+        /* this half's sums of the real outputs -> part; the ticket; the second block adds both */
+        constexpr int NO = (16 * 16 + 32 * KW - 1) / (32 * KW); /* outputs per thread */
+        __shared__ int s_last;
+        float vg[NO], vu[NO];
+        const size_t pb = ((size_t)tile * (gridDim.x >> 1) + rb) * 2; /* (tile, row block)'s halves */
+#pragma unroll
+        for (int i = 0; i < NO; i++) {
+            const int o = tid + i * 32 * KW, row = o & 15, slot = (o >> 4) & 15;
+            const int grp = slot >> 3, s8 = slot & 7, n = nrow0 + row;
+            vg[i] = vu[i] = 0.f;
+            if (o >= 256 || sm.pair[slot] < 0 || n >= N || K != KS) continue;
+#pragma unroll
+            for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
+                vg[i] += red[w][0][grp][row][s8];
+                vu[i] += red[w][1][grp][row][s8];
+            }
+            part[(pb + half) * 512 + o] = vg[i];
+            part[(pb + half) * 512 + 256 + o] = vu[i];
+        }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            const int t = atomicAdd(&tick[pb >> 1], 1);
+            s_last = t == 1;
+            if (t == 1) tick[pb >> 1] = 0; /* both blocks have taken theirs: ready for the next call */
+        }
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        const float s2g = xp->s2[0] * 256.f, s2u = xp->s2[1] * 256.f;
+#pragma unroll
+        for (int i = 0; i < NO; i++) {
+            const int o = tid + i * 32 * KW, row = o & 15, slot = (o >> 4) & 15, n = nrow0 + row;
+            if (o >= 256 || sm.pair[slot] < 0 || n >= N || K != KS) continue;
+            const float og = __ldcg(part + (pb + (half ^ 1)) * 512 + o), ou = __ldcg(part + (pb + (half ^ 1)) * 512 + 256 + o);
+            /* half 0 + half 1 (commutative: the same bits either way); the decoded weights carry 2^-8 */
+            const float gg = (vg[i] + og) * s2g, uu = (vu[i] + ou) * s2u;
+            hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
+        }
+        return;
+    }
     /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
     for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
         const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
@@ -260,10 +313,11 @@ mv_cfg mv_pick(bool gateup, int K) {
     return c;
 }
 
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3, bool SPLIT = false>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
+                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st,
+                              float *part = nullptr, int *tick = nullptr) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     const size_t smem = sizeof(S) + (LEAN ? sizeof(((S *)0)->u.red) : 0);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
@@ -271,14 +325,14 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
+        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB, SPLIT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
-    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
-                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
+    dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT) * (SPLIT ? 2 : 1)), (unsigned)tiles_max);
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB, SPLIT>, grid, dim3(32 * KW * RT), smem, st, tab,
+                         tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2), part, tick);
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -316,6 +370,16 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                            sh_only, pdl, st);
     }
+}
+
+/* gate/up at K = 4096 with K split over block pairs (mv_kernel SPLIT, LASTSTAND_MG_MID4K=2):
+ * part >= tiles_max · n_out / 16 · 1024 floats, tick >= tiles_max · n_out / 16 ints, zeroed
+ * before the first call (each call leaves it zero). */
+cudaError_t mv_launch_split(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, float *part,
+                            int *tick, int pdl, cudaStream_t st) {
+    return mv_launch1<true, 8, 2, 1, true, 4, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                    nullptr, nullptr, 0, pdl, st, part, tick);
 }
 
 /* The down GEMV with a whole K per warp (LASTSTAND_MG_MIDDN=2): block = 8 output tiles of 16

@@ -275,26 +275,26 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
             const float gg = (vg[i] + og) * s2g, uu = (vu[i] + ou) * s2u;
             hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
         }
-        return;
-    }
-    /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
-    for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
-        const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
-        const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
-        const int n = (blockIdx.x * RT + ort) * 16 + row;
-        if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
-        float v0 = 0.f, v1 = 0.f;
+    } else {
+        /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
+        for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
+            const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
+            const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
+            const int n = (blockIdx.x * RT + ort) * 16 + row;
+            if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
+            float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-        for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
-            v0 += red[ort * KW + w][0][grp][row][s8];
-            if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
-        }
-        if (GATEUP) {
-            /* the decoded weights carry 2^-8 */
-            const float gg = v0 * (xp->s2[0] * 256.f), uu = v1 * (xp->s2[1] * 256.f);
-            hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
-        } else {
-            dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * 256.f * wts[p]));
+            for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
+                v0 += red[ort * KW + w][0][grp][row][s8];
+                if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
+            }
+            if (GATEUP) {
+                /* the decoded weights carry 2^-8 */
+                const float gg = v0 * (xp->s2[0] * 256.f), uu = v1 * (xp->s2[1] * 256.f);
+                hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
+            } else {
+                dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * 256.f * wts[p]));
+            }
         }
     }
 }

@@ -206,11 +206,6 @@ template <bool GATEUP>
 cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                       const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st);
-/* gate/up at K = 4096 with K split over block pairs (LASTSTAND_MG_MID4K=2); part >=
- * tiles_max · n_out / 16 · 1024 floats, tick >= tiles_max · n_out / 16 ints, zeroed once */
-cudaError_t mv_launch_split(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, float *part,
-                            int *tick, int pdl, cudaStream_t st);
 /* mvd_kernel's PER for K, 0 when there is no instance */
 int mvd_per(int K);
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
@@ -226,8 +221,9 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * with the launch's status in *c */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c);
-/* mr_launch with a variant: wide = H 4096 by 16 warps (LASTSTAND_MG_MIDR16) */
-int mr_launch_v(int M, int H, int E, int wide, const bf16 *w, const bf16 *x, float *logits, int pdl,
-                cudaStream_t st, cudaError_t *c);
+/* mr_launch that also writes the shared expert's gate logit x · wsg -> sgl [M] when wsg is
+ * set (LASTSTAND_MG_MIDSGL) */
+int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
+                 int pdl, cudaStream_t st, cudaError_t *c);
 
 #endif

@@ -118,20 +118,11 @@ __device__ __forceinline__ void mv_load_x(uint4 (&xv)[4], int p, int s, int r0, 
 
 /* grid (N / (16·RT), tiles_max); block 32·KW·RT threads; K = KW·PER·128 for every expert of
  * the launch (the host checks). Arguments as mg_gemm_kernel. */
-/* SPLIT (gate/up only, RT = 1; LASTSTAND_MG_MID4K=2): K split over the two blocks of a pair
- * (blockIdx.x = 2·row block + half), each KW·PER chunks; both write their partial sums of the
- * real slots to part [tile][row block][half][gate, up][slot][row] (fp32), then take a ticket
- * (tick [tile][row block], zero between calls: the second block resets it); the second one
- * adds the two halves (half 0 + half 1: the same bits whichever block is second) and writes
- * silu(g)·u to hbuf. Blocks half the size: the 397B's gate/up (K = 4096) as the 35B's
- * (K = 2048, 8 warps x 2 chunks at 4 blocks an SM). */
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB, bool SPLIT = false>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
 __global__ void __launch_bounds__(32 * KW * RT, MINB)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late,
-              float *__restrict__ part, int *__restrict__ tick) {
-    static_assert(!SPLIT || (GATEUP && RT == 1 && LEAN), "SPLIT: gate/up, one row tile, LEAN");
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     constexpr int NQ = S::NQ;
     extern __shared__ __align__(16) unsigned char mv_dsm[];
@@ -151,11 +142,9 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
     const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int rt = warp / KW, kw = warp % KW;
-    const int rb = SPLIT ? blockIdx.x >> 1 : blockIdx.x, half = SPLIT ? blockIdx.x & 1 : 0;
-    constexpr int KS = KW * PER * MV_CH * (SPLIT ? 2 : 1); /* the K this instance serves */
-    const int nrow0 = (rb * RT + rt) * 16; /* this warp's 16 output rows */
-    const bool live = nrow0 < N && K == KS;
-    const int c0 = kw * PER + half * KW * PER, r0 = tile * 16;
+    const int nrow0 = (blockIdx.x * RT + rt) * 16; /* this warp's 16 output rows */
+    const bool live = nrow0 < N && K == KW * PER * MV_CH;
+    const int c0 = kw * PER, r0 = tile * 16;
     /* weights first: codes of rows g, g + 8 and the 16 rows' scales, one group per chunk */
     if (live) {
         const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
@@ -235,66 +224,24 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
             red[warp][q][grp][g + 8][2 * t + 1] = acc[q][grp][3];
         }
     __syncthreads();
-    if constexpr (SPLIT) {
-        /* this half's sums of the real outputs -> part; the ticket; the second block adds both */
-        constexpr int NO = (16 * 16 + 32 * KW - 1) / (32 * KW); /* outputs per thread */
-        __shared__ int s_last;
-        float vg[NO], vu[NO];
-        const size_t pb = ((size_t)tile * (gridDim.x >> 1) + rb) * 2; /* (tile, row block)'s halves */
+    /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
+    for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
+        const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
+        const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
+        const int n = (blockIdx.x * RT + ort) * 16 + row;
+        if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
+        float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-        for (int i = 0; i < NO; i++) {
-            const int o = tid + i * 32 * KW, row = o & 15, slot = (o >> 4) & 15;
-            const int grp = slot >> 3, s8 = slot & 7, n = nrow0 + row;
-            vg[i] = vu[i] = 0.f;
-            if (o >= 256 || sm.pair[slot] < 0 || n >= N || K != KS) continue;
-#pragma unroll
-            for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
-                vg[i] += red[w][0][grp][row][s8];
-                vu[i] += red[w][1][grp][row][s8];
-            }
-            part[(pb + half) * 512 + o] = vg[i];
-            part[(pb + half) * 512 + 256 + o] = vu[i];
+        for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
+            v0 += red[ort * KW + w][0][grp][row][s8];
+            if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
         }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            const int t = atomicAdd(&tick[pb >> 1], 1);
-            s_last = t == 1;
-            if (t == 1) tick[pb >> 1] = 0; /* both blocks have taken theirs: ready for the next call */
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        const float s2g = xp->s2[0] * 256.f, s2u = xp->s2[1] * 256.f;
-#pragma unroll
-        for (int i = 0; i < NO; i++) {
-            const int o = tid + i * 32 * KW, row = o & 15, slot = (o >> 4) & 15, n = nrow0 + row;
-            if (o >= 256 || sm.pair[slot] < 0 || n >= N || K != KS) continue;
-            const float og = __ldcg(part + (pb + (half ^ 1)) * 512 + o), ou = __ldcg(part + (pb + (half ^ 1)) * 512 + 256 + o);
-            /* half 0 + half 1 (commutative: the same bits either way); the decoded weights carry 2^-8 */
-            const float gg = (vg[i] + og) * s2g, uu = (vu[i] + ou) * s2u;
+        if (GATEUP) {
+            /* the decoded weights carry 2^-8 */
+            const float gg = v0 * (xp->s2[0] * 256.f), uu = v1 * (xp->s2[1] * 256.f);
             hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
-        }
-    } else {
-        /* outputs (tile rt, row, slot): row fastest (16 consecutive outputs per slot) */
-        for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
-            const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
-            const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
-            const int n = (blockIdx.x * RT + ort) * 16 + row;
-            if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
-            float v0 = 0.f, v1 = 0.f;
-#pragma unroll
-            for (int w = 0; w < KW; w++) { /* fixed order: deterministic */
-                v0 += red[ort * KW + w][0][grp][row][s8];
-                if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
-            }
-            if (GATEUP) {
-                /* the decoded weights carry 2^-8 */
-                const float gg = v0 * (xp->s2[0] * 256.f), uu = v1 * (xp->s2[1] * 256.f);
-                hbuf[(size_t)(r0 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
-            } else {
-                dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * 256.f * wts[p]));
-            }
+        } else {
+            dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * 256.f * wts[p]));
         }
     }
 }
@@ -313,11 +260,10 @@ mv_cfg mv_pick(bool gateup, int K) {
     return c;
 }
 
-template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3, bool SPLIT = false>
+template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st,
-                              float *part = nullptr, int *tick = nullptr) {
+                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     const size_t smem = sizeof(S) + (LEAN ? sizeof(((S *)0)->u.red) : 0);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
@@ -325,14 +271,14 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     cudaError_t c = cudaGetDevice(&dev);
     if (c != cudaSuccess) return c;
     if (smem > 48 * 1024 && !(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB, SPLIT>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        c = cudaFuncSetAttribute(mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT) * (SPLIT ? 2 : 1)), (unsigned)tiles_max);
-    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB, SPLIT>, grid, dim3(32 * KW * RT), smem, st, tab,
-                         tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2), part, tick);
+    dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
+    return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
+                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -370,16 +316,6 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                            sh_only, pdl, st);
     }
-}
-
-/* gate/up at K = 4096 with K split over block pairs (mv_kernel SPLIT, LASTSTAND_MG_MID4K=2):
- * part >= tiles_max · n_out / 16 · 1024 floats, tick >= tiles_max · n_out / 16 ints, zeroed
- * before the first call (each call leaves it zero). */
-cudaError_t mv_launch_split(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
-                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, float *part,
-                            int *tick, int pdl, cudaStream_t st) {
-    return mv_launch1<true, 8, 2, 1, true, 4, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                    nullptr, nullptr, 0, pdl, st, part, tick);
 }
 
 /* The down GEMV with a whole K per warp (LASTSTAND_MG_MIDDN=2): block = 8 output tiles of 16
@@ -651,23 +587,28 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * 35B shape, M = 16, 8 CTAs reading the 1 MB weight): block = 16 router rows x one group of 8
  * tokens (blockIdx.y; the tokens are the mma's B columns), KW warps along K = H with PER
  * chunks of 128 each streamed into registers one ahead (as mvb_kernel), summed over the warps
- * in a fixed order. grid (E / 16, ceil(M / 8)). */
+ * in a fixed order. grid (E / 16, ceil(M / 8)). With wsg (LASTSTAND_MG_MIDSGL): one more
+ * column of blocks whose row 0 is the shared expert's gate wsg [H] (rows 1..15 zero), its
+ * logit -> sgl [M], so the top-k does not dot it itself after the ranking (one warp over H). */
 template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW)
-    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits) {
+    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits,
+              const bf16 *__restrict__ wsg, float *__restrict__ sgl) {
     __shared__ float red[KW][16][8]; /* [warp][row][token of the group] */
     const int tid = threadIdx.x, lane = tid & 31, kw = tid >> 5, g = lane >> 2, t = lane & 3;
     const int e0 = blockIdx.x * 16, m = blockIdx.y * 8 + g;
-    const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (size_t)(e0 + g) * H + kw * PER * MV_CH + 32 * t);
+    const bool sgb = e0 >= E; /* the shared gate's block (only launched with wsg) */
+    const uint4 *w0 = reinterpret_cast<const uint4 *>((sgb ? wsg : w + (size_t)(e0 + g) * H) + kw * PER * MV_CH + 32 * t);
     const uint4 *w1 = w0 + H; /* 8 rows = 8·H bf16 = H uint4 */
+    const bool l0 = !sgb || g == 0, l1 = !sgb; /* rows g, g + 8 read (else zero) */
     const bf16 *xr = m < M ? x + (size_t)m * H + kw * PER * MV_CH + 32 * t : nullptr;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     uint4 wa[2][4], xa[4], wn[2][4], xn[4];
     auto loadc = [&](int u, uint4 (&wq)[2][4], uint4 (&xq)[4]) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            wq[0][q] = __ldg(w0 + u * (MV_CH / 8) + q);
-            wq[1][q] = __ldg(w1 + u * (MV_CH / 8) + q);
+            wq[0][q] = l0 ? __ldg(w0 + u * (MV_CH / 8) + q) : make_uint4(0u, 0u, 0u, 0u);
+            wq[1][q] = l1 ? __ldg(w1 + u * (MV_CH / 8) + q) : make_uint4(0u, 0u, 0u, 0u);
             xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
@@ -675,8 +616,8 @@ __global__ void __launch_bounds__(32 * KW)
     cu_pdl_trigger();
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        wa[0][q] = __ldg(w0 + q);
-        wa[1][q] = __ldg(w1 + q);
+        wa[0][q] = l0 ? __ldg(w0 + q) : make_uint4(0u, 0u, 0u, 0u);
+        wa[1][q] = l1 ? __ldg(w1 + q) : make_uint4(0u, 0u, 0u, 0u);
     }
     cu_pdl_wait();
 #pragma unroll
@@ -710,7 +651,8 @@ __global__ void __launch_bounds__(32 * KW)
             float v = 0.f;
 #pragma unroll
             for (int i = 0; i < KW; i++) v += red[i][row][s]; /* fixed order: deterministic */
-            logits[(size_t)mm * E + e0 + row] = v;
+            if (!sgb) logits[(size_t)mm * E + e0 + row] = v;
+            else if (row == 0) sgl[mm] = v;
         }
     }
 }
@@ -719,19 +661,15 @@ __global__ void __launch_bounds__(32 * KW)
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c) {
-    return mr_launch_v(M, H, E, 0, w, x, logits, pdl, st, c);
+    return mr_launch_sg(M, H, E, w, x, logits, NULL, NULL, pdl, st, c);
 }
-/* wide (LASTSTAND_MG_MIDR16=1): H = 4096 by 16 warps of 2 chunks (both in flight at once)
- * instead of 8 warps of 4 chunks one ahead */
-int mr_launch_v(int M, int H, int E, int wide, const bf16 *w, const bf16 *x, float *logits, int pdl,
-                cudaStream_t st, cudaError_t *c) {
-    if (E % 16 || ((uintptr_t)w & 15)) return 0;
-    const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
-    if (H == 4096 && wide)
-        *c = cu_launch_pdl(pdl, mr_kernel<16, 2>, grid, dim3(512), 0, st, M, H, E, w, x, logits);
-    else if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
-    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
-    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
+int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
+                 int pdl, cudaStream_t st, cudaError_t *c) {
+    if (E % 16 || ((uintptr_t)w & 15) || ((uintptr_t)wsg & 15) || (wsg && !sgl)) return 0;
+    const dim3 grid((unsigned)(E / 16 + (wsg ? 1 : 0)), (unsigned)((M + 7) / 8)), block(256);
+    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
+    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
+    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
     else return 0;
     return 1;
 }

@@ -222,8 +222,9 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c);
 /* mr_launch that also writes the shared expert's gate logit x · wsg -> sgl [M] when wsg is
- * set (LASTSTAND_MG_MIDSGL) */
+ * set (LASTSTAND_MG_MIDSGL), and with ks > 1 (H = 1024·ks, LASTSTAND_MG_MIDRKS) splits K over
+ * ks blocks: partial sums at logits + z·M·E, sgl + z·M (z < ks) */
 int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
-                 int pdl, cudaStream_t st, cudaError_t *c);
+                 int ks, int pdl, cudaStream_t st, cudaError_t *c);
 
 #endif

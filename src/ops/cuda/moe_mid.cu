@@ -589,7 +589,9 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * chunks of 128 each streamed into registers one ahead (as mvb_kernel), summed over the warps
  * in a fixed order. grid (E / 16, ceil(M / 8)). With wsg (LASTSTAND_MG_MIDSGL): one more
  * column of blocks whose row 0 is the shared expert's gate wsg [H] (rows 1..15 zero), its
- * logit -> sgl [M], so the top-k does not dot it itself after the ranking (one warp over H). */
+ * logit -> sgl [M], so the top-k does not dot it itself after the ranking (one warp over H).
+ * grid.z > 1 (LASTSTAND_MG_MIDRKS): K split over the z blocks (KW·PER·128 each), block z's
+ * partial sums -> logits + z·M·E and sgl + z·M (the top-k adds them, z ascending). */
 template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW)
     mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits,
@@ -597,11 +599,14 @@ __global__ void __launch_bounds__(32 * KW)
     __shared__ float red[KW][16][8]; /* [warp][row][token of the group] */
     const int tid = threadIdx.x, lane = tid & 31, kw = tid >> 5, g = lane >> 2, t = lane & 3;
     const int e0 = blockIdx.x * 16, m = blockIdx.y * 8 + g;
+    const int k0 = blockIdx.z * KW * PER * MV_CH + kw * PER * MV_CH + 32 * t; /* this lane's K offset */
+    logits += (size_t)blockIdx.z * M * E;
+    if (sgl) sgl += (size_t)blockIdx.z * M;
     const bool sgb = e0 >= E; /* the shared gate's block (only launched with wsg) */
-    const uint4 *w0 = reinterpret_cast<const uint4 *>((sgb ? wsg : w + (size_t)(e0 + g) * H) + kw * PER * MV_CH + 32 * t);
+    const uint4 *w0 = reinterpret_cast<const uint4 *>((sgb ? wsg : w + (size_t)(e0 + g) * H) + k0);
     const uint4 *w1 = w0 + H; /* 8 rows = 8·H bf16 = H uint4 */
     const bool l0 = !sgb || g == 0, l1 = !sgb; /* rows g, g + 8 read (else zero) */
-    const bf16 *xr = m < M ? x + (size_t)m * H + kw * PER * MV_CH + 32 * t : nullptr;
+    const bf16 *xr = m < M ? x + (size_t)m * H + k0 : nullptr;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     uint4 wa[2][4], xa[4], wn[2][4], xn[4];
     auto loadc = [&](int u, uint4 (&wq)[2][4], uint4 (&xq)[4]) {
@@ -661,13 +666,17 @@ __global__ void __launch_bounds__(32 * KW)
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c) {
-    return mr_launch_sg(M, H, E, w, x, logits, NULL, NULL, pdl, st, c);
+    return mr_launch_sg(M, H, E, w, x, logits, NULL, NULL, 1, pdl, st, c);
 }
 int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
-                 int pdl, cudaStream_t st, cudaError_t *c) {
+                 int ks, int pdl, cudaStream_t st, cudaError_t *c) {
     if (E % 16 || ((uintptr_t)w & 15) || ((uintptr_t)wsg & 15) || (wsg && !sgl)) return 0;
-    const dim3 grid((unsigned)(E / 16 + (wsg ? 1 : 0)), (unsigned)((M + 7) / 8)), block(256);
-    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
+    const dim3 grid((unsigned)(E / 16 + (wsg ? 1 : 0)), (unsigned)((M + 7) / 8), (unsigned)(ks > 1 ? ks : 1)),
+        block(256);
+    if (ks > 1) { /* K split: 8 warps x 1 chunk a block */
+        if (H != 1024 * ks) return 0;
+        *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
+    } else if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
     else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
     else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
     else return 0;

@@ -838,7 +838,9 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   logit by the router launch, not by the top-k after its
  *                                   ranking (LASTSTAND_MG_MIDSGL=1), the router's K split over
  *                                   H / 1024 blocks of 8 warps x 1 chunk, the partials added by
- *                                   the top-k (LASTSTAND_MG_MIDRKS=1)
+ *                                   the top-k (LASTSTAND_MG_MIDRKS=1), the GEMVs' tiles along
+ *                                   the grid's x, the plan's unused tiles spread among the real
+ *                                   ones instead of ending the grid (LASTSTAND_MG_MIDXT=1)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
  *                                   runs sm_90a code (1, default since S9 round R1: the
@@ -863,6 +865,7 @@ typedef struct mg_knobs {
                     at H = 4096 up to M·k = 2E */
     int midsgl;  /* with mid: the shared gate's logit by the router launch */
     int midrks;  /* with mid: the router's K split over H / 1024 blocks */
+    int midxt;   /* with mid: the GEMVs' tiles along the grid's x */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
@@ -893,6 +896,7 @@ static mg_knobs mg_knobs_get(void) {
         n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
         n.midsgl = cu_env_switch("LASTSTAND_MG_MIDSGL", 0);
         n.midrks = cu_env_switch("LASTSTAND_MG_MIDRKS", 0);
+        n.midxt = cu_env_switch("LASTSTAND_MG_MIDXT", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -979,7 +983,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  H == 4096 ? kn.mid4k : kn.midgu, gpdl, st)
+                                  (H == 4096 ? kn.mid4k : kn.midgu) | (kn.midxt ? 8 : 0), gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -992,7 +996,8 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
+        c = dn_mvd ? mvd_launch_xt(mid_k, kn.midxt, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts,
+                                   dbuf, gpdl, st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                    kn.middn == 1, kn.midpdl, st)

@@ -211,6 +211,10 @@ int mvd_per(int K);
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                        const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                        bf16 *dbuf, int pdl, cudaStream_t st);
+/* mvd_launch with the tiles along the grid's x (xt, LASTSTAND_MG_MIDXT) */
+cudaError_t mvd_launch_xt(int K, int xt, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
+                          const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
+                          const float *wts, bf16 *dbuf, int pdl, cudaStream_t st);
 /* mvb_kernel's PER for K, 0 when there is no instance */
 int mvb_per(int K);
 template <bool GATEUP>

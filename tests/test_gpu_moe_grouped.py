@@ -126,3 +126,32 @@ def test_grouped_gemm_logits_match_the_cpu_forward_pass(shared_dir, name):
     top2 = np.sort(b, axis=1)[:, -2:]
     sure = (top2[:, 1] - top2[:, 0]) > 0.05
     assert (a.argmax(1) == b.argmax(1))[sure].all()
+
+
+RANK397 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "moe_shapes", "qwen3.5-397b-tp2-rank")
+
+
+@pytest.mark.parametrize("src,knobs,ms", [
+    (("--model-path", RANK397), {}, [9, 16, 33, 64, 100]),
+    (("--model-path", RANK397), {"LASTSTAND_MG_MID4K": "0"}, [9, 16, 33]),
+    (("--model-path", RANK397), {"LASTSTAND_MG_MIDSGL": "1", "LASTSTAND_MG_MIDRKS": "1", "LASTSTAND_MG_MIDALL": "1"},
+     [9, 16, 64, 130]),
+    (("--model-path", RANK397), {"LASTSTAND_MG_MIDRKS": "1", "LASTSTAND_MG_MIDXT": "1"}, [9, 16]),
+    (("--model-path", "synth:qwen3.5-35b-a3b,layers=1"), {"LASTSTAND_MG_MIDSGL": "1", "LASTSTAND_MG_MIDRKS": "1",
+                                                          "LASTSTAND_MG_MIDXT": "1"},
+     [9, 16, 64]),
+    (("--shapes", "qwen3.5-397b-a17b"), {"LASTSTAND_MG_MIDALL": "1"}, [9, 16, 33, 64])],
+    ids=["397b-rank", "397b-rank-old", "397b-rank-sgl-rks", "397b-rank-rks-xt", "35b-sgl-rks-xt", "397b-preset"])
+def test_grouped_gemm_mid_variants_at_the_397b_rank_shape(tmp_path, src, knobs, ms):
+    # c16moe: the mid-batch path at the 397B's per-GPU shape under --tp 2 (I = 512, BF16 shared
+    # expert 512: tests/fixtures/moe_shapes) and the 397B preset (NVFP4 shared expert in the
+    # launch: full 16-slot tiles, the second pass): gate/up at H = 4096 with one barrier at 2
+    # blocks an SM and the mid path up to M·k = 2E (the default; LASTSTAND_MG_MID4K=0 the old
+    # instance), the shared gate's logit by the router launch (LASTSTAND_MG_MIDSGL=1), the
+    # router's K split over blocks (LASTSTAND_MG_MIDRKS=1, the partials added by the top-k), the
+    # GEMVs' tiles along the grid's x (LASTSTAND_MG_MIDXT=1), at every
+    # 16-row tile size (MIDALL), odd M (partial tiles); the doctor's fp64 CPU oracle
+    cells, table = doctor_cells(tmp_path, *src, "--m", ",".join(map(str, ms)), env_extra=knobs)
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{knobs}: {bad}\n{table}"
+    assert sorted(map(int, cells)) == ms

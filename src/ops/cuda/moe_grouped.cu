@@ -90,7 +90,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128 };
+enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128, MG_RKS = 4 };
 enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
@@ -286,11 +286,26 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
  * index) as mg_topk_kernel; a NaN row yields NaN weights (the plan clamps indices). */
 __global__ void __launch_bounds__(32 * TOPK_W)
     mg_topk_block_kernel(int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
-                         int has_shared, const float *__restrict__ logits, int32_t *__restrict__ idx,
-                         float *__restrict__ wts) {
+                         int has_shared, float *__restrict__ logits, float *__restrict__ sgl, int ks, int M,
+                         int32_t *__restrict__ idx, float *__restrict__ wts) {
     cu_pdl_trigger();
     cu_pdl_wait(); /* (with the PDL attribute: the router's logits; no-ops without) */
-    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
+    if (ks > 1) { /* the router's K-split partial sums (LASTSTAND_MG_MIDRKS), z ascending, into partial 0 */
+        const int m = blockIdx.x;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            float v = logits[(size_t)m * E + e];
+            for (int z = 1; z < ks; z++) v += __ldcg(logits + ((size_t)z * M + m) * E + e);
+            logits[(size_t)m * E + e] = v;
+        }
+        if (sgl && threadIdx.x == 0) {
+            float v = sgl[m];
+            for (int z = 1; z < ks; z++) v += __ldcg(sgl + (size_t)z * M + m);
+            sgl[m] = v;
+        }
+        __syncthreads();
+    }
+    /* sgl: the shared gate's logits from the router (LASTSTAND_MG_MIDSGL), else dotted here */
+    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
 }
 
 /* ---- 3: plan -------------------------------------------------------------------- */
@@ -813,7 +828,19 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   reads first is complete), gate/up at 4 blocks an SM
  *                                   (LASTSTAND_MG_MIDGU=2, the default since S8-R2; 1: 3 blocks;
  *                                   both: the 35B MoE call at M = 8 / 16 / 32 71.3 / 105.5 /
- *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits)
+ *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits);
+ *                                   at H = 4096 (the 397B shapes, S10 c16moe): gate/up with one
+ *                                   barrier at 2 blocks an SM and the mid path up to M·k = 2E
+ *                                   (LASTSTAND_MG_MID4K=1, default since R1: the 397B tp2 rank
+ *                                   shape 294.7 -> 236.4 µs at M = 16, 564.6 / 802.6 -> 391.2 /
+ *                                   593.4 µs at M = 32 / 64; 0: 16 warps at 95 registers, one
+ *                                   block an SM, up to M·k = E/2); opt-in: the shared gate's
+ *                                   logit by the router launch, not by the top-k after its
+ *                                   ranking (LASTSTAND_MG_MIDSGL=1), the router's K split over
+ *                                   H / 1024 blocks of 8 warps x 1 chunk, the partials added by
+ *                                   the top-k (LASTSTAND_MG_MIDRKS=1), the GEMVs' tiles along
+ *                                   the grid's x, the plan's unused tiles spread among the real
+ *                                   ones instead of ending the grid (LASTSTAND_MG_MIDXT=1)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
  *                                   runs sm_90a code (1, default since S9 round R1: the
@@ -834,13 +861,18 @@ typedef struct mg_knobs {
     int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
+    int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
+                    at H = 4096 up to M·k = 2E */
+    int midsgl;  /* with mid: the shared gate's logit by the router launch */
+    int midrks;  /* with mid: the router's K split over H / 1024 blocks */
+    int midxt;   /* with mid: the GEMVs' tiles along the grid's x */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1, 1, 1, 0, 0};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -861,6 +893,10 @@ static mg_knobs mg_knobs_get(void) {
         n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
+        n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
+        n.midsgl = cu_env_switch("LASTSTAND_MG_MIDSGL", 0);
+        n.midrks = cu_env_switch("LASTSTAND_MG_MIDRKS", 0);
+        n.midxt = cu_env_switch("LASTSTAND_MG_MIDXT", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -947,7 +983,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  kn.midgu, gpdl, st)
+                                  (H == 4096 ? kn.mid4k : kn.midgu) | (kn.midxt ? 8 : 0), gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -960,7 +996,8 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
+        c = dn_mvd ? mvd_launch_xt(mid_k, kn.midxt, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts,
+                                   dbuf, gpdl, st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                    kn.middn == 1, kn.midpdl, st)
@@ -1213,7 +1250,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535)
         return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
-    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, st, e);
+    /* logits [M, E] (+ K-split partials [RKS - 1][M, E]) and the shared gate's [RKS][M] */
+    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * (E + 1) * MG_RKS, st, e);
     int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, st, e);
     float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), st, e);
     int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, st, e);
@@ -1227,18 +1265,31 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     /* the mid-batch path (mg_knobs) at 16-row tiles where the H200 rounds found it faster (R2:
      * the 35B shape up to 8 rows per expert, -36% at M = 16 and 32, -27% at 128, -7% at 256;
      * the 397B shape at M = 16, -8%, not at 64, +3%): H <= 2048 up to M·k = 8E, else up to
-     * M·k = E/2 (LASTSTAND_MG_MIDALL=1: every 16-row tile size) */
-    const int midp = kn.mid && bm == 16 && (kn.midall || (H <= 2048 ? mk <= (size_t)8 * E : 2 * mk <= (size_t)E));
+     * M·k = E/2 (LASTSTAND_MG_MIDALL=1: every 16-row tile size); at H = 4096 with gate/up at 2
+     * blocks an SM (LASTSTAND_MG_MID4K, S10 c16moe R1: 397B -20% at M = 16, -31% / -26% at 32 / 64
+     * against the grouped GEMM) up to M·k = 2E */
+    const size_t midmax = H <= 2048 ? (size_t)8 * E : H == 4096 && kn.mid4k ? (size_t)2 * E : (size_t)E / 2;
+    const int midp = kn.mid && bm == 16 && (kn.midall || mk <= midmax);
     /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
      * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
     const int pdl = midp && kn.midpdl;
     cudaError_t cr = cudaSuccess;
+    /* the shared gate's logit by the router launch (LASTSTAND_MG_MIDSGL), for the block top-k */
+    const int sgr = midp && kn.midrouter && kn.midtopk && !kn.midfuse && kn.midsgl && hs && w->has_sh_gate;
+    /* the router's K over H / 1024 blocks (LASTSTAND_MG_MIDRKS), its partials added by the block top-k */
+    int rks = midp && kn.midrouter && kn.midtopk && !kn.midfuse && kn.midrks && H % 1024 == 0 && H / 1024 <= MG_RKS
+                  ? H / 1024
+                  : 1;
+    float *sgl = sgr ? logits + (size_t)M * E * rks : NULL;
     if (midp && kn.midrouter &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl, st, &cr)) {
+        mr_launch_sg(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits,
+                     sgr ? (const bf16 *)w->sh_gate_w.data : NULL, sgl, rks, pdl, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
+        sgl = NULL; /* (not written: the top-k dots it) */
+        rks = 1;
     }
     /* the top-k and the plan in one launch (its ticket: one word, zeroed once, reset by each call) */
     const int fuse = midp && kn.midtopk && kn.midfuse && E + hs <= 2 * 32 * TOPK_W;
@@ -1255,7 +1306,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
         CU_TRY(e,
                cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                             (const float *)logits, idx, wts),
+                             logits, sgl, rks, M, idx, wts),
                "cuda_grouped_gemm top-k");
     else
         mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,

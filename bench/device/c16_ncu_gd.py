@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """c16_ncu_gd.py: one line per profiled kernel of an ncu text report (default sections printed),
-for bench/device/c16.sh: name, grid x block, duration, registers, theoretical / achieved
-occupancy, issued warps per scheduler, % cycles with no eligible warp, DRAM throughput and the
-first stall sentence of WarpStateStats.
+for bench/device/c16.sh, gdn16.sh, tidy.sh and c16moe.sh: name, grid x block, duration, registers,
+theoretical / achieved occupancy, issued warps per scheduler, % cycles with no eligible warp, DRAM throughput and the
+first stall sentence of WarpStateStats (+ the DRAM bytes read where the report has dram__bytes_read.sum,
+c16moe.sh's metric).
 
 usage: c16_ncu_gd.py NCU.txt [GRID_Y]   (GRID_Y: keep only grids whose y is that, e.g. 16 sequences)
 """
@@ -40,6 +41,8 @@ def main():
             cur["noel"] = val()
         elif line.strip().startswith("DRAM Throughput"):
             cur["dram"] = val()
+        elif line.strip().startswith("dram__bytes_read.sum"):
+            cur["rd"] = " ".join(t[1:])
         elif "stalled" in line and "stall" not in cur:
             cur["stall"] = " ".join(t)[:110]
     for k in ks:
@@ -47,7 +50,7 @@ def main():
             continue
         print(f"  {k['name'][:26]:26s} grid {k['grid']:>8s} x{k['block']:>4s}: {k.get('us', '?'):>10s}, regs {k.get('regs', '?')}, "
               f"occ {k.get('theo', '?')}/{k.get('ach', '?')} %, issue {k.get('issue', '?')}, no-elig {k.get('noel', '?')} %, "
-              f"DRAM {k.get('dram', '?')} %")
+              f"DRAM {k.get('dram', '?')} %" + (f", read {k['rd']}" if "rd" in k else ""))
         if "stall" in k:
             print(f"      {k['stall']}")
     return 0

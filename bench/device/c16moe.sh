@@ -65,7 +65,7 @@ if [ -n "$NCU" ]; then
             "$BIN" doctor --device cuda --families moe $R397 \
             --m 16 --backends cuda_grouped_gemm --trial-timeout 35 >"$OUT/ncu-r397-${v%%:*}.txt" 2>&1
         echo "rc=$? $(el)"
-        python3 bench/device/c16moe_ncu.py "$OUT/ncu-r397-${v%%:*}.txt"
+        python3 bench/device/c16_ncu_gd.py "$OUT/ncu-r397-${v%%:*}.txt"
         grep -E "^  [a-z_]+.*\(|smsp__inst_executed.sum|Stall [A-Z]|stalled" "$OUT/ncu-r397-${v%%:*}.txt" | grep -E "mv_kernel|mvd_kernel|inst_exec" | cut -c1-120 | head -8
     done
 fi

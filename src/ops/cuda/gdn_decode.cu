@@ -197,6 +197,26 @@ __device__ __forceinline__ void gd_conv_qk(const float4 cwq[CH], const float4 cw
     }
 }
 
+/* one token's raw inputs of the lane's CH q channels from qch and CH k channels from kch (row r of qkv) */
+template <int CH>
+__device__ __forceinline__ void gd_ld_raw_qk(const bf16 *r, int qch, int kch, float xq[CH], float xk[CH]) {
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        xq[c] = __bfloat162float(r[qch + c]);
+        xk[c] = __bfloat162float(r[kch + c]);
+    }
+}
+
+/* the lanes' partial q·q, k·k and q·k summed over the warp (the streamed forms' one token) */
+__device__ __forceinline__ void gd_sum3(float &ssq, float &ssk, float &sqk) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+        ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
+        sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
+    }
+}
+
 /* The per-token scalar math that gd_body and gd_kernel_s (the streamed form) share, in one
  * place so that both compile it to the same instructions (same contractions, same bits):
  * e^g = exp(−exp(A_log)·softplus(a + dt_bias)) (torch's softplus threshold 20) and β = sigmoid(b) */
@@ -212,6 +232,39 @@ __device__ __forceinline__ void gd_delta(float beta, float v, float dg, float m,
     const float dl = beta * (v - dg * (m * rk));
     o = fmaf(dg, p * rq, kq * dl);
     dkc = dl * rk;
+}
+
+/* The state's row arithmetic, one row of a lane's 4 columns (x = S[row, col .. col + 3]), in one
+ * place so that every form runs the same fmaf chains (gd_body, gs_token, gs_token_h): the partial
+ * sums m += S·k and p += S·q (kv = k[row], qv = q[row]), and S ← e^g S + k δᵀ (d: the columns' δ·rk) */
+__device__ __forceinline__ void gd_mp4(float4 x, float kv, float qv, float m[4], float p[4]) {
+    m[0] = fmaf(x.x, kv, m[0]);
+    m[1] = fmaf(x.y, kv, m[1]);
+    m[2] = fmaf(x.z, kv, m[2]);
+    m[3] = fmaf(x.w, kv, m[3]);
+    p[0] = fmaf(x.x, qv, p[0]);
+    p[1] = fmaf(x.y, qv, p[1]);
+    p[2] = fmaf(x.z, qv, p[2]);
+    p[3] = fmaf(x.w, qv, p[3]);
+}
+__device__ __forceinline__ float4 gd_upd4(float4 x, float kv, const float d[4], float decay) {
+    x.x = fmaf(kv, d[0], x.x * decay);
+    x.y = fmaf(kv, d[1], x.y * decay);
+    x.z = fmaf(kv, d[2], x.z * decay);
+    x.w = fmaf(kv, d[3], x.w * decay);
+    return x;
+}
+/* m, p summed over the lanes that differ in bits O0 .. 16 of the lane id (the row groups), the
+ * lower bit first */
+template <int O0>
+__device__ __forceinline__ void gd_mp_sum(float m[4], float p[4]) {
+#pragma unroll
+    for (int o = O0; o <= 16; o <<= 1)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            m[c] += __shfl_xor_sync(0xffffffffu, m[c], o);
+            p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
+        }
 }
 
 /* 1/rms of a head's dv (<= 256) BF16-rounded outputs hv (shared memory), every lane of the warp
@@ -311,11 +364,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
         for (int u = 0; u < TB; u++) {
             const size_t row = (size_t)(row0 + t0 + min(u, nt - 1));
             const bf16 *r = qkv + row * D;
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                xq[u][c] = __bfloat162float(r[qch + c]);
-                xk[u][c] = __bfloat162float(r[kch + c]);
-            }
+            gd_ld_raw_qk<CH>(r, qch, kch, xq[u], xk[u]);
             xv[u] = __bfloat162float(r[vch]);
             xa[u] = gd_bf(a, row * nv + j);
             xb[u] = gd_bf(b, row * nv + j);
@@ -374,25 +423,9 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
                 const float4 kk = k4[n4], qq = q4[n4];
                 const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float4 r = S[4 * n4 + e];
-                    m[0] = fmaf(r.x, kv[e], m[0]);
-                    m[1] = fmaf(r.y, kv[e], m[1]);
-                    m[2] = fmaf(r.z, kv[e], m[2]);
-                    m[3] = fmaf(r.w, kv[e], m[3]);
-                    p[0] = fmaf(r.x, qv[e], p[0]);
-                    p[1] = fmaf(r.y, qv[e], p[1]);
-                    p[2] = fmaf(r.z, qv[e], p[2]);
-                    p[3] = fmaf(r.w, qv[e], p[3]);
-                }
+                for (int e = 0; e < 4; e++) gd_mp4(S[4 * n4 + e], kv[e], qv[e], m, p);
             }
-#pragma unroll
-            for (int o = 4; o <= 16; o <<= 1)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    m[c] += __shfl_xor_sync(0xffffffffu, m[c], o);
-                    p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
-                }
+            gd_mp_sum<4>(m, p);
             const float dg = decay[u];
             float dk_[4], o4[4]; /* δ·rk (k enters the update raw), o */
 #pragma unroll
@@ -403,13 +436,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
                 const float4 kk = k4[n4];
                 const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float4 &r = S[4 * n4 + e];
-                    r.x = fmaf(kv[e], dk_[0], r.x * dg);
-                    r.y = fmaf(kv[e], dk_[1], r.y * dg);
-                    r.z = fmaf(kv[e], dk_[2], r.z * dg);
-                    r.w = fmaf(kv[e], dk_[3], r.w * dg);
-                }
+                for (int e = 0; e < 4; e++) S[4 * n4 + e] = gd_upd4(S[4 * n4 + e], kv[e], dk_, dg);
             }
             /* every rg holds the 4 columns' sums: lane (rg < 4, cg) writes column col + rg */
             const int r3 = rg & 3;
@@ -472,6 +499,31 @@ __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
     gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
 }
 
+/* S ← e^g S + k δᵀ over the DK / 8 rows from rr of the lane's 4 columns col .. col + 3 of a state
+ * [DK][DK] in shared memory sS, back into sS, or (last) into the state in global memory Sg (a
+ * quarter warp stores 128 contiguous bytes); tk: k [DK], dk_: the columns' δ·rk */
+template <int DK>
+__device__ __forceinline__ void gs_update_rows(float *sS, float *__restrict__ Sg, bool last, const float *tk, int rr,
+                                               int col, const float dk_[4], float decay) {
+    constexpr int RPL = DK / 8, DV = DK;
+    const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
+    float *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
+#pragma unroll
+    for (int n4 = 0; n4 < RPL / 4; n4++) {
+        const float4 kk = k4[n4];
+        const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const size_t off = (size_t)(4 * n4 + e) * DV;
+            const float4 x = gd_upd4(*reinterpret_cast<const float4 *>(Ss + off), kv[e], dk_, decay);
+            if (last)
+                *reinterpret_cast<float4 *>(Sgl + off) = x;
+            else
+                *reinterpret_cast<float4 *>(Ss + off) = x;
+        }
+    }
+}
+
 /* One token of one v head whose state S [DK][DK] (dk = dv) is in shared memory sS, for lane (r, cg)
  * of warp w (columns col = 32w + 4cg .. + 3, row groups r and r + 4: see gd_kernel_s): m = Sᵀk and
  * p = Sᵀq in gd_kernel's order, δ and o (gd_delta), then S ← e^g S + k δᵀ into sS, or (last) into
@@ -497,22 +549,8 @@ __device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool
         for (int e = 0; e < 4; e++) {
             const float4 x = *reinterpret_cast<const float4 *>(SA + (size_t)(4 * n4 + e) * DV);
             const float4 y = *reinterpret_cast<const float4 *>(SB + (size_t)(4 * n4 + e) * DV);
-            mA[0] = fmaf(x.x, kva[e], mA[0]);
-            mA[1] = fmaf(x.y, kva[e], mA[1]);
-            mA[2] = fmaf(x.z, kva[e], mA[2]);
-            mA[3] = fmaf(x.w, kva[e], mA[3]);
-            pA[0] = fmaf(x.x, qva[e], pA[0]);
-            pA[1] = fmaf(x.y, qva[e], pA[1]);
-            pA[2] = fmaf(x.z, qva[e], pA[2]);
-            pA[3] = fmaf(x.w, qva[e], pA[3]);
-            mB[0] = fmaf(y.x, kvb[e], mB[0]);
-            mB[1] = fmaf(y.y, kvb[e], mB[1]);
-            mB[2] = fmaf(y.z, kvb[e], mB[2]);
-            mB[3] = fmaf(y.w, kvb[e], mB[3]);
-            pB[0] = fmaf(y.x, qvb[e], pB[0]);
-            pB[1] = fmaf(y.y, qvb[e], pB[1]);
-            pB[2] = fmaf(y.z, qvb[e], pB[2]);
-            pB[3] = fmaf(y.w, qvb[e], pB[3]);
+            gd_mp4(x, kva[e], qva[e], mA, pA);
+            gd_mp4(y, kvb[e], qvb[e], mB, pB);
         }
     }
 #pragma unroll
@@ -532,30 +570,7 @@ __device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool
     }
     /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int rr = (r + 4 * h) * RPL;
-        const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
-        float *Ss = sS + (size_t)rr * DV + col;
-        float *Sgl = Sg + (size_t)rr * DV + col;
-#pragma unroll
-        for (int n4 = 0; n4 < RPL / 4; n4++) {
-            const float4 kk = k4[n4];
-            const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const size_t off = (size_t)(4 * n4 + e) * DV;
-                float4 x = *reinterpret_cast<const float4 *>(Ss + off);
-                x.x = fmaf(kv[e], dk_[0], x.x * decay);
-                x.y = fmaf(kv[e], dk_[1], x.y * decay);
-                x.z = fmaf(kv[e], dk_[2], x.z * decay);
-                x.w = fmaf(kv[e], dk_[3], x.w * decay);
-                if (last)
-                    *reinterpret_cast<float4 *>(Sgl + off) = x;
-                else
-                    *reinterpret_cast<float4 *>(Ss + off) = x;
-            }
-        }
-    }
+    for (int h = 0; h < 2; h++) gs_update_rows<DK>(sS, Sg, last, tk, (r + 4 * h) * RPL, col, dk_, decay);
 }
 
 /* ---- gd_kernel_s: the streamed form, a v head a block (LASTSTAND_GDN_STREAM=1, 4) -------------
@@ -585,6 +600,30 @@ static size_t gs_smem(int dk, int dv) { return sizeof(float) * ((size_t)dk * dv 
 
 enum { GS_CHUNK = 16384 /* bytes a bulk copy */ };
 
+/* BYTES from global src to shared dst by bulk copies of GS_CHUNK bytes, completing on the mbarrier
+ * at bar (whose expected transaction count the caller has set) */
+template <uint32_t BYTES>
+__device__ __forceinline__ void gd_bulk_load(uint32_t dst, const void *src, uint32_t bar) {
+#pragma unroll
+    for (uint32_t o = 0; o < BYTES; o += GS_CHUNK)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                         dst + o),
+                     "l"(reinterpret_cast<const char *>(src) + o), "r"(BYTES - o < GS_CHUNK ? BYTES - o : (uint32_t)GS_CHUNK),
+                     "r"(bar)
+                     : "memory");
+}
+
+/* wait until the mbarrier at bar (shared memory) has completed its phase of parity par */
+__device__ __forceinline__ void gd_mbar_wait(uint32_t bar, uint32_t par) {
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(ok)
+                     : "r"(bar), "r"(par)
+                     : "memory");
+}
+
 template <int DK, int DV>
 __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32;
@@ -604,17 +643,12 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV;
     const uint32_t bar = (uint32_t)__cvta_generic_to_shared(&gs_bar);
     if (threadIdx.x == 0) {
-        const uint32_t bytes = (uint32_t)DK * DV * 4, dst = (uint32_t)__cvta_generic_to_shared(sS);
+        constexpr uint32_t bytes = (uint32_t)DK * DV * 4;
+        const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sS);
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-        for (uint32_t o = 0; o < bytes; o += GS_CHUNK) {
-            const uint32_t n = bytes - o < GS_CHUNK ? bytes - o : GS_CHUNK;
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                             dst + o),
-                         "l"(reinterpret_cast<const char *>(Sg) + o), "r"(n), "r"(bar)
-                         : "memory");
-        }
+        gd_bulk_load<bytes>(dst, Sg, bar);
     }
     /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh (as gd_kernel's warps), v channel
      * 32·warp + lane of head j */
@@ -635,11 +669,7 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
         const size_t row = (size_t)(row0 + u);
         const bf16 *rw = qkv + row * D;
         float xq[CH], xk[CH];
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            xq[c] = __bfloat162float(rw[qch + c]);
-            xk[c] = __bfloat162float(rw[kch + c]);
-        }
+        gd_ld_raw_qk<CH>(rw, qch, kch, xq, xk);
         const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
         const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
         float ssq = 0.f, ssk = 0.f, sqk = 0.f, decay, beta;
@@ -647,23 +677,12 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
         gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
         tv[lane] = gd_conv(cwv, wv, xv);
         gd_gate_beta(xa, xb, al, db, decay, beta);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
-            ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
-            sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
-        }
+        gd_sum3(ssq, ssk, sqk);
         __syncwarp();
         if (u == 0) {
             /* every window of this block is read: the k head's first block may roll q/k once all arrived */
             asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-            uint32_t ok = 0;
-            while (!ok)
-                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                             "selp.u32 %0, 1, 0, p;\n\t}"
-                             : "=r"(ok)
-                             : "r"(bar)
-                             : "memory");
+            gd_mbar_wait(bar, 0);
         }
         const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
         const float kq = sqk * rq * rk;
@@ -744,25 +763,10 @@ __device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bo
         const float4 kk = k4[n4], qq = q4[n4];
         const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const float4 x = *reinterpret_cast<const float4 *>(Sx + (size_t)(4 * n4 + e) * DV);
-            m[0] = fmaf(x.x, kv[e], m[0]);
-            m[1] = fmaf(x.y, kv[e], m[1]);
-            m[2] = fmaf(x.z, kv[e], m[2]);
-            m[3] = fmaf(x.w, kv[e], m[3]);
-            p[0] = fmaf(x.x, qv[e], p[0]);
-            p[1] = fmaf(x.y, qv[e], p[1]);
-            p[2] = fmaf(x.z, qv[e], p[2]);
-            p[3] = fmaf(x.w, qv[e], p[3]);
-        }
+        for (int e = 0; e < 4; e++)
+            gd_mp4(*reinterpret_cast<const float4 *>(Sx + (size_t)(4 * n4 + e) * DV), kv[e], qv[e], m, p);
     }
-#pragma unroll
-    for (int o = 8; o <= 16; o <<= 1)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            m[c] += __shfl_xor_sync(0xffffffffu, m[c], o);
-            p[c] += __shfl_xor_sync(0xffffffffu, p[c], o);
-        }
+    gd_mp_sum<8>(m, p);
     if (r == 0)
 #pragma unroll
         for (int c = 0; c < 4; c++)
@@ -775,25 +779,7 @@ __device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bo
         const float2 b = *reinterpret_cast<const float2 *>(xch + ((size_t)DV + col + c) * 2);
         gd_delta(beta, tv[4 * cg + c], decay, a.x + b.x, a.y + b.y, rk, rq, kq, o4[c], dk_[c]);
     }
-    float *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
-#pragma unroll
-    for (int n4 = 0; n4 < RPL / 4; n4++) {
-        const float4 kk = k4[n4];
-        const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const size_t off = (size_t)(4 * n4 + e) * DV;
-            float4 x = *reinterpret_cast<const float4 *>(Ss + off);
-            x.x = fmaf(kv[e], dk_[0], x.x * decay);
-            x.y = fmaf(kv[e], dk_[1], x.y * decay);
-            x.z = fmaf(kv[e], dk_[2], x.z * decay);
-            x.w = fmaf(kv[e], dk_[3], x.w * decay);
-            if (last)
-                *reinterpret_cast<float4 *>(Sgl + off) = x;
-            else
-                *reinterpret_cast<float4 *>(Ss + off) = x;
-        }
-    }
+    gs_update_rows<DK>(sS, Sg, last, tk, rr, col, dk_, decay);
 }
 
 template <int DK, bool H2>
@@ -833,12 +819,7 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
         const char *src = reinterpret_cast<const char *>(rec + ((size_t)pslot * nv + j) * DK * DV);
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar0 + 8 * b), "r"(BYTES)
                      : "memory");
-#pragma unroll
-        for (uint32_t o = 0; o < BYTES; o += GS_CHUNK)
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                             sdst + b * BYTES + o),
-                         "l"(src + o), "r"(BYTES - o < GS_CHUNK ? BYTES - o : (uint32_t)GS_CHUNK), "r"(bar0 + 8 * b)
-                         : "memory");
+        gd_bulk_load<BYTES>(sdst + b * BYTES, src, bar0 + 8 * b);
         if (++pj == ratio) {
             int pT, prow;
             pj = 0;
@@ -863,19 +844,10 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
             float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
             float4 cwq[CH], cwk[CH];
             gd_ld_qk<CH>(conv_st, conv_w, slot, D, qch, kch, wq, wk, cwq, cwk);
-#pragma unroll
-            for (int c = 0; c < CH; c++) {
-                xq[c] = __bfloat162float(rw[qch + c]);
-                xk[c] = __bfloat162float(rw[kch + c]);
-            }
+            gd_ld_raw_qk<CH>(rw, qch, kch, xq, xk);
             float ssq = 0.f, ssk = 0.f, sqk = 0.f;
             gd_conv_qk<CH>(cwq, cwk, wq, wk, xq, xk, tq, tk, lane, ssq, ssk, sqk);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) {
-                ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
-                ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
-                sqk += __shfl_xor_sync(0xffffffffu, sqk, o);
-            }
+            gd_sum3(ssq, ssk, sqk);
             if (lane == 0) {
                 const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
                 scal[0] = rq;
@@ -903,13 +875,7 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
             }
             gd_gate_beta(xa, xb, al, db, decay, beta);
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
-            uint32_t ok = 0;
-            while (!ok)
-                asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                             "selp.u32 %0, 1, 0, p;\n\t}"
-                             : "=r"(ok)
-                             : "r"(bar0 + 8 * bi), "r"((uint32_t)(t / GP_NB) & 1u)
-                             : "memory");
+            gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / GP_NB) & 1u);
             float o4[4];
             if (H2)
                 gs_token_h<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
@@ -1135,11 +1101,26 @@ static int gd_t1_wide(long blocks, int nw, size_t smem) {
     return fit > 0 && blocks > fit;
 }
 
+/* gd_kernel's (tb = GD_TB) or gd_kernel1's (tb = 1) blocks of nw warps: their dynamic shared memory
+ * (see gd_body; nw > 4 at dk = 128: more than 48 KB), and the blocks a k head (the cluster) */
+static size_t gd_smem(const gdn_w *w, int nw, int tb, int fuse) {
+    return sizeof(float) * (nw * tb * GD_TOK(w->dk) + (fuse ? 2 * tb * w->dv : 0));
+}
+static int gd_cl(const gdn_w *w, int nw) { return (w->nv / w->nk) * (w->dv / GD_WC) / nw; }
+
+/* Whether gd_kernel's grid for n_seq sequences in blocks of nw warps needs more than one wave */
+static int gd_wide(const gdn_w *w, int nw, int n_seq, int fuse) {
+    const long blocks = (long)w->nk * gd_cl(w, nw) * n_seq;
+    const size_t smem = gd_smem(w, nw, GD_TB, fuse);
+    return w->dk == 32   ? gd_t1_wide<32>(blocks, nw, smem)
+           : w->dk == 64 ? gd_t1_wide<64>(blocks, nw, smem)
+                         : gd_t1_wide<128>(blocks, nw, smem);
+}
+
 /* fuse: write the gated norm of o (a->z, a->norm_w, a->norm_eps) instead of o; t1: gd_kernel1 */
 template <int DK>
 static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1, cudaStream_t st) {
-    const int TB = t1 ? 1 : GD_TB; /* NW > 4 at dk = 128: more than 48 KB of shared memory */
-    const size_t smem = sizeof(float) * (nw * TB * GD_TOK(DK) + (fuse ? 2 * TB * a->w->dv : 0));
+    const size_t smem = gd_smem(a->w, nw, t1 ? 1 : GD_TB, fuse);
     return gd_launch_ex(t1 ? gd_kernel1<DK> : gd_kernel<DK>, dim3(a->w->nk * cl, a->n_seq, 1), dim3(nw * 32, 1, 1),
                         smem, cl, gd_pdl(), cl, a, fuse, st);
 }
@@ -1220,15 +1201,10 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int knob = gd_nw_knob();
-    int nw = gd_warps(w->nk, w->nv, w->dv, knob > 0 ? knob : 1), cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+    int nw = gd_warps(w->nk, w->nv, w->dv, knob > 0 ? knob : 1), cl = gd_cl(w, nw);
     const int fuse = a->z && a->norm_w && a->norm_done && w->dv <= 256 && !((uintptr_t)a->z & 1) && gd_norm();
     /* whether gd_kernel's grid of the fewest warps a block needs more than one wave */
-    const int nw1 = gd_warps(w->nk, w->nv, w->dv, 1), cl1 = (w->nv / w->nk) * (w->dv / GD_WC) / nw1;
-    const long blocks1 = (long)w->nk * cl1 * a->n_seq;
-    const size_t smem1 = sizeof(float) * (nw1 * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
-    const int wide = w->dk == 32   ? gd_t1_wide<32>(blocks1, nw1, smem1)
-                     : w->dk == 64 ? gd_t1_wide<64>(blocks1, nw1, smem1)
-                                   : gd_t1_wide<128>(blocks1, nw1, smem1);
+    const int wide = gd_wide(w, gd_warps(w->nk, w->nv, w->dv, 1), a->n_seq, fuse);
     cudaStream_t st = (cudaStream_t)s;
     cudaError_t c;
     const int sm = gd_stream();
@@ -1253,17 +1229,11 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
             const int n8 = gd_warps(w->nk, w->nv, w->dv, 8);
             if (n8 == 8) {
                 nw = 8;
-                cl = (w->nv / w->nk) * (w->dv / GD_WC) / nw;
+                cl = gd_cl(w, nw);
             }
         }
         int t1 = max_new <= 1 && gd_t1();
-        if (t1 == 1 && gd_t1() == 2) { /* auto: only a grid gd_kernel would run in more than one wave */
-            const long blocks = (long)w->nk * cl * a->n_seq;
-            const size_t smem = sizeof(float) * (nw * GD_TB * GD_TOK(w->dk) + (fuse ? 2 * GD_TB * w->dv : 0));
-            t1 = w->dk == 32   ? gd_t1_wide<32>(blocks, nw, smem)
-                 : w->dk == 64 ? gd_t1_wide<64>(blocks, nw, smem)
-                               : gd_t1_wide<128>(blocks, nw, smem);
-        }
+        if (t1 == 1 && gd_t1() == 2) t1 = gd_wide(w, nw, a->n_seq, fuse); /* auto: only a grid of more than one wave */
         switch (w->dk) {
         case 32: c = gd_launch<32>(a, nw, cl, fuse, t1, st); break;
         case 64: c = gd_launch<64>(a, nw, cl, fuse, t1, st); break;

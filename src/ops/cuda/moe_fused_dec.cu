@@ -93,33 +93,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     __syncthreads();
     if (!on) return;
     float acc[FUSED_MAXM];
-#pragma unroll
-    for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-    for (int k0 = lane * 8; k0 < H; k0 += 256 * SHR_LD) {
-        if (k0 != lane * 8) {
-#pragma unroll
-            for (int c = 0; c < SHR_LD; c++)
-                if (k0 + 256 * c < H) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
-        }
-#pragma unroll
-        for (int c = 0; c < SHR_LD; c++) {
-            const int kk = k0 + 256 * c;
-            if (kk >= H) break;
-            const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
-#pragma unroll
-            for (int m = 0; m < FUSED_MAXM; m++) {
-                if (m >= M) break;
-                const uint4 vx = xs4[((size_t)m * H + kk) / 8];
-                const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
-                    acc[m] = fmaf(a.x, b.x, acc[m]);
-                    acc[m] = fmaf(a.y, b.y, acc[m]);
-                }
-            }
-        }
-    }
+    rows_dot<SHR_LD>(row, 0, H, M, H, xs4, vw, acc);
 #pragma unroll
     for (int m = 0; m < FUSED_MAXM; m++) {
         if (m >= M) break;

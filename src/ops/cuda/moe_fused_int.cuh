@@ -49,6 +49,42 @@ __device__ __forceinline__ router_part router_issue(int blk, int H, int E, const
     return p;
 }
 
+/* acc[m] = the lane's part of row[kb, ke) · x_m[kb, ke) for the M tokens (x staged in shared memory,
+ * xs4 = [M][H] bf16): its 16-byte pieces kb + 8·lane + 256·c, LD of them in flight (vw holds the
+ * first LD, already issued), each piece's 8 products in K order */
+template <int LD>
+__device__ __forceinline__ void rows_dot(const bf16 *row, int kb, int ke, int M, int H, const uint4 *xs4,
+                                         uint4 (&vw)[LD], float (&acc)[FUSED_MAXM]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
+    for (int k0 = kb + lane * 8; k0 < ke; k0 += 256 * LD) {
+        if (k0 != kb + lane * 8) {
+#pragma unroll
+            for (int c = 0; c < LD; c++)
+                if (k0 + 256 * c < ke) vw[c] = cu_ld_stream16(row + k0 + 256 * c);
+        }
+#pragma unroll
+        for (int c = 0; c < LD; c++) {
+            const int kk = k0 + 256 * c;
+            if (kk >= ke) break;
+            const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
+#pragma unroll
+            for (int m = 0; m < FUSED_MAXM; m++) {
+                if (m >= M) break;
+                const uint4 vx = xs4[((size_t)m * H + kk) / 8];
+                const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
+                    acc[m] = fmaf(a.x, b.x, acc[m]);
+                    acc[m] = fmaf(a.y, b.y, acc[m]);
+                }
+            }
+        }
+    }
+}
+
 /* Second half, once x is in shared memory (xs4): the quarter's dot products, the
  * quarters summed in part, logits [M, E] (and sgl [M] for row E) written. Contains a
  * __syncthreads: every thread of the block calls it. */
@@ -59,33 +95,7 @@ __device__ __forceinline__ void router_finish(const router_part &p, int blk, int
     const int lane = threadIdx.x & 31;
     if (p.active) {
         float acc[FUSED_MAXM];
-#pragma unroll
-        for (int m = 0; m < FUSED_MAXM; m++) acc[m] = 0.f;
-        for (int k0 = p.kb + lane * 8; k0 < p.ke; k0 += 256 * LD) {
-            if (k0 != p.kb + lane * 8) {
-#pragma unroll
-                for (int c = 0; c < LD; c++)
-                    if (k0 + 256 * c < p.ke) vw[c] = cu_ld_stream16(p.row + k0 + 256 * c);
-            }
-#pragma unroll
-            for (int c = 0; c < LD; c++) {
-                const int kk = k0 + 256 * c;
-                if (kk >= p.ke) break;
-                const uint32_t ww[4] = {vw[c].x, vw[c].y, vw[c].z, vw[c].w};
-#pragma unroll
-                for (int m = 0; m < FUSED_MAXM; m++) {
-                    if (m >= M) break;
-                    const uint4 vx = xs4[((size_t)m * H + kk) / 8];
-                    const uint32_t xx[4] = {vx.x, vx.y, vx.z, vx.w};
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        float2 a = bf2_to_f2(ww[u]), b = bf2_to_f2(xx[u]);
-                        acc[m] = fmaf(a.x, b.x, acc[m]);
-                        acc[m] = fmaf(a.y, b.y, acc[m]);
-                    }
-                }
-            }
-        }
+        rows_dot<LD>(p.row, p.kb, p.ke, M, H, xs4, vw, acc);
 #pragma unroll
         for (int m = 0; m < FUSED_MAXM; m++) {
             if (m >= M) break;

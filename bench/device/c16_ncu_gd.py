@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """c16_ncu_gd.py: one line per profiled kernel of an ncu text report (default sections printed),
-for bench/device/c16.sh, gdn16.sh, tidy.sh and c16moe.sh: name, grid x block, duration, registers,
+for bench/device/c16.sh, gdn16.sh and c16moe.sh: name, grid x block, duration, registers,
 theoretical / achieved occupancy, issued warps per scheduler, % cycles with no eligible warp, DRAM throughput and the
 first stall sentence of WarpStateStats (+ the DRAM bytes read where the report has dram__bytes_read.sum,
 c16moe.sh's metric).

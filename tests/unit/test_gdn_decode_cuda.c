@@ -19,10 +19,9 @@
  * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
  * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
- * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step,
- * in blocks of dk threads and of 2·dk (a head's row halves on two warps: LASTSTAND_GDN_P8=0, 1).
+ * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step.
  * `test_gdn_decode_cuda --bench`: µs a call (CUDA events, L2 flushed before each) of the 16-sequence
- * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p, gd_kernel_p in 8-warp blocks.
+ * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -284,18 +283,15 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s;
-     * gd_kernel_p in blocks of dk threads and of 2·dk (LASTSTAND_GDN_P8) */
-    static const char *const modes[] = {"0", "2", "3", "4", "2", "3"}, *const p8[] = {"0", "0", "0", "0", "1", "1"};
-    for (int v = 0; v < 6; v++) {
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s */
+    static const char *const modes[] = {"0", "2", "3", "4"};
+    for (int v = 0; v < 4; v++) {
         setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
-        setenv("LASTSTAND_GDN_P8", p8[v], 1);
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);
         t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
     }
     unsetenv("LASTSTAND_GDN_STREAM");
-    unsetenv("LASTSTAND_GDN_P8");
 #else
     skip();
 #endif
@@ -344,12 +340,8 @@ static void test_streamed_equals_the_group_kernel(void **st) {
             stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse, "1");
             stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "1"); /* M = 1 alone */
             stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "1");
-            for (int p8 = 0; p8 < 2; p8++) { /* gd_kernel_p in blocks of dk threads, of 2·dk */
-                setenv("LASTSTAND_GDN_P8", p8 ? "1" : "0", 1);
-                stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
-                stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
-            }
-            unsetenv("LASTSTAND_GDN_P8");
+            stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
+            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
         }
     unsetenv("LASTSTAND_GDN_STREAM");
 #else
@@ -374,8 +366,7 @@ static void test_chunked_hand_over_leaves_the_norm(void **st) {
 /* `test_gdn_decode_cuda --bench`: µs a call (CUDA events around the backend's run, the L2 flushed
  * by a 256 MB memset before each, as the state of a 40-layer step comes from DRAM) of a decode
  * step of n (1, 4, 8, 16, 64) one-token sequences (fused norm) at Qwen3.5-35B's (16 / 32 heads)
- * and -397B's (16 / 64) GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0), gd_kernel_p (=3) in
- * blocks of dk threads (LASTSTAND_GDN_P8=0) and of 2·dk (=1: a head's row halves on two warps).
+ * and -397B's (16 / 64) GDN shapes: gd_kernel (LASTSTAND_GDN_STREAM=0) and gd_kernel_p (=3).
  * The forms take turns call by call, each on its own copy of the states (so after the same number
  * of calls their outputs and states must be equal: printed); median and min of IT calls each. */
 #include <cuda_runtime_api.h>
@@ -383,9 +374,8 @@ static int bench(void) {
     if (!have_gpu()) return 1;
     const gdn_impl *g = ops_gdn_find("cuda_decode");
     if (!g) return 1;
-    enum { IT = 40, NF = 3 };
-    static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p", "gd_kernel_p 8 warps"};
-    static const char *const fst[NF] = {"0", "3", "3"}, *const fp8[NF] = {"0", "0", "1"};
+    enum { IT = 40, NF = 2 };
+    static const char *const fname[NF] = {"gd_kernel", "gd_kernel_p"}, *const fst[NF] = {"0", "3"};
     static const int shapes[][2] = {{16, 32}, {16, 64}}, ns[] = {1, 4, 8, 16, 64};
     ls_err e = {0};
     const size_t nflush = (size_t)256 << 20;
@@ -407,7 +397,6 @@ static int bench(void) {
             for (int it = -3; it < IT; it++)
                 for (int f = 0; f < NF; f++) {
                     setenv("LASTSTAND_GDN_STREAM", fst[f], 1);
-                    setenv("LASTSTAND_GDN_P8", fp8[f], 1);
                     gdn_args ga = gc_args(&c, f, seqs, n, n, &done);
                     float ms = 0.f;
                     g_mem->memset0(flush, nflush, g_st, &e);
@@ -439,7 +428,6 @@ static int bench(void) {
             free(seqs);
         }
     unsetenv("LASTSTAND_GDN_STREAM");
-    unsetenv("LASTSTAND_GDN_P8");
     g_mem->free(flush);
     return 0;
 }

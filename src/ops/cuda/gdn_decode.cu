@@ -235,7 +235,7 @@ __device__ __forceinline__ void gd_delta(float beta, float v, float dg, float m,
 }
 
 /* The state's row arithmetic, one row of a lane's 4 columns (x = S[row, col .. col + 3]), in one
- * place so that every form runs the same fmaf chains (gd_body, gs_token, gs_token_h): the partial
+ * place so that every form runs the same fmaf chains (gd_body, gs_token): the partial
  * sums m += S·k and p += S·q (kv = k[row], qv = q[row]), and S ← e^g S + k δᵀ (d: the columns' δ·rk) */
 __device__ __forceinline__ void gd_mp4(float4 x, float kv, float qv, float m[4], float p[4]) {
     m[0] = fmaf(x.x, kv, m[0]);
@@ -719,17 +719,13 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * before any store). The unit's q/k conv runs once, in warp 0 (the lane split of gd_kernel's
  * warps, so the same bits), and warp 0 rolls the q/k window itself (a unit belongs to one block:
  * no cluster); the per-token math is gs_token's. Sequences with no token are skipped by producer
- * and consumers alike (the same walk over the sequence table).
- * H2 (LASTSTAND_GDN_P8, gp_h2): blocks of 2·DK threads, 8 warps at dk = 128: warp w takes the
- * columns of warp w % (DK / 32) and the row half h = w / (DK / 32) (gs_token's row groups r + 4h), the two halves'
- * sums m, p added through shared memory in gs_token's order (gs_token_h), so that two warps a
- * scheduler share a head's compute: S9-R2 / tidy-R1 (ncu): one warp a scheduler issued 0.11 a
- * cycle, 89% of cycles with no eligible warp, ~4.5 µs a head of compute against ~1 of loads
- * (tidy-R1: loading a task's small inputs a task ahead changed nothing: 30.3 -> 29.5 µs). */
+ * and consumers alike (the same walk over the sequence table). Blocks of 2·DK threads, a head's row
+ * halves on two warps a scheduler (LASTSTAND_GDN_P8=1), gave the same bits but were slower at every
+ * size (S11: 16 sequences 31.10 vs 30.14 µs, 64: 101.1 vs 97.3) and were deleted in S11 (last at
+ * commit e4fc8bf; bench/RESULTS.md, tidy2). */
 enum { GP_NB = 3 };
 static size_t gp_smem(int dk) {
-    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4 +
-                            4 * dk /* H2: the halves' m, p [2][dk][2] */);
+    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
 }
 
 /* the first unit from u on (step G) whose sequence has a token; n_units when none */
@@ -742,48 +738,8 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-/* gs_token for the row half h of an 8-warp block (see gd_kernel_p's H2): lane (r, cg) of warp w
- * sums m = Sᵀk and p = Sᵀq over row group r + 4h of its 4 columns col .. col + 3 in gs_token's
- * order (the rows one after the other, xor 8, xor 16), lanes r = 0 put the half's sums into xch
- * [2][DV][2], a block barrier (every thread of the block calls this), then every warp adds the two
- * halves as gs_token does (mA + mB), takes δ and o (gd_delta) and updates its half of S into sS,
- * or (last) into Sg. Returns the 4 columns' o (every r, both halves). */
 template <int DK>
-__device__ __forceinline__ void gs_token_h(float *sS, float *__restrict__ Sg, bool last, const float *tq,
-                                           const float *tk, const float *tv, float rq, float rk, float kq,
-                                           float decay, float beta, int r, int cg, int col, int h, float *xch,
-                                           float o4[4]) {
-    constexpr int RPL = DK / 8, DV = DK;
-    const int rr = (r + 4 * h) * RPL;
-    float m[4] = {0.f, 0.f, 0.f, 0.f}, p[4] = {0.f, 0.f, 0.f, 0.f};
-    const float *Sx = sS + (size_t)rr * DV + col;
-    const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr), *q4 = reinterpret_cast<const float4 *>(tq + rr);
-#pragma unroll
-    for (int n4 = 0; n4 < RPL / 4; n4++) {
-        const float4 kk = k4[n4], qq = q4[n4];
-        const float kv[4] = {kk.x, kk.y, kk.z, kk.w}, qv[4] = {qq.x, qq.y, qq.z, qq.w};
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            gd_mp4(*reinterpret_cast<const float4 *>(Sx + (size_t)(4 * n4 + e) * DV), kv[e], qv[e], m, p);
-    }
-    gd_mp_sum<8>(m, p);
-    if (r == 0)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            *reinterpret_cast<float2 *>(xch + ((size_t)h * DV + col + c) * 2) = make_float2(m[c], p[c]);
-    __syncthreads();
-    float dk_[4];
-#pragma unroll
-    for (int c = 0; c < 4; c++) {
-        const float2 a = *reinterpret_cast<const float2 *>(xch + (size_t)(col + c) * 2);
-        const float2 b = *reinterpret_cast<const float2 *>(xch + ((size_t)DV + col + c) * 2);
-        gd_delta(beta, tv[4 * cg + c], decay, a.x + b.x, a.y + b.y, rk, rq, kq, o4[c], dk_[c]);
-    }
-    gs_update_rows<DK>(sS, Sg, last, tk, rr, col, dk_, decay);
-}
-
-template <int DK, bool H2>
-__global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
+__global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * 4;
     extern __shared__ float4 gd_sh4[];
@@ -792,15 +748,12 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
     cu_pdl_trigger();
     const int n_seq = cl; /* launched with cl = the sequence count */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
-    constexpr int NWH = DK / 32;                            /* warps a row half */
-    const int wc = warp % NWH, h = H2 ? warp / NWH : 0;     /* the warp's columns, its row half (H2) */
     const int ratio = nv / nk, n_units = n_seq * nk, G = gridDim.x;
     float *const sbuf = reinterpret_cast<float *>(gd_sh4);    /* [GP_NB][DK][DV] */
     float *const tq = sbuf + (size_t)GP_NB * DK * DV, *const tk = tq + DK;
-    float *const tv = tk + DK + wc * 32;                     /* the warp's 32 v values */
+    float *const tv = tk + DK + warp * 32;                   /* the warp's 32 v values */
     float *const hv = tk + DK + DV;                          /* o of the head [DV] (fused norm) */
     float *const scal = hv + DV;                             /* rq, rk, k·q of the unit */
-    float *const xch = scal + 4;                             /* H2: [2][DV][2] */
     const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(&gp_bar[0]);
     const uint32_t sdst = (uint32_t)__cvta_generic_to_shared(sbuf);
     /* the producer's cursor (thread 0): unit pu, its head pj, the unit's slot */
@@ -829,7 +782,7 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
     if (threadIdx.x == 0)
         for (int b = 0; b < GP_NB; b++) issue(b);
     const bool fuse = z != nullptr;
-    const int col = wc * 32 + 4 * cg, hc = col + r;
+    const int col = warp * 32 + 4 * cg, hc = col + r;
     const float gwn = fuse ? nrm_w[hc] : 0.f, qscale = rsqrtf((float)DK);
     __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
     cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
@@ -858,43 +811,34 @@ __global__ void __launch_bounds__(H2 ? 2 * DK : DK, 1) gd_kernel_p(GD_ARGS) {
         }
         for (int jj = 0; jj < ratio; jj++, t++) {
             const int j = kh * ratio + jj, bi = t % GP_NB;
-            /* the head's v channel 32·wc + lane: conv, window rolled (the first half's warps); its g,
-             * β (every warp); z */
-            const int vch = 2 * nk * DK + j * DV + wc * 32 + lane;
+            /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
+            const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
             float wv[K - 1], al, db;
             float4 cwv;
             gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
             const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
             const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
             float decay, beta;
-            if (h == 0) {
-                float *stv = gd_win(conv_st, slot, D, vch);
-                tv[lane] = gd_conv(cwv, wv, xv);
+            float *stv = gd_win(conv_st, slot, D, vch);
+            tv[lane] = gd_conv(cwv, wv, xv);
 #pragma unroll
-                for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
-            }
+            for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
             gd_gate_beta(xa, xb, al, db, decay, beta);
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
             gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / GP_NB) & 1u);
             float o4[4];
-            if (H2)
-                gs_token_h<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
-                               scal[0], scal[1], scal[2], decay, beta, r, cg, col, h, xch, o4);
-            else
-                gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk,
-                             tv, scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
+            gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
+                         scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
             const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
             if (!fuse) {
-                if (h == 0) out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
+                out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
             } else {
-                if (h == 0) hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
+                hv[hc] = __bfloat162float(__float2bfloat16_rn(ov));
                 __syncthreads();
-                if (h == 0) {
-                    const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
-                    out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
-                }
+                const float y = gd_gated(gwn, hv[hc] * gd_norm_scale(hv, DV, lane, nrm_eps), xz);
+                out[(row * nv + j) * DV + hc] = __float2bfloat16(y);
             }
-            __syncthreads(); /* buffer b, q, k, v, o (and H2's xch) are read */
+            __syncthreads(); /* buffer b, q, k, v, o are read */
             if (threadIdx.x == 0) {
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 issue(bi);
@@ -965,10 +909,10 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
     }
 }
 
-template <int DK, bool H2>
+template <int DK>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     const int units = a->n_seq * a->w->nk, G = units < gp_sms() ? units : gp_sms();
-    return gd_launch_ex(gd_kernel_p<DK, H2>, dim3(G, 1, 1), dim3(H2 ? 2 * DK : DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
+    return gd_launch_ex(gd_kernel_p<DK>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
                         a, fuse, st);
 }
 
@@ -1144,13 +1088,6 @@ static int gd_stream(void) {
     return cu_env_switch("LASTSTAND_GDN_STREAM", GD_STREAM_DEFAULT);
 }
 
-/* LASTSTAND_GDN_P8=0|1: gd_kernel_p in blocks of 2·dk threads, a head's row halves on two warps a
- * scheduler (1, H2: see gd_kernel_p), or of dk threads (0: gdn16-R2's form). The same bits either
- * way (test_gdn_decode_cuda). GP_H2_DEFAULT: off until a device round measures it. Read at every
- * call (the test switches it between calls). */
-#define GP_H2_DEFAULT 0
-static int gp_h2(void) { return cu_env_switch("LASTSTAND_GDN_P8", GP_H2_DEFAULT); }
-
 /* gd_kernel_s takes a v head a block (dv / 32 warps of 32 columns), a k head's v heads a cluster
  * (at most 8), S of a head in shared memory (the opt-in limit of sm_90); it is built for dk = dv
  * (32, 64, 128: Qwen3.5's and Qwen3-Next's 128, the fixtures' 32) so that S's addresses are constants */
@@ -1212,11 +1149,11 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
     const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
-        const int h2 = gp_h2(), pdl = gd_pdl();
+        const int pdl = gd_pdl();
         switch (w->dk) {
-        case 32: c = h2 ? gp_launch<32, true>(a, fuse, pdl, st) : gp_launch<32, false>(a, fuse, pdl, st); break;
-        case 64: c = h2 ? gp_launch<64, true>(a, fuse, pdl, st) : gp_launch<64, false>(a, fuse, pdl, st); break;
-        default: c = h2 ? gp_launch<128, true>(a, fuse, pdl, st) : gp_launch<128, false>(a, fuse, pdl, st); break;
+        case 32: c = gp_launch<32>(a, fuse, pdl, st); break;
+        case 64: c = gp_launch<64>(a, fuse, pdl, st); break;
+        default: c = gp_launch<128>(a, fuse, pdl, st); break;
         }
     } else if (streamed) {
         switch (w->dk) {

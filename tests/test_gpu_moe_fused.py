@@ -16,10 +16,8 @@ the BF16 shared expert synth writes (`--model-path synth:...,layers=1`):
   would be the default); the three-launch form with a BF16 shared expert (the default at
   M >= 4; LASTSTAND_MOE_DEC=0 | 1 forces it off | on: the top-k in the router's last blocks, the
   shared expert's down rows inside the down kernel) with its parts (LASTSTAND_MOE_GU_V: gate/up's
-  16 slices in 8 warps; LASTSTAND_MOE_PF: the expert tables prefetched into L2), the four launches
-  with the top-k in launch 1 (LASTSTAND_MOE_DEC=3), alone and with the router blocks' ticket as
-  one release-acquire add (LASTSTAND_MOE_TKF=1); the defaults and the three launches also at the
-  full 397B's tensor-parallel rank shape (I = shared I = 512).
+  16 slices in 8 warps; LASTSTAND_MOE_PF: the expert tables prefetched into L2); the defaults and
+  the three launches also at the full 397B's tensor-parallel rank shape (I = shared I = 512).
 """
 import json
 import os
@@ -73,8 +71,6 @@ KNOBS = [
     {"LASTSTAND_MOE_DEC": "0"},
     {"LASTSTAND_MOE_DEC": "1"},
     {"LASTSTAND_MOE_DEC": "1", "LASTSTAND_MOE_GU_V": "1", "LASTSTAND_MOE_PF": "0"},
-    {"LASTSTAND_MOE_DEC": "3"},
-    {"LASTSTAND_MOE_DEC": "3", "LASTSTAND_MOE_TKF": "1"},
     {"LASTSTAND_MOE_DEC": "0", "LASTSTAND_MOE_GU_V": "2", "LASTSTAND_MOE_PF": "1"},
 ]
 

@@ -301,17 +301,16 @@ __global__ void __launch_bounds__(32 * TOPK_W, 2)
     moe_topk_rows_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
                          const bf16 *__restrict__ wsg, const float *__restrict__ logits,
                          const float *__restrict__ sgl, int32_t *idx, float *wts, const bf16 *__restrict__ sdw,
-                         int Is, const float *__restrict__ hgu, float *__restrict__ ys, int ntk) {
+                         int Is, const float *__restrict__ hgu, float *__restrict__ ys) {
     extern __shared__ float hsm[]; /* [M][Is] */
     cu_pdl_trigger(); /* gate/up may launch now: it waits for this kernel before it reads the choices */
-    /* ntk: the top-k blocks, M (0 under LASTSTAND_MOE_DEC=3: launch 1 ran the top-k) */
-    if ((int)blockIdx.x < ntk) {
+    if ((int)blockIdx.x < M) {
         cu_pdl_wait();
         moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, 1, logits, sgl, idx, wts);
         return;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = ((int)blockIdx.x - ntk) * TOPK_W + warp;
+    const int r = ((int)blockIdx.x - M) * TOPK_W + warp;
     const bool on = r < H;
     const bf16 *row = sdw + (size_t)r * Is;
     uint4 vw[SHD_LD];
@@ -775,26 +774,22 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
      *   397B                 57.4 -> 56.6          97.7 -> 94.7                              308.2 -> 305.3
      * but the 40-layer synth 35B decode step (M = 1, CUDA graphs) 2.500 -> 2.527 ms, greedy ids
      * equal: the default from M = 4 on, the four launches below. LASTSTAND_MOE_DEC=0|1 forces
-     * one; =3 (opt-in, not yet timed on a GPU): the four launches with the top-k moved into
-     * launch 1 as here (launch 1b keeps the shared down rows). LASTSTAND_MOE_GU_V=1|2,
+     * one (=3, the four launches with the top-k moved into launch 1, was slower: 35B M = 1 21.3
+     * vs 19.4 us, 40-layer step 2.552 vs 2.465 ms; deleted in S11, last at e4fc8bf: bench/RESULTS.md,
+     * tidy2). LASTSTAND_MOE_GU_V=1|2,
      * LASTSTAND_MOE_PF=0|1 force those parts (R1: DEC with V = 1 20.1 us at the 35B layer, M = 1;
      * pf no difference in the doctor; the prefetch exists in the V = 2 kernels only, so that
      * the four launches' V = 1 kernels compile as before). The shared gate/up rows as launch 2's first blocks,
      * without a wait (DEC=2 in R1: 35B M = 1 21.5 us, decode step 2.587 ms), were removed. */
-    static int force_dec = -2, force_gv = -2, force_pf = -2, force_tkf = -2;
+    static int force_dec = -2, force_gv = -2, force_pf = -2;
     const int npr = k * (I / 128); /* the down kernel's routed chunks of a token */
     int dec = 0;
     if (sbf && pair == 2 && !bc && Is <= 256 * SHD_LD && npr >= DOWN_KW && npr <= DOWN_KW * DOWN_PMAX) {
         const int def = M >= 4 ? 1 : 0;
-        dec = fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 3, def);
-        if (dec == 2) dec = def; /* removed */
+        dec = fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 1, def);
     }
-    const int tk = dec == 3;
-    if (tk) sr = 2;
     const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec == 1 ? 2 : 1) == 2;
     const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec == 1);
-    /* the router blocks' ticket as one release-acquire add (opt-in, not yet timed) */
-    const int tkf = fused_knob(&force_tkf, "LASTSTAND_MOE_TKF", 0, 1, 0);
     cudaError_t c;
     float *hs = NULL, *ys = NULL;
     int wpt = 1;
@@ -809,25 +804,24 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             ws_unlock(ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        c = moe_fused_dec(&fc, gv2, pf, hs, ticket, tkf);
+        c = moe_fused_dec(&fc, gv2, pf, hs, ticket);
     } else {
         if (sr == 2) {
             /* one warp a BF16 shared row in launches 1 and 1b: hgu [M, 2·Is], ys [M, H], fp32 */
             hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * 2 * Is, st, e);
             ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);
-            unsigned *ticket = tk ? (unsigned *)ws_get(ws, WS_TICKET, 64, st, e) : NULL;
-            if (!hs || !ys || (tk && !ticket)) {
+            if (!hs || !ys) {
                 ws_unlock(ws);
                 return e->code ? e->code : ERR_NOMEM;
             }
-            c = moe_fused_route_rows(&fc, tk, hs, ticket, tkf);
+            c = moe_fused_route_rows(&fc, 0, hs, NULL);
             const size_t hsm = sizeof(float) * (size_t)M * Is;
             if (c == cudaSuccess) c = fused_smem<moe_topk_rows_kernel>(hsm);
             if (c == cudaSuccess)
-                c = fused_launch(pdl, moe_topk_rows_kernel, dim3((tk ? 0 : M) + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
+                c = fused_launch(pdl, moe_topk_rows_kernel, dim3(M + (H + TOPK_W - 1) / TOPK_W), dim3(32 * TOPK_W), hsm,
                                  st, M, H, E, k, (int)w->norm_topk, (const bf16 *)a->x, wsg, (const float *)logits,
                                  (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)w->sh_down.data, Is,
-                                 (const float *)hs, ys, tk ? 0 : M);
+                                 (const float *)hs, ys);
         } else if (sr) {
             hs = (float *)ws_get(ws, WS_HS, sizeof(float) * FUSED_MAXM * Is, st, e);
             ys = (float *)ws_get(ws, WS_YS, sizeof(float) * FUSED_MAXM * H, st, e);

@@ -21,16 +21,18 @@
  * fp32 = x·rowᵀ. Two blocks an SM: 257 blocks on the 397B layer, one wave. (A row's
  * second round of loads by cp.async into shared memory at the start, so that a whole
  * 4096-wide row was in flight at once, changed nothing: 58.0 us either way, H200 R3.)
- * TK (the three launches, DEC = 1; and LASTSTAND_MOE_DEC=3): no top-k launch; the last M
+ * TK (the three launches): no top-k launch; the last M
  * router blocks to finish (a device ticket, counted after each block's logits are fenced)
  * run moe_topk_block, one token each, once the last one has counted itself, and write
- * idx / wts, so that the next launch needs no top-k of its own. */
+ * idx / wts, so that the next launch needs no top-k of its own. (The ticket as one release-acquire
+ * add instead of a fence in every thread, LASTSTAND_MOE_TKF, was no faster in the 40-layer step,
+ * 2.529 vs 2.518 ms: deleted in S11, last at e4fc8bf.) */
 template <bool TK>
 __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
     moe_route_rows_kernel(int M, int H, int E, int nrb, const bf16 *__restrict__ x, const bf16 *__restrict__ wr,
                           const bf16 *__restrict__ wsg, float *logits, float *sgl, const bf16 *__restrict__ shg,
                           const bf16 *__restrict__ shu, int Is, float *__restrict__ hgu, int k, int norm,
-                          int32_t *idx, float *wts, unsigned *ticket, int tkf) {
+                          int32_t *idx, float *wts, unsigned *ticket) {
     extern __shared__ uint4 xs4[];
     __shared__ float part[ROUTER_RPB][ROUTER_Q][FUSED_MAXM];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -44,21 +46,13 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
         router_finish<4>(rp, blockIdx.x, M, H, E, wsg, xs4, vw, part, logits, sgl);
         if constexpr (TK) {
             __shared__ int tok;
-            /* tkf (LASTSTAND_MOE_TKF=1, opt-in, not yet timed on a GPU): one release-acquire
-             * add for the block instead of a fence in every thread first (the H200 round's
-             * form: ncu counts 2.6 us more for this kernel than without the top-k, with membar
-             * stalls) */
-            if (!tkf) __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
+            __threadfence(); /* this thread's logits (or sgl) visible before the ticket */
             __syncthreads();
             if (threadIdx.x == 0) {
                 /* the last M router blocks to finish take token t - (nrb - M) each; all but the
                  * very last wait (acquire) until it has counted itself (it needs at most a free
                  * slot, which blocks that never wait release) */
-                unsigned t;
-                if (tkf)
-                    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(t) : "l"(ticket) : "memory");
-                else
-                    t = atomicAdd(ticket, 1u);
+                const unsigned t = atomicAdd(ticket, 1u);
                 const int mm = (int)t - (nrb - M);
                 if (mm >= 0 && t != (unsigned)nrb - 1) {
                     unsigned v, polls = 0;
@@ -71,7 +65,7 @@ __global__ void __launch_bounds__(32 * ROUTER_NW, 2)
             }
             __syncthreads();
             if (tok < 0) return;
-            if (!tkf) __threadfence();
+            __threadfence();
             moe_topk_block(tok, H, E, k, norm, x, wsg, 1, logits, wsg ? sgl : nullptr, idx, wts);
             /* the M-th block out resets the ticket for the next call or graph replay (no
              * block reads it again in this launch) */
@@ -420,15 +414,14 @@ static cudaError_t down3_launch(int pdl, dim3 grid, size_t smem, cudaStream_t st
                         Is, k, idx, (const bf16 *)h, ldh, (bf16 *)y, zero, (const float *)NULL, hgu, sgl, sdw);
 }
 
-cudaError_t moe_fused_route_rows(const fused_call *f, int tk, float *hgu, unsigned *ticket, int tkf) {
+cudaError_t moe_fused_route_rows(const fused_call *f, int tk, float *hgu, unsigned *ticket) {
     const unsigned g1 = f->nrb + (2 * f->Is + ROUTER_NW - 1) / ROUTER_NW;
     const size_t xsm = sizeof(bf16) * (size_t)f->M * f->H;
     auto RK = tk ? moe_route_rows_kernel<true> : moe_route_rows_kernel<false>;
     cudaError_t c = tk ? fused_smem<moe_route_rows_kernel<true>>(xsm) : fused_smem<moe_route_rows_kernel<false>>(xsm);
     if (c == cudaSuccess)
         c = fused_launch(f->rpdl, RK, dim3(g1), dim3(32 * ROUTER_NW), xsm, f->st, f->M, f->H, f->E, f->nrb, f->x, f->wr,
-                         f->wsg, f->logits, f->sgl, f->shg, f->shu, f->Is, hgu, f->k, f->norm, f->idx, f->wts, ticket,
-                         tkf);
+                         f->wsg, f->logits, f->sgl, f->shg, f->shu, f->Is, hgu, f->k, f->norm, f->idx, f->wts, ticket);
     return c;
 }
 
@@ -458,8 +451,8 @@ cudaError_t moe_fused_down2(const fused_call *f, int bc, dim3 grid, const float 
     return c;
 }
 
-cudaError_t moe_fused_dec(const fused_call *f, int v2, int pf, float *hs, unsigned *ticket, int tkf) {
-    cudaError_t c = moe_fused_route_rows(f, 1, hs, ticket, tkf);
+cudaError_t moe_fused_dec(const fused_call *f, int v2, int pf, float *hs, unsigned *ticket) {
+    cudaError_t c = moe_fused_route_rows(f, 1, hs, ticket);
     if (c == cudaSuccess) c = moe_fused_gateup2(f, 0, v2, pf, dim3(f->I / 16, f->M * f->k), 1);
     const int npr = f->k * (f->I / 128), pm = (npr + DOWN_KW - 1) / DOWN_KW; /* one pass of the routed loop */
     const size_t dsm = (size_t)DOWN_KW * pm * 2 * 32 * 16 + sizeof(float) * f->Is;

@@ -248,14 +248,14 @@ typedef struct fused_call {
 } fused_call;
 
 /* moe_fused_dec.cu. Launch 1 in rows form (SHARED_ROUTE=2: hgu [M, 2·Is] fp32), with the top-k by
- * its last blocks when tk (ticket: 64 zeroed bytes; tkf: see moe_route_rows_kernel) */
-cudaError_t moe_fused_route_rows(const fused_call *f, int tk, float *hgu, unsigned *ticket, int tkf);
+ * its last blocks when tk (ticket: 64 zeroed bytes) */
+cudaError_t moe_fused_route_rows(const fused_call *f, int tk, float *hgu, unsigned *ticket);
 /* the cp.async pair's gate/up on grid (f->gkw != 0); bc: block-column decode, v2: 8 warps playing
  * the 16-warp slices, pf: the tables prefetched into L2, sr: routed slots only */
 cudaError_t moe_fused_gateup2(const fused_call *f, int bc, int v2, int pf, dim3 grid, int sr);
 /* the cp.async pair's down on grid (ys: the BF16 shared expert's result [M, H] to add, or NULL) */
 cudaError_t moe_fused_down2(const fused_call *f, int bc, dim3 grid, const float *ys);
 /* the three launches (fused_run's DEC = 1): hs [M, 2·Is] fp32 and ticket (64 zeroed bytes) workspace */
-cudaError_t moe_fused_dec(const fused_call *f, int v2, int pf, float *hs, unsigned *ticket, int tkf);
+cudaError_t moe_fused_dec(const fused_call *f, int v2, int pf, float *hs, unsigned *ticket);
 
 #endif

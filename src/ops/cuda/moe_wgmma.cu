@@ -38,6 +38,7 @@
  * condition, MG_LD_FP4); N tails are zero-filled and not written.
  */
 #include "ops/cuda/moe_wgmma.cuh"
+#include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
 
@@ -78,6 +79,11 @@ __device__ __forceinline__ void mw_wg_wait() {
 __device__ __forceinline__ void mw_fence_regs(float (&d)[64]) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* K-major, 128-byte swizzle: start address >> 4, leading offset 16 B (unused by this mode),
@@ -248,11 +254,323 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
     }
 }
 
+/* d[0..31] (+)= A[64 x 16] (registers a) · B[64 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma64(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..63] (+)= A[64 x 16] (registers a) · B[128 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma128(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..95] (+)= A[64 x 16] (registers a) · B[192 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma192(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "{%96, %97, %98, %99}, %100, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..127] (+)= A[64 x 16] (registers a) · B[256 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma256(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* ---- m2: tokens as the N side, the weights decoded straight into wgmma's A registers -------
+ *
+ * mw_kernel above (64 token rows x 128 weight rows a CTA, both operands from shared memory)
+ * re-decodes an expert's weights for every 64 tokens, stores them to shared memory and reads
+ * them back for the MMA (~210 B of shared-memory traffic a clock against the SM's 128), and its
+ * decode waits for the MMA inside the one warpgroup: ~200 TFLOP/s. m2_kernel swaps the roles:
+ *   CTA  = 2 warpgroups (256 threads, one CTA an SM) x up to 256 tokens (a group of up to four
+ *          consecutive 64-row tiles of one expert in the plan: "a super tile") x NB blocks of
+ *          weight rows (each 128 rows: 64 a warpgroup).
+ *   A    = 64 weight rows a warpgroup, decoded from the E2M1 codes (in shared memory, brought
+ *          with the tokens by cp.async) straight into the m64k16 register fragments: lane
+ *          (g, t) of warp w holds rows 16w + g, 16w + g + 8 at k = 2t, 2t + 1 (byte t of code
+ *          word 2s of the k16 step s) and 2t + 8, 2t + 9 (byte t of word 2s + 1). A byte is
+ *          placed into a bf16x2 (nv4_e2m1x8_place's bit placement: e2m1 x 2^-126, exact) and
+ *          multiplied by its block scale x 2^118 (one HMUL2, exact); 2^8 goes into scale2 in
+ *          the epilogue. The decode of block q + 1 runs while block q's wgmma group is in flight.
+ *   B    = the super tile's token rows x 64 k from shared memory (cp.async gathers them by
+ *          perm into the 128-byte swizzled K-major layout), N = 64 x (tiles in the group):
+ *          wgmma m64nNk16 with N = 64, 128, 192 or 256 (a uniform switch a CTA).
+ *   gate/up: warp w's 16 A rows = 8 gate rows (i = n0 + 32·wg + 8w + g) then the same 8 up
+ *          rows, so one lane holds gate and up of the same (i, token): h = silu(g)·u in
+ *          registers, staged in shared memory, stored as 128-byte rows of hbuf.
+ *   down:  A rows = 128 output columns; acc·s2d·wts[pair] staged, stored as 256-byte rows.
+ * Pipeline: S stages (tokens 32 KB + codes 4 KB + scales 512 B each), loads S - 2 blocks
+ * ahead (a stage is refilled only after the wgmma group that read it was retired by the
+ * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
+ * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
+ * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block. */
+
+/* the group of up to 4 tiles that starts at plan tile t (0: t does not start one) */
+__device__ __forceinline__ int m2_group(const int32_t *__restrict__ tile_e, int t, int ntiles, int lane) {
+    const int e = tile_e[t];
+    int run = -1;
+    for (int base = 0; run < 0; base += 32) { /* same-expert tiles right before t */
+        const int tt = t - 1 - base - lane;
+        const bool same = tt >= 0 && tile_e[tt] == e;
+        const unsigned m = __ballot_sync(0xffffffffu, !same);
+        if (m) run = base + __ffs(m) - 1;
+    }
+    const int tt = t + lane;
+    const bool fw = lane < 4 && tt < ntiles && tile_e[tt] == e;
+    const unsigned f = __ballot_sync(0xffffffffu, !fw);
+    const int n = __ffs(f) - 1; /* tiles t .. t + n - 1 are expert e's, n <= 4 */
+    return run % 4 == 0 ? n : 0;
+}
+
+template <bool GATEUP, int S>
+struct m2_lay {
+    static constexpr int STAGE = 37 * 1024;            /* tokens 32768 B, codes 4096, scales 512 */
+    static constexpr int C_IN = 32768, S_IN = 36864;
+    static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
+    static constexpr int O_OFF = S * STAGE;
+    static constexpr int L_OFF = O_OFF + 256 * OSTR;   /* soff[256], spair[256], swt[256], info[4] */
+    static constexpr int SMEM = L_OFF + 3 * 1024 + 16 + 1024;
+};
+
+template <bool GATEUP, int S, int NB>
+__global__ void __launch_bounds__(256, 1)
+    m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
+              const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf) {
+    extern __shared__ __align__(1024) unsigned char mw_dsm[];
+    typedef m2_lay<GATEUP, S> LY;
+    const int t = blockIdx.y;
+    const int ntiles = n_tiles[0];
+    if (t >= ntiles) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(mw_dsm);
+    const uint32_t sb = (raw + 1023u) & ~1023u;
+    unsigned char *const gb = mw_dsm + (sb - raw);
+    int *soff = reinterpret_cast<int *>(gb + LY::L_OFF);
+    int *spair = soff + 256;
+    float *swt = reinterpret_cast<float *>(spair + 256);
+    int *info = reinterpret_cast<int *>(swt + 256);
+    if (warp == 0) {
+        const int n = m2_group(tile_e, t, ntiles, lane);
+        if (lane == 0) info[0] = n;
+    }
+    __syncthreads();
+    const int ntl = info[0];
+    if (ntl == 0) return;
+    const mg_expert *xp = &tab[tile_e[t]];
+    const int I = xp->inter;
+    const int N = GATEUP ? I : H, K = GATEUP ? H : I;
+    constexpr int PER = GATEUP ? 64 : 128; /* output columns a weight block */
+    const int nball = (N + PER - 1) / PER, nb0 = blockIdx.x * NB;
+    if (nb0 >= nball) return;
+    const int nbe = min(NB, nball - nb0);
+    const int r0 = t * MW_BM, rows = ntl * MW_BM;
+    {
+        int p = -1, off = -1;
+        if (tid < rows) {
+            p = perm[r0 + tid];
+            if (p >= 0) off = GATEUP ? (p / (k + 1)) * H : (r0 + tid) * ldh;
+        }
+        soff[tid] = off;
+        spair[tid] = p;
+        if (!GATEUP) swt[tid] = p >= 0 ? wts[p] : 0.f;
+    }
+    __syncthreads();
+
+    /* loader roles: token chunks (row tid/8 + 32i, chunk tid%8), the codes of A row tid/2
+     * (half tid%2), the scales of A row tid (tid < 128) */
+    const bf16 *const tsrc = GATEUP ? x : hbuf;
+    const int lch = tid & 7, lrow = tid >> 3;
+    auto arow = [&](int ar) { /* A row ar (0..127) -> (matrix, row of it) without n0 */
+        const int rr = ar & 63, wg = ar >> 6;
+        if (GATEUP) return make_int2((rr >> 3) & 1, 32 * wg + 8 * (rr >> 4) + (rr & 7));
+        return make_int2(2, ar);
+    };
+    const int2 cr = arow(tid >> 1), sr = arow(tid & 127);
+    const uint8_t *const cbase = xp->w[cr.x] + (tid & 1) * 16;
+    const uint8_t *const sbase = xp->s[sr.x];
+    const int nk = K / MW_BK, Q = nbe * nk;
+
+    auto load = [&](int q) {
+        const int nb = q / nk, kb = q - nb * nk, k0 = kb * MW_BK, n0 = (nb0 + nb) * PER;
+        const uint32_t st = sb + (q % S) * LY::STAGE;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int row = lrow + 32 * i;
+            if (row < rows) {
+                const int off = soff[row];
+                mw_cp16(st + row * 128 + ((lch ^ (row & 7)) << 4), off >= 0 ? tsrc + off + k0 + lch * 8 : tsrc,
+                        off >= 0);
+            }
+        }
+        const int wr = n0 + cr.y;
+        const bool wok = wr < N;
+        mw_cp16(st + LY::C_IN + tid * 16, wok ? cbase + (size_t)wr * (K / 2) + k0 / 2 : cbase, wok);
+        if (tid < 128) {
+            const int s_r = n0 + sr.y;
+            const bool sok = s_r < N;
+            mw_cp4(st + LY::S_IN + tid * 4, sok ? sbase + (size_t)s_r * (K / 16) + k0 / 16 : sbase, sok);
+        }
+    };
+
+    /* the decode: this lane's A rows ar0 = 64·wg + 16w + g and ar0 + 8 */
+    const int ar0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
+    const uint32_t sel = 0x4440u | (uint32_t)tq; /* byte tq to byte 0, zeros above */
+    auto place = [&](uint32_t w) -> uint32_t {
+        const uint32_t b = __byte_perm(w, 0u, sel);
+        return ((b * 0x40040u) & 0x01C001C0u) | ((b * 0x1001000u) & 0x80008000u);
+    };
+    auto decode = [&](int q, uint32_t (&a)[16]) {
+        const unsigned char *stp = gb + (q % S) * LY::STAGE;
+        const uint32_t sw0 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + ar0 * 4);
+        const uint32_t sw1 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + (ar0 + 8) * 4);
+        uint32_t sc0[4], sc1[4];
+        nv4_scale2_bf16x2_x118((uint16_t)sw0, sc0[0], sc0[1]);
+        nv4_scale2_bf16x2_x118((uint16_t)(sw0 >> 16), sc0[2], sc0[3]);
+        nv4_scale2_bf16x2_x118((uint16_t)sw1, sc1[0], sc1[1]);
+        nv4_scale2_bf16x2_x118((uint16_t)(sw1 >> 16), sc1[2], sc1[3]);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint2 c0 = *reinterpret_cast<const uint2 *>(stp + LY::C_IN + ar0 * 32 + 8 * s);
+            const uint2 c1 = *reinterpret_cast<const uint2 *>(stp + LY::C_IN + (ar0 + 8) * 32 + 8 * s);
+            a[4 * s + 0] = nv4_hmul2(place(c0.x), sc0[s]);
+            a[4 * s + 1] = nv4_hmul2(place(c1.x), sc1[s]);
+            a[4 * s + 2] = nv4_hmul2(place(c0.y), sc0[s]);
+            a[4 * s + 3] = nv4_hmul2(place(c1.y), sc1[s]);
+        }
+    };
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    uint32_t af[2][16];
+
+    auto mma = [&](const uint32_t (&a)[16], int q, int kb) {
+        const uint64_t db = mw_desc(sb + (q % S) * LY::STAGE);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};
+            const int on = kb > 0 || s > 0;
+            if (ntl == 4)
+                m2_mma256(acc, as, db + 2 * s, on);
+            else if (ntl == 3)
+                m2_mma192(acc, as, db + 2 * s, on);
+            else if (ntl == 2)
+                m2_mma128(acc, as, db + 2 * s, on);
+            else
+                m2_mma64(acc, as, db + 2 * s, on);
+        }
+    };
+
+    auto epilogue = [&](int nb) {
+        const int n0 = (nb0 + nb) * PER;
+        unsigned char *so = gb + LY::O_OFF;
+        if (GATEUP) {
+            const int il = 32 * (warp >> 2) + 8 * (warp & 3) + g; /* i - n0 */
+            const float s2g = xp->s2[0] * 256.f, s2u = xp->s2[1] * 256.f;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                if (j < 8 * ntl) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float gv = acc[4 * j + h] * s2g, uv = acc[4 * j + 2 + h] * s2u;
+                        const float hv = gv / (1.f + __expf(-gv)) * uv;
+                        *reinterpret_cast<bf16 *>(so + (8 * j + 2 * tq + h) * LY::OSTR + il * 2) = __float2bfloat16(hv);
+                    }
+                }
+            }
+        } else {
+            const int cl = 64 * (warp >> 2) + 16 * (warp & 3) + g; /* column - n0 */
+            const float s2d = xp->s2[2] * 256.f;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                if (j < 8 * ntl) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int tok = 8 * j + 2 * tq + h;
+                        const float c = s2d * swt[tok];
+                        unsigned char *d = so + tok * LY::OSTR + cl * 2;
+                        *reinterpret_cast<bf16 *>(d) = __float2bfloat16(acc[4 * j + h] * c);
+                        *reinterpret_cast<bf16 *>(d + 16) = __float2bfloat16(acc[4 * j + 2 + h] * c);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        constexpr int CPR = PER / 8; /* 16-byte chunks a row */
+        for (int c = tid; c < rows * CPR; c += 256) {
+            const int row = c / CPR, ch = c - row * CPR, col = n0 + ch * 8;
+            if (col >= N) continue;
+            const uint4 v = *reinterpret_cast<const uint4 *>(so + row * LY::OSTR + ch * 16);
+            if (GATEUP) {
+                if (soff[row] >= 0) *reinterpret_cast<uint4 *>(hbuf + (size_t)(r0 + row) * ldh + col) = v;
+            } else {
+                const int p = spair[row];
+                if (p >= 0) *reinterpret_cast<uint4 *>(dbuf + (size_t)p * H + col) = v;
+            }
+        }
+    };
+
+    auto step = [&](int q, uint32_t (&a)[16]) {
+        mw_wait_cp<S - 3>();
+        mw_fence_async();
+        __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
+        if (q + S - 2 < Q) load(q + S - 2);
+        mw_commit_cp();
+        decode(q, a);
+        const int nb = q / nk, kb = q - nb * nk;
+#pragma unroll
+        for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
+        mw_wg_fence();
+        mw_fence_regs128(acc);
+        mma(a, q, kb);
+        mw_wg_commit();
+        mw_fence_regs128(acc);
+        mw_wg_wait<1>();
+        if (kb == nk - 1) {
+            mw_wg_wait<0>();
+            mw_fence_regs128(acc);
+            epilogue(nb);
+        }
+    };
+
+#pragma unroll
+    for (int q = 0; q < S - 2; q++) {
+        if (q < Q) load(q);
+        mw_commit_cp();
+    }
+    for (int q = 0; q < Q; q += 2) {
+        step(q, af[0]);
+        if (q + 1 < Q) step(q + 1, af[1]);
+    }
+    mw_wg_wait<0>();
+}
+
 /* ---- host side ------------------------------------------------------------------ */
 
 enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
+static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
+enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4 }; /* stages, weight blocks a CTA */
 
 template <int PF>
 static bool mw_ready() {
@@ -263,6 +581,15 @@ static bool mw_ready() {
                cudaSuccess &&
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
+}
+static bool m2_ready() {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, m2_kernel<true, M2_S_GU, M2_NB_GU>) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, m2_kernel<false, M2_S_DN, M2_NB_DN>) == cudaSuccess &&
+           cudaFuncSetAttribute(m2_kernel<true, M2_S_GU, M2_NB_GU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, M2_S_GU>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(m2_kernel<false, M2_S_DN, M2_NB_DN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, M2_S_DN>::SMEM) == cudaSuccess;
 }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -282,11 +609,18 @@ int mw_available(void) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
         const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
-        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() ? 1 : -1;
+        v = getenv("LASTSTAND_MG_WGMMA2");
+        mw_v2 = v && !strcmp(v, "1");
+        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() && (!mw_v2 || m2_ready())
+                ? 1
+                : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a, "
-                     "prefetch distance %d)", dev, mw_pf);
+            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a, %s)",
+                     dev, mw_v2 ? "m2_kernel: up to 256 tokens a CTA, weights decoded into the A registers"
+                                : mw_pf == 2 ? "mw_kernel, prefetch distance 2"
+                                : mw_pf == 3 ? "mw_kernel, prefetch distance 3"
+                                             : "mw_kernel, prefetch distance 4");
         else
             log_warn("cuda_grouped_gemm: LASTSTAND_MG_WGMMA=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernels; mg_gemm_kernel runs", dev, major, minor);
@@ -300,6 +634,14 @@ template <bool GATEUP>
 cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                       bf16 *dbuf, cudaStream_t st) {
+    if (mw_v2) {
+        constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
+        const int nball = (n_out + PER - 1) / PER;
+        dim3 g2((unsigned)((nball + NB - 1) / NB), (unsigned)tiles_max);
+        m2_kernel<GATEUP, S, NB><<<g2, 256, m2_lay<GATEUP, S>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                                          wts, dbuf);
+        return cudaGetLastError();
+    }
     const int per = GATEUP ? 64 : 128;
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
     if (mw_pf == 4)

@@ -14,8 +14,10 @@
 #    On a new-path failure: compute-sanitizer memcheck of the doctor at M = 512.
 # 2. ncu of the GEMM kernels at the 35B shapes, M = 8192 (one gate/up + one down launch each,
 #    old and new): duration, SOL, pipes, issue, warp stalls, occupancy, registers, shared memory.
+#    synth 35B (BF16 shared expert on the side stream) at M = 2048, 8192: the shared expert's tiles
+#    on mg_gemm_kernel vs m2_kernel's BF16 form (LASTSTAND_MG_WGMMA2_SH=1).
 # 3. 8k TTFT: serve synth:qwen3.5-35b-a3b (40 layers, prefill8k.sh's plans), 4096- and
-#    8192-token prompts, old vs new.
+#    8192-token prompts, old vs new (both switches).
 # 4. tests/test_gpu_moe_wgmma.py with the new kernel (time left permitting).
 . "$(dirname "$0")/lib.sh"
 dev_init moepre 235 "$@"
@@ -23,13 +25,15 @@ export NCCL_NVLS_ENABLE=0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 OLD="LASTSTAND_MG_WGMMA2=0"
 NEW="LASTSTAND_MG_WGMMA2=1"
+NEWSH="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_SH=1"
 
-# doctor TAG ENVS PRESET MS MAXS
+# doctor TAG ENVS PRESET MS MAXS (PRESET: a --shapes preset, or synth:... for --model-path)
 doctor() {
-    local tag=$1 envs=$2 preset=$3 ms=$4 t=$5 l rc
+    local tag=$1 envs=$2 preset=$3 ms=$4 t=$5 l rc src
     l=$(( $(left) - 5 )); [ "$l" -lt "$t" ] && t=$l
     [ "$t" -ge 8 ] || { echo "$tag: skipped (time)"; return 1; }
-    env $envs timeout -k 2 "$t" "$BIN" doctor --device cuda --families moe --shapes "$preset" --m "$ms" \
+    case $preset in synth:*) src=--model-path ;; *) src=--shapes ;; esac
+    env $envs timeout -k 2 "$t" "$BIN" doctor --device cuda --families moe $src "$preset" --m "$ms" \
         --backends cuda_grouped_gemm --trial-timeout 40 >"$OUT/doc-$tag.txt" 2>"$OUT/doc-$tag.err"
     rc=$?
     grep -E "^moe|^ +M |^ +[0-9]+ " "$OUT/doc-$tag.txt" | sed "s/^/$tag /"
@@ -47,12 +51,16 @@ doctor new397 "$NEW" qwen3.5-397b-a17b 2048,8192 40
 ok397=$?
 LASTSTAND_GROUPED_BM=64 doctor newpad "$NEW" qwen3.5-35b-a3b 100,3001 25
 okpad=$?
-echo "new path verdicts: 35B $([ $ok35 = 0 ] && echo PASS || echo FAIL), 397B $([ $ok397 = 0 ] && echo PASS || echo FAIL), padding/3001 $([ $okpad = 0 ] && echo PASS || echo FAIL)"
+# synth 35B: the BF16 shared expert (its own launches, side stream): on mg_gemm_kernel vs m2_kernel's BF16 form
+doctor syn35 "$NEW" "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 30
+doctor syn35sh "$NEWSH" "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 30
+oksh=$?
+echo "new path verdicts: 35B $([ $ok35 = 0 ] && echo PASS || echo FAIL), 397B $([ $ok397 = 0 ] && echo PASS || echo FAIL), padding/3001 $([ $okpad = 0 ] && echo PASS || echo FAIL), BF16 shared $([ $oksh = 0 ] && echo PASS || echo FAIL)"
 # the routed GEMMs' FLOPs: M·k·(3·2·H·I); 35B H 2048 I 512 k 8 (+ shared 512 over M), 397B H 4096 I 1024 k 10 (+ shared 1024)
 python3 - "$OUT" <<'PY'
 import re, sys, glob, os
 fl = {"35": (2048, 512, 8, 512), "397": (4096, 1024, 10, 1024)}
-for tag in ("old35", "new35", "old397", "new397"):
+for tag in ("old35", "new35", "old397", "new397", "syn35", "syn35sh"):
     p = os.path.join(sys.argv[1], f"doc-{tag}.txt")
     if not os.path.exists(p):
         continue
@@ -95,7 +103,7 @@ PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-bac
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 PORT=$((36000 + $$ % 2000))
-for v in "new:$NEW" "old:$OLD"; do
+for v in "new:$NEWSH" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}
     [ "$(left)" -gt 55 ] || { echo "ttft $tag: skipped (time)"; continue; }
     echo "== 3. ttft $tag ($envs LASTSTAND_GDN_WY=1): serve synth 35B (40 layers), chunk 8192, prefix cache off $(el)"
@@ -137,8 +145,8 @@ PY
 done
 
 if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== 4. pytest tests/test_gpu_moe_wgmma.py, $NEW $(el)"
-    env $NEW BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -rfE \
+    echo "== 4. pytest tests/test_gpu_moe_wgmma.py, $NEWSH $(el)"
+    env $NEWSH BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -rfE \
         tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -12
     echo "rc=$? $(el)"
 fi

@@ -294,6 +294,43 @@ __device__ __forceinline__ void m2_mma256(float (&d)[128], const uint32_t (&a)[4
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
+/* the same with A from shared memory too (descriptor da): the BF16 weights */
+__device__ __forceinline__ void m2_mma64ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma128ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma192ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
 /* ---- m2: tokens as the N side, the weights decoded straight into wgmma's A registers -------
  *
  * mw_kernel above (64 token rows x 128 weight rows a CTA, both operands from shared memory)
@@ -340,24 +377,29 @@ __device__ __forceinline__ int m2_group(const int32_t *__restrict__ tile_e, int 
     return run % 4 == 0 ? n : 0;
 }
 
-template <bool GATEUP, int S>
+/* BW: BF16 weights (a stage: tokens 32768 B, the 128 weight rows x 64 k 16384 B, swizzled like
+ * the tokens, read by wgmma through a descriptor) instead of NVFP4 codes decoded into registers.
+ * NB == 1: the output staging aliases the stages (the pipeline is drained by then). */
+template <bool GATEUP, bool BW, int S, int NB>
 struct m2_lay {
-    static constexpr int STAGE = 37 * 1024;            /* tokens 32768 B, codes 4096, scales 512 */
+    static constexpr int STAGE = BW ? 48 * 1024 : 37 * 1024; /* NVFP4: tokens, codes 4096, scales 512 */
     static constexpr int C_IN = 32768, S_IN = 36864;
     static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
-    static constexpr int O_OFF = S * STAGE;
-    static constexpr int L_OFF = O_OFF + 256 * OSTR;   /* soff[256], spair[256], swt[256], info[4] */
+    static constexpr int O_OFF = NB == 1 ? 0 : S * STAGE;
+    static constexpr int L_OFF = O_OFF + 256 * OSTR > S * STAGE ? O_OFF + 256 * OSTR : S * STAGE;
+    /* soff[256], spair[256], swt[256], info[4] */
     static constexpr int SMEM = L_OFF + 3 * 1024 + 16 + 1024;
 };
 
-template <bool GATEUP, int S, int NB>
+template <bool GATEUP, bool BW, int S, int NB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
-    typedef m2_lay<GATEUP, S> LY;
-    const int t = blockIdx.y;
+    typedef m2_lay<GATEUP, BW, S, NB> LY;
+    /* sh_only: blockIdx.y counts the shared expert's tiles only (n_tiles[1] on) */
+    const int t = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     const int ntiles = n_tiles[0];
     if (t >= ntiles) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -406,8 +448,8 @@ __global__ void __launch_bounds__(256, 1)
     };
     const int2 cr = arow(tid >> 1), sr = arow(tid & 127);
     const uint8_t *const cbase = xp->w[cr.x] + (tid & 1) * 16;
-    const uint8_t *const sbase = xp->s[sr.x];
-    const int nk = K / MW_BK, Q = nbe * nk;
+    const uint8_t *const sbase = BW ? xp->w[0] : xp->s[sr.x];
+    const int nk = (K + MW_BK - 1) / MW_BK, Q = nbe * nk; /* NVFP4: K % 64 == 0 (the loader's condition) */
 
     auto load = [&](int q) {
         const int nb = q / nk, kb = q - nb * nk, k0 = kb * MW_BK, n0 = (nb0 + nb) * PER;
@@ -417,9 +459,21 @@ __global__ void __launch_bounds__(256, 1)
             const int row = lrow + 32 * i;
             if (row < rows) {
                 const int off = soff[row];
-                mw_cp16(st + row * 128 + ((lch ^ (row & 7)) << 4), off >= 0 ? tsrc + off + k0 + lch * 8 : tsrc,
-                        off >= 0);
+                const bool ok = off >= 0 && (!BW || k0 + lch * 8 < K);
+                mw_cp16(st + row * 128 + ((lch ^ (row & 7)) << 4), ok ? tsrc + off + k0 + lch * 8 : tsrc, ok);
             }
+        }
+        if constexpr (BW) { /* weight rows lrow + 32i, chunk lch, into the swizzled tile at C_IN */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int ar = lrow + 32 * i;
+                const int2 m = arow(ar);
+                const int wr = n0 + m.y;
+                const bool ok = wr < N && k0 + lch * 8 < K;
+                const uint8_t *src = xp->w[m.x] + ((size_t)wr * K + k0 + lch * 8) * 2;
+                mw_cp16(st + LY::C_IN + ar * 128 + ((lch ^ (ar & 7)) << 4), ok ? src : xp->w[m.x], ok);
+            }
+            return;
         }
         const int wr = n0 + cr.y;
         const bool wok = wr < N;
@@ -465,27 +519,45 @@ __global__ void __launch_bounds__(256, 1)
 
     auto mma = [&](const uint32_t (&a)[16], int q, int kb) {
         const uint64_t db = mw_desc(sb + (q % S) * LY::STAGE);
+        if constexpr (BW) {
+            const uint64_t da = mw_desc(sb + (q % S) * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
-            const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};
-            const int on = kb > 0 || s > 0;
-            if (ntl == 4)
-                m2_mma256(acc, as, db + 2 * s, on);
-            else if (ntl == 3)
-                m2_mma192(acc, as, db + 2 * s, on);
-            else if (ntl == 2)
-                m2_mma128(acc, as, db + 2 * s, on);
-            else
-                m2_mma64(acc, as, db + 2 * s, on);
+            for (int s = 0; s < 4; s++) {
+                const int on = kb > 0 || s > 0;
+                if (ntl == 4)
+                    m2_mma256ss(acc, da + 2 * s, db + 2 * s, on);
+                else if (ntl == 3)
+                    m2_mma192ss(acc, da + 2 * s, db + 2 * s, on);
+                else if (ntl == 2)
+                    m2_mma128ss(acc, da + 2 * s, db + 2 * s, on);
+                else
+                    m2_mma64ss(acc, da + 2 * s, db + 2 * s, on);
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};
+                const int on = kb > 0 || s > 0;
+                if (ntl == 4)
+                    m2_mma256(acc, as, db + 2 * s, on);
+                else if (ntl == 3)
+                    m2_mma192(acc, as, db + 2 * s, on);
+                else if (ntl == 2)
+                    m2_mma128(acc, as, db + 2 * s, on);
+                else
+                    m2_mma64(acc, as, db + 2 * s, on);
+            }
         }
     };
 
     auto epilogue = [&](int nb) {
         const int n0 = (nb0 + nb) * PER;
         unsigned char *so = gb + LY::O_OFF;
+        constexpr float SF = BW ? 1.f : 256.f; /* the decode's 2^-8 */
+        if (NB == 1) __syncthreads(); /* the staging aliases the stages: every warpgroup's MMAs done */
         if (GATEUP) {
             const int il = 32 * (warp >> 2) + 8 * (warp & 3) + g; /* i - n0 */
-            const float s2g = xp->s2[0] * 256.f, s2u = xp->s2[1] * 256.f;
+            const float s2g = xp->s2[0] * SF, s2u = xp->s2[1] * SF;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 if (j < 8 * ntl) {
@@ -499,7 +571,7 @@ __global__ void __launch_bounds__(256, 1)
             }
         } else {
             const int cl = 64 * (warp >> 2) + 16 * (warp & 3) + g; /* column - n0 */
-            const float s2d = xp->s2[2] * 256.f;
+            const float s2d = xp->s2[2] * SF;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 if (j < 8 * ntl) {
@@ -535,10 +607,12 @@ __global__ void __launch_bounds__(256, 1)
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
         if (q + S - 2 < Q) load(q + S - 2);
         mw_commit_cp();
-        decode(q, a);
+        if constexpr (!BW) decode(q, a);
         const int nb = q / nk, kb = q - nb * nk;
+        if constexpr (!BW) {
 #pragma unroll
-        for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
+            for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
+        }
         mw_wg_fence();
         mw_fence_regs128(acc);
         mma(a, q, kb);
@@ -570,7 +644,12 @@ enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
-enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4 }; /* stages, weight blocks a CTA */
+static int mw_v2sh = 0;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=1) */
+enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
+#define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
+#define M2_DN m2_kernel<false, false, M2_S_DN, M2_NB_DN>
+#define M2_GU_BW m2_kernel<true, true, M2_S_BW, 1>
+#define M2_DN_BW m2_kernel<false, true, M2_S_BW, 1>
 
 template <int PF>
 static bool mw_ready() {
@@ -584,12 +663,16 @@ static bool mw_ready() {
 }
 static bool m2_ready() {
     cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, m2_kernel<true, M2_S_GU, M2_NB_GU>) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, m2_kernel<false, M2_S_DN, M2_NB_DN>) == cudaSuccess &&
-           cudaFuncSetAttribute(m2_kernel<true, M2_S_GU, M2_NB_GU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<true, M2_S_GU>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(m2_kernel<false, M2_S_DN, M2_NB_DN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<false, M2_S_DN>::SMEM) == cudaSuccess;
+    return cudaFuncGetAttributes(&fa, M2_GU) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_GU_BW) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN_BW) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -611,7 +694,10 @@ int mw_available(void) {
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
         mw_v2 = v && !strcmp(v, "1");
-        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() && (!mw_v2 || m2_ready())
+        v = getenv("LASTSTAND_MG_WGMMA2_SH");
+        mw_v2sh = v && !strcmp(v, "1");
+        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
+                    (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
@@ -638,8 +724,8 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nball = (n_out + PER - 1) / PER;
         dim3 g2((unsigned)((nball + NB - 1) / NB), (unsigned)tiles_max);
-        m2_kernel<GATEUP, S, NB><<<g2, 256, m2_lay<GATEUP, S>::SMEM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                                          wts, dbuf);
+        m2_kernel<GATEUP, false, S, NB><<<g2, 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -660,3 +746,23 @@ template cudaError_t mw_launch<true>(int, int, const mg_expert *, const int32_t 
                                      int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
 template cudaError_t mw_launch<false>(int, int, const mg_expert *, const int32_t *, const int32_t *, const int32_t *,
                                       int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
+
+int m2_bf16_on(void) { return mw_available() && mw_v2sh; }
+
+template <bool GATEUP>
+cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                           const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                           bf16 *dbuf, cudaStream_t st) {
+    constexpr int PER = GATEUP ? 64 : 128;
+    dim3 g2((unsigned)((n_out + PER - 1) / PER), (unsigned)sh_tiles);
+    m2_kernel<GATEUP, true, M2_S_BW, 1><<<g2, 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    return cudaGetLastError();
+}
+
+template cudaError_t m2_launch_bf16<true>(int, int, const mg_expert *, const int32_t *, const int32_t *,
+                                          const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
+                                          cudaStream_t);
+template cudaError_t m2_launch_bf16<false>(int, int, const mg_expert *, const int32_t *, const int32_t *,
+                                           const int32_t *, int, int, const bf16 *, bf16 *, int, const float *,
+                                           bf16 *, cudaStream_t);

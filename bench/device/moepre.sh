@@ -89,12 +89,19 @@ if [ -n "$NCU" ]; then
         env $envs timeout -k 2 35 "$NCU" --clock-control none -k regex:"$kre" --launch-count 2 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
             --section SchedulerStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+            --section InstructionStats -o "$OUT/ncu-$tag" \
             "$BIN" doctor --device cuda --families moe --shapes qwen3.5-35b-a3b --m 8192 \
             --backends cuda_grouped_gemm --trial-timeout 40 >"$OUT/ncu-$tag.txt" 2>&1
         echo "rc=$? $(el)"
-        grep -E "m2_kernel|mw_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Shared Memory Config|Dynamic Shared|Achieved Occupancy|Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Executed Ipc A|L1/TEX Hit|L2 Hit|Mem Pipes Busy|Block Limit" \
-            "$OUT/ncu-$tag.txt" | cut -c1-160 | head -60
-        grep -iE "stall|pipe|bank" "$OUT/ncu-$tag.txt" | grep -vE "^\s*$" | cut -c1-220 | head -16
+        grep -E "==ERROR|==WARNING" "$OUT/ncu-$tag.txt" | head -3 | cut -c1-200
+        if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
+            timeout 20 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
+                >"$OUT/ncu-$tag.csv" 2>/dev/null
+            # FLOPs of one gate/up and one down launch at M = 8192 (routed + the NVFP4 shared expert: 73728 rows)
+            timeout 20 python3 bench/device/moepre_ncu.py "$OUT/ncu-$tag.csv" 309237645312 154618822656 2>&1 | head -30
+            timeout 20 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --page details --print-rule-details 2>/dev/null |
+                grep -iE "stall|pipe|bank|bottleneck|theoretical" | cut -c1-230 | head -14
+        fi
     done
 fi
 

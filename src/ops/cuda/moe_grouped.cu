@@ -882,7 +882,7 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     if constexpr (BM == 64) { /* the prefill chunks' tiles on Hopper's warpgroup MMA (moe_wgmma.cu) */
         if (ld == MG_LD_FP4 && !sh_only && kn.wgmma && mw_available())
             return mw_launch<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
-        if (ld == MG_LD_BF16 && sh_only && kn.wgmma && m2_bf16_on()) /* a BF16 shared expert's tiles */
+        if (ld == MG_LD_BF16 && sh_only && kn.wgmma && m2_bf16_on(tiles_max)) /* a BF16 shared expert's tiles */
             return m2_launch_bf16<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
     }
     if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */

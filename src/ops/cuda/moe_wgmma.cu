@@ -43,6 +43,7 @@
 #include <pthread.h>
 
 enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
+enum { M2_MAXG = 2048, M2_MAXT = 4096 }; /* m2_kernel: groups listed a CTA, plan tiles a launch */
 /* Shared memory for prefetch distance PF (K blocks in flight ahead of the one decoded): A stages
  * PF + 2 (wgmma kb-1 may still read its stage while kb + PF lands), code stages PF + 1, two
  * decoded B buffers. PF = 2: 80 KB, 3: 92 KB, 4: 104 KB; two CTAs an SM in every case. */
@@ -360,21 +361,38 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
  * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block. */
 
-/* the group of up to 4 tiles that starts at plan tile t (0: t does not start one) */
-__device__ __forceinline__ int m2_group(const int32_t *__restrict__ tile_e, int t, int ntiles, int lane) {
-    const int e = tile_e[t];
-    int run = -1;
-    for (int base = 0; run < 0; base += 32) { /* same-expert tiles right before t */
-        const int tt = t - 1 - base - lane;
-        const bool same = tt >= 0 && tile_e[tt] == e;
-        const unsigned m = __ballot_sync(0xffffffffu, !same);
-        if (m) run = base + __ffs(m) - 1;
+/* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
+__device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (te[mid] < e) lo = mid + 1;
+        else hi = mid;
     }
-    const int tt = t + lane;
-    const bool fw = lane < 4 && tt < ntiles && tile_e[tt] == e;
-    const unsigned f = __ballot_sync(0xffffffffu, !fw);
-    const int n = __ffs(f) - 1; /* tiles t .. t + n - 1 are expert e's, n <= 4 */
-    return run % 4 == 0 ? n : 0;
+    return lo;
+}
+
+/* exclusive prefix sum over the block's 256 threads (ws: 8 ints of shared memory); *total */
+__device__ __forceinline__ int m2_scan(int v, int *ws, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += u;
+    }
+    if (lane == 31) ws[warp] = inc;
+    __syncthreads();
+    int before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const int x = ws[w];
+        before += w < warp ? x : 0;
+        all += x;
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - v;
 }
 
 /* BW: BF16 weights (a stage: tokens 32768 B, the 128 weight rows x 64 k 16384 B, swizzled like
@@ -387,21 +405,23 @@ struct m2_lay {
     static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
     static constexpr int O_OFF = NB == 1 ? 0 : S * STAGE;
     static constexpr int L_OFF = O_OFF + 256 * OSTR > S * STAGE ? O_OFF + 256 * OSTR : S * STAGE;
-    /* soff[256], spair[256], swt[256], info[4] */
-    static constexpr int SMEM = L_OFF + 3 * 1024 + 16 + 1024;
+    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16) */
+    static constexpr int SMEM = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG + 1024;
+    static_assert(SMEM <= 232448, "227 KB of shared memory a block on sm_90");
+    static_assert(M2_MAXT * 4 <= S * STAGE, "tile_e fits in the stage buffers");
 };
 
+/* Persistent: gridDim.x CTAs (one an SM) walk the work units u = blockIdx.x + i·gridDim.x, unit u =
+ * group u / nxb (up to 4 consecutive 64-row plan tiles of one expert) x weight blocks
+ * (u % nxb)·NB .. + NB - 1. Each CTA first lists the groups in shared memory (tile_e copied into
+ * the stage buffers, a group starts at every 4th tile of an expert's run: binary searches). */
 template <bool GATEUP, bool BW, int S, int NB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
     typedef m2_lay<GATEUP, BW, S, NB> LY;
-    /* sh_only: blockIdx.y counts the shared expert's tiles only (n_tiles[1] on) */
-    const int t = blockIdx.y + (sh_only ? n_tiles[1] : 0);
-    const int ntiles = n_tiles[0];
-    if (t >= ntiles) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(mw_dsm);
     const uint32_t sb = (raw + 1023u) & ~1023u;
@@ -409,22 +429,49 @@ __global__ void __launch_bounds__(256, 1)
     int *soff = reinterpret_cast<int *>(gb + LY::L_OFF);
     int *spair = soff + 256;
     float *swt = reinterpret_cast<float *>(spair + 256);
-    int *info = reinterpret_cast<int *>(swt + 256);
-    if (warp == 0) {
-        const int n = m2_group(tile_e, t, ntiles, lane);
-        if (lane == 0) info[0] = n;
-    }
+    int *ws = reinterpret_cast<int *>(swt + 256);
+    uint16_t *glist = reinterpret_cast<uint16_t *>(ws + 16);
+
+    /* the group list: tiles [T0, T1) (sh_only: the shared expert's, n_tiles[1] on); T1 - T0 <= 4096 */
+    const int T0 = sh_only ? n_tiles[1] : 0, T1 = n_tiles[0], nt = T1 - T0;
+    int *te = reinterpret_cast<int *>(gb); /* tile_e[T0..T1) in the stage buffers, for the list only */
+    for (int i = tid; i < nt; i += 256) te[i] = tile_e[T0 + i];
     __syncthreads();
-    const int ntl = info[0];
-    if (ntl == 0) return;
+    const int per = (nt + 255) / 256, i0 = min(nt, tid * per), i1 = min(nt, i0 + per);
+    int mine = 0;
+    {
+        int le = -1, lf = 0;
+        for (int i = i0; i < i1; i++) {
+            const int e = te[i];
+            if (e != le) { le = e; lf = m2_lb(te, nt, e); }
+            mine += (i - lf) % 4 == 0;
+        }
+    }
+    int ngroups;
+    int pos = m2_scan(mine, ws, &ngroups);
+    {
+        int le = -1, lf = 0, ll = 0;
+        for (int i = i0; i < i1; i++) {
+            const int e = te[i];
+            if (e != le) { le = e; lf = m2_lb(te, nt, e); ll = m2_lb(te, nt, e + 1); }
+            if ((i - lf) % 4 == 0 && pos < M2_MAXG) glist[pos++] = (uint16_t)(i << 3 | min(4, ll - i));
+        }
+    }
+    __syncthreads(); /* the list is complete; te (the stage buffers) free */
+    const int U = min(ngroups, (int)M2_MAXG) * nxb;
+
+    for (int u = blockIdx.x; u < U; u += gridDim.x) {
+    const int gl = glist[u / nxb];
+    const int t = T0 + (gl >> 3), ntl = gl & 7;
     const mg_expert *xp = &tab[tile_e[t]];
     const int I = xp->inter;
     const int N = GATEUP ? I : H, K = GATEUP ? H : I;
     constexpr int PER = GATEUP ? 64 : 128; /* output columns a weight block */
-    const int nball = (N + PER - 1) / PER, nb0 = blockIdx.x * NB;
-    if (nb0 >= nball) return;
+    const int nball = (N + PER - 1) / PER, nb0 = (u % nxb) * NB;
+    if (nb0 >= nball) continue;
     const int nbe = min(NB, nball - nb0);
     const int r0 = t * MW_BM, rows = ntl * MW_BM;
+    __syncthreads(); /* the previous unit's epilogue has read soff / spair and the staging */
     {
         int p = -1, off = -1;
         if (tid < rows) {
@@ -636,6 +683,7 @@ __global__ void __launch_bounds__(256, 1)
         if (q + 1 < Q) step(q + 1, af[1]);
     }
     mw_wg_wait<0>();
+    } /* units */
 }
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -644,6 +692,7 @@ enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
+static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
 static int mw_v2sh = 0;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=1) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
@@ -690,6 +739,8 @@ int mw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaDeviceGetAttribute(&mw_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
+        if (mw_nsm[dev] < 1) mw_nsm[dev] = 1;
         const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
@@ -716,16 +767,23 @@ int mw_available(void) {
     return s > 0;
 }
 
+/* m2_kernel's persistent grid: one CTA an SM, no more than the units can use */
+static unsigned m2_grid(int tiles_max, int nxb) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const long n = mw_nsm[dev >= 0 && dev < MW_MAX_DEV ? dev : 0], u = (long)tiles_max * nxb;
+    return (unsigned)(u < n ? (u > 0 ? u : 1) : n);
+}
+
 template <bool GATEUP>
 cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                       bf16 *dbuf, cudaStream_t st) {
-    if (mw_v2) {
+    if (mw_v2 && tiles_max <= M2_MAXT) {
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
-        const int nball = (n_out + PER - 1) / PER;
-        dim3 g2((unsigned)((nball + NB - 1) / NB), (unsigned)tiles_max);
-        m2_kernel<GATEUP, false, S, NB><<<g2, 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0);
+        const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
+        m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -747,16 +805,16 @@ template cudaError_t mw_launch<true>(int, int, const mg_expert *, const int32_t 
 template cudaError_t mw_launch<false>(int, int, const mg_expert *, const int32_t *, const int32_t *, const int32_t *,
                                       int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
 
-int m2_bf16_on(void) { return mw_available() && mw_v2sh; }
+int m2_bf16_on(int tiles) { return tiles <= M2_MAXT && mw_available() && mw_v2sh; }
 
 template <bool GATEUP>
 cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                            const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                            bf16 *dbuf, cudaStream_t st) {
     constexpr int PER = GATEUP ? 64 : 128;
-    dim3 g2((unsigned)((n_out + PER - 1) / PER), (unsigned)sh_tiles);
-    m2_kernel<GATEUP, true, M2_S_BW, 1><<<g2, 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    const int nxb = (n_out + PER - 1) / PER;
+    m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb);
     return cudaGetLastError();
 }
 

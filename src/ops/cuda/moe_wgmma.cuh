@@ -21,7 +21,7 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
 
 /* 1 when mw_available() and LASTSTAND_MG_WGMMA2_SH=1: a BF16 shared expert's 64-row tiles (sh_only
  * launches) by m2_kernel's BF16-weight form (A from shared memory through a descriptor). */
-int m2_bf16_on(void);
+int m2_bf16_on(int tiles);
 
 /* The shared expert's tiles nt[1] .. nt[0] - 1 (grid: sh_tiles) with BF16 weights, arguments as
  * mw_launch's; any K multiple of 8 (chunks past K zero-filled), 16-byte aligned weight rows. */

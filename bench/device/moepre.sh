@@ -10,7 +10,8 @@
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked) at the 35B shapes
 #    (--shapes qwen3.5-35b-a3b: NVFP4 shared expert in the same launches) M = 512, 2048, 8192,
 #    old vs new; the 397B shapes M = 2048, 8192 old vs new; the padding case (M = 100, 64-row
-#    tiles forced) and M = 3001 new. TFLOP/s of the routed GEMMs from the doctor's time.
+#    tiles forced) and M = 3001 new; new with static unit scheduling (LASTSTAND_MG_WGMMA2_DYN=0)
+#    at M = 2048, 8192. TFLOP/s of the MoE call from the doctor's time.
 #    On a new-path failure: compute-sanitizer memcheck of the doctor at M = 512.
 # 2. ncu of the GEMM kernels at the 35B shapes, M = 8192 (one gate/up + one down launch each,
 #    old and new): duration, SOL, pipes, issue, warp stalls, occupancy, registers, shared memory.
@@ -46,6 +47,7 @@ echo "== 1. doctor moe, old (mw_kernel) vs new (m2_kernel) $(el)"
 doctor old35 "$OLD" qwen3.5-35b-a3b 512,2048,8192 40
 doctor new35 "$NEW" qwen3.5-35b-a3b 512,2048,8192 40
 ok35=$?
+doctor new35st "$NEW LASTSTAND_MG_WGMMA2_DYN=0" qwen3.5-35b-a3b 2048,8192 30
 doctor old397 "$OLD" qwen3.5-397b-a17b 2048,8192 40
 doctor new397 "$NEW" qwen3.5-397b-a17b 2048,8192 40
 ok397=$?
@@ -60,7 +62,7 @@ echo "new path verdicts: 35B $([ $ok35 = 0 ] && echo PASS || echo FAIL), 397B $(
 python3 - "$OUT" <<'PY'
 import re, sys, glob, os
 fl = {"35": (2048, 512, 8, 512), "397": (4096, 1024, 10, 1024)}
-for tag in ("old35", "new35", "old397", "new397", "syn35", "syn35sh"):
+for tag in ("old35", "new35", "new35st", "old397", "new397", "syn35", "syn35sh"):
     p = os.path.join(sys.argv[1], f"doc-{tag}.txt")
     if not os.path.exists(p):
         continue

@@ -419,7 +419,8 @@ template <bool GATEUP, bool BW, int S, int NB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
+              int *__restrict__ ctr) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
     typedef m2_lay<GATEUP, BW, S, NB> LY;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -460,7 +461,14 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads(); /* the list is complete; te (the stage buffers) free */
     const int U = min(ngroups, (int)M2_MAXG) * nxb;
 
-    for (int u = blockIdx.x; u < U; u += gridDim.x) {
+    /* units: blockIdx.x first, then (ctr) the next free one from ctr[0] (fetched by thread 0 at the
+     * start of a unit, read by all after the unit's last barrier: snext by the unit's parity), or
+     * (no ctr) every gridDim.x-th */
+    int *const snext = ws + 8;
+    int par = 0;
+    for (int u = blockIdx.x; u < U;
+         u = ctr ? (__syncthreads(), par ^= 1, snext[par ^ 1]) : u + (int)gridDim.x) {
+    if (ctr && tid == 0) snext[par] = atomicAdd(ctr, 1) + (int)gridDim.x;
     const int gl = glist[u / nxb];
     const int t = T0 + (gl >> 3), ntl = gl & 7;
     const mg_expert *xp = &tab[tile_e[t]];
@@ -684,6 +692,17 @@ __global__ void __launch_bounds__(256, 1)
     }
     mw_wg_wait<0>();
     } /* units */
+    if (ctr) { /* the last CTA out resets the counters for the next launch (stream-ordered) */
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+                __threadfence();
+            }
+        }
+    }
 }
 
 /* ---- host side ------------------------------------------------------------------ */
@@ -693,6 +712,7 @@ static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + sh
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
 static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
+static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
 static int mw_v2sh = 0;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=1) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
@@ -741,6 +761,13 @@ int mw_available(void) {
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
         cudaDeviceGetAttribute(&mw_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
         if (mw_nsm[dev] < 1) mw_nsm[dev] = 1;
+        const char *dv = getenv("LASTSTAND_MG_WGMMA2_DYN");
+        if (!(dv && !strcmp(dv, "0"))) { /* dynamic unit scheduling (0: every gridDim.x-th unit) */
+            int *c = NULL;
+            if (cudaMalloc(&c, 8 * sizeof(int)) == cudaSuccess && cudaMemset(c, 0, 8 * sizeof(int)) == cudaSuccess)
+                mw_ctr[dev] = c;
+            cudaGetLastError();
+        }
         const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
@@ -774,6 +801,13 @@ static unsigned m2_grid(int tiles_max, int nxb) {
     const long n = mw_nsm[dev >= 0 && dev < MW_MAX_DEV ? dev : 0], u = (long)tiles_max * nxb;
     return (unsigned)(u < n ? (u > 0 ? u : 1) : n);
 }
+/* the unit counters of launch kind 0..3 (routed gate/up, down, shared gate/up, down), or NULL */
+static int *m2_ctr(int kind) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    int *c = dev >= 0 && dev < MW_MAX_DEV ? mw_ctr[dev] : NULL;
+    return c ? c + 2 * kind : NULL;
+}
 
 template <bool GATEUP>
 cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
@@ -783,7 +817,7 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
         m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb);
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1));
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -814,7 +848,7 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     constexpr int PER = GATEUP ? 64 : 128;
     const int nxb = (n_out + PER - 1) / PER;
     m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb);
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3));
     return cudaGetLastError();
 }
 

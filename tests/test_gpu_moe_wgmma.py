@@ -50,8 +50,8 @@ def check(cells, table, ms):
     assert sorted(map(int, cells)) == ms
 
 
-M2 = {"LASTSTAND_MG_WGMMA2": "1"}
-M2SH = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_SH": "1"}
+M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
+M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
 
 
 @pytest.mark.parametrize("args,ms,extra", [

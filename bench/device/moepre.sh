@@ -43,19 +43,20 @@ doctor() {
     ! grep -q "❌" "$OUT/doc-$tag.txt" && [ $rc -eq 0 ]
 }
 
-echo "== 1. doctor moe, old (mw_kernel) vs new (m2_kernel) $(el)"
-doctor old35 "$OLD" qwen3.5-35b-a3b 512,2048,8192 40
-doctor new35 "$NEW" qwen3.5-35b-a3b 512,2048,8192 40
+echo "== 1. doctor moe, old (mw_kernel) vs new (m2_kernel, forced at every M: MINROWS=0) $(el)"
+NEW0="$NEW LASTSTAND_MG_WGMMA2_MINROWS=0"
+doctor old35 "$OLD" qwen3.5-35b-a3b 512,2048,8192 30
+doctor new35 "$NEW0" qwen3.5-35b-a3b 512,2048,8192 30
 ok35=$?
-doctor new35st "$NEW LASTSTAND_MG_WGMMA2_DYN=0" qwen3.5-35b-a3b 2048,8192 30
-doctor old397 "$OLD" qwen3.5-397b-a17b 2048,8192 40
-doctor new397 "$NEW" qwen3.5-397b-a17b 2048,8192 40
+doctor new35st "$NEW0 LASTSTAND_MG_WGMMA2_DYN=0" qwen3.5-35b-a3b 8192 25
+doctor old397 "$OLD" qwen3.5-397b-a17b 8192 35
+doctor new397 "$NEW0" qwen3.5-397b-a17b 2048,8192 35
 ok397=$?
-LASTSTAND_GROUPED_BM=64 doctor newpad "$NEW" qwen3.5-35b-a3b 100,3001 25
+LASTSTAND_GROUPED_BM=64 doctor newpad "$NEW0" qwen3.5-35b-a3b 100,3001 25
 okpad=$?
 # synth 35B: the BF16 shared expert (its own launches, side stream): on mg_gemm_kernel vs m2_kernel's BF16 form
-doctor syn35 "$NEW" "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 30
-doctor syn35sh "$NEWSH" "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 30
+doctor syn35 "$NEW" "synth:qwen3.5-35b-a3b,layers=1" 8192 25
+doctor syn35sh "$NEWSH" "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 25
 oksh=$?
 echo "new path verdicts: 35B $([ $ok35 = 0 ] && echo PASS || echo FAIL), 397B $([ $ok397 = 0 ] && echo PASS || echo FAIL), padding/3001 $([ $okpad = 0 ] && echo PASS || echo FAIL), BF16 shared $([ $oksh = 0 ] && echo PASS || echo FAIL)"
 # the routed GEMMs' FLOPs: M·k·(3·2·H·I); 35B H 2048 I 512 k 8 (+ shared 512 over M), 397B H 4096 I 1024 k 10 (+ shared 1024)
@@ -84,7 +85,7 @@ if [ $ok35 != 0 ] && command -v compute-sanitizer >/dev/null && [ "$(left)" -gt 
 fi
 
 if [ -n "$NCU" ]; then
-    for v in "new:$NEW:m2_kernel" "old:$OLD:mw_kernel"; do
+    for v in "new:$NEW:m2_kernel"; do
         tag=${v%%:*}; rest=${v#*:}; envs=${rest%%:*}; kre=${rest#*:}
         [ "$(left)" -gt 120 ] || { echo "ncu $tag: skipped (time)"; continue; }
         echo "== 2. ncu $tag ($kre), 35B shapes, M = 8192, gate/up then down $(el)"
@@ -154,8 +155,8 @@ PY
 done
 
 if [ "$(left)" -gt 30 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== 4. pytest tests/test_gpu_moe_wgmma.py, $NEWSH $(el)"
-    env $NEWSH BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -rfE \
+    echo "== 4. pytest tests/test_gpu_moe_wgmma.py (its m2 cases force m2_kernel) $(el)"
+    env BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 5 )) python3 -m pytest -q -p no:cacheprovider -rfE \
         tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -12
     echo "rc=$? $(el)"
 fi

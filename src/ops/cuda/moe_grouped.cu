@@ -1288,6 +1288,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
+    mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,

@@ -61,6 +61,9 @@ struct mw_lay {
 __device__ __forceinline__ void mw_cp16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
 }
+__device__ __forceinline__ void mw_cp16f(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void mw_cp4(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
 }
@@ -506,17 +509,49 @@ __global__ void __launch_bounds__(256, 1)
     const uint8_t *const sbase = BW ? xp->w[0] : xp->s[sr.x];
     const int nk = (K + MW_BK - 1) / MW_BK, Q = nbe * nk; /* NVFP4: K % 64 == 0 (the loader's condition) */
 
-    auto load = [&](int q) {
-        const int nb = q / nk, kb = q - nb * nk, k0 = kb * MW_BK, n0 = (nb0 + nb) * PER;
-        const uint32_t st = sb + (q % S) * LY::STAGE;
+    /* this thread's token chunks, fixed for the unit: rows lrow + 32i (i < 2·ntl: the group's
+     * rows), source pointers and a bit mask of the rows that have a token (else zero-filled) */
+    const bf16 *pa[8];
+    uint32_t zm = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const int row = lrow + 32 * i;
-            if (row < rows) {
-                const int off = soff[row];
-                const bool ok = off >= 0 && (!BW || k0 + lch * 8 < K);
-                mw_cp16(st + row * 128 + ((lch ^ (row & 7)) << 4), ok ? tsrc + off + k0 + lch * 8 : tsrc, ok);
+    for (int i = 0; i < 8; i++) {
+        const int row = lrow + 32 * i;
+        const int off = row < rows ? soff[row] : -1;
+        pa[i] = tsrc + (off >= 0 ? off : 0) + lch * 8;
+        zm |= off >= 0 ? 1u << i : 0u;
+    }
+    const uint32_t adst = (uint32_t)(lrow * 128 + ((lch ^ (lrow & 7)) << 4)); /* + 4096·i */
+    int lkb = 0, lnb = 0, lst = 0; /* the next block to load: k block, weight block, stage */
+    /* this thread's code / scale rows of the loaded weight block (NVFP4), set at its k block 0 */
+    const uint8_t *cp = cbase, *sp = sbase;
+    bool cok = false, sok = false;
+
+    auto load = [&](int) {
+        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER;
+        const uint32_t st = sb + lst * LY::STAGE;
+        if (!BW && kb == 0) {
+            const int wr = n0 + cr.y, s_r = n0 + sr.y;
+            cok = wr < N;
+            sok = s_r < N && tid < 128;
+            cp = cok ? cbase + (size_t)wr * (K / 2) : cbase;
+            sp = sok ? sbase + (size_t)s_r * (K / 16) : sbase;
+        }
+        if (++lkb == nk) { lkb = 0; lnb++; }
+        if (++lst == S) lst = 0;
+        if constexpr (BW) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i < 2 * ntl) {
+                    const bool ok = ((zm >> i) & 1) && k0 + lch * 8 < K;
+                    mw_cp16(st + adst + 4096 * i, pa[i] + k0, ok);
+                }
             }
+        } else {
+            /* a row without a token loads row 0 of x / hbuf (valid memory, K % 64 == 0 here): its
+             * column of the product is garbage and never stored (rows are independent in the MMA) */
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < 2 * ntl) mw_cp16f(st + adst + 4096 * i, pa[i] + k0);
         }
         if constexpr (BW) { /* weight rows lrow + 32i, chunk lch, into the swizzled tile at C_IN */
 #pragma unroll
@@ -530,14 +565,8 @@ __global__ void __launch_bounds__(256, 1)
             }
             return;
         }
-        const int wr = n0 + cr.y;
-        const bool wok = wr < N;
-        mw_cp16(st + LY::C_IN + tid * 16, wok ? cbase + (size_t)wr * (K / 2) + k0 / 2 : cbase, wok);
-        if (tid < 128) {
-            const int s_r = n0 + sr.y;
-            const bool sok = s_r < N;
-            mw_cp4(st + LY::S_IN + tid * 4, sok ? sbase + (size_t)s_r * (K / 16) + k0 / 16 : sbase, sok);
-        }
+        mw_cp16(st + LY::C_IN + tid * 16, cok ? cp + k0 / 2 : cbase, cok);
+        if (tid < 128) mw_cp4(st + LY::S_IN + tid * 4, sok ? sp + k0 / 16 : sbase, sok);
     };
 
     /* the decode: this lane's A rows ar0 = 64·wg + 16w + g and ar0 + 8 */
@@ -547,8 +576,8 @@ __global__ void __launch_bounds__(256, 1)
         const uint32_t b = __byte_perm(w, 0u, sel);
         return ((b * 0x40040u) & 0x01C001C0u) | ((b * 0x1001000u) & 0x80008000u);
     };
-    auto decode = [&](int q, uint32_t (&a)[16]) {
-        const unsigned char *stp = gb + (q % S) * LY::STAGE;
+    auto decode = [&](int stq, uint32_t (&a)[16]) {
+        const unsigned char *stp = gb + stq * LY::STAGE;
         const uint32_t sw0 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + ar0 * 4);
         const uint32_t sw1 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + (ar0 + 8) * 4);
         uint32_t sc0[4], sc1[4];
@@ -572,10 +601,10 @@ __global__ void __launch_bounds__(256, 1)
     for (int i = 0; i < 128; i++) acc[i] = 0.f;
     uint32_t af[2][16];
 
-    auto mma = [&](const uint32_t (&a)[16], int q, int kb) {
-        const uint64_t db = mw_desc(sb + (q % S) * LY::STAGE);
+    auto mma = [&](const uint32_t (&a)[16], int stq, int kb) {
+        const uint64_t db = mw_desc(sb + stq * LY::STAGE);
         if constexpr (BW) {
-            const uint64_t da = mw_desc(sb + (q % S) * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
+            const uint64_t da = mw_desc(sb + stq * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const int on = kb > 0 || s > 0;
@@ -656,21 +685,24 @@ __global__ void __launch_bounds__(256, 1)
         }
     };
 
+    int ckb = 0, cnb = 0, cst = 0; /* the block computed next: k block, weight block, stage */
     auto step = [&](int q, uint32_t (&a)[16]) {
         mw_wait_cp<S - 3>();
         mw_fence_async();
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
         if (q + S - 2 < Q) load(q + S - 2);
         mw_commit_cp();
-        if constexpr (!BW) decode(q, a);
-        const int nb = q / nk, kb = q - nb * nk;
+        const int nb = cnb, kb = ckb, stq = cst;
+        if (++ckb == nk) { ckb = 0; cnb++; }
+        if (++cst == S) cst = 0;
+        if constexpr (!BW) decode(stq, a);
         if constexpr (!BW) {
 #pragma unroll
             for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
         }
         mw_wg_fence();
         mw_fence_regs128(acc);
-        mma(a, q, kb);
+        mma(a, stq, kb);
         mw_wg_commit();
         mw_fence_regs128(acc);
         mw_wg_wait<1>();
@@ -712,6 +744,8 @@ static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + sh
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
 static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
+static int mw_minrows = 160;     /* m2_kernel from this many routed rows per expert on average */
+static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
 static int mw_v2sh = 0;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=1) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
@@ -772,6 +806,8 @@ int mw_available(void) {
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
         mw_v2 = v && !strcmp(v, "1");
+        v = getenv("LASTSTAND_MG_WGMMA2_MINROWS");
+        if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         mw_v2sh = v && !strcmp(v, "1");
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
@@ -813,7 +849,7 @@ template <bool GATEUP>
 cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                       bf16 *dbuf, cudaStream_t st) {
-    if (mw_v2 && tiles_max <= M2_MAXT) {
+    if (mw_v2 && tiles_max <= M2_MAXT && mw_rows >= mw_minrows) {
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
         m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
@@ -858,3 +894,5 @@ template cudaError_t m2_launch_bf16<true>(int, int, const mg_expert *, const int
 template cudaError_t m2_launch_bf16<false>(int, int, const mg_expert *, const int32_t *, const int32_t *,
                                            const int32_t *, int, int, const bf16 *, bf16 *, int, const float *,
                                            bf16 *, cudaStream_t);
+
+void mw_rows_hint(int rows) { mw_rows = rows; }

@@ -605,32 +605,34 @@ __global__ void __launch_bounds__(256, 1)
         const uint64_t db = mw_desc(sb + stq * LY::STAGE);
         if constexpr (BW) {
             const uint64_t da = mw_desc(sb + stq * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                const int on = kb > 0 || s > 0;
-                if (ntl == 4)
-                    m2_mma256ss(acc, da + 2 * s, db + 2 * s, on);
-                else if (ntl == 3)
-                    m2_mma192ss(acc, da + 2 * s, db + 2 * s, on);
-                else if (ntl == 2)
-                    m2_mma128ss(acc, da + 2 * s, db + 2 * s, on);
-                else
-                    m2_mma64ss(acc, da + 2 * s, db + 2 * s, on);
+#define M2_MMA4SS(F) \
+    _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
+            if (ntl == 4) {
+                M2_MMA4SS(m2_mma256ss)
+            } else if (ntl == 3) {
+                M2_MMA4SS(m2_mma192ss)
+            } else if (ntl == 2) {
+                M2_MMA4SS(m2_mma128ss)
+            } else {
+                M2_MMA4SS(m2_mma64ss)
             }
-        } else {
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};
-                const int on = kb > 0 || s > 0;
-                if (ntl == 4)
-                    m2_mma256(acc, as, db + 2 * s, on);
-                else if (ntl == 3)
-                    m2_mma192(acc, as, db + 2 * s, on);
-                else if (ntl == 2)
-                    m2_mma128(acc, as, db + 2 * s, on);
-                else
-                    m2_mma64(acc, as, db + 2 * s, on);
+#undef M2_MMA4SS
+        } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
+#define M2_MMA4(F)                                                                                     \
+    _Pragma("unroll") for (int s = 0; s < 4; s++) {                                                     \
+        const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};                   \
+        F(acc, as, db + 2 * s, kb > 0 || s > 0);                                                         \
+    }
+            if (ntl == 4) {
+                M2_MMA4(m2_mma256)
+            } else if (ntl == 3) {
+                M2_MMA4(m2_mma192)
+            } else if (ntl == 2) {
+                M2_MMA4(m2_mma128)
+            } else {
+                M2_MMA4(m2_mma64)
             }
+#undef M2_MMA4
         }
     };
 

@@ -45,8 +45,8 @@ doctor() {
 
 echo "== 1. doctor moe, old (mw_kernel) vs new (m2_kernel, forced at every M: MINROWS=0) $(el)"
 NEW0="$NEW LASTSTAND_MG_WGMMA2_MINROWS=0"
-doctor old35 "$OLD" qwen3.5-35b-a3b 512,2048,8192 30
-doctor new35 "$NEW0" qwen3.5-35b-a3b 512,2048,8192 30
+doctor old35 "$OLD" qwen3.5-35b-a3b 512,2048,4096,8192 30
+doctor new35 "$NEW0" qwen3.5-35b-a3b 512,2048,4096,8192 30
 ok35=$?
 doctor new35st "$NEW0 LASTSTAND_MG_WGMMA2_DYN=0" qwen3.5-35b-a3b 8192 25
 doctor old397 "$OLD" qwen3.5-397b-a17b 8192 35

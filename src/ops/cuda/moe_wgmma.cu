@@ -9,7 +9,12 @@
  * says whether the device loaded the image (compute capability 9.0), else moe_grouped.cu keeps
  * mg_gemm_kernel.
  *
- * CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
+ * Two kernels, picked per call by mw_launch: m2_kernel (further down: up to 256 tokens a CTA as
+ * wgmma's N side, the weights decoded straight into the A registers, persistent) when
+ * LASTSTAND_MG_WGMMA2=1 and the call has LASTSTAND_MG_WGMMA2_MINROWS (160) or more routed rows
+ * an expert on average (mw_rows_hint), else mw_kernel (this header):
+ *
+ * mw_kernel: CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
  * 64; per block:
  *   A   the tile's 64 token rows x 64 k (gathered by perm: x rows for gate/up, hbuf rows for
  *       down), cp.async straight into a 128-byte-swizzled K-major tile (16-byte chunk c of row r

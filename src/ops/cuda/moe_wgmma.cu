@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
-              int *__restrict__ ctr) {
+              int *__restrict__ ctr, int dfr) {
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
     typedef m2_lay<GATEUP, BW, S, NB> LY;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -641,11 +641,36 @@ __global__ void __launch_bounds__(256, 1)
         }
     };
 
-    auto epilogue = [&](int nb) {
+    /* down with NB > 1 (LASTSTAND_MG_WGMMA2_DEFER, dfr): a weight block's copy-out from the
+     * staging (its own region) is spread over the next block's k steps, after their MMAs are
+     * issued, instead of holding the tensor cores; pend = that block, pend_i its next slice */
+    constexpr int CPR = PER / 8;          /* 16-byte chunks a row */
+    constexpr int CPT = 256 * CPR / 256;  /* chunks a thread for 256 rows */
+    const bool defer = !GATEUP && NB > 1 && dfr;
+    const int cps = (CPT + nk - 1) / nk;  /* chunks a thread a step when deferred */
+    int pend = -1, pend_i = 0;
+    auto copy_out = [&](int nb, int i0, int i1) {
         const int n0 = (nb0 + nb) * PER;
+        const unsigned char *so = gb + LY::O_OFF;
+        for (int i = i0; i < i1; i++) {
+            const int c = tid + 256 * i, row = c / CPR, ch = c - row * CPR, col = n0 + ch * 8;
+            if (row >= rows || col >= N) continue;
+            const uint4 v = *reinterpret_cast<const uint4 *>(so + row * LY::OSTR + ch * 16);
+            if (GATEUP) {
+                if (soff[row] >= 0) *reinterpret_cast<uint4 *>(hbuf + (size_t)(r0 + row) * ldh + col) = v;
+            } else {
+                const int p = spair[row];
+                if (p >= 0) *reinterpret_cast<uint4 *>(dbuf + (size_t)p * H + col) = v;
+            }
+        }
+    };
+
+    auto epilogue = [&](int nb) {
         unsigned char *so = gb + LY::O_OFF;
         constexpr float SF = BW ? 1.f : 256.f; /* the decode's 2^-8 */
-        if (NB == 1) __syncthreads(); /* the staging aliases the stages: every warpgroup's MMAs done */
+        /* NB == 1: the staging aliases the stages: every warpgroup's MMAs done; defer: every
+         * thread's last slice of the previous block's copy-out (this very step) done */
+        if (NB == 1 || defer) __syncthreads();
         if (GATEUP) {
             const int il = 32 * (warp >> 2) + 8 * (warp & 3) + g; /* i - n0 */
             const float s2g = xp->s2[0] * SF, s2u = xp->s2[1] * SF;
@@ -678,17 +703,11 @@ __global__ void __launch_bounds__(256, 1)
             }
         }
         __syncthreads();
-        constexpr int CPR = PER / 8; /* 16-byte chunks a row */
-        for (int c = tid; c < rows * CPR; c += 256) {
-            const int row = c / CPR, ch = c - row * CPR, col = n0 + ch * 8;
-            if (col >= N) continue;
-            const uint4 v = *reinterpret_cast<const uint4 *>(so + row * LY::OSTR + ch * 16);
-            if (GATEUP) {
-                if (soff[row] >= 0) *reinterpret_cast<uint4 *>(hbuf + (size_t)(r0 + row) * ldh + col) = v;
-            } else {
-                const int p = spair[row];
-                if (p >= 0) *reinterpret_cast<uint4 *>(dbuf + (size_t)p * H + col) = v;
-            }
+        if (defer && nb < nbe - 1) { /* the copy rides on the next block's steps */
+            pend = nb;
+            pend_i = 0;
+        } else {
+            copy_out(nb, 0, CPT);
         }
     };
 
@@ -712,6 +731,12 @@ __global__ void __launch_bounds__(256, 1)
         mma(a, stq, kb);
         mw_wg_commit();
         mw_fence_regs128(acc);
+        if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
+            const int i1 = min(CPT, pend_i + cps);
+            copy_out(pend, pend_i, i1);
+            pend_i = i1;
+            if (pend_i >= CPT) pend = -1;
+        }
         mw_wg_wait<1>();
         if (kb == nk - 1) {
             mw_wg_wait<0>();
@@ -751,6 +776,7 @@ static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + sh
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
 static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
+static int mw_dfr = 1;           /* m2 down: copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER=0: not) */
 static int mw_minrows = 160;     /* m2_kernel from this many routed rows per expert on average */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
@@ -813,6 +839,8 @@ int mw_available(void) {
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
         mw_v2 = v && !strcmp(v, "1");
+        v = getenv("LASTSTAND_MG_WGMMA2_DEFER");
+        if (v && !strcmp(v, "0")) mw_dfr = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_MINROWS");
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
@@ -860,7 +888,7 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
         m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1));
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -891,7 +919,7 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     constexpr int PER = GATEUP ? 64 : 128;
     const int nxb = (n_out + PER - 1) / PER;
     m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3));
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), 0);
     return cudaGetLastError();
 }
 

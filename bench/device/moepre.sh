@@ -114,7 +114,7 @@ PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-bac
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 PORT=$((36000 + $$ % 2000))
-for v in "new:$NEWSH" "old:$OLD"; do
+for v in "new:$NEWSH" "newnosh:$NEW" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}
     [ "$(left)" -gt 55 ] || { echo "ttft $tag: skipped (time)"; continue; }
     echo "== 3. ttft $tag ($envs LASTSTAND_GDN_WY=1): serve synth 35B (40 layers), chunk 8192, prefix cache off $(el)"

@@ -474,9 +474,16 @@ __global__ void __launch_bounds__(256, 1)
      * (no ctr) every gridDim.x-th */
     int *const snext = ws + 8;
     int par = 0;
+    /* the next unit's perm (and wts) for this thread's row, loaded during the current unit
+     * (its index known by then: the counter's answer, or u + gridDim.x) */
+    int pf_u = -1, pf_p = -1;
+    float pf_w = 0.f;
     for (int u = blockIdx.x; u < U;
          u = ctr ? (__syncthreads(), par ^= 1, snext[par ^ 1]) : u + (int)gridDim.x) {
-    if (ctr && tid == 0) snext[par] = atomicAdd(ctr, 1) + (int)gridDim.x;
+    /* thread 0 asks for the next unit now and publishes the answer at step 1 (or before
+     * leaving a unit without steps): the atomic's latency stays off the unit's first barriers */
+    int fetched = 0;
+    if (ctr && tid == 0) fetched = atomicAdd(ctr, 1) + (int)gridDim.x;
     const int gl = glist[u / nxb];
     const int t = T0 + (gl >> 3), ntl = gl & 7;
     const mg_expert *xp = &tab[tile_e[t]];
@@ -484,21 +491,42 @@ __global__ void __launch_bounds__(256, 1)
     const int N = GATEUP ? I : H, K = GATEUP ? H : I;
     constexpr int PER = GATEUP ? 64 : 128; /* output columns a weight block */
     const int nball = (N + PER - 1) / PER, nb0 = (u % nxb) * NB;
-    if (nb0 >= nball) continue;
+    if (nb0 >= nball) {
+        if (ctr && tid == 0) snext[par] = fetched;
+        continue;
+    }
     const int nbe = min(NB, nball - nb0);
     const int r0 = t * MW_BM, rows = ntl * MW_BM;
     __syncthreads(); /* the previous unit's epilogue has read soff / spair and the staging */
     {
         int p = -1, off = -1;
+        float wv = 0.f;
         if (tid < rows) {
-            p = perm[r0 + tid];
+            p = pf_u == u ? pf_p : perm[r0 + tid];
             if (p >= 0) off = GATEUP ? (p / (k + 1)) * H : (r0 + tid) * ldh;
+            if (!GATEUP && p >= 0) wv = pf_u == u ? pf_w : wts[p];
         }
         soff[tid] = off;
         spair[tid] = p;
-        if (!GATEUP) swt[tid] = p >= 0 ? wts[p] : 0.f;
+        if (!GATEUP) swt[tid] = wv;
     }
     __syncthreads();
+    /* at step 2 of this unit (after its barriers: snext is visible): the next unit's perm */
+    auto prefetch_next = [&]() {
+        const int un = ctr ? snext[par] : u + (int)gridDim.x;
+        pf_u = -1;
+        if (un < U) {
+            const int gn = glist[un / nxb];
+            const int rn = (T0 + (gn >> 3)) * MW_BM;
+            pf_p = -1;
+            pf_w = 0.f;
+            if (tid < (gn & 7) * MW_BM) {
+                pf_p = perm[rn + tid];
+                if (!GATEUP && pf_p >= 0) pf_w = wts[pf_p];
+            }
+            pf_u = un;
+        }
+    };
 
     /* loader roles: token chunks (row tid/8 + 32i, chunk tid%8), the codes of A row tid/2
      * (half tid%2), the scales of A row tid (tid < 128) */
@@ -737,6 +765,8 @@ __global__ void __launch_bounds__(256, 1)
             pend_i = i1;
             if (pend_i >= CPT) pend = -1;
         }
+        if (q == 1 && ctr && tid == 0) snext[par] = fetched; /* read by all after step 2's barrier */
+        if (q == 2) prefetch_next();
         mw_wg_wait<1>();
         if (kb == nk - 1) {
             mw_wg_wait<0>();
@@ -755,6 +785,7 @@ __global__ void __launch_bounds__(256, 1)
         if (q + 1 < Q) step(q + 1, af[1]);
     }
     mw_wg_wait<0>();
+    if (Q < 2 && ctr && tid == 0) snext[par] = fetched;
     } /* units */
     if (ctr) { /* the last CTA out resets the counters for the next launch (stream-ordered) */
         __syncthreads();

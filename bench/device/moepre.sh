@@ -50,6 +50,7 @@ doctor new35 "$NEW0" qwen3.5-35b-a3b 512,2048,4096,8192 30
 ok35=$?
 doctor new35st "$NEW0 LASTSTAND_MG_WGMMA2_DYN=0" qwen3.5-35b-a3b 8192 25
 doctor new35nd "$NEW0 LASTSTAND_MG_WGMMA2_DEFER=0" qwen3.5-35b-a3b 8192 25
+doctor new35np "$NEW0 LASTSTAND_MG_WGMMA2_PFU=0" qwen3.5-35b-a3b 8192 25
 doctor old397 "$OLD" qwen3.5-397b-a17b 8192 35
 doctor new397 "$NEW0" qwen3.5-397b-a17b 2048,8192 35
 ok397=$?
@@ -64,7 +65,7 @@ echo "new path verdicts: 35B $([ $ok35 = 0 ] && echo PASS || echo FAIL), 397B $(
 python3 - "$OUT" <<'PY'
 import re, sys, glob, os
 fl = {"35": (2048, 512, 8, 512), "397": (4096, 1024, 10, 1024)}
-for tag in ("old35", "new35", "new35st", "new35nd", "old397", "new397", "syn35", "syn35sh"):
+for tag in ("old35", "new35", "new35st", "new35nd", "new35np", "old397", "new397", "syn35", "syn35sh"):
     p = os.path.join(sys.argv[1], f"doc-{tag}.txt")
     if not os.path.exists(p):
         continue

@@ -428,7 +428,10 @@ __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
-              int *__restrict__ ctr, int dfr) {
+              int *__restrict__ ctr, int flags) {
+    /* flags: 1 down's copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER), 2 the next unit's perm
+     * prefetched (LASTSTAND_MG_WGMMA2_PFU) */
+    const int dfr = flags & 1, pfu = flags & 2;
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
     typedef m2_lay<GATEUP, BW, S, NB> LY;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -766,7 +769,7 @@ __global__ void __launch_bounds__(256, 1)
             if (pend_i >= CPT) pend = -1;
         }
         if (q == 1 && ctr && tid == 0) snext[par] = fetched; /* read by all after step 2's barrier */
-        if (q == 2) prefetch_next();
+        if (q == 2 && pfu) prefetch_next();
         mw_wg_wait<1>();
         if (kb == nk - 1) {
             mw_wg_wait<0>();
@@ -808,6 +811,7 @@ static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2
 static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
 static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
 static int mw_dfr = 1;           /* m2 down: copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER=0: not) */
+static int mw_pfu = 2;           /* m2: the next unit's perm prefetched (LASTSTAND_MG_WGMMA2_PFU=0: not) */
 static int mw_minrows = 160;     /* m2_kernel from this many routed rows per expert on average */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
@@ -872,6 +876,8 @@ int mw_available(void) {
         mw_v2 = v && !strcmp(v, "1");
         v = getenv("LASTSTAND_MG_WGMMA2_DEFER");
         if (v && !strcmp(v, "0")) mw_dfr = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_PFU");
+        if (v && !strcmp(v, "0")) mw_pfu = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_MINROWS");
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
@@ -919,7 +925,7 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
         m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr);
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -950,7 +956,7 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     constexpr int PER = GATEUP ? 64 : 128;
     const int nxb = (n_out + PER - 1) / PER;
     m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), 0);
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
     return cudaGetLastError();
 }
 

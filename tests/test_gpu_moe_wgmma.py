@@ -15,8 +15,9 @@ Pins, each against the doctor's fp64 CPU reference (verdict "ok" at every bucket
   row, x1.25 + 0.02: this random model amplifies any change of summation order, S9 R1 saw 0.11
   between the two CUDA runs), and its log names the wgmma path on a compute capability 9.0 device
   (the switch did not silently fall back to mg_gemm_kernel).
-Each again with m2_kernel (LASTSTAND_MG_WGMMA2=1; synth's BF16 shared expert with
-LASTSTAND_MG_WGMMA2_SH=1 too), the 35B at M = 8192 (groups of four 64-row tiles) as well.
+Those with mw_kernel forced (LASTSTAND_MG_WGMMA2=0, LASTSTAND_MG_WGMMA2_SH=0); each again with
+m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared expert by m2's BF16
+form too), the 35B at M = 8192 (groups of four 64-row tiles) as well.
 """
 import json
 import os
@@ -50,15 +51,16 @@ def check(cells, table, ms):
     assert sorted(map(int, cells)) == ms
 
 
+MW = {"LASTSTAND_MG_WGMMA2": "0", "LASTSTAND_MG_WGMMA2_SH": "0"}  # mw_kernel only
 M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
 M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
 
 
 @pytest.mark.parametrize("args,ms,extra", [
-    (["--shapes", "qwen3.5-35b-a3b"], [1024, 2048, 3001], None),
-    (["--shapes", "qwen3.5-35b-a3b"], [100], {"LASTSTAND_GROUPED_BM": "64"}),
-    (["--shapes", "qwen3.5-397b-a17b"], [2048], None),
-    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 2048], None),
+    (["--shapes", "qwen3.5-35b-a3b"], [1024, 2048, 3001], MW),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(MW, LASTSTAND_GROUPED_BM="64")),
+    (["--shapes", "qwen3.5-397b-a17b"], [2048], MW),
+    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 2048], MW),
     # m2_kernel (up to 256 tokens a CTA, the weights decoded into wgmma's A registers), and its BF16
     # form for synth's BF16 shared expert; 8192: 4-tile groups, 3001: partial groups and last tiles
     (["--shapes", "qwen3.5-35b-a3b"], [1024, 3001, 8192], M2),
@@ -83,7 +85,7 @@ def logits(device, wgmma, extra=None):
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64), p.stderr
 
 
-@pytest.mark.parametrize("extra", [{}, M2], ids=["mw", "m2"])
+@pytest.mark.parametrize("extra", [MW, M2], ids=["mw", "m2"])
 def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     cpu, _ = logits("cpu", False)
     base, _ = logits("cuda", False)

@@ -11,7 +11,8 @@
  *
  * Two kernels, picked per call by mw_launch: m2_kernel (further down: up to 256 tokens a CTA as
  * wgmma's N side, the weights decoded straight into the A registers, persistent) when
- * LASTSTAND_MG_WGMMA2=1 and the call has LASTSTAND_MG_WGMMA2_MINROWS (160) or more routed rows
+ * on (the default since S11-R2; LASTSTAND_MG_WGMMA2=0: off) and the call has
+ * LASTSTAND_MG_WGMMA2_MINROWS (112) or more routed rows
  * an expert on average (mw_rows_hint), else mw_kernel (this header):
  *
  * mw_kernel: CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
@@ -808,14 +809,15 @@ __global__ void __launch_bounds__(256, 1)
 enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
-static int mw_v2 = 0;            /* m2_kernel (LASTSTAND_MG_WGMMA2=1) instead of mw_kernel */
+static int mw_v2 = 1;            /* m2_kernel instead of mw_kernel (LASTSTAND_MG_WGMMA2=0: mw_kernel only) */
 static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
 static int mw_dfr = 1;           /* m2 down: copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER=0: not) */
 static int mw_pfu = 2;           /* m2: the next unit's perm prefetched (LASTSTAND_MG_WGMMA2_PFU=0: not) */
-static int mw_minrows = 160;     /* m2_kernel from this many routed rows per expert on average */
+static int mw_minrows = 112;     /* m2_kernel from this many routed rows per expert on average (S11-R2:
+                                  * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
-static int mw_v2sh = 0;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=1) */
+static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
 #define M2_DN m2_kernel<false, false, M2_S_DN, M2_NB_DN>
@@ -873,7 +875,7 @@ int mw_available(void) {
         const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
         v = getenv("LASTSTAND_MG_WGMMA2");
-        mw_v2 = v && !strcmp(v, "1");
+        if (v && !strcmp(v, "0")) mw_v2 = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_DEFER");
         if (v && !strcmp(v, "0")) mw_dfr = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_PFU");
@@ -881,7 +883,7 @@ int mw_available(void) {
         v = getenv("LASTSTAND_MG_WGMMA2_MINROWS");
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
-        mw_v2sh = v && !strcmp(v, "1");
+        if (v && !strcmp(v, "0")) mw_v2sh = 0;
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1

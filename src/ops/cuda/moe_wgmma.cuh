@@ -20,11 +20,12 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
                       bf16 *dbuf, cudaStream_t st);
 
 /* The next launches of this host thread have rows = M·k/E routed rows per expert on average:
- * m2_kernel (LASTSTAND_MG_WGMMA2=1) takes the routed GEMMs from LASTSTAND_MG_WGMMA2_MINROWS (160)
- * on, mw_kernel below (S10 R1: m2 at 64 rows an expert ran 1.5-2x mw_kernel's time). */
+ * m2_kernel (default; LASTSTAND_MG_WGMMA2=0: off) takes the routed GEMMs from
+ * LASTSTAND_MG_WGMMA2_MINROWS (112) on, mw_kernel below (S11-R2, 35B: m2 at 64 rows an expert
+ * 958 vs 808 us, at 128 rows 1179 vs 1344 us, at 256 rows 1884 vs 2439 us). */
 void mw_rows_hint(int rows);
 
-/* 1 when mw_available() and LASTSTAND_MG_WGMMA2_SH=1: a BF16 shared expert's 64-row tiles (sh_only
+/* 1 when mw_available() and m2's BF16 form is on (default; LASTSTAND_MG_WGMMA2_SH=0: off): a BF16 shared expert's 64-row tiles (sh_only
  * launches) by m2_kernel's BF16-weight form (A from shared memory through a descriptor). */
 int m2_bf16_on(int tiles);
 

@@ -918,6 +918,8 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     if constexpr (BM == 64) { /* the prefill chunks' tiles on Hopper's warpgroup MMA (moe_wgmma.cu) */
         if (ld == MG_LD_FP4 && !sh_only && kn.wgmma && mw_available())
             return mw_launch<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+        if (ld == MG_LD_BF16 && sh_only && kn.wgmma && m2_bf16_on(tiles_max)) /* a BF16 shared expert's tiles */
+            return m2_launch_bf16<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
     }
     if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
         if (ld == MG_LD_FP4 && kn.place == 2)
@@ -1345,6 +1347,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
+    mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,

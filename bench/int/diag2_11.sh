@@ -1,5 +1,6 @@
 #!/bin/bash
-# S11 diagnosis 2: graph vs eager under the mid path's switches; graph runs repeated
+# bench/int/diag2_11.sh BIN OUTDIR: S11 diagnosis 2 (call 5): graph vs eager under the mid path's switches, graph runs repeated;
+# also the bisect binaries of bench/int/bisect11.sh unpacked at /tmp/b/bis
 B=$1; OUT=$2; mkdir -p $OUT
 export LD_LIBRARY_PATH=$(dirname $B)
 SYN="synth:qwen3.5-35b-a3b,layers=4"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/device/bisect11.sh DIR OUTDIR: for each DIR/laststand-SHA, graph vs eager greedy ids
+# bench/int/bisect11.sh DIR OUTDIR: for each DIR/laststand-SHA, graph vs eager greedy ids
 # (test_gpu_attn_graph.py's case, 64 tokens) and the engine's sampler check at a serve start
 # (test_gpu_grammar.py's server flags). S11's bisect of the graph != eager regression.
 # device-limit: 200

@@ -15,6 +15,9 @@ Pins, each against the doctor's fp64 CPU reference (verdict "ok" at every bucket
   row, x1.25 + 0.02: this random model amplifies any change of summation order, S9 R1 saw 0.11
   between the two CUDA runs), and its log names the wgmma path on a compute capability 9.0 device
   (the switch did not silently fall back to mg_gemm_kernel).
+Those with mw_kernel forced (LASTSTAND_MG_WGMMA2=0, LASTSTAND_MG_WGMMA2_SH=0); each again with
+m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared expert by m2's BF16
+form too), the 35B at M = 8192 (groups of four 64-row tiles) as well.
 """
 import json
 import os
@@ -48,20 +51,32 @@ def check(cells, table, ms):
     assert sorted(map(int, cells)) == ms
 
 
+MW = {"LASTSTAND_MG_WGMMA2": "0", "LASTSTAND_MG_WGMMA2_SH": "0"}  # mw_kernel only
+M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
+M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
+
+
 @pytest.mark.parametrize("args,ms,extra", [
-    (["--shapes", "qwen3.5-35b-a3b"], [1024, 2048, 3001], None),
-    (["--shapes", "qwen3.5-35b-a3b"], [100], {"LASTSTAND_GROUPED_BM": "64"}),
-    (["--shapes", "qwen3.5-397b-a17b"], [2048], None),
-    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 2048], None),
-], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared"])
+    (["--shapes", "qwen3.5-35b-a3b"], [1024, 2048, 3001], MW),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(MW, LASTSTAND_GROUPED_BM="64")),
+    (["--shapes", "qwen3.5-397b-a17b"], [2048], MW),
+    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 2048], MW),
+    # m2_kernel (up to 256 tokens a CTA, the weights decoded into wgmma's A registers), and its BF16
+    # form for synth's BF16 shared expert; 8192: 4-tile groups, 3001: partial groups and last tiles
+    (["--shapes", "qwen3.5-35b-a3b"], [1024, 3001, 8192], M2),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2, LASTSTAND_GROUPED_BM="64")),
+    (["--shapes", "qwen3.5-397b-a17b"], [2048], M2),
+    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2SH),
+], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
+        "m2-35b-bf16-shared"])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)
 
 
-def logits(device, wgmma):
+def logits(device, wgmma, extra=None):
     ids = ",".join(str(5 + (i * 37) % 200) for i in range(150))
-    env = dict(os.environ, LASTSTAND_MG_WGMMA="1" if wgmma else "0")
+    env = dict(os.environ, LASTSTAND_MG_WGMMA="1" if wgmma else "0", **(extra or {}))
     args = [BIN, "logits", "--model-path", "synth:demo", "--ids", ids, "--device", device]
     if device == "cuda":
         args += ["--moe-runner-backend", BACKEND]
@@ -70,10 +85,11 @@ def logits(device, wgmma):
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64), p.stderr
 
 
-def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu():
+@pytest.mark.parametrize("extra", [MW, M2], ids=["mw", "m2"])
+def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     cpu, _ = logits("cpu", False)
     base, _ = logits("cuda", False)
-    new, err = logits("cuda", True)
+    new, err = logits("cuda", True, extra)
     if "no sm_90a image" not in err:
         assert "by the wgmma kernels" in err, f"the wgmma path never ran:\n{err[-2000:]}"
     rel = lambda a, b: float((np.abs(a - b).max(axis=1) / np.abs(b).max(axis=1)).max())

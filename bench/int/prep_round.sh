@@ -4,14 +4,15 @@
 # objects) in $INT_DIR/NAME (default ../int beside the checkout: a persistent worktree with its own build-dev/: sm_90a code only, so that the xz of the
 # bundle, whose dictionary spans several binaries, stays small) and pack what the GPU machine needs into
 # .dev/int/NAME.tar.xz (the tree + build/laststand, .so, tests/). --fixtures also packs
-# ../shared/fixtures/models once (.dev/int/fixtures.tar). Builds run one after another (2 cores).
+# ../shared/fixtures/models once (.dev/int/fixtures.tar; carry names the files a call takes, so other
+# bundles and the fixtures stay). Builds run one after another (2 cores).
 set -u
 cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)" || exit 1
 ROOT=$(pwd); INT=${INT_DIR:-$(dirname "$ROOT")/int}
 FIX=0
 [ "${1:-}" = --fixtures ] && { FIX=1; shift; }
 mkdir -p .dev/int
-rm -f .dev/int/*.tar.xz
+for spec in "$@"; do rm -f ".dev/int/${spec%%=*}.tar.xz"; done  # only the bundles rebuilt now
 for spec in "$@"; do
     name=${spec%%=*}; br=${spec#*=}
     w=$INT/$name
@@ -53,7 +54,6 @@ done
 if [ $FIX = 1 ] && [ ! -f .dev/int/fixtures.tar ]; then
     tar -C ../shared/fixtures -cf .dev/int/fixtures.tar models
 fi
-[ $FIX = 0 ] && rm -f .dev/int/fixtures.tar
 cp bench/int/round.sh .dev/int/round.sh
 du -sh .dev/int; du -sh --exclude=.git --exclude=build --exclude=.dev .
 # On the GPU machine (device tool), e.g. with carry [".dev/int/round.sh", ".dev/int/NAME.tar.xz", ...]

@@ -85,6 +85,7 @@ static ls_engine *open_engine(int max_run, int chunk, int ctx, int max_total) {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.model_path = g_dir;
+    o.device = "cpu"; /* batch == alone exactly: the CPU's property (a GPU's BF16 plans differ by batch) */
     o.max_running_requests = max_run;
     o.chunked_prefill_size = chunk;
     o.context_length = ctx;
@@ -416,6 +417,7 @@ static void test_full_queue_is_busy(void **st) {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.model_path = g_dir;
+    o.device = "cpu";
     o.max_running_requests = 1;
     o.max_queued_requests = 2;
     o.context_length = 512;

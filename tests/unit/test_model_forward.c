@@ -26,12 +26,17 @@ static const char *k_models[] = {"qwen3", "qwen3_moe-nvfp4", "qwen3_next", "qwen
 static const int32_t k_ids[N_IDS] = {5, 900, 17, 256, 3, 77, 1000, 512, 42, 8,
                                      600, 13, 99, 731, 2, 64, 333, 870, 21, 400};
 
+/* the CPU device whatever the machine has: the exact equalities here (1e-5) are the CPU's
+ * fp32 forward pass's; on a GPU BF16 activations and per-M plans round differently by batch
+ * shape (the CUDA twins: test_prefix_cuda.c, tests/test_gpu_*.py) */
+static const model_opts k_cpu = {.device = "cpu"};
+
 static model *open_fixture(const char *name) {
     char path[512];
     if (!strncmp(name, "synth:", 6)) {
         model *m = NULL;
         ls_err e = {0};
-        if (model_open(name, NULL, &m, &e)) fail_msg("open %s: %s", name, e.msg);
+        if (model_open(name, &k_cpu, &m, &e)) fail_msg("open %s: %s", name, e.msg);
         return m;
     }
     const char *root = getenv("LS_SHARED") ? getenv("LS_SHARED") : "../shared";
@@ -39,7 +44,7 @@ static model *open_fixture(const char *name) {
     if (access(path, R_OK)) return NULL;
     model *m = NULL;
     ls_err e = {0};
-    if (model_open(path, NULL, &m, &e)) fail_msg("open %s: %s", path, e.msg);
+    if (model_open(path, &k_cpu, &m, &e)) fail_msg("open %s: %s", path, e.msg);
     return m;
 }
 

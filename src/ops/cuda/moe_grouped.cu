@@ -830,7 +830,7 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   both: the 35B MoE call at M = 8 / 16 / 32 71.3 / 105.5 /
  *                                   154.4 -> 66.7 / 100.4 / 149.6 µs, the same bits);
  *                                   at H = 4096 (the 397B shapes, S10 c16moe): gate/up with one
- *                                   barrier at 2 blocks an SM and the mid path up to M·k = 2E
+ *                                   barrier at 2 blocks an SM and the mid path up to M·k = 4E
  *                                   (LASTSTAND_MG_MID4K=1, default since R1: the 397B tp2 rank
  *                                   shape 294.7 -> 236.4 µs at M = 16, 564.6 / 802.6 -> 391.2 /
  *                                   593.4 µs at M = 32 / 64; 0: 16 warps at 95 registers, one
@@ -862,7 +862,7 @@ typedef struct mg_knobs {
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
-                    at H = 4096 up to M·k = 2E */
+                    at H = 4096 up to M·k = 4E */
     int midsgl;  /* with mid: the shared gate's logit by the router launch */
     int midrks;  /* with mid: the router's K split over H / 1024 blocks */
     int midxt;   /* with mid: the GEMVs' tiles along the grid's x */
@@ -918,6 +918,8 @@ static cudaError_t mg_gemm_launch(int ld, const mg_knobs &kn, int n_out, int til
     if constexpr (BM == 64) { /* the prefill chunks' tiles on Hopper's warpgroup MMA (moe_wgmma.cu) */
         if (ld == MG_LD_FP4 && !sh_only && kn.wgmma && mw_available())
             return mw_launch<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
+        if (ld == MG_LD_BF16 && sh_only && kn.wgmma && m2_bf16_on(tiles_max)) /* a BF16 shared expert's tiles */
+            return m2_launch_bf16<GATEUP>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, st);
     }
     if constexpr (BM == 16) { /* three CTAs per SM: 3 x 69 KB of shared memory, <= 85 registers */
         if (ld == MG_LD_FP4 && kn.place == 2)
@@ -1267,8 +1269,10 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * the 397B shape at M = 16, -8%, not at 64, +3%): H <= 2048 up to M·k = 8E, else up to
      * M·k = E/2 (LASTSTAND_MG_MIDALL=1: every 16-row tile size); at H = 4096 with gate/up at 2
      * blocks an SM (LASTSTAND_MG_MID4K, S10 c16moe R1: 397B -20% at M = 16, -31% / -26% at 32 / 64
-     * against the grouped GEMM) up to M·k = 2E */
-    const size_t midmax = H <= 2048 ? (size_t)8 * E : H == 4096 && kn.mid4k ? (size_t)2 * E : (size_t)E / 2;
+     * against the grouped GEMM) up to M·k = 4E (2E until S11: the S11 device round measured the
+     * mid path at M = 128 784 vs 1010 µs at the 397B tp2 rank shape, 1.582 vs 1.923 ms at the full
+     * 397B shape, and at 192 880 µs, against the grouped GEMM) */
+    const size_t midmax = H <= 2048 ? (size_t)8 * E : H == 4096 && kn.mid4k ? (size_t)4 * E : (size_t)E / 2;
     const int midp = kn.mid && bm == 16 && (kn.midall || mk <= midmax);
     /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
      * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
@@ -1281,9 +1285,15 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                   ? H / 1024
                   : 1;
     float *sgl = sgr ? logits + (size_t)M * E * rks : NULL;
+    /* the router launch without the PDL attribute: it is the call's first kernel, and with PDL
+     * (S10's mr_kernel) its results depended on the history of the call (S11 device rounds: the
+     * same 8-token forward gave different greedy ids call to call, so serve's sampler check fell
+     * back to the host; decode from CUDA graphs differed from eager steps from token 0; both gone
+     * with LASTSTAND_MG_MIDPDL=0 or the cuBLASLt router, LASTSTAND_MG_MIDROUTER=0). The launches
+     * after it keep PDL among themselves. */
     if (midp && kn.midrouter &&
         mr_launch_sg(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits,
-                     sgr ? (const bf16 *)w->sh_gate_w.data : NULL, sgl, rks, pdl, st, &cr)) {
+                     sgr ? (const bf16 *)w->sh_gate_w.data : NULL, sgl, rks, 0, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
@@ -1337,6 +1347,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
+    mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,

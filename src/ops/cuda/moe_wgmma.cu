@@ -9,7 +9,13 @@
  * says whether the device loaded the image (compute capability 9.0), else moe_grouped.cu keeps
  * mg_gemm_kernel.
  *
- * CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
+ * Two kernels, picked per call by mw_launch: m2_kernel (further down: up to 256 tokens a CTA as
+ * wgmma's N side, the weights decoded straight into the A registers, persistent) when
+ * on (the default since S11-R2; LASTSTAND_MG_WGMMA2=0: off) and the call has
+ * LASTSTAND_MG_WGMMA2_MINROWS (112) or more routed rows
+ * an expert on average (mw_rows_hint), else mw_kernel (this header):
+ *
+ * mw_kernel: CTA = one warpgroup (128 threads), 2 CTAs an SM (80-104 KB of shared memory each). K blocks of
  * 64; per block:
  *   A   the tile's 64 token rows x 64 k (gathered by perm: x rows for gate/up, hbuf rows for
  *       down), cp.async straight into a 128-byte-swizzled K-major tile (16-byte chunk c of row r
@@ -38,10 +44,12 @@
  * condition, MG_LD_FP4); N tails are zero-filled and not written.
  */
 #include "ops/cuda/moe_wgmma.cuh"
+#include "ops/cuda/nvfp4.cuh"
 
 #include <pthread.h>
 
 enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
+enum { M2_MAXG = 2048, M2_MAXT = 4096 }; /* m2_kernel: groups listed a CTA, plan tiles a launch */
 /* Shared memory for prefetch distance PF (K blocks in flight ahead of the one decoded): A stages
  * PF + 2 (wgmma kb-1 may still read its stage while kb + PF lands), code stages PF + 1, two
  * decoded B buffers. PF = 2: 80 KB, 3: 92 KB, 4: 104 KB; two CTAs an SM in every case. */
@@ -58,6 +66,9 @@ struct mw_lay {
 
 __device__ __forceinline__ void mw_cp16(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void mw_cp16f(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void mw_cp4(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
@@ -78,6 +89,11 @@ __device__ __forceinline__ void mw_wg_wait() {
 __device__ __forceinline__ void mw_fence_regs(float (&d)[64]) {
 #pragma unroll
     for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
+#pragma unroll
+    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 /* K-major, 128-byte swizzle: start address >> 4, leading offset 16 B (unused by this mode),
@@ -248,11 +264,565 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
     }
 }
 
+/* d[0..31] (+)= A[64 x 16] (registers a) · B[64 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma64(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..63] (+)= A[64 x 16] (registers a) · B[128 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma128(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..95] (+)= A[64 x 16] (registers a) · B[192 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma192(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "{%96, %97, %98, %99}, %100, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d[0..127] (+)= A[64 x 16] (registers a) · B[256 x 16]ᵀ (shared memory, descriptor db); acc: 0 = overwrite */
+__device__ __forceinline__ void m2_mma256(float (&d)[128], const uint32_t (&a)[4], uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "{%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* the same with A from shared memory too (descriptor da): the BF16 weights */
+__device__ __forceinline__ void m2_mma64ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma128ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma192ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
+        "%96, %97, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+__device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+/* ---- m2: tokens as the N side, the weights decoded straight into wgmma's A registers -------
+ *
+ * mw_kernel above (64 token rows x 128 weight rows a CTA, both operands from shared memory)
+ * re-decodes an expert's weights for every 64 tokens, stores them to shared memory and reads
+ * them back for the MMA (~210 B of shared-memory traffic a clock against the SM's 128), and its
+ * decode waits for the MMA inside the one warpgroup: ~200 TFLOP/s. m2_kernel swaps the roles:
+ *   CTA  = 2 warpgroups (256 threads, one CTA an SM) x up to 256 tokens (a group of up to four
+ *          consecutive 64-row tiles of one expert in the plan: "a super tile") x NB blocks of
+ *          weight rows (each 128 rows: 64 a warpgroup).
+ *   A    = 64 weight rows a warpgroup, decoded from the E2M1 codes (in shared memory, brought
+ *          with the tokens by cp.async) straight into the m64k16 register fragments: lane
+ *          (g, t) of warp w holds rows 16w + g, 16w + g + 8 at k = 2t, 2t + 1 (byte t of code
+ *          word 2s of the k16 step s) and 2t + 8, 2t + 9 (byte t of word 2s + 1). A byte is
+ *          placed into a bf16x2 (nv4_e2m1x8_place's bit placement: e2m1 x 2^-126, exact) and
+ *          multiplied by its block scale x 2^118 (one HMUL2, exact); 2^8 goes into scale2 in
+ *          the epilogue. The decode of block q + 1 runs while block q's wgmma group is in flight.
+ *   B    = the super tile's token rows x 64 k from shared memory (cp.async gathers them by
+ *          perm into the 128-byte swizzled K-major layout), N = 64 x (tiles in the group):
+ *          wgmma m64nNk16 with N = 64, 128, 192 or 256 (a uniform switch a CTA).
+ *   gate/up: warp w's 16 A rows = 8 gate rows (i = n0 + 32·wg + 8w + g) then the same 8 up
+ *          rows, so one lane holds gate and up of the same (i, token): h = silu(g)·u in
+ *          registers, staged in shared memory, stored as 128-byte rows of hbuf.
+ *   down:  A rows = 128 output columns; acc·s2d·wts[pair] staged, stored as 256-byte rows.
+ * Pipeline: S stages (tokens 32 KB + codes 4 KB + scales 512 B each), loads S - 2 blocks
+ * ahead (a stage is refilled only after the wgmma group that read it was retired by the
+ * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
+ * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
+ * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block. */
+
+/* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
+__device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (te[mid] < e) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* exclusive prefix sum over the block's 256 threads (ws: 8 ints of shared memory); *total */
+__device__ __forceinline__ int m2_scan(int v, int *ws, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += u;
+    }
+    if (lane == 31) ws[warp] = inc;
+    __syncthreads();
+    int before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        const int x = ws[w];
+        before += w < warp ? x : 0;
+        all += x;
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - v;
+}
+
+/* BW: BF16 weights (a stage: tokens 32768 B, the 128 weight rows x 64 k 16384 B, swizzled like
+ * the tokens, read by wgmma through a descriptor) instead of NVFP4 codes decoded into registers.
+ * NB == 1: the output staging aliases the stages (the pipeline is drained by then). */
+template <bool GATEUP, bool BW, int S, int NB>
+struct m2_lay {
+    static constexpr int STAGE = BW ? 48 * 1024 : 37 * 1024; /* NVFP4: tokens, codes 4096, scales 512 */
+    static constexpr int C_IN = 32768, S_IN = 36864;
+    static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
+    static constexpr int O_OFF = NB == 1 ? 0 : S * STAGE;
+    static constexpr int L_OFF = O_OFF + 256 * OSTR > S * STAGE ? O_OFF + 256 * OSTR : S * STAGE;
+    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16) */
+    static constexpr int SMEM = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG + 1024;
+    static_assert(SMEM <= 232448, "227 KB of shared memory a block on sm_90");
+    static_assert(M2_MAXT * 4 <= S * STAGE, "tile_e fits in the stage buffers");
+};
+
+/* Persistent: gridDim.x CTAs (one an SM) walk the work units u = blockIdx.x + i·gridDim.x, unit u =
+ * group u / nxb (up to 4 consecutive 64-row plan tiles of one expert) x weight blocks
+ * (u % nxb)·NB .. + NB - 1. Each CTA first lists the groups in shared memory (tile_e copied into
+ * the stage buffers, a group starts at every 4th tile of an expert's run: binary searches). */
+template <bool GATEUP, bool BW, int S, int NB>
+__global__ void __launch_bounds__(256, 1)
+    m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
+              const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
+              int *__restrict__ ctr, int flags) {
+    /* flags: 1 down's copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER), 2 the next unit's perm
+     * prefetched (LASTSTAND_MG_WGMMA2_PFU) */
+    const int dfr = flags & 1, pfu = flags & 2;
+    extern __shared__ __align__(1024) unsigned char mw_dsm[];
+    typedef m2_lay<GATEUP, BW, S, NB> LY;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(mw_dsm);
+    const uint32_t sb = (raw + 1023u) & ~1023u;
+    unsigned char *const gb = mw_dsm + (sb - raw);
+    int *soff = reinterpret_cast<int *>(gb + LY::L_OFF);
+    int *spair = soff + 256;
+    float *swt = reinterpret_cast<float *>(spair + 256);
+    int *ws = reinterpret_cast<int *>(swt + 256);
+    uint16_t *glist = reinterpret_cast<uint16_t *>(ws + 16);
+
+    /* the group list: tiles [T0, T1) (sh_only: the shared expert's, n_tiles[1] on); T1 - T0 <= 4096 */
+    const int T0 = sh_only ? n_tiles[1] : 0, T1 = n_tiles[0], nt = T1 - T0;
+    int *te = reinterpret_cast<int *>(gb); /* tile_e[T0..T1) in the stage buffers, for the list only */
+    for (int i = tid; i < nt; i += 256) te[i] = tile_e[T0 + i];
+    __syncthreads();
+    const int per = (nt + 255) / 256, i0 = min(nt, tid * per), i1 = min(nt, i0 + per);
+    int mine = 0;
+    {
+        int le = -1, lf = 0;
+        for (int i = i0; i < i1; i++) {
+            const int e = te[i];
+            if (e != le) { le = e; lf = m2_lb(te, nt, e); }
+            mine += (i - lf) % 4 == 0;
+        }
+    }
+    int ngroups;
+    int pos = m2_scan(mine, ws, &ngroups);
+    {
+        int le = -1, lf = 0, ll = 0;
+        for (int i = i0; i < i1; i++) {
+            const int e = te[i];
+            if (e != le) { le = e; lf = m2_lb(te, nt, e); ll = m2_lb(te, nt, e + 1); }
+            if ((i - lf) % 4 == 0 && pos < M2_MAXG) glist[pos++] = (uint16_t)(i << 3 | min(4, ll - i));
+        }
+    }
+    __syncthreads(); /* the list is complete; te (the stage buffers) free */
+    const int U = min(ngroups, (int)M2_MAXG) * nxb;
+
+    /* units: blockIdx.x first, then (ctr) the next free one from ctr[0] (fetched by thread 0 at the
+     * start of a unit, read by all after the unit's last barrier: snext by the unit's parity), or
+     * (no ctr) every gridDim.x-th */
+    int *const snext = ws + 8;
+    int par = 0;
+    /* the next unit's perm (and wts) for this thread's row, loaded during the current unit
+     * (its index known by then: the counter's answer, or u + gridDim.x) */
+    int pf_u = -1, pf_p = -1;
+    float pf_w = 0.f;
+    for (int u = blockIdx.x; u < U;
+         u = ctr ? (__syncthreads(), par ^= 1, snext[par ^ 1]) : u + (int)gridDim.x) {
+    /* thread 0 asks for the next unit now and publishes the answer at step 1 (or before
+     * leaving a unit without steps): the atomic's latency stays off the unit's first barriers */
+    int fetched = 0;
+    if (ctr && tid == 0) fetched = atomicAdd(ctr, 1) + (int)gridDim.x;
+    const int gl = glist[u / nxb];
+    const int t = T0 + (gl >> 3), ntl = gl & 7;
+    const mg_expert *xp = &tab[tile_e[t]];
+    const int I = xp->inter;
+    const int N = GATEUP ? I : H, K = GATEUP ? H : I;
+    constexpr int PER = GATEUP ? 64 : 128; /* output columns a weight block */
+    const int nball = (N + PER - 1) / PER, nb0 = (u % nxb) * NB;
+    if (nb0 >= nball) {
+        if (ctr && tid == 0) snext[par] = fetched;
+        continue;
+    }
+    const int nbe = min(NB, nball - nb0);
+    const int r0 = t * MW_BM, rows = ntl * MW_BM;
+    __syncthreads(); /* the previous unit's epilogue has read soff / spair and the staging */
+    {
+        int p = -1, off = -1;
+        float wv = 0.f;
+        if (tid < rows) {
+            p = pf_u == u ? pf_p : perm[r0 + tid];
+            if (p >= 0) off = GATEUP ? (p / (k + 1)) * H : (r0 + tid) * ldh;
+            if (!GATEUP && p >= 0) wv = pf_u == u ? pf_w : wts[p];
+        }
+        soff[tid] = off;
+        spair[tid] = p;
+        if (!GATEUP) swt[tid] = wv;
+    }
+    __syncthreads();
+    /* at step 2 of this unit (after its barriers: snext is visible): the next unit's perm */
+    auto prefetch_next = [&]() {
+        const int un = ctr ? snext[par] : u + (int)gridDim.x;
+        pf_u = -1;
+        if (un < U) {
+            const int gn = glist[un / nxb];
+            const int rn = (T0 + (gn >> 3)) * MW_BM;
+            pf_p = -1;
+            pf_w = 0.f;
+            if (tid < (gn & 7) * MW_BM) {
+                pf_p = perm[rn + tid];
+                if (!GATEUP && pf_p >= 0) pf_w = wts[pf_p];
+            }
+            pf_u = un;
+        }
+    };
+
+    /* loader roles: token chunks (row tid/8 + 32i, chunk tid%8), the codes of A row tid/2
+     * (half tid%2), the scales of A row tid (tid < 128) */
+    const bf16 *const tsrc = GATEUP ? x : hbuf;
+    const int lch = tid & 7, lrow = tid >> 3;
+    auto arow = [&](int ar) { /* A row ar (0..127) -> (matrix, row of it) without n0 */
+        const int rr = ar & 63, wg = ar >> 6;
+        if (GATEUP) return make_int2((rr >> 3) & 1, 32 * wg + 8 * (rr >> 4) + (rr & 7));
+        return make_int2(2, ar);
+    };
+    const int2 cr = arow(tid >> 1), sr = arow(tid & 127);
+    const uint8_t *const cbase = xp->w[cr.x] + (tid & 1) * 16;
+    const uint8_t *const sbase = BW ? xp->w[0] : xp->s[sr.x];
+    const int nk = (K + MW_BK - 1) / MW_BK, Q = nbe * nk; /* NVFP4: K % 64 == 0 (the loader's condition) */
+
+    /* this thread's token chunks, fixed for the unit: rows lrow + 32i (i < 2·ntl: the group's
+     * rows), source pointers and a bit mask of the rows that have a token (else zero-filled) */
+    const bf16 *pa[8];
+    uint32_t zm = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int row = lrow + 32 * i;
+        const int off = row < rows ? soff[row] : -1;
+        pa[i] = tsrc + (off >= 0 ? off : 0) + lch * 8;
+        zm |= off >= 0 ? 1u << i : 0u;
+    }
+    const uint32_t adst = (uint32_t)(lrow * 128 + ((lch ^ (lrow & 7)) << 4)); /* + 4096·i */
+    int lkb = 0, lnb = 0, lst = 0; /* the next block to load: k block, weight block, stage */
+    /* this thread's code / scale rows of the loaded weight block (NVFP4), set at its k block 0 */
+    const uint8_t *cp = cbase, *sp = sbase;
+    bool cok = false, sok = false;
+
+    auto load = [&](int) {
+        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER;
+        const uint32_t st = sb + lst * LY::STAGE;
+        if (!BW && kb == 0) {
+            const int wr = n0 + cr.y, s_r = n0 + sr.y;
+            cok = wr < N;
+            sok = s_r < N && tid < 128;
+            cp = cok ? cbase + (size_t)wr * (K / 2) : cbase;
+            sp = sok ? sbase + (size_t)s_r * (K / 16) : sbase;
+        }
+        if (++lkb == nk) { lkb = 0; lnb++; }
+        if (++lst == S) lst = 0;
+        if constexpr (BW) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i < 2 * ntl) {
+                    const bool ok = ((zm >> i) & 1) && k0 + lch * 8 < K;
+                    mw_cp16(st + adst + 4096 * i, pa[i] + k0, ok);
+                }
+            }
+        } else {
+            /* a row without a token loads row 0 of x / hbuf (valid memory, K % 64 == 0 here): its
+             * column of the product is garbage and never stored (rows are independent in the MMA) */
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < 2 * ntl) mw_cp16f(st + adst + 4096 * i, pa[i] + k0);
+        }
+        if constexpr (BW) { /* weight rows lrow + 32i, chunk lch, into the swizzled tile at C_IN */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int ar = lrow + 32 * i;
+                const int2 m = arow(ar);
+                const int wr = n0 + m.y;
+                const bool ok = wr < N && k0 + lch * 8 < K;
+                const uint8_t *src = xp->w[m.x] + ((size_t)wr * K + k0 + lch * 8) * 2;
+                mw_cp16(st + LY::C_IN + ar * 128 + ((lch ^ (ar & 7)) << 4), ok ? src : xp->w[m.x], ok);
+            }
+            return;
+        }
+        mw_cp16(st + LY::C_IN + tid * 16, cok ? cp + k0 / 2 : cbase, cok);
+        if (tid < 128) mw_cp4(st + LY::S_IN + tid * 4, sok ? sp + k0 / 16 : sbase, sok);
+    };
+
+    /* the decode: this lane's A rows ar0 = 64·wg + 16w + g and ar0 + 8 */
+    const int ar0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
+    const uint32_t sel = 0x4440u | (uint32_t)tq; /* byte tq to byte 0, zeros above */
+    auto place = [&](uint32_t w) -> uint32_t {
+        const uint32_t b = __byte_perm(w, 0u, sel);
+        return ((b * 0x40040u) & 0x01C001C0u) | ((b * 0x1001000u) & 0x80008000u);
+    };
+    auto decode = [&](int stq, uint32_t (&a)[16]) {
+        const unsigned char *stp = gb + stq * LY::STAGE;
+        const uint32_t sw0 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + ar0 * 4);
+        const uint32_t sw1 = *reinterpret_cast<const uint32_t *>(stp + LY::S_IN + (ar0 + 8) * 4);
+        uint32_t sc0[4], sc1[4];
+        nv4_scale2_bf16x2_x118((uint16_t)sw0, sc0[0], sc0[1]);
+        nv4_scale2_bf16x2_x118((uint16_t)(sw0 >> 16), sc0[2], sc0[3]);
+        nv4_scale2_bf16x2_x118((uint16_t)sw1, sc1[0], sc1[1]);
+        nv4_scale2_bf16x2_x118((uint16_t)(sw1 >> 16), sc1[2], sc1[3]);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint2 c0 = *reinterpret_cast<const uint2 *>(stp + LY::C_IN + ar0 * 32 + 8 * s);
+            const uint2 c1 = *reinterpret_cast<const uint2 *>(stp + LY::C_IN + (ar0 + 8) * 32 + 8 * s);
+            a[4 * s + 0] = nv4_hmul2(place(c0.x), sc0[s]);
+            a[4 * s + 1] = nv4_hmul2(place(c1.x), sc1[s]);
+            a[4 * s + 2] = nv4_hmul2(place(c0.y), sc0[s]);
+            a[4 * s + 3] = nv4_hmul2(place(c1.y), sc1[s]);
+        }
+    };
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) acc[i] = 0.f;
+    uint32_t af[2][16];
+
+    auto mma = [&](const uint32_t (&a)[16], int stq, int kb) {
+        const uint64_t db = mw_desc(sb + stq * LY::STAGE);
+        if constexpr (BW) {
+            const uint64_t da = mw_desc(sb + stq * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
+#define M2_MMA4SS(F) \
+    _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
+            if (ntl == 4) {
+                M2_MMA4SS(m2_mma256ss)
+            } else if (ntl == 3) {
+                M2_MMA4SS(m2_mma192ss)
+            } else if (ntl == 2) {
+                M2_MMA4SS(m2_mma128ss)
+            } else {
+                M2_MMA4SS(m2_mma64ss)
+            }
+#undef M2_MMA4SS
+        } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
+#define M2_MMA4(F)                                                                                     \
+    _Pragma("unroll") for (int s = 0; s < 4; s++) {                                                     \
+        const uint32_t as[4] = {a[4 * s], a[4 * s + 1], a[4 * s + 2], a[4 * s + 3]};                   \
+        F(acc, as, db + 2 * s, kb > 0 || s > 0);                                                         \
+    }
+            if (ntl == 4) {
+                M2_MMA4(m2_mma256)
+            } else if (ntl == 3) {
+                M2_MMA4(m2_mma192)
+            } else if (ntl == 2) {
+                M2_MMA4(m2_mma128)
+            } else {
+                M2_MMA4(m2_mma64)
+            }
+#undef M2_MMA4
+        }
+    };
+
+    /* down with NB > 1 (LASTSTAND_MG_WGMMA2_DEFER, dfr): a weight block's copy-out from the
+     * staging (its own region) is spread over the next block's k steps, after their MMAs are
+     * issued, instead of holding the tensor cores; pend = that block, pend_i its next slice */
+    constexpr int CPR = PER / 8;          /* 16-byte chunks a row */
+    constexpr int CPT = 256 * CPR / 256;  /* chunks a thread for 256 rows */
+    const bool defer = !GATEUP && NB > 1 && dfr;
+    const int cps = (CPT + nk - 1) / nk;  /* chunks a thread a step when deferred */
+    int pend = -1, pend_i = 0;
+    auto copy_out = [&](int nb, int i0, int i1) {
+        const int n0 = (nb0 + nb) * PER;
+        const unsigned char *so = gb + LY::O_OFF;
+        for (int i = i0; i < i1; i++) {
+            const int c = tid + 256 * i, row = c / CPR, ch = c - row * CPR, col = n0 + ch * 8;
+            if (row >= rows || col >= N) continue;
+            const uint4 v = *reinterpret_cast<const uint4 *>(so + row * LY::OSTR + ch * 16);
+            if (GATEUP) {
+                if (soff[row] >= 0) *reinterpret_cast<uint4 *>(hbuf + (size_t)(r0 + row) * ldh + col) = v;
+            } else {
+                const int p = spair[row];
+                if (p >= 0) *reinterpret_cast<uint4 *>(dbuf + (size_t)p * H + col) = v;
+            }
+        }
+    };
+
+    auto epilogue = [&](int nb) {
+        unsigned char *so = gb + LY::O_OFF;
+        constexpr float SF = BW ? 1.f : 256.f; /* the decode's 2^-8 */
+        /* NB == 1: the staging aliases the stages: every warpgroup's MMAs done; defer: every
+         * thread's last slice of the previous block's copy-out (this very step) done */
+        if (NB == 1 || defer) __syncthreads();
+        if (GATEUP) {
+            const int il = 32 * (warp >> 2) + 8 * (warp & 3) + g; /* i - n0 */
+            const float s2g = xp->s2[0] * SF, s2u = xp->s2[1] * SF;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                if (j < 8 * ntl) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float gv = acc[4 * j + h] * s2g, uv = acc[4 * j + 2 + h] * s2u;
+                        const float hv = gv / (1.f + __expf(-gv)) * uv;
+                        *reinterpret_cast<bf16 *>(so + (8 * j + 2 * tq + h) * LY::OSTR + il * 2) = __float2bfloat16(hv);
+                    }
+                }
+            }
+        } else {
+            const int cl = 64 * (warp >> 2) + 16 * (warp & 3) + g; /* column - n0 */
+            const float s2d = xp->s2[2] * SF;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                if (j < 8 * ntl) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int tok = 8 * j + 2 * tq + h;
+                        const float c = s2d * swt[tok];
+                        unsigned char *d = so + tok * LY::OSTR + cl * 2;
+                        *reinterpret_cast<bf16 *>(d) = __float2bfloat16(acc[4 * j + h] * c);
+                        *reinterpret_cast<bf16 *>(d + 16) = __float2bfloat16(acc[4 * j + 2 + h] * c);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        if (defer && nb < nbe - 1) { /* the copy rides on the next block's steps */
+            pend = nb;
+            pend_i = 0;
+        } else {
+            copy_out(nb, 0, CPT);
+        }
+    };
+
+    int ckb = 0, cnb = 0, cst = 0; /* the block computed next: k block, weight block, stage */
+    auto step = [&](int q, uint32_t (&a)[16]) {
+        mw_wait_cp<S - 3>();
+        mw_fence_async();
+        __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
+        if (q + S - 2 < Q) load(q + S - 2);
+        mw_commit_cp();
+        const int nb = cnb, kb = ckb, stq = cst;
+        if (++ckb == nk) { ckb = 0; cnb++; }
+        if (++cst == S) cst = 0;
+        if constexpr (!BW) decode(stq, a);
+        if constexpr (!BW) {
+#pragma unroll
+            for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
+        }
+        mw_wg_fence();
+        mw_fence_regs128(acc);
+        mma(a, stq, kb);
+        mw_wg_commit();
+        mw_fence_regs128(acc);
+        if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
+            const int i1 = min(CPT, pend_i + cps);
+            copy_out(pend, pend_i, i1);
+            pend_i = i1;
+            if (pend_i >= CPT) pend = -1;
+        }
+        if (q == 1 && ctr && tid == 0) snext[par] = fetched; /* read by all after step 2's barrier */
+        if (q == 2 && pfu) prefetch_next();
+        mw_wg_wait<1>();
+        if (kb == nk - 1) {
+            mw_wg_wait<0>();
+            mw_fence_regs128(acc);
+            epilogue(nb);
+        }
+    };
+
+#pragma unroll
+    for (int q = 0; q < S - 2; q++) {
+        if (q < Q) load(q);
+        mw_commit_cp();
+    }
+    for (int q = 0; q < Q; q += 2) {
+        step(q, af[0]);
+        if (q + 1 < Q) step(q + 1, af[1]);
+    }
+    mw_wg_wait<0>();
+    if (Q < 2 && ctr && tid == 0) snext[par] = fetched;
+    } /* units */
+    if (ctr) { /* the last CTA out resets the counters for the next launch (stream-ordered) */
+        __syncthreads();
+        if (tid == 0) {
+            __threadfence();
+            if (atomicAdd(ctr + 1, 1) == (int)gridDim.x - 1) {
+                ctr[0] = 0;
+                ctr[1] = 0;
+                __threadfence();
+            }
+        }
+    }
+}
+
 /* ---- host side ------------------------------------------------------------------ */
 
 enum { MW_MAX_DEV = 16 };
 static int mw_state[MW_MAX_DEV]; /* per device: 0 not asked, 1 ready (image + shared memory), -1 no */
 static int mw_pf = 2;            /* prefetch distance, LASTSTAND_MG_WGMMA_PF = 2, 3 or 4 */
+static int mw_v2 = 1;            /* m2_kernel instead of mw_kernel (LASTSTAND_MG_WGMMA2=0: mw_kernel only) */
+static int mw_nsm[MW_MAX_DEV];   /* multiprocessors per device (m2_kernel's persistent grid) */
+static int mw_dfr = 1;           /* m2 down: copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER=0: not) */
+static int mw_pfu = 2;           /* m2: the next unit's perm prefetched (LASTSTAND_MG_WGMMA2_PFU=0: not) */
+static int mw_minrows = 112;     /* m2_kernel from this many routed rows per expert on average (S11-R2:
+                                  * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
+static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
+static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
+static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
+enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
+#define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
+#define M2_DN m2_kernel<false, false, M2_S_DN, M2_NB_DN>
+#define M2_GU_BW m2_kernel<true, true, M2_S_BW, 1>
+#define M2_DN_BW m2_kernel<false, true, M2_S_BW, 1>
 
 template <int PF>
 static bool mw_ready() {
@@ -263,6 +833,19 @@ static bool mw_ready() {
                cudaSuccess &&
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
+}
+static bool m2_ready() {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, M2_GU) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_GU_BW) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN_BW) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -280,13 +863,38 @@ int mw_available(void) {
         int major = 0, minor = 0;
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        cudaDeviceGetAttribute(&mw_nsm[dev], cudaDevAttrMultiProcessorCount, dev);
+        if (mw_nsm[dev] < 1) mw_nsm[dev] = 1;
+        const char *dv = getenv("LASTSTAND_MG_WGMMA2_DYN");
+        if (!(dv && !strcmp(dv, "0"))) { /* dynamic unit scheduling (0: every gridDim.x-th unit) */
+            int *c = NULL;
+            if (cudaMalloc(&c, 8 * sizeof(int)) == cudaSuccess && cudaMemset(c, 0, 8 * sizeof(int)) == cudaSuccess)
+                mw_ctr[dev] = c;
+            cudaGetLastError();
+        }
         const char *v = getenv("LASTSTAND_MG_WGMMA_PF");
         if (v && (!strcmp(v, "2") || !strcmp(v, "3") || !strcmp(v, "4"))) mw_pf = v[0] - '0';
-        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() ? 1 : -1;
+        v = getenv("LASTSTAND_MG_WGMMA2");
+        if (v && !strcmp(v, "0")) mw_v2 = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_DEFER");
+        if (v && !strcmp(v, "0")) mw_dfr = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_PFU");
+        if (v && !strcmp(v, "0")) mw_pfu = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_MINROWS");
+        if (v && atoi(v) >= 0) mw_minrows = atoi(v);
+        v = getenv("LASTSTAND_MG_WGMMA2_SH");
+        if (v && !strcmp(v, "0")) mw_v2sh = 0;
+        s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
+                    (!(mw_v2 || mw_v2sh) || m2_ready())
+                ? 1
+                : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a, "
-                     "prefetch distance %d)", dev, mw_pf);
+            log_info("cuda_grouped_gemm: 64-row tiles of NVFP4 experts by the wgmma kernels (device %d, sm_90a, %s)",
+                     dev, mw_v2 ? "m2_kernel: up to 256 tokens a CTA, weights decoded into the A registers"
+                                : mw_pf == 2 ? "mw_kernel, prefetch distance 2"
+                                : mw_pf == 3 ? "mw_kernel, prefetch distance 3"
+                                             : "mw_kernel, prefetch distance 4");
         else
             log_warn("cuda_grouped_gemm: LASTSTAND_MG_WGMMA=1 but device %d (compute capability %d.%d) has no sm_90a "
                      "image of the wgmma kernels; mg_gemm_kernel runs", dev, major, minor);
@@ -296,10 +904,32 @@ int mw_available(void) {
     return s > 0;
 }
 
+/* m2_kernel's persistent grid: one CTA an SM, no more than the units can use */
+static unsigned m2_grid(int tiles_max, int nxb) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const long n = mw_nsm[dev >= 0 && dev < MW_MAX_DEV ? dev : 0], u = (long)tiles_max * nxb;
+    return (unsigned)(u < n ? (u > 0 ? u : 1) : n);
+}
+/* the unit counters of launch kind 0..3 (routed gate/up, down, shared gate/up, down), or NULL */
+static int *m2_ctr(int kind) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    int *c = dev >= 0 && dev < MW_MAX_DEV ? mw_ctr[dev] : NULL;
+    return c ? c + 2 * kind : NULL;
+}
+
 template <bool GATEUP>
 cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                       bf16 *dbuf, cudaStream_t st) {
+    if (mw_v2 && tiles_max <= M2_MAXT && mw_rows >= mw_minrows) {
+        constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
+        const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
+        m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
+            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+        return cudaGetLastError();
+    }
     const int per = GATEUP ? 64 : 128;
     dim3 grid((unsigned)((n_out + per - 1) / per), (unsigned)tiles_max);
     if (mw_pf == 4)
@@ -318,3 +948,25 @@ template cudaError_t mw_launch<true>(int, int, const mg_expert *, const int32_t 
                                      int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
 template cudaError_t mw_launch<false>(int, int, const mg_expert *, const int32_t *, const int32_t *, const int32_t *,
                                       int, int, const bf16 *, bf16 *, int, const float *, bf16 *, cudaStream_t);
+
+int m2_bf16_on(int tiles) { return tiles <= M2_MAXT && mw_available() && mw_v2sh; }
+
+template <bool GATEUP>
+cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                           const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                           bf16 *dbuf, cudaStream_t st) {
+    constexpr int PER = GATEUP ? 64 : 128;
+    const int nxb = (n_out + PER - 1) / PER;
+    m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
+        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+    return cudaGetLastError();
+}
+
+template cudaError_t m2_launch_bf16<true>(int, int, const mg_expert *, const int32_t *, const int32_t *,
+                                          const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
+                                          cudaStream_t);
+template cudaError_t m2_launch_bf16<false>(int, int, const mg_expert *, const int32_t *, const int32_t *,
+                                           const int32_t *, int, int, const bf16 *, bf16 *, int, const float *,
+                                           bf16 *, cudaStream_t);
+
+void mw_rows_hint(int rows) { mw_rows = rows; }

@@ -19,4 +19,21 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
                       const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                       bf16 *dbuf, cudaStream_t st);
 
+/* The next launches of this host thread have rows = M·k/E routed rows per expert on average:
+ * m2_kernel (default; LASTSTAND_MG_WGMMA2=0: off) takes the routed GEMMs from
+ * LASTSTAND_MG_WGMMA2_MINROWS (112) on, mw_kernel below (S11-R2, 35B: m2 at 64 rows an expert
+ * 958 vs 808 us, at 128 rows 1179 vs 1344 us, at 256 rows 1884 vs 2439 us). */
+void mw_rows_hint(int rows);
+
+/* 1 when mw_available() and m2's BF16 form is on (default; LASTSTAND_MG_WGMMA2_SH=0: off): a BF16 shared expert's 64-row tiles (sh_only
+ * launches) by m2_kernel's BF16-weight form (A from shared memory through a descriptor). */
+int m2_bf16_on(int tiles);
+
+/* The shared expert's tiles nt[1] .. nt[0] - 1 (grid: sh_tiles) with BF16 weights, arguments as
+ * mw_launch's; any K multiple of 8 (chunks past K zero-filled), 16-byte aligned weight rows. */
+template <bool GATEUP>
+cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
+                           const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
+                           bf16 *dbuf, cudaStream_t st);
+
 #endif

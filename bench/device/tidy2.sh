@@ -15,7 +15,8 @@
 # 2. cmocka test_gdn_decode_cuda: gd_kernel_s / gd_kernel_p == gd_kernel bit for bit (every shape,
 #    1 / 6 / 0 tokens, fused norm and not, the 16-sequence step).
 # 3. pytest tests/test_gpu_gdn_decode.py (doctor fp64 cells, fixtures' logits, graphs == eager).
-# 4. pytest tests/test_gpu_moe_fused.py (every knob against the fp64 reference), as far as time goes.
+# 4. pytest tests/test_gpu_moe_fused.py (every knob against the fp64 reference), the BF16 shared
+#    expert's and the 397B rank's cells first, then the NVFP4 shared expert's, as far as time goes.
 . "$(dirname "$0")/lib.sh"
 dev_init tidy2 78 "$@"
 S35=synth:qwen3.5-35b-a3b,layers=1
@@ -60,20 +61,25 @@ else
     echo "FAIL test_gdn_decode_cuda: missing $D/tests/test_gdn_decode_cuda"
 fi
 
-# pytest FILE LIMIT: PASS / FAIL line from its summary
+# pytest LIMIT FILE [ARGS]: a PASS / FAIL / PART (time ran out, nothing failed) line from the per-test results
 pyt() {
-    local f=$1 t=$(left)
-    [ "$t" -gt "$2" ] && t=$2
+    local lim=$1 f=$2 t=$(left)
+    shift 2
+    [ "$t" -gt "$lim" ] && t=$lim
     [ "$t" -ge 8 ] || { echo "SKIP pytest $f (time)"; return; }
-    echo "== pytest $f (limit $t s) $(el)"
-    BUILD=$D LS_SHARED=$D timeout -k 3 "$t" python3 -u -m pytest -q -p no:cacheprovider -rfE "$f" \
-        >"$OUT/$(basename "$f" .py).log" 2>&1
-    local rc=$?
-    grep -E "FAILED|ERROR" "$OUT/$(basename "$f" .py).log" | cut -c1-160 | head -6
-    local sum=$(grep -E "[0-9]+ (passed|failed|skipped|error)" "$OUT/$(basename "$f" .py).log" | tail -1)
-    echo "$([ $rc = 0 ] && [[ $sum == *passed* ]] && echo PASS || echo FAIL) pytest $f rc=$rc" \
-        "${sum:-no summary (timeout: rc 124)} $(el)"
+    NPY=$((${NPY:-0} + 1))
+    local log="$OUT/pytest$NPY-$(basename "$f" .py).log"
+    echo "== pytest $f $* (limit $t s) $(el)"
+    BUILD=$D LS_SHARED=$D timeout -k 3 "$t" python3 -u -m pytest -v -p no:cacheprovider -rfE "$f" "$@" >"$log" 2>&1
+    local rc=$? np nf ns
+    np=$(grep -c " PASSED" "$log"); nf=$(grep -cE " (FAILED|ERROR)" "$log"); ns=$(grep -c " SKIPPED" "$log")
+    grep -E "^(FAILED|ERROR) " "$log" | cut -c1-160 | head -6
+    local v=FAIL
+    [ "$nf" = 0 ] && [ "$np" -gt 0 ] && { [ $rc = 0 ] && v=PASS || v=PART; }
+    echo "$v pytest $f: $np passed, $nf failed, $ns skipped, rc=$rc (124: time ran out) $(el)"
 }
-pyt tests/test_gpu_gdn_decode.py 25
-pyt tests/test_gpu_moe_fused.py 60
+pyt 25 tests/test_gpu_gdn_decode.py
+# the BF16 shared expert's cells first (launch 1's rows form, the three launches: the moved code)
+pyt 40 tests/test_gpu_moe_fused.py -k "bf16 or rank"
+pyt 20 tests/test_gpu_moe_fused.py -k nvfp4
 echo "total $(el)"

@@ -7,17 +7,15 @@
 # R2 (R1 in bench/RESULTS.md "The MoE at 9..64 tokens at the 397B's shapes"): the defaults now
 # have gate/up at H = 4096 with one barrier at 2 blocks an SM and the mid path up to M·k = 2E
 # (LASTSTAND_MG_MID4K=1; "old" = LASTSTAND_MG_MID4K=0: R1's base).
-# 1. doctor moe cells (fp64 CPU oracle, ✅/❌), M = 8, 9, 16, 32, 64, 96, 128: defaults vs old,
-#    and the opt-in LASTSTAND_MG_MIDSGL=1 (the shared gate's logit by the router launch),
-#    LASTSTAND_MG_MIDRKS=1 (the router's K split over H / 1024 blocks, the partials added by the
-#    top-k), LASTSTAND_MG_MIDXT=1 (the GEMVs' tiles along the grid's x: the plan's unused tiles
-#    spread among the real ones), the three together ("trio") and LASTSTAND_MG_MIDFUSE=1 (top-k +
-#    plan in one launch); MIDALL=1 at M = 128, 192;
+# 1. doctor moe cells (fp64 CPU oracle, ✅/❌), M = 8, 9, 16, 32, 64, 96, 128: defaults vs old;
+#    MIDALL=1 at M = 128, 192;
 # 2. ncu (--clock-control none) of one call's kernels at M = 16 on the rank shape (instructions,
-#    stall reasons), defaults and trio;
+#    stall reasons), defaults;
 # 3. pytest tests/test_gpu_moe_grouped.py -k "rank_shape or mid_gemvs" (BUILD=$D LS_SHARED=$D);
 # 4. (time left) the 40-layer synth 35B served at c = 16 (c16.sh's plans and engine step),
-#    defaults vs trio.
+#    defaults.
+# (The four router / top-k / grid opt-ins this script also timed in S11 were deleted, within noise
+# of the defaults: bench/RESULTS.md "Deleted in S11 (midclean)".)
 . "$(dirname "$0")/lib.sh"
 dev_init c16moe 235 "$@"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -26,7 +24,6 @@ R397="--model-path tests/fixtures/moe_shapes/qwen3.5-397b-tp2-rank"
 F397="--model-path synth:qwen3.5-397b-a17b,layers=1"
 S35="--model-path synth:qwen3.5-35b-a3b,layers=1"
 OLD="LASTSTAND_MG_MID4K=0"
-TRIO="LASTSTAND_MG_MIDSGL=1 LASTSTAND_MG_MIDRKS=1 LASTSTAND_MG_MIDXT=1"
 export XDG_CACHE_HOME="$OUT/cache"
 
 # doc TAG "ENVS" "SRC" MS LIMIT: the doctor's moe rows (cuda_grouped_gemm), prefixed by TAG
@@ -44,19 +41,13 @@ doc() {
 echo "== 1. doctor moe, rank shape (H 4096 E 512 top-10 I 512, BF16 shared 512) $(el)"
 doc r397-def "" "$R397" 8,9,16,32,64,96,128 25
 doc r397-old "$OLD" "$R397" 8,9,16,32,64,96,128 25
-doc r397-sgl "LASTSTAND_MG_MIDSGL=1" "$R397" 9,16,64 15
-doc r397-rks "LASTSTAND_MG_MIDRKS=1" "$R397" 9,16,64 15
-doc r397-sglrks "LASTSTAND_MG_MIDSGL=1 LASTSTAND_MG_MIDRKS=1" "$R397" 9,16,64 15
-doc r397-xt "LASTSTAND_MG_MIDXT=1" "$R397" 9,16,64 15
-doc r397-trio "$TRIO" "$R397" 8,9,16,32,64,96 20
-doc r397-fuse "LASTSTAND_MG_MIDFUSE=1" "$R397" 9,16,64 15
 doc r397-all "LASTSTAND_MG_MIDALL=1" "$R397" 128,192 15
 echo "$(el)"
 
 # ncu of one call (8 kernels: router, top-k, plan, side-stream shared gate/up + down, gate/up,
 # down, combine) at M = 16, after 10 calls
 if [ -n "$NCU" ]; then
-    for v in "def:" "trio:$TRIO"; do
+    for v in "def:"; do
         [ "$(left)" -gt 150 ] || { echo "ncu ${v%%:*}: skipped (time)"; continue; }
         echo "== 2. ncu r397 M = 16 ${v%%:*} (${v#*:}) $(el)"
         env ${v#*:} timeout -k 3 40 "$NCU" --clock-control none -k regex:'mv_|mvd_|mvb_|mr_|mg_' --launch-skip 80 \
@@ -75,12 +66,6 @@ doc f397-def "" "$F397" 8,9,16,32,64,96,128 25
 doc f397-old "$OLD" "$F397" 8,9,16,32,64,96,128 25
 doc f397-all "LASTSTAND_MG_MIDALL=1" "$F397" 128 15
 doc s35-def "" "$S35" 8,9,16,32,64 15
-doc s35-sgl "LASTSTAND_MG_MIDSGL=1" "$S35" 8,9,16,32,64 15
-doc s35-sglrks "LASTSTAND_MG_MIDSGL=1 LASTSTAND_MG_MIDRKS=1" "$S35" 8,9,16,32,64 15
-doc s35-xt "LASTSTAND_MG_MIDXT=1" "$S35" 8,9,16,32,64 15
-doc s35-trio "$TRIO" "$S35" 8,9,16,32,64 15
-doc f397-trio "$TRIO" "$F397" 9,16,64 15
-doc s35-fuse "LASTSTAND_MG_MIDFUSE=1" "$S35" 9,16,64 15
 
 if python3 -c "import pytest" 2>/dev/null; then
     l=$(( $(left) - 3 ))
@@ -95,12 +80,12 @@ if python3 -c "import pytest" 2>/dev/null; then
 fi
 
 # 4. the 40-layer synth 35B at c = 16 (c16.sh's plans: serve's auto picks, named; CUDA graphs; the
-# engine's mean decode step from server.log), defaults vs MIDSGL=1, 16 x 1024 in / 128 out
+# engine's mean decode step from server.log), defaults, 16 x 1024 in / 128 out
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:16,cuda_cublaslt
        --lm-head-backend cuda_cublaslt --trust-backend)
 n=0
-for v in "def:" "trio:$TRIO"; do
+for v in "def:"; do
     lim=$(( $(left) - 3 ))
     [ "$lim" -gt 24 ] || { echo "== 4. e2e ${v%%:*}: skipped (time)"; continue; }
     [ "$lim" -gt 38 ] && lim=38

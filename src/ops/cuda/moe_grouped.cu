@@ -69,9 +69,9 @@
  * The mid-batch path (LASTSTAND_MG_MID, mg_knobs; 16-row tiles, bench/RESULTS.md "MoE at 9..64
  * tokens"): at 1-4 rows per expert the GEMMs are GEMVs per expert, so the same plan and tiles
  * are run by GEMV kernels instead (moe_mid.cu: mv_kernel, mvd_kernel, mvb_kernel for the BF16
- * shared expert, and the router by mr_kernel), with the top-k by a block per token (optionally
- * with the plan in the same launch, mg_topk_plan_kernel), the combine with its loads in flight,
- * and every launch with programmatic dependent launch. Same outputs, same determinism.
+ * shared expert, and the router by mr_kernel), with the top-k by a block per token, the combine
+ * with its loads in flight, and every launch after the router with programmatic dependent launch.
+ * Same outputs, same determinism.
  *
  * Workspace: per device (cu_ws.h), grown on first use and never shrunk; superseded
  * buffers are kept (not freed) so that a CUDA graph captured with them stays valid. The
@@ -90,12 +90,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128, MG_RKS = 4 };
+enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128 };
 enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_TICKET, MG_NBUF };
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -286,26 +286,11 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
  * index) as mg_topk_kernel; a NaN row yields NaN weights (the plan clamps indices). */
 __global__ void __launch_bounds__(32 * TOPK_W)
     mg_topk_block_kernel(int H, int E, int k, int norm, const bf16 *__restrict__ x, const bf16 *__restrict__ wsg,
-                         int has_shared, float *__restrict__ logits, float *__restrict__ sgl, int ks, int M,
-                         int32_t *__restrict__ idx, float *__restrict__ wts) {
+                         int has_shared, const float *__restrict__ logits, int32_t *__restrict__ idx,
+                         float *__restrict__ wts) {
     cu_pdl_trigger();
     cu_pdl_wait(); /* (with the PDL attribute: the router's logits; no-ops without) */
-    if (ks > 1) { /* the router's K-split partial sums (LASTSTAND_MG_MIDRKS), z ascending, into partial 0 */
-        const int m = blockIdx.x;
-        for (int e = threadIdx.x; e < E; e += blockDim.x) {
-            float v = logits[(size_t)m * E + e];
-            for (int z = 1; z < ks; z++) v += __ldcg(logits + ((size_t)z * M + m) * E + e);
-            logits[(size_t)m * E + e] = v;
-        }
-        if (sgl && threadIdx.x == 0) {
-            float v = sgl[m];
-            for (int z = 1; z < ks; z++) v += __ldcg(sgl + (size_t)z * M + m);
-            sgl[m] = v;
-        }
-        __syncthreads();
-    }
-    /* sgl: the shared gate's logits from the router (LASTSTAND_MG_MIDSGL), else dotted here */
-    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, sgl, idx, wts);
+    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
 }
 
 /* ---- 3: plan -------------------------------------------------------------------- */
@@ -377,94 +362,6 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     }
     if (has_shared)
         for (int m = tid; m < M; m += 1024) perm[s_off[E] + m] = m * (k + 1) + k;
-}
-
-/* mg_plan_kernel's plan as the body of a block of NT threads (S = E + has_shared <= 2·NT),
- * for mg_topk_plan_kernel: idx is read through L2 (written by the other blocks of the grid). */
-template <int NT>
-__device__ __forceinline__ void mg_plan_body(int M, int E, int k, int has_shared, int bm, const int32_t *idx,
-                                             int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
-                                             int32_t *__restrict__ n_tiles) {
-    __shared__ int s_cnt[MG_MAXE + 1], s_off[MG_MAXE + 2], s_cur[MG_MAXE + 1];
-    __shared__ int s_wsum[32];
-    const int tid = threadIdx.x, S = E + (has_shared ? 1 : 0);
-    const int Mk = M * k;
-    for (int e = tid; e < S; e += NT) s_cnt[e] = 0;
-    __syncthreads();
-    for (int i = tid; i < Mk; i += NT) {
-        const int ex = __ldcg(idx + i);
-        atomicAdd(&s_cnt[(unsigned)ex < (unsigned)E ? ex : 0], 1);
-    }
-    if (has_shared && tid == 0) s_cnt[E] = M;
-    __syncthreads();
-    const int a0 = 2 * tid, a1 = 2 * tid + 1;
-    const int p0 = a0 < S ? (s_cnt[a0] + bm - 1) / bm * bm : 0;
-    const int p1 = a1 < S ? (s_cnt[a1] + bm - 1) / bm * bm : 0;
-    const int lane = tid & 31, warp = tid >> 5;
-    int incl = p0 + p1;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-    }
-    if (lane == 31) s_wsum[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < NT / 32 ? s_wsum[lane] : 0, wi = w;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int v = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += v;
-        }
-        s_wsum[lane] = wi - w;
-    }
-    __syncthreads();
-    const int excl = s_wsum[warp] + incl - (p0 + p1);
-    if (a0 < S) s_off[a0] = excl;
-    if (a1 < S) s_off[a1] = excl + p0;
-    if (tid == NT - 1) s_off[S] = excl + p0 + p1;
-    __syncthreads();
-    for (int e = tid; e < S; e += NT) {
-        const int o = s_off[e], c = s_cnt[e], pe = s_off[e + 1] - o;
-        for (int t = o / bm; t < (o + pe) / bm; t++) tile_e[t] = e;
-        for (int r = o + c; r < o + pe; r++) perm[r] = -1;
-        s_cur[e] = o;
-    }
-    if (tid == 0) {
-        n_tiles[0] = s_off[S] / bm;
-        n_tiles[1] = s_off[E] / bm;
-    }
-    __syncthreads();
-    for (int i = tid; i < Mk; i += NT) {
-        const int m = i / k, j = i - m * k, ex = __ldcg(idx + i);
-        const int r = atomicAdd(&s_cur[(unsigned)ex < (unsigned)E ? ex : 0], 1);
-        perm[r] = m * (k + 1) + j;
-    }
-    if (has_shared)
-        for (int m = tid; m < M; m += NT) perm[s_off[E] + m] = m * (k + 1) + k;
-}
-
-/* The top-k and the plan in one launch (LASTSTAND_MG_MIDFUSE=1): block m routes token m
- * (moe_topk_block), and the last block to finish (a ticket: each block's idx / wts fenced,
- * then one atomicAdd) runs the plan over all of them and resets the ticket to 0 for the next
- * call (CUDA-graph replays included). The plan is the same computation whichever block runs it. */
-__global__ void __launch_bounds__(32 * TOPK_W)
-    mg_topk_plan_kernel(int M, int H, int E, int k, int norm, const bf16 *__restrict__ x,
-                        const bf16 *__restrict__ wsg, int has_shared, const float *__restrict__ logits, int32_t *idx,
-                        float *__restrict__ wts, int bm, int32_t *__restrict__ tile_e, int32_t *__restrict__ perm,
-                        int32_t *__restrict__ n_tiles, unsigned *__restrict__ ticket) {
-    __shared__ unsigned s_last;
-    cu_pdl_trigger();
-    cu_pdl_wait(); /* (with PDL: the router's logits) */
-    moe_topk_block(blockIdx.x, H, E, k, norm, x, wsg, has_shared, logits, NULL, idx, wts);
-    __threadfence(); /* this block's idx / wts before its ticket */
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(ticket, 1u) == (unsigned)M - 1u;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    mg_plan_body<32 * TOPK_W>(M, E, k, has_shared, bm, idx, tile_e, perm, n_tiles);
-    if (threadIdx.x == 0) *ticket = 0u;
 }
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
@@ -820,9 +717,7 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   (LASTSTAND_MG_MIDROUTER), the top-k by a block per token
  *                                   (LASTSTAND_MG_MIDTOPK), the combine with every load in
  *                                   flight, programmatic dependent launch (LASTSTAND_MG_MIDPDL,
- *                                   cu_pdl.h); opt-in: the top-k and the plan in one launch
- *                                   (LASTSTAND_MG_MIDFUSE=1, mg_topk_plan_kernel: right in R2,
- *                                   no faster); down's weights in flight before its wait for
+ *                                   cu_pdl.h); down's weights in flight before its wait for
  *                                   gate/up (LASTSTAND_MG_DNEARLY, on since S8 device round R2:
  *                                   gate/up lets it go only after its own wait, so the plan it
  *                                   reads first is complete), gate/up at 4 blocks an SM
@@ -834,13 +729,7 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   (LASTSTAND_MG_MID4K=1, default since R1: the 397B tp2 rank
  *                                   shape 294.7 -> 236.4 µs at M = 16, 564.6 / 802.6 -> 391.2 /
  *                                   593.4 µs at M = 32 / 64; 0: 16 warps at 95 registers, one
- *                                   block an SM, up to M·k = E/2); opt-in: the shared gate's
- *                                   logit by the router launch, not by the top-k after its
- *                                   ranking (LASTSTAND_MG_MIDSGL=1), the router's K split over
- *                                   H / 1024 blocks of 8 warps x 1 chunk, the partials added by
- *                                   the top-k (LASTSTAND_MG_MIDRKS=1), the GEMVs' tiles along
- *                                   the grid's x, the plan's unused tiles spread among the real
- *                                   ones instead of ending the grid (LASTSTAND_MG_MIDXT=1)
+ *                                   block an SM, up to M·k = E/2)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
  *                                   runs sm_90a code (1, default since S9 round R1: the
@@ -858,21 +747,17 @@ typedef struct mg_knobs {
     int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), at 4 blocks an SM (2) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
-    int midfuse; /* with mid: the top-k and the plan in one launch */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
                     at H = 4096 up to M·k = 4E */
-    int midsgl;  /* with mid: the shared gate's logit by the router launch */
-    int midrks;  /* with mid: the router's K split over H / 1024 blocks */
-    int midxt;   /* with mid: the GEMVs' tiles along the grid's x */
 } mg_knobs;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1, 1, 1, 0, 0};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 1, 1, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -890,13 +775,9 @@ static mg_knobs mg_knobs_get(void) {
         n.midgu = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MIDGU", 2);
         n.midall = cu_env_switch("LASTSTAND_MG_MIDALL", 0);
         n.midpdl = cu_env_switch("LASTSTAND_MG_MIDPDL", 1);
-        n.midfuse = cu_env_switch("LASTSTAND_MG_MIDFUSE", 0);
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
         n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
-        n.midsgl = cu_env_switch("LASTSTAND_MG_MIDSGL", 0);
-        n.midrks = cu_env_switch("LASTSTAND_MG_MIDRKS", 0);
-        n.midxt = cu_env_switch("LASTSTAND_MG_MIDXT", 0);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -985,7 +866,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
         *what = "cuda_grouped_gemm gate/up";
         c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
-                                  (H == 4096 ? kn.mid4k : kn.midgu) | (kn.midxt ? 8 : 0), gpdl, st)
+                                  H == 4096 ? kn.mid4k : kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
@@ -998,8 +879,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = dn_mvd ? mvd_launch_xt(mid_k, kn.midxt, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts,
-                                   dbuf, gpdl, st)
+        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                    kn.middn == 1, kn.midpdl, st)
@@ -1252,8 +1132,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535)
         return errf(e, ERR_UNSUPPORTED, "cuda_grouped_gemm: M=%d needs %zu tiles > 65535", M, tiles_max);
-    /* logits [M, E] (+ K-split partials [RKS - 1][M, E]) and the shared gate's [RKS][M] */
-    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * (E + 1) * MG_RKS, st, e);
+    float *logits = (float *)mg_get(ws, MG_LOGITS, sizeof(float) * M * E, st, e);
     int32_t *idx = (int32_t *)mg_get(ws, MG_IDX, sizeof(int32_t) * M * k, st, e);
     float *wts = (float *)mg_get(ws, MG_WTS, sizeof(float) * M * (k + 1), st, e);
     int32_t *tile_e = (int32_t *)mg_get(ws, MG_TILE, sizeof(int32_t) * tiles_max, st, e);
@@ -1278,13 +1157,6 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
     const int pdl = midp && kn.midpdl;
     cudaError_t cr = cudaSuccess;
-    /* the shared gate's logit by the router launch (LASTSTAND_MG_MIDSGL), for the block top-k */
-    const int sgr = midp && kn.midrouter && kn.midtopk && !kn.midfuse && kn.midsgl && hs && w->has_sh_gate;
-    /* the router's K over H / 1024 blocks (LASTSTAND_MG_MIDRKS), its partials added by the block top-k */
-    int rks = midp && kn.midrouter && kn.midtopk && !kn.midfuse && kn.midrks && H % 1024 == 0 && H / 1024 <= MG_RKS
-                  ? H / 1024
-                  : 1;
-    float *sgl = sgr ? logits + (size_t)M * E * rks : NULL;
     /* the router launch without the PDL attribute: it is the call's first kernel, and with PDL
      * (S10's mr_kernel) its results depended on the history of the call (S11 device rounds: the
      * same 8-token forward gave different greedy ids call to call, so serve's sampler check fell
@@ -1292,39 +1164,24 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * with LASTSTAND_MG_MIDPDL=0 or the cuBLASLt router, LASTSTAND_MG_MIDROUTER=0). The launches
      * after it keep PDL among themselves. */
     if (midp && kn.midrouter &&
-        mr_launch_sg(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits,
-                     sgr ? (const bf16 *)w->sh_gate_w.data : NULL, sgl, rks, 0, st, &cr)) {
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, 0, st, &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
         if (rc) return err_prefix(e, "cuda_grouped_gemm router");
-        sgl = NULL; /* (not written: the top-k dots it) */
-        rks = 1;
     }
-    /* the top-k and the plan in one launch (its ticket: one word, zeroed once, reset by each call) */
-    const int fuse = midp && kn.midtopk && kn.midfuse && E + hs <= 2 * 32 * TOPK_W;
-    unsigned *ticket = fuse ? (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, sizeof(unsigned), 1, st, "cuda_grouped_gemm", e)
-                            : NULL;
-    if (fuse && !ticket) return e->code ? e->code : ERR_NOMEM;
-    if (fuse)
-        CU_TRY(e,
-               cu_launch_pdl(pdl, mg_topk_plan_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, M, H, E, k, w->norm_topk,
-                             (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                             (const float *)logits, idx, wts, bm, tile_e, perm, nt, ticket),
-               "cuda_grouped_gemm top-k + plan");
-    else if (midp && kn.midtopk)
+    if (midp && kn.midtopk)
         CU_TRY(e,
                cu_launch_pdl(pdl, mg_topk_block_kernel, dim3(M), dim3(32 * TOPK_W), 0, st, H, E, k, w->norm_topk,
                              (const bf16 *)a->x, w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                             logits, sgl, rks, M, idx, wts),
+                             (const float *)logits, idx, wts),
                "cuda_grouped_gemm top-k");
     else
         mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
                                                     w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
                                                     logits, idx, wts);
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    if (!fuse)
-        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
+    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
            "cuda_grouped_gemm plan");
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";

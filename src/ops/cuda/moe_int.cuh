@@ -211,10 +211,6 @@ int mvd_per(int K);
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                        const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                        bf16 *dbuf, int pdl, cudaStream_t st);
-/* mvd_launch with the tiles along the grid's x (xt, LASTSTAND_MG_MIDXT) */
-cudaError_t mvd_launch_xt(int K, int xt, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
-                          const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                          const float *wts, bf16 *dbuf, int pdl, cudaStream_t st);
 /* mvb_kernel's PER for K, 0 when there is no instance */
 int mvb_per(int K);
 template <bool GATEUP>
@@ -225,10 +221,5 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * with the launch's status in *c */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c);
-/* mr_launch that also writes the shared expert's gate logit x · wsg -> sgl [M] when wsg is
- * set (LASTSTAND_MG_MIDSGL), and with ks > 1 (H = 1024·ks, LASTSTAND_MG_MIDRKS) splits K over
- * ks blocks: partial sums at logits + z·M·E, sgl + z·M (z < ks) */
-int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
-                 int ks, int pdl, cudaStream_t st, cudaError_t *c);
 
 #endif

@@ -122,7 +122,7 @@ template <bool GATEUP, int KW, int PER, int RT, bool LEAN, int MINB>
 __global__ void __launch_bounds__(32 * KW * RT, MINB)
     mv_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late, int xt) {
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int late) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     constexpr int NQ = S::NQ;
     extern __shared__ __align__(16) unsigned char mv_dsm[];
@@ -136,16 +136,13 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
     if (!late) cu_pdl_trigger();
     cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
     if (late) cu_pdl_trigger();
-    /* xt (LASTSTAND_MG_MIDXT): tiles along x, so that the plan's unused tiles (the grid is
-     * sized for the worst routing) are spread among the real ones instead of ending the grid */
-    const int bx = xt ? blockIdx.y : blockIdx.x, by = xt ? blockIdx.x : blockIdx.y;
-    const int tile = by + (sh_only ? n_tiles[1] : 0);
+    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
     const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int rt = warp / KW, kw = warp % KW;
-    const int nrow0 = (bx * RT + rt) * 16; /* this warp's 16 output rows */
+    const int nrow0 = (blockIdx.x * RT + rt) * 16; /* this warp's 16 output rows */
     const bool live = nrow0 < N && K == KW * PER * MV_CH;
     const int c0 = kw * PER, r0 = tile * 16;
     /* weights first: codes of rows g, g + 8 and the 16 rows' scales, one group per chunk */
@@ -231,7 +228,7 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
     for (int o = tid; o < RT * 16 * 16; o += 32 * KW * RT) {
         const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
         const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
-        const int n = (bx * RT + ort) * 16 + row;
+        const int n = (blockIdx.x * RT + ort) * 16 + row;
         if (p < 0 || n >= N || K != KW * PER * MV_CH) continue;
         float v0 = 0.f, v1 = 0.f;
 #pragma unroll
@@ -266,7 +263,7 @@ mv_cfg mv_pick(bool gateup, int K) {
 template <bool GATEUP, int KW, int PER, int RT, bool LEAN = false, int MINB = 3>
 static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st, int xt = 0) {
+                              const float *wts, bf16 *dbuf, int sh_only, int pdl, cudaStream_t st) {
     typedef mv_smem<GATEUP, KW, PER, RT> S;
     const size_t smem = sizeof(S) + (LEAN ? sizeof(((S *)0)->u.red) : 0);
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
@@ -279,10 +276,9 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    const unsigned nb = (unsigned)((n_out + 16 * RT - 1) / (16 * RT));
-    const dim3 grid = xt ? dim3((unsigned)tiles_max, nb) : dim3(nb, (unsigned)tiles_max);
+    const dim3 grid((unsigned)((n_out + 16 * RT - 1) / (16 * RT)), (unsigned)tiles_max);
     return cu_launch_pdl(pdl, mv_kernel<GATEUP, KW, PER, RT, LEAN, MINB>, grid, dim3(32 * KW * RT), smem, st, tab, tile_e,
-                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2), xt);
+                         perm, nt, H, k, x, hbuf, ldh, wts, dbuf, sh_only, (int)(pdl == 2));
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
@@ -292,35 +288,33 @@ template <bool GATEUP>
 cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                       const float *wts, bf16 *dbuf, int sh_only, int alt, int pdl, cudaStream_t st) {
-    const int xt = alt >> 3 & 1; /* alt | 8: tiles along x (LASTSTAND_MG_MIDXT) */
-    alt &= 7;
     if constexpr (GATEUP) {
         if (K == 1024)
             return mv_launch1<GATEUP, 8, 1, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st, xt);
+                                               sh_only, pdl, st);
         if (K == 2048 && alt == 2) /* LASTSTAND_MG_MIDGU=2: the LEAN instance at 4 blocks an SM (<= 64 registers) */
             return mv_launch1<GATEUP, 8, 2, 1, true, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                        wts, dbuf, sh_only, pdl, st, xt);
+                                                        wts, dbuf, sh_only, pdl, st);
         if (K == 2048 && alt)
             return mv_launch1<GATEUP, 8, 2, 1, true>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                     dbuf, sh_only, pdl, st, xt);
+                                                     dbuf, sh_only, pdl, st);
         if (K == 2048)
             return mv_launch1<GATEUP, 8, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st, xt);
+                                               sh_only, pdl, st);
         if (alt == 1) /* K = 4096 (LASTSTAND_MG_MID4K=1): the LEAN instance at 2 blocks an SM (<= 64 registers) */
             return mv_launch1<GATEUP, 16, 2, 1, true, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                         wts, dbuf, sh_only, pdl, st, xt);
+                                                         wts, dbuf, sh_only, pdl, st);
         return mv_launch1<GATEUP, 16, 2, 1, false, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                      dbuf, sh_only, pdl, st, xt);
+                                                      dbuf, sh_only, pdl, st);
     } else {
         if (K == 512 && alt) /* 2 warps of 2 chunks per tile, 4 tiles: twice the bytes in flight per warp */
             return mv_launch1<GATEUP, 2, 2, 4>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st, xt);
+                                               sh_only, pdl, st);
         if (K == 512)
             return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st, xt);
+                                               sh_only, pdl, st);
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                           sh_only, pdl, st, xt);
+                                           sh_only, pdl, st);
     }
 }
 
@@ -344,7 +338,7 @@ template <int PER>
 __global__ void __launch_bounds__(256, 3)
     mvd_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
                const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int early, int xt) {
+               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int early) {
     constexpr int K = PER * MV_CH, XW = K / 8; /* uint4 per slot row */
     extern __shared__ __align__(16) unsigned char mvd_dsm[];
     mvd_smem<PER> &sm = *reinterpret_cast<mvd_smem<PER> *>(mvd_dsm);
@@ -353,11 +347,11 @@ __global__ void __launch_bounds__(256, 3)
      * wait), so the tile's expert and its weights are read first and the wait only guards hbuf;
      * the weight loads overlap gate/up's tail. */
     if (!early) cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
-    const int tile = (xt ? blockIdx.x : blockIdx.y) + (sh_only ? n_tiles[1] : 0); /* xt: as mv_kernel */
+    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
     if (tile >= n_tiles[0]) return;
     const mg_expert *xp = &tab[tile_e[tile]];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int nrow0 = ((xt ? blockIdx.y : blockIdx.x) * 8 + warp) * 16;
+    const int nrow0 = (blockIdx.x * 8 + warp) * 16;
     const bool ok = xp->inter == K; /* the host checks; a mismatch writes nothing */
     const bool live = ok && nrow0 < H;
     if (live) {
@@ -432,7 +426,7 @@ int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }
 template <int PER>
 static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                                const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
-                               bf16 *dbuf, int pdl, cudaStream_t st, int xt) {
+                               bf16 *dbuf, int pdl, cudaStream_t st) {
     const size_t smem = sizeof(mvd_smem<PER>); /* 52 KB (PER 4), 104 KB (8) */
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
@@ -443,23 +437,17 @@ static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    const unsigned nb = (unsigned)((H + 127) / 128);
-    const dim3 grid = xt ? dim3((unsigned)tiles_max, nb) : dim3(nb, (unsigned)tiles_max);
+    const dim3 grid((unsigned)((H + 127) / 128), (unsigned)tiles_max);
     return cu_launch_pdl(pdl, mvd_kernel<PER>, grid, dim3(256), smem, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                         wts, dbuf, 0, (int)(pdl == 2), xt);
+                         wts, dbuf, 0, (int)(pdl == 2));
 }
 
 /* The routed (and same-kind shared) down GEMM by mvd_kernel; the caller checked mvd_per(K). */
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                        const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                        bf16 *dbuf, int pdl, cudaStream_t st) {
-    return mvd_launch_xt(K, 0, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
-}
-cudaError_t mvd_launch_xt(int K, int xt, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
-                          const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                          const float *wts, bf16 *dbuf, int pdl, cudaStream_t st) {
-    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st, xt)
-                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st, xt);
+    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
 }
 
 /* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth
@@ -599,33 +587,24 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * 35B shape, M = 16, 8 CTAs reading the 1 MB weight): block = 16 router rows x one group of 8
  * tokens (blockIdx.y; the tokens are the mma's B columns), KW warps along K = H with PER
  * chunks of 128 each streamed into registers one ahead (as mvb_kernel), summed over the warps
- * in a fixed order. grid (E / 16, ceil(M / 8)). With wsg (LASTSTAND_MG_MIDSGL): one more
- * column of blocks whose row 0 is the shared expert's gate wsg [H] (rows 1..15 zero), its
- * logit -> sgl [M], so the top-k does not dot it itself after the ranking (one warp over H).
- * grid.z > 1 (LASTSTAND_MG_MIDRKS): K split over the z blocks (KW·PER·128 each), block z's
- * partial sums -> logits + z·M·E and sgl + z·M (the top-k adds them, z ascending). */
+ * in a fixed order. grid (E / 16, ceil(M / 8)). */
 template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW)
-    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits,
-              const bf16 *__restrict__ wsg, float *__restrict__ sgl) {
+    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits) {
     __shared__ float red[KW][16][8]; /* [warp][row][token of the group] */
     const int tid = threadIdx.x, lane = tid & 31, kw = tid >> 5, g = lane >> 2, t = lane & 3;
     const int e0 = blockIdx.x * 16, m = blockIdx.y * 8 + g;
-    const int k0 = blockIdx.z * KW * PER * MV_CH + kw * PER * MV_CH + 32 * t; /* this lane's K offset */
-    logits += (size_t)blockIdx.z * M * E;
-    if (sgl) sgl += (size_t)blockIdx.z * M;
-    const bool sgb = e0 >= E; /* the shared gate's block (only launched with wsg) */
-    const uint4 *w0 = reinterpret_cast<const uint4 *>((sgb ? wsg : w + (size_t)(e0 + g) * H) + k0);
+    const int k0 = kw * PER * MV_CH + 32 * t; /* this lane's K offset */
+    const uint4 *w0 = reinterpret_cast<const uint4 *>(w + (size_t)(e0 + g) * H + k0);
     const uint4 *w1 = w0 + H; /* 8 rows = 8·H bf16 = H uint4 */
-    const bool l0 = !sgb || g == 0, l1 = !sgb; /* rows g, g + 8 read (else zero) */
     const bf16 *xr = m < M ? x + (size_t)m * H + k0 : nullptr;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     uint4 wa[2][4], xa[4], wn[2][4], xn[4];
     auto loadc = [&](int u, uint4 (&wq)[2][4], uint4 (&xq)[4]) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            wq[0][q] = l0 ? __ldg(w0 + u * (MV_CH / 8) + q) : make_uint4(0u, 0u, 0u, 0u);
-            wq[1][q] = l1 ? __ldg(w1 + u * (MV_CH / 8) + q) : make_uint4(0u, 0u, 0u, 0u);
+            wq[0][q] = __ldg(w0 + u * (MV_CH / 8) + q);
+            wq[1][q] = __ldg(w1 + u * (MV_CH / 8) + q);
             xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
@@ -633,8 +612,8 @@ __global__ void __launch_bounds__(32 * KW)
     cu_pdl_trigger();
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        wa[0][q] = l0 ? __ldg(w0 + q) : make_uint4(0u, 0u, 0u, 0u);
-        wa[1][q] = l1 ? __ldg(w1 + q) : make_uint4(0u, 0u, 0u, 0u);
+        wa[0][q] = __ldg(w0 + q);
+        wa[1][q] = __ldg(w1 + q);
     }
     cu_pdl_wait();
 #pragma unroll
@@ -668,8 +647,7 @@ __global__ void __launch_bounds__(32 * KW)
             float v = 0.f;
 #pragma unroll
             for (int i = 0; i < KW; i++) v += red[i][row][s]; /* fixed order: deterministic */
-            if (!sgb) logits[(size_t)mm * E + e0 + row] = v;
-            else if (row == 0) sgl[mm] = v;
+            logits[(size_t)mm * E + e0 + row] = v;
         }
     }
 }
@@ -678,19 +656,11 @@ __global__ void __launch_bounds__(32 * KW)
  * weight 16-byte aligned); returns 0 = not launched (the caller uses cuBLASLt). */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c) {
-    return mr_launch_sg(M, H, E, w, x, logits, NULL, NULL, 1, pdl, st, c);
-}
-int mr_launch_sg(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, const bf16 *wsg, float *sgl,
-                 int ks, int pdl, cudaStream_t st, cudaError_t *c) {
-    if (E % 16 || ((uintptr_t)w & 15) || ((uintptr_t)wsg & 15) || (wsg && !sgl)) return 0;
-    const dim3 grid((unsigned)(E / 16 + (wsg ? 1 : 0)), (unsigned)((M + 7) / 8), (unsigned)(ks > 1 ? ks : 1)),
-        block(256);
-    if (ks > 1) { /* K split: 8 warps x 1 chunk a block */
-        if (H != 1024 * ks) return 0;
-        *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
-    } else if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
-    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
-    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits, wsg, sgl);
+    if (E % 16 || ((uintptr_t)w & 15)) return 0;
+    const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
+    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
+    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
     else return 0;
     return 1;
 }

@@ -747,6 +747,8 @@ typedef struct mg_knobs {
     int midgu;   /* with mid: gate/up at H = 2048 with one barrier (LEAN, 1), at 4 blocks an SM (2) */
     int midall;  /* with mid: the GEMVs at every 16-row tile size and shape */
     int midpdl;  /* with mid: its launches with programmatic dependent launch */
+    int routerpdl; /* with mid and midpdl: the router's launch, 0 plain (default since S11), 1 PDL with
+                      the next kernel released first (S10), 2 PDL released after its wait */
     int dnearly; /* with mid, PDL and mvd_kernel: down's weights fetched before its wait */
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
@@ -778,6 +780,8 @@ static mg_knobs mg_knobs_get(void) {
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
         n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
+        v = getenv("LASTSTAND_MG_ROUTER_PDL");
+        n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1162,9 +1166,13 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * same 8-token forward gave different greedy ids call to call, so serve's sampler check fell
      * back to the host; decode from CUDA graphs differed from eager steps from token 0; both gone
      * with LASTSTAND_MG_MIDPDL=0 or the cuBLASLt router, LASTSTAND_MG_MIDROUTER=0). The launches
-     * after it keep PDL among themselves. */
+     * after it keep PDL among themselves. LASTSTAND_MG_ROUTER_PDL=1 restores S10's launch (the
+     * next kernel released before the wait), =2 PDL with the release after the wait (as the fused
+     * decode router, which passed graphs == eager): opt-in until bench/device/pdlcheck.sh shows
+     * one deterministic (bench/RESULTS.md, "PDL hazard audit"). */
     if (midp && kn.midrouter &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, 0, st, &cr)) {
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl ? kn.routerpdl : 0, st,
+                  &cr)) {
         if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
     } else {
         rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);

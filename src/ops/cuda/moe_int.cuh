@@ -218,7 +218,8 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
                        const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                        const float *wts, bf16 *dbuf, cudaStream_t st);
 /* the router logits [M, E] fp32 by mr_kernel; 0 = no instance fits (not launched), else 1
- * with the launch's status in *c */
+ * with the launch's status in *c. pdl: 0 a plain launch, 1 with PDL releasing the next kernel
+ * before its wait, 2 with PDL releasing it after the wait */
 int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, int pdl, cudaStream_t st,
               cudaError_t *c);
 

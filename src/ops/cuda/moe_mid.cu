@@ -590,7 +590,8 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
  * in a fixed order. grid (E / 16, ceil(M / 8)). */
 template <int KW, int PER>
 __global__ void __launch_bounds__(32 * KW)
-    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits) {
+    mr_kernel(int M, int H, int E, const bf16 *__restrict__ w, const bf16 *__restrict__ x, float *__restrict__ logits,
+              int late) {
     __shared__ float red[KW][16][8]; /* [warp][row][token of the group] */
     const int tid = threadIdx.x, lane = tid & 31, kw = tid >> 5, g = lane >> 2, t = lane & 3;
     const int e0 = blockIdx.x * 16, m = blockIdx.y * 8 + g;
@@ -608,14 +609,16 @@ __global__ void __launch_bounds__(32 * KW)
             xq[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr + u * MV_CH) + q) : make_uint4(0u, 0u, 0u, 0u);
         }
     };
-    /* with PDL: the first chunk's router weights (constants) before the wait, x after it */
-    cu_pdl_trigger();
+    /* with PDL: the first chunk's router weights (constants) before the wait, x after it; the
+     * next kernel released before the wait, or after it (late: LASTSTAND_MG_ROUTER_PDL=2) */
+    if (!late) cu_pdl_trigger();
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         wa[0][q] = __ldg(w0 + q);
         wa[1][q] = __ldg(w1 + q);
     }
     cu_pdl_wait();
+    if (late) cu_pdl_trigger();
 #pragma unroll
     for (int q = 0; q < 4; q++)
         xa[q] = xr ? __ldg(reinterpret_cast<const uint4 *>(xr) + q) : make_uint4(0u, 0u, 0u, 0u);
@@ -658,9 +661,10 @@ int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, 
               cudaError_t *c) {
     if (E % 16 || ((uintptr_t)w & 15)) return 0;
     const dim3 grid((unsigned)(E / 16), (unsigned)((M + 7) / 8)), block(256);
-    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits);
-    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits);
-    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits);
+    const int late = pdl == 2;
+    if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, late);
+    else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits, late);
+    else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits, late);
     else return 0;
     return 1;
 }

@@ -636,7 +636,10 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
     const int j = blockIdx.x, s = blockIdx.y, kh = j / (nv / nk);
     int slot, T, row0;
     gd_ld_seq(meta + 3 * s, slot, T, row0);
-    if (T <= 0) return; /* nothing to do; every block of the cluster (one sequence) returns here */
+    if (T <= 0) { /* nothing to do; every block of the cluster (one sequence) returns here, after */
+        cu_pdl_wait(); /* the wait: a grid that ends without it would let its successor pass */
+        return;        /* griddepcontrol.wait before this grid's predecessor completed */
+    }
     float *const sS = reinterpret_cast<float *>(gd_sh4);           /* [DK][DV] */
     float *const gq = sS + (size_t)DK * DV + warp * (2 * DK + 32); /* q [DK], k [DK], v [32] of the warp */
     float *const nbuf = sS + (size_t)DK * DV + (DV / 32) * (2 * DK + 32); /* [2][DV] */

@@ -1220,8 +1220,9 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (midp)
-        CU_TRY(e, cu_launch_pdl(pdl, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
+    if (midp) /* after a side-stream join without the attribute: the join is a full dependency
+               * anyway, and a PDL node with mixed edge kinds is what the S11 audit (item 3) flagged */
+        CU_TRY(e, cu_launch_pdl(pdl && !side, mg_combine_mid_kernel, dim3(M), dim3(256), 0, st, M, H, k, k + hs, (const bf16 *)dbuf, (bf16 *)a->y),
                "cuda_grouped_gemm combine");
     else
         mg_combine_kernel<<<M, 256, 0, st>>>(M, H, k, k + hs, dbuf, (bf16 *)a->y);

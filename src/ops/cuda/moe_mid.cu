@@ -347,9 +347,12 @@ __global__ void __launch_bounds__(256, 3)
      * wait), so the tile's expert and its weights are read first and the wait only guards hbuf;
      * the weight loads overlap gate/up's tail. */
     if (!early) cu_pdl_wait(); /* (with PDL: the plan's tiles, gate/up's hbuf) */
-    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
-    if (tile >= n_tiles[0]) return;
-    const mg_expert *xp = &tab[tile_e[tile]];
+    /* The plan's outputs through L2 (ld.global.cg), not the non-coherent path: with early they
+     * are read before this grid's wait, and the workspace has the same addresses every layer
+     * (S11 PDL audit, item 1). */
+    const int tile = blockIdx.y + (sh_only ? __ldcg(n_tiles + 1) : 0);
+    if (tile >= __ldcg(n_tiles)) return;
+    const mg_expert *xp = &tab[__ldcg(tile_e + tile)];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int nrow0 = (blockIdx.x * 8 + warp) * 16;
     const bool ok = xp->inter == K; /* the host checks; a mismatch writes nothing */
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(256, 3)
         }
     }
     if (tid < 16) {
-        sm.pair[tid] = perm[tile * 16 + tid];
+        sm.pair[tid] = __ldcg(perm + tile * 16 + tid);
         if (tid == 8) sm.two = 0;
     }
     if (early) cu_pdl_wait(); /* gate/up's hbuf from here on */

@@ -54,6 +54,8 @@ def check(cells, table, ms):
 MW = {"LASTSTAND_MG_WGMMA2": "0", "LASTSTAND_MG_WGMMA2_SH": "0"}  # mw_kernel only
 M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
 M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
+M2CB = dict(M2, LASTSTAND_MG_WGMMA2_CB="1")  # S12: each N branch commits its wgmma group (decode beside MMA)
+M2CBSH = dict(M2CB, LASTSTAND_MG_WGMMA2_SH="1")
 
 
 @pytest.mark.parametrize("args,ms,extra", [
@@ -67,8 +69,13 @@ M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
     (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2, LASTSTAND_GROUPED_BM="64")),
     (["--shapes", "qwen3.5-397b-a17b"], [2048], M2),
     (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2SH),
+    # the same with LASTSTAND_MG_WGMMA2_CB=1 (m2_kernel's CB form)
+    (["--shapes", "qwen3.5-35b-a3b"], [1024, 3001, 8192], M2CB),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2CB, LASTSTAND_GROUPED_BM="64")),
+    (["--shapes", "qwen3.5-397b-a17b"], [2048, 8192], M2CB),
+    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2CBSH),
 ], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
-        "m2-35b-bf16-shared"])
+        "m2-35b-bf16-shared", "m2cb-35b", "m2cb-35b-bm64-padding", "m2cb-397b", "m2cb-35b-bf16-shared"])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)
@@ -85,7 +92,7 @@ def logits(device, wgmma, extra=None):
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64), p.stderr
 
 
-@pytest.mark.parametrize("extra", [MW, M2], ids=["mw", "m2"])
+@pytest.mark.parametrize("extra", [MW, M2, M2CBSH], ids=["mw", "m2", "m2cb"])
 def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     cpu, _ = logits("cpu", False)
     base, _ = logits("cuda", False)
@@ -99,3 +106,17 @@ def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     print(f"rel err vs cpu: wgmma {r_new:.4f}, mg_gemm {r_base:.4f}; wgmma vs mg_gemm {r_nb:.4f}")
     assert r_new <= 1.25 * r_base + 0.02, (r_new, r_base, r_nb)
     assert r_nb <= 2 * r_base + 0.02, (r_new, r_base, r_nb)
+
+
+def test_m2_cb_bit_identical_to_m2():
+    """LASTSTAND_MG_WGMMA2_CB=1 moves only where the wgmma group is committed (the same MMAs in the
+    same order), so its logits equal m2's bit for bit (synth:demo, 150 tokens, m2 forced, its BF16
+    shared-expert form too); a run of m2 against itself first shows the forward pass deterministic."""
+    a, _ = logits("cuda", True, dict(M2SH))
+    b, _ = logits("cuda", True, dict(M2SH))
+    if not np.array_equal(a, b):
+        pytest.skip(f"two identical m2 runs differ ({np.abs(a - b).max()}): nothing to compare bitwise")
+    c, err = logits("cuda", True, dict(M2CBSH))
+    if "no sm_90a image" not in err:
+        assert "by the wgmma kernels" in err, f"the wgmma path never ran:\n{err[-2000:]}"
+    assert np.array_equal(a, c), f"CB=1 differs from CB=0 by {np.abs(a - c).max()}"

@@ -368,7 +368,17 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * ahead (a stage is refilled only after the wgmma group that read it was retired by the
  * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
  * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
- * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block. */
+ * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block.
+ * CB (S12, LASTSTAND_MG_WGMMA2_CB=1; 0 the default until measured): where the group is committed.
+ * CB = 0 commits after the branch on N (one wgmma.commit_group after the join); ptxas then tags
+ * the last HGMMA of each branch with the scoreboard gsb0 AND adds a dummy
+ * `HGMMA.64x8x16.F16 RZ, gdesc[URZ], RZ, !UPT, gsb0` at the join (cuobjdump -sass, every m2 form;
+ * mw_kernel, unbranched, has none), so a step holds two gsb0 groups and wait_group 1
+ * (WARPGROUP.DEPBAR.LE gsb0, 0x1) waits for the real MMAs of this very step: the decode of block
+ * q + 1 never overlaps the MMAs of block q, and the two warpgroups, in lockstep through the step's
+ * __syncthreads, leave the tensor pipe idle while both decode (S11 ncu: tensor 35% / 31%, barrier
+ * the top stall). CB = 1 commits inside each branch: one gsb0 group a step, no dummy, the overlap
+ * the pipeline above was written for. Same MMAs in the same order: bit-identical outputs. */
 
 /* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
 __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
@@ -424,7 +434,7 @@ struct m2_lay {
  * group u / nxb (up to 4 consecutive 64-row plan tiles of one expert) x weight blocks
  * (u % nxb)·NB .. + NB - 1. Each CTA first lists the groups in shared memory (tile_e copied into
  * the stage buffers, a group starts at every 4th tile of an expert's run: binary searches). */
-template <bool GATEUP, bool BW, int S, int NB>
+template <bool GATEUP, bool BW, int S, int NB, bool CB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
@@ -646,12 +656,16 @@ __global__ void __launch_bounds__(256, 1)
     _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
             if (ntl == 4) {
                 M2_MMA4SS(m2_mma256ss)
+                if constexpr (CB) mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4SS(m2_mma192ss)
+                if constexpr (CB) mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4SS(m2_mma128ss)
+                if constexpr (CB) mw_wg_commit();
             } else {
                 M2_MMA4SS(m2_mma64ss)
+                if constexpr (CB) mw_wg_commit();
             }
 #undef M2_MMA4SS
         } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
@@ -662,12 +676,16 @@ __global__ void __launch_bounds__(256, 1)
     }
             if (ntl == 4) {
                 M2_MMA4(m2_mma256)
+                if constexpr (CB) mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4(m2_mma192)
+                if constexpr (CB) mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4(m2_mma128)
+                if constexpr (CB) mw_wg_commit();
             } else {
                 M2_MMA4(m2_mma64)
+                if constexpr (CB) mw_wg_commit();
             }
 #undef M2_MMA4
         }
@@ -761,7 +779,7 @@ __global__ void __launch_bounds__(256, 1)
         mw_wg_fence();
         mw_fence_regs128(acc);
         mma(a, stq, kb);
-        mw_wg_commit();
+        if constexpr (!CB) mw_wg_commit();
         mw_fence_regs128(acc);
         if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
             const int i1 = min(CPT, pend_i + cps);
@@ -817,12 +835,14 @@ static int mw_minrows = 112;     /* m2_kernel from this many routed rows per exp
                                   * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
+static int mw_cb = 0;            /* m2 (all four forms): each N branch commits its own wgmma group, the decode
+                                  * overlaps the MMAs (LASTSTAND_MG_WGMMA2_CB=1; m2_kernel's CB above) */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
-#define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
-#define M2_DN m2_kernel<false, false, M2_S_DN, M2_NB_DN>
-#define M2_GU_BW m2_kernel<true, true, M2_S_BW, 1>
-#define M2_DN_BW m2_kernel<false, true, M2_S_BW, 1>
+#define M2_GU(CB) m2_kernel<true, false, M2_S_GU, M2_NB_GU, CB>
+#define M2_DN(CB) m2_kernel<false, false, M2_S_DN, M2_NB_DN, CB>
+#define M2_GU_BW(CB) m2_kernel<true, true, M2_S_BW, 1, CB>
+#define M2_DN_BW(CB) m2_kernel<false, true, M2_S_BW, 1, CB>
 
 template <int PF>
 static bool mw_ready() {
@@ -834,19 +854,22 @@ static bool mw_ready() {
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
 }
-static bool m2_ready() {
+template <bool CB>
+static bool m2_ready_cb() {
     cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, M2_GU) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, M2_GU_BW) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN_BW) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncGetAttributes(&fa, M2_GU(CB)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN(CB)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_GU_BW(CB)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_DN_BW(CB)) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_DN(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_GU_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_DN_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
+static bool m2_ready() { return m2_ready_cb<false>() && m2_ready_cb<true>(); }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int mw_available(void) {
@@ -884,6 +907,8 @@ int mw_available(void) {
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_CB");
+        if (v && !strcmp(v, "1")) mw_cb = 1;
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
@@ -926,8 +951,14 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
     if (mw_v2 && tiles_max <= M2_MAXT && mw_rows >= mw_minrows) {
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
-        m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+        const unsigned grid = m2_grid(tiles_max, nxb);
+        constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
+        if (mw_cb)
+            m2_kernel<GATEUP, false, S, NB, true><<<grid, 256, SM, st>>>(
+                tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+        else
+            m2_kernel<GATEUP, false, S, NB, false><<<grid, 256, SM, st>>>(
+                tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -957,8 +988,14 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
                            bf16 *dbuf, cudaStream_t st) {
     constexpr int PER = GATEUP ? 64 : 128;
     const int nxb = (n_out + PER - 1) / PER;
-    m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+    const unsigned grid = m2_grid(sh_tiles, nxb);
+    constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
+    if (mw_cb)
+        m2_kernel<GATEUP, true, M2_S_BW, 1, true><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                         dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+    else
+        m2_kernel<GATEUP, true, M2_S_BW, 1, false><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                          dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
     return cudaGetLastError();
 }
 

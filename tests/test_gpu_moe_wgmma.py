@@ -17,7 +17,10 @@ Pins, each against the doctor's fp64 CPU reference (verdict "ok" at every bucket
   (the switch did not silently fall back to mg_gemm_kernel).
 Those with mw_kernel forced (LASTSTAND_MG_WGMMA2=0, LASTSTAND_MG_WGMMA2_SH=0); each again with
 m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared expert by m2's BF16
-form too), the 35B at M = 8192 (groups of four 64-row tiles) as well.
+form too), the 35B at M = 8192 (groups of four 64-row tiles) as well; and again with m2_kernel's
+CB forms (LASTSTAND_MG_WGMMA2_CB=1: the wgmma group committed inside each N branch; 2: that and
+the refill behind the MMAs), whose logits must equal CB=0's bit for bit (the same MMAs in the same
+order).
 """
 import json
 import os
@@ -54,8 +57,10 @@ def check(cells, table, ms):
 MW = {"LASTSTAND_MG_WGMMA2": "0", "LASTSTAND_MG_WGMMA2_SH": "0"}  # mw_kernel only
 M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
 M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
-M2CB = dict(M2, LASTSTAND_MG_WGMMA2_CB="1")  # S12: each N branch commits its wgmma group (decode beside MMA)
-M2CBSH = dict(M2CB, LASTSTAND_MG_WGMMA2_SH="1")
+# S12: m2_kernel's CB forms: 1 each N branch commits its wgmma group (the decode beside the MMAs),
+# 2 that and the cp.async refill issued behind the MMAs
+M2CB1 = dict(M2, LASTSTAND_MG_WGMMA2_CB="1")
+M2CB2 = dict(M2, LASTSTAND_MG_WGMMA2_CB="2")
 
 
 @pytest.mark.parametrize("args,ms,extra", [
@@ -69,13 +74,15 @@ M2CBSH = dict(M2CB, LASTSTAND_MG_WGMMA2_SH="1")
     (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2, LASTSTAND_GROUPED_BM="64")),
     (["--shapes", "qwen3.5-397b-a17b"], [2048], M2),
     (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2SH),
-    # the same with LASTSTAND_MG_WGMMA2_CB=1 (m2_kernel's CB form)
-    (["--shapes", "qwen3.5-35b-a3b"], [1024, 3001, 8192], M2CB),
-    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2CB, LASTSTAND_GROUPED_BM="64")),
-    (["--shapes", "qwen3.5-397b-a17b"], [2048, 8192], M2CB),
-    (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2CBSH),
+    # the same with LASTSTAND_MG_WGMMA2_CB=1 and 2 (m2_kernel's CB forms)
+    *[c for cb in (M2CB1, M2CB2) for c in (
+        (["--shapes", "qwen3.5-35b-a3b"], [1024, 3001, 8192], cb),
+        (["--shapes", "qwen3.5-35b-a3b"], [100], dict(cb, LASTSTAND_GROUPED_BM="64")),
+        (["--shapes", "qwen3.5-397b-a17b"], [2048, 8192], cb),
+        (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], dict(cb, LASTSTAND_MG_WGMMA2_SH="1")))],
 ], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
-        "m2-35b-bf16-shared", "m2cb-35b", "m2cb-35b-bm64-padding", "m2cb-397b", "m2cb-35b-bf16-shared"])
+        "m2-35b-bf16-shared"] + [f"m2cb{cb}-{c}" for cb in (1, 2)
+                                 for c in ("35b", "35b-bm64-padding", "397b", "35b-bf16-shared")])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)
@@ -92,7 +99,8 @@ def logits(device, wgmma, extra=None):
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64), p.stderr
 
 
-@pytest.mark.parametrize("extra", [MW, M2, M2CBSH], ids=["mw", "m2", "m2cb"])
+@pytest.mark.parametrize("extra", [MW, M2, dict(M2CB1, LASTSTAND_MG_WGMMA2_SH="1"),
+                                   dict(M2CB2, LASTSTAND_MG_WGMMA2_SH="1")], ids=["mw", "m2", "m2cb1", "m2cb2"])
 def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     cpu, _ = logits("cpu", False)
     base, _ = logits("cuda", False)
@@ -108,15 +116,17 @@ def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     assert r_nb <= 2 * r_base + 0.02, (r_new, r_base, r_nb)
 
 
-def test_m2_cb_bit_identical_to_m2():
-    """LASTSTAND_MG_WGMMA2_CB=1 moves only where the wgmma group is committed (the same MMAs in the
-    same order), so its logits equal m2's bit for bit (synth:demo, 150 tokens, m2 forced, its BF16
-    shared-expert form too); a run of m2 against itself first shows the forward pass deterministic."""
+@pytest.mark.parametrize("cb", ["1", "2"])
+def test_m2_cb_bit_identical_to_m2(cb):
+    """LASTSTAND_MG_WGMMA2_CB=1 / 2 move only where the wgmma group is committed and where the
+    refill is issued (the same MMAs in the same order), so the logits equal m2's (CB=0) bit for bit
+    (synth:demo, 150 tokens, m2 forced, its BF16 shared-expert form too); a run of CB=0 against
+    itself first shows the forward pass deterministic."""
     a, _ = logits("cuda", True, dict(M2SH))
     b, _ = logits("cuda", True, dict(M2SH))
     if not np.array_equal(a, b):
         pytest.skip(f"two identical m2 runs differ ({np.abs(a - b).max()}): nothing to compare bitwise")
-    c, err = logits("cuda", True, dict(M2CBSH))
+    c, err = logits("cuda", True, dict(M2SH, LASTSTAND_MG_WGMMA2_CB=cb))
     if "no sm_90a image" not in err:
         assert "by the wgmma kernels" in err, f"the wgmma path never ran:\n{err[-2000:]}"
-    assert np.array_equal(a, c), f"CB=1 differs from CB=0 by {np.abs(a - c).max()}"
+    assert np.array_equal(a, c), f"CB={cb} differs from CB=0 by {np.abs(a - c).max()}"

@@ -1,27 +1,30 @@
 #!/bin/bash
 # bench/device/m2prod.sh: the prefill MoE GEMM m2_kernel (src/ops/cuda/moe_wgmma.cu) with its wgmma
 # group committed inside each N branch (LASTSTAND_MG_WGMMA2_CB=1: no dummy HGMMA at the join, so
-# wait_group 1 lets the decode of block q + 1 overlap the MMAs of block q) against the default
-# (CB=0), same binary, same run. S12 task m2prod; bench/RESULTS.md "m2_kernel's decode beside its MMAs".
+# wait_group 1 lets the decode of block q + 1 overlap the MMAs of block q; CB=2: that and the
+# cp.async refill issued behind the MMAs) against the default (CB=0), same binary, same run.
+# S12 task m2prod; bench/RESULTS.md "m2_kernel's decode beside its MMAs".
 # device-limit: 90
 #
 #   bash bench/device/m2prod.sh BIN OUTDIR
 #
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked), m2 forced at every M
-#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192 CB=0 vs CB=1 (+ mw_kernel at 2048, 4096: the
-#    default there); 397B M = 8192 CB=0, 2048 + 8192 CB=1; padding (64-row tiles forced, M = 100,
-#    3001) CB=1; synth 35B (BF16 shared expert on m2's BF16 form) M = 8192 CB=0 vs CB=1.
+#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192 CB=0 / 1 / 2 (+ mw_kernel at 2048, 4096: the
+#    default there); 397B M = 8192 CB=0, 2048 + 8192 CB=1, 2; padding (64-row tiles forced,
+#    M = 100, 3001) CB=1, 2; synth 35B (BF16 shared expert on m2's BF16 form) M = 8192 CB=0 / 1 / 2.
 #    Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
-#    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, CB=1 then CB=0:
-#    duration, SOL, pipes (tensor), scheduler, warp stalls.
-# 3. tests/test_gpu_moe_wgmma.py's CB cases (doctor cells, logits vs CPU, CB=1 == CB=0 bitwise).
+#    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, CB=2 (then CB=1, CB=0
+#    if time is left): duration, SOL, pipes (tensor), scheduler, warp stalls.
+# 3. tests/test_gpu_moe_wgmma.py's CB=2 cases and both bitwise checks (doctor cells, logits vs
+#    CPU, CB=1 == CB=0 and CB=2 == CB=0 bit for bit).
 . "$(dirname "$0")/lib.sh"
 dev_init m2prod 88 "$@"
 export NCCL_NVLS_ENABLE=0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 CB0="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=0"
 CB1="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=1"
+CB2="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=2"
 MW="LASTSTAND_MG_WGMMA2=0"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
@@ -46,15 +49,19 @@ doctor() {
     fi
 }
 
-echo "== 1. doctor moe: m2_kernel CB=0 (default) vs CB=1, fp64 oracle $(el)"
-doctor cb0-35 "$CB0" qwen3.5-35b-a3b 2048,4096,8192 15
-doctor cb1-35 "$CB1" qwen3.5-35b-a3b 2048,4096,8192 15
-doctor cb1-pad "$CB1 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 10
-doctor cb0-397 "$CB0" qwen3.5-397b-a17b 8192 15
-doctor cb1-397 "$CB1" qwen3.5-397b-a17b 2048,8192 15
-doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 10
-doctor cb1-syn "$CB1 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 10
-doctor mw-35 "$MW" qwen3.5-35b-a3b 2048,4096 10
+echo "== 1. doctor moe: m2_kernel CB=0 (default) vs CB=1, 2, fp64 oracle $(el)"
+doctor cb0-35 "$CB0" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor cb1-35 "$CB1" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor cb2-35 "$CB2" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor cb1-pad "$CB1 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
+doctor cb2-pad "$CB2 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
+doctor cb0-397 "$CB0" qwen3.5-397b-a17b 8192 12
+doctor cb1-397 "$CB1" qwen3.5-397b-a17b 2048,8192 12
+doctor cb2-397 "$CB2" qwen3.5-397b-a17b 2048,8192 12
+doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor cb1-syn "$CB1 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor cb2-syn "$CB2 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor mw-35 "$MW" qwen3.5-35b-a3b 2048,4096 8
 python3 - "$OUT" <<'PY'
 import os, re, sys
 def times(tag):
@@ -66,10 +73,12 @@ def times(tag):
             if m:
                 r[int(m.group(1))] = float(m.group(2)) * (1e-3 if m.group(3) == "µs" else 1.0)
     return r
-for sh, a, b in (("35B", "cb0-35", "cb1-35"), ("397B", "cb0-397", "cb1-397"), ("synth35B-bf16sh", "cb0-syn", "cb1-syn")):
-    ta, tb = times(a), times(b)
-    for M in sorted(set(ta) & set(tb)):
-        print(f"m2prod time {sh} M {M}: MoE call CB=0 {ta[M]:.3f} ms, CB=1 {tb[M]:.3f} ms ({(tb[M] / ta[M] - 1) * 100:+.1f}%)")
+for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
+    t0, t1, t2 = times(f"cb0-{t}"), times(f"cb1-{t}"), times(f"cb2-{t}")
+    for M in sorted(set(t0) | set(t1) | set(t2)):
+        f = lambda d, cb: (f"CB={cb} {d[M]:.3f} ms" + (f" ({(d[M] / t0[M] - 1) * 100:+.1f}%)" if cb and M in t0 else "")
+                           if M in d else f"CB={cb} -")
+        print(f"m2prod time {sh} M {M}: MoE call {f(t0, 0)}, {f(t1, 1)}, {f(t2, 2)}")
 tm = times("mw-35")
 for M, t in sorted(tm.items()):
     print(f"m2prod time 35B M {M}: mw_kernel {t:.3f} ms (the default below 112 rows an expert)")
@@ -94,16 +103,17 @@ ncu_run() {
         timeout 10 python3 bench/device/moepre_ncu.py "$OUT/ncu-$tag.csv" 2>&1 | sed "s/^/  $tag /" | head -24
     fi
 }
-ncu_run cb1 "LASTSTAND_MG_WGMMA2_CB=1"
+ncu_run cb2 "LASTSTAND_MG_WGMMA2_CB=2"
 
-if [ "$(left)" -gt 25 ] && python3 -c "import pytest" 2>/dev/null; then
-    echo "== 3. pytest tests/test_gpu_moe_wgmma.py -k 'm2cb or bit_identical' $(el)"
-    env BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 3 )) python3 -m pytest -q -p no:cacheprovider -rfEs \
-        -k "m2cb or bit_identical" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
+if [ "$(left)" -gt 20 ] && python3 -c "import pytest" 2>/dev/null; then
+    echo "== 3. pytest tests/test_gpu_moe_wgmma.py -k 'm2cb2 or bit_identical' $(el)"
+    env BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 2 )) python3 -m pytest -q -p no:cacheprovider -rfEs \
+        -k "m2cb2 or bit_identical" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
     rc=${PIPESTATUS[0]}
     echo "m2prod pytest $([ "$rc" = 0 ] && echo PASS || echo "FAIL rc=$rc") $(el)"
 else
     echo "m2prod pytest SKIPPED (time or no pytest)"
 fi
+ncu_run cb1 "LASTSTAND_MG_WGMMA2_CB=1"
 ncu_run cb0 "LASTSTAND_MG_WGMMA2_CB=0"
 echo "total $(( $(date +%s) - T0 )) s"

@@ -378,7 +378,11 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * q + 1 never overlaps the MMAs of block q, and the two warpgroups, in lockstep through the step's
  * __syncthreads, leave the tensor pipe idle while both decode (S11 ncu: tensor 35% / 31%, barrier
  * the top stall). CB = 1 commits inside each branch: one gsb0 group a step, no dummy, the overlap
- * the pipeline above was written for. Same MMAs in the same order: bit-identical outputs. */
+ * the pipeline above was written for. CB = 2: CB = 1, and a step's cp.async refill (block
+ * q + S - 2 into the stage retired by the step before) issued after its MMAs instead of before the
+ * decode: ~100 instructions a thread (10 LDGSTS, their addresses, ptxas's LDS guards) leave the
+ * path from the barrier to the MMA issue and fill the wait for the previous group. Same MMAs in
+ * the same order in every CB: bit-identical outputs. */
 
 /* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
 __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
@@ -434,7 +438,7 @@ struct m2_lay {
  * group u / nxb (up to 4 consecutive 64-row plan tiles of one expert) x weight blocks
  * (u % nxb)·NB .. + NB - 1. Each CTA first lists the groups in shared memory (tile_e copied into
  * the stage buffers, a group starts at every 4th tile of an expert's run: binary searches). */
-template <bool GATEUP, bool BW, int S, int NB, bool CB>
+template <bool GATEUP, bool BW, int S, int NB, int CB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
@@ -656,16 +660,16 @@ __global__ void __launch_bounds__(256, 1)
     _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
             if (ntl == 4) {
                 M2_MMA4SS(m2_mma256ss)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4SS(m2_mma192ss)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4SS(m2_mma128ss)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else {
                 M2_MMA4SS(m2_mma64ss)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             }
 #undef M2_MMA4SS
         } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
@@ -676,16 +680,16 @@ __global__ void __launch_bounds__(256, 1)
     }
             if (ntl == 4) {
                 M2_MMA4(m2_mma256)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4(m2_mma192)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4(m2_mma128)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             } else {
                 M2_MMA4(m2_mma64)
-                if constexpr (CB) mw_wg_commit();
+                if constexpr (CB > 0) mw_wg_commit();
             }
 #undef M2_MMA4
         }
@@ -766,8 +770,10 @@ __global__ void __launch_bounds__(256, 1)
         mw_wait_cp<S - 3>();
         mw_fence_async();
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
-        if (q + S - 2 < Q) load(q + S - 2);
-        mw_commit_cp();
+        if constexpr (CB < 2) {
+            if (q + S - 2 < Q) load(q + S - 2);
+            mw_commit_cp();
+        }
         const int nb = cnb, kb = ckb, stq = cst;
         if (++ckb == nk) { ckb = 0; cnb++; }
         if (++cst == S) cst = 0;
@@ -779,8 +785,12 @@ __global__ void __launch_bounds__(256, 1)
         mw_wg_fence();
         mw_fence_regs128(acc);
         mma(a, stq, kb);
-        if constexpr (!CB) mw_wg_commit();
+        if constexpr (CB == 0) mw_wg_commit();
         mw_fence_regs128(acc);
+        if constexpr (CB == 2) { /* CB = 2: the refill issued behind the MMAs, off the decode's path */
+            if (q + S - 2 < Q) load(q + S - 2);
+            mw_commit_cp();
+        }
         if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
             const int i1 = min(CPT, pend_i + cps);
             copy_out(pend, pend_i, i1);
@@ -835,8 +845,9 @@ static int mw_minrows = 112;     /* m2_kernel from this many routed rows per exp
                                   * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
-static int mw_cb = 0;            /* m2 (all four forms): each N branch commits its own wgmma group, the decode
-                                  * overlaps the MMAs (LASTSTAND_MG_WGMMA2_CB=1; m2_kernel's CB above) */
+static int mw_cb = 0;            /* m2 (all four forms), LASTSTAND_MG_WGMMA2_CB (m2_kernel's CB above): 1 each N
+                                  * branch commits its own wgmma group, the decode overlaps the MMAs; 2 that and
+                                  * the stage refill issued behind the MMAs instead of before the decode */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU(CB) m2_kernel<true, false, M2_S_GU, M2_NB_GU, CB>
@@ -854,7 +865,7 @@ static bool mw_ready() {
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
 }
-template <bool CB>
+template <int CB>
 static bool m2_ready_cb() {
     cudaFuncAttributes fa;
     return cudaFuncGetAttributes(&fa, M2_GU(CB)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN(CB)) == cudaSuccess &&
@@ -869,7 +880,7 @@ static bool m2_ready_cb() {
            cudaFuncSetAttribute(M2_DN_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
-static bool m2_ready() { return m2_ready_cb<false>() && m2_ready_cb<true>(); }
+static bool m2_ready() { return m2_ready_cb<0>() && m2_ready_cb<1>() && m2_ready_cb<2>(); }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int mw_available(void) {
@@ -908,7 +919,7 @@ int mw_available(void) {
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_CB");
-        if (v && !strcmp(v, "1")) mw_cb = 1;
+        if (v && (!strcmp(v, "1") || !strcmp(v, "2"))) mw_cb = v[0] - '0';
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
@@ -953,12 +964,17 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
         const unsigned grid = m2_grid(tiles_max, nxb);
         constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
-        if (mw_cb)
-            m2_kernel<GATEUP, false, S, NB, true><<<grid, 256, SM, st>>>(
-                tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+        int *const ctr = m2_ctr(GATEUP ? 0 : 1);
+        const int fl = mw_dfr | mw_pfu;
+        if (mw_cb == 2)
+            m2_kernel<GATEUP, false, S, NB, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                       dbuf, 0, nxb, ctr, fl);
+        else if (mw_cb == 1)
+            m2_kernel<GATEUP, false, S, NB, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                       dbuf, 0, nxb, ctr, fl);
         else
-            m2_kernel<GATEUP, false, S, NB, false><<<grid, 256, SM, st>>>(
-                tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+            m2_kernel<GATEUP, false, S, NB, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                       dbuf, 0, nxb, ctr, fl);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -990,12 +1006,16 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     const int nxb = (n_out + PER - 1) / PER;
     const unsigned grid = m2_grid(sh_tiles, nxb);
     constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
-    if (mw_cb)
-        m2_kernel<GATEUP, true, M2_S_BW, 1, true><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                         dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+    int *const ctr = m2_ctr(GATEUP ? 2 : 3);
+    if (mw_cb == 2)
+        m2_kernel<GATEUP, true, M2_S_BW, 1, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
+    else if (mw_cb == 1)
+        m2_kernel<GATEUP, true, M2_S_BW, 1, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
     else
-        m2_kernel<GATEUP, true, M2_S_BW, 1, false><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                          dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+        m2_kernel<GATEUP, true, M2_S_BW, 1, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
     return cudaGetLastError();
 }
 

@@ -20,7 +20,7 @@ m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared e
 form too), the 35B at M = 8192 (groups of four 64-row tiles) as well; and again with m2_kernel's
 CB forms (LASTSTAND_MG_WGMMA2_CB=1: the wgmma group committed inside each N branch; 2: that and
 the refill behind the MMAs), whose logits must equal CB=0's bit for bit (the same MMAs in the same
-order).
+order); and CB=2 with balanced groups (LASTSTAND_MG_WGMMA2_BAL=1).
 """
 import json
 import os
@@ -80,9 +80,13 @@ M2CB2 = dict(M2, LASTSTAND_MG_WGMMA2_CB="2")
         (["--shapes", "qwen3.5-35b-a3b"], [100], dict(cb, LASTSTAND_GROUPED_BM="64")),
         (["--shapes", "qwen3.5-397b-a17b"], [2048, 8192], cb),
         (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], dict(cb, LASTSTAND_MG_WGMMA2_SH="1")))],
+    # balanced groups (LASTSTAND_MG_WGMMA2_BAL=1: an expert's 5 tiles as 2 + 3, not 4 + 1)
+    (["--shapes", "qwen3.5-35b-a3b"], [3001, 8192], dict(M2CB2, LASTSTAND_MG_WGMMA2_BAL="1")),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2CB2, LASTSTAND_MG_WGMMA2_BAL="1", LASTSTAND_GROUPED_BM="64")),
 ], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
         "m2-35b-bf16-shared"] + [f"m2cb{cb}-{c}" for cb in (1, 2)
-                                 for c in ("35b", "35b-bm64-padding", "397b", "35b-bf16-shared")])
+                                 for c in ("35b", "35b-bm64-padding", "397b", "35b-bf16-shared")]
+   + ["m2cb2-bal-35b", "m2cb2-bal-35b-bm64-padding"])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)

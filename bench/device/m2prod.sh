@@ -11,7 +11,8 @@
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked), m2 forced at every M
 #    (MINROWS=0): 35B shapes M = 2048, 4096, 8192 CB=0 / 1 / 2 (+ mw_kernel at 2048, 4096: the
 #    default there); 397B M = 8192 CB=0, 2048 + 8192 CB=1, 2; padding (64-row tiles forced,
-#    M = 100, 3001) CB=1, 2; synth 35B (BF16 shared expert on m2's BF16 form) M = 8192 CB=0 / 1 / 2.
+#    M = 100, 3001) CB=1, 2; synth 35B (BF16 shared expert on m2's BF16 form) M = 8192 CB=0 / 1 / 2;
+#    CB=2 with balanced groups (LASTSTAND_MG_WGMMA2_BAL=1) at the 35B and padding cells.
 #    Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
 #    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, CB=2 (then CB=1, CB=0
@@ -61,6 +62,8 @@ doctor cb2-397 "$CB2" qwen3.5-397b-a17b 2048,8192 12
 doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
 doctor cb1-syn "$CB1 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
 doctor cb2-syn "$CB2 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor bal-35 "$CB2 LASTSTAND_MG_WGMMA2_BAL=1" qwen3.5-35b-a3b 2048,4096,8192 10
+doctor bal-pad "$CB2 LASTSTAND_MG_WGMMA2_BAL=1 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
 doctor mw-35 "$MW" qwen3.5-35b-a3b 2048,4096 8
 python3 - "$OUT" <<'PY'
 import os, re, sys
@@ -79,6 +82,10 @@ for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
         f = lambda d, cb: (f"CB={cb} {d[M]:.3f} ms" + (f" ({(d[M] / t0[M] - 1) * 100:+.1f}%)" if cb and M in t0 else "")
                            if M in d else f"CB={cb} -")
         print(f"m2prod time {sh} M {M}: MoE call {f(t0, 0)}, {f(t1, 1)}, {f(t2, 2)}")
+t0, tb = times("cb0-35"), times("bal-35")
+for M in sorted(tb):
+    print(f"m2prod time 35B M {M}: MoE call CB=2 + BAL=1 {tb[M]:.3f} ms"
+          + (f" ({(tb[M] / t0[M] - 1) * 100:+.1f}% vs CB=0)" if M in t0 else ""))
 tm = times("mw-35")
 for M, t in sorted(tm.items()):
     print(f"m2prod time 35B M {M}: mw_kernel {t:.3f} ms (the default below 112 rows an expert)")
@@ -110,7 +117,7 @@ if [ "$(left)" -gt 20 ] && python3 -c "import pytest" 2>/dev/null; then
     env BUILD=$D LS_SHARED=$D timeout -k 3 $(( $(left) - 2 )) python3 -m pytest -q -p no:cacheprovider -rfEs \
         -k "m2cb2 or bit_identical" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
     rc=${PIPESTATUS[0]}
-    echo "m2prod pytest $([ "$rc" = 0 ] && echo PASS || echo "FAIL rc=$rc") $(el)"
+    echo "m2prod pytest $([ "$rc" = 0 ] && echo PASS || { [ "$rc" = 124 ] && echo "TIMEOUT (see above)" || echo "FAIL rc=$rc"; }) $(el)"
 else
     echo "m2prod pytest SKIPPED (time or no pytest)"
 fi

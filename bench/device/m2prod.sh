@@ -1,33 +1,30 @@
 #!/bin/bash
-# bench/device/m2prod.sh: the prefill MoE GEMM m2_kernel (src/ops/cuda/moe_wgmma.cu) with its wgmma
-# group committed inside each N branch (LASTSTAND_MG_WGMMA2_CB=1: no dummy HGMMA at the join, so
-# wait_group 1 lets the decode of block q + 1 overlap the MMAs of block q; CB=2: that and the
-# cp.async refill issued behind the MMAs) against the default (CB=0), same binary, same run.
-# S12 task m2prod; bench/RESULTS.md "m2_kernel's decode beside its MMAs".
+# bench/device/m2prod.sh: the prefill MoE GEMM m2_kernel (src/ops/cuda/moe_wgmma.cu) in its S12
+# default (gate/up CB=1: the wgmma group committed inside each N branch, so wait_group 1 lets the
+# decode of block q + 1 overlap the MMAs of block q; down CB=2: that and the cp.async refill behind
+# the MMAs) against S11's kernel (LASTSTAND_MG_WGMMA2_CB=0), same binary, same run; and where a
+# step's time goes now (ncu source counters: the SASS lines with the most stall samples).
+# S12 task m2prod; bench/RESULTS.md "m2_kernel's decode beside its MMAs". R2 measured CB=0/1/2
+# (see RESULTS); this is the R3 form: the new default checked and timed.
 # device-limit: 90
 #
 #   bash bench/device/m2prod.sh BIN OUTDIR
 #
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked), m2 forced at every M
-#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192 CB=0 / 1 / 2 (+ mw_kernel at 2048, 4096: the
-#    default there); 397B M = 8192 CB=0, 2048 + 8192 CB=1, 2; padding (64-row tiles forced,
-#    M = 100, 3001) CB=2; synth 35B (BF16 shared expert on m2's BF16 form) M = 8192 CB=0 / 2;
-#    CB=2 with balanced groups (LASTSTAND_MG_WGMMA2_BAL=1) at the 35B and padding cells.
-#    Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
+#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192, 397B M = 2048, 8192, synth 35B (BF16 shared
+#    expert on m2's BF16 form) M = 8192: default vs CB=0; padding (64-row tiles forced, M = 100,
+#    3001) default. Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
-#    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, CB=2 (then CB=1, CB=0
-#    if time is left): duration, SOL, pipes (tensor), scheduler, warp stalls.
-# 3. tests/test_gpu_moe_wgmma.py: both bitwise checks (logits of CB=1 == CB=0, CB=2 == CB=0 bit for
-#    bit), CB=2's logits vs the CPU, the balanced-group doctor cells (the other CB cells are the
-#    doctor runs of part 1).
+#    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, the defaults: duration,
+#    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples.
+# 3. tests/test_gpu_moe_wgmma.py: the m2 cells (the default), CB=0's, logits vs the CPU, and the
+#    bitwise checks (CB=1, CB=2 and the default == CB=0 bit for bit).
 . "$(dirname "$0")/lib.sh"
 dev_init m2prod 88 "$@"
 export NCCL_NVLS_ENABLE=0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-CB0="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=0"
-CB1="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=1"
-CB2="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0 LASTSTAND_MG_WGMMA2_CB=2"
-MW="LASTSTAND_MG_WGMMA2=0"
+NEW="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0"
+CB0="$NEW LASTSTAND_MG_WGMMA2_CB=0"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
@@ -51,19 +48,14 @@ doctor() {
     fi
 }
 
-echo "== 1. doctor moe: m2_kernel CB=0 (default) vs CB=1, 2, fp64 oracle $(el)"
+echo "== 1. doctor moe: m2_kernel default (gate/up CB=1, down CB=2) vs CB=0 (S11), fp64 oracle $(el)"
 doctor cb0-35 "$CB0" qwen3.5-35b-a3b 2048,4096,8192 12
-doctor cb1-35 "$CB1" qwen3.5-35b-a3b 2048,4096,8192 12
-doctor cb2-35 "$CB2" qwen3.5-35b-a3b 2048,4096,8192 12
-doctor cb2-pad "$CB2 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
-doctor cb0-397 "$CB0" qwen3.5-397b-a17b 8192 12
-doctor cb1-397 "$CB1" qwen3.5-397b-a17b 2048,8192 12
-doctor cb2-397 "$CB2" qwen3.5-397b-a17b 2048,8192 12
+doctor new-35 "$NEW" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor new-pad "$NEW LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
+doctor cb0-397 "$CB0" qwen3.5-397b-a17b 2048,8192 14
+doctor new-397 "$NEW" qwen3.5-397b-a17b 2048,8192 14
 doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
-doctor cb2-syn "$CB2 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
-doctor bal-35 "$CB2 LASTSTAND_MG_WGMMA2_BAL=1" qwen3.5-35b-a3b 2048,4096,8192 10
-doctor bal-pad "$CB2 LASTSTAND_MG_WGMMA2_BAL=1 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
-doctor mw-35 "$MW" qwen3.5-35b-a3b 2048,4096 8
+doctor new-syn "$NEW LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
 python3 - "$OUT" <<'PY'
 import os, re, sys
 def times(tag):
@@ -76,51 +68,80 @@ def times(tag):
                 r[int(m.group(1))] = float(m.group(2)) * (1e-3 if m.group(3) == "µs" else 1.0)
     return r
 for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
-    t0, t1, t2 = times(f"cb0-{t}"), times(f"cb1-{t}"), times(f"cb2-{t}")
-    for M in sorted(set(t0) | set(t1) | set(t2)):
-        f = lambda d, cb: (f"CB={cb} {d[M]:.3f} ms" + (f" ({(d[M] / t0[M] - 1) * 100:+.1f}%)" if cb and M in t0 else "")
-                           if M in d else f"CB={cb} -")
-        print(f"m2prod time {sh} M {M}: MoE call {f(t0, 0)}, {f(t1, 1)}, {f(t2, 2)}")
-t0, tb = times("cb0-35"), times("bal-35")
-for M in sorted(tb):
-    print(f"m2prod time 35B M {M}: MoE call CB=2 + BAL=1 {tb[M]:.3f} ms"
-          + (f" ({(tb[M] / t0[M] - 1) * 100:+.1f}% vs CB=0)" if M in t0 else ""))
-tm = times("mw-35")
-for M, t in sorted(tm.items()):
-    print(f"m2prod time 35B M {M}: mw_kernel {t:.3f} ms (the default below 112 rows an expert)")
+    t0, t1 = times(f"cb0-{t}"), times(f"new-{t}")
+    for M in sorted(set(t0) & set(t1)):
+        print(f"m2prod time {sh} M {M}: MoE call CB=0 {t0[M]:.3f} ms, default {t1[M]:.3f} ms ({(t1[M] / t0[M] - 1) * 100:+.1f}%)")
 PY
 
-# 2. ncu over generate (prefill8k.sh's command), the first four m2 launches
-ncu_run() {
-    local tag=$1 envs=$2 lim
-    lim=$(( $(left) - 20 )); [ $lim -gt 22 ] && lim=22
-    [ -n "$NCU" ] && [ $lim -ge 12 ] || { echo "m2prod ncu $tag SKIPPED (time or no ncu)"; return; }
-    echo "== 2. ncu $tag: generate synth 35B (4 layers), 8192-token prompt, -k m2_kernel x4 (limit $lim s) $(el)"
-    env $envs timeout -k 2 $lim "$NCU" --clock-control none --cache-control none -k regex:m2_kernel --launch-count 4 \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
-        --section LaunchStats -o "$OUT/ncu-$tag" \
+# 2. ncu over generate (prefill8k.sh's command), the first four m2 launches, with source counters
+if [ -n "$NCU" ] && [ "$(left)" -gt 45 ]; then
+    lim=$(( $(left) - 30 )); [ $lim -gt 28 ] && lim=28
+    echo "== 2. ncu: generate synth 35B (4 layers), 8192-token prompt, -k m2_kernel x4, defaults (limit $lim s) $(el)"
+    timeout -k 2 $lim "$NCU" --clock-control none --cache-control none -k regex:m2_kernel --launch-count 4 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters \
+        -o "$OUT/ncu-new" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
-        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-$tag.out" 2>&1
+        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-new.out" 2>&1
     echo "rc=$? $(el)"
-    grep -E "==ERROR|error:" "$OUT/ncu-$tag.out" | head -3 | cut -c1-200
-    if [ -f "$OUT/ncu-$tag.ncu-rep" ]; then
-        timeout 10 "$NCU" --import "$OUT/ncu-$tag.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-$tag.csv" 2>/dev/null
-        timeout 10 python3 bench/device/moepre_ncu.py "$OUT/ncu-$tag.csv" 2>&1 | sed "s/^/  $tag /" | head -24
+    grep -E "==ERROR|error:" "$OUT/ncu-new.out" | head -3 | cut -c1-200
+    if [ -f "$OUT/ncu-new.ncu-rep" ]; then
+        timeout 8 "$NCU" --import "$OUT/ncu-new.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-new.csv" 2>/dev/null
+        timeout 8 python3 bench/device/moepre_ncu.py "$OUT/ncu-new.csv" 2>&1 | grep -vE "bank" | sed "s/^/  new /" | head -20
+        timeout 10 "$NCU" --import "$OUT/ncu-new.ncu-rep" --csv --page source --print-source sass \
+            >"$OUT/ncu-src.csv" 2>"$OUT/ncu-src.err"
+        echo "source page rc=$? $(wc -l <"$OUT/ncu-src.csv") lines $(el)"
+        timeout 8 python3 - "$OUT/ncu-src.csv" <<'PY' || head -c 600 "$OUT/ncu-src.err"
+# the SASS lines with the most warp stall samples, per profiled kernel, and samples by opcode
+import csv, re, sys
+from collections import Counter
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+blocks, cur, head = [], None, None
+for r in rows:
+    if "Source" in r and any("Sampling" in c for c in r):
+        head = r
+        cur = []
+        blocks.append((head, cur))
+    elif head is not None and len(r) == len(head):
+        cur.append(r)
+if not blocks:
+    print("  no source table; first lines:")
+    for r in rows[:4]:
+        print("  ", ",".join(r)[:200])
+for n, (head, data) in enumerate(blocks[:4]):
+    src = head.index("Source")
+    cols = [i for i, c in enumerate(head) if "Sampling" in c and "All" in c] or \
+           [i for i, c in enumerate(head) if "Sampling" in c]
+    sc = cols[0]
+    def v(r):
+        try:
+            return float(r[sc].replace(",", ""))
+        except ValueError:
+            return 0.0
+    tot = sum(v(r) for r in data) or 1.0
+    by = Counter()
+    for r in data:
+        op = re.sub(r"^@!?U?P\w+\s+", "", r[src].strip()).split(" ")[0]
+        by[op.split(".")[0]] += v(r)
+    print(f"  src kernel {n}: {len(data)} SASS lines, {head[sc]} total {tot:.0f}; by opcode: "
+          + ", ".join(f"{k} {100 * x / tot:.0f}%" for k, x in by.most_common(10)))
+    for r in sorted(data, key=v, reverse=True)[:12]:
+        addr = r[head.index("Address")] if "Address" in head else "?"
+        print(f"  src kernel {n}  {100 * v(r) / tot:5.1f}%  {addr}  {r[src].strip()[:90]}")
+PY
     fi
-}
-ncu_run cb2 "LASTSTAND_MG_WGMMA2_CB=2"
+else
+    echo "m2prod ncu SKIPPED (time or no ncu)"
+fi
 
-if [ "$(left)" -gt 20 ] && python3 -c "import pytest" 2>/dev/null; then
-    lim=$(( $(left) - 2 )); [ $lim -gt 30 ] && lim=30
-    echo "== 3. pytest tests/test_gpu_moe_wgmma.py -k 'bit_identical or m2cb2-bal or logits and m2cb2' (limit $lim s) $(el)"
+if [ "$(left)" -gt 15 ] && python3 -c "import pytest" 2>/dev/null; then
+    lim=$(( $(left) - 2 ))
+    echo "== 3. pytest tests/test_gpu_moe_wgmma.py -k 'm2 and not m2cb1 and not m2cb2' (limit $lim s) $(el)"
     env BUILD=$D LS_SHARED=$D timeout -k 3 $lim python3 -m pytest -q -p no:cacheprovider -rfEs \
-        -k "bit_identical or m2cb2-bal or logits and m2cb2" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
+        -k "m2 and not m2cb1 and not m2cb2" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
     rc=${PIPESTATUS[0]}
     echo "m2prod pytest $([ "$rc" = 0 ] && echo PASS || { [ "$rc" = 124 ] && echo "TIMEOUT (see above)" || echo "FAIL rc=$rc"; }) $(el)"
 else
     echo "m2prod pytest SKIPPED (time or no pytest)"
 fi
-ncu_run cb1 "LASTSTAND_MG_WGMMA2_CB=1"
-ncu_run cb0 "LASTSTAND_MG_WGMMA2_CB=0"
 echo "total $(( $(date +%s) - T0 )) s"

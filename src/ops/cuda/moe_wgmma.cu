@@ -369,7 +369,8 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
  * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
  * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block.
- * CB (S12, LASTSTAND_MG_WGMMA2_CB=1; 0 the default until measured): where the group is committed.
+ * CB (S12, LASTSTAND_MG_WGMMA2_CB=0/1/2; the default since S12-R3: gate/up 1, down 2): where the
+ * group is committed.
  * CB = 0 commits after the branch on N (one wgmma.commit_group after the join); ptxas then tags
  * the last HGMMA of each branch with the scoreboard gsb0 AND adds a dummy
  * `HGMMA.64x8x16.F16 RZ, gdesc[URZ], RZ, !UPT, gsb0` at the join (cuobjdump -sass, every m2 form;
@@ -382,7 +383,13 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * q + S - 2 into the stage retired by the step before) issued after its MMAs instead of before the
  * decode: ~100 instructions a thread (10 LDGSTS, their addresses, ptxas's LDS guards) leave the
  * path from the barrier to the MMA issue and fill the wait for the previous group. Same MMAs in
- * the same order in every CB: bit-identical outputs. */
+ * the same order in every CB: bit-identical outputs. S12-R2 (H200, ncu, generate synth 35B,
+ * 8192-token prompt; CB 0 / 1 / 2): gate/up 945 / 763 / 785 us (tensor pipe 35 / 44 / 42%), down
+ * 562 / 545 / 513 us (31 / 32 / 33%); barrier stall 1.8 -> 0.25, the top stall now fixed-latency
+ * waits (~1.5 cycles an instruction at 2 warps a scheduler: a step is ~400 instructions a warp at
+ * ~5 cycles each, ~2000 cycles against 1024 of MMA). Down (an estimate, not measured apart)
+ * also stalls at each weight block's end (every 8 k blocks): wait_group 0 and the epilogue with the
+ * tensor pipe idle, both warpgroups at once. */
 
 /* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
 __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
@@ -393,21 +400,6 @@ __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
         else hi = mid;
     }
     return lo;
-}
-
-/* Whether tile p (0-based) of an expert's run of L tiles starts a group, and its size (*sz, 1..4).
- * bal = 0: groups of four from the run's start (the last one 1-4 tiles: 5 tiles = 4 + 1);
- * bal = 1: ceil(L/4) groups of sizes differing by at most one (5 = 2 + 3, 6 = 3 + 3, 7 = 3 + 4),
- * group j starting at floor(j·L/ng): a decode-bound group of one tile (N = 64) becomes two of
- * N >= 128. Same number of groups either way. */
-__device__ __forceinline__ bool m2_gstart(int p, int L, int bal, int *sz) {
-    if (!bal) {
-        *sz = min(4, L - p);
-        return p % 4 == 0;
-    }
-    const int ng = (L + 3) / 4, j = (p * ng + L - 1) / L;
-    *sz = ((j + 1) * L) / ng - p;
-    return (j * L) / ng == p;
 }
 
 /* exclusive prefix sum over the block's 256 threads (ws: 8 ints of shared memory); *total */
@@ -460,9 +452,8 @@ __global__ void __launch_bounds__(256, 1)
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
               int *__restrict__ ctr, int flags) {
     /* flags: 1 down's copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER), 2 the next unit's perm
-     * prefetched (LASTSTAND_MG_WGMMA2_PFU), 4 an expert's tiles in balanced groups
-     * (LASTSTAND_MG_WGMMA2_BAL, m2_gstart) */
-    const int dfr = flags & 1, pfu = flags & 2, bal = flags & 4;
+     * prefetched (LASTSTAND_MG_WGMMA2_PFU) */
+    const int dfr = flags & 1, pfu = flags & 2;
     extern __shared__ __align__(1024) unsigned char mw_dsm[];
     typedef m2_lay<GATEUP, BW, S, NB> LY;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -483,12 +474,11 @@ __global__ void __launch_bounds__(256, 1)
     const int per = (nt + 255) / 256, i0 = min(nt, tid * per), i1 = min(nt, i0 + per);
     int mine = 0;
     {
-        int le = -1, lf = 0, ll = 0;
+        int le = -1, lf = 0;
         for (int i = i0; i < i1; i++) {
             const int e = te[i];
-            if (e != le) { le = e; lf = m2_lb(te, nt, e); ll = bal ? m2_lb(te, nt, e + 1) : 0; }
-            int sz;
-            mine += m2_gstart(i - lf, ll - lf, bal, &sz);
+            if (e != le) { le = e; lf = m2_lb(te, nt, e); }
+            mine += (i - lf) % 4 == 0;
         }
     }
     int ngroups;
@@ -498,8 +488,7 @@ __global__ void __launch_bounds__(256, 1)
         for (int i = i0; i < i1; i++) {
             const int e = te[i];
             if (e != le) { le = e; lf = m2_lb(te, nt, e); ll = m2_lb(te, nt, e + 1); }
-            int sz;
-            if (m2_gstart(i - lf, ll - lf, bal, &sz) && pos < M2_MAXG) glist[pos++] = (uint16_t)(i << 3 | sz);
+            if ((i - lf) % 4 == 0 && pos < M2_MAXG) glist[pos++] = (uint16_t)(i << 3 | min(4, ll - i));
         }
     }
     __syncthreads(); /* the list is complete; te (the stage buffers) free */
@@ -863,10 +852,9 @@ static int mw_minrows = 112;     /* m2_kernel from this many routed rows per exp
                                   * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
-static int mw_bal = 0;           /* m2: balanced groups (LASTSTAND_MG_WGMMA2_BAL=1: flags 4, m2_gstart) */
-static int mw_cb = 0;            /* m2 (all four forms), LASTSTAND_MG_WGMMA2_CB (m2_kernel's CB above): 1 each N
-                                  * branch commits its own wgmma group, the decode overlaps the MMAs; 2 that and
-                                  * the stage refill issued behind the MMAs instead of before the decode */
+static int mw_cb = -1;           /* m2 (all four forms), LASTSTAND_MG_WGMMA2_CB (m2_kernel's CB above) = 0, 1 or 2
+                                  * for every launch; unset (-1): gate/up 1, down 2 (S12-R2, ncu at 8192 tokens:
+                                  * gate/up 945 / 763 / 785 us at CB 0 / 1 / 2, down 562 / 545 / 513) */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU(CB) m2_kernel<true, false, M2_S_GU, M2_NB_GU, CB>
@@ -937,10 +925,8 @@ int mw_available(void) {
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
-        v = getenv("LASTSTAND_MG_WGMMA2_BAL");
-        if (v && !strcmp(v, "1")) mw_bal = 4;
         v = getenv("LASTSTAND_MG_WGMMA2_CB");
-        if (v && (!strcmp(v, "1") || !strcmp(v, "2"))) mw_cb = v[0] - '0';
+        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) mw_cb = v[0] - '0';
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
@@ -986,11 +972,12 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         const unsigned grid = m2_grid(tiles_max, nxb);
         constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
         int *const ctr = m2_ctr(GATEUP ? 0 : 1);
-        const int fl = mw_dfr | mw_pfu | mw_bal;
-        if (mw_cb == 2)
+        const int fl = mw_dfr | mw_pfu;
+        const int cb = mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
+        if (cb == 2)
             m2_kernel<GATEUP, false, S, NB, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                                        dbuf, 0, nxb, ctr, fl);
-        else if (mw_cb == 1)
+        else if (cb == 1)
             m2_kernel<GATEUP, false, S, NB, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
                                                                        dbuf, 0, nxb, ctr, fl);
         else
@@ -1028,15 +1015,16 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     const unsigned grid = m2_grid(sh_tiles, nxb);
     constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
     int *const ctr = m2_ctr(GATEUP ? 2 : 3);
-    if (mw_cb == 2)
+    const int cb = mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
+    if (cb == 2)
         m2_kernel<GATEUP, true, M2_S_BW, 1, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu | mw_bal);
-    else if (mw_cb == 1)
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
+    else if (cb == 1)
         m2_kernel<GATEUP, true, M2_S_BW, 1, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu | mw_bal);
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
     else
         m2_kernel<GATEUP, true, M2_S_BW, 1, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu | mw_bal);
+                                                                      dbuf, 1, nxb, ctr, mw_pfu);
     return cudaGetLastError();
 }
 

@@ -16,7 +16,8 @@
 #    3001) default. Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
 #    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, the defaults: duration,
-#    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples.
+#    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples; then the
+#    same launches with CB=0 (durations and pipes only) for the same-run comparison.
 # 3. tests/test_gpu_moe_wgmma.py: the m2 cells (the default), CB=0's, logits vs the CPU, and the
 #    bitwise checks (CB=1, CB=2 and the default == CB=0 bit for bit).
 . "$(dirname "$0")/lib.sh"
@@ -74,8 +75,8 @@ for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
 PY
 
 # 2. ncu over generate (prefill8k.sh's command), the first four m2 launches, with source counters
-if [ -n "$NCU" ] && [ "$(left)" -gt 45 ]; then
-    lim=$(( $(left) - 30 )); [ $lim -gt 28 ] && lim=28
+if [ -n "$NCU" ] && [ "$(left)" -gt 52 ]; then
+    lim=$(( $(left) - 40 )); [ $lim -gt 25 ] && lim=25
     echo "== 2. ncu: generate synth 35B (4 layers), 8192-token prompt, -k m2_kernel x4, defaults (limit $lim s) $(el)"
     timeout -k 2 $lim "$NCU" --clock-control none --cache-control none -k regex:m2_kernel --launch-count 4 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters \
@@ -132,6 +133,21 @@ PY
     fi
 else
     echo "m2prod ncu SKIPPED (time or no ncu)"
+fi
+# the same four launches with S11's kernel (CB=0), durations only, for the same-run comparison
+if [ -n "$NCU" ] && [ "$(left)" -gt 42 ]; then
+    echo "== 2b. ncu CB=0: the same launches (durations, tensor pipe) $(el)"
+    env LASTSTAND_MG_WGMMA2_CB=0 timeout -k 2 15 "$NCU" --clock-control none --cache-control none -k regex:m2_kernel \
+        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis -o "$OUT/ncu-cb0" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
+        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-cb0.out" 2>&1
+    echo "rc=$? $(el)"
+    if [ -f "$OUT/ncu-cb0.ncu-rep" ]; then
+        timeout 8 "$NCU" --import "$OUT/ncu-cb0.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-cb0.csv" 2>/dev/null
+        timeout 8 python3 bench/device/moepre_ncu.py "$OUT/ncu-cb0.csv" 2>&1 | grep -E "launch|time ns|pipes" |
+            cut -c1-200 | sed "s/^/  cb0 /" | head -12
+    fi
 fi
 
 if [ "$(left)" -gt 15 ] && python3 -c "import pytest" 2>/dev/null; then

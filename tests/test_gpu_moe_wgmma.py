@@ -19,7 +19,8 @@ Those with mw_kernel forced (LASTSTAND_MG_WGMMA2=0, LASTSTAND_MG_WGMMA2_SH=0); e
 m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared expert by m2's BF16
 form too), the 35B at M = 8192 (groups of four 64-row tiles) as well; and m2_kernel's CB forms
 forced for every launch (LASTSTAND_MG_WGMMA2_CB=0: S11's kernel; 1: the wgmma group committed inside
-each N branch; 2: that and the refill behind the MMAs; the default gate/up 1, down 2), whose logits
+each N branch; 2: that and the refill behind the MMAs; 3: the NVFP4 down's token rows by TMA; the
+default gate/up 1, down 2), whose logits
 must equal CB=0's bit for bit (the same MMAs in the same order).
 """
 import json
@@ -59,8 +60,8 @@ M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kern
 M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
 # S12: m2_kernel's CB forms forced for every launch (the default: gate/up 1, down 2): 0 the S11
 # kernel, 1 each N branch commits its wgmma group (the decode beside the MMAs), 2 that and the
-# cp.async refill issued behind the MMAs
-M2CB = {cb: dict(M2, LASTSTAND_MG_WGMMA2_CB=cb) for cb in ("0", "1", "2")}
+# cp.async refill issued behind the MMAs; 3: gate/up 1, the NVFP4 down 2 with its token rows by TMA
+M2CB = {cb: dict(M2, LASTSTAND_MG_WGMMA2_CB=cb) for cb in ("0", "1", "2", "3")}
 
 
 @pytest.mark.parametrize("args,ms,extra", [
@@ -75,11 +76,11 @@ M2CB = {cb: dict(M2, LASTSTAND_MG_WGMMA2_CB=cb) for cb in ("0", "1", "2")}
     (["--shapes", "qwen3.5-397b-a17b"], [2048], M2),
     (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2SH),
     # each CB form forced (4-tile groups and partial ones; mostly padding)
-    *[c for cb in ("0", "1", "2") for c in (
+    *[c for cb in ("0", "1", "2", "3") for c in (
         (["--shapes", "qwen3.5-35b-a3b"], [3001, 8192], M2CB[cb]),
         (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2CB[cb], LASTSTAND_GROUPED_BM="64")))],
 ], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
-        "m2-35b-bf16-shared"] + [f"m2cb{cb}-{c}" for cb in (0, 1, 2) for c in ("35b", "35b-bm64-padding")])
+        "m2-35b-bf16-shared"] + [f"m2cb{cb}-{c}" for cb in (0, 1, 2, 3) for c in ("35b", "35b-bm64-padding")])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)
@@ -112,7 +113,7 @@ def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     assert r_nb <= 2 * r_base + 0.02, (r_new, r_base, r_nb)
 
 
-@pytest.mark.parametrize("cb", ["1", "2", None], ids=["cb1", "cb2", "default"])
+@pytest.mark.parametrize("cb", ["1", "2", "3", None], ids=["cb1", "cb2", "cb3", "default"])
 def test_m2_cb_bit_identical_to_m2(cb):
     """LASTSTAND_MG_WGMMA2_CB=1 / 2 (and the default, gate/up 1 and down 2) move only where the wgmma
     group is committed and where the refill is issued (the same MMAs in the same order), so the

@@ -13,13 +13,14 @@
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked), m2 forced at every M
 #    (MINROWS=0): 35B shapes M = 2048, 4096, 8192, 397B M = 2048, 8192, synth 35B (BF16 shared
 #    expert on m2's BF16 form) M = 8192: default vs CB=0; padding (64-row tiles forced, M = 100,
-#    3001) default. Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
+#    3001) default; CB=3 (gate/up 1, the NVFP4 down's token rows by TMA, one mbarrier a stage) at the
+#    35B, padding and 397B cells. Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
 #    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, the defaults: duration,
 #    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples; then the
-#    same launches with CB=0 (durations and pipes only) for the same-run comparison.
-# 3. tests/test_gpu_moe_wgmma.py: the m2 cells (the default), CB=0's, logits vs the CPU, and the
-#    bitwise checks (CB=1, CB=2 and the default == CB=0 bit for bit).
+#    same launches with CB=0 and CB=3 (durations, pipes, stalls) for the same-run comparison.
+# 3. tests/test_gpu_moe_wgmma.py: the m2 cells (the default), CB=0's and CB=3's, logits vs the CPU,
+#    and the bitwise checks (CB=1, 2, 3 and the default == CB=0 bit for bit).
 . "$(dirname "$0")/lib.sh"
 dev_init m2prod 88 "$@"
 export NCCL_NVLS_ENABLE=0
@@ -57,6 +58,9 @@ doctor cb0-397 "$CB0" qwen3.5-397b-a17b 2048,8192 14
 doctor new-397 "$NEW" qwen3.5-397b-a17b 2048,8192 14
 doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
 doctor new-syn "$NEW LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor cb3-35 "$NEW LASTSTAND_MG_WGMMA2_CB=3" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor cb3-pad "$NEW LASTSTAND_MG_WGMMA2_CB=3 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
+doctor cb3-397 "$NEW LASTSTAND_MG_WGMMA2_CB=3" qwen3.5-397b-a17b 2048,8192 14
 python3 - "$OUT" <<'PY'
 import os, re, sys
 def times(tag):
@@ -69,9 +73,10 @@ def times(tag):
                 r[int(m.group(1))] = float(m.group(2)) * (1e-3 if m.group(3) == "µs" else 1.0)
     return r
 for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
-    t0, t1 = times(f"cb0-{t}"), times(f"new-{t}")
+    t0, t1, t3 = times(f"cb0-{t}"), times(f"new-{t}"), times(f"cb3-{t}")
     for M in sorted(set(t0) & set(t1)):
-        print(f"m2prod time {sh} M {M}: MoE call CB=0 {t0[M]:.3f} ms, default {t1[M]:.3f} ms ({(t1[M] / t0[M] - 1) * 100:+.1f}%)")
+        print(f"m2prod time {sh} M {M}: MoE call CB=0 {t0[M]:.3f} ms, default {t1[M]:.3f} ms ({(t1[M] / t0[M] - 1) * 100:+.1f}%)"
+              + (f", CB=3 (down tokens by TMA) {t3[M]:.3f} ms ({(t3[M] / t0[M] - 1) * 100:+.1f}%)" if M in t3 else ""))
 PY
 
 # 2. ncu over generate (prefill8k.sh's command), the first four m2 launches, with source counters
@@ -134,21 +139,25 @@ PY
 else
     echo "m2prod ncu SKIPPED (time or no ncu)"
 fi
-# the same four launches with S11's kernel (CB=0), durations only, for the same-run comparison
-if [ -n "$NCU" ] && [ "$(left)" -gt 42 ]; then
-    echo "== 2b. ncu CB=0: the same launches (durations, tensor pipe) $(el)"
-    env LASTSTAND_MG_WGMMA2_CB=0 timeout -k 2 15 "$NCU" --clock-control none --cache-control none -k regex:m2_kernel \
-        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis -o "$OUT/ncu-cb0" \
+# the same four launches with S11's kernel (CB=0) and with CB=3 (down's tokens by TMA), durations,
+# pipes and stalls only, for the same-run comparison
+for v in 0 3; do
+    [ -n "$NCU" ] && [ "$(left)" -gt 40 ] || { echo "m2prod ncu cb$v SKIPPED (time or no ncu)"; continue; }
+    echo "== 2b. ncu CB=$v: the same launches $(el)"
+    env LASTSTAND_MG_WGMMA2_CB=$v timeout -k 2 15 "$NCU" --clock-control none --cache-control none -k regex:m2_kernel \
+        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        -o "$OUT/ncu-cb$v" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
-        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-cb0.out" 2>&1
+        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-cb$v.out" 2>&1
     echo "rc=$? $(el)"
-    if [ -f "$OUT/ncu-cb0.ncu-rep" ]; then
-        timeout 8 "$NCU" --import "$OUT/ncu-cb0.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-cb0.csv" 2>/dev/null
-        timeout 8 python3 bench/device/moepre_ncu.py "$OUT/ncu-cb0.csv" 2>&1 | grep -E "launch|time ns|pipes" |
-            cut -c1-200 | sed "s/^/  cb0 /" | head -12
+    grep -E "==ERROR|error:" "$OUT/ncu-cb$v.out" | head -3 | cut -c1-200
+    if [ -f "$OUT/ncu-cb$v.ncu-rep" ]; then
+        timeout 8 "$NCU" --import "$OUT/ncu-cb$v.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-cb$v.csv" 2>/dev/null
+        timeout 8 python3 bench/device/moepre_ncu.py "$OUT/ncu-cb$v.csv" 2>&1 | grep -E "launch|time ns|pipes|stalls" |
+            cut -c1-220 | sed "s/^/  cb$v /" | head -16
     fi
-fi
+done
 
 if [ "$(left)" -gt 15 ] && python3 -c "import pytest" 2>/dev/null; then
     lim=$(( $(left) - 2 ))

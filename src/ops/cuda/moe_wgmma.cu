@@ -46,6 +46,8 @@
 #include "ops/cuda/moe_wgmma.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <pthread.h>
 
 enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
@@ -94,6 +96,30 @@ __device__ __forceinline__ void mw_fence_regs(float (&d)[64]) {
 __device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
 #pragma unroll
     for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* m2_kernel's CB = 3 (down): the token rows by TMA, completion on a per-stage mbarrier */
+__device__ __forceinline__ void m2_bar_init(uint32_t a, int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void m2_bar_arrive_tx(uint32_t a, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void m2_tma2(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void m2_bar_wait(uint32_t a, int par) {
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(a), "r"(par), "r"(0x989680)
+                     : "memory");
+    } while (!ok);
 }
 
 /* K-major, 128-byte swizzle: start address >> 4, leading offset 16 B (unused by this mode),
@@ -435,8 +461,9 @@ struct m2_lay {
     static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
     static constexpr int O_OFF = NB == 1 ? 0 : S * STAGE;
     static constexpr int L_OFF = O_OFF + 256 * OSTR > S * STAGE ? O_OFF + 256 * OSTR : S * STAGE;
-    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16) */
-    static constexpr int SMEM = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG + 1024;
+    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16), the stages' mbarriers (CB = 3) */
+    static constexpr int MB_OFF = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG;
+    static constexpr int SMEM = MB_OFF + 64 + 1024;
     static_assert(SMEM <= 232448, "227 KB of shared memory a block on sm_90");
     static_assert(M2_MAXT * 4 <= S * STAGE, "tile_e fits in the stage buffers");
 };
@@ -450,7 +477,7 @@ __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
-              int *__restrict__ ctr, int flags) {
+              int *__restrict__ ctr, int flags, const __grid_constant__ CUtensorMap tmh) {
     /* flags: 1 down's copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER), 2 the next unit's perm
      * prefetched (LASTSTAND_MG_WGMMA2_PFU) */
     const int dfr = flags & 1, pfu = flags & 2;
@@ -470,6 +497,16 @@ __global__ void __launch_bounds__(256, 1)
     const int T0 = sh_only ? n_tiles[1] : 0, T1 = n_tiles[0], nt = T1 - T0;
     int *te = reinterpret_cast<int *>(gb); /* tile_e[T0..T1) in the stage buffers, for the list only */
     for (int i = tid; i < nt; i += 256) te[i] = tile_e[T0 + i];
+    /* CB = 3, down: the token rows (hbuf rows r0.., contiguous) by TMA from one thread, one mbarrier a
+     * stage (1 arrival + the bytes); mph: the parity each stage's next phase completes with */
+    constexpr bool TMAT = CB == 3 && !GATEUP && !BW;
+    uint32_t mph = 0;
+    if constexpr (TMAT) {
+        if (tid == 0) {
+            for (int i = 0; i < S; i++) m2_bar_init(sb + LY::MB_OFF + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+    }
     __syncthreads();
     const int per = (nt + 255) / 256, i0 = min(nt, tid * per), i1 = min(nt, i0 + per);
     int mine = 0;
@@ -585,7 +622,7 @@ __global__ void __launch_bounds__(256, 1)
     bool cok = false, sok = false;
 
     auto load = [&](int) {
-        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER;
+        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER, lstage = lst;
         const uint32_t st = sb + lst * LY::STAGE;
         if (!BW && kb == 0) {
             const int wr = n0 + cr.y, s_r = n0 + sr.y;
@@ -603,6 +640,13 @@ __global__ void __launch_bounds__(256, 1)
                     const bool ok = ((zm >> i) & 1) && k0 + lch * 8 < K;
                     mw_cp16(st + adst + 4096 * i, pa[i] + k0, ok);
                 }
+            }
+        } else if constexpr (TMAT) { /* the group's tiles, 64 rows x 64 k each (a row without a token
+                                        * loads its own hbuf row: its product column is never stored) */
+            if (tid == 0) {
+                const uint32_t bar = sb + LY::MB_OFF + 8 * lstage;
+                m2_bar_arrive_tx(bar, (uint32_t)ntl * 8192u);
+                for (int i = 0; i < ntl; i++) m2_tma2(st + 8192 * i, &tmh, k0, r0 + 64 * i, bar);
             }
         } else {
             /* a row without a token loads row 0 of x / hbuf (valid memory, K % 64 == 0 here): its
@@ -775,7 +819,12 @@ __global__ void __launch_bounds__(256, 1)
     int ckb = 0, cnb = 0, cst = 0; /* the block computed next: k block, weight block, stage */
     auto step = [&](int q, uint32_t (&a)[16]) {
         mw_wait_cp<S - 3>();
-        mw_fence_async();
+        if constexpr (TMAT) { /* the tokens by TMA (async proxy, as wgmma reads them): no proxy fence */
+            m2_bar_wait(sb + LY::MB_OFF + 8 * cst, (mph >> cst) & 1);
+            mph ^= 1u << cst;
+        } else {
+            mw_fence_async();
+        }
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
         if constexpr (CB < 2) {
             if (q + S - 2 < Q) load(q + S - 2);
@@ -794,7 +843,7 @@ __global__ void __launch_bounds__(256, 1)
         mma(a, stq, kb);
         if constexpr (CB == 0) mw_wg_commit();
         mw_fence_regs128(acc);
-        if constexpr (CB == 2) { /* CB = 2: the refill issued behind the MMAs, off the decode's path */
+        if constexpr (CB >= 2) { /* CB = 2, 3: the refill issued behind the MMAs, off the decode's path */
             if (q + S - 2 < Q) load(q + S - 2);
             mw_commit_cp();
         }
@@ -854,7 +903,10 @@ static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (m
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
 static int mw_cb = -1;           /* m2 (all four forms), LASTSTAND_MG_WGMMA2_CB (m2_kernel's CB above) = 0, 1 or 2
                                   * for every launch; unset (-1): gate/up 1, down 2 (S12-R2, ncu at 8192 tokens:
-                                  * gate/up 945 / 763 / 785 us at CB 0 / 1 / 2, down 562 / 545 / 513) */
+                                  * gate/up 945 / 763 / 785 us at CB 0 / 1 / 2, down 562 / 545 / 513); 3: gate/up
+                                  * 1, the NVFP4 down 3 (its token rows by TMA), the BF16 forms unset's */
+static PFN_cuTensorMapEncodeTiled_v12000 m2_encode; /* CB = 3's tensor map of hbuf */
+static const CUtensorMap m2_nomap = {};             /* the launches without TMA */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
 #define M2_GU(CB) m2_kernel<true, false, M2_S_GU, M2_NB_GU, CB>
@@ -887,7 +939,21 @@ static bool m2_ready_cb() {
            cudaFuncSetAttribute(M2_DN_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
-static bool m2_ready() { return m2_ready_cb<0>() && m2_ready_cb<1>() && m2_ready_cb<2>(); }
+static bool m2_ready() {
+    return m2_ready_cb<0>() && m2_ready_cb<1>() && m2_ready_cb<2>() &&
+           cudaFuncSetAttribute(M2_DN(3), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess;
+}
+/* hbuf [rows][ldh] BF16 as a 2-D tensor map, boxes of 64 k x 64 rows (a plan tile), 128-byte swizzle */
+static bool m2_map(CUtensorMap *m, const void *hbuf, int ldh, long rows) {
+    const cuuint64_t dims[2] = {(cuuint64_t)ldh, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ldh * 2};
+    const cuuint32_t box[2] = {64, 64}, es[2] = {1, 1};
+    return m2_encode && m2_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(hbuf), dims, strides,
+                                  box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int mw_available(void) {
@@ -926,7 +992,18 @@ int mw_available(void) {
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
         v = getenv("LASTSTAND_MG_WGMMA2_CB");
-        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2"))) mw_cb = v[0] - '0';
+        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2") || !strcmp(v, "3"))) mw_cb = v[0] - '0';
+        if (mw_cb == 3) {
+            cudaDriverEntryPointQueryResult qr;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&m2_encode, 12000,
+                                                 cudaEnableDefault, &qr) != cudaSuccess ||
+                qr != cudaDriverEntryPointSuccess || !m2_encode) {
+                log_warn("cuda_grouped_gemm: LASTSTAND_MG_WGMMA2_CB=3 but cuTensorMapEncodeTiled was not found; CB=2");
+                m2_encode = NULL;
+                mw_cb = 2;
+            }
+            cudaGetLastError();
+        }
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
@@ -973,16 +1050,28 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
         int *const ctr = m2_ctr(GATEUP ? 0 : 1);
         const int fl = mw_dfr | mw_pfu;
-        const int cb = mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
+        int cb = mw_cb == 3 ? (GATEUP ? 1 : 3) : mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
+        if constexpr (!GATEUP) {
+            if (cb == 3) {
+                CUtensorMap tm;
+                memset(&tm, 0, sizeof tm);
+                if (m2_map(&tm, hbuf, ldh, (long)tiles_max * MW_BM)) {
+                    m2_kernel<false, false, S, NB, 3><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                                             wts, dbuf, 0, nxb, ctr, fl, tm);
+                    return cudaGetLastError();
+                }
+                cb = 2; /* no tensor map: the cp.async form */
+            }
+        }
         if (cb == 2)
             m2_kernel<GATEUP, false, S, NB, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl);
+                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
         else if (cb == 1)
             m2_kernel<GATEUP, false, S, NB, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl);
+                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
         else
             m2_kernel<GATEUP, false, S, NB, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl);
+                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -1015,16 +1104,16 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     const unsigned grid = m2_grid(sh_tiles, nxb);
     constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
     int *const ctr = m2_ctr(GATEUP ? 2 : 3);
-    const int cb = mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
+    const int cb = mw_cb >= 0 && mw_cb <= 2 ? mw_cb : GATEUP ? 1 : 2;
     if (cb == 2)
         m2_kernel<GATEUP, true, M2_S_BW, 1, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu);
+                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
     else if (cb == 1)
         m2_kernel<GATEUP, true, M2_S_BW, 1, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu);
+                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
     else
         m2_kernel<GATEUP, true, M2_S_BW, 1, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu);
+                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
     return cudaGetLastError();
 }
 

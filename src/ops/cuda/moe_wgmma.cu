@@ -529,6 +529,9 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     __syncthreads(); /* the list is complete; te (the stage buffers) free */
+    if constexpr (TMAT) { /* te's generic accesses before the TMA (async proxy) writes over them */
+        if (tid == 0) mw_fence_async();
+    }
     const int U = min(ngroups, (int)M2_MAXG) * nxb;
 
     /* units: blockIdx.x first, then (ctr) the next free one from ctr[0] (fetched by thread 0 at the

@@ -1,32 +1,30 @@
 #!/bin/bash
 # bench/device/m2prod.sh: the prefill MoE GEMM m2_kernel (src/ops/cuda/moe_wgmma.cu) in its S12
-# default (gate/up CB=1: the wgmma group committed inside each N branch, so wait_group 1 lets the
-# decode of block q + 1 overlap the MMAs of block q; down CB=2: that and the cp.async refill behind
-# the MMAs) against S11's kernel (LASTSTAND_MG_WGMMA2_CB=0), same binary, same run; and where a
-# step's time goes now (ncu source counters: the SASS lines with the most stall samples).
-# S12 task m2prod; bench/RESULTS.md "m2_kernel's decode beside its MMAs". R2 measured CB=0/1/2
-# (see RESULTS); this is the R3 form: the new default checked and timed.
+# form (every step commits its wgmma group inside the branch on N, so the decode of block q + 1
+# overlaps the MMAs of block q; the NVFP4 down's token rows by TMA) against the down's cp.async form
+# (LASTSTAND_MG_WGMMA2_TMA=0) and mw_kernel, same binary, same run; and where a step's time goes
+# (ncu source counters: the SASS lines with the most stall samples). S12 task m2prod; bench/RESULTS.md
+# "m2_kernel's decode beside its MMAs" (its R2 and R3 also timed S11's kernel, deleted since).
 # device-limit: 90
 #
 #   bash bench/device/m2prod.sh BIN OUTDIR
 #
 # 1. doctor moe (fp64 CPU oracle on sampled tokens, every cell checked), m2 forced at every M
-#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192, 397B M = 2048, 8192, synth 35B (BF16 shared
-#    expert on m2's BF16 form) M = 8192: default vs CB=0; padding (64-row tiles forced, M = 100,
-#    3001) default; CB=3 (gate/up 1, the NVFP4 down's token rows by TMA, one mbarrier a stage) at the
-#    35B, padding and 397B cells. Verdict lines "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
+#    (MINROWS=0): 35B shapes M = 2048, 4096, 8192, 397B M = 2048, 8192: default vs TMA=0; padding
+#    (64-row tiles forced, M = 100, 3001) both; synth 35B (BF16 shared expert on m2's BF16 form)
+#    M = 8192; mw_kernel at 2048, 4096 (the default below MINROWS). Verdict lines
+#    "m2prod doctor TAG PASS|FAIL", times "m2prod time ...".
 # 2. ncu of the first four m2_kernel launches (routed gate/up and down, the BF16 shared expert's)
 #    over `BIN generate` synth 35B cut to 4 layers, an 8192-token prompt, the defaults: duration,
-#    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples; then the
-#    same launches with CB=0 and CB=3 (durations, pipes, stalls) for the same-run comparison.
-# 3. tests/test_gpu_moe_wgmma.py: the m2 cells (the default), CB=0's and CB=3's, logits vs the CPU,
-#    and the bitwise checks (CB=1, 2, 3 and the default == CB=0 bit for bit).
+#    pipes, warp stalls, and (SourceCounters) the top SASS lines by warp stall samples.
+# 3. tests/test_gpu_moe_wgmma.py (doctor cells, logits vs the CPU, TMA == cp.async bit for bit).
 . "$(dirname "$0")/lib.sh"
 dev_init m2prod 88 "$@"
 export NCCL_NVLS_ENABLE=0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NEW="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0"
-CB0="$NEW LASTSTAND_MG_WGMMA2_CB=0"
+NOTMA="$NEW LASTSTAND_MG_WGMMA2_TMA=0"
+MW="LASTSTAND_MG_WGMMA2=0"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
@@ -50,23 +48,15 @@ doctor() {
     fi
 }
 
-echo "== 1. doctor moe: m2_kernel default (gate/up CB=1, down CB=2) vs CB=0 (S11), fp64 oracle $(el)"
-doctor cb0-35 "$CB0" qwen3.5-35b-a3b 2048,4096,8192 12
+echo "== 1. doctor moe: m2_kernel (the down's tokens by TMA) vs TMA=0 (cp.async), fp64 oracle $(el)"
 doctor new-35 "$NEW" qwen3.5-35b-a3b 2048,4096,8192 12
+doctor notma-35 "$NOTMA" qwen3.5-35b-a3b 2048,4096,8192 12
 doctor new-pad "$NEW LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
-doctor cb0-397 "$CB0" qwen3.5-397b-a17b 2048,8192 14
+doctor notma-pad "$NOTMA LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
 doctor new-397 "$NEW" qwen3.5-397b-a17b 2048,8192 14
-doctor cb0-syn "$CB0 LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
+doctor notma-397 "$NOTMA" qwen3.5-397b-a17b 2048,8192 14
 doctor new-syn "$NEW LASTSTAND_MG_WGMMA2_SH=1" "synth:qwen3.5-35b-a3b,layers=1" 8192 8
-cb3ok=1
-doctor cb3-35 "$NEW LASTSTAND_MG_WGMMA2_CB=3" qwen3.5-35b-a3b 2048,4096,8192 12 | tee "$OUT/cb3.log"
-grep -q "doctor cb3-35 PASS" "$OUT/cb3.log" || cb3ok=0
-if [ $cb3ok = 1 ]; then
-    doctor cb3-pad "$NEW LASTSTAND_MG_WGMMA2_CB=3 LASTSTAND_GROUPED_BM=64" qwen3.5-35b-a3b 100,3001 8
-    doctor cb3-397 "$NEW LASTSTAND_MG_WGMMA2_CB=3" qwen3.5-397b-a17b 2048,8192 14
-else
-    echo "m2prod CB=3 failed at the 35B cells: its other cells, ncu and pytest cases skipped"
-fi
+doctor mw-35 "$MW" qwen3.5-35b-a3b 2048,4096 8
 python3 - "$OUT" <<'PY'
 import os, re, sys
 def times(tag):
@@ -78,16 +68,19 @@ def times(tag):
             if m:
                 r[int(m.group(1))] = float(m.group(2)) * (1e-3 if m.group(3) == "µs" else 1.0)
     return r
-for sh, t in (("35B", "35"), ("397B", "397"), ("synth35B-bf16sh", "syn")):
-    t0, t1, t3 = times(f"cb0-{t}"), times(f"new-{t}"), times(f"cb3-{t}")
+for sh, t in (("35B", "35"), ("padding", "pad"), ("397B", "397")):
+    t0, t1 = times(f"notma-{t}"), times(f"new-{t}")
     for M in sorted(set(t0) & set(t1)):
-        print(f"m2prod time {sh} M {M}: MoE call CB=0 {t0[M]:.3f} ms, default {t1[M]:.3f} ms ({(t1[M] / t0[M] - 1) * 100:+.1f}%)"
-              + (f", CB=3 (down tokens by TMA) {t3[M]:.3f} ms ({(t3[M] / t0[M] - 1) * 100:+.1f}%)" if M in t3 else ""))
+        print(f"m2prod time {sh} M {M}: MoE call TMA=0 {t0[M]:.3f} ms, default {t1[M]:.3f} ms ({(t1[M] / t0[M] - 1) * 100:+.1f}%)")
+for M, t in sorted(times("new-syn").items()):
+    print(f"m2prod time synth35B-bf16sh M {M}: MoE call {t:.3f} ms")
+for M, t in sorted(times("mw-35").items()):
+    print(f"m2prod time 35B M {M}: mw_kernel {t:.3f} ms (the default below 112 rows an expert)")
 PY
 
 # 2. ncu over generate (prefill8k.sh's command), the first four m2 launches, with source counters
-if [ -n "$NCU" ] && [ "$(left)" -gt 52 ]; then
-    lim=$(( $(left) - 40 )); [ $lim -gt 25 ] && lim=25
+if [ -n "$NCU" ] && [ "$(left)" -gt 60 ]; then
+    lim=$(( $(left) - 45 )); [ $lim -gt 20 ] && lim=20
     echo "== 2. ncu: generate synth 35B (4 layers), 8192-token prompt, -k m2_kernel x4, defaults (limit $lim s) $(el)"
     timeout -k 2 $lim "$NCU" --clock-control none --cache-control none -k regex:m2_kernel --launch-count 4 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SourceCounters \
@@ -145,32 +138,11 @@ PY
 else
     echo "m2prod ncu SKIPPED (time or no ncu)"
 fi
-# the same four launches with S11's kernel (CB=0) and with CB=3 (down's tokens by TMA), durations,
-# pipes and stalls only, for the same-run comparison
-for v in 0 $([ $cb3ok = 1 ] && echo 3); do
-    [ -n "$NCU" ] && [ "$(left)" -gt 40 ] || { echo "m2prod ncu cb$v SKIPPED (time or no ncu)"; continue; }
-    echo "== 2b. ncu CB=$v: the same launches $(el)"
-    env LASTSTAND_MG_WGMMA2_CB=$v timeout -k 2 15 "$NCU" --clock-control none --cache-control none -k regex:m2_kernel \
-        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-        -o "$OUT/ncu-cb$v" \
-        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
-        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-cb$v.out" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "==ERROR|error:" "$OUT/ncu-cb$v.out" | head -3 | cut -c1-200
-    if [ -f "$OUT/ncu-cb$v.ncu-rep" ]; then
-        timeout 8 "$NCU" --import "$OUT/ncu-cb$v.ncu-rep" --csv --page raw --print-units base \
-            --print-kernel-base demangled >"$OUT/ncu-cb$v.csv" 2>/dev/null
-        timeout 8 python3 bench/device/moepre_ncu.py "$OUT/ncu-cb$v.csv" 2>&1 | grep -E "launch|time ns|pipes|stalls" |
-            cut -c1-220 | sed "s/^/  cb$v /" | head -16
-    fi
-done
-
 if [ "$(left)" -gt 15 ] && python3 -c "import pytest" 2>/dev/null; then
     lim=$(( $(left) - 2 ))
-    sel="m2 and not m2cb1 and not m2cb2$([ $cb3ok = 1 ] || echo " and not cb3")"
-    echo "== 3. pytest tests/test_gpu_moe_wgmma.py -k '$sel' (limit $lim s) $(el)"
+    echo "== 3. pytest tests/test_gpu_moe_wgmma.py (limit $lim s) $(el)"
     env BUILD=$D LS_SHARED=$D timeout -k 3 $lim python3 -m pytest -q -p no:cacheprovider -rfEs \
-        -k "$sel" tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
+        tests/test_gpu_moe_wgmma.py 2>&1 | grep -vE "^\s*$" | tail -10
     rc=${PIPESTATUS[0]}
     echo "m2prod pytest $([ "$rc" = 0 ] && echo PASS || { [ "$rc" = 124 ] && echo "TIMEOUT (see above)" || echo "FAIL rc=$rc"; }) $(el)"
 else

@@ -98,7 +98,7 @@ __device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
     for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* m2_kernel's CB = 3 (down): the token rows by TMA, completion on a per-stage mbarrier */
+/* m2_kernel's CB = 3 (the NVFP4 down): the token rows by TMA, completion on a per-stage mbarrier */
 __device__ __forceinline__ void m2_bar_init(uint32_t a, int n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
 }
@@ -395,27 +395,26 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
  * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
  * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block.
- * CB (S12, LASTSTAND_MG_WGMMA2_CB=0/1/2; the default since S12-R3: gate/up 1, down 2): where the
- * group is committed.
- * CB = 0 commits after the branch on N (one wgmma.commit_group after the join); ptxas then tags
- * the last HGMMA of each branch with the scoreboard gsb0 AND adds a dummy
- * `HGMMA.64x8x16.F16 RZ, gdesc[URZ], RZ, !UPT, gsb0` at the join (cuobjdump -sass, every m2 form;
- * mw_kernel, unbranched, has none), so a step holds two gsb0 groups and wait_group 1
- * (WARPGROUP.DEPBAR.LE gsb0, 0x1) waits for the real MMAs of this very step: the decode of block
- * q + 1 never overlaps the MMAs of block q, and the two warpgroups, in lockstep through the step's
- * __syncthreads, leave the tensor pipe idle while both decode (S11 ncu: tensor 35% / 31%, barrier
- * the top stall). CB = 1 commits inside each branch: one gsb0 group a step, no dummy, the overlap
- * the pipeline above was written for. CB = 2: CB = 1, and a step's cp.async refill (block
- * q + S - 2 into the stage retired by the step before) issued after its MMAs instead of before the
- * decode: ~100 instructions a thread (10 LDGSTS, their addresses, ptxas's LDS guards) leave the
- * path from the barrier to the MMA issue and fill the wait for the previous group. Same MMAs in
- * the same order in every CB: bit-identical outputs. S12-R2 (H200, ncu, generate synth 35B,
- * 8192-token prompt; CB 0 / 1 / 2): gate/up 945 / 763 / 785 us (tensor pipe 35 / 44 / 42%), down
- * 562 / 545 / 513 us (31 / 32 / 33%); barrier stall 1.8 -> 0.25, the top stall now fixed-latency
- * waits (~1.5 cycles an instruction at 2 warps a scheduler: a step is ~400 instructions a warp at
- * ~5 cycles each, ~2000 cycles against 1024 of MMA). Down (an estimate, not measured apart)
- * also stalls at each weight block's end (every 8 k blocks): wait_group 0 and the epilogue with the
- * tensor pipe idle, both warpgroups at once. */
+ * CB (S12): the form of a step, a template parameter: 1 gate/up (routed and BF16 shared), 2 the
+ * BF16 shared down and the NVFP4 down without TMA (LASTSTAND_MG_WGMMA2_TMA=0), 3 the NVFP4 down.
+ * Every form commits the wgmma group inside each branch on N. S11's kernel (CB = 0, deleted in S12)
+ * committed once after the join; ptxas then tagged the last HGMMA of each branch with the
+ * scoreboard gsb0 AND added a dummy `HGMMA.64x8x16.F16 RZ, gdesc[URZ], RZ, !UPT, gsb0` at the join
+ * (cuobjdump -sass; mw_kernel, unbranched, has none), so a step held two gsb0 groups and
+ * wait_group 1 (WARPGROUP.DEPBAR.LE gsb0, 0x1) waited for the real MMAs of that very step: the
+ * decode of block q + 1 never overlapped the MMAs of block q, and the two warpgroups, in lockstep
+ * through the step's __syncthreads, left the tensor pipe idle while both decoded (S11 ncu: tensor
+ * 35% / 31%, barrier the top stall). CB = 1: one gsb0 group a step, the overlap the pipeline above
+ * was written for. CB = 2: a step's cp.async refill (block q + S - 2 into the stage retired by the
+ * step before) issued after its MMAs instead of before the decode (~100 instructions a thread off
+ * the path from the barrier to the MMA issue). CB = 3: CB = 2 with the token rows (the group's hbuf
+ * rows, contiguous) by TMA from one thread (one box of 64 k x 64 rows a tile, a per-stage
+ * mbarrier), no proxy fence, the codes and scales still cp.async (read by LDS). The same MMAs in
+ * the same order in every form: bit-identical outputs. S12-R2/R3 (H200, ncu, generate synth 35B,
+ * 8192-token prompt): gate/up 961 (CB 0) / 763-765 (1) / 785 (2) us, tensor pipe 35 / 44 / 42%;
+ * down 557 (0) / 545 (1) / 512 (2) / 509 (3) us; barrier stall 1.8 -> 0.25, the top stall now
+ * fixed-latency waits (~1.5 cycles an instruction at 2 warps a scheduler: a step is ~400
+ * instructions a warp at ~5 cycles each, ~2000 cycles against 1024 of MMA). */
 
 /* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
 __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
@@ -714,16 +713,16 @@ __global__ void __launch_bounds__(256, 1)
     _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
             if (ntl == 4) {
                 M2_MMA4SS(m2_mma256ss)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4SS(m2_mma192ss)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4SS(m2_mma128ss)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else {
                 M2_MMA4SS(m2_mma64ss)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             }
 #undef M2_MMA4SS
         } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
@@ -734,16 +733,16 @@ __global__ void __launch_bounds__(256, 1)
     }
             if (ntl == 4) {
                 M2_MMA4(m2_mma256)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4(m2_mma192)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4(m2_mma128)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             } else {
                 M2_MMA4(m2_mma64)
-                if constexpr (CB > 0) mw_wg_commit();
+                mw_wg_commit();
             }
 #undef M2_MMA4
         }
@@ -844,7 +843,6 @@ __global__ void __launch_bounds__(256, 1)
         mw_wg_fence();
         mw_fence_regs128(acc);
         mma(a, stq, kb);
-        if constexpr (CB == 0) mw_wg_commit();
         mw_fence_regs128(acc);
         if constexpr (CB >= 2) { /* CB = 2, 3: the refill issued behind the MMAs, off the decode's path */
             if (q + S - 2 < Q) load(q + S - 2);
@@ -904,11 +902,10 @@ static int mw_minrows = 112;     /* m2_kernel from this many routed rows per exp
                                   * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
-static int mw_cb = -1;           /* m2 (all four forms), LASTSTAND_MG_WGMMA2_CB (m2_kernel's CB above) = 0, 1 or 2
-                                  * for every launch; unset (-1): gate/up 1, down 2 (S12-R2, ncu at 8192 tokens:
-                                  * gate/up 945 / 763 / 785 us at CB 0 / 1 / 2, down 562 / 545 / 513); 3: gate/up
-                                  * 1, the NVFP4 down 3 (its token rows by TMA), the BF16 forms unset's */
-static PFN_cuTensorMapEncodeTiled_v12000 m2_encode; /* CB = 3's tensor map of hbuf */
+static int mw_tma = 1;           /* m2's NVFP4 down: token rows by TMA (CB = 3; LASTSTAND_MG_WGMMA2_TMA=0: by
+                                  * cp.async, CB = 2; S12-R3, doctor 35B MoE call at 2048 / 4096 / 8192 tokens
+                                  * 835 / 1021 / 1609 us against 890 / 1066 / 1619) */
+static PFN_cuTensorMapEncodeTiled_v12000 m2_encode; /* its tensor map of hbuf */
 static const CUtensorMap m2_nomap = {};             /* the launches without TMA */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
@@ -927,25 +924,22 @@ static bool mw_ready() {
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
 }
-template <int CB>
-static bool m2_ready_cb() {
-    cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, M2_GU(CB)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN(CB)) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, M2_GU_BW(CB)) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, M2_DN_BW(CB)) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN_BW(CB), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
-}
+/* m2's forms (CB, m2_kernel): gate/up 1, the NVFP4 down 3 (2 without TMA), the BF16 down 2 */
 static bool m2_ready() {
-    return m2_ready_cb<0>() && m2_ready_cb<1>() && m2_ready_cb<2>() &&
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, M2_GU(1)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN(2)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_DN(3)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_GU_BW(1)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_DN_BW(2)) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU(1), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN(2), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
            cudaFuncSetAttribute(M2_DN(3), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess;
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU_BW(1), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_DN_BW(2), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
 }
 /* hbuf [rows][ldh] BF16 as a 2-D tensor map, boxes of 64 k x 64 rows (a plan tile), 128-byte swizzle */
 static bool m2_map(CUtensorMap *m, const void *hbuf, int ldh, long rows) {
@@ -994,16 +988,16 @@ int mw_available(void) {
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
-        v = getenv("LASTSTAND_MG_WGMMA2_CB");
-        if (v && (!strcmp(v, "0") || !strcmp(v, "1") || !strcmp(v, "2") || !strcmp(v, "3"))) mw_cb = v[0] - '0';
-        if (mw_cb == 3) {
+        v = getenv("LASTSTAND_MG_WGMMA2_TMA");
+        if (v && !strcmp(v, "0")) mw_tma = 0;
+        if (mw_tma) {
             cudaDriverEntryPointQueryResult qr;
             if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&m2_encode, 12000,
                                                  cudaEnableDefault, &qr) != cudaSuccess ||
                 qr != cudaDriverEntryPointSuccess || !m2_encode) {
-                log_warn("cuda_grouped_gemm: LASTSTAND_MG_WGMMA2_CB=3 but cuTensorMapEncodeTiled was not found; CB=2");
+                log_warn("cuda_grouped_gemm: cuTensorMapEncodeTiled not found; m2_kernel's down loads its tokens by cp.async");
                 m2_encode = NULL;
-                mw_cb = 2;
+                mw_tma = 0;
             }
             cudaGetLastError();
         }
@@ -1053,28 +1047,19 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
         constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
         int *const ctr = m2_ctr(GATEUP ? 0 : 1);
         const int fl = mw_dfr | mw_pfu;
-        int cb = mw_cb == 3 ? (GATEUP ? 1 : 3) : mw_cb >= 0 ? mw_cb : GATEUP ? 1 : 2;
-        if constexpr (!GATEUP) {
-            if (cb == 3) {
-                CUtensorMap tm;
-                memset(&tm, 0, sizeof tm);
-                if (m2_map(&tm, hbuf, ldh, (long)tiles_max * MW_BM)) {
-                    m2_kernel<false, false, S, NB, 3><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                                             wts, dbuf, 0, nxb, ctr, fl, tm);
-                    return cudaGetLastError();
-                }
-                cb = 2; /* no tensor map: the cp.async form */
-            }
+        if constexpr (GATEUP) {
+            M2_GU(1)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                            m2_nomap);
+        } else {
+            CUtensorMap tm;
+            memset(&tm, 0, sizeof tm);
+            if (mw_tma && m2_map(&tm, hbuf, ldh, (long)tiles_max * MW_BM)) /* else (no map) the cp.async form */
+                M2_DN(3)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                                tm);
+            else
+                M2_DN(2)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                                m2_nomap);
         }
-        if (cb == 2)
-            m2_kernel<GATEUP, false, S, NB, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
-        else if (cb == 1)
-            m2_kernel<GATEUP, false, S, NB, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
-        else
-            m2_kernel<GATEUP, false, S, NB, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                       dbuf, 0, nxb, ctr, fl, m2_nomap);
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -1107,16 +1092,12 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
     const unsigned grid = m2_grid(sh_tiles, nxb);
     constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
     int *const ctr = m2_ctr(GATEUP ? 2 : 3);
-    const int cb = mw_cb >= 0 && mw_cb <= 2 ? mw_cb : GATEUP ? 1 : 2;
-    if (cb == 2)
-        m2_kernel<GATEUP, true, M2_S_BW, 1, 2><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
-    else if (cb == 1)
-        m2_kernel<GATEUP, true, M2_S_BW, 1, 1><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
+    if constexpr (GATEUP)
+        M2_GU_BW(1)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, ctr, mw_pfu,
+                                           m2_nomap);
     else
-        m2_kernel<GATEUP, true, M2_S_BW, 1, 0><<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,
-                                                                      dbuf, 1, nxb, ctr, mw_pfu, m2_nomap);
+        M2_DN_BW(2)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, ctr, mw_pfu,
+                                           m2_nomap);
     return cudaGetLastError();
 }
 

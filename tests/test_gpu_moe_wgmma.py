@@ -17,7 +17,9 @@ Pins, each against the doctor's fp64 CPU reference (verdict "ok" at every bucket
   (the switch did not silently fall back to mg_gemm_kernel).
 Those with mw_kernel forced (LASTSTAND_MG_WGMMA2=0, LASTSTAND_MG_WGMMA2_SH=0); each again with
 m2_kernel at every M (the default from 112 rows an expert; synth's BF16 shared expert by m2's BF16
-form too), the 35B at M = 8192 (groups of four 64-row tiles) as well.
+form too), the 35B at M = 8192 (groups of four 64-row tiles) as well; and m2 with its NVFP4 down's
+token rows by cp.async instead of TMA (LASTSTAND_MG_WGMMA2_TMA=0), whose logits must equal the
+default's bit for bit (the same bytes for the same MMAs).
 """
 import json
 import os
@@ -54,6 +56,8 @@ def check(cells, table, ms):
 MW = {"LASTSTAND_MG_WGMMA2": "0", "LASTSTAND_MG_WGMMA2_SH": "0"}  # mw_kernel only
 M2 = {"LASTSTAND_MG_WGMMA2": "1", "LASTSTAND_MG_WGMMA2_MINROWS": "0"}  # m2_kernel at every M
 M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
+# S12: m2's NVFP4 down loads its token rows by TMA (default) or by cp.async (LASTSTAND_MG_WGMMA2_TMA=0)
+M2NOTMA = dict(M2, LASTSTAND_MG_WGMMA2_TMA="0")
 
 
 @pytest.mark.parametrize("args,ms,extra", [
@@ -67,8 +71,11 @@ M2SH = dict(M2, LASTSTAND_MG_WGMMA2_SH="1")
     (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2, LASTSTAND_GROUPED_BM="64")),
     (["--shapes", "qwen3.5-397b-a17b"], [2048], M2),
     (["--model-path", "synth:qwen3.5-35b-a3b,layers=1"], [1024, 8192], M2SH),
+    # the down's tokens by cp.async (4-tile groups and partial ones; mostly padding)
+    (["--shapes", "qwen3.5-35b-a3b"], [3001, 8192], M2NOTMA),
+    (["--shapes", "qwen3.5-35b-a3b"], [100], dict(M2NOTMA, LASTSTAND_GROUPED_BM="64")),
 ], ids=["35b", "35b-bm64-padding", "397b", "35b-bf16-shared", "m2-35b", "m2-35b-bm64-padding", "m2-397b",
-        "m2-35b-bf16-shared"])
+        "m2-35b-bf16-shared", "m2-notma-35b", "m2-notma-35b-bm64-padding"])
 def test_wgmma_grouped_gemm_right(tmp_path, args, ms, extra):
     cells, table, _ = doctor(tmp_path, *args, "--m", ",".join(map(str, ms)), env_extra=extra)
     check(cells, table, ms)
@@ -99,3 +106,20 @@ def test_wgmma_logits_agree_with_mg_gemm_and_the_cpu(extra):
     print(f"rel err vs cpu: wgmma {r_new:.4f}, mg_gemm {r_base:.4f}; wgmma vs mg_gemm {r_nb:.4f}")
     assert r_new <= 1.25 * r_base + 0.02, (r_new, r_base, r_nb)
     assert r_nb <= 2 * r_base + 0.02, (r_new, r_base, r_nb)
+
+
+def test_m2_tma_bit_identical_to_cp_async():
+    """m2's NVFP4 down with its token rows by TMA (the default) and by cp.async
+    (LASTSTAND_MG_WGMMA2_TMA=0) places the same bytes at the same places for the same MMAs: the
+    logits are equal bit for bit (synth:demo, 150 tokens, m2 forced, its BF16 shared-expert form too);
+    a run of the cp.async form against itself first shows the forward pass deterministic. (S12-R2/R3
+    showed both forms, and every S12 form, bit for bit equal to S11's kernel.)"""
+    base = dict(M2SH, LASTSTAND_MG_WGMMA2_TMA="0")
+    a, _ = logits("cuda", True, base)
+    b, _ = logits("cuda", True, base)
+    if not np.array_equal(a, b):
+        pytest.skip(f"two identical m2 runs differ ({np.abs(a - b).max()}): nothing to compare bitwise")
+    c, err = logits("cuda", True, dict(M2SH))
+    if "no sm_90a image" not in err:
+        assert "by the wgmma kernels" in err, f"the wgmma path never ran:\n{err[-2000:]}"
+    assert np.array_equal(a, c), f"TMA differs from cp.async by {np.abs(a - c).max()}"

@@ -46,6 +46,8 @@
 #include "ops/cuda/moe_wgmma.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <pthread.h>
 
 enum { MW_BM = 64, MW_BK = 64, MW_THREADS = 128 };
@@ -94,6 +96,30 @@ __device__ __forceinline__ void mw_fence_regs(float (&d)[64]) {
 __device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
 #pragma unroll
     for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* m2_kernel's CB = 3 (the NVFP4 down): the token rows by TMA, completion on a per-stage mbarrier */
+__device__ __forceinline__ void m2_bar_init(uint32_t a, int n) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void m2_bar_arrive_tx(uint32_t a, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void m2_tma2(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void m2_bar_wait(uint32_t a, int par) {
+    uint32_t ok = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(a), "r"(par), "r"(0x989680)
+                     : "memory");
+    } while (!ok);
 }
 
 /* K-major, 128-byte swizzle: start address >> 4, leading offset 16 B (unused by this mode),
@@ -368,7 +394,27 @@ __device__ __forceinline__ void m2_mma256ss(float (&d)[128], uint64_t da, uint64
  * ahead (a stage is refilled only after the wgmma group that read it was retired by the
  * wait_group 1 of the step before), across the NB weight blocks of a CTA without a break.
  * Shared memory per token tile and MMA: 64 B a clock of B reads at full rate (any N), against
- * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block. */
+ * ~210 for mw_kernel; decode: 64 values per lane per 64 x N x 64 block.
+ * CB (S12): the form of a step, a template parameter: 1 gate/up (routed and BF16 shared), 2 the
+ * BF16 shared down and the NVFP4 down without TMA (LASTSTAND_MG_WGMMA2_TMA=0), 3 the NVFP4 down.
+ * Every form commits the wgmma group inside each branch on N. S11's kernel (CB = 0, deleted in S12)
+ * committed once after the join; ptxas then tagged the last HGMMA of each branch with the
+ * scoreboard gsb0 AND added a dummy `HGMMA.64x8x16.F16 RZ, gdesc[URZ], RZ, !UPT, gsb0` at the join
+ * (cuobjdump -sass; mw_kernel, unbranched, has none), so a step held two gsb0 groups and
+ * wait_group 1 (WARPGROUP.DEPBAR.LE gsb0, 0x1) waited for the real MMAs of that very step: the
+ * decode of block q + 1 never overlapped the MMAs of block q, and the two warpgroups, in lockstep
+ * through the step's __syncthreads, left the tensor pipe idle while both decoded (S11 ncu: tensor
+ * 35% / 31%, barrier the top stall). CB = 1: one gsb0 group a step, the overlap the pipeline above
+ * was written for. CB = 2: a step's cp.async refill (block q + S - 2 into the stage retired by the
+ * step before) issued after its MMAs instead of before the decode (~100 instructions a thread off
+ * the path from the barrier to the MMA issue). CB = 3: CB = 2 with the token rows (the group's hbuf
+ * rows, contiguous) by TMA from one thread (one box of 64 k x 64 rows a tile, a per-stage
+ * mbarrier), no proxy fence, the codes and scales still cp.async (read by LDS). The same MMAs in
+ * the same order in every form: bit-identical outputs. S12-R2/R3 (H200, ncu, generate synth 35B,
+ * 8192-token prompt): gate/up 961 (CB 0) / 763-765 (1) / 785 (2) us, tensor pipe 35 / 44 / 42%;
+ * down 557 (0) / 545 (1) / 512 (2) / 509 (3) us; barrier stall 1.8 -> 0.25, the top stall now
+ * fixed-latency waits (~1.5 cycles an instruction at 2 warps a scheduler: a step is ~400
+ * instructions a warp at ~5 cycles each, ~2000 cycles against 1024 of MMA). */
 
 /* lower bound of e in the non-decreasing te[0..n) (the plan's tile_e: experts in ascending order) */
 __device__ __forceinline__ int m2_lb(const int *te, int n, int e) {
@@ -414,8 +460,9 @@ struct m2_lay {
     static constexpr int OSTR = GATEUP ? 144 : 272;    /* staging row stride (64 / 128 bf16 + 16 B) */
     static constexpr int O_OFF = NB == 1 ? 0 : S * STAGE;
     static constexpr int L_OFF = O_OFF + 256 * OSTR > S * STAGE ? O_OFF + 256 * OSTR : S * STAGE;
-    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16) */
-    static constexpr int SMEM = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG + 1024;
+    /* soff[256], spair[256], swt[256], ws[16], glist[M2_MAXG] (uint16), the stages' mbarriers (CB = 3) */
+    static constexpr int MB_OFF = L_OFF + 3 * 1024 + 64 + 2 * M2_MAXG;
+    static constexpr int SMEM = MB_OFF + 64 + 1024;
     static_assert(SMEM <= 232448, "227 KB of shared memory a block on sm_90");
     static_assert(M2_MAXT * 4 <= S * STAGE, "tile_e fits in the stage buffers");
 };
@@ -424,12 +471,12 @@ struct m2_lay {
  * group u / nxb (up to 4 consecutive 64-row plan tiles of one expert) x weight blocks
  * (u % nxb)·NB .. + NB - 1. Each CTA first lists the groups in shared memory (tile_e copied into
  * the stage buffers, a group starts at every 4th tile of an expert's run: binary searches). */
-template <bool GATEUP, bool BW, int S, int NB>
+template <bool GATEUP, bool BW, int S, int NB, int CB>
 __global__ void __launch_bounds__(256, 1)
     m2_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int nxb,
-              int *__restrict__ ctr, int flags) {
+              int *__restrict__ ctr, int flags, const __grid_constant__ CUtensorMap tmh) {
     /* flags: 1 down's copy-out deferred (LASTSTAND_MG_WGMMA2_DEFER), 2 the next unit's perm
      * prefetched (LASTSTAND_MG_WGMMA2_PFU) */
     const int dfr = flags & 1, pfu = flags & 2;
@@ -449,6 +496,16 @@ __global__ void __launch_bounds__(256, 1)
     const int T0 = sh_only ? n_tiles[1] : 0, T1 = n_tiles[0], nt = T1 - T0;
     int *te = reinterpret_cast<int *>(gb); /* tile_e[T0..T1) in the stage buffers, for the list only */
     for (int i = tid; i < nt; i += 256) te[i] = tile_e[T0 + i];
+    /* CB = 3, down: the token rows (hbuf rows r0.., contiguous) by TMA from one thread, one mbarrier a
+     * stage (1 arrival + the bytes); mph: the parity each stage's next phase completes with */
+    constexpr bool TMAT = CB == 3 && !GATEUP && !BW;
+    uint32_t mph = 0;
+    if constexpr (TMAT) {
+        if (tid == 0) {
+            for (int i = 0; i < S; i++) m2_bar_init(sb + LY::MB_OFF + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+    }
     __syncthreads();
     const int per = (nt + 255) / 256, i0 = min(nt, tid * per), i1 = min(nt, i0 + per);
     int mine = 0;
@@ -471,6 +528,9 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     __syncthreads(); /* the list is complete; te (the stage buffers) free */
+    if constexpr (TMAT) { /* te's generic accesses before the TMA (async proxy) writes over them */
+        if (tid == 0) mw_fence_async();
+    }
     const int U = min(ngroups, (int)M2_MAXG) * nxb;
 
     /* units: blockIdx.x first, then (ctr) the next free one from ctr[0] (fetched by thread 0 at the
@@ -564,7 +624,7 @@ __global__ void __launch_bounds__(256, 1)
     bool cok = false, sok = false;
 
     auto load = [&](int) {
-        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER;
+        const int kb = lkb, k0 = kb * MW_BK, n0 = (nb0 + lnb) * PER, lstage = lst;
         const uint32_t st = sb + lst * LY::STAGE;
         if (!BW && kb == 0) {
             const int wr = n0 + cr.y, s_r = n0 + sr.y;
@@ -582,6 +642,13 @@ __global__ void __launch_bounds__(256, 1)
                     const bool ok = ((zm >> i) & 1) && k0 + lch * 8 < K;
                     mw_cp16(st + adst + 4096 * i, pa[i] + k0, ok);
                 }
+            }
+        } else if constexpr (TMAT) { /* the group's tiles, 64 rows x 64 k each (a row without a token
+                                        * loads its own hbuf row: its product column is never stored) */
+            if (tid == 0) {
+                const uint32_t bar = sb + LY::MB_OFF + 8 * lstage;
+                m2_bar_arrive_tx(bar, (uint32_t)ntl * 8192u);
+                for (int i = 0; i < ntl; i++) m2_tma2(st + 8192 * i, &tmh, k0, r0 + 64 * i, bar);
             }
         } else {
             /* a row without a token loads row 0 of x / hbuf (valid memory, K % 64 == 0 here): its
@@ -646,12 +713,16 @@ __global__ void __launch_bounds__(256, 1)
     _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
             if (ntl == 4) {
                 M2_MMA4SS(m2_mma256ss)
+                mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4SS(m2_mma192ss)
+                mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4SS(m2_mma128ss)
+                mw_wg_commit();
             } else {
                 M2_MMA4SS(m2_mma64ss)
+                mw_wg_commit();
             }
 #undef M2_MMA4SS
         } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
@@ -662,12 +733,16 @@ __global__ void __launch_bounds__(256, 1)
     }
             if (ntl == 4) {
                 M2_MMA4(m2_mma256)
+                mw_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4(m2_mma192)
+                mw_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4(m2_mma128)
+                mw_wg_commit();
             } else {
                 M2_MMA4(m2_mma64)
+                mw_wg_commit();
             }
 #undef M2_MMA4
         }
@@ -746,10 +821,17 @@ __global__ void __launch_bounds__(256, 1)
     int ckb = 0, cnb = 0, cst = 0; /* the block computed next: k block, weight block, stage */
     auto step = [&](int q, uint32_t (&a)[16]) {
         mw_wait_cp<S - 3>();
-        mw_fence_async();
+        if constexpr (TMAT) { /* the tokens by TMA (async proxy, as wgmma reads them): no proxy fence */
+            m2_bar_wait(sb + LY::MB_OFF + 8 * cst, (mph >> cst) & 1);
+            mph ^= 1u << cst;
+        } else {
+            mw_fence_async();
+        }
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
-        if (q + S - 2 < Q) load(q + S - 2);
-        mw_commit_cp();
+        if constexpr (CB < 2) {
+            if (q + S - 2 < Q) load(q + S - 2);
+            mw_commit_cp();
+        }
         const int nb = cnb, kb = ckb, stq = cst;
         if (++ckb == nk) { ckb = 0; cnb++; }
         if (++cst == S) cst = 0;
@@ -761,8 +843,11 @@ __global__ void __launch_bounds__(256, 1)
         mw_wg_fence();
         mw_fence_regs128(acc);
         mma(a, stq, kb);
-        mw_wg_commit();
         mw_fence_regs128(acc);
+        if constexpr (CB >= 2) { /* CB = 2, 3: the refill issued behind the MMAs, off the decode's path */
+            if (q + S - 2 < Q) load(q + S - 2);
+            mw_commit_cp();
+        }
         if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
             const int i1 = min(CPT, pend_i + cps);
             copy_out(pend, pend_i, i1);
@@ -817,12 +902,17 @@ static int mw_minrows = 112;     /* m2_kernel from this many routed rows per exp
                                   * 35B m2 at 64 rows 958 vs mw 808 us, at 128 rows 1179 vs 1344) */
 static thread_local int mw_rows = 1 << 30; /* this host thread's call: M·k/E (mw_rows_hint) */
 static int *mw_ctr[MW_MAX_DEV];  /* m2_kernel's unit counters per device: 4 launch kinds x {next, done} */
+static int mw_tma = 1;           /* m2's NVFP4 down: token rows by TMA (CB = 3; LASTSTAND_MG_WGMMA2_TMA=0: by
+                                  * cp.async, CB = 2; S12-R3, doctor 35B MoE call at 2048 / 4096 / 8192 tokens
+                                  * 835 / 1021 / 1609 us against 890 / 1066 / 1619) */
+static PFN_cuTensorMapEncodeTiled_v12000 m2_encode; /* its tensor map of hbuf */
+static const CUtensorMap m2_nomap = {};             /* the launches without TMA */
 static int mw_v2sh = 1;          /* a BF16 shared expert's tiles by m2_kernel (LASTSTAND_MG_WGMMA2_SH=0: not) */
 enum { M2_S_GU = 5, M2_S_DN = 4, M2_NB_GU = 1, M2_NB_DN = 4, M2_S_BW = 4 }; /* stages, weight blocks a CTA */
-#define M2_GU m2_kernel<true, false, M2_S_GU, M2_NB_GU>
-#define M2_DN m2_kernel<false, false, M2_S_DN, M2_NB_DN>
-#define M2_GU_BW m2_kernel<true, true, M2_S_BW, 1>
-#define M2_DN_BW m2_kernel<false, true, M2_S_BW, 1>
+#define M2_GU(CB) m2_kernel<true, false, M2_S_GU, M2_NB_GU, CB>
+#define M2_DN(CB) m2_kernel<false, false, M2_S_DN, M2_NB_DN, CB>
+#define M2_GU_BW(CB) m2_kernel<true, true, M2_S_BW, 1, CB>
+#define M2_DN_BW(CB) m2_kernel<false, true, M2_S_BW, 1, CB>
 
 template <int PF>
 static bool mw_ready() {
@@ -834,18 +924,32 @@ static bool mw_ready() {
            cudaFuncSetAttribute(mw_kernel<false, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, mw_lay<PF>::SMEM) ==
                cudaSuccess;
 }
+/* m2's forms (CB, m2_kernel): gate/up 1, the NVFP4 down 3 (2 without TMA), the BF16 down 2 */
 static bool m2_ready() {
     cudaFuncAttributes fa;
-    return cudaFuncGetAttributes(&fa, M2_GU) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN) == cudaSuccess &&
-           cudaFuncGetAttributes(&fa, M2_GU_BW) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN_BW) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncGetAttributes(&fa, M2_GU(1)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_DN(2)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_DN(3)) == cudaSuccess && cudaFuncGetAttributes(&fa, M2_GU_BW(1)) == cudaSuccess &&
+           cudaFuncGetAttributes(&fa, M2_DN_BW(2)) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU(1), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<true, false, M2_S_GU, M2_NB_GU>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_DN(2), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_GU_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_DN(3), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                m2_lay<false, false, M2_S_DN, M2_NB_DN>::SMEM) == cudaSuccess &&
+           cudaFuncSetAttribute(M2_GU_BW(1), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<true, true, M2_S_BW, 1>::SMEM) == cudaSuccess &&
-           cudaFuncSetAttribute(M2_DN_BW, cudaFuncAttributeMaxDynamicSharedMemorySize,
+           cudaFuncSetAttribute(M2_DN_BW(2), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 m2_lay<false, true, M2_S_BW, 1>::SMEM) == cudaSuccess;
+}
+/* hbuf [rows][ldh] BF16 as a 2-D tensor map, boxes of 64 k x 64 rows (a plan tile), 128-byte swizzle */
+static bool m2_map(CUtensorMap *m, const void *hbuf, int ldh, long rows) {
+    const cuuint64_t dims[2] = {(cuuint64_t)ldh, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ldh * 2};
+    const cuuint32_t box[2] = {64, 64}, es[2] = {1, 1};
+    return m2_encode && m2_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(hbuf), dims, strides,
+                                  box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 static pthread_mutex_t mw_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -884,6 +988,19 @@ int mw_available(void) {
         if (v && atoi(v) >= 0) mw_minrows = atoi(v);
         v = getenv("LASTSTAND_MG_WGMMA2_SH");
         if (v && !strcmp(v, "0")) mw_v2sh = 0;
+        v = getenv("LASTSTAND_MG_WGMMA2_TMA");
+        if (v && !strcmp(v, "0")) mw_tma = 0;
+        if (mw_tma) {
+            cudaDriverEntryPointQueryResult qr;
+            if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&m2_encode, 12000,
+                                                 cudaEnableDefault, &qr) != cudaSuccess ||
+                qr != cudaDriverEntryPointSuccess || !m2_encode) {
+                log_warn("cuda_grouped_gemm: cuTensorMapEncodeTiled not found; m2_kernel's down loads its tokens by cp.async");
+                m2_encode = NULL;
+                mw_tma = 0;
+            }
+            cudaGetLastError();
+        }
         s = major == 9 && minor == 0 && mw_ready<2>() && mw_ready<3>() && mw_ready<4>() &&
                     (!(mw_v2 || mw_v2sh) || m2_ready())
                 ? 1
@@ -926,8 +1043,23 @@ cudaError_t mw_launch(int n_out, int tiles_max, const mg_expert *tab, const int3
     if (mw_v2 && tiles_max <= M2_MAXT && mw_rows >= mw_minrows) {
         constexpr int S = GATEUP ? M2_S_GU : M2_S_DN, NB = GATEUP ? M2_NB_GU : M2_NB_DN, PER = GATEUP ? 64 : 128;
         const int nxb = ((n_out + PER - 1) / PER + NB - 1) / NB;
-        m2_kernel<GATEUP, false, S, NB><<<m2_grid(tiles_max, nxb), 256, m2_lay<GATEUP, false, S, NB>::SMEM, st>>>(
-            tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, m2_ctr(GATEUP ? 0 : 1), mw_dfr | mw_pfu);
+        const unsigned grid = m2_grid(tiles_max, nxb);
+        constexpr int SM = m2_lay<GATEUP, false, S, NB>::SMEM;
+        int *const ctr = m2_ctr(GATEUP ? 0 : 1);
+        const int fl = mw_dfr | mw_pfu;
+        if constexpr (GATEUP) {
+            M2_GU(1)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                            m2_nomap);
+        } else {
+            CUtensorMap tm;
+            memset(&tm, 0, sizeof tm);
+            if (mw_tma && m2_map(&tm, hbuf, ldh, (long)tiles_max * MW_BM)) /* else (no map) the cp.async form */
+                M2_DN(3)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                                tm);
+            else
+                M2_DN(2)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, nxb, ctr, fl,
+                                                m2_nomap);
+        }
         return cudaGetLastError();
     }
     const int per = GATEUP ? 64 : 128;
@@ -957,8 +1089,15 @@ cudaError_t m2_launch_bf16(int n_out, int sh_tiles, const mg_expert *tab, const 
                            bf16 *dbuf, cudaStream_t st) {
     constexpr int PER = GATEUP ? 64 : 128;
     const int nxb = (n_out + PER - 1) / PER;
-    m2_kernel<GATEUP, true, M2_S_BW, 1><<<m2_grid(sh_tiles, nxb), 256, m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM, st>>>(
-        tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, m2_ctr(GATEUP ? 2 : 3), mw_pfu);
+    const unsigned grid = m2_grid(sh_tiles, nxb);
+    constexpr int SM = m2_lay<GATEUP, true, M2_S_BW, 1>::SMEM;
+    int *const ctr = m2_ctr(GATEUP ? 2 : 3);
+    if constexpr (GATEUP)
+        M2_GU_BW(1)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, ctr, mw_pfu,
+                                           m2_nomap);
+    else
+        M2_DN_BW(2)<<<grid, 256, SM, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, nxb, ctr, mw_pfu,
+                                           m2_nomap);
     return cudaGetLastError();
 }
 

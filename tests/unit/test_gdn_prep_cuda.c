@@ -1,0 +1,215 @@
+/* test_gdn_prep_cuda.c: gdn cuda_chunked's preparation (src/ops/cuda/gdn_chunked.cu) in its two
+ * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel
+ * (LASTSTAND_GDN_PREP=1, the default) must give the old gc_prep_kernel's bits exactly: the FP16
+ * operands x16 (q̂ = l2norm(q)·dk^-0.5, k̂, βv), (g, β) and the rolled conv states, on copies of
+ * the same inputs and states (non-zero conv states, scattered slots). The hook poisons the
+ * workspace before each form, so a row one form leaves unwritten differs. Shapes: Qwen3.5-35B's
+ * GDN (16 k / 32 v heads, dk = dv = 128, conv_dim 8192), Qwen3.5-397B's (16 / 64), dk = dv = 64,
+ * and the fixture models' dk = dv = 32 (one warp holding q, k and v channels). Calls: one
+ * 8192-token sequence (the long prefill: blocks split the tokens, the conv state kernel rolls the
+ * state); sequences of 1, 63, 65, 3000 tokens and one of none; short ones (2, 5, 1: one block per
+ * sequence rolls the state itself); and a misaligned qkv (the vector form must decline: the old
+ * kernel runs, form reported 0). Every vector-form call must report that it ran (form 1).
+ * Needs a CUDA GPU of compute capability 8.0+: every test is skipped without one.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ops/ops.h"
+#define CUDA_TEST_SEED 9091u
+#include "cuda_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LS_HAVE_CUDA
+#include "ops/cuda/gdn_prep_hook.h"
+
+static const dev_mem *g_mem;
+static ls_stream g_st;
+static dev_info g_dev;
+
+static int have_gpu(void) { return cuda_test_gpu("test_gdn_prep_cuda", 8, &g_mem, &g_dev, &g_st); }
+
+enum { PK = 4 };
+
+/* Bytes of two device buffers equal; prints how many es-byte elements differ and the first. */
+static int same_dev(const void *a, const void *b, size_t n, size_t es, const char *what, const char *tag) {
+    ls_err e = {0};
+    unsigned char *x = malloc(n), *y = malloc(n);
+    assert_non_null(x);
+    assert_non_null(y);
+    assert_int_equal(g_mem->d2h(x, a, n, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(y, b, n, g_st, &e), 0);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n / es; i++)
+        if (memcmp(x + i * es, y + i * es, es) && !bad++) first = i;
+    if (bad)
+        fprintf(stderr, "gdn prep (%s): %s differs between the vector and the old kernel at %zu of %zu elements "
+                        "(first: %zu)\n", tag, what, bad, n / es, first);
+    free(x);
+    free(y);
+    return bad == 0;
+}
+
+/* One call at one shape: seqs [n_seq] (host), n_tok rows, slots state slots; qkv at byte offset
+ * qoff of its buffer (16: aligned; 2: the vector form must decline). Runs form 0 then form 1 on
+ * copies of the conv state; compares x16, gb and the states. want8: the form the second call must
+ * report. */
+static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n_seq, int n_tok, int slots, int qoff,
+                      int want8, const char *tag) {
+    const int D = 2 * nk * dk + nv * dv;
+    const size_t nq = (size_t)n_tok * D, nab = (size_t)n_tok * nv, nconv = (size_t)slots * D * (PK - 1);
+    uint16_t *qkv = malloc(nq * 2 + 16), *a = malloc(nab * 2), *b = malloc(nab * 2);
+    float *cw = malloc((size_t)D * PK * 4), *al = malloc(nv * 4), *dt = malloc(nv * 4), *conv = malloc(nconv * 4);
+    assert_true(qkv && a && b && cw && al && dt && conv);
+    for (size_t i = 0; i < nq; i++) qkv[i] = f32_to_bf16(2.f * urand());
+    for (size_t i = 0; i < nab; i++) a[i] = f32_to_bf16(4.f * urand());
+    for (size_t i = 0; i < nab; i++) b[i] = f32_to_bf16(3.f * urand());
+    for (size_t i = 0; i < (size_t)D * PK; i++) cw[i] = 0.5f * urand();
+    for (int i = 0; i < nv; i++) al[i] = 0.5f * urand();
+    for (int i = 0; i < nv; i++) dt[i] = 0.5f * urand();
+    for (size_t i = 0; i < nconv; i++) conv[i] = urand();
+    /* a few rows of exact zeros and large values: SiLU of 0, softplus past its threshold 20 */
+    if (n_tok > 2) {
+        memset(qkv + (size_t)1 * D, 0, (size_t)D * 2);
+        a[(size_t)(n_tok - 1) * nv] = f32_to_bf16(30.f);
+    }
+    unsigned char *qbuf = g_mem->alloc(nq * 2 + 32, &(ls_err){0});
+    assert_non_null(qbuf);
+    ls_err e = {0};
+    void *dq = qbuf + qoff;
+    assert_int_equal(g_mem->h2d(dq, qkv, nq * 2, g_st, &e), 0);
+    void *da = dev_copy(a, nab * 2), *db = dev_copy(b, nab * 2);
+    float *dcw = dev_copy(cw, (size_t)D * PK * 4), *dal = dev_copy(al, nv * 4), *ddt = dev_copy(dt, nv * 4);
+    float *dconv[2] = {dev_copy(conv, nconv * 4), dev_copy(conv, nconv * 4)};
+    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
+    void *dx[2], *dg[2];
+    for (int f = 0; f < 2; f++) {
+        dx[f] = g_mem->alloc(nq * 2, &e);
+        dg[f] = g_mem->alloc(nab * 8, &e);
+        assert_non_null(dx[f]);
+        assert_non_null(dg[f]);
+    }
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    for (int f = 0; f < 2; f++) {
+        gdn_state st = {.conv = dconv[f], .rec = NULL, .n_slots = slots};
+        gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dq,
+                       .a = da, .b = db, .st = &st, .out = NULL, .dt = ACT_BF16};
+        int form = f;
+        const int rc = lsc_gdn_chunked_prep(&ga, &form, dx[f], dg[f], g_st, &e);
+        if (rc) fprintf(stderr, "gdn prep (%s) form %d: %s\n", tag, f, e.msg);
+        assert_int_equal(rc, 0);
+        assert_int_equal(form, f ? want8 : 0);
+    }
+    int ok = same_dev(dx[0], dx[1], nq * 2, 2, "x16 (q̂, k̂, βv)", tag);
+    ok &= same_dev(dg[0], dg[1], nab * 8, 4, "gb (g, β)", tag);
+    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv states", tag);
+    /* the state did roll: a slot with new tokens differs from its start */
+    float *after = malloc(nconv * 4);
+    assert_int_equal(g_mem->d2h(after, dconv[1], nconv * 4, g_st, &e), 0);
+    int rolled = 1;
+    for (int i = 0; i < n_seq; i++)
+        if (seqs[i].n_new > 0)
+            rolled &= memcmp(after + (size_t)seqs[i].slot * D * (PK - 1), conv + (size_t)seqs[i].slot * D * (PK - 1),
+                             (size_t)D * (PK - 1) * 4) != 0;
+    if (!rolled) fprintf(stderr, "gdn prep (%s): a conv state with new tokens did not change\n", tag);
+    ok &= rolled;
+    free(after);
+    for (int f = 0; f < 2; f++) {
+        g_mem->free(dx[f]);
+        g_mem->free(dg[f]);
+        g_mem->free(dconv[f]);
+    }
+    void *dev[] = {qbuf, da, db, dcw, dal, ddt, dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    free(qkv);
+    free(a);
+    free(b);
+    free(cw);
+    free(al);
+    free(dt);
+    free(conv);
+    assert_true(ok);
+}
+
+typedef struct {
+    int nk, nv, dk, dv;
+    const char *name;
+} gshape;
+static const gshape g_shapes[] = {{16, 32, 128, 128, "35B"}, {16, 64, 128, 128, "397B"}, {4, 8, 64, 64, "dk64"},
+                                  {2, 4, 32, 32, "dk32"}};
+
+/* Rows laid out back to back from lens[], in slots slot0, slot0 + 2, ... */
+static int lay_out(gdn_seq *q, const int *lens, int n, int slot0) {
+    int row = 0;
+    for (int i = 0; i < n; i++) {
+        q[i] = (gdn_seq){.slot = slot0 + 2 * i, .n_new = lens[i], .row0 = row};
+        row += lens[i];
+    }
+    return row;
+}
+
+static void test_prep_vector_form_same_bits_on_one_8k_prefill(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const gdn_seq q[1] = {{.slot = 1, .n_new = 8192, .row0 = 0}};
+    prep_case(16, 32, 128, 128, q, 1, 8192, 3, 16, 1, "35B, one 8192-token sequence");
+}
+
+static void test_prep_vector_form_same_bits_on_mixed_lengths(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const int lens[] = {1, 63, 65, 3000, 0};
+    for (size_t s = 0; s < sizeof g_shapes / sizeof g_shapes[0]; s++) {
+        const gshape *g = &g_shapes[s];
+        gdn_seq q[5];
+        const int n_tok = lay_out(q, lens, 5, 1);
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s, sequences of 1, 63, 65, 3000, 0 tokens", g->name);
+        prep_case(g->nk, g->nv, g->dk, g->dv, q, 5, n_tok, 11, 16, 1, tag);
+    }
+}
+
+static void test_prep_vector_form_same_bits_on_short_sequences(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const int lens[] = {2, 5, 1};
+    for (size_t s = 0; s < sizeof g_shapes / sizeof g_shapes[0]; s++) {
+        const gshape *g = &g_shapes[s];
+        gdn_seq q[3];
+        const int n_tok = lay_out(q, lens, 3, 0);
+        char tag[96];
+        snprintf(tag, sizeof tag, "%s, sequences of 2, 5, 1 tokens", g->name);
+        prep_case(g->nk, g->nv, g->dk, g->dv, q, 3, n_tok, 6, 16, 1, tag);
+    }
+}
+
+static void test_prep_vector_form_declines_a_misaligned_qkv(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const int lens[] = {65, 7};
+    gdn_seq q[2];
+    const int n_tok = lay_out(q, lens, 2, 0);
+    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 2, 0, "35B, qkv 2 bytes off 16-byte alignment");
+}
+#endif
+
+int main(void) {
+#ifdef LS_HAVE_CUDA
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prep_vector_form_same_bits_on_one_8k_prefill),
+        cmocka_unit_test(test_prep_vector_form_same_bits_on_mixed_lengths),
+        cmocka_unit_test(test_prep_vector_form_same_bits_on_short_sequences),
+        cmocka_unit_test(test_prep_vector_form_declines_a_misaligned_qkv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#else
+    printf("test_gdn_prep_cuda: built without CUDA, nothing to test\n");
+    return 0;
+#endif
+}

@@ -5,8 +5,9 @@
 #    (35B, 397B, dk 64, dk 32 shapes; one 8192-token prompt, mixed 1/63/65/3000/0, short ones).
 # 2. ncu (--clock-control none --cache-control none, prefill8k.sh's command and plans, -k
 #    regex:gc_) over `BIN generate` of synth Qwen3.5-35B cut to 4 layers (3 GDN layers), one
-#    8192-token step, new then old: per kernel µs and DRAM TB/s.
-# 3. the doctor's fp64 gdn cells for cuda_chunked with the new form on: the 35B shape at
+#    8192-token step: new (LASTSTAND_GDN_PREP=1 and LASTSTAND_GDN_UPF=1: the serial pass's U
+#    loaded a chunk ahead) then old (both 0): per kernel µs and DRAM TB/s; the greedy id of both.
+# 3. the doctor's fp64 gdn cells for cuda_chunked with the new forms on: the 35B shape at
 #    M = 512, 3072 (serial form) and 3072 with LASTSTAND_GDN_WY=1 (chunk-parallel), the 397B at 3072.
 # Verdict lines: "PASS ..." / "FAIL ...".
 # device-limit: 90
@@ -26,10 +27,10 @@ grep -E "^\[  (PASSED|FAILED|  SKIPPED) |^\[ +(OK|FAILED) +\]|differs|did not|sk
 if [ $rc = 0 ] && ! grep -q SKIPPED "$OUT/unit.log"; then echo "PASS bitwise prep8 == prep (test_gdn_prep_cuda)"; else echo "FAIL bitwise prep8 vs prep (test_gdn_prep_cuda rc=$rc)"; fi
 
 IDS=$(ids 8192)
-for form in 1 0; do
+for form in 1 0; do # form 1: PREP=1 UPF=1; 0: PREP=0 UPF=0
     [ -n "$NCU" ] && [ "$(left)" -gt 30 ] || { echo "== ncu prep=$form: skipped (time or no ncu)"; continue; }
-    echo "== ncu: generate synth 35B layers=4, 8192-token prompt, -k regex:gc_, LASTSTAND_GDN_PREP=$form $(el)"
-    LASTSTAND_GDN_PREP=$form timeout -k 3 22 "$NCU" --clock-control none --cache-control none -k regex:gc_ \
+    echo "== ncu: generate synth 35B layers=4, 8192-token prompt, -k regex:gc_, LASTSTAND_GDN_PREP=$form LASTSTAND_GDN_UPF=$form $(el)"
+    LASTSTAND_GDN_PREP=$form LASTSTAND_GDN_UPF=$form timeout -k 3 22 "$NCU" --clock-control none --cache-control none -k regex:gc_ \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$form" \
         "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$IDS" --max-new-tokens 1 \
         --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-$form.out" 2>&1
@@ -44,13 +45,13 @@ for form in 1 0; do
 done
 a=$(grep -o '"ids": *\[[^]]*\]' "$OUT/ncu-1.out" 2>/dev/null | head -1)
 b=$(grep -o '"ids": *\[[^]]*\]' "$OUT/ncu-0.out" 2>/dev/null | head -1)
-if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS same greedy id under ncu, prep=1 vs prep=0"; elif [ -n "$a$b" ]; then echo "FAIL greedy id differs: $a vs $b"; fi
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "PASS same greedy id under ncu, new (PREP=1 UPF=1) vs old (0 0)"; elif [ -n "$a$b" ]; then echo "FAIL greedy id differs: $a vs $b"; fi
 
-doc() { # doctor fp64 gdn cells of cuda_chunked: PRESET MS [VAR=VALUE]
+doc() { # doctor fp64 gdn cells of cuda_chunked: PRESET MS [VAR=VALUE]; the new forms on
     local p=$1 ms=$2 tag=$1-${2//,/_}${3:+-wy}
     [ "$(left)" -gt 12 ] || { echo "== doctor $tag: skipped (time)"; return; }
-    echo "== doctor fp64 gdn cuda_chunked $p M=$ms ${3:-} (prep=1) $(el)"
-    env ${3:-} XDG_CACHE_HOME="$OUT/cache-$tag" timeout -k 3 $(( $(left) - 4 )) "$BIN" doctor --device cuda \
+    echo "== doctor fp64 gdn cuda_chunked $p M=$ms ${3:-} LASTSTAND_GDN_PREP=1 LASTSTAND_GDN_UPF=1 $(el)"
+    env ${3:-} LASTSTAND_GDN_PREP=1 LASTSTAND_GDN_UPF=1 XDG_CACHE_HOME="$OUT/cache-$tag" timeout -k 3 $(( $(left) - 4 )) "$BIN" doctor --device cuda \
         --families gdn --backends cuda_chunked --shapes "$p" --m "$ms" --json "$OUT/doc-$tag.json" >"$OUT/doc-$tag.txt" 2>&1
     echo "rc=$? $(el)"
     python3 - "$OUT/doc-$tag.json" "$tag" <<'PY'

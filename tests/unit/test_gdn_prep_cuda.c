@@ -10,6 +10,9 @@
  * state); sequences of 1, 63, 65, 3000 tokens and one of none; short ones (2, 5, 1: one block per
  * sequence rolls the state itself); and a misaligned qkv (the vector form must decline: the old
  * kernel runs, form reported 0). Every vector-form call must report that it ran (form 1).
+ * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with the old switches (LASTSTAND_GDN_PREP=0,
+ * LASTSTAND_GDN_UPF=0) against the new (1, 1): outputs, recurrent and conv states bitwise equal
+ * (the serial pass's U loaded a chunk ahead is the same values) on 3000-token prompts (WY form).
  * Needs a CUDA GPU of compute capability 8.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -189,6 +192,79 @@ static void test_prep_vector_form_same_bits_on_short_sequences(void **state) {
     }
 }
 
+/* The whole cuda_chunked call, old switches (prep 0, upf 0) against the new (1, 1), on copies of
+ * the same inputs and states: outputs, recurrent and conv states bitwise equal. 35B shape, WY form
+ * (auto: sequences of more than 512 tokens): one 3000-token sequence (the serial pass over 4
+ * blocks a head, NVS 4), then 3000 + 700 + 1 tokens (NVS 2). */
+static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const char *tag) {
+    const int nk = 16, nv = 32, dk = 128, dv = 128, D = 2 * nk * dk + nv * dv;
+    const size_t nq = (size_t)n_tok * D, nab = (size_t)n_tok * nv, nconv = (size_t)slots * D * (PK - 1),
+                 nrec = (size_t)slots * nv * dk * dv, nout = (size_t)n_tok * nv * dv * 2;
+    uint16_t *qkv = malloc(nq * 2), *a = malloc(nab * 2), *b = malloc(nab * 2);
+    float *cw = malloc((size_t)D * PK * 4), *al = malloc(nv * 4), *dt = malloc(nv * 4), *conv = malloc(nconv * 4),
+          *rec = malloc(nrec * 4);
+    assert_true(qkv && a && b && cw && al && dt && conv && rec);
+    for (size_t i = 0; i < nq; i++) qkv[i] = f32_to_bf16(2.f * urand());
+    for (size_t i = 0; i < nab; i++) a[i] = f32_to_bf16(2.f * urand());
+    for (size_t i = 0; i < nab; i++) b[i] = f32_to_bf16(2.f * urand());
+    for (size_t i = 0; i < (size_t)D * PK; i++) cw[i] = 0.5f * urand();
+    for (int i = 0; i < nv; i++) al[i] = 0.5f * urand();
+    for (int i = 0; i < nv; i++) dt[i] = 0.5f * urand();
+    for (size_t i = 0; i < nconv; i++) conv[i] = urand();
+    for (size_t i = 0; i < nrec; i++) rec[i] = 0.3f * urand();
+    ls_err e = {0};
+    void *dq = dev_copy(qkv, nq * 2), *da = dev_copy(a, nab * 2), *db = dev_copy(b, nab * 2);
+    float *dcw = dev_copy(cw, (size_t)D * PK * 4), *dal = dev_copy(al, nv * 4), *ddt = dev_copy(dt, nv * 4);
+    gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
+    float *dconv[2], *drec[2];
+    void *dout[2];
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    for (int f = 0; f < 2; f++) {
+        dconv[f] = dev_copy(conv, nconv * 4);
+        drec[f] = dev_copy(rec, nrec * 4);
+        dout[f] = g_mem->alloc(nout, &e);
+        assert_non_null(dout[f]);
+        assert_int_equal(g_mem->memset0(dout[f], nout, g_st, &e), 0);
+        gdn_state st = {.conv = dconv[f], .rec = drec[f], .n_slots = slots};
+        gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dq,
+                       .a = da, .b = db, .st = &st, .out = dout[f], .dt = ACT_BF16};
+        const int rc = lsc_gdn_chunked_run(&ga, f, f, g_st, &e);
+        if (rc) fprintf(stderr, "gdn cuda_chunked (%s) prep %d upf %d: %s\n", tag, f, f, e.msg);
+        assert_int_equal(rc, 0);
+        assert_int_equal(g_mem->sync(g_st, &e), 0);
+    }
+    int ok = same_dev(dout[0], dout[1], nout, 2, "the output", tag);
+    ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent states", tag);
+    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv states", tag);
+    for (int f = 0; f < 2; f++) {
+        g_mem->free(dconv[f]);
+        g_mem->free(drec[f]);
+        g_mem->free(dout[f]);
+    }
+    void *dev[] = {dq, da, db, dcw, dal, ddt, dseqs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) g_mem->free(dev[i]);
+    free(qkv);
+    free(a);
+    free(b);
+    free(cw);
+    free(al);
+    free(dt);
+    free(conv);
+    free(rec);
+    assert_true(ok);
+}
+
+static void test_chunked_call_same_bits_with_the_new_switches(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const gdn_seq one[1] = {{.slot = 2, .n_new = 3000, .row0 = 0}};
+    run_case(one, 1, 3000, 3, "one 3000-token sequence");
+    const int lens[] = {3000, 700, 1};
+    gdn_seq q[3];
+    const int n_tok = lay_out(q, lens, 3, 0);
+    run_case(q, 3, n_tok, 6, "sequences of 3000, 700, 1 tokens");
+}
+
 static void test_prep_vector_form_declines_a_misaligned_qkv(void **state) {
     (void)state;
     if (!have_gpu()) skip();
@@ -206,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_prep_vector_form_same_bits_on_mixed_lengths),
         cmocka_unit_test(test_prep_vector_form_same_bits_on_short_sequences),
         cmocka_unit_test(test_prep_vector_form_declines_a_misaligned_qkv),
+        cmocka_unit_test(test_chunked_call_same_bits_with_the_new_switches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else

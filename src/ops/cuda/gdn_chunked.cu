@@ -655,7 +655,7 @@ template <int DK, int DV, int NVS, int NW, int MODE>
 __global__ void __launch_bounds__(NW * 32, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out, int n_seq,
-                    unsigned char *__restrict__ wy) {
+                    unsigned char *__restrict__ wy, int upf) {
     constexpr int DVB = DV / NVS, NT = NW * 32, CGN = NW / 4;
     typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
@@ -757,6 +757,27 @@ __global__ void __launch_bounds__(NW * 32, 1)
     }
     const int rt = 16 * (w & 3);   /* row tile of the 64-row products */
     const int cg = w >> 2;         /* column group of the 64-row products */
+    /* MODE 2: U of the chunk at token cc0 (rows of live tiles, this block's columns) from its record */
+    auto load_u = [&](int cc0, float (&dst)[UNT][4]) {
+        const int Ln = min(C, T - cc0);
+        const bool lv = rt < 16 * ((Ln + 15) / 16);
+        const float *Ug = reinterpret_cast<const float *>(wy + ((size_t)(cib + cc0 / C) * nv + j) * WY_B + WY_U);
+#pragma unroll
+        for (int n = 0; n < UNT; n++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const float2 v = lv ? *reinterpret_cast<const float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + vc0 +
+                                                                        cg * UC + 8 * n + 2 * t)
+                                    : make_float2(0.f, 0.f);
+                dst[n][2 * hh] = v.x;
+                dst[n][2 * hh + 1] = v.y;
+            }
+    };
+    /* MODE 2, upf: the next chunk's U, in flight during this chunk (not at NVS 1: its 16 more
+     * registers would spill there) */
+    constexpr bool UPF = MODE == 2 && NVS > 1;
+    float un[UNT][4];
+    if (UPF && upf) load_u(cbeg, un);
 
     for (int c0 = cbeg; c0 < (MODE == 1 ? cbeg + 1 : T); c0 += C) { /* MODE 1: its one chunk */
         const int L = min(C, T - c0);
@@ -778,18 +799,17 @@ __global__ void __launch_bounds__(NW * 32, 1)
         const float *const gamc = MODE == 2 && bi ? Ys : gam;
         float u[UNT][4];
         if constexpr (MODE == 2) {
-            /* (b)-(e) were done by MODE 1: U (rows of live tiles, this block's columns) from the record */
-            const float *Ug = reinterpret_cast<const float *>(wy + ((size_t)(cib + c0 / C) * nv + j) * WY_B + WY_U);
+            /* (b)-(e) were done by MODE 1: U (rows of live tiles, this block's columns) from the record;
+             * upf: it was loaded during the previous chunk, and the next chunk's is loaded now */
+            if (UPF && upf) {
 #pragma unroll
-            for (int n = 0; n < UNT; n++)
+                for (int n = 0; n < UNT; n++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const float2 v = live ? *reinterpret_cast<const float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + vc0 +
-                                                                              cg * UC + 8 * n + 2 * t)
-                                          : make_float2(0.f, 0.f);
-                    u[n][2 * hh] = v.x;
-                    u[n][2 * hh + 1] = v.y;
-                }
+                    for (int e = 0; e < 4; e++) u[n][e] = un[n][e];
+                if (c0 + C < T) load_u(c0 + C, un);
+            } else {
+                load_u(c0, u);
+            }
             (void)gbc;
         } else {
         /* (b) γ = inclusive cumsum of g over the chunk (warp 0: lane l holds rows 2l, 2l + 1) */
@@ -1247,11 +1267,20 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
+/* LASTSTAND_GDN_UPF (read once; 0 the default until measured): 1 = MODE 2 at NVS 2, 4 loads each chunk's U
+ * (fp32 from the WY record in global memory, read straight into registers) one chunk ahead, so its
+ * load latency leaves the serial chunk step (the same values: the same bits). */
+static int gc_upf_mode(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_UPF", 0);
+    return v;
+}
+
 /* One launch of gc_chunk_kernel<DK, DV, NVS, NW, MODE> (bit: its shared-memory opt-in flag in
  * ws->smem_ok): MODE 0 and 2 over grid (nv, n_seq, NVS), MODE 1 over (nv, n_chunks) */
 template <int DK, int DV, int NVS, int MODE>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x16, const float *gbw,
-                           unsigned char *wy, int n_chunks, cudaStream_t st, ls_err *e) {
+                           unsigned char *wy, int n_chunks, int upf, cudaStream_t st, ls_err *e) {
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     constexpr int NW = DK == 128 ? 16 : 8; /* warps: see gc_chunk_kernel */
@@ -1266,7 +1295,7 @@ static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x
     dim3 g2(w->nv, MODE == 1 ? n_chunks : a->n_seq, MODE == 1 ? 1 : NVS);
     gc_chunk_kernel<DK, DV, NVS, NW, MODE><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs,
                                                                      x16, gbw, a->st->rec, (bf16 *)a->out, a->n_seq,
-                                                                     wy);
+                                                                     wy, MODE == 2 && upf);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
 }
@@ -1291,7 +1320,8 @@ static int gc_wy_mode(void) { /* 0 off, 1 forced (any sequence of more than one 
     return v;
 }
 
-static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
+/* cuda_chunked with the preparation form (gc_prep_form) and upf (gc_upf_mode) given. */
+static int chunk_run_with(const gdn_args *a, ls_stream s, int form, int upf, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh;
     dev_info d0;
@@ -1301,7 +1331,6 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     gc_ws *ws;
     float *gbw;
     gc_op *x16;
-    int form = gc_prep_form();
     int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, NULL, &x16, &gbw, &form, 0, e);
     if (rc) return rc;
     /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
@@ -1325,24 +1354,33 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
             cu_ws_unlock(&ws->ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, st, e);
+        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, 0, st, e);
         if (!rc)
-            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, st, e)
-                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, st, e)
-                            : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, st, e);
+            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, upf, st, e)
+                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, upf, st, e)
+                            : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, upf, st, e);
         cu_ws_unlock(&ws->ws);
         return rc;
     }
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, 0, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
 #undef GC_CASE
     cu_ws_unlock(&ws->ws);
     return rc;
+}
+
+static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    return chunk_run_with(a, s, gc_prep_form(), gc_upf_mode(), e);
+}
+
+/* The test hook (gdn_prep_hook.h): the whole cuda_chunked call with the two switches given. */
+extern "C" int lsc_gdn_chunked_run(const gdn_args *a, int form, int upf, ls_stream s, ls_err *e) {
+    return chunk_run_with(a, s, form, upf, e);
 }
 
 /* The test hook (gdn_prep_hook.h): cuda_chunked's preparation alone, by form (1 gc_prep8_kernel, 0

@@ -1,4 +1,4 @@
-/* gdn_prep_hook.h: the test hook of gdn cuda_chunked's preparation (gdn_chunked.cu;
+/* gdn_prep_hook.h: the test hooks of gdn cuda_chunked (gdn_chunked.cu;
  * tests/unit/test_gdn_prep_cuda.c), C-callable. Kept out of cuda_ops.h so that adding it did not
  * touch every CUDA file's header.
  *
@@ -16,6 +16,9 @@
 extern "C" {
 #endif
 int lsc_gdn_chunked_prep(const gdn_args *a, int *form, void *x16, void *gb, ls_stream s, ls_err *e);
+/* lsc_gdn_chunked_run: the whole cuda_chunked call with LASTSTAND_GDN_PREP = form and
+ * LASTSTAND_GDN_UPF = upf (those switches are read once per process; this sets them per call). */
+int lsc_gdn_chunked_run(const gdn_args *a, int form, int upf, ls_stream s, ls_err *e);
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,8 @@
 # (LASTSTAND_GDN_PREP=1, the default) against the old gc_prep_kernel (=0).
 # 1. tests/unit/test_gdn_prep_cuda: the two forms' x16 / (g, β) / conv states bitwise equal
 #    (35B, 397B, dk 64, dk 32 shapes; one 8192-token prompt, mixed 1/63/65/3000/0, short ones).
+#    Then ncu of its 8192-token case: gc_prep_kernel, gc_prep8_kernel<4, 8> (LASTSTAND_GDN_PREP=1)
+#    and <4, 4> (=2) side by side.
 # 2. ncu (--clock-control none --cache-control none, prefill8k.sh's command and plans, -k
 #    regex:gc_) over `BIN generate` of synth Qwen3.5-35B cut to 4 layers (3 GDN layers), one
 #    8192-token step: new (LASTSTAND_GDN_PREP=1 and LASTSTAND_GDN_UPF=1: the serial pass's U
@@ -24,7 +26,20 @@ echo "== bitwise: test_gdn_prep_cuda $(el)"
 timeout -k 3 25 "$D/tests/test_gdn_prep_cuda" >"$OUT/unit.log" 2>&1
 rc=$?
 grep -E "^\[  (PASSED|FAILED|  SKIPPED) |^\[ +(OK|FAILED) +\]|differs|did not|skipping|error" "$OUT/unit.log" | head -20
-if [ $rc = 0 ] && ! grep -q SKIPPED "$OUT/unit.log"; then echo "PASS bitwise prep8 == prep (test_gdn_prep_cuda)"; else echo "FAIL bitwise prep8 vs prep (test_gdn_prep_cuda rc=$rc)"; fi
+if [ $rc = 0 ] && ! grep -q SKIPPED "$OUT/unit.log"; then echo "PASS bitwise prep forms 1, 2 == 0 and whole call new == old (test_gdn_prep_cuda)"; else echo "FAIL bitwise (test_gdn_prep_cuda rc=$rc)"; fi
+
+if [ -n "$NCU" ] && [ "$(left)" -gt 50 ]; then
+    echo "== ncu: test_gdn_prep_cuda's 8192-token prep at the 35B shape, the three forms (0 old, 1 CPT 8, 2 CPT 4), L2 flushed $(el)"
+    LS_TEST_FILTER=test_prep_vector_form_same_bits_on_one_8k_prefill timeout -k 3 25 "$NCU" --clock-control none \
+        -k regex:gc_prep --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        -o "$OUT/ncu-unit" "$D/tests/test_gdn_prep_cuda" >"$OUT/ncu-unit.out" 2>&1
+    echo "rc=$? $(el)"
+    if [ -f "$OUT/ncu-unit.ncu-rep" ]; then
+        timeout 15 "$NCU" --import "$OUT/ncu-unit.ncu-rep" --csv --page raw --print-units base \
+            --print-kernel-base demangled >"$OUT/ncu-unit.csv" 2>/dev/null
+        timeout 10 python3 bench/device/gdnprep_table.py "$OUT/ncu-unit.csv" unit
+    fi
+fi
 
 IDS=$(ids 8192)
 for form in 1 0; do # form 1: PREP=1 UPF=1; 0: PREP=0 UPF=0

@@ -1,6 +1,7 @@
 /* test_gdn_prep_cuda.c: gdn cuda_chunked's preparation (src/ops/cuda/gdn_chunked.cu) in its two
- * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel
- * (LASTSTAND_GDN_PREP=1, the default) must give the old gc_prep_kernel's bits exactly: the FP16
+ * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel with 8
+ * channels a thread (LASTSTAND_GDN_PREP=1, the default) and with 4 (=2) must give the old
+ * gc_prep_kernel's (=0) bits exactly: the FP16
  * operands x16 (q̂ = l2norm(q)·dk^-0.5, k̂, βv), (g, β) and the rolled conv states, on copies of
  * the same inputs and states (non-zero conv states, scattered slots). The hook poisons the
  * workspace before each form, so a row one form leaves unwritten differs. Shapes: Qwen3.5-35B's
@@ -8,8 +9,9 @@
  * and the fixture models' dk = dv = 32 (one warp holding q, k and v channels). Calls: one
  * 8192-token sequence (the long prefill: blocks split the tokens, the conv state kernel rolls the
  * state); sequences of 1, 63, 65, 3000 tokens and one of none; short ones (2, 5, 1: one block per
- * sequence rolls the state itself); and a misaligned qkv (the vector form must decline: the old
- * kernel runs, form reported 0). Every vector-form call must report that it ran (form 1).
+ * sequence rolls the state itself); and a misaligned qkv (2 bytes off: both vector forms must
+ * decline, the old kernel runs, form reported 0; 8 bytes off: only the 4-channel form runs). Every
+ * vector-form call must report the form that ran.
  * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with the old switches (LASTSTAND_GDN_PREP=0,
  * LASTSTAND_GDN_UPF=0) against the new (1, 1): outputs, recurrent and conv states bitwise equal
  * (the serial pass's U loaded a chunk ahead is the same values) on 3000-token prompts (WY form).
@@ -60,11 +62,11 @@ static int same_dev(const void *a, const void *b, size_t n, size_t es, const cha
 }
 
 /* One call at one shape: seqs [n_seq] (host), n_tok rows, slots state slots; qkv at byte offset
- * qoff of its buffer (16: aligned; 2: the vector form must decline). Runs form 0 then form 1 on
- * copies of the conv state; compares x16, gb and the states. want8: the form the second call must
- * report. */
+ * qoff of its buffer (16: aligned; 8: only the 4-channel form applies; 2: neither). Runs form 0
+ * (the old kernel), 1 (8 channels a thread) and 2 (4) on copies of the conv state; compares x16, gb
+ * and the states of 1 and 2 against 0. want[f]: the form call f must report having run. */
 static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n_seq, int n_tok, int slots, int qoff,
-                      int want8, const char *tag) {
+                      const int want[3], const char *tag) {
     const int D = 2 * nk * dk + nv * dv;
     const size_t nq = (size_t)n_tok * D, nab = (size_t)n_tok * nv, nconv = (size_t)slots * D * (PK - 1);
     uint16_t *qkv = malloc(nq * 2 + 16), *a = malloc(nab * 2), *b = malloc(nab * 2);
@@ -77,29 +79,28 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     for (int i = 0; i < nv; i++) al[i] = 0.5f * urand();
     for (int i = 0; i < nv; i++) dt[i] = 0.5f * urand();
     for (size_t i = 0; i < nconv; i++) conv[i] = urand();
-    /* a few rows of exact zeros and large values: SiLU of 0, softplus past its threshold 20 */
+    /* a row of exact zeros and a large a: SiLU of 0, softplus past its threshold 20 */
     if (n_tok > 2) {
         memset(qkv + (size_t)1 * D, 0, (size_t)D * 2);
         a[(size_t)(n_tok - 1) * nv] = f32_to_bf16(30.f);
     }
-    unsigned char *qbuf = g_mem->alloc(nq * 2 + 32, &(ls_err){0});
-    assert_non_null(qbuf);
     ls_err e = {0};
+    unsigned char *qbuf = g_mem->alloc(nq * 2 + 32, &e);
+    assert_non_null(qbuf);
     void *dq = qbuf + qoff;
     assert_int_equal(g_mem->h2d(dq, qkv, nq * 2, g_st, &e), 0);
     void *da = dev_copy(a, nab * 2), *db = dev_copy(b, nab * 2);
     float *dcw = dev_copy(cw, (size_t)D * PK * 4), *dal = dev_copy(al, nv * 4), *ddt = dev_copy(dt, nv * 4);
-    float *dconv[2] = {dev_copy(conv, nconv * 4), dev_copy(conv, nconv * 4)};
     gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
-    void *dx[2], *dg[2];
-    for (int f = 0; f < 2; f++) {
+    float *dconv[3];
+    void *dx[3], *dg[3];
+    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
+    for (int f = 0; f < 3; f++) {
+        dconv[f] = dev_copy(conv, nconv * 4);
         dx[f] = g_mem->alloc(nq * 2, &e);
         dg[f] = g_mem->alloc(nab * 8, &e);
         assert_non_null(dx[f]);
         assert_non_null(dg[f]);
-    }
-    gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    for (int f = 0; f < 2; f++) {
         gdn_state st = {.conv = dconv[f], .rec = NULL, .n_slots = slots};
         gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dq,
                        .a = da, .b = db, .st = &st, .out = NULL, .dt = ACT_BF16};
@@ -107,14 +108,20 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
         const int rc = lsc_gdn_chunked_prep(&ga, &form, dx[f], dg[f], g_st, &e);
         if (rc) fprintf(stderr, "gdn prep (%s) form %d: %s\n", tag, f, e.msg);
         assert_int_equal(rc, 0);
-        assert_int_equal(form, f ? want8 : 0);
+        if (form != want[f]) fprintf(stderr, "gdn prep (%s): form %d asked, %d ran, %d expected\n", tag, f, form, want[f]);
+        assert_int_equal(form, want[f]);
     }
-    int ok = same_dev(dx[0], dx[1], nq * 2, 2, "x16 (q̂, k̂, βv)", tag);
-    ok &= same_dev(dg[0], dg[1], nab * 8, 4, "gb (g, β)", tag);
-    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv states", tag);
+    int ok = 1;
+    for (int f = 1; f < 3; f++) {
+        char t2[160];
+        snprintf(t2, sizeof t2, "%s; form %d vs 0", tag, f);
+        ok &= same_dev(dx[0], dx[f], nq * 2, 2, "x16 (q, k normed, beta v)", t2);
+        ok &= same_dev(dg[0], dg[f], nab * 8, 4, "gb (g, beta)", t2);
+        ok &= same_dev(dconv[0], dconv[f], nconv * 4, 4, "the conv states", t2);
+    }
     /* the state did roll: a slot with new tokens differs from its start */
     float *after = malloc(nconv * 4);
-    assert_int_equal(g_mem->d2h(after, dconv[1], nconv * 4, g_st, &e), 0);
+    assert_int_equal(g_mem->d2h(after, dconv[0], nconv * 4, g_st, &e), 0);
     int rolled = 1;
     for (int i = 0; i < n_seq; i++)
         if (seqs[i].n_new > 0)
@@ -123,7 +130,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     if (!rolled) fprintf(stderr, "gdn prep (%s): a conv state with new tokens did not change\n", tag);
     ok &= rolled;
     free(after);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) {
         g_mem->free(dx[f]);
         g_mem->free(dg[f]);
         g_mem->free(dconv[f]);
@@ -139,6 +146,8 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     free(conv);
     assert_true(ok);
 }
+
+static const int g_all[3] = {0, 1, 2};
 
 typedef struct {
     int nk, nv, dk, dv;
@@ -161,7 +170,7 @@ static void test_prep_vector_form_same_bits_on_one_8k_prefill(void **state) {
     (void)state;
     if (!have_gpu()) skip();
     const gdn_seq q[1] = {{.slot = 1, .n_new = 8192, .row0 = 0}};
-    prep_case(16, 32, 128, 128, q, 1, 8192, 3, 16, 1, "35B, one 8192-token sequence");
+    prep_case(16, 32, 128, 128, q, 1, 8192, 3, 16, g_all, "35B, one 8192-token sequence");
 }
 
 static void test_prep_vector_form_same_bits_on_mixed_lengths(void **state) {
@@ -174,7 +183,7 @@ static void test_prep_vector_form_same_bits_on_mixed_lengths(void **state) {
         const int n_tok = lay_out(q, lens, 5, 1);
         char tag[96];
         snprintf(tag, sizeof tag, "%s, sequences of 1, 63, 65, 3000, 0 tokens", g->name);
-        prep_case(g->nk, g->nv, g->dk, g->dv, q, 5, n_tok, 11, 16, 1, tag);
+        prep_case(g->nk, g->nv, g->dk, g->dv, q, 5, n_tok, 11, 16, g_all, tag);
     }
 }
 
@@ -188,7 +197,7 @@ static void test_prep_vector_form_same_bits_on_short_sequences(void **state) {
         const int n_tok = lay_out(q, lens, 3, 0);
         char tag[96];
         snprintf(tag, sizeof tag, "%s, sequences of 2, 5, 1 tokens", g->name);
-        prep_case(g->nk, g->nv, g->dk, g->dv, q, 3, n_tok, 6, 16, 1, tag);
+        prep_case(g->nk, g->nv, g->dk, g->dv, q, 3, n_tok, 6, 16, g_all, tag);
     }
 }
 
@@ -271,11 +280,16 @@ static void test_prep_vector_form_declines_a_misaligned_qkv(void **state) {
     const int lens[] = {65, 7};
     gdn_seq q[2];
     const int n_tok = lay_out(q, lens, 2, 0);
-    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 2, 0, "35B, qkv 2 bytes off 16-byte alignment");
+    const int none[3] = {0, 0, 0}, four[3] = {0, 0, 2};
+    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 2, none, "35B, qkv 2 bytes off 16-byte alignment");
+    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 8, four, "35B, qkv 8 bytes off 16-byte alignment");
 }
 #endif
 
 int main(void) {
+    /* LS_TEST_FILTER: run only the tests whose name matches (bench/device/gdnprep.sh profiles one) */
+    const char *f = getenv("LS_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
 #ifdef LS_HAVE_CUDA
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prep_vector_form_same_bits_on_one_8k_prefill),

@@ -88,7 +88,7 @@ typedef struct gc_ws {
     cu_ws ws;    /* lock + buffer 0: conv output (fp32 or FP16 operands) then (g, β) (cu_ws.h) */
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
     int n_sm;    /* multiprocessors of the device */
-    int p8_bps;  /* resident blocks of gc_prep8_kernel per SM (0: not asked yet) */
+    int p8_bps[2]; /* resident blocks of gc_prep8_kernel<4, 8> and <4, 4> per SM (0: not asked yet) */
 } gc_ws;
 
 static gc_ws g_gcws[CU_WS_MAX_DEV];
@@ -441,29 +441,35 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
     }
 }
 
-/* (1, chunked, vector form: LASTSTAND_GDN_PREP=1, the default; 0 = gc_prep_kernel above) the
- * same outputs as gc_prep_kernel, bit for bit, by wider threads: grid (ceil(D / 1024), n_seq, nz),
- * 128 threads; a thread takes 8 adjacent channels (16-byte loads of qkv, 16-byte stores of x16);
+/* (1, chunked, vector form: LASTSTAND_GDN_PREP=1, the default, CPT = 8; 2: CPT = 4; 0 =
+ * gc_prep_kernel above) the same outputs as gc_prep_kernel, bit for bit, by wider threads: grid
+ * (ceil(D / (128·CPT)), n_seq, nz), 128 threads; a thread takes CPT adjacent channels (16-byte
+ * loads of qkv and stores of x16 at CPT 8; 8-byte at 4, fewer registers, more resident warps);
  * block z walks tokens [z·L, (z+1)·L) of its sequence (L a multiple of GC_P8_G, chosen by the host
  * so that the blocks fill the SMs' resident slots once), the conv window carried in registers,
  * in groups of GC_P8_G tokens: the next group's rows are loaded while this one is computed, and a
  * group's tokens are independent (no branch: past the sequence's end rows are clamped and stores
- * skipped), so their conv, SiLU and reductions interleave. A q/k head of dk channels is dk/8 lanes
+ * skipped), so their conv, SiLU and reductions interleave. A q/k head of dk channels is dk/CPT lanes
  * of one warp, so its sum of squares needs no shared memory and no barrier: the old kernel's tree,
- * rebuilt on lanes that hold 8 channels (element l = 8·(lane % 4) + c of a 32-channel group): its
- * xor levels 16 and 8 are shuffles to lanes ^2 and ^1, levels 4, 2, 1 are within the thread; then
- * the head's dk/32 group partials summed in order u = 0, 1, ... (shuffles from lanes hb + 4u).
+ * rebuilt on lanes that hold CPT channels (element l = CPT·(lane % (32/CPT)) + c of a 32-channel
+ * group): its xor levels 16 .. CPT are shuffles to lanes ^ o/CPT (CPT 8: ^2, ^1), the levels below
+ * CPT within the thread; then the head's dk/32 group partials summed in order u = 0, 1, ...
  * Every sum is an unfused fp32 add (__fadd_rn / __fmul_rn: the old kernel's FMUL, SHFL, FADD);
  * the conv fma order, SiLU, the scales, softplus and sigmoid are the old expressions. Warps of v
- * channels only skip the reductions (QK = false). (g, β) of a v head are written by the dv/8
- * lanes of its channels (tokens q, q + dv/8, ... of the block's range), spread over all blocks
+ * channels only skip the reductions (QK = false). (g, β) of a v head are written by the dv/CPT
+ * lanes of its channels (tokens q, q + dv/CPT, ... of the block's range), spread over all blocks
  * instead of one block's 32 threads. The conv state is rolled here when nz = 1 (with
  * gc_conv_state_kernel's reads, after this block read the state), else by that kernel afterwards.
- * Needs conv_k = 4 (GC_P8_K), qkv 16-byte aligned, dk in 32/64/128 (a head within a warp), dv a
+ * Needs conv_k = 4 (GC_P8_K), qkv 16- (8-) byte aligned, dk in 32/64/128 (a head within a warp), dv a
  * multiple of 8. */
-enum { GC_P8_G = 6, GC_P8_NT = 128, GC_P8_K = 4 }; /* 8 tokens a group: 168 registers and spills at 3 blocks an SM */
+enum { GC_P8_G = 6, GC_P8_NT = 128, GC_P8_K = 4 }; /* CPT 8: 168 registers (8 tokens a group spill at 3 blocks an SM) */
 
-__device__ __forceinline__ void gc_unpack8(const uint4 r, float x[8]) {
+/* CPT (8 or 4) BF16 channels of a row: one 16- or 8-byte access */
+template <int CPT> struct gc_p8_vec;
+template <> struct gc_p8_vec<8> { typedef uint4 t; };
+template <> struct gc_p8_vec<4> { typedef uint2 t; };
+
+__device__ __forceinline__ void gc_unpack(const uint4 r, float x[8]) {
     const uint32_t u[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) { /* BF16 -> fp32 is exact: the upper 16 bits */
@@ -471,29 +477,50 @@ __device__ __forceinline__ void gc_unpack8(const uint4 r, float x[8]) {
         x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
 }
+__device__ __forceinline__ void gc_unpack(const uint2 r, float x[4]) {
+    x[0] = __uint_as_float(r.x << 16);
+    x[1] = __uint_as_float(r.x & 0xffff0000u);
+    x[2] = __uint_as_float(r.y << 16);
+    x[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+__device__ __forceinline__ void gc_store(gc_op *p, const float y[8], float f) {
+    uint4 o;
+    o.x = gc_pack(y[0] * f, y[1] * f);
+    o.y = gc_pack(y[2] * f, y[3] * f);
+    o.z = gc_pack(y[4] * f, y[5] * f);
+    o.w = gc_pack(y[6] * f, y[7] * f);
+    *reinterpret_cast<uint4 *>(p) = o;
+}
+__device__ __forceinline__ void gc_store4(gc_op *p, const float y[4], float f) {
+    uint2 o;
+    o.x = gc_pack(y[0] * f, y[1] * f);
+    o.y = gc_pack(y[2] * f, y[3] * f);
+    *reinterpret_cast<uint2 *>(p) = o;
+}
 
 /* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). */
-template <int K, bool QK>
+template <int K, int CPT, bool QK>
 __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int nv, bool in, bool isv, int vh,
-                                           int hb, int hw, float sc, const uint4 *__restrict__ src, size_t rs,
-                                           const bf16 *__restrict__ b, const float (&wt)[8][K],
+                                           int hb, int hw, float sc, const typename gc_p8_vec<CPT>::t *__restrict__ src,
+                                           size_t rs, const bf16 *__restrict__ b, const float (&wt)[CPT][K],
                                            const float *__restrict__ st, gc_op *__restrict__ xo) {
-    constexpr int G = GC_P8_G;
-    float win[8][K - 1]; /* inputs tb − (K−1) .. tb − 1 (before the sequence: the slot's conv state) */
+    constexpr int G = GC_P8_G, LG = 32 / CPT; /* lanes of a 32-channel group */
+    typedef typename gc_p8_vec<CPT>::t vec;
+    float win[CPT][K - 1]; /* inputs tb − (K−1) .. tb − 1 (before the sequence: the slot's conv state) */
 #pragma unroll
     for (int i = 0; i < K - 1; i++) {
         const int u = tb - (K - 1) + i;
         if (u < 0) {
 #pragma unroll
-            for (int c = 0; c < 8; c++) win[c][i] = in ? st[c * (K - 1) + K - 1 + u] : 0.f;
+            for (int c = 0; c < CPT; c++) win[c][i] = in ? st[c * (K - 1) + K - 1 + u] : 0.f;
         } else {
-            float x[8];
-            gc_unpack8(__ldg(src + (size_t)(row0 + u) * rs), x);
+            float x[CPT];
+            gc_unpack(__ldg(src + (size_t)(row0 + u) * rs), x);
 #pragma unroll
-            for (int c = 0; c < 8; c++) win[c][i] = x[c];
+            for (int c = 0; c < CPT; c++) win[c][i] = x[c];
         }
     }
-    uint4 cur[G];
+    vec cur[G];
     float bc[G];
 #pragma unroll
     for (int t = 0; t < G; t++) { /* rows past te clamped to te − 1 (computed, not stored) */
@@ -502,7 +529,7 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
         bc[t] = isv ? gc_bf(b, (size_t)r * nv + vh) : 0.f;
     }
     for (int g0 = tb; g0 < te; g0 += G) {
-        uint4 nxt[G];
+        vec nxt[G];
         float bn[G];
         if (g0 + G < te) { /* uniform */
 #pragma unroll
@@ -514,10 +541,10 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
         }
 #pragma unroll
         for (int t = 0; t < G; t++) {
-            float x[8], y[8];
-            gc_unpack8(cur[t], x);
+            float x[CPT], y[CPT];
+            gc_unpack(cur[t], x);
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
+            for (int c = 0; c < CPT; c++) {
                 float acc = 0.f;
 #pragma unroll
                 for (int i = 0; i < K - 1; i++) acc = fmaf(wt[c][i], win[c][i], acc);
@@ -529,30 +556,30 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
             }
             float f = 1.f;
             if constexpr (QK) {
-                float sq[8];
+                /* the old tree over element l = CPT·(lane % LG) + c: xor levels 16 .. CPT across
+                 * lanes (lane ^ o/CPT), then CPT/2 .. 1 inside the thread */
+                float sq[CPT];
 #pragma unroll
-                for (int c = 0; c < 8; c++) sq[c] = __fmul_rn(y[c], y[c]);
+                for (int c = 0; c < CPT; c++) sq[c] = __fmul_rn(y[c], y[c]);
 #pragma unroll
-                for (int c = 0; c < 8; c++) sq[c] = __fadd_rn(sq[c], __shfl_xor_sync(0xffffffffu, sq[c], 2));
+                for (int o = 16; o >= CPT; o >>= 1)
 #pragma unroll
-                for (int c = 0; c < 8; c++) sq[c] = __fadd_rn(sq[c], __shfl_xor_sync(0xffffffffu, sq[c], 1));
+                    for (int c = 0; c < CPT; c++)
+                        sq[c] = __fadd_rn(sq[c], __shfl_xor_sync(0xffffffffu, sq[c], o / CPT));
 #pragma unroll
-                for (int c = 0; c < 4; c++) sq[c] = __fadd_rn(sq[c], sq[c + 4]);
+                for (int o = CPT / 2; o >= 1; o >>= 1)
 #pragma unroll
-                for (int c = 0; c < 2; c++) sq[c] = __fadd_rn(sq[c], sq[c + 2]);
-                const float p = __fadd_rn(sq[0], sq[1]); /* this 32-channel group's sum */
-                float ss = 0.f;
-                for (int u = 0; u < hw; u++) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, p, hb + 4 * u));
+                    for (int c = 0; c < o; c++) sq[c] = __fadd_rn(sq[c], sq[c + o]);
+                float ss = 0.f; /* the head's group partials u = 0, 1, ... in order */
+                for (int u = 0; u < hw; u++) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, sq[0], hb + LG * u));
                 f = rsqrtf(ss + 1e-6f) * sc;
             }
             if (isv) f = 1.f / (1.f + __expf(-bc[t]));
             if (in && g0 + t < te) {
-                uint4 o;
-                o.x = gc_pack(y[0] * f, y[1] * f);
-                o.y = gc_pack(y[2] * f, y[3] * f);
-                o.z = gc_pack(y[4] * f, y[5] * f);
-                o.w = gc_pack(y[6] * f, y[7] * f);
-                *reinterpret_cast<uint4 *>(xo + (size_t)(row0 + g0 + t) * D) = o;
+                if constexpr (CPT == 8)
+                    gc_store(xo + (size_t)(row0 + g0 + t) * D, y, f);
+                else
+                    gc_store4(xo + (size_t)(row0 + g0 + t) * D, y, f);
             }
         }
 #pragma unroll
@@ -563,49 +590,49 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
     }
 }
 
-template <int K>
-__global__ void __launch_bounds__(GC_P8_NT, 3)
+template <int K, int CPT>
+__global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
     gc_prep8_kernel(int D, int nk, int nv, int dk, int dv, int L, const int32_t *__restrict__ meta,
                     const bf16 *__restrict__ qkv, const bf16 *__restrict__ a, const bf16 *__restrict__ b,
                     const float *__restrict__ conv_w, const float *__restrict__ A_log,
                     const float *__restrict__ dt_bias, float *__restrict__ conv_st, gc_op *__restrict__ x16,
                     float *__restrict__ gb) {
-    static_assert(K >= 2, "gc_prep8_kernel");
+    static_assert(K >= 2 && (CPT == 8 || CPT == 4), "gc_prep8_kernel");
     const int s = blockIdx.y, lane = threadIdx.x & 31;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
     const int tb = blockIdx.z * L, te = min(T, tb + L);
     if (tb >= te) return; /* the whole block: no barrier follows */
-    const int c8 = blockIdx.x * GC_P8_NT + threadIdx.x, qk = 2 * nk * dk;
-    const bool in = 8 * c8 < D;
-    const int ch = in ? 8 * c8 : 0; /* this thread's channels ch .. ch + 7 (threads past D: read channel 0) */
+    const int cv = blockIdx.x * GC_P8_NT + threadIdx.x, qk = 2 * nk * dk;
+    const bool in = CPT * cv < D;
+    const int ch = in ? CPT * cv : 0; /* this thread's channels ch .. ch + CPT − 1 (past D: read channel 0) */
     const bool isq = in && ch < nk * dk, isv = in && ch >= qk;
-    const bool wqk = 8 * (c8 - lane) < qk;                /* the warp holds q/k channels (uniform) */
-    const int hb = lane & ~((dk >> 3) - 1), hw = dk >> 5; /* the head's first lane, its 32-channel groups */
-    const int vh = isv ? (ch - qk) / dv : 0;              /* v head */
-    const float sc = isq ? rsqrtf((float)dk) : 1.f;       /* q̂ scale dk^-0.5 */
-    const size_t rs = (size_t)D / 8;                      /* a row of qkv in uint4 */
-    const uint4 *src = reinterpret_cast<const uint4 *>(qkv) + ch / 8;
-    float wt[8][K];
+    const bool wqk = CPT * (cv - lane) < qk;                /* the warp holds q/k channels (uniform) */
+    const int hb = lane & ~(dk / CPT - 1), hw = dk >> 5;    /* the head's first lane, its 32-channel groups */
+    const int vh = isv ? (ch - qk) / dv : 0;                /* v head */
+    const float sc = isq ? rsqrtf((float)dk) : 1.f;         /* q̂ scale dk^-0.5 */
+    const size_t rs = (size_t)D / CPT;                      /* a row of qkv in vectors */
+    const typename gc_p8_vec<CPT>::t *src = reinterpret_cast<const typename gc_p8_vec<CPT>::t *>(qkv) + ch / CPT;
+    float wt[CPT][K];
 #pragma unroll
-    for (int c = 0; c < 8; c++)
+    for (int c = 0; c < CPT; c++)
 #pragma unroll
         for (int i = 0; i < K; i++) wt[c][i] = conv_w[(size_t)(ch + c) * K + i];
     float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
     if (wqk)
-        gc_p8_walk<K, true>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, true>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     else
-        gc_p8_walk<K, false>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, false>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     if (gridDim.z == 1 && in) /* one block walked all the tokens (and has read the state): roll it */
 #pragma unroll
-        for (int c = 0; c < 8; c++)
+        for (int c = 0; c < CPT; c++)
 #pragma unroll
             for (int i = 0; i < K - 1; i++) { /* new[i] = (state ++ new tokens)[T + i], ascending */
                 const int idx = T + i;
                 st[c * (K - 1) + i] = idx < K - 1 ? st[c * (K - 1) + idx]
                                                   : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch + c);
             }
-    if (isv) { /* (g, β) of head vh: lane q of its dv/8 takes tokens tb + q, tb + q + dv/8, ... */
-        const int nq = dv >> 3, q = ((ch - qk) >> 3) % nq;
+    if (isv) { /* (g, β) of head vh: lane q of its dv/CPT takes tokens tb + q, tb + q + dv/CPT, ... */
+        const int nq = dv / CPT, q = ((ch - qk) / CPT) % nq;
         const float al = -__expf(A_log[vh]), db = dt_bias[vh];
         for (int t = tb + q; t < te; t += nq) {
             const size_t r = (size_t)(row0 + t) * nv + vh;
@@ -1132,18 +1159,23 @@ static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, siz
     return 1;
 }
 
-/* LASTSTAND_GDN_PREP (read once): 1 (default) cuda_chunked's preparation by gc_prep8_kernel where
- * it applies (conv_k 4, qkv 16-byte aligned), 0 always by gc_prep_kernel; the same bits. */
+/* LASTSTAND_GDN_PREP (read once): 1 (default) cuda_chunked's preparation by gc_prep8_kernel with 8
+ * channels a thread where it applies (conv_k 4, qkv 16-byte aligned), 2 with 4 channels a thread
+ * (8-byte aligned), 0 always by gc_prep_kernel; the same bits. */
 static int gc_prep_form(void) {
     static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_PREP", 1);
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_GDN_PREP");
+        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
+    }
     return v;
 }
 
 /* Validation of the host copy, workspace, and the preparation kernels: fp32 conv outputs *cw
  * [n_tok, D] (x16 == NULL: cuda_per_token) or the chunk kernel's operands *x16 [n_tok, D] gc_op,
- * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1 gc_prep8_kernel where it applies,
- * 0 gc_prep_kernel; set to the kernel that ran. poison: the workspace filled with 0xff bytes first (the test hook: rows a kernel
+ * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1 / 2 gc_prep8_kernel with 8 / 4
+ * channels a thread where it applies, 0 gc_prep_kernel; set to the form that ran. poison: the
+ * workspace filled with 0xff bytes first (the test hook: rows a kernel
  * failed to write cannot keep an earlier call's values). Leaves ws locked on success. */
 static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, gc_op **x16,
                       float **gbw, int *form, int poison, ls_err *e) {
@@ -1188,33 +1220,44 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
             return cu_fail(e, c, name);
         }
     }
-    const int f8 = x16 && form && *form && w->conv_k == GC_P8_K && !((uintptr_t)a->qkv & 15) && w->dv % 8 == 0 &&
-                   (w->dk == 32 || w->dk == 64 || w->dk == 128);
+    const int f8 = x16 && form && (*form == 1 || *form == 2) && w->conv_k == GC_P8_K &&
+                   !((uintptr_t)a->qkv & (*form == 1 ? 15 : 7)) && w->dv % 8 == 0 &&
+                   (w->dk == 32 || w->dk == 64 || w->dk == 128) ? *form : 0;
     if (form) *form = f8;
     if (f8) {
         /* tokens along z: each block a range of L = GC_P8_G·per tokens, as many blocks as fill every
          * SM's resident slots once (more would only re-read their windows) */
-        if (!ws->p8_bps) {
+        const int cpt = f8 == 1 ? 8 : 4;
+        if (!ws->p8_bps[f8 - 1]) {
             int n = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gc_prep8_kernel<GC_P8_K>, GC_P8_NT, 0) !=
-                    cudaSuccess || n <= 0) {
+            const cudaError_t c = f8 == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                &n, gc_prep8_kernel<GC_P8_K, 8>, GC_P8_NT, 0)
+                                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                &n, gc_prep8_kernel<GC_P8_K, 4>, GC_P8_NT, 0);
+            if (c != cudaSuccess || n <= 0) {
                 (void)cudaGetLastError(); /* not sticky: the launch below reports a real fault */
                 n = 3;
             }
-            ws->p8_bps = n;
+            ws->p8_bps[f8 - 1] = n;
         }
-        const int gx = (D / 8 + GC_P8_NT - 1) / GC_P8_NT, groups = (max_t + GC_P8_G - 1) / GC_P8_G;
-        long zfit = (long)ws->n_sm * ws->p8_bps / ((long)gx * a->n_seq); /* z blocks in one wave */
+        const int gx = (D / cpt + GC_P8_NT - 1) / GC_P8_NT, groups = (max_t + GC_P8_G - 1) / GC_P8_G;
+        long zfit = (long)ws->n_sm * ws->p8_bps[f8 - 1] / ((long)gx * a->n_seq); /* z blocks in one wave */
         if (zfit < 1) zfit = 1;
         long per = (groups + zfit - 1) / zfit; /* groups per block */
         if (per < 1) per = 1;
         if ((groups + per - 1) / per > 65535) per = (groups + 65534) / 65535;
         const int L = (int)per * GC_P8_G, nz8 = (int)((groups + per - 1) / per);
         dim3 gp(gx, a->n_seq, nz8 > 0 ? nz8 : 1);
-        gc_prep8_kernel<GC_P8_K><<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta,
-                                                         (const bf16 *)a->qkv, (const bf16 *)a->a,
-                                                         (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                                         a->st->conv, *x16, *gbw);
+        if (f8 == 1)
+            gc_prep8_kernel<GC_P8_K, 8><<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta,
+                                                                (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                                                (const bf16 *)a->b, w->conv_w, w->A_log,
+                                                                w->dt_bias, a->st->conv, *x16, *gbw);
+        else
+            gc_prep8_kernel<GC_P8_K, 4><<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta,
+                                                                (const bf16 *)a->qkv, (const bf16 *)a->a,
+                                                                (const bf16 *)a->b, w->conv_w, w->A_log,
+                                                                w->dt_bias, a->st->conv, *x16, *gbw);
         nz = (int)gp.z; /* the state kernel below runs when more than one block walks a sequence's tokens */
     } else if (x16) {
         dim3 gp((D + 127) / 128, a->n_seq, nz);

@@ -11,7 +11,9 @@
  * and g = -exp(A_log)·softplus(a + dt_bias), β = sigmoid(b) per (token, v
  * head) go to an fp32 workspace gb [n_tok, nv, 2]; the conv state is rolled by
  * the same kernel for decode batches (<= 16 new tokens per sequence), by a
- * small second kernel otherwise. Then:
+ * small second kernel otherwise. cuda_chunked's preparation is by default gc_prep8_kernel (8
+ * channels a thread, a q/k head's norm within one warp; LASTSTAND_GDN_PREP=0: gc_prep_kernel,
+ * the same bits). Then:
  *
  *   cuda_chunked   the preparation also L2-normalises q and k (q scaled by
  *                  dk^-0.5; a head's sum of squares across the warps of its

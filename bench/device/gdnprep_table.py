@@ -25,5 +25,5 @@ for n in order:
     mb = sum(k["mb"] for k in v) / len(v)
     tot += us * len(v)
     print(f"  {label:4s} {n:40s} x{len(v)}  grid {v[0]['grid']:>14s}  {us:8.1f} us  {mb:8.1f} MB  "
-          f"{mb / us * 1e-3 if us else 0:6.2f} TB/s")
+          f"{mb / us if us else 0:6.2f} TB/s")
 print(f"  {label:4s} gc_ kernels total {tot:.1f} us over {len(ks)} launches")

@@ -1,7 +1,8 @@
 /* test_gdn_prep_cuda.c: gdn cuda_chunked's preparation (src/ops/cuda/gdn_chunked.cu) in its two
  * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel with 8
- * channels a thread (LASTSTAND_GDN_PREP=1, the default) and with 4 (=2) must give the old
- * gc_prep_kernel's (=0) bits exactly: the FP16
+ * channels a thread (LASTSTAND_GDN_PREP=1, the default) and with 4 (=2), each also with SiLU's
+ * divisions by the branch-free fast path (=3, =4), must give the old gc_prep_kernel's (=0) bits
+ * exactly: the FP16
  * operands x16 (q̂ = l2norm(q)·dk^-0.5, k̂, βv), (g, β) and the rolled conv states, on copies of
  * the same inputs and states (non-zero conv states, scattered slots). The hook poisons the
  * workspace before each form, so a row one form leaves unwritten differs. Shapes: Qwen3.5-35B's
@@ -10,11 +11,11 @@
  * 8192-token sequence (the long prefill: blocks split the tokens, the conv state kernel rolls the
  * state); sequences of 1, 63, 65, 3000 tokens and one of none; short ones (2, 5, 1: one block per
  * sequence rolls the state itself); and a misaligned qkv (2 bytes off: both vector forms must
- * decline, the old kernel runs, form reported 0; 8 bytes off: only the 4-channel form runs). Every
- * vector-form call must report the form that ran.
- * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with the old switches (LASTSTAND_GDN_PREP=0,
- * LASTSTAND_GDN_UPF=0) against the new (1, 1): outputs, recurrent and conv states bitwise equal
- * (the serial pass's U loaded a chunk ahead is the same values) on 3000-token prompts (WY form).
+ * decline, the old kernel runs, form reported 0; 8 bytes off: only the 4-channel forms run). Every
+ * vector-form call must report the form that ran. Rows of extremes (±3e38, ±1e-30, −1e4) take the
+ * exact division inside the fast forms.
+ * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with form 0 against 1-4: outputs,
+ * recurrent and conv states bitwise equal on 3000-token prompts (WY form).
  * Needs a CUDA GPU of compute capability 8.0+: every test is skipped without one.
  */
 #include <setjmp.h>
@@ -62,11 +63,14 @@ static int same_dev(const void *a, const void *b, size_t n, size_t es, const cha
 }
 
 /* One call at one shape: seqs [n_seq] (host), n_tok rows, slots state slots; qkv at byte offset
- * qoff of its buffer (16: aligned; 8: only the 4-channel form applies; 2: neither). Runs form 0
- * (the old kernel), 1 (8 channels a thread) and 2 (4) on copies of the conv state; compares x16, gb
- * and the states of 1 and 2 against 0. want[f]: the form call f must report having run. */
+ * qoff of its buffer (16: aligned; 8: only the 4-channel forms apply; 2: none). Runs form 0 (the
+ * old kernel) and 1-4 (8 / 4 channels a thread, exact / fast SiLU divisions) on copies of the conv
+ * state; compares x16, gb and the states of each against form 0's. want[f]: the form call f must
+ * report having run. Rows 2-4 of qkv hold extremes (±3e38, ±1e-30, −1e4: SiLU's exact division
+ * for operands outside the fast path's domain, infinities and NaN in the norms). */
+enum { NF = 5 };
 static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n_seq, int n_tok, int slots, int qoff,
-                      const int want[3], const char *tag) {
+                      const int want[NF], const char *tag) {
     const int D = 2 * nk * dk + nv * dv;
     const size_t nq = (size_t)n_tok * D, nab = (size_t)n_tok * nv, nconv = (size_t)slots * D * (PK - 1);
     uint16_t *qkv = malloc(nq * 2 + 16), *a = malloc(nab * 2), *b = malloc(nab * 2);
@@ -79,11 +83,17 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     for (int i = 0; i < nv; i++) al[i] = 0.5f * urand();
     for (int i = 0; i < nv; i++) dt[i] = 0.5f * urand();
     for (size_t i = 0; i < nconv; i++) conv[i] = urand();
-    /* a row of exact zeros and a large a: SiLU of 0, softplus past its threshold 20 */
+    /* a row of exact zeros and a large a: SiLU of 0, softplus past its threshold 20; extremes */
     if (n_tok > 2) {
         memset(qkv + (size_t)1 * D, 0, (size_t)D * 2);
         a[(size_t)(n_tok - 1) * nv] = f32_to_bf16(30.f);
     }
+    if (n_tok > 5)
+        for (int c = 0; c < D; c++) {
+            qkv[(size_t)2 * D + c] = f32_to_bf16(c % 3 ? 3e38f * (c % 2 ? 1.f : -1.f) : 1.f);
+            qkv[(size_t)3 * D + c] = f32_to_bf16(c % 5 ? 1e-30f * (c % 2 ? 1.f : -1.f) : 0.5f);
+            qkv[(size_t)4 * D + c] = f32_to_bf16(c % 7 ? -1e4f : 2.f);
+        }
     ls_err e = {0};
     unsigned char *qbuf = g_mem->alloc(nq * 2 + 32, &e);
     assert_non_null(qbuf);
@@ -92,10 +102,10 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     void *da = dev_copy(a, nab * 2), *db = dev_copy(b, nab * 2);
     float *dcw = dev_copy(cw, (size_t)D * PK * 4), *dal = dev_copy(al, nv * 4), *ddt = dev_copy(dt, nv * 4);
     gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
-    float *dconv[3];
-    void *dx[3], *dg[3];
+    float *dconv[NF];
+    void *dx[NF], *dg[NF];
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < NF; f++) {
         dconv[f] = dev_copy(conv, nconv * 4);
         dx[f] = g_mem->alloc(nq * 2, &e);
         dg[f] = g_mem->alloc(nab * 8, &e);
@@ -112,7 +122,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
         assert_int_equal(form, want[f]);
     }
     int ok = 1;
-    for (int f = 1; f < 3; f++) {
+    for (int f = 1; f < NF; f++) {
         char t2[160];
         snprintf(t2, sizeof t2, "%s; form %d vs 0", tag, f);
         ok &= same_dev(dx[0], dx[f], nq * 2, 2, "x16 (q, k normed, beta v)", t2);
@@ -130,7 +140,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     if (!rolled) fprintf(stderr, "gdn prep (%s): a conv state with new tokens did not change\n", tag);
     ok &= rolled;
     free(after);
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < NF; f++) {
         g_mem->free(dx[f]);
         g_mem->free(dg[f]);
         g_mem->free(dconv[f]);
@@ -147,7 +157,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     assert_true(ok);
 }
 
-static const int g_all[3] = {0, 1, 2};
+static const int g_all[NF] = {0, 1, 2, 3, 4};
 
 typedef struct {
     int nk, nv, dk, dv;
@@ -201,10 +211,9 @@ static void test_prep_vector_form_same_bits_on_short_sequences(void **state) {
     }
 }
 
-/* The whole cuda_chunked call, old switches (prep 0, upf 0) against the new (1, 1), on copies of
- * the same inputs and states: outputs, recurrent and conv states bitwise equal. 35B shape, WY form
- * (auto: sequences of more than 512 tokens): one 3000-token sequence (the serial pass over 4
- * blocks a head, NVS 4), then 3000 + 700 + 1 tokens (NVS 2). */
+/* The whole cuda_chunked call with the old preparation (form 0) against forms 1-4, on copies of the
+ * same inputs and states: outputs, recurrent and conv states bitwise equal. 35B shape, WY form
+ * (auto: sequences of more than 512 tokens): one 3000-token sequence, then 3000 + 700 + 1 tokens. */
 static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const char *tag) {
     const int nk = 16, nv = 32, dk = 128, dv = 128, D = 2 * nk * dk + nv * dv;
     const size_t nq = (size_t)n_tok * D, nab = (size_t)n_tok * nv, nconv = (size_t)slots * D * (PK - 1),
@@ -225,10 +234,10 @@ static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const
     void *dq = dev_copy(qkv, nq * 2), *da = dev_copy(a, nab * 2), *db = dev_copy(b, nab * 2);
     float *dcw = dev_copy(cw, (size_t)D * PK * 4), *dal = dev_copy(al, nv * 4), *ddt = dev_copy(dt, nv * 4);
     gdn_seq *dseqs = dev_copy(seqs, sizeof(gdn_seq) * n_seq);
-    float *dconv[2], *drec[2];
-    void *dout[2];
+    float *dconv[NF], *drec[NF];
+    void *dout[NF];
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = PK, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NF; f++) {
         dconv[f] = dev_copy(conv, nconv * 4);
         drec[f] = dev_copy(rec, nrec * 4);
         dout[f] = g_mem->alloc(nout, &e);
@@ -237,15 +246,20 @@ static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const
         gdn_state st = {.conv = dconv[f], .rec = drec[f], .n_slots = slots};
         gdn_args ga = {.n_seq = n_seq, .seqs = dseqs, .seqs_host = seqs, .n_tok = n_tok, .w = &w, .qkv = dq,
                        .a = da, .b = db, .st = &st, .out = dout[f], .dt = ACT_BF16};
-        const int rc = lsc_gdn_chunked_run(&ga, f, f, g_st, &e);
-        if (rc) fprintf(stderr, "gdn cuda_chunked (%s) prep %d upf %d: %s\n", tag, f, f, e.msg);
+        const int rc = lsc_gdn_chunked_run(&ga, f, g_st, &e);
+        if (rc) fprintf(stderr, "gdn cuda_chunked (%s) prep form %d: %s\n", tag, f, e.msg);
         assert_int_equal(rc, 0);
         assert_int_equal(g_mem->sync(g_st, &e), 0);
     }
-    int ok = same_dev(dout[0], dout[1], nout, 2, "the output", tag);
-    ok &= same_dev(drec[0], drec[1], nrec * 4, 4, "the recurrent states", tag);
-    ok &= same_dev(dconv[0], dconv[1], nconv * 4, 4, "the conv states", tag);
-    for (int f = 0; f < 2; f++) {
+    int ok = 1;
+    for (int f = 1; f < NF; f++) {
+        char t2[160];
+        snprintf(t2, sizeof t2, "whole call, %s; form %d vs 0", tag, f);
+        ok &= same_dev(dout[0], dout[f], nout, 2, "the output", t2);
+        ok &= same_dev(drec[0], drec[f], nrec * 4, 4, "the recurrent states", t2);
+        ok &= same_dev(dconv[0], dconv[f], nconv * 4, 4, "the conv states", t2);
+    }
+    for (int f = 0; f < NF; f++) {
         g_mem->free(dconv[f]);
         g_mem->free(drec[f]);
         g_mem->free(dout[f]);
@@ -263,7 +277,7 @@ static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const
     assert_true(ok);
 }
 
-static void test_chunked_call_same_bits_with_the_new_switches(void **state) {
+static void test_chunked_call_same_bits_with_every_prep_form(void **state) {
     (void)state;
     if (!have_gpu()) skip();
     const gdn_seq one[1] = {{.slot = 2, .n_new = 3000, .row0 = 0}};
@@ -280,7 +294,7 @@ static void test_prep_vector_form_declines_a_misaligned_qkv(void **state) {
     const int lens[] = {65, 7};
     gdn_seq q[2];
     const int n_tok = lay_out(q, lens, 2, 0);
-    const int none[3] = {0, 0, 0}, four[3] = {0, 0, 2};
+    const int none[NF] = {0, 0, 0, 0, 0}, four[NF] = {0, 0, 2, 0, 4};
     prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 2, none, "35B, qkv 2 bytes off 16-byte alignment");
     prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 8, four, "35B, qkv 8 bytes off 16-byte alignment");
 }
@@ -296,7 +310,7 @@ int main(void) {
         cmocka_unit_test(test_prep_vector_form_same_bits_on_mixed_lengths),
         cmocka_unit_test(test_prep_vector_form_same_bits_on_short_sequences),
         cmocka_unit_test(test_prep_vector_form_declines_a_misaligned_qkv),
-        cmocka_unit_test(test_chunked_call_same_bits_with_the_new_switches),
+        cmocka_unit_test(test_chunked_call_same_bits_with_every_prep_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else

@@ -90,7 +90,7 @@ typedef struct gc_ws {
     cu_ws ws;    /* lock + buffer 0: conv output (fp32 or FP16 operands) then (g, β) (cu_ws.h) */
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
     int n_sm;    /* multiprocessors of the device */
-    int p8_bps[2]; /* resident blocks of gc_prep8_kernel<4, 8> and <4, 4> per SM (0: not asked yet) */
+    int p8_bps[4]; /* resident blocks of gc_prep8_kernel per SM by form − 1 (0: not asked yet) */
 } gc_ws;
 
 static gc_ws g_gcws[CU_WS_MAX_DEV];
@@ -500,8 +500,28 @@ __device__ __forceinline__ void gc_store4(gc_op *p, const float y[4], float f) {
     *reinterpret_cast<uint2 *>(p) = o;
 }
 
-/* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). */
-template <int K, int CPT, bool QK>
+/* a / d as div.rn.f32 computes it when its operands pass FCHK: MUFU.RCP, one Newton step, the
+ * quotient and one fma correction (the same instructions in the same order as the compiler's fast
+ * path). Correctly rounded for normal operands and quotient, so equal to a / d bit for bit where
+ * gc_div_safe holds: d in [1, 2^60] (SiLU's 1 + e^−x is >= 1), |a| in [2^−60, 2^60] or a = +0 (the
+ * fast path gives +0; −0 is left to the exact division, as are NaN and infinities). */
+__device__ __forceinline__ float gc_div_fast(float a, float d) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+    const float t = fmaf(-d, r, 1.f), r2 = fmaf(r, t, r);
+    const float q = fmaf(a, r2, 0.f), e = fmaf(-d, q, a);
+    return fmaf(r2, e, q);
+}
+__device__ __forceinline__ bool gc_div_safe(float a, float d) {
+    const float aa = fabsf(a);
+    return d <= 0x1p60f && aa <= 0x1p60f && (aa >= 0x1p-60f || __float_as_uint(a) == 0u);
+}
+
+/* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). FD: SiLU's
+ * divisions by gc_div_fast, branch-free, the exact division only for a token with an operand
+ * outside gc_div_safe (one branch a token instead of a slow-path branch per division, which also
+ * kept the compiler from interleaving the divisions). */
+template <int K, int CPT, bool QK, bool FD>
 __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int nv, bool in, bool isv, int vh,
                                            int hb, int hw, float sc, const typename gc_p8_vec<CPT>::t *__restrict__ src,
                                            size_t rs, const bf16 *__restrict__ b, const float (&wt)[CPT][K],
@@ -543,7 +563,7 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
         }
 #pragma unroll
         for (int t = 0; t < G; t++) {
-            float x[CPT], y[CPT];
+            float x[CPT], y[CPT], ac[CPT], dn[CPT];
             gc_unpack(cur[t], x);
 #pragma unroll
             for (int c = 0; c < CPT; c++) {
@@ -551,10 +571,26 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
 #pragma unroll
                 for (int i = 0; i < K - 1; i++) acc = fmaf(wt[c][i], win[c][i], acc);
                 acc = fmaf(wt[c][K - 1], x[c], acc);
-                y[c] = acc / (1.f + __expf(-acc));
+                ac[c] = acc;
+                dn[c] = 1.f + __expf(-acc);
 #pragma unroll
                 for (int i = 0; i < K - 2; i++) win[c][i] = win[c][i + 1];
                 win[c][K - 2] = x[c];
+            }
+            if constexpr (FD) {
+                bool ok = true;
+#pragma unroll
+                for (int c = 0; c < CPT; c++) {
+                    y[c] = gc_div_fast(ac[c], dn[c]);
+                    ok &= gc_div_safe(ac[c], dn[c]);
+                }
+                if (!ok)
+#pragma unroll
+                    for (int c = 0; c < CPT; c++)
+                        if (!gc_div_safe(ac[c], dn[c])) y[c] = ac[c] / dn[c];
+            } else {
+#pragma unroll
+                for (int c = 0; c < CPT; c++) y[c] = ac[c] / dn[c]; /* SiLU: acc / (1 + e^−acc) */
             }
             float f = 1.f;
             if constexpr (QK) {
@@ -592,7 +628,7 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
     }
 }
 
-template <int K, int CPT>
+template <int K, int CPT, bool FD>
 __global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
     gc_prep8_kernel(int D, int nk, int nv, int dk, int dv, int L, const int32_t *__restrict__ meta,
                     const bf16 *__restrict__ qkv, const bf16 *__restrict__ a, const bf16 *__restrict__ b,
@@ -621,9 +657,9 @@ __global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
         for (int i = 0; i < K; i++) wt[c][i] = conv_w[(size_t)(ch + c) * K + i];
     float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
     if (wqk)
-        gc_p8_walk<K, CPT, true>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, true, FD>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     else
-        gc_p8_walk<K, CPT, false>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, false, FD>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     if (gridDim.z == 1 && in) /* one block walked all the tokens (and has read the state): roll it */
 #pragma unroll
         for (int c = 0; c < CPT; c++)
@@ -684,7 +720,7 @@ template <int DK, int DV, int NVS, int NW, int MODE>
 __global__ void __launch_bounds__(NW * 32, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
                     const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out, int n_seq,
-                    unsigned char *__restrict__ wy, int upf) {
+                    unsigned char *__restrict__ wy) {
     constexpr int DVB = DV / NVS, NT = NW * 32, CGN = NW / 4;
     typedef gc_layout<DK, DVB> LY;
     constexpr int LK = LY::LK, LV = LY::LV, LT = LY::LT, LF = LY::LF, C = GC_CHUNK;
@@ -786,27 +822,6 @@ __global__ void __launch_bounds__(NW * 32, 1)
     }
     const int rt = 16 * (w & 3);   /* row tile of the 64-row products */
     const int cg = w >> 2;         /* column group of the 64-row products */
-    /* MODE 2: U of the chunk at token cc0 (rows of live tiles, this block's columns) from its record */
-    auto load_u = [&](int cc0, float (&dst)[UNT][4]) {
-        const int Ln = min(C, T - cc0);
-        const bool lv = rt < 16 * ((Ln + 15) / 16);
-        const float *Ug = reinterpret_cast<const float *>(wy + ((size_t)(cib + cc0 / C) * nv + j) * WY_B + WY_U);
-#pragma unroll
-        for (int n = 0; n < UNT; n++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const float2 v = lv ? *reinterpret_cast<const float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + vc0 +
-                                                                        cg * UC + 8 * n + 2 * t)
-                                    : make_float2(0.f, 0.f);
-                dst[n][2 * hh] = v.x;
-                dst[n][2 * hh + 1] = v.y;
-            }
-    };
-    /* MODE 2, upf: the next chunk's U, in flight during this chunk (not at NVS 1: its 16 more
-     * registers would spill there) */
-    constexpr bool UPF = MODE == 2 && NVS > 1;
-    float un[UNT][4];
-    if (UPF && upf) load_u(cbeg, un);
 
     for (int c0 = cbeg; c0 < (MODE == 1 ? cbeg + 1 : T); c0 += C) { /* MODE 1: its one chunk */
         const int L = min(C, T - c0);
@@ -828,17 +843,18 @@ __global__ void __launch_bounds__(NW * 32, 1)
         const float *const gamc = MODE == 2 && bi ? Ys : gam;
         float u[UNT][4];
         if constexpr (MODE == 2) {
-            /* (b)-(e) were done by MODE 1: U (rows of live tiles, this block's columns) from the record;
-             * upf: it was loaded during the previous chunk, and the next chunk's is loaded now */
-            if (UPF && upf) {
+            /* (b)-(e) were done by MODE 1: U (rows of live tiles, this block's columns) from the record */
+            const float *Ug = reinterpret_cast<const float *>(wy + ((size_t)(cib + c0 / C) * nv + j) * WY_B + WY_U);
 #pragma unroll
-                for (int n = 0; n < UNT; n++)
+            for (int n = 0; n < UNT; n++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) u[n][e] = un[n][e];
-                if (c0 + C < T) load_u(c0 + C, un);
-            } else {
-                load_u(c0, u);
-            }
+                for (int hh = 0; hh < 2; hh++) {
+                    const float2 v = live ? *reinterpret_cast<const float2 *>(Ug + (size_t)(rt + g + 8 * hh) * DV + vc0 +
+                                                                              cg * UC + 8 * n + 2 * t)
+                                          : make_float2(0.f, 0.f);
+                    u[n][2 * hh] = v.x;
+                    u[n][2 * hh + 1] = v.y;
+                }
             (void)gbc;
         } else {
         /* (b) γ = inclusive cumsum of g over the chunk (warp 0: lane l holds rows 2l, 2l + 1) */
@@ -1161,22 +1177,23 @@ static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, siz
     return 1;
 }
 
-/* LASTSTAND_GDN_PREP (read once): 1 (default) cuda_chunked's preparation by gc_prep8_kernel with 8
- * channels a thread where it applies (conv_k 4, qkv 16-byte aligned), 2 with 4 channels a thread
- * (8-byte aligned), 0 always by gc_prep_kernel; the same bits. */
+/* LASTSTAND_GDN_PREP (read once): cuda_chunked's preparation by gc_prep8_kernel where it applies
+ * (conv_k 4, qkv 16-byte aligned for 8 channels a thread, 8-byte for 4): 1 (default) 8 channels a
+ * thread, 2 four; 3, 4 the same with SiLU's divisions by gc_div_fast; 0 always by gc_prep_kernel.
+ * All the same bits. */
 static int gc_prep_form(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("LASTSTAND_GDN_PREP");
-        v = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
+        v = e && e[0] >= '0' && e[0] <= '4' && !e[1] ? e[0] - '0' : 1;
     }
     return v;
 }
 
 /* Validation of the host copy, workspace, and the preparation kernels: fp32 conv outputs *cw
  * [n_tok, D] (x16 == NULL: cuda_per_token) or the chunk kernel's operands *x16 [n_tok, D] gc_op,
- * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1 / 2 gc_prep8_kernel with 8 / 4
- * channels a thread where it applies, 0 gc_prep_kernel; set to the form that ran. poison: the
+ * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1-4 gc_prep8_kernel (gc_prep_form)
+ * where it applies, 0 gc_prep_kernel; set to the form that ran. poison: the
  * workspace filled with 0xff bytes first (the test hook: rows a kernel
  * failed to write cannot keep an earlier call's values). Leaves ws locked on success. */
 static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, gc_op **x16,
@@ -1222,21 +1239,24 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
             return cu_fail(e, c, name);
         }
     }
-    const int f8 = x16 && form && (*form == 1 || *form == 2) && w->conv_k == GC_P8_K &&
-                   !((uintptr_t)a->qkv & (*form == 1 ? 15 : 7)) && w->dv % 8 == 0 &&
+    const int f8 = x16 && form && *form >= 1 && *form <= 4 && w->conv_k == GC_P8_K &&
+                   !((uintptr_t)a->qkv & (*form % 2 ? 15 : 7)) && w->dv % 8 == 0 &&
                    (w->dk == 32 || w->dk == 64 || w->dk == 128) ? *form : 0;
     if (form) *form = f8;
     if (f8) {
+        /* forms 1-4: <CPT, FD> = <8, exact>, <4, exact>, <8, fast divisions>, <4, fast divisions> */
+        void (*kern)(int, int, int, int, int, int, const int32_t *, const bf16 *, const bf16 *, const bf16 *,
+                     const float *, const float *, const float *, float *, gc_op *, float *) =
+            f8 == 1   ? gc_prep8_kernel<GC_P8_K, 8, false>
+            : f8 == 2 ? gc_prep8_kernel<GC_P8_K, 4, false>
+            : f8 == 3 ? gc_prep8_kernel<GC_P8_K, 8, true>
+                      : gc_prep8_kernel<GC_P8_K, 4, true>;
+        const int cpt = f8 % 2 ? 8 : 4;
         /* tokens along z: each block a range of L = GC_P8_G·per tokens, as many blocks as fill every
          * SM's resident slots once (more would only re-read their windows) */
-        const int cpt = f8 == 1 ? 8 : 4;
         if (!ws->p8_bps[f8 - 1]) {
             int n = 0;
-            const cudaError_t c = f8 == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                &n, gc_prep8_kernel<GC_P8_K, 8>, GC_P8_NT, 0)
-                                          : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                &n, gc_prep8_kernel<GC_P8_K, 4>, GC_P8_NT, 0);
-            if (c != cudaSuccess || n <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, GC_P8_NT, 0) != cudaSuccess || n <= 0) {
                 (void)cudaGetLastError(); /* not sticky: the launch below reports a real fault */
                 n = 3;
             }
@@ -1250,16 +1270,9 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
         if ((groups + per - 1) / per > 65535) per = (groups + 65534) / 65535;
         const int L = (int)per * GC_P8_G, nz8 = (int)((groups + per - 1) / per);
         dim3 gp(gx, a->n_seq, nz8 > 0 ? nz8 : 1);
-        if (f8 == 1)
-            gc_prep8_kernel<GC_P8_K, 8><<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta,
-                                                                (const bf16 *)a->qkv, (const bf16 *)a->a,
-                                                                (const bf16 *)a->b, w->conv_w, w->A_log,
-                                                                w->dt_bias, a->st->conv, *x16, *gbw);
-        else
-            gc_prep8_kernel<GC_P8_K, 4><<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta,
-                                                                (const bf16 *)a->qkv, (const bf16 *)a->a,
-                                                                (const bf16 *)a->b, w->conv_w, w->A_log,
-                                                                w->dt_bias, a->st->conv, *x16, *gbw);
+        kern<<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta, (const bf16 *)a->qkv,
+                                      (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
+                                      a->st->conv, *x16, *gbw);
         nz = (int)gp.z; /* the state kernel below runs when more than one block walks a sequence's tokens */
     } else if (x16) {
         dim3 gp((D + 127) / 128, a->n_seq, nz);
@@ -1312,20 +1325,11 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     return rc;
 }
 
-/* LASTSTAND_GDN_UPF (read once; 0 the default until measured): 1 = MODE 2 at NVS 2, 4 loads each chunk's U
- * (fp32 from the WY record in global memory, read straight into registers) one chunk ahead, so its
- * load latency leaves the serial chunk step (the same values: the same bits). */
-static int gc_upf_mode(void) {
-    static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_UPF", 0);
-    return v;
-}
-
 /* One launch of gc_chunk_kernel<DK, DV, NVS, NW, MODE> (bit: its shared-memory opt-in flag in
  * ws->smem_ok): MODE 0 and 2 over grid (nv, n_seq, NVS), MODE 1 over (nv, n_chunks) */
 template <int DK, int DV, int NVS, int MODE>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x16, const float *gbw,
-                           unsigned char *wy, int n_chunks, int upf, cudaStream_t st, ls_err *e) {
+                           unsigned char *wy, int n_chunks, cudaStream_t st, ls_err *e) {
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     constexpr int NW = DK == 128 ? 16 : 8; /* warps: see gc_chunk_kernel */
@@ -1340,7 +1344,7 @@ static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x
     dim3 g2(w->nv, MODE == 1 ? n_chunks : a->n_seq, MODE == 1 ? 1 : NVS);
     gc_chunk_kernel<DK, DV, NVS, NW, MODE><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs,
                                                                      x16, gbw, a->st->rec, (bf16 *)a->out, a->n_seq,
-                                                                     wy, MODE == 2 && upf);
+                                                                     wy);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
 }
@@ -1365,8 +1369,8 @@ static int gc_wy_mode(void) { /* 0 off, 1 forced (any sequence of more than one 
     return v;
 }
 
-/* cuda_chunked with the preparation form (gc_prep_form) and upf (gc_upf_mode) given. */
-static int chunk_run_with(const gdn_args *a, ls_stream s, int form, int upf, ls_err *e) {
+/* cuda_chunked with the preparation form (gc_prep_form) given. */
+static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh;
     dev_info d0;
@@ -1399,18 +1403,18 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, int upf, ls_
             cu_ws_unlock(&ws->ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, 0, st, e);
+        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, st, e);
         if (!rc)
-            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, upf, st, e)
-                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, upf, st, e)
-                            : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, upf, st, e);
+            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, st, e)
+                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, st, e)
+                            : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, st, e);
         cu_ws_unlock(&ws->ws);
         return rc;
     }
 #define GC_CASE(A, B, BIT) \
-    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, 0, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, 0, st, e); else
-    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, 0, st, e); else
+    if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, st, e); else
+    if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)
     GC_CASE(64, 128, 5) GC_CASE(128, 32, 6) GC_CASE(128, 64, 7) GC_CASE(128, 128, 8)
     rc = errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: dk %d dv %d", w->dk, w->dv);
@@ -1420,12 +1424,12 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, int upf, ls_
 }
 
 static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
-    return chunk_run_with(a, s, gc_prep_form(), gc_upf_mode(), e);
+    return chunk_run_with(a, s, gc_prep_form(), e);
 }
 
-/* The test hook (gdn_prep_hook.h): the whole cuda_chunked call with the two switches given. */
-extern "C" int lsc_gdn_chunked_run(const gdn_args *a, int form, int upf, ls_stream s, ls_err *e) {
-    return chunk_run_with(a, s, form, upf, e);
+/* The test hook (gdn_prep_hook.h): the whole cuda_chunked call with the preparation form given. */
+extern "C" int lsc_gdn_chunked_run(const gdn_args *a, int form, ls_stream s, ls_err *e) {
+    return chunk_run_with(a, s, form, e);
 }
 
 /* The test hook (gdn_prep_hook.h): cuda_chunked's preparation alone, by form (1 gc_prep8_kernel, 0

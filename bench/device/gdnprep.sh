@@ -1,16 +1,17 @@
 #!/bin/bash
-# bench/device/gdnprep.sh: gdn cuda_chunked's preparation, the vector kernel gc_prep8_kernel in its
-# four forms (LASTSTAND_GDN_PREP=1 the default: 8 channels a thread; 2: 4 channels; 3, 4: the same
-# with SiLU's divisions by the branch-free fast path) against the old gc_prep_kernel (=0).
-# 1. tests/unit/test_gdn_prep_cuda: every form's x16 / (g, β) / conv states bitwise equal to the
-#    old kernel's (35B, 397B, dk 64, dk 32 shapes; one 8192-token prompt, mixed 1/63/65/3000/0,
-#    short ones, rows of extremes), and the whole cuda_chunked call per form. Then ncu of its
-#    8192-token case: the five kernels side by side (L2 flushed), and the sections of forms 1-4.
+# bench/device/gdnprep.sh: gdn cuda_chunked's preparation, the vector kernel gc_prep8_kernel
+# (LASTSTAND_GDN_PREP=1, the default; 4 channels a thread) against the old gc_prep_kernel (=0).
+# (S12 R3 also timed the forms since deleted: 8 channels a thread, and SiLU's divisions by a
+# branch-free fast path; see bench/RESULTS.md.)
+# 1. tests/unit/test_gdn_prep_cuda: x16 / (g, β) / conv states bitwise equal to the old kernel's
+#    (35B, 397B, dk 64, dk 32 shapes; one 8192-token prompt, mixed 1/63/65/3000/0, short ones,
+#    rows of extremes), and the whole cuda_chunked call. Then ncu of its 8192-token case: both
+#    kernels side by side (L2 flushed), and the new one's sections.
 # 2. ncu (--clock-control none --cache-control none, prefill8k.sh's command and plans, -k
 #    regex:gc_prep) over `BIN generate` of synth Qwen3.5-35B cut to 4 layers (3 GDN layers), one
-#    8192-token step, per form: µs and DRAM TB/s; the greedy id of each.
-# 3. the doctor's fp64 gdn cells for cuda_chunked with the default form, and with form 3: the 35B
-#    shape at M = 512, 3072 (serial form) and 3072 with LASTSTAND_GDN_WY=1, the 397B at 3072.
+#    8192-token step, new and old: µs and DRAM TB/s; the greedy id of each.
+# 3. the doctor's fp64 gdn cells for cuda_chunked with the new kernel: the 35B shape at M = 512,
+#    3072 (serial form) and 3072 with LASTSTAND_GDN_WY=1, the 397B at 3072.
 # Verdict lines: "PASS ..." / "FAIL ...".
 # device-limit: 90
 . "$(dirname "$0")/lib.sh"
@@ -29,13 +30,13 @@ timeout -k 3 30 "$UT" >"$OUT/unit.log" 2>&1
 rc=$?
 grep -E "^\[  (PASSED|FAILED|  SKIPPED) |^\[ +(OK|FAILED) +\]|differs|did not|asked|skipping|error" "$OUT/unit.log" | head -24
 if [ $rc = 0 ] && ! grep -q SKIPPED "$OUT/unit.log"; then
-    echo "PASS bitwise prep forms 1-4 == 0, and the whole call (test_gdn_prep_cuda)"
+    echo "PASS bitwise prep form 1 == 0, and the whole call (test_gdn_prep_cuda)"
 else
     echo "FAIL bitwise (test_gdn_prep_cuda rc=$rc)"
 fi
 
 if [ -n "$NCU" ] && [ "$(left)" -gt 60 ]; then
-    echo "== ncu: test_gdn_prep_cuda's 8192-token prep at the 35B shape, forms 0-4 in order, L2 flushed $(el)"
+    echo "== ncu: test_gdn_prep_cuda's 8192-token prep at the 35B shape, forms 0 and 1, L2 flushed $(el)"
     LS_TEST_FILTER=$T8K timeout -k 3 25 "$NCU" --clock-control none -k regex:gc_prep \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
         -o "$OUT/ncu-unit" "$UT" >"$OUT/ncu-unit.out" 2>&1
@@ -45,14 +46,14 @@ if [ -n "$NCU" ] && [ "$(left)" -gt 60 ]; then
             --print-kernel-base demangled >"$OUT/ncu-unit.csv" 2>/dev/null
         timeout 10 python3 bench/device/gdnprep_table.py "$OUT/ncu-unit.csv" unit
     fi
-    echo "== ncu sections of gc_prep8_kernel, forms 1-4 in order $(el)"
+    echo "== ncu sections of gc_prep8_kernel $(el)"
     dev_ncu_test "$OUT/ncu-sec.txt" 25 "gc_prep8_kernel" "$T8K" "$UT"
     grep -E "gc_prep8_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued|Active Warps Per Scheduler|Eligible Warps" \
         "$OUT/ncu-sec.txt" | sed -E 's/ +/ /g' | head -60
 fi
 
 IDS=$(ids 8192)
-for form in 1 3 0 2 4; do
+for form in 1 0; do
     [ -n "$NCU" ] && [ "$(left)" -gt 25 ] || { echo "== ncu prep=$form: skipped (time or no ncu)"; continue; }
     echo "== ncu: generate synth 35B layers=4, 8192-token prompt, -k regex:gc_prep, LASTSTAND_GDN_PREP=$form $(el)"
     LASTSTAND_GDN_PREP=$form timeout -k 3 20 "$NCU" --clock-control none --cache-control none -k regex:gc_prep \
@@ -69,7 +70,7 @@ for form in 1 3 0 2 4; do
     fi
 done
 b=$(grep -o '"ids": *\[[^]]*\]' "$OUT/ncu-0.out" 2>/dev/null | head -1)
-for form in 1 2 3 4; do
+for form in 1; do
     a=$(grep -o '"ids": *\[[^]]*\]' "$OUT/ncu-$form.out" 2>/dev/null | head -1)
     [ -n "$a$b" ] || continue
     if [ "$a" = "$b" ]; then echo "PASS same greedy id under ncu, prep=$form vs prep=0"; else echo "FAIL greedy id prep=$form $a vs prep=0 $b"; fi
@@ -98,6 +99,4 @@ PY
 doc 1 qwen3.5-35b-a3b 512,3072
 doc 1 qwen3.5-397b-a17b 3072
 doc 1 qwen3.5-35b-a3b 3072 LASTSTAND_GDN_WY=1
-doc 3 qwen3.5-35b-a3b 512,3072
-doc 3 qwen3.5-397b-a17b 3072
 echo "total $(( $(date +%s) - T0 )) s"

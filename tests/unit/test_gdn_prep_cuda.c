@@ -1,20 +1,17 @@
 /* test_gdn_prep_cuda.c: gdn cuda_chunked's preparation (src/ops/cuda/gdn_chunked.cu) in its two
- * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel with 8
- * channels a thread (LASTSTAND_GDN_PREP=1, the default) and with 4 (=2), each also with SiLU's
- * divisions by the branch-free fast path (=3, =4), must give the old gc_prep_kernel's (=0) bits
- * exactly: the FP16
- * operands x16 (q̂ = l2norm(q)·dk^-0.5, k̂, βv), (g, β) and the rolled conv states, on copies of
- * the same inputs and states (non-zero conv states, scattered slots). The hook poisons the
+ * forms, through the test hook lsc_gdn_chunked_prep: the vector kernel gc_prep8_kernel
+ * (LASTSTAND_GDN_PREP=1, the default) must give the old gc_prep_kernel's (=0) bits exactly: the
+ * FP16 operands x16 (q̂ = l2norm(q)·dk^-0.5, k̂, βv), (g, β) and the rolled conv states, on copies
+ * of the same inputs and states (non-zero conv states, scattered slots). The hook poisons the
  * workspace before each form, so a row one form leaves unwritten differs. Shapes: Qwen3.5-35B's
  * GDN (16 k / 32 v heads, dk = dv = 128, conv_dim 8192), Qwen3.5-397B's (16 / 64), dk = dv = 64,
  * and the fixture models' dk = dv = 32 (one warp holding q, k and v channels). Calls: one
  * 8192-token sequence (the long prefill: blocks split the tokens, the conv state kernel rolls the
  * state); sequences of 1, 63, 65, 3000 tokens and one of none; short ones (2, 5, 1: one block per
- * sequence rolls the state itself); and a misaligned qkv (2 bytes off: both vector forms must
- * decline, the old kernel runs, form reported 0; 8 bytes off: only the 4-channel forms run). Every
- * vector-form call must report the form that ran. Rows of extremes (±3e38, ±1e-30, −1e4) take the
- * exact division inside the fast forms.
- * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with form 0 against 1-4: outputs,
+ * sequence rolls the state itself); rows of extremes (±3e38, ±1e-30, −1e4); and a misaligned qkv
+ * (2 bytes off: the vector form must decline, the old kernel runs, form reported 0; 8 bytes off:
+ * it runs). Every call must report the form that ran.
+ * Then the whole cuda_chunked call (lsc_gdn_chunked_run) with form 0 against 1: outputs,
  * recurrent and conv states bitwise equal on 3000-token prompts (WY form).
  * Needs a CUDA GPU of compute capability 8.0+: every test is skipped without one.
  */
@@ -63,12 +60,11 @@ static int same_dev(const void *a, const void *b, size_t n, size_t es, const cha
 }
 
 /* One call at one shape: seqs [n_seq] (host), n_tok rows, slots state slots; qkv at byte offset
- * qoff of its buffer (16: aligned; 8: only the 4-channel forms apply; 2: none). Runs form 0 (the
- * old kernel) and 1-4 (8 / 4 channels a thread, exact / fast SiLU divisions) on copies of the conv
- * state; compares x16, gb and the states of each against form 0's. want[f]: the form call f must
- * report having run. Rows 2-4 of qkv hold extremes (±3e38, ±1e-30, −1e4: SiLU's exact division
- * for operands outside the fast path's domain, infinities and NaN in the norms). */
-enum { NF = 5 };
+ * qoff of its buffer (16 or 8: the vector form applies; 2: it declines). Runs form 0 (the old
+ * kernel) and 1 (gc_prep8_kernel) on copies of the conv state; compares x16, gb and the states.
+ * want[f]: the form call f must report having run. Rows 2-4 of qkv hold extremes (±3e38, ±1e-30, −1e4: SiLU's slow-path
+ * division, infinities and NaN in the norms). */
+enum { NF = 2 };
 static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n_seq, int n_tok, int slots, int qoff,
                       const int want[NF], const char *tag) {
     const int D = 2 * nk * dk + nv * dv;
@@ -157,7 +153,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     assert_true(ok);
 }
 
-static const int g_all[NF] = {0, 1, 2, 3, 4};
+static const int g_all[NF] = {0, 1};
 
 typedef struct {
     int nk, nv, dk, dv;
@@ -211,7 +207,7 @@ static void test_prep_vector_form_same_bits_on_short_sequences(void **state) {
     }
 }
 
-/* The whole cuda_chunked call with the old preparation (form 0) against forms 1-4, on copies of the
+/* The whole cuda_chunked call with the old preparation (form 0) against the new (1), on copies of the
  * same inputs and states: outputs, recurrent and conv states bitwise equal. 35B shape, WY form
  * (auto: sequences of more than 512 tokens): one 3000-token sequence, then 3000 + 700 + 1 tokens. */
 static void run_case(const gdn_seq *seqs, int n_seq, int n_tok, int slots, const char *tag) {
@@ -294,9 +290,9 @@ static void test_prep_vector_form_declines_a_misaligned_qkv(void **state) {
     const int lens[] = {65, 7};
     gdn_seq q[2];
     const int n_tok = lay_out(q, lens, 2, 0);
-    const int none[NF] = {0, 0, 0, 0, 0}, four[NF] = {0, 0, 2, 0, 4};
+    const int none[NF] = {0, 0}, eight[NF] = {0, 1};
     prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 2, none, "35B, qkv 2 bytes off 16-byte alignment");
-    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 8, four, "35B, qkv 8 bytes off 16-byte alignment");
+    prep_case(16, 32, 128, 128, q, 2, n_tok, 4, 8, eight, "35B, qkv 8 bytes off 16-byte alignment");
 }
 #endif
 

@@ -11,7 +11,7 @@
  * and g = -exp(A_log)·softplus(a + dt_bias), β = sigmoid(b) per (token, v
  * head) go to an fp32 workspace gb [n_tok, nv, 2]; the conv state is rolled by
  * the same kernel for decode batches (<= 16 new tokens per sequence), by a
- * small second kernel otherwise. cuda_chunked's preparation is by default gc_prep8_kernel (8
+ * small second kernel otherwise. cuda_chunked's preparation is by default gc_prep8_kernel (4
  * channels a thread, a q/k head's norm within one warp; LASTSTAND_GDN_PREP=0: gc_prep_kernel,
  * the same bits). Then:
  *
@@ -90,7 +90,7 @@ typedef struct gc_ws {
     cu_ws ws;    /* lock + buffer 0: conv output (fp32 or FP16 operands) then (g, β) (cu_ws.h) */
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
     int n_sm;    /* multiprocessors of the device */
-    int p8_bps[4]; /* resident blocks of gc_prep8_kernel per SM by form − 1 (0: not asked yet) */
+    int p8_bps;  /* resident blocks of gc_prep8_kernel<4, GC_P8_CPT> per SM (0: not asked yet) */
 } gc_ws;
 
 static gc_ws g_gcws[CU_WS_MAX_DEV];
@@ -443,10 +443,10 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
     }
 }
 
-/* (1, chunked, vector form: LASTSTAND_GDN_PREP=1, the default, CPT = 8; 2: CPT = 4; 0 =
- * gc_prep_kernel above) the same outputs as gc_prep_kernel, bit for bit, by wider threads: grid
- * (ceil(D / (128·CPT)), n_seq, nz), 128 threads; a thread takes CPT adjacent channels (16-byte
- * loads of qkv and stores of x16 at CPT 8; 8-byte at 4, fewer registers, more resident warps);
+/* (1, chunked, vector form: LASTSTAND_GDN_PREP=1, the default; 0 = gc_prep_kernel above) the same
+ * outputs as gc_prep_kernel, bit for bit, by wider threads: grid (ceil(D / (128·CPT)), n_seq, nz),
+ * 128 threads; a thread takes CPT adjacent channels (CPT = GC_P8_CPT = 4: 8-byte loads of qkv and
+ * stores of x16; the template also builds CPT 8, 16-byte accesses, measured slower);
  * block z walks tokens [z·L, (z+1)·L) of its sequence (L a multiple of GC_P8_G, chosen by the host
  * so that the blocks fill the SMs' resident slots once), the conv window carried in registers,
  * in groups of GC_P8_G tokens: the next group's rows are loaded while this one is computed, and a
@@ -454,7 +454,7 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
  * skipped), so their conv, SiLU and reductions interleave. A q/k head of dk channels is dk/CPT lanes
  * of one warp, so its sum of squares needs no shared memory and no barrier: the old kernel's tree,
  * rebuilt on lanes that hold CPT channels (element l = CPT·(lane % (32/CPT)) + c of a 32-channel
- * group): its xor levels 16 .. CPT are shuffles to lanes ^ o/CPT (CPT 8: ^2, ^1), the levels below
+ * group): its xor levels 16 .. CPT are shuffles to lanes ^ o/CPT (CPT 4: ^4, ^2, ^1), the levels below
  * CPT within the thread; then the head's dk/32 group partials summed in order u = 0, 1, ...
  * Every sum is an unfused fp32 add (__fadd_rn / __fmul_rn: the old kernel's FMUL, SHFL, FADD);
  * the conv fma order, SiLU, the scales, softplus and sigmoid are the old expressions. Warps of v
@@ -462,9 +462,11 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
  * lanes of its channels (tokens q, q + dv/CPT, ... of the block's range), spread over all blocks
  * instead of one block's 32 threads. The conv state is rolled here when nz = 1 (with
  * gc_conv_state_kernel's reads, after this block read the state), else by that kernel afterwards.
- * Needs conv_k = 4 (GC_P8_K), qkv 16- (8-) byte aligned, dk in 32/64/128 (a head within a warp), dv a
- * multiple of 8. */
-enum { GC_P8_G = 6, GC_P8_NT = 128, GC_P8_K = 4 }; /* CPT 8: 168 registers (8 tokens a group spill at 3 blocks an SM) */
+ * Needs conv_k = 4 (GC_P8_K), qkv 2·CPT-byte aligned, dk in 32/64/128 (a head within a warp), dv
+ * a multiple of 8. */
+/* GC_P8_CPT 4 (S12 R3: 177.3 µs at the 35B shape's 8192-token step, 120 registers, 4 blocks an SM)
+ * beat 8 (183.6 µs, 166 registers, 3 blocks); groups of 6 tokens (8 spilled at CPT 8) */
+enum { GC_P8_G = 6, GC_P8_NT = 128, GC_P8_K = 4, GC_P8_CPT = 4 };
 
 /* CPT (8 or 4) BF16 channels of a row: one 16- or 8-byte access */
 template <int CPT> struct gc_p8_vec;
@@ -500,28 +502,8 @@ __device__ __forceinline__ void gc_store4(gc_op *p, const float y[4], float f) {
     *reinterpret_cast<uint2 *>(p) = o;
 }
 
-/* a / d as div.rn.f32 computes it when its operands pass FCHK: MUFU.RCP, one Newton step, the
- * quotient and one fma correction (the same instructions in the same order as the compiler's fast
- * path). Correctly rounded for normal operands and quotient, so equal to a / d bit for bit where
- * gc_div_safe holds: d in [1, 2^60] (SiLU's 1 + e^−x is >= 1), |a| in [2^−60, 2^60] or a = +0 (the
- * fast path gives +0; −0 is left to the exact division, as are NaN and infinities). */
-__device__ __forceinline__ float gc_div_fast(float a, float d) {
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-    const float t = fmaf(-d, r, 1.f), r2 = fmaf(r, t, r);
-    const float q = fmaf(a, r2, 0.f), e = fmaf(-d, q, a);
-    return fmaf(r2, e, q);
-}
-__device__ __forceinline__ bool gc_div_safe(float a, float d) {
-    const float aa = fabsf(a);
-    return d <= 0x1p60f && aa <= 0x1p60f && (aa >= 0x1p-60f || __float_as_uint(a) == 0u);
-}
-
-/* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). FD: SiLU's
- * divisions by gc_div_fast, branch-free, the exact division only for a token with an operand
- * outside gc_div_safe (one branch a token instead of a slow-path branch per division, which also
- * kept the compiler from interleaving the divisions). */
-template <int K, int CPT, bool QK, bool FD>
+/* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). */
+template <int K, int CPT, bool QK>
 __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int nv, bool in, bool isv, int vh,
                                            int hb, int hw, float sc, const typename gc_p8_vec<CPT>::t *__restrict__ src,
                                            size_t rs, const bf16 *__restrict__ b, const float (&wt)[CPT][K],
@@ -577,21 +559,8 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
                 for (int i = 0; i < K - 2; i++) win[c][i] = win[c][i + 1];
                 win[c][K - 2] = x[c];
             }
-            if constexpr (FD) {
-                bool ok = true;
 #pragma unroll
-                for (int c = 0; c < CPT; c++) {
-                    y[c] = gc_div_fast(ac[c], dn[c]);
-                    ok &= gc_div_safe(ac[c], dn[c]);
-                }
-                if (!ok)
-#pragma unroll
-                    for (int c = 0; c < CPT; c++)
-                        if (!gc_div_safe(ac[c], dn[c])) y[c] = ac[c] / dn[c];
-            } else {
-#pragma unroll
-                for (int c = 0; c < CPT; c++) y[c] = ac[c] / dn[c]; /* SiLU: acc / (1 + e^−acc) */
-            }
+            for (int c = 0; c < CPT; c++) y[c] = ac[c] / dn[c]; /* SiLU: acc / (1 + e^−acc) */
             float f = 1.f;
             if constexpr (QK) {
                 /* the old tree over element l = CPT·(lane % LG) + c: xor levels 16 .. CPT across
@@ -628,7 +597,7 @@ __device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int 
     }
 }
 
-template <int K, int CPT, bool FD>
+template <int K, int CPT>
 __global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
     gc_prep8_kernel(int D, int nk, int nv, int dk, int dv, int L, const int32_t *__restrict__ meta,
                     const bf16 *__restrict__ qkv, const bf16 *__restrict__ a, const bf16 *__restrict__ b,
@@ -657,9 +626,9 @@ __global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
         for (int i = 0; i < K; i++) wt[c][i] = conv_w[(size_t)(ch + c) * K + i];
     float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
     if (wqk)
-        gc_p8_walk<K, CPT, true, FD>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, true>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     else
-        gc_p8_walk<K, CPT, false, FD>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+        gc_p8_walk<K, CPT, false>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
     if (gridDim.z == 1 && in) /* one block walked all the tokens (and has read the state): roll it */
 #pragma unroll
         for (int c = 0; c < CPT; c++)
@@ -1177,23 +1146,18 @@ static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, siz
     return 1;
 }
 
-/* LASTSTAND_GDN_PREP (read once): cuda_chunked's preparation by gc_prep8_kernel where it applies
- * (conv_k 4, qkv 16-byte aligned for 8 channels a thread, 8-byte for 4): 1 (default) 8 channels a
- * thread, 2 four; 3, 4 the same with SiLU's divisions by gc_div_fast; 0 always by gc_prep_kernel.
- * All the same bits. */
+/* LASTSTAND_GDN_PREP (read once): 1 (default) cuda_chunked's preparation by gc_prep8_kernel where it
+ * applies (conv_k 4, qkv 8-byte aligned), 0 always by gc_prep_kernel; the same bits. */
 static int gc_prep_form(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_GDN_PREP");
-        v = e && e[0] >= '0' && e[0] <= '4' && !e[1] ? e[0] - '0' : 1;
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_PREP", 1);
     return v;
 }
 
 /* Validation of the host copy, workspace, and the preparation kernels: fp32 conv outputs *cw
  * [n_tok, D] (x16 == NULL: cuda_per_token) or the chunk kernel's operands *x16 [n_tok, D] gc_op,
- * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1-4 gc_prep8_kernel (gc_prep_form)
- * where it applies, 0 gc_prep_kernel; set to the form that ran. poison: the
+ * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1 gc_prep8_kernel where it applies,
+ * 0 gc_prep_kernel; set to the form that ran. poison: the
  * workspace filled with 0xff bytes first (the test hook: rows a kernel
  * failed to write cannot keep an earlier call's values). Leaves ws locked on success. */
 static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, gc_op **x16,
@@ -1239,40 +1203,34 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
             return cu_fail(e, c, name);
         }
     }
-    const int f8 = x16 && form && *form >= 1 && *form <= 4 && w->conv_k == GC_P8_K &&
-                   !((uintptr_t)a->qkv & (*form % 2 ? 15 : 7)) && w->dv % 8 == 0 &&
-                   (w->dk == 32 || w->dk == 64 || w->dk == 128) ? *form : 0;
+    const int f8 = x16 && form && *form == 1 && w->conv_k == GC_P8_K &&
+                   !((uintptr_t)a->qkv & (2 * GC_P8_CPT - 1)) && w->dv % 8 == 0 &&
+                   (w->dk == 32 || w->dk == 64 || w->dk == 128);
     if (form) *form = f8;
     if (f8) {
-        /* forms 1-4: <CPT, FD> = <8, exact>, <4, exact>, <8, fast divisions>, <4, fast divisions> */
-        void (*kern)(int, int, int, int, int, int, const int32_t *, const bf16 *, const bf16 *, const bf16 *,
-                     const float *, const float *, const float *, float *, gc_op *, float *) =
-            f8 == 1   ? gc_prep8_kernel<GC_P8_K, 8, false>
-            : f8 == 2 ? gc_prep8_kernel<GC_P8_K, 4, false>
-            : f8 == 3 ? gc_prep8_kernel<GC_P8_K, 8, true>
-                      : gc_prep8_kernel<GC_P8_K, 4, true>;
-        const int cpt = f8 % 2 ? 8 : 4;
+        const int cpt = GC_P8_CPT;
         /* tokens along z: each block a range of L = GC_P8_G·per tokens, as many blocks as fill every
          * SM's resident slots once (more would only re-read their windows) */
-        if (!ws->p8_bps[f8 - 1]) {
+        if (!ws->p8_bps) {
             int n = 0;
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, GC_P8_NT, 0) != cudaSuccess || n <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gc_prep8_kernel<GC_P8_K, GC_P8_CPT>, GC_P8_NT, 0) !=
+                    cudaSuccess || n <= 0) {
                 (void)cudaGetLastError(); /* not sticky: the launch below reports a real fault */
-                n = 3;
+                n = 4;
             }
-            ws->p8_bps[f8 - 1] = n;
+            ws->p8_bps = n;
         }
         const int gx = (D / cpt + GC_P8_NT - 1) / GC_P8_NT, groups = (max_t + GC_P8_G - 1) / GC_P8_G;
-        long zfit = (long)ws->n_sm * ws->p8_bps[f8 - 1] / ((long)gx * a->n_seq); /* z blocks in one wave */
+        long zfit = (long)ws->n_sm * ws->p8_bps / ((long)gx * a->n_seq); /* z blocks in one wave */
         if (zfit < 1) zfit = 1;
         long per = (groups + zfit - 1) / zfit; /* groups per block */
         if (per < 1) per = 1;
         if ((groups + per - 1) / per > 65535) per = (groups + 65534) / 65535;
         const int L = (int)per * GC_P8_G, nz8 = (int)((groups + per - 1) / per);
         dim3 gp(gx, a->n_seq, nz8 > 0 ? nz8 : 1);
-        kern<<<gp, GC_P8_NT, 0, st>>>(D, w->nk, w->nv, w->dk, w->dv, L, meta, (const bf16 *)a->qkv,
-                                      (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias,
-                                      a->st->conv, *x16, *gbw);
+        gc_prep8_kernel<GC_P8_K, GC_P8_CPT><<<gp, GC_P8_NT, 0, st>>>(
+            D, w->nk, w->nv, w->dk, w->dv, L, meta, (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b,
+            w->conv_w, w->A_log, w->dt_bias, a->st->conv, *x16, *gbw);
         nz = (int)gp.z; /* the state kernel below runs when more than one block walks a sequence's tokens */
     } else if (x16) {
         dim3 gp((D + 127) / 128, a->n_seq, nz);

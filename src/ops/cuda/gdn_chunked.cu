@@ -11,7 +11,9 @@
  * and g = -exp(A_log)·softplus(a + dt_bias), β = sigmoid(b) per (token, v
  * head) go to an fp32 workspace gb [n_tok, nv, 2]; the conv state is rolled by
  * the same kernel for decode batches (<= 16 new tokens per sequence), by a
- * small second kernel otherwise. Then:
+ * small second kernel otherwise. cuda_chunked's preparation is by default gc_prep8_kernel (4
+ * channels a thread, a q/k head's norm within one warp; LASTSTAND_GDN_PREP=0: gc_prep_kernel,
+ * the same bits). Then:
  *
  *   cuda_chunked   the preparation also L2-normalises q and k (q scaled by
  *                  dk^-0.5; a head's sum of squares across the warps of its
@@ -67,6 +69,7 @@
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/gdn_cu.h"
 #include "ops/cuda/cu_ws.h"
+#include "ops/cuda/gdn_prep_hook.h"
 
 #include <cuda_fp16.h>
 
@@ -87,6 +90,7 @@ typedef struct gc_ws {
     cu_ws ws;    /* lock + buffer 0: conv output (fp32 or FP16 operands) then (g, β) (cu_ws.h) */
     int smem_ok; /* chunked kernels' shared-memory opt-in done (bit per instantiation) */
     int n_sm;    /* multiprocessors of the device */
+    int p8_bps;  /* resident blocks of gc_prep8_kernel<4, GC_P8_CPT> per SM (0: not asked yet) */
 } gc_ws;
 
 static gc_ws g_gcws[CU_WS_MAX_DEV];
@@ -435,6 +439,213 @@ __global__ void gc_prep_kernel(int D, int Kr, int nk, int nv, int dk, int dv,
                 gb[2 * r] = al * sp;
                 gb[2 * r + 1] = 1.f / (1.f + __expf(-bb[t]));
             }
+        }
+    }
+}
+
+/* (1, chunked, vector form: LASTSTAND_GDN_PREP=1, the default; 0 = gc_prep_kernel above) the same
+ * outputs as gc_prep_kernel, bit for bit, by wider threads: grid (ceil(D / (128·CPT)), n_seq, nz),
+ * 128 threads; a thread takes CPT adjacent channels (CPT = GC_P8_CPT = 4: 8-byte loads of qkv and
+ * stores of x16; the template also builds CPT 8, 16-byte accesses, measured slower);
+ * block z walks tokens [z·L, (z+1)·L) of its sequence (L a multiple of GC_P8_G, chosen by the host
+ * so that the blocks fill the SMs' resident slots once), the conv window carried in registers,
+ * in groups of GC_P8_G tokens: the next group's rows are loaded while this one is computed, and a
+ * group's tokens are independent (no branch: past the sequence's end rows are clamped and stores
+ * skipped), so their conv, SiLU and reductions interleave. A q/k head of dk channels is dk/CPT lanes
+ * of one warp, so its sum of squares needs no shared memory and no barrier: the old kernel's tree,
+ * rebuilt on lanes that hold CPT channels (element l = CPT·(lane % (32/CPT)) + c of a 32-channel
+ * group): its xor levels 16 .. CPT are shuffles to lanes ^ o/CPT (CPT 4: ^4, ^2, ^1), the levels below
+ * CPT within the thread; then the head's dk/32 group partials summed in order u = 0, 1, ...
+ * Every sum is an unfused fp32 add (__fadd_rn / __fmul_rn: the old kernel's FMUL, SHFL, FADD);
+ * the conv fma order, SiLU, the scales, softplus and sigmoid are the old expressions. Warps of v
+ * channels only skip the reductions (QK = false). (g, β) of a v head are written by the dv/CPT
+ * lanes of its channels (tokens q, q + dv/CPT, ... of the block's range), spread over all blocks
+ * instead of one block's 32 threads. The conv state is rolled here when nz = 1 (with
+ * gc_conv_state_kernel's reads, after this block read the state), else by that kernel afterwards.
+ * Needs conv_k = 4 (GC_P8_K), qkv 2·CPT-byte aligned, dk in 32/64/128 (a head within a warp), dv
+ * a multiple of 8. */
+/* GC_P8_CPT 4 (S12 R3: 177.3 µs at the 35B shape's 8192-token step, 120 registers, 4 blocks an SM)
+ * beat 8 (183.6 µs, 166 registers, 3 blocks); groups of 6 tokens (8 spilled at CPT 8) */
+enum { GC_P8_G = 6, GC_P8_NT = 128, GC_P8_K = 4, GC_P8_CPT = 4 };
+
+/* CPT (8 or 4) BF16 channels of a row: one 16- or 8-byte access */
+template <int CPT> struct gc_p8_vec;
+template <> struct gc_p8_vec<8> { typedef uint4 t; };
+template <> struct gc_p8_vec<4> { typedef uint2 t; };
+
+__device__ __forceinline__ void gc_unpack(const uint4 r, float x[8]) {
+    const uint32_t u[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* BF16 -> fp32 is exact: the upper 16 bits */
+        x[2 * i] = __uint_as_float(u[i] << 16);
+        x[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void gc_unpack(const uint2 r, float x[4]) {
+    x[0] = __uint_as_float(r.x << 16);
+    x[1] = __uint_as_float(r.x & 0xffff0000u);
+    x[2] = __uint_as_float(r.y << 16);
+    x[3] = __uint_as_float(r.y & 0xffff0000u);
+}
+__device__ __forceinline__ void gc_store(gc_op *p, const float y[8], float f) {
+    uint4 o;
+    o.x = gc_pack(y[0] * f, y[1] * f);
+    o.y = gc_pack(y[2] * f, y[3] * f);
+    o.z = gc_pack(y[4] * f, y[5] * f);
+    o.w = gc_pack(y[6] * f, y[7] * f);
+    *reinterpret_cast<uint4 *>(p) = o;
+}
+__device__ __forceinline__ void gc_store4(gc_op *p, const float y[4], float f) {
+    uint2 o;
+    o.x = gc_pack(y[0] * f, y[1] * f);
+    o.y = gc_pack(y[2] * f, y[3] * f);
+    *reinterpret_cast<uint2 *>(p) = o;
+}
+
+/* One thread's walk over tokens [tb, te) of its sequence (see gc_prep8_kernel). */
+template <int K, int CPT, bool QK>
+__device__ __forceinline__ void gc_p8_walk(int tb, int te, int row0, int D, int nv, bool in, bool isv, int vh,
+                                           int hb, int hw, float sc, const typename gc_p8_vec<CPT>::t *__restrict__ src,
+                                           size_t rs, const bf16 *__restrict__ b, const float (&wt)[CPT][K],
+                                           const float *__restrict__ st, gc_op *__restrict__ xo) {
+    constexpr int G = GC_P8_G, LG = 32 / CPT; /* lanes of a 32-channel group */
+    typedef typename gc_p8_vec<CPT>::t vec;
+    float win[CPT][K - 1]; /* inputs tb − (K−1) .. tb − 1 (before the sequence: the slot's conv state) */
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) {
+        const int u = tb - (K - 1) + i;
+        if (u < 0) {
+#pragma unroll
+            for (int c = 0; c < CPT; c++) win[c][i] = in ? st[c * (K - 1) + K - 1 + u] : 0.f;
+        } else {
+            float x[CPT];
+            gc_unpack(__ldg(src + (size_t)(row0 + u) * rs), x);
+#pragma unroll
+            for (int c = 0; c < CPT; c++) win[c][i] = x[c];
+        }
+    }
+    vec cur[G];
+    float bc[G];
+#pragma unroll
+    for (int t = 0; t < G; t++) { /* rows past te clamped to te − 1 (computed, not stored) */
+        const int r = row0 + min(tb + t, te - 1);
+        cur[t] = __ldg(src + (size_t)r * rs);
+        bc[t] = isv ? gc_bf(b, (size_t)r * nv + vh) : 0.f;
+    }
+    for (int g0 = tb; g0 < te; g0 += G) {
+        vec nxt[G];
+        float bn[G];
+        if (g0 + G < te) { /* uniform */
+#pragma unroll
+            for (int t = 0; t < G; t++) {
+                const int r = row0 + min(g0 + G + t, te - 1);
+                nxt[t] = __ldg(src + (size_t)r * rs);
+                bn[t] = isv ? gc_bf(b, (size_t)r * nv + vh) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < G; t++) {
+            float x[CPT], y[CPT], ac[CPT], dn[CPT];
+            gc_unpack(cur[t], x);
+#pragma unroll
+            for (int c = 0; c < CPT; c++) {
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < K - 1; i++) acc = fmaf(wt[c][i], win[c][i], acc);
+                acc = fmaf(wt[c][K - 1], x[c], acc);
+                ac[c] = acc;
+                dn[c] = 1.f + __expf(-acc);
+#pragma unroll
+                for (int i = 0; i < K - 2; i++) win[c][i] = win[c][i + 1];
+                win[c][K - 2] = x[c];
+            }
+#pragma unroll
+            for (int c = 0; c < CPT; c++) y[c] = ac[c] / dn[c]; /* SiLU: acc / (1 + e^−acc) */
+            float f = 1.f;
+            if constexpr (QK) {
+                /* the old tree over element l = CPT·(lane % LG) + c: xor levels 16 .. CPT across
+                 * lanes (lane ^ o/CPT), then CPT/2 .. 1 inside the thread */
+                float sq[CPT];
+#pragma unroll
+                for (int c = 0; c < CPT; c++) sq[c] = __fmul_rn(y[c], y[c]);
+#pragma unroll
+                for (int o = 16; o >= CPT; o >>= 1)
+#pragma unroll
+                    for (int c = 0; c < CPT; c++)
+                        sq[c] = __fadd_rn(sq[c], __shfl_xor_sync(0xffffffffu, sq[c], o / CPT));
+#pragma unroll
+                for (int o = CPT / 2; o >= 1; o >>= 1)
+#pragma unroll
+                    for (int c = 0; c < o; c++) sq[c] = __fadd_rn(sq[c], sq[c + o]);
+                float ss = 0.f; /* the head's group partials u = 0, 1, ... in order */
+                for (int u = 0; u < hw; u++) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, sq[0], hb + LG * u));
+                f = rsqrtf(ss + 1e-6f) * sc;
+            }
+            if (isv) f = 1.f / (1.f + __expf(-bc[t]));
+            if (in && g0 + t < te) {
+                if constexpr (CPT == 8)
+                    gc_store(xo + (size_t)(row0 + g0 + t) * D, y, f);
+                else
+                    gc_store4(xo + (size_t)(row0 + g0 + t) * D, y, f);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < G; t++) {
+            cur[t] = nxt[t];
+            bc[t] = bn[t];
+        }
+    }
+}
+
+template <int K, int CPT>
+__global__ void __launch_bounds__(GC_P8_NT, CPT == 8 ? 3 : 4)
+    gc_prep8_kernel(int D, int nk, int nv, int dk, int dv, int L, const int32_t *__restrict__ meta,
+                    const bf16 *__restrict__ qkv, const bf16 *__restrict__ a, const bf16 *__restrict__ b,
+                    const float *__restrict__ conv_w, const float *__restrict__ A_log,
+                    const float *__restrict__ dt_bias, float *__restrict__ conv_st, gc_op *__restrict__ x16,
+                    float *__restrict__ gb) {
+    static_assert(K >= 2 && (CPT == 8 || CPT == 4), "gc_prep8_kernel");
+    const int s = blockIdx.y, lane = threadIdx.x & 31;
+    const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
+    const int tb = blockIdx.z * L, te = min(T, tb + L);
+    if (tb >= te) return; /* the whole block: no barrier follows */
+    const int cv = blockIdx.x * GC_P8_NT + threadIdx.x, qk = 2 * nk * dk;
+    const bool in = CPT * cv < D;
+    const int ch = in ? CPT * cv : 0; /* this thread's channels ch .. ch + CPT − 1 (past D: read channel 0) */
+    const bool isq = in && ch < nk * dk, isv = in && ch >= qk;
+    const bool wqk = CPT * (cv - lane) < qk;                /* the warp holds q/k channels (uniform) */
+    const int hb = lane & ~(dk / CPT - 1), hw = dk >> 5;    /* the head's first lane, its 32-channel groups */
+    const int vh = isv ? (ch - qk) / dv : 0;                /* v head */
+    const float sc = isq ? rsqrtf((float)dk) : 1.f;         /* q̂ scale dk^-0.5 */
+    const size_t rs = (size_t)D / CPT;                      /* a row of qkv in vectors */
+    const typename gc_p8_vec<CPT>::t *src = reinterpret_cast<const typename gc_p8_vec<CPT>::t *>(qkv) + ch / CPT;
+    float wt[CPT][K];
+#pragma unroll
+    for (int c = 0; c < CPT; c++)
+#pragma unroll
+        for (int i = 0; i < K; i++) wt[c][i] = conv_w[(size_t)(ch + c) * K + i];
+    float *st = conv_st + ((size_t)slot * D + ch) * (K - 1);
+    if (wqk)
+        gc_p8_walk<K, CPT, true>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+    else
+        gc_p8_walk<K, CPT, false>(tb, te, row0, D, nv, in, isv, vh, hb, hw, sc, src, rs, b, wt, st, x16 + ch);
+    if (gridDim.z == 1 && in) /* one block walked all the tokens (and has read the state): roll it */
+#pragma unroll
+        for (int c = 0; c < CPT; c++)
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) { /* new[i] = (state ++ new tokens)[T + i], ascending */
+                const int idx = T + i;
+                st[c * (K - 1) + i] = idx < K - 1 ? st[c * (K - 1) + idx]
+                                                  : gc_bf(qkv, (size_t)(row0 + idx - (K - 1)) * D + ch + c);
+            }
+    if (isv) { /* (g, β) of head vh: lane q of its dv/CPT takes tokens tb + q, tb + q + dv/CPT, ... */
+        const int nq = dv / CPT, q = ((ch - qk) / CPT) % nq;
+        const float al = -__expf(A_log[vh]), db = dt_bias[vh];
+        for (int t = tb + q; t < te; t += nq) {
+            const size_t r = (size_t)(row0 + t) * nv + vh;
+            float x = gc_bf(a, r) + db;
+            float sp = x > 20.f ? x : log1pf(__expf(x)); /* torch softplus threshold 20 */
+            *reinterpret_cast<float2 *>(gb + 2 * r) = make_float2(al * sp, 1.f / (1.f + __expf(-gc_bf(b, r))));
         }
     }
 }
@@ -935,11 +1146,22 @@ static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, siz
     return 1;
 }
 
+/* LASTSTAND_GDN_PREP (read once): 1 (default) cuda_chunked's preparation by gc_prep8_kernel where it
+ * applies (conv_k 4, qkv 8-byte aligned), 0 always by gc_prep_kernel; the same bits. */
+static int gc_prep_form(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_PREP", 1);
+    return v;
+}
+
 /* Validation of the host copy, workspace, and the preparation kernels: fp32 conv outputs *cw
  * [n_tok, D] (x16 == NULL: cuda_per_token) or the chunk kernel's operands *x16 [n_tok, D] gc_op,
- * then (g, β) *gbw [n_tok, nv, 2]. Leaves ws locked on success. */
+ * then (g, β) *gbw [n_tok, nv, 2]. *form (x16 only; NULL: 0): 1 gc_prep8_kernel where it applies,
+ * 0 gc_prep_kernel; set to the form that ran. poison: the
+ * workspace filled with 0xff bytes first (the test hook: rows a kernel
+ * failed to write cannot keep an earlier call's values). Leaves ws locked on success. */
 static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_ws **wso, float **cw, gc_op **x16,
-                      float **gbw, ls_err *e) {
+                      float **gbw, int *form, int poison, ls_err *e) {
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     if (!a->seqs_host) return errf(e, ERR_INVAL, "gdn %s: seqs_host (the host copy of the sequences) is not set", name);
@@ -974,7 +1196,43 @@ static int gc_prepare(const gdn_args *a, cudaStream_t st, const char *name, gc_w
     const int wide = D > w->nv ? D : w->nv;
     dim3 g1((wide + 127) / 128, a->n_seq, nz), g1b((D + 127) / 128, a->n_seq);
     const int32_t *meta = (const int32_t *)a->seqs;
-    if (x16) {
+    if (poison) {
+        const cudaError_t c = cudaMemsetAsync(buf, 0xff, bytes, st);
+        if (c != cudaSuccess) {
+            cu_ws_unlock(&ws->ws);
+            return cu_fail(e, c, name);
+        }
+    }
+    const int f8 = x16 && form && *form == 1 && w->conv_k == GC_P8_K &&
+                   !((uintptr_t)a->qkv & (2 * GC_P8_CPT - 1)) && w->dv % 8 == 0 &&
+                   (w->dk == 32 || w->dk == 64 || w->dk == 128);
+    if (form) *form = f8;
+    if (f8) {
+        const int cpt = GC_P8_CPT;
+        /* tokens along z: each block a range of L = GC_P8_G·per tokens, as many blocks as fill every
+         * SM's resident slots once (more would only re-read their windows) */
+        if (!ws->p8_bps) {
+            int n = 0;
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gc_prep8_kernel<GC_P8_K, GC_P8_CPT>, GC_P8_NT, 0) !=
+                    cudaSuccess || n <= 0) {
+                (void)cudaGetLastError(); /* not sticky: the launch below reports a real fault */
+                n = 4;
+            }
+            ws->p8_bps = n;
+        }
+        const int gx = (D / cpt + GC_P8_NT - 1) / GC_P8_NT, groups = (max_t + GC_P8_G - 1) / GC_P8_G;
+        long zfit = (long)ws->n_sm * ws->p8_bps / ((long)gx * a->n_seq); /* z blocks in one wave */
+        if (zfit < 1) zfit = 1;
+        long per = (groups + zfit - 1) / zfit; /* groups per block */
+        if (per < 1) per = 1;
+        if ((groups + per - 1) / per > 65535) per = (groups + 65534) / 65535;
+        const int L = (int)per * GC_P8_G, nz8 = (int)((groups + per - 1) / per);
+        dim3 gp(gx, a->n_seq, nz8 > 0 ? nz8 : 1);
+        gc_prep8_kernel<GC_P8_K, GC_P8_CPT><<<gp, GC_P8_NT, 0, st>>>(
+            D, w->nk, w->nv, w->dk, w->dv, L, meta, (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b,
+            w->conv_w, w->A_log, w->dt_bias, a->st->conv, *x16, *gbw);
+        nz = (int)gp.z; /* the state kernel below runs when more than one block walks a sequence's tokens */
+    } else if (x16) {
         dim3 gp((D + 127) / 128, a->n_seq, nz);
         if (w->conv_k == 4)
             gc_prep_kernel<4><<<gp, 128, 0, st>>>(D, 4, w->nk, w->nv, w->dk, w->dv, meta, (const bf16 *)a->qkv,
@@ -1012,7 +1270,7 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
     cudaStream_t st = (cudaStream_t)s;
     gc_ws *ws;
     float *cw, *gbw;
-    int rc = gc_prepare(a, st, "gdn cuda_per_token", &ws, &cw, NULL, &gbw, e);
+    int rc = gc_prepare(a, st, "gdn cuda_per_token", &ws, &cw, NULL, &gbw, NULL, 0, e);
     if (rc) return rc;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     dim3 g2(w->nv, a->n_seq);
@@ -1069,7 +1327,8 @@ static int gc_wy_mode(void) { /* 0 off, 1 forced (any sequence of more than one 
     return v;
 }
 
-static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
+/* cuda_chunked with the preparation form (gc_prep_form) given. */
+static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh;
     dev_info d0;
@@ -1079,7 +1338,7 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
     gc_ws *ws;
     float *gbw;
     gc_op *x16;
-    int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, NULL, &x16, &gbw, e);
+    int rc = gc_prepare(a, st, "gdn cuda_chunked", &ws, NULL, &x16, &gbw, &form, 0, e);
     if (rc) return rc;
     /* value-column split (dk = dv = 128 only): double it while the blocks of the sequences with new
      * tokens, nv per sequence, leave more than half the SMs idle */
@@ -1120,6 +1379,39 @@ static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
 #undef GC_CASE
     cu_ws_unlock(&ws->ws);
     return rc;
+}
+
+static int chunk_run(const gdn_args *a, ls_stream s, ls_err *e) {
+    return chunk_run_with(a, s, gc_prep_form(), e);
+}
+
+/* The test hook (gdn_prep_hook.h): the whole cuda_chunked call with the preparation form given. */
+extern "C" int lsc_gdn_chunked_run(const gdn_args *a, int form, ls_stream s, ls_err *e) {
+    return chunk_run_with(a, s, form, e);
+}
+
+/* The test hook (gdn_prep_hook.h): cuda_chunked's preparation alone, by form (1 gc_prep8_kernel, 0
+ * gc_prep_kernel; set to the one that ran) on a poisoned workspace; its outputs copied to x16 [n_tok, conv_dim] (FP16) and
+ * gb [n_tok, nv, 2] (fp32) in device memory; the conv state rolled in place as a real call does. */
+extern "C" int lsc_gdn_chunked_prep(const gdn_args *a, int *form, void *x16, void *gb, ls_stream s, ls_err *e) {
+    const gdn_w *w = a->w;
+    gdn_shape sh;
+    dev_info d0;
+    const int rc0 = cu_gdn_begin(a, chunk_supported, "cuda_chunked (prep)", &sh, &d0, e);
+    if (rc0) return rc0 < 0 ? rc0 : 0;
+    cudaStream_t st = (cudaStream_t)s;
+    gc_ws *ws;
+    float *gbw;
+    gc_op *xw;
+    int rc = gc_prepare(a, st, "gdn cuda_chunked (prep)", &ws, NULL, &xw, &gbw, form, 1, e);
+    if (rc) return rc;
+    const size_t D = 2 * (size_t)w->nk * w->dk + (size_t)w->nv * w->dv;
+    cudaError_t c = cudaMemcpyAsync(x16, xw, sizeof(gc_op) * a->n_tok * D, cudaMemcpyDeviceToDevice, st);
+    if (c == cudaSuccess)
+        c = cudaMemcpyAsync(gb, gbw, sizeof(float) * 2 * a->n_tok * w->nv, cudaMemcpyDeviceToDevice, st);
+    if (c == cudaSuccess) c = cudaStreamSynchronize(st); /* the workspace is free again once unlocked */
+    cu_ws_unlock(&ws->ws);
+    return c == cudaSuccess ? 0 : cu_fail(e, c, "gdn cuda_chunked (prep)");
 }
 
 /* graph_safe: stream-ordered launches only; the workspace grows on the (eager or rehearsal) call at

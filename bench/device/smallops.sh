@@ -6,7 +6,7 @@
 # 2. generate greedy, synth 35B 8 layers, a 512-token prompt, 64 new tokens (CUDA graphs, the
 #    defaults' plans as prefill8k.sh's): the ids new vs old must be equal.
 # 3. ncu (as prefill8k.sh: --clock-control none --cache-control none, its PLANS flags) over
-#    `generate` of synth 35B cut to 4 layers (3 GDN + 1 attention), an 8192-token prompt, 2 new
+#    `generate` of synth 35B cut to 4 layers (3 GDN + 1 attention), an 8192-token prompt, 4 new
 #    tokens, eager, only the kernels sm_rmsnorm* / sm_qk_*, new vs old: µs and GB/s a launch by
 #    family (the GDN gated norm, the q/k norm + rope + KV write) and phase (prefill, decode).
 # device-limit: 90
@@ -53,10 +53,10 @@ if [ -n "$NCU" ]; then
         lim=$(( $(left) - 12 ))
         [ $lim -gt 28 ] && lim=28
         [ $lim -lt 8 ] && { echo "== ncu $f: skipped (time)"; continue; }
-        echo "== 3. ncu generate synth 35B 4 layers, 8192-token prompt, 2 new tokens, LASTSTAND_SMALL_ROWS=$f (limit $lim s) $(el)"
+        echo "== 3. ncu generate synth 35B 4 layers, 8192-token prompt, 4 new tokens, LASTSTAND_SMALL_ROWS=$f (limit $lim s) $(el)"
         LASTSTAND_SMALL_ROWS=$f timeout -k 3 $lim "$NCU" --clock-control none --cache-control none -k regex:"sm_rmsnorm|sm_qk_" \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu-$f" \
-            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 2 \
+            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 4 \
             --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncu-$f.out" 2>&1
         echo "rc=$? $(el)"
         grep -E "==ERROR|error:" "$OUT/ncu-$f.out" | head -3

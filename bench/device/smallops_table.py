@@ -59,7 +59,7 @@ def main():
                 continue
             us, mb = e["us"] / e["n"], e["mb"] / e["n"]
             per[(key, form)] = us
-            print(f"{key[0]:6s} {key[1]:8s} {form:4s} {e['n']:3d} {us:10.2f} {mb:10.2f} {mb / us * 1e-3 * 1e3:7.0f}  "
+            print(f"{key[0]:6s} {key[1]:8s} {form:4s} {e['n']:3d} {us:10.2f} {mb:10.2f} {mb / us * 1e3:7.0f}  "
                   + "; ".join(sorted(e["names"]))[:160])
     save = 0.0
     for f, layers in (("norm", 30), ("qk", 10)):

@@ -22,7 +22,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 # 2 first, in the background (its two runs side by side, beside the unit tests; done before ncu)
 SYN8="synth:qwen3.5-35b-a3b,layers=8"
 for f in 1 0; do
-    LASTSTAND_SMALL_ROWS=$f timeout -k 3 35 "$BIN" generate --model-path "$SYN8" --ids "$(ids 512)" --max-new-tokens 64 \
+    LASTSTAND_SMALL_ROWS=$f timeout -k 3 40 "$BIN" generate --model-path "$SYN8" --ids "$(ids 512)" --max-new-tokens 64 \
         --device cuda --prefix-cache off "${PLANS[@]}" >"$OUT/gen-$f.json" 2>"$OUT/gen-$f.err" &
 done
 

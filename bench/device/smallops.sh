@@ -2,7 +2,8 @@
 # bench/device/smallops.sh: the row-wise norms one warp a row (src/ops/cuda/small.cu, "many rows";
 # LASTSTAND_SMALL_ROWS=1, the default) against one block a row (=0), S12:
 # 1. tests/test_small_cuda: both forms on the 35B's prefill shapes and odd ones, the same bytes,
-#    and the host; run with the default and with LASTSTAND_SMALL_ROWS=0 (the engine's table).
+#    and the host (its engine-table test also with LASTSTAND_SMALL_ROWS=0); test_gdn_decode_cuda's
+#    fused decode norm against small_ops.rmsnorm_gated bit for bit, under both switch values.
 # 2. generate greedy, synth 35B 8 layers, a 512-token prompt, 64 new tokens (CUDA graphs, the
 #    defaults' plans as prefill8k.sh's): the ids new vs old must be equal.
 # 3. ncu (as prefill8k.sh: --clock-control none --cache-control none, its PLANS flags) over
@@ -26,12 +27,17 @@ for f in 1 0; do
         --device cuda --prefix-cache off "${PLANS[@]}" >"$OUT/gen-$f.json" 2>"$OUT/gen-$f.err" &
 done
 
-echo "== 1. test_small_cuda, default and LASTSTAND_SMALL_ROWS=0 $(el)"
-for f in "" 0; do
-    env ${f:+LASTSTAND_SMALL_ROWS=$f} timeout -k 3 40 "$D/tests/test_small_cuda" >"$OUT/test${f:+-old}.log" 2>&1
+echo "== 1. test_small_cuda (default; the engine-table test with LASTSTAND_SMALL_ROWS=0), test_gdn_decode_cuda's fused norm vs rmsnorm_gated $(el)"
+# tag|env|filter|binary
+for c in "small||test_*|test_small_cuda" "small-old|LASTSTAND_SMALL_ROWS=0|test_qk_norm_rope_kv_equals_the_three_ops|test_small_cuda" \
+         "gdnnorm||test_fused_norm_equals_the_two_ops|test_gdn_decode_cuda" \
+         "gdnnorm-old|LASTSTAND_SMALL_ROWS=0|test_fused_norm_equals_the_two_ops|test_gdn_decode_cuda"; do
+    IFS='|' read -r tag ev filt tb <<<"$c"
+    env $ev LS_TEST_FILTER="$filt" timeout -k 3 40 "$D/tests/$tb" >"$OUT/test-$tag.log" 2>&1
     rc=$?
-    grep -E "^\[ +(FAILED|SKIPPED|PASSED|ERROR)|differs|fp64|host|written" "$OUT/test${f:+-old}.log" | head -8
-    [ $rc = 0 ] && echo "PASS test_small_cuda ${f:+LASTSTAND_SMALL_ROWS=0}" || { echo "FAIL test_small_cuda ${f:+LASTSTAND_SMALL_ROWS=0} rc=$rc"; tail -5 "$OUT/test${f:+-old}.log"; }
+    grep -E "^\[ +(FAILED|SKIPPED|PASSED|ERROR)|differs|fp64|host|written" "$OUT/test-$tag.log" | head -6
+    grep -q "SKIPPED" "$OUT/test-$tag.log" && rc=77
+    [ $rc = 0 ] && echo "PASS $tb $filt ${ev:-default}" || { echo "FAIL $tb $filt ${ev:-default} rc=$rc"; tail -5 "$OUT/test-$tag.log"; }
 done
 
 echo "== 2. generate greedy synth 35B 8 layers, 512-token prompt, 64 new tokens: new vs LASTSTAND_SMALL_ROWS=0 $(el)"

@@ -453,6 +453,9 @@ static void test_rows_qk_equal_the_block_form(void **st) {
 }
 
 int main(void) {
+    /* LS_TEST_FILTER: run only the tests whose name matches (bench/device/smallops.sh) */
+    const char *f = getenv("LS_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
     setenv("LASTSTAND_SMALL_QKV", "1", 0);
     setenv("LASTSTAND_SMALL_ADDNORM", "1", 0);
     const struct CMUnitTest tests[] = {

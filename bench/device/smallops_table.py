@@ -1,12 +1,12 @@
-"""smallops_table.py: the row-wise norms of two ncu raw CSVs (the new form, LASTSTAND_SMALL_ROWS
-default, and the old, =0) of one `generate` (synth 35B cut to 4 layers: 3 GDN + 1 attention, an
-8192-token prompt, then decode steps), side by side.
+"""smallops_table.py: the row-wise norms of ncu raw CSVs of one `generate` each (synth 35B cut to
+4 layers: 3 GDN + 1 attention, an 8192-token prompt, then decode steps) under the forms of
+LASTSTAND_SMALL_ROWS, side by side; the first is the baseline (the block kernels, =0).
 
-    python3 smallops_table.py NEW.csv OLD.csv TOKENS
+    python3 smallops_table.py TOKENS old=OLD.csv rows=ROWS.csv pipe=PIPE.csv ...
 
 Families: norm (sm_rmsnorm_kernel / sm_rmsnorm_rows_kernel: the GDN gated norm at prefill) and
 qk (sm_qk_norm_rope_kv_kernel / sm_qk_rows_kernel and the unfused sm_qk_norm_rope_kernel);
-phase: prefill (grid >= 512 blocks) or decode. Per family and phase: launches, µs a launch, MB
+phase: prefill (grid >= 512 blocks or >= 10 MB moved) or decode. Per family and phase: launches, µs a launch, MB
 a launch (DRAM read + write), GB/s; then the prefill step's saving scaled to the 40-layer model
 (30 GDN layers, 10 attention layers).
 """
@@ -38,7 +38,7 @@ def table(path):
         f = family(k["name"])
         if f is None:
             continue
-        ph = "prefill" if grid_x(k["grid"]) >= 512 else "decode"
+        ph = "prefill" if grid_x(k["grid"]) >= 512 or k["mb"] >= 10 else "decode"
         e = out.setdefault((f, ph), dict(n=0, us=0.0, mb=0.0, names=set()))
         e["n"] += 1
         e["us"] += k["us"]
@@ -48,30 +48,43 @@ def table(path):
 
 
 def main():
-    new, old, tok = table(sys.argv[1]), table(sys.argv[2]), int(sys.argv[3])
-    print(f"{'family':6s} {'phase':8s} {'form':4s} {'n':>3s} {'us/launch':>10s} {'MB/launch':>10s} {'GB/s':>7s}  kernels")
+    tok = int(sys.argv[1])
+    forms = []
+    for a in sys.argv[2:]:
+        tag, path = a.split("=", 1)
+        try:
+            forms.append((tag, table(path)))
+        except (OSError, ValueError) as err:
+            print(f"FAIL {tag}: {err}")
+    if not forms:
+        return
+    print(f"{'family':6s} {'phase':8s} {'form':5s} {'n':>3s} {'us/launch':>10s} {'MB/launch':>10s} {'GB/s':>7s}  kernels")
     per = {}
-    for key in sorted(set(new) | set(old)):
-        for form, t in (("new", new), ("old", old)):
+    keys = sorted(set().union(*[set(t) for _, t in forms]))
+    for key in keys:
+        for form, t in forms:
             e = t.get(key)
             if not e:
-                print(f"{key[0]:6s} {key[1]:8s} {form:4s}   0")
+                print(f"{key[0]:6s} {key[1]:8s} {form:5s}   0")
                 continue
             us, mb = e["us"] / e["n"], e["mb"] / e["n"]
             per[(key, form)] = us
-            print(f"{key[0]:6s} {key[1]:8s} {form:4s} {e['n']:3d} {us:10.2f} {mb:10.2f} {mb / us * 1e3:7.0f}  "
+            print(f"{key[0]:6s} {key[1]:8s} {form:5s} {e['n']:3d} {us:10.2f} {mb:10.2f} {mb / us * 1e3:7.0f}  "
                   + "; ".join(sorted(e["names"]))[:160])
-    save = 0.0
-    for f, layers in (("norm", 30), ("qk", 10)):
-        for ph in ("prefill", "decode"):
-            a, b = per.get(((f, ph), "new")), per.get(((f, ph), "old"))
-            if a is None or b is None:
-                continue
-            print(f"VERDICT {f} {ph}: new {a:.2f} us, old {b:.2f} us a launch ({b / a:.2f}x) "
-                  f"{'FASTER' if a < b else 'SLOWER'}")
-            if ph == "prefill":
-                save += (b - a) * layers
-    print(f"prefill step of {tok} tokens, 40-layer model (30 GDN norms + 10 qk launches): {save / 1e3:.2f} ms saved")
+    base = forms[0][0]
+    for form, _ in forms[1:]:
+        save = 0.0
+        for f, layers in (("norm", 30), ("qk", 10)):
+            for ph in ("prefill", "decode"):
+                a, b = per.get(((f, ph), form)), per.get(((f, ph), base))
+                if a is None or b is None:
+                    continue
+                print(f"VERDICT {form} {f} {ph}: {a:.2f} us, {base} {b:.2f} us a launch ({b / a:.2f}x) "
+                      f"{'FASTER' if a < b else 'SLOWER'}")
+                if ph == "prefill":
+                    save += (b - a) * layers
+        print(f"{form}: prefill step of {tok} tokens, 40-layer model (30 GDN norms + 10 qk launches): "
+              f"{save / 1e3:.2f} ms saved against {base}")
 
 
 main()

@@ -8,8 +8,8 @@
  * (LASTSTAND_SMALL_QKV=1, set before the first call unless the caller set it).
  * add_rmsnorm (LASTSTAND_SMALL_ADDNORM=1 likewise: its one-round-trip kernel) against
  * the host: the residual sum exactly, the normed row within one BF16 rounding.
- * The row-wise norms' two forms (small_cuda_block: one block a row; small_cuda_rows: one warp
- * a row, LASTSTAND_SMALL_ROWS's default) on the same inputs: rmsnorm, rmsnorm_gated,
+ * The row-wise norms' forms (small_cuda_block: one block a row; small_cuda_rows: one warp a
+ * row, LASTSTAND_SMALL_ROWS=1; small_cuda_pipe: persistent warps, =2) on the same inputs: rmsnorm, rmsnorm_gated,
  * qk_norm_rope and qk_norm_rope_kv must give the same bytes (outputs, both KV pools) on the
  * 35B's prefill shapes (8192 tokens x 32 v heads x 128 gated, 2048 tokens x 16 q / 2 kv heads
  * x 256, rot 64, a paged pool with pages missing and tokens outside every sequence) and odd
@@ -185,6 +185,8 @@ static void test_add_rmsnorm_matches_the_host(void **st) {
 }
 
 #ifdef LS_HAVE_CUDA
+enum { NF = 3 }; /* the forms: small_cuda_block (the oracle), small_cuda_rows, small_cuda_pipe */
+
 static int first_diff(const void *a, const void *b, size_t n, size_t es) {
     for (size_t i = 0; i < n; i += es)
         if (memcmp((const char *)a + i, (const char *)b + i, es)) return (int)(i / es);
@@ -197,18 +199,18 @@ static double silu_d(double z) { return z / (1.0 + exp(-z)); }
  * against the host in fp64 on every 61st row and the last, within one BF16 rounding. Row 1 is
  * all zeros (y = 0). inplace: y aliases x. */
 static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inplace) {
-    const small_ops *fm[2] = {&small_cuda_block, &small_cuda_rows};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
     ls_err e = {0};
     const size_t n = (size_t)rows * cols;
     const float eps = 1e-6f;
-    uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[2] = {malloc(n * 2), malloc(n * 2)};
+    uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[NF] = {malloc(n * 2), malloc(n * 2), malloc(n * 2)};
     float *w = malloc(cols * 4);
     for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(3.f * urand()), z[i] = f32_to_bf16(4.f * urand());
     if (rows > 1) memset(x + cols, 0, (size_t)cols * 2);
     for (int i = 0; i < cols; i++) w[i] = kind == RMS_ZC ? 0.3f * urand() : 1.f + 0.3f * urand();
-    void *dx = dev_copy(x, n * 2), *dz = dev_copy(z, n * 2), *dy[2];
+    void *dx = dev_copy(x, n * 2), *dz = dev_copy(z, n * 2), *dy[NF];
     float *dw = dev_copy(w, cols * 4);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NF; f++) {
         void *in = inplace ? dev_copy(x, n * 2) : dx;
         dy[f] = inplace ? in : dev_copy(z, n * 2);
         const int rc = gated ? fm[f]->rmsnorm_gated(rows, cols, in, dz, dw, eps, dy[f], ACT_BF16, g_st)
@@ -216,11 +218,13 @@ static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inp
         assert_int_equal(rc, 0);
         assert_int_equal(g_mem->d2h(y[f], dy[f], n * 2, g_st, &e), 0);
     }
-    const int d = first_diff(y[0], y[1], n * 2, 2);
-    if (d >= 0)
-        fprintf(stderr, "rmsnorm%s [%d x %d]: warp form differs from the block form at [%d, %d]: %#x vs %#x\n",
-                gated ? "_gated" : "", rows, cols, d / cols, d % cols, y[1][d], y[0][d]);
-    assert_int_equal(d, -1);
+    for (int f = 1; f < NF; f++) {
+        const int d = first_diff(y[0], y[f], n * 2, 2);
+        if (d >= 0)
+            fprintf(stderr, "rmsnorm%s [%d x %d]: %s differs from the block form at [%d, %d]: %#x vs %#x\n",
+                    gated ? "_gated" : "", rows, cols, fm[f]->name, d / cols, d % cols, y[f][d], y[0][d]);
+        assert_int_equal(d, -1);
+    }
     int bad = 0;
     for (int r = 0; r < rows; r = r + 61 < rows || r == rows - 1 ? r + 61 : rows - 1) {
         double ss = 0;
@@ -237,9 +241,9 @@ static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inp
         }
     }
     assert_int_equal(bad, 0);
-    for (int f = 0; f < 2; f++) g_mem->free(dy[f]);
+    for (int f = 0; f < NF; f++) g_mem->free(dy[f]), free(y[f]);
     g_mem->free(dx); g_mem->free(dz); g_mem->free(dw);
-    free(x); free(z); free(y[0]); free(y[1]); free(w);
+    free(x); free(z); free(w);
 }
 #endif
 
@@ -272,7 +276,7 @@ static void test_rows_norms_equal_the_block_form(void **st) {
  * form's q and k rows against the host (fp64 norm and rotation of the fp32 angle) on every
  * 53rd token; its pools against the host's slot map. */
 static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind, act_dtype kvdt) {
-    const small_ops *fm[2] = {&small_cuda_block, &small_cuda_rows};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
     ls_err e = {0};
     enum { PS = 16 };
     const double theta = 1e7;
@@ -310,8 +314,8 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
     memset(poison, 0x7f, pool);
     float *dqw = dev_copy(qw, hd * 4), *dkw = dev_copy(kw, hd * 4);
     int32_t *dpos = dev_copy(pos, nt * 4);
-    void *dv = dev_copy(v, nk * 2), *dq[2], *dk[2], *kp[2], *vp[2];
-    for (int f = 0; f < 2; f++) {
+    void *dv = dev_copy(v, nk * 2), *dq[NF], *dk[NF], *kp[NF], *vp[NF];
+    for (int f = 0; f < NF; f++) {
         dq[f] = dev_copy(q, nq * 2);
         dk[f] = dev_copy(k, nk * 2);
         kp[f] = dev_copy(poison, pool);
@@ -320,23 +324,26 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
         assert_int_equal(fm[f]->qk_norm_rope_kv(nt, nh, nkv, hd, dq[f], dk[f], dv, dqw, dkw, kind, eps, rot, dpos,
                                                 theta, &kv, 2, dseqs, ACT_BF16, g_st), 0);
     }
-    uint16_t *oq[2] = {malloc(nq * 2), malloc(nq * 2)}, *ok[2] = {malloc(nk * 2), malloc(nk * 2)};
-    unsigned char *ko[2] = {malloc(pool), malloc(pool)}, *vo[2] = {malloc(pool), malloc(pool)};
-    for (int f = 0; f < 2; f++) {
+    uint16_t *oq[NF], *ok[NF];
+    unsigned char *ko[NF], *vo[NF];
+    for (int f = 0; f < NF; f++) {
+        oq[f] = malloc(nq * 2), ok[f] = malloc(nk * 2), ko[f] = malloc(pool), vo[f] = malloc(pool);
         assert_int_equal(g_mem->d2h(oq[f], dq[f], nq * 2, g_st, &e), 0);
         assert_int_equal(g_mem->d2h(ok[f], dk[f], nk * 2, g_st, &e), 0);
         assert_int_equal(g_mem->d2h(ko[f], kp[f], pool, g_st, &e), 0);
         assert_int_equal(g_mem->d2h(vo[f], vp[f], pool, g_st, &e), 0);
     }
-    const void *pa[4] = {oq[0], ok[0], ko[0], vo[0]}, *pb[4] = {oq[1], ok[1], ko[1], vo[1]};
-    const size_t sz[4] = {nq * 2, nk * 2, pool, pool}, esz[4] = {2, 2, es, es};
-    const char *what[4] = {"q", "k", "K pool", "V pool"};
-    for (int j = 0; j < 4; j++) {
-        const int d = first_diff(pa[j], pb[j], sz[j], esz[j]);
-        if (d >= 0)
-            fprintf(stderr, "qk_norm_rope_kv [%d tok, %d+%d x %d, rot %d]: warp form's %s differs at element %d\n", nt,
-                    nh, nkv, hd, rot, what[j], d);
-        assert_int_equal(d, -1);
+    for (int f = 1; f < NF; f++) {
+        const void *pa[4] = {oq[0], ok[0], ko[0], vo[0]}, *pb[4] = {oq[f], ok[f], ko[f], vo[f]};
+        const size_t sz[4] = {nq * 2, nk * 2, pool, pool}, esz[4] = {2, 2, es, es};
+        const char *what[4] = {"q", "k", "K pool", "V pool"};
+        for (int j = 0; j < 4; j++) {
+            const int d = first_diff(pa[j], pb[j], sz[j], esz[j]);
+            if (d >= 0)
+                fprintf(stderr, "qk_norm_rope_kv [%d tok, %d+%d x %d, rot %d]: %s's %s differs at element %d\n", nt,
+                        nh, nkv, hd, rot, fm[f]->name, what[j], d);
+            assert_int_equal(d, -1);
+        }
     }
     /* the pools against the slot map: owned slots hold the token's k (as written to k) and v,
      * the others the poison */
@@ -395,7 +402,7 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
     }
     assert_int_equal(bad, 0);
     free(row); free(owned);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NF; f++) {
         g_mem->free(dq[f]); g_mem->free(dk[f]); g_mem->free(kp[f]); g_mem->free(vp[f]);
         free(oq[f]); free(ok[f]); free(ko[f]); free(vo[f]);
     }
@@ -406,10 +413,10 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
 
 /* qk_norm_rope (one head set, no KV) by both forms: the same bytes. */
 static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
-    const small_ops *fm[2] = {&small_cuda_block, &small_cuda_rows};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
     ls_err e = {0};
     const size_t n = (size_t)nt * nh * hd;
-    uint16_t *x = malloc(n * 2), *o[2] = {malloc(n * 2), malloc(n * 2)};
+    uint16_t *x = malloc(n * 2), *o[NF] = {malloc(n * 2), malloc(n * 2), malloc(n * 2)};
     for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(urand() * 2.f);
     float *w = malloc(hd * 4);
     for (int i = 0; i < hd; i++) w[i] = 0.5f * urand();
@@ -417,17 +424,21 @@ static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
     for (int t = 0; t < nt; t++) pos[t] = 3 * t + 1;
     float *dw = dev_copy(w, hd * 4);
     int32_t *dpos = dev_copy(pos, nt * 4);
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < NF; f++) {
         void *dx = dev_copy(x, n * 2);
         assert_int_equal(fm[f]->qk_norm_rope(nt, nh, hd, dx, dw, kind, 1e-6f, rot, dpos, 1e6, ACT_BF16, g_st), 0);
         assert_int_equal(g_mem->d2h(o[f], dx, n * 2, g_st, &e), 0);
         g_mem->free(dx);
     }
-    const int d = first_diff(o[0], o[1], n * 2, 2);
-    if (d >= 0) fprintf(stderr, "qk_norm_rope [%d x %d x %d, rot %d]: warp form differs at %d\n", nt, nh, hd, rot, d);
-    assert_int_equal(d, -1);
+    for (int f = 1; f < NF; f++) {
+        const int d = first_diff(o[0], o[f], n * 2, 2);
+        if (d >= 0)
+            fprintf(stderr, "qk_norm_rope [%d x %d x %d, rot %d]: %s differs at %d\n", nt, nh, hd, rot, fm[f]->name, d);
+        assert_int_equal(d, -1);
+    }
     g_mem->free(dw); g_mem->free(dpos);
-    free(x); free(o[0]); free(o[1]); free(w); free(pos);
+    for (int f = 0; f < NF; f++) free(o[f]);
+    free(x); free(w); free(pos);
 }
 #endif
 

@@ -8,9 +8,9 @@
  * (LASTSTAND_SMALL_QKV=1, set before the first call unless the caller set it).
  * add_rmsnorm (LASTSTAND_SMALL_ADDNORM=1 likewise: its one-round-trip kernel) against
  * the host: the residual sum exactly, the normed row within one BF16 rounding.
- * The row-wise norms' forms (small_cuda_block: one block a row; small_cuda_rows: one warp a
- * row, LASTSTAND_SMALL_ROWS=1; small_cuda_pipe: persistent warps, =2) on the same inputs: rmsnorm, rmsnorm_gated,
- * qk_norm_rope and qk_norm_rope_kv must give the same bytes (outputs, both KV pools) on the
+ * The row-wise norms' two forms (small_cuda_block: one block a row; small_cuda_rows: one warp
+ * a row, persistent, LASTSTAND_SMALL_ROWS's default from 2048 rows) on the same inputs:
+ * rmsnorm, rmsnorm_gated, qk_norm_rope and qk_norm_rope_kv must give the same bytes (outputs, both KV pools) on the
  * 35B's prefill shapes (8192 tokens x 32 v heads x 128 gated, 2048 tokens x 16 q / 2 kv heads
  * x 256, rot 64, a paged pool with pages missing and tokens outside every sequence) and odd
  * ones (cols not a multiple of 32, head_dim 64 / 96 / 128, rot_dim = head_dim, rot 16 and
@@ -185,7 +185,7 @@ static void test_add_rmsnorm_matches_the_host(void **st) {
 }
 
 #ifdef LS_HAVE_CUDA
-enum { NF = 3 }; /* the forms: small_cuda_block (the oracle), small_cuda_rows, small_cuda_pipe */
+enum { NF = 2 }; /* the forms: small_cuda_block (the oracle), small_cuda_rows */
 
 static int first_diff(const void *a, const void *b, size_t n, size_t es) {
     for (size_t i = 0; i < n; i += es)
@@ -199,11 +199,11 @@ static double silu_d(double z) { return z / (1.0 + exp(-z)); }
  * against the host in fp64 on every 61st row and the last, within one BF16 rounding. Row 1 is
  * all zeros (y = 0). inplace: y aliases x. */
 static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inplace) {
-    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
     ls_err e = {0};
     const size_t n = (size_t)rows * cols;
     const float eps = 1e-6f;
-    uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[NF] = {malloc(n * 2), malloc(n * 2), malloc(n * 2)};
+    uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[NF] = {malloc(n * 2), malloc(n * 2)};
     float *w = malloc(cols * 4);
     for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(3.f * urand()), z[i] = f32_to_bf16(4.f * urand());
     if (rows > 1) memset(x + cols, 0, (size_t)cols * 2);
@@ -276,7 +276,7 @@ static void test_rows_norms_equal_the_block_form(void **st) {
  * form's q and k rows against the host (fp64 norm and rotation of the fp32 angle) on every
  * 53rd token; its pools against the host's slot map. */
 static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind, act_dtype kvdt) {
-    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
     ls_err e = {0};
     enum { PS = 16 };
     const double theta = 1e7;
@@ -413,10 +413,10 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
 
 /* qk_norm_rope (one head set, no KV) by both forms: the same bytes. */
 static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
-    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows, &small_cuda_pipe};
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
     ls_err e = {0};
     const size_t n = (size_t)nt * nh * hd;
-    uint16_t *x = malloc(n * 2), *o[NF] = {malloc(n * 2), malloc(n * 2), malloc(n * 2)};
+    uint16_t *x = malloc(n * 2), *o[NF] = {malloc(n * 2), malloc(n * 2)};
     for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(urand() * 2.f);
     float *w = malloc(hd * 4);
     for (int i = 0; i < hd; i++) w[i] = 0.5f * urand();

@@ -86,33 +86,37 @@ __device__ float sm_block_sum(float v) {
     return t;
 }
 
-/* ---- many rows: one warp a row -------------------------------------------------
+/* ---- many rows: one warp a row, persistent -----------------------------------------
  * The kernels above give every row (an 8192-token prefill: 262144 GDN norm rows of 128,
  * 147456 q/k head rows of 256) a block: per-block costs, two barriers and a double pow per
  * element dominate (H200, ncu, S12: 317 µs for 190 MB, 462 µs for 164 MB). Below, one warp
- * does a row of cols <= 256 (SR_WARPS warps a block, R rows a warp with all their loads
- * issued before the first is used). Lane l holds elements e = l + 32 j (j < J), i.e. the
- * element thread e of the block kernel held (blockDim there = cols rounded up to 32, so one
- * element a thread), and the results are the block kernels' bit for bit: the sum of squares
- * is sm_block_sum's, virtual warp j's xor tree then the tree over the J partials padded with
- * zeros (virtual warps past cols add exact zeros), every other op the same fp32 op (the rope's
- * contraction spelled out as the block kernel's SASS has it: fma(±partner, sin, x · cos)),
- * the inverse frequencies the same double expression, once a block in shared memory. */
-enum { SR_WARPS = 8, SR_MAXJ = 8, SR_BIG_ROWS = 16384 /* from here R > 1 */,
-       SR_MIN_ROWS = 2048 /* the engine's (small_cuda's) warp forms from here: below, the block kernels */ };
+ * does a row of cols <= 256, SR_WARPS warps a block, a grid of as many blocks as fit at once
+ * (occupancy x SMs): each warp walks batches (SP_R rows of the norm, 1 row of qk) gridDim · 8
+ * apart and issues the next batch's loads before the current batch's math, so that its loads
+ * and its math overlap; the q/k kernel computes its inverse-frequency table once a block, its
+ * rope variant fixed at compile time (HT: the rotated pairs in one lane, half = 32 HT; 0:
+ * through shared memory), its KV slot by a 32-wide ballot over the sequences.
+ * Lane l holds elements e = l + 32 j (j < J), i.e. the element thread e of the block kernel
+ * held (blockDim there = cols rounded up to 32, so one element a thread), and the results are
+ * the block kernels' bit for bit: the sum of squares is sm_block_sum's, virtual warp j's xor
+ * tree then the tree over the J partials padded with zeros (virtual warps past cols add exact
+ * zeros), every other op the same fp32 op (the rope's contraction spelled out as the block
+ * kernel's SASS has it: fma(±partner, sin, x · cos)), the inverse frequencies the same double
+ * expression. (S12 round R2 also had one warp a row with R rows a warp and no prefetch: gated
+ * norm 150 µs, qk 171 µs; deleted after R3: 147 / 167 µs against this form's 99 / 113 µs.) */
+enum { SR_WARPS = 8, SR_MAXJ = 8,
+       SR_MIN_ROWS = 2048 /* the engine's (small_cuda's) warp form from here: below, the block kernels */ };
 
-/* LASTSTAND_SMALL_ROWS=0|1|2: rmsnorm, rmsnorm_gated, qk_norm_rope and qk_norm_rope_kv one
- * block a row / one warp a row (R rows a warp) / persistent warps (below), where cols (head_dim)
- * <= 256 and from SR_MIN_ROWS rows (SM_ROWS_DEFAULT; H200 round R2 of S12, ncu, 35B 8192-token
- * prefill: form 1 gated norm 317 -> 150 µs, qk 467 -> 171 µs, the same bits; but one decode
- * token's qk 5.4 -> 8.1 µs, hence the block kernels below SR_MIN_ROWS rows). Read once. */
+/* LASTSTAND_SMALL_ROWS=0|1: rmsnorm, rmsnorm_gated, qk_norm_rope and qk_norm_rope_kv one
+ * block a row / the persistent warps below, where cols (head_dim) <= 256 and from SR_MIN_ROWS
+ * rows (SM_ROWS_DEFAULT: 1 since H200 round R3 of S12, ncu, synth 35B's 8192-token prefill:
+ * gated norm 317.6 -> 99.3 µs, qk norm + rope + KV 461.9 -> 112.9 µs, the same bits
+ * (test_small_cuda), the same greedy ids; the warp form with R rows a warp took one decode
+ * token's qk 5.4 -> 8.1 µs in R2, hence the block kernels below SR_MIN_ROWS rows). Read once. */
 #define SM_ROWS_DEFAULT 1
 static int sm_rows(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_SMALL_ROWS");
-        v = e && !strcmp(e, "2") ? 2 : cu_env_switch("LASTSTAND_SMALL_ROWS", SM_ROWS_DEFAULT);
-    }
+    if (v < 0) v = cu_env_switch("LASTSTAND_SMALL_ROWS", SM_ROWS_DEFAULT);
     return v;
 }
 
@@ -130,53 +134,6 @@ __device__ __forceinline__ float sr_sum(float q[J], int lane) {
         if (lane == j) t = q[j];
     for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
     return t;
-}
-
-/* sm_rmsnorm_kernel for rows of cols <= 32 J: warp w of block b does rows (8 b + w) R + r. */
-template <int J, int R>
-__global__ void __launch_bounds__(SR_WARPS * 32)
-    sm_rmsnorm_rows_kernel(int rows, int cols, const bf16 *x, const bf16 *__restrict__ z,
-                           const float *__restrict__ w, int zc, float eps, bf16 *y) {
-    cu_pdl_trigger();
-    const int lane = threadIdx.x & 31;
-    const long long r0 = ((long long)blockIdx.x * SR_WARPS + (threadIdx.x >> 5)) * R;
-    float wv[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) wv[j] = lane + 32 * j < cols ? __ldg(w + lane + 32 * j) : 0.f; /* constants */
-    cu_pdl_wait();
-    if (r0 >= rows) return;
-    float xv[R][J], zv[R][J];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = lane + 32 * j;
-            const bool on = r0 + r < rows && e < cols;
-            const size_t i = (size_t)(r0 + r) * cols + e;
-            xv[r][j] = on ? __bfloat162float(x[i]) : 0.f;
-            zv[r][j] = on && z ? __bfloat162float(z[i]) : 0.f;
-        }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (r0 + r >= rows) break;
-        float q[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) q[j] = __fmul_rn(xv[r][j], xv[r][j]);
-        const float s = rsqrtf(sr_sum<J>(q, lane) / cols + eps);
-        bf16 *yr = y + (size_t)(r0 + r) * cols;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = lane + 32 * j;
-            if (e >= cols) continue;
-            const float xh = __fmul_rn(xv[r][j], s);
-            float o;
-            if (z)
-                o = __fmul_rn(__fmul_rn(wv[j], xh), sm_silu(zv[r][j]));
-            else
-                o = zc ? __fmul_rn(xh, __fadd_rn(1.0f, wv[j])) : __fmul_rn(wv[j], xh);
-            yr[e] = __float2bfloat16(o);
-        }
-    }
 }
 
 /* The token's KV slot (row of the pool; -1: no sequence holds token t, or its page is outside
@@ -214,184 +171,10 @@ __device__ __forceinline__ void sr_rope_lane(float o[J], const float nv[J], cons
     }
 }
 
-/* sm_qk_norm_rope_kv_kernel for head_dim <= 32 J: rows [0, n_tok nh) the q rows, then the
- * k rows (t, h) (with their KV write: kp != NULL); warp w of block b does rows
- * (8 b + w) R + r. nkv = 0, kp = NULL: sm_qk_norm_rope_kernel on q. */
-template <typename T, int J, int R>
-__global__ void __launch_bounds__(SR_WARPS * 32)
-    sm_qk_rows_kernel(int n_tok, int nh, int nkv, int head_dim, const float *__restrict__ qw,
-                      const float *__restrict__ kw, int zc, float eps, int rot_dim, const int32_t *__restrict__ pos,
-                      double theta, bf16 *q, bf16 *k, const bf16 *__restrict__ v,
-                      const attn_seq *__restrict__ seqs, int n_seq, int page_size, int n_pages, T *kp, T *vp) {
-    cu_pdl_trigger();
-    __shared__ float inv_sh[SR_MAXJ * 16];
-    __shared__ float row_sh[SR_WARPS][SR_MAXJ * 32];
-    const int half = rot_dim / 2;
-    for (int j = threadIdx.x; j < rot_dim - half; j += blockDim.x) /* constants: before the wait */
-        inv_sh[j] = (float)(1.0 / pow(theta, (double)(2 * j) / rot_dim));
-    __syncthreads();
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-    const int nq = n_tok * nh, nrows = n_tok * (nh + nkv);
-    const int r0 = (blockIdx.x * SR_WARPS + wi) * R;
-    float wq[J], wk[J]; /* constants: before the wait */
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const bool on = lane + 32 * j < head_dim;
-        wq[j] = on ? __ldg(qw + lane + 32 * j) : 0.f;
-        wk[j] = on && nkv ? __ldg(kw + lane + 32 * j) : 0.f;
-    }
-    cu_pdl_wait();
-    if (r0 >= nrows) return;
-    float xv[R][J];
-    bf16 vb[R][J];
-    float pr[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int b = r0 + r, isk = b >= nq, rr = isk ? b - nq : b;
-        pr[r] = b < nrows && rot_dim ? (float)pos[rr / (isk ? nkv : nh)] : 0.f;
-        const bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = lane + 32 * j;
-            const bool on = b < nrows && e < head_dim;
-            xv[r][j] = on ? __bfloat162float(xr[e]) : 0.f;
-            vb[r][j] = on && isk && kp ? v[(size_t)rr * head_dim + e] : __float2bfloat16(0.f);
-        }
-    }
-    long long d[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int b = r0 + r;
-        d[r] = -1;
-        if (b < nrows && b >= nq && kp) d[r] = sr_slot(seqs, n_seq, (b - nq) / nkv, page_size, n_pages, lane);
-    }
-    const int H = rot_dim % 64 == 0 ? rot_dim / 64 : 0; /* pairs in one lane: half = 32 H */
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int b = r0 + r;
-        if (b >= nrows) break;
-        const int isk = b >= nq, rr = isk ? b - nq : b;
-        float sq[J], nv[J], o[J];
-#pragma unroll
-        for (int j = 0; j < J; j++) sq[j] = __fmul_rn(xv[r][j], xv[r][j]);
-        const float s = rsqrtf(sr_sum<J>(sq, lane) / head_dim + eps);
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const float wj = isk ? wk[j] : wq[j], xh = __fmul_rn(xv[r][j], s);
-            nv[j] = zc ? __fmul_rn(xh, __fadd_rn(1.0f, wj)) : __fmul_rn(wj, xh);
-            o[j] = nv[j];
-        }
-        if (rot_dim) {
-            const float p = pr[r];
-            if (H == 1 && J >= 2)
-                sr_rope_lane<J, 1>(o, nv, inv_sh, p, lane);
-            else if (H == 2 && J >= 4)
-                sr_rope_lane<J, (J >= 4 ? 2 : 1)>(o, nv, inv_sh, p, lane);
-            else if (H == 4 && J >= 8)
-                sr_rope_lane<J, (J >= 8 ? 4 : 1)>(o, nv, inv_sh, p, lane);
-            else { /* the partner in another lane: through this warp's row in shared memory */
-                float *rs = row_sh[wi];
-#pragma unroll
-                for (int j = 0; j < J; j++)
-                    if (lane + 32 * j < head_dim) rs[lane + 32 * j] = nv[j];
-                __syncwarp();
-#pragma unroll
-                for (int j = 0; j < J; j++) {
-                    const int e = lane + 32 * j;
-                    if (e >= rot_dim) continue;
-                    const float ang = __fmul_rn(p, inv_sh[e < half ? e : e - half]), c = cosf(ang), sn = sinf(ang);
-                    const float m = __fmul_rn(nv[j], c);
-                    o[j] = e < half ? __fmaf_rn(-rs[e + half], sn, m) : __fmaf_rn(rs[e - half], sn, m);
-                }
-                __syncwarp(); /* before the next row's stores */
-            }
-        }
-        bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
-        const size_t kvo = (size_t)d[r] * nkv * head_dim + (size_t)(rr % (isk ? nkv : 1)) * head_dim;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int e = lane + 32 * j;
-            if (e >= head_dim) continue;
-            const bf16 ob = __float2bfloat16(o[j]);
-            xr[e] = ob;
-            if (d[r] >= 0) {
-                if (sizeof(T) == 2) {
-                    ((bf16 *)kp)[kvo + e] = ob;
-                    ((bf16 *)vp)[kvo + e] = vb[r][j];
-                } else {
-                    ((float *)kp)[kvo + e] = __bfloat162float(ob);
-                    ((float *)vp)[kvo + e] = __bfloat162float(vb[r][j]);
-                }
-            }
-        }
-    }
-}
-
 /* J for cols (head_dim) <= 256: the virtual warps, a power of two >= 2; 0 above. */
 static int sr_j(int cols) { return cols <= 64 ? 2 : cols <= 128 ? 4 : cols <= 256 ? 8 : 0; }
 
-template <int J>
-static int sr_rmsnorm_launch(int rows, int cols, const bf16 *x, const bf16 *z, const float *w, int zc, float eps,
-                             bf16 *y, ls_stream s) {
-    constexpr int RB = J >= 8 ? 2 : 4;
-    if (rows >= SR_BIG_ROWS)
-        return sm_launch(sm_rmsnorm_rows_kernel<J, RB>, dim3((rows + SR_WARPS * RB - 1) / (SR_WARPS * RB)),
-                         dim3(SR_WARPS * 32), 0, s, rows, cols, x, z, w, zc, eps, y);
-    return sm_launch(sm_rmsnorm_rows_kernel<J, 1>, dim3((rows + SR_WARPS - 1) / SR_WARPS), dim3(SR_WARPS * 32), 0, s,
-                     rows, cols, x, z, w, zc, eps, y);
-}
-
-/* rmsnorm / rmsnorm_gated one warp a row (cols <= 256). */
-static int sr_rmsnorm(int rows, int cols, const void *x, const void *z, const float *w, int zc, float eps, void *y,
-                      ls_stream s) {
-    switch (sr_j(cols)) {
-    case 2: return sr_rmsnorm_launch<2>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
-    case 4: return sr_rmsnorm_launch<4>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
-    default: return sr_rmsnorm_launch<8>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
-    }
-}
-
-template <typename T, int J>
-static int sr_qk_launch(int n_tok, int nh, int nkv, int head_dim, const float *qw, const float *kw, int zc, float eps,
-                        int rot_dim, const int32_t *pos, double theta, bf16 *q, bf16 *k, const bf16 *v,
-                        const attn_seq *seqs, int n_seq, int page_size, int n_pages, T *kp, T *vp, ls_stream s) {
-    const int rows = n_tok * (nh + nkv);
-    if (rows >= SR_BIG_ROWS)
-        return sm_launch(sm_qk_rows_kernel<T, J, 2>, dim3((rows + SR_WARPS * 2 - 1) / (SR_WARPS * 2)),
-                         dim3(SR_WARPS * 32), 0, s, n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q,
-                         k, v, seqs, n_seq, page_size, n_pages, kp, vp);
-    return sm_launch(sm_qk_rows_kernel<T, J, 1>, dim3((rows + SR_WARPS - 1) / SR_WARPS), dim3(SR_WARPS * 32), 0, s,
-                     n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q, k, v, seqs, n_seq, page_size,
-                     n_pages, kp, vp);
-}
-
-/* qk_norm_rope(_kv) one warp a row (head_dim <= 256; rot_dim already 0 when < 2). */
-template <typename T>
-static int sr_qk(int n_tok, int nh, int nkv, int head_dim, const float *qw, const float *kw, int zc, float eps,
-                 int rot_dim, const int32_t *pos, double theta, void *q, void *k, const void *v, const attn_seq *seqs,
-                 int n_seq, int page_size, int n_pages, T *kp, T *vp, ls_stream s) {
-    switch (sr_j(head_dim)) {
-    case 2:
-        return sr_qk_launch<T, 2>(n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q,
-                                  (bf16 *)k, (const bf16 *)v, seqs, n_seq, page_size, n_pages, kp, vp, s);
-    case 4:
-        return sr_qk_launch<T, 4>(n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q,
-                                  (bf16 *)k, (const bf16 *)v, seqs, n_seq, page_size, n_pages, kp, vp, s);
-    default:
-        return sr_qk_launch<T, 8>(n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q,
-                                  (bf16 *)k, (const bf16 *)v, seqs, n_seq, page_size, n_pages, kp, vp, s);
-    }
-}
-
-/* ---- many rows, persistent: LASTSTAND_SMALL_ROWS=2 ---------------------------------------
- * The kernels above give a warp R rows and end: a warp's loads are in flight only before its
- * math, and each block of the q/k kernel computes its inverse-frequency table again (H200 round
- * R2, S12: gated norm 150 µs = 1.27 TB/s, qk 171 µs = 0.97 TB/s). Below, a grid of as many blocks
- * as fit at once (occupancy x SMs); each warp walks batches (SP_R rows of the norm, 1 row of qk)
- * gridDim · 8 apart and issues the next batch's loads before the current batch's math, so its
- * loads and its math overlap. The q/k kernel's rope is chosen at compile time (HT: the rotated
- * pairs in one lane, half = 32 HT; 0: through shared memory), which keeps its code small. Per
- * element the same ops as the kernels above: the same bits. */
+/* rows a warp's batch in sm_rmsnorm_pipe_kernel */
 enum { SP_R = 2 };
 
 template <int J, int R>
@@ -667,8 +450,8 @@ static int threads_for(int cols) {
 }
 
 /* The form of the row-wise norms for rows rows: F < 0 the switch's (small_cuda; the block
- * kernels below SR_MIN_ROWS rows), 0 one block a row (small_cuda_block), 1 one warp a row where
- * it applies (small_cuda_rows), 2 the persistent warps (small_cuda_pipe). */
+ * kernels below SR_MIN_ROWS rows), 0 one block a row (small_cuda_block), 1 the persistent warps
+ * where they apply (small_cuda_rows). */
 static int sm_form(int F, long long rows) { return F >= 0 ? F : rows < SR_MIN_ROWS ? 0 : sm_rows(); }
 
 template <int F>
@@ -678,7 +461,7 @@ static int c_rmsnorm(int rows, int cols, const void *x, const float *w, rms_kind
     if (rows <= 0) return 0;
     const int f = sm_form(F, rows);
     if (f && sr_j(cols))
-        return (f == 2 ? sp_rmsnorm : sr_rmsnorm)(rows, cols, x, nullptr, w, (int)(kind == RMS_ZC), eps, y, s);
+        return sp_rmsnorm(rows, cols, x, nullptr, w, (int)(kind == RMS_ZC), eps, y, s);
     return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
                      (const bf16 *)nullptr, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
@@ -689,7 +472,7 @@ static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, con
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
     const int f = sm_form(F, rows);
-    if (f && sr_j(cols)) return (f == 2 ? sp_rmsnorm : sr_rmsnorm)(rows, cols, x, z, w, 0, eps, y, s);
+    if (f && sr_j(cols)) return sp_rmsnorm(rows, cols, x, z, w, 0, eps, y, s);
     return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
                      (const bf16 *)z, w, 0, eps, (bf16 *)y);
 }
@@ -862,10 +645,9 @@ static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const f
     if (rot_dim < 2) rot_dim = 0;
     const int f = sm_form(F, (long long)n_tok * n_heads);
     if (f && sr_j(head_dim))
-        return (f == 2 ? sp_qk<uint16_t> : sr_qk<uint16_t>)(n_tok, n_heads, 0, head_dim, w, nullptr,
-                                                              (int)(kind == RMS_ZC), eps, rot_dim, pos, theta, x,
-                                                              nullptr, nullptr, nullptr, 0, 1, 0, (uint16_t *)nullptr,
-                                                              (uint16_t *)nullptr, s);
+        return sp_qk<uint16_t>(n_tok, n_heads, 0, head_dim, w, nullptr, (int)(kind == RMS_ZC), eps, rot_dim, pos,
+                               theta, x, nullptr, nullptr, nullptr, 0, 1, 0, (uint16_t *)nullptr,
+                               (uint16_t *)nullptr, s);
     return sm_launch(sm_qk_norm_rope_kernel, dim3(n_tok * n_heads), dim3(threads_for(head_dim)),
                      sizeof(float) * head_dim, s, n_heads, head_dim, w, (int)(kind == RMS_ZC), eps, rot_dim, pos,
                      theta, (bf16 *)x);
@@ -976,13 +758,10 @@ static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_di
     const int f = sm_form(F, (long long)n_tok * (n_heads + n_kv_heads));
     if (f && sr_j(head_dim)) {
         if (kv->dt == ACT_BF16)
-            return (f == 2 ? sp_qk<uint16_t> : sr_qk<uint16_t>)(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps,
-                                                                  rot_dim, pos, theta, q, k, v, seqs, n_seq,
-                                                                  kv->page_size, kv->n_pages, (uint16_t *)kv->k,
-                                                                  (uint16_t *)kv->v, s);
-        return (f == 2 ? sp_qk<float> : sr_qk<float>)(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps, rot_dim,
-                                                        pos, theta, q, k, v, seqs, n_seq, kv->page_size, kv->n_pages,
-                                                        (float *)kv->k, (float *)kv->v, s);
+            return sp_qk<uint16_t>(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q, k, v,
+                                   seqs, n_seq, kv->page_size, kv->n_pages, (uint16_t *)kv->k, (uint16_t *)kv->v, s);
+        return sp_qk<float>(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q, k, v, seqs,
+                            n_seq, kv->page_size, kv->n_pages, (float *)kv->k, (float *)kv->v, s);
     }
     if (kv->dt == ACT_BF16)
         return sm_launch(sm_qk_norm_rope_kv_kernel<uint16_t>, grid, block, smem, s, n_tok, n_heads, n_kv_heads,
@@ -1115,10 +894,6 @@ extern "C" const small_ops small_cuda_block = {
     "cuda_block",    DEV_CUDA,   1,     c_rmsnorm<0>,  c_rmsnorm_gated<0>, c_rope, c_embed,
     c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<0>,
     c_qk_norm_rope_kv<0>};
-extern "C" const small_ops small_cuda_pipe = {
-    "cuda_pipe",     DEV_CUDA,   1,     c_rmsnorm<2>,  c_rmsnorm_gated<2>, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<2>,
-    c_qk_norm_rope_kv<2>};
 extern "C" const small_ops small_cuda_rows = {
     "cuda_rows",     DEV_CUDA,   1,     c_rmsnorm<1>,  c_rmsnorm_gated<1>, c_rope, c_embed,
     c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<1>,

@@ -8,6 +8,15 @@
  * (LASTSTAND_SMALL_QKV=1, set before the first call unless the caller set it).
  * add_rmsnorm (LASTSTAND_SMALL_ADDNORM=1 likewise: its one-round-trip kernel) against
  * the host: the residual sum exactly, the normed row within one BF16 rounding.
+ * The row-wise norms' two forms (small_cuda_block: one block a row; small_cuda_rows: one warp
+ * a row, persistent, LASTSTAND_SMALL_ROWS's default from 2048 rows) on the same inputs:
+ * rmsnorm, rmsnorm_gated, qk_norm_rope and qk_norm_rope_kv must give the same bytes (outputs, both KV pools) on the
+ * 35B's prefill shapes (8192 tokens x 32 v heads x 128 gated, 2048 tokens x 16 q / 2 kv heads
+ * x 256, rot 64, a paged pool with pages missing and tokens outside every sequence) and odd
+ * ones (cols not a multiple of 32, head_dim 64 / 96 / 128, rot_dim = head_dim, rot 16 and
+ * 0, both norm kinds, an fp32 pool, in place); the warp form against the host (fp64 norm,
+ * the same fp32 inverse frequencies) within one BF16 rounding, its KV pools against the
+ * host's slot map exactly (every slot no token owns keeps the poison).
  * Needs a CUDA GPU: every test is skipped without one (CPU CI, NO_CUDA builds).
  */
 #include <setjmp.h>
@@ -17,6 +26,7 @@
 #include <cmocka.h>
 
 #include "ops/ops.h"
+#include "ops/cuda/fwd_cuda.h"
 #define CUDA_TEST_SEED 777u
 #include "cuda_test.h"
 
@@ -174,12 +184,296 @@ static void test_add_rmsnorm_matches_the_host(void **st) {
 #endif
 }
 
+#ifdef LS_HAVE_CUDA
+enum { NF = 2 }; /* the forms: small_cuda_block (the oracle), small_cuda_rows */
+
+static int first_diff(const void *a, const void *b, size_t n, size_t es) {
+    for (size_t i = 0; i < n; i += es)
+        if (memcmp((const char *)a + i, (const char *)b + i, es)) return (int)(i / es);
+    return -1;
+}
+
+static double silu_d(double z) { return z / (1.0 + exp(-z)); }
+
+/* rmsnorm (gated: rmsnorm_gated) on rows x cols by both forms: the same bytes; the warp form
+ * against the host in fp64 on every 61st row and the last, within one BF16 rounding. Row 1 is
+ * all zeros (y = 0). inplace: y aliases x. */
+static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inplace) {
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
+    ls_err e = {0};
+    const size_t n = (size_t)rows * cols;
+    const float eps = 1e-6f;
+    uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[NF] = {malloc(n * 2), malloc(n * 2)};
+    float *w = malloc(cols * 4);
+    for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(3.f * urand()), z[i] = f32_to_bf16(4.f * urand());
+    if (rows > 1) memset(x + cols, 0, (size_t)cols * 2);
+    for (int i = 0; i < cols; i++) w[i] = kind == RMS_ZC ? 0.3f * urand() : 1.f + 0.3f * urand();
+    void *dx = dev_copy(x, n * 2), *dz = dev_copy(z, n * 2), *dy[NF];
+    float *dw = dev_copy(w, cols * 4);
+    for (int f = 0; f < NF; f++) {
+        void *in = inplace ? dev_copy(x, n * 2) : dx;
+        dy[f] = inplace ? in : dev_copy(z, n * 2);
+        const int rc = gated ? fm[f]->rmsnorm_gated(rows, cols, in, dz, dw, eps, dy[f], ACT_BF16, g_st)
+                             : fm[f]->rmsnorm(rows, cols, in, dw, kind, eps, dy[f], ACT_BF16, g_st);
+        assert_int_equal(rc, 0);
+        assert_int_equal(g_mem->d2h(y[f], dy[f], n * 2, g_st, &e), 0);
+    }
+    for (int f = 1; f < NF; f++) {
+        const int d = first_diff(y[0], y[f], n * 2, 2);
+        if (d >= 0)
+            fprintf(stderr, "rmsnorm%s [%d x %d]: %s differs from the block form at [%d, %d]: %#x vs %#x\n",
+                    gated ? "_gated" : "", rows, cols, fm[f]->name, d / cols, d % cols, y[f][d], y[0][d]);
+        assert_int_equal(d, -1);
+    }
+    int bad = 0;
+    for (int r = 0; r < rows; r = r + 61 < rows || r == rows - 1 ? r + 61 : rows - 1) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) ss += (double)bf16_to_f32(x[(size_t)r * cols + c]) * bf16_to_f32(x[(size_t)r * cols + c]);
+        const double sc = 1.0 / sqrt(ss / cols + eps);
+        for (int c = 0; c < cols; c++) {
+            const size_t i = (size_t)r * cols + c;
+            const double xh = bf16_to_f32(x[i]) * sc;
+            const double ref = gated ? w[c] * xh * silu_d(bf16_to_f32(z[i])) : kind == RMS_ZC ? xh * (1.0 + w[c]) : w[c] * xh;
+            const double got = bf16_to_f32(y[1][i]);
+            if (!(fabs(got - ref) <= fabs(ref) / 128 + 1e-6) && bad++ < 3)
+                fprintf(stderr, "rmsnorm%s [%d x %d]: y[%d,%d] %g, fp64 %g\n", gated ? "_gated" : "", rows, cols, r, c,
+                        got, ref);
+        }
+    }
+    assert_int_equal(bad, 0);
+    for (int f = 0; f < NF; f++) g_mem->free(dy[f]), free(y[f]);
+    g_mem->free(dx); g_mem->free(dz); g_mem->free(dw);
+    free(x); free(z); free(w);
+}
+#endif
+
+/* rmsnorm_gated / rmsnorm: one warp a row = one block a row, bit for bit, and the host. */
+static void test_rows_norms_equal_the_block_form(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    rows_norm_case(8192 * 32, 128, 1, RMS_PLAIN, 0); /* the 35B's GDN output norm, 8192 tokens */
+    rows_norm_case(8192 * 32, 128, 1, RMS_PLAIN, 1);
+    rows_norm_case(37, 128, 1, RMS_PLAIN, 0);         /* decode-sized */
+    rows_norm_case(20000, 100, 1, RMS_PLAIN, 0);      /* cols not a multiple of 32 */
+    rows_norm_case(5, 200, 1, RMS_PLAIN, 1);
+    rows_norm_case(3, 17, 1, RMS_PLAIN, 0);
+    rows_norm_case(17000, 256, 0, RMS_ZC, 0);
+    rows_norm_case(9, 256, 0, RMS_PLAIN, 1);
+    rows_norm_case(40000, 64, 0, RMS_ZC, 1);
+    rows_norm_case(7, 40, 0, RMS_PLAIN, 0);
+    rows_norm_case(4, 2048, 0, RMS_ZC, 0);            /* cols > 256: both the block kernel */
+#else
+    skip();
+#endif
+}
+
+#ifdef LS_HAVE_CUDA
+/* qk_norm_rope_kv (fused) on nt tokens x (nh q + nkv kv heads) x hd by both forms, a paged pool
+ * (page size 16) of dtype kvdt: sequence 0 = tokens [0, nt/2) at positions 37.., its pages 2
+ * (missing: -1) and 3 (outside the pool) unwritable; sequence 1 = tokens [nt/2, nt - 3) from
+ * position 0; the last 3 tokens in no sequence. q, k and both pools: the same bytes; the warp
+ * form's q and k rows against the host (fp64 norm and rotation of the fp32 angle) on every
+ * 53rd token; its pools against the host's slot map. */
+static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind, act_dtype kvdt) {
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
+    ls_err e = {0};
+    enum { PS = 16 };
+    const double theta = 1e7;
+    const float eps = 1e-6f;
+    const int n0 = nt / 2, n1 = nt - 3 - n0, past0 = 37;
+    const int p0 = (past0 + n0 + PS - 1) / PS, p1 = (n1 + PS - 1) / PS, np = p0 + p1;
+    int32_t *pg0 = malloc(p0 * 4), *pg1 = malloc(p1 * 4);
+    for (int i = 0; i < p0; i++) pg0[i] = np - 1 - i; /* reversed: page order is not token order */
+    if (p0 > 3) pg0[2] = -1, pg0[3] = np + 5;
+    for (int i = 0; i < p1; i++) pg1[i] = i;
+    int32_t *dpg0 = dev_copy(pg0, p0 * 4), *dpg1 = dev_copy(pg1, p1 * 4);
+    attn_seq seqs[2] = {{.n_past = past0, .n_new = n0, .row0 = 0, .pages = dpg0},
+                        {.n_past = 0, .n_new = n1, .row0 = n0, .pages = dpg1}};
+    attn_seq *dseqs = dev_copy(seqs, sizeof seqs);
+    int32_t *pos = malloc(nt * 4);
+    long long *slot = malloc(nt * sizeof *slot); /* the host's slot map */
+    for (int t = 0; t < nt; t++) {
+        const int sq = t < n0 ? 0 : t < n0 + n1 ? 1 : -1;
+        pos[t] = sq == 0 ? past0 + t : sq == 1 ? t - n0 : 5;
+        slot[t] = -1;
+        if (sq >= 0) {
+            const int32_t page = (sq ? pg1 : pg0)[pos[t] / PS];
+            if (page >= 0 && page < np) slot[t] = (long long)page * PS + pos[t] % PS;
+        }
+    }
+    const size_t nq = (size_t)nt * nh * hd, nk = (size_t)nt * nkv * hd, es = kvdt == ACT_BF16 ? 2 : 4;
+    const size_t pool = (size_t)np * PS * nkv * hd * es;
+    uint16_t *q = malloc(nq * 2), *k = malloc(nk * 2), *v = malloc(nk * 2);
+    for (size_t i = 0; i < nq; i++) q[i] = f32_to_bf16(urand() * 3.f);
+    for (size_t i = 0; i < nk; i++) k[i] = f32_to_bf16(urand() * 3.f), v[i] = f32_to_bf16(urand());
+    float *qw = malloc(hd * 4), *kw = malloc(hd * 4);
+    for (int i = 0; i < hd; i++)
+        qw[i] = kind == RMS_ZC ? 0.3f * urand() : 1.f + 0.3f * urand(), kw[i] = kind == RMS_ZC ? 0.2f * urand() : 1.f + 0.2f * urand();
+    unsigned char *poison = malloc(pool);
+    memset(poison, 0x7f, pool);
+    float *dqw = dev_copy(qw, hd * 4), *dkw = dev_copy(kw, hd * 4);
+    int32_t *dpos = dev_copy(pos, nt * 4);
+    void *dv = dev_copy(v, nk * 2), *dq[NF], *dk[NF], *kp[NF], *vp[NF];
+    for (int f = 0; f < NF; f++) {
+        dq[f] = dev_copy(q, nq * 2);
+        dk[f] = dev_copy(k, nk * 2);
+        kp[f] = dev_copy(poison, pool);
+        vp[f] = dev_copy(poison, pool);
+        kv_layer kv = {.k = kp[f], .v = vp[f], .n_pages = np, .page_size = PS, .dt = kvdt};
+        assert_int_equal(fm[f]->qk_norm_rope_kv(nt, nh, nkv, hd, dq[f], dk[f], dv, dqw, dkw, kind, eps, rot, dpos,
+                                                theta, &kv, 2, dseqs, ACT_BF16, g_st), 0);
+    }
+    uint16_t *oq[NF], *ok[NF];
+    unsigned char *ko[NF], *vo[NF];
+    for (int f = 0; f < NF; f++) {
+        oq[f] = malloc(nq * 2), ok[f] = malloc(nk * 2), ko[f] = malloc(pool), vo[f] = malloc(pool);
+        assert_int_equal(g_mem->d2h(oq[f], dq[f], nq * 2, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(ok[f], dk[f], nk * 2, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(ko[f], kp[f], pool, g_st, &e), 0);
+        assert_int_equal(g_mem->d2h(vo[f], vp[f], pool, g_st, &e), 0);
+    }
+    for (int f = 1; f < NF; f++) {
+        const void *pa[4] = {oq[0], ok[0], ko[0], vo[0]}, *pb[4] = {oq[f], ok[f], ko[f], vo[f]};
+        const size_t sz[4] = {nq * 2, nk * 2, pool, pool}, esz[4] = {2, 2, es, es};
+        const char *what[4] = {"q", "k", "K pool", "V pool"};
+        for (int j = 0; j < 4; j++) {
+            const int d = first_diff(pa[j], pb[j], sz[j], esz[j]);
+            if (d >= 0)
+                fprintf(stderr, "qk_norm_rope_kv [%d tok, %d+%d x %d, rot %d]: %s's %s differs at element %d\n", nt,
+                        nh, nkv, hd, rot, fm[f]->name, what[j], d);
+            assert_int_equal(d, -1);
+        }
+    }
+    /* the pools against the slot map: owned slots hold the token's k (as written to k) and v,
+     * the others the poison */
+    const size_t prow = (size_t)nkv * hd;
+    unsigned char *owned = calloc((size_t)np * PS, 1);
+    int bad = 0;
+    for (int t = 0; t < nt; t++) {
+        if (slot[t] < 0) continue;
+        owned[slot[t]] = 1;
+        for (size_t c = 0; c < prow; c++) {
+            const size_t pi = (size_t)slot[t] * prow + c, ti = (size_t)t * prow + c;
+            float kg, vg;
+            if (es == 2) {
+                kg = bf16_to_f32(((uint16_t *)ko[1])[pi]), vg = bf16_to_f32(((uint16_t *)vo[1])[pi]);
+            } else {
+                kg = ((float *)ko[1])[pi], vg = ((float *)vo[1])[pi];
+            }
+            if ((kg != bf16_to_f32(ok[1][ti]) || vg != bf16_to_f32(v[ti])) && bad++ < 3)
+                fprintf(stderr, "qk_norm_rope_kv: token %d's pool slot %lld col %zu: k %g (want %g), v %g (want %g)\n", t,
+                        slot[t], c, kg, bf16_to_f32(ok[1][ti]), vg, bf16_to_f32(v[ti]));
+        }
+    }
+    for (long long sl = 0; sl < (long long)np * PS; sl++)
+        if (!owned[sl])
+            for (size_t b = 0; b < prow * es; b++)
+                if ((ko[1][sl * prow * es + b] != 0x7f || vo[1][sl * prow * es + b] != 0x7f) && bad++ < 3)
+                    fprintf(stderr, "qk_norm_rope_kv: pool slot %lld (no token's) was written\n", sl);
+    /* q and k rows against the host */
+    const int half = rot >= 2 ? rot / 2 : 0, rd = rot >= 2 ? rot : 0;
+    double *row = malloc(hd * sizeof *row);
+    for (int t = 0; t < nt; t = t + 53 < nt || t == nt - 1 ? t + 53 : nt - 1) {
+        for (int h = 0; h < nh + nkv; h++) {
+            const int isk = h >= nh;
+            const uint16_t *xi = isk ? k + ((size_t)t * nkv + h - nh) * hd : q + ((size_t)t * nh + h) * hd;
+            const uint16_t *xo = isk ? ok[1] + ((size_t)t * nkv + h - nh) * hd : oq[1] + ((size_t)t * nh + h) * hd;
+            const float *w = isk ? kw : qw;
+            double ss = 0;
+            for (int c = 0; c < hd; c++) ss += (double)bf16_to_f32(xi[c]) * bf16_to_f32(xi[c]);
+            const double sc = 1.0 / sqrt(ss / hd + eps);
+            for (int c = 0; c < hd; c++) {
+                const double xh = bf16_to_f32(xi[c]) * sc;
+                row[c] = kind == RMS_ZC ? xh * (1.0 + w[c]) : w[c] * xh;
+            }
+            for (int c = 0; c < hd; c++) {
+                double ref = row[c];
+                if (c < rd) {
+                    const int j = c < half ? c : c - half;
+                    const float ang = (float)pos[t] * (float)(1.0 / pow(theta, (double)(2 * j) / rd));
+                    ref = c < half ? row[c] * cos(ang) - row[c + half] * sin(ang) : row[c] * cos(ang) + row[c - half] * sin(ang);
+                }
+                const double got = bf16_to_f32(xo[c]);
+                if (!(fabs(got - ref) <= fabs(ref) / 128 + 1e-4) && bad++ < 3)
+                    fprintf(stderr, "qk_norm_rope_kv: token %d head %d col %d: %g, host %g\n", t, h, c, got, ref);
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+    free(row); free(owned);
+    for (int f = 0; f < NF; f++) {
+        g_mem->free(dq[f]); g_mem->free(dk[f]); g_mem->free(kp[f]); g_mem->free(vp[f]);
+        free(oq[f]); free(ok[f]); free(ko[f]); free(vo[f]);
+    }
+    g_mem->free(dv); g_mem->free(dqw); g_mem->free(dkw); g_mem->free(dpos); g_mem->free(dseqs);
+    g_mem->free(dpg0); g_mem->free(dpg1);
+    free(pg0); free(pg1); free(pos); free(slot); free(q); free(k); free(v); free(qw); free(kw); free(poison);
+}
+
+/* qk_norm_rope (one head set, no KV) by both forms: the same bytes. */
+static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
+    const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
+    ls_err e = {0};
+    const size_t n = (size_t)nt * nh * hd;
+    uint16_t *x = malloc(n * 2), *o[NF] = {malloc(n * 2), malloc(n * 2)};
+    for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(urand() * 2.f);
+    float *w = malloc(hd * 4);
+    for (int i = 0; i < hd; i++) w[i] = 0.5f * urand();
+    int32_t *pos = malloc(nt * 4);
+    for (int t = 0; t < nt; t++) pos[t] = 3 * t + 1;
+    float *dw = dev_copy(w, hd * 4);
+    int32_t *dpos = dev_copy(pos, nt * 4);
+    for (int f = 0; f < NF; f++) {
+        void *dx = dev_copy(x, n * 2);
+        assert_int_equal(fm[f]->qk_norm_rope(nt, nh, hd, dx, dw, kind, 1e-6f, rot, dpos, 1e6, ACT_BF16, g_st), 0);
+        assert_int_equal(g_mem->d2h(o[f], dx, n * 2, g_st, &e), 0);
+        g_mem->free(dx);
+    }
+    for (int f = 1; f < NF; f++) {
+        const int d = first_diff(o[0], o[f], n * 2, 2);
+        if (d >= 0)
+            fprintf(stderr, "qk_norm_rope [%d x %d x %d, rot %d]: %s differs at %d\n", nt, nh, hd, rot, fm[f]->name, d);
+        assert_int_equal(d, -1);
+    }
+    g_mem->free(dw); g_mem->free(dpos);
+    for (int f = 0; f < NF; f++) free(o[f]);
+    free(x); free(w); free(pos);
+}
+#endif
+
+/* qk_norm_rope_kv / qk_norm_rope: one warp a row = one block a row, bit for bit, and the host. */
+static void test_rows_qk_equal_the_block_form(void **st) {
+    (void)st;
+#ifdef LS_HAVE_CUDA
+    if (!have_gpu()) skip();
+    rows_qk_case(2048, 16, 2, 256, 64, RMS_ZC, ACT_BF16); /* the 35B's attention, 2048 tokens */
+    rows_qk_case(9, 16, 2, 256, 64, RMS_ZC, ACT_BF16);    /* decode-sized */
+    rows_qk_case(700, 8, 4, 128, 128, RMS_PLAIN, ACT_F32); /* rot_dim = head_dim, fp32 pool */
+    rows_qk_case(301, 4, 2, 64, 16, RMS_ZC, ACT_F32);      /* partner in another lane */
+    rows_qk_case(99, 6, 3, 96, 32, RMS_PLAIN, ACT_BF16);   /* head_dim 96: half 16 */
+    rows_qk_case(50, 4, 1, 80, 80, RMS_ZC, ACT_BF16);      /* half 40 */
+    rows_qk_case(40, 2, 2, 128, 1, RMS_ZC, ACT_BF16);      /* no rotation */
+    rows_qk_case(30, 2, 1, 512, 64, RMS_ZC, ACT_BF16);     /* head_dim > 256: both the block kernel */
+    rows_qk1_case(1200, 16, 256, 64, RMS_ZC);
+    rows_qk1_case(77, 3, 128, 128, RMS_PLAIN);
+    rows_qk1_case(13, 5, 48, 16, RMS_ZC);
+#else
+    skip();
+#endif
+}
+
 int main(void) {
+    /* LS_TEST_FILTER: run only the tests whose name matches (bench/device/smallops.sh) */
+    const char *f = getenv("LS_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
     setenv("LASTSTAND_SMALL_QKV", "1", 0);
     setenv("LASTSTAND_SMALL_ADDNORM", "1", 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_qk_norm_rope_kv_equals_the_three_ops),
         cmocka_unit_test(test_add_rmsnorm_matches_the_host),
+        cmocka_unit_test(test_rows_norms_equal_the_block_form),
+        cmocka_unit_test(test_rows_qk_equal_the_block_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,12 @@
 extern "C" {
 #endif
 extern const small_ops small_cuda;
+/* The same ops with the row-wise norms in one form at every row count, whatever
+ * LASTSTAND_SMALL_ROWS says (for tests and timing; not registered): _block one block a row
+ * (sm_rmsnorm_kernel, sm_qk_norm_rope(_kv)_kernel), _rows one warp a row, persistent, where it
+ * applies (small.cu, "many rows"). */
+extern const small_ops small_cuda_block;
+extern const small_ops small_cuda_rows;
 #ifdef __cplusplus
 }
 #endif

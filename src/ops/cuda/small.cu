@@ -86,6 +86,337 @@ __device__ float sm_block_sum(float v) {
     return t;
 }
 
+/* ---- many rows: one warp a row, persistent -----------------------------------------
+ * The kernels above give every row (an 8192-token prefill: 262144 GDN norm rows of 128,
+ * 147456 q/k head rows of 256) a block: per-block costs, two barriers and a double pow per
+ * element dominate (H200, ncu, S12: 317 µs for 190 MB, 462 µs for 164 MB). Below, one warp
+ * does a row of cols <= 256, SR_WARPS warps a block, a grid of as many blocks as fit at once
+ * (occupancy x SMs): each warp walks batches (SP_R rows of the norm, 1 row of qk) gridDim · 8
+ * apart and issues the next batch's loads before the current batch's math, so that its loads
+ * and its math overlap; the q/k kernel computes its inverse-frequency table once a block, its
+ * rope variant fixed at compile time (HT: the rotated pairs in one lane, half = 32 HT; 0:
+ * through shared memory), its KV slot by a 32-wide ballot over the sequences.
+ * Lane l holds elements e = l + 32 j (j < J), i.e. the element thread e of the block kernel
+ * held (blockDim there = cols rounded up to 32, so one element a thread), and the results are
+ * the block kernels' bit for bit: the sum of squares is sm_block_sum's, virtual warp j's xor
+ * tree then the tree over the J partials padded with zeros (virtual warps past cols add exact
+ * zeros), every other op the same fp32 op (the rope's contraction spelled out as the block
+ * kernel's SASS has it: fma(±partner, sin, x · cos)), the inverse frequencies the same double
+ * expression. (S12 round R2 also had one warp a row with R rows a warp and no prefetch: gated
+ * norm 150 µs, qk 171 µs; deleted after R3: 147 / 167 µs against this form's 99 / 113 µs.) */
+enum { SR_WARPS = 8, SR_MAXJ = 8,
+       SR_MIN_ROWS = 2048 /* the engine's (small_cuda's) warp form from here: below, the block kernels */ };
+
+/* LASTSTAND_SMALL_ROWS=0|1: rmsnorm, rmsnorm_gated, qk_norm_rope and qk_norm_rope_kv one
+ * block a row / the persistent warps below, where cols (head_dim) <= 256 and from SR_MIN_ROWS
+ * rows (SM_ROWS_DEFAULT: 1 since H200 round R3 of S12, ncu, synth 35B's 8192-token prefill:
+ * gated norm 317.6 -> 99.3 µs, qk norm + rope + KV 461.9 -> 112.9 µs, the same bits
+ * (test_small_cuda), the same greedy ids; the warp form with R rows a warp took one decode
+ * token's qk 5.4 -> 8.1 µs in R2, hence the block kernels below SR_MIN_ROWS rows). Read once. */
+#define SM_ROWS_DEFAULT 1
+static int sm_rows(void) {
+    static int v = -1;
+    if (v < 0) v = cu_env_switch("LASTSTAND_SMALL_ROWS", SM_ROWS_DEFAULT);
+    return v;
+}
+
+/* sm_block_sum of the J virtual warps' squares q[j] (this lane's element of warp j); every
+ * lane gets the same value. */
+template <int J>
+__device__ __forceinline__ float sr_sum(float q[J], int lane) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < J; j++) q[j] += __shfl_xor_sync(0xffffffffu, q[j], o);
+    float t = 0.f;
+#pragma unroll
+    for (int j = 0; j < J; j++)
+        if (lane == j) t = q[j];
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+/* The token's KV slot (row of the pool; -1: no sequence holds token t, or its page is outside
+ * the pool), as sm_qk_norm_rope_kv_kernel's scan (the first sequence that holds t), 32
+ * sequences a step; every lane gets it. */
+__device__ __forceinline__ long long sr_slot(const attn_seq *__restrict__ seqs, int n_seq, int t, int page_size,
+                                             int n_pages, int lane) {
+    for (int i0 = 0; i0 < n_seq; i0 += 32) {
+        const int i = i0 + lane;
+        long long d = -1;
+        bool hit = false;
+        if (i < n_seq) {
+            const attn_seq sq = seqs[i];
+            hit = t >= sq.row0 && t < sq.row0 + sq.n_new;
+            if (hit) {
+                const int p = sq.n_past + t - sq.row0;
+                const int32_t page = sq.pages[p / page_size];
+                if (page >= 0 && page < n_pages) d = (long long)page * page_size + p % page_size;
+            }
+        }
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        if (m) return __shfl_sync(0xffffffffu, d, __ffs(m) - 1);
+    }
+    return -1;
+}
+
+/* NeoX rotation of a row whose rotated pairs (e, e + half) sit in one lane: half = 32 H. */
+template <int J, int H>
+__device__ __forceinline__ void sr_rope_lane(float o[J], const float nv[J], const float *inv, float p, int lane) {
+#pragma unroll
+    for (int j = 0; j < H; j++) {
+        const float ang = __fmul_rn(p, inv[lane + 32 * j]), c = cosf(ang), sn = sinf(ang);
+        o[j] = __fmaf_rn(-nv[j + H], sn, __fmul_rn(nv[j], c));
+        o[j + H] = __fmaf_rn(nv[j], sn, __fmul_rn(nv[j + H], c));
+    }
+}
+
+/* J for cols (head_dim) <= 256: the virtual warps, a power of two >= 2; 0 above. */
+static int sr_j(int cols) { return cols <= 64 ? 2 : cols <= 128 ? 4 : cols <= 256 ? 8 : 0; }
+
+/* rows a warp's batch in sm_rmsnorm_pipe_kernel */
+enum { SP_R = 2 };
+
+template <int J, int R>
+__device__ __forceinline__ void sp_norm_load(bf16 (&xb)[R][J], bf16 (&zb)[R][J], const bf16 *x, const bf16 *z,
+                                             int rows, int cols, long long r0, int lane) {
+    const bf16 zero = __float2bfloat16(0.f);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = lane + 32 * j;
+            const bool on = r0 + r < rows && e < cols;
+            const size_t i = (size_t)(r0 + r) * cols + e;
+            xb[r][j] = on ? x[i] : zero;
+            zb[r][j] = on && z ? z[i] : zero;
+        }
+}
+
+template <int J>
+__global__ void __launch_bounds__(SR_WARPS * 32)
+    sm_rmsnorm_pipe_kernel(int rows, int cols, const bf16 *x, const bf16 *__restrict__ z,
+                           const float *__restrict__ w, int zc, float eps, bf16 *y) {
+    cu_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    float wv[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) wv[j] = lane + 32 * j < cols ? __ldg(w + lane + 32 * j) : 0.f; /* constants */
+    cu_pdl_wait();
+    const long long stride = (long long)gridDim.x * SR_WARPS * SP_R;
+    long long r0 = ((long long)blockIdx.x * SR_WARPS + (threadIdx.x >> 5)) * SP_R;
+    bf16 xb[SP_R][J], zb[SP_R][J];
+    sp_norm_load<J, SP_R>(xb, zb, x, z, rows, cols, r0, lane);
+    for (; r0 < rows; r0 += stride) {
+        bf16 xn[SP_R][J], zn[SP_R][J];
+        sp_norm_load<J, SP_R>(xn, zn, x, z, rows, cols, r0 + stride, lane); /* in flight during the math */
+#pragma unroll
+        for (int r = 0; r < SP_R; r++) {
+            if (r0 + r >= rows) break;
+            float xv[J], q[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) xv[j] = __bfloat162float(xb[r][j]), q[j] = __fmul_rn(xv[j], xv[j]);
+            const float s = rsqrtf(sr_sum<J>(q, lane) / cols + eps);
+            bf16 *yr = y + (size_t)(r0 + r) * cols;
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int e = lane + 32 * j;
+                if (e >= cols) continue;
+                const float xh = __fmul_rn(xv[j], s);
+                float o;
+                if (z)
+                    o = __fmul_rn(__fmul_rn(wv[j], xh), sm_silu(__bfloat162float(zb[r][j])));
+                else
+                    o = zc ? __fmul_rn(xh, __fadd_rn(1.0f, wv[j])) : __fmul_rn(wv[j], xh);
+                yr[e] = __float2bfloat16(o);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < SP_R; r++)
+#pragma unroll
+            for (int j = 0; j < J; j++) xb[r][j] = xn[r][j], zb[r][j] = zn[r][j];
+    }
+}
+
+/* row b's x (q or k), v (k rows with a pool) and position */
+template <int J>
+__device__ __forceinline__ void sp_qk_load(bf16 (&xb)[J], bf16 (&vb)[J], float &pb, int b, int nq, int nrows,
+                                           int nh, int nkv, int head_dim, int rot_dim, const int32_t *pos,
+                                           const bf16 *q, const bf16 *k, const bf16 *v, bool kv, int lane) {
+    const bf16 zero = __float2bfloat16(0.f);
+    const int isk = b >= nq, rr = isk ? b - nq : b;
+    const bool ok = b < nrows;
+    pb = ok && rot_dim ? (float)pos[rr / (isk ? nkv : nh)] : 0.f;
+    const bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int e = lane + 32 * j;
+        const bool on = ok && e < head_dim;
+        xb[j] = on ? xr[e] : zero;
+        vb[j] = on && isk && kv ? v[(size_t)rr * head_dim + e] : zero;
+    }
+}
+
+template <typename T, int J, int HT>
+__global__ void __launch_bounds__(SR_WARPS * 32)
+    sm_qk_pipe_kernel(int n_tok, int nh, int nkv, int head_dim, const float *__restrict__ qw,
+                      const float *__restrict__ kw, int zc, float eps, int rot_dim, const int32_t *__restrict__ pos,
+                      double theta, bf16 *q, bf16 *k, const bf16 *__restrict__ v,
+                      const attn_seq *__restrict__ seqs, int n_seq, int page_size, int n_pages, T *kp, T *vp) {
+    cu_pdl_trigger();
+    __shared__ float inv_sh[SR_MAXJ * 16];
+    __shared__ float row_sh[SR_WARPS][HT ? 1 : SR_MAXJ * 32];
+    const int half = rot_dim / 2;
+    for (int j = threadIdx.x; j < rot_dim - half; j += blockDim.x) /* constants: before the wait */
+        inv_sh[j] = (float)(1.0 / pow(theta, (double)(2 * j) / rot_dim));
+    __syncthreads();
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int nq = n_tok * nh, nrows = n_tok * (nh + nkv), stride = gridDim.x * SR_WARPS;
+    const bool kv = kp != nullptr;
+    float wq[J], wk[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const bool on = lane + 32 * j < head_dim;
+        wq[j] = on ? __ldg(qw + lane + 32 * j) : 0.f;
+        wk[j] = on && nkv ? __ldg(kw + lane + 32 * j) : 0.f;
+    }
+    cu_pdl_wait();
+    int b = blockIdx.x * SR_WARPS + wi;
+    bf16 xb[J], vb[J];
+    float pb;
+    sp_qk_load<J>(xb, vb, pb, b, nq, nrows, nh, nkv, head_dim, rot_dim, pos, q, k, v, kv, lane);
+    long long db = b < nrows && b >= nq && kv ? sr_slot(seqs, n_seq, (b - nq) / nkv, page_size, n_pages, lane) : -1;
+    for (; b < nrows; b += stride) {
+        const int bn = b + stride;
+        bf16 xn[J], vn[J];
+        float pn;
+        sp_qk_load<J>(xn, vn, pn, bn, nq, nrows, nh, nkv, head_dim, rot_dim, pos, q, k, v, kv, lane);
+        const int isk = b >= nq, rr = isk ? b - nq : b;
+        float xv[J], sq[J], nv[J], o[J];
+#pragma unroll
+        for (int j = 0; j < J; j++) xv[j] = __bfloat162float(xb[j]), sq[j] = __fmul_rn(xv[j], xv[j]);
+        const float s = rsqrtf(sr_sum<J>(sq, lane) / head_dim + eps);
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const float wj = isk ? wk[j] : wq[j], xh = __fmul_rn(xv[j], s);
+            nv[j] = zc ? __fmul_rn(xh, __fadd_rn(1.0f, wj)) : __fmul_rn(wj, xh);
+            o[j] = nv[j];
+        }
+        if (HT) {
+            sr_rope_lane<J, (HT ? HT : 1)>(o, nv, inv_sh, pb, lane);
+        } else if (rot_dim) { /* the partner in another lane: through this warp's row in shared memory */
+            float *rs = row_sh[wi];
+#pragma unroll
+            for (int j = 0; j < J; j++)
+                if (lane + 32 * j < head_dim) rs[lane + 32 * j] = nv[j];
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < J; j++) {
+                const int e = lane + 32 * j;
+                if (e >= rot_dim) continue;
+                const float ang = __fmul_rn(pb, inv_sh[e < half ? e : e - half]), c = cosf(ang), sn = sinf(ang);
+                const float m = __fmul_rn(nv[j], c);
+                o[j] = e < half ? __fmaf_rn(-rs[e + half], sn, m) : __fmaf_rn(rs[e - half], sn, m);
+            }
+            __syncwarp(); /* before the next row's stores */
+        }
+        bf16 *xr = (isk ? k : q) + (size_t)rr * head_dim;
+        const size_t kvo = (size_t)db * nkv * head_dim + (size_t)(rr % (isk ? nkv : 1)) * head_dim;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+            const int e = lane + 32 * j;
+            if (e >= head_dim) continue;
+            const bf16 ob = __float2bfloat16(o[j]);
+            xr[e] = ob;
+            if (db >= 0) {
+                if (sizeof(T) == 2) {
+                    ((bf16 *)kp)[kvo + e] = ob;
+                    ((bf16 *)vp)[kvo + e] = vb[j];
+                } else {
+                    ((float *)kp)[kvo + e] = __bfloat162float(ob);
+                    ((float *)vp)[kvo + e] = __bfloat162float(vb[j]);
+                }
+            }
+        }
+        db = bn < nrows && bn >= nq && kv ? sr_slot(seqs, n_seq, (bn - nq) / nkv, page_size, n_pages, lane) : -1;
+#pragma unroll
+        for (int j = 0; j < J; j++) xb[j] = xn[j], vb[j] = vn[j];
+        pb = pn;
+    }
+}
+
+/* blocks of kern that fit on the device at once (occupancy x SMs), cached in *n (one per kernel) */
+template <typename K>
+static int sp_resident(K kern, int *n) {
+    if (!*n) {
+        int dev = 0, sms = 0, per = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, SR_WARPS * 32, 0) != cudaSuccess || sms * per <= 0) {
+            (void)cudaGetLastError();
+            return 1024;
+        }
+        *n = sms * per;
+    }
+    return *n;
+}
+
+static unsigned sp_grid(long long warps_needed, int resident) {
+    const long long b = (warps_needed + SR_WARPS - 1) / SR_WARPS;
+    return (unsigned)(b < resident ? (b > 0 ? b : 1) : resident);
+}
+
+template <int J>
+static int sp_rmsnorm_launch(int rows, int cols, const bf16 *x, const bf16 *z, const float *w, int zc, float eps,
+                             bf16 *y, ls_stream s) {
+    static int res = 0;
+    const unsigned g = sp_grid((rows + SP_R - 1) / SP_R, sp_resident(sm_rmsnorm_pipe_kernel<J>, &res));
+    return sm_launch(sm_rmsnorm_pipe_kernel<J>, dim3(g), dim3(SR_WARPS * 32), 0, s, rows, cols, x, z, w, zc, eps, y);
+}
+
+static int sp_rmsnorm(int rows, int cols, const void *x, const void *z, const float *w, int zc, float eps, void *y,
+                      ls_stream s) {
+    switch (sr_j(cols)) {
+    case 2: return sp_rmsnorm_launch<2>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
+    case 4: return sp_rmsnorm_launch<4>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
+    default: return sp_rmsnorm_launch<8>(rows, cols, (const bf16 *)x, (const bf16 *)z, w, zc, eps, (bf16 *)y, s);
+    }
+}
+
+template <typename T, int J, int HT>
+static int sp_qk_launch(int n_tok, int nh, int nkv, int head_dim, const float *qw, const float *kw, int zc, float eps,
+                        int rot_dim, const int32_t *pos, double theta, bf16 *q, bf16 *k, const bf16 *v,
+                        const attn_seq *seqs, int n_seq, int page_size, int n_pages, T *kp, T *vp, ls_stream s) {
+    static int res = 0;
+    const unsigned g = sp_grid((long long)n_tok * (nh + nkv), sp_resident(sm_qk_pipe_kernel<T, J, HT>, &res));
+    return sm_launch(sm_qk_pipe_kernel<T, J, HT>, dim3(g), dim3(SR_WARPS * 32), 0, s, n_tok, nh, nkv, head_dim, qw,
+                     kw, zc, eps, rot_dim, pos, theta, q, k, v, seqs, n_seq, page_size, n_pages, kp, vp);
+}
+
+/* qk_norm_rope(_kv), the persistent form (head_dim <= 256; rot_dim already 0 when < 2). */
+template <typename T>
+static int sp_qk(int n_tok, int nh, int nkv, int head_dim, const float *qw, const float *kw, int zc, float eps,
+                 int rot_dim, const int32_t *pos, double theta, void *q, void *k, const void *v, const attn_seq *seqs,
+                 int n_seq, int page_size, int n_pages, T *kp, T *vp, ls_stream s) {
+    const int J = sr_j(head_dim), HT = rot_dim && rot_dim % 64 == 0 ? rot_dim / 64 : 0;
+#define SP_QK(J_, HT_)                                                                                               \
+    return sp_qk_launch<T, J_, HT_>(n_tok, nh, nkv, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q,       \
+                                    (bf16 *)k, (const bf16 *)v, seqs, n_seq, page_size, n_pages, kp, vp, s)
+    if (J == 2) {
+        if (HT == 1) SP_QK(2, 1);
+        SP_QK(2, 0);
+    }
+    if (J == 4) {
+        if (HT == 1) SP_QK(4, 1);
+        if (HT == 2) SP_QK(4, 2);
+        SP_QK(4, 0);
+    }
+    if (HT == 1) SP_QK(8, 1);
+    if (HT == 2) SP_QK(8, 2);
+    if (HT == 4) SP_QK(8, 4);
+    SP_QK(8, 0);
+#undef SP_QK
+}
+
 /* ---- RMSNorm ---------------------------------------------------------------- */
 
 /* One block per row; y may alias x (each element is read and written by one thread). */
@@ -118,18 +449,30 @@ static int threads_for(int cols) {
     return t < 32 ? 32 : t;
 }
 
+/* The form of the row-wise norms for rows rows: F < 0 the switch's (small_cuda; the block
+ * kernels below SR_MIN_ROWS rows), 0 one block a row (small_cuda_block), 1 the persistent warps
+ * where they apply (small_cuda_rows). */
+static int sm_form(int F, long long rows) { return F >= 0 ? F : rows < SR_MIN_ROWS ? 0 : sm_rows(); }
+
+template <int F>
 static int c_rmsnorm(int rows, int cols, const void *x, const float *w, rms_kind kind, float eps, void *y,
                      act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
+    const int f = sm_form(F, rows);
+    if (f && sr_j(cols))
+        return sp_rmsnorm(rows, cols, x, nullptr, w, (int)(kind == RMS_ZC), eps, y, s);
     return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
                      (const bf16 *)nullptr, w, (int)(kind == RMS_ZC), eps, (bf16 *)y);
 }
 
+template <int F>
 static int c_rmsnorm_gated(int rows, int cols, const void *x, const void *z, const float *w, float eps,
                            void *y, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16) return ERR_UNSUPPORTED;
     if (rows <= 0) return 0;
+    const int f = sm_form(F, rows);
+    if (f && sr_j(cols)) return sp_rmsnorm(rows, cols, x, z, w, 0, eps, y, s);
     return sm_launch(sm_rmsnorm_kernel, dim3(rows), dim3(threads_for(cols)), 0, s, cols, (const bf16 *)x,
                      (const bf16 *)z, w, 0, eps, (bf16 *)y);
 }
@@ -294,11 +637,17 @@ __global__ void sm_qk_norm_rope_kernel(int n_heads, int head_dim, const float *_
     }
 }
 
+template <int F>
 static int c_qk_norm_rope(int n_tok, int n_heads, int head_dim, void *x, const float *w, rms_kind kind, float eps,
                           int rot_dim, const int32_t *pos, double theta, act_dtype dt, ls_stream s) {
     if (dt != ACT_BF16 || head_dim > 8192 || rot_dim > head_dim) return ERR_UNSUPPORTED;
     if (n_tok <= 0 || n_heads <= 0) return 0;
     if (rot_dim < 2) rot_dim = 0;
+    const int f = sm_form(F, (long long)n_tok * n_heads);
+    if (f && sr_j(head_dim))
+        return sp_qk<uint16_t>(n_tok, n_heads, 0, head_dim, w, nullptr, (int)(kind == RMS_ZC), eps, rot_dim, pos,
+                               theta, x, nullptr, nullptr, nullptr, 0, 1, 0, (uint16_t *)nullptr,
+                               (uint16_t *)nullptr, s);
     return sm_launch(sm_qk_norm_rope_kernel, dim3(n_tok * n_heads), dim3(threads_for(head_dim)),
                      sizeof(float) * head_dim, s, n_heads, head_dim, w, (int)(kind == RMS_ZC), eps, rot_dim, pos,
                      theta, (bf16 *)x);
@@ -388,6 +737,7 @@ static int sm_qkv_fused(void) {
     return v;
 }
 
+template <int F>
 static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_dim, void *q, void *k, const void *v,
                              const float *qw, const float *kw, rms_kind kind, float eps, int rot_dim,
                              const int32_t *pos, double theta, const kv_layer *kv, int n_seq, const attn_seq *seqs,
@@ -396,8 +746,8 @@ static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_di
     if (n_tok <= 0) return 0;
     if (!sm_qkv_fused()) {
         int rc;
-        if ((rc = c_qk_norm_rope(n_tok, n_heads, head_dim, q, qw, kind, eps, rot_dim, pos, theta, dt, s)) ||
-            (rc = c_qk_norm_rope(n_tok, n_kv_heads, head_dim, k, kw, kind, eps, rot_dim, pos, theta, dt, s)))
+        if ((rc = c_qk_norm_rope<F>(n_tok, n_heads, head_dim, q, qw, kind, eps, rot_dim, pos, theta, dt, s)) ||
+            (rc = c_qk_norm_rope<F>(n_tok, n_kv_heads, head_dim, k, kw, kind, eps, rot_dim, pos, theta, dt, s)))
             return rc;
         return c_kv_write(kv, n_seq, seqs, n_kv_heads, head_dim, k, v, dt, s);
     }
@@ -405,6 +755,14 @@ static int c_qk_norm_rope_kv(int n_tok, int n_heads, int n_kv_heads, int head_di
     const dim3 grid(n_tok * (n_heads + n_kv_heads)), block(threads_for(head_dim));
     const size_t smem = sizeof(float) * head_dim;
     const int zc = kind == RMS_ZC;
+    const int f = sm_form(F, (long long)n_tok * (n_heads + n_kv_heads));
+    if (f && sr_j(head_dim)) {
+        if (kv->dt == ACT_BF16)
+            return sp_qk<uint16_t>(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q, k, v,
+                                   seqs, n_seq, kv->page_size, kv->n_pages, (uint16_t *)kv->k, (uint16_t *)kv->v, s);
+        return sp_qk<float>(n_tok, n_heads, n_kv_heads, head_dim, qw, kw, zc, eps, rot_dim, pos, theta, q, k, v, seqs,
+                            n_seq, kv->page_size, kv->n_pages, (float *)kv->k, (float *)kv->v, s);
+    }
     if (kv->dt == ACT_BF16)
         return sm_launch(sm_qk_norm_rope_kv_kernel<uint16_t>, grid, block, smem, s, n_tok, n_heads, n_kv_heads,
                          head_dim, qw, kw, zc, eps, rot_dim, pos, theta, (bf16 *)q, (bf16 *)k, (const bf16 *)v, seqs,
@@ -529,6 +887,14 @@ static int c_gather_rows(int n, int cols, const int32_t *idx, const void *x, voi
 }
 
 extern "C" const small_ops small_cuda = {
-    "cuda",          DEV_CUDA,   0,     c_rmsnorm,  c_rmsnorm_gated, c_rope, c_embed,
-    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope,
-    c_qk_norm_rope_kv};
+    "cuda",          DEV_CUDA,   0,     c_rmsnorm<-1>,  c_rmsnorm_gated<-1>, c_rope, c_embed,
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<-1>,
+    c_qk_norm_rope_kv<-1>};
+extern "C" const small_ops small_cuda_block = {
+    "cuda_block",    DEV_CUDA,   1,     c_rmsnorm<0>,  c_rmsnorm_gated<0>, c_rope, c_embed,
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<0>,
+    c_qk_norm_rope_kv<0>};
+extern "C" const small_ops small_cuda_rows = {
+    "cuda_rows",     DEV_CUDA,   1,     c_rmsnorm<1>,  c_rmsnorm_gated<1>, c_rope, c_embed,
+    c_silu_mul,      c_add,      c_kv_write, c_gather_rows, c_add_rmsnorm, 1, c_qk_norm_rope<1>,
+    c_qk_norm_rope_kv<1>};

@@ -14,11 +14,14 @@
  *   2 top-k      warp per token: softmax, top-k, renormalise, shared gate
  *                -> idx [M, k], wts [M, k+1] (slot k: the shared expert's weight,
  *                   sigmoid(x·w_sg), 1 without a gate, 0 without a shared expert)
- *   3 plan       one block: histogram of the (token, j) pairs per expert (the
+ *   3 plan       histogram of the (token, j) pairs per expert (the
  *                shared expert is expert E, picked by every token), counts padded
  *                to the tile height BM, prefix sum -> row offsets, the tile table
  *                (tile t of BM rows belongs to expert tile_e[t]), and the scatter:
- *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows
+ *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows; by two
+ *                launches over the whole GPU (mg_plan_count_kernel, mg_plan_place_kernel:
+ *                a stable counting sort, LASTSTAND_MG_PLAN) or, on the mid path,
+ *                one block (mg_plan_kernel)
  *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 128 gate
  *                rows + the same 128 up rows of that expert; A rows gathered from x by
  *                perm; epilogue h = silu(g·s2g)·(u·s2u) -> hbuf [R, ldh] bf16

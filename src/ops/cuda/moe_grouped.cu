@@ -595,11 +595,12 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
                                                                     int32_t *__restrict__ n_tiles) {
     __shared__ int s_w[MGP_WARPS][MG_MAXE];
     __shared__ int s_off[MG_MAXE + 2];
-    cu_pdl_wait(); /* count's pre, cnt, off (and the top-k's idx, complete before count began) */
+    cu_pdl_wait(); /* count's pre, cnt, off (read through L2, __ldcg: no L1 line of this launch's
+                    * start can hold them; and the top-k's idx, complete before count began) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
     const int Mk = M * k, S = E + (has_shared ? 1 : 0);
     for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
-    for (int sl = tid; sl <= S; sl += MGP_THREADS) s_off[sl] = off[sl];
+    for (int sl = tid; sl <= S; sl += MGP_THREADS) s_off[sl] = __ldcg(off + sl);
     __syncwarp();
     const int i0 = b * MGP_CHUNK + warp * MGP_PER_WARP + lane;
     int ex[MGP_ROUNDS];
@@ -613,7 +614,7 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
     }
     __syncthreads();
     for (int e = tid; e < E; e += MGP_THREADS) {
-        int run = s_off[e] + pre[(size_t)b * E + e];
+        int run = s_off[e] + __ldcg(pre + (size_t)b * E + e);
 #pragma unroll
         for (int w = 0; w < MGP_WARPS; w++) {
             const int t = s_w[w][e];
@@ -647,7 +648,7 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
         tile_e[t] = lo;
     }
     for (int sl = gt; sl < S; sl += gs)
-        for (int r = s_off[sl] + cnt[sl]; r < s_off[sl + 1]; r++) perm[r] = -1;
+        for (int r = s_off[sl] + __ldcg(cnt + sl); r < s_off[sl + 1]; r++) perm[r] = -1;
     if (has_shared)
         for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
     if (gt == 0) {

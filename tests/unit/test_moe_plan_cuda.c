@@ -52,9 +52,16 @@ static void d2h(void *h, const void *d, size_t n) {
     assert_int_equal(g_mem->d2h(h, d, n, g_st, &e), 0);
     assert_int_equal(g_mem->sync(g_st, &e), 0);
 }
+/* copies from host memory, synchronised (the host buffers are refilled or freed right after) */
 static void h2d(void *d, const void *h, size_t n) {
     ls_err e = {0};
     assert_int_equal(g_mem->h2d(d, h, n, g_st, &e), 0);
+    assert_int_equal(g_mem->sync(g_st, &e), 0);
+}
+static void *dcopy(const void *h, size_t n) {
+    void *d = dalloc(n);
+    h2d(d, h, n);
+    return d;
 }
 
 /* ---- routings ---------------------------------------------------------------------- */
@@ -304,8 +311,8 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * H), *w = malloc(sizeof(uint16_t) * H);
     for (size_t i = 0; i < (size_t)M * H; i++) x[i] = f32_to_bf16(urand());
     for (int i = 0; i < H; i++) w[i] = f32_to_bf16(urand() * 0.1f);
-    float *d_lg = dev_copy(lg, sizeof(float) * ne);
-    void *d_x = dev_copy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dev_copy(w, sizeof(uint16_t) * H);
+    float *d_lg = dcopy(lg, sizeof(float) * ne);
+    void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(w, sizeof(uint16_t) * H);
     int32_t *d_idx[2], *h_idx[2];
     float *d_wts[2], *h_wts[2];
     ls_err e = {0};
@@ -384,8 +391,8 @@ static void test_route_timings(void **state) {
         for (size_t i = 0; i < (size_t)M * E; i++) lg[i] = urand();
         uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * H);
         for (size_t i = 0; i < (size_t)M * H; i++) x[i] = f32_to_bf16(urand());
-        float *d_lg = dev_copy(lg, sizeof(float) * M * E);
-        void *d_x = dev_copy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dev_copy(x, sizeof(uint16_t) * H);
+        float *d_lg = dcopy(lg, sizeof(float) * M * E);
+        void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(x, sizeof(uint16_t) * H);
         float *d_wts = dalloc(sizeof(float) * M * (k + 1));
         float tu[2];
         for (int v = 0; v < 2; v++)
@@ -417,9 +424,9 @@ static void pools(void) {
     g_spool_n = (size_t)1 << 20;
     uint8_t *h = malloc(g_pool_n);
     for (size_t i = 0; i < g_pool_n; i++) h[i] = (uint8_t)rnd();
-    g_pool = dev_copy(h, g_pool_n);
+    g_pool = dcopy(h, g_pool_n);
     for (size_t i = 0; i < g_spool_n; i++) h[i] = (uint8_t)(0x30 + rnd() % 16);
-    g_spool = dev_copy(h, g_spool_n);
+    g_spool = dcopy(h, g_spool_n);
     free(h);
 }
 
@@ -451,7 +458,7 @@ static void y_case(int M, int E, int k, int sh, int router) {
         if (router == RT_FEW && i / YH >= 12) v = 0.f; /* 12 experts with weights, the rest tied at 0 */
         rw[i] = f32_to_bf16(v);
     }
-    void *d_rw = dev_copy(rw, sizeof(uint16_t) * E * YH);
+    void *d_rw = dcopy(rw, sizeof(uint16_t) * E * YH);
     moe_w w = {.hidden = YH, .n_experts = E, .top_k = k, .inter = YI, .norm_topk = 1,
                .router = {.kind = W_BF16, .N = E, .K = YH, .data = d_rw, .name = "router"},
                .gate = gate, .up = up, .down = down};
@@ -466,7 +473,7 @@ static void y_case(int M, int E, int k, int sh, int router) {
         uint16_t *h = malloc(sizeof(uint16_t) * Is * YH);
         for (int q = 0; q < 3; q++) {
             for (size_t i = 0; i < (size_t)Is * YH; i++) h[i] = f32_to_bf16(urand() * 0.05f);
-            d_sh[q] = dev_copy(h, sizeof(uint16_t) * Is * YH);
+            d_sh[q] = dcopy(h, sizeof(uint16_t) * Is * YH);
         }
         free(h);
         w.shared_inter = Is;
@@ -477,13 +484,13 @@ static void y_case(int M, int E, int k, int sh, int router) {
     if (sh) {
         uint16_t sg[YH];
         for (int i = 0; i < YH; i++) sg[i] = f32_to_bf16(urand() * 0.1f);
-        d_sg = dev_copy(sg, sizeof sg);
+        d_sg = dcopy(sg, sizeof sg);
         w.has_sh_gate = 1;
         w.sh_gate_w = (lin_w){.kind = W_BF16, .N = 1, .K = YH, .data = d_sg, .name = "sg"};
     }
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * YH);
     for (size_t i = 0; i < (size_t)M * YH; i++) x[i] = f32_to_bf16(urand());
-    void *d_x = dev_copy(x, sizeof(uint16_t) * (size_t)M * YH), *d_y = dalloc(sizeof(uint16_t) * (size_t)M * YH);
+    void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * YH), *d_y = dalloc(sizeof(uint16_t) * (size_t)M * YH);
     uint16_t *y[3];
     const int force[3][2] = {{0, 0}, {1, 1}, {2, 1}};
     ls_err e = {0};

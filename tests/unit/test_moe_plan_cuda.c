@@ -10,6 +10,7 @@
  *     or BF16, skewed routers): y of the new routing memcmp-equal to the old routing's;
  *   - CUDA graph replays of the new plan (its ticket resets itself) on other indices;
  * at M = 1, 63, 100, 3001, 8192, E = 256 top-8, E = 512 top-10 (and E = 1024 top-16 for the plan),
+ * (the fused one-launch plan, LASTSTAND_MG_PLAN=3, too)
  * routings: random, every token to the same k experts, a few hot experts, all pairs to one expert,
  * out-of-range indices. Timings of old vs new (printed, "moeplan time" lines). Needs a CUDA GPU
  * of cc >= 9.0: every test is skipped without one.
@@ -40,6 +41,12 @@ static ls_stream g_st;
 static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_moe_plan_cuda", 9, &g_mem, &g_dev, &g_st); }
+
+/* MOEPLAN_NO_FUSED=1 (the device script's first run): leave out LASTSTAND_MG_PLAN=3 */
+static int fused_on(void) {
+    const char *v = getenv("MOEPLAN_NO_FUSED");
+    return !(v && !strcmp(v, "1"));
+}
 
 static void *dalloc(size_t n) {
     ls_err e = {0};
@@ -181,9 +188,10 @@ static void plan_case(int M, int E, int k, int hs, int bm, int kind) {
     const int rows = plan_ref(idx, M, E, k, hs, bm, rte, rperm, rnt, off);
     int32_t *te = malloc(sizeof(int32_t) * b.tmax), *perm = malloc(sizeof(int32_t) * b.rows), nt[2];
     int bad = 0;
-    const int vs[4] = {1, 2, 1, 0};
-    for (int q = 0; q < 4; q++) {
+    const int vs[6] = {1, 2, 3, 1, 3, 0};
+    for (int q = 0; q < 6; q++) {
         const int v = vs[q];
+        if (v == 3 && !fused_on()) continue;
         run_plan(v, &b, M, E, k, hs, bm, te, perm, nt);
         int ok = nt[0] == rnt[0] && nt[1] == rnt[1] && !memcmp(te, rte, sizeof(int32_t) * b.tmax);
         if (v) {
@@ -246,9 +254,7 @@ static void test_plan_matches_oracle_and_old(void **state) {
 }
 
 /* CUDA graph: the new plan captured once, replayed on other indices (written outside the graph). */
-static void test_plan_graph_replays(void **state) {
-    (void)state;
-    if (!have_gpu()) skip();
+static int graph_case(int pv) {
     const int M = 4096, E = 256, k = 8, hs = 1, bm = 64;
     ls_stream cs;
     ls_err e = {0};
@@ -262,11 +268,11 @@ static void test_plan_graph_replays(void **state) {
     h2d(b.d_idx, idx, sizeof(int32_t) * M * k);
     assert_int_equal(g_mem->sync(g_st, &e), 0);
     /* warm-up outside the capture (workspace), then capture */
-    assert_int_equal(cuda_mg_plan_test(1, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 0, NULL, cs, &e), 0);
+    assert_int_equal(cuda_mg_plan_test(pv, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 0, NULL, cs, &e), 0);
     assert_int_equal(g_mem->sync(cs, &e), 0);
     void *exec = NULL;
     assert_int_equal(cug_begin(cs, &e), 0);
-    int rc = cuda_mg_plan_test(1, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 0, NULL, cs, &e);
+    int rc = cuda_mg_plan_test(pv, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 0, NULL, cs, &e);
     assert_int_equal(cug_end(cs, rc == 0, &exec, &e), 0);
     assert_int_equal(rc, 0);
     int bad = 0;
@@ -285,13 +291,21 @@ static void test_plan_graph_replays(void **state) {
         if (nt[0] != rnt[0] || nt[1] != rnt[1] || memcmp(te, rte, sizeof(int32_t) * b.tmax) ||
             memcmp(perm, rperm, sizeof(int32_t) * b.rows)) {
             bad++;
-            fprintf(stderr, "moeplan FAIL graph replay %d\n", it);
+            fprintf(stderr, "moeplan FAIL graph replay %d, plan %d\n", it, pv);
         }
     }
-    printf("moeplan %s: plan graph replays (6, other indices each)\n", bad ? "FAIL" : "PASS");
-    assert_int_equal(bad, 0);
     free(idx); free(te); free(perm); free(rte); free(rperm); free(off);
     pbuf_free(&b);
+    cug_stream_free(cs);
+    return bad;
+}
+
+static void test_plan_graph_replays(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const int bad = graph_case(1) + (fused_on() ? graph_case(3) : 0);
+    printf("moeplan %s: plan graph replays (plans 1 and 3, 6 each, other indices each)\n", bad ? "FAIL" : "PASS");
+    assert_int_equal(bad, 0);
 }
 
 /* ---- top-k ---------------------------------------------------------------------------- */
@@ -381,12 +395,13 @@ static void test_route_timings(void **state) {
         int32_t *idx = malloc(sizeof(int32_t) * M * k);
         make_idx(idx, M, E, k, R_RANDOM);
         h2d(b.d_idx, idx, sizeof(int32_t) * M * k);
-        float us[3] = {0};
-        for (int v = 0; v < 3; v++)
-            assert_int_equal(
+        float us[4] = {0};
+        for (int v = 0; v < 4; v++)
+            if (v < 3 || fused_on())
+                assert_int_equal(
                 cuda_mg_plan_test(v, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 50, &us[v], g_st, &e), 0);
-        printf("moeplan time plan M %d E %d k %d: old %.1f us, new %.1f us (PDL), %.1f us (no PDL) a call, back to back\n",
-               M, E, k, us[0], us[1], us[2]);
+        printf("moeplan time plan M %d E %d k %d: old %.1f us, new %.1f us (PDL), %.1f us (no PDL), fused %.1f us a call, back to back\n",
+               M, E, k, us[0], us[1], us[2], us[3]);
         float *lg = malloc(sizeof(float) * M * E);
         for (size_t i = 0; i < (size_t)M * E; i++) lg[i] = urand();
         uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * H);
@@ -491,10 +506,15 @@ static void y_case(int M, int E, int k, int sh, int router) {
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * YH);
     for (size_t i = 0; i < (size_t)M * YH; i++) x[i] = f32_to_bf16(urand());
     void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * YH), *d_y = dalloc(sizeof(uint16_t) * (size_t)M * YH);
-    uint16_t *y[3];
-    const int force[3][2] = {{0, 0}, {1, 1}, {2, 1}};
+    uint16_t *y[4];
+    const int force[4][2] = {{0, 0}, {1, 1}, {2, 1}, {3, 1}};
     ls_err e = {0};
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 4; v++) {
+        if (v == 3 && !fused_on()) { /* compared with itself below: the old routing's copy */
+            y[3] = malloc(sizeof(uint16_t) * (size_t)M * YH);
+            memcpy(y[3], y[0], sizeof(uint16_t) * (size_t)M * YH);
+            continue;
+        }
         cuda_mg_route_force(force[v][0], force[v][1]);
         moe_args a = {.M = M, .x = d_x, .y = d_y, .w = &w, .dt = ACT_BF16};
         int rc = moe_cuda_grouped_gemm.run(&a, g_st, &e);
@@ -508,14 +528,15 @@ static void y_case(int M, int E, int k, int sh, int router) {
     int finite = 0;
     for (size_t i = 0; i < (size_t)M * YH; i++) finite += isfinite(bf16_to_f32(y[0][i])) && y[0][i] != 0;
     const int ok = !memcmp(y[0], y[1], sizeof(uint16_t) * (size_t)M * YH) &&
-                   !memcmp(y[0], y[2], sizeof(uint16_t) * (size_t)M * YH) && finite > (M * YH) / 2;
+                   !memcmp(y[0], y[2], sizeof(uint16_t) * (size_t)M * YH) &&
+                   !memcmp(y[0], y[3], sizeof(uint16_t) * (size_t)M * YH) && finite > (M * YH) / 2;
     if (!ok) {
         g_y_fail++;
         fprintf(stderr, "moeplan FAIL y M %d E %d k %d shared %d router %d (finite nonzero %d of %d)\n", M, E, k, sh,
                 router, finite, M * YH);
     }
     g_y_cases++;
-    for (int v = 0; v < 3; v++) free(y[v]);
+    for (int v = 0; v < 4; v++) free(y[v]);
     g_mem->free(d_x);
     g_mem->free(d_y);
     g_mem->free(d_rw);

@@ -657,6 +657,170 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
     }
 }
 
+/* The plan in one launch (LASTSTAND_MG_PLAN=3, opt-in until measured): the same outputs as
+ * mg_plan_count_kernel + mg_plan_place_kernel (the same stable order), with G = ceil(M·k /
+ * MGQ_CHUNK) blocks that are all resident at once (the host launches it only when G <= the SM
+ * count, one block of 44 KB a slot: nothing of this stream runs beside it, so every block gets
+ * an SM; other streams' work ends and frees its SMs), meeting at one grid barrier (a counter and
+ * a generation word in MG_TICKET: the last block to arrive resets the counter and bumps the
+ * generation, the others spin on it with acquire loads; self-resetting for graph replays):
+ *   before: each block's warp histograms of its pairs (kept in registers: expert, match mask),
+ *           the block's histogram to hist[b][e]
+ *   after:  every block reads all G rows (L2), makes its own pre[b][e], the totals and the
+ *           padded offsets (the same scan in every block), seeds its warps, places its pairs,
+ *           and its share of tile_e / padding / the shared expert's rows / n_tiles.
+ * One launch instead of two and no second pass over idx. */
+enum { MGQ_ROUNDS = 8, MGQ_PER_WARP = 32 * MGQ_ROUNDS, MGQ_CHUNK = MGP_WARPS * MGQ_PER_WARP };
+
+__device__ __forceinline__ unsigned mgq_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void mgq_st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E, int k, int has_shared, int bm,
+                                                                    const int32_t *__restrict__ idx,
+                                                                    int32_t *__restrict__ hist,
+                                                                    unsigned *__restrict__ bar,
+                                                                    int32_t *__restrict__ tile_e,
+                                                                    int32_t *__restrict__ perm,
+                                                                    int32_t *__restrict__ n_tiles) {
+    __shared__ int s_w[MGP_WARPS][MG_MAXE];
+    __shared__ int s_off[MG_MAXE + 2];
+    __shared__ int s_cnt[MG_MAXE + 1];
+    __shared__ int s_pre[MG_MAXE];
+    __shared__ int s_wsum[MGP_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
+    const int Mk = M * k, S = E + (has_shared ? 1 : 0);
+    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
+    __syncwarp();
+    const int i0 = b * MGQ_CHUNK + warp * MGQ_PER_WARP + lane;
+    int ex[MGQ_ROUNDS];
+    unsigned mk[MGQ_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) {
+        mk[r] = __match_any_sync(0xffffffffu, ex[r]);
+        if (ex[r] >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][ex[r]] += __popc(mk[r]);
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int t = 0;
+#pragma unroll
+        for (int w = 0; w < MGP_WARPS; w++) t += s_w[w][e];
+        hist[(size_t)b * E + e] = t;
+    }
+    __threadfence(); /* this thread's histogram entries visible before the arrival */
+    __syncthreads();
+    if (tid == 0) {
+        const unsigned g0 = mgq_ld_acquire(bar + 1);
+        if (atomicAdd(bar, 1u) == (unsigned)G - 1) {
+            atomicExch(bar, 0u); /* every block has arrived; the next launch counts from 0 */
+            __threadfence();
+            mgq_st_release(bar + 1, g0 + 1u);
+        } else {
+            unsigned polls = 0;
+            while (mgq_ld_acquire(bar + 1) == g0) {
+                __nanosleep(32);
+                if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
+            }
+        }
+    }
+    __syncthreads();
+    __threadfence();
+    /* every block: its prefix and the totals per expert, MGP_LDB loads in flight (L2: __ldcg) */
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int run = 0, mine = 0;
+        for (int b0 = 0; b0 < G; b0 += MGP_LDB) {
+            int h[MGP_LDB];
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++) h[q] = b0 + q < G ? __ldcg(hist + (size_t)(b0 + q) * E + e) : 0;
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++) {
+                if (b0 + q == b) mine = run;
+                run += h[q];
+            }
+        }
+        s_cnt[e] = run;
+        s_pre[e] = mine;
+    }
+    if (has_shared && tid == 0) s_cnt[E] = M;
+    __syncthreads();
+    /* exclusive scan of the padded counts (as mg_plan_count_kernel's last block) */
+    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
+    int loc = 0;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) loc += (s_cnt[sl] + bm - 1) / bm * bm;
+    }
+    int incl = loc;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    int wbase = 0;
+    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
+    int run = wbase + incl - loc;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) {
+            s_off[sl] = run;
+            run += (s_cnt[sl] + bm - 1) / bm * bm;
+        }
+    }
+    if (tid == MGP_THREADS - 1) s_off[S] = run;
+    __syncthreads();
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int rr = s_off[e] + s_pre[e];
+#pragma unroll
+        for (int w = 0; w < MGP_WARPS; w++) {
+            const int t = s_w[w][e];
+            s_w[w][e] = rr;
+            rr += t;
+        }
+    }
+    __syncthreads();
+    const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) {
+        const int e = ex[r];
+        if (e >= 0) {
+            const int i = i0 + 32 * r;
+            perm[s_w[warp][e] + __popc(mk[r] & lt)] = i + i / k; /* m·(k+1) + j */
+        }
+        __syncwarp();
+        if (e >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][e] += __popc(mk[r]);
+        __syncwarp();
+    }
+    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS, total = s_off[S];
+    for (int t = gt; t < total / bm; t += gs) {
+        const int r0 = t * bm;
+        int lo = 0, hi = S - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s_off[mid] <= r0) lo = mid;
+            else hi = mid - 1;
+        }
+        tile_e[t] = lo;
+    }
+    for (int sl = gt; sl < S; sl += gs)
+        for (int r = s_off[sl] + s_cnt[sl]; r < s_off[sl + 1]; r++) perm[r] = -1;
+    if (has_shared)
+        for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
+    if (gt == 0) {
+        n_tiles[0] = total / bm;
+        n_tiles[1] = s_off[E] / bm;
+    }
+}
+
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
 
 /* Weight loaders: NVFP4 by cp.async (K % 64 == 0, codes 16-byte and scales
@@ -1029,9 +1193,11 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
  *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
  *                                   8192), or by mg_gemm_kernel (0)
- *   LASTSTAND_MG_PLAN=0|1|2         off the mid path (S12): the plan by mg_plan_count_kernel +
+ *   LASTSTAND_MG_PLAN=0|1|2|3       off the mid path (S12): the plan by mg_plan_count_kernel +
  *                                   mg_plan_place_kernel, the place launch with PDL (1, default)
- *                                   or without (2), or by the one-block mg_plan_kernel (0); the
+ *                                   or without (2), by mg_plan_fused_kernel (3: one launch, a
+ *                                   grid barrier; 1 where its blocks outnumber the SMs), or by
+ *                                   the one-block mg_plan_kernel (0); the
  *                                   same tiles, rows per expert in a fixed order, the same y
  *   LASTSTAND_MG_TOPK=0|1           off the mid path (S12): the top-k by mg_topk2_kernel (1,
  *                                   default) or mg_topk_kernel (0); the same bits */
@@ -1053,7 +1219,7 @@ typedef struct mg_knobs {
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
                     at H = 4096 up to M·k = 4E */
     int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
-                    place launch by PDL (default), 2 the same without PDL */
+                    place launch by PDL (default), 2 the same without PDL, 3 mg_plan_fused_kernel */
     int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits) */
 } mg_knobs;
 
@@ -1088,7 +1254,7 @@ static mg_knobs mg_knobs_get(void) {
         v = getenv("LASTSTAND_MG_ROUTER_PDL");
         n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         v = getenv("LASTSTAND_MG_PLAN");
-        n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
+        n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : 1;
         n.topk = cu_env_switch("LASTSTAND_MG_TOPK", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
@@ -1422,7 +1588,9 @@ static cudaError_t mg_topk_launch(int topk, int M, int H, int E, int k, int norm
 }
 
 /* The plan: plan 0 mg_plan_kernel (launched with PDL when pdl: the mid path), 1 / 2 the multi-block
- * plan (its place launch with / without PDL), its buffers from ws (MG_PLANB, MG_TICKET). */
+ * plan (its place launch with / without PDL), 3 mg_plan_fused_kernel (1 where its blocks would
+ * outnumber the SMs); their buffers from ws (MG_PLANB; MG_TICKET: word 0 count's ticket, words 1-2
+ * the fused kernel's barrier). */
 static int mg_plan_launch(mg_ws *ws, int plan, int pdl, int M, int E, int k, int hs, int bm, const int32_t *idx,
                           int32_t *tile_e, int32_t *perm, int32_t *nt, cudaStream_t st, ls_err *e) {
     if (!plan) {
@@ -1430,7 +1598,23 @@ static int mg_plan_launch(mg_ws *ws, int plan, int pdl, int M, int E, int k, int
                "cuda_grouped_gemm plan");
         return 0;
     }
-    const int S = E + hs, G = (int)(((size_t)M * k + MGP_CHUNK - 1) / MGP_CHUNK);
+    const int S = E + hs;
+    if (plan == 3) { /* one launch with a grid barrier, when its blocks fit one per SM */
+        const int Gq = (int)(((size_t)M * k + MGQ_CHUNK - 1) / MGQ_CHUNK);
+        int dev = 0, nsm = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && Gq <= nsm) {
+            int32_t *hist = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (size_t)Gq * E, st, e);
+            unsigned *bar = (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, 64, 1, st, "cuda_grouped_gemm", e);
+            if (!hist || !bar) return e->code ? e->code : ERR_NOMEM;
+            mg_plan_fused_kernel<<<Gq, MGP_THREADS, 0, st>>>(M, E, k, hs, bm, idx, hist, bar + 1, tile_e, perm, nt);
+            CU_LAUNCHED(e, "cuda_grouped_gemm plan");
+            return 0;
+        }
+        (void)cudaGetLastError();
+        plan = 1;
+    }
+    const int G = (int)(((size_t)M * k + MGP_CHUNK - 1) / MGP_CHUNK);
     const size_t ge = (size_t)G * E;
     int32_t *pb = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (2 * ge + 2 * (size_t)S + 1), st, e);
     unsigned *ticket = (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, 64, 1, st, "cuda_grouped_gemm", e);

@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
  * in griddepcontrol.wait, which returns only once count has completed with its memory visible:
  * place reads and writes nothing before that wait, so the early release only hides the launch). */
 enum { MGP_THREADS = 256, MGP_WARPS = MGP_THREADS / 32, MGP_ROUNDS = 4, MGP_PER_WARP = 32 * MGP_ROUNDS,
-       MGP_CHUNK = MGP_WARPS * MGP_PER_WARP, MGP_LDB = 16 };
+       MGP_CHUNK = MGP_WARPS * MGP_PER_WARP, MGP_LDB = 32 };
 
 /* the expert of pair i, or -1 past the end (an index outside 0..E-1 counts as expert 0, as in
  * mg_plan_kernel) */
@@ -523,9 +523,12 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E
     for (int e = tid; e < E; e += MGP_THREADS) s_h[e] = 0;
     __syncthreads();
     const int i0 = b * MGP_CHUNK + warp * MGP_PER_WARP + lane;
+    int ex[MGP_ROUNDS]; /* every load issued before the first shared-memory add (one round trip) */
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
 #pragma unroll
     for (int r = 0; r < MGP_ROUNDS; r++) {
-        const int e = mgp_expert(idx, i0 + 32 * r, Mk, E);
+        const int e = ex[r];
         const unsigned mask = __match_any_sync(0xffffffffu, e);
         if (e >= 0 && lane == __ffs(mask) - 1) atomicAdd(&s_h[e], __popc(mask));
     }
@@ -599,22 +602,33 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
                     * start can hold them; and the top-k's idx, complete before count began) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
     const int Mk = M * k, S = E + (has_shared ? 1 : 0);
-    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
-    for (int sl = tid; sl <= S; sl += MGP_THREADS) s_off[sl] = __ldcg(off + sl);
-    __syncwarp();
+    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS;
+    /* every global load issued first (one round trip): the pairs' experts, this block's prefix of
+     * the experts tid + 256 q, the padding count of slot gt, the offsets */
     const int i0 = b * MGP_CHUNK + warp * MGP_PER_WARP + lane;
-    int ex[MGP_ROUNDS];
+    int ex[MGP_ROUNDS], pv[MG_MAXE / MGP_THREADS];
     unsigned mk[MGP_ROUNDS];
 #pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
+#pragma unroll
+    for (int q = 0; q < MG_MAXE / MGP_THREADS; q++)
+        pv[q] = tid + q * MGP_THREADS < E ? __ldcg(pre + (size_t)b * E + tid + q * MGP_THREADS) : 0;
+    const int c_gt = gt < S ? __ldcg(cnt + gt) : 0;
+    for (int sl = tid; sl <= S; sl += MGP_THREADS) s_off[sl] = __ldcg(off + sl);
+    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
+    __syncwarp();
+#pragma unroll
     for (int r = 0; r < MGP_ROUNDS; r++) {
-        ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
         mk[r] = __match_any_sync(0xffffffffu, ex[r]);
         if (ex[r] >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][ex[r]] += __popc(mk[r]);
         __syncwarp();
     }
     __syncthreads();
-    for (int e = tid; e < E; e += MGP_THREADS) {
-        int run = s_off[e] + __ldcg(pre + (size_t)b * E + e);
+#pragma unroll
+    for (int q = 0; q < MG_MAXE / MGP_THREADS; q++) {
+        const int e = tid + q * MGP_THREADS;
+        if (e >= E) break;
+        int run = s_off[e] + pv[q];
 #pragma unroll
         for (int w = 0; w < MGP_WARPS; w++) {
             const int t = s_w[w][e];
@@ -636,7 +650,7 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
         __syncwarp();
     }
     /* the tables, spread over the grid */
-    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS, total = s_off[S];
+    const int total = s_off[S];
     for (int t = gt; t < total / bm; t += gs) {
         const int r0 = t * bm;
         int lo = 0, hi = S - 1; /* the last slot whose rows start at or before r0: the non-empty one */
@@ -648,7 +662,7 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
         tile_e[t] = lo;
     }
     for (int sl = gt; sl < S; sl += gs)
-        for (int r = s_off[sl] + __ldcg(cnt + sl); r < s_off[sl + 1]; r++) perm[r] = -1;
+        for (int r = s_off[sl] + (sl == gt ? c_gt : __ldcg(cnt + sl)); r < s_off[sl + 1]; r++) perm[r] = -1;
     if (has_shared)
         for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
     if (gt == 0) {

@@ -17,6 +17,7 @@
 #    shapes (E = 512, top-10) at 8192 fused.
 # 3. ncu (prefill8k.sh's command, -k regex:mg_) over `generate` of the 35B cut to 4 layers with an
 #    8192-token prompt: mg_topk / mg_plan* / mg_combine durations, new, fused, old.
+# 4. ncu sections of the plan kernels (stall reasons), new and fused, time permitting.
 . "$(dirname "$0")/lib.sh"
 dev_init moeplan 88 "$@"
 export NCCL_NVLS_ENABLE=0
@@ -99,4 +100,24 @@ print(f"  moeplan ncu {sys.argv[2]} routing (topk + plan kernels) {tot/1e3:.2f} 
 PY
 done
 doctor old35 "$OLD" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 14
+
+# 4. where the plan kernels' time goes: ncu sections (stall reasons, occupancy) of one launch each,
+#    at the 8192-token step (the 4th launch: warm-up calls of smaller M come first)
+for v in "new:$NEW:mg_plan_(count|place)" "fused:$FUSED:mg_plan_fused"; do
+    tag=${v%%:*}; rest=${v#*:}; envs=${rest%%:*}; kre=${rest#*:}
+    [ -n "$NCU" ] || break
+    lim=$(( $(left) - 4 )); [ $lim -gt 20 ] && lim=20
+    [ $lim -ge 12 ] || { echo "ncu details $tag: skipped (time)"; continue; }
+    echo "== 4. ncu details $tag ($kre) $(el)"
+    env $envs timeout -k 2 $lim "$NCU" --clock-control none -k regex:"$kre" --launch-skip 0 --launch-count 4 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats -o "$OUT/ncud-$tag" \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=4" --ids "$(ids 8192)" --max-new-tokens 1 \
+        --device cuda --disable-cuda-graph --prefix-cache off "${PLANS[@]}" >"$OUT/ncud-$tag.out" 2>&1
+    echo "rc=$? $(el)"
+    [ -f "$OUT/ncud-$tag.ncu-rep" ] || continue
+    timeout 10 "$NCU" --import "$OUT/ncud-$tag.ncu-rep" --page details --print-rule-details 2>/dev/null |
+        grep -E "mg_plan|Duration|Grid Size|Achieved Occupancy|Warp Cycles Per Issued|Stall|stall|Issued Warp|No Eligible" |
+        cut -c1-200 | head -40
+done
 echo "total $(( $(date +%s) - T0 )) s"

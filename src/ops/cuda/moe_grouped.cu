@@ -709,6 +709,10 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E
     __shared__ int s_wsum[MGP_WARPS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
     const int Mk = M * k, S = E + (has_shared ? 1 : 0);
+    /* the barrier's generation as this launch found it: only this launch's last block changes it
+     * (the previous launch's change completed before this one began), so it is read here, beside
+     * the idx loads, not on the barrier's path */
+    const unsigned g0 = tid == 0 ? mgq_ld_acquire(bar + 1) : 0u;
     for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
     __syncwarp();
     const int i0 = b * MGQ_CHUNK + warp * MGQ_PER_WARP + lane;
@@ -732,9 +736,8 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E
     __threadfence(); /* this thread's histogram entries visible before the arrival */
     __syncthreads();
     if (tid == 0) {
-        const unsigned g0 = mgq_ld_acquire(bar + 1);
         if (atomicAdd(bar, 1u) == (unsigned)G - 1) {
-            atomicExch(bar, 0u); /* every block has arrived; the next launch counts from 0 */
+            bar[0] = 0u; /* every block has arrived; the next launch counts from 0 */
             __threadfence();
             mgq_st_release(bar + 1, g0 + 1u);
         } else {

@@ -5,7 +5,8 @@
  *     the tile height): tile_e, n_tiles and perm equal to it, bit for bit;
  *   - the old one-block mg_plan_kernel: the same tile_e, n_tiles, padding rows, and the same rows
  *     of each expert (its order within an expert is its warps' timing: compared sorted);
- *   - the old mg_topk_kernel: idx and wts the same bits (ties, NaN rows, E not a multiple of 32);
+ *   - the old mg_topk_kernel: idx and wts the same bits (ties, NaN rows, E not a multiple of 32),
+ *     for mg_topk2_kernel and its <= 64-register form (LASTSTAND_MG_TOPK=2);
  *   - a whole MoE call (NVFP4 experts, 64/32/16-row tiles, with / without a shared expert, NVFP4
  *     or BF16, skewed routers): y of the new routing memcmp-equal to the old routing's;
  *   - CUDA graph replays of the new plan (its ticket resets itself) on other indices;
@@ -327,10 +328,10 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
     for (int i = 0; i < H; i++) w[i] = f32_to_bf16(urand() * 0.1f);
     float *d_lg = dcopy(lg, sizeof(float) * ne);
     void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(w, sizeof(uint16_t) * H);
-    int32_t *d_idx[2], *h_idx[2];
-    float *d_wts[2], *h_wts[2];
+    int32_t *d_idx[3], *h_idx[3];
+    float *d_wts[3], *h_wts[3];
     ls_err e = {0};
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         d_idx[v] = dalloc(sizeof(int32_t) * M * k);
         d_wts[v] = dalloc(sizeof(float) * M * (k + 1));
         h_idx[v] = malloc(sizeof(int32_t) * M * k);
@@ -342,14 +343,16 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
         d2h(h_wts[v], d_wts[v], sizeof(float) * M * (k + 1));
     }
     const int ok = !memcmp(h_idx[0], h_idx[1], sizeof(int32_t) * M * k) &&
-                   !memcmp(h_wts[0], h_wts[1], sizeof(float) * M * (k + 1));
+                   !memcmp(h_wts[0], h_wts[1], sizeof(float) * M * (k + 1)) &&
+                   !memcmp(h_idx[0], h_idx[2], sizeof(int32_t) * M * k) &&
+                   !memcmp(h_wts[0], h_wts[2], sizeof(float) * M * (k + 1));
     if (!ok) {
         g_topk_fail++;
         fprintf(stderr, "moeplan FAIL topk M %d H %d E %d k %d norm %d hs %d wsg %d ties %d\n", M, H, E, k, norm, hs,
                 with_wsg, ties);
     }
     g_topk_cases++;
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         g_mem->free(d_idx[v]);
         g_mem->free(d_wts[v]);
         free(h_idx[v]);
@@ -409,12 +412,12 @@ static void test_route_timings(void **state) {
         float *d_lg = dcopy(lg, sizeof(float) * M * E);
         void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(x, sizeof(uint16_t) * H);
         float *d_wts = dalloc(sizeof(float) * M * (k + 1));
-        float tu[2];
-        for (int v = 0; v < 2; v++)
+        float tu[3];
+        for (int v = 0; v < 3; v++)
             assert_int_equal(cuda_mg_topk_test(v, M, H, E, k, 1, d_x, d_w, 1, d_lg, b.d_idx, d_wts, 50, &tu[v], g_st, &e),
                              0);
-        printf("moeplan time topk M %d E %d k %d H %d: old %.1f us, new %.1f us a call, back to back\n", M, E, k, H,
-               tu[0], tu[1]);
+        printf("moeplan time topk M %d E %d k %d H %d: old %.1f us, new %.1f us, new <= 64 registers (TOPK=2) %.1f us a call, back to back\n",
+               M, E, k, H, tu[0], tu[1], tu[2]);
         g_mem->free(d_lg);
         g_mem->free(d_x);
         g_mem->free(d_w);

@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
  * iteration: 8 round trips at H = 2048) and next to the logits' loads, the same fmaf sequence;
  * lane j writes the token's j-th pick (the values every lane holds after the butterflies). */
 enum { MG_TK_B = 8 };
-template <int NV>
-__global__ void __launch_bounds__(128) mg_topk2_kernel(int M, int H, int E, int k, int norm,
+template <int NV, int TB = MG_TK_B, int MINB = 0>
+__global__ void __launch_bounds__(128, MINB) mg_topk2_kernel(int M, int H, int E, int k, int norm,
                                                        const bf16 *__restrict__ x,
                                                        const bf16 *__restrict__ wsg, int has_shared,
                                                        const float *__restrict__ logits,
@@ -314,10 +314,10 @@ __global__ void __launch_bounds__(128) mg_topk2_kernel(int M, int H, int E, int 
     if (has_shared && wsg) {
         const bf16 *xm = x + (size_t)m * H;
         float s = 0.f;
-        for (int c0 = lane * 8; c0 < H; c0 += 256 * MG_TK_B) {
-            uint4 va[MG_TK_B], vb[MG_TK_B];
+        for (int c0 = lane * 8; c0 < H; c0 += 256 * TB) {
+            uint4 va[TB], vb[TB];
 #pragma unroll
-            for (int b = 0; b < MG_TK_B; b++) {
+            for (int b = 0; b < TB; b++) {
                 const int c = c0 + 256 * b;
                 if (c < H) {
                     va[b] = *reinterpret_cast<const uint4 *>(xm + c);
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(128) mg_topk2_kernel(int M, int H, int E, int 
                 }
             }
 #pragma unroll
-            for (int b = 0; b < MG_TK_B; b++) {
+            for (int b = 0; b < TB; b++) {
                 if (c0 + 256 * b >= H) break; /* no extra fmaf: the old kernel's sequence exactly */
                 const uint32_t xa[4] = {va[b].x, va[b].y, va[b].z, va[b].w}, xb[4] = {vb[b].x, vb[b].y, vb[b].z, vb[b].w};
 #pragma unroll
@@ -1216,8 +1216,9 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   grid barrier; 1 where its blocks outnumber the SMs), or by
  *                                   the one-block mg_plan_kernel (0); the
  *                                   same tiles, rows per expert in a fixed order, the same y
- *   LASTSTAND_MG_TOPK=0|1           off the mid path (S12): the top-k by mg_topk2_kernel (1,
- *                                   default) or mg_topk_kernel (0); the same bits */
+ *   LASTSTAND_MG_TOPK=0|1|2         off the mid path (S12): the top-k by mg_topk2_kernel (1,
+ *                                   default; 2: at most 64 registers, 4 x-chunks a batch, at
+ *                                   E <= 256) or mg_topk_kernel (0); the same bits */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -1237,7 +1238,8 @@ typedef struct mg_knobs {
                     at H = 4096 up to M·k = 4E */
     int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
                     place launch by PDL (default), 2 the same without PDL, 3 mg_plan_fused_kernel */
-    int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits) */
+    int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits),
+                    2 its <= 64-register form at E <= 256 */
 } mg_knobs;
 
 /* tests/unit/test_moe_plan_cuda.c's override of plan and topk (-1: the knobs) */
@@ -1272,7 +1274,8 @@ static mg_knobs mg_knobs_get(void) {
         n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         v = getenv("LASTSTAND_MG_PLAN");
         n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : 1;
-        n.topk = cu_env_switch("LASTSTAND_MG_TOPK", 1);
+        v = getenv("LASTSTAND_MG_TOPK");
+        n.topk = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -1595,6 +1598,8 @@ static cudaError_t mg_topk_launch(int topk, int M, int H, int E, int k, int norm
     const dim3 grid((unsigned)((M + 3) / 4)), blk(128);
     if (!topk)
         mg_topk_kernel<<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    else if (topk == 2 && E <= 256) /* opt-in: 4 chunks a batch, <= 64 registers (8 blocks an SM) */
+        mg_topk2_kernel<8, 4, 8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
     else if (E <= 256)
         mg_topk2_kernel<8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
     else if (E <= 512)

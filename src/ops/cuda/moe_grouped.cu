@@ -14,11 +14,14 @@
  *   2 top-k      warp per token: softmax, top-k, renormalise, shared gate
  *                -> idx [M, k], wts [M, k+1] (slot k: the shared expert's weight,
  *                   sigmoid(x·w_sg), 1 without a gate, 0 without a shared expert)
- *   3 plan       one block: histogram of the (token, j) pairs per expert (the
+ *   3 plan       histogram of the (token, j) pairs per expert (the
  *                shared expert is expert E, picked by every token), counts padded
  *                to the tile height BM, prefix sum -> row offsets, the tile table
  *                (tile t of BM rows belongs to expert tile_e[t]), and the scatter:
- *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows
+ *                perm[row] = pair p = m·(k+1) + j, or -1 on padding rows; by two
+ *                launches over the whole GPU (mg_plan_count_kernel, mg_plan_place_kernel:
+ *                a stable counting sort, LASTSTAND_MG_PLAN) or, on the mid path,
+ *                one block (mg_plan_kernel)
  *   4 gate/up    grouped GEMM, CTA = one tile (BM rows of one expert) x 128 gate
  *                rows + the same 128 up rows of that expert; A rows gathered from x by
  *                perm; epilogue h = silu(g·s2g)·(u·s2u) -> hbuf [R, ldh] bf16
@@ -82,6 +85,7 @@
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_ws.h"
+#include "ops/cuda/moe_grouped_test.h"
 #include "ops/cuda/moe_int.cuh"
 #include "ops/cuda/moe_wgmma.cuh"
 #include "ops/cuda/nvfp4.cuh"
@@ -95,7 +99,9 @@ enum { MG_BK = 64, MG_THREADS = 256, MG_APAD = MG_BK + 8 };
 
 /* ---- per-device workspace ------------------------------------------------------ */
 
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_NBUF };
+/* MG_PLANB: the multi-block plan's hist, pre [G, E], cnt [S], off [S + 1]; MG_TICKET: its ticket
+ * (zeroed once, reset by the kernel) */
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_PLANB, MG_TICKET, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -280,6 +286,112 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
     }
 }
 
+/* mg_topk_kernel with the same outputs, bit for bit (LASTSTAND_MG_TOPK=1, the default): the
+ * experts' loops cut to NV = ceil(E/32) registers a lane (NV = 8 at E = 256: a quarter of the
+ * compares and expf of the 32-register loops, whose extra entries are -inf, never picked, and add
+ * +0.0f to the sum, which changes no bit), the shared gate's x and w_sg loads issued MG_TK_B 16-byte
+ * chunks at a time before the first multiply (the old loop waited on one pair of loads per
+ * iteration: 8 round trips at H = 2048) and next to the logits' loads, the same fmaf sequence;
+ * lane j writes the token's j-th pick (the values every lane holds after the butterflies). */
+enum { MG_TK_B = 8 };
+template <int NV, int TB = MG_TK_B, int MINB = 0>
+__global__ void __launch_bounds__(128, MINB) mg_topk2_kernel(int M, int H, int E, int k, int norm,
+                                                       const bf16 *__restrict__ x,
+                                                       const bf16 *__restrict__ wsg, int has_shared,
+                                                       const float *__restrict__ logits,
+                                                       int32_t *__restrict__ idx, float *__restrict__ wts) {
+    const int lane = threadIdx.x & 31;
+    const int m = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (m >= M) return;
+    const float *lg = logits + (size_t)m * E;
+    float v[NV]; /* expert lane + 32 i */
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        int ex = lane + 32 * i;
+        v[i] = ex < E ? lg[ex] : -INFINITY;
+    }
+    float sg = has_shared ? 1.f : 0.f;
+    if (has_shared && wsg) {
+        const bf16 *xm = x + (size_t)m * H;
+        float s = 0.f;
+        for (int c0 = lane * 8; c0 < H; c0 += 256 * TB) {
+            uint4 va[TB], vb[TB];
+#pragma unroll
+            for (int b = 0; b < TB; b++) {
+                const int c = c0 + 256 * b;
+                if (c < H) {
+                    va[b] = *reinterpret_cast<const uint4 *>(xm + c);
+                    vb[b] = *reinterpret_cast<const uint4 *>(wsg + c);
+                } else {
+                    va[b] = vb[b] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < TB; b++) {
+                if (c0 + 256 * b >= H) break; /* no extra fmaf: the old kernel's sequence exactly */
+                const uint32_t xa[4] = {va[b].x, va[b].y, va[b].z, va[b].w}, xb[4] = {vb[b].x, vb[b].y, vb[b].z, vb[b].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float2 a = mg_bf2(xa[q]), bb = mg_bf2(xb[q]);
+                    s = fmaf(a.x, bb.x, s);
+                    s = fmaf(a.y, bb.y, s);
+                }
+            }
+        }
+        s = mg_warp_sum(s);
+        sg = 1.f / (1.f + expf(-s));
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++) mx = fmaxf(mx, v[i]);
+    mx = mg_warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    sum = mg_warp_sum(sum);
+    float psum = 0.f, myp = 0.f;
+    int myi = 0;
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
+                bv = v[i];
+                bi = lane + 32 * i;
+            }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        float p;
+        if (bi == 0x7fffffff) { /* NaN logits: no candidate compares greater */
+            bi = 0;
+            p = __int_as_float(0x7fc00000);
+        } else {
+#pragma unroll
+            for (int i = 0; i < NV; i++)
+                if (lane + 32 * i == bi) v[i] = -INFINITY;
+            p = expf(bv - mx) / sum;
+        }
+        if (lane == j) {
+            myi = bi;
+            myp = p;
+        }
+        psum += p;
+    }
+    if (lane < k) {
+        idx[(size_t)m * k + lane] = myi;
+        wts[(size_t)m * (k + 1) + lane] = norm ? myp / psum : myp;
+    }
+    if (lane == 0) wts[(size_t)m * (k + 1) + k] = sg;
+}
+
 /* The mid-batch path's top-k (LASTSTAND_MG_MID): token m = block m of TOPK_W warps, moe_int.cuh's
  * moe_topk_block (the fused decode's routing: the softmax's and the top-k's work spread over 16
  * warps instead of one warp per token; ranks by counting). Same outputs and tie rule (lower
@@ -362,6 +474,368 @@ __global__ void __launch_bounds__(1024) mg_plan_kernel(int M, int E, int k, int 
     }
     if (has_shared)
         for (int m = tid; m < M; m += 1024) perm[s_off[E] + m] = m * (k + 1) + k;
+}
+
+/* The plan by the whole GPU (LASTSTAND_MG_PLAN=1, the default off the mid-batch path): the same
+ * tile_e, n_tiles and padding rows as mg_plan_kernel, and the same rows of each expert, in a fixed
+ * order: a stable counting sort of the pairs i = m·k + j by expert (ascending i within an expert;
+ * mg_plan_kernel's shared-memory atomics leave that order to the warps' timing). The order cannot
+ * change y: a row's sums do not depend on its position in a tile, and the down GEMM writes each
+ * row to its pair's own place in dbuf (tests/unit/test_moe_plan_cuda.c compares y bit for bit).
+ * mg_plan_kernel ran one block of 1024 threads over all M·k pairs: 82 µs at M = 8192, k = 8.
+ * Two launches of G = ceil(M·k / MGP_CHUNK) blocks, each block a contiguous chunk of pairs, warp
+ * w of it MGP_PER_WARP consecutive pairs (32 at a time, in order):
+ *   count  block b's histogram hist[b][e]; the last block out (a device ticket, counted after the
+ *          block's stores are fenced; it resets the ticket for the next call or graph replay)
+ *          turns the G histograms into pre[b][e] = Σ_{b' < b} hist[b'][e], cnt[e], and the slots'
+ *          padded offsets off[0..S] (S = E + has_shared; off[S] = all rows)
+ *   place  block b again: warp histograms, seeded with off[e] + pre[b][e] and scanned across the
+ *          warps; each pair's row = its warp's base + its rank among the earlier lanes of its
+ *          round with the same expert (__match_any_sync) + the earlier rounds'; then, spread over
+ *          the grid, tile_e, the padding rows (-1), the shared expert's rows and n_tiles.
+ * place is launched with programmatic dependent launch: count lets it go at once (its blocks wait
+ * in griddepcontrol.wait, which returns only once count has completed with its memory visible:
+ * place reads and writes nothing before that wait, so the early release only hides the launch). */
+enum { MGP_THREADS = 256, MGP_WARPS = MGP_THREADS / 32, MGP_ROUNDS = 4, MGP_PER_WARP = 32 * MGP_ROUNDS,
+       MGP_CHUNK = MGP_WARPS * MGP_PER_WARP, MGP_LDB = 32 };
+
+/* the expert of pair i, or -1 past the end (an index outside 0..E-1 counts as expert 0, as in
+ * mg_plan_kernel) */
+__device__ __forceinline__ int mgp_expert(const int32_t *__restrict__ idx, int i, int Mk, int E) {
+    if (i >= Mk) return -1;
+    const int v = idx[i];
+    return (unsigned)v < (unsigned)E ? v : 0;
+}
+
+__global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E, int k, int has_shared, int bm,
+                                                                    const int32_t *__restrict__ idx,
+                                                                    int32_t *__restrict__ hist,
+                                                                    int32_t *__restrict__ pre,
+                                                                    int32_t *__restrict__ cnt,
+                                                                    int32_t *__restrict__ off,
+                                                                    unsigned *__restrict__ ticket) {
+    __shared__ int s_h[MG_MAXE + 1];
+    __shared__ int s_wsum[MGP_WARPS];
+    __shared__ int s_last;
+    cu_pdl_trigger(); /* place may start: it waits for this grid's completion before any access */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
+    const int Mk = M * k, S = E + (has_shared ? 1 : 0);
+    for (int e = tid; e < E; e += MGP_THREADS) s_h[e] = 0;
+    __syncthreads();
+    const int i0 = b * MGP_CHUNK + warp * MGP_PER_WARP + lane;
+    int ex[MGP_ROUNDS]; /* every load issued before the first shared-memory add (one round trip) */
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) {
+        const int e = ex[r];
+        const unsigned mask = __match_any_sync(0xffffffffu, e);
+        if (e >= 0 && lane == __ffs(mask) - 1) atomicAdd(&s_h[e], __popc(mask));
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += MGP_THREADS) hist[(size_t)b * E + e] = s_h[e];
+    __threadfence(); /* this thread's histogram entries visible before the ticket */
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(ticket, 1u) == (unsigned)G - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    /* the last block: column prefix sums over the blocks, MGP_LDB loads in flight (L2: __ldcg) */
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int run = 0;
+        for (int b0 = 0; b0 < G; b0 += MGP_LDB) {
+            int h[MGP_LDB];
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++) h[q] = b0 + q < G ? __ldcg(hist + (size_t)(b0 + q) * E + e) : 0;
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++)
+                if (b0 + q < G) {
+                    pre[(size_t)(b0 + q) * E + e] = run;
+                    run += h[q];
+                }
+        }
+        s_h[e] = run;
+    }
+    if (has_shared && tid == 0) s_h[E] = M;
+    __syncthreads();
+    /* exclusive scan of the padded counts: thread tid owns slots tid·P .. tid·P + P - 1 */
+    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
+    int loc = 0;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) loc += (s_h[sl] + bm - 1) / bm * bm;
+    }
+    int incl = loc;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    int wbase = 0;
+    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
+    int run = wbase + incl - loc;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) {
+            off[sl] = run;
+            cnt[sl] = s_h[sl];
+            run += (s_h[sl] + bm - 1) / bm * bm;
+        }
+    }
+    if (tid == MGP_THREADS - 1) off[S] = run; /* all rows: the last thread's inclusive sum */
+    if (tid == 0) *ticket = 0u; /* every block has counted itself; none reads it again */
+}
+
+__global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E, int k, int has_shared, int bm,
+                                                                    const int32_t *__restrict__ idx,
+                                                                    const int32_t *__restrict__ pre,
+                                                                    const int32_t *__restrict__ cnt,
+                                                                    const int32_t *__restrict__ off,
+                                                                    int32_t *__restrict__ tile_e,
+                                                                    int32_t *__restrict__ perm,
+                                                                    int32_t *__restrict__ n_tiles) {
+    __shared__ int s_w[MGP_WARPS][MG_MAXE];
+    __shared__ int s_off[MG_MAXE + 2];
+    cu_pdl_wait(); /* count's pre, cnt, off (read through L2, __ldcg: no L1 line of this launch's
+                    * start can hold them; and the top-k's idx, complete before count began) */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
+    const int Mk = M * k, S = E + (has_shared ? 1 : 0);
+    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS;
+    /* every global load issued first (one round trip): the pairs' experts, this block's prefix of
+     * the experts tid + 256 q, the padding count of slot gt, the offsets */
+    const int i0 = b * MGP_CHUNK + warp * MGP_PER_WARP + lane;
+    int ex[MGP_ROUNDS], pv[MG_MAXE / MGP_THREADS];
+    unsigned mk[MGP_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
+#pragma unroll
+    for (int q = 0; q < MG_MAXE / MGP_THREADS; q++)
+        pv[q] = tid + q * MGP_THREADS < E ? __ldcg(pre + (size_t)b * E + tid + q * MGP_THREADS) : 0;
+    const int c_gt = gt < S ? __ldcg(cnt + gt) : 0;
+    for (int sl = tid; sl <= S; sl += MGP_THREADS) s_off[sl] = __ldcg(off + sl);
+    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) {
+        mk[r] = __match_any_sync(0xffffffffu, ex[r]);
+        if (ex[r] >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][ex[r]] += __popc(mk[r]);
+        __syncwarp();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int q = 0; q < MG_MAXE / MGP_THREADS; q++) {
+        const int e = tid + q * MGP_THREADS;
+        if (e >= E) break;
+        int run = s_off[e] + pv[q];
+#pragma unroll
+        for (int w = 0; w < MGP_WARPS; w++) {
+            const int t = s_w[w][e];
+            s_w[w][e] = run;
+            run += t;
+        }
+    }
+    __syncthreads();
+    const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+    for (int r = 0; r < MGP_ROUNDS; r++) {
+        const int e = ex[r];
+        if (e >= 0) {
+            const int i = i0 + 32 * r;
+            perm[s_w[warp][e] + __popc(mk[r] & lt)] = i + i / k; /* m·(k+1) + j */
+        }
+        __syncwarp();
+        if (e >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][e] += __popc(mk[r]);
+        __syncwarp();
+    }
+    /* the tables, spread over the grid */
+    const int total = s_off[S];
+    for (int t = gt; t < total / bm; t += gs) {
+        const int r0 = t * bm;
+        int lo = 0, hi = S - 1; /* the last slot whose rows start at or before r0: the non-empty one */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s_off[mid] <= r0) lo = mid;
+            else hi = mid - 1;
+        }
+        tile_e[t] = lo;
+    }
+    for (int sl = gt; sl < S; sl += gs)
+        for (int r = s_off[sl] + (sl == gt ? c_gt : __ldcg(cnt + sl)); r < s_off[sl + 1]; r++) perm[r] = -1;
+    if (has_shared)
+        for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
+    if (gt == 0) {
+        n_tiles[0] = total / bm;
+        n_tiles[1] = s_off[E] / bm; /* the routed experts' tiles; the shared expert's follow */
+    }
+}
+
+/* The plan in one launch (LASTSTAND_MG_PLAN=3, opt-in until measured): the same outputs as
+ * mg_plan_count_kernel + mg_plan_place_kernel (the same stable order), with G = ceil(M·k /
+ * MGQ_CHUNK) blocks that are all resident at once (the host launches it only when G <= the SM
+ * count, one block of 44 KB a slot: nothing of this stream runs beside it, so every block gets
+ * an SM; other streams' work ends and frees its SMs), meeting at one grid barrier (a counter and
+ * a generation word in MG_TICKET: the last block to arrive resets the counter and bumps the
+ * generation, the others spin on it with acquire loads; self-resetting for graph replays):
+ *   before: each block's warp histograms of its pairs (kept in registers: expert, match mask),
+ *           the block's histogram to hist[b][e]
+ *   after:  every block reads all G rows (L2), makes its own pre[b][e], the totals and the
+ *           padded offsets (the same scan in every block), seeds its warps, places its pairs,
+ *           and its share of tile_e / padding / the shared expert's rows / n_tiles.
+ * One launch instead of two and no second pass over idx. */
+enum { MGQ_ROUNDS = 8, MGQ_PER_WARP = 32 * MGQ_ROUNDS, MGQ_CHUNK = MGP_WARPS * MGQ_PER_WARP };
+
+__device__ __forceinline__ unsigned mgq_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void mgq_st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E, int k, int has_shared, int bm,
+                                                                    const int32_t *__restrict__ idx,
+                                                                    int32_t *__restrict__ hist,
+                                                                    unsigned *__restrict__ bar,
+                                                                    int32_t *__restrict__ tile_e,
+                                                                    int32_t *__restrict__ perm,
+                                                                    int32_t *__restrict__ n_tiles) {
+    __shared__ int s_w[MGP_WARPS][MG_MAXE];
+    __shared__ int s_off[MG_MAXE + 2];
+    __shared__ int s_cnt[MG_MAXE + 1];
+    __shared__ int s_pre[MG_MAXE];
+    __shared__ int s_wsum[MGP_WARPS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
+    const int Mk = M * k, S = E + (has_shared ? 1 : 0);
+    /* the barrier's generation as this launch found it: only this launch's last block changes it
+     * (the previous launch's change completed before this one began), so it is read here, beside
+     * the idx loads, not on the barrier's path */
+    const unsigned g0 = tid == 0 ? mgq_ld_acquire(bar + 1) : 0u;
+    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
+    __syncwarp();
+    const int i0 = b * MGQ_CHUNK + warp * MGQ_PER_WARP + lane;
+    int ex[MGQ_ROUNDS];
+    unsigned mk[MGQ_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) {
+        mk[r] = __match_any_sync(0xffffffffu, ex[r]);
+        if (ex[r] >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][ex[r]] += __popc(mk[r]);
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int t = 0;
+#pragma unroll
+        for (int w = 0; w < MGP_WARPS; w++) t += s_w[w][e];
+        hist[(size_t)b * E + e] = t;
+    }
+    __threadfence(); /* this thread's histogram entries visible before the arrival */
+    __syncthreads();
+    if (tid == 0) {
+        if (atomicAdd(bar, 1u) == (unsigned)G - 1) {
+            bar[0] = 0u; /* every block has arrived; the next launch counts from 0 */
+            __threadfence();
+            mgq_st_release(bar + 1, g0 + 1u);
+        } else {
+            unsigned polls = 0;
+            while (mgq_ld_acquire(bar + 1) == g0) {
+                __nanosleep(32);
+                if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
+            }
+        }
+    }
+    __syncthreads();
+    __threadfence();
+    /* every block: its prefix and the totals per expert, MGP_LDB loads in flight (L2: __ldcg) */
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int run = 0, mine = 0;
+        for (int b0 = 0; b0 < G; b0 += MGP_LDB) {
+            int h[MGP_LDB];
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++) h[q] = b0 + q < G ? __ldcg(hist + (size_t)(b0 + q) * E + e) : 0;
+#pragma unroll
+            for (int q = 0; q < MGP_LDB; q++) {
+                if (b0 + q == b) mine = run;
+                run += h[q];
+            }
+        }
+        s_cnt[e] = run;
+        s_pre[e] = mine;
+    }
+    if (has_shared && tid == 0) s_cnt[E] = M;
+    __syncthreads();
+    /* exclusive scan of the padded counts (as mg_plan_count_kernel's last block) */
+    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
+    int loc = 0;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) loc += (s_cnt[sl] + bm - 1) / bm * bm;
+    }
+    int incl = loc;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    int wbase = 0;
+    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
+    int run = wbase + incl - loc;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) {
+            s_off[sl] = run;
+            run += (s_cnt[sl] + bm - 1) / bm * bm;
+        }
+    }
+    if (tid == MGP_THREADS - 1) s_off[S] = run;
+    __syncthreads();
+    for (int e = tid; e < E; e += MGP_THREADS) {
+        int rr = s_off[e] + s_pre[e];
+#pragma unroll
+        for (int w = 0; w < MGP_WARPS; w++) {
+            const int t = s_w[w][e];
+            s_w[w][e] = rr;
+            rr += t;
+        }
+    }
+    __syncthreads();
+    const unsigned lt = (1u << lane) - 1u;
+#pragma unroll
+    for (int r = 0; r < MGQ_ROUNDS; r++) {
+        const int e = ex[r];
+        if (e >= 0) {
+            const int i = i0 + 32 * r;
+            perm[s_w[warp][e] + __popc(mk[r] & lt)] = i + i / k; /* m·(k+1) + j */
+        }
+        __syncwarp();
+        if (e >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][e] += __popc(mk[r]);
+        __syncwarp();
+    }
+    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS, total = s_off[S];
+    for (int t = gt; t < total / bm; t += gs) {
+        const int r0 = t * bm;
+        int lo = 0, hi = S - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (s_off[mid] <= r0) lo = mid;
+            else hi = mid - 1;
+        }
+        tile_e[t] = lo;
+    }
+    for (int sl = gt; sl < S; sl += gs)
+        for (int r = s_off[sl] + s_cnt[sl]; r < s_off[sl + 1]; r++) perm[r] = -1;
+    if (has_shared)
+        for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
+    if (gt == 0) {
+        n_tiles[0] = total / bm;
+        n_tiles[1] = s_off[E] / bm;
+    }
 }
 
 /* ---- 4, 5: the grouped GEMM ------------------------------------------------------ */
@@ -735,7 +1209,16 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   runs sm_90a code (1, default since S9 round R1: the
  *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
  *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
- *                                   8192), or by mg_gemm_kernel (0) */
+ *                                   8192), or by mg_gemm_kernel (0)
+ *   LASTSTAND_MG_PLAN=0|1|2|3       off the mid path (S12): the plan by mg_plan_count_kernel +
+ *                                   mg_plan_place_kernel, the place launch with PDL (1, default)
+ *                                   or without (2), by mg_plan_fused_kernel (3: one launch, a
+ *                                   grid barrier; 1 where its blocks outnumber the SMs), or by
+ *                                   the one-block mg_plan_kernel (0); the
+ *                                   same tiles, rows per expert in a fixed order, the same y
+ *   LASTSTAND_MG_TOPK=0|1|2         off the mid path (S12): the top-k by mg_topk2_kernel (1,
+ *                                   default; 2: at most 64 registers, 4 x-chunks a batch, at
+ *                                   E <= 256) or mg_topk_kernel (0); the same bits */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -753,7 +1236,14 @@ typedef struct mg_knobs {
     int wgmma;   /* 64-row tiles of NVFP4 experts by moe_wgmma.cu's warpgroup-MMA kernels (sm_90a) */
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
                     at H = 4096 up to M·k = 4E */
+    int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
+                    place launch by PDL (default), 2 the same without PDL, 3 mg_plan_fused_kernel */
+    int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits),
+                    2 its <= 64-register form at E <= 256 */
 } mg_knobs;
+
+/* tests/unit/test_moe_plan_cuda.c's override of plan and topk (-1: the knobs) */
+static int mg_force_plan = -1, mg_force_topk = -1;
 
 static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
@@ -782,10 +1272,18 @@ static mg_knobs mg_knobs_get(void) {
         n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
         v = getenv("LASTSTAND_MG_ROUTER_PDL");
         n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
+        v = getenv("LASTSTAND_MG_PLAN");
+        n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : 1;
+        v = getenv("LASTSTAND_MG_TOPK");
+        n.topk = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
-    return k;
+    mg_knobs r = k;
+    const int fp = __atomic_load_n(&mg_force_plan, __ATOMIC_RELAXED), ft = __atomic_load_n(&mg_force_topk, __ATOMIC_RELAXED);
+    if (fp >= 0) r.plan = fp;
+    if (ft >= 0) r.topk = ft;
+    return r;
 }
 
 /* The gate/up (GATEUP) or down GEMM for tile height BM with loader ld, over
@@ -1094,6 +1592,129 @@ static int mg_table(mg_ws *ws, const moe_w *w, cudaStream_t st, mg_tab **out, ls
     return 0;
 }
 
+/* The top-k launch off the mid path: mg_topk2_kernel at NV = ceil(E/32) (topk), else mg_topk_kernel. */
+static cudaError_t mg_topk_launch(int topk, int M, int H, int E, int k, int norm, const bf16 *x, const bf16 *wsg,
+                                  int hs, const float *logits, int32_t *idx, float *wts, cudaStream_t st) {
+    const dim3 grid((unsigned)((M + 3) / 4)), blk(128);
+    if (!topk)
+        mg_topk_kernel<<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    else if (topk == 2 && E <= 256) /* opt-in: 4 chunks a batch, <= 64 registers (8 blocks an SM) */
+        mg_topk2_kernel<8, 4, 8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    else if (E <= 256)
+        mg_topk2_kernel<8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    else if (E <= 512)
+        mg_topk2_kernel<16><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    else
+        mg_topk2_kernel<32><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
+    return cudaGetLastError();
+}
+
+/* The plan: plan 0 mg_plan_kernel (launched with PDL when pdl: the mid path), 1 / 2 the multi-block
+ * plan (its place launch with / without PDL), 3 mg_plan_fused_kernel (1 where its blocks would
+ * outnumber the SMs); their buffers from ws (MG_PLANB; MG_TICKET: word 0 count's ticket, words 1-2
+ * the fused kernel's barrier). */
+static int mg_plan_launch(mg_ws *ws, int plan, int pdl, int M, int E, int k, int hs, int bm, const int32_t *idx,
+                          int32_t *tile_e, int32_t *perm, int32_t *nt, cudaStream_t st, ls_err *e) {
+    if (!plan) {
+        CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, idx, tile_e, perm, nt),
+               "cuda_grouped_gemm plan");
+        return 0;
+    }
+    const int S = E + hs;
+    if (plan == 3) { /* one launch with a grid barrier, when its blocks fit one per SM */
+        const int Gq = (int)(((size_t)M * k + MGQ_CHUNK - 1) / MGQ_CHUNK);
+        int dev = 0, nsm = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && Gq <= nsm) {
+            int32_t *hist = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (size_t)Gq * E, st, e);
+            unsigned *bar = (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, 64, 1, st, "cuda_grouped_gemm", e);
+            if (!hist || !bar) return e->code ? e->code : ERR_NOMEM;
+            mg_plan_fused_kernel<<<Gq, MGP_THREADS, 0, st>>>(M, E, k, hs, bm, idx, hist, bar + 1, tile_e, perm, nt);
+            CU_LAUNCHED(e, "cuda_grouped_gemm plan");
+            return 0;
+        }
+        (void)cudaGetLastError();
+        plan = 1;
+    }
+    const int G = (int)(((size_t)M * k + MGP_CHUNK - 1) / MGP_CHUNK);
+    const size_t ge = (size_t)G * E;
+    int32_t *pb = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (2 * ge + 2 * (size_t)S + 1), st, e);
+    unsigned *ticket = (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, 64, 1, st, "cuda_grouped_gemm", e);
+    if (!pb || !ticket) return e->code ? e->code : ERR_NOMEM;
+    int32_t *hist = pb, *pre = pb + ge, *cnt = pb + 2 * ge, *off = cnt + S;
+    mg_plan_count_kernel<<<G, MGP_THREADS, 0, st>>>(M, E, k, hs, bm, idx, hist, pre, cnt, off, ticket);
+    CU_LAUNCHED(e, "cuda_grouped_gemm plan count");
+    CU_TRY(e,
+           cu_launch_pdl(plan == 1, mg_plan_place_kernel, dim3(G), dim3(MGP_THREADS), 0, st, M, E, k, hs, bm, idx,
+                         (const int32_t *)pre, (const int32_t *)cnt, (const int32_t *)off, tile_e, perm, nt),
+           "cuda_grouped_gemm plan place");
+    return 0;
+}
+
+/* ---- test hooks (moe_grouped_test.h) --------------------------------------------------- */
+
+/* the plan's row bound (tiles_max) for tile height bm */
+static size_t mg_tiles_max(int M, int E, int k, int hs, int bm) {
+    const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
+    return (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
+}
+
+extern "C" size_t cuda_mg_plan_tiles_max(int M, int E, int k, int hs, int bm) { return mg_tiles_max(M, E, k, hs, bm); }
+
+extern "C" void cuda_mg_route_force(int plan, int topk) {
+    __atomic_store_n(&mg_force_plan, plan, __ATOMIC_RELAXED);
+    __atomic_store_n(&mg_force_topk, topk, __ATOMIC_RELAXED);
+}
+
+/* Time reps calls (after one warm-up) with events on st; *us = the mean. */
+template <typename F>
+static int mg_time(int reps, float *us, cudaStream_t st, ls_err *e, F call) {
+    int rc = call();
+    if (rc || reps <= 0) return rc;
+    cudaEvent_t a, b;
+    CU_TRY(e, cudaEventCreate(&a), "cuda_grouped_gemm test events");
+    CU_TRY(e, cudaEventCreate(&b), "cuda_grouped_gemm test events");
+    cudaEventRecord(a, st);
+    for (int i = 0; i < reps && !rc; i++) rc = call();
+    cudaEventRecord(b, st);
+    cudaError_t c = cudaEventSynchronize(b);
+    float ms = 0.f;
+    if (c == cudaSuccess) c = cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm test timing");
+    *us = ms * 1000.f / (float)reps;
+    return rc;
+}
+
+extern "C" int cuda_mg_plan_test(int plan, int M, int E, int k, int hs, int bm, const int32_t *idx, int32_t *tile_e,
+                                 int32_t *perm, int32_t *nt, int reps, float *us, ls_stream s, ls_err *e) {
+    if (M <= 0 || k < 1 || k > MG_MAXK || E < k || E > MG_MAXE || (bm != 16 && bm != 32 && bm != 64))
+        return errf(e, ERR_INVAL, "cuda_mg_plan_test: M=%d E=%d k=%d bm=%d out of range", M, E, k, bm);
+    mg_ws *ws;
+    int rc = mg_lock(&ws, e);
+    if (rc) return rc;
+    cudaStream_t st = (cudaStream_t)s;
+    rc = mg_time(reps, us, st, e, [&]() {
+        return mg_plan_launch(ws, plan, 0, M, E, k, hs ? 1 : 0, bm, idx, tile_e, perm, nt, st, e);
+    });
+    cu_ws_unlock(&ws->ws);
+    return rc;
+}
+
+extern "C" int cuda_mg_topk_test(int topk, int M, int H, int E, int k, int norm, const void *x, const void *wsg,
+                                 int hs, const float *logits, int32_t *idx, float *wts, int reps, float *us, ls_stream s,
+                                 ls_err *e) {
+    if (M <= 0 || k < 1 || k > MG_MAXK || E < k || E > MG_MAXE || H % 16)
+        return errf(e, ERR_INVAL, "cuda_mg_topk_test: M=%d H=%d E=%d k=%d out of range", M, H, E, k);
+    cudaStream_t st = (cudaStream_t)s;
+    return mg_time(reps, us, st, e, [&]() {
+        cudaError_t c = mg_topk_launch(topk, M, H, E, k, norm, (const bf16 *)x, (const bf16 *)wsg, hs, logits, idx,
+                                       wts, st);
+        return c == cudaSuccess ? 0 : cu_fail(e, c, "cuda_mg_topk_test");
+    });
+}
+
 /* The side stream and its two events, made once per device (the warm-up call,
  * before any capture). A stream that cannot be made leaves the call on one stream. */
 static void mg_side(mg_ws *ws) {
@@ -1130,8 +1751,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     const char *force = getenv("LASTSTAND_GROUPED_BM");
     if (force && (!strcmp(force, "16") || !strcmp(force, "32") || !strcmp(force, "64"))) bm = atoi(force);
     /* rows: each slot's pairs padded to bm; at most min(slots, pairs) slots are non-empty */
-    const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
-    const size_t tiles_max = (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
+    const size_t tiles_max = mg_tiles_max(M, E, k, hs, bm);
     const size_t R = tiles_max * bm;
     const int imax = I > Is ? I : Is, ldh = (imax + 63) / 64 * 64;
     if (tiles_max > 65535)
@@ -1185,12 +1805,14 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                              (const float *)logits, idx, wts),
                "cuda_grouped_gemm top-k");
     else
-        mg_topk_kernel<<<(M + 3) / 4, 128, 0, st>>>(M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                                    w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                                                    logits, idx, wts);
+        CU_TRY(e,
+               mg_topk_launch(midp ? 0 : kn.topk, M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+                              w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits, idx, wts, st),
+               "cuda_grouped_gemm top-k");
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    CU_TRY(e, cu_launch_pdl(pdl, mg_plan_kernel, dim3(1), dim3(1024), 0, st, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt),
-           "cuda_grouped_gemm plan");
+    /* the mid path keeps mg_plan_kernel (its PDL chain; at most 8E pairs there) */
+    rc = mg_plan_launch(ws, midp ? 0 : kn.plan, pdl, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt, st, e);
+    if (rc) return rc;
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */

@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/device/moeplan.sh: cuda_grouped_gemm's routing kernels off the mid path (S12, moe_grouped.cu):
+# bench/device/moeplan.sh: cuda_grouped_gemm's routing kernels off the mid path (S12, moe_route.cu):
 # the multi-block plan (mg_plan_count_kernel + mg_plan_place_kernel, LASTSTAND_MG_PLAN=1, place by
 # PDL; 2 without; 3 mg_plan_fused_kernel, one launch with a grid barrier) against the one-block
 # mg_plan_kernel (LASTSTAND_MG_PLAN=0), and mg_topk2_kernel

@@ -1,4 +1,4 @@
-/* test_moe_plan_cuda.c: cuda_grouped_gemm's routing kernels (src/ops/cuda/moe_grouped.cu) off the
+/* test_moe_plan_cuda.c: cuda_grouped_gemm's routing kernels (src/ops/cuda/moe_route.cu) off the
  * mid-batch path: the multi-block plan (mg_plan_count_kernel + mg_plan_place_kernel,
  * LASTSTAND_MG_PLAN=1|2) and the top-k mg_topk2_kernel (LASTSTAND_MG_TOPK=1) against
  *   - a CPU oracle of the plan (a stable counting sort of the pairs by expert, slots padded to

@@ -1,7 +1,7 @@
-/* moe_grouped_test.h: test hooks of cuda_grouped_gemm's routing (moe_grouped.cu), for
- * tests/unit/test_moe_plan_cuda.c (CUDA builds only). Device pointers throughout; each call is
- * queued on stream s (reps > 0: run once, then reps more times between two events, *us = the
- * mean µs of one, synchronised). 0 or a negative ERR_* with e filled. */
+/* moe_grouped_test.h: test hooks of cuda_grouped_gemm's routing (moe_route.cu; cuda_mg_route_force
+ * in moe_grouped.cu), for tests/unit/test_moe_plan_cuda.c (CUDA builds only). Device pointers
+ * throughout; each call is queued on stream s (reps > 0: run once, then reps more times between two
+ * events, *us = the mean µs of one, synchronised). 0 or a negative ERR_* with e filled. */
 #ifndef LS_MOE_GROUPED_TEST_H
 #define LS_MOE_GROUPED_TEST_H
 

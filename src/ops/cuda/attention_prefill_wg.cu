@@ -43,6 +43,7 @@
  */
 #include "ops/cuda/attention_prefill_wg.cuh"
 #include "ops/cuda/cu_pdl.h"
+#include "ops/cuda/cu_wgmma.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -64,15 +65,6 @@ struct fw_lay {
     static constexpr int SMEM = BAR_OFF + 64 + 1024;
 };
 
-__device__ __forceinline__ void fw_cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void fw_commit_cp() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void fw_wait_cp() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void fw_fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /* the barrier's arrival once every cp.async this thread issued so far has landed (not counted as
  * pending: the barrier's count includes it) */
 __device__ __forceinline__ void fw_cp_arrive(uint32_t a) {
@@ -90,47 +82,16 @@ __device__ __forceinline__ void fw_tma3(uint32_t dst, const CUtensorMap *tm, int
         "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
-__device__ __forceinline__ void fw_bar_init(uint32_t a, int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
-}
 __device__ __forceinline__ void fw_bar_arrive(uint32_t a) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
 }
-/* waits until the barrier's phase with parity par completed */
-__device__ __forceinline__ void fw_bar_wait(uint32_t a, int par) {
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(par), "r"(0x989680) /* suspend up to 10 ms: no busy spinning */
-                     : "memory");
-    } while (!ok);
-}
-__device__ __forceinline__ void fw_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void fw_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void fw_wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* keep the compiler from moving register accesses across the asynchronous MMAs */
-template <int N>
-__device__ __forceinline__ void fw_fence_f(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
+/* cu_wg_fence_acc (cu_wgmma.cuh) for the A registers */
 template <int N>
 __device__ __forceinline__ void fw_fence_u(uint32_t (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+r"(d[i])::"memory");
 }
 
-/* K-major, 128-byte swizzle: start >> 4, leading offset 16 B (unused by this mode), 1024 B between
- * 8-row groups, mode 1 in bits 62-63 */
-__device__ __forceinline__ uint64_t fw_desc_k(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
-}
 /* MN-major (V as B of O += P·V: N = dims contiguous), 128-byte swizzle: the leading offset is the
  * step between 64-dim slabs (BN keys x 128 B), the stride offset between 8-key groups
  * (1024 B) */
@@ -235,14 +196,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const uint32_t bar = sb + LY::BAR_OFF; /* fullK s: +8s, fullV: +16 + 8s, emptyK: +32 + 8s, emptyV: +48 + 8s */
     if (tid == 0) {
         const int np = TMA ? 32 : 128; /* producer threads arriving on a full barrier */
-        fw_bar_init(bar + 0, np);
-        fw_bar_init(bar + 8, np);
-        fw_bar_init(bar + 16, np);
-        fw_bar_init(bar + 24, np);
-        fw_bar_init(bar + 32, 8);
-        fw_bar_init(bar + 40, 8);
-        fw_bar_init(bar + 48, 8);
-        fw_bar_init(bar + 56, 8);
+        cu_mbar_init(bar + 0, np);
+        cu_mbar_init(bar + 8, np);
+        cu_mbar_init(bar + 16, np);
+        cu_mbar_init(bar + 24, np);
+        cu_mbar_init(bar + 32, 8);
+        cu_mbar_init(bar + 40, 8);
+        cu_mbar_init(bar + 48, 8);
+        cu_mbar_init(bar + 56, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -286,7 +247,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll 4
                 for (int r = 16 * m; r < 16 * m + 16; r++) {
                     const long long off = __shfl_sync(0xffffffffu, oj, r & 15);
-                    fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src,
+                    cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src,
                             off >= 0);
                 }
             }
@@ -298,12 +259,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             const int rr = nr;
             if (i + 1 < n_it) nr = runrow(z + (i + 1) * nsplit);
             const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
-            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1);
+            if (i >= 2) cu_mbar_wait(bar + 32 + 8 * st, (u - 1) & 1);
             load(&tmk, K, kt, rr, kd, bar + 8 * st);
-            if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1);
+            if (i >= 2) cu_mbar_wait(bar + 48 + 8 * st, (u - 1) & 1);
             load(&tmv, V, kt, rr, kd + LY::TILE, bar + 16 + 8 * st);
         }
-        fw_wait_cp<0>();
+        cu_cp_wait<0>();
         return;
     }
     if (warp >= 8) { /* ---- the producer warpgroup ---- */
@@ -324,7 +285,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int rr = 0; rr < RW; rr++) {
                 const int r = RW * part + rr;
                 const long long off = __shfl_sync(0xffffffffu, rr < 32 ? o0 : o1, rr & 31);
-                fw_cp16(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
+                cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
             }
         };
         long long n0 = n_it > 0 ? offs(z, lane) : -1, n1 = n_it > 0 && RW > 32 ? offs(z, lane + 32) : -1;
@@ -338,14 +299,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             const uint32_t kd = sb + LY::KV_OFF + st * 2 * LY::TILE;
             /* the copies arrive on the full barriers themselves (cp.async.mbarrier.arrive); the
              * consumers fence the async proxy after their wait */
-            if (i >= 2) fw_bar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
+            if (i >= 2) cu_mbar_wait(bar + 32 + 8 * st, (u - 1) & 1); /* emptyK: tile i - 2's S done */
             load(K, o0, o1, kd);
             fw_cp_arrive(bar + 8 * st);
-            if (i >= 2) fw_bar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
+            if (i >= 2) cu_mbar_wait(bar + 48 + 8 * st, (u - 1) & 1); /* emptyV: tile i - 2's PV done */
             load(V, o0, o1, kd + LY::TILE);
             fw_cp_arrive(bar + 16 + 8 * st);
         }
-        fw_wait_cp<0>();
+        cu_cp_wait<0>();
         return;
     }
 
@@ -359,11 +320,11 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         const bool ok = fr < nrows;
         const int f = f0 + fr;
         const bf16 *src = ok ? q + ((size_t)(row0 + f / grp) * nh + kvh * grp + f % grp) * FW_HD + pc * 8 : q;
-        fw_cp16(qs + (pc >> 3) * 8192 + r * 128 + (((pc & 7) ^ (r & 7)) << 4), src, ok);
+        cu_cp16_shared(qs + (pc >> 3) * 8192 + r * 128 + (((pc & 7) ^ (r & 7)) << 4), src, ok);
     }
-    fw_commit_cp();
-    fw_wait_cp<0>();
-    fw_fence_async();
+    cu_cp_async_commit();
+    cu_cp_wait<0>();
+    cu_fence_proxy_async();
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
 
     /* this thread's rows: A = 16wi + g, B = A + 8 (of the warpgroup's 64); lim = the last key the
@@ -380,21 +341,21 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 
     auto issue_qk = [&](int st) {
         const uint32_t ks = sb + LY::KV_OFF + st * 2 * LY::TILE;
-        fw_wg_fence();
+        cu_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < FW_HD / 16; kk++)
-            fw_mma_qk(sc, fw_desc_k(qs + (kk >> 2) * 8192) + 2 * (kk & 3),
-                      fw_desc_k(ks + (kk >> 2) * LY::SLAB) + 2 * (kk & 3), kk);
-        fw_wg_commit();
-        fw_fence_f(sc);
+            fw_mma_qk(sc, cu_wg_desc_k128(qs + (kk >> 2) * 8192) + 2 * (kk & 3),
+                      cu_wg_desc_k128(ks + (kk >> 2) * LY::SLAB) + 2 * (kk & 3), kk);
+        cu_wg_commit();
+        cu_wg_fence_acc(sc);
     };
     auto issue_pv = [&](int st) {
         const uint32_t vs = sb + LY::KV_OFF + st * 2 * LY::TILE + LY::TILE;
-        fw_wg_fence();
+        cu_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) fw_mma_pv(o, pa + 4 * kk, fw_desc_v(vs + kk * 2048, LY::SLAB, 1024));
-        fw_wg_commit();
-        fw_fence_f(o);
+        cu_wg_commit();
+        cu_wg_fence_acc(o);
     };
     auto release = [&](uint32_t b) {
         __syncwarp();
@@ -464,39 +425,39 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     };
 
     if (n_it > 0) {
-        fw_bar_wait(bar + 0, 0);
-        fw_fence_async();
+        cu_mbar_wait(bar + 0, 0);
+        cu_fence_proxy_async();
         issue_qk(0);
-        fw_wg_wait<0>();
-        fw_fence_f(sc);
+        cu_wg_wait<0>();
+        cu_wg_fence_acc(sc);
         release(bar + 32);
         softmax(z);
         pack_p();
         for (int i = 1; i < n_it; i++) {
             const int st = i & 1, ps = (i - 1) & 1;
-            fw_bar_wait(bar + 8 * st, (i >> 1) & 1);
-            fw_fence_async();
+            cu_mbar_wait(bar + 8 * st, (i >> 1) & 1);
+            cu_fence_proxy_async();
             issue_qk(st);
-            fw_bar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
-            fw_fence_async();
+            cu_mbar_wait(bar + 16 + 8 * ps, ((i - 1) >> 1) & 1);
+            cu_fence_proxy_async();
             issue_pv(ps);
-            fw_wg_wait<1>(); /* S_i done; the PV may still run */
-            fw_fence_f(sc);
+            cu_wg_wait<1>(); /* S_i done; the PV may still run */
+            cu_wg_fence_acc(sc);
             release(bar + 32 + 8 * st);
             softmax(z + i * nsplit);
-            fw_wg_wait<0>(); /* the PV done: O and P's registers free */
-            fw_fence_f(o);
+            cu_wg_wait<0>(); /* the PV done: O and P's registers free */
+            cu_wg_fence_acc(o);
             fw_fence_u(pa);
             release(bar + 48 + 8 * ps);
             rescale();
             pack_p();
         }
         const int ls = (n_it - 1) & 1;
-        fw_bar_wait(bar + 16 + 8 * ls, ((n_it - 1) >> 1) & 1);
-        fw_fence_async();
+        cu_mbar_wait(bar + 16 + 8 * ls, ((n_it - 1) >> 1) & 1);
+        cu_fence_proxy_async();
         issue_pv(ls);
-        fw_wg_wait<0>();
-        fw_fence_f(o);
+        cu_wg_wait<0>();
+        cu_wg_fence_acc(o);
         fw_fence_u(pa);
     }
 

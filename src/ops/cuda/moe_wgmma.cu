@@ -43,6 +43,7 @@
  * Expert K (H for gate/up, I for down) must be a multiple of 64 (the NVFP4 cp.async loader's
  * condition, MG_LD_FP4); N tails are zero-filled and not written.
  */
+#include "ops/cuda/cu_wgmma.cuh"
 #include "ops/cuda/moe_wgmma.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
@@ -66,42 +67,13 @@ struct mw_lay {
     static constexpr int SMEM = P_OFF + MW_BM * 4 + 1024; /* + the alignment slack */
 };
 
-__device__ __forceinline__ void mw_cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
 __device__ __forceinline__ void mw_cp16f(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void mw_cp4(uint32_t dst, const void *src, bool ok) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0));
 }
-__device__ __forceinline__ void mw_commit_cp() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void mw_wait_cp() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void mw_fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void mw_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void mw_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void mw_wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* keeps the compiler from moving accumulator accesses across the asynchronous MMAs */
-__device__ __forceinline__ void mw_fence_regs(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void mw_fence_regs128(float (&d)[128]) {
-#pragma unroll
-    for (int i = 0; i < 128; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 /* m2_kernel's CB = 3 (the NVFP4 down): the token rows by TMA, completion on a per-stage mbarrier */
-__device__ __forceinline__ void m2_bar_init(uint32_t a, int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
-}
 __device__ __forceinline__ void m2_bar_arrive_tx(uint32_t a, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
 }
@@ -110,23 +82,6 @@ __device__ __forceinline__ void m2_tma2(uint32_t dst, const CUtensorMap *tm, int
                  "[%4];\n" ::"r"(dst),
                  "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
                  : "memory");
-}
-__device__ __forceinline__ void m2_bar_wait(uint32_t a, int par) {
-    uint32_t ok = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-                     "selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(par), "r"(0x989680)
-                     : "memory");
-    } while (!ok);
-}
-
-/* K-major, 128-byte swizzle: start address >> 4, leading offset 16 B (unused by this mode),
- * stride 1024 B between 8-row groups, mode 1 in bits 62-63 */
-__device__ __forceinline__ uint64_t mw_desc(uint32_t saddr) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-           ((uint64_t)1 << 62);
 }
 
 /* d[64] += A[64 x 16] · B[128 x 16]ᵀ, both from shared memory */
@@ -199,10 +154,10 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
         const int k0 = kb * MW_BK;
         const uint32_t as = sb + MW_A_OFF + (kb % MW_AST) * 8192;
 #pragma unroll
-        for (int i = 0; i < 4; i++) mw_cp16(as + adst[i], aok[i] ? pa[i] + k0 : x, aok[i]);
+        for (int i = 0; i < 4; i++) cu_cp16_shared(as + adst[i], aok[i] ? pa[i] + k0 : x, aok[i]);
         const uint32_t cs = sb + MW_C_OFF + (kb % MW_CST) * 4096 + tid * 32;
-        mw_cp16(cs, wok ? wrow + k0 / 2 : wsrc, wok);
-        mw_cp16(cs + 16, wok ? wrow + k0 / 2 + 16 : wsrc, wok);
+        cu_cp16_shared(cs, wok ? wrow + k0 / 2 : wsrc, wok);
+        cu_cp16_shared(cs + 16, wok ? wrow + k0 / 2 + 16 : wsrc, wok);
         mw_cp4(sb + MW_S_OFF + (kb % MW_CST) * 512 + tid * 4, wok ? srow + k0 / 16 : ssrc, wok);
     };
 
@@ -213,14 +168,14 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
 #pragma unroll
     for (int q = 0; q < PF; q++) {
         if (q < nk) load(q);
-        mw_commit_cp();
+        cu_cp_async_commit();
     }
     unsigned char *const gb = mw_dsm + (sb - raw); /* generic pointer to the aligned base */
     for (int kb = 0; kb < nk; kb++) {
-        mw_wait_cp<PF - 1>();
+        cu_cp_wait<PF - 1>();
         __syncthreads(); /* block kb landed for all; every buffer block kb+PF reuses is free */
         if (kb + PF < nk) load(kb + PF);
-        mw_commit_cp();
+        cu_cp_async_commit();
         { /* decode weight row tid of block kb into B buffer kb%2 (swizzled like A) */
             const unsigned char *cr = gb + MW_C_OFF + (kb % MW_CST) * 4096 + tid * 32;
             const uint4 c0 = *reinterpret_cast<const uint4 *>(cr), c1 = *reinterpret_cast<const uint4 *>(cr + 16);
@@ -237,20 +192,20 @@ __global__ void __launch_bounds__(MW_THREADS, 2)
                 *reinterpret_cast<uint4 *>(br + ((q ^ (tid & 7)) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
             }
         }
-        mw_fence_async();
+        cu_fence_proxy_async();
         __syncthreads(); /* B buffer kb%2 decoded by all; A stage kb visible to the async proxy */
-        mw_wg_fence();
-        mw_fence_regs(acc);
-        const uint64_t da = mw_desc(sb + MW_A_OFF + (kb % MW_AST) * 8192);
-        const uint64_t db = mw_desc(sb + MW_B_OFF + (kb & 1) * 16384);
+        cu_wg_fence();
+        cu_wg_fence_acc(acc);
+        const uint64_t da = cu_wg_desc_k128(sb + MW_A_OFF + (kb % MW_AST) * 8192);
+        const uint64_t db = cu_wg_desc_k128(sb + MW_B_OFF + (kb & 1) * 16384);
 #pragma unroll
         for (int kk = 0; kk < MW_BK / 16; kk++) mw_mma(acc, da + 2 * kk, db + 2 * kk);
-        mw_wg_commit();
-        mw_fence_regs(acc);
-        mw_wg_wait<1>();
+        cu_wg_commit();
+        cu_wg_fence_acc(acc);
+        cu_wg_wait<1>();
     }
-    mw_wg_wait<0>();
-    mw_fence_regs(acc);
+    cu_wg_wait<0>();
+    cu_wg_fence_acc(acc);
 
     if (GATEUP) {
         const float s2g = xp->s2[0], s2u = xp->s2[1];
@@ -502,7 +457,7 @@ __global__ void __launch_bounds__(256, 1)
     uint32_t mph = 0;
     if constexpr (TMAT) {
         if (tid == 0) {
-            for (int i = 0; i < S; i++) m2_bar_init(sb + LY::MB_OFF + 8 * i, 1);
+            for (int i = 0; i < S; i++) cu_mbar_init(sb + LY::MB_OFF + 8 * i, 1);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
     }
@@ -529,7 +484,7 @@ __global__ void __launch_bounds__(256, 1)
     }
     __syncthreads(); /* the list is complete; te (the stage buffers) free */
     if constexpr (TMAT) { /* te's generic accesses before the TMA (async proxy) writes over them */
-        if (tid == 0) mw_fence_async();
+        if (tid == 0) cu_fence_proxy_async();
     }
     const int U = min(ngroups, (int)M2_MAXG) * nxb;
 
@@ -640,7 +595,7 @@ __global__ void __launch_bounds__(256, 1)
             for (int i = 0; i < 8; i++) {
                 if (i < 2 * ntl) {
                     const bool ok = ((zm >> i) & 1) && k0 + lch * 8 < K;
-                    mw_cp16(st + adst + 4096 * i, pa[i] + k0, ok);
+                    cu_cp16_shared(st + adst + 4096 * i, pa[i] + k0, ok);
                 }
             }
         } else if constexpr (TMAT) { /* the group's tiles, 64 rows x 64 k each (a row without a token
@@ -665,11 +620,11 @@ __global__ void __launch_bounds__(256, 1)
                 const int wr = n0 + m.y;
                 const bool ok = wr < N && k0 + lch * 8 < K;
                 const uint8_t *src = xp->w[m.x] + ((size_t)wr * K + k0 + lch * 8) * 2;
-                mw_cp16(st + LY::C_IN + ar * 128 + ((lch ^ (ar & 7)) << 4), ok ? src : xp->w[m.x], ok);
+                cu_cp16_shared(st + LY::C_IN + ar * 128 + ((lch ^ (ar & 7)) << 4), ok ? src : xp->w[m.x], ok);
             }
             return;
         }
-        mw_cp16(st + LY::C_IN + tid * 16, cok ? cp + k0 / 2 : cbase, cok);
+        cu_cp16_shared(st + LY::C_IN + tid * 16, cok ? cp + k0 / 2 : cbase, cok);
         if (tid < 128) mw_cp4(st + LY::S_IN + tid * 4, sok ? sp + k0 / 16 : sbase, sok);
     };
 
@@ -706,23 +661,23 @@ __global__ void __launch_bounds__(256, 1)
     uint32_t af[2][16];
 
     auto mma = [&](const uint32_t (&a)[16], int stq, int kb) {
-        const uint64_t db = mw_desc(sb + stq * LY::STAGE);
+        const uint64_t db = cu_wg_desc_k128(sb + stq * LY::STAGE);
         if constexpr (BW) {
-            const uint64_t da = mw_desc(sb + stq * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
+            const uint64_t da = cu_wg_desc_k128(sb + stq * LY::STAGE + LY::C_IN + (warp >> 2) * 8192);
 #define M2_MMA4SS(F) \
     _Pragma("unroll") for (int s = 0; s < 4; s++) F(acc, da + 2 * s, db + 2 * s, kb > 0 || s > 0);
             if (ntl == 4) {
                 M2_MMA4SS(m2_mma256ss)
-                mw_wg_commit();
+                cu_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4SS(m2_mma192ss)
-                mw_wg_commit();
+                cu_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4SS(m2_mma128ss)
-                mw_wg_commit();
+                cu_wg_commit();
             } else {
                 M2_MMA4SS(m2_mma64ss)
-                mw_wg_commit();
+                cu_wg_commit();
             }
 #undef M2_MMA4SS
         } else { /* the N switch outside the four MMAs of the group (one uniform branch a block) */
@@ -733,16 +688,16 @@ __global__ void __launch_bounds__(256, 1)
     }
             if (ntl == 4) {
                 M2_MMA4(m2_mma256)
-                mw_wg_commit();
+                cu_wg_commit();
             } else if (ntl == 3) {
                 M2_MMA4(m2_mma192)
-                mw_wg_commit();
+                cu_wg_commit();
             } else if (ntl == 2) {
                 M2_MMA4(m2_mma128)
-                mw_wg_commit();
+                cu_wg_commit();
             } else {
                 M2_MMA4(m2_mma64)
-                mw_wg_commit();
+                cu_wg_commit();
             }
 #undef M2_MMA4
         }
@@ -820,17 +775,17 @@ __global__ void __launch_bounds__(256, 1)
 
     int ckb = 0, cnb = 0, cst = 0; /* the block computed next: k block, weight block, stage */
     auto step = [&](int q, uint32_t (&a)[16]) {
-        mw_wait_cp<S - 3>();
+        cu_cp_wait<S - 3>();
         if constexpr (TMAT) { /* the tokens by TMA (async proxy, as wgmma reads them): no proxy fence */
-            m2_bar_wait(sb + LY::MB_OFF + 8 * cst, (mph >> cst) & 1);
+            cu_mbar_wait(sb + LY::MB_OFF + 8 * cst, (mph >> cst) & 1);
             mph ^= 1u << cst;
         } else {
-            mw_fence_async();
+            cu_fence_proxy_async();
         }
         __syncthreads(); /* block q landed for all; the stage block q + S - 2 refills was retired */
         if constexpr (CB < 2) {
             if (q + S - 2 < Q) load(q + S - 2);
-            mw_commit_cp();
+            cu_cp_async_commit();
         }
         const int nb = cnb, kb = ckb, stq = cst;
         if (++ckb == nk) { ckb = 0; cnb++; }
@@ -840,13 +795,13 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
             for (int i = 0; i < 16; i++) asm volatile("" : "+r"(a[i])::"memory"); /* decoded before the fence */
         }
-        mw_wg_fence();
-        mw_fence_regs128(acc);
+        cu_wg_fence();
+        cu_wg_fence_acc(acc);
         mma(a, stq, kb);
-        mw_fence_regs128(acc);
+        cu_wg_fence_acc(acc);
         if constexpr (CB >= 2) { /* CB = 2, 3: the refill issued behind the MMAs, off the decode's path */
             if (q + S - 2 < Q) load(q + S - 2);
-            mw_commit_cp();
+            cu_cp_async_commit();
         }
         if (defer && pend >= 0) { /* a slice of the previous weight block's copy-out */
             const int i1 = min(CPT, pend_i + cps);
@@ -856,10 +811,10 @@ __global__ void __launch_bounds__(256, 1)
         }
         if (q == 1 && ctr && tid == 0) snext[par] = fetched; /* read by all after step 2's barrier */
         if (q == 2 && pfu) prefetch_next();
-        mw_wg_wait<1>();
+        cu_wg_wait<1>();
         if (kb == nk - 1) {
-            mw_wg_wait<0>();
-            mw_fence_regs128(acc);
+            cu_wg_wait<0>();
+            cu_wg_fence_acc(acc);
             epilogue(nb);
         }
     };
@@ -867,13 +822,13 @@ __global__ void __launch_bounds__(256, 1)
 #pragma unroll
     for (int q = 0; q < S - 2; q++) {
         if (q < Q) load(q);
-        mw_commit_cp();
+        cu_cp_async_commit();
     }
     for (int q = 0; q < Q; q += 2) {
         step(q, af[0]);
         if (q + 1 < Q) step(q + 1, af[1]);
     }
-    mw_wg_wait<0>();
+    cu_wg_wait<0>();
     if (Q < 2 && ctr && tid == 0) snext[par] = fetched;
     } /* units */
     if (ctr) { /* the last CTA out resets the counters for the next launch (stream-ordered) */

@@ -12,7 +12,11 @@
  *     bits, urand() those as a float in [-1, 1); the binary picks its seed by defining
  *     CUDA_TEST_SEED before the include (each test keeps the inputs it was written with);
  *   dev_copy(h, n): n bytes of host memory h in a new buffer of the device that cuda_test_gpu
- *     opened (asserts on failure; the test frees it through its dev_mem or leaks it at exit). */
+ *     opened (asserts on failure; the test frees it through its dev_mem or leaks it at exit);
+ *   dev_fetch(h, d, n): n bytes of device buffer d into host memory h (asserts on failure);
+ *   diff_count(x, y, n, es, &first): how many of the n / es elements of es bytes differ between
+ *     host buffers x and y, bit for bit (*first: the index of the first; untouched when none);
+ *     dev_diff_count: the same for two device buffers. */
 #ifndef LS_TESTS_CUDA_TEST_H
 #define LS_TESTS_CUDA_TEST_H
 
@@ -20,6 +24,8 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifndef cmocka_unit_test
 #error "cuda_test.h: include <cmocka.h> first (dev_copy asserts)"
@@ -67,6 +73,32 @@ static inline void *dev_copy(const void *h, size_t n) {
     assert_non_null(d);
     assert_int_equal(cuda_test_mem->h2d(d, h, n, cuda_test_stream, &e), 0);
     return d;
+}
+
+static inline void dev_fetch(void *h, const void *d, size_t n) {
+    ls_err e = {0};
+    assert_non_null(cuda_test_mem);
+    assert_int_equal(cuda_test_mem->d2h(h, d, n, cuda_test_stream, &e), 0);
+}
+
+static inline size_t diff_count(const void *x, const void *y, size_t n, size_t es, size_t *first) {
+    const unsigned char *a = x, *b = y;
+    size_t bad = 0;
+    for (size_t i = 0; i < n / es; i++)
+        if (memcmp(a + i * es, b + i * es, es) && !bad++) *first = i;
+    return bad;
+}
+
+static inline size_t dev_diff_count(const void *da, const void *db, size_t n, size_t es, size_t *first) {
+    unsigned char *x = malloc(n), *y = malloc(n);
+    assert_non_null(x);
+    assert_non_null(y);
+    dev_fetch(x, da, n);
+    dev_fetch(y, db, n);
+    const size_t bad = diff_count(x, y, n, es, first);
+    free(x);
+    free(y);
+    return bad;
 }
 
 #endif

@@ -172,11 +172,6 @@ static int chain_run(chain *c, ls_stream s, int sync_each, ls_err *e) {
     return rc;
 }
 
-static void fetch(void *h, const void *d, size_t n) {
-    ls_err e = {0};
-    assert_int_equal(g_mem->d2h(h, d, n, g_st, &e), 0);
-}
-
 static void one_chain(int M) {
     chain c;
     chain_new(&c, M);
@@ -189,9 +184,9 @@ static void one_chain(int M) {
     if (!rc) rc = g_mem->sync(g_st, &e);
     if (rc) fprintf(stderr, "chain M=%d: %s\n", M, e.msg);
     assert_int_equal(rc, 0);
-    fetch(x1, c.x1, nx);
-    fetch(y1, c.y1, nx);
-    fetch(y2, c.y2, ny);
+    dev_fetch(x1, c.x1, nx);
+    dev_fetch(y1, c.y1, nx);
+    dev_fetch(y2, c.y2, ny);
     check_fp64(&c.w1, M, x1, NULL, y1, "G1");
     /* G2 then G3: y2 = y1·W2ᵀ (rounded to BF16) + y1·W3ᵀ */
     ls_stream s = g_st;
@@ -200,7 +195,7 @@ static void one_chain(int M) {
         assert_int_equal(g_mem->h2d(c.y1, y1, nx, s, &e), 0);
         gemm_args a2 = {.M = M, .x = c.y1, .w = &c.w2.lw, .y = c.y2, .accumulate = 0, .dt = ACT_BF16};
         assert_int_equal(ops_fp4_gemm_find("cuda_w4a16_mma")->run(&a2, s, &e), 0);
-        fetch(y2m, c.y2, ny);
+        dev_fetch(y2m, c.y2, ny);
         check_fp64(&c.w2, M, y1, NULL, y2m, "G2");
         check_fp64(&c.w3, M, y1, y2m, y2, "G3");
     }
@@ -213,7 +208,7 @@ static void one_chain(int M) {
         rc = chain_run(&c, on, 0, &e);
         if (!rc) rc = g_mem->sync(on, &e);
         assert_int_equal(rc, 0);
-        fetch(y2c, c.y2, ny);
+        dev_fetch(y2c, c.y2, ny);
         if (memcmp(y2, y2c, ny)) fprintf(stderr, "chain M=%d run %d (%s stream): differs from the synced run\n", M, r, r & 1 ? "own" : "legacy");
         assert_memory_equal(y2, y2c, ny);
     }
@@ -230,7 +225,7 @@ static void one_chain(int M) {
         chain_poison(&c);
         assert_int_equal(cug_launch(exec, cs, &e), 0);
         assert_int_equal(g_mem->sync(cs, &e), 0);
-        fetch(y2c, c.y2, ny);
+        dev_fetch(y2c, c.y2, ny);
         assert_memory_equal(y2, y2c, ny);
     }
     cug_destroy(exec);

@@ -60,18 +60,11 @@ static float *f32_rand(size_t n, float scale, float bias) {
 
 /* Compares n bytes of two device buffers; prints how many elements of size es differ. */
 static int same_dev(const void *a, const void *b, size_t n, size_t es, const char *what, int nk, int nv, int dk) {
-    ls_err e = {0};
-    unsigned char *x = malloc(n), *y = malloc(n);
-    assert_int_equal(g_mem->d2h(x, a, n, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(y, b, n, g_st, &e), 0);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n / es; i++)
-        if (memcmp(x + i * es, y + i * es, es) && !bad++) first = i;
+    size_t first = 0;
+    const size_t bad = dev_diff_count(a, b, n, es, &first);
     if (bad)
         fprintf(stderr, "gdn cuda_decode + fused norm (nk %d nv %d dk %d): %s differs from the two ops at %zu of %zu "
                         "elements (first: %zu)\n", nk, nv, dk, what, bad, n / es, first);
-    free(x);
-    free(y);
     return bad == 0;
 }
 
@@ -255,11 +248,11 @@ static void t1_case(int nk, int nv, int dk, int dv, int n) {
     const size_t nconv = c.nconv, nrec = c.nrec;
     float *r0 = malloc(nrec * 4), *r1 = malloc(nrec * 4), *c0 = malloc(nconv * 4), *c1 = malloc(nconv * 4);
     const size_t rs = (size_t)nv * dk * dv, cs = (size_t)D * (K - 1);
-    assert_int_equal(g_mem->d2h(r0, c.drec[0], nrec * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(c0, c.dconv[0], nconv * 4, g_st, &e), 0);
+    dev_fetch(r0, c.drec[0], nrec * 4);
+    dev_fetch(c0, c.dconv[0], nconv * 4);
     for (int s = 1; s < 3; s++) {
-        assert_int_equal(g_mem->d2h(r1, c.drec[s], nrec * 4, g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(c1, c.dconv[s], nconv * 4, g_st, &e), 0);
+        dev_fetch(r1, c.drec[s], nrec * 4);
+        dev_fetch(c1, c.dconv[s], nconv * 4);
         for (int i = 0; i < (s == 1 ? n : 3); i++) {
             const int sl = seqs[i].slot;
             if (memcmp(r0 + sl * rs, r1 + sl * rs, rs * 4) || memcmp(c0 + sl * cs, c1 + sl * cs, cs * 4)) {

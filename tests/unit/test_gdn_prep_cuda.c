@@ -42,20 +42,11 @@ enum { PK = 4 };
 
 /* Bytes of two device buffers equal; prints how many es-byte elements differ and the first. */
 static int same_dev(const void *a, const void *b, size_t n, size_t es, const char *what, const char *tag) {
-    ls_err e = {0};
-    unsigned char *x = malloc(n), *y = malloc(n);
-    assert_non_null(x);
-    assert_non_null(y);
-    assert_int_equal(g_mem->d2h(x, a, n, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(y, b, n, g_st, &e), 0);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < n / es; i++)
-        if (memcmp(x + i * es, y + i * es, es) && !bad++) first = i;
+    size_t first = 0;
+    const size_t bad = dev_diff_count(a, b, n, es, &first);
     if (bad)
         fprintf(stderr, "gdn prep (%s): %s differs between the vector and the old kernel at %zu of %zu elements "
                         "(first: %zu)\n", tag, what, bad, n / es, first);
-    free(x);
-    free(y);
     return bad == 0;
 }
 
@@ -127,7 +118,7 @@ static void prep_case(int nk, int nv, int dk, int dv, const gdn_seq *seqs, int n
     }
     /* the state did roll: a slot with new tokens differs from its start */
     float *after = malloc(nconv * 4);
-    assert_int_equal(g_mem->d2h(after, dconv[0], nconv * 4, g_st, &e), 0);
+    dev_fetch(after, dconv[0], nconv * 4);
     int rolled = 1;
     for (int i = 0; i < n_seq; i++)
         if (seqs[i].n_new > 0)

@@ -209,7 +209,7 @@ static void test_gemv_graph_replay_gives_the_eager_bits(void **st) {
     assert_int_equal(rc2, 0);
     assert_int_equal(cug_launch(exec, cs, &e), 0);
     assert_int_equal(g_mem->sync(cs, &e), 0);
-    assert_int_equal(g_mem->d2h(replay, c.dy, n * 2, g_st, &e), 0);
+    dev_fetch(replay, c.dy, n * 2);
     assert_memory_equal(eager, replay, n * 2);
     cug_destroy(exec);
     cug_stream_free(cs);
@@ -268,7 +268,7 @@ static void multi_run(gcase *c, int n, int capture, uint16_t **out) {
         cug_stream_free(cs);
     }
     for (int i = 0; i < n; i++)
-        assert_int_equal(g_mem->d2h(out[i], c[i].dy, sizeof(uint16_t) * c[i].M * c[i].N, g_st, &e), 0);
+        dev_fetch(out[i], c[i].dy, sizeof(uint16_t) * c[i].M * c[i].N);
 }
 #endif
 
@@ -349,7 +349,7 @@ static void test_gemv_dependent_chain_waits_for_its_input(void **st) {
             assert_int_equal(gemv()->run(&a, g_st, &e), 0);
         }
         for (int i = 0; i < 3; i++)
-            assert_int_equal(g_mem->d2h(h[i], c[i].dy, sizeof(uint16_t) * M * c[i].N, g_st, &e), 0);
+            dev_fetch(h[i], c[i].dy, sizeof(uint16_t) * M * c[i].N);
         if (round % 5 == 0) { /* the fp64 loops are the slow part */
             memcpy(c[1].x, h[0], sizeof(uint16_t) * M * c[0].N);
             memcpy(c[2].x, h[1], sizeof(uint16_t) * M * c[1].N);

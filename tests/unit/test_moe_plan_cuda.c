@@ -57,7 +57,7 @@ static void *dalloc(size_t n) {
 }
 static void d2h(void *h, const void *d, size_t n) {
     ls_err e = {0};
-    assert_int_equal(g_mem->d2h(h, d, n, g_st, &e), 0);
+    dev_fetch(h, d, n);
     assert_int_equal(g_mem->sync(g_st, &e), 0);
 }
 /* copies from host memory, synchronised (the host buffers are refilled or freed right after) */

@@ -61,7 +61,7 @@ static void dev_sample_with(const sample_impl *impl, int vocab, const float *x, 
     sample_args a = {.rows = rows, .vocab = vocab, .logits = dx, .dt = bf16 ? ACT_BF16 : ACT_F32, .p = dp,
                      .toks = dt, .work = dw, .out = dout};
     assert_int_equal(impl->run(&a, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(out, dout, sizeof(smp_out) * rows, g_st, &e), 0);
+    dev_fetch(out, dout, sizeof(smp_out) * rows);
     g_mem->free(dx); g_mem->free(dp); g_mem->free(dt); g_mem->free(dw); g_mem->free(dout);
 }
 

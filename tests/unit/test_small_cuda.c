@@ -91,8 +91,8 @@ static void one_case(act_dtype kvdt, rms_kind kind) {
     void *const *bufs[4] = {dq, dk, kp, vp};
     const char *what[4] = {"q", "k", "K pool", "V pool"};
     for (int j = 0; j < 4; j++) {
-        assert_int_equal(g_mem->d2h(a, bufs[j][0], sizes[j], g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(b, bufs[j][1], sizes[j], g_st, &e), 0);
+        dev_fetch(a, bufs[j][0], sizes[j]);
+        dev_fetch(b, bufs[j][1], sizes[j]);
         if (memcmp(a, b, sizes[j])) fprintf(stderr, "qk_norm_rope_kv: %s differs from the three ops\n", what[j]);
         assert_memory_equal(a, b, sizes[j]);
         if (j == 2) { /* the pool was written where it should be, and not for row 6 */
@@ -131,7 +131,6 @@ static void test_qk_norm_rope_kv_equals_the_three_ops(void **st) {
  * differs from the host's). */
 static void addnorm_case(int rows, int cols, int init, rms_kind kind) {
     const small_ops *so = ops_small_find("cuda");
-    ls_err e = {0};
     const size_t n = (size_t)rows * cols;
     float *h = malloc(n * 4), *w = malloc(cols * 4), *h2 = malloc(n * 4);
     uint16_t *x = malloc(n * 2), *y = malloc(n * 2);
@@ -140,8 +139,8 @@ static void addnorm_case(int rows, int cols, int init, rms_kind kind) {
     float *dh = dev_copy(h, n * 4), *dw = dev_copy(w, cols * 4);
     void *dx = dev_copy(x, n * 2), *dy = dev_copy(x, n * 2);
     assert_int_equal(so->add_rmsnorm(rows, cols, dh, dx, init, dw, kind, 1e-6f, dy, ACT_BF16, g_st), 0);
-    assert_int_equal(g_mem->d2h(h2, dh, n * 4, g_st, &e), 0);
-    assert_int_equal(g_mem->d2h(y, dy, n * 2, g_st, &e), 0);
+    dev_fetch(h2, dh, n * 4);
+    dev_fetch(y, dy, n * 2);
     int bad = 0;
     for (int r = 0; r < rows; r++) {
         double ss = 0;
@@ -188,9 +187,8 @@ static void test_add_rmsnorm_matches_the_host(void **st) {
 enum { NF = 2 }; /* the forms: small_cuda_block (the oracle), small_cuda_rows */
 
 static int first_diff(const void *a, const void *b, size_t n, size_t es) {
-    for (size_t i = 0; i < n; i += es)
-        if (memcmp((const char *)a + i, (const char *)b + i, es)) return (int)(i / es);
-    return -1;
+    size_t first = 0;
+    return diff_count(a, b, n, es, &first) ? (int)first : -1;
 }
 
 static double silu_d(double z) { return z / (1.0 + exp(-z)); }
@@ -200,7 +198,6 @@ static double silu_d(double z) { return z / (1.0 + exp(-z)); }
  * all zeros (y = 0). inplace: y aliases x. */
 static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inplace) {
     const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
-    ls_err e = {0};
     const size_t n = (size_t)rows * cols;
     const float eps = 1e-6f;
     uint16_t *x = malloc(n * 2), *z = malloc(n * 2), *y[NF] = {malloc(n * 2), malloc(n * 2)};
@@ -216,7 +213,7 @@ static void rows_norm_case(int rows, int cols, int gated, rms_kind kind, int inp
         const int rc = gated ? fm[f]->rmsnorm_gated(rows, cols, in, dz, dw, eps, dy[f], ACT_BF16, g_st)
                              : fm[f]->rmsnorm(rows, cols, in, dw, kind, eps, dy[f], ACT_BF16, g_st);
         assert_int_equal(rc, 0);
-        assert_int_equal(g_mem->d2h(y[f], dy[f], n * 2, g_st, &e), 0);
+        dev_fetch(y[f], dy[f], n * 2);
     }
     for (int f = 1; f < NF; f++) {
         const int d = first_diff(y[0], y[f], n * 2, 2);
@@ -277,7 +274,6 @@ static void test_rows_norms_equal_the_block_form(void **st) {
  * 53rd token; its pools against the host's slot map. */
 static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind, act_dtype kvdt) {
     const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
-    ls_err e = {0};
     enum { PS = 16 };
     const double theta = 1e7;
     const float eps = 1e-6f;
@@ -328,10 +324,10 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
     unsigned char *ko[NF], *vo[NF];
     for (int f = 0; f < NF; f++) {
         oq[f] = malloc(nq * 2), ok[f] = malloc(nk * 2), ko[f] = malloc(pool), vo[f] = malloc(pool);
-        assert_int_equal(g_mem->d2h(oq[f], dq[f], nq * 2, g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(ok[f], dk[f], nk * 2, g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(ko[f], kp[f], pool, g_st, &e), 0);
-        assert_int_equal(g_mem->d2h(vo[f], vp[f], pool, g_st, &e), 0);
+        dev_fetch(oq[f], dq[f], nq * 2);
+        dev_fetch(ok[f], dk[f], nk * 2);
+        dev_fetch(ko[f], kp[f], pool);
+        dev_fetch(vo[f], vp[f], pool);
     }
     for (int f = 1; f < NF; f++) {
         const void *pa[4] = {oq[0], ok[0], ko[0], vo[0]}, *pb[4] = {oq[f], ok[f], ko[f], vo[f]};
@@ -414,7 +410,6 @@ static void rows_qk_case(int nt, int nh, int nkv, int hd, int rot, rms_kind kind
 /* qk_norm_rope (one head set, no KV) by both forms: the same bytes. */
 static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
     const small_ops *fm[NF] = {&small_cuda_block, &small_cuda_rows};
-    ls_err e = {0};
     const size_t n = (size_t)nt * nh * hd;
     uint16_t *x = malloc(n * 2), *o[NF] = {malloc(n * 2), malloc(n * 2)};
     for (size_t i = 0; i < n; i++) x[i] = f32_to_bf16(urand() * 2.f);
@@ -427,7 +422,7 @@ static void rows_qk1_case(int nt, int nh, int hd, int rot, rms_kind kind) {
     for (int f = 0; f < NF; f++) {
         void *dx = dev_copy(x, n * 2);
         assert_int_equal(fm[f]->qk_norm_rope(nt, nh, hd, dx, dw, kind, 1e-6f, rot, dpos, 1e6, ACT_BF16, g_st), 0);
-        assert_int_equal(g_mem->d2h(o[f], dx, n * 2, g_st, &e), 0);
+        dev_fetch(o[f], dx, n * 2);
         g_mem->free(dx);
     }
     for (int f = 1; f < NF; f++) {

@@ -21,7 +21,6 @@
 dev_init attnpre 235 "$@"
 export NCCL_NVLS_ENABLE=0
 PARTS=${PARTS:-12345} # which parts run (diagnostics: a subset)
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 doc() { # label env shape M-list
     local tag=$1 ev=$2 sh=$3 m=$4 f="$OUT/doctor-$(echo "$1-$3" | tr ' =/,' '____')"
@@ -125,9 +124,7 @@ if [[ $PARTS == *3* ]] && [ -n "$NCU" ] && [ "$(left)" -gt 120 ]; then
     done
 fi
 
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 PORT=$((35000 + $$ % 2000))
 [[ $PARTS == *5* ]] && for wg in $WGS; do
     [ "$(left)" -gt 45 ] || { echo "== 5. ttft FP_WG=$wg: skipped (time)"; continue; }

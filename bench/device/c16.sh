@@ -22,7 +22,6 @@
 # Each step is bounded by `timeout`; the whole script stays under 200 s.
 . "$(dirname "$0")/lib.sh"
 dev_init c16 192 "$@"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}; nsys: ${NSYS:-none}"
 # the plans serve picks on auto (S7-R3's "last backend standing"; gemm cuda_gemv:16 since S8-R1's

@@ -18,7 +18,6 @@
 # of the defaults: bench/RESULTS.md "Deleted in S11 (midclean)".)
 . "$(dirname "$0")/lib.sh"
 dev_init c16moe 235 "$@"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: ${NCU:-none}"
 R397="--model-path tests/fixtures/moe_shapes/qwen3.5-397b-tp2-rank"
 F397="--model-path synth:qwen3.5-397b-a17b,layers=1"

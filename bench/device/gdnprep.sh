@@ -17,11 +17,7 @@
 . "$(dirname "$0")/lib.sh"
 dev_init gdnprep 88 "$@"
 export NCCL_NVLS_ENABLE=0
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 UT="$D/tests/test_gdn_prep_cuda"
 T8K=test_prep_vector_form_same_bits_on_one_8k_prefill
 

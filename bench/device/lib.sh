@@ -1,9 +1,20 @@
 # bench/device/lib.sh: the preamble every device script shares (source it, then call dev_init).
 #   . "$(dirname "$0")/lib.sh"; dev_init NAME BUDGET_S "$@"
 # Sets BIN (absolute), OUT (created, absolute), D (BIN's folder: the .so files and tests/ beside
-# it, put on LD_LIBRARY_PATH), T0; defines el (elapsed "(N s)") and left (seconds left of
-# BUDGET_S); prints the GPU line and the commit. With DEV_CACHE=1 in the environment, the doctor's
-# and smoke test's verdicts are cached under OUT (XDG_CACHE_HOME), reused by later starts.
+# it, put on LD_LIBRARY_PATH), T0, NCU (the ncu binary, empty when there is none); defines el
+# (elapsed "(N s)") and left (seconds left of BUDGET_S); prints the GPU line and the commit. With
+# DEV_CACHE=1 in the environment, the doctor's and smoke test's verdicts are cached under OUT
+# (XDG_CACHE_HOME), reused by later starts.
+# Also, for the scripts: ids N (N synthetic token ids, comma-separated: generate's --ids), and the
+# plan flags most of them pass to generate / serve, DEV_PLANS_PREFILL (prefill8k.sh's: 16-row
+# fused decode and GEMV, cuda_chunked GDN, cuBLASLt LM head) and DEV_PLANS_DECODE (8-row fused
+# decode and GEMV, no chunked GDN); a script copies one: PLANS=("${DEV_PLANS_PREFILL[@]}").
+DEV_PLANS_PREFILL=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
+                   --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
+                   --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+DEV_PLANS_DECODE=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
+                  --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
+ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
 dev_init() {
     local name=$1 budget=$2
     shift 2
@@ -18,6 +29,7 @@ dev_init() {
     [ "${DEV_CACHE:-0}" = 1 ] && export XDG_CACHE_HOME="$OUT/cache"
     T0=$(date +%s)
     DEV_BUDGET=$budget
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -1
     git log --oneline -1 2>/dev/null | cut -c1-100
 }
@@ -29,9 +41,8 @@ left() { echo $(( DEV_BUDGET - ($(date +%s) - T0) )); }
 # sections bench/device/c16_ncu_gd.py reads, the VAR=VALUE pairs in its environment; the report to
 # OUTFILE; prints ncu's exit status and errors.
 dev_ncu_test() {
-    local out=$1 lim=$2 re=$3 filt=$4 test=$5 ncu
+    local out=$1 lim=$2 re=$3 filt=$4 test=$5 ncu=${NCU:-}
     shift 5
-    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     if [ -z "$ncu" ] || [ ! -x "$test" ]; then
         echo "ncu (${ncu:-none}) or $test missing"
         return 1

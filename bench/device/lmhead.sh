@@ -24,9 +24,7 @@
 # Each step is bounded by `timeout`; the whole script stays under 100 s.
 . "$(dirname "$0")/lib.sh"
 dev_init lmhead 95 "$@"
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+PLANS=("${DEV_PLANS_DECODE[@]}")
 
 echo "== test_sample_cuda $(el)"
 if [ -x "$D/tests/test_sample_cuda" ]; then

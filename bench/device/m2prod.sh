@@ -21,14 +21,10 @@
 . "$(dirname "$0")/lib.sh"
 dev_init m2prod 88 "$@"
 export NCCL_NVLS_ENABLE=0
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 NEW="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_MINROWS=0"
 NOTMA="$NEW LASTSTAND_MG_WGMMA2_TMA=0"
 MW="LASTSTAND_MG_WGMMA2=0"
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 
 # doctor TAG ENVS PRESET MS MAXS (PRESET: a --shapes preset, or synth:... for --model-path)
 doctor() {

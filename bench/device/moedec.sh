@@ -45,9 +45,7 @@ doctor rank-old "$OLD" $RANK 1,2,4,8
 doctor rank-def "" $RANK 1,2,4,8
 echo "$(el)"
 
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
+PLANS=("${DEV_PLANS_DECODE[@]}")
 gen() { # tag "env"
     local t=$(left); [ "$t" -gt 20 ] && t=20
     [ "$t" -ge 12 ] || { echo "  gen $1: skipped (time)"; return; }

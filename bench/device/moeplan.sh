@@ -24,7 +24,6 @@ export NCCL_NVLS_ENABLE=0
 OLD="LASTSTAND_MG_PLAN=0 LASTSTAND_MG_TOPK=0"
 NEW="LASTSTAND_MG_PLAN=1 LASTSTAND_MG_TOPK=1"
 FUSED="LASTSTAND_MG_PLAN=3 LASTSTAND_MG_TOPK=1"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 for run in nofused fused; do
     echo "== 1. test_moe_plan_cuda ($run: MOEPLAN_NO_FUSED=$([ $run = nofused ] && echo 1 || echo 0)) $(el)"
@@ -51,10 +50,7 @@ doctor new35 "$NEW" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 18
 doctor fused35 "$FUSED" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 18
 doctor fused397 "$FUSED" --shapes qwen3.5-397b-a17b 8192 20
 
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 for v in "new:$NEW" "fused:$FUSED" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}
     [ -n "$NCU" ] || { echo "no ncu"; break; }

@@ -23,7 +23,6 @@
 . "$(dirname "$0")/lib.sh"
 dev_init moepre 235 "$@"
 export NCCL_NVLS_ENABLE=0
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 OLD="LASTSTAND_MG_WGMMA2=0"
 NEW="LASTSTAND_MG_WGMMA2=1"
 NEWSH="LASTSTAND_MG_WGMMA2=1 LASTSTAND_MG_WGMMA2_SH=1"
@@ -111,9 +110,7 @@ if [ -n "$NCU" ]; then
 fi
 
 # 3. TTFT (prefill8k.sh's serve / bench)
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 PORT=$((36000 + $$ % 2000))
 for v in "new:$NEWSH" "newnosh:$NEW" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}

@@ -28,12 +28,8 @@
 . "$(dirname "$0")/lib.sh"
 dev_init prefill8k 195 "$@"
 export NCCL_NVLS_ENABLE=0
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 CHUNKS=${CHUNKS:-8192 2048}
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 
 PORT=$((34000 + $$ % 2000))
 for cfg in $CHUNKS; do

@@ -15,11 +15,7 @@
 . "$(dirname "$0")/lib.sh"
 dev_init smallops 88 "$@"
 export NCCL_NVLS_ENABLE=0
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode:16,cuda_chunked
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+PLANS=("${DEV_PLANS_PREFILL[@]}")
 
 # 2 first, in the background (its two runs side by side, beside the unit tests; done before ncu)
 SYN8="synth:qwen3.5-35b-a3b,layers=8"

@@ -24,9 +24,7 @@
 # Each step is bounded by `timeout`; the whole script stays under 120 s.
 . "$(dirname "$0")/lib.sh"
 dev_init stepfuse 115 "$@"
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+PLANS=("${DEV_PLANS_DECODE[@]}")
 
 # VARIANTS: "tag:VAR=V ..." against the defaults (base). Since S7-R1 the defaults include the
 # gated norm inside gd_kernel (gdn_decode.cu, LASTSTAND_GDN_NORM) and cuda_gemv's K split for
@@ -91,7 +89,6 @@ for v in "${VARIANTS[@]}"; do
 done
 for v in "${VARIANTS[@]:1}"; do same_ids base "${v%%:*}"; done
 
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ "$(left)" -gt 28 ] && [ "${STEPFUSE_NCU:-1}" != 0 ]; then
     tag=m1-defaults
     echo "== ncu $tag: generate synth 35B 8 layers, prompt 256, 3 new tokens, eager${NCU_ENV:+, env $NCU_ENV} $(el)"

@@ -311,7 +311,72 @@ static void test_plan_graph_replays(void **state) {
 
 /* ---- top-k ---------------------------------------------------------------------------- */
 
-static int g_topk_fail, g_topk_cases;
+enum { TK_MAXK = 16 }; /* the hooks' k limit (moe_grouped_int.cuh's MG_MAXK) */
+static int g_topk_fail, g_topk_cases, g_topk_ref_fail;
+
+/* The routing of one token as the reference defines it (reference/qwen35-and-nvfp4.md 2.5), on the
+ * host in fp64: p = softmax(logits) over the E experts, the k experts of the largest logits (ties:
+ * the lower index), their p renormalised to sum 1 if norm; w[k] = the shared expert's weight,
+ * sigmoid(x·w_sg) (BF16 inputs), 1 without w_sg, 0 without a shared expert. The kernels' NaN
+ * contract as well: the max leaves NaN logits out (fmax), a NaN logit makes the sum and so every p
+ * NaN, a NaN is never picked, and a pick with no candidate left is expert 0 with weight NaN. */
+static void topk_ref(const float *lg, int E, int k, int norm, const uint16_t *xm, const uint16_t *wsg, int H, int hs,
+                     int32_t *idx, double *w) {
+    double mx = -INFINITY, sum = 0, psum = 0;
+    for (int x = 0; x < E; x++) mx = fmax(mx, (double)lg[x]);
+    for (int x = 0; x < E; x++) sum += exp((double)lg[x] - mx);
+    char *taken = calloc((size_t)E, 1);
+    assert_non_null(taken);
+    for (int j = 0; j < k; j++) {
+        int bi = -1;
+        for (int x = 0; x < E; x++)
+            if (!taken[x] && lg[x] > (bi < 0 ? -INFINITY : lg[bi])) bi = x;
+        if (bi < 0) {
+            idx[j] = 0;
+            w[j] = NAN;
+        } else {
+            taken[bi] = 1;
+            idx[j] = bi;
+            w[j] = exp((double)lg[bi] - mx) / sum;
+        }
+        psum += w[j];
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= psum;
+    free(taken);
+    double sg = hs ? 1 : 0;
+    if (hs && wsg) {
+        double d = 0;
+        for (int c = 0; c < H; c++) d += (double)bf16_to_f32(xm[c]) * bf16_to_f32(wsg[c]);
+        sg = 1 / (1 + exp(-d));
+    }
+    w[k] = sg;
+}
+
+/* mg_topk_kernel's idx and wts [M, k + 1] against topk_ref: the same experts in the same order;
+ * the weights NaN where the oracle's are, else within 1e-4 relative + 1e-6 (fp32 expf and sums
+ * against fp64; the shared gate's H-term dot product in fp32). Returns the rows that differ. */
+static int topk_vs_ref(const float *lg, int M, int H, int E, int k, int norm, const uint16_t *x, const uint16_t *wsg,
+                       int hs, const int32_t *idx, const float *wts) {
+    int32_t ri[TK_MAXK];
+    double rw[TK_MAXK + 1];
+    int bad = 0;
+    for (int m = 0; m < M; m++) {
+        topk_ref(lg + (size_t)m * E, E, k, norm, x + (size_t)m * H, wsg, H, hs, ri, rw);
+        int ok = !memcmp(ri, idx + (size_t)m * k, sizeof(int32_t) * k);
+        for (int j = 0; j <= k; j++) {
+            const double g = wts[(size_t)m * (k + 1) + j], r = rw[j];
+            ok &= isnan(r) ? isnan(g) : fabs(g - r) <= 1e-4 * fabs(r) + 1e-6;
+        }
+        if (!ok && bad++ < 3) {
+            fprintf(stderr, "moeplan topk vs host oracle, row %d:", m);
+            for (int j = 0; j < k; j++)
+                fprintf(stderr, " %d:%g/%d:%g", idx[(size_t)m * k + j], wts[(size_t)m * (k + 1) + j], ri[j], rw[j]);
+            fprintf(stderr, " shared %g/%g\n", wts[(size_t)m * (k + 1) + k], rw[k]);
+        }
+    }
+    return bad;
+}
 
 static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg, int ties) {
     const size_t ne = (size_t)M * E;
@@ -351,6 +416,12 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
         fprintf(stderr, "moeplan FAIL topk M %d H %d E %d k %d norm %d hs %d wsg %d ties %d\n", M, H, E, k, norm, hs,
                 with_wsg, ties);
     }
+    const int rbad = topk_vs_ref(lg, M, H, E, k, norm, x, with_wsg ? w : NULL, hs, h_idx[0], h_wts[0]);
+    if (rbad) {
+        g_topk_ref_fail++;
+        fprintf(stderr, "moeplan FAIL topk vs host oracle: %d of %d rows, H %d E %d k %d norm %d hs %d wsg %d ties %d\n",
+                rbad, M, H, E, k, norm, hs, with_wsg, ties);
+    }
     g_topk_cases++;
     for (int v = 0; v < 3; v++) {
         g_mem->free(d_idx[v]);
@@ -382,7 +453,10 @@ static void test_topk_same_bits(void **state) {
     topk_case(300, 1024, 64, 1, 1, 1, 1, 1);
     topk_case(300, 48, 128, 4, 1, 1, 1, 0);
     printf("moeplan %s: topk bitwise vs mg_topk_kernel (%d cases)\n", g_topk_fail ? "FAIL" : "PASS", g_topk_cases);
+    printf("moeplan %s: mg_topk_kernel vs the host oracle (softmax, top-k, renormalisation, shared gate; %d cases, "
+           "%d failed)\n", g_topk_ref_fail ? "FAIL" : "PASS", g_topk_cases, g_topk_ref_fail);
     assert_int_equal(g_topk_fail, 0);
+    assert_int_equal(g_topk_ref_fail, 0);
 }
 
 /* ---- timings ---------------------------------------------------------------------------- */

@@ -16,6 +16,54 @@
 
 /* ---- 2: top-k ------------------------------------------------------------------- */
 
+/* The softmax's statistics over a warp's logits v (expert lane + 32 i; -inf past E): the max
+ * (fmaxf: NaN entries left out) and the sum of expf(v - max) over the experts below E. */
+template <int NV>
+__device__ __forceinline__ void mg_softmax_stats(const float (&v)[NV], int lane, int E, float &mx, float &sum) {
+    mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++) mx = fmaxf(mx, v[i]);
+    mx = mg_warp_max(mx);
+    sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    sum = mg_warp_sum(sum);
+}
+
+/* The top-k's next pick, the same in every lane: the largest logit left in v over the warp (ties:
+ * the lower expert index), set to -inf in v; p = its softmax probability expf(v - mx) / sum.
+ * NaN logits (no candidate compares greater) yield expert 0 with p NaN. */
+template <int NV>
+__device__ __forceinline__ int mg_rank_next(float (&v)[NV], int lane, float mx, float sum, float &p) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
+            bv = v[i];
+            bi = lane + 32 * i;
+        }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    if (bi == 0x7fffffff) { /* NaN logits: no candidate compares greater */
+        bi = 0;
+        p = __int_as_float(0x7fc00000);
+    } else {
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (lane + 32 * i == bi) v[i] = -INFINITY;
+        p = expf(bv - mx) / sum;
+    }
+    return bi;
+}
+
 /* Warp per token m: softmax over logits[m, E], the k largest (ties: lower index),
  * renormalised if norm -> idx[m, k], wts[m, 0..k-1]; wts[m, k] = the shared
  * expert's weight. A NaN row yields expert 0 with weight NaN, so the output shows it. */
@@ -34,44 +82,13 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
         int ex = lane + 32 * i;
         v[i] = ex < E ? lg[ex] : -INFINITY;
     }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < 32; i++) mx = fmaxf(mx, v[i]);
-    mx = mg_warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-    sum = mg_warp_sum(sum);
+    float mx, sum;
+    mg_softmax_stats(v, lane, E, mx, sum);
     float psum = 0.f, pj[MG_MAXK];
     int ij[MG_MAXK];
     for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 32; i++)
-            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
-                bv = v[i];
-                bi = lane + 32 * i;
-            }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
         float p;
-        if (bi == 0x7fffffff) { /* NaN logits: no candidate compares greater */
-            bi = 0;
-            p = __int_as_float(0x7fc00000);
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; i++)
-                if (lane + 32 * i == bi) v[i] = -INFINITY;
-            p = expf(bv - mx) / sum;
-        }
+        const int bi = mg_rank_next(v, lane, mx, sum, p);
         ij[j] = bi;
         pj[j] = p;
         psum += p;
@@ -157,44 +174,13 @@ __global__ void __launch_bounds__(128, MINB) mg_topk2_kernel(int M, int H, int E
         s = mg_warp_sum(s);
         sg = 1.f / (1.f + expf(-s));
     }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < NV; i++) mx = fmaxf(mx, v[i]);
-    mx = mg_warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NV; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-    sum = mg_warp_sum(sum);
+    float mx, sum;
+    mg_softmax_stats(v, lane, E, mx, sum);
     float psum = 0.f, myp = 0.f;
     int myi = 0;
     for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < NV; i++)
-            if (v[i] > bv) { /* ascending index within a lane: strict > keeps the lower one */
-                bv = v[i];
-                bi = lane + 32 * i;
-            }
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
         float p;
-        if (bi == 0x7fffffff) { /* NaN logits: no candidate compares greater */
-            bi = 0;
-            p = __int_as_float(0x7fc00000);
-        } else {
-#pragma unroll
-            for (int i = 0; i < NV; i++)
-                if (lane + 32 * i == bi) v[i] = -INFINITY;
-            p = expf(bv - mx) / sum;
-        }
+        const int bi = mg_rank_next(v, lane, mx, sum, p);
         if (lane == j) {
             myi = bi;
             myp = p;

@@ -113,7 +113,7 @@ int mg_lock(mg_ws **out, ls_err *e) {
     return 0;
 }
 
-/* ---- small device helpers (the routing's: moe_grouped_int.cuh) ----------------- */
+/* ---- small device helpers (the routing's warp and bf16 helpers: moe_int.cuh) -------- */
 
 __device__ __forceinline__ uint32_t mg_pack_bf2(float a, float b) {
     __nv_bfloat162 r = __floats2bfloat162_rn(a, b);
@@ -732,7 +732,7 @@ __global__ void __launch_bounds__(256) mg_combine_kernel(int M, int H, int k, in
             const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float2 f = mg_bf2(w[q]);
+                float2 f = bf2_to_f2(w[q]);
                 acc[2 * q] += f.x;
                 acc[2 * q + 1] += f.y;
             }
@@ -767,7 +767,7 @@ __global__ void __launch_bounds__(256) mg_combine_mid_kernel(int M, int H, int k
             const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float2 f = mg_bf2(w[q]);
+                float2 f = bf2_to_f2(w[q]);
                 acc[2 * q] += f.x;
                 acc[2 * q + 1] += f.y;
             }

@@ -2,8 +2,8 @@
  * moe_grouped.cu (the GEMMs, the combine, the host side) and moe_route.cu (the routing: the top-k
  * and plan kernels, their launchers and the test hooks of moe_grouped_test.h). The size limits,
  * the per-device workspace (mg_ws and its MG_* buffer slots; g_mg and mg_lock in moe_grouped.cu),
- * the warp and bf16 helpers of the routing kernels, the plan's tile bound, and the launchers that
- * moe_route.cu defines for moe_grouped.cu.
+ * the plan's tile bound, and the launchers that moe_route.cu defines for moe_grouped.cu. The warp
+ * and bf16 helpers are moe_int.cuh's (warp_sum, warp_max, bf2_to_f2).
  */
 #ifndef LS_MOE_GROUPED_INT_CUH
 #define LS_MOE_GROUPED_INT_CUH
@@ -57,24 +57,6 @@ static inline void *mg_get(mg_ws *w, int slot, size_t n, cudaStream_t st, ls_err
 static inline size_t mg_tiles_max(int M, int E, int k, int hs, int bm) {
     const size_t pairs = (size_t)M * (k + hs), slots = (size_t)E + hs;
     return (pairs + bm - 1) / bm + (slots < pairs ? slots : pairs);
-}
-
-/* ---- small device helpers ------------------------------------------------------ */
-
-__device__ __forceinline__ float mg_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float mg_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* bf16x2 word -> two floats (low half first) */
-__device__ __forceinline__ float2 mg_bf2(uint32_t w) {
-    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
 }
 
 /* ---- the routing's launchers (moe_route.cu) ---------------------------------------- */

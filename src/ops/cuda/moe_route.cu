@@ -23,11 +23,11 @@ __device__ __forceinline__ void mg_softmax_stats(const float (&v)[NV], int lane,
     mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NV; i++) mx = fmaxf(mx, v[i]);
-    mx = mg_warp_max(mx);
+    mx = warp_max(mx);
     sum = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; i++) sum += lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-    sum = mg_warp_sum(sum);
+    sum = warp_sum(sum);
 }
 
 /* The top-k's next pick, the same in every lane: the largest logit left in v over the warp (ties:
@@ -102,12 +102,12 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
             const uint32_t xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                float2 a = mg_bf2(xa[q]), b = mg_bf2(xb[q]);
+                float2 a = bf2_to_f2(xa[q]), b = bf2_to_f2(xb[q]);
                 s = fmaf(a.x, b.x, s);
                 s = fmaf(a.y, b.y, s);
             }
         }
-        s = mg_warp_sum(s);
+        s = warp_sum(s);
         sg = 1.f / (1.f + expf(-s));
     }
     if (lane == 0) {
@@ -165,13 +165,13 @@ __global__ void __launch_bounds__(128, MINB) mg_topk2_kernel(int M, int H, int E
                 const uint32_t xa[4] = {va[b].x, va[b].y, va[b].z, va[b].w}, xb[4] = {vb[b].x, vb[b].y, vb[b].z, vb[b].w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    float2 a = mg_bf2(xa[q]), bb = mg_bf2(xb[q]);
+                    float2 a = bf2_to_f2(xa[q]), bb = bf2_to_f2(xb[q]);
                     s = fmaf(a.x, bb.x, s);
                     s = fmaf(a.y, bb.y, s);
                 }
             }
         }
-        s = mg_warp_sum(s);
+        s = warp_sum(s);
         sg = 1.f / (1.f + expf(-s));
     }
     float mx, sum;

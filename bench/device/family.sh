@@ -5,14 +5,14 @@
 # test, the last backend standing table, CUDA graphs), then `laststand bench` (bench/run_e2e.sh)
 # at concurrency 1 and 16, 1024 in / 256 out:
 #   synth:qwen3.5-122b-a10b (Qwen3.5 GDN + gated attention, 256 experts top-8, H 3072, 48 layers),
-#   synth:qwen3-next-80b-a3b (Qwen3-Next: fused qkvz / ba projections, 512 experts top-10),
-#   synth:qwen3-30b-a3b (Qwen3-MoE: attention only, 128 experts top-8, no shared expert).
+#   synth:qwen3-next-80b-a3b,quant=nvfp4 (Qwen3-Next: fused qkvz / ba, 512 experts top-10, NVFP4 experts),
+#   synth:qwen3-30b-a3b,quant=nvfp4 (Qwen3-MoE: attention only, 128 experts top-8, no shared expert).
 # FAMILY_PRESETS overrides the list; each run is bounded by what is left of the budget.
 # Per model: start-up time, the chosen backends and anything the smoke test refused, the
 # engine's mean decode step, and the bench table.
 . "$(dirname "$0")/lib.sh"
 dev_init family 565 "$@"
-PRESETS=(${FAMILY_PRESETS:-qwen3.5-122b-a10b qwen3-next-80b-a3b qwen3-30b-a3b})
+PRESETS=(${FAMILY_PRESETS:-qwen3.5-122b-a10b qwen3-next-80b-a3b,quant=nvfp4 qwen3-30b-a3b,quant=nvfp4})
 n=${#PRESETS[@]}
 i=0
 for p in "${PRESETS[@]}"; do

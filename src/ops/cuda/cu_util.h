@@ -46,6 +46,27 @@ static inline int cu_env_switch(const char *name, int dflt) {
     return v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "1") ? 1 : dflt;
 }
 
+/* The dynamic shared memory kernel fn may take at launch on the current device without
+ * raising its attribute: 48 KB less the kernel's own static shared memory
+ * (cudaFuncAttributes.maxDynamicSharedSizeBytes), not 48 KB. A launcher that compared its
+ * dynamic bytes with 48 KB launched a kernel with static shared memory and exactly 48 KB of
+ * dynamic (moe_router_kernel at H 3072, M 8: the 122B's MoE) into "invalid argument". */
+static inline cudaError_t cu_smem_default(const void *fn, size_t *bytes) {
+    cudaFuncAttributes fa;
+    const cudaError_t c = cudaFuncGetAttributes(&fa, fn);
+    *bytes = c == cudaSuccess ? (size_t)fa.maxDynamicSharedSizeBytes : 0;
+    return c;
+}
+
+/* Let kernel fn take `bytes` of dynamic shared memory on the current device: the attribute
+ * raised where the default (cu_smem_default) is less. */
+static inline cudaError_t cu_smem_allow(const void *fn, size_t bytes) {
+    size_t h = 0;
+    cudaError_t c = cu_smem_default(fn, &h);
+    if (c != cudaSuccess || bytes <= h) return c;
+    return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
 /* After a launch: the launch error (bad config, missing image), not a sync. */
 #define CU_LAUNCHED(e, what)                                     \
     do {                                                         \

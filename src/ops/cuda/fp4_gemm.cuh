@@ -36,7 +36,7 @@ static inline int fp4_common_supported(const dev_info *d, const gemm_shape *s, c
 }
 
 /* Prefer shared memory over L1 for kernel fn, and raise its dynamic shared-memory
- * limit to smem when that is over the 48 KB default, once per device: function
+ * limit to smem when that is over the default (48 KB less fn's static shared memory), once per device: function
  * attributes belong to the current device's context, so a flag per process would
  * leave the second GPU of --tp 2 at the defaults (a failed launch). have: one slot
  * per device, the largest limit set there so far (0 = nothing yet); the threads that
@@ -49,7 +49,8 @@ static inline cudaError_t fp4_func_attr(const void *fn, size_t smem, size_t have
     size_t h = __atomic_load_n(&have[dev], __ATOMIC_ACQUIRE);
     if (!h) {
         cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        h = 48 << 10;
+        if ((c = cu_smem_default(fn, &h)) != cudaSuccess) return c; /* 48 KB less fn's static */
+        if (!h) h = 1;
         __atomic_store_n(&have[dev], h, __ATOMIC_RELEASE);
     }
     if (smem <= h) return cudaSuccess;

@@ -877,8 +877,8 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
-    if (smem > 48 * 1024) {
-        cudaError_t c = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem > 32 * 1024) { /* these kernels' static shared memory is a few barriers: below 32 KB the default holds */
+        cudaError_t c = cu_smem_allow((const void *)kern, smem);
         if (c != cudaSuccess) return c;
     }
     cudaLaunchAttribute at[2];

@@ -188,7 +188,7 @@ __device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16
 enum { DOWN_KW = 16, DOWN_PMAX = 6 };
 
 /* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
- * the default 48 KB (remembered per kernel and per device: a function attribute
+ * the default (48 KB less K's static shared memory: cu_smem_default) (remembered per kernel and per device: a function attribute
  * applies to the current device only, and tensor-parallel ranks launch the same
  * kernel on other GPUs from their own threads; the largest so far per device). */
 template <auto K>
@@ -201,7 +201,8 @@ static cudaError_t fused_smem(size_t bytes) {
     size_t h = __atomic_load_n(&have[dev], __ATOMIC_ACQUIRE);
     if (!h) { /* shared memory before L1, so that two blocks of 96 KB fit an SM */
         cudaFuncSetAttribute(K, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        h = 48 << 10;
+        if ((c = cu_smem_default((const void *)K, &h)) != cudaSuccess) return c; /* 48 KB less K's static */
+        if (!h) h = 1; /* "nothing yet" stays 0 */
         __atomic_store_n(&have[dev], h, __ATOMIC_RELEASE);
     }
     if (bytes <= h) return cudaSuccess;

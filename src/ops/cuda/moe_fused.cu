@@ -720,9 +720,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
     }
     /* the streaming pair needs H = KW·PER·128 with KW = 16, PER <= 2 or KW = 8, PER <= 4 (8
      * warps where 16 fit was slower: 397B M = 1 61.4 vs 60.0 us, NVFP4 shared 53.0 vs
-     * 50.7, H200 round R1 of 2026-11-29) */
+     * 50.7, H200 round R1 of 2026-11-29); PER = 3 (H 3072, the 122B) since S13 */
     const int nch = H / 128;
-    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 && nch / 8 != 3 ? 8 : 0;
+    const int gkw = nch % 16 == 0 && nch / 16 <= 2 ? 16 : nch % 8 == 0 && nch / 8 <= 4 ? 8 : 0;
     /* Where a BF16 shared expert runs (LASTSTAND_MOE_SHARED_ROUTE=1|2 forces one): inside
      * the router and top-k launches, as m16n8k16 tiles (1) or one warp a row (2); 2 at
      * M <= 2, 1 above, from the H200 rounds R1 / R2 of 2026-11-29 (every cell ok; µs,

@@ -435,6 +435,7 @@ cudaError_t moe_fused_gateup2(const fused_call *f, int bc, int v2, int pf, dim3 
     if (gkw == 16) return GU2(16, 2);
     if (nch == 8) return GU2(8, 1);
     if (nch == 16) return GU2(8, 2);
+    if (nch == 24) return GU2(8, 3); /* H 3072: Qwen3.5-122B */
     return GU2(8, 4);
 #undef GU2
 }

@@ -36,11 +36,11 @@ static inline int fp4_common_supported(const dev_info *d, const gemm_shape *s, c
 }
 
 /* Prefer shared memory over L1 for kernel fn, and raise its dynamic shared-memory
- * limit to smem when that is over the default (48 KB less fn's static shared memory), once per device: function
- * attributes belong to the current device's context, so a flag per process would
- * leave the second GPU of --tp 2 at the defaults (a failed launch). have: one slot
- * per device, the largest limit set there so far (0 = nothing yet); the threads that
- * drive the GPUs share it. */
+ * limit to smem when that is over the default (48 KB less fn's static shared memory,
+ * cu_smem_default), once per device: function attributes belong to the current
+ * device's context, so a flag per process would leave the second GPU of --tp 2 at the
+ * defaults (a failed launch). have: one slot per device, the largest limit set there
+ * so far (0 = nothing yet); the threads that drive the GPUs share it. */
 static inline cudaError_t fp4_func_attr(const void *fn, size_t smem, size_t have[CU_WS_MAX_DEV]) {
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);

@@ -187,10 +187,11 @@ __device__ __forceinline__ void bc_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16
 /* the cp.async pair's down kernel: warps, chunks in flight a warp */
 enum { DOWN_KW = 16, DOWN_PMAX = 6 };
 
-/* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than
- * the default (48 KB less K's static shared memory: cu_smem_default) (remembered per kernel and per device: a function attribute
- * applies to the current device only, and tensor-parallel ranks launch the same
- * kernel on other GPUs from their own threads; the largest so far per device). */
+/* Raise kernel K's dynamic shared memory limit to `bytes` once it needs more than the
+ * default, 48 KB less K's static shared memory (cu_smem_default). Remembered per kernel
+ * and per device (the largest so far): a function attribute applies to the current
+ * device only, and tensor-parallel ranks launch the same kernel on other GPUs from
+ * their own threads. */
 template <auto K>
 static cudaError_t fused_smem(size_t bytes) {
     static size_t have[CU_WS_MAX_DEV];

@@ -10,7 +10,8 @@ CPU reference) or "unsupported" (declined with a reason), never a crash or a wro
 - synth:qwen3.5-122b-a10b (hidden 3072: 24 chunks of 128, neither of the MoE's streaming
   kernel-pair widths; 256 experts top-8, I 1024, BF16 shared expert of 1024);
 - synth:qwen3-next-80b-a3b,quant=nvfp4 (512 experts top-10, I 512; Qwen3-Next's GDN);
-- synth:qwen3-30b-a3b,quant=nvfp4 (128 experts top-8, I 768, no shared expert; 4 KV heads).
+- synth:qwen3-30b-a3b,quant=nvfp4 (128 experts top-8, I 768, no shared expert; 4 KV heads);
+- synth:qwen3-235b-a22b,quant=nvfp4 (hidden 4096, 64 q / 4 KV heads, 128 experts top-8, I 1536).
 """
 import json
 import os
@@ -24,7 +25,7 @@ pytestmark = requires_gpu
 
 
 @pytest.mark.parametrize("preset", ["qwen3.5-122b-a10b", "qwen3-next-80b-a3b,quant=nvfp4",
-                                    "qwen3-30b-a3b,quant=nvfp4"])
+                                    "qwen3-30b-a3b,quant=nvfp4", "qwen3-235b-a22b,quant=nvfp4"])
 def test_doctor_never_crashes_at_the_shapes(tmp_path, preset):
     out = tmp_path / "doctor.json"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))

@@ -30,6 +30,7 @@ REF = {
     "qwen3-next-80b-a3b": dict(H=2048, L=48, nh=16, nkv=2, hd=256, nk=16, nv=32, dk=128, dv=128, E=512, k=10, I=512,
                                Is=512, V=151936, theta=1e7),
     "qwen3-30b-a3b": dict(H=2048, L=48, nh=32, nkv=4, hd=128, E=128, k=8, I=768, V=151936, theta=1e6),
+    "qwen3-235b-a22b": dict(H=4096, L=94, nh=64, nkv=4, hd=128, E=128, k=8, I=1536, V=151936, theta=1e6),
     "demo": dict(H=256, L=8, nh=4, nkv=2, hd=64, nk=4, nv=8, dk=32, dv=32, E=16, k=4, I=128, Is=128, V=4096,
                  theta=1e7),
 }
@@ -238,6 +239,25 @@ def test_other_presets_match_reference_and_fixture_layout(big_tmp):
     assert cfg["model_type"] == "qwen3_moe" and cfg["num_experts"] == 128 and cfg["rope_theta"] == 1e6
     if os.path.isdir(shared):
         assert pattern_set(h) == pattern_set(header(os.path.join(shared, "qwen3_moe", "model.safetensors")))
+    shutil.rmtree(d)
+
+    # qwen3-235b-a22b, 1 layer, NVFP4 experts (its 128 experts of [1536 x 4096]: ~1.4 GB)
+    d = big_tmp / "q235"
+    synth(d, "qwen3-235b-a22b", "--layers", "1", "--quant", "nvfp4")
+    h, r = all_headers(d), REF["qwen3-235b-a22b"]
+    H = r["H"]
+    assert h["model.layers.0.self_attn.q_proj.weight"]["shape"] == [r["nh"] * r["hd"], H]
+    assert h["model.layers.0.self_attn.k_proj.weight"]["shape"] == [r["nkv"] * r["hd"], H]
+    assert h["model.layers.0.mlp.gate.weight"]["shape"] == [r["E"], H]
+    t = h["model.layers.0.mlp.experts.127.gate_proj.weight"]
+    assert (t["dtype"], t["shape"]) == ("U8", [r["I"], H // 2])
+    t = h["model.layers.0.mlp.experts.0.down_proj.weight_scale"]
+    assert (t["dtype"], t["shape"]) == ("F8_E4M3", [H, r["I"] // 16])
+    cfg = json.load(open(d / "config.json"))
+    assert (cfg["model_type"], cfg["num_experts"], cfg["num_experts_per_tok"], cfg["moe_intermediate_size"],
+            cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+            cfg["rope_theta"], cfg["vocab_size"]) == ("qwen3_moe", r["E"], r["k"], r["I"], 1, r["nh"], r["nkv"],
+                                                       r["hd"], r["theta"], r["V"])
     shutil.rmtree(d)
 
     # qwen3-next, 1 layer (a GDN layer), NVFP4 experts

@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "                        [--json FILE] [--families LIST] [--backends LIST] [--m LIST]\n"
             "                        [--fp4-shapes NxK,...] [--trial-timeout S] [--use-cache] [--seed N]\n"
             "  --shapes PRESET   qwen3.5-397b-a17b, qwen3.5-122b-a10b, qwen3.5-35b-a3b, qwen3-next-80b-a3b,\n"
-            "                    qwen3-30b-a3b (the real models' op shapes, no weights needed)\n"
+            "                    qwen3-30b-a3b, qwen3-235b-a22b (the real models' op shapes, no weights needed)\n"
             "  --families LIST   of fp4_gemm,gemm,moe,attention,gdn,lm_head (default: all the model has;\n"
             "                    lm_head: the vocab projection's own gemm row group and choice)\n"
             "  --m LIST          batch-size buckets (default 1,2,4,...,2048,3072,4096,8192)\n"

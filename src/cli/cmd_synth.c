@@ -19,7 +19,7 @@ static void usage(FILE *f) {
             "hf_quant_config.json for nvfp4; tokenizer and chat template for the demo preset).\n"
             "\n"
             "  --preset NAME   demo, qwen3.5-397b-a17b, qwen3.5-122b-a10b, qwen3.5-35b-a3b,\n"
-            "                  qwen3-next-80b-a3b, qwen3-30b-a3b\n"
+            "                  qwen3-next-80b-a3b, qwen3-30b-a3b, qwen3-235b-a22b\n"
             "  --out DIR       output folder (created if missing)\n"
             "  --layers N      number of layers (default: the preset's own)\n"
             "  --seed S        PRNG seed (default 0); same seed, same weights\n"

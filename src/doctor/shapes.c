@@ -50,6 +50,7 @@ static const preset k_presets[] = {
     {"qwen3.5-35b-a3b", 2048, 256, 8, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0, 248320},
     {"qwen3-next-80b-a3b", 2048, 512, 10, 512, 512, 16, 2, 256, 16, 32, 128, 128, 0, 151936},
     {"qwen3-30b-a3b", 2048, 128, 8, 768, 0, 32, 4, 128, 0, 0, 0, 0, 0, 151936},
+    {"qwen3-235b-a22b", 4096, 128, 8, 1536, 0, 64, 4, 128, 0, 0, 0, 0, 0, 151936},
 };
 
 /* Fill the derived lists from the scalar fields; quant_attn/quant_gdn: whether

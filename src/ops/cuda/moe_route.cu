@@ -309,6 +309,40 @@ __device__ __forceinline__ int mgp_expert(const int32_t *__restrict__ idx, int i
     return (unsigned)v < (unsigned)E ? v : 0;
 }
 
+/* The block's exclusive scan of the counts c[0..S) padded to multiples of bm (MGP_THREADS
+ * threads; thread tid owns slots tid·P .. tid·P + P - 1): out(sl, start) for every slot in
+ * order; returns the end of the last slot on thread MGP_THREADS - 1 (every row). s_wsum:
+ * MGP_WARPS ints of shared memory. Ends with the threads past a barrier. */
+template <typename F>
+__device__ __forceinline__ int mgp_padded_scan(const int *c, int S, int bm, int *s_wsum, F out) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
+    int loc = 0;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) loc += (c[sl] + bm - 1) / bm * bm;
+    }
+    int incl = loc;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    int wbase = 0;
+    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
+    int run = wbase + incl - loc;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) {
+            out(sl, run);
+            run += (c[sl] + bm - 1) / bm * bm;
+        }
+    }
+    return run;
+}
+
 __global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E, int k, int has_shared, int bm,
                                                                     const int32_t *__restrict__ idx,
                                                                     int32_t *__restrict__ hist,
@@ -360,32 +394,11 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E
     }
     if (has_shared && tid == 0) s_h[E] = M;
     __syncthreads();
-    /* exclusive scan of the padded counts: thread tid owns slots tid·P .. tid·P + P - 1 */
-    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
-    int loc = 0;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) loc += (s_h[sl] + bm - 1) / bm * bm;
-    }
-    int incl = loc;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31) s_wsum[warp] = incl;
-    __syncthreads();
-    int wbase = 0;
-    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
-    int run = wbase + incl - loc;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) {
-            off[sl] = run;
-            cnt[sl] = s_h[sl];
-            run += (s_h[sl] + bm - 1) / bm * bm;
-        }
-    }
+    /* exclusive scan of the padded counts */
+    const int run = mgp_padded_scan(s_h, S, bm, s_wsum, [&](int sl, int start) {
+        off[sl] = start;
+        cnt[sl] = s_h[sl];
+    });
     if (tid == MGP_THREADS - 1) off[S] = run; /* all rows: the last thread's inclusive sum */
     if (tid == 0) *ticket = 0u; /* every block has counted itself; none reads it again */
 }
@@ -571,30 +584,7 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E
     if (has_shared && tid == 0) s_cnt[E] = M;
     __syncthreads();
     /* exclusive scan of the padded counts (as mg_plan_count_kernel's last block) */
-    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
-    int loc = 0;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) loc += (s_cnt[sl] + bm - 1) / bm * bm;
-    }
-    int incl = loc;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31) s_wsum[warp] = incl;
-    __syncthreads();
-    int wbase = 0;
-    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
-    int run = wbase + incl - loc;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) {
-            s_off[sl] = run;
-            run += (s_cnt[sl] + bm - 1) / bm * bm;
-        }
-    }
+    const int run = mgp_padded_scan(s_cnt, S, bm, s_wsum, [&](int sl, int start) { s_off[sl] = start; });
     if (tid == MGP_THREADS - 1) s_off[S] = run;
     __syncthreads();
     for (int e = tid; e < E; e += MGP_THREADS) {

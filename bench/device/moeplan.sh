@@ -1,7 +1,7 @@
 #!/bin/bash
 # bench/device/moeplan.sh: cuda_grouped_gemm's routing kernels off the mid path (S12, moe_route.cu):
 # the multi-block plan (mg_plan_count_kernel + mg_plan_place_kernel, LASTSTAND_MG_PLAN=1, place by
-# PDL; 2 without; 3 mg_plan_fused_kernel, one launch with a grid barrier) against the one-block
+# PDL; 2 without) against the one-block
 # mg_plan_kernel (LASTSTAND_MG_PLAN=0), and mg_topk2_kernel
 # (LASTSTAND_MG_TOPK=1) against mg_topk_kernel (0).
 # device-limit: 90
@@ -12,27 +12,23 @@
 #    replays, the top-k bitwise against the old kernel, y of whole MoE calls old vs new routing
 #    memcmp-equal (M = 1..8192, E = 256 top-8 / 512 top-10, shared expert or not, skewed routing),
 #    and old vs new kernel times (events, back to back): "moeplan PASS|FAIL" and "moeplan time" lines.
-# 2. doctor moe (fp64 CPU oracle) on synth:qwen3.5-35b-a3b,layers=1 at M = 2048, 8192, new vs fused
-#    (LASTSTAND_MG_PLAN=3, one launch) vs old routing (the MoE call's time; old last); the 397B
-#    shapes (E = 512, top-10) at 8192 fused.
+# 2. doctor moe (fp64 CPU oracle) on synth:qwen3.5-35b-a3b,layers=1 at M = 2048, 8192, new vs old
+#    routing (the MoE call's time; old last); the 397B shapes (E = 512, top-10) at 8192.
 # 3. ncu (prefill8k.sh's command, -k regex:mg_) over `generate` of the 35B cut to 4 layers with an
-#    8192-token prompt: mg_topk / mg_plan* / mg_combine durations, new, fused, old.
-# 4. ncu sections of the plan kernels (stall reasons), new and fused, time permitting.
+#    8192-token prompt: mg_topk / mg_plan* / mg_combine durations, new, old.
+# 4. ncu sections of the plan kernels (stall reasons), time permitting.
+# (S12's one-launch plan LASTSTAND_MG_PLAN=3 and top-k LASTSTAND_MG_TOPK=2 were deleted in S13.)
 . "$(dirname "$0")/lib.sh"
 dev_init moeplan 88 "$@"
 export NCCL_NVLS_ENABLE=0
 OLD="LASTSTAND_MG_PLAN=0 LASTSTAND_MG_TOPK=0"
 NEW="LASTSTAND_MG_PLAN=1 LASTSTAND_MG_TOPK=1"
-FUSED="LASTSTAND_MG_PLAN=3 LASTSTAND_MG_TOPK=1"
 
-for run in nofused fused; do
-    echo "== 1. test_moe_plan_cuda ($run: MOEPLAN_NO_FUSED=$([ $run = nofused ] && echo 1 || echo 0)) $(el)"
-    env MOEPLAN_NO_FUSED=$([ $run = nofused ] && echo 1 || echo 0) timeout -k 2 25 "$D/tests/test_moe_plan_cuda" \
-        >"$OUT/test-$run.txt" 2>&1
-    rc=$?
-    grep -E "^moeplan|PASSED|FAILED|SKIPPED|FAIL|rror" "$OUT/test-$run.txt" | head -30 | cut -c1-250
-    echo "moeplan test $run rc=$rc $([ $rc = 0 ] && echo PASS || echo FAIL) $(el)"
-done
+echo "== 1. test_moe_plan_cuda $(el)"
+timeout -k 2 25 "$D/tests/test_moe_plan_cuda" >"$OUT/test.txt" 2>&1
+rc=$?
+grep -E "^moeplan|PASSED|FAILED|SKIPPED|FAIL|rror" "$OUT/test.txt" | head -30 | cut -c1-250
+echo "moeplan test rc=$rc $([ $rc = 0 ] && echo PASS || echo FAIL) $(el)"
 
 doctor() { # TAG ENVS SRC PRESET MS LIMIT
     local tag=$1 envs=$2 src=$3 preset=$4 ms=$5 t=$6 l rc
@@ -47,11 +43,10 @@ doctor() { # TAG ENVS SRC PRESET MS LIMIT
 }
 echo "== 2. doctor moe (fp64 oracle), synth 35B 1 layer, M = 2048, 8192 $(el)"
 doctor new35 "$NEW" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 18
-doctor fused35 "$FUSED" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 18
-doctor fused397 "$FUSED" --shapes qwen3.5-397b-a17b 8192 20
+doctor new397 "$NEW" --shapes qwen3.5-397b-a17b 8192 20
 
 PLANS=("${DEV_PLANS_PREFILL[@]}")
-for v in "new:$NEW" "fused:$FUSED" "old:$OLD"; do
+for v in "new:$NEW" "old:$OLD"; do
     tag=${v%%:*}; envs=${v#*:}
     [ -n "$NCU" ] || { echo "no ncu"; break; }
     lim=$(( $(left) - 4 )); [ $lim -gt 20 ] && lim=20
@@ -99,7 +94,7 @@ doctor old35 "$OLD" --model-path "synth:qwen3.5-35b-a3b,layers=1" 2048,8192 14
 
 # 4. where the plan kernels' time goes: ncu sections (stall reasons, occupancy) of one launch each,
 #    at the 8192-token step (the 4th launch: warm-up calls of smaller M come first)
-for v in "new:$NEW:mg_plan_(count|place)" "fused:$FUSED:mg_plan_fused"; do
+for v in "new:$NEW:mg_plan_(count|place)"; do
     tag=${v%%:*}; rest=${v#*:}; envs=${rest%%:*}; kre=${rest#*:}
     [ -n "$NCU" ] || break
     lim=$(( $(left) - 4 )); [ $lim -gt 20 ] && lim=20

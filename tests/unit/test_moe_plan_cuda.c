@@ -6,12 +6,11 @@
  *   - the old one-block mg_plan_kernel: the same tile_e, n_tiles, padding rows, and the same rows
  *     of each expert (its order within an expert is its warps' timing: compared sorted);
  *   - the old mg_topk_kernel: idx and wts the same bits (ties, NaN rows, E not a multiple of 32),
- *     for mg_topk2_kernel and its <= 64-register form (LASTSTAND_MG_TOPK=2);
+ *     for mg_topk2_kernel, and mg_topk_kernel against a host fp64 oracle of the routing;
  *   - a whole MoE call (NVFP4 experts, 64/32/16-row tiles, with / without a shared expert, NVFP4
  *     or BF16, skewed routers): y of the new routing memcmp-equal to the old routing's;
  *   - CUDA graph replays of the new plan (its ticket resets itself) on other indices;
- * at M = 1, 63, 100, 3001, 8192, E = 256 top-8, E = 512 top-10 (and E = 1024 top-16 for the plan),
- * (the fused one-launch plan, LASTSTAND_MG_PLAN=3, too)
+ * at M = 1, 63, 100, 3001, 8192, E = 256 top-8, E = 512 top-10 (and E = 1024 top-16 for the plan);
  * routings: random, every token to the same k experts, a few hot experts, all pairs to one expert,
  * out-of-range indices. Timings of old vs new (printed, "moeplan time" lines). Needs a CUDA GPU
  * of cc >= 9.0: every test is skipped without one.
@@ -43,11 +42,6 @@ static dev_info g_dev;
 
 static int have_gpu(void) { return cuda_test_gpu("test_moe_plan_cuda", 9, &g_mem, &g_dev, &g_st); }
 
-/* MOEPLAN_NO_FUSED=1 (the device script's first run): leave out LASTSTAND_MG_PLAN=3 */
-static int fused_on(void) {
-    const char *v = getenv("MOEPLAN_NO_FUSED");
-    return !(v && !strcmp(v, "1"));
-}
 
 static void *dalloc(size_t n) {
     ls_err e = {0};
@@ -189,10 +183,9 @@ static void plan_case(int M, int E, int k, int hs, int bm, int kind) {
     const int rows = plan_ref(idx, M, E, k, hs, bm, rte, rperm, rnt, off);
     int32_t *te = malloc(sizeof(int32_t) * b.tmax), *perm = malloc(sizeof(int32_t) * b.rows), nt[2];
     int bad = 0;
-    const int vs[6] = {1, 2, 3, 1, 3, 0};
-    for (int q = 0; q < 6; q++) {
+    const int vs[4] = {1, 2, 1, 0};
+    for (int q = 0; q < 4; q++) {
         const int v = vs[q];
-        if (v == 3 && !fused_on()) continue;
         run_plan(v, &b, M, E, k, hs, bm, te, perm, nt);
         int ok = nt[0] == rnt[0] && nt[1] == rnt[1] && !memcmp(te, rte, sizeof(int32_t) * b.tmax);
         if (v) {
@@ -304,8 +297,8 @@ static int graph_case(int pv) {
 static void test_plan_graph_replays(void **state) {
     (void)state;
     if (!have_gpu()) skip();
-    const int bad = graph_case(1) + (fused_on() ? graph_case(3) : 0);
-    printf("moeplan %s: plan graph replays (plans 1 and 3, 6 each, other indices each)\n", bad ? "FAIL" : "PASS");
+    const int bad = graph_case(1);
+    printf("moeplan %s: plan graph replays (plan 1, 6, other indices each)\n", bad ? "FAIL" : "PASS");
     assert_int_equal(bad, 0);
 }
 
@@ -393,10 +386,10 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
     for (int i = 0; i < H; i++) w[i] = f32_to_bf16(urand() * 0.1f);
     float *d_lg = dcopy(lg, sizeof(float) * ne);
     void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(w, sizeof(uint16_t) * H);
-    int32_t *d_idx[3], *h_idx[3];
-    float *d_wts[3], *h_wts[3];
+    int32_t *d_idx[2], *h_idx[2];
+    float *d_wts[2], *h_wts[2];
     ls_err e = {0};
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 2; v++) {
         d_idx[v] = dalloc(sizeof(int32_t) * M * k);
         d_wts[v] = dalloc(sizeof(float) * M * (k + 1));
         h_idx[v] = malloc(sizeof(int32_t) * M * k);
@@ -408,9 +401,7 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
         d2h(h_wts[v], d_wts[v], sizeof(float) * M * (k + 1));
     }
     const int ok = !memcmp(h_idx[0], h_idx[1], sizeof(int32_t) * M * k) &&
-                   !memcmp(h_wts[0], h_wts[1], sizeof(float) * M * (k + 1)) &&
-                   !memcmp(h_idx[0], h_idx[2], sizeof(int32_t) * M * k) &&
-                   !memcmp(h_wts[0], h_wts[2], sizeof(float) * M * (k + 1));
+                   !memcmp(h_wts[0], h_wts[1], sizeof(float) * M * (k + 1));
     if (!ok) {
         g_topk_fail++;
         fprintf(stderr, "moeplan FAIL topk M %d H %d E %d k %d norm %d hs %d wsg %d ties %d\n", M, H, E, k, norm, hs,
@@ -423,7 +414,7 @@ static void topk_case(int M, int H, int E, int k, int norm, int hs, int with_wsg
                 rbad, M, H, E, k, norm, hs, with_wsg, ties);
     }
     g_topk_cases++;
-    for (int v = 0; v < 3; v++) {
+    for (int v = 0; v < 2; v++) {
         g_mem->free(d_idx[v]);
         g_mem->free(d_wts[v]);
         free(h_idx[v]);
@@ -472,13 +463,12 @@ static void test_route_timings(void **state) {
         int32_t *idx = malloc(sizeof(int32_t) * M * k);
         make_idx(idx, M, E, k, R_RANDOM);
         h2d(b.d_idx, idx, sizeof(int32_t) * M * k);
-        float us[4] = {0};
-        for (int v = 0; v < 4; v++)
-            if (v < 3 || fused_on())
-                assert_int_equal(
+        float us[3] = {0};
+        for (int v = 0; v < 3; v++)
+            assert_int_equal(
                 cuda_mg_plan_test(v, M, E, k, hs, bm, b.d_idx, b.d_te, b.d_perm, b.d_nt, 50, &us[v], g_st, &e), 0);
-        printf("moeplan time plan M %d E %d k %d: old %.1f us, new %.1f us (PDL), %.1f us (no PDL), fused %.1f us a call, back to back\n",
-               M, E, k, us[0], us[1], us[2], us[3]);
+        printf("moeplan time plan M %d E %d k %d: old %.1f us, new %.1f us (PDL), %.1f us (no PDL) a call, back to back\n",
+               M, E, k, us[0], us[1], us[2]);
         float *lg = malloc(sizeof(float) * M * E);
         for (size_t i = 0; i < (size_t)M * E; i++) lg[i] = urand();
         uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * H);
@@ -486,12 +476,12 @@ static void test_route_timings(void **state) {
         float *d_lg = dcopy(lg, sizeof(float) * M * E);
         void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * H), *d_w = dcopy(x, sizeof(uint16_t) * H);
         float *d_wts = dalloc(sizeof(float) * M * (k + 1));
-        float tu[3];
-        for (int v = 0; v < 3; v++)
+        float tu[2];
+        for (int v = 0; v < 2; v++)
             assert_int_equal(cuda_mg_topk_test(v, M, H, E, k, 1, d_x, d_w, 1, d_lg, b.d_idx, d_wts, 50, &tu[v], g_st, &e),
                              0);
-        printf("moeplan time topk M %d E %d k %d H %d: old %.1f us, new %.1f us, new <= 64 registers (TOPK=2) %.1f us a call, back to back\n",
-               M, E, k, H, tu[0], tu[1], tu[2]);
+        printf("moeplan time topk M %d E %d k %d H %d: old %.1f us, new %.1f us a call, back to back\n",
+               M, E, k, H, tu[0], tu[1]);
         g_mem->free(d_lg);
         g_mem->free(d_x);
         g_mem->free(d_w);
@@ -583,15 +573,10 @@ static void y_case(int M, int E, int k, int sh, int router) {
     uint16_t *x = malloc(sizeof(uint16_t) * (size_t)M * YH);
     for (size_t i = 0; i < (size_t)M * YH; i++) x[i] = f32_to_bf16(urand());
     void *d_x = dcopy(x, sizeof(uint16_t) * (size_t)M * YH), *d_y = dalloc(sizeof(uint16_t) * (size_t)M * YH);
-    uint16_t *y[4];
-    const int force[4][2] = {{0, 0}, {1, 1}, {2, 1}, {3, 1}};
+    uint16_t *y[3];
+    const int force[3][2] = {{0, 0}, {1, 1}, {2, 1}};
     ls_err e = {0};
-    for (int v = 0; v < 4; v++) {
-        if (v == 3 && !fused_on()) { /* compared with itself below: the old routing's copy */
-            y[3] = malloc(sizeof(uint16_t) * (size_t)M * YH);
-            memcpy(y[3], y[0], sizeof(uint16_t) * (size_t)M * YH);
-            continue;
-        }
+    for (int v = 0; v < 3; v++) {
         cuda_mg_route_force(force[v][0], force[v][1]);
         moe_args a = {.M = M, .x = d_x, .y = d_y, .w = &w, .dt = ACT_BF16};
         int rc = moe_cuda_grouped_gemm.run(&a, g_st, &e);
@@ -605,15 +590,14 @@ static void y_case(int M, int E, int k, int sh, int router) {
     int finite = 0;
     for (size_t i = 0; i < (size_t)M * YH; i++) finite += isfinite(bf16_to_f32(y[0][i])) && y[0][i] != 0;
     const int ok = !memcmp(y[0], y[1], sizeof(uint16_t) * (size_t)M * YH) &&
-                   !memcmp(y[0], y[2], sizeof(uint16_t) * (size_t)M * YH) &&
-                   !memcmp(y[0], y[3], sizeof(uint16_t) * (size_t)M * YH) && finite > (M * YH) / 2;
+                   !memcmp(y[0], y[2], sizeof(uint16_t) * (size_t)M * YH) && finite > (M * YH) / 2;
     if (!ok) {
         g_y_fail++;
         fprintf(stderr, "moeplan FAIL y M %d E %d k %d shared %d router %d (finite nonzero %d of %d)\n", M, E, k, sh,
                 router, finite, M * YH);
     }
     g_y_cases++;
-    for (int v = 0; v < 4; v++) free(y[v]);
+    for (int v = 0; v < 3; v++) free(y[v]);
     g_mem->free(d_x);
     g_mem->free(d_y);
     g_mem->free(d_rw);

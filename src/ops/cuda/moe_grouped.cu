@@ -525,15 +525,16 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   doctor's fp64 check passed at M = 1024, 2048, 8192, the 35B
  *                                   MoE call 983 -> 812 µs at M = 2048, 2.955 -> 2.441 ms at
  *                                   8192), or by mg_gemm_kernel (0)
- *   LASTSTAND_MG_PLAN=0|1|2|3       off the mid path (S12): the plan by mg_plan_count_kernel +
+ *   LASTSTAND_MG_PLAN=0|1|2         off the mid path (S12): the plan by mg_plan_count_kernel +
  *                                   mg_plan_place_kernel, the place launch with PDL (1, default)
- *                                   or without (2), by mg_plan_fused_kernel (3: one launch, a
- *                                   grid barrier; 1 where its blocks outnumber the SMs), or by
- *                                   the one-block mg_plan_kernel (0); the
- *                                   same tiles, rows per expert in a fixed order, the same y
- *   LASTSTAND_MG_TOPK=0|1|2         off the mid path (S12): the top-k by mg_topk2_kernel (1,
- *                                   default; 2: at most 64 registers, 4 x-chunks a batch, at
- *                                   E <= 256) or mg_topk_kernel (0); the same bits */
+ *                                   or without (2), or by the one-block mg_plan_kernel (0); the
+ *                                   same tiles, rows per expert in a fixed order, the same y (3,
+ *                                   a one-launch plan with a grid barrier, 19 vs 25 us a layer
+ *                                   at 8192 tokens, was deleted in S13: 0.2% of the 8k TTFT
+ *                                   for a spin barrier; last at 5b67803)
+ *   LASTSTAND_MG_TOPK=0|1           off the mid path (S12): the top-k by mg_topk2_kernel (1,
+ *                                   default) or mg_topk_kernel (0); the same bits (2, a
+ *                                   <= 64-register form never measured faster, deleted in S13) */
 typedef struct mg_knobs {
     int place;   /* 0 perm, 1 place, 2 place3 */
     int place32; /* place at BM = 32 too */
@@ -552,9 +553,8 @@ typedef struct mg_knobs {
     int mid4k;   /* with mid: gate/up at H = 4096 with one barrier at 2 blocks an SM, the mid path
                     at H = 4096 up to M·k = 4E */
     int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
-                    place launch by PDL (default), 2 the same without PDL, 3 mg_plan_fused_kernel */
-    int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits),
-                    2 its <= 64-register form at E <= 256 */
+                    place launch by PDL (default), 2 the same without PDL */
+    int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits) */
 } mg_knobs;
 
 /* tests/unit/test_moe_plan_cuda.c's override of plan and topk (-1: the knobs) */
@@ -588,9 +588,9 @@ static mg_knobs mg_knobs_get(void) {
         v = getenv("LASTSTAND_MG_ROUTER_PDL");
         n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         v = getenv("LASTSTAND_MG_PLAN");
-        n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2") || !strcmp(v, "3")) ? atoi(v) : 1;
+        n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
         v = getenv("LASTSTAND_MG_TOPK");
-        n.topk = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
+        n.topk = v && !strcmp(v, "0") ? 0 : 1;
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }

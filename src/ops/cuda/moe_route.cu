@@ -1,8 +1,7 @@
 /* moe_route.cu: cuda_grouped_gemm's routing, launches 2 and 3 of the call that moe_grouped.cu's
  * header describes: the top-k kernels (mg_topk_kernel, mg_topk2_kernel, the mid path's
  * mg_topk_block_kernel) -> idx [M, k], wts [M, k + 1], and the plan kernels (the one-block
- * mg_plan_kernel, the multi-block mg_plan_count_kernel + mg_plan_place_kernel, the one-launch
- * mg_plan_fused_kernel) -> the tile table tile_e, the row permutation perm and the tile counts nt;
+ * mg_plan_kernel, the multi-block mg_plan_count_kernel + mg_plan_place_kernel) -> the tile table tile_e, the row permutation perm and the tile counts nt;
  * their launchers (moe_grouped_int.cuh) and the test hooks of moe_grouped_test.h
  * (tests/unit/test_moe_plan_cuda.c). No state of its own: the buffers come from moe_grouped.cu's
  * per-device workspace (mg_ws), the variant choice from its knobs (mg_knobs: plan, topk).
@@ -309,40 +308,6 @@ __device__ __forceinline__ int mgp_expert(const int32_t *__restrict__ idx, int i
     return (unsigned)v < (unsigned)E ? v : 0;
 }
 
-/* The block's exclusive scan of the counts c[0..S) padded to multiples of bm (MGP_THREADS
- * threads; thread tid owns slots tid·P .. tid·P + P - 1): out(sl, start) for every slot in
- * order; returns the end of the last slot on thread MGP_THREADS - 1 (every row). s_wsum:
- * MGP_WARPS ints of shared memory. Ends with the threads past a barrier. */
-template <typename F>
-__device__ __forceinline__ int mgp_padded_scan(const int *c, int S, int bm, int *s_wsum, F out) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
-    int loc = 0;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) loc += (c[sl] + bm - 1) / bm * bm;
-    }
-    int incl = loc;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
-    }
-    if (lane == 31) s_wsum[warp] = incl;
-    __syncthreads();
-    int wbase = 0;
-    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
-    int run = wbase + incl - loc;
-    for (int q = 0; q < P; q++) {
-        const int sl = tid * P + q;
-        if (sl < S) {
-            out(sl, run);
-            run += (c[sl] + bm - 1) / bm * bm;
-        }
-    }
-    return run;
-}
-
 __global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E, int k, int has_shared, int bm,
                                                                     const int32_t *__restrict__ idx,
                                                                     int32_t *__restrict__ hist,
@@ -394,11 +359,32 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_count_kernel(int M, int E
     }
     if (has_shared && tid == 0) s_h[E] = M;
     __syncthreads();
-    /* exclusive scan of the padded counts */
-    const int run = mgp_padded_scan(s_h, S, bm, s_wsum, [&](int sl, int start) {
-        off[sl] = start;
-        cnt[sl] = s_h[sl];
-    });
+    /* exclusive scan of the padded counts: thread tid owns slots tid·P .. tid·P + P - 1 */
+    const int P = (S + MGP_THREADS - 1) / MGP_THREADS;
+    int loc = 0;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) loc += (s_h[sl] + bm - 1) / bm * bm;
+    }
+    int incl = loc;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+    }
+    if (lane == 31) s_wsum[warp] = incl;
+    __syncthreads();
+    int wbase = 0;
+    for (int w = 0; w < warp; w++) wbase += s_wsum[w];
+    int run = wbase + incl - loc;
+    for (int q = 0; q < P; q++) {
+        const int sl = tid * P + q;
+        if (sl < S) {
+            off[sl] = run;
+            cnt[sl] = s_h[sl];
+            run += (s_h[sl] + bm - 1) / bm * bm;
+        }
+    }
     if (tid == MGP_THREADS - 1) off[S] = run; /* all rows: the last thread's inclusive sum */
     if (tid == 0) *ticket = 0u; /* every block has counted itself; none reads it again */
 }
@@ -486,150 +472,6 @@ __global__ void __launch_bounds__(MGP_THREADS) mg_plan_place_kernel(int M, int E
     }
 }
 
-/* The plan in one launch (LASTSTAND_MG_PLAN=3, opt-in until measured): the same outputs as
- * mg_plan_count_kernel + mg_plan_place_kernel (the same stable order), with G = ceil(M·k /
- * MGQ_CHUNK) blocks that are all resident at once (the host launches it only when G <= the SM
- * count, one block of 44 KB a slot: nothing of this stream runs beside it, so every block gets
- * an SM; other streams' work ends and frees its SMs), meeting at one grid barrier (a counter and
- * a generation word in MG_TICKET: the last block to arrive resets the counter and bumps the
- * generation, the others spin on it with acquire loads; self-resetting for graph replays):
- *   before: each block's warp histograms of its pairs (kept in registers: expert, match mask),
- *           the block's histogram to hist[b][e]
- *   after:  every block reads all G rows (L2), makes its own pre[b][e], the totals and the
- *           padded offsets (the same scan in every block), seeds its warps, places its pairs,
- *           and its share of tile_e / padding / the shared expert's rows / n_tiles.
- * One launch instead of two and no second pass over idx. */
-enum { MGQ_ROUNDS = 8, MGQ_PER_WARP = 32 * MGQ_ROUNDS, MGQ_CHUNK = MGP_WARPS * MGQ_PER_WARP };
-
-__device__ __forceinline__ unsigned mgq_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void mgq_st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-__global__ void __launch_bounds__(MGP_THREADS) mg_plan_fused_kernel(int M, int E, int k, int has_shared, int bm,
-                                                                    const int32_t *__restrict__ idx,
-                                                                    int32_t *__restrict__ hist,
-                                                                    unsigned *__restrict__ bar,
-                                                                    int32_t *__restrict__ tile_e,
-                                                                    int32_t *__restrict__ perm,
-                                                                    int32_t *__restrict__ n_tiles) {
-    __shared__ int s_w[MGP_WARPS][MG_MAXE];
-    __shared__ int s_off[MG_MAXE + 2];
-    __shared__ int s_cnt[MG_MAXE + 1];
-    __shared__ int s_pre[MG_MAXE];
-    __shared__ int s_wsum[MGP_WARPS];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x, b = blockIdx.x;
-    const int Mk = M * k, S = E + (has_shared ? 1 : 0);
-    /* the barrier's generation as this launch found it: only this launch's last block changes it
-     * (the previous launch's change completed before this one began), so it is read here, beside
-     * the idx loads, not on the barrier's path */
-    const unsigned g0 = tid == 0 ? mgq_ld_acquire(bar + 1) : 0u;
-    for (int e = lane; e < E; e += 32) s_w[warp][e] = 0;
-    __syncwarp();
-    const int i0 = b * MGQ_CHUNK + warp * MGQ_PER_WARP + lane;
-    int ex[MGQ_ROUNDS];
-    unsigned mk[MGQ_ROUNDS];
-#pragma unroll
-    for (int r = 0; r < MGQ_ROUNDS; r++) ex[r] = mgp_expert(idx, i0 + 32 * r, Mk, E);
-#pragma unroll
-    for (int r = 0; r < MGQ_ROUNDS; r++) {
-        mk[r] = __match_any_sync(0xffffffffu, ex[r]);
-        if (ex[r] >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][ex[r]] += __popc(mk[r]);
-        __syncwarp();
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += MGP_THREADS) {
-        int t = 0;
-#pragma unroll
-        for (int w = 0; w < MGP_WARPS; w++) t += s_w[w][e];
-        hist[(size_t)b * E + e] = t;
-    }
-    __threadfence(); /* this thread's histogram entries visible before the arrival */
-    __syncthreads();
-    if (tid == 0) {
-        if (atomicAdd(bar, 1u) == (unsigned)G - 1) {
-            bar[0] = 0u; /* every block has arrived; the next launch counts from 0 */
-            __threadfence();
-            mgq_st_release(bar + 1, g0 + 1u);
-        } else {
-            unsigned polls = 0;
-            while (mgq_ld_acquire(bar + 1) == g0) {
-                __nanosleep(32);
-                if (++polls > (1u << 26)) __trap(); /* seconds: a broken launch, not a hang */
-            }
-        }
-    }
-    __syncthreads();
-    __threadfence();
-    /* every block: its prefix and the totals per expert, MGP_LDB loads in flight (L2: __ldcg) */
-    for (int e = tid; e < E; e += MGP_THREADS) {
-        int run = 0, mine = 0;
-        for (int b0 = 0; b0 < G; b0 += MGP_LDB) {
-            int h[MGP_LDB];
-#pragma unroll
-            for (int q = 0; q < MGP_LDB; q++) h[q] = b0 + q < G ? __ldcg(hist + (size_t)(b0 + q) * E + e) : 0;
-#pragma unroll
-            for (int q = 0; q < MGP_LDB; q++) {
-                if (b0 + q == b) mine = run;
-                run += h[q];
-            }
-        }
-        s_cnt[e] = run;
-        s_pre[e] = mine;
-    }
-    if (has_shared && tid == 0) s_cnt[E] = M;
-    __syncthreads();
-    /* exclusive scan of the padded counts (as mg_plan_count_kernel's last block) */
-    const int run = mgp_padded_scan(s_cnt, S, bm, s_wsum, [&](int sl, int start) { s_off[sl] = start; });
-    if (tid == MGP_THREADS - 1) s_off[S] = run;
-    __syncthreads();
-    for (int e = tid; e < E; e += MGP_THREADS) {
-        int rr = s_off[e] + s_pre[e];
-#pragma unroll
-        for (int w = 0; w < MGP_WARPS; w++) {
-            const int t = s_w[w][e];
-            s_w[w][e] = rr;
-            rr += t;
-        }
-    }
-    __syncthreads();
-    const unsigned lt = (1u << lane) - 1u;
-#pragma unroll
-    for (int r = 0; r < MGQ_ROUNDS; r++) {
-        const int e = ex[r];
-        if (e >= 0) {
-            const int i = i0 + 32 * r;
-            perm[s_w[warp][e] + __popc(mk[r] & lt)] = i + i / k; /* m·(k+1) + j */
-        }
-        __syncwarp();
-        if (e >= 0 && lane == __ffs(mk[r]) - 1) s_w[warp][e] += __popc(mk[r]);
-        __syncwarp();
-    }
-    const int gt = b * MGP_THREADS + tid, gs = G * MGP_THREADS, total = s_off[S];
-    for (int t = gt; t < total / bm; t += gs) {
-        const int r0 = t * bm;
-        int lo = 0, hi = S - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (s_off[mid] <= r0) lo = mid;
-            else hi = mid - 1;
-        }
-        tile_e[t] = lo;
-    }
-    for (int sl = gt; sl < S; sl += gs)
-        for (int r = s_off[sl] + s_cnt[sl]; r < s_off[sl + 1]; r++) perm[r] = -1;
-    if (has_shared)
-        for (int m = gt; m < M; m += gs) perm[s_off[E] + m] = m * (k + 1) + k;
-    if (gt == 0) {
-        n_tiles[0] = total / bm;
-        n_tiles[1] = s_off[E] / bm;
-    }
-}
-
 /* ---- launchers ------------------------------------------------------------------ */
 
 /* The top-k launch off the mid path: mg_topk2_kernel at NV = ceil(E/32) (topk), else mg_topk_kernel. */
@@ -638,8 +480,6 @@ cudaError_t mg_topk_launch(int topk, int M, int H, int E, int k, int norm, const
     const dim3 grid((unsigned)((M + 3) / 4)), blk(128);
     if (!topk)
         mg_topk_kernel<<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
-    else if (topk == 2 && E <= 256) /* opt-in: 4 chunks a batch, <= 64 registers (8 blocks an SM) */
-        mg_topk2_kernel<8, 4, 8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
     else if (E <= 256)
         mg_topk2_kernel<8><<<grid, blk, 0, st>>>(M, H, E, k, norm, x, wsg, hs, logits, idx, wts);
     else if (E <= 512)
@@ -657,9 +497,8 @@ cudaError_t mg_topk_block_launch(int pdl, int M, int H, int E, int k, int norm, 
 }
 
 /* The plan: plan 0 mg_plan_kernel (launched with PDL when pdl: the mid path), 1 / 2 the multi-block
- * plan (its place launch with / without PDL), 3 mg_plan_fused_kernel (1 where its blocks would
- * outnumber the SMs); their buffers from ws (MG_PLANB; MG_TICKET: word 0 count's ticket, words 1-2
- * the fused kernel's barrier). */
+ * plan (its place launch with / without PDL); their buffers from ws (MG_PLANB; MG_TICKET: word 0
+ * count's ticket). */
 int mg_plan_launch(mg_ws *ws, int plan, int pdl, int M, int E, int k, int hs, int bm, const int32_t *idx,
                    int32_t *tile_e, int32_t *perm, int32_t *nt, cudaStream_t st, ls_err *e) {
     if (!plan) {
@@ -668,21 +507,6 @@ int mg_plan_launch(mg_ws *ws, int plan, int pdl, int M, int E, int k, int hs, in
         return 0;
     }
     const int S = E + hs;
-    if (plan == 3) { /* one launch with a grid barrier, when its blocks fit one per SM */
-        const int Gq = (int)(((size_t)M * k + MGQ_CHUNK - 1) / MGQ_CHUNK);
-        int dev = 0, nsm = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && Gq <= nsm) {
-            int32_t *hist = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (size_t)Gq * E, st, e);
-            unsigned *bar = (unsigned *)cu_ws_get(&ws->ws, MG_TICKET, 64, 1, st, "cuda_grouped_gemm", e);
-            if (!hist || !bar) return e->code ? e->code : ERR_NOMEM;
-            mg_plan_fused_kernel<<<Gq, MGP_THREADS, 0, st>>>(M, E, k, hs, bm, idx, hist, bar + 1, tile_e, perm, nt);
-            CU_LAUNCHED(e, "cuda_grouped_gemm plan");
-            return 0;
-        }
-        (void)cudaGetLastError();
-        plan = 1;
-    }
     const int G = (int)(((size_t)M * k + MGP_CHUNK - 1) / MGP_CHUNK);
     const size_t ge = (size_t)G * E;
     int32_t *pb = (int32_t *)mg_get(ws, MG_PLANB, sizeof(int32_t) * (2 * ge + 2 * (size_t)S + 1), st, e);

@@ -2,7 +2,9 @@
  *
  * Owns: the log level. Everything else here is stateless.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "base.h"
 
 #include <errno.h>
@@ -35,7 +37,10 @@ int err_prefix(ls_err *e, const char *fmt, ...) {
     vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
     memcpy(old, e->msg, sizeof old);
-    snprintf(e->msg, sizeof e->msg, "%s: %s", pre, old);
+    /* Truncation is intended: the old message keeps what fits after "pre: " (pre < 512 chars,
+     * so at least 510 of it). The precision makes that explicit; the output is unchanged. */
+    int room = (int)(sizeof e->msg - 1 - strlen(pre) - 2);
+    snprintf(e->msg, sizeof e->msg, "%s: %.*s", pre, room, old);
     return e->code;
 }
 

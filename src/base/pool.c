@@ -4,7 +4,9 @@
  * Invariants: one pool_for runs at a time (a mutex serialises callers from
  * different threads); a pool_for issued from inside a worker runs inline.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "base.h"
 
 #include <pthread.h>

@@ -9,7 +9,8 @@
 
 typedef struct td_res {
     const char *status; /* ok | wrong | unsupported | crash | unverified */
-    char detail[512];
+    char detail[512];   /* e.msg (1024) is copied in with a precision (e.g. "timing: %.503s")
+                         * so the line fits in 511 chars: the truncation is intended */
     double ms, bytes, flops, rel, max;
     const char *ref;    /* what the output was compared with */
 } td_res;

@@ -159,17 +159,17 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     if (!rc && fp4) rc = td_put(j.sc[0], hs, j.sbytes, &e);
     if (!rc) rc = td_put_act(j.x[0], hx, (size_t)M * K, &e);
     if (!rc) rc = td_poison(j.y[0], j.ybytes, &e);
-    if (rc) { snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg); goto done; }
+    if (rc) { snprintf(r->detail, sizeof r->detail, "set-up: %.503s", e.msg); goto done; }
 
     rc = gjob_call(&j, 0, &e);
     if (!rc) rc = td_sync(&e);
     if (rc) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "%s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "%.511s", e.msg);
         goto done;
     }
     if ((rc = td_get_act(hy, j.y[0], (size_t)M * N, &e))) {
-        snprintf(r->detail, sizeof r->detail, "read back: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "read back: %.500s", e.msg);
         goto done;
     }
 
@@ -195,7 +195,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
         if (!rc) rc = td_get_act(ref, yr, (size_t)M * N, &e);
         td_free(yr);
         if (rc) {
-            snprintf(r->detail, sizeof r->detail, "GPU reference failed: %s", e.msg);
+            snprintf(r->detail, sizeof r->detail, "GPU reference failed: %.489s", e.msg);
             goto done;
         }
         r->ref = "cuda_ref";
@@ -232,7 +232,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     if (!rc) rc = td_time(gjob_call, &j, j.nsets, &r->ms, &e);
     if (rc) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "timing: %.503s", e.msg);
     }
 done:
     gjob_free(&j);

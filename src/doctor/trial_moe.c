@@ -216,7 +216,7 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
         }
         if (!built) {
             if (mk_layer(&L, s, &rng, &e)) {
-                snprintf(r.detail, sizeof r.detail, "set-up: %s", e.msg);
+                snprintf(r.detail, sizeof r.detail, "set-up: %.503s", e.msg);
                 td_result(job, &r);
                 return 1;
             }
@@ -243,18 +243,18 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
         } /* hx ends as set 0's tokens */
         if (!rc) rc = td_poison(ms.y[0], xb, &e);
         if (rc) {
-            snprintf(r.detail, sizeof r.detail, "set-up: %s", e.msg);
+            snprintf(r.detail, sizeof r.detail, "set-up: %.503s", e.msg);
             goto next;
         }
         rc = moe_call(&ms, 0, &e);
         if (!rc) rc = td_sync(&e);
         if (rc) {
             r.status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-            snprintf(r.detail, sizeof r.detail, "%s", e.msg);
+            snprintf(r.detail, sizeof r.detail, "%.511s", e.msg);
             goto next;
         }
         if ((rc = td_get_act(hy, ms.y[0], (size_t)M * H, &e))) {
-            snprintf(r.detail, sizeof r.detail, "read back: %s", e.msg);
+            snprintf(r.detail, sizeof r.detail, "read back: %.500s", e.msg);
             goto next;
         }
         {
@@ -274,7 +274,7 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
         {
             moe_args a = {.M = ns, .x = xsub, .y = ref, .w = &L.host, .dt = ACT_F32};
             if ((rc = moe_cpu_ref.run(&a, NULL, &e))) {
-                snprintf(r.detail, sizeof r.detail, "CPU reference: %s", e.msg);
+                snprintf(r.detail, sizeof r.detail, "CPU reference: %.496s", e.msg);
                 goto next;
             }
         }
@@ -287,7 +287,7 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
         r.status = "ok";
         if ((rc = td_time(moe_call, &ms, td_dev()->kind == DEV_CPU ? 1 : MOE_SETS, &r.ms, &e))) {
             r.status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-            snprintf(r.detail, sizeof r.detail, "timing: %s", e.msg);
+            snprintf(r.detail, sizeof r.detail, "timing: %.503s", e.msg);
         }
     next:
         for (int q = 0; q < MOE_SETS; q++) {

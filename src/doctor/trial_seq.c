@@ -190,7 +190,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         dev_seqs = dseq;
     }
     if (rc) {
-        snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "set-up: %.503s", e.msg);
         goto done;
     }
     kv_layer kv = {.k = dk, .v = dv, .n_pages = total_pages, .page_size = PAGE, .dt = td_act()};
@@ -202,11 +202,11 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     if (!rc) rc = td_sync(&e);
     if (rc) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "%s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "%.511s", e.msg);
         goto done;
     }
     if ((rc = td_get_act(hy, dy, qn, &e))) {
-        snprintf(r->detail, sizeof r->detail, "read back: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "read back: %.500s", e.msg);
         goto done;
     }
     if (!nan_check(hy, M, (size_t)nh * hd, M, r)) goto done;
@@ -235,7 +235,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         rc = attn_cpu_ref.run(&ra, NULL, &e);
         int ok = !rc && td_check(yy, ry, nsamp, (size_t)nh * hd, NULL, 1e-2, 2e-2, M, r->detail, sizeof r->detail,
                                  &r->rel, &r->max);
-        if (rc) snprintf(r->detail, sizeof r->detail, "CPU reference: %s", e.msg);
+        if (rc) snprintf(r->detail, sizeof r->detail, "CPU reference: %.496s", e.msg);
         free(rs); free(rq); free(rg); free(ry); free(yy);
         if (!ok) {
             r->status = rc ? "crash" : "wrong";
@@ -246,7 +246,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     r->status = "ok";
     if ((rc = td_time(attn_call_fn, &call, 1, &r->ms, &e))) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "timing: %.503s", e.msg);
     }
 done:
     td_free(dq); td_free(dg); td_free(dk); td_free(dv); td_free(dy); td_free(dpg); td_free(dseq);
@@ -363,7 +363,7 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         dev_seqs = dseq;
     }
     if (rc) {
-        snprintf(r->detail, sizeof r->detail, "set-up: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "set-up: %.503s", e.msg);
         goto done;
     }
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
@@ -375,11 +375,11 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     if (!rc) rc = td_sync(&e);
     if (rc) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "%s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "%.511s", e.msg);
         goto done;
     }
     if ((rc = td_get_act(hy, dy, outn, &e))) {
-        snprintf(r->detail, sizeof r->detail, "read back: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "read back: %.500s", e.msg);
         goto done;
     }
     if (!nan_check(hy, M, (size_t)nv * dv, M, r)) goto done;
@@ -433,7 +433,7 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
                 ok = 0;
             }
         }
-        if (rc2) snprintf(r->detail, sizeof r->detail, "CPU reference: %s", e.msg);
+        if (rc2) snprintf(r->detail, sizeof r->detail, "CPU reference: %.496s", e.msg);
         free(conv1); free(rec1); free(sub); free(sq); free(sa); free(sb); free(sy); free(yy); free(c0); free(r0s);
         if (!ok) {
             r->status = rc2 ? "crash" : "wrong";
@@ -444,7 +444,7 @@ static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     r->status = "ok";
     if ((rc = td_time(gdn_call_fn, &call, 1, &r->ms, &e))) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";
-        snprintf(r->detail, sizeof r->detail, "timing: %s", e.msg);
+        snprintf(r->detail, sizeof r->detail, "timing: %.503s", e.msg);
     }
 done:
     td_free(dcw); td_free(dal); td_free(ddt); td_free(dconv); td_free(drec);

@@ -228,7 +228,7 @@ static int parse_text(model_config *c, const jctx *j, json_t *t) {
     TRY(get_int(j, t, "hidden_size", REQUIRED, 1, 1 << 20, &c->hidden));
     TRY(get_int(j, t, "num_hidden_layers", REQUIRED, 1, CFG_MAX_LAYERS, &c->n_layers));
     TRY(get_int(j, t, "vocab_size", REQUIRED, 1, 1 << 28, &c->vocab));
-    double eps;
+    double eps = 0;
     TRY(get_num(j, t, "rms_norm_eps", 1e-6, 1e-30, 1.0, &eps));
     c->rms_eps = (float)eps;
     TRY(get_int(j, t, "max_position_embeddings", 32768, 1, 1 << 30, &c->max_pos));

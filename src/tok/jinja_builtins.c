@@ -597,7 +597,7 @@ static int m_startswith(jctx *c, jval self, jargs *a, jval *o) { return affix_co
 static int m_endswith(jctx *c, jval self, jargs *a, jval *o) { return affix_common(c, self, a, o, true, "endswith"); }
 static int split_common(jctx *c, jval self, jargs *a, jval *o, bool right) {
     jval sep = arg_or(a, 0, "sep", jv_none()), mx = arg_or(a, 1, "maxsplit", jv_int(-1));
-    int64_t m;
+    int64_t m = 0;
     if (need_int(c, mx, "maxsplit", &m)) return ERR_INVAL;
     return str_split(c, self, sep, m, right, o);
 }
@@ -674,7 +674,7 @@ static int m_join(jctx *c, jval self, jargs *a, jval *o) {
 }
 static int pad_common(jctx *c, jval self, jargs *a, jval *o, char align) {
     jval w, fc = arg_or(a, 1, NULL, jv_strz(" "));
-    int64_t width;
+    int64_t width = 0;
     if (!jargs_get(a, 0, NULL, &w) || need_int(c, w, "width", &width)) return jfail(c, "expected a width");
     if (need_str(c, fc, "fillchar") || u8_len(fc.s.p, fc.s.n) != 1)
         return jfail(c, "The fill character must be exactly one character long");
@@ -694,7 +694,7 @@ static int m_ljust(jctx *c, jval self, jargs *a, jval *o) { return pad_common(c,
 static int m_rjust(jctx *c, jval self, jargs *a, jval *o) { return pad_common(c, self, a, o, '>'); }
 static int m_zfill(jctx *c, jval self, jargs *a, jval *o) {
     jval w;
-    int64_t width;
+    int64_t width = 0;
     if (!jargs_get(a, 0, NULL, &w) || need_int(c, w, "width", &width)) return jfail(c, "zfill() expects a width");
     int64_t n = u8_len(self.s.p, self.s.n);
     if (width <= n) { *o = self; return 0; }
@@ -878,7 +878,7 @@ int jinja_method(jctx *c, jval obj, const char *name, jval *out) {
 
 /* ==== globals =============================================================================== */
 static int g_range(jctx *c, jval self, jargs *a, jval *o) {
-    int64_t start = 0, stop, step = 1;
+    int64_t start = 0, stop = 0, step = 1;
     if (a->nkw) return jfail(c, "range() takes no keyword arguments");
     if (a->npos == 1) { if (need_int(c, a->pos[0], "range", &stop)) return ERR_INVAL; }
     else if (a->npos == 2 || a->npos == 3) {
@@ -1045,7 +1045,7 @@ static int modulo(jctx *c, jval v, jval d, double *m) {
 }
 static int str_mod_test(jctx *c, jval v, jval d, bool *r);
 static int t_divisibleby(jctx *c, jval v, jargs *a, bool *r) {
-    double m;
+    double m = 0;
     if (v.t == JT_STR) return str_mod_test(c, v, arg0(a), r);
     if (modulo(c, v, arg0(a), &m)) return ERR_INVAL;
     *r = m == 0;
@@ -1061,14 +1061,14 @@ static int str_mod_test(jctx *c, jval v, jval d, bool *r) {
     return jv_pyformat(c, v, &fa, d.t == JT_DICT || (d.t == JT_LIST && !d.l->tuple), &ignored);
 }
 static int t_even(jctx *c, jval v, jargs *a, bool *r) {
-    double m;
+    double m = 0;
     if (v.t == JT_STR) return str_mod_test(c, v, jv_int(2), r);
     if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL;
     *r = m == 0;
     return 0;
 }
 static int t_odd(jctx *c, jval v, jargs *a, bool *r) {
-    double m;
+    double m = 0;
     if (v.t == JT_STR) return str_mod_test(c, v, jv_int(2), r);
     if (modulo(c, v, jv_int(2), &m)) return ERR_INVAL;
     *r = m == 1; /* `value % 2 == 1`: 2.5 is neither odd nor even */

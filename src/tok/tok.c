@@ -68,9 +68,9 @@ static char *dupn(const char *s, size_t n) {
  * content -> b. Nothing is left allocated on failure. */
 static int load_replace(loadctx *c, json_t *j, const char *path, char **a, size_t *alen, char **b,
                         size_t *blen, pcre2_code **re) {
-    const char *ps;
-    size_t pn;
-    bool is_re;
+    const char *ps = NULL;
+    size_t pn = 0;
+    bool is_re = false;
     char sub[256];
     snprintf(sub, sizeof sub, "%s.pattern", path);
     int rc = jpattern(c, json_object_get(j, "pattern"), sub, &ps, &pn, &is_re);
@@ -181,9 +181,9 @@ static int load_pre(tokenizer *t, loadctx *c, json_t *j, const char *path) {
     }
     tok_pre_step st = {0};
     if (!strcmp(ty, "Split")) {
-        const char *ps;
-        size_t pn;
-        bool is_re;
+        const char *ps = NULL;
+        size_t pn = 0;
+        bool is_re = false;
         snprintf(sub, sizeof sub, "%s.pattern", path);
         int rc = jpattern(c, json_object_get(j, "pattern"), sub, &ps, &pn, &is_re);
         if (rc) return rc;

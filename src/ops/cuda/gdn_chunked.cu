@@ -1352,7 +1352,7 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
     if (w->dk == 128 && w->dv == 128)
         while (nvs < 4 && (long)busy * w->nv * nvs * 2 <= ws->n_sm) nvs *= 2;
     const int wy = gc_wy_mode();
-    if (w->dk == 128 && w->dv == 128 && n_chunks <= 65535 && wy && longest > (wy == 1 ? GC_CHUNK : GC_WY_MIN)) {
+    if (w->dk == 128 && w->dv == 128 && n_chunks <= 65535 && wy && longest > (wy == 1 ? (int)GC_CHUNK : (int)GC_WY_MIN)) {
         /* the WY record: −W [64][128] + P [64][64] in gc_op, U [64][128] + γ [64] in fp32 */
         const size_t rb = (size_t)GC_CHUNK * 128 * sizeof(gc_op) + (size_t)GC_CHUNK * GC_CHUNK * sizeof(gc_op) +
                           (size_t)GC_CHUNK * 128 * 4 + (size_t)GC_CHUNK * 4;

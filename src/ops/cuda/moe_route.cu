@@ -96,16 +96,8 @@ __global__ void __launch_bounds__(128) mg_topk_kernel(int M, int H, int E, int k
     if (has_shared && wsg) {
         const bf16 *xm = x + (size_t)m * H;
         float s = 0.f;
-        for (int c = lane * 8; c < H; c += 256) {
-            uint4 va = *reinterpret_cast<const uint4 *>(xm + c), vb = *reinterpret_cast<const uint4 *>(wsg + c);
-            const uint32_t xa[4] = {va.x, va.y, va.z, va.w}, xb[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float2 a = bf2_to_f2(xa[q]), b = bf2_to_f2(xb[q]);
-                s = fmaf(a.x, b.x, s);
-                s = fmaf(a.y, b.y, s);
-            }
-        }
+        for (int c = lane * 8; c < H; c += 256)
+            s = dot_bf16x8(*reinterpret_cast<const uint4 *>(xm + c), *reinterpret_cast<const uint4 *>(wsg + c), s);
         s = warp_sum(s);
         sg = 1.f / (1.f + expf(-s));
     }
@@ -161,13 +153,7 @@ __global__ void __launch_bounds__(128, MINB) mg_topk2_kernel(int M, int H, int E
 #pragma unroll
             for (int b = 0; b < TB; b++) {
                 if (c0 + 256 * b >= H) break; /* no extra fmaf: the old kernel's sequence exactly */
-                const uint32_t xa[4] = {va[b].x, va[b].y, va[b].z, va[b].w}, xb[4] = {vb[b].x, vb[b].y, vb[b].z, vb[b].w};
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float2 a = bf2_to_f2(xa[q]), bb = bf2_to_f2(xb[q]);
-                    s = fmaf(a.x, bb.x, s);
-                    s = fmaf(a.y, bb.y, s);
-                }
+                s = dot_bf16x8(va[b], vb[b], s);
             }
         }
         s = warp_sum(s);

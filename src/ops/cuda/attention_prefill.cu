@@ -32,7 +32,8 @@
  * Split-K, two plans (fp_plan_mode). Decode calls (one new token per
  * sequence) and every device-planned call (CUDA graph capture) take the row
  * plan: a tile's keys are cut into contiguous chunks whose length depends only
- * on the tile's own context (FP_CHUNK_KEYS keys, longer past FP_MAX_SPLIT
+ * on the tile's own context (FP_CHUNK_KEYS keys, shorter for a short context
+ * so that it still makes up to FP_SHORT_SPLIT chunks, longer past FP_MAX_SPLIT
  * chunks), chunk z -> block z, partials (row max, row sum, unnormalised O,
  * fp32) to slot z and fp_merge_rows_kernel folds the row's chunks in order:
  * a row's rounding does not depend on the batch, the grid or the planning,
@@ -72,13 +73,23 @@ enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
  * replay; R1: at 16, the doctor's mixed M = 8 batches of 1..4-token sequences took 34 µs against
  * the round plan's 28) and every device planned call. */
 enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 1 };
+/* A short context's chunks: up to FP_SHORT_SPLIT of them, shorter than FP_CHUNK_KEYS (down to one
+ * key tile), so that a decode row of a few hundred keys still spreads over ~16 blocks a kv head
+ * (LASTSTAND_FP_SHORT = N: up to N, 0: chunks of FP_CHUNK_KEYS keys whatever the context). */
+enum { FP_SHORT_SPLIT = 16 };
 
 /* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles: c0 (the chunk's key
- * tiles, FP_CHUNK_KEYS / BN), or ceil(n_ktiles / FP_MAX_SPLIT) tiles when that is longer; and no more
- * than `most` chunks (the grid's split count: a grid smaller than the plan, which the launcher
- * never makes, still covers every key, in longer chunks). */
-__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int c0, int most) {
+ * tiles, FP_CHUNK_KEYS / BN), shorter for a short context so that it still makes up to ss chunks
+ * (ceil(n_ktiles / ss) tiles, at least one; ss = 0: never shorter), or ceil(n_ktiles /
+ * FP_MAX_SPLIT) tiles when that is longer; and no more than `most` chunks (the grid's split count:
+ * a grid smaller than the plan, which the launcher never makes, still covers every key, in longer
+ * chunks). Whatever ss, the chunk depends on the tile's own context only. */
+__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int c0, int ss, int most) {
     int ct = c0 > 1 ? c0 : 1;
+    if (ss > 0) {
+        const int sh = (n_ktiles + ss - 1) / ss;
+        if (sh < ct) ct = sh > 1 ? sh : 1;
+    }
     const int lng = (n_ktiles + FP_MAX_SPLIT - 1) / FP_MAX_SPLIT;
     if (lng > ct) ct = lng;
     if (most > 0 && (n_ktiles + ct - 1) / ct > most) ct = (n_ktiles + most - 1) / most;
@@ -213,7 +224,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
                                                         const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                         float *__restrict__ part_o, float *__restrict__ part_ml,
                                                         int *__restrict__ part_n, int n_rows_total, int rows_c0,
-                                                        int lpt) {
+                                                        int rows_ss, int lpt) {
     constexpr int LD = HD + 8;        /* shared row stride, elements */
     constexpr int NT = BN / 8;        /* key n-tiles of S per warp */
     constexpr int OT = HD / 8;        /* dim n-tiles of O per warp */
@@ -256,7 +267,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
          * count exit. Chunk c's partial goes to slot c, and fp_merge_kernel folds slots
          * 0 .. nc - 1 in order: the arithmetic of a row is fixed by its context alone, whatever
          * the batch, the grid or the planning (host or device). One chunk: written directly. */
-        const int ct = fp_rows_chunk(n_ktiles, rows_c0, nsplit);
+        const int ct = fp_rows_chunk(n_ktiles, rows_c0, rows_ss, nsplit);
         const int nc = (n_ktiles + ct - 1) / ct;
         if (z >= nc) return;
         kt0 = z * ct;
@@ -434,7 +445,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
                                                             const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                             float *__restrict__ part_o, float *__restrict__ part_ml,
                                                             int *__restrict__ part_n, int n_rows_total, int c0,
-                                                            int early) {
+                                                            int ss, int early) {
     constexpr int LD = HD + 8, NT = BN / 8, CH = HD / 8, SB = BN + 8; /* SB: Sred row stride */
     constexpr int KKW = HD / 64;      /* k-steps (16 dims) of S per warp: its quarter of head_dim */
     constexpr int OTW = HD / 32;      /* dim n-tiles (8 dims) of O per warp */
@@ -456,7 +467,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     const int32_t *__restrict__ pages = seqs[s].pages;
     const int kmax = n_past, n_ktiles = kmax / BN + 1;
     const int z = blockIdx.z, nsplit = gridDim.z;
-    const int ct = fp_rows_chunk(n_ktiles, c0, nsplit), nc = (n_ktiles + ct - 1) / ct;
+    const int ct = fp_rows_chunk(n_ktiles, c0, ss, nsplit), nc = (n_ktiles + ct - 1) / ct;
     if (z >= nc) return;
     const int kt0 = z * ct, n_it = min(ct, n_ktiles - kt0);
     const bool direct = nc == 1 || !part_o;
@@ -754,7 +765,7 @@ static int g_fp_force = 1;
  * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256;
  * LASTSTAND_FP_STAGES = 2 / 4: fp_dec_kernel's pipeline depth, 0: 4 on grids of at most a block
  * per SM, else 2. */
-static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC, g_fp_stages = FP_DEF_STAGES;
+static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_ss = FP_SHORT_SPLIT, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC, g_fp_stages = FP_DEF_STAGES;
 /* LASTSTAND_FP_LPT = 1 (default since S9 round R1: 8192-token TTFT 251.7 -> 247.2 ms, the
  * doctor's verdicts unchanged): fp_kernel under the round plan (prefill chunks) takes its tiles
  * longest first (reverse order); each tile's arithmetic is unchanged, only the order blocks start
@@ -772,6 +783,8 @@ static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
     const char *ck = getenv("LASTSTAND_FP_CHUNK"), *pd = getenv("LASTSTAND_FP_PDL");
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
+    const char *ss = getenv("LASTSTAND_FP_SHORT");
+    if (ss && *ss && strspn(ss, "0123456789") == strlen(ss) && atoi(ss) <= FP_MAX_SPLIT) g_fp_ss = atoi(ss);
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
     if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
@@ -850,7 +863,7 @@ static int fp_rows_c0(int BN) { return g_fp_ckeys / BN > 1 ? g_fp_ckeys / BN : 1
 
 /* Row-plan chunk count of a tile whose last key is kmax (fp_kernel's n_ktiles = kmax / BN + 1). */
 static int fp_rows_nc(long kmax, int BN) {
-    const int nk = (int)(kmax / BN + 1), ct = fp_rows_chunk(nk, fp_rows_c0(BN), 0);
+    const int nk = (int)(kmax / BN + 1), ct = fp_rows_chunk(nk, fp_rows_c0(BN), g_fp_ss, 0);
     return (nk + ct - 1) / ct;
 }
 
@@ -858,8 +871,12 @@ static int fp_rows_nc(long kmax, int BN) {
  * device planning, the most any context up to ctx_cap can have. 0: not a row-plan call. */
 static int fp_rows_nsplit(const attn_args *a, int BN) {
     if (a->ctx_cap > 0) {
+        /* a context of c tiles has at most min(c, ss) chunks while it is short (ss chunks or
+         * fewer, fp_rows_chunk), ceil(c / c0) once its chunks are c0 tiles */
         const long cap_tiles = ((long)a->ctx_cap - 1) / BN + 1, c0 = fp_rows_c0(BN);
-        const long n = (cap_tiles + c0 - 1) / c0;
+        long n = (cap_tiles + c0 - 1) / c0;
+        const long sh = cap_tiles < g_fp_ss ? cap_tiles : g_fp_ss;
+        if (sh > n) n = sh;
         return n > FP_MAX_SPLIT ? FP_MAX_SPLIT : (int)n;
     }
     const int grp = a->n_heads / a->n_kv_heads;
@@ -922,7 +939,7 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float 
                        dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
-                       pml, pn, n_rows, fp_rows_c0(BN), fp_early());
+                       pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early());
 }
 
 template <int HD, int BN>
@@ -1014,7 +1031,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     c1 = cu_launch_pdl(g_fp_pdl >= 2, fp_kernel<HD, BN>, grid, dim3(FP_THREADS), smem, st, a->n_seq, a->seqs,
                                  a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                                  (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v,
-                                 (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0,
+                                 (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0, g_fp_ss,
                                  rows > 0 ? 0 : g_fp_lpt);
     }
     if (c1 == cudaSuccess && nsplit > 1) {

@@ -65,6 +65,7 @@ typedef struct fused_ws {
     fused_tables *scratch;
     tab_entry tabs[TAB_CACHE];
     int next_tab;
+    int sms; /* the device's SM count, 0 until the first call asks */
 } fused_ws;
 
 static fused_ws g_ws[CU_WS_MAX_DEV];
@@ -788,7 +789,20 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
         const int def = M >= 4 ? 1 : 0;
         dec = fused_knob(&force_dec, "LASTSTAND_MOE_DEC", 0, 1, def);
     }
-    const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, dec == 1 ? 2 : 1) == 2;
+    /* V = 2 (8-warp blocks, four an SM) also where the 16-warp blocks (two an SM) would need a second
+     * wave: the same sums. H200, S14 (bench/device/genvar.sh, 48-layer synth Qwen3-30B-A3B NVFP4,
+     * M = 1: I 768 gives 48 x 9 = 432 blocks for 264 slots): decode step 2.737 -> 2.686 ms, the 129
+     * greedy ids identical; the 35B's 256 blocks stay V = 1 (S10 R1: V = 2 slower there) */
+    if (!ws->sms) {
+        int dev = 0, n = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess || n <= 0)
+            n = 132;
+        ws->sms = n;
+    }
+    const long gblocks = sr || dec == 1 ? (long)(I / 16) * M * k : (long)(ldh / 16) * M * (k + 1);
+    const int gv_def = dec == 1 || (gkw == 16 && gblocks > 2L * ws->sms) ? 2 : 1;
+    const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, gv_def) == 2;
     const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec == 1);
     cudaError_t c;
     float *hs = NULL, *ys = NULL;

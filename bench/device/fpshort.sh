@@ -8,8 +8,8 @@
 . "$(dirname "$0")/lib.sh"
 dev_init fpshort 145 "$@"
 for shape in qwen3.5-35b-a3b qwen3-30b-a3b; do
-    for ctx in 300 1300 4096; do
-        for fs in 16 0; do
+    for ctx in ${FPSHORT_CTX:-300 1300 4096}; do
+        for fs in ${FPSHORT_VALUES:-16 0}; do
             [ "$(left)" -gt 10 ] || { echo "out of time"; break 3; }
             printf '%-16s ctx %-5s FP_SHORT=%-3s ' "$shape" "$ctx" "$fs"
             LASTSTAND_FP_SHORT=$fs LASTSTAND_DOCTOR_ATTN_CTX=$ctx timeout -k 2 30 "$BIN" doctor --device cuda \

@@ -40,8 +40,9 @@
  *            chunk against the same x), KW warps along K = H; epilogue silu(g)·u -> hbuf.
  *   down:    block = RT 16-row tiles of the output (H) x KW warps along K = I; epilogue
  *            · s2d · wts[pair] -> dbuf at the pair.
- * Instances (mv_cfg): gate/up K = 1024, 2048 (8 warps x 1, 2 chunks), 4096 (16 x 2); down
- * K = 512 (4 warps x 1 chunk x 2 tiles), 1024 (4 x 2 x 2). Other shapes keep the grouped GEMM. */
+ * Instances (mv_cfg): gate/up K = 1024, 2048, 3072 (8 warps x 1, 2, 3 chunks), 4096 (16 x 2);
+ * down K = 512 (4 warps x 1 chunk x 2 tiles), 768 (2 x 3 x 4), 1024 (4 x 2 x 2), 1536 (4 x 3 x
+ * 2); mvd_kernel (a whole K a warp) at K = 512, 768, 1024. Other shapes keep the grouped GEMM. */
 enum { MV_CH = 128 };
 
 /* cp.async.wait_group with a run-time count (the chunk loop is unrolled: u is constant) */
@@ -252,10 +253,13 @@ mv_cfg mv_pick(bool gateup, int K) {
     if (gateup) {
         if (K == 1024) c = (mv_cfg){8, 1, 1};
         else if (K == 2048) c = (mv_cfg){8, 2, 1};
+        else if (K == 3072) c = (mv_cfg){8, 3, 1}; /* Qwen3.5-122B-A10B */
         else if (K == 4096) c = (mv_cfg){16, 2, 1};
     } else {
         if (K == 512) c = (mv_cfg){4, 1, 2};
+        else if (K == 768) c = (mv_cfg){2, 3, 4}; /* Qwen3-30B-A3B */
         else if (K == 1024) c = (mv_cfg){4, 2, 2};
+        else if (K == 1536) c = (mv_cfg){4, 3, 2}; /* Qwen3-235B-A22B */
     }
     return c;
 }
@@ -301,6 +305,9 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         if (K == 2048)
             return mv_launch1<GATEUP, 8, 2, 1>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
+        if (K == 3072) /* two blocks an SM: 3 chunks of gate and up in flight a warp */
+            return mv_launch1<GATEUP, 8, 3, 1, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                         wts, dbuf, sh_only, pdl, st);
         if (alt == 1) /* K = 4096 (LASTSTAND_MG_MID4K=1): the LEAN instance at 2 blocks an SM (<= 64 registers) */
             return mv_launch1<GATEUP, 16, 2, 1, true, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
                                                          wts, dbuf, sh_only, pdl, st);
@@ -312,6 +319,12 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
                                                sh_only, pdl, st);
         if (K == 512)
             return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                               sh_only, pdl, st);
+        if (K == 768)
+            return mv_launch1<GATEUP, 2, 3, 4, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
+                                               sh_only, pdl, st);
+        if (K == 1536)
+            return mv_launch1<GATEUP, 4, 3, 2, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                            sh_only, pdl, st);
@@ -424,7 +437,7 @@ __global__ void __launch_bounds__(256, 3)
     }
 }
 
-int mvd_per(int K) { return K == 512 ? 4 : K == 1024 ? 8 : 0; }
+int mvd_per(int K) { return K == 512 ? 4 : K == 768 ? 6 : K == 1024 ? 8 : 0; }
 
 template <int PER>
 static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
@@ -449,8 +462,9 @@ static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                        const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                        bf16 *dbuf, int pdl, cudaStream_t st) {
-    return K == 512 ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
-                    : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
+    return K == 512   ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+           : K == 768 ? mvd_launch1<6>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+                      : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
 }
 
 /* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth
@@ -565,7 +579,7 @@ __global__ void __launch_bounds__(256)
 
 /* mvb_kernel's PER for K, or 0 when there is no instance. */
 int mvb_per(int K) {
-    return K == 512 ? 1 : K == 1024 ? 2 : K == 2048 ? 4 : K == 4096 ? 8 : 0;
+    return K == 512 ? 1 : K == 1024 ? 2 : K == 2048 ? 4 : K == 3072 ? 6 : K == 4096 ? 8 : 0;
 }
 
 /* The BF16 shared expert's gate/up (K = H, n_out = its I) or down (K = its I, n_out = H) over
@@ -580,6 +594,7 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
     if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
     else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
     else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    else if (per == 6) mvb_kernel<GATEUP, 6><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
     else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
     return cudaGetLastError();
 }

@@ -973,8 +973,12 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * blocks an SM (LASTSTAND_MG_MID4K, S10 c16moe R1: 397B -20% at M = 16, -31% / -26% at 32 / 64
      * against the grouped GEMM) up to M·k = 4E (2E until S11: the S11 device round measured the
      * mid path at M = 128 784 vs 1010 µs at the 397B tp2 rank shape, 1.582 vs 1.923 ms at the full
-     * 397B shape, and at 192 880 µs, against the grouped GEMM) */
-    const size_t midmax = H <= 2048 ? (size_t)8 * E : H == 4096 && kn.mid4k ? (size_t)4 * E : (size_t)E / 2;
+     * 397B shape, and at 192 880 µs, against the grouped GEMM); at H = 3072 (the 122B's gate/up
+     * instance since S14) up to M·k = 4E as well (S14 doctor, one 122B layer, µs, mid path
+     * against the grouped GEMM: M = 24 364 / 464, 32 438 / 549, 64 610 / 726, 128 749 / 803) */
+    const size_t midmax = H <= 2048                          ? (size_t)8 * E
+                          : H == 3072 || (H == 4096 && kn.mid4k) ? (size_t)4 * E
+                                                                 : (size_t)E / 2;
     const int midp = kn.mid && bm == 16 && (kn.midall || mk <= midmax);
     /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
      * waits before its first dependent access): LASTSTAND_MG_MIDPDL */

@@ -495,7 +495,8 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   reads 32 B per weight row per k block)
  *   LASTSTAND_MG_MID=0|1            the mid-batch path at 16-row tiles where device round R2
  *                                   found it faster (1, default since R2: H <= 2048 up to
- *                                   M·k = 8E, else up to E/2; LASTSTAND_MG_MIDALL=1 at every
+ *                                   M·k = 8E, H = 3072 up to 4E (S14), else up to E/2 (4E at
+ *                                   H = 4096, below); LASTSTAND_MG_MIDALL=1 at every
  *                                   16-row tile size) or the grouped GEMM path (0). Its parts,
  *                                   each on by default and switchable: the routed (and a
  *                                   same-kind shared) NVFP4 experts' GEMMs by mv_kernel, gate/up

@@ -682,6 +682,7 @@ int mr_launch(int M, int H, int E, const bf16 *w, const bf16 *x, float *logits, 
     const int late = pdl == 2;
     if (H == 1024) *c = cu_launch_pdl(pdl, mr_kernel<8, 1>, grid, block, 0, st, M, H, E, w, x, logits, late);
     else if (H == 2048) *c = cu_launch_pdl(pdl, mr_kernel<8, 2>, grid, block, 0, st, M, H, E, w, x, logits, late);
+    else if (H == 3072) *c = cu_launch_pdl(pdl, mr_kernel<8, 3>, grid, block, 0, st, M, H, E, w, x, logits, late);
     else if (H == 4096) *c = cu_launch_pdl(pdl, mr_kernel<8, 4>, grid, block, 0, st, M, H, E, w, x, logits, late);
     else return 0;
     return 1;

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# device-limit: 150
+# bench/device/pre30.sh BIN OUTDIR: prefill-size cells of the doctor (fp64 verdict, chained µs) at the
+# Qwen3-30B-A3B (head_dim 128, NVFP4 experts, I 768) and Qwen3.5-35B-A3B layers: attention as one
+# causal prompt of M tokens (LASTSTAND_DOCTOR_ATTN_PREFILL=0), M = 1024, 4096, 8192; moe at M = 1024,
+# 8192. Where a family member's prefill leaves the tuned paths.
+. "$(dirname "$0")/lib.sh"
+dev_init pre30 145 "$@"
+for p in "qwen3-30b-a3b,quant=nvfp4" "qwen3.5-35b-a3b"; do
+    f="$OUT/a-${p%%,*}"
+    echo "== $p attention, one prompt of M tokens $(el)"
+    LASTSTAND_DOCTOR_ATTN_PREFILL=0 timeout -k 2 60 "$BIN" doctor --device cuda --model-path "synth:$p,layers=1" \
+        --families attention --backends cuda_flash_prefill --m 1024,4096,8192 >"$f.txt" 2>"$f.err"
+    echo "rc=$? $(el)"; grep -E "^attention|^ +[0-9]+ " "$f.txt" | cut -c1-120
+    f="$OUT/m-${p%%,*}"
+    echo "== $p moe $(el)"
+    timeout -k 2 60 "$BIN" doctor --device cuda --model-path "synth:$p,layers=1" --families moe \
+        --backends cuda_grouped_gemm --m 1024,8192 >"$f.txt" 2>"$f.err"
+    echo "rc=$? $(el)"; grep -E "^moe|^ +[0-9]+ " "$f.txt" | cut -c1-120
+done

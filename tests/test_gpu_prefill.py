@@ -7,7 +7,8 @@ cuda_flash_prefill (src/ops/cuda/attention_prefill.cu), cuda_chunked and cuda_pe
   shapes: Qwen3.5-397B attention (head_dim 256, 16 query heads per kv head; small buckets take
   the split-K path) and GDN (64 v heads, dk = dv = 128, chunks of 64 with partial last chunks),
   Qwen3-30B attention (head_dim 128), and the fixture model's own small shapes (head_dim 32,
-  dk = dv = 32);
+  dk = dv = 32); the wgmma prefill kernel (head_dim 128 and 256) and fp_kernel both, at the
+  Qwen3.5 and Qwen3-MoE shapes;
 - `logits` with cuda_flash_prefill on the Qwen3-MoE fixture agrees with the CPU forward pass
   within issue 5's bar (max |a - b| / max |b| <= 2e-2 on every row, same argmax where the CPU's
   top-2 margin exceeds 0.05); on the Qwen3.5 and Qwen3-Next fixtures, the GDN backends leave
@@ -56,13 +57,14 @@ def test_flash_prefill_right_at_every_bucket(tmp_path, shapes):
 
 
 @pytest.mark.parametrize("wg", ["0", "1"])
-@pytest.mark.parametrize("shapes", ["qwen3.5-397b-a17b", "qwen3.5-35b-a3b"])
-def test_flash_prefill_head_dim_256_kernels_right(tmp_path, shapes, wg):
-    """head_dim 256 prefill on fp_kernel (LASTSTAND_FP_WG=0) and on the wgmma kernel
-    (attention_prefill_wg.cu, LASTSTAND_FP_WG=1; fp_kernel where the GPU has no sm_90a image)
-    against the doctor's fp64 oracle: its mixed batches (decode rows and chunks after prefixes,
-    random pages; split-K at the small buckets), one causal prompt of 1000 and 4100 tokens
-    (partial last tiles), and a 700-token chunk after 300 cached tokens."""
+@pytest.mark.parametrize("shapes", ["qwen3.5-397b-a17b", "qwen3.5-35b-a3b", "qwen3-30b-a3b", "qwen3-235b-a22b"])
+def test_flash_prefill_wgmma_and_fp_kernel_right(tmp_path, shapes, wg):
+    """head_dim 256 (the Qwen3.5 shapes) and 128 (Qwen3-30B: 32 / 4 heads, Qwen3-235B: 64 / 4)
+    prefill on fp_kernel (LASTSTAND_FP_WG=0) and on the wgmma kernel (attention_prefill_wg.cu,
+    LASTSTAND_FP_WG=1; fp_kernel where the GPU has no sm_90a image) against the doctor's fp64
+    oracle: its mixed batches (decode rows and chunks after prefixes, random pages; split-K at
+    the small buckets), one causal prompt of 1000 and 4100 tokens (partial last tiles), and a
+    700-token chunk after 300 cached tokens."""
     for extra, ms in (({}, [16, 512, 3072]), ({"LASTSTAND_DOCTOR_ATTN_PREFILL": "0"}, [1000, 4100]),
                       ({"LASTSTAND_DOCTOR_ATTN_PREFILL": "300"}, [700])):
         cells, table = doctor_cells(tmp_path, "attention", ["cuda_flash_prefill"], "--shapes", shapes,

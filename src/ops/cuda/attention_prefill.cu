@@ -52,7 +52,7 @@
  * HD (head_dim) 32, 64, 128, 256; BN = 64 keys per step, 32 for HD 256 (the
  * O accumulator of 16 rows × 256 dims is 128 registers a thread).
  *
- * Head_dim 256 calls under the round plan with host planning (prefill chunks) run the Hopper
+ * Head_dim 256 and 128 calls under the round plan with host planning (prefill chunks) run the Hopper
  * kernel of attention_prefill_wg.cu instead (LASTSTAND_FP_WG=1; wgmma, 128-row tiles, a producer
  * warpgroup; sm_90a only, fp_kernel elsewhere), with its own split count (fw_nsplit) and the same
  * partials and merge.
@@ -778,6 +778,10 @@ static int g_fp_lpt = 1;
  * no such image); 0: fp_kernel. */
 enum { FP_DEF_WG = 1 };
 static int g_fp_wg = FP_DEF_WG;
+/* LASTSTAND_FP_WG128 = 1 (default since S14): head_dim 128 (Qwen3-MoE, Qwen3-235B) too, in 128 x 128
+ * tiles; 0: fp_kernel there. The S14 doctor, one causal 8192-token prompt at the Qwen3-30B-A3B
+ * shape (32 / 4 heads): fp_kernel 3.577 ms, 153.7 TFLOP/s (see bench/RESULTS.md for the wgmma form). */
+static int g_fp_wg128 = 1;
 
 static int fp_plan_mode(void) {
     if (g_fp_plan >= 0) return g_fp_plan;
@@ -790,6 +794,7 @@ static int fp_plan_mode(void) {
     if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
     g_fp_lpt = cu_env_switch("LASTSTAND_FP_LPT", g_fp_lpt);
     g_fp_wg = cu_env_switch("LASTSTAND_FP_WG", g_fp_wg);
+    g_fp_wg128 = cu_env_switch("LASTSTAND_FP_WG128", g_fp_wg128);
     const char *sg = getenv("LASTSTAND_FP_STAGES");
     if (sg && (!strcmp(sg, "0") || !strcmp(sg, "2") || !strcmp(sg, "4"))) g_fp_stages = sg[0] - '0';
     const char *v = getenv("LASTSTAND_FP_PLAN");
@@ -970,7 +975,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     const int DBN = dec && g_fp_dec == 2 && HD == 256 ? 64 : BN;
     const int rows = mode == 1 ? fp_rows_nsplit(a, DBN) : 0;
     /* the wgmma kernel: head_dim 256, the round plan, host planning, LASTSTAND_FP_WG, an sm_90a image */
-    const int wgk = HD == 256 && rows == 0 && a->ctx_cap <= 0 && g_fp_wg && fw_available();
+    const int wgk = (HD == 256 || (HD == 128 && g_fp_wg128)) && rows == 0 && a->ctx_cap <= 0 && g_fp_wg && fw_available();
     int nsplit = rows > 0 ? rows : mode == 2 ? g_fp_force : wgk ? fw_nsplit(a, ws->n_sm) : fp_nsplit(a, ws->n_sm, BN);
     const int n_rows = a->n_tok * a->n_heads;
     /* partials [nsplit][n_rows][HD], (m, l) [nsplit][n_rows][2], the row plan's chunk counts [n_rows] */
@@ -1023,7 +1028,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
         }
     } else if (wgk) {
         const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;
-        c1 = fw_launch(dim3((unsigned)wtiles, a->n_kv_heads, nsplit), g_fp_pdl >= 2, st, a->n_seq, a->seqs, a->n_heads,
+        c1 = fw_launch(HD, dim3((unsigned)wtiles, a->n_kv_heads, nsplit), g_fp_pdl >= 2, st, a->n_seq, a->seqs, a->n_heads,
                        a->n_kv_heads, a->kv->page_size, (long)a->kv->n_pages * a->kv->page_size, sl2, (const bf16 *)a->q, (const bf16 *)a->gate,
                        (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po, pml, n_rows, g_fp_lpt);
     } else {

@@ -49,18 +49,20 @@
 #include <cudaTypedefs.h>
 #include <pthread.h>
 
-enum { FW_HD = 256, FW_THREADS = 384 };
+enum { FW_THREADS = 384 };
 /* registers a thread after setmaxnreg: the producer warpgroup gives, the consumers take
  * (128 x 40 + 256 x 232 <= 64K) */
 enum { FW_REG_PROD = 40, FW_REG_CONS = 232 };
-/* Shared memory for BN-key tiles: Q 2 x 32 KB, then 2 stages of K and V [BN keys x 256 dims] (a
- * 64-dim slab of a tile: BN x 128 B), the barriers, the alignment slack. BN = 64: 193 KB, 80: 225 KB. */
-template <int BN>
+/* Shared memory for head_dim HD and BN-key tiles: Q 2 x [64 rows x HD] (2 x 32 KB at HD 256), then 2
+ * stages of K and V [BN keys x HD dims] (a 64-dim slab of a tile: BN x 128 B), the barriers, the
+ * alignment slack. HD 256: BN = 64 193 KB, 80 225 KB; HD 128, BN 128: 161 KB. */
+template <int HD, int BN>
 struct fw_lay {
     static constexpr int Q_OFF = 0;
+    static constexpr int QWG = 64 * HD * 2;                /* a warpgroup's Q rows */
     static constexpr int SLAB = BN * 128;                  /* bytes of a 64-dim slab of a K or V tile */
-    static constexpr int TILE = 4 * SLAB;                  /* a K (or V) tile */
-    static constexpr int KV_OFF = 65536;                   /* stage s: K at KV_OFF + 2s·TILE, V a TILE later */
+    static constexpr int TILE = HD / 64 * SLAB;            /* a K (or V) tile */
+    static constexpr int KV_OFF = 2 * QWG;                 /* stage s: K at KV_OFF + 2s·TILE, V a TILE later */
     static constexpr int BAR_OFF = KV_OFF + 4 * TILE;      /* fullK[2], fullV[2], emptyK[2], emptyV[2] */
     static constexpr int SMEM = BAR_OFF + 64 + 1024;
 };
@@ -129,6 +131,34 @@ __device__ __forceinline__ void fw_mma_qk(float (&d)[40], uint64_t da, uint64_t 
         : "l"(da), "l"(db), "r"(acc));
 }
 
+/* d[64 x 128] (+)= A[64 x 16] · B[128 x 16]ᵀ, both K-major in shared memory; acc 0: d = A·Bᵀ */
+__device__ __forceinline__ void fw_mma_qk(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : FW_R32(0), FW_R32(32)
+        : "l"(da), "l"(db), "r"(acc));
+}
+
+/* d[64 x 128] += A[64 x 16] (registers) · B[16 x 128] (shared memory, MN-major: transposed) */
+__device__ __forceinline__ void fw_mma_pv(float (&d)[64], const uint32_t *a, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : FW_R32(0), FW_R32(32)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
 /* d[64 x 256] += A[64 x 16] (registers) · B[16 x 256] (shared memory, MN-major: transposed) */
 __device__ __forceinline__ void fw_mma_pv(float (&d)[128], const uint32_t *a, uint64_t db) {
     asm volatile(
@@ -152,15 +182,19 @@ __device__ __forceinline__ uint32_t fw_pack(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-template <int BN, bool TMA>
+template <int HD, int BN, bool TMA>
 __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_kernel(int n_seq, const attn_seq *__restrict__ seqs, int nh, int nkv, int P, float sl2,
               const bf16 *__restrict__ q, const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
               const bf16 *__restrict__ V, bf16 *__restrict__ out, float *__restrict__ part_o,
               float *__restrict__ part_ml, int n_rows_total, int lpt, const __grid_constant__ CUtensorMap tmk,
               const __grid_constant__ CUtensorMap tmv) {
-    typedef fw_lay<BN> LY;
+    typedef fw_lay<HD, BN> LY;
     constexpr int NJ = BN / 8; /* n8 blocks of S */
+    constexpr int NS = HD / 64; /* 64-dim slabs of a Q, K or V row */
+    constexpr int RL = HD / 8;  /* lanes that copy a key row, 16 bytes each */
+    constexpr int RLS = HD == 256 ? 5 : 4; /* log2(RL) */
+    static_assert(HD == 128 || HD == 256, "fw_kernel: head_dim 128 or 256");
     extern __shared__ __align__(1024) unsigned char fw_dsm[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(fw_dsm);
     const uint32_t sb = (raw + 1023u) & ~1023u;
@@ -212,8 +246,8 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_PROD));
         if (warp > 8) return;
         /* a tile is NR runs of 16 keys; a run inside one page whose keys are all <= kmax comes by TMA
-         * (4 boxes of 64 dims x 16 rows, 128-byte swizzled as the consumers read it) at row
-         * pages[j / P]·P + j % P of the pool viewed as [rows][nkv][256]; other runs (the last tile's,
+         * (HD / 64 boxes of 64 dims x 16 rows, 128-byte swizzled as the consumers read it) at row
+         * pages[j / P]·P + j % P of the pool viewed as [rows][nkv][HD]; other runs (the last tile's,
          * or every run when 16 does not divide P) by cp.async with zero fill. Lane m < NR holds run
          * m's pool row (-1: not by TMA), read a tile ahead. */
         constexpr int NR = BN / 16;
@@ -223,7 +257,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             return lane < NR && p16 && j + 15 <= kmax ? pages[j / P] * P + j % P : -1;
         };
         auto rowoff = [&](int j) -> long long { /* key j's element offset, -1 past kmax */
-            return j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+            return j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * HD : -1;
         };
         auto load = [&](const CUtensorMap *tm, const bf16 *src, int kt, int rr, uint32_t dst, uint32_t fb) {
             const unsigned full = __ballot_sync(0xffffffffu, rr >= 0) & ((1u << NR) - 1);
@@ -231,12 +265,12 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
             for (int m = 0; m < NR; m++) rows[m] = __shfl_sync(0xffffffffu, rr, m);
             if (lane == 0) {
-                fw_bar_expect(fb, (uint32_t)__popc(full) * 16 * FW_HD * 2);
+                fw_bar_expect(fb, (uint32_t)__popc(full) * 16 * HD * 2);
 #pragma unroll
                 for (int m = 0; m < NR; m++)
                     if (full >> m & 1)
 #pragma unroll
-                        for (int c = 0; c < 4; c++)
+                        for (int c = 0; c < NS; c++)
                             fw_tma3(dst + c * LY::SLAB + m * 2048, tm, 64 * c, kvh, rows[m], fb);
             }
             __syncwarp();
@@ -247,8 +281,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll 4
                 for (int r = 16 * m; r < 16 * m + 16; r++) {
                     const long long off = __shfl_sync(0xffffffffu, oj, r & 15);
-                    cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src,
-                            off >= 0);
+                    if (lane < RL) /* a key row is RL lanes' 16 bytes */
+                        cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4),
+                                       off >= 0 ? src + off + lane * 8 : src, off >= 0);
                 }
             }
             fw_cp_arrive(fb);
@@ -277,7 +312,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
          * shuffles; read a tile ahead (the page table's latency off the critical path) */
         auto offs = [&](int kt, int r) -> long long {
             const int j = kt * BN + RW * part + r;
-            return r < RW && j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * FW_HD : -1;
+            return r < RW && j <= kmax ? (((long long)pages[j / P] * P + j % P) * nkv + kvh) * HD : -1;
         };
         auto load = [&](const bf16 *src, long long o0, long long o1, uint32_t dst) {
             const uint32_t dl = dst + (lane >> 3) * LY::SLAB;
@@ -285,7 +320,9 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int rr = 0; rr < RW; rr++) {
                 const int r = RW * part + rr;
                 const long long off = __shfl_sync(0xffffffffu, rr < 32 ? o0 : o1, rr & 31);
-                cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src, off >= 0);
+                if (lane < RL)
+                    cu_cp16_shared(dl + r * 128 + (((lane & 7) ^ (r & 7)) << 4), off >= 0 ? src + off + lane * 8 : src,
+                                   off >= 0);
             }
         };
         long long n0 = n_it > 0 ? offs(z, lane) : -1, n1 = n_it > 0 && RW > 32 ? offs(z, lane + 32) : -1;
@@ -313,13 +350,13 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     /* ---- the consumer warpgroups ---- */
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"((int)FW_REG_CONS));
     const int wg = warp >> 2, wi = warp & 3, ctid = tid & 127, g = lane >> 2, t = lane & 3;
-    const uint32_t qs = sb + LY::Q_OFF + wg * 32768;
+    const uint32_t qs = sb + LY::Q_OFF + wg * LY::QWG;
     /* stage Q: the warpgroup's 64 rows (flat rows f0 + 64wg + r; zeros past nrows) */
-    for (int i = ctid; i < 64 * 32; i += 128) {
-        const int r = i >> 5, pc = i & 31, fr = 64 * wg + r;
+    for (int i = ctid; i < 64 * RL; i += 128) {
+        const int r = i >> RLS, pc = i & (RL - 1), fr = 64 * wg + r;
         const bool ok = fr < nrows;
         const int f = f0 + fr;
-        const bf16 *src = ok ? q + ((size_t)(row0 + f / grp) * nh + kvh * grp + f % grp) * FW_HD + pc * 8 : q;
+        const bf16 *src = ok ? q + ((size_t)(row0 + f / grp) * nh + kvh * grp + f % grp) * HD + pc * 8 : q;
         cu_cp16_shared(qs + (pc >> 3) * 8192 + r * 128 + (((pc & 7) ^ (r & 7)) << 4), src, ok);
     }
     cu_cp_async_commit();
@@ -334,16 +371,16 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     const int limB = rB < nrows ? n_past + (f0 + rB) / grp : kmax;
     const int mask_from = n_past + f0 / grp; /* keys above it are masked for some row */
     float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-    float o[128], sc[4 * NJ];
+    float o[HD / 2], sc[4 * NJ];
     uint32_t pa[2 * NJ];
 #pragma unroll
-    for (int i = 0; i < 128; i++) o[i] = 0.f;
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
 
     auto issue_qk = [&](int st) {
         const uint32_t ks = sb + LY::KV_OFF + st * 2 * LY::TILE;
         cu_wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < FW_HD / 16; kk++)
+        for (int kk = 0; kk < HD / 16; kk++)
             fw_mma_qk(sc, cu_wg_desc_k128(qs + (kk >> 2) * 8192) + 2 * (kk & 3),
                       cu_wg_desc_k128(ks + (kk >> 2) * LY::SLAB) + 2 * (kk & 3), kk);
         cu_wg_commit();
@@ -415,7 +452,7 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
     auto rescale = [&]() {
         if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) {
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
+            for (int j = 0; j < HD / 8; j++) {
                 o[4 * j] *= cA;
                 o[4 * j + 1] *= cA;
                 o[4 * j + 2] *= cB;
@@ -480,14 +517,14 @@ __global__ void __launch_bounds__(FW_THREADS, 1)
                 part_ml[2 * prow + 1] = half ? lB : lA;
             }
 #pragma unroll
-            for (int j = 0; j < 32; j++)
-                *reinterpret_cast<float2 *>(part_o + prow * FW_HD + 8 * j + 2 * t) =
+            for (int j = 0; j < HD / 8; j++)
+                *reinterpret_cast<float2 *>(part_o + prow * HD + 8 * j + 2 * t) =
                     make_float2(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
         } else {
             const float l = half ? lB : lA, inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const size_t at = orow * FW_HD + 8 * j + 2 * t;
+            for (int j = 0; j < HD / 8; j++) {
+                const size_t at = orow * HD + 8 * j + 2 * t;
                 float v0 = o[4 * j + 2 * half] * inv, v1 = o[4 * j + 2 * half + 1] * inv;
                 if (gate) {
                     const __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162 *>(gate + at);
@@ -506,13 +543,18 @@ enum { FW_MAX_DEV = 16 };
 static int fw_state[FW_MAX_DEV]; /* per device: 0 not asked, 1 ready, -1 no */
 static pthread_mutex_t fw_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* keys a tile: 80 (FlashAttention-3's choice at head_dim 256; the standalone harness at 8192
- * tokens: 408 TFLOP/s against 384 with 64) */
-enum { FW_BN = 80 };
-template <bool TMA>
+/* keys a tile: 80 at head_dim 256 (FlashAttention-3's choice there; the standalone harness at 8192
+ * tokens: 408 TFLOP/s against 384 with 64), 128 at head_dim 128 (FlashAttention-3's 128 x 128 tiles;
+ * the S accumulator of m64n128 takes the registers the halved O frees) */
+template <int HD>
+struct fw_bn {
+    static constexpr int BN = HD == 256 ? 80 : 128;
+};
+template <int HD, bool TMA>
 static bool fw_optin(void) {
-    return cudaFuncSetAttribute(fw_kernel<FW_BN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                fw_lay<FW_BN>::SMEM) == cudaSuccess;
+    constexpr int BN = fw_bn<HD>::BN;
+    return cudaFuncSetAttribute(fw_kernel<HD, BN, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                fw_lay<HD, BN>::SMEM) == cudaSuccess;
 }
 
 /* LASTSTAND_FP_WG_TMA = 1 (default: the standalone harness on an H200, 8192-token prompt at the 35B
@@ -524,11 +566,11 @@ static bool fw_optin(void) {
 static int fw_tma = 1;
 static PFN_cuTensorMapEncodeTiled_v12000 fw_encode;
 
-/* the pool [rows][nkv][256] BF16 as a 3-D tensor map, boxes of 64 dims x 1 head x 16 rows, 128-byte
+/* the pool [rows][nkv][hd] BF16 as a 3-D tensor map, boxes of 64 dims x 1 head x 16 rows, 128-byte
  * swizzle */
-static int fw_map(CUtensorMap *m, const void *base, int nkv, long rows) {
-    const cuuint64_t dims[3] = {(cuuint64_t)FW_HD, (cuuint64_t)nkv, (cuuint64_t)rows};
-    const cuuint64_t strides[2] = {(cuuint64_t)FW_HD * 2, (cuuint64_t)nkv * FW_HD * 2};
+static int fw_map(CUtensorMap *m, const void *base, int hd, int nkv, long rows) {
+    const cuuint64_t dims[3] = {(cuuint64_t)hd, (cuuint64_t)nkv, (cuuint64_t)rows};
+    const cuuint64_t strides[2] = {(cuuint64_t)hd * 2, (cuuint64_t)nkv * hd * 2};
     const cuuint32_t box[3] = {64, 1, 16}, es[3] = {1, 1, 1};
     return fw_encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void *>(base), dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -561,13 +603,14 @@ int fw_available(void) {
             cudaGetLastError();
         }
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<FW_BN, false>) == cudaSuccess &&
-                    fw_optin<false>() && fw_optin<true>()
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<256, 80, false>) == cudaSuccess &&
+                    fw_optin<256, false>() && fw_optin<256, true>() && fw_optin<128, false>() &&
+                    fw_optin<128, true>()
                 ? 1
                 : -1;
         cudaGetLastError(); /* a missing image is not sticky: clear it */
         if (s > 0)
-            log_info("cuda_flash_prefill: head_dim 256 prefill by the wgmma kernel (device %d, sm_90a, K/V by %s)",
+            log_info("cuda_flash_prefill: head_dim 128 and 256 prefill by the wgmma kernel (device %d, sm_90a, K/V by %s)",
                      dev, fw_tma ? "TMA" : "cp.async");
         else
             log_warn("cuda_flash_prefill: LASTSTAND_FP_WG=1 but device %d (compute capability %d.%d) has no sm_90a "
@@ -578,24 +621,26 @@ int fw_available(void) {
     return s > 0;
 }
 
-template <int BN, bool TMA>
+template <int HD, int BN, bool TMA>
 static cudaError_t fw_go(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
                          float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V, bf16 *out,
                          float *part_o, float *part_ml, int n_rows_total, int lpt, const CUtensorMap &tmk,
                          const CUtensorMap &tmv) {
-    return cu_launch_pdl(pdl, fw_kernel<BN, TMA>, grid, dim3(FW_THREADS), (size_t)fw_lay<BN>::SMEM, st, n_seq, seqs, nh,
+    return cu_launch_pdl(pdl, fw_kernel<HD, BN, TMA>, grid, dim3(FW_THREADS), (size_t)fw_lay<HD, BN>::SMEM, st, n_seq, seqs, nh,
                          nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt, tmk, tmv);
 }
 
-cudaError_t fw_launch(dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv, int P,
-                      long pool_rows, float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V,
+cudaError_t fw_launch(int hd, dim3 grid, int pdl, cudaStream_t st, int n_seq, const attn_seq *seqs, int nh, int nkv,
+                      int P, long pool_rows, float sl2, const bf16 *q, const bf16 *gate, const bf16 *K, const bf16 *V,
                       bf16 *out, float *part_o, float *part_ml, int n_rows_total, int lpt) {
+    if (hd != 128 && hd != 256) return cudaErrorInvalidValue;
     CUtensorMap tmk, tmv;
     memset(&tmk, 0, sizeof tmk);
     memset(&tmv, 0, sizeof tmv);
-    const bool tma = fw_tma && pool_rows > 0 && fw_map(&tmk, K, nkv, pool_rows) && fw_map(&tmv, V, nkv, pool_rows);
+    const bool tma =
+        fw_tma && pool_rows > 0 && fw_map(&tmk, K, hd, nkv, pool_rows) && fw_map(&tmv, V, hd, nkv, pool_rows);
 #define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt, tmk, tmv
-    if (tma) return fw_go<FW_BN, true>(FW_ARGS);
-    return fw_go<FW_BN, false>(FW_ARGS);
+    if (hd == 128) return tma ? fw_go<128, 128, true>(FW_ARGS) : fw_go<128, 128, false>(FW_ARGS);
+    return tma ? fw_go<256, 80, true>(FW_ARGS) : fw_go<256, 80, false>(FW_ARGS);
 #undef FW_ARGS
 }

@@ -102,9 +102,6 @@ __device__ __forceinline__ uint64_t fw_desc_v(uint32_t saddr, uint32_t lbo, uint
            ((uint64_t)1 << 62);
 }
 
-#define FW_R4(b) "+f"(d[b]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3])
-#define FW_R16(b) FW_R4(b), FW_R4(b + 4), FW_R4(b + 8), FW_R4(b + 12)
-#define FW_R32(b) FW_R16(b), FW_R16(b + 16)
 
 /* d[64 x 64] (+)= A[64 x 16] · B[64 x 16]ᵀ, both K-major in shared memory; acc 0: d = A·Bᵀ */
 __device__ __forceinline__ void fw_mma_qk(float (&d)[32], uint64_t da, uint64_t db, int acc) {
@@ -114,7 +111,7 @@ __device__ __forceinline__ void fw_mma_qk(float (&d)[32], uint64_t da, uint64_t 
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
         "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : FW_R32(0)
+        : CU_WG_R32(0)
         : "l"(da), "l"(db), "r"(acc));
 }
 
@@ -127,36 +124,18 @@ __device__ __forceinline__ void fw_mma_qk(float (&d)[40], uint64_t da, uint64_t 
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
         "%32, %33, %34, %35, %36, %37, %38, %39"
         "}, %40, %41, p, 1, 1, 0, 0;\n}\n"
-        : FW_R32(0), FW_R4(32), FW_R4(36)
+        : CU_WG_R32(0), CU_WG_R4(32), CU_WG_R4(36)
         : "l"(da), "l"(db), "r"(acc));
 }
 
 /* d[64 x 128] (+)= A[64 x 16] · B[128 x 16]ᵀ, both K-major in shared memory; acc 0: d = A·Bᵀ */
 __device__ __forceinline__ void fw_mma_qk(float (&d)[64], uint64_t da, uint64_t db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : FW_R32(0), FW_R32(32)
-        : "l"(da), "l"(db), "r"(acc));
+    cu_wg_mma128_ss(d, da, db, acc);
 }
 
 /* d[64 x 128] += A[64 x 16] (registers) · B[16 x 128] (shared memory, MN-major: transposed) */
 __device__ __forceinline__ void fw_mma_pv(float (&d)[64], const uint32_t *a, uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : FW_R32(0), FW_R32(32)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+    cu_wg_mma128_rs<1>(d, a, db, 1);
 }
 
 /* d[64 x 256] += A[64 x 16] (registers) · B[16 x 256] (shared memory, MN-major: transposed) */
@@ -173,7 +152,7 @@ __device__ __forceinline__ void fw_mma_pv(float (&d)[128], const uint32_t *a, ui
         "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
         "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
-        : FW_R32(0), FW_R32(32), FW_R32(64), FW_R32(96)
+        : CU_WG_R32(0), CU_WG_R32(32), CU_WG_R32(64), CU_WG_R32(96)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 

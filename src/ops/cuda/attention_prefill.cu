@@ -59,6 +59,7 @@
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
+#include "ops/cuda/fp_rows.h"
 #include "ops/cuda/attention_prefill_wg.cuh"
 
 #include <pthread.h>
@@ -67,34 +68,11 @@
 #include <string.h>
 
 enum { FP_BM = 64, FP_THREADS = 128, FP_MAX_DEV = 16 };
-/* The row plan (fp_plan_mode): chunks of FP_CHUNK_KEYS keys (LASTSTAND_FP_CHUNK), at most
- * FP_MAX_SPLIT per tile (longer chunks past FP_CHUNK_KEYS x FP_MAX_SPLIT keys); it plans host calls
- * whose sequences all have at most FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs
- * replay; R1: at 16, the doctor's mixed M = 8 batches of 1..4-token sequences took 34 µs against
- * the round plan's 28) and every device planned call. */
-enum { FP_CHUNK_KEYS = 128, FP_MAX_SPLIT = 64, FP_ROWS_MAX_NEW = 1 };
-/* A short context's chunks: up to FP_SHORT_SPLIT of them, shorter than FP_CHUNK_KEYS (down to one
- * key tile), so that a decode row of a few hundred keys still spreads over ~16 blocks a kv head
- * (LASTSTAND_FP_SHORT = N: up to N, 0: chunks of FP_CHUNK_KEYS keys whatever the context). */
-enum { FP_SHORT_SPLIT = 16 };
-
-/* Key tiles per chunk under the row plan, for a tile of n_ktiles key tiles: c0 (the chunk's key
- * tiles, FP_CHUNK_KEYS / BN), shorter for a short context so that it still makes up to ss chunks
- * (ceil(n_ktiles / ss) tiles, at least one; ss = 0: never shorter), or ceil(n_ktiles /
- * FP_MAX_SPLIT) tiles when that is longer; and no more than `most` chunks (the grid's split count:
- * a grid smaller than the plan, which the launcher never makes, still covers every key, in longer
- * chunks). Whatever ss, the chunk depends on the tile's own context only. */
-__host__ __device__ __forceinline__ int fp_rows_chunk(int n_ktiles, int c0, int ss, int most) {
-    int ct = c0 > 1 ? c0 : 1;
-    if (ss > 0) {
-        const int sh = (n_ktiles + ss - 1) / ss;
-        if (sh < ct) ct = sh > 1 ? sh : 1;
-    }
-    const int lng = (n_ktiles + FP_MAX_SPLIT - 1) / FP_MAX_SPLIT;
-    if (lng > ct) ct = lng;
-    if (most > 0 && (n_ktiles + ct - 1) / ct > most) ct = (n_ktiles + most - 1) / most;
-    return ct;
-}
+/* The row plan (fp_plan_mode, fp_rows.h) plans host calls whose sequences all have at most
+ * FP_ROWS_MAX_NEW new tokens (decode steps: the ones CUDA graphs replay; R1: at 16, the doctor's
+ * mixed M = 8 batches of 1..4-token sequences took 34 µs against the round plan's 28) and every
+ * device planned call. */
+enum { FP_ROWS_MAX_NEW = 1 };
 
 static_assert(offsetof(attn_seq, n_past) == 0 && offsetof(attn_seq, n_new) == 4 && offsetof(attn_seq, row0) == 8,
               "attn_seq layout: the kernel reads the device copy as the same struct");
@@ -876,13 +854,7 @@ static int fp_rows_nc(long kmax, int BN) {
  * device planning, the most any context up to ctx_cap can have. 0: not a row-plan call. */
 static int fp_rows_nsplit(const attn_args *a, int BN) {
     if (a->ctx_cap > 0) {
-        /* a context of c tiles has at most min(c, ss) chunks while it is short (ss chunks or
-         * fewer, fp_rows_chunk), ceil(c / c0) once its chunks are c0 tiles */
-        const long cap_tiles = ((long)a->ctx_cap - 1) / BN + 1, c0 = fp_rows_c0(BN);
-        long n = (cap_tiles + c0 - 1) / c0;
-        const long sh = cap_tiles < g_fp_ss ? cap_tiles : g_fp_ss;
-        if (sh > n) n = sh;
-        return n > FP_MAX_SPLIT ? FP_MAX_SPLIT : (int)n;
+        return fp_rows_nsplit_cap(((long)a->ctx_cap - 1) / BN + 1, fp_rows_c0(BN), g_fp_ss);
     }
     const int grp = a->n_heads / a->n_kv_heads;
     int most = 1;
@@ -905,9 +877,7 @@ static int fp_rows_nsplit(const attn_args *a, int BN) {
 extern "C" size_t attn_fp_scratch_bytes(int n_tok, int n_heads, int head_dim, int ctx_cap) {
     if (n_tok < 1 || ctx_cap < 1 || head_dim < 1) return 0;
     const int BN = head_dim >= 256 ? 32 : 64;
-    long ns = ((long)ctx_cap - 1) / BN + 1;
-    if (ns > FP_MAX_SPLIT) ns = FP_MAX_SPLIT;
-    if (ns < 1) ns = 1;
+    const long ns = fp_rows_scratch_splits(((long)ctx_cap - 1) / BN + 1);
     const size_t rows = (size_t)n_tok * n_heads;
     return sizeof(float) * rows * (head_dim + 2) * (size_t)ns + sizeof(int) * rows;
 }

@@ -286,8 +286,10 @@ static cudaError_t mv_launch1(int n_out, int tiles_max, const mg_expert *tab, co
 }
 
 /* The gate/up (K = H) or down (K = the experts' I) GEMM of the launch by mv_kernel; the
- * caller checked mv_pick(GATEUP, K).kw != 0. alt: the other down instance at K = 512
- * (LASTSTAND_MG_MIDDN=1, a device-round experiment). */
+ * caller checked mv_pick(GATEUP, K).kw != 0 (a K without an instance here is
+ * cudaErrorInvalidValue: an instance's K must be its KW·PER·128, or its blocks would write
+ * nothing). alt: the other down instance at K = 512 (LASTSTAND_MG_MIDDN=1, a device-round
+ * experiment). */
 template <bool GATEUP>
 cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
@@ -308,6 +310,7 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
         if (K == 3072) /* two blocks an SM: 3 chunks of gate and up in flight a warp */
             return mv_launch1<GATEUP, 8, 3, 1, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
                                                          wts, dbuf, sh_only, pdl, st);
+        if (K != 4096) return cudaErrorInvalidValue;
         if (alt == 1) /* K = 4096 (LASTSTAND_MG_MID4K=1): the LEAN instance at 2 blocks an SM (<= 64 registers) */
             return mv_launch1<GATEUP, 16, 2, 1, true, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
                                                          wts, dbuf, sh_only, pdl, st);
@@ -321,11 +324,12 @@ cudaError_t mv_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
             return mv_launch1<GATEUP, 4, 1, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                                sh_only, pdl, st);
         if (K == 768)
-            return mv_launch1<GATEUP, 2, 3, 4, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st);
+            return mv_launch1<GATEUP, 2, 3, 4, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                         wts, dbuf, sh_only, pdl, st);
         if (K == 1536)
-            return mv_launch1<GATEUP, 4, 3, 2, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
-                                               sh_only, pdl, st);
+            return mv_launch1<GATEUP, 4, 3, 2, false, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh,
+                                                         wts, dbuf, sh_only, pdl, st);
+        if (K != 1024) return cudaErrorInvalidValue;
         return mv_launch1<GATEUP, 4, 2, 2>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf,
                                            sh_only, pdl, st);
     }
@@ -462,9 +466,12 @@ static cudaError_t mvd_launch1(int tiles_max, const mg_expert *tab, const int32_
 cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t *tile_e, const int32_t *perm,
                        const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh, const float *wts,
                        bf16 *dbuf, int pdl, cudaStream_t st) {
-    return K == 512   ? mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
-           : K == 768 ? mvd_launch1<6>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
-                      : mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
+    switch (mvd_per(K)) {
+    case 4: return mvd_launch1<4>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
+    case 6: return mvd_launch1<6>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
+    case 8: return mvd_launch1<8>(tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st);
+    default: return cudaErrorInvalidValue; /* no instance: its blocks would write nothing */
+    }
 }
 
 /* The BF16 form of the mid-batch GEMVs, for a BF16 shared expert next to NVFP4 experts (synth

@@ -766,7 +766,8 @@ static int fp_plan_mode(void) {
     const char *ck = getenv("LASTSTAND_FP_CHUNK"), *pd = getenv("LASTSTAND_FP_PDL");
     if (ck && atoi(ck) >= 32 && atoi(ck) <= 1024) g_fp_ckeys = atoi(ck);
     const char *ss = getenv("LASTSTAND_FP_SHORT");
-    if (ss && *ss && strspn(ss, "0123456789") == strlen(ss) && atoi(ss) <= FP_MAX_SPLIT) g_fp_ss = atoi(ss);
+    if (ss && *ss && strlen(ss) <= 2 && strspn(ss, "0123456789") == strlen(ss) && atoi(ss) <= FP_MAX_SPLIT)
+        g_fp_ss = atoi(ss); /* 0 .. FP_MAX_SPLIT; anything else: the default */
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
     if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';

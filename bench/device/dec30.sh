@@ -14,7 +14,6 @@
 . "$(dirname "$0")/lib.sh"
 dev_init dec30 235 "$@"
 PLANS=("${DEV_PLANS_DECODE[@]}")
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%150000) for i in range(n)))" "$1"; }
 Q30="qwen3-30b-a3b,quant=nvfp4"
 Q35="qwen3.5-35b-a3b"
 

@@ -9,7 +9,6 @@
 . "$(dirname "$0")/lib.sh"
 dev_init genvar 195 "$@"
 PLANS=("${DEV_PLANS_DECODE[@]}")
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%150000) for i in range(n)))" "$1"; }
 [ -n "${GENVAR_EXTRA:-}" ] && bash -c "$GENVAR_EXTRA" 2>&1 | head -20
 IFS=';' read -r -a presets <<<"${GENVAR_PRESETS:-qwen3-30b-a3b,quant=nvfp4,layers=8}"
 IFS=';' read -r -a variants <<<"base:;${GENVAR_VARIANTS:-}"

@@ -5,7 +5,8 @@
 # (elapsed "(N s)") and left (seconds left of BUDGET_S); prints the GPU line and the commit. With
 # DEV_CACHE=1 in the environment, the doctor's and smoke test's verdicts are cached under OUT
 # (XDG_CACHE_HOME), reused by later starts.
-# Also, for the scripts: ids N (N synthetic token ids, comma-separated: generate's --ids), and the
+# Also, for the scripts: ids N (N synthetic token ids, comma-separated: generate's --ids; below 151000, inside
+# every preset's vocabulary, the smallest being Qwen3's 151936), and the
 # plan flags most of them pass to generate / serve, DEV_PLANS_PREFILL (prefill8k.sh's: 16-row
 # fused decode and GEMV, cuda_chunked GDN, cuBLASLt LM head) and DEV_PLANS_DECODE (8-row fused
 # decode and GEMV, no chunked GDN); a script copies one: PLANS=("${DEV_PLANS_PREFILL[@]}").
@@ -14,7 +15,7 @@ DEV_PLANS_PREFILL=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --mo
                    --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 DEV_PLANS_DECODE=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
                   --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
-ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%200000) for i in range(n)))" "$1"; }
+ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%150000) for i in range(n)))" "$1"; }
 dev_init() {
     local name=$1 budget=$2
     shift 2

@@ -582,7 +582,7 @@ int fw_available(void) {
             cudaGetLastError();
         }
         cudaFuncAttributes fa;
-        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<256, 80, false>) == cudaSuccess &&
+        s = major == 9 && minor == 0 && cudaFuncGetAttributes(&fa, fw_kernel<256, fw_bn<256>::BN, false>) == cudaSuccess &&
                     fw_optin<256, false>() && fw_optin<256, true>() && fw_optin<128, false>() &&
                     fw_optin<128, true>()
                 ? 1
@@ -619,7 +619,8 @@ cudaError_t fw_launch(int hd, dim3 grid, int pdl, cudaStream_t st, int n_seq, co
     const bool tma =
         fw_tma && pool_rows > 0 && fw_map(&tmk, K, hd, nkv, pool_rows) && fw_map(&tmv, V, hd, nkv, pool_rows);
 #define FW_ARGS grid, pdl, st, n_seq, seqs, nh, nkv, P, sl2, q, gate, K, V, out, part_o, part_ml, n_rows_total, lpt, tmk, tmv
-    if (hd == 128) return tma ? fw_go<128, 128, true>(FW_ARGS) : fw_go<128, 128, false>(FW_ARGS);
-    return tma ? fw_go<256, 80, true>(FW_ARGS) : fw_go<256, 80, false>(FW_ARGS);
+    constexpr int B128 = fw_bn<128>::BN, B256 = fw_bn<256>::BN;
+    if (hd == 128) return tma ? fw_go<128, B128, true>(FW_ARGS) : fw_go<128, B128, false>(FW_ARGS);
+    return tma ? fw_go<256, B256, true>(FW_ARGS) : fw_go<256, B256, false>(FW_ARGS);
 #undef FW_ARGS
 }

@@ -800,8 +800,9 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
             n = 132;
         ws->sms = n;
     }
-    const long gblocks = sr || dec == 1 ? (long)(I / 16) * M * k : (long)(ldh / 16) * M * (k + 1);
-    const int gv_def = dec == 1 || (gkw == 16 && gblocks > 2L * ws->sms) ? 2 : 1;
+    /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE (always so with DEC) */
+    const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
+    const int gv_def = dec == 1 || (gkw == 16 && (long)g2d.x * g2d.y > 2L * ws->sms) ? 2 : 1;
     const int gv2 = fused_knob(&force_gv, "LASTSTAND_MOE_GU_V", 1, 2, gv_def) == 2;
     const int pf = fused_knob(&force_pf, "LASTSTAND_MOE_PF", 0, 1, dec == 1);
     cudaError_t c;
@@ -869,8 +870,6 @@ static int fused_run(const moe_args *a, ls_stream s, ls_err *e) {
                                  (const float *)(wsg ? sgl : NULL), idx, wts, (const bf16 *)NULL, 0, 1,
                                  (const float *)NULL, (float *)NULL);
         }
-        /* gate/up over (rows, slots): the routed slots only with SHARED_ROUTE */
-        const dim3 g2d(sr ? I / 16 : ldh / 16, sr ? M * k : M * (k + 1)), g3d(H / 16, M);
         if (c == cudaSuccess && pair == 2) {
             c = moe_fused_gateup2(&fc, bc, gv2, pf, g2d, sr);
             if (c == cudaSuccess) c = cudaGetLastError();

@@ -160,26 +160,59 @@ static int add_exclude(model_config *c, const jctx *j, const char *key, json_t *
     return 0;
 }
 
-/* A ModelOpt quantization block: hf_quant_config.json's "quantization" or
- * config.json's "quantization_config". */
+/* A quantization block: hf_quant_config.json's "quantization" or config.json's
+ * "quantization_config". ModelOpt ("modelopt"): quant_algo NVFP4 / W4A16_NVFP4, FP8 /
+ * FP8_PER_CHANNEL_PER_TOKEN (E4M3 weights with a per-tensor or per-row weight_scale), or
+ * MIXED_PRECISION (some of each; each linear's own tensors say which). Hugging Face's
+ * fine-grained FP8 ("fp8", the Qwen / DeepSeek FP8 checkpoints): E4M3 weights with
+ * weight_scale_inv per weight_block_size block. FP8 weights are dequantized to BF16 at load
+ * (model_load.c); which linears are quantized is read off their tensors, not the config. */
 static int parse_quant(model_config *c, const jctx *j, json_t *q) {
     json_t *m = member(q, "quant_method");
-    if (m && (!json_is_string(m) || (strcmp(json_string_value(m), "modelopt") &&
-                                     strcmp(json_string_value(m), "modelopt_fp4"))))
-        return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_method': only \"modelopt\" (NVFP4) is "
-                    "supported", j->file, j->prefix);
+    if (m && !json_is_string(m)) return bad(j, "quant_method", "expected a string");
+    const char *qm = m ? json_string_value(m) : NULL;
+    int rc;
+    if (qm && !strcmp(qm, "fp8")) {
+        json_t *f = member(q, "fmt");
+        if (f && (!json_is_string(f) || strcmp(json_string_value(f), "e4m3")))
+            return errf(j->e, ERR_UNSUPPORTED, "%s: key '%sfmt': only \"e4m3\" FP8 weights are supported",
+                        j->file, j->prefix);
+        json_t *b = member(q, "weight_block_size");
+        if (b) {
+            if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_integer(json_array_get(b, 0)) ||
+                !json_is_integer(json_array_get(b, 1)))
+                return bad(j, "weight_block_size", "expected two integers [rows, cols]");
+            for (int i = 0; i < 2; i++) {
+                const json_int_t v = json_integer_value(json_array_get(b, i));
+                if (v < 1 || v > 1 << 20) return bad(j, "weight_block_size", "entry %d is %lld, not 1..2^20", i, (long long)v);
+                c->fp8_block[i] = (int)v;
+            }
+        }
+        c->fp8 = 1;
+        if ((rc = add_exclude(c, j, "modules_to_not_convert", member(q, "modules_to_not_convert")))) return rc;
+        return add_exclude(c, j, "ignored_layers", member(q, "ignored_layers"));
+    }
+    if (qm && strcmp(qm, "modelopt") && strcmp(qm, "modelopt_fp4") && strcmp(qm, "modelopt_fp8") &&
+        strcmp(qm, "modelopt_mixed"))
+        return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_method': \"%s\" is not supported (\"modelopt\": NVFP4, "
+                    "FP8 or MIXED_PRECISION; \"fp8\": block-scaled FP8)", j->file, j->prefix, qm);
     json_t *a = member(q, "quant_algo");
     if (a) {
         if (!json_is_string(a)) return bad(j, "quant_algo", "expected a string");
+        const char *al = json_string_value(a);
         /* W4A16_NVFP4 stores the same tensors; only the activation handling differs */
-        if (strcmp(json_string_value(a), "NVFP4") && strcmp(json_string_value(a), "W4A16_NVFP4"))
-            return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_algo': \"%s\" is not supported (NVFP4 is)",
-                        j->file, j->prefix, json_string_value(a));
-        c->nvfp4 = 1;
+        if (!strcmp(al, "NVFP4") || !strcmp(al, "W4A16_NVFP4"))
+            c->nvfp4 = 1;
+        else if (!strcmp(al, "FP8") || !strcmp(al, "FP8_PER_CHANNEL_PER_TOKEN"))
+            c->fp8 = 1;
+        else if (!strcmp(al, "MIXED_PRECISION"))
+            c->nvfp4 = c->fp8 = 1;
+        else
+            return errf(j->e, ERR_UNSUPPORTED, "%s: key '%squant_algo': \"%s\" is not supported (NVFP4, "
+                        "W4A16_NVFP4, FP8, FP8_PER_CHANNEL_PER_TOKEN and MIXED_PRECISION are)", j->file, j->prefix, al);
     }
     int gs;
-    int rc = get_int(j, q, "group_size", 16, 1, 1 << 20, &gs);
-    if (rc) return rc;
+    if ((rc = get_int(j, q, "group_size", 16, 1, 1 << 20, &gs))) return rc;
     if (c->nvfp4 && gs != 16) return bad(j, "group_size", "NVFP4 needs 16, got %d", gs);
     c->group_size = gs;
     if ((rc = add_exclude(c, j, "exclude_modules", member(q, "exclude_modules")))) return rc;

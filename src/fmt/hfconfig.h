@@ -60,9 +60,13 @@ typedef struct model_config {
     int n_eos;
     int32_t bos;                /* -1 if none */
 
-    /* quantization (ModelOpt NVFP4) */
-    int nvfp4;                  /* quant_algo NVFP4 declared */
+    /* quantization (ModelOpt NVFP4; FP8 weights, dequantized to BF16 at load) */
+    int nvfp4;                  /* quant_algo NVFP4 (or MIXED_PRECISION) declared */
     int group_size;             /* 16 */
+    int fp8;                    /* FP8 (E4M3) weights declared: quant_method "fp8", or ModelOpt
+                                   quant_algo FP8 / FP8_PER_CHANNEL_PER_TOKEN / MIXED_PRECISION */
+    int fp8_block[2];           /* "fp8"'s weight_block_size [rows, cols] of one weight_scale_inv
+                                   entry; 0 when not given */
     char *exclude[CFG_MAX_EXCLUDE]; /* exclude_modules / ignore patterns (malloc'd) */
     int n_exclude;
 } model_config;

@@ -20,6 +20,7 @@
 #include "model/model_impl.h"
 #include "model/synth.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,117 @@ static int missing(const model *m, const char *name, ls_err *e) {
     return errf(e, ERR_INVAL, "missing tensor '%s' in %s", name, m->path);
 }
 
+/* ---- FP8 (E4M3) weights: dequantized to BF16 at load ----------------------------
+ * w = fp8 · scale, the product in fp32 rounded once to BF16 (round to nearest even), with the scale
+ * per tensor or per row (ModelOpt FP8: '.weight_scale', one value or N) or per block of
+ * fp8_block[0] x fp8_block[1] weights (Hugging Face's fine-grained FP8: '.weight_scale_inv',
+ * [ceil(N / rows), ceil(K / cols)], 128 x 128 when the config gives no weight_block_size). The
+ * layer then runs as a BF16 one (the same kernels, twice the FP8 bytes). */
+typedef struct fp8_job {
+    const uint8_t *w;
+    const float *sc; /* per row (rows = N, cols = 1), per block, or one value (rows = cols = 0) */
+    int K, br, bc, scols;
+    uint16_t *out;
+    float lut[256];
+} fp8_job;
+
+static void fp8_rows(void *ctx, int64_t r0, int64_t r1) {
+    const fp8_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *w = j->w + r * j->K;
+        uint16_t *o = j->out + r * j->K;
+        for (int k = 0; k < j->K; k++) {
+            const float s = !j->br ? j->sc[0] : j->sc[(r / j->br) * j->scols + (j->bc ? k / j->bc : 0)];
+            o[k] = f32_to_bf16(j->lut[w[k]] * s);
+        }
+    }
+}
+
+/* The scale tensor t (F32, BF16 or F16) as n floats in *out (malloc'd); every value finite. */
+static int fp8_scales(const st_tensor *t, int64_t n, float **out, ls_err *e) {
+    float *v = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        switch (t->dtype) {
+        case ST_F32: memcpy(&v[i], (const char *)t->data + 4 * i, 4); break;
+        case ST_BF16: v[i] = bf16_to_f32(((const uint16_t *)t->data)[i]); break;
+        case ST_F16: v[i] = f16_to_f32(((const uint16_t *)t->data)[i]); break;
+        default:
+            free(v);
+            return errf(e, ERR_INVAL, "tensor '%s' in %s: dtype %s, expected F32, BF16 or F16 (an FP8 scale)", t->name,
+                        t->file, st_dtype_name(t->dtype));
+        }
+        if (!isfinite(v[i])) {
+            const float bad = v[i];
+            free(v);
+            return errf(e, ERR_INVAL, "tensor '%s' in %s: scale %lld is %g (an FP8 scale must be a finite number)",
+                        t->name, t->file, (long long)i, bad);
+        }
+    }
+    *out = v;
+    return 0;
+}
+
+static int bind_fp8(model *m, const char *p, const st_tensor *w, int N, int K, lin_w *out, ls_err *e) {
+    const int64_t ws[2] = {N, K};
+    int rc = check_shape(w, 2, ws, e);
+    if (rc) return rc;
+    char sn[300], si[300];
+    snprintf(sn, sizeof sn, "%s.weight_scale", p);
+    snprintf(si, sizeof si, "%s.weight_scale_inv", p);
+    const st_tensor *blk = mdl_tensor(m, si), *per = blk ? NULL : mdl_tensor(m, sn);
+    fp8_job *j = xcalloc(1, sizeof *j);
+    j->w = w->data, j->K = K;
+    float *sc = NULL;
+    if (blk) {
+        const int br = m->cfg.fp8_block[0] > 0 ? m->cfg.fp8_block[0] : 128;
+        const int bc = m->cfg.fp8_block[1] > 0 ? m->cfg.fp8_block[1] : 128;
+        const int64_t ss[2] = {(N + br - 1) / br, (K + bc - 1) / bc};
+        if ((rc = check_shape(blk, 2, ss, e))) {
+            free(j);
+            return err_prefix(e, "the block scales of FP8 tensor '%s' (weight_block_size [%d, %d])", w->name, br, bc);
+        }
+        rc = fp8_scales(blk, ss[0] * ss[1], &sc, e);
+        j->br = br, j->bc = bc, j->scols = (int)ss[1];
+    } else if (per) {
+        const int64_t n = st_numel(per);
+        const int okrow = n == N && (per->ndim == 1 || (per->ndim == 2 && per->shape[1] == 1));
+        if (n != 1 && !okrow) {
+            char got[128];
+            shape_str(per, got, sizeof got);
+            free(j);
+            return errf(e, ERR_INVAL, "tensor '%s' in %s: shape %s, expected one value or one per row ([%d] or [%d, 1]) "
+                        "to scale FP8 tensor '%s'", sn, per->file, got, N, N, w->name);
+        }
+        rc = fp8_scales(per, n, &sc, e);
+        if (n > 1) j->br = 1, j->bc = 0, j->scols = 1;
+    } else {
+        free(j);
+        return errf(e, ERR_INVAL, "tensor '%s' in %s is FP8 (F8_E4M3) but the checkpoint has neither '%s' nor '%s' to scale it",
+                    w->name, w->file, sn, si);
+    }
+    if (rc) {
+        free(j);
+        return rc;
+    }
+    for (int c = 0; c < 256; c++) j->lut[c] = fp8_e4m3_to_f32((uint8_t)c);
+    const uint8_t *wb = w->data;
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        if ((wb[i] & 0x7f) == 0x7f) {
+            free(sc);
+            free(j);
+            return errf(e, ERR_INVAL, "tensor '%s' in %s: element %zu (row %zu) is an FP8 NaN (0x%02x)", w->name, w->file,
+                        i, i / (size_t)K, wb[i]);
+        }
+    j->sc = sc;
+    j->out = mdl_alloc(m, sizeof(uint16_t) * (size_t)N * K);
+    pool_for(N, 64, fp8_rows, j);
+    out->kind = W_BF16;
+    out->data = j->out;
+    free(sc);
+    free(j);
+    return 0;
+}
+
 int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
     char wn[300], sn[300], s2n[300];
     snprintf(wn, sizeof wn, "%s.weight", p);
@@ -175,9 +287,10 @@ int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
     case ST_BF16: out->kind = W_BF16; break;
     case ST_F16: out->kind = W_F16; break;
     case ST_F32: out->kind = W_F32; break;
+    case ST_F8_E4M3: return bind_fp8(m, p, w, N, K, out, e);
     default:
-        return errf(e, ERR_INVAL, "tensor '%s' in %s: dtype %s, expected BF16, F16, F32 or NVFP4 "
-                    "(U8 with a '.weight_scale')", wn, w->file, st_dtype_name(w->dtype));
+        return errf(e, ERR_INVAL, "tensor '%s' in %s: dtype %s, expected BF16, F16, F32, NVFP4 "
+                    "(U8 with a '.weight_scale') or FP8 (F8_E4M3)", wn, w->file, st_dtype_name(w->dtype));
     }
     const int64_t ws[2] = {N, K};
     return check_shape(w, 2, ws, e);

@@ -249,8 +249,43 @@ static void test_unsupported_quant_algo(void **st) {
     model_config c;
     ls_err e = {0};
     assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"modelopt\","
-                           "\"quant_algo\":\"FP8\"}}", &c, &e), ERR_UNSUPPORTED);
+                           "\"quant_algo\":\"INT4_AWQ\"}}", &c, &e), ERR_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "quantization_config.quant_algo"));
+    assert_non_null(strstr(e.msg, "INT4_AWQ"));
+    hfcfg_free(&c);
+    e = (ls_err){0};
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"gptq\"}}", &c, &e),
+                     ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "quantization_config.quant_method"));
+    hfcfg_free(&c);
+}
+
+/* FP8 checkpoints: ModelOpt FP8 / MIXED_PRECISION and Hugging Face's block-scaled "fp8". */
+static void test_fp8_quant_configs(void **st) {
+    model_config c;
+    ls_err e = {0};
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"modelopt\","
+                           "\"quant_algo\":\"FP8\"}}", &c, &e), 0);
+    assert_true(c.fp8 && !c.nvfp4);
+    hfcfg_free(&c);
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"modelopt\","
+                           "\"quant_algo\":\"MIXED_PRECISION\",\"group_size\":16}}", &c, &e), 0);
+    assert_true(c.fp8 && c.nvfp4);
+    hfcfg_free(&c);
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","
+                           "\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,64]}}", &c, &e), 0);
+    assert_true(c.fp8 && !c.nvfp4);
+    assert_int_equal(c.fp8_block[0], 128);
+    assert_int_equal(c.fp8_block[1], 64);
+    hfcfg_free(&c);
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"fp8\","
+                           "\"weight_block_size\":[128]}}", &c, &e), ERR_INVAL);
+    assert_non_null(strstr(e.msg, "quantization_config.weight_block_size"));
+    hfcfg_free(&c);
+    e = (ls_err){0};
+    assert_int_equal(parse("{" QWEN3 ",\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\"}}",
+                           &c, &e), ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "quantization_config.fmt"));
     hfcfg_free(&c);
 }
 
@@ -267,6 +302,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_file_and_key),
         cmocka_unit_test(test_missing_config_file_is_named),
         cmocka_unit_test(test_unsupported_quant_algo),
+        cmocka_unit_test(test_fp8_quant_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,300 @@
+"""FP8 (E4M3) checkpoints: the loader dequantizes FP8 linear weights to BF16 at load.
+
+The oracle is independent of the C code: this file quantizes a BF16 fixture's linear weights to
+FP8 itself (numpy), writes the checkpoint in the two public layouts, and dequantizes the same
+bytes again in numpy (fp8 value x scale in fp32, rounded once to BF16, round to nearest even)
+into a plain BF16 checkpoint. `laststand logits` of the FP8 folder must equal the BF16 folder's
+bit for bit (the same weights reach the same kernels), for
+  - Hugging Face's fine-grained FP8 (Qwen / DeepSeek FP8 releases): quant_method "fp8",
+    weight_block_size, '.weight_scale_inv' per block (blocks that do not divide the matrix);
+  - ModelOpt FP8: quant_method "modelopt", quant_algo FP8, '.weight_scale' per tensor (or per row),
+    '.input_scale';
+  - ModelOpt MIXED_PRECISION: NVFP4 experts (`laststand quantize`) beside FP8 attention.
+Malformed FP8 tensors are refused with exit 2 (an FP8 format other than E4M3: exit 1, unsupported)
+and a message naming the tensor or key."""
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import SHARED, run_ls
+
+MODELS = os.path.join(SHARED, "fixtures", "models")
+
+# ---- safetensors and the formats, in numpy ---------------------------------------------------
+
+def read_st(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+
+
+def write_st(path, tensors):
+    header, out, off = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        dt, shape, b = tensors[name]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
+        out.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        f.write(b"".join(out))
+
+
+def bf16_to_f32(b, shape):
+    return (np.frombuffer(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+
+def f32_to_bf16(a):
+    """Round to nearest even (finite values)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def e4m3_table():
+    """The value of every E4M3FN code (bias 7, no infinity, 0x7f / 0xff NaN)."""
+    v = np.zeros(256, dtype=np.float32)
+    for c in range(256):
+        s, e, m = c >> 7, (c >> 3) & 15, c & 7
+        if e == 15 and m == 7:
+            v[c] = np.nan
+            continue
+        x = m / 8.0 * 2.0 ** -6 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7)
+        v[c] = -x if s else x
+    return v
+
+
+E4M3 = e4m3_table()
+POS = E4M3[:127]  # codes 0..126: the finite non-negative values, increasing
+
+
+def to_e4m3(x):
+    """Nearest E4M3 code (ties to the even code), saturating at 448."""
+    a = np.minimum(np.abs(x), 448.0).astype(np.float32)
+    hi = np.clip(np.searchsorted(POS, a), 0, 126)
+    lo = np.clip(hi - 1, 0, 126)
+    dl, dh = a - POS[lo], POS[hi] - a
+    code = np.where(dl < dh, lo, np.where(dh < dl, hi, np.where(lo % 2 == 0, lo, hi))).astype(np.uint8)
+    return code | np.where(np.signbit(x), 0x80, 0).astype(np.uint8)
+
+
+def dequant(codes, scale_full):
+    return f32_to_bf16(E4M3[codes] * scale_full.astype(np.float32))
+
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_linear(name, shape, only=None):
+    if not name.endswith(".weight") or len(shape) != 2:
+        return False
+    mod = name[:-len(".weight")].rsplit(".", 1)[-1]
+    return mod in (only or LINEAR)
+
+
+def convert(src, fp8_dir, bf16_dir, form, block=(16, 48), only=None):
+    """Write src's linears as FP8 (form: 'block', 'tensor', 'row') into fp8_dir and their exact
+    dequantization into bf16_dir; everything else copied."""
+    ts = read_st(os.path.join(src, "model.safetensors"))
+    fp8, bf = {}, {}
+    for name, (dt, shape, b) in ts.items():
+        if dt != "BF16" or not is_linear(name, shape, only):
+            fp8[name] = bf[name] = (dt, shape, b)
+            continue
+        w = bf16_to_f32(b, shape)
+        N, K = shape
+        p = name[:-len(".weight")]
+        if form == "block":
+            br, bc = block
+            nb, kb = -(-N // br), -(-K // bc)
+            amax = np.zeros((nb, kb), dtype=np.float32)
+            for i in range(nb):
+                for j in range(kb):
+                    amax[i, j] = np.abs(w[i * br:(i + 1) * br, j * bc:(j + 1) * bc]).max()
+            sc = np.where(amax > 0, amax / 448.0, 1.0).astype(np.float32)
+            full = np.repeat(np.repeat(sc, br, 0), bc, 1)[:N, :K]
+            fp8[p + ".weight_scale_inv"] = ("F32", [nb, kb], sc.tobytes())
+        elif form == "tensor":
+            sc = np.float32(max(np.abs(w).max(), 1e-12) / 448.0)
+            full = np.full((N, K), sc, dtype=np.float32)
+            fp8[p + ".weight_scale"] = ("F32", [], np.array(sc, dtype=np.float32).tobytes())
+            fp8[p + ".input_scale"] = ("F32", [], np.array(0.02, dtype=np.float32).tobytes())
+        else:  # row
+            sc = (np.maximum(np.abs(w).max(axis=1), 1e-12) / 448.0).astype(np.float32)
+            full = np.repeat(sc[:, None], K, 1)
+            fp8[p + ".weight_scale"] = ("F32", [N, 1], sc.tobytes())
+        codes = to_e4m3(w / full)
+        fp8[name] = ("F8_E4M3", shape, codes.tobytes())
+        bf[name] = ("BF16", shape, dequant(codes, full).tobytes())
+    for d, t in ((fp8_dir, fp8), (bf16_dir, bf)):
+        os.makedirs(d, exist_ok=True)
+        write_st(os.path.join(d, "model.safetensors"), t)
+    return fp8
+
+
+def write_config(src, d, quant):
+    with open(os.path.join(src, "config.json")) as f:
+        c = json.load(f)
+    c.pop("quantization_config", None)
+    if quant:
+        c["quantization_config"] = quant
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+
+
+def logits(d, ids):
+    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, ids)))
+    assert p.returncode == 0, p.stderr[-2000:]
+    return np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+
+
+def ref(name):
+    with open(os.path.join(MODELS, name, "ref.json")) as f:
+        return json.load(f)
+
+
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 48]}
+MO_FP8 = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": None,
+          "ignore": ["lm_head", "model.embed_tokens"]}
+
+# ---- equality with the independent dequantization ---------------------------------------------
+
+
+@pytest.mark.parametrize("name,form,quant", [
+    ("qwen3", "block", FP8_BLOCK),
+    ("qwen3_moe", "block", FP8_BLOCK),
+    ("qwen3_moe", "tensor", MO_FP8),
+    ("qwen3_5_moe_text", "row", dict(MO_FP8, quant_algo="FP8_PER_CHANNEL_PER_TOKEN")),
+])
+def test_fp8_logits_equal_the_dequantized_bf16_model(ls_bin, shared_dir, tmp_path, name, form, quant):
+    src = os.path.join(MODELS, name)
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    conv = convert(src, fd, bd, form)
+    assert any(v[0] == "F8_E4M3" for v in conv.values())
+    write_config(src, fd, quant)
+    write_config(src, bd, None)
+    r = ref(name)
+    a, b = logits(fd, r["input_ids"]), logits(bd, r["input_ids"])
+    assert a.shape == b.shape
+    assert np.array_equal(a, b), f"max |fp8 - bf16| = {np.abs(a - b).max():.3g}"
+
+
+def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_path):
+    """ModelOpt MIXED_PRECISION: the experts NVFP4 (laststand quantize), attention FP8."""
+    src = os.path.join(MODELS, "qwen3_moe")
+    nv = str(tmp_path / "nvfp4")
+    p = run_ls("quantize", "--in", src, "--out", nv, "--exclude", "*self_attn*")
+    assert p.returncode == 0, p.stderr[-2000:]
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    conv = convert(nv, fd, bd, "tensor", only=("q_proj", "k_proj", "v_proj", "o_proj"))
+    kinds = {v[0] for k, v in conv.items() if k.endswith(".weight")}
+    assert {"F8_E4M3", "U8"} <= kinds, kinds  # both formats in one checkpoint
+    with open(os.path.join(nv, "config.json")) as f:
+        q = json.load(f)["quantization_config"]
+    write_config(nv, fd, dict(q, quant_algo="MIXED_PRECISION"))
+    write_config(nv, bd, q)
+    ids = ref("qwen3_moe")["input_ids"]
+    a, b = logits(fd, ids), logits(bd, ids)
+    assert np.array_equal(a, b), f"max |mixed - nvfp4 + bf16| = {np.abs(a - b).max():.3g}"
+
+
+def test_generate_from_fp8_checkpoint_on_every_backend_set(ls_bin, shared_dir, tmp_path):
+    src = os.path.join(MODELS, "qwen3_moe")
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    convert(src, fd, bd, "block")
+    write_config(src, fd, FP8_BLOCK)
+    write_config(src, bd, None)
+    ids = ",".join(map(str, ref("qwen3_moe")["input_ids"][:6]))
+    outs = []
+    for d in (fd, bd):
+        p = run_ls("generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "8")
+        assert p.returncode == 0, p.stderr[-2000:]
+        outs.append(p.stdout)
+    assert outs[0] == outs[1]
+
+
+# ---- malformed FP8 tensors: exit 2 naming the culprit ------------------------------------------
+
+
+def fp8_model(tmp_path):
+    src = os.path.join(MODELS, "qwen3")
+    fd = str(tmp_path / "fp8")
+    convert(src, fd, str(tmp_path / "bf16"), "block")
+    write_config(src, fd, FP8_BLOCK)
+    return fd
+
+
+def refused(d, *needles, code=2):
+    p = run_ls("logits", "--model-path", d, "--ids", "1,2,3")
+    assert p.returncode == code, (p.returncode, p.stderr[-2000:])
+    for n in needles:
+        assert n in p.stderr, f"{n!r} not in: {p.stderr[-1500:]}"
+
+
+def edit(d, fn):
+    path = os.path.join(d, "model.safetensors")
+    ts = read_st(path)
+    fn(ts)
+    write_st(path, ts)
+
+
+def test_missing_scale_names_the_weight(ls_bin, shared_dir, tmp_path):
+    d = fp8_model(tmp_path)
+    edit(d, lambda ts: ts.pop("model.layers.0.self_attn.q_proj.weight_scale_inv"))
+    refused(d, "model.layers.0.self_attn.q_proj.weight", "FP8", "weight_scale_inv")
+
+
+def test_block_scales_of_the_wrong_shape_are_named(ls_bin, shared_dir, tmp_path):
+    d = fp8_model(tmp_path)
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"]["weight_block_size"] = [32, 48]  # the scales were made for [16, 48]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+    refused(d, "weight_scale_inv", "weight_block_size [32, 48]", "expected")
+
+
+def test_nan_code_is_named(ls_bin, shared_dir, tmp_path):
+    d = fp8_model(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+
+    def poison(ts):
+        dt, shape, b = ts[name]
+        b = bytearray(b)
+        b[5] = 0x7F
+        ts[name] = (dt, shape, bytes(b))
+    edit(d, poison)
+    refused(d, name, "NaN")
+
+
+def test_nonfinite_scale_is_named(ls_bin, shared_dir, tmp_path):
+    d = fp8_model(tmp_path)
+    name = "model.layers.0.mlp.up_proj.weight_scale_inv"
+
+    def poison(ts):
+        dt, shape, b = ts[name]
+        a = np.frombuffer(b, dtype=np.float32).copy()
+        a[0] = np.inf
+        ts[name] = (dt, shape, a.tobytes())
+    edit(d, poison)
+    refused(d, name, "finite")
+
+
+def test_unsupported_fp8_format_names_the_key(ls_bin, shared_dir, tmp_path):
+    d = fp8_model(tmp_path)
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"]["fmt"] = "e5m2"
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+    refused(d, "quantization_config.fmt", "e4m3", code=1)  # valid, but not a format laststand runs

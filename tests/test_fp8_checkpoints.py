@@ -9,13 +9,15 @@ bit for bit (the same weights reach the same kernels), for
     weight_block_size, '.weight_scale_inv' per block (blocks that do not divide the matrix);
   - ModelOpt FP8: quant_method "modelopt", quant_algo FP8, '.weight_scale' per tensor (or per row),
     '.input_scale';
-  - ModelOpt MIXED_PRECISION: NVFP4 experts (`laststand quantize`) beside FP8 attention.
+  - ModelOpt MIXED_PRECISION: NVFP4 experts (`laststand quantize`) beside FP8 attention (and the
+    doctor then tests the experts' shapes on fp4_gemm, the attention's as BF16 gemm).
 Malformed FP8 tensors are refused with exit 2 (an FP8 format other than E4M3: exit 1, unsupported)
 and a message naming the tensor or key."""
 import json
 import os
 import shutil
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -201,11 +203,26 @@ def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_pat
     assert {"F8_E4M3", "U8"} <= kinds, kinds  # both formats in one checkpoint
     with open(os.path.join(nv, "config.json")) as f:
         q = json.load(f)["quantization_config"]
-    write_config(nv, fd, dict(q, quant_algo="MIXED_PRECISION"))
+    # no exclude for the attention: in a mixed checkpoint its FP8 tensors say what it is
+    mixed = {k: ([x for x in v if "self_attn" not in x] if k in ("ignore", "exclude_modules") else v)
+             for k, v in q.items()}
+    write_config(nv, fd, dict(mixed, quant_algo="MIXED_PRECISION"))
     write_config(nv, bd, q)
     ids = ref("qwen3_moe")["input_ids"]
     a, b = logits(fd, ids), logits(bd, ids)
     assert np.array_equal(a, b), f"max |mixed - nvfp4 + bf16| = {np.abs(a - b).max():.3g}"
+    # the doctor tests the shapes the model runs: experts on fp4_gemm, the FP8 attention as BF16
+    js = tmp_path / "rep.json"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("LASTSTAND_TEST_BROKEN_BACKENDS", None)
+    p = subprocess.run([ls_bin, "doctor", "--device", "cpu", "--model-path", fd, "--families", "fp4_gemm,gemm",
+                        "--m", "1", "--json", str(js)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rep = json.loads(js.read_text())
+    titles = {t["family"]: " ".join(x["title"] for x in rep["tables"] if x["family"] == t["family"])
+              for t in rep["tables"]}
+    assert "experts" in titles.get("fp4_gemm", "") and "attn" not in titles.get("fp4_gemm", ""), titles
+    assert "attn" in titles.get("gemm", ""), titles
 
 
 def test_generate_from_fp8_checkpoint_on_every_backend_set(ls_bin, shared_dir, tmp_path):

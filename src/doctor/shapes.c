@@ -5,7 +5,8 @@
  *
  * Which linears are NVFP4: in a model folder, the ones hf_quant_config does
  * not exclude (checked on the first layer of each kind: attention, GDN and
- * the shared expert). For a "synth:" spec, what synth writes
+ * the shared expert); in one that also declares FP8 (ModelOpt MIXED_PRECISION),
+ * what its tensors are, as the loader reads them (FP8 linears run in BF16). For a "synth:" spec, what synth writes
  * (src/model/synth.c): the routed experts NVFP4, the shared expert, attention
  * and GDN projections BF16 (as ModelOpt 0.46 excludes `*.mlp.shared_expert.*`,
  * reference/qwen35-and-nvfp4.md 4.2); all BF16 with quant=bf16 or for a preset
@@ -16,12 +17,29 @@
  */
 #include "doctor/doctor.h"
 #include "fmt/hfconfig.h"
+#include "fmt/safetensors.h"
 #include "model/synth.h"
 
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Whether linear module mod is NVFP4: with the checkpoint's tensors at hand (st), as the loader
+ * decides (a U8 weight with a weight_scale), where the tensor is there; else not excluded by the
+ * config's quantization block. */
+static int lin_nvfp4(const model_config *c, const st_set *st, const char *mod) {
+    if (st) {
+        char n[300];
+        snprintf(n, sizeof n, "%s.weight", mod);
+        const st_tensor *t = st_find(st, n);
+        if (t) {
+            snprintf(n, sizeof n, "%s.weight_scale", mod);
+            return t->dtype == ST_U8 && st_find(st, n) != NULL;
+        }
+    }
+    return !hfcfg_excluded(c, mod);
+}
 
 static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) {
     if (N <= 0 || K <= 0) return;
@@ -202,18 +220,27 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
     if (c.nvfp4) {
         char mod[256];
         const char *pfx = c.wrapped ? "model.language_model.layers" : "model.layers";
+        /* a checkpoint that also declares FP8 (MIXED_PRECISION): the tensors say which linears are
+         * NVFP4, as the loader reads them (FP8 ones run in BF16); the config's excludes otherwise */
+        st_set *st = NULL;
+        if (c.fp8 && st_open_dir(path, &st, &(ls_err){0})) st = NULL;
         if (first_full >= 0) {
             snprintf(mod, sizeof mod, "%s.%d.self_attn.q_proj", pfx, first_full);
-            qa = !hfcfg_excluded(&c, mod);
+            qa = lin_nvfp4(&c, st, mod);
         }
         if (first_lin >= 0) {
             snprintf(mod, sizeof mod, "%s.%d.linear_attn.in_proj_qkv", pfx, first_lin);
-            qg = !hfcfg_excluded(&c, mod);
+            qg = lin_nvfp4(&c, st, mod);
         }
         if (c.shared_inter > 0 && c.n_experts > 0) {
             snprintf(mod, sizeof mod, "%s.0.mlp.shared_expert.gate_proj", pfx);
-            s->sh_nvfp4 = !hfcfg_excluded(&c, mod);
+            s->sh_nvfp4 = lin_nvfp4(&c, st, mod);
         }
+        if (st && c.n_experts > 0) {
+            snprintf(mod, sizeof mod, "%s.0.mlp.experts.0.gate_proj", pfx);
+            s->nvfp4 = lin_nvfp4(&c, st, mod);
+        }
+        st_close(st);
     }
     int dense = c.n_experts > 0 ? 0 : c.intermediate;
     derive(s, qa, qg, dense);

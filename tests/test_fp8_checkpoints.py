@@ -154,8 +154,12 @@ def write_config(src, d, quant):
         json.dump(c, f)
 
 
+# LS_TEST_DEVICE=cuda (bench/device/fp8.sh): the forward passes on that device, not the default
+DEV = ["--device", os.environ["LS_TEST_DEVICE"]] if os.environ.get("LS_TEST_DEVICE") else []
+
+
 def logits(d, ids):
-    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, ids)))
+    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, ids)), *DEV)
     assert p.returncode == 0, p.stderr[-2000:]
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
 
@@ -234,7 +238,7 @@ def test_generate_from_fp8_checkpoint_on_every_backend_set(ls_bin, shared_dir, t
     ids = ",".join(map(str, ref("qwen3_moe")["input_ids"][:6]))
     outs = []
     for d in (fd, bd):
-        p = run_ls("generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "8")
+        p = run_ls("generate", "--model-path", d, "--ids", ids, "--max-new-tokens", "8", *DEV)
         assert p.returncode == 0, p.stderr[-2000:]
         outs.append(p.stdout)
     assert outs[0] == outs[1]

@@ -145,16 +145,18 @@ typedef struct fp8_job {
     int K, br, bc, scols;
     uint16_t *out;
     float lut[256];
+    int64_t nan_at; /* an element holding an FP8 NaN code (-1: none), any of them */
 } fp8_job;
 
 static void fp8_rows(void *ctx, int64_t r0, int64_t r1) {
-    const fp8_job *j = ctx;
+    fp8_job *j = ctx;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *w = j->w + r * j->K;
         uint16_t *o = j->out + r * j->K;
         for (int k = 0; k < j->K; k++) {
             const float s = !j->br ? j->sc[0] : j->sc[(r / j->br) * j->scols + (j->bc ? k / j->bc : 0)];
             o[k] = f32_to_bf16(j->lut[w[k]] * s);
+            if ((w[k] & 0x7f) == 0x7f) __atomic_store_n(&j->nan_at, r * j->K + k, __ATOMIC_RELAXED);
         }
     }
 }
@@ -226,21 +228,19 @@ static int bind_fp8(model *m, const char *p, const st_tensor *w, int N, int K, l
         return rc;
     }
     for (int c = 0; c < 256; c++) j->lut[c] = fp8_e4m3_to_f32((uint8_t)c);
-    const uint8_t *wb = w->data;
-    for (size_t i = 0; i < (size_t)N * K; i++)
-        if ((wb[i] & 0x7f) == 0x7f) {
-            free(sc);
-            free(j);
-            return errf(e, ERR_INVAL, "tensor '%s' in %s: element %zu (row %zu) is an FP8 NaN (0x%02x)", w->name, w->file,
-                        i, i / (size_t)K, wb[i]);
-        }
     j->sc = sc;
+    j->nan_at = -1;
     j->out = mdl_alloc(m, sizeof(uint16_t) * (size_t)N * K);
     pool_for(N, 64, fp8_rows, j);
-    out->kind = W_BF16;
-    out->data = j->out;
+    const int64_t bad = j->nan_at;
+    uint16_t *deq = j->out; /* the model's (mdl_alloc): freed at close */
     free(sc);
     free(j);
+    if (bad >= 0)
+        return errf(e, ERR_INVAL, "tensor '%s' in %s: element %lld (row %lld) is an FP8 NaN (0x%02x)", w->name, w->file,
+                    (long long)bad, (long long)(bad / K), ((const uint8_t *)w->data)[bad]);
+    out->kind = W_BF16;
+    out->data = deq;
     return 0;
 }
 

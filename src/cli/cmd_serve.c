@@ -45,7 +45,8 @@ static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
 static const char *const SAMPLING_DEFAULTS[] = {"model", "openai", NULL};
 static const char *const SAMPLERS[] = {"auto", "host", "device", NULL};
 static const char *const ONOFF[] = {"on", "off", NULL};
-static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "bf16", "none", NULL};
+static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "modelopt_fp8",
+                                     "modelopt_mixed", "fp8", "bf16", "none", NULL};
 
 typedef struct serve_args {
     const char *model_path, *tokenizer_path, *served_model_name, *host, *quantization;
@@ -262,7 +263,7 @@ int cmd_serve(int argc, char **argv) {
         {"tp-size", F_INT, &a.tp, "alias of --tp", NULL},
         {"host", F_STR, &a.host, "address to bind (default 127.0.0.1)", NULL},
         {"port", F_INT, &a.port, "port (default 30000)", NULL},
-        {"quantization", F_STR, &a.quantization, "checkpoint quantization (modelopt_fp4, bf16; default: from the model)", QUANTS},
+        {"quantization", F_STR, &a.quantization, "checkpoint quantization (modelopt_fp4, modelopt_fp8, modelopt_mixed, fp8, bf16; each linear is read as its tensors are stored)", QUANTS},
         {"attention-backend", F_STR, &a.backend[SA_ATTENTION],
          "attention backend: auto (default: the doctor's fastest per batch size), NAME, or a plan (below)", BACKENDS_ANY},
         {"moe-runner-backend", F_STR, &a.backend[SA_MOE], "MoE backend: auto (default), NAME or a plan", BACKENDS_ANY},

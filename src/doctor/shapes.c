@@ -6,9 +6,10 @@
  * Which linears are NVFP4: in a model folder, the ones hf_quant_config does
  * not exclude (checked on the first layer of each kind: attention, GDN and
  * the shared expert); in one that also declares FP8 (ModelOpt MIXED_PRECISION),
- * what its tensors are, as the loader reads them (FP8 linears run in BF16). For a "synth:" spec, what synth writes
- * (src/model/synth.c): the routed experts NVFP4, the shared expert, attention
- * and GDN projections BF16 (as ModelOpt 0.46 excludes `*.mlp.shared_expert.*`,
+ * what its tensors are, as the loader reads them (FP8 linears run in BF16).
+ * For a "synth:" spec, what synth writes (src/model/synth.c): the routed
+ * experts NVFP4, the shared expert, attention and GDN projections BF16 (as
+ * ModelOpt 0.46 excludes `*.mlp.shared_expert.*`,
  * reference/qwen35-and-nvfp4.md 4.2); all BF16 with quant=bf16 or for a preset
  * that synth writes in BF16 by default (all but the qwen3.5 ones). For a bare
  * preset (--shapes), the other layout real NVFP4 checkpoints may have: routed

@@ -229,7 +229,7 @@ def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_pat
     assert "attn" in titles.get("gemm", ""), titles
 
 
-def test_generate_from_fp8_checkpoint_on_every_backend_set(ls_bin, shared_dir, tmp_path):
+def test_generate_from_fp8_checkpoint_equals_the_bf16_one(ls_bin, shared_dir, tmp_path):
     src = os.path.join(MODELS, "qwen3_moe")
     fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
     convert(src, fd, bd, "block")

@@ -10,7 +10,9 @@ bit for bit (the same weights reach the same kernels), for
   - ModelOpt FP8: quant_method "modelopt", quant_algo FP8, '.weight_scale' per tensor (or per row),
     '.input_scale';
   - ModelOpt MIXED_PRECISION: NVFP4 experts (`laststand quantize`) beside FP8 attention (and the
-    doctor then tests the experts' shapes on fp4_gemm, the attention's as BF16 gemm).
+    doctor then tests the experts' shapes on fp4_gemm, the attention's as BF16 gemm);
+  - the demo model served with FP8 attention and shared expert: the OpenAI SDK's greedy chat gets
+    the BF16 checkpoint's text.
 Malformed FP8 tensors are refused with exit 2 (an FP8 format other than E4M3: exit 1, unsupported)
 and a message naming the tensor or key."""
 import json
@@ -242,6 +244,35 @@ def test_generate_from_fp8_checkpoint_equals_the_bf16_one(ls_bin, shared_dir, tm
         assert p.returncode == 0, p.stderr[-2000:]
         outs.append(p.stdout)
     assert outs[0] == outs[1]
+
+
+def test_serve_fp8_checkpoint_through_the_openai_sdk(ls_bin, demo_model, tmp_path):
+    """The demo model (Qwen3.5-MoE, NVFP4 experts) with its attention and shared expert in FP8
+    (MIXED_PRECISION), served: the OpenAI SDK's greedy chat gets the text of the BF16 checkpoint
+    that holds the same values."""
+    import openai
+    from e2e_util import Server
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    conv = convert(demo_model, fd, bd, "tensor")
+    assert sum(v[0] == "F8_E4M3" for v in conv.values()) >= 4
+    with open(os.path.join(demo_model, "config.json")) as f:
+        q = json.load(f)["quantization_config"]
+    write_config(demo_model, fd, dict(q, quant_algo="MIXED_PRECISION"))
+    write_config(demo_model, bd, q)
+    for d in (fd, bd):
+        for n in os.listdir(demo_model):
+            if n.startswith(("tokenizer", "chat_template", "generation_config")):
+                shutil.copy(os.path.join(demo_model, n), d)
+    texts = []
+    for d in (fd, bd):
+        with Server(ls_bin, d, *(DEV or ["--device", "cpu"])) as srv:
+            c = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
+            r = c.chat.completions.create(model=c.models.list().data[0].id, temperature=0, max_tokens=16,
+                                          messages=[{"role": "user", "content": "Name three colours."}])
+            texts.append((r.choices[0].message.content, r.choices[0].message.reasoning_content
+                          if hasattr(r.choices[0].message, "reasoning_content") else None, r.usage.completion_tokens))
+    assert texts[0] == texts[1], texts
+    assert texts[0][2] > 0
 
 
 # ---- malformed FP8 tensors: exit 2 naming the culprit ------------------------------------------

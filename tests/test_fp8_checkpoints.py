@@ -18,42 +18,17 @@ and a message naming the tensor or key."""
 import json
 import os
 import shutil
-import struct
 import subprocess
 
 import numpy as np
 import pytest
 
 from conftest import SHARED, run_ls
+from st_util import load_tensors, rebuild_st
 
 MODELS = os.path.join(SHARED, "fixtures", "models")
 
-# ---- safetensors and the formats, in numpy ---------------------------------------------------
-
-def read_st(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
-            for k, v in header.items()}
-
-
-def write_st(path, tensors):
-    header, out, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name in sorted(tensors):
-        dt, shape, b = tensors[name]
-        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(b)]}
-        out.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        f.write(b"".join(out))
-
+# ---- the formats, in numpy ---------------------------------------------------
 
 def bf16_to_f32(b, shape):
     return (np.frombuffer(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
@@ -109,7 +84,7 @@ def is_linear(name, shape, only=None):
 def convert(src, fp8_dir, bf16_dir, form, block=(16, 48), only=None):
     """Write src's linears as FP8 (form: 'block', 'tensor', 'row') into fp8_dir and their exact
     dequantization into bf16_dir; everything else copied."""
-    ts = read_st(os.path.join(src, "model.safetensors"))
+    ts = load_tensors(os.path.join(src, "model.safetensors"))
     fp8, bf = {}, {}
     for name, (dt, shape, b) in ts.items():
         if dt != "BF16" or not is_linear(name, shape, only):
@@ -142,7 +117,7 @@ def convert(src, fp8_dir, bf16_dir, form, block=(16, 48), only=None):
         bf[name] = ("BF16", shape, dequant(codes, full).tobytes())
     for d, t in ((fp8_dir, fp8), (bf16_dir, bf)):
         os.makedirs(d, exist_ok=True)
-        write_st(os.path.join(d, "model.safetensors"), t)
+        rebuild_st(os.path.join(d, "model.safetensors"), t)
     return fp8
 
 
@@ -295,9 +270,9 @@ def refused(d, *needles, code=2):
 
 def edit(d, fn):
     path = os.path.join(d, "model.safetensors")
-    ts = read_st(path)
+    ts = load_tensors(path)
     fn(ts)
-    write_st(path, ts)
+    rebuild_st(path, ts)
 
 
 def test_missing_scale_names_the_weight(ls_bin, shared_dir, tmp_path):

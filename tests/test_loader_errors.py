@@ -1,7 +1,7 @@
 """Corrupt checkpoints must be refused with exit code 2 and one line naming the
 file and the tensor or config key (issue 2, "Errors"). Each test copies the
 demo model (synth --preset demo, built from the repository alone) into a tmp
-folder, breaks one thing with a safetensors writer written here in Python,
+folder, breaks one thing with a safetensors writer written in Python (tests/st_util.py),
 and runs `laststand logits` on it."""
 import json
 import os
@@ -11,46 +11,10 @@ import struct
 import pytest
 
 from conftest import run_ls
+from st_util import load_tensors, read_st, rebuild_st, write_st
 
 IDS = "1,2,3"
 P = "model.language_model."
-
-
-# ---- a minimal safetensors reader/writer (independent of the C code) --------
-
-def read_st(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    return header, raw[8 + n:]
-
-
-def write_st(path, header, data):
-    """Write header (dict) + data as is: offsets are taken from the header."""
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        f.write(data)
-
-
-def rebuild_st(path, tensors):
-    """tensors: {name: (dtype, shape, bytes)} -> a valid, contiguous file."""
-    header, out, off = {"__metadata__": {"format": "pt"}}, [], 0
-    for name in sorted(tensors):
-        dt, shape, b = tensors[name]
-        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
-        out.append(b)
-        off += len(b)
-    write_st(path, header, b"".join(out))
-
-
-def load_tensors(path):
-    header, data = read_st(path)
-    header.pop("__metadata__", None)
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
 
 
 # ---- fixtures ------------------------------------------------------------------

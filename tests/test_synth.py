@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import BIN, SHARED, run_ls
+from st_util import load_tensors
 
 # ---- the reference table (hand-copied, not computed by laststand) -------------
 
@@ -474,17 +475,6 @@ def ref_nvfp4(w):
     return codes, sc, s2
 
 
-def st_tensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    h = json.loads(raw[8:8 + n])
-    h.pop("__metadata__", None)
-    base = 8 + n
-    return {k: (v["dtype"], v["shape"], raw[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
-            for k, v in h.items()}
-
-
 def bf16(t):
     return (np.frombuffer(t[2], np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t[1])
 
@@ -494,7 +484,7 @@ def test_quantize_matches_numpy_modelopt_reference(tmp_path):
     synth(src, "demo", "--quant", "bf16", "--layers", "4")
     p = run_ls("quantize", "--in", src, "--out", dst, "--exclude", "*layers.3.self_attn.o_proj")
     assert p.returncode == 0, p.stderr
-    A, B = st_tensors(src / "model.safetensors"), st_tensors(dst / "model.safetensors")
+    A, B = load_tensors(src / "model.safetensors"), load_tensors(dst / "model.safetensors")
     L = "model.language_model.layers."
     gu = bf16(A[L + "3.mlp.experts.gate_up_proj"])  # [E, 2I, H]
     dn = bf16(A[L + "3.mlp.experts.down_proj"])     # [E, H, I]
@@ -573,9 +563,9 @@ def test_quantize_reproduces_the_fixture_quantization(model, quantized, shared_d
     src = os.path.join(shared_dir, "fixtures", "models", model)
     p = run_ls("quantize", "--in", src, "--out", tmp_path / "q")
     assert p.returncode == 0, p.stderr
-    A = st_tensors(tmp_path / "q" / "model.safetensors")
-    B = st_tensors(os.path.join(shared_dir, "fixtures", "models", quantized, "model.safetensors"))
-    S = st_tensors(os.path.join(src, "model.safetensors"))
+    A = load_tensors(tmp_path / "q" / "model.safetensors")
+    B = load_tensors(os.path.join(shared_dir, "fixtures", "models", quantized, "model.safetensors"))
+    S = load_tensors(os.path.join(src, "model.safetensors"))
     for k in [k for k in S if k.endswith("mlp.experts.gate_up_proj")]:  # fused -> per expert, as BF16 views
         g = S.pop(k)
         E, I2, H = g[1]

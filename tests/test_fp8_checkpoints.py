@@ -1,18 +1,26 @@
-"""FP8 (E4M3) checkpoints: the loader dequantizes FP8 linear weights to BF16 at load.
+"""FP8 (E4M3) checkpoints: the loader keeps FP8 linear weights as FP8 (W_FP8: 1 byte a weight, fp32
+scales; the gemm backends multiply fp8 x scale exactly) and dequantizes to BF16 only what must be
+BF16 (routed and shared experts, router, embedding, lm_head).
 
 The oracle is independent of the C code: this file quantizes a BF16 fixture's linear weights to
-FP8 itself (numpy), writes the checkpoint in the two public layouts, and dequantizes the same
-bytes again in numpy (fp8 value x scale in fp32, rounded once to BF16, round to nearest even)
-into a plain BF16 checkpoint. `laststand logits` of the FP8 folder must equal the BF16 folder's
-bit for bit (the same weights reach the same kernels), for
+FP8 itself (numpy), writes the checkpoint in the public layouts, and writes the same bytes'
+values into a plain checkpoint: fp8 value x scale in fp32 (exact E4M3 times the fp32 scale,
+rounded once to fp32) as F32 tensors where the loader keeps FP8, rounded once more to BF16
+(round to nearest even) where it dequantizes. On the CPU `laststand logits` of the FP8 folder must
+equal that folder's bit for bit (the same fp32 weight values reach the same kernels), for
   - Hugging Face's fine-grained FP8 (Qwen / DeepSeek FP8 releases): quant_method "fp8",
     weight_block_size, '.weight_scale_inv' per block (blocks that do not divide the matrix);
   - ModelOpt FP8: quant_method "modelopt", quant_algo FP8, '.weight_scale' per tensor (or per row),
     '.input_scale';
   - ModelOpt MIXED_PRECISION: NVFP4 experts (`laststand quantize`) beside FP8 attention (and the
-    doctor then tests the experts' shapes on fp4_gemm, the attention's as BF16 gemm);
+    doctor then tests the experts' shapes on fp4_gemm, the attention's as FP8 gemm);
   - the demo model served with FP8 attention and shared expert: the OpenAI SDK's greedy chat gets
-    the BF16 checkpoint's text.
+    the plain checkpoint's text.
+With LS_TEST_DEVICE=cuda (bench/device/fp8.sh) the forward passes run on the GPU with BF16
+activations, where bit equality with a CPU oracle is not the contract: there the dense fixture's
+logits must be within the fixtures' 2e-2 of the CPU's fp32 run of the same FP8 checkpoint, and
+the GPU kernels themselves are checked against fp64 by tests/unit/test_fp8_gemm_cuda.c and the
+doctor.
 Malformed FP8 tensors are refused with exit 2 (an FP8 format other than E4M3: exit 1, unsupported)
 and a message naming the tensor or key."""
 import json
@@ -68,7 +76,14 @@ def to_e4m3(x):
 
 
 def dequant(codes, scale_full):
-    return f32_to_bf16(E4M3[codes] * scale_full.astype(np.float32))
+    """The weight's values as the loader uses them: fp8 x scale in fp32."""
+    return E4M3[codes] * scale_full.astype(np.float32)
+
+
+def kept_fp8(name):
+    """Whether the loader keeps this linear FP8 (else it dequantizes it to BF16): everything but
+    the MoE's routed and shared experts (the router and lm_head are never quantized here)."""
+    return ".experts." not in name and ".shared_expert." not in name
 
 
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -82,8 +97,9 @@ def is_linear(name, shape, only=None):
 
 
 def convert(src, fp8_dir, bf16_dir, form, block=(16, 48), only=None):
-    """Write src's linears as FP8 (form: 'block', 'tensor', 'row') into fp8_dir and their exact
-    dequantization into bf16_dir; everything else copied."""
+    """Write src's linears as FP8 (form: 'block', 'tensor', 'row') into fp8_dir and their values
+    into bf16_dir (F32 where the loader keeps FP8, BF16 where it dequantizes); everything else
+    copied."""
     ts = load_tensors(os.path.join(src, "model.safetensors"))
     fp8, bf = {}, {}
     for name, (dt, shape, b) in ts.items():
@@ -114,7 +130,8 @@ def convert(src, fp8_dir, bf16_dir, form, block=(16, 48), only=None):
             fp8[p + ".weight_scale"] = ("F32", [N, 1], sc.tobytes())
         codes = to_e4m3(w / full)
         fp8[name] = ("F8_E4M3", shape, codes.tobytes())
-        bf[name] = ("BF16", shape, dequant(codes, full).tobytes())
+        v = dequant(codes, full)
+        bf[name] = ("F32", shape, v.tobytes()) if kept_fp8(name) else ("BF16", shape, f32_to_bf16(v).tobytes())
     for d, t in ((fp8_dir, fp8), (bf16_dir, bf)):
         os.makedirs(d, exist_ok=True)
         rebuild_st(os.path.join(d, "model.safetensors"), t)
@@ -131,12 +148,13 @@ def write_config(src, d, quant):
         json.dump(c, f)
 
 
-# LS_TEST_DEVICE=cuda (bench/device/fp8.sh): the forward passes on that device, not the default
+# LS_TEST_DEVICE=cuda (bench/device/fp8.sh): the FP8 forward passes on that device, not the default
 DEV = ["--device", os.environ["LS_TEST_DEVICE"]] if os.environ.get("LS_TEST_DEVICE") else []
+GPU = bool(DEV) and DEV[1] != "cpu"
 
 
-def logits(d, ids):
-    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, ids)), *DEV)
+def logits(d, ids, dev=None):
+    p = run_ls("logits", "--model-path", d, "--ids", ",".join(map(str, ids)), *(DEV if dev is None else dev))
     assert p.returncode == 0, p.stderr[-2000:]
     return np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
 
@@ -159,17 +177,24 @@ MO_FP8 = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo"
     ("qwen3_moe", "tensor", MO_FP8),
     ("qwen3_5_moe_text", "row", dict(MO_FP8, quant_algo="FP8_PER_CHANNEL_PER_TOKEN")),
 ])
-def test_fp8_logits_equal_the_dequantized_bf16_model(ls_bin, shared_dir, tmp_path, name, form, quant):
+def test_fp8_logits_equal_the_dequantized_model(ls_bin, shared_dir, tmp_path, name, form, quant):
     src = os.path.join(MODELS, name)
-    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "plain")
     conv = convert(src, fd, bd, form)
     assert any(v[0] == "F8_E4M3" for v in conv.values())
     write_config(src, fd, quant)
     write_config(src, bd, None)
     r = ref(name)
+    if GPU:
+        if name != "qwen3":
+            pytest.skip("on the GPU the dense fixture carries the check (BF16 activations; see the module doc)")
+        a, b = logits(fd, r["input_ids"]), logits(fd, r["input_ids"], dev=["--device", "cpu"])
+        err = (np.abs(a - b).max(axis=1) / np.abs(b).max(axis=1)).max()
+        assert err <= 2e-2, f"worst row max |gpu - cpu| / max |cpu| = {err:.3g}"
+        return
     a, b = logits(fd, r["input_ids"]), logits(bd, r["input_ids"])
     assert a.shape == b.shape
-    assert np.array_equal(a, b), f"max |fp8 - bf16| = {np.abs(a - b).max():.3g}"
+    assert np.array_equal(a, b), f"max |fp8 - plain| = {np.abs(a - b).max():.3g}"
 
 
 def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_path):
@@ -190,9 +215,10 @@ def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_pat
     write_config(nv, fd, dict(mixed, quant_algo="MIXED_PRECISION"))
     write_config(nv, bd, q)
     ids = ref("qwen3_moe")["input_ids"]
-    a, b = logits(fd, ids), logits(bd, ids)
-    assert np.array_equal(a, b), f"max |mixed - nvfp4 + bf16| = {np.abs(a - b).max():.3g}"
-    # the doctor tests the shapes the model runs: experts on fp4_gemm, the FP8 attention as BF16
+    if not GPU:
+        a, b = logits(fd, ids), logits(bd, ids)
+        assert np.array_equal(a, b), f"max |mixed - nvfp4 + f32| = {np.abs(a - b).max():.3g}"
+    # the doctor tests the shapes the model runs: experts on fp4_gemm, the attention as FP8 gemm
     js = tmp_path / "rep.json"
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     env.pop("LASTSTAND_TEST_BROKEN_BACKENDS", None)
@@ -204,11 +230,15 @@ def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_pat
               for t in rep["tables"]}
     assert "experts" in titles.get("fp4_gemm", "") and "attn" not in titles.get("fp4_gemm", ""), titles
     assert "attn" in titles.get("gemm", ""), titles
+    fp8_tabs = [t for t in rep["tables"] if t["family"] == "gemm" and "FP8 weight" in t["title"]]
+    assert fp8_tabs and all("attn" in t["title"] for t in fp8_tabs), titles
 
 
-def test_generate_from_fp8_checkpoint_equals_the_bf16_one(ls_bin, shared_dir, tmp_path):
+def test_generate_from_fp8_checkpoint_equals_the_plain_one(ls_bin, shared_dir, tmp_path):
+    if GPU:
+        pytest.skip("bit equality with the plain checkpoint is the CPU's contract (see the module doc)")
     src = os.path.join(MODELS, "qwen3_moe")
-    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "plain")
     convert(src, fd, bd, "block")
     write_config(src, fd, FP8_BLOCK)
     write_config(src, bd, None)
@@ -223,11 +253,11 @@ def test_generate_from_fp8_checkpoint_equals_the_bf16_one(ls_bin, shared_dir, tm
 
 def test_serve_fp8_checkpoint_through_the_openai_sdk(ls_bin, demo_model, tmp_path):
     """The demo model (Qwen3.5-MoE, NVFP4 experts) with its attention and shared expert in FP8
-    (MIXED_PRECISION), served: the OpenAI SDK's greedy chat gets the text of the BF16 checkpoint
-    that holds the same values."""
+    (MIXED_PRECISION), served on the CPU: the OpenAI SDK's greedy chat gets the text of the plain
+    checkpoint that holds the same values."""
     import openai
     from e2e_util import Server
-    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "bf16")
+    fd, bd = str(tmp_path / "fp8"), str(tmp_path / "plain")
     conv = convert(demo_model, fd, bd, "tensor")
     assert sum(v[0] == "F8_E4M3" for v in conv.values()) >= 4
     with open(os.path.join(demo_model, "config.json")) as f:
@@ -240,7 +270,7 @@ def test_serve_fp8_checkpoint_through_the_openai_sdk(ls_bin, demo_model, tmp_pat
                 shutil.copy(os.path.join(demo_model, n), d)
     texts = []
     for d in (fd, bd):
-        with Server(ls_bin, d, *(DEV or ["--device", "cpu"])) as srv:
+        with Server(ls_bin, d, "--device", "cpu") as srv:
             c = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
             r = c.chat.completions.create(model=c.models.list().data[0].id, temperature=0, max_tokens=16,
                                           messages=[{"role": "user", "content": "Name three colours."}])

@@ -773,10 +773,11 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          "wants logits  (BF16 weight %.4g MB; a gemm, chosen on its own)", s->vocab, s->hidden,
                          (double)s->vocab * s->hidden * 2 / 1e6);
             else {
-                const doc_lin *L = !strcmp(fd->name, "fp4_gemm") ? &s->fp4[sh] : &s->bf16[sh];
-                double wb = !strcmp(fd->name, "fp4_gemm") ? (double)L->N * L->K * 0.5625 : (double)L->N * L->K * 2;
+                const int f4 = !strcmp(fd->name, "fp4_gemm");
+                const doc_lin *L = f4 ? &s->fp4[sh] : &s->bf16[sh];
+                double wb = (double)L->N * L->K * (f4 ? 0.5625 : L->fp8 ? 1.0 : 2.0);
                 snprintf(title, sizeof title, "%s  [%d x %d]  %s  (%s weight %.3g %s)", fd->name, L->N, L->K,
-                         L->label, !strcmp(fd->name, "fp4_gemm") ? "NVFP4" : "BF16",
+                         L->label, f4 ? "NVFP4" : L->fp8 ? "FP8" : "BF16",
                          wb >= 1e6 ? wb / 1e6 : wb / 1e3, wb >= 1e6 ? "MB" : "kB");
             }
             json_t *tab = json_pack("{s:s,s:s,s:O}", "family", fd->name, "title", title, "ms", fms_arr);

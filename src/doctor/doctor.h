@@ -32,6 +32,8 @@
 typedef struct doc_lin {
     int N, K;
     char label[96]; /* which linears have this shape, e.g. "experts gate/up" */
+    int fp8;        /* (additive) a gemm shape whose weight is FP8 (E4M3 codes, fp32 scales per
+                       128 x 128 block in the trials), not BF16 */
 } doc_lin;
 
 typedef struct doc_shapes {
@@ -46,7 +48,7 @@ typedef struct doc_shapes {
     int nk, nv, dk, dv, conv_k;
     doc_lin fp4[DOC_MAX_LIN]; /* fp4_gemm shapes (NVFP4 linears) */
     int n_fp4;
-    doc_lin bf16[DOC_MAX_LIN]; /* gemm shapes (BF16 linears) */
+    doc_lin bf16[DOC_MAX_LIN]; /* gemm shapes (BF16 linears, and FP8 ones: doc_lin.fp8) */
     int n_bf16;
     int sh_nvfp4;        /* (additive) the shared expert is NVFP4; 0 = BF16 (ModelOpt
                             NVFP4 checkpoints may exclude it, synth does); only

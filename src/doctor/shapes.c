@@ -5,8 +5,10 @@
  *
  * Which linears are NVFP4: in a model folder, the ones hf_quant_config does
  * not exclude (checked on the first layer of each kind: attention, GDN and
- * the shared expert); in one that also declares FP8 (ModelOpt MIXED_PRECISION),
- * what its tensors are, as the loader reads them (FP8 linears run in BF16).
+ * the shared expert); in one that declares FP8 (alone, or ModelOpt's
+ * MIXED_PRECISION), what its tensors are, as the loader reads them: FP8
+ * attention, GDN and dense MLP projections are gemm shapes with an FP8 weight
+ * (doc_lin.fp8), an FP8 shared expert runs in BF16.
  * For a "synth:" spec, what synth writes (src/model/synth.c): the routed
  * experts NVFP4, the shared expert, attention and GDN projections BF16 (as
  * ModelOpt 0.46 excludes `*.mlp.shared_expert.*`,
@@ -26,26 +28,36 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether linear module mod is NVFP4: with the checkpoint's tensors at hand (st), as the loader
- * decides (a U8 weight with a weight_scale), where the tensor is there; else not excluded by the
- * config's quantization block. */
-static int lin_nvfp4(const model_config *c, const st_set *st, const char *mod) {
+/* The kinds a linear's weight can have in the shapes: BF16 (gemm), NVFP4 (fp4_gemm), FP8 (gemm,
+ * doc_lin.fp8). */
+enum { LK_BF16 = 0, LK_NVFP4 = 1, LK_FP8 = 2 };
+
+/* What linear module mod is: with the checkpoint's tensors at hand (st), as the loader decides
+ * (NVFP4: a U8 weight with a weight_scale; FP8: an F8_E4M3 weight, kept FP8 by the loader unless
+ * LASTSTAND_FP8_DEQUANT=1), where the tensor is there; else what the config's quantization block
+ * says (not excluded: NVFP4, or FP8 for an FP8-only checkpoint). */
+static int lin_kind(const model_config *c, const st_set *st, const char *mod) {
+    const char *dq = getenv("LASTSTAND_FP8_DEQUANT");
+    const int fp8 = !(dq && !strcmp(dq, "1"));
     if (st) {
         char n[300];
         snprintf(n, sizeof n, "%s.weight", mod);
         const st_tensor *t = st_find(st, n);
         if (t) {
+            if (t->dtype == ST_F8_E4M3) return fp8 ? LK_FP8 : LK_BF16;
             snprintf(n, sizeof n, "%s.weight_scale", mod);
-            return t->dtype == ST_U8 && st_find(st, n) != NULL;
+            return t->dtype == ST_U8 && st_find(st, n) != NULL ? LK_NVFP4 : LK_BF16;
         }
     }
-    return !hfcfg_excluded(c, mod);
+    if (!c->nvfp4 && !c->fp8) return LK_BF16;
+    if (hfcfg_excluded(c, mod)) return LK_BF16;
+    return c->nvfp4 ? LK_NVFP4 : fp8 ? LK_FP8 : LK_BF16;
 }
 
-static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) {
+static void add_lin_kind(doc_lin *arr, int *n, int N, int K, const char *label, int fp8) {
     if (N <= 0 || K <= 0) return;
     for (int i = 0; i < *n; i++)
-        if (arr[i].N == N && arr[i].K == K) {
+        if (arr[i].N == N && arr[i].K == K && arr[i].fp8 == fp8) {
             size_t l = strlen(arr[i].label);
             if (!strstr(arr[i].label, label) && l + strlen(label) + 3 < sizeof arr[i].label)
                 snprintf(arr[i].label + l, sizeof arr[i].label - l, ", %s", label);
@@ -54,9 +66,12 @@ static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) {
     if (*n >= DOC_MAX_LIN) return;
     arr[*n].N = N;
     arr[*n].K = K;
+    arr[*n].fp8 = fp8;
     snprintf(arr[*n].label, sizeof arr[*n].label, "%s", label);
     (*n)++;
 }
+
+static void add_lin(doc_lin *arr, int *n, int N, int K, const char *label) { add_lin_kind(arr, n, N, K, label, 0); }
 
 typedef struct preset {
     const char *name;
@@ -72,41 +87,39 @@ static const preset k_presets[] = {
     {"qwen3-235b-a22b", 4096, 128, 8, 1536, 0, 64, 4, 128, 0, 0, 0, 0, 0, 151936},
 };
 
-/* Fill the derived lists from the scalar fields; quant_attn/quant_gdn: whether
- * those projections are NVFP4 (else BF16); the shared expert's kind is
- * s->sh_nvfp4. */
-static void derive(doc_shapes *s, int quant_attn, int quant_gdn, int dense_inter) {
+/* Fill the derived lists from the scalar fields; ka / kg / km: the kinds (LK_*) of the attention
+ * and GDN projections and of a dense MLP; the routed experts go to fp4_gemm (all_bf16 moves them
+ * for a BF16 model), the shared expert's kind is s->sh_nvfp4 (an FP8 one is dequantized to BF16
+ * at load, as the router). */
+static void add_kind(doc_shapes *s, int kind, int N, int K, const char *label) {
+    if (kind == LK_NVFP4) add_lin(s->fp4, &s->n_fp4, N, K, label);
+    else add_lin_kind(s->bf16, &s->n_bf16, N, K, label, kind == LK_FP8);
+}
+
+static void derive(doc_shapes *s, int ka, int kg, int km, int dense_inter) {
     const int H = s->hidden;
     s->n_fp4 = s->n_bf16 = 0;
-    doc_lin *fa = s->fp4, *ba = s->bf16;
-    int *fn = &s->n_fp4, *bn = &s->n_bf16;
     if (s->n_experts > 0) {
-        add_lin(fa, fn, s->moe_inter, H, "experts gate/up");
-        add_lin(fa, fn, H, s->moe_inter, "experts down");
+        add_kind(s, LK_NVFP4, s->moe_inter, H, "experts gate/up");
+        add_kind(s, LK_NVFP4, H, s->moe_inter, "experts down");
         if (s->shared_inter > 0) {
-            doc_lin *a = s->sh_nvfp4 ? fa : ba;
-            int *an = s->sh_nvfp4 ? fn : bn;
-            add_lin(a, an, s->shared_inter, H, "shared expert gate/up");
-            add_lin(a, an, H, s->shared_inter, "shared expert down");
+            add_kind(s, s->sh_nvfp4 ? LK_NVFP4 : LK_BF16, s->shared_inter, H, "shared expert gate/up");
+            add_kind(s, s->sh_nvfp4 ? LK_NVFP4 : LK_BF16, H, s->shared_inter, "shared expert down");
         }
-        add_lin(ba, bn, s->n_experts, H, "router");
+        add_kind(s, LK_BF16, s->n_experts, H, "router");
     } else if (dense_inter > 0) {
-        add_lin(fa, fn, dense_inter, H, "mlp gate/up");
-        add_lin(fa, fn, H, dense_inter, "mlp down");
+        add_kind(s, km, dense_inter, H, "mlp gate/up");
+        add_kind(s, km, H, dense_inter, "mlp down");
     }
     if (s->n_heads > 0) {
-        doc_lin *a = quant_attn ? fa : ba;
-        int *an = quant_attn ? fn : bn;
-        add_lin(a, an, s->n_heads * s->head_dim * (s->gated ? 2 : 1), H, "attn q_proj");
-        add_lin(a, an, s->n_kv_heads * s->head_dim, H, "attn k/v_proj");
-        add_lin(a, an, H, s->n_heads * s->head_dim, "attn o_proj");
+        add_kind(s, ka, s->n_heads * s->head_dim * (s->gated ? 2 : 1), H, "attn q_proj");
+        add_kind(s, ka, s->n_kv_heads * s->head_dim, H, "attn k/v_proj");
+        add_kind(s, ka, H, s->n_heads * s->head_dim, "attn o_proj");
     }
     if (s->nk > 0) {
-        doc_lin *a = quant_gdn ? fa : ba;
-        int *an = quant_gdn ? fn : bn;
-        add_lin(a, an, 2 * s->nk * s->dk + s->nv * s->dv, H, "gdn in_proj_qkv");
-        add_lin(a, an, s->nv * s->dv, H, "gdn in_proj_z");
-        add_lin(a, an, H, s->nv * s->dv, "gdn out_proj");
+        add_kind(s, kg, 2 * s->nk * s->dk + s->nv * s->dv, H, "gdn in_proj_qkv");
+        add_kind(s, kg, s->nv * s->dv, H, "gdn in_proj_z");
+        add_kind(s, kg, H, s->nv * s->dv, "gdn out_proj");
     }
     /* NVFP4 needs K % 16 == 0; anything else cannot be NVFP4 at all */
     for (int i = 0; i < s->n_fp4; i++)
@@ -149,7 +162,7 @@ int doc_shapes_from_preset(const char *name, doc_shapes *s, ls_err *e) {
         s->dk = p->dk;
         s->dv = p->dv;
         s->conv_k = p->nk > 0 ? 4 : 0;
-        derive(s, 0, 0, p->dense_inter);
+        derive(s, LK_BF16, LK_BF16, LK_NVFP4, p->dense_inter);
         return 0;
     }
     buf b;
@@ -175,11 +188,14 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
         synth_opts so;
         if ((rc = synth_parse_spec(spec, &so, e))) return err_prefix(e, "--model-path %s", path);
         snprintf(s->model, sizeof s->model, "%s", path);
-        /* synth's quantization: quant=Q, else NVFP4 for the qwen3.5 presets only;
-         * its NVFP4 checkpoints keep the shared expert BF16 */
+        /* synth's quantization: quant=Q, else NVFP4 for the qwen3.5 presets only; its NVFP4
+         * checkpoints keep the shared expert BF16; nvfp4-fp8 writes attention and GDN in FP8
+         * (and the shared expert, which the loader dequantizes to BF16) */
         s->sh_nvfp4 = 0;
-        derive(s, 0, 0, 0);
-        if (!(so.quant ? !strcmp(so.quant, "nvfp4") : !strncmp(name, "qwen3.5-", 8))) all_bf16(s);
+        const char *dq = getenv("LASTSTAND_FP8_DEQUANT");
+        const int kp = so.quant && !strcmp(so.quant, "nvfp4-fp8") && !(dq && !strcmp(dq, "1")) ? LK_FP8 : LK_BF16;
+        derive(s, kp, kp, LK_NVFP4, 0);
+        if (!(so.quant ? strncmp(so.quant, "nvfp4", 5) == 0 : !strncmp(name, "qwen3.5-", 8))) all_bf16(s);
         return 0;
     }
     model_config c;
@@ -217,35 +233,40 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
         s->dv = c.lin_v_dim;
         s->conv_k = c.lin_conv;
     }
-    int qa = 0, qg = 0;
-    if (c.nvfp4) {
+    int qa = LK_BF16, qg = LK_BF16, qm = LK_BF16;
+    const int dense = c.n_experts > 0 ? 0 : c.intermediate;
+    if (c.nvfp4 || c.fp8) {
         char mod[256];
         const char *pfx = c.wrapped ? "model.language_model.layers" : "model.layers";
-        /* a checkpoint that also declares FP8 (MIXED_PRECISION): the tensors say which linears are
-         * NVFP4, as the loader reads them (FP8 ones run in BF16); the config's excludes otherwise */
+        /* a checkpoint that declares FP8 (alone or beside NVFP4: MIXED_PRECISION): the tensors say
+         * what each linear is, as the loader reads them; the config's excludes otherwise */
         st_set *st = NULL;
         if (c.fp8 && st_open_dir(path, &st, &(ls_err){0})) st = NULL;
         if (first_full >= 0) {
             snprintf(mod, sizeof mod, "%s.%d.self_attn.q_proj", pfx, first_full);
-            qa = lin_nvfp4(&c, st, mod);
+            qa = lin_kind(&c, st, mod);
         }
         if (first_lin >= 0) {
-            snprintf(mod, sizeof mod, "%s.%d.linear_attn.in_proj_qkv", pfx, first_lin);
-            qg = lin_nvfp4(&c, st, mod);
+            snprintf(mod, sizeof mod, "%s.%d.linear_attn.in_proj_qkv%s", pfx, first_lin,
+                     c.arch == ARCH_QWEN3_NEXT ? "z" : "");
+            qg = lin_kind(&c, st, mod);
+        }
+        if (dense > 0) {
+            snprintf(mod, sizeof mod, "%s.0.mlp.gate_proj", pfx);
+            qm = lin_kind(&c, st, mod);
         }
         if (c.shared_inter > 0 && c.n_experts > 0) {
             snprintf(mod, sizeof mod, "%s.0.mlp.shared_expert.gate_proj", pfx);
-            s->sh_nvfp4 = lin_nvfp4(&c, st, mod);
+            s->sh_nvfp4 = lin_kind(&c, st, mod) == LK_NVFP4;
         }
         if (st && c.n_experts > 0) {
             snprintf(mod, sizeof mod, "%s.0.mlp.experts.0.gate_proj", pfx);
-            s->nvfp4 = lin_nvfp4(&c, st, mod);
+            s->nvfp4 = lin_kind(&c, st, mod) == LK_NVFP4;
         }
         st_close(st);
     }
-    int dense = c.n_experts > 0 ? 0 : c.intermediate;
-    derive(s, qa, qg, dense);
-    if (!c.nvfp4) all_bf16(s);
+    derive(s, qa, qg, qm, dense);
+    if (!s->nvfp4) all_bf16(s);
     hfcfg_free(&c);
     return 0;
 }
@@ -271,7 +292,8 @@ int doc_shapes_set_fp4(doc_shapes *s, const char *list, ls_err *e) {
 static json_t *lins_json(const doc_lin *a, int n) {
     json_t *arr = json_array();
     for (int i = 0; i < n; i++)
-        json_array_append_new(arr, json_pack("{s:i,s:i,s:s}", "N", a[i].N, "K", a[i].K, "label", a[i].label));
+        json_array_append_new(arr, json_pack("{s:i,s:i,s:s,s:i}", "N", a[i].N, "K", a[i].K, "label", a[i].label, "fp8",
+                                             a[i].fp8));
     return arr;
 }
 
@@ -305,6 +327,7 @@ static void parse_lins(json_t *arr, doc_lin *a, int *n) {
         if (*n >= DOC_MAX_LIN) break;
         a[*n].N = geti(v, "N");
         a[*n].K = geti(v, "K");
+        a[*n].fp8 = geti(v, "fp8");
         const char *l = json_string_value(json_object_get(v, "label"));
         snprintf(a[*n].label, sizeof a[*n].label, "%s", l ? l : "");
         (*n)++;

@@ -303,7 +303,7 @@ float td_rng_unit(uint64_t *s) { return (float)((td_rng_next(s) >> 40) * (1.0 / 
  * only, never on the thread count (generation of the 397B layer's 512 experts
  * single-threaded took most of a moe trial's time). */
 typedef struct gen_ctx {
-    int kind; /* 0 activations (float), 1 NVFP4 codes + scales, 2 BF16 weight */
+    int kind; /* 0 activations (float), 1 NVFP4 codes + scales, 2 BF16 weight, 3 FP8 codes */
     int K;
     uint64_t base;
     float amp;
@@ -335,6 +335,15 @@ static void gen_rows(void *p, int64_t r0, int64_t r1) {
                 int ex = 2 + (int)(v % 9); /* biased exponent 2..10: 2^-5 .. 2^3 */
                 sc[i] = (uint8_t)((ex << 3) | ((v >> 8) & 7));
             }
+        } else if (g->kind == 3) {
+            uint8_t *w = (uint8_t *)g->a + (size_t)r * K;
+            for (size_t k = 0; k < K; k += 8) {
+                uint64_t v = td_rng_next(&rng);
+                for (size_t j = 0; j < 8 && k + j < K; j++) {
+                    uint8_t b = (uint8_t)(v >> (8 * j));
+                    w[k + j] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b; /* every code but the NaNs */
+                }
+            }
         } else {
             uint16_t *w = (uint16_t *)g->a + (size_t)r * K;
             for (size_t k = 0; k < K; k++) w[k] = f32_to_bf16(td_rng_unit(&rng) * g->amp);
@@ -356,6 +365,13 @@ void td_gen_act(float *x, int M, int K, uint64_t *rng) { gen_par(0, M, K, 1.f, x
 void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng) {
     gen_par(1, N, K, 1.f, codes, scales, rng);
     *scale2 = 1.0f / (6.0f * 448.0f) * (1.0f + 0.5f * td_rng_unit(rng));
+}
+
+/* FP8 weight [N, K] on the host: E4M3 codes of every non-NaN value (2^-9 .. 448, both signs),
+ * n_scales positive fp32 scales of 2^-12 .. 2^-6. */
+void td_gen_fp8(int N, int K, uint8_t *codes, float *scales, size_t n_scales, uint64_t *rng) {
+    gen_par(3, N, K, 1.f, codes, NULL, rng);
+    for (size_t i = 0; i < n_scales; i++) scales[i] = ldexpf(1.f + 0.5f * td_rng_unit(rng), -12 + (int)(td_rng_next(rng) % 7));
 }
 
 /* BF16 weight [N, K]: uniform(-amp, amp). */

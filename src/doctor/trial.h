@@ -53,6 +53,7 @@ float td_rng_unit(uint64_t *s);
 void td_gen_act(float *x, int M, int K, uint64_t *rng);
 void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng);
 void td_gen_bf16(int N, int K, uint16_t *w, float amp, uint64_t *rng);
+void td_gen_fp8(int N, int K, uint8_t *codes, float *scales, size_t n_scales, uint64_t *rng);
 
 /* 1 if y matches ref; detail says why not (naming M). */
 int td_check(const float *y, const float *ref, size_t rows, size_t cols, const unsigned char *skip_row,

@@ -1,6 +1,7 @@
 /* trial_gemm.c: the doctor's jobs for fp4_gemm (NVFP4 weight) and gemm (BF16
- * weight): job = shape index · n_ms + bucket index, over the shapes the
- * parent handed over (doc_shapes.fp4 / .bf16).
+ * or FP8 weight): job = shape index · n_ms + bucket index, over the shapes the
+ * parent handed over (doc_shapes.fp4 / .bf16; doc_lin.fp8: E4M3 codes of every
+ * non-NaN value with fp32 scales per 128 x 128 block, Hugging Face's layout).
  *
  * Oracle: y_ref[m,n] = Σ_k W[n,k]·x[m,k] in fp64 on the CPU (threads over n)
  * at M = 1 and while M·N·K <= TD_CPU_REF_MACS; above, the GPU reference kernel
@@ -24,6 +25,7 @@ typedef struct oracle_ctx {
     int fp4, M, N, K;
     const uint8_t *codes, *scales;
     float scale2;
+    const lin_w *w8; /* FP8: the host weight (lin_row_f32's values) */
     const uint16_t *wbf;
     const float *x;
     float *ref;
@@ -39,6 +41,10 @@ static void oracle_rows(void *p, int64_t n0, int64_t n1) {
                 double v = E2M1_LUT[(k & 1) ? b >> 4 : b & 15];
                 row[k] = v * fp8_e4m3_to_f32(c->scales[(size_t)n * (c->K / 16) + k / 16]) * (double)c->scale2;
             }
+        } else if (c->w8) {
+            for (int k = 0; k < c->K; k++)
+                row[k] = (double)fp8_e4m3_to_f32(((const uint8_t *)c->w8->data)[(size_t)n * c->K + k]) *
+                         lin_fp8_scale(c->w8, (int)n, k);
         } else {
             for (int k = 0; k < c->K; k++) row[k] = bf16_to_f32(c->wbf[(size_t)n * c->K + k]);
         }
@@ -55,7 +61,7 @@ static void oracle_rows(void *p, int64_t n0, int64_t n1) {
 /* Device-side buffers of one job, nsets rotating copies. */
 typedef struct gjob {
     const gemm_impl *impl;
-    int fp4, M, N, K, nsets;
+    int fp4, fp8, M, N, K, nsets;
     size_t wbytes, sbytes, xbytes, ybytes;
     void **w, **sc, **x, **y;
     float scale2;
@@ -80,6 +86,14 @@ static void gjob_free(gjob *j) {
     memset(j, 0, sizeof *j);
 }
 
+/* The doctor's FP8 weight: codes [N, K], fp32 scales per 128 x 128 block. */
+#define FP8_BLK 128
+static void fp8_view(lin_w *w, int N, int K, const void *codes, const void *scales) {
+    *w = (lin_w){.kind = W_FP8, .N = N, .K = K, .data = codes, .name = "doctor", .fscale = scales,
+                 .fs_br = FP8_BLK, .fs_bc = FP8_BLK, .fs_cols = (K + FP8_BLK - 1) / FP8_BLK,
+                 .fs_n = (size_t)((N + FP8_BLK - 1) / FP8_BLK) * ((K + FP8_BLK - 1) / FP8_BLK)};
+}
+
 /* Allocate sets [from, nsets) as copies of set 0 (set 0 must exist when from > 0). */
 static int gjob_alloc(gjob *j, int from, ls_err *e) {
     if (from == 0) {
@@ -91,15 +105,16 @@ static int gjob_alloc(gjob *j, int from, ls_err *e) {
     }
     for (int s = from; s < j->nsets; s++) {
         if (!(j->w[s] = td_alloc(j->wbytes, e))) return ERR_NOMEM;
-        if (j->fp4 && !(j->sc[s] = td_alloc(j->sbytes, e))) return ERR_NOMEM;
+        if ((j->fp4 || j->fp8) && !(j->sc[s] = td_alloc(j->sbytes, e))) return ERR_NOMEM;
         if (!(j->x[s] = td_alloc(j->xbytes, e))) return ERR_NOMEM;
         if (!(j->y[s] = td_alloc(j->ybytes, e))) return ERR_NOMEM;
         j->lw[s] = (lin_w){.kind = j->fp4 ? W_NVFP4 : W_BF16, .N = j->N, .K = j->K, .data = j->w[s],
                            .scale = j->sc[s], .scale2 = j->scale2, .name = "doctor"};
+        if (j->fp8) fp8_view(&j->lw[s], j->N, j->K, j->w[s], j->sc[s]);
         if (s > 0) {
             int rc;
             if ((rc = td_copy(j->w[s], j->w[0], j->wbytes, e))) return rc;
-            if (j->fp4 && (rc = td_copy(j->sc[s], j->sc[0], j->sbytes, e))) return rc;
+            if ((j->fp4 || j->fp8) && (rc = td_copy(j->sc[s], j->sc[0], j->sbytes, e))) return rc;
             if ((rc = td_copy(j->x[s], j->x[0], j->xbytes, e))) return rc;
         }
     }
@@ -114,7 +129,9 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     r->status = "crash";
     r->ref = "none";
     r->rel = r->max = NAN;
-    r->bytes = fp4 ? (double)N * K / 2 + (double)N * K / 16 : (double)N * K * 2;
+    const int fp8 = !fp4 && L->fp8;
+    const size_t n_fs = (size_t)((N + FP8_BLK - 1) / FP8_BLK) * ((K + FP8_BLK - 1) / FP8_BLK);
+    r->bytes = fp4 ? (double)N * K / 2 + (double)N * K / 16 : fp8 ? (double)N * K + 4.0 * n_fs : (double)N * K * 2;
     r->bytes += (double)M * K * act_size(td_act()) + (double)M * N * act_size(td_act());
     r->flops = 2.0 * M * N * K;
     if (!impl || impl->dev != td_dev()->kind) {
@@ -122,7 +139,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
         snprintf(r->detail, sizeof r->detail, "no backend '%s' for this device", c->backend);
         return;
     }
-    gemm_shape sh = {.M = M, .N = N, .K = K, .wk = fp4 ? W_NVFP4 : W_BF16, .dt = td_act()};
+    gemm_shape sh = {.M = M, .N = N, .K = K, .wk = fp4 ? W_NVFP4 : fp8 ? W_FP8 : W_BF16, .dt = td_act()};
     char why[256] = "";
     if (!impl->supported(td_dev(), &sh, why, sizeof why)) {
         r->status = "unsupported";
@@ -130,22 +147,24 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
         return;
     }
     uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 7919 + 1;
-    gjob j = {.impl = impl, .fp4 = fp4, .M = M, .N = N, .K = K, .nsets = 1};
-    j.wbytes = fp4 ? (size_t)N * K / 2 : (size_t)N * K * 2;
-    j.sbytes = fp4 ? (size_t)N * K / 16 : 0;
+    gjob j = {.impl = impl, .fp4 = fp4, .fp8 = fp8, .M = M, .N = N, .K = K, .nsets = 1};
+    j.wbytes = fp4 ? (size_t)N * K / 2 : fp8 ? (size_t)N * K : (size_t)N * K * 2;
+    j.sbytes = fp4 ? (size_t)N * K / 16 : fp8 ? sizeof(float) * n_fs : 0;
     j.xbytes = (size_t)M * K * act_size(td_act());
     j.ybytes = (size_t)M * N * act_size(td_act());
     /* one random weight per shape, shared by its buckets (generation is the slow part) */
-    static struct { int fp4, N, K; uint8_t *w, *s; float scale2; } wc;
-    if (!wc.w || wc.fp4 != fp4 || wc.N != N || wc.K != K) {
+    static struct { int fp4, fp8, N, K; uint8_t *w, *s; float scale2; } wc;
+    if (!wc.w || wc.fp4 != fp4 || wc.fp8 != fp8 || wc.N != N || wc.K != K) {
         free(wc.w);
         free(wc.s);
-        wc.fp4 = fp4; wc.N = N; wc.K = K;
+        wc.fp4 = fp4; wc.fp8 = fp8; wc.N = N; wc.K = K;
         wc.w = xmalloc(j.wbytes);
-        wc.s = fp4 ? xmalloc(j.sbytes) : NULL;
+        wc.s = j.sbytes ? xmalloc(j.sbytes) : NULL;
         uint64_t wr = c->seed * 0x2545F4914F6CDD1Dull + (uint64_t)N * 131 + (uint64_t)K;
         if (fp4) {
             td_gen_nvfp4(N, K, wc.w, wc.s, &wc.scale2, &wr);
+        } else if (fp8) {
+            td_gen_fp8(N, K, wc.w, (float *)wc.s, n_fs, &wr);
         } else {
             td_gen_bf16(N, K, (uint16_t *)wc.w, 0.05f, &wr);
         }
@@ -156,7 +175,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     td_gen_act(hx, M, K, &rng);
     int rc = gjob_alloc(&j, 0, &e);
     if (!rc) rc = td_put(j.w[0], hw, j.wbytes, &e);
-    if (!rc && fp4) rc = td_put(j.sc[0], hs, j.sbytes, &e);
+    if (!rc && (fp4 || fp8)) rc = td_put(j.sc[0], hs, j.sbytes, &e);
     if (!rc) rc = td_put_act(j.x[0], hx, (size_t)M * K, &e);
     if (!rc) rc = td_poison(j.y[0], j.ybytes, &e);
     if (rc) { snprintf(r->detail, sizeof r->detail, "set-up: %.503s", e.msg); goto done; }
@@ -178,7 +197,9 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     /* M = 1 always on the CPU: the lm_head's [vocab x hidden] (5e8 MACs at 248320 x 2048) is above
      * the limit even there, and its row group then checks cuda_ref against fp64 itself */
     if (M == 1 || (uint64_t)M * N * K <= TD_CPU_REF_MACS || td_dev()->kind == DEV_CPU) {
-        oracle_ctx oc = {fp4, M, N, K, hw, hs, j.scale2, (const uint16_t *)hw, hx, ref};
+        lin_w hw8;
+        fp8_view(&hw8, N, K, hw, hs);
+        oracle_ctx oc = {fp4, M, N, K, hw, hs, j.scale2, fp8 ? &hw8 : NULL, (const uint16_t *)hw, hx, ref};
         pool_for(N, 16, oracle_rows, &oc);
         r->ref = "cpu-fp64";
     } else if (!strcmp(c->backend, "cuda_ref")) {

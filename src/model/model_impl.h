@@ -180,6 +180,12 @@ void mdl_name(const model *m, char *out, size_t n, const char *fmt, ...)
  * NVFP4 (`p.weight` U8 [N, K/2] + `p.weight_scale` F8_E4M3 [N, K/16] +
  * `p.weight_scale_2` F32 scalar). p is a full tensor name without ".weight". */
 int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e);
+/* mdl_bind_lin, then an FP8 weight dequantized to BF16 (for the consumers that need BF16 or
+ * NVFP4: MoE experts, router, shared expert, embedding, lm_head). */
+int mdl_bind_lin_bf16(model *m, const char *p, int N, int K, lin_w *out, ls_err *e);
+/* w (W_FP8) as a W_BF16 weight in the model's memory: fp8 · scale in fp32, rounded once; other
+ * kinds untouched. */
+int mdl_fp8_to_bf16(model *m, lin_w *w, ls_err *e);
 /* A 1-D parameter (full name) of n elements (any float dtype, any shape whose
  * product is n and whose dims are given by shape[0..nd)) as an owned fp32 copy. */
 int mdl_bind_vec(model *m, const char *name, int nd, const int64_t *shape, float **out, ls_err *e);

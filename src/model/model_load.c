@@ -72,6 +72,24 @@ static int ptr_cmp(const void *a, const void *b) {
 
 void mdl_take_rows(model *m, const lin_w *w, const int *rows, int n, lin_w *out) {
     size_t rb, sb = 0; /* bytes per row of data and of scales */
+    if (w->kind == W_FP8) {
+        /* the codes' rows, and their scales per row (rows picked out of a block no longer share it) */
+        uint8_t *d = mdl_alloc(m, (size_t)w->K * n);
+        float *fs = mdl_alloc(m, sizeof(float) * (size_t)w->fs_cols * n);
+        for (int i = 0; i < n; i++) {
+            memcpy(d + (size_t)w->K * i, (const uint8_t *)w->data + (size_t)w->K * rows[i], (size_t)w->K);
+            const size_t sr = (size_t)((rows[i] + w->fs_r0) / w->fs_br) * (size_t)w->fs_cols;
+            memcpy(fs + (size_t)w->fs_cols * i, w->fscale + sr, sizeof(float) * (size_t)w->fs_cols);
+        }
+        *out = *w;
+        out->N = n;
+        out->data = d;
+        out->fscale = fs;
+        out->fs_br = 1;
+        out->fs_r0 = 0;
+        out->fs_n = (size_t)w->fs_cols * n;
+        return;
+    }
     switch (w->kind) {
     case W_F32: rb = (size_t)w->K * 4; break;
     case W_BF16: case W_F16: rb = (size_t)w->K * 2; break;
@@ -133,53 +151,81 @@ static int missing(const model *m, const char *name, ls_err *e) {
     return errf(e, ERR_INVAL, "missing tensor '%s' in %s", name, m->path);
 }
 
-/* ---- FP8 (E4M3) weights: dequantized to BF16 at load ----------------------------
- * w = fp8 · scale, the product in fp32 rounded once to BF16 (round to nearest even), with the scale
- * per tensor or per row (ModelOpt FP8: '.weight_scale', one value or N) or per block of
- * fp8_block[0] x fp8_block[1] weights (Hugging Face's fine-grained FP8: '.weight_scale_inv',
- * [ceil(N / rows), ceil(K / cols)], 128 x 128 when the config gives no weight_block_size). The
- * layer then runs as a BF16 one (the same kernels, twice the FP8 bytes). */
+/* ---- FP8 (E4M3) weights -----------------------------------------------------------
+ * Kept as W_FP8 (1 byte a weight on the device; the gemm backends take them): the codes as in
+ * the checkpoint and the scales as fp32, per tensor or per row (ModelOpt FP8: '.weight_scale',
+ * one value or N) or per block of fp8_block[0] x fp8_block[1] weights (Hugging Face's
+ * fine-grained FP8: '.weight_scale_inv', [ceil(N / rows), ceil(K / cols)], 128 x 128 when the
+ * config gives no weight_block_size). Dequantized to BF16 (fp8 · scale in fp32, rounded once,
+ * round to nearest even) where the consumer needs BF16 (mdl_bind_lin_bf16: MoE experts, router,
+ * embedding, lm_head), on a GPU where the scale blocks do not cover whole 64-column groups (the
+ * small-M kernel's step), and for every weight when LASTSTAND_FP8_DEQUANT=1 (the BF16 kernels then run
+ * them, the behaviour before W_FP8; for before/after measurements). */
 typedef struct fp8_job {
-    const uint8_t *w;
-    const float *sc; /* per row (rows = N, cols = 1), per block, or one value (rows = cols = 0) */
-    int K, br, bc, scols;
+    const lin_w *w;
     uint16_t *out;
-    float lut[256];
     int64_t nan_at; /* an element holding an FP8 NaN code (-1: none), any of them */
 } fp8_job;
 
 static void fp8_rows(void *ctx, int64_t r0, int64_t r1) {
     fp8_job *j = ctx;
+    const int K = j->w->K;
+    float *row = xmalloc(sizeof(float) * (size_t)K);
     for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *w = j->w + r * j->K;
-        uint16_t *o = j->out + r * j->K;
-        for (int k = 0; k < j->K; k++) {
-            const float s = !j->br ? j->sc[0] : j->sc[(r / j->br) * j->scols + (j->bc ? k / j->bc : 0)];
-            o[k] = f32_to_bf16(j->lut[w[k]] * s);
-            if ((w[k] & 0x7f) == 0x7f) __atomic_store_n(&j->nan_at, r * j->K + k, __ATOMIC_RELAXED);
-        }
+        const uint8_t *w = (const uint8_t *)j->w->data + r * K;
+        for (int k = 0; k < K; k++)
+            if ((w[k] & 0x7f) == 0x7f) __atomic_store_n(&j->nan_at, r * K + k, __ATOMIC_RELAXED);
+        if (!j->out) continue;
+        lin_row_f32(j->w, (int)r, row);
+        uint16_t *o = j->out + r * K;
+        for (int k = 0; k < K; k++) o[k] = f32_to_bf16(row[k]);
     }
+    free(row);
 }
 
-/* The scale tensor t (F32, BF16 or F16) as n floats in *out (malloc'd); every value finite. */
-static int fp8_scales(const st_tensor *t, int64_t n, float **out, ls_err *e) {
-    float *v = xmalloc(sizeof(float) * (size_t)(n ? n : 1));
+/* Scan w (W_FP8) for NaN codes and, when out is set, write it there as BF16 [N, K]. */
+static int fp8_pass(const lin_w *w, uint16_t *out, ls_err *e) {
+    fp8_job j = {w, out, -1};
+    pool_for(w->N, 64, fp8_rows, &j);
+    const int64_t bad = j.nan_at;
+    if (bad >= 0)
+        return errf(e, ERR_INVAL, "tensor '%s': element %lld (row %lld) is an FP8 NaN (0x%02x)",
+                    w->name ? w->name : "?", (long long)bad, (long long)(bad / w->K),
+                    ((const uint8_t *)w->data)[bad]);
+    return 0;
+}
+
+int mdl_fp8_to_bf16(model *m, lin_w *w, ls_err *e) {
+    if (w->kind != W_FP8) return 0;
+    uint16_t *deq = mdl_alloc(m, sizeof(uint16_t) * (size_t)w->N * w->K);
+    int rc = fp8_pass(w, deq, e);
+    if (rc) return rc;
+    *w = (lin_w){.kind = W_BF16, .N = w->N, .K = w->K, .data = deq, .name = w->name};
+    return 0;
+}
+
+/* 1 when LASTSTAND_FP8_DEQUANT=1: every FP8 weight dequantized at load. */
+static int fp8_dequant_all(void) {
+    const char *v = getenv("LASTSTAND_FP8_DEQUANT");
+    return v && !strcmp(v, "1");
+}
+
+/* The scale tensor t (F32, BF16 or F16) as n floats in *out (the model's memory); every value
+ * finite. */
+static int fp8_scales(model *m, const st_tensor *t, int64_t n, float **out, ls_err *e) {
+    float *v = mdl_alloc(m, sizeof(float) * (size_t)(n ? n : 1));
     for (int64_t i = 0; i < n; i++) {
         switch (t->dtype) {
         case ST_F32: memcpy(&v[i], (const char *)t->data + 4 * i, 4); break;
         case ST_BF16: v[i] = bf16_to_f32(((const uint16_t *)t->data)[i]); break;
         case ST_F16: v[i] = f16_to_f32(((const uint16_t *)t->data)[i]); break;
         default:
-            free(v);
             return errf(e, ERR_INVAL, "tensor '%s' in %s: dtype %s, expected F32, BF16 or F16 (an FP8 scale)", t->name,
                         t->file, st_dtype_name(t->dtype));
         }
-        if (!isfinite(v[i])) {
-            const float bad = v[i];
-            free(v);
+        if (!isfinite(v[i]))
             return errf(e, ERR_INVAL, "tensor '%s' in %s: scale %lld is %g (an FP8 scale must be a finite number)",
-                        t->name, t->file, (long long)i, bad);
-        }
+                        t->name, t->file, (long long)i, v[i]);
     }
     *out = v;
     return 0;
@@ -193,55 +239,40 @@ static int bind_fp8(model *m, const char *p, const st_tensor *w, int N, int K, l
     snprintf(sn, sizeof sn, "%s.weight_scale", p);
     snprintf(si, sizeof si, "%s.weight_scale_inv", p);
     const st_tensor *blk = mdl_tensor(m, si), *per = blk ? NULL : mdl_tensor(m, sn);
-    fp8_job *j = xcalloc(1, sizeof *j);
-    j->w = w->data, j->K = K;
     float *sc = NULL;
+    int br, bc, scols;
+    int64_t ns;
     if (blk) {
-        const int br = m->cfg.fp8_block[0] > 0 ? m->cfg.fp8_block[0] : 128;
-        const int bc = m->cfg.fp8_block[1] > 0 ? m->cfg.fp8_block[1] : 128;
+        br = m->cfg.fp8_block[0] > 0 ? m->cfg.fp8_block[0] : 128;
+        bc = m->cfg.fp8_block[1] > 0 ? m->cfg.fp8_block[1] : 128;
         const int64_t ss[2] = {(N + br - 1) / br, (K + bc - 1) / bc};
-        if ((rc = check_shape(blk, 2, ss, e))) {
-            free(j);
+        if ((rc = check_shape(blk, 2, ss, e)))
             return err_prefix(e, "the block scales of FP8 tensor '%s' (weight_block_size [%d, %d])", w->name, br, bc);
-        }
-        rc = fp8_scales(blk, ss[0] * ss[1], &sc, e);
-        j->br = br, j->bc = bc, j->scols = (int)ss[1];
+        ns = ss[0] * ss[1];
+        scols = (int)ss[1];
+        rc = fp8_scales(m, blk, ns, &sc, e);
     } else if (per) {
-        const int64_t n = st_numel(per);
-        const int okrow = n == N && (per->ndim == 1 || (per->ndim == 2 && per->shape[1] == 1));
-        if (n != 1 && !okrow) {
+        ns = st_numel(per);
+        const int okrow = ns == N && (per->ndim == 1 || (per->ndim == 2 && per->shape[1] == 1));
+        if (ns != 1 && !okrow) {
             char got[128];
             shape_str(per, got, sizeof got);
-            free(j);
             return errf(e, ERR_INVAL, "tensor '%s' in %s: shape %s, expected one value or one per row ([%d] or [%d, 1]) "
                         "to scale FP8 tensor '%s'", sn, per->file, got, N, N, w->name);
         }
-        rc = fp8_scales(per, n, &sc, e);
-        if (n > 1) j->br = 1, j->bc = 0, j->scols = 1;
+        br = ns == 1 ? N : 1, bc = K, scols = 1;
+        rc = fp8_scales(m, per, ns, &sc, e);
     } else {
-        free(j);
         return errf(e, ERR_INVAL, "tensor '%s' in %s is FP8 (F8_E4M3) but the checkpoint has neither '%s' nor '%s' to scale it",
                     w->name, w->file, sn, si);
     }
-    if (rc) {
-        free(j);
-        return rc;
-    }
-    for (int c = 0; c < 256; c++) j->lut[c] = fp8_e4m3_to_f32((uint8_t)c);
-    j->sc = sc;
-    j->nan_at = -1;
-    j->out = mdl_alloc(m, sizeof(uint16_t) * (size_t)N * K);
-    pool_for(N, 64, fp8_rows, j);
-    const int64_t bad = j->nan_at;
-    uint16_t *deq = j->out; /* the model's (mdl_alloc): freed at close */
-    free(sc);
-    free(j);
-    if (bad >= 0)
-        return errf(e, ERR_INVAL, "tensor '%s' in %s: element %lld (row %lld) is an FP8 NaN (0x%02x)", w->name, w->file,
-                    (long long)bad, (long long)(bad / K), ((const uint8_t *)w->data)[bad]);
-    out->kind = W_BF16;
-    out->data = deq;
-    return 0;
+    if (rc) return rc;
+    out->kind = W_FP8;
+    out->fscale = sc;
+    out->fs_br = br, out->fs_bc = bc, out->fs_cols = scols, out->fs_r0 = out->fs_c0 = 0;
+    out->fs_n = (size_t)ns;
+    if (fp8_dequant_all() || (mdl_uploads(m) && scols > 1 && bc % 64)) return mdl_fp8_to_bf16(m, out, e);
+    return fp8_pass(out, NULL, e);
 }
 
 int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
@@ -296,6 +327,11 @@ int mdl_bind_lin(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
     return check_shape(w, 2, ws, e);
 }
 
+int mdl_bind_lin_bf16(model *m, const char *p, int N, int K, lin_w *out, ls_err *e) {
+    int rc = mdl_bind_lin(m, p, N, K, out, e);
+    return rc ? rc : mdl_fp8_to_bf16(m, out, e);
+}
+
 int mdl_bind_vec(model *m, const char *name, int nd, const int64_t *shape, float **out, ls_err *e) {
     const st_tensor *t = mdl_tensor(m, name);
     if (!t) return missing(m, name, e);
@@ -335,12 +371,12 @@ static int bind_globals(model *m, ls_err *e) {
     else
         snprintf(m->prefix, sizeof m->prefix, "model.");
     mdl_name(m, p, sizeof p, "embed_tokens");
-    if ((rc = mdl_bind_lin(m, p, c->vocab, H, &m->embed, e))) return rc;
+    if ((rc = mdl_bind_lin_bf16(m, p, c->vocab, H, &m->embed, e))) return rc;
     if (m->embed.kind == W_NVFP4)
         return errf(e, ERR_UNSUPPORTED, "tensor '%s.weight': an NVFP4 embedding is not supported", p);
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
-    } else if ((rc = mdl_bind_lin(m, "lm_head", c->vocab, H, &m->lm_head, e))) {
+    } else if ((rc = mdl_bind_lin_bf16(m, "lm_head", c->vocab, H, &m->lm_head, e))) {
         return rc;
     }
     mdl_name(m, p, sizeof p, "norm.weight");

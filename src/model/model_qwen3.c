@@ -96,11 +96,11 @@ static int bind_experts(model *m, int l, layer_w *L, ls_err *e) {
     } else {
         for (int x = 0; x < E; x++) {
             mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.gate_proj", l, x);
-            if ((rc = mdl_bind_lin(m, p, I, H, &gate[x], e))) return rc;
+            if ((rc = mdl_bind_lin_bf16(m, p, I, H, &gate[x], e))) return rc;
             mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.up_proj", l, x);
-            if ((rc = mdl_bind_lin(m, p, I, H, &up[x], e))) return rc;
+            if ((rc = mdl_bind_lin_bf16(m, p, I, H, &up[x], e))) return rc;
             mdl_name(m, p, sizeof p, "layers.%d.mlp.experts.%d.down_proj", l, x);
-            if ((rc = mdl_bind_lin(m, p, H, I, &down[x], e))) return rc;
+            if ((rc = mdl_bind_lin_bf16(m, p, H, I, &down[x], e))) return rc;
         }
     }
     L->moe.gate = gate;
@@ -132,19 +132,19 @@ int qwen3_bind_mlp(model *m, int l, ls_err *e) {
     w->inter = c->moe_inter;
     w->norm_topk = c->norm_topk_prob;
     mdl_name(m, p, sizeof p, "layers.%d.mlp.gate", l);
-    if ((rc = mdl_bind_lin(m, p, c->n_experts, H, &w->router, e))) return rc;
+    if ((rc = mdl_bind_lin_bf16(m, p, c->n_experts, H, &w->router, e))) return rc;
     if ((rc = bind_experts(m, l, L, e))) return rc;
     w->shared_inter = c->shared_inter;
     if (c->shared_inter > 0) {
         const int Is = c->shared_inter;
         mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.gate_proj", l);
-        if ((rc = mdl_bind_lin(m, p, Is, H, &w->sh_gate, e))) return rc;
+        if ((rc = mdl_bind_lin_bf16(m, p, Is, H, &w->sh_gate, e))) return rc;
         mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.up_proj", l);
-        if ((rc = mdl_bind_lin(m, p, Is, H, &w->sh_up, e))) return rc;
+        if ((rc = mdl_bind_lin_bf16(m, p, Is, H, &w->sh_up, e))) return rc;
         mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert.down_proj", l);
-        if ((rc = mdl_bind_lin(m, p, H, Is, &w->sh_down, e))) return rc;
+        if ((rc = mdl_bind_lin_bf16(m, p, H, Is, &w->sh_down, e))) return rc;
         mdl_name(m, p, sizeof p, "layers.%d.mlp.shared_expert_gate", l);
-        if ((rc = mdl_bind_lin(m, p, 1, H, &w->sh_gate_w, e))) return rc;
+        if ((rc = mdl_bind_lin_bf16(m, p, 1, H, &w->sh_gate_w, e))) return rc;
         w->has_sh_gate = 1;
     }
     return 0;

@@ -341,6 +341,33 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
         out->scale = s;
         return 0;
     }
+    if (w->kind == W_FP8 && views_ok(m) && w->fs_cols > 1 && (w->fs_c0 + c0) % 64) {
+        /* on a GPU, scale blocks that do not start on a 64-column group (the small-M kernel's
+         * step): the slice runs in BF16 (fp8 · scale in fp32, rounded once, as mdl_fp8_to_bf16) */
+        const float *lut = ops_fp8_e4m3_table();
+        uint16_t *d = mdl_alloc(m, sizeof(uint16_t) * (size_t)w->N * nc);
+        for (int n = 0; n < w->N; n++)
+            for (int k = 0; k < nc; k++)
+                d[(size_t)n * nc + k] =
+                    f32_to_bf16(lut[((const uint8_t *)w->data)[(size_t)n * w->K + c0 + k]] * lin_fp8_scale(w, n, c0 + k));
+        *out = (lin_w){.kind = W_BF16, .N = w->N, .K = nc, .data = d, .name = w->name};
+        return 0;
+    }
+    if (w->kind == W_FP8) {
+        /* the codes' columns; the scales stay the whole tensor's, found through fs_c0 (a CPU
+         * rank owns a copy) */
+        const size_t db = (size_t)w->N * nc;
+        uint8_t *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
+        copy_rows(&m->grp->ld[m->rank], d, (const uint8_t *)w->data + c0, w->N, (size_t)nc, (size_t)w->K);
+        out->data = d;
+        out->fs_c0 = w->fs_c0 + c0;
+        if (!views_ok(m)) {
+            float *fs = mdl_alloc(m, sizeof(float) * w->fs_n);
+            memcpy(fs, w->fscale, sizeof(float) * w->fs_n);
+            out->fscale = fs;
+        }
+        return 0;
+    }
     const size_t db = (size_t)w->N * nc * es;
     char *d = views_ok(m) ? stage_take(&m->grp->ld[m->rank], db) : mdl_alloc(m, db);
     copy_rows(&m->grp->ld[m->rank], d, (const char *)w->data + (size_t)c0 * es, w->N, nc * es, (size_t)w->K * es);
@@ -351,11 +378,12 @@ static int take_cols(model *m, const lin_w *w, int c0, int nc, lin_w *out, ls_er
 /* out = rows [r0, r0 + n) of w: a view (views_ok: contiguous rows need no copy) or an owned copy. */
 static void take_range(model *m, const lin_w *w, int r0, int n, lin_w *out) {
     if (views_ok(m) && w->kind != W_F32) {
-        const size_t rb = w->kind == W_NVFP4 ? (size_t)w->K / 2 : (size_t)w->K * 2;
+        const size_t rb = w->kind == W_NVFP4 ? (size_t)w->K / 2 : w->kind == W_FP8 ? (size_t)w->K : (size_t)w->K * 2;
         *out = *w;
         out->N = n;
         out->data = (const char *)w->data + rb * r0;
         if (w->kind == W_NVFP4) out->scale = w->scale + (size_t)w->K / 16 * r0;
+        if (w->kind == W_FP8) out->fs_r0 = w->fs_r0 + r0; /* the scales are shared, as the rows */
         return;
     }
     int *rows = xmalloc(sizeof(int) * (n ? n : 1));

@@ -7,7 +7,7 @@
  * first pass counts the bytes, each piece 256-byte aligned; then one device allocation per part
  * (m->dev_part[part + 1], freed at close) and the second pass copies each piece host -> device
  * on the model's stream and repoints the model at it: a lin_w's data (BF16 as is; NVFP4 packed
- * E2M1 codes) and its E4M3 block scales, the fp32 1-D parameters (norms, GDN conv weights,
+ * E2M1 codes; FP8 E4M3 codes) and its scales (NVFP4's E4M3 blocks, FP8's fp32 ones), the fp32 1-D parameters (norms, GDN conv weights,
  * A_log, dt_bias). After the stream drained, the host blocks the model owned for those pieces
  * (mdl_alloc'd: fp32 vectors, permuted or sliced rows) are freed, so host memory holds a part
  * at a time, never the model. The tied lm_head is not copied: after the upload it is the
@@ -55,12 +55,14 @@ static void *place(wvisit *v, const void *src, size_t n) {
 static void visit_lin(wvisit *v, lin_w *w) {
     if (!w->data) return;
     size_t nk = (size_t)w->N * w->K;
-    size_t db = w->kind == W_NVFP4 ? nk / 2 : lin_bytes(w);
+    size_t db = w->kind == W_NVFP4 ? nk / 2 : w->kind == W_FP8 ? nk : lin_bytes(w);
     const void *d = place(v, w->data, db);
     const void *s = w->kind == W_NVFP4 ? place(v, w->scale, nk / 16) : NULL;
+    const void *fs = w->kind == W_FP8 ? place(v, w->fscale, sizeof(float) * w->fs_n) : NULL;
     if (v->dev) {
         w->data = d;
         w->scale = s;
+        w->fscale = fs;
     }
 }
 

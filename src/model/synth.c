@@ -137,8 +137,9 @@ int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e) {
             o->seed = x;
         } else if (!strcmp(k, "quant")) {
             if (!strcmp(v, "nvfp4")) o->quant = "nvfp4";
+            else if (!strcmp(v, "nvfp4-fp8")) o->quant = "nvfp4-fp8";
             else if (!strcmp(v, "bf16")) o->quant = "bf16";
-            else return errf(e, ERR_INVAL, "quant=%s is not nvfp4 or bf16", v);
+            else return errf(e, ERR_INVAL, "quant=%s is not nvfp4, nvfp4-fp8 or bf16", v);
         } else {
             return errf(e, ERR_INVAL, "unknown key '%s' (layers, seed, quant)", k);
         }
@@ -192,6 +193,7 @@ typedef enum {
     GEN_LOGUNIF,    /* BF16/F32: log(U(a, b)) */
     GEN_BYTES,      /* U8: uniform random bytes (NVFP4 codes) */
     GEN_E4M3_SCALE, /* F8_E4M3: block scales in [192, 352] */
+    GEN_E4M3_NORMAL,/* F8_E4M3: N(0, a) / b rounded to E4M3 (an FP8 weight of per-tensor scale b) */
     GEN_CONST,      /* F32 scalar a */
 } gen_kind;
 
@@ -212,6 +214,7 @@ typedef struct plan {
     const preset *p;
     int layers;
     int nvfp4;
+    int fp8;   /* nvfp4-fp8: attention, GDN and shared-expert projections FP8 (ModelOpt MIXED_PRECISION) */
     uint64_t seed;
     char prefix[32]; /* "model.language_model." or "model." */
     int *layer_start; /* [layers + 1]: layer i's tensors are [layer_start[i], layer_start[i + 1]) */
@@ -245,10 +248,24 @@ static tplan *add(plan *pl, const char *name, st_dtype dt, int ndim, int64_t d0,
 #define E2M1_RMS 2.92617
 #define SCALE_RMS 265.22
 
-/* A linear of logical shape [N, K] called `mod` (no .weight): BF16 weight or
- * NVFP4 tensors, with rms `std`. */
+/* Largest |x| an FP8 weight's per-tensor scale maps to 448: 4.5 standard deviations. */
+#define FP8_AMAX_STD 4.5f
+
+/* A linear of logical shape [N, K] called `mod` (no .weight): BF16 weight, NVFP4 tensors
+ * (nvfp4 = 1) or an FP8 weight with a per-tensor scale (nvfp4 = 2, ModelOpt's FP8), with rms
+ * `std`. */
 static void linear(plan *pl, const char *mod, int64_t n, int64_t k, float std, int nvfp4) {
     char nm[320];
+    if (nvfp4 == 2) {
+        const float sc = FP8_AMAX_STD * std / 448.0f;
+        snprintf(nm, sizeof nm, "%s.weight", mod);
+        add(pl, nm, ST_F8_E4M3, 2, n, k, 0, GEN_E4M3_NORMAL, std, sc);
+        snprintf(nm, sizeof nm, "%s.weight_scale", mod);
+        add(pl, nm, ST_F32, 0, 0, 0, 0, GEN_CONST, sc, 0);
+        snprintf(nm, sizeof nm, "%s.input_scale", mod);
+        add(pl, nm, ST_F32, 0, 0, 0, 0, GEN_CONST, (float)(8.0 / 448.0), 0);
+        return;
+    }
     if (!nvfp4) {
         snprintf(nm, sizeof nm, "%s.weight", mod);
         add(pl, nm, ST_BF16, 2, n, k, 0, GEN_NORMAL, std, 0);
@@ -275,6 +292,7 @@ static void build_plan(plan *pl) {
     char nm[320], mod[256];
     const char *P = pl->prefix;
     int zc = p->fam != FAM_QWEN3_MOE; /* zero-centred (1+w) norms */
+    const int q8 = pl->fp8 ? 2 : 0;   /* linear()'s kind for the non-expert projections */
 
     add(pl, "lm_head.weight", ST_BF16, 2, V, H, 0, GEN_NORMAL, 1.5f * sH, 0);
     snprintf(nm, sizeof nm, "%sembed_tokens.weight", P);
@@ -297,13 +315,13 @@ static void build_plan(plan *pl) {
             const int64_t nh = p->heads, nkv = p->kv_heads, hd = p->head_dim;
             int gated = p->fam != FAM_QWEN3_MOE;
             snprintf(mod, sizeof mod, "%sself_attn.q_proj", L);
-            linear(pl, mod, (gated ? 2 : 1) * nh * hd, H, sH, 0);
+            linear(pl, mod, (gated ? 2 : 1) * nh * hd, H, sH, q8);
             snprintf(mod, sizeof mod, "%sself_attn.k_proj", L);
-            linear(pl, mod, nkv * hd, H, sH, 0);
+            linear(pl, mod, nkv * hd, H, sH, q8);
             snprintf(mod, sizeof mod, "%sself_attn.v_proj", L);
-            linear(pl, mod, nkv * hd, H, sH, 0);
+            linear(pl, mod, nkv * hd, H, sH, q8);
             snprintf(mod, sizeof mod, "%sself_attn.o_proj", L);
-            linear(pl, mod, H, nh * hd, 0.5f / sqrtf((float)(nh * hd)), 0);
+            linear(pl, mod, H, nh * hd, 0.5f / sqrtf((float)(nh * hd)), q8);
             snprintf(nm, sizeof nm, "%sself_attn.q_norm.weight", L);
             zc ? norm_zero_centred(pl, nm, hd) : norm_plain(pl, nm, hd);
             snprintf(nm, sizeof nm, "%sself_attn.k_norm.weight", L);
@@ -313,19 +331,19 @@ static void build_plan(plan *pl) {
             const int64_t conv_dim = 2 * nk * dk + nv * dv;
             if (p->fam == FAM_QWEN35) {
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_qkv", L);
-                linear(pl, mod, conv_dim, H, sH, 0);
+                linear(pl, mod, conv_dim, H, sH, q8);
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_z", L);
-                linear(pl, mod, nv * dv, H, sH, 0);
+                linear(pl, mod, nv * dv, H, sH, q8);
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_b", L);
-                linear(pl, mod, nv, H, 0.5f * sH, 0);
+                linear(pl, mod, nv, H, 0.5f * sH, q8);
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_a", L);
-                linear(pl, mod, nv, H, 0.5f * sH, 0);
+                linear(pl, mod, nv, H, 0.5f * sH, q8);
             } else {
                 /* Qwen3-Next: fused, grouped per key head */
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_qkvz", L);
-                linear(pl, mod, 2 * nk * dk + 2 * nv * dv, H, sH, 0);
+                linear(pl, mod, 2 * nk * dk + 2 * nv * dv, H, sH, q8);
                 snprintf(mod, sizeof mod, "%slinear_attn.in_proj_ba", L);
-                linear(pl, mod, 2 * nv, H, 0.5f * sH, 0);
+                linear(pl, mod, 2 * nv, H, 0.5f * sH, q8);
             }
             snprintf(nm, sizeof nm, "%slinear_attn.conv1d.weight", L);
             add(pl, nm, ST_BF16, 3, conv_dim, 1, p->conv, GEN_NORMAL, 1.0f / sqrtf((float)p->conv), 0);
@@ -336,7 +354,7 @@ static void build_plan(plan *pl) {
             snprintf(nm, sizeof nm, "%slinear_attn.norm.weight", L);
             norm_plain(pl, nm, dv);
             snprintf(mod, sizeof mod, "%slinear_attn.out_proj", L);
-            linear(pl, mod, H, nv * dv, 0.5f / sqrtf((float)(nv * dv)), 0);
+            linear(pl, mod, H, nv * dv, 0.5f / sqrtf((float)(nv * dv)), q8);
         }
 
         /* MoE: router, experts, shared expert */
@@ -362,11 +380,11 @@ static void build_plan(plan *pl) {
         if (p->shared_inter) {
             const int64_t Is = p->shared_inter;
             snprintf(mod, sizeof mod, "%smlp.shared_expert.gate_proj", L);
-            linear(pl, mod, Is, H, sup, 0);
+            linear(pl, mod, Is, H, sup, q8);
             snprintf(mod, sizeof mod, "%smlp.shared_expert.up_proj", L);
-            linear(pl, mod, Is, H, sup, 0);
+            linear(pl, mod, Is, H, sup, q8);
             snprintf(mod, sizeof mod, "%smlp.shared_expert.down_proj", L);
-            linear(pl, mod, H, Is, 0.5f / sqrtf((float)Is), 0);
+            linear(pl, mod, H, Is, 0.5f / sqrtf((float)Is), q8);
             snprintf(mod, sizeof mod, "%smlp.shared_expert_gate", L);
             linear(pl, mod, 1, H, sH, 0);
         }
@@ -386,6 +404,23 @@ static inline uint16_t to_bf16(float v) {
     uint32_t u;
     memcpy(&u, &v, 4);
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* f32 -> E4M3 (OCP FP8, bias 7, no infinities), round to nearest even, saturating at +-448 */
+static unsigned char f32_to_e4m3(float v) {
+    unsigned char sg = signbit(v) ? 0x80 : 0;
+    float a = fabsf(v);
+    if (!(a < 448.0f)) return sg | 0x7e; /* 448 (NaN inputs do not occur) */
+    if (a < 0x1p-6f) {                    /* subnormal: multiples of 2^-9 */
+        return sg | (unsigned char)lrintf(a * 512.0f); /* 8 x 2^-9 = 2^-6 rounds up to the first normal, code 8 */
+    }
+    int ex;
+    float m = frexpf(a, &ex);              /* a = m 2^ex, m in [0.5, 1) */
+    int q = (int)lrintf(m * 16.0f);        /* 8..16: 1.xxx with 3 mantissa bits */
+    if (q == 16) q = 8, ex++;
+    int be = ex - 1 + 7;                   /* biased exponent of 1.xxx 2^(ex - 1) */
+    if (be > 15 || (be == 15 && q > 14)) return sg | 0x7e;
+    return sg | (unsigned char)((be << 3) | (q - 8));
 }
 
 static inline void put_val(tplan *t, size_t i, float v) {
@@ -432,6 +467,11 @@ static void fill_block(plan *pl, tplan *t, size_t off) {
             d[i] = (unsigned char)(0x74 + (x & 7));
             x >>= 3;
         }
+        break;
+    }
+    case GEN_E4M3_NORMAL: {
+        unsigned char *d = t->data;
+        for (size_t i = off; i < end; i++) d[i] = f32_to_e4m3(t->a * rng_gauss(&r) / t->b);
         break;
     }
     case GEN_CONST:
@@ -491,10 +531,12 @@ static json_t *exclude_list(const plan *pl) {
     json_array_append_new(a, json_string(nm));
     if (pl->p->fam == FAM_QWEN35) json_array_append_new(a, json_string("model.visual*"));
     json_array_append_new(a, json_string("mtp*"));
-    json_array_append_new(a, json_string("*self_attn*"));
-    if (pl->p->fam != FAM_QWEN3_MOE) json_array_append_new(a, json_string("*linear_attn*"));
+    if (!pl->fp8) { /* MIXED_PRECISION: these are FP8, their tensors say so */
+        json_array_append_new(a, json_string("*self_attn*"));
+        if (pl->p->fam != FAM_QWEN3_MOE) json_array_append_new(a, json_string("*linear_attn*"));
+    }
     json_array_append_new(a, json_string("*mlp.gate"));
-    if (pl->p->shared_inter) json_array_append_new(a, json_string("*mlp.shared_expert*"));
+    if (pl->p->shared_inter && !pl->fp8) json_array_append_new(a, json_string("*mlp.shared_expert*"));
     return a;
 }
 
@@ -570,8 +612,9 @@ static json_t *text_config(const plan *pl, int32_t eos, int32_t bos) {
 }
 
 static json_t *quant_config(const plan *pl) {
-    return json_pack("{s:s,s:s,s:i,s:n,s:o,s:o}", "quant_method", "modelopt", "quant_algo", "NVFP4", "group_size", 16,
-                     "kv_cache_scheme", "ignore", exclude_list(pl), "producer", producer());
+    return json_pack("{s:s,s:s,s:i,s:n,s:o,s:o}", "quant_method", "modelopt", "quant_algo",
+                     pl->fp8 ? "MIXED_PRECISION" : "NVFP4", "group_size", 16, "kv_cache_scheme", "ignore",
+                     exclude_list(pl), "producer", producer());
 }
 
 static json_t *make_config(const plan *pl, int32_t eos, int32_t bos) {
@@ -610,8 +653,10 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     pl->layers = o->layers > 0 ? o->layers : p->layers;
     if (pl->layers > 512) return errf(e, ERR_INVAL, "layers=%d is more than 512", pl->layers);
     const char *q = o->quant ? o->quant : (p->fam == FAM_QWEN35 ? "nvfp4" : "bf16");
-    if (strcmp(q, "nvfp4") && strcmp(q, "bf16")) return errf(e, ERR_INVAL, "quant '%s' is not nvfp4 or bf16", q);
-    pl->nvfp4 = !strcmp(q, "nvfp4");
+    if (strcmp(q, "nvfp4") && strcmp(q, "nvfp4-fp8") && strcmp(q, "bf16"))
+        return errf(e, ERR_INVAL, "quant '%s' is not nvfp4, nvfp4-fp8 or bf16", q);
+    pl->nvfp4 = strncmp(q, "nvfp4", 5) == 0;
+    pl->fp8 = !strcmp(q, "nvfp4-fp8");
     pl->seed = o->seed;
     snprintf(pl->prefix, sizeof pl->prefix, "%s", p->fam == FAM_QWEN35 ? "model.language_model." : "model.");
     return 0;
@@ -853,9 +898,9 @@ int synth_write(const synth_opts *o, const char *out_dir, ls_err *e) {
     rc = dump_json(cfg, out_dir, "config.json", e);
     json_t *qc = json_object_get(cfg, "quantization_config");
     if (!rc && qc) {
-        json_t *hq = json_pack("{s:o,s:{s:s,s:n,s:i,s:O}}", "producer", producer(), "quantization", "quant_algo",
-                               "NVFP4", "kv_cache_quant_algo", "group_size", 16, "exclude_modules",
-                               json_object_get(qc, "ignore"));
+        json_t *hq = json_pack("{s:o,s:{s:O,s:n,s:i,s:O}}", "producer", producer(), "quantization", "quant_algo",
+                               json_object_get(qc, "quant_algo"), "kv_cache_quant_algo", "group_size", 16,
+                               "exclude_modules", json_object_get(qc, "ignore"));
         rc = dump_json(hq, out_dir, "hf_quant_config.json", e);
         json_decref(hq);
     }

@@ -32,6 +32,7 @@ const char *w_kind_name(w_kind k) {
     case W_BF16: return "BF16";
     case W_F16: return "F16";
     case W_NVFP4: return "NVFP4";
+    case W_FP8: return "FP8";
     }
     return "?";
 }
@@ -78,6 +79,19 @@ void lin_row_f32(const lin_w *w, int n, float *out) {
         }
         break;
     }
+    case W_FP8: {
+        /* W[n,k] = e4m3(code) · scale of its block (lin_fp8_scale), in fp32 */
+        const uint8_t *r = (const uint8_t *)w->data + (size_t)n * K;
+        const float *fp8 = ops_fp8_e4m3_table();
+        const int bc = w->fs_bc;
+        for (int k = 0; k < K;) {
+            const float s = lin_fp8_scale(w, n, k);
+            int end = k + bc - (k + w->fs_c0) % bc; /* the end of this scale block's columns */
+            if (end > K) end = K;
+            for (; k < end; k++) out[k] = fp8[r[k]] * s;
+        }
+        break;
+    }
     }
 }
 
@@ -87,6 +101,7 @@ size_t lin_bytes(const lin_w *w) {
     case W_F32: return nk * 4;
     case W_BF16: case W_F16: return nk * 2;
     case W_NVFP4: return nk / 2 + nk / 16;
+    case W_FP8: return nk + sizeof(float) * w->fs_n;
     }
     return 0;
 }

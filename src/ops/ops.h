@@ -67,7 +67,7 @@ typedef enum act_dtype { ACT_F32 = 0, ACT_BF16 = 1 } act_dtype;
 size_t act_size(act_dtype dt);
 const char *act_name(act_dtype dt);
 
-typedef enum w_kind { W_F32 = 0, W_BF16, W_F16, W_NVFP4 } w_kind;
+typedef enum w_kind { W_F32 = 0, W_BF16, W_F16, W_NVFP4, W_FP8 } w_kind;
 const char *w_kind_name(w_kind k);
 
 /* A linear layer's weight, logical shape [N, K]; y = x·Wᵀ. Non-owning. */
@@ -79,9 +79,27 @@ typedef struct lin_w {
     const uint8_t *scale; /* W_NVFP4: F8_E4M3 [N, K/16] per-16-element block scales */
     float scale2;         /* W_NVFP4: per-tensor global scale (weight_scale_2) */
     const char *name;     /* checkpoint prefix, for messages; may be NULL */
+    /* W_FP8: data = F8_E4M3 [N, K] (row stride K, no NaN codes), and fp32 scales covering
+     * blocks of fs_br rows x fs_bc columns of the checkpoint's whole tensor:
+     *   W[n, k] = e4m3(data[n, k]) · fscale[((n + fs_r0) / fs_br) · fs_cols + (k + fs_c0) / fs_bc]
+     * per tensor: fs_br, fs_bc = the tensor's rows, columns (fs_cols 1); per row: 1, columns;
+     * Hugging Face's fine-grained FP8: the weight_block_size (128, 128). fs_r0 / fs_c0: where
+     * this view starts in that tensor (a tensor-parallel slice; 0 for a whole tensor); fs_n:
+     * the floats in fscale (the whole tensor's scales, a slice shares them). */
+    const float *fscale;
+    int fs_br, fs_bc, fs_cols, fs_r0, fs_c0;
+    size_t fs_n;
 } lin_w;
 
-/* Row n of W as fp32 (dequantised for NVFP4): out [K]. */
+/* The scale of W_FP8 element (n, k). */
+static inline float lin_fp8_scale(const lin_w *w, int n, int k) {
+    return w->fscale[(size_t)((n + w->fs_r0) / w->fs_br) * (size_t)w->fs_cols + (size_t)((k + w->fs_c0) / w->fs_bc)];
+}
+
+/* fp8 e4m3 code -> fp32, a 256-entry table (built once). */
+const float *ops_fp8_e4m3_table(void);
+
+/* Row n of W as fp32 (dequantised for NVFP4 and FP8): out [K]. */
 void lin_row_f32(const lin_w *w, int n, float *out);
 /* Bytes of W's data (+ scales). */
 size_t lin_bytes(const lin_w *w);

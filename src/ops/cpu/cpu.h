@@ -38,9 +38,6 @@ int cpu_gdn_check_args(const gdn_args *a, ls_err *e);
 int cpu_gdn_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n);
 void cpu_gdn_prepare(const gdn_args *a, const gdn_seq *sq, float *c_out, float *gb_out);
 
-/* fp8 e4m3 code -> fp32, a 256-entry table. */
-const float *ops_fp8_e4m3_table(void);
-
 /* Reject non-fp32 activations with a message (every CPU backend). */
 int cpu_supports_dt(act_dtype dt, char *why, size_t n);
 

@@ -272,6 +272,64 @@ static void test_moe_grouped_matches_ref_nvfp4(void **st) { moe_backends_agree(1
 
 /* Every gemm / fp4_gemm backend of the CPU equals the reference, including
  * row-block and K tails (N = 7, K = 40 / 48). */
+/* W_FP8: known E4M3 codes times block scales; a tensor-parallel view (fs_r0 / fs_c0 into the whole
+ * tensor's scales) gives the whole tensor's rows and columns; every CPU gemm backend agrees. */
+static void test_fp8_rows_blocks_and_views(void **st) {
+    enum { N = 6, K = 10, BR = 4, BC = 3, SC = (K + BC - 1) / BC };
+    uint8_t codes[N * K];
+    float sc[((N + BR - 1) / BR) * SC];
+    for (int i = 0; i < N * K; i++) codes[i] = (uint8_t)((i * 37 + 11) % 256);
+    for (int i = 0; i < N * K; i++)
+        if ((codes[i] & 0x7f) == 0x7f) codes[i] ^= 1; /* no NaN codes */
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) sc[i] = 0.25f * (float)(i + 1);
+    codes[0] = 0x38; /* 1.0 */
+    codes[1] = 0xC0; /* -2.0 */
+    codes[3] = 0x01; /* 2^-9, the smallest subnormal */
+    codes[K + 9] = 0x7e; /* 448 */
+    lin_w w = {.kind = W_FP8, .N = N, .K = K, .data = codes, .fscale = sc, .fs_br = BR, .fs_bc = BC,
+               .fs_cols = SC, .fs_n = sizeof sc / sizeof sc[0]};
+    float row[K];
+    lin_row_f32(&w, 0, row);
+    near(row[0], 1.0 * 0.25, 0, "e0");
+    near(row[1], -2.0 * 0.25, 0, "e1");
+    near(row[3], ldexp(1.0, -9) * 0.5, 0, "e3 (next block)");
+    lin_row_f32(&w, 1, row);
+    near(row[9], 448.0 * 1.0, 0, "row 1, e9 (block column 3)");
+    assert_int_equal((int)lin_bytes(&w), N * K + (int)sizeof sc);
+    /* rows 2..5, columns 4..9 as a view: the codes copied, the scales shared */
+    uint8_t sub[4 * 6];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 6; c++) sub[r * 6 + c] = codes[(2 + r) * K + 4 + c];
+    lin_w v = w;
+    v.N = 4, v.K = 6, v.data = sub, v.fs_r0 = 2, v.fs_c0 = 4;
+    for (int r = 0; r < 4; r++) {
+        float full[K], part[6];
+        lin_row_f32(&w, 2 + r, full);
+        lin_row_f32(&v, r, part);
+        for (int c = 0; c < 6; c++) near(part[c], full[4 + c], 0, "view");
+    }
+    /* every CPU gemm backend: y = x · Wᵀ of those values */
+    float x[2 * K], y[2 * N], ref[2 * N];
+    for (int i = 0; i < 2 * K; i++) x[i] = (float)(i % 7) - 3.0f;
+    for (int m = 0; m < 2; m++)
+        for (int n = 0; n < N; n++) {
+            double d = 0;
+            lin_row_f32(&w, n, row);
+            for (int k = 0; k < K; k++) d += (double)row[k] * x[m * K + k];
+            ref[m * N + n] = (float)d;
+        }
+    gemm_shape sh = {.M = 2, .N = N, .K = K, .wk = W_FP8, .dt = ACT_F32};
+    dev_info d;
+    ops_cpu_dev(&d);
+    for (int i = 0; i < ops_gemm_count(); i++) {
+        const gemm_impl *g = ops_gemm_at(i);
+        if (g->dev != DEV_CPU || !g->supported(&d, &sh, NULL, 0)) continue;
+        gemm_args a = {.M = 2, .x = x, .w = &w, .y = y, .dt = ACT_F32};
+        assert_int_equal(g->run(&a, NULL, NULL), 0);
+        for (int j = 0; j < 2 * N; j++) near(y[j], ref[j], 1e-5 * (fabs(ref[j]) + 1), g->name);
+    }
+}
+
 static void test_cpu_gemm_backends_match_ref(void **st) {
     uint64_t s = 7;
     for (int nv = 0; nv < 2; nv++) {
@@ -382,6 +440,7 @@ int main(void) {
         cmocka_unit_test(test_gated_delta_rule_one_step),
         cmocka_unit_test(test_moe_grouped_matches_ref_bf16),
         cmocka_unit_test(test_moe_grouped_matches_ref_nvfp4),
+        cmocka_unit_test(test_fp8_rows_blocks_and_views),
         cmocka_unit_test(test_cpu_gemm_backends_match_ref),
         cmocka_unit_test(test_gdn_chunked_matches_recurrence),
         cmocka_unit_test(test_registry_reference_last_and_selection),

@@ -11,6 +11,11 @@
  *                  (experts.gate_up_proj [E,2I,H], experts.down_proj [E,H,I]).
  *   qwen3-next, qwen3-moe: `model.` prefix, per-expert experts (BF16, or
  *                  NVFP4 with --quant nvfp4).
+ *   nvfp4-fp8:     NVFP4 experts as above; attention, GDN and shared-expert
+ *                  projections FP8 (weight F8_E4M3 [N,K], weight_scale F32
+ *                  scalar, N(0, std) rounded to E4M3 at 4.5 std = 448), the
+ *                  config's quant_algo MIXED_PRECISION (ModelOpt's layout of
+ *                  NVIDIA's FP8-attention NVFP4 releases).
  * A_log is F32, everything else BF16 (scales F8_E4M3 / F32 as above).
  *
  * Weights: every tensor is filled block by block from a counter-based PRNG

@@ -16,7 +16,9 @@ typedef struct synth_opts {
     const char *preset;
     int layers;        /* <= 0: the preset's own count */
     uint64_t seed;     /* default 0 */
-    const char *quant; /* "nvfp4" | "bf16" | NULL (preset default: nvfp4 for qwen3.5 presets, bf16 otherwise... see synth.c) */
+    const char *quant; /* "nvfp4" | "nvfp4-fp8" (ModelOpt MIXED_PRECISION: attention, GDN and shared
+                          expert FP8 with a per-tensor scale, experts NVFP4) | "bf16" | NULL (preset default: nvfp4
+                          for qwen3.5 presets, bf16 otherwise... see synth.c) */
 } synth_opts;
 
 /* Parse "NAME[,layers=N][,seed=S][,quant=Q]" (the part after "synth:"). */

@@ -1,5 +1,5 @@
 /* cmd_synth.c: `laststand synth --preset NAME --out DIR [--layers N] [--seed S]
- * [--quant nvfp4|bf16]`: write a random-weight checkpoint with a real
+ * [--quant nvfp4|nvfp4-fp8|bf16]`: write a random-weight checkpoint with a real
  * architecture's exact shapes and layout (src/model/synth.c). */
 #include "cli/cli.h"
 #include "base/base.h"
@@ -13,7 +13,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: laststand synth --preset NAME --out DIR [--layers N] [--seed S] [--quant nvfp4|bf16]\n"
+            "usage: laststand synth --preset NAME --out DIR [--layers N] [--seed S] [--quant nvfp4|nvfp4-fp8|bf16]\n"
             "\n"
             "Writes a random-weight checkpoint (config.json, safetensors, generation_config.json;\n"
             "hf_quant_config.json for nvfp4; tokenizer and chat template for the demo preset).\n"
@@ -23,7 +23,8 @@ static void usage(FILE *f) {
             "  --out DIR       output folder (created if missing)\n"
             "  --layers N      number of layers (default: the preset's own)\n"
             "  --seed S        PRNG seed (default 0); same seed, same weights\n"
-            "  --quant Q       nvfp4 (default for qwen3.5 presets) or bf16 (default otherwise)\n"
+            "  --quant Q       nvfp4 (default for qwen3.5 presets), nvfp4-fp8 (NVFP4 experts, FP8 attention,\n"
+            "                  GDN and shared expert: ModelOpt MIXED_PRECISION) or bf16 (default otherwise)\n"
             "\n"
             "`--model-path synth:NAME[,layers=N][,seed=S][,quant=Q]` builds the same weights in memory.\n");
 }
@@ -61,7 +62,8 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(a, "--preset")) preset = v;
         else if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--quant")) {
-            if (strcmp(v, "nvfp4") && strcmp(v, "bf16")) return bad_flag(a, "must be nvfp4 or bf16");
+            if (strcmp(v, "nvfp4") && strcmp(v, "nvfp4-fp8") && strcmp(v, "bf16"))
+                return bad_flag(a, "must be nvfp4, nvfp4-fp8 or bf16");
             quant = v;
         } else if (!strcmp(a, "--layers")) {
             if (parse_count(v, 512, &x) || x < 1) return bad_flag(a, "must be a layer count in [1, 512]");

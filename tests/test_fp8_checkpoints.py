@@ -234,6 +234,29 @@ def test_mixed_precision_nvfp4_experts_fp8_attention(ls_bin, shared_dir, tmp_pat
     assert fp8_tabs and all("attn" in t["title"] for t in fp8_tabs), titles
 
 
+@pytest.mark.parametrize("name,form,quant,upload", [
+    ("qwen3", "block", FP8_BLOCK, "0"),       # (16, 48) blocks: rank 1's columns start inside a block
+    ("qwen3_5_moe_text", "row", dict(MO_FP8, quant_algo="FP8_PER_CHANNEL_PER_TOKEN"), "0"),
+    ("qwen3", "row", dict(MO_FP8, quant_algo="FP8_PER_CHANNEL_PER_TOKEN"), "1"),  # the GPU's load path:
+    # row slices as views into the whole tensor's per-row scales (fs_r0)
+])
+def test_fp8_tensor_parallel_equals_one_rank(ls_bin, shared_dir, tmp_path, monkeypatch, name, form, quant, upload):
+    """--tp 2 on CPU ranks slices the FP8 weights (row slices: the scales found through fs_r0;
+    column slices: fs_c0) and gives the one-rank logits up to the all-reduce's summation order."""
+    if GPU:
+        pytest.skip("CPU ranks")
+    src = os.path.join(MODELS, name)
+    fd = str(tmp_path / "fp8")
+    convert(src, fd, str(tmp_path / "plain"), form)
+    write_config(src, fd, quant)
+    monkeypatch.setenv("LASTSTAND_TEST_CPU_UPLOAD", upload)
+    ids = ref(name)["input_ids"]
+    one = logits(fd, ids, dev=["--device", "cpu"])
+    two = logits(fd, ids, dev=["--device", "cpu", "--tp", "2"])
+    err = (np.abs(two - one).max(axis=1) / np.abs(one).max(axis=1)).max()
+    assert err < 1e-5, f"worst row max |tp2 - tp1| / max |tp1| = {err:.3g}"
+
+
 def test_generate_from_fp8_checkpoint_equals_the_plain_one(ls_bin, shared_dir, tmp_path):
     if GPU:
         pytest.skip("bit equality with the plain checkpoint is the CPU's contract (see the module doc)")

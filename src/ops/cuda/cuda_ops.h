@@ -10,9 +10,12 @@
  *             cuda_ref            one thread per output, fp32 loop over K
  *             test-only (LASTSTAND_TEST_BROKEN_BACKENDS=1): cuda_broken_sm100 (built for
  *             sm_100a only), cuda_broken_nan3072 (NaN when M == 3072), cuda_broken_illegal
- *   gemm:     cuda_cublaslt (BF16 weight), cuda_ref
+ *   gemm:     cuda_cublaslt (BF16 weight; FP8 dequantized into a BF16 workspace first), cuda_ref
+ *             (BF16 and FP8)
  *             cuda_gemv           M <= 16: mma.sync with the weight rows as A, K split over a
- *                                 thread block cluster for small N, deterministic (gemv.cu)
+ *                                 thread block cluster for small N, deterministic (gemv.cu); FP8
+ *                                 (E4M3) weights at K % 64 == 0: 1 byte a weight streamed, codes
+ *                                 to f16 in registers, x to f16 exactly (fp8_gemm.cu)
  *   moe:      cuda_fused_decode   M <= 8, NVFP4 routed experts (moe_fused.cu): router, top-k,
  *                                 gate/up, down chained by programmatic dependent launch; a BF16
  *                                 shared expert runs inside the router and top-k launches

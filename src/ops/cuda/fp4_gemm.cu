@@ -16,10 +16,15 @@
  *   cuda_broken_illegal  a store to an unmapped address (illegal memory access)
  *   cuda_broken_sm100    lives in fp4_gemm_sm100.cu (built for sm_100a only)
  *
- * The gemm family (BF16 weight) is here too: cuda_cublaslt and cuda_ref; and
- * cu_lt_gemm, the cuBLASLt entry the other families of the module use.
+ * The gemm family (BF16 and FP8 weights) is here too: cuda_cublaslt and cuda_ref; and
+ * cu_lt_gemm, the cuBLASLt entry the other families of the module use. An FP8 weight
+ * (W_FP8: E4M3 codes, fp32 scales) goes to cuda_cublaslt as BF16: dequantized
+ * (fp8_gemm.cu's cu_fp8_dequant) into slot 0 of a per-device grow-only workspace
+ * (g_fp8_ws, cu_ws.h), then the same BF16 GEMM; and to cuda_ref as fp8_gemm.cu's plain
+ * reference (cu_fp8_ref_run). cuda_gemv (gemv.cu) runs FP8 at M <= 16.
  */
 #include "ops/cuda/fp4_gemm.cuh"
+#include "ops/cuda/fp8_gemm.h"
 
 #include <cublasLt.h>
 #include <dlfcn.h>
@@ -408,25 +413,34 @@ static int sm100_run(const gemm_args *a, ls_stream s, ls_err *e) {
 const fp4_gemm_impl fp4_gemm_cuda_broken_sm100 = {"cuda_broken_sm100", DEV_CUDA, 1, fp4_common_supported,
                                                   sm100_run};
 
-/* ---- gemm (BF16 weight) ---------------------------------------------------------- */
+/* ---- gemm (BF16 and FP8 weights) ------------------------------------------------ */
 
+/* A BF16 or FP8 weight (FP8: a usable scale layout, cu_fp8_w_ok), BF16 activations. */
 static int bf_check(const gemm_args *a, const char *who, ls_err *e) {
-    if (!a->w || a->w->kind != W_BF16)
-        return errf(e, ERR_UNSUPPORTED, "gemm %s: weight %s is %s, needs BF16", who,
+    if (!a->w || (a->w->kind != W_BF16 && a->w->kind != W_FP8))
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: weight %s is %s, needs BF16 or FP8", who,
                     a->w && a->w->name ? a->w->name : "?", a->w ? w_kind_name(a->w->kind) : "?");
     if (a->dt != ACT_BF16)
         return errf(e, ERR_UNSUPPORTED, "gemm %s: activations must be BF16", who);
+    char why[256];
+    if (a->w->kind == W_FP8 && !cu_fp8_w_ok(a->w, why, sizeof why))
+        return errf(e, ERR_UNSUPPORTED, "gemm %s: %s", who, why);
     return 0;
 }
 
 static int bf_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
     if (!fp4_common_supported(d, s, why, n)) return 0;
-    if (s->wk != W_BF16) {
-        snprintf(why, n, "weight must be BF16, got %s", w_kind_name(s->wk));
+    if (s->wk != W_BF16 && s->wk != W_FP8) {
+        snprintf(why, n, "weight must be BF16 or FP8, got %s", w_kind_name(s->wk));
         return 0;
     }
     return 1;
 }
+
+/* FP8 weights as BF16 for cuBLASLt: slot 0 of this per-device workspace (lock held over the
+ * whole call), grown to the largest weight seen and never shrunk: graph-safe once the engine's
+ * warm-up ran the step's largest FP8 weight (as cuda_dequant_cublas's buffer). */
+static cu_ws g_fp8_ws[CU_WS_MAX_DEV];
 
 static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = bf_check(a, "cuda_cublaslt", e);
@@ -434,10 +448,26 @@ static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (a->M <= 0) return 0;
     lt_state *L;
     if ((rc = lt_get(&L, e))) return rc;
-    pthread_mutex_lock(&L->mu);
-    rc = lt_matmul(L, a->M, a->w->N, a->w->K, a->w->data, a->x, a->y, 0, 1.f, a->accumulate ? 1.f : 0.f,
-                   (cudaStream_t)s, e);
-    pthread_mutex_unlock(&L->mu);
+    const lin_w *w = a->w;
+    cudaStream_t st = (cudaStream_t)s;
+    if (w->kind != W_FP8) {
+        pthread_mutex_lock(&L->mu);
+        rc = lt_matmul(L, a->M, w->N, w->K, w->data, a->x, a->y, 0, 1.f, a->accumulate ? 1.f : 0.f, st, e);
+        pthread_mutex_unlock(&L->mu);
+        return rc;
+    }
+    int dev = 0;
+    if ((rc = cu_ws_device("gemm cuda_cublaslt (fp8)", &dev, e))) return rc;
+    cu_ws *ws = &g_fp8_ws[dev];
+    cu_ws_lock(ws);
+    void *wb = cu_ws_get(ws, 0, (size_t)w->N * w->K * 2, 0, st, "gemm cuda_cublaslt (fp8)", e);
+    rc = wb ? cu_fp8_dequant(w, wb, st, e) : e->code ? e->code : ERR_NOMEM; /* cu_ws_get filled e */
+    if (!rc) {
+        pthread_mutex_lock(&L->mu);
+        rc = lt_matmul(L, a->M, w->N, w->K, wb, a->x, a->y, 0, 1.f, a->accumulate ? 1.f : 0.f, st, e);
+        pthread_mutex_unlock(&L->mu);
+    }
+    cu_ws_unlock(ws);
     return rc;
 }
 
@@ -483,6 +513,7 @@ __global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x, c
 static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = bf_check(a, "cuda_ref", e);
     if (rc) return rc;
+    if (a->w->kind == W_FP8) return cu_fp8_ref_run(a, (cudaStream_t)s, e);
     if (a->M <= 0) return 0;
     dim3 grid((a->M + 63) / 64, (a->w->N + 63) / 64), block(16, 16);
     if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "gemm cuda_ref: N=%d too large", a->w->N);

@@ -55,9 +55,17 @@
  * instance on the first call (a host-side query, no stream work).
  * Invariants: K % 8 == 0; x, W and y 16-byte aligned (cudaMalloc'd buffers and
  * BF16 rows of K % 8 == 0 are); y must not alias x.
+ *
+ * FP8 weights (W_FP8, E4M3 codes with fp32 scales): cuda_gemv takes them too, at M <= 16
+ * and K % 64 == 0, through fp8_gemm.cu's kernel (1 byte a weight streamed; the codes
+ * converted exactly to f16 in registers, one cvt per two weights, x scaled per 64-group
+ * to f16 exactly, mma.sync m16n8k16): gv_run / gv_run_multi hand W_FP8 calls to
+ * cu_fp8_gemv_run (up to CU_FP8_GEMV_MAX_MATS weights a launch); a grouped call must have
+ * all its weights of one kind. The same PDL, determinism and graph rules hold.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
+#include "ops/cuda/fp8_gemm.h"
 
 #include <cooperative_groups.h>
 #include <pthread.h>
@@ -460,14 +468,15 @@ static int gv_supported(const dev_info *d, const gemm_shape *s, char *why, size_
                  d->cc_minor);
         return 0;
     }
-    if (s->wk != W_BF16) {
-        snprintf(why, n, "weight must be BF16, got %s", w_kind_name(s->wk));
+    if (s->wk != W_BF16 && s->wk != W_FP8) {
+        snprintf(why, n, "weight must be BF16 or FP8, got %s", w_kind_name(s->wk));
         return 0;
     }
     if (s->dt != ACT_BF16) {
         snprintf(why, n, "activations must be BF16");
         return 0;
     }
+    if (s->wk == W_FP8) return cu_fp8_gemv_shape_ok(s->M, s->N, s->K, why, n);
     if (s->M > GV_MAX_M) {
         snprintf(why, n, "small-M kernel: M=%d > %d (cuda_cublaslt is faster there)", s->M, GV_MAX_M);
         return 0;
@@ -532,7 +541,18 @@ static int gv_run_mats(int n, const gemm_args *a, ls_stream s, ls_err *e) {
     }
 }
 
+/* A W_FP8 call for fp8_gemm.cu's kernel: 0, or ERR_UNSUPPORTED with its reason. */
+static int gv_fp8_check(const gemm_args *a, ls_err *e) {
+    char why[256];
+    if (!cu_fp8_gemv_check(a, why, sizeof why)) return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: %s", why);
+    return 0;
+}
+
 static int gv_run(const gemm_args *a, ls_stream s, ls_err *e) {
+    if (a->w && a->w->kind == W_FP8) {
+        int rc = gv_fp8_check(a, e);
+        return rc ? rc : cu_fp8_gemv_run(1, a, (cudaStream_t)s, e);
+    }
     int rc = gv_check(a, e);
     if (rc) return rc;
     return gv_run_mats(1, a, s, e);
@@ -550,18 +570,25 @@ static int gv_multi_on(void) {
 }
 
 /* gemm_impl.run_multi: n products of one x (same M, K, accumulate) in one launch, the
- * weights' 16-row tiles concatenated into one grid; in groups of GV_MAX_MATS. */
+ * weights' 16-row tiles concatenated into one grid; in groups of GV_MAX_MATS (FP8:
+ * CU_FP8_GEMV_MAX_MATS). All weights BF16 or all FP8. */
 static int gv_run_multi(int n, const gemm_args *a, ls_stream s, ls_err *e) {
+    const int fp8 = n > 0 && a[0].w && a[0].w->kind == W_FP8;
     for (int i = 0; i < n; i++) {
-        int rc = gv_check(&a[i], e);
+        if (a[0].w && a[i].w && (a[i].w->kind == W_FP8) != fp8)
+            return errf(e, ERR_INVAL, "gemm cuda_gemv: grouped weights %s (%s) and %s (%s) are of different kinds",
+                        a[0].w->name ? a[0].w->name : "?", w_kind_name(a[0].w->kind),
+                        a[i].w->name ? a[i].w->name : "?", w_kind_name(a[i].w->kind));
+        int rc = fp8 ? gv_fp8_check(&a[i], e) : gv_check(&a[i], e);
         if (rc) return rc;
         if (a[i].M != a[0].M || a[i].x != a[0].x || a[i].w->K != a[0].w->K || a[i].accumulate != a[0].accumulate)
             return errf(e, ERR_INVAL, "gemm cuda_gemv: grouped weights %s and %s differ in M, x, K or accumulate",
                         a[0].w->name ? a[0].w->name : "?", a[i].w->name ? a[i].w->name : "?");
     }
-    const int g = gv_multi_on() ? GV_MAX_MATS : 1;
+    const int g = !gv_multi_on() ? 1 : fp8 ? CU_FP8_GEMV_MAX_MATS : GV_MAX_MATS;
     for (int i = 0; i < n; i += g) {
-        int rc = gv_run_mats(n - i < g ? n - i : g, a + i, s, e);
+        const int k = n - i < g ? n - i : g;
+        int rc = fp8 ? cu_fp8_gemv_run(k, a + i, (cudaStream_t)s, e) : gv_run_mats(k, a + i, s, e);
         if (rc) return rc;
     }
     return 0;

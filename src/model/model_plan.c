@@ -67,6 +67,14 @@ static void plan_add(plan_acc *a, const st_tensor *t) {
     double bytes = (double)t->nbytes;
     const int fp32 = t->ndim <= 1 || strstr(n, "conv1d") != NULL;
     if (fp32) bytes = 4.0 * (double)numel;
+    if (t->dtype == ST_F8_E4M3 && t->ndim == 2 && ends_with(n, ".weight")) {
+        /* FP8 linears the loader dequantizes to BF16 (model_load.c: experts, router, embedding,
+         * lm_head; all of them under LASTSTAND_FP8_DEQUANT=1) take 2 bytes a weight */
+        const char *dq = getenv("LASTSTAND_FP8_DEQUANT");
+        if ((dq && !strcmp(dq, "1")) || strstr(n, ".experts.") || strstr(n, "shared_expert") ||
+            ends_with(n, ".mlp.gate.weight") || strstr(n, "embed_tokens") || ends_with(n, "lm_head.weight"))
+            bytes = 2.0 * (double)numel;
+    }
     int whole = strstr(n, "embed_tokens") || ends_with(n, "lm_head.weight") || strstr(n, "norm.weight") ||
                 ends_with(n, ".mlp.gate.weight") || strstr(n, "shared_expert_gate") ||
                 (t->ndim <= 1 && !strstr(n, "A_log") && !strstr(n, "dt_bias"));

@@ -4,7 +4,7 @@
  * registry of implementations, ggml style: a table of function pointers per
  * backend, `name`, `supported(dev, shape, why, n)` and `run(args, stream, err)`.
  * Families (DESIGN.md section 4):
- *   gemm      y = x·Wᵀ with a BF16/F16/F32 weight
+ *   gemm      y = x·Wᵀ with a BF16/F16/F32 weight, or FP8 (E4M3 codes, fp32 scales)
  *   fp4_gemm  y = x·Wᵀ with an NVFP4 (ModelOpt) weight
  *   moe       router softmax -> top-k -> renormalise, routed SiLU-gated
  *             experts, shared expert with its sigmoid gate, weighted combine

@@ -281,17 +281,17 @@ float fp8_e4m3_to_f32(uint8_t v) {
 
 uint8_t f32_to_fp8_e4m3(float f) {
     if (isnan(f)) return 0x7f;
-    uint8_t s = signbit(f) ? 0x80 : 0;
-    float a = fabsf(f);
-    if (a >= 448.0f) return s | 0x7e;
-    /* brute force nearest (ties to even code) over the 127 finite magnitudes */
-    int best = 0;
-    float bd = INFINITY;
-    for (int c = 0; c < 0x7f; c++) {
-        float d = fabsf(fp8_e4m3_to_f32((uint8_t)c) - a);
-        if (d < bd || (d == bd && (c & 1) == 0)) { bd = d; best = c; }
-    }
-    return s | (uint8_t)best;
+    const uint8_t s = signbit(f) ? 0x80 : 0;
+    const float a = fabsf(f);
+    if (!(a < 448.0f)) return s | 0x7e;
+    if (a < 0x1p-6f) return s | (uint8_t)lrintf(a * 512.0f); /* subnormals: k·2^-9; k = 8 is 2^-6 */
+    int ex;
+    const float m = frexpf(a, &ex); /* a = m·2^ex, m in [0.5, 1) */
+    int q = (int)lrintf(m * 16.0f); /* 8..16 = the significand with 3 fraction bits, times 8 */
+    if (q == 16) q = 8, ex++;
+    const int be = ex + 6;          /* biased exponent (bias 7) of (q / 8)·2^(ex - 1) */
+    if (be > 15 || (be == 15 && q > 14)) return s | 0x7e;
+    return s | (uint8_t)((be << 3) | (q - 8)); /* lrintf ties to even q, i.e. to the even code */
 }
 
 float fp8_e5m2_to_f32(uint8_t v) {

@@ -59,27 +59,8 @@ static void usage(FILE *f) {
 
 /* ---- number formats ------------------------------------------------------ */
 
-static float e4m3_pos[127]; /* value of code c for c = 0..126, increasing */
-
-static void init_e4m3(void) {
-    for (int c = 0; c < 127; c++) e4m3_pos[c] = fp8_e4m3_to_f32((uint8_t)c);
-}
-
-/* Non-negative f -> nearest E4M3 code (ties to even code), saturating at 448. */
-static uint8_t to_e4m3(float f) {
-    if (!(f > 0)) return 0;
-    if (f >= 448.0f) return 0x7e;
-    int lo = 0, hi = 126; /* e4m3_pos[lo] <= f < e4m3_pos[hi] */
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (e4m3_pos[mid] <= f) lo = mid;
-        else hi = mid;
-    }
-    float dl = f - e4m3_pos[lo], dh = e4m3_pos[hi] - f;
-    if (dl < dh) return (uint8_t)lo;
-    if (dh < dl) return (uint8_t)hi;
-    return (uint8_t)((lo & 1) ? hi : lo);
-}
+/* Non-negative f -> nearest E4M3 code (ties to even code), saturating at 448; 0 for f <= 0. */
+static uint8_t to_e4m3(float f) { return f > 0 ? f32_to_fp8_e4m3(f) : 0; }
 
 /* |x| (already divided by the block scale) -> E2M1 magnitude code, round to
  * nearest even (reference 4.6 thresholds). */
@@ -138,7 +119,7 @@ static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
             }
             uint8_t sc = to_e4m3(bm / 6.0f / q->scale2);
             q->scales[r * nb + b] = sc;
-            float bs = e4m3_pos[sc] * q->scale2; /* the effective block scale */
+            float bs = fp8_e4m3_to_f32(sc) * q->scale2; /* the effective block scale */
             for (int j = 0; j < 16; j += 2) {
                 uint8_t c[2];
                 for (int h = 0; h < 2; h++) {
@@ -382,7 +363,6 @@ int cmd_quantize(int argc, char **argv) {
         fprintf(stderr, "laststand quantize: error: --out: %s: %s\n", out, strerror(errno));
         return 2;
     }
-    init_e4m3();
     ls_err e = {0};
     double t0 = now_sec();
     int rc = run(in, out, pats, npat, &e);

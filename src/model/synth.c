@@ -411,23 +411,6 @@ static inline uint16_t to_bf16(float v) {
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-/* f32 -> E4M3 (OCP FP8, bias 7, no infinities), round to nearest even, saturating at +-448 */
-static unsigned char f32_to_e4m3(float v) {
-    unsigned char sg = signbit(v) ? 0x80 : 0;
-    float a = fabsf(v);
-    if (!(a < 448.0f)) return sg | 0x7e; /* 448 (NaN inputs do not occur) */
-    if (a < 0x1p-6f) {                    /* subnormal: multiples of 2^-9 */
-        return sg | (unsigned char)lrintf(a * 512.0f); /* 8 x 2^-9 = 2^-6 rounds up to the first normal, code 8 */
-    }
-    int ex;
-    float m = frexpf(a, &ex);              /* a = m 2^ex, m in [0.5, 1) */
-    int q = (int)lrintf(m * 16.0f);        /* 8..16: 1.xxx with 3 mantissa bits */
-    if (q == 16) q = 8, ex++;
-    int be = ex - 1 + 7;                   /* biased exponent of 1.xxx 2^(ex - 1) */
-    if (be > 15 || (be == 15 && q > 14)) return sg | 0x7e;
-    return sg | (unsigned char)((be << 3) | (q - 8));
-}
-
 static inline void put_val(tplan *t, size_t i, float v) {
     if (t->dt == ST_BF16) ((uint16_t *)t->data)[i] = to_bf16(v);
     else ((float *)t->data)[i] = v;
@@ -476,7 +459,7 @@ static void fill_block(plan *pl, tplan *t, size_t off) {
     }
     case GEN_E4M3_NORMAL: {
         unsigned char *d = t->data;
-        for (size_t i = off; i < end; i++) d[i] = f32_to_e4m3(t->a * rng_gauss(&r) / t->b);
+        for (size_t i = off; i < end; i++) d[i] = f32_to_fp8_e4m3(t->a * rng_gauss(&r) / t->b);
         break;
     }
     case GEN_CONST:

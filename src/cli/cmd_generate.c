@@ -8,8 +8,11 @@
  * per-request generator (seed 0 unless given), so runs are reproducible.
  * --chat renders the chat template over one user message with
  * add_generation_prompt. Stops at --max-new-tokens or an EOS id (config,
- * generation_config, tokenizer). Prints JSON {"ids":[new ids],"text":"..."};
- * text is "" when the model has no tokenizer.
+ * generation_config, tokenizer; --ignore-eos: only at --max-new-tokens). Prints JSON
+ * {"ids":[new ids],"text":"..."}; text is "" when the model has no tokenizer.
+ * --batch N submits N copies of the request at once (request i seeded with --seed + i), so that
+ * the engine decodes them as one batch, as a server at concurrency N would; one JSON line per
+ * request, in submit order. The engine's closing log line gives the mean decode step.
  */
 #include "cli/cli.h"
 #include "base/base.h"
@@ -26,7 +29,7 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: laststand generate --model-path DIR (--ids 1,2,3 | --prompt TEXT [--chat])\n"
                "         [--max-new-tokens N] [--temperature T] [--seed S]\n"
-               "         [--top-k K] [--top-p P] [--min-p P]\n"
+               "         [--top-k K] [--top-p P] [--min-p P] [--ignore-eos] [--batch N]\n"
                "         [--tokenizer-path DIR] [--chat-template FILE] [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
@@ -83,8 +86,8 @@ static int print_result(const int32_t *ids, int n, const char *text) {
 int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
     const char *tok_path = NULL, *tmpl_path = NULL, *tp_s = "1";
-    const char *topk_s = "-1", *topp_s = "1", *minp_s = "0", *pfx_s = NULL;
-    int chat = 0;
+    const char *topk_s = "-1", *topp_s = "1", *minp_s = "0", *pfx_s = NULL, *batch_s = "1";
+    int chat = 0, ignore_eos = 0;
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.device = "cpu";
@@ -92,6 +95,7 @@ int cmd_generate(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
         if (!strcmp(a, "--chat")) { chat = 1; continue; }
+        if (!strcmp(a, "--ignore-eos")) { ignore_eos = 1; continue; }
         if (!strcmp(a, "--disable-cuda-graph")) { o.disable_cuda_graph = 1; continue; }
         const int fam = serve_auto_flag_family(a); /* a backend flag */
         const char **dst = fam >= 0 ? serve_auto_engine_name(&o, fam)
@@ -109,6 +113,7 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--device") ? &o.device
                          : !strcmp(a, "--tp") ? &tp_s
                          : !strcmp(a, "--prefix-cache") ? &pfx_s
+                         : !strcmp(a, "--batch") ? &batch_s
                          : !strcmp(a, "--sampling-backend") ? &o.sampling_backend : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
@@ -137,6 +142,8 @@ int cmd_generate(int argc, char **argv) {
     long tp = strtol(tp_s, &end, 10);
     if (*end || end == tp_s || tp < 1 || tp > 16) return bad_value("--tp", tp_s, "an integer in [1, 16]");
     o.tp = (int)tp;
+    long batch = strtol(batch_s, &end, 10);
+    if (*end || end == batch_s || batch < 1 || batch > 4096) return bad_value("--batch", batch_s, "an integer in [1, 4096]");
     errno = 0;
     long max_new = strtol(max_s, &end, 10);
     if (*end || end == max_s || errno || max_new < 0 || max_new > 1 << 20)
@@ -166,12 +173,12 @@ int cmd_generate(int argc, char **argv) {
         }
     }
 
-    /* One request: a small cache (one sequence), opened like the server's. */
+    /* --batch requests: a cache for that many sequences, opened like the server's. */
     o.model_path = path;
     o.tokenizer_path = tok_path;
     o.chat_template = tmpl_path;
-    o.max_running_requests = 1;
-    o.max_queued_requests = 1;
+    o.max_running_requests = (int)batch;
+    o.max_queued_requests = (int)batch;
     char err[1400] = "";
     ls_engine *eng = NULL;
     int rc = ls_engine_open(&o, &eng, err, sizeof err);
@@ -183,10 +190,13 @@ int cmd_generate(int argc, char **argv) {
     ls_model_info mi;
     ls_engine_model_info(eng, &mi);
     int ret = 0;
-    collect c = {0};
-    pthread_mutex_init(&c.mu, NULL);
-    pthread_cond_init(&c.cv, NULL);
-    buf_init(&c.text);
+    const long n_cs = batch;
+    collect *cs = xcalloc((size_t)n_cs, sizeof *cs);
+    for (long b = 0; b < n_cs; b++) {
+        pthread_mutex_init(&cs[b].mu, NULL);
+        pthread_cond_init(&cs[b].cv, NULL);
+        buf_init(&cs[b].text);
+    }
 
     if (prompt) {
         char *text = NULL;
@@ -234,7 +244,10 @@ int cmd_generate(int argc, char **argv) {
         ret = 2;
         goto done;
     }
-    if (max_new == 0) { ret = print_result(NULL, 0, ""); goto done; }
+    if (max_new == 0) {
+        for (long b = 0; b < batch && !ret; b++) ret = print_result(NULL, 0, "");
+        goto done;
+    }
 
     ls_sampling s;
     ls_sampling_default(&s);
@@ -243,30 +256,42 @@ int cmd_generate(int argc, char **argv) {
     s.top_p = (float)top_p;
     s.min_p = (float)min_p;
     s.has_seed = 1;
-    s.seed = seed;
     s.max_tokens = (int)max_new;
-    c.ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
-    int64_t id = ls_submit(eng, ids, n, &s, on_event, &c, err, sizeof err);
-    if (id < 0) {
-        fprintf(stderr, "laststand generate: error: %s\n", err);
-        ret = err_exit_code((int)id);
-        goto done;
+    s.ignore_eos = ignore_eos;
+    for (long b = 0; b < batch; b++) {
+        cs[b].ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
+        s.seed = seed + (unsigned long long)b;
+        int64_t id = ls_submit(eng, ids, n, &s, on_event, &cs[b], err, sizeof err);
+        if (id < 0) {
+            fprintf(stderr, "laststand generate: error: request %ld of --batch %ld: %s\n", b + 1, batch, err);
+            ret = err_exit_code((int)id);
+            /* the ones already submitted finish before the engine closes */
+            batch = b;
+            break;
+        }
     }
-    pthread_mutex_lock(&c.mu);
-    while (!c.finished) pthread_cond_wait(&c.cv, &c.mu);
-    pthread_mutex_unlock(&c.mu);
-    if (!strcmp(c.reason, "error")) {
-        fprintf(stderr, "laststand generate: error: %s\n", c.error);
-        ret = 1;
-        goto done;
+    for (long b = 0; b < batch; b++) {
+        collect *c = &cs[b];
+        pthread_mutex_lock(&c->mu);
+        while (!c->finished) pthread_cond_wait(&c->cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        if (ret) continue;
+        if (!strcmp(c->reason, "error")) {
+            fprintf(stderr, "laststand generate: error: %s\n", c->error);
+            ret = 1;
+            continue;
+        }
+        ret = print_result(c->ids, c->n, c->text.data);
     }
-    ret = print_result(c.ids, c.n, c.text.data);
 done:
     ls_engine_close(eng);
-    free(c.ids);
-    buf_free(&c.text);
-    pthread_mutex_destroy(&c.mu);
-    pthread_cond_destroy(&c.cv);
+    for (long b = 0; b < n_cs; b++) {
+        free(cs[b].ids);
+        buf_free(&cs[b].text);
+        pthread_mutex_destroy(&cs[b].mu);
+        pthread_cond_destroy(&cs[b].cv);
+    }
+    free(cs);
     free(ids);
     return ret;
 }

@@ -18,6 +18,15 @@
  *              subset of them (whole, from the same starting state) up to 512
  *              tokens, and compares their output rows and their final conv and
  *              recurrent states.
+ * A gdn cell is the steps a server runs at M tokens: the mixed step above and, for
+ * 2 <= M <= GDN_DECODE_MAX_M, a pure decode step of M sequences (one new token each:
+ * what every step of a server at concurrency M is between prefills, and what its CUDA
+ * graphs replay); the cell's time is the two steps' sum, and either one wrong makes the
+ * cell wrong. The mixed step at M >= GDN_LONG_M holds one chunk of M / 2 tokens (a long
+ * prompt's prefill chunk). Without these, the mixed batch's many short chunks made a
+ * chunked kernel the choice for pure decode steps of 64..512 sequences, which it runs at
+ * a third of the recurrent kernel's speed, and a recurrent kernel could have won the
+ * largest bucket that long prompts run in.
  * The backends get the ops.h contract: on CUDA the seqs (and attention's page
  * tables) are uploaded to the device, and seqs_host holds the host copy; on
  * the CPU both are the host arrays.
@@ -31,14 +40,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SEQ_SAMPLE = 32, GDN_REF_TOKENS = 512, PAGE = 16 };
+enum { SEQ_SAMPLE = 32, GDN_REF_TOKENS = 512, PAGE = 16, GDN_DECODE_MAX_M = 512, GDN_LONG_M = 1024 };
 
-/* Split M tokens into sequences: up to 4 decode rows (n_new = 1), the rest in
- * chunks of 1..512 tokens. Returns the count; lens [M] (enough room). */
-static int split_batch(int M, int *lens, uint64_t *rng) {
+/* Split M tokens into sequences: up to 4 decode rows (n_new = 1), then (long_chunk and
+ * M >= GDN_LONG_M) one chunk of M / 2 tokens, the rest in chunks of 1..512 tokens.
+ * Returns the count; lens [M] (enough room). */
+static int split_batch(int M, int *lens, uint64_t *rng, int long_chunk) {
     int n = 0, left = M;
     int dec = M >= 2 ? (M / 2 < 4 ? M / 2 : 4) : 1;
     for (int i = 0; i < dec && left > 0; i++, left--) lens[n++] = 1;
+    if (long_chunk && M >= GDN_LONG_M) {
+        lens[n++] = M / 2;
+        left -= M / 2;
+    }
     while (left > 0) {
         int c = 1 + (int)(td_rng_next(rng) % (left < 512 ? left : 512));
         lens[n++] = c;
@@ -90,7 +104,7 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     const attn_impl *impl = ops_attn_find(c->backend);
     uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 104729 + 3;
     int *lens = xmalloc(sizeof(int) * M);
-    int ns = split_batch(M, lens, &rng);
+    int ns = split_batch(M, lens, &rng, 0);
     /* benchmarks (bench/device/attngraph.sh): LASTSTAND_DOCTOR_ATTN_CTX=N makes the step M decode
      * rows (one new token each) at context N, as a CUDA-graph decode step is */
     const char *fc = getenv("LASTSTAND_DOCTOR_ATTN_CTX");
@@ -288,16 +302,22 @@ static float *put_f32(const float *h, size_t n, ls_err *e) {
     return d;
 }
 
-static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
+/* One step of M tokens: decode = 1 a pure decode step (M sequences of one token), else the
+ * mixed step (split_batch). */
+static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r) {
     const doc_shapes *s = c->s;
     const int nk = s->nk, nv = s->nv, dk = s->dk, dv = s->dv, ck = s->conv_k;
     const int cd = 2 * nk * dk + nv * dv;
     ls_err e = {0};
     res_init(r, "cpu_ref");
     const gdn_impl *impl = ops_gdn_find(c->backend);
-    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 15485863 + 5;
+    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + (uint64_t)job * 15485863 + 5 + (uint64_t)decode * 7919;
     int *lens = xmalloc(sizeof(int) * M);
-    int ns = split_batch(M, lens, &rng);
+    int ns = 0;
+    if (decode)
+        for (; ns < M; ns++) lens[ns] = 1;
+    else
+        ns = split_batch(M, lens, &rng, 1);
     int n_slots = ns + 2;
     gdn_seq *seqs = xcalloc(ns, sizeof(gdn_seq));
     int *slotp = xmalloc(sizeof(int) * n_slots);
@@ -451,6 +471,27 @@ done:
     td_free(dqkv); td_free(da); td_free(db); td_free(dy); td_free(dseq);
     free(cw); free(alog); free(dtb); free(conv0); free(rec0); free(hqkv); free(ha); free(hb); free(hy);
     free(seqs); free(slotp); free(lens);
+}
+
+/* The cell: the mixed step, then (2 <= M <= GDN_DECODE_MAX_M) the pure decode step; the
+ * worse verdict of the two, the sum of their times and byte / flop counts. */
+static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
+    gdn_step(c, job, M, 0, r);
+    if (M < 2 || M > GDN_DECODE_MAX_M || strcmp(r->status, "ok")) return;
+    td_res d;
+    gdn_step(c, job, M, 1, &d);
+    if (strcmp(d.status, "ok")) {
+        *r = d;
+        char t[sizeof r->detail];
+        snprintf(t, sizeof t, "decode step of %d sequences: %.470s", M, d.detail);
+        memcpy(r->detail, t, sizeof t);
+        return;
+    }
+    r->ms += d.ms;
+    r->bytes += d.bytes;
+    r->flops += d.flops;
+    if (d.rel > r->rel) r->rel = d.rel;
+    if (d.max > r->max) r->max = d.max;
 }
 
 int td_run_gdn_jobs(const td_job_ctx *c, int start) {

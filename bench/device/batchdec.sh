@@ -2,15 +2,15 @@
 # device-limit: 560
 # bench/device/batchdec.sh BIN OUTDIR: the decode step of the full synth Qwen3.5-35B-A3B at batch
 # B (what a server at concurrency B runs between prefills), with the plans serve picks on auto.
-# 1. `generate --batch B` (B copies of a 512-token prompt, 65 new tokens each, --ignore-eos, CUDA
-#    graphs): the engine's mean decode step at B = 1, 16, 64, 128, 256, and at B = 64, 256 with
-#    the GDN op on cuda_decode at every M (the plan puts M > 16 on cuda_chunked).
+# 1. `generate --batch B` (B 512-token prompts, each a rotation of one, 65 new tokens each,
+#    --ignore-eos, CUDA graphs): the engine's mean decode step at B = 1, 16, 64, 128, 256, and at
+#    B = 64, 256 with the GDN plan before S17 (cuda_decode:16,cuda_chunked).
 # 2. ncu (--clock-control none --cache-control none) over an eager 8-layer step at B = BNCU
 #    (default 128): decprof_table.py tabulates the last forward = a decode step at M = B.
 . "$(dirname "$0")/lib.sh"
 dev_init batchdec 555 "$@"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend "${GDN:-cuda_decode:16,cuda_chunked}"
+       --attention-backend cuda_flash_prefill --gdn-backend "${GDN:-cuda_decode}"
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 P35=${P35:-qwen3.5-35b-a3b}
 gen() { # tag B limit [extra flags]
@@ -23,7 +23,7 @@ gen() { # tag B limit [extra flags]
     grep -E "decode steps of|rror" "$OUT/gen-$tag.err" | cut -c1-200 | head -3
 }
 for b in ${BATCHES:-1 16 64 128 256}; do gen "b$b" "$b" 90; done
-for b in ${BATCHES_DEC:-64 256}; do gen "b$b-dec" "$b" 90 --gdn-backend cuda_decode; done
+for b in ${BATCHES_OLD:-64 256}; do gen "b$b-old" "$b" 90 --gdn-backend cuda_decode:16,cuda_chunked; done
 BN=${BNCU:-128}
 if [ -n "$NCU" ] && [ "$(left)" -gt 60 ]; then
     echo "== ncu: synth:$P35,layers=8 eager, batch $BN, 256-token prompt + 3 tokens $(el)"

@@ -10,9 +10,10 @@
  * add_generation_prompt. Stops at --max-new-tokens or an EOS id (config,
  * generation_config, tokenizer; --ignore-eos: only at --max-new-tokens). Prints JSON
  * {"ids":[new ids],"text":"..."}; text is "" when the model has no tokenizer.
- * --batch N submits N copies of the request at once (request i seeded with --seed + i), so that
- * the engine decodes them as one batch, as a server at concurrency N would; one JSON line per
- * request, in submit order. The engine's closing log line gives the mean decode step.
+ * --batch N submits N requests at once, so that the engine decodes them as one batch, as a
+ * server at concurrency N would: request i's prompt is the ids rotated left by i (i mod n) places
+ * (as many tokens, a different context: identical prompts would route every sequence to the same
+ * experts) and its seed --seed + i; one JSON line per request, in submit order. The engine's closing log line gives the mean decode step.
  */
 #include "cli/cli.h"
 #include "base/base.h"
@@ -258,10 +259,12 @@ int cmd_generate(int argc, char **argv) {
     s.has_seed = 1;
     s.max_tokens = (int)max_new;
     s.ignore_eos = ignore_eos;
+    int32_t *rot = xmalloc(sizeof(int32_t) * (size_t)n);
     for (long b = 0; b < batch; b++) {
         cs[b].ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
         s.seed = seed + (unsigned long long)b;
-        int64_t id = ls_submit(eng, ids, n, &s, on_event, &cs[b], err, sizeof err);
+        for (int i = 0; i < n; i++) rot[i] = ids[(i + b) % n];
+        int64_t id = ls_submit(eng, rot, n, &s, on_event, &cs[b], err, sizeof err);
         if (id < 0) {
             fprintf(stderr, "laststand generate: error: request %ld of --batch %ld: %s\n", b + 1, batch, err);
             ret = err_exit_code((int)id);
@@ -270,6 +273,7 @@ int cmd_generate(int argc, char **argv) {
             break;
         }
     }
+    free(rot);
     for (long b = 0; b < batch; b++) {
         collect *c = &cs[b];
         pthread_mutex_lock(&c->mu);

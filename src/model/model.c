@@ -228,7 +228,7 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
 static size_t meta_bytes(int T, int S, int P) {
     return 3 * align256((size_t)T * sizeof(int32_t)) + align256((size_t)S * sizeof(attn_seq)) +
            align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t)) +
-           align256((size_t)(MODEL_SNAP_MAX + 1) * S * sizeof(gdn_seq)); /* GDN pieces (in-step snapshots) */
+           align256((size_t)MODEL_GDN_CALLS_MAX * S * sizeof(gdn_seq)); /* the GDN op's calls (next_snap_tables) */
 }
 
 /* Make the workspace hold a step of T tokens, S sequences and P page-table
@@ -563,7 +563,7 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
         for (int i = q->logits_all ? 0 : q->n_new - 1; i < q->n_new; i++) rows[n_rows++] = row + i;
         row += q->n_new;
     }
-    /* in-step GDN snapshots: the GDN op's pieces, after the page tables */
+    /* the GDN op's calls (in-step snapshots, decode rows apart from chunks), after the page tables */
     const size_t o_piece = o_pages + align256(sizeof(int32_t) * np);
     f->seqs = b->seqs;
     f->n_piece = m->n_lin ? next_snap_tables(f, b->seqs, S, gs, (gdn_seq *)(h + o_piece)) : 0;

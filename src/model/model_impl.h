@@ -206,6 +206,9 @@ int next_bind_gdn(model *m, int l, ls_err *e);
 
 /* One step's token layout, shared by the layer forwards. */
 /* Every pointer here is in the model's device memory, except the *_host tables. */
+/* The most GDN op calls of a step: (MODEL_SNAP_MAX + 1) snapshot pieces x (decode rows, chunks). */
+#define MODEL_GDN_CALLS_MAX (2 * (MODEL_SNAP_MAX + 1))
+
 typedef struct fwd_ctx {
     model *m;
     mcache *c;
@@ -221,24 +224,29 @@ typedef struct fwd_ctx {
     int ctx_cap;          /* > 0: attention plans on the device (graph capture), see attn_args */
     void *attn_scratch;
     size_t attn_scratch_bytes;
-    /* (additive) GDN snapshots inside the step (fwd_seq.n_snap; next_snap_tables): n_piece 0:
-     * none, the GDN op runs once over gseq; else it runs piece by piece, piece p over the
-     * n_piece_seq[p] sequences gpiece[p] (device) / gpiece_host[p], whose rows are those of
-     * the step's rows [piece_row0[p], piece_row0[p] + piece_rows[p]) (row0 counted from
-     * there), the state copies of snapshot p following piece p */
+    /* (additive) The GDN op's calls of a step (next_snap_tables): n_piece 0: one call over gseq;
+     * else call p runs over the n_piece_seq[p] sequences gpiece[p] (device) / gpiece_host[p],
+     * whose rows are those of the step's rows [piece_row0[p], piece_row0[p] + piece_rows[p])
+     * (row0 counted from there), and piece_snap[p] >= 0 has snapshot piece_snap[p]'s state
+     * copies follow it. A step is cut into calls (1) at its in-step snapshots (fwd_seq.n_snap):
+     * piece k ends at each sequence's k-th snapshot offset; (2) within a piece, decode rows
+     * (one new token) apart from longer chunks, when both are there, so that each call gets
+     * its own M's backend (a chunked kernel that a prompt chunk calls for runs decode rows at
+     * a fraction of the recurrent kernel's speed). */
     const fwd_seq *seqs;  /* [n_seq] the caller's (host) */
     int n_piece;
-    int n_piece_seq[MODEL_SNAP_MAX + 1];
-    int piece_row0[MODEL_SNAP_MAX + 1], piece_rows[MODEL_SNAP_MAX + 1];
-    const gdn_seq *gpiece[MODEL_SNAP_MAX + 1];
-    const gdn_seq *gpiece_host[MODEL_SNAP_MAX + 1];
+    int n_piece_seq[MODEL_GDN_CALLS_MAX];
+    int piece_row0[MODEL_GDN_CALLS_MAX], piece_rows[MODEL_GDN_CALLS_MAX], piece_snap[MODEL_GDN_CALLS_MAX];
+    const gdn_seq *gpiece[MODEL_GDN_CALLS_MAX];
+    const gdn_seq *gpiece_host[MODEL_GDN_CALLS_MAX];
 } fwd_ctx;
 
-/* (model_qwen3_next.c) The GDN pieces of a step with in-step snapshots (seqs: the step's n_seq
+/* (model_qwen3_next.c) The GDN op's calls of a step (see fwd_ctx.n_piece; seqs: the step's n_seq
  * sequences, gs their gdn_seq over the step's f->n_tok rows): fills out
- * [(MODEL_SNAP_MAX + 1) * n_seq] with piece p's sequences at out + p * n_seq, and f's
- * n_piece_seq, piece_row0 and piece_rows; returns the number of pieces, 0 when no sequence
- * asks for a snapshot. */
+ * [MODEL_GDN_CALLS_MAX * n_seq] with call p's sequences at out + p * n_seq, and f's
+ * n_piece_seq, piece_row0, piece_rows and piece_snap; returns the number of calls, 0 for one
+ * call over the whole step (no snapshot, and not both decode rows and longer chunks;
+ * LASTSTAND_GDN_SPLIT=0: never the decode / chunk cut). */
 int next_snap_tables(fwd_ctx *f, const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out);
 
 /* One rank's (or the only) forward pass over cache c; with TP, every rank

@@ -24,6 +24,15 @@
  * separate steps ending at the offsets would run through the gdn op, so every
  * backend serves them unchanged; the gated norm is never fused into a piece (it
  * runs once after).
+ *
+ * Decode rows apart: a step with both decode rows (one new token) and longer
+ * chunks runs each piece as two calls, the decode rows' and the chunks', each
+ * with the backend its own M gets (LASTSTAND_GDN_SPLIT=0: one call). A server
+ * at concurrency N mixes one prompt's chunk with N - 1 decode rows in most
+ * prefill steps; in one call the chunk makes it a chunked kernel's, which runs
+ * the decode rows at a third of the recurrent kernel's speed (bench/RESULTS.md
+ * S17). The rows of one sequence stay in one call per piece, so the order of
+ * its state updates is unchanged; a row may get another backend than before.
  */
 #include "model/model_impl.h"
 
@@ -98,32 +107,46 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
 }
 
 int next_snap_tables(fwd_ctx *f, const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out) {
-    int n_piece = 0;
-    for (int s = 0; s < n_seq; s++)
-        if (seqs[s].n_snap + 1 > n_piece) n_piece = seqs[s].n_snap + 1;
-    if (n_piece <= 1) return 0;
-    /* each piece over the span of its own rows (LASTSTAND_GDN_PIECE_ROWS=0: over the step's),
-     * so the op's per-M plan picks its backend for the piece's size, as for a step of it */
+    int n_snap_piece = 1, n_dec = 0;
+    for (int s = 0; s < n_seq; s++) {
+        if (seqs[s].n_snap + 1 > n_snap_piece) n_snap_piece = seqs[s].n_snap + 1;
+        n_dec += seqs[s].n_new == 1;
+    }
+    const char *sv = getenv("LASTSTAND_GDN_SPLIT");
+    const int split = n_dec > 0 && n_dec < n_seq && !(sv && !strcmp(sv, "0"));
+    if (n_snap_piece <= 1 && !split) return 0;
+    /* each call over the span of its own rows (LASTSTAND_GDN_PIECE_ROWS=0: over the step's),
+     * so the op's per-M plan picks its backend for the call's size, as for a step of it */
     const char *v = getenv("LASTSTAND_GDN_PIECE_ROWS");
     const int span = !(v && !strcmp(v, "0"));
-    for (int p = 0; p < n_piece; p++) {
-        gdn_seq *o = out + (size_t)p * n_seq;
-        int k = 0, lo = f->n_tok, hi = 0;
-        for (int s = 0; s < n_seq; s++) {
-            const fwd_seq *q = &seqs[s];
-            if (q->n_snap < p) continue; /* done in an earlier piece */
-            int t0 = p ? q->snap_off[p - 1] : 0, t1 = p < q->n_snap ? q->snap_off[p] : q->n_new;
-            o[k++] = (gdn_seq){.slot = gs[s].slot, .n_new = t1 - t0, .row0 = gs[s].row0 + t0};
-            if (gs[s].row0 + t0 < lo) lo = gs[s].row0 + t0;
-            if (gs[s].row0 + t1 > hi) hi = gs[s].row0 + t1;
+    int n = 0;
+    for (int p = 0; p < n_snap_piece; p++) {
+        for (int kind = 0; kind < 1 + split; kind++) { /* kind 1: the decode rows, 0: the rest */
+            gdn_seq *o = out + (size_t)n * n_seq;
+            int k = 0, lo = f->n_tok, hi = 0;
+            for (int s = 0; s < n_seq; s++) {
+                const fwd_seq *q = &seqs[s];
+                if (q->n_snap < p) continue; /* done in an earlier piece */
+                if (split && (q->n_new == 1) != kind) continue;
+                int t0 = p ? q->snap_off[p - 1] : 0, t1 = p < q->n_snap ? q->snap_off[p] : q->n_new;
+                o[k++] = (gdn_seq){.slot = gs[s].slot, .n_new = t1 - t0, .row0 = gs[s].row0 + t0};
+                if (gs[s].row0 + t0 < lo) lo = gs[s].row0 + t0;
+                if (gs[s].row0 + t1 > hi) hi = gs[s].row0 + t1;
+            }
+            if (!k) continue; /* no sequence of this kind in the piece (decode rows: piece 0 only) */
+            if (!span) lo = 0, hi = f->n_tok;
+            for (int i = 0; i < k; i++) o[i].row0 -= lo;
+            f->n_piece_seq[n] = k;
+            f->piece_row0[n] = lo;
+            f->piece_rows[n] = hi - lo;
+            f->piece_snap[n] = -1;
+            n++;
         }
-        if (!span) lo = 0, hi = f->n_tok;
-        for (int i = 0; i < k; i++) o[i].row0 -= lo;
-        f->n_piece_seq[p] = k;
-        f->piece_row0[p] = lo;
-        f->piece_rows[p] = hi - lo;
+        /* snapshot p's copies follow piece p's last call (a piece before the last holds a
+         * sequence with a later snapshot, so it has a call) */
+        if (p + 1 < n_snap_piece && n > 0) f->piece_snap[n - 1] = p;
     }
-    return n_piece;
+    return n;
 }
 
 /* Layer-cache li's GDN state of every sequence with a snapshot after piece p, copied into its
@@ -171,7 +194,7 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
                    .norm_done = &normed};
     if (!f->n_piece) {
         if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
-    } else { /* in-step snapshots: the op piece by piece, the state copied between pieces */
+    } else { /* the op call by call (next_snap_tables), the snapshot copies between them */
         ga.z = NULL;
         ga.norm_w = NULL;
         ga.norm_done = NULL;
@@ -187,7 +210,7 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
             ga.seqs = f->gpiece[p];
             ga.seqs_host = f->gpiece_host[p];
             if ((rc = ops_gdn_run(&m->ops, &ga, e))) return rc;
-            if (p + 1 < f->n_piece && (rc = snap_copy(f, li, p, l, e))) return rc;
+            if (f->piece_snap[p] >= 0 && (rc = snap_copy(f, li, f->piece_snap[p], l, e))) return rc;
         }
     }
     /* the gated norm, unless the gdn backend fused it (gdn_cuda_decode, LASTSTAND_GDN_NORM) */

@@ -145,6 +145,61 @@ static void test_mixed_batch_equals_separate_runs(void **st) {
     if (!ran) skip();
 }
 
+/* A decode row between two prompt chunks: the GDN op runs the decode rows and the chunks as
+ * two calls (model_qwen3_next.c, "Decode rows apart"), the chunks' call over a span of rows
+ * that holds the decode row; every row must still equal its sequence run alone. */
+static void test_decode_row_between_chunks(void **st) {
+    int ran = 0;
+    for (size_t mi = 0; mi < sizeof k_models / sizeof k_models[0]; mi++) {
+        model *m = open_fixture(k_models[mi]);
+        if (!m) continue;
+        ran++;
+        const int V = model_cfg(m)->vocab;
+        ls_err e = {0};
+        /* oracles: A = ids[0..12), B = ids[12..16), C = ids[16..20) alone */
+        float *fa = NULL, *fb = NULL, *fc = NULL;
+        assert_int_equal(model_logits_all(m, k_ids, 12, &fa, &e), 0);
+        assert_int_equal(model_logits_all(m, k_ids + 12, 4, &fb, &e), 0);
+        assert_int_equal(model_logits_all(m, k_ids + 16, 4, &fc, &e), 0);
+        model_cache_opts co = {.page_size = 4, .n_pages = 12, .n_slots = 4};
+        assert_int_equal(model_cache_init(m, &co, &e), 0);
+        for (int sl = 0; sl < 4; sl++) model_slot_reset(m, sl);
+        const int32_t pa[3] = {9, 2, 6}, pb[1] = {4}, pc[1] = {11};
+        float *lg = malloc(sizeof(float) * 12 * V);
+        /* step 1: A 5 tokens, B 3, C 1 (every sequence a chunk or a row) */
+        fwd_seq s1[3] = {{.slot = 3, .n_past = 0, .n_new = 5, .pages = pa},
+                         {.slot = 1, .n_past = 0, .n_new = 3, .pages = pb},
+                         {.slot = 0, .n_past = 0, .n_new = 1, .pages = pc}};
+        int32_t ids1[9];
+        memcpy(ids1, k_ids, sizeof(int32_t) * 5);
+        memcpy(ids1 + 5, k_ids + 12, sizeof(int32_t) * 3);
+        ids1[8] = k_ids[16];
+        fwd_batch b1 = {.n_seq = 3, .seqs = s1, .ids = ids1, .logits = lg};
+        if (model_forward(m, &b1, &e)) fail_msg("%s: %s", k_models[mi], e.msg);
+        /* step 2: A's chunk of 7, B's decode row, C's chunk of 3, all rows' logits */
+        fwd_seq s2[3] = {{.slot = 3, .n_past = 5, .n_new = 7, .pages = pa, .logits_all = 1},
+                         {.slot = 1, .n_past = 3, .n_new = 1, .pages = pb, .logits_all = 1},
+                         {.slot = 0, .n_past = 1, .n_new = 3, .pages = pc, .logits_all = 1}};
+        int32_t ids2[11];
+        memcpy(ids2, k_ids + 5, sizeof(int32_t) * 7);
+        ids2[7] = k_ids[15];
+        memcpy(ids2 + 8, k_ids + 17, sizeof(int32_t) * 3);
+        fwd_batch b2 = {.n_seq = 3, .seqs = s2, .ids = ids2, .logits = lg};
+        if (model_forward(m, &b2, &e)) fail_msg("%s: %s", k_models[mi], e.msg);
+        for (int i = 0; i < 11; i++) {
+            const float *ref = i < 7 ? fa + (size_t)(5 + i) * V : i == 7 ? fb + (size_t)3 * V : fc + (size_t)(i - 7) * V;
+            double r = row_err(lg + (size_t)i * V, ref, V);
+            if (r > 1e-5) fail_msg("%s: step 2 row %d differs from its sequence alone by %g", k_models[mi], i, r);
+        }
+        free(lg);
+        free(fa);
+        free(fb);
+        free(fc);
+        model_close(m);
+    }
+    if (!ran) skip();
+}
+
 static void test_bad_batches_are_refused(void **st) {
     model *m = open_fixture("qwen3_5_moe_text");
     if (!m) skip();
@@ -196,6 +251,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_steps_match_full_pass),
         cmocka_unit_test(test_mixed_batch_equals_separate_runs),
+        cmocka_unit_test(test_decode_row_between_chunks),
         cmocka_unit_test(test_bad_batches_are_refused),
         cmocka_unit_test(test_cuda_device_is_refused_cleanly),
     };

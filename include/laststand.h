@@ -30,7 +30,8 @@ typedef struct ls_engine_opts {
     int tp;                        /* tensor-parallel size (default 1) */
     const char *fp4_gemm_backend, *moe_backend, *attention_backend, *gdn_backend; /* NULL = auto */
     int trust_backend;
-    int max_running_requests;      /* default 64 */
+    int max_running_requests;      /* 0 = auto: on a GPU as many as the GDN state of a quarter of the
+                                      cache memory holds, at most 256; on the CPU 64 */
     int chunked_prefill_size;      /* token budget per step, default 8192 */
     int context_length;            /* default: model max, capped by memory */
     double mem_fraction_static;    /* of device memory (CPU: of physical RAM) for weights + caches;

@@ -73,6 +73,28 @@ def test_dry_run_397b_weights_per_gpu_match_count():
     assert one.returncode == 1 and "DOES NOT FIT" in one.stdout, one.stdout
 
 
+@pytest.mark.parametrize("model,tp,lo,hi", [("synth:qwen3.5-35b-a3b", 1, 256, 256),
+                                             ("synth:qwen3.5-122b-a10b", 1, 65, 255),
+                                             ("synth:qwen3.5-397b-a17b", 2, 8, 63),
+                                             ("synth:qwen3-30b-a3b", 1, 256, 256)])
+def test_dry_run_auto_running_requests_fit_a_quarter_of_the_caches(model, tp, lo, hi):
+    """--max-running-requests left at auto on a GPU: as many as the GDN state of a quarter of the
+    cache memory holds, at most 256 (models without GDN layers: 256); the plan still fits."""
+    p = dry("--model-path", model, "--tp", str(tp))
+    assert p.returncode == 0 and "verdict: fits" in p.stdout, p.stdout + p.stderr[-2000:]
+    caches = float(re.search(r"([0-9.]+) GiB for the caches", p.stdout).group(1))
+    m = re.search(r"GDN state: ([0-9.]+) MiB a slot; (\d+) running requests \(--max-running-requests auto\): "
+                  r"([0-9.]+) GiB", p.stdout)
+    assert m, p.stdout
+    slot_mib, n, state_gib = float(m.group(1)), int(m.group(2)), float(m.group(3))
+    assert lo <= n <= hi, p.stdout
+    assert state_gib <= 0.25 * caches + 0.01, p.stdout
+    if n < 256:  # one more would pass the quarter
+        assert (n + 1) * slot_mib / 1024 > 0.25 * caches - 0.02, p.stdout
+    q = dry("--model-path", model, "--tp", str(tp), "--max-running-requests", "7")
+    assert "; 7 running requests:" in q.stdout, q.stdout
+
+
 def test_dry_run_bad_path_exits_2():
     p = dry("--model-path", "synth:no-such-preset")
     assert p.returncode == 2 and "no-such-preset" in p.stderr, p.stderr

@@ -191,7 +191,6 @@ static int dry_run(const serve_args *a) {
     }
     const double GiB = 1073741824.0, gpu = (a->dry_run_gpu_gib > 0 ? a->dry_run_gpu_gib : 140.4) * GiB;
     const double frac = a->mem_fraction_static > 0 ? a->mem_fraction_static : 0.88;
-    const int max_run = a->max_running_requests > 0 ? (int)a->max_running_requests : 64;
     const double ctx_overhead = 0.6 * GiB; /* CUDA context, cuBLASLt, NCCL buffers (measured ~0.5 GiB) */
     printf("memory plan: %s, --tp %d on %s (from the config and tensor headers; nothing loaded)\n", path, tp,
            cpu ? "the CPU" : "CUDA");
@@ -204,6 +203,8 @@ static int dry_run(const serve_args *a) {
            cpu && tp == 1 ? "no, the CPU keeps the checkpoint" : "one layer at a time");
     if (cpu) return 0;
     const double caches = frac * gpu - p.gpu_weights - ctx_overhead;
+    const int max_run = a->max_running_requests > 0 ? (int)a->max_running_requests
+                                                    : model_auto_max_running(caches, p.slot_bytes);
     const double slots = (double)max_run * p.slot_bytes;
     double left = caches - slots - (p.slot_bytes + 16 * p.kv_token_bytes);
     double snaps = 0;
@@ -216,8 +217,9 @@ static int dry_run(const serve_args *a) {
     const double tokens = p.kv_token_bytes > 0 && left > 0 ? floor(left / p.kv_token_bytes) : 0;
     printf("  on a GPU of %.1f GiB at --mem-fraction-static %.2f: %.2f GiB for the caches after the weights and "
            "~%.1f GiB of context\n", gpu / GiB, frac, caches / GiB, ctx_overhead / GiB);
-    printf("    GDN state: %.1f MiB a slot; %d running requests: %.2f GiB; prefix snapshots: %.2f GiB\n",
-           p.slot_bytes / 1048576.0, max_run, slots / GiB, snaps / GiB);
+    printf("    GDN state: %.1f MiB a slot; %d running requests%s: %.2f GiB; prefix snapshots: %.2f GiB\n",
+           p.slot_bytes / 1048576.0, max_run, a->max_running_requests > 0 ? "" : " (--max-running-requests auto)",
+           slots / GiB, snaps / GiB);
     printf("    KV cache: %.1f KiB a token: %.0f tokens fit in the remaining %.2f GiB\n", p.kv_token_bytes / 1024.0,
            tokens, left > 0 ? left / GiB : 0.0);
     const int ctx = a->context_length > 0 ? (int)a->context_length : 0;
@@ -292,7 +294,8 @@ int cmd_serve(int argc, char **argv) {
          "one; default: a tenth of the cache memory, at most 2 x --max-running-requests; 0: none)", NULL},
         {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "same as --prefix-cache off (SGLang's name)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
-        {"max-running-requests", F_INT, &a.max_running_requests, "running batch cap (default 64)", NULL},
+        {"max-running-requests", F_INT, &a.max_running_requests,
+         "running batch cap (default: on a GPU as many as the GDN state of a quarter of the cache memory holds, at most 256; CPU 64)", NULL},
         {"max-queued-requests", F_INT, &a.max_queued_requests, "requests waiting for admission before 503 (default 1024)", NULL},
         {"max-total-tokens", F_INT, &a.max_total_tokens, "KV-cache size in tokens (default: from memory)", NULL},
         {"page-size", F_INT, &a.page_size, "KV-cache tokens per page, the prefix cache's unit (default 16)", NULL},

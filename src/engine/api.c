@@ -12,7 +12,7 @@
 void ls_engine_opts_default(ls_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->tp = 1;
-    o->max_running_requests = 64;
+    o->max_running_requests = 0; /* auto: engine.c, model_auto_max_running (the CPU: 64) */
     o->chunked_prefill_size = 8192; /* SGLang's H100/H200 default; bench/RESULTS.md "Prefill: TTFT" */
     o->context_length = 0;
     o->mem_fraction_static = 0;  /* auto: 0.88 of GPU memory; CPU 0.5 of RAM, caches capped at 1 GiB */

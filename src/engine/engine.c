@@ -323,7 +323,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     ls_engine_opts d;
     ls_engine_opts_default(&d);
     int page_size = o->page_size > 0 ? o->page_size : d.page_size;
-    int max_run = o->max_running_requests > 0 ? o->max_running_requests : d.max_running_requests;
+    int max_run = o->max_running_requests; /* <= 0: auto, decided with the memory plan below */
     int max_queued = o->max_queued_requests > 0 ? o->max_queued_requests : d.max_queued_requests;
     if (o->mem_fraction_static < 0 || o->mem_fraction_static > 1)
         return set_err(err, errn, LS_ERR_INVAL, "--mem-fraction-static %g is outside (0, 1]",
@@ -417,6 +417,12 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
                  "--mem-fraction-static %.2f leaves the caches %.2f GiB per GPU", gpu,
                  e->tp > 1 ? " of the tensor-parallel ranks" : "", gpu_free / 1073741824.0, gpu_total / 1073741824.0,
                  o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88, budget / e->tp / 1073741824.0);
+    if (max_run <= 0) {
+        max_run = cuda ? model_auto_max_running(budget, (double)slot_bytes) : MODEL_CPU_RUN_DEFAULT;
+        if (cuda)
+            log_info("engine: --max-running-requests auto: %d (%s, at most %d)", max_run,
+                     slot_bytes ? "the GDN state of a quarter of the cache memory" : "no GDN state", MODEL_AUTO_RUN_MAX);
+    }
     budget -= (double)max_run * (double)slot_bytes;
     budget -= (double)max_run * (double)e->vocab * sizeof(float);
     if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */

@@ -117,6 +117,15 @@ typedef struct model_cache_opts {
     int max_seqs;
 } model_cache_opts;
 
+/* --max-running-requests left at auto on a GPU: as many running requests as the GDN state of a
+ * quarter of the caches' memory holds (cache_bytes: what the caches get; slot_bytes: one
+ * request's GDN state, model_slot_bytes; both summed over the ranks or both one GPU's), at least
+ * 1 and at most MODEL_AUTO_RUN_MAX (models without GDN layers: MODEL_AUTO_RUN_MAX). The CPU
+ * keeps MODEL_CPU_RUN_DEFAULT. */
+#define MODEL_AUTO_RUN_MAX 256
+#define MODEL_CPU_RUN_DEFAULT 64
+int model_auto_max_running(double cache_bytes, double slot_bytes);
+
 size_t model_kv_page_bytes(const model *m, int page_size); /* one page, all full-attn layers */
 size_t model_slot_bytes(const model *m);                    /* one GDN slot, all GDN layers */
 int model_cache_init(model *m, const model_cache_opts *o, ls_err *e);

@@ -16,6 +16,8 @@
  * Owns nothing beyond a call.
  */
 #include "model/model_impl.h"
+
+#include <math.h>
 #include "model/synth.h"
 
 #include <stdio.h>
@@ -169,4 +171,10 @@ int model_mem_plan_get(const char *path, const model_opts *o, model_mem_plan *ou
     if (st) st_close(st);
     hfcfg_free(&cfg);
     return rc;
+}
+
+int model_auto_max_running(double cache_bytes, double slot_bytes) {
+    if (!(slot_bytes > 0)) return MODEL_AUTO_RUN_MAX;
+    const double n = floor(0.25 * cache_bytes / slot_bytes);
+    return n < 1 ? 1 : n > MODEL_AUTO_RUN_MAX ? MODEL_AUTO_RUN_MAX : (int)n;
 }

@@ -13,7 +13,8 @@
  * --batch N submits N requests at once, so that the engine decodes them as one batch, as a
  * server at concurrency N would: request i's prompt is the ids rotated left by i (i mod n) places
  * (as many tokens, a different context: identical prompts would route every sequence to the same
- * experts) and its seed --seed + i; one JSON line per request, in submit order. The engine's closing log line gives the mean decode step.
+ * experts) and its seed --seed + i; one JSON line per request, in submit order. The engine's
+ * closing log line gives the mean decode step.
  */
 #include "cli/cli.h"
 #include "base/base.h"
@@ -143,8 +144,10 @@ int cmd_generate(int argc, char **argv) {
     long tp = strtol(tp_s, &end, 10);
     if (*end || end == tp_s || tp < 1 || tp > 16) return bad_value("--tp", tp_s, "an integer in [1, 16]");
     o.tp = (int)tp;
+    errno = 0;
     long batch = strtol(batch_s, &end, 10);
-    if (*end || end == batch_s || batch < 1 || batch > 4096) return bad_value("--batch", batch_s, "an integer in [1, 4096]");
+    if (*end || end == batch_s || errno || batch < 1 || batch > 4096)
+        return bad_value("--batch", batch_s, "an integer in [1, 4096]");
     errno = 0;
     long max_new = strtol(max_s, &end, 10);
     if (*end || end == max_s || errno || max_new < 0 || max_new > 1 << 20)

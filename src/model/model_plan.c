@@ -16,10 +16,9 @@
  * Owns nothing beyond a call.
  */
 #include "model/model_impl.h"
-
-#include <math.h>
 #include "model/synth.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

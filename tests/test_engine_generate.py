@@ -81,6 +81,8 @@ def test_chat_renders_template_like_jinja2(demo_model, hf_tok):
     (["--ids", "1", "--top-p", "0"], "--top-p"),
     (["--ids", "1", "--top-p", "1.5"], "--top-p"),
     (["--ids", "1", "--min-p", "x"], "--min-p"),
+    (["--ids", "1", "--batch", "0"], "--batch"),
+    (["--ids", "1", "--batch", "2x"], "--batch"),
 ])
 def test_bad_input_exits_2_naming_it(demo_model, args, needle):
     p = gen("--model-path", demo_model, *args, check=False)
@@ -103,3 +105,21 @@ def test_top_k_1_is_greedy_and_the_filters_keep_seeded_runs_reproducible(demo_mo
     assert gen(*ids, "--temperature", 1.5, "--top-k", 1)["ids"] == greedy
     f = ["--temperature", 0.9, "--top-k", 20, "--top-p", 0.8, "--min-p", 0.01, "--seed", 4]
     assert gen(*ids, *f)["ids"] == gen(*ids, *f)["ids"]
+
+
+@pytest.mark.parametrize("temp", [0, 1.0])
+def test_batch_requests_equal_their_solo_runs(demo_model, temp):
+    """--batch N decodes N requests as one batch (request i: the ids rotated by i, seed + i); each
+    must generate what it generates alone, greedy or sampled, eos ignored (every one runs 12)."""
+    ids = [17, 300, 5, 912, 64, 7, 1200]
+    common = ("--model-path", demo_model, "--max-new-tokens", 12, "--temperature", temp, "--ignore-eos")
+    p = run_ls("generate", *map(str, common), "--ids", ",".join(map(str, ids)), "--batch", "4", "--seed", "3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    assert len(lines) == 4
+    for i, got in enumerate(lines):
+        rot = ids[i:] + ids[:i]
+        solo = gen(*common, "--ids", ",".join(map(str, rot)), "--seed", 3 + i)
+        assert len(got["ids"]) == 12
+        assert got["ids"] == solo["ids"], (i, got, solo)
+    assert len({tuple(l["ids"]) for l in lines}) > 1  # distinct contexts, distinct continuations

@@ -760,7 +760,7 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             else if (!strcmp(fd->name, "gdn"))
                 snprintf(title, sizeof title,
                          "gdn  %d k-heads / %d v-heads, dk %d dv %d, conv %d, per-slot state; a cell: a step of "
-                         "decode rows and prefill chunks mixed + (M 2..512) a decode step of M sequences",
+                         "decode rows and prefill chunks mixed + (M 2..512) a decode step of min(M, 256) sequences",
                          s->nk, s->nv, s->dk, s->dv, s->conv_k);
             else if (!strcmp(fd->name, "moe"))
                 snprintf(title, sizeof title,

@@ -19,10 +19,11 @@
  *              tokens, and compares their output rows and their final conv and
  *              recurrent states.
  * A gdn cell is the steps a server runs at M tokens: the mixed step above and, for
- * 2 <= M <= GDN_DECODE_MAX_M, a pure decode step of M sequences (one new token each:
- * what every step of a server at concurrency M is between prefills, and what its CUDA
- * graphs replay); the cell's time is the two steps' sum, and either one wrong makes the
- * cell wrong. The mixed step at M >= GDN_LONG_M holds one chunk of M / 2 tokens (a long
+ * 2 <= M <= GDN_DECODE_MAX_M, a pure decode step of min(M, GDN_DECODE_SEQS) sequences (one
+ * new token each: what every step of a server at concurrency M is between prefills, and what
+ * its CUDA graphs replay; GDN_DECODE_SEQS = the auto --max-running-requests cap, which also
+ * bounds the host memory and time of the set-up at the 397B's 4 MB a slot); the cell's time
+ * is the two steps' sum, and either one wrong makes the cell wrong. The mixed step at M >= GDN_LONG_M holds one chunk of M / 2 tokens (a long
  * prompt's prefill chunk). Without these, the mixed batch's many short chunks made a
  * chunked kernel the choice for pure decode steps of 64..512 sequences, which it runs at
  * a third of the recurrent kernel's speed, and a recurrent kernel could have won the
@@ -40,7 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { SEQ_SAMPLE = 32, GDN_REF_TOKENS = 512, PAGE = 16, GDN_DECODE_MAX_M = 512, GDN_LONG_M = 1024 };
+enum { SEQ_SAMPLE = 32, GDN_REF_TOKENS = 512, PAGE = 16, GDN_DECODE_MAX_M = 512, GDN_DECODE_SEQS = 256,
+       GDN_LONG_M = 1024 };
 
 /* Split M tokens into sequences: up to 4 decode rows (n_new = 1), then (long_chunk and
  * M >= GDN_LONG_M) one chunk of M / 2 tokens, the rest in chunks of 1..512 tokens.
@@ -473,17 +475,19 @@ done:
     free(seqs); free(slotp); free(lens);
 }
 
-/* The cell: the mixed step, then (2 <= M <= GDN_DECODE_MAX_M) the pure decode step; the
- * worse verdict of the two, the sum of their times and byte / flop counts. */
+/* The cell: the mixed step, then (2 <= M <= GDN_DECODE_MAX_M) the pure decode step of
+ * min(M, GDN_DECODE_SEQS) sequences; the worse verdict of the two, the sum of their times and
+ * byte / flop counts. */
 static void gdn_job(const td_job_ctx *c, int job, int M, td_res *r) {
     gdn_step(c, job, M, 0, r);
     if (M < 2 || M > GDN_DECODE_MAX_M || strcmp(r->status, "ok")) return;
+    const int md = M < GDN_DECODE_SEQS ? M : GDN_DECODE_SEQS;
     td_res d;
-    gdn_step(c, job, M, 1, &d);
+    gdn_step(c, job, md, 1, &d);
     if (strcmp(d.status, "ok")) {
         *r = d;
         char t[sizeof r->detail];
-        snprintf(t, sizeof t, "decode step of %d sequences: %.470s", M, d.detail);
+        snprintf(t, sizeof t, "decode step of %d sequences: %.470s", md, d.detail);
         memcpy(r->detail, t, sizeof t);
         return;
     }

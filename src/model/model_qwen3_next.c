@@ -106,19 +106,27 @@ int next_bind_gdn(model *m, int l, ls_err *e) {
     return 0;
 }
 
+/* An env switch that is on unless set to "0", read once (every rank writes the same value). */
+static int env_on(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *v = getenv(name);
+        *cache = !(v && !strcmp(v, "0"));
+    }
+    return *cache;
+}
+
 int next_snap_tables(fwd_ctx *f, const fwd_seq *seqs, int n_seq, const gdn_seq *gs, gdn_seq *out) {
+    static int split_on = -1, span_on = -1;
     int n_snap_piece = 1, n_dec = 0;
     for (int s = 0; s < n_seq; s++) {
         if (seqs[s].n_snap + 1 > n_snap_piece) n_snap_piece = seqs[s].n_snap + 1;
         n_dec += seqs[s].n_new == 1;
     }
-    const char *sv = getenv("LASTSTAND_GDN_SPLIT");
-    const int split = n_dec > 0 && n_dec < n_seq && !(sv && !strcmp(sv, "0"));
+    const int split = n_dec > 0 && n_dec < n_seq && env_on("LASTSTAND_GDN_SPLIT", &split_on);
     if (n_snap_piece <= 1 && !split) return 0;
     /* each call over the span of its own rows (LASTSTAND_GDN_PIECE_ROWS=0: over the step's),
      * so the op's per-M plan picks its backend for the call's size, as for a step of it */
-    const char *v = getenv("LASTSTAND_GDN_PIECE_ROWS");
-    const int span = !(v && !strcmp(v, "0"));
+    const int span = env_on("LASTSTAND_GDN_PIECE_ROWS", &span_on);
     int n = 0;
     for (int p = 0; p < n_snap_piece; p++) {
         for (int kind = 0; kind < 1 + split; kind++) { /* kind 1: the decode rows, 0: the rest */

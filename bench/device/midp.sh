@@ -2,7 +2,7 @@
 # device-limit: 560
 # bench/device/midp.sh BIN OUTDIR: the persistent pipelined mid-batch MoE GEMVs (moe_midp.cu,
 # LASTSTAND_MG_MIDP) against the per-tile ones (mv_kernel / mvd_kernel, LASTSTAND_MG_MIDP=0).
-# 1. tests/test_gpu_moe_grouped.py -k "mid or variants" (the doctor's fp64 verdicts with MIDP on,
+# 1. tests/test_gpu_moe_grouped.py -k MIDP_K (the doctor's fp64 verdicts with MIDP on,
 #    off and everywhere, NVFP4 / BF16 shared experts, the family shapes).
 # 2. `laststand doctor --families moe --backends cuda_grouped_gemm`, one MoE layer: synth 35B and
 #    397B (BF16 shared expert beside NVFP4 experts), M = 8 .. 256, MIDP = 0 / 1 / 2 (µs a call).
@@ -14,11 +14,11 @@ dev_init midp 555 "$@"
 B35="synth:qwen3.5-35b-a3b,layers=1"
 B397="synth:qwen3.5-397b-a17b,layers=1"
 
-echo "== 1. pytest tests/test_gpu_moe_grouped.py -k 'mid or variants' $(el)"
+echo "== 1. pytest tests/test_gpu_moe_grouped.py -k MIDP_K $(el)"
 l=$(( $(left) - 330 )); [ "$l" -gt 200 ] && l=200
 if [ "$l" -ge 30 ]; then
     BUILD=$D timeout -k 5 "$l" python3 -m pytest -q -p no:cacheprovider --timeout 120 \
-        tests/test_gpu_moe_grouped.py -k "mid or variants" 2>&1 | tail -n 8
+        tests/test_gpu_moe_grouped.py -k "${MIDP_K:-persistent or midp or default or nop or 35b}" 2>&1 | tail -n 12
 else
     echo "skipped (time)"
 fi

@@ -8,7 +8,9 @@
 #    397B (BF16 shared expert beside NVFP4 experts), M = 8 .. 256, MIDP = 0 / 1 / 2 (µs a call).
 # 3. `generate --batch B` of the full synth 35B (the plans serve picks): the mean decode step at
 #    B = BATCHES (default 64 128 256), MIDP = 0 and the default; the greedy ids of the two compared.
-# 4. With NCU (an ncu binary): one eager 8-layer step at B = 128 with the default, kernel table.
+# 4. With NCU (an ncu binary): one eager 8-layer step at B = 128 with the default, kernel table;
+#    with NCU_MP=1 instead ncu's sections (speed of light, warp states, scheduler, memory) of
+#    mp_kernel's first launches. MIDP_VALS (default 0 1 2) picks the doctor's MIDP values.
 . "$(dirname "$0")/lib.sh"
 dev_init midp 555 "$@"
 B35="synth:qwen3.5-35b-a3b,layers=1"
@@ -37,8 +39,8 @@ doctor() {
 }
 echo "== 2. doctor, one MoE layer $(el)"
 MS=8,16,32,64,128,256
-for v in 0 1 2; do doctor "35b-p$v" "LASTSTAND_MG_MIDP=$v" "$B35" "$MS" 25; done
-for v in 0 1 2; do doctor "397b-p$v" "LASTSTAND_MG_MIDP=$v" "$B397" 16,32,64,128,192 30; done
+for v in ${MIDP_VALS:-0 1 2}; do doctor "35b-p$v" "LASTSTAND_MG_MIDP=$v" "$B35" "$MS" 25; done
+for v in ${MIDP_VALS:-0 1 2}; do doctor "397b-p$v" "LASTSTAND_MG_MIDP=$v" "$B397" 16,32,64,128,192 30; done
 
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
@@ -62,7 +64,16 @@ for b in ${BATCHES:-64 128 256}; do
     fi
 done
 
-if [ -n "$NCU" ] && [ "$(left)" -gt 70 ]; then
+if [ -n "$NCU" ] && [ -n "${NCU_MP:-}" ] && [ "$(left)" -gt 40 ]; then
+    echo "== 5. ncu details of mp_kernel: synth:qwen3.5-35b-a3b,layers=2 eager, batch 128 $(el)"
+    timeout -k 3 60 "$NCU" --clock-control none -k regex:mp_kernel -c 4 --section SpeedOfLight \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
+        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=2" --ids "$(ids 64)" --max-new-tokens 2 \
+        --ignore-eos --batch 128 --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-mp.txt" 2>&1
+    echo "rc=$? $(el)"
+    grep -E "mp_kernel|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Issued Ipc|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Achieved Occupancy|Stall|stall" "$OUT/ncu-mp.txt" | head -60
+fi
+if [ -n "$NCU" ] && [ -z "${NCU_MP:-}" ] && [ "$(left)" -gt 70 ]; then
     echo "== 4. ncu: synth:qwen3.5-35b-a3b,layers=8 eager, batch 128, 64-token prompts + 3 tokens $(el)"
     timeout -k 3 $(( $(left) - 15 )) "$NCU" --clock-control none --cache-control none \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -o "$OUT/ncu" \

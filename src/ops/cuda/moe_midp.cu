@@ -8,7 +8,7 @@
  * 2.41 TB/s and down at 2.28 TB/s (56% / 53% of copy bandwidth): an SM has nothing in flight
  * while its blocks decode, reduce and start.
  *
- * Here: one block of 8 warps an SM loops over work items. A warp owns whole 16-row weight
+ * Here: one block of 16 warps an SM loops over work items. A warp owns whole 16-row weight
  * tiles over the full K (no partial sums meet across warps) and streams their 128-K chunks
  * through its own ring of D stages in shared memory (cp.async), D chunks ahead across tile
  * and item boundaries: the next tile's weights load while this one is decoded. The plan
@@ -16,7 +16,7 @@
  * staged once per plan tile in shared memory, permuted for the decode's pairing
  * (nv4_xperm8); they are the mma's B columns (slots 0..7, and 8..15 when the tile has a real
  * row there).
- *   item:    (plan tile, part): NSW·8 16-row output tiles; warp w takes (part·NSW + j)·8 + w,
+ *   item:    (plan tile, part): NSW·16 16-row output tiles; warp w takes (part·NSW + j)·16 + w,
  *            j < NSW. Items are dealt to blocks in contiguous ranges, so a block's items
  *            mostly share their plan tile and its staged slots.
  *   gate/up: the gate and the up tile of the same rows against the same slots; epilogue
@@ -31,7 +31,7 @@
 #include "ops/cuda/moe_int.cuh"
 #include "ops/cuda/nvfp4.cuh"
 
-enum { MP_CH = 128, MP_WARPS = 8 };
+enum { MP_CH = 128, MP_WARPS = 16 };
 
 template <bool GATEUP, int KCH, int D>
 struct mp_smem {
@@ -74,7 +74,7 @@ __device__ __forceinline__ void mp_step(mp_pos &p, const mg_expert *__restrict__
     if (p.it < i1) mp_locate<GATEUP, KCH>(p, tab, tile_e, H, nsw, ipt, warp);
 }
 
-/* grid (blocks <= SMs); block 256; dynamic shared memory sizeof(mp_smem). ipt items per plan
+/* grid (blocks <= SMs); block 32·MP_WARPS; dynamic shared memory sizeof(mp_smem). ipt items per plan
  * tile of nsw·8 output tiles each. Arguments otherwise as mv_kernel's. */
 template <bool GATEUP, int KCH, int D>
 __global__ void __launch_bounds__(32 * MP_WARPS, 1)
@@ -138,14 +138,23 @@ __global__ void __launch_bounds__(32 * MP_WARPS, 1)
             __syncthreads(); /* every warp is done with the previous tile's slots */
             if (tid < 16) sm.pair[tid] = perm[cp.tile * 16 + tid];
             __syncthreads();
-            for (int i = tid; i < 16 * XW; i += 32 * MP_WARPS) {
-                const int s = i / XW, cc = i - s * XW, p = sm.pair[s];
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            /* every load in flight before the first store: one L2 round trip a restage */
+            constexpr int NV = (16 * XW + 32 * MP_WARPS - 1) / (32 * MP_WARPS);
+            uint4 v[NV];
+#pragma unroll
+            for (int u = 0; u < NV; u++) {
+                const int i = tid + u * 32 * MP_WARPS, s = i / XW, cc = i - s * XW;
+                const int p = i < 16 * XW ? sm.pair[s] : -1;
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
                 if (p >= 0) {
                     const bf16 *src = GATEUP ? x + (size_t)(p / (k + 1)) * H : hbuf + (size_t)(cp.tile * 16 + s) * ldh;
-                    v = nv4_xperm8(__ldg(reinterpret_cast<const uint4 *>(src) + cc));
+                    v[u] = __ldg(reinterpret_cast<const uint4 *>(src) + cc);
                 }
-                sm.xs[s][cc] = v;
+            }
+#pragma unroll
+            for (int u = 0; u < NV; u++) {
+                const int i = tid + u * 32 * MP_WARPS, s = i / XW, cc = i - s * XW;
+                if (i < 16 * XW) sm.xs[s][cc] = nv4_xperm8(v[u]);
             }
             __syncthreads();
             two = 0;
@@ -214,8 +223,9 @@ __global__ void __launch_bounds__(32 * MP_WARPS, 1)
 }
 
 /* mp_launch has an instance for K (gate/up: K = H; down: K = I). Shared memory of an instance:
- * 8 warps x D stages x NQ x 1152 B + 16 x (K / 8 + 1) x 16 B (gate/up NQ = 2: K = 1024 180 KB,
- * 2048 213 KB, 3072 209 KB, 4096 205 KB; down: 512 164 KB, 768 172 KB, 1024 180 KB, 1536 197 KB). */
+ * 16 warps x D stages x NQ x 1152 B + 16 x (K / 8 + 1) x 16 B (gate/up NQ = 2: K = 1024 D 5
+ * 217 KB, 2048 D 4 213 KB, 3072 D 3 209 KB, 4096 D 2 205 KB; down: 512 D 8 164 KB, 768 D 8
+ * 172 KB, 1024 D 8 180 KB, 1536 D 8 197 KB). */
 int mp_has(bool gateup, int K) {
     return gateup ? K == 1024 || K == 2048 || K == 3072 || K == 4096 : K == 512 || K == 768 || K == 1024 || K == 1536;
 }
@@ -247,13 +257,13 @@ static cudaError_t mp_launch1(int n_out, int tiles_max, const mg_expert *tab, co
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    /* output tiles a warp takes per item: ~144 KB of weights an item (down: 128·nsw rows of K
-     * NVFP4 values; gate/up: 128 rows of two matrices at K = H >= 1024 is already more) */
-    const int K = KCH * MP_CH;
-    int nsw = GATEUP ? 1 : 2048 / K;
+    /* output tiles a warp takes per item: >= ~144 KB of weights an item (down: 256·nsw rows of
+     * K NVFP4 values; gate/up: 256 rows of two matrices at K = H >= 1024 are already more) */
+    const int K = KCH * MP_CH, rows = 16 * MP_WARPS;
+    int nsw = GATEUP ? 1 : 1024 / K;
     if (nsw < 1) nsw = 1;
-    while (nsw > 1 && nsw * 128 > n_out) nsw /= 2;
-    const int ipt = (n_out + 128 * nsw - 1) / (128 * nsw);
+    while (nsw > 1 && nsw * rows > n_out) nsw /= 2;
+    const int ipt = (n_out + rows * nsw - 1) / (rows * nsw);
     const long long items = (long long)tiles_max * ipt;
     const unsigned grid = (unsigned)(items < sms ? items : sms);
     if (grid == 0) return cudaSuccess;
@@ -271,15 +281,15 @@ cudaError_t mp_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
 #define MP_L(KCH, D)                                                                                                  \
     return mp_launch1<GATEUP, KCH, D>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
     if constexpr (GATEUP) {
-        if (K == 1024) MP_L(8, 8);
-        if (K == 2048) MP_L(16, 8);
-        if (K == 3072) MP_L(24, 6);
-        if (K == 4096) MP_L(32, 4);
+        if (K == 1024) MP_L(8, 5);
+        if (K == 2048) MP_L(16, 4);
+        if (K == 3072) MP_L(24, 3);
+        if (K == 4096) MP_L(32, 2);
     } else {
-        if (K == 512) MP_L(4, 16);
-        if (K == 768) MP_L(6, 16);
-        if (K == 1024) MP_L(8, 16);
-        if (K == 1536) MP_L(12, 16);
+        if (K == 512) MP_L(4, 8);
+        if (K == 768) MP_L(6, 8);
+        if (K == 1024) MP_L(8, 8);
+        if (K == 1536) MP_L(12, 8);
     }
 #undef MP_L
     return cudaErrorInvalidValue;

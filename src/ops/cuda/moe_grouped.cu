@@ -521,8 +521,8 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   593.4 µs at M = 32 / 64; 0: 16 warps at 95 registers, one
  *                                   block an SM, up to M·k = E/2)
  *   LASTSTAND_MG_MIDP=0|1|2         on the mid path, both NVFP4 GEMMs by moe_midp.cu's
- *                                   persistent pipelined kernels (one block an SM, a warp's
- *                                   whole-K tiles streamed through a cp.async ring) instead of
+ *                                   persistent pipelined kernels (one block an SM, its steps'
+ *                                   weights streamed through a cp.async ring; H = 2048 only) instead of
  *                                   mv_kernel / mvd_kernel: from one routed row per expert on
  *                                   average, M·k >= E (1, default), never (0), always (2)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the

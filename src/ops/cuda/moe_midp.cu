@@ -8,24 +8,28 @@
  * 2.41 TB/s and down at 2.28 TB/s (56% / 53% of copy bandwidth): an SM has nothing in flight
  * while its blocks decode, reduce and start.
  *
- * Here: one block of 16 warps an SM loops over work items. A warp owns whole 16-row weight
- * tiles over the full K (no partial sums meet across warps) and streams their 128-K chunks
- * through its own ring of D stages in shared memory (cp.async), D chunks ahead across tile
- * and item boundaries: the next tile's weights load while this one is decoded. The plan
- * tile's 16 token slots (x rows for gate/up, hbuf rows for down; zeros on padding slots) are
- * staged once per plan tile in shared memory, permuted for the decode's pairing
- * (nv4_xperm8); they are the mma's B columns (slots 0..7, and 8..15 when the tile has a real
- * row there).
- *   item:    (plan tile, part): NSW·16 16-row output tiles; warp w takes (part·NSW + j)·16 + w,
- *            j < NSW. Items are dealt to blocks in contiguous ranges, so a block's items
- *            mostly share their plan tile and its staged slots.
+ * Here: one block of 16 warps an SM loops over steps, a step being RT = 16 / KW 16-row output
+ * tiles of one plan tile, each tile's K split over KW warps (mv_kernel's block shape, so that a
+ * step requests whole weight rows at once). The warps stream their chunks through a ring of D
+ * steps in shared memory (cp.async), D steps ahead across tile boundaries: the next steps'
+ * weights load while this one is decoded, reduced and written. The plan tile's 16 token slots
+ * (x rows for gate/up, hbuf rows for down; zeros on padding slots) are staged once per plan
+ * tile in shared memory, permuted for the decode's pairing (nv4_xperm8); they are the mma's B
+ * columns (slots 0..7, and 8..15 when the tile has a real row there). The launch's steps are
+ * dealt to the blocks in contiguous ranges (one step of imbalance at most), so a block's
+ * steps mostly share their plan tile and its staged slots.
  *   gate/up: the gate and the up tile of the same rows against the same slots; epilogue
  *            silu(g)·u -> hbuf (BF16);
  *   down:    epilogue · s2 · wts[pair] -> dbuf at the pair.
  * Inputs and outputs are mv_kernel's (the expert table, the plan's tile_e / perm / n_tiles,
- * hbuf, dbuf), so the router, top-k, plan and combine are shared. Each output is one warp's
- * sum over K in mma order (a fixed order: deterministic), and a row's value does not depend
- * on how the items are dealt (graph replay = eager). */
+ * hbuf, dbuf), so the router, top-k, plan and combine are shared. The KW partial sums of an
+ * output meet in a fixed order (deterministic), and a row's value does not depend on how the
+ * steps are dealt (graph replay = eager).
+ *
+ * The first form (S18 device round 1-2, not kept): each warp a whole 16-row tile over all of
+ * K, chunk by chunk, no cross-warp reduction: 1.5-1.6 TB/s (8 and 16 warps), slower than
+ * mv_kernel. A warp sweeping its 16 rows 64 bytes at a time left the DRAM reading every row
+ * in 16 separate pieces (ncu: DRAM 33%, half the cycles with no eligible warp). */
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/moe_int.cuh"
@@ -33,110 +37,78 @@
 
 enum { MP_CH = 128, MP_WARPS = 16 };
 
-template <bool GATEUP, int KCH, int D>
+/* KW warps split K (PER chunks each), RT = 16 / KW row tiles a step; D steps in the ring;
+ * NRED reduction buffers (2: one barrier a step, 1: two). */
+template <bool GATEUP, int KCH, int KW, int D, int NRED>
 struct mp_smem {
-    static constexpr int NQ = GATEUP ? 2 : 1, XW = KCH * MP_CH / 8;
-    uint4 codes[MP_WARPS][D][NQ][2][32]; /* [warp][stage][gate, up][row g, g + 8][lane] */
-    uint32_t sc[MP_WARPS][D][NQ][32];    /* E4M3 scales: 16 rows x 8 (lane i: row i/2, bytes 4(i%2)..) */
-    uint4 xs[16][XW + 1];                /* [slot][8 K values], permuted; +16 B: rows g on distinct banks */
+    static constexpr int NQ = GATEUP ? 2 : 1, XW = KCH * MP_CH / 8, PER = KCH / KW;
+    uint4 codes[D][MP_WARPS][PER][NQ][2][32]; /* [stage][warp][chunk][gate, up][row g, g + 8][lane] */
+    uint32_t sc[D][MP_WARPS][PER][NQ][32];    /* E4M3 scales: 16 rows x 8 (lane i: row i/2, bytes 4(i%2)..) */
+    float red[NRED][MP_WARPS][NQ][2][16][8];  /* partial sums [buffer][warp][gate, up][slot group][row][slot] */
+    uint4 xs[16][XW + 1];                     /* [slot][8 K values], permuted; +16 B: rows g on distinct banks */
     int pair[16];
 };
 
-/* A position in a warp's chunk sequence: item it (absolute), output tile j of the item, chunk
- * c of K; with the item's expert and the warp's first output row. */
-struct mp_pos {
-    int it, j, c, tile, nrow0, live;
-    const mg_expert *xp;
-};
-
-template <bool GATEUP, int KCH>
-__device__ __forceinline__ void mp_locate(mp_pos &p, const mg_expert *__restrict__ tab,
-                                          const int32_t *__restrict__ tile_e, int H, int nsw, int ipt, int warp) {
-    p.tile = p.it / ipt;
-    p.xp = &tab[tile_e[p.tile]];
-    const int part = p.it - p.tile * ipt;
-    const int N = GATEUP ? p.xp->inter : H, K = GATEUP ? H : p.xp->inter;
-    p.nrow0 = ((part * nsw + p.j) * MP_WARPS + warp) * 16;
-    p.live = p.nrow0 < N && K == KCH * MP_CH; /* a K other than the instance's writes nothing (the host checks) */
-}
-
-/* the next chunk: c, then j, then the item */
-template <bool GATEUP, int KCH>
-__device__ __forceinline__ void mp_step(mp_pos &p, const mg_expert *__restrict__ tab,
-                                        const int32_t *__restrict__ tile_e, int H, int nsw, int ipt, int warp,
-                                        int i1) {
-    if (++p.c < KCH) return;
-    p.c = 0;
-    if (++p.j == nsw) {
-        p.j = 0;
-        p.it++;
-    }
-    if (p.it < i1) mp_locate<GATEUP, KCH>(p, tab, tile_e, H, nsw, ipt, warp);
-}
-
-/* grid (blocks <= SMs); block 32·MP_WARPS; dynamic shared memory sizeof(mp_smem). ipt items per plan
- * tile of nsw·8 output tiles each. Arguments otherwise as mv_kernel's. */
-template <bool GATEUP, int KCH, int D>
+/* grid (blocks <= SMs); block 32·MP_WARPS; dynamic shared memory sizeof(mp_smem). The launch's
+ * steps (n_tiles[0] plan tiles x spt steps of RT 16-row output tiles each) are dealt to the
+ * blocks in contiguous ranges. Arguments otherwise as mv_kernel's. */
+template <bool GATEUP, int KCH, int KW, int D, int NRED>
 __global__ void __launch_bounds__(32 * MP_WARPS, 1)
     mp_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
               const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int nsw, int ipt) {
-    typedef mp_smem<GATEUP, KCH, D> S;
-    constexpr int NQ = S::NQ, XW = S::XW, K = KCH * MP_CH;
+              int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int spt) {
+    typedef mp_smem<GATEUP, KCH, KW, D, NRED> S;
+    constexpr int NQ = S::NQ, XW = S::XW, PER = S::PER, RT = MP_WARPS / KW, K = KCH * MP_CH;
+    static_assert(KCH % KW == 0 && MP_WARPS % KW == 0, "mp_kernel: KW must divide KCH and the warps");
     extern __shared__ __align__(16) unsigned char mp_dsm[];
     S &sm = *reinterpret_cast<S *>(mp_dsm);
     cu_pdl_wait(); /* (with PDL: the plan's tiles; gate/up's hbuf for down) */
-    /* the next launch (down after gate/up, the combine after down) may become resident only as
+    /* the next launch (down after gate/up, the combine after down) becomes resident only as
      * these blocks exit (shared memory), and waits for this grid's completion before its reads */
     cu_pdl_trigger();
-    const int n_items = n_tiles[0] * ipt, G = gridDim.x, b = blockIdx.x;
-    const int i0 = (int)((long long)b * n_items / G), i1 = (int)((long long)(b + 1) * n_items / G);
-    if (i0 >= i1) return; /* the whole block: no barrier is skipped by part of it */
+    const int n_steps = n_tiles[0] * spt, G = gridDim.x, b = blockIdx.x;
+    const int s0 = (int)((long long)b * n_steps / G), s1 = (int)((long long)(b + 1) * n_steps / G);
+    if (s0 >= s1) return; /* the whole block: no barrier is skipped by part of it */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int T = (i1 - i0) * nsw * KCH; /* this warp's chunks */
+    const int rt = warp / KW, kw = warp - rt * KW, c0 = kw * PER;
+    const int T = s1 - s0;
     const size_t ldw = (size_t)K / 2, lds = (size_t)K / 16;
 
-    /* the producer: chunk q (position pp) into stage q % D, one commit group per chunk (empty
-     * past the end or on a tile the warp has no rows of), so that wait_group D - 1 means
-     * "chunk q has landed" for every q */
-    mp_pos pp = {i0, 0, 0, 0, 0, 0, nullptr};
-    mp_locate<GATEUP, KCH>(pp, tab, tile_e, H, nsw, ipt, warp);
+    /* the producer: this warp's PER chunks of step q into stage q % D, one commit group a step
+     * (empty past the end or where the warp has no rows), so that wait_group D - 1 means "step
+     * q has landed" for every q */
     auto issue = [&](int q) {
         if (q < T) {
-            if (pp.live) {
-                const int st = q % D;
+            const int st = s0 + q, tile = st / spt, sub = st - tile * spt;
+            const mg_expert *xp = &tab[tile_e[tile]];
+            const int N = GATEUP ? xp->inter : H, Kx = GATEUP ? H : xp->inter;
+            const int nrow0 = (sub * RT + rt) * 16, sg = q % D;
+            if (nrow0 < N && Kx == K) {
 #pragma unroll
-                for (int u = 0; u < NQ; u++) {
-                    const uint8_t *wb = GATEUP ? pp.xp->w[u] : pp.xp->w[2], *sb = GATEUP ? pp.xp->s[u] : pp.xp->s[2];
-                    const uint8_t *wr = wb + (size_t)(pp.nrow0 + g) * ldw + pp.c * 64 + 16 * t;
-                    cu_cp_async16(&sm.codes[warp][st][u][0][lane], wr);
-                    cu_cp_async16(&sm.codes[warp][st][u][1][lane], wr + 8 * ldw);
-                    nv4_cp_async4(&sm.sc[warp][st][u][lane],
-                                  sb + (size_t)(pp.nrow0 + (lane >> 1)) * lds + pp.c * 8 + 4 * (lane & 1));
-                }
+                for (int u = 0; u < PER; u++)
+#pragma unroll
+                    for (int m = 0; m < NQ; m++) {
+                        const uint8_t *wb = GATEUP ? xp->w[m] : xp->w[2], *sb = GATEUP ? xp->s[m] : xp->s[2];
+                        const uint8_t *wr = wb + (size_t)(nrow0 + g) * ldw + (c0 + u) * 64 + 16 * t;
+                        cu_cp_async16(&sm.codes[sg][warp][u][m][0][lane], wr);
+                        cu_cp_async16(&sm.codes[sg][warp][u][m][1][lane], wr + 8 * ldw);
+                        nv4_cp_async4(&sm.sc[sg][warp][u][m][lane],
+                                      sb + (size_t)(nrow0 + (lane >> 1)) * lds + (c0 + u) * 8 + 4 * (lane & 1));
+                    }
             }
-            mp_step<GATEUP, KCH>(pp, tab, tile_e, H, nsw, ipt, warp, i1);
         }
         cu_cp_async_commit();
     };
 #pragma unroll 1
     for (int q = 0; q < D; q++) issue(q);
 
-    mp_pos cp = {i0, 0, 0, 0, 0, 0, nullptr};
-    mp_locate<GATEUP, KCH>(cp, tab, tile_e, H, nsw, ipt, warp);
     int staged = -1, two = 0;
-    float acc[NQ][2][4];
-#pragma unroll
-    for (int u = 0; u < NQ; u++)
-#pragma unroll
-        for (int grp = 0; grp < 2; grp++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[u][grp][r] = 0.f;
 #pragma unroll 1
     for (int q = 0; q < T; q++) {
-        if (cp.c == 0 && cp.j == 0 && cp.tile != staged) { /* the same for every warp of the block */
-            __syncthreads(); /* every warp is done with the previous tile's slots */
-            if (tid < 16) sm.pair[tid] = perm[cp.tile * 16 + tid];
+        const int st = s0 + q, tile = st / spt, sub = st - tile * spt;
+        if (tile != staged) { /* the same for every warp of the block */
+            __syncthreads(); /* every thread is done with the previous tile's slots and pairs */
+            if (tid < 16) sm.pair[tid] = perm[tile * 16 + tid];
             __syncthreads();
             /* every load in flight before the first store: one L2 round trip a restage */
             constexpr int NV = (16 * XW + 32 * MP_WARPS - 1) / (32 * MP_WARPS);
@@ -147,7 +119,7 @@ __global__ void __launch_bounds__(32 * MP_WARPS, 1)
                 const int p = i < 16 * XW ? sm.pair[s] : -1;
                 v[u] = make_uint4(0u, 0u, 0u, 0u);
                 if (p >= 0) {
-                    const bf16 *src = GATEUP ? x + (size_t)(p / (k + 1)) * H : hbuf + (size_t)(cp.tile * 16 + s) * ldh;
+                    const bf16 *src = GATEUP ? x + (size_t)(p / (k + 1)) * H : hbuf + (size_t)(tile * 16 + s) * ldh;
                     v[u] = __ldg(reinterpret_cast<const uint4 *>(src) + cc);
                 }
             }
@@ -160,74 +132,93 @@ __global__ void __launch_bounds__(32 * MP_WARPS, 1)
             two = 0;
 #pragma unroll
             for (int s = 8; s < 16; s++) two |= sm.pair[s] >= 0;
-            staged = cp.tile;
+            staged = tile;
         }
-        cu_cp_async_wait<D - 1>(); /* chunk q has landed (this lane's copies) */
+        const mg_expert *xp = &tab[tile_e[tile]];
+        const int N = GATEUP ? xp->inter : H, Kx = GATEUP ? H : xp->inter;
+        const int nrow0 = (sub * RT + rt) * 16;
+        float acc[NQ][2][4];
+#pragma unroll
+        for (int m = 0; m < NQ; m++)
+#pragma unroll
+            for (int grp = 0; grp < 2; grp++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) acc[m][grp][r] = 0.f;
+        cu_cp_async_wait<D - 1>(); /* step q has landed (this lane's copies) */
         __syncwarp();              /* and the other lanes' (the scales) */
-        if (cp.live) {
-            const int st = q % D;
-            const uint16_t *s16[NQ];
+        if (nrow0 < N && Kx == K) {
+            const int sg = q % D;
 #pragma unroll
-            for (int u = 0; u < NQ; u++) s16[u] = reinterpret_cast<const uint16_t *>(sm.sc[warp][st][u]);
-            uint4 xv[2][4];
+            for (int u = 0; u < PER; u++) {
+                uint4 xv[2][4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) xv[0][i] = sm.xs[g][cp.c * (MP_CH / 8) + 4 * t + i];
-            if (two) {
+                for (int i = 0; i < 4; i++) xv[0][i] = sm.xs[g][(c0 + u) * (MP_CH / 8) + 4 * t + i];
+                if (two) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) xv[1][i] = sm.xs[8 + g][cp.c * (MP_CH / 8) + 4 * t + i];
+                    for (int i = 0; i < 4; i++) xv[1][i] = sm.xs[8 + g][(c0 + u) * (MP_CH / 8) + 4 * t + i];
+                }
 #pragma unroll
-                for (int u = 0; u < NQ; u++)
-                    nv4_gemv2_chunk_g<2>(sm.codes[warp][st][u][0][lane], sm.codes[warp][st][u][1][lane],
-                                         s16[u][4 * g + t], s16[u][4 * (g + 8) + t], xv, acc[u]);
-            } else {
-#pragma unroll
-                for (int u = 0; u < NQ; u++)
-                    nv4_gemv2_chunk_g<1>(sm.codes[warp][st][u][0][lane], sm.codes[warp][st][u][1][lane],
-                                         s16[u][4 * g + t], s16[u][4 * (g + 8) + t], xv, acc[u]);
+                for (int m = 0; m < NQ; m++) {
+                    const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.sc[sg][warp][u][m]);
+                    if (two)
+                        nv4_gemv2_chunk_g<2>(sm.codes[sg][warp][u][m][0][lane], sm.codes[sg][warp][u][m][1][lane],
+                                             s16[4 * g + t], s16[4 * (g + 8) + t], xv, acc[m]);
+                    else
+                        nv4_gemv2_chunk_g<1>(sm.codes[sg][warp][u][m][0][lane], sm.codes[sg][warp][u][m][1][lane],
+                                             s16[4 * g + t], s16[4 * (g + 8) + t], xv, acc[m]);
+                }
             }
         }
         __syncwarp(); /* every lane is done with stage q % D before it is refilled */
         issue(q + D);
-        if (cp.c == KCH - 1) {
-            if (cp.live) {
-                /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8; the decoded weights carry 2^-8 */
-                const mg_expert *xp = cp.xp;
+        /* c0, c1 = row g, slots 2t, 2t + 1; c2, c3 = row g + 8 */
+        float(*red)[NQ][2][16][8] = sm.red[NRED == 2 ? (q & 1) : 0];
 #pragma unroll
-                for (int grp = 0; grp < 2; grp++) {
-                    if (grp == 1 && !two) break;
+        for (int m = 0; m < NQ; m++)
 #pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const int slot = 8 * grp + 2 * t + (r & 1), n = cp.nrow0 + g + 8 * (r >> 1);
-                        const int p = sm.pair[slot];
-                        if (p < 0) continue;
-                        if (GATEUP) {
-                            const float gg = acc[0][grp][r] * (xp->s2[0] * 256.f),
-                                        uu = acc[NQ - 1][grp][r] * (xp->s2[1] * 256.f);
-                            hbuf[(size_t)(cp.tile * 16 + slot) * ldh + n] =
-                                __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
-                        } else {
-                            dbuf[(size_t)p * H + n] = __float2bfloat16_rn(acc[0][grp][r] * (xp->s2[2] * 256.f * wts[p]));
-                        }
-                    }
-                }
+            for (int grp = 0; grp < 2; grp++) {
+                red[warp][m][grp][g][2 * t] = acc[m][grp][0];
+                red[warp][m][grp][g][2 * t + 1] = acc[m][grp][1];
+                red[warp][m][grp][g + 8][2 * t] = acc[m][grp][2];
+                red[warp][m][grp][g + 8][2 * t + 1] = acc[m][grp][3];
             }
+        __syncthreads();
+        /* outputs (row tile ort, row, slot): row fastest; the KW partial sums in a fixed order;
+         * the decoded weights carry 2^-8 */
+        for (int o = tid; o < RT * 16 * 16; o += 32 * MP_WARPS) {
+            const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
+            const int p = sm.pair[slot], grp = slot >> 3, s8 = slot & 7;
+            const int n = (sub * RT + ort) * 16 + row;
+            if (p < 0 || n >= N || Kx != K) continue;
+            float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-            for (int u = 0; u < NQ; u++)
-#pragma unroll
-                for (int grp = 0; grp < 2; grp++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) acc[u][grp][r] = 0.f;
+            for (int w = 0; w < KW; w++) {
+                v0 += red[ort * KW + w][0][grp][row][s8];
+                if (GATEUP) v1 += red[ort * KW + w][NQ - 1][grp][row][s8];
+            }
+            if (GATEUP) {
+                const float gg = v0 * (xp->s2[0] * 256.f), uu = v1 * (xp->s2[1] * 256.f);
+                hbuf[(size_t)(tile * 16 + slot) * ldh + n] = __float2bfloat16_rn(gg / (1.f + __expf(-gg)) * uu);
+            } else {
+                dbuf[(size_t)p * H + n] = __float2bfloat16_rn(v0 * (xp->s2[2] * 256.f * wts[p]));
+            }
         }
-        mp_step<GATEUP, KCH>(cp, tab, tile_e, H, nsw, ipt, warp, i1);
+        if (NRED == 1) __syncthreads(); /* the partial sums are read before the next step writes them */
     }
 }
 
-/* mp_launch has an instance for K (gate/up: K = H; down: K = I). Shared memory of an instance:
- * 16 warps x D stages x NQ x 1152 B + 16 x (K / 8 + 1) x 16 B (gate/up NQ = 2: K = 1024 D 5
- * 217 KB, 2048 D 4 213 KB, 3072 D 3 209 KB, 4096 D 2 205 KB; down: 512 D 8 164 KB, 768 D 8
- * 172 KB, 1024 D 8 180 KB, 1536 D 8 197 KB). */
+/* mp_launch has an instance for K (gate/up: K = H; down: K = I): KW, D, NRED and shared memory
+ * (D x 16 warps x PER x NQ x 1152 B + NRED x 16 x NQ x 4 KB + 16 x (K / 8 + 1) x 16 B):
+ *   gate/up K = 1024  KW 8  (2 row tiles a step)  D 4  NRED 1  213 KB
+ *           K = 2048  KW 16 (1)                   D 3  NRED 1  209 KB
+ *   down    K = 512   KW 4  (4)                   D 8  NRED 2  196 KB
+ *           K = 768   KW 2  (8, 3 chunks a warp)  D 3  NRED 2  224 KB
+ *           K = 1024  KW 8  (2)                   D 8  NRED 2  213 KB
+ *           K = 1536  KW 4  (4, 3 chunks a warp)  D 2  NRED 2  192 KB
+ * H = 3072 and 4096 (the 122B, 397B, 235B) have none: the slots of a plan tile (16 x K BF16)
+ * and a ring deep enough do not fit beside each other; those keep mv_kernel. */
 int mp_has(bool gateup, int K) {
-    return gateup ? K == 1024 || K == 2048 || K == 3072 || K == 4096 : K == 512 || K == 768 || K == 1024 || K == 1536;
+    return gateup ? K == 1024 || K == 2048 : K == 512 || K == 768 || K == 1024 || K == 1536;
 }
 
 /* the SMs of the current device (cached per ordinal), 0 on an error */
@@ -241,11 +232,12 @@ static int mp_sms(int dev) {
     return v;
 }
 
-template <bool GATEUP, int KCH, int D>
+template <bool GATEUP, int KCH, int KW, int D, int NRED>
 static cudaError_t mp_launch1(int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                               const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                               const float *wts, bf16 *dbuf, int pdl, cudaStream_t st) {
-    const size_t smem = sizeof(mp_smem<GATEUP, KCH, D>);
+    const size_t smem = sizeof(mp_smem<GATEUP, KCH, KW, D, NRED>);
+    static_assert(sizeof(mp_smem<GATEUP, KCH, KW, D, NRED>) <= 227 * 1024, "mp_kernel: over an SM's shared memory");
     static unsigned raised; /* bit per device ordinal (< CU_WS_MAX_DEV) */
     int dev = 0;
     cudaError_t c = cudaGetDevice(&dev);
@@ -253,22 +245,17 @@ static cudaError_t mp_launch1(int n_out, int tiles_max, const mg_expert *tab, co
     const int sms = mp_sms(dev);
     if (sms <= 0) return cudaErrorInvalidDevice;
     if (!(__atomic_load_n(&raised, __ATOMIC_ACQUIRE) >> dev & 1u)) {
-        c = cudaFuncSetAttribute(mp_kernel<GATEUP, KCH, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        c = cudaFuncSetAttribute(mp_kernel<GATEUP, KCH, KW, D, NRED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (c != cudaSuccess) return c;
         __atomic_fetch_or(&raised, 1u << dev, __ATOMIC_RELEASE);
     }
-    /* output tiles a warp takes per item: >= ~144 KB of weights an item (down: 256·nsw rows of
-     * K NVFP4 values; gate/up: 256 rows of two matrices at K = H >= 1024 are already more) */
-    const int K = KCH * MP_CH, rows = 16 * MP_WARPS;
-    int nsw = GATEUP ? 1 : 1024 / K;
-    if (nsw < 1) nsw = 1;
-    while (nsw > 1 && nsw * rows > n_out) nsw /= 2;
-    const int ipt = (n_out + rows * nsw - 1) / (rows * nsw);
-    const long long items = (long long)tiles_max * ipt;
-    const unsigned grid = (unsigned)(items < sms ? items : sms);
+    const int rows = 16 * (MP_WARPS / KW), spt = (n_out + rows - 1) / rows; /* steps a plan tile */
+    const long long steps = (long long)tiles_max * spt;
+    const unsigned grid = (unsigned)(steps < sms ? steps : sms);
     if (grid == 0) return cudaSuccess;
-    return cu_launch_pdl(pdl, mp_kernel<GATEUP, KCH, D>, dim3(grid), dim3(32 * MP_WARPS), smem, st, tab, tile_e, perm,
-                         nt, H, k, x, hbuf, ldh, wts, dbuf, nsw, ipt);
+    return cu_launch_pdl(pdl, mp_kernel<GATEUP, KCH, KW, D, NRED>, dim3(grid), dim3(32 * MP_WARPS), smem, st, tab,
+                         tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, spt);
 }
 
 /* The gate/up (GATEUP: K = H, n_out = the experts' I) or down (K = I, n_out = H) GEMM of the
@@ -278,18 +265,17 @@ template <bool GATEUP>
 cudaError_t mp_launch(int K, int n_out, int tiles_max, const mg_expert *tab, const int32_t *tile_e,
                       const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
                       const float *wts, bf16 *dbuf, int pdl, cudaStream_t st) {
-#define MP_L(KCH, D)                                                                                                  \
-    return mp_launch1<GATEUP, KCH, D>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, pdl, st)
+#define MP_L(KCH, KW, D, NRED)                                                                                       \
+    return mp_launch1<GATEUP, KCH, KW, D, NRED>(n_out, tiles_max, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts,   \
+                                                dbuf, pdl, st)
     if constexpr (GATEUP) {
-        if (K == 1024) MP_L(8, 5);
-        if (K == 2048) MP_L(16, 4);
-        if (K == 3072) MP_L(24, 3);
-        if (K == 4096) MP_L(32, 2);
+        if (K == 1024) MP_L(8, 8, 4, 1);
+        if (K == 2048) MP_L(16, 16, 3, 1);
     } else {
-        if (K == 512) MP_L(4, 8);
-        if (K == 768) MP_L(6, 8);
-        if (K == 1024) MP_L(8, 8);
-        if (K == 1536) MP_L(12, 8);
+        if (K == 512) MP_L(4, 4, 8, 2);
+        if (K == 768) MP_L(6, 2, 3, 2);
+        if (K == 1024) MP_L(8, 8, 8, 2);
+        if (K == 1536) MP_L(12, 4, 2, 2);
     }
 #undef MP_L
     return cudaErrorInvalidValue;

@@ -40,6 +40,7 @@ doctor() {
 echo "== 2. doctor, one MoE layer $(el)"
 MS=8,16,32,64,128,256
 for v in ${MIDP_VALS:-0 1 2}; do doctor "35b-p$v" "LASTSTAND_MG_MIDP=$v" "$B35" "$MS" 25; done
+[ -n "${NCU_MP:-}" ] && doctor "35b-p1-d2" "LASTSTAND_MG_MIDP=1 LASTSTAND_MG_MIDP_D2=1" "$B35" "$MS" 25
 for v in ${MIDP_VALS:-0 1 2}; do doctor "397b-p$v" "LASTSTAND_MG_MIDP=$v" "$B397" 16,32,64,128,192 30; done
 
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
@@ -65,13 +66,21 @@ for b in ${BATCHES:-64 128 256}; do
 done
 
 if [ -n "$NCU" ] && [ -n "${NCU_MP:-}" ] && [ "$(left)" -gt 40 ]; then
-    echo "== 5. ncu details of mp_kernel: synth:qwen3.5-35b-a3b,layers=2 eager, batch 128 $(el)"
-    timeout -k 3 60 "$NCU" --clock-control none -k regex:mp_kernel -c 4 --section SpeedOfLight \
-        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy \
-        "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=2" --ids "$(ids 64)" --max-new-tokens 2 \
-        --ignore-eos --batch 128 --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-mp.txt" 2>&1
-    echo "rc=$? $(el)"
-    grep -E "mp_kernel|Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Issued Ipc|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Achieved Occupancy|Stall|stall" "$OUT/ncu-mp.txt" | head -60
+    ST=""
+    for r in barrier long_scoreboard short_scoreboard wait lg_throttle mio_throttle math_pipe_throttle not_selected \
+        selected dispatch_stall no_instruction membar tex_throttle drain branch_resolving sleeping misc; do
+        ST="$ST,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+    done
+    for v in 1 0; do
+        echo "== 5. ncu stall reasons, MIDP=$v: synth:qwen3.5-35b-a3b,layers=2 eager, batch 128 $(el)"
+        LASTSTAND_MG_MIDP=$v timeout -k 3 60 "$NCU" --clock-control none -k regex:"mp_kernel|mv_kernel|mvd_kernel" -c 2 \
+            --metrics "gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,smsp__warps_active.avg.per_cycle_active,smsp__issue_active.avg.pct_of_peak_sustained_active$ST" \
+            "$BIN" generate --model-path "synth:qwen3.5-35b-a3b,layers=2" --ids "$(ids 64)" --max-new-tokens 2 \
+            --ignore-eos --batch 128 --device cuda --disable-cuda-graph "${PLANS[@]}" >"$OUT/ncu-mp$v.txt" 2>&1
+        echo "rc=$? $(el)"
+        grep -E "_kernel<|gpu__time|dram__|inst_executed|warps_active|issue_active|stalled" "$OUT/ncu-mp$v.txt" |
+            grep -vE " 0(\.0+)?$" | sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/\(const mg_expert.*//' | head -60
+    done
 fi
 if [ -n "$NCU" ] && [ -z "${NCU_MP:-}" ] && [ "$(left)" -gt 70 ]; then
     echo "== 4. ncu: synth:qwen3.5-35b-a3b,layers=8 eager, batch 128, 64-token prompts + 3 tokens $(el)"

@@ -270,6 +270,9 @@ cudaError_t mp_launch(int K, int n_out, int tiles_max, const mg_expert *tab, con
                                                 dbuf, pdl, st)
     if constexpr (GATEUP) {
         if (K == 1024) MP_L(8, 8, 4, 1);
+        static int d2 = -1; /* LASTSTAND_MG_MIDP_D2=1: the ring 2 steps deep (172 KB; a device-round probe) */
+        if (d2 < 0) d2 = cu_env_switch("LASTSTAND_MG_MIDP_D2", 0);
+        if (K == 2048 && d2) MP_L(16, 16, 2, 1);
         if (K == 2048) MP_L(16, 16, 3, 1);
     } else {
         if (K == 512) MP_L(4, 4, 8, 2);

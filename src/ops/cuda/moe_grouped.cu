@@ -520,11 +520,6 @@ static cudaError_t mg_gemm_launch1(dim3 grid, const mg_expert *tab, const int32_
  *                                   shape 294.7 -> 236.4 µs at M = 16, 564.6 / 802.6 -> 391.2 /
  *                                   593.4 µs at M = 32 / 64; 0: 16 warps at 95 registers, one
  *                                   block an SM, up to M·k = E/2)
- *   LASTSTAND_MG_MIDP=0|1|2         on the mid path, both NVFP4 GEMMs by moe_midp.cu's
- *                                   persistent pipelined kernels (one block an SM, its steps'
- *                                   weights streamed through a cp.async ring; H = 2048 only) instead of
- *                                   mv_kernel / mvd_kernel: from one routed row per expert on
- *                                   average, M·k >= E (1, default), never (0), always (2)
  *   LASTSTAND_MG_WGMMA=0|1          64-row tiles (prefill chunks) of NVFP4 experts by the
  *                                   warpgroup-MMA kernels of moe_wgmma.cu where the device
  *                                   runs sm_90a code (1, default since S9 round R1: the
@@ -561,8 +556,6 @@ typedef struct mg_knobs {
     int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
                     place launch by PDL (default), 2 the same without PDL */
     int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits) */
-    int midp;    /* with mid: the NVFP4 GEMVs by moe_midp.cu's persistent kernels: 0 never, 1 from one
-                    row per expert on average (M·k >= E), 2 always */
 } mg_knobs;
 
 /* tests/unit/test_moe_plan_cuda.c's override of plan and topk (-1: the knobs) */
@@ -572,7 +565,7 @@ static mg_knobs mg_knobs_get(void) {
     static mg_knobs k;
     static int done;
     if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 0, 1, 1, 1, 1, 1, 1};
+        mg_knobs n = {1, 1, 1, 0, 1, 1, 2, 1, 2, 0, 1, 1, 1, 1};
         const char *v = getenv("LASTSTAND_MG_DECODE");
         if (v && !strcmp(v, "perm")) n.place = 0;
         if (v && !strcmp(v, "place")) n.place32 = 0;
@@ -599,8 +592,6 @@ static mg_knobs mg_knobs_get(void) {
         n.plan = v && (!strcmp(v, "0") || !strcmp(v, "2")) ? atoi(v) : 1;
         v = getenv("LASTSTAND_MG_TOPK");
         n.topk = v && !strcmp(v, "0") ? 0 : 1;
-        v = getenv("LASTSTAND_MG_MIDP");
-        n.midp = v && !strcmp(v, "2") ? 2 : cu_env_switch("LASTSTAND_MG_MIDP", 1);
         k = n; /* the same value from every racing thread */
         __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     }
@@ -662,7 +653,7 @@ template <int BM>
 static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t side, cudaEvent_t ev_fork,
                             cudaEvent_t ev_join, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
                             const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, int mp, cudaStream_t st,
+                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, cudaStream_t st,
                             const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
@@ -691,10 +682,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm gate/up";
-        c = BM == 16 && mid_k && mp
-                ? mp_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf,
-                                  kn.midpdl, st)
-            : BM == 16 && mid_k
+        c = BM == 16 && mid_k
                 ? mv_launch<true>(H, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                   H == 4096 ? kn.mid4k : kn.midgu, gpdl, st)
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
@@ -709,10 +697,7 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
     }
     if (c == cudaSuccess) {
         *what = "cuda_grouped_gemm down";
-        c = BM == 16 && mid_k && mp
-                ? mp_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf,
-                                   kn.midpdl, st)
-            : dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
+        c = dn_mvd ? mvd_launch(mid_k, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, gpdl, st)
             : BM == 16 && mid_k
                 ? mv_launch<false>(mid_k, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf, ldh, wts, dbuf, 0,
                                    kn.middn == 1, kn.midpdl, st)
@@ -1053,16 +1038,13 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
-    /* and those GEMVs by moe_midp.cu's persistent kernels (LASTSTAND_MG_MIDP) */
-    const int mp = mid_k && kn.midp && mp_has(true, H) && mp_has(false, I) && (kn.midp == 2 || mk >= (size_t)E);
     mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, mp, st,
-                                              &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, 0, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what)
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, 0, st, &what);
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
     if (c != cudaSuccess) return cu_fail(e, c, what);
     if (midp) /* after a side-stream join without the attribute: the join is a full dependency
                * anyway, and a PDL node with mixed edge kinds is what the S11 audit (item 3) flagged */

@@ -73,6 +73,35 @@ struct mv_smem {
     int two; /* a real row among slots 8..15 */
 };
 
+/* One chunk of G slot groups against the 16-row tile (w0, w1: rows g, g + 8; s0, s1: their
+ * two scales): decoded once, G x 8 mma. xv[grp][q]: token slot 8·grp + g's x, elements 8q..
+ * 8q + 7 of the lane's 32-element slice, permuted (nv4_xperm8). acc[grp]: as nv4_w4_chunk. */
+template <int G>
+__device__ __forceinline__ void mv_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (*xv)[4],
+                                         float (*acc)[4]) {
+    uint32_t sa0, sb0, sa1, sb1;
+    nv4_scale2_bf16x2_x118(s0, sa0, sb0);
+    nv4_scale2_bf16x2_x118(s1, sa1, sb1);
+    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t a0[4], a1[4];
+        nv4_e2m1x8_place(q0[q], a0);
+        nv4_e2m1x8_place(q1[q], a1);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
+            a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
+        }
+        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
+#pragma unroll
+        for (int grp = 0; grp < G; grp++) {
+            nv4_mma_16816(acc[grp], f0, xv[grp][q].x, xv[grp][q].y, acc[grp]);
+            nv4_mma_16816(acc[grp], f1, xv[grp][q].z, xv[grp][q].w, acc[grp]);
+        }
+    }
+}
+
 /* Token slot s's x fragment for chunk c (K order -> the decode's pairing), or zeros for a
  * padding slot: gate/up reads x[token], down reads hbuf[row r0 + s]. */
 template <bool GATEUP>
@@ -178,7 +207,7 @@ __global__ void __launch_bounds__(32 * KW * RT, MINB)
 #pragma unroll
                 for (int q = 0; q < NQ; q++) {
                     const uint16_t *s16 = reinterpret_cast<const uint16_t *>(sm.u.st.sc[warp][u][q]);
-                    nv4_gemv2_chunk_g<1>(sm.u.st.codes[warp][u][q][0][lane], sm.u.st.codes[warp][u][q][1][lane],
+                    mv_chunk<1>(sm.u.st.codes[warp][u][q][0][lane], sm.u.st.codes[warp][u][q][1][lane],
                                 s16[4 * g + t], s16[4 * (g + 8) + t], xv[u], &acc[q][pass]);
                 }
             }
@@ -390,10 +419,10 @@ __global__ void __launch_bounds__(256, 3)
             if (two) {
 #pragma unroll
                 for (int q = 0; q < 4; q++) xv[1][q] = sm.xs[8 + g][u * (MV_CH / 8) + 4 * t + q];
-                nv4_gemv2_chunk_g<2>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
+                mv_chunk<2>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
                             s16[4 * (g + 8) + t], xv, acc);
             } else {
-                nv4_gemv2_chunk_g<1>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
+                mv_chunk<1>(sm.codes[warp][u][0][lane], sm.codes[warp][u][1][lane], s16[4 * g + t],
                             s16[4 * (g + 8) + t], xv, acc);
             }
         }

@@ -278,35 +278,6 @@ NV4_FN void nv4_gemv2_chunk(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const 
     nv4_w4_chunk(nv4_dec_place{}, w0, w1, s0, s1, xp, acc);
 }
 
-/* nv4_gemv2_chunk against G groups of 8 token columns (the MoE mid-batch GEMVs, moe_mid.cu and
- * moe_midp.cu): the 16-row tile decoded once, G x 8 mma. xv[grp][q]: token slot 8·grp + g's x,
- * elements 8q .. 8q + 7 of the lane's 32-element slice, permuted (nv4_xperm8); acc[grp] as
- * nv4_w4_chunk's. */
-template <int G>
-NV4_FN void nv4_gemv2_chunk_g(uint4 w0, uint4 w1, uint16_t s0, uint16_t s1, const uint4 (*xv)[4], float (*acc)[4]) {
-    uint32_t sa0, sb0, sa1, sb1;
-    nv4_scale2_bf16x2_x118(s0, sa0, sb0);
-    nv4_scale2_bf16x2_x118(s1, sa1, sb1);
-    const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        uint32_t a0[4], a1[4];
-        nv4_e2m1x8_place(q0[q], a0);
-        nv4_e2m1x8_place(q1[q], a1);
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            a0[r] = nv4_hmul2(a0[r], q < 2 ? sa0 : sb0);
-            a1[r] = nv4_hmul2(a1[r], q < 2 ? sa1 : sb1);
-        }
-        const uint32_t f0[4] = {a0[0], a1[0], a0[1], a1[1]}, f1[4] = {a0[2], a1[2], a0[3], a1[3]};
-#pragma unroll
-        for (int grp = 0; grp < G; grp++) {
-            nv4_mma_16816(acc[grp], f0, xv[grp][q].x, xv[grp][q].y, acc[grp]);
-            nv4_mma_16816(acc[grp], f1, xv[grp][q].z, xv[grp][q].w, acc[grp]);
-        }
-    }
-}
-
 /* ---- table decode (shared-memory lookup, conflict-free) ------------------------
 
    The table maps a code byte b to the bf16x2 word (e2m1(b & 15) low half, e2m1(b >> 4)

@@ -60,12 +60,14 @@ $(BUILD)/obj/%.o: src/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
-# The test-only backend cuda_broken_sm100 is built for Blackwell only, on purpose.
-$(BUILD)/obj/ops/cuda/fp4_gemm_sm100.o: NVARCH := -gencode arch=compute_100a,code=sm_100a
+# The test-only backend cuda_broken_sm100 is built for Blackwell only, on purpose. `override`:
+# an NVARCH on make's command line (bench/int/prep_round.sh's sm_90a builds) must not reach
+# these three objects, or the broken backend gets a Hopper image and runs.
+$(BUILD)/obj/ops/cuda/fp4_gemm_sm100.o: override NVARCH := -gencode arch=compute_100a,code=sm_100a
 # cuda_grouped_gemm's wgmma GEMMs (moe_wgmma.cu) exist on sm_90a only.
-$(BUILD)/obj/ops/cuda/moe_wgmma.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
+$(BUILD)/obj/ops/cuda/moe_wgmma.o: override NVARCH := -gencode arch=compute_90a,code=sm_90a
 # cuda_flash_prefill's head_dim 256 wgmma prefill kernel (attention_prefill_wg.cu): sm_90a only.
-$(BUILD)/obj/ops/cuda/attention_prefill_wg.o: NVARCH := -gencode arch=compute_90a,code=sm_90a
+$(BUILD)/obj/ops/cuda/attention_prefill_wg.o: override NVARCH := -gencode arch=compute_90a,code=sm_90a
 
 $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)

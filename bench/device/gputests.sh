@@ -4,8 +4,8 @@
 #   test_ops_device, test_graph_ops ...), one verdict line each;
 # - pytest on tests/test_gpu_*.py with the staged binary (BUILD=dir of BIN) and the fixtures
 #   staged at dir-of-BIN/fixtures/models (LS_SHARED), per-test limit 90 s.
-# GPUTESTS_CMOCKA=0 skips the cmocka binaries; GPUTESTS_FILES (a glob under tests/, default
-# test_gpu_*.py) picks the pytest files.
+# GPUTESTS_CMOCKA=0 skips the cmocka binaries; GPUTESTS_FILES (names or globs under tests/,
+# space-separated, default test_gpu_*.py) picks the pytest files.
 # device-limit: 360 (S9-R3: cut at 260 s, before pytest printed anything)
 set -u
 BIN=${1:?usage: gputests.sh BIN OUTDIR}
@@ -24,4 +24,5 @@ mkdir -p "$OUT"
 done
 export BUILD=$D LS_SHARED=$D
 # streamed, not piped through tail: a round that runs out of time still shows every verdict so far
-python3 -u -m pytest -v -p no:cacheprovider --timeout 90 -rfEs --durations=15 tests/${GPUTESTS_FILES:-test_gpu_*.py} 2>&1
+FILES=$(cd tests && for f in ${GPUTESTS_FILES:-test_gpu_*.py}; do echo "tests/$f"; done)
+python3 -u -m pytest -v -p no:cacheprovider --timeout 90 -rfEs --durations=15 $FILES 2>&1

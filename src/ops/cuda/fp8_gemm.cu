@@ -102,10 +102,10 @@
  */
 #include "ops/cuda/fp8_gemm.h"
 #include "ops/cuda/cu_pdl.h"
+#include "ops/cuda/cu_cluster.h"
 #include "ops/cuda/cu_util.h"
 
 #include <cooperative_groups.h>
-#include <pthread.h>
 #include <string.h>
 
 namespace cg = cooperative_groups;
@@ -626,76 +626,11 @@ static int f8_make_plan(int M, int T, int K, int n_sm, f8_plan *p) {
 
 /* Per (device, kernel instance): the dynamic shared memory limit raised once; and how many
  * clusters of S blocks (blocks when S = 1) the GPU holds at once, asked once per
- * (device, instance, S, shared memory size) and cached. */
-enum { F8_MAX_DEV = 16, F8_INST = 4, F8_OCC_CACHE = 128 };
-typedef struct f8_occ {
-    int dev, inst, S;
-    size_t smem;
-    int groups;
-} f8_occ;
-static pthread_mutex_t f8_mu = PTHREAD_MUTEX_INITIALIZER;
-static int f8_attr_done[F8_MAX_DEV][F8_INST];
-static f8_occ f8_occ_cache[F8_OCC_CACHE];
-static int f8_n_occ;
-
-static void f8_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const f8_plan *p, int G, cudaStream_t st) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->gridDim = dim3(p->S, G, 1);
-    cfg->blockDim = dim3(F8_THREADS, 1, 1);
-    cfg->dynamicSmemBytes = p->smem;
-    cfg->stream = st;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = p->S;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg->attrs = at;
-    cfg->numAttrs = 1;
-}
-
-/* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
+ * (device, instance, S, shared memory size) and cached (cu_cluster.cu); < 0 on error. */
 template <int NT, bool COL>
 static int f8_resident(const f8_plan *p, int n_sm, ls_err *e) {
-    const int inst = (NT - 1) * 2 + (COL ? 1 : 0);
-    int dev = 0;
-    CU_TRY(e, cudaGetDevice(&dev), "gemm cuda_gemv (fp8): cudaGetDevice");
-    if (dev < 0 || dev >= F8_MAX_DEV)
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv (fp8): device %d out of range (at most %d devices)", dev,
-                    F8_MAX_DEV);
-    int groups = 0;
-    cudaError_t c = cudaSuccess;
-    const char *what = "gemm cuda_gemv (fp8): cudaFuncSetAttribute";
-    pthread_mutex_lock(&f8_mu);
-    for (int i = 0; i < f8_n_occ && !groups; i++)
-        if (f8_occ_cache[i].dev == dev && f8_occ_cache[i].inst == inst && f8_occ_cache[i].S == p->S &&
-            f8_occ_cache[i].smem == p->smem)
-            groups = f8_occ_cache[i].groups;
-    if (!f8_attr_done[dev][inst]) {
-        c = cudaFuncSetAttribute(f8_gemv_kernel<NT, COL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)(f8_red_bytes(NT, 1) + F8_XSMEM_MAX));
-        if (c == cudaSuccess) f8_attr_done[dev][inst] = 1;
-    }
-    if (!groups && c == cudaSuccess) {
-        if (p->S == 1) {
-            int bps = 0;
-            what = "gemm cuda_gemv (fp8): cudaOccupancyMaxActiveBlocksPerMultiprocessor";
-            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, f8_gemv_kernel<NT, COL>, F8_THREADS, p->smem);
-            groups = bps * n_sm;
-        } else {
-            cudaLaunchConfig_t cfg;
-            cudaLaunchAttribute at[1];
-            f8_config(&cfg, at, p, 1, 0);
-            what = "gemm cuda_gemv (fp8): cudaOccupancyMaxActiveClusters";
-            c = cudaOccupancyMaxActiveClusters(&groups, f8_gemv_kernel<NT, COL>, &cfg);
-        }
-        if (c == cudaSuccess && groups > 0 && f8_n_occ < F8_OCC_CACHE)
-            f8_occ_cache[f8_n_occ++] = (f8_occ){dev, inst, p->S, p->smem, groups};
-    }
-    pthread_mutex_unlock(&f8_mu);
-    if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (groups <= 0)
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv (fp8): no cluster of %d blocks with %zu B of shared memory fits",
-                    p->S, p->smem);
-    return groups;
+    return cu_cluster_resident((const void *)f8_gemv_kernel<NT, COL>, F8_THREADS, p->S, p->smem,
+                               f8_red_bytes(NT, 1) + F8_XSMEM_MAX, n_sm, "gemm cuda_gemv (fp8)", e);
 }
 
 template <int NT, bool COL>
@@ -707,7 +642,7 @@ static int f8_launch(int M, int K, const bf16 *x, const f8_mats &ms, int accumul
     if (G > T) G = T;
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute at[2];
-    f8_config(&cfg, at, p, G, st);
+    cu_cluster_config(&cfg, at, p->S, G, F8_THREADS, p->smem, st);
     /* programmatic dependent launch, as gv_launch (a cluster launch needs its own config, so
      * not cu_launch_pdl; the same attribute) */
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -63,12 +63,12 @@
  * cu_fp8_gemv_run (up to CU_FP8_GEMV_MAX_MATS weights a launch); a grouped call must have
  * all its weights of one kind. The same PDL, determinism and graph rules hold.
  */
+#include "ops/cuda/cu_cluster.h"
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
 #include "ops/cuda/fp8_gemm.h"
 
 #include <cooperative_groups.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,77 +342,11 @@ static int gv_make_plan(int M, int N, int K, int n_sm, gv_plan *p) {
 
 /* Per kernel instance: the dynamic shared memory limit raised once; and how many
  * clusters of S blocks (blocks when S = 1) the whole GPU holds at once, asked once
- * per (instance, S, shared memory size) and cached. */
-typedef struct gv_occ {
-    int nt, S;
-    size_t smem;
-    int groups;
-} gv_occ;
-
-static pthread_mutex_t gv_mu = PTHREAD_MUTEX_INITIALIZER;
-static int gv_attr_done[16][2]; /* [device][instance]: a function attribute applies to the current
-                                    device only (tensor-parallel ranks run on other GPUs) */
-static gv_occ gv_occ_cache[128];
-static int gv_n_occ;
-
-static void gv_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *at, const gv_plan *p, int G, cudaStream_t st) {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->gridDim = dim3(p->S, G, 1);
-    cfg->blockDim = dim3(GV_THREADS, 1, 1);
-    cfg->dynamicSmemBytes = p->smem;
-    cfg->stream = st;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = p->S;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg->attrs = at;
-    cfg->numAttrs = 1;
-}
-
-/* Clusters (S > 1) or blocks (S = 1) resident on the whole GPU at once; < 0 on error. */
+ * per (device, instance, S, shared memory size) and cached (cu_cluster.cu). */
 template <int NT>
 static int gv_resident(const gv_plan *p, int n_sm, ls_err *e) {
-    const int slot = NT == 1 ? 0 : 1;
-    int groups = 0;
-    pthread_mutex_lock(&gv_mu);
-    for (int i = 0; i < gv_n_occ && !groups; i++)
-        if (gv_occ_cache[i].nt == NT && gv_occ_cache[i].S == p->S && gv_occ_cache[i].smem == p->smem)
-            groups = gv_occ_cache[i].groups;
-    cudaError_t c = cudaSuccess;
-    const char *what = "gemm cuda_gemv: cudaFuncSetAttribute";
-    int dev = 0;
-    if ((c = cudaGetDevice(&dev)) != cudaSuccess || dev < 0 || dev >= 16) {
-        pthread_mutex_unlock(&gv_mu);
-        if (c != cudaSuccess) return cu_fail(e, c, "gemm cuda_gemv: cudaGetDevice");
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: device %d out of range (at most 16 devices)", dev);
-    }
-    if (!gv_attr_done[dev][slot]) {
-        c = cudaFuncSetAttribute(gv_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX);
-        if (c == cudaSuccess) gv_attr_done[dev][slot] = 1;
-    }
-    if (!groups && c == cudaSuccess) {
-        if (c == cudaSuccess && p->S == 1) {
-            int bps = 0;
-            what = "gemm cuda_gemv: cudaOccupancyMaxActiveBlocksPerMultiprocessor";
-            c = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gv_kernel<NT>, GV_THREADS, p->smem);
-            groups = bps * n_sm;
-        } else if (c == cudaSuccess) {
-            cudaLaunchConfig_t cfg;
-            cudaLaunchAttribute at[1];
-            gv_config(&cfg, at, p, 1, 0);
-            what = "gemm cuda_gemv: cudaOccupancyMaxActiveClusters";
-            c = cudaOccupancyMaxActiveClusters(&groups, gv_kernel<NT>, &cfg);
-        }
-        if (c == cudaSuccess && groups > 0 && gv_n_occ < 128)
-            gv_occ_cache[gv_n_occ++] = (gv_occ){NT, p->S, p->smem, groups};
-    }
-    pthread_mutex_unlock(&gv_mu);
-    if (c != cudaSuccess) return cu_fail(e, c, what);
-    if (groups <= 0)
-        return errf(e, ERR_UNSUPPORTED, "gemm cuda_gemv: no cluster of %d blocks with %zu B of shared memory fits",
-                    p->S, p->smem);
-    return groups;
+    return cu_cluster_resident((const void *)gv_kernel<NT>, GV_THREADS, p->S, p->smem,
+                               gv_smem_bytes(NT, GV_MAX_M, 0) + GV_XSMEM_MAX, n_sm, "gemm cuda_gemv", e);
 }
 
 /* LASTSTAND_GEMV_PDL=0|1: launch without / with programmatic dependent launch (off: the
@@ -435,7 +369,7 @@ static int gv_launch(int M, int K, const bf16 *x, const gv_mats &ms, int accumul
     if (G > T) G = T;
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute at[2];
-    gv_config(&cfg, at, p, G, st);
+    cu_cluster_config(&cfg, at, p->S, G, GV_THREADS, p->smem, st);
     if (gv_pdl()) {
         at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[1].val.programmaticStreamSerializationAllowed = 1;

@@ -45,6 +45,8 @@ typedef struct cell {
     char detail[512];
     double ms, bytes, flops, rel, max;
     char ref[64];
+    double wall_s; /* the job's wall time in its child, BEGIN to RESULT (set-up, check, timing) */
+    double put_s, time_s; /* of it: device allocations + uploads, and the timed calls */
 } cell;
 
 static void tail_of(const char *path, char *out, size_t n) {
@@ -99,6 +101,8 @@ static void parse_result(const char *js, cell *c) {
     json_t *v;
     if ((v = json_object_get(o, "rel"))) c->rel = json_number_value(v);
     if ((v = json_object_get(o, "max"))) c->max = json_number_value(v);
+    c->put_s = json_number_value(json_object_get(o, "put_s"));
+    c->time_s = json_number_value(json_object_get(o, "time_s"));
     json_decref(o);
 }
 
@@ -107,6 +111,7 @@ typedef struct trial_spec {
     const char *family, *backend, *shapes_file, *ms_list;
     int n_jobs, gpu_ref_ok;
     char log_path[256];
+    double startup_s; /* out: the children's start-up (fork to their first BEGIN), summed */
 } trial_spec;
 
 /* Run the backend's jobs [0, n_jobs) in children; fill cells[job]. */
@@ -177,6 +182,7 @@ static void run_trials(trial_spec *t, cell *cells) {
         buf_init(&line);
         int cur = -1; /* job begun and not finished */
         int timed_out = 0;
+        double t_fork = now_sec(), t_begin = 0;
         double deadline = now_sec() + t->o->trial_timeout_s + 30.0; /* start-up allowance */
         for (;;) {
             struct pollfd p = {pfd[0], POLLIN, 0};
@@ -199,12 +205,18 @@ static void run_trials(trial_spec *t, cell *cells) {
                 *nl = 0;
                 int job;
                 if (sscanf(line.data, "BEGIN %d", &job) == 1) {
+                    if (t_fork > 0) t->startup_s += now_sec() - t_fork;
+                    t_fork = 0;
                     cur = job;
-                    deadline = now_sec() + t->o->trial_timeout_s;
+                    t_begin = now_sec();
+                    deadline = t_begin + t->o->trial_timeout_s;
                 } else if (sscanf(line.data, "RESULT %d", &job) == 1 && job >= 0 && job < t->n_jobs) {
                     const char *js = strchr(line.data + 7, ' ');
                     parse_result(js ? js + 1 : "", &cells[job]);
-                    if (job == cur) cur = -1;
+                    if (job == cur) {
+                        cells[job].wall_s = now_sec() - t_begin;
+                        cur = -1;
+                    }
                     done = job + 1;
                     consecutive_crashes = 0;
                 }
@@ -268,6 +280,7 @@ static json_t *cell_json(const cell *c) {
     if (isfinite(c->rel)) json_object_set_new(o, "rel_err", json_real(c->rel));
     if (isfinite(c->max)) json_object_set_new(o, "max_err", json_real(c->max));
     if (c->ref[0]) json_object_set_new(o, "reference", json_string(c->ref));
+    if (c->wall_s > 0) json_object_set_new(o, "trial_wall_s", json_real(c->wall_s));
     return o;
 }
 
@@ -721,7 +734,21 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
             double t0 = now_sec();
             fprintf(stderr, "doctor: %s / %s: %d jobs...", fd->name, names[b], n_jobs);
             run_trials(&t, res[b]);
-            fprintf(stderr, " %.1f s\n", now_sec() - t0);
+            /* where a backend's time went: its children's start-up and its slowest job (set-up
+             * of the inputs, the reference check and the timing together) */
+            int slow = 0;
+            double put = 0, tim = 0, wall = 0;
+            for (int j = 0; j < n_jobs; j++) {
+                if (res[b][j].wall_s > res[b][slow].wall_s) slow = j;
+                put += res[b][j].put_s;
+                tim += res[b][j].time_s;
+                wall += res[b][j].wall_s;
+            }
+            fprintf(stderr,
+                    " %.1f s (start-up %.1f, uploads %.1f, timing %.1f, inputs + checks %.1f; slowest job: shape %d, "
+                    "M=%d, %.1f s)\n",
+                    now_sec() - t0, t.startup_s, put, tim, wall - put - tim, slow / fo.n_ms, fo.ms[slow % fo.n_ms],
+                    res[b][slow].wall_s);
             unlink(t.log_path);
             if (cuda && !strcmp(names[b], refname)) {
                 /* chain of trust: the GPU reference must match the CPU wherever the CPU checked it */

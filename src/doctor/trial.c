@@ -38,9 +38,18 @@
 static dev_info g_dev;
 static int g_cuda;
 
+/* Where a job's wall time goes, reported with its result (td_result) and reset there:
+ * device allocations and host-to-device copies, and td_time's timed calls. */
+static double g_put_s, g_time_s;
+
 void *td_alloc(size_t n, ls_err *e) {
 #ifdef LS_HAVE_CUDA
-    if (g_cuda) return lsc_malloc(n, e);
+    if (g_cuda) {
+        double t0 = now_sec();
+        void *p = lsc_malloc(n, e);
+        g_put_s += now_sec() - t0;
+        return p;
+    }
 #endif
     void *p = NULL;
     if (posix_memalign(&p, 64, n ? n : 64)) {
@@ -60,7 +69,12 @@ void td_free(void *p) {
 }
 int td_put(void *dst, const void *src, size_t n, ls_err *e) {
 #ifdef LS_HAVE_CUDA
-    if (g_cuda) return lsc_h2d(dst, src, n, e);
+    if (g_cuda) {
+        double t0 = now_sec();
+        int rc = lsc_h2d(dst, src, n, e);
+        g_put_s += now_sec() - t0;
+        return rc;
+    }
 #endif
     memcpy(dst, src, n);
     return 0;
@@ -84,6 +98,13 @@ int td_poison(void *dst, size_t n, ls_err *e) {
     if (g_cuda) return lsc_memset(dst, 0xff, n, e);
 #endif
     memset(dst, 0xff, n);
+    return 0;
+}
+int td_zero(void *dst, size_t n, ls_err *e) {
+#ifdef LS_HAVE_CUDA
+    if (g_cuda) return lsc_memset(dst, 0, n, e);
+#endif
+    memset(dst, 0, n);
     return 0;
 }
 /* A kernel fault kills the context: say so on stderr and die, for the parent. */
@@ -218,7 +239,14 @@ static int time_cuda(td_call fn, void *ctx, int nsets, int nsamp, int chain, dou
 #endif
 }
 
+static int td_time_(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e);
 int td_time(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
+    double t0 = now_sec();
+    int rc = td_time_(fn, ctx, nsets, median_ms, e);
+    g_time_s += now_sec() - t0;
+    return rc;
+}
+static int td_time_(td_call fn, void *ctx, int nsets, double *median_ms, ls_err *e) {
     /* warm-up + an estimate of one call */
     double t0 = now_sec();
     int rc = fn(ctx, 0, e);
@@ -361,6 +389,35 @@ static void gen_par(int kind, int rows, int K, float amp, void *a, void *b, uint
  * rounded to what the device stores (bf16 on CUDA) so host and device agree. */
 void td_gen_act(float *x, int M, int K, uint64_t *rng) { gen_par(0, M, K, 1.f, x, NULL, rng); }
 
+/* n floats uniform in (-amp, amp) (act_round: rounded to the device's activation type), in parallel:
+ * one RNG stream per 64 Ki-element piece seeded from one draw of the caller's stream. */
+typedef struct uni_ctx {
+    float *p;
+    size_t n;
+    uint64_t base;
+    float amp;
+    int act_round;
+} uni_ctx;
+enum { UNI_PIECE = 1 << 16 };
+
+static void gen_uniform_pieces(void *p, int64_t q0, int64_t q1) {
+    const uni_ctx *u = p;
+    const int bf = u->act_round && td_act() == ACT_BF16;
+    for (int64_t q = q0; q < q1; q++) {
+        uint64_t rng = row_seed(u->base, q);
+        size_t i0 = (size_t)q * UNI_PIECE, i1 = i0 + UNI_PIECE < u->n ? i0 + UNI_PIECE : u->n;
+        for (size_t i = i0; i < i1; i++) {
+            float v = td_rng_unit(&rng) * u->amp;
+            u->p[i] = bf ? bf16_to_f32(f32_to_bf16(v)) : v;
+        }
+    }
+}
+
+void td_gen_uniform(float *p, size_t n, float amp, int act_round, uint64_t *rng) {
+    uni_ctx u = {p, n, td_rng_next(rng), amp, act_round};
+    pool_for((int64_t)((n + UNI_PIECE - 1) / UNI_PIECE), 1, gen_uniform_pieces, &u);
+}
+
 /* NVFP4 weight [N, K] on the host: every code, positive E4M3 scales of 2^-5..2^3. */
 void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng) {
     gen_par(1, N, K, 1.f, codes, scales, rng);
@@ -477,6 +534,9 @@ void td_result(int job, const td_res *r) {
                           r->ms, "bytes", r->bytes, "flops", r->flops, "ref", r->ref);
     if (isfinite(r->rel)) json_object_set_new(o, "rel", json_real(r->rel));
     if (isfinite(r->max)) json_object_set_new(o, "max", json_real(r->max));
+    json_object_set_new(o, "put_s", json_real(g_put_s));
+    json_object_set_new(o, "time_s", json_real(g_time_s));
+    g_put_s = g_time_s = 0;
     char *t = json_dumps(o, JSON_COMPACT);
     printf("RESULT %d %s\n", job, t);
     fflush(stdout);

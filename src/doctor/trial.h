@@ -33,6 +33,7 @@ int td_put(void *dst, const void *src, size_t n, ls_err *e);
 int td_get(void *dst, const void *src, size_t n, ls_err *e);
 int td_copy(void *dst, const void *src, size_t n, ls_err *e);
 int td_poison(void *dst, size_t n, ls_err *e);
+int td_zero(void *dst, size_t n, ls_err *e);
 int td_sync(ls_err *e);
 size_t td_l2_bytes(void);
 act_dtype td_act(void);
@@ -51,6 +52,9 @@ int td_nsets(size_t set_bytes);
 uint64_t td_rng_next(uint64_t *s);
 float td_rng_unit(uint64_t *s);
 void td_gen_act(float *x, int M, int K, uint64_t *rng);
+/* n values uniform in (-amp, amp), generated in parallel; act_round: rounded as td_gen_act's
+ * (inputs the device stores as activations), else fp32 (states) */
+void td_gen_uniform(float *p, size_t n, float amp, int act_round, uint64_t *rng);
 void td_gen_nvfp4(int N, int K, uint8_t *codes, uint8_t *scales, float *scale2, uint64_t *rng);
 void td_gen_bf16(int N, int K, uint16_t *w, float amp, uint64_t *rng);
 void td_gen_fp8(int N, int K, uint8_t *codes, float *scales, size_t n_scales, uint64_t *rng);

@@ -63,12 +63,7 @@ static int split_batch(int M, int *lens, uint64_t *rng, int long_chunk) {
     return n;
 }
 
-static void gen_vals(float *p, size_t n, float amp, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) {
-        float v = td_rng_unit(rng) * amp;
-        p[i] = td_act() == ACT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
-    }
-}
+static void gen_vals(float *p, size_t n, float amp, uint64_t *rng) { td_gen_uniform(p, n, amp, 1, rng); }
 
 static void res_init(td_res *r, const char *ref) {
     memset(r, 0, sizeof *r);
@@ -351,7 +346,9 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
     r->bytes = (qkvn + 2 * abn + outn) * act_size(td_act()) + 2.0 * 4 * (double)ns * nv * dk * dv;
     r->flops = 6.0 * M * nv * dk * dv;
     float *cw = xmalloc(sizeof(float) * cd * ck), *alog = xmalloc(sizeof(float) * nv), *dtb = xmalloc(sizeof(float) * nv);
-    float *conv0 = xmalloc(sizeof(float) * convn), *rec0 = xcalloc(recn, sizeof(float));
+    const size_t rs = (size_t)nv * dk * dv; /* one slot's recurrent state */
+    /* the replayed sequences' starting states, compact (sequence i of sub at i · rs) */
+    float *conv0 = xmalloc(sizeof(float) * convn), *rec0 = xmalloc(sizeof(float) * (nsub ? nsub : 1) * rs);
     float *hqkv = xmalloc(sizeof(float) * qkvn), *ha = xmalloc(sizeof(float) * abn), *hb = xmalloc(sizeof(float) * abn);
     float *hy = xmalloc(sizeof(float) * outn);
     float *dcw = NULL, *dal = NULL, *ddt = NULL, *dconv = NULL, *drec = NULL;
@@ -374,19 +371,21 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
         alog[i] = td_rng_unit(&rng);
         dtb[i] = td_rng_unit(&rng);
     }
-    for (size_t i = 0; i < convn; i++) conv0[i] = td_rng_unit(&rng);
-    const size_t rs = (size_t)nv * dk * dv; /* one slot's recurrent state */
-    for (int i = 0; i < nsub; i++)
-        for (size_t j = 0; j < rs; j++) rec0[(size_t)sub[i].slot * rs + j] = td_rng_unit(&rng) * 0.1f;
+    td_gen_uniform(conv0, convn, 1.f, 0, &rng);
+    td_gen_uniform(rec0, (size_t)nsub * rs, 0.1f, 0, &rng);
     gen_vals(hqkv, qkvn, 1.f, &rng);
     gen_vals(ha, abn, 2.f, &rng);
     gen_vals(hb, abn, 2.f, &rng);
     size_t as = act_size(td_act());
     if (!(dcw = put_f32(cw, (size_t)cd * ck, &e)) || !(dal = put_f32(alog, nv, &e)) || !(ddt = put_f32(dtb, nv, &e)) ||
-        !(dconv = put_f32(conv0, convn, &e)) || !(drec = put_f32(rec0, recn, &e)) ||
+        !(dconv = put_f32(conv0, convn, &e)) || !(drec = td_alloc(recn * sizeof(float), &e)) ||
         !(dqkv = td_alloc(qkvn * as, &e)) || !(da = td_alloc(abn * as, &e)) || !(db = td_alloc(abn * as, &e)) ||
         !(dy = td_alloc(outn * as, &e)))
         rc = ERR_NOMEM;
+    /* every other slot's state starts at zero: the kernels' work does not depend on it */
+    if (!rc) rc = td_zero(drec, recn * sizeof(float), &e);
+    for (int i = 0; !rc && i < nsub; i++)
+        rc = td_put(drec + (size_t)sub[i].slot * rs, rec0 + (size_t)i * rs, rs * sizeof(float), &e);
     if (!rc) rc = td_put_act(dqkv, hqkv, qkvn, &e);
     if (!rc) rc = td_put_act(da, ha, abn, &e);
     if (!rc) rc = td_put_act(db, hb, abn, &e);
@@ -443,7 +442,7 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
         float *c0 = xmalloc(sizeof(float) * convn), *r0s = xcalloc(recn, sizeof(float));
         memcpy(c0, conv0, sizeof(float) * convn);
         for (int i = 0; i < nsub; i++)
-            memcpy(r0s + (size_t)sub[i].slot * rs, rec0 + (size_t)sub[i].slot * rs, sizeof(float) * rs);
+            memcpy(r0s + (size_t)sub[i].slot * rs, rec0 + (size_t)i * rs, sizeof(float) * rs);
         gdn_w hw = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = cw, .A_log = alog, .dt_bias = dtb};
         gdn_state hst = {.conv = c0, .rec = r0s, .n_slots = n_slots};
         gdn_args ra = {.n_seq = nsub, .seqs = sub, .seqs_host = sub, .n_tok = ntok, .w = &hw, .qkv = sq, .a = sa,

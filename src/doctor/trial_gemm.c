@@ -75,10 +75,55 @@ static int gjob_call(void *p, int set, ls_err *e) {
     return j->impl->run(&a, NULL, e);
 }
 
+/* The device copies of the current shape's weight, shared by its buckets (a job used to
+ * allocate and upload them itself: 10 uploads of the 2 GB lm_head weight took ~3 s of a
+ * backend's trial). Copy 0 is the upload, copies 1.. its device copies for the rotating timing
+ * sets, made as a job first needs them. Owned here, never by a gjob. */
+enum { DWC_MAX = 256 };
+static struct {
+    int fp4, fp8, N, K, n;
+    void *w[DWC_MAX], *sc[DWC_MAX];
+} dwc;
+
+static void dwc_clear(void) {
+    for (int i = 0; i < dwc.n; i++) {
+        td_free(dwc.w[i]);
+        td_free(dwc.sc[i]);
+    }
+    memset(&dwc, 0, sizeof dwc);
+}
+
+/* Weight copy s of this job's shape (hw / hs: the host weight, uploaded for copy 0). */
+static int dwc_get(const gjob *j, int s, const void *hw, const void *hs, void **w, void **sc, ls_err *e) {
+    if (dwc.n && (dwc.fp4 != j->fp4 || dwc.fp8 != j->fp8 || dwc.N != j->N || dwc.K != j->K)) dwc_clear();
+    dwc.fp4 = j->fp4; dwc.fp8 = j->fp8; dwc.N = j->N; dwc.K = j->K;
+    if (s >= DWC_MAX) return errf(e, ERR_INVAL, "doctor: %d timing sets", s + 1);
+    while (dwc.n <= s) {
+        const int i = dwc.n;
+        void *dw = td_alloc(j->wbytes, e), *ds = j->sbytes ? td_alloc(j->sbytes, e) : NULL;
+        if (!dw || (j->sbytes && !ds)) {
+            td_free(dw);
+            td_free(ds);
+            return ERR_NOMEM;
+        }
+        int rc = i == 0 ? td_put(dw, hw, j->wbytes, e) : td_copy(dw, dwc.w[0], j->wbytes, e);
+        if (!rc && ds) rc = i == 0 ? td_put(ds, hs, j->sbytes, e) : td_copy(ds, dwc.sc[0], j->sbytes, e);
+        if (rc) {
+            td_free(dw);
+            td_free(ds);
+            return rc;
+        }
+        dwc.w[i] = dw;
+        dwc.sc[i] = ds;
+        dwc.n++;
+    }
+    *w = dwc.w[s];
+    *sc = dwc.sc[s];
+    return 0;
+}
+
 static void gjob_free(gjob *j) {
     for (int s = 0; s < j->nsets; s++) {
-        if (j->w) td_free(j->w[s]);
-        if (j->sc) td_free(j->sc[s]);
         if (j->x) td_free(j->x[s]);
         if (j->y) td_free(j->y[s]);
     }
@@ -94,8 +139,9 @@ static void fp8_view(lin_w *w, int N, int K, const void *codes, const void *scal
                  .fs_n = (size_t)((N + FP8_BLK - 1) / FP8_BLK) * ((K + FP8_BLK - 1) / FP8_BLK)};
 }
 
-/* Allocate sets [from, nsets) as copies of set 0 (set 0 must exist when from > 0). */
-static int gjob_alloc(gjob *j, int from, ls_err *e) {
+/* Allocate sets [from, nsets): x / y of their own (x a copy of set 0's when from > 0), the
+ * weight from the shape's device copies (hw / hs: the host weight). */
+static int gjob_alloc(gjob *j, int from, const void *hw, const void *hs, ls_err *e) {
     if (from == 0) {
         j->w = xcalloc(j->nsets, sizeof(void *));
         j->sc = xcalloc(j->nsets, sizeof(void *));
@@ -104,19 +150,14 @@ static int gjob_alloc(gjob *j, int from, ls_err *e) {
         j->lw = xcalloc(j->nsets, sizeof(lin_w));
     }
     for (int s = from; s < j->nsets; s++) {
-        if (!(j->w[s] = td_alloc(j->wbytes, e))) return ERR_NOMEM;
-        if ((j->fp4 || j->fp8) && !(j->sc[s] = td_alloc(j->sbytes, e))) return ERR_NOMEM;
+        int rc = dwc_get(j, s, hw, hs, &j->w[s], &j->sc[s], e);
+        if (rc) return rc;
         if (!(j->x[s] = td_alloc(j->xbytes, e))) return ERR_NOMEM;
         if (!(j->y[s] = td_alloc(j->ybytes, e))) return ERR_NOMEM;
         j->lw[s] = (lin_w){.kind = j->fp4 ? W_NVFP4 : W_BF16, .N = j->N, .K = j->K, .data = j->w[s],
                            .scale = j->sc[s], .scale2 = j->scale2, .name = "doctor"};
         if (j->fp8) fp8_view(&j->lw[s], j->N, j->K, j->w[s], j->sc[s]);
-        if (s > 0) {
-            int rc;
-            if ((rc = td_copy(j->w[s], j->w[0], j->wbytes, e))) return rc;
-            if ((j->fp4 || j->fp8) && (rc = td_copy(j->sc[s], j->sc[0], j->sbytes, e))) return rc;
-            if ((rc = td_copy(j->x[s], j->x[0], j->xbytes, e))) return rc;
-        }
+        if (s > 0 && (rc = td_copy(j->x[s], j->x[0], j->xbytes, e))) return rc;
     }
     return 0;
 }
@@ -173,9 +214,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     j.scale2 = wc.scale2;
     float *hx = xmalloc(sizeof(float) * M * K), *hy = xmalloc(sizeof(float) * M * N), *ref = NULL;
     td_gen_act(hx, M, K, &rng);
-    int rc = gjob_alloc(&j, 0, &e);
-    if (!rc) rc = td_put(j.w[0], hw, j.wbytes, &e);
-    if (!rc && (fp4 || fp8)) rc = td_put(j.sc[0], hs, j.sbytes, &e);
+    int rc = gjob_alloc(&j, 0, hw, hs, &e);
     if (!rc) rc = td_put_act(j.x[0], hx, (size_t)M * K, &e);
     if (!rc) rc = td_poison(j.y[0], j.ybytes, &e);
     if (rc) { snprintf(r->detail, sizeof r->detail, "set-up: %.503s", e.msg); goto done; }
@@ -249,7 +288,7 @@ static void one_job(const td_job_ctx *c, int fp4, int job, const doc_lin *L, int
     j.lw = xcalloc(want, sizeof(lin_w));
     j.w[0] = ow[0]; j.sc[0] = os[0]; j.x[0] = ox[0]; j.y[0] = oy[0]; j.lw[0] = olw[0];
     free(ow); free(os); free(ox); free(oy); free(olw);
-    rc = gjob_alloc(&j, 1, &e);
+    rc = gjob_alloc(&j, 1, hw, hs, &e);
     if (!rc) rc = td_time(gjob_call, &j, j.nsets, &r->ms, &e);
     if (rc) {
         r->status = rc == ERR_UNSUPPORTED ? "unsupported" : "crash";

@@ -140,18 +140,25 @@ static void free_layer(layer *L) {
     free(L->hg); free(L->hu); free(L->hd); free(L->dg); free(L->du); free(L->dd);
 }
 
-/* Rows whose top-k boundary is a near tie (fp64 router probabilities). */
-static void near_ties(const layer *L, const float *x, int M, unsigned char *skip) {
-    const moe_w *w = &L->host;
+/* Rows whose top-k boundary is a near tie (fp64 router probabilities), a thread per token. */
+typedef struct ties_ctx {
+    const moe_w *w;
+    const float *x;
+    unsigned char *skip;
+} ties_ctx;
+
+static void ties_rows(void *p, int64_t m0, int64_t m1) {
+    const ties_ctx *c = p;
+    const moe_w *w = c->w;
     const int H = w->hidden, E = w->n_experts, k = w->top_k;
     float *row = xmalloc(sizeof(float) * H);
     double *lg = xmalloc(sizeof(double) * E);
-    for (int m = 0; m < M; m++) {
+    for (int64_t m = m0; m < m1; m++) {
         double mx = -INFINITY;
         for (int x2 = 0; x2 < E; x2++) {
             lin_row_f32(&w->router, x2, row);
             double s = 0;
-            for (int h = 0; h < H; h++) s += (double)row[h] * x[(size_t)m * H + h];
+            for (int h = 0; h < H; h++) s += (double)row[h] * c->x[(size_t)m * H + h];
             lg[x2] = s;
             if (s > mx) mx = s;
         }
@@ -166,10 +173,15 @@ static void near_ties(const layer *L, const float *x, int M, unsigned char *skip
             if (r == k - 1) a = best;
             if (r == k) b = best;
         }
-        skip[m] = k < E && (exp(a - mx) - exp(b - mx)) < 1e-4 * exp(a - mx) + 1e-12;
+        c->skip[m] = k < E && (exp(a - mx) - exp(b - mx)) < 1e-4 * exp(a - mx) + 1e-12;
     }
     free(row);
     free(lg);
+}
+
+static void near_ties(const layer *L, const float *x, int M, unsigned char *skip) {
+    ties_ctx c = {&L->host, x, skip};
+    pool_for(M, 1, ties_rows, &c);
 }
 
 int td_run_moe_jobs(const td_job_ctx *c, int start) {

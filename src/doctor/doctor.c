@@ -757,6 +757,11 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                 if (!gpu_ref_ok) fprintf(stderr, "doctor: %s: cuda_ref failed its CPU check: large shapes unverified\n", fd->name);
             }
         }
+        for (int j = 0; j < n_jobs; j++) { /* the family's shared references (trial.h td_ref_load) */
+            char rp[512];
+            doctor_ref_path(shapes_file, fd->name, j, rp, sizeof rp);
+            unlink(rp);
+        }
         /* tables per shape, choice per shape and per family */
         json_t *fam_choice = json_object();
         double *sum = xcalloc(nb, sizeof(double));

@@ -108,6 +108,10 @@ json_t *doctor_cache_lookup(const doctor_opts *o, const doc_shapes *s, char *pat
  * backend was correct there. The string lives as long as the report. */
 const char *doctor_pick(json_t *report, const char *family, int M);
 
+/* The file of a job's shared CPU reference in one doctor run (trial.h td_ref_load): prefix is
+ * the run's shapes file. */
+void doctor_ref_path(const char *prefix, const char *family, int job, char *out, size_t n);
+
 /* Cache file path for a key (~/.cache/laststand/doctor-<hash>.json). */
 void doctor_cache_path(const char *key, char *out, size_t n);
 

@@ -22,6 +22,7 @@ typedef struct td_job_ctx {
     const char *backend;
     int gpu_ref_ok;     /* the parent found cuda_ref right on the small jobs */
     uint64_t seed;
+    const char *ref_cache; /* path prefix of the run's reference cache (td_ref_load), or NULL */
 } td_job_ctx;
 
 /* Above this many multiply-adds the fp64 CPU oracle hands over to cuda_ref. */
@@ -64,6 +65,14 @@ int td_check(const float *y, const float *ref, size_t rows, size_t cols, const u
              double tol_rel, double tol_max, int M, char *detail, size_t dn, double *rel_out,
              double *max_out);
 void td_result(int job, const td_res *r);
+
+/* A job's CPU reference, shared by the trial children of one doctor run: the first child
+ * that computes it stores it (td_ref_store: written to a temporary name, then renamed), the
+ * others load it (td_ref_load: 1 when a stored one of exactly n bytes with this key was read).
+ * Only for references that are a function of (seed, family, job) alone; key = anything else
+ * the bytes depend on (checked on load). The parent removes the files (doctor_ref_path). */
+int td_ref_load(const td_job_ctx *c, const char *family, int job, uint64_t key, void *buf, size_t n);
+void td_ref_store(const td_job_ctx *c, const char *family, int job, uint64_t key, const void *buf, size_t n);
 
 int td_run_gemm_jobs(const td_job_ctx *c, int fp4, int start);
 /* The lm_head row group: the gemm jobs of the one [vocab x hidden] BF16 shape. */

@@ -188,11 +188,15 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
     const doc_shapes *s = c->s;
     ls_err e = {0};
     const moe_impl *impl = ops_moe_find(c->backend);
-    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + 17;
+    uint64_t rng = c->seed * 0x9E3779B97F4A7C15ull + 17; /* the layer's weights */
     layer L;
     int built = 0;
     for (int job = start; job < c->n_ms; job++) {
         int M = c->ms[job];
+        /* the job's tokens: a function of (seed, job) alone, whichever jobs this child ran before
+         * (a backend that skips buckets, a child restarted after a crash), so that every backend
+         * gets the same tokens and the CPU reference can be shared (td_ref_load) */
+        uint64_t jrng = c->seed * 0xBF58476D1CE4E5B9ull + (uint64_t)job * 0x94D049BB133111EBull + 29;
         printf("BEGIN %d\n", job);
         fflush(stdout);
         td_res r;
@@ -247,7 +251,7 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
         int rc = 0;
         /* distinct tokens per timing set, so that repeated calls choose other experts */
         for (int q = MOE_SETS - 1; q >= 0 && !rc; q--) {
-            td_gen_act(hx, M, H, &rng);
+            td_gen_act(hx, M, H, &jrng);
             ms.x[q] = td_alloc(xb, &e);
             ms.y[q] = td_alloc(xb, &e);
             if (!ms.x[q] || !ms.y[q]) rc = ERR_NOMEM;
@@ -284,13 +288,27 @@ int td_run_moe_jobs(const td_job_ctx *c, int start) {
             memcpy(ysub + (size_t)i * H, hy + (size_t)row * H, sizeof(float) * H);
         }
         {
-            moe_args a = {.M = ns, .x = xsub, .y = ref, .w = &L.host, .dt = ACT_F32};
-            if ((rc = moe_cpu_ref.run(&a, NULL, &e))) {
-                snprintf(r.detail, sizeof r.detail, "CPU reference: %.496s", e.msg);
-                goto next;
+            /* the reference and the near-tie rows, shared by the backends (the same tokens) */
+            const size_t rn = sizeof(float) * ns * H;
+            unsigned char *rb = xmalloc(rn + ns);
+            const uint64_t key = (uint64_t)M * 1000003u + (uint64_t)H * 131u + (uint64_t)ns;
+            if (td_ref_load(c, "moe", job, key, rb, rn + ns)) {
+                memcpy(ref, rb, rn);
+                memcpy(skip, rb + rn, ns);
+            } else {
+                moe_args a = {.M = ns, .x = xsub, .y = ref, .w = &L.host, .dt = ACT_F32};
+                if ((rc = moe_cpu_ref.run(&a, NULL, &e))) {
+                    snprintf(r.detail, sizeof r.detail, "CPU reference: %.496s", e.msg);
+                    free(rb);
+                    goto next;
+                }
+                near_ties(&L, xsub, ns, skip);
+                memcpy(rb, ref, rn);
+                memcpy(rb + rn, skip, ns);
+                td_ref_store(c, "moe", job, key, rb, rn + ns);
             }
+            free(rb);
         }
-        near_ties(&L, xsub, ns, skip);
         if (!td_check(ysub, ref, ns, H, skip, TOL_REL, TOL_MAX, M, r.detail, sizeof r.detail, &r.rel, &r.max)) {
             r.status = "wrong";
             goto next;

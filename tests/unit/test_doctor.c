@@ -9,9 +9,12 @@
 #include <cmocka.h>
 
 #include "doctor/doctor.h"
+#include "doctor/trial.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const doc_lin *find(const doc_lin *a, int n, int N, int K) {
     for (int i = 0; i < n; i++)
@@ -142,6 +145,37 @@ static void test_pick_bucket(void **st) {
     json_decref(r);
 }
 
+/* The run's shared CPU references: a stored one loads back exactly, and only under its own
+ * family, job, key and size; a truncated or absent file, or no cache prefix, loads nothing. */
+static void test_shared_reference(void **st) {
+    (void)st;
+    char prefix[] = "/tmp/laststand-test-ref-XXXXXX";
+    int fd = mkstemp(prefix);
+    assert_true(fd >= 0);
+    close(fd);
+    td_job_ctx c = {.ref_cache = prefix};
+    float buf[100], got[100];
+    for (int i = 0; i < 100; i++) buf[i] = (float)i * 0.25f - 3.f;
+    assert_int_equal(td_ref_load(&c, "moe", 3, 7, got, sizeof got), 0); /* nothing stored yet */
+    td_ref_store(&c, "moe", 3, 7, buf, sizeof buf);
+    memset(got, 0, sizeof got);
+    assert_int_equal(td_ref_load(&c, "moe", 3, 7, got, sizeof got), 1);
+    assert_memory_equal(got, buf, sizeof buf);
+    assert_int_equal(td_ref_load(&c, "moe", 3, 8, got, sizeof got), 0);     /* another key */
+    assert_int_equal(td_ref_load(&c, "moe", 4, 7, got, sizeof got), 0);     /* another job */
+    assert_int_equal(td_ref_load(&c, "gdn", 3, 7, got, sizeof got), 0);     /* another family */
+    assert_int_equal(td_ref_load(&c, "moe", 3, 7, got, sizeof got - 4), 0); /* another size */
+    char path[512];
+    doctor_ref_path(prefix, "moe", 3, path, sizeof path);
+    assert_int_equal(truncate(path, 40), 0); /* a partial file */
+    assert_int_equal(td_ref_load(&c, "moe", 3, 7, got, sizeof got), 0);
+    td_job_ctx none = {0};
+    td_ref_store(&none, "moe", 5, 7, buf, sizeof buf);
+    assert_int_equal(td_ref_load(&none, "moe", 5, 7, got, sizeof got), 0);
+    unlink(path);
+    unlink(prefix);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_397b_shapes),
@@ -150,6 +184,7 @@ int main(void) {
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_fp4_shapes_flag),
         cmocka_unit_test(test_pick_bucket),
+        cmocka_unit_test(test_shared_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

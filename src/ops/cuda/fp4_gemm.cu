@@ -9,8 +9,9 @@
  *   cuda_dequant_cublas  dequantize the whole weight into a BF16 workspace
  *                        (byte-permute decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
- *   cuda_ref             one thread per output: a plain loop over K with a
- *                        lookup table; the chain-of-trust reference on the GPU.
+ *   cuda_ref             the weight decoded exactly into fp32 in shared memory, a plain
+ *                        tiled fp32 product (bf_ref_kernel's); the chain-of-trust
+ *                        reference on the GPU.
  * Test-only broken ones (registered under LASTSTAND_TEST_BROKEN_BACKENDS=1):
  *   cuda_broken_nan3072  cuda_ref, then NaN written into the output iff M == 3072
  *   cuda_broken_illegal  a store to an unmapped address (illegal memory access)
@@ -34,33 +35,50 @@
 
 /* ---- cuda_ref -------------------------------------------------------------- */
 
-/* grid (ceil(M/32), N/8): lane = token, threadIdx.y = weight row. Weight
- * reads are warp-uniform (broadcast); each token row streams through L1. */
+/* The NVFP4 reference: bf_ref_kernel's plain shared-memory tiled product (a 64 x 64 output
+ * tile per block of 16 x 16 threads, 4 x 4 each, fp32 accumulation in k order) over the weight
+ * decoded exactly into fp32, e2m1(code) · e4m3(block scale), one 16-element scale block per
+ * k step; scale2 applied to the sum. (One thread per output with a loop over K until S19:
+ * 0.5 TFLOP/s, most of the doctor's fp4_gemm time at large M.) */
 __global__ void fp4_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
                                const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
                                float scale2, bf16 *__restrict__ y, int accumulate) {
-    int m = blockIdx.x * 32 + threadIdx.x;
-    int n = blockIdx.y * 8 + threadIdx.y;
-    if (n >= N) return;
-    const uint8_t *wr = w + (size_t)n * (K / 2);
-    const uint8_t *sr = sc + (size_t)n * (K / 16);
-    const bf16 *xr = x + (size_t)(m < M ? m : 0) * K;
-    float acc = 0.f;
-    for (int kb = 0; kb < K / 16; kb++) {
-        float s = cu_e4m3_to_f32(sr[kb]);
-        float part = 0.f;
-        for (int i = 0; i < 8; i++) {
-            uint8_t b = wr[kb * 8 + i];
-            part += cu_e2m1_lut[b & 15] * __bfloat162float(xr[kb * 16 + 2 * i]);
-            part += cu_e2m1_lut[b >> 4] * __bfloat162float(xr[kb * 16 + 2 * i + 1]);
+    __shared__ float xs[16][65], ws[16][65];
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
+    const int m0 = blockIdx.x * 64, n0 = blockIdx.y * 64;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        for (int i = tid; i < 16 * 64; i += 256) {
+            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the scale block */
+            int m = m0 + r, n = n0 + r, k = k0 + kk;
+            xs[kk][r] = m < M ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
+            float v = 0.f;
+            if (n < N) {
+                uint8_t b = w[(size_t)n * (K / 2) + k / 2];
+                v = cu_e2m1_lut[(k & 1) ? b >> 4 : b & 15] * cu_e4m3_to_f32(sc[(size_t)n * (K / 16) + k0 / 16]);
+            }
+            ws[kk][r] = v;
         }
-        acc += s * part;
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xs[kk][ty + 16 * i], ws[kk][tx + 16 * j], acc[i][j]);
+        __syncthreads();
     }
-    if (m >= M) return;
-    acc *= scale2;
-    size_t o = (size_t)m * N + n;
-    if (accumulate) acc += __bfloat162float(y[o]);
-    y[o] = __float2bfloat16_rn(acc);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+            if (m >= M || n >= N) continue;
+            size_t o = (size_t)m * N + n;
+            float v = acc[i][j] * scale2;
+            if (accumulate) v += __bfloat162float(y[o]);
+            y[o] = __float2bfloat16_rn(v);
+        }
 }
 
 static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
@@ -68,7 +86,7 @@ static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (rc) return rc;
     if (a->M <= 0) return 0;
     const lin_w *w = a->w;
-    dim3 grid((a->M + 31) / 32, (w->N + 7) / 8), block(32, 8);
+    dim3 grid((a->M + 63) / 64, (w->N + 63) / 64), block(16, 16);
     if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_ref: N=%d too large", w->N);
     fp4_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, w->N, w->K, (const bf16 *)a->x,
                                                        (const uint8_t *)w->data, w->scale, w->scale2,
@@ -79,7 +97,7 @@ static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
 
 static int fp4_ref_supported(const dev_info *d, const gemm_shape *s, char *why, size_t n) {
     if (!fp4_common_supported(d, s, why, n)) return 0;
-    if (s->N > 65535 * 8) {
+    if (s->N > 65535 * 64) {
         snprintf(why, n, "N=%d exceeds the grid limit", s->N);
         return 0;
     }

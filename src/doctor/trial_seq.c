@@ -63,8 +63,6 @@ static int split_batch(int M, int *lens, uint64_t *rng, int long_chunk) {
     return n;
 }
 
-static void gen_vals(float *p, size_t n, float amp, uint64_t *rng) { td_gen_uniform(p, n, amp, 1, rng); }
-
 static void res_init(td_res *r, const char *ref) {
     memset(r, 0, sizeof *r);
     r->status = "crash";
@@ -170,10 +168,10 @@ static void attn_job(const td_job_ctx *c, int job, int M, td_res *r) {
         snprintf(r->detail, sizeof r->detail, "%s", why[0] ? why : "declared unsupported");
         goto done;
     }
-    gen_vals(hq, qn, 1.f, &rng);
-    if (hg) gen_vals(hg, qn, 2.f, &rng);
-    gen_vals(hk, kvn, 1.f, &rng);
-    gen_vals(hv, kvn, 1.f, &rng);
+    td_gen_uniform(hq, qn, 1.f, 1, &rng);
+    if (hg) td_gen_uniform(hg, qn, 2.f, 1, &rng);
+    td_gen_uniform(hk, kvn, 1.f, 1, &rng);
+    td_gen_uniform(hv, kvn, 1.f, 1, &rng);
     size_t as = act_size(td_act());
     int rc = 0;
     if (!(dq = td_alloc(qn * as, &e)) || !(dk = td_alloc(kvn * as, &e)) || !(dv = td_alloc(kvn * as, &e)) ||
@@ -373,9 +371,9 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
     }
     td_gen_uniform(conv0, convn, 1.f, 0, &rng);
     td_gen_uniform(rec0, (size_t)nsub * rs, 0.1f, 0, &rng);
-    gen_vals(hqkv, qkvn, 1.f, &rng);
-    gen_vals(ha, abn, 2.f, &rng);
-    gen_vals(hb, abn, 2.f, &rng);
+    td_gen_uniform(hqkv, qkvn, 1.f, 1, &rng);
+    td_gen_uniform(ha, abn, 2.f, 1, &rng);
+    td_gen_uniform(hb, abn, 2.f, 1, &rng);
     size_t as = act_size(td_act());
     if (!(dcw = put_f32(cw, (size_t)cd * ck, &e)) || !(dal = put_f32(alog, nv, &e)) || !(ddt = put_f32(dtb, nv, &e)) ||
         !(dconv = put_f32(conv0, convn, &e)) || !(drec = td_alloc(recn * sizeof(float), &e)) ||

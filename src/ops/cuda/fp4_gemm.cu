@@ -10,8 +10,8 @@
  *                        (byte-permute decoder, 16 B in, 64 B out per thread),
  *                        then a cuBLASLt BF16 GEMM with alpha = scale2: large M.
  *   cuda_ref             the weight decoded exactly into fp32 in shared memory, a plain
- *                        tiled fp32 product (bf_ref_kernel's); the chain-of-trust
- *                        reference on the GPU.
+ *                        tiled fp32 product (ref_tile_kernel, gemm's cuda_ref too); the
+ *                        chain-of-trust reference on the GPU.
  * Test-only broken ones (registered under LASTSTAND_TEST_BROKEN_BACKENDS=1):
  *   cuda_broken_nan3072  cuda_ref, then NaN written into the output iff M == 3072
  *   cuda_broken_illegal  a store to an unmapped address (illegal memory access)
@@ -35,29 +35,23 @@
 
 /* ---- cuda_ref -------------------------------------------------------------- */
 
-/* The NVFP4 reference: bf_ref_kernel's plain shared-memory tiled product (a 64 x 64 output
- * tile per block of 16 x 16 threads, 4 x 4 each, fp32 accumulation in k order) over the weight
- * decoded exactly into fp32, e2m1(code) · e4m3(block scale), one 16-element scale block per
- * k step; scale2 applied to the sum. (One thread per output with a loop over K until S19:
- * 0.5 TFLOP/s, most of the doctor's fp4_gemm time at large M.) */
-__global__ void fp4_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
-                               const uint8_t *__restrict__ w, const uint8_t *__restrict__ sc,
-                               float scale2, bf16 *__restrict__ y, int accumulate) {
+/* The GPU references (cuda_ref of fp4_gemm and of gemm's BF16 weights): a plain
+ * shared-memory tiled product, y = alpha · x·Wᵀ (+ y), fp32 accumulation in k order; a
+ * 64 x 64 output tile per block of 16 x 16 threads, 4 x 4 each, k in steps of 16. The weight
+ * comes through WL: wl(n, k) = W[n, k] as an exact fp32 (n < N, k < K). */
+template <class WL>
+__global__ void ref_tile_kernel(int M, int N, int K, const bf16 *__restrict__ x, WL wl, float alpha,
+                                bf16 *__restrict__ y, int accumulate) {
     __shared__ float xs[16][65], ws[16][65];
     const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
     const int m0 = blockIdx.x * 64, n0 = blockIdx.y * 64;
     float acc[4][4] = {};
     for (int k0 = 0; k0 < K; k0 += 16) {
         for (int i = tid; i < 16 * 64; i += 256) {
-            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the scale block */
+            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the step */
             int m = m0 + r, n = n0 + r, k = k0 + kk;
-            xs[kk][r] = m < M ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
-            float v = 0.f;
-            if (n < N) {
-                uint8_t b = w[(size_t)n * (K / 2) + k / 2];
-                v = cu_e2m1_lut[(k & 1) ? b >> 4 : b & 15] * cu_e4m3_to_f32(sc[(size_t)n * (K / 16) + k0 / 16]);
-            }
-            ws[kk][r] = v;
+            xs[kk][r] = m < M && k < K ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
+            ws[kk][r] = n < N && k < K ? wl(n, k) : 0.f;
         }
         __syncthreads();
 #pragma unroll
@@ -75,11 +69,30 @@ __global__ void fp4_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x,
             int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
             if (m >= M || n >= N) continue;
             size_t o = (size_t)m * N + n;
-            float v = acc[i][j] * scale2;
+            float v = acc[i][j] * alpha;
             if (accumulate) v += __bfloat162float(y[o]);
             y[o] = __float2bfloat16_rn(v);
         }
 }
+
+/* A BF16 weight [N, K]. */
+struct ref_w_bf16 {
+    const bf16 *w;
+    int K;
+    __device__ float operator()(int n, int k) const { return __bfloat162float(w[(size_t)n * K + k]); }
+};
+
+/* An NVFP4 weight decoded exactly: e2m1(code) · e4m3(block scale); scale2 is the kernel's alpha.
+ * (cuda_ref was one thread per output with a loop over K until S19: 0.5 TFLOP/s, most of the
+ * doctor's fp4_gemm time at large M.) */
+struct ref_w_nvfp4 {
+    const uint8_t *w, *sc;
+    int K;
+    __device__ float operator()(int n, int k) const {
+        uint8_t b = w[(size_t)n * (K / 2) + k / 2];
+        return cu_e2m1_lut[(k & 1) ? b >> 4 : b & 15] * cu_e4m3_to_f32(sc[(size_t)n * (K / 16) + k / 16]);
+    }
+};
 
 static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = fp4_check_args(a, e);
@@ -88,9 +101,9 @@ static int fp4_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     const lin_w *w = a->w;
     dim3 grid((a->M + 63) / 64, (w->N + 63) / 64), block(16, 16);
     if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "cuda_ref: N=%d too large", w->N);
-    fp4_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, w->N, w->K, (const bf16 *)a->x,
-                                                       (const uint8_t *)w->data, w->scale, w->scale2,
-                                                       (bf16 *)a->y, a->accumulate);
+    ref_tile_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, w->N, w->K, (const bf16 *)a->x,
+                                                        ref_w_nvfp4{(const uint8_t *)w->data, w->scale, w->K},
+                                                        w->scale2, (bf16 *)a->y, a->accumulate);
     CU_LAUNCHED(e, "fp4_gemm cuda_ref");
     return 0;
 }
@@ -491,43 +504,6 @@ static int lt_run(const gemm_args *a, ls_stream s, ls_err *e) {
 
 const gemm_impl gemm_cuda_cublaslt = {"cuda_cublaslt", DEV_CUDA, 0, bf_supported, lt_run, 1};
 
-/* The BF16 reference: a plain shared-memory tiled product, fp32 accumulation
- * in k order; a 64 x 64 output tile per block of 16 x 16 threads, 4 x 4 each. */
-__global__ void bf_ref_kernel(int M, int N, int K, const bf16 *__restrict__ x, const bf16 *__restrict__ w,
-                              bf16 *__restrict__ y, int accumulate) {
-    __shared__ float xs[16][65], ws[16][65];
-    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 16 + tx;
-    const int m0 = blockIdx.x * 64, n0 = blockIdx.y * 64;
-    float acc[4][4] = {};
-    for (int k0 = 0; k0 < K; k0 += 16) {
-        for (int i = tid; i < 16 * 64; i += 256) {
-            int r = i / 16, kk = i % 16; /* r: row within the tile, kk: k within the step */
-            int m = m0 + r, n = n0 + r, k = k0 + kk;
-            xs[kk][r] = m < M && k < K ? __bfloat162float(x[(size_t)m * K + k]) : 0.f;
-            ws[kk][r] = n < N && k < K ? __bfloat162float(w[(size_t)n * K + k]) : 0.f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < 16; kk++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xs[kk][ty + 16 * i], ws[kk][tx + 16 * j], acc[i][j]);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-            if (m >= M || n >= N) continue;
-            size_t o = (size_t)m * N + n;
-            float v = acc[i][j];
-            if (accumulate) v += __bfloat162float(y[o]);
-            y[o] = __float2bfloat16_rn(v);
-        }
-}
-
 static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     int rc = bf_check(a, "cuda_ref", e);
     if (rc) return rc;
@@ -535,9 +511,9 @@ static int bf_ref_run(const gemm_args *a, ls_stream s, ls_err *e) {
     if (a->M <= 0) return 0;
     dim3 grid((a->M + 63) / 64, (a->w->N + 63) / 64), block(16, 16);
     if (grid.y > 65535) return errf(e, ERR_UNSUPPORTED, "gemm cuda_ref: N=%d too large", a->w->N);
-    bf_ref_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, a->w->N, a->w->K, (const bf16 *)a->x,
-                                                      (const bf16 *)a->w->data, (bf16 *)a->y,
-                                                      a->accumulate);
+    ref_tile_kernel<<<grid, block, 0, (cudaStream_t)s>>>(a->M, a->w->N, a->w->K, (const bf16 *)a->x,
+                                                        ref_w_bf16{(const bf16 *)a->w->data, a->w->K}, 1.f,
+                                                        (bf16 *)a->y, a->accumulate);
     CU_LAUNCHED(e, "gemm cuda_ref");
     return 0;
 }

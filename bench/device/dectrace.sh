@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # device-limit: 240
 # bench/device/dectrace.sh BIN OUTDIR: the single-stream decode step of the full synth
-# Qwen3.5-35B-A3B as the GPU runs it (CUDA graphs, PDL overlaps included), from an nsys trace
-# with one record per graph node (--cuda-graph-trace=node). `generate` B = 1, 512-token prompt +
+# Qwen3.5-35B-A3B as the GPU runs it (CUDA graphs, PDL overlaps included), from a CUPTI trace
+# with one record per graph node (bench/tools/cutrace.c, injected: the GPU machine has no nsys). `generate` B = 1, 512-token prompt +
 # 33 new tokens, the plans serve picks on auto; dectrace_table.py splits the kernels into steps
 # at the embedding kernel and attributes the step's time to kernels by how far each moves the
 # step's end (end_i - max end before it), averaged over the last steps.
 # TRACE_P35 (default qwen3.5-35b-a3b) picks the preset, TRACE_ENV="VAR=V ..." one extra variant.
 . "$(dirname "$0")/lib.sh"
 dev_init dectrace 235 "$@"
-NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys 2>/dev/null | head -1)
-echo "nsys: ${NSYS:-none}"
-[ -z "$NSYS" ] && exit 1
+TR=$D/libcutrace.so  # bench/tools/cutrace.c, packed beside BIN with libcupti.so.13 by prep_round.sh
+[ -f "$TR" ] || { echo "no $TR"; exit 1; }
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
@@ -19,22 +18,14 @@ P35=${TRACE_P35:-qwen3.5-35b-a3b}
 trace() { # tag [VAR=V ...]
     local tag=$1
     shift
-    echo "== $tag: nsys, synth:$P35, B = 1, 512 + 33 tokens, CUDA graphs $* $(el)"
-    env "$@" timeout -k 3 100 "$NSYS" profile -t cuda --cuda-graph-trace=node --force-overwrite true -o "$OUT/tr-$tag" \
+    echo "== $tag: CUPTI trace, synth:$P35, B = 1, 512 + 33 tokens, CUDA graphs $* $(el)"
+    env "$@" CUDA_INJECTION64_PATH="$TR" LS_CUTRACE_OUT="$OUT/tr-$tag.csv" timeout -k 3 100 \
         "$BIN" generate --model-path "synth:$P35" --ids "$(ids 512)" --max-new-tokens 33 --ignore-eos \
         --device cuda "${PLANS[@]}" >"$OUT/gen-$tag.out" 2>"$OUT/gen-$tag.err"
     echo "rc=$? $(el)"
-    grep -E "decode steps of" "$OUT/gen-$tag.err" | cut -c1-200
-    timeout 60 "$NSYS" stats -r cuda_gpu_trace -f csv -o "$OUT/tr-$tag" "$OUT/tr-$tag.nsys-rep" >/dev/null 2>"$OUT/stats-$tag.err"
-    local csv
-    csv=$(ls "$OUT"/tr-"$tag"*cuda_gpu_trace*.csv 2>/dev/null | head -1)
-    if [ -n "$csv" ]; then
-        timeout 30 python3 bench/device/dectrace_table.py "$csv" "$tag"
-        xz -T2 "$csv"
-    else
-        tail -3 "$OUT/stats-$tag.err"
-    fi
-    rm -f "$OUT/tr-$tag.nsys-rep" "$OUT/tr-$tag.sqlite"
+    grep -E "decode steps of|cutrace" "$OUT/gen-$tag.err" | cut -c1-200
+    timeout 60 python3 bench/device/dectrace_table.py "$OUT/tr-$tag.csv" "$tag"
+    xz -T2 "$OUT/tr-$tag.csv"
 }
 trace base
 [ -n "${TRACE_ENV:-}" ] && [ "$(left)" -gt 80 ] && trace var ${TRACE_ENV}

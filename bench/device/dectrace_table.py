@@ -3,8 +3,8 @@
 
 usage: dectrace_table.py CUDA_GPU_TRACE.csv TAG [N_STEPS]
 
-The CSV is `nsys stats -r cuda_gpu_trace -f csv` of a `laststand generate` run traced with
---cuda-graph-trace=node. Kernels are split into forward passes at the embedding kernel (sm_embed*);
+The CSV is bench/tools/cutrace.c's (CUPTI activity records, CUDA graph nodes one by one) of a
+`laststand generate` run. Kernels are split into forward passes at the embedding kernel (sm_embed*);
 the last N_STEPS (default 16) passes with the most common kernel count are the graph-replayed
 decode steps. For each kernel position: the mean duration, the mean gap from the previous kernel's
 end to its start (negative: it started before its predecessor ended, PDL), and its share of the
@@ -13,22 +13,42 @@ from the first kernel's start to the last one's end, with the first kernel's dur
 per kernel name, and the first GDN layer's and first attention layer's positions in detail.
 """
 import csv
+import re
+import subprocess
 import sys
 from collections import Counter, defaultdict
 
 
+def demangle(names):
+    """c++filt where the machine has it, else the identifier after _Z<len>"""
+    try:
+        r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, timeout=20)
+        out = r.stdout.split("\n")
+        if r.returncode == 0 and len(out) >= len(names):
+            return out[: len(names)]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    res = []
+    for n in names:
+        m = re.match(r"_Z(\d+)", n)
+        res.append(n[m.end(): m.end() + int(m.group(1))] if m else n)
+    return res
+
+
 def load(path):
-    ks = []
+    """rows of cutrace.c's CSV (start_ns,dur_ns,gx,gy,gz,bx,graph,stream,name), by start"""
+    rows = []
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            name = row.get("Name", "")
-            if row.get("GrdX", "") in ("", None):  # memcpy / memset rows have no grid
-                continue
             try:
-                s, d = int(float(row["Start (ns)"])), int(float(row["Duration (ns)"]))
+                rows.append((int(row["start_ns"]), int(row["dur_ns"]), row["name"],
+                             f"({row['gx']},{row['gy']},{row['gz']})"))
             except (KeyError, ValueError):
                 continue
-            ks.append((s, d, name.split("(")[0][:70]))
+    uniq = sorted({r[2] for r in rows})
+    dm = dict(zip(uniq, demangle(uniq)))
+    short = {n: re.sub(r"^void ", "", dm[n].split("(")[0])[:54] for n in uniq}
+    ks = [(s, d, short[n] + " " + g) for s, d, n, g in rows]
     ks.sort()
     return ks
 

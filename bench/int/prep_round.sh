@@ -47,6 +47,13 @@ for spec in "$@"; do
         done
     fi
     rm -f "$st"/build/tests/*.d
+    # the CUPTI kernel tracer of bench/device/dectrace.sh (the GPU machine has no nsys), libcupti beside it
+    cu=${CUDA_HOME:-/usr/local/cuda}
+    if [ -f "$w/bench/tools/cutrace.c" ] && [ -f "$cu/lib64/libcupti.so" ]; then
+        gcc -shared -fPIC -O2 -I"$cu/include" "$w/bench/tools/cutrace.c" -L"$cu/lib64" -lcupti \
+            -Wl,-rpath,'$ORIGIN' -o "$st/build/libcutrace.so" &&
+            cp -L "$cu"/lib64/libcupti.so.[0-9]* "$st/build/" 2>/dev/null
+    fi
     strip --strip-debug "$st"/build/laststand "$st"/build/tests/test_* 2>/dev/null
     tar -C "$st" -cf - . | xz -T1 --lzma2=preset=3,dict=256MiB > .dev/int/$name.tar.xz
     echo "prep: $name packed $(du -h .dev/int/$name.tar.xz | cut -f1)"

@@ -6,7 +6,7 @@
 # 33 new tokens, the plans serve picks on auto; dectrace_table.py splits the kernels into steps
 # at the embedding kernel and attributes the step's time to kernels by how far each moves the
 # step's end (end_i - max end before it), averaged over the last steps.
-# TRACE_P35 (default qwen3.5-35b-a3b) picks the preset, TRACE_ENV="VAR=V ..." one extra variant.
+# TRACE_P35 (default qwen3.5-35b-a3b) picks the preset, TRACE_ENV="VAR=V ...;VAR=V ..." extra variants.
 . "$(dirname "$0")/lib.sh"
 dev_init dectrace 235 "$@"
 TR=$D/libcutrace.so  # bench/tools/cutrace.c, packed beside BIN with libcupti.so.13 by prep_round.sh
@@ -28,5 +28,11 @@ trace() { # tag [VAR=V ...]
     xz -T2 "$OUT/tr-$tag.csv"
 }
 trace base
-[ -n "${TRACE_ENV:-}" ] && [ "$(left)" -gt 80 ] && trace var ${TRACE_ENV}
+# TRACE_ENV: variants separated by ";", each "VAR=V VAR2=V2"
+IFS=';' read -ra VARS <<<"${TRACE_ENV:-}"
+i=0
+for v in "${VARS[@]}"; do
+    i=$((i + 1))
+    [ "$(left)" -gt 30 ] && trace "var$i" $v
+done
 echo "done $(el)"

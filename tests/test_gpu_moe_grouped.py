@@ -17,6 +17,10 @@ Pins:
   other down instance, the old router and top-k (mid-alt), the down's weights fetched
   before its wait (mid-dnearly: LASTSTAND_MG_DNEARLY=1), and with gate/up at 4 blocks an SM
   (mid-gu4: LASTSTAND_MG_MIDGU=2);
+- the BF16 shared expert forked before the router (LASTSTAND_MG_SHEARLY, the default: its own
+  h buffer, tiles of 16 tokens in order) is right at partial tiles (M = 9, 33, 100) and gives the
+  same greedy tokens as the shared expert forked after the plan (SHEARLY=0), in CUDA graphs and
+  eager, decode steps of 20 sequences and their prefill;
 - the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
   16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
@@ -69,9 +73,10 @@ def test_grouped_gemm_right_at_every_bucket_of_the_35b_layer(tmp_path):
                                     "LASTSTAND_MG_MIDGU": "1"},
                                    {"LASTSTAND_MG_MID": "1", "LASTSTAND_MG_MIDALL": "1", "LASTSTAND_MG_MIDDN": "1",
                                     "LASTSTAND_MG_MIDTOPK": "0", "LASTSTAND_MG_MIDROUTER": "0"},
-                                   {"LASTSTAND_MG_DNEARLY": "1"}, {"LASTSTAND_MG_MIDGU": "2", "LASTSTAND_MG_DNEARLY": "1"}],
+                                   {"LASTSTAND_MG_DNEARLY": "1"}, {"LASTSTAND_MG_MIDGU": "2", "LASTSTAND_MG_DNEARLY": "1"},
+                                   {"LASTSTAND_MG_SHEARLY": "0"}],
                          ids=["default", "r3", "place32", "place3", "grouped", "mid", "mid-lean", "mid-alt",
-                              "mid-dnearly", "mid-gu4"])
+                              "mid-dnearly", "mid-gu4", "sh-late"])
 def test_grouped_gemm_variants_right_with_a_bf16_shared_expert(tmp_path, knobs):
     ms = [1, 16, 64, 512]
     cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1",
@@ -148,3 +153,29 @@ def test_grouped_gemm_mid_variants_at_the_397b_rank_shape(tmp_path, src, knobs, 
     bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
     assert not bad, f"{knobs}: {bad}\n{table}"
     assert sorted(map(int, cells)) == ms
+
+
+def test_early_shared_expert_right_at_partial_tiles(tmp_path):
+    ms = [9, 33, 100, 256]
+    cells, table = doctor_cells(tmp_path, "--model-path", "synth:qwen3.5-35b-a3b,layers=1", "--m",
+                                ",".join(map(str, ms)))
+    bad = {m: (c["status"], c["detail"]) for m, c in cells.items() if c["status"] != "ok"}
+    assert not bad, f"{bad}\n{table}"
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_early_shared_expert_same_tokens_as_late(graphs):
+    # 20 sequences (two 16-token tiles, the second partial) decoded by cuda_grouped_gemm's mid
+    # path; the early and the late shared expert compute the same sums, so the same greedy ids
+    ids = ",".join(str(1000 + (i * 7919) % 150000) for i in range(40))
+    outs = {}
+    for early in ("1", "0"):
+        env = dict(os.environ, LASTSTAND_MG_SHEARLY=early)
+        p = subprocess.run([BIN, "generate", "--model-path", "synth:qwen3.5-35b-a3b,layers=3", "--ids", ids,
+                            "--max-new-tokens", "6", "--ignore-eos", "--batch", "20", "--device", "cuda",
+                            "--moe-runner-backend", "cuda_fused_decode:1,cuda_grouped_gemm",
+                            *([] if graphs else ["--disable-cuda-graph"])],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        outs[early] = p.stdout
+    assert outs["1"] and outs["1"] == outs["0"]

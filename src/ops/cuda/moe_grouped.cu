@@ -556,6 +556,8 @@ typedef struct mg_knobs {
     int plan;    /* off the mid path: 0 mg_plan_kernel (one block), 1 the multi-block plan with its
                     place launch by PDL (default), 2 the same without PDL */
     int topk;    /* off the mid path: 0 mg_topk_kernel, 1 mg_topk2_kernel (default; the same bits) */
+    int shearly; /* with mid and a BF16 shared expert on the side stream: its gate/up forked before
+                    the router (1, default), or after the plan (0) */
 } mg_knobs;
 
 /* tests/unit/test_moe_plan_cuda.c's override of plan and topk (-1: the knobs) */
@@ -586,6 +588,7 @@ static mg_knobs mg_knobs_get(void) {
         n.dnearly = cu_env_switch("LASTSTAND_MG_DNEARLY", 1);
         n.wgmma = cu_env_switch("LASTSTAND_MG_WGMMA", 1);
         n.mid4k = cu_env_switch("LASTSTAND_MG_MID4K", 1);
+        n.shearly = cu_env_switch("LASTSTAND_MG_SHEARLY", 1);
         v = getenv("LASTSTAND_MG_ROUTER_PDL");
         n.routerpdl = v && (!strcmp(v, "1") || !strcmp(v, "2")) ? atoi(v) : 0;
         v = getenv("LASTSTAND_MG_PLAN");
@@ -653,29 +656,31 @@ template <int BM>
 static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t side, cudaEvent_t ev_fork,
                             cudaEvent_t ev_join, int imax, int tiles_max, int sh_tiles, const int32_t *tile_e,
                             const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, cudaStream_t st,
+                            const float *wts, bf16 *dbuf, int mid_k, int mid_ks, int sh_done, cudaStream_t st,
                             const char **what) {
     const int mixed = tab->ld_gu_s >= 0;
+    /* sh_done: the caller runs the shared expert (mg_run_locked's early form): routed tiles only */
+    const int shl = mixed && !sh_done;
     const int32_t *ntr = mixed ? nt + 1 : nt; /* bound of the routed launch: routed tiles only when mixed */
     /* pdl 2 (LASTSTAND_MG_DNEARLY): gate/up lets the down launch go only after its own wait, and
      * mvd_kernel fetches its weights before its wait (moe_mid.cu) */
     const int dn_mvd = BM == 16 && mid_k && kn.middn == 2 && mvd_per(mid_k);
     const int gpdl = kn.midpdl ? (dn_mvd && kn.dnearly ? 2 : 1) : 0;
     cudaError_t c = cudaSuccess;
-    if (mixed && side) {
+    if (shl && side) {
         *what = "cuda_grouped_gemm side stream fork";
         c = cudaEventRecord(ev_fork, st);
         if (c == cudaSuccess) c = cudaStreamWaitEvent(side, ev_fork, 0);
         if (c != cudaSuccess) return c;
         *what = "cuda_grouped_gemm shared expert gate/up";
         c = BM == 16 && mid_ks ? mvb_launch<true>(H, mid_ks, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                  wts, dbuf, side)
+                                                  wts, dbuf, 0, side)
                                : mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt,
                                                           H, k, x, hbuf, ldh, wts, dbuf, 1, side);
         if (c == cudaSuccess) {
             *what = "cuda_grouped_gemm shared expert down";
             c = BM == 16 && mid_ks ? mvb_launch<false>(mid_ks, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf,
-                                                       ldh, wts, dbuf, side)
+                                                       ldh, wts, dbuf, 0, side)
                                    : mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm,
                                                                nt, H, k, x, hbuf, ldh, wts, dbuf, 1, side);
         }
@@ -688,10 +693,10 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
                 : mg_gemm_launch<true, BM>(tab->ld_gu, kn, imax, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                            ldh, wts, dbuf, 0, st);
     }
-    if (c == cudaSuccess && mixed && !side) {
+    if (c == cudaSuccess && shl && !side) {
         *what = "cuda_grouped_gemm shared expert gate/up";
         c = BM == 16 && mid_ks ? mvb_launch<true>(H, mid_ks, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                  wts, dbuf, st)
+                                                  wts, dbuf, 0, st)
                                : mg_gemm_launch<true, BM>(tab->ld_gu_s, kn, imax, sh_tiles, tab->dev, tile_e, perm, nt,
                                                           H, k, x, hbuf, ldh, wts, dbuf, 1, st);
     }
@@ -704,14 +709,14 @@ static cudaError_t mg_gemms(const mg_tab *tab, const mg_knobs &kn, cudaStream_t 
                 : mg_gemm_launch<false, BM>(tab->ld_dn, kn, H, tiles_max, tab->dev, tile_e, perm, ntr, H, k, x, hbuf,
                                             ldh, wts, dbuf, 0, st);
     }
-    if (c == cudaSuccess && mixed && !side) {
+    if (c == cudaSuccess && shl && !side) {
         *what = "cuda_grouped_gemm shared expert down";
         c = BM == 16 && mid_ks ? mvb_launch<false>(mid_ks, H, sh_tiles, tab->dev, tile_e, perm, nt, H, k, x, hbuf, ldh,
-                                                   wts, dbuf, st)
+                                                   wts, dbuf, 0, st)
                                : mg_gemm_launch<false, BM>(tab->ld_dn_s, kn, H, sh_tiles, tab->dev, tile_e, perm, nt,
                                                            H, k, x, hbuf, ldh, wts, dbuf, 1, st);
     }
-    if (mixed && side) { /* joined even after a failed launch: a capture must not end with the side stream forked */
+    if (shl && side) { /* joined even after a failed launch: a capture must not end with the side stream forked */
         cudaError_t j = cudaEventRecord(ev_join, side);
         if (j == cudaSuccess) j = cudaStreamWaitEvent(st, ev_join, 0);
         if (c == cudaSuccess && j != cudaSuccess) *what = "cuda_grouped_gemm side stream join";
@@ -923,6 +928,7 @@ static void mg_side(mg_ws *ws) {
     cudaError_t c = cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (c == cudaSuccess) c = cudaEventCreateWithFlags(&ws->ev_fork, cudaEventDisableTiming);
     if (c == cudaSuccess) c = cudaEventCreateWithFlags(&ws->ev_join, cudaEventDisableTiming);
+    if (c == cudaSuccess) c = cudaEventCreateWithFlags(&ws->ev_route, cudaEventDisableTiming);
     if (c == cudaSuccess) c = cudaStreamCreateWithPriority(&ws->side, cudaStreamNonBlocking, hi);
     if (c != cudaSuccess) { /* whatever was made stays unused (a few bytes, once per device) */
         (void)cudaGetLastError();
@@ -933,6 +939,55 @@ static void mg_side(mg_ws *ws) {
     }
     ws->side_state = 1;
     return;
+}
+
+/* The routing of a call: router logits, top-k (idx, wts), the plan (tile_e, perm, nt). */
+static int mg_route(mg_ws *ws, const moe_args *a, const mg_knobs &kn, int midp, int pdl, int bm, float *logits,
+                    int32_t *idx, float *wts, int32_t *tile_e, int32_t *perm, int32_t *nt, cudaStream_t st,
+                    ls_err *e) {
+    const moe_w *w = a->w;
+    const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, hs = w->shared_inter > 0;
+    int rc;
+    cudaError_t cr = cudaSuccess;
+    /* the router launch without the PDL attribute: it is the call's first kernel, and with PDL
+     * (S10's mr_kernel) its results depended on the history of the call (S11 device rounds: the
+     * same 8-token forward gave different greedy ids call to call, so serve's sampler check fell
+     * back to the host; decode from CUDA graphs differed from eager steps from token 0; both gone
+     * with LASTSTAND_MG_MIDPDL=0 or the cuBLASLt router, LASTSTAND_MG_MIDROUTER=0). The launches
+     * after it keep PDL among themselves. LASTSTAND_MG_ROUTER_PDL=1 restores S10's launch (the
+     * next kernel released before the wait), =2 PDL with the release after the wait (as the fused
+     * decode router, which passed graphs == eager): opt-in until bench/device/pdlcheck.sh shows
+     * one deterministic (bench/RESULTS.md, "PDL hazard audit"). */
+    if (midp && kn.midrouter &&
+        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl ? kn.routerpdl : 0, st,
+                  &cr)) {
+        if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
+    } else {
+        rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
+        if (rc) return err_prefix(e, "cuda_grouped_gemm router");
+    }
+    if (midp && kn.midtopk)
+        CU_TRY(e,
+               mg_topk_block_launch(pdl, M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+                                    w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
+                                    (const float *)logits, idx, wts, st),
+               "cuda_grouped_gemm top-k");
+    else
+        CU_TRY(e,
+               mg_topk_launch(midp ? 0 : kn.topk, M, H, E, k, w->norm_topk, (const bf16 *)a->x,
+                              w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits, idx, wts, st),
+               "cuda_grouped_gemm top-k");
+    CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
+    /* the mid path keeps mg_plan_kernel (its PDL chain; at most 8E pairs there) */
+    rc = mg_plan_launch(ws, midp ? 0 : kn.plan, pdl, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt, st, e);
+    if (rc) return rc;
+    return 0;
+}
+
+/* A forked side stream joined back into st (after a failed launch: a capture must not end forked). */
+static void mg_side_join(mg_ws *ws, cudaStream_t side, cudaStream_t st) {
+    if (cudaEventRecord(ws->ev_join, side) == cudaSuccess) (void)cudaStreamWaitEvent(st, ws->ev_join, 0);
+    (void)cudaGetLastError();
 }
 
 static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *e) {
@@ -984,39 +1039,6 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     /* its launches (router, top-k, plan, GEMVs, combine) carry the PDL attribute (each kernel
      * waits before its first dependent access): LASTSTAND_MG_MIDPDL */
     const int pdl = midp && kn.midpdl;
-    cudaError_t cr = cudaSuccess;
-    /* the router launch without the PDL attribute: it is the call's first kernel, and with PDL
-     * (S10's mr_kernel) its results depended on the history of the call (S11 device rounds: the
-     * same 8-token forward gave different greedy ids call to call, so serve's sampler check fell
-     * back to the host; decode from CUDA graphs differed from eager steps from token 0; both gone
-     * with LASTSTAND_MG_MIDPDL=0 or the cuBLASLt router, LASTSTAND_MG_MIDROUTER=0). The launches
-     * after it keep PDL among themselves. LASTSTAND_MG_ROUTER_PDL=1 restores S10's launch (the
-     * next kernel released before the wait), =2 PDL with the release after the wait (as the fused
-     * decode router, which passed graphs == eager): opt-in until bench/device/pdlcheck.sh shows
-     * one deterministic (bench/RESULTS.md, "PDL hazard audit"). */
-    if (midp && kn.midrouter &&
-        mr_launch(M, H, E, (const bf16 *)w->router.data, (const bf16 *)a->x, logits, pdl ? kn.routerpdl : 0, st,
-                  &cr)) {
-        if (cr != cudaSuccess) return cu_fail(e, cr, "cuda_grouped_gemm router");
-    } else {
-        rc = cu_lt_gemm(M, E, H, w->router.data, a->x, logits, 1, 1.f, 0.f, st, e);
-        if (rc) return err_prefix(e, "cuda_grouped_gemm router");
-    }
-    if (midp && kn.midtopk)
-        CU_TRY(e,
-               mg_topk_block_launch(pdl, M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                                    w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs,
-                                    (const float *)logits, idx, wts, st),
-               "cuda_grouped_gemm top-k");
-    else
-        CU_TRY(e,
-               mg_topk_launch(midp ? 0 : kn.topk, M, H, E, k, w->norm_topk, (const bf16 *)a->x,
-                              w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits, idx, wts, st),
-               "cuda_grouped_gemm top-k");
-    CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    /* the mid path keeps mg_plan_kernel (its PDL chain; at most 8E pairs there) */
-    rc = mg_plan_launch(ws, midp ? 0 : kn.plan, pdl, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt, st, e);
-    if (rc) return rc;
     const bf16 *x = (const bf16 *)a->x;
     const char *what = "cuda_grouped_gemm";
     const int sht = hs ? (M + bm - 1) / bm : 0; /* the shared expert's tiles: every token, padded */
@@ -1038,13 +1060,58 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
                                mvb_per(H) && mvb_per(Is)
                            ? Is
                            : 0;
+    /* The early shared expert (LASTSTAND_MG_SHEARLY, default 1; the mid path with a BF16 shared
+     * expert and the side stream): its gate/up needs only x, so the side stream forks before the
+     * router and runs it (mvb_kernel's direct form, into its own h buffer MG_HS) beside the
+     * router, top-k and plan, whose few blocks leave most SMs idle; its down (which needs wts)
+     * follows the plan there, and the join stands before the combine. The same sums as the plan's
+     * form (same kernel, same K order, same pairs of dbuf). Before (S21, bench/device/dectrace.sh):
+     * the side-stream gate/up, forked after the plan, got SMs only once the routed gate/up's
+     * blocks drained, ~20 us a layer on the step's critical path at 16 and at 113 sequences. */
+    const int sh_early = mid_ks && side && kn.shearly;
+    bf16 *hsh = NULL;
+    if (sh_early && !(hsh = (bf16 *)mg_get(ws, MG_HS, sizeof(bf16) * (size_t)sht * 16 * ldh, st, e)))
+        return e->code ? e->code : ERR_NOMEM;
+    if (sh_early) {
+        cudaError_t c = cudaEventRecord(ws->ev_fork, st);
+        if (c == cudaSuccess) c = cudaStreamWaitEvent(side, ws->ev_fork, 0);
+        if (c != cudaSuccess) return cu_fail(e, c, "cuda_grouped_gemm side stream fork");
+        c = mvb_launch<true>(H, Is, sht, tab->dev + E, NULL, NULL, NULL, H, k, x, hsh, ldh, wts, dbuf, M, side);
+        if (c != cudaSuccess) {
+            mg_side_join(ws, side, st);
+            return cu_fail(e, c, "cuda_grouped_gemm shared expert gate/up");
+        }
+    }
+    rc = mg_route(ws, a, kn, midp, pdl, bm, logits, idx, wts, tile_e, perm, nt, st, e);
+    if (sh_early) {
+        cudaError_t c = cudaSuccess;
+        if (!rc) {
+            c = cudaEventRecord(ws->ev_route, st);
+            if (c == cudaSuccess) c = cudaStreamWaitEvent(side, ws->ev_route, 0);
+            if (c == cudaSuccess)
+                c = mvb_launch<false>(Is, H, sht, tab->dev + E, NULL, NULL, NULL, H, k, x, hsh, ldh, wts, dbuf, M, side);
+        }
+        cudaError_t j = cudaEventRecord(ws->ev_join, side); /* st waits on it before the combine */
+        if (rc || c != cudaSuccess || j != cudaSuccess) {
+            mg_side_join(ws, side, st);
+            if (rc) return rc;
+            return cu_fail(e, c != cudaSuccess ? c : j, "cuda_grouped_gemm shared expert down");
+        }
+    } else if (rc) {
+        return rc;
+    }
     mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, sh_early, st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, 0, st, &what)
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, st, &what);
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, 0, st, &what);
+    if (sh_early) { /* the early shared expert's join (recorded after its down), even after a failure */
+        cudaError_t j = cudaStreamWaitEvent(st, ws->ev_join, 0);
+        if (c == cudaSuccess && j != cudaSuccess) what = "cuda_grouped_gemm side stream join";
+        if (c == cudaSuccess) c = j;
+    }
     if (c != cudaSuccess) return cu_fail(e, c, what);
     if (midp) /* after a side-stream join without the attribute: the join is a full dependency
                * anyway, and a PDL node with mixed edge kinds is what the S11 audit (item 3) flagged */

@@ -17,8 +17,8 @@ enum { MG_MAXE = 1024, MG_MAXK = 16, MG_TAB_CACHE = 128 };
 /* ---- per-device workspace ------------------------------------------------------ */
 
 /* MG_PLANB: the multi-block plan's hist, pre [G, E], cnt [S], off [S + 1]; MG_TICKET: its ticket
- * (zeroed once, reset by the kernel) */
-enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_PLANB, MG_TICKET, MG_NBUF };
+ * (zeroed once, reset by the kernel); MG_HS: the early shared expert's h [16·tiles, ldh] */
+enum { MG_LOGITS, MG_IDX, MG_WTS, MG_TILE, MG_PERM, MG_NT, MG_H, MG_D, MG_PLANB, MG_TICKET, MG_HS, MG_NBUF };
 static_assert((int)MG_NBUF <= (int)CU_WS_SLOTS, "cuda_grouped_gemm workspace slots");
 
 typedef struct mg_tab {
@@ -42,6 +42,7 @@ typedef struct mg_ws {
     int side_state;
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    cudaEvent_t ev_route; /* the early shared expert's down waits on the routing (mg_run_locked) */
 } mg_ws;
 
 /* This device's workspace, locked (calls on one device are serialised); moe_grouped.cu. */

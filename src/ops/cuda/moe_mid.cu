@@ -486,13 +486,14 @@ template <bool GATEUP, int PER>
 __global__ void __launch_bounds__(256)
     mvb_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
                const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
-               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only) {
+               int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int dm) {
     constexpr int KW = 4, RT = GATEUP ? 1 : 2;
     __shared__ float red[8][2][16][8]; /* [warp][slot group][row][slot] */
     __shared__ int pair[16], two_s;
-    const int tile = blockIdx.y + (sh_only ? n_tiles[1] : 0);
-    if (tile >= n_tiles[0]) return;
-    const mg_expert *xp = &tab[tile_e[tile]];
+    /* dm > 0: the direct form (mvb_launch), tile t = tokens 16t .. 16t + 15 of dm, tab = the shared expert's entry */
+    const int tile = blockIdx.y + (dm ? 0 : sh_only ? n_tiles[1] : 0);
+    if (dm ? tile * 16 >= dm : tile >= n_tiles[0]) return;
+    const mg_expert *xp = dm ? tab : &tab[tile_e[tile]];
     const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int kw = warp & 3, wq = warp >> 2; /* gate/up: wq 0 gate, 1 up; down: wq = the output tile */
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(256)
     const bool live = nrow0 < N && K == KW * PER * MV_CH;
     const int r0 = tile * 16;
     if (tid < 16) {
-        pair[tid] = perm[r0 + tid];
+        pair[tid] = dm ? (r0 + tid < dm ? (r0 + tid) * (k + 1) + k : -1) : perm[r0 + tid];
         if (tid == 8) two_s = 0;
     }
     __syncthreads();
@@ -590,19 +591,23 @@ int mvb_per(int K) {
 }
 
 /* The BF16 shared expert's gate/up (K = H, n_out = its I) or down (K = its I, n_out = H) over
- * its sh_tiles tiles (sh_only); the caller checked mvb_per(K). */
+ * its sh_tiles tiles (sh_only); the caller checked mvb_per(K). dm > 0, the direct form: no plan
+ * (tile_e, perm and nt unused, tab = the shared expert's own entry): tile t holds tokens 16t ..
+ * 16t + 15 of dm, token m's pair is m·(k+1) + k, hbuf [16·sh_tiles, ldh] the shared expert's own
+ * h, so that it can run before the routing is known (the gate/up) or before the plan (the down,
+ * which needs wts) with the same sums as the plan's form. */
 template <bool GATEUP>
 cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, const int32_t *tile_e,
                        const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                       const float *wts, bf16 *dbuf, cudaStream_t st) {
+                       const float *wts, bf16 *dbuf, int dm, cudaStream_t st) {
     constexpr int rows = GATEUP ? 16 : 32;
     dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)sh_tiles);
     const int per = mvb_per(K);
-    if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
-    else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
-    else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
-    else if (per == 6) mvb_kernel<GATEUP, 6><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
-    else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1);
+    if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 6) mvb_kernel<GATEUP, 6><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
     return cudaGetLastError();
 }
 
@@ -705,7 +710,7 @@ template cudaError_t mv_launch<false>(int, int, int, const mg_expert *, const in
                                       int, int, cudaStream_t);
 template cudaError_t mvb_launch<true>(int, int, int, const mg_expert *, const int32_t *, const int32_t *,
                                       const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
-                                      cudaStream_t);
+                                      int, cudaStream_t);
 template cudaError_t mvb_launch<false>(int, int, int, const mg_expert *, const int32_t *, const int32_t *,
                                        const int32_t *, int, int, const bf16 *, bf16 *, int, const float *, bf16 *,
-                                       cudaStream_t);
+                                       int, cudaStream_t);

@@ -941,10 +941,9 @@ static void mg_side(mg_ws *ws) {
     return;
 }
 
-/* The routing of a call: router logits, top-k (idx, wts), the plan (tile_e, perm, nt). */
-static int mg_route(mg_ws *ws, const moe_args *a, const mg_knobs &kn, int midp, int pdl, int bm, float *logits,
-                    int32_t *idx, float *wts, int32_t *tile_e, int32_t *perm, int32_t *nt, cudaStream_t st,
-                    ls_err *e) {
+/* The routing of a call up to the plan: router logits, top-k (idx, wts). */
+static int mg_route(const moe_args *a, const mg_knobs &kn, int midp, int pdl, float *logits, int32_t *idx,
+                    float *wts, cudaStream_t st, ls_err *e) {
     const moe_w *w = a->w;
     const int M = a->M, H = w->hidden, E = w->n_experts, k = w->top_k, hs = w->shared_inter > 0;
     int rc;
@@ -978,9 +977,6 @@ static int mg_route(mg_ws *ws, const moe_args *a, const mg_knobs &kn, int midp, 
                               w->has_sh_gate ? (const bf16 *)w->sh_gate_w.data : NULL, hs, logits, idx, wts, st),
                "cuda_grouped_gemm top-k");
     CU_LAUNCHED(e, "cuda_grouped_gemm top-k");
-    /* the mid path keeps mg_plan_kernel (its PDL chain; at most 8E pairs there) */
-    rc = mg_plan_launch(ws, midp ? 0 : kn.plan, pdl, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt, st, e);
-    if (rc) return rc;
     return 0;
 }
 
@@ -1064,7 +1060,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * expert and the side stream): its gate/up needs only x, so the side stream forks before the
      * router and runs it (mvb_kernel's direct form, into its own h buffer MG_HS) beside the
      * router, top-k and plan, whose few blocks leave most SMs idle; its down (which needs wts)
-     * follows the plan there, and the join stands before the combine. The same sums as the plan's
+     * follows the top-k there (beside the plan), and the join stands before the combine. The same sums as the plan's
      * form (same kernel, same K order, same pairs of dbuf). Before (S21, bench/device/dectrace.sh):
      * the side-stream gate/up, forked after the plan, got SMs only once the routed gate/up's
      * blocks drained, ~20 us a layer on the step's critical path at 16 and at 113 sequences. */
@@ -1082,7 +1078,7 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
             return cu_fail(e, c, "cuda_grouped_gemm shared expert gate/up");
         }
     }
-    rc = mg_route(ws, a, kn, midp, pdl, bm, logits, idx, wts, tile_e, perm, nt, st, e);
+    rc = mg_route(a, kn, midp, pdl, logits, idx, wts, st, e);
     if (sh_early) {
         cudaError_t c = cudaSuccess;
         if (!rc) {
@@ -1098,6 +1094,12 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
             return cu_fail(e, c != cudaSuccess ? c : j, "cuda_grouped_gemm shared expert down");
         }
     } else if (rc) {
+        return rc;
+    }
+    /* the mid path keeps mg_plan_kernel (its PDL chain; at most 8E pairs there) */
+    rc = mg_plan_launch(ws, midp ? 0 : kn.plan, pdl, M, E, k, hs, bm, (const int32_t *)idx, tile_e, perm, nt, st, e);
+    if (rc) {
+        if (sh_early) mg_side_join(ws, side, st);
         return rc;
     }
     mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */

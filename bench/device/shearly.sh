@@ -3,8 +3,7 @@
 # bench/device/shearly.sh BIN OUTDIR: the early BF16 shared expert of cuda_grouped_gemm's mid path
 # (LASTSTAND_MG_SHEARLY, S21). 1. `generate --batch B` of the full synth Qwen3.5-35B-A3B (512-token
 # prompts + 65 tokens, CUDA graphs, the plans serve picks) at B = 16, 64, 128 with SHEARLY=1 (now the
-# default) and =0 (forked after the plan, before), the gate/up at KW = 8 (default) and 4: the
-# engine's mean decode step (greedy ids are compared by the pytest below; the step schedules of
+# default) and =0 (forked after the plan, before): the engine's mean decode step (greedy ids are compared by the pytest below; the step schedules of
 # two generate runs may differ, which changes the batches and so the rounding). 2. pytest tests/test_gpu_moe_grouped.py (the doctor's
 # fp64 oracle at the changed path; the early == late tokens test). 3. dectrace.sh at B = 16.
 . "$(dirname "$0")/lib.sh"
@@ -12,8 +11,8 @@ dev_init shearly 325 "$@"
 PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
        --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
        --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-# variants: the default (early, gate/up at KW = 8), early at KW = 4, late at KW = 4 (before S21)
-VARS=("def:" "kw4:LASTSTAND_MG_SHKW=4" "late:LASTSTAND_MG_SHEARLY=0 LASTSTAND_MG_SHKW=4")
+# variants: the default (early), late (before S21)
+VARS=("def:" "late:LASTSTAND_MG_SHEARLY=0")
 for b in ${SH_BATCHES:-16 64 128}; do
     for v in "${VARS[@]}"; do
         t=${v%%:*}

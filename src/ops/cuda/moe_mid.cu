@@ -478,19 +478,17 @@ cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t
  * and ModelOpt checkpoints): its 1..4 tiles ran through the grouped GEMM's BF16 loader on 4-16
  * CTAs (~53 us at the 35B shape, M = 16, on the side stream). Here a warp streams a 16-row
  * BF16 tile over PER chunks of 128 K straight into registers (the weights are the mma A
- * operand as they are, x in K order, one chunk ahead in flight), KW warps along K per tile;
- * block = the gate and the up tile (2·KW warps) or 2 output tiles of down (2·KW warps), grid
- * (N / 16 or H / 32, the shared expert's tiles). K = KW·PER·128. Epilogue as mv_kernel (no
- * 2^8: BF16 weights carry no factor). The gate/up at KW = 8 (LASTSTAND_MG_SHKW=8, the default;
- * 4 before S21): its grid is N / 16 blocks only (32 at the 35B shape's 512 rows, a few per SM),
- * so twice the warps put twice the bytes in flight; down keeps KW = 4 (H / 32 blocks). */
-template <bool GATEUP, int PER, int KW>
-__global__ void __launch_bounds__(64 * KW)
+ * operand as they are, x in K order, one chunk ahead in flight), 4 warps along K per tile;
+ * block = the gate and the up tile (8 warps) or 2 output tiles of down (8 warps), grid
+ * (N / 16 or H / 32, the shared expert's tiles). K = 512·PER. Epilogue as mv_kernel (no
+ * 2^8: BF16 weights carry no factor). */
+template <bool GATEUP, int PER>
+__global__ void __launch_bounds__(256)
     mvb_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
                const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
                int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int dm) {
-    constexpr int RT = GATEUP ? 1 : 2, NT = 64 * KW;
-    __shared__ float red[2 * KW][2][16][8]; /* [warp][slot group][row][slot] */
+    constexpr int KW = 4, RT = GATEUP ? 1 : 2;
+    __shared__ float red[8][2][16][8]; /* [warp][slot group][row][slot] */
     __shared__ int pair[16], two_s;
     /* dm > 0: the direct form (mvb_launch), tile t = tokens 16t .. 16t + 15 of dm, tab = the shared expert's entry */
     const int tile = blockIdx.y + (dm ? 0 : sh_only ? n_tiles[1] : 0);
@@ -498,7 +496,7 @@ __global__ void __launch_bounds__(64 * KW)
     const mg_expert *xp = dm ? tab : &tab[tile_e[tile]];
     const int N = GATEUP ? xp->inter : H, K = GATEUP ? H : xp->inter;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int kw = warp % KW, wq = warp / KW; /* gate/up: wq 0 gate, 1 up; down: wq = the output tile */
+    const int kw = warp & 3, wq = warp >> 2; /* gate/up: wq 0 gate, 1 up; down: wq = the output tile */
     const int nrow0 = (blockIdx.x * RT + (GATEUP ? 0 : wq)) * 16;
     const bool live = nrow0 < N && K == KW * PER * MV_CH;
     const int r0 = tile * 16;
@@ -567,7 +565,7 @@ __global__ void __launch_bounds__(64 * KW)
         red[warp][grp][g + 8][2 * t + 1] = acc[grp][3];
     }
     __syncthreads();
-    for (int o = tid; o < RT * 16 * 16; o += NT) {
+    for (int o = tid; o < RT * 16 * 16; o += 256) {
         const int row = o & 15, slot = (o >> 4) & 15, ort = o >> 8;
         const int p = pair[slot], grp = slot >> 3, s8 = slot & 7;
         const int n = (blockIdx.x * RT + ort) * 16 + row;
@@ -587,32 +585,9 @@ __global__ void __launch_bounds__(64 * KW)
     }
 }
 
-/* mvb_kernel's PER for K at KW = 4, or 0 when there is no instance. */
+/* mvb_kernel's PER for K, or 0 when there is no instance. */
 int mvb_per(int K) {
     return K == 512 ? 1 : K == 1024 ? 2 : K == 2048 ? 4 : K == 3072 ? 6 : K == 4096 ? 8 : 0;
-}
-
-/* The gate/up's KW: 8 (K = 1024 .. 4096 in steps of 1024) unless LASTSTAND_MG_SHKW=4 */
-static int mvb_kw_gu(int K) {
-    static int kw = 0;
-    if (!kw) {
-        const char *v = getenv("LASTSTAND_MG_SHKW");
-        kw = v && !strcmp(v, "4") ? 4 : 8; /* the same value from every racing thread */
-    }
-    return kw == 8 && K % 1024 == 0 && K >= 1024 && K <= 4096 ? 8 : 4;
-}
-
-template <bool GATEUP, int KW>
-static void mvb_go(int per, dim3 grid, cudaStream_t st, const mg_expert *tab, const int32_t *tile_e,
-                   const int32_t *perm, const int32_t *nt, int H, int k, const bf16 *x, bf16 *hbuf, int ldh,
-                   const float *wts, bf16 *dbuf, int dm) {
-    const dim3 blk(64 * KW);
-    if (per == 1) mvb_kernel<GATEUP, 1, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 2) mvb_kernel<GATEUP, 2, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 3) mvb_kernel<GATEUP, 3, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 4) mvb_kernel<GATEUP, 4, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 6) mvb_kernel<GATEUP, 6, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else mvb_kernel<GATEUP, 8, KW><<<grid, blk, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
 }
 
 /* The BF16 shared expert's gate/up (K = H, n_out = its I) or down (K = its I, n_out = H) over
@@ -627,13 +602,12 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
                        const float *wts, bf16 *dbuf, int dm, cudaStream_t st) {
     constexpr int rows = GATEUP ? 16 : 32;
     dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)sh_tiles);
-    if constexpr (GATEUP) {
-        if (mvb_kw_gu(K) == 8) {
-            mvb_go<true, 8>(K / 1024, grid, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, dm);
-            return cudaGetLastError();
-        }
-    }
-    mvb_go<GATEUP, 4>(mvb_per(K), grid, st, tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, dm);
+    const int per = mvb_per(K);
+    if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else if (per == 6) mvb_kernel<GATEUP, 6><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+    else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
     return cudaGetLastError();
 }
 

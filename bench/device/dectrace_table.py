@@ -5,8 +5,8 @@ usage: dectrace_table.py CUDA_GPU_TRACE.csv TAG [N_STEPS]
 
 The CSV is bench/tools/cutrace.c's (CUPTI activity records, CUDA graph nodes one by one) of a
 `laststand generate` run. Kernels are split into forward passes at the embedding kernel (sm_embed*);
-the last N_STEPS (default 16) passes with the most common kernel count are the graph-replayed
-decode steps. For each kernel position: the mean duration, the mean gap from the previous kernel's
+the last N_STEPS (default 16) passes with the most common kernel sequence (names and grids) are
+the graph-replayed decode steps. For each kernel position: the mean duration, the mean gap from the previous kernel's
 end to its start (negative: it started before its predecessor ended, PDL), and its share of the
 step: end_i - max(end_j, j < i) (the time by which it moves the step's end; these sum to the span
 from the first kernel's start to the last one's end, with the first kernel's duration). Tables:
@@ -62,11 +62,14 @@ def main():
     if not fw:
         print(f"[{tag}] no forward passes in {len(ks)} kernels")
         return 1
-    cnt = Counter(len(f) for f in fw)
-    n_k = cnt.most_common(1)[0][0]
-    steps = [f for f in fw if len(f) == n_k][-n_keep:]
-    # the last step may be cut short by the end of the run: drop a trailing partial
-    print(f"[{tag}] {len(ks)} kernels, {len(fw)} forwards; {len(steps)} steps of {n_k} kernels tabulated")
+    # the decode steps: the forwards with the most common kernel sequence (names with grids, so
+    # that steps of another batch size, e.g. while requests join or finish, are left out)
+    seqs = [tuple(k[2] for k in f) for f in fw]
+    common = Counter(seqs).most_common(1)[0][0]
+    n_k = len(common)
+    steps = [f for f, q in zip(fw, seqs) if q == common][-n_keep:]
+    print(f"[{tag}] {len(ks)} kernels, {len(fw)} forwards; {len(steps)} steps of {n_k} kernels tabulated "
+          f"(the most common kernel sequence, {seqs.count(common)} forwards)")
     dur = [0.0] * n_k
     gap = [0.0] * n_k
     inc = [0.0] * n_k

@@ -206,6 +206,12 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
 /* Cancel: frees the request's pages and slot at the next step; the callback
  * gets a final event with finish_reason "abort". Safe from any thread. */
 void ls_cancel(ls_engine *e, int64_t request_id);
+/* (Additive, S21.) Hold (on = 1): from the end of the step in progress the engine admits no
+ * submission and runs no step (running requests pause too) until released (on = 0), when it
+ * admits everything submitted meanwhile at once. For a batch submitted as one: the requests
+ * share their first step whatever the submitting thread's timing (`generate --batch`), so that
+ * two runs schedule the same steps. ls_engine_close overrides a hold. Safe from any thread. */
+void ls_engine_hold(ls_engine *e, int on);
 
 /* ---- statistics (for /metrics and /get_server_info) -------------------------------- */
 /* Histograms: counts[i] holds observations in (bounds[i-1], bounds[i]],

@@ -13,7 +13,9 @@
  * --batch N submits N requests at once, so that the engine decodes them as one batch, as a
  * server at concurrency N would: request i's prompt is the ids rotated left by i (i mod n) places
  * (as many tokens, a different context: identical prompts would route every sequence to the same
- * experts) and its seed --seed + i; one JSON line per request, in submit order. The engine's
+ * experts) and its seed --seed + i; one JSON line per request, in submit order. The engine is held
+ * while they are submitted (ls_engine_hold), so that they share their first step and two runs
+ * schedule the same steps. The engine's
  * closing log line gives the mean decode step.
  */
 #include "cli/cli.h"
@@ -263,6 +265,9 @@ int cmd_generate(int argc, char **argv) {
     s.max_tokens = (int)max_new;
     s.ignore_eos = ignore_eos;
     int32_t *rot = xmalloc(sizeof(int32_t) * (size_t)n);
+    /* held while submitting: the batch's requests share their first step, so that two runs of
+     * the same command schedule the same steps (and round the same) */
+    ls_engine_hold(eng, 1);
     for (long b = 0; b < batch; b++) {
         cs[b].ids = xmalloc(sizeof(int32_t) * (size_t)(max_new + 1));
         s.seed = seed + (unsigned long long)b;
@@ -277,6 +282,7 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     free(rot);
+    ls_engine_hold(eng, 0);
     for (long b = 0; b < batch; b++) {
         collect *c = &cs[b];
         pthread_mutex_lock(&c->mu);

@@ -1297,13 +1297,20 @@ static void run_step(ls_engine *e, int nb) {
     for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
 }
 
+void ls_engine_hold(ls_engine *e, int on) {
+    pthread_mutex_lock(&e->mu);
+    e->hold = on != 0;
+    if (!e->hold) pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *engine_main(void *arg) {
     ls_engine *e = arg;
     int64_t *cancels = NULL;
     int cap = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->closing && !e->sub_head && !e->n_cancel && !e->n_running && !e->wait_head)
+        while (!e->closing && (e->hold || (!e->sub_head && !e->n_cancel && !e->n_running && !e->wait_head)))
             pthread_cond_wait(&e->cv, &e->mu);
         ereq *sub = e->sub_head;
         e->sub_head = e->sub_tail = NULL;

@@ -140,6 +140,7 @@ struct ls_engine {
     int64_t *cancels;
     int n_cancel, cap_cancel;
     int closing;
+    int hold;                  /* ls_engine_hold: no admission, no step while set */
     int64_t next_id;
 
     /* ---- statistics, under stats_mu ---- */

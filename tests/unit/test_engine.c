@@ -255,6 +255,68 @@ static void test_close_aborts_pending_requests(void **st) {
     }
 }
 
+/* ls_engine_hold: while held, submissions wait and running requests pause; the release admits
+ * them all at once; the tokens are those of the same requests submitted without a hold (the
+ * CPU's batch == alone); close overrides a hold. */
+static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000L}, NULL); }
+
+static void test_hold_pauses_and_releases_a_batch(void **st) {
+    (void)st;
+    ls_engine *e = open_engine(4, 256, 512, 0);
+    ls_model_info mi;
+    ls_engine_model_info(e, &mi);
+    job jobs[3];
+    make_jobs(jobs, 3, mi.vocab_size, 60);
+    rec ref[3], r[3];
+    for (int j = 0; j < 3; j++) { /* the reference: submitted without a hold */
+        rec_init(&ref[j]);
+        submit_job(e, &jobs[j], &ref[j]);
+    }
+    for (int j = 0; j < 3; j++) rec_wait(&ref[j]);
+    ls_stats s0, s1;
+    ls_engine_stats(e, &s0);
+    ls_engine_hold(e, 1);
+    for (int j = 0; j < 3; j++) {
+        rec_init(&r[j]);
+        submit_job(e, &jobs[j], &r[j]);
+    }
+    sleep_ms(300);
+    ls_engine_stats(e, &s1);
+    assert_true(s1.generation_tokens_total == s0.generation_tokens_total); /* no step ran */
+    for (int j = 0; j < 3; j++) assert_int_equal(rec_count(&r[j]), 0);
+    ls_engine_hold(e, 0);
+    for (int j = 0; j < 3; j++) {
+        rec_wait(&r[j]);
+        assert_string_equal(r[j].reason, "length");
+        assert_int_equal(r[j].n, ref[j].n);
+        assert_memory_equal(r[j].toks, ref[j].toks, sizeof(int32_t) * ref[j].n);
+    }
+    /* a running request pauses under a hold and resumes after it */
+    rec run;
+    rec_init(&run);
+    jobs[0].max_tokens = 400;
+    submit_job(e, &jobs[0], &run);
+    for (int k = 0; k < 2000 && rec_count(&run) < 2; k++) sleep_ms(5);
+    ls_engine_hold(e, 1);
+    sleep_ms(100); /* the step in progress ends */
+    const int c1 = rec_count(&run);
+    sleep_ms(200);
+    assert_int_equal(rec_count(&run), c1);
+    assert_false(run.finished);
+    ls_engine_hold(e, 0);
+    rec_wait(&run);
+    assert_string_equal(run.reason, "length");
+    assert_int_equal(run.n, 400);
+    /* close overrides a hold: the held request ends with "abort" and close returns */
+    rec held;
+    rec_init(&held);
+    ls_engine_hold(e, 1);
+    submit_job(e, &jobs[1], &held);
+    ls_engine_close(e);
+    assert_true(held.finished);
+    assert_string_equal(held.reason, "abort");
+}
+
 static void test_prompt_longer_than_context_is_rejected_with_both_numbers(void **st) {
     (void)st;
     ls_engine *e = open_engine(2, 64, 64, 0);
@@ -470,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_kv_pool_preempts_and_still_matches),
         cmocka_unit_test(test_cancel_frees_every_page),
         cmocka_unit_test(test_close_aborts_pending_requests),
+        cmocka_unit_test(test_hold_pauses_and_releases_a_batch),
         cmocka_unit_test(test_prompt_longer_than_context_is_rejected_with_both_numbers),
         cmocka_unit_test(test_forced_ids_then_greedy_resumes),
         cmocka_unit_test(test_text_stop_strings_and_stop_ids),

@@ -69,6 +69,10 @@ typedef struct ls_engine_opts {
      * 0 auto (a tenth of the cache budget, at most 2 x max_running_requests). */
     int prefix_cache;
     int prefix_snapshots;
+    /* Added (additive): the GDN recurrent state's storage, "float32" or "bfloat16" (SGLang's
+     * --mamba-ssm-dtype: half the state's memory and bytes a step, the state rounded to BF16
+     * once a step); NULL or "auto": the config's mamba_ssm_dtype (float32 when absent). */
+    const char *mamba_ssm_dtype;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

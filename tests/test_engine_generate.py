@@ -123,3 +123,40 @@ def test_batch_requests_equal_their_solo_runs(demo_model, temp):
         assert len(got["ids"]) == 12
         assert got["ids"] == solo["ids"], (i, got, solo)
     assert len({tuple(l["ids"]) for l in lines}) > 1  # distinct contexts, distinct continuations
+
+
+def _slot_mib(stderr):
+    import re
+    m = re.search(r"(\d+) GDN slots \(([\d.]+) MiB\)", stderr)
+    assert m, stderr[-2000:]
+    return int(m.group(1)), float(m.group(2))
+
+
+def test_bf16_gdn_state_halves_the_state_and_keeps_batch_equal_to_solo(demo_model):
+    """--mamba-ssm-dtype bfloat16 (SGLang's option): the GDN recurrent state stored in BF16, loaded
+    into fp32 for a step and rounded once at its end. The slots' memory shrinks (the conv state
+    stays fp32), runs repeat, a batch generates what each request generates alone (a sequence's
+    state is rounded once a step either way), and a bad value exits 2 naming the flag."""
+    ids = [17, 300, 5, 912, 64, 7, 1200]
+    common = ("--model-path", demo_model, "--max-new-tokens", 12, "--ignore-eos")
+    f32 = run_ls("generate", *map(str, common), "--ids", ",".join(map(str, ids)))
+    b16 = run_ls("generate", *map(str, common), "--ids", ",".join(map(str, ids)), "--mamba-ssm-dtype", "bfloat16")
+    assert f32.returncode == 0 and b16.returncode == 0, (f32.stderr[-2000:], b16.stderr[-2000:])
+    assert "GDN recurrent state in BF16" in b16.stderr
+    (n32, mib32), (n16, mib16) = _slot_mib(f32.stderr), _slot_mib(b16.stderr)
+    assert n16 == n32 and mib16 < 0.6 * mib32, (mib16, mib32)
+    again = run_ls("generate", *map(str, common), "--ids", ",".join(map(str, ids)), "--mamba-ssm-dtype", "bfloat16")
+    assert json.loads(again.stdout)["ids"] == json.loads(b16.stdout)["ids"]
+    assert len(json.loads(b16.stdout)["ids"]) == 12
+    p = run_ls("generate", *map(str, common), "--ids", ",".join(map(str, ids)), "--batch", "3",
+               "--mamba-ssm-dtype", "bfloat16")
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    assert len(lines) == 3
+    for i, got in enumerate(lines):
+        rot = ids[i:] + ids[:i]
+        solo = gen(*common, "--ids", ",".join(map(str, rot)), "--seed", i, "--mamba-ssm-dtype", "bfloat16")
+        assert got["ids"] == solo["ids"], (i, got, solo)
+    bad = run_ls("generate", *map(str, common), "--ids", "1,2", "--mamba-ssm-dtype", "float16")
+    assert bad.returncode == 2, bad.stderr
+    assert "--mamba-ssm-dtype" in bad.stderr and "float16" in bad.stderr

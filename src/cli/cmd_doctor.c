@@ -22,6 +22,7 @@ static void usage(FILE *f) {
             "usage: laststand doctor [--model-path DIR|synth:NAME | --shapes PRESET] [--device cpu|cuda]\n"
             "                        [--json FILE] [--families LIST] [--backends LIST] [--m LIST]\n"
             "                        [--fp4-shapes NxK,...] [--trial-timeout S] [--use-cache] [--seed N]\n"
+            "                        [--mamba-ssm-dtype auto|float32|bfloat16]\n"
             "  --shapes PRESET   qwen3.5-397b-a17b, qwen3.5-122b-a10b, qwen3.5-35b-a3b, qwen3-next-80b-a3b,\n"
             "                    qwen3-30b-a3b, qwen3-235b-a22b (the real models' op shapes, no weights needed)\n"
             "  --families LIST   of fp4_gemm,gemm,moe,attention,gdn,lm_head (default: all the model has;\n"
@@ -29,6 +30,7 @@ static void usage(FILE *f) {
             "  --m LIST          batch-size buckets (default 1,2,4,...,2048,3072,4096,8192)\n"
             "  --fp4-shapes      test fp4_gemm on these [N x K] weights instead of the model's\n"
             "  --use-cache       print the cached decision for this GPU, driver, build and shapes if any\n"
+            "  --mamba-ssm-dtype the GDN state storage the gdn trials run on (default: the model's config)\n"
             "The matrix goes to stdout, progress to stderr. Exit 0: a correct backend for every bucket.\n");
 }
 
@@ -40,7 +42,7 @@ int cmd_doctor(int argc, char **argv) {
     doctor_default_ms(&o);
     o.trial_timeout_s = 60;
     o.seed = 1;
-    const char *model = NULL, *preset = NULL, *fp4_shapes = NULL, *device = NULL;
+    const char *model = NULL, *preset = NULL, *fp4_shapes = NULL, *device = NULL, *ssm = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -63,6 +65,7 @@ int cmd_doctor(int argc, char **argv) {
         else if (!strcmp(a, "--families")) o.families = v;
         else if (!strcmp(a, "--backends")) o.backends = v;
         else if (!strcmp(a, "--fp4-shapes")) fp4_shapes = v;
+        else if (!strcmp(a, "--mamba-ssm-dtype")) ssm = v;
         else if (!strcmp(a, "--seed")) o.seed = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--trial-timeout")) {
             o.trial_timeout_s = atof(v);
@@ -126,6 +129,13 @@ int cmd_doctor(int argc, char **argv) {
     if (rc) {
         fprintf(stderr, "laststand doctor: error: %s\n", e.msg);
         return 2;
+    }
+    if (ssm && strcmp(ssm, "auto")) { /* the gdn trials on the state storage serve would run */
+        if (strcmp(ssm, "float32") && strcmp(ssm, "bfloat16")) {
+            fprintf(stderr, "laststand doctor: error: --mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto\n", ssm);
+            return 2;
+        }
+        s.state_bf16 = !strcmp(ssm, "bfloat16");
     }
     rc = doctor_run(&o, &s, &e);
     if (rc < 0) {

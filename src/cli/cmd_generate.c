@@ -40,6 +40,7 @@ static void usage(FILE *f) {
                "         [--lm-head-backend NAME]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n"
+               "         [--mamba-ssm-dtype auto|float32|bfloat16]\n"
                "         [--prefix-cache on|off] (default on)\n");
 }
 
@@ -118,7 +119,8 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--tp") ? &tp_s
                          : !strcmp(a, "--prefix-cache") ? &pfx_s
                          : !strcmp(a, "--batch") ? &batch_s
-                         : !strcmp(a, "--sampling-backend") ? &o.sampling_backend : NULL;
+                         : !strcmp(a, "--sampling-backend") ? &o.sampling_backend
+                         : !strcmp(a, "--mamba-ssm-dtype") ? &o.mamba_ssm_dtype : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
             usage(stderr);

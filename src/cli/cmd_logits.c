@@ -17,7 +17,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
-               "         [--lm-head-backend NAME]\n"
+               "         [--lm-head-backend NAME] [--mamba-ssm-dtype auto|float32|bfloat16]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n");
 }
 
@@ -39,6 +39,7 @@ int cmd_logits(int argc, char **argv) {
                          : !strcmp(a, "--model-path") ? &path
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--device") ? &o.device
+                         : !strcmp(a, "--mamba-ssm-dtype") ? &o.mamba_ssm_dtype
                          : !strcmp(a, "--tp") ? &tp_s : NULL;
         if (!dst) {
             fprintf(stderr, "laststand logits: error: unknown flag '%s'\n", a);

@@ -45,6 +45,7 @@ static const char *const LEVELS[] = {"debug", "info", "warning", "error", NULL};
 static const char *const SAMPLING_DEFAULTS[] = {"model", "openai", NULL};
 static const char *const SAMPLERS[] = {"auto", "host", "device", NULL};
 static const char *const ONOFF[] = {"on", "off", NULL};
+static const char *const SSM_DTYPES[] = {"auto", "float32", "bfloat16", NULL};
 static const char *const QUANTS[] = {"auto", "modelopt_fp4", "nvfp4", "modelopt", "modelopt_fp8",
                                      "modelopt_mixed", "fp8", "bf16", "none", NULL};
 
@@ -59,7 +60,7 @@ typedef struct serve_args {
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static, doctor_timeout;
     const char *doctor_buckets;
-    const char *prefix_cache;
+    const char *prefix_cache, *mamba_ssm_dtype;
     long long prefix_snapshots, page_size;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
     int dry_run;
@@ -182,7 +183,7 @@ static int dry_run(const serve_args *a) {
     const char *path = a->model_path ? a->model_path : "synth:demo";
     const int tp = a->tp > 1 ? (int)a->tp : 1;
     const int cpu = !strcmp(a->device, "cpu");
-    model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp};
+    model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp, .mamba_ssm_dtype = a->mamba_ssm_dtype};
     model_mem_plan p;
     ls_err e = {0};
     if (model_mem_plan_get(path, &mo, &p, &e)) {
@@ -292,6 +293,9 @@ int cmd_serve(int argc, char **argv) {
         {"prefix-snapshots", F_INT, &a.prefix_snapshots,
          "GDN state snapshot slots of the prefix cache (GDN models: a hit is usable up to a page boundary holding "
          "one; default: a tenth of the cache memory, at most 2 x --max-running-requests; 0: none)", NULL},
+        {"mamba-ssm-dtype", F_STR, &a.mamba_ssm_dtype,
+         "GDN recurrent state storage: float32 or bfloat16 (half the state memory and bytes a step; the state "
+         "rounded to BF16 once a step), default: the config's mamba_ssm_dtype", SSM_DTYPES},
         {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "same as --prefix-cache off (SGLang's name)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
         {"max-running-requests", F_INT, &a.max_running_requests,
@@ -422,7 +426,7 @@ int cmd_serve(int argc, char **argv) {
     /* the last backend standing: the doctor's decision and the smoke test (serve_auto.c) */
     serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
-                          .buckets = a.doctor_buckets, .tp = (int)a.tp};
+                          .buckets = a.doctor_buckets, .tp = (int)a.tp, .mamba_ssm_dtype = a.mamba_ssm_dtype};
     for (int f = 0; f < SA_NFAM; f++) sa.names[f] = a.backend[f];
     const double t_start = now_sec();
     {
@@ -456,6 +460,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.disable_radix_cache || (a.prefix_cache && !strcmp(a.prefix_cache, "off"))) o.prefix_cache = -1;
     else if (a.prefix_cache) o.prefix_cache = 1;
     if (a.prefix_snapshots != -2) o.prefix_snapshots = a.prefix_snapshots ? (int)a.prefix_snapshots : -1;
+    o.mamba_ssm_dtype = a.mamba_ssm_dtype;
 
     ls_engine *eng = NULL;
     char err[1024] = "";

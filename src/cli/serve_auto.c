@@ -129,7 +129,7 @@ static int argmax(const float *x, int n) {
 }
 
 int serve_smoke_child_main(int argc, char **argv) {
-    const char *model_path = NULL, *device = NULL, *ids_s = NULL, *out = NULL, *chunks_s = NULL;
+    const char *model_path = NULL, *device = NULL, *ids_s = NULL, *out = NULL, *chunks_s = NULL, *ssm = NULL;
     const char *names[SA_NFAM] = {0};
     int L = 0, S = 0, tp = 1, fixed_len = 16, max_layers = 0;
     for (int i = 1; i < argc; i++) {
@@ -149,6 +149,7 @@ int serve_smoke_child_main(int argc, char **argv) {
         else if (!strcmp(a, "--smoke-chunks")) chunks_s = v;
         else if (!strcmp(a, "--smoke-len")) fixed_len = atoi(v);
         else if (!strcmp(a, "--tp")) tp = atoi(v);
+        else if (!strcmp(a, "--mamba-ssm-dtype")) ssm = v;
         else if (!strcmp(a, "--smoke-layers")) { /* auto: model_smoke_depth; N: the first N; 0: all */
             char *end;
             long n = strtol(v, &end, 10);
@@ -171,7 +172,7 @@ int serve_smoke_child_main(int argc, char **argv) {
         fprintf(stderr, "smoke trial: needs --model-path, --smoke-out and --smoke-steps 1..256\n");
         return 1;
     }
-    model_opts mo = {.device = device, .tp = tp > 0 ? tp : 1, .max_layers = max_layers};
+    model_opts mo = {.device = device, .tp = tp > 0 ? tp : 1, .max_layers = max_layers, .mamba_ssm_dtype = ssm};
     for (int f = 0; f < SA_NFAM; f++) *serve_auto_model_name(&mo, f) = names[f];
     ls_err e = {0};
     model *m = NULL;
@@ -408,6 +409,10 @@ static int run_child(sa_ctx *c, const char *const names[SA_NFAM], const char *id
     argv[a++] = tps;
     argv[a++] = "--smoke-steps";
     argv[a++] = steps;
+    if (c->o->mamba_ssm_dtype) { /* the served state storage: the trials run what serve will */
+        argv[a++] = "--mamba-ssm-dtype";
+        argv[a++] = c->o->mamba_ssm_dtype;
+    }
     argv[a++] = "--smoke-out";
     argv[a++] = outp;
     argv[a] = NULL;
@@ -931,7 +936,10 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     char cache[PATH_MAX] = "";
     double t0 = now_sec();
     int from_cache = 0;
-    if (doc_shapes_from_model(o->model_path, &shapes, &e)) {
+    int shapes_rc = doc_shapes_from_model(o->model_path, &shapes, &e);
+    if (!shapes_rc && o->mamba_ssm_dtype && strcmp(o->mamba_ssm_dtype, "auto"))
+        shapes.state_bf16 = !strcmp(o->mamba_ssm_dtype, "bfloat16"); /* the gdn trials on the served storage */
+    if (shapes_rc) {
         /* e.g. a synth: model that is not one of the doctor's presets: the smoke test alone decides */
         log_warn("backend check: the doctor cannot read the model's shapes (%s); the candidates are the registry's "
                  "backends in preference order and the smoke test alone decides", e.msg);

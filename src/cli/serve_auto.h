@@ -50,6 +50,7 @@ typedef struct serve_auto_opts {
     const char *buckets;          /* doctor buckets "1,16"; NULL: device default */
     int steps;                    /* smoke-test greedy steps; <= 0: 8 */
     int tp;                       /* tensor-parallel size the server runs with (the smoke runs use it too) */
+    const char *mamba_ssm_dtype;  /* (additive) the GDN state storage serve runs with (the smoke runs too) */
     /* out (additive): backends the doctor or the smoke test eliminated, "FAMILY:NAME,..."
      * (ls_engine_opts.banned_backends), or NULL */
     const char *banned;

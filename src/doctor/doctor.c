@@ -791,9 +791,9 @@ int doctor_run(const doctor_opts *o, const doc_shapes *s, ls_err *e) {
                          "prefill chunks mixed", s->n_heads, s->n_kv_heads, s->head_dim, s->gated ? ", output gate" : "");
             else if (!strcmp(fd->name, "gdn"))
                 snprintf(title, sizeof title,
-                         "gdn  %d k-heads / %d v-heads, dk %d dv %d, conv %d, per-slot state; a cell: a step of "
+                         "gdn  %d k-heads / %d v-heads, dk %d dv %d, conv %d, per-slot %s state; a cell: a step of "
                          "decode rows and prefill chunks mixed + (M 2..512) a decode step of min(M, 256) sequences",
-                         s->nk, s->nv, s->dk, s->dv, s->conv_k);
+                         s->nk, s->nv, s->dk, s->dv, s->conv_k, s->state_bf16 ? "BF16" : "fp32");
             else if (!strcmp(fd->name, "moe"))
                 snprintf(title, sizeof title,
                          "moe  H=%d E=%d top-%d I=%d shared=%d (%s experts%s)", s->hidden, s->n_experts,

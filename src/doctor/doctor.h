@@ -53,6 +53,8 @@ typedef struct doc_shapes {
     int sh_nvfp4;        /* (additive) the shared expert is NVFP4; 0 = BF16 (ModelOpt
                             NVFP4 checkpoints may exclude it, synth does); only
                             meaningful with nvfp4 and shared_inter > 0 */
+    int state_bf16;      /* (additive) the GDN recurrent state stored in BF16 (mamba_ssm_dtype; the gdn
+                            trials run on it) */
     int vocab;           /* (additive) vocab_size: the lm_head is a BF16 gemm of [vocab x hidden]
                             (tied or not; NVFP4 checkpoints keep it BF16), timed as its own row
                             group "lm_head" with its own choice; 0: no lm_head row */

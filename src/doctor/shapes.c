@@ -232,6 +232,7 @@ int doc_shapes_from_model(const char *path, doc_shapes *s, ls_err *e) {
         s->dk = c.lin_k_dim;
         s->dv = c.lin_v_dim;
         s->conv_k = c.lin_conv;
+        s->state_bf16 = c.state_bf16;
     }
     int qa = LK_BF16, qg = LK_BF16, qm = LK_BF16;
     const int dense = c.n_experts > 0 ? 0 : c.intermediate;
@@ -307,6 +308,7 @@ char *doc_shapes_json(const doc_shapes *s) {
         s->dv, "conv_k", s->conv_k);
     json_object_set_new(o, "sh_nvfp4", json_integer(s->sh_nvfp4));
     json_object_set_new(o, "vocab", json_integer(s->vocab));
+    if (s->state_bf16) json_object_set_new(o, "state_bf16", json_integer(1)); /* (absent: fp32, as before) */
     json_object_set_new(o, "fp4", lins_json(s->fp4, s->n_fp4));
     json_object_set_new(o, "bf16", lins_json(s->bf16, s->n_bf16));
     char *t = json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS);
@@ -363,6 +365,7 @@ int doc_shapes_parse_json(const char *text, doc_shapes *s, ls_err *e) {
     s->conv_k = geti(o, "conv_k");
     s->sh_nvfp4 = geti(o, "sh_nvfp4");
     s->vocab = geti(o, "vocab");
+    s->state_bf16 = json_object_get(o, "state_bf16") ? geti(o, "state_bf16") : 0;
     parse_lins(json_object_get(o, "fp4"), s->fp4, &s->n_fp4);
     parse_lins(json_object_get(o, "bf16"), s->bf16, &s->n_bf16);
     json_decref(o);

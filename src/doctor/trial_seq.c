@@ -302,6 +302,8 @@ static float *put_f32(const float *h, size_t n, ls_err *e) {
 static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r) {
     const doc_shapes *s = c->s;
     const int nk = s->nk, nv = s->nv, dk = s->dk, dv = s->dv, ck = s->conv_k;
+    const int sbf = s->state_bf16; /* the state stored in BF16 (es bytes an element) */
+    const size_t es = sbf ? sizeof(uint16_t) : sizeof(float);
     const int cd = 2 * nk * dk + nv * dv;
     ls_err e = {0};
     res_init(r, "cpu_ref");
@@ -341,7 +343,7 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
     }
     const size_t convn = (size_t)n_slots * cd * (ck - 1), recn = (size_t)n_slots * nv * dk * dv;
     const size_t qkvn = (size_t)M * cd, abn = (size_t)M * nv, outn = (size_t)M * nv * dv;
-    r->bytes = (qkvn + 2 * abn + outn) * act_size(td_act()) + 2.0 * 4 * (double)ns * nv * dk * dv;
+    r->bytes = (qkvn + 2 * abn + outn) * act_size(td_act()) + 2.0 * es * (double)ns * nv * dk * dv;
     r->flops = 6.0 * M * nv * dk * dv;
     float *cw = xmalloc(sizeof(float) * cd * ck), *alog = xmalloc(sizeof(float) * nv), *dtb = xmalloc(sizeof(float) * nv);
     const size_t rs = (size_t)nv * dk * dv; /* one slot's recurrent state */
@@ -349,9 +351,11 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
     float *conv0 = xmalloc(sizeof(float) * convn), *rec0 = xmalloc(sizeof(float) * (nsub ? nsub : 1) * rs);
     float *hqkv = xmalloc(sizeof(float) * qkvn), *ha = xmalloc(sizeof(float) * abn), *hb = xmalloc(sizeof(float) * abn);
     float *hy = xmalloc(sizeof(float) * outn);
-    float *dcw = NULL, *dal = NULL, *ddt = NULL, *dconv = NULL, *drec = NULL;
+    float *dcw = NULL, *dal = NULL, *ddt = NULL, *dconv = NULL;
+    char *drec = NULL; /* the device state, es bytes an element */
     void *dqkv = NULL, *da = NULL, *db = NULL, *dy = NULL, *dseq = NULL;
-    gdn_shape sh = {.n_tok = M, .n_seq = ns, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .dt = td_act()};
+    gdn_shape sh = {.n_tok = M, .n_seq = ns, .nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .dt = td_act(),
+                    .state_bf16 = sbf};
     char why[256] = "";
     int rc = 0;
     if (!impl || impl->dev != td_dev()->kind) {
@@ -371,19 +375,29 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
     }
     td_gen_uniform(conv0, convn, 1.f, 0, &rng);
     td_gen_uniform(rec0, (size_t)nsub * rs, 0.1f, 0, &rng);
+    uint16_t *rec0h = NULL; /* a BF16 state: the starting states as stored (the reference starts from them) */
+    if (sbf) {
+        rec0h = xmalloc(sizeof(uint16_t) * ((size_t)nsub * rs + 1));
+        for (size_t i = 0; i < (size_t)nsub * rs; i++) {
+            rec0h[i] = f32_to_bf16(rec0[i]);
+            rec0[i] = bf16_to_f32(rec0h[i]);
+        }
+    }
     td_gen_uniform(hqkv, qkvn, 1.f, 1, &rng);
     td_gen_uniform(ha, abn, 2.f, 1, &rng);
     td_gen_uniform(hb, abn, 2.f, 1, &rng);
     size_t as = act_size(td_act());
     if (!(dcw = put_f32(cw, (size_t)cd * ck, &e)) || !(dal = put_f32(alog, nv, &e)) || !(ddt = put_f32(dtb, nv, &e)) ||
-        !(dconv = put_f32(conv0, convn, &e)) || !(drec = td_alloc(recn * sizeof(float), &e)) ||
+        !(dconv = put_f32(conv0, convn, &e)) || !(drec = td_alloc(recn * es, &e)) ||
         !(dqkv = td_alloc(qkvn * as, &e)) || !(da = td_alloc(abn * as, &e)) || !(db = td_alloc(abn * as, &e)) ||
         !(dy = td_alloc(outn * as, &e)))
         rc = ERR_NOMEM;
     /* every other slot's state starts at zero: the kernels' work does not depend on it */
-    if (!rc) rc = td_zero(drec, recn * sizeof(float), &e);
+    if (!rc) rc = td_zero(drec, recn * es, &e);
     for (int i = 0; !rc && i < nsub; i++)
-        rc = td_put(drec + (size_t)sub[i].slot * rs, rec0 + (size_t)i * rs, rs * sizeof(float), &e);
+        rc = td_put(drec + (size_t)sub[i].slot * rs * es,
+                    sbf ? (const void *)(rec0h + (size_t)i * rs) : (const void *)(rec0 + (size_t)i * rs), rs * es, &e);
+    free(rec0h);
     if (!rc) rc = td_put_act(dqkv, hqkv, qkvn, &e);
     if (!rc) rc = td_put_act(da, ha, abn, &e);
     if (!rc) rc = td_put_act(db, hb, abn, &e);
@@ -402,7 +416,8 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
         goto done;
     }
     gdn_w w = {.nk = nk, .nv = nv, .dk = dk, .dv = dv, .conv_k = ck, .conv_w = dcw, .A_log = dal, .dt_bias = ddt};
-    gdn_state st = {.conv = dconv, .rec = drec, .n_slots = n_slots};
+    gdn_state st = {.conv = dconv, .rec = sbf ? NULL : (float *)drec, .n_slots = n_slots,
+                    .rec16 = sbf ? (uint16_t *)drec : NULL};
     gdn_call call = {impl, {.n_seq = ns, .seqs = dev_seqs, .seqs_host = seqs, .n_tok = M, .w = &w, .qkv = dqkv,
                             .a = da, .b = db,
                             .st = &st, .out = dy, .dt = td_act()}};
@@ -423,8 +438,13 @@ static void gdn_step(const td_job_ctx *c, int job, int M, int decode, td_res *r)
          * (the untouched pages of rec1 / r0s stay unmapped) */
         float *conv1 = xmalloc(sizeof(float) * convn), *rec1 = xcalloc(recn, sizeof(float));
         int rc2 = td_get(conv1, dconv, convn * sizeof(float), &e);
-        for (int i = 0; !rc2 && i < nsub; i++)
-            rc2 = td_get(rec1 + (size_t)sub[i].slot * rs, drec + (size_t)sub[i].slot * rs, rs * sizeof(float), &e);
+        uint16_t *r16 = sbf ? xmalloc(sizeof(uint16_t) * rs) : NULL;
+        for (int i = 0; !rc2 && i < nsub; i++) {
+            float *dst = rec1 + (size_t)sub[i].slot * rs;
+            rc2 = td_get(sbf ? (void *)r16 : (void *)dst, drec + (size_t)sub[i].slot * rs * es, rs * es, &e);
+            for (size_t q = 0; !rc2 && sbf && q < rs; q++) dst[q] = bf16_to_f32(r16[q]);
+        }
+        free(r16);
         float *sq = xmalloc(sizeof(float) * ntok * cd), *sa = xmalloc(sizeof(float) * ntok * nv);
         float *sb = xmalloc(sizeof(float) * ntok * nv), *sy = xmalloc(sizeof(float) * ntok * nv * dv);
         float *yy = xmalloc(sizeof(float) * ntok * nv * dv);

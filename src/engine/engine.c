@@ -355,6 +355,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.gdn_backend = o->gdn_backend;
     mo.gemm_backend = o->gemm_backend;
     mo.lm_head_backend = o->lm_head_backend;
+    mo.mamba_ssm_dtype = o->mamba_ssm_dtype;
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
     mo.banned_backends = o->banned_backends;

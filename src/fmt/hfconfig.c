@@ -398,6 +398,14 @@ static int parse_text(model_config *c, const jctx *j, json_t *t) {
         if (c->lin_v_heads % c->lin_k_heads)
             return bad(j, "linear_num_value_heads", "%d is not a multiple of linear_num_key_heads %d",
                        c->lin_v_heads, c->lin_k_heads);
+        /* the recurrent state's storage (Qwen3.5: "float32"; SGLang --mamba-ssm-dtype overrides it) */
+        json_t *sd = member(t, "mamba_ssm_dtype");
+        if (sd) {
+            const char *v = json_is_string(sd) ? json_string_value(sd) : "";
+            if (!strcmp(v, "bfloat16")) c->state_bf16 = 1;
+            else if (strcmp(v, "float32"))
+                return bad(j, "mamba_ssm_dtype", "only \"float32\" and \"bfloat16\" are supported");
+        }
         json_t *og = member(t, "output_gate_type");
         if (og && (!json_is_string(og) || (strcmp(json_string_value(og), "swish") &&
                                            strcmp(json_string_value(og), "silu"))))

@@ -54,6 +54,7 @@ typedef struct model_config {
     unsigned char layer_type[CFG_MAX_LAYERS]; /* LAYER_FULL_ATTN / LAYER_LINEAR_ATTN */
     int full_attn_interval;
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    int state_bf16;              /* mamba_ssm_dtype "bfloat16" (default "float32": 0) */
 
     /* tokens */
     int32_t eos[CFG_MAX_EOS];   /* config eos_token_id(s) + generation_config eos */

@@ -61,6 +61,7 @@ static void cache_free(const model *m, mcache *c) {
     m->mem->free(c->kv);
     m->mem->free(c->conv);
     m->mem->free(c->rec);
+    m->mem->free(c->rec16);
     memset(c, 0, sizeof *c);
 }
 
@@ -134,6 +135,8 @@ static size_t conv_floats(const model_config *c) {
 static size_t rec_floats(const model_config *c) {
     return (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
+/* bytes of one element of the recurrent state (mcache.rec or rec16) */
+static size_t rec_esize(const model_config *c) { return c->state_bf16 ? 2 : 4; }
 
 size_t model_kv_page_bytes(const model *m, int page_size) {
     if (m->rank_m) {
@@ -150,7 +153,7 @@ size_t model_slot_bytes(const model *m) {
         for (int r = 0; r < m->tp; r++) n += model_slot_bytes(m->rank_m[r]);
         return n;
     }
-    return (size_t)m->n_lin * (conv_floats(&m->cfg) + rec_floats(&m->cfg)) * sizeof(float);
+    return (size_t)m->n_lin * (conv_floats(&m->cfg) * sizeof(float) + rec_floats(&m->cfg) * rec_esize(&m->cfg));
 }
 
 static int cache_alloc(const model *m, const model_cache_opts *o, mcache *c, ls_err *e) {
@@ -163,15 +166,18 @@ static int cache_alloc(const model *m, const model_cache_opts *o, mcache *c, ls_
     c->n_slots = o->n_slots;
     size_t kv = model_kv_page_bytes(m, o->page_size) * o->n_pages;
     size_t nc = (size_t)m->n_lin * o->n_slots * conv_floats(&m->cfg) * sizeof(float);
-    size_t nr = (size_t)m->n_lin * o->n_slots * rec_floats(&m->cfg) * sizeof(float);
+    size_t nr = (size_t)m->n_lin * o->n_slots * rec_floats(&m->cfg) * rec_esize(&m->cfg);
     ls_err ae = {0};
+    void *rb = NULL;
     int bad = (kv && !(c->kv = m->mem->alloc(kv, &ae))) ||
               (nc && !(c->conv = m->mem->alloc(nc, &ae))) ||
-              (nr && !(c->rec = m->mem->alloc(nr, &ae)));
+              (nr && !(rb = m->mem->alloc(nr, &ae)));
+    if (m->cfg.state_bf16) c->rec16 = rb;
+    else c->rec = rb;
     int rc = bad ? ERR_NOMEM : 0;
-    /* KV pages are always written before they are read; GDN state starts at zero */
+    /* KV pages are always written before they are read; GDN state starts at zero (also in BF16) */
     if (!rc && nc) rc = m->mem->memset0(c->conv, nc, m->ops.stream, &ae);
-    if (!rc && nr) rc = m->mem->memset0(c->rec, nr, m->ops.stream, &ae);
+    if (!rc && nr) rc = m->mem->memset0(rb, nr, m->ops.stream, &ae);
     if (rc) {
         cache_free(m, c);
         return errf(e, ERR_NOMEM, "cache: cannot allocate %zu bytes of KV and %zu of GDN state on %s: %s",
@@ -368,6 +374,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
         m->cache = m->rank_m[0]->cache;
         m->cache.kv = NULL;
         m->cache.conv = m->cache.rec = NULL;
+        m->cache.rec16 = NULL;
         return 0;
     }
     /* graphs: a device (the only model, or a TP rank whose coordinator let them through), with a
@@ -438,12 +445,12 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
 
 static void slot_reset(const model *m, mcache *c, int slot) {
     if (slot < 0 || slot >= c->n_slots) return;
-    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg);
+    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg), es = rec_esize(&m->cfg);
+    char *rec = c->rec16 ? (char *)c->rec16 : (char *)c->rec;
     for (int l = 0; l < m->n_lin; l++) {
         m->mem->memset0(c->conv + ((size_t)l * c->n_slots + slot) * nc, sizeof(float) * nc,
                         m->ops.stream, NULL);
-        m->mem->memset0(c->rec + ((size_t)l * c->n_slots + slot) * nr, sizeof(float) * nr,
-                        m->ops.stream, NULL);
+        m->mem->memset0(rec + ((size_t)l * c->n_slots + slot) * nr * es, es * nr, m->ops.stream, NULL);
     }
 }
 
@@ -460,11 +467,13 @@ static int slot_copy(const model *m, mcache *c, int dst, int src, ls_err *e) {
     if (dst < 0 || dst >= c->n_slots || src < 0 || src >= c->n_slots)
         return errf(e, ERR_INVAL, "slot copy %d -> %d: slots are 0 .. %d", src, dst, c->n_slots - 1);
     if (dst == src) return 0;
-    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg);
+    const size_t nc = conv_floats(&m->cfg), nr = rec_floats(&m->cfg) * rec_esize(&m->cfg); /* nr in bytes */
+    char *rec = c->rec16 ? (char *)c->rec16 : (char *)c->rec;
     for (int l = 0; l < m->n_lin; l++) {
-        float *cb = c->conv + (size_t)l * c->n_slots * nc, *rb = c->rec + (size_t)l * c->n_slots * nr;
+        float *cb = c->conv + (size_t)l * c->n_slots * nc;
+        char *rb = rec + (size_t)l * c->n_slots * nr;
         int rc = m->mem->d2d(cb + (size_t)dst * nc, cb + (size_t)src * nc, sizeof(float) * nc, m->ops.stream, e);
-        if (!rc) rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, sizeof(float) * nr, m->ops.stream, e);
+        if (!rc) rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, nr, m->ops.stream, e);
         if (rc) return err_prefix(e, "GDN state copy, slot %d -> %d", src, dst);
     }
     return 0;

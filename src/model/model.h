@@ -52,6 +52,10 @@ typedef struct model_opts {
      * (kept off the lm_head's fallbacks, on top of the gemm family's). An NVFP4 lm_head runs
      * fp4_gemm_backend's choice. */
     const char *lm_head_backend;
+    /* (additive) the GDN recurrent state's storage: "float32", "bfloat16" (SGLang's
+     * --mamba-ssm-dtype: half the state's bytes and memory, rounded once per step), or NULL /
+     * "auto": the config's mamba_ssm_dtype (float32 when absent) */
+    const char *mamba_ssm_dtype;
 } model_opts;
 
 #define MODEL_AUTO_LM_HEAD 32u /* model_opts.auto_families: the bit after the five ops families' */

@@ -122,7 +122,7 @@ int mdl_check_named_backends(const model *m, ls_err *e) {
             const lin_w *ws[5] = {&g->qkv, &g->z, &g->b, &g->a, &g->out};
             for (int i = 0; !rc && i < 5; i++) rc = check_lin(&r->ops, ws[i], NULL, l, e);
             gdn_shape sh = {.n_tok = 1, .n_seq = 1, .nk = g->g.nk, .nv = g->g.nv, .dk = g->g.dk, .dv = g->g.dv,
-                            .conv_k = g->g.conv_k, .dt = r->ops.act};
+                            .conv_k = g->g.conv_k, .dt = r->ops.act, .state_bf16 = c->state_bf16};
             if (!rc && (rc = ops_sel_check_gdn(&r->ops, &sh, e))) rc = named_fault(&r->ops, OPS_FAM_GDN, NULL, l, e);
         }
         if (rc) break;

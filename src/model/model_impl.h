@@ -59,7 +59,8 @@ typedef struct mcache {
     int page_size, n_pages, n_slots;
     void *kv;          /* kv_dt [n_full, 2 (k, v), n_pages, page_size, nkv, hd] */
     float *conv;       /* [n_lin, n_slots, conv_dim, K - 1] */
-    float *rec;        /* [n_lin, n_slots, nv, dk, dv] */
+    float *rec;        /* [n_lin, n_slots, nv, dk, dv], fp32 state (cfg.state_bf16 0), or NULL */
+    uint16_t *rec16;   /* the same in BF16 (cfg.state_bf16 1), or NULL */
 } mcache;
 
 /* The forward pass's working memory on the model's device, allocated at

@@ -621,6 +621,19 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if (m->cfg.n_layers < m->n_layers_ckpt)
         log_info("%s: the first %d of %d layers only (model_opts.max_layers)", path, m->cfg.n_layers, m->n_layers_ckpt);
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
+    const char *sd = o ? o->mamba_ssm_dtype : NULL;
+    if (sd && *sd && strcmp(sd, "auto")) {
+        if (!strcmp(sd, "float32") || !strcmp(sd, "bfloat16")) {
+            m->cfg.state_bf16 = !strcmp(sd, "bfloat16");
+        } else {
+            rc = errf(e, ERR_INVAL, "--mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto", sd);
+            synth_src_close(src);
+            model_close(m);
+            return rc;
+        }
+    }
+    if (m->cfg.state_bf16 && m->cfg.lin_v_heads > 0)
+        log_info("%s: GDN recurrent state in BF16 (mamba_ssm_dtype)", path);
     if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */
         model_mem_plan pl;
         mdl_mem_plan(&m->cfg, m->cfg.n_layers, tp, 1, src ? NULL : m->st, src, &pl);

@@ -124,8 +124,8 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
     const int nkv = c->n_kv_heads % T == 0 ? c->n_kv_heads / T : 1;
     out->kv_token_bytes = (double)n_full * 2 * nkv * c->head_dim * (device ? 2 : 4);
     const double nk = c->lin_k_heads / T, nv = c->lin_v_heads / T;
-    out->slot_bytes = (double)n_lin * 4.0 *
-                      ((2 * nk * c->lin_k_dim + nv * c->lin_v_dim) * (c->lin_conv - 1) + nv * c->lin_k_dim * c->lin_v_dim);
+    out->slot_bytes = (double)n_lin * (4.0 * (2 * nk * c->lin_k_dim + nv * c->lin_v_dim) * (c->lin_conv - 1) +
+                                       (c->state_bf16 ? 2.0 : 4.0) * nv * c->lin_k_dim * c->lin_v_dim);
     /* host memory while loading: streamed (a device, or CPU ranks), the non-layer tensors and one
      * layer beyond what stays (a CPU rank keeps its slices: the layers); else everything */
     const double layers = out->total_bytes - out->host_globals;
@@ -160,6 +160,8 @@ int model_mem_plan_get(const char *path, const model_opts *o, model_mem_plan *ou
         return rc;
     }
     int n_layers = cfg.n_layers;
+    if (o && o->mamba_ssm_dtype && !strcmp(o->mamba_ssm_dtype, "bfloat16")) cfg.state_bf16 = 1;
+    if (o && o->mamba_ssm_dtype && !strcmp(o->mamba_ssm_dtype, "float32")) cfg.state_bf16 = 0;
     if (o && o->max_layers) {
         int cut = o->max_layers == MODEL_LAYERS_SMOKE ? model_smoke_depth(&cfg) : o->max_layers;
         if (cut > 0 && cut < n_layers) n_layers = cut;

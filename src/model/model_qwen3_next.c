@@ -164,15 +164,17 @@ static int snap_copy(const fwd_ctx *f, int li, int p, int l, ls_err *e) {
     const model_config *c = &m->cfg;
     const mcache *mc = f->c;
     const int conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
-    const size_t nc = (size_t)conv_dim * (c->lin_conv - 1), nr = (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
-    float *cb = mc->conv + (size_t)li * mc->n_slots * nc, *rb = mc->rec + (size_t)li * mc->n_slots * nr;
+    const size_t nc = (size_t)conv_dim * (c->lin_conv - 1),
+                 nr = (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim * (mc->rec16 ? 2 : 4); /* bytes */
+    float *cb = mc->conv + (size_t)li * mc->n_slots * nc;
+    char *rb = (mc->rec16 ? (char *)mc->rec16 : (char *)mc->rec) + (size_t)li * mc->n_slots * nr;
     for (int s = 0; s < f->n_seq; s++) {
         const fwd_seq *q = &f->seqs[s];
         if (q->n_snap <= p) continue;
         const int src = q->slot, dst = q->snap_slot[p];
         int rc = m->mem->d2d(cb + (size_t)dst * nc, cb + (size_t)src * nc, sizeof(float) * nc, m->ops.stream, e);
         if (!rc)
-            rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, sizeof(float) * nr, m->ops.stream, e);
+            rc = m->mem->d2d(rb + (size_t)dst * nr, rb + (size_t)src * nr, nr, m->ops.stream, e);
         if (rc) return err_prefix(e, "layer %d: GDN snapshot %d of slot %d into slot %d", l, p, src, dst);
     }
     return 0;
@@ -194,8 +196,9 @@ int next_gdn_forward(fwd_ctx *f, int l, const void *u, void *out, ls_err *e) {
     const mcache *mc = f->c;
     gdn_state st = {
         .conv = mc->conv + (size_t)li * mc->n_slots * conv_dim * (c->lin_conv - 1),
-        .rec = mc->rec + (size_t)li * mc->n_slots * nv * c->lin_k_dim * dv,
-        .n_slots = mc->n_slots};
+        .rec = mc->rec ? mc->rec + (size_t)li * mc->n_slots * nv * c->lin_k_dim * dv : NULL,
+        .n_slots = mc->n_slots,
+        .rec16 = mc->rec16 ? mc->rec16 + (size_t)li * mc->n_slots * nv * c->lin_k_dim * dv : NULL};
     gdn_args ga = {.n_seq = f->n_seq, .seqs = f->gseq, .n_tok = T, .w = &g->g, .qkv = w->qkv,
                    .a = w->a, .b = w->b, .st = &st, .out = w->core, .dt = m->ops.act,
                    .seqs_host = f->gseq_host, .z = w->z, .norm_w = g->norm, .norm_eps = c->rms_eps,

@@ -682,7 +682,7 @@ int ops_attn_run(const ops_sel *s, const attn_args *a, int max_ctx, ls_err *e) {
 int ops_gdn_run(const ops_sel *s, const gdn_args *a, ls_err *e) {
     const gdn_w *w = a->w;
     gdn_shape sh = {.n_tok = a->n_tok, .n_seq = a->n_seq, .nk = w->nk, .nv = w->nv, .dk = w->dk,
-                    .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt};
+                    .dv = w->dv, .conv_k = w->conv_k, .dt = a->dt, .state_bf16 = a->st && a->st->rec16};
     const gdn_impl *g = capture_alt(s, F_GDN, for_shape(s, F_GDN, ops_sel_for_m(s, F_GDN, a->n_tok), sup_gdn, &sh, e), sup_gdn, safe_gdn, &sh);
     if (g && refuse_uncapturable(s, F_GDN, g->name, g->graph_safe, e)) return e->code;
     return g ? g->run(a, s->stream, e) : e->code;

@@ -267,8 +267,13 @@ typedef struct gdn_w {
 /* One layer's per-sequence state, in fixed slots. */
 typedef struct gdn_state {
     float *conv;         /* [n_slots, conv_dim, conv_k - 1]: the previous inputs, oldest first */
-    float *rec;          /* [n_slots, nv, dk, dv]: S of the delta rule */
+    float *rec;          /* [n_slots, nv, dk, dv]: S of the delta rule (fp32 state), or NULL */
     int n_slots;
+    /* (additive) S stored in BF16 (--mamba-ssm-dtype bfloat16, SGLang's option): rec is NULL and
+     * rec16 [n_slots, nv, dk, dv] holds it; a call loads each S into fp32, runs all its tokens in
+     * fp32 and stores S rounded to nearest even once, at the end of the call (the conv state stays
+     * fp32). NULL: fp32 state. A backend without it says so in supported (gdn_shape.state_bf16). */
+    uint16_t *rec16;
 } gdn_state;
 
 typedef struct gdn_seq {
@@ -280,6 +285,7 @@ typedef struct gdn_seq {
 typedef struct gdn_shape {
     int n_tok, n_seq, nk, nv, dk, dv, conv_k;
     act_dtype dt;
+    int state_bf16;      /* (additive) gdn_state.rec16: the state in BF16 */
 } gdn_shape;
 
 typedef struct gdn_args {

@@ -8,7 +8,8 @@
  *   g     = -exp(A_log) · softplus(a_t + dt_bias),  β = sigmoid(b_t)
  *   per value head j (key head j / (nv/nk)):
  *     S ← exp(g)·S;  m = Sᵀk;  δ = β(v − m);  S ← S + k δᵀ;  o_t = Sᵀq
- * Threads: channels for the conv, value heads for the recurrence.
+ * Threads: channels for the conv, value heads for the recurrence. A BF16 state (gdn_state.rec16)
+ * is read into fp32 at the start of the call and rounded back once at its end.
  */
 #include "ops/cpu/cpu.h"
 
@@ -63,10 +64,10 @@ static void delta_heads(void *p, int64_t h0, int64_t h1) {
     const gdn_w *w = a->w;
     const int nk = w->nk, nv = w->nv, dk = w->dk, dv = w->dv, D = conv_dim_of(w);
     const int ratio = nv / nk;
-    float *m = xmalloc(sizeof(float) * dv);
+    float *m = xmalloc(sizeof(float) * dv), *sbuf = a->st->rec16 ? xmalloc(sizeof(float) * dk * dv) : NULL;
     for (int64_t j = h0; j < h1; j++) {
         const int kh = (int)j / ratio;
-        float *S = a->st->rec + (((size_t)c->sq->slot * nv + j) * dk) * dv; /* [dk, dv] */
+        float *S = cpu_gdn_S_load(a->st, nv, dk, dv, c->sq->slot, (int)j, sbuf); /* [dk, dv] */
         for (int t = 0; t < c->sq->n_new; t++) {
             const float *ct = c->c + (size_t)t * D;
             const float *q = ct + (size_t)kh * dk;               /* normed + scaled in place */
@@ -86,8 +87,24 @@ static void delta_heads(void *p, int64_t h0, int64_t h1) {
             for (int i = 0; i < dk; i++)
                 for (int d = 0; d < dv; d++) o[d] += S[(size_t)i * dv + d] * q[i];
         }
+        cpu_gdn_S_store(a->st, nv, dk, dv, c->sq->slot, (int)j, S);
     }
     free(m);
+    free(sbuf);
+}
+
+float *cpu_gdn_S_load(const gdn_state *st, int nv, int dk, int dv, int slot, int j, float *buf) {
+    const size_t off = ((size_t)slot * nv + j) * dk * dv;
+    if (!st->rec16) return st->rec + off;
+    const uint16_t *h = st->rec16 + off;
+    for (size_t i = 0; i < (size_t)dk * dv; i++) buf[i] = bf16_to_f32(h[i]);
+    return buf;
+}
+
+void cpu_gdn_S_store(const gdn_state *st, int nv, int dk, int dv, int slot, int j, const float *S) {
+    if (!st->rec16) return;
+    uint16_t *h = st->rec16 + ((size_t)slot * nv + j) * dk * dv;
+    for (size_t i = 0; i < (size_t)dk * dv; i++) h[i] = f32_to_bf16(S[i]);
 }
 
 int cpu_gdn_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {

@@ -395,6 +395,54 @@ static void test_gdn_chunked_matches_recurrence(void **st) {
     assert_memory_equal(conv0, conv1, sizeof conv0);
 }
 
+/* A BF16 recurrent state (gdn_state.rec16, --mamba-ssm-dtype bfloat16) on both CPU backends: a
+ * call is the fp32 call started from the stored (BF16) state, its outputs bit for bit, and its
+ * final state that call's fp32 state rounded to nearest even once (so a 150-token chunk is not
+ * rounded token by token). */
+static void test_gdn_bf16_state_rounds_once_a_call(void **st) {
+    enum { NK = 2, NV = 4, DK = 16, DV = 8, CK = 4, D = 2 * NK * DK + NV * DV, T = 151, SL = 3, RN = SL * NV * DK * DV };
+    uint64_t s = 7;
+    static float conv_w[D * CK], A_log[NV], dt_bias[NV];
+    for (int i = 0; i < D * CK; i++) conv_w[i] = bf16_to_f32(rnd_bf16(&s));
+    for (int i = 0; i < NV; i++) { A_log[i] = bf16_to_f32(rnd_bf16(&s)); dt_bias[i] = bf16_to_f32(rnd_bf16(&s)); }
+    gdn_w w = {.nk = NK, .nv = NV, .dk = DK, .dv = DV, .conv_k = CK, .conv_w = conv_w, .A_log = A_log,
+               .dt_bias = dt_bias};
+    static float qkv[T * D], av[T * NV], bv[T * NV], of[T * NV * DV], ob[T * NV * DV];
+    static float convf[SL * D * (CK - 1)], convb[SL * D * (CK - 1)], recf[RN];
+    static uint16_t recb[RN];
+    for (int i = 0; i < T * D; i++) qkv[i] = 4 * bf16_to_f32(rnd_bf16(&s));
+    for (int i = 0; i < T * NV; i++) { av[i] = 4 * bf16_to_f32(rnd_bf16(&s)); bv[i] = 4 * bf16_to_f32(rnd_bf16(&s)); }
+    for (int be = 0; be < 2; be++) {
+        const gdn_impl *g = be ? ops_gdn_find("cpu_chunked") : &gdn_cpu_ref;
+        assert_non_null(g);
+        for (size_t i = 0; i < sizeof convf / 4; i++) convf[i] = convb[i] = bf16_to_f32(rnd_bf16(&s));
+        for (int i = 0; i < RN; i++) {
+            recb[i] = f32_to_bf16(0.37f * (float)((i * 7919) % 101 - 50) / 50.f); /* not all BF16-exact in fp32 sums */
+            recf[i] = bf16_to_f32(recb[i]);
+        }
+        gdn_seq seqs[2] = {{.slot = 2, .n_new = 150, .row0 = 1}, {.slot = 0, .n_new = 1, .row0 = 0}};
+        gdn_state sf = {.conv = convf, .rec = recf, .n_slots = SL}, sb = {.conv = convb, .n_slots = SL, .rec16 = recb};
+        gdn_args a = {.n_seq = 2, .seqs = seqs, .seqs_host = seqs, .n_tok = T, .w = &w, .qkv = qkv, .a = av, .b = bv,
+                      .st = &sf, .out = of, .dt = ACT_F32};
+        assert_int_equal(g->run(&a, NULL, NULL), 0);
+        a.st = &sb;
+        a.out = ob;
+        gdn_shape sh = {.n_tok = T, .n_seq = 2, .nk = NK, .nv = NV, .dk = DK, .dv = DV, .conv_k = CK, .dt = ACT_F32,
+                        .state_bf16 = 1};
+        assert_true(g->supported(&(dev_info){.kind = DEV_CPU}, &sh, NULL, 0));
+        assert_int_equal(g->run(&a, NULL, NULL), 0);
+        assert_memory_equal(of, ob, sizeof of);       /* the same fp32 math from the same start */
+        assert_memory_equal(convf, convb, sizeof convf); /* the conv state stays fp32 */
+        int changed = 0;
+        for (int i = 0; i < RN; i++) {
+            if (recb[i] != f32_to_bf16(recf[i]))
+                fail_msg("%s: state %d is %#x, the fp32 call's rounded %#x", g->name, i, recb[i], f32_to_bf16(recf[i]));
+            changed += recf[i] != bf16_to_f32(recb[i]); /* what rounding dropped */
+        }
+        assert_true(changed > 0); /* the fp32 states were not all BF16 values: rounding happened */
+    }
+}
+
 static void test_registry_reference_last_and_selection(void **st) {
     assert_string_equal(ops_gemm_at(ops_gemm_count() - 1)->name, "cpu_ref");
     assert_string_equal(ops_fp4_gemm_at(ops_fp4_gemm_count() - 1)->name, "cpu_ref");
@@ -443,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_rows_blocks_and_views),
         cmocka_unit_test(test_cpu_gemm_backends_match_ref),
         cmocka_unit_test(test_gdn_chunked_matches_recurrence),
+        cmocka_unit_test(test_gdn_bf16_state_rounds_once_a_call),
         cmocka_unit_test(test_registry_reference_last_and_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,6 +37,11 @@ void cpu_gemm_fast_f32(int M, const float *x, const lin_w *w, float *y, int accu
 int cpu_gdn_check_args(const gdn_args *a, ls_err *e);
 int cpu_gdn_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n);
 void cpu_gdn_prepare(const gdn_args *a, const gdn_seq *sq, float *c_out, float *gb_out);
+/* S [dk, dv] of (slot, v head j) in fp32 for a call's worker: the state itself (fp32 state), or
+ * buf [dk·dv] filled from the BF16 state (gdn_state.rec16); cpu_gdn_S_store rounds buf back into
+ * the BF16 state (nearest even) at the end of the call, a no-op for an fp32 state. */
+float *cpu_gdn_S_load(const gdn_state *st, int nv, int dk, int dv, int slot, int j, float *buf);
+void cpu_gdn_S_store(const gdn_state *st, int nv, int dk, int dv, int slot, int j, const float *S);
 
 /* Reject non-fp32 activations with a message (every CPU backend). */
 int cpu_supports_dt(act_dtype dt, char *why, size_t n);

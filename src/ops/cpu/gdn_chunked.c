@@ -40,9 +40,10 @@ static void chunk_heads(void *p, int64_t h0, int64_t h1) {
     float *U = xmalloc(sizeof(float) * CHUNK * dv), *W = xmalloc(sizeof(float) * CHUNK * dk);
     float *Vp = xmalloc(sizeof(float) * CHUNK * dv);
     float *vb = xmalloc(sizeof(float) * CHUNK * dv), *kbe = xmalloc(sizeof(float) * CHUNK * dk);
+    float *sbuf = a->st->rec16 ? xmalloc(sizeof(float) * dk * dv) : NULL;
     for (int64_t j = h0; j < h1; j++) {
         const int kh = (int)j / ratio;
-        float *S = a->st->rec + (((size_t)cx->sq->slot * nv + j) * dk) * dv; /* [dk, dv] */
+        float *S = cpu_gdn_S_load(a->st, nv, dk, dv, cx->sq->slot, (int)j, sbuf); /* [dk, dv] */
 #define Q(t) (cx->c + (size_t)(t) * D + (size_t)kh * dk)
 #define K(t) (cx->c + (size_t)(t) * D + (size_t)nk * dk + (size_t)kh * dk)
 #define V(t) (cx->c + (size_t)(t) * D + (size_t)2 * nk * dk + (size_t)j * dv)
@@ -127,8 +128,9 @@ static void chunk_heads(void *p, int64_t h0, int64_t h1) {
 #undef V
 #undef G
 #undef B
+        cpu_gdn_S_store(a->st, nv, dk, dv, cx->sq->slot, (int)j, S);
     }
-    free(A); free(gam); free(U); free(W); free(Vp); free(vb); free(kbe);
+    free(A); free(gam); free(U); free(W); free(Vp); free(vb); free(kbe); free(sbuf);
 }
 
 static int chunked_run(const gdn_args *a, ls_stream s, ls_err *e) {

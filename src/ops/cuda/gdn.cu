@@ -74,18 +74,23 @@ __global__ void gdn_conv_kernel(int D, int K, int nv, const int32_t *__restrict_
 }
 
 /* (2) the recurrence. grid (nv, n_seq), block dv threads (thread d owns column d of S). */
-template <int DK>
+__device__ __forceinline__ float gdn_ldS(const float *p) { return *p; }
+__device__ __forceinline__ float gdn_ldS(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void gdn_stS(float *p, float v) { *p = v; }
+__device__ __forceinline__ void gdn_stS(bf16 *p, float v) { *p = __float2bfloat16_rn(v); }
+/* ST: the state's storage, fp32 (gdn_state.rec) or BF16 (rec16: loaded once, rounded once at the end) */
+template <int DK, class ST>
 __global__ void gdn_rec_kernel(int nk, int nv, int dv, int D, const int32_t *__restrict__ meta,
-                               const float *__restrict__ c, const float *__restrict__ gb, float *__restrict__ rec,
+                               const float *__restrict__ c, const float *__restrict__ gb, ST *__restrict__ rec,
                                bf16 *__restrict__ out) {
     __shared__ float qs[DK], ks[DK], red[32];
     const int j = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int slot = meta[3 * s], T = meta[3 * s + 1], row0 = meta[3 * s + 2];
     const int kh = j / (nv / nk);
     float S[DK];
-    float *Sg = rec + ((size_t)slot * nv + j) * DK * dv;
+    ST *Sg = rec + ((size_t)slot * nv + j) * DK * dv;
 #pragma unroll
-    for (int i = 0; i < DK; i++) S[i] = Sg[(size_t)i * dv + d];
+    for (int i = 0; i < DK; i++) S[i] = gdn_ldS(Sg + (size_t)i * dv + d);
     const float qscale = rsqrtf((float)DK);
     for (int t = 0; t < T; t++) {
         const float *ct = c + (size_t)(row0 + t) * D;
@@ -127,7 +132,7 @@ __global__ void gdn_rec_kernel(int nk, int nv, int dv, int D, const int32_t *__r
         __syncthreads(); /* qs/ks are rewritten by the next token */
     }
 #pragma unroll
-    for (int i = 0; i < DK; i++) Sg[(size_t)i * dv + d] = S[i];
+    for (int i = 0; i < DK; i++) gdn_stS(Sg + (size_t)i * dv + d, S[i]);
 }
 
 static int rec_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
@@ -179,8 +184,12 @@ static int rec_run(const gdn_args *a, ls_stream s, ls_err *e) {
         dim3 g1((wide + 127) / 128, a->n_seq), g2(w->nv, a->n_seq);
         gdn_conv_kernel<<<g1, 128, 0, st>>>(D, w->conv_k, w->nv, meta, (const bf16 *)a->qkv, (const bf16 *)a->a,
                                             (const bf16 *)a->b, w->conv_w, w->A_log, w->dt_bias, a->st->conv, cw, gb);
-#define GDN_REC(DK)                                                                                    \
-    gdn_rec_kernel<DK><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, meta, cw, gb, a->st->rec, (bf16 *)a->out)
+#define GDN_REC(DK)                                                                                              \
+    if (a->st->rec16)                                                                                            \
+        gdn_rec_kernel<DK, bf16><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, meta, cw, gb, (bf16 *)a->st->rec16, \
+                                                       (bf16 *)a->out);                                          \
+    else                                                                                                         \
+        gdn_rec_kernel<DK, float><<<g2, w->dv, 0, st>>>(w->nk, w->nv, w->dv, D, meta, cw, gb, a->st->rec, (bf16 *)a->out)
         switch (w->dk) {
         case 32: GDN_REC(32); break;
         case 64: GDN_REC(64); break;

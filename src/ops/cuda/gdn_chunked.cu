@@ -685,10 +685,22 @@ struct gc_layout {
  *   64×64 products (K Kᵀ, Q Kᵀ): rows 16·(w%4), cols (w/4)·64/CGN, 8/CGN n-tiles
  *   64×DVB / 64×DK products (U, W, V', O): rows 16·(w%4), cols (w/4)·DVB/CGN (DK/CGN)
  *   S [DK, DVB]: RT = DK/16 row tiles, SCG = NW/RT column groups: rows 16·(w%RT), cols (w/RT)·DVB/SCG */
-template <int DK, int DV, int NVS, int NW, int MODE>
+/* Two consecutive state values as fp32 and back (BF16: rounded to nearest even): the state's
+ * storage type ST (gdn_state.rec or rec16) */
+__device__ __forceinline__ float2 gc_ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
+__device__ __forceinline__ float2 gc_ld2(const bf16 *p) {
+    const uint32_t u = *reinterpret_cast<const uint32_t *>(p);
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+__device__ __forceinline__ void gc_st2(float *p, float a, float b) { *reinterpret_cast<float2 *>(p) = make_float2(a, b); }
+__device__ __forceinline__ void gc_st2(bf16 *p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+
+template <int DK, int DV, int NVS, int NW, int MODE, class ST = float>
 __global__ void __launch_bounds__(NW * 32, 1)
     gc_chunk_kernel(int nk, int nv, int D, const int32_t *__restrict__ meta, const gc_op *__restrict__ x16,
-                    const float *__restrict__ gb, float *__restrict__ rec, bf16 *__restrict__ out, int n_seq,
+                    const float *__restrict__ gb, ST *__restrict__ rec, bf16 *__restrict__ out, int n_seq,
                     unsigned char *__restrict__ wy) {
     constexpr int DVB = DV / NVS, NT = NW * 32, CGN = NW / 4;
     typedef gc_layout<DK, DVB> LY;
@@ -733,7 +745,7 @@ __global__ void __launch_bounds__(NW * 32, 1)
     if (T <= 0) return;
     const int kh = j / (nv / nk);
     const int vc0 = blockIdx.z * DVB;                                            /* this block's v columns */
-    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] fp32, from column vc0 */
+    ST *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * DV + vc0; /* [DK, DV] as stored, from column vc0 */
 
     /* chunk starting at token cc0 into buffer bi: q̂, k̂ rows of head kh, βv rows of this block's
      * columns, (g, β); rows past the sequence are zero-filled */
@@ -784,8 +796,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
             S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0.f;
             continue;
         }
-        const float2 x0 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t);
-        const float2 x1 = *reinterpret_cast<const float2 *>(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t);
+        const float2 x0 = gc_ld2(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t);
+        const float2 x1 = gc_ld2(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t);
         S[n][0] = x0.x; S[n][1] = x0.y; S[n][2] = x1.x; S[n][3] = x1.y;
         gc_stc(Sb, LV, sr, sc0 + 8 * n, S[n], 1.f);
     }
@@ -1078,9 +1090,8 @@ __global__ void __launch_bounds__(NW * 32, 1)
     gc_cp_wait<0>();
 #pragma unroll
     for (int n = 0; n < SNT; n++) {
-        *reinterpret_cast<float2 *>(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t) = make_float2(S[n][0], S[n][1]);
-        *reinterpret_cast<float2 *>(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t) =
-            make_float2(S[n][2], S[n][3]);
+        gc_st2(Sg + (size_t)(sr + g) * DV + sc0 + 8 * n + 2 * t, S[n][0], S[n][1]);
+        gc_st2(Sg + (size_t)(sr + g + 8) * DV + sc0 + 8 * n + 2 * t, S[n][2], S[n][3]);
     }
 }
 
@@ -1104,6 +1115,10 @@ static int gc_base_supported(const dev_info *d, const gdn_shape *s, char *why, s
 
 static int tok_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
     if (!gc_base_supported(d, s, why, n)) return 0;
+    if (s->state_bf16) { /* it updates S in global memory token by token */
+        snprintf(why, n, "keeps the GDN state in fp32 (--mamba-ssm-dtype float32)");
+        return 0;
+    }
     if (s->dk < 1 || s->dk > 4096 || s->dv < 32 || s->dv > 1024 || s->dv % 32) {
         snprintf(why, n, "needs dv a multiple of 32 up to 1024 and dk up to 4096 (dk=%d dv=%d)", s->dk, s->dv);
         return 0;
@@ -1130,6 +1145,10 @@ static size_t gc_chunk_smem(int dk, int dv) {
 
 static int chunk_supported(const dev_info *d, const gdn_shape *s, char *why, size_t n) {
     if (!gc_base_supported(d, s, why, n)) return 0;
+    if (s->state_bf16 && (s->dk != 128 || s->dv != 128)) { /* the instances built for it: Qwen3.5's, Qwen3-Next's */
+        snprintf(why, n, "takes a BF16 GDN state at dk = dv = 128 only (dk=%d dv=%d)", s->dk, s->dv);
+        return 0;
+    }
     if (d->cc_major && d->cc_major < 8) {
         snprintf(why, n, "needs BF16 mma.sync (compute capability 8.0+, this is %d.%d)", d->cc_major, d->cc_minor);
         return 0;
@@ -1285,24 +1304,24 @@ static int tok_run(const gdn_args *a, ls_stream s, ls_err *e) {
 
 /* One launch of gc_chunk_kernel<DK, DV, NVS, NW, MODE> (bit: its shared-memory opt-in flag in
  * ws->smem_ok): MODE 0 and 2 over grid (nv, n_seq, NVS), MODE 1 over (nv, n_chunks) */
-template <int DK, int DV, int NVS, int MODE>
+template <int DK, int DV, int NVS, int MODE, class ST = float>
 static int gc_chunk_launch(const gdn_args *a, gc_ws *ws, int bit, const gc_op *x16, const float *gbw,
                            unsigned char *wy, int n_chunks, cudaStream_t st, ls_err *e) {
+    ST *const rec = sizeof(ST) == 2 ? (ST *)(void *)a->st->rec16 : (ST *)(void *)a->st->rec; /* the state as stored */
     const gdn_w *w = a->w;
     const size_t smem = gc_layout<DK, DV / NVS>::bytes;
     constexpr int NW = DK == 128 ? 16 : 8; /* warps: see gc_chunk_kernel */
     if (!(ws->smem_ok & (1 << bit))) {
         CU_TRY(e,
-               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS, NW, MODE>,
+               cudaFuncSetAttribute(gc_chunk_kernel<DK, DV, NVS, NW, MODE, ST>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "gdn cuda_chunked: shared memory opt-in");
         ws->smem_ok |= 1 << bit;
     }
     const int D = 2 * w->nk * DK + w->nv * DV;
     dim3 g2(w->nv, MODE == 1 ? n_chunks : a->n_seq, MODE == 1 ? 1 : NVS);
-    gc_chunk_kernel<DK, DV, NVS, NW, MODE><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs,
-                                                                     x16, gbw, a->st->rec, (bf16 *)a->out, a->n_seq,
-                                                                     wy);
+    gc_chunk_kernel<DK, DV, NVS, NW, MODE, ST><<<g2, NW * 32, smem, st>>>(w->nk, w->nv, D, (const int32_t *)a->seqs,
+                                                                         x16, gbw, rec, (bf16 *)a->out, a->n_seq, wy);
     CU_LAUNCHED(e, "gdn cuda_chunked");
     return 0;
 }
@@ -1361,8 +1380,12 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
             cu_ws_unlock(&ws->ws);
             return e->code ? e->code : ERR_NOMEM;
         }
-        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, st, e);
-        if (!rc)
+        rc = gc_chunk_launch<128, 128, 1, 1>(a, ws, 11, x16, gbw, wy, n_chunks, st, e); /* no state: either */
+        if (!rc && a->st->rec16) /* a BF16 state (chunk_supported: dk = dv = 128) */
+            rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2, bf16>(a, ws, 18, x16, gbw, wy, n_chunks, st, e)
+                 : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2, bf16>(a, ws, 19, x16, gbw, wy, n_chunks, st, e)
+                            : gc_chunk_launch<128, 128, 1, 2, bf16>(a, ws, 20, x16, gbw, wy, n_chunks, st, e);
+        else if (!rc)
             rc = nvs == 4   ? gc_chunk_launch<128, 128, 4, 2>(a, ws, 12, x16, gbw, wy, n_chunks, st, e)
                  : nvs == 2 ? gc_chunk_launch<128, 128, 2, 2>(a, ws, 13, x16, gbw, wy, n_chunks, st, e)
                             : gc_chunk_launch<128, 128, 1, 2>(a, ws, 14, x16, gbw, wy, n_chunks, st, e);
@@ -1371,6 +1394,10 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
     }
 #define GC_CASE(A, B, BIT) \
     if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, st, e); else
+    if (a->st->rec16) rc = w->dk != 128 || w->dv != 128 ? errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: a BF16 state at dk %d dv %d", w->dk, w->dv)
+                         : nvs == 4 ? gc_chunk_launch<128, 128, 4, 0, bf16>(a, ws, 15, x16, gbw, NULL, 0, st, e)
+                         : nvs == 2 ? gc_chunk_launch<128, 128, 2, 0, bf16>(a, ws, 16, x16, gbw, NULL, 0, st, e)
+                                    : gc_chunk_launch<128, 128, 1, 0, bf16>(a, ws, 17, x16, gbw, NULL, 0, st, e); else
     if (w->dk == 128 && w->dv == 128 && nvs == 4) rc = gc_chunk_launch<128, 128, 4, 0>(a, ws, 10, x16, gbw, NULL, 0, st, e); else
     if (w->dk == 128 && w->dv == 128 && nvs == 2) rc = gc_chunk_launch<128, 128, 2, 0>(a, ws, 9, x16, gbw, NULL, 0, st, e); else
     GC_CASE(32, 32, 0) GC_CASE(32, 64, 1) GC_CASE(32, 128, 2) GC_CASE(64, 32, 3) GC_CASE(64, 64, 4)

@@ -13,7 +13,7 @@
 static inline int cu_gdn_begin(const gdn_args *a, int (*supported)(const dev_info *, const gdn_shape *, char *, size_t),
                                const char *backend, gdn_shape *sh, dev_info *d0, ls_err *e) {
     const gdn_w *w = a->w;
-    *sh = (gdn_shape){a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt};
+    *sh = (gdn_shape){a->n_tok, a->n_seq, w->nk, w->nv, w->dk, w->dv, w->conv_k, a->dt, a->st && a->st->rec16};
     memset(d0, 0, sizeof *d0);
     d0->kind = DEV_CUDA;
     char why[200];

@@ -302,14 +302,31 @@ __device__ __forceinline__ float gd_gated(float w, float xh, float zz) { return 
  * NW · TB · GD_TOK(DK) floats: per warp and token of a group of TB, the conv outputs q [DK],
  * k [DK] (before the norms) and v [GD_WC] (and the fused norm's [2][TB][dv]). The body of
  * gd_kernel (groups of GD_TB) and gd_kernel1 (TB = 1, see gd_t1). */
-#define GD_ARGS                                                                                                        \
+#define GD_ARGS_T(ST)                                                                                                  \
     int nk, int nv, int dv, int D, int cl, const int32_t *__restrict__ meta, const bf16 *__restrict__ qkv,            \
         const bf16 *__restrict__ a, const bf16 *__restrict__ b, const float *__restrict__ conv_w,                     \
         const float *__restrict__ A_log, const float *__restrict__ dt_bias,                                           \
         float *conv_st, /* read, then rolled: not restrict */                                                         \
-        float *__restrict__ rec, bf16 *__restrict__ out, const bf16 *__restrict__ z,                                  \
+        ST *__restrict__ rec, bf16 *__restrict__ out, const bf16 *__restrict__ z,                                     \
         const float *__restrict__ nrm_w, float nrm_eps
-template <int DK, int TB>
+#define GD_ARGS GD_ARGS_T(ST)
+/* Four consecutive state values (a 16-byte fp32 or 8-byte BF16 access) as fp32, and back (BF16:
+ * rounded to nearest even): the state's storage type ST (gdn_state.rec or rec16) */
+__device__ __forceinline__ float4 gd_ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 gd_ld4(const bf16 *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ void gd_st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+__device__ __forceinline__ void gd_st4(bf16 *p, float4 v) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t *>(&lo);
+    u.y = *reinterpret_cast<const uint32_t *>(&hi);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+template <int DK, int TB, class ST>
 __device__ __forceinline__ void gd_body(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, RPL = DK / 8;
     extern __shared__ float4 gd_sh4[];
@@ -327,10 +344,10 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
     const int col = cs * GD_WC + 4 * cg, vl = lane & (GD_WC - 1);
 
     /* S [DK, dv] of (slot, j): rows rg·RPL + n, columns col .. col + 3 */
-    float *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * dv + col + (size_t)rg * RPL * dv;
+    ST *__restrict__ Sg = rec + ((size_t)slot * nv + j) * DK * dv + col + (size_t)rg * RPL * dv;
     float4 S[RPL];
 #pragma unroll
-    for (int n = 0; n < RPL; n++) S[n] = *reinterpret_cast<const float4 *>(Sg + (size_t)n * dv);
+    for (int n = 0; n < RPL; n++) S[n] = gd_ld4(Sg + (size_t)n * dv);
 
     /* conv windows: q/k channels lane·CH .. + CH − 1 of head kh, v channel of column cs·GD_WC + vl
      * (lanes vl and vl + 16 both run it; the first one publishes it) */
@@ -468,7 +485,7 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
         }
     }
 #pragma unroll
-    for (int n = 0; n < RPL; n++) *reinterpret_cast<float4 *>(Sg + (size_t)n * dv) = S[n];
+    for (int n = 0; n < RPL; n++) gd_st4(Sg + (size_t)n * dv, S[n]);
 #pragma unroll
     for (int i = 0; i < K - 1; i++)
         if (lane < GD_WC) stv[i] = wv[i];
@@ -483,9 +500,9 @@ __device__ __forceinline__ void gd_body(GD_ARGS) {
     }
 }
 
-template <int DK>
+template <int DK, class ST>
 __global__ void __launch_bounds__(GD_MAX_NW * 32, 1) gd_kernel(GD_ARGS) {
-    gd_body<DK, GD_TB>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
+    gd_body<DK, GD_TB, ST>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
 }
 
 /* Decode steps of one token a sequence (gd_t1): one token a group, and at most GD_T1_REGS
@@ -494,20 +511,20 @@ __global__ void __launch_bounds__(GD_MAX_NW * 32, 1) gd_kernel(GD_ARGS) {
  * launched early (programmatic dependent launch), it loads its S slice, windows and weights
  * while the projection still runs, instead of after its blocks retire. */
 #define GD_T1_REGS 128
-template <int DK>
+template <int DK, class ST>
 __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
-    gd_body<DK, 1>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
+    gd_body<DK, 1, ST>(nk, nv, dv, D, cl, meta, qkv, a, b, conv_w, A_log, dt_bias, conv_st, rec, out, z, nrm_w, nrm_eps);
 }
 
 /* S ← e^g S + k δᵀ over the DK / 8 rows from rr of the lane's 4 columns col .. col + 3 of a state
  * [DK][DK] in shared memory sS, back into sS, or (last) into the state in global memory Sg (a
  * quarter warp stores 128 contiguous bytes); tk: k [DK], dk_: the columns' δ·rk */
-template <int DK>
-__device__ __forceinline__ void gs_update_rows(float *sS, float *__restrict__ Sg, bool last, const float *tk, int rr,
+template <int DK, class ST>
+__device__ __forceinline__ void gs_update_rows(ST *sS, ST *__restrict__ Sg, bool last, const float *tk, int rr,
                                                int col, const float dk_[4], float decay) {
     constexpr int RPL = DK / 8, DV = DK;
     const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
-    float *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
+    ST *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
 #pragma unroll
     for (int n4 = 0; n4 < RPL / 4; n4++) {
         const float4 kk = k4[n4];
@@ -515,11 +532,11 @@ __device__ __forceinline__ void gs_update_rows(float *sS, float *__restrict__ Sg
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const size_t off = (size_t)(4 * n4 + e) * DV;
-            const float4 x = gd_upd4(*reinterpret_cast<const float4 *>(Ss + off), kv[e], dk_, decay);
+            const float4 x = gd_upd4(gd_ld4(Ss + off), kv[e], dk_, decay);
             if (last)
-                *reinterpret_cast<float4 *>(Sgl + off) = x;
-            else
-                *reinterpret_cast<float4 *>(Ss + off) = x;
+                gd_st4(Sgl + off, x);
+            else /* (gd_kernel_s only: ST is float there; a BF16 state never runs a token in shared memory) */
+                gd_st4(Ss + off, x);
         }
     }
 }
@@ -529,15 +546,15 @@ __device__ __forceinline__ void gs_update_rows(float *sS, float *__restrict__ Sg
  * p = Sᵀq in gd_kernel's order, δ and o (gd_delta), then S ← e^g S + k δᵀ into sS, or (last) into
  * the state in global memory Sg [DK][DK]. tq, tk: the conv's q, k [DK]; tv: the warp's 32 v values.
  * Returns the lane's 4 columns' o (every r holds all 4). */
-template <int DK>
-__device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool last, const float *tq, const float *tk,
+template <int DK, class ST>
+__device__ __forceinline__ void gs_token(ST *sS, ST *__restrict__ Sg, bool last, const float *tq, const float *tk,
                                          const float *tv, float rq, float rk, float kq, float decay, float beta, int r,
                                          int cg, int col, float o4[4]) {
     constexpr int RPL = DK / 8, DV = DK;
     /* m = Sᵀk, p = Sᵀq over row groups r (A) and r + 4 (B), the lane's 4 columns */
     float mA[4] = {0.f, 0.f, 0.f, 0.f}, pA[4] = {0.f, 0.f, 0.f, 0.f};
     float mB[4] = {0.f, 0.f, 0.f, 0.f}, pB[4] = {0.f, 0.f, 0.f, 0.f};
-    const float *SA = sS + (size_t)r * RPL * DV + col, *SB = SA + (size_t)4 * RPL * DV;
+    const ST *SA = sS + (size_t)r * RPL * DV + col, *SB = SA + (size_t)4 * RPL * DV;
     const float4 *kA = reinterpret_cast<const float4 *>(tk + r * RPL), *kB = kA + RPL;
     const float4 *qA = reinterpret_cast<const float4 *>(tq + r * RPL), *qB = qA + RPL;
 #pragma unroll
@@ -547,8 +564,8 @@ __device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool
         const float kvb[4] = {kb.x, kb.y, kb.z, kb.w}, qvb[4] = {qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const float4 x = *reinterpret_cast<const float4 *>(SA + (size_t)(4 * n4 + e) * DV);
-            const float4 y = *reinterpret_cast<const float4 *>(SB + (size_t)(4 * n4 + e) * DV);
+            const float4 x = gd_ld4(SA + (size_t)(4 * n4 + e) * DV);
+            const float4 y = gd_ld4(SB + (size_t)(4 * n4 + e) * DV);
             gd_mp4(x, kva[e], qva[e], mA, pA);
             gd_mp4(y, kvb[e], qvb[e], mB, pB);
         }
@@ -570,7 +587,7 @@ __device__ __forceinline__ void gs_token(float *sS, float *__restrict__ Sg, bool
     }
     /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
 #pragma unroll
-    for (int h = 0; h < 2; h++) gs_update_rows<DK>(sS, Sg, last, tk, (r + 4 * h) * RPL, col, dk_, decay);
+    for (int h = 0; h < 2; h++) gs_update_rows<DK, ST>(sS, Sg, last, tk, (r + 4 * h) * RPL, col, dk_, decay);
 }
 
 /* ---- gd_kernel_s: the streamed form, a v head a block (LASTSTAND_GDN_STREAM=1, 4) -------------
@@ -624,8 +641,9 @@ __device__ __forceinline__ void gd_mbar_wait(uint32_t bar, uint32_t par) {
                      : "memory");
 }
 
-template <int DK, int DV>
+template <int DK, int DV, class ST = float>
 __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
+    static_assert(sizeof(ST) == 4, "gd_kernel_s runs tokens on S in shared memory: an fp32 state only");
     constexpr int K = GD_K, CH = DK / 32;
     extern __shared__ float4 gd_sh4[];
     __shared__ alignas(8) unsigned long long gs_bar;
@@ -690,7 +708,7 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
         const float rq = rsqrtf(ssq + 1e-6f) * qscale, rk = rsqrtf(ssk + 1e-6f);
         const float kq = sqk * rq * rk;
         float o4[4];
-        gs_token<DK>(sS, Sg, u == T - 1, tq, tk, tv, rq, rk, kq, decay, beta, r, cg, col, o4);
+        gs_token<DK, float>(sS, Sg, u == T - 1, tq, tk, tv, rq, rk, kq, decay, beta, r, cg, col, o4);
         /* every r holds its 4 columns' o: lane (r, cg) writes column col + r */
         const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
         if (!fuse) {
@@ -727,8 +745,8 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * size (S11: 16 sequences 31.10 vs 30.14 µs, 64: 101.1 vs 97.3) and were deleted in S11 (last at
  * commit e4fc8bf; bench/RESULTS.md, tidy2). */
 enum { GP_NB = 3 };
-static size_t gp_smem(int dk) {
-    return sizeof(float) * ((size_t)GP_NB * dk * dk + 2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
+static size_t gp_smem(int dk, size_t es = sizeof(float)) { /* es: bytes of a state element */
+    return es * (size_t)GP_NB * dk * dk + sizeof(float) * (2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
 }
 
 /* the first unit from u on (step G) whose sequence has a token; n_units when none */
@@ -741,10 +759,10 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-template <int DK>
+template <int DK, class ST>
 __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
-    constexpr uint32_t BYTES = (uint32_t)DK * DV * 4;
+    constexpr uint32_t BYTES = (uint32_t)DK * DV * sizeof(ST); /* a head's state as stored: fp32 or BF16 */
     extern __shared__ float4 gd_sh4[];
     __shared__ alignas(8) unsigned long long gp_bar[GP_NB];
     (void)dv;
@@ -752,8 +770,8 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     const int n_seq = cl; /* launched with cl = the sequence count */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
     const int ratio = nv / nk, n_units = n_seq * nk, G = gridDim.x;
-    float *const sbuf = reinterpret_cast<float *>(gd_sh4);    /* [GP_NB][DK][DV] */
-    float *const tq = sbuf + (size_t)GP_NB * DK * DV, *const tk = tq + DK;
+    ST *const sbuf = reinterpret_cast<ST *>(gd_sh4);          /* [GP_NB][DK][DV] */
+    float *const tq = reinterpret_cast<float *>(sbuf + (size_t)GP_NB * DK * DV), *const tk = tq + DK;
     float *const tv = tk + DK + warp * 32;                   /* the warp's 32 v values */
     float *const hv = tk + DK + DV;                          /* o of the head [DV] (fused norm) */
     float *const scal = hv + DV;                             /* rq, rk, k·q of the unit */
@@ -830,7 +848,7 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
             gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / GP_NB) & 1u);
             float o4[4];
-            gs_token<DK>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
+            gs_token<DK, ST>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
                          scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
             const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
             if (!fuse) {
@@ -867,8 +885,10 @@ static int gp_sms(void) {
  * 48 KB: a function attribute, no stream work: capture-safe), a cluster of `cluster` blocks along x
  * (none when 0), programmatic dependent launch when pdl (retried without it when the launch refuses
  * the attribute); cl: the kernel's cl argument (gd_kernel_p: the sequence count). */
+template <class ST>
 static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, size_t smem, int cluster, int pdl, int cl,
                                 const gdn_args *a, int fuse, cudaStream_t st) {
+    ST *const rec = sizeof(ST) == 2 ? (ST *)(void *)a->st->rec16 : (ST *)(void *)a->st->rec; /* the state as stored */
     const gdn_w *w = a->w;
     const int D = 2 * w->nk * w->dk + w->nv * w->dv;
     cudaLaunchConfig_t cfg;
@@ -903,7 +923,7 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
     for (;;) {
         c = cudaLaunchKernelEx(&cfg, kern, w->nk, w->nv, w->dv, D, cl, (const int32_t *)a->seqs,
                                (const bf16 *)a->qkv, (const bf16 *)a->a, (const bf16 *)a->b, w->conv_w, w->A_log,
-                               w->dt_bias, a->st->conv, a->st->rec, (bf16 *)a->out,
+                               w->dt_bias, a->st->conv, rec, (bf16 *)a->out,
                                fuse ? (const bf16 *)a->z : (const bf16 *)nullptr, fuse ? a->norm_w : (const float *)nullptr,
                                a->norm_eps);
         if (c == cudaSuccess || cfg.numAttrs == base) return c;
@@ -915,8 +935,11 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
 template <int DK>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     const int units = a->n_seq * a->w->nk, G = units < gp_sms() ? units : gp_sms();
-    return gd_launch_ex(gd_kernel_p<DK>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
-                        a, fuse, st);
+    if (a->st->rec16)
+        return gd_launch_ex<bf16>(gd_kernel_p<DK, bf16>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK, sizeof(bf16)), 0,
+                                  pdl, a->n_seq, a, fuse, st);
+    return gd_launch_ex<float>(gd_kernel_p<DK, float>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
+                               a, fuse, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most
@@ -1036,7 +1059,7 @@ static int gd_t1_wide(long blocks, int nw, size_t smem) {
         if (memo[i].dev == dev && memo[i].nw == nw && memo[i].smem == smem) fit = memo[i].fit;
     if (fit < 0) {
         int bps = 0, sms = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gd_kernel<DK>, nw * 32, smem) != cudaSuccess ||
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, gd_kernel<DK, float>, nw * 32, smem) != cudaSuccess ||
             cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
             (void)cudaGetLastError();
             bps = sms = 0;
@@ -1068,8 +1091,11 @@ static int gd_wide(const gdn_w *w, int nw, int n_seq, int fuse) {
 template <int DK>
 static cudaError_t gd_launch(const gdn_args *a, int nw, int cl, int fuse, int t1, cudaStream_t st) {
     const size_t smem = gd_smem(a->w, nw, t1 ? 1 : GD_TB, fuse);
-    return gd_launch_ex(t1 ? gd_kernel1<DK> : gd_kernel<DK>, dim3(a->w->nk * cl, a->n_seq, 1), dim3(nw * 32, 1, 1),
-                        smem, cl, gd_pdl(), cl, a, fuse, st);
+    if (a->st->rec16)
+        return gd_launch_ex<bf16>(t1 ? gd_kernel1<DK, bf16> : gd_kernel<DK, bf16>, dim3(a->w->nk * cl, a->n_seq, 1),
+                                  dim3(nw * 32, 1, 1), smem, cl, gd_pdl(), cl, a, fuse, st);
+    return gd_launch_ex<float>(t1 ? gd_kernel1<DK, float> : gd_kernel<DK, float>, dim3(a->w->nk * cl, a->n_seq, 1),
+                               dim3(nw * 32, 1, 1), smem, cl, gd_pdl(), cl, a, fuse, st);
 }
 
 /* LASTSTAND_GDN_STREAM=0|1|2|3|4: the streamed forms (see gd_kernel_s, gd_kernel_p) never (0);
@@ -1102,7 +1128,7 @@ template <int DK, int DV>
 static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
     const int cl = w->nv / w->nk;
-    return gd_launch_ex(gd_kernel_s<DK, DV>, dim3(w->nv, a->n_seq, 1), dim3(w->dv, 1, 1), gs_smem(DK, w->dv), cl,
+    return gd_launch_ex<float>(gd_kernel_s<DK, DV, float>, dim3(w->nv, a->n_seq, 1), dim3(w->dv, 1, 1), gs_smem(DK, w->dv), cl,
                         gd_pdl(), cl, a, fuse, st);
 }
 
@@ -1138,7 +1164,8 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     char why[200];
     if (lim > 0 && max_new > lim && gdn_cuda_chunked.supported(&d0, &sh, why, sizeof why))
         return gdn_cuda_chunked.run(a, s, e);
-    if (((uintptr_t)a->st->rec | (uintptr_t)w->conv_w) & 15)
+    const int bf = a->st->rec16 != NULL; /* the state in BF16: gd_kernel, gd_kernel1, gd_kernel_p (not _s) */
+    if (((uintptr_t)(bf ? (const void *)a->st->rec16 : (const void *)a->st->rec) | (uintptr_t)w->conv_w) & 15)
         return errf(e, ERR_UNSUPPORTED, "gdn cuda_decode: the recurrent state and conv weights must be 16-byte aligned");
     const int knob = gd_nw_knob();
     int nw = gd_warps(w->nk, w->nv, w->dv, knob > 0 ? knob : 1), cl = gd_cl(w, nw);
@@ -1149,8 +1176,8 @@ static int dec_run(const gdn_args *a, ls_stream s, ls_err *e) {
     cudaError_t c;
     const int sm = gd_stream();
     const int fits = gs_fits(w), dec = max_new <= 1;
-    const int persistent = fits && dec && gp_smem(w->dk) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
-    const int streamed = !persistent && fits && (sm == 1 || (sm == 4 && dec && wide));
+    const int persistent = fits && dec && gp_smem(w->dk, bf ? 2 : 4) <= 227 * 1024 && (sm == 3 || (sm == 2 && wide));
+    const int streamed = !persistent && !bf && fits && (sm == 1 || (sm == 4 && dec && wide));
     if (persistent) {
         const int pdl = gd_pdl();
         switch (w->dk) {

@@ -65,6 +65,10 @@
  * The workspace is per device (cu_ws.h: cudaGetDevice, own lock), grown on
  * first use and never in steady state, outgrown buffers kept (a captured
  * graph's pointers stay valid); nothing syncs with the host.
+ * A BF16 state (gdn_state.rec16, --mamba-ssm-dtype bfloat16): cuda_chunked's chunk kernel reads
+ * S once into fp32 and writes it once (gc_ld2 / gc_st2, rounded to nearest even), instantiated at
+ * dk = dv = 128 (Qwen3.5, Qwen3-Next); cuda_per_token, which updates S in global memory token by
+ * token, refuses it.
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/gdn_cu.h"

@@ -57,6 +57,12 @@
  * reads qkv, a and b: the state loads overlap that kernel's tail and the launch.
  * Sequence metadata: the kernel reads the device array args->seqs ({slot, n_new, row0} int32
  * triples); seqs_host is validated. No workspace, no host sync: capture-safe.
+ * A BF16 state (gdn_state.rec16, --mamba-ssm-dtype bfloat16): the kernels are templated on the
+ * state's storage type ST (gd_ld4 / gd_st4: four values a load, rounded to nearest even on the
+ * store); gd_kernel and gd_kernel1 load S into registers and store it once, gd_kernel_p brings
+ * it into shared memory as BF16 bulk copies (half the bytes) and stores the one token's update;
+ * gd_kernel_s, which runs several tokens on S in shared memory, keeps to fp32 (such calls take
+ * gd_kernel). The fp32 instances compile to the same PTX as before the template.
  * Supported: sm_90+, BF16 activations, dk 32/64/128, dv a multiple of 16, conv_k 4.
  *
  * The gated output norm, fused (gdn_args.z set, dv <= 256; LASTSTAND_GDN_NORM=0 turns it off): out gets

@@ -24,6 +24,7 @@ openai = pytest.importorskip("openai")
     (["--model-path", "/nonexistent/model"], "/nonexistent/model"),
     (["--tp"], "--tp needs a value"),
     (["positional"], "positional"),
+    (["--mamba-ssm-dtype", "float16"], "--mamba-ssm-dtype"),
 ])
 def test_bad_flags_exit_2_naming_them(ls_bin, args, needle):
     p = run_ls("serve", *args, timeout=60)
@@ -37,7 +38,7 @@ def test_help_lists_sglang_flags(ls_bin):
     for f in ("--model-path", "--served-model-name", "--tp", "--reasoning-parser", "--tool-call-parser",
               "--disable-custom-all-reduce", "--mem-fraction-static", "--chunked-prefill-size", "--api-key",
               "--attention-backend", "--moe-runner-backend", "--fp4-gemm-backend", "--gemm-backend",
-              "--gdn-backend", "--lm-head-backend", "--dist-init-addr"):
+              "--gdn-backend", "--lm-head-backend", "--dist-init-addr", "--mamba-ssm-dtype"):
         assert f in p.stdout
 
 
@@ -67,3 +68,15 @@ def test_sglang_style_launch_line_and_full_queue_gives_503(ls_bin, demo_model):
         busy = [b for st, b in statuses if st == 503][0]
         assert "queue is full" in busy["error"]["message"]
         assert s.post("/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+
+
+def test_bf16_gdn_state_serves_through_the_start_up_checks(ls_bin, demo_model):
+    """--mamba-ssm-dtype bfloat16: the start-up doctor's gdn trials and the smoke test run on the
+    BF16 state (the smoke children get the flag), then the server answers the OpenAI SDK."""
+    with Server(ls_bin, demo_model, "--mamba-ssm-dtype", "bfloat16") as s:
+        client = openai.OpenAI(base_url=f"{s.base}/v1", api_key="x")
+        r = client.completions.create(model=demo_model, prompt="Hello", max_tokens=6, temperature=0)
+        assert r.usage.completion_tokens >= 1 and r.choices[0].text is not None
+        log = s.log_text()
+        assert "GDN recurrent state in BF16" in log, log
+        assert "smoke test" in log, log

@@ -1070,8 +1070,9 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
             bs = (long long)st.st_size;
         }
         const char *tb = getenv("LASTSTAND_TEST_BROKEN_BACKENDS");
-        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d|%lld|%lld|%s|tp%d", SMOKE_VERSION, cache, o->model_path, mt,
-                 device, c.steps, bt, bs, tb ? tb : "", o->tp);
+        snprintf(key, sizeof key, "smoke|v%d|%s|%s|%lld|%s|%d|%lld|%lld|%s|tp%d|ssm %s", SMOKE_VERSION, cache,
+                 o->model_path, mt, device, c.steps, bt, bs, tb ? tb : "", o->tp,
+                 o->mamba_ssm_dtype ? o->mamba_ssm_dtype : "auto"); /* the state storage the trials ran on */
     }
     char smoke_path[PATH_MAX];
     for (int pass = 0;; pass++) {

@@ -1398,7 +1398,8 @@ static int chunk_run_with(const gdn_args *a, ls_stream s, int form, ls_err *e) {
     }
 #define GC_CASE(A, B, BIT) \
     if (w->dk == A && w->dv == B) rc = gc_chunk_launch<A, B, 1, 0>(a, ws, BIT, x16, gbw, NULL, 0, st, e); else
-    if (a->st->rec16) rc = w->dk != 128 || w->dv != 128 ? errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: a BF16 state at dk %d dv %d", w->dk, w->dv)
+    if (a->st->rec16) rc = w->dk != 128 || w->dv != 128
+                         ? errf(e, ERR_UNSUPPORTED, "gdn cuda_chunked: a BF16 state at dk %d dv %d", w->dk, w->dv)
                          : nvs == 4 ? gc_chunk_launch<128, 128, 4, 0, bf16>(a, ws, 15, x16, gbw, NULL, 0, st, e)
                          : nvs == 2 ? gc_chunk_launch<128, 128, 2, 0, bf16>(a, ws, 16, x16, gbw, NULL, 0, st, e)
                                     : gc_chunk_launch<128, 128, 1, 0, bf16>(a, ws, 17, x16, gbw, NULL, 0, st, e); else

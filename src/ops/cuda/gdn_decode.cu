@@ -1134,7 +1134,8 @@ template <int DK, int DV>
 static cudaError_t gs_launch(const gdn_args *a, int fuse, cudaStream_t st) {
     const gdn_w *w = a->w;
     const int cl = w->nv / w->nk;
-    return gd_launch_ex<float>(gd_kernel_s<DK, DV, float>, dim3(w->nv, a->n_seq, 1), dim3(w->dv, 1, 1), gs_smem(DK, w->dv), cl,
+    return gd_launch_ex<float>(gd_kernel_s<DK, DV, float>, dim3(w->nv, a->n_seq, 1), dim3(w->dv, 1, 1),
+                               gs_smem(DK, w->dv), cl,
                         gd_pdl(), cl, a, fuse, st);
 }
 

@@ -1060,8 +1060,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
      * expert and the side stream): its gate/up needs only x, so the side stream forks before the
      * router and runs it (mvb_kernel's direct form, into its own h buffer MG_HS) beside the
      * router, top-k and plan, whose few blocks leave most SMs idle; its down (which needs wts)
-     * follows the top-k there (beside the plan), and the join stands before the combine. The same sums as the plan's
-     * form (same kernel, same K order, same pairs of dbuf). Before (S21, bench/device/dectrace.sh):
+     * follows the top-k there (beside the plan), and the join stands before the combine. The
+     * same sums as the plan's form (same kernel, same K order, same pairs of dbuf). Before (S21, bench/device/dectrace.sh):
      * the side-stream gate/up, forked after the plan, got SMs only once the routed gate/up's
      * blocks drained, ~20 us a layer on the step's critical path at 16 and at 113 sequences. */
     const int sh_early = mid_ks && side && kn.shearly;
@@ -1104,7 +1104,8 @@ static int mg_run_locked(mg_ws *ws, const moe_args *a, cudaStream_t st, ls_err *
     }
     mw_rows_hint((int)(mk / (size_t)E)); /* moe_wgmma.cu: m2_kernel or mw_kernel at 64-row tiles */
     cudaError_t c = bm == 16   ? mg_gemms<16>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
-                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, sh_early, st, &what)
+                                              tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, mid_k, mid_ks, sh_early,
+                                              st, &what)
                     : bm == 32 ? mg_gemms<32>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,
                                               tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 0, 0, 0, st, &what)
                                : mg_gemms<64>(tab, kn, side, ws->ev_fork, ws->ev_join, imax, (int)tiles_max, sht,

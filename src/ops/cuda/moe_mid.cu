@@ -603,11 +603,13 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
     constexpr int rows = GATEUP ? 16 : 32;
     dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)sh_tiles);
     const int per = mvb_per(K);
-    if (per == 1) mvb_kernel<GATEUP, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 2) mvb_kernel<GATEUP, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 4) mvb_kernel<GATEUP, 4><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else if (per == 6) mvb_kernel<GATEUP, 6><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
-    else mvb_kernel<GATEUP, 8><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm);
+#define MVB_GO(P) mvb_kernel<GATEUP, P><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm)
+    if (per == 1) MVB_GO(1);
+    else if (per == 2) MVB_GO(2);
+    else if (per == 4) MVB_GO(4);
+    else if (per == 6) MVB_GO(6);
+    else MVB_GO(8);
+#undef MVB_GO
     return cudaGetLastError();
 }
 

@@ -264,3 +264,29 @@ def test_bad_prefix_flags_exit_2(ls_bin, args, flag):
     if args[0] == "--prefix-cache":
         g = run_ls("generate", "--model-path", "synth:demo", "--ids", "1,2", "--prefix-cache", "maybe")
         assert g.returncode == 2 and "--prefix-cache" in g.stderr
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe_text", "qwen3_next"])
+def test_bf16_state_snapshots_restore_the_stored_state(ls_bin, shared_dir, name):
+    # --mamba-ssm-dtype bfloat16: a snapshot holds the BF16 state as stored (half the bytes of an
+    # fp32 one). The same prompt again hits a snapshot and must continue exactly as the first run
+    # did: the first token's logprob to the last bit (a copy of half the bytes moves it by ~1e-3
+    # while the greedy tokens of these fixtures may not change) and the greedy tokens
+    ref = load_ref(name)
+    ids = ref["input_ids"]
+    with Server(ls_bin, os.path.join(MODELS, name), "--page-size", 4, "--mamba-ssm-dtype", "bfloat16") as srv:
+        def lp():
+            st, out = srv.post_json("/v1/completions", {"model": os.path.join(MODELS, name), "prompt": ids,
+                                                        "max_tokens": 1, "temperature": 0, "logprobs": 1})
+            assert st == 200, out
+            cached = (out["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            return cached, out["choices"][0]["logprobs"]["token_logprobs"][0]
+        c0, lp0 = lp()
+        c1, lp1 = lp()
+        assert c0 == 0 and c1 > 0 and c1 % 4 == 0, (c0, c1, srv.log_text())  # a hit at a page boundary
+        assert lp1 == lp0, (lp0, lp1)
+        first, _ = srv.generate_greedy(ids, 8)
+        again, c2 = srv.generate_greedy(ids, 8)
+        assert c2 > 0 and again == first, (first, again)
+        assert "GDN recurrent state in BF16" in full_log(srv)
+        assert_no_leak(srv)

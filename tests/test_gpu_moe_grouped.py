@@ -20,7 +20,7 @@ Pins:
 - the BF16 shared expert forked before the router (LASTSTAND_MG_SHEARLY, the default: its own
   h buffer, tiles of 16 tokens in order) is right at partial tiles (M = 9, 33, 100) and gives the
   same logits as the shared expert forked after the plan (SHEARLY=0) bit for bit, one forward of
-  20 and of 37 rows;
+  20 and of 37 rows, and the same greedy ids of 20 sequences decoded from CUDA graphs;
 - the mid-batch GEMVs with an NVFP4 shared expert in the same launch (the presets: full
   16-slot tiles), partial tiles and both Qwen3.5 layer shapes;
 - on the Qwen3-MoE BF16 fixture (no shared expert), `logits --moe-runner-backend
@@ -180,3 +180,21 @@ def test_early_shared_expert_same_logits_as_late(n_tok):
         outs[early] = p.stdout  # %.9g of every fp32 logit: equal text = equal bits
     assert outs["1"].startswith('{"shape":[%d,' % n_tok), outs["1"][:80]
     assert outs["1"] == outs["0"]
+
+
+def test_early_shared_expert_same_tokens_as_late_in_graphs():
+    # the CUDA-graph side: decode steps of 20 sequences replayed from graphs, early vs late shared
+    # expert, the same greedy ids (generate --batch submits under ls_engine_hold since S21, so the
+    # two runs schedule the same steps; before, an eager variant of this test failed once on that)
+    ids = ",".join(str(1000 + (i * 7919) % 150000) for i in range(40))
+    outs = {}
+    for early in ("1", "0"):
+        env = dict(os.environ, LASTSTAND_MG_SHEARLY=early)
+        p = subprocess.run([BIN, "generate", "--model-path", "synth:qwen3.5-35b-a3b,layers=3", "--ids", ids,
+                            "--max-new-tokens", "6", "--ignore-eos", "--batch", "20", "--device", "cuda",
+                            "--moe-runner-backend", "cuda_fused_decode:1,cuda_grouped_gemm"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "decode steps of 20.00 sequences" in p.stderr, p.stderr[-2000:]
+        outs[early] = p.stdout
+    assert outs["1"] and outs["1"] == outs["0"]

@@ -7,6 +7,7 @@
  */
 #include "cli/cli.h"
 #include "doctor/doctor.h"
+#include "model/model.h"
 #ifdef LS_HAVE_CUDA
 #include "ops/cuda/cuda_ops.h"
 #endif
@@ -130,13 +131,12 @@ int cmd_doctor(int argc, char **argv) {
         fprintf(stderr, "laststand doctor: error: %s\n", e.msg);
         return 2;
     }
-    if (ssm && strcmp(ssm, "auto")) { /* the gdn trials on the state storage serve would run */
-        if (strcmp(ssm, "float32") && strcmp(ssm, "bfloat16")) {
-            fprintf(stderr, "laststand doctor: error: --mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto\n", ssm);
-            return 2;
-        }
-        s.state_bf16 = !strcmp(ssm, "bfloat16");
+    const int sbf = model_ssm_dtype(ssm, s.state_bf16); /* the gdn trials on the storage serve would run */
+    if (sbf < 0) {
+        fprintf(stderr, "laststand doctor: error: --mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto\n", ssm);
+        return 2;
     }
+    s.state_bf16 = sbf;
     rc = doctor_run(&o, &s, &e);
     if (rc < 0) {
         fprintf(stderr, "laststand doctor: error: %s\n", e.msg);

@@ -937,8 +937,8 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     double t0 = now_sec();
     int from_cache = 0;
     int shapes_rc = doc_shapes_from_model(o->model_path, &shapes, &e);
-    if (!shapes_rc && o->mamba_ssm_dtype && strcmp(o->mamba_ssm_dtype, "auto"))
-        shapes.state_bf16 = !strcmp(o->mamba_ssm_dtype, "bfloat16"); /* the gdn trials on the served storage */
+    const int sbf = shapes_rc ? -1 : model_ssm_dtype(o->mamba_ssm_dtype, shapes.state_bf16);
+    if (sbf >= 0) shapes.state_bf16 = sbf; /* the gdn trials on the served storage */
     if (shapes_rc) {
         /* e.g. a synth: model that is not one of the doctor's presets: the smoke test alone decides */
         log_warn("backend check: the doctor cannot read the model's shapes (%s); the candidates are the registry's "

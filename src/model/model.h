@@ -58,6 +58,10 @@ typedef struct model_opts {
     const char *mamba_ssm_dtype;
 } model_opts;
 
+/* A --mamba-ssm-dtype value as model_config.state_bf16: NULL, "" or "auto" -> dflt (the config's),
+ * "float32" -> 0, "bfloat16" -> 1, anything else -> -1. */
+int model_ssm_dtype(const char *v, int dflt);
+
 #define MODEL_AUTO_LM_HEAD 32u /* model_opts.auto_families: the bit after the five ops families' */
 
 #define MODEL_LAYERS_SMOKE (-1)

@@ -558,6 +558,11 @@ static int load_layers(model *m, synth_src *src, int stream, ls_err *e) {
     return 0;
 }
 
+int model_ssm_dtype(const char *v, int dflt) {
+    if (!v || !*v || !strcmp(v, "auto")) return dflt;
+    return !strcmp(v, "float32") ? 0 : !strcmp(v, "bfloat16") ? 1 : -1;
+}
+
 int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     *out = NULL;
     model *m = xcalloc(1, sizeof *m);
@@ -621,17 +626,14 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
     if (m->cfg.n_layers < m->n_layers_ckpt)
         log_info("%s: the first %d of %d layers only (model_opts.max_layers)", path, m->cfg.n_layers, m->n_layers_ckpt);
     m->norm_kind = m->cfg.arch == ARCH_QWEN3 || m->cfg.arch == ARCH_QWEN3_MOE ? RMS_PLAIN : RMS_ZC;
-    const char *sd = o ? o->mamba_ssm_dtype : NULL;
-    if (sd && *sd && strcmp(sd, "auto")) {
-        if (!strcmp(sd, "float32") || !strcmp(sd, "bfloat16")) {
-            m->cfg.state_bf16 = !strcmp(sd, "bfloat16");
-        } else {
-            rc = errf(e, ERR_INVAL, "--mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto", sd);
-            synth_src_close(src);
-            model_close(m);
-            return rc;
-        }
+    const int sbf = model_ssm_dtype(o ? o->mamba_ssm_dtype : NULL, m->cfg.state_bf16);
+    if (sbf < 0) {
+        rc = errf(e, ERR_INVAL, "--mamba-ssm-dtype: '%s' is not float32, bfloat16 or auto", o->mamba_ssm_dtype);
+        synth_src_close(src);
+        model_close(m);
+        return rc;
     }
+    m->cfg.state_bf16 = sbf;
     if (m->cfg.state_bf16 && m->cfg.lin_v_heads > 0)
         log_info("%s: GDN recurrent state in BF16 (mamba_ssm_dtype)", path);
     if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */

@@ -160,8 +160,8 @@ int model_mem_plan_get(const char *path, const model_opts *o, model_mem_plan *ou
         return rc;
     }
     int n_layers = cfg.n_layers;
-    if (o && o->mamba_ssm_dtype && !strcmp(o->mamba_ssm_dtype, "bfloat16")) cfg.state_bf16 = 1;
-    if (o && o->mamba_ssm_dtype && !strcmp(o->mamba_ssm_dtype, "float32")) cfg.state_bf16 = 0;
+    const int sbf = model_ssm_dtype(o ? o->mamba_ssm_dtype : NULL, cfg.state_bf16);
+    if (sbf >= 0) cfg.state_bf16 = sbf; /* (a bad value: model_open names it) */
     if (o && o->max_layers) {
         int cut = o->max_layers == MODEL_LAYERS_SMOKE ? model_smoke_depth(&cfg) : o->max_layers;
         if (cut > 0 && cut < n_layers) n_layers = cut;

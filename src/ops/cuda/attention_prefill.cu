@@ -689,7 +689,9 @@ __global__ void __launch_bounds__(FP_THREADS) fp_decw_kernel(const attn_seq *__r
         float x = fmaxf(v0, v1);
         x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
         x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-        const float mn = fmaxf(m, x), u = mn == -INFINITY ? 0.f : mn, cf = exp2f(m - u); /* exp2(-inf) = 0 */
+        /* cf = 1 while the head has seen no key (its l and O are 0 either way): padding heads then
+         * never force the rescale below */
+        const float mn = fmaxf(m, x), u = mn == -INFINITY ? 0.f : mn, cf = mn == -INFINITY ? 1.f : exp2f(m - u);
         m = mn;
         const float p0 = exp2f(v0 - u), p1 = exp2f(v1 - u);
         l = l * cf + (p0 + p1);

@@ -482,8 +482,8 @@ cudaError_t mvd_launch(int K, int tiles_max, const mg_expert *tab, const int32_t
  * block = the gate and the up tile (8 warps) or 2 output tiles of down (8 warps), grid
  * (N / 16 or H / 32, the shared expert's tiles). K = 512·PER. Epilogue as mv_kernel (no
  * 2^8: BF16 weights carry no factor). */
-template <bool GATEUP, int PER, int G>
-__global__ void __launch_bounds__(256, 2)
+template <bool GATEUP, int PER>
+__global__ void __launch_bounds__(256)
     mvb_kernel(const mg_expert *__restrict__ tab, const int32_t *__restrict__ tile_e, const int32_t *__restrict__ perm,
                const int32_t *__restrict__ n_tiles, int H, int k, const bf16 *__restrict__ x, bf16 *__restrict__ hbuf,
                int ldh, const float *__restrict__ wts, bf16 *__restrict__ dbuf, int sh_only, int dm) {
@@ -518,53 +518,6 @@ __global__ void __launch_bounds__(256, 2)
         /* this lane's 32 elements of rows g and g + 8 in chunk 0 of the warp (uint4 = 8 bf16) */
         const uint4 *w0 = reinterpret_cast<const uint4 *>(wb + (size_t)(nrow0 + g) * K + kw * PER * MV_CH + 32 * t);
         const uint4 *w1 = w0 + K; /* 8 rows = 8·K bf16 = K uint4 */
-        if constexpr (G == 2) {
-            /* both slot groups in one pass: each weight chunk loaded once for the 16 slots (the
-             * G = 1 form below reads it again for slots 8..15); per group the same mma in the
-             * same order, so the same sums */
-            const bf16 *xr[2];
-#pragma unroll
-            for (int grp = 0; grp < 2; grp++) {
-                const int sl = 8 * grp + g, ps = pair[sl];
-                xr[grp] = ps < 0 ? nullptr
-                                 : (GATEUP ? x + (size_t)(ps / (k + 1)) * H : hbuf + (size_t)(r0 + sl) * ldh) +
-                                       kw * PER * MV_CH + 32 * t;
-            }
-            uint4 wa[2][4], xa[2][4], wn[2][4], xn[2][4];
-            auto loadc = [&](int u, uint4 (&w)[2][4], uint4 (&xq)[2][4]) {
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    w[0][q] = __ldg(w0 + u * (MV_CH / 8) + q);
-                    w[1][q] = __ldg(w1 + u * (MV_CH / 8) + q);
-#pragma unroll
-                    for (int grp = 0; grp < 2; grp++)
-                        xq[grp][q] = xr[grp] ? __ldg(reinterpret_cast<const uint4 *>(xr[grp] + u * MV_CH) + q)
-                                             : make_uint4(0u, 0u, 0u, 0u);
-                }
-            };
-            loadc(0, wa, xa);
-#pragma unroll 1
-            for (int u = 0; u < PER; u++) {
-                if (u + 1 < PER) loadc(u + 1, wn, xn);
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const uint32_t f0[4] = {wa[0][q].x, wa[1][q].x, wa[0][q].y, wa[1][q].y};
-                    const uint32_t f1[4] = {wa[0][q].z, wa[1][q].z, wa[0][q].w, wa[1][q].w};
-#pragma unroll
-                    for (int grp = 0; grp < 2; grp++) {
-                        nv4_mma_16816(acc[grp], f0, xa[grp][q].x, xa[grp][q].y, acc[grp]);
-                        nv4_mma_16816(acc[grp], f1, xa[grp][q].z, xa[grp][q].w, acc[grp]);
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    wa[0][q] = wn[0][q];
-                    wa[1][q] = wn[1][q];
-                    xa[0][q] = xn[0][q];
-                    xa[1][q] = xn[1][q];
-                }
-            }
-        } else {
 #pragma unroll
         for (int pass = 0; pass < 2; pass++) {
             if (pass == 1 && !two) break;
@@ -602,7 +555,6 @@ __global__ void __launch_bounds__(256, 2)
                     xa[q] = xn[q];
                 }
             }
-        }
         }
     }
 #pragma unroll
@@ -651,14 +603,7 @@ cudaError_t mvb_launch(int K, int n_out, int sh_tiles, const mg_expert *tab, con
     constexpr int rows = GATEUP ? 16 : 32;
     dim3 grid((unsigned)((n_out + rows - 1) / rows), (unsigned)sh_tiles);
     const int per = mvb_per(K);
-    /* both slot groups in one pass where the tiles are mostly full: more than 8 tokens in the
-     * direct form, more than one tile of the plan's (LASTSTAND_MG_MVB2=0: two passes, as before) */
-    static int one_pass = -1;
-    if (one_pass < 0) one_pass = cu_env_switch("LASTSTAND_MG_MVB2", 1);
-    const int g2 = one_pass && (dm ? dm > 8 : sh_tiles > 1);
-#define MVB_GO(P)                                                                                                      \
-    (g2 ? mvb_kernel<GATEUP, P, 2><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm)   \
-        : mvb_kernel<GATEUP, P, 1><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm))
+#define MVB_GO(P) mvb_kernel<GATEUP, P><<<grid, 256, 0, st>>>(tab, tile_e, perm, nt, H, k, x, hbuf, ldh, wts, dbuf, 1, dm)
     if (per == 1) MVB_GO(1);
     else if (per == 2) MVB_GO(2);
     else if (per == 4) MVB_GO(4);

@@ -727,7 +727,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_decw_kernel(const attn_seq *__r
     float *red = reinterpret_cast<float *>(fp_smem); /* [warp][head][RS]: Oᵀ back in head-major rows */
 #pragma unroll
     for (int n = 0; n < MT; n++) {
-        const int d = 16 * (n >> 0) + g;
+        const int d = 16 * n + g;
         float *rw = red + (size_t)(w * 8 + 2 * t) * RS;
         rw[d] = o[n][0];
         rw[RS + d] = o[n][1];

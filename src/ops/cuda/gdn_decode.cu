@@ -950,20 +950,28 @@ static int gp_occ_cap(void) {
     return v && !strcmp(v, "1") ? 1 : 2;
 }
 
-/* gd_kernel_p's grid: the units, at most what is resident at once (blocks an SM by the occupancy
- * calculator for its block and shared memory, capped by gp_occ_cap) */
-template <class ST>
-static int gp_grid(void (*kern)(GD_ARGS), int dk, size_t smem, int units) {
-    int occ = 1;
-    if (smem <= 32 * 1024 || cu_smem_allow((const void *)kern, smem) == cudaSuccess) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern, dk, smem) != cudaSuccess || occ < 1) {
+/* gd_kernel_p<DK, ST>'s blocks an SM by the occupancy calculator for its block and shared memory,
+ * found once (a constant of the instance; the first launch pays the query, no step after it) */
+template <int DK, class ST>
+static int gp_occ(size_t smem) {
+    static int occ = 0;
+    if (!occ) {
+        int v = 1;
+        const void *kern = (const void *)gd_kernel_p<DK, ST>;
+        if ((smem > 32 * 1024 && cu_smem_allow(kern, smem) != cudaSuccess) ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gd_kernel_p<DK, ST>, DK, smem) != cudaSuccess || v < 1) {
             (void)cudaGetLastError();
-            occ = 1;
+            v = 1;
         }
-    } else {
-        (void)cudaGetLastError();
+        occ = v;
     }
-    if (occ > gp_occ_cap()) occ = gp_occ_cap();
+    return occ;
+}
+
+/* gd_kernel_p's grid: the units, at most what is resident at once (gp_occ, capped by gp_occ_cap) */
+template <int DK, class ST>
+static int gp_grid(size_t smem, int units) {
+    const int occ = gp_occ<DK, ST>(smem) < gp_occ_cap() ? gp_occ<DK, ST>(smem) : gp_occ_cap();
     const int most = gp_sms() * occ;
     return units < most ? units : most;
 }
@@ -973,13 +981,11 @@ static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t 
     const int units = a->n_seq * a->w->nk;
     if (a->st->rec16) {
         const size_t sm = gp_smem(DK, sizeof(bf16));
-        const int G = gp_grid<bf16>(gd_kernel_p<DK, bf16>, DK, sm, units);
-        return gd_launch_ex<bf16>(gd_kernel_p<DK, bf16>, dim3(G, 1, 1), dim3(DK, 1, 1), sm, 0, pdl, a->n_seq, a, fuse,
-                                  st);
+        return gd_launch_ex<bf16>(gd_kernel_p<DK, bf16>, dim3(gp_grid<DK, bf16>(sm, units), 1, 1), dim3(DK, 1, 1), sm,
+                                  0, pdl, a->n_seq, a, fuse, st);
     }
-    const int G = gp_grid<float>(gd_kernel_p<DK, float>, DK, gp_smem(DK), units);
-    return gd_launch_ex<float>(gd_kernel_p<DK, float>, dim3(G, 1, 1), dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq,
-                               a, fuse, st);
+    return gd_launch_ex<float>(gd_kernel_p<DK, float>, dim3(gp_grid<DK, float>(gp_smem(DK), units), 1, 1),
+                               dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq, a, fuse, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most

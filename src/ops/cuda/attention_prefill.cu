@@ -581,188 +581,6 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     }
 }
 
-/* m16n8k8, BF16 in, fp32 accumulate: d += A (16 x 8: a0 rows g, a1 rows g + 8, cols 2t, 2t + 1)
- * · B (8 x 8: b rows 2t, 2t + 1, col g). */
-__device__ __forceinline__ void fp_mma_16808(float d[4], uint32_t a0, uint32_t a1, uint32_t b) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b));
-}
-
-/* cuda_flash_prefill's decode kernel with the warps splitting the keys (LASTSTAND_FP_DEC=3; the row
- * plan, calls of one new token per sequence, grp <= 8): grid (n_seq, nkv, nsplit) and the chunk plan
- * of fp_dec_kernel (chunk z of the row's keys in TB-key tiles, fp_rows_chunk; partials and merge
- * unchanged), block 128 threads. Where fp_dec_kernel's 4 warps split head_dim and meet in shared
- * memory three times a 32-key tile, here warp w takes keys 8w .. 8w + 7 of every 32-key round of the
- * chunk with its own cp.async stages (FPW_STG of 8 keys, K and V), its own online softmax and no
- * block barrier until the chunk's end, where the four warps' (m, l, O) meet in warp order.
- * The products are transposed so that no fragment is shuffled: S = Q·Kᵀ (m16n8k16, A = the lane's Q
- * registers: rows = the grp heads, rows 8..15 zero, a1 = a3 = 0; B = 8 keys of K by ldmatrix), then
- * Oᵀ [HD dims, 8 heads] += Vᵀ · Pᵀ (m16n8k8: A = Vᵀ by ldmatrix.trans, B = Pᵀ = the lane's own S
- * accumulators c0, c1 for head g, keys 2t, 2t + 1). Registers: Q HD/8, Oᵀ HD/4 a thread. */
-enum { FPW_KPW = 8, FPW_RND = 4 * FPW_KPW, FPW_STG = 3 };
-template <int HD>
-__host__ __device__ constexpr size_t fpw_smem() {
-    return (size_t)4 * FPW_STG * 2 * FPW_KPW * (HD + 8) * sizeof(bf16);
-}
-template <int HD, int TB>
-__global__ void __launch_bounds__(FP_THREADS) fp_decw_kernel(const attn_seq *__restrict__ seqs, int nh, int nkv, int P,
-                                                             float sl2, const bf16 *__restrict__ q,
-                                                             const bf16 *__restrict__ gate, const bf16 *__restrict__ K,
-                                                             const bf16 *__restrict__ V, bf16 *__restrict__ out,
-                                                             float *__restrict__ part_o, float *__restrict__ part_ml,
-                                                             int *__restrict__ part_n, int n_rows_total, int c0,
-                                                             int ss) {
-    constexpr int LD = HD + 8, KS = HD / 16, MT = HD / 16, CH = HD / 8, RS = HD + 4; /* RS: combine row stride */
-    static_assert(TB % FPW_RND == 0, "the plan's key tile is a whole number of rounds");
-    static_assert((size_t)4 * 8 * RS * sizeof(float) <= fpw_smem<HD>(), "the combine buffer reuses the stages");
-    extern __shared__ __align__(16) unsigned char fp_smem[];
-    __shared__ float sml[4][8][2]; /* [warp][head] (m, l) */
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    bf16 *const stg = reinterpret_cast<bf16 *>(fp_smem) + (size_t)w * FPW_STG * 2 * FPW_KPW * LD; /* [stage][K, V][key][LD] */
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    const int grp = nh / nkv, kvh = blockIdx.y, s = blockIdx.x;
-    const int n_past = seqs[s].n_past, row0 = seqs[s].row0;
-    const int32_t *__restrict__ pages = seqs[s].pages;
-    const int kmax = n_past, n_ktiles = kmax / TB + 1;
-    const int z = blockIdx.z, nsplit = gridDim.z;
-    const int ct = fp_rows_chunk(n_ktiles, c0, ss, nsplit), nc = (n_ktiles + ct - 1) / ct;
-    if (z >= nc) return;
-    const int key0 = z * ct * TB, n_r = min(ct, n_ktiles - z * ct) * (TB / FPW_RND);
-    const bool direct = nc == 1 || !part_o;
-    const size_t hrow = (size_t)row0 * nh + kvh * grp; /* output row of query head kvh·grp + 0 */
-    if (z == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
-    /* round r: this warp's keys key0 + 32r + 8w .. + 7 into stage st (keys past kmax zero-filled) */
-    auto load = [&](int r, int st) {
-        bf16 *Ks = stg + st * 2 * FPW_KPW * LD, *Vs = Ks + FPW_KPW * LD;
-        const int j0 = key0 + r * FPW_RND + w * FPW_KPW;
-#pragma unroll
-        for (int i = lane; i < FPW_KPW * CH; i += 32) {
-            const int kr = i / CH, c = i % CH, j = j0 + kr, ok = j <= kmax;
-            size_t off = 0;
-            if (ok) off = (((size_t)pages[j / P] * P + j % P) * nkv + kvh) * HD + c * 8;
-            fp_cp16(Ks + kr * LD + c * 8, K + off, ok ? 16 : 0);
-            fp_cp16(Vs + kr * LD + c * 8, V + off, ok ? 16 : 0);
-        }
-    };
-#pragma unroll
-    for (int p = 0; p < FPW_STG - 1; p++) {
-        if (p < n_r) load(p, p);
-        fp_cp_commit();
-    }
-    /* Q of head g (rows g >= grp: zero), the A operand's rows g: k-step kk, cols 2t.. and 2t + 8.. */
-    uint32_t qa[KS][2];
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) qa[kk][0] = qa[kk][1] = 0u;
-    if (g < grp) {
-        const bf16 *qr = q + (hrow + g) * HD + 2 * t;
-#pragma unroll
-        for (int kk = 0; kk < KS; kk++) {
-            qa[kk][0] = __ldg(reinterpret_cast<const unsigned int *>(qr + 16 * kk));
-            qa[kk][1] = __ldg(reinterpret_cast<const unsigned int *>(qr + 16 * kk + 8));
-        }
-    }
-    const int lim = g < grp ? kmax : -1;
-    float m = -INFINITY, l = 0.f, o[MT][4];
-#pragma unroll
-    for (int n = 0; n < MT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    for (int r = 0; r < n_r; r++) {
-        if (r + FPW_STG - 1 < n_r) load(r + FPW_STG - 1, (r + FPW_STG - 1) % FPW_STG); /* its stage was freed by r - 1 */
-        fp_cp_commit();
-        fp_cp_wait<FPW_STG - 1>(); /* round r landed (this lane's copies) */
-        __syncwarp();              /* ... and the other lanes' */
-        const bf16 *Ks = stg + (r % FPW_STG) * 2 * FPW_KPW * LD, *Vs = Ks + FPW_KPW * LD;
-        /* S [head g, keys 2t, 2t + 1] over head_dim: ldmatrix gives two k-steps of B a call */
-        float sc[4] = {0.f, 0.f, 0.f, 0.f};
-        const bf16 *kb = Ks + (lane & 7) * LD + 8 * (lane >> 3);
-#pragma unroll
-        for (int kk = 0; kk < KS; kk += 2) {
-            uint32_t b[4];
-            fp_ldsm_x4(b, kb + 16 * kk);
-            const uint32_t a0[4] = {qa[kk][0], 0u, qa[kk][1], 0u}, a1[4] = {qa[kk + 1][0], 0u, qa[kk + 1][1], 0u};
-            cu_mma_bf16_16816(sc, a0, b[0], b[1]);
-            cu_mma_bf16_16816(sc, a1, b[2], b[3]);
-        }
-        const int j = key0 + r * FPW_RND + w * FPW_KPW + 2 * t;
-        const float v0 = j <= lim ? sc[0] * sl2 : -INFINITY, v1 = j + 1 <= lim ? sc[1] * sl2 : -INFINITY;
-        float x = fmaxf(v0, v1);
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-        /* cf = 1 while the head has seen no key (its l and O are 0 either way): padding heads then
-         * never force the rescale below */
-        const float mn = fmaxf(m, x), u = mn == -INFINITY ? 0.f : mn, cf = mn == -INFINITY ? 1.f : exp2f(m - u);
-        m = mn;
-        const float p0 = exp2f(v0 - u), p1 = exp2f(v1 - u);
-        l = l * cf + (p0 + p1);
-        /* Oᵀ's lane holds heads 2t, 2t + 1: their factors from the quads of those heads */
-        const float cA = __shfl_sync(0xffffffffu, cf, 8 * t), cB = __shfl_sync(0xffffffffu, cf, 8 * t + 4);
-        if (!__all_sync(0xffffffffu, cA == 1.f && cB == 1.f)) {
-#pragma unroll
-            for (int n = 0; n < MT; n++) {
-                o[n][0] *= cA; o[n][1] *= cB;
-                o[n][2] *= cA; o[n][3] *= cB;
-            }
-        }
-        const uint32_t pb = fp_pack(p0, p1); /* Pᵀ: keys 2t, 2t + 1, head g */
-        const bf16 *vb = Vs + (lane & 7) * LD + 8 * (lane >> 3);
-#pragma unroll
-        for (int np = 0; np < HD / 32; np++) {
-            uint32_t a[4];
-            fp_ldsm_x4_t(a, vb + 32 * np);
-            fp_mma_16808(o[2 * np], a[0], a[1], pb);
-            fp_mma_16808(o[2 * np + 1], a[2], a[3], pb);
-        }
-        __syncwarp(); /* the stage is reloaded by round r + FPW_STG (next iteration's load) */
-    }
-    fp_cp_wait<0>();
-    /* the chunk's (m, l, O) of the four warps in warp order: l summed over the head's quad first */
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (t == 0) {
-        sml[w][g][0] = m;
-        sml[w][g][1] = l;
-    }
-    __syncthreads(); /* every warp is done with its stages: the combine buffer reuses them */
-    float *red = reinterpret_cast<float *>(fp_smem); /* [warp][head][RS]: Oᵀ back in head-major rows */
-#pragma unroll
-    for (int n = 0; n < MT; n++) {
-        const int d = 16 * n + g;
-        float *rw = red + (size_t)(w * 8 + 2 * t) * RS;
-        rw[d] = o[n][0];
-        rw[RS + d] = o[n][1];
-        rw[d + 8] = o[n][2];
-        rw[RS + d + 8] = o[n][3];
-    }
-    __syncthreads();
-    for (int i = tid; i < grp * HD; i += FP_THREADS) {
-        const int h = i / HD, d = i % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int ww = 0; ww < 4; ww++) M = fmaxf(M, sml[ww][h][0]);
-        float L = 0.f, acc = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < 4; ww++) { /* fixed order: deterministic */
-            const float f = sml[ww][h][0] == -INFINITY ? 0.f : exp2f(sml[ww][h][0] - M);
-            L += sml[ww][h][1] * f;
-            acc += red[(size_t)(ww * 8 + h) * RS + d] * f;
-        }
-        if (!direct) {
-            const size_t prow = (size_t)z * n_rows_total + hrow + h;
-            if (d == 0) {
-                part_ml[2 * prow] = M;
-                part_ml[2 * prow + 1] = L;
-            }
-            part_o[prow * HD + d] = acc;
-        } else {
-            const size_t at = (hrow + h) * HD + d;
-            float v = acc * (L > 0.f ? 1.f / L : 0.f);
-            if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
-            out[at] = __float2bfloat16_rn(v);
-        }
-    }
-}
-
 /* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
  * M = max_z m_z, L = Σ l_z 2^{m_z − M}, out = (Σ O_z 2^{m_z − M}) / L, then the gate. */
 template <int HD>
@@ -923,7 +741,6 @@ static int g_fp_force = 1;
  * programmatic dependent launch of the attention kernel, 2: the attention kernel too (of whatever
  * ran before it); LASTSTAND_FP_DEC = 1 / 0: fp_dec_kernel for the row plan's
  * one-token-per-sequence calls, or fp_kernel; 2: fp_dec_kernel with 64-key tiles at head_dim 256;
- * 3: fp_decw_kernel (the warps split the keys) where grp <= 8, else as 1;
  * LASTSTAND_FP_STAGES = 2 / 4: fp_dec_kernel's pipeline depth, 0: 4 on grids of at most a block
  * per SM, else 2. */
 static int g_fp_ckeys = FP_CHUNK_KEYS, g_fp_ss = FP_SHORT_SPLIT, g_fp_pdl = FP_DEF_PDL, g_fp_dec = FP_DEF_DEC, g_fp_stages = FP_DEF_STAGES;
@@ -953,7 +770,7 @@ static int fp_plan_mode(void) {
         g_fp_ss = atoi(ss); /* 0 .. FP_MAX_SPLIT; anything else: the default */
     if (pd && pd[0] >= '0' && pd[0] <= '2' && !pd[1]) g_fp_pdl = pd[0] - '0';
     const char *dk = getenv("LASTSTAND_FP_DEC");
-    if (dk && dk[0] >= '0' && dk[0] <= '3' && !dk[1]) g_fp_dec = dk[0] - '0';
+    if (dk && dk[0] >= '0' && dk[0] <= '2' && !dk[1]) g_fp_dec = dk[0] - '0';
     g_fp_lpt = cu_env_switch("LASTSTAND_FP_LPT", g_fp_lpt);
     g_fp_wg = cu_env_switch("LASTSTAND_FP_WG", g_fp_wg);
     g_fp_wg128 = cu_env_switch("LASTSTAND_FP_WG128", g_fp_wg128);
@@ -1101,24 +918,6 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float 
                        pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early());
 }
 
-/* fp_decw_kernel<HD, TB> on grid (n_seq, nkv, nsplit), TB the row plan's key tile (BN): as fp_dec_launch. */
-template <int HD, int TB>
-static cudaError_t fp_decw_launch(const attn_args *a, int dev, int nsplit, float sl2, float *po, float *pml, int *pn,
-                                  int n_rows, cudaStream_t st) {
-    constexpr size_t dsmem = fpw_smem<HD>();
-    static int ddone[FP_MAX_DEV];
-    if (!ddone[dev]) {
-        cudaError_t c = cudaFuncSetAttribute(fp_decw_kernel<HD, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)dsmem);
-        if (c != cudaSuccess) return c;
-        ddone[dev] = 1;
-    }
-    return cu_launch_pdl(g_fp_pdl >= 2, fp_decw_kernel<HD, TB>, dim3(a->n_seq, a->n_kv_heads, nsplit),
-                         dim3(FP_THREADS), dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2,
-                         (const bf16 *)a->q, (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v,
-                         (bf16 *)a->out, po, pml, pn, n_rows, fp_rows_c0(TB), g_fp_ss);
-}
-
 template <int HD, int BN>
 static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     constexpr size_t smem = (size_t)(FP_BM + 4 * BN) * (HD + 8) * sizeof(bf16);
@@ -1186,10 +985,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     const float sl2 = a->scale * 1.4426950408889634f;
     cudaError_t c1 = cudaSuccess;
-    if (dec && rows > 0 && g_fp_dec == 3 && grp <= 8) {
-        /* the warps split the keys (fp_decw_kernel) */
-        if constexpr (HD >= 64) c1 = fp_decw_launch<HD, BN>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
-    } else if (dec && rows > 0) {
+    if (dec && rows > 0) {
         /* 4 stages where the grid is at most a block per SM (LASTSTAND_FP_STAGES: 2 / 4 force one) */
         const long ctas = (long)a->n_seq * a->n_kv_heads * nsplit;
         const int stg4 = g_fp_stages ? g_fp_stages == 4 : ctas <= ws->n_sm;

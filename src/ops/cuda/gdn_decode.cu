@@ -771,37 +771,43 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
  * task starts on L1 hits instead of a DRAM round trip (S23: at 119 sequences a block's task took
  * ~7 us for ~2-3k instructions a warp; the loads at its head are one dependent round trip each
  * task, the next unit's sequence-table read one more each unit). Only addresses: the same bits. */
-__device__ __forceinline__ void gd_pf_range(const void *p, size_t bytes) { /* first and last byte's lines */
-    gd_prefetch_l1(p);
-    gd_prefetch_l1(reinterpret_cast<const char *>(p) + bytes - 1);
+template <int LV>
+__device__ __forceinline__ void gd_pf(const void *p) { /* LV 1: into L1; 2: into L2, evict-last */
+    if constexpr (LV == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    else asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
 }
-template <int DK>
+template <int LV>
+__device__ __forceinline__ void gd_pf_range(const void *p, size_t bytes) { /* first and last byte's lines */
+    gd_pf<LV>(p);
+    gd_pf<LV>(reinterpret_cast<const char *>(p) + bytes - 1);
+}
+template <int DK, int LV>
 __device__ __forceinline__ void gd_pf_task(const float *conv_st, const float *conv_w, const float *A_log,
                                            const float *dt_bias, const bf16 *qkv, const bf16 *a, const bf16 *b,
                                            const bf16 *z, int nv, int D, int slot, size_t row, int j, int vch, int hc) {
-    gd_pf_range(conv_st + ((size_t)slot * D + vch) * (GD_K - 1), sizeof(float) * (GD_K - 1));
-    gd_prefetch_l1(conv_w + (size_t)vch * GD_K);
-    gd_prefetch_l1(qkv + row * D + vch);
+    gd_pf_range<LV>(conv_st + ((size_t)slot * D + vch) * (GD_K - 1), sizeof(float) * (GD_K - 1));
+    gd_pf<LV>(conv_w + (size_t)vch * GD_K);
+    gd_pf<LV>(qkv + row * D + vch);
     if (threadIdx.x == 0) { /* one line each, the block's task */
-        gd_prefetch_l1(a + row * nv + j);
-        gd_prefetch_l1(b + row * nv + j);
-        gd_prefetch_l1(A_log + j);
-        gd_prefetch_l1(dt_bias + j);
+        gd_pf<LV>(a + row * nv + j);
+        gd_pf<LV>(b + row * nv + j);
+        gd_pf<LV>(A_log + j);
+        gd_pf<LV>(dt_bias + j);
     }
-    if (z) gd_prefetch_l1(z + (row * nv + j) * DK + hc);
+    if (z) gd_pf<LV>(z + (row * nv + j) * DK + hc);
 }
-template <int CH>
+template <int CH, int LV>
 __device__ __forceinline__ void gd_pf_unit(const float *conv_st, const float *conv_w, const bf16 *qkv, int D, int slot,
                                            size_t row, int qch, int kch) {
-    gd_pf_range(conv_st + ((size_t)slot * D + qch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
-    gd_pf_range(conv_st + ((size_t)slot * D + kch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
-    gd_pf_range(conv_w + (size_t)qch * GD_K, sizeof(float) * CH * GD_K);
-    gd_pf_range(conv_w + (size_t)kch * GD_K, sizeof(float) * CH * GD_K);
-    gd_pf_range(qkv + row * D + qch, sizeof(bf16) * CH);
-    gd_pf_range(qkv + row * D + kch, sizeof(bf16) * CH);
+    gd_pf_range<LV>(conv_st + ((size_t)slot * D + qch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
+    gd_pf_range<LV>(conv_st + ((size_t)slot * D + kch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
+    gd_pf_range<LV>(conv_w + (size_t)qch * GD_K, sizeof(float) * CH * GD_K);
+    gd_pf_range<LV>(conv_w + (size_t)kch * GD_K, sizeof(float) * CH * GD_K);
+    gd_pf_range<LV>(qkv + row * D + qch, sizeof(bf16) * CH);
+    gd_pf_range<LV>(qkv + row * D + kch, sizeof(bf16) * CH);
 }
 
-template <int DK, class ST, bool PF>
+template <int DK, class ST, int PF>
 __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * sizeof(ST); /* a head's state as stored: fp32 or BF16 */
@@ -858,11 +864,11 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
         /* PF: the block's next unit now (its sequence-table read overlaps this unit), and warp 0's
          * inputs for it into L1 */
         int nslot = 0, nT = 0, nrow0 = 0, nu = n_units;
-        if constexpr (PF) {
+        if constexpr (PF != 0) {
             nu = gp_seek(meta, u + G, n_units, nk, G, nslot, nT, nrow0);
             if (warp == 0 && nu < n_units) {
                 const int nqch = (nu % nk) * DK + lane * CH;
-                gd_pf_unit<CH>(conv_st, conv_w, qkv, D, nslot, (size_t)nrow0, nqch, nk * DK + nqch);
+                gd_pf_unit<CH, PF>(conv_st, conv_w, qkv, D, nslot, (size_t)nrow0, nqch, nk * DK + nqch);
             }
         }
         if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
@@ -891,11 +897,11 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
             gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
             const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
             const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
-            if constexpr (PF) { /* the next task's: the unit's next v head, or the next unit's first */
+            if constexpr (PF != 0) { /* the next task's: the unit's next v head, or the next unit's first */
                 if (jj + 1 < ratio)
-                    gd_pf_task<DK>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, slot, row, j + 1, vch + DV, hc);
+                    gd_pf_task<DK, PF>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, slot, row, j + 1, vch + DV, hc);
                 else if (nu < n_units)
-                    gd_pf_task<DK>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, nslot, (size_t)nrow0,
+                    gd_pf_task<DK, PF>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, nslot, (size_t)nrow0,
                                    (nu % nk) * ratio, vch + ((nu % nk) * ratio - j) * DV, hc);
             }
             float decay, beta;
@@ -924,7 +930,7 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 issue(bi);
             }
         }
-        if constexpr (PF) {
+        if constexpr (PF != 0) {
             u = nu;
             slot = nslot;
             T = nT;
@@ -1013,7 +1019,7 @@ static int gp_occ_cap(void) {
 
 /* gd_kernel_p<DK, ST, PF>'s blocks an SM by the occupancy calculator for its block and shared memory,
  * found once (a constant of the instance; the first launch pays the query, no step after it) */
-template <int DK, class ST, bool PF>
+template <int DK, class ST, int PF>
 static int gp_occ(size_t smem) {
     static int occ = 0;
     if (!occ) {
@@ -1031,32 +1037,42 @@ static int gp_occ(size_t smem) {
 }
 
 /* gd_kernel_p's grid: the units, at most what is resident at once (gp_occ, capped by gp_occ_cap) */
-template <int DK, class ST, bool PF>
+template <int DK, class ST, int PF>
 static int gp_grid(size_t smem, int units) {
     const int occ = gp_occ<DK, ST, PF>(smem) < gp_occ_cap() ? gp_occ<DK, ST, PF>(smem) : gp_occ_cap();
     const int most = gp_sms() * occ;
     return units < most ? units : most;
 }
 
-/* LASTSTAND_GDN_PPF=0|1: gd_kernel_p without / with the next task's inputs prefetched (default 1) */
+/* LASTSTAND_GDN_PPF=0|1|2: gd_kernel_p without the prefetch / into L1 / into L2 (evict-last) */
 static int gp_pf(void) {
     static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_GDN_PPF", 1);
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_GDN_PPF");
+        v = e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 1;
+    }
     return v;
 }
 
-template <int DK, class ST, bool PF>
+template <int DK, class ST, int PF>
 static cudaError_t gp_launch_st(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     const size_t sm = gp_smem(DK, sizeof(ST));
     return gd_launch_ex<ST>(gd_kernel_p<DK, ST, PF>, dim3(gp_grid<DK, ST, PF>(sm, a->n_seq * a->w->nk), 1, 1),
                             dim3(DK, 1, 1), sm, 0, pdl, a->n_seq, a, fuse, st);
 }
 
+template <int DK, class ST>
+static cudaError_t gp_launch_pf(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+    switch (gp_pf()) {
+    case 0: return gp_launch_st<DK, ST, 0>(a, fuse, pdl, st);
+    case 2: return gp_launch_st<DK, ST, 2>(a, fuse, pdl, st);
+    default: return gp_launch_st<DK, ST, 1>(a, fuse, pdl, st);
+    }
+}
+
 template <int DK>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    if (a->st->rec16)
-        return gp_pf() ? gp_launch_st<DK, bf16, true>(a, fuse, pdl, st) : gp_launch_st<DK, bf16, false>(a, fuse, pdl, st);
-    return gp_pf() ? gp_launch_st<DK, float, true>(a, fuse, pdl, st) : gp_launch_st<DK, float, false>(a, fuse, pdl, st);
+    return a->st->rec16 ? gp_launch_pf<DK, bf16>(a, fuse, pdl, st) : gp_launch_pf<DK, float>(a, fuse, pdl, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most

@@ -765,49 +765,7 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-/* PF (LASTSTAND_GDN_PPF, default 1): the next task's small inputs into L1 while this one runs
- * (gd_pf_task, gd_pf_unit): its v channel's conv window and weights, the qkv / a / b / z values,
- * A_log and dt_bias, and for warp 0 the next unit's q/k windows, weights and raw inputs, so that a
- * task starts on L1 hits instead of a DRAM round trip (S23: at 119 sequences a block's task took
- * ~7 us for ~2-3k instructions a warp; the loads at its head are one dependent round trip each
- * task, the next unit's sequence-table read one more each unit). Only addresses: the same bits. */
-template <int LV>
-__device__ __forceinline__ void gd_pf(const void *p) { /* LV 1: into L1; 2: into L2, evict-last */
-    if constexpr (LV == 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-    else asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-}
-template <int LV>
-__device__ __forceinline__ void gd_pf_range(const void *p, size_t bytes) { /* first and last byte's lines */
-    gd_pf<LV>(p);
-    gd_pf<LV>(reinterpret_cast<const char *>(p) + bytes - 1);
-}
-template <int DK, int LV>
-__device__ __forceinline__ void gd_pf_task(const float *conv_st, const float *conv_w, const float *A_log,
-                                           const float *dt_bias, const bf16 *qkv, const bf16 *a, const bf16 *b,
-                                           const bf16 *z, int nv, int D, int slot, size_t row, int j, int vch, int hc) {
-    gd_pf_range<LV>(conv_st + ((size_t)slot * D + vch) * (GD_K - 1), sizeof(float) * (GD_K - 1));
-    gd_pf<LV>(conv_w + (size_t)vch * GD_K);
-    gd_pf<LV>(qkv + row * D + vch);
-    if (threadIdx.x == 0) { /* one line each, the block's task */
-        gd_pf<LV>(a + row * nv + j);
-        gd_pf<LV>(b + row * nv + j);
-        gd_pf<LV>(A_log + j);
-        gd_pf<LV>(dt_bias + j);
-    }
-    if (z) gd_pf<LV>(z + (row * nv + j) * DK + hc);
-}
-template <int CH, int LV>
-__device__ __forceinline__ void gd_pf_unit(const float *conv_st, const float *conv_w, const bf16 *qkv, int D, int slot,
-                                           size_t row, int qch, int kch) {
-    gd_pf_range<LV>(conv_st + ((size_t)slot * D + qch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
-    gd_pf_range<LV>(conv_st + ((size_t)slot * D + kch) * (GD_K - 1), sizeof(float) * CH * (GD_K - 1));
-    gd_pf_range<LV>(conv_w + (size_t)qch * GD_K, sizeof(float) * CH * GD_K);
-    gd_pf_range<LV>(conv_w + (size_t)kch * GD_K, sizeof(float) * CH * GD_K);
-    gd_pf_range<LV>(qkv + row * D + qch, sizeof(bf16) * CH);
-    gd_pf_range<LV>(qkv + row * D + kch, sizeof(bf16) * CH);
-}
-
-template <int DK, class ST, int PF>
+template <int DK, class ST>
 __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * sizeof(ST); /* a head's state as stored: fp32 or BF16 */
@@ -856,21 +814,11 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
     cu_pdl_wait();   /* qkv, a, b (and z) come from the projection before */
     int t = 0, slot, T, row0;
-    int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0);
-    while (u < n_units) {
+    for (int u = gp_seek(meta, blockIdx.x, n_units, nk, G, slot, T, row0); u < n_units;
+         u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0)) {
         const int kh = u % nk;
         const size_t row = (size_t)row0; /* T == 1: decode steps only */
         const bf16 *rw = qkv + row * D;
-        /* PF: the block's next unit now (its sequence-table read overlaps this unit), and warp 0's
-         * inputs for it into L1 */
-        int nslot = 0, nT = 0, nrow0 = 0, nu = n_units;
-        if constexpr (PF != 0) {
-            nu = gp_seek(meta, u + G, n_units, nk, G, nslot, nT, nrow0);
-            if (warp == 0 && nu < n_units) {
-                const int nqch = (nu % nk) * DK + lane * CH;
-                gd_pf_unit<CH, PF>(conv_st, conv_w, qkv, D, nslot, (size_t)nrow0, nqch, nk * DK + nqch);
-            }
-        }
         if (warp == 0) { /* the unit's q/k conv (gd_kernel's lane split), its window rolled */
             const int qch = kh * DK + lane * CH, kch = nk * DK + qch;
             float wq[CH][K - 1], wk[CH][K - 1], xq[CH], xk[CH];
@@ -897,13 +845,6 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
             gd_ld_v(conv_st, conv_w, A_log, dt_bias, slot, D, vch, j, wv, cwv, al, db);
             const float xv = __bfloat162float(rw[vch]), xa = gd_bf(a, row * nv + j), xb = gd_bf(b, row * nv + j);
             const float xz = fuse ? gd_bf(z, (row * nv + j) * DV + hc) : 0.f;
-            if constexpr (PF != 0) { /* the next task's: the unit's next v head, or the next unit's first */
-                if (jj + 1 < ratio)
-                    gd_pf_task<DK, PF>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, slot, row, j + 1, vch + DV, hc);
-                else if (nu < n_units)
-                    gd_pf_task<DK, PF>(conv_st, conv_w, A_log, dt_bias, qkv, a, b, z, nv, D, nslot, (size_t)nrow0,
-                                   (nu % nk) * ratio, vch + ((nu % nk) * ratio - j) * DV, hc);
-            }
             float decay, beta;
             float *stv = gd_win(conv_st, slot, D, vch);
             tv[lane] = gd_conv(cwv, wv, xv);
@@ -929,14 +870,6 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
                 asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
                 issue(bi);
             }
-        }
-        if constexpr (PF != 0) {
-            u = nu;
-            slot = nslot;
-            T = nT;
-            row0 = nrow0;
-        } else {
-            u = gp_seek(meta, u + G, n_units, nk, G, slot, T, row0);
         }
     }
 }
@@ -1017,17 +950,16 @@ static int gp_occ_cap(void) {
     return v && !strcmp(v, "1") ? 1 : 2;
 }
 
-/* gd_kernel_p<DK, ST, PF>'s blocks an SM by the occupancy calculator for its block and shared memory,
+/* gd_kernel_p<DK, ST>'s blocks an SM by the occupancy calculator for its block and shared memory,
  * found once (a constant of the instance; the first launch pays the query, no step after it) */
-template <int DK, class ST, int PF>
+template <int DK, class ST>
 static int gp_occ(size_t smem) {
     static int occ = 0;
     if (!occ) {
         int v = 1;
-        const void *kern = (const void *)gd_kernel_p<DK, ST, PF>;
+        const void *kern = (const void *)gd_kernel_p<DK, ST>;
         if ((smem > 32 * 1024 && cu_smem_allow(kern, smem) != cudaSuccess) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gd_kernel_p<DK, ST, PF>, DK, smem) != cudaSuccess ||
-            v < 1) {
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gd_kernel_p<DK, ST>, DK, smem) != cudaSuccess || v < 1) {
             (void)cudaGetLastError();
             v = 1;
         }
@@ -1037,42 +969,23 @@ static int gp_occ(size_t smem) {
 }
 
 /* gd_kernel_p's grid: the units, at most what is resident at once (gp_occ, capped by gp_occ_cap) */
-template <int DK, class ST, int PF>
+template <int DK, class ST>
 static int gp_grid(size_t smem, int units) {
-    const int occ = gp_occ<DK, ST, PF>(smem) < gp_occ_cap() ? gp_occ<DK, ST, PF>(smem) : gp_occ_cap();
+    const int occ = gp_occ<DK, ST>(smem) < gp_occ_cap() ? gp_occ<DK, ST>(smem) : gp_occ_cap();
     const int most = gp_sms() * occ;
     return units < most ? units : most;
 }
 
-/* LASTSTAND_GDN_PPF=0|1|2: gd_kernel_p without the prefetch / into L1 / into L2 (evict-last) */
-static int gp_pf(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LASTSTAND_GDN_PPF");
-        v = e && (e[0] == '0' || e[0] == '1' || e[0] == '2') && !e[1] ? e[0] - '0' : 1;
-    }
-    return v;
-}
-
-template <int DK, class ST, int PF>
-static cudaError_t gp_launch_st(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    const size_t sm = gp_smem(DK, sizeof(ST));
-    return gd_launch_ex<ST>(gd_kernel_p<DK, ST, PF>, dim3(gp_grid<DK, ST, PF>(sm, a->n_seq * a->w->nk), 1, 1),
-                            dim3(DK, 1, 1), sm, 0, pdl, a->n_seq, a, fuse, st);
-}
-
-template <int DK, class ST>
-static cudaError_t gp_launch_pf(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    switch (gp_pf()) {
-    case 0: return gp_launch_st<DK, ST, 0>(a, fuse, pdl, st);
-    case 2: return gp_launch_st<DK, ST, 2>(a, fuse, pdl, st);
-    default: return gp_launch_st<DK, ST, 1>(a, fuse, pdl, st);
-    }
-}
-
 template <int DK>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    return a->st->rec16 ? gp_launch_pf<DK, bf16>(a, fuse, pdl, st) : gp_launch_pf<DK, float>(a, fuse, pdl, st);
+    const int units = a->n_seq * a->w->nk;
+    if (a->st->rec16) {
+        const size_t sm = gp_smem(DK, sizeof(bf16));
+        return gd_launch_ex<bf16>(gd_kernel_p<DK, bf16>, dim3(gp_grid<DK, bf16>(sm, units), 1, 1), dim3(DK, 1, 1), sm,
+                                  0, pdl, a->n_seq, a, fuse, st);
+    }
+    return gd_launch_ex<float>(gd_kernel_p<DK, float>, dim3(gp_grid<DK, float>(gp_smem(DK), units), 1, 1),
+                               dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq, a, fuse, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most

@@ -525,13 +525,13 @@ __global__ void __maxnreg__(GD_T1_REGS) gd_kernel1(GD_ARGS) {
 /* S ← e^g S + k δᵀ over the DK / 8 rows from rr of the lane's 4 columns col .. col + 3 of a state
  * [DK][DK] in shared memory sS, back into sS, or (last) into the state in global memory Sg (a
  * quarter warp stores 128 contiguous bytes); tk: k [DK], dk_: the columns' δ·rk */
-template <int DK, class ST>
+template <int DK, class ST, bool RELOAD = false>
 __device__ __forceinline__ void gs_update_rows(ST *sS, ST *__restrict__ Sg, bool last, const float *tk, int rr,
                                                int col, const float dk_[4], float decay) {
     constexpr int RPL = DK / 8, DV = DK;
     const float4 *k4 = reinterpret_cast<const float4 *>(tk + rr);
     ST *Ss = sS + (size_t)rr * DV + col, *Sgl = Sg + (size_t)rr * DV + col;
-#pragma unroll
+#pragma unroll(RELOAD ? 1 : RPL / 4)
     for (int n4 = 0; n4 < RPL / 4; n4++) {
         const float4 kk = k4[n4];
         const float kv[4] = {kk.x, kk.y, kk.z, kk.w};
@@ -552,7 +552,7 @@ __device__ __forceinline__ void gs_update_rows(ST *sS, ST *__restrict__ Sg, bool
  * p = Sᵀq in gd_kernel's order, δ and o (gd_delta), then S ← e^g S + k δᵀ into sS, or (last) into
  * the state in global memory Sg [DK][DK]. tq, tk: the conv's q, k [DK]; tv: the warp's 32 v values.
  * Returns the lane's 4 columns' o (every r holds all 4). */
-template <int DK, class ST>
+template <int DK, class ST, bool RELOAD = false>
 __device__ __forceinline__ void gs_token(ST *sS, ST *__restrict__ Sg, bool last, const float *tq, const float *tk,
                                          const float *tv, float rq, float rk, float kq, float decay, float beta, int r,
                                          int cg, int col, float o4[4]) {
@@ -563,7 +563,7 @@ __device__ __forceinline__ void gs_token(ST *sS, ST *__restrict__ Sg, bool last,
     const ST *SA = sS + (size_t)r * RPL * DV + col, *SB = SA + (size_t)4 * RPL * DV;
     const float4 *kA = reinterpret_cast<const float4 *>(tk + r * RPL), *kB = kA + RPL;
     const float4 *qA = reinterpret_cast<const float4 *>(tq + r * RPL), *qB = qA + RPL;
-#pragma unroll
+#pragma unroll(RELOAD ? 1 : RPL / 4)
     for (int n4 = 0; n4 < RPL / 4; n4++) {
         const float4 ka = kA[n4], qa = qA[n4], kb = kB[n4], qb = qB[n4];
         const float kva[4] = {ka.x, ka.y, ka.z, ka.w}, qva[4] = {qa.x, qa.y, qa.z, qa.w};
@@ -591,9 +591,12 @@ __device__ __forceinline__ void gs_token(ST *sS, ST *__restrict__ Sg, bool last,
         const float m = mA[c] + mB[c], p = pA[c] + pB[c];
         gd_delta(beta, tv[4 * cg + c], decay, m, p, rk, rq, kq, o4[c], dk_[c]);
     }
+    /* RELOAD: the update reads S from shared memory again instead of keeping the first pass's 32
+     * rows in registers (fewer registers a thread, so more blocks an SM; the same values) */
+    if constexpr (RELOAD) asm volatile("" ::: "memory");
     /* S ← e^g S + k δᵀ: to shared memory, the last token's to the state in global memory */
 #pragma unroll
-    for (int h = 0; h < 2; h++) gs_update_rows<DK, ST>(sS, Sg, last, tk, (r + 4 * h) * RPL, col, dk_, decay);
+    for (int h = 0; h < 2; h++) gs_update_rows<DK, ST, RELOAD>(sS, Sg, last, tk, (r + 4 * h) * RPL, col, dk_, decay);
 }
 
 /* ---- gd_kernel_s: the streamed form, a v head a block (LASTSTAND_GDN_STREAM=1, 4) -------------
@@ -751,8 +754,8 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * size (S11: 16 sequences 31.10 vs 30.14 µs, 64: 101.1 vs 97.3) and were deleted in S11 (last at
  * commit e4fc8bf; bench/RESULTS.md, tidy2). */
 enum { GP_NB = 3 };
-static size_t gp_smem(int dk, size_t es = sizeof(float)) { /* es: bytes of a state element */
-    return es * (size_t)GP_NB * dk * dk + sizeof(float) * (2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
+static size_t gp_smem(int dk, size_t es = sizeof(float), int nb = GP_NB) { /* es: bytes of a state element */
+    return es * (size_t)nb * dk * dk + sizeof(float) * (2 * dk /* q, k */ + dk /* v */ + dk /* o */ + 4);
 }
 
 /* the first unit from u on (step G) whose sequence has a token; n_units when none */
@@ -765,19 +768,19 @@ __device__ __forceinline__ int gp_seek(const int32_t *meta, int u, int n_units, 
     return u;
 }
 
-template <int DK, class ST>
-__global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
+template <int DK, class ST, int NB = GP_NB, int MINB = 1>
+__global__ void __launch_bounds__(DK, MINB) gd_kernel_p(GD_ARGS) {
     constexpr int K = GD_K, CH = DK / 32, DV = DK;
     constexpr uint32_t BYTES = (uint32_t)DK * DV * sizeof(ST); /* a head's state as stored: fp32 or BF16 */
     extern __shared__ float4 gd_sh4[];
-    __shared__ alignas(8) unsigned long long gp_bar[GP_NB];
+    __shared__ alignas(8) unsigned long long gp_bar[NB];
     (void)dv;
     cu_pdl_trigger();
     const int n_seq = cl; /* launched with cl = the sequence count */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cg = lane & 7, r = lane >> 3;
     const int ratio = nv / nk, n_units = n_seq * nk, G = gridDim.x;
-    ST *const sbuf = reinterpret_cast<ST *>(gd_sh4);          /* [GP_NB][DK][DV] */
-    float *const tq = reinterpret_cast<float *>(sbuf + (size_t)GP_NB * DK * DV), *const tk = tq + DK;
+    ST *const sbuf = reinterpret_cast<ST *>(gd_sh4);          /* [NB][DK][DV] */
+    float *const tq = reinterpret_cast<float *>(sbuf + (size_t)NB * DK * DV), *const tk = tq + DK;
     float *const tv = tk + DK + warp * 32;                   /* the warp's 32 v values */
     float *const hv = tk + DK + DV;                          /* o of the head [DV] (fused norm) */
     float *const scal = hv + DV;                             /* rq, rk, k·q of the unit */
@@ -786,7 +789,7 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
     /* the producer's cursor (thread 0): unit pu, its head pj, the unit's slot */
     int pu = 0, pj = 0, pslot = 0;
     if (threadIdx.x == 0) {
-        for (int b = 0; b < GP_NB; b++)
+        for (int b = 0; b < NB; b++)
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8 * b) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         int pT, prow;
@@ -807,7 +810,7 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
         }
     };
     if (threadIdx.x == 0)
-        for (int b = 0; b < GP_NB; b++) issue(b);
+        for (int b = 0; b < NB; b++) issue(b);
     const bool fuse = z != nullptr;
     const int col = warp * 32 + 4 * cg, hc = col + r;
     const float gwn = fuse ? nrm_w[hc] : 0.f, qscale = rsqrtf((float)DK);
@@ -837,7 +840,7 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
             gd_st_qk<CH>(conv_st, slot, D, qch, kch, wq, wk);
         }
         for (int jj = 0; jj < ratio; jj++, t++) {
-            const int j = kh * ratio + jj, bi = t % GP_NB;
+            const int j = kh * ratio + jj, bi = t % NB;
             /* the head's v channel 32·warp + lane: conv, window rolled; its g, β; z */
             const int vch = 2 * nk * DK + j * DV + warp * 32 + lane;
             float wv[K - 1], al, db;
@@ -852,9 +855,9 @@ __global__ void __launch_bounds__(DK, 1) gd_kernel_p(GD_ARGS) {
             for (int i = 0; i < K - 1; i++) stv[i] = wv[i];
             gd_gate_beta(xa, xb, al, db, decay, beta);
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
-            gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / GP_NB) & 1u);
+            gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / NB) & 1u);
             float o4[4];
-            gs_token<DK, ST>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
+            gs_token<DK, ST, (MINB > 1)>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
                          scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
             const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
             if (!fuse) {
@@ -950,16 +953,17 @@ static int gp_occ_cap(void) {
     return v && !strcmp(v, "1") ? 1 : 2;
 }
 
-/* gd_kernel_p<DK, ST>'s blocks an SM by the occupancy calculator for its block and shared memory,
- * found once (a constant of the instance; the first launch pays the query, no step after it) */
-template <int DK, class ST>
+/* gd_kernel_p<DK, ST, NB, MINB>'s blocks an SM by the occupancy calculator for its block and shared
+ * memory, found once (a constant of the instance; the first launch pays the query, no step after it) */
+template <int DK, class ST, int NB, int MINB>
 static int gp_occ(size_t smem) {
     static int occ = 0;
     if (!occ) {
         int v = 1;
-        const void *kern = (const void *)gd_kernel_p<DK, ST>;
+        const void *kern = (const void *)gd_kernel_p<DK, ST, NB, MINB>;
         if ((smem > 32 * 1024 && cu_smem_allow(kern, smem) != cudaSuccess) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gd_kernel_p<DK, ST>, DK, smem) != cudaSuccess || v < 1) {
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gd_kernel_p<DK, ST, NB, MINB>, DK, smem) != cudaSuccess ||
+            v < 1) {
             (void)cudaGetLastError();
             v = 1;
         }
@@ -968,24 +972,47 @@ static int gp_occ(size_t smem) {
     return occ;
 }
 
-/* gd_kernel_p's grid: the units, at most what is resident at once (gp_occ, capped by gp_occ_cap) */
+/* LASTSTAND_GDN_PCFG = 0 | 1 | 2 | 3: gd_kernel_p's form, (state buffers a block, blocks an SM):
+ *   0: 3 buffers, a task's rows unrolled (245 registers), at most gp_occ_cap() blocks an SM;
+ *   1: 2 buffers, the rows in a loop (~102 registers, the same arithmetic), up to 3 blocks;
+ *   2: 1 buffer, up to 5 blocks;  3: 1 buffer, up to 6 blocks (85 registers).
+ * S23's ncu of form 0 at 119 sequences: 2 warps a scheduler, issue 22% busy, the task's chain of
+ * latencies (its inputs, three block barriers) not hidden; forms 1-3 trade the state copies in
+ * flight a block for more blocks (tasks) an SM. */
+static int gp_cfg(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_GDN_PCFG");
+        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : 0;
+    }
+    return v;
+}
+
+/* gd_kernel_p<DK, ST, NB, MINB> on a grid of the units, at most what is resident at once (gp_occ;
+ * form 0 also capped by gp_occ_cap): a persistent grid must not queue a second wave */
+template <int DK, class ST, int NB, int MINB>
+static cudaError_t gp_launch_f(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+    const size_t sm = gp_smem(DK, sizeof(ST), NB);
+    int occ = gp_occ<DK, ST, NB, MINB>(sm);
+    if (MINB == 1 && occ > gp_occ_cap()) occ = gp_occ_cap();
+    const int units = a->n_seq * a->w->nk, most = gp_sms() * occ;
+    return gd_launch_ex<ST>(gd_kernel_p<DK, ST, NB, MINB>, dim3(units < most ? units : most, 1, 1), dim3(DK, 1, 1), sm,
+                            0, pdl, a->n_seq, a, fuse, st);
+}
+
 template <int DK, class ST>
-static int gp_grid(size_t smem, int units) {
-    const int occ = gp_occ<DK, ST>(smem) < gp_occ_cap() ? gp_occ<DK, ST>(smem) : gp_occ_cap();
-    const int most = gp_sms() * occ;
-    return units < most ? units : most;
+static cudaError_t gp_launch_st(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
+    switch (gp_cfg()) {
+    case 1: return gp_launch_f<DK, ST, 2, 3>(a, fuse, pdl, st);
+    case 2: return gp_launch_f<DK, ST, 1, 5>(a, fuse, pdl, st);
+    case 3: return gp_launch_f<DK, ST, 1, 6>(a, fuse, pdl, st);
+    default: return gp_launch_f<DK, ST, GP_NB, 1>(a, fuse, pdl, st);
+    }
 }
 
 template <int DK>
 static cudaError_t gp_launch(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    const int units = a->n_seq * a->w->nk;
-    if (a->st->rec16) {
-        const size_t sm = gp_smem(DK, sizeof(bf16));
-        return gd_launch_ex<bf16>(gd_kernel_p<DK, bf16>, dim3(gp_grid<DK, bf16>(sm, units), 1, 1), dim3(DK, 1, 1), sm,
-                                  0, pdl, a->n_seq, a, fuse, st);
-    }
-    return gd_launch_ex<float>(gd_kernel_p<DK, float>, dim3(gp_grid<DK, float>(gp_smem(DK), units), 1, 1),
-                               dim3(DK, 1, 1), gp_smem(DK), 0, pdl, a->n_seq, a, fuse, st);
+    return a->st->rec16 ? gp_launch_st<DK, bf16>(a, fuse, pdl, st) : gp_launch_st<DK, float>(a, fuse, pdl, st);
 }
 
 /* Warps per block: the fewest, at least want, that divide dv / GD_WC and leave at most

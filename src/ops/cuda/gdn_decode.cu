@@ -741,9 +741,10 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
 /* ---- gd_kernel_p: the streamed form, persistent (wide decode steps: LASTSTAND_GDN_STREAM) ---------
  * For decode steps (every sequence at most one token). grid (G) with G = min(units, SMs), block DK
  * threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
- * a unit's nv / nk v heads one after the other ("tasks"). The states of the next GP_NB tasks are in
- * flight at all times: GP_NB shared-memory buffers with an mbarrier each, thread 0 refills a buffer
- * with the task GP_NB ahead as soon as the block is done with it, so an SM streams reads and
+ * a unit's nv / nk v heads one after the other ("tasks"). The states of the next NB tasks are in
+ * flight at all times: NB shared-memory buffers with an mbarrier each (NB = GP_NB, or fewer in the
+ * forms with more blocks an SM: gp_cfg), thread 0 refills a buffer with the task NB ahead as soon
+ * as the block is done with it, so an SM streams reads and
  * writes without the gaps between one block's exit and the next one's first load (gd_kernel_s's
  * blocks start in step: at 16 sequences of the 35B shape the reads of the first wave all come
  * before any store). The unit's q/k conv runs once, in warp 0 (the lane split of gd_kernel's
@@ -972,18 +973,23 @@ static int gp_occ(size_t smem) {
     return occ;
 }
 
-/* LASTSTAND_GDN_PCFG = 0 | 1 | 2 | 3: gd_kernel_p's form, (state buffers a block, blocks an SM):
+/* LASTSTAND_GDN_PCFG = 0 | 1 | 2 | 3 (unset: auto, -1): gd_kernel_p's form, (state buffers a block,
+ * blocks an SM):
  *   0: 3 buffers, a task's rows unrolled (245 registers), at most gp_occ_cap() blocks an SM;
  *   1: 2 buffers, the rows in a loop (~102 registers, the same arithmetic), up to 3 blocks;
- *   2: 1 buffer, up to 5 blocks;  3: 1 buffer, up to 6 blocks (85 registers).
+ *   2: 1 buffer, up to 5 blocks;  3: 1 buffer, up to 6 blocks (80 registers).
  * S23's ncu of form 0 at 119 sequences: 2 warps a scheduler, issue 22% busy, the task's chain of
- * latencies (its inputs, three block barriers) not hidden; forms 1-3 trade the state copies in
- * flight a block for more blocks (tasks) an SM. */
+ * latencies (its inputs, three block barriers) not hidden. Forms 1-3 trade the state copies in
+ * flight a block for more blocks (tasks) an SM. Measured (synth 35B decode step, ms, form 0 -> 2):
+ * BF16 state B = 128 14.837 -> 14.726, B = 64 11.268 -> 11.109, B = 16 5.951 -> 6.069 (worse: one
+ * unit a block, whose next task's state form 0 already has in flight); fp32 state B = 128 17.372 ->
+ * 16.636; forms 1 and 3 no better than 2; the same bits in every form. Auto: form 2 where form 0's
+ * grid would give each block at least two units, else form 0. */
 static int gp_cfg(void) {
-    static int v = -1;
-    if (v < 0) {
+    static int v = -2;
+    if (v == -2) {
         const char *e = getenv("LASTSTAND_GDN_PCFG");
-        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : 0;
+        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : -1;
     }
     return v;
 }
@@ -1002,7 +1008,13 @@ static cudaError_t gp_launch_f(const gdn_args *a, int fuse, int pdl, cudaStream_
 
 template <int DK, class ST>
 static cudaError_t gp_launch_st(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
-    switch (gp_cfg()) {
+    int cfg = gp_cfg();
+    if (cfg < 0) { /* auto: form 0's resident grid against the units */
+        int occ0 = gp_occ<DK, ST, GP_NB, 1>(gp_smem(DK, sizeof(ST), GP_NB));
+        if (occ0 > gp_occ_cap()) occ0 = gp_occ_cap();
+        cfg = a->n_seq * a->w->nk >= 2 * gp_sms() * occ0 ? 2 : 0;
+    }
+    switch (cfg) {
     case 1: return gp_launch_f<DK, ST, 2, 3>(a, fuse, pdl, st);
     case 2: return gp_launch_f<DK, ST, 1, 5>(a, fuse, pdl, st);
     case 3: return gp_launch_f<DK, ST, 1, 6>(a, fuse, pdl, st);

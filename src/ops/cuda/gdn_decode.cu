@@ -858,8 +858,8 @@ __global__ void __launch_bounds__(DK, MINB) gd_kernel_p(GD_ARGS) {
             __syncthreads(); /* q, k and the scalars (warp 0), v (each warp) */
             gd_mbar_wait(bar0 + 8 * bi, (uint32_t)(t / NB) & 1u);
             float o4[4];
-            gs_token<DK, ST, (MINB > 1)>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true, tq, tk, tv,
-                         scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
+            gs_token<DK, ST, (MINB > 1)>(sbuf + (size_t)bi * DK * DV, rec + ((size_t)slot * nv + j) * DK * DV, true,
+                                         tq, tk, tv, scal[0], scal[1], scal[2], decay, beta, r, cg, col, o4);
             const float ov = r == 0 ? o4[0] : r == 1 ? o4[1] : r == 2 ? o4[2] : o4[3];
             if (!fuse) {
                 out[(row * nv + j) * DV + hc] = __float2bfloat16_rn(ov);
@@ -983,8 +983,10 @@ static int gp_occ(size_t smem) {
  * flight a block for more blocks (tasks) an SM. Measured (synth 35B decode step, ms, form 0 -> 2):
  * BF16 state B = 128 14.837 -> 14.726, B = 64 11.268 -> 11.109, B = 16 5.951 -> 6.069 (worse: one
  * unit a block, whose next task's state form 0 already has in flight); fp32 state B = 128 17.372 ->
- * 16.636; forms 1 and 3 no better than 2; the same bits in every form. Auto: form 2 where form 0's
- * grid would give each block at least two units, else form 0. */
+ * 16.636; forms 1 and 3 no better than 2; the same bits in every form. Then (gdnauto.sh) B = 32
+ * (512 units) 8.661 -> 8.543, B = 48 10.142 -> 10.053, fp32 B = 16 6.174 -> 6.313 (worse, as BF16's).
+ * Auto: form 2 from 3 units an SM on (the 35B / 397B shapes, 16 k heads: 25 sequences and more),
+ * else form 0. */
 static int gp_cfg(void) {
     static int v = -2;
     if (v == -2) {
@@ -1009,11 +1011,7 @@ static cudaError_t gp_launch_f(const gdn_args *a, int fuse, int pdl, cudaStream_
 template <int DK, class ST>
 static cudaError_t gp_launch_st(const gdn_args *a, int fuse, int pdl, cudaStream_t st) {
     int cfg = gp_cfg();
-    if (cfg < 0) { /* auto: form 0's resident grid against the units */
-        int occ0 = gp_occ<DK, ST, GP_NB, 1>(gp_smem(DK, sizeof(ST), GP_NB));
-        if (occ0 > gp_occ_cap()) occ0 = gp_occ_cap();
-        cfg = a->n_seq * a->w->nk >= 2 * gp_sms() * occ0 ? 2 : 0;
-    }
+    if (cfg < 0) cfg = a->n_seq * a->w->nk >= 3 * gp_sms() ? 2 : 0; /* auto: by the units an SM */
     switch (cfg) {
     case 1: return gp_launch_f<DK, ST, 2, 3>(a, fuse, pdl, st);
     case 2: return gp_launch_f<DK, ST, 1, 5>(a, fuse, pdl, st);

@@ -13,28 +13,17 @@
 dev_init gdnocc 415 "$@"
 echo "== pytest test_gpu_bf16_state.py test_gpu_gdn_decode.py $(el)"
 (cd "$(dirname "$D")" && timeout -k 3 150 python3 -m pytest -q tests/test_gpu_bf16_state.py tests/test_gpu_gdn_decode.py 2>&1 | tail -6)
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-step() { # NAME B DTYPE [VAR=VALUE ...]
-    local n=$1 b=$2 d=$3
-    shift 3
-    [ "$(left)" -lt 30 ] && { echo "$n: out of time"; return; }
-    env "$@" timeout -k 3 90 "$BIN" generate --model-path synth:qwen3.5-35b-a3b --ids "$(ids 512)" --max-new-tokens 65 \
-        --ignore-eos --batch "$b" --device cuda "${PLANS[@]}" --mamba-ssm-dtype "$d" >"$OUT/$n.out" 2>"$OUT/$n.err"
-    echo "$n B=$b $d $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
-}
-step b128-bf-occ2 128 bfloat16
-step b128-bf-occ1 128 bfloat16 LASTSTAND_GDN_POCC=1
-step b128-f32 128 float32
-step b64-bf-occ2 64 bfloat16
-step b64-bf-occ1 64 bfloat16 LASTSTAND_GDN_POCC=1
-step b16-bf-occ2 16 bfloat16
-step b16-bf-occ1 16 bfloat16 LASTSTAND_GDN_POCC=1
+dev_step b128-bf-occ2 128 bfloat16
+dev_step b128-bf-occ1 128 bfloat16 LASTSTAND_GDN_POCC=1
+dev_step b128-f32 128 float32
+dev_step b64-bf-occ2 64 bfloat16
+dev_step b64-bf-occ1 64 bfloat16 LASTSTAND_GDN_POCC=1
+dev_step b16-bf-occ2 16 bfloat16
+dev_step b16-bf-occ1 16 bfloat16 LASTSTAND_GDN_POCC=1
 for o in 1 2; do cmp -s "$OUT/b128-bf-occ$o.out" "$OUT/b128-bf-occ2.out" && echo "b128 occ$o ids == occ2" || echo "b128 occ$o ids DIFFER"; done
 cmp -s "$OUT/b64-bf-occ1.out" "$OUT/b64-bf-occ2.out" && echo "b64 occ1 ids == occ2" || echo "b64 occ1 ids DIFFER"
-step b128-fs4 128 bfloat16 LASTSTAND_FP_SHORT=4
-step b128-fs0 128 bfloat16 LASTSTAND_FP_SHORT=0
-step b1-fs16 1 bfloat16
-step b1-fs4 1 bfloat16 LASTSTAND_FP_SHORT=4
+dev_step b128-fs4 128 bfloat16 LASTSTAND_FP_SHORT=4
+dev_step b128-fs0 128 bfloat16 LASTSTAND_FP_SHORT=0
+dev_step b1-fs16 1 bfloat16
+dev_step b1-fs4 1 bfloat16 LASTSTAND_FP_SHORT=4
 echo "done $(el)"

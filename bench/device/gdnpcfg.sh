@@ -18,21 +18,10 @@ for c in 1 2 3; do
 done
 echo "== pytest PCFG=2 $(el)"
 (cd "$(dirname "$D")" && LASTSTAND_GDN_PCFG=2 timeout -k 3 100 python3 -m pytest -q tests/test_gpu_bf16_state.py tests/test_gpu_gdn_decode.py 2>&1 | tail -3)
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
-step() { # NAME B DTYPE [VAR=VALUE ...]
-    local n=$1 b=$2 d=$3
-    shift 3
-    [ "$(left)" -lt 20 ] && { echo "$n: out of time"; return; }
-    env "$@" timeout -k 3 60 "$BIN" generate --model-path synth:qwen3.5-35b-a3b --ids "$(ids 512)" --max-new-tokens 65 \
-        --ignore-eos --batch "$b" --device cuda "${PLANS[@]}" --mamba-ssm-dtype "$d" >"$OUT/$n.out" 2>"$OUT/$n.err"
-    echo "$n B=$b $d $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
-}
-for c in 2 0 3 1; do step b128-c$c 128 bfloat16 LASTSTAND_GDN_PCFG=$c; done
-for c in 2 0; do step b64-c$c 64 bfloat16 LASTSTAND_GDN_PCFG=$c; done
-for c in 2 0; do step b128f-c$c 128 float32 LASTSTAND_GDN_PCFG=$c; done
-for c in 2 0; do step b16-c$c 16 bfloat16 LASTSTAND_GDN_PCFG=$c; done
+for c in 2 0 3 1; do dev_step b128-c$c 128 bfloat16 LASTSTAND_GDN_PCFG=$c; done
+for c in 2 0; do dev_step b64-c$c 64 bfloat16 LASTSTAND_GDN_PCFG=$c; done
+for c in 2 0; do dev_step b128f-c$c 128 float32 LASTSTAND_GDN_PCFG=$c; done
+for c in 2 0; do dev_step b16-c$c 16 bfloat16 LASTSTAND_GDN_PCFG=$c; done
 for n in b128-c3 b128-c1 b128-c0 b64-c0 b128f-c0 b16-c0; do
     o=${n%-c*}-c2.out
     [ -f "$OUT/$n.out" ] && { cmp -s "$OUT/$n.out" "$OUT/$o" && echo "$n ids == form 2" || echo "$n ids DIFFER from form 2"; }

@@ -15,6 +15,22 @@ DEV_PLANS_PREFILL=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --mo
                    --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 DEV_PLANS_DECODE=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:8,cuda_grouped_gemm
                   --attention-backend cuda_flash_prefill --gdn-backend cuda_decode --gemm-backend cuda_gemv:8,cuda_cublaslt)
+# DEV_PLANS_AUTO: the plans serve picks on auto on the H200 (the decode-step scripts' default).
+DEV_PLANS_AUTO=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
+                --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
+                --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
+# dev_step NAME B DTYPE [VAR=VALUE ...]: the full synth Qwen3.5-35B-A3B's decode step, `generate --batch B`
+# (512-token prompts + 65 tokens, CUDA graphs, DEV_PLANS_AUTO, --mamba-ssm-dtype DTYPE) with the pairs in
+# its environment; ids to OUT/NAME.out, the log to OUT/NAME.err; prints the engine's step line. Skipped
+# with under 25 s left.
+dev_step() {
+    local n=$1 b=$2 d=$3
+    shift 3
+    [ "$(left)" -lt 25 ] && { echo "$n: out of time"; return; }
+    env "$@" timeout -k 3 90 "$BIN" generate --model-path synth:qwen3.5-35b-a3b --ids "$(ids 512)" --max-new-tokens 65 \
+        --ignore-eos --batch "$b" --device cuda "${DEV_PLANS_AUTO[@]}" --mamba-ssm-dtype "$d" >"$OUT/$n.out" 2>"$OUT/$n.err"
+    echo "$n B=$b $d $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
+}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%150000) for i in range(n)))" "$1"; }
 dev_init() {
     local name=$1 budget=$2

@@ -45,9 +45,9 @@
  * (255 registers, 8 warps an SM) would need more than one wave: batches of more than ~4
  * sequences (see gd_t1).
  *
- * Wide decode steps run gd_kernel_p instead (LASTSTAND_GDN_STREAM, see gd_stream): a block an SM
- * walking (sequence, k head) units, the states of its next 3 v heads in flight in shared memory
- * (bulk copies), so that every SM streams reads and writes at once; gd_kernel_s is the same per
+ * Wide decode steps run gd_kernel_p instead (LASTSTAND_GDN_STREAM, see gd_stream): persistent
+ * blocks walking (sequence, k head) units, the states of their next v heads in flight in shared
+ * memory (bulk copies), so that every SM streams reads and writes at once (its forms: gp_cfg); gd_kernel_s is the same per
  * token math with a v head a block (see both). The arithmetic is gd_kernel's in the same order, so
  * the same bits whichever form runs a sequence.
  *
@@ -744,8 +744,8 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
  * a unit's nv / nk v heads one after the other ("tasks"). The states of the next NB tasks are in
  * flight at all times: NB shared-memory buffers with an mbarrier each (NB = GP_NB, or fewer in the
  * forms with more blocks an SM: gp_cfg), thread 0 refills a buffer with the task NB ahead as soon
- * as the block is done with it, so an SM streams reads and
- * writes without the gaps between one block's exit and the next one's first load (gd_kernel_s's
+ * as the block is done with it, so an SM streams reads and writes without the gaps between one
+ * block's exit and the next one's first load (gd_kernel_s's
  * blocks start in step: at 16 sequences of the 35B shape the reads of the first wave all come
  * before any store). The unit's q/k conv runs once, in warp 0 (the lane split of gd_kernel's
  * warps, so the same bits), and warp 0 rolls the q/k window itself (a unit belongs to one block:

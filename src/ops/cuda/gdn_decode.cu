@@ -47,9 +47,9 @@
  *
  * Wide decode steps run gd_kernel_p instead (LASTSTAND_GDN_STREAM, see gd_stream): persistent
  * blocks walking (sequence, k head) units, the states of their next v heads in flight in shared
- * memory (bulk copies), so that every SM streams reads and writes at once (its forms: gp_cfg); gd_kernel_s is the same per
- * token math with a v head a block (see both). The arithmetic is gd_kernel's in the same order, so
- * the same bits whichever form runs a sequence.
+ * memory (bulk copies), so that every SM streams reads and writes at once (its forms: gp_cfg);
+ * gd_kernel_s is the same per token math with a v head a block (see both). The arithmetic is
+ * gd_kernel's in the same order, so the same bits whichever form runs a sequence.
  *
  * Programmatic dependent launch (cu_pdl.h): launched with the programmatic-stream-serialization
  * attribute (LASTSTAND_GDN_PDL=0|1, GD_PDL_DEFAULT), the kernel loads the sequence table, its S slice,

@@ -19,7 +19,8 @@
  * gd_kernel_s for every call (LASTSTAND_GDN_STREAM=1) against gd_kernel (=0): outputs (with and
  * without the fused norm), states and windows bitwise equal at every shape, tokens 1, 6 and 0;
  * and its fused norm against its own output + rmsnorm_gated. The persistent form gd_kernel_p
- * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step.
+ * (=3, decode steps) likewise, on decode steps with a sequence of no token, and on the wide step,
+ * in each of its forms (LASTSTAND_GDN_PCFG 0 .. 3, read at every call) and by the unit count.
  * `test_gdn_decode_cuda --bench`: µs a call (CUDA events, L2 flushed before each) of the 16-sequence
  * decode step at the 35B and 397B shapes: gd_kernel, gd_kernel_p.
  * Needs a CUDA GPU of compute capability 9.0+: every test is skipped without one.
@@ -276,15 +277,20 @@ static void test_wide_decode_step_equals_the_group_kernel(void **st) {
     (void)st;
 #ifdef LS_HAVE_CUDA
     if (!have_gpu()) skip();
-    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p; 4: gd_kernel_s */
-    static const char *const modes[] = {"0", "2", "3", "4"};
-    for (int v = 0; v < 4; v++) {
+    /* 0: gd_kernel1 (LASTSTAND_GDN_T1=2) for the wide step; 2 (auto), 3: gd_kernel_p (in each of its
+     * forms, LASTSTAND_GDN_PCFG 0 .. 3, and by the unit count); 4: gd_kernel_s */
+    static const char *const modes[] = {"0", "2", "3", "3", "3", "3", "3", "4"};
+    static const char *const forms[] = {"", "", "", "0", "1", "2", "3", ""};
+    for (int v = 0; v < 8; v++) {
         setenv("LASTSTAND_GDN_STREAM", modes[v], 1);
+        if (forms[v][0]) setenv("LASTSTAND_GDN_PCFG", forms[v], 1);
+        else unsetenv("LASTSTAND_GDN_PCFG");
         t1_case(16, 32, 128, 128, 16);
         t1_case(16, 64, 128, 128, 16);
         t1_case(2, 4, 32, 32, 5); /* the fixtures' shape: a narrow grid (gd_kernel every time) */
     }
     unsetenv("LASTSTAND_GDN_STREAM");
+    unsetenv("LASTSTAND_GDN_PCFG");
 #else
     skip();
 #endif
@@ -333,8 +339,14 @@ static void test_streamed_equals_the_group_kernel(void **st) {
             stream_case(s[0], s[1], s[2], s[3], 3, seqs, 7, fuse, "1");
             stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "1"); /* M = 1 alone */
             stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "1");
-            stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
-            stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
+            for (int f = -1; f < 4; f++) { /* gd_kernel_p by the unit count, then in each form */
+                char fs[2] = {(char)('0' + f), 0};
+                if (f < 0) unsetenv("LASTSTAND_GDN_PCFG");
+                else setenv("LASTSTAND_GDN_PCFG", fs, 1);
+                stream_case(s[0], s[1], s[2], s[3], 4, dec, 3, fuse, "3");
+                stream_case(s[0], s[1], s[2], s[3], 1, seqs, 1, fuse, "3");
+            }
+            unsetenv("LASTSTAND_GDN_PCFG");
         }
     unsetenv("LASTSTAND_GDN_STREAM");
 #else

@@ -987,13 +987,9 @@ static int gp_occ(size_t smem) {
  * (512 units) 8.661 -> 8.543, B = 48 10.142 -> 10.053, fp32 B = 16 6.174 -> 6.313 (worse, as BF16's).
  * Auto: form 2 from 3 units an SM on (the 35B / 397B shapes, 16 k heads: 25 sequences and more),
  * else form 0. */
-static int gp_cfg(void) {
-    static int v = -2;
-    if (v == -2) {
-        const char *e = getenv("LASTSTAND_GDN_PCFG");
-        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : -1;
-    }
-    return v;
+static int gp_cfg(void) { /* read at every call, as LASTSTAND_GDN_STREAM (the tests set it) */
+    const char *e = getenv("LASTSTAND_GDN_PCFG");
+    return e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : -1;
 }
 
 /* gd_kernel_p<DK, ST, NB, MINB> on a grid of the units, at most what is resident at once (gp_occ;

@@ -12,9 +12,6 @@
 dev_init deepncu 295 "$@"
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
 B=${DNCU_B:-128}
-PLANS=(--fp4-gemm-backend cuda_w4a16_mma:64,cuda_dequant_cublas --moe-runner-backend cuda_fused_decode:1,cuda_grouped_gemm
-       --attention-backend cuda_flash_prefill --gdn-backend cuda_decode
-       --gemm-backend cuda_gemv:16,cuda_cublaslt --lm-head-backend cuda_cublaslt)
 read -ra XF <<<"${DNCU_FLAGS:---mamba-ssm-dtype bfloat16}"
 # 4 layers = 3 GDN + 1 attention, 4 MoE: a decode step launches gd_kernel_p 3 times, mv_kernel and
 # mvd_kernel 4 times each; skip the first 10 steps' worth (the prompts' prefill chunks first)
@@ -26,7 +23,7 @@ for k in "${KS[@]}"; do
     timeout -k 3 $(( $(left) - 30 )) "$NCU" --set full --import-source no --clock-control none \
         -k regex:"$re" --launch-skip "$skip" --launch-count 1 -o "$OUT/$tag" \
         "$BIN" generate --model-path synth:qwen3.5-35b-a3b,layers=4 --ids "$(ids 512)" --max-new-tokens 24 \
-        --ignore-eos --batch "$B" --device cuda --disable-cuda-graph "${PLANS[@]}" "${XF[@]}" \
+        --ignore-eos --batch "$B" --device cuda --disable-cuda-graph "${DEV_PLANS_AUTO[@]}" "${XF[@]}" \
         >"$OUT/$tag.gen.out" 2>"$OUT/$tag.gen.err"
     echo "rc=$? $(el)"
     if [ -f "$OUT/$tag.ncu-rep" ]; then

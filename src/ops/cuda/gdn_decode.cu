@@ -739,8 +739,8 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
 }
 
 /* ---- gd_kernel_p: the streamed form, persistent (wide decode steps: LASTSTAND_GDN_STREAM) ---------
- * For decode steps (every sequence at most one token). grid (G) with G = min(units, SMs), block DK
- * threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
+ * For decode steps (every sequence at most one token). grid (G) with G = min(units, the blocks
+ * resident at once), block DK threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
  * a unit's nv / nk v heads one after the other ("tasks"). The states of the next NB tasks are in
  * flight at all times: NB shared-memory buffers with an mbarrier each (NB = GP_NB, or fewer in the
  * forms with more blocks an SM: gp_cfg), thread 0 refills a buffer with the task NB ahead as soon
@@ -942,7 +942,7 @@ static cudaError_t gd_launch_ex(void (*kern)(GD_ARGS), dim3 grid, dim3 block, si
     }
 }
 
-/* LASTSTAND_GDN_POCC = 1 | 2: at most that many gd_kernel_p blocks an SM (default 2). The BF16
+/* LASTSTAND_GDN_POCC = 1 | 2: at most that many form-0 gd_kernel_p blocks an SM (default 2). The BF16
  * state's three buffers (3 x 32 KB at dk = dv = 128) leave room for a second block an SM, the fp32
  * state's (3 x 64 KB) do not: the grid is what fits at once (a persistent grid must not queue a
  * second wave), so only the BF16 state gets two. Why (S22): a block is 4 warps, one a scheduler,

@@ -740,8 +740,8 @@ __global__ void __launch_bounds__(DV, 3) gd_kernel_s(GD_ARGS) {
 
 /* ---- gd_kernel_p: the streamed form, persistent (wide decode steps: LASTSTAND_GDN_STREAM) ---------
  * For decode steps (every sequence at most one token). grid (G) with G = min(units, the blocks
- * resident at once), block DK threads (dk = dv), no cluster; a unit = (sequence, k head), block b takes units b, b + G, ... and
- * a unit's nv / nk v heads one after the other ("tasks"). The states of the next NB tasks are in
+ * resident at once), block DK threads (dk = dv), no cluster; a unit = (sequence, k head), block b
+ * takes units b, b + G, ... and a unit's nv / nk v heads one after the other ("tasks"). The states of the next NB tasks are in
  * flight at all times: NB shared-memory buffers with an mbarrier each (NB = GP_NB, or fewer in the
  * forms with more blocks an SM: gp_cfg), thread 0 refills a buffer with the task NB ahead as soon
  * as the block is done with it, so an SM streams reads and writes without the gaps between one

@@ -404,6 +404,49 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
     }
 }
 
+/* fp_dec_kernel's end of a chunk zc: the (m, l) and unnormalised O of rows g and g + 8 (< grp) to
+ * partial slot zc, or, the row's only chunk (direct), O / l times the gate to out */
+template <int HD>
+__device__ __forceinline__ void fp_dec_chunk_out(int zc, bool direct, int grp, int g, int t, int w, float mA, float mB,
+                                                 float lA, float lB, const float (*o)[4], size_t hrow,
+                                                 int n_rows_total, float *__restrict__ part_o,
+                                                 float *__restrict__ part_ml, const bf16 *__restrict__ gate,
+                                                 bf16 *__restrict__ out) {
+    constexpr int OTW = HD / 32;
+    fp_quad_sum(lA, lB);
+    const int dbase = w * (HD / 4);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int r = half ? g + 8 : g;
+        if (r >= grp) continue;
+        if (!direct) {
+            const size_t prow = (size_t)zc * n_rows_total + hrow + r;
+            if (w == 0 && t == 0) {
+                part_ml[2 * prow] = half ? mB : mA;
+                part_ml[2 * prow + 1] = half ? lB : lA;
+            }
+#pragma unroll
+            for (int n = 0; n < OTW; n++)
+                *reinterpret_cast<float2 *>(part_o + prow * HD + dbase + n * 8 + 2 * t) =
+                    make_float2(o[n][2 * half], o[n][2 * half + 1]);
+        } else {
+            const float l = half ? lB : lA, inv = l > 0.f ? 1.f / l : 0.f;
+            const size_t base = (hrow + r) * HD + dbase;
+#pragma unroll
+            for (int n = 0; n < OTW; n++) {
+                const size_t at = base + n * 8 + 2 * t;
+                float v0 = o[n][2 * half] * inv, v1 = o[n][2 * half + 1] * inv;
+                if (gate) {
+                    __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162 *>(gate + at);
+                    v0 *= 1.f / (1.f + __expf(-__bfloat162float(gv.x)));
+                    v1 *= 1.f / (1.f + __expf(-__bfloat162float(gv.y)));
+                }
+                *reinterpret_cast<uint32_t *>(out + at) = fp_pack(v0, v1);
+            }
+        }
+    }
+}
+
 /* cuda_flash_prefill's decode kernel (LASTSTAND_FP_DEC=1, the row plan, calls of one new token per
  * sequence, grp <= 16): grid (n_seq, nkv, nsplit), block 128 threads (4 warps) on the 16 MMA rows
  * of one token's GQA group (rows >= grp are zero). Where fp_kernel gives each warp 16 rows of a
@@ -411,8 +454,11 @@ __global__ void __launch_bounds__(FP_THREADS) fp_kernel(int n_seq, const attn_se
  * and split the work: S = Q·Kᵀ by head_dim quarters (warp w: dims HD/4·w ..), the four partial S
  * summed through shared memory in warp order (every warp then holds the same S and runs the same
  * online softmax), and O += P·V by head_dim quarters of V (warp w owns output dims HD/4·w ..).
- * Chunking, partials and merge as fp_kernel's row plan (chunk z of the sequence's keys -> block z;
- * one chunk: written directly). Shared: Qs [16][HD+8], STG stages of Ks, Vs [BN][HD+8] (BF16), Sred
+ * Chunking, partials and merge as fp_kernel's row plan (chunk z of the sequence's keys -> partial
+ * slot z; one chunk: written directly), the chunks dealt to grid.z blocks a row in contiguous runs
+ * (fp_dec_gz): a block runs its run's key tiles through one pipeline and closes each chunk (partial
+ * out, m / l / O reset) as that chunk's own block would, so the grid never changes a bit. (S24: a
+ * block a chunk left a short row's blocks latency-bound, 2 key tiles each at 545 keys.) Shared: Qs [16][HD+8], STG stages of Ks, Vs [BN][HD+8] (BF16), Sred
  * [4][16][BN+8] fp32. STG = 2, or 4 for grids of at most one block per SM (STG - 1 key tiles in
  * flight: a decode block's loop waits on memory latency, not on its math); the stages do not
  * change the arithmetic. */
@@ -423,7 +469,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
                                                             const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                             float *__restrict__ part_o, float *__restrict__ part_ml,
                                                             int *__restrict__ part_n, int n_rows_total, int c0,
-                                                            int ss, int early) {
+                                                            int ss, int early, int nsplit) {
     constexpr int LD = HD + 8, NT = BN / 8, CH = HD / 8, SB = BN + 8; /* SB: Sred row stride */
     constexpr int KKW = HD / 64;      /* k-steps (16 dims) of S per warp: its quarter of head_dim */
     constexpr int OTW = HD / 32;      /* dim n-tiles (8 dims) of O per warp */
@@ -444,10 +490,12 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
     const int n_past = seqs[s].n_past, row0 = seqs[s].row0;
     const int32_t *__restrict__ pages = seqs[s].pages;
     const int kmax = n_past, n_ktiles = kmax / BN + 1;
-    const int z = blockIdx.z, nsplit = gridDim.z;
+    /* the row's chunks (the plan's, whatever the grid), dealt to the gridDim.z blocks of the row in
+     * contiguous runs of cpb: this block's chunks zc0 .., its key tiles kt0 .. kt0 + n_it - 1 */
     const int ct = fp_rows_chunk(n_ktiles, c0, ss, nsplit), nc = (n_ktiles + ct - 1) / ct;
-    if (z >= nc) return;
-    const int kt0 = z * ct, n_it = min(ct, n_ktiles - kt0);
+    const int cpb = (nc + (int)gridDim.z - 1) / (int)gridDim.z, zc0 = (int)blockIdx.z * cpb;
+    if (zc0 >= nc) return;
+    const int kt0 = zc0 * ct, n_it = min(cpb * ct, n_ktiles - kt0);
     const bool direct = nc == 1 || !part_o;
     const size_t hrow = (size_t)row0 * nh + kvh * grp; /* output row of query head kvh·grp + 0 */
     auto load_kv = [&](int kt, int st) {
@@ -472,7 +520,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
         cu_pdl_wait();
         cu_pdl_trigger();
     }
-    if (z == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
+    if (zc0 == 0 && part_n && tid < grp) part_n[hrow + tid] = nc;
     for (int i = tid; i < 16 * CH; i += FP_THREADS) {
         const int r = i / CH, c = i % CH, ok = r < grp;
         fp_cp16(Qs + r * LD + c * 8, ok ? q + (hrow + r) * HD + c * 8 : q, ok ? 16 : 0);
@@ -545,40 +593,16 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
         /* O[:, this warp's dims] += P·V */
         fp_pv<LD>(sc, o, Vs, lane, w * (HD / 4));
         __syncthreads(); /* stage st and Sred are rewritten by iteration it + 1 */
-    }
-    fp_cp_wait<0>();
-    fp_quad_sum(lA, lB);
-    const int dbase = w * (HD / 4);
+        if ((kt + 1) % ct == 0 || it == n_it - 1) { /* chunk kt / ct is done: its partial (or the row) */
+            fp_dec_chunk_out<HD>(kt / ct, direct, grp, g, t, w, mA, mB, lA, lB, o, hrow, n_rows_total, part_o, part_ml,
+                                 gate, out);
+            mA = mB = -INFINITY; /* the next chunk starts from nothing, as its own block would */
+            lA = lB = 0.f;
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int r = half ? g + 8 : g;
-        if (r >= grp) continue;
-        if (!direct) {
-            const size_t prow = (size_t)z * n_rows_total + hrow + r;
-            if (w == 0 && t == 0) {
-                part_ml[2 * prow] = half ? mB : mA;
-                part_ml[2 * prow + 1] = half ? lB : lA;
-            }
-#pragma unroll
-            for (int n = 0; n < OTW; n++)
-                *reinterpret_cast<float2 *>(part_o + prow * HD + dbase + n * 8 + 2 * t) =
-                    make_float2(o[n][2 * half], o[n][2 * half + 1]);
-        } else {
-            const float l = half ? lB : lA, inv = l > 0.f ? 1.f / l : 0.f;
-            const size_t base = (hrow + r) * HD + dbase;
-#pragma unroll
-            for (int n = 0; n < OTW; n++) {
-                const size_t at = base + n * 8 + 2 * t;
-                float v0 = o[n][2 * half] * inv, v1 = o[n][2 * half + 1] * inv;
-                if (gate) {
-                    __nv_bfloat162 gv = *reinterpret_cast<const __nv_bfloat162 *>(gate + at);
-                    v0 *= 1.f / (1.f + __expf(-__bfloat162float(gv.x)));
-                    v1 *= 1.f / (1.f + __expf(-__bfloat162float(gv.y)));
-                }
-                *reinterpret_cast<uint32_t *>(out + at) = fp_pack(v0, v1);
-            }
+            for (int n = 0; n < OTW; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
         }
     }
+    fp_cp_wait<0>();
 }
 
 /* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
@@ -897,11 +921,35 @@ static int fp_early(void) {
     return v;
 }
 
-/* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, nsplit): the shared-memory opt-in once per device
+/* LASTSTAND_FP_BPS = N (FP_DEF_BPS; read once): fp_dec_kernel's blocks a row (grid.z) are the fewest
+ * that give the call about N blocks an SM (a row's chunks dealt to them in contiguous runs, the key
+ * tiles of a run in one pipeline), never more than the plan's split count; 0: a block a chunk slot
+ * (grid.z = the split count, before S24). The chunks, and so every sum and the bits, are the row
+ * plan's whatever the grid: a block finishes each chunk as that chunk's own block would. */
+enum { FP_DEF_BPS = 2 };
+static int fp_bps(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LASTSTAND_FP_BPS");
+        v = e && e[0] >= '0' && e[0] <= '9' && !e[1] ? e[0] - '0' : FP_DEF_BPS;
+    }
+    return v;
+}
+
+/* fp_dec_kernel's grid.z for a call of the row plan's split count nsplit (see fp_bps) */
+static int fp_dec_gz(const attn_args *a, int nsplit, int n_sm) {
+    const int bps = fp_bps();
+    const long rows = (long)a->n_seq * a->n_kv_heads;
+    if (bps <= 0 || rows <= 0) return nsplit;
+    const long want = ((long)bps * n_sm + rows - 1) / rows;
+    return want >= nsplit ? nsplit : want < 1 ? 1 : (int)want;
+}
+
+/* fp_dec_kernel<HD, BN> on grid (n_seq, nkv, gz): the shared-memory opt-in once per device
  * (dev: the device's index, under its workspace lock), then the launch. */
 template <int HD, int BN, int STG>
-static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float sl2, float *po, float *pml, int *pn,
-                                 int n_rows, cudaStream_t st) {
+static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, int gz, float sl2, float *po, float *pml,
+                                 int *pn, int n_rows, cudaStream_t st) {
     constexpr size_t dsmem =
         (size_t)(16 + 2 * STG * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
     static int ddone[FP_MAX_DEV];
@@ -911,11 +959,11 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, float 
         if (c != cudaSuccess) return c;
         ddone[dev] = 1;
     }
-    return cu_launch_pdl(g_fp_pdl >= 2, fp_dec_kernel<HD, BN, STG>, dim3(a->n_seq, a->n_kv_heads, nsplit),
+    return cu_launch_pdl(g_fp_pdl >= 2, fp_dec_kernel<HD, BN, STG>, dim3(a->n_seq, a->n_kv_heads, gz),
                        dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
-                       pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early());
+                       pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early(), nsplit);
 }
 
 template <int HD, int BN>
@@ -986,16 +1034,17 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     const float sl2 = a->scale * 1.4426950408889634f;
     cudaError_t c1 = cudaSuccess;
     if (dec && rows > 0) {
+        const int gz = fp_dec_gz(a, nsplit, ws->n_sm);
         /* 4 stages where the grid is at most a block per SM (LASTSTAND_FP_STAGES: 2 / 4 force one) */
-        const long ctas = (long)a->n_seq * a->n_kv_heads * nsplit;
+        const long ctas = (long)a->n_seq * a->n_kv_heads * gz;
         const int stg4 = g_fp_stages ? g_fp_stages == 4 : ctas <= ws->n_sm;
         if constexpr (HD == 256) {
-            c1 = DBN == 64 ? fp_dec_launch<256, 64, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
-                 : stg4    ? fp_dec_launch<256, BN, 4>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
-                           : fp_dec_launch<256, BN, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+            c1 = DBN == 64 ? fp_dec_launch<256, 64, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                 : stg4    ? fp_dec_launch<256, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                           : fp_dec_launch<256, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st);
         } else if constexpr (HD >= 64) {
-            c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st)
-                      : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, sl2, po, pml, pn, n_rows, st);
+            c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                      : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st);
         }
     } else if (wgk) {
         const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;

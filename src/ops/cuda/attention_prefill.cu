@@ -928,8 +928,10 @@ static int fp_early(void) {
  * plan's whatever the grid: a block finishes each chunk as that chunk's own block would. Measured
  * (S24, H200, the synth 35B's decode step with graphs, ~545-key contexts, ids equal at every N):
  * B = 128 14.721 ms (0) -> 14.322 (2), 14.310 (1), 14.301 (4); B = 64 11.126 -> 11.007; B = 16 5.944
- * -> 5.931; B = 1 2.383 -> 2.374 (there the grid is the split count either way). */
-enum { FP_DEF_BPS = 2 };
+ * -> 5.931; B = 1 2.383 -> 2.374 (there the grid is the split count either way). At 4000-token
+ * contexts (32 chunks a row) B = 64: 9.497 (0), 9.690 (2: 3 blocks a row, 1.45 waves of 44-tile
+ * runs, a long last wave), 9.464 (4: 5 blocks a row, 2.4 waves), so 4 is the default since S25. */
+enum { FP_DEF_BPS = 4 };
 static int fp_bps(void) {
     static int v = -1;
     if (v < 0) {

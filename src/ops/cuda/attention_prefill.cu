@@ -59,7 +59,6 @@
  */
 #include "ops/cuda/cu_util.h"
 #include "ops/cuda/cu_pdl.h"
-#include "ops/cuda/cu_ws.h"
 #include "ops/cuda/fp_rows.h"
 #include "ops/cuda/attention_prefill_wg.cuh"
 
@@ -448,50 +447,6 @@ __device__ __forceinline__ void fp_dec_chunk_out(int zc, bool direct, int grp, i
     }
 }
 
-/* The row plan's merge of the grp rows hrow .. hrow + grp - 1 by the 128 threads of fp_dec_kernel's
- * last block of a row (LASTSTAND_FP_FMERGE): fp_merge_rows_kernel's arithmetic, row by row (each
- * warp forms M and L by the same shuffles, which leave every lane the same value; thread tid
- * sums dims tid, tid + 128 .. over the chunks in order), so the bits are the merge kernel's. The
- * partials of the other blocks are read through L2 (__ldcg). */
-template <int HD>
-__device__ __forceinline__ void fp_dec_merge(int k, int grp, size_t hrow, int n_rows, const float *__restrict__ part_o,
-                                             const float *__restrict__ part_ml, const bf16 *__restrict__ gate,
-                                             bf16 *__restrict__ out) {
-    const int tid = threadIdx.x, lane = tid & 31;
-    for (int r = 0; r < grp; r++) {
-        const size_t row = hrow + r;
-        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-        if (lane < k) {
-            m0 = __ldcg(part_ml + 2 * ((size_t)lane * n_rows + row));
-            l0 = __ldcg(part_ml + 2 * ((size_t)lane * n_rows + row) + 1);
-        }
-        if (lane + 32 < k) {
-            m1 = __ldcg(part_ml + 2 * ((size_t)(lane + 32) * n_rows + row));
-            l1 = __ldcg(part_ml + 2 * ((size_t)(lane + 32) * n_rows + row) + 1);
-        }
-        float M = fmaxf(l0 > 0.f ? m0 : -INFINITY, l1 > 0.f ? m1 : -INFINITY);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float f0 = l0 > 0.f ? exp2f(m0 - M) : 0.f, f1 = l1 > 0.f ? exp2f(m1 - M) : 0.f;
-        float L = l0 * f0 + l1 * f1;
-#pragma unroll
-        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-#pragma unroll
-        for (int d = tid; d < HD; d += FP_THREADS) {
-            float acc = 0.f;
-#pragma unroll 8
-            for (int z = 0; z < k; z++) {
-                const float f = __shfl_sync(0xffffffffu, z < 32 ? f0 : f1, z & 31);
-                if (f != 0.f) acc += __ldcg(part_o + ((size_t)z * n_rows + row) * HD + d) * f;
-            }
-            const size_t at = row * HD + d;
-            float v = acc * (L > 0.f ? 1.f / L : 0.f);
-            if (gate) v *= 1.f / (1.f + __expf(-__bfloat162float(gate[at])));
-            out[at] = __float2bfloat16_rn(v);
-        }
-    }
-}
-
 /* cuda_flash_prefill's decode kernel (LASTSTAND_FP_DEC=1, the row plan, calls of one new token per
  * sequence, grp <= 16): grid (n_seq, nkv, nsplit), block 128 threads (4 warps) on the 16 MMA rows
  * of one token's GQA group (rows >= grp are zero). Where fp_kernel gives each warp 16 rows of a
@@ -503,10 +458,7 @@ __device__ __forceinline__ void fp_dec_merge(int k, int grp, size_t hrow, int n_
  * slot z; one chunk: written directly), the chunks dealt to grid.z blocks a row in contiguous runs
  * (fp_dec_gz): a block runs its run's key tiles through one pipeline and closes each chunk (partial
  * out, m / l / O reset) as that chunk's own block would, so the grid never changes a bit. (S24: a
- * block a chunk left a short row's blocks latency-bound, 2 key tiles each at 545 keys.) With ticket
- * (LASTSTAND_FP_FMERGE, S25), a row of several chunks is merged by its last block out (a device
- * ticket a (sequence, kv head), counted after each block's partials are fenced, reset by that
- * block for the next call or graph replay) instead of by fp_merge_rows_kernel. Shared: Qs [16][HD+8], STG stages of Ks, Vs [BN][HD+8] (BF16), Sred
+ * block a chunk left a short row's blocks latency-bound, 2 key tiles each at 545 keys.) Shared: Qs [16][HD+8], STG stages of Ks, Vs [BN][HD+8] (BF16), Sred
  * [4][16][BN+8] fp32. STG = 2, or 4 for grids of at most one block per SM (STG - 1 key tiles in
  * flight: a decode block's loop waits on memory latency, not on its math); the stages do not
  * change the arithmetic. */
@@ -517,8 +469,7 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
                                                             const bf16 *__restrict__ V, bf16 *__restrict__ out,
                                                             float *__restrict__ part_o, float *__restrict__ part_ml,
                                                             int *__restrict__ part_n, int n_rows_total, int c0,
-                                                            int ss, int early, int nsplit,
-                                                            unsigned *__restrict__ ticket) {
+                                                            int ss, int early, int nsplit) {
     constexpr int LD = HD + 8, NT = BN / 8, CH = HD / 8, SB = BN + 8; /* SB: Sred row stride */
     constexpr int KKW = HD / 64;      /* k-steps (16 dims) of S per warp: its quarter of head_dim */
     constexpr int OTW = HD / 32;      /* dim n-tiles (8 dims) of O per warp */
@@ -652,22 +603,6 @@ __global__ void __launch_bounds__(FP_THREADS) fp_dec_kernel(const attn_seq *__re
         }
     }
     fp_cp_wait<0>();
-    if (ticket && !direct) { /* the last of the row's blocks merges its chunks */
-        __shared__ int s_last;
-        __threadfence(); /* this block's partials visible before its count */
-        __syncthreads();
-        if (tid == 0) {
-            unsigned *tk = ticket + (size_t)s * nkv + kvh;
-            const int nb = (nc + cpb - 1) / cpb; /* the row's blocks that hold chunks */
-            const int last = atomicAdd(tk, 1u) == (unsigned)(nb - 1);
-            if (last) *tk = 0u; /* every block of the row has counted */
-            s_last = last;
-        }
-        __syncthreads();
-        if (!s_last) return;
-        __threadfence();
-        fp_dec_merge<HD>(min(nc, nsplit), grp, hrow, n_rows_total, part_o, part_ml, gate, out);
-    }
 }
 
 /* split-K merge: grid (n_tok · nh), one warp per output row (token, head) = row:
@@ -757,7 +692,6 @@ __global__ void __launch_bounds__(HD) fp_merge_rows_kernel(int n_rows, int nspli
 typedef struct fp_ws {
     float *part;
     size_t cap;
-    cu_ws tk; /* slot 0: fp_dec_kernel's merge tickets (LASTSTAND_FP_FMERGE), zeroed once, reset by the kernel */
     int n_sm;
     pthread_mutex_t mu;
     int init;
@@ -1007,16 +941,6 @@ static int fp_bps(void) {
     return v;
 }
 
-/* LASTSTAND_FP_FMERGE=0|1 (FP_DEF_FMERGE; read once): fp_dec_kernel's rows of several chunks merged
- * by the row's last block (1) or by fp_merge_rows_kernel launched after it (0); the same
- * arithmetic, so the same bits. */
-enum { FP_DEF_FMERGE = 1 };
-static int fp_fmerge(void) {
-    static int v = -1;
-    if (v < 0) v = cu_env_switch("LASTSTAND_FP_FMERGE", FP_DEF_FMERGE);
-    return v;
-}
-
 /* fp_dec_kernel's grid.z for a call of the row plan's split count nsplit (see fp_bps) */
 static int fp_dec_gz(const attn_args *a, int nsplit, int n_sm) {
     const int bps = fp_bps();
@@ -1030,7 +954,7 @@ static int fp_dec_gz(const attn_args *a, int nsplit, int n_sm) {
  * (dev: the device's index, under its workspace lock), then the launch. */
 template <int HD, int BN, int STG>
 static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, int gz, float sl2, float *po, float *pml,
-                                 int *pn, int n_rows, unsigned *tk, cudaStream_t st) {
+                                 int *pn, int n_rows, cudaStream_t st) {
     constexpr size_t dsmem =
         (size_t)(16 + 2 * STG * BN) * (HD + 8) * sizeof(bf16) + sizeof(float) * 4 * 16 * (BN + 8);
     static int ddone[FP_MAX_DEV];
@@ -1044,7 +968,7 @@ static cudaError_t fp_dec_launch(const attn_args *a, int dev, int nsplit, int gz
                        dim3(FP_THREADS),
                        dsmem, st, a->seqs, a->n_heads, a->n_kv_heads, a->kv->page_size, sl2, (const bf16 *)a->q,
                        (const bf16 *)a->gate, (const bf16 *)a->kv->k, (const bf16 *)a->kv->v, (bf16 *)a->out, po,
-                       pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early(), nsplit, tk);
+                       pml, pn, n_rows, fp_rows_c0(BN), g_fp_ss, fp_early(), nsplit);
 }
 
 template <int HD, int BN>
@@ -1114,29 +1038,18 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
     }
     const float sl2 = a->scale * 1.4426950408889634f;
     cudaError_t c1 = cudaSuccess;
-    unsigned *tk = NULL; /* fp_dec_kernel's merge tickets: a (sequence, kv head) each */
     if (dec && rows > 0) {
         const int gz = fp_dec_gz(a, nsplit, ws->n_sm);
-        if (nsplit > 1 && fp_fmerge()) {
-            cu_ws_lock(&ws->tk);
-            tk = (unsigned *)cu_ws_get(&ws->tk, 0, sizeof(unsigned) * (size_t)a->n_seq * a->n_kv_heads, 1, st,
-                                       "cuda_flash_prefill", e);
-            cu_ws_unlock(&ws->tk);
-            if (!tk) {
-                pthread_mutex_unlock(&ws->mu);
-                return e->code ? e->code : ERR_NOMEM;
-            }
-        }
         /* 4 stages where the grid is at most a block per SM (LASTSTAND_FP_STAGES: 2 / 4 force one) */
         const long ctas = (long)a->n_seq * a->n_kv_heads * gz;
         const int stg4 = g_fp_stages ? g_fp_stages == 4 : ctas <= ws->n_sm;
         if constexpr (HD == 256) {
-            c1 = DBN == 64 ? fp_dec_launch<256, 64, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, tk, st)
-                 : stg4    ? fp_dec_launch<256, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, tk, st)
-                           : fp_dec_launch<256, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, tk, st);
+            c1 = DBN == 64 ? fp_dec_launch<256, 64, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                 : stg4    ? fp_dec_launch<256, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                           : fp_dec_launch<256, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st);
         } else if constexpr (HD >= 64) {
-            c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, tk, st)
-                      : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, tk, st);
+            c1 = stg4 ? fp_dec_launch<HD, BN, 4>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st)
+                      : fp_dec_launch<HD, BN, 2>(a, dev, nsplit, gz, sl2, po, pml, pn, n_rows, st);
         }
     } else if (wgk) {
         const long wtiles = ((long)a->n_tok * grp + FW_BM - 1) / FW_BM + a->n_seq;
@@ -1151,7 +1064,7 @@ static int fp_launch(const attn_args *a, cudaStream_t st, ls_err *e) {
                                  (bf16 *)a->out, po, pml, pn, n_rows, rows > 0 ? fp_rows_c0(BN) : 0, g_fp_ss,
                                  rows > 0 ? 0 : g_fp_lpt);
     }
-    if (c1 == cudaSuccess && nsplit > 1 && !tk) {
+    if (c1 == cudaSuccess && nsplit > 1) {
         if (rows > 0)
             c1 = cu_launch_pdl(g_fp_pdl >= 1, fp_merge_rows_kernel<HD>, dim3(n_rows), dim3(HD), 0, st, n_rows, nsplit,
                              (const float *)po, (const float *)pml, (const int *)pn, (const bf16 *)a->gate,

@@ -9,16 +9,8 @@
 dev_init bpsdef 325 "$@"
 timeout 60 "$D/tests/test_attn_cuda" >"$OUT/ut.log" 2>&1
 echo "test_attn_cuda rc=$? $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]' "$OUT/ut.log" | tr '\n' ' ') $(el)"
-lstep() { # NAME B CTX VAR=V...
-    local n=$1 b=$2 c=$3
-    shift 3
-    [ "$(left)" -lt 30 ] && { echo "$n: out of time"; return; }
-    env "$@" timeout -k 3 100 "$BIN" generate --model-path synth:qwen3.5-35b-a3b --ids "$(ids "$c")" --max-new-tokens 33 \
-        --ignore-eos --batch "$b" --device cuda "${DEV_PLANS_AUTO[@]}" --mamba-ssm-dtype bfloat16 >"$OUT/$n.out" 2>"$OUT/$n.err"
-    echo "$n B=$b ctx=$c $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
-}
-for p in 0 4 8; do lstep L64-$p 64 4000 LASTSTAND_FP_BPS=$p; done
-for p in 0 4; do lstep L16-$p 16 4000 LASTSTAND_FP_BPS=$p; done
+for p in 0 4 8; do dev_lstep L64-$p 64 4000 LASTSTAND_FP_BPS=$p; done
+for p in 0 4; do dev_lstep L16-$p 16 4000 LASTSTAND_FP_BPS=$p; done
 for p in 0 4 8; do dev_step S128-$p 128 bfloat16 LASTSTAND_FP_BPS=$p; done
 for p in 0 4; do dev_step S64-$p 64 bfloat16 LASTSTAND_FP_BPS=$p; done
 for n in L64-4 L64-8 L16-4 S128-4 S128-8 S64-4; do

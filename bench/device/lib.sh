@@ -31,6 +31,16 @@ dev_step() {
         --ignore-eos --batch "$b" --device cuda "${DEV_PLANS_AUTO[@]}" --mamba-ssm-dtype "$d" >"$OUT/$n.out" 2>"$OUT/$n.err"
     echo "$n B=$b $d $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
 }
+# dev_lstep NAME B CTX [VAR=VALUE ...]: dev_step at a CTX-token prompt + 33 tokens (BF16 GDN state), the
+# long-context form of fplong.sh / bpsdef.sh; skipped with under 30 s left.
+dev_lstep() {
+    local n=$1 b=$2 c=$3
+    shift 3
+    [ "$(left)" -lt 30 ] && { echo "$n: out of time"; return; }
+    env "$@" timeout -k 3 100 "$BIN" generate --model-path synth:qwen3.5-35b-a3b --ids "$(ids "$c")" --max-new-tokens 33 \
+        --ignore-eos --batch "$b" --device cuda "${DEV_PLANS_AUTO[@]}" --mamba-ssm-dtype bfloat16 >"$OUT/$n.out" 2>"$OUT/$n.err"
+    echo "$n B=$b ctx=$c $* rc=$? $(grep -oE "decode steps of .*" "$OUT/$n.err" | cut -c1-90) $(el)"
+}
 ids() { python3 -c "import sys;n=int(sys.argv[1]);print(','.join(str(1000+(i*7919)%150000) for i in range(n)))" "$1"; }
 dev_init() {
     local name=$1 budget=$2

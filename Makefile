@@ -102,11 +102,11 @@ run: setup
 	@$(MAKE) --no-print-directory demo
 	@bash scripts/run.sh $(BIN) $(DEMO)
 
-unit: $(UNIT_BIN)
-	@bash scripts/run_unit.sh $(UNIT_BIN)
+unit: $(UNIT_BIN) $(FUZZ_BIN) $(SHIP_SO)
+	@bash scripts/run_tests.sh unit
 
 e2e: $(BIN) $(SHIP_SO)
-	@bash scripts/run_e2e.sh
+	@bash scripts/run_tests.sh e2e
 
 test: setup
 	@$(MAKE) --no-print-directory -j$$(nproc) all

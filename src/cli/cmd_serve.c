@@ -57,6 +57,7 @@ typedef struct serve_args {
     long long cuda_graph_max_bs;
     int disable_cuda_graph;
     long long tp, port, max_running_requests, context_length, chunked_prefill_size, nnodes, node_rank;
+    long long responses_store_mb;
     long long max_connections, max_body_mb, timeout_keep_alive, max_total_tokens, max_queued_requests;
     double mem_fraction_static, doctor_timeout;
     const char *doctor_buckets;
@@ -253,6 +254,7 @@ int cmd_serve(int argc, char **argv) {
     a.sampling_defaults = "model";
     a.max_connections = 512;
     a.max_body_mb = 32;
+    a.responses_store_mb = 256;
     a.timeout_keep_alive = 600;
     a.nnodes = 1;
     a.chunked_prefill_size = -2; /* unset */
@@ -329,6 +331,8 @@ int cmd_serve(int argc, char **argv) {
          "--dry-run: the memory of each GPU in GiB (default 140.4, an H200)", NULL},
         {"max-connections", F_INT, &a.max_connections, "concurrent HTTP connections (default 512)", NULL},
         {"max-body-mb", F_INT, &a.max_body_mb, "request body limit in MiB (default 32)", NULL},
+        {"responses-store-mb", F_INT, &a.responses_store_mb,
+         "memory for the Responses API's stored responses (store: true), oldest evicted first; 0 keeps none (default 256)", NULL},
         {"timeout-keep-alive", F_INT, &a.timeout_keep_alive, "idle connection timeout in seconds (default 600)", NULL},
     };
     const int nf = (int)(sizeof flags / sizeof flags[0]);
@@ -391,6 +395,8 @@ int cmd_serve(int argc, char **argv) {
         BAD("--chunked-prefill-size: must be >= 1 or -1, got %lld", a.chunked_prefill_size);
     if (a.max_connections < 1 || a.max_connections > 65536) BAD("--max-connections: must be 1..65536, got %lld", a.max_connections);
     if (a.max_body_mb < 1 || a.max_body_mb > 4096) BAD("--max-body-mb: must be 1..4096, got %lld", a.max_body_mb);
+    if (a.responses_store_mb < 0 || a.responses_store_mb > 1 << 20)
+        BAD("--responses-store-mb: must be 0..1048576, got %lld", a.responses_store_mb);
     if (a.cuda_graph_max_bs < 0 || a.cuda_graph_max_bs > 1 << 20) BAD("--cuda-graph-max-bs: must be >= 1, got %lld", a.cuda_graph_max_bs);
     if (a.timeout_keep_alive < 1) BAD("--timeout-keep-alive: must be >= 1, got %lld", a.timeout_keep_alive);
     if (a.page_size != -2 && (a.page_size < 1 || a.page_size > 4096)) BAD("--page-size: must be 1..4096, got %lld", a.page_size);
@@ -489,6 +495,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.tool_parser = TP_NONE;
     if (a.tool_call_parser) tp_kind_parse(a.tool_call_parser, &cfg.tool_parser);
     cfg.max_body = (size_t)a.max_body_mb << 20;
+    cfg.responses_store_bytes = (size_t)a.responses_store_mb << 20;
     cfg.max_connections = (int)a.max_connections;
     cfg.conn_timeout_s = (int)a.timeout_keep_alive;
     const char *force = getenv("LASTSTAND_TEST_FORCE_IDS");
@@ -512,9 +519,10 @@ int cmd_serve(int argc, char **argv) {
     if (!strcmp(a.sampling_defaults, "model")) {
         cfg.preferred_sampling = req_model_sampling_defaults(model_path, &cfg.sampling_defaults);
         if (json_object_size(cfg.preferred_sampling)) {
-            char *s = json_dumps(cfg.preferred_sampling, JSON_COMPACT);
-            log_info("sampling defaults from generation_config.json: %s", s);
-            free(s);
+            buf s; buf_init(&s);
+            jpy_dump_compact(&s, cfg.preferred_sampling);
+            log_info("sampling defaults from generation_config.json: %s", s.data);
+            buf_free(&s);
         }
     } else {
         ls_sampling_default(&cfg.sampling_defaults);

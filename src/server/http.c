@@ -69,10 +69,8 @@ void srv_json_resp(srv_resp *rs, int status, json_t *obj) {
     rs->status = status;
     rs->content_type = "application/json";
     buf_free(&rs->body);
-    char *s = json_dumps(obj, JSON_COMPACT);
     buf_init(&rs->body);
-    buf_puts(&rs->body, s);
-    free(s);
+    jpy_dump_compact(&rs->body, obj);
     json_decref(obj);
 }
 
@@ -194,6 +192,8 @@ static void dispatch(srv *sv, srv_conn *c, const char *url, const char *method, 
     if (!strcmp(url, "/v1/chat/completions")) { if (!post) goto bad_method; route_chat(sv, c, body, len, rs); return; }
     if (!strcmp(url, "/v1/completions")) { if (!post) goto bad_method; route_completions(sv, c, body, len, rs); return; }
     if (!strcmp(url, "/generate")) { if (!post) goto bad_method; route_generate(sv, c, body, len, rs); return; }
+    if (!strcmp(url, "/v1/responses")) { if (!post) goto bad_method; route_responses(sv, c, method, NULL, body, len, rs); return; }
+    if (!strncmp(url, "/v1/responses/", 14)) { route_responses(sv, c, method, url + 14, body, len, rs); return; }
     if (!strcmp(url, "/v1/models")) { if (!get) goto bad_method; route_models(sv, NULL, rs); return; }
     if (!strncmp(url, "/v1/models/", 11)) { if (!get) goto bad_method; route_models(sv, url + 11, rs); return; }
     if (!strcmp(url, "/health_generate")) { if (!get) goto bad_method; route_health_generate(sv, rs); return; }
@@ -288,6 +288,10 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     log_debug("http: %s", msg);
 }
 
+const char *srv_conn_query(srv_conn *c, const char *key) {
+    return MHD_lookup_connection_value(c->mc, MHD_GET_ARGUMENT_KIND, key);
+}
+
 /* ---- daemon ------------------------------------------------------------------------ */
 
 int srv_run(const srv_config *cfg, ls_engine *eng) {
@@ -298,6 +302,7 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
     sv->started_wall = (long long)time(NULL);
     pthread_mutex_init(&sv->mu, NULL);
     ls_engine_model_info(eng, &sv->info);
+    sv->rstore = rstore_new(cfg->responses_store_bytes);
 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *ai = NULL;
@@ -306,6 +311,7 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
     int gai = getaddrinfo(cfg->host, port, &hints, &ai);
     if (gai) {
         log_error("--host %s: %s", cfg->host, gai_strerror(gai));
+        rstore_free(sv->rstore);
         free(sv);
         return 2;
     }
@@ -330,6 +336,7 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
     freeaddrinfo(ai);
     if (!d) {
         log_error("cannot listen on %s:%d (address in use or not available)", cfg->host, cfg->port);
+        rstore_free(sv->rstore);
         free(sv);
         return 1;
     }
@@ -347,6 +354,7 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
     MHD_quiesce_daemon(d);
     MHD_stop_daemon(d); /* joins connection threads; streams end on sv->stopping */
     pthread_mutex_destroy(&sv->mu);
+    rstore_free(sv->rstore);
     free(sv);
     return 0;
 }

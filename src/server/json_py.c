@@ -81,17 +81,17 @@ void jpy_float(buf *b, double d) {
     }
 }
 
-void jpy_dump(buf *b, const json_t *v) {
+static void dump_sep(buf *b, const json_t *v, const char *item_sep, const char *kv_sep) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         const char *k; json_t *x; int first = 1;
         buf_putc(b, '{');
         json_object_foreach((json_t *)v, k, x) {
-            if (!first) buf_puts(b, ", ");
+            if (!first) buf_puts(b, item_sep);
             first = 0;
             jpy_str(b, k, strlen(k));
-            buf_puts(b, ": ");
-            jpy_dump(b, x);
+            buf_puts(b, kv_sep);
+            dump_sep(b, x, item_sep, kv_sep);
         }
         buf_putc(b, '}');
         break;
@@ -99,8 +99,8 @@ void jpy_dump(buf *b, const json_t *v) {
     case JSON_ARRAY:
         buf_putc(b, '[');
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) buf_puts(b, ", ");
-            jpy_dump(b, json_array_get(v, i));
+            if (i) buf_puts(b, item_sep);
+            dump_sep(b, json_array_get(v, i), item_sep, kv_sep);
         }
         buf_putc(b, ']');
         break;
@@ -112,6 +112,10 @@ void jpy_dump(buf *b, const json_t *v) {
     case JSON_NULL: buf_puts(b, "null"); break;
     }
 }
+
+void jpy_dump(buf *b, const json_t *v) { dump_sep(b, v, ", ", ": "); }
+
+void jpy_dump_compact(buf *b, const json_t *v) { dump_sep(b, v, ",", ":"); }
 
 char *jpy_dumps(const json_t *v) {
     buf b; buf_init(&b);

@@ -18,8 +18,23 @@ typedef struct acc_choice {
  * error (engine error -> 500), or the client went away (rs->status 499). The
  * gen is released either way. */
 int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out, srv_resp *rs);
+/* The same, handing every event to fn(ctx, ev) as it arrives (before it is accumulated). */
+int srv_collect_with(srv *sv, srv_conn *c, gen *g, const srv_req *r, void (*fn)(void *, const gen_event *),
+                     void *ctx, acc_choice **out, srv_resp *rs);
 void acc_free(acc_choice *a, int n);
 void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int *prompt, int *completion, int *cached);
+
+/* Chat: render r->messages (tools, chat_template_kwargs) with the model's
+ * template and tokenize it into r->prompts[0]. 0, or rs filled (400 naming
+ * r->prompt_field for a template or tokenizer failure). */
+int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs);
+/* The rendered prompt leaves a <think> open: the model starts inside reasoning. */
+int srv_prompt_opens_think(const char *text);
+
+/* Streamed model text through the reasoning parser (rp, NULL: none) and then the
+ * tool-call parser (tp, NULL: none) into reasoning, content and tool deltas; final flushes. */
+void srv_parse_text(rp_state *rp, tp_stream *tp, const char *text, size_t n, int final, buf *reasoning, buf *content,
+                    tp_deltas *d);
 
 /* Prompt length against the context and max_tokens; 0 or rs filled with 400. */
 int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs);

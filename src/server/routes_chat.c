@@ -24,44 +24,6 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- prompt --------------------------------------------------------------------- */
-
-/* The rendered prompt leaves a <think> open: the model starts inside reasoning. */
-static int prompt_opens_think(const char *text) {
-    const char *last = NULL, *p = text;
-    while ((p = strstr(p, "<think>"))) { last = p; p += 7; }
-    return last && !strstr(last, "</think>");
-}
-
-static int render_prompt(srv *sv, srv_req *r, char **text, srv_resp *rs) {
-    json_t *req = json_pack("{s:O, s:b}", "messages", r->messages, "add_generation_prompt", 1);
-    if (r->tools && r->tool_choice != TC_NONE) json_object_set(req, "tools", (json_t *)r->tools);
-    if (r->chat_template_kwargs) json_object_set(req, "chat_template_kwargs", r->chat_template_kwargs);
-    char *js = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    char err[1024] = "";
-    int rc = ls_apply_chat_template(sv->eng, js, text, err, sizeof err);
-    free(js);
-    if (rc == LS_ERR_INVAL) { srv_error(rs, 400, NULL, "messages", "chat template: %s", err); return -1; }
-    if (rc) { srv_error(rs, 500, NULL, NULL, "chat template failed: %s", err); return -1; }
-    return 0;
-}
-
-static int tokenize_prompt(srv *sv, srv_req *r, const char *text, srv_resp *rs) {
-    int32_t *ids = NULL;
-    char err[512] = "";
-    int n = ls_tokenize(sv->eng, text, &ids, err, sizeof err);
-    if (n < 0) { srv_error(rs, 400, NULL, "messages", "cannot tokenize the prompt: %s", err); return -1; }
-    r->n_prompts = 1;
-    r->prompts = arena_alloc(r->a, sizeof *r->prompts);
-    r->prompts[0].ids = arena_alloc(r->a, (n + 1) * sizeof(int32_t));
-    memcpy(r->prompts[0].ids, ids, n * sizeof(int32_t));
-    r->prompts[0].n = n;
-    r->prompts[0].text = arena_strdup(r->a, text);
-    free(ids);
-    return 0;
-}
-
 /* ---- per-choice parsing state ------------------------------------------------------- */
 
 typedef struct chat_choice {
@@ -109,25 +71,6 @@ static const char *call_id(chat_choice *ch, int index) {
     return ch->call_ids[index];
 }
 
-/* Model text -> reasoning / content / tool deltas (final = flush). */
-static void run_parsers(chat_choice *ch, const char *text, size_t n, int final, buf *reasoning, buf *content,
-                        tp_deltas *d) {
-    buf mid; buf_init(&mid);
-    if (ch->use_rp) {
-        rp_feed(&ch->rp, text, n, reasoning, &mid);
-        if (final) rp_finish(&ch->rp, reasoning, &mid);
-    } else {
-        buf_append(&mid, text, n);
-    }
-    if (ch->use_tp) {
-        tp_stream_feed(&ch->tp, mid.data, mid.len, content, d);
-        if (final) tp_stream_finish(&ch->tp, content, d);
-    } else {
-        buf_append(content, mid.data, mid.len);
-    }
-    buf_free(&mid);
-}
-
 /* ---- streaming ------------------------------------------------------------------ */
 
 static void emit_chunk(chat_ctx *cx, buf *out, int index, json_t *delta, chat_choice *ch, const char *finish,
@@ -168,7 +111,8 @@ static int chat_step(void *ctx, const gen_event *ev, buf *out) {
     buf reasoning, content;
     buf_init(&reasoning); buf_init(&content);
     tp_deltas d = {0};
-    run_parsers(ch, ev->text, strlen(ev->text), ev->finished, &reasoning, &content, &d);
+    srv_parse_text(ch->use_rp ? &ch->rp : NULL, ch->use_tp ? &ch->tp : NULL, ev->text, strlen(ev->text), ev->finished,
+                   &reasoning, &content, &d);
     if (reasoning.len)
         emit_chunk(cx, out, idx, json_pack("{s:o}", "reasoning_content", srv_jstr(reasoning.data, reasoning.len)), ch, NULL, NULL);
     if (content.len)
@@ -252,21 +196,18 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
     }
     srv_req *r = &cx->r;
     if (srv_check_model(sv, r, rs)) goto fail;
-    char *text = NULL;
-    if (render_prompt(sv, r, &text, rs)) goto fail;
-    int rc = tokenize_prompt(sv, r, text, rs);
-    free(text);
-    if (rc || srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
-    if (srv_req_constrain(sv, r, prompt_opens_think(r->prompts[0].text), rs)) goto fail;
+    if (srv_render_chat(sv, r, rs) || srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
+    if (srv_req_constrain(sv, r, srv_prompt_opens_think(r->prompts[0].text), rs)) goto fail;
 
     cx->use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
-    cx->force_reasoning = cx->use_rp && (sv->cfg.reasoning_always || prompt_opens_think(r->prompts[0].text));
+    cx->force_reasoning = cx->use_rp && (sv->cfg.reasoning_always || srv_prompt_opens_think(r->prompts[0].text));
     cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice != TC_NONE;
     srv_random_id(cx->id, sizeof cx->id, "chatcmpl-");
     cx->created = (json_int_t)time(NULL);
 
     gen *g;
     char err[512] = "";
+    int rc;
     if ((rc = gen_start(sv, r, &g, err, sizeof err))) { srv_submit_error(rs, rc, err); goto fail; }
     int n = gen_choices(g);
 

@@ -27,7 +27,7 @@ int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs) {
         return -1;
     }
     if (ctx > 0 && p->n >= ctx) {
-        srv_error(rs, 400, NULL, r->kind == SRV_CHAT ? "messages" : "prompt",
+        srv_error(rs, 400, NULL, r->prompt_field ? r->prompt_field : r->kind == SRV_CHAT ? "messages" : "prompt",
                   "The prompt is %d tokens long, but this model's maximum context length is %d tokens "
                   "(the prompt must leave room for at least one completion token).", p->n, ctx);
         return -1;
@@ -40,6 +40,63 @@ int srv_check_prompt(srv *sv, srv_req *r, const srv_prompt *p, srv_resp *rs) {
         return -1;
     }
     return 0;
+}
+
+/* ---- chat prompts ---------------------------------------------------------------- */
+
+int srv_prompt_opens_think(const char *text) {
+    const char *last = NULL, *p = text;
+    while ((p = strstr(p, "<think>"))) { last = p; p += 7; }
+    return last && !strstr(last, "</think>");
+}
+
+int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs) {
+    const char *field = r->prompt_field ? r->prompt_field : "messages";
+    json_t *req = json_pack("{s:O, s:b}", "messages", r->messages, "add_generation_prompt", 1);
+    if (r->tools && r->tool_choice != TC_NONE) json_object_set(req, "tools", (json_t *)r->tools);
+    if (r->chat_template_kwargs) json_object_set(req, "chat_template_kwargs", r->chat_template_kwargs);
+    char *js = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    char err[1024] = "";
+    char *text = NULL;
+    int rc = ls_apply_chat_template(sv->eng, js, &text, err, sizeof err);
+    free(js);
+    if (rc == LS_ERR_INVAL) { srv_error(rs, 400, NULL, field, "chat template: %s", err); return -1; }
+    if (rc) { srv_error(rs, 500, NULL, NULL, "chat template failed: %s", err); return -1; }
+    int32_t *ids = NULL;
+    int n = ls_tokenize(sv->eng, text, &ids, err, sizeof err);
+    if (n < 0) {
+        free(text);
+        srv_error(rs, 400, NULL, field, "cannot tokenize the prompt: %s", err);
+        return -1;
+    }
+    r->n_prompts = 1;
+    r->prompts = arena_alloc(r->a, sizeof *r->prompts);
+    r->prompts[0].ids = arena_alloc(r->a, (n + 1) * sizeof(int32_t));
+    memcpy(r->prompts[0].ids, ids, n * sizeof(int32_t));
+    r->prompts[0].n = n;
+    r->prompts[0].text = arena_strdup(r->a, text);
+    free(ids);
+    free(text);
+    return 0;
+}
+
+void srv_parse_text(rp_state *rp, tp_stream *tp, const char *text, size_t n, int final, buf *reasoning, buf *content,
+                    tp_deltas *d) {
+    buf mid; buf_init(&mid);
+    if (rp) {
+        rp_feed(rp, text, n, reasoning, &mid);
+        if (final) rp_finish(rp, reasoning, &mid);
+    } else {
+        buf_append(&mid, text, n);
+    }
+    if (tp) {
+        tp_stream_feed(tp, mid.data, mid.len, content, d);
+        if (final) tp_stream_finish(tp, content, d);
+    } else {
+        buf_append(content, mid.data, mid.len);
+    }
+    buf_free(&mid);
 }
 
 void srv_submit_error(srv_resp *rs, int code, const char *err) {
@@ -128,6 +185,11 @@ void acc_free(acc_choice *a, int n) {
 }
 
 int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out, srv_resp *rs) {
+    return srv_collect_with(sv, c, g, r, NULL, NULL, out, rs);
+}
+
+int srv_collect_with(srv *sv, srv_conn *c, gen *g, const srv_req *r, void (*fn)(void *, const gen_event *),
+                     void *ctx, acc_choice **out, srv_resp *rs) {
     int n = gen_choices(g);
     acc_choice *a = xcalloc(n, sizeof *a);
     for (int i = 0; i < n; i++) {
@@ -155,6 +217,7 @@ int srv_collect(srv *sv, srv_conn *c, gen *g, const srv_req *r, acc_choice **out
             if (rc == 0) continue;
         }
         acc_choice *ch = &a[ev.choice];
+        if (fn) fn(ctx, &ev);
         if (ev.token >= 0 && r->logprobs) {
             if (r->kind == SRV_CHAT) json_array_append_new(ch->logprobs, srv_chat_logprob(sv, &ev));
             else srv_completion_logprob(sv, &ev, ch->logprobs, ch->text.len);

@@ -26,6 +26,9 @@
 /* json_py.c: JSON text exactly as Python's json.dumps(v, ensure_ascii=False) */
 /* ===================================================================== */
 void jpy_dump(buf *b, const json_t *v);              /* separators ", " and ": " */
+/* Separators "," and ":": what the server sends (reals in the shortest form that
+ * reads back the same double, e.g. 0.6 where jansson writes 0.59999999999999998). */
+void jpy_dump_compact(buf *b, const json_t *v);
 void jpy_str(buf *b, const char *s, size_t n);       /* a JSON string literal */
 char *jpy_dumps(const json_t *v);                    /* malloc'd */
 /* ast.literal_eval for the literals tool arguments use (dict, list, tuple,
@@ -138,6 +141,7 @@ typedef struct srv_req {
     ls_sampling s;
     int has_max_tokens;
     const char *max_tokens_field; /* the field that set it ("max_tokens" / "max_completion_tokens") */
+    const char *prompt_field;     /* the field named when the prompt is at fault (NULL: messages / prompt) */
     int n, stream, include_usage, continuous_usage;
     int logprobs;                 /* chat: bool; completions: top count + 1 (0 = off) */
     int top_logprobs;
@@ -205,6 +209,21 @@ void gen_cancel(gen *g);          /* ls_cancel every unfinished choice */
 void gen_release(gen *g);         /* the HTTP side lets go (cancels unfinished choices) */
 
 /* ===================================================================== */
+/* resp_store.c: stored responses of the Responses API                    */
+/* ===================================================================== */
+enum { RSTORE_RESPONSE = 0, RSTORE_ITEMS = 1, RSTORE_INPUT = 2, RSTORE_NTEXT = 3 };
+typedef struct resp_store resp_store;
+resp_store *rstore_new(size_t max_bytes);
+void rstore_free(resp_store *s);
+/* Keep texts[RSTORE_*] (malloc'd JSON; taken, set to NULL) under id, evicting the
+ * oldest entries to fit. -1 (nothing kept) when the entry alone exceeds the budget. */
+int rstore_put(resp_store *s, const char *id, char *texts[RSTORE_NTEXT]);
+/* 0 and a malloc'd copy of one text (NULL if absent), or -1: no such id. */
+int rstore_get(resp_store *s, const char *id, int which, char **text);
+int rstore_delete(resp_store *s, const char *id); /* 0, or -1: no such id */
+void rstore_stats(resp_store *s, size_t *n, size_t *bytes);
+
+/* ===================================================================== */
 /* http.c / routes: the server                                            */
 /* ===================================================================== */
 typedef struct srv_config {
@@ -224,6 +243,7 @@ typedef struct srv_config {
     json_t *server_args;          /* every flag, for /get_server_info (owned) */
     ls_sampling sampling_defaults; /* for fields a request omits */
     json_t *preferred_sampling;   /* the model's generation_config values in use, or NULL */
+    size_t responses_store_bytes; /* budget of the stored responses (0: none kept) */
 } srv_config;
 
 /* Per-status HTTP counters (for /metrics). */
@@ -239,6 +259,7 @@ typedef struct srv {
     pthread_mutex_t mu;
     uint64_t http_status[SRV_ST_N];
     uint64_t requests_active;
+    resp_store *rstore;           /* the Responses API's stored responses */
 } srv;
 
 /* Run until SIGINT/SIGTERM. Returns 0, or 1 when the daemon cannot start. */
@@ -262,6 +283,8 @@ void srv_json_resp(srv_resp *rs, int status, json_t *obj); /* steals obj */
 void srv_count_status(srv *sv, int status);
 /* True once the client has closed its end (non-blocking check). */
 int srv_conn_gone(srv_conn *c);
+/* A query-string argument of the request, or NULL. */
+const char *srv_conn_query(srv_conn *c, const char *key);
 
 /* Routes (each fills rs). body may be NULL for GET. */
 void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs);
@@ -274,6 +297,11 @@ void route_server_info(srv *sv, srv_resp *rs);
 void route_tokenize(srv *sv, const char *body, size_t len, srv_resp *rs);
 void route_detokenize(srv *sv, const char *body, size_t len, srv_resp *rs);
 void route_metrics(srv *sv, srv_resp *rs);
+/* The Responses API (routes_responses.c): POST /v1/responses; GET / DELETE
+ * /v1/responses/{id}; GET /v1/responses/{id}/input_items; POST .../cancel.
+ * rest is the URL after "/v1/responses/" (NULL for the collection). */
+void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest, const char *body, size_t len,
+                     srv_resp *rs);
 
 /* Shared by the two generation routes (routes_common in routes_misc.c). */
 int srv_check_model(srv *sv, const srv_req *r, srv_resp *rs); /* 0 ok, else rs filled */
@@ -287,6 +315,10 @@ typedef int (*sse_step_fn)(void *route_ctx, const gen_event *ev, buf *out); /* o
 typedef void (*sse_end_fn)(void *route_ctx, buf *out);  /* after the last event (before [DONE]) */
 void sse_start(srv_resp *rs, srv *sv, srv_conn *c, gen *g, void *route_ctx, sse_step_fn step,
                sse_end_fn end, void (*ctx_free)(void *));
+/* After sse_start: the stream ends without `data: [DONE]`. */
+void sse_no_done(srv_resp *rs);
+/* Format `event: <event>\ndata: <json>\n\n`. */
+void sse_event(buf *out, const char *event, const char *json, size_t n);
 /* Format `data: <json>\n\n`. */
 void sse_data(buf *out, const char *json, size_t n);
 void sse_error_event(buf *out, const char *type, int code, const char *msg);

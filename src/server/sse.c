@@ -27,7 +27,20 @@ struct sse_stream {
     buf out;
     size_t off;
     int done, cancelled;
+    int no_done;            /* no closing `data: [DONE]` (the Responses API's event streams) */
 };
+
+void sse_no_done(srv_resp *rs) {
+    if (rs->stream_fn) ((sse_stream *)rs->stream_ctx)->no_done = 1;
+}
+
+void sse_event(buf *out, const char *event, const char *json, size_t n) {
+    buf_puts(out, "event: ");
+    buf_puts(out, event);
+    buf_puts(out, "\ndata: ");
+    buf_append(out, json, n);
+    buf_puts(out, "\n\n");
+}
 
 void sse_data(buf *out, const char *json, size_t n) {
     buf_puts(out, "data: ");
@@ -56,14 +69,14 @@ static long sse_read(void *ctx, char *dst, size_t max) {
             gen_event_free(&ev);
             if (r < 0) { /* error event written: end the stream */
                 gen_cancel(s->g);
-                buf_puts(&s->out, "data: [DONE]\n\n");
+                if (!s->no_done) buf_puts(&s->out, "data: [DONE]\n\n");
                 s->done = 1;
             }
             continue;
         }
         if (rc < 0) {
             if (s->end) s->end(s->route_ctx, &s->out);
-            buf_puts(&s->out, "data: [DONE]\n\n");
+            if (!s->no_done) buf_puts(&s->out, "data: [DONE]\n\n");
             s->done = 1;
             continue;
         }

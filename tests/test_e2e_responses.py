@@ -259,6 +259,10 @@ def test_max_tool_calls_keeps_the_first(srv, client, eos):
     r = client.responses.create(model=MODEL, input="Weather?", tools=TOOLS, max_tool_calls=1,
                                 extra_body={"force_ids": ids})
     assert [json.loads(it.arguments)["city"] for it in r.output if it.type == "function_call"] == ["Paris"]
+    r = client.responses.create(model=MODEL, input="Weather?", tools=TOOLS, parallel_tool_calls=False,
+                                extra_body={"force_ids": ids})
+    assert [json.loads(it.arguments)["city"] for it in r.output if it.type == "function_call"] == ["Paris"]
+    assert r.parallel_tool_calls is False
 
 
 # ---- listing, errors ----------------------------------------------------------------------------

@@ -627,6 +627,7 @@ static int build_chat(rctx *cx, json_t *b, json_t *chat, srv_resp *rs) {
     }
     if ((v = get(b, "max_output_tokens"))) json_object_set(chat, "max_tokens", v);
     if ((v = get(b, "max_tool_calls"))) cx->max_tool_calls = json_integer_value(v);
+    if (json_is_false(get(b, "parallel_tool_calls"))) cx->max_tool_calls = 1; /* one call a response */
     static const char *bools[] = {"stream", "store", "background", "parallel_tool_calls"};
     for (size_t i = 0; i < 4; i++)
         if ((v = get(b, bools[i])) && !json_is_boolean(v))

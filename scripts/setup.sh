@@ -18,9 +18,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if [ "${1:-}" = "--test" ]; then
-    # Test oracles from PyPI: the official OpenAI SDK, HF tokenizers, pytest.
+    # Test oracles from PyPI: the official OpenAI and Anthropic SDKs, HF tokenizers, pytest.
     need=()
     python3 -c "import openai" 2>/dev/null || need+=(openai)
+    # the Anthropic Messages API's oracle (tests/test_e2e_messages.py)
+    python3 -c "import anthropic" 2>/dev/null || need+=(anthropic)
     python3 -c "import pytest" 2>/dev/null || need+=(pytest)
     python3 -c "import tokenizers" 2>/dev/null || need+=(tokenizers)
     python3 -c "import numpy" 2>/dev/null || need+=(numpy)

@@ -163,6 +163,8 @@ static int token_ok(const char *have, const char *want) {
 
 static int authorized(srv *sv, srv_conn *c) {
     if (!sv->cfg.api_key) return 1;
+    const char *x = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's clients */
+    if (x && token_ok(x, sv->cfg.api_key)) return 1;
     const char *h = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
@@ -186,7 +188,9 @@ static void dispatch(srv *sv, srv_conn *c, const char *url, const char *method, 
         return;
     }
     if (!authorized(sv, c)) {
-        srv_error(rs, 401, NULL, NULL, "invalid or missing API key: send the --api-key value as 'Authorization: Bearer KEY'");
+        srv_error(rs, 401, NULL, NULL, "invalid or missing API key: send the --api-key value as 'Authorization: Bearer KEY' "
+                  "(or 'x-api-key: KEY')");
+        if (!strncmp(url, "/v1/messages", 12)) srv_anthropic_error(rs);
         return;
     }
     if (!strcmp(url, "/v1/chat/completions")) { if (!post) goto bad_method; route_chat(sv, c, body, len, rs); return; }
@@ -194,6 +198,8 @@ static void dispatch(srv *sv, srv_conn *c, const char *url, const char *method, 
     if (!strcmp(url, "/generate")) { if (!post) goto bad_method; route_generate(sv, c, body, len, rs); return; }
     if (!strcmp(url, "/v1/responses")) { if (!post) goto bad_method; route_responses(sv, c, method, NULL, body, len, rs); return; }
     if (!strncmp(url, "/v1/responses/", 14)) { route_responses(sv, c, method, url + 14, body, len, rs); return; }
+    if (!strcmp(url, "/v1/messages")) { if (!post) goto bad_method; route_messages(sv, c, NULL, body, len, rs); return; }
+    if (!strncmp(url, "/v1/messages/", 13)) { if (!post) goto bad_method; route_messages(sv, c, url + 13, body, len, rs); return; }
     if (!strcmp(url, "/v1/models")) { if (!get) goto bad_method; route_models(sv, NULL, rs); return; }
     if (!strncmp(url, "/v1/models/", 11)) { if (!get) goto bad_method; route_models(sv, url + 11, rs); return; }
     if (!strcmp(url, "/health_generate")) { if (!get) goto bad_method; route_health_generate(sv, rs); return; }

@@ -28,6 +28,14 @@ void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int 
  * template and tokenize it into r->prompts[0]. 0, or rs filled (400 naming
  * r->prompt_field for a template or tokenizer failure). */
 int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs);
+/* A chat body built by a translating route (Responses, Anthropic Messages): parse it
+ * into r, check the model, render the prompt. names: pairs {chat field, the route's
+ * field} ending with NULL, for the errors' "param" and r->prompt_field /
+ * max_tokens_field. 0, or rs filled. Callable again on the same r (it is reset). */
+int srv_chat_translated(srv *sv, srv_req *r, json_t *chat, const char *const *names, srv_resp *rs);
+/* Once the prompt is rendered: the context check, the constraint, and which parsers
+ * run on the output (reasoning, tool calls; force: the output starts inside reasoning). */
+int srv_chat_ready(srv *sv, srv_req *r, srv_resp *rs, int *use_rp, int *use_tp, int *force_reasoning);
 /* The rendered prompt leaves a <think> open: the model starts inside reasoning. */
 int srv_prompt_opens_think(const char *text);
 

@@ -196,12 +196,8 @@ void route_chat(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs
     }
     srv_req *r = &cx->r;
     if (srv_check_model(sv, r, rs)) goto fail;
-    if (srv_render_chat(sv, r, rs) || srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
-    if (srv_req_constrain(sv, r, srv_prompt_opens_think(r->prompts[0].text), rs)) goto fail;
-
-    cx->use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
-    cx->force_reasoning = cx->use_rp && (sv->cfg.reasoning_always || srv_prompt_opens_think(r->prompts[0].text));
-    cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice != TC_NONE;
+    if (srv_render_chat(sv, r, rs) || srv_chat_ready(sv, r, rs, &cx->use_rp, &cx->use_tp, &cx->force_reasoning))
+        goto fail;
     srv_random_id(cx->id, sizeof cx->id, "chatcmpl-");
     cx->created = (json_int_t)time(NULL);
 

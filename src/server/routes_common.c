@@ -81,6 +81,39 @@ int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs) {
     return 0;
 }
 
+static const char *map_name(const char *const *names, const char *k) {
+    for (int i = 0; names && names[i]; i += 2)
+        if (!strcmp(names[i], k)) return names[i + 1];
+    return k;
+}
+
+int srv_chat_translated(srv *sv, srv_req *r, json_t *chat, const char *const *names, srv_resp *rs) {
+    char *text = json_dumps(chat, JSON_COMPACT);
+    ls_err e = {0};
+    char param[64];
+    req_free(r);
+    int rc = req_parse(r, SRV_CHAT, text, strlen(text), sv->cfg.allow_force_ids, &sv->cfg.sampling_defaults, param,
+                       sizeof param, &e);
+    free(text);
+    if (rc) {
+        srv_error(rs, 400, NULL, map_name(names, param), "%s", e.msg);
+        return -1;
+    }
+    r->prompt_field = map_name(names, "messages");
+    if (r->has_max_tokens) r->max_tokens_field = map_name(names, r->max_tokens_field);
+    return srv_check_model(sv, r, rs) || srv_render_chat(sv, r, rs) ? -1 : 0;
+}
+
+int srv_chat_ready(srv *sv, srv_req *r, srv_resp *rs, int *use_rp, int *use_tp, int *force_reasoning) {
+    if (srv_check_prompt(sv, r, &r->prompts[0], rs)) return -1;
+    int opens = srv_prompt_opens_think(r->prompts[0].text);
+    if (srv_req_constrain(sv, r, opens, rs)) return -1;
+    *use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
+    *force_reasoning = *use_rp && (sv->cfg.reasoning_always || opens);
+    *use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice != TC_NONE;
+    return 0;
+}
+
 void srv_parse_text(rp_state *rp, tp_stream *tp, const char *text, size_t n, int final, buf *reasoning, buf *content,
                     tp_deltas *d) {
     buf mid; buf_init(&mid);

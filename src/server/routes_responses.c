@@ -833,6 +833,10 @@ static json_t *messages_from(rctx *cx, size_t first, srv_resp *rs) {
     return cv.msgs;
 }
 
+/* Chat fields -> this API's, in errors. */
+static const char *const NAMES[] = {"messages", "input", "max_tokens", "max_output_tokens", "response_format", "text",
+                                    "reasoning_effort", "reasoning", NULL};
+
 static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs) {
     rctx *cx = xcalloc(1, sizeof *cx);
     cx->sv = sv;
@@ -861,34 +865,14 @@ static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_
             goto fail;
         }
         json_object_set_new(chat, "messages", msgs);
-        char *text = json_dumps(chat, JSON_COMPACT);
-        ls_err e = {0};
-        char param[64];
-        req_free(r);
-        int rc = req_parse(r, SRV_CHAT, text, strlen(text), sv->cfg.allow_force_ids, &sv->cfg.sampling_defaults, param,
-                           sizeof param, &e);
-        free(text);
-        if (rc) {
-            const char *p = !strcmp(param, "messages") ? "input" : !strcmp(param, "max_tokens") ? "max_output_tokens"
-                          : !strcmp(param, "response_format") ? "text" : !strcmp(param, "reasoning_effort") ? "reasoning"
-                          : param;
-            srv_error(rs, 400, NULL, p, "%s", e.msg);
-            goto fail;
-        }
-        r->prompt_field = "input";
-        if (r->has_max_tokens) r->max_tokens_field = "max_output_tokens";
+        if (srv_chat_translated(sv, r, chat, NAMES, rs)) goto fail;
         if (r->rf_kind == RF_JSON_SCHEMA) r->rf_path = "text.format.schema";
-        if (srv_check_model(sv, r, rs) || srv_render_chat(sv, r, rs)) goto fail;
         int ctx = sv->info.context_length, n = r->prompts[0].n;
         int fits = ctx <= 0 || ((long long)n + (r->has_max_tokens ? r->s.max_tokens : 1) <= ctx && n < ctx);
         if (fits || !autotrunc || first + 1 >= json_array_size(cx->items_all)) break;
     }
-    if (srv_check_prompt(sv, r, &r->prompts[0], rs)) goto fail;
-    if (srv_req_constrain(sv, r, srv_prompt_opens_think(r->prompts[0].text), rs)) goto fail;
-
-    cx->use_rp = sv->cfg.reasoning_parser && r->separate_reasoning && r->enable_thinking != 0;
-    int force = cx->use_rp && (sv->cfg.reasoning_always || srv_prompt_opens_think(r->prompts[0].text));
-    cx->use_tp = sv->cfg.tool_parser != TP_NONE && r->tools && r->tool_choice != TC_NONE;
+    int force;
+    if (srv_chat_ready(sv, r, rs, &cx->use_rp, &cx->use_tp, &force)) goto fail;
     rp_init(&cx->rp, force, 1);
     tp_stream_init(&cx->tp, sv->cfg.tool_parser, r->tools);
     if (cx->logprobs) { cx->lp_all = json_array(); cx->lp_pending = json_array(); }

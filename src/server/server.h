@@ -302,6 +302,11 @@ void route_metrics(srv *sv, srv_resp *rs);
  * rest is the URL after "/v1/responses/" (NULL for the collection). */
 void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest, const char *body, size_t len,
                      srv_resp *rs);
+/* The Anthropic Messages API (routes_messages.c): POST /v1/messages and
+ * /v1/messages/count_tokens (rest "count_tokens"; NULL for the collection). */
+void route_messages(srv *sv, srv_conn *c, const char *rest, const char *body, size_t len, srv_resp *rs);
+/* An error response (OpenAI's shape, as srv_error writes it) rewritten in Anthropic's. */
+void srv_anthropic_error(srv_resp *rs);
 
 /* Shared by the two generation routes (routes_common in routes_misc.c). */
 int srv_check_model(srv *sv, const srv_req *r, srv_resp *rs); /* 0 ok, else rs filled */

@@ -28,6 +28,8 @@ void srv_usage_totals(const acc_choice *a, int n_choices, int n_per_prompt, int 
  * template and tokenize it into r->prompts[0]. 0, or rs filled (400 naming
  * r->prompt_field for a template or tokenizer failure). */
 int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs);
+/* The request body as a JSON object, or NULL with rs filled (400 naming the position). */
+json_t *srv_load_body(const char *body, size_t len, srv_resp *rs);
 /* A chat body built by a translating route (Responses, Anthropic Messages): parse it
  * into r, check the model, render the prompt. names: pairs {chat field, the route's
  * field} ending with NULL, for the errors' "param" and r->prompt_field /
@@ -56,5 +58,38 @@ char *srv_token_text(srv *sv, int32_t id);                 /* malloc'd */
 json_t *srv_chat_logprob(srv *sv, const gen_event *ev);     /* one chat logprobs.content entry */
 json_t *srv_completion_logprobs_new(void);
 void srv_completion_logprob(srv *sv, const gen_event *ev, json_t *lp, size_t text_offset);
+
+/* split.c: a generation's text as reasoning, text and tool-call parts (Responses, Messages). */
+#define SRV_SPLIT_MAX_CALLS 64
+typedef struct srv_split_cb {
+    void (*reasoning)(void *ctx, const char *s, size_t n);
+    void (*text)(void *ctx, const char *s, size_t n);  /* a text part starts with text that is not whitespace */
+    void (*call)(void *ctx, const char *name);          /* a new call (those past max_calls never come) */
+    void (*args)(void *ctx, const char *s, size_t n);   /* a piece of the current call's JSON arguments */
+} srv_split_cb;
+typedef struct srv_split {
+    int use_rp, use_tp, max_calls;
+    rp_state rp;
+    tp_stream tp;
+    buf ws;                 /* whitespace held before a text part */
+    int text_open;          /* the last part was text: whitespace goes straight on */
+    int cur_call;           /* the tool-parser index of the call taking arguments (-1: none, or dropped) */
+    int n_calls;
+    int reasoning_tokens;
+    const srv_split_cb *cb;
+    void *ctx;
+} srv_split;
+/* max_calls 0: no limit. tools are borrowed (the request's). */
+void srv_split_init(srv_split *s, int use_rp, int force_reasoning, int use_tp, tp_kind kind, const json_t *tools,
+                    int max_calls, const srv_split_cb *cb, void *ctx);
+/* One engine event's text (token: its id, -1 for none; final: the last event). */
+void srv_split_feed(srv_split *s, const char *text, int token, int final);
+void srv_split_free(srv_split *s);
+
+/* Submit r as one generation: streamed (1: the SSE stream owns ctx and frees it with
+ * ctx_free; no [DONE]), or collected with every event handed to feed (0), or -1 with rs
+ * filled. */
+int srv_run_one(srv *sv, srv_conn *c, srv_req *r, int stream, void *ctx, void (*feed)(void *, const gen_event *),
+                sse_step_fn step, sse_end_fn end, void (*ctx_free)(void *), srv_resp *rs);
 
 #endif

@@ -81,6 +81,21 @@ int srv_render_chat(srv *sv, srv_req *r, srv_resp *rs) {
     return 0;
 }
 
+json_t *srv_load_body(const char *body, size_t len, srv_resp *rs) {
+    json_error_t je;
+    json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        srv_error(rs, 400, NULL, NULL, "invalid JSON body: line %d, column %d: %s", je.line, je.column, je.text);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        srv_error(rs, 400, NULL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
 static const char *map_name(const char *const *names, const char *k) {
     for (int i = 0; names && names[i]; i += 2)
         if (!strcmp(names[i], k)) return names[i + 1];

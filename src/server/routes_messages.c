@@ -254,14 +254,11 @@ typedef struct mctx {
     srv_req r;
     json_t *body;
     char id[48];
-    int stream, use_rp, use_tp, max_calls;
-    rp_state rp;
-    tp_stream tp;
+    int max_calls;
+    srv_split split;
+    int split_on;
     mblock *b; int nb, capb;
     int cur;
-    int call_block[64];
-    int n_calls;
-    buf ws_hold;
     int started, finished;
     char finish[16];
     char *matched_stop, *error;
@@ -272,11 +269,9 @@ typedef struct mctx {
 static void mctx_free(void *p) {
     mctx *cx = p;
     json_decref(cx->body);
-    rp_free(&cx->rp);
-    tp_stream_free(&cx->tp);
+    if (cx->split_on) srv_split_free(&cx->split);
     for (int i = 0; i < cx->nb; i++) { free(cx->b[i].name); buf_free(&cx->b[i].text); }
     free(cx->b);
-    buf_free(&cx->ws_hold);
     free(cx->matched_stop);
     free(cx->error);
     req_free(&cx->r);
@@ -339,42 +334,26 @@ static void delta(mctx *cx, int kind, const char *s, size_t n) {
                    kind == B_THINK ? "thinking" : "text", srv_jstr(s, n)));
 }
 
-static int all_space(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\t' && s[i] != '\r') return 0;
-    return 1;
+static void on_reasoning(void *ctx, const char *s, size_t n) { delta(ctx, B_THINK, s, n); }
+
+static void on_text(void *ctx, const char *s, size_t n) { delta(ctx, B_TEXT, s, n); }
+
+static void on_call(void *ctx, const char *name) {
+    mctx *cx = ctx;
+    mblock *b = open_block(cx, B_TOOL);
+    b->name = xstrdup(name);
+    srv_random_id(b->id, sizeof b->id, "toolu_");
+    emit(cx, "content_block_start", json_pack("{s:i, s:o}", "index", cx->cur, "content_block", block_json(b, 0)));
 }
 
-/* Text: whitespace alone opens no block (the "\n\n" between thinking and a tool call). */
-static void on_text(mctx *cx, const char *s, size_t n) {
-    if (cx->cur >= 0 && cx->b[cx->cur].kind == B_TEXT) { delta(cx, B_TEXT, s, n); return; }
-    buf_append(&cx->ws_hold, s, n);
-    if (all_space(cx->ws_hold.data, cx->ws_hold.len)) return;
-    buf held = cx->ws_hold;
-    buf_init(&cx->ws_hold);
-    delta(cx, B_TEXT, held.data, held.len);
-    buf_free(&held);
+static void on_args(void *ctx, const char *s, size_t n) {
+    mctx *cx = ctx;
+    buf_append(&cx->b[cx->cur].text, s, n);
+    emit(cx, "content_block_delta", json_pack("{s:i, s:{s:s, s:o}}", "index", cx->cur, "delta", "type", "input_json_delta",
+                                              "partial_json", srv_jstr(s, n)));
 }
 
-static void on_tool(mctx *cx, const tp_delta *d) {
-    if (d->index < 0 || d->index >= 64) return;
-    if (d->name) {
-        cx->ws_hold.len = 0;
-        if (cx->max_calls && cx->n_calls >= cx->max_calls) { cx->call_block[d->index] = -1; return; }
-        mblock *b = open_block(cx, B_TOOL);
-        b->name = xstrdup(d->name);
-        srv_random_id(b->id, sizeof b->id, "toolu_");
-        cx->call_block[d->index] = cx->cur;
-        cx->n_calls++;
-        emit(cx, "content_block_start", json_pack("{s:i, s:o}", "index", cx->cur, "content_block", block_json(b, 0)));
-        return;
-    }
-    int bi = cx->call_block[d->index];
-    if (bi < 0 || bi != cx->cur) return;
-    buf_puts(&cx->b[bi].text, d->args);
-    emit(cx, "content_block_delta", json_pack("{s:i, s:{s:s, s:o}}", "index", bi, "delta", "type", "input_json_delta",
-                                              "partial_json", srv_jstr(d->args, strlen(d->args))));
-}
+static const srv_split_cb SPLIT_CB = {on_reasoning, on_text, on_call, on_args};
 
 static json_t *usage_json(const mctx *cx) {
     return json_pack("{s:i, s:i, s:i, s:i}", "input_tokens", cx->prompt_tokens - cx->cached_tokens,
@@ -393,7 +372,7 @@ static json_t *message_json(mctx *cx, int final) {
 
 static const char *stop_reason(const mctx *cx) {
     if (!strcmp(cx->finish, "length")) return "max_tokens";
-    if (cx->n_calls) return "tool_use";
+    if (cx->split.n_calls) return "tool_use";
     if (cx->matched_stop) return "stop_sequence";
     return "end_turn";
 }
@@ -407,17 +386,7 @@ static void feed(void *ctx, const gen_event *ev) {
         cx->cached_tokens = ev->cached_tokens;
         emit(cx, "message_start", json_pack("{s:o}", "message", message_json(cx, 0)));
     }
-    buf reasoning, content;
-    buf_init(&reasoning); buf_init(&content);
-    tp_deltas d = {0};
-    srv_parse_text(cx->use_rp ? &cx->rp : NULL, cx->use_tp ? &cx->tp : NULL, ev->text, strlen(ev->text), ev->finished,
-                   &reasoning, &content, &d);
-    if (reasoning.len) delta(cx, B_THINK, reasoning.data, reasoning.len);
-    if (content.len) on_text(cx, content.data, content.len);
-    for (int i = 0; i < d.n; i++) on_tool(cx, &d.v[i]);
-    tp_deltas_free(&d);
-    buf_free(&reasoning);
-    buf_free(&content);
+    srv_split_feed(&cx->split, ev->text, ev->token, ev->finished);
     if (ev->finished) {
         cx->finished = 1;
         snprintf(cx->finish, sizeof cx->finish, "%s", ev->finish_reason[0] ? ev->finish_reason : "stop");
@@ -426,12 +395,6 @@ static void feed(void *ctx, const gen_event *ev) {
         cx->prompt_tokens = ev->prompt_tokens;
         cx->completion_tokens = ev->completion_tokens;
         cx->cached_tokens = ev->cached_tokens;
-        if (cx->ws_hold.len && !cx->n_calls) { /* whitespace was all the model said */
-            buf held = cx->ws_hold;
-            buf_init(&cx->ws_hold);
-            delta(cx, B_TEXT, held.data, held.len);
-            buf_free(&held);
-        }
         close_block(cx);
     }
 }
@@ -468,13 +431,7 @@ static void messages(srv *sv, srv_conn *c, const char *body, size_t len, int cou
     cx->sv = sv;
     cx->cur = -1;
     json_t *chat = json_object();
-    json_error_t je;
-    cx->body = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
-    if (!cx->body) {
-        srv_error(rs, 400, NULL, NULL, "invalid JSON body: line %d, column %d: %s", je.line, je.column, je.text);
-        goto fail;
-    }
-    if (!json_is_object(cx->body)) { srv_error(rs, 400, NULL, NULL, "the request body must be a JSON object"); goto fail; }
+    if (!(cx->body = srv_load_body(body, len, rs))) goto fail;
     if (build_chat(cx->body, chat, count, &cx->max_calls, rs) || srv_chat_translated(sv, &cx->r, chat, NAMES, rs))
         goto fail;
     json_decref(chat);
@@ -484,24 +441,14 @@ static void messages(srv *sv, srv_conn *c, const char *body, size_t len, int cou
         srv_json_resp(rs, 200, json_pack("{s:i}", "input_tokens", r->prompts[0].n));
         goto fail;
     }
-    int force;
-    if (srv_chat_ready(sv, r, rs, &cx->use_rp, &cx->use_tp, &force)) goto fail;
-    rp_init(&cx->rp, force, 1);
-    tp_stream_init(&cx->tp, sv->cfg.tool_parser, r->tools);
+    int use_rp, use_tp, force;
+    if (srv_chat_ready(sv, r, rs, &use_rp, &use_tp, &force)) goto fail;
+    srv_split_init(&cx->split, use_rp, force, use_tp, sv->cfg.tool_parser, r->tools, cx->max_calls, &SPLIT_CB, cx);
+    cx->split_on = 1;
     srv_random_id(cx->id, sizeof cx->id, "msg_");
-    gen *g;
-    char err[512] = "";
-    int rc;
-    r->n = 1;
-    if ((rc = gen_start(sv, r, &g, err, sizeof err))) { srv_submit_error(rs, rc, err); goto fail; }
-    if (r->stream) {
-        sse_start(rs, sv, c, g, cx, msg_step, msg_end, mctx_free);
-        sse_no_done(rs);
-        return;
-    }
-    acc_choice *a;
-    if (srv_collect_with(sv, c, g, r, feed, cx, &a, rs)) goto fail;
-    acc_free(a, 1);
+    int rc = srv_run_one(sv, c, r, r->stream, cx, feed, msg_step, msg_end, mctx_free, rs);
+    if (rc == 1) return;
+    if (rc < 0) goto fail;
     json_t *m = message_json(cx, 1);
     json_object_set_new(m, "stop_reason", json_string(stop_reason(cx)));
     if (!strcmp(stop_reason(cx), "stop_sequence"))

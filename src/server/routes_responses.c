@@ -231,18 +231,14 @@ typedef struct rctx {
     json_t *input_items;      /* this request's input items, normalized (owned) */
     char id[48];
     json_int_t created_at;
-    int store, stream, logprobs, use_rp, use_tp;
-    long long max_tool_calls; /* 0: no limit */
+    int store, stream, logprobs;
+    int max_tool_calls;       /* 0: no limit */
     /* output */
-    rp_state rp;
-    tp_stream tp;
+    srv_split split;          /* the parsers: reasoning, text and calls */
+    int split_on;
     ritem *items; int n_items, cap_items;
     int cur;                  /* the open item, -1 none */
-    int call_item[64];        /* tool delta index -> item (-1: dropped by max_tool_calls) */
-    int n_calls;
     json_t *lp_all, *lp_pending;
-    buf ws_hold;              /* whitespace between reasoning and a message or call (a call drops it) */
-    int reasoning_tokens;
     int started, finished;
     char finish[16];
     char *error;
@@ -256,15 +252,13 @@ static void rctx_free(void *p) {
     json_decref(cx->body);
     json_decref(cx->items_all);
     json_decref(cx->input_items);
-    rp_free(&cx->rp);
-    tp_stream_free(&cx->tp);
+    if (cx->split_on) srv_split_free(&cx->split);
     for (int i = 0; i < cx->n_items; i++) {
         free(cx->items[i].name);
         buf_free(&cx->items[i].text);
         json_decref(cx->items[i].lp);
     }
     free(cx->items);
-    buf_free(&cx->ws_hold);
     json_decref(cx->lp_all);
     json_decref(cx->lp_pending);
     free(cx->error);
@@ -368,7 +362,8 @@ static ritem *open_item(rctx *cx, int kind) {
     return it;
 }
 
-static void on_reasoning(rctx *cx, const char *s, size_t n) {
+static void on_reasoning(void *ctx, const char *s, size_t n) {
+    rctx *cx = ctx;
     ritem *it = cx->cur >= 0 && cx->items[cx->cur].kind == K_REASONING ? &cx->items[cx->cur] : NULL;
     if (!it) {
         it = open_item(cx, K_REASONING);
@@ -383,23 +378,16 @@ static void on_reasoning(rctx *cx, const char *s, size_t n) {
                                                         cx->cur, "content_index", 0, "delta", srv_jstr(s, n)));
 }
 
-static int all_space(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\n' && s[i] != '\t' && s[i] != '\r') return 0;
-    return 1;
-}
-
-static ritem *open_message(rctx *cx) {
-    ritem *it = open_item(cx, K_MESSAGE);
-    int oi = cx->cur;
-    emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", oi, "item", item_json(cx, it)));
-    emit(cx, "response.content_part.added",
-         json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", it->id, "output_index", oi, "content_index", 0,
-                   "part", "type", "output_text", "text", "", "annotations", "logprobs"));
-    return it;
-}
-
-static void content_delta(rctx *cx, ritem *it, const char *s, size_t n) {
+static void on_text(void *ctx, const char *s, size_t n) {
+    rctx *cx = ctx;
+    ritem *it = cx->cur >= 0 && cx->items[cx->cur].kind == K_MESSAGE ? &cx->items[cx->cur] : NULL;
+    if (!it) {
+        it = open_item(cx, K_MESSAGE);
+        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(cx, it)));
+        emit(cx, "response.content_part.added",
+             json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", it->id, "output_index", cx->cur,
+                       "content_index", 0, "part", "type", "output_text", "text", "", "annotations", "logprobs"));
+    }
     buf_append(&it->text, s, n);
     json_t *lp = cx->lp_pending ? cx->lp_pending : json_array();
     if (cx->lp_pending) cx->lp_pending = json_array();
@@ -407,68 +395,34 @@ static void content_delta(rctx *cx, ritem *it, const char *s, size_t n) {
                                                      cx->cur, "content_index", 0, "delta", srv_jstr(s, n), "logprobs", lp));
 }
 
-/* Whitespace alone opens no message (e.g. the "\n\n" between </think> and a tool call):
- * it waits in ws_hold for more text, and a call drops it. */
-static void flush_ws(rctx *cx) {
-    ritem *it = open_message(cx);
-    buf held = cx->ws_hold;
-    buf_init(&cx->ws_hold);
-    content_delta(cx, it, held.data ? held.data : "", held.len);
-    buf_free(&held);
+static void on_call(void *ctx, const char *name) {
+    rctx *cx = ctx;
+    ritem *it = open_item(cx, K_CALL);
+    it->name = xstrdup(name);
+    tp_call_id(it->call_id);
+    emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(cx, it)));
 }
 
-static void on_content(rctx *cx, const char *s, size_t n) {
-    if (cx->cur >= 0 && cx->items[cx->cur].kind == K_MESSAGE) {
-        content_delta(cx, &cx->items[cx->cur], s, n);
-        return;
-    }
-    buf_append(&cx->ws_hold, s, n);
-    if (!all_space(cx->ws_hold.data, cx->ws_hold.len)) flush_ws(cx);
-}
-
-static void on_tool(rctx *cx, const tp_delta *d) {
-    if (d->index < 0 || d->index >= (int)(sizeof cx->call_item / sizeof cx->call_item[0])) return;
-    if (d->name) {
-        cx->ws_hold.len = 0;
-        if (cx->max_tool_calls && cx->n_calls >= cx->max_tool_calls) { cx->call_item[d->index] = -1; return; }
-        ritem *it = open_item(cx, K_CALL);
-        it->name = xstrdup(d->name);
-        tp_call_id(it->call_id);
-        cx->call_item[d->index] = cx->cur;
-        cx->n_calls++;
-        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(cx, it)));
-        return;
-    }
-    int oi = cx->call_item[d->index];
-    if (oi < 0 || oi != cx->cur) return; /* dropped (max_tool_calls) */
-    ritem *it = &cx->items[oi];
-    buf_puts(&it->text, d->args);
+static void on_args(void *ctx, const char *s, size_t n) {
+    rctx *cx = ctx;
+    ritem *it = &cx->items[cx->cur];
+    buf_append(&it->text, s, n);
     emit(cx, "response.function_call_arguments.delta",
-         json_pack("{s:s, s:i, s:o}", "item_id", it->id, "output_index", oi, "delta", srv_jstr(d->args, strlen(d->args))));
+         json_pack("{s:s, s:i, s:o}", "item_id", it->id, "output_index", cx->cur, "delta", srv_jstr(s, n)));
 }
+
+static const srv_split_cb SPLIT_CB = {on_reasoning, on_text, on_call, on_args};
 
 /* One engine event through the parsers into the output items (both modes). */
 static void feed(void *ctx, const gen_event *ev) {
     rctx *cx = ctx;
     if (cx->finished) return;
-    int was_reasoning = cx->use_rp && cx->rp.in_reasoning;
     if (ev->token >= 0 && cx->logprobs) {
         json_t *e = srv_chat_logprob(cx->sv, ev);
         json_array_append(cx->lp_all, e);
         json_array_append_new(cx->lp_pending, e);
     }
-    buf reasoning, content;
-    buf_init(&reasoning); buf_init(&content);
-    tp_deltas d = {0};
-    srv_parse_text(cx->use_rp ? &cx->rp : NULL, cx->use_tp ? &cx->tp : NULL, ev->text, strlen(ev->text), ev->finished,
-                   &reasoning, &content, &d);
-    if (ev->token >= 0 && (was_reasoning || reasoning.len || (cx->use_rp && cx->rp.in_reasoning))) cx->reasoning_tokens++;
-    if (reasoning.len) on_reasoning(cx, reasoning.data, reasoning.len);
-    if (content.len) on_content(cx, content.data, content.len);
-    for (int i = 0; i < d.n; i++) on_tool(cx, &d.v[i]);
-    tp_deltas_free(&d);
-    buf_free(&reasoning);
-    buf_free(&content);
+    srv_split_feed(&cx->split, ev->text, ev->token, ev->finished);
     if (ev->finished) {
         cx->finished = 1;
         snprintf(cx->finish, sizeof cx->finish, "%s", ev->finish_reason[0] ? ev->finish_reason : "stop");
@@ -543,7 +497,7 @@ static json_t *response_json(rctx *cx) {
                             json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", cx->prompt_tokens,
                                       "input_tokens_details", "cached_tokens", cx->cached_tokens, "output_tokens",
                                       cx->completion_tokens, "output_tokens_details", "reasoning_tokens",
-                                      cx->reasoning_tokens, "total_tokens", cx->prompt_tokens + cx->completion_tokens));
+                                      cx->split.reasoning_tokens, "total_tokens", cx->prompt_tokens + cx->completion_tokens));
     else json_object_set_new(o, "usage", json_null());
     return o;
 }
@@ -551,7 +505,6 @@ static json_t *response_json(rctx *cx) {
 /* Close the output, keep it when asked, return the final response (new reference). */
 static json_t *finish_response(rctx *cx) {
     const char *st = status_of(cx);
-    if (cx->ws_hold.len && !cx->n_calls) flush_ws(cx); /* whitespace was all the model said */
     close_item(cx, !strcmp(st, "completed") ? "completed" : "incomplete");
     json_t *resp = response_json(cx);
     if (cx->store && strcmp(st, "failed")) {
@@ -572,18 +525,18 @@ static json_t *finish_response(rctx *cx) {
 
 /* ---- streaming ------------------------------------------------------------------------- */
 
-static void emit_lifecycle(rctx *cx, const char *type) {
-    emit(cx, type, json_pack("{s:o}", "response", response_json(cx)));
+/* response.created and response.in_progress, once, before anything else. */
+static void start_events(rctx *cx) {
+    if (cx->started) return;
+    cx->started = 1;
+    emit(cx, "response.created", json_pack("{s:o}", "response", response_json(cx)));
+    emit(cx, "response.in_progress", json_pack("{s:o}", "response", response_json(cx)));
 }
 
 static int resp_step(void *ctx, const gen_event *ev, buf *out) {
     rctx *cx = ctx;
     cx->out = out;
-    if (!cx->started) {
-        cx->started = 1;
-        emit_lifecycle(cx, "response.created");
-        emit_lifecycle(cx, "response.in_progress");
-    }
+    start_events(cx);
     feed(cx, ev);
     if (cx->finished && !strcmp(cx->finish, "error")) {
         json_t *resp = finish_response(cx);
@@ -598,11 +551,7 @@ static int resp_step(void *ctx, const gen_event *ev, buf *out) {
 static void resp_end(void *ctx, buf *out) {
     rctx *cx = ctx;
     cx->out = out;
-    if (!cx->started) {
-        cx->started = 1;
-        emit_lifecycle(cx, "response.created");
-        emit_lifecycle(cx, "response.in_progress");
-    }
+    start_events(cx);
     json_t *resp = finish_response(cx);
     const char *st = status_of(cx);
     emit(cx, !strcmp(st, "incomplete") || !strcmp(st, "cancelled") ? "response.incomplete" : "response.completed",
@@ -626,7 +575,7 @@ static int build_chat(rctx *cx, json_t *b, json_t *chat, srv_resp *rs) {
                              ints[i].lo, ints[i].hi), -1;
     }
     if ((v = get(b, "max_output_tokens"))) json_object_set(chat, "max_tokens", v);
-    if ((v = get(b, "max_tool_calls"))) cx->max_tool_calls = json_integer_value(v);
+    if ((v = get(b, "max_tool_calls"))) cx->max_tool_calls = (int)json_integer_value(v);
     if (json_is_false(get(b, "parallel_tool_calls"))) cx->max_tool_calls = 1; /* one call a response */
     static const char *bools[] = {"stream", "store", "background", "parallel_tool_calls"};
     for (size_t i = 0; i < 4; i++)
@@ -842,13 +791,7 @@ static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_
     cx->sv = sv;
     cx->cur = -1;
     json_t *chat = json_object();
-    json_error_t je;
-    cx->body = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
-    if (!cx->body) {
-        srv_error(rs, 400, NULL, NULL, "invalid JSON body: line %d, column %d: %s", je.line, je.column, je.text);
-        goto fail;
-    }
-    if (!json_is_object(cx->body)) { srv_error(rs, 400, NULL, NULL, "the request body must be a JSON object"); goto fail; }
+    if (!(cx->body = srv_load_body(body, len, rs))) goto fail;
     json_t *b = cx->body, *ins = get(b, "instructions");
     if (ins && !json_is_string(ins)) { srv_error(rs, 400, NULL, "instructions", "instructions: expected a string"); goto fail; }
     if (build_chat(cx, b, chat, rs) || gather_items(cx, b, rs)) goto fail;
@@ -871,30 +814,18 @@ static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_
         int fits = ctx <= 0 || ((long long)n + (r->has_max_tokens ? r->s.max_tokens : 1) <= ctx && n < ctx);
         if (fits || !autotrunc || first + 1 >= json_array_size(cx->items_all)) break;
     }
-    int force;
-    if (srv_chat_ready(sv, r, rs, &cx->use_rp, &cx->use_tp, &force)) goto fail;
-    rp_init(&cx->rp, force, 1);
-    tp_stream_init(&cx->tp, sv->cfg.tool_parser, r->tools);
+    int use_rp, use_tp, force;
+    if (srv_chat_ready(sv, r, rs, &use_rp, &use_tp, &force)) goto fail;
+    srv_split_init(&cx->split, use_rp, force, use_tp, sv->cfg.tool_parser, r->tools, cx->max_tool_calls, &SPLIT_CB, cx);
+    cx->split_on = 1;
     if (cx->logprobs) { cx->lp_all = json_array(); cx->lp_pending = json_array(); }
     srv_random_id(cx->id, sizeof cx->id, "resp_");
     cx->created_at = (json_int_t)time(NULL);
     json_decref(chat);
     chat = NULL;
-
-    gen *g;
-    char err[512] = "";
-    int rc;
-    r->n = 1;
-    if ((rc = gen_start(sv, r, &g, err, sizeof err))) { srv_submit_error(rs, rc, err); goto fail; }
-    if (cx->stream) {
-        sse_start(rs, sv, c, g, cx, resp_step, resp_end, rctx_free);
-        sse_no_done(rs);
-        return;
-    }
-    acc_choice *a;
-    if (srv_collect_with(sv, c, g, r, feed, cx, &a, rs)) goto fail;
-    acc_free(a, 1);
-    srv_json_resp(rs, 200, finish_response(cx));
+    int rc = srv_run_one(sv, c, r, cx->stream, cx, feed, resp_step, resp_end, rctx_free, rs);
+    if (rc == 1) return;
+    if (rc == 0) srv_json_resp(rs, 200, finish_response(cx));
 fail:
     json_decref(chat);
     rctx_free(cx);

@@ -156,6 +156,9 @@ int ls_grammar_json_schema(ls_engine *e, const char *schema_json, int strict, co
                            ls_grammar **out, char *err, size_t errn);
 /* Any JSON object. */
 int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t errn);
+/* The whole output matches a regular expression (the subset ECMA-262 and Python's re
+ * share; SGLang's "regex"). path prefixes error messages. */
+int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn);
 /* Tool calls: tools_json is the request's "tools" array; only = the function that must be
  * called (NULL: any of them); format "hermes" (<tool_call>{"name":..., "arguments":...}
  * </tool_call>) or "qwen3_coder" (the XML form); between min_calls and max_calls calls. */

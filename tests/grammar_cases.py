@@ -151,12 +151,12 @@ def check_bad_schemas_are_400(client, model):
         raise AssertionError("accepted a bad schema")
     except openai.BadRequestError as e:
         assert "response_format.json_schema.schema.properties.age.type" in str(e), str(e)
-    pat = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}
+    pat = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^(?=[a-z])+$"}}}  # lookahead
     try:
         chat(client, model, response_format=rf_schema(pat), max_tokens=5)
-        raise AssertionError("accepted pattern")
+        raise AssertionError("accepted a lookahead pattern")
     except openai.BadRequestError as e:
-        assert "response_format.json_schema.schema.properties.id.pattern" in str(e), str(e)
+        assert "response_format.json_schema.schema.properties.id.pattern: '(?' at offset 2" in str(e), str(e)
 
 
 def check_tool_choice_required_streaming(client, model):

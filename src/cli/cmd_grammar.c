@@ -3,15 +3,15 @@
  * tests (tests/test_grammar_json.py) and for the mask benchmark
  * (bench/grammar_bench.sh).
  *
- *   laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object |
+ *   laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object | --regex RE |
  *                     --tools FILE --tool-format hermes|qwen3_coder [--only NAME])
  *                     [--prefix-file F] [--vocab N] (--mask | --check-file F)
  *   laststand grammar --tokenizer-path DIR --bench [--vocab N] [--reps N]
  *
  * --mask: after the prefix's bytes, prints {"accepting":b,"cached":b,"us":t,"allowed":[ids]}
  *   (cached: the mask came from the string-state cache)
- * --check-file F: F has one hex byte string per line; prints {"ok":[0|1,...]}:
- *   whether prefix + those bytes is still a prefix of the grammar's language
+ * --check-file F: F has one hex byte string per line; prints {"ok":[0|1,...],"accept":[0|1,...]}:
+ *   whether prefix + those bytes is still a prefix of the grammar's language, and a whole sentence of it
  * --bench: a table of microseconds per mask by state kind (cold = first mask
  *   of that state, which may fill the string-state cache; warm = median).
  * EOS ids: the tokenizer_config eos_token and <|im_end|> / <|endoftext|> when present.
@@ -28,11 +28,12 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object |\n"
+            "usage: laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object | --regex RE |\n"
             "                         --tools FILE --tool-format hermes|qwen3_coder [--only NAME])\n"
             "                         [--prefix-file F] [--vocab N] (--mask | --check-file F)\n"
             "       laststand grammar --tokenizer-path DIR --bench [--vocab N] [--reps N]\n"
             "  --schema FILE       a JSON Schema          --json-object   any JSON object\n"
+            "  --regex RE          the whole output matches the regular expression RE\n"
             "  --tools FILE        a tools array (OpenAI) --only NAME     that function only\n"
             "  --prefix-file F     output bytes already generated (default: none)\n"
             "  --vocab N           mask width (the model's vocabulary; default the tokenizer's)\n"
@@ -159,7 +160,7 @@ static int bench(const tokenizer *t, int n_vocab, int reps) {
 
 int cmd_grammar(int argc, char **argv) {
     const char *tdir = NULL, *schema = NULL, *tools = NULL, *fmt = "qwen3_coder", *only = NULL, *prefix = NULL,
-               *check = NULL;
+               *check = NULL, *regex = NULL;
     int strict = 0, json_obj = 0, mask = 0, do_bench = 0, n_vocab = 0, reps = 50;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -167,6 +168,7 @@ int cmd_grammar(int argc, char **argv) {
 #define TAKE(name, dst) if (!strcmp(a, name)) { if (!val) return fail("%s needs a value", name); dst = val; i++; continue; }
         TAKE("--tokenizer-path", tdir) TAKE("--model-path", tdir) TAKE("--schema", schema) TAKE("--tools", tools)
         TAKE("--tool-format", fmt) TAKE("--only", only) TAKE("--prefix-file", prefix) TAKE("--check-file", check)
+        TAKE("--regex", regex)
 #undef TAKE
         if (!strcmp(a, "--vocab") || !strcmp(a, "--reps")) {
             if (!val || atoi(val) <= 0) return fail("%s needs a positive integer", a);
@@ -189,15 +191,17 @@ int cmd_grammar(int argc, char **argv) {
         tok_free(t);
         return rc;
     }
-    if ((schema != NULL) + (tools != NULL) + json_obj != 1 || mask + (check != NULL) != 1) {
+    if ((schema != NULL) + (tools != NULL) + (regex != NULL) + json_obj != 1 || mask + (check != NULL) != 1) {
         tok_free(t);
         usage(stderr);
-        return fail("%s", "give one of --schema, --tools, --json-object and one of --mask, --check-file");
+        return fail("%s", "give one of --schema, --tools, --regex, --json-object and one of --mask, --check-file");
     }
     gr_grammar *g = NULL;
     int rc = 0;
     if (json_obj) g = gr_compile_json_object();
-    else {
+    else if (regex) {
+        if (gr_compile_regex(regex, "--regex", &g, &e) < 0) { tok_free(t); return fail("%s", e.msg); }
+    } else {
         json_error_t je;
         json_t *j = json_load_file(schema ? schema : tools, JSON_DECODE_ANY, &je);
         if (!j) { tok_free(t); return fail("cannot read the JSON of %s", schema ? schema : tools); }
@@ -233,6 +237,7 @@ int cmd_grammar(int argc, char **argv) {
         FILE *f = fopen(check, "r");
         if (!f) { gr_matcher_free(m); rc = fail("--check-file %s: cannot open", check); goto out; }
         char line[4096];
+        buf acc; buf_init(&acc);
         printf("{\"ok\":[");
         int first = 1;
         while (fgets(line, sizeof line, f)) {
@@ -243,11 +248,14 @@ int cmd_grammar(int argc, char **argv) {
                 bytes[nb++] = (char)(hexval(line[k]) * 16 + hexval(line[k + 1]));
             gr_matcher *b = gr_matcher_new(g, v, NULL);
             int ok = gr_matcher_feed(b, pre ? pre : "", plen) == 0 && gr_matcher_feed(b, bytes, nb) == 0;
+            int whole = ok && gr_matcher_accepting(b);
             gr_matcher_free(b);
             printf(first ? "%d" : ",%d", ok);
+            buf_printf(&acc, first ? "%d" : ",%d", whole);
             first = 0;
         }
-        printf("]}\n");
+        printf("],\"accept\":[%s]}\n", acc.data ? acc.data : "");
+        buf_free(&acc);
         fclose(f);
     }
     gr_matcher_free(m);

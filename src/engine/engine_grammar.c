@@ -80,6 +80,15 @@ int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t err
     return wrap(gr_compile_json_object(), out);
 }
 
+int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn) {
+    *out = NULL;
+    if (!vocab(e, err, errn)) return LS_ERR_INVAL;
+    gr_grammar *g = NULL;
+    ls_err le = {0};
+    if (gr_compile_regex(pattern ? pattern : "", path, &g, &le) < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    return wrap(g, out);
+}
+
 int ls_grammar_tool_calls(ls_engine *e, const char *tools_json, const char *only, const char *format,
                           int min_calls, int max_calls, const char *path, ls_grammar **out, char *err,
                           size_t errn) {

@@ -55,6 +55,9 @@ typedef struct gr_matcher gr_matcher;
  * (additionalProperties defaults to false). path: the JSON path of schema in
  * the request, used as the prefix of error messages. */
 int gr_compile_json_schema(const json_t *schema, int strict, const char *path, gr_grammar **out, ls_err *e);
+/* The whole output matches the regular expression (gr_regex.c's dialect;
+ * SGLang's "regex"). path prefixes error messages. */
+int gr_compile_regex(const char *re, const char *path, gr_grammar **out, ls_err *e);
 /* Any JSON object (response_format json_object). */
 gr_grammar *gr_compile_json_object(void);
 

@@ -416,8 +416,40 @@ static gr_centry *centry_str(const gr_grammar *g, const gr_vocab *v, int node, i
  * private (pc, x) per depth, no stacks. */
 static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0);
 
+/* A regex frame's entry: the tokens whose bytes the DFA takes, and as exits every trie
+ * node where it may end (the token's rest, if any, then belongs to what follows). */
+static gr_centry *centry_re(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
+    const gr_node *n = &g->nodes[node];
+    gr_centry *c = xcalloc(1, sizeof *c);
+    c->node = node; c->pc = pc0; c->x = x0;
+    c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
+    int cap = 256;
+    c->exits = xmalloc((size_t)cap * sizeof *c->exits);
+    int32_t pcs[MAX_TOKEN_BYTES + 2], xs[MAX_TOKEN_BYTES + 2];
+    pcs[0] = pc0;
+    xs[0] = x0;
+    for (int i = 1; i < v->n_nodes;) {
+        int d = v->nd[i];
+        int32_t pc = pcs[d - 1], x = xs[d - 1];
+        if (gr_re_step(g, n, &pc, &x, v->nb[i]) < 0) { i = v->nend[i]; continue; }
+        int end = gr_re_can_end(g, n, pc, x), more = gr_re_more(g, n, pc, x);
+        if (!end && !more) { i = v->nend[i]; continue; } /* a dead end (length bounds) */
+        if (end) {
+            if (c->n_exits == cap) c->exits = xrealloc(c->exits, (size_t)(cap *= 2) * sizeof *c->exits);
+            c->exits[c->n_exits++] = i;
+        }
+        set_toks(v, i, c->bits); /* inside the regex, a state that can still finish */
+        if (!more) { i = v->nend[i]; continue; }
+        pcs[d] = pc;
+        xs[d] = x;
+        i++;
+    }
+    return c;
+}
+
 static gr_centry *centry_build(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
     if (g->nodes[node].kind == GN_STR) return centry_str(g, v, node, pc0, x0);
+    if (g->nodes[node].kind == GN_RE) return centry_re(g, v, node, pc0, x0);
     return centry_walk(&g->nodes[node], v, node, pc0, x0);
 }
 

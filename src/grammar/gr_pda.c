@@ -83,6 +83,8 @@ void gr_unref(gr_grammar *g) {
         free(g->cache[i]);
     }
     free(g->cache);
+    for (int i = 0; i < g->n_dfas; i++) gr_dfa_free(&g->dfas[i]);
+    free(g->dfas);
     pthread_mutex_destroy(&g->mu);
     free(g->nodes); free(g->kids); free(g->bytes);
     free(g);
@@ -240,6 +242,48 @@ int gr_raw_step(const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
     return 0;
 }
 
+int gr_re(gr_grammar *g, const char *re, size_t len, int json_string, int search, int min_cp, int max_cp, char *err,
+          size_t errn) {
+    gr_dfa d;
+    if (gr_regex_dfa(re, len, json_string, search, &d, err, errn)) return -1;
+    if (min_cp > 0 || max_cp >= 0) { /* steps must leave a completion within the bounds */
+        const char *why = gr_dfa_lengths(&d) ? "too complex to combine with minLength / maxLength (over 1024 states)"
+                        : (max_cp >= 0 && d.dmin[0] > max_cp) || d.dmax[0] < min_cp
+                            ? "no match has a length within minLength / maxLength" : NULL;
+        if (why) {
+            snprintf(err, errn, "%s", why);
+            gr_dfa_free(&d);
+            return -1;
+        }
+    }
+    g->dfas = xrealloc(g->dfas, (size_t)(g->n_dfas + 1) * sizeof *g->dfas);
+    g->dfas[g->n_dfas] = d;
+    return gr_add(g, GN_RE, g->n_dfas++, min_cp, max_cp, 0, 0, 0);
+}
+
+int gr_re_step(const gr_grammar *g, const gr_node *n, int32_t *pc, int32_t *x, uint8_t b) {
+    const gr_dfa *d = &g->dfas[n->a];
+    int32_t q = d->next[(size_t)*pc * 256 + b];
+    if (q < 0) return -1;
+    int32_t nx = *x + ((b & 0xC0) != 0x80); /* a code point starts */
+    if (n->c >= 0 && nx > n->c) return -1;
+    /* with length bounds, only steps after which a completion still fits them */
+    if (d->dmin && ((n->c >= 0 && nx + d->dmin[q] > n->c) || (d->dmax[q] < GR_LEN_INF && nx + d->dmax[q] < n->b)))
+        return -1;
+    *pc = q;
+    *x = nx;
+    return 0;
+}
+
+int gr_re_can_end(const gr_grammar *g, const gr_node *n, int32_t pc, int32_t x) {
+    return g->dfas[n->a].accept[pc] && x >= n->b;
+}
+
+int gr_re_more(const gr_grammar *g, const gr_node *n, int32_t pc, int32_t x) {
+    const gr_dfa *d = &g->dfas[n->a];
+    return d->more[pc] && (n->c < 0 || x < n->c || d->cont[pc]); /* a code point under way may finish */
+}
+
 int gr_term_step(const gr_grammar *g, int node, int32_t *pc, int32_t *x, uint8_t b) {
     const gr_node *n = &g->nodes[node];
     switch (n->kind) {
@@ -254,6 +298,7 @@ int gr_term_step(const gr_grammar *g, int node, int32_t *pc, int32_t *x, uint8_t
         (*x)++;
         return 0;
     case GN_RAW: return gr_raw_step(n, pc, x, b);
+    case GN_RE: return gr_re_step(g, n, pc, x, b);
     }
     return -1;
 }
@@ -347,6 +392,10 @@ static void closure(cl_ctx *c, int32_t top) {
         if (num_more(n, f.pc, f.x)) set_add(c->p, c->out, top);
         if (num_can_end(f.pc)) closure(c, f.up);
         return;
+    case GN_RE:
+        if (gr_re_more(g, n, f.pc, f.x)) set_add(c->p, c->out, top);
+        if (gr_re_can_end(g, n, f.pc, f.x)) closure(c, f.up);
+        return;
     }
 }
 
@@ -381,6 +430,12 @@ int gr_cache_key(const gr_grammar *g, const gr_frame *f, int32_t *pc, int32_t *x
         *pc = f->pc;
         /* past minLength without maxLength, the count no longer matters */
         *x = n->b < 0 && f->x > n->a ? n->a : f->x;
+        return 1;
+    }
+    if (n->kind == GN_RE) {
+        *pc = f->pc;
+        /* past the minimum without a maximum, the count no longer matters */
+        *x = n->c < 0 && f->x > n->b ? n->b : f->x;
         return 1;
     }
     if (n->kind == GN_RAW && f->pc < R_STOP) {

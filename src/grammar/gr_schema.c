@@ -120,7 +120,7 @@ static int get_count(cctx *c, const json_t *s, const char *path, const char *key
 }
 
 static const char *const UNSUPPORTED[] = {
-    "pattern", "patternProperties", "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
+    "patternProperties", "not", "if", "then", "else", "dependentSchemas", "dependentRequired",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "uniqueItems", "multipleOf", "propertyNames", "$dynamicRef", "$recursiveRef", NULL};
 
@@ -129,7 +129,15 @@ static int compile_string(cctx *c, const json_t *s, const char *path) {
     if ((rc = get_count(c, s, path, "minLength", &min)) || (rc = get_count(c, s, path, "maxLength", &max))) return rc;
     if (max >= 0 && min > max)
         return bad(c, path, "minLength", "%d is above maxLength %d", min, max);
-    return gr_add(c->g, GN_STR, min, max, 0, 0, 0, 0);
+    json_t *pat = json_object_get(s, "pattern");
+    if (!pat) return gr_add(c->g, GN_STR, min, max, 0, 0, 0, 0);
+    if (!json_is_string(pat)) return bad(c, path, "pattern", "expected a regular expression string");
+    /* the string's characters as the pattern allows them (found anywhere in the string unless
+     * anchored, as JSON Schema says), written without escapes, between quotes */
+    char err[400];
+    int re = gr_re(c->g, json_string_value(pat), json_string_length(pat), 1, 1, min, max, err, sizeof err);
+    if (re < 0) return bad(c, path, "pattern", "%s", err);
+    return seq(c, 3, lit(c, "\""), re, lit(c, "\""));
 }
 
 static int compile_number(cctx *c, const json_t *s, int integer) {
@@ -370,7 +378,7 @@ static int compile_inner(cctx *c, const json_t *s, const char *path) {
     } else if (json_object_get(s, "items") || json_object_get(s, "prefixItems")) {
         if ((k[n] = compile_array(c, s, path)) < 0) return k[n];
         n++;
-    } else if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) {
+    } else if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "pattern")) {
         if ((k[n] = compile_string(c, s, path)) < 0) return k[n];
         n++;
     } else {
@@ -539,4 +547,18 @@ int gr_compile_tool_calls(const json_t *tools, const char *only, int format, int
     if (!rc) body = arr(&c, NULL, 0, gr_alt(c.g, calls, n), min_calls, max_calls, lit(&c, "\n"));
     free(calls);
     return finish(&c, body, out);
+}
+
+int gr_compile_regex(const char *re, const char *path, gr_grammar **out, ls_err *e) {
+    *out = NULL;
+    gr_grammar *g = gr_new();
+    char err[400];
+    int node = gr_re(g, re, strlen(re), 0, 0, 0, -1, err, sizeof err);
+    if (node < 0) {
+        gr_unref(g);
+        return errf(e, ERR_INVAL, "%s: %s", path ? path : "regex", err);
+    }
+    g->root = node;
+    *out = g;
+    return 0;
 }

@@ -432,6 +432,14 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
             return bad(p, "response_format", "response_format.type: expected text, json_object or json_schema, got '%s'", t);
         }
     }
+    json_t *rx = get(o, "regex"); /* SGLang's extension: the whole output matches it */
+    if (rx) {
+        if (!json_is_string(rx)) return bad(p, "regex", "regex: expected a regular expression string");
+        if (r->rf_kind) return bad(p, "regex", "regex: cannot be combined with response_format");
+        r->rf_kind = RF_REGEX;
+        r->regex = json_string_value(rx);
+        r->rf_path = "regex";
+    }
     json_t *lb = get(o, "logit_bias");
     if (lb) {
         if (!json_is_object(lb)) return bad(p, "logit_bias", "logit_bias: expected an object of token id -> bias");

@@ -130,11 +130,7 @@ static json_t *to_completion(json_t *in, srv_resp *rs) {
     json_t *mn = json_object_get(sp, "min_new_tokens");
     if (mn) json_object_set(out, "min_tokens", mn);
     json_t *rx = json_object_get(sp, "regex");
-    if (rx && !json_is_null(rx)) {
-        srv_error(rs, 400, NULL, "sampling_params", "sampling_params.regex: not supported (json_schema is)");
-        json_decref(out);
-        return NULL;
-    }
+    if (rx && !json_is_null(rx)) json_object_set(out, "regex", rx);
     json_t *js = json_object_get(sp, "json_schema");
     if (js && !json_is_null(js)) {
         /* SGLang takes the schema as a JSON string */
@@ -196,7 +192,7 @@ void route_generate(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp
     }
     for (int i = 0; i < r->n_prompts; i++)
         if (srv_check_prompt(sv, r, &r->prompts[i], rs)) { native_free(cx); return; }
-    r->rf_path = "sampling_params.json_schema";
+    r->rf_path = r->rf_kind == RF_REGEX ? "sampling_params.regex" : "sampling_params.json_schema";
     if (srv_req_constrain(sv, r, 0, rs)) { native_free(cx); return; }
     gen *g;
     char err[512] = "";

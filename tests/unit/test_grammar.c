@@ -177,7 +177,10 @@ static void test_grammar_bad_schemas_name_their_path(void **st) {
     (void)st;
     expect_error("{\"type\":\"object\",\"properties\":{\"age\":{\"type\":\"integr\"}}}",
                  "response_format.json_schema.schema.properties.age.type: unknown type 'integr'");
-    expect_error("{\"type\":\"string\",\"pattern\":\"^a$\"}", "response_format.json_schema.schema.pattern: not supported");
+    expect_error("{\"type\":\"string\",\"pattern\":\"(?=a)\"}",
+                 "response_format.json_schema.schema.pattern: '(?' at offset 1 is not supported");
+    expect_error("{\"type\":\"string\",\"pattern\":3}", "response_format.json_schema.schema.pattern: expected a regular");
+    expect_error("{\"patternProperties\":{}}", "response_format.json_schema.schema.patternProperties: not supported");
     expect_error("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":5,\"maxLength\":2}}",
                  "schema.items.minLength: 5 is above maxLength 2");
     expect_error("{\"$ref\":\"#/$defs/missing\"}", "schema.$ref: '#/$defs/missing' does not resolve");

@@ -303,8 +303,8 @@ def _err(e):
     (dict(input="x", include=["file_search_call.results"]), "include", "include[0]"),
     (dict(input="x", reasoning={"effort": "extreme"}), "reasoning", "reasoning.effort"),
     (dict(input="x", text={"format": {"type": "json_schema", "name": "w",
-                                      "schema": {"type": "string", "pattern": "a+"}}}),
-     "text", "text.format.schema"),
+                                      "schema": {"type": "string", "pattern": "(?=a)"}}}),
+     "text", "text.format.schema.pattern: '(?' at offset 1"),
 ])
 def test_bad_requests_name_the_field(client, kw, param, words):
     with pytest.raises(openai.BadRequestError) as e:

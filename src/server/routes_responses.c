@@ -279,8 +279,7 @@ static void emit(rctx *cx, const char *type, json_t *ev) {
     json_decref(ev);
 }
 
-static json_t *item_json(rctx *cx, ritem *it) {
-    (void)cx;
+static json_t *item_json(const ritem *it) {
     const char *st = it->open ? "in_progress" : it->status;
     const char *text = it->text.data ? it->text.data : "";
     switch (it->kind) {
@@ -341,7 +340,7 @@ static void close_item(rctx *cx, const char *status) {
         json_object_set_new(ev, "name", srv_jstr(it->name, strlen(it->name)));
         emit(cx, "response.function_call_arguments.done", ev);
     }
-    emit(cx, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", oi, "item", item_json(cx, it)));
+    emit(cx, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", oi, "item", item_json(it)));
     cx->cur = -1;
 }
 
@@ -368,7 +367,7 @@ static void on_reasoning(void *ctx, const char *s, size_t n) {
     if (!it) {
         it = open_item(cx, K_REASONING);
         int oi = cx->cur;
-        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", oi, "item", item_json(cx, it)));
+        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", oi, "item", item_json(it)));
         emit(cx, "response.content_part.added",
              json_pack("{s:s, s:i, s:i, s:{s:s, s:s}}", "item_id", it->id, "output_index", oi, "content_index", 0, "part",
                        "type", "reasoning_text", "text", ""));
@@ -383,7 +382,7 @@ static void on_text(void *ctx, const char *s, size_t n) {
     ritem *it = cx->cur >= 0 && cx->items[cx->cur].kind == K_MESSAGE ? &cx->items[cx->cur] : NULL;
     if (!it) {
         it = open_item(cx, K_MESSAGE);
-        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(cx, it)));
+        emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(it)));
         emit(cx, "response.content_part.added",
              json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", it->id, "output_index", cx->cur,
                        "content_index", 0, "part", "type", "output_text", "text", "", "annotations", "logprobs"));
@@ -400,7 +399,7 @@ static void on_call(void *ctx, const char *name) {
     ritem *it = open_item(cx, K_CALL);
     it->name = xstrdup(name);
     tp_call_id(it->call_id);
-    emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(cx, it)));
+    emit(cx, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", cx->cur, "item", item_json(it)));
 }
 
 static void on_args(void *ctx, const char *s, size_t n) {
@@ -459,7 +458,7 @@ static json_t *response_json(rctx *cx) {
     json_t *b = cx->body;
     const char *st = status_of(cx);
     json_t *output = json_array();
-    for (int i = 0; i < cx->n_items; i++) json_array_append_new(output, item_json(cx, &cx->items[i]));
+    for (int i = 0; i < cx->n_items; i++) json_array_append_new(output, item_json(&cx->items[i]));
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:b, s:n, s:o}", "id", cx->id, "object", "response", "created_at",
                           cx->created_at, "status", st, "background", 0, "error", "output", output);
     if (!strcmp(st, "incomplete"))

@@ -47,6 +47,7 @@ static void flush_ws(srv_split *s) {
     buf held = s->ws;
     buf_init(&s->ws);
     s->text_open = 1;
+    s->cur_call = -1;
     s->cb->text(s->ctx, held.data ? held.data : "", held.len);
     buf_free(&held);
 }
@@ -83,6 +84,7 @@ void srv_split_feed(srv_split *s, const char *text, int token, int final) {
     if (token >= 0 && (was_reasoning || reasoning.len || (s->use_rp && s->rp.in_reasoning))) s->reasoning_tokens++;
     if (reasoning.len) {
         s->text_open = 0;
+        s->cur_call = -1; /* a later argument piece has no call to go to */
         s->cb->reasoning(s->ctx, reasoning.data, reasoning.len);
     }
     if (content.len) on_text(s, content.data, content.len);

@@ -159,6 +159,8 @@ int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t err
 /* The whole output matches a regular expression (the subset ECMA-262 and Python's re
  * share; SGLang's "regex"). path prefixes error messages. */
 int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn);
+/* The output follows an EBNF / GBNF grammar from its rule "root" (SGLang's "ebnf"). */
+int ls_grammar_ebnf(ls_engine *e, const char *text, const char *path, ls_grammar **out, char *err, size_t errn);
 /* Tool calls: tools_json is the request's "tools" array; only = the function that must be
  * called (NULL: any of them); format "hermes" (<tool_call>{"name":..., "arguments":...}
  * </tool_call>) or "qwen3_coder" (the XML form); between min_calls and max_calls calls. */

@@ -26,8 +26,9 @@ if [ "${1:-}" = "--test" ]; then
     python3 -c "import pytest" 2>/dev/null || need+=(pytest)
     python3 -c "import tokenizers" 2>/dev/null || need+=(tokenizers)
     python3 -c "import numpy" 2>/dev/null || need+=(numpy)
-    # constrained-decoding oracle (tests/test_grammar_json.py)
+    # constrained-decoding oracles (tests/test_grammar_json.py, test_grammar_ebnf.py)
     python3 -c "import jsonschema" 2>/dev/null || need+=(jsonschema)
+    python3 -c "import lark" 2>/dev/null || need+=(lark)
     # chat-template oracle: the transformers release that wrote ../shared/fixtures (no torch needed)
     python3 -c "import jinja2" 2>/dev/null || need+=("jinja2>=3.1.6")
     python3 -c "import transformers, sys; sys.exit(transformers.__version__ != '5.17.0')" 2>/dev/null || \

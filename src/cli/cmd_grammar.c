@@ -3,7 +3,7 @@
  * tests (tests/test_grammar_json.py) and for the mask benchmark
  * (bench/grammar_bench.sh).
  *
- *   laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object | --regex RE |
+ *   laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object | --regex RE | --ebnf FILE |
  *                     --tools FILE --tool-format hermes|qwen3_coder [--only NAME])
  *                     [--prefix-file F] [--vocab N] (--mask | --check-file F)
  *   laststand grammar --tokenizer-path DIR --bench [--vocab N] [--reps N]
@@ -29,11 +29,13 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: laststand grammar --tokenizer-path DIR (--schema FILE [--strict] | --json-object | --regex RE |\n"
+            "                         --ebnf FILE |\n"
             "                         --tools FILE --tool-format hermes|qwen3_coder [--only NAME])\n"
             "                         [--prefix-file F] [--vocab N] (--mask | --check-file F)\n"
             "       laststand grammar --tokenizer-path DIR --bench [--vocab N] [--reps N]\n"
             "  --schema FILE       a JSON Schema          --json-object   any JSON object\n"
             "  --regex RE          the whole output matches the regular expression RE\n"
+            "  --ebnf FILE         an EBNF / GBNF grammar (its rule root)\n"
             "  --tools FILE        a tools array (OpenAI) --only NAME     that function only\n"
             "  --prefix-file F     output bytes already generated (default: none)\n"
             "  --vocab N           mask width (the model's vocabulary; default the tokenizer's)\n"
@@ -160,7 +162,7 @@ static int bench(const tokenizer *t, int n_vocab, int reps) {
 
 int cmd_grammar(int argc, char **argv) {
     const char *tdir = NULL, *schema = NULL, *tools = NULL, *fmt = "qwen3_coder", *only = NULL, *prefix = NULL,
-               *check = NULL, *regex = NULL;
+               *check = NULL, *regex = NULL, *ebnf = NULL;
     int strict = 0, json_obj = 0, mask = 0, do_bench = 0, n_vocab = 0, reps = 50;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -168,7 +170,7 @@ int cmd_grammar(int argc, char **argv) {
 #define TAKE(name, dst) if (!strcmp(a, name)) { if (!val) return fail("%s needs a value", name); dst = val; i++; continue; }
         TAKE("--tokenizer-path", tdir) TAKE("--model-path", tdir) TAKE("--schema", schema) TAKE("--tools", tools)
         TAKE("--tool-format", fmt) TAKE("--only", only) TAKE("--prefix-file", prefix) TAKE("--check-file", check)
-        TAKE("--regex", regex)
+        TAKE("--regex", regex) TAKE("--ebnf", ebnf)
 #undef TAKE
         if (!strcmp(a, "--vocab") || !strcmp(a, "--reps")) {
             if (!val || atoi(val) <= 0) return fail("%s needs a positive integer", a);
@@ -191,16 +193,24 @@ int cmd_grammar(int argc, char **argv) {
         tok_free(t);
         return rc;
     }
-    if ((schema != NULL) + (tools != NULL) + (regex != NULL) + json_obj != 1 || mask + (check != NULL) != 1) {
+    if ((schema != NULL) + (tools != NULL) + (regex != NULL) + (ebnf != NULL) + json_obj != 1 ||
+        mask + (check != NULL) != 1) {
         tok_free(t);
         usage(stderr);
-        return fail("%s", "give one of --schema, --tools, --regex, --json-object and one of --mask, --check-file");
+        return fail("%s", "give one of --schema, --tools, --regex, --ebnf, --json-object and one of --mask, --check-file");
     }
     gr_grammar *g = NULL;
     int rc = 0;
     if (json_obj) g = gr_compile_json_object();
     else if (regex) {
         if (gr_compile_regex(regex, "--regex", &g, &e) < 0) { tok_free(t); return fail("%s", e.msg); }
+    } else if (ebnf) {
+        size_t n = 0;
+        char *text = read_file(ebnf, &n, &e);
+        if (!text) { tok_free(t); return fail("--ebnf: %s", e.msg); }
+        rc = gr_compile_ebnf(text, "--ebnf", &g, &e);
+        free(text);
+        if (rc < 0) { tok_free(t); return fail("%s", e.msg); }
     } else {
         json_error_t je;
         json_t *j = json_load_file(schema ? schema : tools, JSON_DECODE_ANY, &je);

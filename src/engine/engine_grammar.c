@@ -89,6 +89,15 @@ int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_gra
     return wrap(g, out);
 }
 
+int ls_grammar_ebnf(ls_engine *e, const char *text, const char *path, ls_grammar **out, char *err, size_t errn) {
+    *out = NULL;
+    if (!vocab(e, err, errn)) return LS_ERR_INVAL;
+    gr_grammar *g = NULL;
+    ls_err le = {0};
+    if (gr_compile_ebnf(text ? text : "", path, &g, &le) < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    return wrap(g, out);
+}
+
 int ls_grammar_tool_calls(ls_engine *e, const char *tools_json, const char *only, const char *format,
                           int min_calls, int max_calls, const char *path, ls_grammar **out, char *err,
                           size_t errn) {

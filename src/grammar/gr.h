@@ -58,6 +58,9 @@ int gr_compile_json_schema(const json_t *schema, int strict, const char *path, g
 /* The whole output matches the regular expression (gr_regex.c's dialect;
  * SGLang's "regex"). path prefixes error messages. */
 int gr_compile_regex(const char *re, const char *path, gr_grammar **out, ls_err *e);
+/* A context-free grammar in EBNF / GBNF (gr_ebnf.c; SGLang's "ebnf"), starting at
+ * its rule "root". path prefixes error messages (with the line and column). */
+int gr_compile_ebnf(const char *text, const char *path, gr_grammar **out, ls_err *e);
 /* Any JSON object (response_format json_object). */
 gr_grammar *gr_compile_json_object(void);
 

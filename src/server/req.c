@@ -432,13 +432,18 @@ static int parse_common(pctx *p, srv_req *r, int allow_force_ids) {
             return bad(p, "response_format", "response_format.type: expected text, json_object or json_schema, got '%s'", t);
         }
     }
-    json_t *rx = get(o, "regex"); /* SGLang's extension: the whole output matches it */
-    if (rx) {
-        if (!json_is_string(rx)) return bad(p, "regex", "regex: expected a regular expression string");
-        if (r->rf_kind) return bad(p, "regex", "regex: cannot be combined with response_format");
-        r->rf_kind = RF_REGEX;
+    /* SGLang's extensions: the whole output matches a regular expression / an EBNF grammar */
+    static const char *const gk[] = {"regex", "ebnf"};
+    for (int k = 0; k < 2; k++) {
+        json_t *rx = get(o, gk[k]);
+        if (!rx) continue;
+        if (!json_is_string(rx))
+            return bad(p, gk[k], "%s: expected %s", gk[k], k ? "an EBNF grammar string" : "a regular expression string");
+        if (r->rf_kind)
+            return bad(p, gk[k], "%s: cannot be combined with response_format or another constraint", gk[k]);
+        r->rf_kind = k ? RF_EBNF : RF_REGEX;
         r->regex = json_string_value(rx);
-        r->rf_path = "regex";
+        r->rf_path = gk[k];
     }
     json_t *lb = get(o, "logit_bias");
     if (lb) {

@@ -4,6 +4,7 @@
  *   response_format json_object          -> any JSON object
  *   response_format json_schema          -> the schema (strict: additionalProperties false by default)
  *   regex (SGLang's field)               -> the whole output matches the regular expression
+ *   ebnf (SGLang's field)                -> the output follows the EBNF grammar from its rule root
  *   tool_choice "required"               -> one to MAX_CALLS calls of the request's tools
  *   tool_choice {"function": {"name"}}   -> exactly one call of that function
  * Tool calls use the format of --tool-call-parser (qwen3_coder: the XML form;
@@ -52,6 +53,8 @@ int srv_req_constrain(srv *sv, srv_req *r, int opens_think, srv_resp *rs) {
         rc = ls_grammar_json_object(sv->eng, &r->grammar, err, sizeof err);
     } else if (r->rf_kind == RF_REGEX) {
         rc = ls_grammar_regex(sv->eng, r->regex, r->rf_path, &r->grammar, err, sizeof err);
+    } else if (r->rf_kind == RF_EBNF) {
+        rc = ls_grammar_ebnf(sv->eng, r->regex, r->rf_path, &r->grammar, err, sizeof err);
     } else if (r->rf_kind == RF_JSON_SCHEMA) {
         char *schema = json_dumps(r->rf_schema, JSON_COMPACT | JSON_ENCODE_ANY);
         rc = ls_grammar_json_schema(sv->eng, schema, r->rf_strict, r->rf_path, &r->grammar, err, sizeof err);

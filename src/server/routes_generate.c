@@ -129,8 +129,9 @@ static json_t *to_completion(json_t *in, srv_resp *rs) {
     json_object_set_new(out, "max_tokens", mx ? json_incref(mx) : json_integer(128));
     json_t *mn = json_object_get(sp, "min_new_tokens");
     if (mn) json_object_set(out, "min_tokens", mn);
-    json_t *rx = json_object_get(sp, "regex");
+    json_t *rx = json_object_get(sp, "regex"), *eb = json_object_get(sp, "ebnf");
     if (rx && !json_is_null(rx)) json_object_set(out, "regex", rx);
+    if (eb && !json_is_null(eb)) json_object_set(out, "ebnf", eb);
     json_t *js = json_object_get(sp, "json_schema");
     if (js && !json_is_null(js)) {
         /* SGLang takes the schema as a JSON string */
@@ -192,7 +193,8 @@ void route_generate(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp
     }
     for (int i = 0; i < r->n_prompts; i++)
         if (srv_check_prompt(sv, r, &r->prompts[i], rs)) { native_free(cx); return; }
-    r->rf_path = r->rf_kind == RF_REGEX ? "sampling_params.regex" : "sampling_params.json_schema";
+    r->rf_path = r->rf_kind == RF_REGEX ? "sampling_params.regex" : r->rf_kind == RF_EBNF ? "sampling_params.ebnf"
+               : "sampling_params.json_schema";
     if (srv_req_constrain(sv, r, 0, rs)) { native_free(cx); return; }
     gen *g;
     char err[512] = "";

@@ -112,7 +112,7 @@ size_t tp_partial_suffix(const char *s, size_t n, const char *const *tags);
 /* ===================================================================== */
 enum { SRV_CHAT = 1, SRV_COMPLETION = 2 };
 enum { TC_NONE = 0, TC_AUTO = 1, TC_REQUIRED = 2, TC_NAMED = 3 };
-enum { RF_TEXT = 0, RF_JSON_OBJECT = 1, RF_JSON_SCHEMA = 2, RF_REGEX = 3 }; /* response_format.type; SGLang's regex */
+enum { RF_TEXT = 0, RF_JSON_OBJECT = 1, RF_JSON_SCHEMA = 2, RF_REGEX = 3, RF_EBNF = 4 }; /* response_format.type; SGLang's regex / ebnf */
 
 typedef struct srv_prompt {
     int32_t *ids; int n;          /* arena */
@@ -155,7 +155,7 @@ typedef struct srv_req {
     const json_t *rf_schema;      /* RF_JSON_SCHEMA: borrowed from root */
     int rf_strict;
     const char *rf_path;          /* the schema's (or regex's) JSON path in error messages */
-    const char *regex;            /* RF_REGEX: SGLang's "regex" (borrowed from root) */
+    const char *regex;            /* RF_REGEX / RF_EBNF: SGLang's "regex" / "ebnf" (borrowed from root) */
     ls_grammar *grammar;          /* owned; r->s.grammar points at it */
     int32_t *lb_ids; float *lb; int n_lb; /* logit_bias (arena) */
 } srv_req;

@@ -471,6 +471,37 @@ static void test_grammar_random_schemas_compile_or_fail_cleanly(void **st) {
     gr_vocab_free(v);
 }
 
+/* Random EBNF-like text either compiles or is refused with a message naming the line;
+ * what compiles follows random bytes without crashing. */
+static void test_grammar_random_ebnf_compiles_or_fails_cleanly(void **st) {
+    (void)st;
+    static const char *bits[] = {"root", " ::= ", "a", "b", " ::= ", "\"x\"", "'y'", "[a-c]", ".", "(", ")", "|", "*",
+                                 "+", "?", "{1,2}", "{2}", "\n", "# c\n", " ", "\"\\n\"", "[^x]+", "\"\\u00e9\""};
+    int compiled = 0;
+    for (int k = 0; k < 5000; k++) {
+        char text[400] = "";
+        int n = 1 + (int)(rnd() % 14);
+        if (rnd() % 2) strcat(text, "root ::= ");
+        for (int i = 0; i < n; i++) strcat(text, bits[rnd() % (sizeof bits / sizeof bits[0])]);
+        gr_grammar *g = NULL;
+        ls_err e = {0};
+        if (gr_compile_ebnf(text, "ebnf", &g, &e) == 0) {
+            compiled++;
+            char in[12];
+            for (int i = 0; i < 12; i++) in[i] = "xyabc\n+("[rnd() % 9];
+            gr_vocab *vv = gr_vocab_from_bytes(0, NULL, NULL, NULL, NULL, 0);
+            gr_matcher *m = gr_matcher_new(g, vv, NULL);
+            gr_matcher_feed(m, in, rnd() % 12);
+            gr_matcher_free(m);
+            gr_vocab_free(vv);
+            gr_unref(g);
+        } else if (strncmp(e.msg, "ebnf: ", 6)) {
+            fail_msg("'%s' refused without its path: '%s'", text, e.msg);
+        }
+    }
+    assert_true(compiled > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_grammar_scalars_follow_json_syntax),
@@ -488,6 +519,7 @@ int main(void) {
         cmocka_unit_test(test_grammar_masks_equal_brute_force_tool_calls),
         cmocka_unit_test(test_grammar_gate_and_eos_rules),
         cmocka_unit_test(test_grammar_random_schemas_compile_or_fail_cleanly),
+        cmocka_unit_test(test_grammar_random_ebnf_compiles_or_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -124,12 +124,43 @@ static const char *const UNSUPPORTED[] = {
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "uniqueItems", "multipleOf", "propertyNames", "$dynamicRef", "$recursiveRef", NULL};
 
+/* String formats as regular expressions (full matches, no escapes needed): RFC 3339 full-date
+ * (real days of the month, leap years, no year 0000), full-time (the offset required, as in
+ * date-time), date-time, RFC 4122 uuid, dotted-quad ipv4, and a conservative email
+ * (dot-atom local part, a domain of labels and a 2+ letter top label). Other formats are
+ * annotations, as before. */
+#define RE_YEAR "(\\d{3}[1-9]|\\d{2}[1-9]\\d|\\d[1-9]\\d{2}|[1-9]\\d{3})"
+#define RE_MD "((0[13578]|1[02])-(0[1-9]|[12]\\d|3[01])|(0[469]|11)-(0[1-9]|[12]\\d|30)|02-(0[1-9]|1\\d|2[0-8]))"
+#define RE_LEAP "(\\d\\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29"
+#define RE_DATE "(" RE_YEAR "-" RE_MD "|" RE_LEAP ")"
+#define RE_TIME "([01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(\\.\\d{1,6})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)"
+#define RE_ATOM "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+#define RE_LABEL "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+#define RE_OCTET "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
+static const char *format_re(const char *f) {
+    if (!strcmp(f, "date")) return RE_DATE;
+    if (!strcmp(f, "time")) return RE_TIME;
+    if (!strcmp(f, "date-time")) return RE_DATE "T" RE_TIME;
+    if (!strcmp(f, "uuid")) return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+    if (!strcmp(f, "ipv4")) return RE_OCTET "(\\." RE_OCTET "){3}";
+    if (!strcmp(f, "email")) return RE_ATOM "(\\." RE_ATOM ")*@(" RE_LABEL "\\.)+[A-Za-z]{2,63}";
+    return NULL;
+}
+
 static int compile_string(cctx *c, const json_t *s, const char *path) {
     int min = 0, max = -1, rc;
     if ((rc = get_count(c, s, path, "minLength", &min)) || (rc = get_count(c, s, path, "maxLength", &max))) return rc;
     if (max >= 0 && min > max)
         return bad(c, path, "minLength", "%d is above maxLength %d", min, max);
     json_t *pat = json_object_get(s, "pattern");
+    const char *fre = json_is_string(json_object_get(s, "format")) ? format_re(json_string_value(json_object_get(s, "format")))
+                    : NULL;
+    if (!pat && fre) { /* a format: its whole text (with pattern, pattern decides) */
+        char err[400];
+        int re = gr_re(c->g, fre, strlen(fre), 1, 0, min, max, err, sizeof err);
+        if (re < 0) return bad(c, path, "format", "%s", err);
+        return seq(c, 3, lit(c, "\""), re, lit(c, "\""));
+    }
     if (!pat) return gr_add(c->g, GN_STR, min, max, 0, 0, 0, 0);
     if (!json_is_string(pat)) return bad(c, path, "pattern", "expected a regular expression string");
     /* the string's characters as the pattern allows them (found anywhere in the string unless

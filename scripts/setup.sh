@@ -29,6 +29,7 @@ if [ "${1:-}" = "--test" ]; then
     # constrained-decoding oracles (tests/test_grammar_json.py, test_grammar_ebnf.py)
     python3 -c "import jsonschema" 2>/dev/null || need+=(jsonschema)
     python3 -c "import lark" 2>/dev/null || need+=(lark)
+    python3 -c "import pydantic" 2>/dev/null || need+=(pydantic)
     # chat-template oracle: the transformers release that wrote ../shared/fixtures (no torch needed)
     python3 -c "import jinja2" 2>/dev/null || need+=("jinja2>=3.1.6")
     python3 -c "import transformers, sys; sys.exit(transformers.__version__ != '5.17.0')" 2>/dev/null || \

@@ -10,8 +10,8 @@
  *
  * What the JSON Schema compiler accepts (anything else named in a schema is
  * refused with ERR_INVAL and the JSON path of the keyword, e.g.
- * "schema.properties.age.pattern: ..."; annotations such as title,
- * description, default, examples, format, $schema, $id are ignored):
+ * "schema.properties.age.not: ..."; annotations such as title,
+ * description, default, examples, $schema, $id are ignored):
  *   type (a name or a list), nullable, enum, const, properties, required,
  *   additionalProperties (a boolean or a schema; when absent: false under
  *   strict, else any JSON value), items (a schema, false, or the draft-4 list
@@ -20,7 +20,14 @@
  *   one schema, $ref to "#", "#/$defs/NAME" or "#/definitions/NAME"
  *   (recursion allowed), minimum / exclusiveMinimum >= 0 (the number gets no
  *   minus sign; other bounds are not enforced: numbers are otherwise
- *   unconstrained). pattern, patternProperties, not, if/then/else,
+ *   unconstrained), pattern on strings (gr_regex.c's dialect: the subset
+ *   ECMA-262 and Python's re share, ASCII classes; found anywhere unless
+ *   anchored; with minLength / maxLength too), format date, time, date-time,
+ *   uuid, ipv4 and email on strings without a pattern (RFC 3339 with real
+ *   month lengths and leap years, the offset required; other formats are
+ *   annotations). Pattern and format strings are written without escapes,
+ *   so characters a JSON string must escape never match them.
+ *   patternProperties, not, if/then/else,
  *   dependentSchemas, unevaluated*, contains, uniqueItems, multipleOf,
  *   propertyNames are refused.
  * Output form the automaton allows:

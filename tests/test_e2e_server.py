@@ -194,6 +194,20 @@ def test_streamed_tool_calls_reassemble_with_typed_arguments(srv, client, eos):
     assert not r.choices[0].message.tool_calls and "<tool_call>" in r.choices[0].message.content
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call(srv, client, eos):
+    one = "<tool_call>\n<function=get_weather>\n<parameter=city>\n{}\n</parameter>\n</function>\n</tool_call>"
+    ids = forced(srv, eos, "x\n</think>\n\n" + one.format("Paris") + "\n" + one.format("Rome"))
+    r = chat(client, "Weather?", tools=TOOLS, extra_body={"force_ids": ids})
+    assert [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls] == ["Paris", "Rome"]
+    r = chat(client, "Weather?", tools=TOOLS, parallel_tool_calls=False, extra_body={"force_ids": ids})
+    assert [json.loads(c.function.arguments)["city"] for c in r.choices[0].message.tool_calls] == ["Paris"]
+    seen = set()
+    for c in chat(client, "Weather?", tools=TOOLS, parallel_tool_calls=False, stream=True, extra_body={"force_ids": ids}):
+        for tc in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            seen.add(tc.index)
+    assert seen == {0}
+
+
 def test_n2_returns_two_indexed_choices(srv, client, eos):
     ids = forced(srv, eos, "Hi")
     r = chat(client, n=2, extra_body={"force_ids": ids, "chat_template_kwargs": {"enable_thinking": False}})

@@ -230,6 +230,9 @@ static int parse_chat(pctx *p, srv_req *r) {
     }
     int rc = parse_tools(p, r);
     if (rc) return rc;
+    int par = 1;
+    if ((rc = get_bool(p, r->root, "parallel_tool_calls", &par))) return rc;
+    r->one_call = !par;
     json_t *kw = get(r->root, "chat_template_kwargs");
     if (kw && !json_is_object(kw)) return bad(p, "chat_template_kwargs", "chat_template_kwargs: expected an object");
     r->chat_template_kwargs = kw;

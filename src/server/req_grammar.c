@@ -46,7 +46,8 @@ int srv_req_constrain(srv *sv, srv_req *r, int opens_think, srv_resp *rs) {
         }
         char *tools = json_dumps(r->tools, JSON_COMPACT);
         int named = r->tool_choice == TC_NAMED;
-        rc = ls_grammar_tool_calls(sv->eng, tools, named ? r->tool_choice_name : NULL, fmt, 1, named ? 1 : MAX_CALLS,
+        rc = ls_grammar_tool_calls(sv->eng, tools, named ? r->tool_choice_name : NULL, fmt, 1,
+                                   named || r->one_call ? 1 : MAX_CALLS,
                                    "tools", &r->grammar, err, sizeof err);
         free(tools);
     } else if (r->rf_kind == RF_JSON_OBJECT) {

@@ -119,6 +119,7 @@ static int chat_step(void *ctx, const gen_event *ev, buf *out) {
         emit_chunk(cx, out, idx, json_pack("{s:o}", "content", srv_jstr(content.data, content.len)), ch, NULL, NULL);
     for (int i = 0; i < d.n; i++) {
         tp_delta *x = &d.v[i];
+        if (cx->r.one_call && x->index > 0) continue; /* parallel_tool_calls false: the first call only */
         json_t *call;
         if (x->name) {
             call = json_pack("{s:i, s:s, s:s, s:{s:o, s:s}}", "index", x->index, "id", call_id(ch, x->index), "type",
@@ -169,7 +170,7 @@ static json_t *chat_message(chat_ctx *cx, const char *text, const char *finish_i
     json_object_set_new(m, "reasoning_content", cx->use_rp && reasoning.len ? srv_jstr(reasoning.data, reasoning.len) : json_null());
     if (calls.n) {
         json_t *tc = json_array();
-        for (int i = 0; i < calls.n; i++) {
+        for (int i = 0; i < (cx->r.one_call ? 1 : calls.n); i++) {
             char id[32];
             tp_call_id(id);
             json_array_append_new(tc, json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", id, "type", "function", "function",

@@ -151,6 +151,7 @@ typedef struct srv_req {
     const char *user;
     /* constrained decoding (added): parsed by req.c, compiled by req_grammar.c */
     const char *tool_choice_name; /* TC_NAMED: the function (borrowed) */
+    int one_call;                 /* parallel_tool_calls false: at most one tool call */
     int rf_kind;                  /* RF_* */
     const json_t *rf_schema;      /* RF_JSON_SCHEMA: borrowed from root */
     int rf_strict;

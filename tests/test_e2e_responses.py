@@ -103,6 +103,8 @@ def test_text_response_is_stored_retrievable_and_deletable(srv, client, eos):
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     assert r.reasoning.effort == "none" and r.store is True and r.model == MODEL
+    n = client.responses.input_tokens.count(model=MODEL, input="Hi", reasoning={"effort": "none"})
+    assert n.input_tokens == want and n.object == "response.input_tokens"
     got = client.responses.retrieve(r.id)
     assert got.model_dump() == r.model_dump()
     items = client.responses.input_items.list(r.id)

@@ -5,6 +5,7 @@
  *   DELETE /v1/responses/{id}                forget it
  *   GET    /v1/responses/{id}/input_items    its input items (limit, order, after)
  *   POST   /v1/responses/{id}/cancel         only background responses can be cancelled: 400
+ *   POST   /v1/responses/input_tokens        {"input_tokens": N}: the request's prompt, rendered, counted
  *
  * A create request becomes a chat request: `instructions` a leading system
  * message, the conversation of `previous_response_id` (its stored items) and
@@ -785,7 +786,8 @@ static json_t *messages_from(rctx *cx, size_t first, srv_resp *rs) {
 static const char *const NAMES[] = {"messages", "input", "max_tokens", "max_output_tokens", "response_format", "text",
                                     "reasoning_effort", "reasoning", NULL};
 
-static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_resp *rs) {
+/* count: POST /v1/responses/input_tokens, the prompt's length only. */
+static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, int count, srv_resp *rs) {
     rctx *cx = xcalloc(1, sizeof *cx);
     cx->sv = sv;
     cx->cur = -1;
@@ -812,6 +814,10 @@ static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, srv_
         int ctx = sv->info.context_length, n = r->prompts[0].n;
         int fits = ctx <= 0 || ((long long)n + (r->has_max_tokens ? r->s.max_tokens : 1) <= ctx && n < ctx);
         if (fits || !autotrunc || first + 1 >= json_array_size(cx->items_all)) break;
+    }
+    if (count) {
+        srv_json_resp(rs, 200, json_pack("{s:s, s:i}", "object", "response.input_tokens", "input_tokens", r->prompts[0].n));
+        goto fail;
     }
     int use_rp, use_tp, force;
     if (srv_chat_ready(sv, r, rs, &use_rp, &use_tp, &force)) goto fail;
@@ -890,7 +896,12 @@ void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest,
                      srv_resp *rs) {
     int get_m = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     int del = !strcmp(method, "DELETE");
-    if (!rest) { resp_create(sv, c, body, len, rs); return; }
+    if (!rest) { resp_create(sv, c, body, len, 0, rs); return; }
+    if (!strcmp(rest, "input_tokens")) {
+        if (!post) { srv_error(rs, 405, NULL, NULL, "method %s is not allowed on /v1/responses/input_tokens", method); return; }
+        resp_create(sv, c, body, len, 1, rs);
+        return;
+    }
     char id[160];
     size_t k = strcspn(rest, "/");
     if (!k || k >= sizeof id) { srv_error(rs, 404, NULL, NULL, "no route for %s /v1/responses/%s", method, rest); return; }

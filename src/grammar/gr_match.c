@@ -418,13 +418,24 @@ static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int
 
 /* A regex frame's entry: the tokens whose bytes the DFA takes, and as exits every trie
  * node where it may end (the token's rest, if any, then belongs to what follows). */
-static gr_centry *centry_re(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
-    const gr_node *n = &g->nodes[node];
+static gr_centry *centry_new(const gr_vocab *v, int node, int32_t pc0, int32_t x0, int *cap) {
     gr_centry *c = xcalloc(1, sizeof *c);
     c->node = node; c->pc = pc0; c->x = x0;
     c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
-    int cap = 256;
-    c->exits = xmalloc((size_t)cap * sizeof *c->exits);
+    *cap = 256;
+    c->exits = xmalloc((size_t)*cap * sizeof *c->exits);
+    return c;
+}
+
+static void centry_exit(gr_centry *c, int *cap, int node) {
+    if (c->n_exits == *cap) c->exits = xrealloc(c->exits, (size_t)(*cap *= 2) * sizeof *c->exits);
+    c->exits[c->n_exits++] = node;
+}
+
+static gr_centry *centry_re(const gr_grammar *g, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
+    const gr_node *n = &g->nodes[node];
+    int cap;
+    gr_centry *c = centry_new(v, node, pc0, x0, &cap);
     int32_t pcs[MAX_TOKEN_BYTES + 2], xs[MAX_TOKEN_BYTES + 2];
     pcs[0] = pc0;
     xs[0] = x0;
@@ -434,10 +445,7 @@ static gr_centry *centry_re(const gr_grammar *g, const gr_vocab *v, int node, in
         if (gr_re_step(g, n, &pc, &x, v->nb[i]) < 0) { i = v->nend[i]; continue; }
         int end = gr_re_can_end(g, n, pc, x), more = gr_re_more(g, n, pc, x);
         if (!end && !more) { i = v->nend[i]; continue; } /* a dead end (length bounds) */
-        if (end) {
-            if (c->n_exits == cap) c->exits = xrealloc(c->exits, (size_t)(cap *= 2) * sizeof *c->exits);
-            c->exits[c->n_exits++] = i;
-        }
+        if (end) centry_exit(c, &cap, i);
         set_toks(v, i, c->bits); /* inside the regex, a state that can still finish */
         if (!more) { i = v->nend[i]; continue; }
         pcs[d] = pc;
@@ -466,11 +474,8 @@ static const gr_centry *raw_get(gr_vocab *v, int pc) {
 }
 
 static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int32_t pc0, int32_t x0) {
-    gr_centry *c = xcalloc(1, sizeof *c);
-    c->node = node; c->pc = pc0; c->x = x0;
-    c->bits = xcalloc((size_t)v->words, sizeof *c->bits);
-    int cap = 256;
-    c->exits = xmalloc((size_t)cap * sizeof *c->exits);
+    int cap;
+    gr_centry *c = centry_new(v, node, pc0, x0, &cap);
     int32_t pcs[MAX_TOKEN_BYTES + 2], xs[MAX_TOKEN_BYTES + 2];
     pcs[0] = pc0;
     xs[0] = x0;
@@ -480,8 +485,7 @@ static gr_centry *centry_walk(const gr_node *n, const gr_vocab *v, int node, int
         int st = n->kind == GN_STR ? gr_str_step(n, &pc, &x, v->nb[i]) : gr_raw_step(n, &pc, &x, v->nb[i]);
         if (st < 0) { i = v->nend[i]; continue; }
         if (pc == T_DONE) {
-            if (c->n_exits == cap) c->exits = xrealloc(c->exits, (size_t)(cap *= 2) * sizeof *c->exits);
-            c->exits[c->n_exits++] = i;
+            centry_exit(c, &cap, i);
             i = v->nend[i];
             continue;
         }

@@ -280,12 +280,7 @@ static void mctx_free(void *p) {
 
 static void emit(mctx *cx, const char *type, json_t *ev) {
     if (!cx->out) { json_decref(ev); return; }
-    json_object_set_new(ev, "type", json_string(type));
-    buf s; buf_init(&s);
-    jpy_dump_compact(&s, ev);
-    sse_event(cx->out, type, s.data, s.len);
-    buf_free(&s);
-    json_decref(ev);
+    sse_json_event(cx->out, type, ev);
 }
 
 static json_t *block_json(const mblock *b, int final) {

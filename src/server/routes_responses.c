@@ -271,13 +271,8 @@ static void rctx_free(void *p) {
 
 static void emit(rctx *cx, const char *type, json_t *ev) {
     if (!cx->out) { json_decref(ev); return; }
-    json_object_set_new(ev, "type", json_string(type));
     json_object_set_new(ev, "sequence_number", json_integer(cx->seq++));
-    buf s; buf_init(&s);
-    jpy_dump_compact(&s, ev);
-    sse_event(cx->out, type, s.data, s.len);
-    buf_free(&s);
-    json_decref(ev);
+    sse_json_event(cx->out, type, ev);
 }
 
 static json_t *item_json(const ritem *it) {

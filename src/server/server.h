@@ -326,6 +326,8 @@ void sse_start(srv_resp *rs, srv *sv, srv_conn *c, gen *g, void *route_ctx, sse_
 void sse_no_done(srv_resp *rs);
 /* Format `event: <event>\ndata: <json>\n\n`. */
 void sse_event(buf *out, const char *event, const char *json, size_t n);
+/* The same for a JSON object (taken) that gets "type": type. */
+void sse_json_event(buf *out, const char *type, json_t *ev);
 /* Format `data: <json>\n\n`. */
 void sse_data(buf *out, const char *json, size_t n);
 void sse_error_event(buf *out, const char *type, int code, const char *msg);

@@ -34,6 +34,15 @@ void sse_no_done(srv_resp *rs) {
     if (rs->stream_fn) ((sse_stream *)rs->stream_ctx)->no_done = 1;
 }
 
+void sse_json_event(buf *out, const char *type, json_t *ev) {
+    json_object_set_new(ev, "type", json_string(type));
+    buf s; buf_init(&s);
+    jpy_dump_compact(&s, ev);
+    sse_event(out, type, s.data, s.len);
+    buf_free(&s);
+    json_decref(ev);
+}
+
 void sse_event(buf *out, const char *event, const char *json, size_t n) {
     buf_puts(out, "event: ");
     buf_puts(out, event);

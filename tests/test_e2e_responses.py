@@ -223,6 +223,38 @@ def test_streamed_text_with_logprobs_equals_non_streamed(srv, client, eos):
     assert [e.token for e in final.output[0].content[0].logprobs] == [e.token for e in lp]
 
 
+def test_background_responses_are_polled_and_cancelled(srv, client, eos):
+    import time
+    ids = forced(srv, eos, "Done in the background.")
+    r = client.responses.create(model=MODEL, input="Hi", background=True, reasoning={"effort": "none"},
+                                extra_body={"force_ids": ids})
+    assert r.background is True and r.status in ("queued", "in_progress")
+    for _ in range(600):
+        got = client.responses.retrieve(r.id)
+        if got.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert got.status == "completed" and got.output_text == "Done in the background." and got.background is True
+    assert got.usage.output_tokens == len(ids)
+    # a long one, cancelled while it runs; a finished one cannot be cancelled
+    long = client.responses.create(model=MODEL, input="Count", background=True, max_output_tokens=20000,
+                                   reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+    time.sleep(0.3)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.delete(long.id)
+    c = client.responses.cancel(long.id)
+    assert c.status == "cancelled" and c.id == long.id, c.status
+    got = client.responses.retrieve(long.id)
+    assert got.status == "cancelled" and 0 < got.usage.output_tokens < 20000
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(r.id)
+    client.responses.delete(long.id)
+    # the conversation of a finished background response continues like any other
+    r2 = client.responses.create(model=MODEL, previous_response_id=r.id, input="And?", reasoning={"effort": "none"},
+                                 extra_body={"force_ids": forced(srv, eos, "More.")})
+    assert r2.output_text == "More."
+
+
 def test_max_output_tokens_makes_it_incomplete(srv, client, eos):
     ids = forced(srv, eos, "one two three four five six")
     r = client.responses.create(model=MODEL, input="Count", max_output_tokens=3, reasoning={"effort": "none"},
@@ -292,7 +324,8 @@ def _err(e):
     (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]),
      "input", "input[0].content[0].type: 'input_image' is not supported"),
     (dict(input="x", tools=[{"type": "web_search"}]), "tools", "tools[0].type: 'web_search' is not supported"),
-    (dict(input="x", background=True), "background", "background responses are not supported"),
+    (dict(input="x", background=True, stream=True), "background", "not streamed"),
+    (dict(input="x", background=True, store=False), "background", "must be stored"),
     (dict(input="x", max_output_tokens=0), "max_output_tokens", "max_output_tokens"),
     (dict(input="x", previous_response_id="resp_nope"), "previous_response_id", "no stored response 'resp_nope'"),
     (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input", "item_reference is not supported"),
@@ -325,7 +358,7 @@ def test_routes_and_the_server_keeps_serving(srv, client, eos):
     r = client.responses.create(model=MODEL, input="Hi", reasoning={"effort": "none"},
                                 extra_body={"force_ids": forced(srv, eos, "fine")})
     status, data = srv.post(f"/v1/responses/{r.id}/cancel", {})
-    assert status == 400 and "Only background responses" in json.loads(data)["error"]["message"]
+    assert status == 400 and "Only running background responses" in json.loads(data)["error"]["message"]
     status, _ = srv.request("PUT", f"/v1/responses/{r.id}")
     assert status == 405
     assert client.responses.retrieve(r.id).output_text == "fine"
@@ -344,3 +377,15 @@ def test_truncation_auto_drops_the_oldest_items(ls_bin, model_path, eos):
                                reasoning={"effort": "none"}, extra_body={"force_ids": s.tokenize("ok") + [eos]})
         assert r.status == "completed" and r.truncation == "auto" and r.output_text == "ok"
         assert r.usage.input_tokens + 20 <= 200
+
+
+def test_shutdown_cancels_running_background_responses(ls_bin, model_path):
+    s = Server(_bin(ls_bin), model_path, "--served-model-name", MODEL)
+    try:
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=120)
+        r = c.responses.create(model=MODEL, input="Count", background=True, max_output_tokens=20000,
+                               reasoning={"effort": "none"}, extra_body={"ignore_eos": True})
+        assert r.status in ("queued", "in_progress")
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0, s.log_text()

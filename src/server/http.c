@@ -359,6 +359,7 @@ int srv_run(const srv_config *cfg, ls_engine *eng) {
     sv->stopping = 1;
     MHD_quiesce_daemon(d);
     MHD_stop_daemon(d); /* joins connection threads; streams end on sv->stopping */
+    responses_shutdown(sv); /* background responses cancel on sv->stopping */
     pthread_mutex_destroy(&sv->mu);
     rstore_free(sv->rstore);
     free(sv);

@@ -4,7 +4,7 @@
  *   GET    /v1/responses/{id}                a stored response
  *   DELETE /v1/responses/{id}                forget it
  *   GET    /v1/responses/{id}/input_items    its input items (limit, order, after)
- *   POST   /v1/responses/{id}/cancel         only background responses can be cancelled: 400
+ *   POST   /v1/responses/{id}/cancel         stop a running background response
  *   POST   /v1/responses/input_tokens        {"input_tokens": N}: the request's prompt, rendered, counted
  *
  * A create request becomes a chat request: `instructions` a leading system
@@ -30,7 +30,9 @@
  *
  * store (default true) keeps the response, its conversation and its input items
  * in the server's bounded memory (resp_store.c, --responses-store-mb).
- * Not supported, with a 400 naming the field: background, conversation,
+ * background (store: true, not streamed) runs on a thread of its own: the request returns
+ * at once with the response in progress; GET polls it, cancel stops it.
+ * Not supported, with a 400 naming the field: conversation,
  * prompt templates, non-function tools, image / file / audio inputs,
  * item_reference.
  */
@@ -232,7 +234,7 @@ typedef struct rctx {
     json_t *input_items;      /* this request's input items, normalized (owned) */
     char id[48];
     json_int_t created_at;
-    int store, stream, logprobs;
+    int store, stream, logprobs, background;
     int max_tool_calls;       /* 0: no limit */
     /* output */
     srv_split split;          /* the parsers: reasoning, text and calls */
@@ -456,7 +458,7 @@ static json_t *response_json(rctx *cx) {
     json_t *output = json_array();
     for (int i = 0; i < cx->n_items; i++) json_array_append_new(output, item_json(&cx->items[i]));
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:b, s:n, s:o}", "id", cx->id, "object", "response", "created_at",
-                          cx->created_at, "status", st, "background", 0, "error", "output", output);
+                          cx->created_at, "status", st, "background", cx->background, "error", "output", output);
     if (!strcmp(st, "incomplete"))
         json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     else json_object_set_new(o, "incomplete_details", json_null());
@@ -502,7 +504,7 @@ static json_t *finish_response(rctx *cx) {
     const char *st = status_of(cx);
     close_item(cx, !strcmp(st, "completed") ? "completed" : "incomplete");
     json_t *resp = response_json(cx);
-    if (cx->store && strcmp(st, "failed")) {
+    if (cx->store && (strcmp(st, "failed") || cx->background)) { /* a failed background response is polled */
         json_t *all = json_copy(cx->items_all);
         json_t *out = json_object_get(resp, "output");
         for (size_t i = 0; i < json_array_size(out); i++) json_array_append(all, json_array_get(out, i));
@@ -578,9 +580,12 @@ static int build_chat(rctx *cx, json_t *b, json_t *chat, srv_resp *rs) {
             return srv_error(rs, 400, NULL, bools[i], "%s: expected true or false", bools[i]), -1;
     cx->stream = json_is_true(get(b, "stream"));
     cx->store = !json_is_false(get(b, "store"));
-    if (json_is_true(get(b, "background")))
-        return srv_error(rs, 400, NULL, "background", "background: background responses are not supported by this "
-                         "server; a response runs while its request is open (stream: true shows its progress)"), -1;
+    cx->background = json_is_true(get(b, "background"));
+    if (cx->background && cx->stream)
+        return srv_error(rs, 400, NULL, "background", "background: a background response is polled (GET "
+                         "/v1/responses/{id}), not streamed; send stream: false"), -1;
+    if (cx->background && !cx->store)
+        return srv_error(rs, 400, NULL, "background", "background: a background response must be stored (store: true)"), -1;
     if (get(b, "conversation"))
         return srv_error(rs, 400, NULL, "conversation", "conversation: the Conversations API is not supported; "
                          "continue a conversation with previous_response_id"), -1;
@@ -777,6 +782,147 @@ static json_t *messages_from(rctx *cx, size_t first, srv_resp *rs) {
     return cv.msgs;
 }
 
+/* ---- background ------------------------------------------------------------------------ */
+
+/* A background response runs on a thread of its own that feeds the engine's events through
+ * the same output items, keeps an in-progress snapshot in the store (every 64 events or half a
+ * second) and the final response at the end; POST .../cancel asks it to stop. The jobs are
+ * listed here so that cancel finds them and the server's shutdown waits for them. */
+typedef struct bgjob {
+    struct bgjob *next;
+    char id[48];
+    srv *sv;
+    rctx *cx;
+    gen *g;
+    volatile int cancel;
+    int done;
+} bgjob;
+
+static pthread_mutex_t bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t bg_cv = PTHREAD_COND_INITIALIZER;
+static bgjob *bg_jobs;
+
+static void store_snapshot(rctx *cx) {
+    json_t *resp = response_json(cx);
+    char *texts[RSTORE_NTEXT];
+    texts[RSTORE_RESPONSE] = json_dumps(resp, JSON_COMPACT);
+    texts[RSTORE_ITEMS] = json_dumps(cx->items_all, JSON_COMPACT);
+    texts[RSTORE_INPUT] = json_dumps(cx->input_items, JSON_COMPACT);
+    json_decref(resp);
+    rstore_put(cx->sv->rstore, cx->id, texts);
+    for (int i = 0; i < RSTORE_NTEXT; i++) free(texts[i]);
+}
+
+static void *bg_main(void *p) {
+    bgjob *job = p;
+    rctx *cx = job->cx;
+    double last = now_sec();
+    int since = 0, cancelled = 0;
+    for (;;) {
+        gen_event ev;
+        int rc = gen_next(job->g, &ev, 0.05);
+        if (rc < 0) break;
+        if (rc == 1) {
+            feed(cx, &ev);
+            gen_event_free(&ev);
+            since++;
+        }
+        if (!cancelled && (job->cancel || job->sv->stopping)) {
+            gen_cancel(job->g);
+            cancelled = 1;
+        }
+        if (!cx->finished && (since >= 64 || now_sec() - last > 0.5)) {
+            store_snapshot(cx);
+            since = 0;
+            last = now_sec();
+        }
+    }
+    gen_release(job->g);
+    json_decref(finish_response(cx));
+    pthread_mutex_lock(&bg_mu);
+    bgjob **pp = &bg_jobs;
+    while (*pp != job) pp = &(*pp)->next;
+    *pp = job->next;
+    pthread_cond_broadcast(&bg_cv);
+    pthread_mutex_unlock(&bg_mu);
+    rctx_free(cx);
+    free(job);
+    return NULL;
+}
+
+/* Start cx's generation in the background; rs gets the first snapshot. 0, or -1 with rs filled. */
+static int bg_start(srv *sv, rctx *cx, srv_resp *rs) {
+    gen *g;
+    char err[512] = "";
+    cx->r.n = 1;
+    int rc = gen_start(sv, &cx->r, &g, err, sizeof err);
+    if (rc) {
+        srv_submit_error(rs, rc, err);
+        return -1;
+    }
+    bgjob *job = xcalloc(1, sizeof *job);
+    snprintf(job->id, sizeof job->id, "%s", cx->id);
+    job->sv = sv;
+    job->cx = cx;
+    job->g = g;
+    store_snapshot(cx);
+    srv_json_resp(rs, 200, response_json(cx));
+    pthread_mutex_lock(&bg_mu);
+    job->next = bg_jobs;
+    bg_jobs = job;
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, bg_main, job)) {
+        bg_jobs = job->next;
+        pthread_mutex_unlock(&bg_mu);
+        pthread_attr_destroy(&at);
+        gen_release(g);
+        free(job);
+        srv_error(rs, 503, NULL, NULL, "cannot start a background response: no thread");
+        return -1;
+    }
+    pthread_attr_destroy(&at);
+    pthread_mutex_unlock(&bg_mu);
+    return 0;
+}
+
+/* POST /v1/responses/{id}/cancel on a running job: ask it to stop, wait for its final
+ * response (up to 10 s). 1 = was running (rs filled), 0 = no such job. */
+static int bg_cancel(srv *sv, const char *id, srv_resp *rs) {
+    pthread_mutex_lock(&bg_mu);
+    bgjob *job = bg_jobs;
+    while (job && strcmp(job->id, id)) job = job->next;
+    if (!job) { pthread_mutex_unlock(&bg_mu); return 0; }
+    job->cancel = 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    for (;;) {
+        bgjob *j = bg_jobs;
+        while (j && j != job) j = j->next;
+        if (!j || pthread_cond_timedwait(&bg_cv, &bg_mu, &ts)) break;
+    }
+    pthread_mutex_unlock(&bg_mu);
+    char *text = NULL;
+    if (rstore_get(sv->rstore, id, RSTORE_RESPONSE, &text) || !text) {
+        free(text);
+        srv_error(rs, 404, "not_found_error", "response_id", "No response found with id '%s'.", id);
+        return 1;
+    }
+    srv_json_resp(rs, 200, json_loads(text, 0, NULL));
+    free(text);
+    return 1;
+}
+
+void responses_shutdown(srv *sv) {
+    (void)sv; /* sv->stopping is set: every job cancels its generation and ends */
+    pthread_mutex_lock(&bg_mu);
+    while (bg_jobs) pthread_cond_wait(&bg_cv, &bg_mu);
+    pthread_mutex_unlock(&bg_mu);
+}
+
 /* Chat fields -> this API's, in errors. */
 static const char *const NAMES[] = {"messages", "input", "max_tokens", "max_output_tokens", "response_format", "text",
                                     "reasoning_effort", "reasoning", NULL};
@@ -823,6 +969,10 @@ static void resp_create(srv *sv, srv_conn *c, const char *body, size_t len, int 
     cx->created_at = (json_int_t)time(NULL);
     json_decref(chat);
     chat = NULL;
+    if (cx->background) {
+        if (bg_start(sv, cx, rs)) goto fail;
+        return; /* the job owns cx */
+    }
     int rc = srv_run_one(sv, c, r, cx->stream, cx, feed, resp_step, resp_end, rctx_free, rs);
     if (rc == 1) return;
     if (rc == 0) srv_json_resp(rs, 200, finish_response(cx));
@@ -910,6 +1060,14 @@ void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest,
             srv_json_resp(rs, 200, json_loads(text, 0, NULL));
             free(text);
         } else if (del) {
+            pthread_mutex_lock(&bg_mu);
+            bgjob *job = bg_jobs;
+            while (job && strcmp(job->id, id)) job = job->next;
+            pthread_mutex_unlock(&bg_mu);
+            if (job) {
+                srv_error(rs, 400, NULL, "response_id", "'%s' is still running in the background: cancel it first", id);
+                return;
+            }
             if (rstore_delete(sv->rstore, id)) { not_found(rs, id); return; }
             srv_json_resp(rs, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1));
         } else {
@@ -924,10 +1082,12 @@ void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest,
     }
     if (!strcmp(sub, "/cancel")) {
         if (!post) { srv_error(rs, 405, NULL, NULL, "method %s is not allowed on /v1/responses/{id}/cancel", method); return; }
+        if (bg_cancel(sv, id, rs)) return;
         char *text = NULL;
         if (rstore_get(sv->rstore, id, RSTORE_RESPONSE, &text)) { not_found(rs, id); return; }
         free(text);
-        srv_error(rs, 400, NULL, "response_id", "Only background responses can be cancelled; '%s' has finished.", id);
+        srv_error(rs, 400, NULL, "response_id", "Only running background responses can be cancelled; '%s' has finished.",
+                  id);
         return;
     }
     srv_error(rs, 404, NULL, NULL, "no route for %s /v1/responses/%s", method, rest);

@@ -304,6 +304,8 @@ void route_metrics(srv *sv, srv_resp *rs);
  * rest is the URL after "/v1/responses/" (NULL for the collection). */
 void route_responses(srv *sv, srv_conn *c, const char *method, const char *rest, const char *body, size_t len,
                      srv_resp *rs);
+/* Server shutdown (sv->stopping set): wait for the running background responses to end. */
+void responses_shutdown(srv *sv);
 /* The Anthropic Messages API (routes_messages.c): POST /v1/messages and
  * /v1/messages/count_tokens (rest "count_tokens"; NULL for the collection). */
 void route_messages(srv *sv, srv_conn *c, const char *rest, const char *body, size_t len, srv_resp *rs);

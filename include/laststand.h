@@ -73,6 +73,18 @@ typedef struct ls_engine_opts {
      * --mamba-ssm-dtype: half the state's memory and bytes a step, the state rounded to BF16
      * once a step); NULL or "auto": the config's mamba_ssm_dtype (float32 when absent). */
     const char *mamba_ssm_dtype;
+    /* Added (additive): speculative decoding (engine.c "Speculative decoding"). speculative_algorithm:
+     * NULL, "" or "none": off; "ngram" (any case; SGLang's NGRAM): drafts by prompt lookup
+     * (src/engine/spec.h), verified in one step and rolled back past the first rejected one.
+     * speculative_num_draft_tokens: tokens a request verifies in one step, its last accepted
+     * token included (SGLang's meaning): 2 .. SPEC_DRAFT_MAX + 1, at most MODEL_SNAP_MAX + 1 on a
+     * model with GDN layers (each draft holds a spare GDN state slot); 0: 4. The n-gram windows:
+     * the suffix lengths looked up, longest first (0: 2 and 12). speculative_max_batch: steps
+     * with more running requests verify no drafts (0: 16). */
+    const char *speculative_algorithm;
+    int speculative_num_draft_tokens;
+    int speculative_ngram_min_window, speculative_ngram_max_window;
+    int speculative_max_batch;
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -249,6 +261,9 @@ typedef struct ls_stats {
     /* Added (additive, S9): sampled rows with a grammar mask or logit_bias, by where they were
      * sampled (the device sampler, or the host from downloaded logits) */
     uint64_t constrained_rows_device_total, constrained_rows_host_total;
+    /* Added (additive): speculative decoding. Rows that verified drafts, the drafts verified
+     * and those accepted (each accepted draft is a token the step gained). */
+    uint64_t spec_verify_rows_total, spec_draft_tokens_total, spec_accepted_tokens_total;
 } ls_stats;
 void ls_engine_stats(ls_engine *e, ls_stats *out);
 

@@ -41,7 +41,10 @@ static void usage(FILE *f) {
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n"
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n"
                "         [--mamba-ssm-dtype auto|float32|bfloat16]\n"
-               "         [--prefix-cache on|off] (default on)\n");
+               "         [--prefix-cache on|off] (default on)\n"
+               "         [--speculative-algorithm none|ngram] [--speculative-num-draft-tokens N]\n"
+               "         [--speculative-ngram-min-match-window-size N] [--speculative-ngram-max-match-window-size N]\n"
+               "         (speculative decoding: the engine's closing log line counts the drafts accepted)\n");
 }
 
 static int bad_value(const char *flag, const char *v, const char *want) {
@@ -92,6 +95,7 @@ int cmd_generate(int argc, char **argv) {
     const char *path = NULL, *ids_s = NULL, *prompt = NULL, *max_s = "16", *temp_s = "0", *seed_s = "0";
     const char *tok_path = NULL, *tmpl_path = NULL, *tp_s = "1";
     const char *topk_s = "-1", *topp_s = "1", *minp_s = "0", *pfx_s = NULL, *batch_s = "1";
+    const char *sp_n = NULL, *sp_w0 = NULL, *sp_w1 = NULL;
     int chat = 0, ignore_eos = 0;
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -120,7 +124,11 @@ int cmd_generate(int argc, char **argv) {
                          : !strcmp(a, "--prefix-cache") ? &pfx_s
                          : !strcmp(a, "--batch") ? &batch_s
                          : !strcmp(a, "--sampling-backend") ? &o.sampling_backend
-                         : !strcmp(a, "--mamba-ssm-dtype") ? &o.mamba_ssm_dtype : NULL;
+                         : !strcmp(a, "--mamba-ssm-dtype") ? &o.mamba_ssm_dtype
+                         : !strcmp(a, "--speculative-algorithm") ? &o.speculative_algorithm
+                         : !strcmp(a, "--speculative-num-draft-tokens") ? &sp_n
+                         : !strcmp(a, "--speculative-ngram-min-match-window-size") ? &sp_w0
+                         : !strcmp(a, "--speculative-ngram-max-match-window-size") ? &sp_w1 : NULL;
         if (!dst) {
             fprintf(stderr, "laststand generate: error: unknown flag '%s'\n", a);
             usage(stderr);
@@ -148,6 +156,19 @@ int cmd_generate(int argc, char **argv) {
     long tp = strtol(tp_s, &end, 10);
     if (*end || end == tp_s || tp < 1 || tp > 16) return bad_value("--tp", tp_s, "an integer in [1, 16]");
     o.tp = (int)tp;
+    {
+        const char *const sv[3] = {sp_n, sp_w0, sp_w1};
+        const char *const sn[3] = {"--speculative-num-draft-tokens", "--speculative-ngram-min-match-window-size",
+                                   "--speculative-ngram-max-match-window-size"};
+        int *const sd[3] = {&o.speculative_num_draft_tokens, &o.speculative_ngram_min_window,
+                            &o.speculative_ngram_max_window};
+        for (int k = 0; k < 3; k++) {
+            if (!sv[k]) continue;
+            long x = strtol(sv[k], &end, 10);
+            if (*end || end == sv[k] || x < 1 || x > 1024) return bad_value(sn[k], sv[k], "an integer in [1, 1024]");
+            *sd[k] = (int)x;
+        }
+    }
     errno = 0;
     long batch = strtol(batch_s, &end, 10);
     if (*end || end == batch_s || errno || batch < 1 || batch > 4096)

@@ -63,6 +63,8 @@ typedef struct serve_args {
     const char *doctor_buckets;
     const char *prefix_cache, *mamba_ssm_dtype;
     long long prefix_snapshots, page_size;
+    const char *spec_algo;
+    long long spec_n, spec_w0, spec_w1, spec_max_bs;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
     int dry_run;
     double dry_run_gpu_gib;
@@ -298,6 +300,16 @@ int cmd_serve(int argc, char **argv) {
         {"mamba-ssm-dtype", F_STR, &a.mamba_ssm_dtype,
          "GDN recurrent state storage: float32 or bfloat16 (half the state memory and bytes a step; the state "
          "rounded to BF16 once a step), default: the config's mamba_ssm_dtype", SSM_DTYPES},
+        {"speculative-algorithm", F_STR, &a.spec_algo,
+         "speculative decoding: none (default) | ngram (drafts by prompt lookup: the tokens that followed the latest "
+         "earlier occurrence of the last n tokens, verified in one step; outputs are unchanged)", BACKENDS_ANY},
+        {"speculative-num-draft-tokens", F_INT, &a.spec_n,
+         "tokens a request verifies per step, its last accepted token included (default 4: 3 drafts; at most 5 on "
+         "models with GDN layers, each draft holding a spare GDN state slot)", NULL},
+        {"speculative-ngram-min-match-window-size", F_INT, &a.spec_w0, "ngram: the shortest suffix looked up (default 2)", NULL},
+        {"speculative-ngram-max-match-window-size", F_INT, &a.spec_w1, "ngram: the longest suffix looked up, tried first (default 12)", NULL},
+        {"speculative-max-batch", F_INT, &a.spec_max_bs,
+         "no drafts while more requests than this run (default 16: drafted steps run without CUDA graphs)", NULL},
         {"disable-radix-cache", F_BOOL, &a.disable_radix_cache, "same as --prefix-cache off (SGLang's name)", NULL},
         {"mem-fraction-static", F_FLOAT, &a.mem_fraction_static, "memory fraction for weights and KV cache", NULL},
         {"max-running-requests", F_INT, &a.max_running_requests,
@@ -405,6 +417,10 @@ int cmd_serve(int argc, char **argv) {
     if (a.disable_radix_cache && a.prefix_cache && !strcmp(a.prefix_cache, "on"))
         BAD("--prefix-cache on contradicts --disable-radix-cache");
     if (a.doctor_timeout < 0) BAD("--doctor-timeout: must be > 0, got %g", a.doctor_timeout);
+    if (a.spec_n < 0 || a.spec_n > 1024) BAD("--speculative-num-draft-tokens: must be 2..9, got %lld", a.spec_n);
+    if (a.spec_w0 < 0 || a.spec_w0 > 1024) BAD("--speculative-ngram-min-match-window-size: must be 1..1024, got %lld", a.spec_w0);
+    if (a.spec_w1 < 0 || a.spec_w1 > 1024) BAD("--speculative-ngram-max-match-window-size: must be 1..1024, got %lld", a.spec_w1);
+    if (a.spec_max_bs < 0 || a.spec_max_bs > 1 << 20) BAD("--speculative-max-batch: must be >= 1, got %lld", a.spec_max_bs);
     if (a.api_key && !*a.api_key) BAD("--api-key: empty");
     if (a.chat_template && !file_exists(a.chat_template)) BAD("--chat-template: %s: no such file", a.chat_template);
     if (a.model_path && strncmp(a.model_path, "synth:", 6) && !file_exists(a.model_path))
@@ -467,6 +483,11 @@ int cmd_serve(int argc, char **argv) {
     else if (a.prefix_cache) o.prefix_cache = 1;
     if (a.prefix_snapshots != -2) o.prefix_snapshots = a.prefix_snapshots ? (int)a.prefix_snapshots : -1;
     o.mamba_ssm_dtype = a.mamba_ssm_dtype;
+    o.speculative_algorithm = a.spec_algo;
+    o.speculative_num_draft_tokens = (int)a.spec_n;
+    o.speculative_ngram_min_window = (int)a.spec_w0;
+    o.speculative_ngram_max_window = (int)a.spec_w1;
+    o.speculative_max_batch = (int)a.spec_max_bs;
 
     ls_engine *eng = NULL;
     char err[1024] = "";

@@ -52,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -316,6 +317,41 @@ static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
     return bad;
 }
 
+/* The speculative decoding options (ls_engine_opts) into e->spec*: validated, defaults filled. */
+static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, size_t errn) {
+    const char *a = o->speculative_algorithm;
+    const int n = o->speculative_num_draft_tokens, w0 = o->speculative_ngram_min_window,
+              w1 = o->speculative_ngram_max_window, mb = o->speculative_max_batch;
+    if (n < 0 || w0 < 0 || w1 < 0 || mb < 0)
+        return set_err(err, errn, LS_ERR_INVAL, "--speculative-*: negative value (num-draft-tokens %d, ngram windows "
+                       "%d..%d, max-batch %d)", n, w0, w1, mb);
+    if (!a || !*a || !strcasecmp(a, "none")) {
+        if (n || w0 || w1 || mb)
+            log_warn("engine: --speculative-* options without --speculative-algorithm: speculative decoding is off");
+        return 0;
+    }
+    if (strcasecmp(a, "ngram"))
+        return set_err(err, errn, LS_ERR_INVAL, "--speculative-algorithm '%s': expected ngram or none (EAGLE / NEXTN "
+                       "(MTP) drafts are not supported yet)", a);
+    const int kmax = gdn ? MODEL_SNAP_MAX : SPEC_DRAFT_MAX;
+    const int k = n ? n - 1 : 3;
+    if (k < 1 || k > kmax)
+        return set_err(err, errn, LS_ERR_INVAL, "--speculative-num-draft-tokens %d: expected 2..%d (the last accepted "
+                       "token and up to %d drafts%s)", n, kmax + 1, kmax,
+                       gdn ? "; each draft of a model with GDN layers holds a spare state slot" : "");
+    const int minw = w0 ? w0 : 2, maxw = w1 ? w1 : (minw > 12 ? minw : 12);
+    if (minw > maxw || maxw > 1024)
+        return set_err(err, errn, LS_ERR_INVAL, "--speculative-ngram-min/max-match-window-size %d..%d: expected "
+                       "1 <= min <= max <= 1024", minw, maxw);
+    e->spec = 1;
+    e->spec_k = k;
+    e->spec_minw = minw;
+    e->spec_maxw = maxw;
+    e->spec_max_bs = mb ? mb : 16;
+    e->spec_gdn = gdn;
+    return 0;
+}
+
 int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn) {
     *out = NULL;
     if (!o || !o->model_path || !*o->model_path)
@@ -409,6 +445,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     size_t st_bytes = safetensors_bytes(o->model_path);
     if (st_bytes > weights) weights = st_bytes;
     int cuda = strcmp(e->device, "cuda") == 0; /* the resolved device, so --device auto budgets a GPU as one */
+    /* speculative decoding: the drafts a row verifies, and on GDN models a spare state slot each */
+    rc = spec_config(e, o, slot_bytes > 0, err, errn);
+    if (rc) { engine_free(e); return rc; }
+    const int slots_per_run = 1 + (e->spec_gdn ? e->spec_k : 0);
     int gpu;
     double gpu_free, gpu_total;
     double budget = cache_budget(o, e->m, e->tp, cuda, weights, &gpu, &gpu_free, &gpu_total);
@@ -419,13 +459,14 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
                  e->tp > 1 ? " of the tensor-parallel ranks" : "", gpu_free / 1073741824.0, gpu_total / 1073741824.0,
                  o->mem_fraction_static > 0 ? o->mem_fraction_static : 0.88, budget / e->tp / 1073741824.0);
     if (max_run <= 0) {
-        max_run = cuda ? model_auto_max_running(budget, (double)slot_bytes) : MODEL_CPU_RUN_DEFAULT;
+        max_run = cuda ? model_auto_max_running(budget, (double)slot_bytes * slots_per_run) : MODEL_CPU_RUN_DEFAULT;
         if (cuda)
             log_info("engine: --max-running-requests auto: %d (%s, at most %d)", max_run,
                      slot_bytes ? "the GDN state of a quarter of the cache memory" : "no GDN state", MODEL_AUTO_RUN_MAX);
     }
-    budget -= (double)max_run * (double)slot_bytes;
-    budget -= (double)max_run * (double)e->vocab * sizeof(float);
+    budget -= (double)max_run * slots_per_run * (double)slot_bytes;
+    e->n_logit_rows = max_run + (e->spec ? (max_run < e->spec_max_bs ? max_run : e->spec_max_bs) * e->spec_k : 0);
+    budget -= (double)e->n_logit_rows * (double)e->vocab * sizeof(float);
     if (cuda) budget -= (double)slot_bytes + (double)page_bytes; /* the CUDA graphs' padding slot and page */
     /* the prefix cache: on by default (CPU and CUDA; S8 device round R3 validated the CUDA path:
      * tests/test_gpu_prefix_cache.py). GDN models need state snapshot slots (a tenth of the cache budget by default,
@@ -486,8 +527,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->budget = o->chunked_prefill_size > 0 ? o->chunked_prefill_size
               : o->chunked_prefill_size < 0 ? ctx : d.chunked_prefill_size;
 
-    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run + n_snap, .ctx_cap = ctx,
-                           .max_seqs = max_run};
+    /* slots: [0, max_run x slots_per_run) the requests' own and their drafts' spares (one pool,
+     * e->slots: a rollback swaps a request's slot with a spare), then the prefix snapshots */
+    model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run * slots_per_run + n_snap,
+                           .ctx_cap = ctx, .max_seqs = max_run};
     /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
      * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
     co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
@@ -498,7 +541,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     rc = model_cache_init(e->m, &co, &le);
     if (rc < 0) {
         set_err(err, errn, rc, "KV cache (%d pages of %d tokens, %d slots): %s", n_pages, page_size,
-                max_run, le.msg);
+                co.n_slots, le.msg);
         engine_free(e);
         return rc;
     }
@@ -540,10 +583,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         if (watching) graph_watch_stop(&gw);
     }
     kvpool_init(&e->pages, n_pages);
-    kvpool_init(&e->slots, max_run);
+    kvpool_init(&e->slots, max_run * slots_per_run);
     e->pfx_on = pfx_on;
     e->pfx_gdn = slot_bytes > 0;
-    e->snap_base = max_run;
+    e->snap_base = max_run * slots_per_run;
     pfx_init(&e->pfx, pfx_on ? n_pages : 0, page_size, n_snap);
     e->pfx_instep = pfxe_instep_mode(e);
     e->st.prefix_snapshots_total = n_snap;
@@ -552,7 +595,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->smps = xcalloc((size_t)e->n_smp, sizeof *e->smps);
     for (int i = 0; i < e->n_smp; i++) e->smps[i] = smp_new(e->vocab);
     e->jobs = xcalloc((size_t)max_run, sizeof *e->jobs);
-    e->logits = xmalloc((size_t)max_run * (size_t)e->vocab * sizeof(float));
+    e->logits = xmalloc((size_t)e->n_logit_rows * (size_t)e->vocab * sizeof(float));
     e->seqs = xcalloc((size_t)max_run, sizeof *e->seqs);
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
@@ -582,6 +625,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
              n_pages, page_size, (double)n_pages * (double)page_bytes / 1048576.0, max_run,
              (double)max_run * (double)slot_bytes / 1048576.0, e->budget, e->dev_smp ? "device" : "host",
              graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
+    if (e->spec)
+        log_info("engine: speculative decoding: ngram, up to %d draft tokens a request and step (suffix windows "
+                 "%d..%d), while at most %d requests run%s", e->spec_k, e->spec_minw, e->spec_maxw, e->spec_max_bs,
+                 e->spec_gdn ? "; a spare GDN state slot per draft" : "");
     if (pfx_on && n_snap)
         log_info("engine: prefix cache on: up to %d pages (%d tokens) shared by hash of their token run, %d GDN "
                  "state snapshots (%.1f MiB, %.2f MiB each) at page boundaries, %s", n_pages, n_pages * page_size,
@@ -618,6 +665,13 @@ void ls_engine_close(ls_engine *e) {
         if (gs.captured || gs.replayed || gs.eager)
             log_info("engine: CUDA graphs: %lld steps replayed, %lld steps eager, %lld graphs captured",
                      (long long)gs.replayed, (long long)gs.eager, (long long)gs.captured);
+        if (e->st.spec_verify_rows_total)
+            log_info("engine: speculative decoding: %llu rows verified %llu drafts, %llu accepted (%.1f%%, %.2f "
+                     "tokens a verifying row and step)", (unsigned long long)e->st.spec_verify_rows_total,
+                     (unsigned long long)e->st.spec_draft_tokens_total,
+                     (unsigned long long)e->st.spec_accepted_tokens_total,
+                     100.0 * (double)e->st.spec_accepted_tokens_total / (double)e->st.spec_draft_tokens_total,
+                     1.0 + (double)e->st.spec_accepted_tokens_total / (double)e->st.spec_verify_rows_total);
         if (e->n_dec_steps)
             log_info("engine: %lld decode steps of %.2f sequences on average, %.3f ms each (forward + sampling)",
                      (long long)e->n_dec_steps, (double)e->n_dec_rows / e->n_dec_steps,
@@ -842,6 +896,9 @@ static void release_cache(ls_engine *e, ereq *r) {
     pfxe_release(e, r); /* cache references dropped, its own pages back on the free list */
     if (r->slot >= 0) kvpool_put(&e->slots, r->slot);
     r->slot = -1;
+    for (int i = 0; i < r->n_spare; i++) kvpool_put(&e->slots, r->spare[i]);
+    r->n_spare = 0;
+    r->n_draft = 0;
 }
 
 /* ==== events ===================================================================== */
@@ -939,15 +996,72 @@ static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     return 0;
 }
 
+/* ==== speculative decoding ================================================================
+ *
+ * A decode row with drafts (r->n_draft > 0) feeds its last token and the drafts in one
+ * step, n_new = 1 + n_draft, with a logits row per position (logits_all). Position p's row
+ * is sampled exactly as a plain decode step would sample it (penalties, grammar, bans and
+ * the RNG see the tokens committed so far), the token committed, and the next position
+ * looked at only if that token equals draft p: the drafts are point proposals, so "sample
+ * the target and accept while it agrees" is speculative sampling's exact rule, and the
+ * tokens are distributed (greedy: equal) as without drafts. A row commits 1 + accepted
+ * tokens a step. Rollback: the KV of the rejected positions is simply not counted
+ * (n_cached), and is overwritten later; the GDN state, which has absorbed every fed
+ * token, is taken from the in-step snapshot after the last valid position (fwd_seq
+ * snapshots into the row's spare slots: the request's slot and that spare swap, no copy).
+ * With the prefix cache on a GDN model, a row's step never passes a page boundary before
+ * its last position, so every snapshot the cache takes at a boundary (pfxe_step_done) is
+ * of a state that holds exactly the cached tokens. Steps with drafts sample on the host
+ * and run eagerly (no CUDA graph): speculation is for small batches (spec_max_bs), and a
+ * request whose draft was wholly rejected backs off (1, 2, 4 .. 16 steps) before the next. */
+
+/* Drafts for the decode row r (need = 1) within the step's token budget; sets r->n_draft and
+ * returns it (0: a plain decode row). */
+static int spec_plan(ls_engine *e, ereq *r, int budget) {
+    r->n_draft = 0;
+    if (!e->spec || e->n_running > e->spec_max_bs) return 0;
+    if (r->spec_skip > 0) { r->spec_skip--; return 0; }
+    const int ps = e->page_size;
+    int k = e->spec_k;
+    int left = r->max_new - (r->n_tok - r->n_prompt) - 1; /* tokens the request may emit after this step's first */
+    if (k > left) k = left;
+    if (k > budget - 1) k = budget - 1;
+    if (e->pfx_on && e->pfx_gdn) { /* the step ends at the next page boundary at the latest */
+        int to = (r->n_cached / ps + 1) * ps - r->n_cached - 1;
+        if (k > to) k = to;
+    }
+    /* pages: those held, and free ones beyond a page of headroom per running request (never
+     * preempt anyone for a draft) */
+    int spare_pages = pfxe_pages_avail(e) - e->n_running;
+    int room = (r->n_pages + (spare_pages > 0 ? spare_pages : 0)) * ps - r->n_cached - 1;
+    if (k > room) k = room;
+    if (k <= 0) return 0;
+    int32_t d[SPEC_DRAFT_MAX];
+    int m = spec_ngram_propose(r->tok, r->n_tok, e->spec_minw, e->spec_maxw, k, d);
+    if (m <= 0) return 0;
+    if (e->spec_gdn) {
+        while (r->n_spare < m) {
+            int32_t sl = kvpool_get(&e->slots);
+            if (sl < 0) break;
+            r->spare[r->n_spare++] = sl;
+        }
+        if (m > r->n_spare) m = r->n_spare;
+    }
+    memcpy(r->draft, d, (size_t)m * sizeof *d);
+    r->n_draft = m;
+    return m;
+}
+
 static int schedule(ls_engine *e) {
     int nb = 0, budget = e->budget;
     for (int i = 0; i < e->n_running;) {
         ereq *r = e->running[i];
         int need = r->n_tok - r->n_cached;
         CHECK(need >= 1);
-        int n_new = need == 1 ? 1 : pfxe_chunk(e, r, need < budget ? need : budget);
+        int n_new = need == 1 ? 1 + spec_plan(e, r, budget) : pfxe_chunk(e, r, need < budget ? need : budget);
         if (n_new <= 0) { i++; continue; }
         if (ensure_pages(e, r, &n_new) < 0) continue; /* r left running[i] */
+        if (need == 1 && n_new < 1 + r->n_draft) r->n_draft = n_new > 0 ? n_new - 1 : 0;
         if (n_new > 0) {
             e->batch[nb] = r;
             e->batch_new[nb++] = n_new;
@@ -1032,7 +1146,7 @@ static void sample_all(ls_engine *e) {
 
 /* Phase 2 (engine thread, in batch order): append the token, emit it with
  * its text delta, finish the request if done. */
-static void commit_token(ls_engine *e, samp_job *j) {
+static int commit_token(ls_engine *e, samp_job *j) {
     ereq *r = j->r;
     int n_gen = r->n_tok - r->n_prompt;
     if (j->rc < 0) {
@@ -1044,7 +1158,7 @@ static void commit_token(ls_engine *e, samp_job *j) {
         e->st.nan_logits_total++;
         pthread_mutex_unlock(&e->stats_mu);
         finish_empty(e, r, "error", msg);
-        return;
+        return 1;
     }
     const smp_result sr = j->res;
     int32_t t = sr.token;
@@ -1092,6 +1206,44 @@ static void commit_token(ls_engine *e, samp_job *j) {
     if (reason) retire(e, r, reason);
     emit(e, r, t, out->data ? out->data : "", &sr, reason != NULL, reason, matched, matched_id, NULL);
     if (reason) req_free(r);
+    return reason != NULL;
+}
+
+/* A row with drafts after its step (see "Speculative decoding"): j holds position 0's sample.
+ * Commits position by position while the committed token equals the draft there, then rolls
+ * the GDN state back to the last valid position. */
+static void spec_commit(ls_engine *e, samp_job *j) {
+    ereq *r = j->r;
+    const int k = r->n_draft;
+    int a = 0; /* drafts accepted */
+    for (;;) {
+        const int32_t t = j->rc == 0 ? j->res.token : -1;
+        if (commit_token(e, j)) break; /* the request ended (and is freed) */
+        if (a == k || t != r->draft[a]) {
+            if (e->spec_gdn && a < k) { /* the state after position a is in spare a */
+                int32_t sl = r->slot;
+                r->slot = r->spare[a];
+                r->spare[a] = sl;
+            }
+            r->n_draft = 0;
+            if (a) r->spec_backoff = 0;
+            else {
+                r->spec_skip = r->spec_backoff;
+                r->spec_backoff = r->spec_backoff ? (r->spec_backoff < 8 ? 2 * r->spec_backoff : 16) : 1;
+            }
+            break;
+        }
+        a++; /* draft a - 1 is the token committed: its position's KV and state are valid */
+        r->n_cached++;
+        pfxe_step_done(e, r);
+        j->row += e->vocab;
+        sample_one(e, e->smps[0], j);
+    }
+    pthread_mutex_lock(&e->stats_mu);
+    e->st.spec_verify_rows_total++;
+    e->st.spec_draft_tokens_total += (uint64_t)k;
+    e->st.spec_accepted_tokens_total += (uint64_t)a;
+    pthread_mutex_unlock(&e->stats_mu);
 }
 
 /* ==== the engine thread =================================================================== */
@@ -1210,7 +1362,7 @@ static void dev_result(samp_job *j, const smp_out *o) {
 }
 
 static void run_step(ls_engine *e, int nb) {
-    int ntok = 0;
+    int ntok = 0, n_spec = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         fwd_seq *s = &e->seqs[i];
@@ -1220,14 +1372,29 @@ static void run_step(ls_engine *e, int nb) {
         s->pages = r->pages;
         s->logits_all = 0;
         pfxe_step_plan(e, r, s); /* in-step GDN snapshots at the prompt's page boundaries (or none) */
-        memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
+        if (r->n_draft) { /* the last token and the drafts, a logits row each, a snapshot after each but the last */
+            CHECK(s->n_new == 1 + r->n_draft && s->n_snap == 0);
+            s->logits_all = 1;
+            e->ids[ntok] = r->tok[r->n_cached];
+            memcpy(e->ids + ntok + 1, r->draft, (size_t)r->n_draft * sizeof *e->ids);
+            if (e->spec_gdn) {
+                s->n_snap = r->n_draft;
+                for (int k = 0; k < r->n_draft; k++) {
+                    s->snap_off[k] = k + 1;
+                    s->snap_slot[k] = r->spare[k];
+                }
+            }
+            n_spec++;
+        } else {
+            memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
+        }
         ntok += s->n_new;
     }
     fwd_batch b = {.n_seq = nb, .seqs = e->seqs, .ids = e->ids, .logits = e->logits};
     /* Rows sampled this step with a grammar mask or logit_bias: on the device sampler when
      * gdev and eg_dev_ok (their masks computed now, before the forward), else the whole step
-     * samples on the host from downloaded logits. */
-    int dev_smp = e->dev_smp, n_con = 0;
+     * samples on the host from downloaded logits (as does a step with drafts to verify). */
+    int dev_smp = e->dev_smp && !n_spec, n_con = 0;
     e->n_scon = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
@@ -1276,8 +1443,9 @@ static void run_step(ls_engine *e, int nb) {
         for (int i = 0; i < nb; i++) finish_empty(e, e->batch[i], "error", msg);
         return;
     }
-    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms, %d constrained rows sampled on the %s",
-              (long long)e->n_steps, nb, ntok, (now_sec() - t0) * 1e3, n_con, dev_smp ? "device" : "host");
+    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms, %d constrained rows sampled on the %s, %d rows "
+              "verifying drafts", (long long)e->n_steps, nb, ntok, (now_sec() - t0) * 1e3, n_con,
+              dev_smp ? "device" : "host", n_spec);
     if (n_con) {
         pthread_mutex_lock(&e->stats_mu);
         if (dev_smp) e->st.constrained_rows_device_total += (uint64_t)n_con;
@@ -1285,17 +1453,23 @@ static void run_step(ls_engine *e, int nb) {
         pthread_mutex_unlock(&e->stats_mu);
     }
     e->n_jobs = 0;
+    size_t row = 0; /* logits rows in seq order: n_new for a row with drafts, else 1 */
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
-        r->n_cached += e->batch_new[i];
+        const size_t row_i = row;
+        row += r->n_draft ? (size_t)e->batch_new[i] : 1;
+        r->n_cached += r->n_draft ? 1 : e->batch_new[i]; /* a row with drafts: its last token; the rest when accepted */
         pfxe_step_done(e, r); /* publish full pages, snapshot GDN state at a page boundary */
         if (r->n_cached != r->n_tok) continue;
         samp_job *j = &e->jobs[e->n_jobs++];
-        *j = (samp_job){.r = r, .row = e->logits + (size_t)i * (size_t)e->vocab};
+        *j = (samp_job){.r = r, .row = e->logits + row_i * (size_t)e->vocab};
         if (dev_smp) dev_result(j, &e->sres[i]);
     }
     if (!dev_smp) sample_all(e);
-    for (int j = 0; j < e->n_jobs; j++) commit_token(e, &e->jobs[j]);
+    for (int j = 0; j < e->n_jobs; j++) {
+        if (e->jobs[j].r->n_draft) spec_commit(e, &e->jobs[j]);
+        else commit_token(e, &e->jobs[j]);
+    }
 }
 
 void ls_engine_hold(ls_engine *e, int on) {

@@ -13,6 +13,7 @@
 #include "engine/kvpool.h"
 #include "engine/prefix.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/stop.h"
 #include "ops/ops.h"
 
@@ -64,6 +65,14 @@ struct ereq {
     float *lb;
     int n_lb;
     int lb_dup;                /* an id repeats in logit_bias: the host adds each (device: host-only) */
+    /* speculative decoding (engine.c): this step's drafts (0: a plain decode row), the spare GDN
+     * slots the step snapshots the state into after each verified position (held while
+     * running), and the back-off after a draft that was wholly rejected */
+    int32_t draft[SPEC_DRAFT_MAX];
+    int n_draft;
+    int32_t spare[MODEL_SNAP_MAX];
+    int n_spare;
+    int spec_skip, spec_backoff;
 };
 
 /* One request's sampling in a step: filled in parallel, committed in order. */
@@ -149,6 +158,12 @@ struct ls_engine {
 
     pthread_t thread;
     int thread_started;
+
+    /* speculative decoding (engine.c): on, drafts a row verifies at most, the n-gram windows,
+     * the running requests above which no row drafts; spec_gdn: drafts hold spare GDN slots
+     * (e->slots holds max_run x (1 + spec_k) of them); logits rows of e->logits */
+    int spec, spec_k, spec_minw, spec_maxw, spec_max_bs, spec_gdn;
+    int n_logit_rows;
 
     /* constrained decoding: the tokenizer's byte trie, built on first use (engine_grammar.c) */
     struct gr_vocab *gvocab;

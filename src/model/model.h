@@ -147,6 +147,11 @@ void model_slot_reset(model *m, int slot);
 int model_slot_copy(model *m, int dst, int src, ls_err *e);
 
 /* ---- forward ------------------------------------------------------------- */
+/* fwd_seq snapshots per sequence and step: the prefix cache takes up to 2 (the prompt's page
+ * boundaries inside a prefill chunk), speculative decoding one per draft token (the GDN state
+ * after each verified position, so that a rejected draft rolls back by taking a snapshot). */
+#define MODEL_SNAP_MAX 4
+
 typedef struct fwd_seq {
     int slot;              /* GDN state slot */
     int n_past;            /* tokens already in this sequence's cache */
@@ -161,11 +166,9 @@ typedef struct fwd_seq {
      * then runs in pieces (model_qwen3_next.c); every other op still sees the whole step.
      * With --tp every rank copies its shard. Models without GDN layers ignore them. */
     int n_snap;
-    int snap_off[2];
-    int snap_slot[2];
+    int snap_off[MODEL_SNAP_MAX];
+    int snap_slot[MODEL_SNAP_MAX];
 } fwd_seq;
-
-#define MODEL_SNAP_MAX 2 /* fwd_seq snapshots per sequence and step */
 
 typedef struct smp_row smp_row; /* src/ops/ops.h */
 typedef struct smp_out smp_out;

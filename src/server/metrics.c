@@ -97,6 +97,15 @@ void route_metrics(srv *sv, srv_resp *rs) {
     head(b, "constrained_rows_host_total", "counter",
          "Sampled rows with a grammar mask or logit_bias, sampled on the host from downloaded logits.");
     sample_u(b, "constrained_rows_host_total", model, st.constrained_rows_host_total);
+    head(b, "spec_verify_rows_total", "counter", "Speculative decoding: decode rows that verified drafts.");
+    sample_u(b, "spec_verify_rows_total", model, st.spec_verify_rows_total);
+    head(b, "spec_draft_tokens_total", "counter", "Speculative decoding: draft tokens verified.");
+    sample_u(b, "spec_draft_tokens_total", model, st.spec_draft_tokens_total);
+    head(b, "spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted (tokens gained).");
+    sample_u(b, "spec_accepted_tokens_total", model, st.spec_accepted_tokens_total);
+    head(b, "spec_accept_length", "gauge", "Speculative decoding: mean tokens a verifying row committed per step.");
+    sample_f(b, "spec_accept_length", model,
+             st.spec_verify_rows_total ? 1.0 + (double)st.spec_accepted_tokens_total / (double)st.spec_verify_rows_total : 0);
     hist(b, "time_to_first_token_seconds", "Time to first token.", model, &st.ttft);
     hist(b, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", model, &st.itl);
     hist(b, "e2e_request_latency_seconds", "End-to-end request latency.", model, &st.e2e);

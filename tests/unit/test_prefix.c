@@ -332,7 +332,8 @@ static void test_in_step_snapshot_restores_the_state_at_its_token(void **st) {
         /* bad requests are refused, naming the sequence */
         const struct { int n, off0, off1, slot0, slot1; } bad[] = {
             {1, 0, 0, 1, 0}, {1, N_IDS, 0, 1, 0}, {2, 8, 8, 1, 2}, {2, 13, 8, 1, 2}, {1, 8, 0, 0, 0},
-            {1, 8, 0, 3, 0}, {1, 8, 0, 6, 0}, {2, 8, 13, 1, 1}, {3, 4, 8, 1, 2}, {-1, 8, 0, 1, 0}};
+            {1, 8, 0, 3, 0}, {1, 8, 0, 6, 0}, {2, 8, 13, 1, 1}, {3, 4, 8, 1, 2}, {-1, 8, 0, 1, 0},
+            {MODEL_SNAP_MAX + 1, 4, 8, 1, 2}};
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
             fwd_seq q[2] = {s[0], s[1]};
             q[0].n_snap = bad[i].n;

@@ -1,0 +1,131 @@
+"""Speculative decoding (`serve --speculative-algorithm ngram`) end to end.
+
+- Every fixture model in ../shared/fixtures/models, served with n-gram drafts (as many as the
+  model allows, one-token windows so that drafts run often): /generate's greedy continuation
+  equals transformers' (ref.json, the oracle), alone and inside a concurrent batch.
+- The demo model through the OpenAI SDK: with test id forcing, each request's first tokens
+  repeat a motif (drafts accepted in full, in part, not at all), the rest is the model's own;
+  chat completions, streamed and not, greedy and seeded, with logprobs, give the same ids
+  and logprobs as a server without drafts, and /metrics counts the drafts.
+- Bad speculative flags end `serve` with exit code 2 and a message that names the flag.
+"""
+import concurrent.futures as cf
+import json
+import os
+
+import pytest
+
+from conftest import SHARED, run_ls
+from e2e_util import Server
+
+MODELS = os.path.join(SHARED, "fixtures", "models")
+FOLDERS = sorted(os.listdir(MODELS)) if os.path.isdir(MODELS) else []
+
+
+def ref_of(name):
+    with open(os.path.join(MODELS, name, "ref.json")) as f:
+        return json.load(f)
+
+
+def has_gdn(name):
+    with open(os.path.join(MODELS, name, "config.json")) as f:
+        c = json.load(f)
+    c = c.get("text_config", c)
+    return "linear_attention" in json.dumps(c.get("layer_types", [])) or c.get("model_type", "").startswith(
+        ("qwen3_next", "qwen3_5"))
+
+
+SPEC = ["--speculative-algorithm", "ngram", "--speculative-ngram-min-match-window-size", "1"]
+
+
+@pytest.mark.parametrize("name", [f for f in FOLDERS if "greedy" in ref_of(f)])
+def test_fixture_greedy_with_drafts_equals_transformers(ls_bin, shared_dir, name):
+    ref = ref_of(name)
+    n_draft = 5 if has_gdn(name) else 9  # a GDN model verifies at most 4 drafts (a spare state slot each)
+    with Server(ls_bin, os.path.join(MODELS, name), "--device", "cpu", *SPEC,
+                "--speculative-num-draft-tokens", n_draft) as srv:
+        ids, _ = srv.generate_greedy(ref["input_ids"], len(ref["greedy"]))
+        assert ids == ref["greedy"]
+        # the same prompt beside seven others that share it rotated, and a long loop-prone run of its own
+        prompts = [ref["input_ids"][i:] + ref["input_ids"][:i] for i in range(8)]
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs = list(ex.map(lambda p: srv.generate_greedy(p, len(ref["greedy"]))[0], prompts))
+        assert outs[0] == ref["greedy"]
+        long_spec, _ = srv.generate_greedy(ref["input_ids"] * 2, 80)
+        m = srv.metrics()
+        assert m["spec_verify_rows_total"] > 0 and m["spec_draft_tokens_total"] > 0
+    with Server(ls_bin, os.path.join(MODELS, name), "--device", "cpu") as plain:
+        with cf.ThreadPoolExecutor(8) as ex:
+            outs_plain = list(ex.map(lambda p: plain.generate_greedy(p, len(ref["greedy"]))[0], prompts))
+        long_plain, _ = plain.generate_greedy(ref["input_ids"] * 2, 80)
+    assert outs == outs_plain
+    assert long_spec == long_plain
+
+
+def motif_ids(srv, n, period, seed):
+    """n ids repeating a period-long motif of vocabulary ids, one in eight replaced."""
+    import random
+    rnd = random.Random(seed)
+    vocab = srv.tokenize("the quick brown fox jumps over the lazy dog and then some more words")
+    motif = [rnd.choice(vocab) for _ in range(period)]
+    return [rnd.choice(vocab) if rnd.random() < 0.125 else motif[i % period] for i in range(n)]
+
+
+def chat_run(srv, client, i, stream):
+    force = motif_ids(srv, 30, 3 + i % 4, i)
+    kw = dict(model="m", messages=[{"role": "user", "content": f"Request {i}: say something"}],
+              max_tokens=60, logprobs=True, top_logprobs=2,
+              extra_body={"force_ids": force, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
+    if i % 2:
+        kw.update(temperature=0.8, seed=100 + i)
+    else:
+        kw.update(temperature=0)
+    if not stream:
+        r = client.chat.completions.create(**kw)
+        lp = r.choices[0].logprobs.content
+        return r.choices[0].message.content, [(t.token, round(t.logprob, 3)) for t in lp]
+    text, lps = "", []
+    for ch in client.chat.completions.create(stream=True, **kw):
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+            if ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+                lps += [(t.token, round(t.logprob, 3)) for t in ch.choices[0].logprobs.content]
+    return text, lps
+
+
+def test_demo_chat_with_drafts_equals_without(ls_bin, demo_model):
+    import openai
+    env = {"LASTSTAND_TEST_FORCE_IDS": "1"}
+    results = {}
+    for label, flags in (("plain", []), ("spec", SPEC + ["--speculative-num-draft-tokens", "5"])):
+        with Server(ls_bin, demo_model, "--device", "cpu", "--served-model-name", "m", *flags, env=env) as srv:
+            client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x")
+            with cf.ThreadPoolExecutor(6) as ex:
+                futs = [ex.submit(chat_run, srv, client, i, stream) for i in range(6) for stream in (False, True)]
+                results[label] = [f.result() for f in futs]
+            m = srv.metrics()
+            if label == "spec":
+                assert m["spec_verify_rows_total"] > 10, m
+                assert 0 < m["spec_accepted_tokens_total"] < m["spec_draft_tokens_total"], m
+                assert m["spec_accept_length"] > 1.0
+            else:
+                assert m.get("spec_verify_rows_total", 0) == 0
+    for a, b in zip(results["plain"], results["spec"]):
+        assert a[0] == b[0]
+        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
+        for (_, x), (_, y) in zip(a[1], b[1]):
+            assert abs(x - y) <= 2e-3, (x, y)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--speculative-algorithm", "eagle3"], "--speculative-algorithm 'eagle3'"),
+    (["--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "1"], "--speculative-num-draft-tokens 1"),
+    (["--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6"], "expected 2..5"),
+    (["--speculative-algorithm", "ngram", "--speculative-ngram-min-match-window-size", "9",
+      "--speculative-ngram-max-match-window-size", "4"], "9..4"),
+    (["--speculative-num-draft-tokens", "x"], "--speculative-num-draft-tokens: expected an integer"),
+])
+def test_bad_speculative_flags_are_refused(ls_bin, demo_model, flags, needle):
+    p = run_ls("serve", "--model-path", demo_model, "--device", "cpu", "--port", "1", *flags, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert needle in p.stderr, p.stderr[-2000:]

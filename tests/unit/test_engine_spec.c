@@ -1,0 +1,331 @@
+/* test_engine_spec.c: speculative decoding (engine.c "Speculative decoding", spec.h).
+ *
+ * The n-gram proposer against hand-worked cases. Then the property that makes
+ * speculation safe to turn on: an engine that verifies n-gram drafts emits
+ * exactly the tokens of one that does not, greedy or seeded sampling, under
+ * continuous batching, with the prefix cache, under KV-pool preemption, on the
+ * demo model (Qwen3.5 layout: Gated DeltaNet layers, whose state must be rolled
+ * back past a rejected draft). Each request's first tokens are forced (test
+ * id forcing) into a pattern that repeats with deviations, so drafts are
+ * accepted in full, in part and not at all; the free tokens after it are the
+ * model's, and come out right only if every rollback left the KV cache and the
+ * GDN state exactly at the accepted position.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "laststand.h"
+#include "engine/sampler.h"
+#include "engine/spec.h"
+
+/* ---- the proposer ------------------------------------------------------------------ */
+
+static int prop(const int32_t *t, int n, int w0, int w1, int k, int32_t *out) {
+    memset(out, 0x7f, sizeof(int32_t) * SPEC_DRAFT_MAX);
+    return spec_ngram_propose(t, n, w0, w1, k, out);
+}
+
+static void test_ngram_proposer(void **st) {
+    (void)st;
+    int32_t o[SPEC_DRAFT_MAX];
+    /* 5 6 7 8 | 5 6 : "5 6" occurred at 0, followed by 7 8 5 6 (then the period 4 again) */
+    const int32_t a[] = {5, 6, 7, 8, 5, 6};
+    assert_int_equal(prop(a, 6, 1, 4, 3, o), 3);
+    assert_int_equal(o[0], 7); assert_int_equal(o[1], 8); assert_int_equal(o[2], 5);
+    assert_int_equal(prop(a, 6, 1, 4, 6, o), 6); /* past the end: the period continues */
+    const int32_t a6[] = {7, 8, 5, 6, 7, 8};
+    for (int i = 0; i < 6; i++) assert_int_equal(o[i], a6[i]);
+    /* the longest window wins: suffix "1 2" matches at 3 (-> 9), suffix "2" alone later at 6 (-> 4) */
+    const int32_t b[] = {0, 0, 0, 1, 2, 9, 2, 4, 1, 2};
+    assert_int_equal(prop(b, 10, 1, 2, 2, o), 2);
+    assert_int_equal(o[0], 9); assert_int_equal(o[1], 2);
+    assert_int_equal(prop(b, 10, 1, 1, 2, o), 2); /* window 1 only: the latest "2" before the end is at 6 */
+    assert_int_equal(o[0], 4); assert_int_equal(o[1], 1);
+    /* the latest occurrence, not the first */
+    const int32_t c[] = {3, 1, 3, 2, 3};
+    assert_int_equal(prop(c, 5, 1, 1, 1, o), 1);
+    assert_int_equal(o[0], 2);
+    /* a run of one token proposes more of it */
+    const int32_t d[] = {1, 9, 9};
+    assert_int_equal(prop(d, 3, 1, 3, 4, o), 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(o[i], 9);
+    /* no match, a window longer than the history, bad arguments */
+    const int32_t e[] = {1, 2, 3, 4};
+    assert_int_equal(prop(e, 4, 1, 3, 3, o), 0);
+    assert_int_equal(prop(a, 6, 2, 2, 3, o), 3);
+    assert_int_equal(prop(a, 6, 3, 3, 3, o), 0); /* "8 5 6" never occurred before */
+    assert_int_equal(prop(a, 1, 1, 4, 3, o), 0);
+    assert_int_equal(prop(a, 6, 0, 4, 3, o), 0);
+    assert_int_equal(prop(a, 6, 3, 2, 3, o), 0);
+    assert_int_equal(prop(a, 6, 1, 4, 0, o), 0);
+    assert_int_equal(prop(NULL, 0, 1, 4, 3, o), 0);
+    /* k is capped at SPEC_DRAFT_MAX */
+    assert_int_equal(prop(d, 3, 1, 1, SPEC_DRAFT_MAX + 5, o), SPEC_DRAFT_MAX);
+    /* the scan stops SPEC_NGRAM_SCAN tokens back */
+    int n = SPEC_NGRAM_SCAN + 10;
+    int32_t *h = calloc((size_t)n, sizeof *h);
+    for (int i = 0; i < n; i++) h[i] = 100 + i; /* all distinct ... */
+    h[0] = 7; h[1] = 8;                          /* ... but the very first pair */
+    h[n - 1] = 7;
+    assert_int_equal(prop(h, n, 1, 1, 1, o), 0); /* "7" at 0 is out of reach */
+    h[n - 1 - SPEC_NGRAM_SCAN] = 7;
+    h[n - SPEC_NGRAM_SCAN] = 42;
+    assert_int_equal(prop(h, n, 1, 1, 1, o), 1); /* at the edge of the scan */
+    assert_int_equal(o[0], 42);
+    free(h);
+}
+
+/* ---- the engine: speculation changes no token ----------------------------------------- */
+
+#define MAXT 256
+
+typedef struct rec {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t toks[MAXT];
+    int n, finished;
+    char reason[16];
+} rec;
+
+static void on_event(void *user, const ls_event *ev) {
+    rec *r = user;
+    pthread_mutex_lock(&r->mu);
+    if (ev->token >= 0 && r->n < MAXT) r->toks[r->n++] = ev->token;
+    if (ev->finished) {
+        r->finished = 1;
+        snprintf(r->reason, sizeof r->reason, "%s", ev->finish_reason);
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rec_wait(rec *r) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 300;
+    pthread_mutex_lock(&r->mu);
+    while (!r->finished)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &dl)) break;
+    int f = r->finished;
+    pthread_mutex_unlock(&r->mu);
+    assert_true(f);
+}
+
+typedef struct eng_cfg {
+    const char *spec;      /* NULL: off */
+    int n_draft_tokens;    /* 0: the default */
+    int max_total_tokens;  /* 0: from memory */
+    int prefix_cache;      /* -1 off, 0 default (on) */
+    int page_size;
+} eng_cfg;
+
+static ls_engine *open_engine(const eng_cfg *c) {
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.model_path = "synth:demo";
+    o.device = "cpu";
+    o.max_running_requests = 8;
+    o.chunked_prefill_size = 48; /* prompts span several steps, mixed with decode rows */
+    o.context_length = 512;
+    o.max_total_tokens = c->max_total_tokens;
+    o.prefix_cache = c->prefix_cache;
+    if (c->page_size) o.page_size = c->page_size;
+    o.speculative_algorithm = c->spec;
+    o.speculative_num_draft_tokens = c->n_draft_tokens;
+    o.speculative_ngram_min_window = c->spec ? 1 : 0;
+    ls_engine *e = NULL;
+    char err[512] = "";
+    int rc = ls_engine_open(&o, &e, err, sizeof err);
+    if (rc) fprintf(stderr, "open: %s\n", err);
+    assert_int_equal(rc, 0);
+    return e;
+}
+
+enum { NJOB = 10, NFORCE = 48 };
+typedef struct job {
+    int32_t prompt[256];
+    int n_prompt, max_tokens;
+    float temp;
+    uint64_t seed;
+    int32_t force[NFORCE];
+} job;
+
+/* Prompts of random ids; the forced prefix repeats a period-p motif with a changed token
+ * now and then (full, partial and failed drafts); a third of the jobs sample with a seed. */
+static void make_jobs(job *jobs, int n, int vocab) {
+    smp_rng r;
+    smp_rng_seed(&r, 23);
+    for (int j = 0; j < n; j++) {
+        job *b = &jobs[j];
+        b->n_prompt = 4 + (int)(smp_rng_uniform(&r) * 100);
+        for (int i = 0; i < b->n_prompt; i++) b->prompt[i] = (int32_t)(smp_rng_uniform(&r) * vocab);
+        int period = 3 + j % 5;
+        int32_t motif[8];
+        for (int i = 0; i < period; i++) motif[i] = (int32_t)(smp_rng_uniform(&r) * vocab);
+        for (int i = 0; i < NFORCE; i++) {
+            b->force[i] = motif[i % period];
+            if (smp_rng_uniform(&r) < 0.12) b->force[i] = (int32_t)(smp_rng_uniform(&r) * vocab);
+        }
+        b->max_tokens = NFORCE + 10 + (int)(smp_rng_uniform(&r) * 40);
+        b->temp = (j % 3 == 2) ? 0.9f : 0.0f;
+        b->seed = 500 + (uint64_t)j;
+    }
+}
+
+static void run_jobs(ls_engine *e, const job *jobs, int n, rec *out, int n_force) {
+    ls_engine_hold(e, 1); /* one first step for all: the batch and its mixing are the same each run */
+    for (int j = 0; j < n; j++) {
+        memset(&out[j], 0, sizeof out[j]);
+        pthread_mutex_init(&out[j].mu, NULL);
+        pthread_cond_init(&out[j].cv, NULL);
+        ls_sampling s;
+        ls_sampling_default(&s);
+        s.temperature = jobs[j].temp;
+        s.has_seed = 1;
+        s.seed = jobs[j].seed;
+        s.max_tokens = jobs[j].max_tokens;
+        s.ignore_eos = 1;
+        s.force_ids = jobs[j].force;
+        s.n_force = n_force;
+        char err[256];
+        int64_t id = ls_submit(e, jobs[j].prompt, jobs[j].n_prompt, &s, on_event, &out[j], err, sizeof err);
+        if (id <= 0) fprintf(stderr, "submit: %s\n", err);
+        assert_true(id > 0);
+    }
+    ls_engine_hold(e, 0);
+    for (int j = 0; j < n; j++) rec_wait(&out[j]);
+}
+
+/* A follow-up turn per job: its prompt, the tokens it generated, 3 new ids (a chat's
+ * next turn: with the prefix cache on, a hit up to the last page boundary whose GDN snapshot
+ * was taken while decoding). Nothing forced: every token is the model's. */
+static void follow_ups(const job *jobs, const rec *out, job *next, int n) {
+    for (int j = 0; j < n; j++) {
+        job *b = &next[j];
+        *b = jobs[j];
+        int m = 0;
+        for (int i = 0; i < jobs[j].n_prompt; i++) b->prompt[m++] = jobs[j].prompt[i];
+        for (int i = 0; i < out[j].n && m < 250; i++) b->prompt[m++] = out[j].toks[i];
+        for (int i = 0; i < 3; i++) b->prompt[m++] = (int32_t)(7 + 13 * j + i);
+        b->n_prompt = m;
+        b->max_tokens = 24;
+        for (int i = 0; i < NFORCE; i++) b->force[i] = -2; /* not forced (n_force 0 below) */
+    }
+}
+
+static void run_rounds(const eng_cfg *c, job *jobs, job *next, rec *r1, rec *r2, ls_stats *st) {
+    ls_engine *e = open_engine(c);
+    run_jobs(e, jobs, NJOB, r1, NFORCE);
+    follow_ups(jobs, r1, next, NJOB);
+    run_jobs(e, next, NJOB, r2, 0);
+    ls_engine_stats(e, st);
+    ls_engine_close(e);
+}
+
+static void check_same(const eng_cfg *spec_cfg, int expect_preemption) {
+    static job jobs[NJOB], next[NJOB];
+    static rec plain[NJOB], spec[NJOB], plain2[NJOB], spec2[NJOB];
+    eng_cfg pc = *spec_cfg;
+    pc.spec = NULL;
+    pc.n_draft_tokens = 0;
+    make_jobs(jobs, NJOB, 4096);
+    ls_stats st0, st;
+    run_rounds(&pc, jobs, next, plain, plain2, &st0);
+    run_rounds(spec_cfg, jobs, next, spec, spec2, &st);
+
+    for (int j = 0; j < NJOB; j++) {
+        assert_int_equal(plain2[j].n, next[j].max_tokens);
+        assert_int_equal(spec2[j].n, next[j].max_tokens);
+        for (int i = 0; i < plain2[j].n; i++)
+            if (plain2[j].toks[i] != spec2[j].toks[i])
+                fail_msg("follow-up of job %d: token %d differs with drafts: %d vs %d without", j, i,
+                         spec2[j].toks[i], plain2[j].toks[i]);
+    }
+    if (spec_cfg->prefix_cache >= 0 && !spec_cfg->max_total_tokens) { /* the follow-ups hit the decode-time snapshots */
+        assert_true(st.prefix_hit_tokens_total > 0);
+        assert_int_equal(st.prefix_hit_tokens_total, st0.prefix_hit_tokens_total);
+    }
+    for (int j = 0; j < NJOB; j++) {
+        assert_string_equal(plain[j].reason, "length");
+        assert_string_equal(spec[j].reason, "length");
+        assert_int_equal(plain[j].n, jobs[j].max_tokens);
+        assert_int_equal(spec[j].n, jobs[j].max_tokens);
+        for (int i = 0; i < plain[j].n; i++)
+            if (plain[j].toks[i] != spec[j].toks[i])
+                fail_msg("job %d (temperature %.1f): token %d differs with drafts: %d vs %d without", j,
+                         (double)jobs[j].temp, i, spec[j].toks[i], plain[j].toks[i]);
+    }
+    fprintf(stderr, "  %llu rows verified %llu drafts, %llu accepted; %llu preemptions\n",
+            (unsigned long long)st.spec_verify_rows_total, (unsigned long long)st.spec_draft_tokens_total,
+            (unsigned long long)st.spec_accepted_tokens_total, (unsigned long long)st.preemptions_total);
+    /* drafts ran, some were accepted and some were not */
+    assert_true(st.spec_verify_rows_total > 20);
+    assert_true(st.spec_accepted_tokens_total > 20);
+    assert_true(st.spec_accepted_tokens_total < st.spec_draft_tokens_total);
+    if (expect_preemption) assert_true(st.preemptions_total > 0);
+}
+
+static void test_spec_greedy_and_sampled_match_plain_decoding(void **st) {
+    (void)st;
+    eng_cfg c = {.spec = "ngram", .n_draft_tokens = 5, .prefix_cache = -1};
+    check_same(&c, 0);
+}
+
+static void test_spec_with_the_prefix_cache(void **st) {
+    (void)st;
+    eng_cfg c = {.spec = "NGRAM", .n_draft_tokens = 4, .page_size = 8};
+    check_same(&c, 0);
+}
+
+static void test_spec_under_preemption(void **st) {
+    (void)st;
+    /* 512 tokens of KV for 10 requests of up to ~200: the newest are preempted and recomputed */
+    eng_cfg c = {.spec = "ngram", .n_draft_tokens = 3, .max_total_tokens = 512, .page_size = 8};
+    check_same(&c, 1);
+}
+
+static void test_bad_options_are_refused_by_name(void **st) {
+    (void)st;
+    const struct { const char *algo; int n, w0, w1; const char *want; } bad[] = {
+        {"eagle", 0, 0, 0, "--speculative-algorithm 'eagle'"},
+        {"ngram", 1, 0, 0, "--speculative-num-draft-tokens 1"},
+        {"ngram", 6, 0, 0, "--speculative-num-draft-tokens 6: expected 2..5"}, /* GDN model: MODEL_SNAP_MAX drafts */
+        {"ngram", 0, 5, 3, "window-size 5..3"},
+        {"ngram", -2, 0, 0, "negative"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ls_engine_opts o;
+        ls_engine_opts_default(&o);
+        o.model_path = "synth:demo";
+        o.device = "cpu";
+        o.speculative_algorithm = bad[i].algo;
+        o.speculative_num_draft_tokens = bad[i].n;
+        o.speculative_ngram_min_window = bad[i].w0;
+        o.speculative_ngram_max_window = bad[i].w1;
+        ls_engine *e = NULL;
+        char err[512] = "";
+        assert_int_equal(ls_engine_open(&o, &e, err, sizeof err), LS_ERR_INVAL);
+        if (!strstr(err, bad[i].want)) fail_msg("case %zu: '%s' does not say '%s'", i, err, bad[i].want);
+    }
+}
+
+int main(void) {
+    setenv("LASTSTAND_TEST_FORCE_IDS", "1", 1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ngram_proposer),
+        cmocka_unit_test(test_spec_greedy_and_sampled_match_plain_decoding),
+        cmocka_unit_test(test_spec_with_the_prefix_cache),
+        cmocka_unit_test(test_spec_under_preemption),
+        cmocka_unit_test(test_bad_options_are_refused_by_name),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

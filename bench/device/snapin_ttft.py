@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from e2e_util import Server  # noqa: E402
 
-STEP_RE = re.compile(r"engine: step \d+: (\d+) seqs, (\d+) tokens, ([0-9.]+) ms")
+STEP_RE = re.compile(r"engine: step \d+: (\d+) seqs, (\d+) tokens, forward ([0-9.]+) ms")
 
 
 def full_log(srv):

@@ -14,11 +14,24 @@ for n in ${SPEC_N:-5}; do
     PORT=$((33000 + $$ % 1000))
     XDG_CACHE_HOME="$OUT/cache" LASTSTAND_TEST_FORCE_IDS=1 "$BIN" serve --model-path synth:qwen3.5-35b-a3b \
         --device cuda --port $PORT --max-running-requests 8 --cuda-graph-max-bs 8 --doctor-buckets 1,8,64 \
-        --speculative-algorithm ngram --speculative-num-draft-tokens $n >"$OUT/server$n.log" 2>&1 &
+        --speculative-algorithm ngram --speculative-num-draft-tokens $n --log-level debug >"$OUT/server$n.log" 2>&1 &
     pid=$!
     for i in $(seq 240); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" && break; sleep 1; done
     echo "== num-draft-tokens $n (server up after $i s)"
     python3 bench/spec_bench.py "http://127.0.0.1:$PORT" --reps ${REPS:-3} --k $((n - 1)) --vocab 240000
     kill $pid; wait $pid
     grep -E "speculative decoding|decode steps|CUDA graphs:" "$OUT/server$n.log" | cut -c1-220
+    # the steps by kind: tokens and rows verifying drafts -> count, mean forward and sampling + commit ms
+    python3 - "$OUT/server$n.log" <<'PY'
+import re, sys, collections
+acc = collections.defaultdict(list)
+for m in re.finditer(r"step \d+: (\d+) seqs, (\d+) tokens, forward ([0-9.]+) ms, sampling and commit ([0-9.]+) ms.* (\d+) rows verifying", open(sys.argv[1]).read()):
+    seqs, toks, f, s, v = m.groups()
+    if int(toks) > 64: continue  # prefill
+    acc[(int(seqs), int(toks), int(v))].append((float(f), float(s)))
+print("seqs tokens verifying  steps  forward ms  sampling+commit ms")
+for k in sorted(acc):
+    v = acc[k]
+    print(f"{k[0]:4} {k[1]:6} {k[2]:9} {len(v):6} {sum(a for a, _ in v) / len(v):11.3f} {sum(b for _, b in v) / len(v):19.3f}")
+PY
 done

@@ -530,7 +530,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     /* slots: [0, max_run x slots_per_run) the requests' own and their drafts' spares (one pool,
      * e->slots: a rollback swaps a request's slot with a spare), then the prefix snapshots */
     model_cache_opts co = {.page_size = page_size, .n_pages = n_pages, .n_slots = max_run * slots_per_run + n_snap,
-                           .ctx_cap = ctx, .max_seqs = max_run};
+                           .ctx_cap = ctx, .max_seqs = max_run, .max_sample_rows = e->n_logit_rows};
     /* the workspace for the largest step (a budget of prefill plus a decode row per request) up
      * front, so steps do not grow it and invalidate the CUDA graphs; capped for huge budgets */
     co.max_tokens = e->budget + max_run < 16384 ? e->budget + max_run : 16384;
@@ -601,8 +601,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
     e->batch_new = xcalloc((size_t)max_run, sizeof *e->batch_new);
     if (e->dev_smp) {
-        e->srows = xcalloc((size_t)max_run, sizeof *e->srows);
-        e->sres = xcalloc((size_t)max_run, sizeof *e->sres);
+        e->srows = xcalloc((size_t)e->n_logit_rows, sizeof *e->srows);
+        e->sres = xcalloc((size_t)e->n_logit_rows, sizeof *e->sres);
         e->smark = xcalloc((size_t)e->vocab, sizeof *e->smark);
         e->scnt = xcalloc((size_t)e->vocab, sizeof *e->scnt);
         e->sedit = xcalloc((size_t)max_run, sizeof *e->sedit);
@@ -1020,6 +1020,9 @@ static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
 static int spec_plan(ls_engine *e, ereq *r, int budget) {
     r->n_draft = 0;
     if (!e->spec || e->n_running > e->spec_max_bs) return 0;
+    /* a grammar mask or logit_bias on the device sampler is staged for the row's state before
+     * the step, not per position: such rows verify drafts only where the host samples */
+    if (e->dev_smp && eg_host_only(r)) return 0;
     if (r->spec_skip > 0) { r->spec_skip--; return 0; }
     const int ps = e->page_size;
     int k = e->spec_k;
@@ -1209,6 +1212,8 @@ static int commit_token(ls_engine *e, samp_job *j) {
     return reason != NULL;
 }
 
+static void dev_result(samp_job *j, const smp_out *o);
+
 /* A row with drafts after its step (see "Speculative decoding"): j holds position 0's sample.
  * Commits position by position while the committed token equals the draft there, then rolls
  * the GDN state back to the last valid position. */
@@ -1236,8 +1241,12 @@ static void spec_commit(ls_engine *e, samp_job *j) {
         a++; /* draft a - 1 is the token committed: its position's KV and state are valid */
         r->n_cached++;
         pfxe_step_done(e, r);
-        j->row += e->vocab;
-        sample_one(e, e->smps[0], j);
+        if (j->dres) {
+            dev_result(j, &j->dres[a]);
+        } else {
+            j->row += e->vocab;
+            sample_one(e, e->smps[0], j);
+        }
     }
     pthread_mutex_lock(&e->stats_mu);
     e->st.spec_verify_rows_total++;
@@ -1394,7 +1403,7 @@ static void run_step(ls_engine *e, int nb) {
     /* Rows sampled this step with a grammar mask or logit_bias: on the device sampler when
      * gdev and eg_dev_ok (their masks computed now, before the forward), else the whole step
      * samples on the host from downloaded logits (as does a step with drafts to verify). */
-    int dev_smp = e->dev_smp && !n_spec, n_con = 0;
+    int dev_smp = e->dev_smp, n_con = 0;
     e->n_scon = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
@@ -1410,11 +1419,26 @@ static void run_step(ls_engine *e, int nb) {
             eg_stage_masks(e);
             tm = now_sec();
         }
-        int n_toks = 0;
+        int n_toks = 0, row = 0; /* a smp_row per logits row: n_new for a row with drafts, else 1 */
         for (int i = 0; i < nb; i++) {
             ereq *r = e->batch[i];
-            if (r->n_cached + e->batch_new[i] == r->n_tok) n_toks = dev_row(e, r, &e->srows[i], n_toks, e->sedp[i]);
-            else e->srows[i] = (smp_row){.forced = SMP_ROW_SKIP};
+            if (r->n_draft) { /* position p sampled as if drafts 0 .. p - 1 were accepted (spec_commit) */
+                const int n0 = r->n_tok, k = r->n_draft;
+                if (r->cap_tok < n0 + k) {
+                    r->cap_tok = n0 + k;
+                    r->tok = xrealloc(r->tok, (size_t)r->cap_tok * sizeof *r->tok);
+                }
+                memcpy(r->tok + n0, r->draft, (size_t)k * sizeof *r->tok);
+                for (int p = 0; p <= k; p++) {
+                    r->n_tok = n0 + p;
+                    n_toks = dev_row(e, r, &e->srows[row++], n_toks, NULL);
+                }
+                r->n_tok = n0;
+            } else if (r->n_cached + e->batch_new[i] == r->n_tok) {
+                n_toks = dev_row(e, r, &e->srows[row++], n_toks, e->sedp[i]);
+            } else {
+                e->srows[row++] = (smp_row){.forced = SMP_ROW_SKIP};
+            }
         }
         if (e->n_scon) {
             e->n_staged += e->n_scon;
@@ -1443,9 +1467,7 @@ static void run_step(ls_engine *e, int nb) {
         for (int i = 0; i < nb; i++) finish_empty(e, e->batch[i], "error", msg);
         return;
     }
-    log_debug("engine: step %lld: %d seqs, %d tokens, %.2f ms, %d constrained rows sampled on the %s, %d rows "
-              "verifying drafts", (long long)e->n_steps, nb, ntok, (now_sec() - t0) * 1e3, n_con,
-              dev_smp ? "device" : "host", n_spec);
+    const double t1 = now_sec();
     if (n_con) {
         pthread_mutex_lock(&e->stats_mu);
         if (dev_smp) e->st.constrained_rows_device_total += (uint64_t)n_con;
@@ -1463,13 +1485,19 @@ static void run_step(ls_engine *e, int nb) {
         if (r->n_cached != r->n_tok) continue;
         samp_job *j = &e->jobs[e->n_jobs++];
         *j = (samp_job){.r = r, .row = e->logits + row_i * (size_t)e->vocab};
-        if (dev_smp) dev_result(j, &e->sres[i]);
+        if (dev_smp) {
+            dev_result(j, &e->sres[row_i]);
+            if (r->n_draft) j->dres = &e->sres[row_i];
+        }
     }
     if (!dev_smp) sample_all(e);
     for (int j = 0; j < e->n_jobs; j++) {
         if (e->jobs[j].r->n_draft) spec_commit(e, &e->jobs[j]);
         else commit_token(e, &e->jobs[j]);
     }
+    log_debug("engine: step %lld: %d seqs, %d tokens, forward %.2f ms, sampling and commit %.2f ms, %d constrained "
+              "rows sampled on the %s, %d rows verifying drafts", (long long)e->n_steps, nb, ntok, (t1 - t0) * 1e3,
+              (now_sec() - t1) * 1e3, n_con, dev_smp ? "device" : "host", n_spec);
 }
 
 void ls_engine_hold(ls_engine *e, int on) {

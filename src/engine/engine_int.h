@@ -79,6 +79,7 @@ struct ereq {
 typedef struct samp_job {
     ereq *r;
     float *row;                /* its logits row [vocab] */
+    const smp_out *dres;       /* a row with drafts sampled on the device: its positions' results */
     smp_result res;
     int rc;
     ls_err err;

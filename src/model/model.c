@@ -395,7 +395,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     if (T < S) T = S;
     if ((rc = ws_reserve(m, T, S, co.n_pages + S, e))) return rc;
     /* token lists: 1M ids (4 MiB) up front, so penalty lists rarely grow them (which re-captures) */
-    if (m->sampler && (rc = smp_reserve(m, S, 1 << 20, e))) return rc;
+    if (m->sampler && (rc = smp_reserve(m, o->max_sample_rows > S ? o->max_sample_rows : S, 1 << 20, e))) return rc;
     m->graph_max_bs = 0;
     m->n_graphs = 0;
     if (!graphs) return 0;
@@ -1032,14 +1032,8 @@ void mdl_graphs_sync(model *m) {
 int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
     int rc = check_batch(m, c, b, e);
     if (rc) return rc; /* every rank sees the same batch and geometry: all return here, or none */
-    if (b->smp && m->rank == 0) {
-        if (!m->sampler)
-            return errf(e, ERR_UNSUPPORTED, "forward: device sampling on %s, which has no sampler",
-                        m->ops.dev.name);
-        for (int s = 0; s < b->n_seq; s++)
-            if (b->seqs[s].logits_all)
-                return errf(e, ERR_INVAL, "forward: device sampling takes one logits row per sequence");
-    }
+    if (b->smp && m->rank == 0 && !m->sampler)
+        return errf(e, ERR_UNSUPPORTED, "forward: device sampling on %s, which has no sampler", m->ops.dev.name);
     int T, P, max_ctx;
     batch_dims(m, c, b, &T, &P, &max_ctx);
     if (m->n_graphs && b->smp && T == b->n_seq && max_ctx <= m->ctx_cap && b->n_seq <= m->graph_max_bs) {

@@ -123,6 +123,10 @@ typedef struct model_cache_opts {
      * GDN snapshot slots that never run in a step: the per-step workspace and the device
      * sampler's rows are sized for max_seqs, not n_slots. */
     int max_seqs;
+    /* (additive) the most logits rows one step samples on the device (speculative decoding
+     * samples every position of a row with drafts); 0: max_seqs. The sampler's buffers are
+     * sized for it up front (growing them later re-captures the CUDA graphs). */
+    int max_sample_rows;
 } model_cache_opts;
 
 /* --max-running-requests left at auto on a GPU: as many running requests as the GDN state of a
@@ -179,8 +183,8 @@ typedef struct fwd_batch {
     const int32_t *ids;    /* the new tokens of every sequence, concatenated in seq order */
     float *logits;         /* out: rows in seq order, vocab floats each */
     /* Added (additive): sampling on the device (model_samples_on_device). When smp is set,
-     * logits row r (one per sequence; logits_all must be 0) is sampled on the device with
-     * smp[r], only smp_res[r] comes back and logits is not written. toks: the token lists
+     * logits row r (one per sequence, or one per new token of a logits_all sequence) is sampled
+     * on the device with smp[r], only smp_res[r] comes back and logits is not written. toks: the token lists
      * the rows address (n_toks int32, host memory). */
     const smp_row *smp;
     smp_out *smp_res;

@@ -349,6 +349,8 @@ static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err
     e->spec_maxw = maxw;
     e->spec_max_bs = mb ? mb : 16;
     e->spec_gdn = gdn;
+    const char *ad = getenv("LASTSTAND_SPEC_ADAPT");
+    e->spec_adapt = !(ad && !strcmp(ad, "0"));
     return 0;
 }
 
@@ -1024,6 +1026,7 @@ static int spec_plan(ls_engine *e, ereq *r, int budget) {
      * the step, not per position: such rows verify drafts only where the host samples */
     if (e->dev_smp && eg_host_only(r)) return 0;
     if (r->spec_skip > 0) { r->spec_skip--; return 0; }
+    if (!r->spec_tpv) r->spec_tpv = 1 + e->spec_k; /* optimistic until its first verify step */
     const int ps = e->page_size;
     int k = e->spec_k;
     int left = r->max_new - (r->n_tok - r->n_prompt) - 1; /* tokens the request may emit after this step's first */
@@ -1214,6 +1217,24 @@ static int commit_token(ls_engine *e, samp_job *j) {
 
 static void dev_result(samp_job *j, const smp_out *o);
 
+/* After a verify step that accepted a drafts: does drafting pay for r? Its verify steps commit
+ * spec_tpv tokens on average; a step with drafts costs spec_t_ver[n] against spec_t_plain[n] for
+ * one token a row (n: the decode rows running, both measured; unknown: assume it pays). When it
+ * does not (or nothing was accepted), r skips 1, 2, 4 .. 16 steps before drafting again, each
+ * retry refreshing its average; when it does, the back-off resets. */
+static void spec_settle(ls_engine *e, ereq *r, int a) {
+    r->spec_tpv = 0.7 * r->spec_tpv + 0.3 * (1 + a);
+    int n = e->n_running < 1 ? 1 : e->n_running > SPEC_COST_BS ? SPEC_COST_BS : e->n_running;
+    const double tp = e->spec_t_plain[n], tv = e->spec_t_ver[n];
+    int pays = a > 0 && (!e->spec_adapt || !(tp > 0 && tv > 0) || r->spec_tpv * tp >= tv);
+    if (pays) {
+        r->spec_backoff = 0;
+        return;
+    }
+    r->spec_skip = r->spec_backoff ? r->spec_backoff : 1;
+    r->spec_backoff = r->spec_backoff ? (r->spec_backoff < 16 ? 2 * r->spec_backoff : 16) : 2;
+}
+
 /* A row with drafts after its step (see "Speculative decoding"): j holds position 0's sample.
  * Commits position by position while the committed token equals the draft there, then rolls
  * the GDN state back to the last valid position. */
@@ -1231,11 +1252,7 @@ static void spec_commit(ls_engine *e, samp_job *j) {
                 r->spare[a] = sl;
             }
             r->n_draft = 0;
-            if (a) r->spec_backoff = 0;
-            else {
-                r->spec_skip = r->spec_backoff;
-                r->spec_backoff = r->spec_backoff ? (r->spec_backoff < 8 ? 2 * r->spec_backoff : 16) : 1;
-            }
+            spec_settle(e, r, a);
             break;
         }
         a++; /* draft a - 1 is the token committed: its position's KV and state are valid */
@@ -1371,7 +1388,7 @@ static void dev_result(samp_job *j, const smp_out *o) {
 }
 
 static void run_step(ls_engine *e, int nb) {
-    int ntok = 0, n_spec = 0;
+    int ntok = 0, n_spec = 0, n_spec_drafts = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         fwd_seq *s = &e->seqs[i];
@@ -1394,6 +1411,7 @@ static void run_step(ls_engine *e, int nb) {
                 }
             }
             n_spec++;
+            n_spec_drafts += r->n_draft;
         } else {
             memcpy(e->ids + ntok, r->tok + r->n_cached, (size_t)s->n_new * sizeof *e->ids);
         }
@@ -1495,9 +1513,14 @@ static void run_step(ls_engine *e, int nb) {
         if (e->jobs[j].r->n_draft) spec_commit(e, &e->jobs[j]);
         else commit_token(e, &e->jobs[j]);
     }
+    const double t2 = now_sec();
+    if (e->spec && nb <= SPEC_COST_BS && ntok - n_spec_drafts == nb) { /* decode rows only: the cost model */
+        double *t = n_spec ? &e->spec_t_ver[nb] : &e->spec_t_plain[nb];
+        *t = *t > 0 ? 0.8 * *t + 0.2 * (t2 - t0) : t2 - t0;
+    }
     log_debug("engine: step %lld: %d seqs, %d tokens, forward %.2f ms, sampling and commit %.2f ms, %d constrained "
               "rows sampled on the %s, %d rows verifying drafts", (long long)e->n_steps, nb, ntok, (t1 - t0) * 1e3,
-              (now_sec() - t1) * 1e3, n_con, dev_smp ? "device" : "host", n_spec);
+              (t2 - t1) * 1e3, n_con, dev_smp ? "device" : "host", n_spec);
 }
 
 void ls_engine_hold(ls_engine *e, int on) {

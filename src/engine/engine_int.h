@@ -67,11 +67,13 @@ struct ereq {
     int lb_dup;                /* an id repeats in logit_bias: the host adds each (device: host-only) */
     /* speculative decoding (engine.c): this step's drafts (0: a plain decode row), the spare GDN
      * slots the step snapshots the state into after each verified position (held while
-     * running), and the back-off after a draft that was wholly rejected */
+     * running), the tokens its verify steps commit (a moving average, from 1 + spec_k), and the
+     * steps it waits before drafting again while drafts do not pay (spec_plan) */
     int32_t draft[SPEC_DRAFT_MAX];
     int n_draft;
     int32_t spare[MODEL_SNAP_MAX];
     int n_spare;
+    double spec_tpv;
     int spec_skip, spec_backoff;
 };
 
@@ -165,6 +167,10 @@ struct ls_engine {
      * (e->slots holds max_run x (1 + spec_k) of them); logits rows of e->logits */
     int spec, spec_k, spec_minw, spec_maxw, spec_max_bs, spec_gdn;
     int n_logit_rows;
+    /* the measured cost of a step of n decode rows, plain and with drafts (moving averages of
+     * seconds, 0: none yet), n = 1 .. SPEC_COST_BS; spec_adapt 0: draft whenever a match exists */
+    double spec_t_plain[SPEC_COST_BS + 1], spec_t_ver[SPEC_COST_BS + 1];
+    int spec_adapt;
 
     /* constrained decoding: the tokenizer's byte trie, built on first use (engine_grammar.c) */
     struct gr_vocab *gvocab;

@@ -14,6 +14,7 @@
 
 #define SPEC_DRAFT_MAX 8      /* draft tokens a sequence may verify in one step */
 #define SPEC_NGRAM_SCAN 65536 /* how far back (tokens) the lookup searches */
+#define SPEC_COST_BS 64       /* step sizes (decode rows) whose cost the engine tracks */
 
 /* Propose up to k (<= SPEC_DRAFT_MAX) tokens to follow tok[0 .. n): for w = max_w down to min_w,
  * the latest p with tok[p .. p + w) == tok[n - w .. n) and p + w < n (at least one token after it;

@@ -126,6 +126,7 @@ typedef struct eng_cfg {
     int max_total_tokens;  /* 0: from memory */
     int prefix_cache;      /* -1 off, 0 default (on) */
     int page_size;
+    int prefix_snapshots;  /* 0: auto */
 } eng_cfg;
 
 static ls_engine *open_engine(const eng_cfg *c) {
@@ -139,6 +140,7 @@ static ls_engine *open_engine(const eng_cfg *c) {
     o.max_total_tokens = c->max_total_tokens;
     o.prefix_cache = c->prefix_cache;
     if (c->page_size) o.page_size = c->page_size;
+    o.prefix_snapshots = c->prefix_snapshots;
     o.speculative_algorithm = c->spec;
     o.speculative_num_draft_tokens = c->n_draft_tokens;
     o.speculative_ngram_min_window = c->spec ? 1 : 0;
@@ -205,7 +207,7 @@ static void run_jobs(ls_engine *e, const job *jobs, int n, rec *out, int n_force
     for (int j = 0; j < n; j++) rec_wait(&out[j]);
 }
 
-/* A follow-up turn per job: its prompt, the tokens it generated, 3 new ids (a chat's
+/* A follow-up turn per job: its prompt, the first 6 + 5 j tokens it generated, 3 new ids (a chat's
  * next turn: with the prefix cache on, a hit up to the last page boundary whose GDN snapshot
  * was taken while decoding). Nothing forced: every token is the model's. */
 static void follow_ups(const job *jobs, const rec *out, job *next, int n) {
@@ -214,7 +216,10 @@ static void follow_ups(const job *jobs, const rec *out, job *next, int n) {
         *b = jobs[j];
         int m = 0;
         for (int i = 0; i < jobs[j].n_prompt; i++) b->prompt[m++] = jobs[j].prompt[i];
-        for (int i = 0; i < out[j].n && m < 250; i++) b->prompt[m++] = out[j].toks[i];
+        /* cut at a different depth per job (page size 8: each lands past another boundary that
+         * drafts may have reached inside a step), so the hits restore decode-time snapshots from
+         * all over the drafted stretch */
+        for (int i = 0; i < 6 + 5 * j && i < out[j].n && m < 250; i++) b->prompt[m++] = out[j].toks[i];
         for (int i = 0; i < 3; i++) b->prompt[m++] = (int32_t)(7 + 13 * j + i);
         b->n_prompt = m;
         b->max_tokens = 24;
@@ -251,8 +256,12 @@ static void check_same(const eng_cfg *spec_cfg, int expect_preemption) {
                          spec2[j].toks[i], plain2[j].toks[i]);
     }
     if (spec_cfg->prefix_cache >= 0 && !spec_cfg->max_total_tokens) { /* the follow-ups hit the decode-time snapshots */
+        /* (not equal counts: which snapshots the LRU keeps depends on the order requests reach
+         * their page boundaries, which drafts change) */
+        assert_true(st0.prefix_hit_tokens_total > 0);
         assert_true(st.prefix_hit_tokens_total > 0);
-        assert_int_equal(st.prefix_hit_tokens_total, st0.prefix_hit_tokens_total);
+        fprintf(stderr, "  follow-ups: %llu prompt tokens from the cache with drafts, %llu without\n",
+                (unsigned long long)st.prefix_hit_tokens_total, (unsigned long long)st0.prefix_hit_tokens_total);
     }
     for (int j = 0; j < NJOB; j++) {
         assert_string_equal(plain[j].reason, "length");
@@ -282,7 +291,8 @@ static void test_spec_greedy_and_sampled_match_plain_decoding(void **st) {
 
 static void test_spec_with_the_prefix_cache(void **st) {
     (void)st;
-    eng_cfg c = {.spec = "NGRAM", .n_draft_tokens = 4, .page_size = 8};
+    /* snapshots enough that none is evicted: every boundary the requests reached stays hittable */
+    eng_cfg c = {.spec = "NGRAM", .n_draft_tokens = 4, .page_size = 8, .prefix_snapshots = 1024};
     check_same(&c, 0);
 }
 
@@ -320,6 +330,9 @@ static void test_bad_options_are_refused_by_name(void **st) {
 
 int main(void) {
     setenv("LASTSTAND_TEST_FORCE_IDS", "1", 1);
+    /* the mechanics, drafting whenever a match exists: the cost model (spec_settle) would make
+     * the drafted steps depend on measured times */
+    setenv("LASTSTAND_SPEC_ADAPT", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_proposer),
         cmocka_unit_test(test_spec_greedy_and_sampled_match_plain_decoding),

@@ -3,7 +3,8 @@
  * The n-gram proposer against hand-worked cases. Then the property that makes
  * speculation safe to turn on: an engine that verifies n-gram drafts emits
  * exactly the tokens of one that does not, greedy or seeded sampling, under
- * continuous batching, with the prefix cache, under KV-pool preemption, on the
+ * continuous batching, with the prefix cache, under KV-pool preemption, with two
+ * tensor-parallel ranks, on the
  * demo model (Qwen3.5 layout: Gated DeltaNet layers, whose state must be rolled
  * back past a rejected draft). Each request's first tokens are forced (test
  * id forcing) into a pattern that repeats with deviations, so drafts are
@@ -127,6 +128,7 @@ typedef struct eng_cfg {
     int prefix_cache;      /* -1 off, 0 default (on) */
     int page_size;
     int prefix_snapshots;  /* 0: auto */
+    int tp;                /* 0: 1 */
 } eng_cfg;
 
 static ls_engine *open_engine(const eng_cfg *c) {
@@ -141,6 +143,7 @@ static ls_engine *open_engine(const eng_cfg *c) {
     o.prefix_cache = c->prefix_cache;
     if (c->page_size) o.page_size = c->page_size;
     o.prefix_snapshots = c->prefix_snapshots;
+    if (c->tp) o.tp = c->tp;
     o.speculative_algorithm = c->spec;
     o.speculative_num_draft_tokens = c->n_draft_tokens;
     o.speculative_ngram_min_window = c->spec ? 1 : 0;
@@ -303,6 +306,13 @@ static void test_spec_under_preemption(void **st) {
     check_same(&c, 1);
 }
 
+static void test_spec_tensor_parallel(void **st) {
+    (void)st;
+    /* two ranks on CPU threads: each rank snapshots its shard of the GDN state into the spares */
+    eng_cfg c = {.spec = "ngram", .n_draft_tokens = 5, .prefix_cache = -1, .tp = 2};
+    check_same(&c, 0);
+}
+
 static void test_bad_options_are_refused_by_name(void **st) {
     (void)st;
     const struct { const char *algo; int n, w0, w1; const char *want; } bad[] = {
@@ -338,6 +348,7 @@ int main(void) {
         cmocka_unit_test(test_spec_greedy_and_sampled_match_plain_decoding),
         cmocka_unit_test(test_spec_with_the_prefix_cache),
         cmocka_unit_test(test_spec_under_preemption),
+        cmocka_unit_test(test_spec_tensor_parallel),
         cmocka_unit_test(test_bad_options_are_refused_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

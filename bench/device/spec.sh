@@ -5,21 +5,23 @@
 # output is dictated; forward passes, drafts, verification and rollbacks are real), then
 # bench/spec_bench.py at concurrency 1: outputs with no n-gram match (plain decode steps: the
 # same server without drafts), copied from the prompt (drafts accepted) and the copy with every
-# 4th token changed. SPEC_CFG="5:1 5:0 3:1" runs a server per N:A, --speculative-num-draft-tokens N
-# and LASTSTAND_SPEC_ADAPT=A (default 5:1).
+# 4th token changed. SPEC_CFG="5:1 5:0 3:1 5:0:eager" runs a server per N:A[:eager],
+# --speculative-num-draft-tokens N, LASTSTAND_SPEC_ADAPT=A, and with eager --disable-cuda-graph
+# (default 5:1).
 # device-limit: 420
 set -u
 BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); OUT=$2
 mkdir -p "$OUT"
 for cfg in ${SPEC_CFG:-5:1}; do  # num-draft-tokens:adapt (LASTSTAND_SPEC_ADAPT: the cost model on / off)
-    n=${cfg%%:*}; adapt=${cfg#*:}
+    n=${cfg%%:*}; rest=${cfg#*:}; adapt=${rest%%:*}; extra=""
+    [ "${rest#*:}" = eager ] && extra=--disable-cuda-graph
     PORT=$((33000 + $$ % 1000))
     XDG_CACHE_HOME="$OUT/cache" LASTSTAND_TEST_FORCE_IDS=1 LASTSTAND_SPEC_ADAPT=$adapt "$BIN" serve --model-path synth:qwen3.5-35b-a3b \
         --device cuda --port $PORT --max-running-requests 8 --cuda-graph-max-bs 8 --doctor-buckets 1,8,64 \
-        --speculative-algorithm ngram --speculative-num-draft-tokens $n --log-level debug >"$OUT/server$n.log" 2>&1 &
+        --speculative-algorithm ngram --speculative-num-draft-tokens $n --log-level debug $extra >"$OUT/server$n.log" 2>&1 &
     pid=$!
     for i in $(seq 240); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" && break; sleep 1; done
-    echo "== num-draft-tokens $n, cost model $adapt (server up after $i s)"
+    echo "== num-draft-tokens $n, cost model $adapt $extra (server up after $i s)"
     python3 bench/spec_bench.py "http://127.0.0.1:$PORT" --reps ${REPS:-3} --k $((n - 1)) --vocab 240000
     kill $pid; wait $pid
     grep -E "speculative decoding|decode steps|CUDA graphs:" "$OUT/server$n.log" | cut -c1-220

@@ -264,6 +264,8 @@ typedef struct ls_stats {
     /* Added (additive): speculative decoding. Rows that verified drafts, the drafts verified
      * and those accepted (each accepted draft is a token the step gained). */
     uint64_t spec_verify_rows_total, spec_draft_tokens_total, spec_accepted_tokens_total;
+    /* Added (additive): compiled grammars reused from / built for the grammar cache */
+    uint64_t grammar_cache_hits_total, grammar_compiles_total; /* compiled grammars reused / built */
 } ls_stats;
 void ls_engine_stats(ls_engine *e, ls_stats *out);
 

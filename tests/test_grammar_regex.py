@@ -162,8 +162,16 @@ def client(srv):
     return openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
+def _metric(srv, name):
+    for line in srv.get("/metrics")[1].decode().splitlines():
+        if line.startswith(f"laststand:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(name)
+
+
 def test_regex_request_field_constrains_chat_and_generate(srv, client):
     pat = r"(\d{3})-\d{4}|[A-Z][a-z]{1,6}"
+    hits0, compiles0 = _metric(srv, "grammar_cache_hits_total"), _metric(srv, "grammar_compiles_total")
     for seed in range(4):
         r = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "A phone number or a name?"}], max_tokens=40,
@@ -177,6 +185,9 @@ def test_regex_request_field_constrains_chat_and_generate(srv, client):
                                                                                "temperature": 1.0}})
     assert status == 200, data
     assert re.fullmatch(pat, json.loads(data)["text"], re.ASCII)
+    # one compile; the other eight requests reuse the grammar (and its warm masks)
+    assert _metric(srv, "grammar_compiles_total") - compiles0 == 1
+    assert _metric(srv, "grammar_cache_hits_total") - hits0 == 8
 
 
 def test_json_schema_pattern_properties_validate(client):

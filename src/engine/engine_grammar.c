@@ -1,7 +1,8 @@
 /* engine_grammar.c: constrained decoding and logit_bias in the engine.
  *
  * Owns: the engine's vocabulary trie (e->gvocab, built once under g_mu on the
- * first ls_grammar_* call, freed with the engine), each request's matcher,
+ * first ls_grammar_* call, freed with the engine), the last 64 compiled grammars
+ * by request text (e->gcache, a reference each), each request's matcher,
  * mask buffer and logit_bias copies (freed with the request).
  * Flow: ls_submit -> eg_submit (matcher from the request's grammar, which the
  * caller may free right after); every sampling step of a constrained request
@@ -55,22 +56,78 @@ static int wrap(gr_grammar *g, ls_grammar **out) {
     return 0;
 }
 
+/* Compiled grammars by their request text (kind, options and text joined in key): agents send
+ * the same schema or tools with every request, and a grammar keeps the masks of the string and
+ * regex states it has met, so a hit skips the compile and starts with warm masks. The least
+ * recently used of 64 goes. Compile errors are not kept. */
+#define GCACHE_N ((int)(sizeof ((ls_engine *)0)->gcache / sizeof ((ls_engine *)0)->gcache[0]))
+
+static gr_grammar *gcache_get(ls_engine *e, const char *key) {
+    pthread_mutex_lock(&g_mu);
+    gr_grammar *g = NULL;
+    for (int i = 0; i < GCACHE_N && !g; i++)
+        if (e->gcache[i].key && !strcmp(e->gcache[i].key, key)) {
+            e->gcache[i].used = ++e->gcache_clock;
+            g = gr_ref(e->gcache[i].g);
+        }
+    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&e->stats_mu);
+    if (g) e->st.grammar_cache_hits_total++;
+    else e->st.grammar_compiles_total++;
+    pthread_mutex_unlock(&e->stats_mu);
+    return g;
+}
+
+static void gcache_put(ls_engine *e, const char *key, gr_grammar *g) {
+    pthread_mutex_lock(&g_mu);
+    int slot = 0;
+    for (int i = 0; i < GCACHE_N; i++) {
+        if (e->gcache[i].key && !strcmp(e->gcache[i].key, key)) { slot = -1; break; } /* raced: kept already */
+        if (!e->gcache[i].key) { slot = i; break; }
+        if (e->gcache[i].used < e->gcache[slot].used) slot = i;
+    }
+    if (slot >= 0) {
+        free(e->gcache[slot].key);
+        gr_unref(e->gcache[slot].g);
+        e->gcache[slot].key = xstrdup(key);
+        e->gcache[slot].g = gr_ref(g);
+        e->gcache[slot].used = ++e->gcache_clock;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+static char *gkey(const char *kind, const char *opts, const char *text) {
+    buf b; buf_init(&b);
+    buf_puts(&b, kind);
+    buf_putc(&b, '\x1f');
+    buf_puts(&b, opts ? opts : "");
+    buf_putc(&b, '\x1f');
+    buf_puts(&b, text ? text : "");
+    return buf_detach(&b);
+}
+
 int ls_grammar_json_schema(ls_engine *e, const char *schema_json, int strict, const char *path,
                            ls_grammar **out, char *err, size_t errn) {
     *out = NULL;
     if (!vocab(e, err, errn)) return LS_ERR_INVAL;
+    char *key = gkey("schema", strict ? "strict" : "", schema_json);
+    gr_grammar *hit = gcache_get(e, key);
+    if (hit) { free(key); return wrap(hit, out); }
     json_error_t je;
     json_t *s = json_loads(schema_json ? schema_json : "", JSON_DECODE_ANY, &je);
     if (!s) {
         char m[400];
         snprintf(m, sizeof m, "%s: not JSON: %s", path ? path : "schema", je.text);
+        free(key);
         return set_err(err, errn, LS_ERR_INVAL, m);
     }
     gr_grammar *g = NULL;
     ls_err le = {0};
     int rc = gr_compile_json_schema(s, strict, path, &g, &le);
     json_decref(s);
-    if (rc < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    if (rc < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
+    gcache_put(e, key, g);
+    free(key);
     return wrap(g, out);
 }
 
@@ -83,18 +140,28 @@ int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t err
 int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn) {
     *out = NULL;
     if (!vocab(e, err, errn)) return LS_ERR_INVAL;
-    gr_grammar *g = NULL;
-    ls_err le = {0};
-    if (gr_compile_regex(pattern ? pattern : "", path, &g, &le) < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    char *key = gkey("regex", NULL, pattern);
+    gr_grammar *g = gcache_get(e, key);
+    if (!g) {
+        ls_err le = {0};
+        if (gr_compile_regex(pattern ? pattern : "", path, &g, &le) < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
+        gcache_put(e, key, g);
+    }
+    free(key);
     return wrap(g, out);
 }
 
 int ls_grammar_ebnf(ls_engine *e, const char *text, const char *path, ls_grammar **out, char *err, size_t errn) {
     *out = NULL;
     if (!vocab(e, err, errn)) return LS_ERR_INVAL;
-    gr_grammar *g = NULL;
-    ls_err le = {0};
-    if (gr_compile_ebnf(text ? text : "", path, &g, &le) < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    char *key = gkey("ebnf", NULL, text);
+    gr_grammar *g = gcache_get(e, key);
+    if (!g) {
+        ls_err le = {0};
+        if (gr_compile_ebnf(text ? text : "", path, &g, &le) < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
+        gcache_put(e, key, g);
+    }
+    free(key);
     return wrap(g, out);
 }
 
@@ -106,16 +173,23 @@ int ls_grammar_tool_calls(ls_engine *e, const char *tools_json, const char *only
     int f = format && !strcmp(format, "hermes") ? GR_TOOLS_HERMES
           : format && !strcmp(format, "qwen3_coder") ? GR_TOOLS_XML : 0;
     if (!f) return set_err(err, errn, LS_ERR_INVAL, "tool calls: format must be hermes or qwen3_coder");
+    char opts[160];
+    snprintf(opts, sizeof opts, "%d %d %d %s", f, min_calls, max_calls, only ? only : "");
+    char *key = gkey("tools", opts, tools_json);
+    gr_grammar *g = gcache_get(e, key);
+    if (g) { free(key); return wrap(g, out); }
     json_t *tools = json_loads(tools_json ? tools_json : "", 0, NULL);
     if (!json_is_array(tools)) {
         json_decref(tools);
+        free(key);
         return set_err(err, errn, LS_ERR_INVAL, "tools: expected an array");
     }
-    gr_grammar *g = NULL;
     ls_err le = {0};
     int rc = gr_compile_tool_calls(tools, only, f, min_calls, max_calls, path, &g, &le);
     json_decref(tools);
-    if (rc < 0) return set_err(err, errn, LS_ERR_INVAL, le.msg);
+    if (rc < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
+    gcache_put(e, key, g);
+    free(key);
     return wrap(g, out);
 }
 
@@ -272,6 +346,12 @@ void eg_commit(ereq *r, int32_t t) {
 }
 
 void eg_engine_free(ls_engine *e) {
+    for (int i = 0; i < GCACHE_N; i++) {
+        free(e->gcache[i].key);
+        gr_unref(e->gcache[i].g);
+        e->gcache[i].key = NULL;
+        e->gcache[i].g = NULL;
+    }
     gr_vocab_free(e->gvocab);
     e->gvocab = NULL;
 }

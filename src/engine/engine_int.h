@@ -172,8 +172,11 @@ struct ls_engine {
     double spec_t_plain[SPEC_COST_BS + 1], spec_t_ver[SPEC_COST_BS + 1];
     int spec_adapt;
 
-    /* constrained decoding: the tokenizer's byte trie, built on first use (engine_grammar.c) */
+    /* constrained decoding: the tokenizer's byte trie, built on first use, and the last compiled
+     * grammars by their request text (engine_grammar.c, under its g_mu) */
     struct gr_vocab *gvocab;
+    struct eg_cached { char *key; struct gr_grammar *g; uint64_t used; } gcache[64];
+    uint64_t gcache_clock;
 };
 
 /* prefix_engine.c: the prefix cache's hooks in the engine thread (see there) */

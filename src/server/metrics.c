@@ -106,6 +106,11 @@ void route_metrics(srv *sv, srv_resp *rs) {
     head(b, "spec_accept_length", "gauge", "Speculative decoding: mean tokens a verifying row committed per step.");
     sample_f(b, "spec_accept_length", model,
              st.spec_verify_rows_total ? 1.0 + (double)st.spec_accepted_tokens_total / (double)st.spec_verify_rows_total : 0);
+    head(b, "grammar_cache_hits_total", "counter",
+         "Constraints (schema, tools, regex, EBNF) served by a grammar compiled for an earlier request.");
+    sample_u(b, "grammar_cache_hits_total", model, st.grammar_cache_hits_total);
+    head(b, "grammar_compiles_total", "counter", "Constraints compiled (the grammar cache missed).");
+    sample_u(b, "grammar_compiles_total", model, st.grammar_compiles_total);
     hist(b, "time_to_first_token_seconds", "Time to first token.", model, &st.ttft);
     hist(b, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", model, &st.itl);
     hist(b, "e2e_request_latency_seconds", "End-to-end request latency.", model, &st.e2e);

@@ -217,11 +217,32 @@ static int top_k_ids(smp_ctx *c, int V, const double *v, int k, int32_t *out) {
 
 /* ---- distribution ---------------------------------------------------------------- */
 
+/* The largest of x[0 .. n) (no NaN: smp_sample_ex checked), in eight lanes the compiler keeps in
+ * vector registers; -inf when every entry is. */
+static float max_of(const float *x, int n) {
+    float l[8];
+    for (int j = 0; j < 8; j++) l[j] = -INFINITY;
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] = x[i + j] > l[j] ? x[i + j] : l[j];
+    float m = -INFINITY;
+    for (int j = 0; j < 8; j++) m = l[j] > m ? l[j] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* The lowest id holding the largest logit (torch.argmax's tie rule): the maximum by lanes, then
+ * the first id equal to it; 0 when every logit is -inf. */
+static int32_t argmax_first(const float *x, int n) {
+    const float m = max_of(x, n);
+    for (int32_t i = 0; i < n; i++) if (x[i] == m) return i;
+    return 0;
+}
+
 /* From scaled logits s = c->work: c->ex = exp(s - max), returns Z, *mx = max. */
 static double softmax_terms(smp_ctx *c, double *mx) {
     int V = c->vocab;
-    float m = -INFINITY;
-    for (int i = 0; i < V; i++) if (c->work[i] > m) m = c->work[i];
+    const float m = max_of(c->work, V);
     double z = 0;
     for (int i = 0; i < V; i++) {
         /* masked / banned ids (-inf) skip the exp: a constrained row is mostly such ids */
@@ -360,11 +381,7 @@ int smp_sample_ex(smp_ctx *c, const float *logits, const ls_sampling *p, const s
     if (greedy && p->top_k == 1 && p->temperature > 0) temp = p->temperature;
     memset(res, 0, sizeof *res);
 
-    if (greedy) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < V; i++) if (x[i] > x[best]) best = i;
-        res->token = forced >= 0 ? forced : best;
-    }
+    if (greedy) res->token = forced >= 0 ? forced : argmax_first(x, V);
     double mx = 0, z = 1;
     if (!greedy || want_lp) {
         prepare(c, x, p, temp); /* work = x / temp (in place when x is work) */

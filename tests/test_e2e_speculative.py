@@ -152,5 +152,5 @@ def test_demo_json_schema_with_drafts_equals_without(ls_bin, demo_model):
             outs[label] = r.choices[0].message.content
             outs[label + "_m"] = srv.metrics()
     assert outs["spec"] == outs["plain"]
-    assert outs["spec"].startswith("{")  # (160 tokens may cut the JSON short: equal either way)
+    assert outs["spec"].lstrip().startswith("{")  # (160 tokens may cut the JSON short: equal either way)
     assert outs["spec_m"]["spec_verify_rows_total"] > 0, outs["spec_m"]

@@ -258,21 +258,29 @@ static int item(eparse *ps, int depth) {
     return gr_add(ps->g, GN_ARR, gr_kids(ps->g, NULL, 0), 0, node, min, max, -1);
 }
 
+/* The items on the heap, grown as they come: a group nests a sequence per level (up to
+ * MAX_GROUP_DEPTH), and a fixed MAX_ITEMS array a level would put 1.6 MB on the stack of the
+ * HTTP thread that compiles the request's grammar. */
 static int sequence(eparse *ps, int depth) {
-    int32_t kids[MAX_ITEMS];
-    int n = 0;
+    int32_t *kids = NULL;
+    int n = 0, cap = 0, rc;
     for (;;) {
         skip(ps);
         if (ps->i >= ps->n) break;
         char c = ps->p[ps->i];
         if (c == '|' || c == ')' || at_rule_start(ps)) break;
-        if (n == MAX_ITEMS) return efail(ps, "more than %d items in a sequence", MAX_ITEMS);
+        if (n == MAX_ITEMS) { free(kids); return efail(ps, "more than %d items in a sequence", MAX_ITEMS); }
         int k = item(ps, depth);
-        if (k < 0) return -1;
+        if (k < 0) { free(kids); return -1; }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            kids = xrealloc(kids, (size_t)cap * sizeof *kids);
+        }
         kids[n++] = k;
     }
-    if (!n) return gr_lit(ps->g, "", 0);
-    return gr_seq(ps->g, kids, n);
+    rc = n ? gr_seq(ps->g, kids, n) : gr_lit(ps->g, "", 0);
+    free(kids);
+    return rc;
 }
 
 static int alternatives(eparse *ps, int depth) {

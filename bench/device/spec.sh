@@ -7,7 +7,8 @@
 # same server without drafts), copied from the prompt (drafts accepted) and the copy with every
 # 4th token changed. SPEC_CFG="5:1 5:0 3:1 5:0:eager" runs a server per N:A[:eager],
 # --speculative-num-draft-tokens N, LASTSTAND_SPEC_ADAPT=A, and with eager --disable-cuda-graph
-# (default 5:1). SPEC_BUCKETS: the doctor buckets (default 1,8,64).
+# (default 5:1). SPEC_BUCKETS: the doctor buckets (default:
+# serve's, with drafts 1,2,4,8,16,64,512,2048; S27 calls 1-4 ran 1,8,64).
 # device-limit: 420
 set -u
 BIN=$(cd "$(dirname "$1")" && pwd)/$(basename "$1"); OUT=$2
@@ -17,7 +18,7 @@ for cfg in ${SPEC_CFG:-5:1}; do  # num-draft-tokens:adapt (LASTSTAND_SPEC_ADAPT:
     [ "${rest#*:}" = eager ] && extra=--disable-cuda-graph
     PORT=$((33000 + $$ % 1000))
     XDG_CACHE_HOME="$OUT/cache" LASTSTAND_TEST_FORCE_IDS=1 LASTSTAND_SPEC_ADAPT=$adapt "$BIN" serve --model-path synth:qwen3.5-35b-a3b \
-        --device cuda --port $PORT --max-running-requests 8 --cuda-graph-max-bs 8 --doctor-buckets ${SPEC_BUCKETS:-1,8,64} \
+        --device cuda --port $PORT --max-running-requests 8 --cuda-graph-max-bs 8 ${SPEC_BUCKETS:+--doctor-buckets $SPEC_BUCKETS} \
         --speculative-algorithm ngram --speculative-num-draft-tokens $n --log-level debug $extra >"$OUT/server$n.log" 2>&1 &
     pid=$!
     for i in $(seq 240); do curl -s -o /dev/null "http://127.0.0.1:$PORT/health" && break; sleep 1; done

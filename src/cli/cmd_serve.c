@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -285,7 +286,8 @@ int cmd_serve(int argc, char **argv) {
         {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
          "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
         {"doctor-buckets", F_STR, &a.doctor_buckets,
-         "batch sizes the start-up doctor checks (default 1,16 on the CPU, 1,8,16,64,512,2048 on CUDA)", NULL},
+         "batch sizes the start-up doctor checks (default 1,16 on the CPU, 1,8,16,64,512,2048 on CUDA; with "
+         "--speculative-algorithm also 2 and 4 there)", NULL},
         {"reasoning-parser", F_STR, &a.reasoning_parser, "split reasoning_content: qwen3", REASONING},
         {"tool-call-parser", F_STR, &a.tool_call_parser, "parse tool calls: qwen3_coder | qwen25", TOOLPARSERS},
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},
@@ -448,7 +450,8 @@ int cmd_serve(int argc, char **argv) {
     /* the last backend standing: the doctor's decision and the smoke test (serve_auto.c) */
     serve_auto_opts sa = {.model_path = model_path, .tokenizer_path = a.tokenizer_path, .device = o.device,
                           .trust_backend = a.trust_backend, .timeout_s = a.doctor_timeout,
-                          .buckets = a.doctor_buckets, .tp = (int)a.tp, .mamba_ssm_dtype = a.mamba_ssm_dtype};
+                          .buckets = a.doctor_buckets, .tp = (int)a.tp, .mamba_ssm_dtype = a.mamba_ssm_dtype,
+                          .drafts = a.spec_algo && *a.spec_algo && strcasecmp(a.spec_algo, "none") != 0};
     for (int f = 0; f < SA_NFAM; f++) sa.names[f] = a.backend[f];
     const double t_start = now_sec();
     {

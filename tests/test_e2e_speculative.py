@@ -7,6 +7,8 @@
   repeat a motif (drafts accepted in full, in part, not at all), the rest is the model's own;
   chat completions, streamed and not, greedy and seeded, with logprobs, give the same ids
   and logprobs as a server without drafts, and /metrics counts the drafts.
+- A json_schema chat (constrained rows verify drafts on the host) equals it without drafts.
+- `--speculative-max-batch 1`: a lone request drafts, two at once do not.
 - Bad speculative flags end `serve` with exit code 2 and a message that names the flag.
 """
 import concurrent.futures as cf
@@ -154,3 +156,24 @@ def test_demo_json_schema_with_drafts_equals_without(ls_bin, demo_model):
     assert outs["spec"] == outs["plain"]
     assert outs["spec"].lstrip().startswith("{")  # (160 tokens may cut the JSON short: equal either way)
     assert outs["spec_m"]["spec_verify_rows_total"] > 0, outs["spec_m"]
+
+
+def test_max_batch_turns_drafts_off_above_it(ls_bin, demo_model):
+    """--speculative-max-batch 1: a lone request drafts, two at once do not (both rows decode
+    plainly while both run), and either way the ids are the greedy ones."""
+    env = {"LASTSTAND_TEST_FORCE_IDS": "1", **NO_ADAPT}
+    force = [11, 12, 13, 14] * 8  # a loop: drafts accepted whenever they run
+    body = lambda: {"input_ids": [5, 6, 7, 8, 9], "sampling_params": {
+        "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}, "force_ids": force}
+    with Server(ls_bin, demo_model, "--device", "cpu", *SPEC, "--speculative-max-batch", "1", env=env) as srv:
+        st, out = srv.post_json("/generate", body())
+        assert st == 200, out
+        assert out["output_ids"][:32] == force
+        alone = srv.metric("spec_verify_rows_total")
+        assert alone > 0
+        with cf.ThreadPoolExecutor(2) as ex:
+            outs = list(ex.map(lambda _: srv.post_json("/generate", {**body(), "sampling_params": {
+                "max_new_tokens": 32, "temperature": 0, "ignore_eos": True}}), range(2)))
+        assert all(st == 200 and o["output_ids"] == force for st, o in outs), outs
+        # the two overlapped for most of their steps: at most a few drafted rows at either end
+        assert srv.metric("spec_verify_rows_total") - alone <= 4

@@ -10,7 +10,8 @@
  * id forcing) into a pattern that repeats with deviations, so drafts are
  * accepted in full, in part and not at all; the free tokens after it are the
  * model's, and come out right only if every rollback left the KV cache and the
- * GDN state exactly at the accepted position.
+ * GDN state exactly at the accepted position. And the cost model: a request whose drafts
+ * do not pay for their verify steps pauses drafting, with the same tokens.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -313,6 +314,67 @@ static void test_spec_tensor_parallel(void **st) {
     check_same(&c, 0);
 }
 
+/* One request, its output forced to a copy of its prompt with every 4th token changed: two tokens a
+ * verify step, while a verify step of 5 costs the CPU demo model several one-token steps. With the
+ * cost model (spec_settle, LASTSTAND_SPEC_ADAPT unset) the request pauses drafting after its first
+ * measured verify steps; without it, it drafts at every match. The tokens are the same. */
+static int quarter_rows(int adapt, int32_t *toks, int *n_toks) {
+    if (adapt) unsetenv("LASTSTAND_SPEC_ADAPT");
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.model_path = "synth:demo";
+    o.device = "cpu";
+    o.max_running_requests = 2;
+    o.speculative_algorithm = "ngram";
+    o.speculative_num_draft_tokens = 5;
+    ls_engine *e = NULL;
+    char err[512] = "";
+    int rc = ls_engine_open(&o, &e, err, sizeof err);
+    setenv("LASTSTAND_SPEC_ADAPT", "0", 1);
+    if (rc) fprintf(stderr, "open: %s\n", err);
+    assert_int_equal(rc, 0);
+    int32_t prompt[200], force[160];
+    smp_rng r;
+    smp_rng_seed(&r, 5);
+    for (int i = 0; i < 200; i++) prompt[i] = 10 + (int32_t)(smp_rng_uniform(&r) * 4000);
+    for (int i = 0; i < 160; i++) force[i] = i % 4 == 3 ? 10 + (int32_t)(smp_rng_uniform(&r) * 4000) : prompt[20 + i];
+    static rec out;
+    memset(&out, 0, sizeof out);
+    pthread_mutex_init(&out.mu, NULL);
+    pthread_cond_init(&out.cv, NULL);
+    ls_sampling s;
+    ls_sampling_default(&s);
+    s.temperature = 0;
+    s.max_tokens = 160;
+    s.ignore_eos = 1;
+    s.force_ids = force;
+    s.n_force = 160;
+    int64_t id = ls_submit(e, prompt, 200, &s, on_event, &out, err, sizeof err);
+    assert_true(id > 0);
+    rec_wait(&out);
+    ls_stats st;
+    ls_engine_stats(e, &st);
+    ls_engine_close(e);
+    assert_int_equal(out.n, 160);
+    memcpy(toks, out.toks, sizeof(int32_t) * (size_t)out.n);
+    *n_toks = out.n;
+    fprintf(stderr, "  cost model %s: %llu verify rows, %llu drafts, %llu accepted\n", adapt ? "on" : "off",
+            (unsigned long long)st.spec_verify_rows_total, (unsigned long long)st.spec_draft_tokens_total,
+            (unsigned long long)st.spec_accepted_tokens_total);
+    return (int)st.spec_verify_rows_total;
+}
+
+static void test_cost_model_pauses_drafts_that_do_not_pay(void **st) {
+    (void)st;
+    static int32_t a[MAXT], b[MAXT];
+    int na, nb;
+    int off = quarter_rows(0, a, &na), on = quarter_rows(1, b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(a, b, sizeof(int32_t) * (size_t)na);
+    assert_true(off >= 30);
+    assert_true(on > 0 && 2 * on <= off);
+}
+
 static void test_bad_options_are_refused_by_name(void **st) {
     (void)st;
     const struct { const char *algo; int n, w0, w1; const char *want; } bad[] = {
@@ -349,6 +411,7 @@ int main(void) {
         cmocka_unit_test(test_spec_with_the_prefix_cache),
         cmocka_unit_test(test_spec_under_preemption),
         cmocka_unit_test(test_spec_tensor_parallel),
+        cmocka_unit_test(test_cost_model_pauses_drafts_that_do_not_pay),
         cmocka_unit_test(test_bad_options_are_refused_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

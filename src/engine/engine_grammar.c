@@ -137,32 +137,32 @@ int ls_grammar_json_object(ls_engine *e, ls_grammar **out, char *err, size_t err
     return wrap(gr_compile_json_object(), out);
 }
 
-int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn) {
+/* A grammar from one text (a regex, an EBNF), from the cache or compiled by fn and cached. */
+static int text_grammar(ls_engine *e, const char *kind, const char *text, const char *path,
+                        int (*fn)(const char *, const char *, gr_grammar **, ls_err *), ls_grammar **out, char *err,
+                        size_t errn) {
     *out = NULL;
     if (!vocab(e, err, errn)) return LS_ERR_INVAL;
-    char *key = gkey("regex", NULL, pattern);
+    char *key = gkey(kind, NULL, text);
     gr_grammar *g = gcache_get(e, key);
     if (!g) {
         ls_err le = {0};
-        if (gr_compile_regex(pattern ? pattern : "", path, &g, &le) < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
+        if (fn(text ? text : "", path, &g, &le) < 0) {
+            free(key);
+            return set_err(err, errn, LS_ERR_INVAL, le.msg);
+        }
         gcache_put(e, key, g);
     }
     free(key);
     return wrap(g, out);
 }
 
+int ls_grammar_regex(ls_engine *e, const char *pattern, const char *path, ls_grammar **out, char *err, size_t errn) {
+    return text_grammar(e, "regex", pattern, path, gr_compile_regex, out, err, errn);
+}
+
 int ls_grammar_ebnf(ls_engine *e, const char *text, const char *path, ls_grammar **out, char *err, size_t errn) {
-    *out = NULL;
-    if (!vocab(e, err, errn)) return LS_ERR_INVAL;
-    char *key = gkey("ebnf", NULL, text);
-    gr_grammar *g = gcache_get(e, key);
-    if (!g) {
-        ls_err le = {0};
-        if (gr_compile_ebnf(text ? text : "", path, &g, &le) < 0) { free(key); return set_err(err, errn, LS_ERR_INVAL, le.msg); }
-        gcache_put(e, key, g);
-    }
-    free(key);
-    return wrap(g, out);
+    return text_grammar(e, "ebnf", text, path, gr_compile_ebnf, out, err, errn);
 }
 
 int ls_grammar_tool_calls(ls_engine *e, const char *tools_json, const char *only, const char *format,

@@ -42,7 +42,7 @@ static void usage(FILE *f) {
                "         [--sampling-backend auto|host|device] [--disable-cuda-graph]\n"
                "         [--mamba-ssm-dtype auto|float32|bfloat16]\n"
                "         [--prefix-cache on|off] (default on)\n"
-               "         [--speculative-algorithm none|ngram] [--speculative-num-draft-tokens N]\n"
+               "         [--speculative-algorithm none|ngram|mtp] [--speculative-num-draft-tokens N]\n"
                "         [--speculative-ngram-min-match-window-size N] [--speculative-ngram-max-match-window-size N]\n"
                "         (speculative decoding: the engine's closing log line counts the drafts accepted)\n");
 }

@@ -1,7 +1,9 @@
 /* cmd_logits.c: `laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda]
  * [--moe-runner-backend NAME] [--fp4-gemm-backend NAME] [--attention-backend NAME]
- * [--gdn-backend NAME] [--gemm-backend NAME] [--lm-head-backend NAME]`: one forward pass over the ids, the fp32 logits of every
- * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats).
+ * [--gdn-backend NAME] [--gemm-backend NAME] [--lm-head-backend NAME] [--mtp]`: one forward pass over the ids, the fp32 logits of every
+ * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats). --mtp: the checkpoint's
+ * multi-token-prediction head's instead, T - 1 rows, row i predicting id i + 2 from the model's
+ * hidden state at i and id i + 1 (what MTP drafts are made from).
  * Exit codes: 0 ok, 2 bad flag/value or unloadable model, 1 runtime failure.
  */
 #include "cli/cli.h"
@@ -17,7 +19,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
-               "         [--lm-head-backend NAME] [--mamba-ssm-dtype auto|float32|bfloat16]\n"
+               "         [--lm-head-backend NAME] [--mamba-ssm-dtype auto|float32|bfloat16] [--mtp]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n");
 }
 
@@ -34,6 +36,7 @@ int cmd_logits(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (!strcmp(a, "--mtp")) { o.mtp = 1; continue; }
         const int fam = serve_auto_flag_family(a); /* a backend flag */
         const char **dst = fam >= 0 ? serve_auto_model_name(&o, fam)
                          : !strcmp(a, "--model-path") ? &path
@@ -88,7 +91,8 @@ int cmd_logits(int argc, char **argv) {
             return 2;
         }
     float *lg = NULL;
-    rc = model_logits_all(m, ids, n, &lg, &e);
+    rc = o.mtp ? model_mtp_logits_all(m, ids, n, &lg, &e) : model_logits_all(m, ids, n, &lg, &e);
+    if (o.mtp) n--;
     if (rc) {
         fprintf(stderr, "laststand logits: error: %s\n", e.msg);
         model_close(m);

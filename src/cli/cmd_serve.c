@@ -65,7 +65,7 @@ typedef struct serve_args {
     const char *prefix_cache, *mamba_ssm_dtype;
     long long prefix_snapshots, page_size;
     const char *spec_algo;
-    long long spec_n, spec_w0, spec_w1, spec_max_bs;
+    long long spec_n, spec_w0, spec_w1, spec_max_bs, spec_steps, spec_topk;
     int trust_backend, disable_custom_all_reduce, enable_metrics, trust_remote_code, disable_radix_cache;
     int dry_run;
     double dry_run_gpu_gib;
@@ -304,7 +304,13 @@ int cmd_serve(int argc, char **argv) {
          "rounded to BF16 once a step), default: the config's mamba_ssm_dtype", SSM_DTYPES},
         {"speculative-algorithm", F_STR, &a.spec_algo,
          "speculative decoding: none (default) | ngram (drafts by prompt lookup: the tokens that followed the latest "
-         "earlier occurrence of the last n tokens, verified in one step; outputs are unchanged)", BACKENDS_ANY},
+         "earlier occurrence of the last n tokens) | mtp, also EAGLE or NEXTN (the checkpoint's own multi-token-"
+         "prediction head drafts: Qwen3.5, Qwen3-Next); drafts are verified in one step, outputs are unchanged",
+         BACKENDS_ANY},
+        {"speculative-num-steps", F_INT, &a.spec_steps,
+         "SGLang's draft chain length: the drafts a request proposes per step (num-draft-tokens = steps + 1 when "
+         "that is not given)", NULL},
+        {"speculative-eagle-topk", F_INT, &a.spec_topk, "SGLang's draft tree width: 1 (a chain) is what runs", NULL},
         {"speculative-num-draft-tokens", F_INT, &a.spec_n,
          "tokens a request verifies per step, its last accepted token included (default 4: 3 drafts; at most 5 on "
          "models with GDN layers, each draft holding a spare GDN state slot)", NULL},
@@ -423,6 +429,12 @@ int cmd_serve(int argc, char **argv) {
     if (a.spec_w0 < 0 || a.spec_w0 > 1024) BAD("--speculative-ngram-min-match-window-size: must be 1..1024, got %lld", a.spec_w0);
     if (a.spec_w1 < 0 || a.spec_w1 > 1024) BAD("--speculative-ngram-max-match-window-size: must be 1..1024, got %lld", a.spec_w1);
     if (a.spec_max_bs < 0 || a.spec_max_bs > 1 << 20) BAD("--speculative-max-batch: must be >= 1, got %lld", a.spec_max_bs);
+    if (a.spec_steps < 0 || a.spec_steps > 1024) BAD("--speculative-num-steps: must be 1..8, got %lld", a.spec_steps);
+    if (a.spec_topk < 0 || a.spec_topk > 1)
+        BAD("--speculative-eagle-topk %lld: only 1 (a chain of drafts) is supported, not draft trees", a.spec_topk);
+    if (a.spec_steps && a.spec_n && a.spec_n != a.spec_steps + 1)
+        BAD("--speculative-num-draft-tokens %lld with --speculative-num-steps %lld: a chain verifies steps + 1 tokens",
+            a.spec_n, a.spec_steps);
     if (a.api_key && !*a.api_key) BAD("--api-key: empty");
     if (a.chat_template && !file_exists(a.chat_template)) BAD("--chat-template: %s: no such file", a.chat_template);
     if (a.model_path && strncmp(a.model_path, "synth:", 6) && !file_exists(a.model_path))
@@ -487,7 +499,7 @@ int cmd_serve(int argc, char **argv) {
     if (a.prefix_snapshots != -2) o.prefix_snapshots = a.prefix_snapshots ? (int)a.prefix_snapshots : -1;
     o.mamba_ssm_dtype = a.mamba_ssm_dtype;
     o.speculative_algorithm = a.spec_algo;
-    o.speculative_num_draft_tokens = (int)a.spec_n;
+    o.speculative_num_draft_tokens = (int)(a.spec_n ? a.spec_n : a.spec_steps ? a.spec_steps + 1 : 0);
     o.speculative_ngram_min_window = (int)a.spec_w0;
     o.speculative_ngram_max_window = (int)a.spec_w1;
     o.speculative_max_batch = (int)a.spec_max_bs;

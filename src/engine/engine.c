@@ -153,6 +153,7 @@ static void engine_free(ls_engine *e) {
     free(e->running); free(e->cancels);
     free(e->srows); free(e->sres); free(e->stoks); free(e->smark); free(e->scnt);
     free(e->sedit); free(e->sedp); free(e->scon);
+    free(e->mtp_req); free(e->mtp_row0); free(e->mtp_past); free(e->mtp_job); free(e->mtp_idx); free(e->mtp_src);
     eg_engine_free(e);
     buf_free(&e->text);
     pthread_mutex_destroy(&e->mu);
@@ -317,6 +318,12 @@ static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
     return bad;
 }
 
+/* 1 when --speculative-algorithm names the checkpoint's MTP head as the draft model: mtp, or
+ * SGLang's names for it on these models, EAGLE (without a draft model) and NEXTN. */
+static int spec_algo_mtp(const char *a) {
+    return a && (!strcasecmp(a, "mtp") || !strcasecmp(a, "eagle") || !strcasecmp(a, "nextn"));
+}
+
 /* The speculative decoding options (ls_engine_opts) into e->spec*: validated, defaults filled. */
 static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, size_t errn) {
     const char *a = o->speculative_algorithm;
@@ -330,9 +337,13 @@ static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err
             log_warn("engine: --speculative-* options without --speculative-algorithm: speculative decoding is off");
         return 0;
     }
-    if (strcasecmp(a, "ngram"))
-        return set_err(err, errn, LS_ERR_INVAL, "--speculative-algorithm '%s': expected ngram or none (EAGLE / NEXTN "
-                       "(MTP) drafts are not supported yet)", a);
+    const int mtp = spec_algo_mtp(a);
+    if (strcasecmp(a, "ngram") && !mtp)
+        return set_err(err, errn, LS_ERR_INVAL, "--speculative-algorithm '%s': expected ngram, mtp (also EAGLE or "
+                       "NEXTN: the checkpoint's own MTP head) or none", a);
+    if (mtp && (w0 || w1))
+        log_warn("engine: --speculative-ngram-* options with --speculative-algorithm %s: the MTP head drafts, they "
+                 "do nothing", a);
     const int kmax = gdn ? MODEL_SNAP_MAX : SPEC_DRAFT_MAX;
     const int k = n ? n - 1 : 3;
     if (k < 1 || k > kmax)
@@ -344,6 +355,7 @@ static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err
         return set_err(err, errn, LS_ERR_INVAL, "--speculative-ngram-min/max-match-window-size %d..%d: expected "
                        "1 <= min <= max <= 1024", minw, maxw);
     e->spec = 1;
+    e->spec_mtp = mtp;
     e->spec_k = k;
     e->spec_minw = minw;
     e->spec_maxw = maxw;
@@ -397,6 +409,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
     mo.banned_backends = o->banned_backends;
+    mo.mtp = spec_algo_mtp(o->speculative_algorithm); /* the MTP head loads only to draft */
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);
@@ -602,6 +615,14 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->ids = xmalloc((size_t)(e->budget + max_run) * sizeof *e->ids);
     e->batch = xcalloc((size_t)max_run, sizeof *e->batch);
     e->batch_new = xcalloc((size_t)max_run, sizeof *e->batch_new);
+    if (e->spec_mtp) {
+        e->mtp_req = xcalloc((size_t)max_run, sizeof *e->mtp_req);
+        e->mtp_row0 = xcalloc((size_t)max_run, sizeof(int));
+        e->mtp_past = xcalloc((size_t)max_run, sizeof(int));
+        e->mtp_job = xcalloc((size_t)max_run, sizeof(int));
+        e->mtp_idx = xcalloc((size_t)max_run, sizeof(int));
+        e->mtp_src = xmalloc((size_t)(e->budget + max_run) * sizeof *e->mtp_src);
+    }
     if (e->dev_smp) {
         e->srows = xcalloc((size_t)e->n_logit_rows, sizeof *e->srows);
         e->sres = xcalloc((size_t)e->n_logit_rows, sizeof *e->sres);
@@ -627,7 +648,11 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
              n_pages, page_size, (double)n_pages * (double)page_bytes / 1048576.0, max_run,
              (double)max_run * (double)slot_bytes / 1048576.0, e->budget, e->dev_smp ? "device" : "host",
              graphs ? "on" : "off", e->force_ok ? ", test id forcing ON" : "");
-    if (e->spec)
+    if (e->spec && e->spec_mtp)
+        log_info("engine: speculative decoding: the checkpoint's MTP head drafts up to %d tokens a request and step "
+                 "(a chain of %d head passes after each step), verified while at most %d requests run%s", e->spec_k,
+                 e->spec_k, e->spec_max_bs, e->spec_gdn ? "; a spare GDN state slot per draft" : "");
+    else if (e->spec)
         log_info("engine: speculative decoding: ngram, up to %d draft tokens a request and step (suffix windows "
                  "%d..%d), while at most %d requests run%s", e->spec_k, e->spec_minw, e->spec_maxw, e->spec_max_bs,
                  e->spec_gdn ? "; a spare GDN state slot per draft" : "");
@@ -674,6 +699,9 @@ void ls_engine_close(ls_engine *e) {
                      (unsigned long long)e->st.spec_accepted_tokens_total,
                      100.0 * (double)e->st.spec_accepted_tokens_total / (double)e->st.spec_draft_tokens_total,
                      1.0 + (double)e->st.spec_accepted_tokens_total / (double)e->st.spec_verify_rows_total);
+        if (e->n_mtp_passes)
+            log_info("engine: %lld MTP head passes, %.3f ms each", (long long)e->n_mtp_passes,
+                     e->t_mtp * 1e3 / (double)e->n_mtp_passes);
         if (e->n_dec_steps)
             log_info("engine: %lld decode steps of %.2f sequences on average, %.3f ms each (forward + sampling)",
                      (long long)e->n_dec_steps, (double)e->n_dec_rows / e->n_dec_steps,
@@ -1046,7 +1074,14 @@ static int spec_plan(ls_engine *e, ereq *r, int budget) {
     if (k > room) k = room;
     if (k <= 0) return 0;
     int32_t d[SPEC_DRAFT_MAX];
-    int m = spec_ngram_propose(r->tok, r->n_tok, e->spec_minw, e->spec_maxw, k, d);
+    int m;
+    if (e->spec_mtp) { /* the head's chain from the end of the last step (mtp_drafts), if it is current */
+        m = r->mtp_at == r->n_tok ? r->n_mtp_draft : 0;
+        if (m > k) m = k;
+        if (m > 0) memcpy(d, r->mtp_draft, (size_t)m * sizeof *d);
+    } else {
+        m = spec_ngram_propose(r->tok, r->n_tok, e->spec_minw, e->spec_maxw, k, d);
+    }
     if (m <= 0) return 0;
     if (e->spec_gdn) {
         while (r->n_spare < m) {
@@ -1167,6 +1202,7 @@ static int commit_token(ls_engine *e, samp_job *j) {
         e->st.nan_logits_total++;
         pthread_mutex_unlock(&e->stats_mu);
         finish_empty(e, r, "error", msg);
+        j->r = NULL; /* freed */
         return 1;
     }
     const smp_result sr = j->res;
@@ -1214,7 +1250,10 @@ static int commit_token(ls_engine *e, samp_job *j) {
     }
     if (reason) retire(e, r, reason);
     emit(e, r, t, out->data ? out->data : "", &sr, reason != NULL, reason, matched, matched_id, NULL);
-    if (reason) req_free(r);
+    if (reason) {
+        req_free(r);
+        j->r = NULL;
+    }
     return reason != NULL;
 }
 
@@ -1390,11 +1429,148 @@ static void dev_result(samp_job *j, const smp_out *o) {
     }
 }
 
+/* ==== MTP drafts =========================================================================
+ *
+ * With --speculative-algorithm mtp (EAGLE, NEXTN) the checkpoint's multi-token-prediction head
+ * drafts (model.h fwd_batch.mtp). Its row at position p takes the model's final-normed hidden
+ * state at p and the token at p + 1, and predicts the token at p + 2; its attention keeps its
+ * own KV in the request's pages. After every step that ran a request (mtp_drafts):
+ *   pass 1: the head over the request's rows of the step whose next token is now known (a
+ *     prefill chunk: all of them; a decode row: its one; a verify row: its last token and the
+ *     accepted drafts), from the step's hidden states: this writes the head's KV for those
+ *     positions and, at the last row, the first draft (the token after the one just committed);
+ *   passes 2 .. k: one row each, the previous draft at the next position, from the head's own
+ *     output (EAGLE's chain), for the next draft.
+ * Drafts are greedy (the head's argmax), verified by the next step as any others (spec_commit:
+ * the output is the one without drafts). A position the chain wrote with a draft is rewritten
+ * by pass 1 once the model has run it, so the head's KV holds the true inputs wherever it is
+ * read later. Requests that do not draft next step (finished, over the batch limit, backing
+ * off, a device-masked grammar) still get pass 1 (their KV), without logits when none drafts. */
+
+/* The token with the largest logit (the first of equals). */
+static int32_t row_argmax(const float *row, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+/* r drafts after this step: it sampled a token (decodes next) and spec_plan would let it. The
+ * chain length: the tokens it may still emit after the next step's first. */
+static int mtp_want(const ls_engine *e, const ereq *r) {
+    if (r->n_cached != r->n_tok - 1 || e->n_running > e->spec_max_bs || r->spec_skip > 0) return 0;
+    if (e->dev_smp && eg_host_only(r)) return 0;
+    int k = r->max_new - (r->n_tok - r->n_prompt) - 1;
+    return k < e->spec_k ? (k > 0 ? k : 0) : e->spec_k;
+}
+
+/* One MTP pass over e->seqs[0 .. n) (ids e->ids, hidden rows e->mtp_src); with logits, the
+ * greedy token of each sequence's last row into tok[]. 0, or -1 after logging why. */
+static int mtp_pass(ls_engine *e, int n, int self, int logits, int32_t *tok) {
+    fwd_batch b = {.n_seq = n, .seqs = e->seqs, .ids = e->ids, .logits = e->logits, .mtp = 1, .mtp_self = self,
+                   .mtp_nologits = !logits, .mtp_src = e->mtp_src};
+    if (logits && e->dev_smp) {
+        for (int i = 0; i < n; i++) e->srows[i] = (smp_row){.forced = -1, .rep_pen = 1.0f};
+        b.smp = e->srows;
+        b.smp_res = e->sres;
+        b.toks = e->stoks;
+        b.n_toks = 0;
+    }
+    ls_err le = {0};
+    const double t0 = now_sec();
+    int rc = model_forward(e->m, &b, &le);
+    e->n_mtp_passes++;
+    e->t_mtp += now_sec() - t0;
+    if (rc) {
+        log_warn("engine: MTP pass at step %lld failed (no drafts this step): %s", (long long)e->n_steps, le.msg);
+        return -1;
+    }
+    for (int i = 0; logits && i < n; i++)
+        tok[i] = e->dev_smp ? e->sres[i].token : row_argmax(e->logits + (size_t)i * e->vocab, e->vocab);
+    return 0;
+}
+
+/* After the commits of a step of nb rows (e->mtp_* filled by run_step): pass 1 and the chain. */
+static void mtp_drafts(ls_engine *e, int nb) {
+    int n = 0, ntok = 0, any = 0;
+    for (int i = 0; i < nb; i++) {
+        ereq *r = e->mtp_req[i];
+        if (e->mtp_job[i] >= 0 && !e->jobs[e->mtp_job[i]].r) continue; /* it ended this step */
+        const int past = e->mtp_past[i];
+        int m = r->n_tok - past - 1; /* rows whose next token is known */
+        if (m > e->batch_new[i]) m = e->batch_new[i];
+        if (m <= 0) continue;
+        r->n_mtp_draft = 0;
+        fwd_seq *s = &e->seqs[n];
+        *s = (fwd_seq){.slot = r->slot, .n_past = past, .n_new = m, .pages = r->pages};
+        for (int t = 0; t < m; t++) {
+            e->ids[ntok + t] = r->tok[past + 1 + t];
+            e->mtp_src[ntok + t] = e->mtp_row0[i] + t;
+        }
+        ntok += m;
+        e->batch[n] = r; /* the step's batch is done with: the passes' order */
+        e->mtp_idx[n] = mtp_want(e, r);
+        any |= e->mtp_idx[n] > 0;
+        n++;
+    }
+    if (!n) return;
+    int32_t tok[n];
+    if (mtp_pass(e, n, 0, any, tok) || !any) return;
+    /* e->batch[0 .. cnt): the sequences still drafting, in the order of the last pass's output
+     * rows; mtp_idx: each one's chain length */
+    int cnt = 0;
+    for (int i = 0; i < n; i++) {
+        ereq *r = e->batch[i];
+        if (e->mtp_idx[i] <= 0) continue;
+        r->mtp_draft[0] = tok[i];
+        r->n_mtp_draft = 1;
+        r->mtp_at = r->n_tok;
+        e->mtp_row0[cnt] = i; /* its row in pass 1's output */
+        e->batch[cnt] = r;
+        e->mtp_idx[cnt++] = e->mtp_idx[i];
+    }
+    for (int j = 1; cnt > 0; j++) { /* pass j + 1: draft j from draft j - 1 at the next position */
+        int n2 = 0;
+        for (int i = 0; i < cnt; i++) {
+            ereq *r = e->batch[i];
+            if (e->mtp_idx[i] <= j) continue;
+            const int pos = r->n_tok - 1 + (j - 1); /* draft j - 1's position */
+            const int want = pos / e->page_size + 1;
+            if (r->n_pages < want) { /* a free page for the head's KV, never at anyone's expense */
+                reserve_pages(r, want);
+                int32_t pg = pfxe_pages_avail(e) > e->n_running ? pfxe_page_get(e) : -1;
+                if (pg < 0) continue;
+                r->pages[r->n_pages++] = pg;
+            }
+            e->seqs[n2] = (fwd_seq){.slot = r->slot, .n_past = pos, .n_new = 1, .pages = r->pages};
+            e->ids[n2] = r->mtp_draft[j - 1];
+            e->mtp_src[n2] = e->mtp_row0[i]; /* its output row of the last pass */
+            e->batch[n2] = r;                /* (n2 <= i: entries not yet read are not overwritten) */
+            e->mtp_idx[n2] = e->mtp_idx[i];
+            n2++;
+        }
+        if (!n2 || mtp_pass(e, n2, 1, 1, tok)) break;
+        for (int q = 0; q < n2; q++) {
+            ereq *r = e->batch[q];
+            r->mtp_draft[j] = tok[q];
+            r->n_mtp_draft = j + 1;
+            e->mtp_row0[q] = q;
+        }
+        cnt = n2;
+    }
+}
+
 static void run_step(ls_engine *e, int nb) {
     int ntok = 0, n_spec = 0, n_spec_drafts = 0;
     for (int i = 0; i < nb; i++) {
         ereq *r = e->batch[i];
         fwd_seq *s = &e->seqs[i];
+        if (e->spec_mtp) { /* for the MTP passes after the commits (mtp_drafts) */
+            e->mtp_req[i] = r;
+            e->mtp_row0[i] = ntok;
+            e->mtp_past[i] = r->n_cached;
+            e->mtp_job[i] = -1;
+        }
         s->slot = r->slot;
         s->n_past = r->n_cached;
         s->n_new = e->batch_new[i];
@@ -1504,6 +1680,7 @@ static void run_step(ls_engine *e, int nb) {
         r->n_cached += r->n_draft ? 1 : e->batch_new[i]; /* a row with drafts: its last token; the rest when accepted */
         pfxe_step_done(e, r); /* publish full pages, snapshot GDN state at a page boundary */
         if (r->n_cached != r->n_tok) continue;
+        if (e->spec_mtp) e->mtp_job[i] = e->n_jobs;
         samp_job *j = &e->jobs[e->n_jobs++];
         *j = (samp_job){.r = r, .row = e->logits + row_i * (size_t)e->vocab};
         if (dev_smp) {
@@ -1516,6 +1693,7 @@ static void run_step(ls_engine *e, int nb) {
         if (e->jobs[j].r->n_draft) spec_commit(e, &e->jobs[j]);
         else commit_token(e, &e->jobs[j]);
     }
+    if (e->spec_mtp) mtp_drafts(e, nb);
     const double t2 = now_sec();
     if (e->spec && nb <= SPEC_COST_BS && ntok - n_spec_drafts == nb) { /* decode rows only: the cost model */
         double *t = n_spec ? &e->spec_t_ver[nb] : &e->spec_t_plain[nb];

@@ -75,6 +75,10 @@ struct ereq {
     int n_spare;
     double spec_tpv;
     int spec_skip, spec_backoff;
+    /* MTP drafts (engine.c "MTP drafts"): the head's proposals for the tokens after tok[mtp_at - 1],
+     * made at the end of the step that committed it; stale once n_tok moved past mtp_at */
+    int32_t mtp_draft[SPEC_DRAFT_MAX];
+    int n_mtp_draft, mtp_at;
 };
 
 /* One request's sampling in a step: filled in parallel, committed in order. */
@@ -166,6 +170,14 @@ struct ls_engine {
      * the running requests above which no row drafts; spec_gdn: drafts hold spare GDN slots
      * (e->slots holds max_run x (1 + spec_k) of them); logits rows of e->logits */
     int spec, spec_k, spec_minw, spec_maxw, spec_max_bs, spec_gdn;
+    int spec_mtp;              /* drafts from the checkpoint's MTP head (model_has_mtp), not n-grams */
+    /* MTP passes (engine.c "MTP drafts"): per batch row of the step, its request, first token
+     * row, cached tokens before the step and sampling job (-1: none); the passes' scratch */
+    ereq **mtp_req;            /* [max_run] */
+    int *mtp_row0, *mtp_past, *mtp_job, *mtp_idx; /* [max_run] */
+    int32_t *mtp_src;          /* [budget + max_run] */
+    int64_t n_mtp_passes;
+    double t_mtp;              /* seconds in MTP passes */
     int n_logit_rows;
     /* the measured cost of a step of n decode rows, plain and with drafts (moving averages of
      * seconds, 0: none yet), n = 1 .. SPEC_COST_BS; spec_adapt 0: draft whenever a match exists */

@@ -260,6 +260,13 @@ static int parse_text(model_config *c, const jctx *j, json_t *t) {
 
     TRY(get_int(j, t, "hidden_size", REQUIRED, 1, 1 << 20, &c->hidden));
     TRY(get_int(j, t, "num_hidden_layers", REQUIRED, 1, CFG_MAX_LAYERS, &c->n_layers));
+    c->n_mtp = 0;
+    if (is_hybrid) { /* the MTP head's layer count: Qwen3.5's name, else Qwen3-Next's */
+        if (member(t, "mtp_num_hidden_layers"))
+            TRY(get_int(j, t, "mtp_num_hidden_layers", 0, 0, 8, &c->n_mtp));
+        else
+            TRY(get_int(j, t, "num_nextn_predict_layers", 0, 0, 8, &c->n_mtp));
+    }
     TRY(get_int(j, t, "vocab_size", REQUIRED, 1, 1 << 28, &c->vocab));
     double eps = 0;
     TRY(get_num(j, t, "rms_norm_eps", 1e-6, 1e-30, 1.0, &eps));

@@ -55,6 +55,9 @@ typedef struct model_config {
     int full_attn_interval;
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
     int state_bf16;              /* mamba_ssm_dtype "bfloat16" (default "float32": 0) */
+    /* multi-token prediction: the checkpoint's mtp.* layers (Qwen3.5 mtp_num_hidden_layers,
+     * Qwen3-Next num_nextn_predict_layers; 0 for the others or when absent) */
+    int n_mtp;
 
     /* tokens */
     int32_t eos[CFG_MAX_EOS];   /* config eos_token_id(s) + generation_config eos */

@@ -99,7 +99,7 @@ void model_close(model *m) {
         if (m->graph_stream) m->mem->sync(m->graph_stream, NULL);
         cache_free(m, &m->cache);
         ws_free(m);
-        for (int i = 0; m->dev_part && i <= m->cfg.n_layers; i++) m->mem->free(m->dev_part[i]);
+        for (int i = 0; m->dev_part && i <= m->cfg.n_layers + m->n_mtp; i++) m->mem->free(m->dev_part[i]);
         free(m->dev_part);
 #ifdef LS_HAVE_CUDA
         if (m->graph_stream) cug_stream_free(m->graph_stream);
@@ -144,7 +144,8 @@ size_t model_kv_page_bytes(const model *m, int page_size) {
         for (int r = 0; r < m->tp; r++) n += model_kv_page_bytes(m->rank_m[r], page_size);
         return n;
     }
-    return (size_t)m->n_full * 2 * page_size * m->cfg.n_kv_heads * m->cfg.head_dim * act_size(m->kv_dt);
+    /* every full-attention layer's K and V, and the MTP head's when it is loaded */
+    return (size_t)(m->n_full + m->n_mtp) * 2 * page_size * m->cfg.n_kv_heads * m->cfg.head_dim * act_size(m->kv_dt);
 }
 
 size_t model_slot_bytes(const model *m) {
@@ -204,6 +205,8 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
     TAKE(u, c->hidden);
     TAKE(o, c->hidden);
     TAKE(hl, c->hidden);
+    TAKE(hm, m->n_mtp ? c->hidden : 0);
+    TAKE(hs, m->n_mtp ? c->hidden : 0);
     TAKE(red, m->grp ? c->hidden : 0);
     if (m->n_full) {
         const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim;
@@ -234,7 +237,8 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
 static size_t meta_bytes(int T, int S, int P) {
     return 3 * align256((size_t)T * sizeof(int32_t)) + align256((size_t)S * sizeof(attn_seq)) +
            align256((size_t)S * sizeof(gdn_seq)) + align256((size_t)P * sizeof(int32_t)) +
-           align256((size_t)MODEL_GDN_CALLS_MAX * S * sizeof(gdn_seq)); /* the GDN op's calls (next_snap_tables) */
+           align256((size_t)MODEL_GDN_CALLS_MAX * S * sizeof(gdn_seq)) + /* the GDN op's calls (next_snap_tables) */
+           align256((size_t)T * sizeof(int32_t));                        /* an MTP pass's hidden-state rows */
 }
 
 /* Make the workspace hold a step of T tokens, S sequences and P page-table
@@ -537,6 +541,14 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
                 return errf(e, ERR_INVAL, "forward: token id %d outside the vocabulary [0, %d)",
                             b->ids[row], m->cfg.vocab);
     }
+    if (b->mtp) {
+        if (!m->n_mtp) return errf(e, ERR_INVAL, "forward: an MTP pass, but the MTP head is not loaded (model_opts.mtp)");
+        const int have = b->mtp_self ? m->mtp_rows_self : m->mtp_rows_main;
+        for (int i = 0; i < row; i++)
+            if (!b->mtp_src || b->mtp_src[i] < 0 || b->mtp_src[i] >= have)
+                return errf(e, ERR_INVAL, "forward: MTP row %d takes hidden row %d of the last %s pass's %d", i,
+                            b->mtp_src ? b->mtp_src[i] : -1, b->mtp_self ? "MTP" : "model", have);
+    }
     return 0;
 }
 
@@ -599,6 +611,59 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
  * the logits rows (gather, final norm, lm_head) and, with do_sample, the
  * sampler over them. Only stream-ordered device work (and, with TP, the
  * all-reduces), so it can run eagerly or under graph capture. */
+/* The MTP head's pass (fwd_batch.mtp): x = fc(cat(pre_e · embed(ids), pre_h · h_src)) as two
+ * GEMMs whose outputs the residual stream sums in fp32, the head's decoder layer, and (every
+ * rank: the next mtp_self pass gathers from it) its mtp.norm output of the logits rows into
+ * ws.hs; then, as a model pass, rank 0's lm_head and sampler over those rows. */
+static int mtp_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d_src, int self,
+                    const int32_t *d_rows, int n_rows, float *cpu_logits, int do_sample, ls_err *e) {
+    const model_config *cfg = &m->cfg;
+    const small_ops *so = m->ops.small;
+    const act_dtype dt = m->ops.act;
+    const ls_stream st = m->ops.stream;
+    const int H = cfg->hidden, T = f->n_tok, l = cfg->n_layers;
+    const layer_w *L = &m->layers[l];
+    const mtp_glue *g = L->mtp;
+    mws *w = f->ws;
+    const size_t TH = (size_t)T * H;
+    int rc = mdl_op_err(so->embed(T, d_ids, &m->embed, w->o, dt, st), "MTP embedding lookup", l, e);
+    if (!rc) rc = mdl_op_err(so->rmsnorm(T, H, w->o, g->pre_e, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                             "MTP pre_fc_norm_embedding", l, e);
+    if (!rc) rc = mdl_op_err(so->gather_rows(T, H, d_src, self ? w->hs : w->hm, w->hl, dt, st),
+                             "MTP hidden-state gather", l, e);
+    if (!rc) rc = mdl_op_err(so->rmsnorm(T, H, w->hl, g->pre_h, m->norm_kind, cfg->rms_eps, w->hl, dt, st),
+                             "MTP pre_fc_norm_hidden", l, e);
+    if (!rc) rc = ops_linear(&m->ops, T, w->u, &g->fc_e, w->o, 0, e);
+    if (!rc) rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 1, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt,
+                                             st), "MTP fc (embedding half)", l, e);
+    if (!rc) rc = ops_linear(&m->ops, T, w->hl, &g->fc_h, w->o, 0, e);
+    if (!rc) rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->in_norm, m->norm_kind, cfg->rms_eps, w->u, dt,
+                                             st), "MTP fc + input norm", l, e);
+    /* with TP, a rank that failed keeps meeting the others at the all-reduces */
+    if (!rc) rc = qwen3_attn_forward(f, l, w->u, w->o, e);
+    if (m->grp) tp_allreduce(m, w->o, TH);
+    if (!rc)
+        rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, L->post_norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                        "MTP residual add + post-attention norm", l, e);
+    if (!rc) rc = qwen3_mlp_forward(f, l, w->u, w->o, e);
+    if (m->grp) tp_allreduce(m, w->o, TH);
+    if (!rc && m->grp) rc = tp_status(m, e);
+    if (rc || !n_rows) return rc;
+    if ((rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, 0, g->norm, m->norm_kind, cfg->rms_eps, w->u, dt, st),
+                         "MTP residual add + mtp.norm", l, e)) ||
+        (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hs, dt, st), "MTP output rows", l, e)) ||
+        m->rank > 0)
+        return rc;
+    ops_sel lm_tmp;
+    const ops_sel *lo = mdl_lm_ops(m, &lm_tmp);
+    if (m->ops.dev.kind == DEV_CPU) return ops_linear(lo, n_rows, w->hs, &m->lm_head, cpu_logits, 0, e);
+    if ((rc = ops_linear(lo, n_rows, w->hs, &m->lm_head, w->logits, 0, e))) return rc;
+    if (!do_sample) return 0;
+    sample_args sa = {.rows = n_rows, .vocab = cfg->vocab, .logits = w->logits, .dt = dt, .p = w->srow,
+                      .toks = w->stoks, .work = w->swork, .out = w->sout};
+    return m->sampler->run(&sa, st, e);
+}
+
 static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d_rows, int n_rows,
                         float *cpu_logits, int do_sample, ls_err *e) {
     const model_config *cfg = &m->cfg;
@@ -630,12 +695,16 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
         if (m->grp) tp_allreduce(m, w->o, TH);
     }
     if (!rc && m->grp) rc = tp_status(m, e);
-    if (rc || m->rank > 0) return rc; /* rank 0 alone computes the logits */
+    /* rank 0 alone computes the logits; with the MTP head every rank keeps the final-normed rows
+     * (ws.hm: the head's next pass takes them, on every rank) */
+    if (rc || (m->rank > 0 && !m->n_mtp)) return rc;
     /* the last add with the final norm (every row: as cheap as a gather), then the rows that
      * want logits: all new tokens (logits_all) or the last one */
+    void *hn = m->n_mtp ? w->hm : w->u;
     if ((rc = mdl_op_err(so->add_rmsnorm(T, H, w->h, w->o, cfg->n_layers == 0, m->final_norm, m->norm_kind,
-                                         cfg->rms_eps, w->u, dt, st), "residual add + final norm", -1, e)) ||
-        (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hl, dt, st), "logits row gather",
+                                         cfg->rms_eps, hn, dt, st), "residual add + final norm", -1, e)) ||
+        m->rank > 0 ||
+        (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, hn, w->hl, dt, st), "logits row gather",
                          -1, e)))
         return rc;
     /* the lm_head with its own gemm plan (mdl_lm_ops), M = the rows that want logits */
@@ -694,10 +763,21 @@ static int forward_eager(model *m, mcache *c, const fwd_batch *b, int *n_rows, l
     int nr = upload_tables(m, c, b, T, &f, &d_ids, &d_rows, e);
     if (nr < 0) return nr;
     *n_rows = nr;
-    int do_sample = b->smp && m->rank == 0;
+    if (b->mtp && b->mtp_nologits) *n_rows = nr = 0;
+    int do_sample = b->smp && m->rank == 0 && nr > 0;
     if (do_sample) {
         if ((rc = smp_reserve(m, nr, b->n_toks, e)) || (rc = smp_upload(m, b->smp, nr, b->toks, b->n_toks, e)))
             return rc;
+    }
+    if (b->mtp) { /* the rows' hidden sources after the step tables (the same meta block) */
+        const size_t o_src = meta_bytes(T, b->n_seq, P) - align256((size_t)T * sizeof(int32_t));
+        int32_t *src = (int32_t *)(w->meta_host + o_src);
+        memcpy(src, b->mtp_src, sizeof(int32_t) * (size_t)T);
+        const int32_t *d_src = (const int32_t *)((char *)w->meta + o_src);
+        if (w->meta != w->meta_host && (rc = m->mem->h2d((void *)d_src, src, sizeof(int32_t) * (size_t)T,
+                                                         m->ops.stream, e)))
+            return err_prefix(e, "forward: MTP rows to %s", m->ops.dev.name);
+        return mtp_body(m, &f, d_ids, d_src, b->mtp_self, d_rows, nr, b->logits, do_sample, e);
     }
     return forward_body(m, &f, d_ids, d_rows, nr, b->logits, do_sample, e);
 }
@@ -1036,17 +1116,20 @@ int mdl_forward_rank(model *m, mcache *c, const fwd_batch *b, ls_err *e) {
         return errf(e, ERR_UNSUPPORTED, "forward: device sampling on %s, which has no sampler", m->ops.dev.name);
     int T, P, max_ctx;
     batch_dims(m, c, b, &T, &P, &max_ctx);
-    if (m->n_graphs && b->smp && T == b->n_seq && max_ctx <= m->ctx_cap && b->n_seq <= m->graph_max_bs) {
+    if (m->n_graphs && b->smp && !b->mtp && T == b->n_seq && max_ctx <= m->ctx_cap && b->n_seq <= m->graph_max_bs) {
         int done = 0;
         for (int s = 0; s < b->n_seq; s++) done |= b->seqs[s].logits_all;
         if (!done) {
             rc = graph_step(m, c, b, P, &done, e);
+            if (!rc && done) m->mtp_rows_main = T;
             if (rc || done) return rc;
         }
     }
     int n_rows;
     if ((rc = forward_eager(m, c, b, &n_rows, e))) return rc;
-    if (m->n_graphs) m->n_eager++;
+    if (b->mtp) m->mtp_rows_self = n_rows;
+    else m->mtp_rows_main = T;
+    if (m->n_graphs && !b->mtp) m->n_eager++;
     if (m->rank > 0 || m->ops.dev.kind == DEV_CPU) return 0;
     return forward_results(m, b, n_rows, e);
 }
@@ -1058,9 +1141,14 @@ int model_forward(model *m, const fwd_batch *b, ls_err *e) {
     return tp_forward(m, caches, b, e);
 }
 
-int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e) {
+int model_has_mtp(const model *m) { return m->n_mtp > 0; }
+
+/* The logits of every position of ids on a fresh cache of its own (per rank with TP); with mtp,
+ * then the MTP head's over rows 0 .. n - 2 (model_mtp_logits_all). */
+static int logits_all(model *m, const int32_t *ids, int n, int mtp, float **logits, ls_err *e) {
     *logits = NULL;
-    if (n < 1) return errf(e, ERR_INVAL, "logits: no token ids");
+    if (n < 1 + mtp) return errf(e, ERR_INVAL, "logits: %s", mtp ? "the MTP head needs at least 2 token ids" : "no token ids");
+    if (mtp && !m->n_mtp) return errf(e, ERR_INVAL, "logits: the MTP head is not loaded (model_opts.mtp)");
     const int page = 16, n_pages = (n + page - 1) / page;
     model_cache_opts co = {.page_size = page, .n_pages = n_pages, .n_slots = 1};
     /* a fresh cache of its own, per rank with TP */
@@ -1081,12 +1169,20 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
     for (int i = 0; i < n_pages; i++) pages[i] = i;
     fwd_seq s = {.slot = 0, .n_past = 0, .n_new = n, .pages = pages, .logits_all = 1};
     float *out = rc ? NULL : malloc(sizeof(float) * (size_t)n * m->cfg.vocab);
+    int32_t *src = xmalloc(sizeof(int32_t) * (size_t)n);
     if (!rc && !out) {
         rc = errf(e, ERR_NOMEM, "logits: cannot allocate %d x %d floats", n, m->cfg.vocab);
     } else if (!rc) {
         fwd_batch b = {.n_seq = 1, .seqs = &s, .ids = ids, .logits = out};
         rc = m->rank_m ? tp_forward(m, cp, &b, e) : mdl_forward_rank(m, &cs[0], &b, e);
+        if (!rc && mtp) { /* row i: the token after position i and the hidden state at i */
+            for (int i = 0; i < n - 1; i++) src[i] = i;
+            s.n_new = n - 1;
+            b = (fwd_batch){.n_seq = 1, .seqs = &s, .ids = ids + 1, .logits = out, .mtp = 1, .mtp_src = src};
+            rc = m->rank_m ? tp_forward(m, cp, &b, e) : mdl_forward_rank(m, &cs[0], &b, e);
+        }
     }
+    free(src);
     if (rc) { free(out); out = NULL; }
     *logits = out;
     free(pages);
@@ -1095,4 +1191,12 @@ int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err
         cache_free(rm[r], &cs[r]);
     }
     return rc;
+}
+
+int model_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e) {
+    return logits_all(m, ids, n, 0, logits, e);
+}
+
+int model_mtp_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e) {
+    return logits_all(m, ids, n, 1, logits, e);
 }

@@ -56,6 +56,11 @@ typedef struct model_opts {
      * --mamba-ssm-dtype: half the state's bytes and memory, rounded once per step), or NULL /
      * "auto": the config's mamba_ssm_dtype (float32 when absent) */
     const char *mamba_ssm_dtype;
+    /* (additive) 1: also load the checkpoint's multi-token-prediction head (mtp.*: Qwen3.5 /
+     * Qwen3-Next, config mtp_num_hidden_layers / num_nextn_predict_layers >= 1), for
+     * fwd_batch.mtp passes; ERR_INVAL naming the config key when it has none. Ignored with
+     * max_layers (a cut model never drafts). */
+    int mtp;
 } model_opts;
 
 /* A --mamba-ssm-dtype value as model_config.state_bf16: NULL, "" or "auto" -> dflt (the config's),
@@ -190,9 +195,29 @@ typedef struct fwd_batch {
     smp_out *smp_res;
     const int32_t *toks;
     int n_toks;
+    /* (additive) A pass of the multi-token-prediction head (model_has_mtp) instead of the model:
+     * row i (ids[i]: the token that follows row i's position, i.e. the token at position + 1)
+     * takes as its hidden input row mtp_src[i] (host memory, [n_tok]) of the model's last pass's
+     * final-normed rows (mtp_self 0; every row of that pass, in its row order) or of the last
+     * MTP pass's outputs (mtp_self 1; its logits rows, in their order). The head's attention
+     * writes its own KV at the rows' positions (in the pages given, an extra KV layer), its
+     * output after mtp.norm gives the logits rows (as above: the last row of each sequence, or
+     * every row with logits_all) and is kept for a later mtp_self pass. GDN state is neither
+     * read nor written (slots and snapshots are only validated); mtp_nologits: no logits rows,
+     * no sampling (a pass that only writes the head's KV; logits / smp ignored). Never
+     * replayed from a CUDA graph. */
+    int mtp, mtp_self, mtp_nologits;
+    const int32_t *mtp_src;
 } fwd_batch;
 
 int model_forward(model *m, const fwd_batch *b, ls_err *e);
+
+/* (additive) 1 when the multi-token-prediction head is loaded (model_opts.mtp). */
+int model_has_mtp(const model *m);
+/* (additive) The MTP head's logits over ids [n >= 2] (a fresh cache of its own): row i < n - 1
+ * predicts ids[i + 2] from the model's final-normed hidden state at position i and ids[i + 1]
+ * (what drafting computes). logits: [n - 1, vocab] malloc'd. */
+int model_mtp_logits_all(model *m, const int32_t *ids, int n, float **logits, ls_err *e);
 
 /* 1 when the model's device samples (fwd_batch.smp): a CUDA device. */
 int model_samples_on_device(const model *m);

@@ -41,6 +41,14 @@ typedef struct mlp_w {
     lin_w down;        /* [H, I] */
 } mlp_w;
 
+/* The multi-token-prediction head's own weights beside its decoder layer (the layer after the
+ * model's last, m->layers[cfg.n_layers]): x = fc(cat(pre_e · embed(next id), pre_h · h)), with
+ * mtp.fc [H, 2H] cut at load into the columns of each half; out = norm(layer(x)). */
+typedef struct mtp_glue {
+    lin_w fc_e, fc_h;  /* [H, H] each (BF16) */
+    float *pre_e, *pre_h, *norm; /* [H] zero-centred norms */
+} mtp_glue;
+
 typedef struct layer_w {
     int type;          /* LAYER_FULL_ATTN / LAYER_LINEAR_ATTN */
     int cache_idx;     /* index among the full-attention (KV) or GDN (slot) layers */
@@ -52,6 +60,7 @@ typedef struct layer_w {
     mlp_w mlp;
     moe_w moe;
     lin_w *experts;    /* [3·E]: gate[E] | up[E] | down[E], the moe_w arrays point here */
+    mtp_glue *mtp;     /* the MTP head's layer only (else NULL) */
 } layer_w;
 
 /* Caches, in the model's device memory. */
@@ -74,6 +83,8 @@ typedef struct mws {
     void *qkv, *z, *b, *a, *core; /* gdn: [T, conv_dim], [T, nv·dv], [T, nv] x2, [T, nv·dv] */
     void *g, *up;       /* dense MLP: [T, I] */
     void *hl;           /* [T, H] the rows that want logits */
+    void *hm, *hs;      /* with the MTP head: [T, H] the last pass's final-normed rows, and the last
+                           MTP pass's output rows (fwd_batch.mtp_src) */
     void *red;          /* [T, H] tensor parallel: the all-reduce's sum */
     void *logits;       /* [T, V] (devices other than the CPU; the CPU writes the caller's) */
     void *meta;         /* device: ids [T] | pos [T] | rows [T] | aseq [S] | gseq [S] | pages [P] */
@@ -124,8 +135,10 @@ struct model {
     lin_w embed;        /* [V, H] */
     lin_w lm_head;      /* [V, H] (the embedding when tied) */
     float *final_norm;  /* [H] */
-    layer_w *layers;    /* [n_layers] */
-    int n_full, n_lin;
+    layer_w *layers;    /* [n_layers + n_mtp] */
+    int n_full, n_lin;  /* the model's full-attention and GDN layers (the MTP head's not counted) */
+    int n_mtp;          /* 1: the MTP head is loaded as layer n_layers, KV layer n_full (model_opts.mtp) */
+    int mtp_rows_main, mtp_rows_self; /* the rows ws.hm / ws.hs hold (the last model / MTP pass's) */
     mcache cache;       /* the engine's (model_cache_init) */
     const sample_impl *sampler; /* device sampling, NULL on the CPU */
     /* CUDA graphs (model.c): bucket sizes, state, what they bake in */

@@ -50,6 +50,14 @@ void mdl_name(const model *m, char *out, size_t n, const char *fmt, ...) {
     int k = snprintf(out, n, "%s", m->prefix);
     vsnprintf(out + k, n - k, fmt, ap);
     va_end(ap);
+    /* the MTP head's decoder layer is bound as layer n_layers: its tensors are mtp.layers.0.* */
+    char lp[32];
+    const int lk = snprintf(lp, sizeof lp, "layers.%d.", m->cfg.n_layers);
+    if (m->n_mtp && !strncmp(out + k, lp, (size_t)lk)) {
+        char rest[256];
+        snprintf(rest, sizeof rest, "%s", out + k + lk);
+        snprintf(out, n, "mtp.layers.0.%s", rest);
+    }
 }
 
 const st_tensor *mdl_tensor(model *m, const char *name) {
@@ -381,12 +389,48 @@ static int bind_globals(model *m, ls_err *e) {
     }
     mdl_name(m, p, sizeof p, "norm.weight");
     if ((rc = mdl_bind_vec1(m, p, H, &m->final_norm, e))) return rc;
-    m->layers = mdl_alloc(m, sizeof(layer_w) * c->n_layers);
+    m->layers = mdl_alloc(m, sizeof(layer_w) * (c->n_layers + m->n_mtp));
     for (int l = 0; l < c->n_layers; l++) { /* kinds and cache indices up front (tp_build copies the counts) */
         layer_w *L = &m->layers[l];
         L->type = c->layer_type[l];
         L->cache_idx = L->type == LAYER_FULL_ATTN ? m->n_full++ : m->n_lin++;
     }
+    if (m->n_mtp) { /* the MTP head: a full-attention layer after the last, the KV layer after theirs */
+        m->layers[c->n_layers].type = LAYER_FULL_ATTN;
+        m->layers[c->n_layers].cache_idx = m->n_full;
+    }
+    return 0;
+}
+
+/* The MTP head's weights beside its decoder layer (model.h fwd_batch.mtp): mtp.fc cut into the
+ * columns that take the embedding and those that take the hidden state, and the three norms. */
+static int bind_mtp_glue(model *m, layer_w *L, ls_err *e) {
+    const int H = m->cfg.hidden;
+    lin_w fc;
+    int rc;
+    if ((rc = mdl_bind_lin_bf16(m, "mtp.fc", H, 2 * H, &fc, e))) return rc;
+    if (fc.kind != W_BF16)
+        return errf(e, ERR_UNSUPPORTED, "tensor 'mtp.fc.weight': dtype %s, expected BF16 (or FP8)",
+                    fc.kind == W_NVFP4 ? "NVFP4" : fc.kind == W_F16 ? "F16" : "F32");
+    mtp_glue *g = mdl_alloc(m, sizeof *g);
+    uint16_t *we = mdl_alloc(m, sizeof(uint16_t) * (size_t)H * H), *wh = mdl_alloc(m, sizeof(uint16_t) * (size_t)H * H);
+    const uint16_t *src = fc.data;
+    for (int r = 0; r < H; r++) { /* fc input = cat(embedding, hidden): columns [0, H) | [H, 2H) */
+        memcpy(we + (size_t)r * H, src + (size_t)r * 2 * H, sizeof(uint16_t) * H);
+        memcpy(wh + (size_t)r * H, src + (size_t)r * 2 * H + H, sizeof(uint16_t) * H);
+    }
+    g->fc_e = fc;
+    g->fc_e.K = H;
+    g->fc_e.data = we;
+    g->fc_e.name = "mtp.fc[:, :H]";
+    g->fc_h = g->fc_e;
+    g->fc_h.data = wh;
+    g->fc_h.name = "mtp.fc[:, H:]";
+    if ((rc = mdl_bind_vec1(m, "mtp.pre_fc_norm_embedding.weight", H, &g->pre_e, e)) ||
+        (rc = mdl_bind_vec1(m, "mtp.pre_fc_norm_hidden.weight", H, &g->pre_h, e)) ||
+        (rc = mdl_bind_vec1(m, "mtp.norm.weight", H, &g->norm, e)))
+        return rc;
+    L->mtp = g;
     return 0;
 }
 
@@ -401,7 +445,8 @@ static int bind_layer(model *m, int l, ls_err *e) {
     if ((rc = mdl_bind_vec1(m, p, H, &L->post_norm, e))) return rc;
     rc = L->type == LAYER_FULL_ATTN ? qwen3_bind_attn(m, l, e) : next_bind_gdn(m, l, e);
     if (rc) return rc;
-    return qwen3_bind_mlp(m, l, e);
+    if ((rc = qwen3_bind_mlp(m, l, e))) return rc;
+    return l == m->cfg.n_layers ? bind_mtp_glue(m, L, e) : 0;
 }
 
 /* The device: "cpu", "cuda", or NULL = cuda when a GPU answers, else cpu.
@@ -513,7 +558,7 @@ static void release_pages(const st_tensor *const *t, int n) {
  * its host copies freed; a mapped checkpoint's pages of the layer are handed back. stream = 0 (the
  * CPU, one rank): the layers stay as bound, views into the checkpoint. */
 static int load_layers(model *m, synth_src *src, int stream, ls_err *e) {
-    const int n = m->cfg.n_layers;
+    const int n = m->cfg.n_layers + m->n_mtp; /* the MTP head last */
     double t_gen = 0, t_bind = 0, t_take = 0, t_last = now_sec(), bytes = 0;
     int rc = 0;
     for (int l = 0; l < n && !rc; l++) {
@@ -634,6 +679,23 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
         return rc;
     }
     m->cfg.state_bf16 = sbf;
+    if (o && o->mtp && !cut) {
+        if (m->cfg.n_mtp < 1) {
+            const char *key = m->cfg.arch == ARCH_QWEN3_5_MOE ? "mtp_num_hidden_layers"
+                            : m->cfg.arch == ARCH_QWEN3_NEXT ? "num_nextn_predict_layers" : NULL;
+            if (key)
+                rc = errf(e, ERR_INVAL, "%s: MTP drafts need the checkpoint's multi-token-prediction head, and its "
+                          "config has none (%s%s is 0 or absent)", path, m->cfg.wrapped ? "text_config." : "", key);
+            else
+                rc = errf(e, ERR_INVAL, "%s: MTP drafts need a multi-token-prediction head, which %s checkpoints do "
+                          "not have (use --speculative-algorithm ngram)", path, arch_name(m->cfg.arch));
+            synth_src_close(src);
+            model_close(m);
+            return rc;
+        }
+        if (m->cfg.n_mtp > 1) log_info("%s: %d MTP layers; drafting uses the first", path, m->cfg.n_mtp);
+        m->n_mtp = 1;
+    }
     if (m->cfg.state_bf16 && m->cfg.lin_v_heads > 0)
         log_info("%s: GDN recurrent state in BF16 (mamba_ssm_dtype)", path);
     if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */

@@ -469,6 +469,15 @@ static int slice_layer(model *rm, const model *m, int r, int N, int l, ls_err *e
     *O = *L;
     O->in_norm = keep_vec(rm, L->in_norm, m->cfg.hidden);
     O->post_norm = keep_vec(rm, L->post_norm, m->cfg.hidden);
+    if (L->mtp) { /* the MTP head's fc and norms: whole on every rank (its input is replicated) */
+        const int H = m->cfg.hidden;
+        O->mtp = mdl_alloc(rm, sizeof *O->mtp);
+        keep_lin(rm, &L->mtp->fc_e, &O->mtp->fc_e);
+        keep_lin(rm, &L->mtp->fc_h, &O->mtp->fc_h);
+        O->mtp->pre_e = keep_vec(rm, L->mtp->pre_e, H);
+        O->mtp->pre_h = keep_vec(rm, L->mtp->pre_h, H);
+        O->mtp->norm = keep_vec(rm, L->mtp->norm, H);
+    }
     if (L->type == LAYER_FULL_ATTN) rc = slice_attn(rm, m, r, N, &L->attn, &O->attn, e);
     else rc = slice_gdn(rm, m, r, N, &L->gdn, &O->gdn, e);
     if (rc) return rc;
@@ -683,7 +692,8 @@ int tp_build(model *m, int N, ls_err *e) {
         rm->final_norm = m->final_norm;
         rm->n_full = m->n_full;
         rm->n_lin = m->n_lin;
-        rm->layers = mdl_alloc(rm, sizeof(layer_w) * c->n_layers);
+        rm->n_mtp = m->n_mtp;
+        rm->layers = mdl_alloc(rm, sizeof(layer_w) * (c->n_layers + m->n_mtp));
         if (cuda) { /* GPU r: its own device, stream and copy of the replicated weights */
             if ((rc = rm->mem->open(r, &rm->ops.dev, &rm->ops.stream, e)) ||
                 (rc = mdl_check_fits(rm, m->plan_gpu_weights, N, e)) || (rc = mdl_upload_part(rm, -1, e)))

@@ -127,6 +127,13 @@ static void visit_part(wvisit *v, int part) {
             visit_lin(v, &w->sh_down);
             visit_lin(v, &w->sh_gate_w);
         }
+        if (L->mtp) {
+            visit_lin(v, &L->mtp->fc_e);
+            visit_lin(v, &L->mtp->fc_h);
+            visit_vec(v, &L->mtp->pre_e, H);
+            visit_vec(v, &L->mtp->pre_h, H);
+            visit_vec(v, &L->mtp->norm, H);
+        }
     }
 }
 
@@ -159,7 +166,7 @@ int mdl_uploads(const model *m) {
 
 int mdl_upload_part(model *m, int part, ls_err *e) {
     if (!mdl_uploads(m) || m->rank_m) return 0;
-    const int np = m->cfg.n_layers + 1;
+    const int np = m->cfg.n_layers + 1 + m->n_mtp;
     if (!m->dev_part) m->dev_part = xcalloc((size_t)np, sizeof *m->dev_part);
     if (m->dev_part[part + 1]) return 0; /* already there */
     wvisit v = {.m = m, .e = e};
@@ -167,6 +174,7 @@ int mdl_upload_part(model *m, int part, ls_err *e) {
     size_t total = v.off;
     char what[64];
     if (part < 0) snprintf(what, sizeof what, "the embedding, lm_head and final norm");
+    else if (part == m->cfg.n_layers) snprintf(what, sizeof what, "the MTP head");
     else snprintf(what, sizeof what, "layer %d", part);
     if (!total) return 0;
     if (!(m->dev_part[part + 1] = m->mem->alloc(total, e)))
@@ -187,7 +195,7 @@ int mdl_upload_part(model *m, int part, ls_err *e) {
  * tensor-parallel coordinator: its ranks upload their slices). */
 int mdl_upload_weights(model *m, ls_err *e) {
     if (!mdl_uploads(m) || m->rank_m) return 0;
-    for (int part = -1; part < m->cfg.n_layers; part++) {
+    for (int part = -1; part < m->cfg.n_layers + m->n_mtp; part++) {
         int rc = mdl_upload_part(m, part, e);
         if (rc) return rc;
     }

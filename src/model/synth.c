@@ -145,8 +145,12 @@ int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e) {
             else if (!strcmp(v, "nvfp4-fp8")) o->quant = "nvfp4-fp8";
             else if (!strcmp(v, "bf16")) o->quant = "bf16";
             else return errf(e, ERR_INVAL, "quant=%s is not nvfp4, nvfp4-fp8 or bf16", v);
+        } else if (!strcmp(k, "mtp")) {
+            if (!strcmp(v, "chain")) o->mtp_chain = 1;
+            else if (!strcmp(v, "random")) o->mtp_chain = 0;
+            else return errf(e, ERR_INVAL, "mtp=%s is not random or chain", v);
         } else {
-            return errf(e, ERR_INVAL, "unknown key '%s' (layers, seed, quant)", k);
+            return errf(e, ERR_INVAL, "unknown key '%s' (layers, seed, quant, mtp)", k);
         }
     }
     return 0;
@@ -200,6 +204,8 @@ typedef enum {
     GEN_E4M3_SCALE, /* F8_E4M3: block scales in [192, 352] */
     GEN_E4M3_NORMAL,/* F8_E4M3: N(0, a) / b rounded to E4M3 (an FP8 weight of per-tensor scale b) */
     GEN_CONST,      /* F32 scalar a */
+    GEN_ZERO,       /* any dtype: all bits zero (0.0, E2M1 / E4M3 +0) */
+    GEN_EYE,        /* BF16 [N, K]: 1 at (r, r), else 0 */
 } gen_kind;
 
 typedef struct tplan {
@@ -222,7 +228,9 @@ typedef struct plan {
     int fp8;   /* nvfp4-fp8: attention, GDN and shared-expert projections FP8 (ModelOpt MIXED_PRECISION) */
     uint64_t seed;
     char prefix[32]; /* "model.language_model." or "model." */
-    int *layer_start; /* [layers + 1]: layer i's tensors are [layer_start[i], layer_start[i + 1]) */
+    int mtp;   /* 1: the hybrids' MTP head (mtp.*) as part `layers` */
+    int mtp_chain; /* synth_opts.mtp_chain */
+    int *layer_start; /* [layers + 1 + mtp]: layer i's tensors are [layer_start[i], layer_start[i + 1]) */
 } plan;
 
 static tplan *add(plan *pl, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1, int64_t d2,
@@ -290,11 +298,13 @@ static void linear(plan *pl, const char *mod, int64_t n, int64_t k, float std, i
 static void norm_zero_centred(plan *pl, const char *name, int64_t n) { add(pl, name, ST_BF16, 1, n, 0, 0, GEN_JITTER, 0.0f, 0.1f); }
 static void norm_plain(plan *pl, const char *name, int64_t n) { add(pl, name, ST_BF16, 1, n, 0, 0, GEN_JITTER, 1.0f, 0.1f); }
 
+static void layer_tensors(plan *pl, const char *L, int full, int q8);
+
 static void build_plan(plan *pl) {
     const preset *p = pl->p;
     const int64_t H = p->hidden, V = p->vocab;
     const float sH = 1.0f / sqrtf((float)H);
-    char nm[320], mod[256];
+    char nm[320];
     const char *P = pl->prefix;
     int zc = p->fam != FAM_QWEN3_MOE; /* zero-centred (1+w) norms */
     const int q8 = pl->fp8 ? 2 : 0;   /* linear()'s kind for the non-expert projections */
@@ -305,17 +315,50 @@ static void build_plan(plan *pl) {
     snprintf(nm, sizeof nm, "%snorm.weight", P);
     zc ? norm_zero_centred(pl, nm, H) : norm_plain(pl, nm, H);
 
-    pl->layer_start = xmalloc(sizeof(int) * (pl->layers + 1));
+    pl->layer_start = xmalloc(sizeof(int) * (pl->layers + 2));
     for (int i = 0; i < pl->layers; i++) {
         char L[96];
         pl->layer_start[i] = pl->n;
         snprintf(L, sizeof L, "%slayers.%d.", P, i);
+        layer_tensors(pl, L, p->fam == FAM_QWEN3_MOE || (i + 1) % 4 == 0, q8);
+    }
+    pl->layer_start[pl->layers] = pl->n;
+    if (pl->mtp) { /* part `layers`: the multi-token-prediction head, one full-attention MoE layer */
+        const int t0 = pl->n;
+        layer_tensors(pl, "mtp.layers.0.", 1, q8);
+        tplan *fc = add(pl, "mtp.fc.weight", ST_BF16, 2, H, 2 * H, 0, GEN_NORMAL, 0.7f * sH, 0);
+        if (pl->mtp_chain) { /* mtp=chain: the layer adds nothing and fc passes the embedding half */
+            fc->gen = GEN_EYE;
+            for (int i = t0; i < pl->n; i++) {
+                const char *n = pl->t[i].name;
+                const size_t ln = strlen(n);
+                if (strstr(n, "o_proj.weight") || (ln > 16 && !strcmp(n + ln - 16, "down_proj.weight")) ||
+                    (strstr(n, "down_proj") && strstr(n, "weight_scale") && !strstr(n, "weight_scale_2")) ||
+                    strstr(n, "experts.down_proj"))
+                    pl->t[i].gen = GEN_ZERO;
+            }
+        }
+        norm_zero_centred(pl, "mtp.pre_fc_norm_embedding.weight", H);
+        norm_zero_centred(pl, "mtp.pre_fc_norm_hidden.weight", H);
+        norm_zero_centred(pl, "mtp.norm.weight", H);
+    }
+    pl->layer_start[pl->layers + pl->mtp] = pl->n;
+}
+
+/* One decoder layer's tensors under the name prefix L ("model.layers.3.", "mtp.layers.0."):
+ * norms, full attention (full) or a GDN block, the MoE. */
+static void layer_tensors(plan *pl, const char *L, int full, int q8) {
+    const preset *p = pl->p;
+    const int64_t H = p->hidden;
+    const float sH = 1.0f / sqrtf((float)H);
+    const int zc = p->fam != FAM_QWEN3_MOE;
+    char nm[320], mod[256];
+    {
         snprintf(nm, sizeof nm, "%sinput_layernorm.weight", L);
         zc ? norm_zero_centred(pl, nm, H) : norm_plain(pl, nm, H);
         snprintf(nm, sizeof nm, "%spost_attention_layernorm.weight", L);
         zc ? norm_zero_centred(pl, nm, H) : norm_plain(pl, nm, H);
 
-        int full = p->fam == FAM_QWEN3_MOE || (i + 1) % 4 == 0;
         if (full) {
             const int64_t nh = p->heads, nkv = p->kv_heads, hd = p->head_dim;
             int gated = p->fam != FAM_QWEN3_MOE;
@@ -394,7 +437,6 @@ static void build_plan(plan *pl) {
             linear(pl, mod, 1, H, sH, 0);
         }
     }
-    pl->layer_start[pl->layers] = pl->n;
 }
 
 /* ---- filling ------------------------------------------------------------- */
@@ -465,6 +507,15 @@ static void fill_block(plan *pl, tplan *t, size_t off) {
     case GEN_CONST:
         for (size_t i = off / es; i < end / es; i++) put_val(t, i, t->a);
         break;
+    case GEN_ZERO:
+        memset((char *)t->data + off, 0, end - off);
+        break;
+    case GEN_EYE: {
+        uint16_t *d = t->data;
+        const size_t K = (size_t)t->shape[1];
+        for (size_t i = off / es; i < end / es; i++) d[i] = i / K == i % K ? 0x3f80 : 0;
+        break;
+    }
     }
 }
 
@@ -518,7 +569,7 @@ static json_t *exclude_list(const plan *pl) {
     snprintf(nm, sizeof nm, "%sembed_tokens", pl->prefix);
     json_array_append_new(a, json_string(nm));
     if (pl->p->fam == FAM_QWEN35) json_array_append_new(a, json_string("model.visual*"));
-    json_array_append_new(a, json_string("mtp*"));
+    if (pl->mtp) json_array_append_new(a, json_string("mtp.fc")); /* the rest of the head as the layers */
     if (!pl->fp8) { /* MIXED_PRECISION: these are FP8, their tensors say so */
         json_array_append_new(a, json_string("*self_attn*"));
         if (pl->p->fam != FAM_QWEN3_MOE) json_array_append_new(a, json_string("*linear_attn*"));
@@ -583,6 +634,7 @@ static json_t *text_config(const plan *pl, int32_t eos, int32_t bos) {
         /* the public Qwen3-Next config: flat rope_theta, no layer_types */
         json_object_set_new(t, "rope_theta", json_real(p->rope_theta));
         json_object_set_new(t, "rope_scaling", json_null());
+        json_object_set_new(t, "num_nextn_predict_layers", json_integer(pl->mtp));
         return t;
     }
     json_t *lt = json_array();
@@ -591,7 +643,7 @@ static json_t *text_config(const plan *pl, int32_t eos, int32_t bos) {
     json_object_set_new(t, "layer_types", lt);
     json_object_set_new(t, "attn_output_gate", json_true());
     json_object_set_new(t, "mamba_ssm_dtype", json_string("float32"));
-    json_object_set_new(t, "mtp_num_hidden_layers", json_integer(0)); /* no mtp.* tensors are written */
+    json_object_set_new(t, "mtp_num_hidden_layers", json_integer(pl->mtp)); /* the mtp.* head (part `layers`) */
     json_object_set_new(t, "rope_parameters",
                         json_pack("{s:b,s:[i,i,i],s:f,s:f,s:s}", "mrope_interleaved", 1, "mrope_section", 11, 11, 10,
                                   "partial_rotary_factor", p->partial_rotary, "rope_theta", p->rope_theta,
@@ -646,6 +698,8 @@ static int make_plan(const synth_opts *o, plan *pl, preset *pcopy, ls_err *e) {
     pl->nvfp4 = strncmp(q, "nvfp4", 5) == 0;
     pl->fp8 = !strcmp(q, "nvfp4-fp8");
     pl->seed = o->seed;
+    pl->mtp = p->fam != FAM_QWEN3_MOE; /* the hybrids' checkpoints carry an MTP head */
+    pl->mtp_chain = pl->mtp && o->mtp_chain;
     snprintf(pl->prefix, sizeof pl->prefix, "%s", p->fam == FAM_QWEN35 ? "model.language_model." : "model.");
     return 0;
 }
@@ -752,7 +806,7 @@ static void part_range(const plan *pl, int part, int *t0, int *t1) {
 }
 
 size_t synth_src_part_bytes(const synth_src *s, int part) {
-    if (part < -1 || part >= s->pl.layers) return 0;
+    if (part < -1 || part >= s->pl.layers + s->pl.mtp) return 0;
     int t0, t1;
     part_range(&s->pl, part, &t0, &t1);
     size_t b = 0;
@@ -762,8 +816,9 @@ size_t synth_src_part_bytes(const synth_src *s, int part) {
 
 int synth_src_part(synth_src *s, int part, st_set **out, ls_err *e) {
     *out = NULL;
-    if (part < -1 || part >= s->pl.layers)
-        return errf(e, ERR_INVAL, "%s: no layer %d (the checkpoint has %d)", s->pc.name, part, s->pl.layers);
+    if (part < -1 || part >= s->pl.layers + s->pl.mtp)
+        return errf(e, ERR_INVAL, "%s: no layer %d (the checkpoint has %d%s)", s->pc.name, part, s->pl.layers,
+                    s->pl.mtp ? " and its MTP head as part N" : "");
     int t0, t1, rc = 0;
     part_range(&s->pl, part, &t0, &t1);
     st_set *set = st_new();

@@ -19,9 +19,16 @@ typedef struct synth_opts {
     const char *quant; /* "nvfp4" | "nvfp4-fp8" (ModelOpt MIXED_PRECISION: attention, GDN and shared
                           expert FP8 with a per-tensor scale, experts NVFP4) | "bf16" | NULL (preset default: nvfp4
                           for qwen3.5 presets, bf16 otherwise... see synth.c) */
+    /* mtp=chain (tests, benchmarks): the hybrids' MTP head made a function of the next token
+     * alone: its attention output, expert and shared-expert down projections zero, mtp.fc the
+     * identity on the embedding half. Its draft after token t is then always the same token
+     * f(t) (the argmax of lm_head · mtp.norm(pre_fc_norm_embedding(embed(t)))), so a forced
+     * output that follows f drafts what it emits: speculative decoding with a chosen acceptance.
+     * mtp=random (default): every tensor random as the others. */
+    int mtp_chain;
 } synth_opts;
 
-/* Parse "NAME[,layers=N][,seed=S][,quant=Q]" (the part after "synth:"). */
+/* Parse "NAME[,layers=N][,seed=S][,quant=Q][,mtp=random|chain]" (the part after "synth:"). */
 int synth_parse_spec(const char *spec, synth_opts *o, ls_err *e);
 /* Build the checkpoint in memory: the tensors and the config.json object
  * (as it would be written; includes quantization_config for nvfp4). */
@@ -46,7 +53,9 @@ int synth_src_layers(const synth_src *s);
 /* Every tensor's name, dtype, shape and bytes (data NULL), i in [0, synth_src_count). */
 int synth_src_count(const synth_src *s);
 void synth_src_info(const synth_src *s, int i, st_tensor *out);
-/* The part's bytes (0 for a part that does not exist). */
+/* The part's bytes (0 for a part that does not exist). Parts: -1 the non-layer tensors, 0 ..
+ * synth_src_layers - 1 the layers, and for the hybrid presets part synth_src_layers: the MTP head
+ * (mtp.*, config mtp_num_hidden_layers / num_nextn_predict_layers 1). */
 size_t synth_src_part_bytes(const synth_src *s, int part);
 /* The part's tensors, generated now, as a new in-memory set the caller closes; ERR_NOMEM (nothing
  * left allocated) when they do not fit in memory. A layer's tensors live in one buffer s reuses

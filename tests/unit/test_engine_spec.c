@@ -12,6 +12,12 @@
  * model's, and come out right only if every rollback left the KV cache and the
  * GDN state exactly at the accepted position. And the cost model: a request whose drafts
  * do not pay for their verify steps pauses drafting, with the same tokens.
+ *
+ * The same with drafts from the checkpoint's MTP head (--speculative-algorithm mtp):
+ * synth:demo,mtp=chain has a head whose draft after token t is always f(t), f read here from the
+ * model itself (model_mtp_logits_all), so the forced prefix follows f with deviations and the
+ * head's drafts are accepted in full, in part and not at all; and the demo's random head,
+ * whose drafts are hardly ever accepted, with the same tokens too.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +34,7 @@
 #include "laststand.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
+#include "model/model.h"
 
 /* ---- the proposer ------------------------------------------------------------------ */
 
@@ -123,6 +130,7 @@ static void rec_wait(rec *r) {
 }
 
 typedef struct eng_cfg {
+    const char *model;     /* NULL: synth:demo */
     const char *spec;      /* NULL: off */
     int n_draft_tokens;    /* 0: the default */
     int max_total_tokens;  /* 0: from memory */
@@ -135,7 +143,7 @@ typedef struct eng_cfg {
 static ls_engine *open_engine(const eng_cfg *c) {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.model_path = "synth:demo";
+    o.model_path = c->model ? c->model : "synth:demo";
     o.device = "cpu";
     o.max_running_requests = 8;
     o.chunked_prefill_size = 48; /* prompts span several steps, mixed with decode rows */
@@ -147,7 +155,7 @@ static ls_engine *open_engine(const eng_cfg *c) {
     if (c->tp) o.tp = c->tp;
     o.speculative_algorithm = c->spec;
     o.speculative_num_draft_tokens = c->n_draft_tokens;
-    o.speculative_ngram_min_window = c->spec ? 1 : 0;
+    o.speculative_ngram_min_window = c->spec && !strcasecmp(c->spec, "ngram") ? 1 : 0;
     ls_engine *e = NULL;
     char err[512] = "";
     int rc = ls_engine_open(&o, &e, err, sizeof err);
@@ -240,13 +248,47 @@ static void run_rounds(const eng_cfg *c, job *jobs, job *next, rec *r1, rec *r2,
     ls_engine_close(e);
 }
 
+/* f(t) of synth:demo,mtp=chain's MTP head: its draft after token t (synth.h mtp_chain), read from
+ * the head's logits (model_mtp_logits_all: the row whose next id is t; the head ignores the rest). */
+static model *g_chain;
+static int32_t chain_next(int32_t t) {
+    if (!g_chain) {
+        model_opts mo = {.device = "cpu", .mtp = 1};
+        ls_err le = {0};
+        if (model_open("synth:demo,mtp=chain", &mo, &g_chain, &le)) fail_msg("open: %s", le.msg);
+    }
+    const int32_t ids[2] = {0, t};
+    float *lg = NULL;
+    ls_err le = {0};
+    if (model_mtp_logits_all(g_chain, ids, 2, &lg, &le)) fail_msg("mtp logits: %s", le.msg);
+    const int V = model_cfg(g_chain)->vocab;
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (lg[i] > lg[best]) best = i;
+    free(lg);
+    return best;
+}
+
+/* make_jobs, with each forced prefix following the chain head's f (12% of the tokens changed) */
+static void make_jobs_chain(job *jobs, int n, int vocab) {
+    make_jobs(jobs, n, vocab);
+    smp_rng r;
+    smp_rng_seed(&r, 41);
+    for (int j = 0; j < n; j++)
+        for (int i = 1; i < NFORCE; i++)
+            jobs[j].force[i] = smp_rng_uniform(&r) < 0.12 ? (int32_t)(smp_rng_uniform(&r) * vocab)
+                                                          : chain_next(jobs[j].force[i - 1]);
+}
+
 static void check_same(const eng_cfg *spec_cfg, int expect_preemption) {
     static job jobs[NJOB], next[NJOB];
     static rec plain[NJOB], spec[NJOB], plain2[NJOB], spec2[NJOB];
     eng_cfg pc = *spec_cfg;
     pc.spec = NULL;
     pc.n_draft_tokens = 0;
-    make_jobs(jobs, NJOB, 4096);
+    const int chain = spec_cfg->model && strstr(spec_cfg->model, "mtp=chain");
+    if (chain) make_jobs_chain(jobs, NJOB, 4096);
+    else make_jobs(jobs, NJOB, 4096);
     ls_stats st0, st;
     run_rounds(&pc, jobs, next, plain, plain2, &st0);
     run_rounds(spec_cfg, jobs, next, spec, spec2, &st);
@@ -282,7 +324,8 @@ static void check_same(const eng_cfg *spec_cfg, int expect_preemption) {
             (unsigned long long)st.spec_accepted_tokens_total, (unsigned long long)st.preemptions_total);
     /* drafts ran, some were accepted and some were not */
     assert_true(st.spec_verify_rows_total > 20);
-    assert_true(st.spec_accepted_tokens_total > 20);
+    if (spec_cfg->spec && !strcasecmp(spec_cfg->spec, "ngram") + chain)
+        assert_true(st.spec_accepted_tokens_total > 20);
     assert_true(st.spec_accepted_tokens_total < st.spec_draft_tokens_total);
     if (expect_preemption) assert_true(st.preemptions_total > 0);
 }
@@ -305,6 +348,40 @@ static void test_spec_under_preemption(void **st) {
     /* 512 tokens of KV for 10 requests of up to ~200: the newest are preempted and recomputed */
     eng_cfg c = {.spec = "ngram", .n_draft_tokens = 3, .max_total_tokens = 512, .page_size = 8};
     check_same(&c, 1);
+}
+
+static void test_mtp_drafts_match_plain_decoding(void **st) {
+    (void)st;
+    eng_cfg c = {.model = "synth:demo,mtp=chain", .spec = "mtp", .n_draft_tokens = 4, .prefix_cache = -1};
+    check_same(&c, 0);
+}
+
+static void test_mtp_drafts_with_the_prefix_cache(void **st) {
+    (void)st;
+    eng_cfg c = {.model = "synth:demo,mtp=chain", .spec = "EAGLE", .n_draft_tokens = 5, .page_size = 8,
+                 .prefix_snapshots = 1024};
+    check_same(&c, 0);
+}
+
+static void test_mtp_drafts_under_preemption(void **st) {
+    (void)st;
+    eng_cfg c = {.model = "synth:demo,mtp=chain", .spec = "nextn", .n_draft_tokens = 3, .max_total_tokens = 512,
+                 .page_size = 8};
+    check_same(&c, 1);
+}
+
+static void test_mtp_drafts_tensor_parallel(void **st) {
+    (void)st;
+    /* the head's layer sliced as the others, its fc and norms whole on each rank */
+    eng_cfg c = {.model = "synth:demo,mtp=chain", .spec = "mtp", .n_draft_tokens = 5, .prefix_cache = -1, .tp = 2};
+    check_same(&c, 0);
+}
+
+static void test_mtp_random_head_drafts_match_plain_decoding(void **st) {
+    (void)st;
+    /* the demo's own random head: its drafts are rarely right, the output is still the model's */
+    eng_cfg c = {.spec = "mtp", .n_draft_tokens = 4, .prefix_cache = -1};
+    check_same(&c, 0);
 }
 
 static void test_spec_tensor_parallel(void **st) {
@@ -378,7 +455,7 @@ static void test_cost_model_pauses_drafts_that_do_not_pay(void **st) {
 static void test_bad_options_are_refused_by_name(void **st) {
     (void)st;
     const struct { const char *algo; int n, w0, w1; const char *want; } bad[] = {
-        {"eagle", 0, 0, 0, "--speculative-algorithm 'eagle'"},
+        {"medusa", 0, 0, 0, "--speculative-algorithm 'medusa'"},
         {"ngram", 1, 0, 0, "--speculative-num-draft-tokens 1"},
         {"ngram", 6, 0, 0, "--speculative-num-draft-tokens 6: expected 2..5"}, /* GDN model: MODEL_SNAP_MAX drafts */
         {"ngram", 0, 5, 3, "window-size 5..3"},
@@ -412,6 +489,11 @@ int main(void) {
         cmocka_unit_test(test_spec_under_preemption),
         cmocka_unit_test(test_spec_tensor_parallel),
         cmocka_unit_test(test_cost_model_pauses_drafts_that_do_not_pay),
+        cmocka_unit_test(test_mtp_drafts_match_plain_decoding),
+        cmocka_unit_test(test_mtp_drafts_with_the_prefix_cache),
+        cmocka_unit_test(test_mtp_drafts_under_preemption),
+        cmocka_unit_test(test_mtp_drafts_tensor_parallel),
+        cmocka_unit_test(test_mtp_random_head_drafts_match_plain_decoding),
         cmocka_unit_test(test_bad_options_are_refused_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

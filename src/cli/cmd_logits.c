@@ -3,7 +3,11 @@
  * [--gdn-backend NAME] [--gemm-backend NAME] [--lm-head-backend NAME] [--mtp]`: one forward pass over the ids, the fp32 logits of every
  * position as JSON {"shape":[T,V],"logits":[[...],...]} (%.9g: exact floats). --mtp: the checkpoint's
  * multi-token-prediction head's instead, T - 1 rows, row i predicting id i + 2 from the model's
- * hidden state at i and id i + 1 (what MTP drafts are made from).
+ * hidden state at i and id i + 1 (what MTP drafts are made from). --mtp --chain N: instead, the head's
+ * greedy chain from the last id, {"chain":[t1..tN]}: t(k+1) = the argmax of the head's row for
+ * (ids[0], next id tk): a synth mtp=chain head's f (tests and benchmarks force outputs along it);
+ * --chain-deviate Q: every Q-th id of the chain is a pseudo-random one instead (seeded, the chain
+ * goes on from it), for outputs whose drafts are accepted in part.
  * Exit codes: 0 ok, 2 bad flag/value or unloadable model, 1 runtime failure.
  */
 #include "cli/cli.h"
@@ -19,7 +23,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: laststand logits --model-path DIR --ids 1,2,3 [--device cpu|cuda] [--tp N]\n"
                "         [--moe-runner-backend NAME] [--fp4-gemm-backend NAME]\n"
                "         [--attention-backend NAME] [--gdn-backend NAME] [--gemm-backend NAME]\n"
-               "         [--lm-head-backend NAME] [--mamba-ssm-dtype auto|float32|bfloat16] [--mtp]\n"
+               "         [--lm-head-backend NAME] [--mamba-ssm-dtype auto|float32|bfloat16]\n"
+               "         [--mtp [--chain N [--chain-deviate Q]]]\n"
                "         (a backend flag takes auto, a NAME or a plan NAME:MAXM,...,NAME)\n");
 }
 
@@ -31,7 +36,7 @@ static void put_float(FILE *f, float v) {
 }
 
 int cmd_logits(int argc, char **argv) {
-    const char *path = NULL, *ids_s = NULL, *tp_s = "1";
+    const char *path = NULL, *ids_s = NULL, *tp_s = "1", *chain_s = NULL, *dev_s = NULL;
     model_opts o = {.device = "cpu"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -43,6 +48,8 @@ int cmd_logits(int argc, char **argv) {
                          : !strcmp(a, "--ids") ? &ids_s
                          : !strcmp(a, "--device") ? &o.device
                          : !strcmp(a, "--mamba-ssm-dtype") ? &o.mamba_ssm_dtype
+                         : !strcmp(a, "--chain") ? &chain_s
+                         : !strcmp(a, "--chain-deviate") ? &dev_s
                          : !strcmp(a, "--tp") ? &tp_s : NULL;
         if (!dst) {
             fprintf(stderr, "laststand logits: error: unknown flag '%s'\n", a);
@@ -63,6 +70,24 @@ int cmd_logits(int argc, char **argv) {
         return 2;
     }
     o.tp = (int)tp;
+    long chain = 0;
+    if (chain_s) {
+        chain = strtol(chain_s, &tp_end, 10);
+        if (*tp_end || tp_end == chain_s || chain < 1 || chain > 1000000 || !o.mtp) {
+            fprintf(stderr, "laststand logits: error: --chain: expected a count in [1, 1000000] with --mtp, got '%s'%s\n",
+                    chain_s, o.mtp ? "" : " without --mtp");
+            return 2;
+        }
+    }
+    long deviate = 0;
+    if (dev_s) {
+        deviate = strtol(dev_s, &tp_end, 10);
+        if (*tp_end || tp_end == dev_s || deviate < 2 || !chain) {
+            fprintf(stderr, "laststand logits: error: --chain-deviate: expected a period >= 2 with --chain, got '%s'\n",
+                    dev_s);
+            return 2;
+        }
+    }
     if (!ids_s) { fprintf(stderr, "laststand logits: error: --ids is required\n"); return 2; }
     int32_t *ids = NULL;
     int n = parse_int_list(ids_s, &ids);
@@ -91,6 +116,31 @@ int cmd_logits(int argc, char **argv) {
             return 2;
         }
     float *lg = NULL;
+    if (chain) { /* the head's greedy chain from the last id */
+        int32_t pair[2] = {ids[0], ids[n - 1]};
+        uint64_t x = 88172645463325252ull; /* the deviations' xorshift64 */
+        printf("{\"chain\":[");
+        for (long k = 0; k < chain && !rc; k++) {
+            int32_t best = 0;
+            if (deviate && k % deviate == deviate - 1) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                best = (int32_t)(x % (uint64_t)(V > 2000 ? V - 1000 : V)) + (V > 2000 ? 1000 : 0);
+            } else {
+                if ((rc = model_mtp_logits_all(m, pair, 2, &lg, &e))) break;
+                for (int v = 1; v < V; v++)
+                    if (lg[v] > lg[best]) best = v;
+                free(lg);
+                lg = NULL;
+            }
+            printf(k ? ",%d" : "%d", best);
+            pair[1] = best;
+        }
+        puts("]}");
+        if (rc) fprintf(stderr, "laststand logits: error: %s\n", e.msg);
+        model_close(m);
+        free(ids);
+        return rc ? err_exit_code(rc) : fflush(stdout) ? 1 : 0;
+    }
     rc = o.mtp ? model_mtp_logits_all(m, ids, n, &lg, &e) : model_logits_all(m, ids, n, &lg, &e);
     if (o.mtp) n--;
     if (rc) {

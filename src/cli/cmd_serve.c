@@ -286,8 +286,7 @@ int cmd_serve(int argc, char **argv) {
         {"doctor-timeout", F_FLOAT, &a.doctor_timeout,
          "seconds per doctor trial and per smoke-test run at start-up (default 20 on the CPU, 120 on CUDA)", NULL},
         {"doctor-buckets", F_STR, &a.doctor_buckets,
-         "batch sizes the start-up doctor checks (default 1,16 on the CPU, 1,8,16,64,512,2048 on CUDA; with "
-         "--speculative-algorithm also 2 and 4 there)", NULL},
+         "batch sizes the start-up doctor checks (default 1,16 on the CPU, 1,2,4,8,16,64,512,2048 on CUDA)", NULL},
         {"reasoning-parser", F_STR, &a.reasoning_parser, "split reasoning_content: qwen3", REASONING},
         {"tool-call-parser", F_STR, &a.tool_call_parser, "parse tool calls: qwen3_coder | qwen25", TOOLPARSERS},
         {"disable-custom-all-reduce", F_BOOL, &a.disable_custom_all_reduce, "accepted (NCCL is the all-reduce)", NULL},

@@ -1,5 +1,5 @@
 /* cmd_synth.c: `laststand synth --preset NAME --out DIR [--layers N] [--seed S]
- * [--quant nvfp4|nvfp4-fp8|bf16]`: write a random-weight checkpoint with a real
+ * [--quant nvfp4|nvfp4-fp8|bf16] [--mtp random|chain]`: write a random-weight checkpoint with a real
  * architecture's exact shapes and layout (src/model/synth.c). */
 #include "cli/cli.h"
 #include "base/base.h"
@@ -14,6 +14,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: laststand synth --preset NAME --out DIR [--layers N] [--seed S] [--quant nvfp4|nvfp4-fp8|bf16]\n"
+            "                       [--mtp random|chain]\n"
             "\n"
             "Writes a random-weight checkpoint (config.json, safetensors, generation_config.json;\n"
             "hf_quant_config.json for nvfp4; tokenizer and chat template for the demo preset).\n"
@@ -25,8 +26,11 @@ static void usage(FILE *f) {
             "  --seed S        PRNG seed (default 0); same seed, same weights\n"
             "  --quant Q       nvfp4 (default for qwen3.5 presets), nvfp4-fp8 (NVFP4 experts, FP8 attention,\n"
             "                  GDN and shared expert: ModelOpt MIXED_PRECISION) or bf16 (default otherwise)\n"
+            "  --mtp M         the hybrids' multi-token-prediction head (mtp.*): random (default) or chain\n"
+            "                  (tests, benchmarks: its draft after token t is always the same token f(t),\n"
+            "                  `laststand logits --mtp --chain N` lists f's chain)\n"
             "\n"
-            "`--model-path synth:NAME[,layers=N][,seed=S][,quant=Q]` builds the same weights in memory.\n");
+            "`--model-path synth:NAME[,layers=N][,seed=S][,quant=Q][,mtp=M]` builds the same weights in memory.\n");
 }
 
 static int bad_flag(const char *flag, const char *why) {
@@ -46,6 +50,7 @@ static int parse_count(const char *s, unsigned long long max, unsigned long long
 
 int cmd_synth(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *quant = NULL;
+    int chain = 0;
     long long layers = -1;
     unsigned long long seed = 0;
     for (int i = 1; i < argc; i++) {
@@ -54,7 +59,7 @@ int cmd_synth(int argc, char **argv) {
         if (strncmp(a, "--", 2)) return bad_flag(a, "unexpected argument");
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--preset") || !strcmp(a, "--out") || !strcmp(a, "--layers") || !strcmp(a, "--seed") ||
-            !strcmp(a, "--quant")) {
+            !strcmp(a, "--quant") || !strcmp(a, "--mtp")) {
             if (!v) return bad_flag(a, "needs a value");
             i++;
         }
@@ -65,6 +70,9 @@ int cmd_synth(int argc, char **argv) {
             if (strcmp(v, "nvfp4") && strcmp(v, "nvfp4-fp8") && strcmp(v, "bf16"))
                 return bad_flag(a, "must be nvfp4, nvfp4-fp8 or bf16");
             quant = v;
+        } else if (!strcmp(a, "--mtp")) {
+            if (strcmp(v, "random") && strcmp(v, "chain")) return bad_flag(a, "must be random or chain");
+            chain = !strcmp(v, "chain");
         } else if (!strcmp(a, "--layers")) {
             if (parse_count(v, 512, &x) || x < 1) return bad_flag(a, "must be a layer count in [1, 512]");
             layers = (long long)x;
@@ -89,6 +97,7 @@ int cmd_synth(int argc, char **argv) {
     o.layers = layers > 0 ? (int)layers : 0;
     o.seed = seed;
     o.quant = quant;
+    o.mtp_chain = chain;
     double t0 = now_sec();
     int rc = synth_write(&o, out, &e);
     if (rc) {

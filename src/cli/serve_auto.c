@@ -911,9 +911,11 @@ int serve_auto_select(serve_auto_opts *o, char *err, size_t errn) {
     dop.seed = 1;
     /* CUDA: 16 is the decode step at concurrency 16 (9..16 rows), where cuda_gemv's grouped launch
      * beats cuBLASLt's four (S8 device round R1: the 40-layer synth 35B step 7.28 -> 6.58 ms); a
-     * bucket there lets the gemm plan carry cuda_gemv up to 16 instead of 8 */
-    const char *bl = o->buckets ? o->buckets
-                   : cuda ? (o->drafts ? "1,2,4,8,16,64,512,2048" : "1,8,16,64,512,2048") : "1,16";
+     * bucket there lets the gemm plan carry cuda_gemv up to 16 instead of 8. 2 and 4: steps of a
+     * few rows (a lightly loaded server, verify steps of drafts), where the 8-row bucket's picks lose
+     * (S28: the synth 35B's 2-row step 3.12 ms with the grouped MoE of the 8-row bucket, 2.80 with the
+     * fused decode path; 3 rows 3.41 / 3.16) */
+    const char *bl = o->buckets ? o->buckets : cuda ? "1,2,4,8,16,64,512,2048" : "1,16";
     int32_t *ms = NULL;
     int nms = parse_int_list(bl, &ms);
     if (nms <= 0 || nms > DOC_MAX_M) {

@@ -51,9 +51,8 @@ typedef struct serve_auto_opts {
     int steps;                    /* smoke-test greedy steps; <= 0: 8 */
     int tp;                       /* tensor-parallel size the server runs with (the smoke runs use it too) */
     const char *mamba_ssm_dtype;  /* (additive) the GDN state storage serve runs with (the smoke runs too) */
-    int drafts;                   /* (additive) speculative decoding on: verify steps of 2 .. N tokens a row,
-                                     so the CUDA default buckets add 2 and 4 (S27: the 8-token bucket's picks
-                                     cost 0.33-0.45 ms more in 2- and 3-token steps) */
+    int drafts;                   /* (additive) speculative decoding on (S27: the CUDA default buckets added 2
+                                     and 4 for it; since S28 they always include them) */
     /* out (additive): backends the doctor or the smoke test eliminated, "FAMILY:NAME,..."
      * (ls_engine_opts.banned_backends), or NULL */
     const char *banned;

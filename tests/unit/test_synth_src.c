@@ -3,7 +3,7 @@
  * the written checkpoint). Pins: every part's tensors are synth_build's, byte for byte, whatever
  * the order the parts are made in and however often (a layer's buffer is reused); the parts
  * partition the checkpoint (each tensor in exactly one: the non-layer ones in part -1, layer l's
- * in part l); synth_src_info lists every tensor with synth_build's dtype, shape and bytes;
+ * in part l, the hybrids' MTP head mtp.* in part L = synth_src_layers); synth_src_info lists every tensor with synth_build's dtype, shape and bytes;
  * synth_src_part_bytes sums a part; the config equals synth_build's; a part that does not exist
  * is ERR_INVAL naming it. */
 #include <setjmp.h>
@@ -18,8 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* part of a tensor name: -1 outside the layers, else its layer */
-static int part_of(const char *name) {
+/* part of a tensor name: -1 outside the layers, L for the MTP head, else its layer */
+static int part_of(const char *name, int L) {
+    if (!strncmp(name, "mtp.", 4)) return L;
     const char *p = strstr(name, "layers.");
     return p ? atoi(p + 7) : -1;
 }
@@ -57,7 +58,7 @@ static void check_preset(const char *spec, const int *order, int n_order) {
         for (int i = 0; i < st_count(ps); i++) {
             const st_tensor *t = st_get(ps, i), *b = st_find(all, t->name);
             assert_non_null(b);
-            assert_int_equal(part_of(t->name), part);
+            assert_int_equal(part_of(t->name, L), part);
             assert_int_equal(t->nbytes, b->nbytes);
             assert_memory_equal(t->data, b->data, t->nbytes);
             bytes += t->nbytes;
@@ -69,7 +70,7 @@ static void check_preset(const char *spec, const int *order, int n_order) {
     }
     /* every tensor is in a part (when the order visited every part) */
     int visited_all = 1;
-    for (int p = -1; p < L; p++) {
+    for (int p = -1; p <= L; p++) { /* L: the demo (Qwen3.5 layout) has an MTP head */
         int v = 0;
         for (int k = 0; k < n_order; k++) v |= order[k] == p;
         visited_all &= v;
@@ -79,9 +80,10 @@ static void check_preset(const char *spec, const int *order, int n_order) {
     free(seen);
     /* a part that does not exist */
     st_set *bad;
-    assert_int_equal(synth_src_part(s, L, &bad, &e), ERR_INVAL);
+    assert_true(synth_src_part_bytes(s, L) > 0); /* the MTP head */
+    assert_int_equal(synth_src_part(s, L + 1, &bad, &e), ERR_INVAL);
     assert_non_null(strstr(e.msg, "no layer"));
-    assert_int_equal(synth_src_part_bytes(s, L), 0);
+    assert_int_equal(synth_src_part_bytes(s, L + 1), 0);
     synth_src_close(s);
     st_close(all);
     json_decref(cfg_all);
@@ -89,14 +91,14 @@ static void check_preset(const char *spec, const int *order, int n_order) {
 }
 
 static void test_demo_parts_equal_synth_build_in_any_order(void **st) {
-    const int order[] = {3, -1, 0, 7, 3, 1, 2, 4, 5, 6, 0};
+    const int order[] = {3, -1, 0, 7, 8, 3, 1, 2, 4, 5, 6, 0, 8};
     check_preset("demo,seed=5", order, (int)(sizeof order / sizeof order[0]));
 }
 
 static void test_demo_bf16_fused_experts_parts(void **st) {
     /* the BF16 layout (fused 3-D experts) in reverse; the real presets' layers (0.5-3.9 GB) are
      * too big for a unit test: tests/test_flagship_load.py loads the 35B's through model_open */
-    const int order[] = {7, 6, 5, 4, 3, 2, 1, 0, -1};
+    const int order[] = {8, 7, 6, 5, 4, 3, 2, 1, 0, -1};
     check_preset("demo,quant=bf16,layers=8", order, (int)(sizeof order / sizeof order[0]));
 }
 

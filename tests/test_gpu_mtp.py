@@ -55,10 +55,18 @@ def test_chain_head_cuda_equals_cpu(ls_bin):
     err = rel_rows(a, b)
     assert err.max() <= 2e-2, err
     assert (a.argmax(1) == b.argmax(1)).all()
+    # CUDA's chain, each step checked against the CPU's row for its input: the CPU's argmax, or
+    # within 2e-2 of the row's largest logit (a BF16 near tie; the chains then part)
     ca = logits(ls_bin, CHAIN, [0, 2], "--mtp", "--chain", "24", "--device", "cuda")["chain"]
-    cb = logits(ls_bin, CHAIN, [0, 2], "--mtp", "--chain", "24", "--device", "cpu")["chain"]
-    assert ca == cb
-    print(f"chain head: CUDA vs CPU worst row {err.max():.3g}; chain {ca[:8]}...")
+    rows = np.array(logits(ls_bin, CHAIN, [0, 2] + ca[:-1], "--mtp", "--device", "cpu")["logits"])
+    ties = 0
+    for k, t in enumerate(ca):
+        r = rows[k]
+        if t != r.argmax():
+            assert r.max() - r[t] <= 2e-2 * np.abs(r).max(), (k, t, int(r.argmax()), r.max() - r[t])
+            ties += 1
+    print(f"chain head: CUDA vs CPU worst row {err.max():.3g}; CUDA's 24-step chain {ca[:8]}... "
+          f"({ties} steps at a near tie)")
 
 
 @pytest.mark.parametrize("name", ["qwen3_5_moe_text", "qwen3_next"])

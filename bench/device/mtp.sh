@@ -14,14 +14,17 @@ mkdir -p "$OUT"
 M=synth:qwen3.5-35b-a3b,mtp=chain
 export XDG_CACHE_HOME="$OUT/cache"
 T0=$(date +%s)
+. "$(dirname "$0")/lib.sh"
+export MTP_PLANS="${DEV_PLANS_AUTO[*]}"  # the chain under the plans serve picks on auto (S28 call 3: the CLI's defaults failed)
 python3 - "$BIN" "$OUT/forces.json" <<'PY'
-import json, random, subprocess, sys
+import json, os, random, subprocess, sys
 ls, out = sys.argv[1], sys.argv[2]
 rnd = random.Random(11)
 prompt = [rnd.randrange(1000, 240000) for _ in range(1024)]
 def chain(q):
     a = [ls, "logits", "--model-path", "synth:qwen3.5-35b-a3b,layers=1,mtp=chain", "--device", "cuda", "--mtp",
-         "--ids", f"0,{prompt[-1]}", "--chain", "256"] + (["--chain-deviate", str(q)] if q else [])
+         "--ids", f"0,{prompt[-1]}", "--chain", "256"] + (["--chain-deviate", str(q)] if q else []) + \
+        os.environ.get("MTP_PLANS", "").split()
     r = subprocess.run(a, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)["chain"]
@@ -30,6 +33,7 @@ outs = {"random": [rnd.randrange(1000, 240000) for _ in range(256)], "chain": ch
 json.dump({"prompt": prompt, "outputs": outs}, open(out, "w"))
 print("forces:", {k: v[:6] for k, v in outs.items()})
 PY
+[ -f "$OUT/forces.json" ] || { echo "no forces: stop"; exit 1; }
 echo "forces in $(( $(date +%s) - T0 )) s"
 serve() { # tag n (0: no drafts)
     local tag=$1 n=$2 extra=""

@@ -70,16 +70,18 @@ def synth(out, preset, *extra):
 
 
 def expected_qwen35(r, layers, nvfp4, prefix="model.language_model."):
-    """name -> (dtype, shape) for a Qwen3.5 checkpoint, from the reference's section 3/4 lists."""
+    """name -> (dtype, shape) for a Qwen3.5 checkpoint, from the reference's section 3/4 lists, and its
+    multi-token-prediction head as the released checkpoints carry it (vLLM's / SGLang's names: mtp.fc
+    [H, 2H], the three mtp norms, mtp.layers.0.* a full-attention MoE layer)."""
     H, V = r["H"], r["V"]
     e = {"lm_head.weight": ("BF16", [V, H]), prefix + "embed_tokens.weight": ("BF16", [V, H]),
          prefix + "norm.weight": ("BF16", [H])}
     key_dim, val_dim = r["nk"] * r["dk"], r["nv"] * r["dv"]
-    for i in range(layers):
-        L = f"{prefix}layers.{i}."
+
+    def layer(L, full):
         e[L + "input_layernorm.weight"] = ("BF16", [H])
         e[L + "post_attention_layernorm.weight"] = ("BF16", [H])
-        if (i + 1) % 4:
+        if not full:
             a = L + "linear_attn."
             e[a + "in_proj_qkv.weight"] = ("BF16", [2 * key_dim + val_dim, H])
             e[a + "in_proj_z.weight"] = ("BF16", [val_dim, H])
@@ -115,6 +117,13 @@ def expected_qwen35(r, layers, nvfp4, prefix="model.language_model."):
         e[m + "shared_expert.up_proj.weight"] = ("BF16", [r["Is"], H])
         e[m + "shared_expert.down_proj.weight"] = ("BF16", [H, r["Is"]])
         e[m + "shared_expert_gate.weight"] = ("BF16", [1, H])
+
+    for i in range(layers):
+        layer(f"{prefix}layers.{i}.", (i + 1) % 4 == 0)
+    layer("mtp.layers.0.", True)
+    e["mtp.fc.weight"] = ("BF16", [H, 2 * H])
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        e[f"mtp.{n}.weight"] = ("BF16", [H])
     return e
 
 
@@ -129,8 +138,12 @@ def check_against(h, expected):
 
 
 def pattern_set(names):
+    """The tensor-name patterns (layer and expert indices generalized), the MTP head aside (the
+    fixture checkpoints have none; expected_qwen35 pins its names)."""
     out = set()
     for k in names:
+        if k.startswith("mtp."):
+            continue
         k = re.sub(r"layers\.\d+\.", "layers.N.", k)
         out.add(re.sub(r"experts\.\d+\.", "experts.E.", k))
     return out

@@ -195,3 +195,28 @@ def test_mtp_release_layout_equals_plain(ls_bin, mtp_dir, tmp_path):
     a = logits(d, IDS, "--mtp")
     b = logits(plain, IDS, "--mtp")
     assert np.array_equal(a, b), f"max diff {np.abs(a - b).max():.3g}"
+
+
+def test_mtp_head_on_a_model_without_attention_layers():
+    """synth:demo cut to its first layer (a GDN layer: no full-attention layer of its own) still runs
+    the head, whose attention needs the KV pages, buffers and page tables a model without attention
+    layers would not allocate (S28: the 35B cut to 1 layer failed on CUDA, crashed on the CPU). The
+    chain head's rows depend on the next id alone: rows 0 and 2 (next id 5 both) are equal, and the
+    chain lists its f."""
+    a = logits("synth:demo,layers=1,mtp=chain", [0, 5, 77, 5], "--mtp")
+    assert a.shape == (3, 4096)
+    assert np.array_equal(a[0], a[2]) and not np.array_equal(a[0], a[1])
+    p = run_ls("logits", "--model-path", "synth:demo,layers=1,mtp=chain", "--ids", "0,5", "--mtp", "--chain", "3",
+               "--device", "cpu")
+    assert p.returncode == 0, p.stderr[-2000:]
+    chain = json.loads(p.stdout)["chain"]
+    assert len(chain) == 3 and chain[0] == int(a[0].argmax())  # f(5): row 0's next id is 5
+
+
+def test_logits_chain_flags_are_checked():
+    """--chain needs --mtp and a count; --chain-deviate needs --chain and a period of at least 2."""
+    for args, want in ((["--chain", "3"], "--chain"), (["--mtp", "--chain", "x"], "--chain"),
+                       (["--mtp", "--chain-deviate", "4"], "--chain-deviate"),
+                       (["--mtp", "--chain", "3", "--chain-deviate", "1"], "--chain-deviate")):
+        p = run_ls("logits", "--model-path", "synth:demo,mtp=chain", "--ids", "0,5", "--device", "cpu", *args)
+        assert p.returncode == 2 and want in p.stderr, (args, p.returncode, p.stderr[-300:])

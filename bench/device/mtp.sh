@@ -2,7 +2,7 @@
 # bench/device/mtp.sh BIN OUTDIR: MTP drafts' speed on the GPU, on the full synth Qwen3.5-35B-A3B (40
 # layers, NVFP4 experts) with a chain head (mtp=chain: the head's draft after token t is always f(t),
 # so forced outputs choose the acceptance): f's chains from `laststand logits --mtp --chain`
-# (the layers=1 cut: the same embedding, lm_head and head, seeded by name), then `serve` without
+# (the layers=4 cut: the same embedding, lm_head and head, seeded by name), then `serve` without
 # drafts and with --speculative-algorithm mtp at MTP_N="2 3 4" num-draft-tokens, each benched by
 # bench/mtp_bench.py at concurrency 1 (LASTSTAND_TEST_FORCE_IDS=1, the cost model off unless
 # MTP_ADAPT=1): outputs random (every draft rejected), chain (every draft accepted), chain/4 and
@@ -22,7 +22,7 @@ ls, out = sys.argv[1], sys.argv[2]
 rnd = random.Random(11)
 prompt = [rnd.randrange(1000, 240000) for _ in range(1024)]
 def chain(q):
-    a = [ls, "logits", "--model-path", "synth:qwen3.5-35b-a3b,layers=1,mtp=chain", "--device", "cuda", "--mtp",
+    a = [ls, "logits", "--model-path", "synth:qwen3.5-35b-a3b,layers=4,mtp=chain", "--device", "cuda", "--mtp",
          "--ids", f"0,{prompt[-1]}", "--chain", "256"] + (["--chain-deviate", str(q)] if q else []) + \
         os.environ.get("MTP_PLANS", "").split()
     r = subprocess.run(a, capture_output=True, text=True, timeout=300)

@@ -208,7 +208,7 @@ static size_t ws_layout(const model *m, int T, char *base, mws *w) {
     TAKE(hm, m->n_mtp ? c->hidden : 0);
     TAKE(hs, m->n_mtp ? c->hidden : 0);
     TAKE(red, m->grp ? c->hidden : 0);
-    if (m->n_full) {
+    if (m->n_full + m->n_mtp) { /* the MTP head attends too */
         const int nq = c->n_heads * c->head_dim, nk = c->n_kv_heads * c->head_dim;
         TAKE(q, nq);
         TAKE(gate, c->attn_output_gate ? nq : 0);
@@ -417,7 +417,7 @@ int model_cache_init(model *m, const model_cache_opts *o, ls_err *e) {
     m->graph_max_bs = m->graphs[m->n_graphs - 1].bs;
 #ifdef LS_HAVE_CUDA
     size_t ab = 0;
-    if (m->n_full)
+    if (m->n_full + m->n_mtp)
         for (int i = 0; i < m->n_graphs; i++) {
             size_t b = attn_cuda_scratch_bytes(m->graphs[i].bs, m->cfg.n_heads, m->cfg.n_kv_heads, m->cfg.head_dim,
                                                m->ctx_cap);
@@ -509,7 +509,7 @@ static int check_batch(const model *m, const mcache *c, const fwd_batch *b, ls_e
         for (int r = 0; m->n_lin && r < s; r++)
             if (b->seqs[r].slot == q->slot)
                 return errf(e, ERR_INVAL, "forward: sequences %d and %d share GDN slot %d", r, s, q->slot);
-        if (m->n_full) {
+        if (m->n_full + m->n_mtp) {
             int np = (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
             for (int i = 0; i < np; i++)
                 if (!q->pages || q->pages[i] < 0 || q->pages[i] >= c->n_pages)
@@ -572,7 +572,7 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
     int n_rows = 0, np = 0;
     for (int s = 0, row = 0; s < S; s++) {
         const fwd_seq *q = &b->seqs[s];
-        int n_pg = m->n_full ? (q->n_past + q->n_new + c->page_size - 1) / c->page_size : 0;
+        int n_pg = m->n_full + m->n_mtp ? (q->n_past + q->n_new + c->page_size - 1) / c->page_size : 0;
         memcpy(pg + np, q->pages, sizeof(int32_t) * n_pg);
         as[s] = (attn_seq){.n_past = q->n_past, .n_new = q->n_new, .row0 = row,
                            .pages = (const int32_t *)(d + o_pages) + np};
@@ -747,7 +747,7 @@ static void batch_dims(const model *m, const mcache *c, const fwd_batch *b, int 
         const fwd_seq *q = &b->seqs[s];
         *T += q->n_new;
         if (q->n_past + q->n_new > *max_ctx) *max_ctx = q->n_past + q->n_new;
-        if (m->n_full) *P += (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
+        if (m->n_full + m->n_mtp) *P += (q->n_past + q->n_new + c->page_size - 1) / c->page_size;
     }
 }
 

@@ -73,7 +73,7 @@ typedef struct ls_engine_opts {
      * --mamba-ssm-dtype: half the state's memory and bytes a step, the state rounded to BF16
      * once a step); NULL or "auto": the config's mamba_ssm_dtype (float32 when absent). */
     const char *mamba_ssm_dtype;
-    /* Added (additive): speculative decoding (engine.c "Speculative decoding"). speculative_algorithm:
+    /* Added (additive): speculative decoding (src/engine/engine_spec.c). speculative_algorithm:
      * NULL, "" or "none": off; "ngram" (any case; SGLang's NGRAM): drafts by prompt lookup
      * (src/engine/spec.h), verified in one step and rolled back past the first rejected one.
      * speculative_num_draft_tokens: tokens a request verifies in one step, its last accepted

@@ -32,6 +32,9 @@
  *      there: engine_grammar.c); then, in
  *      batch order on the engine thread, the token is appended, its event
  *      emitted, and the request may finish.
+ * Speculative decoding (engine_spec.c) makes a decode row carry drafts (n-gram or the MTP
+ * head's), commits the verified ones and rolls the rest back; the MTP head's passes follow
+ * each step's commits.
  * Pure-decode steps on a GPU replay CUDA graphs per batch-size bucket
  * (model.c; with --tp every rank replays its own, NCCL all-reduces inside;
  * --disable-cuda-graph turns them off). Graphs are captured and checked
@@ -57,9 +60,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int set_err(char *err, size_t errn, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t errn, int code, const char *fmt, ...) {
+int eng_set_err(char *err, size_t errn, int code, const char *fmt, ...) {
     if (err && errn) {
         va_list ap;
         va_start(ap, fmt);
@@ -170,7 +171,7 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
         int rc = tok_load_dir(tdir, &e->tok, &le);
         if (rc < 0) {
             if (o->tokenizer_path)
-                return set_err(err, errn, rc, "--tokenizer-path %s: %s", tdir, le.msg);
+                return eng_set_err(err, errn, rc, "--tokenizer-path %s: %s", tdir, le.msg);
             log_warn("engine: no tokenizer in %s (%s); serving token ids only", tdir, le.msg);
             e->tok = NULL;
         } else {
@@ -180,7 +181,7 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
     char *src = NULL;
     if (o->chat_template) {
         src = read_file(o->chat_template, NULL, &le);
-        if (!src) return set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
+        if (!src) return eng_set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
     } else if (e->tokenizer_path) {
         src = jinja_find_chat_template(e->tokenizer_path, &le);
     }
@@ -190,7 +191,7 @@ static int load_tokenizer_and_template(ls_engine *e, const ls_engine_opts *o, ch
         if (rc < 0) {
             e->tmpl = NULL;
             if (o->chat_template)
-                return set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
+                return eng_set_err(err, errn, LS_ERR_INVAL, "--chat-template %s: %s", o->chat_template, le.msg);
             log_warn("engine: the chat template of %s does not parse (%s); chat requests will fail",
                      e->tokenizer_path, le.msg);
             char m[1200];
@@ -318,70 +319,22 @@ static int dev_sampler_check(ls_engine *e, char *why, size_t n) {
     return bad;
 }
 
-/* 1 when --speculative-algorithm names the checkpoint's MTP head as the draft model: mtp, or
- * SGLang's names for it on these models, EAGLE (without a draft model) and NEXTN. */
-static int spec_algo_mtp(const char *a) {
-    return a && (!strcasecmp(a, "mtp") || !strcasecmp(a, "eagle") || !strcasecmp(a, "nextn"));
-}
-
-/* The speculative decoding options (ls_engine_opts) into e->spec*: validated, defaults filled. */
-static int spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, size_t errn) {
-    const char *a = o->speculative_algorithm;
-    const int n = o->speculative_num_draft_tokens, w0 = o->speculative_ngram_min_window,
-              w1 = o->speculative_ngram_max_window, mb = o->speculative_max_batch;
-    if (n < 0 || w0 < 0 || w1 < 0 || mb < 0)
-        return set_err(err, errn, LS_ERR_INVAL, "--speculative-*: negative value (num-draft-tokens %d, ngram windows "
-                       "%d..%d, max-batch %d)", n, w0, w1, mb);
-    if (!a || !*a || !strcasecmp(a, "none")) {
-        if (n || w0 || w1 || mb)
-            log_warn("engine: --speculative-* options without --speculative-algorithm: speculative decoding is off");
-        return 0;
-    }
-    const int mtp = spec_algo_mtp(a);
-    if (strcasecmp(a, "ngram") && !mtp)
-        return set_err(err, errn, LS_ERR_INVAL, "--speculative-algorithm '%s': expected ngram, mtp (also EAGLE or "
-                       "NEXTN: the checkpoint's own MTP head) or none", a);
-    if (mtp && (w0 || w1))
-        log_warn("engine: --speculative-ngram-* options with --speculative-algorithm %s: the MTP head drafts, they "
-                 "do nothing", a);
-    const int kmax = gdn ? MODEL_SNAP_MAX : SPEC_DRAFT_MAX;
-    const int k = n ? n - 1 : 3;
-    if (k < 1 || k > kmax)
-        return set_err(err, errn, LS_ERR_INVAL, "--speculative-num-draft-tokens %d: expected 2..%d (the last accepted "
-                       "token and up to %d drafts%s)", n, kmax + 1, kmax,
-                       gdn ? "; each draft of a model with GDN layers holds a spare state slot" : "");
-    const int minw = w0 ? w0 : 2, maxw = w1 ? w1 : (minw > 12 ? minw : 12);
-    if (minw > maxw || maxw > 1024)
-        return set_err(err, errn, LS_ERR_INVAL, "--speculative-ngram-min/max-match-window-size %d..%d: expected "
-                       "1 <= min <= max <= 1024", minw, maxw);
-    e->spec = 1;
-    e->spec_mtp = mtp;
-    e->spec_k = k;
-    e->spec_minw = minw;
-    e->spec_maxw = maxw;
-    e->spec_max_bs = mb ? mb : 16;
-    e->spec_gdn = gdn;
-    const char *ad = getenv("LASTSTAND_SPEC_ADAPT");
-    e->spec_adapt = !(ad && !strcmp(ad, "0"));
-    return 0;
-}
-
 int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn) {
     *out = NULL;
     if (!o || !o->model_path || !*o->model_path)
-        return set_err(err, errn, LS_ERR_INVAL, "--model-path is required");
+        return eng_set_err(err, errn, LS_ERR_INVAL, "--model-path is required");
     ls_engine_opts d;
     ls_engine_opts_default(&d);
     int page_size = o->page_size > 0 ? o->page_size : d.page_size;
     int max_run = o->max_running_requests; /* <= 0: auto, decided with the memory plan below */
     int max_queued = o->max_queued_requests > 0 ? o->max_queued_requests : d.max_queued_requests;
     if (o->mem_fraction_static < 0 || o->mem_fraction_static > 1)
-        return set_err(err, errn, LS_ERR_INVAL, "--mem-fraction-static %g is outside (0, 1]",
-                       o->mem_fraction_static);
+        return eng_set_err(err, errn, LS_ERR_INVAL, "--mem-fraction-static %g is outside (0, 1]",
+                           o->mem_fraction_static);
     if (o->context_length < 0)
-        return set_err(err, errn, LS_ERR_INVAL, "--context-length %d is negative", o->context_length);
+        return eng_set_err(err, errn, LS_ERR_INVAL, "--context-length %d is negative", o->context_length);
     if (o->max_total_tokens < 0)
-        return set_err(err, errn, LS_ERR_INVAL, "--max-total-tokens %d is negative", o->max_total_tokens);
+        return eng_set_err(err, errn, LS_ERR_INVAL, "--max-total-tokens %d is negative", o->max_total_tokens);
 
     ls_engine *e = xcalloc(1, sizeof *e);
     pthread_mutex_init(&e->mu, NULL);
@@ -409,13 +362,13 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
     mo.banned_backends = o->banned_backends;
-    mo.mtp = spec_algo_mtp(o->speculative_algorithm); /* the MTP head loads only to draft */
+    mo.mtp = eng_spec_algo_mtp(o->speculative_algorithm); /* the MTP head loads only to draft */
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);
     if (rc < 0) {
         e->m = NULL;
-        set_err(err, errn, rc, "%s", le.msg);
+        eng_set_err(err, errn, rc, "%s", le.msg);
         engine_free(e);
         return rc;
     }
@@ -426,13 +379,13 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     e->device = xstrdup(model_device(e->m)); /* what "auto" resolved to */
     const char *sb = o->sampling_backend;
     if (sb && *sb && strcmp(sb, "auto") && strcmp(sb, "host") && strcmp(sb, "device")) {
-        set_err(err, errn, LS_ERR_INVAL, "--sampling-backend '%s': expected auto, host or device", sb);
+        eng_set_err(err, errn, LS_ERR_INVAL, "--sampling-backend '%s': expected auto, host or device", sb);
         engine_free(e);
         return LS_ERR_INVAL;
     }
     if (sb && !strcmp(sb, "device") && !model_samples_on_device(e->m)) {
-        set_err(err, errn, LS_ERR_INVAL, "--sampling-backend device: the %s device has no sampler (use host)",
-                e->device);
+        eng_set_err(err, errn, LS_ERR_INVAL, "--sampling-backend device: the %s device has no sampler (use host)",
+                    e->device);
         engine_free(e);
         return LS_ERR_INVAL;
     }
@@ -447,9 +400,9 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     /* context and cache sizes */
     int model_ctx = e->cfg->max_pos > 0 ? e->cfg->max_pos : 32768;
     if (o->context_length > model_ctx) {
-        set_err(err, errn, LS_ERR_INVAL,
-                "--context-length %d exceeds the model's max_position_embeddings %d",
-                o->context_length, model_ctx);
+        eng_set_err(err, errn, LS_ERR_INVAL,
+                    "--context-length %d exceeds the model's max_position_embeddings %d",
+                    o->context_length, model_ctx);
         engine_free(e);
         return LS_ERR_INVAL;
     }
@@ -461,7 +414,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     if (st_bytes > weights) weights = st_bytes;
     int cuda = strcmp(e->device, "cuda") == 0; /* the resolved device, so --device auto budgets a GPU as one */
     /* speculative decoding: the drafts a row verifies, and on GDN models a spare state slot each */
-    rc = spec_config(e, o, slot_bytes > 0, err, errn);
+    rc = eng_spec_config(e, o, slot_bytes > 0, err, errn);
     if (rc) { engine_free(e); return rc; }
     const int slots_per_run = 1 + (e->spec_gdn ? e->spec_k : 0);
     int gpu;
@@ -490,8 +443,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     const char *pfx_why = o->prefix_cache < 0 ? " (--prefix-cache off)" : "";
     int n_snap = 0;
     if (o->prefix_cache < -1 || o->prefix_cache > 1 || o->prefix_snapshots < -1) {
-        set_err(err, errn, LS_ERR_INVAL, "--prefix-cache %d / --prefix-snapshots %d: out of range", o->prefix_cache,
-                o->prefix_snapshots);
+        eng_set_err(err, errn, LS_ERR_INVAL, "--prefix-cache %d / --prefix-snapshots %d: out of range", o->prefix_cache,
+                    o->prefix_snapshots);
         engine_free(e);
         return LS_ERR_INVAL;
     }
@@ -525,10 +478,10 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
                          "per GPU at --mem-fraction-static, %.2f GiB of it GDN state for %d running requests)", gpu,
                          gpu_free / 1073741824.0, budget0 / e->tp / 1073741824.0,
                          (double)max_run * (double)slot_bytes / e->tp / 1073741824.0, max_run);
-            set_err(err, errn, LS_ERR_INVAL,
-                    "the KV pool holds %d tokens (%d pages of %d), less than one sequence of "
-                    "--context-length %d%s: raise --mem-fraction-static / --max-total-tokens, lower "
-                    "--max-running-requests or --context-length", n_pages * page_size, n_pages, page_size, ctx, where);
+            eng_set_err(err, errn, LS_ERR_INVAL,
+                        "the KV pool holds %d tokens (%d pages of %d), less than one sequence of "
+                        "--context-length %d%s: raise --mem-fraction-static / --max-total-tokens, lower "
+                        "--max-running-requests or --context-length", n_pages * page_size, n_pages, page_size, ctx, where);
             engine_free(e);
             return LS_ERR_INVAL;
         }
@@ -555,8 +508,8 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
                                                                                               : max_run;
     rc = model_cache_init(e->m, &co, &le);
     if (rc < 0) {
-        set_err(err, errn, rc, "KV cache (%d pages of %d tokens, %d slots): %s", n_pages, page_size,
-                co.n_slots, le.msg);
+        eng_set_err(err, errn, rc, "KV cache (%d pages of %d tokens, %d slots): %s", n_pages, page_size,
+                    co.n_slots, le.msg);
         engine_free(e);
         return rc;
     }
@@ -668,7 +621,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
         log_info("engine: prefix cache off%s", pfx_why);
 
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
-        set_err(err, errn, LS_ERR_RUNTIME, "cannot start the engine thread: %s", strerror(errno));
+        eng_set_err(err, errn, LS_ERR_RUNTIME, "cannot start the engine thread: %s", strerror(errno));
         engine_free(e);
         return LS_ERR_RUNTIME;
     }
@@ -733,8 +686,8 @@ static void req_free(ereq *r) {
 }
 
 static int validate(const ls_engine *e, const ls_sampling *s, char *err, size_t errn) {
-#define BAD(...) return set_err(err, errn, LS_ERR_INVAL, __VA_ARGS__)
-    if (!(s->temperature >= 0) || !isfinite(s->temperature)) BAD("temperature must be >= 0, got %g", s->temperature);
+#define BAD(...) return eng_set_err(err, errn, LS_ERR_INVAL, __VA_ARGS__)
+        if (!(s->temperature >= 0) || !isfinite(s->temperature)) BAD("temperature must be >= 0, got %g", s->temperature);
     if (!(s->top_p > 0 && s->top_p <= 1)) BAD("top_p must be in (0, 1], got %g", s->top_p);
     if (!(s->min_p >= 0 && s->min_p <= 1)) BAD("min_p must be in [0, 1], got %g", s->min_p);
     if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 2))
@@ -771,16 +724,16 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
                   ls_event_cb cb, void *user, char *err, size_t errn) {
     ls_sampling defs;
     if (!s) { ls_sampling_default(&defs); s = &defs; }
-    if (!cb) return set_err(err, errn, LS_ERR_INVAL, "no event callback");
-    if (n_prompt <= 0 || !prompt) return set_err(err, errn, LS_ERR_INVAL, "the prompt is empty");
+    if (!cb) return eng_set_err(err, errn, LS_ERR_INVAL, "no event callback");
+    if (n_prompt <= 0 || !prompt) return eng_set_err(err, errn, LS_ERR_INVAL, "the prompt is empty");
     if (n_prompt >= e->ctx)
-        return set_err(err, errn, LS_ERR_INVAL,
-                       "the prompt has %d tokens, which does not fit the context length of %d tokens "
-                       "(prompt + at least one completion token)", n_prompt, e->ctx);
+        return eng_set_err(err, errn, LS_ERR_INVAL,
+                           "the prompt has %d tokens, which does not fit the context length of %d tokens "
+                           "(prompt + at least one completion token)", n_prompt, e->ctx);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->vocab)
-            return set_err(err, errn, LS_ERR_INVAL, "prompt token %d = %d is outside the vocabulary [0, %d)",
-                           i, prompt[i], e->vocab);
+            return eng_set_err(err, errn, LS_ERR_INVAL, "prompt token %d = %d is outside the vocabulary [0, %d)",
+                               i, prompt[i], e->vocab);
     int rc = validate(e, s, err, errn);
     if (rc < 0) return rc;
 
@@ -836,14 +789,14 @@ int64_t ls_submit(ls_engine *e, const int32_t *prompt, int n_prompt, const ls_sa
     if (e->closing) {
         pthread_mutex_unlock(&e->mu);
         req_free(r);
-        return set_err(err, errn, LS_ERR_BUSY, "the engine is shutting down");
+        return eng_set_err(err, errn, LS_ERR_BUSY, "the engine is shutting down");
     }
     if (e->n_sub + e->n_waiting_pub >= e->max_queued) {
         int q = e->n_sub + e->n_waiting_pub;
         pthread_mutex_unlock(&e->mu);
         req_free(r);
-        return set_err(err, errn, LS_ERR_BUSY, "the request queue is full (%d waiting, limit %d)", q,
-                       e->max_queued);
+        return eng_set_err(err, errn, LS_ERR_BUSY, "the request queue is full (%d waiting, limit %d)", q,
+                           e->max_queued);
     }
     if (!s->has_seed) { /* an unseeded request still gets its own stream */
         struct timespec ts;
@@ -996,7 +949,7 @@ static void preempt(ls_engine *e, ereq *r) {
     pthread_mutex_unlock(&e->stats_mu);
 }
 
-static void reserve_pages(ereq *r, int n) {
+void eng_reserve_pages(ereq *r, int n) {
     if (n <= r->cap_pages) return;
     int cap = r->cap_pages * 2 > n ? r->cap_pages * 2 : n;
     r->pages = xrealloc(r->pages, (size_t)cap * sizeof *r->pages);
@@ -1008,7 +961,7 @@ static void reserve_pages(ereq *r, int n) {
  * reduced, 0 = skip this step) or -1 when r itself was preempted. */
 static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     int want = ceil_div(r->n_cached + *n_new, e->page_size);
-    reserve_pages(r, want);
+    eng_reserve_pages(r, want);
     while (r->n_pages < want) {
         int32_t pg = pfxe_page_get(e); /* a free page, else an unreferenced cached one */
         if (pg >= 0) { r->pages[r->n_pages++] = pg; continue; }
@@ -1026,83 +979,13 @@ static int ensure_pages(ls_engine *e, ereq *r, int *n_new) {
     return 0;
 }
 
-/* ==== speculative decoding ================================================================
- *
- * A decode row with drafts (r->n_draft > 0) feeds its last token and the drafts in one
- * step, n_new = 1 + n_draft, with a logits row per position (logits_all). Position p's row
- * is sampled exactly as a plain decode step would sample it (penalties, grammar, bans and
- * the RNG see the tokens committed so far), the token committed, and the next position
- * looked at only if that token equals draft p: the drafts are point proposals, so "sample
- * the target and accept while it agrees" is speculative sampling's exact rule, and the
- * tokens are distributed (greedy: equal) as without drafts. A row commits 1 + accepted
- * tokens a step. Rollback: the KV of the rejected positions is simply not counted
- * (n_cached), and is overwritten later; the GDN state, which has absorbed every fed
- * token, is taken from the in-step snapshot after the last valid position (fwd_seq
- * snapshots into the row's spare slots: the request's slot and that spare swap, no copy).
- * With the prefix cache on a GDN model, a row's step never passes a page boundary before
- * its last position, so every snapshot the cache takes at a boundary (pfxe_step_done) is
- * of a state that holds exactly the cached tokens. With a device sampler every position
- * is sampled on the device, its smp_row built as if the drafts before it were accepted
- * (run_step); a step with drafts runs eagerly (the CUDA graphs are pure decode steps'),
- * which costs little (S27: an eager one-token step 2.47 ms, replayed 2.41 on the 35B).
- * Drafts are for small batches (spec_max_bs), and spec_settle stops a request drafting
- * where its verify steps do not pay for their cost. */
-
-/* Drafts for the decode row r (need = 1) within the step's token budget; sets r->n_draft and
- * returns it (0: a plain decode row). */
-static int spec_plan(ls_engine *e, ereq *r, int budget) {
-    r->n_draft = 0;
-    if (!e->spec || e->n_running > e->spec_max_bs) return 0;
-    /* a grammar mask or logit_bias on the device sampler is staged for the row's state before
-     * the step, not per position: such rows verify drafts only where the host samples */
-    if (e->dev_smp && eg_host_only(r)) return 0;
-    if (r->spec_skip > 0) { r->spec_skip--; return 0; }
-    if (!r->spec_tpv) r->spec_tpv = 1 + e->spec_k; /* optimistic until its first verify step */
-    const int ps = e->page_size;
-    int k = e->spec_k;
-    int left = r->max_new - (r->n_tok - r->n_prompt) - 1; /* tokens the request may emit after this step's first */
-    if (k > left) k = left;
-    if (k > budget - 1) k = budget - 1;
-    if (e->pfx_on && e->pfx_gdn) { /* the step ends at the next page boundary at the latest */
-        int to = (r->n_cached / ps + 1) * ps - r->n_cached - 1;
-        if (k > to) k = to;
-    }
-    /* pages: those held, and free ones beyond a page of headroom per running request (never
-     * preempt anyone for a draft) */
-    int spare_pages = pfxe_pages_avail(e) - e->n_running;
-    int room = (r->n_pages + (spare_pages > 0 ? spare_pages : 0)) * ps - r->n_cached - 1;
-    if (k > room) k = room;
-    if (k <= 0) return 0;
-    int32_t d[SPEC_DRAFT_MAX];
-    int m;
-    if (e->spec_mtp) { /* the head's chain from the end of the last step (mtp_drafts), if it is current */
-        m = r->mtp_at == r->n_tok ? r->n_mtp_draft : 0;
-        if (m > k) m = k;
-        if (m > 0) memcpy(d, r->mtp_draft, (size_t)m * sizeof *d);
-    } else {
-        m = spec_ngram_propose(r->tok, r->n_tok, e->spec_minw, e->spec_maxw, k, d);
-    }
-    if (m <= 0) return 0;
-    if (e->spec_gdn) {
-        while (r->n_spare < m) {
-            int32_t sl = kvpool_get(&e->slots);
-            if (sl < 0) break;
-            r->spare[r->n_spare++] = sl;
-        }
-        if (m > r->n_spare) m = r->n_spare;
-    }
-    memcpy(r->draft, d, (size_t)m * sizeof *d);
-    r->n_draft = m;
-    return m;
-}
-
 static int schedule(ls_engine *e) {
     int nb = 0, budget = e->budget;
     for (int i = 0; i < e->n_running;) {
         ereq *r = e->running[i];
         int need = r->n_tok - r->n_cached;
         CHECK(need >= 1);
-        int n_new = need == 1 ? 1 + spec_plan(e, r, budget) : pfxe_chunk(e, r, need < budget ? need : budget);
+        int n_new = need == 1 ? 1 + eng_spec_plan(e, r, budget) : pfxe_chunk(e, r, need < budget ? need : budget);
         if (n_new <= 0) { i++; continue; }
         if (ensure_pages(e, r, &n_new) < 0) continue; /* r left running[i] */
         if (need == 1 && n_new < 1 + r->n_draft) r->n_draft = n_new > 0 ? n_new - 1 : 0;
@@ -1124,7 +1007,7 @@ static int schedule(ls_engine *e) {
         r->slot = kvpool_get(&e->slots);
         pfxe_restore(e, r); /* the hit's GDN snapshot, or a zero state */
         int want = ceil_div(r->n_cached + n_new, e->page_size);
-        reserve_pages(r, want);
+        eng_reserve_pages(r, want);
         while (r->n_pages < want) r->pages[r->n_pages++] = pfxe_page_get(e);
         run_insert(e, r);
         if (!r->prompt_counted) {
@@ -1155,7 +1038,7 @@ static int is_stop_token(const ls_engine *e, const ereq *r, int32_t t) {
 
 /* Phase 1 of a token (any thread): sample j->r's next token into j->res.
  * Touches only the request's RNG and the given scratch. */
-static void sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
+void eng_sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
     ereq *r = j->r;
     int n_gen = r->n_tok - r->n_prompt;
     smp_hist h = {r->tok, r->n_prompt, r->tok + r->n_prompt, n_gen};
@@ -1174,7 +1057,7 @@ static void sample_one(ls_engine *e, smp_ctx *c, samp_job *j) {
 static void sample_worker(void *ctx, int64_t w0, int64_t w1) {
     ls_engine *e = ctx;
     for (int64_t w = w0; w < w1; w++)
-        for (int j = (int)w; j < e->n_jobs; j += e->n_smp_used) sample_one(e, e->smps[w], &e->jobs[j]);
+        for (int j = (int)w; j < e->n_jobs; j += e->n_smp_used) eng_sample_one(e, e->smps[w], &e->jobs[j]);
 }
 
 /* Sample every job, spread over the worker pool when there are several
@@ -1182,7 +1065,7 @@ static void sample_worker(void *ctx, int64_t w0, int64_t w1) {
 static void sample_all(ls_engine *e) {
     e->n_smp_used = e->n_jobs < e->n_smp ? e->n_jobs : e->n_smp;
     if (e->n_jobs < 4 || e->n_smp_used < 2) {
-        for (int j = 0; j < e->n_jobs; j++) sample_one(e, e->smps[0], &e->jobs[j]);
+        for (int j = 0; j < e->n_jobs; j++) eng_sample_one(e, e->smps[0], &e->jobs[j]);
         return;
     }
     pool_for(e->n_smp_used, 1, sample_worker, e);
@@ -1190,7 +1073,7 @@ static void sample_all(ls_engine *e) {
 
 /* Phase 2 (engine thread, in batch order): append the token, emit it with
  * its text delta, finish the request if done. */
-static int commit_token(ls_engine *e, samp_job *j) {
+int eng_commit_token(ls_engine *e, samp_job *j) {
     ereq *r = j->r;
     int n_gen = r->n_tok - r->n_prompt;
     if (j->rc < 0) {
@@ -1255,63 +1138,6 @@ static int commit_token(ls_engine *e, samp_job *j) {
         j->r = NULL;
     }
     return reason != NULL;
-}
-
-static void dev_result(samp_job *j, const smp_out *o);
-
-/* After a verify step that accepted a drafts: does drafting pay for r? Its verify steps commit
- * spec_tpv tokens on average; a step with drafts costs spec_t_ver[n] against spec_t_plain[n] for
- * one token a row (n: the decode rows running, both measured; unknown: assume it pays). When it
- * does not (or nothing was accepted), r skips 1, 2, 4 .. 16 steps before drafting again, each
- * retry refreshing its average; when it does, the back-off resets. */
-static void spec_settle(ls_engine *e, ereq *r, int a) {
-    r->spec_tpv = 0.7 * r->spec_tpv + 0.3 * (1 + a);
-    int n = e->n_running < 1 ? 1 : e->n_running > SPEC_COST_BS ? SPEC_COST_BS : e->n_running;
-    const double tp = e->spec_t_plain[n], tv = e->spec_t_ver[n];
-    int pays = a > 0 && (!e->spec_adapt || !(tp > 0 && tv > 0) || r->spec_tpv * tp >= tv);
-    if (pays) {
-        r->spec_backoff = 0;
-        return;
-    }
-    r->spec_skip = r->spec_backoff ? r->spec_backoff : 1;
-    r->spec_backoff = r->spec_backoff ? (r->spec_backoff < 16 ? 2 * r->spec_backoff : 16) : 2;
-}
-
-/* A row with drafts after its step (see "Speculative decoding"): j holds position 0's sample.
- * Commits position by position while the committed token equals the draft there, then rolls
- * the GDN state back to the last valid position. */
-static void spec_commit(ls_engine *e, samp_job *j) {
-    ereq *r = j->r;
-    const int k = r->n_draft;
-    int a = 0; /* drafts accepted */
-    for (;;) {
-        const int32_t t = j->rc == 0 ? j->res.token : -1;
-        if (commit_token(e, j)) break; /* the request ended (and is freed) */
-        if (a == k || t != r->draft[a]) {
-            if (e->spec_gdn && a < k) { /* the state after position a is in spare a */
-                int32_t sl = r->slot;
-                r->slot = r->spare[a];
-                r->spare[a] = sl;
-            }
-            r->n_draft = 0;
-            spec_settle(e, r, a);
-            break;
-        }
-        a++; /* draft a - 1 is the token committed: its position's KV and state are valid */
-        r->n_cached++;
-        pfxe_step_done(e, r);
-        if (j->dres) {
-            dev_result(j, &j->dres[a]);
-        } else {
-            j->row += e->vocab;
-            sample_one(e, e->smps[0], j);
-        }
-    }
-    pthread_mutex_lock(&e->stats_mu);
-    e->st.spec_verify_rows_total++;
-    e->st.spec_draft_tokens_total += (uint64_t)k;
-    e->st.spec_accepted_tokens_total += (uint64_t)a;
-    pthread_mutex_unlock(&e->stats_mu);
 }
 
 /* ==== the engine thread =================================================================== */
@@ -1412,7 +1238,7 @@ static int dev_row(ls_engine *e, ereq *r, smp_row *p, int n_toks, const smp_edit
 }
 
 /* A device-sampled row as the host sampler's result (or its NaN/Inf error). */
-static void dev_result(samp_job *j, const smp_out *o) {
+void eng_dev_result(samp_job *j, const smp_out *o) {
     j->err.code = 0;
     if (o->bad_idx >= 0) {
         j->rc = errf(&j->err, ERR_RUNTIME, "logits[%d] is %g", o->bad_idx, (double)o->bad_val);
@@ -1426,137 +1252,6 @@ static void dev_result(samp_job *j, const smp_out *o) {
     for (int i = 0; i < j->res.n_top; i++) {
         j->res.top_ids[i] = o->top_ids[i];
         j->res.top_logprobs[i] = o->top_lp[i];
-    }
-}
-
-/* ==== MTP drafts =========================================================================
- *
- * With --speculative-algorithm mtp (EAGLE, NEXTN) the checkpoint's multi-token-prediction head
- * drafts (model.h fwd_batch.mtp). Its row at position p takes the model's final-normed hidden
- * state at p and the token at p + 1, and predicts the token at p + 2; its attention keeps its
- * own KV in the request's pages. After every step that ran a request (mtp_drafts):
- *   pass 1: the head over the request's rows of the step whose next token is now known (a
- *     prefill chunk: all of them; a decode row: its one; a verify row: its last token and the
- *     accepted drafts), from the step's hidden states: this writes the head's KV for those
- *     positions and, at the last row, the first draft (the token after the one just committed);
- *   passes 2 .. k: one row each, the previous draft at the next position, from the head's own
- *     output (EAGLE's chain), for the next draft.
- * Drafts are greedy (the head's argmax), verified by the next step as any others (spec_commit:
- * the output is the one without drafts). A position the chain wrote with a draft is rewritten
- * by pass 1 once the model has run it, so the head's KV holds the true inputs wherever it is
- * read later. Requests that do not draft next step (finished, over the batch limit, backing
- * off, a device-masked grammar) still get pass 1 (their KV), without logits when none drafts. */
-
-/* The token with the largest logit (the first of equals). */
-static int32_t row_argmax(const float *row, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return best;
-}
-
-/* r drafts after this step: it sampled a token (decodes next) and spec_plan would let it. The
- * chain length: the tokens it may still emit after the next step's first. */
-static int mtp_want(const ls_engine *e, const ereq *r) {
-    if (r->n_cached != r->n_tok - 1 || e->n_running > e->spec_max_bs || r->spec_skip > 0) return 0;
-    if (e->dev_smp && eg_host_only(r)) return 0;
-    int k = r->max_new - (r->n_tok - r->n_prompt) - 1;
-    return k < e->spec_k ? (k > 0 ? k : 0) : e->spec_k;
-}
-
-/* One MTP pass over e->seqs[0 .. n) (ids e->ids, hidden rows e->mtp_src); with logits, the
- * greedy token of each sequence's last row into tok[]. 0, or -1 after logging why. */
-static int mtp_pass(ls_engine *e, int n, int self, int logits, int32_t *tok) {
-    fwd_batch b = {.n_seq = n, .seqs = e->seqs, .ids = e->ids, .logits = e->logits, .mtp = 1, .mtp_self = self,
-                   .mtp_nologits = !logits, .mtp_src = e->mtp_src};
-    if (logits && e->dev_smp) {
-        for (int i = 0; i < n; i++) e->srows[i] = (smp_row){.forced = -1, .rep_pen = 1.0f};
-        b.smp = e->srows;
-        b.smp_res = e->sres;
-        b.toks = e->stoks;
-        b.n_toks = 0;
-    }
-    ls_err le = {0};
-    const double t0 = now_sec();
-    int rc = model_forward(e->m, &b, &le);
-    e->n_mtp_passes++;
-    e->t_mtp += now_sec() - t0;
-    if (rc) {
-        log_warn("engine: MTP pass at step %lld failed (no drafts this step): %s", (long long)e->n_steps, le.msg);
-        return -1;
-    }
-    for (int i = 0; logits && i < n; i++)
-        tok[i] = e->dev_smp ? e->sres[i].token : row_argmax(e->logits + (size_t)i * e->vocab, e->vocab);
-    return 0;
-}
-
-/* After the commits of a step of nb rows (e->mtp_* filled by run_step): pass 1 and the chain. */
-static void mtp_drafts(ls_engine *e, int nb) {
-    int n = 0, ntok = 0, any = 0;
-    for (int i = 0; i < nb; i++) {
-        ereq *r = e->mtp_req[i];
-        if (e->mtp_job[i] >= 0 && !e->jobs[e->mtp_job[i]].r) continue; /* it ended this step */
-        const int past = e->mtp_past[i];
-        int m = r->n_tok - past - 1; /* rows whose next token is known */
-        if (m > e->batch_new[i]) m = e->batch_new[i];
-        if (m <= 0) continue;
-        r->n_mtp_draft = 0;
-        fwd_seq *s = &e->seqs[n];
-        *s = (fwd_seq){.slot = r->slot, .n_past = past, .n_new = m, .pages = r->pages};
-        for (int t = 0; t < m; t++) {
-            e->ids[ntok + t] = r->tok[past + 1 + t];
-            e->mtp_src[ntok + t] = e->mtp_row0[i] + t;
-        }
-        ntok += m;
-        e->batch[n] = r; /* the step's batch is done with: the passes' order */
-        e->mtp_idx[n] = mtp_want(e, r);
-        any |= e->mtp_idx[n] > 0;
-        n++;
-    }
-    if (!n) return;
-    int32_t tok[n];
-    if (mtp_pass(e, n, 0, any, tok) || !any) return;
-    /* e->batch[0 .. cnt): the sequences still drafting, in the order of the last pass's output
-     * rows; mtp_idx: each one's chain length */
-    int cnt = 0;
-    for (int i = 0; i < n; i++) {
-        ereq *r = e->batch[i];
-        if (e->mtp_idx[i] <= 0) continue;
-        r->mtp_draft[0] = tok[i];
-        r->n_mtp_draft = 1;
-        r->mtp_at = r->n_tok;
-        e->mtp_row0[cnt] = i; /* its row in pass 1's output */
-        e->batch[cnt] = r;
-        e->mtp_idx[cnt++] = e->mtp_idx[i];
-    }
-    for (int j = 1; cnt > 0; j++) { /* pass j + 1: draft j from draft j - 1 at the next position */
-        int n2 = 0;
-        for (int i = 0; i < cnt; i++) {
-            ereq *r = e->batch[i];
-            if (e->mtp_idx[i] <= j) continue;
-            const int pos = r->n_tok - 1 + (j - 1); /* draft j - 1's position */
-            const int want = pos / e->page_size + 1;
-            if (r->n_pages < want) { /* a free page for the head's KV, never at anyone's expense */
-                reserve_pages(r, want);
-                int32_t pg = pfxe_pages_avail(e) > e->n_running ? pfxe_page_get(e) : -1;
-                if (pg < 0) continue;
-                r->pages[r->n_pages++] = pg;
-            }
-            e->seqs[n2] = (fwd_seq){.slot = r->slot, .n_past = pos, .n_new = 1, .pages = r->pages};
-            e->ids[n2] = r->mtp_draft[j - 1];
-            e->mtp_src[n2] = e->mtp_row0[i]; /* its output row of the last pass */
-            e->batch[n2] = r;                /* (n2 <= i: entries not yet read are not overwritten) */
-            e->mtp_idx[n2] = e->mtp_idx[i];
-            n2++;
-        }
-        if (!n2 || mtp_pass(e, n2, 1, 1, tok)) break;
-        for (int q = 0; q < n2; q++) {
-            ereq *r = e->batch[q];
-            r->mtp_draft[j] = tok[q];
-            r->n_mtp_draft = j + 1;
-            e->mtp_row0[q] = q;
-        }
-        cnt = n2;
     }
 }
 
@@ -1684,16 +1379,16 @@ static void run_step(ls_engine *e, int nb) {
         samp_job *j = &e->jobs[e->n_jobs++];
         *j = (samp_job){.r = r, .row = e->logits + row_i * (size_t)e->vocab};
         if (dev_smp) {
-            dev_result(j, &e->sres[row_i]);
+            eng_dev_result(j, &e->sres[row_i]);
             if (r->n_draft) j->dres = &e->sres[row_i];
         }
     }
     if (!dev_smp) sample_all(e);
     for (int j = 0; j < e->n_jobs; j++) {
-        if (e->jobs[j].r->n_draft) spec_commit(e, &e->jobs[j]);
-        else commit_token(e, &e->jobs[j]);
+        if (e->jobs[j].r->n_draft) eng_spec_commit(e, &e->jobs[j]);
+        else eng_commit_token(e, &e->jobs[j]);
     }
-    if (e->spec_mtp) mtp_drafts(e, nb);
+    if (e->spec_mtp) eng_mtp_drafts(e, nb);
     const double t2 = now_sec();
     if (e->spec && nb <= SPEC_COST_BS && ntok - n_spec_drafts == nb) { /* decode rows only: the cost model */
         double *t = n_spec ? &e->spec_t_ver[nb] : &e->spec_t_plain[nb];

@@ -1,6 +1,7 @@
 /* engine_int.h: the engine's private state, shared by engine.c (the engine
- * thread, scheduler, submit/cancel) and api.c (tokenizer, template, info,
- * statistics). Not installed; the public surface is include/laststand.h.
+ * thread, scheduler, submit/cancel), engine_spec.c (speculative decoding) and
+ * api.c (tokenizer, template, info, statistics). Not installed; the public
+ * surface is include/laststand.h.
  */
 #ifndef LS_ENGINE_INT_H
 #define LS_ENGINE_INT_H
@@ -65,7 +66,7 @@ struct ereq {
     float *lb;
     int n_lb;
     int lb_dup;                /* an id repeats in logit_bias: the host adds each (device: host-only) */
-    /* speculative decoding (engine.c): this step's drafts (0: a plain decode row), the spare GDN
+    /* speculative decoding (engine_spec.c): this step's drafts (0: a plain decode row), the spare GDN
      * slots the step snapshots the state into after each verified position (held while
      * running), the tokens its verify steps commit (a moving average, from 1 + spec_k), and the
      * steps it waits before drafting again while drafts do not pay (spec_plan) */
@@ -75,7 +76,7 @@ struct ereq {
     int n_spare;
     double spec_tpv;
     int spec_skip, spec_backoff;
-    /* MTP drafts (engine.c "MTP drafts"): the head's proposals for the tokens after tok[mtp_at - 1],
+    /* MTP drafts (engine_spec.c "MTP drafts"): the head's proposals for the tokens after tok[mtp_at - 1],
      * made at the end of the step that committed it; stale once n_tok moved past mtp_at */
     int32_t mtp_draft[SPEC_DRAFT_MAX];
     int n_mtp_draft, mtp_at;
@@ -166,12 +167,12 @@ struct ls_engine {
     pthread_t thread;
     int thread_started;
 
-    /* speculative decoding (engine.c): on, drafts a row verifies at most, the n-gram windows,
+    /* speculative decoding (engine_spec.c): on, drafts a row verifies at most, the n-gram windows,
      * the running requests above which no row drafts; spec_gdn: drafts hold spare GDN slots
      * (e->slots holds max_run x (1 + spec_k) of them); logits rows of e->logits */
     int spec, spec_k, spec_minw, spec_maxw, spec_max_bs, spec_gdn;
     int spec_mtp;              /* drafts from the checkpoint's MTP head (model_has_mtp), not n-grams */
-    /* MTP passes (engine.c "MTP drafts"): per batch row of the step, its request, first token
+    /* MTP passes (engine_spec.c "MTP drafts"): per batch row of the step, its request, first token
      * row, cached tokens before the step and sampling job (-1: none); the passes' scratch */
     ereq **mtp_req;            /* [max_run] */
     int *mtp_row0, *mtp_past, *mtp_job, *mtp_idx; /* [max_run] */
@@ -190,6 +191,24 @@ struct ls_engine {
     struct eg_cached { char *key; struct gr_grammar *g; uint64_t used; } gcache[64];
     uint64_t gcache_clock;
 };
+
+/* engine.c: shared with engine_spec.c */
+int eng_set_err(char *err, size_t errn, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* sample j->r's next token from j->row on the host (any thread; the request's RNG and c) */
+void eng_sample_one(ls_engine *e, smp_ctx *c, samp_job *j);
+/* append j's token, emit it, finish the request if done: 1 when it ended (freed, j->r NULL) */
+int eng_commit_token(ls_engine *e, samp_job *j);
+/* a device-sampled row as the host sampler's result (or its NaN / Inf error) */
+void eng_dev_result(samp_job *j, const smp_out *o);
+/* room in r->pages for n pages */
+void eng_reserve_pages(ereq *r, int n);
+
+/* engine_spec.c: speculative decoding (see there) */
+int eng_spec_algo_mtp(const char *algo);
+int eng_spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, size_t errn);
+int eng_spec_plan(ls_engine *e, ereq *r, int budget);
+void eng_spec_commit(ls_engine *e, samp_job *j);
+void eng_mtp_drafts(ls_engine *e, int nb);
 
 /* prefix_engine.c: the prefix cache's hooks in the engine thread (see there) */
 int32_t pfxe_page_get(ls_engine *e);

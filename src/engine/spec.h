@@ -1,5 +1,5 @@
 /* spec.h: speculative decoding's draft sources (the verification and the
- * rollback are the engine's, engine.c "speculative decoding").
+ * rollback are the engine's, engine_spec.c).
  *
  * NGRAM (prompt lookup, SGLang's --speculative-algorithm NGRAM): the tokens
  * that followed the most recent earlier occurrence of the sequence's last w

@@ -611,6 +611,21 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
  * the logits rows (gather, final norm, lm_head) and, with do_sample, the
  * sampler over them. Only stream-ordered device work (and, with TP, the
  * all-reduces), so it can run eagerly or under graph capture. */
+/* Rank 0's end of a pass: the lm_head over the n_rows rows x [n_rows, H] with its own gemm plan
+ * (mdl_lm_ops; M = the rows that want logits) into the caller's fp32 logits (the CPU) or the
+ * device's activation-dtype logits, then, with do_sample, the device sampler over them. */
+static int logits_tail(model *m, const void *x, int n_rows, float *cpu_logits, int do_sample, ls_err *e) {
+    mws *w = &m->ws;
+    ops_sel lm_tmp;
+    const ops_sel *lo = mdl_lm_ops(m, &lm_tmp);
+    if (m->ops.dev.kind == DEV_CPU) return ops_linear(lo, n_rows, x, &m->lm_head, cpu_logits, 0, e);
+    int rc = ops_linear(lo, n_rows, x, &m->lm_head, w->logits, 0, e);
+    if (rc || !do_sample) return rc;
+    sample_args sa = {.rows = n_rows, .vocab = m->cfg.vocab, .logits = w->logits, .dt = m->ops.act, .p = w->srow,
+                      .toks = w->stoks, .work = w->swork, .out = w->sout};
+    return m->sampler->run(&sa, m->ops.stream, e);
+}
+
 /* The MTP head's pass (fwd_batch.mtp): x = fc(cat(pre_e · embed(ids), pre_h · h_src)) as two
  * GEMMs whose outputs the residual stream sums in fp32, the head's decoder layer, and (every
  * rank: the next mtp_self pass gathers from it) its mtp.norm output of the logits rows into
@@ -654,14 +669,7 @@ static int mtp_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d
         (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, w->u, w->hs, dt, st), "MTP output rows", l, e)) ||
         m->rank > 0)
         return rc;
-    ops_sel lm_tmp;
-    const ops_sel *lo = mdl_lm_ops(m, &lm_tmp);
-    if (m->ops.dev.kind == DEV_CPU) return ops_linear(lo, n_rows, w->hs, &m->lm_head, cpu_logits, 0, e);
-    if ((rc = ops_linear(lo, n_rows, w->hs, &m->lm_head, w->logits, 0, e))) return rc;
-    if (!do_sample) return 0;
-    sample_args sa = {.rows = n_rows, .vocab = cfg->vocab, .logits = w->logits, .dt = dt, .p = w->srow,
-                      .toks = w->stoks, .work = w->swork, .out = w->sout};
-    return m->sampler->run(&sa, st, e);
+    return logits_tail(m, w->hs, n_rows, cpu_logits, do_sample, e);
 }
 
 static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d_rows, int n_rows,
@@ -707,16 +715,7 @@ static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_
         (rc = mdl_op_err(so->gather_rows(n_rows, H, d_rows, hn, w->hl, dt, st), "logits row gather",
                          -1, e)))
         return rc;
-    /* the lm_head with its own gemm plan (mdl_lm_ops), M = the rows that want logits */
-    ops_sel lm_tmp;
-    const ops_sel *lo = mdl_lm_ops(m, &lm_tmp);
-    if (m->ops.dev.kind == DEV_CPU) return ops_linear(lo, n_rows, w->hl, &m->lm_head, cpu_logits, 0, e);
-    /* other devices: logits stay on the device in the activation dtype */
-    if ((rc = ops_linear(lo, n_rows, w->hl, &m->lm_head, w->logits, 0, e))) return rc;
-    if (!do_sample) return 0;
-    sample_args sa = {.rows = n_rows, .vocab = cfg->vocab, .logits = w->logits, .dt = dt, .p = w->srow,
-                      .toks = w->stoks, .work = w->swork, .out = w->sout};
-    return m->sampler->run(&sa, st, e);
+    return logits_tail(m, w->hl, n_rows, cpu_logits, do_sample, e);
 }
 
 /* After the pass (rank 0, devices): the sampled rows, or the logits rows

@@ -607,10 +607,6 @@ static int upload_tables(model *m, const mcache *c, const fwd_batch *b, int T, f
     return n_rows;
 }
 
-/* The pass itself over uploaded tables: embedding, the layers, and on rank 0
- * the logits rows (gather, final norm, lm_head) and, with do_sample, the
- * sampler over them. Only stream-ordered device work (and, with TP, the
- * all-reduces), so it can run eagerly or under graph capture. */
 /* Rank 0's end of a pass: the lm_head over the n_rows rows x [n_rows, H] with its own gemm plan
  * (mdl_lm_ops; M = the rows that want logits) into the caller's fp32 logits (the CPU) or the
  * device's activation-dtype logits, then, with do_sample, the device sampler over them. */
@@ -672,6 +668,10 @@ static int mtp_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d
     return logits_tail(m, w->hs, n_rows, cpu_logits, do_sample, e);
 }
 
+/* The pass itself over uploaded tables: embedding, the layers, and on rank 0
+ * the logits rows (gather, final norm, lm_head) and, with do_sample, the
+ * sampler over them. Only stream-ordered device work (and, with TP, the
+ * all-reduces), so it can run eagerly or under graph capture. */
 static int forward_body(model *m, fwd_ctx *f, const int32_t *d_ids, const int32_t *d_rows, int n_rows,
                         float *cpu_logits, int do_sample, ls_err *e) {
     const model_config *cfg = &m->cfg;

@@ -28,16 +28,18 @@ def a256(n):
     return (n + 255) // 256 * 256
 
 
-def qwen35_397b_per_gpu(tp=2):
+def qwen35_397b_per_gpu(tp=2, mtp=False):
     H, L, V = 4096, 60, 248320
     nh, nkv, hd = 32, 2, 256
     nk, nv, dk, dv, conv = 16, 64, 128, 128, 4
     E, I, Is = 512, 1024, 1024
     bf = 2
     b = a256(V * H * bf) * 2 + a256(H * 4)  # embedding, lm_head (untied), final norm (fp32)
-    for l in range(L):
+    if mtp:  # the MTP head (model_opts.mtp): mtp.fc [H, 2H] BF16 whole, three fp32 norms, then a full-attention layer
+        b += a256(H * 2 * H * bf) + 3 * a256(H * 4)
+    for l in range(L + (1 if mtp else 0)):
         b += 2 * a256(H * 4)  # input / post-attention norms
-        if (l + 1) % 4 == 0:  # full attention (gated q_proj split into q and gate)
+        if (l + 1) % 4 == 0 or l == L:  # full attention (gated q_proj split into q and gate)
             b += 2 * a256(nh // tp * hd * H * bf)  # q, gate
             b += 2 * a256(nkv // tp * hd * H * bf)  # k, v
             b += a256(H * nh // tp * hd * bf)  # o
@@ -71,6 +73,16 @@ def test_dry_run_397b_weights_per_gpu_match_count():
     assert "verdict: fits" in p.stdout
     one = dry("--model-path", "synth:qwen3.5-397b-a17b", "--tp", "1")
     assert one.returncode == 1 and "DOES NOT FIT" in one.stdout, one.stdout
+    # with MTP drafts the head loads too: one more full-attention MoE layer and mtp.fc, and a KV layer more
+    k0 = float(re.search(r"KV cache: ([0-9.]+) KiB a token", p.stdout).group(1))
+    h = dry("--model-path", "synth:qwen3.5-397b-a17b", "--tp", "2", "--max-running-requests", "16",
+            "--speculative-algorithm", "mtp")
+    assert h.returncode == 0, h.stdout + h.stderr[-2000:]
+    got = float(re.search(r"weights per GPU: ([0-9.]+) GiB", h.stdout).group(1))
+    want = qwen35_397b_per_gpu(2, mtp=True) / GIB
+    assert abs(got - want) < 0.01, (got, want)
+    k1 = float(re.search(r"KV cache: ([0-9.]+) KiB a token", h.stdout).group(1))
+    assert abs(k1 / k0 - 16 / 15) < 1e-3, (k0, k1)  # 15 full-attention layers, then the head's
 
 
 @pytest.mark.parametrize("model,tp,lo,hi", [("synth:qwen3.5-35b-a3b", 1, 256, 256),

@@ -187,7 +187,9 @@ static int dry_run(const serve_args *a) {
     const char *path = a->model_path ? a->model_path : "synth:demo";
     const int tp = a->tp > 1 ? (int)a->tp : 1;
     const int cpu = !strcmp(a->device, "cpu");
-    model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp, .mamba_ssm_dtype = a->mamba_ssm_dtype};
+    model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp, .mamba_ssm_dtype = a->mamba_ssm_dtype,
+                     .mtp = a->spec_algo && (!strcasecmp(a->spec_algo, "mtp") || !strcasecmp(a->spec_algo, "eagle") ||
+                                             !strcasecmp(a->spec_algo, "nextn"))};
     model_mem_plan p;
     ls_err e = {0};
     if (model_mem_plan_get(path, &mo, &p, &e)) {

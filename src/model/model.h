@@ -97,7 +97,8 @@ size_t model_device_mem(const model *m);
  * gpu_weights before it loads anything. Bytes. model_plan.c says how each tensor counts. */
 typedef struct model_mem_plan {
     int tp, n_layers, n_layers_ckpt;
-    double total_bytes;     /* the checkpoint tensors that load (a cut's later layers, mtp, vision left out) */
+    double total_bytes;     /* the checkpoint tensors that load (a cut's later layers, the vision tower, and the
+                               MTP head unless model_opts.mtp, left out) */
     double gpu_weights;     /* weights on each GPU (each tensor-parallel rank holds the same) */
     double gpu_replicated;  /* of which every GPU holds whole (embedding, lm_head, norms, router) */
     double largest_layer;   /* one layer's tensors (the streamed load holds one at a time) */

@@ -288,10 +288,10 @@ int mdl_check_fits(model *m, double weights, int tp, ls_err *e);
 
 /* ---- memory plan (model_plan.c) ------------------------------------------- */
 typedef struct synth_src synth_src;
-/* The plan of config c cut to n_layers at tp ranks on a device (1) or the CPU (0), from st's
- * tensors or src's (one of them). */
-int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const st_set *st, const synth_src *src,
-                 model_mem_plan *out);
+/* The plan of config c cut to n_layers at tp ranks on a device (1) or the CPU (0), with the MTP head
+ * (mtp), from st's tensors or src's (one of them). */
+int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, int mtp, const st_set *st,
+                 const synth_src *src, model_mem_plan *out);
 
 /* ---- tensor parallelism (model_tp.c) ------------------------------------- */
 /* N rank models of m (bound: embedding, lm_head, final norm; not yet its layers): CPU

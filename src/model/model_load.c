@@ -700,7 +700,7 @@ int model_open(const char *path, const model_opts *o, model **out, ls_err *e) {
         log_info("%s: GDN recurrent state in BF16 (mamba_ssm_dtype)", path);
     if (m->ops.dev.kind != DEV_CPU) { /* what each GPU will hold, checked before anything loads */
         model_mem_plan pl;
-        mdl_mem_plan(&m->cfg, m->cfg.n_layers, tp, 1, src ? NULL : m->st, src, &pl);
+        mdl_mem_plan(&m->cfg, m->cfg.n_layers, tp, 1, m->n_mtp, src ? NULL : m->st, src, &pl);
         m->plan_gpu_weights = pl.gpu_weights;
         log_info("%s: %d layers, %.1f GB of tensors: %.2f GiB of weights per GPU at --tp %d (%.2f GiB of them on "
                  "every GPU), KV %.1f KiB per token and %.1f MiB per GDN slot per GPU; host memory for the weights "

@@ -9,7 +9,9 @@
  * projections, conv1d, A_log, dt_bias, experts, shared expert, dense MLP) split in tp equal parts.
  * 1-D parameters and conv1d weights are uploaded as fp32; NVFP4 global and input scales are read
  * on the host (0 bytes); each piece is 256-byte aligned on the device, as model_weights.c lays it.
- * Tensors of layers beyond model_opts.max_layers, mtp.* and the vision tower are left out.
+ * Tensors of layers beyond model_opts.max_layers and the vision tower are left out, and mtp.*
+ * unless the MTP head loads (model_opts.mtp): then it counts as one more layer (mtp.fc whole on
+ * every rank) with one more KV layer.
  * Host memory while loading onto devices: the non-layer tensors, one layer's tensors, and that
  * layer's host copies (the ranks' column slices, permuted rows), the largest layer's.
  *
@@ -31,16 +33,17 @@ static int ends_with(const char *s, const char *suf) {
 /* The layer a tensor name belongs to (-1: none), after the "layers." of its prefix. */
 static int layer_of(const char *name) {
     const char *p = strstr(name, "layers.");
-    if (!p || strncmp(name, "mtp.", 4) == 0) return -1;
+    if (!p || strncmp(name, "mtp.", 4) == 0) return -1; /* (the MTP head: plan_add) */
     return atoi(p + 7);
 }
 
 typedef struct plan_acc {
     const model_config *c;
     int tp, n_layers;
+    int mtp;       /* the MTP head loads: layer n_layers */
     model_mem_plan *p;
-    double *layer; /* [n_layers] host bytes per layer */
-    double *stage; /* [n_layers] host copies made while loading the layer (see plan_add) */
+    double *layer; /* [n_layers + mtp] host bytes per layer */
+    double *stage; /* [n_layers + mtp] host copies made while loading the layer (see plan_add) */
     double globals;
     int device;
 } plan_acc;
@@ -49,9 +52,10 @@ static void plan_add(plan_acc *a, const st_tensor *t) {
     const model_config *c = a->c;
     const int tp = a->tp;
     const char *n = t->name;
-    if (!strncmp(n, "mtp.", 4) || strstr(n, "visual.")) return;
-    const int l = layer_of(n);
-    if (l >= a->n_layers) return;
+    const int is_mtp = !strncmp(n, "mtp.", 4);
+    if ((is_mtp && !a->mtp) || strstr(n, "visual.")) return;
+    const int l = is_mtp ? a->n_layers : layer_of(n);
+    if (!is_mtp && l >= a->n_layers) return;
     if (l >= 0) a->layer[l] += (double)t->nbytes;
     else a->globals += (double)t->nbytes;
     /* host copies while a layer loads onto devices: the ranks' column slices (down_proj, o_proj,
@@ -77,6 +81,7 @@ static void plan_add(plan_acc *a, const st_tensor *t) {
             bytes = 2.0 * (double)numel;
     }
     int whole = strstr(n, "embed_tokens") || ends_with(n, "lm_head.weight") || strstr(n, "norm.weight") ||
+                !strcmp(n, "mtp.fc.weight") ||
                 ends_with(n, ".mlp.gate.weight") || strstr(n, "shared_expert_gate") ||
                 (t->ndim <= 1 && !strstr(n, "A_log") && !strstr(n, "dt_bias"));
     double mine;
@@ -89,14 +94,15 @@ static void plan_add(plan_acc *a, const st_tensor *t) {
     if (whole && tp > 1) a->p->gpu_replicated += mine;
 }
 
-int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const st_set *st, const synth_src *src,
-                 model_mem_plan *out) {
+int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, int mtp, const st_set *st,
+                 const synth_src *src, model_mem_plan *out) {
     memset(out, 0, sizeof *out);
     out->tp = tp > 1 ? tp : 1;
     out->n_layers = n_layers;
-    plan_acc a = {.c = c, .tp = out->tp, .n_layers = n_layers, .p = out, .device = device};
-    a.layer = xcalloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof(double));
-    a.stage = xcalloc((size_t)(n_layers > 0 ? n_layers : 1), sizeof(double));
+    mtp = mtp ? 1 : 0;
+    plan_acc a = {.c = c, .tp = out->tp, .n_layers = n_layers, .mtp = mtp, .p = out, .device = device};
+    a.layer = xcalloc((size_t)(n_layers + mtp > 0 ? n_layers + mtp : 1), sizeof(double));
+    a.stage = xcalloc((size_t)(n_layers + mtp > 0 ? n_layers + mtp : 1), sizeof(double));
     if (src) {
         for (int i = 0; i < synth_src_count(src); i++) {
             st_tensor t;
@@ -107,7 +113,7 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
         for (int i = 0; i < st_count(st); i++) plan_add(&a, st_get(st, i));
     }
     double stage = 0;
-    for (int l = 0; l < n_layers; l++) {
+    for (int l = 0; l < n_layers + mtp; l++) {
         if (a.layer[l] > out->largest_layer) out->largest_layer = a.layer[l];
         if (a.stage[l] > stage) stage = a.stage[l];
     }
@@ -122,7 +128,7 @@ int mdl_mem_plan(const model_config *c, int n_layers, int tp, int device, const 
     }
     const int T = out->tp;
     const int nkv = c->n_kv_heads % T == 0 ? c->n_kv_heads / T : 1;
-    out->kv_token_bytes = (double)n_full * 2 * nkv * c->head_dim * (device ? 2 : 4);
+    out->kv_token_bytes = (double)(n_full + mtp) * 2 * nkv * c->head_dim * (device ? 2 : 4);
     const double nk = c->lin_k_heads / T, nv = c->lin_v_heads / T;
     out->slot_bytes = (double)n_lin * (4.0 * (2 * nk * c->lin_k_dim + nv * c->lin_v_dim) * (c->lin_conv - 1) +
                                        (c->state_bf16 ? 2.0 : 4.0) * nv * c->lin_k_dim * c->lin_v_dim);
@@ -166,7 +172,8 @@ int model_mem_plan_get(const char *path, const model_opts *o, model_mem_plan *ou
         int cut = o->max_layers == MODEL_LAYERS_SMOKE ? model_smoke_depth(&cfg) : o->max_layers;
         if (cut > 0 && cut < n_layers) n_layers = cut;
     }
-    rc = mdl_mem_plan(&cfg, n_layers, tp, device, st, src, out);
+    const int mtp = o && o->mtp && !o->max_layers && cfg.n_mtp > 0; /* (without a head: model_open refuses) */
+    rc = mdl_mem_plan(&cfg, n_layers, tp, device, mtp, st, src, out);
     out->n_layers_ckpt = cfg.n_layers;
     synth_src_close(src);
     if (st) st_close(st);

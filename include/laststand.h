@@ -88,6 +88,9 @@ typedef struct ls_engine_opts {
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
+/* (additive) 1 when a speculative_algorithm value names the checkpoint's MTP head as the draft model
+ * ("mtp", or SGLang's "EAGLE" / "NEXTN" for these models, any case): the head then loads with the model. */
+int ls_spec_algo_is_mtp(const char *algo);
 int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t errn);
 void ls_engine_close(ls_engine *e);   /* stops the engine thread; pending requests end with "abort" */
 

@@ -83,10 +83,13 @@ def motif_ids(srv, n, period, seed):
     return [rnd.choice(vocab) if rnd.random() < 0.125 else motif[i % period] for i in range(n)]
 
 
-def chat_run(srv, client, i, stream):
-    force = motif_ids(srv, 30, 3 + i % 4, i)
+def chat_run(srv, client, i, stream, force=None, max_tokens=60):
+    """Chat request i (greedy when i is even, else seeded at 0.8) with force (default: a motif's ids),
+    streamed or not: (text, [(token, logprob)])."""
+    if force is None:
+        force = motif_ids(srv, 30, 3 + i % 4, i)
     kw = dict(model="m", messages=[{"role": "user", "content": f"Request {i}: say something"}],
-              max_tokens=60, logprobs=True, top_logprobs=2,
+              max_tokens=max_tokens, logprobs=True, top_logprobs=2,
               extra_body={"force_ids": force, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
     if i % 2:
         kw.update(temperature=0.8, seed=100 + i)
@@ -103,6 +106,15 @@ def chat_run(srv, client, i, stream):
             if ch.choices[0].logprobs and ch.choices[0].logprobs.content:
                 lps += [(t.token, round(t.logprob, 3)) for t in ch.choices[0].logprobs.content]
     return text, lps
+
+
+def assert_same_chats(plain, spec):
+    """The same texts and token ids, logprobs within 2e-3, request by request."""
+    for a, b in zip(plain, spec):
+        assert a[0] == b[0]
+        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
+        for (_, x), (_, y) in zip(a[1], b[1]):
+            assert abs(x - y) <= 2e-3, (x, y)
 
 
 def test_demo_chat_with_drafts_equals_without(ls_bin, demo_model):
@@ -122,11 +134,7 @@ def test_demo_chat_with_drafts_equals_without(ls_bin, demo_model):
                 assert m["spec_accept_length"] > 1.0
             else:
                 assert m.get("spec_verify_rows_total", 0) == 0
-    for a, b in zip(results["plain"], results["spec"]):
-        assert a[0] == b[0]
-        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
-        for (_, x), (_, y) in zip(a[1], b[1]):
-            assert abs(x - y) <= 2e-3, (x, y)
+    assert_same_chats(results["plain"], results["spec"])
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -243,29 +251,13 @@ def test_demo_chain_head_chat_with_mtp_equals_without(ls_bin, demo_chain):
         first = 300 + 37 * i
         forces.append([first] + chain_ids(demo_chain, first, 29, 4 + i))
     results = {}
-
-    def run(srv, client, i, stream):
-        kw = dict(model="m", messages=[{"role": "user", "content": f"Request {i}: say something"}], max_tokens=50,
-                  logprobs=True, top_logprobs=2, temperature=0 if i % 2 == 0 else 0.8, seed=100 + i,
-                  extra_body={"force_ids": forces[i], "ignore_eos": True,
-                              "chat_template_kwargs": {"enable_thinking": False}})
-        if not stream:
-            r = client.chat.completions.create(**kw)
-            return r.choices[0].message.content, [(t.token, round(t.logprob, 3)) for t in r.choices[0].logprobs.content]
-        text, lps = "", []
-        for ch in client.chat.completions.create(stream=True, **kw):
-            if ch.choices:
-                text += ch.choices[0].delta.content or ""
-                if ch.choices[0].logprobs and ch.choices[0].logprobs.content:
-                    lps += [(t.token, round(t.logprob, 3)) for t in ch.choices[0].logprobs.content]
-        return text, lps
-
     for label, flags in (("plain", []), ("mtp", ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
                                                  "--speculative-eagle-topk", "1"])):
         with Server(ls_bin, demo_chain, "--device", "cpu", "--served-model-name", "m", *flags, env=env) as srv:
             client = openai.OpenAI(base_url=srv.base + "/v1", api_key="x")
             with cf.ThreadPoolExecutor(6) as ex:
-                futs = [ex.submit(run, srv, client, i, stream) for i in range(6) for stream in (False, True)]
+                futs = [ex.submit(chat_run, srv, client, i, stream, forces[i], 50) for i in range(6)
+                        for stream in (False, True)]
                 results[label] = [f.result() for f in futs]
             m = srv.metrics()
             if label == "mtp":
@@ -274,11 +266,7 @@ def test_demo_chain_head_chat_with_mtp_equals_without(ls_bin, demo_chain):
                 assert m["spec_accept_length"] > 1.5, m  # the forced stretches follow the head
             else:
                 assert m.get("spec_verify_rows_total", 0) == 0
-    for a, b in zip(results["plain"], results["mtp"]):
-        assert a[0] == b[0]
-        assert [t for t, _ in a[1]] == [t for t, _ in b[1]]
-        for (_, x), (_, y) in zip(a[1], b[1]):
-            assert abs(x - y) <= 2e-3, (x, y)
+    assert_same_chats(results["plain"], results["mtp"])
 
 
 @pytest.mark.parametrize("name,needle", [("qwen3_next", "num_nextn_predict_layers"),

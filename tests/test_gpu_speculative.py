@@ -87,6 +87,21 @@ def run_chat(srv, i, force):
             for t in out["choices"][0]["logprobs"]["content"]]
 
 
+def assert_drafts_match_plain(plain, spec, n_forced=30, n=70):
+    """Per request, [(token, logprob, top logprobs)] with and without drafts: the n_forced forced
+    tokens equal with logprobs within LP_TOL, the free ones equal up to the first near tie (2 x LP_TOL)."""
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        assert len(a) == len(b) == n
+        for k in range(n_forced):
+            assert a[k][0] == b[k][0]
+            assert abs(a[k][1] - b[k][1]) < LP_TOL, (i, k, a[k], b[k])
+        for k in range(n_forced, n):
+            if a[k][0] != b[k][0]:
+                gap = a[k][2][0] - a[k][2][1] if len(a[k][2]) > 1 else 1.0
+                assert gap < 2 * LP_TOL, f"request {i}: free token {k} differs ({a[k][0]!r} vs {b[k][0]!r}) at a margin of {gap}"
+                break
+
+
 def test_demo_forced_prefix_then_free_tokens(ls_bin, demo_model):
     env = {"LASTSTAND_TEST_FORCE_IDS": "1", **NO_ADAPT}
     res = {}
@@ -100,15 +115,6 @@ def test_demo_forced_prefix_then_free_tokens(ls_bin, demo_model):
             res[label + "_m"] = srv.metrics()
     m = res["spec_m"]
     assert m["spec_verify_rows_total"] > 10 and 0 < m["spec_accepted_tokens_total"] < m["spec_draft_tokens_total"], m
-    for i, (a, b) in enumerate(zip(res["plain"], res["spec"])):
-        assert len(a) == len(b) == 70
-        for k in range(30):  # forced: the same tokens, logprobs within the BF16 tolerance
-            assert a[k][0] == b[k][0]
-            assert abs(a[k][1] - b[k][1]) < LP_TOL, (i, k, a[k], b[k])
-        for k in range(30, 70):  # free: equal up to the first near tie
-            if a[k][0] != b[k][0]:
-                gap = a[k][2][0] - a[k][2][1] if len(a[k][2]) > 1 else 1.0
-                assert gap < 2 * LP_TOL, f"request {i}: free token {k} differs ({a[k][0]!r} vs {b[k][0]!r}) at a margin of {gap}"
-                break
+    assert_drafts_match_plain(res["plain"], res["spec"])
     print(f"demo: {m['spec_verify_rows_total']:.0f} rows verified {m['spec_draft_tokens_total']:.0f} drafts, "
           f"{m['spec_accepted_tokens_total']:.0f} accepted")

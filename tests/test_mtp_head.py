@@ -24,6 +24,7 @@ import pytest
 
 from conftest import ROOT, SHARED, run_ls
 from mtp_fixture import make_mtp_checkpoint, mtp_tensors, read_st_f32, write_mtp
+from test_model_fixtures import logits as model_logits, rel_err_rows as rel_rows
 
 MODELS = os.path.join(SHARED, "fixtures", "models")
 # LS_MTP_REF: another copy of the reference (e.g. one just written on the GPU machine)
@@ -40,16 +41,8 @@ def fixture(name):
 
 
 def logits(path, ids, *flags):
-    p = run_ls("logits", "--model-path", path, "--ids", ",".join(map(str, ids)), "--device", "cpu", *flags)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = json.loads(p.stdout)
-    a = np.array(out["logits"], dtype=np.float64)
-    assert list(a.shape) == out["shape"]
-    return a
-
-
-def rel_rows(a, b):
-    return np.abs(a - b).max(axis=1) / np.abs(b).max(axis=1)
+    """laststand logits on the CPU, as a [rows, vocab] float64 array."""
+    return model_logits(path, ids, "--device", "cpu", *flags)
 
 
 @pytest.fixture

@@ -188,8 +188,7 @@ static int dry_run(const serve_args *a) {
     const int tp = a->tp > 1 ? (int)a->tp : 1;
     const int cpu = !strcmp(a->device, "cpu");
     model_opts mo = {.device = cpu ? "cpu" : "cuda", .tp = tp, .mamba_ssm_dtype = a->mamba_ssm_dtype,
-                     .mtp = a->spec_algo && (!strcasecmp(a->spec_algo, "mtp") || !strcasecmp(a->spec_algo, "eagle") ||
-                                             !strcasecmp(a->spec_algo, "nextn"))};
+                     .mtp = ls_spec_algo_is_mtp(a->spec_algo)};
     model_mem_plan p;
     ls_err e = {0};
     if (model_mem_plan_get(path, &mo, &p, &e)) {

@@ -362,7 +362,7 @@ int ls_engine_open(const ls_engine_opts *o, ls_engine **out, char *err, size_t e
     mo.trust_backend = o->trust_backend;
     mo.auto_families = o->auto_families;
     mo.banned_backends = o->banned_backends;
-    mo.mtp = eng_spec_algo_mtp(o->speculative_algorithm); /* the MTP head loads only to draft */
+    mo.mtp = ls_spec_algo_is_mtp(o->speculative_algorithm); /* the MTP head loads only to draft */
     ls_err le = {0};
     size_t rss0 = rss_bytes();
     int rc = model_open(o->model_path, &mo, &e->m, &le);

@@ -204,7 +204,6 @@ void eng_dev_result(samp_job *j, const smp_out *o);
 void eng_reserve_pages(ereq *r, int n);
 
 /* engine_spec.c: speculative decoding (see there) */
-int eng_spec_algo_mtp(const char *algo);
 int eng_spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, size_t errn);
 int eng_spec_plan(ls_engine *e, ereq *r, int budget);
 void eng_spec_commit(ls_engine *e, samp_job *j);

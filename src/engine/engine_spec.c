@@ -36,7 +36,7 @@
 
 /* 1 when --speculative-algorithm names the checkpoint's MTP head as the draft model: mtp, or
  * SGLang's names for it on these models, EAGLE (without a draft model) and NEXTN. */
-int eng_spec_algo_mtp(const char *a) {
+int ls_spec_algo_is_mtp(const char *a) {
     return a && (!strcasecmp(a, "mtp") || !strcasecmp(a, "eagle") || !strcasecmp(a, "nextn"));
 }
 
@@ -53,7 +53,7 @@ int eng_spec_config(ls_engine *e, const ls_engine_opts *o, int gdn, char *err, s
             log_warn("engine: --speculative-* options without --speculative-algorithm: speculative decoding is off");
         return 0;
     }
-    const int mtp = eng_spec_algo_mtp(a);
+    const int mtp = ls_spec_algo_is_mtp(a);
     if (strcasecmp(a, "ngram") && !mtp)
         return eng_set_err(err, errn, LS_ERR_INVAL, "--speculative-algorithm '%s': expected ngram, mtp (also EAGLE or "
                            "NEXTN: the checkpoint's own MTP head) or none", a);
